@@ -1,0 +1,28 @@
+# `make test` is the whole test suite on a fresh machine: it installs what the tests need, then lints,
+# type-checks and runs pytest. `.ci/run` runs exactly this.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: test install-test lint typecheck pytest screenshots bench
+
+test: install-test lint typecheck pytest
+
+install-test:
+	bash scripts/install-test-deps
+
+lint:
+	$(BIN)/ruff check dltop tests benchmarks scripts
+
+typecheck:
+	$(BIN)/mypy
+
+pytest:
+	$(BIN)/pytest -q -p no:cacheprovider
+
+screenshots:
+	$(BIN)/python scripts/make_screenshots.py
+
+bench:
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/residency.py

@@ -1,0 +1,7 @@
+"""`python -m dltop`."""
+
+import sys
+
+from dltop.cli import main
+
+sys.exit(main())

@@ -1,0 +1,88 @@
+"""The Snapshot: one moment of every cache layer, as frozen dataclasses with an exact JSON round-trip.
+
+Each layer's part lives in its own module here; a part the system could not provide is `Unavailable(reason)`,
+a part nobody asked for (no dataset configured) is None.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from dltop.model.base import DecodeError, Unavailable, from_dict, to_dict
+from dltop.model.cpu import CpuPart
+from dltop.model.datasets import DatasetsPart
+from dltop.model.memory import CgroupMemory, DiskStat, MemoryPart, Pressure, VmStat
+
+SCHEMA_VERSION = 1
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CgroupMemory",
+    "CpuPart",
+    "DatasetsPart",
+    "DecodeError",
+    "DiskStat",
+    "MemoryPart",
+    "Pressure",
+    "Snapshot",
+    "SourceStatus",
+    "Unavailable",
+    "VmStat",
+    "from_dict",
+    "to_dict",
+]
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """How the last read of one source went: when it last succeeded, how long it took, and its last error."""
+
+    name: str
+    interval_s: float
+    last_ok_ts: float | None = None
+    duration_s: float | None = None
+    error: str | None = None
+    running_since_ts: float | None = None  # set while a read is in flight (a slow or hung source)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything dltop knows at one moment. Raw values only: rates and hints are derived from two of these."""
+
+    ts: float
+    host: str
+    uptime_s: float | None = None
+    schema: int = SCHEMA_VERSION
+    memory: MemoryPart | Unavailable | None = None
+    datasets: DatasetsPart | Unavailable | None = None
+    cpu: CpuPart | Unavailable | None = None
+    sources: dict[str, SourceStatus] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data; `Snapshot.from_dict(s.to_dict()) == s`."""
+        return to_dict(self)  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Snapshot:
+        """Rebuild a Snapshot; raises DecodeError for data of the wrong shape or a newer schema."""
+        if not isinstance(data, dict):
+            raise DecodeError("snapshot: expected a JSON object")
+        schema = data.get("schema")
+        if not isinstance(schema, int) or schema > SCHEMA_VERSION:
+            raise DecodeError(f"snapshot: schema {schema!r} is not one this dltop reads (<= {SCHEMA_VERSION})")
+        return from_dict(cls, data)
+
+    def to_json(self, indent: int | None = None) -> str:
+        """JSON text of `to_dict()`."""
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Snapshot:
+        """Parse JSON text written by `to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DecodeError(f"snapshot: not JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(data)

@@ -1,0 +1,94 @@
+"""The memory part of a Snapshot: /proc/meminfo, /proc/vmstat, PSI, /proc/diskstats and the job's memory cgroup.
+
+Every value is the raw kernel number (bytes, pages, counters); rates are derived later from two Snapshots.
+A value the kernel did not give is None, and `unavailable` says why, keyed by field name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dltop.model.base import Unavailable
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """One /proc/pressure/* file: share of wall time stalled (percent) and the total stall time (microseconds)."""
+
+    some_avg10: float
+    some_avg60: float
+    some_avg300: float
+    some_total_us: int
+    full_avg10: float | None = None
+    full_avg60: float | None = None
+    full_avg300: float | None = None
+    full_total_us: int | None = None
+
+
+@dataclass(frozen=True)
+class VmStat:
+    """Cumulative counters from /proc/vmstat (pages or events since boot)."""
+
+    pgpgin: int | None = None
+    pgpgout: int | None = None
+    pgmajfault: int | None = None
+    workingset_refault_file: int | None = None
+    workingset_activate_file: int | None = None
+    pgscan: int | None = None
+    pgsteal: int | None = None
+    oom_kill: int | None = None
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DiskStat:
+    """Cumulative counters of one block device from /proc/diskstats (sectors are 512 bytes)."""
+
+    name: str
+    reads: int
+    sectors_read: int
+    read_time_ms: int
+    writes: int
+    sectors_written: int
+    write_time_ms: int
+    in_flight: int
+    io_time_ms: int
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """The cgroup v2 memory controller of the watched process: the limit that OOM-kills a container or Slurm job."""
+
+    path: str
+    current_bytes: int | None = None
+    max_bytes: int | None = None  # None with "max" in `unavailable` means no limit
+    file_bytes: int | None = None
+    file_dirty_bytes: int | None = None
+    oom_kill: int | None = None
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemoryPart:
+    """System memory and the page cache, as the kernel reports them."""
+
+    total_bytes: int | None = None
+    available_bytes: int | None = None
+    cached_bytes: int | None = None
+    buffers_bytes: int | None = None
+    dirty_bytes: int | None = None
+    writeback_bytes: int | None = None
+    shmem_bytes: int | None = None
+    active_file_bytes: int | None = None
+    inactive_file_bytes: int | None = None
+    mlocked_bytes: int | None = None
+    unavailable: dict[str, str] = field(default_factory=dict)
+    vmstat: VmStat | Unavailable = field(default_factory=lambda: Unavailable("not read"))
+    pressure_memory: Pressure | Unavailable = field(default_factory=lambda: Unavailable("not read"))
+    pressure_io: Pressure | Unavailable = field(default_factory=lambda: Unavailable("not read"))
+    disks: tuple[DiskStat, ...] | Unavailable = field(default_factory=lambda: Unavailable("not read"))
+    cgroup: CgroupMemory | Unavailable | None = None
+
+    def why(self, name: str) -> str | None:
+        """The reason a meminfo field is missing, or None when it is present."""
+        return self.unavailable.get(name)
