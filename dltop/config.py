@@ -1,0 +1,98 @@
+"""Settings from the TOML config file ($XDG_CONFIG_HOME/dltop/config.toml) with command-line options on top."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dltop.errors import DltopError
+
+DEFAULT_REFRESH_S = 1.0
+MIN_REFRESH_S = 0.1
+MAX_REFRESH_S = 60.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the sources, the Sampler and the TUI are configured with."""
+
+    refresh_s: float = DEFAULT_REFRESH_S
+    root: str = "/"
+    pid: int | None = None
+    datasets: tuple[str, ...] = ()
+    read_only: bool = False
+    config_path: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # sections later features read (servers, ...)
+
+
+def default_config_path() -> Path:
+    """$XDG_CONFIG_HOME/dltop/config.toml, or ~/.config/dltop/config.toml."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "dltop" / "config.toml"
+
+
+def load_config(path: str | os.PathLike[str] | None) -> Settings:
+    """Read the config file; a missing default file is fine, a missing named file or bad TOML is an error."""
+    explicit = path is not None
+    p = Path(path) if path is not None else default_config_path()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if explicit:
+            raise DltopError(f"config file not found: {p}") from None
+        return Settings()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DltopError(f"cannot read config file {p}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise DltopError(f"config file {p} is not valid TOML: {e}") from None
+    return _settings_from_toml(data, str(p))
+
+
+def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
+    s = Settings(config_path=where)
+    refresh = data.get("refresh", s.refresh_s)
+    if isinstance(refresh, bool) or not isinstance(refresh, int | float):
+        raise DltopError(f"{where}: refresh must be a number of seconds")
+    datasets = data.get("datasets", [])
+    if not isinstance(datasets, list) or not all(isinstance(d, str) for d in datasets):
+        raise DltopError(f"{where}: datasets must be a list of paths")
+    read_only = data.get("read_only", False)
+    if not isinstance(read_only, bool):
+        raise DltopError(f"{where}: read_only must be true or false")
+    known = {"refresh", "datasets", "read_only"}
+    extra = {k: v for k, v in data.items() if k not in known}
+    return replace(
+        s,
+        refresh_s=_check_refresh(float(refresh), where),
+        datasets=tuple(os.path.expanduser(d) for d in datasets),
+        read_only=read_only,
+        extra=extra,
+    )
+
+
+def _check_refresh(value: float, where: str) -> float:
+    if not MIN_REFRESH_S <= value <= MAX_REFRESH_S:
+        raise DltopError(f"{where}: refresh must be between {MIN_REFRESH_S} and {MAX_REFRESH_S} seconds")
+    return value
+
+
+def settings_from_args(args: Any) -> Settings:
+    """Config file first, then the options given on the command line."""
+    s = load_config(getattr(args, "config", None))
+    changes: dict[str, Any] = {}
+    if getattr(args, "refresh", None) is not None:
+        changes["refresh_s"] = _check_refresh(args.refresh, "--refresh")
+    if getattr(args, "root", None):
+        changes["root"] = args.root
+    if getattr(args, "pid", None) is not None:
+        changes["pid"] = args.pid
+    if getattr(args, "paths", None):
+        changes["datasets"] = tuple(args.paths)
+    if getattr(args, "read_only", False):
+        changes["read_only"] = True
+    return replace(s, **changes)

@@ -1,0 +1,17 @@
+"""What the Sampler needs to know about a source: its Snapshot field, its cadence and a blocking read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Source:
+    """A blocking `read()` returning one Snapshot part (or `Unavailable`), polled every `interval_s`."""
+
+    name: str  # the Snapshot field it fills: "memory", "datasets", "cpu", ...
+    interval_s: float
+    read: Callable[[], Any]
+    timeout_s: float = 5.0  # a read running longer than this is shown as slow; its last value is kept

@@ -1,0 +1,14 @@
+"""Which sources run, built from Settings. The one list the TUI, `snapshot`, the recorder and exporter share."""
+
+from __future__ import annotations
+
+from dltop.config import Settings
+from dltop.sources.base import Source
+
+
+def build_sources(settings: Settings) -> list[Source]:
+    """Every source the settings ask for, each with its own cadence."""
+    from dltop.sources import memory
+
+    sources = [memory.source(settings)]
+    return sources
