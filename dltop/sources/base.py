@@ -15,3 +15,4 @@ class Source:
     interval_s: float
     read: Callable[[], Any]
     timeout_s: float = 5.0  # a read running longer than this is shown as slow; its last value is kept
+    follows_refresh: bool = False  # True: the TUI's +/- change this source's interval with the refresh

@@ -1,0 +1,1 @@
+"""Subcommands: each module has `register(subparsers)` and a `run(args) -> int` per command."""

@@ -1,0 +1,59 @@
+"""Numbers for people: bytes, rates, durations and ages, as top-like tools print them (binary units)."""
+
+from __future__ import annotations
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_bytes(n: float | None, missing: str = "n/a") -> str:
+    """1536 -> '1.5 KiB'; None -> `missing`."""
+    if n is None:
+        return missing
+    value = float(n)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in _UNITS:
+        if value < 1024 or unit == _UNITS[-1]:
+            if unit == "B":
+                return f"{sign}{value:.0f} B"
+            return f"{sign}{value:.1f} {unit}" if value < 100 else f"{sign}{value:.0f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_rate(n: float | None, missing: str = "n/a") -> str:
+    """Bytes per second as '12.3 MiB/s'."""
+    return missing if n is None else human_bytes(n) + "/s"
+
+
+def human_count_rate(n: float | None, missing: str = "n/a") -> str:
+    """Events per second, compact: '0', '12', '3.4k'."""
+    if n is None:
+        return missing
+    if n >= 10_000:
+        return f"{n / 1000:.0f}k"
+    if n >= 1000:
+        return f"{n / 1000:.1f}k"
+    return f"{n:.0f}" if n >= 10 or n == 0 else f"{n:.1f}"
+
+
+def human_duration(seconds: float | None, missing: str = "n/a") -> str:
+    """Seconds as '45s', '12m', '3h05m', '4d02h'."""
+    if seconds is None:
+        return missing
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def percent(part: float | None, whole: float | None, missing: str = "n/a") -> str:
+    """part/whole as '12%' (one decimal under 10%)."""
+    if part is None or not whole:
+        return missing
+    p = 100 * part / whole
+    return f"{p:.1f}%" if p < 10 else f"{p:.0f}%"

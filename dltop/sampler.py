@@ -1,0 +1,214 @@
+"""The one way data is collected: one asyncio poller per source, each on its own cadence, reads in threads.
+
+A slow, hanging or failing source never stalls the others: each source has its own single worker thread, a read
+still running when the next is due is not started twice, and the last good value is kept with its age and the
+error shown beside it. The TUI, `dltop snapshot`, the recorder and the exporter all take Snapshots from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dltop.model import Snapshot, SourceStatus, Unavailable
+from dltop.sources.base import Source
+
+
+@dataclass
+class _State:
+    source: Source
+    executor: ThreadPoolExecutor
+    value: Any = None
+    status: SourceStatus = field(init=False)
+    inflight: Future[Any] | None = None
+    started: float = 0.0
+    ran_once: bool = False
+
+    def __post_init__(self) -> None:
+        self.status = SourceStatus(name=self.source.name, interval_s=self.source.interval_s)
+
+
+def read_uptime(root: str = "/") -> float | None:
+    """Seconds since boot from /proc/uptime, or None."""
+    try:
+        with open(os.path.join(root, "proc/uptime"), encoding="ascii") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Sampler:
+    """Polls sources concurrently and composes Snapshots from their latest values."""
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        root: str = "/",
+        clock: Callable[[], float] = time.time,
+        host: str | None = None,
+    ) -> None:
+        self._states = {
+            s.name: _State(s, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dltop-{s.name}"))
+            for s in sources
+        }
+        self._root = root
+        self._clock = clock
+        self._host = host or socket.gethostname()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._changed: asyncio.Event | None = None
+        self.paused = False
+
+    # -- one-shot use (dltop snapshot) --------------------------------------------------------------------
+
+    def read_once(self, timeout_s: float | None = None) -> Snapshot:
+        """Read every source once, concurrently; a source slower than its timeout is reported, not waited for."""
+        started = {name: (time.monotonic(), st.executor.submit(self._timed_read, st)) for name, st in self._states.items()}
+        for name, (t0, fut) in started.items():
+            st = self._states[name]
+            limit = timeout_s if timeout_s is not None else st.source.timeout_s
+            try:
+                fut.result(timeout=max(0.0, limit - (time.monotonic() - t0)))
+            except TimeoutError:
+                st.status = replace(st.status, error=f"no answer within {limit:g} s", running_since_ts=self._clock())
+                st.value = Unavailable(f"{name} source did not answer within {limit:g} s")
+        return self.snapshot()
+
+    def close(self) -> None:
+        """Stop pollers and let worker threads go (a hung read's thread is abandoned, not joined)."""
+        for t in self._tasks:
+            t.cancel()
+        for st in self._states.values():
+            st.executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- the reads ------------------------------------------------------------------------------------------
+
+    def _timed_read(self, st: _State) -> None:
+        t0 = time.monotonic()
+        now = self._clock()
+        try:
+            value = st.source.read()
+        except Exception as e:  # a source bug must not take the monitor down; it is shown where its numbers go
+            st.value = Unavailable(f"{st.source.name} source failed: {type(e).__name__}: {e}")
+            st.status = replace(st.status, error=f"{type(e).__name__}: {e}", duration_s=time.monotonic() - t0,
+                                running_since_ts=None)
+        else:
+            st.value = value
+            st.status = replace(st.status, last_ok_ts=now, error=None, duration_s=time.monotonic() - t0,
+                                running_since_ts=None)
+        st.ran_once = True
+
+    def snapshot(self) -> Snapshot:
+        """A Snapshot of every source's latest value and status, stamped now."""
+        now = self._clock()
+        parts: dict[str, Any] = {}
+        statuses = {}
+        for name, st in self._states.items():
+            status = st.status
+            if st.inflight is not None and not st.inflight.done():
+                waited = time.monotonic() - st.started
+                if waited > st.source.timeout_s:
+                    status = replace(status, running_since_ts=now - waited,
+                                     error=f"slow: no answer for {waited:.0f} s")
+            statuses[name] = status
+            if st.ran_once:
+                parts[name] = st.value
+            else:
+                parts[name] = Unavailable("waiting for the first reading")
+        known = {k: v for k, v in parts.items() if k in Snapshot.__dataclass_fields__}
+        return Snapshot(ts=now, host=self._host, uptime_s=read_uptime(self._root), sources=statuses, **known)
+
+    # -- continuous use (TUI, recorder, exporter) ---------------------------------------------------------
+
+    def set_refresh(self, interval_s: float) -> None:
+        """Change the cadence of the sources that follow the refresh (the TUI's +/-); applies at their next tick."""
+        for st in self._states.values():
+            if st.source.follows_refresh:
+                st.source = replace(st.source, interval_s=interval_s)
+                st.status = replace(st.status, interval_s=interval_s)
+
+    def start(self) -> None:
+        """Start one poller task per source on the running loop."""
+        self._changed = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._poll(st), name=f"poll-{n}") for n, st in self._states.items()]
+
+    async def _poll(self, st: _State) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.paused and (st.inflight is None or st.inflight.done()):
+                st.started = time.monotonic()
+                fut = st.executor.submit(self._timed_read, st)
+                st.inflight = fut
+                fut.add_done_callback(lambda _f: loop.call_soon_threadsafe(self._notify))
+            await asyncio.sleep(st.source.interval_s)
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    async def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]:
+        """Yield a Snapshot every `interval_s()` seconds (read each tick, so +/- apply at once)."""
+        if not self._tasks:
+            self.start()
+        while True:
+            await asyncio.sleep(interval_s())
+            if not self.paused:
+                yield self.snapshot()
+
+    async def wait_first(self, timeout_s: float = 1.0) -> None:
+        """Wait until every source has answered once, or the timeout passes (a hung source is then shown as such)."""
+        deadline = time.monotonic() + timeout_s
+        while not all(st.ran_once for st in self._states.values()):
+            left = deadline - time.monotonic()
+            if left <= 0 or self._changed is None:
+                return
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return
+
+
+
+class ListFeed:
+    """A Sampler stand-in that plays a fixed list of Snapshots (tests, replay); it keeps the last one at the end."""
+
+    def __init__(self, snapshots: Sequence[Snapshot]) -> None:
+        if not snapshots:
+            raise ValueError("ListFeed needs at least one Snapshot")
+        self._snapshots = list(snapshots)
+        self._i = 0
+        self.paused = False
+
+    def start(self) -> None:
+        """Nothing to start: the Snapshots are already here."""
+
+    def snapshot(self) -> Snapshot:
+        """The current Snapshot."""
+        return self._snapshots[self._i]
+
+    def advance(self) -> Snapshot:
+        """Move to the next Snapshot (stays on the last) and return it."""
+        self._i = min(self._i + 1, len(self._snapshots) - 1)
+        return self._snapshots[self._i]
+
+    def set_refresh(self, interval_s: float) -> None:
+        """Recorded Snapshots keep their cadence; only the playback speed changes."""
+
+    async def wait_first(self, timeout_s: float = 1.0) -> None:
+        """The first Snapshot is already here."""
+
+    async def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]:
+        """Yield the remaining Snapshots, one per interval, then stop."""
+        while self._i < len(self._snapshots) - 1:
+            await asyncio.sleep(interval_s())
+            if not self.paused:
+                yield self.advance()
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,227 @@
+"""The dltop app: a header, one tab per cache layer, the hint line and the footer. It only draws what the feed hands it."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Static, TabbedContent, TabPane
+
+from dltop import derive
+from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings
+from dltop.fmt import human_duration
+from dltop.model import Snapshot
+from dltop.tui.panes import pane_classes
+from dltop.tui.panes.base import Pane
+from dltop.tui.screens.help import HelpScreen
+from dltop.tui.view import View
+
+MIN_WIDTH, MIN_HEIGHT = 80, 24
+HISTORY_LEN = 600  # ten minutes at the default refresh: what the sparklines show
+HINT_WINDOW = 60
+REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class Feed(Protocol):
+    """Where Snapshots come from: the live Sampler, or a list of recorded ones."""
+
+    paused: bool
+
+    def start(self) -> None: ...
+    def snapshot(self) -> Snapshot: ...
+    def set_refresh(self, interval_s: float) -> None: ...
+    async def wait_first(self, timeout_s: float = 1.0) -> None: ...
+    def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]: ...
+    def close(self) -> None: ...
+
+
+def _next_step(current: float, faster: bool) -> float:
+    if faster:
+        smaller = [s for s in REFRESH_STEPS if s < current - 1e-9]
+        return max(smaller[-1] if smaller else current, MIN_REFRESH_S)
+    larger = [s for s in REFRESH_STEPS if s > current + 1e-9]
+    return min(larger[0] if larger else current, MAX_REFRESH_S)
+
+
+class DltopApp(App[None]):
+    """Top-like monitor of the cache layers; every action has a key, a footer label and a palette entry."""
+
+    CSS_PATH = Path(__file__).with_name("app.tcss")
+    TITLE = "dltop"
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [
+        Binding("q", "quit", "Quit", id="app.quit"),
+        Binding("question_mark", "help", "Help", id="app.help"),
+        Binding("p", "toggle_pause", "Pause", id="app.pause"),
+        Binding("plus,equals_sign", "faster", "Faster", id="app.faster"),
+        Binding("minus", "slower", "Slower", id="app.slower"),
+        *[Binding(str(i), f"show_tab({i})", f"Tab {i}", show=False, id=f"app.tab{i}") for i in range(1, 10)],
+    ]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
+
+    def __init__(self, feed: Feed, settings: Settings | None = None, replay: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self.feed = feed
+        self.settings = settings or Settings()
+        self.refresh_s = self.settings.refresh_s
+        self.replay = replay
+        self._clock = clock
+        self.history: deque[Snapshot] = deque(maxlen=HISTORY_LEN)
+        self.hints: list[derive.Hint] = []
+        self._panes: list[Pane] = [cls() for cls in pane_classes()]
+
+    # -- layout ---------------------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="header")
+        yield Static(id="too-small")
+        with TabbedContent(id="tabs"):
+            for i, pane in enumerate(self._panes, start=1):
+                with TabPane(f"{i} {pane.TITLE}", id=f"tab-{pane.PANE_ID}"):
+                    yield pane
+        yield Static(id="hints")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        self.feed.start()
+        await self.feed.wait_first(timeout_s=0.5)
+        self._apply(self.feed.snapshot())
+        self._check_size()
+        self._consume()
+
+    @work(exclusive=True, group="feed")
+    async def _consume(self) -> None:
+        async for snap in self.feed.stream(lambda: self.refresh_s):
+            self._apply(snap)
+
+    def on_unmount(self) -> None:
+        self.feed.close()
+
+    def on_resize(self) -> None:
+        self._check_size()
+
+    def _check_size(self) -> None:
+        w, h = self.size
+        small = w < MIN_WIDTH or h < MIN_HEIGHT
+        msg = self.query_one("#too-small", Static)
+        msg.update(f"Terminal too small: {w}×{h}. dltop needs at least {MIN_WIDTH}×{MIN_HEIGHT}; resize to continue.")
+        msg.display = small
+        self.query_one("#tabs").display = not small
+
+    # -- data -----------------------------------------------------------------------------------------------
+
+    def _apply(self, snap: Snapshot) -> None:
+        if self.history and snap is self.history[-1]:
+            return
+        self.history.append(snap)
+        recent = list(self.history)[-HINT_WINDOW:]
+        self.hints = derive.hints(recent)
+        view = View(snapshot=snap, history=tuple(self.history), hints=tuple(self.hints),
+                    read_only=self.settings.read_only, replay=self.replay)
+        self._update_header(snap)
+        self._update_hints()
+        for pane in self._panes:
+            pane.show(view)
+
+    def _update_header(self, snap: Snapshot) -> None:
+        t = Text()
+        t.append("dltop", "bold")
+        t.append(f" · {snap.host}")
+        if snap.uptime_s is not None:
+            t.append(f" · up {human_duration(snap.uptime_s)}")
+        t.append(f" · every {self.refresh_s:g}s")
+        t.append(" · " + time.strftime("%H:%M:%S", time.localtime(snap.ts)))
+        if self.replay:
+            t.append("  REPLAY", "bold magenta")
+        if self.feed.paused:
+            t.append("  PAUSED", "bold reverse")
+        troubled = [s for s in snap.sources.values() if s.error]
+        for s in troubled:
+            t.append(f"  ⚠ {s.name}: {s.error}", "bold yellow")
+        if self.settings.read_only:
+            t.append("  read-only", "dim")
+        self.query_one("#header", Static).update(t)
+
+    def _update_hints(self) -> None:
+        widget = self.query_one("#hints", Static)
+        if not self.hints:
+            widget.display = False
+            return
+        h = self.hints[0]
+        style = {"critical": "bold red", "warn": "bold yellow", "info": "bold"}[h.severity]
+        t = Text.assemble(("! " if h.severity != "info" else "i ", style), (h.text, style))
+        if h.fix:
+            t.append(f" — {h.fix}", "italic")
+        if len(self.hints) > 1:
+            t.append(f"  (+{len(self.hints) - 1} more, see ?)", "dim")
+        widget.update(t)
+        widget.display = True
+
+    # -- actions --------------------------------------------------------------------------------------------
+
+    def action_toggle_pause(self) -> None:
+        """Stop or resume sampling; the screen keeps the last numbers."""
+        self.feed.paused = not self.feed.paused
+        if self.history:
+            self._update_header(self.history[-1])
+        self.notify("paused" if self.feed.paused else "resumed", timeout=1.5)
+
+    def _set_refresh(self, value: float) -> None:
+        self.refresh_s = value
+        self.feed.set_refresh(value)
+        if self.history:
+            self._update_header(self.history[-1])
+
+    def action_faster(self) -> None:
+        """Refresh more often (down to 0.25 s)."""
+        self._set_refresh(_next_step(self.refresh_s, faster=True))
+
+    def action_slower(self) -> None:
+        """Refresh less often (up to 30 s)."""
+        self._set_refresh(_next_step(self.refresh_s, faster=False))
+
+    def action_show_tab(self, n: int) -> None:
+        """Switch to tab n (1-based)."""
+        if 1 <= n <= len(self._panes):
+            self.query_one("#tabs", TabbedContent).active = f"tab-{self._panes[n - 1].PANE_ID}"
+
+    def action_help(self) -> None:
+        """Show every key and the current hints."""
+        rows: list[tuple[str, str]] = []
+        seen = set()
+        for _node, binding in self._collect_bindings():
+            label = binding.description or binding.action
+            key = binding.key_display or self.get_key_display(binding)
+            if label not in seen:
+                seen.add(label)
+                rows.append((key, label))
+        rows.append(("1-9", "switch tab"))
+        rows.append(("ctrl+p", "command palette"))
+        for h in self.hints:
+            rows.append(("hint", h.text + (f" — {h.fix}" if h.fix else "")))
+        self.push_screen(HelpScreen(rows))
+
+    def _collect_bindings(self) -> Iterable[tuple[object, Binding]]:
+        for node, binding, _enabled, _tooltip in self.screen.active_bindings.values():
+            if binding.show:
+                yield node, binding
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Pause / resume", "Stop or resume sampling (p)", self.action_toggle_pause)
+        yield SystemCommand("Refresh faster", "Sample more often (+)", self.action_faster)
+        yield SystemCommand("Refresh slower", "Sample less often (-)", self.action_slower)
+        yield SystemCommand("Help", "Every key and the current hints (?)", self.action_help)
+        for i, pane in enumerate(self._panes, start=1):
+            yield SystemCommand(f"Show {pane.TITLE}", f"Switch to tab {i}", lambda i=i: self.action_show_tab(i))
+        for pane in self._panes:
+            yield from pane.palette_commands()

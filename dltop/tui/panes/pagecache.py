@@ -1,0 +1,191 @@
+"""The page-cache pane: Cached / Dirty / Writeback over the last minutes, pressure, refaults, cgroup and disks."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Label, Sparkline, Static
+
+from dltop.derive import DiskRates, VmRates, memory_rates
+from dltop.fmt import human_bytes, human_count_rate, human_rate, percent
+from dltop.model import MemoryPart, Pressure, Snapshot, Unavailable
+from dltop.tui.panes.base import Pane
+from dltop.tui.view import View
+
+SPARK_FIELDS = (
+    ("cached_bytes", "Cached"),
+    ("dirty_bytes", "Dirty"),
+    ("writeback_bytes", "Writeback"),
+)
+
+DISK_COLUMNS = (
+    ("device", "Device"),
+    ("r_s", "r/s"),
+    ("w_s", "w/s"),
+    ("rmb_s", "rMB/s"),
+    ("wmb_s", "wMB/s"),
+    ("await", "await"),
+    ("util", "%util"),
+)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.1f}"
+
+
+def _psi(name: str, p: Pressure | Unavailable) -> Text:
+    if isinstance(p, Unavailable):
+        return Text.assemble((f"{name} ", "bold"), (str(p), "dim"))
+    full = f" full {p.full_avg10:.1f}%" if p.full_avg10 is not None else ""
+    style = "bold red" if p.some_avg10 >= 10 else "yellow" if p.some_avg10 >= 1 else ""
+    return Text.assemble((f"{name} ", "bold"), (f"some {p.some_avg10:.1f}%{full}", style))
+
+
+def summary_text(m: MemoryPart) -> Text:
+    """MemTotal / MemAvailable / Cached / Buffers / Shmem / Mlocked on one or two lines."""
+    t = Text()
+    t.append("Total ", "bold").append(human_bytes(m.total_bytes))
+    avail_style = ""
+    if m.available_bytes is not None and m.total_bytes and m.available_bytes < 0.1 * m.total_bytes:
+        avail_style = "bold red"
+    t.append("  Available ", "bold").append(
+        f"{human_bytes(m.available_bytes)} ({percent(m.available_bytes, m.total_bytes)})", avail_style
+    )
+    t.append("  Buffers ", "bold").append(human_bytes(m.buffers_bytes))
+    t.append("  Shmem ", "bold").append(human_bytes(m.shmem_bytes))
+    t.append("  Mlocked ", "bold").append(human_bytes(m.mlocked_bytes))
+    t.append("  file active/inactive ", "bold").append(
+        f"{human_bytes(m.active_file_bytes)}/{human_bytes(m.inactive_file_bytes)}"
+    )
+    return t
+
+
+def activity_text(m: MemoryPart, vm: VmRates | None) -> Text:
+    """PSI and the page-cache traffic rates."""
+    t = Text()
+    t.append_text(_psi("mem PSI", m.pressure_memory))
+    t.append("  ")
+    t.append_text(_psi("io PSI", m.pressure_io))
+    t.append("\n")
+    if isinstance(m.vmstat, Unavailable):
+        t.append("vmstat ", "bold").append(str(m.vmstat), "dim")
+        return t
+    if vm is None:
+        t.append("refaults ", "bold").append("(rates after the second reading)", "dim")
+        return t
+    refault_style = "bold yellow" if (vm.refaults_per_s or 0) > 1000 else ""
+    t.append("refaults ", "bold").append(f"{human_count_rate(vm.refaults_per_s)}/s", refault_style)
+    t.append("  majflt ", "bold").append(f"{human_count_rate(vm.major_faults_per_s)}/s")
+    t.append("  in ", "bold").append(human_rate(vm.page_in_bytes_per_s))
+    t.append("  out ", "bold").append(human_rate(vm.page_out_bytes_per_s))
+    t.append("  scan ", "bold").append(f"{human_count_rate(vm.scanned_per_s)}/s")
+    if m.vmstat.oom_kill is not None:
+        t.append("  oom_kill ", "bold").append(str(m.vmstat.oom_kill), "bold red" if vm.oom_kills else "")
+    return t
+
+
+def cgroup_text(m: MemoryPart) -> Text:
+    """The watched process's memory cgroup: usage against memory.max."""
+    cg = m.cgroup
+    t = Text()
+    t.append("cgroup ", "bold")
+    if cg is None:
+        return t.append("not watched", "dim")
+    if isinstance(cg, Unavailable):
+        return t.append(cg.reason, "dim")
+    t.append(cg.path + " ")
+    if cg.max_bytes is not None and cg.current_bytes is not None:
+        share = cg.current_bytes / cg.max_bytes if cg.max_bytes else 0
+        style = "bold red" if share >= 0.9 else ""
+        t.append(f"{human_bytes(cg.current_bytes)} of {human_bytes(cg.max_bytes)} ({100 * share:.0f}%)", style)
+    else:
+        t.append(f"{human_bytes(cg.current_bytes)}, no limit")
+    t.append("  file ", "bold").append(human_bytes(cg.file_bytes))
+    t.append("  dirty ", "bold").append(human_bytes(cg.file_dirty_bytes))
+    if cg.oom_kill is not None:
+        t.append("  oom_kill ", "bold").append(str(cg.oom_kill), "bold red" if cg.oom_kill else "")
+    return t
+
+
+def _disk_row(d: DiskRates) -> tuple[str, ...]:
+    return (
+        d.name,
+        f"{d.reads_per_s:.1f}",
+        f"{d.writes_per_s:.1f}",
+        _mb(d.read_bytes_per_s),
+        _mb(d.write_bytes_per_s),
+        f"{d.await_ms:.2f}" if d.await_ms is not None else "0.00",
+        f"{d.util_pct:.1f}",
+    )
+
+
+def series(history: list[Snapshot], name: str) -> list[float]:
+    """One meminfo field over the history (missing readings left out)."""
+    out = []
+    for s in history:
+        if isinstance(s.memory, MemoryPart):
+            v = getattr(s.memory, name)
+            if v is not None:
+                out.append(float(v))
+    return out
+
+
+class PageCachePane(Pane):
+    """Cached, Dirty and Writeback sparklines, MemAvailable, PSI, refault rate, the job's cgroup and disk load."""
+
+    PANE_ID = "pagecache"
+    TITLE = "Page cache"
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="pc-summary")
+        for name, label in SPARK_FIELDS:
+            with Horizontal(classes="spark-row"):
+                yield Label(label, id=f"pc-label-{name}", classes="spark-label")
+                yield Sparkline([], summary_function=max, id=f"pc-spark-{name}")
+        yield Static(id="pc-activity")
+        yield Static(id="pc-cgroup")
+        yield Static(id="pc-notes", classes="notes")
+        table: DataTable[str] = DataTable(id="pc-disks", cursor_type="row", zebra_stripes=False)
+        for key, label in DISK_COLUMNS:
+            table.add_column(label, key=key)
+        yield table
+
+    def render_view(self, view: View) -> None:
+        m = view.snapshot.memory
+        summary = self.query_one("#pc-summary", Static)
+        if not isinstance(m, MemoryPart):
+            summary.update(Text(f"memory: {m}" if m is not None else "memory: not sampled", "dim"))
+            return
+        summary.update(summary_text(m))
+        history = list(view.history)
+        for name, label in SPARK_FIELDS:
+            data = series(history, name)
+            self.query_one(f"#pc-spark-{name}", Sparkline).data = data or [0.0]
+            current = getattr(m, name)
+            self.query_one(f"#pc-label-{name}", Label).update(
+                Text.assemble((f"{label:<9}", "bold"), f"{human_bytes(current):>9}")
+            )
+        vm, disks = memory_rates(view.previous, view.snapshot)
+        self.query_one("#pc-activity", Static).update(activity_text(m, vm))
+        self.query_one("#pc-cgroup", Static).update(cgroup_text(m))
+        notes = [f"{k}: {v}" for k, v in m.unavailable.items()]
+        if isinstance(m.disks, Unavailable):
+            notes.append(f"disks: {m.disks.reason}")
+        notes_widget = self.query_one("#pc-notes", Static)
+        notes_widget.update(Text("; ".join(notes), "dim"))
+        notes_widget.display = bool(notes)
+        self._update_disks(disks)
+
+    def _update_disks(self, disks: list[DiskRates]) -> None:
+        table = self.query_one("#pc-disks", DataTable)
+        wanted = {d.name: _disk_row(d) for d in disks}
+        for key in [k for k in table.rows if k.value not in wanted]:
+            table.remove_row(key)
+        existing = {k.value for k in table.rows}
+        for name, row in wanted.items():
+            if name in existing:
+                for (col, _), value in zip(DISK_COLUMNS, row, strict=True):
+                    table.update_cell(name, col, value)
+            else:
+                table.add_row(*row, key=name)
