@@ -1,0 +1,305 @@
+"""ctypes wrappers for the Linux calls the standard library lacks: cachestat, mincore, mlock, statfs.
+
+Every wrapper raises OSError with the kernel's errno, like the os module does. Nothing here imports
+anything beyond the standard library, so `dltop residency` starts fast.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import resource
+from dataclasses import dataclass
+from functools import cache
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+# Filesystem magics (linux/magic.h) the residency engine treats specially.
+OVERLAYFS_SUPER_MAGIC = 0x794C7630  # cachestat through an overlayfs file sees the overlay's empty mapping
+TMPFS_MAGIC = 0x01021994  # pages live in memory (shmem): they cannot be evicted, only swapped
+RAMFS_MAGIC = 0x858458F6
+FS_NAMES = {
+    0xEF53: "ext4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    OVERLAYFS_SUPER_MAGIC: "overlayfs",
+    TMPFS_MAGIC: "tmpfs",
+    RAMFS_MAGIC: "ramfs",
+    0x6969: "nfs",
+    0xFF534D42: "cifs",
+    0x65735546: "fuse",
+    0x2FC12FC1: "zfs",
+    0x73717368: "squashfs",
+    0x9660: "iso9660",
+    0xE0F5E1E2: "erofs",
+    0x01021997: "9p",
+    0x6E667364: "nfsd",
+    0x47504653: "gpfs",
+    0x0BD00BD0: "lustre",
+    0x00C36400: "ceph",
+}
+
+# cachestat(2) is 451 on every architecture that uses the unified syscall table (x86_64, aarch64, arm,
+# riscv, ppc, s390, loongarch, mips n64 differ only by an offset); alpha adds 110.
+_SYSCALL_OFFSET = {"alpha": 110, "mips64": 5000, "mips": 4000}
+NR_CACHESTAT = 451 + _SYSCALL_OFFSET.get(platform.machine(), 0)
+
+PROT_READ = 0x1
+MAP_SHARED = 0x01
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class _CachestatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = [
+        ("nr_cache", ctypes.c_uint64),
+        ("nr_dirty", ctypes.c_uint64),
+        ("nr_writeback", ctypes.c_uint64),
+        ("nr_evicted", ctypes.c_uint64),
+        ("nr_recently_evicted", ctypes.c_uint64),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStat:
+    """Page-cache state of a file range, in pages (the `struct cachestat` of cachestat(2))."""
+
+    cache: int
+    dirty: int
+    writeback: int
+    evicted: int
+    recently_evicted: int
+
+
+@cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.munmap.restype = ctypes.c_int
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.mincore.restype = ctypes.c_int
+    libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mlock.restype = ctypes.c_int
+    libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.munlock.restype = ctypes.c_int
+    libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fstatfs.restype = ctypes.c_int
+    libc.statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+    libc.statfs.restype = ctypes.c_int
+    return libc
+
+
+def _raise_errno(what: str, filename: str | None = None) -> None:
+    e = ctypes.get_errno()
+    raise OSError(e, f"{what}: {os.strerror(e)}", filename)
+
+
+class _CachestatCaller:
+    """One preallocated argument set: cachestat is called once per file, so its Python cost matters."""
+
+    def __init__(self) -> None:
+        self.range = _CachestatRange(0, 0)
+        self.out = _Cachestat()
+        self._range_ref = ctypes.byref(self.range)
+        self._out_ref = ctypes.byref(self.out)
+        self._syscall = _libc().syscall
+        self._nr = ctypes.c_long(NR_CACHESTAT)
+
+    def __call__(self, fd: int) -> _Cachestat:
+        if self._syscall(self._nr, fd, self._range_ref, self._out_ref, 0) != 0:
+            _raise_errno("cachestat")
+        return self.out
+
+
+def cachestat_caller() -> _CachestatCaller:
+    """A fast whole-file cachestat for tight loops: `c = cachestat_caller(); st = c(fd)`; `st` is reused."""
+    return _CachestatCaller()
+
+
+def cachestat(fd: int, offset: int = 0, length: int = 0) -> CacheStat:
+    """cachestat(2) of [offset, offset+length) of an open file (length 0: to the end); OSError on failure.
+
+    ENOSYS: the kernel is older than 6.5. EPERM: the caller may not write the file and does not own it,
+    so the kernel hides its residency.
+    """
+    rng = _CachestatRange(offset, length)
+    out = _Cachestat()
+    if _libc().syscall(ctypes.c_long(NR_CACHESTAT), fd, ctypes.byref(rng), ctypes.byref(out), 0) != 0:
+        _raise_errno("cachestat")
+    return CacheStat(out.nr_cache, out.nr_dirty, out.nr_writeback, out.nr_evicted, out.nr_recently_evicted)
+
+
+@cache
+def have_cachestat() -> bool:
+    """Whether this kernel has cachestat(2) (Linux >= 6.5, and not blocked by seccomp)."""
+    fd = os.open("/proc/self/exe", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        cachestat(fd)
+    except OSError as e:
+        return e.errno not in (errno.ENOSYS, errno.EPERM)
+    finally:
+        os.close(fd)
+    return True
+
+
+# Windows of at most this many bytes are mapped at once, so a 1 TiB file needs 1 MiB of vector, not 256 MiB.
+_MINCORE_WINDOW_BYTES = 1 << 32
+_LOW_BIT = bytes(b & 1 for b in range(256))
+
+
+def mincore_vector(fd: int, size: int, offset: int = 0) -> bytes:
+    """One byte per page of [offset, offset+size) of an open file: 1 if the page is in the page cache.
+
+    Uses mmap + mincore(2). Beware: for a file the caller may not write and does not own, the kernel reports
+    every page resident; the caller must check `residency_visible` first.
+    """
+    if size <= 0:
+        return b""
+    libc = _libc()
+    parts = []
+    end = offset + size
+    pos = offset - offset % PAGE_SIZE
+    while pos < end:
+        length = min(_MINCORE_WINDOW_BYTES, end - pos)
+        addr = libc.mmap(None, length, PROT_READ, MAP_SHARED, fd, pos)
+        if addr is None or addr == MAP_FAILED:
+            _raise_errno("mmap")
+        try:
+            n = (length + PAGE_SIZE - 1) // PAGE_SIZE
+            vec = ctypes.create_string_buffer(n)
+            if libc.mincore(ctypes.c_void_p(addr), length, vec) != 0:
+                _raise_errno("mincore")
+            parts.append(vec.raw[:n].translate(_LOW_BIT))
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), length)
+        pos += length
+    return b"".join(parts)
+
+
+def mincore_resident_pages(fd: int, size: int) -> int:
+    """Pages of an open file in the page cache, counted with mmap + mincore (see `mincore_vector`)."""
+    return mincore_vector(fd, size).count(1)
+
+
+def residency_visible(st: os.stat_result, name: str | bytes, dir_fd: int | None = None) -> bool:
+    """Whether the kernel shows this caller the page-cache state of the file (owner, root, or may write it).
+
+    Mirrors the kernel's can_do_mincore() and cachestat's check: the file's owner, a process with
+    CAP_FOWNER, or one that could open the file for writing sees real residency; everyone else is shown
+    every page resident (mincore) or refused (cachestat EPERM).
+    """
+    euid = os.geteuid()
+    if euid == 0 or st.st_uid == euid:
+        return True
+    return os.access(name, os.W_OK, dir_fd=dir_fd, effective_ids=True)
+
+
+class LockedMapping:
+    """A file mapped and mlock(2)ed; its pages stay in memory until `release()`."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.size = size
+        self._addr: int | None = None
+        if size <= 0:
+            return
+        libc = _libc()
+        addr = libc.mmap(None, size, PROT_READ, MAP_SHARED, fd, 0)
+        if addr is None or addr == MAP_FAILED:
+            _raise_errno("mmap")
+        if libc.mlock(ctypes.c_void_p(addr), size) != 0:
+            e = ctypes.get_errno()
+            libc.munmap(ctypes.c_void_p(addr), size)
+            raise OSError(e, f"mlock: {os.strerror(e)}")
+        self._addr = addr
+
+    def release(self) -> None:
+        """munlock and unmap; safe to call twice."""
+        if self._addr is not None:
+            libc = _libc()
+            libc.munlock(ctypes.c_void_p(self._addr), self.size)
+            libc.munmap(ctypes.c_void_p(self._addr), self.size)
+            self._addr = None
+
+    def __enter__(self) -> LockedMapping:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def fstatfs_type(fd: int) -> int:
+    """The f_type magic of the filesystem holding an open file (see linux/magic.h)."""
+    buf = ctypes.create_string_buffer(256)  # larger than struct statfs on every architecture
+    if _libc().fstatfs(fd, buf) != 0:
+        _raise_errno("fstatfs")
+    return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def statfs_type(path: str | bytes) -> int:
+    """The f_type magic of the filesystem holding `path`."""
+    buf = ctypes.create_string_buffer(256)
+    if _libc().statfs(os.fsencode(path), buf) != 0:
+        _raise_errno("statfs", os.fsdecode(path))
+    return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def fs_name(magic: int) -> str:
+    """A filesystem's usual name for its statfs magic, or the magic in hex."""
+    return FS_NAMES.get(magic, f"0x{magic:x}")
+
+
+def memlock_limit_bytes() -> tuple[int | None, int | None]:
+    """RLIMIT_MEMLOCK (soft, hard) in bytes; None means unlimited."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return (None if soft == resource.RLIM_INFINITY else soft, None if hard == resource.RLIM_INFINITY else hard)
+
+
+def can_lock_unlimited() -> bool:
+    """Whether this process has CAP_IPC_LOCK (then RLIMIT_MEMLOCK does not apply)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) & (1 << 14))  # CAP_IPC_LOCK = 14
+    except OSError:
+        pass
+    return os.geteuid() == 0
+
+
+def readahead_bytes(st_dev: int, sys_root: str = "/sys") -> int:
+    """How much one POSIX_FADV_WILLNEED call reads on the device holding st_dev: max(readahead, max IO size).
+
+    The kernel's force_page_cache_ra() caps one call at max(bdi->ra_pages, bdi->io_pages); asking for more
+    reads only the first window. Falls back to 128 KiB, the kernel default, when sysfs does not say.
+    """
+    major, minor = os.major(st_dev), os.minor(st_dev)
+    candidates = [
+        f"{sys_root}/dev/block/{major}:{minor}/queue",
+        f"{sys_root}/dev/block/{major}:{minor}/../queue",  # a partition: the disk's queue
+    ]
+    ra_kb = io_kb = 0
+    for q in candidates:
+        try:
+            with open(f"{q}/read_ahead_kb") as f:
+                ra_kb = int(f.read().strip() or 0)
+            with open(f"{q}/max_sectors_kb") as f:
+                io_kb = int(f.read().strip() or 0)
+            break
+        except (OSError, ValueError):
+            continue
+    if not ra_kb:
+        try:
+            with open(f"{sys_root}/class/bdi/{major}:{minor}/read_ahead_kb") as f:
+                ra_kb = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            ra_kb = 0
+    window_kb = max(ra_kb, io_kb)
+    return window_kb * 1024 if window_kb > 0 else 128 * 1024

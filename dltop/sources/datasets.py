@@ -1,0 +1,449 @@
+"""Dataset residency: walk a tree like vmtouch, ask the kernel per file how much is in the page cache.
+
+One cachestat(2) per file (mmap + mincore where cachestat is missing or wrong, as through overlayfs),
+totals per folder for drill-down (memory grows with folders, not files), and every file the walk could
+not count is counted and reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dltop import kernel
+from dltop.model.base import Unavailable
+from dltop.model.datasets import NO_PERMISSION, DatasetResidency, DatasetsPart, ResidencyNode
+
+MAX_PROBLEMS = 20
+# How often (in files) a huge flat folder checks the cancel flag, the deadline and the CPU budget.
+_CHECK_EVERY_FILES = 2048
+
+_O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_O_FILE_FOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+_scandir = os.scandir  # tests replace this to make files vanish between listing and opening
+
+
+@dataclass(frozen=True)
+class WalkOptions:
+    """How to walk a tree; the defaults are vmtouch's."""
+
+    follow_symlinks: bool = False
+    cross_filesystems: bool = False
+    ignore: tuple[str, ...] = ()  # glob patterns on names; a matching file or folder is skipped
+    include: tuple[str, ...] = ()  # glob patterns on file names; when given, only matching files count
+    max_depth: int | None = None  # folders deeper than this are added to their ancestor at this depth
+
+
+def _compile(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
+
+
+class WalkReport:
+    """What the walk skipped and why; shared by the scan and the actions."""
+
+    def __init__(self) -> None:
+        self.skipped: dict[str, int] = {}
+        self.problems: list[str] = []
+        self.unknown = False
+        self.dirs = 0
+        self.complete = True
+
+    def skip(self, why: str, path: str | None = None, detail: str | None = None) -> None:
+        """Count one entry not counted; keep a line about it when it is a problem worth reading."""
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+        if detail is not None and len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(f"{detail}: {display_path(path or '')}")
+
+
+def display_path(path: str) -> str:
+    """A path safe to print: undecodable bytes (surrogate escapes) shown as \\xNN."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+class _Acc:
+    """A folder's running totals while scanning (files directly in it and in folders folded into it)."""
+
+    __slots__ = ("path", "files", "size", "pages", "res", "dirty", "unknown", "wb", "rev", "children")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.files = self.size = self.pages = self.res = self.dirty = self.unknown = self.wb = self.rev = 0
+        self.children: list[_Acc] = []
+
+    def freeze(self) -> ResidencyNode:
+        kids = tuple(c.freeze() for c in self.children)
+        return ResidencyNode(
+            path=self.path,
+            files=self.files + sum(k.files for k in kids),
+            size_bytes=self.size + sum(k.size_bytes for k in kids),
+            pages=self.pages + sum(k.pages for k in kids),
+            resident_pages=self.res + sum(k.resident_pages for k in kids),
+            dirty_pages=self.dirty + sum(k.dirty_pages for k in kids),
+            unknown_pages=self.unknown + sum(k.unknown_pages for k in kids),
+            writeback_pages=self.wb + sum(k.writeback_pages for k in kids),
+            recently_evicted_pages=self.rev + sum(k.recently_evicted_pages for k in kids),
+            children=tuple(sorted(kids, key=lambda k: k.path)),
+        )
+
+
+@dataclass
+class _Dir:
+    path: str
+    depth: int
+    dev: int
+    acc: _Acc
+    mincore: bool = False  # count this folder's files with mincore (overlayfs, or no cachestat)
+
+
+@dataclass
+class _Budget:
+    """Cancel flag, deadline and CPU share, checked between folders and every few thousand files."""
+
+    cancel: threading.Event | None = None
+    deadline: float | None = None  # time.monotonic() value
+    cpu_fraction: float | None = None  # e.g. 0.25: sleep so the scan uses at most a quarter of one CPU
+    _cpu_mark: float = field(default_factory=time.thread_time)
+    _wall_mark: float = field(default_factory=time.monotonic)
+
+    def stop(self) -> bool:
+        if self.cancel is not None and self.cancel.is_set():
+            return True
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return True
+        if self.cpu_fraction is not None and 0 < self.cpu_fraction < 1:
+            used = time.thread_time() - self._cpu_mark
+            if used >= 0.05:
+                wall = time.monotonic() - self._wall_mark
+                pause = used / self.cpu_fraction - wall
+                if pause > 0:
+                    if self.cancel is not None:
+                        self.cancel.wait(pause)
+                    else:
+                        time.sleep(pause)
+                self._cpu_mark = time.thread_time()
+                self._wall_mark = time.monotonic()
+        return False
+
+
+def walk(
+    root: str,
+    options: WalkOptions,
+    report: WalkReport,
+    root_acc: _Acc,
+    budget: _Budget | None = None,
+) -> Iterator[tuple[_Dir, int | None, str, bool]]:
+    """Yield (folder, folder fd, name, follow) for each entry that should be a regular file.
+
+    A root that is a file is yielded as (its parent, None, its full path, True). Folders, symlinks,
+    special files, other filesystems and ignored names are handled here and counted in `report`.
+    """
+    ignore = _compile(options.ignore)
+    include = _compile(options.include)
+    st = os.stat(root)  # a root given as a symlink is followed, as vmtouch and du do
+    if not stat.S_ISDIR(st.st_mode):
+        if stat.S_ISREG(st.st_mode):
+            yield _Dir(os.path.dirname(root) or ".", 0, st.st_dev, root_acc), None, root, True
+        else:
+            report.skip("special", root, "not a regular file or folder")
+        return
+    seen_dirs = {(st.st_dev, st.st_ino)}
+    root_dev = st.st_dev
+    mincore_devs: dict[int, bool] = {}
+    stack = [_Dir(root, 0, st.st_dev, root_acc)]
+    max_depth = options.max_depth
+    follow = options.follow_symlinks
+    while stack:
+        if budget is not None and budget.stop():
+            report.complete = False
+            return
+        d = stack.pop()
+        try:
+            dfd = os.open(d.path, _O_DIR if (follow or d.depth == 0) else _O_DIR | os.O_NOFOLLOW)
+        except OSError as e:
+            _skip_error(report, e, d.path)
+            continue
+        try:
+            if d.dev not in mincore_devs:
+                mincore_devs[d.dev] = _needs_mincore(dfd)
+            d.mincore = mincore_devs[d.dev]
+            report.dirs += 1
+            subdirs: list[_Dir] = []
+            try:
+                entries = _scandir(dfd)
+            except OSError as e:
+                _skip_error(report, e, d.path)
+                continue
+            with entries:
+                n = 0
+                for entry in entries:
+                    name = entry.name
+                    if ignore is not None and ignore.match(name):
+                        report.skip("ignored")
+                        continue
+                    try:
+                        if entry.is_file(follow_symlinks=False):
+                            if include is None or include.match(name):
+                                yield d, dfd, name, False
+                            else:
+                                report.skip("ignored")
+                            n += 1
+                            if n % _CHECK_EVERY_FILES == 0 and budget is not None and budget.stop():
+                                report.complete = False
+                                return
+                            continue
+                        is_link = entry.is_symlink()
+                        if is_link and not follow:
+                            report.skip("symlink")
+                            continue
+                        if is_link:
+                            try:
+                                est = os.stat(name, dir_fd=dfd)
+                            except OSError as e:
+                                what = "symlink loop" if e.errno == errno.ELOOP else "broken symlink"
+                                report.skip(what.replace(" ", "_"), f"{d.path}/{name}", what)
+                                continue
+                        elif entry.is_dir(follow_symlinks=False):
+                            est = entry.stat(follow_symlinks=False)
+                        else:
+                            report.skip("special")  # FIFO, socket, device: never opened
+                            continue
+                    except OSError as e:
+                        _skip_error(report, e, f"{d.path}/{name}")
+                        continue
+                    if stat.S_ISDIR(est.st_mode):
+                        key = (est.st_dev, est.st_ino)
+                        if key in seen_dirs:
+                            report.skip("symlink_loop", f"{d.path}/{name}", "folder reached twice (symlink loop)")
+                            continue
+                        if est.st_dev != root_dev and not options.cross_filesystems:
+                            report.skip("other_filesystem")
+                            continue
+                        seen_dirs.add(key)
+                        path = f"{d.path}/{name}" if d.path != "/" else f"/{name}"
+                        depth = d.depth + 1
+                        if max_depth is None or depth <= max_depth:
+                            acc = _Acc(path)
+                            d.acc.children.append(acc)
+                        else:
+                            acc = d.acc
+                        subdirs.append(_Dir(path, depth, est.st_dev, acc))
+                    elif stat.S_ISREG(est.st_mode):
+                        if include is None or include.match(name):
+                            yield d, dfd, name, True
+                        else:
+                            report.skip("ignored")
+                    else:
+                        report.skip("special")
+            stack.extend(reversed(subdirs))
+        finally:
+            os.close(dfd)
+
+
+def _needs_mincore(fd: int) -> bool:
+    """cachestat cannot be trusted on this filesystem (or this kernel): count pages with mincore."""
+    if not kernel.have_cachestat():
+        return True
+    try:
+        return kernel.fstatfs_type(fd) == kernel.OVERLAYFS_SUPER_MAGIC
+    except OSError:
+        return False
+
+
+def _skip_error(report: WalkReport, e: OSError, path: str) -> None:
+    if e.errno == errno.ENOENT:
+        report.skip("vanished", path, "vanished during the scan")
+    elif e.errno in (errno.EACCES, errno.EPERM):
+        report.skip("unreadable", path, "permission denied")
+    elif e.errno == errno.ELOOP:
+        report.skip("symlink", path)
+    else:
+        report.skip("error", path, e.strerror or str(e))
+
+
+def scan_residency(
+    path: str | bytes | os.PathLike[str],
+    options: WalkOptions = WalkOptions(),
+    *,
+    cancel: threading.Event | None = None,
+    deadline_s: float | None = None,
+    cpu_fraction: float | None = None,
+) -> DatasetResidency:
+    """Scan one file or tree once: per-folder page-cache residency, as fincore would count it.
+
+    `deadline_s` (seconds from now), `cancel` and `cpu_fraction` bound the scan; a scan cut short says so
+    (`complete=False`) and its totals cover the part reached. Raises OSError when the root itself is missing.
+    """
+    t0 = time.monotonic()
+    root = os.fsdecode(path)
+    if len(root) > 1:
+        root = root.rstrip("/")
+    ps = kernel.PAGE_SIZE
+    shift = ps.bit_length() - 1
+    report = WalkReport()
+    acc = _Acc(root)
+    budget = _Budget(cancel, None if deadline_s is None else t0 + deadline_s, cpu_fraction)
+    seen_inodes: set[tuple[int, int]] = set()
+    cstat = kernel.cachestat_caller()
+    used: set[str] = set()
+    os_open, os_close, os_fstat = os.open, os.close, os.fstat
+    S_ISREG = stat.S_ISREG
+    for d, dfd, name, follow in walk(root, options, report, acc, budget):
+        a = d.acc
+        try:
+            fd = os_open(name, _O_FILE_FOLLOW if follow else _O_FILE, dir_fd=dfd)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                # Cannot open it, but its size is public: its pages are unknown, not absent.
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
+                except OSError:
+                    _skip_error(report, e, _join(d.path, name, dfd))
+                    continue
+                if st.st_nlink > 1:
+                    key = (st.st_dev, st.st_ino)
+                    if key in seen_inodes:
+                        report.skip("hardlink")
+                        continue
+                    seen_inodes.add(key)
+                pages = (st.st_size + ps - 1) >> shift
+                a.files += 1
+                a.size += st.st_size
+                a.pages += pages
+                a.unknown += pages
+                report.unknown = True
+                report.skip("unreadable", _join(d.path, name, dfd), "permission denied (pages unknown)")
+            else:
+                _skip_error(report, e, _join(d.path, name, dfd))
+            continue
+        pages = 0
+        try:
+            st = os_fstat(fd)
+            if not S_ISREG(st.st_mode):  # replaced by something else since it was listed
+                report.skip("special")
+                continue
+            if st.st_nlink > 1:
+                key = (st.st_dev, st.st_ino)
+                if key in seen_inodes:
+                    report.skip("hardlink")
+                    continue
+                seen_inodes.add(key)
+            size = st.st_size
+            pages = (size + ps - 1) >> shift
+            a.files += 1
+            a.size += size
+            a.pages += pages
+            if pages == 0:
+                continue
+            if not d.mincore:
+                try:
+                    cs = cstat(fd)
+                except OSError as e:
+                    if e.errno == errno.EPERM:
+                        a.unknown += pages
+                        report.unknown = True
+                        continue
+                    if e.errno != errno.ENOSYS:
+                        raise
+                    d.mincore = True
+                else:
+                    used.add("cachestat")
+                    res = cs.nr_cache
+                    a.res += res if res < pages else pages
+                    a.dirty += cs.nr_dirty
+                    a.wb += cs.nr_writeback
+                    a.rev += cs.nr_recently_evicted
+                    continue
+            if not kernel.residency_visible(st, name, dfd):
+                a.unknown += pages
+                report.unknown = True
+                continue
+            used.add("mincore")
+            a.res += min(kernel.mincore_resident_pages(fd, size), pages)
+        except OSError as e:
+            # The file vanished or failed after it was counted: its pages are unknown, not absent.
+            _skip_error(report, e, _join(d.path, name, dfd))
+            a.unknown += pages
+        finally:
+            os_close(fd)
+    node = acc.freeze()
+    try:
+        fs = kernel.fs_name(kernel.statfs_type(root))
+    except OSError:
+        fs = ""
+    return DatasetResidency(
+        **{f: getattr(node, f) for f in _NODE_FIELDS},
+        page_size=ps,
+        scanned_at=time.time(),
+        scan_duration_s=time.monotonic() - t0,
+        complete=report.complete,
+        method="mixed" if len(used) > 1 else (used.pop() if used else "cachestat"),
+        fs_type=fs,
+        dirs=report.dirs,
+        skipped=dict(sorted(report.skipped.items())),
+        problems=tuple(report.problems),
+        unknown_reason=NO_PERMISSION if report.unknown else None,
+    )
+
+
+_NODE_FIELDS = tuple(ResidencyNode.__dataclass_fields__)
+
+
+def _join(dir_path: str, name: str, dfd: int | None) -> str:
+    return name if dfd is None else (f"{dir_path}/{name}" if dir_path != "/" else f"/{name}")
+
+
+def scan_paths(
+    paths: tuple[str, ...] | list[str],
+    options: WalkOptions = WalkOptions(),
+    *,
+    cancel: threading.Event | None = None,
+    deadline_s: float | None = None,
+    cpu_fraction: float | None = None,
+) -> DatasetsPart:
+    """Scan several datasets; one that cannot be scanned carries its error instead of stopping the rest."""
+    out = []
+    for p in paths:
+        try:
+            out.append(scan_residency(p, options, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction))
+        except OSError as e:
+            out.append(
+                DatasetResidency(
+                    path=os.fsdecode(p), error=f"{e.strerror or e}", scanned_at=time.time(), complete=False
+                )
+            )
+    return DatasetsPart(paths=tuple(out), page_size=kernel.PAGE_SIZE)
+
+
+# The TUI and the recorder keep folder totals this deep; deeper folders add to their ancestor.
+SOURCE_MAX_DEPTH = 6
+SOURCE_CPU_FRACTION = 0.5
+
+
+def source(settings: Any) -> Any:
+    """The datasets Source: a background rescan of every configured dataset, at most half a CPU."""
+    from dltop.sources.base import Source
+
+    paths = tuple(settings.datasets)
+    options = WalkOptions(max_depth=SOURCE_MAX_DEPTH)
+
+    def read() -> DatasetsPart | Unavailable:
+        return scan_paths(paths, options, cpu_fraction=SOURCE_CPU_FRACTION)
+
+    interval = max(10.0, float(getattr(settings, "refresh_s", 1.0)) * 10)
+    return Source(name="datasets", interval_s=interval, read=read, timeout_s=120.0)
