@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tui, cmd, sub = build_parser()
     try:
         if args_list and args_list[0] in sub.choices:
-            args = cmd.parse_args(args_list)
+            args, extra = cmd.parse_known_args(args_list)
+            if extra:
+                sub.choices[args_list[0]].error(f"unrecognized arguments: {' '.join(extra)}")
             return int(args.func(args) or 0)
         args = tui.parse_args(args_list)
         from dltop.commands.tui import run_tui

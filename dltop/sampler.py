@@ -76,7 +76,6 @@ class Sampler:
                 fut.result(timeout=max(0.0, limit - (time.monotonic() - t0)))
             except TimeoutError:
                 st.status = replace(st.status, error=f"no answer within {limit:g} s", running_since_ts=self._clock())
-                st.value = Unavailable(f"{name} source did not answer within {limit:g} s")
         return self.snapshot()
 
     def close(self) -> None:
@@ -118,6 +117,8 @@ class Sampler:
             statuses[name] = status
             if st.ran_once:
                 parts[name] = st.value
+            elif status.error:
+                parts[name] = Unavailable(f"{name} source: {status.error}")
             else:
                 parts[name] = Unavailable("waiting for the first reading")
         known = {k: v for k, v in parts.items() if k in Snapshot.__dataclass_fields__}

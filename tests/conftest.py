@@ -1,0 +1,50 @@
+"""Shared test helpers: the shared fixtures folder, a capture of this machine's /proc, the recorded session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from dltop.model import Snapshot
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+DATA = Path(__file__).resolve().parent / "data"
+
+# Snapshot tests print wall-clock times: render them in one zone everywhere.
+os.environ["TZ"] = "UTC"
+time.tzset()
+
+
+def load_session(name: str = "pagecache-session.jsonl") -> list[Snapshot]:
+    """Snapshots recorded from a real run by scripts/capture_session.py."""
+    return [Snapshot.from_json(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def session() -> list[Snapshot]:
+    return load_session()
+
+
+def capture_proc(dest: Path) -> Path:
+    """Copy this machine's memory-related /proc and /sys files into dest (a root for the sources)."""
+    (dest / "proc" / "pressure").mkdir(parents=True)
+    for name in ("meminfo", "vmstat", "diskstats", "uptime"):
+        shutil.copyfile(f"/proc/{name}", dest / "proc" / name)
+    for res in ("memory", "io"):
+        src = Path("/proc/pressure") / res
+        if src.exists():
+            shutil.copyfile(src, dest / "proc" / "pressure" / res)
+    (dest / "sys" / "block").mkdir(parents=True)
+    for dev in os.listdir("/sys/block"):
+        (dest / "sys" / "block" / dev).mkdir()
+    return dest
+
+
+@pytest.fixture
+def proc_root(tmp_path: Path) -> Path:
+    return capture_proc(tmp_path / "root")

@@ -1,0 +1,109 @@
+"""The command line as a user runs it: a real process, real output, one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def dltop(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "dltop", *args], capture_output=True, text=True, cwd=REPO,
+                          env=full_env, timeout=timeout)
+
+
+def test_snapshot_json_has_memory_in_bytes() -> None:
+    r = dltop("snapshot", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    mem = data["memory"]
+    for key in ("total_bytes", "available_bytes", "cached_bytes", "dirty_bytes", "writeback_bytes"):
+        assert isinstance(mem[key], int), key
+    meminfo = Path("/proc/meminfo").read_text()
+    total_kb = int(re.search(r"^MemTotal:\s+(\d+) kB", meminfo, re.M).group(1))  # type: ignore[union-attr]
+    assert mem["total_bytes"] == total_kb * 1024
+    # Available moves between reads; it must still be within 1% of MemTotal of a fresh reading.
+    avail_kb = int(re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M).group(1))  # type: ignore[union-attr]
+    assert abs(mem["available_bytes"] - avail_kb * 1024) < total_kb * 1024 // 100
+    assert data["schema"] == 1 and data["sources"]["memory"]["error"] is None
+
+
+def test_snapshot_from_captured_root_without_psi(proc_root: Path) -> None:
+    for f in (proc_root / "proc/pressure").iterdir():
+        f.unlink()
+    r = dltop("snapshot", "--root", str(proc_root))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert "PSI" in data["memory"]["pressure_memory"]["unavailable"]
+
+
+@pytest.mark.parametrize(
+    "args, code, pattern",
+    [
+        (["--bogus"], 2, r"^dltop: error: unrecognized arguments: --bogus"),
+        (["snapshot", "--bogus"], 2, r"^dltop snapshot: error: unrecognized arguments: --bogus"),
+        (["snapshot", "--timeout", "soon"], 2, r"invalid float value: 'soon'"),
+        (["/no/such/dataset"], 1, r"^dltop: no such dataset path or subcommand: /no/such/dataset"),
+        (["--refresh", "0"], 1, r"refresh must be between"),
+        (["snapshot", "--config", "/no/such.toml"], 1, r"^dltop: config file not found: /no/such.toml$"),
+    ],
+)
+def test_bad_input_is_one_line(args: list[str], code: int, pattern: str) -> None:
+    r = dltop(*args)
+    assert r.returncode == code
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_config_toml(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("refresh = [\n")
+    r = dltop("snapshot", "--config", str(cfg))
+    assert r.returncode == 1 and "is not valid TOML" in r.stderr and len(r.stderr.splitlines()) == 1
+    cfg.write_text('datasets = "/data"\n')
+    r = dltop("snapshot", "--config", str(cfg))
+    assert r.returncode == 1 and "datasets must be a list" in r.stderr
+
+
+def test_config_from_xdg_dir(tmp_path: Path) -> None:
+    from dltop.config import load_config
+
+    (tmp_path / "dltop").mkdir()
+    (tmp_path / "dltop" / "config.toml").write_text('refresh = 2.5\nread_only = true\n[servers]\nvllm = "x"\n')
+    import os
+
+    old = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path)
+    try:
+        s = load_config(None)
+    finally:
+        if old is None:
+            del os.environ["XDG_CONFIG_HOME"]
+        else:
+            os.environ["XDG_CONFIG_HOME"] = old
+    assert (s.refresh_s, s.read_only, s.extra) == (2.5, True, {"servers": {"vllm": "x"}})
+
+
+def test_broken_pipe_is_quiet() -> None:
+    r = subprocess.run(f"{sys.executable} -m dltop snapshot --indent 2 | head -c 10", shell=True, cwd=REPO,
+                       capture_output=True, text=True, timeout=30)
+    assert r.stderr == "" and r.stdout == '{\n  "ts": '
+
+
+def test_version_and_help() -> None:
+    r = dltop("--version")
+    assert r.returncode == 0 and r.stdout.startswith("dltop ")
+    r = dltop("--help")
+    assert r.returncode == 0 and "snapshot" in r.stdout

@@ -1,0 +1,95 @@
+"""The Snapshot round-trips through JSON exactly, and refuses data of the wrong shape with a clear error."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dltop.model import (
+    SCHEMA_VERSION,
+    DecodeError,
+    MemoryPart,
+    Pressure,
+    Snapshot,
+    Unavailable,
+    VmStat,
+    from_dict,
+    to_dict,
+)
+from dltop.sampler import Sampler
+from dltop.sources.memory import read_memory
+
+
+def test_real_snapshot_roundtrips(proc_root: Path) -> None:
+    snap = Snapshot(ts=1.5, host="h", uptime_s=3.0, memory=read_memory(str(proc_root)))
+    assert Snapshot.from_json(snap.to_json()) == snap
+
+
+def test_recorded_session_roundtrips(session: list[Snapshot]) -> None:
+    for snap in session:
+        assert Snapshot.from_json(snap.to_json()) == snap
+
+
+def test_unavailable_part_keeps_its_reason() -> None:
+    snap = Snapshot(ts=0.0, host="h", memory=Unavailable("permission denied reading /proc/meminfo"))
+    data = json.loads(snap.to_json())
+    assert data["memory"] == {"unavailable": "permission denied reading /proc/meminfo"}
+    assert Snapshot.from_dict(data) == snap
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(schema=SCHEMA_VERSION + 1), "schema"),
+        (lambda d: d.pop("ts"), "missing field 'ts'"),
+        (lambda d: d["memory"].update(total_bytes="12"), "total_bytes"),
+        (lambda d: d["memory"].update(disks={"x": 1}), "disks"),
+    ],
+)
+def test_wrong_shapes_are_refused(proc_root: Path, mutate, message: str) -> None:
+    data = Snapshot(ts=1.0, host="h", memory=read_memory(str(proc_root))).to_dict()
+    mutate(data)
+    with pytest.raises(DecodeError, match=message):
+        Snapshot.from_dict(data)
+
+
+def test_not_json() -> None:
+    with pytest.raises(DecodeError, match="not JSON"):
+        Snapshot.from_json('{"ts": 1,')
+
+
+opt_int = st.one_of(st.none(), st.integers(0, 2**63))
+finite = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@given(
+    total=opt_int, cached=opt_int, dirty=opt_int,
+    psi=st.one_of(st.builds(Pressure, finite, finite, finite, st.integers(0, 2**63)), st.builds(Unavailable, st.text())),
+    vm=st.builds(VmStat, pgpgin=opt_int, oom_kill=opt_int,
+                 unavailable=st.dictionaries(st.text(max_size=5), st.text(max_size=20), max_size=3)),
+    ts=finite,
+)
+def test_generated_parts_roundtrip(total, cached, dirty, psi, vm, ts) -> None:
+    part = MemoryPart(total_bytes=total, cached_bytes=cached, dirty_bytes=dirty, pressure_io=psi, vmstat=vm)
+    snap = Snapshot(ts=ts, host="h", memory=part)
+    assert Snapshot.from_json(snap.to_json()) == snap
+    assert from_dict(MemoryPart, json.loads(json.dumps(to_dict(part)))) == part
+
+
+def test_sampler_snapshot_roundtrips_with_statuses() -> None:
+    from dltop.config import Settings
+    from dltop.sources.registry import build_sources
+
+    sampler = Sampler(build_sources(Settings()))
+    try:
+        snap = sampler.read_once()
+    finally:
+        sampler.close()
+    assert snap.sources["memory"].last_ok_ts is not None
+    assert Snapshot.from_json(snap.to_json()) == snap
+    assert Snapshot.from_json(replace(snap, cpu=None).to_json()).cpu is None

@@ -1,0 +1,100 @@
+"""A slow, hanging or failing source never stalls the others, and its trouble is shown where its numbers go."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from dltop.model import MemoryPart, Unavailable
+from dltop.sampler import Sampler
+from dltop.sources.base import Source
+from dltop.sources.memory import read_memory
+
+
+def _hanging(release: threading.Event):
+    def read():
+        release.wait(30)
+        return MemoryPart()
+
+    return read
+
+
+def test_read_once_does_not_wait_for_a_hung_source() -> None:
+    release = threading.Event()
+    sampler = Sampler([
+        Source("memory", 1.0, lambda: read_memory("/")),
+        Source("cpu", 1.0, _hanging(release), timeout_s=0.3),
+    ])
+    t0 = time.monotonic()
+    try:
+        snap = sampler.read_once()
+    finally:
+        release.set()
+        sampler.close()
+    assert time.monotonic() - t0 < 2
+    assert isinstance(snap.memory, MemoryPart) and snap.memory.total_bytes
+    assert isinstance(snap.cpu, Unavailable) and "no answer within 0.3 s" in snap.cpu.reason
+    assert snap.sources["cpu"].error
+
+
+def test_failing_source_shows_why() -> None:
+    def broken():
+        raise RuntimeError("NVML went away")
+
+    sampler = Sampler([Source("cpu", 1.0, broken)])
+    snap = sampler.read_once()
+    sampler.close()
+    assert isinstance(snap.cpu, Unavailable) and "NVML went away" in snap.cpu.reason
+    assert snap.sources["cpu"].error == "RuntimeError: NVML went away"
+
+
+async def test_fast_source_keeps_ticking_while_another_hangs() -> None:
+    release = threading.Event()
+    calls = []
+
+    def fast():
+        calls.append(time.monotonic())
+        return read_memory("/")
+
+    sampler = Sampler([Source("memory", 0.05, fast), Source("cpu", 0.05, _hanging(release), timeout_s=0.2)])
+    sampler.start()
+    try:
+        await asyncio.sleep(0.6)
+        snap = sampler.snapshot()
+    finally:
+        release.set()
+        sampler.close()
+    assert len(calls) >= 5
+    assert isinstance(snap.memory, MemoryPart)
+    # The hung source was started once, not piled up, and is reported as slow.
+    assert isinstance(snap.cpu, Unavailable) and "no answer" in snap.cpu.reason
+    assert "slow" in (snap.sources["cpu"].error or "")
+
+
+async def test_pause_stops_reads_and_set_refresh_changes_cadence() -> None:
+    calls = []
+    src = Source("memory", 0.05, lambda: calls.append(1) or MemoryPart(), follows_refresh=True)
+    sampler = Sampler([src])
+    sampler.start()
+    await asyncio.sleep(0.3)
+    sampler.paused = True
+    await asyncio.sleep(0.1)
+    n = len(calls)
+    await asyncio.sleep(0.3)
+    assert len(calls) == n
+    sampler.set_refresh(2.0)
+    assert sampler.snapshot().sources["memory"].interval_s == 2.0
+    sampler.close()
+
+
+async def test_stream_yields_snapshots_at_the_interval() -> None:
+    sampler = Sampler([Source("memory", 0.05, lambda: read_memory("/"))])
+    got = []
+    async for snap in sampler.stream(lambda: 0.05):
+        got.append(snap)
+        if len(got) == 3:
+            break
+    sampler.close()
+    assert [s.ts for s in got] == sorted(s.ts for s in got)
+    assert all(isinstance(s.memory, MemoryPart) for s in got[1:])
