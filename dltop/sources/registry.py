@@ -8,7 +8,7 @@ from dltop.sources.base import Source
 
 def build_sources(settings: Settings) -> list[Source]:
     """Every source the settings ask for, each with its own cadence."""
-    from dltop.sources import memory
+    from dltop.sources import cpu, memory
 
-    sources = [memory.source(settings)]
+    sources = [memory.source(settings), cpu.source(settings)]
     return sources

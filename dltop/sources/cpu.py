@@ -1,0 +1,920 @@
+"""CPU cache topology from a sysfs/procfs tree (like lscpu's --sysroot): every cache instance, sharing, core kinds.
+
+Reads `sys/devices/system/cpu/cpu*/{cache/index*,topology,cpu_capacity,regs/identification/midr_el1}`,
+`proc/cpuinfo` and `sys/bus/event_source/devices` under a root. Every attribute is optional; a missing one is
+None, never 0. Sharing comes from `shared_cpu_list` (or `shared_cpu_map`), not from package or cluster IDs,
+which firmware often gets wrong. IDs are opaque labels.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from dltop import cpuregs
+from dltop.config import Settings
+from dltop.model.base import Unavailable
+from dltop.model.cpu import (
+    CacheInstance,
+    CcsidrEl1,
+    ClidrEl1,
+    CoreKind,
+    CpuFlag,
+    CpuPart,
+    CtrEl0,
+    KindCache,
+    Pmu,
+    Registers,
+    TopologyNode,
+)
+from dltop.sources.base import Source
+
+CPU_DIR = "sys/devices/system/cpu"
+PMU_DIR = "sys/bus/event_source/devices"
+
+# ---------------------------------------------------------------------------------------------- text parsers
+
+
+def clean(text: str) -> str:
+    """A sysfs value without its trailing newline and NUL padding (some kernels write `\\n\\0`)."""
+    return text.replace("\0", "").strip()
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """Kernel list syntax '0-3,8,10-11' (also 'a-b:used/group', as bitmap_parselist takes) -> sorted CPUs."""
+    out: set[int] = set()
+    text = clean(text)
+    if not text:
+        return ()
+    for chunk in text.split(","):
+        chunk = chunk.strip()
+        if not chunk:
+            continue
+        rng, _, stride = chunk.partition(":")
+        lo_s, dash, hi_s = rng.partition("-")
+        lo = int(lo_s)
+        hi = int(hi_s) if dash else lo
+        if hi < lo:
+            raise ValueError(f"bad range {chunk!r}")
+        if stride:
+            used_s, _, group_s = stride.partition("/")
+            used, group = int(used_s), int(group_s)
+            if used < 1 or group < 1 or used > group:
+                raise ValueError(f"bad stride {chunk!r}")
+            out.update(c for c in range(lo, hi + 1) if (c - lo) % group < used)
+        else:
+            out.update(range(lo, hi + 1))
+    return tuple(sorted(out))
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """(0, 1, 2, 3, 8) -> '0-3,8': the kernel's own list syntax."""
+    cs = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(cs):
+        j = i
+        while j + 1 < len(cs) and cs[j + 1] == cs[j] + 1:
+            j += 1
+        parts.append(str(cs[i]) if i == j else f"{cs[i]}-{cs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_cpu_mask(text: str) -> tuple[int, ...]:
+    """Kernel mask syntax '00000000,00080000,00000008' (32-bit hex words, most significant first) -> CPUs."""
+    words = clean(text).split(",")
+    value = 0
+    for w in words:
+        w = w.strip()
+        if not w or len(w) > 8:
+            raise ValueError(f"bad mask word {w!r}")
+        value = (value << 32) | int(w, 16)
+    return tuple(i for i in range(value.bit_length()) if value >> i & 1)
+
+
+def parse_size(text: str) -> int:
+    """sysfs cache size '64K' / '32768K' / '1M' / '512' -> bytes."""
+    t = clean(text).upper().removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    digits = t[:-1] if mult != 1 else t
+    n = int(digits)
+    if n < 0:
+        raise ValueError(f"negative size {text!r}")
+    return n * mult
+
+
+@dataclass
+class CpuinfoEntry:
+    """The fields of one `processor` block, with the file's global fields (old 32-bit Arm) filled in."""
+
+    cpu: int
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+def parse_cpuinfo(text: str) -> list[CpuinfoEntry]:
+    """/proc/cpuinfo -> one entry per `processor : N`, in file order.
+
+    Arm kernels before 3.8ish print implementer/part once, after every processor block; those fields apply to
+    every CPU that does not give its own.
+    """
+    entries: list[CpuinfoEntry] = []
+    common: dict[str, str] = {}
+    current: CpuinfoEntry | None = None
+    for line in text.replace("\0", "").splitlines():
+        if not line.strip():
+            current = None
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip(), value.strip()
+        if key == "processor":
+            try:
+                current = CpuinfoEntry(int(value))
+            except ValueError:
+                current = None
+                continue
+            entries.append(current)
+        elif current is not None:
+            current.fields[key] = value
+        else:
+            common.setdefault(key, value)
+    for e in entries:
+        for k, v in common.items():
+            e.fields.setdefault(k, v)
+    return entries
+
+
+def _int_auto(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text, 0)
+    except ValueError:
+        try:
+            return int(text, 16) if text.lower().startswith("0x") else int(text)
+        except ValueError:
+            return None
+
+
+# ----------------------------------------------------------------------------------------------- raw reading
+
+
+class _Tree:
+    """Reads attributes under one root; remembers nothing but the root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def attr(self, rel: str | Path) -> str | None:
+        try:
+            text = (self.root / rel).read_text(encoding="utf-8", errors="replace")
+        except (OSError, ValueError):
+            return None
+        text = clean(text)
+        return text or None
+
+    def int_attr(self, rel: str | Path) -> int | None:
+        v = self.attr(rel)
+        if v is None:
+            return None
+        try:
+            return int(v, 0) if v.lower().startswith("0x") else int(v)
+        except ValueError:
+            return None
+
+    def cpus_attr(self, list_rel: str | Path, mask_rel: str | Path) -> tuple[int, ...] | None:
+        for rel, parse in ((list_rel, parse_cpu_list), (mask_rel, parse_cpu_mask)):
+            v = self.attr(rel)
+            if v is not None:
+                try:
+                    return parse(v)
+                except ValueError:
+                    continue
+        return None
+
+
+_CPU_RE = re.compile(r"cpu(\d+)$")
+_INDEX_RE = re.compile(r"index(\d+)$")
+
+
+@dataclass
+class _RawCache:
+    cpu: int
+    level: int | None
+    type: str | None
+    size: int | None
+    line: int | None
+    ways: int | None
+    sets: int | None
+    shared: tuple[int, ...] | None
+    id: str | None
+    plp: int | None
+    alloc: str | None
+    write: str | None
+
+
+def _cpu_dirs(tree: _Tree) -> dict[int, Path]:
+    base = tree.root / CPU_DIR
+    out = {}
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return {}
+    for name in names:
+        m = _CPU_RE.match(name)
+        if m and (base / name).is_dir():
+            out[int(m.group(1))] = Path(CPU_DIR) / name
+    return dict(sorted(out.items()))
+
+
+def _read_caches(tree: _Tree, cpu: int, rel: Path) -> list[_RawCache]:
+    cache_dir = tree.root / rel / "cache"
+    try:
+        names = sorted(os.listdir(cache_dir), key=lambda n: (len(n), n))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if not _INDEX_RE.match(name):
+            continue
+        d = rel / "cache" / name
+        size_text = tree.attr(d / "size")
+        try:
+            size = parse_size(size_text) if size_text is not None else None
+        except ValueError:
+            size = None
+        out.append(_RawCache(
+            cpu=cpu,
+            level=tree.int_attr(d / "level"),
+            type=tree.attr(d / "type"),
+            size=size,
+            line=tree.int_attr(d / "coherency_line_size"),
+            ways=tree.int_attr(d / "ways_of_associativity"),
+            sets=tree.int_attr(d / "number_of_sets"),
+            shared=tree.cpus_attr(d / "shared_cpu_list", d / "shared_cpu_map"),
+            id=tree.attr(d / "id"),
+            plp=tree.int_attr(d / "physical_line_partition"),
+            alloc=tree.attr(d / "allocation_policy"),
+            write=tree.attr(d / "write_policy"),
+        ))
+    return out
+
+
+def _cache_name(level: int, ctype: str) -> str:
+    suffix = {"Data": "d", "Instruction": "i"}.get(ctype, "")
+    return f"L{level}{suffix}"
+
+
+# ------------------------------------------------------------------------------------------------ core kinds
+
+
+def _core_kinds(tree: _Tree, cpu_dirs: dict[int, Path], cpuinfo: list[CpuinfoEntry]) -> tuple[
+        list[tuple[str, str | None, int | None, int | None, list[int], list[str]]], dict[str, str], str | None]:
+    """(name, vendor, implementer, part, cpus, revisions) per kind; MIDR per CPU; the arch the data shows."""
+    info = {e.cpu: e.fields for e in cpuinfo}
+    midrs: dict[str, str] = {}
+    groups: dict[tuple[object, ...], tuple[list[int], list[str]]] = {}
+    names: dict[tuple[object, ...], tuple[str, str | None, int | None, int | None]] = {}
+    arch: str | None = None
+    for cpu in sorted(set(cpu_dirs) | set(info)):
+        f = info.get(cpu, {})
+        midr_text = tree.attr(cpu_dirs[cpu] / "regs/identification/midr_el1") if cpu in cpu_dirs else None
+        midr = _int_auto(midr_text)
+        impl = part = variant = revision = None
+        if midr is not None:
+            m = cpuregs.decode_midr(midr)
+            impl, part, variant, revision = m.implementer, m.part, m.variant, m.revision
+            midrs[str(cpu)] = f"0x{midr:08x}"
+            arch = arch or "aarch64"
+        elif "CPU implementer" in f:
+            impl = _int_auto(f.get("CPU implementer"))
+            part = _int_auto(f.get("CPU part"))
+            variant = _int_auto(f.get("CPU variant"))
+            revision = _int_auto(f.get("CPU revision"))
+            archv = f.get("CPU architecture", "")
+            arch = arch or ("aarch64" if archv in ("8", "9", "AArch64") else "arm")
+            if impl is not None and part is not None and variant is not None and revision is not None:
+                midrs[str(cpu)] = f"0x{cpuregs.encode_midr(impl, variant, part, revision):08x}"
+        if impl is not None and part is not None:
+            key: tuple[object, ...] = ("arm", impl, part)
+            names[key] = (cpuregs.core_name(impl, part), cpuregs.implementer_name(impl), impl, part)
+            rev = f"r{variant}p{revision}" if variant is not None and revision is not None else None
+        elif "model name" in f or "vendor_id" in f:
+            arch = arch or "x86_64"
+            model = f.get("model name") or f.get("vendor_id") or "unknown"
+            key = ("x86", model)
+            names[key] = (model, f.get("vendor_id"), None, None)
+            rev = f"family {f['cpu family']} model {f['model']} stepping {f['stepping']}" if {
+                "cpu family", "model", "stepping"} <= f.keys() else None
+        else:
+            continue
+        cpus, revs = groups.setdefault(key, ([], []))
+        cpus.append(cpu)
+        if rev and rev not in revs:
+            revs.append(rev)
+    # Intel hybrids: the kernel lists P and E cores under two PMU devices; split the x86 kind by them.
+    hybrid = {label: tree.attr(f"sys/devices/{dev}/cpus") for dev, label in (("cpu_core", "P-core"),
+                                                                           ("cpu_atom", "E-core"))}
+    kinds: list[tuple[str, str | None, int | None, int | None, list[int], list[str]]] = []
+    for key, (cpus, revs) in groups.items():
+        name, vendor, impl, part = names[key]
+        if key[0] == "x86" and all(hybrid.values()):
+            for label, text in hybrid.items():
+                sub = [c for c in cpus if c in set(parse_cpu_list(text or ""))]
+                if sub:
+                    kinds.append((f"{name} {label}", vendor, None, None, sub, revs))
+            continue
+        kinds.append((name, vendor, impl, part, cpus, revs))
+    return kinds, midrs, arch
+
+
+# ----------------------------------------------------------------------------------------------- the reading
+
+
+def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
+    """Read the CPU cache topology under `root` (a directory holding sys/ and proc/)."""
+    tree = _Tree(Path(root))
+    cpu_dirs = _cpu_dirs(tree)
+    cpuinfo_text = tree.attr("proc/cpuinfo")
+    cpuinfo = parse_cpuinfo(cpuinfo_text) if cpuinfo_text else []
+    if not cpu_dirs and not cpuinfo:
+        return Unavailable(f"no {CPU_DIR}/cpu* and no proc/cpuinfo under {root}")
+    flags: list[CpuFlag] = []
+
+    # Which CPUs are online: the `online` list if there is one, else each CPU's own `online`, else all of them.
+    online_list = tree.attr(f"{CPU_DIR}/online")
+    if online_list is not None:
+        online = set(parse_cpu_list(online_list))
+    else:
+        online = {c for c, rel in cpu_dirs.items() if tree.attr(rel / "online") != "0"}
+    all_cpus = sorted(set(cpu_dirs) | {e.cpu for e in cpuinfo})
+    if not cpu_dirs:
+        online = set(all_cpus)
+
+    # Cache instances, deduplicated over every CPU that reports them.
+    raw: list[_RawCache] = []
+    for cpu, rel in cpu_dirs.items():
+        raw.extend(_read_caches(tree, cpu, rel))
+    caches = _instances(raw, flags)
+
+    # Topology: cores (SMT siblings), clusters, packages — as the files give them, then sanity-checked.
+    threads: dict[int, tuple[int, ...]] = {}
+    clusters: dict[int, tuple[int, ...]] = {}
+    cluster_ids: dict[int, str] = {}
+    packages: dict[int, str] = {}
+    capacity: dict[int, int] = {}
+    max_freq: dict[int, int] = {}
+    for cpu, rel in cpu_dirs.items():
+        t = rel / "topology"
+        threads[cpu] = (tree.cpus_attr(t / "core_cpus_list", t / "core_cpus")
+                        or tree.cpus_attr(t / "thread_siblings_list", t / "thread_siblings") or (cpu,))
+        cl = tree.cpus_attr(t / "cluster_cpus_list", t / "cluster_cpus")
+        if cl:
+            clusters[cpu] = cl
+            cluster_ids[cpu] = tree.attr(t / "cluster_id") or "?"
+        pkg = tree.attr(t / "physical_package_id")
+        if pkg is not None:
+            packages[cpu] = pkg
+        cap = tree.int_attr(rel / "cpu_capacity")
+        if cap is not None:
+            capacity[cpu] = cap
+        freq = tree.int_attr(rel / "cpufreq/cpuinfo_max_freq")
+        if freq is not None:
+            max_freq[cpu] = freq
+    for cpu in all_cpus:
+        threads.setdefault(cpu, (cpu,))
+
+    raw_kinds, midrs, arch = _core_kinds(tree, cpu_dirs, cpuinfo)
+    if arch is None and str(root) in ("/", "") and cpu_dirs:
+        arch = platform.machine() or None
+    kind_of = {c: k[0] for k in raw_kinds for c in k[4]}
+    core_kinds = tuple(
+        CoreKind(
+            name=name, vendor=vendor, implementer=impl, part=part,
+            revision="/".join(revs) or None, cpus=tuple(cpus),
+            capacity=_uniform(capacity.get(c) for c in cpus),
+            max_freq_khz=_uniform(max_freq.get(c) for c in cpus),
+            caches=_kind_caches(name, cpus, caches, kind_of, flags),
+        )
+        for name, vendor, impl, part, cpus, revs in raw_kinds
+    )
+
+    tree_nodes = _build_tree(all_cpus, caches, threads, clusters, cluster_ids, packages)
+    arrangement, reason = _classify(core_kinds, caches, threads)
+    _check(caches, sorted(online), threads, flags)
+    registers = _registers(root, arch, core_kinds, caches, midrs)
+    tpc = _uniform(len(t) for t in {threads[c] for c in all_cpus})
+    return CpuPart(
+        arch=arch,
+        cpus=tuple(all_cpus),
+        online=tuple(sorted(online)),
+        caches=caches,
+        core_kinds=core_kinds,
+        arrangement=arrangement,
+        arrangement_reason=reason,
+        tree=tree_nodes,
+        registers=registers,
+        pmus=read_pmus(tree.root),
+        flags=tuple(flags),
+        threads_per_core=tpc,
+    )
+
+
+def _uniform(values: Iterable[int | None]) -> int | None:
+    vals = set(values)
+    return vals.pop() if len(vals) == 1 else None
+
+
+def _instances(raw: list[_RawCache], flags: list[CpuFlag]) -> tuple[CacheInstance, ...]:
+    """One CacheInstance per (level, type, CPUs sharing it); CPUs that list the same cache merge."""
+    by_key: dict[tuple[object, ...], list[_RawCache]] = {}
+    no_shared: list[int] = []
+    for r in raw:
+        if r.level is None or r.type is None:
+            continue
+        if r.shared is None:
+            no_shared.append(r.cpu)
+            key: tuple[object, ...] = (r.level, r.type, "id", r.id) if r.id is not None else (
+                r.level, r.type, "cpu", r.cpu)
+        else:
+            key = (r.level, r.type, "cpus", r.shared)
+        by_key.setdefault(key, []).append(r)
+    if no_shared:
+        flags.append(CpuFlag("no_sharing_info", "warning",
+                             f"no shared_cpu_list/map on CPUs {format_cpu_list(no_shared)}: "
+                             "caches there are taken as private unless a cache id joins them",
+                             tuple(sorted(set(no_shared)))))
+    out = []
+    for key, rs in by_key.items():
+        level, ctype = int(rs[0].level or 0), str(rs[0].type)
+        cpus = rs[0].shared if key[2] == "cpus" else tuple(sorted({r.cpu for r in rs}))
+        first = rs[0]
+        out.append(CacheInstance(
+            name=_cache_name(level, ctype), level=level, type=ctype,
+            size_bytes=first.size, line_bytes=first.line, ways=first.ways, sets=first.sets,
+            cpus=tuple(cpus or ()), id=first.id, physical_line_partition=first.plp,
+            allocation_policy=first.alloc, write_policy=first.write,
+        ))
+        disagree = [f for f in ("size", "line", "ways", "sets") if len({getattr(r, f) for r in rs}) > 1]
+        if disagree:
+            flags.append(CpuFlag("instance_disagrees", "warning",
+                                 f"{out[-1].name} on CPUs {format_cpu_list(out[-1].cpus)}: CPUs sharing it report "
+                                 f"different {', '.join(disagree)}; showing CPU {first.cpu}'s",
+                                 out[-1].cpus))
+    order = {"Data": 0, "Instruction": 1, "Unified": 2}
+    out.sort(key=lambda c: (c.level, order.get(c.type, 3), c.cpus))
+    return tuple(out)
+
+
+def _kind_caches(name: str, cpus: list[int], caches: tuple[CacheInstance, ...], kind_of: dict[int, str],
+                 flags: list[CpuFlag]) -> tuple[KindCache, ...]:
+    mine = set(cpus)
+    out = []
+    for cname in sorted({c.name for c in caches}, key=lambda n: (int(n[1:].rstrip("di")), n)):
+        insts = [c for c in caches if c.name == cname and mine & set(c.cpus)]
+        if not insts:
+            continue
+        geo = {}
+        for f in ("size_bytes", "line_bytes", "ways", "sets"):
+            vals = {getattr(c, f) for c in insts}
+            geo[f] = vals.pop() if len(vals) == 1 else None
+        sizes = {c.size_bytes for c in insts}
+        if len(sizes) > 1:
+            flags.append(CpuFlag("kind_sizes_differ", "info",
+                                 f"{name} CPUs see {cname} of different sizes: "
+                                 + ", ".join(str(s) for s in sorted(sizes, key=lambda s: s or 0)),
+                                 tuple(cpus)))
+        others = sorted({kind_of[c] for i in insts for c in i.cpus if c in kind_of and kind_of[c] != name})
+        out.append(KindCache(
+            name=cname, instances=len(insts),
+            cpus_per_instance=_uniform(len(i.cpus) for i in insts),
+            shared_with=tuple(others), **geo,
+        ))
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------------------------------ tree
+
+_RANK = {"package": 0, "cluster": 1, "cache": 2, "core": 3}
+
+
+def _build_tree(cpus: list[int], caches: tuple[CacheInstance, ...], threads: dict[int, tuple[int, ...]],
+                clusters: dict[int, tuple[int, ...]], cluster_ids: dict[int, str],
+                packages: dict[int, str]) -> tuple[TopologyNode, ...]:
+    """Nest packages, clusters, caches and cores by CPU-set inclusion (hwloc's rule)."""
+    # A "package" that a cache straddles is a mislabelled cluster (phones number clusters as packages):
+    # real packages are the connected groups of package IDs and cache sharing.
+    parent = {c: c for c in cpus}
+
+    def find(c: int) -> int:
+        while parent[c] != c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    def union(group: Iterable[int]) -> None:
+        g = [c for c in group if c in parent]
+        for c in g[1:]:
+            parent[find(c)] = find(g[0])
+
+    by_pkg: dict[str, list[int]] = defaultdict(list)
+    for c, p in packages.items():
+        by_pkg[p].append(c)
+    for group in by_pkg.values():
+        union(group)
+    for inst in caches:
+        union(inst.cpus)
+    for c in cpus:
+        union(threads.get(c, (c,)))
+    comps: dict[int, list[int]] = defaultdict(list)
+    for c in cpus:
+        comps[find(c)].append(c)
+
+    nodes: list[tuple[str, str, tuple[int, ...], int | None]] = []
+    for members in comps.values():
+        ids = sorted({packages[c] for c in members if c in packages}, key=_id_key)
+        label = f"Package {ids[0]}" if len(ids) == 1 else ("Package" if not ids else "Package (IDs " + ", ".join(ids) + ")")
+        nodes.append(("package", label, tuple(sorted(members)), None))
+        if len(ids) > 1:  # the mislabelled "packages" are shown as the clusters they are
+            for pid in ids:
+                pgroup = tuple(sorted(by_pkg[pid]))
+                if not any(pgroup == clusters.get(c) for c in pgroup):
+                    nodes.append(("cluster", f"Cluster (package ID {pid})", pgroup, None))
+    seen_clusters = set()
+    for c, cgroup in clusters.items():
+        if cgroup in seen_clusters or cgroup == threads.get(c):
+            continue
+        seen_clusters.add(cgroup)
+        nodes.append(("cluster", f"Cluster {cluster_ids.get(c, '?')}", cgroup, None))
+    for i, inst in enumerate(caches):
+        size = _short_size(inst.size_bytes)
+        nodes.append(("cache", f"{inst.name} {size}" if size else inst.name, inst.cpus, i))
+    for core in sorted(set(threads[c] for c in cpus)):
+        label = f"Core (CPU {core[0]})" if len(core) == 1 else f"Core (CPUs {format_cpu_list(core)})"
+        nodes.append(("core", label, core, None))
+
+    def sort_key(n: tuple[str, str, tuple[int, ...], int | None]) -> tuple[int, int, int, int]:
+        kind, _, cs, idx = n
+        level = caches[idx].level if idx is not None else 0
+        # Bigger sets first; at equal sets: package, cluster, higher cache levels, core, then L1.
+        if kind == "cache" and level == 1:
+            rank = 4
+        elif kind == "cache":
+            rank = 2
+        else:
+            rank = _RANK[kind]
+        return (-len(cs), rank, -level, min(cs) if cs else 0)
+
+    nodes.sort(key=sort_key)
+
+    def _same_level(a: tuple[str, str, tuple[int, ...], int | None],
+                    b: tuple[str, str, tuple[int, ...], int | None]) -> bool:
+        if a[3] is not None and b[3] is not None:
+            return caches[a[3]].level == caches[b[3]].level
+        return a[0] == b[0] and a[3] is None and b[3] is None
+
+    sets = [set(n[2]) for n in nodes]
+    children: dict[int, list[int]] = defaultdict(list)
+    roots: list[int] = []
+    for i in range(len(nodes)):
+        # the parent is the last node before i (smallest so far) whose CPUs include i's
+        # (two caches of one level never nest: an L1i beside its L1d)
+        up = next((j for j in range(i - 1, -1, -1) if sets[i] <= sets[j] and not _same_level(nodes[i], nodes[j])),
+                  None)
+        (children[up] if up is not None else roots).append(i)
+
+    def make(i: int) -> TopologyNode:
+        kind, label, cs, idx = nodes[i]
+        kids = sorted(children[i], key=lambda j: (min(nodes[j][2]) if nodes[j][2] else 0, sort_key(nodes[j])))
+        return TopologyNode(kind=kind, label=label, cpus=cs, cache=idx, children=tuple(make(j) for j in kids))
+
+    return tuple(make(i) for i in sorted(roots, key=lambda j: min(nodes[j][2]) if nodes[j][2] else 0))
+
+
+def _id_key(s: str) -> tuple[int, str]:
+    try:
+        return (int(s), s)
+    except ValueError:
+        return (1 << 62, s)
+
+
+def _short_size(n: int | None) -> str:
+    """Exact where it can be: 65536 -> '64 KiB', 3932160 -> '3.75 MiB'."""
+    if n is None:
+        return ""
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.2f}".rstrip("0").rstrip(".") + f" {unit}"
+    return f"{n} B"
+
+
+# -------------------------------------------------------------------------------------------- classification
+
+
+def _classify(kinds: tuple[CoreKind, ...], caches: tuple[CacheInstance, ...],
+              threads: dict[int, tuple[int, ...]]) -> tuple[str, str]:
+    """DynamIQ, big.LITTLE, homogeneous or unknown, with the evidence in words."""
+    kind_of = {c: k.name for k in kinds for c in k.cpus}
+    l2 = [c for c in caches if c.level == 2 and c.type == "Unified"]
+    core_of = {c: threads.get(c, (c,)) for c in kind_of}
+
+    def cores_in(inst: CacheInstance) -> int:
+        return len({core_of.get(c, (c,)) for c in inst.cpus})
+
+    if len(kinds) <= 1:
+        name = kinds[0].name if kinds else "unknown"
+        if not caches:
+            return "homogeneous", f"one core kind ({name}); no cache information"
+        if l2 and all(cores_in(i) == 1 for i in l2):
+            llc = max(caches, key=lambda c: c.level)
+            return "homogeneous", (f"one core kind ({name}); private L2 per core, L{llc.level} shared by "
+                                   f"{len(llc.cpus)} CPUs")
+        return "homogeneous", f"one core kind ({name})"
+    mixed = [c for c in caches if len({kind_of.get(x) for x in c.cpus} - {None}) > 1]
+    if mixed:
+        m = max(mixed, key=lambda c: c.level)
+        l2_note = ("private L2 per core" if l2 and all(cores_in(i) == 1 for i in l2)
+                   else "L2 private or shared by a pair of cores of one kind" if l2 else "no L2 information")
+        return "DynamIQ", (f"{m.name} on CPUs {format_cpu_list(m.cpus)} is shared by "
+                           f"{len({kind_of[x] for x in m.cpus if x in kind_of})} core kinds; {l2_note}")
+    if l2 and all(cores_in(i) > 1 for i in l2):
+        return "big.LITTLE", (f"{len(l2)} clusters, each with its own shared L2; no cache shared across core "
+                              "kinds")
+    if not caches:
+        return "unknown", f"{len(kinds)} core kinds, but no cache information to tell how they share"
+    return "unknown", f"{len(kinds)} core kinds; no cache shared across kinds and L2 not shared per cluster"
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+
+def _check(caches: tuple[CacheInstance, ...], online: list[int], threads: dict[int, tuple[int, ...]],
+           flags: list[CpuFlag]) -> None:
+    if not caches:
+        flags.append(CpuFlag("no_cache_info", "warning",
+                             "no cache information at all (no cache/index* directories): firmware described no "
+                             "caches, or the kernel is 32-bit or too old to export them"))
+        return
+    missing = sorted({c.name for c in caches if c.size_bytes is None})
+    if missing:
+        flags.append(CpuFlag("no_cache_geometry", "warning",
+                             f"{', '.join(missing)}: firmware gave levels and sharing only; sizes, ways, sets "
+                             "and line sizes are unknown (not zero)"))
+    # size != sets x ways x line, reported once per distinct geometry
+    seen: dict[tuple[object, ...], list[CacheInstance]] = defaultdict(list)
+    for c in caches:
+        if None in (c.size_bytes, c.sets, c.ways, c.line_bytes):
+            continue
+        assert c.sets is not None and c.ways is not None and c.line_bytes is not None
+        if c.size_bytes != c.sets * c.ways * c.line_bytes * (c.physical_line_partition or 1) and \
+                c.size_bytes != c.sets * c.ways * c.line_bytes:
+            seen[(c.name, c.size_bytes, c.sets, c.ways, c.line_bytes)].append(c)
+    for (name, size, sets, ways, line), insts in seen.items():
+        assert isinstance(size, int) and isinstance(sets, int) and isinstance(ways, int) and isinstance(line, int)
+        product = sets * ways * line
+        implied = size // (sets * line) if size % (sets * line) == 0 else None
+        hint = f"; size / (sets × line) would mean {implied} ways" if implied else ""
+        cpus = tuple(sorted({x for i in insts for x in i.cpus}))
+        flags.append(CpuFlag("geometry_mismatch", "warning",
+                             f"{name} ({len(insts)} instance{'s' if len(insts) > 1 else ''}): size "
+                             f"{_short_size(size)} but {sets} sets × {ways} ways × {line} B = "
+                             f"{_short_size(product)}{hint}", cpus))
+    # The last level shared by no more CPUs than the level below: a VM showing only its own vCPUs.
+    top = max(c.level for c in caches)
+    if top >= 2:
+        llc = [c for c in caches if c.level == top]
+        below = {c.cpus for c in caches if c.level == top - 1}
+        if all(c.cpus in below for c in llc):
+            on = set(online)
+            sample = llc[0]
+            flags.append(CpuFlag("vm_slice", "warning",
+                                 f"L{top} ({_short_size(sample.size_bytes) or 'size unknown'}) lists CPUs "
+                                 f"{format_cpu_list(sample.cpus)}, no more than L{top - 1}: a last-level cache is "
+                                 f"normally shared by a cluster or socket, so this is likely a VM slice listing "
+                                 f"only this guest's vCPUs ({len(on)} online); its per-CPU share is unknown",
+                                 tuple(sorted({x for c in llc for x in c.cpus}))))
+    # A shared cache listing fewer CPUs than are online while some online CPU is in no instance of that level.
+    for level in sorted({c.level for c in caches}):
+        covered = {x for c in caches if c.level == level for x in c.cpus}
+        lacking = sorted(set(online) - covered)
+        if covered and lacking:
+            flags.append(CpuFlag("partial_listing", "warning",
+                                 f"L{level} instances list CPUs {format_cpu_list(covered)} but CPUs "
+                                 f"{format_cpu_list(lacking)} are online too and appear in none",
+                                 tuple(lacking)))
+    # Instances of one cache that partly overlap: sharing data contradicts itself.
+    by_name: dict[str, list[CacheInstance]] = defaultdict(list)
+    for c in caches:
+        by_name[c.name].append(c)
+    for name, insts in by_name.items():
+        for a_i, a in enumerate(insts):
+            for b in insts[a_i + 1:]:
+                if set(a.cpus) & set(b.cpus):
+                    flags.append(CpuFlag("sharing_inconsistent", "warning",
+                                         f"{name}: CPUs {format_cpu_list(a.cpus)} and {format_cpu_list(b.cpus)} "
+                                         "overlap; the CPUs disagree about who shares it",
+                                         tuple(sorted(set(a.cpus) | set(b.cpus)))))
+
+
+# ------------------------------------------------------------------------------------------------- registers
+
+
+def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[CoreKind, ...],
+               caches: tuple[CacheInstance, ...], midrs: dict[str, str]) -> Registers:
+    is_arm = arch in ("aarch64", "arm", "arm64")
+    live = os.path.realpath(root) == "/"
+    if not is_arm:
+        why = f"CTR_EL0, CLIDR_EL1 and CCSIDR_EL1 are Arm registers; this is {arch or 'not Arm'}"
+        return Registers(Unavailable(why), Unavailable(why), Unavailable(why), midrs)
+    ctr: CtrEl0 | Unavailable
+    if not live:
+        ctr = Unavailable("read only on the live machine, not from a captured tree")
+    else:
+        ctr = read_ctr_el0()
+    if not caches:
+        why = "no cache information in sysfs to rebuild it from"
+        return Registers(ctr, Unavailable(why), Unavailable(why), midrs)
+    clidrs: list[ClidrEl1] = []
+    ccsidrs: list[CcsidrEl1] = []
+    groups = [k.cpus for k in kinds] or [tuple(sorted({x for c in caches for x in c.cpus}))]
+    for cpus in groups:
+        first = cpus[0]
+        mine = [c for c in caches if first in c.cpus]
+        if not mine:
+            continue
+        levels: dict[int, set[str]] = defaultdict(set)
+        for c in mine:
+            levels[c.level].add(c.type)
+        codes = []
+        for lvl in range(1, max(levels) + 1):
+            t = levels.get(lvl, set())
+            codes.append(4 if "Unified" in t else 3 if {"Data", "Instruction"} <= t else 2 if "Data" in t
+                         else 1 if "Instruction" in t else 0)
+        loc = len(codes)
+        # LoUU/LoUIS: the first level where instruction and data meet; every level before it is split.
+        first_unified = next((i + 1 for i, c in enumerate(codes) if c == 4), loc + 1)
+        lou = first_unified - 1
+        value = cpuregs.encode_clidr(tuple(codes[:7]), min(loc, 7), min(lou, 7), min(lou, 7))
+        d = cpuregs.decode_clidr(value)
+        same = next((i for i, x in enumerate(clidrs) if x.value == value), None)
+        if same is not None:  # one entry per distinct value, for every CPU that has it
+            clidrs[same] = replace(clidrs[same], cpus=tuple(sorted(clidrs[same].cpus + tuple(cpus))))
+        else:
+                clidrs.append(ClidrEl1(cpus=tuple(cpus), value=value, hex=f"0x{value:x}", ctypes=d.ctypes, loc=d.loc,
+                                   louu=d.louu, louis=d.louis,
+                                   note="Ctype from sysfs; LoC assumes every listed level is before the point "
+                                        "of coherence, LoUU/LoUIS the first unified level"))
+        for c in mine:
+            if c.level > 7:
+                continue
+            ind = 1 if c.type == "Instruction" else 0
+            geo = (c.line_bytes, c.ways, c.sets)
+            v32 = vcc = None
+            if None not in geo:
+                assert c.line_bytes is not None and c.ways is not None and c.sets is not None
+                v32 = cpuregs.encode_ccsidr(c.line_bytes, c.ways, c.sets, ccidx=False)
+                vcc = cpuregs.encode_ccsidr(c.line_bytes, c.ways, c.sets, ccidx=True)
+            ccsidrs.append(CcsidrEl1(cache=c.name, cpus=c.cpus, csselr=((c.level - 1) << 1) | ind,
+                                     value_32bit=v32, value_ccidx=vcc))
+    return Registers(ctr, tuple(clidrs), tuple(ccsidrs), midrs)
+
+
+# Instruction words (little-endian A64): `mrs x0, ctr_el0` = 0xd53b0020, `mov x0, xzr` = 0xaa1f03e0,
+# `ret` = 0xd65f03c0. MRS encoding: 0xd5300000 | o0<<19 | op1<<16 | CRn<<12 | CRm<<8 | op2<<5 | Rt with
+# CTR_EL0 = (op0 3, op1 3, CRn 0, CRm 0, op2 1).
+_MRS_CTR = (0xD53B0020, 0xD65F03C0)
+_ZERO = (0xAA1F03E0, 0xD65F03C0)
+
+
+def read_ctr_el0() -> CtrEl0 | Unavailable:
+    """Execute `mrs x0, ctr_el0` in this process (EL0 may read it) and decode it; Unavailable off aarch64."""
+    machine = platform.machine().lower()
+    if machine not in ("aarch64", "arm64"):
+        return Unavailable(f"CTR_EL0 is read by an aarch64 instruction; this machine is {machine or 'unknown'}")
+    try:
+        with _Stub(_MRS_CTR) as ctr_fn, _Stub(_ZERO) as zero_fn:
+            value = int(ctr_fn())
+            emulated, note = _looks_emulated(ctr_fn, zero_fn)
+    except OSError as e:
+        return Unavailable(f"cannot map an executable page for the read: {e.strerror or e}")
+    c = cpuregs.decode_ctr(value)
+    return CtrEl0(value=value, hex=f"0x{value:x}", iminline_bytes=c.iminline_bytes,
+                  dminline_bytes=c.dminline_bytes, l1ip=c.l1ip, erg_bytes=c.erg_bytes, cwg_bytes=c.cwg_bytes,
+                  idc=c.idc, dic=c.dic, looks_emulated=emulated, note=note)
+
+
+def _looks_emulated(ctr_fn: Callable[[], int], zero_fn: Callable[[], int], n: int = 2000) -> tuple[bool | None, str]:
+    """A trapped read costs a kernel entry (~1 µs); a direct one costs what a call that returns 0 costs."""
+    import statistics
+    import time
+
+    def per_call(fn: Callable[[], int]) -> float:
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                fn()
+            samples.append((time.perf_counter_ns() - t0) / n)
+        return statistics.median(samples)
+
+    base, ctr = per_call(zero_fn), per_call(ctr_fn)
+    extra = ctr - base
+    if extra > 300:
+        return True, (f"each read costs {extra:.0f} ns more than an empty call: the kernel traps and emulates it "
+                      "(erratum workaround or mismatched cores); the value is the system-wide safe one")
+    if extra < 100:
+        return False, f"read directly ({extra:.0f} ns over an empty call)"
+    return None, f"cannot tell whether the kernel emulates it ({extra:.0f} ns over an empty call)"
+
+
+class _Stub:
+    """Two A64 instructions in an anonymous page, mapped RW, written, then made RX, called through ctypes.
+
+    mprotect to PROT_EXEC makes the arm64 kernel sync the I-cache with what was written (set_pte_at ->
+    __sync_icache_dcache), so no explicit cache maintenance is needed.
+    """
+
+    def __init__(self, words: tuple[int, ...]) -> None:
+        self.words = words
+        self.addr = 0
+
+    def __enter__(self) -> Callable[[], int]:
+        import ctypes
+        import mmap
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.libc, self.size = libc, mmap.PAGESIZE
+        addr = libc.mmap(None, self.size, mmap.PROT_READ | mmap.PROT_WRITE,
+                         mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        self.addr = addr
+        code = b"".join(w.to_bytes(4, "little") for w in self.words)
+        ctypes.memmove(addr, code, len(code))
+        if libc.mprotect(addr, self.size, mmap.PROT_READ | mmap.PROT_EXEC) != 0:
+            err = ctypes.get_errno()
+            self.__exit__()
+            raise OSError(err, os.strerror(err))
+        fn: Callable[[], int] = ctypes.CFUNCTYPE(ctypes.c_uint64)(addr)
+        return fn
+
+    def __exit__(self, *exc: object) -> None:
+        if self.addr:
+            self.libc.munmap(self.addr, self.size)
+            self.addr = 0
+
+
+# ------------------------------------------------------------------------------------------------------ PMUs
+
+_PMU_KINDS = (
+    ("arm_cmn", "Arm CMN mesh interconnect"),
+    ("arm_ccn", "Arm CCN ring interconnect"),
+    ("arm_ni", "Arm NI network-on-chip"),
+    ("arm_dsu", "Arm DSU (cluster L3 and snoop filter)"),
+    ("cci_", "Arm CCI cache-coherent interconnect"),
+    ("arm_cspmu", "Arm CoreSight uncore PMU"),
+    ("nvidia_scf", "NVIDIA Grace SCF (L3 and fabric)"),
+    ("nvidia_", "NVIDIA uncore"),
+    ("hisi_sccl", "HiSilicon uncore (L3C / HHA / DDRC)"),
+    ("hisi_", "HiSilicon uncore"),
+    ("ampere_", "Ampere uncore"),
+    ("amd_l3", "AMD L3"),
+    ("amd_df", "AMD data fabric"),
+    ("uncore_", "Intel uncore"),
+)
+
+
+def read_pmus(root: str | os.PathLike[str]) -> tuple[Pmu, ...]:
+    """Interconnect and uncore PMUs under sys/bus/event_source/devices (core PMUs are left out)."""
+    try:
+        names = sorted(os.listdir(Path(root) / PMU_DIR))
+    except OSError:
+        return ()
+    out = []
+    for name in names:
+        low = name.lower()
+        kind = next((k for prefix, k in _PMU_KINDS if low.startswith(prefix)), None)
+        if kind:
+            out.append(Pmu(name=name, kind=kind))
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------------------------- the source
+
+
+def source(settings: Settings) -> Source:
+    """The Sampler's view: read the topology under settings.root once a minute (it hardly changes)."""
+    root = settings.root
+    return Source(name="cpu", interval_s=60.0, read=lambda: read_cpu(root))
