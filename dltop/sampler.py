@@ -152,6 +152,10 @@ class Sampler:
         if self._changed is not None:
             self._changed.set()
 
+    def backlog(self) -> list[Snapshot]:
+        """Live sampling has no history before its first Snapshot."""
+        return []
+
     async def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]:
         """Yield a Snapshot every `interval_s()` seconds (read each tick, so +/- apply at once)."""
         if not self._tasks:
@@ -179,12 +183,16 @@ class Sampler:
 class ListFeed:
     """A Sampler stand-in that plays a fixed list of Snapshots (tests, replay); it keeps the last one at the end."""
 
-    def __init__(self, snapshots: Sequence[Snapshot]) -> None:
+    def __init__(self, snapshots: Sequence[Snapshot], start: int = 0) -> None:
         if not snapshots:
             raise ValueError("ListFeed needs at least one Snapshot")
         self._snapshots = list(snapshots)
-        self._i = 0
+        self._i = max(0, min(start, len(self._snapshots) - 1))
         self.paused = False
+
+    def backlog(self) -> list[Snapshot]:
+        """The Snapshots before the current one (the history a viewer starting here should already have)."""
+        return self._snapshots[: self._i]
 
     def start(self) -> None:
         """Nothing to start: the Snapshots are already here."""

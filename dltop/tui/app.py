@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
@@ -37,6 +37,7 @@ class Feed(Protocol):
 
     def start(self) -> None: ...
     def snapshot(self) -> Snapshot: ...
+    def backlog(self) -> list[Snapshot]: ...
     def set_refresh(self, interval_s: float) -> None: ...
     async def wait_first(self, timeout_s: float = 1.0) -> None: ...
     def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]: ...
@@ -94,6 +95,8 @@ class DltopApp(App[None]):
     async def on_mount(self) -> None:
         self.feed.start()
         await self.feed.wait_first(timeout_s=0.5)
+        for snap in self.feed.backlog():
+            self.history.append(snap)
         self._apply(self.feed.snapshot())
         self._check_size()
         self._consume()
@@ -106,11 +109,12 @@ class DltopApp(App[None]):
     def on_unmount(self) -> None:
         self.feed.close()
 
-    def on_resize(self) -> None:
-        self._check_size()
+    def on_resize(self, event: events.Resize) -> None:
+        self._check_size(event.size.width, event.size.height)
 
-    def _check_size(self) -> None:
-        w, h = self.size
+    def _check_size(self, w: int | None = None, h: int | None = None) -> None:
+        if w is None or h is None:
+            w, h = self.size
         small = w < MIN_WIDTH or h < MIN_HEIGHT
         msg = self.query_one("#too-small", Static)
         msg.update(f"Terminal too small: {w}×{h}. dltop needs at least {MIN_WIDTH}×{MIN_HEIGHT}; resize to continue.")

@@ -13,7 +13,9 @@ from dltop.model import MemoryPart, Pressure, Snapshot, Unavailable
 from dltop.tui.panes.base import Pane
 from dltop.tui.view import View
 
+# Sparklines of meminfo fields, top to bottom; refaults/s (derived) comes after them.
 SPARK_FIELDS = (
+    ("available_bytes", "Available"),
     ("cached_bytes", "Cached"),
     ("dirty_bytes", "Dirty"),
     ("writeback_bytes", "Writeback"),
@@ -120,6 +122,16 @@ def _disk_row(d: DiskRates) -> tuple[str, ...]:
     )
 
 
+def refault_series(history: list[Snapshot]) -> list[float]:
+    """Refaults per second between each pair of neighbouring Snapshots."""
+    out = []
+    for prev, cur in zip(history, history[1:], strict=False):
+        vm, _ = memory_rates(prev, cur)
+        if vm is not None and vm.refaults_per_s is not None:
+            out.append(vm.refaults_per_s)
+    return out
+
+
 def series(history: list[Snapshot], name: str) -> list[float]:
     """One meminfo field over the history (missing readings left out)."""
     out = []
@@ -143,6 +155,9 @@ class PageCachePane(Pane):
             with Horizontal(classes="spark-row"):
                 yield Label(label, id=f"pc-label-{name}", classes="spark-label")
                 yield Sparkline([], summary_function=max, id=f"pc-spark-{name}")
+        with Horizontal(classes="spark-row"):
+            yield Label("Refaults", id="pc-label-refaults", classes="spark-label")
+            yield Sparkline([], summary_function=max, id="pc-spark-refaults")
         yield Static(id="pc-activity")
         yield Static(id="pc-cgroup")
         yield Static(id="pc-notes", classes="notes")
@@ -164,9 +179,14 @@ class PageCachePane(Pane):
             self.query_one(f"#pc-spark-{name}", Sparkline).data = data or [0.0]
             current = getattr(m, name)
             self.query_one(f"#pc-label-{name}", Label).update(
-                Text.assemble((f"{label:<9}", "bold"), f"{human_bytes(current):>9}")
+                Text.assemble((f"{label:<10}", "bold"), f"{human_bytes(current):>9}")
             )
         vm, disks = memory_rates(view.previous, view.snapshot)
+        self.query_one("#pc-spark-refaults", Sparkline).data = refault_series(history[-120:]) or [0.0]
+        rate = vm.refaults_per_s if vm is not None else None
+        self.query_one("#pc-label-refaults", Label).update(
+            Text.assemble((f"{'Refaults':<10}", "bold"), f"{human_count_rate(rate) + '/s':>9}")
+        )
         self.query_one("#pc-activity", Static).update(activity_text(m, vm))
         self.query_one("#pc-cgroup", Static).update(cgroup_text(m))
         notes = [f"{k}: {v}" for k, v in m.unavailable.items()]

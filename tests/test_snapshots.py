@@ -1,0 +1,30 @@
+"""SVG snapshots of each pane at 80×24 and 120×40, from Snapshots recorded on a real machine.
+
+Update after a deliberate change with `pytest tests/test_snapshots.py --snapshot-update`, and look at the report.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dltop.sampler import ListFeed
+from dltop.tui.app import DltopApp
+from tests.conftest import load_session
+
+SIZES = [(80, 24), (120, 40)]
+# The moment of the recorded session when writeback starts: Dirty high, Writeback non-zero, the disk busy.
+AT = 20
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_page_cache_pane(snap_compare, size: tuple[int, int]) -> None:
+    session = load_session()
+    app = DltopApp(ListFeed(session[: AT + 1], start=AT))
+    assert snap_compare(app, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_help_screen(snap_compare, size: tuple[int, int]) -> None:
+    session = load_session()
+    app = DltopApp(ListFeed(session[: AT + 1], start=AT))
+    assert snap_compare(app, terminal_size=size, press=["question_mark"])

@@ -1,0 +1,131 @@
+"""The TUI driven like a user drives it: real keys through Pilot, against recorded Snapshots or the live Sampler."""
+
+from __future__ import annotations
+
+import threading
+
+from textual.widgets import DataTable, Sparkline, Static
+
+from dltop.config import Settings
+from dltop.derive import memory_rates
+from dltop.model import MemoryPart, Snapshot
+from dltop.sampler import ListFeed, Sampler
+from dltop.sources.base import Source
+from dltop.sources.memory import read_memory
+from dltop.tui.app import DltopApp
+from dltop.tui.screens.help import HelpScreen
+
+
+def _text(app: DltopApp, selector: str) -> str:
+    return str(app.query_one(selector, Static).render())
+
+
+async def test_keys_pause_refresh_help_quit(session: list[Snapshot]) -> None:
+    app = DltopApp(ListFeed(session[:3], start=2))
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert "every 1s" in _text(app, "#header")
+        await pilot.press("p")
+        assert app.feed.paused and "PAUSED" in _text(app, "#header")
+        await pilot.press("p")
+        assert not app.feed.paused and "PAUSED" not in _text(app, "#header")
+        await pilot.press("plus")
+        assert app.refresh_s == 0.5 and "every 0.5s" in _text(app, "#header")
+        await pilot.press("minus", "minus", "minus")
+        assert app.refresh_s == 5.0
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        labels = [label for _key, label in app.screen._rows]
+        assert {"Quit", "Pause", "Faster", "Slower", "switch tab"} <= set(labels)
+        assert len(labels) == len(set(labels))  # + and = are one entry
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_page_cache_pane_shows_recorded_numbers(session: list[Snapshot]) -> None:
+    cut = 22
+    app = DltopApp(ListFeed(session[:cut], start=cut - 1))
+    async with app.run_test(size=(120, 40)):
+        cur, prev = session[cut - 1], session[cut - 2]
+        assert isinstance(cur.memory, MemoryPart)
+        spark = app.query_one("#pc-spark-dirty_bytes", Sparkline)
+        assert list(spark.data or []) == [float(s.memory.dirty_bytes) for s in session[:cut]]  # type: ignore[union-attr]
+        table = app.query_one("#pc-disks", DataTable)
+        _, disks = memory_rates(prev, cur)
+        for d in disks:
+            assert table.get_cell(d.name, "w_s") == f"{d.writes_per_s:.1f}"
+            assert table.get_cell(d.name, "wmb_s") == f"{d.write_bytes_per_s / 2**20:.1f}"
+        assert "Available" in _text(app, "#pc-summary")
+
+
+async def test_disk_table_updates_in_place_and_keeps_cursor(session: list[Snapshot]) -> None:
+    feed = ListFeed(session[:6], start=1)
+    app = DltopApp(feed)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.query_one("#pc-disks", DataTable)
+        rows_before = list(table.rows)
+        table.move_cursor(row=0)
+        app._apply(feed.advance())
+        await pilot.pause()
+        assert list(table.rows) == rows_before and table.cursor_row == 0
+
+
+async def test_too_small_terminal_says_so(session: list[Snapshot]) -> None:
+    app = DltopApp(ListFeed(session[:2], start=1))
+    async with app.run_test(size=(60, 20)) as pilot:
+        assert app.query_one("#too-small").display
+        assert "60×20" in _text(app, "#too-small") and "80×24" in _text(app, "#too-small")
+        assert not app.query_one("#tabs").display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert not app.query_one("#too-small").display and app.query_one("#tabs").display
+
+
+async def test_live_ui_stays_responsive_with_a_hung_source() -> None:
+    release = threading.Event()
+
+    def hang():
+        release.wait(30)
+        return None
+
+    sampler = Sampler([Source("memory", 0.1, lambda: read_memory("/"), follows_refresh=True),
+                       Source("cpu", 0.1, hang, timeout_s=0.2)])
+    app = DltopApp(sampler, Settings(refresh_s=0.25))
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.8)
+            await pilot.press("p")  # the key is handled at once although one source never answers
+            assert "PAUSED" in _text(app, "#header")
+            assert "cpu" in _text(app, "#header") and "slow" in _text(app, "#header")
+            assert isinstance(app.history[-1].memory, MemoryPart)
+            assert len(app.history) >= 2
+    finally:
+        release.set()
+
+
+async def test_hint_line_shows_the_squeeze(session: list[Snapshot]) -> None:
+    from dataclasses import replace
+
+    from dltop.model import Pressure
+
+    base = session[-1]
+    assert isinstance(base.memory, MemoryPart) and base.memory.total_bytes
+    total = base.memory.total_bytes
+    squeezed = [
+        replace(base, ts=base.ts + i, memory=replace(base.memory, available_bytes=total // 30, cached_bytes=total // 2,
+                                                     shmem_bytes=total // 3,
+                                                     pressure_memory=Pressure(2.0 + 3 * i, 1.0, 0.5, 10 + i)))
+        for i in range(3)
+    ]
+    app = DltopApp(ListFeed(squeezed, start=2))
+    async with app.run_test(size=(80, 24)):
+        assert app.query_one("#hints").display
+        assert "OOM-killed" in _text(app, "#hints")
+
+
+async def test_palette_offers_the_actions(session: list[Snapshot]) -> None:
+    app = DltopApp(ListFeed(session[:2], start=1))
+    async with app.run_test(size=(80, 24)):
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert {"Pause / resume", "Refresh faster", "Refresh slower", "Help", "Show Page cache"} <= set(titles)
