@@ -44,6 +44,9 @@ class WalkOptions:
     max_depth: int | None = None  # folders deeper than this are added to their ancestor at this depth
 
 
+DEFAULT_WALK = WalkOptions()
+
+
 def _compile(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
     if not patterns:
         return None

@@ -1,0 +1,257 @@
+"""`dltop residency | warm | evict | lock`: a dataset in the page cache, measured and acted on from scripts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+from dltop.errors import DltopError
+
+
+def _walk_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH", help="dataset files or folders")
+    p.add_argument("-L", "--follow-symlinks", action="store_true", help="follow symbolic links (loops are detected)")
+    p.add_argument("--cross-filesystems", action="store_true", help="descend into other mounted filesystems")
+    p.add_argument("--ignore", action="append", default=[], metavar="GLOB",
+                   help="skip files and folders whose name matches (repeatable)")
+    p.add_argument("--include", action="append", default=[], metavar="GLOB",
+                   help="count only files whose name matches (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `dltop residency`, `warm`, `evict` and `lock`."""
+    p = sub.add_parser("residency", help="how much of a dataset is in the page cache, per folder",
+                       description="Page-cache residency of files and folders, counted as fincore counts it.")
+    _walk_options(p)
+    p.add_argument("--depth", type=int, default=1, metavar="N", help="show folders down to depth N (default 1)")
+    p.set_defaults(func=run_residency)
+
+    helps = {
+        "warm": "read a dataset into the page cache (chunked WILLNEED, holes left alone)",
+        "evict": "drop a dataset from the page cache (dirty pages flushed first)",
+        "lock": "mlock a dataset into memory until Ctrl-C",
+    }
+    for name, text in helps.items():
+        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        _walk_options(p)
+        p.add_argument("--dry-run", action="store_true", help="say what would happen, change nothing")
+        if name in ("warm", "lock"):
+            p.add_argument("--force", action="store_true", help="go ahead even if the memory guard says no")
+        if name == "warm":
+            p.add_argument("--fit", action="store_true",
+                           help="when the whole dataset does not fit, warm the part that fits")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
+        p.set_defaults(func=run_action, action=name)
+
+
+def _options(args: argparse.Namespace, depth: int | None = None) -> Any:
+    from dltop.sources.datasets import WalkOptions
+
+    return WalkOptions(
+        follow_symlinks=args.follow_symlinks,
+        cross_filesystems=args.cross_filesystems,
+        ignore=tuple(args.ignore),
+        include=tuple(args.include),
+        max_depth=depth,
+    )
+
+
+def _check_paths(paths: list[str]) -> None:
+    for p in paths:
+        if not os.path.lexists(p):
+            raise DltopError(f"no such file or directory: {p}")
+        if not os.path.exists(p):
+            raise DltopError(f"broken symbolic link: {p}")
+
+
+def run_residency(args: argparse.Namespace) -> int:
+    """Scan and print residency per path, folders down to --depth."""
+    from dltop.model.base import to_dict
+    from dltop.sources.datasets import scan_paths
+
+    if args.depth < 0:
+        raise DltopError("--depth must be 0 or more")
+    _check_paths(args.paths)
+    part = scan_paths(tuple(args.paths), _options(args, args.depth))
+    for ds in part.paths:
+        if ds.error:
+            raise DltopError(f"{ds.error}: {ds.path}")
+    if args.json:
+        sys.stdout.write(json.dumps(to_dict(part)) + "\n")
+    else:
+        sys.stdout.write(format_residency(part))
+    return 0
+
+
+def format_residency(part: Any) -> str:
+    """The human table of `dltop residency`: one row per dataset and folder, indented by depth."""
+    from dltop.fmt import human_bytes
+    from dltop.sources.datasets import display_path
+
+    ps = part.page_size
+    rows = [("RESIDENT", "%", "DIRTY", "UNKNOWN", "SIZE", "FILES", "PATH")]
+    notes: list[str] = []
+
+    def add(node: Any, depth: int) -> None:
+        known = node.pages - node.unknown_pages
+        pct = f"{100 * node.resident_pages / known:.1f}" if known else "-"
+        rows.append((
+            human_bytes(node.resident_pages * ps), pct, human_bytes(node.dirty_pages * ps),
+            human_bytes(node.unknown_pages * ps) if node.unknown_pages else "-",
+            human_bytes(node.size_bytes), str(node.files), "  " * depth + display_path(node.path),
+        ))
+        for child in node.children:
+            add(child, depth + 1)
+
+    for ds in part.paths:
+        add(ds, 0)
+        extra = []
+        if ds.skipped:
+            extra.append("skipped " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in ds.skipped.items()))
+        extra.append(f"{ds.method}, {ds.fs_type or '?'}, scanned in {ds.scan_duration_s:.2f}s")
+        if not ds.complete:
+            extra.append("incomplete scan")
+        notes.append(f"{display_path(ds.path)}: " + "; ".join(extra))
+        notes.extend(f"  {p}" for p in ds.problems[:5])
+        if ds.unknown_reason:
+            notes.append(f"  unknown: {ds.unknown_reason}")
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r[:6], widths, strict=True)) + "  " + r[6] for r in rows]
+    return "\n".join(lines + notes) + "\n"
+
+
+class ProgressBar:
+    """One line on stderr, redrawn in place: bar, bytes, rate and ETA. Only on a terminal."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self.drawn = False
+
+    def __call__(self, p: Any) -> None:
+        from dltop.fmt import human_bytes, human_duration, human_rate
+
+        frac = p.done_bytes / p.total_bytes if p.total_bytes else 1.0
+        width = 24
+        fill = int(width * min(1.0, frac))
+        eta = human_duration(p.eta_s) if p.eta_s is not None else "?"
+        line = (
+            f"\r{p.action} [{'#' * fill}{'.' * (width - fill)}] {100 * frac:5.1f}% "
+            f"{human_bytes(p.done_bytes)}/{human_bytes(p.total_bytes)} "
+            f"{human_rate(p.rate_bytes_per_s, missing='-')} ETA {eta}"
+        )
+        self.stream.write(line.ljust(78)[:100])
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run_action(args: argparse.Namespace) -> int:
+    """warm / evict / lock, in a worker thread so Ctrl-C cancels cleanly and still prints the summary."""
+    from dltop.actions import pagecache as pc
+
+    _check_paths(args.paths)
+    options = _options(args)
+    cancel = threading.Event()
+    bar = ProgressBar() if (sys.stderr.isatty() and not args.no_progress and not args.dry_run) else None
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            if args.action == "warm":
+                outcome["result"] = pc.warm(args.paths, options, force=args.force, fit=args.fit,
+                                            dry_run=args.dry_run, progress=bar, cancel=cancel)
+            elif args.action == "evict":
+                outcome["result"] = pc.evict(args.paths, options, dry_run=args.dry_run, progress=bar, cancel=cancel)
+            else:
+                outcome["result"], outcome["locks"] = pc.lock(args.paths, options, force=args.force,
+                                                              dry_run=args.dry_run, progress=bar, cancel=cancel)
+        except BaseException as e:  # handed to the main thread, which reports it
+            outcome["error"] = e
+
+    worker = threading.Thread(target=work, name=f"dltop-{args.action}", daemon=True)
+    worker.start()
+    interrupted = False
+    try:
+        while worker.is_alive():
+            worker.join(0.1)
+    except KeyboardInterrupt:
+        interrupted = True
+        cancel.set()
+        worker.join()
+    if bar is not None:
+        bar.close()
+    if "error" in outcome:
+        raise outcome["error"]
+    result = outcome["result"]
+    locks = outcome.get("locks")
+    if locks is not None and not args.dry_run and not interrupted and not result.cancelled:
+        _print_result(args, result)
+        interrupted = _hold(locks)
+        return 0
+    if locks is not None:
+        locks.release()
+    _print_result(args, result)
+    return 130 if interrupted else 0
+
+
+def _hold(locks: Any) -> bool:
+    """Keep the pages locked until Ctrl-C (or SIGTERM); then unlock."""
+    import signal
+
+    from dltop.fmt import human_bytes
+
+    print(f"locked {human_bytes(locks.bytes)} in {len(locks.paths)} files; Ctrl-C to unlock", file=sys.stderr)
+    stop = threading.Event()
+    old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        locks.release()
+    print("unlocked", file=sys.stderr)
+    return True
+
+
+def _print_result(args: argparse.Namespace, r: Any) -> None:
+    from dltop.fmt import human_bytes, human_rate
+
+    if args.json:
+        sys.stdout.write(json.dumps(r.to_dict()) + "\n")
+        sys.stdout.flush()
+        return
+    verb = {"warm": "warmed", "evict": "evicted", "lock": "locked"}[r.action]
+    if r.dry_run:
+        verb = {"warm": "would warm", "evict": "would evict", "lock": "would lock"}[r.action]
+        print(f"{verb} {human_bytes(r.total_bytes)} in {r.files} files")
+    else:
+        rate = r.done_bytes / r.elapsed_s if r.elapsed_s > 0 else None
+        state = " (cancelled)" if r.cancelled else ""
+        print(f"{verb} {human_bytes(r.done_bytes)} in {r.files} files, "
+              f"{r.elapsed_s:.2f}s, {human_rate(rate, missing='-')}{state}")
+        if r.resident_pages_after is not None and r.pages:
+            print(f"resident now: {r.resident_pages_after} of {r.pages} pages "
+                  f"({100 * r.resident_pages_after / r.pages:.1f}%)")
+    if r.guard is not None:
+        print(f"memory guard: {r.guard.message}")
+    for why, pages in r.stayed.items():
+        print(f"stayed resident: {pages} pages ({why})")
+    for line in r.stayed_detail[:10]:
+        print(f"  {line}")
+    if r.skipped:
+        print("skipped: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in r.skipped.items()))
+    for p in r.problems[:5]:
+        print(f"  {p}")
+    for n in r.notes:
+        print(f"note: {n}")
