@@ -15,6 +15,7 @@ from dltop.errors import DltopError
 # Each module has `register(subparsers)`, adding its subcommands with `set_defaults(func=run)`.
 COMMAND_MODULES = (
     "dltop.commands.cpu",
+    "dltop.commands.pagecache",
     "dltop.commands.snapshot",
 )
 
