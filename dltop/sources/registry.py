@@ -11,4 +11,8 @@ def build_sources(settings: Settings) -> list[Source]:
     from dltop.sources import cpu, memory
 
     sources = [memory.source(settings), cpu.source(settings)]
+    if settings.datasets:
+        from dltop.sources import datasets
+
+        sources.append(datasets.source(settings))
     return sources
