@@ -442,7 +442,7 @@ def source(settings: Any) -> Any:
     """The datasets Source: a background rescan of every configured dataset, at most half a CPU."""
     from dltop.sources.base import Source
 
-    paths = tuple(settings.datasets)
+    paths = tuple(os.path.abspath(p) for p in settings.datasets)
     options = WalkOptions(max_depth=SOURCE_MAX_DEPTH)
 
     def read() -> DatasetsPart | Unavailable:
