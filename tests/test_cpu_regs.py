@@ -1,0 +1,121 @@
+"""Arm register decoders on known values (from Arm's Technical Reference Manuals) and encode/decode round trips."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dltop import cpuregs
+from dltop.errors import DltopError
+from dltop.model.base import Unavailable
+from dltop.sources.cpu import read_ctr_el0
+
+
+def test_ctr_el0_cortex_a53() -> None:
+    """Cortex-A53 TRM: CTR_EL0 = 0x84448004 (64-byte lines everywhere, VIPT L1 I-cache, no IDC/DIC)."""
+    c = cpuregs.decode_ctr(0x84448004)
+    assert (c.iminline_bytes, c.dminline_bytes, c.erg_bytes, c.cwg_bytes) == (64, 64, 64, 64)
+    assert c.l1ip == "VIPT"
+    assert (c.idc, c.dic) == (False, False)
+
+
+def test_ctr_el0_idc_pipt() -> None:
+    c = cpuregs.decode_ctr(0x9444C004)
+    assert c.l1ip == "PIPT" and c.idc and not c.dic
+
+
+def test_ctr_el0_zero_granules_are_none() -> None:
+    c = cpuregs.decode_ctr(0x80000000)
+    assert c.erg_bytes is None and c.cwg_bytes is None  # 0 means "not given", not 4 bytes
+
+
+def test_clidr_el1_cortex_a53() -> None:
+    """Cortex-A53 with L2: CLIDR_EL1 = 0x0a200023 (L1 separate I/D, L2 unified, LoUIS 1, LoC 2, LoUU 1)."""
+    d = cpuregs.decode_clidr(0x0A200023)
+    assert d.ctypes == ("Data+Instruction", "Unified")
+    assert (d.louis, d.loc, d.louu) == (1, 2, 1)
+    assert cpuregs.encode_clidr((3, 4), loc=2, louu=1, louis=1) == 0x0A200023
+
+
+def test_ccsidr_el1_cortex_a53_l1d() -> None:
+    """Cortex-A53 TRM: CCSIDR_EL1 for a 32 KB L1 D-cache reads 0x700fe01a (WT/WB/RA/WA bits in [31:28])."""
+    f = cpuregs.decode_ccsidr(0x700FE01A, ccidx=False)
+    assert (f.line_bytes, f.ways, f.sets, f.size_bytes) == (64, 4, 128, 32 * 1024)
+    assert cpuregs.encode_ccsidr(64, 4, 128, ccidx=False) == 0x000FE01A
+    assert cpuregs.encode_ccsidr(64, 4, 128, ccidx=True) == 0x0000007F_0000001A
+
+
+def test_ccsidr_too_big_for_32bit_layout() -> None:
+    # 2^16 sets do not fit NumSets[27:13] (15 bits) but fit the FEAT_CCIDX layout's 24 bits.
+    assert cpuregs.encode_ccsidr(64, 16, 1 << 16, ccidx=False) is None
+    v = cpuregs.encode_ccsidr(64, 16, 1 << 16, ccidx=True)
+    assert v is not None and cpuregs.decode_ccsidr(v, ccidx=True).sets == 1 << 16
+    assert cpuregs.encode_ccsidr(48, 4, 4, ccidx=True) is None  # line not a power of two
+
+
+@given(st.sampled_from([16, 32, 64, 128, 256]), st.integers(1, 1024), st.integers(1, 1 << 15), st.booleans())
+def test_ccsidr_round_trip(line: int, ways: int, sets: int, ccidx: bool) -> None:
+    v = cpuregs.encode_ccsidr(line, ways, sets, ccidx)
+    assert v is not None
+    f = cpuregs.decode_ccsidr(v, ccidx)
+    assert (f.line_bytes, f.ways, f.sets) == (line, ways, sets)
+
+
+@given(st.lists(st.integers(0, 4), max_size=7), st.integers(0, 7), st.integers(0, 7), st.integers(0, 7))
+def test_clidr_round_trip(ctypes: list[int], loc: int, louu: int, louis: int) -> None:
+    d = cpuregs.decode_clidr(cpuregs.encode_clidr(tuple(ctypes), loc, louu, louis))
+    while ctypes and ctypes[-1] == 0:
+        ctypes.pop()
+    assert d.ctypes == tuple(cpuregs.CTYPE_NAMES[c] for c in ctypes)
+    assert (d.loc, d.louu, d.louis) == (loc, louu, louis)
+
+
+@given(st.integers(0, 0xFF), st.integers(0, 0xF), st.integers(0, 0xFFF), st.integers(0, 0xF))
+def test_midr_round_trip(impl: int, variant: int, part: int, rev: int) -> None:
+    m = cpuregs.decode_midr(cpuregs.encode_midr(impl, variant, part, rev))
+    assert (m.implementer, m.variant, m.part, m.revision) == (impl, variant, part, rev)
+    assert m.rnpm == f"r{variant}p{rev}"
+
+
+def test_midr_names() -> None:
+    assert cpuregs.core_name(0x41, 0xD03) == "Cortex-A53"
+    assert cpuregs.core_name(0x41, 0xFFF) == "Arm part 0xfff"  # unknown parts are not guessed
+    assert cpuregs.core_name(0x99, 0x001) == "implementer 0x99 part 0x001"
+
+
+@pytest.mark.parametrize("arg,name,value", [
+    ("CTR_EL0=0x84448004", "CTR_EL0", 0x84448004),
+    ("ctr_el0 = 0x8444_8004", "CTR_EL0", 0x84448004),
+    ("MIDR_EL1=1091555377", "MIDR_EL1", 1091555377),
+    ("CCSIDR_EL1=700fe01a", "CCSIDR_EL1", 0x700FE01A),
+])
+def test_parse_decode_arg(arg: str, name: str, value: int) -> None:
+    assert cpuregs.parse_decode_arg(arg) == (name, value)
+
+
+@pytest.mark.parametrize("arg", ["CTR_EL0", "FOO=1", "CTR_EL0=0xzz", "CTR_EL0=0x1" + "0" * 16, "CTR_EL0=-1"])
+def test_parse_decode_arg_errors(arg: str) -> None:
+    with pytest.raises(DltopError):
+        cpuregs.parse_decode_arg(arg)
+
+
+def test_decode_register_ccsidr_shows_both_layouts_when_ambiguous() -> None:
+    d = cpuregs.decode_register("CCSIDR_EL1", 0x700FE01A)
+    assert [x["layout"] for x in d["layouts"]] == ["32-bit", "CCIDX"]  # type: ignore[union-attr,index]
+    d = cpuregs.decode_register("CCSIDR_EL1", 0x0000007F_0000001A)
+    assert [x["layout"] for x in d["layouts"]] == ["CCIDX"]  # type: ignore[union-attr,index]
+
+
+def test_live_ctr_el0() -> None:
+    """On aarch64 the real instruction runs; elsewhere the reason says why not."""
+    got = read_ctr_el0()
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        assert not isinstance(got, Unavailable), got
+        assert got.dminline_bytes in (16, 32, 64, 128, 256)
+        assert got.value >> 31 & 1  # bit 31 is RES1 on Armv8
+    else:
+        assert isinstance(got, Unavailable)
+        assert platform.machine() in got.reason
