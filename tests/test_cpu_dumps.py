@@ -35,10 +35,15 @@ WITH_HWLOC = ["128arm-2pa2n8cluster4co", "2arm-2c"]
 pytestmark = pytest.mark.skipif(not DUMPS.is_dir(), reason=f"fixtures not found at {DUMPS}")
 
 
+# Module-level so the test modules that import these fixtures share one extraction per session.
+_ROOTS: dict[str, Path] = {}
+_PARTS: dict[str, CpuPart] = {}
+
+
 @pytest.fixture(scope="session")
 def dump_root(tmp_path_factory: pytest.TempPathFactory):
     """Extract a dump once per session; return the directory holding its sys/ and proc/."""
-    roots: dict[str, Path] = {}
+    roots = _ROOTS
 
     def get(name: str) -> Path:
         if name not in roots:
@@ -54,7 +59,7 @@ def dump_root(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def parts(dump_root):
-    cache: dict[str, CpuPart] = {}
+    cache = _PARTS
 
     def get(name: str) -> CpuPart:
         if name not in cache:
