@@ -119,3 +119,46 @@ def test_live_ctr_el0() -> None:
     else:
         assert isinstance(got, Unavailable)
         assert platform.machine() in got.reason
+
+
+def test_stub_encodings_disassemble_to_what_the_comments_say() -> None:
+    """The two code stubs, checked by LLVM's disassembler where it is installed."""
+    import shutil
+    import subprocess
+
+    from dltop.sources import cpu
+
+    mc = shutil.which("llvm-mc") or shutil.which("llvm-mc-14")
+    if mc is None:
+        pytest.skip("llvm-mc not installed")
+    for code, want in ((cpu._MRS_CTR, ["mrs x0, CTR_EL0", "ret"]), (cpu._ZERO, ["mov x0, xzr", "ret"])):
+        hexbytes = " ".join(f"0x{b:02x}" for b in code)
+        r = subprocess.run([mc, "--triple=aarch64", "--disassemble"], input=hexbytes, capture_output=True,
+                           text=True, check=True)
+        got = [" ".join(ln.split()) for ln in r.stdout.splitlines() if ln.strip() and not ln.strip().startswith(".")]
+        assert got == want
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="uses x86-64 machine code")
+def test_stub_maps_and_runs_code_here() -> None:
+    """The mmap / mprotect / call path CTR_EL0 uses, run with `mov eax, 42; ret` on this x86-64 host."""
+    from dltop.sources.cpu import _Stub
+
+    with _Stub(bytes.fromhex("b82a000000c3")) as fn:
+        assert fn() == 42
+
+
+def test_emulation_timing_tells_slow_reads_apart() -> None:
+    from dltop.sources.cpu import _looks_emulated
+
+    def empty() -> int:
+        return 0
+
+    def trapped() -> int:  # a few microseconds, like a kernel entry and exit
+        x = 0
+        for i in range(200):
+            x += i
+        return x
+
+    assert _looks_emulated(trapped, empty, n=200)[0] is True
+    assert _looks_emulated(empty, empty, n=200)[0] is not True

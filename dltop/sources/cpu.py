@@ -789,8 +789,8 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
 # Instruction words (little-endian A64): `mrs x0, ctr_el0` = 0xd53b0020, `mov x0, xzr` = 0xaa1f03e0,
 # `ret` = 0xd65f03c0. MRS encoding: 0xd5300000 | o0<<19 | op1<<16 | CRn<<12 | CRm<<8 | op2<<5 | Rt with
 # CTR_EL0 = (op0 3, op1 3, CRn 0, CRm 0, op2 1).
-_MRS_CTR = (0xD53B0020, 0xD65F03C0)
-_ZERO = (0xAA1F03E0, 0xD65F03C0)
+_MRS_CTR = b"".join(w.to_bytes(4, "little") for w in (0xD53B0020, 0xD65F03C0))
+_ZERO = b"".join(w.to_bytes(4, "little") for w in (0xAA1F03E0, 0xD65F03C0))
 
 
 def read_ctr_el0() -> CtrEl0 | Unavailable:
@@ -835,14 +835,14 @@ def _looks_emulated(ctr_fn: Callable[[], int], zero_fn: Callable[[], int], n: in
 
 
 class _Stub:
-    """Two A64 instructions in an anonymous page, mapped RW, written, then made RX, called through ctypes.
+    """Machine code in an anonymous page, mapped RW, written, then made RX, called through ctypes.
 
     mprotect to PROT_EXEC makes the arm64 kernel sync the I-cache with what was written (set_pte_at ->
     __sync_icache_dcache), so no explicit cache maintenance is needed.
     """
 
-    def __init__(self, words: tuple[int, ...]) -> None:
-        self.words = words
+    def __init__(self, code: bytes) -> None:
+        self.code = code
         self.addr = 0
 
     def __enter__(self) -> Callable[[], int]:
@@ -861,8 +861,7 @@ class _Stub:
         if addr in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
         self.addr = addr
-        code = b"".join(w.to_bytes(4, "little") for w in self.words)
-        ctypes.memmove(addr, code, len(code))
+        ctypes.memmove(addr, self.code, len(self.code))
         if libc.mprotect(addr, self.size, mmap.PROT_READ | mmap.PROT_EXEC) != 0:
             err = ctypes.get_errno()
             self.__exit__()
