@@ -188,3 +188,18 @@ def test_nothing_there_is_unavailable(tmp_path: Path) -> None:
     from dltop.model.base import Unavailable
 
     assert isinstance(read_cpu(tmp_path), Unavailable)
+
+
+def test_intel_hybrid_splits_p_and_e_cores(tmp_path: Path) -> None:
+    """Hybrid Intel parts list their P and E cores under two PMU devices; one model name becomes two kinds."""
+    info = "".join(f"processor\t: {i}\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Core(TM) Ultra 7\n\n"
+                   for i in range(6))
+    write(tmp_path, "proc/cpuinfo", info)
+    write(tmp_path, "sys/devices/cpu_core/cpus", "0-1\n")
+    write(tmp_path, "sys/devices/cpu_atom/cpus", "2-5\n")
+    for cpu in range(6):
+        write(tmp_path, f"sys/devices/system/cpu/cpu{cpu}/topology/core_cpus_list", f"{cpu}\n")
+    part = read_cpu(tmp_path)
+    kinds = {k.name: k.cpus for k in part.core_kinds}  # type: ignore[union-attr]
+    assert kinds == {"Intel(R) Core(TM) Ultra 7 P-core": (0, 1), "Intel(R) Core(TM) Ultra 7 E-core": (2, 3, 4, 5)}
+    assert part.arch == "x86_64"  # type: ignore[union-attr]

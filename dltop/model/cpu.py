@@ -178,9 +178,9 @@ class CpuPart:
             tpc = self.threads_per_core or 1
             cores = max(1, (l2.cpus_per_instance or tpc) // tpc)
             per_core = l2.size_bytes // cores
-            shared = f" ({cores} cores share one {l2.size_bytes // 1024} KiB L2)" if cores > 1 else ""
+            shared = f" ({cores} cores share one {_kib(l2.size_bytes)} L2)" if cores > 1 else ""
             smt = f", split between its {tpc} SMT threads" if tpc > 1 else ""
-            out.append(f"{kind.name}: L2 {per_core // 1024} KiB per core{shared}{smt}: size CPU-side tiles "
+            out.append(f"{kind.name}: L2 {_kib(per_core)} per core{shared}{smt}: size CPU-side tiles "
                        f"(tokenizer tables, augmentation buffers) to fit in it.")
         llc = max((c.level for c in self.caches), default=None)
         if llc is not None and llc >= 2:
@@ -192,3 +192,7 @@ class CpuPart:
             out.append("Mixed core kinds: pin latency-critical threads to the biggest cores; per-kind sizes above "
                        "differ, so one 'L2 size' for the chip is wrong.")
         return tuple(out)
+
+
+def _kib(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10} KiB"
