@@ -202,6 +202,49 @@ def encode_midr(implementer: int, variant: int, part: int, revision: int, archit
     return (implementer << 24) | (variant << 20) | (architecture << 16) | (part << 4) | revision
 
 
+# ------------------------------------------------------------------------------------ x86 CPUID cache leaves
+
+CPUID_CACHE_TYPES = {1: "Data", 2: "Instruction", 3: "Unified"}
+
+
+@dataclass(frozen=True)
+class CpuidCacheFields:
+    """One subleaf of CPUID leaf 4 (Intel) or 0x8000001D (AMD): the two share one layout."""
+
+    level: int
+    type: str
+    line_bytes: int
+    partitions: int
+    ways: int
+    sets: int
+    threads_sharing: int  # the most logical CPUs that may share it, as the CPU declares (not what the OS sees)
+    fully_associative: bool
+    inclusive: bool
+
+    @property
+    def size_bytes(self) -> int:
+        """ways × partitions × line × sets."""
+        return self.ways * self.partitions * self.line_bytes * self.sets
+
+
+def decode_cpuid_cache(eax: int, ebx: int, ecx: int, edx: int) -> CpuidCacheFields | None:
+    """Decode one deterministic-cache-parameters subleaf; None for type 0 (no more caches)."""
+    ctype = bits(eax, 4, 0)
+    if ctype == 0:
+        return None
+    return CpuidCacheFields(
+        level=bits(eax, 7, 5),
+        type=CPUID_CACHE_TYPES.get(ctype, f"reserved({ctype})"),
+        line_bytes=bits(ebx, 11, 0) + 1,
+        partitions=bits(ebx, 21, 12) + 1,
+        ways=bits(ebx, 31, 22) + 1,
+        sets=ecx + 1,
+        threads_sharing=bits(eax, 25, 14) + 1,
+        fully_associative=bool(bits(eax, 9, 9)),
+        inclusive=bool(bits(edx, 1, 1)),
+    )
+
+
 # ------------------------------------------------------------------------------------------------ core names
 
 # MIDR_EL1.Implementer codes (Arm ARM, "MIDR_EL1"), and the part numbers each vendor has published or the Linux

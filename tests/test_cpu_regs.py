@@ -162,3 +162,76 @@ def test_emulation_timing_tells_slow_reads_apart() -> None:
 
     assert _looks_emulated(trapped, empty, n=200)[0] is True
     assert _looks_emulated(empty, empty, n=200)[0] is not True
+
+
+def _cpuid_dump(tmp_path):  # type: ignore[no-untyped-def]
+    import tarfile
+
+    from tests.test_cpu_dumps import DUMPS
+
+    tb = DUMPS / "x86-cpuid" / "AMD-19h-Zen4-2xEpyc-9654.tar.bz2"
+    if not tb.exists():
+        pytest.skip("fixture missing")
+    with tarfile.open(tb) as tf:
+        tf.extractall(tmp_path, filter="data")
+    return sorted((tmp_path / "AMD-19h-Zen4-2xEpyc-9654").glob("pu*"))
+
+
+def _leaves(path) -> dict[tuple[int, int], tuple[int, int, int, int]]:  # type: ignore[no-untyped-def]
+    """hwloc-gather-cpuid lines: `mask eax ebx ecx edx => eax ebx ecx edx` (inputs left, hex)."""
+    out = {}
+    for ln in path.read_text().splitlines():
+        if ln.startswith("#") or "=>" not in ln:
+            continue
+        left, right = ln.split("=>")
+        _mask, eax, _ebx, ecx, _edx = (int(x, 16) for x in left.split())
+        a, b, c, d = (int(x, 16) for x in right.split())
+        out[(eax, ecx)] = (a, b, c, d)
+    return out
+
+
+def test_cpuid_8000001d_agrees_with_amd_legacy_leaves(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Zen 4 (EPYC 9654) CPUID dump: the 0x8000001D descriptors against the legacy 0x80000005/6 leaves of the
+    same dump (L1d/L1i size and line; L2 size and line)."""
+    pus = _cpuid_dump(tmp_path)
+    assert len(pus) > 100
+    leaves = _leaves(pus[0])
+    caches = {}
+    for sub in range(8):
+        f = cpuregs.decode_cpuid_cache(*leaves[(0x8000001D, sub)])
+        if f is None:
+            break
+        caches[(f.level, f.type)] = f
+    _, _, l1d, l1i = leaves[(0x80000005, 0)]
+    _, _, l2, _ = leaves[(0x80000006, 0)]
+    assert caches[(1, "Data")].size_bytes == (l1d >> 24) << 10 and caches[(1, "Data")].line_bytes == l1d & 0xFF
+    assert caches[(1, "Data")].ways == (l1d >> 16) & 0xFF
+    assert caches[(1, "Instruction")].size_bytes == (l1i >> 24) << 10
+    assert caches[(2, "Unified")].size_bytes == (l2 >> 16) << 10 and caches[(2, "Unified")].line_bytes == l2 & 0xFF
+    # hand-checked against AMD's published Zen 4 CCD: 32 MiB L3, 16-way, shared by 8 cores × 2 threads
+    l3 = caches[(3, "Unified")]
+    assert (l3.size_bytes, l3.ways, l3.threads_sharing) == (32 << 20, 16, 16)
+    # every logical CPU of the dump describes the same caches
+    for pu in pus[1:]:
+        lv = _leaves(pu)
+        assert [cpuregs.decode_cpuid_cache(*lv[(0x8000001D, s)]) for s in range(4)] == list(caches.values())
+
+
+def test_live_cpuid_agrees_with_sysfs_or_is_flagged() -> None:
+    from dltop.model.cpu import CpuPart
+    from dltop.sources.cpu import read_cpu, read_cpuid_caches
+
+    got = read_cpuid_caches()
+    if platform.machine() != "x86_64":
+        assert isinstance(got, Unavailable)
+        return
+    assert not isinstance(got, Unavailable), got
+    assert {c.level for c in got} >= {1}
+    part = read_cpu("/")
+    if not isinstance(part, CpuPart) or not part.caches or len(part.core_kinds) > 1:
+        pytest.skip("no sysfs caches here to compare with")
+    first = min(part.online)
+    sysfs = {c.name: c.size_bytes for c in part.caches if first in c.cpus}
+    mismatched = [q.name for q in got if q.name in sysfs and sysfs[q.name] not in (None, q.size_bytes)]
+    assert not mismatched or any(f.code == "cpuid_disagrees" for f in part.flags)
+    assert part.registers.cpuid_caches == got

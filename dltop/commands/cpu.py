@@ -205,6 +205,13 @@ def register_lines(part: CpuPart) -> list[str]:
             v32 = "?" if cc.value_32bit is None else f"0x{cc.value_32bit:08x}"
             vcc = "?" if cc.value_ccidx is None else f"0x{cc.value_ccidx:016x}"
             out.append(f"CCSIDR_EL1  {cc.cache:<4} CSSELR {cc.csselr}  32-bit {v32}  CCIDX {vcc}")
+    if isinstance(r.cpuid_caches, Unavailable):
+        if part.arch not in ("aarch64", "arm"):
+            out.append(f"CPUID       {r.cpuid_caches}")
+    else:
+        for q in r.cpuid_caches:
+            out.append(f"CPUID {q.leaf}  {q.name:<4} {size_text(q.size_bytes)}  {q.ways} ways  {q.sets} sets  "
+                       f"line {q.line_bytes}  up to {q.threads_sharing} threads share it")
     return out
 
 

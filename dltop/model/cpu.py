@@ -129,6 +129,22 @@ class CcsidrEl1:
 
 
 @dataclass(frozen=True)
+class CpuidCache:
+    """One cache as x86 CPUID describes it (leaf 4 or 0x8000001D): a second opinion next to sysfs."""
+
+    leaf: str  # "0x4" or "0x8000001d"
+    name: str
+    level: int
+    type: str
+    size_bytes: int
+    line_bytes: int
+    ways: int
+    sets: int
+    partitions: int
+    threads_sharing: int
+
+
+@dataclass(frozen=True)
 class Registers:
     """Arm cache-identification registers: CTR_EL0 read for real, CLIDR/CCSIDR rebuilt, MIDR per CPU."""
 
@@ -136,6 +152,7 @@ class Registers:
     clidr_el1: tuple[ClidrEl1, ...] | Unavailable
     ccsidr_el1: tuple[CcsidrEl1, ...] | Unavailable
     midr_el1: dict[str, str]  # cpu number (as text) -> "0x411fd461"
+    cpuid_caches: tuple[CpuidCache, ...] | Unavailable = Unavailable("not read")  # x86, live machine only
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from dltop import cpuregs
 from dltop.config import Settings
@@ -25,6 +26,7 @@ from dltop.model.cpu import (
     ClidrEl1,
     CoreKind,
     CpuFlag,
+    CpuidCache,
     CpuPart,
     CtrEl0,
     KindCache,
@@ -410,6 +412,7 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
     arrangement, reason = _classify(core_kinds, caches, threads)
     _check(caches, sorted(online), threads, flags)
     registers = _registers(root, arch, core_kinds, caches, midrs)
+    _check_cpuid(registers, caches, core_kinds, flags)
     tpc = _uniform(len(t) for t in {threads[c] for c in all_cpus})
     return CpuPart(
         arch=arch,
@@ -732,7 +735,9 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
     live = os.path.realpath(root) == "/"
     if not is_arm:
         why = f"CTR_EL0, CLIDR_EL1 and CCSIDR_EL1 are Arm registers; this is {arch or 'not Arm'}"
-        return Registers(Unavailable(why), Unavailable(why), Unavailable(why), midrs)
+        cpuid = read_cpuid_caches() if live else Unavailable(
+            "read only on the live machine, not from a captured tree")
+        return Registers(Unavailable(why), Unavailable(why), Unavailable(why), midrs, cpuid)
     ctr: CtrEl0 | Unavailable
     if not live:
         ctr = Unavailable("read only on the live machine, not from a captured tree")
@@ -740,7 +745,7 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
         ctr = read_ctr_el0()
     if not caches:
         why = "no cache information in sysfs to rebuild it from"
-        return Registers(ctr, Unavailable(why), Unavailable(why), midrs)
+        return Registers(ctr, Unavailable(why), Unavailable(why), midrs, _NOT_X86)
     clidrs: list[ClidrEl1] = []
     ccsidrs: list[CcsidrEl1] = []
     groups = [k.cpus for k in kinds] or [tuple(sorted({x for c in caches for x in c.cpus}))]
@@ -783,7 +788,74 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
                 vcc = cpuregs.encode_ccsidr(c.line_bytes, c.ways, c.sets, ccidx=True)
             ccsidrs.append(CcsidrEl1(cache=c.name, cpus=c.cpus, csselr=((c.level - 1) << 1) | ind,
                                      value_32bit=v32, value_ccidx=vcc))
-    return Registers(ctr, tuple(clidrs), tuple(ccsidrs), midrs)
+    return Registers(ctr, tuple(clidrs), tuple(ccsidrs), midrs, _NOT_X86)
+
+
+_NOT_X86 = Unavailable("CPUID is an x86 instruction")
+
+# x86-64 System V: cpuid(leaf=edi, subleaf=esi, out=rdx) storing eax, ebx, ecx, edx at out[0..3]. Checked with
+# llvm-mc: push rbx; mov eax, edi; mov ecx, esi; mov r8, rdx; cpuid; mov [r8], eax; mov [r8+4], ebx;
+# mov [r8+8], ecx; mov [r8+12], edx; pop rbx; ret
+_CPUID = bytes.fromhex("53" "89f8" "89f1" "4989d0" "0fa2" "418900" "41895804" "41894808" "4189500c" "5b" "c3")
+
+
+def read_cpuid_caches() -> tuple[CpuidCache, ...] | Unavailable:
+    """Run CPUID leaf 4 (Intel) or 0x8000001D (AMD) on this CPU: the caches as the processor describes them."""
+    import ctypes
+
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
+        return Unavailable(f"CPUID is an x86 instruction; this machine is {machine or 'unknown'}")
+    argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
+    out = (ctypes.c_uint32 * 4)()
+    try:
+        with _Stub(_CPUID, restype=None, argtypes=argtypes) as fn:
+            def cpuid(leaf: int, sub: int = 0) -> tuple[int, int, int, int]:
+                fn(leaf, sub, out)
+                return out[0], out[1], out[2], out[3]
+
+            max_leaf, b, c, d = cpuid(0)
+            vendor = b"".join(x.to_bytes(4, "little") for x in (b, d, c)).decode("ascii", "replace")
+            max_ext = cpuid(0x80000000)[0]
+            topoext = max_ext >= 0x80000001 and bool(cpuid(0x80000001)[2] >> 22 & 1)
+            if vendor in ("AuthenticAMD", "HygonGenuine") and max_ext >= 0x8000001D and topoext:
+                leaf = 0x8000001D
+            elif max_leaf >= 4:
+                leaf = 4
+            else:
+                return Unavailable(f"{vendor} CPU has neither CPUID leaf 4 nor 0x8000001D")
+            found = []
+            for sub in range(16):
+                f = cpuregs.decode_cpuid_cache(*cpuid(leaf, sub))
+                if f is None:
+                    break
+                found.append(CpuidCache(
+                    leaf=f"0x{leaf:x}", name=_cache_name(f.level, f.type), level=f.level, type=f.type,
+                    size_bytes=f.size_bytes, line_bytes=f.line_bytes, ways=f.ways, sets=f.sets,
+                    partitions=f.partitions, threads_sharing=f.threads_sharing))
+    except OSError as e:
+        return Unavailable(f"cannot map an executable page for CPUID: {e.strerror or e}")
+    return tuple(found)
+
+
+def _check_cpuid(regs: Registers, caches: tuple[CacheInstance, ...], kinds: tuple[CoreKind, ...],
+                 flags: list[CpuFlag]) -> None:
+    """CPUID and sysfs should describe the same caches; the kernel builds sysfs from CPUID on x86."""
+    if isinstance(regs.cpuid_caches, Unavailable) or len(kinds) > 1 or not caches:
+        return
+    first = min(x for c in caches for x in c.cpus)
+    mine = {c.name: c for c in caches if first in c.cpus}
+    for q in regs.cpuid_caches:
+        s = mine.get(q.name)
+        if s is None:
+            continue
+        diffs = [f"{label} {sv} vs {qv}" for label, sv, qv in (
+            ("size", s.size_bytes, q.size_bytes), ("ways", s.ways, q.ways), ("sets", s.sets, q.sets),
+            ("line", s.line_bytes, q.line_bytes)) if sv is not None and sv != qv]
+        if diffs:
+            flags.append(CpuFlag("cpuid_disagrees", "warning",
+                                 f"{q.name}: sysfs and CPUID leaf {q.leaf} differ ({', '.join(diffs)}): a "
+                                 "hypervisor may present different caches than the CPU has", s.cpus))
 
 
 # Instruction words (little-endian A64): `mrs x0, ctr_el0` = 0xd53b0020, `mov x0, xzr` = 0xaa1f03e0,
@@ -841,11 +913,15 @@ class _Stub:
     __sync_icache_dcache), so no explicit cache maintenance is needed.
     """
 
-    def __init__(self, code: bytes) -> None:
+    def __init__(self, code: bytes, restype: Any = None, argtypes: list[Any] | None = None) -> None:
+        import ctypes
+
         self.code = code
+        self.restype = ctypes.c_uint64 if restype is None and argtypes is None else restype
+        self.argtypes = argtypes or []
         self.addr = 0
 
-    def __enter__(self) -> Callable[[], int]:
+    def __enter__(self) -> Callable[..., int]:
         import ctypes
         import mmap
 
@@ -866,7 +942,7 @@ class _Stub:
             err = ctypes.get_errno()
             self.__exit__()
             raise OSError(err, os.strerror(err))
-        fn: Callable[[], int] = ctypes.CFUNCTYPE(ctypes.c_uint64)(addr)
+        fn: Callable[..., int] = ctypes.CFUNCTYPE(self.restype, *self.argtypes)(addr)
         return fn
 
     def __exit__(self, *exc: object) -> None:
