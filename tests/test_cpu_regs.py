@@ -235,3 +235,8 @@ def test_live_cpuid_agrees_with_sysfs_or_is_flagged() -> None:
     mismatched = [q.name for q in got if q.name in sysfs and sysfs[q.name] not in (None, q.size_bytes)]
     assert not mismatched or any(f.code == "cpuid_disagrees" for f in part.flags)
     assert part.registers.cpuid_caches == got
+    import json
+
+    from dltop.model.base import from_dict, to_dict
+
+    assert from_dict(CpuPart, json.loads(json.dumps(to_dict(part)))) == part
