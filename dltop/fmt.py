@@ -57,3 +57,23 @@ def percent(part: float | None, whole: float | None, missing: str = "n/a") -> st
         return missing
     p = 100 * part / whole
     return f"{p:.1f}%" if p < 10 else f"{p:.0f}%"
+
+
+SPARK_CHARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int, top: float | None = None) -> str:
+    """The last values as a one-line bar chart `width` columns wide, right-aligned, scaled from 0 to `top`
+    (default: the largest value shown); older values are merged into columns by their maximum."""
+    if width <= 0:
+        return ""
+    if len(values) > width:
+        step = len(values) / width
+        values = [max(values[int(i * step): max(int((i + 1) * step), int(i * step) + 1)]) for i in range(width)]
+    scale = top if top is not None else max(values, default=0.0)
+    last = len(SPARK_CHARS) - 1
+    if scale <= 0:
+        bars = SPARK_CHARS[0] * len(values)
+    else:
+        bars = "".join(SPARK_CHARS[min(last, max(0, round(v / scale * last)))] for v in values)
+    return " " * (width - len(bars)) + bars

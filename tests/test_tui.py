@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import threading
 
-from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets import DataTable, Static
 
 from dltop.config import Settings
 from dltop.derive import memory_rates
+from dltop.fmt import human_bytes, sparkline
 from dltop.model import MemoryPart, Snapshot
 from dltop.sampler import ListFeed, Sampler
 from dltop.sources.base import Source
 from dltop.sources.memory import read_memory
 from dltop.tui.app import DltopApp
+from dltop.tui.panes.pagecache import SPARK_LABEL_WIDTH
 from dltop.tui.screens.help import HelpScreen
 
 
@@ -49,8 +51,12 @@ async def test_page_cache_pane_shows_recorded_numbers(session: list[Snapshot]) -
     async with app.run_test(size=(120, 40)):
         cur, prev = session[cut - 1], session[cut - 2]
         assert isinstance(cur.memory, MemoryPart)
-        spark = app.query_one("#pc-spark-dirty_bytes", Sparkline)
-        assert list(spark.data or []) == [float(s.memory.dirty_bytes) for s in session[:cut]]  # type: ignore[union-attr]
+        sparks = app.query_one("#pc-sparks", Static)
+        dirty = [float(s.memory.dirty_bytes) for s in session[:cut]]  # type: ignore[union-attr]
+        lines = [ln for ln in str(sparks.render()).splitlines() if ln.strip()]
+        dirty_line = next(ln for ln in lines if ln.startswith("Dirty"))
+        assert dirty_line.endswith(sparkline(dirty, sparks.size.width - SPARK_LABEL_WIDTH))
+        assert f"{human_bytes(dirty[-1]):>9}" in dirty_line
         table = app.query_one("#pc-disks", DataTable)
         _, disks = memory_rates(prev, cur)
         for d in disks:

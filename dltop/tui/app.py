@@ -20,7 +20,7 @@ from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings
 from dltop.fmt import human_duration
 from dltop.model import Snapshot
 from dltop.tui.panes import pane_classes
-from dltop.tui.panes.base import Pane
+from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.screens.help import HelpScreen
 from dltop.tui.view import View
 
@@ -78,6 +78,7 @@ class DltopApp(App[None]):
         self._clock = clock
         self.history: deque[Snapshot] = deque(maxlen=HISTORY_LEN)
         self.hints: list[derive.Hint] = []
+        self._view: View | None = None
         self._panes: list[Pane] = [cls() for cls in pane_classes()]
 
     # -- layout ---------------------------------------------------------------------------------------------
@@ -131,10 +132,25 @@ class DltopApp(App[None]):
         self.hints = derive.hints(recent)
         view = View(snapshot=snap, history=tuple(self.history), hints=tuple(self.hints),
                     read_only=self.settings.read_only, replay=self.replay)
+        self._view = view
         self._update_header(snap)
         self._update_hints()
+        active = self._active_pane()
+        if active is not None:
+            active.show(view)
+
+    def _active_pane(self) -> Pane | None:
+        active = self.query_one("#tabs", TabbedContent).active
         for pane in self._panes:
-            pane.show(view)
+            if active == f"tab-{pane.PANE_ID}":
+                return pane
+        return None
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        # Hidden panes are not updated on ticks: bring the one that just became visible up to date now.
+        pane = self._active_pane()
+        if pane is not None and self._view is not None:
+            pane.show(self._view)
 
     def _update_header(self, snap: Snapshot) -> None:
         t = Text()
@@ -153,7 +169,7 @@ class DltopApp(App[None]):
             t.append(f"  ⚠ {s.name}: {s.error}", "bold yellow")
         if self.settings.read_only:
             t.append("  read-only", "dim")
-        self.query_one("#header", Static).update(t)
+        set_content(self.query_one("#header", Static), t)
 
     def _update_hints(self) -> None:
         widget = self.query_one("#hints", Static)
@@ -167,7 +183,7 @@ class DltopApp(App[None]):
             t.append(f" — {h.fix}", "italic")
         if len(self.hints) > 1:
             t.append(f"  (+{len(self.hints) - 1} more, see ?)", "dim")
-        widget.update(t)
+        set_content(widget, t)
         widget.display = True
 
     # -- actions --------------------------------------------------------------------------------------------

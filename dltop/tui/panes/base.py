@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import ClassVar
 
+from rich.text import Text
 from textual.app import SystemCommand
 from textual.containers import Vertical
+from textual.content import Content
+from textual.widgets import DataTable, Label, Static
 
 from dltop.tui.view import View
 
@@ -26,7 +29,8 @@ class Pane(Vertical):
         self.view: View | None = None
 
     def show(self, view: View) -> None:
-        """Remember the view and render it; called on every tick while mounted (visible or not)."""
+        """Remember the view and render it; the app calls this on every tick for the visible pane, and once
+        with the latest view when a pane becomes visible."""
         self.view = view
         self.render_view(view)
 
@@ -37,3 +41,33 @@ class Pane(Vertical):
     def palette_commands(self) -> Iterable[SystemCommand]:
         """Command-palette entries for this pane's actions (the same actions its keys run)."""
         return ()
+
+
+# Redrawing costs far more than comparing: a monitor that repaints unchanged widgets every second burns CPU
+# next to the job it watches. These helpers touch a widget only when what it shows has changed.
+
+
+def _key(content: Text | Content | str) -> object:
+    if isinstance(content, Text | Content):
+        return (content.plain, tuple(content.spans))
+    return content
+
+
+def set_content(widget: Static | Label, content: Text | Content | str) -> None:
+    """`widget.update(content)` unless it already shows exactly that. A widget whose height is fixed in CSS
+    skips the layout pass (its size cannot change), which is most of the cost of an update."""
+    key = _key(content)
+    if getattr(widget, "_dltop_shown", None) != key:
+        widget._dltop_shown = key  # type: ignore[union-attr]
+        fixed = widget.styles.height is not None and widget.styles.height.is_cells
+        widget.update(content, layout=not fixed)
+
+
+def set_row(table: DataTable, key: str, columns: tuple[str, ...], values: tuple[str, ...]) -> None:
+    """Add the row or update only the cells whose text changed (the cursor stays where the user left it)."""
+    if key not in {k.value for k in table.rows}:
+        table.add_row(*values, key=key)
+        return
+    for col, value in zip(columns, values, strict=True):
+        if table.get_cell(key, col) != value:
+            table.update_cell(key, col, value)

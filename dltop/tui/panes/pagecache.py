@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal
-from textual.widgets import DataTable, Label, Sparkline, Static
+from textual.content import Content
+from textual.widgets import DataTable, Static
 
-from dltop.derive import DiskRates, VmRates, memory_rates
-from dltop.fmt import human_bytes, human_count_rate, human_rate, percent
+from dltop.derive import DiskRates, VmRates, memory_rates, vm_rates
+from dltop.fmt import human_bytes, human_count_rate, human_rate, percent, sparkline
 from dltop.model import MemoryPart, Pressure, Snapshot, Unavailable
-from dltop.tui.panes.base import Pane
+from dltop.tui.panes.base import Pane, set_content, set_row
 from dltop.tui.view import View
 
 # Sparklines of meminfo fields, top to bottom; refaults/s (derived) comes after them.
@@ -20,6 +20,8 @@ SPARK_FIELDS = (
     ("dirty_bytes", "Dirty"),
     ("writeback_bytes", "Writeback"),
 )
+
+SPARK_LABEL_WIDTH = 20  # "Writeback" padded to 10, the value right-aligned in 9, a space
 
 DISK_COLUMNS = (
     ("device", "Device"),
@@ -122,14 +124,14 @@ def _disk_row(d: DiskRates) -> tuple[str, ...]:
     )
 
 
-def refault_series(history: list[Snapshot]) -> list[float]:
-    """Refaults per second between each pair of neighbouring Snapshots."""
-    out = []
-    for prev, cur in zip(history, history[1:], strict=False):
-        vm, _ = memory_rates(prev, cur)
-        if vm is not None and vm.refaults_per_s is not None:
-            out.append(vm.refaults_per_s)
-    return out
+def refault_rate(prev: Snapshot, cur: Snapshot) -> float | None:
+    """Refaults per second between two Snapshots."""
+    if not isinstance(prev.memory, MemoryPart) or not isinstance(cur.memory, MemoryPart):
+        return None
+    a, b = prev.memory.vmstat, cur.memory.vmstat
+    if isinstance(a, Unavailable) or isinstance(b, Unavailable):
+        return None
+    return vm_rates(a, b, cur.ts - prev.ts).refaults_per_s
 
 
 def series(history: list[Snapshot], name: str) -> list[float]:
@@ -151,13 +153,8 @@ class PageCachePane(Pane):
 
     def compose(self) -> ComposeResult:
         yield Static(id="pc-summary")
-        for name, label in SPARK_FIELDS:
-            with Horizontal(classes="spark-row"):
-                yield Label(label, id=f"pc-label-{name}", classes="spark-label")
-                yield Sparkline([], summary_function=max, id=f"pc-spark-{name}")
-        with Horizontal(classes="spark-row"):
-            yield Label("Refaults", id="pc-label-refaults", classes="spark-label")
-            yield Sparkline([], summary_function=max, id="pc-spark-refaults")
+        # One widget for all sparklines: a monitor pays per widget on every repaint.
+        yield Static(id="pc-sparks")
         yield Static(id="pc-activity")
         yield Static(id="pc-cgroup")
         yield Static(id="pc-notes", classes="notes")
@@ -170,30 +167,30 @@ class PageCachePane(Pane):
         m = view.snapshot.memory
         summary = self.query_one("#pc-summary", Static)
         if not isinstance(m, MemoryPart):
-            summary.update(Text(f"memory: {m}" if m is not None else "memory: not sampled", "dim"))
+            set_content(summary, Text(f"memory: {m}" if m is not None else "memory: not sampled", "dim"))
             return
-        summary.update(summary_text(m))
+        set_content(summary, summary_text(m))
         history = list(view.history)
-        for name, label in SPARK_FIELDS:
-            data = series(history, name)
-            self.query_one(f"#pc-spark-{name}", Sparkline).data = data or [0.0]
-            current = getattr(m, name)
-            self.query_one(f"#pc-label-{name}", Label).update(
-                Text.assemble((f"{label:<10}", "bold"), f"{human_bytes(current):>9}")
-            )
         vm, disks = memory_rates(view.previous, view.snapshot)
-        self.query_one("#pc-spark-refaults", Sparkline).data = refault_series(history[-120:]) or [0.0]
+        sparks = self.query_one("#pc-sparks", Static)
+        width = max(1, sparks.size.width - SPARK_LABEL_WIDTH)
+        rows = [
+            Content.assemble((f"{label:<10}", "bold"), f"{human_bytes(getattr(m, name)):>9} ",
+                             (sparkline(series(history, name), width), "$accent"))
+            for name, label in SPARK_FIELDS
+        ]
         rate = vm.refaults_per_s if vm is not None else None
-        self.query_one("#pc-label-refaults", Label).update(
-            Text.assemble((f"{'Refaults':<10}", "bold"), f"{human_count_rate(rate) + '/s':>9}")
-        )
-        self.query_one("#pc-activity", Static).update(activity_text(m, vm))
-        self.query_one("#pc-cgroup", Static).update(cgroup_text(m))
+        rows.append(Content.assemble(("Refaults  ", "bold"), f"{human_count_rate(rate) + '/s':>9} ",
+                                     (sparkline(self._refaults(history), width), "$warning")))
+        gap = "\n\n" if self.screen.has_class("-tall") else "\n"
+        set_content(sparks, Content(gap).join(rows))
+        set_content(self.query_one("#pc-activity", Static), activity_text(m, vm))
+        set_content(self.query_one("#pc-cgroup", Static), cgroup_text(m))
         notes = [f"{k}: {v}" for k, v in m.unavailable.items()]
         if isinstance(m.disks, Unavailable):
             notes.append(f"disks: {m.disks.reason}")
         notes_widget = self.query_one("#pc-notes", Static)
-        notes_widget.update(Text("; ".join(notes), "dim"))
+        set_content(notes_widget, Text("; ".join(notes), "dim"))
         notes_widget.display = bool(notes)
         self._update_disks(disks)
 
@@ -202,10 +199,23 @@ class PageCachePane(Pane):
         wanted = {d.name: _disk_row(d) for d in disks}
         for key in [k for k in table.rows if k.value not in wanted]:
             table.remove_row(key)
-        existing = {k.value for k in table.rows}
+        columns = tuple(key for key, _ in DISK_COLUMNS)
         for name, row in wanted.items():
-            if name in existing:
-                for (col, _), value in zip(DISK_COLUMNS, row, strict=True):
-                    table.update_cell(name, col, value)
+            set_row(table, name, columns, row)
+
+    def _refaults(self, history: list[Snapshot]) -> list[float]:
+        # Rates of neighbouring pairs never change once computed: keep them, keyed by the pair's timestamps.
+        cache: dict[tuple[float, float], float] = getattr(self, "_refault_cache", {})
+        out = []
+        fresh: dict[tuple[float, float], float] = {}
+        for prev, cur in zip(history, history[1:], strict=False):
+            key = (prev.ts, cur.ts)
+            if key in cache:
+                value: float | None = cache[key]
             else:
-                table.add_row(*row, key=name)
+                value = refault_rate(prev, cur)
+            if value is not None:
+                fresh[key] = value
+                out.append(value)
+        self._refault_cache = fresh
+        return out or [0.0]

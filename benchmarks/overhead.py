@@ -1,0 +1,115 @@
+"""What dltop costs while it watches, side by side with htop over the same minute.
+
+Both run in real terminals (tmux panes, 80x24) at a 1 s refresh. For each we measure CPU time from
+/proc/PID/stat (utime + stime, children included) over the window, resident memory (VmRSS at the end and VmHWM,
+the peak), and the time from start to the first frame on screen (tmux capture-pane polled every 10 ms).
+
+usage: python benchmarks/overhead.py [--seconds 60]
+Targets (issue 2): dltop <= 1% of one core at 1 s refresh, <= 80 MB resident, first frame <= 0.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Result:
+    name: str
+    first_frame_s: float
+    cpu_pct: float
+    rss_mb: float
+    hwm_mb: float
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", "-L", "dltop-bench", *args], capture_output=True, text=True, check=True).stdout
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # utime, stime, cutime, cstime are fields 14-17 (1-based) of the whole line; here offset by the 2 cut off.
+    return sum(int(x) for x in fields[11:15]) / TICKS
+
+
+def status_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def start(name: str, command: str, marker: str) -> tuple[int, float]:
+    """Start `command` in its own 80x24 tmux window; return its PID and seconds until `marker` is on screen."""
+    t0 = time.monotonic()
+    tmux("new-window", "-d", "-n", name, f"exec {command}")
+    pid = int(tmux("list-panes", "-t", name, "-F", "#{pane_pid}").split()[0])
+    while time.monotonic() - t0 < 20:
+        if marker in tmux("capture-pane", "-p", "-t", name):
+            return pid, time.monotonic() - t0
+        time.sleep(0.01)
+    raise RuntimeError(f"{name}: no first frame with {marker!r} within 20 s")
+
+
+def dltop_command() -> str:
+    venv = REPO / ".venv" / "bin" / "dltop"
+    if venv.exists():
+        return shlex.quote(str(venv)) + " --refresh 1"
+    return f"{shlex.quote(sys.executable)} -m dltop --refresh 1"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=60.0, help="measurement window (default 60)")
+    args = ap.parse_args()
+    for tool in ("tmux", "htop"):
+        if not shutil.which(tool):
+            print(f"overhead: {tool} not found (apt-get install {tool})", file=sys.stderr)
+            return 1
+    subprocess.run(["tmux", "-L", "dltop-bench", "kill-server"], capture_output=True)
+    tmux("new-session", "-d", "-s", "bench", "-x", "80", "-y", "24", "sleep 100000")
+    env_note = f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
+    try:
+        procs = {
+            "dltop": start("dltop", dltop_command(), "Page cache"),
+            "htop": start("htop", "htop -d 10", "Mem"),  # -d is in tenths of a second
+        }
+        time.sleep(2)  # let start-up work settle: the window measures steady-state monitoring
+        before = {n: cpu_seconds(pid) for n, (pid, _) in procs.items()}
+        t0 = time.monotonic()
+        time.sleep(args.seconds)
+        dt = time.monotonic() - t0
+        results = []
+        for n, (pid, first) in procs.items():
+            used = cpu_seconds(pid) - before[n]
+            results.append(Result(n, first, 100 * used / dt, status_kb(pid, "VmRSS") / 1024,
+                                  status_kb(pid, "VmHWM") / 1024))
+    finally:
+        subprocess.run(["tmux", "-L", "dltop-bench", "kill-server"], capture_output=True)
+    d, h = results
+    print(f"overhead over {args.seconds:.0f} s at 1 s refresh, 80x24 terminal ({env_note})")
+    print(f"{'':18}{'dltop':>10}{'htop':>10}{'dltop/htop':>12}   target (dltop)")
+    print(f"{'first frame (s)':18}{d.first_frame_s:10.3f}{h.first_frame_s:10.3f}"
+          f"{d.first_frame_s / h.first_frame_s:12.1f}   <= 0.5")
+    print(f"{'CPU (% of 1 core)':18}{d.cpu_pct:10.2f}{h.cpu_pct:10.2f}"
+          f"{(d.cpu_pct / h.cpu_pct if h.cpu_pct else float('inf')):12.1f}   <= 1.0")
+    print(f"{'RSS now (MB)':18}{d.rss_mb:10.1f}{h.rss_mb:10.1f}{d.rss_mb / h.rss_mb:12.1f}   <= 80")
+    print(f"{'RSS peak (MB)':18}{d.hwm_mb:10.1f}{h.hwm_mb:10.1f}{d.hwm_mb / h.hwm_mb:12.1f}")
+    ok = d.cpu_pct <= 1.0 and d.hwm_mb <= 80 and d.first_frame_s <= 0.5
+    print("targets met" if ok else "targets NOT met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

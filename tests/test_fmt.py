@@ -1,0 +1,39 @@
+"""Formatting helpers: units people read, and the one-line sparkline."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dltop.fmt import SPARK_CHARS, human_bytes, human_duration, percent, sparkline
+
+
+def test_human_bytes_uses_binary_units() -> None:
+    assert human_bytes(0) == "0 B"
+    assert human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(25276502016) == "23.5 GiB"
+    assert human_bytes(None) == "n/a"
+    assert human_bytes(200 * 2**30) == "200 GiB"
+
+
+def test_durations_and_percent() -> None:
+    assert human_duration(59) == "59s"
+    assert human_duration(3 * 86400 + 4 * 3600 + 5) == "3d04h"
+    assert percent(5, 100) == "5.0%" and percent(50, 100) == "50%" and percent(1, 0) == "n/a"
+
+
+def test_sparkline_scales_from_zero_and_merges_by_max() -> None:
+    assert sparkline([0, 4, 8], 3) == "▁▅█"
+    assert sparkline([1, 1], 4) == "  ██"  # right-aligned: the newest value is at the right edge
+    # 6 values into 3 columns: each column shows the larger of its pair, so a spike is never averaged away
+    assert sparkline([0, 8, 0, 0, 0, 4], 3) == "█▁▅"
+    assert sparkline([], 2) == "  " and sparkline([0, 0], 2) == "▁▁"
+
+
+@given(st.lists(st.floats(0, 1e15), max_size=700), st.integers(1, 200))
+def test_sparkline_always_fills_its_width(values: list[float], width: int) -> None:
+    line = sparkline(values, width)
+    assert len(line) == width
+    assert set(line) <= set(SPARK_CHARS) | {" "}
+    if values and max(values) > 0:
+        assert "█" in line
