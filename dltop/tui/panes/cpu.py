@@ -94,6 +94,8 @@ class CpuPane(Pane):
         table.display = bool(part.core_kinds)
         set_content(summary, summary_text(part))
         self._update_kinds(table, part)
+        # An auto height measured while the table was hidden stays 0: size it from its rows instead.
+        table.styles.height = min(7, table.row_count + 1)
         set_content(self.query_one("#cpu-notes", Static), notes_text(part))
         lines = tree_lines(part.tree)
         if not part.caches:

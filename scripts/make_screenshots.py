@@ -1,0 +1,72 @@
+"""Make screenshots/ from a real run: the live app (real Sampler, this machine's kernel) in a headless terminal,
+while a background writer makes the page cache move. Each tab at 120x40 and the page-cache pane at 80x24.
+
+usage: python scripts/make_screenshots.py [--seconds 12]
+SVG files, as Textual draws them (a browser shows them; converters such as rsvg-convert collapse the spaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dltop.config import Settings  # noqa: E402
+from dltop.sampler import Sampler  # noqa: E402
+from dltop.sources.registry import build_sources  # noqa: E402
+from dltop.tui.app import DltopApp  # noqa: E402
+from scripts.capture_session import make_io  # noqa: E402
+
+OUT = REPO / "screenshots"
+
+
+async def shoot(size: tuple[int, int], seconds: float, datasets: tuple[str, ...], tabs: bool) -> list[Path]:
+    settings = Settings(datasets=datasets)
+    app = DltopApp(Sampler(build_sources(settings)), settings)
+    saved = []
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(seconds)
+        panes = app._panes if tabs else app._panes[:1]
+        for i, pane in enumerate(panes, start=1):
+            await pilot.press(str(i))
+            await pilot.pause(1.5)
+            name = f"{pane.PANE_ID}-{size[0]}x{size[1]}.svg"
+            app.save_screenshot(filename=name, path=str(OUT))
+            saved.append(OUT / name)
+    return saved
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=12.0, help="how long to let history build up first")
+    args = ap.parse_args()
+    OUT.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=REPO) as tmp:
+        data = Path(tmp) / "dataset"
+        (data / "train").mkdir(parents=True)
+        (data / "val").mkdir()
+        for i in range(8):
+            (data / "train" / f"shard-{i}.bin").write_bytes(bytes(8 << 20))
+        (data / "val" / "shard-0.bin").write_bytes(bytes(4 << 20))
+        stop = threading.Event()
+        writer = threading.Thread(target=make_io, args=(Path(tmp), stop), daemon=True)
+        writer.start()
+        try:
+            saved = asyncio.run(shoot((120, 40), args.seconds, (str(data),), tabs=True))
+            saved += asyncio.run(shoot((80, 24), 3.0, (str(data),), tabs=False))
+        finally:
+            stop.set()
+            writer.join()
+    for p in saved:
+        print(p.relative_to(REPO))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
