@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = tui.parse_args(args_list)
         from dltop.commands.tui import run_tui
 
-        return run_tui(args)
+        return run_tui(args, list(sub.choices))
     except DltopError as e:
         print(f"dltop: {e}", file=sys.stderr)
         return e.exit_code

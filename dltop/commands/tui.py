@@ -6,22 +6,27 @@ import argparse
 import os
 
 from dltop.config import settings_from_args
-from dltop.errors import DltopError
+from dltop.errors import DltopError, UsageError
 from dltop.sampler import Sampler
 from dltop.sources.registry import build_sources
 
 
-def check_dataset_paths(paths: tuple[str, ...]) -> None:
-    """Every dataset path must be an existing directory or file (a typo is caught before the screen opens)."""
+def check_dataset_paths(paths: tuple[str, ...], commands: list[str] | None = None) -> None:
+    """Every dataset path must exist (a typo is caught before the screen opens). A bare word that is no path
+    was most likely meant as a subcommand: that is a usage error."""
     for p in paths:
-        if not os.path.exists(p):
-            raise DltopError(f"no such dataset path or subcommand: {p} (see dltop --help)")
+        if os.path.exists(p):
+            continue
+        if "/" not in p and commands:
+            raise UsageError(f"error: unknown subcommand {p!r}, and no such path "
+                             f"(subcommands: {', '.join(sorted(commands))})")
+        raise DltopError(f"no such dataset path: {p}")
 
 
-def run_tui(args: argparse.Namespace) -> int:
+def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
     """Start the TUI on the live Sampler."""
     settings = settings_from_args(args)
-    check_dataset_paths(settings.datasets)
+    check_dataset_paths(settings.datasets, commands)
     if not os.path.isdir(os.path.join(settings.root, "proc")):
         raise DltopError(f"--root {settings.root}: no proc/ directory under it")
     from dltop.tui.app import DltopApp
