@@ -209,10 +209,12 @@ def _hold(locks: Any) -> bool:
 
     from dltop.fmt import human_bytes
 
-    print(f"locked {human_bytes(locks.bytes)} in {len(locks.paths)} files; Ctrl-C to unlock", file=sys.stderr)
     stop = threading.Event()
     old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
+        # Announced inside the try, so a Ctrl-C right after the line still unlocks cleanly.
+        print(f"locked {human_bytes(locks.bytes)} in {len(locks.paths)} files; Ctrl-C to unlock",
+              file=sys.stderr, flush=True)
         while not stop.wait(0.5):
             pass
     except KeyboardInterrupt:

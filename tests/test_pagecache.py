@@ -1,0 +1,303 @@
+"""warm / evict / lock on real files, and the commands a user runs: real processes, real page cache."""
+
+from __future__ import annotations
+
+import io
+import json
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dltop.actions import pagecache as pc
+from dltop.errors import DltopError
+from tests.test_pagecache_util import (
+    NOBODY,
+    PS,
+    REPO,
+    ddir_fixture,  # noqa: F401  (the `ddir` fixture)
+    fincore_resident_pages,
+    make_file,
+    needs_fincore,
+    needs_root,
+    read_file,
+    resident,
+    walk_files,
+)
+
+GIB = 1 << 30
+
+
+def dltop(*args: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dltop", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout, **kw)  # type: ignore[call-overload]
+
+
+def tree(root: Path, n: int = 20, size: int = 64 * 1024) -> list[Path]:
+    return [make_file(root / f"s{i % 4}" / f"f{i}.bin", size) for i in range(n)]
+
+
+def test_warm_brings_every_page_in(ddir: Path) -> None:
+    files = tree(ddir) + [make_file(ddir / "big.bin", 3 << 20)]
+    seen: list[pc.Progress] = []
+    r = pc.warm([str(ddir)], progress=seen.append)
+    assert all(resident(f) == (f.stat().st_size + PS - 1) // PS for f in files)
+    total = sum(f.stat().st_size for f in files)
+    assert r.total_bytes == total and r.done_bytes == total and r.files == 21
+    assert r.resident_pages_after == r.pages == total // PS
+    assert r.guard is not None and r.guard.ok and not r.cancelled
+    assert seen and seen[-1].done_bytes == total and seen[-1].total_bytes == total
+    assert [p.done_bytes for p in seen] == sorted(p.done_bytes for p in seen)
+
+
+def test_warm_leaves_holes_of_sparse_files_alone(ddir: Path) -> None:
+    f = ddir / "sparse.bin"
+    with open(f, "wb") as fh:
+        fh.truncate(64 << 20)
+        fh.seek(0)
+        fh.write(os.urandom(PS))
+        fh.seek(40 << 20)
+        fh.write(os.urandom(2 * PS))
+        fh.flush()
+        os.fsync(fh.fileno())
+    fd = os.open(f, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    extents = pc._data_extents(os.open(f, os.O_RDONLY), f.stat().st_size)
+    if extents == [(0, 64 << 20)]:
+        pytest.skip("filesystem without SEEK_DATA")
+    pc.warm([str(f)])
+    assert resident(f) == 3  # 3 data pages, not 16384 zero pages
+
+
+def test_memory_guard_verdicts() -> None:
+    info = {"MemTotal": 16 * GIB, "MemAvailable": 4 * GIB}
+    g = pc.memory_guard(1 * GIB, info)
+    assert g.ok and g.margin_bytes == 16 * GIB // 10 and g.fits_bytes == 4 * GIB - g.margin_bytes
+    g = pc.memory_guard(3 * GIB, info)
+    assert not g.ok and "refused" in g.message and "fits" in g.message
+    assert pc.memory_guard(GIB, {}).ok  # no meminfo: not checked, says so
+    assert pc.safety_margin_bytes(512 * GIB) == 4 * GIB and pc.safety_margin_bytes(1 * GIB) == 256 << 20
+
+
+@given(st.lists(st.tuples(st.from_regex(r"[A-Za-z_()]{1,20}", fullmatch=True), st.integers(0, 2**50),
+                          st.sampled_from([" kB", "", " pages"])), max_size=30), st.text(max_size=200))
+def test_read_meminfo_parses_what_it_can(rows: list[tuple[str, int, str]], junk: str) -> None:
+    import tempfile
+
+    text = "".join(f"{k}:{' ' * 5}{v}{unit}\n" for k, v, unit in rows) + junk
+    with tempfile.NamedTemporaryFile("w", delete=False) as fh:
+        fh.write(text)
+    try:
+        got = pc.read_meminfo(fh.name)
+    finally:
+        os.unlink(fh.name)
+    want: dict[str, int] = {}
+    for k, v, unit in rows:
+        want[k] = v * 1024 if unit == " kB" else v
+    for k, v in want.items():
+        if k not in junk:
+            assert got[k] == v
+
+
+def test_warm_refused_by_the_guard_unless_forced_and_fit_warms_what_fits(
+    ddir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = [make_file(ddir / f"f{i}.bin", 1 << 20) for i in range(8)]
+    total = sum(f.stat().st_size for f in files)
+    margin = pc.safety_margin_bytes(64 * GIB)
+    fake = {"MemTotal": 64 * GIB, "MemAvailable": margin + 3 * (1 << 20)}  # room for 3 of 8 MiB
+    monkeypatch.setattr(pc, "read_meminfo", lambda *a: fake)
+    with pytest.raises(DltopError, match="refused.*--fit.*--force"):
+        pc.warm([str(ddir)])
+    assert sum(resident(f) for f in files) == 0
+    r = pc.warm([str(ddir)], fit=True)
+    assert sum(resident(f) for f in files) * PS == 3 << 20 == r.done_bytes
+    r = pc.warm([str(ddir)], force=True)
+    assert sum(resident(f) for f in files) * PS == total
+
+
+def test_warm_cancel_stops_early(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = tree(ddir, n=64, size=256 * 1024)
+    monkeypatch.setattr(pc, "WARM_INFLIGHT_BYTES", 1 << 20)  # a cancel stops within ~1 MiB of reads
+    cancel = threading.Event()
+    r = pc.warm([str(ddir)], progress=lambda p: cancel.set(), cancel=cancel)
+    assert r.cancelled and r.done_bytes < r.total_bytes
+    assert sum(resident(f) for f in files) < len(files) * 64
+
+
+def test_evict_drops_everything_including_dirty_pages(ddir: Path) -> None:
+    files = tree(ddir)
+    for f in files:
+        read_file(f)
+    dirty = ddir / "dirty.bin"
+    dirty.write_bytes(os.urandom(40 * PS))  # in the page cache, not yet written back
+    r = pc.evict([str(ddir)])
+    assert r.resident_pages_after == 0 and r.stayed == {}
+    assert all(resident(f) == 0 for f in [*files, dirty])
+    assert r.resident_pages_before == 20 * 16 + 40 and r.done_bytes == r.resident_pages_before * PS
+
+
+def test_evict_reports_pages_kept_by_a_lock_and_by_a_mapping(ddir: Path) -> None:
+    locked = make_file(ddir / "locked.bin", 32 * PS)
+    mapped = make_file(ddir / "mapped.bin", 16 * PS)
+    _r, locks = pc.lock([str(locked)])
+    with open(mapped, "rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as m:
+        for i in range(0, 16 * PS, PS):
+            m[i]  # fault every page in: mapped pages are not dropped by DONTNEED
+        r = pc.evict([str(ddir)])
+    locks.release()
+    assert r.stayed == {"locked": 32, "mapped": 16}
+    me = f"pid {os.getpid()}"
+    assert any("locked by" in d and me in d for d in r.stayed_detail)
+    assert any("mapped by" in d and me in d for d in r.stayed_detail)
+    assert pc.evict([str(ddir)]).resident_pages_after == 0  # once released, they go
+
+
+@needs_root
+def test_evict_on_tmpfs_says_why_pages_stay(ddir: Path) -> None:
+    m = ddir / "ram"
+    m.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(m)], check=True)
+    try:
+        (m / "t.bin").write_bytes(os.urandom(8 * PS))
+        r = pc.evict([str(m)])
+        assert r.stayed == {"tmpfs": 8} and "tmpfs" in r.stayed_detail[0]
+    finally:
+        subprocess.run(["umount", str(m)], check=True)
+
+
+def test_lock_holds_pages_until_released(ddir: Path) -> None:
+    f = make_file(ddir / "l.bin", 64 * PS)
+    r, locks = pc.lock([str(f)])
+    try:
+        assert resident(f) == 64 and locks.bytes == 64 * PS and r.resident_pages_after == 64
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        assert resident(f) == 64  # locked pages survive DONTNEED
+    finally:
+        locks.release()
+    pc.evict([str(f)])
+    assert resident(f) == 0
+
+
+def test_dry_runs_change_nothing(ddir: Path) -> None:
+    files = tree(ddir, n=4)
+    read_file(files[0])
+    r = pc.warm([str(ddir)], dry_run=True)
+    assert r.dry_run and r.total_bytes == 3 * 64 * 1024 and resident(files[1]) == 0
+    r = pc.evict([str(ddir)], dry_run=True)
+    assert r.total_bytes == 64 * 1024 and resident(files[0]) == 16
+
+
+# The commands, as processes.
+
+
+@needs_fincore
+def test_residency_json_agrees_with_fincore(ddir: Path) -> None:
+    files = tree(ddir, n=12)
+    for f in files[:5]:
+        read_file(f)
+    r = dltop("residency", str(ddir), "--json", "--depth", "1")
+    assert r.returncode == 0, r.stderr
+    (node,) = json.loads(r.stdout)["paths"]
+    fin = fincore_resident_pages(*walk_files(ddir))
+    assert node["resident_pages"] == sum(fin.values()) == 5 * 16
+    assert node["files"] == 12 and node["pages"] == 12 * 16 and node["unknown_pages"] == 0
+    assert {Path(c["path"]).name for c in node["children"]} == {"s0", "s1", "s2", "s3"}
+    for c in node["children"]:
+        sub = [k for k in fin if k.startswith(c["path"] + "/")]
+        assert c["resident_pages"] == sum(fin[k] for k in sub) and c["children"] == []
+    for key in ("size_bytes", "dirty_pages"):
+        assert key in node
+    flat = json.loads(dltop("residency", str(ddir), "--json", "--depth", "0").stdout)["paths"][0]
+    assert flat["children"] == []
+
+
+def test_residency_table_and_errors(ddir: Path) -> None:
+    tree(ddir, n=4)
+    r = dltop("residency", str(ddir))
+    assert r.returncode == 0 and "RESIDENT" in r.stdout and str(ddir) in r.stdout
+    r = dltop("residency", str(ddir / "missing"))
+    assert r.returncode == 1 and r.stderr == f"dltop: no such file or directory: {ddir / 'missing'}\n"
+    r = dltop("residency", str(ddir), "--depth", "-1")
+    assert r.returncode == 1 and r.stderr.startswith("dltop: --depth") and "Traceback" not in r.stderr
+
+
+def test_warm_evict_commands_json_and_no_bar_off_a_terminal(ddir: Path) -> None:
+    files = tree(ddir, n=8)
+    r = dltop("warm", str(ddir), "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["action"] == "warm" and s["done_bytes"] == 8 * 64 * 1024 and s["guard"]["ok"]
+    assert r.stderr == ""  # no progress bar when stderr is not a terminal
+    assert all(resident(f) == 16 for f in files)
+    r = dltop("evict", str(ddir), "--dry-run", "--json")
+    assert json.loads(r.stdout)["dry_run"] and resident(files[0]) == 16
+    r = dltop("evict", str(ddir))
+    assert r.returncode == 0 and "evicted" in r.stdout
+    assert all(resident(f) == 0 for f in files)
+
+
+def test_progress_bar_shows_bytes_rate_and_eta() -> None:
+    out = io.StringIO()
+    from dltop.commands.pagecache import ProgressBar
+
+    bar = ProgressBar(out)
+    bar(pc.Progress("warm", 512 << 20, 1 << 30, 2.0, 10))
+    bar.close()
+    line = out.getvalue()
+    assert line.startswith("\rwarm [############............]  50.0%")
+    assert "512 MiB/1.0 GiB" in line and "256 MiB/s" in line and "ETA 2s" in line and line.endswith("\n")
+
+
+def test_lock_command_holds_until_ctrl_c(ddir: Path) -> None:
+    f = make_file(ddir / "l.bin", 32 * PS)
+    p = subprocess.Popen([sys.executable, "-m", "dltop", "lock", str(f)], cwd=REPO, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stderr is not None
+        line = p.stderr.readline()
+        assert "locked 128 KiB in 1 files; Ctrl-C to unlock" in line
+        assert resident(f) == 32
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0 and "unlocked" in err and "Traceback" not in err
+    assert "locked 128 KiB" in out
+
+
+@needs_root
+def test_lock_names_rlimit_memlock_when_it_is_too_low(ddir: Path) -> None:
+    f = make_file(ddir / "l.bin", 64 * PS)
+    env = {"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/"}
+    r = subprocess.run(["prlimit", "--memlock=65536:65536", *NOBODY, sys.executable, "-m", "dltop", "lock",
+                        str(f)], capture_output=True, text=True, env=env, cwd="/", timeout=30)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("dltop: cannot lock 256 KiB: RLIMIT_MEMLOCK is 64.0 KiB") and r.stderr.count("\n") == 1
+
+
+def test_warm_ctrl_c_is_clean(ddir: Path) -> None:
+    for i in range(6):
+        make_file(ddir / f"w{i}.bin", 16 << 20)
+    p = subprocess.Popen([sys.executable, "-m", "dltop", "warm", str(ddir), "--json"], cwd=REPO, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=20)
+    assert "Traceback" not in err
+    if p.returncode == 130:  # interrupted mid-way: the summary says so
+        assert json.loads(out)["cancelled"]
+    else:  # the machine warmed 96 MiB before the signal arrived
+        assert p.returncode == 0 and json.loads(out)["done_bytes"] == 6 * (16 << 20)
