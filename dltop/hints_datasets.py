@@ -1,0 +1,131 @@
+"""Hints about datasets in the page cache: cold at the first epoch, larger than memory, churning.
+
+Pure functions of recent Snapshots, registered with `dltop.derive.rule` (derive imports this module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dltop.actions.pagecache import safety_margin_bytes
+from dltop.derive import Hint, gib, rule
+from dltop.model import MemoryPart, Snapshot
+from dltop.model.datasets import DatasetResidency, DatasetsPart
+
+COLD_FRACTION = 0.5  # a dataset under this share resident is read mostly from disk
+CHURN_FRACTION = 0.01  # recently evicted pages growing by this share of the dataset between scans
+
+
+def _latest(history: Sequence[Snapshot]) -> tuple[DatasetsPart | None, MemoryPart | None]:
+    part = mem = None
+    for s in reversed(history):
+        if part is None and isinstance(s.datasets, DatasetsPart):
+            part = s.datasets
+        if mem is None and isinstance(s.memory, MemoryPart):
+            mem = s.memory
+        if part is not None and mem is not None:
+            break
+    return part, mem
+
+
+def _usable(ds: DatasetResidency) -> bool:
+    return ds.error is None and ds.pages > ds.unknown_pages
+
+
+def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
+    """A dataset mostly not in the page cache that would fit: the first epoch reads it from disk."""
+    coldest = None
+    for ds in part.paths:
+        frac = ds.resident_fraction
+        if not _usable(ds) or frac is None or frac >= COLD_FRACTION:
+            continue
+        if coldest is None or frac < (coldest.resident_fraction or 0):
+            coldest = ds
+    if coldest is None:
+        return None
+    ps = coldest.page_size
+    need = (coldest.known_pages - coldest.resident_pages) * ps
+    if mem is not None and mem.available_bytes is not None:
+        fits = mem.available_bytes - safety_margin_bytes(mem.total_bytes)
+        if need > fits:
+            return None  # dataset_larger_than_memory speaks instead
+    pct = 100 * (coldest.resident_fraction or 0)
+    return Hint(
+        id="dataset-cold",
+        severity="warn",
+        text=(
+            f"dataset {coldest.path} is {pct:.0f}% resident ({gib(coldest.resident_pages * ps)} of "
+            f"{gib(coldest.known_pages * ps)}): the first epoch reads the rest from disk and runs slow"
+        ),
+        fix=f"press w to warm it ({gib(need)} to read; it fits in available memory)",
+    )
+
+
+def dataset_larger_than_memory(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
+    """A dataset that cannot all stay cached: warming all of it evicts its own first part."""
+    if mem is None or mem.available_bytes is None:
+        return None
+    for ds in part.paths:
+        if not _usable(ds):
+            continue
+        ps = ds.page_size
+        cacheable = mem.available_bytes - safety_margin_bytes(mem.total_bytes) + ds.resident_pages * ps
+        size = ds.known_pages * ps
+        if size > cacheable:
+            return Hint(
+                id="dataset-larger-than-memory",
+                severity="warn",
+                text=(
+                    f"dataset {ds.path} ({gib(size)}) is larger than the memory the page cache can give it "
+                    f"({gib(max(0, cacheable))}): warming all of it evicts its own first part"
+                ),
+                fix="warm the validation set or a subset that is read every epoch; or use more RAM / a local NVMe",
+            )
+    return None
+
+
+def dataset_churn(history: Sequence[Snapshot]) -> Hint | None:
+    """Recently evicted pages of a dataset rising between scans: its working set does not fit."""
+    first: dict[str, DatasetResidency] = {}
+    last: dict[str, DatasetResidency] = {}
+    for s in history:
+        if isinstance(s.datasets, DatasetsPart):
+            for ds in s.datasets.paths:
+                if _usable(ds):
+                    first.setdefault(ds.path, ds)
+                    last[ds.path] = ds
+    for path, ds in last.items():
+        old = first[path]
+        if ds.scanned_at <= old.scanned_at:
+            continue
+        grew = ds.recently_evicted_pages - old.recently_evicted_pages
+        if grew > 0 and grew >= CHURN_FRACTION * ds.pages:
+            rate = grew * ds.page_size / (ds.scanned_at - old.scanned_at)
+            return Hint(
+                id="dataset-churn",
+                severity="warn",
+                text=(
+                    f"the page cache churns on {path}: {gib(grew * ds.page_size)} of it was evicted and read "
+                    f"again within {ds.scanned_at - old.scanned_at:.0f}s ({gib(rate)}/s): the working set does "
+                    "not fit"
+                ),
+                fix="shrink what each epoch reads (a subset, smaller shards), free memory, or lock the hot part (l)",
+            )
+    return None
+
+
+@rule
+def dataset_cold_rule(history: Sequence[Snapshot]) -> Hint | None:
+    """cold_dataset over the latest Snapshot."""
+    part, mem = _latest(history)
+    return None if part is None else cold_dataset(part, mem)
+
+
+@rule
+def dataset_larger_than_memory_rule(history: Sequence[Snapshot]) -> Hint | None:
+    """dataset_larger_than_memory over the latest Snapshot."""
+    part, mem = _latest(history)
+    return None if part is None else dataset_larger_than_memory(part, mem)
+
+
+rule(dataset_churn)
