@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from dltop.derive import DiskRates, VmRates, memory_rates, vm_rates
 from dltop.fmt import human_bytes, human_count_rate, human_rate, percent, sparkline
 from dltop.model import MemoryPart, Pressure, Snapshot, Unavailable
-from dltop.tui.panes.base import Pane, set_content, set_row
+from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.view import View
 
 # Sparklines of meminfo fields, top to bottom; refaults/s (derived) comes after them.
@@ -134,6 +135,20 @@ def refault_rate(prev: Snapshot, cur: Snapshot) -> float | None:
     return vm_rates(a, b, cur.ts - prev.ts).refaults_per_s
 
 
+def disk_table(disks: list[DiskRates]) -> Content:
+    """iostat -x style: a bold header line, then one line per device, columns right-aligned but the name."""
+    rows = [tuple(label for _, label in DISK_COLUMNS)] + [_disk_row(d) for d in disks]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(DISK_COLUMNS))]
+
+    def line(r: tuple[str, ...]) -> str:
+        return "  ".join(r[0].ljust(widths[0]) if i == 0 else r[i].rjust(widths[i]) for i in range(len(r)))
+
+    header = Content.assemble((line(rows[0]), "bold reverse"))
+    if not disks:
+        return Content("\n").join([header, Content.assemble(("(no disk I/O yet: rates need two readings)", "dim"))])
+    return Content("\n").join([header, *(Content(line(r)) for r in rows[1:])])
+
+
 def series(history: list[Snapshot], name: str) -> list[float]:
     """One meminfo field over the history (missing readings left out)."""
     out = []
@@ -158,10 +173,10 @@ class PageCachePane(Pane):
         yield Static(id="pc-activity")
         yield Static(id="pc-cgroup")
         yield Static(id="pc-notes", classes="notes")
-        table: DataTable[str] = DataTable(id="pc-disks", cursor_type="row", zebra_stripes=False)
-        for key, label in DISK_COLUMNS:
-            table.add_column(label, key=key)
-        yield table
+        # A plain text table, not a DataTable: disks have no per-row action, and it costs far less to redraw
+        # every second. It scrolls when a machine has more disks than fit.
+        with VerticalScroll(id="pc-disks-scroll"):
+            yield Static(id="pc-disks")
 
     def render_view(self, view: View) -> None:
         m = view.snapshot.memory
@@ -195,13 +210,7 @@ class PageCachePane(Pane):
         self._update_disks(disks)
 
     def _update_disks(self, disks: list[DiskRates]) -> None:
-        table = self.query_one("#pc-disks", DataTable)
-        wanted = {d.name: _disk_row(d) for d in disks}
-        for key in [k for k in table.rows if k.value not in wanted]:
-            table.remove_row(key)
-        columns = tuple(key for key, _ in DISK_COLUMNS)
-        for name, row in wanted.items():
-            set_row(table, name, columns, row)
+        set_content(self.query_one("#pc-disks", Static), disk_table(disks))
 
     def _refaults(self, history: list[Snapshot]) -> list[float]:
         # Rates of neighbouring pairs never change once computed: keep them, keyed by the pair's timestamps.
