@@ -166,9 +166,11 @@ class Sampler:
                 yield self.snapshot()
 
     async def wait_first(self, timeout_s: float = 1.0) -> None:
-        """Wait until every source has answered once, or the timeout passes (a hung source is then shown as such)."""
+        """Wait until the sources that follow the refresh (the fast ones) have answered once, or the timeout
+        passes; slow sources (a dataset scan, a hung NFS mount) fill in later and never delay the first frame."""
         deadline = time.monotonic() + timeout_s
-        while not all(st.ran_once for st in self._states.values()):
+        fast = [st for st in self._states.values() if st.source.follows_refresh] or list(self._states.values())
+        while not all(st.ran_once for st in fast):
             left = deadline - time.monotonic()
             if left <= 0 or self._changed is None:
                 return

@@ -95,7 +95,7 @@ class DltopApp(App[None]):
 
     async def on_mount(self) -> None:
         self.feed.start()
-        await self.feed.wait_first(timeout_s=0.5)
+        await self.feed.wait_first(timeout_s=0.3)
         for snap in self.feed.backlog():
             self.history.append(snap)
         self._apply(self.feed.snapshot())
