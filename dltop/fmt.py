@@ -77,3 +77,28 @@ def sparkline(values: list[float], width: int, top: float | None = None) -> str:
     else:
         bars = "".join(SPARK_CHARS[min(last, max(0, round(v / scale * last)))] for v in values)
     return " " * (width - len(bars)) + bars
+
+
+def sparkline_rows(values: list[float], width: int, height: int, top: float | None = None) -> list[str]:
+    """Like `sparkline`, but `height` rows tall (top row first), for 8 × height levels instead of 8."""
+    if height <= 1:
+        return [sparkline(values, width, top)]
+    if width <= 0:
+        return [""] * height
+    if len(values) > width:
+        step = len(values) / width
+        values = [max(values[int(i * step): max(int((i + 1) * step), int(i * step) + 1)]) for i in range(width)]
+    scale = top if top is not None else max(values, default=0.0)
+    levels = 8 * height
+    # Every column shows at least the lowest bar, as the one-row sparkline does, so zero is visible.
+    filled = [max(1, round(v / scale * levels)) if scale > 0 else 1 for v in values]
+    pad = " " * (width - len(values))
+    rows = []
+    for r in range(height):
+        base = (height - 1 - r) * 8  # eighths below this row
+        chars = []
+        for f in filled:
+            part = f - base
+            chars.append(" " if part <= 0 else "█" if part >= 8 else SPARK_CHARS[part - 1])
+        rows.append(pad + "".join(chars))
+    return rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dltop.fmt import SPARK_CHARS, human_bytes, human_duration, percent, sparkline
+from dltop.fmt import SPARK_CHARS, human_bytes, human_duration, percent, sparkline, sparkline_rows
 
 
 def test_human_bytes_uses_binary_units() -> None:
@@ -37,3 +37,20 @@ def test_sparkline_always_fills_its_width(values: list[float], width: int) -> No
     assert set(line) <= set(SPARK_CHARS) | {" "}
     if values and max(values) > 0:
         assert "█" in line
+
+
+def test_tall_sparkline_has_finer_levels() -> None:
+    assert sparkline_rows([0, 4, 8], 3, 1) == [sparkline([0, 4, 8], 3)]
+    # 2 rows = 16 levels: 8 of 16 fills the bottom row exactly, 16 fills both, 0 shows the lowest bar.
+    assert sparkline_rows([0, 8, 16], 4, 2) == ["   █", " ▁██"]
+
+
+@given(st.lists(st.floats(0, 1e15), min_size=1, max_size=300), st.integers(1, 120), st.integers(1, 6))
+def test_tall_sparkline_columns_are_monotone(values: list[float], width: int, height: int) -> None:
+    rows = sparkline_rows(values, width, height)
+    assert len(rows) == height and all(len(r) == width for r in rows)
+    for col in range(width):
+        column = [r[col] for r in rows]
+        # Bars grow from the bottom up: no drawn cell sits above a blank one.
+        filled = [c != " " for c in column]
+        assert filled == sorted(filled)

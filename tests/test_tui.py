@@ -8,7 +8,7 @@ from textual.widgets import Static
 
 from dltop.config import Settings
 from dltop.derive import memory_rates
-from dltop.fmt import human_bytes, sparkline
+from dltop.fmt import human_bytes, sparkline_rows
 from dltop.model import MemoryPart, Snapshot
 from dltop.sampler import ListFeed, Sampler
 from dltop.sources.base import Source
@@ -53,9 +53,14 @@ async def test_page_cache_pane_shows_recorded_numbers(session: list[Snapshot]) -
         assert isinstance(cur.memory, MemoryPart)
         sparks = app.query_one("#pc-sparks", Static)
         dirty = [float(s.memory.dirty_bytes) for s in session[:cut]]  # type: ignore[union-attr]
-        lines = [ln for ln in str(sparks.render()).splitlines() if ln.strip()]
-        dirty_line = next(ln for ln in lines if ln.startswith("Dirty"))
-        assert dirty_line.endswith(sparkline(dirty, sparks.size.width - SPARK_LABEL_WIDTH))
+        lines = str(sparks.render()).splitlines()
+        at = next(i for i, ln in enumerate(lines) if ln.startswith("Dirty"))
+        width = sparks.size.width - SPARK_LABEL_WIDTH
+        # The label sits on the chart's bottom row; the rows above it carry the rest of the same chart.
+        k = next(k for k in range(1, 8) if lines[at].endswith(sparkline_rows(dirty, width, k)[-1]))
+        assert [ln[SPARK_LABEL_WIDTH:] for ln in lines[at - k + 1: at + 1]] == sparkline_rows(dirty, width, k)
+        assert k > 1  # 120x40 has room for taller charts
+        dirty_line = lines[at]
         assert f"{human_bytes(dirty[-1]):>9}" in dirty_line
         table = str(app.query_one("#pc-disks", Static).render()).splitlines()
         assert table[0].split() == ["Device", "r/s", "w/s", "rMB/s", "wMB/s", "await", "%util"]

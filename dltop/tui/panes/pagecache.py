@@ -9,7 +9,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from dltop.derive import DiskRates, VmRates, memory_rates, vm_rates
-from dltop.fmt import human_bytes, human_count_rate, human_rate, percent, sparkline
+from dltop.fmt import human_bytes, human_count_rate, human_rate, percent, sparkline_rows
 from dltop.model import MemoryPart, Pressure, Snapshot, Unavailable
 from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.view import View
@@ -135,6 +135,23 @@ def refault_rate(prev: Snapshot, cur: Snapshot) -> float | None:
     return vm_rates(a, b, cur.ts - prev.ts).refaults_per_s
 
 
+def sparkline_block(charts: list[tuple[str, str, list[float], str]], width: int, height: int) -> Content:
+    """Label, current value and a sparkline per chart, each chart as tall as the space allows (with a blank line
+    between charts once there is room): a big terminal gets finer charts, 80x24 one line each."""
+    n = len(charts)
+    gap = 1 if height >= 3 * n - 1 else 0
+    rows_each = max(1, (height - gap * (n - 1)) // n)
+    lines: list[Content] = []
+    for i, (label, value, data, style) in enumerate(charts):
+        if i and gap:
+            lines.append(Content(""))
+        bars = sparkline_rows(data, width, rows_each)
+        for r, bar in enumerate(bars):
+            head = f"{label:<10}{value:>9} " if r == len(bars) - 1 else " " * SPARK_LABEL_WIDTH
+            lines.append(Content.assemble((head[:10], "bold"), head[10:], (bar, style)))
+    return Content("\n").join(lines)
+
+
 def disk_table(disks: list[DiskRates]) -> Content:
     """iostat -x style: a bold header line, then one line per device, columns right-aligned but the name."""
     rows = [tuple(label for _, label in DISK_COLUMNS)] + [_disk_row(d) for d in disks]
@@ -189,16 +206,11 @@ class PageCachePane(Pane):
         vm, disks = memory_rates(view.previous, view.snapshot)
         sparks = self.query_one("#pc-sparks", Static)
         width = max(1, sparks.size.width - SPARK_LABEL_WIDTH)
-        rows = [
-            Content.assemble((f"{label:<10}", "bold"), f"{human_bytes(getattr(m, name)):>9} ",
-                             (sparkline(series(history, name), width), "$accent"))
-            for name, label in SPARK_FIELDS
-        ]
+        charts = [(label, human_bytes(getattr(m, name)), series(history, name), "$accent")
+                  for name, label in SPARK_FIELDS]
         rate = vm.refaults_per_s if vm is not None else None
-        rows.append(Content.assemble(("Refaults  ", "bold"), f"{human_count_rate(rate) + '/s':>9} ",
-                                     (sparkline(self._refaults(history), width), "$warning")))
-        gap = "\n\n" if self.screen.has_class("-tall") else "\n"
-        set_content(sparks, Content(gap).join(rows))
+        charts.append(("Refaults", human_count_rate(rate) + "/s", self._refaults(history), "$warning"))
+        set_content(sparks, sparkline_block(charts, width, sparks.size.height))
         set_content(self.query_one("#pc-activity", Static), activity_text(m, vm))
         set_content(self.query_one("#pc-cgroup", Static), cgroup_text(m))
         notes = [f"{k}: {v}" for k, v in m.unavailable.items()]
