@@ -88,6 +88,8 @@ def settings_from_args(args: Any) -> Settings:
     if getattr(args, "refresh", None) is not None:
         changes["refresh_s"] = _check_refresh(args.refresh, "--refresh")
     if getattr(args, "root", None):
+        if not os.path.isdir(os.path.join(args.root, "proc")):
+            raise DltopError(f"--root {args.root}: no proc/ directory under it")
         changes["root"] = args.root
     if getattr(args, "pid", None) is not None:
         changes["pid"] = args.pid

@@ -55,6 +55,7 @@ def test_snapshot_from_captured_root_without_psi(proc_root: Path) -> None:
         (["/no/such/dataset"], 1, r"^dltop: no such dataset path: /no/such/dataset$"),
         (["frob"], 2, r"^dltop: error: unknown subcommand 'frob', and no such path \(subcommands: .*snapshot"),
         (["--refresh", "0"], 1, r"refresh must be between"),
+        (["snapshot", "--root", "/no/such/tree"], 1, r"^dltop: --root /no/such/tree: no proc/ directory under it$"),
         (["snapshot", "--config", "/no/such.toml"], 1, r"^dltop: config file not found: /no/such.toml$"),
     ],
 )

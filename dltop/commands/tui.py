@@ -27,8 +27,6 @@ def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
     """Start the TUI on the live Sampler."""
     settings = settings_from_args(args)
     check_dataset_paths(settings.datasets, commands)
-    if not os.path.isdir(os.path.join(settings.root, "proc")):
-        raise DltopError(f"--root {settings.root}: no proc/ directory under it")
     from dltop.tui.app import DltopApp
 
     sampler = Sampler(build_sources(settings), root=settings.root)
