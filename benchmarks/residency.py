@@ -1,0 +1,163 @@
+"""dltop residency / warm / evict against vmtouch and fincore, side by side in one run, on trees it makes.
+
+    .venv/bin/python benchmarks/residency.py [--dir /var/tmp/dltop-bench] [--repeat 3]
+
+Every time is a whole process (start-up included), median of --repeat runs; dltop runs as
+`python -m dltop`. Caches are dropped between runs (`echo 1 > /proc/sys/vm/drop_caches` when writable,
+otherwise by evicting the tree). Targets (dltop / vmtouch): scan <= 0.8 on small files and <= 0.2 on big
+files, warm <= 0.3 on both, and at most 1% of pages left after an evict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+SMALL_FILES, SMALL_BYTES, SMALL_DIRS = 50_000, 16 * 1024, 100
+BIG_FILES, BIG_BYTES = 4, 256 << 20
+
+
+def make_trees(base: Path) -> dict[str, Path]:
+    """The two trees, made once and reused when already the right shape."""
+    small, big = base / "small", base / "big"
+    per_dir = SMALL_FILES // SMALL_DIRS
+    if not (small / f"d{SMALL_DIRS - 1:03}" / f"f{per_dir - 1:04}.bin").exists():
+        print(f"making {SMALL_FILES} x {SMALL_BYTES // 1024} KiB files in {small} ...", file=sys.stderr)
+        data = os.urandom(SMALL_BYTES)
+        for d in range(SMALL_DIRS):
+            (small / f"d{d:03}").mkdir(parents=True, exist_ok=True)
+            for i in range(per_dir):
+                (small / f"d{d:03}" / f"f{i:04}.bin").write_bytes(data)
+    big.mkdir(parents=True, exist_ok=True)
+    for i in range(BIG_FILES):
+        f = big / f"b{i}.bin"
+        if not f.exists() or f.stat().st_size != BIG_BYTES:
+            print(f"making {f} ({BIG_BYTES >> 20} MiB) ...", file=sys.stderr)
+            with open(f, "wb") as fh:
+                for _ in range(BIG_BYTES >> 24):
+                    fh.write(os.urandom(1 << 24))
+    os.sync()
+    return {"small": small, "big": big}
+
+
+def drop_caches(tree: Path) -> None:
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+    except OSError:
+        subprocess.run([PY, "-m", "dltop", "evict", str(tree)], cwd=REPO, capture_output=True, check=True)
+
+
+def timed(cmd: list[str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+    return dt, r.stdout
+
+
+def resident_pages(tree: Path) -> tuple[int, int]:
+    out = subprocess.run(["vmtouch", str(tree)], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        if "Resident Pages:" in line:
+            res, total = line.split()[2].split("/")
+            return int(res), int(total)
+    raise SystemExit("vmtouch printed no 'Resident Pages' line")
+
+
+def time_fincore(tree: Path) -> float:
+    files = [str(p) for p in sorted(tree.rglob("*")) if p.is_file()]
+    chunks = [files[i:i + 10_000] for i in range(0, len(files), 10_000)]
+    t0 = time.perf_counter()
+    for c in chunks:
+        subprocess.run(["fincore", "-b", "-n", *c], capture_output=True, check=True)
+    return time.perf_counter() - t0
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default="/var/tmp/dltop-bench", help="where the trees are made (a disk, not tmpfs)")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    for tool in ("vmtouch", "fincore"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed (scripts/install-test-deps installs it)")
+    trees = make_trees(Path(args.dir))
+    dl = [PY, "-m", "dltop"]
+    rows: list[tuple[str, str, float, float, float | None, str]] = []
+    for name, tree in trees.items():
+        # Scan: a half-warm tree (the interesting case), same state for every tool.
+        drop_caches(tree)
+        subprocess.run(dl + ["warm", str(tree), "--include", "*[02468].bin"], cwd=REPO, capture_output=True,
+                       check=True)
+        d_scan, v_scan, f_scan = [], [], []
+        for _ in range(args.repeat):
+            t, out = timed(dl + ["residency", str(tree), "--json"])
+            d_scan.append(t)
+            d_res = json.loads(out)["paths"][0]["resident_pages"]
+            t, _ = timed(["vmtouch", str(tree)])
+            v_scan.append(t)
+            f_scan.append(time_fincore(tree))
+        v_res = resident_pages(tree)[0]
+        agree = "agree" if d_res == v_res else f"DIFFER dltop {d_res} vmtouch {v_res}"
+        rows.append((name, "scan", median(d_scan), median(v_scan), median(f_scan), f"resident pages {agree}"))
+
+        # Warm from cold.
+        d_warm, v_warm, d_left, v_left = [], [], [], []
+        for _ in range(args.repeat):
+            drop_caches(tree)
+            d_warm.append(timed(dl + ["warm", str(tree)])[0])
+            res, total = resident_pages(tree)
+            d_left.append(total - res)
+            drop_caches(tree)
+            v_warm.append(timed(["vmtouch", "-t", "-q", str(tree)])[0])
+            res, total = resident_pages(tree)
+            v_left.append(total - res)
+        rows.append((name, "warm", median(d_warm), median(v_warm), None,
+                     f"not resident after: dltop {max(d_left)} vmtouch {max(v_left)} of {total} pages"))
+
+        # Evict a fully warm tree.
+        d_ev, v_ev, d_after, v_after = [], [], [], []
+        for _ in range(args.repeat):
+            subprocess.run(["vmtouch", "-t", "-q", str(tree)], check=True)
+            d_ev.append(timed(dl + ["evict", str(tree)])[0])
+            d_after.append(resident_pages(tree)[0])
+            subprocess.run(["vmtouch", "-t", "-q", str(tree)], check=True)
+            v_ev.append(timed(["vmtouch", "-e", "-q", str(tree)])[0])
+            v_after.append(resident_pages(tree)[0])
+        pct = 100 * max(d_after) / total
+        rows.append((name, "evict", median(d_ev), median(v_ev), None,
+                     f"left after: dltop {max(d_after)} ({pct:.2f}%) vmtouch {max(v_after)} of {total} pages"))
+
+    targets = {("small", "scan"): 0.8, ("big", "scan"): 0.2, ("small", "warm"): 0.3, ("big", "warm"): 0.3}
+    print(f"trees: small = {SMALL_FILES} x {SMALL_BYTES // 1024} KiB, big = {BIG_FILES} x {BIG_BYTES >> 20} MiB; "
+          f"median of {args.repeat}; whole-process seconds")
+    print(f"{'tree':<6} {'op':<6} {'dltop':>8} {'vmtouch':>8} {'fincore':>8} {'ratio':>6} {'target':>7}  notes")
+    for tree_name, op, d, v, f, note in rows:
+        ratio = d / v
+        tgt = targets.get((tree_name, op))
+        verdict = "" if tgt is None else (f"<={tgt} " + ("ok" if ratio <= tgt else "MISS"))
+        fc = f"{f:8.3f}" if f is not None else f"{'-':>8}"
+        print(f"{tree_name:<6} {op:<6} {d:8.3f} {v:8.3f} {fc} {ratio:6.2f} {verdict:>7}  {note}")
+    t, _ = timed(dl + ["residency", "--help"])
+    print(f"python -m dltop start-up (residency --help): {t:.3f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

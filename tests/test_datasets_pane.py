@@ -1,0 +1,264 @@
+"""The Datasets pane with real keys (Pilot) on real scans of real trees, and pictured (SVG snapshots).
+
+Update the pictures with `pytest tests/test_datasets_pane.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.widgets import DataTable, Input, Static
+
+from dltop.config import Settings
+from dltop.model import Snapshot
+from dltop.model.datasets import DatasetResidency, DatasetsPart, ResidencyNode
+from dltop.sampler import ListFeed
+from dltop.sources.datasets import WalkOptions, scan_paths
+from dltop.tui.app import DltopApp
+from dltop.tui.panes.datasets import DatasetPane
+from dltop.tui.screens.confirm import ConfirmScreen
+from dltop.tui.view import View
+from tests.test_pagecache_util import (
+    PS,
+    ddir_fixture,  # noqa: F401  (the `ddir` fixture)
+    make_file,
+    read_file,
+    resident,
+)
+
+
+def make_dataset(root: Path) -> list[Path]:
+    files = [make_file(root / "train" / f"t{i}.bin", 64 * PS) for i in range(6)]
+    files += [make_file(root / "val" / f"v{i}.bin", 32 * PS) for i in range(2)]
+    read_file(files[-1])
+    return files
+
+
+def snap_of(*paths: Path, ts: float = 100.0) -> Snapshot:
+    return Snapshot(ts=ts, host="test", datasets=scan_paths(tuple(map(str, paths)), WalkOptions(max_depth=6)))
+
+
+def _text(app: App, selector: str) -> str:
+    return str(app.query_one(selector, Static).render())
+
+
+def _rows(app: App) -> list[str]:
+    table = app.query_one("#ds-table", DataTable)
+    return [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+
+
+async def _open_tab(app: DltopApp, pilot) -> None:
+    tab = [p.PANE_ID for p in app._panes].index("datasets") + 1
+    await pilot.press(str(tab))
+    await pilot.pause()
+    app.query_one("#ds-table", DataTable).focus()
+    await pilot.pause()
+
+
+async def _wait_idle(pane: DatasetPane, pilot) -> None:
+    for _ in range(200):
+        await pilot.pause(0.05)
+        if pane._busy is None and not pane._scanning:
+            return
+    raise AssertionError("action did not finish")
+
+
+async def test_drill_down_and_back(ddir: Path) -> None:
+    make_dataset(ddir)
+    app = DltopApp(ListFeed([snap_of(ddir)]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_tab(app, pilot)
+        assert _rows(app) == [str(ddir)]
+        summary = _text(app, "#ds-summary")
+        assert "1 watched" in summary and "128 KiB of 1.8 MiB resident" in summary
+        await pilot.press("enter")
+        await pilot.pause()
+        assert _rows(app) == ["train/", "val/"]
+        table = app.query_one("#ds-table", DataTable)
+        assert table.get_row_at(1)[3] == "50%" and table.get_row_at(0)[3] == "0%"
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        assert "val" in _text(app, "#ds-summary") and "no folders below" in _text(app, "#ds-summary")
+        await pilot.press("backspace")
+        await pilot.pause()
+        assert _rows(app) == ["train/", "val/"] and table.cursor_row == 1  # back on the folder we left
+        await pilot.press("backspace")
+        await pilot.pause()
+        assert _rows(app) == [str(ddir)]
+
+
+async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) -> None:
+    files = make_dataset(ddir)
+    app = DltopApp(ListFeed([snap_of(ddir)]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_tab(app, pilot)
+        pane = app.query_one(DatasetPane)
+        await pilot.press("w")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        body = str(app.screen.query_one("#confirm-body", Static).render())
+        assert "1.6 MiB" in body and "Memory guard: ok" in body
+        await pilot.press("n")  # no: nothing happens
+        await pilot.pause()
+        assert sum(resident(f) for f in files) == 32
+        await pilot.press("w")
+        await pilot.pause()
+        await pilot.press("y")
+        await _wait_idle(pane, pilot)
+        assert all(resident(f) == f.stat().st_size // PS for f in files)
+        assert "warmed 1.6 MiB" in _text(app, "#ds-progress")
+        assert app.query_one("#ds-table", DataTable).get_row_at(0)[3] == "100%"  # rescanned at once
+        # evict, also confirmed
+        await pilot.press("e")
+        await pilot.pause()
+        assert "Drop 1.8 MiB" in str(app.screen.query_one("#confirm-body", Static).render())
+        await pilot.press("y")
+        await _wait_idle(pane, pilot)
+        assert sum(resident(f) for f in files) == 0
+        # lock, then unlock with the same key
+        await pilot.press("enter")  # into the dataset: act on the val folder only
+        await pilot.pause()
+        await pilot.press("down", "l")
+        await pilot.pause()
+        await pilot.press("y")
+        await _wait_idle(pane, pilot)
+        assert [resident(f) for f in files[-2:]] == [32, 32] and resident(files[0]) == 0
+        assert any(k.endswith("/val") for k in pane._locks)
+        await pilot.press("l")
+        await pilot.pause()
+        assert pane._locks == {}
+
+
+async def test_esc_cancels_a_running_warm(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dltop.actions import pagecache as pc
+
+    files = [make_file(ddir / f"f{i}.bin", 256 * PS) for i in range(40)]
+    monkeypatch.setattr(pc, "WARM_INFLIGHT_BYTES", 256 * PS)
+    started = []
+    real = pc._Ticker.add
+
+    def slow_add(self, n: int, path: str = "", force: bool = False) -> None:
+        real(self, n, path, force)
+        if not started:
+            started.append(1)
+        import time
+
+        time.sleep(0.02)
+
+    monkeypatch.setattr(pc._Ticker, "add", slow_add)
+    app = DltopApp(ListFeed([snap_of(ddir)]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_tab(app, pilot)
+        pane = app.query_one(DatasetPane)
+        await pilot.press("w")
+        await pilot.pause()
+        await pilot.press("y")
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if started:
+                break
+        await pilot.press("escape")
+        await _wait_idle(pane, pilot)
+        assert "(cancelled)" in _text(app, "#ds-progress")
+    assert sum(resident(f) for f in files) < 40 * 256
+
+
+async def test_read_only_disables_the_actions(ddir: Path) -> None:
+    files = make_dataset(ddir)
+    app = DltopApp(ListFeed([snap_of(ddir)]), settings=Settings(read_only=True))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_tab(app, pilot)
+        pane = app.query_one(DatasetPane)
+        for action in ("warm", "evict", "lock"):
+            assert pane.check_action(action, ()) is None
+        await pilot.press("w", "e", "l")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert sum(resident(f) for f in files) == 32
+
+
+async def test_add_a_dataset_from_the_tui(ddir: Path) -> None:
+    make_dataset(ddir / "one")
+    make_file(ddir / "two" / "x.bin", 8 * PS)
+    app = DltopApp(ListFeed([snap_of(ddir / "one")]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_tab(app, pilot)
+        pane = app.query_one(DatasetPane)
+        await pilot.press("a")
+        await pilot.pause()
+        box = app.query_one("#ds-add", Input)
+        assert box.has_focus
+        box.value = str(ddir / "two")
+        await pilot.press("enter")
+        await _wait_idle(pane, pilot)
+        await pilot.pause()
+        assert _rows(app) == [str(ddir / "one"), str(ddir / "two")]
+        assert "added" in _text(app, "#ds-progress")
+        await pilot.press("a")
+        app.query_one("#ds-add", Input).value = str(ddir / "missing")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert len(_rows(app)) == 2
+
+
+async def test_unknown_pages_are_marked_and_explained(ddir: Path) -> None:
+    make_dataset(ddir)
+    part = scan_paths((str(ddir),))
+    ds = part.paths[0]
+    from dltop.model.datasets import NO_PERMISSION
+
+    hidden = dataclasses.replace(ds, unknown_pages=64, resident_pages=0, unknown_reason=NO_PERMISSION)
+    app = DltopApp(ListFeed([Snapshot(ts=1.0, host="t", datasets=DatasetsPart((hidden,)))]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_tab(app, pilot)
+        assert app.query_one("#ds-table", DataTable).get_row_at(0)[3] == "0%?"
+        assert "unknown: no permission" in _text(app, "#ds-notes") and "owner or as root" in _text(app, "#ds-notes")
+
+
+# -- pictures: a fixed, made-up-free model built from a real scan's shape, with fixed times -------------------
+
+
+def fixed_part() -> DatasetsPart:
+    """Numbers of a real 8-file dataset scanned as above, with fixed paths and times so the picture is stable."""
+    ps = 4096
+    train = ResidencyNode(path="/data/imagenet/train", files=6, size_bytes=6 * 64 * ps, pages=6 * 64,
+                          resident_pages=96, dirty_pages=0)
+    val = ResidencyNode(path="/data/imagenet/val", files=2, size_bytes=2 * 32 * ps, pages=64, resident_pages=64)
+    ds = DatasetResidency(path="/data/imagenet", files=8, size_bytes=train.size_bytes + val.size_bytes,
+                          pages=448, resident_pages=160, children=(train, val), scanned_at=95.0,
+                          scan_duration_s=0.01, method="cachestat", fs_type="ext4", dirs=3)
+    coco = DatasetResidency(path="/data/coco", files=3, size_bytes=3 << 20, pages=768, resident_pages=0,
+                            unknown_pages=256, unknown_reason="no permission: run as the owner",
+                            scanned_at=90.0, scan_duration_s=0.02, fs_type="overlayfs", method="mincore")
+    return DatasetsPart(paths=(ds, coco))
+
+
+class PaneApp(App[None]):
+    CSS_PATH = DltopApp.CSS_PATH
+
+    def compose(self) -> ComposeResult:
+        yield DatasetPane(clock=lambda: 100.0)
+
+    def on_mount(self) -> None:
+        snap = Snapshot(ts=100.0, host="fixture", datasets=fixed_part())
+        self.query_one(DatasetPane).show(View(snapshot=snap, history=(snap,)))
+
+
+SIZES = [(80, 24), (120, 40)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_datasets_pane_snapshot(snap_compare, size: tuple[int, int]) -> None:
+    assert snap_compare(PaneApp(), terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_datasets_pane_drilled_snapshot(snap_compare, size: tuple[int, int]) -> None:
+    async def drill(pilot) -> None:
+        pilot.app.query_one("#ds-table", DataTable).focus()
+        await pilot.press("enter")
+
+    assert snap_compare(PaneApp(), terminal_size=size, run_before=drill)
