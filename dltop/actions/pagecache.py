@@ -304,6 +304,38 @@ def plan(
     return r
 
 
+def _size_plan(
+    action: str, paths: list[str], options: WalkOptions, cancel: threading.Event | None
+) -> ActionResult:
+    """An upper bound for a warm: every page of every file, from sizes alone (no file is opened)."""
+    report = WalkReport()
+    budget = _Budget(cancel)
+    seen: set[tuple[int, int]] = set()
+    ps = kernel.PAGE_SIZE
+    r = ActionResult(action=action, paths=[os.fsdecode(p) for p in paths], dry_run=True)
+    for root in paths:
+        root = os.fsdecode(root)
+        try:
+            for _d, dfd, name, follow in walk(root, options, report, _Acc(root), budget):
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
+                except OSError:
+                    continue  # the warm pass counts and reports it
+                if st.st_nlink > 1:
+                    key = (st.st_dev, st.st_ino)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                r.files += 1
+                r.pages += (st.st_size + ps - 1) // ps
+        except OSError as e:
+            raise DltopError(f"{e.strerror or e}: {display_path(root)}") from None
+    r.total_bytes = r.pages * ps
+    r.guard = memory_guard(r.total_bytes)
+    r.resident_pages_before = -1  # not measured yet: the warm pass measures it
+    return r
+
+
 def warm(
     paths: list[str],
     options: WalkOptions = DEFAULT_WALK,
@@ -319,7 +351,15 @@ def warm(
     Refuses (DltopError) when the memory guard says no, unless `force`; with `fit`, warms files in walk
     order until the part that fits is in.
     """
-    r = plan("warm", paths, options, cancel)
+    r = None
+    if not dry_run:
+        # Cheap first: if every byte fits, the exact residency scan (a second walk) is not needed.
+        r = _size_plan("warm", paths, options, cancel)
+        assert r.guard is not None
+        if not r.guard.ok:
+            r = None
+    if r is None:
+        r = plan("warm", paths, options, cancel)
     assert r.guard is not None
     limit: int | None = None
     if not r.guard.ok and not force:
@@ -353,7 +393,8 @@ def _run_warm(
     inflight = 0
     budget = limit
     one = bytearray(1)
-    after = 0
+    after = before = 0
+    sized = r.resident_pages_before < 0  # the total came from sizes, resident files included
 
     def finish_one() -> None:
         nonlocal inflight, after
@@ -366,8 +407,9 @@ def _run_warm(
         ticker.add(n, path)
         if last:
             try:
+                pages = (st.st_size + ps - 1) // ps
                 got = res.pages(fd, st)
-                if got is not None and got[0] < (st.st_size + ps - 1) // ps and _is_dense(fd, st.st_size):
+                if got is not None and got[0] < pages and _is_dense(fd, st.st_size):
                     # The filesystem ignored WILLNEED (some FUSE and network filesystems): read it instead.
                     _read_all(fd, st.st_size, cancel)
                     got = res.pages(fd, st)
@@ -387,16 +429,21 @@ def _run_warm(
                 r.notes.append("stopped at the memory guard's limit")
                 break
             have = res.pages(fd, st)
+            before += have[0] if have is not None else 0
             if have is not None and have[0] >= (st.st_size + ps - 1) // ps:
-                after += have[0]  # already all in memory: nothing to read, and not counted as done
+                after += have[0]  # already all in memory: nothing to read
                 os.close(fd)
                 ticker.files += 1
+                if sized:
+                    ticker.add(have[0] * ps, path)  # the total counted it: count it done
                 continue
             window = window_by_dev.get(st.st_dev)
             if window is None:
                 window = window_by_dev[st.st_dev] = kernel.readahead_bytes(st.st_dev)
             chunks = []
-            for start, end in _data_extents(fd, st.st_size):
+            # Only a file with fewer blocks than its size can have holes: skip SEEK_DATA for the others.
+            dense = st.st_blocks * 512 >= st.st_size
+            for start, end in [(0, st.st_size)] if dense else _data_extents(fd, st.st_size):
                 off = start
                 while off < end:
                     n = min(window, end - off)
@@ -434,6 +481,8 @@ def _run_warm(
             os.close(fd)
         pending.clear()
     r.cancelled = cancel is not None and cancel.is_set()
+    if sized:
+        r.resident_pages_before = before
     return _finish(r, report, ticker, t0, after)
 
 
