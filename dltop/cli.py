@@ -12,12 +12,16 @@ from typing import NoReturn
 from dltop import __version__
 from dltop.errors import DltopError
 
-# Each module has `register(subparsers)`, adding its subcommands with `set_defaults(func=run)`.
-COMMAND_MODULES = (
-    "dltop.commands.cpu",
-    "dltop.commands.pagecache",
-    "dltop.commands.snapshot",
-)
+# Subcommand -> the module whose `register(subparsers)` adds it (with `set_defaults(func=run)`). Only the
+# module of the command being run is imported: `dltop residency` must start as fast as vmtouch can.
+COMMANDS = {
+    "cpu": "dltop.commands.cpu",
+    "residency": "dltop.commands.pagecache",
+    "warm": "dltop.commands.pagecache",
+    "evict": "dltop.commands.pagecache",
+    "lock": "dltop.commands.pagecache",
+    "snapshot": "dltop.commands.snapshot",
+}
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -34,16 +38,18 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int, metavar="PID", help="process whose memory cgroup to watch (default: dltop's own)")
 
 
-def build_parser() -> tuple[ArgumentParser, ArgumentParser, argparse._SubParsersAction]:
-    """The TUI parser (`dltop [PATH...]`), the subcommand parser (`dltop CMD ...`) and its subparsers."""
+def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentParser, argparse._SubParsersAction]:
+    """The TUI parser (`dltop [PATH...]`), the subcommand parser (`dltop CMD ...`) and its subparsers; with
+    `command`, only that command's module is loaded."""
     cmd = ArgumentParser(prog="dltop")
     sub = cmd.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
-    for name in COMMAND_MODULES:
+    modules = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
         importlib.import_module(name).register(sub)
     tui = ArgumentParser(
         prog="dltop",
         description="A top-like monitor for the cache layers of deep-learning work. "
-        "Subcommands: " + ", ".join(sorted(sub.choices)) + " (see dltop CMD --help).",
+        "Subcommands: " + ", ".join(sorted(COMMANDS)) + " (see dltop CMD --help).",
     )
     tui.add_argument("paths", nargs="*", metavar="PATH", help="dataset directories to watch")
     tui.add_argument("-V", "--version", action="version", version=f"dltop {__version__}")
@@ -56,9 +62,10 @@ def build_parser() -> tuple[ArgumentParser, ArgumentParser, argparse._SubParsers
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `dltop` console script; returns the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    tui, cmd, sub = build_parser()
+    first = args_list[0] if args_list else None
+    tui, cmd, sub = build_parser(first if first in COMMANDS else None)
     try:
-        if args_list and args_list[0] in sub.choices:
+        if first in COMMANDS:
             args, extra = cmd.parse_known_args(args_list)
             if extra:
                 sub.choices[args_list[0]].error(f"unrecognized arguments: {' '.join(extra)}")
@@ -66,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = tui.parse_args(args_list)
         from dltop.commands.tui import run_tui
 
-        return run_tui(args, list(sub.choices))
+        return run_tui(args, list(COMMANDS))
     except DltopError as e:
         print(f"dltop: {e}", file=sys.stderr)
         return e.exit_code

@@ -5,10 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dltop.config import settings_from_args
-from dltop.sampler import Sampler
-from dltop.sources.registry import build_sources
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `dltop snapshot`."""
@@ -27,6 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print one Snapshot as JSON."""
+    from dltop.config import settings_from_args
+    from dltop.sampler import Sampler
+    from dltop.sources.registry import build_sources
+
     settings = settings_from_args(args)
     sampler = Sampler(build_sources(settings), root=settings.root)
     try:
