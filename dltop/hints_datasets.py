@@ -8,11 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dltop.actions.pagecache import safety_margin_bytes
-from dltop.derive import Hint, gib, rule
+from dltop.derive import Hint, rule
+from dltop.fmt import human_bytes
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency, DatasetsPart
 
 COLD_FRACTION = 0.5  # a dataset under this share resident is read mostly from disk
+COLD_MIN_BYTES = 256 << 20  # less than this left to read costs the first epoch under a second: no hint
 CHURN_FRACTION = 0.01  # recently evicted pages growing by this share of the dataset between scans
 
 
@@ -45,6 +47,8 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
         return None
     ps = coldest.page_size
     need = (coldest.known_pages - coldest.resident_pages) * ps
+    if need < COLD_MIN_BYTES:
+        return None
     if mem is not None and mem.available_bytes is not None:
         fits = mem.available_bytes - safety_margin_bytes(mem.total_bytes)
         if need > fits:
@@ -54,10 +58,10 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
         id="dataset-cold",
         severity="warn",
         text=(
-            f"dataset {coldest.path} is {pct:.0f}% resident ({gib(coldest.resident_pages * ps)} of "
-            f"{gib(coldest.known_pages * ps)}): the first epoch reads the rest from disk and runs slow"
+            f"dataset {coldest.path} is {pct:.0f}% resident ({human_bytes(coldest.resident_pages * ps)} of "
+            f"{human_bytes(coldest.known_pages * ps)}): the first epoch reads the rest from disk and runs slow"
         ),
-        fix=f"press w to warm it ({gib(need)} to read; it fits in available memory)",
+        fix=f"press w to warm it ({human_bytes(need)} to read; it fits in available memory)",
     )
 
 
@@ -76,8 +80,8 @@ def dataset_larger_than_memory(part: DatasetsPart, mem: MemoryPart | None) -> Hi
                 id="dataset-larger-than-memory",
                 severity="warn",
                 text=(
-                    f"dataset {ds.path} ({gib(size)}) is larger than the memory the page cache can give it "
-                    f"({gib(max(0, cacheable))}): warming all of it evicts its own first part"
+                    f"dataset {ds.path} ({human_bytes(size)}) is larger than the memory the page cache can give it "
+                    f"({human_bytes(max(0, cacheable))}): warming all of it evicts its own first part"
                 ),
                 fix="warm the validation set or a subset that is read every epoch; or use more RAM / a local NVMe",
             )
@@ -105,8 +109,8 @@ def dataset_churn(history: Sequence[Snapshot]) -> Hint | None:
                 id="dataset-churn",
                 severity="warn",
                 text=(
-                    f"the page cache churns on {path}: {gib(grew * ds.page_size)} of it was evicted and read "
-                    f"again within {ds.scanned_at - old.scanned_at:.0f}s ({gib(rate)}/s): the working set does "
+                    f"the page cache churns on {path}: {human_bytes(grew * ds.page_size)} of it was evicted and read "
+                    f"again within {ds.scanned_at - old.scanned_at:.0f}s ({human_bytes(rate)}/s): the working set does "
                     "not fit"
                 ),
                 fix="shrink what each epoch reads (a subset, smaller shards), free memory, or lock the hot part (l)",

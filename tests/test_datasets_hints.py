@@ -6,7 +6,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from dltop import derive
+from dltop import derive, hints_datasets
 from dltop.hints_datasets import cold_dataset, dataset_churn, dataset_larger_than_memory
 from dltop.model import Snapshot
 from dltop.model.datasets import DatasetsPart
@@ -27,12 +27,16 @@ def dataset(root: Path, n: int = 8, warm: int = 1) -> list[Path]:
     return files
 
 
-def test_cold_dataset_says_how_resident_and_press_w(ddir: Path) -> None:
+def test_cold_dataset_says_how_resident_and_press_w(ddir: Path, monkeypatch) -> None:
     dataset(ddir, n=8, warm=1)
     part = scan_paths((str(ddir),))
+    # A 2 MiB dataset is read in milliseconds: no hint at the default threshold...
+    assert cold_dataset(part, read_memory()) is None
+    # ...but the same shape at scale is the case the hint is for.
+    monkeypatch.setattr(hints_datasets, "COLD_MIN_BYTES", 0)
     h = cold_dataset(part, read_memory())
     assert h is not None and h.id == "dataset-cold"
-    assert f"dataset {ddir} is 12% resident" in h.text and "press w" in h.fix
+    assert f"dataset {ddir} is 12% resident (256 KiB of 2.0 MiB)" in h.text and "press w" in h.fix
     snap = Snapshot(ts=1.0, host="h", memory=read_memory(), datasets=part)
     assert "dataset-cold" in [x.id for x in derive.hints([snap])]
 

@@ -149,8 +149,10 @@ class DltopApp(App[None]):
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         # Hidden panes are not updated on ticks: bring the one that just became visible up to date now.
         pane = self._active_pane()
-        if pane is not None and self._view is not None:
-            pane.show(self._view)
+        if pane is not None:
+            if self._view is not None:
+                pane.show(self._view)
+            pane.focus_default()
 
     def _update_header(self, snap: Snapshot) -> None:
         t = Text()

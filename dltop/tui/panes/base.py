@@ -38,6 +38,13 @@ class Pane(Vertical):
         """Update the widgets from `view`."""
         raise NotImplementedError
 
+    def focus_default(self) -> None:
+        """Give the keyboard to this pane's first focusable widget, so its keys work and show in the footer."""
+        for widget in self.query("*"):
+            if widget.focusable:
+                widget.focus()
+                return
+
     def palette_commands(self) -> Iterable[SystemCommand]:
         """Command-palette entries for this pane's actions (the same actions its keys run)."""
         return ()

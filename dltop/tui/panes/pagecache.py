@@ -139,7 +139,7 @@ def sparkline_block(charts: list[tuple[str, str, list[float], str]], width: int,
     """Label, current value and a sparkline per chart, each chart as tall as the space allows (with a blank line
     between charts once there is room): a big terminal gets finer charts, 80x24 one line each."""
     n = len(charts)
-    gap = 1 if height >= 3 * n - 1 else 0
+    gap = 1 if height >= 2 * n - 1 else 0
     rows_each = max(1, (height - gap * (n - 1)) // n)
     lines: list[Content] = []
     for i, (label, value, data, style) in enumerate(charts):
