@@ -131,3 +131,10 @@ async def test_palette_offers_the_actions(session: list[Snapshot]) -> None:
     async with app.run_test(size=(80, 24)):
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert {"Pause / resume", "Refresh faster", "Refresh slower", "Help", "Show Page cache"} <= set(titles)
+
+
+async def test_ctrl_c_quits_like_top(session: list[Snapshot]) -> None:
+    app = DltopApp(ListFeed(session[:2], start=1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("ctrl+c")
+    assert app.return_code == 0 and not app.is_running

@@ -60,6 +60,8 @@ class DltopApp(App[None]):
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit"),
+        # top and htop quit on Ctrl-C too; Textual's default only explains how to quit.
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="app.interrupt"),
         Binding("question_mark", "help", "Help", id="app.help"),
         Binding("p", "toggle_pause", "Pause", id="app.pause"),
         Binding("plus,equals_sign", "faster", "Faster", id="app.faster"),
