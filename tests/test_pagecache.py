@@ -301,3 +301,68 @@ def test_warm_ctrl_c_is_clean(ddir: Path) -> None:
         assert json.loads(out)["cancelled"]
     else:  # the machine warmed 96 MiB before the signal arrived
         assert p.returncode == 0 and json.loads(out)["done_bytes"] == 6 * (16 << 20)
+
+
+@pytest.fixture
+def two_procs(monkeypatch: pytest.MonkeyPatch) -> list[pc._Helper]:
+    """Make a small tree count as large on a machine with two CPUs; collects the helpers started."""
+    monkeypatch.setattr(pc, "PARALLEL_MIN_FILES", 8)
+    monkeypatch.setattr(pc, "_cpus", lambda: 2)
+    made: list[pc._Helper] = []
+    real = pc._Helper.__init__
+
+    def spy(self: pc._Helper, shard: tuple[int, int]) -> None:
+        real(self, shard)
+        made.append(self)
+
+    monkeypatch.setattr(pc._Helper, "__init__", spy)
+    return made
+
+
+def test_warm_shares_a_large_tree_with_a_helper_process(ddir: Path, two_procs: list[pc._Helper]) -> None:
+    files = tree(ddir, n=40, size=4 * PS)
+    read_file(files[0])
+    os.link(files[1], ddir / "s0" / "alias.bin")  # one file under two names: warmed and counted once
+    os.symlink(files[2], ddir / "link.bin")  # not followed, and reported once, not once per process
+    seen: list[pc.Progress] = []
+    r = pc.warm([str(ddir)], progress=seen.append)
+    assert [h.shard for h in two_procs] == [(1, 2)] and two_procs[0].proc is not None
+    assert two_procs[0].proc.returncode == 0 and not r.notes
+    assert all(resident(f) == 4 for f in files)
+    assert r.files == 40 and r.skipped == {"hardlink": 1, "symlink": 1}
+    assert r.resident_pages_before == 4 and r.resident_pages_after == r.pages == 160
+    assert r.done_bytes == r.total_bytes == 40 * 4 * PS and seen[-1].done_bytes == r.done_bytes
+
+
+def test_warm_does_a_failed_helpers_share_itself(
+    ddir: Path, two_procs: list[pc._Helper], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = tree(ddir, n=40, size=4 * PS)
+    monkeypatch.setattr(pc, "_HELPER_CODE", "import sys; sys.stdin.read(); print('P 99 9', flush=True); sys.exit('boom')")
+    r = pc.warm([str(ddir)])
+    assert len(two_procs) == 1 and any("helper process failed (boom)" in n for n in r.notes)
+    assert all(resident(f) == 4 for f in files)
+    assert r.resident_pages_after == r.pages == 160 and r.done_bytes == r.total_bytes  # its progress not counted
+
+
+def test_warm_cancel_stops_the_helper_too(
+    ddir: Path, two_procs: list[pc._Helper], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = tree(ddir, n=64, size=256 * 1024)
+    monkeypatch.setattr(pc, "WARM_INFLIGHT_BYTES", 1 << 20)
+    cancel = threading.Event()
+    r = pc.warm([str(ddir)], progress=lambda p: cancel.set(), cancel=cancel)
+    assert r.cancelled and r.done_bytes < r.total_bytes
+    assert len(two_procs) == 1 and two_procs[0].proc is not None and two_procs[0].proc.poll() is not None
+    assert sum(resident(f) for f in files) < len(files) * 64
+
+
+def test_warm_refused_by_the_guard_stops_the_waiting_helper(
+    ddir: Path, two_procs: list[pc._Helper], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = tree(ddir, n=40, size=4 * PS)
+    monkeypatch.setattr(pc, "read_meminfo", lambda *a: {"MemTotal": 64 * GIB, "MemAvailable": 0})
+    with pytest.raises(DltopError, match="refused"):
+        pc.warm([str(ddir)])
+    assert len(two_procs) == 1 and two_procs[0].proc is not None and two_procs[0].proc.poll() is not None
+    assert sum(resident(f) for f in files) == 0

@@ -7,8 +7,12 @@ never opened) and reports what it did and what it could not do. The CLI and the 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import select
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -20,6 +24,7 @@ from dltop import kernel
 from dltop.errors import DltopError
 from dltop.sources.datasets import (
     DEFAULT_WALK,
+    MAX_PROBLEMS,
     WalkOptions,
     WalkReport,
     _Acc,
@@ -34,6 +39,13 @@ from dltop.sources.datasets import (
 WARM_INFLIGHT_BYTES = 256 << 20
 WARM_INFLIGHT_FILES = 512
 PROGRESS_EVERY_S = 0.1
+# Warming many small files costs more CPU per file (open, the WILLNEED submission and its completion, the
+# wait, close) than device time, so with more than one CPU, helper processes each take a share of the files
+# (by inode number). Below this many files, starting them costs more than it saves.
+PARALLEL_MIN_FILES = 4096
+PARALLEL_MAX_PROCS = 4
+_O_NOFOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+_O_FOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -162,15 +174,21 @@ class _Ticker:
         self.last = 0.0
         self.done = 0
         self.files = 0
+        self.helpers: list[_Helper] = []  # their progress counts too, until merged into done and files
 
     def add(self, n: int, path: str = "", force: bool = False) -> None:
         self.done += n
-        if self.fn is None:
+        if self.fn is None and not self.helpers:
             return
         now = time.monotonic()
         if force or now - self.last >= PROGRESS_EVERY_S:
             self.last = now
-            self.fn(Progress(self.action, self.done, max(self.total, self.done), now - self.t0, self.files, path))
+            done, files = self.done, self.files
+            for h in self.helpers:
+                h.poll()  # also keeps its pipe drained
+                done, files = done + h.done, files + h.files
+            if self.fn is not None:
+                self.fn(Progress(self.action, done, max(self.total, done), now - self.t0, files, path))
 
 
 def _files(
@@ -305,9 +323,13 @@ def plan(
 
 
 def _size_plan(
-    action: str, paths: list[str], options: WalkOptions, cancel: threading.Event | None
+    action: str, paths: list[str], options: WalkOptions, cancel: threading.Event | None, helpers: list[_Helper]
 ) -> ActionResult:
-    """An upper bound for a warm: every page of every file, from sizes alone (no file is opened)."""
+    """An upper bound for a warm: every page of every file, from sizes alone (no file is opened).
+
+    Once the tree proves large, helper processes are started into `helpers`: they start up while this walk
+    goes on, and wait for the go (or are stopped when the guard says no).
+    """
     report = WalkReport()
     budget = _Budget(cancel)
     seen: set[tuple[int, int]] = set()
@@ -328,6 +350,8 @@ def _size_plan(
                     seen.add(key)
                 r.files += 1
                 r.pages += (st.st_size + ps - 1) // ps
+                if r.files == PARALLEL_MIN_FILES:
+                    helpers.extend(_spawn_helpers())
         except OSError as e:
             raise DltopError(f"{e.strerror or e}: {display_path(root)}") from None
     r.total_bytes = r.pages * ps
@@ -352,14 +376,39 @@ def warm(
     order until the part that fits is in.
     """
     r = None
-    if not dry_run:
-        # Cheap first: if every byte fits, the exact residency scan (a second walk) is not needed.
-        r = _size_plan("warm", paths, options, cancel)
-        assert r.guard is not None
-        if not r.guard.ok:
-            r = None
-    if r is None:
-        r = plan("warm", paths, options, cancel)
+    helpers: list[_Helper] = []
+    try:
+        if not dry_run:
+            # Cheap first: if every byte fits, the exact residency scan (a second walk) is not needed.
+            r = _size_plan("warm", paths, options, cancel, helpers)
+            assert r.guard is not None
+            if not r.guard.ok:
+                r = None
+                _stop_all(helpers)
+        if r is None:
+            r = plan("warm", paths, options, cancel)
+        return _guarded_warm(r, paths, options, force, fit, dry_run, progress, cancel, helpers)
+    finally:
+        _stop_all(helpers)
+
+
+def _stop_all(helpers: list[_Helper]) -> None:
+    for h in helpers:
+        h.stop()
+    helpers.clear()
+
+
+def _guarded_warm(
+    r: ActionResult,
+    paths: list[str],
+    options: WalkOptions,
+    force: bool,
+    fit: bool,
+    dry_run: bool,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    helpers: list[_Helper],
+) -> ActionResult:
     assert r.guard is not None
     limit: int | None = None
     if not r.guard.ok and not force:
@@ -371,7 +420,9 @@ def warm(
     if dry_run:
         return r
     r.dry_run = False
-    return _run_warm(r, paths, options, limit, progress, cancel)
+    if limit is not None:
+        _stop_all(helpers)  # a warm cut at the guard's limit goes in walk order, in one process
+    return _run_warm(r, paths, options, limit, progress, cancel, helpers or None)
 
 
 def _run_warm(
@@ -381,109 +432,392 @@ def _run_warm(
     limit: int | None,
     progress: ProgressFn | None,
     cancel: threading.Event | None,
+    helpers: list[_Helper] | None = None,
 ) -> ActionResult:
-    report = WalkReport()
     ticker = _Ticker("warm", r.total_bytes, progress)
+    sized = r.resident_pages_before < 0  # the total came from sizes, resident files included
+    t0 = time.monotonic()
+    if helpers is None:
+        helpers = _spawn_helpers() if limit is None and r.files >= PARALLEL_MIN_FILES else []
+    _go(helpers, paths, options, sized)
+    ticker.helpers = list(helpers)
+    shards = len(helpers) + 1
+    try:
+        report, before, after = _warm_pass(
+            paths, options, limit, ticker, cancel, r.notes, sized, (0, shards) if helpers else None
+        )
+        for h in helpers:
+            got = None if cancel is not None and cancel.is_set() else h.wait(cancel)
+            if cancel is not None and cancel.is_set():
+                h.poll()  # count what it reported done before the cancel
+                ticker.done, ticker.files = ticker.done + h.done, ticker.files + h.files
+                h.done = h.files = 0
+                continue
+            if got is None:  # the helper failed: do its share here
+                r.notes.append(f"helper process failed ({h.error or 'no result'}): its share was warmed in this one")
+                rep, b, a = _warm_pass(paths, options, None, ticker, cancel, r.notes, sized, h.shard)
+            else:
+                rep, b, a = got
+                ticker.done, ticker.files = ticker.done + h.done, ticker.files + h.files
+                h.done = h.files = 0
+            before, after = before + b, after + a
+            for k, v in rep.skipped.items():
+                report.skipped[k] = report.skipped.get(k, 0) + v
+            report.problems.extend(p for p in rep.problems if len(report.problems) < MAX_PROBLEMS)
+    finally:
+        ticker.helpers = []
+        for h in helpers:
+            h.stop()
+    r.cancelled = cancel is not None and cancel.is_set()
+    if sized:
+        r.resident_pages_before = before
+    return _finish(r, report, ticker, t0, after)
+
+
+def _warm_pass(
+    paths: list[str],
+    options: WalkOptions,
+    limit: int | None,
+    ticker: _Ticker,
+    cancel: threading.Event | None,
+    notes: list[str],
+    sized: bool,
+    shard: tuple[int, int] | None = None,
+) -> tuple[WalkReport, int, int]:
+    """Warm the files of one shard (all of them when None); returns (what was skipped, pages before, after).
+
+    Only shard 0 (or the only pass) counts what the walk itself skips: every shard walks the whole tree.
+    """
+    report = WalkReport()
+    walk_report = report if shard is None or shard[0] == 0 else WalkReport()
     res = _Residency()
+    cstat, cached_by_cstat = res.cstat, res.mincore_devs  # dev -> False: cachestat is right there
     ps = kernel.PAGE_SIZE
     window_by_dev: dict[int, int] = {}
+    seen: set[tuple[int, int]] = set()
     # (fd, offset, length, last chunk of its file, path, stat): read one byte at the end of each chunk to
     # wait for the readahead WILLNEED started, so "done" means in memory, not merely requested.
     pending: deque[tuple[int, int, int, bool, str, os.stat_result]] = deque()
+    max_bytes, max_files = WARM_INFLIGHT_BYTES, WARM_INFLIGHT_FILES
     inflight = 0
     budget = limit
-    one = bytearray(1)
+    last_byte = [bytearray(1)]
     after = before = 0
-    sized = r.resident_pages_before < 0  # the total came from sizes, resident files included
+    os_open, os_fstat, os_close, fadvise, preadv = os.open, os.fstat, os.close, os.posix_fadvise, os.preadv
+    WILLNEED, S_ISREG = os.POSIX_FADV_WILLNEED, stat.S_ISREG
+
+    def cached(fd: int, st: os.stat_result) -> int | None:
+        """Resident pages of an open file (None: hidden from us); cachestat inline where it works."""
+        if cached_by_cstat.get(st.st_dev) is False:
+            try:
+                return int(cstat(fd).nr_cache)
+            except OSError as e:
+                if e.errno != errno.EPERM:
+                    raise
+                return None
+        got = res.pages(fd, st)
+        return None if got is None else got[0]
 
     def finish_one() -> None:
         nonlocal inflight, after
         fd, off, n, last, path, st = pending.popleft()
         inflight -= n
         try:
-            os.preadv(fd, [one], off + n - 1)
+            preadv(fd, last_byte, off + n - 1)
         except OSError as e:
             _skip(report, e, path)
         ticker.add(n, path)
         if last:
             try:
                 pages = (st.st_size + ps - 1) // ps
-                got = res.pages(fd, st)
-                if got is not None and got[0] < pages and _is_dense(fd, st.st_size):
+                got = cached(fd, st)
+                if got is not None and got < pages and _is_dense(fd, st.st_size):
                     # The filesystem ignored WILLNEED (some FUSE and network filesystems): read it instead.
                     _read_all(fd, st.st_size, cancel)
-                    got = res.pages(fd, st)
-                after += got[0] if got is not None else 0
+                    got = cached(fd, st)
+                after += got or 0
             except OSError as e:
                 _skip(report, e, path)
             finally:
-                os.close(fd)
+                os_close(fd)
             ticker.files += 1
 
-    t0 = time.monotonic()
-    files = _files(paths, options, report, cancel)
+    walk_budget = _Budget(cancel)
     try:
-        for path, fd, st, _tmpfs in files:
-            if budget is not None and budget <= 0:
-                os.close(fd)
-                r.notes.append("stopped at the memory guard's limit")
-                break
-            have = res.pages(fd, st)
-            before += have[0] if have is not None else 0
-            if have is not None and have[0] >= (st.st_size + ps - 1) // ps:
-                after += have[0]  # already all in memory: nothing to read
-                os.close(fd)
-                ticker.files += 1
-                if sized:
-                    ticker.add(have[0] * ps, path)  # the total counted it: count it done
-                continue
-            window = window_by_dev.get(st.st_dev)
-            if window is None:
-                window = window_by_dev[st.st_dev] = kernel.readahead_bytes(st.st_dev)
-            chunks = []
-            # Only a file with fewer blocks than its size can have holes: skip SEEK_DATA for the others.
-            dense = st.st_blocks * 512 >= st.st_size
-            for start, end in [(0, st.st_size)] if dense else _data_extents(fd, st.st_size):
-                off = start
-                while off < end:
-                    n = min(window, end - off)
-                    if budget is not None:
-                        n = min(n, max(budget, ps))
-                        budget -= n
-                    chunks.append((off, n))
-                    off += n
-                    if budget is not None and budget <= 0:
+        for root in paths:
+            root = os.fsdecode(root)
+            try:
+                # Inode order: neighbouring small files are read in disk order and their reads merge.
+                files = walk(root, options, walk_report, _Acc(root), walk_budget, by_inode=True, shard=shard)
+                for d, dfd, name, follow in files:
+                    path = name if dfd is None else (f"{d.path}/{name}" if d.path != "/" else f"/{name}")
+                    try:
+                        fd = os_open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
+                    except OSError as e:
+                        _skip(report, e, path)
+                        continue
+                    try:
+                        st = os_fstat(fd)
+                        if not S_ISREG(st.st_mode):
+                            report.skip("special")
+                            os_close(fd)
+                            continue
+                        if st.st_nlink > 1:
+                            key = (st.st_dev, st.st_ino)
+                            if key in seen:
+                                report.skip("hardlink")
+                                os_close(fd)
+                                continue
+                            seen.add(key)
+                        size = st.st_size
+                        pages = (size + ps - 1) // ps
+                        have = cached(fd, st)
+                    except OSError as e:
+                        os_close(fd)
+                        _skip(report, e, path)
+                        continue
+                    if cancel is not None and cancel.is_set():
+                        os_close(fd)
                         break
-                if budget is not None and budget <= 0:
-                    break
-            if not chunks:
-                got = res.pages(fd, st)
-                after += got[0] if got is not None else 0
-                os.close(fd)
-                ticker.files += 1
-                continue
-            for i, (off, n) in enumerate(chunks):
-                try:
-                    os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
-                except OSError:
-                    _read_range(fd, off, n)
-                pending.append((fd, off, n, i == len(chunks) - 1, path, st))
-                inflight += n
-                while inflight > WARM_INFLIGHT_BYTES or len(pending) > WARM_INFLIGHT_FILES:
-                    finish_one()
-            if cancel is not None and cancel.is_set():
-                break
+                    if budget is not None and budget <= 0:
+                        os_close(fd)
+                        notes.append("stopped at the memory guard's limit")
+                        break
+                    if have is not None:
+                        before += have
+                        if have >= pages:
+                            after += have  # already all in memory: nothing to read
+                            os_close(fd)
+                            ticker.files += 1
+                            if sized:
+                                ticker.add(have * ps, path)  # the total counted it: count it done
+                            continue
+                    window = window_by_dev.get(st.st_dev)
+                    if window is None:
+                        window = window_by_dev[st.st_dev] = kernel.readahead_bytes(st.st_dev)
+                    # Only a file with fewer blocks than its size can have holes: skip SEEK_DATA for the others.
+                    dense = st.st_blocks * 512 >= size
+                    if dense and size <= window and budget is None:
+                        chunks = [(0, size)]  # the common small file: one WILLNEED, one wait
+                    else:
+                        chunks = _chunks(fd, size, dense, window, budget, ps)
+                        if budget is not None:
+                            budget -= sum(n for _off, n in chunks)
+                    if not chunks:
+                        try:
+                            after += cached(fd, st) or 0
+                        except OSError as e:
+                            _skip(report, e, path)
+                        os_close(fd)
+                        ticker.files += 1
+                        continue
+                    final = len(chunks) - 1
+                    for i, (off, n) in enumerate(chunks):
+                        try:
+                            fadvise(fd, off, n, WILLNEED)
+                        except OSError:
+                            _read_range(fd, off, n)
+                        pending.append((fd, off, n, i == final, path, st))
+                        inflight += n
+                        while inflight > max_bytes or len(pending) > max_files:
+                            finish_one()
+                    if cancel is not None and cancel.is_set():
+                        break
+                else:
+                    continue
+                break  # cancelled, or the guard's limit reached
+            except OSError as e:
+                raise DltopError(f"{e.strerror or e}: {display_path(root)}") from None
         while pending and not (cancel is not None and cancel.is_set()):
             finish_one()
     finally:
-        files.close()
         for fd in {p[0] for p in pending}:
             os.close(fd)
         pending.clear()
-    r.cancelled = cancel is not None and cancel.is_set()
-    if sized:
-        r.resident_pages_before = before
-    return _finish(r, report, ticker, t0, after)
+    return report, before, after
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _spawn_helpers() -> list[_Helper]:
+    """Helper processes for shards 1..n-1 of a large warm (this process does shard 0), not yet told what to do."""
+    procs = min(_cpus(), PARALLEL_MAX_PROCS)
+    return [_Helper((k, procs)) for k in range(1, procs)] if procs >= 2 else []
+
+
+def _go(helpers: list[_Helper], paths: list[str], options: WalkOptions, sized: bool) -> None:
+    """Tell each helper what to warm: the same tree and options, its own shard."""
+    spec = {
+        "paths": [os.fsdecode(p) for p in paths],
+        "options": {
+            "follow_symlinks": options.follow_symlinks,
+            "cross_filesystems": options.cross_filesystems,
+            "ignore": list(options.ignore),
+            "include": list(options.include),
+            "max_depth": options.max_depth,
+        },
+        "sized": sized,
+        "inflight_bytes": WARM_INFLIGHT_BYTES,
+        "inflight_files": WARM_INFLIGHT_FILES,
+    }
+    for h in helpers:
+        h.start(spec)
+
+
+_HELPER_CODE = "from dltop.actions.pagecache import _helper_main; raise SystemExit(_helper_main())"
+
+
+class _Helper:
+    """A child process warming one shard: `P done files` lines on its stdout while it runs, `R {json}` at the end.
+
+    If it cannot start or fails, `wait()` says None with `error` set, and the caller warms that shard itself.
+    """
+
+    def __init__(self, shard: tuple[int, int]) -> None:
+        self.shard = shard
+        self.done = self.files = 0
+        self.error = ""
+        self._buf = b""
+        self._result: dict[str, Any] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        env = dict(os.environ)
+        top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = top + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _HELPER_CODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env, close_fds=True,
+            )
+            assert self.proc.stdout is not None
+            os.set_blocking(self.proc.stdout.fileno(), False)
+        except OSError as e:
+            self.error = e.strerror or str(e)
+            self.stop()
+
+    def start(self, spec: dict[str, Any]) -> None:
+        """Send the work: the spec and this helper's shard."""
+        if self.proc is None or self.proc.stdin is None:
+            return
+        try:
+            self.proc.stdin.write(json.dumps({**spec, "shard": list(self.shard)}).encode("utf-8", "surrogateescape"))
+            self.proc.stdin.close()
+        except OSError as e:  # it died already: wait() reports it and the caller does its share
+            self.error = e.strerror or str(e)
+
+    def poll(self) -> None:
+        """Read whatever the child has said so far."""
+        if self.proc is None or self.proc.stdout is None or self.proc.stdout.closed:
+            return
+        fd = self.proc.stdout.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            if line.startswith(b"P "):
+                done, files = line.split()[1:3]
+                self.done, self.files = int(done), int(files)
+            elif line.startswith(b"R "):
+                self._result = json.loads(line[2:].decode("utf-8", "surrogateescape"))
+
+    def wait(self, cancel: threading.Event | None) -> tuple[WalkReport, int, int] | None:
+        """(what it skipped, pages before, after) once it is done; None if it failed or the warm was cancelled."""
+        proc = self.proc
+        if proc is None or proc.stdout is None:
+            return None
+        while proc.poll() is None:
+            if cancel is not None and cancel.is_set():
+                return None
+            select.select([proc.stdout], [], [], 0.1)
+            self.poll()
+        self.poll()
+        res = self._result
+        if proc.returncode != 0 or res is None:
+            err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr is not None else ""
+            self.error = (err.splitlines() or [f"exit status {proc.returncode}"])[-1][:200]
+            self.done = self.files = 0
+            return None
+        report = WalkReport()
+        report.skipped = {str(k): int(v) for k, v in res["skipped"].items()}
+        report.problems = [str(p) for p in res["problems"]]
+        self.done, self.files = int(res["done"]), int(res["files"])
+        return report, int(res["before"]), int(res["after"])
+
+    def stop(self) -> None:
+        """End the child if it still runs and close its pipes; safe to call twice."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
+
+
+def _helper_main() -> int:
+    """The child side of `_Helper`: the spec on stdin, one shard warmed, the tally on stdout."""
+    global WARM_INFLIGHT_BYTES, WARM_INFLIGHT_FILES
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    text = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+    if not text:
+        return 0  # not needed after all (the guard said no, or the warm was cancelled)
+    spec = json.loads(text)
+    WARM_INFLIGHT_BYTES, WARM_INFLIGHT_FILES = int(spec["inflight_bytes"]), int(spec["inflight_files"])
+    o = spec["options"]
+    options = WalkOptions(
+        follow_symlinks=bool(o["follow_symlinks"]), cross_filesystems=bool(o["cross_filesystems"]),
+        ignore=tuple(o["ignore"]), include=tuple(o["include"]), max_depth=o["max_depth"],
+    )
+    out = sys.stdout.buffer
+
+    def say(p: Progress) -> None:
+        out.write(f"P {p.done_bytes} {p.files_done}\n".encode())
+        out.flush()
+
+    ticker = _Ticker("warm", 0, say)
+    notes: list[str] = []
+    shard = (int(spec["shard"][0]), int(spec["shard"][1]))
+    report, before, after = _warm_pass(spec["paths"], options, None, ticker, None, notes, bool(spec["sized"]), shard)
+    tally = {"done": ticker.done, "files": ticker.files, "before": before, "after": after,
+             "skipped": report.skipped, "problems": report.problems}
+    out.write(b"R " + json.dumps(tally).encode("utf-8", "surrogateescape") + b"\n")
+    out.flush()
+    return 0
+
+
+def _chunks(fd: int, size: int, dense: bool, window: int, budget: int | None, ps: int) -> list[tuple[int, int]]:
+    """The WILLNEED calls for one file: readahead-window pieces of its data, holes left out, within `budget`."""
+    chunks = []
+    for start, end in [(0, size)] if dense else _data_extents(fd, size):
+        off = start
+        while off < end:
+            n = min(window, end - off)
+            if budget is not None:
+                n = min(n, max(budget, ps))
+                budget -= n
+            chunks.append((off, n))
+            off += n
+            if budget is not None and budget <= 0:
+                return chunks
+    return chunks
 
 
 def _finish(r: ActionResult, report: WalkReport, ticker: _Ticker, t0: float, after: int) -> ActionResult:
