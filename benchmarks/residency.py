@@ -3,9 +3,12 @@
     .venv/bin/python benchmarks/residency.py [--dir /var/tmp/dltop-bench] [--repeat 3]
 
 Every time is a whole process (start-up included), median of --repeat runs; dltop runs as
-`python -m dltop`. Caches are dropped between runs (`echo 1 > /proc/sys/vm/drop_caches` when writable,
-otherwise by evicting the tree). Targets (dltop / vmtouch): scan <= 0.8 on small files and <= 0.2 on big
-files, warm <= 0.3 on both, and at most 1% of pages left after an evict.
+`python -m dltop`, byte-compiled first (as an installed package is: where PYTHONDONTWRITEBYTECODE is set, a
+source tree would otherwise be compiled again on every run). The `engine` column is the same work timed
+inside one process (`scan_paths` / `warm`), without interpreter start-up and imports: where the time goes.
+Caches are dropped between runs (`echo 1 > /proc/sys/vm/drop_caches` when writable, otherwise by evicting
+the tree). Targets (dltop / vmtouch): scan <= 0.8 on small files and <= 0.2 on big files, warm <= 0.3 on
+both, and at most 1% of pages left after an evict.
 """
 
 from __future__ import annotations
@@ -85,6 +88,25 @@ def time_fincore(tree: Path) -> float:
     return time.perf_counter() - t0
 
 
+# The engine alone: imports done, then only the scan or the warm is timed.
+ENGINE = """
+import sys, time
+from dltop.actions import pagecache
+from dltop.sources.datasets import WalkOptions, scan_paths
+op, tree = sys.argv[1], sys.argv[2]
+t0 = time.perf_counter()
+if op == "scan":
+    scan_paths((tree,), WalkOptions(max_depth=1))
+else:
+    pagecache.warm([tree])
+print(time.perf_counter() - t0)
+"""
+
+
+def engine_time(op: str, tree: Path) -> float:
+    return float(timed([PY, "-c", ENGINE, op, str(tree)])[1])
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -98,14 +120,15 @@ def main() -> int:
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (scripts/install-test-deps installs it)")
     trees = make_trees(Path(args.dir))
+    subprocess.run([PY, "-m", "compileall", "-q", str(REPO / "dltop")], check=True)
     dl = [PY, "-m", "dltop"]
-    rows: list[tuple[str, str, float, float, float | None, str]] = []
+    rows: list[tuple[str, str, float, float, float | None, float | None, str]] = []
     for name, tree in trees.items():
         # Scan: a half-warm tree (the interesting case), same state for every tool.
         drop_caches(tree)
         subprocess.run(dl + ["warm", str(tree), "--include", "*[02468].bin"], cwd=REPO, capture_output=True,
                        check=True)
-        d_scan, v_scan, f_scan = [], [], []
+        d_scan, v_scan, f_scan, e_scan = [], [], [], []
         for _ in range(args.repeat):
             t, out = timed(dl + ["residency", str(tree), "--json"])
             d_scan.append(t)
@@ -113,13 +136,17 @@ def main() -> int:
             t, _ = timed(["vmtouch", str(tree)])
             v_scan.append(t)
             f_scan.append(time_fincore(tree))
+            e_scan.append(engine_time("scan", tree))
         v_res = resident_pages(tree)[0]
         agree = "agree" if d_res == v_res else f"DIFFER dltop {d_res} vmtouch {v_res}"
-        rows.append((name, "scan", median(d_scan), median(v_scan), median(f_scan), f"resident pages {agree}"))
+        rows.append((name, "scan", median(d_scan), median(v_scan), median(f_scan), median(e_scan),
+                     f"resident pages {agree}"))
 
         # Warm from cold.
-        d_warm, v_warm, d_left, v_left = [], [], [], []
+        d_warm, v_warm, d_left, v_left, e_warm = [], [], [], [], []
         for _ in range(args.repeat):
+            drop_caches(tree)
+            e_warm.append(engine_time("warm", tree))
             drop_caches(tree)
             d_warm.append(timed(dl + ["warm", str(tree)])[0])
             res, total = resident_pages(tree)
@@ -128,7 +155,7 @@ def main() -> int:
             v_warm.append(timed(["vmtouch", "-t", "-q", str(tree)])[0])
             res, total = resident_pages(tree)
             v_left.append(total - res)
-        rows.append((name, "warm", median(d_warm), median(v_warm), None,
+        rows.append((name, "warm", median(d_warm), median(v_warm), None, median(e_warm),
                      f"not resident after: dltop {max(d_left)} vmtouch {max(v_left)} of {total} pages"))
 
         # Evict a fully warm tree.
@@ -141,21 +168,25 @@ def main() -> int:
             v_ev.append(timed(["vmtouch", "-e", "-q", str(tree)])[0])
             v_after.append(resident_pages(tree)[0])
         pct = 100 * max(d_after) / total
-        rows.append((name, "evict", median(d_ev), median(v_ev), None,
+        rows.append((name, "evict", median(d_ev), median(v_ev), None, None,
                      f"left after: dltop {max(d_after)} ({pct:.2f}%) vmtouch {max(v_after)} of {total} pages"))
 
     targets = {("small", "scan"): 0.8, ("big", "scan"): 0.2, ("small", "warm"): 0.3, ("big", "warm"): 0.3}
     print(f"trees: small = {SMALL_FILES} x {SMALL_BYTES // 1024} KiB, big = {BIG_FILES} x {BIG_BYTES >> 20} MiB; "
           f"median of {args.repeat}; whole-process seconds")
-    print(f"{'tree':<6} {'op':<6} {'dltop':>8} {'vmtouch':>8} {'fincore':>8} {'ratio':>6} {'target':>7}  notes")
-    for tree_name, op, d, v, f, note in rows:
+    print(f"{'tree':<6} {'op':<6} {'dltop':>8} {'vmtouch':>8} {'fincore':>8} {'ratio':>6} {'target':>9} "
+          f"{'engine':>8} {'e.ratio':>7}  notes")
+    for tree_name, op, d, v, f, e, note in rows:
         ratio = d / v
         tgt = targets.get((tree_name, op))
         verdict = "" if tgt is None else (f"<={tgt} " + ("ok" if ratio <= tgt else "MISS"))
         fc = f"{f:8.3f}" if f is not None else f"{'-':>8}"
-        print(f"{tree_name:<6} {op:<6} {d:8.3f} {v:8.3f} {fc} {ratio:6.2f} {verdict:>7}  {note}")
-    t, _ = timed(dl + ["residency", "--help"])
-    print(f"python -m dltop start-up (residency --help): {t:.3f}s")
+        ec = f"{e:8.3f} {e / v:7.2f}" if e is not None else f"{'-':>8} {'-':>7}"
+        print(f"{tree_name:<6} {op:<6} {d:8.3f} {v:8.3f} {fc} {ratio:6.2f} {verdict:>9} {ec}  {note}")
+    bare = median([timed([PY, "-c", "pass"])[0] for _ in range(5)])
+    t = median([timed(dl + ["residency", "--help"])[0] for _ in range(5)])
+    print(f"start-up: python -c pass {bare:.3f}s, python -m dltop residency --help {t:.3f}s; "
+          f"engine = in-process time of the same work, e.ratio = engine / vmtouch")
     return 0
 
 

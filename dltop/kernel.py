@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import resource
 from dataclasses import dataclass
 from functools import cache
@@ -44,7 +43,7 @@ FS_NAMES = {
 # cachestat(2) is 451 on every architecture that uses the unified syscall table (x86_64, aarch64, arm,
 # riscv, ppc, s390, loongarch, mips n64 differ only by an offset); alpha adds 110.
 _SYSCALL_OFFSET = {"alpha": 110, "mips64": 5000, "mips": 4000}
-NR_CACHESTAT = 451 + _SYSCALL_OFFSET.get(platform.machine(), 0)
+NR_CACHESTAT = 451 + _SYSCALL_OFFSET.get(os.uname().machine, 0)  # platform.machine(), without its import
 
 PROT_READ = 0x1
 MAP_SHARED = 0x01

@@ -327,11 +327,27 @@ def scan_residency(
     budget = _Budget(cancel, None if deadline_s is None else t0 + deadline_s, cpu_fraction)
     seen_inodes: set[tuple[int, int]] = set()
     cstat = kernel.cachestat_caller()
+    cs = cstat.out  # cstat(fd) fills this one struct
     used: set[str] = set()
+    by_cachestat = False
     os_open, os_close, os_fstat = os.open, os.close, os.fstat
     S_ISREG = stat.S_ISREG
+    # The folder being counted and its running totals, kept in locals and added to its _Acc when the walk
+    # moves on: attribute updates per file cost more than the syscalls they count.
+    a: _Acc | None = None
+    files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = 0
     for d, dfd, name, follow in walk(root, options, report, acc, budget):
-        a = d.acc
+        if d.acc is not a:
+            if a is not None:
+                a.files += files
+                a.size += size_sum
+                a.pages += pages_sum
+                a.res += res_sum
+                a.dirty += dirty_sum
+                a.wb += wb_sum
+                a.rev += rev_sum
+            a = d.acc
+            files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = 0
         try:
             fd = os_open(name, _O_FILE_FOLLOW if follow else _O_FILE, dir_fd=dfd)
         except OSError as e:
@@ -349,9 +365,9 @@ def scan_residency(
                         continue
                     seen_inodes.add(key)
                 pages = (st.st_size + ps - 1) >> shift
-                a.files += 1
-                a.size += st.st_size
-                a.pages += pages
+                files += 1
+                size_sum += st.st_size
+                pages_sum += pages
                 a.unknown += pages
                 report.unknown = True
                 report.skip("unreadable", _join(d.path, name, dfd), "permission denied (pages unknown)")
@@ -372,14 +388,14 @@ def scan_residency(
                 seen_inodes.add(key)
             size = st.st_size
             pages = (size + ps - 1) >> shift
-            a.files += 1
-            a.size += size
-            a.pages += pages
+            files += 1
+            size_sum += size
+            pages_sum += pages
             if pages == 0:
                 continue
             if not d.mincore:
                 try:
-                    cs = cstat(fd)
+                    cstat(fd)
                 except OSError as e:
                     if e.errno == errno.EPERM:
                         a.unknown += pages
@@ -389,25 +405,35 @@ def scan_residency(
                         raise
                     d.mincore = True
                 else:
-                    used.add("cachestat")
+                    by_cachestat = True
                     res = cs.nr_cache
-                    a.res += res if res < pages else pages
-                    a.dirty += cs.nr_dirty
-                    a.wb += cs.nr_writeback
-                    a.rev += cs.nr_recently_evicted
+                    res_sum += res if res < pages else pages
+                    dirty_sum += cs.nr_dirty
+                    wb_sum += cs.nr_writeback
+                    rev_sum += cs.nr_recently_evicted
                     continue
             if not kernel.residency_visible(st, name, dfd):
                 a.unknown += pages
                 report.unknown = True
                 continue
             used.add("mincore")
-            a.res += min(kernel.mincore_resident_pages(fd, size), pages)
+            res_sum += min(kernel.mincore_resident_pages(fd, size), pages)
         except OSError as e:
             # The file vanished or failed after it was counted: its pages are unknown, not absent.
             _skip_error(report, e, _join(d.path, name, dfd))
             a.unknown += pages
         finally:
             os_close(fd)
+    if a is not None:
+        a.files += files
+        a.size += size_sum
+        a.pages += pages_sum
+        a.res += res_sum
+        a.dirty += dirty_sum
+        a.wb += wb_sum
+        a.rev += rev_sum
+    if by_cachestat:
+        used.add("cachestat")
     node = acc.freeze()
     try:
         fs = kernel.fs_name(kernel.statfs_type(root))
