@@ -308,10 +308,11 @@ def two_procs(monkeypatch: pytest.MonkeyPatch) -> list[pc._Helper]:
     """Make a small tree count as large on a machine with two CPUs; collects the helpers started."""
     monkeypatch.setattr(pc, "PARALLEL_MIN_FILES", 8)
     monkeypatch.setattr(pc, "_cpus", lambda: 2)
+    monkeypatch.setattr(pc, "SHARD_RUN_BITS", 0)  # alternate inodes: both processes get some of a small tree
     made: list[pc._Helper] = []
     real = pc._Helper.__init__
 
-    def spy(self: pc._Helper, shard: tuple[int, int]) -> None:
+    def spy(self: pc._Helper, shard: tuple[int, int, int]) -> None:
         real(self, shard)
         made.append(self)
 
@@ -326,7 +327,7 @@ def test_warm_shares_a_large_tree_with_a_helper_process(ddir: Path, two_procs: l
     os.symlink(files[2], ddir / "link.bin")  # not followed, and reported once, not once per process
     seen: list[pc.Progress] = []
     r = pc.warm([str(ddir)], progress=seen.append)
-    assert [h.shard for h in two_procs] == [(1, 2)] and two_procs[0].proc is not None
+    assert [h.shard for h in two_procs] == [(1, 2, 0)] and two_procs[0].proc is not None
     assert two_procs[0].proc.returncode == 0 and not r.notes
     assert all(resident(f) == 4 for f in files)
     assert r.files == 40 and r.skipped == {"hardlink": 1, "symlink": 1}

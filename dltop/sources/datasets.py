@@ -152,7 +152,7 @@ def walk(
     root_acc: _Acc,
     budget: _Budget | None = None,
     by_inode: bool = False,
-    shard: tuple[int, int] | None = None,
+    shard: tuple[int, int, int] | None = None,
 ) -> Iterator[tuple[_Dir, int | None, str, bool]]:
     """Yield (folder, folder fd, name, follow) for each entry that should be a regular file.
 
@@ -160,18 +160,19 @@ def walk(
     special files, other filesystems and ignored names are handled here and counted in `report`.
     With `by_inode`, each folder's files come in inode order rather than readdir's (hash) order: on ext4
     and XFS that is close to disk order, so reads of neighbouring small files merge into larger ones.
-    With `shard=(k, n)` (implies `by_inode`), only files whose inode number is k modulo n: n processes
-    walking the same tree share its files out between them, hard links of one file to the same one.
+    With `shard=(k, n, bits)` (implies `by_inode`), only files with `(inode >> bits) % n == k`: n processes
+    walking the same tree share its files out between them in runs of 2**bits consecutive inodes (neighbours
+    on disk stay together, so their reads still merge), and the hard links of a file all go to one of them.
     """
     if shard is not None:
         by_inode = True
-        k, n_shards = shard
+        k, n_shards, run_bits = shard
     ignore = _compile(options.ignore)
     include = _compile(options.include)
     st = os.stat(root)  # a root given as a symlink is followed, as vmtouch and du do
     if not stat.S_ISDIR(st.st_mode):
         if stat.S_ISREG(st.st_mode):
-            if shard is not None and st.st_ino % n_shards != k:
+            if shard is not None and (st.st_ino >> run_bits) % n_shards != k:
                 return
             yield _Dir(os.path.dirname(root) or ".", 0, st.st_dev, root_acc), None, root, True
         else:
@@ -273,7 +274,7 @@ def walk(
             if held:
                 held.sort()
                 for ino, name, follow_it in held:
-                    if shard is None or ino % n_shards == k:
+                    if shard is None or (ino >> run_bits) % n_shards == k:
                         yield d, dfd, name, follow_it
             if by_inode:
                 subdirs.sort(key=lambda s: s.ino)
