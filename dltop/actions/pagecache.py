@@ -649,7 +649,7 @@ def _cpus() -> int:
 
 def _spawn_helpers() -> list[_Helper]:
     """Helper processes for shards 1..n-1 of a large warm (this process does shard 0), not yet told what to do."""
-    procs = min(_cpus(), PARALLEL_MAX_PROCS)
+    procs = min(_cpus(), PARALLEL_MAX_PROCS) if sys.executable else 1  # embedded: no interpreter to start
     return [_Helper((k, procs, SHARD_RUN_BITS)) for k in range(1, procs)] if procs >= 2 else []
 
 
