@@ -59,9 +59,29 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
     return tui, cmd, sub
 
 
+# Options of the top-level parser that take a value: their value is never a subcommand name.
+_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r"}
+
+
+def _command_first(args: list[str]) -> list[str]:
+    """`dltop --root DIR snapshot --json` -> `dltop snapshot --json --root DIR`: options that every command
+    shares may come before the subcommand, as in git."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return args
+        if a in COMMANDS:
+            return [a, *args[i + 1:], *args[:i]]
+        if not a.startswith("-"):
+            return args  # a dataset path: this is the TUI's command line
+        i += 2 if a in _VALUE_OPTIONS else 1
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `dltop` console script; returns the exit status."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    args_list = _command_first(list(sys.argv[1:] if argv is None else argv))
     first = args_list[0] if args_list else None
     tui, cmd, sub = build_parser(first if first in COMMANDS else None)
     try:

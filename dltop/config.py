@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dltop.errors import DltopError
+from dltop.errors import DltopError, UsageError
 
 DEFAULT_REFRESH_S = 1.0
 MIN_REFRESH_S = 0.1
 MAX_REFRESH_S = 60.0
+KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only"})  # later features add theirs here
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,6 @@ class Settings:
     datasets: tuple[str, ...] = ()
     read_only: bool = False
     config_path: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # sections later features read (servers, ...)
 
 
 def default_config_path() -> Path:
@@ -64,14 +64,15 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     read_only = data.get("read_only", False)
     if not isinstance(read_only, bool):
         raise DltopError(f"{where}: read_only must be true or false")
-    known = {"refresh", "datasets", "read_only"}
-    extra = {k: v for k, v in data.items() if k not in known}
+    unknown = sorted(set(data) - KNOWN_KEYS)
+    if unknown:
+        # A typo ("readonly = true") must not quietly leave actions enabled.
+        raise DltopError(f"{where}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})")
     return replace(
         s,
         refresh_s=_check_refresh(float(refresh), where),
         datasets=tuple(os.path.expanduser(d) for d in datasets),
         read_only=read_only,
-        extra=extra,
     )
 
 
@@ -86,7 +87,10 @@ def settings_from_args(args: Any) -> Settings:
     s = load_config(getattr(args, "config", None))
     changes: dict[str, Any] = {}
     if getattr(args, "refresh", None) is not None:
-        changes["refresh_s"] = _check_refresh(args.refresh, "--refresh")
+        try:
+            changes["refresh_s"] = _check_refresh(args.refresh, "--refresh")
+        except DltopError as e:
+            raise UsageError(f"error: {e}") from None
     if getattr(args, "root", None):
         if not os.path.isdir(os.path.join(args.root, "proc")):
             raise DltopError(f"--root {args.root}: no proc/ directory under it")
@@ -95,6 +99,9 @@ def settings_from_args(args: Any) -> Settings:
         changes["pid"] = args.pid
     if getattr(args, "paths", None):
         changes["datasets"] = tuple(args.paths)
+        for p in args.paths:
+            if not os.path.exists(p):
+                raise DltopError(f"no such dataset path: {p}")
     if getattr(args, "read_only", False):
         changes["read_only"] = True
     return replace(s, **changes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,8 +15,6 @@ from tests.conftest import REPO
 
 
 def dltop(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    import os
-
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "dltop", *args], capture_output=True, text=True, cwd=REPO,
                           env=full_env, timeout=timeout)
@@ -51,10 +50,12 @@ def test_snapshot_from_captured_root_without_psi(proc_root: Path) -> None:
     [
         (["--bogus"], 2, r"^dltop: error: unrecognized arguments: --bogus"),
         (["snapshot", "--bogus"], 2, r"^dltop snapshot: error: unrecognized arguments: --bogus"),
-        (["snapshot", "--timeout", "soon"], 2, r"invalid float value: 'soon'"),
+        (["snapshot", "--timeout", "soon"], 2, r"invalid number of seconds: 'soon'"),
         (["/no/such/dataset"], 1, r"^dltop: no such dataset path: /no/such/dataset$"),
         (["frob"], 2, r"^dltop: error: unknown subcommand 'frob', and no such path \(subcommands: .*snapshot"),
-        (["--refresh", "0"], 1, r"refresh must be between"),
+        (["--refresh", "0"], 2, r"^dltop: error: --refresh: refresh must be between"),
+        (["snapshot", "--timeout", "-1"], 2, r"must be more than 0 seconds"),
+        (["snapshot", "--dataset", "/no/such/dataset"], 1, r"^dltop: no such dataset path: /no/such/dataset$"),
         (["snapshot", "--root", "/no/such/tree"], 1, r"^dltop: --root /no/such/tree: no proc/ directory under it$"),
         (["snapshot", "--config", "/no/such.toml"], 1, r"^dltop: config file not found: /no/such.toml$"),
     ],
@@ -79,11 +80,26 @@ def test_bad_config_toml(tmp_path: Path) -> None:
     assert r.returncode == 1 and "datasets must be a list" in r.stderr
 
 
+def test_unknown_config_key_is_an_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("readonly = true\n")  # the typo must not leave actions enabled without a word
+    r = dltop("snapshot", "--config", str(cfg))
+    assert r.returncode == 1 and "unknown setting 'readonly'" in r.stderr and "read_only" in r.stderr
+
+
+def test_shared_options_may_come_before_the_subcommand(proc_root: Path) -> None:
+    for f in (proc_root / "proc/pressure").iterdir():
+        f.unlink()
+    r = dltop("--root", str(proc_root), "snapshot", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "PSI" in json.loads(r.stdout)["memory"]["pressure_memory"]["unavailable"]
+
+
 def test_config_from_xdg_dir(tmp_path: Path) -> None:
     from dltop.config import load_config
 
     (tmp_path / "dltop").mkdir()
-    (tmp_path / "dltop" / "config.toml").write_text('refresh = 2.5\nread_only = true\n[servers]\nvllm = "x"\n')
+    (tmp_path / "dltop" / "config.toml").write_text('refresh = 2.5\nread_only = true\ndatasets = ["~/d"]\n')
     import os
 
     old = os.environ.get("XDG_CONFIG_HOME")
@@ -95,7 +111,7 @@ def test_config_from_xdg_dir(tmp_path: Path) -> None:
             del os.environ["XDG_CONFIG_HOME"]
         else:
             os.environ["XDG_CONFIG_HOME"] = old
-    assert (s.refresh_s, s.read_only, s.extra) == (2.5, True, {"servers": {"vllm": "x"}})
+    assert (s.refresh_s, s.read_only, s.datasets) == (2.5, True, (os.path.expanduser("~/d"),))
 
 
 def test_broken_pipe_is_quiet() -> None:

@@ -66,7 +66,9 @@ def test_missing_fields_have_reasons(proc_root: Path) -> None:
 def test_truncated_meminfo_keeps_what_it_has(proc_root: Path) -> None:
     meminfo = proc_root / "proc/meminfo"
     text = meminfo.read_text()
-    meminfo.write_text(text[: text.index("Cached:") + 10])  # cut in the middle of the Cached line
+    line = next(ln for ln in text.splitlines() if ln.startswith("Cached:"))
+    # Cut inside the number, before " kB": the digits that are left must not be read as bytes.
+    meminfo.write_text(text[: text.index(line) + len(line) - 5])
     m = read_memory(str(proc_root))
     assert m.total_bytes is not None
     assert m.cached_bytes is None and "Cached" in m.unavailable["cached_bytes"]

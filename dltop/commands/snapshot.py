@@ -6,6 +6,16 @@ import argparse
 import sys
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `dltop snapshot`."""
     from dltop.cli import add_common_options
@@ -13,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("snapshot", help="print one Snapshot and exit", description=__doc__)
     p.add_argument("--json", action="store_true", help="print JSON (the default; kept for scripts)")
     p.add_argument("--indent", type=int, default=None, metavar="N", help="indent the JSON by N spaces")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--timeout", type=_positive_seconds, default=None, metavar="SECONDS",
                    help="give up on a source after this long (default: each source's own)")
     p.add_argument("--dataset", dest="paths", action="append", metavar="PATH",
                    help="include the residency of this dataset directory (repeatable)")

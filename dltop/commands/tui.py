@@ -25,8 +25,8 @@ def check_dataset_paths(paths: tuple[str, ...], commands: list[str] | None = Non
 
 def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
     """Start the TUI on the live Sampler."""
+    check_dataset_paths(tuple(args.paths), commands)
     settings = settings_from_args(args)
-    check_dataset_paths(settings.datasets, commands)
     from dltop.tui.app import DltopApp
 
     sampler = Sampler(build_sources(settings), root=settings.root)

@@ -63,21 +63,14 @@ def _why(e: OSError, path: str) -> str:
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
-    """`/proc/meminfo` as {key: value}; values with a `kB` unit are converted to bytes. Bad lines are skipped."""
+    """`/proc/meminfo`'s sizes as {key: bytes}. Only `N kB` lines count: a line cut short ("MemAvailable: 242",
+    a truncated read) or a unit-less count (HugePages_Total) is left out rather than misread as bytes."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         key, sep, rest = line.partition(":")
-        if not sep:
-            continue
         fields = rest.split()
-        if not fields or not fields[0].isdigit():
-            continue
-        value = int(fields[0])
-        if len(fields) > 1:
-            if fields[1] != "kB":
-                continue
-            value *= 1024
-        out[key.strip()] = value
+        if sep and len(fields) == 2 and fields[1] == "kB" and fields[0].isdigit():
+            out[key.strip()] = int(fields[0]) * 1024
     return out
 
 
