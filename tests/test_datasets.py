@@ -302,3 +302,25 @@ def test_residency_visible_owner_and_writer(ddir: Path) -> None:
     f = make_file(ddir / "mine.bin", PS)
     st = f.stat()
     assert kernel.residency_visible(st, str(f))
+
+
+def test_walk_in_inode_order_and_in_shards(ddir: Path) -> None:
+    for i in range(40):
+        make_file(ddir / ("a" if i % 3 else "b") / f"f{i:02}.bin", PS)
+    os.link(ddir / "a" / "f01.bin", ddir / "b" / "alias.bin")
+
+    def names(**kw: object) -> list[str]:
+        it = ds.walk(str(ddir), WalkOptions(), ds.WalkReport(), ds._Acc(str(ddir)), **kw)  # type: ignore[arg-type]
+        return [f"{d.path}/{name}" for d, _fd, name, _follow in it]
+
+    plain = names()
+    ordered = names(by_inode=True)
+    assert sorted(ordered) == sorted(plain) and len(plain) == 41
+    for folder in ("a", "b"):  # within a folder: inode order, whatever order readdir gives
+        inos = [os.stat(p).st_ino for p in ordered if p.startswith(f"{ddir}/{folder}/")]
+        assert inos == sorted(inos)
+    shards = [names(shard=(k, 3, 1)) for k in range(3)]
+    assert sorted(sum(shards, [])) == sorted(plain)  # every file in exactly one shard
+    assert all(shards)
+    owner = next(k for k, s in enumerate(shards) if f"{ddir}/a/f01.bin" in s)
+    assert f"{ddir}/b/alias.bin" in shards[owner]  # hard links of a file go to the same process
