@@ -61,7 +61,7 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
             f"dataset {coldest.path} is {pct:.0f}% resident ({human_bytes(coldest.resident_pages * ps)} of "
             f"{human_bytes(coldest.known_pages * ps)}): the first epoch reads the rest from disk and runs slow"
         ),
-        fix=f"press w to warm it ({human_bytes(need)} to read; it fits in available memory)",
+        fix=f"warm it: w on the Datasets tab, or dltop warm PATH ({human_bytes(need)} to read; it fits)",
     )
 
 

@@ -138,3 +138,31 @@ async def test_ctrl_c_quits_like_top(session: list[Snapshot]) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("ctrl+c")
     assert app.return_code == 0 and not app.is_running
+
+
+def _dataset_snapshot(tmp_path) -> Snapshot:
+    from dltop.sources.datasets import scan_paths
+
+    (tmp_path / "ds" / "train").mkdir(parents=True)
+    (tmp_path / "ds" / "train" / "a.bin").write_bytes(b"x" * 65536)
+    return Snapshot(ts=1.0, host="h", datasets=scan_paths((str(tmp_path / "ds"),)))
+
+
+async def test_palette_honours_read_only(tmp_path) -> None:
+    snap = _dataset_snapshot(tmp_path)
+    for read_only in (False, True):
+        app = DltopApp(ListFeed([snap]), Settings(read_only=read_only, datasets=(str(tmp_path / "ds"),)))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("2")
+            await pilot.pause()
+            titles = [c.title for c in app.get_system_commands(app.screen)]
+            offered = {"Datasets: Warm", "Datasets: Evict", "Datasets: Lock/unlock"} & set(titles)
+            assert offered == (set() if read_only else {"Datasets: Warm", "Datasets: Evict", "Datasets: Lock/unlock"})
+
+
+async def test_help_lists_the_panes_keys_even_when_not_in_the_footer(tmp_path) -> None:
+    app = DltopApp(ListFeed([_dataset_snapshot(tmp_path)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2", "question_mark")
+        labels = [label for _key, label in app.screen._rows]
+        assert {"Open", "Back", "Warm", "Evict", "Quit"} <= set(labels)

@@ -219,25 +219,23 @@ class DltopApp(App[None]):
             self.query_one("#tabs", TabbedContent).active = f"tab-{self._panes[n - 1].PANE_ID}"
 
     def action_help(self) -> None:
-        """Show every key and the current hints."""
+        """Show every key of the app and of the visible pane, enabled now or not, and the current hints."""
         rows: list[tuple[str, str]] = []
         seen = set()
-        for _node, binding in self._collect_bindings():
-            label = binding.description or binding.action
-            key = binding.key_display or self.get_key_display(binding)
-            if label not in seen:
-                seen.add(label)
-                rows.append((key, label))
+        pane = self._active_pane()
+        bindings = [*(pane.BINDINGS if pane is not None else []), *self.BINDINGS]
+        for binding in bindings:
+            if not isinstance(binding, Binding) or not binding.description:
+                continue
+            if (binding.id or "").startswith(("app.tab", "app.interrupt")) or binding.description in seen:
+                continue
+            seen.add(binding.description)
+            rows.append((binding.key_display or self.get_key_display(binding), binding.description))
         rows.append(("1-9", "switch tab"))
         rows.append(("ctrl+p", "command palette"))
         for h in self.hints:
             rows.append(("hint", h.text + (f" — {h.fix}" if h.fix else "")))
         self.push_screen(HelpScreen(rows))
-
-    def _collect_bindings(self) -> Iterable[tuple[object, Binding]]:
-        for node, binding, _enabled, _tooltip in self.screen.active_bindings.values():
-            if binding.show:
-                yield node, binding
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -247,5 +245,6 @@ class DltopApp(App[None]):
         yield SystemCommand("Help", "Every key and the current hints (?)", self.action_help)
         for i, pane in enumerate(self._panes, start=1):
             yield SystemCommand(f"Show {pane.TITLE}", f"Switch to tab {i}", lambda i=i: self.action_show_tab(i))
-        for pane in self._panes:
-            yield from pane.palette_commands()
+        active = self._active_pane()
+        if active is not None:  # a pane's actions work on its selection: offer the visible pane's only
+            yield from active.palette_commands()

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from rich.text import Text
 from textual.app import SystemCommand
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import DataTable, Label, Static
@@ -46,8 +47,17 @@ class Pane(Vertical):
                 return
 
     def palette_commands(self) -> Iterable[SystemCommand]:
-        """Command-palette entries for this pane's actions (the same actions its keys run)."""
-        return ()
+        """Command-palette entries for this pane's key bindings that can run now: the same `check_action`
+        gate as the keys, so `--read-only` or a replay cannot be bypassed from the palette."""
+        for binding in self.BINDINGS:
+            if not isinstance(binding, Binding) or not binding.description or "(" in binding.action:
+                continue
+            if self.check_action(binding.action, ()) is not True:
+                continue
+            method = getattr(self, f"action_{binding.action}", None)
+            if method is not None:
+                key = self.app.get_key_display(binding)
+                yield SystemCommand(f"{self.TITLE}: {binding.description}", f"the {key} key", method)
 
 
 # Redrawing costs far more than comparing: a monitor that repaints unchanged widgets every second burns CPU

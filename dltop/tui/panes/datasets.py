@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from rich.text import Text
 from textual import on, work
-from textual.app import ComposeResult, SystemCommand
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Input, Static
@@ -465,8 +464,3 @@ class DatasetPane(Pane):
                 self._scan_added(path)  # the old numbers stay, with their age, until it is done
                 break
 
-    def palette_commands(self) -> Iterable[SystemCommand]:
-        yield SystemCommand("Warm dataset", "Read the selected dataset into the page cache (w)", self.action_warm)
-        yield SystemCommand("Evict dataset", "Drop the selected dataset from the page cache (e)", self.action_evict)
-        yield SystemCommand("Lock / unlock dataset", "mlock the selected dataset (l)", self.action_lock)
-        yield SystemCommand("Add dataset", "Watch another folder (a)", self.action_add)

@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from dltop.derive import DiskRates, VmRates, memory_rates, vm_rates
 from dltop.fmt import human_bytes, human_count_rate, human_rate, percent, sparkline_rows
-from dltop.model import MemoryPart, Pressure, Snapshot, Unavailable
+from dltop.model import MemoryPart, Pressure, Snapshot, Unavailable, VmStat
 from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.view import View
 
@@ -39,78 +39,101 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:.1f}"
 
 
+def _pair(label: str, value: str, style: str = "") -> Text:
+    return Text.assemble((label + " ", "bold"), (value, style))
+
+
+def pack(pairs: list[Text], width: int) -> Text:
+    """Lay "label value" pairs out in lines no wider than `width`, breaking only between pairs (a wrap inside
+    "14.2 GiB of 16.0 GiB" would misread)."""
+    lines: list[list[Text]] = [[]]
+    used = 0
+    for pair in pairs:
+        need = len(pair) + (2 if lines[-1] else 0)
+        if lines[-1] and used + need > width:
+            lines.append([])
+            used, need = 0, len(pair)
+        lines[-1].append(pair)
+        used += need
+    return Text("\n").join(Text("  ").join(line) for line in lines)
+
+
 def _psi(name: str, p: Pressure | Unavailable) -> Text:
     if isinstance(p, Unavailable):
-        return Text.assemble((f"{name} ", "bold"), (str(p), "dim"))
+        return _pair(name, "n/a", "dim")  # the reason goes to the notes line
     full = f" full {p.full_avg10:.1f}%" if p.full_avg10 is not None else ""
     style = "bold red" if p.some_avg10 >= 10 else "yellow" if p.some_avg10 >= 1 else ""
-    return Text.assemble((f"{name} ", "bold"), (f"some {p.some_avg10:.1f}%{full}", style))
+    return _pair(name, f"some {p.some_avg10:.1f}%{full}", style)
 
 
-def summary_text(m: MemoryPart) -> Text:
-    """MemTotal / MemAvailable / Cached / Buffers / Shmem / Mlocked on one or two lines."""
-    t = Text()
-    t.append("Total ", "bold").append(human_bytes(m.total_bytes))
+def summary_text(m: MemoryPart, width: int = 200) -> Text:
+    """MemTotal / MemAvailable / Buffers / Shmem / Mlocked / file LRU, packed into lines of `width`."""
     avail_style = ""
     if m.available_bytes is not None and m.total_bytes and m.available_bytes < 0.1 * m.total_bytes:
         avail_style = "bold red"
-    t.append("  Available ", "bold").append(
-        f"{human_bytes(m.available_bytes)} ({percent(m.available_bytes, m.total_bytes)})", avail_style
-    )
-    t.append("  Buffers ", "bold").append(human_bytes(m.buffers_bytes))
-    t.append("  Shmem ", "bold").append(human_bytes(m.shmem_bytes))
-    t.append("  Mlocked ", "bold").append(human_bytes(m.mlocked_bytes))
-    t.append("  file active/inactive ", "bold").append(
-        f"{human_bytes(m.active_file_bytes)}/{human_bytes(m.inactive_file_bytes)}"
-    )
-    return t
+    return pack([
+        _pair("Total", human_bytes(m.total_bytes)),
+        _pair("Available", f"{human_bytes(m.available_bytes)} ({percent(m.available_bytes, m.total_bytes)})",
+              avail_style),
+        _pair("Buffers", human_bytes(m.buffers_bytes)),
+        _pair("Shmem", human_bytes(m.shmem_bytes)),
+        _pair("Mlocked", human_bytes(m.mlocked_bytes)),
+        _pair("file active/inactive", f"{human_bytes(m.active_file_bytes)}/{human_bytes(m.inactive_file_bytes)}"),
+    ], width)
 
 
-def activity_text(m: MemoryPart, vm: VmRates | None) -> Text:
-    """PSI and the page-cache traffic rates."""
-    t = Text()
-    t.append_text(_psi("mem PSI", m.pressure_memory))
-    t.append("  ")
-    t.append_text(_psi("io PSI", m.pressure_io))
-    t.append("\n")
+def activity_text(m: MemoryPart, vm: VmRates | None, width: int = 200) -> Text:
+    """PSI on the first line, the page-cache traffic rates on the second."""
+    first = Text("  ").join([_psi("mem PSI", m.pressure_memory), _psi("io PSI", m.pressure_io)])
     if isinstance(m.vmstat, Unavailable):
-        t.append("vmstat ", "bold").append(str(m.vmstat), "dim")
-        return t
-    if vm is None:
-        t.append("refaults ", "bold").append("(rates after the second reading)", "dim")
-        return t
-    refault_style = "bold yellow" if (vm.refaults_per_s or 0) > 1000 else ""
-    t.append("refaults ", "bold").append(f"{human_count_rate(vm.refaults_per_s)}/s", refault_style)
-    t.append("  majflt ", "bold").append(f"{human_count_rate(vm.major_faults_per_s)}/s")
-    t.append("  in ", "bold").append(human_rate(vm.page_in_bytes_per_s))
-    t.append("  out ", "bold").append(human_rate(vm.page_out_bytes_per_s))
-    t.append("  scan ", "bold").append(f"{human_count_rate(vm.scanned_per_s)}/s")
-    if m.vmstat.oom_kill is not None:
-        t.append("  oom_kill ", "bold").append(str(m.vmstat.oom_kill), "bold red" if vm.oom_kills else "")
-    return t
+        rates = [_pair("vmstat", "n/a", "dim")]
+    elif vm is None:
+        rates = [_pair("refaults", "(rates after the second reading)", "dim")]
+    else:
+        refault_style = "bold yellow" if (vm.refaults_per_s or 0) > 1000 else ""
+        rates = [
+            _pair("refaults", f"{human_count_rate(vm.refaults_per_s)}/s", refault_style),
+            _pair("majflt", f"{human_count_rate(vm.major_faults_per_s)}/s"),
+            _pair("in", human_rate(vm.page_in_bytes_per_s)),
+            _pair("out", human_rate(vm.page_out_bytes_per_s)),
+            _pair("scan", f"{human_count_rate(vm.scanned_per_s)}/s"),
+        ]
+        if m.vmstat.oom_kill is not None:
+            rates.append(_pair("oom_kill", str(m.vmstat.oom_kill), "bold red" if vm.oom_kills else ""))
+    return Text("\n").join([first, pack(rates, width)])
 
 
-def cgroup_text(m: MemoryPart) -> Text:
+def cgroup_text(m: MemoryPart, width: int = 200) -> Text:
     """The watched process's memory cgroup: usage against memory.max."""
     cg = m.cgroup
-    t = Text()
-    t.append("cgroup ", "bold")
     if cg is None:
-        return t.append("not watched", "dim")
+        return _pair("cgroup", "not watched", "dim")
     if isinstance(cg, Unavailable):
-        return t.append(cg.reason, "dim")
-    t.append(cg.path + " ")
+        return Text.assemble(("cgroup ", "bold"), (cg.reason, "dim"))
+    pairs = [_pair("cgroup", cg.path)]
     if cg.max_bytes is not None and cg.current_bytes is not None:
         share = cg.current_bytes / cg.max_bytes if cg.max_bytes else 0
-        style = "bold red" if share >= 0.9 else ""
-        t.append(f"{human_bytes(cg.current_bytes)} of {human_bytes(cg.max_bytes)} ({100 * share:.0f}%)", style)
+        pairs.append(_pair("used", f"{human_bytes(cg.current_bytes)} of {human_bytes(cg.max_bytes)} "
+                                   f"({100 * share:.0f}%)", "bold red" if share >= 0.9 else ""))
     else:
-        t.append(f"{human_bytes(cg.current_bytes)}, no limit")
-    t.append("  file ", "bold").append(human_bytes(cg.file_bytes))
-    t.append("  dirty ", "bold").append(human_bytes(cg.file_dirty_bytes))
+        pairs.append(_pair("used", f"{human_bytes(cg.current_bytes)}, no limit"))
+    pairs.append(_pair("file", human_bytes(cg.file_bytes)))
+    pairs.append(_pair("dirty", human_bytes(cg.file_dirty_bytes)))
     if cg.oom_kill is not None:
-        t.append("  oom_kill ", "bold").append(str(cg.oom_kill), "bold red" if cg.oom_kill else "")
-    return t
+        pairs.append(_pair("oom_kill", str(cg.oom_kill), "bold red" if cg.oom_kill else ""))
+    return pack(pairs, width)
+
+
+def unavailable_notes(m: MemoryPart) -> list[str]:
+    """Why each missing value is missing, for the notes line."""
+    notes = [f"{k}: {v}" for k, v in m.unavailable.items()]
+    for name, part in (("mem PSI", m.pressure_memory), ("io PSI", m.pressure_io), ("vmstat", m.vmstat),
+                       ("disks", m.disks)):
+        if isinstance(part, Unavailable):
+            notes.append(f"{name}: {part.reason}")
+    if isinstance(m.vmstat, VmStat):
+        notes.extend(f"{k}: {v}" for k, v in m.vmstat.unavailable.items())
+    return notes
 
 
 def _disk_row(d: DiskRates) -> tuple[str, ...]:
@@ -201,7 +224,8 @@ class PageCachePane(Pane):
         if not isinstance(m, MemoryPart):
             set_content(summary, Text(f"memory: {m}" if m is not None else "memory: not sampled", "dim"))
             return
-        set_content(summary, summary_text(m))
+        width = max(20, self.size.width)
+        set_content(summary, summary_text(m, width))
         history = list(view.history)
         vm, disks = memory_rates(view.previous, view.snapshot)
         sparks = self.query_one("#pc-sparks", Static)
@@ -211,11 +235,14 @@ class PageCachePane(Pane):
         rate = vm.refaults_per_s if vm is not None else None
         charts.append(("Refaults", human_count_rate(rate) + "/s", self._refaults(history), "$warning"))
         set_content(sparks, sparkline_block(charts, width, sparks.size.height))
-        set_content(self.query_one("#pc-activity", Static), activity_text(m, vm))
-        set_content(self.query_one("#pc-cgroup", Static), cgroup_text(m))
-        notes = [f"{k}: {v}" for k, v in m.unavailable.items()]
-        if isinstance(m.disks, Unavailable):
-            notes.append(f"disks: {m.disks.reason}")
+        activity = self.query_one("#pc-activity", Static)
+        text = activity_text(m, vm, width)
+        lines = text.plain.count("\n") + 1
+        if activity.styles.height is None or activity.styles.height.value != lines:
+            activity.styles.height = lines  # a layout pass only when the rates need another line
+        set_content(activity, text)
+        set_content(self.query_one("#pc-cgroup", Static), cgroup_text(m, width))
+        notes = unavailable_notes(m)
         notes_widget = self.query_one("#pc-notes", Static)
         set_content(notes_widget, Text("; ".join(notes), "dim"))
         notes_widget.display = bool(notes)
