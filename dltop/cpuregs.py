@@ -319,7 +319,10 @@ def parse_decode_arg(text: str) -> tuple[str, int]:
         raise DltopError(f"--decode: unknown register {name!r}; known: {', '.join(REGISTERS)}")
     raw = raw.strip().replace("_", "")
     try:
-        value = int(raw, 16) if raw.lower().startswith("0x") or not raw.isdigit() else int(raw, 10)
+        if raw.lower().startswith(("0x", "0b", "0o")):
+            value = int(raw, 0)
+        else:  # plain digits are decimal; a bare value with hex letters is hex, as pasted from a dump
+            value = int(raw, 10) if raw.isdigit() else int(raw, 16)
     except ValueError:
         raise DltopError(f"--decode: {raw!r} is not a number (write hex as 0x...)") from None
     if not 0 <= value < 1 << 64:

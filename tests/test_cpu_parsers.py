@@ -70,6 +70,10 @@ def test_mask_rejects_garbage(bad: str) -> None:
 
 @given(st.integers(min_value=0, max_value=1 << 20), st.sampled_from([("K", 10), ("M", 20), ("G", 30), ("", 0)]))
 def test_size_units(n: int, unit: tuple[str, int]) -> None:
+    if n << unit[1] > 1 << 40:  # beyond any real CPU cache: refused as corrupt
+        with pytest.raises(ValueError):
+            parse_size(f"{n}{unit[0]}\n")
+        return
     assert parse_size(f"{n}{unit[0]}\n") == n << unit[1]
 
 
@@ -203,3 +207,13 @@ def test_intel_hybrid_splits_p_and_e_cores(tmp_path: Path) -> None:
     kinds = {k.name: k.cpus for k in part.core_kinds}  # type: ignore[union-attr]
     assert kinds == {"Intel(R) Core(TM) Ultra 7 P-core": (0, 1), "Intel(R) Core(TM) Ultra 7 E-core": (2, 3, 4, 5)}
     assert part.arch == "x86_64"  # type: ignore[union-attr]
+
+
+def test_absurd_values_are_refused_not_expanded() -> None:
+    # A corrupt list must not make dltop build a set of 127 million CPUs (QA: 9 GB RSS, hung).
+    with pytest.raises(ValueError, match="beyond"):
+        parse_cpu_list("0-127000000")
+    with pytest.raises(ValueError, match="wider"):
+        parse_cpu_mask(",".join(["ffffffff"] * 4096))
+    with pytest.raises(ValueError, match="larger than any CPU cache"):
+        parse_size("18446744073709551616K")

@@ -91,12 +91,15 @@ def test_midr_names() -> None:
     ("ctr_el0 = 0x8444_8004", "CTR_EL0", 0x84448004),
     ("MIDR_EL1=1091555377", "MIDR_EL1", 1091555377),
     ("CCSIDR_EL1=700fe01a", "CCSIDR_EL1", 0x700FE01A),
+    ("CTR_EL0=0b101", "CTR_EL0", 5),  # binary is binary, not the hex 0xb101
+    ("CTR_EL0=0o17", "CTR_EL0", 15),
 ])
 def test_parse_decode_arg(arg: str, name: str, value: int) -> None:
     assert cpuregs.parse_decode_arg(arg) == (name, value)
 
 
-@pytest.mark.parametrize("arg", ["CTR_EL0", "FOO=1", "CTR_EL0=0xzz", "CTR_EL0=0x1" + "0" * 16, "CTR_EL0=-1"])
+@pytest.mark.parametrize("arg", ["CTR_EL0", "FOO=1", "CTR_EL0=0xzz", "CTR_EL0=0x1" + "0" * 16, "CTR_EL0=-1",
+                                 "CTR_EL0=0b102"])
 def test_parse_decode_arg_errors(arg: str) -> None:
     with pytest.raises(DltopError):
         cpuregs.parse_decode_arg(arg)

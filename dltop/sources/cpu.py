@@ -47,6 +47,10 @@ def clean(text: str) -> str:
     return text.replace("\0", "").strip()
 
 
+MAX_CPU_ID = (1 << 16) - 1  # Linux's NR_CPUS tops out at 8192; anything far beyond is a corrupt file
+MAX_CACHE_BYTES = 1 << 40  # the largest real CPU caches are around 1 GiB; a 1 TiB "cache" is a corrupt file
+
+
 def parse_cpu_list(text: str) -> tuple[int, ...]:
     """Kernel list syntax '0-3,8,10-11' (also 'a-b:used/group', as bitmap_parselist takes) -> sorted CPUs."""
     out: set[int] = set()
@@ -63,6 +67,8 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
         hi = int(hi_s) if dash else lo
         if hi < lo:
             raise ValueError(f"bad range {chunk!r}")
+        if hi > MAX_CPU_ID:
+            raise ValueError(f"CPU id {hi} beyond {MAX_CPU_ID} in {chunk!r}")
         if stride:
             used_s, _, group_s = stride.partition("/")
             used, group = int(used_s), int(group_s)
@@ -91,6 +97,8 @@ def format_cpu_list(cpus: Iterable[int]) -> str:
 def parse_cpu_mask(text: str) -> tuple[int, ...]:
     """Kernel mask syntax '00000000,00080000,00000008' (32-bit hex words, most significant first) -> CPUs."""
     words = clean(text).split(",")
+    if len(words) * 32 > MAX_CPU_ID + 1:
+        raise ValueError(f"mask of {len(words)} words is wider than {MAX_CPU_ID + 1} CPUs")
     value = 0
     for w in words:
         w = w.strip()
@@ -108,6 +116,8 @@ def parse_size(text: str) -> int:
     n = int(digits)
     if n < 0:
         raise ValueError(f"negative size {text!r}")
+    if n * mult > MAX_CACHE_BYTES:
+        raise ValueError(f"size {text!r} is larger than any CPU cache")
     return n * mult
 
 
@@ -353,8 +363,13 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
     # Which CPUs are online: the `online` list if there is one, else each CPU's own `online`, else all of them.
     online_list = tree.attr(f"{CPU_DIR}/online")
     if online_list is not None:
-        online = set(parse_cpu_list(online_list))
-    else:
+        try:
+            online = set(parse_cpu_list(online_list))
+        except ValueError as e:
+            flags.append(CpuFlag("bad_online_list", "warning",
+                                 f"{CPU_DIR}/online is unreadable ({e}); each CPU's own online file used"))
+            online_list = None
+    if online_list is None:
         online = {c for c, rel in cpu_dirs.items() if tree.attr(rel / "online") != "0"}
     all_cpus = sorted(set(cpu_dirs) | {e.cpu for e in cpuinfo})
     if not cpu_dirs:
@@ -492,7 +507,8 @@ def _kind_caches(name: str, cpus: list[int], caches: tuple[CacheInstance, ...], 
         if len(sizes) > 1:
             flags.append(CpuFlag("kind_sizes_differ", "info",
                                  f"{name} CPUs see {cname} of different sizes: "
-                                 + ", ".join(str(s) for s in sorted(sizes, key=lambda s: s or 0)),
+                                 + ", ".join("unknown" if s is None else f"{s >> 10} KiB"
+                                             for s in sorted(sizes, key=lambda s: s or 0)),
                                  tuple(cpus)))
         others = sorted({kind_of[c] for i in insts for c in i.cpus if c in kind_of and kind_of[c] != name})
         out.append(KindCache(
