@@ -151,9 +151,13 @@ def tree_lines(nodes: Sequence[TopologyNode], fold: bool = True, max_depth: int 
             conn = "└─ " if last else "├─ "
             if len(run) > 1:
                 cpus = sorted(x for r in run for x in r.cpus)
-                where = "" if each else f"  [CPUs {format_cpu_list(cpus)}]"
+                # Say how many CPUs each one serves: "[CPUs 0-1]" after a folded run read as if every
+                # instance spanned all of them.
+                per = len(node.cpus)
+                where = "" if each else (f"  [{per} CPU{'s' if per != 1 else ''} each, "
+                                         f"CPUs {format_cpu_list(cpus)} in all]")
                 out.append(f"{prefix}{conn}{len(run)} × {_fold_label(node)}{where}"
-                           + (", each:" if node.children else ""))
+                           + (", each with:" if node.children else ""))
             else:
                 out.append(prefix + conn + label(node, each))
             if max_depth is None or depth < max_depth:
