@@ -87,4 +87,5 @@ def set_row(table: DataTable, key: str, columns: tuple[str, ...], values: tuple[
         return
     for col, value in zip(columns, values, strict=True):
         if table.get_cell(key, col) != value:
-            table.update_cell(key, col, value)
+            # update_width: a column sized for "10%" must grow when "100%" arrives, not cut it to "10".
+            table.update_cell(key, col, value, update_width=True)

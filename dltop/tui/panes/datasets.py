@@ -147,11 +147,13 @@ class DatasetPane(Pane):
                 age = now - ds.scanned_at if ds.scanned_at else None
                 label = ds.path + (" 🔒" if ds.path in self._locks else "")
                 if ds.error:
-                    wanted[ds.path] = (label, "", "", "", "", "", ds.error)
+                    # The reason goes to the notes line, where it has room; the row only says it failed.
+                    wanted[ds.path] = (label, "-", "-", "-", "-", "-", "error")
                 else:
                     wanted[ds.path] = row_values(ds, ds.page_size, label, age)
             title = Text.assemble(("Datasets", "bold"), f"  {len(datasets)} watched")
-            total = sum(d.size_bytes for d in datasets)
+            # Pages against pages, as fincore counts them: a 17-byte file is one 4 KiB page, not "17 B".
+            total = sum(d.pages * d.page_size for d in datasets)
             res = sum(d.resident_pages * d.page_size for d in datasets)
             if datasets:
                 title.append(f"  {human_bytes(res)} of {human_bytes(total)} resident")
@@ -165,7 +167,7 @@ class DatasetPane(Pane):
                 name = os.path.basename(child.path) + "/"
                 wanted[child.path] = row_values(child, ps, name + (" 🔒" if child.path in self._locks else ""), age)
             title = Text.assemble(("Datasets", "bold"), " › ", (node.path, "bold"),
-                                  f"  {human_bytes(node.resident_pages * ps)} of {human_bytes(node.size_bytes)} "
+                                  f"  {human_bytes(node.resident_pages * ps)} of {human_bytes(node.pages * ps)} "
                                   f"resident ({pct_text(node)}), {node.files} files")
             if not node.children:
                 title.append("  (no folders below: files are counted in this total)", "dim")
@@ -175,8 +177,11 @@ class DatasetPane(Pane):
         for key, values in wanted.items():
             set_row(table, key, COLUMNS, values)
         self._rows = list(wanted)
-        set_content(self.query_one("#ds-notes", Static), self._notes(owner or (datasets[0] if len(datasets) == 1
-                                                                                else None)))
+        notes = self._notes(owner or (datasets[0] if len(datasets) == 1 else None))
+        for ds in datasets:
+            if ds.error and ds is not owner:
+                notes.append(f"\n{ds.path}: {ds.error}", "red")
+        set_content(self.query_one("#ds-notes", Static), notes)
         self._maybe_rescan_added(now)
 
     def _notes(self, ds: DatasetResidency | None) -> Text:
@@ -187,7 +192,8 @@ class DatasetPane(Pane):
             t.append(f"? {human_bytes(ds.unknown_pages * ds.page_size)} unknown: {ds.unknown_reason}\n", "yellow")
         bits = [f"{ds.method} on {ds.fs_type or '?'}", f"scanned in {ds.scan_duration_s:.2f}s"]
         if not ds.complete:
-            bits.append("scan incomplete")
+            why = ds.error or (ds.problems[0] if ds.problems else "cut short by its time budget or a cancel")
+            bits.append(f"scan incomplete: {why}")
         if ds.skipped:
             bits.append("skipped " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in ds.skipped.items()))
         t.append(" · ".join(bits))
@@ -387,7 +393,8 @@ class DatasetPane(Pane):
         self._busy = None
         self._cancel = None
         set_content(self.query_one("#ds-progress", Static), Text(message, "bold" if severity != "error" else "red"))
-        self.notify(message, severity=severity)  # type: ignore[arg-type]
+        if severity == "error":  # success is on the progress line already; a toast would cover the notes
+            self.notify(message, severity="error", timeout=8)
         self.refresh_bindings()
         self._rerender()
 
