@@ -177,6 +177,19 @@ def main() -> int:
         rows.append((name, "evict", median(d_ev), median(v_ev), None, None,
                      f"left after: dltop {max(d_after)} ({pct:.2f}%) vmtouch {max(v_after)} of {total} pages"))
 
+    # The device's own speed on the big tree: every file read in parallel with O_DIRECT (no page cache), the
+    # floor under any warm of it.
+    big_files = sorted(trees["big"].glob("*.bin"))
+    raw = []
+    for _ in range(args.repeat):
+        drop_caches(trees["big"])
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen(["dd", f"if={f}", "of=/dev/null", "bs=8M", "iflag=direct"],
+                                  stderr=subprocess.DEVNULL) for f in big_files]
+        for p in procs:
+            p.wait()
+        raw.append(time.perf_counter() - t0)
+
     targets = {("small", "scan"): 0.8, ("big", "scan"): 0.2, ("small", "warm"): 0.3, ("big", "warm"): 0.3}
     print(f"trees: small = {SMALL_FILES} x {SMALL_BYTES // 1024} KiB, big = {BIG_FILES} x {BIG_BYTES >> 20} MiB; "
           f"median of {args.repeat}; whole-process seconds")
@@ -189,6 +202,8 @@ def main() -> int:
         fc = f"{f:8.3f}" if f is not None else f"{'-':>8}"
         ec = f"{e:8.3f} {e / v:7.2f}" if e is not None else f"{'-':>8} {'-':>7}"
         print(f"{tree_name:<6} {op:<6} {d:8.3f} {v:8.3f} {fc} {ratio:6.2f} {verdict:>9} {ec}  {note}")
+    print(f"device: the big tree read with O_DIRECT, {len(big_files)} dd in parallel (no page cache): "
+          f"{median(raw):.3f}s")
     bare = median([timed([PY, "-c", "pass"])[0] for _ in range(5)])
     t = median([timed(dl + ["residency", "--help"])[0] for _ in range(5)])
     print(f"start-up: python -c pass {bare:.3f}s, python -m dltop residency --help {t:.3f}s; "
