@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 
 from dltop.config import settings_from_args
 from dltop.errors import DltopError, UsageError
@@ -29,6 +30,9 @@ def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
     settings = settings_from_args(args)
     from dltop.tui.app import DltopApp
 
+    # A TUI without its terminal is useless: let a hangup end it even when the shell ignored SIGHUP (nohup).
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     sampler = Sampler(build_sources(settings), root=settings.root)
-    DltopApp(sampler, settings).run()
-    return 0
+    app = DltopApp(sampler, settings)
+    app.run()
+    return app.return_code or 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -96,6 +97,8 @@ class DltopApp(App[None]):
         yield Footer()
 
     async def on_mount(self) -> None:
+        if not self.is_headless and os.isatty(0):
+            self.set_interval(1.0, self._exit_if_terminal_gone)
         self.feed.start()
         await self.feed.wait_first(timeout_s=0.3)
         for snap in self.feed.backlog():
@@ -111,6 +114,13 @@ class DltopApp(App[None]):
 
     def on_unmount(self) -> None:
         self.feed.close()
+
+    def _exit_if_terminal_gone(self) -> None:
+        # After an SSH drop with SIGHUP ignored (nohup, some multiplexers) the tty reads EOF forever and
+        # Textual's input thread spins on it at 100% CPU next to the training job. A monitor with no
+        # terminal has nothing to do: leave.
+        if not os.isatty(0):
+            self.exit(return_code=129)
 
     def on_resize(self, event: events.Resize) -> None:
         self._check_size(event.size.width, event.size.height)

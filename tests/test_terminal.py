@@ -1,0 +1,52 @@
+"""dltop in a real terminal (tmux): it draws, and it leaves when the terminal goes away."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+
+
+def _tmux(sock: str, *args: str) -> str:
+    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, check=True).stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("ignore_hup", [False, True], ids=["plain", "nohup"])
+def test_leaves_when_the_terminal_hangs_up(ignore_hup: bool) -> None:
+    # `trap '' HUP` is what nohup and some multiplexers leave behind: the tty then reads EOF forever, and a
+    # TUI that stays would spin on it next to the training job.
+    sock = f"dltop-test-{os.getpid()}-{ignore_hup}"
+    prefix = "trap '' HUP; " if ignore_hup else ""
+    _tmux(sock, "new-session", "-d", "-x", "80", "-y", "24",
+          f"{prefix}exec {sys.executable} -m dltop")
+    try:
+        pid = int(_tmux(sock, "list-panes", "-F", "#{pane_pid}").split()[0])
+        deadline = time.monotonic() + 15
+        while "Page cache" not in _tmux(sock, "capture-pane", "-p"):
+            assert time.monotonic() < deadline, "no first frame"
+            time.sleep(0.1)
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "dltop kept running after its terminal went away"
