@@ -33,7 +33,7 @@ def test_leaves_when_the_terminal_hangs_up(ignore_hup: bool) -> None:
     # TUI that stays would spin on it next to the training job.
     sock = f"dltop-test-{os.getpid()}-{ignore_hup}"
     prefix = "trap '' HUP; " if ignore_hup else ""
-    _tmux(sock, "new-session", "-d", "-x", "80", "-y", "24",
+    _tmux(sock, "new-session", "-d", "-c", str(REPO), "-x", "80", "-y", "24",
           f"{prefix}exec {sys.executable} -m dltop")
     try:
         pid = int(_tmux(sock, "list-panes", "-F", "#{pane_pid}").split()[0])
