@@ -62,14 +62,20 @@ def percent(part: float | None, whole: float | None, missing: str = "n/a") -> st
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
 
+def _columns(values: list[float], width: int) -> list[float]:
+    """At most `width` values: older readings merged into columns by their maximum, so no spike is lost."""
+    if len(values) <= width:
+        return values
+    step = len(values) / width
+    return [max(values[int(i * step): max(int((i + 1) * step), int(i * step) + 1)]) for i in range(width)]
+
+
 def sparkline(values: list[float], width: int, top: float | None = None) -> str:
     """The last values as a one-line bar chart `width` columns wide, right-aligned, scaled from 0 to `top`
     (default: the largest value shown); older values are merged into columns by their maximum."""
     if width <= 0:
         return ""
-    if len(values) > width:
-        step = len(values) / width
-        values = [max(values[int(i * step): max(int((i + 1) * step), int(i * step) + 1)]) for i in range(width)]
+    values = _columns(values, width)
     scale = top if top is not None else max(values, default=0.0)
     last = len(SPARK_CHARS) - 1
     if scale <= 0:
@@ -85,9 +91,7 @@ def sparkline_rows(values: list[float], width: int, height: int, top: float | No
         return [sparkline(values, width, top)]
     if width <= 0:
         return [""] * height
-    if len(values) > width:
-        step = len(values) / width
-        values = [max(values[int(i * step): max(int((i + 1) * step), int(i * step) + 1)]) for i in range(width)]
+    values = _columns(values, width)
     scale = top if top is not None else max(values, default=0.0)
     levels = 8 * height
     # Every column shows at least the lowest bar, as the one-row sparkline does, so zero is visible.
