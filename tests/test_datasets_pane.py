@@ -6,6 +6,7 @@ Update the pictures with `pytest tests/test_datasets_pane.py --snapshot-update`.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from dltop.tui.view import View
 from tests.test_pagecache_util import (
     PS,
     ddir_fixture,  # noqa: F401  (the `ddir` fixture)
+    evict_file,
     make_file,
     read_file,
     resident,
@@ -56,6 +58,15 @@ async def _open_tab(app: DltopApp, pilot) -> None:
     await pilot.pause()
     # The tab's number key alone hands the keyboard to the table: w/e/l work and show in the footer.
     assert app.query_one("#ds-table", DataTable).has_focus
+
+
+async def _wait_confirm(app: App, pilot) -> ConfirmScreen:
+    """The warm dialog comes once a fresh measurement (in a worker thread) says how much a warm reads."""
+    for _ in range(200):
+        await pilot.pause(0.02)
+        if isinstance(app.screen, ConfirmScreen):
+            return app.screen
+    raise AssertionError("no confirmation dialog")
 
 
 async def _wait_idle(pane: DatasetPane, pilot) -> None:
@@ -97,15 +108,14 @@ async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) 
         await _open_tab(app, pilot)
         pane = app.query_one(DatasetPane)
         await pilot.press("w")
-        await pilot.pause()
-        assert isinstance(app.screen, ConfirmScreen)
-        body = str(app.screen.query_one("#confirm-body", Static).render())
+        screen = await _wait_confirm(app, pilot)
+        body = str(screen.query_one("#confirm-body", Static).render())
         assert "1.6 MiB" in body and "Memory guard: ok" in body
         await pilot.press("n")  # no: nothing happens
         await pilot.pause()
         assert sum(resident(f) for f in files) == 32
         await pilot.press("w")
-        await pilot.pause()
+        await _wait_confirm(app, pilot)
         await pilot.press("y")
         await _wait_idle(pane, pilot)
         assert all(resident(f) == f.stat().st_size // PS for f in files)
@@ -132,6 +142,47 @@ async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) 
         assert pane._locks == {}
 
 
+async def test_warm_dialog_states_the_data_of_a_sparse_file_not_its_size(ddir: Path) -> None:
+    f = ddir / "sparse.bin"
+    with open(f, "wb") as fh:
+        fh.truncate(10 << 30)
+        fh.write(os.urandom(26 << 20))
+        fh.flush()
+        os.fsync(fh.fileno())
+    evict_file(f)
+    if f.stat().st_blocks * 512 >= 10 << 30:
+        pytest.skip("filesystem without sparse files")
+    app = DltopApp(ListFeed([snap_of(ddir)]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_tab(app, pilot)
+        await pilot.press("w")
+        screen = await _wait_confirm(app, pilot)
+        assert str(screen.query_one("#confirm-title", Static).render()) == "Warm 26.0 MiB?"
+        assert "Read 26.0 MiB" in str(screen.query_one("#confirm-body", Static).render())
+        await pilot.press("n")
+        await pilot.pause()
+    assert resident(f) == 0
+
+
+async def test_lock_dialog_guards_every_byte_it_locks(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dltop.actions import pagecache as pc
+
+    files = [make_file(ddir / f"l{i}.bin", 64 * PS) for i in range(2)]
+    for f in files:
+        read_file(f)  # all resident: locking still takes 512 KiB out of MemAvailable
+    margin = pc.safety_margin_bytes(64 << 30)
+    monkeypatch.setattr(pc, "read_meminfo", lambda *a: {"MemTotal": 64 << 30, "MemAvailable": margin + 256 * 1024})
+    app = DltopApp(ListFeed([snap_of(ddir)]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_tab(app, pilot)
+        await pilot.press("l")
+        screen = await _wait_confirm(app, pilot)
+        body = str(screen.query_one("#confirm-body", Static).render())
+        assert "Memory guard: refused: 512 KiB" in body
+        await pilot.press("n")
+        await pilot.pause()
+
+
 async def test_esc_cancels_a_running_warm(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dltop.actions import pagecache as pc
 
@@ -154,7 +205,7 @@ async def test_esc_cancels_a_running_warm(ddir: Path, monkeypatch: pytest.Monkey
         await _open_tab(app, pilot)
         pane = app.query_one(DatasetPane)
         await pilot.press("w")
-        await pilot.pause()
+        await _wait_confirm(app, pilot)
         await pilot.press("y")
         for _ in range(100):
             await pilot.pause(0.02)

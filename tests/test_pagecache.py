@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from tests.test_pagecache_util import (
     PS,
     REPO,
     ddir_fixture,  # noqa: F401  (the `ddir` fixture)
+    evict_file,
     fincore_resident_pages,
     make_file,
     needs_fincore,
@@ -367,3 +369,188 @@ def test_warm_refused_by_the_guard_stops_the_waiting_helper(
         pc.warm([str(ddir)])
     assert len(two_procs) == 1 and two_procs[0].proc is not None and two_procs[0].proc.poll() is not None
     assert sum(resident(f) for f in files) == 0
+
+
+# Ctrl-C and SIGTERM in the middle of an action: the summary, never a traceback.
+
+
+@pytest.fixture(scope="module")
+def big_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """16 x 32 MiB on disk: long enough a warm or a lock that a signal lands in the middle of it."""
+    import shutil
+
+    from tests.test_pagecache_util import disk_dir
+
+    d = disk_dir(tmp_path_factory.mktemp("big"))
+    block = os.urandom(1 << 20)
+    for i in range(16):
+        with open(d / f"b{i:02}.bin", "wb") as fh:
+            for _ in range(32):
+                fh.write(block)
+            fh.flush()
+            os.fsync(fh.fileno())
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _signal_mid_action(root: Path, args: list[str], sig: int) -> subprocess.CompletedProcess[str]:
+    """Start `dltop ARGS` on a cold `root`; send `sig` as soon as it has one of root's files open."""
+    for f in root.iterdir():
+        evict_file(f)
+    p = subprocess.Popen([sys.executable, "-m", "dltop", *args], cwd=REPO, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sent = False
+    try:
+        deadline = time.monotonic() + 30
+        while not sent and p.poll() is None and time.monotonic() < deadline:
+            try:
+                fds = os.listdir(f"/proc/{p.pid}/fd")
+            except OSError:
+                fds = []
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{p.pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(str(root) + "/"):
+                    p.send_signal(sig)
+                    sent = True
+                    break
+            time.sleep(0.001)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert sent, f"dltop finished before it could be interrupted: {err}"
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+@pytest.mark.parametrize(("action", "sig", "as_json"), [
+    ("warm", signal.SIGINT, False),
+    ("warm", signal.SIGINT, True),
+    ("warm", signal.SIGTERM, True),
+    ("lock", signal.SIGINT, False),
+    ("lock", signal.SIGTERM, True),
+], ids=["warm-int", "warm-int-json", "warm-term-json", "lock-int", "lock-term-json"])
+def test_signal_mid_action_stops_cleanly_with_the_summary(
+    big_tree: Path, action: str, sig: int, as_json: bool
+) -> None:
+    r = _signal_mid_action(big_tree, [action, str(big_tree), *(["--json"] if as_json else [])], sig)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 128 + sig, (r.returncode, r.stderr)
+    if as_json:
+        s = json.loads(r.stdout)
+        assert s["cancelled"] is True and s["action"] == action and 0 <= s["done_bytes"] < s["total_bytes"]
+    else:
+        verb = {"warm": "warmed", "lock": "locked"}[action]
+        assert r.stdout.startswith(verb) and "(cancelled)" in r.stdout.splitlines()[0]
+    if action == "lock":  # nothing stays locked: DONTNEED drops every page again
+        for f in big_tree.iterdir():
+            evict_file(f)
+            assert resident(f) == 0
+
+
+# Sparse files: the guard and the totals count the data a warm reads, not the holes it skips.
+
+
+def _sparse(path: Path, apparent: int, data: int) -> Path:
+    with open(path, "wb") as fh:
+        fh.truncate(apparent)
+        fh.write(os.urandom(data))
+        fh.flush()
+        os.fsync(fh.fileno())
+    evict_file(path)
+    if pc._data_extents(os.open(path, os.O_RDONLY), apparent) == [(0, apparent)]:
+        pytest.skip("filesystem without SEEK_DATA")
+    return path
+
+
+def test_guard_counts_the_data_of_sparse_files_not_their_holes(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = _sparse(ddir / "huge", 100 * GIB, 4 << 20)
+    margin = pc.safety_margin_bytes(64 * GIB)
+    monkeypatch.setattr(pc, "read_meminfo", lambda *a: {"MemTotal": 64 * GIB, "MemAvailable": margin + (64 << 20)})
+    d = pc.warm([str(ddir)], dry_run=True)  # the exact plan (a residency scan)
+    assert d.total_bytes == 4 << 20 and d.guard is not None and d.guard.ok and d.guard.need_bytes == 4 << 20
+    r = pc.warm([str(ddir)])  # the quick plan from sizes
+    assert r.guard is not None and r.guard.ok and r.total_bytes == r.done_bytes == 4 << 20
+    assert resident(f) == 1024
+
+
+def test_warm_command_on_a_sparse_file_is_not_refused(ddir: Path) -> None:
+    _sparse(ddir / "huge", 100 * GIB, 4 << 20)
+    r = dltop("warm", str(ddir))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("warmed 4.0 MiB") and "memory guard: ok: 4.0 MiB fits" in r.stdout
+
+
+# Units: bytes are whole pages everywhere.
+
+
+def test_warm_json_counts_whole_pages_in_total_and_done(ddir: Path) -> None:
+    (ddir / "tiny").write_bytes(b"x" * 17)
+    evict_file(ddir / "tiny")
+    for args in (["--dry-run"], []):
+        s = json.loads(dltop("warm", str(ddir), "--json", *args).stdout)
+        assert s["total_bytes"] == PS, args
+        if not args:
+            assert s["done_bytes"] == PS and s["resident_pages_after"] == 1
+
+
+def test_lock_dry_run_guards_the_bytes_it_would_lock(ddir: Path) -> None:
+    files = [make_file(ddir / f"l{i}.bin", 32 * PS) for i in range(3)]
+    for f in files:
+        read_file(f)  # resident already: locking them still takes them out of MemAvailable
+    r = dltop("lock", str(ddir), "--dry-run", "--json")
+    s = json.loads(r.stdout)
+    assert s["total_bytes"] == 96 * PS == s["guard"]["need_bytes"]
+    text = dltop("lock", str(ddir), "--dry-run").stdout
+    assert "would lock 384 KiB" in text and "memory guard: ok: 384 KiB fits" in text
+
+
+# As user nobody: hidden residency is unknown, unreadable paths are errors with their real reason.
+
+
+def dltop_as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/"}
+    return subprocess.run([*NOBODY, sys.executable, "-m", "dltop", *args], capture_output=True, text=True,
+                          env=env, timeout=60, cwd="/")
+
+
+@needs_root
+def test_evict_and_warm_as_nobody_say_unknown_not_zero(ddir: Path) -> None:
+    f = make_file(ddir / "a" / "f.bin", 64 * PS, mode=0o644)  # root's, readable by all, writable by none
+    read_file(f)
+    r = dltop_as_nobody("evict", str(ddir / "a"))
+    assert r.returncode == 0, r.stderr
+    assert resident(f) == 0  # the kernel did evict it
+    assert r.stdout.startswith("evicted 256 KiB in 1 files")  # the DONTNEED done, not a hidden measurement
+    assert "0.0%" not in r.stdout and "resident now: unknown for 64 pages" in r.stdout
+    assert "owner or as root" in r.stdout
+    s = json.loads(dltop_as_nobody("warm", str(ddir / "a"), "--json").stdout)
+    assert resident(f) == 64
+    assert s["unknown_pages"] == 64 and s["resident_pages_after"] == 0 and s["done_bytes"] == 64 * PS
+    assert any("owner or as root" in n for n in s["notes"])
+    r = dltop_as_nobody("warm", str(ddir / "a"))
+    assert "0.0%" not in r.stdout and "unknown for 64 pages" in r.stdout
+
+
+@needs_root
+def test_unreadable_paths_as_nobody_are_errors_with_the_real_reason(ddir: Path) -> None:
+    locked = ddir / "locked"
+    make_file(locked / "s", PS)
+    make_file(ddir / "ok.bin", PS)
+    os.chmod(locked, 0)
+    try:
+        r = dltop_as_nobody("residency", str(locked / "s"))
+        assert r.returncode == 1 and r.stderr == f"dltop: permission denied: {locked / 's'}\n"
+        for cmd in ("residency", "warm", "evict", "lock"):
+            r = dltop_as_nobody(cmd, str(locked))
+            assert r.returncode == 1 and r.stderr == f"dltop: permission denied: {locked}\n", (cmd, r.stderr)
+        r = dltop_as_nobody("residency", str(ddir), "--json")  # below a PATH: counted and reported, not fatal
+        assert r.returncode == 0, r.stderr
+        node = json.loads(r.stdout)["paths"][0]
+        assert node["files"] == 1 and node["skipped"] == {"unreadable": 1}
+        r = dltop_as_nobody("warm", str(ddir))
+        assert r.returncode == 0 and f"permission denied: {locked}" in r.stdout
+    finally:
+        os.chmod(locked, 0o755)

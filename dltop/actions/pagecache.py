@@ -22,14 +22,19 @@ from typing import Any
 
 from dltop import kernel
 from dltop.errors import DltopError
+from dltop.model.datasets import NO_PERMISSION
 from dltop.sources.datasets import (
     DEFAULT_WALK,
     MAX_PROBLEMS,
     WalkOptions,
     WalkReport,
+    WarmNeed,
     _Acc,
     _Budget,
+    data_extents,
+    data_pages,
     display_path,
+    path_error,
     scan_paths,
     walk,
 )
@@ -140,17 +145,25 @@ def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None) -> Memo
 
 @dataclass
 class ActionResult:
-    """What an action did; `to_dict()` is the CLI's `--json` summary."""
+    """What an action did; `to_dict()` is the CLI's `--json` summary.
+
+    Bytes are whole pages (pages x page size), as fincore counts them: a 17-byte file is one 4 KiB page.
+    Pages whose residency the kernel hides from this user are in `unknown_pages`, never in the resident counts.
+    """
 
     action: str
     paths: list[str]
     dry_run: bool = False
     files: int = 0
-    total_bytes: int = 0  # bytes the action set out to move (warm: not yet resident; evict: resident)
+    # bytes the action set out to move: warm, the pages of data (holes are never read) not known to be resident;
+    # evict, the resident pages; lock, every page
+    total_bytes: int = 0
+    # bytes acted on: warm, pages read in or found resident; evict, pages dropped, plus all the pages of files
+    # whose residency is hidden (advised out, result unknown); lock, pages locked
     done_bytes: int = 0
     pages: int = 0
     resident_pages_before: int = 0
-    resident_pages_after: int | None = None
+    resident_pages_after: int | None = None  # of the pages whose residency is visible
     unknown_pages: int = 0
     elapsed_s: float = 0.0
     cancelled: bool = False
@@ -212,6 +225,8 @@ def _files(
                 try:
                     fd = os.open(name, flags, dir_fd=dfd)
                 except OSError as e:
+                    if dfd is None:
+                        raise  # the root is this file: an error, not a skipped file
                     _skip(report, e, full)
                     continue
                 try:
@@ -239,7 +254,7 @@ def _files(
                     return
                 yield full, fd, st, tmpfs_devs[st.st_dev]
         except OSError as e:
-            raise DltopError(f"{e.strerror or e}: {display_path(root)}") from None
+            raise DltopError(path_error(e.strerror or str(e), root)) from None
 
 
 def _skip(report: WalkReport, e: OSError, path: str) -> None:
@@ -278,31 +293,18 @@ class _Residency:
         return kernel.mincore_resident_pages(fd, st.st_size), 0
 
 
-def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
-    """The (start, end) byte ranges of a file that hold data; holes of a sparse file are left out."""
-    extents = []
-    pos = 0
-    try:
-        while pos < size:
-            start = os.lseek(fd, pos, os.SEEK_DATA)
-            end = os.lseek(fd, start, os.SEEK_HOLE)
-            extents.append((start, min(end, size)))
-            pos = end
-    except OSError as e:
-        if e.errno == errno.ENXIO:  # no data after pos: the rest is a hole
-            return extents
-        return [(0, size)]  # filesystem without SEEK_DATA: treat it all as data
-    return extents
+_data_extents = data_extents
 
 
 def plan(
     action: str, paths: list[str], options: WalkOptions = DEFAULT_WALK, cancel: threading.Event | None = None
 ) -> ActionResult:
     """What an action would do, from one residency scan: the bytes it would move and the memory guard's verdict."""
-    part = scan_paths(tuple(paths), options, cancel=cancel)
+    need = WarmNeed()
+    part = scan_paths(tuple(paths), options, cancel=cancel, warm_need=need if action == "warm" else None)
     for ds in part.paths:
         if ds.error:
-            raise DltopError(f"{ds.error}: {display_path(ds.path)}")
+            raise DltopError(path_error(ds.error, ds.path))
     ps = part.page_size
     r = ActionResult(action=action, paths=[os.fsdecode(p) for p in paths], dry_run=True)
     for ds in part.paths:
@@ -316,20 +318,22 @@ def plan(
         if ds.unknown_reason and ds.unknown_reason not in r.notes:
             r.notes.append(ds.unknown_reason)
     if action == "warm":
-        r.total_bytes = (r.pages - r.resident_pages_before - r.unknown_pages) * ps
+        r.total_bytes = need.pages * ps
         r.guard = memory_guard(r.total_bytes)
     elif action == "lock":
+        # Locked pages leave MemAvailable even when they were resident already: page cache counts as available
+        # (the kernel can drop it), locked pages do not.
         r.total_bytes = r.pages * ps
-        r.guard = memory_guard((r.pages - r.resident_pages_before) * ps)
+        r.guard = memory_guard(r.total_bytes)
     else:
-        r.total_bytes = r.resident_pages_before * ps
+        r.total_bytes = (r.resident_pages_before + r.unknown_pages) * ps  # hidden pages may be resident too
     return r
 
 
 def _size_plan(
     action: str, paths: list[str], options: WalkOptions, cancel: threading.Event | None, helpers: list[_Helper]
 ) -> ActionResult:
-    """An upper bound for a warm: every page of every file, from sizes alone (no file is opened).
+    """An upper bound for a warm: every page of data of every file, from sizes (only sparse files are opened).
 
     Once the tree proves large, helper processes are started into `helpers`: they start up while this walk
     goes on, and wait for the go (or are stopped when the guard says no).
@@ -339,6 +343,7 @@ def _size_plan(
     seen: set[tuple[int, int]] = set()
     ps = kernel.PAGE_SIZE
     r = ActionResult(action=action, paths=[os.fsdecode(p) for p in paths], dry_run=True)
+    data = 0
     for root in paths:
         root = os.fsdecode(root)
         try:
@@ -353,12 +358,23 @@ def _size_plan(
                         continue
                     seen.add(key)
                 r.files += 1
-                r.pages += (st.st_size + ps - 1) // ps
+                pages = (st.st_size + ps - 1) // ps
+                r.pages += pages
+                if st.st_blocks * 512 < st.st_size:  # holes, maybe: count only the pages a warm reads
+                    try:
+                        fd = os.open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
+                    except OSError:
+                        continue  # cannot be read, so it will not be warmed
+                    try:
+                        pages = data_pages(fd, st, ps)
+                    finally:
+                        os.close(fd)
+                data += pages
                 if r.files == PARALLEL_MIN_FILES:
                     helpers.extend(_spawn_helpers())
         except OSError as e:
-            raise DltopError(f"{e.strerror or e}: {display_path(root)}") from None
-    r.total_bytes = r.pages * ps
+            raise DltopError(path_error(e.strerror or str(e), root)) from None
+    r.total_bytes = data * ps
     r.guard = memory_guard(r.total_bytes)
     r.resident_pages_before = -1  # not measured yet: the warm pass measures it
     return r
@@ -447,7 +463,7 @@ def _run_warm(
     ticker.helpers = list(helpers)
     shards = len(helpers) + 1
     try:
-        report, before, after = _warm_pass(
+        report, before, after, unknown = _warm_pass(
             paths, options, limit, ticker, cancel, r.notes, sized, (0, shards, helpers[0].shard[2]) if helpers else None
         )
         for h in helpers:
@@ -459,12 +475,12 @@ def _run_warm(
                 continue
             if got is None:  # the helper failed: do its share here
                 r.notes.append(f"helper process failed ({h.error or 'no result'}): its share was warmed in this one")
-                rep, b, a = _warm_pass(paths, options, None, ticker, cancel, r.notes, sized, h.shard)
+                rep, b, a, u = _warm_pass(paths, options, None, ticker, cancel, r.notes, sized, h.shard)
             else:
-                rep, b, a = got
+                rep, b, a, u = got
                 ticker.done, ticker.files = ticker.done + h.done, ticker.files + h.files
                 h.done = h.files = 0
-            before, after = before + b, after + a
+            before, after, unknown = before + b, after + a, unknown + u
             for k, v in rep.skipped.items():
                 report.skipped[k] = report.skipped.get(k, 0) + v
             report.problems.extend(p for p in rep.problems if len(report.problems) < MAX_PROBLEMS)
@@ -475,7 +491,7 @@ def _run_warm(
     r.cancelled = cancel is not None and cancel.is_set()
     if sized:
         r.resident_pages_before = before
-    return _finish(r, report, ticker, t0, after)
+    return _finish(r, report, ticker, t0, after, unknown)
 
 
 def _warm_pass(
@@ -487,8 +503,11 @@ def _warm_pass(
     notes: list[str],
     sized: bool,
     shard: tuple[int, int, int] | None = None,
-) -> tuple[WalkReport, int, int]:
-    """Warm the files of one shard (all of them when None); returns (what was skipped, pages before, after).
+) -> tuple[WalkReport, int, int, int]:
+    """Warm the files of one shard (all of them when None): (what was skipped, pages before, after, unknown).
+
+    `before` and `after` count the pages whose residency is visible; `unknown` the pages of files whose
+    residency the kernel hides from this user (they are warmed all the same).
 
     Only shard 0 (or the only pass) counts what the walk itself skips: every shard walks the whole tree.
     """
@@ -506,7 +525,7 @@ def _warm_pass(
     inflight = 0
     budget = limit
     last_byte = [bytearray(1)]
-    after = before = 0
+    after = before = unknown = 0
     os_open, os_fstat, os_close, fadvise, preadv = os.open, os.fstat, os.close, os.posix_fadvise, os.preadv
     WILLNEED, S_ISREG = os.POSIX_FADV_WILLNEED, stat.S_ISREG
 
@@ -523,14 +542,14 @@ def _warm_pass(
         return None if got is None else got[0]
 
     def finish_one() -> None:
-        nonlocal inflight, after
+        nonlocal inflight, after, unknown
         fd, off, n, last, path, st = pending.popleft()
         inflight -= n
         try:
             preadv(fd, last_byte, off + n - 1)
         except OSError as e:
             _skip(report, e, path)
-        ticker.add(n, path)
+        ticker.add(((off + n + ps - 1) // ps - off // ps) * ps, path)  # whole pages, as the totals count
         if last:
             try:
                 pages = (st.st_size + ps - 1) // ps
@@ -539,7 +558,10 @@ def _warm_pass(
                     # The filesystem ignored WILLNEED (some FUSE and network filesystems): read it instead.
                     _read_all(fd, st.st_size, cancel)
                     got = cached(fd, st)
-                after += got or 0
+                if got is None:
+                    unknown += pages
+                else:
+                    after += got
             except OSError as e:
                 _skip(report, e, path)
             finally:
@@ -558,6 +580,8 @@ def _warm_pass(
                     try:
                         fd = os_open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
                     except OSError as e:
+                        if dfd is None:
+                            raise  # the root is this file: an error, not a skipped file
                         _skip(report, e, path)
                         continue
                     try:
@@ -591,10 +615,13 @@ def _warm_pass(
                         before += have
                         if have >= pages:
                             after += have  # already all in memory: nothing to read
+                            if sized:  # the total counted its data pages: count them done
+                                try:
+                                    ticker.add(data_pages(fd, st, ps) * ps, path)
+                                except OSError as e:
+                                    _skip(report, e, path)
                             os_close(fd)
                             ticker.files += 1
-                            if sized:
-                                ticker.add(have * ps, path)  # the total counted it: count it done
                             continue
                     window = window_by_dev.get(st.st_dev)
                     if window is None:
@@ -609,7 +636,11 @@ def _warm_pass(
                             budget -= sum(n for _off, n in chunks)
                     if not chunks:
                         try:
-                            after += cached(fd, st) or 0
+                            got = cached(fd, st)
+                            if got is None:
+                                unknown += pages
+                            else:
+                                after += got
                         except OSError as e:
                             _skip(report, e, path)
                         os_close(fd)
@@ -631,14 +662,14 @@ def _warm_pass(
                     continue
                 break  # cancelled, or the guard's limit reached
             except OSError as e:
-                raise DltopError(f"{e.strerror or e}: {display_path(root)}") from None
+                raise DltopError(path_error(e.strerror or str(e), root)) from None
         while pending and not (cancel is not None and cancel.is_set()):
             finish_one()
     finally:
         for fd in {p[0] for p in pending}:
             os.close(fd)
         pending.clear()
-    return report, before, after
+    return report, before, after, unknown
 
 
 def _cpus() -> int:
@@ -734,8 +765,8 @@ class _Helper:
             elif line.startswith(b"R "):
                 self._result = json.loads(line[2:].decode("utf-8", "surrogateescape"))
 
-    def wait(self, cancel: threading.Event | None) -> tuple[WalkReport, int, int] | None:
-        """(what it skipped, pages before, after) once it is done; None if it failed or the warm was cancelled."""
+    def wait(self, cancel: threading.Event | None) -> tuple[WalkReport, int, int, int] | None:
+        """(what it skipped, pages before, after, unknown) once done; None if it failed or the warm was cancelled."""
         proc = self.proc
         if proc is None or proc.stdout is None:
             return None
@@ -755,7 +786,7 @@ class _Helper:
         report.skipped = {str(k): int(v) for k, v in res["skipped"].items()}
         report.problems = [str(p) for p in res["problems"]]
         self.done, self.files = int(res["done"]), int(res["files"])
-        return report, int(res["before"]), int(res["after"])
+        return report, int(res["before"]), int(res["after"]), int(res["unknown"])
 
     def stop(self) -> None:
         """End the child if it still runs and close its pipes; safe to call twice."""
@@ -799,8 +830,10 @@ def _helper_main() -> int:
     ticker = _Ticker("warm", 0, say)
     notes: list[str] = []
     shard = (int(spec["shard"][0]), int(spec["shard"][1]), int(spec["shard"][2]))
-    report, before, after = _warm_pass(spec["paths"], options, None, ticker, None, notes, bool(spec["sized"]), shard)
-    tally = {"done": ticker.done, "files": ticker.files, "before": before, "after": after,
+    report, before, after, unknown = _warm_pass(
+        spec["paths"], options, None, ticker, None, notes, bool(spec["sized"]), shard
+    )
+    tally = {"done": ticker.done, "files": ticker.files, "before": before, "after": after, "unknown": unknown,
              "skipped": report.skipped, "problems": report.problems}
     out.write(b"R " + json.dumps(tally).encode("utf-8", "surrogateescape") + b"\n")
     out.flush()
@@ -824,11 +857,14 @@ def _chunks(fd: int, size: int, dense: bool, window: int, budget: int | None, ps
     return chunks
 
 
-def _finish(r: ActionResult, report: WalkReport, ticker: _Ticker, t0: float, after: int) -> ActionResult:
+def _finish(r: ActionResult, report: WalkReport, ticker: _Ticker, t0: float, after: int, unknown: int) -> ActionResult:
     ticker.add(0, force=True)
     r.done_bytes = ticker.done
     r.elapsed_s = time.monotonic() - t0
     r.resident_pages_after = after
+    r.unknown_pages = unknown
+    if unknown and NO_PERMISSION not in r.notes:
+        r.notes.append(NO_PERMISSION)
     for k, v in report.skipped.items():
         if k not in r.skipped:
             r.skipped[k] = v
@@ -883,22 +919,29 @@ def evict(
     res = _Residency()
     ps = kernel.PAGE_SIZE
     stayed: list[tuple[str, os.stat_result, int, bool]] = []
-    after = 0
+    after = unknown = 0
     t0 = time.monotonic()
     files = _files(paths, options, report, cancel)
     try:
         for path, fd, st, tmpfs in files:
             try:
+                pages = (st.st_size + ps - 1) // ps
                 before = res.pages(fd, st)
                 if tmpfs:
-                    left = before[0] if before is not None else 0
+                    left = before[0] if before is not None else None
                 else:
                     left = _evict_fd(fd, st, before, res, retries)
-                if left:
-                    stayed.append((path, st, left, tmpfs))
-                after += left or 0
                 ticker.files += 1
-                ticker.add(((before[0] if before is not None else 0) - (left or 0)) * ps, path)
+                if left is None:
+                    # The kernel hides this file's residency: DONTNEED was asked for all of it, the result is
+                    # unknown. Counted as done (the work was done), never as resident or evicted pages measured.
+                    unknown += pages
+                    ticker.add(0 if tmpfs else pages * ps, path)
+                else:
+                    if left:
+                        stayed.append((path, st, left, tmpfs))
+                    after += left
+                    ticker.add(((before[0] if before is not None else 0) - left) * ps, path)
             except OSError as e:
                 _skip(report, e, path)
             finally:
@@ -909,25 +952,31 @@ def evict(
         files.close()
     r.cancelled = cancel is not None and cancel.is_set()
     _explain_stayed(r, stayed, ps)
-    return _finish(r, report, ticker, t0, after)
+    return _finish(r, report, ticker, t0, after, unknown)
 
 
-def _evict_fd(fd: int, st: os.stat_result, before: tuple[int, int] | None, res: _Residency, retries: int) -> int:
-    """Evict one open file; returns the pages still resident (0 when the kernel hides them)."""
+def _evict_fd(
+    fd: int, st: os.stat_result, before: tuple[int, int] | None, res: _Residency, retries: int
+) -> int | None:
+    """Evict one open file; returns the pages still resident (None when the kernel hides them)."""
     if before is not None and before[0] == 0:
         return 0
     if before is None or before[1]:
         _fdatasync(fd)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    if before is None:
+        return None  # measuring again would be as blind: no retries
     for _ in range(retries):
         now = res.pages(fd, st)
-        if now is None or now[0] == 0:
+        if now is None:
+            return None
+        if now[0] == 0:
             return 0
         # Pages still dirty or under writeback when DONTNEED ran stay; flush and drop again.
         _fdatasync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     now = res.pages(fd, st)
-    return 0 if now is None else now[0]
+    return None if now is None else now[0]
 
 
 def _fdatasync(fd: int) -> None:
@@ -1081,4 +1130,4 @@ def lock(
     finally:
         files.close()
     r.cancelled = cancel is not None and cancel.is_set()
-    return _finish(r, report, ticker, t0, locks.bytes // kernel.PAGE_SIZE), locks
+    return _finish(r, report, ticker, t0, locks.bytes // kernel.PAGE_SIZE, 0), locks

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 from typing import Any
@@ -62,11 +63,22 @@ def _options(args: argparse.Namespace, depth: int | None = None) -> Any:
 
 
 def _check_paths(paths: list[str]) -> None:
+    """Each PATH must be there and reachable: the real reason (errno) when it is not."""
+    import errno
+
+    from dltop.sources.datasets import path_error
+
     for p in paths:
-        if not os.path.lexists(p):
-            raise DltopError(f"no such file or directory: {p}")
-        if not os.path.exists(p):
-            raise DltopError(f"broken symbolic link: {p}")
+        try:
+            os.lstat(p)
+        except OSError as e:  # a folder on the way that cannot be searched is EACCES, not "missing"
+            raise DltopError(path_error(e.strerror or str(e), p)) from None
+        try:
+            os.stat(p)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise DltopError(f"broken symbolic link: {p}") from None
+            raise DltopError(path_error(e.strerror or str(e), p)) from None
 
 
 def run_residency(args: argparse.Namespace) -> int:
@@ -79,8 +91,10 @@ def run_residency(args: argparse.Namespace) -> int:
     _check_paths(args.paths)
     part = scan_paths(tuple(args.paths), _options(args, args.depth))
     for ds in part.paths:
-        if ds.error:
-            raise DltopError(f"{ds.error}: {ds.path}")
+        if ds.error:  # a PATH itself cannot be read (what cannot be read below it is counted, not fatal)
+            from dltop.sources.datasets import path_error
+
+            raise DltopError(path_error(ds.error, ds.path))
     if args.json:
         sys.stdout.write(json.dumps(to_dict(part)) + "\n")
     else:
@@ -155,7 +169,10 @@ class ProgressBar:
 
 
 def run_action(args: argparse.Namespace) -> int:
-    """warm / evict / lock, in a worker thread so Ctrl-C cancels cleanly and still prints the summary."""
+    """warm / evict / lock, in a worker thread so Ctrl-C or SIGTERM cancels cleanly and still prints the summary.
+
+    Exit status 130 after Ctrl-C (SIGINT), 143 after SIGTERM; a second one of either ends the process at once.
+    """
     from dltop.actions import pagecache as pc
 
     _check_paths(args.paths)
@@ -163,7 +180,28 @@ def run_action(args: argparse.Namespace) -> int:
     cancel = threading.Event()
     bar = ProgressBar() if (sys.stderr.isatty() and not args.no_progress and not args.dry_run) else None
     outcome: dict[str, Any] = {}
+    finished = threading.Event()
+    signals: list[int] = []
 
+    def on_signal(signum: int, _frame: Any) -> None:
+        # No KeyboardInterrupt: raised in the middle of a wait or a print it leaves half-done state behind
+        # (Python 3.11's Thread.join even marks a running thread finished). Ask the worker to stop instead.
+        if signals:
+            os.write(2, b"\ndltop: interrupted again, stopping now\n")
+            os._exit(128 + signum)
+        signals.append(signum)
+        cancel.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run_action(args, pc, options, cancel, bar, outcome, finished, signals)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _run_action(args: argparse.Namespace, pc: Any, options: Any, cancel: threading.Event, bar: ProgressBar | None,
+                outcome: dict[str, Any], finished: threading.Event, signals: list[int]) -> int:
     def work() -> None:
         try:
             if args.action == "warm":
@@ -176,54 +214,41 @@ def run_action(args: argparse.Namespace) -> int:
                                                               dry_run=args.dry_run, progress=bar, cancel=cancel)
         except BaseException as e:  # handed to the main thread, which reports it
             outcome["error"] = e
+        finally:
+            finished.set()
 
     worker = threading.Thread(target=work, name=f"dltop-{args.action}", daemon=True)
     worker.start()
-    interrupted = False
-    try:
-        while worker.is_alive():
-            worker.join(0.1)
-    except KeyboardInterrupt:
-        interrupted = True
-        cancel.set()
-        worker.join()
+    while not finished.wait(0.1):  # not worker.join(): the signal handler runs between these waits
+        pass
     if bar is not None:
         bar.close()
     if "error" in outcome:
         raise outcome["error"]
     result = outcome["result"]
     locks = outcome.get("locks")
-    if locks is not None and not args.dry_run and not interrupted and not result.cancelled:
+    if locks is not None and not args.dry_run and not signals and not result.cancelled:
         _print_result(args, result)
-        interrupted = _hold(locks)
+        _hold(locks, cancel)
         return 0
     if locks is not None:
         locks.release()
     _print_result(args, result)
-    return 130 if interrupted else 0
+    return 128 + signals[0] if signals else 0
 
 
-def _hold(locks: Any) -> bool:
-    """Keep the pages locked until Ctrl-C (or SIGTERM); then unlock."""
-    import signal
-
+def _hold(locks: Any, stop: threading.Event) -> None:
+    """Keep the pages locked until Ctrl-C or SIGTERM (the handler sets `stop`); then unlock."""
     from dltop.fmt import human_bytes
 
-    stop = threading.Event()
-    old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        # Announced inside the try, so a Ctrl-C right after the line still unlocks cleanly.
         print(f"locked {human_bytes(locks.bytes)} in {len(locks.paths)} files; Ctrl-C to unlock",
               file=sys.stderr, flush=True)
         while not stop.wait(0.5):
             pass
-    except KeyboardInterrupt:
-        pass
     finally:
-        signal.signal(signal.SIGTERM, old)
         locks.release()
     print("unlocked", file=sys.stderr)
-    return True
 
 
 def _print_result(args: argparse.Namespace, r: Any) -> None:
@@ -242,7 +267,10 @@ def _print_result(args: argparse.Namespace, r: Any) -> None:
         state = " (cancelled)" if r.cancelled else ""
         print(f"{verb} {human_bytes(r.done_bytes)} in {r.files} files, "
               f"{r.elapsed_s:.2f}s, {human_rate(rate, missing='-')}{state}")
-        if r.resident_pages_after is not None and r.pages:
+        if r.unknown_pages:  # never counted resident or not: the note below says why and what to do
+            print(f"resident now: unknown for {r.unknown_pages} pages; {r.resident_pages_after or 0} pages "
+                  "resident among those whose residency the kernel shows")
+        elif r.resident_pages_after is not None and r.pages:
             print(f"resident now: {r.resident_pages_after} of {r.pages} pages "
                   f"({100 * r.resident_pages_after / r.pages:.1f}%)")
     if r.guard is not None:

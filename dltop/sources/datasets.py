@@ -79,6 +79,11 @@ def display_path(path: str) -> str:
         return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+def path_error(error: str, path: str) -> str:
+    """`permission denied: PATH` from an OSError's strerror and the path it is about."""
+    return f"{error[:1].lower()}{error[1:]}: {display_path(path)}"
+
+
 class _Acc:
     """A folder's running totals while scanning (files directly in it and in folders folded into it)."""
 
@@ -192,6 +197,8 @@ def walk(
         try:
             dfd = os.open(d.path, _O_DIR if (follow or d.depth == 0) else _O_DIR | os.O_NOFOLLOW)
         except OSError as e:
+            if d.depth == 0:
+                raise  # the root itself cannot be read: that is the caller's error, not a skipped folder
             _skip_error(report, e, d.path)
             continue
         try:
@@ -204,6 +211,8 @@ def walk(
             try:
                 entries = _scandir(dfd)
             except OSError as e:
+                if d.depth == 0:
+                    raise
                 _skip_error(report, e, d.path)
                 continue
             with entries:
@@ -304,6 +313,52 @@ def _skip_error(report: WalkReport, e: OSError, path: str) -> None:
         report.skip("error", path, e.strerror or str(e))
 
 
+def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """The (start, end) byte ranges of a file that hold data; holes of a sparse file are left out."""
+    extents = []
+    pos = 0
+    try:
+        while pos < size:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+            extents.append((start, min(end, size)))
+            pos = end
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # no data after pos: the rest is a hole
+            return extents
+        return [(0, size)]  # filesystem without SEEK_DATA: treat it all as data
+    return extents
+
+
+def data_pages(fd: int, st: os.stat_result, page_size: int = kernel.PAGE_SIZE) -> int:
+    """Pages of an open file that hold data: what reading it (holes skipped) brings into memory.
+
+    A file with at least as many allocated blocks as bytes has no holes: all its pages, without a system call.
+    Fewer blocks (a sparse file, or compression on ZFS) and SEEK_DATA/SEEK_HOLE say where the data is.
+    """
+    size = st.st_size
+    pages = (size + page_size - 1) // page_size
+    if st.st_blocks * 512 >= size:
+        return pages
+    n = last = 0
+    for start, end in data_extents(fd, size):
+        first = max(start // page_size, last)
+        last = (end + page_size - 1) // page_size
+        n += max(0, last - first)
+    return min(n, pages)
+
+
+@dataclass
+class WarmNeed:
+    """Filled in by a scan given one: what warming the scanned files would bring into memory, in pages.
+
+    Per file: its pages of data (holes are never read) less its resident pages; a file whose residency the
+    kernel hides counts all its data pages, since the guard must not take unknown pages as resident.
+    """
+
+    pages: int = 0
+
+
 def scan_residency(
     path: str | bytes | os.PathLike[str],
     options: WalkOptions = WalkOptions(),
@@ -311,11 +366,14 @@ def scan_residency(
     cancel: threading.Event | None = None,
     deadline_s: float | None = None,
     cpu_fraction: float | None = None,
+    warm_need: WarmNeed | None = None,
 ) -> DatasetResidency:
     """Scan one file or tree once: per-folder page-cache residency, as fincore would count it.
 
     `deadline_s` (seconds from now), `cancel` and `cpu_fraction` bound the scan; a scan cut short says so
-    (`complete=False`) and its totals cover the part reached. Raises OSError when the root itself is missing.
+    (`complete=False`) and its totals cover the part reached. Raises OSError when the root itself is missing
+    or cannot be read (what cannot be read below it is counted and reported instead). With `warm_need`, also
+    adds up what a warm would read (see `WarmNeed`).
     """
     t0 = time.monotonic()
     root = os.fsdecode(path)
@@ -352,6 +410,8 @@ def scan_residency(
         try:
             fd = os_open(name, _O_FILE_FOLLOW if follow else _O_FILE, dir_fd=dfd)
         except OSError as e:
+            if dfd is None:
+                raise  # the root is this file, and it cannot be read
             if e.errno in (errno.EACCES, errno.EPERM):
                 # Cannot open it, but its size is public: its pages are unknown, not absent.
                 try:
@@ -401,6 +461,8 @@ def scan_residency(
                     if e.errno == errno.EPERM:
                         a.unknown += pages
                         report.unknown = True
+                        if warm_need is not None:
+                            warm_need.pages += data_pages(fd, st, ps)
                         continue
                     if e.errno != errno.ENOSYS:
                         raise
@@ -408,7 +470,11 @@ def scan_residency(
                 else:
                     by_cachestat = True
                     res = cs.nr_cache
-                    res_sum += res if res < pages else pages
+                    if res > pages:
+                        res = pages
+                    res_sum += res
+                    if warm_need is not None:
+                        warm_need.pages += min(pages - res, data_pages(fd, st, ps))
                     dirty_sum += cs.nr_dirty
                     wb_sum += cs.nr_writeback
                     rev_sum += cs.nr_recently_evicted
@@ -416,9 +482,14 @@ def scan_residency(
             if not kernel.residency_visible(st, name, dfd):
                 a.unknown += pages
                 report.unknown = True
+                if warm_need is not None:
+                    warm_need.pages += data_pages(fd, st, ps)
                 continue
             used.add("mincore")
-            res_sum += min(kernel.mincore_resident_pages(fd, size), pages)
+            res = min(kernel.mincore_resident_pages(fd, size), pages)
+            res_sum += res
+            if warm_need is not None:
+                warm_need.pages += min(pages - res, data_pages(fd, st, ps))
         except OSError as e:
             # The file vanished or failed after it was counted: its pages are unknown, not absent.
             _skip_error(report, e, _join(d.path, name, dfd))
@@ -469,12 +540,14 @@ def scan_paths(
     cancel: threading.Event | None = None,
     deadline_s: float | None = None,
     cpu_fraction: float | None = None,
+    warm_need: WarmNeed | None = None,
 ) -> DatasetsPart:
     """Scan several datasets; one that cannot be scanned carries its error instead of stopping the rest."""
     out = []
     for p in paths:
         try:
-            out.append(scan_residency(p, options, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction))
+            out.append(scan_residency(p, options, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction,
+                                      warm_need=warm_need))
         except OSError as e:
             out.append(
                 DatasetResidency(

@@ -269,21 +269,49 @@ class DatasetPane(Pane):
         return True
 
     def action_warm(self) -> None:
-        """Warm the selected dataset or folder, after a confirmation stating bytes and the memory guard."""
-        from dltop.actions.pagecache import memory_guard
+        """Warm the selected dataset or folder, after a confirmation stating the bytes it reads and the memory guard.
 
+        The bytes come from a fresh measurement in a worker thread (Esc cancels it), not from the row: holes of
+        sparse files are never read, and only a look at each file's data says how much a warm brings in.
+        """
         target = self._target()
         if target is None:
             return
-        node, ds = target
-        ps = ds.page_size
-        need = (node.pages - node.unknown_pages - node.resident_pages) * ps
-        guard = memory_guard(need)
-        body = f"Read {human_bytes(need)} of {node.path} into the page cache.\nMemory guard: {guard.message}"
+        node, _ds = target
+        self._cancel = threading.Event()
+        self._busy = f"warm {node.path}"
+        set_content(self.query_one("#ds-progress", Static), Text(f"warm {node.path}: measuring… (Esc cancels)"))
+        self.refresh_bindings()
+        self._plan_warm(node.path, self._cancel)
+
+    @work(thread=True, exclusive=True, group="dataset-action")
+    def _plan_warm(self, path: str, cancel: threading.Event) -> None:
+        from dltop.actions import pagecache as pc
+        from dltop.errors import DltopError
+
+        try:
+            r = pc.plan("warm", [path], cancel=cancel)
+        except DltopError as e:
+            self.app.call_from_thread(self._finished, str(e), "error")
+            return
+        except OSError as e:
+            self.app.call_from_thread(self._finished, f"warm failed: {e.strerror or e}", "error")
+            return
+        self.app.call_from_thread(self._confirm_warm, path, r, cancel.is_set())
+
+    def _confirm_warm(self, path: str, r: Any, cancelled: bool) -> None:
+        self._finished(f"warm {path}: cancelled" if cancelled else "", "information")
+        if cancelled:
+            return
+        guard = r.guard
+        need = r.total_bytes
+        body = f"Read {human_bytes(need)} of {path} into the page cache.\nMemory guard: {guard.message}"
+        if r.unknown_pages:
+            body += "\nResidency of some files is hidden from this user: their data counts as not resident."
         fit = not guard.ok
         if fit:
             body += f"\nYes warms only the part that fits ({human_bytes(guard.fits_bytes)})."
-        self._confirm("warm", node.path, f"Warm {human_bytes(need)}?", body, fit=fit)
+        self._confirm("warm", path, f"Warm {human_bytes(need)}?", body, fit=fit)
 
     def action_evict(self) -> None:
         """Evict the selected dataset or folder from the page cache, after a confirmation."""
@@ -312,7 +340,7 @@ class DatasetPane(Pane):
             self._rerender()
             return
         total = node.pages * ds.page_size
-        guard = memory_guard((node.pages - node.resident_pages) * ds.page_size)
+        guard = memory_guard(total)  # locked pages leave MemAvailable, resident ones too
         body = f"mlock {human_bytes(total)} of {node.path} until you press l again.\nMemory guard: {guard.message}"
         limit = memlock_error(total)
         if limit:
