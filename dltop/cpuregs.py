@@ -322,7 +322,7 @@ def parse_decode_arg(text: str) -> tuple[str, int]:
         if raw.lower().startswith(("0x", "0b", "0o")):
             value = int(raw, 0)
         else:  # plain digits are decimal; a bare value with hex letters is hex, as pasted from a dump
-            value = int(raw, 10) if raw.isdigit() else int(raw, 16)
+            value = int(raw, 10) if raw.isascii() and raw.isdigit() else int(raw, 16)
     except ValueError:
         raise DltopError(f"--decode: {raw!r} is not a number (write hex as 0x...)") from None
     if not 0 <= value < 1 << 64:

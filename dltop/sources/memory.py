@@ -62,6 +62,11 @@ def _why(e: OSError, path: str) -> str:
     return f"cannot read {path}: {e.strerror or e}"
 
 
+def _is_count(field: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '¹' and other digits int() refuses."""
+    return field.isascii() and field.isdigit()
+
+
 def parse_meminfo(text: str) -> dict[str, int]:
     """`/proc/meminfo`'s sizes as {key: bytes}. Only `N kB` lines count: a line cut short ("MemAvailable: 242",
     a truncated read) or a unit-less count (HugePages_Total) is left out rather than misread as bytes."""
@@ -69,7 +74,7 @@ def parse_meminfo(text: str) -> dict[str, int]:
     for line in text.splitlines():
         key, sep, rest = line.partition(":")
         fields = rest.split()
-        if sep and len(fields) == 2 and fields[1] == "kB" and fields[0].isdigit():
+        if sep and len(fields) == 2 and fields[1] == "kB" and _is_count(fields[0]):
             out[key.strip()] = int(fields[0]) * 1024
     return out
 
@@ -79,7 +84,7 @@ def parse_vmstat(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) == 2 and fields[1].isdigit():
+        if len(fields) == 2 and _is_count(fields[1]):
             out[fields[0]] = int(fields[1])
     return out
 
@@ -113,7 +118,7 @@ def parse_diskstats(text: str) -> list[DiskStat]:
     out = []
     for line in text.splitlines():
         f = line.split()
-        if len(f) < 14 or not all(x.isdigit() for x in f[3:14]):
+        if len(f) < 14 or not all(_is_count(x) for x in f[3:14]):
             continue
         n = [int(x) for x in f[3:14]]
         out.append(
@@ -213,7 +218,7 @@ def read_disks(root: str = "/") -> tuple[DiskStat, ...] | Unavailable:
 def _read_int_file(path: str) -> int | str:
     """An integer file, or its text ("max") when it is not a number."""
     text = _read_text(path).strip()
-    return int(text) if text.isdigit() else text
+    return int(text) if _is_count(text) else text
 
 
 def read_cgroup_memory(root: str = "/", pid: int | str = "self") -> CgroupMemory | Unavailable:
