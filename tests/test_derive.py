@@ -32,7 +32,7 @@ def test_real_direct_write_shows_in_disk_rates(tmp_path: Path) -> None:
     dt = time.monotonic() - t0
     assert not isinstance(before, Unavailable) and not isinstance(after, Unavailable)
     rates = disk_rates(before, after, dt)
-    written = max(r.write_bytes_per_s * dt for r in rates)
+    written = max(round(r.write_bytes_per_s * dt) for r in rates)  # rate × dt: float rounding
     assert written >= 32 << 20
     busiest = max(rates, key=lambda r: r.write_bytes_per_s)
     assert busiest.writes_per_s > 0 and busiest.await_ms is not None and 0 <= busiest.util_pct <= 100
