@@ -28,6 +28,7 @@ class _State:
     status: SourceStatus = field(init=False)
     inflight: Future[Any] | None = None
     started: float = 0.0
+    next_start: float = 0.0  # monotonic time before which the poller does not start another read
     ran_once: bool = False
 
     def __post_init__(self) -> None:
@@ -100,6 +101,10 @@ class Sampler:
             st.value = value
             st.status = replace(st.status, last_ok_ts=now, error=None, duration_s=time.monotonic() - t0,
                                 running_since_ts=None)
+        if st.source.max_duty:
+            # Keep reading under its duty cycle: a read that took d seconds is followed by d / max_duty.
+            took = time.monotonic() - t0
+            st.next_start = max(st.next_start, t0 + took / st.source.max_duty)
         st.ran_once = True
 
     def snapshot(self) -> Snapshot:
@@ -141,12 +146,21 @@ class Sampler:
     async def _poll(self, st: _State) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self.paused and (st.inflight is None or st.inflight.done()):
+            busy = st.inflight is not None and not st.inflight.done()
+            if not self.paused and not busy and time.monotonic() >= st.next_start:
                 st.started = time.monotonic()
+                st.next_start = st.started + st.source.interval_s
                 fut = st.executor.submit(self._timed_read, st)
                 st.inflight = fut
                 fut.add_done_callback(lambda _f: loop.call_soon_threadsafe(self._notify))
-            await asyncio.sleep(st.source.interval_s)
+                busy = True
+            if busy and st.source.max_duty:
+                # The next start depends on how long this read takes: look again soon.
+                await asyncio.sleep(min(st.source.interval_s, 0.25))
+            elif busy or self.paused:
+                await asyncio.sleep(st.source.interval_s)
+            else:
+                await asyncio.sleep(max(0.01, st.next_start - time.monotonic()))
 
     def _notify(self) -> None:
         if self._changed is not None:

@@ -98,3 +98,23 @@ async def test_stream_yields_snapshots_at_the_interval() -> None:
     sampler.close()
     assert [s.ts for s in got] == sorted(s.ts for s in got)
     assert all(isinstance(s.memory, MemoryPart) for s in got[1:])
+
+
+async def test_duty_cycle_stretches_the_interval_of_a_slow_source() -> None:
+    starts: list[float] = []
+
+    def slow():
+        starts.append(time.monotonic())
+        time.sleep(0.2)
+        return MemoryPart()
+
+    sampler = Sampler([Source("cpu", 0.05, slow, max_duty=0.25)])
+    sampler.start()
+    try:
+        await asyncio.sleep(2.0)
+    finally:
+        sampler.close()
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    # 0.2 s of reading at a 25% duty cycle: a read starts at most every 0.8 s, not every 0.05 s.
+    assert gaps and min(gaps) >= 0.75, gaps
+    assert len(starts) <= 3

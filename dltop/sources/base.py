@@ -16,3 +16,6 @@ class Source:
     read: Callable[[], Any]
     timeout_s: float = 5.0  # a read running longer than this is shown as slow; its last value is kept
     follows_refresh: bool = False  # True: the TUI's +/- change this source's interval with the refresh
+    # At most this share of wall time spent reading: a read that took d seconds waits d / max_duty before the
+    # next (a million-file rescan must not become a permanent load next to the training job).
+    max_duty: float | None = None

@@ -563,7 +563,8 @@ SOURCE_CPU_FRACTION = 0.5
 
 
 def source(settings: Any) -> Any:
-    """The datasets Source: a background rescan of every configured dataset, at most half a CPU."""
+    """The datasets Source: a background rescan of every configured dataset, at most half a CPU while it runs
+    and 10% of the wall time in all."""
     from dltop.sources.base import Source
 
     paths = tuple(os.path.abspath(p) for p in settings.datasets)
@@ -573,4 +574,6 @@ def source(settings: Any) -> Any:
         return scan_paths(paths, options, cpu_fraction=SOURCE_CPU_FRACTION)
 
     interval = max(10.0, float(getattr(settings, "refresh_s", 1.0)) * 10)
-    return Source(name="datasets", interval_s=interval, read=read, timeout_s=120.0)
+    # Scans run at half a CPU at most, and rescans keep the wall time spent scanning under 10%: a
+    # 117,000-file /usr (about 2 s a scan) is rescanned every 20 s, about 5% of one core on average.
+    return Source(name="datasets", interval_s=interval, read=read, timeout_s=120.0, max_duty=0.1)
