@@ -90,6 +90,34 @@ def test_memory_guard_verdicts() -> None:
     assert pc.safety_margin_bytes(512 * GIB) == 4 * GIB and pc.safety_margin_bytes(1 * GIB) == 256 << 20
 
 
+def test_memory_guard_honours_the_cgroup_limit(tmp_path: Path) -> None:
+    from dltop.model.memory import CgroupMemory
+    from dltop.sources.memory import read_cgroup_memory
+
+    # A Slurm-like job cgroup written as the kernel lays it out: 8 GiB limit, 5 GiB used of which 1 GiB cache.
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text("0::/slurm/job_7\n")
+    base = tmp_path / "sys/fs/cgroup/slurm/job_7"
+    base.mkdir(parents=True)
+    (base / "memory.max").write_text(f"{8 * GIB}\n")
+    (base / "memory.current").write_text(f"{5 * GIB}\n")
+    (base / "memory.stat").write_text(f"anon {4 * GIB}\nfile {1 * GIB}\nfile_dirty 0\n")
+    (base / "memory.events").write_text("oom_kill 0\n")
+    cg = read_cgroup_memory(str(tmp_path))
+    assert isinstance(cg, CgroupMemory)
+    info = {"MemTotal": 256 * GIB, "MemAvailable": 200 * GIB}  # the machine itself has plenty
+    room = 8 * GIB - 4 * GIB - (8 * GIB // 10)
+    g = pc.memory_guard(2 * GIB, info, cg)
+    assert g.ok and g.fits_bytes == room and "inside cgroup /slurm/job_7" in g.message
+    g = pc.memory_guard(4 * GIB, info, cg)
+    assert not g.ok and g.fits_bytes == room
+    assert "memory cgroup /slurm/job_7" in g.message and "evict what was just read" in g.message
+    # Without a limit ("max") the machine's MemAvailable decides alone.
+    (base / "memory.max").write_text("max\n")
+    g = pc.memory_guard(4 * GIB, info, read_cgroup_memory(str(tmp_path)))
+    assert g.ok and g.fits_bytes == 200 * GIB - pc.safety_margin_bytes(256 * GIB)
+
+
 @given(st.lists(st.tuples(st.from_regex(r"[A-Za-z_()]{1,20}", fullmatch=True), st.integers(0, 2**50),
                           st.sampled_from([" kB", "", " pages"])), max_size=30), st.text(max_size=200))
 def test_read_meminfo_parses_what_it_can(rows: list[tuple[str, int, str]], junk: str) -> None:

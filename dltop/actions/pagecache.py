@@ -121,26 +121,66 @@ def safety_margin_bytes(total_bytes: int | None) -> int:
     return min(max(total_bytes // 10, 256 << 20), 4 << 30)
 
 
-def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None) -> MemoryGuard:
-    """The guard's verdict on bringing `need_bytes` more into memory."""
+def cgroup_room_bytes(cg: Any) -> tuple[int, str] | None:
+    """Page cache the memory cgroup can hold without reclaiming its own cache: memory.max less its anonymous
+    memory (what is not file pages) and a margin, with the cgroup's path; None when no limit applies."""
+    max_bytes = getattr(cg, "max_bytes", None)
+    current = getattr(cg, "current_bytes", None)
+    if not max_bytes or current is None:
+        return None
+    anon = max(0, current - (getattr(cg, "file_bytes", None) or 0))
+    margin = min(max(max_bytes // 10, 64 << 20), 1 << 30)
+    return max(0, max_bytes - anon - margin), str(getattr(cg, "path", "?"))
+
+
+def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup: Any = "auto") -> MemoryGuard:
+    """The guard's verdict on bringing `need_bytes` more into memory: it must leave MemAvailable above the
+    margin and, inside a memory cgroup with a limit (a container, a Slurm job), fit under that limit beside the
+    job's own memory, or warming would only evict what it just read. `cgroup` "auto" reads this process's
+    cgroup when `meminfo` is read live too; None skips it; tests pass a CgroupMemory."""
     from dltop.fmt import human_bytes
 
+    live = meminfo is None
     info = read_meminfo() if meminfo is None else meminfo
+    if isinstance(cgroup, str):
+        cgroup = _own_cgroup() if live else None
     avail, total = info.get("MemAvailable"), info.get("MemTotal")
     margin = safety_margin_bytes(total)
-    if avail is None:
+    room = cgroup_room_bytes(cgroup)
+    if avail is None and room is None:
         return MemoryGuard(need_bytes, None, total, margin, True, need_bytes, "MemAvailable unknown: not checked")
-    fits = max(0, avail - margin)
+    fits = max(0, avail - margin) if avail is not None else room[0]  # type: ignore[index]
+    by_cgroup = room is not None and room[0] < fits
+    if room is not None:
+        fits = min(fits, room[0])
     ok = need_bytes <= fits
     if ok:
-        msg = f"ok: {human_bytes(need_bytes)} fits, {human_bytes(avail - need_bytes)} stays available"
+        msg = f"ok: {human_bytes(need_bytes)} fits"
+        if avail is not None:
+            msg += f", {human_bytes(avail - need_bytes)} stays available"
+        if room is not None:
+            msg += f", inside cgroup {room[1]}'s limit"
+    elif by_cgroup:
+        assert room is not None
+        msg = (
+            f"refused: {human_bytes(need_bytes)} is more than the {human_bytes(room[0])} of page cache the memory "
+            f"cgroup {room[1]} can hold beside its own memory (memory.max less anon and a margin): the rest "
+            f"would evict what was just read; {human_bytes(fits)} fits"
+        )
     else:
+        assert avail is not None
         msg = (
             f"refused: {human_bytes(need_bytes)} would leave {human_bytes(max(0, avail - need_bytes))} of "
             f"{human_bytes(avail)} available, under the {human_bytes(margin)} margin; "
             f"{human_bytes(fits)} fits"
         )
     return MemoryGuard(need_bytes, avail, total, margin, ok, fits, msg)
+
+
+def _own_cgroup() -> Any:
+    from dltop.sources.memory import read_cgroup_memory
+
+    return read_cgroup_memory("/", "self")
 
 
 @dataclass
