@@ -99,19 +99,14 @@ class MemoryGuard:
 
 
 def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
-    """The `Key: N kB` lines of /proc/meminfo, in bytes."""
-    out: dict[str, int] = {}
+    """The sizes in /proc/meminfo, in bytes ({} when it cannot be read: the guard then says it did not check)."""
+    from dltop.sources.memory import parse_meminfo
+
     try:
         with open(path, encoding="ascii", errors="replace") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                parts = rest.split()
-                if parts and parts[0].isdigit():
-                    n = int(parts[0])
-                    out[key] = n * 1024 if len(parts) > 1 and parts[1] == "kB" else n
+            return parse_meminfo(f.read())
     except OSError:
-        pass
-    return out
+        return {}
 
 
 def safety_margin_bytes(total_bytes: int | None) -> int:
