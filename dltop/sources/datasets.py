@@ -94,6 +94,16 @@ class _Acc:
         self.files = self.size = self.pages = self.res = self.dirty = self.unknown = self.wb = self.rev = 0
         self.children: list[_Acc] = []
 
+    def add(self, files: int, size: int, pages: int, res: int, dirty: int, wb: int, rev: int) -> None:
+        """Fold in the running totals a scan kept in locals for this folder."""
+        self.files += files
+        self.size += size
+        self.pages += pages
+        self.res += res
+        self.dirty += dirty
+        self.wb += wb
+        self.rev += rev
+
     def freeze(self) -> ResidencyNode:
         kids = tuple(c.freeze() for c in self.children)
         return ResidencyNode(
@@ -398,13 +408,7 @@ def scan_residency(
     for d, dfd, name, follow in walk(root, options, report, acc, budget):
         if d.acc is not a:
             if a is not None:
-                a.files += files
-                a.size += size_sum
-                a.pages += pages_sum
-                a.res += res_sum
-                a.dirty += dirty_sum
-                a.wb += wb_sum
-                a.rev += rev_sum
+                a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum)
             a = d.acc
             files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = 0
         try:
@@ -497,13 +501,7 @@ def scan_residency(
         finally:
             os_close(fd)
     if a is not None:
-        a.files += files
-        a.size += size_sum
-        a.pages += pages_sum
-        a.res += res_sum
-        a.dirty += dirty_sum
-        a.wb += wb_sum
-        a.rev += rev_sum
+        a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum)
     if by_cachestat:
         used.add("cachestat")
     node = acc.freeze()
