@@ -7,9 +7,9 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from dltop import __version__
+from dltop.commands.common import ArgumentParser, add_common_options
 from dltop.errors import DltopError
 
 # Subcommand -> the module whose `register(subparsers)` adds it (with `set_defaults(func=run)`). Only the
@@ -22,20 +22,6 @@ COMMANDS = {
     "lock": "dltop.commands.pagecache",
     "snapshot": "dltop.commands.snapshot",
 }
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog.split()[0]} --help)\n")
-
-
-def add_common_options(p: argparse.ArgumentParser) -> None:
-    """Options every command that samples the system takes."""
-    p.add_argument("--config", metavar="FILE", help="TOML config file (default: $XDG_CONFIG_HOME/dltop/config.toml)")
-    p.add_argument("--root", metavar="DIR", default="/", help="read /proc and /sys under DIR (captured trees)")
-    p.add_argument("--pid", type=int, metavar="PID", help="process whose memory cgroup to watch (default: dltop's own)")
 
 
 def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentParser, argparse._SubParsersAction]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -106,3 +108,12 @@ def sparkline_rows(values: list[float], width: int, height: int, top: float | No
             chars.append(" " if part <= 0 else "█" if part >= 8 else SPARK_CHARS[part - 1])
         rows.append(pad + "".join(chars))
     return rows
+
+
+def display_path(path: str) -> str:
+    """A path safe to print: undecodable bytes (surrogate escapes) shown as \\xNN."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")

@@ -6,8 +6,9 @@ import dataclasses
 import os
 from pathlib import Path
 
-from dltop import derive, hints_datasets
-from dltop.hints_datasets import cold_dataset, dataset_churn, dataset_larger_than_memory
+from dltop.hints import datasets as hints_datasets
+from dltop.hints import hints
+from dltop.hints.datasets import cold_dataset, dataset_churn, dataset_larger_than_memory
 from dltop.model import Snapshot
 from dltop.model.datasets import DatasetsPart
 from dltop.sources.datasets import scan_paths
@@ -38,7 +39,7 @@ def test_cold_dataset_says_how_resident_and_press_w(ddir: Path, monkeypatch) -> 
     assert h is not None and h.id == "dataset-cold"
     assert f"dataset {ddir} is 12% resident (256 KiB of 2.0 MiB)" in h.text and "w on the Datasets tab" in h.fix
     snap = Snapshot(ts=1.0, host="h", memory=read_memory(), datasets=part)
-    assert "dataset-cold" in [x.id for x in derive.hints([snap])]
+    assert "dataset-cold" in [x.id for x in hints([snap])]
 
 
 def test_warm_dataset_gives_no_cold_hint(ddir: Path) -> None:
@@ -53,7 +54,7 @@ def test_dataset_larger_than_available_memory(ddir: Path) -> None:
     assert dataset_larger_than_memory(part, mem) is None  # 2 MiB fits this machine
     assert mem.total_bytes is not None
     # The same machine with only the safety margin plus 1 MiB available: 2 MiB no longer fits.
-    from dltop.actions.pagecache import safety_margin_bytes
+    from dltop.model.memory import safety_margin_bytes
 
     tight = dataclasses.replace(mem, available_bytes=safety_margin_bytes(mem.total_bytes) + (1 << 20))
     h = dataset_larger_than_memory(part, tight)

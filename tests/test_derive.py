@@ -7,7 +7,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from dltop.derive import disk_rates, hints, memory_rates, page_cache_squeeze, vm_rates
+from dltop.derive import disk_rates, memory_rates, vm_rates
+from dltop.hints import hints
+from dltop.hints.memory import page_cache_squeeze
 from dltop.model import MemoryPart, Pressure, Snapshot, Unavailable, VmStat
 from dltop.model.memory import CgroupMemory
 from dltop.sources.memory import read_disks, read_memory, read_vmstat

@@ -23,6 +23,7 @@ from typing import Any
 from dltop import kernel
 from dltop.errors import DltopError
 from dltop.model.datasets import NO_PERMISSION
+from dltop.model.memory import safety_margin_bytes  # noqa: F401 - part of this module's API
 from dltop.sources.datasets import (
     DEFAULT_WALK,
     MAX_PROBLEMS,
@@ -107,13 +108,6 @@ def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
             return parse_meminfo(f.read())
     except OSError:
         return {}
-
-
-def safety_margin_bytes(total_bytes: int | None) -> int:
-    """MemAvailable a warm or lock must leave: 10% of RAM, at least 256 MiB, at most 4 GiB."""
-    if not total_bytes:
-        return 1 << 30
-    return min(max(total_bytes // 10, 256 << 20), 4 << 30)
 
 
 def cgroup_room_bytes(cg: Any) -> tuple[int, str] | None:

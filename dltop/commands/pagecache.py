@@ -98,45 +98,10 @@ def run_residency(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(to_dict(part)) + "\n")
     else:
+        from dltop.text.datasets import format_residency
+
         sys.stdout.write(format_residency(part))
     return 0
-
-
-def format_residency(part: Any) -> str:
-    """The human table of `dltop residency`: one row per dataset and folder, indented by depth."""
-    from dltop.fmt import human_bytes
-    from dltop.sources.datasets import display_path
-
-    ps = part.page_size
-    rows = [("RESIDENT", "%", "DIRTY", "UNKNOWN", "SIZE", "FILES", "PATH")]
-    notes: list[str] = []
-
-    def add(node: Any, depth: int) -> None:
-        known = node.pages - node.unknown_pages
-        pct = f"{100 * node.resident_pages / known:.1f}" if known else "-"
-        rows.append((
-            human_bytes(node.resident_pages * ps), pct, human_bytes(node.dirty_pages * ps),
-            human_bytes(node.unknown_pages * ps) if node.unknown_pages else "-",
-            human_bytes(node.size_bytes), str(node.files), "  " * depth + display_path(node.path),
-        ))
-        for child in node.children:
-            add(child, depth + 1)
-
-    for ds in part.paths:
-        add(ds, 0)
-        extra = []
-        if ds.skipped:
-            extra.append("skipped " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in ds.skipped.items()))
-        extra.append(f"{ds.method}, {ds.fs_type or '?'}, scanned in {ds.scan_duration_s:.2f}s")
-        if not ds.complete:
-            extra.append("incomplete scan")
-        notes.append(f"{display_path(ds.path)}: " + "; ".join(extra))
-        notes.extend(f"  {p}" for p in ds.problems[:5])
-        if ds.unknown_reason:
-            notes.append(f"  unknown: {ds.unknown_reason}")
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r[:6], widths, strict=True)) + "  " + r[6] for r in rows]
-    return "\n".join(lines + notes) + "\n"
 
 
 class ProgressBar:
@@ -147,17 +112,9 @@ class ProgressBar:
         self.drawn = False
 
     def __call__(self, p: Any) -> None:
-        from dltop.fmt import human_bytes, human_duration, human_rate
+        from dltop.text.datasets import progress_line
 
-        frac = p.done_bytes / p.total_bytes if p.total_bytes else 1.0
-        width = 24
-        fill = int(width * min(1.0, frac))
-        eta = human_duration(p.eta_s) if p.eta_s is not None else "?"
-        line = (
-            f"\r{p.action} [{'#' * fill}{'.' * (width - fill)}] {100 * frac:5.1f}% "
-            f"{human_bytes(p.done_bytes)}/{human_bytes(p.total_bytes)} "
-            f"{human_rate(p.rate_bytes_per_s, missing='-')} ETA {eta}"
-        )
+        line = "\r" + progress_line(p, width=24, marks="#.", pct_digits=1)
         self.stream.write(line.ljust(78)[:100])
         self.stream.flush()
         self.drawn = True

@@ -18,7 +18,7 @@ def _positive_seconds(text: str) -> float:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `dltop snapshot`."""
-    from dltop.cli import add_common_options
+    from dltop.commands.common import add_common_options
 
     p = sub.add_parser("snapshot", help="print one Snapshot and exit", description=__doc__)
     p.add_argument("--json", action="store_true", help="print JSON (the default; kept for scripts)")

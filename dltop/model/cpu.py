@@ -5,6 +5,7 @@ Values the system did not give are None (an attribute) or `Unavailable(reason)` 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dltop.model.base import Unavailable
@@ -213,3 +214,17 @@ class CpuPart:
 
 def _kib(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10} KiB"
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """(0, 1, 2, 3, 8) -> '0-3,8': the kernel's own list syntax."""
+    cs = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(cs):
+        j = i
+        while j + 1 < len(cs) and cs[j + 1] == cs[j] + 1:
+            j += 1
+        parts.append(str(cs[i]) if i == j else f"{cs[i]}-{cs[j]}")
+        i = j + 1
+    return ",".join(parts)

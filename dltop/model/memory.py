@@ -92,3 +92,10 @@ class MemoryPart:
     def why(self, name: str) -> str | None:
         """The reason a meminfo field is missing, or None when it is present."""
         return self.unavailable.get(name)
+
+
+def safety_margin_bytes(total_bytes: int | None) -> int:
+    """MemAvailable a warm or lock must leave: 10% of RAM, at least 256 MiB, at most 4 GiB."""
+    if not total_bytes:
+        return 1 << 30
+    return min(max(total_bytes // 10, 256 << 20), 4 << 30)

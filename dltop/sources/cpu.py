@@ -33,6 +33,7 @@ from dltop.model.cpu import (
     Pmu,
     Registers,
     TopologyNode,
+    format_cpu_list,
 )
 from dltop.sources.base import Source
 
@@ -78,20 +79,6 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
         else:
             out.update(range(lo, hi + 1))
     return tuple(sorted(out))
-
-
-def format_cpu_list(cpus: Iterable[int]) -> str:
-    """(0, 1, 2, 3, 8) -> '0-3,8': the kernel's own list syntax."""
-    cs = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(cs):
-        j = i
-        while j + 1 < len(cs) and cs[j + 1] == cs[j] + 1:
-            j += 1
-        parts.append(str(cs[i]) if i == j else f"{cs[i]}-{cs[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def parse_cpu_mask(text: str) -> tuple[int, ...]:

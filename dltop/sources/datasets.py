@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dltop import kernel
+from dltop.fmt import display_path
 from dltop.model.base import Unavailable
 from dltop.model.datasets import NO_PERMISSION, DatasetResidency, DatasetsPart, ResidencyNode
 
@@ -68,15 +69,6 @@ class WalkReport:
         self.skipped[why] = self.skipped.get(why, 0) + 1
         if detail is not None and len(self.problems) < MAX_PROBLEMS:
             self.problems.append(f"{detail}: {display_path(path or '')}")
-
-
-def display_path(path: str) -> str:
-    """A path safe to print: undecodable bytes (surrogate escapes) shown as \\xNN."""
-    try:
-        path.encode("utf-8")
-        return path
-    except UnicodeEncodeError:
-        return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def path_error(error: str, path: str) -> str:

@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
-from dltop import derive
+from dltop import hints as hint_rules
 from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings
 from dltop.fmt import human_duration
 from dltop.model import Snapshot
@@ -27,7 +27,6 @@ from dltop.tui.view import View
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 HISTORY_LEN = 600  # ten minutes at the default refresh: what the sparklines show
-HINT_WINDOW = 60
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
@@ -80,7 +79,7 @@ class DltopApp(App[None]):
         self.replay = replay
         self._clock = clock
         self.history: deque[Snapshot] = deque(maxlen=HISTORY_LEN)
-        self.hints: list[derive.Hint] = []
+        self.hints: list[hint_rules.Hint] = []
         self._view: View | None = None
         self._panes: list[Pane] = [cls() for cls in pane_classes()]
 
@@ -140,8 +139,7 @@ class DltopApp(App[None]):
         if self.history and snap is self.history[-1]:
             return
         self.history.append(snap)
-        recent = list(self.history)[-HINT_WINDOW:]
-        self.hints = derive.hints(recent)
+        self.hints = hint_rules.hints(list(self.history)[-hint_rules.WINDOW:])
         view = View(snapshot=snap, history=tuple(self.history), hints=tuple(self.hints),
                     read_only=self.settings.read_only, replay=self.replay)
         self._view = view

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dltop.derive import Hint
+from dltop.hints import Hint
 from dltop.model import Snapshot
 
 

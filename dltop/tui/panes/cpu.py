@@ -8,9 +8,9 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
-from dltop.commands.cpu import kind_table, kinds_summary, register_lines, tree_lines
 from dltop.model import CpuPart, Unavailable
-from dltop.sources.cpu import format_cpu_list
+from dltop.model.cpu import format_cpu_list
+from dltop.text.cpu import kind_table, kinds_summary, register_lines, tree_lines
 from dltop.tui.panes.base import Pane, set_content, set_row
 from dltop.tui.view import View
 

@@ -19,35 +19,15 @@ from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Input, Static
 
-from dltop.fmt import human_bytes, human_duration, human_rate
+from dltop.fmt import human_bytes
 from dltop.model.datasets import DatasetResidency, DatasetsPart, ResidencyNode
+from dltop.text.datasets import pct_text, progress_line, row_values
 from dltop.tui.panes.base import Pane, set_content, set_row
 from dltop.tui.view import View
 
 COLUMNS = ("path", "size", "resident", "pct", "dirty", "files", "age")
 HEADERS = ("Path", "Size", "Resident", "%", "Dirty", "Files", "Age")
 LOCAL_RESCAN_S = 10.0
-
-
-def pct_text(node: ResidencyNode) -> str:
-    """Resident share of the visible pages ('-' when none are visible; '?' marks hidden pages)."""
-    frac = node.resident_fraction
-    if frac is None:
-        return "?" if node.unknown_pages else "-"
-    return f"{100 * frac:.0f}%" + ("?" if node.unknown_pages else "")
-
-
-def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | None) -> tuple[str, ...]:
-    """The table cells of one dataset or folder."""
-    return (
-        label,
-        human_bytes(node.size_bytes),
-        human_bytes(node.resident_pages * page_size),
-        pct_text(node),
-        human_bytes(node.dirty_pages * page_size) if node.dirty_pages else "-",
-        str(node.files),
-        human_duration(age_s) if age_s is not None else "",
-    )
 
 
 class DatasetPane(Pane):
@@ -408,14 +388,7 @@ class DatasetPane(Pane):
         self.app.call_from_thread(self._finished, message, severity)
 
     def _show_progress(self, p: Any) -> None:
-        frac = p.done_bytes / p.total_bytes if p.total_bytes else 1.0
-        width = 20
-        fill = int(width * min(1.0, frac))
-        eta = human_duration(p.eta_s) if p.eta_s is not None else "?"
-        set_content(self.query_one("#ds-progress", Static), Text(
-            f"{p.action} [{'█' * fill}{'░' * (width - fill)}] {100 * frac:.0f}% "
-            f"{human_bytes(p.done_bytes)}/{human_bytes(p.total_bytes)} {human_rate(p.rate_bytes_per_s, missing='-')} "
-            f"ETA {eta} · Esc cancels"))
+        set_content(self.query_one("#ds-progress", Static), Text(progress_line(p) + " · Esc cancels"))
 
     def _finished(self, message: str, severity: str) -> None:
         self._busy = None

@@ -1,17 +1,17 @@
 """Hints about datasets in the page cache: cold at the first epoch, larger than memory, churning.
 
-Pure functions of recent Snapshots, registered with `dltop.derive.rule` (derive imports this module).
+Pure functions of recent Snapshots, registered with `dltop.hints.rule`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dltop.actions.pagecache import safety_margin_bytes
-from dltop.derive import Hint, rule
 from dltop.fmt import human_bytes
+from dltop.hints import Hint, rule
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency, DatasetsPart
+from dltop.model.memory import safety_margin_bytes
 
 COLD_FRACTION = 0.5  # a dataset under this share resident is read mostly from disk
 COLD_MIN_BYTES = 256 << 20  # less than this left to read costs the first epoch under a second: no hint
@@ -62,6 +62,7 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
             f"{human_bytes(coldest.known_pages * ps)}): the first epoch reads the rest from disk and runs slow"
         ),
         fix=f"warm it: w on the Datasets tab, or dltop warm PATH ({human_bytes(need)} to read; it fits)",
+        numbers={"resident_fraction": coldest.resident_fraction or 0.0, "to_read_bytes": need},
     )
 
 
@@ -84,6 +85,7 @@ def dataset_larger_than_memory(part: DatasetsPart, mem: MemoryPart | None) -> Hi
                     f"({human_bytes(max(0, cacheable))}): warming all of it evicts its own first part"
                 ),
                 fix="warm the validation set or a subset that is read every epoch; or use more RAM / a local NVMe",
+                numbers={"size_bytes": size, "cacheable_bytes": max(0, cacheable)},
             )
     return None
 
@@ -114,6 +116,7 @@ def dataset_churn(history: Sequence[Snapshot]) -> Hint | None:
                     "not fit"
                 ),
                 fix="shrink what each epoch reads (a subset, smaller shards), free memory, or lock the hot part (l)",
+                numbers={"evicted_again_bytes": grew * ds.page_size, "rate_bytes_per_s": rate},
             )
     return None
 
