@@ -8,6 +8,8 @@ error shown beside it. The TUI, `dltop snapshot`, the recorder and the exporter 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import socket
 import time
@@ -30,6 +32,9 @@ class _State:
     started: float = 0.0
     next_start: float = 0.0  # monotonic time before which the poller does not start another read
     ran_once: bool = False
+    asked: bool = False  # read_now(): start a read as soon as none is in flight, whatever the cadence says
+    wake: asyncio.Event | None = None  # set to make the poller look again now
+    task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.status = SourceStatus(name=self.source.name, interval_s=self.source.interval_s)
@@ -53,16 +58,16 @@ class Sampler:
         root: str = "/",
         clock: Callable[[], float] = time.time,
         host: str | None = None,
+        builder: Callable[[Any], Sequence[Source]] | None = None,
     ) -> None:
-        self._states = {
-            s.name: _State(s, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dltop-{s.name}"))
-            for s in sources
-        }
+        self._states = {s.name: _new_state(s) for s in sources}
         self._root = root
         self._clock = clock
         self._host = host or socket.gethostname()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._builder = builder  # Settings -> sources, for reconfigure()
+        self._started = False
         self._changed: asyncio.Event | None = None
+        self._urgent: asyncio.Event | None = None  # an asked-for read finished: hand out a Snapshot now
         self.paused = False
 
     # -- one-shot use (dltop snapshot) --------------------------------------------------------------------
@@ -81,10 +86,56 @@ class Sampler:
 
     def close(self) -> None:
         """Stop pollers and let worker threads go (a hung read's thread is abandoned, not joined)."""
-        for t in self._tasks:
-            t.cancel()
         for st in self._states.values():
-            st.executor.shutdown(wait=False, cancel_futures=True)
+            _stop(st)
+
+    # -- sources that change at run time (a dataset added from the TUI; later a server URL, a cache path) -----
+
+    def names(self) -> list[str]:
+        """The sources being polled."""
+        return list(self._states)
+
+    def add(self, source: Source) -> None:
+        """Poll one more source, or replace the one of the same name (its last value is kept until the new
+        one answers, so a pane never blanks while a reconfigured source rereads)."""
+        st = self._states.get(source.name)
+        if st is not None:
+            st.source = source
+            st.status = replace(st.status, interval_s=source.interval_s)
+            self.read_now(source.name)
+            return
+        st = self._states[source.name] = _new_state(source)
+        if self._started:
+            self._start_poller(st)
+
+    def remove(self, name: str) -> None:
+        """Stop polling a source; its part leaves the Snapshot."""
+        st = self._states.pop(name, None)
+        if st is not None:
+            _stop(st)
+
+    def reconfigure(self, settings: Any) -> None:
+        """Rebuild the sources from `settings` (the builder given at construction): new ones start, gone ones
+        stop, changed ones (another `Source.config`) are replaced; unchanged ones go on undisturbed."""
+        if self._builder is None:
+            raise RuntimeError("this Sampler was built without a source builder")
+        wanted = {s.name: s for s in self._builder(settings)}
+        for name in [n for n in self._states if n not in wanted]:
+            self.remove(name)
+        for name, source in wanted.items():
+            st = self._states.get(name)
+            if st is None or st.source.config != source.config:
+                self.add(source)
+
+    def read_now(self, name: str) -> None:
+        """Read this source as soon as it is not reading already (after a warm, rescan that dataset), outside
+        its cadence and duty cycle; the Snapshot with the result is handed out as soon as it is in."""
+        st = self._states.get(name)
+        if st is None:
+            return
+        st.asked = True
+        if st.wake is not None:
+            st.wake.set()
 
     # -- the reads ------------------------------------------------------------------------------------------
 
@@ -141,41 +192,65 @@ class Sampler:
     def start(self) -> None:
         """Start one poller task per source on the running loop."""
         self._changed = asyncio.Event()
-        self._tasks = [asyncio.create_task(self._poll(st), name=f"poll-{n}") for n, st in self._states.items()]
+        self._urgent = asyncio.Event()
+        self._started = True
+        for st in self._states.values():
+            self._start_poller(st)
+
+    def _start_poller(self, st: _State) -> None:
+        st.wake = asyncio.Event()
+        st.task = asyncio.create_task(self._poll(st), name=f"poll-{st.source.name}")
 
     async def _poll(self, st: _State) -> None:
         loop = asyncio.get_running_loop()
+        assert st.wake is not None
         while True:
+            st.wake.clear()
             busy = st.inflight is not None and not st.inflight.done()
-            if not self.paused and not busy and time.monotonic() >= st.next_start:
+            due = st.asked or (not self.paused and time.monotonic() >= st.next_start)
+            if due and not busy:
+                urgent, st.asked = st.asked, False
                 st.started = time.monotonic()
                 st.next_start = st.started + st.source.interval_s
                 fut = st.executor.submit(self._timed_read, st)
                 st.inflight = fut
-                fut.add_done_callback(lambda _f: loop.call_soon_threadsafe(self._notify))
+                fut.add_done_callback(functools.partial(self._done, loop, st, urgent))
                 busy = True
-            if busy and st.source.max_duty:
-                # The next start depends on how long this read takes: look again soon.
-                await asyncio.sleep(min(st.source.interval_s, 0.25))
+            if busy and (st.source.max_duty or st.asked):
+                # The next start depends on how long this read takes (or a read is owed): look again soon.
+                wait = min(st.source.interval_s, 0.25)
             elif busy or self.paused:
-                await asyncio.sleep(st.source.interval_s)
+                wait = st.source.interval_s
             else:
-                await asyncio.sleep(max(0.01, st.next_start - time.monotonic()))
+                wait = max(0.01, st.next_start - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(st.wake.wait(), wait)
 
-    def _notify(self) -> None:
+    def _done(self, loop: asyncio.AbstractEventLoop, st: _State, urgent: bool, _fut: Future[Any]) -> None:
+        loop.call_soon_threadsafe(self._notify, st, urgent)
+
+    def _notify(self, st: _State, urgent: bool = False) -> None:
         if self._changed is not None:
             self._changed.set()
+        if st.wake is not None:
+            st.wake.set()  # a read asked for while this one ran can start now
+        if urgent and self._urgent is not None:
+            self._urgent.set()
 
     def backlog(self) -> list[Snapshot]:
         """Live sampling has no history before its first Snapshot."""
         return []
 
     async def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]:
-        """Yield a Snapshot every `interval_s()` seconds (read each tick, so +/- apply at once)."""
-        if not self._tasks:
+        """Yield a Snapshot every `interval_s()` seconds (read each tick, so +/- apply at once), and at once
+        when a read asked for with read_now() is in (the rescan after a warm shows without waiting a tick)."""
+        if not self._started:
             self.start()
+        assert self._urgent is not None
         while True:
-            await asyncio.sleep(interval_s())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._urgent.wait(), interval_s())
+            self._urgent.clear()
             if not self.paused:
                 yield self.snapshot()
 
@@ -194,6 +269,16 @@ class Sampler:
             except TimeoutError:
                 return
 
+
+
+def _new_state(source: Source) -> _State:
+    return _State(source, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dltop-{source.name}"))
+
+
+def _stop(st: _State) -> None:
+    if st.task is not None:
+        st.task.cancel()
+    st.executor.shutdown(wait=False, cancel_futures=True)
 
 
 class ListFeed:
@@ -224,6 +309,12 @@ class ListFeed:
 
     def set_refresh(self, interval_s: float) -> None:
         """Recorded Snapshots keep their cadence; only the playback speed changes."""
+
+    def reconfigure(self, settings: object) -> None:
+        """Recorded Snapshots cannot gain a source."""
+
+    def read_now(self, name: str) -> None:
+        """Recorded Snapshots are what they are."""
 
     async def wait_first(self, timeout_s: float = 1.0) -> None:
         """The first Snapshot is already here."""

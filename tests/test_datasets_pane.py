@@ -16,8 +16,9 @@ from textual.widgets import DataTable, Input, Static
 from dltop.config import Settings
 from dltop.model import Snapshot
 from dltop.model.datasets import DatasetResidency, DatasetsPart, ResidencyNode
-from dltop.sampler import ListFeed
+from dltop.sampler import ListFeed, Sampler
 from dltop.sources.datasets import WalkOptions, scan_paths
+from dltop.sources.registry import build_sources
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.datasets import DatasetPane
 from dltop.tui.screens.confirm import ConfirmScreen
@@ -69,12 +70,24 @@ async def _wait_confirm(app: App, pilot) -> ConfirmScreen:
     raise AssertionError("no confirmation dialog")
 
 
-async def _wait_idle(pane: DatasetPane, pilot) -> None:
+def live(*paths: Path, **kw) -> DltopApp:
+    """The app on the real Sampler watching `paths`, as `dltop PATH...` starts it."""
+    settings = Settings(datasets=tuple(map(str, paths)), **kw)
+    return DltopApp(Sampler(build_sources(settings), builder=build_sources), settings)
+
+
+async def _wait_idle(app: DltopApp, pilot, until=lambda: True) -> None:
+    """Until the action and its plan are done and `until()` holds (the rescan after it is in)."""
     for _ in range(200):
         await pilot.pause(0.05)
-        if pane._busy is None and not pane._scanning:
+        done = app._action is None or app._action.phase == "finished"  # the app has the finish, too
+        if done and app.runner.busy is None and not app._runs and until():
             return
     raise AssertionError("action did not finish")
+
+
+def _cell(app: App, row: int, col: int) -> str:
+    return str(app.query_one("#ds-table", DataTable).get_row_at(row)[col])
 
 
 async def test_drill_down_and_back(ddir: Path) -> None:
@@ -103,10 +116,10 @@ async def test_drill_down_and_back(ddir: Path) -> None:
 
 async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) -> None:
     files = make_dataset(ddir)
-    app = DltopApp(ListFeed([snap_of(ddir)]))
+    app = live(ddir)
     async with app.run_test(size=(100, 30)) as pilot:
         await _open_tab(app, pilot)
-        pane = app.query_one(DatasetPane)
+        await _wait_idle(app, pilot, lambda: _cell(app, 0, 3) == "7%")  # the first scan is in
         await pilot.press("w")
         screen = await _wait_confirm(app, pilot)
         body = str(screen.query_one("#confirm-body", Static).render())
@@ -117,29 +130,30 @@ async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) 
         await pilot.press("w")
         await _wait_confirm(app, pilot)
         await pilot.press("y")
-        await _wait_idle(pane, pilot)
+        # rescanned at once after the warm, without waiting for the next background scan (10 s away)
+        await _wait_idle(app, pilot, lambda: _cell(app, 0, 3) == "100%")
         assert all(resident(f) == f.stat().st_size // PS for f in files)
         assert "warmed 1.8 MiB" in _text(app, "#ds-progress")  # 1.6 MiB read, 128 KiB already in
-        assert app.query_one("#ds-table", DataTable).get_row_at(0)[3] == "100%"  # rescanned at once
         # evict, also confirmed
         await pilot.press("e")
-        await pilot.pause()
-        assert "Drop 1.8 MiB" in str(app.screen.query_one("#confirm-body", Static).render())
+        screen = await _wait_confirm(app, pilot)
+        assert "Drop 1.8 MiB" in str(screen.query_one("#confirm-body", Static).render())
         await pilot.press("y")
-        await _wait_idle(pane, pilot)
+        await _wait_idle(app, pilot, lambda: _cell(app, 0, 3) == "0%")
         assert sum(resident(f) for f in files) == 0
         # lock, then unlock with the same key
         await pilot.press("enter")  # into the dataset: act on the val folder only
         await pilot.pause()
         await pilot.press("down", "l")
-        await pilot.pause()
+        await _wait_confirm(app, pilot)
         await pilot.press("y")
-        await _wait_idle(pane, pilot)
+        await _wait_idle(app, pilot, lambda: bool(app.runner.held()))
         assert [resident(f) for f in files[-2:]] == [32, 32] and resident(files[0]) == 0
-        assert any(k.endswith("/val") for k in pane._locks)
+        assert [k for k in app.runner.held() if k.endswith("/val")]
+        assert "🔒" in _cell(app, 1, 0)
         await pilot.press("l")
         await pilot.pause()
-        assert pane._locks == {}
+        assert app.runner.held() == {} and "🔒" not in _cell(app, 1, 0)
 
 
 async def test_warm_dialog_states_the_data_of_a_sparse_file_not_its_size(ddir: Path) -> None:
@@ -179,8 +193,15 @@ async def test_lock_dialog_guards_every_byte_it_locks(ddir: Path, monkeypatch: p
         screen = await _wait_confirm(app, pilot)
         body = str(screen.query_one("#confirm-body", Static).render())
         assert "Memory guard: refused: 512 KiB" in body
-        await pilot.press("n")
+        # A refusal is not one key away: there is no yes, neither button nor y.
+        assert not screen.query("#confirm-yes")
+        await pilot.press("y")
         await pilot.pause()
+        assert app.runner.busy is None and app.runner.held() == {}
+        assert isinstance(app.screen, ConfirmScreen)  # y did not lock; the dialog stays until n / Esc
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
 
 
 async def test_esc_cancels_a_running_warm(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,7 +224,6 @@ async def test_esc_cancels_a_running_warm(ddir: Path, monkeypatch: pytest.Monkey
     app = DltopApp(ListFeed([snap_of(ddir)]))
     async with app.run_test(size=(100, 30)) as pilot:
         await _open_tab(app, pilot)
-        pane = app.query_one(DatasetPane)
         await pilot.press("w")
         await _wait_confirm(app, pilot)
         await pilot.press("y")
@@ -212,7 +232,7 @@ async def test_esc_cancels_a_running_warm(ddir: Path, monkeypatch: pytest.Monkey
             if started:
                 break
         await pilot.press("escape")
-        await _wait_idle(pane, pilot)
+        await _wait_idle(app, pilot)
         assert "(cancelled)" in _text(app, "#ds-progress")
     assert sum(resident(f) for f in files) < 40 * 256
 
@@ -234,25 +254,31 @@ async def test_read_only_disables_the_actions(ddir: Path) -> None:
 async def test_add_a_dataset_from_the_tui(ddir: Path) -> None:
     make_dataset(ddir / "one")
     make_file(ddir / "two" / "x.bin", 8 * PS)
-    app = DltopApp(ListFeed([snap_of(ddir / "one")]))
+    app = live(ddir / "one")
     async with app.run_test(size=(100, 30)) as pilot:
         await _open_tab(app, pilot)
-        pane = app.query_one(DatasetPane)
         await pilot.press("a")
         await pilot.pause()
         box = app.query_one("#ds-add", Input)
         assert box.has_focus
         box.value = str(ddir / "two")
         await pilot.press("enter")
-        await _wait_idle(pane, pilot)
-        await pilot.pause()
+        # The Sampler scans it like any other watched dataset: in the Snapshot, not in the pane's own state.
+        await _wait_idle(app, pilot, lambda: len(_rows(app)) == 2 and _cell(app, 1, 1) == "32.0 KiB")
         assert _rows(app) == [str(ddir / "one"), str(ddir / "two")]
-        assert "added" in _text(app, "#ds-progress")
+        snap = app.feed.snapshot()
+        assert isinstance(snap.datasets, DatasetsPart)
+        assert [d.path for d in snap.datasets.paths] == [str(ddir / "one"), str(ddir / "two")]
         await pilot.press("a")
         app.query_one("#ds-add", Input).value = str(ddir / "missing")
         await pilot.press("enter")
         await pilot.pause()
         assert len(_rows(app)) == 2
+        # x stops watching the selected dataset; its files are left alone.
+        app.query_one("#ds-table", DataTable).move_cursor(row=1)
+        await pilot.press("x")
+        await _wait_idle(app, pilot, lambda: _rows(app) == [str(ddir / "one")])
+        assert (ddir / "two" / "x.bin").exists() and app.settings.datasets == (str(ddir / "one"),)
 
 
 async def test_unknown_pages_are_marked_and_explained(ddir: Path) -> None:

@@ -126,19 +126,18 @@ class ProgressBar:
 
 
 def run_action(args: argparse.Namespace) -> int:
-    """warm / evict / lock, in a worker thread so Ctrl-C or SIGTERM cancels cleanly and still prints the summary.
-
-    Exit status 130 after Ctrl-C (SIGINT), 143 after SIGTERM; a second one of either ends the process at once.
-    """
-    from dltop.actions import pagecache as pc
+    """warm / evict / lock through the action runner, whose worker a Ctrl-C or SIGTERM cancels cleanly: the
+    summary is still printed. Exit status 130 after Ctrl-C (SIGINT), 143 after SIGTERM, also when they end a
+    lock's hold; a second one of either ends the process at once."""
+    from dltop.actions.runner import ActionRunner
 
     _check_paths(args.paths)
-    options = _options(args)
-    cancel = threading.Event()
+    runner = ActionRunner()
     bar = ProgressBar() if (sys.stderr.isatty() and not args.no_progress and not args.dry_run) else None
-    outcome: dict[str, Any] = {}
-    finished = threading.Event()
+    if bar is not None:
+        runner.subscribe(lambda ev: bar(ev) if ev.phase == "progress" else None)
     signals: list[int] = []
+    stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
         # No KeyboardInterrupt: raised in the middle of a wait or a print it leaves half-done state behind
@@ -147,64 +146,41 @@ def run_action(args: argparse.Namespace) -> int:
             os.write(2, b"\ndltop: interrupted again, stopping now\n")
             os._exit(128 + signum)
         signals.append(signum)
-        cancel.set()
+        runner.cancel()
+        stop.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _run_action(args, pc, options, cancel, bar, outcome, finished, signals)
+        run = runner.start(args.action, args.paths, options=_options(args), force=getattr(args, "force", False),
+                           fit=getattr(args, "fit", False), dry_run=args.dry_run)
+        while not run.done.wait(0.1):  # not a blocking wait: the signal handler runs between these
+            pass
+        if bar is not None:
+            bar.close()
+        if run.error is not None:
+            raise run.error
+        _print_result(args, run.result)
+        held = runner.held()
+        if held and not signals:
+            _hold(runner, run.result.files, held, stop)
+        return 128 + signals[0] if signals else 0
     finally:
+        runner.close()
         for s, h in old.items():
             signal.signal(s, h)
 
 
-def _run_action(args: argparse.Namespace, pc: Any, options: Any, cancel: threading.Event, bar: ProgressBar | None,
-                outcome: dict[str, Any], finished: threading.Event, signals: list[int]) -> int:
-    def work() -> None:
-        try:
-            if args.action == "warm":
-                outcome["result"] = pc.warm(args.paths, options, force=args.force, fit=args.fit,
-                                            dry_run=args.dry_run, progress=bar, cancel=cancel)
-            elif args.action == "evict":
-                outcome["result"] = pc.evict(args.paths, options, dry_run=args.dry_run, progress=bar, cancel=cancel)
-            else:
-                outcome["result"], outcome["locks"] = pc.lock(args.paths, options, force=args.force,
-                                                              dry_run=args.dry_run, progress=bar, cancel=cancel)
-        except BaseException as e:  # handed to the main thread, which reports it
-            outcome["error"] = e
-        finally:
-            finished.set()
-
-    worker = threading.Thread(target=work, name=f"dltop-{args.action}", daemon=True)
-    worker.start()
-    while not finished.wait(0.1):  # not worker.join(): the signal handler runs between these waits
-        pass
-    if bar is not None:
-        bar.close()
-    if "error" in outcome:
-        raise outcome["error"]
-    result = outcome["result"]
-    locks = outcome.get("locks")
-    if locks is not None and not args.dry_run and not signals and not result.cancelled:
-        _print_result(args, result)
-        _hold(locks, cancel)
-        return 0
-    if locks is not None:
-        locks.release()
-    _print_result(args, result)
-    return 128 + signals[0] if signals else 0
-
-
-def _hold(locks: Any, stop: threading.Event) -> None:
+def _hold(runner: Any, files: int, held: dict[str, int], stop: threading.Event) -> None:
     """Keep the pages locked until Ctrl-C or SIGTERM (the handler sets `stop`); then unlock."""
     from dltop.fmt import human_bytes
 
     try:
-        print(f"locked {human_bytes(locks.bytes)} in {len(locks.paths)} files; Ctrl-C to unlock",
-              file=sys.stderr, flush=True)
+        print(f"locked {human_bytes(sum(held.values()))} in {files} files; Ctrl-C to unlock", file=sys.stderr,
+              flush=True)
         while not stop.wait(0.5):
             pass
     finally:
-        locks.release()
+        runner.release_all()
     print("unlocked", file=sys.stderr)
 
 

@@ -19,3 +19,6 @@ class Source:
     # At most this share of wall time spent reading: a read that took d seconds waits d / max_duty before the
     # next (a million-file rescan must not become a permanent load next to the training job).
     max_duty: float | None = None
+    # What the source was built from (the dataset paths, a server URL): the Sampler replaces a source whose
+    # config changed when the settings change at run time, and leaves the others alone.
+    config: object = None

@@ -566,4 +566,4 @@ def source(settings: Any) -> Any:
     interval = max(10.0, float(getattr(settings, "refresh_s", 1.0)) * 10)
     # Scans run at half a CPU at most, and rescans keep the wall time spent scanning under 10%: a
     # 117,000-file /usr (about 2 s a scan) is rescanned every 20 s, about 5% of one core on average.
-    return Source(name="datasets", interval_s=interval, read=read, timeout_s=120.0, max_duty=0.1)
+    return Source(name="datasets", interval_s=interval, read=read, timeout_s=120.0, max_duty=0.1, config=paths)

@@ -6,8 +6,9 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rich.text import Text
 from textual import events, work
@@ -18,10 +19,23 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from dltop import hints as hint_rules
 from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings
+from dltop.errors import DltopError
 from dltop.fmt import human_duration
 from dltop.model import Snapshot
+from dltop.model.actions import ActionEvent, ActionPlan
+from dltop.tui.messages import (
+    ActionEventPosted,
+    ActionRequested,
+    CancelRequested,
+    DatasetAddRequested,
+    DatasetRemoveRequested,
+    EvictRequested,
+    LockRequested,
+    WarmRequested,
+)
 from dltop.tui.panes import pane_classes
 from dltop.tui.panes.base import Pane, set_content
+from dltop.tui.screens.confirm import ConfirmScreen, plan_dialog
 from dltop.tui.screens.help import HelpScreen
 from dltop.tui.view import View
 
@@ -39,6 +53,8 @@ class Feed(Protocol):
     def snapshot(self) -> Snapshot: ...
     def backlog(self) -> list[Snapshot]: ...
     def set_refresh(self, interval_s: float) -> None: ...
+    def reconfigure(self, settings: Settings) -> None: ...
+    def read_now(self, name: str) -> None: ...
     async def wait_first(self, timeout_s: float = 1.0) -> None: ...
     def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]: ...
     def close(self) -> None: ...
@@ -71,9 +87,16 @@ class DltopApp(App[None]):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     def __init__(self, feed: Feed, settings: Settings | None = None, replay: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, runner: Any = None) -> None:
         super().__init__()
         self.feed = feed
+        if runner is None:
+            from dltop.actions.runner import ActionRunner
+
+            runner = ActionRunner()
+        self.runner = runner  # every warm, evict and lock runs here; its events come back as messages
+        self._runs: dict[int, Any] = {}  # plans in flight, by run id: their result opens the confirmation
+        self._action: ActionEvent | None = None
         self.settings = settings or Settings()
         self.refresh_s = self.settings.refresh_s
         self.replay = replay
@@ -98,6 +121,7 @@ class DltopApp(App[None]):
     async def on_mount(self) -> None:
         if not self.is_headless and os.isatty(0):
             self.set_interval(1.0, self._exit_if_terminal_gone)
+        self.runner.subscribe(lambda ev: self.post_message(ActionEventPosted(ev)))
         self.feed.start()
         await self.feed.wait_first(timeout_s=0.3)
         for snap in self.feed.backlog():
@@ -112,6 +136,7 @@ class DltopApp(App[None]):
             self._apply(snap)
 
     def on_unmount(self) -> None:
+        self.runner.close()  # cancel what runs, unlock what is locked
         self.feed.close()
 
     def _exit_if_terminal_gone(self) -> None:
@@ -140,14 +165,21 @@ class DltopApp(App[None]):
             return
         self.history.append(snap)
         self.hints = hint_rules.hints(list(self.history)[-hint_rules.WINDOW:])
-        view = View(snapshot=snap, history=tuple(self.history), hints=tuple(self.hints),
-                    read_only=self.settings.read_only, replay=self.replay)
-        self._view = view
         self._update_header(snap)
         self._update_hints()
+        self._show()
+
+    def _show(self) -> None:
+        """Hand the visible pane a View of the latest Snapshot and of the actions' state."""
+        if not self.history:
+            return
+        self._view = View(snapshot=self.history[-1], history=tuple(self.history), hints=tuple(self.hints),
+                          read_only=self.settings.read_only, replay=self.replay,
+                          watched=tuple(self.settings.datasets), action=self._action,
+                          busy=self.runner.busy is not None, held=self.runner.held())
         active = self._active_pane()
         if active is not None:
-            active.show(view)
+            active.show(self._view)
 
     def _active_pane(self) -> Pane | None:
         active = self.query_one("#tabs", TabbedContent).active
@@ -197,6 +229,89 @@ class DltopApp(App[None]):
             t.append(f"  (+{len(self.hints) - 1} more, see ?)", "dim")
         set_content(widget, t)
         widget.display = True
+
+    # -- what panes ask for: actions through the runner, sources that change -------------------------------
+
+    def _request(self, msg: ActionRequested) -> None:
+        msg.stop()
+        if self.settings.read_only or self.replay:
+            self.notify(f"{msg.action}: {'read-only' if self.settings.read_only else 'replay'}: nothing may change "
+                        "the system", severity="warning")
+            return
+        if self.runner.busy is not None:
+            self.notify(f"{self.runner.busy.action} {self.runner.busy.target} is still running (Esc cancels)",
+                        severity="warning")
+            return
+        if msg.action == "lock" and msg.path in self.runner.held():
+            self.runner.release(msg.path)
+            return
+        run = self.runner.plan(msg.action, [msg.path])
+        self._runs[run.id] = run
+
+    def on_warm_requested(self, msg: WarmRequested) -> None:
+        self._request(msg)
+
+    def on_evict_requested(self, msg: EvictRequested) -> None:
+        self._request(msg)
+
+    def on_lock_requested(self, msg: LockRequested) -> None:
+        self._request(msg)
+
+    def on_cancel_requested(self, msg: CancelRequested) -> None:
+        msg.stop()
+        self.runner.cancel()
+
+    def on_action_event_posted(self, msg: ActionEventPosted) -> None:
+        ev = msg.event
+        self._action = ev
+        if ev.phase == "finished":
+            if ev.step == "plan":
+                run = self._runs.pop(ev.run_id, None)
+                if ev.outcome == "ok" and run is not None and isinstance(run.result, ActionPlan):
+                    self._confirm(run.result)
+            elif ev.step == "run":
+                self.feed.read_now("datasets")  # the numbers after the action, without waiting for a rescan
+            if ev.outcome in ("error", "refused"):
+                self.notify(ev.message, severity="error", timeout=8)
+            elif ev.step == "release":
+                self.notify(ev.message)
+        self._show()
+
+    def _confirm(self, plan: ActionPlan) -> None:
+        title, body, yes = plan_dialog(plan)
+
+        def answered(ok: bool | None) -> None:
+            if not ok:
+                return
+            try:
+                self.runner.start(plan.action, [plan.target], fit=plan.can_fit)
+            except DltopError as e:  # another action started meanwhile
+                self.notify(str(e), severity="error")
+
+        self.push_screen(ConfirmScreen(title, body, yes_label=yes), answered)
+
+    def on_dataset_add_requested(self, msg: DatasetAddRequested) -> None:
+        msg.stop()
+        path = os.path.abspath(os.path.expanduser(msg.path))
+        if not os.path.exists(path):
+            self.notify(f"no such file or directory: {path}", severity="error")
+            return
+        if path in self.settings.datasets:
+            self.notify(f"{path} is watched already", severity="warning")
+            return
+        self._watch((*self.settings.datasets, path))
+        self.notify(f"watching {path}: scanning…", timeout=3)
+
+    def on_dataset_remove_requested(self, msg: DatasetRemoveRequested) -> None:
+        msg.stop()
+        if msg.path in self.settings.datasets:
+            self._watch(tuple(p for p in self.settings.datasets if p != msg.path))
+            self.notify(f"no longer watching {msg.path}", timeout=3)
+
+    def _watch(self, datasets: tuple[str, ...]) -> None:
+        self.settings = replace(self.settings, datasets=datasets)
+        self.feed.reconfigure(self.settings)
+        self._show()
 
     # -- actions --------------------------------------------------------------------------------------------
 

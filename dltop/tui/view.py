@@ -1,12 +1,14 @@
-"""What the app hands every pane on each tick: the latest Snapshot, recent history and the hints."""
+"""What the app hands every pane on each tick: the latest Snapshot, recent history, the hints, and the state of
+the actions (the runner's latest event, what is held)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from dltop.hints import Hint
 from dltop.model import Snapshot
+from dltop.model.actions import ActionEvent
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,10 @@ class View:
     hints: Sequence[Hint] = ()
     read_only: bool = False
     replay: bool = False  # a recording is being shown: actions that change the system are off
+    watched: tuple[str, ...] = ()  # the dataset folders being watched now (added and removed at run time)
+    action: ActionEvent | None = None  # the latest event of the action in flight, or of the last one
+    busy: bool = False  # an action (or its plan) is in flight
+    held: Mapping[str, int] = field(default_factory=dict)  # locked targets and their bytes
 
     @property
     def previous(self) -> Snapshot | None:

@@ -8,16 +8,21 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from dltop.fmt import human_bytes
+from dltop.model.actions import ActionPlan
+
 
 class ConfirmScreen(ModalScreen[bool]):
-    """Dismisses with True only on an explicit yes (`y` or the button); Esc, `n` or the other button say no."""
+    """Dismisses with True only on an explicit yes (`y` or the button); Esc, `n` or the other button say no.
+
+    Without a `yes_label` it only informs (a refusal): there is no yes to press, by key or by button."""
 
     BINDINGS = [
         Binding("y", "answer(True)", "Yes", id="confirm.yes"),
         Binding("n,escape", "answer(False)", "No", id="confirm.no"),
     ]
 
-    def __init__(self, title: str, body: str, yes_label: str = "Yes") -> None:
+    def __init__(self, title: str, body: str, yes_label: str | None = "Yes") -> None:
         super().__init__()
         self._title = title
         self._body = body
@@ -28,8 +33,13 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Static(self._title, id="confirm-title")
             yield Static(self._body, id="confirm-body")
             with Horizontal(id="confirm-buttons"):
-                yield Button(f"{self._yes_label} (y)", variant="error", id="confirm-yes")
-                yield Button("Cancel (n/Esc)", variant="primary", id="confirm-no")
+                if self._yes_label is not None:
+                    yield Button(f"{self._yes_label} (y)", variant="error", id="confirm-yes")
+                yield Button("Cancel (n/Esc)" if self._yes_label else "Close (n/Esc)", variant="primary",
+                             id="confirm-no")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not (action == "answer" and parameters == (True,) and self._yes_label is None)  # a refusal has no yes
 
     def on_mount(self) -> None:
         # The safe answer has the focus, so Enter does not confirm by accident.
@@ -39,4 +49,30 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(event.button.id == "confirm-yes")
 
     def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
+        self.dismiss(yes and self._yes_label is not None)
+
+
+def plan_dialog(plan: ActionPlan) -> tuple[str, str, str | None]:
+    """Title, body and yes label (None: refused, nothing to confirm) stating what the planned action does."""
+    size = human_bytes(plan.bytes)
+    verb = plan.action.capitalize()
+    guard = f"\nMemory guard: {plan.guard}" if plan.guard else ""
+    notes = "".join(f"\n{n}" for n in plan.notes)
+    if plan.action == "warm":
+        body = f"Read {size} of {plan.target} into the page cache.{guard}{notes}"
+        if plan.allowed:
+            return f"Warm {size}?", body, verb
+        if plan.can_fit:
+            body += f"\nYes warms only the part that fits ({human_bytes(plan.fits_bytes)})."
+            return f"Warm {human_bytes(plan.fits_bytes)} of {size}?", body, verb
+        return f"Warm {size}: refused", body, None
+    if plan.action == "evict":
+        body = (f"Drop {size} of {plan.target} from the page cache (dirty pages are written first).\n"
+                f"The next read of these files comes from disk.{notes}")
+        return f"Evict {size}?", body, verb
+    body = f"mlock {size} of {plan.target} until you press l again.{guard}{notes}"
+    if plan.allowed:
+        return f"Lock {size}?", body, verb
+    # Locked pages really leave memory: a refusal here is final in the TUI (`dltop lock --force` exists for
+    # whoever must), never one key away.
+    return f"Lock {size}: refused", body, None

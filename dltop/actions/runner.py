@@ -1,0 +1,235 @@
+"""The one place actions run: the CLI subcommands and the TUI both ask this runner.
+
+It measures what an action would do (`plan`), runs it in a worker thread (`start`) with progress and a cancel,
+holds what must stay held (mlocked pages) until `release`, and announces every start, progress step and finish
+as an `ActionEvent` to whoever subscribed: the TUI renders them, the recorder will log them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dltop.errors import DltopError
+from dltop.fmt import human_bytes
+from dltop.model.actions import ActionEvent, ActionPlan, Outcome, Step
+
+Listener = Callable[[ActionEvent], None]
+VERBS = {"warm": "warmed", "evict": "evicted", "lock": "locked"}
+
+
+@dataclass
+class Run:
+    """One plan, run or release: wait on `done`, then read `result` (an ActionPlan or an ActionResult) or
+    `error` (what went wrong, as the exception the action raised)."""
+
+    id: int
+    step: Step
+    action: str
+    paths: tuple[str, ...]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+    @property
+    def target(self) -> str:
+        """The paths as one label."""
+        return ", ".join(self.paths)
+
+    @property
+    def cancelled(self) -> bool:
+        """A cancel was asked for."""
+        return self.cancel.is_set()
+
+
+@dataclass
+class _Held:
+    bytes: int
+    release: Callable[[], None]
+
+
+class ActionRunner:
+    """Runs one action at a time, announces its events, and holds locked pages until released."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._listeners: list[Listener] = []
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._busy: Run | None = None
+        self._held: dict[str, _Held] = {}
+
+    # -- who listens ---------------------------------------------------------------------------------------
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener` with every event (from the worker thread); returns the unsubscribe function."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def _announce(self, run: Run, phase: str, **kw: Any) -> None:
+        event = ActionEvent(run_id=run.id, step=run.step, phase=phase, action=run.action,  # type: ignore[arg-type]
+                            target=run.target, ts=self._clock(), **kw)
+        for listener in list(self._listeners):
+            listener(event)
+
+    # -- what runs -----------------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> Run | None:
+        """The plan or run in flight, if any."""
+        return self._busy
+
+    def plan(self, action: str, paths: Sequence[str], *, options: Any = None, wait: bool = False) -> Run:
+        """Measure what `action` would do on `paths` (a residency scan) in a worker; the result is an ActionPlan."""
+        return self._spawn("plan", action, paths, lambda run: _plan(run, options), wait)
+
+    def start(self, action: str, paths: Sequence[str], *, options: Any = None, force: bool = False,
+              fit: bool = False, dry_run: bool = False, wait: bool = False) -> Run:
+        """Run `action` on `paths` in a worker; the result is the action's ActionResult. A lock's pages stay
+        locked, held here under the target, until `release(target)`."""
+        return self._spawn("run", action, paths,
+                           lambda run: self._run(run, options, force=force, fit=fit, dry_run=dry_run), wait)
+
+    def cancel(self) -> bool:
+        """Ask the plan or run in flight to stop; False when nothing runs."""
+        run = self._busy
+        if run is None:
+            return False
+        run.cancel.set()
+        return True
+
+    def _spawn(self, step: Step, action: str, paths: Sequence[str], body: Callable[[Run], Any], wait: bool) -> Run:
+        with self._lock:
+            if self._busy is not None:
+                raise DltopError(f"{self._busy.action} {self._busy.target} is still running")
+            run = Run(id=next(self._ids), step=step, action=action, paths=tuple(paths))
+            self._busy = run
+        self._announce(run, "started")
+        thread = threading.Thread(target=self._work, args=(run, body), name=f"dltop-{action}", daemon=True)
+        thread.start()
+        if wait:
+            run.done.wait()
+        return run
+
+    def _work(self, run: Run, body: Callable[[Run], Any]) -> None:
+        outcome: Outcome = "ok"
+        message = ""
+        extra: dict[str, Any] = {}
+        try:
+            run.result = body(run)
+        except DltopError as e:
+            run.error, outcome, message = e, "refused", str(e)
+        except OSError as e:
+            run.error, outcome, message = e, "error", f"{run.action} failed: {e.strerror or e}"
+        except BaseException as e:  # a bug must reach the caller, not vanish with the thread
+            run.error, outcome, message = e, "error", f"{run.action} failed: {type(e).__name__}: {e}"
+        else:
+            r = run.result
+            if run.step == "run":
+                outcome = "cancelled" if r.cancelled else "ok"
+                message = summary(r)
+                extra = {"done_bytes": r.done_bytes, "total_bytes": r.total_bytes, "elapsed_s": r.elapsed_s,
+                         "files_done": r.files}
+            else:
+                outcome = "cancelled" if run.cancelled else "ok"
+                message = r.guard if isinstance(r, ActionPlan) else ""
+                if isinstance(r, ActionPlan):
+                    extra = {"total_bytes": r.bytes}
+        finally:
+            with self._lock:
+                self._busy = None
+        self._announce(run, "finished", outcome=outcome, message=message, **extra)
+        run.done.set()
+
+    def _run(self, run: Run, options: Any, *, force: bool, fit: bool, dry_run: bool) -> Any:
+        from dltop.actions import pagecache as pc
+
+        if run.action == "lock" and run.target in self._held:
+            raise DltopError(f"{run.target} is locked already")
+        opts = options if options is not None else pc.DEFAULT_WALK
+
+        def progress(p: pc.Progress) -> None:
+            self._announce(run, "progress", done_bytes=p.done_bytes, total_bytes=p.total_bytes,
+                           elapsed_s=p.elapsed_s, rate_bytes_per_s=p.rate_bytes_per_s, eta_s=p.eta_s,
+                           files_done=p.files_done, message=p.path)
+
+        paths = list(run.paths)
+        if run.action == "warm":
+            return pc.warm(paths, opts, force=force, fit=fit, dry_run=dry_run, progress=progress, cancel=run.cancel)
+        if run.action == "evict":
+            return pc.evict(paths, opts, dry_run=dry_run, progress=progress, cancel=run.cancel)
+        if run.action == "lock":
+            r, locks = pc.lock(paths, opts, force=force, dry_run=dry_run, progress=progress, cancel=run.cancel)
+            if r.cancelled or dry_run:
+                locks.release()  # a cancelled lock keeps nothing half-locked
+            else:
+                self._held[run.target] = _Held(locks.bytes, locks.release)
+            return r
+        raise DltopError(f"unknown action: {run.action}")
+
+    # -- what is held --------------------------------------------------------------------------------------
+
+    def held(self) -> dict[str, int]:
+        """Targets whose pages are locked now, with the bytes locked."""
+        return {k: h.bytes for k, h in self._held.items()}
+
+    def release(self, target: str) -> int:
+        """Unlock what a lock of `target` holds; returns the bytes let go (0 when nothing was held)."""
+        h = self._held.pop(target, None)
+        if h is None:
+            return 0
+        run = Run(id=next(self._ids), step="release", action="lock", paths=(target,))
+        self._announce(run, "started")
+        h.release()
+        self._announce(run, "finished", outcome="ok", done_bytes=h.bytes,
+                       message=f"unlocked {human_bytes(h.bytes)} of {target}")
+        run.done.set()
+        return h.bytes
+
+    def release_all(self) -> None:
+        """Unlock everything held (on exit)."""
+        for target in list(self._held):
+            self.release(target)
+
+    def close(self) -> None:
+        """Stop what runs and let go of what is held."""
+        self.cancel()
+        self.release_all()
+
+
+def _plan(run: Run, options: Any) -> ActionPlan:
+    """The facts a confirmation states, from one fresh residency scan (holes of sparse files are not data)."""
+    from dltop.actions import pagecache as pc
+
+    opts = options if options is not None else pc.DEFAULT_WALK
+    r = pc.plan(run.action, list(run.paths), opts, cancel=run.cancel)
+    notes: list[str] = []
+    if r.unknown_pages:
+        notes.append("Residency of some files is hidden from this user: their data counts as not resident.")
+    allowed, guard, fits = True, "", None
+    if r.guard is not None:
+        allowed, guard, fits = r.guard.ok, r.guard.message, r.guard.fits_bytes
+    if run.action == "lock":
+        limit = pc.memlock_error(r.total_bytes)
+        if limit:
+            allowed, guard = False, limit
+    return ActionPlan(action=run.action, target=run.target, bytes=r.total_bytes, files=r.files, allowed=allowed,
+                      guard=guard, fits_bytes=fits, notes=tuple(notes))
+
+
+def summary(r: Any) -> str:
+    """One line for a finished action: 'warmed 1.8 MiB of /data in 0.4s (cancelled); stayed: ...'."""
+    from dltop.actions.pagecache import kernel
+
+    target = ", ".join(r.paths)
+    line = f"{VERBS.get(r.action, r.action)} {human_bytes(r.done_bytes)} of {target} in {r.elapsed_s:.1f}s"
+    if r.cancelled:
+        line += " (cancelled)"
+    if r.stayed:
+        line += "; stayed: " + ", ".join(f"{human_bytes(v * kernel.PAGE_SIZE)} {k}" for k, v in r.stayed.items())
+    return line

@@ -1,0 +1,66 @@
+"""Messages up: what a pane asks the app for. The app plans, confirms and runs it through the action runner, or
+changes the watched sources; the pane only renders what comes back down in its View."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.message import Message
+
+from dltop.model.actions import ActionEvent
+
+
+class ActionRequested(Message):
+    """Base of the action requests: `action` on `path`."""
+
+    action: ClassVar[str] = ""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+
+class WarmRequested(ActionRequested):
+    """Read a dataset or folder into the page cache (after a confirmation)."""
+
+    action = "warm"
+
+
+class EvictRequested(ActionRequested):
+    """Drop a dataset or folder from the page cache (after a confirmation)."""
+
+    action = "evict"
+
+
+class LockRequested(ActionRequested):
+    """mlock a dataset or folder (after a confirmation), or unlock it when it is locked."""
+
+    action = "lock"
+
+
+class CancelRequested(Message):
+    """Stop the plan or action in flight."""
+
+
+class DatasetAddRequested(Message):
+    """Watch one more dataset folder."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+
+class DatasetRemoveRequested(Message):
+    """Stop watching a dataset folder."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+
+class ActionEventPosted(Message):
+    """An event of the action runner, carried from its worker thread to the app (post_message is thread-safe)."""
+
+    def __init__(self, event: ActionEvent) -> None:
+        super().__init__()
+        self.event = event

@@ -1,0 +1,130 @@
+"""Dependencies point one way (docs/architecture.md, "Who may import whom"): every import of every module under
+dltop/, read with ast (a lazy import inside a function counts as much as one at the top), against the table."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "dltop"
+
+# What each part of dltop may import of dltop itself. A part is the first component under dltop/ ("sources",
+# "tui", "fmt", ...), except the panes, which are held to a stricter rule than the rest of the TUI.
+ALLOWED: dict[str, set[str]] = {
+    "__init__": set(),
+    "errors": set(),
+    "fmt": set(),
+    "kernel": {"errors"},
+    "cpuregs": {"errors"},
+    "config": {"errors"},
+    "model": {"model"},
+    "text": {"text", "model", "fmt", "cpuregs"},
+    "derive": {"model"},
+    "hints": {"hints", "model", "fmt"},
+    "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "__init__"},
+    "sampler": {"model", "sources"},
+    "actions": {"actions", "model", "fmt", "kernel", "errors", "sources"},
+    # The app (not its panes) owns the action runner: the one place the TUI's actions run.
+    "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "__init__"},
+    "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
+    "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
+                 "sampler", "actions", "hints", "derive", "tui", "__init__"},
+    "cli": {"commands", "errors", "__init__"},
+    "__main__": {"cli"},
+    # The in-process probe runs inside training scripts: nothing of dltop's but itself.
+    "probe": {"probe"},
+}
+# Third-party packages only some parts may import.
+ONLY_IN = {"textual": {"tui"}, "rich": {"tui"}}
+# Only the command that starts the TUI may import it.
+TUI_IMPORTERS = {"dltop/commands/tui.py"}
+
+
+def _part(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    if rel.parts[:2] == ("tui", "panes"):
+        return "tui/panes"
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file, relative ones resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = ["dltop", *path.relative_to(PKG).with_suffix("").parts]
+    if here[-1] == "__init__":
+        here.pop()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level + (1 if path.name == "__init__.py" else 0)]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            if mod != "dltop":
+                out.append((node.lineno, mod))
+                continue
+            # `from dltop import sources` imports dltop.sources; `from dltop import __version__`, dltop itself
+            for a in node.names:
+                sub = (PKG / a.name).is_dir() or (PKG / f"{a.name}.py").is_file()
+                out.append((node.lineno, f"dltop.{a.name}" if sub else "dltop"))
+    return out
+
+
+def _violations(path: Path) -> list[str]:
+    part = _part(path)
+    allowed = ALLOWED.get(part)
+    rel = path.relative_to(PKG.parent).as_posix()
+    if allowed is None:
+        return [f"{rel}: dltop/{part} has no row in the import table (add it to docs/architecture.md and here)"]
+    bad = []
+    for line, mod in _imports(path):
+        top = mod.split(".")[0]
+        if top == "dltop":
+            target = mod.split(".")[1] if "." in mod else "__init__"
+            if target == "tui" and part not in ("tui", "tui/panes") and rel not in TUI_IMPORTERS:
+                bad.append(f"{rel}:{line} imports {mod} (only commands/tui.py starts the TUI)")
+            elif target not in allowed and target != part.split("/")[0]:
+                bad.append(f"{rel}:{line} imports {mod}: dltop/{part} may import only {sorted(allowed)}")
+        elif top in ONLY_IN and part.split("/")[0] not in ONLY_IN[top]:
+            bad.append(f"{rel}:{line} imports {mod}: only {sorted(ONLY_IN[top])} may import {top}")
+        elif part == "probe" and top not in sys.stdlib_module_names and top not in ("torch", "dltop"):
+            bad.append(f"{rel}:{line} imports {mod}: the probe imports the standard library only (and torch lazily)")
+    return bad
+
+
+MODULES = sorted(PKG.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(PKG).as_posix())
+def test_imports_follow_the_table(path: Path) -> None:
+    assert _violations(path) == []
+
+
+def test_the_checker_catches_what_it_should(tmp_path: Path) -> None:
+    # The rule has teeth: a pane that imports a source or an action, a hint that imports actions, and Textual
+    # outside tui/ are each reported.
+    fake = tmp_path / "dltop"
+    for rel, code in {
+        "tui/panes/bad.py": "from dltop.sources.datasets import scan_paths\nimport dltop.actions.pagecache\n",
+        "hints/bad.py": "def f():\n    from dltop.actions import pagecache\n",
+        "sources/bad.py": "import textual\nfrom ..actions import runner\n",
+        "model/bad.py": "from dltop.sources import memory\n",
+    }.items():
+        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fake / rel).write_text(code)
+    global PKG
+    saved, PKG = PKG, fake
+    try:
+        found = {p.relative_to(fake).as_posix(): _violations(p) for p in fake.rglob("*.py")}
+    finally:
+        PKG = saved
+    assert len(found["tui/panes/bad.py"]) == 2
+    assert len(found["hints/bad.py"]) == 1 and "dltop.actions" in found["hints/bad.py"][0]
+    assert len(found["sources/bad.py"]) == 2 and any("imports dltop.actions" in v for v in found["sources/bad.py"])
+    assert len(found["model/bad.py"]) == 1

@@ -1,0 +1,195 @@
+"""The action runner on real files: its plan, its events from start to finish, a cancel, what it holds; and the
+Sampler's sources that change at run time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dltop.actions import pagecache as pc
+from dltop.actions.runner import ActionRunner
+from dltop.config import Settings
+from dltop.errors import DltopError
+from dltop.model.actions import ActionEvent, ActionPlan
+from dltop.model.datasets import DatasetsPart
+from dltop.sampler import Sampler
+from dltop.sources.base import Source
+from dltop.sources.registry import build_sources
+from tests.test_pagecache_util import (
+    PS,
+    ddir_fixture,  # noqa: F401  (the `ddir` fixture)
+    evict_file,
+    make_file,
+    read_file,
+    resident,
+)
+
+
+def _record(runner: ActionRunner) -> list[ActionEvent]:
+    events: list[ActionEvent] = []
+    runner.subscribe(events.append)
+    return events
+
+
+def test_plan_states_the_bytes_and_the_guard(ddir: Path) -> None:
+    files = [make_file(ddir / f"f{i}.bin", 64 * PS) for i in range(3)]
+    for f in files:
+        evict_file(f)
+    read_file(files[0])
+    runner = ActionRunner()
+    events = _record(runner)
+    run = runner.plan("warm", [str(ddir)], wait=True)
+    plan = run.result
+    assert isinstance(plan, ActionPlan) and plan.allowed and plan.files == 3
+    assert plan.bytes == 2 * 64 * PS  # the two files not resident: what a warm reads
+    assert plan.guard.startswith("ok")
+    assert [(e.step, e.phase) for e in events] == [("plan", "started"), ("plan", "finished")]
+    assert events[-1].outcome == "ok" and events[-1].total_bytes == plan.bytes
+    assert sum(resident(f) for f in files) == 64  # a plan changes nothing
+
+
+def test_a_run_announces_start_progress_and_a_finish_that_matches_the_kernel(ddir: Path) -> None:
+    files = [make_file(ddir / f"f{i}.bin", 256 * PS) for i in range(8)]
+    for f in files:
+        evict_file(f)
+    runner = ActionRunner()
+    events = _record(runner)
+    run = runner.start("warm", [str(ddir)], wait=True)
+    assert run.error is None and not run.result.cancelled
+    phases = [e.phase for e in events]
+    assert phases[0] == "started" and phases[-1] == "finished" and "progress" in phases
+    assert {e.run_id for e in events} == {run.id} and all(e.step == "run" for e in events)
+    last = events[-1]
+    assert last.outcome == "ok" and last.message.startswith("warmed 8.0 MiB of ")
+    assert sum(resident(f) for f in files) == 8 * 256  # what the event says is what the kernel has
+    assert last.done_bytes == 8 * 256 * PS and runner.busy is None
+
+
+def test_one_action_at_a_time_and_a_cancel_stops_it(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = [make_file(ddir / f"f{i}.bin", 256 * PS) for i in range(40)]
+    for f in files:
+        evict_file(f)
+    monkeypatch.setattr(pc, "WARM_INFLIGHT_BYTES", 256 * PS)
+    going = threading.Event()
+    real = pc._Ticker.add
+
+    def slow_add(self, n: int, path: str = "", force: bool = False) -> None:
+        real(self, n, path, force)
+        going.set()
+        time.sleep(0.02)
+
+    monkeypatch.setattr(pc._Ticker, "add", slow_add)
+    runner = ActionRunner()
+    events = _record(runner)
+    run = runner.start("warm", [str(ddir)])
+    assert going.wait(10)
+    with pytest.raises(DltopError, match="still running"):
+        runner.start("evict", [str(ddir)])
+    assert runner.cancel()
+    assert run.done.wait(10)
+    assert run.result.cancelled and events[-1].outcome == "cancelled"
+    assert sum(resident(f) for f in files) < 40 * 256
+    assert not runner.cancel()  # nothing runs any more
+
+
+def test_lock_is_held_until_released_and_released_on_close(ddir: Path) -> None:
+    f = make_file(ddir / "l.bin", 32 * PS)
+    evict_file(f)
+    runner = ActionRunner()
+    events = _record(runner)
+    runner.start("lock", [str(f)], wait=True)
+    assert runner.held() == {str(f): 32 * PS} and resident(f) == 32
+    again = runner.start("lock", [str(f)], wait=True)
+    assert isinstance(again.error, DltopError) and "locked already" in str(again.error)
+    assert runner.release(str(f)) == 32 * PS and runner.held() == {}
+    assert events[-1].step == "release" and events[-1].message.startswith("unlocked 128 KiB")
+    evict_file(f)
+    assert resident(f) == 0  # unlocked pages can go
+    runner.start("lock", [str(f)], wait=True)
+    runner.close()
+    assert runner.held() == {}
+
+
+def test_a_refused_action_finishes_as_refused(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = make_file(ddir / "big.bin", 64 * PS)
+    evict_file(f)
+    margin = pc.safety_margin_bytes(64 << 30)
+    monkeypatch.setattr(pc, "read_meminfo", lambda *a: {"MemTotal": 64 << 30, "MemAvailable": margin + PS})
+    runner = ActionRunner()
+    events = _record(runner)
+    plan = runner.plan("lock", [str(f)], wait=True).result
+    assert not plan.allowed and plan.guard.startswith("refused")
+    run = runner.start("lock", [str(f)], wait=True)
+    assert isinstance(run.error, DltopError) and events[-1].outcome == "refused"
+    assert runner.held() == {} and resident(f) == 0
+
+
+# -- the Sampler's sources at run time ---------------------------------------------------------------------
+
+
+async def test_sources_added_removed_and_reconfigured_while_running(ddir: Path) -> None:
+    one, two = ddir / "one", ddir / "two"
+    make_file(one / "a.bin", 8 * PS)
+    make_file(two / "b.bin", 16 * PS)
+    settings = Settings(datasets=(str(one),))
+    sampler = Sampler(build_sources(settings), builder=build_sources)
+    sampler.start()
+    try:
+        await _until(lambda: _paths(sampler) == [str(one)])
+        memory_before = sampler.snapshot().sources["memory"]
+        sampler.reconfigure(Settings(datasets=(str(one), str(two))))
+        # The old value stays until the new scan is in: the part never blanks.
+        assert _paths(sampler) == [str(one)]
+        await _until(lambda: _paths(sampler) == [str(one), str(two)])
+        assert sampler.snapshot().sources["memory"].interval_s == memory_before.interval_s
+        sampler.reconfigure(Settings())
+        await _until(lambda: sampler.snapshot().datasets is None)
+        assert "datasets" not in sampler.names() and "memory" in sampler.names()
+        sampler.add(Source("extra", 60.0, lambda: None))
+        assert "extra" in sampler.names()
+        sampler.remove("extra")
+        assert "extra" not in sampler.names()
+    finally:
+        sampler.close()
+
+
+async def test_read_now_rereads_at_once_and_hands_out_the_result(ddir: Path) -> None:
+    reads: list[float] = []
+
+    def read() -> None:
+        reads.append(time.monotonic())
+
+    sampler = Sampler([Source("cpu", 3600.0, read)])  # a cadence that would not come round in this test
+    got: list[float] = []
+
+    async def consume() -> None:
+        async for _snap in sampler.stream(lambda: 3600.0):
+            got.append(time.monotonic())
+
+    task = asyncio.create_task(consume())
+    try:
+        await _until(lambda: len(reads) == 1)
+        t0 = time.monotonic()
+        sampler.read_now("cpu")
+        await _until(lambda: len(reads) == 2 and bool(got))
+        assert got[-1] - t0 < 1.0  # handed out as soon as it was in, not at the next tick an hour away
+    finally:
+        task.cancel()
+        sampler.close()
+
+
+def _paths(sampler: Sampler) -> list[str]:
+    part = sampler.snapshot().datasets
+    return [d.path for d in part.paths] if isinstance(part, DatasetsPart) else []
+
+
+async def _until(cond, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
