@@ -339,3 +339,37 @@ def test_datasets_pane_drilled_snapshot(snap_compare, size: tuple[int, int]) -> 
         await pilot.press("enter")
 
     assert snap_compare(PaneApp(), terminal_size=size, run_before=drill)
+
+
+async def test_end_and_home_reach_the_last_and_first_row(ddir: Path) -> None:
+    for name in ("a", "b", "c", "d"):
+        make_file(ddir / name / "f.bin", PS)
+    app = DltopApp(ListFeed([snap_of(ddir)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open_tab(app, pilot)
+        await pilot.press("enter", "end")
+        table = app.query_one("#ds-table", DataTable)
+        assert _rows(app) == ["a/", "b/", "c/", "d/"] and table.cursor_row == 3
+        await pilot.press("home")
+        assert table.cursor_row == 0
+
+
+async def test_a_folder_deleted_while_drilled_into_does_not_strand_backspace(ddir: Path) -> None:
+    import shutil
+
+    make_dataset(ddir)
+    app = live(ddir)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_tab(app, pilot)
+        await _wait_idle(app, pilot, lambda: _rows(app) == [str(ddir)])
+        await pilot.press("enter")
+        await pilot.pause()
+        await pilot.press("down", "enter")  # into val/
+        await pilot.pause()
+        assert "val" in _text(app, "#ds-summary")
+        shutil.rmtree(ddir / "val")
+        app.feed.read_now("datasets")
+        await _wait_idle(app, pilot, lambda: _rows(app) == ["train/"])  # standing on the dataset again
+        await pilot.press("backspace")  # one Backspace: back to the list, not a no-op on a ghost folder
+        await pilot.pause()
+        assert _rows(app) == [str(ddir)]

@@ -50,3 +50,37 @@ def test_leaves_when_the_terminal_hangs_up(ignore_hup: bool) -> None:
     if alive:
         os.kill(pid, 9)
     assert not alive, "dltop kept running after its terminal went away"
+
+
+@pytest.mark.parametrize(("sig", "code"), [(15, 143), (1, 129)], ids=["SIGTERM", "SIGHUP"])
+def test_a_kill_leaves_the_terminal_as_q_does(sig: int, code: int) -> None:
+    # Killed without a chance to clean up, a Textual app leaves the terminal on the alternate screen with mouse
+    # tracking on: the shell behind it needs `reset`.
+    sock = f"dltop-test-{os.getpid()}-sig{sig}"
+    _tmux(sock, "new-session", "-d", "-c", str(REPO), "-x", "80", "-y", "24", f"exec {sys.executable} -m dltop")
+    try:
+        _tmux(sock, "set", "remain-on-exit", "on")
+        pid = int(_tmux(sock, "list-panes", "-F", "#{pane_pid}").split()[0])
+        deadline = time.monotonic() + 15
+        while "Page cache" not in _tmux(sock, "capture-pane", "-p"):
+            assert time.monotonic() < deadline, "no first frame"
+            time.sleep(0.1)
+        assert _tmux(sock, "display", "-p", "#{alternate_on} #{mouse_any_flag}").split() == ["1", "1"]
+        os.kill(pid, sig)
+        deadline = time.monotonic() + 5
+        while _tmux(sock, "display", "-p", "#{pane_dead}").strip() != "1":
+            assert time.monotonic() < deadline, "still running after the signal"
+            time.sleep(0.1)
+        state = _tmux(sock, "display", "-p", "#{alternate_on} #{mouse_any_flag} #{pane_dead_status}").split()
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+    assert state == ["0", "0", str(code)]
+
+
+def test_refuses_to_draw_into_a_file(tmp_path) -> None:
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        r = subprocess.run([sys.executable, "-m", "dltop"], cwd=REPO, stdout=f, stderr=subprocess.PIPE, text=True,
+                           stdin=subprocess.DEVNULL, timeout=20)
+    assert r.returncode == 1 and "needs a terminal" in r.stderr and "snapshot --json" in r.stderr
+    assert out.read_text() == "" and "Traceback" not in r.stderr

@@ -15,6 +15,7 @@ from dltop.sources.base import Source
 from dltop.sources.memory import read_memory
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.pagecache import SPARK_LABEL_WIDTH
+from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.screens.help import HelpScreen
 
 
@@ -37,7 +38,7 @@ async def test_keys_pause_refresh_help_quit(session: list[Snapshot]) -> None:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         labels = [label for _key, label in app.screen._rows]
-        assert {"Quit", "Pause", "Faster", "Slower", "switch tab"} <= set(labels)
+        assert {"Quit", "Pause", "refresh faster / slower", "switch tab"} <= set(labels)
         assert len(labels) == len(set(labels))  # + and = are one entry
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
@@ -156,8 +157,8 @@ async def test_palette_honours_read_only(tmp_path) -> None:
             await pilot.press("2")
             await pilot.pause()
             titles = [c.title for c in app.get_system_commands(app.screen)]
-            offered = {"Datasets: Warm", "Datasets: Evict", "Datasets: Lock/unlock"} & set(titles)
-            assert offered == (set() if read_only else {"Datasets: Warm", "Datasets: Evict", "Datasets: Lock/unlock"})
+            offered = {"Datasets: Warm", "Datasets: Evict", "Datasets: Lock"} & set(titles)
+            assert offered == (set() if read_only else {"Datasets: Warm", "Datasets: Evict", "Datasets: Lock"})
 
 
 async def test_help_lists_the_panes_keys_even_when_not_in_the_footer(tmp_path) -> None:
@@ -166,3 +167,91 @@ async def test_help_lists_the_panes_keys_even_when_not_in_the_footer(tmp_path) -
         await pilot.press("2", "question_mark")
         labels = [label for _key, label in app.screen._rows]
         assert {"Open", "Back", "Warm", "Evict", "Quit"} <= set(labels)
+
+
+async def test_palette_offers_dataset_actions_from_any_tab(tmp_path) -> None:
+    app = DltopApp(ListFeed([_dataset_snapshot(tmp_path)]), Settings(datasets=(str(tmp_path / "ds"),)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.query_one("#tabs").active == "tab-pagecache"
+        assert any(c.title == "Datasets: Warm" for c in app.get_system_commands(app.screen))
+        # The real palette: the entry shows the Datasets tab, then asks for the plan of its selection.
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        await pilot.press(*"Datasets: Warm")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        for _ in range(100):
+            if isinstance(app.screen, ConfirmScreen):
+                break
+            await pilot.pause(0.05)
+        assert isinstance(app.screen, ConfirmScreen) and "Warm" in str(app.screen._title)
+        assert app.query_one("#tabs").active == "tab-datasets"
+
+
+async def test_no_pane_key_acts_while_the_panes_are_hidden(tmp_path) -> None:
+    app = DltopApp(ListFeed([_dataset_snapshot(tmp_path)]), Settings(datasets=(str(tmp_path / "ds"),)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2")
+        await pilot.resize_terminal(60, 15)
+        await pilot.pause()
+        await pilot.press("e", "w", "l")
+        await pilot.pause(0.3)
+        assert not isinstance(app.screen, ConfirmScreen) and app.runner.busy is None
+        assert not [c for c in app.get_system_commands(app.screen) if c.title.startswith("Datasets:")]
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        await pilot.press("e")  # visible again: the key works, and asks first
+        for _ in range(100):
+            if isinstance(app.screen, ConfirmScreen):
+                break
+            await pilot.pause(0.05)
+        assert isinstance(app.screen, ConfirmScreen)
+
+
+async def test_read_only_keys_say_why(tmp_path) -> None:
+    app = DltopApp(ListFeed([_dataset_snapshot(tmp_path)]), Settings(read_only=True, datasets=(str(tmp_path / "ds"),)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2", "w")
+        await pilot.pause()
+        said = [n.message for n in app._notifications]
+        assert any("read-only" in m for m in said) and not isinstance(app.screen, ConfirmScreen)
+
+
+async def test_a_tab_key_without_a_tab_says_so(session: list[Snapshot]) -> None:
+    app = DltopApp(ListFeed(session[:2], start=1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("7")
+        await pilot.pause()
+        assert any("no tab 7" in n.message for n in app._notifications)
+
+
+async def test_help_fits_80x24_on_every_tab(tmp_path) -> None:
+    app = DltopApp(ListFeed([_dataset_snapshot(tmp_path)]), Settings(datasets=(str(tmp_path / "ds"),)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        for tab in ("1", "2", "3"):
+            await pilot.press(tab, "question_mark")
+            await pilot.pause()
+            assert isinstance(app.screen, HelpScreen)
+            rows = dict(app.screen._rows)
+            assert "+" not in rows.get("+/-", "+")  # keys by their names, not "plus,equals_sign"
+            dialog = app.screen.query_one("#help-dialog")
+            assert dialog.max_scroll_y == 0, f"help on tab {tab} needs a scrollbar at 80x24"
+            await pilot.press("escape")
+
+
+async def test_a_long_hint_is_cut_to_two_lines(session: list[Snapshot]) -> None:
+    from dataclasses import replace
+
+    from dltop.hints import Hint
+
+    app = DltopApp(ListFeed(session[:2], start=1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.hints = [Hint("x", "warn", "word " * 40, fix="do this " * 20)]
+        app._update_hints()
+        await pilot.pause()
+        widget = app.query_one("#hints", Static)
+        assert widget.size.height == 2 and "? shows all" in _text(app, "#hints")
+        app.hints = [replace(app.hints[0], text="short", fix="")]
+        app._update_hints()
+        await pilot.pause()
+        assert _text(app, "#hints").strip() == "! short"

@@ -52,9 +52,9 @@ def page_cache_squeeze(history: Sequence[Snapshot]) -> Hint | None:
         id="page-cache-squeeze",
         severity="critical",
         text=(
-            f"page cache is squeezing available memory: MemAvailable {gib(m.available_bytes)} "
-            f"({100 * m.available_bytes / m.total_bytes:.0f}%) while Cached holds {gib(m.cached_bytes)} and "
-            f"memory pressure is rising ({psi.some_avg10:.1f}% stalled): training may be OOM-killed"
+            f"page cache is squeezing available memory: training may be OOM-killed (MemAvailable "
+            f"{gib(m.available_bytes)}, {100 * m.available_bytes / m.total_bytes:.0f}%, while Cached holds "
+            f"{gib(m.cached_bytes)} and memory pressure rises: {psi.some_avg10:.1f}% stalled)"
         ),
         fix="; ".join(why) or "evict datasets you no longer read (e) or lower the data-loader's prefetch",
         numbers={"available_bytes": m.available_bytes, "total_bytes": m.total_bytes,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -42,6 +44,7 @@ from dltop.tui.view import View
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 HISTORY_LEN = 600  # ten minutes at the default refresh: what the sparklines show
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+HINT_LINES = 2
 
 
 class Feed(Protocol):
@@ -58,6 +61,20 @@ class Feed(Protocol):
     async def wait_first(self, timeout_s: float = 1.0) -> None: ...
     def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]: ...
     def close(self) -> None: ...
+
+
+def _fit_lines(t: Text, width: int, lines: int, console: Any) -> Text:
+    """`t` cut to `lines` lines of `width`, ending in '… ? shows all' when cut: the hint line never grows
+    into the pane (whose status lines it would push off screen)."""
+    wrapped = t.wrap(console, width)
+    if len(wrapped) <= lines:
+        return t
+    tail = " … ? shows all"
+    kept = Text("\n").join(wrapped[:lines])
+    kept.truncate(len(kept) - len(wrapped[lines - 1]) + max(0, width - len(tail) - 2))
+    kept.rstrip()
+    kept.append(tail, "dim")
+    return kept
 
 
 def _next_step(current: float, faster: bool) -> float:
@@ -80,8 +97,10 @@ class DltopApp(App[None]):
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="app.interrupt"),
         Binding("question_mark", "help", "Help", id="app.help"),
         Binding("p", "toggle_pause", "Pause", id="app.pause"),
-        Binding("plus,equals_sign", "faster", "Faster", id="app.faster"),
-        Binding("minus", "slower", "Slower", id="app.slower"),
+        # One footer label for both refresh keys, so every key of the busiest tab fits 80 columns.
+        Binding("plus,equals_sign", "faster", "Refresh", key_display="+/-", id="app.faster"),
+        Binding("minus", "slower", "Slower", show=False, id="app.slower"),
+        Binding("ctrl+p", "command_palette", "Menu", key_display="^p", id="app.palette"),
         *[Binding(str(i), f"show_tab({i})", f"Tab {i}", show=False, id=f"app.tab{i}") for i in range(1, 10)],
     ]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
@@ -116,7 +135,16 @@ class DltopApp(App[None]):
                 with TabPane(f"{i} {pane.TITLE}", id=f"tab-{pane.PANE_ID}"):
                     yield pane
         yield Static(id="hints")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # ^p is an ordinary label: all fit 80 columns
+
+    def on_load(self) -> None:
+        if not self.is_headless:
+            # Leave as q does — alternate screen, mouse tracking and cursor restored — on a kill or a hangup
+            # (the default action would leave the terminal needing `reset`). Installed before the terminal is
+            # put in application mode, so no moment is left uncovered.
+            loop = asyncio.get_running_loop()
+            for sig, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129)):
+                loop.add_signal_handler(sig, self.exit, None, code)
 
     async def on_mount(self) -> None:
         if not self.is_headless and os.isatty(0):
@@ -148,6 +176,7 @@ class DltopApp(App[None]):
 
     def on_resize(self, event: events.Resize) -> None:
         self._check_size(event.size.width, event.size.height)
+        self._update_hints()  # re-cut to the new width
 
     def _check_size(self, w: int | None = None, h: int | None = None) -> None:
         if w is None or h is None:
@@ -156,7 +185,16 @@ class DltopApp(App[None]):
         msg = self.query_one("#too-small", Static)
         msg.update(f"Terminal too small: {w}×{h}. dltop needs at least {MIN_WIDTH}×{MIN_HEIGHT}; resize to continue.")
         msg.display = small
-        self.query_one("#tabs").display = not small
+        tabs = self.query_one("#tabs", TabbedContent)
+        if small == tabs.disabled:
+            return
+        tabs.display = not small
+        # A pane nobody can see takes no keys (its warm or evict would act on a row nobody sees): disabled
+        # widgets hold no focus and their bindings do not fire.
+        tabs.disabled = small
+        pane = self._active_pane()
+        if not small and pane is not None:
+            pane.focus_default()
 
     # -- data -----------------------------------------------------------------------------------------------
 
@@ -178,8 +216,11 @@ class DltopApp(App[None]):
                           watched=tuple(self.settings.datasets), action=self._action,
                           busy=self.runner.busy is not None, held=self.runner.held())
         active = self._active_pane()
-        if active is not None:
-            active.show(self._view)
+        for pane in self._panes:
+            if pane is active:
+                pane.show(self._view)
+            else:
+                pane.view = self._view  # not drawn while hidden, but its keys and palette entries see the truth
 
     def _active_pane(self) -> Pane | None:
         active = self.query_one("#tabs", TabbedContent).active
@@ -225,9 +266,9 @@ class DltopApp(App[None]):
         t = Text.assemble(("! " if h.severity != "info" else "i ", style), (h.text, style))
         if h.fix:
             t.append(f" — {h.fix}", "italic")
-        if len(self.hints) > 1:
-            t.append(f"  (+{len(self.hints) - 1} more, see ?)", "dim")
-        set_content(widget, t)
+        more = f"  (+{len(self.hints) - 1} more, see ?)" if len(self.hints) > 1 else ""
+        t.append(more, "dim")
+        set_content(widget, _fit_lines(t, max(20, self.size.width - 2), HINT_LINES, self.console))
         widget.display = True
 
     # -- what panes ask for: actions through the runner, sources that change -------------------------------
@@ -340,6 +381,8 @@ class DltopApp(App[None]):
         """Switch to tab n (1-based)."""
         if 1 <= n <= len(self._panes):
             self.query_one("#tabs", TabbedContent).active = f"tab-{self._panes[n - 1].PANE_ID}"
+        else:
+            self.notify(f"no tab {n}: there are {len(self._panes)} tabs (1-{len(self._panes)})", timeout=2)
 
     def action_help(self) -> None:
         """Show every key of the app and of the visible pane, enabled now or not, and the current hints."""
@@ -350,15 +393,17 @@ class DltopApp(App[None]):
         for binding in bindings:
             if not isinstance(binding, Binding) or not binding.description:
                 continue
-            if (binding.id or "").startswith(("app.tab", "app.interrupt")) or binding.description in seen:
+            if (binding.id or "").startswith(("app.tab", "app.interrupt", "app.slower")):
+                continue
+            if binding.description in seen:
                 continue
             seen.add(binding.description)
-            rows.append((binding.key_display or self.get_key_display(binding), binding.description))
-        rows.append(("1-9", "switch tab"))
-        rows.append(("ctrl+p", "command palette"))
-        for h in self.hints:
-            rows.append(("hint", h.text + (f" — {h.fix}" if h.fix else "")))
-        self.push_screen(HelpScreen(rows))
+            description = "refresh faster / slower" if binding.id == "app.faster" else binding.description
+            description = "command palette" if binding.id == "app.palette" else description
+            rows.append((binding.key_display or self.get_key_display(binding), description))
+        rows.append((f"1-{len(self._panes)}", "switch tab"))
+        hints = [h.text + (f" — {h.fix}" if h.fix else "") for h in self.hints]
+        self.push_screen(HelpScreen(rows, pane.HELP if pane is not None else "", hints))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -368,6 +413,18 @@ class DltopApp(App[None]):
         yield SystemCommand("Help", "Every key and the current hints (?)", self.action_help)
         for i, pane in enumerate(self._panes, start=1):
             yield SystemCommand(f"Show {pane.TITLE}", f"Switch to tab {i}", lambda i=i: self.action_show_tab(i))
-        active = self._active_pane()
-        if active is not None:  # a pane's actions work on its selection: offer the visible pane's only
-            yield from active.palette_commands()
+        if self.query_one("#tabs", TabbedContent).disabled:
+            return  # too small: the panes are hidden, and so are their actions
+        for i, pane in enumerate(self._panes, start=1):
+            # A pane's actions work on its selection: the command shows that pane first, then acts.
+            for cmd in pane.palette_commands():
+                yield SystemCommand(cmd.title, cmd.help, self._on_tab(i, cmd.callback))
+
+    def _on_tab(self, n: int, action: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            self.action_show_tab(n)
+            if self._view is not None:
+                self._panes[n - 1].show(self._view)  # its rows (the selection acted on) are there before it acts
+            self.call_after_refresh(action)
+
+        return run

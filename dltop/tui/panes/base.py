@@ -23,6 +23,7 @@ class Pane(Vertical):
 
     PANE_ID: ClassVar[str] = ""
     TITLE: ClassVar[str] = ""
+    HELP: ClassVar[str] = ""  # where this pane's numbers come from, for the help screen
     can_focus = False
 
     def __init__(self) -> None:
@@ -58,6 +59,23 @@ class Pane(Vertical):
             if method is not None:
                 key = self.app.get_key_display(binding)
                 yield SystemCommand(f"{self.TITLE}: {binding.description}", f"the {key} key", method)
+
+
+class RowTable(DataTable):
+    """A DataTable of rows where Home and End move the cursor to the first and last row, as in top and htop
+    (DataTable's own Home / End only scroll sideways when the cursor is a row)."""
+
+    def action_scroll_home(self) -> None:
+        if self.cursor_type == "row":
+            self.move_cursor(row=0)
+        else:
+            super().action_scroll_home()
+
+    def action_scroll_end(self) -> None:
+        if self.cursor_type == "row":
+            self.move_cursor(row=max(0, self.row_count - 1))
+        else:
+            super().action_scroll_end()
 
 
 # Redrawing costs far more than comparing: a monitor that repaints unchanged widgets every second burns CPU

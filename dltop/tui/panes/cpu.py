@@ -57,6 +57,8 @@ class CpuPane(Pane):
 
     PANE_ID = "cpu"
     TITLE = "CPU caches"
+    HELP = ("Caches from sysfs (/sys/devices/system/cpu/cpu*/cache), core kinds from /proc/cpuinfo and MIDR, "
+            "CTR_EL0 read for real on aarch64, CLIDR_EL1 / CCSIDR_EL1 rebuilt from sysfs; compare with lscpu -C.")
     DEFAULT_CSS = """
     #cpu-summary { height: auto; max-height: 2; }
     #cpu-kinds { height: auto; max-height: 7; }

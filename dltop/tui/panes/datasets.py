@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.coordinate import Coordinate
@@ -30,7 +30,7 @@ from dltop.tui.messages import (
     LockRequested,
     WarmRequested,
 )
-from dltop.tui.panes.base import Pane, set_content, set_row
+from dltop.tui.panes.base import Pane, RowTable, set_content, set_row
 from dltop.tui.view import View
 
 COLUMNS = ("path", "size", "resident", "pct", "dirty", "files", "age")
@@ -42,6 +42,9 @@ class DatasetPane(Pane):
 
     PANE_ID = "datasets"
     TITLE = "Datasets"
+    HELP = ("Residency is counted as fincore counts it: whole pages, from one cachestat() per file (mincore on "
+            "overlayfs and older kernels). Pages the kernel hides from this user are unknown (?), not resident. "
+            "w / e / l measure first, then ask; Esc cancels.")
     can_focus = False
     DEFAULT_CSS = """
     #ds-summary { height: auto; max-height: 2; }
@@ -56,8 +59,8 @@ class DatasetPane(Pane):
         Binding("backspace", "back", "Back", id="datasets.back"),
         Binding("w", "warm", "Warm", id="datasets.warm"),
         Binding("e", "evict", "Evict", id="datasets.evict"),
-        Binding("l", "lock", "Lock/unlock", id="datasets.lock"),
-        Binding("a", "add", "Add dataset", id="datasets.add"),
+        Binding("l", "lock", "Lock", id="datasets.lock"),
+        Binding("a", "add", "Add", id="datasets.add"),
         Binding("x", "remove", "Unwatch", id="datasets.remove"),
         Binding("escape", "cancel", "Cancel", id="datasets.cancel"),
     ]
@@ -67,11 +70,11 @@ class DatasetPane(Pane):
         self._clock = clock
         self._stack: list[str] = []  # paths of the nodes drilled into; [] is the list of datasets
         self._rows: list[str] = []
-        self._busy_shown = False
+        self._bindings_shown: tuple[bool, ...] = ()
 
     def compose(self) -> ComposeResult:
         yield Static(id="ds-summary")
-        yield DataTable(id="ds-table", cursor_type="row", zebra_stripes=False)
+        yield RowTable(id="ds-table", cursor_type="row", zebra_stripes=False)
         yield Static(id="ds-progress")
         yield Static(id="ds-notes")
         yield Input(placeholder="dataset folder to watch (Enter adds, Esc cancels)", id="ds-add")
@@ -119,7 +122,10 @@ class DatasetPane(Pane):
         datasets = self.datasets()
         node, owner = self._current()
         if self._stack and node is None:
-            self._stack.clear()
+            self._stack.clear()  # the dataset drilled into is gone (unwatched, deleted)
+        elif node is not None and node.path != self._stack[-1]:
+            # a folder drilled into is gone: stand on the deepest one still there, so Backspace goes up at once
+            self._stack = self._stack[: self._stack.index(node.path) + 1]
         wanted: dict[str, tuple[str, ...]] = {}
         held = view.held
         if node is None:
@@ -165,8 +171,10 @@ class DatasetPane(Pane):
                 notes.append(f"\n{ds.path}: {ds.error}", "red")
         set_content(self.query_one("#ds-notes", Static), notes)
         set_content(self.query_one("#ds-progress", Static), self._progress(view.action))
-        if view.busy != self._busy_shown:  # the footer's Warm/Evict/Lock/Cancel follow the runner
-            self._busy_shown = view.busy
+        # The footer's keys follow the runner and where the user is: refresh them when either changes.
+        shown = (view.busy, bool(self._stack), self._selected() in view.watched)
+        if shown != self._bindings_shown:
+            self._bindings_shown = shown
             self.refresh_bindings()
 
     def _progress(self, ev: ActionEvent | None) -> Text:
@@ -295,6 +303,14 @@ class DatasetPane(Pane):
             self.notify("no dataset selected", severity="warning")
             return None
         return path
+
+    def on_key(self, event: events.Key) -> None:
+        # w / e / l are greyed out in --read-only and in a replay; pressing one says why instead of nothing.
+        view = self.view
+        if event.key in ("w", "e", "l") and view is not None and (view.read_only or view.replay):
+            event.stop()
+            why = "dltop runs --read-only" if view.read_only else "this is a replay"
+            self.notify(f"{event.key}: {why}; nothing here may change the system", severity="warning", timeout=3)
 
     def action_cancel(self) -> None:
         """Stop the running action (or close the add box)."""

@@ -205,6 +205,9 @@ class PageCachePane(Pane):
 
     PANE_ID = "pagecache"
     TITLE = "Page cache"
+    HELP = ("Numbers come straight from the kernel: /proc/meminfo, /proc/vmstat, /proc/pressure, /proc/diskstats "
+            "and the memory cgroup of the watched process (--pid). Disk columns follow iostat -x; refaults are "
+            "evicted file pages read back soon after (cache thrashing).")
 
     def compose(self) -> ComposeResult:
         yield Static(id="pc-summary")

@@ -1,4 +1,4 @@
-"""The help screen (`?`): every key of the app and of the current pane, and what the numbers mean."""
+"""The help screen (`?`): every key of the app and of the current pane, and where its numbers come from."""
 
 from __future__ import annotations
 
@@ -10,11 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-ABOUT = (
-    "Numbers come straight from the kernel: /proc/meminfo, /proc/vmstat, /proc/pressure, /proc/diskstats and "
-    "the memory cgroup of the watched process. A value the system cannot give is shown as n/a with the reason. "
-    "Disk columns follow iostat -x; refaults are evicted file pages read back soon after (cache thrashing)."
-)
+ABOUT = "A value the system cannot give is shown as n/a (or ?) with the reason, never as 0."
 
 
 class HelpScreen(ModalScreen[None]):
@@ -22,20 +18,26 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,q,question_mark", "close", "Close", id="help.close")]
 
-    def __init__(self, bindings: list[tuple[str, str]]) -> None:
+    def __init__(self, bindings: list[tuple[str, str]], about: str = "", hints: list[str] | None = None) -> None:
         super().__init__()
         self._rows = bindings
+        self._about = about  # where the visible pane's numbers come from
+        self._hints = hints or []
 
     def compose(self) -> ComposeResult:
-        table = Table.grid(padding=(0, 2))
-        table.add_column(style="bold")
-        table.add_column()
-        for key, description in self._rows:
-            table.add_row(key, description)
+        # Keys in two columns of pairs, so the busiest tab's keys, its hints and its sources fit 80x24.
+        table = Table.grid(padding=(0, 1))
+        for style in ("bold", None, "bold", None):
+            table.add_column(style=style)
+        half = (len(self._rows) + 1) // 2
+        for left, right in zip(self._rows[:half], [*self._rows[half:], ("", "")], strict=False):
+            table.add_row(left[0], left[1] + "   ", right[0], right[1])
         with VerticalScroll(id="help-dialog"):
             yield Static(Text("dltop — keys", style="bold"))
             yield Static(table)
-            yield Static(Text(ABOUT, style="dim"), id="help-about")
+            for hint in self._hints:
+                yield Static(Text("hint: " + hint), classes="help-hint")
+            yield Static(Text(f"{self._about} {ABOUT}".strip(), style="dim"), id="help-about")
 
     def action_close(self) -> None:
         self.dismiss(None)
