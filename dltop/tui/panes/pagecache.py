@@ -104,19 +104,26 @@ def activity_text(m: MemoryPart, vm: VmRates | None, width: int = 200) -> Text:
 
 
 def cgroup_text(m: MemoryPart, width: int = 200) -> Text:
-    """The watched process's memory cgroup: usage against memory.max."""
+    """The watched process's memory cgroup (v1 or v2): usage against its limit."""
     cg = m.cgroup
     if cg is None:
         return _pair("cgroup", "not watched", "dim")
     if isinstance(cg, Unavailable):
-        return Text.assemble(("cgroup ", "bold"), (cg.reason, "dim"))
-    pairs = [_pair("cgroup", cg.path)]
+        return Text(cg.reason, "dim")  # the reason names the version: "cgroup v1: limit not read (...)"
+    pairs = [_pair(f"cgroup v{cg.version}", cg.path)]
+    used = human_bytes(cg.current_bytes)
+    if cg.current_bytes is None:
+        used += f" ({cg.unavailable.get('current_bytes', 'not read')})"
     if cg.max_bytes is not None and cg.current_bytes is not None:
         share = cg.current_bytes / cg.max_bytes if cg.max_bytes else 0
-        pairs.append(_pair("used", f"{human_bytes(cg.current_bytes)} of {human_bytes(cg.max_bytes)} "
-                                   f"({100 * share:.0f}%)", "bold red" if share >= 0.9 else ""))
-    else:
-        pairs.append(_pair("used", f"{human_bytes(cg.current_bytes)}, no limit"))
+        pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)} ({100 * share:.0f}%)",
+                           "bold red" if share >= 0.9 else ""))
+    elif cg.max_bytes is not None:
+        pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)}"))
+    elif cg.no_limit:
+        pairs.append(_pair("used", f"{used}, no limit"))
+    else:  # never "no limit" for a limit that could not be read
+        pairs.append(_pair("used", f"{used}, {cg.unavailable.get('max_bytes', 'limit not read')}", "yellow"))
     pairs.append(_pair("file", human_bytes(cg.file_bytes)))
     pairs.append(_pair("dirty", human_bytes(cg.file_dirty_bytes)))
     if cg.oom_kill is not None:
