@@ -336,13 +336,42 @@ def test_cgroup_of_vanished_process() -> None:
 
 
 def test_disk_partitions_and_idle_loops_left_out(proc_root: Path) -> None:
-    rows = parse_diskstats(Path("/proc/diskstats").read_text())
+    rows, bad = parse_diskstats(Path("/proc/diskstats").read_text())
+    assert rows and bad == []
     disks = read_disks(str(proc_root))
     assert not isinstance(disks, Unavailable)
     kept = {d.name for d in disks}
     for r in rows:
         if r.name in kept:
             assert (r.reads or r.writes) and os.path.isdir(f"/sys/block/{r.name}")
+
+
+def test_diskstats_with_no_good_line_is_unavailable_not_idle(proc_root: Path) -> None:
+    # A read cut short inside the first line: before, `disks: []` and "no disk I/O yet" forever.
+    path = proc_root / "proc/diskstats"
+    first = path.read_text().splitlines()[0]
+    path.write_text(first[: len(first) // 3] + "\n")
+    m = read_memory(str(proc_root))
+    assert isinstance(m.disks, Unavailable)
+    assert m.disks.reason.startswith("malformed /proc/diskstats: line 1: ")
+    assert "fields, a device has 14 or more" in m.disks.reason
+
+
+def test_diskstats_bad_line_is_reported_and_the_good_ones_kept(proc_root: Path) -> None:
+    path = proc_root / "proc/diskstats"
+    good = read_disks(str(proc_root))
+    assert not isinstance(good, Unavailable) and good
+    lines = path.read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.split()[2] == good[0].name)
+    f = lines[at].split()
+    f[5] = f[5] + "x"  # sectors read, damaged
+    lines[at] = " ".join(f)
+    path.write_text("\n".join(lines) + "\n")
+    m = read_memory(str(proc_root))
+    assert not isinstance(m.disks, Unavailable)
+    assert [d.name for d in m.disks] == [d.name for d in good[1:]]
+    assert m.unavailable["disks"] == f"malformed /proc/diskstats: line {at + 1}: field 6 is {f[5]!r}, not a count"
+    assert m.total_bytes is not None and "total_bytes" not in m.unavailable
 
 
 # ---- properties: parsers take any text someone else wrote --------------------------------------------------
@@ -361,7 +390,8 @@ def test_meminfo_roundtrip(values: dict[str, int]) -> None:
 def test_parsers_never_raise_on_garbage(text: str) -> None:
     assert isinstance(parse_meminfo(text), dict)
     assert isinstance(parse_vmstat(text), dict)
-    assert isinstance(parse_diskstats(text), list)
+    rows, bad = parse_diskstats(text)
+    assert len(rows) + len(bad) == sum(1 for ln in text.splitlines() if ln.split())
     parse_proc_cgroup(text)
     parse_cgroup_mounts(text, 1)
     parse_cgroup_mounts(text, 2)
@@ -386,10 +416,30 @@ def test_pressure_roundtrip(a10: float, a60: float, a300: float, total: int, ful
                           st.lists(st.integers(0, 2**40), min_size=11, max_size=17)), max_size=8))
 def test_diskstats_roundtrip(rows: list[tuple[str, list[int]]]) -> None:
     text = "".join(f"   8       0 {name} {' '.join(map(str, nums))}\n" for name, nums in rows)
-    parsed = parse_diskstats(text)
+    parsed, bad = parse_diskstats(text)
+    assert bad == []
     assert [(d.name, d.reads, d.sectors_written, d.io_time_ms) for d in parsed] == [
         (name, nums[0], nums[6], nums[9]) for name, nums in rows
     ]
+
+
+disk_row = st.tuples(st.from_regex(r"[a-z]{2,6}[0-9]{0,2}", fullmatch=True),
+                     st.lists(st.integers(0, 2**40), min_size=11, max_size=17))
+# what a damaged line looks like: cut short, a counter with junk in it, a stray word
+bad_line = st.one_of(
+    st.lists(st.from_regex(r"[0-9a-z]{1,8}", fullmatch=True), min_size=1, max_size=13).map(" ".join),
+    st.tuples(disk_row, st.integers(0, 10), st.sampled_from(["x", "-1", "1.5", "²"])).map(
+        lambda t: " ".join(["8", "0", t[0][0]] + [str(v) + (t[2] if i == t[1] else "") for i, v in enumerate(t[0][1])])),
+)
+
+
+@given(st.lists(st.one_of(disk_row, bad_line), max_size=12))
+def test_diskstats_keeps_good_rows_and_names_every_bad_line(lines: list[tuple[str, list[int]] | str]) -> None:
+    text = "".join((ln if isinstance(ln, str) else f"   8       0 {ln[0]} {' '.join(map(str, ln[1]))}") + "\n"
+                   for ln in lines)
+    parsed, bad = parse_diskstats(text)
+    assert [d.name for d in parsed] == [ln[0] for ln in lines if not isinstance(ln, str)]
+    assert [b.split(":")[0] for b in bad] == [f"line {i}" for i, ln in enumerate(lines, 1) if isinstance(ln, str)]
 
 
 def test_memory_part_is_plain_data(proc_root: Path) -> None:

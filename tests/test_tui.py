@@ -190,3 +190,26 @@ async def test_cgroup_line_names_the_version_and_never_calls_an_unread_limit_non
     app = DltopApp(ListFeed(snaps, start=1))
     async with app.run_test(size=(80, 24)):
         assert _text(app, "#pc-cgroup").startswith(f"cgroup v1 {V1_TASK}")
+
+
+async def test_disk_table_says_why_disks_are_missing(session: list[Snapshot], tmp_path: Path) -> None:
+    from dltop.sources.memory import read_disks
+    from tests.conftest import capture_proc
+
+    root = capture_proc(tmp_path / "root")
+    (root / "proc/diskstats").write_text("   8       0 sda 1 2 3\n")  # a read cut short
+    broken = read_disks(str(root))
+    snaps = [replace(s, memory=replace(s.memory, disks=broken)) for s in session[:2]]
+    app = DltopApp(ListFeed(snaps, start=1))
+    async with app.run_test(size=(80, 24)):
+        table = _text(app, "#pc-disks")
+        assert "disks n/a: malformed /proc/diskstats: line 1: 6 fields" in table
+        assert "no disk I/O yet" not in table
+    # Read fine, no device with any I/O since boot: only then "no disk I/O yet".
+    unused = [ln for ln in Path("/proc/diskstats").read_text().splitlines() if not any(map(int, ln.split()[3:14]))]
+    (root / "proc/diskstats").write_text("".join(ln + "\n" for ln in unused))  # idle loop and ram devices
+    assert read_disks(str(root)) == ()
+    idle = [replace(s, memory=replace(s.memory, disks=read_disks(str(root)))) for s in session[:2]]
+    app = DltopApp(ListFeed(idle, start=1))
+    async with app.run_test(size=(80, 24)):
+        assert "(no disk I/O yet: no device has had any since boot)" in _text(app, "#pc-disks")

@@ -114,12 +114,21 @@ def parse_pressure(text: str) -> Pressure:
     return Pressure(s10, s60, s300, stotal, f10, f60, f300, ftotal)
 
 
-def parse_diskstats(text: str) -> list[DiskStat]:
-    """`/proc/diskstats` rows (14 or more fields); malformed rows are skipped."""
+def parse_diskstats(text: str) -> tuple[list[DiskStat], list[str]]:
+    """`/proc/diskstats` rows (14 or more fields), and what is wrong with each line that is not one
+    ("line 3: 5 fields, a device has 14 or more: '8 0 sda 1 2'"). Blank lines are neither."""
     out = []
-    for line in text.splitlines():
+    bad = []
+    for i, line in enumerate(text.splitlines(), 1):
         f = line.split()
-        if len(f) < 14 or not all(_is_count(x) for x in f[3:14]):
+        if not f:
+            continue
+        if len(f) < 14:
+            bad.append(f"line {i}: {len(f)} fields, a device has 14 or more: {line.strip()[:60]!r}")
+            continue
+        wrong = next((j for j in range(3, 14) if not _is_count(f[j])), None)
+        if wrong is not None:
+            bad.append(f"line {i}: field {wrong + 1} is {f[wrong][:20]!r}, not a count")
             continue
         n = [int(x) for x in f[3:14]]
         out.append(
@@ -135,7 +144,7 @@ def parse_diskstats(text: str) -> list[DiskStat]:
                 io_time_ms=n[9],
             )
         )
-    return out
+    return out, bad
 
 
 def parse_proc_cgroup(text: str) -> tuple[int, str] | None:
@@ -228,22 +237,26 @@ def _is_whole_disk(root: str, name: str) -> bool:
     return os.path.isdir(_path(root, "sys/block", name.replace("/", "!")))
 
 
-def read_disks(root: str = "/") -> tuple[DiskStat, ...] | Unavailable:
-    """Whole block devices with any I/O since boot, like `iostat -x` (partitions and unused loop/ram left out)."""
+def read_disks(root: str = "/", problems: list[str] | None = None) -> tuple[DiskStat, ...] | Unavailable:
+    """Whole block devices with any I/O since boot, like `iostat -x` (partitions and unused loop/ram left out).
 
-    def read() -> tuple[DiskStat, ...]:
-        rows = parse_diskstats(_read_text(_path(root, "proc/diskstats")))
-        have_sys = os.path.isdir(_path(root, "sys/block"))
-        out = []
-        for d in rows:
-            if have_sys and not _is_whole_disk(root, d.name):
-                continue
-            if d.reads == 0 and d.writes == 0:
-                continue
-            out.append(d)
-        return tuple(out)
-
-    return _try(read)
+    A malformed line never vanishes: when no line parses the disks are unavailable with the first bad line;
+    when only some do not, the good ones are kept and one line about the bad ones goes to `problems`."""
+    path = _path(root, "proc/diskstats")
+    try:
+        rows, bad = parse_diskstats(_read_text(path))
+    except OSError as e:
+        return Unavailable(_why(e, path))
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        why = f"malformed /proc/diskstats: {bad[0]}{more}"
+        if not rows:
+            return Unavailable(why)
+        if problems is not None:
+            problems.append(why)
+    have_sys = os.path.isdir(_path(root, "sys/block"))
+    return tuple(d for d in rows
+                 if (d.reads or d.writes) and (not have_sys or _is_whole_disk(root, d.name)))
 
 
 # v1 writes "no limit" as the page counter's maximum (LONG_MAX rounded down to a page: 9223372036854771712 with
@@ -399,13 +412,17 @@ def read_memory(root: str = "/", pid: int | None = None) -> MemoryPart:
             values[name] = raw[key]
         else:
             missing[name] = reason or f"no {key} in {path}"
+    disk_problems: list[str] = []
+    disks = read_disks(root, disk_problems)
+    if disk_problems:
+        missing["disks"] = disk_problems[0]
     part = MemoryPart(unavailable=missing, **values)  # type: ignore[arg-type]
     return replace(
         part,
         vmstat=read_vmstat(root),
         pressure_memory=read_pressure(root, "memory"),
         pressure_io=read_pressure(root, "io"),
-        disks=read_disks(root),
+        disks=disks,
         cgroup=read_cgroup_memory(root, pid if pid is not None else "self"),
     )
 
