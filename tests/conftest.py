@@ -45,6 +45,19 @@ def capture_proc(dest: Path) -> Path:
     return dest
 
 
+def write_cgroup_tree(dest: Path, proc_cgroup: str, mountinfo: str | None, files: dict[str, str]) -> Path:
+    """A memory cgroup laid out as the kernel shows it, under `dest` (a root for the sources):
+    proc/self/cgroup, proc/self/mountinfo (left out when None) and files named by their path under dest."""
+    (dest / "proc/self").mkdir(parents=True, exist_ok=True)
+    (dest / "proc/self/cgroup").write_text(proc_cgroup)
+    if mountinfo is not None:
+        (dest / "proc/self/mountinfo").write_text(mountinfo)
+    for rel, text in files.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text(text)
+    return dest
+
+
 @pytest.fixture
 def proc_root(tmp_path: Path) -> Path:
     return capture_proc(tmp_path / "root")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -16,11 +18,12 @@ from dltop import kernel
 from dltop.config import Settings
 from dltop.model import Snapshot
 from dltop.model.base import from_dict, to_dict
-from dltop.model.datasets import NO_PERMISSION, DatasetsPart
+from dltop.model.datasets import NO_PERMISSION, DatasetResidency, DatasetsPart, DatasetUnavailable
 from dltop.sources import datasets as ds
 from dltop.sources.datasets import WalkOptions, scan_paths, scan_residency
 from tests.test_pagecache_util import (
     PS,
+    REPO,
     ddir_fixture,  # noqa: F401  (the `ddir` fixture)
     fincore_resident_pages,
     make_file,
@@ -58,7 +61,7 @@ def test_tree_totals_agree_with_fincore_and_vmtouch(ddir: Path) -> None:
     assert (r.resident_pages, r.pages) == vmtouch_pages(ddir)
     assert r.size_bytes == sum(f.stat().st_size for f in files)
     assert r.unknown_pages == 0 and r.unknown_reason is None and r.method == "cachestat"
-    assert r.complete and r.error is None and r.fs_type and r.dirs == 5  # root, a, a/deep, a/deep/er, b
+    assert r.complete and r.fs_type and r.dirs == 5  # root, a, a/deep, a/deep/er, b
 
 
 def test_folders_aggregate_and_depth_folds_deeper_folders(ddir: Path) -> None:
@@ -268,8 +271,44 @@ def test_deadline_cancel_and_cpu_budget(ddir: Path) -> None:
 def test_scan_paths_reports_a_missing_root_and_scans_the_rest(ddir: Path) -> None:
     make_file(ddir / "f.bin", PS)
     part = scan_paths((str(ddir / "nope"), str(ddir)))
-    assert part.paths[0].error and "No such file" in part.paths[0].error
-    assert part.paths[1].files == 1 and part.page_size == PS
+    missing, found = part.paths
+    assert isinstance(missing, DatasetUnavailable) and isinstance(found, DatasetResidency)
+    assert missing.unavailable == f"no such file or directory: {ddir / 'nope'}" and missing.scanned_at > 0
+    assert found.files == 1 and part.page_size == PS and part.scanned == (found,)
+    # In JSON a missing dataset has its reason and no numbers at all (it used to read files 0, size 0), and it
+    # comes back from JSON as what it was, not as an empty dataset.
+    data = to_dict(part)
+    assert data["paths"][0] == {"path": str(ddir / "nope"), "unavailable": missing.unavailable,
+                                "scanned_at": missing.scanned_at}
+    assert from_dict(DatasetsPart, json.loads(json.dumps(data))) == part
+
+
+def test_dataset_deleted_while_watched_becomes_unavailable(ddir: Path) -> None:
+    from dltop.sources.datasets import source
+
+    watched = ddir / "ds"
+    make_file(watched / "a" / "f.bin", 4 * PS)
+    src = source(Settings(datasets=(str(watched),)))
+    first = src.read()
+    assert isinstance(first, DatasetsPart) and first.scanned[0].files == 1
+    shutil.rmtree(watched)
+    after = src.read()
+    assert isinstance(after, DatasetsPart) and after.scanned == ()
+    assert after.paths == (DatasetUnavailable(str(watched), f"no such file or directory: {watched}",
+                                              after.paths[0].scanned_at),)
+
+
+def test_snapshot_of_a_configured_dataset_that_is_missing(tmp_path: Path) -> None:
+    """A dataset named in the config file but not there: the Snapshot says so (no zeros) and still comes out;
+    one asked for with --dataset is a usage problem (test_cli: one line, exit 1)."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'datasets = ["{tmp_path / "gone"}"]\n')
+    r = subprocess.run([sys.executable, "-m", "dltop", "snapshot", "--json", "--config", str(cfg)],
+                       capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 0, r.stderr
+    (entry,) = json.loads(r.stdout)["datasets"]["paths"]
+    assert entry["unavailable"] == f"no such file or directory: {tmp_path / 'gone'}"
+    assert "files" not in entry and "resident_pages" not in entry
 
 
 def test_memory_grows_with_folders_not_files(ddir: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def live(*paths: Path, **kw) -> DltopApp:
 
 async def _wait_idle(app: DltopApp, pilot, until=lambda: True) -> None:
     """Until the action and its plan are done and `until()` holds (the rescan after it is in)."""
-    for _ in range(200):
+    for _ in range(600):  # 30 s: a loaded 2-core CI machine scans slowly
         await pilot.pause(0.05)
         done = app._action is None or app._action.phase == "finished"  # the app has the finish, too
         if done and app.runner.busy is None and not app._runs and until():
@@ -279,6 +280,28 @@ async def test_add_a_dataset_from_the_tui(ddir: Path) -> None:
         await pilot.press("x")
         await _wait_idle(app, pilot, lambda: _rows(app) == [str(ddir / "one")])
         assert (ddir / "two" / "x.bin").exists() and app.settings.datasets == (str(ddir / "one"),)
+
+
+async def test_dataset_deleted_while_watched_is_an_unavailable_row_not_zeros(ddir: Path) -> None:
+    make_dataset(ddir / "one")
+    make_dataset(ddir / "two")
+    before = snap_of(ddir / "one", ddir / "two", ts=100.0)
+    shutil.rmtree(ddir / "two")
+    after = snap_of(ddir / "one", ddir / "two", ts=110.0)
+    app = DltopApp(ListFeed([before, after], start=1))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _open_tab(app, pilot)
+        table = app.query_one("#ds-table", DataTable)
+        assert _rows(app) == [str(ddir / "one"), str(ddir / "two")]
+        assert [str(c) for c in table.get_row_at(1)[1:6]] == ["n/a"] * 5
+        summary = _text(app, "#ds-summary")
+        # The total is the dataset that is there: 1.8 MiB, not 1.8 MiB plus a "0 B" dataset, nor 3.6 MiB.
+        assert "2 watched, 1 unavailable" in summary and "128 KiB of 1.8 MiB resident" in summary
+        assert f"unavailable: no such file or directory: {ddir / 'two'}" in _text(app, "#ds-notes")
+        await pilot.press("down", "w")  # nothing to warm: says why, opens no dialog
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert any("unavailable: no such file or directory" in str(n.message) for n in app._notifications)
 
 
 async def test_unknown_pages_are_marked_and_explained(ddir: Path) -> None:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from dltop.model import MemoryPart, Pressure, Unavailable, VmStat
+from dltop.model import CgroupMemory, MemoryPart, Pressure, Unavailable, VmStat
 from dltop.sources.memory import (
     MEMINFO_FIELDS,
+    _cgroup_dir,
+    parse_cgroup_mounts,
     parse_diskstats,
     parse_meminfo,
     parse_pressure,
@@ -24,6 +28,9 @@ from dltop.sources.memory import (
     read_memory,
     read_pressure,
 )
+from tests.conftest import REPO, capture_proc, write_cgroup_tree
+
+GIB = 1 << 30
 
 
 def test_meminfo_agrees_with_free(proc_root: Path) -> None:
@@ -112,28 +119,164 @@ def test_pressure_without_full_line_as_on_old_kernels() -> None:
     assert p.full_avg10 is None and p.some_total_us >= 0
 
 
+# /proc/self/cgroup and /proc/self/mountinfo as the kernel writes them on the three kinds of host: a v1 Slurm node
+# (CentOS 7), a systemd "hybrid" host (v2 mounted at /sys/fs/cgroup/unified beside v1 controllers, Ubuntu 20.04
+# and this project's own CI machine) and a v2-only host.
+V1_TASK = "/slurm/uid_1000/job_42/step_0/task_0"
+V1_CGROUP = f"""11:memory:{V1_TASK}
+10:cpuset:/slurm/uid_1000/job_42/step_0
+9:cpu,cpuacct:/slurm/uid_1000/job_42/step_0
+1:name=systemd:/system.slice/slurmd.service
+"""
+V1_MOUNTINFO = """19 41 0:18 / /sys rw,nosuid,nodev,noexec,relatime shared:6 - sysfs sysfs rw,seclabel
+25 19 0:21 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:8 - tmpfs tmpfs ro,seclabel,mode=755
+26 25 0:22 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec,relatime shared:9 - cgroup cgroup rw,seclabel,xattr,name=systemd
+32 25 0:28 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:15 - cgroup cgroup rw,seclabel,memory
+33 25 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:16 - cgroup cgroup rw,seclabel,cpu,cpuacct
+"""
+HYBRID_SCOPE = "/user.slice/user-1000.slice/session-3.scope"
+HYBRID_CGROUP = f"""12:memory:{HYBRID_SCOPE}
+4:cpu,cpuacct:{HYBRID_SCOPE}
+1:name=systemd:{HYBRID_SCOPE}
+0::{HYBRID_SCOPE}
+"""
+HYBRID_MOUNTINFO = """31 23 0:28 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+32 31 0:29 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
+33 31 0:30 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec,relatime shared:11 - cgroup cgroup rw,xattr,name=systemd
+40 31 0:37 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:18 - cgroup cgroup rw,memory
+"""
+V2_JOB = "/system.slice/slurmstepd.scope/job_7"
+V2_MOUNTINFO = "27 22 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+V1_NO_LIMIT = "9223372036854771712\n"  # what v1 shows for "no limit" with 4 KiB pages
+
+
+def v1_stat(cache: int, dirty: int, hier_limit: int | str = 9223372036854771712) -> str:
+    """memory.stat of a v1 cgroup, the keys in the kernel's order."""
+    return (f"cache {cache // 2}\nrss 104857600\nrss_huge 0\nshmem 0\nmapped_file 0\ndirty {dirty // 2}\n"
+            f"writeback 0\npgpgin 1000\npgpgout 900\npgfault 5000\npgmajfault 3\n"
+            f"hierarchical_memory_limit {hier_limit}\nhierarchical_memsw_limit 9223372036854771712\n"
+            f"total_cache {cache}\ntotal_rss 209715200\ntotal_dirty {dirty}\ntotal_writeback 0\n")
+
+
+def v1_tree(root: Path, limit: str, stat: str, cgroup: str = V1_CGROUP, mountinfo: str | None = V1_MOUNTINFO,
+            rel: str = V1_TASK) -> Path:
+    base = f"sys/fs/cgroup/memory{rel}"
+    return write_cgroup_tree(root, cgroup, mountinfo, {
+        f"{base}/memory.limit_in_bytes": limit, f"{base}/memory.usage_in_bytes": "3221225472\n",
+        f"{base}/memory.stat": stat, f"{base}/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+    })
+
+
+def test_cgroup_v1_job(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path, f"{8 * GIB}\n", v1_stat(GIB, 8192, 8 * GIB))
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory), cg
+    assert (cg.version, cg.path, cg.current_bytes, cg.max_bytes, cg.file_bytes, cg.file_dirty_bytes, cg.oom_kill) == (
+        1, V1_TASK, 3 * GIB, 8 * GIB, GIB, 8192, 2)
+    assert not cg.no_limit and cg.unavailable == {}
+
+
+def test_cgroup_v1_limit_set_on_the_job_binds_its_task(tmp_path: Path) -> None:
+    # Slurm sets the limit on job_42; task_0 itself has none, and the kernel says so in hierarchical_memory_limit.
+    root = v1_tree(tmp_path, V1_NO_LIMIT, v1_stat(GIB, 0, 16 * GIB))
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory) and cg.max_bytes == 16 * GIB and not cg.no_limit
+
+
+def test_cgroup_v1_without_limit_says_no_limit(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path, V1_NO_LIMIT, v1_stat(GIB, 0))
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory)
+    assert cg.version == 1 and cg.max_bytes is None and cg.no_limit
+    assert cg.unavailable["max_bytes"] == "no limit (memory.limit_in_bytes is 9223372036854771712)"
+
+
+def test_cgroup_v1_unreadable_limit_is_not_no_limit(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path, "", v1_stat(GIB, 0))
+    limit = root / f"sys/fs/cgroup/memory{V1_TASK}/memory.limit_in_bytes"
+    limit.unlink()
+    limit.mkdir()  # EISDIR, even for root: the read fails as a permission problem would
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory)
+    assert cg.max_bytes is None and not cg.no_limit and cg.current_bytes == 3 * GIB
+    assert cg.unavailable["max_bytes"].startswith("limit not read (cannot read memory.limit_in_bytes")
+    limit.rmdir()
+    limit.write_text("-1\n")  # not a count: never taken as a limit, nor as none
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory) and not cg.no_limit
+    assert cg.unavailable["max_bytes"] == "limit not read (memory.limit_in_bytes holds '-1', not a number)"
+
+
+def test_cgroup_v1_hierarchy_not_mounted(tmp_path: Path) -> None:
+    no_memory = "".join(ln + "\n" for ln in V1_MOUNTINFO.splitlines() if not ln.endswith(",memory"))
+    root = v1_tree(tmp_path, f"{8 * GIB}\n", v1_stat(GIB, 0), mountinfo=no_memory)
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, Unavailable)
+    assert cg.reason.startswith("cgroup v1: limit not read (no cgroup v1 with the memory controller mounted")
+
+
+def test_cgroup_v1_in_a_container_sees_its_own_part_of_the_tree(tmp_path: Path) -> None:
+    # Docker on v1 bind-mounts the container's cgroup as /sys/fs/cgroup/memory: mount root /docker/ID.
+    cid = "/docker/3f1c9a"
+    mountinfo = f"700 690 0:37 {cid} /sys/fs/cgroup/memory ro,nosuid,nodev,noexec,relatime master:18 - cgroup cgroup rw,memory\n"
+    root = write_cgroup_tree(tmp_path, f"12:memory:{cid}\n0::/\n", mountinfo, {
+        "sys/fs/cgroup/memory/memory.limit_in_bytes": f"{4 * GIB}\n",
+        "sys/fs/cgroup/memory/memory.usage_in_bytes": f"{GIB}\n",
+        "sys/fs/cgroup/memory/memory.stat": v1_stat(GIB // 2, 0, 4 * GIB),
+    })
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory) and (cg.path, cg.max_bytes, cg.current_bytes) == (cid, 4 * GIB, GIB)
+
+
+def test_hybrid_host_reads_the_v1_memory_controller(tmp_path: Path) -> None:
+    # The unified (v2) hierarchy has the session's folder but no memory controller; v1 holds it.
+    base = f"sys/fs/cgroup/memory{HYBRID_SCOPE}"
+    root = write_cgroup_tree(tmp_path, HYBRID_CGROUP, HYBRID_MOUNTINFO, {
+        f"sys/fs/cgroup/unified{HYBRID_SCOPE}/cgroup.procs": "1234\n",
+        f"{base}/memory.limit_in_bytes": f"{6 * GIB}\n", f"{base}/memory.usage_in_bytes": f"{2 * GIB}\n",
+        f"{base}/memory.stat": v1_stat(GIB, 4096, 6 * GIB),
+    })
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory), cg
+    assert (cg.version, cg.path, cg.max_bytes, cg.current_bytes, cg.file_bytes) == (
+        1, HYBRID_SCOPE, 6 * GIB, 2 * GIB, GIB)
+    assert "oom_control" in cg.unavailable["oom_kill"]  # a kernel before 4.13 has no oom_kill there: says so
+
+
 def test_real_cgroup_of_this_process() -> None:
     cg = read_cgroup_memory("/", os.getpid())
-    rel = parse_proc_cgroup(Path(f"/proc/{os.getpid()}/cgroup").read_text())
-    if rel in (None, "/"):
-        assert isinstance(cg, Unavailable)
+    found = parse_proc_cgroup(Path(f"/proc/{os.getpid()}/cgroup").read_text())
+    assert found is not None
+    version, rel = found
+    if isinstance(cg, Unavailable):
+        assert cg.reason.startswith(f"cgroup v{version}: ")
         return
-    assert not isinstance(cg, Unavailable)
-    assert cg.current_bytes == int(Path("/sys/fs/cgroup", rel.lstrip("/"), "memory.current").read_text())
+    assert cg.version == version and cg.path == rel
+    base = Path(_cgroup_dir("/", version, rel))  # found as the source finds it (tested on trees above)
+    usage = "memory.usage_in_bytes" if version == 1 else "memory.current"
+    # Usage moves while the test runs; the limit and its unit do not.
+    assert abs(cg.current_bytes - int((base / usage).read_text())) < 64 << 20  # type: ignore[operator]
+    limit = (base / ("memory.limit_in_bytes" if version == 1 else "memory.max")).read_text().strip()
+    if cg.no_limit:
+        assert limit == "max" or int(limit) >= 1 << 62
+    elif version == 2:
+        assert cg.max_bytes == int(limit)
+
+
+def test_snapshot_json_names_the_cgroup_version(tmp_path: Path) -> None:
+    root = v1_tree(capture_proc(tmp_path / "root"), f"{8 * GIB}\n", v1_stat(GIB, 0, 8 * GIB))
+    out = subprocess.run([sys.executable, "-m", "dltop", "snapshot", "--json", "--root", str(root)],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout
+    cg = json.loads(out)["memory"]["cgroup"]
+    assert (cg["version"], cg["max_bytes"], cg["path"]) == (1, 8 * GIB, V1_TASK)
 
 
 def _fake_cgroup_root(tmp_path: Path, cgroup_line: str, files: dict[str, str]) -> Path:
-    (tmp_path / "proc/self").mkdir(parents=True)
-    (tmp_path / "proc/self/cgroup").write_text(cgroup_line)
-    base = tmp_path / "sys/fs/cgroup/job.slice/job_42"
-    base.mkdir(parents=True)
-    for name, text in files.items():
-        (base / name).write_text(text)
-    return tmp_path
+    base = "sys/fs/cgroup/job.slice/job_42"
+    return write_cgroup_tree(tmp_path, cgroup_line, V2_MOUNTINFO, {f"{base}/{k}": v for k, v in files.items()})
 
 
 def test_cgroup_v2_job(tmp_path: Path) -> None:
-    # memory.stat and memory.events from this machine's root-level files where present, with a limit set.
     stat = "anon 1000\nfile 4096000\nfile_dirty 8192\n"
     root = _fake_cgroup_root(tmp_path, "0::/job.slice/job_42\n", {
         "memory.current": "5000000\n", "memory.max": "8000000\n", "memory.stat": stat,
@@ -141,22 +284,48 @@ def test_cgroup_v2_job(tmp_path: Path) -> None:
     })
     cg = read_cgroup_memory(str(root))
     assert not isinstance(cg, Unavailable)
-    assert (cg.current_bytes, cg.max_bytes, cg.file_bytes, cg.file_dirty_bytes, cg.oom_kill) == (
-        5000000, 8000000, 4096000, 8192, 1)
+    assert (cg.version, cg.current_bytes, cg.max_bytes, cg.file_bytes, cg.file_dirty_bytes, cg.oom_kill) == (
+        2, 5000000, 8000000, 4096000, 8192, 1)
+
+
+def test_cgroup_v2_found_without_mountinfo(tmp_path: Path) -> None:
+    # A captured tree without proc/self/mountinfo: v2 is looked for where it is mounted everywhere.
+    root = _fake_cgroup_root(tmp_path, "0::/job.slice/job_42\n", {"memory.current": "5\n", "memory.max": "9\n"})
+    (root / "proc/self/mountinfo").unlink()
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory) and cg.max_bytes == 9
 
 
 def test_cgroup_without_limit_says_so(tmp_path: Path) -> None:
     root = _fake_cgroup_root(tmp_path, "0::/job.slice/job_42\n", {"memory.current": "5\n", "memory.max": "max\n"})
     cg = read_cgroup_memory(str(root))
     assert not isinstance(cg, Unavailable)
-    assert cg.max_bytes is None and cg.unavailable["max_bytes"] == "max"
+    assert cg.max_bytes is None and cg.no_limit and cg.unavailable["max_bytes"] == "no limit (memory.max is max)"
     assert "memory.stat" in cg.unavailable["file_bytes"]
 
 
-def test_cgroup_v1_only(tmp_path: Path) -> None:
-    root = _fake_cgroup_root(tmp_path, "12:memory:/job.slice\n11:cpu,cpuacct:/job.slice\n", {})
+def test_cgroup_v2_malformed_limit_is_not_no_limit(tmp_path: Path) -> None:
+    root = _fake_cgroup_root(tmp_path, "0::/job.slice/job_42\n", {"memory.current": "5\n", "memory.max": "ma\n"})
     cg = read_cgroup_memory(str(root))
-    assert isinstance(cg, Unavailable) and "cgroup v1" in cg.reason
+    assert isinstance(cg, CgroupMemory) and not cg.no_limit
+    assert cg.unavailable["max_bytes"] == "limit not read (memory.max holds 'ma', not a number)"
+
+
+def test_cgroup_v2_in_a_cgroup_namespace_is_read_not_called_root(tmp_path: Path) -> None:
+    # Docker on v2 gives the container its own cgroup namespace: it sees "0::/" and its own memory.max.
+    root = write_cgroup_tree(tmp_path, "0::/\n", V2_MOUNTINFO, {
+        "sys/fs/cgroup/memory.max": f"{2 * GIB}\n", "sys/fs/cgroup/memory.current": f"{GIB}\n"})
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory) and cg.max_bytes == 2 * GIB
+    (root / "sys/fs/cgroup/memory.max").unlink()  # the host's real root cgroup has no memory.max
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, Unavailable) and cg.reason.startswith("cgroup v2: dltop runs in the root cgroup")
+
+
+def test_no_memory_cgroup_at_all(tmp_path: Path) -> None:
+    root = write_cgroup_tree(tmp_path, "11:cpu,cpuacct:/job.slice\n", V1_MOUNTINFO, {})
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, Unavailable) and "neither a v1 memory hierarchy nor cgroup v2" in cg.reason
 
 
 def test_cgroup_of_vanished_process() -> None:
@@ -167,13 +336,42 @@ def test_cgroup_of_vanished_process() -> None:
 
 
 def test_disk_partitions_and_idle_loops_left_out(proc_root: Path) -> None:
-    rows = parse_diskstats(Path("/proc/diskstats").read_text())
+    rows, bad = parse_diskstats(Path("/proc/diskstats").read_text())
+    assert rows and bad == []
     disks = read_disks(str(proc_root))
     assert not isinstance(disks, Unavailable)
     kept = {d.name for d in disks}
     for r in rows:
         if r.name in kept:
             assert (r.reads or r.writes) and os.path.isdir(f"/sys/block/{r.name}")
+
+
+def test_diskstats_with_no_good_line_is_unavailable_not_idle(proc_root: Path) -> None:
+    # A read cut short inside the first line: before, `disks: []` and "no disk I/O yet" forever.
+    path = proc_root / "proc/diskstats"
+    first = path.read_text().splitlines()[0]
+    path.write_text(first[: len(first) // 3] + "\n")
+    m = read_memory(str(proc_root))
+    assert isinstance(m.disks, Unavailable)
+    assert m.disks.reason.startswith("malformed /proc/diskstats: line 1: ")
+    assert "fields, a device has 14 or more" in m.disks.reason
+
+
+def test_diskstats_bad_line_is_reported_and_the_good_ones_kept(proc_root: Path) -> None:
+    path = proc_root / "proc/diskstats"
+    good = read_disks(str(proc_root))
+    assert not isinstance(good, Unavailable) and good
+    lines = path.read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.split()[2] == good[0].name)
+    f = lines[at].split()
+    f[5] = f[5] + "x"  # sectors read, damaged
+    lines[at] = " ".join(f)
+    path.write_text("\n".join(lines) + "\n")
+    m = read_memory(str(proc_root))
+    assert not isinstance(m.disks, Unavailable)
+    assert [d.name for d in m.disks] == [d.name for d in good[1:]]
+    assert m.unavailable["disks"] == f"malformed /proc/diskstats: line {at + 1}: field 6 is {f[5]!r}, not a count"
+    assert m.total_bytes is not None and "total_bytes" not in m.unavailable
 
 
 # ---- properties: parsers take any text someone else wrote --------------------------------------------------
@@ -192,8 +390,11 @@ def test_meminfo_roundtrip(values: dict[str, int]) -> None:
 def test_parsers_never_raise_on_garbage(text: str) -> None:
     assert isinstance(parse_meminfo(text), dict)
     assert isinstance(parse_vmstat(text), dict)
-    assert isinstance(parse_diskstats(text), list)
+    rows, bad = parse_diskstats(text)
+    assert len(rows) + len(bad) == sum(1 for ln in text.splitlines() if ln.split())
     parse_proc_cgroup(text)
+    parse_cgroup_mounts(text, 1)
+    parse_cgroup_mounts(text, 2)
     with contextlib.suppress(ValueError):
         parse_pressure(text)
 
@@ -215,13 +416,60 @@ def test_pressure_roundtrip(a10: float, a60: float, a300: float, total: int, ful
                           st.lists(st.integers(0, 2**40), min_size=11, max_size=17)), max_size=8))
 def test_diskstats_roundtrip(rows: list[tuple[str, list[int]]]) -> None:
     text = "".join(f"   8       0 {name} {' '.join(map(str, nums))}\n" for name, nums in rows)
-    parsed = parse_diskstats(text)
+    parsed, bad = parse_diskstats(text)
+    assert bad == []
     assert [(d.name, d.reads, d.sectors_written, d.io_time_ms) for d in parsed] == [
         (name, nums[0], nums[6], nums[9]) for name, nums in rows
     ]
+
+
+disk_row = st.tuples(st.from_regex(r"[a-z]{2,6}[0-9]{0,2}", fullmatch=True),
+                     st.lists(st.integers(0, 2**40), min_size=11, max_size=17))
+# what a damaged line looks like: cut short, a counter with junk in it, a stray word
+bad_line = st.one_of(
+    st.lists(st.from_regex(r"[0-9a-z]{1,8}", fullmatch=True), min_size=1, max_size=13).map(" ".join),
+    st.tuples(disk_row, st.integers(0, 10), st.sampled_from(["x", "-1", "1.5", "²"])).map(
+        lambda t: " ".join(["8", "0", t[0][0]] + [str(v) + (t[2] if i == t[1] else "") for i, v in enumerate(t[0][1])])),
+)
+
+
+@given(st.lists(st.one_of(disk_row, bad_line), max_size=12))
+def test_diskstats_keeps_good_rows_and_names_every_bad_line(lines: list[tuple[str, list[int]] | str]) -> None:
+    text = "".join((ln if isinstance(ln, str) else f"   8       0 {ln[0]} {' '.join(map(str, ln[1]))}") + "\n"
+                   for ln in lines)
+    parsed, bad = parse_diskstats(text)
+    assert [d.name for d in parsed] == [ln[0] for ln in lines if not isinstance(ln, str)]
+    assert [b.split(":")[0] for b in bad] == [f"line {i}" for i, ln in enumerate(lines, 1) if isinstance(ln, str)]
 
 
 def test_memory_part_is_plain_data(proc_root: Path) -> None:
     m = read_memory(str(proc_root))
     assert isinstance(m, MemoryPart)
     assert all(isinstance(getattr(m, f), int) for f in MEMINFO_FIELDS)
+
+
+cg_paths = st.from_regex(r"/[a-z0-9_.:@-]{0,12}(/[a-z0-9_.:@-]{1,12}){0,3}", fullmatch=True)
+controllers = st.sets(st.sampled_from(["memory", "cpu", "cpuacct", "pids", "name=systemd", "blkio"]), min_size=1)
+
+
+@given(st.lists(st.tuples(st.integers(1, 15), controllers, cg_paths), max_size=6), st.one_of(st.none(), cg_paths))
+def test_proc_cgroup_picks_the_hierarchy_with_memory(v1: list[tuple[int, set[str], str]], v2: str | None) -> None:
+    lines = [f"{n}:{','.join(sorted(c))}:{p}" for n, c, p in v1] + ([f"0::{v2}"] if v2 is not None else [])
+    memory = next((p for _, c, p in v1 if "memory" in c), None)
+    want = (1, memory) if memory is not None else (2, v2) if v2 is not None else None
+    assert parse_proc_cgroup("\n".join(lines) + "\n") == want
+
+
+mount_points = st.from_regex(r"/[a-z \\]{1,10}(/[a-z0-9 ,]{1,10}){0,2}", fullmatch=True)
+
+
+@given(st.lists(st.tuples(cg_paths, mount_points, st.sampled_from(["cgroup", "cgroup2", "tmpfs", "ext4"]),
+                          controllers), max_size=6))
+def test_cgroup_mounts_from_mountinfo(rows: list[tuple[str, str, str, set[str]]]) -> None:
+    def esc(s: str) -> str:  # as the kernel writes them: space, tab, newline and backslash in octal
+        return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in s)
+
+    text = "".join(f"{30 + i} 25 0:{i} {esc(r)} {esc(m)} rw,relatime shared:{i} - {fs} {fs} rw,{','.join(sorted(c))}\n"
+                   for i, (r, m, fs, c) in enumerate(rows))
+    assert parse_cgroup_mounts(text, 2) == [(r, m) for r, m, fs, _ in rows if fs == "cgroup2"]
+    assert parse_cgroup_mounts(text, 1) == [(r, m) for r, m, fs, c in rows if fs == "cgroup" and "memory" in c]

@@ -118,6 +118,52 @@ def test_memory_guard_honours_the_cgroup_limit(tmp_path: Path) -> None:
     assert g.ok and g.fits_bytes == 200 * GIB - pc.safety_margin_bytes(256 * GIB)
 
 
+def test_memory_guard_honours_a_cgroup_v1_limit_as_v2s(tmp_path: Path) -> None:
+    from dltop.sources.memory import read_cgroup_memory
+    from tests.test_memory import V1_TASK, v1_stat, v1_tree
+
+    # The same job as above on a v1 Slurm node: 8 GiB limit, 3 GiB used of which 1 GiB page cache.
+    cg = read_cgroup_memory(str(v1_tree(tmp_path, f"{8 * GIB}\n", v1_stat(GIB, 0, 8 * GIB))))
+    info = {"MemTotal": 256 * GIB, "MemAvailable": 200 * GIB}
+    room = 8 * GIB - 2 * GIB - (8 * GIB // 10)
+    assert pc.cgroup_room_bytes(cg) == (room, V1_TASK)
+    g = pc.memory_guard(room + GIB, info, cg)
+    assert not g.ok and g.fits_bytes == room and f"memory cgroup {V1_TASK}" in g.message
+    assert pc.memory_guard(room, info, cg).ok
+
+
+@needs_root
+def test_warm_inside_a_real_limited_cgroup_is_refused(ddir: Path) -> None:
+    """A real memory cgroup (v1 or v2, whichever this kernel gives dltop) with a 256 MiB limit: a 320 MiB warm
+    started inside it must be refused, as it would evict itself."""
+    from dltop.sources.memory import _cgroup_dir, parse_proc_cgroup
+
+    found = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
+    if found is None:
+        pytest.skip("no memory cgroup on this machine")
+    version, rel = found
+    try:
+        child = Path(_cgroup_dir("/", version, rel)) / f"dltop-test-{os.getpid()}"
+        child.mkdir()
+    except (OSError, ValueError) as e:
+        pytest.skip(f"cannot make a memory cgroup here: {e}")
+    try:
+        limit = child / ("memory.limit_in_bytes" if version == 1 else "memory.max")
+        if not limit.exists():
+            pytest.skip("memory controller not enabled for a child cgroup here")
+        limit.write_text(f"{256 << 20}\n")
+        for i in range(5):
+            make_file(ddir / f"shard{i}.bin", 64 << 20)
+        procs = child / "cgroup.procs"
+        cmd = f"echo $$ > {procs} && exec {sys.executable} -m dltop warm --dry-run {ddir}"
+        out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert out.returncode == 1 and out.stdout == ""
+        assert out.stderr.startswith("dltop: warm refused: 320 MiB is more than the ")
+        assert f"memory cgroup {rel}/{child.name} can hold" in out.stderr
+    finally:
+        child.rmdir()
+
+
 @given(st.lists(st.tuples(st.from_regex(r"[A-Za-z_()]{1,20}", fullmatch=True), st.integers(0, 2**50),
                           st.sampled_from([" kB", "", " pages"])), max_size=30), st.text(max_size=200))
 def test_read_meminfo_parses_what_it_can(rows: list[tuple[str, int, str]], junk: str) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
+from pathlib import Path
 
 from textual.widgets import Static
 
@@ -12,9 +14,9 @@ from dltop.fmt import human_bytes, sparkline_rows
 from dltop.model import MemoryPart, Snapshot
 from dltop.sampler import ListFeed, Sampler
 from dltop.sources.base import Source
-from dltop.sources.memory import read_memory
+from dltop.sources.memory import read_cgroup_memory, read_memory
 from dltop.tui.app import DltopApp
-from dltop.tui.panes.pagecache import SPARK_LABEL_WIDTH
+from dltop.tui.panes.pagecache import SPARK_LABEL_WIDTH, cgroup_text
 from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.screens.help import HelpScreen
 
@@ -255,3 +257,48 @@ async def test_a_long_hint_is_cut_to_two_lines(session: list[Snapshot]) -> None:
         app._update_hints()
         await pilot.pause()
         assert _text(app, "#hints").strip() == "! short"
+
+
+async def test_cgroup_line_names_the_version_and_never_calls_an_unread_limit_none(
+        session: list[Snapshot], tmp_path: Path) -> None:
+    from tests.test_memory import GIB, V1_NO_LIMIT, V1_TASK, v1_stat, v1_tree
+
+    def pane_line(limit: str, hier: int | str) -> str:
+        root = v1_tree(tmp_path / str(len(list(tmp_path.iterdir()))), limit, v1_stat(GIB, 0, hier))
+        m = replace(session[-1].memory, cgroup=read_cgroup_memory(str(root)))
+        return cgroup_text(m).plain  # type: ignore[arg-type]
+
+    assert pane_line(f"{8 * GIB}\n", 8 * GIB).startswith(f"cgroup v1 {V1_TASK}  used 3.0 GiB of 8.0 GiB (38%)")
+    assert "used 3.0 GiB, no limit" in pane_line(V1_NO_LIMIT, 9223372036854771712)
+    unread = pane_line("unlimited\n", 9223372036854771712)
+    assert "used 3.0 GiB, limit not read (memory.limit_in_bytes holds 'unlimited', not a number)" in unread
+    assert "no limit" not in unread
+    # The same line in the running app, at 80 columns.
+    root = v1_tree(tmp_path / "app", f"{8 * GIB}\n", v1_stat(GIB, 0, 8 * GIB))
+    snaps = [replace(s, memory=replace(s.memory, cgroup=read_cgroup_memory(str(root)))) for s in session[:2]]
+    app = DltopApp(ListFeed(snaps, start=1))
+    async with app.run_test(size=(80, 24)):
+        assert _text(app, "#pc-cgroup").startswith(f"cgroup v1 {V1_TASK}")
+
+
+async def test_disk_table_says_why_disks_are_missing(session: list[Snapshot], tmp_path: Path) -> None:
+    from dltop.sources.memory import read_disks
+    from tests.conftest import capture_proc
+
+    root = capture_proc(tmp_path / "root")
+    (root / "proc/diskstats").write_text("   8       0 sda 1 2 3\n")  # a read cut short
+    broken = read_disks(str(root))
+    snaps = [replace(s, memory=replace(s.memory, disks=broken)) for s in session[:2]]
+    app = DltopApp(ListFeed(snaps, start=1))
+    async with app.run_test(size=(80, 24)):
+        table = _text(app, "#pc-disks")
+        assert "disks n/a: malformed /proc/diskstats: line 1: 6 fields" in table
+        assert "no disk I/O yet" not in table
+    # Read fine, no device with any I/O since boot: only then "no disk I/O yet".
+    unused = [ln for ln in Path("/proc/diskstats").read_text().splitlines() if not any(map(int, ln.split()[3:14]))]
+    (root / "proc/diskstats").write_text("".join(ln + "\n" for ln in unused))  # idle loop and ram devices
+    assert read_disks(str(root)) == ()
+    idle = [replace(s, memory=replace(s.memory, disks=read_disks(str(root)))) for s in session[:2]]
+    app = DltopApp(ListFeed(idle, start=1))
+    async with app.run_test(size=(80, 24)):
+        assert "(no disk I/O yet: no device has had any since boot)" in _text(app, "#pc-disks")

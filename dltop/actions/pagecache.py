@@ -22,7 +22,7 @@ from typing import Any
 
 from dltop import kernel
 from dltop.errors import DltopError
-from dltop.model.datasets import NO_PERMISSION
+from dltop.model.datasets import NO_PERMISSION, DatasetUnavailable
 from dltop.model.memory import safety_margin_bytes  # noqa: F401 - part of this module's API
 from dltop.sources.datasets import (
     DEFAULT_WALK,
@@ -331,12 +331,12 @@ def plan(
     """What an action would do, from one residency scan: the bytes it would move and the memory guard's verdict."""
     need = WarmNeed()
     part = scan_paths(tuple(paths), options, cancel=cancel, warm_need=need if action == "warm" else None)
-    for ds in part.paths:
-        if ds.error:
-            raise DltopError(path_error(ds.error, ds.path))
+    for missing in part.paths:
+        if isinstance(missing, DatasetUnavailable):
+            raise DltopError(missing.unavailable)
     ps = part.page_size
     r = ActionResult(action=action, paths=[os.fsdecode(p) for p in paths], dry_run=True)
-    for ds in part.paths:
+    for ds in part.scanned:
         r.files += ds.files
         r.pages += ds.pages
         r.resident_pages_before += ds.resident_pages

@@ -84,6 +84,7 @@ def _check_paths(paths: list[str]) -> None:
 def run_residency(args: argparse.Namespace) -> int:
     """Scan and print residency per path, folders down to --depth."""
     from dltop.model.base import to_dict
+    from dltop.model.datasets import DatasetUnavailable
     from dltop.sources.datasets import scan_paths
 
     if args.depth < 0:
@@ -91,10 +92,8 @@ def run_residency(args: argparse.Namespace) -> int:
     _check_paths(args.paths)
     part = scan_paths(tuple(args.paths), _options(args, args.depth))
     for ds in part.paths:
-        if ds.error:  # a PATH itself cannot be read (what cannot be read below it is counted, not fatal)
-            from dltop.sources.datasets import path_error
-
-            raise DltopError(path_error(ds.error, ds.path))
+        if isinstance(ds, DatasetUnavailable):  # a PATH itself cannot be read (what is below it is counted)
+            raise DltopError(ds.unavailable)
     if args.json:
         sys.stdout.write(json.dumps(to_dict(part)) + "\n")
     else:

@@ -27,11 +27,11 @@ def check_dataset_paths(paths: tuple[str, ...], commands: list[str] | None = Non
 def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
     """Start the TUI on the live Sampler."""
     check_dataset_paths(tuple(args.paths), commands)
+    settings = settings_from_args(args)  # a bad option is a usage error first
     if not (os.isatty(0) and os.isatty(1)):
         # Drawn into a file or a pipe, a TUI writes escape sequences forever (`dltop > log`).
         raise DltopError("the TUI needs a terminal (stdin and stdout); for one reading as JSON use "
                          "`dltop snapshot --json`")
-    settings = settings_from_args(args)
     from dltop.tui.app import DltopApp
 
     # A TUI without its terminal is useless: let a hangup end it even when the shell ignored SIGHUP (nohup).

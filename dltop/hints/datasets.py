@@ -31,13 +31,13 @@ def _latest(history: Sequence[Snapshot]) -> tuple[DatasetsPart | None, MemoryPar
 
 
 def _usable(ds: DatasetResidency) -> bool:
-    return ds.error is None and ds.pages > ds.unknown_pages
+    return ds.pages > ds.unknown_pages
 
 
 def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
     """A dataset mostly not in the page cache that would fit: the first epoch reads it from disk."""
     coldest = None
-    for ds in part.paths:
+    for ds in part.scanned:
         frac = ds.resident_fraction
         if not _usable(ds) or frac is None or frac >= COLD_FRACTION:
             continue
@@ -70,7 +70,7 @@ def dataset_larger_than_memory(part: DatasetsPart, mem: MemoryPart | None) -> Hi
     """A dataset that cannot all stay cached: warming all of it evicts its own first part."""
     if mem is None or mem.available_bytes is None:
         return None
-    for ds in part.paths:
+    for ds in part.scanned:
         if not _usable(ds):
             continue
         ps = ds.page_size
@@ -96,7 +96,7 @@ def dataset_churn(history: Sequence[Snapshot]) -> Hint | None:
     last: dict[str, DatasetResidency] = {}
     for s in history:
         if isinstance(s.datasets, DatasetsPart):
-            for ds in s.datasets.paths:
+            for ds in s.datasets.scanned:
                 if _usable(ds):
                     first.setdefault(ds.path, ds)
                     last[ds.path] = ds

@@ -57,12 +57,28 @@ class DatasetResidency(ResidencyNode):
     skipped: dict[str, int] = field(default_factory=dict)  # why entries were not counted: special, symlink, ...
     problems: tuple[str, ...] = ()  # the first few problems, one line each ("permission denied: /x/y")
     unknown_reason: str | None = None
-    error: str | None = None  # the root itself could not be scanned (missing, not a directory or file)
+
+
+@dataclass(frozen=True)
+class DatasetUnavailable:
+    """A watched dataset that could not be scanned at all (missing, deleted while watched, unreadable): the
+    reason instead of numbers, so it never reads as an empty dataset. JSON `{"path", "unavailable", "scanned_at"}`."""
+
+    path: str
+    unavailable: str  # "no such file or directory: /data/imagenet"
+    scanned_at: float = 0.0  # wall-clock time the scan found it so
 
 
 @dataclass(frozen=True)
 class DatasetsPart:
-    """Every watched dataset; JSON `{"paths": [...], ...}` as `dltop residency --json` prints it."""
+    """Every watched dataset, in the order given; JSON `{"paths": [...], ...}` as `dltop residency --json` prints it."""
 
-    paths: tuple[DatasetResidency, ...] = ()
+    # DatasetUnavailable first: the decoder tries the union in order, and DatasetResidency (all fields but the
+    # path have defaults) would take an unavailable one's JSON as an empty dataset.
+    paths: tuple[DatasetUnavailable | DatasetResidency, ...] = ()
     page_size: int = 4096
+
+    @property
+    def scanned(self) -> tuple[DatasetResidency, ...]:
+        """The datasets that could be scanned: the ones with numbers."""
+        return tuple(d for d in self.paths if isinstance(d, DatasetResidency))

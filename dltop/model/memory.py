@@ -57,11 +57,19 @@ class DiskStat:
 
 @dataclass(frozen=True)
 class CgroupMemory:
-    """The cgroup v2 memory controller of the watched process: the limit that OOM-kills a container or Slurm job."""
+    """The memory controller of the watched process's cgroup: the limit that OOM-kills a container or Slurm job.
+
+    `version` 2 reads memory.current / memory.max / memory.stat / memory.events; version 1 (older Slurm and
+    Kubernetes nodes, and hybrid hosts whose memory controller sits on a v1 hierarchy) reads
+    memory.usage_in_bytes, memory.limit_in_bytes (the lowest limit up the tree: memory.stat's
+    hierarchical_memory_limit), memory.stat's total_cache / total_dirty and memory.oom_control's oom_kill.
+    """
 
     path: str
+    version: int = 2
     current_bytes: int | None = None
-    max_bytes: int | None = None  # None with "max" in `unavailable` means no limit
+    max_bytes: int | None = None  # None: no limit when `no_limit`, else not read and `unavailable` says why
+    no_limit: bool = False  # the kernel says no limit applies ("max" in v2, v1's page-counter maximum)
     file_bytes: int | None = None
     file_dirty_bytes: int | None = None
     oom_kill: int | None = None
@@ -82,6 +90,8 @@ class MemoryPart:
     active_file_bytes: int | None = None
     inactive_file_bytes: int | None = None
     mlocked_bytes: int | None = None
+    # meminfo field -> why it is missing; "disks" -> the /proc/diskstats lines that did not parse (the devices
+    # whose lines did are in `disks`)
     unavailable: dict[str, str] = field(default_factory=dict)
     vmstat: VmStat | Unavailable = field(default_factory=lambda: Unavailable("not read"))
     pressure_memory: Pressure | Unavailable = field(default_factory=lambda: Unavailable("not read"))

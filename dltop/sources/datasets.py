@@ -21,7 +21,13 @@ from typing import Any
 from dltop import kernel
 from dltop.fmt import display_path
 from dltop.model.base import Unavailable
-from dltop.model.datasets import NO_PERMISSION, DatasetResidency, DatasetsPart, ResidencyNode
+from dltop.model.datasets import (
+    NO_PERMISSION,
+    DatasetResidency,
+    DatasetsPart,
+    DatasetUnavailable,
+    ResidencyNode,
+)
 
 MAX_PROBLEMS = 20
 # How often (in files) a huge flat folder checks the cancel flag, the deadline and the CPU budget.
@@ -532,18 +538,16 @@ def scan_paths(
     cpu_fraction: float | None = None,
     warm_need: WarmNeed | None = None,
 ) -> DatasetsPart:
-    """Scan several datasets; one that cannot be scanned carries its error instead of stopping the rest."""
-    out = []
+    """Scan several datasets; one that cannot be scanned is a DatasetUnavailable with the reason, and the rest
+    are scanned still."""
+    out: list[DatasetUnavailable | DatasetResidency] = []
     for p in paths:
         try:
             out.append(scan_residency(p, options, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction,
                                       warm_need=warm_need))
         except OSError as e:
-            out.append(
-                DatasetResidency(
-                    path=os.fsdecode(p), error=f"{e.strerror or e}", scanned_at=time.time(), complete=False
-                )
-            )
+            path = os.fsdecode(p)
+            out.append(DatasetUnavailable(path, path_error(e.strerror or str(e), path), scanned_at=time.time()))
     return DatasetsPart(paths=tuple(out), page_size=kernel.PAGE_SIZE)
 
 

@@ -7,6 +7,7 @@ never a zero and never an exception.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
@@ -113,12 +114,21 @@ def parse_pressure(text: str) -> Pressure:
     return Pressure(s10, s60, s300, stotal, f10, f60, f300, ftotal)
 
 
-def parse_diskstats(text: str) -> list[DiskStat]:
-    """`/proc/diskstats` rows (14 or more fields); malformed rows are skipped."""
+def parse_diskstats(text: str) -> tuple[list[DiskStat], list[str]]:
+    """`/proc/diskstats` rows (14 or more fields), and what is wrong with each line that is not one
+    ("line 3: 5 fields, a device has 14 or more: '8 0 sda 1 2'"). Blank lines are neither."""
     out = []
-    for line in text.splitlines():
+    bad = []
+    for i, line in enumerate(text.splitlines(), 1):
         f = line.split()
-        if len(f) < 14 or not all(_is_count(x) for x in f[3:14]):
+        if not f:
+            continue
+        if len(f) < 14:
+            bad.append(f"line {i}: {len(f)} fields, a device has 14 or more: {line.strip()[:60]!r}")
+            continue
+        wrong = next((j for j in range(3, 14) if not _is_count(f[j])), None)
+        if wrong is not None:
+            bad.append(f"line {i}: field {wrong + 1} is {f[wrong][:20]!r}, not a count")
             continue
         n = [int(x) for x in f[3:14]]
         out.append(
@@ -134,17 +144,47 @@ def parse_diskstats(text: str) -> list[DiskStat]:
                 io_time_ms=n[9],
             )
         )
-    return out
+    return out, bad
 
 
-def parse_proc_cgroup(text: str) -> str | None:
-    """The cgroup v2 path from `/proc/PID/cgroup` (the `0::/path` line), or None on a v1-only system."""
+def parse_proc_cgroup(text: str) -> tuple[int, str] | None:
+    """(version, path) of the cgroup that holds the memory controller, from `/proc/PID/cgroup`: a v1 line naming
+    `memory` (`4:memory:/job`) wins, since a controller is bound to one hierarchy only (a hybrid host has the
+    `0::` line too); else the v2 `0::/path` line; None when there is neither."""
+    v2 = None
     for line in text.splitlines():
         hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
+        controllers, sep, path = rest.partition(":")
+        if not sep:
+            continue
         if hier == "0" and controllers == "":
-            return path or "/"
-    return None
+            v2 = path or "/"
+        elif "memory" in controllers.split(","):
+            return 1, path or "/"
+    return (2, v2) if v2 is not None else None
+
+
+def _unescape_mount(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as octal escapes (\040 ...)
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_cgroup_mounts(text: str, version: int) -> list[tuple[str, str]]:
+    """(root inside the hierarchy, mount point) of each cgroup2 mount (version 2), or of each cgroup v1 mount
+    that carries the memory controller (version 1), from `/proc/self/mountinfo`."""
+    out = []
+    for line in text.splitlines():
+        f = line.split(" ")
+        try:
+            sep = f.index("-", 6)  # optional fields end at " - ", then fstype, source, super options
+        except ValueError:
+            continue
+        if len(f) < sep + 4:
+            continue
+        fstype, opts = f[sep + 1], f[sep + 3].split(",")
+        if (version == 2 and fstype == "cgroup2") or (version == 1 and fstype == "cgroup" and "memory" in opts):
+            out.append((_unescape_mount(f[3]), _unescape_mount(f[4])))
+    return out
 
 
 def _try(read: Callable[[], T]) -> T | Unavailable:
@@ -197,78 +237,162 @@ def _is_whole_disk(root: str, name: str) -> bool:
     return os.path.isdir(_path(root, "sys/block", name.replace("/", "!")))
 
 
-def read_disks(root: str = "/") -> tuple[DiskStat, ...] | Unavailable:
-    """Whole block devices with any I/O since boot, like `iostat -x` (partitions and unused loop/ram left out)."""
+def read_disks(root: str = "/", problems: list[str] | None = None) -> tuple[DiskStat, ...] | Unavailable:
+    """Whole block devices with any I/O since boot, like `iostat -x` (partitions and unused loop/ram left out).
 
-    def read() -> tuple[DiskStat, ...]:
-        rows = parse_diskstats(_read_text(_path(root, "proc/diskstats")))
-        have_sys = os.path.isdir(_path(root, "sys/block"))
-        out = []
-        for d in rows:
-            if have_sys and not _is_whole_disk(root, d.name):
-                continue
-            if d.reads == 0 and d.writes == 0:
-                continue
-            out.append(d)
-        return tuple(out)
+    A malformed line never vanishes: when no line parses the disks are unavailable with the first bad line;
+    when only some do not, the good ones are kept and one line about the bad ones goes to `problems`."""
+    path = _path(root, "proc/diskstats")
+    try:
+        rows, bad = parse_diskstats(_read_text(path))
+    except OSError as e:
+        return Unavailable(_why(e, path))
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        why = f"malformed /proc/diskstats: {bad[0]}{more}"
+        if not rows:
+            return Unavailable(why)
+        if problems is not None:
+            problems.append(why)
+    have_sys = os.path.isdir(_path(root, "sys/block"))
+    return tuple(d for d in rows
+                 if (d.reads or d.writes) and (not have_sys or _is_whole_disk(root, d.name)))
 
-    return _try(read)
+
+# v1 writes "no limit" as the page counter's maximum (LONG_MAX rounded down to a page: 9223372036854771712 with
+# 4 KiB pages); no machine has 4 EiB, so anything from there up is no limit.
+V1_NO_LIMIT_BYTES = 1 << 62
+# Where the hierarchies sit when /proc/self/mountinfo cannot be read (a captured tree without it).
+_DEFAULT_MOUNT = {1: "/sys/fs/cgroup/memory", 2: "/sys/fs/cgroup"}
 
 
-def _read_int_file(path: str) -> int | str:
-    """An integer file, or its text ("max") when it is not a number."""
-    text = _read_text(path).strip()
-    return int(text) if _is_count(text) else text
+def _cgroup_dir(root: str, version: int, rel: str) -> str:
+    """The folder of cgroup `rel` of that hierarchy, found through /proc/self/mountinfo (dltop's own mount
+    namespace: that is where it opens the files). Raises ValueError saying why it is not visible."""
+    try:
+        mounts = parse_cgroup_mounts(_read_text(_path(root, "proc/self/mountinfo")), version)
+    except OSError:
+        mounts = [("/", _DEFAULT_MOUNT[version])]
+    if not mounts:
+        what = "cgroup2" if version == 2 else "cgroup v1 with the memory controller"
+        raise ValueError(f"no {what} mounted (none in /proc/self/mountinfo)")
+    for mount_root, point in mounts:
+        # A container sees its own part of the tree: the mount's root is a prefix of the path it is in.
+        if mount_root == "/" or rel == mount_root or rel.startswith(mount_root + "/"):
+            below = rel[len(mount_root):] if mount_root != "/" else rel
+            base = _path(root, point.lstrip("/"), below.lstrip("/"))
+            if os.path.isdir(base):
+                return base
+    raise ValueError(f"cgroup {rel} not visible under {mounts[0][1]} (another cgroup namespace?)")
+
+
+def _read_count(base: str, name: str, field: str, values: dict[str, int | None], missing: dict[str, str]) -> None:
+    """values[field] from a cgroup file holding one number, or the reason in missing[field]."""
+    path = os.path.join(base, name)
+    try:
+        text = _read_text(path).strip()
+    except FileNotFoundError:
+        missing[field] = f"{name} missing: memory controller not enabled for this cgroup"
+        return
+    except OSError as e:
+        missing[field] = _why(e, name)
+        return
+    if _is_count(text):
+        values[field] = int(text)
+    else:
+        missing[field] = f"{name} holds {text[:40]!r}, not a number"
+
+
+def _read_keys(base: str, name: str, fields: dict[str, tuple[str, ...]], values: dict[str, int | None],
+               missing: dict[str, str]) -> dict[str, int]:
+    """Fill `values` from a `key N` file (memory.stat, memory.events, memory.oom_control): per field, the first
+    of its keys present; the reason in `missing` where none is. Returns the whole file."""
+    try:
+        stat = parse_vmstat(_read_text(os.path.join(base, name)))
+    except OSError as e:
+        stat = {}
+        why = _why(e, name)
+    else:
+        why = ""
+    for field, keys in fields.items():
+        key = next((k for k in keys if k in stat), None)
+        if key is not None:
+            values[field] = stat[key]
+        else:
+            missing[field] = why or f"no {keys[0]} in {name}"
+    return stat
+
+
+def _read_limit(base: str, name: str, values: dict[str, int | None], missing: dict[str, str]) -> None:
+    """values["max_bytes"] from the limit file, or why not, in words that never read as "no limit"."""
+    _read_count(base, name, "max_bytes", values, missing)
+    if "max_bytes" in missing:
+        missing["max_bytes"] = f"limit not read ({missing['max_bytes']})"
+
+
+def _read_v2(base: str, rel: str) -> CgroupMemory:
+    values: dict[str, int | None] = {}
+    missing: dict[str, str] = {}
+    _read_count(base, "memory.current", "current_bytes", values, missing)
+    _read_keys(base, "memory.stat", {"file_bytes": ("file",), "file_dirty_bytes": ("file_dirty",)}, values, missing)
+    _read_keys(base, "memory.events", {"oom_kill": ("oom_kill",)}, values, missing)
+    path = os.path.join(base, "memory.max")
+    try:
+        no_limit = _read_text(path).strip() == "max"
+    except FileNotFoundError:
+        no_limit = rel == "/"  # the root cgroup has no memory.max: nothing limits it
+    except OSError:
+        no_limit = False  # _read_limit says why
+    if no_limit:
+        missing["max_bytes"] = "no limit (memory.max is max)"
+    else:
+        _read_limit(base, "memory.max", values, missing)
+    return CgroupMemory(path=rel, version=2, no_limit=no_limit, unavailable=missing, **values)  # type: ignore[arg-type]
+
+
+def _read_v1(base: str, rel: str) -> CgroupMemory:
+    values: dict[str, int | None] = {}
+    missing: dict[str, str] = {}
+    _read_count(base, "memory.usage_in_bytes", "current_bytes", values, missing)
+    # total_*: this cgroup and those below it, as usage_in_bytes counts them; plain cache / dirty without them.
+    stat = _read_keys(base, "memory.stat", {"file_bytes": ("total_cache", "cache"),
+                                           "file_dirty_bytes": ("total_dirty", "dirty")}, values, missing)
+    _read_keys(base, "memory.oom_control", {"oom_kill": ("oom_kill",)}, values, missing)  # Linux 4.13+
+    _read_limit(base, "memory.limit_in_bytes", values, missing)
+    limit = values.get("max_bytes")
+    # A limit set higher up (a Slurm job's, above its step's) binds too: the kernel keeps the lowest there.
+    if limit is not None and "hierarchical_memory_limit" in stat:
+        limit = values["max_bytes"] = min(limit, stat["hierarchical_memory_limit"])
+    no_limit = limit is not None and limit >= V1_NO_LIMIT_BYTES
+    if no_limit:
+        del values["max_bytes"]
+        missing["max_bytes"] = f"no limit (memory.limit_in_bytes is {limit})"
+    return CgroupMemory(path=rel, version=1, no_limit=no_limit, unavailable=missing, **values)  # type: ignore[arg-type]
 
 
 def read_cgroup_memory(root: str = "/", pid: int | str = "self") -> CgroupMemory | Unavailable:
-    """The cgroup v2 memory controller of `pid`: current usage, the limit, file pages and OOM kills."""
+    """The memory controller of `pid`'s cgroup, v2 or v1 (whichever hierarchy holds it): usage, the limit, file
+    pages and OOM kills. What cannot be read says so, naming the version; a limit not read is never "no limit"."""
     proc = _path(root, "proc", str(pid), "cgroup")
     try:
-        rel = parse_proc_cgroup(_read_text(proc))
+        found = parse_proc_cgroup(_read_text(proc))
     except FileNotFoundError:
         return Unavailable(f"no process {pid}" if pid != "self" else f"{proc} not found")
     except OSError as e:
         return Unavailable(_why(e, proc))
-    if rel is None:
-        return Unavailable("cgroup v1 only: memory.current needs cgroup v2 (unified hierarchy)")
-    if rel == "/":
+    if found is None:
+        return Unavailable(f"no memory cgroup: {proc} names neither a v1 memory hierarchy nor cgroup v2")
+    version, rel = found
+    try:
+        base = _cgroup_dir(root, version, rel)
+    except ValueError as e:
+        return Unavailable(f"cgroup v{version}: limit not read ({e})")
+    cg = _read_v1(base, rel) if version == 1 else _read_v2(base, rel)
+    if rel == "/" and cg.no_limit:
         who = "dltop runs" if pid == "self" else f"process {pid} runs"
-        return Unavailable(f"{who} in the root cgroup: no cgroup memory limit applies (--pid PID watches a job)")
-    base = _path(root, "sys/fs/cgroup", rel.lstrip("/"))
-    if not os.path.isdir(base):
-        return Unavailable(f"cgroup {rel} not visible at {base} (another cgroup namespace?)")
-    values: dict[str, int | None] = {}
-    missing: dict[str, str] = {}
-    for name, fname in (("current_bytes", "memory.current"), ("max_bytes", "memory.max")):
-        try:
-            v = _read_int_file(os.path.join(base, fname))
-        except OSError as e:
-            missing[name] = (
-                f"{fname} missing: memory controller not enabled for {rel}"
-                if isinstance(e, FileNotFoundError)
-                else _why(e, fname)
-            )
-            continue
-        if isinstance(v, int):
-            values[name] = v
-        else:
-            missing[name] = v  # "max": no limit
-    for name, fname, keys in (
-        ("file_bytes", "memory.stat", ("file",)),
-        ("file_dirty_bytes", "memory.stat", ("file_dirty",)),
-        ("oom_kill", "memory.events", ("oom_kill",)),
-    ):
-        try:
-            stat = parse_vmstat(_read_text(os.path.join(base, fname)))
-        except OSError as e:
-            missing[name] = _why(e, fname)
-            continue
-        if keys[0] in stat:
-            values[name] = stat[keys[0]]
-        else:
-            missing[name] = f"no {keys[0]} in {fname}"
-    return CgroupMemory(path=rel, unavailable=missing, **values)  # type: ignore[arg-type]
+        return Unavailable(f"cgroup v{version}: {who} in the root cgroup: no cgroup memory limit applies "
+                           "(--pid PID watches a job)")
+    return cg
 
 
 def read_memory(root: str = "/", pid: int | None = None) -> MemoryPart:
@@ -288,13 +412,17 @@ def read_memory(root: str = "/", pid: int | None = None) -> MemoryPart:
             values[name] = raw[key]
         else:
             missing[name] = reason or f"no {key} in {path}"
+    disk_problems: list[str] = []
+    disks = read_disks(root, disk_problems)
+    if disk_problems:
+        missing["disks"] = disk_problems[0]
     part = MemoryPart(unavailable=missing, **values)  # type: ignore[arg-type]
     return replace(
         part,
         vmstat=read_vmstat(root),
         pressure_memory=read_pressure(root, "memory"),
         pressure_io=read_pressure(root, "io"),
-        disks=read_disks(root),
+        disks=disks,
         cgroup=read_cgroup_memory(root, pid if pid is not None else "self"),
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dltop.fmt import display_path, human_bytes, human_duration, human_rate
-from dltop.model.datasets import DatasetsPart, ResidencyNode
+from dltop.model.datasets import DatasetsPart, DatasetUnavailable, ResidencyNode
 
 
 def pct_text(node: ResidencyNode) -> str:
@@ -30,6 +30,11 @@ def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | N
     )
 
 
+def unavailable_row_values(label: str, age_s: float | None) -> tuple[str, ...]:
+    """The table cells of a dataset that could not be scanned: n/a, never zeros (the reason goes to the notes)."""
+    return (label, "n/a", "n/a", "n/a", "n/a", "n/a", human_duration(age_s) if age_s is not None else "")
+
+
 def format_residency(part: DatasetsPart) -> str:
     """The human table of `dltop residency`: one row per dataset and folder, indented by depth."""
     ps = part.page_size
@@ -48,6 +53,9 @@ def format_residency(part: DatasetsPart) -> str:
             add(child, depth + 1)
 
     for ds in part.paths:
+        if isinstance(ds, DatasetUnavailable):  # no row of zeros: it has no numbers
+            notes.append(f"unavailable: {ds.unavailable}")
+            continue
         add(ds, 0)
         extra = []
         if ds.skipped:

@@ -20,8 +20,8 @@ from textual.widgets import DataTable, Input, Static
 
 from dltop.fmt import human_bytes
 from dltop.model.actions import ActionEvent
-from dltop.model.datasets import DatasetResidency, DatasetsPart, ResidencyNode
-from dltop.text.datasets import pct_text, progress_line, row_values
+from dltop.model.datasets import DatasetResidency, DatasetsPart, DatasetUnavailable, ResidencyNode
+from dltop.text.datasets import pct_text, progress_line, row_values, unavailable_row_values
 from dltop.tui.messages import (
     CancelRequested,
     DatasetAddRequested,
@@ -86,7 +86,7 @@ class DatasetPane(Pane):
 
     # -- data -------------------------------------------------------------------------------------------------
 
-    def datasets(self) -> list[DatasetResidency]:
+    def datasets(self) -> list[DatasetResidency | DatasetUnavailable]:
         """The datasets to show: the Snapshot's, less any no longer watched (its rescan may not be in yet)."""
         part = self.view.snapshot.datasets if self.view is not None else None
         if not isinstance(part, DatasetsPart):
@@ -106,7 +106,7 @@ class DatasetPane(Pane):
         if not self._stack:
             return None, None
         for ds in self.datasets():
-            if self._stack[0] == ds.path:
+            if self._stack[0] == ds.path and isinstance(ds, DatasetResidency):
                 node: ResidencyNode = ds
                 for path in self._stack[1:]:
                     nxt = next((c for c in node.children if c.path == path), None)
@@ -132,18 +132,21 @@ class DatasetPane(Pane):
             for ds in datasets:
                 age = now - ds.scanned_at if ds.scanned_at else None
                 label = ds.path + (" 🔒" if ds.path in held else "")
-                if ds.error:
-                    # The reason goes to the notes line, where it has room; the row only says it failed.
-                    wanted[ds.path] = (label, "-", "-", "-", "-", "-", "error")
+                if isinstance(ds, DatasetUnavailable):
+                    # The reason goes to the notes line, where it has room; the row says n/a, never zeros.
+                    wanted[ds.path] = unavailable_row_values(label, age)
                 else:
                     wanted[ds.path] = row_values(ds, ds.page_size, label, age)
             for path in self._pending():
                 wanted[path] = (path, "-", "-", "-", "-", "-", "scanning")
+            scanned = [d for d in datasets if isinstance(d, DatasetResidency)]
             title = Text.assemble(("Datasets", "bold"), f"  {len(datasets)} watched")
+            if len(scanned) < len(datasets):
+                title.append(f", {len(datasets) - len(scanned)} unavailable", "red")
             # Pages against pages, as fincore counts them: a 17-byte file is one 4 KiB page, not "17 B".
-            total = sum(d.pages * d.page_size for d in datasets)
-            res = sum(d.resident_pages * d.page_size for d in datasets)
-            if datasets:
+            total = sum(d.pages * d.page_size for d in scanned)
+            res = sum(d.resident_pages * d.page_size for d in scanned)
+            if scanned:
                 title.append(f"  {human_bytes(res)} of {human_bytes(total)} resident")
             else:
                 title.append("  none yet: press a to add a folder, or start dltop with PATH arguments", "dim")
@@ -165,10 +168,11 @@ class DatasetPane(Pane):
         for key, values in wanted.items():
             set_row(table, key, COLUMNS, values)
         self._rows = list(wanted)
-        notes = self._notes(owner or (datasets[0] if len(datasets) == 1 else None))
+        only = datasets[0] if len(datasets) == 1 else None
+        notes = self._notes(owner or (only if isinstance(only, DatasetResidency) else None))
         for ds in datasets:
-            if ds.error and ds is not owner:
-                notes.append(f"\n{ds.path}: {ds.error}", "red")
+            if isinstance(ds, DatasetUnavailable):
+                notes.append(f"\nunavailable: {ds.unavailable}", "red")
         set_content(self.query_one("#ds-notes", Static), notes)
         set_content(self.query_one("#ds-progress", Static), self._progress(view.action))
         # The footer's keys follow the runner and where the user is: refresh them when either changes.
@@ -200,7 +204,7 @@ class DatasetPane(Pane):
             t.append(f"? {human_bytes(ds.unknown_pages * ds.page_size)} unknown: {ds.unknown_reason}\n", "yellow")
         bits = [f"{ds.method} on {ds.fs_type or '?'}", f"scanned in {ds.scan_duration_s:.2f}s"]
         if not ds.complete:
-            why = ds.error or (ds.problems[0] if ds.problems else "cut short by its time budget or a cancel")
+            why = ds.problems[0] if ds.problems else "cut short by its time budget or a cancel"
             bits.append(f"scan incomplete: {why}")
         if ds.skipped:
             bits.append("skipped " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in ds.skipped.items()))
@@ -216,6 +220,8 @@ class DatasetPane(Pane):
 
     def _node(self, path: str) -> tuple[ResidencyNode | None, DatasetResidency | None]:
         for ds in self.datasets():
+            if not isinstance(ds, DatasetResidency):
+                continue
             if path == ds.path:
                 return ds, ds
             if path.startswith(ds.path.rstrip("/") + "/"):
@@ -300,7 +306,8 @@ class DatasetPane(Pane):
     def _target(self) -> str | None:
         path = self._selected()
         if path is None or self._node(path)[0] is None:
-            self.notify("no dataset selected", severity="warning")
+            gone = next((d for d in self.datasets() if d.path == path and isinstance(d, DatasetUnavailable)), None)
+            self.notify(f"unavailable: {gone.unavailable}" if gone else "no dataset selected", severity="warning")
             return None
         return path
 

@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from dltop.derive import DiskRates, VmRates, memory_rates, vm_rates
 from dltop.fmt import human_bytes, human_count_rate, human_rate, percent, sparkline_rows
-from dltop.model import MemoryPart, Pressure, Snapshot, Unavailable, VmStat
+from dltop.model import DiskStat, MemoryPart, Pressure, Snapshot, Unavailable, VmStat
 from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.view import View
 
@@ -104,19 +104,26 @@ def activity_text(m: MemoryPart, vm: VmRates | None, width: int = 200) -> Text:
 
 
 def cgroup_text(m: MemoryPart, width: int = 200) -> Text:
-    """The watched process's memory cgroup: usage against memory.max."""
+    """The watched process's memory cgroup (v1 or v2): usage against its limit."""
     cg = m.cgroup
     if cg is None:
         return _pair("cgroup", "not watched", "dim")
     if isinstance(cg, Unavailable):
-        return Text.assemble(("cgroup ", "bold"), (cg.reason, "dim"))
-    pairs = [_pair("cgroup", cg.path)]
+        return Text(cg.reason, "dim")  # the reason names the version: "cgroup v1: limit not read (...)"
+    pairs = [_pair(f"cgroup v{cg.version}", cg.path)]
+    used = human_bytes(cg.current_bytes)
+    if cg.current_bytes is None:
+        used += f" ({cg.unavailable.get('current_bytes', 'not read')})"
     if cg.max_bytes is not None and cg.current_bytes is not None:
         share = cg.current_bytes / cg.max_bytes if cg.max_bytes else 0
-        pairs.append(_pair("used", f"{human_bytes(cg.current_bytes)} of {human_bytes(cg.max_bytes)} "
-                                   f"({100 * share:.0f}%)", "bold red" if share >= 0.9 else ""))
-    else:
-        pairs.append(_pair("used", f"{human_bytes(cg.current_bytes)}, no limit"))
+        pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)} ({100 * share:.0f}%)",
+                           "bold red" if share >= 0.9 else ""))
+    elif cg.max_bytes is not None:
+        pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)}"))
+    elif cg.no_limit:
+        pairs.append(_pair("used", f"{used}, no limit"))
+    else:  # never "no limit" for a limit that could not be read
+        pairs.append(_pair("used", f"{used}, {cg.unavailable.get('max_bytes', 'limit not read')}", "yellow"))
     pairs.append(_pair("file", human_bytes(cg.file_bytes)))
     pairs.append(_pair("dirty", human_bytes(cg.file_dirty_bytes)))
     if cg.oom_kill is not None:
@@ -127,8 +134,7 @@ def cgroup_text(m: MemoryPart, width: int = 200) -> Text:
 def unavailable_notes(m: MemoryPart) -> list[str]:
     """Why each missing value is missing, for the notes line."""
     notes = [f"{k}: {v}" for k, v in m.unavailable.items()]
-    for name, part in (("mem PSI", m.pressure_memory), ("io PSI", m.pressure_io), ("vmstat", m.vmstat),
-                       ("disks", m.disks)):
+    for name, part in (("mem PSI", m.pressure_memory), ("io PSI", m.pressure_io), ("vmstat", m.vmstat)):
         if isinstance(part, Unavailable):
             notes.append(f"{name}: {part.reason}")
     if isinstance(m.vmstat, VmStat):
@@ -175,8 +181,9 @@ def sparkline_block(charts: list[tuple[str, str, list[float], str]], width: int,
     return Content("\n").join(lines)
 
 
-def disk_table(disks: list[DiskRates]) -> Content:
-    """iostat -x style: a bold header line, then one line per device, columns right-aligned but the name."""
+def disk_table(disks: list[DiskRates], read: tuple[DiskStat, ...] | Unavailable) -> Content:
+    """iostat -x style: a bold header line, then one line per device, columns right-aligned but the name. `read`
+    is this reading's disks: "no disk I/O yet" only when they were read fine and none has had any."""
     rows = [tuple(label for _, label in DISK_COLUMNS)] + [_disk_row(d) for d in disks]
     widths = [max(len(r[i]) for r in rows) for i in range(len(DISK_COLUMNS))]
 
@@ -184,8 +191,11 @@ def disk_table(disks: list[DiskRates]) -> Content:
         return "  ".join(r[0].ljust(widths[0]) if i == 0 else r[i].rjust(widths[i]) for i in range(len(r)))
 
     header = Content.assemble((line(rows[0]), "bold reverse"))
+    if isinstance(read, Unavailable):
+        return Content("\n").join([header, Content.assemble((f"disks n/a: {read.reason}", "$warning"))])
     if not disks:
-        return Content("\n").join([header, Content.assemble(("(no disk I/O yet: rates need two readings)", "dim"))])
+        why = "rates need two readings" if read else "no device has had any since boot"
+        return Content("\n").join([header, Content.assemble((f"(no disk I/O yet: {why})", "dim"))])
     return Content("\n").join([header, *(Content(line(r)) for r in rows[1:])])
 
 
@@ -249,10 +259,7 @@ class PageCachePane(Pane):
         notes_widget = self.query_one("#pc-notes", Static)
         set_content(notes_widget, Text("; ".join(notes), "dim"))
         notes_widget.display = bool(notes)
-        self._update_disks(disks)
-
-    def _update_disks(self, disks: list[DiskRates]) -> None:
-        set_content(self.query_one("#pc-disks", Static), disk_table(disks))
+        set_content(self.query_one("#pc-disks", Static), disk_table(disks, m.disks))
 
     def _refaults(self, history: list[Snapshot]) -> list[float]:
         # Rates of neighbouring pairs never change once computed: keep them, keyed by the pair's timestamps.
