@@ -117,3 +117,14 @@ def display_path(path: str) -> str:
         return path
     except UnicodeEncodeError:
         return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def shorten_middle(text: str, width: int) -> str:
+    """'/data/some/long/path/train' -> '/data/so…h/train' in `width` characters: both ends of a path say most."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    tail = (width - 1) * 3 // 5  # the end (the folder's own name) matters more than the start
+    head = width - 1 - tail
+    return text[:head] + "…" + text[len(text) - tail:]

@@ -396,3 +396,26 @@ async def test_a_folder_deleted_while_drilled_into_does_not_strand_backspace(ddi
         await pilot.press("backspace")  # one Backspace: back to the list, not a no-op on a ghost folder
         await pilot.pause()
         assert _rows(app) == [str(ddir)]
+
+
+async def test_a_long_path_gives_way_so_every_column_fits_80_columns(ddir: Path) -> None:
+    deep = ddir / "some" / "rather" / "long" / "path" / "to" / "a" / "dataset" / "folder" / "imagenet-subset"
+    make_file(deep / "x.bin", 8 * PS)
+    app = DltopApp(ListFeed([snap_of(deep)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open_tab(app, pilot)
+        await pilot.pause(0.2)
+        app._apply(snap_of(deep, ts=101.0))  # the next tick, with the table laid out
+        await pilot.pause()
+        table = app.query_one("#ds-table", DataTable)
+        label = _cell(app, 0, 0)
+        assert "…" in label and label.endswith("imagenet-subset")
+        assert table.virtual_size.width <= table.size.width  # Age, the last column, is on screen
+        await pilot.resize_terminal(140, 30)
+        app._apply(snap_of(deep, ts=102.0))
+        await pilot.pause()
+        assert _cell(app, 0, 0) == str(deep)  # room for all of it: the whole path
+        await pilot.resize_terminal(80, 24)
+        app._apply(snap_of(deep, ts=103.0))
+        await pilot.pause()
+        assert table.virtual_size.width <= table.size.width  # and the column shrinks back

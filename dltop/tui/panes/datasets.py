@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
@@ -18,7 +19,7 @@ from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Input, Static
 
-from dltop.fmt import human_bytes
+from dltop.fmt import human_bytes, shorten_middle
 from dltop.model.actions import ActionEvent
 from dltop.model.datasets import DatasetResidency, DatasetsPart, DatasetUnavailable, ResidencyNode
 from dltop.text.datasets import pct_text, progress_line, row_values, unavailable_row_values
@@ -71,6 +72,7 @@ class DatasetPane(Pane):
         self._stack: list[str] = []  # paths of the nodes drilled into; [] is the list of datasets
         self._rows: list[str] = []
         self._bindings_shown: tuple[bool, ...] = ()
+        self._path_width = 0  # the widest path label shown, for shrinking the column when it narrows
 
     def compose(self) -> ComposeResult:
         yield Static(id="ds-summary")
@@ -163,6 +165,7 @@ class DatasetPane(Pane):
             if not node.children:
                 title.append("  (no folders below: files are counted in this total)", "dim")
         set_content(self.query_one("#ds-summary", Static), title)
+        self._fit_paths(table, wanted)
         for stale in [k for k in table.rows if k.value not in wanted]:
             table.remove_row(stale)
         for key, values in wanted.items():
@@ -180,6 +183,29 @@ class DatasetPane(Pane):
         if shown != self._bindings_shown:
             self._bindings_shown = shown
             self.refresh_bindings()
+
+    def _fit_paths(self, table: DataTable, wanted: dict[str, tuple[str, ...]]) -> None:
+        """The Path column gives way: long paths are shortened in the middle so every number column stays on
+        screen (a 70-character path pushed Size, Resident and % off an 80-column terminal)."""
+        if not table.size.width:
+            return  # not laid out yet; the next tick fits it
+        others = sum(2 + max(cell_len(h), *(cell_len(v[i]) for v in wanted.values())) if wanted else 2 + len(h)
+                     for i, h in enumerate(HEADERS) if i)
+        room = max(12, table.size.width - others - 3)  # the path cell's padding and a scrollbar
+        for key, values in wanted.items():
+            label = values[0]
+            if cell_len(label) > room:
+                lock = " 🔒" if label.endswith(" 🔒") else ""
+                wanted[key] = (shorten_middle(label.removesuffix(lock), room - cell_len(lock)) + lock, *values[1:])
+        widest = max((cell_len(v[0]) for v in wanted.values()), default=0)
+        if widest < self._path_width and table.columns:
+            # DataTable columns only grow: rebuild them so a narrower terminal gets its columns back.
+            row = table.cursor_row
+            table.clear(columns=True)
+            for key, label in zip(COLUMNS, HEADERS, strict=True):
+                table.add_column(label, key=key)
+            self.call_after_refresh(table.move_cursor, row=row)
+        self._path_width = widest
 
     def _progress(self, ev: ActionEvent | None) -> Text:
         """The line under the table: the action in flight, or how the last one ended."""
