@@ -310,7 +310,8 @@ async def test_unknown_pages_are_marked_and_explained(ddir: Path) -> None:
     ds = part.paths[0]
     from dltop.model.datasets import NO_PERMISSION
 
-    hidden = dataclasses.replace(ds, unknown_pages=64, resident_pages=0, unknown_reason=NO_PERMISSION)
+    hidden = dataclasses.replace(ds, unknown_pages=64, resident_pages=0, data_unknown_pages=64, data_resident_pages=0,
+                                 unknown_reason=NO_PERMISSION)
     app = DltopApp(ListFeed([Snapshot(ts=1.0, host="t", datasets=DatasetsPart((hidden,)))]))
     async with app.run_test(size=(100, 30)) as pilot:
         await _open_tab(app, pilot)

@@ -22,7 +22,7 @@ from typing import Any
 
 from dltop import kernel
 from dltop.errors import DltopError
-from dltop.model.datasets import NO_PERMISSION, DatasetUnavailable
+from dltop.model.datasets import NO_PERMISSION, DatasetUnavailable, counted_once
 from dltop.model.memory import safety_margin_bytes  # noqa: F401 - part of this module's API
 from dltop.sources.datasets import (
     DEFAULT_WALK,
@@ -336,7 +336,7 @@ def plan(
             raise DltopError(missing.unavailable)
     ps = part.page_size
     r = ActionResult(action=action, paths=[os.fsdecode(p) for p in paths], dry_run=True)
-    for ds in part.scanned:
+    for ds in counted_once(part.scanned):  # a dataset inside another one given is counted there
         r.files += ds.files
         r.pages += ds.pages
         r.resident_pages_before += ds.resident_pages

@@ -1,6 +1,7 @@
 """Hints about datasets in the page cache: cold at the first epoch, larger than memory, churning.
 
-Pure functions of recent Snapshots, registered with `dltop.hints.rule`.
+Pure functions of recent Snapshots, registered with `dltop.hints.rule`. Sizes are the data of a dataset, in
+whole pages, holes of sparse files left out: what a read brings into memory.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _latest(history: Sequence[Snapshot]) -> tuple[DatasetsPart | None, MemoryPar
 
 
 def _usable(ds: DatasetResidency) -> bool:
-    return ds.pages > ds.unknown_pages
+    return ds.known_data_pages > 0
 
 
 def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
@@ -46,7 +47,7 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
     if coldest is None:
         return None
     ps = coldest.page_size
-    need = (coldest.known_pages - coldest.resident_pages) * ps
+    need = (coldest.known_data_pages - coldest.data_resident_pages) * ps
     if need < COLD_MIN_BYTES:
         return None
     if mem is not None and mem.available_bytes is not None:
@@ -58,8 +59,8 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
         id="dataset-cold",
         severity="warn",
         text=(
-            f"dataset {coldest.path} is {pct:.0f}% resident ({human_bytes(coldest.resident_pages * ps)} of "
-            f"{human_bytes(coldest.known_pages * ps)}): the first epoch reads the rest from disk and runs slow"
+            f"dataset {coldest.path} is {pct:.0f}% resident ({human_bytes(coldest.data_resident_pages * ps)} of "
+            f"{human_bytes(coldest.known_data_pages * ps)}): the first epoch reads the rest from disk and runs slow"
         ),
         fix=f"warm it: w on the Datasets tab, or dltop warm PATH ({human_bytes(need)} to read; it fits)",
         numbers={"resident_fraction": coldest.resident_fraction or 0.0, "to_read_bytes": need},
@@ -74,8 +75,8 @@ def dataset_larger_than_memory(part: DatasetsPart, mem: MemoryPart | None) -> Hi
         if not _usable(ds):
             continue
         ps = ds.page_size
-        cacheable = mem.available_bytes - safety_margin_bytes(mem.total_bytes) + ds.resident_pages * ps
-        size = ds.known_pages * ps
+        cacheable = mem.available_bytes - safety_margin_bytes(mem.total_bytes) + ds.data_resident_pages * ps
+        size = ds.known_data_pages * ps
         if size > cacheable:
             return Hint(
                 id="dataset-larger-than-memory",
@@ -105,7 +106,7 @@ def dataset_churn(history: Sequence[Snapshot]) -> Hint | None:
         if ds.scanned_at <= old.scanned_at:
             continue
         grew = ds.recently_evicted_pages - old.recently_evicted_pages
-        if grew > 0 and grew >= CHURN_FRACTION * ds.pages:
+        if grew > 0 and grew >= CHURN_FRACTION * ds.data_pages:
             rate = grew * ds.page_size / (ds.scanned_at - old.scanned_at)
             return Hint(
                 id="dataset-churn",

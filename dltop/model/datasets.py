@@ -1,12 +1,15 @@
 """The dataset-residency part of a Snapshot: per dataset and per folder, how much sits in the page cache.
 
-Pages are counted as fincore counts them: ceil(size / page size) per file. Pages whose state the kernel
-hides from this user (files it may not write) are `unknown_pages`, never resident. Paths of non-UTF-8
-names are kept with surrogate escapes (`os.fsdecode`), so `os.fsencode(path)` gives the bytes back.
+Pages are counted as fincore counts them: ceil(size / page size) per file. The headline is the data: the
+`data_*` counts leave out the holes of sparse files (never read, so never "missing" from the cache), while
+`pages` and `resident_pages` are fincore's own numbers, holes included. Pages whose state the kernel hides
+from this user (files it may not write) are unknown, never resident. Paths of non-UTF-8 names are kept with
+surrogate escapes (`os.fsdecode`), so `os.fsencode(path)` gives the bytes back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # Why pages are unknown, with the fix; shown next to every number that has unknown pages.
@@ -30,17 +33,30 @@ class ResidencyNode:
     writeback_pages: int = 0
     recently_evicted_pages: int = 0  # cachestat: evicted recently enough that a re-read is a refault
     children: tuple[ResidencyNode, ...] = ()
+    # The same counts over the pages that hold data: holes of sparse files left out. Resident zero pages of a
+    # hole (a read of a hole caches them) are in resident_pages, as fincore counts them, but not in
+    # data_resident_pages. -1: not given (a recording from before holes were counted, a hand-built node),
+    # which makes them the whole pages: a file without holes.
+    data_pages: int = -1
+    data_resident_pages: int = -1
+    data_unknown_pages: int = -1  # data pages of files whose residency the kernel hides
+
+    def __post_init__(self) -> None:
+        for name, whole in (("data_pages", self.pages), ("data_resident_pages", self.resident_pages),
+                            ("data_unknown_pages", self.unknown_pages)):
+            if getattr(self, name) < 0:
+                object.__setattr__(self, name, whole)
 
     @property
-    def known_pages(self) -> int:
-        """Pages whose residency the kernel showed us."""
-        return self.pages - self.unknown_pages
+    def known_data_pages(self) -> int:
+        """Pages of data whose residency the kernel showed us."""
+        return self.data_pages - self.data_unknown_pages
 
     @property
     def resident_fraction(self) -> float | None:
-        """Resident share of the pages we can see, or None when none are visible."""
-        known = self.known_pages
-        return self.resident_pages / known if known > 0 else None
+        """Resident share of the data we can see (holes left out), or None when there is none to see."""
+        known = self.known_data_pages
+        return self.data_resident_pages / known if known > 0 else None
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,10 @@ class DatasetResidency(ResidencyNode):
     skipped: dict[str, int] = field(default_factory=dict)  # why entries were not counted: special, symlink, ...
     problems: tuple[str, ...] = ()  # the first few problems, one line each ("permission denied: /x/y")
     unknown_reason: str | None = None
+    # Another dataset of the same scan whose walk reached this one's files (it lies inside it, or is it, given
+    # again): totals count those files there only. The dataset keeps its own numbers and its own row.
+    counted_in: str | None = None
+    same_tree: bool = False  # counted_in is this very folder or file, given again (an alias, a trailing slash)
 
 
 @dataclass(frozen=True)
@@ -82,3 +102,30 @@ class DatasetsPart:
     def scanned(self) -> tuple[DatasetResidency, ...]:
         """The datasets that could be scanned: the ones with numbers."""
         return tuple(d for d in self.paths if isinstance(d, DatasetResidency))
+
+
+def counted_once(datasets: Iterable[DatasetResidency]) -> list[DatasetResidency]:
+    """The datasets a total adds up: those not counted in another one of the list (nested or given twice)."""
+    listed = list(datasets)
+    return [ds for ds, inside in zip(listed, _inside_another(listed), strict=True) if not inside]
+
+
+def counted_elsewhere(datasets: Iterable[DatasetResidency]) -> list[DatasetResidency]:
+    """The datasets a total leaves out: their files are counted in another one of the list."""
+    listed = list(datasets)
+    return [ds for ds, inside in zip(listed, _inside_another(listed), strict=True) if inside]
+
+
+def _inside_another(listed: list[DatasetResidency]) -> list[bool]:
+    # Another entry, not this one: a list that holds one dataset under its own name once counts it.
+    return [ds.counted_in is not None and any(o.path == ds.counted_in for j, o in enumerate(listed) if j != i)
+            for i, ds in enumerate(listed)]
+
+
+def total_of(datasets: Iterable[DatasetResidency], path: str = "total") -> ResidencyNode:
+    """One node adding up the datasets, each file once: a dataset nested in (or the same as) another is left out."""
+    ds = counted_once(datasets)
+    return ResidencyNode(path=path, **{f: sum(getattr(d, f) for d in ds) for f in _SUMMED})
+
+
+_SUMMED = tuple(f for f in ResidencyNode.__dataclass_fields__ if f not in ("path", "children"))

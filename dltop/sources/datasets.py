@@ -7,6 +7,7 @@ not count is counted and reported, never fatal.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fnmatch
 import os
@@ -85,14 +86,17 @@ def path_error(error: str, path: str) -> str:
 class _Acc:
     """A folder's running totals while scanning (files directly in it and in folders folded into it)."""
 
-    __slots__ = ("path", "files", "size", "pages", "res", "dirty", "unknown", "wb", "rev", "children")
+    __slots__ = ("path", "files", "size", "pages", "res", "dirty", "unknown", "wb", "rev", "data", "dres", "dunknown",
+                 "children")
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.files = self.size = self.pages = self.res = self.dirty = self.unknown = self.wb = self.rev = 0
+        self.data = self.dres = self.dunknown = 0
         self.children: list[_Acc] = []
 
-    def add(self, files: int, size: int, pages: int, res: int, dirty: int, wb: int, rev: int) -> None:
+    def add(self, files: int, size: int, pages: int, res: int, dirty: int, wb: int, rev: int, data: int,
+            dres: int) -> None:
         """Fold in the running totals a scan kept in locals for this folder."""
         self.files += files
         self.size += size
@@ -101,6 +105,8 @@ class _Acc:
         self.dirty += dirty
         self.wb += wb
         self.rev += rev
+        self.data += data
+        self.dres += dres
 
     def freeze(self) -> ResidencyNode:
         kids = tuple(c.freeze() for c in self.children)
@@ -114,6 +120,9 @@ class _Acc:
             unknown_pages=self.unknown + sum(k.unknown_pages for k in kids),
             writeback_pages=self.wb + sum(k.writeback_pages for k in kids),
             recently_evicted_pages=self.rev + sum(k.recently_evicted_pages for k in kids),
+            data_pages=self.data + sum(k.data_pages for k in kids),
+            data_resident_pages=self.dres + sum(k.data_resident_pages for k in kids),
+            data_unknown_pages=self.dunknown + sum(k.data_unknown_pages for k in kids),
             children=tuple(sorted(kids, key=lambda k: k.path)),
         )
 
@@ -166,6 +175,7 @@ def walk(
     budget: _Budget | None = None,
     by_inode: bool = False,
     shard: tuple[int, int, int] | None = None,
+    seen_dirs: set[tuple[int, int]] | None = None,
 ) -> Iterator[tuple[_Dir, int | None, str, bool]]:
     """Yield (folder, folder fd, name, follow) for each entry that should be a regular file.
 
@@ -176,6 +186,7 @@ def walk(
     With `shard=(k, n, bits)` (implies `by_inode`), only files with `(inode >> bits) % n == k`: n processes
     walking the same tree share its files out between them in runs of 2**bits consecutive inodes (neighbours
     on disk stay together, so their reads still merge), and the hard links of a file all go to one of them.
+    `seen_dirs`, when given, is filled with the (device, inode) of every folder the walk reaches.
     """
     if shard is not None:
         by_inode = True
@@ -191,7 +202,9 @@ def walk(
         else:
             report.skip("special", root, "not a regular file or folder")
         return
-    seen_dirs = {(st.st_dev, st.st_ino)}
+    if seen_dirs is None:
+        seen_dirs = set()
+    seen_dirs.add((st.st_dev, st.st_ino))
     root_dev = st.st_dev
     mincore_devs: dict[int, bool] = {}
     stack = [_Dir(root, 0, st.st_dev, root_acc)]
@@ -338,30 +351,47 @@ def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
     return extents
 
 
+def data_page_runs(fd: int, size: int, page_size: int = kernel.PAGE_SIZE) -> list[tuple[int, int]]:
+    """The [first, last) page numbers of an open file that hold data: its data extents in whole pages, merged."""
+    runs: list[tuple[int, int]] = []
+    for start, end in data_extents(fd, size):
+        first, last = start // page_size, (end + page_size - 1) // page_size
+        if runs and first <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(last, runs[-1][1]))
+        elif last > first:
+            runs.append((first, last))
+    return runs
+
+
 def data_pages(fd: int, st: os.stat_result, page_size: int = kernel.PAGE_SIZE) -> int:
     """Pages of an open file that hold data: what reading it (holes skipped) brings into memory.
 
     A file with at least as many allocated blocks as bytes has no holes: all its pages, without a system call.
     Fewer blocks (a sparse file, or compression on ZFS) and SEEK_DATA/SEEK_HOLE say where the data is.
     """
-    size = st.st_size
-    pages = (size + page_size - 1) // page_size
-    if st.st_blocks * 512 >= size:
-        return pages
-    n = last = 0
-    for start, end in data_extents(fd, size):
-        first = max(start // page_size, last)
-        last = (end + page_size - 1) // page_size
-        n += max(0, last - first)
-    return min(n, pages)
+    if st.st_blocks * 512 >= st.st_size:
+        return (st.st_size + page_size - 1) // page_size
+    return sum(last - first for first, last in data_page_runs(fd, st.st_size, page_size))
+
+
+def _resident_in_runs(runs: list[tuple[int, int]], resident: int, pages: int, fd: int, vec: bytes | None = None) -> int:
+    """Resident pages among a sparse file's runs of data: counted in `vec` (mincore's), else by cachestat per run."""
+    if resident <= 0:
+        return 0
+    if resident >= pages:
+        return sum(last - first for first, last in runs)
+    if vec is not None:
+        return sum(vec.count(1, first, last) for first, last in runs)
+    ps = kernel.PAGE_SIZE
+    return sum(kernel.cachestat(fd, first * ps, (last - first) * ps).cache for first, last in runs)
 
 
 @dataclass
 class WarmNeed:
     """Filled in by a scan given one: what warming the scanned files would bring into memory, in pages.
 
-    Per file: its pages of data (holes are never read) less its resident pages; a file whose residency the
-    kernel hides counts all its data pages, since the guard must not take unknown pages as resident.
+    Per file: its pages of data (holes are never read) less its resident pages of data; a file whose residency
+    the kernel hides counts all its data pages, since the guard must not take unknown pages as resident.
     """
 
     pages: int = 0
@@ -375,13 +405,17 @@ def scan_residency(
     deadline_s: float | None = None,
     cpu_fraction: float | None = None,
     warm_need: WarmNeed | None = None,
+    seen_dirs: set[tuple[int, int]] | None = None,
 ) -> DatasetResidency:
-    """Scan one file or tree once: per-folder page-cache residency, as fincore would count it.
+    """Scan one file or tree once: per-folder page-cache residency, as fincore would count it, and of the data.
 
     `deadline_s` (seconds from now), `cancel` and `cpu_fraction` bound the scan; a scan cut short says so
     (`complete=False`) and its totals cover the part reached. Raises OSError when the root itself is missing
     or cannot be read (what cannot be read below it is counted and reported instead). With `warm_need`, also
-    adds up what a warm would read (see `WarmNeed`).
+    adds up what a warm would read (see `WarmNeed`); `seen_dirs` is filled as `walk` fills it.
+    Only a file with fewer allocated blocks than bytes can have holes: only those are asked where their data
+    lies (SEEK_DATA) and, when some of their pages are resident, which of those are data (one cachestat per
+    run of data, or the mincore vector already taken).
     """
     t0 = time.monotonic()
     root = os.fsdecode(path)
@@ -402,20 +436,21 @@ def scan_residency(
     # The folder being counted and its running totals, kept in locals and added to its _Acc when the walk
     # moves on: attribute updates per file cost more than the syscalls they count.
     a: _Acc | None = None
-    files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = 0
-    for d, dfd, name, follow in walk(root, options, report, acc, budget):
+    files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = data_sum = dres_sum = 0
+    for d, dfd, name, follow in walk(root, options, report, acc, budget, seen_dirs=seen_dirs):
         if d.acc is not a:
             if a is not None:
-                a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum)
+                a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum, data_sum, dres_sum)
             a = d.acc
-            files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = 0
+            files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = data_sum = dres_sum = 0
         try:
             fd = os_open(name, _O_FILE_FOLLOW if follow else _O_FILE, dir_fd=dfd)
         except OSError as e:
             if dfd is None:
                 raise  # the root is this file, and it cannot be read
             if e.errno in (errno.EACCES, errno.EPERM):
-                # Cannot open it, but its size is public: its pages are unknown, not absent.
+                # Cannot open it, but its size is public: its pages are unknown, not absent (and so is where its
+                # data lies: all its pages count as data).
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
                 except OSError:
@@ -431,13 +466,15 @@ def scan_residency(
                 files += 1
                 size_sum += st.st_size
                 pages_sum += pages
+                data_sum += pages
                 a.unknown += pages
+                a.dunknown += pages
                 report.unknown = True
                 report.skip("unreadable", _join(d.path, name, dfd), "permission denied (pages unknown)")
             else:
                 _skip_error(report, e, _join(d.path, name, dfd))
             continue
-        pages = 0
+        pages = data = 0
         try:
             st = os_fstat(fd)
             if not S_ISREG(st.st_mode):  # replaced by something else since it was listed
@@ -451,9 +488,12 @@ def scan_residency(
                 seen_inodes.add(key)
             size = st.st_size
             pages = (size + ps - 1) >> shift
+            runs = data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
+            data = pages if runs is None else sum(last - first for first, last in runs)
             files += 1
             size_sum += size
             pages_sum += pages
+            data_sum += data
             if pages == 0:
                 continue
             if not d.mincore:
@@ -462,9 +502,10 @@ def scan_residency(
                 except OSError as e:
                     if e.errno == errno.EPERM:
                         a.unknown += pages
+                        a.dunknown += data
                         report.unknown = True
                         if warm_need is not None:
-                            warm_need.pages += data_pages(fd, st, ps)
+                            warm_need.pages += data
                         continue
                     if e.errno != errno.ENOSYS:
                         raise
@@ -474,32 +515,39 @@ def scan_residency(
                     res = cs.nr_cache
                     if res > pages:
                         res = pages
+                    dres = res if runs is None else _resident_in_runs(runs, res, pages, fd)
                     res_sum += res
-                    if warm_need is not None:
-                        warm_need.pages += min(pages - res, data_pages(fd, st, ps))
                     dirty_sum += cs.nr_dirty
                     wb_sum += cs.nr_writeback
                     rev_sum += cs.nr_recently_evicted
+                    dres_sum += dres
+                    if warm_need is not None:
+                        warm_need.pages += data - dres
                     continue
             if not kernel.residency_visible(st, name, dfd):
                 a.unknown += pages
+                a.dunknown += data
                 report.unknown = True
                 if warm_need is not None:
-                    warm_need.pages += data_pages(fd, st, ps)
+                    warm_need.pages += data
                 continue
             used.add("mincore")
-            res = min(kernel.mincore_resident_pages(fd, size), pages)
+            vec = kernel.mincore_vector(fd, size)
+            res = min(vec.count(1), pages)
+            dres = res if runs is None else _resident_in_runs(runs, res, pages, fd, vec)
             res_sum += res
+            dres_sum += dres
             if warm_need is not None:
-                warm_need.pages += min(pages - res, data_pages(fd, st, ps))
+                warm_need.pages += data - dres
         except OSError as e:
             # The file vanished or failed after it was counted: its pages are unknown, not absent.
             _skip_error(report, e, _join(d.path, name, dfd))
             a.unknown += pages
+            a.dunknown += data
         finally:
             os_close(fd)
     if a is not None:
-        a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum)
+        a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum, data_sum, dres_sum)
     if by_cachestat:
         used.add("cachestat")
     node = acc.freeze()
@@ -539,16 +587,80 @@ def scan_paths(
     warm_need: WarmNeed | None = None,
 ) -> DatasetsPart:
     """Scan several datasets; one that cannot be scanned is a DatasetUnavailable with the reason, and the rest
-    are scanned still."""
+    are scanned still.
+
+    A dataset whose files another one's walk reached too (a folder inside it; the same folder given again
+    through a symlink alias, a trailing slash or `..`) keeps its own numbers and row, and is marked
+    `counted_in` that one: totals (`total_of`) and `warm_need` count its files once.
+    """
     out: list[DatasetUnavailable | DatasetResidency] = []
+    reached: list[set[tuple[int, int]]] = []
+    needs: list[WarmNeed] = []
     for p in paths:
+        seen: set[tuple[int, int]] = set()
+        need = WarmNeed()
         try:
             out.append(scan_residency(p, options, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction,
-                                      warm_need=warm_need))
+                                      warm_need=need if warm_need is not None else None, seen_dirs=seen))
         except OSError as e:
             path = os.fsdecode(p)
             out.append(DatasetUnavailable(path, path_error(e.strerror or str(e), path), scanned_at=time.time()))
+        reached.append(seen)
+        needs.append(need)
+    for j, (i, same) in _overlaps(paths, out, reached, options).items():
+        inner = out[j]
+        if isinstance(inner, DatasetResidency):  # always: only a scanned one has a key to be found by
+            out[j] = dataclasses.replace(inner, counted_in=out[i].path, same_tree=same)
+    if warm_need is not None:
+        warm_need.pages += sum(n.pages for ds, n in zip(out, needs, strict=True)
+                               if isinstance(ds, DatasetResidency) and ds.counted_in is None)
     return DatasetsPart(paths=tuple(out), page_size=kernel.PAGE_SIZE)
+
+
+def _overlaps(
+    paths: tuple[str, ...] | list[str], scanned: list[DatasetUnavailable | DatasetResidency],
+    reached: list[set[tuple[int, int]]], options: WalkOptions,
+) -> dict[int, tuple[int, bool]]:
+    """{j: (i, same)}: dataset j's files were reached by dataset i's walk too (same: j is i, given again).
+
+    By device and inode, not by name, so aliases, `..` and bind mounts are seen through, and a folder the walk
+    did not enter (another filesystem, an ignored name, a symlink not followed) is not taken as inside. When
+    two reach each other (the same tree, or symlinks followed both ways), the one given first counts them.
+    """
+    keys: list[tuple[int, int] | None] = []
+    parents: list[tuple[int, int] | None] = []  # a file root: the folder it is listed in, if a walk may count it
+    ignore, include = _compile(options.ignore), _compile(options.include)
+    for p, ds in zip(paths, scanned, strict=True):
+        key = parent = None
+        if isinstance(ds, DatasetResidency):
+            try:
+                st = os.stat(p)
+                key = (st.st_dev, st.st_ino)
+                if not stat.S_ISDIR(st.st_mode):
+                    real = os.path.realpath(p)
+                    name = os.path.basename(real)
+                    if not (ignore is not None and ignore.match(name)) and (include is None or include.match(name)):
+                        pst = os.stat(os.path.dirname(real))
+                        parent = (pst.st_dev, pst.st_ino)
+            except OSError:
+                pass
+        keys.append(key)
+        parents.append(parent)
+    found: dict[int, tuple[int, bool]] = {}
+    for j, key in enumerate(keys):
+        if key is None:
+            continue
+        for i, other in enumerate(keys):
+            if i == j or other is None:
+                continue
+            same = other == key
+            if not (same or key in reached[i] or (parents[j] is not None and parents[j] in reached[i])):
+                continue
+            if i > j and (same or other in reached[j]):
+                continue  # they reach each other: the first given counts
+            found[j] = (i, same)
+            break
+    return found
 
 
 # The TUI and the recorder keep folder totals this deep; deeper folders add to their ancestor.

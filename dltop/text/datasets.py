@@ -6,23 +6,33 @@ from __future__ import annotations
 from typing import Any
 
 from dltop.fmt import display_path, human_bytes, human_duration, human_rate
-from dltop.model.datasets import DatasetsPart, DatasetUnavailable, ResidencyNode
+from dltop.model.datasets import (
+    DatasetResidency,
+    DatasetsPart,
+    DatasetUnavailable,
+    ResidencyNode,
+    counted_elsewhere,
+    total_of,
+)
+
+# One unit on every screen: whole pages of data, as fincore counts pages (a 17-byte file is one 4 KiB page), holes
+# of sparse files left out. Every column then adds up over the rows below it and compares with the others.
 
 
 def pct_text(node: ResidencyNode) -> str:
-    """Resident share of the visible pages ('-' when none are visible; '?' marks hidden pages)."""
+    """Resident share of the visible data ('-' when there is none; '?' marks hidden pages)."""
     frac = node.resident_fraction
     if frac is None:
-        return "?" if node.unknown_pages else "-"
-    return f"{100 * frac:.0f}%" + ("?" if node.unknown_pages else "")
+        return "?" if node.data_unknown_pages else "-"
+    return f"{100 * frac:.0f}%" + ("?" if node.data_unknown_pages else "")
 
 
 def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | None) -> tuple[str, ...]:
-    """The table cells of one dataset or folder."""
+    """The table cells of one dataset or folder: label, data, resident, %, dirty, files, age."""
     return (
         label,
-        human_bytes(node.size_bytes),
-        human_bytes(node.resident_pages * page_size),
+        human_bytes(node.data_pages * page_size),
+        human_bytes(node.data_resident_pages * page_size),
         pct_text(node),
         human_bytes(node.dirty_pages * page_size) if node.dirty_pages else "-",
         str(node.files),
@@ -35,28 +45,75 @@ def unavailable_row_values(label: str, age_s: float | None) -> tuple[str, ...]:
     return (label, "n/a", "n/a", "n/a", "n/a", "n/a", human_duration(age_s) if age_s is not None else "")
 
 
+def node_summary(node: ResidencyNode, page_size: int) -> str:
+    """`29.0 MiB of 5.2 GiB resident (1%), 20008 files`: one folder's line, in the unit of its rows."""
+    return (f"{human_bytes(node.data_resident_pages * page_size)} of {human_bytes(node.data_pages * page_size)} "
+            f"resident ({pct_text(node)}), {node.files} files")
+
+
+def datasets_summary(datasets: list[DatasetResidency]) -> str:
+    """`29.0 MiB of 5.2 GiB resident`: the total of the datasets' rows, each file once, with what overlaps."""
+    ps = datasets[0].page_size if datasets else 4096
+    total = total_of(datasets)
+    text = f"{human_bytes(total.data_resident_pages * ps)} of {human_bytes(total.data_pages * ps)} resident"
+    if total.data_unknown_pages:
+        text += f", {human_bytes(total.data_unknown_pages * ps)} unknown"
+    notes = overlap_notes(datasets)
+    if len(notes) == 1:
+        text += " · " + notes[0]
+    elif notes:
+        text += f" · {len(notes)} datasets lie in others: each counted once"
+    return text
+
+
+def overlap_notes(datasets: list[DatasetResidency]) -> list[str]:
+    """`/data/x/val is inside /data/x: counted once`, for each dataset a total leaves out."""
+    out = []
+    for ds in counted_elsewhere(datasets):
+        p, q = display_path(ds.path), display_path(ds.counted_in or "")
+        if not ds.same_tree:
+            out.append(f"{p} is inside {q}: counted once")
+        elif p == q:
+            out.append(f"{p} given twice: counted once")
+        else:
+            out.append(f"{p} is {q} (the same folder or file): counted once")
+    return out
+
+
+def holes_note(ds: ResidencyNode, page_size: int) -> str | None:
+    """What the data leaves out of a tree with sparse files: its holes, and zero pages of them in the cache."""
+    holes = ds.pages - ds.data_pages
+    if holes <= 0:
+        return None
+    text = f"holes of sparse files: {human_bytes(holes * page_size)}, not data (never read), not counted"
+    cached = ds.resident_pages - ds.data_resident_pages
+    if cached > 0:
+        text += f"; {human_bytes(cached * page_size)} of zero pages read from holes sit in the cache (fincore counts them)"
+    return text
+
+
 def format_residency(part: DatasetsPart) -> str:
-    """The human table of `dltop residency`: one row per dataset and folder, indented by depth."""
+    """The human table of `dltop residency`: one row per dataset and folder, indented by depth; a total row."""
     ps = part.page_size
-    rows = [("RESIDENT", "%", "DIRTY", "UNKNOWN", "SIZE", "FILES", "PATH")]
+    rows = [("RESIDENT", "%", "DIRTY", "UNKNOWN", "DATA", "FILES", "PATH")]
     notes: list[str] = []
 
-    def add(node: ResidencyNode, depth: int) -> None:
-        known = node.pages - node.unknown_pages
-        pct = f"{100 * node.resident_pages / known:.1f}" if known else "-"
+    def add(node: ResidencyNode, depth: int, label: str) -> None:
+        frac = node.resident_fraction
         rows.append((
-            human_bytes(node.resident_pages * ps), pct, human_bytes(node.dirty_pages * ps),
-            human_bytes(node.unknown_pages * ps) if node.unknown_pages else "-",
-            human_bytes(node.size_bytes), str(node.files), "  " * depth + display_path(node.path),
+            human_bytes(node.data_resident_pages * ps), f"{100 * frac:.1f}" if frac is not None else "-",
+            human_bytes(node.dirty_pages * ps),
+            human_bytes(node.data_unknown_pages * ps) if node.data_unknown_pages else "-",
+            human_bytes(node.data_pages * ps), str(node.files), "  " * depth + label,
         ))
         for child in node.children:
-            add(child, depth + 1)
+            add(child, depth + 1, display_path(child.path))
 
     for ds in part.paths:
         if isinstance(ds, DatasetUnavailable):  # no row of zeros: it has no numbers
             notes.append(f"unavailable: {ds.unavailable}")
             continue
-        add(ds, 0)
+        add(ds, 0, display_path(ds.path))
         extra = []
         if ds.skipped:
             extra.append("skipped " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in ds.skipped.items()))
@@ -64,9 +121,16 @@ def format_residency(part: DatasetsPart) -> str:
         if not ds.complete:
             extra.append("incomplete scan")
         notes.append(f"{display_path(ds.path)}: " + "; ".join(extra))
+        holes = holes_note(ds, ps)
+        if holes:
+            notes.append(f"  {holes}")
         notes.extend(f"  {p}" for p in ds.problems[:5])
         if ds.unknown_reason:
             notes.append(f"  unknown: {ds.unknown_reason}")
+    if len(part.scanned) > 1:
+        add(total_of(part.scanned), 0, "total")
+    notes.extend(overlap_notes(list(part.scanned)))
+    notes.append("sizes are data in whole pages, as fincore counts pages; holes of sparse files left out")
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r[:6], widths, strict=True)) + "  " + r[6] for r in rows]
     return "\n".join(lines + notes) + "\n"

@@ -22,7 +22,13 @@ from textual.widgets import DataTable, Input, Static
 from dltop.fmt import human_bytes, shorten_middle
 from dltop.model.actions import ActionEvent
 from dltop.model.datasets import DatasetResidency, DatasetsPart, DatasetUnavailable, ResidencyNode
-from dltop.text.datasets import pct_text, progress_line, row_values, unavailable_row_values
+from dltop.text.datasets import (
+    datasets_summary,
+    node_summary,
+    progress_line,
+    row_values,
+    unavailable_row_values,
+)
 from dltop.tui.messages import (
     CancelRequested,
     DatasetAddRequested,
@@ -35,7 +41,7 @@ from dltop.tui.panes.base import Pane, RowTable, set_content, set_row
 from dltop.tui.view import View
 
 COLUMNS = ("path", "size", "resident", "pct", "dirty", "files", "age")
-HEADERS = ("Path", "Size", "Resident", "%", "Dirty", "Files", "Age")
+HEADERS = ("Path", "Data", "Resident", "%", "Dirty", "Files", "Age")
 
 
 class DatasetPane(Pane):
@@ -145,11 +151,8 @@ class DatasetPane(Pane):
             title = Text.assemble(("Datasets", "bold"), f"  {len(datasets)} watched")
             if len(scanned) < len(datasets):
                 title.append(f", {len(datasets) - len(scanned)} unavailable", "red")
-            # Pages against pages, as fincore counts them: a 17-byte file is one 4 KiB page, not "17 B".
-            total = sum(d.pages * d.page_size for d in scanned)
-            res = sum(d.resident_pages * d.page_size for d in scanned)
             if scanned:
-                title.append(f"  {human_bytes(res)} of {human_bytes(total)} resident")
+                title.append("  " + datasets_summary(scanned))
             else:
                 title.append("  none yet: press a to add a folder, or start dltop with PATH arguments", "dim")
         else:
@@ -159,9 +162,7 @@ class DatasetPane(Pane):
             for child in node.children:
                 name = os.path.basename(child.path) + "/"
                 wanted[child.path] = row_values(child, ps, name + (" 🔒" if child.path in held else ""), age)
-            title = Text.assemble(("Datasets", "bold"), " › ", (node.path, "bold"),
-                                  f"  {human_bytes(node.resident_pages * ps)} of {human_bytes(node.pages * ps)} "
-                                  f"resident ({pct_text(node)}), {node.files} files")
+            title = Text.assemble(("Datasets", "bold"), " › ", (node.path, "bold"), "  " + node_summary(node, ps))
             if not node.children:
                 title.append("  (no folders below: files are counted in this total)", "dim")
         set_content(self.query_one("#ds-summary", Static), title)
@@ -226,8 +227,8 @@ class DatasetPane(Pane):
         t = Text()
         if ds is None:
             return t
-        if ds.unknown_pages:
-            t.append(f"? {human_bytes(ds.unknown_pages * ds.page_size)} unknown: {ds.unknown_reason}\n", "yellow")
+        if ds.data_unknown_pages:
+            t.append(f"? {human_bytes(ds.data_unknown_pages * ds.page_size)} unknown: {ds.unknown_reason}\n", "yellow")
         bits = [f"{ds.method} on {ds.fs_type or '?'}", f"scanned in {ds.scan_duration_s:.2f}s"]
         if not ds.complete:
             why = ds.problems[0] if ds.problems else "cut short by its time budget or a cancel"
