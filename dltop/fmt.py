@@ -110,6 +110,11 @@ def sparkline_rows(values: list[float], width: int, height: int, top: float | No
     return rows
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """(1, 'file') -> '1 file', (2, 'file') -> '2 files'; `many` for a plural that is not word + 's'."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
 def display_path(path: str) -> str:
     """A path safe to print: undecodable bytes (surrogate escapes) shown as \\xNN."""
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.test_pagecache_util import ddir_fixture, make_file  # noqa: F401  (the `ddir` fixture)
 
 
 def dltop(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -125,3 +126,25 @@ def test_version_and_help() -> None:
     assert r.returncode == 0 and r.stdout.startswith("dltop ")
     r = dltop("--help")
     assert r.returncode == 0 and "snapshot" in r.stdout
+
+
+# A count of one followed by a plural noun ("1 files", "1 threads"), in any output a command prints.
+ONE_PLURAL = re.compile(r"\b1 (files|threads|pages|ways|sets|CPUs|instances|symlinks|hard links|errors)\b")
+
+
+def test_counts_of_one_are_singular(ddir: Path) -> None:
+    d = ddir
+    make_file(d / "only.bin", 8192)
+    (d / "alias").symlink_to(d / "only.bin")
+    outputs = []
+    for args in (["residency", str(d)], ["warm", "--dry-run", str(d)], ["warm", str(d)], ["evict", str(d)],
+                 ["cpu"]):
+        r = dltop(*args)
+        assert r.returncode == 0, r.stderr
+        outputs.append(r.stdout + r.stderr)
+    text = "\n".join(outputs)
+    assert not ONE_PLURAL.findall(text), ONE_PLURAL.findall(text)
+    assert "skipped 1 symlink;" in outputs[0]
+    assert "would warm 8.0 KiB in 1 file" in outputs[1] and " in 1 file," in outputs[2]
+    (d / "alias2").symlink_to(d / "only.bin")
+    assert "skipped 2 symlinks;" in dltop("residency", str(d)).stdout

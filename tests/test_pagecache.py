@@ -345,7 +345,7 @@ def test_lock_command_holds_until_ctrl_c(ddir: Path) -> None:
     try:
         assert p.stderr is not None
         line = p.stderr.readline()
-        assert "locked 128 KiB in 1 files; Ctrl-C to unlock" in line
+        assert "locked 128 KiB in 1 file; Ctrl-C to unlock" in line
         assert resident(f) == 32
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=10)
@@ -600,7 +600,7 @@ def test_evict_and_warm_as_nobody_say_unknown_not_zero(ddir: Path) -> None:
     r = dltop_as_nobody("evict", str(ddir / "a"))
     assert r.returncode == 0, r.stderr
     assert resident(f) == 0  # the kernel did evict it
-    assert r.stdout.startswith("evicted 256 KiB in 1 files")  # the DONTNEED done, not a hidden measurement
+    assert r.stdout.startswith("evicted 256 KiB in 1 file,")  # the DONTNEED done, not a hidden measurement
     assert "0.0%" not in r.stdout and "resident now: unknown for 64 pages" in r.stdout
     assert "owner or as root" in r.stdout
     s = json.loads(dltop_as_nobody("warm", str(ddir / "a"), "--json").stdout)

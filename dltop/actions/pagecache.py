@@ -22,6 +22,7 @@ from typing import Any
 
 from dltop import kernel
 from dltop.errors import DltopError
+from dltop.fmt import plural
 from dltop.model.datasets import NO_PERMISSION, DatasetUnavailable, counted_once
 from dltop.model.memory import safety_margin_bytes  # noqa: F401 - part of this module's API
 from dltop.sources.datasets import (
@@ -1034,7 +1035,7 @@ def _explain_stayed(r: ActionResult, stayed: list[tuple[str, os.stat_result, int
             why, detail = "busy", "still in use (under writeback or being read)"
         r.stayed[why] = r.stayed.get(why, 0) + pages
         if len(r.stayed_detail) < 20:
-            r.stayed_detail.append(f"{display_path(path)}: {pages} pages {detail}")
+            r.stayed_detail.append(f"{display_path(path)}: {plural(pages, 'page')} {detail}")
 
 
 def _mappers(keys: set[tuple[int, int]], proc: str = "/proc") -> dict[tuple[int, int], list[tuple[int, str, bool]]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dltop.fmt import display_path, human_bytes, human_duration, human_rate
+from dltop.fmt import display_path, human_bytes, human_duration, human_rate, plural
 from dltop.model.datasets import (
     DatasetResidency,
     DatasetsPart,
@@ -48,7 +48,7 @@ def unavailable_row_values(label: str, age_s: float | None) -> tuple[str, ...]:
 def node_summary(node: ResidencyNode, page_size: int) -> str:
     """`29.0 MiB of 5.2 GiB resident (1%), 20008 files`: one folder's line, in the unit of its rows."""
     return (f"{human_bytes(node.data_resident_pages * page_size)} of {human_bytes(node.data_pages * page_size)} "
-            f"resident ({pct_text(node)}), {node.files} files")
+            f"resident ({pct_text(node)}), {plural(node.files, 'file')}")
 
 
 def datasets_summary(datasets: list[DatasetResidency]) -> str:
@@ -92,6 +92,17 @@ def holes_note(ds: ResidencyNode, page_size: int) -> str | None:
     return text
 
 
+# Reasons an entry was skipped that are nouns ("2 symlinks"); the others are adjectives ("2 unreadable").
+_SKIP_NOUNS = {"hardlink": "hard link", "symlink": "symlink", "symlink_loop": "symlink loop",
+               "other_filesystem": "other filesystem", "error": "error"}
+
+
+def skipped_text(skipped: dict[str, int]) -> str:
+    """{'symlink': 1, 'unreadable': 2} -> '1 symlink, 2 unreadable'."""
+    return ", ".join(plural(n, _SKIP_NOUNS[k]) if k in _SKIP_NOUNS else f"{n} {k.replace('_', ' ')}"
+                     for k, n in skipped.items())
+
+
 def format_residency(part: DatasetsPart) -> str:
     """The human table of `dltop residency`: one row per dataset and folder, indented by depth; a total row."""
     ps = part.page_size
@@ -116,7 +127,7 @@ def format_residency(part: DatasetsPart) -> str:
         add(ds, 0, display_path(ds.path))
         extra = []
         if ds.skipped:
-            extra.append("skipped " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in ds.skipped.items()))
+            extra.append("skipped " + skipped_text(ds.skipped))
         extra.append(f"{ds.method}, {ds.fs_type or '?'}, scanned in {ds.scan_duration_s:.2f}s")
         if not ds.complete:
             extra.append("incomplete scan")
