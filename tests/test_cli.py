@@ -49,12 +49,20 @@ def test_snapshot_from_captured_root_without_psi(proc_root: Path) -> None:
 @pytest.mark.parametrize(
     "args, code, pattern",
     [
-        (["--bogus"], 2, r"^dltop: error: unrecognized arguments: --bogus"),
-        (["snapshot", "--bogus"], 2, r"^dltop snapshot: error: unrecognized arguments: --bogus"),
+        (["--bogus"], 2, r"^dltop: error: unrecognized arguments: --bogus \(see dltop --help\)$"),
+        (["snapshot", "--bogus"], 2,
+         r"^dltop snapshot: error: unrecognized arguments: --bogus \(see dltop snapshot --help\)$"),
+        (["residency", "--depth", "-1", "/"], 2,
+         r"^dltop residency: error: argument --depth: must be 0 or more: '-1' \(see dltop residency --help\)$"),
+        (["residency", "--depth", "one", "/"], 2, r"^dltop residency: error: argument --depth: not a whole number"),
+        (["warm", "--fit", "--force", "/no/such/dataset"], 2,
+         r"^dltop warm: error: argument --force: not allowed with argument --fit \(see dltop warm --help\)$"),
+        (["snapshot", "--indent", "-2"], 2, r"^dltop snapshot: error: argument --indent: must be 0 or more"),
         (["snapshot", "--timeout", "soon"], 2, r"invalid number of seconds: 'soon'"),
         (["/no/such/dataset"], 1, r"^dltop: no such dataset path: /no/such/dataset$"),
         (["frob"], 2, r"^dltop: error: unknown subcommand 'frob', and no such path \(subcommands: .*snapshot"),
-        (["--refresh", "0"], 2, r"^dltop: error: --refresh: refresh must be between"),
+        (["--refresh", "0"], 2, r"^dltop: error: argument -r/--refresh: must be between 0.1 and 60.0 seconds: '0' "
+                                r"\(see dltop --help\)$"),
         (["snapshot", "--timeout", "-1"], 2, r"must be more than 0 seconds"),
         (["snapshot", "--dataset", "/no/such/dataset"], 1, r"^dltop: no such dataset path: /no/such/dataset$"),
         (["snapshot", "--root", "/no/such/tree"], 1, r"^dltop: --root /no/such/tree: no proc/ directory under it$"),
@@ -126,6 +134,9 @@ def test_version_and_help() -> None:
     assert r.returncode == 0 and r.stdout.startswith("dltop ")
     r = dltop("--help")
     assert r.returncode == 0 and "snapshot" in r.stdout
+    for cmd, option in (("residency", "--depth"), ("warm", "--fit")):  # the help a usage error names
+        r = dltop(cmd, "--help")
+        assert r.returncode == 0 and option in r.stdout and r.stdout.startswith(f"usage: dltop {cmd} ")
 
 
 # A count of one followed by a plural noun ("1 files", "1 threads"), in any output a command prints.

@@ -308,7 +308,7 @@ def test_residency_table_and_errors(ddir: Path) -> None:
     r = dltop("residency", str(ddir / "missing"))
     assert r.returncode == 1 and r.stderr == f"dltop: no such file or directory: {ddir / 'missing'}\n"
     r = dltop("residency", str(ddir), "--depth", "-1")
-    assert r.returncode == 1 and r.stderr.startswith("dltop: --depth") and "Traceback" not in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("dltop residency: error: argument --depth") and "Traceback" not in r.stderr
 
 
 def test_warm_evict_commands_json_and_no_bar_off_a_terminal(ddir: Path) -> None:

@@ -10,6 +10,7 @@ import sys
 import threading
 from typing import Any
 
+from dltop.commands.common import non_negative_int
 from dltop.errors import DltopError
 
 
@@ -29,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("residency", help="how much of a dataset is in the page cache, per folder",
                        description="Page-cache residency of files and folders, counted as fincore counts it.")
     _walk_options(p)
-    p.add_argument("--depth", type=int, default=1, metavar="N", help="show folders down to depth N (default 1)")
+    p.add_argument("--depth", type=non_negative_int, default=1, metavar="N",
+                   help="show folders down to depth N (default 1)")
     p.set_defaults(func=run_residency)
 
     helps = {
@@ -42,10 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         _walk_options(p)
         p.add_argument("--dry-run", action="store_true", help="say what would happen, change nothing")
         if name in ("warm", "lock"):
-            p.add_argument("--force", action="store_true", help="go ahead even if the memory guard says no")
-        if name == "warm":
-            p.add_argument("--fit", action="store_true",
-                           help="when the whole dataset does not fit, warm the part that fits")
+            # --force (all of it) and --fit (the part that fits) answer the guard's "no" in opposite ways.
+            guard = p.add_mutually_exclusive_group()
+            guard.add_argument("--force", action="store_true", help="go ahead even if the memory guard says no")
+            if name == "warm":
+                guard.add_argument("--fit", action="store_true",
+                                   help="when the whole dataset does not fit, warm the part that fits")
         p.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
         p.set_defaults(func=run_action, action=name)
 
@@ -87,8 +91,6 @@ def run_residency(args: argparse.Namespace) -> int:
     from dltop.model.datasets import DatasetUnavailable
     from dltop.sources.datasets import scan_paths
 
-    if args.depth < 0:
-        raise DltopError("--depth must be 0 or more")
     _check_paths(args.paths)
     part = scan_paths(tuple(args.paths), _options(args, args.depth))
     for ds in part.paths:

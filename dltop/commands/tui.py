@@ -20,7 +20,7 @@ def check_dataset_paths(paths: tuple[str, ...], commands: list[str] | None = Non
             continue
         if "/" not in p and commands:
             raise UsageError(f"error: unknown subcommand {p!r}, and no such path "
-                             f"(subcommands: {', '.join(sorted(commands))})")
+                             f"(subcommands: {', '.join(sorted(commands))}; see dltop --help)")
         raise DltopError(f"no such dataset path: {p}")
 
 
