@@ -58,6 +58,11 @@ def test_snapshot_from_captured_root_without_psi(proc_root: Path) -> None:
         (["warm", "--fit", "--force", "/no/such/dataset"], 2,
          r"^dltop warm: error: argument --force: not allowed with argument --fit \(see dltop warm --help\)$"),
         (["snapshot", "--indent", "-2"], 2, r"^dltop snapshot: error: argument --indent: must be 0 or more"),
+        (["cpu", "--decode", "CTR_EL0=84448004"], 2,
+         r"^dltop cpu: error: argument --decode: CTR_EL0=84448004 is ambiguous: write 0x84448004 if it is hex .*"
+         r"or 0x5089304 if it is the decimal 84448004 \(see dltop cpu --help\)$"),
+        (["cpu", "--decode", "CTR_EL0=banana"], 2, r"^dltop cpu: error: argument --decode: 'banana' is not a number"),
+        (["cpu", "--decode", "NOPE=0x1"], 2, r"^dltop cpu: error: argument --decode: unknown register 'NOPE'"),
         (["snapshot", "--timeout", "soon"], 2, r"invalid number of seconds: 'soon'"),
         (["/no/such/dataset"], 1, r"^dltop: no such dataset path: /no/such/dataset$"),
         (["frob"], 2, r"^dltop: error: unknown subcommand 'frob', and no such path \(subcommands: .*snapshot"),

@@ -230,8 +230,10 @@ def decode_text(d: dict[str, object]) -> str:
             continue
         if k == "layouts" and isinstance(v, list):
             for lay in v:
-                lines.append(f"  layout {lay['layout']}: line {lay['line_bytes']} B, {lay['ways']} ways, "
-                             f"{lay['sets']} sets = {size_text(lay['size_bytes'])}")
+                lines.append(f"  layout {lay['layout']}: line {lay['line_bytes']} B, {plural(lay['ways'], 'way')}, "
+                             f"{plural(lay['sets'], 'set')} = {size_text(lay['size_bytes'])}")
+                if lay["implausible"]:
+                    lines.append(f"    ! implausible in this layout: {'; '.join(lay['implausible'])}")
             continue
         lines.append(f"  {k:<16} {'-' if v is None else v}")
     return "\n".join(lines)
