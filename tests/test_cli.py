@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
-from tests.test_pagecache_util import ddir_fixture, make_file  # noqa: F401  (the `ddir` fixture)
+from tests.test_pagecache_util import NOBODY, ddir_fixture, make_file, needs_root  # noqa: F401  (the `ddir` fixture)
 
 
 def dltop(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -164,3 +167,92 @@ def test_counts_of_one_are_singular(ddir: Path) -> None:
     assert "would warm 8.0 KiB in 1 file" in outputs[1] and " in 1 file," in outputs[2]
     (d / "alias2").symlink_to(d / "only.bin")
     assert "skipped 2 symlinks;" in dltop("residency", str(d)).stdout
+
+
+def _missing_pid() -> int:
+    return int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # above pid_max: no process can have it
+
+
+@pytest.mark.parametrize("args", [["snapshot", "--pid", "PID"], ["snapshot", "--pid", "0"]])
+def test_pid_that_does_not_exist_is_an_error_before_anything_starts(args: list[str]) -> None:
+    """`dltop snapshot --pid 999999` printed a Snapshot ("cgroup: no process 999999") and exit 0."""
+    pid = str(_missing_pid())
+    args = [pid if a == "PID" else a for a in args]
+    r = dltop(*args, timeout=20)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"dltop: no such process: {args[-1]}\n"
+
+
+def test_tui_with_a_pid_that_does_not_exist_never_opens_the_screen() -> None:
+    """`dltop --pid 999999` in a real terminal opened the TUI as if all were well."""
+    import pty
+    import select
+
+    pid = _missing_pid()
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "dltop", "--pid", str(pid)], cwd=REPO, stdin=slave, stdout=slave,
+                         stderr=slave, close_fds=True)
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + 20
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif p.poll() is not None:
+                break
+        else:
+            pytest.fail(f"the TUI started for a PID that does not exist: {out[:200]!r}")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(5)
+        os.close(master)
+    assert p.returncode == 1 and b"\x1b" not in out  # not one escape sequence: no screen was drawn
+    assert out.decode() == f"dltop: no such process: {pid}\r\n"
+
+
+@needs_root
+@pytest.mark.parametrize("hidepid, reason", [
+    ("invisible", r"^process 1 runs, but /proc hides it from this user \(mounted with hidepid\)"),
+    ("noaccess", r"^permission denied reading /proc/1/cgroup$"),
+])
+def test_pid_whose_cgroup_cannot_be_read_says_why(hidepid: str, reason: str) -> None:
+    """A process that exists but whose /proc entry this user may not read: the cgroup is unavailable with the
+    real reason ('no process 1' was said for a hidden PID 1), and the snapshot still runs."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) not installed")
+    as_nobody = " ".join([*NOBODY, sys.executable, "-m", "dltop", "snapshot", "--pid", "1"])
+    script = f"mount -t proc -o hidepid={hidepid} proc /proc && exec {as_nobody}"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60,
+                       env={**os.environ, "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"})
+    if r.returncode != 0 and "mount" in r.stderr:
+        pytest.skip(f"cannot mount a private /proc here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    cgroup = json.loads(r.stdout)["memory"]["cgroup"]
+    assert set(cgroup) == {"unavailable"} and re.search(reason, cgroup["unavailable"]), cgroup
+
+
+@pytest.mark.parametrize("args", [["cpu", "--json"], ["snapshot", "--json"]])
+def test_midr_el1_is_a_value_or_unavailable_with_a_reason(args: list[str]) -> None:
+    """`midr_el1: {}` on x86: a register this CPU does not have is {"unavailable": reason}, never empty."""
+    r = dltop(*args)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    regs = (data if args[0] == "cpu" else data["cpu"])["registers"]
+    midr = regs["midr_el1"]
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        assert midr and all(re.fullmatch(r"0x[0-9a-f]{8}", v) for v in midr.values()), midr
+    else:
+        assert set(midr) == {"unavailable"}
+        assert "Arm register" in midr["unavailable"] and platform.machine() in midr["unavailable"]
+    if args[0] == "snapshot":
+        from dltop.model import Snapshot
+
+        assert Snapshot.from_dict(data).to_dict() == data

@@ -6,7 +6,10 @@ Below `cli.py`, so a command module never imports the entry point that imports i
 from __future__ import annotations
 
 import argparse
+import os
 from typing import NoReturn
+
+from dltop.errors import DltopError
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -39,6 +42,22 @@ def refresh_seconds(text: str) -> float:
     if not MIN_REFRESH_S <= value <= MAX_REFRESH_S:
         raise argparse.ArgumentTypeError(f"must be between {MIN_REFRESH_S} and {MAX_REFRESH_S} seconds: {text!r}")
     return value
+
+
+def check_pid(pid: int | None, root: str = "/") -> None:
+    """A --pid that names no process is an error before anything starts, not a TUI watching nothing.
+
+    Another user's process passes: whether its cgroup can be read is the memory source's to say."""
+    if pid is None:
+        return
+    from dltop.kernel import process_exists
+
+    if os.path.realpath(root) != "/":  # a captured tree: its proc/ says which processes there were
+        exists = pid > 0 and os.path.isdir(os.path.join(root, "proc", str(pid)))
+    else:
+        exists = process_exists(pid)
+    if not exists:
+        raise DltopError(f"no such process: {pid}")
 
 
 def add_common_options(p: argparse.ArgumentParser) -> None:

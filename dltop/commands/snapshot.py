@@ -33,11 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print one Snapshot as JSON."""
+    from dltop.commands.common import check_pid
     from dltop.config import settings_from_args
     from dltop.sampler import Sampler
     from dltop.sources.registry import build_sources
 
     settings = settings_from_args(args)
+    check_pid(settings.pid, settings.root)
     sampler = Sampler(build_sources(settings), root=settings.root)
     try:
         snap = sampler.read_once(args.timeout)

@@ -738,10 +738,13 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
     is_arm = arch in ("aarch64", "arm", "arm64")
     live = os.path.realpath(root) == "/"
     if not is_arm:
-        why = f"CTR_EL0, CLIDR_EL1 and CCSIDR_EL1 are Arm registers; this is {arch or 'not Arm'}"
+        why = f"CTR_EL0, CLIDR_EL1, CCSIDR_EL1 and MIDR_EL1 are Arm registers; this is {arch or 'not Arm'}"
         cpuid = read_cpuid_caches() if live else Unavailable(
             "read only on the live machine, not from a captured tree")
-        return Registers(Unavailable(why), Unavailable(why), Unavailable(why), midrs, cpuid)
+        return Registers(Unavailable(why), Unavailable(why), Unavailable(why), Unavailable(why), cpuid)
+    midr: dict[str, str] | Unavailable = midrs or Unavailable(
+        "no cpu*/regs/identification/midr_el1 in sysfs and no CPU implementer, part, variant and revision in "
+        "/proc/cpuinfo")
     ctr: CtrEl0 | Unavailable
     if not live:
         ctr = Unavailable("read only on the live machine, not from a captured tree")
@@ -749,7 +752,7 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
         ctr = read_ctr_el0()
     if not caches:
         why = "no cache information in sysfs to rebuild it from"
-        return Registers(ctr, Unavailable(why), Unavailable(why), midrs, _NOT_X86)
+        return Registers(ctr, Unavailable(why), Unavailable(why), midr, _NOT_X86)
     clidrs: list[ClidrEl1] = []
     ccsidrs: list[CcsidrEl1] = []
     groups = [k.cpus for k in kinds] or [tuple(sorted({x for c in caches for x in c.cpus}))]
@@ -792,7 +795,7 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
                 vcc = cpuregs.encode_ccsidr(c.line_bytes, c.ways, c.sets, ccidx=True)
             ccsidrs.append(CcsidrEl1(cache=c.name, cpus=c.cpus, csselr=((c.level - 1) << 1) | ind,
                                      value_32bit=v32, value_ccidx=vcc))
-    return Registers(ctr, tuple(clidrs), tuple(ccsidrs), midrs, _NOT_X86)
+    return Registers(ctr, tuple(clidrs), tuple(ccsidrs), midr, _NOT_X86)
 
 
 _NOT_X86 = Unavailable("CPUID is an x86 instruction")
