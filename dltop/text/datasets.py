@@ -3,6 +3,7 @@ progress line. Shown by the CLI and the TUI alike, so it lives below both."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dltop.fmt import display_path, human_bytes, human_duration, human_rate, plural
@@ -151,7 +152,8 @@ def progress_line(p: Any, width: int = 20, marks: str = "█░", pct_digits: in
     """`warm [███░░] 40% 1.2 GiB/3.0 GiB 800 MiB/s ETA 2s` from an action's Progress."""
     frac = p.done_bytes / p.total_bytes if p.total_bytes else 1.0
     fill = int(width * min(1.0, frac))
-    eta = human_duration(p.eta_s) if p.eta_s is not None else "?"
+    # Rounded up: "0s" only when nothing is left, "?" until there is a rate to go by.
+    eta = human_duration(math.ceil(p.eta_s)) if p.eta_s is not None else "?"
     pct = f"{100 * frac:{5 if pct_digits else 0}.{pct_digits}f}%"
     return (f"{p.action} [{marks[0] * fill}{marks[1] * (width - fill)}] {pct} "
             f"{human_bytes(p.done_bytes)}/{human_bytes(p.total_bytes)} "
