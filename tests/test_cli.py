@@ -11,10 +11,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, strict_json
 from tests.test_pagecache_util import NOBODY, ddir_fixture, make_file, needs_root  # noqa: F401  (the `ddir` fixture)
 
 
@@ -256,3 +257,44 @@ def test_midr_el1_is_a_value_or_unavailable_with_a_reason(args: list[str]) -> No
         from dltop.model import Snapshot
 
         assert Snapshot.from_dict(data).to_dict() == data
+
+
+def test_json_of_non_utf8_paths_is_valid_and_lossless(ddir: Path) -> None:
+    """Names that are not UTF-8 (b'caf\\xe9', b'\\xff\\xfe.bin') were written as lone surrogates ("caf\\udce9"):
+    jq printed U+FFFD and the bytes were lost. Now: a display form plus the exact bytes in `<field>_b64`."""
+    import base64
+
+    root = os.path.join(os.fsencode(ddir), b"data\xfe")
+    sub = os.path.join(root, b"caf\xe9")
+    os.makedirs(sub)
+    make_file(Path(os.fsdecode(os.path.join(sub, b"\xff\xfe.bin"))), 8192)
+    make_file(Path(os.fsdecode(os.path.join(root, b"plain.bin"))), 4096)
+    make_file(Path(os.fsdecode(os.path.join(root, b"ok", b"a.bin"))), 4096)
+    top = os.fsdecode(root)
+
+    def run(*args: str) -> Any:
+        r = subprocess.run([sys.executable, "-m", "dltop", *args], capture_output=True, cwd=REPO, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return strict_json(r.stdout.decode("utf-8"))  # the text itself is UTF-8 too
+
+    def unb64(s: str) -> bytes:
+        return base64.b64decode(s, validate=True)
+
+    res = run("residency", top, "--json")["paths"][0]
+    assert res["path"] == os.fsencode(top).decode("utf-8", "backslashreplace") and unb64(res["path_b64"]) == root
+    kids = {unb64(c["path_b64"]): c for c in res["children"]}
+    assert set(kids) == {sub, os.path.join(root, b"ok")}  # the real names on disk, byte for byte
+    assert kids[sub]["path"].endswith("/data\\xfe/caf\\xe9") and kids[sub]["files"] == 1
+    plain = make_file(ddir / "plain" / "x.bin", 4096).parent
+    assert "_b64" not in dltop("residency", str(plain), "--json").stdout  # the sibling only where needed
+
+    snap = run("snapshot", "--dataset", top)
+    from dltop.model import Snapshot
+
+    back = Snapshot.from_dict(snap)
+    assert back.to_dict() == snap and back.datasets.paths[0].path == top  # type: ignore[union-attr]
+
+    for args in (["warm", top, "--json"], ["evict", top, "--json"], ["lock", "--dry-run", top, "--json"]):
+        r = run(*args)
+        assert r["files"] == 3 and [unb64(p) for p in r["paths_b64"]] == [root], args
+        assert r["paths"] == [res["path"]]

@@ -23,6 +23,7 @@ from typing import Any
 from dltop import kernel
 from dltop.errors import DltopError
 from dltop.fmt import plural
+from dltop.model.base import to_dict
 from dltop.model.datasets import NO_PERMISSION, DatasetUnavailable, counted_once
 from dltop.model.memory import safety_margin_bytes  # noqa: F401 - part of this module's API
 from dltop.sources.datasets import (
@@ -211,9 +212,8 @@ class ActionResult:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data."""
-        d = {k: v for k, v in self.__dict__.items() if k != "guard"}
-        d["guard"] = None if self.guard is None else dict(self.guard.__dict__)
+        """Plain JSON data, by the Snapshot's codec: paths that are not UTF-8 get their `_b64` sibling."""
+        d: dict[str, Any] = to_dict(self)
         d["rate_bytes_per_s"] = self.done_bytes / self.elapsed_s if self.elapsed_s > 0 else None
         return d
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dltop.fmt import display_path, human_bytes, human_duration, human_rate, plural
+from dltop.fmt import human_bytes, human_duration, human_rate, plural
+from dltop.model.base import display_path
 from dltop.model.datasets import (
     DatasetResidency,
     DatasetsPart,
