@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from dltop import __version__
-from dltop.commands.common import ArgumentParser, add_common_options
+from dltop.commands.common import ArgumentParser, add_common_options, refresh_seconds
 from dltop.errors import DltopError
 
 # Subcommand -> the module whose `register(subparsers)` adds it (with `set_defaults(func=run)`). Only the
@@ -39,7 +39,8 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
     )
     tui.add_argument("paths", nargs="*", metavar="PATH", help="dataset directories to watch")
     tui.add_argument("-V", "--version", action="version", version=f"dltop {__version__}")
-    tui.add_argument("-r", "--refresh", type=float, metavar="SECONDS", help="refresh interval (default 1.0)")
+    tui.add_argument("-r", "--refresh", type=refresh_seconds, metavar="SECONDS",
+                     help="refresh interval (default 1.0)")
     tui.add_argument("--read-only", action="store_true", help="disable every action that changes the system")
     add_common_options(tui)
     return tui, cmd, sub

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dltop.errors import DltopError, UsageError
+from dltop.errors import DltopError
 
 DEFAULT_REFRESH_S = 1.0
 MIN_REFRESH_S = 0.1
@@ -87,10 +87,7 @@ def settings_from_args(args: Any) -> Settings:
     s = load_config(getattr(args, "config", None))
     changes: dict[str, Any] = {}
     if getattr(args, "refresh", None) is not None:
-        try:
-            changes["refresh_s"] = _check_refresh(args.refresh, "--refresh")
-        except DltopError as e:
-            raise UsageError(f"error: {e}") from None
+        changes["refresh_s"] = _check_refresh(args.refresh, "--refresh")  # the CLI's parser checked it already
     if getattr(args, "root", None):
         if not os.path.isdir(os.path.join(args.root, "proc")):
             raise DltopError(f"--root {args.root}: no proc/ directory under it")

@@ -151,6 +151,28 @@ def decode_ccsidr(value: int, ccidx: bool) -> CcsidrFields:
     )
 
 
+# What real CPU caches span, generously: a decoding outside these bounds is the value read in the wrong layout.
+PLAUSIBLE_WAYS = 64  # the most-associative CPU caches are 20-32 way; fully associative ones are not in CCSIDR
+PLAUSIBLE_LINE_BYTES = 256
+PLAUSIBLE_SIZE_BYTES = (1 << 10, 512 << 20)  # a 1 KiB L1 ... the 96 MiB stacked L3s and beyond
+
+
+def ccsidr_implausible(f: CcsidrFields) -> tuple[str, ...]:
+    """Why this decoding cannot describe a real cache (nothing when it can), e.g. a 32-bit value read as CCIDX:
+    its NumSets[55:32] is 0, so it reads as 1 set of 130052 ways."""
+    why = []
+    if f.ways > PLAUSIBLE_WAYS:
+        why.append(f"{f.ways} ways (no CPU cache has more than {PLAUSIBLE_WAYS})")
+    if f.sets == 1:
+        why.append("1 set (CPU caches are not fully associative)")
+    if f.line_bytes > PLAUSIBLE_LINE_BYTES:
+        why.append(f"{f.line_bytes} B lines (no CPU cache has lines over {PLAUSIBLE_LINE_BYTES} B)")
+    lo, hi = PLAUSIBLE_SIZE_BYTES
+    if not lo <= f.size_bytes <= hi:
+        why.append(f"{f.size_bytes} B in all (a CPU cache holds {lo >> 10} KiB to {hi >> 20} MiB)")
+    return tuple(why)
+
+
 def encode_ccsidr(line_bytes: int, ways: int, sets: int, ccidx: bool) -> int | None:
     """The CCSIDR_EL1 value for this geometry, or None if it does not fit the layout (or the line is not 2^n ≥ 16)."""
     if line_bytes < 16 or line_bytes & (line_bytes - 1) or ways < 1 or sets < 1:
@@ -310,23 +332,28 @@ REGISTERS = ("CTR_EL0", "CLIDR_EL1", "CCSIDR_EL1", "MIDR_EL1")
 
 
 def parse_decode_arg(text: str) -> tuple[str, int]:
-    """'CTR_EL0=0x8444c004' -> ('CTR_EL0', 0x8444c004); raises DltopError with a one-line reason."""
+    """'CTR_EL0=0x8444c004' -> ('CTR_EL0', 0x8444c004); raises DltopError with a one-line reason.
+
+    0x, 0b and 0o say the base; bare digits and letters are hex; bare digits alone are refused when they read
+    differently in hex and decimal."""
     name, sep, raw = text.partition("=")
     name = name.strip().upper()
     if not sep:
-        raise DltopError(f"--decode wants REG=VALUE (e.g. CTR_EL0=0x8444c004), got {text!r}")
+        raise DltopError(f"want REG=VALUE (e.g. CTR_EL0=0x8444c004), got {text!r}")
     if name not in REGISTERS:
-        raise DltopError(f"--decode: unknown register {name!r}; known: {', '.join(REGISTERS)}")
+        raise DltopError(f"unknown register {name!r}; known: {', '.join(REGISTERS)}")
     raw = raw.strip().replace("_", "")
-    try:
-        if raw.lower().startswith(("0x", "0b", "0o")):
-            value = int(raw, 0)
-        else:  # plain digits are decimal; a bare value with hex letters is hex, as pasted from a dump
-            value = int(raw, 10) if raw.isascii() and raw.isdigit() else int(raw, 16)
+    try:  # a bare value with hex letters is hex, as pasted from a dump
+        value = int(raw, 0) if raw.lower().startswith(("0x", "0b", "0o")) else int(raw, 16)
     except ValueError:
-        raise DltopError(f"--decode: {raw!r} is not a number (write hex as 0x...)") from None
+        raise DltopError(f"{raw!r} is not a number (write hex as 0x...)") from None
+    if raw.isascii() and raw.isdigit() and int(raw, 10) != value:
+        # Bare digits read either way; kernel logs, sysfs and debuggers print registers in hex, but a script
+        # may hand over a decimal: say both readings rather than pick one without a word.
+        raise DltopError(f"{name}={raw} is ambiguous: write 0x{raw} if it is hex (as kernel logs and sysfs print "
+                         f"registers), or 0x{int(raw, 10):x} if it is the decimal {int(raw, 10)}")
     if not 0 <= value < 1 << 64:
-        raise DltopError(f"--decode: {raw!r} does not fit in a 64-bit register")
+        raise DltopError(f"{raw!r} does not fit in a 64-bit register")
     return name, value
 
 
@@ -349,7 +376,7 @@ def decode_register(name: str, value: int) -> dict[str, object]:
                 continue
             f = decode_ccsidr(value, ccidx)
             layouts.append({"layout": f.layout, "line_bytes": f.line_bytes, "ways": f.ways, "sets": f.sets,
-                            "size_bytes": f.size_bytes})
+                            "size_bytes": f.size_bytes, "implausible": list(ccsidr_implausible(f))})
         out["layouts"] = layouts
     elif name == "MIDR_EL1":
         m = decode_midr(value)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -110,13 +108,9 @@ def sparkline_rows(values: list[float], width: int, height: int, top: float | No
     return rows
 
 
-def display_path(path: str) -> str:
-    """A path safe to print: undecodable bytes (surrogate escapes) shown as \\xNN."""
-    try:
-        path.encode("utf-8")
-        return path
-    except UnicodeEncodeError:
-        return os.fsencode(path).decode("utf-8", "backslashreplace")
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """(1, 'file') -> '1 file', (2, 'file') -> '2 files'; `many` for a plural that is not word + 's'."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def shorten_middle(text: str, width: int) -> str:

@@ -1,4 +1,5 @@
-"""ctypes wrappers for the Linux calls the standard library lacks: cachestat, mincore, mlock, statfs.
+"""ctypes wrappers for the Linux calls the standard library lacks: cachestat, mincore, mlock, statfs (and a
+question the os module answers only with exceptions: does this process exist).
 
 Every wrapper raises OSError with the kernel's errno, like the os module does. Nothing here imports
 anything beyond the standard library, so `dltop residency` starts fast.
@@ -14,6 +15,20 @@ from dataclasses import dataclass
 from functools import cache
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def process_exists(pid: int) -> bool:
+    """Whether a process `pid` runs (in this PID namespace), even one of another user or hidden from /proc
+    (hidepid): kill(pid, 0) checks without signalling."""
+    if pid <= 0:  # 0 and negative numbers name process groups, not a process
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
 
 # Filesystem magics (linux/magic.h) the residency engine treats specially.
 OVERLAYFS_SUPER_MAGIC = 0x794C7630  # cachestat through an overlayfs file sees the overlay's empty mapping

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +64,26 @@ def write_cgroup_tree(dest: Path, proc_cgroup: str, mountinfo: str | None, files
 @pytest.fixture
 def proc_root(tmp_path: Path) -> Path:
     return capture_proc(tmp_path / "root")
+
+
+def strict_json(text: str) -> Any:
+    """Parse JSON the way jq and strict parsers read it: every string must be valid Unicode (no lone surrogates
+    such as "\\udcfe", which jq turns into U+FFFD); and jq, where installed, must read the same."""
+
+    def walk(v: Any) -> None:
+        if isinstance(v, str):
+            v.encode("utf-8")  # raises on a lone surrogate
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(k)
+                walk(x)
+
+    data = json.loads(text)
+    walk(data)
+    if shutil.which("jq"):
+        jq = subprocess.run(["jq", "-c", "."], input=text, capture_output=True, text=True, check=True)
+        assert json.loads(jq.stdout) == data
+    return data

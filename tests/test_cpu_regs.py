@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -11,7 +13,9 @@ from hypothesis import strategies as st
 from dltop import cpuregs
 from dltop.errors import DltopError
 from dltop.model.base import Unavailable
-from dltop.sources.cpu import read_ctr_el0
+from dltop.sources.cpu import read_cpu, read_ctr_el0
+from dltop.text.cpu import decode_text
+from tests.test_cpu_dumps import DUMPS, TARBALLS, dump_root, parts  # noqa: F401  (session fixtures)
 
 
 def test_ctr_el0_cortex_a53() -> None:
@@ -89,8 +93,9 @@ def test_midr_names() -> None:
 @pytest.mark.parametrize("arg,name,value", [
     ("CTR_EL0=0x84448004", "CTR_EL0", 0x84448004),
     ("ctr_el0 = 0x8444_8004", "CTR_EL0", 0x84448004),
-    ("MIDR_EL1=1091555377", "MIDR_EL1", 1091555377),
+    ("MIDR_EL1=410fd034", "MIDR_EL1", 0x410FD034),  # bare with hex letters: hex
     ("CCSIDR_EL1=700fe01a", "CCSIDR_EL1", 0x700FE01A),
+    ("CTR_EL0=7", "CTR_EL0", 7),  # one digit reads the same in both bases
     ("CTR_EL0=0b101", "CTR_EL0", 5),  # binary is binary, not the hex 0xb101
     ("CTR_EL0=0o17", "CTR_EL0", 15),
 ])
@@ -99,10 +104,63 @@ def test_parse_decode_arg(arg: str, name: str, value: int) -> None:
 
 
 @pytest.mark.parametrize("arg", ["CTR_EL0", "FOO=1", "CTR_EL0=0xzz", "CTR_EL0=0x1" + "0" * 16, "CTR_EL0=-1",
-                                 "CTR_EL0=0b102"])
+                                 "CTR_EL0=0b102", "CTR_EL0=84448004", "MIDR_EL1=1091555377", "CTR_EL0=10"])
 def test_parse_decode_arg_errors(arg: str) -> None:
     with pytest.raises(DltopError):
         cpuregs.parse_decode_arg(arg)
+
+
+def test_bare_digits_are_refused_with_both_readings() -> None:
+    """CTR_EL0=84448004 was decoded as the decimal 84448004 (0x5089304) without a word, while =8444c004 was hex."""
+    with pytest.raises(DltopError) as e:
+        cpuregs.parse_decode_arg("CTR_EL0=84448004")
+    assert "0x84448004" in str(e.value) and "0x5089304" in str(e.value) and "ambiguous" in str(e.value)
+    assert cpuregs.parse_decode_arg("CTR_EL0=0x84448004") == ("CTR_EL0", 0x84448004)
+
+
+def _check_layouts_of_real_caches(caches: Sequence[Any]) -> int:
+    """Each real geometry, encoded in each layout, decodes plausibly in that layout; a 32-bit value read as
+    CCIDX (the mistake the check is for) is flagged. Returns how many geometries were checked."""
+    n = 0
+    for c in caches:
+        if None in (c.line_bytes, c.ways, c.sets) or c.line_bytes < 16:
+            continue
+        for ccidx in (False, True):
+            value = cpuregs.encode_ccsidr(c.line_bytes, c.ways, c.sets, ccidx)
+            if value is None:
+                continue
+            n += 1
+            d = cpuregs.decode_register("CCSIDR_EL1", value)
+            by_layout = {x["layout"]: x for x in d["layouts"]}  # type: ignore[union-attr]
+            right = by_layout["CCIDX" if ccidx else "32-bit"]
+            assert (right["ways"], right["sets"]) == (c.ways, c.sets)
+            assert right["implausible"] == [], (c, right)
+            if not ccidx:
+                wrong = by_layout["CCIDX"]
+                assert wrong["sets"] == 1 and any("1 set" in w for w in wrong["implausible"]), wrong
+    return n
+
+
+def test_ccsidr_in_the_wrong_layout_is_flagged_on_this_machine() -> None:
+    """The live machine's caches (sysfs geometry) as both layouts would hold them."""
+    part = read_cpu("/")
+    if isinstance(part, Unavailable) or not _check_layouts_of_real_caches(part.caches):
+        pytest.skip("this machine's sysfs gives no cache geometry")
+
+
+@pytest.mark.skipif(not DUMPS.is_dir(), reason=f"CPU dumps not found at {DUMPS}")
+def test_ccsidr_plausibility_holds_for_every_captured_machine(parts) -> None:  # noqa: F811
+    checked = sum(_check_layouts_of_real_caches(parts(name).caches) for name in TARBALLS)
+    assert checked > 100
+
+
+def test_ccsidr_wrong_layout_text_warns() -> None:
+    """0x700fe01a (a Cortex-A510 L1d, 32-bit layout) read as CCIDX is '130052 ways, 1 set': flagged, once."""
+    text = decode_text(cpuregs.decode_register("CCSIDR_EL1", 0x700FE01A))
+    lines = text.splitlines()
+    assert "layout 32-bit: line 64 B, 4 ways, 128 sets = 32K" in lines[1]
+    assert "130052 ways, 1 set =" in lines[2]
+    assert lines[3].startswith("    ! implausible in this layout: 130052 ways") and len(lines) == 4
 
 
 def test_decode_register_ccsidr_shows_both_layouts_when_ambiguous() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dltop.fmt import SPARK_CHARS, human_bytes, human_duration, percent, sparkline, sparkline_rows
+from dltop.fmt import SPARK_CHARS, human_bytes, human_duration, percent, plural, sparkline, sparkline_rows
 
 
 def test_human_bytes_uses_binary_units() -> None:
@@ -20,6 +20,11 @@ def test_durations_and_percent() -> None:
     assert human_duration(59) == "59s"
     assert human_duration(3 * 86400 + 4 * 3600 + 5) == "3d04h"
     assert percent(5, 100) == "5.0%" and percent(50, 100) == "50%" and percent(1, 0) == "n/a"
+
+
+def test_plural_counts_one_and_many() -> None:
+    assert (plural(1, "file"), plural(0, "file"), plural(2, "file")) == ("1 file", "0 files", "2 files")
+    assert plural(1, "entry", "entries") == "1 entry" and plural(3, "entry", "entries") == "3 entries"
 
 
 def test_sparkline_scales_from_zero_and_merges_by_max() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from dltop.model import (
 )
 from dltop.sampler import Sampler
 from dltop.sources.memory import read_memory
+from tests.conftest import strict_json
 
 
 def test_real_snapshot_roundtrips(proc_root: Path) -> None:
@@ -93,3 +95,43 @@ def test_sampler_snapshot_roundtrips_with_statuses() -> None:
     assert snap.sources["memory"].last_ok_ts is not None
     assert Snapshot.from_json(snap.to_json()) == snap
     assert Snapshot.from_json(replace(snap, cpu=None).to_json()).cpu is None
+
+
+@given(names=st.lists(st.binary(min_size=1, max_size=12).filter(lambda b: b"/" not in b and b"\0" not in b),
+                      min_size=1, max_size=4))
+def test_paths_that_are_not_utf8_roundtrip_exactly_and_write_valid_utf8(names: list[bytes]) -> None:
+    """Every string in the JSON is valid UTF-8 (no lone surrogates), and the exact bytes come back."""
+    from dltop.model import DatasetsPart
+    from dltop.model.datasets import DatasetResidency, ResidencyNode
+
+    paths = ["/data/" + os.fsdecode(n) for n in names]
+    ds = DatasetResidency(
+        path=paths[0], children=tuple(ResidencyNode(path=p) for p in paths[1:]), problems=tuple(paths),
+        unknown_reason=paths[-1], skipped={"symlink": 1},
+    )
+    snap = Snapshot(ts=1.0, host="h", datasets=DatasetsPart(paths=(ds,)),
+                    memory=Unavailable(f"cannot read {paths[0]}"))
+    text = snap.to_json()
+    data = strict_json(text)
+    assert Snapshot.from_json(text) == snap
+    top = data["datasets"]["paths"][0]
+    assert top["path"] == "/data/" + names[0].decode("utf-8", "backslashreplace")
+    assert ("_b64" in text) == any(not _is_utf8(n) for n in names)
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_b64_sibling_of_the_wrong_shape_is_refused() -> None:
+    from dltop.model import DatasetsPart
+    from dltop.model.datasets import DatasetResidency
+
+    data = Snapshot(ts=1.0, host="h", datasets=DatasetsPart(paths=(DatasetResidency(path="/d/" + os.fsdecode(b"\xfe")),))).to_dict()
+    data["datasets"]["paths"][0]["path_b64"] = "not base64!"
+    with pytest.raises(DecodeError, match="path_b64: not base64"):
+        Snapshot.from_dict(data)

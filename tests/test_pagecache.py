@@ -308,7 +308,7 @@ def test_residency_table_and_errors(ddir: Path) -> None:
     r = dltop("residency", str(ddir / "missing"))
     assert r.returncode == 1 and r.stderr == f"dltop: no such file or directory: {ddir / 'missing'}\n"
     r = dltop("residency", str(ddir), "--depth", "-1")
-    assert r.returncode == 1 and r.stderr.startswith("dltop: --depth") and "Traceback" not in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("dltop residency: error: argument --depth") and "Traceback" not in r.stderr
 
 
 def test_warm_evict_commands_json_and_no_bar_off_a_terminal(ddir: Path) -> None:
@@ -345,7 +345,7 @@ def test_lock_command_holds_until_ctrl_c(ddir: Path) -> None:
     try:
         assert p.stderr is not None
         line = p.stderr.readline()
-        assert "locked 128 KiB in 1 files; Ctrl-C to unlock" in line
+        assert "locked 128 KiB in 1 file; Ctrl-C to unlock" in line
         assert resident(f) == 32
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=10)
@@ -414,11 +414,54 @@ def test_warm_shares_a_large_tree_with_a_helper_process(ddir: Path, two_procs: l
     assert r.done_bytes == r.total_bytes == 40 * 4 * PS and seen[-1].done_bytes == r.done_bytes
 
 
+def _eta_shown(p: pc.Progress) -> str:
+    from dltop.text.datasets import progress_line
+
+    return progress_line(p).rsplit("ETA ", 1)[1]
+
+
+def test_eta_is_unknown_until_there_is_a_rate_and_never_0s_while_work_remains() -> None:
+    gib = 1 << 30
+    assert _eta_shown(pc.Progress("warm", gib // 2, gib, 2.0, 10)) == "2s"
+    assert _eta_shown(pc.Progress("warm", gib // 2, gib, 0.2, 10)) == "?"  # 0.2 s of work is no rate yet
+    assert _eta_shown(pc.Progress("warm", gib - 4096, gib, 2.0, 10)) == "1s"  # 8 µs left: rounded up, not 0s
+    assert _eta_shown(pc.Progress("warm", gib, gib, 2.0, 10)) == "0s"
+    # Half found resident in the first moments, then 2 s reading 1/4: the rate is the reading's, not 157 GiB/s.
+    p = pc.Progress("warm", 3 * gib // 4, gib, 2.0, 10, found_bytes=gib // 2)
+    assert p.rate_bytes_per_s == gib / 8 and _eta_shown(p) == "2s"
+    assert pc.Progress("warm", gib // 2, gib, 2.0, 10, found_bytes=gib // 2).eta_s is None
+
+
+def test_warm_found_resident_gives_no_eta_of_0s(ddir: Path) -> None:
+    """A warm whose first files (in walk order) are resident already showed 'warm 25% … 157 GiB/s ETA 0s'."""
+    files = sorted((make_file(ddir / f"f{i}.bin", 8 << 20) for i in range(4)), key=lambda f: f.stat().st_ino)
+    for f in files[:2]:
+        read_file(f)
+    seen: list[pc.Progress] = []
+    r = pc.warm([str(ddir)], progress=seen.append)
+    assert [_eta_shown(p) for p in seen if p.done_bytes < p.total_bytes].count("0s") == 0, seen
+    assert r.done_bytes == r.total_bytes == 32 << 20 and seen[-1].found_bytes == 16 << 20
+    for p in seen:  # a rate, once there is one, is of the bytes read, not of those found resident
+        assert p.rate_bytes_per_s is None or p.rate_bytes_per_s * p.elapsed_s <= p.done_bytes - p.found_bytes
+    assert _eta_shown(seen[-1]) == "0s"
+
+
+def test_warm_helpers_report_what_they_found_resident(ddir: Path, two_procs: list[pc._Helper]) -> None:
+    files = tree(ddir, n=40, size=4 * PS)
+    for f in files[::2]:
+        read_file(f)
+    seen: list[pc.Progress] = []
+    r = pc.warm([str(ddir)], progress=seen.append)
+    assert len(two_procs) == 1 and two_procs[0].proc is not None and two_procs[0].proc.returncode == 0
+    assert r.done_bytes == r.total_bytes == 40 * 4 * PS
+    assert seen[-1].found_bytes == 20 * 4 * PS  # both processes' resident files, none counted as work
+
+
 def test_warm_does_a_failed_helpers_share_itself(
     ddir: Path, two_procs: list[pc._Helper], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = tree(ddir, n=40, size=4 * PS)
-    monkeypatch.setattr(pc, "_HELPER_CODE", "import sys; sys.stdin.read(); print('P 99 9', flush=True); sys.exit('boom')")
+    monkeypatch.setattr(pc, "_HELPER_CODE", "import sys; sys.stdin.read(); print('P 99 9 0', flush=True); sys.exit('boom')")
     r = pc.warm([str(ddir)])
     assert len(two_procs) == 1 and any("helper process failed (boom)" in n for n in r.notes)
     assert all(resident(f) == 4 for f in files)
@@ -600,7 +643,7 @@ def test_evict_and_warm_as_nobody_say_unknown_not_zero(ddir: Path) -> None:
     r = dltop_as_nobody("evict", str(ddir / "a"))
     assert r.returncode == 0, r.stderr
     assert resident(f) == 0  # the kernel did evict it
-    assert r.stdout.startswith("evicted 256 KiB in 1 files")  # the DONTNEED done, not a hidden measurement
+    assert r.stdout.startswith("evicted 256 KiB in 1 file,")  # the DONTNEED done, not a hidden measurement
     assert "0.0%" not in r.stdout and "resident now: unknown for 64 pages" in r.stdout
     assert "owner or as root" in r.stdout
     s = json.loads(dltop_as_nobody("warm", str(ddir / "a"), "--json").stdout)

@@ -22,6 +22,8 @@ from typing import Any
 
 from dltop import kernel
 from dltop.errors import DltopError
+from dltop.fmt import plural
+from dltop.model.base import to_dict
 from dltop.model.datasets import NO_PERMISSION, DatasetUnavailable, counted_once
 from dltop.model.memory import safety_margin_bytes  # noqa: F401 - part of this module's API
 from dltop.sources.datasets import (
@@ -46,6 +48,9 @@ from dltop.sources.datasets import (
 WARM_INFLIGHT_BYTES = 512 << 20
 WARM_INFLIGHT_FILES = 512
 PROGRESS_EVERY_S = 0.1
+# A rate (and an ETA) from less than this much running time is start-up noise: the first files, the first
+# readahead, a burst of files found resident already. Before it, both are unknown.
+RATE_AFTER_S = 1.0
 # Warming many small files costs more CPU per file (open, the WILLNEED submission and its completion, the
 # wait, close) than device time, so with more than one CPU, helper processes each take a share of the files
 # (by inode number). Below this many files, starting them costs more than it saves.
@@ -68,19 +73,22 @@ class Progress:
     elapsed_s: float
     files_done: int
     path: str = ""
+    found_bytes: int = 0  # of done_bytes, those found done already (resident before a warm): no work, no rate
 
     @property
     def rate_bytes_per_s(self) -> float | None:
-        """Average rate so far, or None before there is one."""
-        return self.done_bytes / self.elapsed_s if self.elapsed_s > 0 and self.done_bytes > 0 else None
+        """Average rate of the work done so far; None until it has run RATE_AFTER_S and moved some bytes."""
+        worked = self.done_bytes - self.found_bytes
+        return worked / self.elapsed_s if self.elapsed_s >= RATE_AFTER_S and worked > 0 else None
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds left at the average rate so far."""
+        """Seconds left at the rate so far: 0 only when nothing is left, None while there is no rate yet."""
+        left = self.total_bytes - self.done_bytes
+        if left <= 0:
+            return 0.0
         rate = self.rate_bytes_per_s
-        if rate is None:
-            return None
-        return max(0.0, (self.total_bytes - self.done_bytes) / rate)
+        return None if rate is None else left / rate
 
 
 ProgressFn = Callable[[Progress], None]
@@ -204,9 +212,8 @@ class ActionResult:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data."""
-        d = {k: v for k, v in self.__dict__.items() if k != "guard"}
-        d["guard"] = None if self.guard is None else dict(self.guard.__dict__)
+        """Plain JSON data, by the Snapshot's codec: paths that are not UTF-8 get their `_b64` sibling."""
+        d: dict[str, Any] = to_dict(self)
         d["rate_bytes_per_s"] = self.done_bytes / self.elapsed_s if self.elapsed_s > 0 else None
         return d
 
@@ -220,21 +227,29 @@ class _Ticker:
         self.last = 0.0
         self.done = 0
         self.files = 0
+        self.found = 0  # of done: found done already (no work to do), left out of the rate
         self.helpers: list[_Helper] = []  # their progress counts too, until merged into done and files
 
-    def add(self, n: int, path: str = "", force: bool = False) -> None:
+    def add(self, n: int, path: str = "", force: bool = False, found: bool = False) -> None:
         self.done += n
+        if found:
+            self.found += n
         if self.fn is None and not self.helpers:
             return
         now = time.monotonic()
         if force or now - self.last >= PROGRESS_EVERY_S:
             self.last = now
-            done, files = self.done, self.files
+            done, files, found_n = self.done, self.files, self.found
             for h in self.helpers:
                 h.poll()  # also keeps its pipe drained
-                done, files = done + h.done, files + h.files
+                done, files, found_n = done + h.done, files + h.files, found_n + h.found
             if self.fn is not None:
-                self.fn(Progress(self.action, done, max(self.total, done), now - self.t0, files, path))
+                self.fn(Progress(self.action, done, max(self.total, done), now - self.t0, files, path, found_n))
+
+    def merge(self, h: _Helper) -> None:
+        """Take over what a helper has done, and zero its counts so nothing is counted twice."""
+        self.done, self.files, self.found = self.done + h.done, self.files + h.files, self.found + h.found
+        h.done = h.files = h.found = 0
 
 
 def _files(
@@ -499,16 +514,14 @@ def _run_warm(
             got = None if cancel is not None and cancel.is_set() else h.wait(cancel)
             if cancel is not None and cancel.is_set():
                 h.poll()  # count what it reported done before the cancel
-                ticker.done, ticker.files = ticker.done + h.done, ticker.files + h.files
-                h.done = h.files = 0
+                ticker.merge(h)
                 continue
             if got is None:  # the helper failed: do its share here
                 r.notes.append(f"helper process failed ({h.error or 'no result'}): its share was warmed in this one")
                 rep, b, a, u = _warm_pass(paths, options, None, ticker, cancel, r.notes, sized, h.shard)
             else:
                 rep, b, a, u = got
-                ticker.done, ticker.files = ticker.done + h.done, ticker.files + h.files
-                h.done = h.files = 0
+                ticker.merge(h)
             before, after, unknown = before + b, after + a, unknown + u
             for k, v in rep.skipped.items():
                 report.skipped[k] = report.skipped.get(k, 0) + v
@@ -644,9 +657,9 @@ def _warm_pass(
                         before += have
                         if have >= pages:
                             after += have  # already all in memory: nothing to read
-                            if sized:  # the total counted its data pages: count them done
+                            if sized:  # the total counted its data pages: count them done (found, not worked)
                                 try:
-                                    ticker.add(data_pages(fd, st, ps) * ps, path)
+                                    ticker.add(data_pages(fd, st, ps) * ps, path, found=True)
                                 except OSError as e:
                                     _skip(report, e, path)
                             os_close(fd)
@@ -737,14 +750,15 @@ _HELPER_CODE = "from dltop.actions.pagecache import _helper_main; raise SystemEx
 
 
 class _Helper:
-    """A child process warming one shard: `P done files` lines on its stdout while it runs, `R {json}` at the end.
+    """A child process warming one shard: `P done files found` lines on its stdout while it runs, `R {json}` at
+    the end.
 
     If it cannot start or fails, `wait()` says None with `error` set, and the caller warms that shard itself.
     """
 
     def __init__(self, shard: tuple[int, int, int]) -> None:
         self.shard = shard
-        self.done = self.files = 0
+        self.done = self.files = self.found = 0
         self.error = ""
         self._buf = b""
         self._result: dict[str, Any] | None = None
@@ -789,8 +803,8 @@ class _Helper:
         *lines, self._buf = self._buf.split(b"\n")
         for line in lines:
             if line.startswith(b"P "):
-                done, files = line.split()[1:3]
-                self.done, self.files = int(done), int(files)
+                done, files, found = line.split()[1:4]
+                self.done, self.files, self.found = int(done), int(files), int(found)
             elif line.startswith(b"R "):
                 self._result = json.loads(line[2:].decode("utf-8", "surrogateescape"))
 
@@ -809,12 +823,12 @@ class _Helper:
         if proc.returncode != 0 or res is None:
             err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr is not None else ""
             self.error = (err.splitlines() or [f"exit status {proc.returncode}"])[-1][:200]
-            self.done = self.files = 0
+            self.done = self.files = self.found = 0
             return None
         report = WalkReport()
         report.skipped = {str(k): int(v) for k, v in res["skipped"].items()}
         report.problems = [str(p) for p in res["problems"]]
-        self.done, self.files = int(res["done"]), int(res["files"])
+        self.done, self.files, self.found = int(res["done"]), int(res["files"]), int(res["found"])
         return report, int(res["before"]), int(res["after"]), int(res["unknown"])
 
     def stop(self) -> None:
@@ -853,7 +867,7 @@ def _helper_main() -> int:
     out = sys.stdout.buffer
 
     def say(p: Progress) -> None:
-        out.write(f"P {p.done_bytes} {p.files_done}\n".encode())
+        out.write(f"P {p.done_bytes} {p.files_done} {p.found_bytes}\n".encode())
         out.flush()
 
     ticker = _Ticker("warm", 0, say)
@@ -862,7 +876,7 @@ def _helper_main() -> int:
     report, before, after, unknown = _warm_pass(
         spec["paths"], options, None, ticker, None, notes, bool(spec["sized"]), shard
     )
-    tally = {"done": ticker.done, "files": ticker.files, "before": before, "after": after, "unknown": unknown,
+    tally = {"done": ticker.done, "files": ticker.files, "found": ticker.found, "before": before, "after": after, "unknown": unknown,
              "skipped": report.skipped, "problems": report.problems}
     out.write(b"R " + json.dumps(tally).encode("utf-8", "surrogateescape") + b"\n")
     out.flush()
@@ -1034,7 +1048,7 @@ def _explain_stayed(r: ActionResult, stayed: list[tuple[str, os.stat_result, int
             why, detail = "busy", "still in use (under writeback or being read)"
         r.stayed[why] = r.stayed.get(why, 0) + pages
         if len(r.stayed_detail) < 20:
-            r.stayed_detail.append(f"{display_path(path)}: {pages} pages {detail}")
+            r.stayed_detail.append(f"{display_path(path)}: {plural(pages, 'page')} {detail}")
 
 
 def _mappers(keys: set[tuple[int, int]], proc: str = "/proc") -> dict[tuple[int, int], list[tuple[int, str, bool]]]:

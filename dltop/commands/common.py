@@ -6,14 +6,58 @@ Below `cli.py`, so a command module never imports the entry point that imports i
 from __future__ import annotations
 
 import argparse
+import os
 from typing import NoReturn
+
+from dltop.errors import DltopError
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit status 2."""
+    """argparse, but a usage error is one line on stderr and exit status 2, naming this (sub)command's help."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog.split()[0]} --help)\n")
+        # A subcommand's prog is "dltop residency": its own --help says what the options take.
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
+
+
+def refresh_seconds(text: str) -> float:
+    """An argparse type: a refresh interval within the range the config file allows too."""
+    from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not MIN_REFRESH_S <= value <= MAX_REFRESH_S:
+        raise argparse.ArgumentTypeError(f"must be between {MIN_REFRESH_S} and {MAX_REFRESH_S} seconds: {text!r}")
+    return value
+
+
+def check_pid(pid: int | None, root: str = "/") -> None:
+    """A --pid that names no process is an error before anything starts, not a TUI watching nothing.
+
+    Another user's process passes: whether its cgroup can be read is the memory source's to say."""
+    if pid is None:
+        return
+    from dltop.kernel import process_exists
+
+    if os.path.realpath(root) != "/":  # a captured tree: its proc/ says which processes there were
+        exists = pid > 0 and os.path.isdir(os.path.join(root, "proc", str(pid)))
+    else:
+        exists = process_exists(pid)
+    if not exists:
+        raise DltopError(f"no such process: {pid}")
 
 
 def add_common_options(p: argparse.ArgumentParser) -> None:

@@ -24,17 +24,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sysroot", "--root", dest="sysroot", metavar="DIR", default="/",
                    help="read sys/ and proc/ under DIR (a captured tree, like lscpu --sysroot)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--decode", action="append", metavar="REG=VALUE",
-                   help="decode a register value (" + ", ".join(cpuregs.REGISTERS) + "); repeatable; "
-                        "reads nothing from the system")
+    p.add_argument("--decode", action="append", metavar="REG=VALUE", type=_decode_arg,
+                   help="decode a register value (" + ", ".join(cpuregs.REGISTERS) + "; 0x for hex, bare "
+                        "digits are refused as ambiguous); repeatable; reads nothing from the system")
     p.add_argument("--full-tree", action="store_true", help="print every node of the tree (no folding)")
     p.set_defaults(func=run)
+
+
+def _decode_arg(text: str) -> tuple[str, int]:
+    """--decode's type: a bad value is a usage error (exit 2), checked before anything runs."""
+    try:
+        return cpuregs.parse_decode_arg(text)
+    except DltopError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the topology (or the decoded registers) as text or JSON."""
     if args.decode:
-        decoded = [cpuregs.decode_register(*cpuregs.parse_decode_arg(a)) for a in args.decode]
+        decoded = [cpuregs.decode_register(name, value) for name, value in args.decode]
         if args.json:
             _write(json.dumps(decoded if len(decoded) > 1 else decoded[0], indent=2))
         else:

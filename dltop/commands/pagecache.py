@@ -10,6 +10,7 @@ import sys
 import threading
 from typing import Any
 
+from dltop.commands.common import non_negative_int
 from dltop.errors import DltopError
 
 
@@ -29,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("residency", help="how much of a dataset is in the page cache, per folder",
                        description="Page-cache residency of files and folders, counted as fincore counts it.")
     _walk_options(p)
-    p.add_argument("--depth", type=int, default=1, metavar="N", help="show folders down to depth N (default 1)")
+    p.add_argument("--depth", type=non_negative_int, default=1, metavar="N",
+                   help="show folders down to depth N (default 1)")
     p.set_defaults(func=run_residency)
 
     helps = {
@@ -42,10 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         _walk_options(p)
         p.add_argument("--dry-run", action="store_true", help="say what would happen, change nothing")
         if name in ("warm", "lock"):
-            p.add_argument("--force", action="store_true", help="go ahead even if the memory guard says no")
-        if name == "warm":
-            p.add_argument("--fit", action="store_true",
-                           help="when the whole dataset does not fit, warm the part that fits")
+            # --force (all of it) and --fit (the part that fits) answer the guard's "no" in opposite ways.
+            guard = p.add_mutually_exclusive_group()
+            guard.add_argument("--force", action="store_true", help="go ahead even if the memory guard says no")
+            if name == "warm":
+                guard.add_argument("--fit", action="store_true",
+                                   help="when the whole dataset does not fit, warm the part that fits")
         p.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
         p.set_defaults(func=run_action, action=name)
 
@@ -87,8 +91,6 @@ def run_residency(args: argparse.Namespace) -> int:
     from dltop.model.datasets import DatasetUnavailable
     from dltop.sources.datasets import scan_paths
 
-    if args.depth < 0:
-        raise DltopError("--depth must be 0 or more")
     _check_paths(args.paths)
     part = scan_paths(tuple(args.paths), _options(args, args.depth))
     for ds in part.paths:
@@ -171,10 +173,10 @@ def run_action(args: argparse.Namespace) -> int:
 
 def _hold(runner: Any, files: int, held: dict[str, int], stop: threading.Event) -> None:
     """Keep the pages locked until Ctrl-C or SIGTERM (the handler sets `stop`); then unlock."""
-    from dltop.fmt import human_bytes
+    from dltop.fmt import human_bytes, plural
 
     try:
-        print(f"locked {human_bytes(sum(held.values()))} in {files} files; Ctrl-C to unlock", file=sys.stderr,
+        print(f"locked {human_bytes(sum(held.values()))} in {plural(files, 'file')}; Ctrl-C to unlock", file=sys.stderr,
               flush=True)
         while not stop.wait(0.5):
             pass
@@ -184,7 +186,8 @@ def _hold(runner: Any, files: int, held: dict[str, int], stop: threading.Event) 
 
 
 def _print_result(args: argparse.Namespace, r: Any) -> None:
-    from dltop.fmt import human_bytes, human_rate
+    from dltop.fmt import human_bytes, human_rate, plural
+    from dltop.text.datasets import skipped_text
 
     if args.json:
         sys.stdout.write(json.dumps(r.to_dict()) + "\n")
@@ -193,26 +196,26 @@ def _print_result(args: argparse.Namespace, r: Any) -> None:
     verb = {"warm": "warmed", "evict": "evicted", "lock": "locked"}[r.action]
     if r.dry_run:
         verb = {"warm": "would warm", "evict": "would evict", "lock": "would lock"}[r.action]
-        print(f"{verb} {human_bytes(r.total_bytes)} in {r.files} files")
+        print(f"{verb} {human_bytes(r.total_bytes)} in {plural(r.files, 'file')}")
     else:
         rate = r.done_bytes / r.elapsed_s if r.elapsed_s > 0 else None
         state = " (cancelled)" if r.cancelled else ""
-        print(f"{verb} {human_bytes(r.done_bytes)} in {r.files} files, "
+        print(f"{verb} {human_bytes(r.done_bytes)} in {plural(r.files, 'file')}, "
               f"{r.elapsed_s:.2f}s, {human_rate(rate, missing='-')}{state}")
         if r.unknown_pages:  # never counted resident or not: the note below says why and what to do
-            print(f"resident now: unknown for {r.unknown_pages} pages; {r.resident_pages_after or 0} pages "
-                  "resident among those whose residency the kernel shows")
+            print(f"resident now: unknown for {plural(r.unknown_pages, 'page')}; "
+                  f"{plural(r.resident_pages_after or 0, 'page')} resident among those whose residency the kernel shows")
         elif r.resident_pages_after is not None and r.pages:
-            print(f"resident now: {r.resident_pages_after} of {r.pages} pages "
+            print(f"resident now: {r.resident_pages_after} of {plural(r.pages, 'page')} "
                   f"({100 * r.resident_pages_after / r.pages:.1f}%)")
     if r.guard is not None:
         print(f"memory guard: {r.guard.message}")
     for why, pages in r.stayed.items():
-        print(f"stayed resident: {pages} pages ({why})")
+        print(f"stayed resident: {plural(pages, 'page')} ({why})")
     for line in r.stayed_detail[:10]:
         print(f"  {line}")
     if r.skipped:
-        print("skipped: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in r.skipped.items()))
+        print("skipped: " + skipped_text(r.skipped))
     for p in r.problems[:5]:
         print(f"  {p}")
     for n in r.notes:

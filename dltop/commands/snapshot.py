@@ -18,11 +18,11 @@ def _positive_seconds(text: str) -> float:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `dltop snapshot`."""
-    from dltop.commands.common import add_common_options
+    from dltop.commands.common import add_common_options, non_negative_int
 
     p = sub.add_parser("snapshot", help="print one Snapshot and exit", description=__doc__)
     p.add_argument("--json", action="store_true", help="print JSON (the default; kept for scripts)")
-    p.add_argument("--indent", type=int, default=None, metavar="N", help="indent the JSON by N spaces")
+    p.add_argument("--indent", type=non_negative_int, default=None, metavar="N", help="indent the JSON by N spaces")
     p.add_argument("--timeout", type=_positive_seconds, default=None, metavar="SECONDS",
                    help="give up on a source after this long (default: each source's own)")
     p.add_argument("--dataset", dest="paths", action="append", metavar="PATH",
@@ -33,11 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print one Snapshot as JSON."""
+    from dltop.commands.common import check_pid
     from dltop.config import settings_from_args
     from dltop.sampler import Sampler
     from dltop.sources.registry import build_sources
 
     settings = settings_from_args(args)
+    check_pid(settings.pid, settings.root)
     sampler = Sampler(build_sources(settings), root=settings.root)
     try:
         snap = sampler.read_once(args.timeout)

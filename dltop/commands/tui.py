@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 
+from dltop.commands.common import check_pid
 from dltop.config import settings_from_args
 from dltop.errors import DltopError, UsageError
 from dltop.sampler import Sampler
@@ -20,7 +21,7 @@ def check_dataset_paths(paths: tuple[str, ...], commands: list[str] | None = Non
             continue
         if "/" not in p and commands:
             raise UsageError(f"error: unknown subcommand {p!r}, and no such path "
-                             f"(subcommands: {', '.join(sorted(commands))})")
+                             f"(subcommands: {', '.join(sorted(commands))}; see dltop --help)")
         raise DltopError(f"no such dataset path: {p}")
 
 
@@ -28,6 +29,7 @@ def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
     """Start the TUI on the live Sampler."""
     check_dataset_paths(tuple(args.paths), commands)
     settings = settings_from_args(args)  # a bad option is a usage error first
+    check_pid(settings.pid, settings.root)
     if not (os.isatty(0) and os.isatty(1)):
         # Drawn into a file or a pipe, a TUI writes escape sequences forever (`dltop > log`).
         raise DltopError("the TUI needs a terminal (stdin and stdout); for one reading as JSON use "

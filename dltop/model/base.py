@@ -1,8 +1,20 @@
-"""The pieces every Snapshot part is built from: `Unavailable` and an exact JSON codec for frozen dataclasses."""
+"""The pieces every Snapshot part is built from: `Unavailable` and an exact JSON codec for frozen dataclasses.
+
+Paths are `str` with surrogate escapes where a name is not UTF-8 (`os.fsdecode`). JSON text must be UTF-8, and
+a lone surrogate ("\\udcfe") is not: jq turns it into U+FFFD, strict parsers refuse it. So every string is
+written in its display form (undecodable bytes as `\\xNN`, always valid UTF-8), and a dataclass field (or an
+`Unavailable`'s reason) holding a string that is not UTF-8 gets a sibling `<field>_b64` with the exact bytes in
+base64: for a list field one entry per item (null where the item is UTF-8), for a map field the keys whose
+values are not UTF-8. Decoding takes the bytes from the sibling, so the round trip stays exact; a reader that
+does not know the sibling sees the display form. (Map keys are written in display form only.)
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass
@@ -10,6 +22,7 @@ from functools import cache
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
+RAW_SUFFIX = "_b64"  # the sibling field holding the exact bytes of a string that is not UTF-8
 
 
 @dataclass(frozen=True)
@@ -27,16 +40,80 @@ class DecodeError(ValueError):
 
 
 def to_dict(obj: Any) -> Any:
-    """Turn a (nested) frozen dataclass into plain JSON data; `Unavailable` becomes {"unavailable": reason}."""
+    """Turn a (nested) frozen dataclass into plain JSON data; `Unavailable` becomes {"unavailable": reason};
+    strings become valid UTF-8, with `<field>_b64` beside a field that is not (see the module's docstring)."""
     if isinstance(obj, Unavailable):
-        return {"unavailable": obj.reason}
+        raw = _raw_form(obj.reason)
+        return {"unavailable": display_path(obj.reason), **({} if raw is None else {"unavailable" + RAW_SUFFIX: raw})}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            out[f.name] = to_dict(value)
+            raw = _raw_form(value)
+            if raw is not None:
+                out[f.name + RAW_SUFFIX] = raw
+        return out
     if isinstance(obj, tuple | list):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):
-        return {str(k): to_dict(v) for k, v in obj.items()}
+        return {display_path(str(k)): to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, str):
+        return display_path(obj)
     return obj
+
+
+def display_path(path: str) -> str:
+    """A path safe to print and to write as JSON: undecodable bytes (surrogate escapes) shown as \\xNN."""
+    return path if _is_utf8(path) else os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _is_utf8(s: str) -> bool:
+    if s.isascii():  # the common case, and much faster than encoding
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _b64(s: str) -> str:
+    return base64.b64encode(os.fsencode(s)).decode("ascii")
+
+
+def _raw_form(value: Any) -> Any:
+    """The `_b64` sibling of a field's value, or None when every string in it is UTF-8 already."""
+    if isinstance(value, str):
+        return None if _is_utf8(value) else _b64(value)
+    if isinstance(value, tuple | list) and any(isinstance(v, str) and not _is_utf8(v) for v in value):
+        return [_b64(v) if isinstance(v, str) and not _is_utf8(v) else None for v in value]
+    if isinstance(value, dict):
+        raw = {display_path(str(k)): _b64(v) for k, v in value.items() if isinstance(v, str) and not _is_utf8(v)}
+        return raw or None
+    return None
+
+
+def _from_raw(display: Any, raw: Any, where: str) -> Any:
+    """The exact value of a field from its display form and its `_b64` sibling."""
+
+    def unb64(text: Any) -> str:
+        if not isinstance(text, str):
+            raise DecodeError(f"{where}: expected base64 text")
+        try:
+            return os.fsdecode(base64.b64decode(text, validate=True))
+        except (binascii.Error, ValueError):
+            raise DecodeError(f"{where}: not base64: {text[:40]!r}") from None
+
+    if isinstance(raw, list):
+        if not isinstance(display, list) or len(display) != len(raw):
+            raise DecodeError(f"{where}: expected one entry per item of the field")
+        return [d if r is None else unb64(r) for d, r in zip(display, raw, strict=True)]
+    if isinstance(raw, dict):
+        if not isinstance(display, dict) or not set(raw) <= set(display):
+            raise DecodeError(f"{where}: expected keys of the field")
+        return {k: unb64(raw[k]) if k in raw else v for k, v in display.items()}
+    return unb64(raw)
 
 
 @cache
@@ -56,7 +133,10 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
     if origin in (Union, types.UnionType):
         return _decode_union(get_args(tp), data, where)
     if tp is Unavailable:
-        if isinstance(data, dict) and set(data) == {"unavailable"} and isinstance(data["unavailable"], str):
+        raw_key = "unavailable" + RAW_SUFFIX
+        if isinstance(data, dict) and set(data) - {raw_key} == {"unavailable"} and isinstance(data["unavailable"], str):
+            if raw_key in data:
+                return Unavailable(_from_raw(data["unavailable"], data[raw_key], f"{where}.{raw_key}"))
             return Unavailable(data["unavailable"])
         raise DecodeError(f"{where}: expected {{'unavailable': reason}}")
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
@@ -66,7 +146,10 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
         kwargs = {}
         for f in dataclasses.fields(tp):
             if f.name in data:
-                kwargs[f.name] = _decode(hints[f.name], data[f.name], f"{where}.{f.name}")
+                value = data[f.name]
+                if f.name + RAW_SUFFIX in data:
+                    value = _from_raw(value, data[f.name + RAW_SUFFIX], f"{where}.{f.name}{RAW_SUFFIX}")
+                kwargs[f.name] = _decode(hints[f.name], value, f"{where}.{f.name}")
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise DecodeError(f"{where}: missing field {f.name!r}")
         return tp(**kwargs)

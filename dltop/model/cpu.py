@@ -152,7 +152,7 @@ class Registers:
     ctr_el0: CtrEl0 | Unavailable
     clidr_el1: tuple[ClidrEl1, ...] | Unavailable
     ccsidr_el1: tuple[CcsidrEl1, ...] | Unavailable
-    midr_el1: dict[str, str]  # cpu number (as text) -> "0x411fd461"
+    midr_el1: dict[str, str] | Unavailable  # cpu number (as text) -> "0x411fd461"; Unavailable off Arm
     cpuid_caches: tuple[CpuidCache, ...] | Unavailable = Unavailable("not read")  # x86, live machine only
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from dltop import cpuregs
 from dltop.config import Settings
+from dltop.fmt import plural
 from dltop.model.base import Unavailable
 from dltop.model.cpu import (
     CacheInstance,
@@ -85,7 +86,7 @@ def parse_cpu_mask(text: str) -> tuple[int, ...]:
     """Kernel mask syntax '00000000,00080000,00000008' (32-bit hex words, most significant first) -> CPUs."""
     words = clean(text).split(",")
     if len(words) * 32 > MAX_CPU_ID + 1:
-        raise ValueError(f"mask of {len(words)} words is wider than {MAX_CPU_ID + 1} CPUs")
+        raise ValueError(f"mask of {plural(len(words), 'word')} is wider than {MAX_CPU_ID + 1} CPUs")
     value = 0
     for w in words:
         w = w.strip()
@@ -641,7 +642,7 @@ def _classify(kinds: tuple[CoreKind, ...], caches: tuple[CacheInstance, ...],
         if l2 and all(cores_in(i) == 1 for i in l2):
             llc = max(caches, key=lambda c: c.level)
             return "homogeneous", (f"one core kind ({name}); private L2 per core, L{llc.level} shared by "
-                                   f"{len(llc.cpus)} CPUs")
+                                   f"{plural(len(llc.cpus), 'CPU')}")
         return "homogeneous", f"one core kind ({name})"
     mixed = [c for c in caches if len({kind_of.get(x) for x in c.cpus} - {None}) > 1]
     if mixed:
@@ -686,11 +687,11 @@ def _check(caches: tuple[CacheInstance, ...], online: list[int], threads: dict[i
         assert isinstance(size, int) and isinstance(sets, int) and isinstance(ways, int) and isinstance(line, int)
         product = sets * ways * line
         implied = size // (sets * line) if size % (sets * line) == 0 else None
-        hint = f"; size / (sets × line) would mean {implied} ways" if implied else ""
+        hint = f"; size / (sets × line) would mean {plural(implied, 'way')}" if implied else ""
         cpus = tuple(sorted({x for i in insts for x in i.cpus}))
         flags.append(CpuFlag("geometry_mismatch", "warning",
-                             f"{name} ({len(insts)} instance{'s' if len(insts) > 1 else ''}): size "
-                             f"{_short_size(size)} but {sets} sets × {ways} ways × {line} B = "
+                             f"{name} ({plural(len(insts), 'instance')}): size "
+                             f"{_short_size(size)} but {plural(sets, 'set')} × {plural(ways, 'way')} × {line} B = "
                              f"{_short_size(product)}{hint}", cpus))
     # The last level shared by no more CPUs than the level below: a VM showing only its own vCPUs.
     top = max(c.level for c in caches)
@@ -737,10 +738,13 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
     is_arm = arch in ("aarch64", "arm", "arm64")
     live = os.path.realpath(root) == "/"
     if not is_arm:
-        why = f"CTR_EL0, CLIDR_EL1 and CCSIDR_EL1 are Arm registers; this is {arch or 'not Arm'}"
+        why = f"CTR_EL0, CLIDR_EL1, CCSIDR_EL1 and MIDR_EL1 are Arm registers; this is {arch or 'not Arm'}"
         cpuid = read_cpuid_caches() if live else Unavailable(
             "read only on the live machine, not from a captured tree")
-        return Registers(Unavailable(why), Unavailable(why), Unavailable(why), midrs, cpuid)
+        return Registers(Unavailable(why), Unavailable(why), Unavailable(why), Unavailable(why), cpuid)
+    midr: dict[str, str] | Unavailable = midrs or Unavailable(
+        "no cpu*/regs/identification/midr_el1 in sysfs and no CPU implementer, part, variant and revision in "
+        "/proc/cpuinfo")
     ctr: CtrEl0 | Unavailable
     if not live:
         ctr = Unavailable("read only on the live machine, not from a captured tree")
@@ -748,7 +752,7 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
         ctr = read_ctr_el0()
     if not caches:
         why = "no cache information in sysfs to rebuild it from"
-        return Registers(ctr, Unavailable(why), Unavailable(why), midrs, _NOT_X86)
+        return Registers(ctr, Unavailable(why), Unavailable(why), midr, _NOT_X86)
     clidrs: list[ClidrEl1] = []
     ccsidrs: list[CcsidrEl1] = []
     groups = [k.cpus for k in kinds] or [tuple(sorted({x for c in caches for x in c.cpus}))]
@@ -791,7 +795,7 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
                 vcc = cpuregs.encode_ccsidr(c.line_bytes, c.ways, c.sets, ccidx=True)
             ccsidrs.append(CcsidrEl1(cache=c.name, cpus=c.cpus, csselr=((c.level - 1) << 1) | ind,
                                      value_32bit=v32, value_ccidx=vcc))
-    return Registers(ctr, tuple(clidrs), tuple(ccsidrs), midrs, _NOT_X86)
+    return Registers(ctr, tuple(clidrs), tuple(ccsidrs), midr, _NOT_X86)
 
 
 _NOT_X86 = Unavailable("CPUID is an x86 instruction")

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dltop import kernel
-from dltop.fmt import display_path
-from dltop.model.base import Unavailable
+from dltop.model.base import Unavailable, display_path
 from dltop.model.datasets import (
     NO_PERMISSION,
     DatasetResidency,

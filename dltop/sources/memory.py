@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from dltop.config import Settings
+from dltop.kernel import process_exists
 from dltop.model.base import Unavailable
 from dltop.model.memory import CgroupMemory, DiskStat, MemoryPart, Pressure, VmStat
 from dltop.sources.base import Source
@@ -370,6 +371,16 @@ def _read_v1(base: str, rel: str) -> CgroupMemory:
     return CgroupMemory(path=rel, version=1, no_limit=no_limit, unavailable=missing, **values)  # type: ignore[arg-type]
 
 
+def _no_proc_reason(root: str, pid: int | str, proc: str) -> str:
+    """Why /proc/PID/cgroup is missing: the process is gone, or it runs but /proc hides it (hidepid)."""
+    if pid == "self":
+        return f"{proc} not found"
+    if os.path.realpath(root) == "/" and process_exists(int(pid)):
+        return (f"process {pid} runs, but {_path(root, 'proc')} hides it from this user (mounted with hidepid): "
+                "run dltop as its owner or as root to read its cgroup")
+    return f"no process {pid}"
+
+
 def read_cgroup_memory(root: str = "/", pid: int | str = "self") -> CgroupMemory | Unavailable:
     """The memory controller of `pid`'s cgroup, v2 or v1 (whichever hierarchy holds it): usage, the limit, file
     pages and OOM kills. What cannot be read says so, naming the version; a limit not read is never "no limit"."""
@@ -377,7 +388,7 @@ def read_cgroup_memory(root: str = "/", pid: int | str = "self") -> CgroupMemory
     try:
         found = parse_proc_cgroup(_read_text(proc))
     except FileNotFoundError:
-        return Unavailable(f"no process {pid}" if pid != "self" else f"{proc} not found")
+        return Unavailable(_no_proc_reason(root, pid, proc))
     except OSError as e:
         return Unavailable(_why(e, proc))
     if found is None:

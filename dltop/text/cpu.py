@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Sequence
 
+from dltop.fmt import plural
 from dltop.model.base import Unavailable
 from dltop.model.cpu import CacheInstance, CoreKind, CpuPart, TopologyNode, format_cpu_list
 
@@ -102,8 +103,7 @@ def tree_lines(nodes: Sequence[TopologyNode], fold: bool = True, max_depth: int 
                 # Say how many CPUs each one serves: "[CPUs 0-1]" after a folded run read as if every
                 # instance spanned all of them.
                 per = len(node.cpus)
-                where = "" if each else (f"  [{per} CPU{'s' if per != 1 else ''} each, "
-                                         f"CPUs {format_cpu_list(cpus)} in all]")
+                where = "" if each else f"  [{plural(per, 'CPU')} each, CPUs {format_cpu_list(cpus)} in all]"
                 out.append(f"{prefix}{conn}{len(run)} × {_fold_label(node)}{where}"
                            + (", each with:" if node.children else ""))
             else:
@@ -162,8 +162,9 @@ def register_lines(part: CpuPart) -> list[str]:
             out.append(f"CPUID       {r.cpuid_caches}")
     else:
         for q in r.cpuid_caches:
-            out.append(f"CPUID {q.leaf}  {q.name:<4} {size_text(q.size_bytes)}  {q.ways} ways  {q.sets} sets  "
-                       f"line {q.line_bytes}  up to {q.threads_sharing} threads share it")
+            out.append(f"CPUID {q.leaf}  {q.name:<4} {size_text(q.size_bytes)}  {plural(q.ways, 'way')}  "
+                       f"{plural(q.sets, 'set')}  line {q.line_bytes}  shared by up to "
+                       f"{plural(q.threads_sharing, 'thread')}")
     return out
 
 
@@ -182,7 +183,7 @@ def render_text(part: CpuPart, root: str = "/", fold: bool = True) -> str:
     """The human report `dltop cpu` prints."""
     lines = []
     where = "" if os.path.realpath(root) == "/" else f"sysroot {root}; "
-    lines.append(f"CPU cache topology ({where}{part.arch or 'arch unknown'}; {len(part.cpus)} CPUs, "
+    lines.append(f"CPU cache topology ({where}{part.arch or 'arch unknown'}; {plural(len(part.cpus), 'CPU')}, "
                  f"{len(part.online)} online)")
     lines.append(f"Arrangement: {part.arrangement}: {part.arrangement_reason}")
     lines.append("")
@@ -191,7 +192,7 @@ def render_text(part: CpuPart, root: str = "/", fold: bool = True) -> str:
         lines.extend(_table(*kind_table(part)))
         lines.append("")
     if part.caches:
-        lines.append(f"Caches ({len(part.caches)} instances)")
+        lines.append(f"Caches ({plural(len(part.caches), 'instance')})")
         rows = [[name, c.type, size_text(c.size_bytes), _num(c.ways), _num(c.sets), _num(c.line_bytes),
                  str(n), str(len(c.cpus)), cpus] for name, c, n, cpus in cache_groups(part)]
         lines.extend(_table(["name", "type", "size", "ways", "sets", "line", "count", "cpus/inst", "cpus"], rows))
@@ -229,8 +230,10 @@ def decode_text(d: dict[str, object]) -> str:
             continue
         if k == "layouts" and isinstance(v, list):
             for lay in v:
-                lines.append(f"  layout {lay['layout']}: line {lay['line_bytes']} B, {lay['ways']} ways, "
-                             f"{lay['sets']} sets = {size_text(lay['size_bytes'])}")
+                lines.append(f"  layout {lay['layout']}: line {lay['line_bytes']} B, {plural(lay['ways'], 'way')}, "
+                             f"{plural(lay['sets'], 'set')} = {size_text(lay['size_bytes'])}")
+                if lay["implausible"]:
+                    lines.append(f"    ! implausible in this layout: {'; '.join(lay['implausible'])}")
             continue
         lines.append(f"  {k:<16} {'-' if v is None else v}")
     return "\n".join(lines)

@@ -3,9 +3,11 @@ progress line. Shown by the CLI and the TUI alike, so it lives below both."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from dltop.fmt import display_path, human_bytes, human_duration, human_rate
+from dltop.fmt import human_bytes, human_duration, human_rate, plural
+from dltop.model.base import display_path
 from dltop.model.datasets import (
     DatasetResidency,
     DatasetsPart,
@@ -48,7 +50,7 @@ def unavailable_row_values(label: str, age_s: float | None) -> tuple[str, ...]:
 def node_summary(node: ResidencyNode, page_size: int) -> str:
     """`29.0 MiB of 5.2 GiB resident (1%), 20008 files`: one folder's line, in the unit of its rows."""
     return (f"{human_bytes(node.data_resident_pages * page_size)} of {human_bytes(node.data_pages * page_size)} "
-            f"resident ({pct_text(node)}), {node.files} files")
+            f"resident ({pct_text(node)}), {plural(node.files, 'file')}")
 
 
 def datasets_summary(datasets: list[DatasetResidency]) -> str:
@@ -92,6 +94,17 @@ def holes_note(ds: ResidencyNode, page_size: int) -> str | None:
     return text
 
 
+# Reasons an entry was skipped that are nouns ("2 symlinks"); the others are adjectives ("2 unreadable").
+_SKIP_NOUNS = {"hardlink": "hard link", "symlink": "symlink", "symlink_loop": "symlink loop",
+               "other_filesystem": "other filesystem", "error": "error"}
+
+
+def skipped_text(skipped: dict[str, int]) -> str:
+    """{'symlink': 1, 'unreadable': 2} -> '1 symlink, 2 unreadable'."""
+    return ", ".join(plural(n, _SKIP_NOUNS[k]) if k in _SKIP_NOUNS else f"{n} {k.replace('_', ' ')}"
+                     for k, n in skipped.items())
+
+
 def format_residency(part: DatasetsPart) -> str:
     """The human table of `dltop residency`: one row per dataset and folder, indented by depth; a total row."""
     ps = part.page_size
@@ -116,7 +129,7 @@ def format_residency(part: DatasetsPart) -> str:
         add(ds, 0, display_path(ds.path))
         extra = []
         if ds.skipped:
-            extra.append("skipped " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in ds.skipped.items()))
+            extra.append("skipped " + skipped_text(ds.skipped))
         extra.append(f"{ds.method}, {ds.fs_type or '?'}, scanned in {ds.scan_duration_s:.2f}s")
         if not ds.complete:
             extra.append("incomplete scan")
@@ -140,7 +153,8 @@ def progress_line(p: Any, width: int = 20, marks: str = "█░", pct_digits: in
     """`warm [███░░] 40% 1.2 GiB/3.0 GiB 800 MiB/s ETA 2s` from an action's Progress."""
     frac = p.done_bytes / p.total_bytes if p.total_bytes else 1.0
     fill = int(width * min(1.0, frac))
-    eta = human_duration(p.eta_s) if p.eta_s is not None else "?"
+    # Rounded up: "0s" only when nothing is left, "?" until there is a rate to go by.
+    eta = human_duration(math.ceil(p.eta_s)) if p.eta_s is not None else "?"
     pct = f"{100 * frac:{5 if pct_digits else 0}.{pct_digits}f}%"
     return (f"{p.action} [{marks[0] * fill}{marks[1] * (width - fill)}] {pct} "
             f"{human_bytes(p.done_bytes)}/{human_bytes(p.total_bytes)} "

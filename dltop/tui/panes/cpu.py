@@ -8,6 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
+from dltop.fmt import plural
 from dltop.model import CpuPart, Unavailable
 from dltop.model.cpu import format_cpu_list
 from dltop.text.cpu import kind_table, kinds_summary, register_lines, tree_lines
@@ -19,7 +20,7 @@ def summary_text(part: CpuPart) -> Text:
     """Arch, CPU counts, core kinds and the arrangement with its evidence."""
     t = Text()
     t.append(part.arch or "arch unknown", "bold")
-    t.append(f"  {len(part.cpus)} CPUs ({len(part.online)} online)")
+    t.append(f"  {plural(len(part.cpus), 'CPU')} ({len(part.online)} online)")
     if part.threads_per_core and part.threads_per_core > 1:
         t.append(f", {part.threads_per_core} threads per core")
     if part.core_kinds:

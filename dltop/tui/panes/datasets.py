@@ -27,6 +27,7 @@ from dltop.text.datasets import (
     node_summary,
     progress_line,
     row_values,
+    skipped_text,
     unavailable_row_values,
 )
 from dltop.tui.messages import (
@@ -234,7 +235,7 @@ class DatasetPane(Pane):
             why = ds.problems[0] if ds.problems else "cut short by its time budget or a cancel"
             bits.append(f"scan incomplete: {why}")
         if ds.skipped:
-            bits.append("skipped " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in ds.skipped.items()))
+            bits.append("skipped " + skipped_text(ds.skipped))
         t.append(" · ".join(bits))
         return t
 
