@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -45,6 +46,7 @@ MIN_WIDTH, MIN_HEIGHT = 80, 24
 HISTORY_LEN = 600  # ten minutes at the default refresh: what the sparklines show
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 HINT_LINES = 2
+LEAVE_WITHIN_S = 3.0  # after a kill or a hangup, at most this long before the process is gone
 
 
 class Feed(Protocol):
@@ -106,8 +108,9 @@ class DltopApp(App[None]):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     def __init__(self, feed: Feed, settings: Settings | None = None, replay: bool = False,
-                 clock: Callable[[], float] = time.time, runner: Any = None) -> None:
+                 clock: Callable[[], float] = time.time, runner: Any = None, own_signals: bool = False) -> None:
         super().__init__()
+        self._own_signals = own_signals  # a real run (not a test's): SIGTERM and SIGHUP leave as q does
         self.feed = feed
         if runner is None:
             from dltop.actions.runner import ActionRunner
@@ -138,16 +141,18 @@ class DltopApp(App[None]):
         yield Footer(compact=True, show_command_palette=False)  # ^p is an ordinary label: all fit 80 columns
 
     def on_load(self) -> None:
-        if not self.is_headless:
+        if self._own_signals:
             # Leave as q does — alternate screen, mouse tracking and cursor restored — on a kill or a hangup
             # (the default action would leave the terminal needing `reset`). Installed before the terminal is
             # put in application mode, so no moment is left uncovered.
             loop = asyncio.get_running_loop()
             for sig, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129)):
-                loop.add_signal_handler(sig, self.exit, None, code)
+                loop.add_signal_handler(sig, self._leave, code)
 
     async def on_mount(self) -> None:
-        if not self.is_headless and os.isatty(0):
+        if not self.is_headless:
+            # Unconditionally: a hangup that came before this point (its exit() too early to take) is caught
+            # at the first tick.
             self.set_interval(1.0, self._exit_if_terminal_gone)
         self.runner.subscribe(lambda ev: self.post_message(ActionEventPosted(ev)))
         self.feed.start()
@@ -172,7 +177,15 @@ class DltopApp(App[None]):
         # Textual's input thread spins on it at 100% CPU next to the training job. A monitor with no
         # terminal has nothing to do: leave.
         if not os.isatty(0):
-            self.exit(return_code=129)
+            self._leave(129)
+
+    def _leave(self, code: int) -> None:
+        """Exit as q does; if restoring a terminal that hung up wedges the shutdown, end the process anyway."""
+        self.exit(return_code=code)
+        self.runner.close()  # unlock now: the watchdog's os._exit would skip on_unmount
+        watchdog = threading.Timer(LEAVE_WITHIN_S, os._exit, (code,))
+        watchdog.daemon = True
+        watchdog.start()
 
     def on_resize(self, event: events.Resize) -> None:
         self._check_size(event.size.width, event.size.height)
