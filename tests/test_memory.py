@@ -252,7 +252,7 @@ def test_real_cgroup_of_this_process() -> None:
         assert cg.reason.startswith(f"cgroup v{version}: ")
         return
     assert cg.version == version and cg.path == rel
-    base = Path(_cgroup_dir("/", version, rel))  # found as the source finds it (tested on trees above)
+    base = Path(_cgroup_dir("/", version, rel)[0])  # found as the source finds it (tested on trees above)
     usage = "memory.usage_in_bytes" if version == 1 else "memory.current"
     # Usage moves while the test runs; the limit and its unit do not.
     assert abs(cg.current_bytes - int((base / usage).read_text())) < 64 << 20  # type: ignore[operator]
@@ -286,6 +286,31 @@ def test_cgroup_v2_job(tmp_path: Path) -> None:
     assert not isinstance(cg, Unavailable)
     assert (cg.version, cg.current_bytes, cg.max_bytes, cg.file_bytes, cg.file_dirty_bytes, cg.oom_kill) == (
         2, 5000000, 8000000, 4096000, 8192, 1)
+
+
+def test_cgroup_v2_limit_set_on_the_job_binds_its_step(tmp_path: Path) -> None:
+    # Slurm on v2: the job's cgroup carries memory.max, the step the process runs in has none ("max").
+    # The job's usage (all its steps) is what the limit is held against: that is what must be shown.
+    job = "sys/fs/cgroup/system.slice/slurmstepd.scope/job_42"
+    root = write_cgroup_tree(tmp_path, "0::/system.slice/slurmstepd.scope/job_42/step_0\n", V2_MOUNTINFO, {
+        f"{job}/memory.max": f"{4 * GIB}\n", f"{job}/memory.current": f"{3 * GIB}\n",
+        f"{job}/memory.stat": f"anon {GIB}\nfile {2 * GIB}\nfile_dirty 0\n",
+        f"{job}/step_0/memory.max": "max\n", f"{job}/step_0/memory.current": f"{GIB}\n",
+        "sys/fs/cgroup/system.slice/memory.max": "max\n",
+    })
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory) and not cg.no_limit
+    assert (cg.path, cg.limit_path) == ("/system.slice/slurmstepd.scope/job_42/step_0",
+                                        "/system.slice/slurmstepd.scope/job_42")
+    assert (cg.max_bytes, cg.current_bytes, cg.file_bytes) == (4 * GIB, 3 * GIB, 2 * GIB)
+    from dltop.actions.pagecache import cgroup_room_bytes
+
+    room = cgroup_room_bytes(cg)  # the guard counts the job's anon memory, not the step's
+    assert room is not None and room[0] == 4 * GIB - GIB - min(max(4 * GIB // 10, 64 << 20), 1 << 30)
+    # A lower limit on the step itself binds instead.
+    (root / job / "step_0/memory.max").write_text(f"{2 * GIB}\n")
+    cg = read_cgroup_memory(str(root))
+    assert isinstance(cg, CgroupMemory) and cg.limit_path is None and cg.max_bytes == 2 * GIB
 
 
 def test_cgroup_v2_found_without_mountinfo(tmp_path: Path) -> None:

@@ -143,7 +143,7 @@ def test_warm_inside_a_real_limited_cgroup_is_refused(ddir: Path) -> None:
         pytest.skip("no memory cgroup on this machine")
     version, rel = found
     try:
-        child = Path(_cgroup_dir("/", version, rel)) / f"dltop-test-{os.getpid()}"
+        child = Path(_cgroup_dir("/", version, rel)[0]) / f"dltop-test-{os.getpid()}"
         child.mkdir()
     except (OSError, ValueError) as e:
         pytest.skip(f"cannot make a memory cgroup here: {e}")

@@ -82,7 +82,7 @@ def cgroup_near_limit(history: Sequence[Snapshot]) -> Hint | None:
         id="cgroup-near-limit",
         severity="critical" if share >= 0.97 else "warn",
         text=(
-            f"memory cgroup {cg.path} at {100 * share:.0f}% of its limit "
+            f"memory cgroup {cg.limit_path or cg.path} at {100 * share:.0f}% of its limit "
             f"({gib(cg.current_bytes)} of {gib(cg.max_bytes)}{file_part}): this limit, not the machine's, "
             f"is what OOM-kills the job"
         ),

@@ -74,6 +74,9 @@ class CgroupMemory:
     file_dirty_bytes: int | None = None
     oom_kill: int | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
+    # v2: the ancestor cgroup whose memory.max binds (a Slurm job above its step); the usage figures are then
+    # that cgroup's, the ones its limit is held against. None: the limit (or none) is `path`'s own.
+    limit_path: str | None = None
 
 
 @dataclass(frozen=True)

@@ -267,9 +267,10 @@ V1_NO_LIMIT_BYTES = 1 << 62
 _DEFAULT_MOUNT = {1: "/sys/fs/cgroup/memory", 2: "/sys/fs/cgroup"}
 
 
-def _cgroup_dir(root: str, version: int, rel: str) -> str:
-    """The folder of cgroup `rel` of that hierarchy, found through /proc/self/mountinfo (dltop's own mount
-    namespace: that is where it opens the files). Raises ValueError saying why it is not visible."""
+def _cgroup_dir(root: str, version: int, rel: str) -> tuple[str, str]:
+    """The folder of cgroup `rel` of that hierarchy and the folder the hierarchy is mounted on, found through
+    /proc/self/mountinfo (dltop's own mount namespace: that is where it opens the files). Raises ValueError
+    saying why it is not visible."""
     try:
         mounts = parse_cgroup_mounts(_read_text(_path(root, "proc/self/mountinfo")), version)
     except OSError:
@@ -283,7 +284,7 @@ def _cgroup_dir(root: str, version: int, rel: str) -> str:
             below = rel[len(mount_root):] if mount_root != "/" else rel
             base = _path(root, point.lstrip("/"), below.lstrip("/"))
             if os.path.isdir(base):
-                return base
+                return base, _path(root, point.lstrip("/"))
     raise ValueError(f"cgroup {rel} not visible under {mounts[0][1]} (another cgroup namespace?)")
 
 
@@ -351,6 +352,27 @@ def _read_v2(base: str, rel: str) -> CgroupMemory:
     return CgroupMemory(path=rel, version=2, no_limit=no_limit, unavailable=missing, **values)  # type: ignore[arg-type]
 
 
+def _binding_v2(base: str, top: str, rel: str) -> CgroupMemory:
+    """The v2 cgroup whose limit binds: the process's own, or the ancestor with the lowest memory.max (a Slurm
+    job limits the job, not its steps; systemd may limit a slice). Its usage is what that limit is held against,
+    so the numbers are the ancestor's, with `limit_path` naming it."""
+    own = _read_v2(base, rel)
+    best = own
+    d, r = base, rel
+    while os.path.normpath(d) != os.path.normpath(top) and r not in ("", "/"):
+        d, r = os.path.dirname(d), os.path.dirname(r) or "/"
+        if not os.path.exists(os.path.join(d, "memory.max")):
+            continue  # the real root cgroup: nothing limits it
+        up = _read_v2(d, r)
+        if up.max_bytes is not None and (best.max_bytes is None or up.max_bytes < best.max_bytes):
+            best = up
+        elif up.max_bytes is None and not up.no_limit and best.no_limit:
+            best = up  # a limit higher up that cannot be read: not "no limit" either
+    if best is own:
+        return own
+    return replace(best, path=rel, limit_path=best.path)
+
+
 def _read_v1(base: str, rel: str) -> CgroupMemory:
     values: dict[str, int | None] = {}
     missing: dict[str, str] = {}
@@ -395,10 +417,10 @@ def read_cgroup_memory(root: str = "/", pid: int | str = "self") -> CgroupMemory
         return Unavailable(f"no memory cgroup: {proc} names neither a v1 memory hierarchy nor cgroup v2")
     version, rel = found
     try:
-        base = _cgroup_dir(root, version, rel)
+        base, top = _cgroup_dir(root, version, rel)
     except ValueError as e:
         return Unavailable(f"cgroup v{version}: limit not read ({e})")
-    cg = _read_v1(base, rel) if version == 1 else _read_v2(base, rel)
+    cg = _read_v1(base, rel) if version == 1 else _binding_v2(base, top, rel)
     if rel == "/" and cg.no_limit:
         who = "dltop runs" if pid == "self" else f"process {pid} runs"
         return Unavailable(f"cgroup v{version}: {who} in the root cgroup: no cgroup memory limit applies "

@@ -111,6 +111,8 @@ def cgroup_text(m: MemoryPart, width: int = 200) -> Text:
     if isinstance(cg, Unavailable):
         return Text(cg.reason, "dim")  # the reason names the version: "cgroup v1: limit not read (...)"
     pairs = [_pair(f"cgroup v{cg.version}", cg.path)]
+    if cg.limit_path is not None:  # the numbers below are the limiting ancestor's
+        pairs.append(_pair("limited at", cg.limit_path))
     used = human_bytes(cg.current_bytes)
     if cg.current_bytes is None:
         used += f" ({cg.unavailable.get('current_bytes', 'not read')})"
