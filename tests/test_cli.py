@@ -165,7 +165,7 @@ def test_counts_of_one_are_singular(ddir: Path) -> None:
     text = "\n".join(outputs)
     assert not ONE_PLURAL.findall(text), ONE_PLURAL.findall(text)
     assert "skipped 1 symlink;" in outputs[0]
-    assert "would warm 8.0 KiB in 1 file" in outputs[1] and " in 1 file," in outputs[2]
+    assert "would warm 8.0 KiB in 1 file" in outputs[1] and " in 1 of 1 file," in outputs[2]
     (d / "alias2").symlink_to(d / "only.bin")
     assert "skipped 2 symlinks;" in dltop("residency", str(d)).stdout
 

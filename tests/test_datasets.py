@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -185,6 +186,75 @@ def test_vanished_files_and_folders_are_reported_not_fatal(ddir: Path, monkeypat
     r = scan_residency(ddir)
     assert r.files == 1 and r.skipped == {"vanished": 2}
     assert sum("vanished" in p for p in r.problems) == 2
+
+
+@pytest.mark.parametrize("err", [errno.EACCES, errno.EPERM, errno.EINVAL, errno.ENOENT])
+def test_a_listing_that_fails_part_way_is_skipped_and_counted(
+    ddir: Path, monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
+    """getdents failing after the folder opened (root on /proc/PID/fdinfo: EACCES; a /proc/PID that ends: ENOENT)."""
+    make_file(ddir / "top.bin", PS)
+    for name in ("one.bin", "two.bin"):
+        make_file(ddir / "sub" / name, 2 * PS)
+    real = ds._scandir
+    sub_ino = (ddir / "sub").stat().st_ino
+
+    class Failing:  # the real listing, failing with `err` after its first entry
+        def __init__(self, fd: int) -> None:
+            self.it = real(fd)
+
+        def __enter__(self) -> Failing:
+            return self
+
+        def __exit__(self, *a: object) -> None:
+            self.it.close()
+
+        def __iter__(self) -> Failing:
+            self.n = 0
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            self.n += 1
+            if self.n > 1:
+                raise OSError(err, os.strerror(err))
+            return next(self.it)
+
+    def listing(fd: int) -> object:
+        return Failing(fd) if os.fstat(fd).st_ino == sub_ino else real(fd)
+
+    monkeypatch.setattr(ds, "_scandir", listing)
+    r = scan_residency(ddir)
+    assert r.files == 2 and r.pages == 1 + 2  # top.bin and the one entry listed in sub
+    assert sum(r.skipped.values()) == 1 and any(str(ddir / "sub") in p for p in r.problems)
+    sub_ino = ddir.stat().st_ino  # the PATH itself failing to list is the caller's error
+    with pytest.raises(OSError):
+        scan_residency(ddir)
+
+
+@needs_root
+def test_residency_of_proc_as_root_skips_what_it_cannot_list() -> None:
+    r = subprocess.run([sys.executable, "-m", "dltop", "residency", "/proc", "--json"], capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    node = json.loads(r.stdout)["paths"][0]
+    assert "unavailable" not in node and node["files"] > 0 and node["dirs"] > 1
+    text = subprocess.run([sys.executable, "-m", "dltop", "residency", "/proc"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert text.returncode == 0 and "/proc: skipped " in text.stdout
+
+
+@needs_root
+def test_a_folder_nobody_may_list_is_skipped_and_counted(ddir: Path) -> None:
+    make_file(ddir / "ok.bin", PS)
+    make_file(ddir / "closed" / "inner" / "x.bin", PS)
+    os.chmod(ddir / "closed", 0)
+    try:
+        code = "import sys; from dltop.cli import main; sys.exit(main(['residency', sys.argv[1]]))"
+        r = run_as_nobody(code, str(ddir))
+    finally:
+        os.chmod(ddir / "closed", 0o755)
+    assert r.returncode == 0, r.stderr
+    assert "skipped 1 unreadable" in r.stdout and f"permission denied: {ddir / 'closed'}" in r.stdout
 
 
 def test_ignore_and_include_patterns(ddir: Path) -> None:

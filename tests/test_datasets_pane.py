@@ -134,7 +134,7 @@ async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) 
         # rescanned at once after the warm, without waiting for the next background scan (10 s away)
         await _wait_idle(app, pilot, lambda: _cell(app, 0, 3) == "100%")
         assert all(resident(f) == f.stat().st_size // PS for f in files)
-        assert "warmed 1.8 MiB" in _text(app, "#ds-progress")  # 1.6 MiB read, 128 KiB already in
+        assert "warmed 1.6 MiB" in _text(app, "#ds-progress")  # what it read, as the dialog said (128 KiB was in)
         # evict, also confirmed
         await pilot.press("e")
         screen = await _wait_confirm(app, pilot)

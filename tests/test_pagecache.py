@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import mmap
@@ -107,15 +108,19 @@ def test_memory_guard_honours_the_cgroup_limit(tmp_path: Path) -> None:
     assert isinstance(cg, CgroupMemory)
     info = {"MemTotal": 256 * GIB, "MemAvailable": 200 * GIB}  # the machine itself has plenty
     room = 8 * GIB - 4 * GIB - (8 * GIB // 10)
-    g = pc.memory_guard(2 * GIB, info, cg)
-    assert g.ok and g.fits_bytes == room and "inside cgroup /slurm/job_7" in g.message
-    g = pc.memory_guard(4 * GIB, info, cg)
+    g = pc.warm_guard(2 * GIB, 0, info, cg)
+    assert g.ok and g.fits_bytes == 2 * GIB and g.room_bytes == room and "memory cgroup /slurm/job_7" in g.message
+    g = pc.warm_guard(4 * GIB, 0, info, cg)
     assert not g.ok and g.fits_bytes == room
-    assert "memory cgroup /slurm/job_7" in g.message and "evict what was just read" in g.message
+    assert "memory cgroup /slurm/job_7" in g.message and "evict what it just read" in g.message
+    g = pc.warm_guard(2 * GIB, 2 * GIB, info, cg)  # its resident part takes room in the cgroup too
+    assert not g.ok and g.fits_bytes == room - 2 * GIB
+    g = pc.memory_guard(4 * GIB, info, cg)  # lock: the same limit
+    assert not g.ok and g.fits_bytes == room and "memory cgroup /slurm/job_7" in g.message
     # Without a limit ("max") the machine's MemAvailable decides alone.
     (base / "memory.max").write_text("max\n")
-    g = pc.memory_guard(4 * GIB, info, read_cgroup_memory(str(tmp_path)))
-    assert g.ok and g.fits_bytes == 200 * GIB - pc.safety_margin_bytes(256 * GIB)
+    g = pc.warm_guard(4 * GIB, 0, info, read_cgroup_memory(str(tmp_path)))
+    assert g.ok and g.room_bytes == 200 * GIB - pc.safety_margin_bytes(256 * GIB)
 
 
 def test_memory_guard_honours_a_cgroup_v1_limit_as_v2s(tmp_path: Path) -> None:
@@ -158,9 +163,20 @@ def test_warm_inside_a_real_limited_cgroup_is_refused(ddir: Path) -> None:
         cmd = f"echo $$ > {procs} && exec {sys.executable} -m dltop warm --dry-run {ddir}"
         out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, cwd=REPO, timeout=60)
         assert out.returncode == 1 and out.stdout == ""
-        assert out.stderr.startswith("dltop: warm refused: 320 MiB is more than the ")
+        assert out.stderr.startswith("dltop: warm refused: 320 MiB to read is more than the ")
         assert f"memory cgroup {rel}/{child.name} can hold" in out.stderr
+        # Forced, the warm evicts its own first part: the summary says what stays, as fincore counts it, not
+        # the 100% it summed while each file had just been read.
+        cmd = f"echo $$ > {procs} && exec {sys.executable} -m dltop warm --force --json {ddir}"
+        out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert out.returncode == 0, out.stderr
+        s = json.loads(out.stdout)
+        now = sum(fincore_resident_pages(*ddir.iterdir()).values())
+        assert now <= s["resident_pages_after"] and s["resident_pages_after"] * PS <= 256 << 20
+        assert s["done_bytes"] == s["pages"] * PS  # all of it was read: each chunk measured once it was in
     finally:
+        for f in ddir.iterdir():  # pages stay charged to the cgroup: let them go before it is removed
+            evict_file(f)
         child.rmdir()
 
 
@@ -411,7 +427,10 @@ def test_warm_shares_a_large_tree_with_a_helper_process(ddir: Path, two_procs: l
     assert all(resident(f) == 4 for f in files)
     assert r.files == 40 and r.skipped == {"hardlink": 1, "symlink": 1}
     assert r.resident_pages_before == 4 and r.resident_pages_after == r.pages == 160
-    assert r.done_bytes == r.total_bytes == 40 * 4 * PS and seen[-1].done_bytes == r.done_bytes
+    # Brought in: the 39 files that were not resident (measured per file, in both processes); the progress bar
+    # counted the resident one done too, so it ends full.
+    assert r.done_bytes == r.total_bytes == 39 * 4 * PS and r.files_done == 40
+    assert seen[-1].done_bytes == seen[-1].total_bytes == 40 * 4 * PS
 
 
 def _eta_shown(p: pc.Progress) -> str:
@@ -440,7 +459,7 @@ def test_warm_found_resident_gives_no_eta_of_0s(ddir: Path) -> None:
     seen: list[pc.Progress] = []
     r = pc.warm([str(ddir)], progress=seen.append)
     assert [_eta_shown(p) for p in seen if p.done_bytes < p.total_bytes].count("0s") == 0, seen
-    assert r.done_bytes == r.total_bytes == 32 << 20 and seen[-1].found_bytes == 16 << 20
+    assert r.done_bytes == r.total_bytes == 16 << 20 and seen[-1].found_bytes == 16 << 20  # read; found apart
     for p in seen:  # a rate, once there is one, is of the bytes read, not of those found resident
         assert p.rate_bytes_per_s is None or p.rate_bytes_per_s * p.elapsed_s <= p.done_bytes - p.found_bytes
     assert _eta_shown(seen[-1]) == "0s"
@@ -453,7 +472,7 @@ def test_warm_helpers_report_what_they_found_resident(ddir: Path, two_procs: lis
     seen: list[pc.Progress] = []
     r = pc.warm([str(ddir)], progress=seen.append)
     assert len(two_procs) == 1 and two_procs[0].proc is not None and two_procs[0].proc.returncode == 0
-    assert r.done_bytes == r.total_bytes == 40 * 4 * PS
+    assert r.done_bytes == r.total_bytes == 20 * 4 * PS and r.resident_pages_before == 20 * 4  # read; found apart
     assert seen[-1].found_bytes == 20 * 4 * PS  # both processes' resident files, none counted as work
 
 
@@ -461,7 +480,7 @@ def test_warm_does_a_failed_helpers_share_itself(
     ddir: Path, two_procs: list[pc._Helper], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = tree(ddir, n=40, size=4 * PS)
-    monkeypatch.setattr(pc, "_HELPER_CODE", "import sys; sys.stdin.read(); print('P 99 9 0', flush=True); sys.exit('boom')")
+    monkeypatch.setattr(pc, "_HELPER_CODE", "import sys; sys.stdin.readline(); print('P 99 9 0', flush=True); sys.exit('boom')")
     r = pc.warm([str(ddir)])
     assert len(two_procs) == 1 and any("helper process failed (boom)" in n for n in r.notes)
     assert all(resident(f) == 4 for f in files)
@@ -478,6 +497,40 @@ def test_warm_cancel_stops_the_helper_too(
     assert r.cancelled and r.done_bytes < r.total_bytes
     assert len(two_procs) == 1 and two_procs[0].proc is not None and two_procs[0].proc.poll() is not None
     assert sum(resident(f) for f in files) < len(files) * 64
+
+
+def test_warm_cancel_stops_the_helper_too_and_counts_what_it_brought_in(
+    ddir: Path, two_procs: list[pc._Helper], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = tree(ddir, n=64, size=256 * 1024)
+    monkeypatch.setattr(pc, "WARM_INFLIGHT_BYTES", 1 << 20)
+    monkeypatch.setattr(pc, "PROGRESS_EVERY_S", 0.0)
+    cancel = threading.Event()
+    r = pc.warm([str(ddir)], progress=lambda p: cancel.set() if p.done_bytes >= 4 << 20 else None, cancel=cancel)
+    assert r.cancelled and not any("helper" in n for n in r.notes), r.notes  # it reported what it measured
+    assert len(two_procs) == 1 and two_procs[0].proc is not None and two_procs[0].proc.poll() is not None
+    now = sum(resident(f) for f in files)
+    assert 0 < now < len(files) * 64 and r.resident_pages_after == now
+    assert r.done_bytes == now * PS  # both processes' share, measured
+
+
+def test_warm_cancelled_while_measuring_warms_nothing(
+    ddir: Path, two_procs: list[pc._Helper], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = tree(ddir, n=64, size=64 * 1024)
+    cancel = threading.Event()
+    real = pc._spawn_helpers
+
+    def spawn_then_cancel() -> list[pc._Helper]:  # Ctrl-C just after the helper started, before the guard
+        got = real()
+        cancel.set()
+        return got
+
+    monkeypatch.setattr(pc, "_spawn_helpers", spawn_then_cancel)
+    r = pc.warm([str(ddir)], cancel=cancel)
+    assert r.cancelled and r.files_done == 0 and r.done_bytes == 0
+    assert sum(resident(f) for f in files) == 0 == r.resident_pages_after
+    assert any(n.startswith("cancelled while measuring") for n in r.notes)
 
 
 def test_warm_refused_by_the_guard_stops_the_waiting_helper(
@@ -600,7 +653,7 @@ def test_warm_command_on_a_sparse_file_is_not_refused(ddir: Path) -> None:
     _sparse(ddir / "huge", 100 * GIB, 4 << 20)
     r = dltop("warm", str(ddir))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("warmed 4.0 MiB") and "memory guard: ok: 4.0 MiB fits" in r.stdout
+    assert r.stdout.startswith("warmed 4.0 MiB") and "memory guard: ok: its 4.0 MiB of data fits" in r.stdout
 
 
 # Units: bytes are whole pages everywhere.
@@ -643,7 +696,7 @@ def test_evict_and_warm_as_nobody_say_unknown_not_zero(ddir: Path) -> None:
     r = dltop_as_nobody("evict", str(ddir / "a"))
     assert r.returncode == 0, r.stderr
     assert resident(f) == 0  # the kernel did evict it
-    assert r.stdout.startswith("evicted 256 KiB in 1 file,")  # the DONTNEED done, not a hidden measurement
+    assert r.stdout.startswith("evicted 256 KiB in 1 of 1 file,")  # the DONTNEED done, not a hidden measurement
     assert "0.0%" not in r.stdout and "resident now: unknown for 64 pages" in r.stdout
     assert "owner or as root" in r.stdout
     s = json.loads(dltop_as_nobody("warm", str(ddir / "a"), "--json").stdout)
@@ -674,3 +727,246 @@ def test_unreadable_paths_as_nobody_are_errors_with_the_real_reason(ddir: Path) 
         assert r.returncode == 0 and f"permission denied: {locked}" in r.stdout
     finally:
         os.chmod(locked, 0o755)
+
+
+# After an action, the summary is measured: a rescan once the action has stopped, never a sum kept while it ran.
+
+
+def test_resident_after_is_measured_after_the_warm_not_summed_while_it_ran(
+    ddir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = tree(ddir, n=8, size=16 * PS)
+    victim = files[0]
+    monkeypatch.setattr(pc, "PROGRESS_EVERY_S", 0.0)
+    # What reclaim does to a warm that does not fit (a cgroup limit below the dataset): it drops pages the warm
+    # brought in earlier. Here the progress callback drops one file again and again.
+    r = pc.warm([str(ddir)], progress=lambda p: evict_file(victim))
+    fin = sum(fincore_resident_pages(*files).values())
+    assert resident(victim) == 0 and fin == 7 * 16
+    assert r.resident_pages_after == fin and r.pages == 8 * 16
+    assert r.done_bytes == 8 * 16 * PS  # what it did bring in, the victim included
+
+
+def test_resident_after_is_unknown_when_the_rescan_runs_out_of_time(
+    ddir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dltop.commands.pagecache import _print_result
+
+    tree(ddir, n=4)
+    monkeypatch.setattr(pc, "RESCAN_MIN_S", 0.0)
+    monkeypatch.setattr(pc, "RESCAN_MAX_S", 0.0)
+    r = pc.evict([str(ddir)])
+    assert r.resident_pages_after is None
+    assert any(n.startswith("resident now: unknown: the rescan after the evict ran out of its 0.0 s budget")
+               for n in r.notes)
+    _print_result(argparse.Namespace(json=False), r)
+    out = capsys.readouterr().out
+    assert "resident now: unknown (see the note)" in out and "of 64 pages" not in out
+
+
+@pytest.fixture(scope="module")
+def mixed_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Path]]]:
+    """4,200 files of 8-40 KiB in 21 class folders and 4 x 24 MiB shards (about 210 MiB): large enough for a
+    helper process to share the warm, small enough that each run takes well under a second."""
+    import random
+    import shutil
+
+    from tests.test_pagecache_util import disk_dir
+
+    d = disk_dir(tmp_path_factory.mktemp("mixed"))
+    rnd = random.Random(7)
+    block = os.urandom(24 << 20)
+    files = []
+    for i in range(4200):
+        f = d / f"c{i % 21:02}" / f"img{i:05}.jpg"
+        f.parent.mkdir(exist_ok=True)
+        size = rnd.randint(2, 10) * PS
+        f.write_bytes(block[i * PS: i * PS + size])
+        files.append(f)
+    (d / "shards").mkdir()
+    for s in range(4):
+        (d / "shards" / f"s{s}.tar").write_bytes(block)
+        files.append(d / "shards" / f"s{s}.tar")
+    os.sync()
+    yield d, files
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _fincore_total(files: list[Path]) -> int:
+    return sum(sum(fincore_resident_pages(*files[i:i + 1000]).values()) for i in range(0, len(files), 1000))
+
+
+@needs_fincore
+@pytest.mark.parametrize(("action", "sig"), [
+    ("warm", signal.SIGINT), ("warm", signal.SIGTERM), ("evict", signal.SIGINT), ("evict", signal.SIGTERM),
+], ids=["warm-int", "warm-term", "evict-int", "evict-term"])
+def test_cancelled_action_summary_equals_fincore(
+    mixed_tree: tuple[Path, list[Path]], action: str, sig: int
+) -> None:
+    root, files = mixed_tree
+    for f in files:
+        read_file(f)  # reading consumes the shadows of pages reclaimed before: from now on each one is new
+        if action == "warm":
+            evict_file(f)  # DONTNEED leaves no shadow
+    start, shadows = _fincore_total(files), _reclaimed_total(files)
+    probe = [os.open(f, os.O_RDONLY) for f in files[::50]]  # a sample, watched while the action runs
+    p = subprocess.Popen([sys.executable, "-m", "dltop", action, str(root), "--json"], cwd=REPO, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        # Interrupt once about a tenth of the sample has moved: in the middle of the action, reads in flight.
+        want = len(probe) // 10
+        deadline = time.monotonic() + 30
+        while p.poll() is None and time.monotonic() < deadline:
+            moved = sum((pc.kernel.cachestat(fd).cache > 0) == (action == "warm") for fd in probe)
+            if moved >= want:
+                p.send_signal(sig)
+                break
+        out, err = p.communicate(timeout=30)
+    finally:
+        for fd in probe:
+            os.close(fd)
+        if p.poll() is None:
+            p.kill()
+    now = _fincore_total(files)
+    reclaimed = _reclaimed_total(files) - shadows + SHADOW_SLACK
+    time.sleep(0.5)
+    later = _fincore_total(files)
+    assert p.returncode == 128 + sig, err
+    s = json.loads(out)
+    assert s["cancelled"] is True
+    # After the action stopped: what fincore counts. Readahead still reading when a warm stopped adds nothing
+    # later (the kernel put those pages in the page cache when WILLNEED asked for them), so the count never grows.
+    # It may fall, by what reclaim takes meanwhile (here DAMON's proactive pageout takes cold pages in bursts of
+    # thousands): each reclaimed page leaves a shadow entry, which cachestat counts, so that is bounded exactly.
+    # The old sums were off by half the dataset or all of it, in the other direction.
+    assert later <= now <= s["resident_pages_after"] <= now + reclaimed, (s["resident_pages_after"], now, reclaimed)
+    moved = now - start if action == "warm" else start - now
+    done = s["done_bytes"] // PS  # measured as it went: reclaim after that is moved's, not done's
+    assert 0 <= (done - moved if action == "warm" else moved - done) <= reclaimed, (done, moved, reclaimed)
+    assert 0 < moved < s["pages"]
+    assert 0 < s["files_done"] < s["files"] == len(files)
+
+
+# The kernel may free shadow entries itself (its shrinker of xarray nodes that hold only shadows), so the count
+# of reclaimed pages can fall a few short: seen 1 or 2 pages in a few runs.
+SHADOW_SLACK = 16
+
+
+def _reclaimed_total(files: list[Path]) -> int:
+    """Pages of `files` reclaimed and not read again since: the shadow entries cachestat counts (DONTNEED, as
+    evict uses it, leaves none)."""
+    total = 0
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            total += pc.kernel.cachestat(fd).evicted
+        finally:
+            os.close(fd)
+    return total
+
+
+@needs_fincore
+def test_evict_cancelled_while_measuring_says_nothing_was_evicted(mixed_tree: tuple[Path, list[Path]]) -> None:
+    root, files = mixed_tree
+    for f in files:
+        read_file(f)
+    shadows = _reclaimed_total(files)
+    r = _signal_mid_action_keep(root, ["evict", str(root), "--json"], signal.SIGTERM)
+    assert r.returncode == 143, r.stderr
+    s = json.loads(r.stdout)
+    now = _fincore_total(files)
+    reclaimed = _reclaimed_total(files) - shadows + SHADOW_SLACK  # all there, less what reclaim took: not "0 of N"
+    assert now <= s["resident_pages_after"] <= now + reclaimed and s["resident_pages_after"] >= s["pages"] - reclaimed
+    assert s["cancelled"] and s["files_done"] == 0 and s["done_bytes"] == 0
+    assert any(n.startswith("cancelled while measuring") for n in s["notes"])
+
+
+def _signal_mid_action_keep(root: Path, args: list[str], sig: int) -> subprocess.CompletedProcess[str]:
+    """`_signal_mid_action` without making `root` cold first."""
+    p = subprocess.Popen([sys.executable, "-m", "dltop", *args], cwd=REPO, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while p.poll() is None and time.monotonic() < deadline:
+            try:
+                if any(os.readlink(f"/proc/{p.pid}/fd/{fd}").startswith(str(root) + "/")
+                       for fd in os.listdir(f"/proc/{p.pid}/fd")):
+                    p.send_signal(sig)
+                    break
+            except OSError:
+                pass
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+# What a warm brings in, apart from what was resident already; the guard weighs the data against the page cache.
+
+
+def test_warm_reports_what_it_brought_in_apart_from_what_was_resident(ddir: Path) -> None:
+    files = tree(ddir, n=12, size=16 * PS)
+    for f in files[:5]:
+        read_file(f)
+    dry = json.loads(dltop("warm", str(ddir), "--dry-run", "--json").stdout)
+    text = dltop("warm", str(ddir), "--dry-run").stdout
+    assert dry["total_bytes"] == 7 * 16 * PS and dry["resident_pages_before"] == 5 * 16
+    assert text.startswith("would warm 448 KiB in 12 files; 320 KiB is resident already")
+    real = json.loads(dltop("warm", str(ddir), "--json").stdout)
+    assert real["done_bytes"] == real["total_bytes"] == dry["total_bytes"]  # the dry run and the real one agree
+    assert real["resident_pages_before"] == dry["resident_pages_before"]
+    assert real["rate_bytes_per_s"] == real["done_bytes"] / real["elapsed_s"]  # over the bytes read
+    assert real["resident_pages_after"] == sum(fincore_resident_pages(*files).values()) == 12 * 16
+    for f in files[5:]:
+        evict_file(f)
+    text = dltop("warm", str(ddir)).stdout
+    assert text.startswith("warmed 448 KiB in 12 of 12 files, ") and "; 320 KiB was resident already" in text
+
+
+def _meminfo(avail: int, free: int | None = None) -> dict[str, int]:
+    return {"MemTotal": 1 * GIB, "MemAvailable": avail, **({} if free is None else {"MemFree": free})}
+
+
+def test_warm_guard_weighs_the_data_against_the_page_cache_it_can_have(
+    ddir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MemAvailable holds the resident part already: 4 MiB to read beside 4 MiB resident needs 8 MiB of room."""
+    files = [make_file(ddir / f"f{i}.bin", 1 << 20) for i in range(8)]
+    for f in files[:4]:
+        read_file(f)
+    margin = pc.safety_margin_bytes(1 * GIB)  # 256 MiB
+    fake = _meminfo(margin + (6 << 20), free=1 * GIB)
+    monkeypatch.setattr(pc, "read_meminfo", lambda *a: fake)
+    d = pc.plan("warm", [str(ddir)])  # what --dry-run shows
+    g = d.guard
+    assert g is not None and d.total_bytes == 4 << 20
+    assert not g.ok and g.resident_bytes == 4 << 20 and g.room_bytes == 6 << 20 and g.fits_bytes == 2 << 20
+    assert g.message.startswith("refused: 4.0 MiB to read + 4.0 MiB resident already is more than the 6.0 MiB "
+                                "of page cache it can have (MemAvailable 262 MiB less the 256 MiB margin)")
+    assert "would leave" not in g.message  # a warm does not lower MemAvailable
+    with pytest.raises(DltopError, match="refused"):
+        pc.warm([str(ddir)])
+    r = pc.warm([str(ddir)], fit=True)
+    assert r.done_bytes == 2 << 20 and sum(resident(f) for f in files) * PS == 6 << 20
+    assert "warming only the part that fits: 2.0 MiB" in r.notes  # bytes for people, never a raw count
+    # Room for all of it: the same data passes.
+    monkeypatch.setattr(pc, "read_meminfo", lambda *a: _meminfo(margin + (9 << 20), free=1 * GIB))
+    g = pc.warm([str(ddir)], dry_run=True).guard
+    assert g is not None and g.ok and g.message.startswith("ok: 2.0 MiB to read + 6.0 MiB resident already fits")
+
+
+def test_warm_guard_names_the_watched_datasets_it_may_push_out(ddir: Path) -> None:
+    margin = pc.safety_margin_bytes(1 * GIB)
+    others = {"/data/val": 300 << 20, "/data/test": 0}
+    g = pc.warm_guard(200 << 20, 0, _meminfo(margin + GIB, free=50 << 20), None, others)
+    assert g.ok and g.reclaim_bytes == 150 << 20 and g.at_risk == {"/data/val": 300 << 20}
+    assert "takes 150 MiB more than is free" in g.message and "/data/val (300 MiB)" in g.message
+    assert "/data/test" not in g.message
+    g = pc.warm_guard(200 << 20, 0, _meminfo(margin + GIB, free=GIB), None, others)
+    assert g.ok and g.reclaim_bytes == 0 and g.at_risk == {} and "free" not in g.message
+    # The warmed dataset itself, a folder inside it or one around it are not "others".
+    make_file(ddir / "sub" / "a.bin", PS)
+    r = pc.plan("warm", [str(ddir)], others={str(ddir): 1 << 30, str(ddir / "sub"): 1 << 30,
+                                             str(ddir.parent): 1 << 30, "/elsewhere": 1 << 30})
+    assert r.guard is not None and set(r.guard.at_risk) <= {"/elsewhere"}

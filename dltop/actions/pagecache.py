@@ -6,6 +6,7 @@ never opened) and reports what it did and what it could not do. The CLI and the 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,11 @@ RATE_AFTER_S = 1.0
 # (by inode number). Below this many files, starting them costs more than it saves.
 PARALLEL_MIN_FILES = 4096
 PARALLEL_MAX_PROCS = 4
+# The rescan after an action (what is resident now) gets twice the time the measurement before it took, within
+# these bounds; past its budget the count is reported unknown, never guessed.
+RESCAN_MIN_S = 2.0
+RESCAN_MAX_S = 60.0
+HELPER_STOP_S = 5.0  # how long a cancelled warm waits for a helper process to report what it measured
 # Files are shared out in runs of 2**SHARD_RUN_BITS consecutive inodes: files next to each other on disk go to
 # the same process, so the block layer still merges their reads (alternate files: 3x the requests, 25% slower).
 SHARD_RUN_BITS = 6
@@ -96,15 +102,26 @@ ProgressFn = Callable[[Progress], None]
 
 @dataclass(frozen=True)
 class MemoryGuard:
-    """Whether bringing `need_bytes` into memory leaves MemAvailable above the safety margin."""
+    """The memory guard's verdict on an action that brings `need_bytes` into memory; `message` states it with the
+    numbers it rests on, and the CLI and the TUI show it as is.
+
+    lock (`memory_guard`): mlock takes pages out of MemAvailable, so `need_bytes` (every page locked) must leave it
+    above the margin. warm (`warm_guard`): clean page cache counts in MemAvailable, so a warm does not lower it;
+    what it risks is evicting itself: the data (`resident_bytes` already cached + `need_bytes` to read) must fit in
+    `room_bytes`, the page cache it can occupy, or its last part pushes out its first.
+    """
 
     need_bytes: int
-    available_bytes: int | None
-    total_bytes: int | None
+    available_bytes: int | None  # MemAvailable (None: not read)
+    total_bytes: int | None  # MemTotal
     margin_bytes: int
     ok: bool
-    fits_bytes: int  # how much can come in while keeping the margin
+    fits_bytes: int  # how much of need_bytes can come in within the guard
     message: str
+    resident_bytes: int | None = None  # warm: of the same data, already in the page cache (None: not measured)
+    room_bytes: int | None = None  # warm: page cache the data can occupy (MemAvailable less the margin, or the cgroup's)
+    reclaim_bytes: int | None = None  # warm: the least page cache the kernel must drop to make room (need less free)
+    at_risk: dict[str, int] = field(default_factory=dict)  # warm: other watched datasets -> resident bytes
 
 
 def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
@@ -131,10 +148,9 @@ def cgroup_room_bytes(cg: Any) -> tuple[int, str] | None:
 
 
 def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup: Any = "auto") -> MemoryGuard:
-    """The guard's verdict on bringing `need_bytes` more into memory: it must leave MemAvailable above the
-    margin and, inside a memory cgroup with a limit (a container, a Slurm job), fit under that limit beside the
-    job's own memory, or warming would only evict what it just read. `cgroup` "auto" reads this process's
-    cgroup when `meminfo` is read live too; None skips it; tests pass a CgroupMemory."""
+    """The guard's verdict on locking `need_bytes`: it must leave MemAvailable above the margin and, inside a memory
+    cgroup with a limit (a container, a Slurm job), fit under that limit beside the job's own memory. `cgroup`
+    "auto" reads this process's cgroup when `meminfo` is read live too; None skips it; tests pass a CgroupMemory."""
     from dltop.fmt import human_bytes
 
     live = meminfo is None
@@ -160,9 +176,9 @@ def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup:
     elif by_cgroup:
         assert room is not None
         msg = (
-            f"refused: {human_bytes(need_bytes)} is more than the {human_bytes(room[0])} of page cache the memory "
-            f"cgroup {room[1]} can hold beside its own memory (memory.max less anon and a margin): the rest "
-            f"would evict what was just read; {human_bytes(fits)} fits"
+            f"refused: {human_bytes(need_bytes)} is more than the {human_bytes(room[0])} the memory cgroup "
+            f"{room[1]} can hold beside its own memory (memory.max less anon and a margin); "
+            f"{human_bytes(fits)} fits"
         )
     else:
         assert avail is not None
@@ -172,6 +188,65 @@ def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup:
             f"{human_bytes(fits)} fits"
         )
     return MemoryGuard(need_bytes, avail, total, margin, ok, fits, msg)
+
+
+def warm_guard(
+    need_bytes: int,
+    resident_bytes: int | None = None,
+    meminfo: dict[str, int] | None = None,
+    cgroup: Any = "auto",
+    others: Mapping[str, int] | None = None,
+) -> MemoryGuard:
+    """The guard's verdict on warming `need_bytes` of data beside `resident_bytes` of it already cached (None: not
+    measured; `need_bytes` then counts all of the data).
+
+    MemAvailable already holds the resident part (clean page cache is available memory), so the data fits when
+    resident + need stays within MemAvailable less the margin and, inside a memory cgroup with a limit, within
+    the page cache the cgroup can hold. What is read beyond free memory the kernel reclaims from other page
+    cache: `others` (the resident bytes of other watched datasets, by path) says whose pages are at risk.
+    """
+    from dltop.fmt import human_bytes as hb
+
+    live = meminfo is None
+    info = read_meminfo() if meminfo is None else meminfo
+    if isinstance(cgroup, str):
+        cgroup = _own_cgroup() if live else None
+    avail, total, free = info.get("MemAvailable"), info.get("MemTotal"), info.get("MemFree")
+    margin = safety_margin_bytes(total)
+    res = resident_bytes or 0
+    cg_room = cgroup_room_bytes(cgroup)
+    if avail is None and cg_room is None:
+        return MemoryGuard(need_bytes, None, total, margin, True, need_bytes, "MemAvailable unknown: not checked",
+                           resident_bytes=resident_bytes)
+    room, where = (max(0, avail - margin), f"MemAvailable {hb(avail)} less the {hb(margin)} margin") if (
+        avail is not None) else (0, "")
+    if cg_room is not None and (avail is None or cg_room[0] < room):
+        room, where = cg_room[0], (f"what memory cgroup {cg_room[1]} can hold: its limit less its anonymous "
+                                   "memory and a margin")
+        cg_free = max(0, cgroup.max_bytes - cgroup.current_bytes)
+        free = cg_free if free is None else min(free, cg_free)
+    ok = res + need_bytes <= room
+    fits = min(need_bytes, max(0, room - res))
+    what = f"{hb(need_bytes)} to read" + (f" + {hb(res)} resident already" if res else "")
+    if resident_bytes is None:
+        what = f"its {hb(need_bytes)} of data"
+    room_text = f"the {hb(room)} of page cache it can have ({where})"
+    if ok:
+        msg = f"ok: {what} fits in {room_text}"
+    else:
+        msg = f"refused: {what} is more than {room_text}: the warm would evict what it just read; {hb(fits)} fits"
+    reclaim = None if free is None else max(0, need_bytes - free)
+    at_risk: dict[str, int] = {}
+    if reclaim:
+        at_risk = {p: b for p, b in (others or {}).items() if b > 0}
+        msg += f"; reading it takes {hb(reclaim)} more than is free, which the kernel reclaims from other page cache"
+        if at_risk:
+            listed = sorted(at_risk.items(), key=lambda kv: -kv[1])
+            msg += ", where other watched datasets hold " + ", ".join(
+                f"{display_path(p)} ({hb(b)})" for p, b in listed[:3]) + (
+                f" and {len(listed) - 3} more" if len(listed) > 3 else "")
+    return MemoryGuard(need_bytes, avail, total, margin, ok, fits, msg, resident_bytes=resident_bytes,
+                       room_bytes=room, reclaim_bytes=reclaim, at_risk=at_risk)
 
 
 def _own_cgroup() -> Any:
@@ -186,23 +261,31 @@ class ActionResult:
 
     Bytes are whole pages (pages x page size), as fincore counts them: a 17-byte file is one 4 KiB page.
     Pages whose residency the kernel hides from this user are in `unknown_pages`, never in the resident counts.
+    What an action did is measured, never summed from what it asked for: `done_bytes` per file, from the page
+    cache before and after its reads (or its eviction), and `resident_pages_after` by a rescan of the whole
+    dataset once the action has stopped, so it equals what fincore counts then.
     """
 
     action: str
     paths: list[str]
     dry_run: bool = False
-    files: int = 0
-    # bytes the action set out to move: warm, the pages of data (holes are never read) not known to be resident;
+    files: int = 0  # regular files in the dataset (from the rescan after the action, when it completed)
+    files_done: int = 0  # files the action finished: files - files_done were not reached (cancelled) or failed
+    # bytes the action set out to move: warm, the pages of data (holes are never read) not resident when it began;
     # evict, the resident pages; lock, every page
     total_bytes: int = 0
-    # bytes acted on: warm, pages read in or found resident; evict, pages dropped, plus all the pages of files
-    # whose residency is hidden (advised out, result unknown); lock, pages locked
+    # bytes acted on, measured: warm, pages brought into the page cache (what was resident already is not counted);
+    # evict, pages dropped; lock, pages locked. Files whose residency is hidden count the pages asked for (warm:
+    # their data, evict: all their pages): the work done, whose result cannot be seen
     done_bytes: int = 0
     pages: int = 0
-    resident_pages_before: int = 0
-    resident_pages_after: int | None = None  # of the pages whose residency is visible
+    resident_pages_before: int | None = 0  # None: not measured (a warm cancelled before it reached every file)
+    resident_pages_after: int | None = None  # of the visible pages; None: not measured in full (see notes)
     unknown_pages: int = 0
-    elapsed_s: float = 0.0
+    # warm: bytes whose readahead was still reading from disk when the warm stopped; the kernel put their pages in
+    # the page cache when asked, so they are counted resident already and the count does not grow after
+    inflight_bytes: int = 0
+    elapsed_s: float = 0.0  # the action itself, without the measurement before and the rescan after
     cancelled: bool = False
     guard: MemoryGuard | None = None
     stayed: dict[str, int] = field(default_factory=dict)  # evict: reason -> pages that stayed resident
@@ -341,9 +424,17 @@ _data_extents = data_extents
 
 
 def plan(
-    action: str, paths: list[str], options: WalkOptions = DEFAULT_WALK, cancel: threading.Event | None = None
+    action: str,
+    paths: list[str],
+    options: WalkOptions = DEFAULT_WALK,
+    cancel: threading.Event | None = None,
+    others: Mapping[str, int] | None = None,
 ) -> ActionResult:
-    """What an action would do, from one residency scan: the bytes it would move and the memory guard's verdict."""
+    """What an action would do, from one residency scan: the bytes it would move and the memory guard's verdict.
+
+    `others`: resident bytes of the other watched datasets (the TUI knows them), named by a warm's guard as what
+    reading past free memory may push out.
+    """
     need = WarmNeed()
     part = scan_paths(tuple(paths), options, cancel=cancel, warm_need=need if action == "warm" else None)
     for missing in part.paths:
@@ -351,36 +442,57 @@ def plan(
             raise DltopError(missing.unavailable)
     ps = part.page_size
     r = ActionResult(action=action, paths=[os.fsdecode(p) for p in paths], dry_run=True)
+    before = 0
     for ds in counted_once(part.scanned):  # a dataset inside another one given is counted there
         r.files += ds.files
         r.pages += ds.pages
-        r.resident_pages_before += ds.resident_pages
+        before += ds.resident_pages
         r.unknown_pages += ds.unknown_pages
         for k, v in ds.skipped.items():
             r.skipped[k] = r.skipped.get(k, 0) + v
         r.problems.extend(ds.problems)
         if ds.unknown_reason and ds.unknown_reason not in r.notes:
             r.notes.append(ds.unknown_reason)
+    r.resident_pages_before = before
+    if not all(ds.complete for ds in part.scanned):
+        r.notes.append(f"cancelled while measuring: the totals cover the {r.files} files measured")
     if action == "warm":
         r.total_bytes = need.pages * ps
-        r.guard = memory_guard(r.total_bytes)
+        r.guard = warm_guard(r.total_bytes, before * ps, others=_other_datasets(paths, others))
     elif action == "lock":
         # Locked pages leave MemAvailable even when they were resident already: page cache counts as available
         # (the kernel can drop it), locked pages do not.
         r.total_bytes = r.pages * ps
         r.guard = memory_guard(r.total_bytes)
     else:
-        r.total_bytes = (r.resident_pages_before + r.unknown_pages) * ps  # hidden pages may be resident too
+        r.total_bytes = (before + r.unknown_pages) * ps  # hidden pages may be resident too
     return r
 
 
+def _other_datasets(paths: list[str], others: Mapping[str, int] | None) -> dict[str, int] | None:
+    """`others` less those that are one of `paths`, inside one or around one: their pages are this warm's data."""
+    if not others:
+        return None
+    mine = [os.path.abspath(os.fsdecode(p)).rstrip("/") + "/" for p in paths]
+    return {
+        o: b for o, b in others.items()
+        if not any(m.startswith(a) or a.startswith(m) for m in mine for a in [os.path.abspath(o).rstrip("/") + "/"])
+    }
+
+
 def _size_plan(
-    action: str, paths: list[str], options: WalkOptions, cancel: threading.Event | None, helpers: list[_Helper]
+    action: str,
+    paths: list[str],
+    options: WalkOptions,
+    cancel: threading.Event | None,
+    helpers: list[_Helper],
+    others: Mapping[str, int] | None = None,
 ) -> ActionResult:
     """An upper bound for a warm: every page of data of every file, from sizes (only sparse files are opened).
 
     Once the tree proves large, helper processes are started into `helpers`: they start up while this walk
-    goes on, and wait for the go (or are stopped when the guard says no).
+    goes on, and wait for the go (or are stopped when the guard says no). The guard's verdict is exact all the
+    same: it weighs the data, resident or not, against the page cache the data can occupy.
     """
     report = WalkReport()
     budget = _Budget(cancel)
@@ -419,8 +531,10 @@ def _size_plan(
         except OSError as e:
             raise DltopError(path_error(e.strerror or str(e), root)) from None
     r.total_bytes = data * ps
-    r.guard = memory_guard(r.total_bytes)
-    r.resident_pages_before = -1  # not measured yet: the warm pass measures it
+    r.guard = warm_guard(r.total_bytes, None, others=_other_datasets(paths, others))
+    r.resident_pages_before = None  # not measured yet: the warm pass measures it
+    if not report.complete:
+        r.notes.append(f"cancelled while measuring: the totals cover the {r.files} files measured")
     return r
 
 
@@ -433,25 +547,28 @@ def warm(
     dry_run: bool = False,
     progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
+    others: Mapping[str, int] | None = None,
 ) -> ActionResult:
     """Bring files into the page cache with chunked POSIX_FADV_WILLNEED, holes left alone.
 
     Refuses (DltopError) when the memory guard says no, unless `force`; with `fit`, warms files in walk
-    order until the part that fits is in.
+    order until the part that fits is in. `others` as for `plan`.
     """
     r = None
     helpers: list[_Helper] = []
+    t0 = time.monotonic()
     try:
         if not dry_run:
-            # Cheap first: if every byte fits, the exact residency scan (a second walk) is not needed.
-            r = _size_plan("warm", paths, options, cancel, helpers)
+            # Cheap first: if all the data fits, the exact residency scan (a second walk) is not needed.
+            r = _size_plan("warm", paths, options, cancel, helpers, others)
             assert r.guard is not None
             if not r.guard.ok:
                 r = None
                 _stop_all(helpers)
         if r is None:
-            r = plan("warm", paths, options, cancel)
-        return _guarded_warm(r, paths, options, force, fit, dry_run, progress, cancel, helpers)
+            r = plan("warm", paths, options, cancel, others)
+        return _guarded_warm(r, paths, options, force, fit, dry_run, progress, cancel, helpers,
+                             time.monotonic() - t0)
     finally:
         _stop_all(helpers)
 
@@ -472,21 +589,40 @@ def _guarded_warm(
     progress: ProgressFn | None,
     cancel: threading.Event | None,
     helpers: list[_Helper],
+    plan_s: float,
 ) -> ActionResult:
+    from dltop.fmt import human_bytes
+
     assert r.guard is not None
     limit: int | None = None
     if not r.guard.ok and not force:
         if not fit:
             raise DltopError(f"warm {r.guard.message} (--fit warms the part that fits, --force warms anyway)")
         limit = r.guard.fits_bytes
-        r.notes.append(f"warming only the part that fits: {r.guard.fits_bytes} bytes")
+        r.notes.append(f"warming only the part that fits: {human_bytes(r.guard.fits_bytes)}")
         r.total_bytes = min(r.total_bytes, limit)
     if dry_run:
         return r
     r.dry_run = False
     if limit is not None:
         _stop_all(helpers)  # a warm cut at the guard's limit goes in walk order, in one process
-    return _run_warm(r, paths, options, limit, progress, cancel, helpers or None)
+    return _run_warm(r, paths, options, limit, progress, cancel, plan_s, helpers or None)
+
+
+@dataclass
+class _Tally:
+    """What a warm pass measured, in pages (JSON between a helper process and its parent)."""
+
+    before: int = 0  # resident when the pass reached the file (visible pages)
+    brought: int = 0  # brought in: resident after the file's reads less resident before, per file
+    hidden: int = 0  # pages of files whose residency the kernel hides (warmed all the same)
+    hidden_asked: int = 0  # the data pages asked for from those files
+    files: int = 0  # files finished
+    inflight_bytes: int = 0  # asked for and still being read when the pass stopped
+
+    def add(self, other: _Tally) -> None:
+        for k, v in other.__dict__.items():
+            setattr(self, k, getattr(self, k) + v)
 
 
 def _run_warm(
@@ -496,33 +632,37 @@ def _run_warm(
     limit: int | None,
     progress: ProgressFn | None,
     cancel: threading.Event | None,
+    plan_s: float,
     helpers: list[_Helper] | None = None,
 ) -> ActionResult:
     ticker = _Ticker("warm", r.total_bytes, progress)
-    sized = r.resident_pages_before < 0  # the total came from sizes, resident files included
+    sized = r.resident_pages_before is None  # the total came from sizes, resident files included
     t0 = time.monotonic()
-    if helpers is None:
+    if cancel is not None and cancel.is_set():  # cancelled while measuring: no helper starts on its share
+        _stop_all(helpers or [])
+        helpers = []
+    elif helpers is None:
         helpers = _spawn_helpers() if limit is None and r.files >= PARALLEL_MIN_FILES else []
     _go(helpers, paths, options, sized)
     ticker.helpers = list(helpers)
     shards = len(helpers) + 1
     try:
-        report, before, after, unknown = _warm_pass(
+        report, tally = _warm_pass(
             paths, options, limit, ticker, cancel, r.notes, sized, (0, shards, helpers[0].shard[2]) if helpers else None
         )
         for h in helpers:
-            got = None if cancel is not None and cancel.is_set() else h.wait(cancel)
-            if cancel is not None and cancel.is_set():
-                h.poll()  # count what it reported done before the cancel
-                ticker.merge(h)
-                continue
-            if got is None:  # the helper failed: do its share here
+            got = h.wait(cancel)  # after a cancel: what it measured before it stopped
+            if got is None and not (cancel is not None and cancel.is_set()):
                 r.notes.append(f"helper process failed ({h.error or 'no result'}): its share was warmed in this one")
-                rep, b, a, u = _warm_pass(paths, options, None, ticker, cancel, r.notes, sized, h.shard)
+                rep, t = _warm_pass(paths, options, None, ticker, cancel, r.notes, sized, h.shard)
+            elif got is None:
+                r.notes.append(f"a helper process stopped before it reported ({h.error or 'no result'}): what it "
+                               "brought in is missing from done_bytes (resident_pages_after counts it)")
+                continue
             else:
-                rep, b, a, u = got
+                rep, t = got
                 ticker.merge(h)
-            before, after, unknown = before + b, after + a, unknown + u
+            tally.add(t)
             for k, v in rep.skipped.items():
                 report.skipped[k] = report.skipped.get(k, 0) + v
             report.problems.extend(p for p in rep.problems if len(report.problems) < MAX_PROBLEMS)
@@ -531,9 +671,34 @@ def _run_warm(
         for h in helpers:
             h.stop()
     r.cancelled = cancel is not None and cancel.is_set()
-    if sized:
-        r.resident_pages_before = before
-    return _finish(r, report, ticker, t0, after, unknown)
+    ps = kernel.PAGE_SIZE
+    r.done_bytes = (tally.brought + tally.hidden_asked) * ps
+    r.files_done = tally.files
+    r.inflight_bytes = tally.inflight_bytes
+    if sized and not r.cancelled:
+        r.resident_pages_before = tally.before
+        r.total_bytes = max(0, r.total_bytes - tally.before * ps)  # the data that was not resident
+    elif sized:
+        r.notes.append("total_bytes counts all the data of the files not reached: their residency was not measured")
+    if r.inflight_bytes:
+        from dltop.fmt import human_bytes
+
+        r.notes.append(
+            f"{human_bytes(r.inflight_bytes)} was still being read from disk when the warm stopped: the kernel "
+            "put those pages in the page cache when asked, so they are counted resident and the count will not grow"
+        )
+    return _finish(r, report, ticker, t0, tally.hidden, paths, options, plan_s)
+
+
+class _Reading:
+    """A file whose reads are under way in a warm pass."""
+
+    __slots__ = ("path", "st", "have", "whole", "brought", "asked_all")
+
+    def __init__(self, path: str, st: os.stat_result, have: int | None, whole: bool) -> None:
+        self.path, self.st, self.have, self.whole = path, st, have, whole
+        self.brought = 0  # pages its confirmed chunks brought in
+        self.asked_all = False  # every chunk asked for
 
 
 def _warm_pass(
@@ -545,11 +710,12 @@ def _warm_pass(
     notes: list[str],
     sized: bool,
     shard: tuple[int, int, int] | None = None,
-) -> tuple[WalkReport, int, int, int]:
-    """Warm the files of one shard (all of them when None): (what was skipped, pages before, after, unknown).
+) -> tuple[WalkReport, _Tally]:
+    """Warm the files of one shard (all of them when None): what was skipped, and what was measured.
 
-    `before` and `after` count the pages whose residency is visible; `unknown` the pages of files whose
-    residency the kernel hides from this user (they are warmed all the same).
+    Each chunk's range is measured before it is asked for and once it is read (or when the pass stops with it
+    under way): what a file brought in is the sum, never the bytes asked for, and pages that reclaim takes
+    again later (a cgroup limit below the dataset) still count as read.
 
     Only shard 0 (or the only pass) counts what the walk itself skips: every shard walks the whole tree.
     """
@@ -560,16 +726,18 @@ def _warm_pass(
     ps = kernel.PAGE_SIZE
     window_by_dev: dict[int, int] = {}
     seen: set[tuple[int, int]] = set()
-    # (fd, offset, length, last chunk of its file, path, stat): read one byte at the end of each chunk to
-    # wait for the readahead WILLNEED started, so "done" means in memory, not merely requested.
-    pending: deque[tuple[int, int, int, bool, str, os.stat_result]] = deque()
+    # (fd, offset, length, last chunk of its file, its resident pages before): read one byte at the end of each
+    # chunk to wait for the readahead WILLNEED started, so "done" means in memory, not merely requested.
+    pending: deque[tuple[int, int, int, bool, int]] = deque()
+    reading: dict[int, _Reading] = {}
     max_bytes, max_files = WARM_INFLIGHT_BYTES, WARM_INFLIGHT_FILES
     inflight = 0
     budget = limit
     last_byte = [bytearray(1)]
-    after = before = unknown = 0
+    tally = _Tally()
     os_open, os_fstat, os_close, fadvise, preadv = os.open, os.fstat, os.close, os.posix_fadvise, os.preadv
     WILLNEED, S_ISREG = os.POSIX_FADV_WILLNEED, stat.S_ISREG
+    stopped = cancel.is_set if cancel is not None else (lambda: False)
 
     def cached(fd: int, st: os.stat_result) -> int | None:
         """Resident pages of an open file (None: hidden from us); cachestat inline where it works."""
@@ -583,31 +751,50 @@ def _warm_pass(
         got = res.pages(fd, st)
         return None if got is None else got[0]
 
+    def cached_range(fd: int, st: os.stat_result, off: int, n: int) -> int:
+        """Resident pages of [off, off+n) of a file whose residency is visible."""
+        if cached_by_cstat.get(st.st_dev) is False:
+            cstat.range.off, cstat.range.len = off, n
+            try:
+                return int(cstat(fd).nr_cache)
+            finally:
+                cstat.range.off = cstat.range.len = 0
+        return kernel.mincore_vector(fd, n, off).count(1)
+
+    def count(f: _Reading, pages: int) -> None:
+        if f.have is None:
+            tally.hidden += pages
+        else:
+            tally.brought += min(f.brought, max(0, pages - f.have))
+
     def finish_one() -> None:
-        nonlocal inflight, after, unknown
-        fd, off, n, last, path, st = pending.popleft()
+        nonlocal inflight
+        fd, off, n, last, before = pending.popleft()
         inflight -= n
+        f = reading[fd]
         try:
             preadv(fd, last_byte, off + n - 1)
+            if f.have is not None:
+                f.brought += max(0, cached_range(fd, f.st, off, n) - before)
         except OSError as e:
-            _skip(report, e, path)
-        ticker.add(((off + n + ps - 1) // ps - off // ps) * ps, path)  # whole pages, as the totals count
+            _skip(report, e, f.path)
+        ticker.add(((off + n + ps - 1) // ps - off // ps) * ps, f.path)  # whole pages, as the totals count
         if last:
+            del reading[fd]
+            st = f.st
             try:
                 pages = (st.st_size + ps - 1) // ps
-                got = cached(fd, st)
-                if got is not None and got < pages and _is_dense(fd, st.st_size):
+                if f.whole and f.have is not None and f.have + f.brought < pages and _is_dense(fd, st.st_size):
                     # The filesystem ignored WILLNEED (some FUSE and network filesystems): read it instead.
                     _read_all(fd, st.st_size, cancel)
                     got = cached(fd, st)
-                if got is None:
-                    unknown += pages
-                else:
-                    after += got
+                    f.brought = max(f.brought, (got or 0) - f.have)
+                count(f, pages)
             except OSError as e:
-                _skip(report, e, path)
+                _skip(report, e, f.path)
             finally:
                 os_close(fd)
+            tally.files += 1
             ticker.files += 1
 
     walk_budget = _Budget(cancel)
@@ -646,7 +833,7 @@ def _warm_pass(
                         os_close(fd)
                         _skip(report, e, path)
                         continue
-                    if cancel is not None and cancel.is_set():
+                    if stopped():
                         os_close(fd)
                         break
                     if budget is not None and budget <= 0:
@@ -654,15 +841,15 @@ def _warm_pass(
                         notes.append("stopped at the memory guard's limit")
                         break
                     if have is not None:
-                        before += have
-                        if have >= pages:
-                            after += have  # already all in memory: nothing to read
-                            if sized:  # the total counted its data pages: count them done (found, not worked)
+                        tally.before += min(have, pages)
+                        if have >= pages:  # already all in memory: nothing to read
+                            if sized:  # the progress total counted its data pages: count them done (found, not worked)
                                 try:
                                     ticker.add(data_pages(fd, st, ps) * ps, path, found=True)
                                 except OSError as e:
                                     _skip(report, e, path)
                             os_close(fd)
+                            tally.files += 1
                             ticker.files += 1
                             continue
                     window = window_by_dev.get(st.st_dev)
@@ -670,48 +857,71 @@ def _warm_pass(
                         window = window_by_dev[st.st_dev] = kernel.readahead_bytes(st.st_dev)
                     # Only a file with fewer blocks than its size can have holes: skip SEEK_DATA for the others.
                     dense = st.st_blocks * 512 >= size
+                    whole = True
                     if dense and size <= window and budget is None:
                         chunks = [(0, size)]  # the common small file: one WILLNEED, one wait
                     else:
                         chunks = _chunks(fd, size, dense, window, budget, ps)
                         if budget is not None:
-                            budget -= sum(n for _off, n in chunks)
+                            asked = sum(n for _off, n in chunks)
+                            whole = budget >= asked and (not chunks or chunks[-1][0] + chunks[-1][1] >= size)
+                            budget -= asked
+                    f = _Reading(path, st, have, whole)
                     if not chunks:
-                        try:
-                            got = cached(fd, st)
-                            if got is None:
-                                unknown += pages
-                            else:
-                                after += got
-                        except OSError as e:
-                            _skip(report, e, path)
+                        count(f, pages)
                         os_close(fd)
+                        tally.files += 1
                         ticker.files += 1
                         continue
+                    reading[fd] = f
                     final = len(chunks) - 1
                     for i, (off, n) in enumerate(chunks):
+                        # What this range holds already: nothing of a cold file, all of `have` for a one-chunk file.
+                        before = 0 if not have else have if final == 0 and off == 0 else cached_range(fd, st, off, n)
                         try:
                             fadvise(fd, off, n, WILLNEED)
                         except OSError:
                             _read_range(fd, off, n)
-                        pending.append((fd, off, n, i == final, path, st))
+                        if have is None:
+                            tally.hidden_asked += (off + n + ps - 1) // ps - off // ps
+                        pending.append((fd, off, n, i == final, before))
                         inflight += n
                         while inflight > max_bytes or len(pending) > max_files:
                             finish_one()
-                    if cancel is not None and cancel.is_set():
+                        if i < final and stopped():
+                            break
+                    else:
+                        f.asked_all = True
+                    if stopped():
                         break
                 else:
                     continue
                 break  # cancelled, or the guard's limit reached
             except OSError as e:
                 raise DltopError(path_error(e.strerror or str(e), root)) from None
-        while pending and not (cancel is not None and cancel.is_set()):
+        while pending and not stopped():
             finish_one()
     finally:
-        for fd in {p[0] for p in pending}:
+        # Stopped with reads under way: each chunk not yet confirmed is measured now. The kernel added its pages
+        # to the page cache when WILLNEED was called, so the reads still running change no count, and a file
+        # whose every chunk was asked for is done (its last reads still running).
+        tally.inflight_bytes = inflight
+        for fd, off, n, _last, before in pending:
+            f = reading[fd]
+            if f.have is not None:
+                try:
+                    f.brought += max(0, cached_range(fd, f.st, off, n) - before)
+                except OSError as e:
+                    _skip(report, e, f.path)
+        for fd, f in reading.items():
+            count(f, (f.st.st_size + ps - 1) // ps)
+            if f.asked_all:
+                tally.files += 1
+                ticker.files += 1
             os.close(fd)
+        reading.clear()
         pending.clear()
-    return report, before, after, unknown
+    return report, tally
 
 
 def _cpus() -> int:
@@ -782,8 +992,9 @@ class _Helper:
         if self.proc is None or self.proc.stdin is None:
             return
         try:
-            self.proc.stdin.write(json.dumps({**spec, "shard": list(self.shard)}).encode("utf-8", "surrogateescape"))
-            self.proc.stdin.close()
+            line = json.dumps({**spec, "shard": list(self.shard)}).encode("utf-8", "surrogateescape") + b"\n"
+            self.proc.stdin.write(line)  # stdin stays open: closing it tells the child to stop
+            self.proc.stdin.flush()
         except OSError as e:  # it died already: wait() reports it and the caller does its share
             self.error = e.strerror or str(e)
 
@@ -808,13 +1019,19 @@ class _Helper:
             elif line.startswith(b"R "):
                 self._result = json.loads(line[2:].decode("utf-8", "surrogateescape"))
 
-    def wait(self, cancel: threading.Event | None) -> tuple[WalkReport, int, int, int] | None:
-        """(what it skipped, pages before, after, unknown) once done; None if it failed or the warm was cancelled."""
+    def wait(self, cancel: threading.Event | None) -> tuple[WalkReport, _Tally] | None:
+        """What it skipped and measured, once done; None if it failed. Once `cancel` is set, it is asked to stop
+        (SIGTERM) and still reports what it measured, within HELPER_STOP_S."""
         proc = self.proc
         if proc is None or proc.stdout is None:
             return None
+        deadline = None
         while proc.poll() is None:
-            if cancel is not None and cancel.is_set():
+            if deadline is None and cancel is not None and cancel.is_set():
+                self._close_stdin()  # it stops at once and reports what it measured
+                deadline = time.monotonic() + HELPER_STOP_S
+            if deadline is not None and time.monotonic() >= deadline:
+                self.error = "did not stop in time"
                 return None
             select.select([proc.stdout], [], [], 0.1)
             self.poll()
@@ -829,7 +1046,12 @@ class _Helper:
         report.skipped = {str(k): int(v) for k, v in res["skipped"].items()}
         report.problems = [str(p) for p in res["problems"]]
         self.done, self.files, self.found = int(res["done"]), int(res["files"]), int(res["found"])
-        return report, int(res["before"]), int(res["after"]), int(res["unknown"])
+        return report, _Tally(**{k: int(v) for k, v in res["tally"].items()})
+
+    def _close_stdin(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):  # it is gone already
+                self.proc.stdin.close()
 
     def stop(self) -> None:
         """End the child if it still runs and close its pipes; safe to call twice."""
@@ -854,10 +1076,20 @@ def _helper_main() -> int:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
-    text = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+    text = sys.stdin.buffer.readline().decode("utf-8", "surrogateescape")
     if not text:
         return 0  # not needed after all (the guard said no, or the warm was cancelled)
     spec = json.loads(text)
+    # The parent closes stdin to say stop (a cancel, or it died): stop, and still report what was measured. A
+    # pipe, not a signal: a signal that came before the handler was set would kill the child without its report.
+    stop = threading.Event()
+
+    def watch() -> None:
+        while os.read(0, 4096):  # the raw fd: a daemon thread blocked in sys.stdin's reader breaks shutdown
+            pass
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
     WARM_INFLIGHT_BYTES, WARM_INFLIGHT_FILES = int(spec["inflight_bytes"]), int(spec["inflight_files"])
     o = spec["options"]
     options = WalkOptions(
@@ -873,12 +1105,10 @@ def _helper_main() -> int:
     ticker = _Ticker("warm", 0, say)
     notes: list[str] = []
     shard = (int(spec["shard"][0]), int(spec["shard"][1]), int(spec["shard"][2]))
-    report, before, after, unknown = _warm_pass(
-        spec["paths"], options, None, ticker, None, notes, bool(spec["sized"]), shard
-    )
-    tally = {"done": ticker.done, "files": ticker.files, "found": ticker.found, "before": before, "after": after, "unknown": unknown,
-             "skipped": report.skipped, "problems": report.problems}
-    out.write(b"R " + json.dumps(tally).encode("utf-8", "surrogateescape") + b"\n")
+    report, tally = _warm_pass(spec["paths"], options, None, ticker, stop, notes, bool(spec["sized"]), shard)
+    result = {"done": ticker.done, "files": ticker.files, "found": ticker.found, "tally": tally.__dict__,
+              "skipped": report.skipped, "problems": report.problems}
+    out.write(b"R " + json.dumps(result).encode("utf-8", "surrogateescape") + b"\n")
     out.flush()
     return 0
 
@@ -900,21 +1130,67 @@ def _chunks(fd: int, size: int, dense: bool, window: int, budget: int | None, ps
     return chunks
 
 
-def _finish(r: ActionResult, report: WalkReport, ticker: _Ticker, t0: float, after: int, unknown: int) -> ActionResult:
+def _finish(
+    r: ActionResult,
+    report: WalkReport,
+    ticker: _Ticker,
+    t0: float,
+    unknown: int,
+    paths: list[str],
+    options: WalkOptions,
+    plan_s: float,
+) -> ActionResult:
     ticker.add(0, force=True)
-    r.done_bytes = ticker.done
     r.elapsed_s = time.monotonic() - t0
-    r.resident_pages_after = after
     r.unknown_pages = unknown
-    if unknown and NO_PERMISSION not in r.notes:
-        r.notes.append(NO_PERMISSION)
     for k, v in report.skipped.items():
         if k not in r.skipped:
             r.skipped[k] = v
     for p in report.problems:
         if p not in r.problems:
             r.problems.append(p)
+    _measure_after(r, paths, options, _rescan_budget_s(plan_s, r.cancelled))
+    if r.unknown_pages and NO_PERMISSION not in r.notes:
+        r.notes.append(NO_PERMISSION)
     return r
+
+
+def _rescan_budget_s(plan_s: float, cancelled: bool) -> float:
+    """Time for the rescan after an action: twice what measuring before it took (the same walk, one cachestat
+    per file), at least RESCAN_MIN_S; after a cancel RESCAN_MIN_S only: the user asked to stop."""
+    if cancelled:
+        return RESCAN_MIN_S
+    return min(RESCAN_MAX_S, max(RESCAN_MIN_S, 2 * plan_s))
+
+
+def _measure_after(r: ActionResult, paths: list[str], options: WalkOptions, budget_s: float) -> None:
+    """Resident pages now, by a rescan of the whole dataset once the action has stopped: what fincore would count.
+
+    Summing while the action ran is wrong twice over: a warm's later files can evict its earlier ones (a cgroup
+    limit, memory pressure), and a cancelled action never reaches some files. A rescan that runs out of its
+    budget leaves the count unknown, with the part it reached in a note.
+    """
+    from dltop.fmt import human_bytes
+
+    part = scan_paths(tuple(paths), options, deadline_s=budget_s)
+    once = counted_once(part.scanned)  # a dataset inside another one given is counted there
+    files = sum(ds.files for ds in once)
+    resident = sum(ds.resident_pages for ds in once)
+    if len(part.scanned) < len(part.paths) or not all(ds.complete for ds in part.scanned):
+        r.resident_pages_after = None
+        why = next((ds.unavailable for ds in part.paths if isinstance(ds, DatasetUnavailable)), None)
+        r.notes.append(
+            f"resident now: unknown: the rescan after the {r.action} " + (
+                f"failed ({why})" if why else
+                f"ran out of its {budget_s:.1f} s budget after {files} files "
+                f"({human_bytes(resident * part.page_size)} resident among them)"
+            )
+        )
+        return
+    r.resident_pages_after = resident
+    r.unknown_pages = sum(ds.unknown_pages for ds in once)
+    r.pages = sum(ds.pages for ds in once)
+    r.files = files
 
 
 def _is_dense(fd: int, size: int) -> bool:
@@ -953,16 +1229,18 @@ def evict(
 
     Pages that stay are reported with the reason: on tmpfs, locked or mapped by a process (named), or busy.
     """
+    t_plan = time.monotonic()
     r = plan("evict", paths, options, cancel)
     if dry_run:
         return r
     r.dry_run = False
+    plan_s = time.monotonic() - t_plan
     report = WalkReport()
     ticker = _Ticker("evict", r.total_bytes, progress)
     res = _Residency()
     ps = kernel.PAGE_SIZE
     stayed: list[tuple[str, os.stat_result, int, bool]] = []
-    after = unknown = 0
+    unknown = 0
     t0 = time.monotonic()
     files = _files(paths, options, report, cancel)
     try:
@@ -983,7 +1261,6 @@ def evict(
                 else:
                     if left:
                         stayed.append((path, st, left, tmpfs))
-                    after += left
                     ticker.add(((before[0] if before is not None else 0) - left) * ps, path)
             except OSError as e:
                 _skip(report, e, path)
@@ -994,8 +1271,9 @@ def evict(
     finally:
         files.close()
     r.cancelled = cancel is not None and cancel.is_set()
+    r.done_bytes, r.files_done = ticker.done, ticker.files  # each file measured before and after its eviction
     _explain_stayed(r, stayed, ps)
-    return _finish(r, report, ticker, t0, after, unknown)
+    return _finish(r, report, ticker, t0, unknown, paths, options, plan_s)
 
 
 def _evict_fd(
@@ -1125,6 +1403,7 @@ def lock(
     cancel: threading.Event | None = None,
 ) -> tuple[ActionResult, LockSet]:
     """mlock every file (reading what is not resident); the caller holds the LockSet and releases it."""
+    t_plan = time.monotonic()
     r = plan("lock", paths, options, cancel)
     assert r.guard is not None
     why = memlock_error(r.total_bytes)
@@ -1136,6 +1415,7 @@ def lock(
     if dry_run:
         return r, locks
     r.dry_run = False
+    plan_s = time.monotonic() - t_plan
     report = WalkReport()
     ticker = _Ticker("lock", r.total_bytes, progress)
     t0 = time.monotonic()
@@ -1173,4 +1453,5 @@ def lock(
     finally:
         files.close()
     r.cancelled = cancel is not None and cancel.is_set()
-    return _finish(r, report, ticker, t0, locks.bytes // kernel.PAGE_SIZE, 0), locks
+    r.done_bytes, r.files_done = locks.bytes, len(locks.paths)
+    return _finish(r, report, ticker, t0, 0, paths, options, plan_s), locks

@@ -134,7 +134,7 @@ class ActionRunner:
                 outcome = "cancelled" if r.cancelled else "ok"
                 message = summary(r)
                 extra = {"done_bytes": r.done_bytes, "total_bytes": r.total_bytes, "elapsed_s": r.elapsed_s,
-                         "files_done": r.files}
+                         "files_done": r.files_done}
             else:
                 outcome = "cancelled" if run.cancelled else "ok"
                 message = r.guard if isinstance(r, ActionPlan) else ""

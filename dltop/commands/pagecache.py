@@ -187,25 +187,34 @@ def _hold(runner: Any, files: int, held: dict[str, int], stop: threading.Event) 
 
 def _print_result(args: argparse.Namespace, r: Any) -> None:
     from dltop.fmt import human_bytes, human_rate, plural
+    from dltop.kernel import PAGE_SIZE as ps
     from dltop.text.datasets import skipped_text
 
     if args.json:
         sys.stdout.write(json.dumps(r.to_dict()) + "\n")
         sys.stdout.flush()
         return
-    verb = {"warm": "warmed", "evict": "evicted", "lock": "locked"}[r.action]
+    # A warm counts what it reads; what was resident already is said apart.
+    resident = human_bytes(r.resident_pages_before * ps) if r.action == "warm" and r.resident_pages_before else ""
     if r.dry_run:
         verb = {"warm": "would warm", "evict": "would evict", "lock": "would lock"}[r.action]
-        print(f"{verb} {human_bytes(r.total_bytes)} in {plural(r.files, 'file')}")
+        print(f"{verb} {human_bytes(r.total_bytes)} in {plural(r.files, 'file')}" + (
+            f"; {resident} is resident already" if resident else ""))
     else:
+        verb = {"warm": "warmed", "evict": "evicted", "lock": "locked"}[r.action]
         rate = r.done_bytes / r.elapsed_s if r.elapsed_s > 0 else None
+        left = r.files - r.files_done
+        files = f"{r.files_done} of {plural(r.files, 'file')}" + (
+            f" ({left} not reached)" if left > 0 and r.cancelled else f" ({left} not done)" if left > 0 else "")
         state = " (cancelled)" if r.cancelled else ""
-        print(f"{verb} {human_bytes(r.done_bytes)} in {plural(r.files, 'file')}, "
-              f"{r.elapsed_s:.2f}s, {human_rate(rate, missing='-')}{state}")
-        if r.unknown_pages:  # never counted resident or not: the note below says why and what to do
+        print(f"{verb} {human_bytes(r.done_bytes)} in {files}, {r.elapsed_s:.2f}s, "
+              f"{human_rate(rate, missing='-')}{state}" + (f"; {resident} was resident already" if resident else ""))
+        if r.resident_pages_after is None:
+            print("resident now: unknown (see the note)")
+        elif r.unknown_pages:  # never counted resident or not: the note below says why and what to do
             print(f"resident now: unknown for {plural(r.unknown_pages, 'page')}; "
-                  f"{plural(r.resident_pages_after or 0, 'page')} resident among those whose residency the kernel shows")
-        elif r.resident_pages_after is not None and r.pages:
+                  f"{plural(r.resident_pages_after, 'page')} resident among those whose residency the kernel shows")
+        elif r.pages:
             print(f"resident now: {r.resident_pages_after} of {plural(r.pages, 'page')} "
                   f"({100 * r.resident_pages_after / r.pages:.1f}%)")
     if r.guard is not None:

@@ -237,69 +237,77 @@ def walk(
                 continue
             with entries:
                 n = 0
-                for entry in entries:
-                    name = entry.name
-                    if ignore is not None and ignore.match(name):
-                        report.skip("ignored")
-                        continue
-                    try:
-                        if entry.is_file(follow_symlinks=False):
+                try:
+                    for entry in entries:
+                        name = entry.name
+                        if ignore is not None and ignore.match(name):
+                            report.skip("ignored")
+                            continue
+                        try:
+                            if entry.is_file(follow_symlinks=False):
+                                if include is not None and not include.match(name):
+                                    report.skip("ignored")
+                                elif held is not None:
+                                    held.append((entry.inode(), name, False))
+                                else:
+                                    yield d, dfd, name, False
+                                n += 1
+                                if n % _CHECK_EVERY_FILES == 0 and budget is not None and budget.stop():
+                                    report.complete = False
+                                    return
+                                continue
+                            is_link = entry.is_symlink()
+                            if is_link and not follow:
+                                report.skip("symlink")
+                                continue
+                            if is_link:
+                                try:
+                                    est = os.stat(name, dir_fd=dfd)
+                                except OSError as e:
+                                    what = "symlink loop" if e.errno == errno.ELOOP else "broken symlink"
+                                    report.skip(what.replace(" ", "_"), f"{d.path}/{name}", what)
+                                    continue
+                            elif entry.is_dir(follow_symlinks=False):
+                                est = entry.stat(follow_symlinks=False)
+                            else:
+                                report.skip("special")  # FIFO, socket, device: never opened
+                                continue
+                        except OSError as e:
+                            _skip_error(report, e, f"{d.path}/{name}")
+                            continue
+                        if stat.S_ISDIR(est.st_mode):
+                            key = (est.st_dev, est.st_ino)
+                            if key in seen_dirs:
+                                report.skip("symlink_loop", f"{d.path}/{name}", "folder reached twice (symlink loop)")
+                                continue
+                            if est.st_dev != root_dev and not options.cross_filesystems:
+                                report.skip("other_filesystem")
+                                continue
+                            seen_dirs.add(key)
+                            path = f"{d.path}/{name}" if d.path != "/" else f"/{name}"
+                            depth = d.depth + 1
+                            if max_depth is None or depth <= max_depth:
+                                acc = _Acc(path)
+                                d.acc.children.append(acc)
+                            else:
+                                acc = d.acc
+                            subdirs.append(_Dir(path, depth, est.st_dev, acc, ino=est.st_ino))
+                        elif stat.S_ISREG(est.st_mode):
                             if include is not None and not include.match(name):
                                 report.skip("ignored")
                             elif held is not None:
-                                held.append((entry.inode(), name, False))
+                                held.append((est.st_ino, name, True))
                             else:
-                                yield d, dfd, name, False
-                            n += 1
-                            if n % _CHECK_EVERY_FILES == 0 and budget is not None and budget.stop():
-                                report.complete = False
-                                return
-                            continue
-                        is_link = entry.is_symlink()
-                        if is_link and not follow:
-                            report.skip("symlink")
-                            continue
-                        if is_link:
-                            try:
-                                est = os.stat(name, dir_fd=dfd)
-                            except OSError as e:
-                                what = "symlink loop" if e.errno == errno.ELOOP else "broken symlink"
-                                report.skip(what.replace(" ", "_"), f"{d.path}/{name}", what)
-                                continue
-                        elif entry.is_dir(follow_symlinks=False):
-                            est = entry.stat(follow_symlinks=False)
+                                yield d, dfd, name, True
                         else:
-                            report.skip("special")  # FIFO, socket, device: never opened
-                            continue
-                    except OSError as e:
-                        _skip_error(report, e, f"{d.path}/{name}")
-                        continue
-                    if stat.S_ISDIR(est.st_mode):
-                        key = (est.st_dev, est.st_ino)
-                        if key in seen_dirs:
-                            report.skip("symlink_loop", f"{d.path}/{name}", "folder reached twice (symlink loop)")
-                            continue
-                        if est.st_dev != root_dev and not options.cross_filesystems:
-                            report.skip("other_filesystem")
-                            continue
-                        seen_dirs.add(key)
-                        path = f"{d.path}/{name}" if d.path != "/" else f"/{name}"
-                        depth = d.depth + 1
-                        if max_depth is None or depth <= max_depth:
-                            acc = _Acc(path)
-                            d.acc.children.append(acc)
-                        else:
-                            acc = d.acc
-                        subdirs.append(_Dir(path, depth, est.st_dev, acc, ino=est.st_ino))
-                    elif stat.S_ISREG(est.st_mode):
-                        if include is not None and not include.match(name):
-                            report.skip("ignored")
-                        elif held is not None:
-                            held.append((est.st_ino, name, True))
-                        else:
-                            yield d, dfd, name, True
-                    else:
-                        report.skip("special")
+                            report.skip("special")
+                except OSError as e:
+                    # The listing itself failed part way: /proc/PID/fdinfo refuses even root (EACCES), a
+                    # /proc/PID that ends mid-listing gives ENOENT. What was listed is walked; the folder is
+                    # counted as skipped. Only the root failing is the caller's error.
+                    if d.depth == 0:
+                        raise
+                    _skip_error(report, e, d.path)
             if held:
                 held.sort()
                 for ino, name, follow_it in held:
