@@ -383,12 +383,21 @@ def test_lock_names_rlimit_memlock_when_it_is_too_low(ddir: Path) -> None:
     assert r.stderr.startswith("dltop: cannot lock 256 KiB: RLIMIT_MEMLOCK is 64.0 KiB") and r.stderr.count("\n") == 1
 
 
+def _wait_for_worker(p: subprocess.Popen) -> None:
+    """Until the action's worker thread runs: its signal handlers are in place (a SIGINT sent while Python is
+    still importing is a KeyboardInterrupt of the interpreter, not of dltop)."""
+    deadline = time.monotonic() + 20
+    while len(os.listdir(f"/proc/{p.pid}/task")) < 2 and p.poll() is None:
+        assert time.monotonic() < deadline, "no worker thread"
+        time.sleep(0.01)
+
+
 def test_warm_ctrl_c_is_clean(ddir: Path) -> None:
     for i in range(6):
-        make_file(ddir / f"w{i}.bin", 16 << 20)
+        evict_file(make_file(ddir / f"w{i}.bin", 16 << 20))
     p = subprocess.Popen([sys.executable, "-m", "dltop", "warm", str(ddir), "--json"], cwd=REPO, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(0.3)
+    _wait_for_worker(p)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=20)
     assert "Traceback" not in err
@@ -828,7 +837,9 @@ def test_cancelled_action_summary_equals_fincore(
         if p.poll() is None:
             p.kill()
     now = _fincore_total(files)
-    reclaimed = _reclaimed_total(files) - shadows + SHADOW_SLACK
+    # Slack for shadow entries the kernel frees itself; under memory pressure (a busy CI machine) its shrinker
+    # frees more of them, so 1% of the pages moved too. The old sums were off by half the dataset or all of it.
+    reclaimed = _reclaimed_total(files) - shadows + max(SHADOW_SLACK, abs(_fincore_total(files) - start) // 100)
     time.sleep(0.5)
     later = _fincore_total(files)
     assert p.returncode == 128 + sig, err

@@ -193,3 +193,17 @@ async def _until(cond, timeout_s: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.02)
+
+
+def test_a_warm_plan_names_the_other_watched_datasets_it_would_push_out(ddir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    f = make_file(ddir / "ds" / "a.bin", 256 * PS)
+    evict_file(f)
+    # Plenty available, little of it free: reading 1 MiB makes the kernel reclaim other page cache.
+    monkeypatch.setattr(pc, "read_meminfo", lambda *a: {"MemTotal": 64 << 30, "MemAvailable": 32 << 30,
+                                                        "MemFree": 64 * PS})
+    runner = ActionRunner()
+    others = {str(ddir / "ds"): 0, "/data/coco": 3 << 30}
+    plan = runner.plan("warm", [str(ddir / "ds")], wait=True, others=others).result
+    assert plan.allowed and "/data/coco (3.0 GiB)" in plan.guard
+    assert str(ddir / "ds") + " (" not in plan.guard  # the warmed dataset is not its own victim

@@ -26,7 +26,7 @@ from dltop.errors import DltopError
 from dltop.fmt import plural
 from dltop.model.base import to_dict
 from dltop.model.datasets import NO_PERMISSION, DatasetUnavailable, counted_once
-from dltop.model.memory import safety_margin_bytes  # noqa: F401 - part of this module's API
+from dltop.model.memory import cgroup_room_bytes, safety_margin_bytes  # noqa: F401 - this module's API too
 from dltop.sources.datasets import (
     DEFAULT_WALK,
     MAX_PROBLEMS,
@@ -133,18 +133,6 @@ def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
             return parse_meminfo(f.read())
     except OSError:
         return {}
-
-
-def cgroup_room_bytes(cg: Any) -> tuple[int, str] | None:
-    """Page cache the memory cgroup can hold without reclaiming its own cache: memory.max less its anonymous
-    memory (what is not file pages) and a margin, with the cgroup's path; None when no limit applies."""
-    max_bytes = getattr(cg, "max_bytes", None)
-    current = getattr(cg, "current_bytes", None)
-    if not max_bytes or current is None:
-        return None
-    anon = max(0, current - (getattr(cg, "file_bytes", None) or 0))
-    margin = min(max(max_bytes // 10, 64 << 20), 1 << 30)
-    return max(0, max_bytes - anon - margin), str(getattr(cg, "path", "?"))
 
 
 def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup: Any = "auto") -> MemoryGuard:

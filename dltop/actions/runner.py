@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,16 +84,19 @@ class ActionRunner:
         """The plan or run in flight, if any."""
         return self._busy
 
-    def plan(self, action: str, paths: Sequence[str], *, options: Any = None, wait: bool = False) -> Run:
-        """Measure what `action` would do on `paths` (a residency scan) in a worker; the result is an ActionPlan."""
-        return self._spawn("plan", action, paths, lambda run: _plan(run, options), wait)
+    def plan(self, action: str, paths: Sequence[str], *, options: Any = None, wait: bool = False,
+             others: Mapping[str, int] | None = None) -> Run:
+        """Measure what `action` would do on `paths` (a residency scan) in a worker; the result is an ActionPlan.
+        `others`: resident bytes of the other watched datasets, which a warm's guard names as at risk."""
+        return self._spawn("plan", action, paths, lambda run: _plan(run, options, others), wait)
 
     def start(self, action: str, paths: Sequence[str], *, options: Any = None, force: bool = False,
-              fit: bool = False, dry_run: bool = False, wait: bool = False) -> Run:
+              fit: bool = False, dry_run: bool = False, wait: bool = False,
+              others: Mapping[str, int] | None = None) -> Run:
         """Run `action` on `paths` in a worker; the result is the action's ActionResult. A lock's pages stay
         locked, held here under the target, until `release(target)`."""
-        return self._spawn("run", action, paths,
-                           lambda run: self._run(run, options, force=force, fit=fit, dry_run=dry_run), wait)
+        return self._spawn("run", action, paths, lambda run: self._run(
+            run, options, force=force, fit=fit, dry_run=dry_run, others=others), wait)
 
     def cancel(self) -> bool:
         """Ask the plan or run in flight to stop; False when nothing runs."""
@@ -146,7 +149,8 @@ class ActionRunner:
         self._announce(run, "finished", outcome=outcome, message=message, **extra)
         run.done.set()
 
-    def _run(self, run: Run, options: Any, *, force: bool, fit: bool, dry_run: bool) -> Any:
+    def _run(self, run: Run, options: Any, *, force: bool, fit: bool, dry_run: bool,
+             others: Mapping[str, int] | None) -> Any:
         from dltop.actions import pagecache as pc
 
         if run.action == "lock" and run.target in self._held:
@@ -160,7 +164,8 @@ class ActionRunner:
 
         paths = list(run.paths)
         if run.action == "warm":
-            return pc.warm(paths, opts, force=force, fit=fit, dry_run=dry_run, progress=progress, cancel=run.cancel)
+            return pc.warm(paths, opts, force=force, fit=fit, dry_run=dry_run, progress=progress, cancel=run.cancel,
+                           others=others)
         if run.action == "evict":
             return pc.evict(paths, opts, dry_run=dry_run, progress=progress, cancel=run.cancel)
         if run.action == "lock":
@@ -202,12 +207,12 @@ class ActionRunner:
         self.release_all()
 
 
-def _plan(run: Run, options: Any) -> ActionPlan:
+def _plan(run: Run, options: Any, others: Mapping[str, int] | None = None) -> ActionPlan:
     """The facts a confirmation states, from one fresh residency scan (holes of sparse files are not data)."""
     from dltop.actions import pagecache as pc
 
     opts = options if options is not None else pc.DEFAULT_WALK
-    r = pc.plan(run.action, list(run.paths), opts, cancel=run.cancel)
+    r = pc.plan(run.action, list(run.paths), opts, cancel=run.cancel, others=others)
     notes: list[str] = []
     if r.unknown_pages:
         notes.append("Residency of some files is hidden from this user: their data counts as not resident.")

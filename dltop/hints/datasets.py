@@ -12,7 +12,7 @@ from dltop.fmt import human_bytes
 from dltop.hints import Hint, rule
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency, DatasetsPart
-from dltop.model.memory import safety_margin_bytes
+from dltop.model.memory import page_cache_room_bytes
 
 COLD_FRACTION = 0.5  # a dataset under this share resident is read mostly from disk
 COLD_MIN_BYTES = 256 << 20  # less than this left to read costs the first epoch under a second: no hint
@@ -50,10 +50,9 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
     need = (coldest.known_data_pages - coldest.data_resident_pages) * ps
     if need < COLD_MIN_BYTES:
         return None
-    if mem is not None and mem.available_bytes is not None:
-        fits = mem.available_bytes - safety_margin_bytes(mem.total_bytes)
-        if need > fits:
-            return None  # dataset_larger_than_memory speaks instead
+    room = page_cache_room_bytes(mem) if mem is not None else None
+    if room is not None and coldest.known_data_pages * ps > room:
+        return None  # dataset_larger_than_memory speaks instead
     pct = 100 * (coldest.resident_fraction or 0)
     return Hint(
         id="dataset-cold",
@@ -69,14 +68,14 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
 
 def dataset_larger_than_memory(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
     """A dataset that cannot all stay cached: warming all of it evicts its own first part."""
-    if mem is None or mem.available_bytes is None:
+    cacheable = page_cache_room_bytes(mem) if mem is not None else None
+    if cacheable is None:
         return None
     for ds in part.scanned:
         if not _usable(ds):
             continue
         ps = ds.page_size
-        cacheable = mem.available_bytes - safety_margin_bytes(mem.total_bytes) + ds.data_resident_pages * ps
-        size = ds.known_data_pages * ps
+        size = ds.known_data_pages * ps  # its resident part is in MemAvailable already: not added again
         if size > cacheable:
             return Hint(
                 id="dataset-larger-than-memory",

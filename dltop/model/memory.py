@@ -112,3 +112,24 @@ def safety_margin_bytes(total_bytes: int | None) -> int:
     if not total_bytes:
         return 1 << 30
     return min(max(total_bytes // 10, 256 << 20), 4 << 30)
+
+
+def cgroup_room_bytes(cg: CgroupMemory | Unavailable | None) -> tuple[int, str] | None:
+    """Page cache the memory cgroup can hold without reclaiming its own cache: its limit less its anonymous
+    memory (what is not file pages) and a margin, with the limiting cgroup's path; None when no limit is known."""
+    if not isinstance(cg, CgroupMemory) or not cg.max_bytes or cg.current_bytes is None:
+        return None
+    anon = max(0, cg.current_bytes - (cg.file_bytes or 0))
+    margin = min(max(cg.max_bytes // 10, 64 << 20), 1 << 30)
+    return max(0, cg.max_bytes - anon - margin), cg.limit_path or cg.path
+
+
+def page_cache_room_bytes(mem: MemoryPart) -> int | None:
+    """How much page cache a dataset can occupy, its resident part included: MemAvailable less the safety margin
+    (clean page cache already counts as available), or the memory cgroup's room when smaller. None: unknown.
+    The warm guard holds a warm to the same rule."""
+    room = None if mem.available_bytes is None else max(0, mem.available_bytes - safety_margin_bytes(mem.total_bytes))
+    cg = cgroup_room_bytes(mem.cgroup)
+    if cg is not None and (room is None or cg[0] < room):
+        room = cg[0]
+    return room

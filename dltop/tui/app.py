@@ -26,6 +26,7 @@ from dltop.errors import DltopError
 from dltop.fmt import human_duration
 from dltop.model import Snapshot
 from dltop.model.actions import ActionEvent, ActionPlan
+from dltop.model.datasets import DatasetsPart
 from dltop.tui.messages import (
     ActionEventPosted,
     ActionRequested,
@@ -299,8 +300,16 @@ class DltopApp(App[None]):
         if msg.action == "lock" and msg.path in self.runner.held():
             self.runner.release(msg.path)
             return
-        run = self.runner.plan(msg.action, [msg.path])
+        run = self.runner.plan(msg.action, [msg.path], others=self._watched_resident())
         self._runs[run.id] = run
+
+    def _watched_resident(self) -> dict[str, int]:
+        """Resident bytes of every watched dataset, from the latest Snapshot: what a warm's guard names as at
+        risk when reading past free memory pushes page cache out (the runner leaves out the warmed one)."""
+        part = self.history[-1].datasets if self.history else None
+        if not isinstance(part, DatasetsPart):
+            return {}
+        return {ds.path: ds.resident_pages * ds.page_size for ds in part.scanned}
 
     def on_warm_requested(self, msg: WarmRequested) -> None:
         self._request(msg)
@@ -338,7 +347,7 @@ class DltopApp(App[None]):
             if not ok:
                 return
             try:
-                self.runner.start(plan.action, [plan.target], fit=plan.can_fit)
+                self.runner.start(plan.action, [plan.target], fit=plan.can_fit, others=self._watched_resident())
             except DltopError as e:  # another action started meanwhile
                 self.notify(str(e), severity="error")
 
