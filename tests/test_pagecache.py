@@ -981,3 +981,27 @@ def test_warm_guard_names_the_watched_datasets_it_may_push_out(ddir: Path) -> No
     r = pc.plan("warm", [str(ddir)], others={str(ddir): 1 << 30, str(ddir / "sub"): 1 << 30,
                                              str(ddir.parent): 1 << 30, "/elsewhere": 1 << 30})
     assert r.guard is not None and set(r.guard.at_risk) <= {"/elsewhere"}
+
+
+def test_warm_summary_is_of_the_data_holes_left_out(ddir: Path) -> None:
+    dense = make_file(ddir / "dense.bin", 64 * PS)
+    sparse = ddir / "sparse.bin"
+    with open(sparse, "wb") as f:
+        f.truncate(64 << 20)
+        f.seek(8 << 20)
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    if sparse.stat().st_blocks * 512 >= 64 << 20:
+        pytest.skip("filesystem without sparse files")
+    evict_file(dense)
+    evict_file(sparse)
+    r = subprocess.run([sys.executable, "-m", "dltop", "warm", str(ddir), "--json"], cwd=REPO, capture_output=True,
+                       text=True, check=True)
+    s = json.loads(r.stdout)
+    data = 64 + (1 << 20) // PS
+    assert s["data_pages"] == data and s["pages"] == 64 + (64 << 20) // PS  # fincore's pages count the holes
+    assert s["data_resident_pages_after"] == data == s["resident_pages_after"]  # a warm reads no hole
+    text = subprocess.run([sys.executable, "-m", "dltop", "warm", str(ddir)], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout
+    assert f"resident now: {data} of {data} pages of data (100.0%); holes of sparse files not counted" in text

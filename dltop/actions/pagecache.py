@@ -269,6 +269,9 @@ class ActionResult:
     pages: int = 0
     resident_pages_before: int | None = 0  # None: not measured (a warm cancelled before it reached every file)
     resident_pages_after: int | None = None  # of the visible pages; None: not measured in full (see notes)
+    # The same for the data alone (holes of sparse files left out), the headline as `dltop residency` shows it
+    data_pages: int | None = None
+    data_resident_pages_after: int | None = None
     unknown_pages: int = 0
     # warm: bytes whose readahead was still reading from disk when the warm stopped; the kernel put their pages in
     # the page cache when asked, so they are counted resident already and the count does not grow after
@@ -1178,6 +1181,8 @@ def _measure_after(r: ActionResult, paths: list[str], options: WalkOptions, budg
     r.resident_pages_after = resident
     r.unknown_pages = sum(ds.unknown_pages for ds in once)
     r.pages = sum(ds.pages for ds in once)
+    r.data_pages = sum(ds.known_data_pages for ds in once)
+    r.data_resident_pages_after = sum(ds.data_resident_pages for ds in once)
     r.files = files
 
 

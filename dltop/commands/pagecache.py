@@ -214,6 +214,10 @@ def _print_result(args: argparse.Namespace, r: Any) -> None:
         elif r.unknown_pages:  # never counted resident or not: the note below says why and what to do
             print(f"resident now: unknown for {plural(r.unknown_pages, 'page')}; "
                   f"{plural(r.resident_pages_after, 'page')} resident among those whose residency the kernel shows")
+        elif r.data_pages:  # of the data, as `dltop residency` shows it: holes are never read
+            holes = "; holes of sparse files not counted" if r.data_pages < r.pages else ""
+            print(f"resident now: {r.data_resident_pages_after} of {plural(r.data_pages, 'page')} of data "
+                  f"({100 * (r.data_resident_pages_after or 0) / r.data_pages:.1f}%){holes}")
         elif r.pages:
             print(f"resident now: {r.resident_pages_after} of {plural(r.pages, 'page')} "
                   f"({100 * r.resident_pages_after / r.pages:.1f}%)")
