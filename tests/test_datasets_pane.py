@@ -152,9 +152,11 @@ async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) 
         assert [resident(f) for f in files[-2:]] == [32, 32] and resident(files[0]) == 0
         assert [k for k in app.runner.held() if k.endswith("/val")]
         assert "🔒" in _cell(app, 1, 0)
+        assert "locked" in _text(app, "#ds-progress")
         await pilot.press("l")
         await pilot.pause()
         assert app.runner.held() == {} and "🔒" not in _cell(app, 1, 0)
+        assert _text(app, "#ds-progress").startswith("unlocked 256 KiB")  # not "locked" any more
 
 
 async def test_warm_dialog_states_the_data_of_a_sparse_file_not_its_size(ddir: Path) -> None:
