@@ -71,7 +71,7 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     return replace(
         s,
         refresh_s=_check_refresh(float(refresh), where),
-        datasets=tuple(os.path.expanduser(d) for d in datasets),
+        datasets=tuple(os.path.abspath(os.path.expanduser(d)) for d in datasets),
         read_only=read_only,
     )
 
@@ -95,10 +95,11 @@ def settings_from_args(args: Any) -> Settings:
     if getattr(args, "pid", None) is not None:
         changes["pid"] = args.pid
     if getattr(args, "paths", None):
-        changes["datasets"] = tuple(args.paths)
         for p in args.paths:
             if not os.path.exists(p):
                 raise DltopError(f"no such dataset path: {p}")
+        # Absolute, as the scans name them: the TUI matches rows, x and a by these paths.
+        changes["datasets"] = tuple(os.path.abspath(p) for p in args.paths)
     if getattr(args, "read_only", False):
         changes["read_only"] = True
     return replace(s, **changes)

@@ -4,6 +4,7 @@ dltop/, read with ast (a lazy import inside a function counts as much as one at 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -41,6 +42,9 @@ ALLOWED: dict[str, set[str]] = {
 ONLY_IN = {"textual": {"tui"}, "rich": {"tui"}}
 # Only the command that starts the TUI may import it.
 TUI_IMPORTERS = {"dltop/commands/tui.py"}
+# Within tui/, only the app may import actions, and only the runner.
+ACTIONS_IN_TUI = {"dltop/tui/app.py": {"dltop.actions.runner"}}
+MODULE_NAME = re.compile(r"dltop(\.[a-z_][a-z0-9_]*)+(:[A-Za-z_][A-Za-z0-9_]*)?")
 
 
 def _part(path: Path) -> str:
@@ -58,6 +62,10 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         here.pop()
     out = []
     for node in ast.walk(tree):
+        # A module named in a string is imported somewhere (registries: PANE_SPECS, COMMANDS, importlib calls):
+        # it counts as an import of the module that names it.
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+            out.append((node.lineno, node.value.partition(":")[0]))
         if isinstance(node, ast.Import):
             out.extend((node.lineno, a.name) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -89,6 +97,8 @@ def _violations(path: Path) -> list[str]:
             target = mod.split(".")[1] if "." in mod else "__init__"
             if target == "tui" and part not in ("tui", "tui/panes") and rel not in TUI_IMPORTERS:
                 bad.append(f"{rel}:{line} imports {mod} (only commands/tui.py starts the TUI)")
+            elif target == "actions" and part == "tui" and mod not in ACTIONS_IN_TUI.get(rel, set()):
+                bad.append(f"{rel}:{line} imports {mod}: in tui/, only app.py holds the runner (dltop.actions.runner)")
             elif target not in allowed and target != part.split("/")[0]:
                 bad.append(f"{rel}:{line} imports {mod}: dltop/{part} may import only {sorted(allowed)}")
         elif top in ONLY_IN and part.split("/")[0] not in ONLY_IN[top]:
@@ -115,6 +125,11 @@ def test_the_checker_catches_what_it_should(tmp_path: Path) -> None:
         "hints/bad.py": "def f():\n    from dltop.actions import pagecache\n",
         "sources/bad.py": "import textual\nfrom ..actions import runner\n",
         "model/bad.py": "from dltop.sources import memory\n",
+        # A registry naming a module by string, and the TUI's app importing an action module itself
+        "tui/panes/__init__.py": 'SPECS = ("dltop.tui.panes.x:XPane", "dltop.sources.memory:read")\n',
+        "hints/reg.py": 'import importlib\nimportlib.import_module("dltop.actions.pagecache")\n',
+        "tui/app.py": "from dltop.actions.runner import ActionRunner\nfrom dltop.actions import pagecache\n",
+        "tui/other.py": "from dltop.actions.runner import ActionRunner\n",
     }.items():
         (fake / rel).parent.mkdir(parents=True, exist_ok=True)
         (fake / rel).write_text(code)
@@ -128,3 +143,8 @@ def test_the_checker_catches_what_it_should(tmp_path: Path) -> None:
     assert len(found["hints/bad.py"]) == 1 and "dltop.actions" in found["hints/bad.py"][0]
     assert len(found["sources/bad.py"]) == 2 and any("imports dltop.actions" in v for v in found["sources/bad.py"])
     assert len(found["model/bad.py"]) == 1
+    assert [v for v in found["tui/panes/__init__.py"] if "dltop.sources.memory" in v] and len(
+        found["tui/panes/__init__.py"]) == 1
+    assert len(found["hints/reg.py"]) == 1 and "dltop.actions.pagecache" in found["hints/reg.py"][0]
+    assert len(found["tui/app.py"]) == 1 and found["tui/app.py"][0].startswith("dltop/tui/app.py:2 ")
+    assert len(found["tui/other.py"]) == 1

@@ -63,6 +63,7 @@ class ActionRunner:
         self._lock = threading.Lock()
         self._busy: Run | None = None
         self._held: dict[str, _Held] = {}
+        self.listener_errors: list[str] = []  # what listeners raised; they run on the worker thread
 
     # -- who listens ---------------------------------------------------------------------------------------
 
@@ -73,9 +74,12 @@ class ActionRunner:
 
     def _announce(self, run: Run, phase: str, **kw: Any) -> None:
         event = ActionEvent(run_id=run.id, step=run.step, phase=phase, action=run.action,  # type: ignore[arg-type]
-                            target=run.target, ts=self._clock(), **kw)
+                            target=run.target, paths=run.paths, ts=self._clock(), **kw)
         for listener in list(self._listeners):
-            listener(event)
+            try:
+                listener(event)
+            except Exception as e:  # a listener's trouble (a full disk under the recorder) never wedges an action
+                self.listener_errors.append(f"{type(e).__name__}: {e}")
 
     # -- what runs -----------------------------------------------------------------------------------------
 
@@ -112,7 +116,6 @@ class ActionRunner:
                 raise DltopError(f"{self._busy.action} {self._busy.target} is still running")
             run = Run(id=next(self._ids), step=step, action=action, paths=tuple(paths))
             self._busy = run
-        self._announce(run, "started")
         thread = threading.Thread(target=self._work, args=(run, body), name=f"dltop-{action}", daemon=True)
         thread.start()
         if wait:
@@ -120,6 +123,15 @@ class ActionRunner:
         return run
 
     def _work(self, run: Run, body: Callable[[Run], Any]) -> None:
+        try:
+            self._work_on(run, body)
+        finally:
+            with self._lock:
+                self._busy = None
+            run.done.set()
+
+    def _work_on(self, run: Run, body: Callable[[Run], Any]) -> None:
+        self._announce(run, "started")
         outcome: Outcome = "ok"
         message = ""
         extra: dict[str, Any] = {}
@@ -143,17 +155,15 @@ class ActionRunner:
                 message = r.guard if isinstance(r, ActionPlan) else ""
                 if isinstance(r, ActionPlan):
                     extra = {"total_bytes": r.bytes}
-        finally:
-            with self._lock:
-                self._busy = None
+        with self._lock:
+            self._busy = None  # before the finish is announced: a listener may start the next action at once
         self._announce(run, "finished", outcome=outcome, message=message, **extra)
-        run.done.set()
 
     def _run(self, run: Run, options: Any, *, force: bool, fit: bool, dry_run: bool,
              others: Mapping[str, int] | None) -> Any:
         from dltop.actions import pagecache as pc
 
-        if run.action == "lock" and run.target in self._held:
+        if run.action == "lock" and run.target in self.held():
             raise DltopError(f"{run.target} is locked already")
         opts = options if options is not None else pc.DEFAULT_WALK
 
@@ -173,7 +183,8 @@ class ActionRunner:
             if r.cancelled or dry_run:
                 locks.release()  # a cancelled lock keeps nothing half-locked
             else:
-                self._held[run.target] = _Held(locks.bytes, locks.release)
+                with self._lock:
+                    self._held[run.target] = _Held(locks.bytes, locks.release)
             return r
         raise DltopError(f"unknown action: {run.action}")
 
@@ -181,11 +192,13 @@ class ActionRunner:
 
     def held(self) -> dict[str, int]:
         """Targets whose pages are locked now, with the bytes locked."""
-        return {k: h.bytes for k, h in self._held.items()}
+        with self._lock:
+            return {k: h.bytes for k, h in self._held.items()}
 
     def release(self, target: str) -> int:
         """Unlock what a lock of `target` holds; returns the bytes let go (0 when nothing was held)."""
-        h = self._held.pop(target, None)
+        with self._lock:
+            h = self._held.pop(target, None)
         if h is None:
             return 0
         run = Run(id=next(self._ids), step="release", action="lock", paths=(target,))
@@ -198,7 +211,7 @@ class ActionRunner:
 
     def release_all(self) -> None:
         """Unlock everything held (on exit)."""
-        for target in list(self._held):
+        for target in self.held():
             self.release(target)
 
     def close(self) -> None:

@@ -7,7 +7,6 @@ so live, replay and the recorder's report draw the same hints from the same Snap
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -16,8 +15,9 @@ from dltop.model import Snapshot
 
 Severity = Literal["info", "warn", "critical"]
 SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
-# How many recent Snapshots a rule sees (a minute at the default refresh): the one window live and replay share.
-WINDOW = 60
+# How far back a rule sees, in seconds of Snapshot time (not a count: the refresh may be 0.25 s or 30 s): the
+# one window live and replay share.
+WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,6 @@ class Hint:
 Rule = Callable[[Sequence[Snapshot]], "Hint | None"]
 RULES: list[Rule] = []
 
-# The layer modules, imported on first use so `import dltop.hints` stays cheap and each layer keeps its lessons
-# next to its own constants.
-RULE_MODULES: tuple[str, ...] = ("dltop.hints.memory", "dltop.hints.datasets")
-_loaded = False
-
 
 def rule(fn: Rule) -> Rule:
     """Register a hint rule: a pure function of the recent Snapshots (oldest first) returning a Hint or None."""
@@ -46,20 +41,23 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
-def _load_rule_modules() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for name in RULE_MODULES:
-        importlib.import_module(name)
+def window(history: Sequence[Snapshot]) -> Sequence[Snapshot]:
+    """The Snapshots of the last WINDOW_S seconds of `history` (oldest first)."""
+    if not history:
+        return history
+    since = history[-1].ts - WINDOW_S
+    first = next((i for i, s in enumerate(history) if s.ts >= since), len(history) - 1)
+    return history[first:]
 
 
 def hints(history: Sequence[Snapshot]) -> list[Hint]:
-    """Every hint the registered rules draw from the last WINDOW Snapshots of `history`, most severe first."""
+    """Every hint the registered rules draw from the last WINDOW_S seconds of `history`, most severe first."""
     if not history:
         return []
-    _load_rule_modules()
-    recent = history[-WINDOW:]
+    recent = window(history)
     out = [h for r in RULES if (h := r(recent)) is not None]
     return sorted(out, key=lambda h: SEVERITY_ORDER[h.severity])
+
+
+# The layers' rules register themselves when imported: one module per layer, next to its own constants.
+from dltop.hints import datasets, memory  # noqa: E402, F401

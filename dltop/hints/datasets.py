@@ -20,14 +20,11 @@ CHURN_FRACTION = 0.01  # recently evicted pages growing by this share of the dat
 
 
 def _latest(history: Sequence[Snapshot]) -> tuple[DatasetsPart | None, MemoryPart | None]:
-    part = mem = None
-    for s in reversed(history):
-        if part is None and isinstance(s.datasets, DatasetsPart):
-            part = s.datasets
-        if mem is None and isinstance(s.memory, MemoryPart):
-            mem = s.memory
-        if part is not None and mem is not None:
-            break
+    """The newest Snapshot's datasets (none watched now: no dataset hint, whatever older ones held) and the
+    newest memory reading."""
+    last = history[-1].datasets
+    part = last if isinstance(last, DatasetsPart) else None
+    mem = next((s.memory for s in reversed(history) if isinstance(s.memory, MemoryPart)), None)
     return part, mem
 
 

@@ -40,8 +40,9 @@ class ActionEvent:
     step: Step
     phase: Phase
     action: str
-    target: str
+    target: str  # the paths as one label
     ts: float
+    paths: tuple[str, ...] = ()  # the paths themselves, for whoever logs them
     done_bytes: int | None = None
     total_bytes: int | None = None
     elapsed_s: float = 0.0

@@ -216,7 +216,7 @@ class DltopApp(App[None]):
         if self.history and snap is self.history[-1]:
             return
         self.history.append(snap)
-        self.hints = hint_rules.hints(list(self.history)[-hint_rules.WINDOW:])
+        self.hints = hint_rules.hints(list(self.history))
         self._update_header(snap)
         self._update_hints()
         self._show()
@@ -387,6 +387,7 @@ class DltopApp(App[None]):
 
     def _set_refresh(self, value: float) -> None:
         self.refresh_s = value
+        self.settings = replace(self.settings, refresh_s=value)  # sources rebuilt later follow it too
         self.feed.set_refresh(value)
         if self.history:
             self._update_header(self.history[-1])
