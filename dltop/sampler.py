@@ -33,6 +33,7 @@ class _State:
     next_start: float = 0.0  # monotonic time before which the poller does not start another read
     ran_once: bool = False
     asked: bool = False  # read_now(): start a read as soon as none is in flight, whatever the cadence says
+    asked_keys: set[str] | None = None  # ...of only these parts of the source (None: all of it)
     wake: asyncio.Event | None = None  # set to make the poller look again now
     task: asyncio.Task[None] | None = None
 
@@ -100,6 +101,8 @@ class Sampler:
         one answers, so a pane never blanks while a reconfigured source rereads)."""
         st = self._states.get(source.name)
         if st is not None:
+            if source.carry_from is not None:
+                source.carry_from(st.source)
             st.source = source
             st.status = replace(st.status, interval_s=source.interval_s)
             self.read_now(source.name)
@@ -127,23 +130,28 @@ class Sampler:
             if st is None or st.source.config != source.config:
                 self.add(source)
 
-    def read_now(self, name: str) -> None:
-        """Read this source as soon as it is not reading already (after a warm, rescan that dataset), outside
-        its cadence and duty cycle; the Snapshot with the result is handed out as soon as it is in."""
+    def read_now(self, name: str, key: str | None = None) -> None:
+        """Read this source as soon as it is not reading already, outside its cadence; the Snapshot with the
+        result is handed out as soon as it is in. With `key`, only that part of it (after a warm, the dataset
+        acted on), where the source can (`Source.read_some`). Call it on the Sampler's loop."""
         st = self._states.get(name)
         if st is None:
             return
+        if key is None or st.source.read_some is None:
+            st.asked_keys = None
+        elif not st.asked or st.asked_keys is not None:
+            st.asked_keys = (st.asked_keys or set()) | {key}
         st.asked = True
         if st.wake is not None:
             st.wake.set()
 
     # -- the reads ------------------------------------------------------------------------------------------
 
-    def _timed_read(self, st: _State) -> None:
+    def _timed_read(self, st: _State, keys: frozenset[str] | None = None) -> None:
         t0 = time.monotonic()
         now = self._clock()
         try:
-            value = st.source.read()
+            value = st.source.read() if keys is None or st.source.read_some is None else st.source.read_some(keys)
         except Exception as e:  # a source bug must not take the monitor down; it is shown where its numbers go
             st.value = Unavailable(f"{st.source.name} source failed: {type(e).__name__}: {e}")
             st.status = replace(st.status, error=f"{type(e).__name__}: {e}", duration_s=time.monotonic() - t0,
@@ -210,9 +218,10 @@ class Sampler:
             due = st.asked or (not self.paused and time.monotonic() >= st.next_start)
             if due and not busy:
                 urgent, st.asked = st.asked, False
+                keys, st.asked_keys = (frozenset(st.asked_keys) if urgent and st.asked_keys else None), None
                 st.started = time.monotonic()
                 st.next_start = st.started + st.source.interval_s
-                fut = st.executor.submit(self._timed_read, st)
+                fut = st.executor.submit(self._timed_read, st, keys)
                 st.inflight = fut
                 fut.add_done_callback(functools.partial(self._done, loop, st, urgent))
                 busy = True
@@ -313,7 +322,7 @@ class ListFeed:
     def reconfigure(self, settings: object) -> None:
         """Recorded Snapshots cannot gain a source."""
 
-    def read_now(self, name: str) -> None:
+    def read_now(self, name: str, key: str | None = None) -> None:
         """Recorded Snapshots are what they are."""
 
     async def wait_first(self, timeout_s: float = 1.0) -> None:

@@ -71,10 +71,13 @@ async def _wait_confirm(app: App, pilot) -> ConfirmScreen:
     raise AssertionError("no confirmation dialog")
 
 
-def live(*paths: Path, **kw) -> DltopApp:
-    """The app on the real Sampler watching `paths`, as `dltop PATH...` starts it."""
+def live(*paths: Path, rescan_s: float | None = None, **kw) -> DltopApp:
+    """The app on the real Sampler watching `paths`, as `dltop PATH...` starts it; `rescan_s` stretches the
+    background rescan (so a fresh number can only come from the rescan asked for after an action)."""
     settings = Settings(datasets=tuple(map(str, paths)), **kw)
-    return DltopApp(Sampler(build_sources(settings), builder=build_sources), settings)
+    sources = [dataclasses.replace(s, interval_s=rescan_s) if rescan_s and s.name == "datasets" else s
+               for s in build_sources(settings)]
+    return DltopApp(Sampler(sources, builder=build_sources), settings)
 
 
 async def _wait_idle(app: DltopApp, pilot, until=lambda: True) -> None:
@@ -117,7 +120,7 @@ async def test_drill_down_and_back(ddir: Path) -> None:
 
 async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) -> None:
     files = make_dataset(ddir)
-    app = live(ddir)
+    app = live(ddir, rescan_s=3600.0)  # no background rescan during the test: every new number is asked for
     async with app.run_test(size=(100, 30)) as pilot:
         await _open_tab(app, pilot)
         await _wait_idle(app, pilot, lambda: _cell(app, 0, 3) == "7%")  # the first scan is in
@@ -131,7 +134,7 @@ async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) 
         await pilot.press("w")
         await _wait_confirm(app, pilot)
         await pilot.press("y")
-        # rescanned at once after the warm, without waiting for the next background scan (10 s away)
+        # rescanned at once after the warm, without waiting for the next background scan (an hour away)
         await _wait_idle(app, pilot, lambda: _cell(app, 0, 3) == "100%")
         assert all(resident(f) == f.stat().st_size // PS for f in files)
         assert "warmed 1.6 MiB" in _text(app, "#ds-progress")  # what it read, as the dialog said (128 KiB was in)

@@ -207,3 +207,68 @@ def test_a_warm_plan_names_the_other_watched_datasets_it_would_push_out(ddir: Pa
     plan = runner.plan("warm", [str(ddir / "ds")], wait=True, others=others).result
     assert plan.allowed and "/data/coco (3.0 GiB)" in plan.guard
     assert str(ddir / "ds") + " (" not in plan.guard  # the warmed dataset is not its own victim
+
+
+def test_a_listener_that_raises_never_wedges_the_runner(ddir: Path) -> None:
+    f = make_file(ddir / "a.bin", 8 * PS)
+    runner = ActionRunner()
+
+    def broken(ev: ActionEvent) -> None:
+        raise OSError(28, "No space left on device")  # the recorder on a full disk
+
+    runner.subscribe(broken)
+    run = runner.start("evict", [str(f)])
+    assert run.done.wait(10) and run.error is None and runner.busy is None
+    assert runner.listener_errors and "No space left" in runner.listener_errors[0]
+    assert runner.plan("warm", [str(f)], wait=True).result.allowed  # the next action is not refused
+
+
+async def test_read_now_with_a_key_rereads_only_that_part() -> None:
+    full: list[int] = []
+    some: list[frozenset[str]] = []
+    sampler = Sampler([Source("cpu", 3600.0, lambda: full.append(1), read_some=some.append)])
+    sampler.start()
+    try:
+        await _until(lambda: len(full) == 1)
+        sampler.read_now("cpu", "a")
+        sampler.read_now("cpu", "b")
+        await _until(lambda: len(some) == 1)
+        assert some == [frozenset({"a", "b"})] and len(full) == 1
+        sampler.read_now("cpu", "a")
+        sampler.read_now("cpu")  # a full read asked for as well: it wins
+        await _until(lambda: len(full) == 2)
+        assert len(some) == 1
+    finally:
+        sampler.close()
+
+
+def test_the_datasets_reader_rescans_only_what_it_is_asked_and_carries_over(ddir: Path) -> None:
+    from dltop.sources import datasets as dsrc
+
+    one, two, three = ddir / "one", ddir / "two", ddir / "three"
+    for d in (one, two, three):
+        make_file(d / "f.bin", 8 * PS)
+    first = dsrc.source(Settings(datasets=(str(one), str(two))))
+    part = first.read()
+    stamps = {d.path: d.scanned_at for d in part.paths}
+    again = first.read_some(frozenset({str(one)}))
+    assert [d.path for d in again.paths] == [str(one), str(two)]
+    assert again.paths[0].scanned_at > stamps[str(one)] and again.paths[1].scanned_at == stamps[str(two)]
+    # A dataset added at run time: the new reader takes over the others' scans and scans only the new one.
+    second = dsrc.source(Settings(datasets=(str(one), str(two), str(three))))
+    second.carry_from(first)
+    part = second.read()
+    assert [d.path for d in part.paths] == [str(one), str(two), str(three)]
+    assert part.paths[1].scanned_at == stamps[str(two)] and part.paths[2].scanned_at > stamps[str(two)]
+    assert second.read().paths[1].scanned_at > stamps[str(two)]  # and the next full read is full
+
+
+def test_relative_dataset_paths_are_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from dltop.config import settings_from_args
+
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    s = settings_from_args(argparse.Namespace(paths=["data"], config=None))
+    assert s.datasets == (str(tmp_path / "data"),)  # as the scans name them: the TUI's rows match by path

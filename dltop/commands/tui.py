@@ -39,6 +39,9 @@ def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
     # A TUI without its terminal is useless: let a hangup end it even when the shell ignored SIGHUP (nohup).
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     sampler = Sampler(build_sources(settings), root=settings.root, builder=build_sources)
-    app = DltopApp(sampler, settings, own_signals=True)
+    from dltop.actions.runner import ActionRunner
+
+    # Built here and handed in, so whatever else runs beside the TUI (the recorder) subscribes to the same one.
+    app = DltopApp(sampler, settings, own_signals=True, runner=ActionRunner())
     app.run()
     return app.return_code or 0

@@ -22,3 +22,8 @@ class Source:
     # What the source was built from (the dataset paths, a server URL): the Sampler replaces a source whose
     # config changed when the settings change at run time, and leaves the others alone.
     config: object = None
+    # Reread only some of what the source covers (one dataset of several): the Sampler calls it for a read asked
+    # for with read_now(name, key); None: such a read is a full read.
+    read_some: Callable[[frozenset[str]], Any] | None = None
+    # Called with the Source this one replaces at run time, to take over what it knows (the datasets' last scans)
+    carry_from: Callable[[Source], None] | None = None

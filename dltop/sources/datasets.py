@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dltop import kernel
-from dltop.model.base import Unavailable, display_path
+from dltop.model.base import display_path
 from dltop.model.datasets import (
     NO_PERMISSION,
     DatasetResidency,
@@ -600,27 +600,46 @@ def scan_paths(
     through a symlink alias, a trailing slash or `..`) keeps its own numbers and row, and is marked
     `counted_in` that one: totals (`total_of`) and `warm_need` count its files once.
     """
-    out: list[DatasetUnavailable | DatasetResidency] = []
-    reached: list[set[tuple[int, int]]] = []
-    needs: list[WarmNeed] = []
-    for p in paths:
-        seen: set[tuple[int, int]] = set()
-        need = WarmNeed()
-        try:
-            out.append(scan_residency(p, options, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction,
-                                      warm_need=need if warm_need is not None else None, seen_dirs=seen))
-        except OSError as e:
-            path = os.fsdecode(p)
-            out.append(DatasetUnavailable(path, path_error(e.strerror or str(e), path), scanned_at=time.time()))
-        reached.append(seen)
-        needs.append(need)
-    for j, (i, same) in _overlaps(paths, out, reached, options).items():
+    scans = [_scan_one(p, options, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction,
+                       warm_need=warm_need is not None) for p in paths]
+    part = _compose(paths, scans, options)
+    if warm_need is not None:
+        warm_need.pages += sum(s.need.pages for ds, s in zip(part.paths, scans, strict=True)
+                               if isinstance(ds, DatasetResidency) and ds.counted_in is None)
+    return part
+
+
+@dataclass
+class _Scan:
+    """One dataset's scan, with what `_compose` needs to tell which dataset holds which."""
+
+    result: DatasetUnavailable | DatasetResidency
+    reached: set[tuple[int, int]]  # (dev, inode) of every folder its walk entered
+    need: WarmNeed
+
+
+def _scan_one(p: str, options: WalkOptions, *, cancel: threading.Event | None = None, deadline_s: float | None = None,
+              cpu_fraction: float | None = None, warm_need: bool = False) -> _Scan:
+    seen: set[tuple[int, int]] = set()
+    need = WarmNeed()
+    try:
+        result: DatasetUnavailable | DatasetResidency = scan_residency(
+            p, options, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction,
+            warm_need=need if warm_need else None, seen_dirs=seen)
+    except OSError as e:
+        path = os.fsdecode(p)
+        result = DatasetUnavailable(path, path_error(e.strerror or str(e), path), scanned_at=time.time())
+    return _Scan(result, seen, need)
+
+
+def _compose(paths: tuple[str, ...] | list[str], scans: list[_Scan], options: WalkOptions) -> DatasetsPart:
+    """The datasets part from one scan per path, each dataset inside another marked `counted_in` it."""
+    out = [dataclasses.replace(s.result, counted_in=None, same_tree=False)
+           if isinstance(s.result, DatasetResidency) else s.result for s in scans]
+    for j, (i, same) in _overlaps(paths, out, [s.reached for s in scans], options).items():
         inner = out[j]
         if isinstance(inner, DatasetResidency):  # always: only a scanned one has a key to be found by
             out[j] = dataclasses.replace(inner, counted_in=out[i].path, same_tree=same)
-    if warm_need is not None:
-        warm_need.pages += sum(n.pages for ds, n in zip(out, needs, strict=True)
-                               if isinstance(ds, DatasetResidency) and ds.counted_in is None)
     return DatasetsPart(paths=tuple(out), page_size=kernel.PAGE_SIZE)
 
 
@@ -675,18 +694,44 @@ SOURCE_MAX_DEPTH = 6
 SOURCE_CPU_FRACTION = 0.5
 
 
+class DatasetsReader:
+    """The watched datasets' background scan. A full read rescans them all; `read_some(paths)` rescans only
+    those (after a warm of one dataset, the others keep their last scan), and a reader that replaces another
+    (a dataset added from the TUI) takes over its scans, so its first read scans only the new datasets."""
+
+    def __init__(self, paths: tuple[str, ...], options: WalkOptions, cpu_fraction: float | None) -> None:
+        self.paths, self.options, self.cpu_fraction = paths, options, cpu_fraction
+        self._last: dict[str, _Scan] = {}  # each dataset's last scan
+        self._first = True
+
+    def carry_from(self, old: Any) -> None:
+        """Take over the scans of the reader behind `old` (the Source this one's replaces)."""
+        prev = getattr(old.read, "__self__", None)
+        if isinstance(prev, DatasetsReader) and prev.options == self.options:
+            self._last = {p: s for p, s in prev._last.items() if p in self.paths}
+
+    def read(self) -> DatasetsPart:
+        """Every dataset scanned now (the first read after a takeover: only those not scanned before)."""
+        first, self._first = self._first, False
+        return self.read_some(frozenset() if first else frozenset(self.paths))
+
+    def read_some(self, paths: frozenset[str]) -> DatasetsPart:
+        """Rescan `paths` (and any dataset never scanned), keep the others' last scans, compose the part."""
+        for p in self.paths:
+            if p in paths or p not in self._last:
+                self._last[p] = _scan_one(p, self.options, cpu_fraction=self.cpu_fraction)
+        return _compose(self.paths, [self._last[p] for p in self.paths], self.options)
+
+
 def source(settings: Any) -> Any:
     """The datasets Source: a background rescan of every configured dataset, at most half a CPU while it runs
-    and 10% of the wall time in all."""
+    and 10% of the wall time in all; the app asks for one dataset's rescan after acting on it."""
     from dltop.sources.base import Source
 
     paths = tuple(os.path.abspath(p) for p in settings.datasets)
-    options = WalkOptions(max_depth=SOURCE_MAX_DEPTH)
-
-    def read() -> DatasetsPart | Unavailable:
-        return scan_paths(paths, options, cpu_fraction=SOURCE_CPU_FRACTION)
-
+    reader = DatasetsReader(paths, WalkOptions(max_depth=SOURCE_MAX_DEPTH), SOURCE_CPU_FRACTION)
     interval = max(10.0, float(getattr(settings, "refresh_s", 1.0)) * 10)
     # Scans run at half a CPU at most, and rescans keep the wall time spent scanning under 10%: a
     # 117,000-file /usr (about 2 s a scan) is rescanned every 20 s, about 5% of one core on average.
-    return Source(name="datasets", interval_s=interval, read=read, timeout_s=120.0, max_duty=0.1, config=paths)
+    return Source(name="datasets", interval_s=interval, read=reader.read, timeout_s=120.0, max_duty=0.1,
+                  config=paths, read_some=reader.read_some, carry_from=reader.carry_from)

@@ -60,7 +60,7 @@ class Feed(Protocol):
     def backlog(self) -> list[Snapshot]: ...
     def set_refresh(self, interval_s: float) -> None: ...
     def reconfigure(self, settings: Settings) -> None: ...
-    def read_now(self, name: str) -> None: ...
+    def read_now(self, name: str, key: str | None = None) -> None: ...
     async def wait_first(self, timeout_s: float = 1.0) -> None: ...
     def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]: ...
     def close(self) -> None: ...
@@ -333,7 +333,8 @@ class DltopApp(App[None]):
                 if ev.outcome == "ok" and run is not None and isinstance(run.result, ActionPlan):
                     self._confirm(run.result)
             elif ev.step == "run":
-                self.feed.read_now("datasets")  # the numbers after the action, without waiting for a rescan
+                # The numbers after the action without waiting for the next scan: a rescan of that dataset only.
+                self.feed.read_now("datasets", next(filter(None, map(self._owner, ev.paths)), None))
             if ev.outcome in ("error", "refused"):
                 self.notify(ev.message, severity="error", timeout=8)
             elif ev.step == "release":
@@ -341,6 +342,8 @@ class DltopApp(App[None]):
         self._show()
 
     def _confirm(self, plan: ActionPlan) -> None:
+        if self.settings.datasets and self._owner(plan.target) is None:
+            return  # unwatched while it was measured: nobody is looking at that row any more
         title, body, yes = plan_dialog(plan)
 
         def answered(ok: bool | None) -> None:
@@ -368,8 +371,15 @@ class DltopApp(App[None]):
     def on_dataset_remove_requested(self, msg: DatasetRemoveRequested) -> None:
         msg.stop()
         if msg.path in self.settings.datasets:
+            for target in self.runner.held():  # a lock under it would have no row left to unlock it from
+                if self._owner(target) == msg.path:
+                    self.runner.release(target)
             self._watch(tuple(p for p in self.settings.datasets if p != msg.path))
             self.notify(f"no longer watching {msg.path}", timeout=3)
+
+    def _owner(self, path: str) -> str | None:
+        """The watched dataset that `path` is, or is inside."""
+        return next((p for p in self.settings.datasets if path == p or path.startswith(p.rstrip("/") + "/")), None)
 
     def _watch(self, datasets: tuple[str, ...]) -> None:
         self.settings = replace(self.settings, datasets=datasets)
