@@ -11,10 +11,12 @@ import asyncio
 import contextlib
 import functools
 import os
+import queue
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,7 +27,7 @@ from dltop.sources.base import Source
 @dataclass
 class _State:
     source: Source
-    executor: ThreadPoolExecutor
+    executor: _Worker
     value: Any = None
     status: SourceStatus = field(init=False)
     inflight: Future[Any] | None = None
@@ -39,6 +41,38 @@ class _State:
 
     def __post_init__(self) -> None:
         self.status = SourceStatus(name=self.source.name, interval_s=self.source.interval_s)
+
+
+class _Worker:
+    """One source's own thread, a daemon: a read hung on a dead NFS mount never holds up the exit of dltop
+    (a ThreadPoolExecutor's threads are joined when the interpreter exits, so `q` or `dltop snapshot` would
+    wait for the hung read for ever)."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue())
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run fn(*args) on this worker's thread, after what was submitted before."""
+        fut: Future[Any] = Future()
+        self._jobs.put((fut, fn, args))
+        return fut
+
+    def shutdown(self) -> None:
+        """Let the thread end after what it is doing; queued work is dropped."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fut, fn, args = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # handed to whoever waits on the future
+                fut.set_exception(e)
 
 
 def read_uptime(root: str = "/") -> float | None:
@@ -281,13 +315,13 @@ class Sampler:
 
 
 def _new_state(source: Source) -> _State:
-    return _State(source, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dltop-{source.name}"))
+    return _State(source, _Worker(f"dltop-{source.name}"))
 
 
 def _stop(st: _State) -> None:
     if st.task is not None:
         st.task.cancel()
-    st.executor.shutdown(wait=False, cancel_futures=True)
+    st.executor.shutdown()
 
 
 class ListFeed:

@@ -118,3 +118,22 @@ async def test_duty_cycle_stretches_the_interval_of_a_slow_source() -> None:
     # 0.2 s of reading at a 25% duty cycle: a read starts at most every 0.8 s, not every 0.05 s.
     assert gaps and min(gaps) >= 0.75, gaps
     assert len(starts) <= 3
+
+
+def test_a_hung_read_does_not_hold_up_the_exit() -> None:
+    # A read stuck on a dead NFS mount: read_once gives up on it, and the process must still end (a
+    # ThreadPoolExecutor's thread would be joined at exit, and the process would wait for the read for ever).
+    import subprocess
+    import sys
+
+    code = ("import threading, time\n"
+            "from dltop.sampler import Sampler\n"
+            "from dltop.sources.base import Source\n"
+            "s = Sampler([Source('cpu', 1.0, lambda: threading.Event().wait(), timeout_s=0.2)])\n"
+            "snap = s.read_once()\n"
+            "s.close()\n"
+            "print(snap.cpu.reason)\n")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "no answer within 0.2 s" in r.stdout, r.stderr
+    assert time.monotonic() - t0 < 10
