@@ -100,6 +100,8 @@ class Sampler:
         one answers, so a pane never blanks while a reconfigured source rereads)."""
         st = self._states.get(source.name)
         if st is not None:
+            if st.source.close is not None and st.source.close is not source.close:
+                st.executor.submit(st.source.close)
             st.source = source
             st.status = replace(st.status, interval_s=source.interval_s)
             self.read_now(source.name)
@@ -278,7 +280,12 @@ def _new_state(source: Source) -> _State:
 def _stop(st: _State) -> None:
     if st.task is not None:
         st.task.cancel()
-    st.executor.shutdown(wait=False, cancel_futures=True)
+    if st.source.close is not None:
+        # After the read in flight, on the same thread; a hung read's thread is abandoned with its close.
+        st.executor.submit(st.source.close)
+        st.executor.shutdown(wait=False)
+    else:
+        st.executor.shutdown(wait=False, cancel_futures=True)
 
 
 class ListFeed:

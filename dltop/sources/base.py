@@ -22,3 +22,6 @@ class Source:
     # What the source was built from (the dataset paths, a server URL): the Sampler replaces a source whose
     # config changed when the settings change at run time, and leaves the others alone.
     config: object = None
+    # Releases what the source holds for its life (the NVML session); run on the source's own thread after its
+    # last read, when the Sampler stops polling it.
+    close: Callable[[], None] | None = None
