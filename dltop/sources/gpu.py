@@ -15,12 +15,12 @@ import os
 import pwd
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any, Literal, Protocol
 
 from dltop.config import Settings
 from dltop.model.base import Unavailable
-from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MigDevice
+from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
 from dltop.sources.base import Source
 
 FAKE_ENV = "DLTOP_FAKE_NVML"
@@ -476,8 +476,14 @@ def _older_call_codes(nv: Any) -> tuple[int, ...]:
 def explain(e: Any, nv: Any) -> str:
     """What an NVMLError means for the user, with the NVML code name to search for."""
     code = getattr(e, "value", None)
+    names, texts = _error_texts(nv)
+    return f"{texts.get(code) or str(e)} ({names.get(code, f'NVML error {code}')})"
+
+
+@cache
+def _error_texts(nv: Any) -> tuple[dict[int, str], dict[int, str]]:
+    """NVML_ERROR_* names by code, and what the codes a user meets mean (built once: dir() is slow)."""
     names = {getattr(nv, n): n for n in dir(nv) if n.startswith("NVML_ERROR_")}
-    name = names.get(code, f"NVML error {code}")
     texts = {
         nv.NVML_ERROR_LIBRARY_NOT_FOUND: "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver here, or "
                                          "the container does not have it (docker run --gpus all)",
@@ -495,13 +501,14 @@ def explain(e: Any, nv: Any) -> str:
         nv.NVML_ERROR_UNINITIALIZED: "NVML is not initialized",
         nv.NVML_ERROR_TIMEOUT: "NVML timed out",
     }
-    return f"{texts.get(code, str(e))} ({name})"
+    return names, texts
 
 
 NOT_IN_NAMESPACE = ("pid {pid} is not in this PID namespace's /proc: dltop runs in another container or namespace "
                     "than the process (run dltop with --pid=host), or the process just exited")
 NO_PROCESS_MEMORY = ("NVML gives no per-process memory here (NVML_VALUE_NOT_AVAILABLE): MIG without admin rights, "
                      "WSL, or a container")
+UNPROBED = unprobed_split()  # one shared (frozen) value: a tick builds many processes
 DEVICE_FIELDS = tuple(f for f in GpuDevice.__dataclass_fields__
                       if f not in ("index", "mig_devices", "processes", "unavailable", "driver_version",
                                    "memory_pool_note"))
@@ -526,6 +533,7 @@ class GpuReader:
     def __init__(self, make_backend: Callable[[], NvmlBackend], root: str = "/") -> None:
         self._make_backend = make_backend
         self._root = root
+        self._proc = os.path.join(root, "proc")
         self._backend: NvmlBackend | None = None
         self._nv: Any = None
         self._memory_version = 2
@@ -789,12 +797,12 @@ class GpuReader:
                                   command=command, sm_util_percent=None if sample is None else sample.sm_percent,
                                   mem_util_percent=None if sample is None else sample.mem_percent,
                                   gpu_instance_id=p.gpu_instance_id, compute_instance_id=p.compute_instance_id,
-                                  unavailable=missing))
+                                  split=UNPROBED, unavailable=missing))
         return tuple(out)
 
     def _identity(self, pid: int, seen: set[tuple[int, int]]) -> tuple[str | None, str | None, str | None]:
         """(user, command, why not) of a pid from root's /proc; the command line is read once per process."""
-        base = os.path.join(self._root, "proc", str(pid))
+        base = f"{self._proc}/{pid}"
         try:
             st = os.stat(base)
         except OSError:
@@ -812,10 +820,10 @@ class GpuReader:
                 user = str(st.st_uid)  # a uid with no name here (another container's user)
             self._users[st.st_uid] = user
         try:
-            with open(os.path.join(base, "cmdline"), "rb") as f:
+            with open(f"{base}/cmdline", "rb") as f:
                 command = parse_cmdline(f.read())
             if not command:  # a zombie or a kernel thread: ps shows [comm]
-                with open(os.path.join(base, "comm"), "rb") as f:
+                with open(f"{base}/comm", "rb") as f:
                     command = f"[{os.fsdecode(f.read().strip())}]"
         except OSError as e:
             result: tuple[str | None, str | None, str | None] = (user, None, f"cannot read {base}/cmdline: "
