@@ -304,6 +304,7 @@ class FakeBackend:
 
     def memory(self, h: Any, version: int) -> MemoryInfo:
         m = self._get(h, "memory", "nvmlDeviceGetMemoryInfo_v2" if version == 2 else "nvmlDeviceGetMemoryInfo")
+        m = {k: self._value(v) for k, v in m.items()}
         if version == 2:
             return MemoryInfo(m["total"], m["used"], m["free"], m["reserved"])
         # v1's used is v2's used plus the driver's reserve
@@ -311,7 +312,7 @@ class FakeBackend:
 
     def utilization(self, h: Any) -> tuple[int, int]:
         u = self._get(h, "utilization", "nvmlDeviceGetUtilizationRates")
-        return u["gpu"], u["memory"]
+        return self._value(u["gpu"]), self._value(u["memory"])
 
     def temperature_c(self, h: Any) -> int:
         return int(self._get(h, "temperature_c", "nvmlDeviceGetTemperature"))
@@ -353,7 +354,7 @@ class FakeBackend:
 
     def mig_ids(self, h: Any) -> tuple[int, int]:
         ids = self._get(h, "instance_ids", "nvmlDeviceGetGpuInstanceId")
-        return ids["gpu"], ids["compute"]
+        return self._value(ids["gpu"]), self._value(ids["compute"])
 
     def processes(self, h: Any, kind: ProcessKind, version: int) -> list[ProcessInfo]:
         suffix = "" if version == 1 else f"_v{version}"
@@ -475,7 +476,7 @@ def _older_call_codes(nv: Any) -> tuple[int, ...]:
 
 def explain(e: Any, nv: Any) -> str:
     """What an NVMLError means for the user, with the NVML code name to search for."""
-    code = getattr(e, "value", None)
+    code: int = getattr(e, "value", -1)
     names, texts = _error_texts(nv)
     return f"{texts.get(code) or str(e)} ({names.get(code, f'NVML error {code}')})"
 
