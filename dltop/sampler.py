@@ -61,8 +61,12 @@ class _Worker:
         return fut
 
     def shutdown(self) -> None:
-        """Let the thread end after what it is doing; queued work is dropped."""
+        """Let the thread end once the work queued before this call is done (a source's close runs last)."""
         self._jobs.put(None)
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Wait for the thread to end (after shutdown)."""
+        self._thread.join(timeout_s)
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -137,6 +141,8 @@ class Sampler:
         if st is not None:
             if source.carry_from is not None:
                 source.carry_from(st.source)
+            if st.source.close is not None and st.source.close is not source.close:
+                st.executor.submit(st.source.close)
             st.source = source
             st.status = replace(st.status, interval_s=source.interval_s)
             self.read_now(source.name)
@@ -321,6 +327,9 @@ def _new_state(source: Source) -> _State:
 def _stop(st: _State) -> None:
     if st.task is not None:
         st.task.cancel()
+    if st.source.close is not None:
+        # After the read in flight, on the same thread; a hung read's thread is abandoned with its close.
+        st.executor.submit(st.source.close)
     st.executor.shutdown()
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from dltop.model.base import DecodeError, Unavailable, from_dict, to_dict
 from dltop.model.cpu import CpuPart
 from dltop.model.datasets import DatasetsPart
+from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MemorySplit, MigDevice
 from dltop.model.memory import CgroupMemory, DiskStat, MemoryPart, Pressure, VmStat
 
 SCHEMA_VERSION = 1
@@ -24,7 +25,12 @@ __all__ = [
     "DatasetsPart",
     "DecodeError",
     "DiskStat",
+    "GpuDevice",
+    "GpuPart",
+    "GpuProcess",
     "MemoryPart",
+    "MemorySplit",
+    "MigDevice",
     "Pressure",
     "Snapshot",
     "SourceStatus",
@@ -58,6 +64,7 @@ class Snapshot:
     memory: MemoryPart | Unavailable | None = None
     datasets: DatasetsPart | Unavailable | None = None
     cpu: CpuPart | Unavailable | None = None
+    gpus: GpuPart | Unavailable | None = None
     sources: dict[str, SourceStatus] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

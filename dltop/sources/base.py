@@ -27,3 +27,6 @@ class Source:
     read_some: Callable[[frozenset[str]], Any] | None = None
     # Called with the Source this one replaces at run time, to take over what it knows (the datasets' last scans)
     carry_from: Callable[[Source], None] | None = None
+    # Releases what the source holds for its life (the NVML session); run on the source's own thread after its
+    # last read, when the Sampler stops polling it.
+    close: Callable[[], None] | None = None

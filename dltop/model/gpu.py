@@ -1,0 +1,112 @@
+"""The `gpus` part of a Snapshot: every GPU NVML sees, its MIG instances and the processes holding its memory.
+
+Values are NVML's own (bytes, percent, milliwatts, MHz); a value NVML did not give is None and the device's (or
+process's) `unavailable` says why, keyed by field name. A GPU whose calls fail keeps its place in the list, its
+numbers None with the reason. `gpus` is a list in JSON, as nvidia-smi's `--query-gpu` is one row per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dltop.model.base import Unavailable
+
+NO_PROBE = "no probe in this process — add `import dltop.probe`"
+SPLIT_FIELDS = ("weights_bytes", "kv_cache_bytes", "allocator_cache_bytes", "other_torch_bytes", "non_torch_bytes")
+
+
+@dataclass(frozen=True)
+class MemorySplit:
+    """What a process holds its GPU memory for. Each number comes from the in-process probe or an inference
+    server; without one every field is None with the reason (non-torch is never guessed as NVML's total)."""
+
+    weights_bytes: int | None = None
+    kv_cache_bytes: int | None = None
+    allocator_cache_bytes: int | None = None  # torch reserved - allocated: cached but free
+    other_torch_bytes: int | None = None  # activations, gradients, optimizer state
+    non_torch_bytes: int | None = None  # CUDA context, NCCL, cuBLAS workspaces: NVML used - torch reserved
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+def unprobed_split() -> MemorySplit:
+    """The split of a process that has no probe: every field unknown, and why."""
+    return MemorySplit(unavailable=dict.fromkeys(SPLIT_FIELDS, NO_PROBE))
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One process with a context on a GPU (or MIG instance), as NVML lists it."""
+
+    pid: int
+    kind: Literal["compute", "graphics", "compute+graphics"] = "compute"
+    used_bytes: int | None = None  # NVML's per-process figure (nvidia-smi's "GPU Memory Usage")
+    user: str | None = None
+    command: str | None = None
+    sm_util_percent: int | None = None
+    mem_util_percent: int | None = None
+    gpu_instance_id: int | None = None  # MIG: the GPU and compute instance the process runs in
+    compute_instance_id: int | None = None
+    split: MemorySplit = field(default_factory=unprobed_split)
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance of a GPU in MIG mode, listed under its parent."""
+
+    mig_index: int
+    name: str | None = None
+    uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    processes: tuple[GpuProcess, ...] | Unavailable = ()
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One physical GPU. Memory is the v2 call's where the driver has it: `used` then excludes what the driver
+    reserves, which is `memory_reserved_bytes` (nvidia-smi's "Reserved"); with the v1 call `used` includes it."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    bus_id: str | None = None
+    driver_version: str | None = None
+    # "framebuffer": NVML's device memory; "system": a unified-memory machine (GB10, Grace) whose GPU shares
+    # system memory, shown from /proc/meminfo because NVML has no framebuffer total there.
+    memory_pool: Literal["framebuffer", "system"] | None = None
+    memory_pool_note: str | None = None  # why the pool is system memory ("unified memory: NVML reports ...")
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    utilization_gpu_percent: int | None = None  # share of the last sample period a kernel ran (SM activity)
+    utilization_memory_percent: int | None = None
+    temperature_c: int | None = None
+    power_mw: int | None = None
+    power_limit_mw: int | None = None
+    clock_sm_mhz: int | None = None
+    clock_mem_mhz: int | None = None
+    pcie_tx_bytes_per_s: int | None = None
+    pcie_rx_bytes_per_s: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    retired_pages_sbe: int | None = None  # pages retired for repeated single-bit errors
+    retired_pages_dbe: int | None = None  # pages retired for a double-bit error
+    retired_pages_pending: bool | None = None  # a retirement waits for the next reboot
+    mig_mode: bool | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
+    processes: tuple[GpuProcess, ...] | Unavailable = ()
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    def why(self, name: str) -> str | None:
+        """The reason a field is missing, or None when it is present."""
+        return self.unavailable.get(name)
+
+
+GpuPart = tuple[GpuDevice, ...]

@@ -1,0 +1,850 @@
+"""GPUs from NVML (nvidia-ml-py, imported as `pynvml`): devices, MIG instances and the processes holding memory.
+
+NVML is reached through a small backend so tests swap in a fake driven by a scenario file
+(`DLTOP_FAKE_NVML=tests/data/gpu-scenarios/h100-2proc.json`); both raise pynvml's own `NVMLError` subclasses with
+the real NVML_ERROR_* codes, so one error path serves both. One NVML session lives as long as the source
+(nvmlInit at the first read, nvmlShutdown on close); dltop never creates a CUDA context. Every failure is a
+reason where the numbers would be, never a zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache, partial
+from typing import Any, Literal, Protocol
+
+from dltop.config import Settings
+from dltop.model.base import Unavailable
+from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
+from dltop.sources.base import Source
+
+FAKE_ENV = "DLTOP_FAKE_NVML"
+ProcessKind = Literal["compute", "graphics"]
+UINT_NOT_AVAILABLE = 0xFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE as a uint: "no MIG instance" in process info
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """nvmlDeviceGetMemoryInfo(_v2): bytes; `reserved` only from the v2 call."""
+
+    total: int
+    used: int
+    free: int
+    reserved: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One entry of nvmlDeviceGet{Compute,Graphics}RunningProcesses: used_bytes None is NVML_VALUE_NOT_AVAILABLE."""
+
+    pid: int
+    used_bytes: int | None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One entry of nvmlDeviceGetProcessUtilization."""
+
+    pid: int
+    timestamp_us: int
+    sm_percent: int
+    mem_percent: int
+
+
+class NvmlBackend(Protocol):
+    """The NVML calls dltop makes. Each raises `pynvml.NVMLError` (a subclass per NVML_ERROR_* code)."""
+
+    def init(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def driver_version(self) -> str: ...
+    def device_count(self) -> int: ...
+    def handle(self, index: int) -> Any: ...
+    def name(self, h: Any) -> str: ...
+    def uuid(self, h: Any) -> str: ...
+    def bus_id(self, h: Any) -> str: ...
+    def memory(self, h: Any, version: int) -> MemoryInfo: ...
+    def utilization(self, h: Any) -> tuple[int, int]: ...
+    def temperature_c(self, h: Any) -> int: ...
+    def power_mw(self, h: Any) -> int: ...
+    def power_limit_mw(self, h: Any) -> int: ...
+    def clock_mhz(self, h: Any, clock: Literal["sm", "mem"]) -> int: ...
+    def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int: ...
+    def ecc_uncorrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int: ...
+    def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int: ...
+    def retired_pages_pending(self, h: Any) -> bool: ...
+    def mig_mode(self, h: Any) -> bool: ...
+    def mig_device_count(self, h: Any) -> int: ...
+    def mig_handle(self, h: Any, index: int) -> Any: ...
+    def mig_ids(self, h: Any) -> tuple[int, int]: ...
+    def processes(self, h: Any, kind: ProcessKind, version: int) -> list[ProcessInfo]: ...
+    def process_utilization(self, h: Any, since_us: int) -> list[ProcessSample]: ...
+
+
+# -- the real backend -------------------------------------------------------------------------------------------
+
+
+class PynvmlBackend:
+    """NVML through nvidia-ml-py. pynvml has no binding for the v1 process call, so that one goes through ctypes."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self.nv = pynvml
+
+    def init(self) -> None:
+        self.nv.nvmlInit()
+
+    def shutdown(self) -> None:
+        self.nv.nvmlShutdown()
+
+    def driver_version(self) -> str:
+        return str(self.nv.nvmlSystemGetDriverVersion())
+
+    def device_count(self) -> int:
+        return int(self.nv.nvmlDeviceGetCount())
+
+    def handle(self, index: int) -> Any:
+        return self.nv.nvmlDeviceGetHandleByIndex(index)
+
+    def name(self, h: Any) -> str:
+        return str(self.nv.nvmlDeviceGetName(h))
+
+    def uuid(self, h: Any) -> str:
+        return str(self.nv.nvmlDeviceGetUUID(h))
+
+    def bus_id(self, h: Any) -> str:
+        bus = self.nv.nvmlDeviceGetPciInfo(h).busId
+        return bus.decode() if isinstance(bus, bytes) else str(bus)
+
+    def memory(self, h: Any, version: int) -> MemoryInfo:
+        if version == 2:
+            m = self.nv.nvmlDeviceGetMemoryInfo(h, version=self.nv.nvmlMemory_v2)
+            return MemoryInfo(int(m.total), int(m.used), int(m.free), int(m.reserved))
+        m = self.nv.nvmlDeviceGetMemoryInfo(h)
+        return MemoryInfo(int(m.total), int(m.used), int(m.free))
+
+    def utilization(self, h: Any) -> tuple[int, int]:
+        u = self.nv.nvmlDeviceGetUtilizationRates(h)
+        return int(u.gpu), int(u.memory)
+
+    def temperature_c(self, h: Any) -> int:
+        return int(self.nv.nvmlDeviceGetTemperature(h, self.nv.NVML_TEMPERATURE_GPU))
+
+    def power_mw(self, h: Any) -> int:
+        return int(self.nv.nvmlDeviceGetPowerUsage(h))
+
+    def power_limit_mw(self, h: Any) -> int:
+        return int(self.nv.nvmlDeviceGetEnforcedPowerLimit(h))
+
+    def clock_mhz(self, h: Any, clock: Literal["sm", "mem"]) -> int:
+        kind = self.nv.NVML_CLOCK_SM if clock == "sm" else self.nv.NVML_CLOCK_MEM
+        return int(self.nv.nvmlDeviceGetClockInfo(h, kind))
+
+    def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int:
+        counter = self.nv.NVML_PCIE_UTIL_TX_BYTES if direction == "tx" else self.nv.NVML_PCIE_UTIL_RX_BYTES
+        return int(self.nv.nvmlDeviceGetPcieThroughput(h, counter))
+
+    def ecc_uncorrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
+        kind = self.nv.NVML_VOLATILE_ECC if counter == "volatile" else self.nv.NVML_AGGREGATE_ECC
+        return int(self.nv.nvmlDeviceGetTotalEccErrors(h, self.nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, kind))
+
+    def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int:
+        c = (self.nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS if cause == "sbe"
+             else self.nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+        return len(self.nv.nvmlDeviceGetRetiredPages(h, c))
+
+    def retired_pages_pending(self, h: Any) -> bool:
+        return bool(self.nv.nvmlDeviceGetRetiredPagesPendingStatus(h))
+
+    def mig_mode(self, h: Any) -> bool:
+        return bool(self.nv.nvmlDeviceGetMigMode(h)[0] == self.nv.NVML_DEVICE_MIG_ENABLE)
+
+    def mig_device_count(self, h: Any) -> int:
+        return int(self.nv.nvmlDeviceGetMaxMigDeviceCount(h))
+
+    def mig_handle(self, h: Any, index: int) -> Any:
+        return self.nv.nvmlDeviceGetMigDeviceHandleByIndex(h, index)
+
+    def mig_ids(self, h: Any) -> tuple[int, int]:
+        return int(self.nv.nvmlDeviceGetGpuInstanceId(h)), int(self.nv.nvmlDeviceGetComputeInstanceId(h))
+
+    def processes(self, h: Any, kind: ProcessKind, version: int) -> list[ProcessInfo]:
+        if version == 1:
+            return self._processes_v1(h, kind)
+        name = "Compute" if kind == "compute" else "Graphics"
+        procs = getattr(self.nv, f"nvmlDeviceGet{name}RunningProcesses_v{version}")(h)
+        return [ProcessInfo(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                            _instance_id(p.gpuInstanceId), _instance_id(p.computeInstanceId)) for p in procs]
+
+    def _processes_v1(self, h: Any, kind: ProcessKind) -> list[ProcessInfo]:
+        import ctypes
+
+        class V1(ctypes.Structure):  # nvmlProcessInfo_v1_t
+            _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+        nv = self.nv
+        fn = nv._nvmlGetFunctionPointer(f"nvmlDeviceGet{kind.capitalize()}RunningProcesses")
+        count = ctypes.c_uint(0)
+        ret = fn(h, ctypes.byref(count), None)
+        if ret == nv.NVML_SUCCESS:
+            return []
+        if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise nv.NVMLError(ret)
+        count.value = count.value * 2 + 5  # room for processes that start between the two calls
+        arr = (V1 * count.value)()
+        nv._nvmlCheckReturn(fn(h, ctypes.byref(count), arr))
+        unavailable = nv.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+        return [ProcessInfo(int(p.pid), None if p.usedGpuMemory == unavailable else int(p.usedGpuMemory))
+                for p in arr[: count.value]]
+
+    def process_utilization(self, h: Any, since_us: int) -> list[ProcessSample]:
+        return [ProcessSample(int(s.pid), int(s.timeStamp), int(s.smUtil), int(s.memUtil))
+                for s in self.nv.nvmlDeviceGetProcessUtilization(h, since_us)]
+
+
+def _instance_id(value: int | None) -> int | None:
+    return None if value is None or value == UINT_NOT_AVAILABLE else int(value)
+
+
+# -- the fake backend -------------------------------------------------------------------------------------------
+
+
+class ScenarioError(ValueError):
+    """A fake-NVML scenario file that cannot be used."""
+
+
+@dataclass(frozen=True)
+class _FakeHandle:
+    gpu: dict[str, Any]
+    mig: bool = False
+
+
+class FakeBackend:
+    """NVML as a scenario file describes a machine (see docs/gpu.md, "Scenario files"). A value written as
+    "NVML_ERROR_<NAME>" makes its call raise that error; `missing_functions` names NVML entry points the
+    driver lacks (they raise NVML_ERROR_FUNCTION_NOT_FOUND, as pynvml does for a symbol the library lacks)."""
+
+    def __init__(self, scenario: dict[str, Any]) -> None:
+        import pynvml
+
+        self.nv = pynvml
+        self.s = _check_scenario(scenario, pynvml)
+        self.missing = set(self.s.get("missing_functions", ()))
+        self.initialized = False
+
+    @classmethod
+    def from_file(cls, path: str) -> FakeBackend:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as e:
+            raise ScenarioError(f"cannot read {path}: {e.strerror or e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ScenarioError(f"{path} is not JSON: {e}") from None
+        try:
+            return cls(data)
+        except ScenarioError as e:
+            raise ScenarioError(f"{path}: {e}") from None
+
+    def _value(self, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("NVML_ERROR_"):
+            raise self.nv.NVMLError(getattr(self.nv, value))
+        return value
+
+    def _need(self, function: str) -> None:
+        if not self.initialized:
+            raise self.nv.NVMLError(self.nv.NVML_ERROR_UNINITIALIZED)
+        if function in self.missing:
+            raise self.nv.NVMLError(self.nv.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    def _get(self, h: _FakeHandle, key: str, function: str) -> Any:
+        self._need(function)
+        self._value(h.gpu.get("error"))  # a lost GPU fails every call
+        if key not in h.gpu:
+            raise self.nv.NVMLError(self.nv.NVML_ERROR_NOT_SUPPORTED)
+        return self._value(h.gpu[key])
+
+    def init(self) -> None:
+        self._value(self.s.get("init_error"))
+        self.initialized = True
+
+    def shutdown(self) -> None:
+        self._need("nvmlShutdown")
+        self.initialized = False
+
+    def driver_version(self) -> str:
+        self._need("nvmlSystemGetDriverVersion")
+        return str(self._value(self.s.get("driver_version", "NVML_ERROR_NOT_SUPPORTED")))
+
+    def device_count(self) -> int:
+        self._need("nvmlDeviceGetCount")
+        return len(self.s.get("gpus", []))
+
+    def handle(self, index: int) -> Any:
+        self._need("nvmlDeviceGetHandleByIndex_v2")
+        gpu = self.s["gpus"][index]
+        self._value(gpu.get("error"))
+        return _FakeHandle(gpu)
+
+    def name(self, h: Any) -> str:
+        return str(self._get(h, "name", "nvmlDeviceGetName"))
+
+    def uuid(self, h: Any) -> str:
+        return str(self._get(h, "uuid", "nvmlDeviceGetUUID"))
+
+    def bus_id(self, h: Any) -> str:
+        return str(self._get(h, "bus_id", "nvmlDeviceGetPciInfo_v3"))
+
+    def memory(self, h: Any, version: int) -> MemoryInfo:
+        m = self._get(h, "memory", "nvmlDeviceGetMemoryInfo_v2" if version == 2 else "nvmlDeviceGetMemoryInfo")
+        m = {k: self._value(v) for k, v in m.items()}
+        if version == 2:
+            return MemoryInfo(m["total"], m["used"], m["free"], m["reserved"])
+        # v1's used is v2's used plus the driver's reserve
+        return MemoryInfo(m["total"], m["used"] + m["reserved"], m["free"])
+
+    def utilization(self, h: Any) -> tuple[int, int]:
+        u = self._get(h, "utilization", "nvmlDeviceGetUtilizationRates")
+        return self._value(u["gpu"]), self._value(u["memory"])
+
+    def temperature_c(self, h: Any) -> int:
+        return int(self._get(h, "temperature_c", "nvmlDeviceGetTemperature"))
+
+    def power_mw(self, h: Any) -> int:
+        return int(self._get(h, "power_mw", "nvmlDeviceGetPowerUsage"))
+
+    def power_limit_mw(self, h: Any) -> int:
+        return int(self._get(h, "power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit"))
+
+    def clock_mhz(self, h: Any, clock: Literal["sm", "mem"]) -> int:
+        return int(self._value(self._get(h, "clocks_mhz", "nvmlDeviceGetClockInfo")[clock]))
+
+    def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int:
+        return int(self._value(self._get(h, "pcie_kb_per_s", "nvmlDeviceGetPcieThroughput")[direction]))
+
+    def ecc_uncorrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
+        return int(self._value(self._get(h, "ecc_uncorrected", "nvmlDeviceGetTotalEccErrors")[counter]))
+
+    def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int:
+        return int(self._value(self._get(h, "retired_pages", "nvmlDeviceGetRetiredPages")[cause]))
+
+    def retired_pages_pending(self, h: Any) -> bool:
+        return bool(self._value(self._get(h, "retired_pages", "nvmlDeviceGetRetiredPagesPendingStatus")["pending"]))
+
+    def mig_mode(self, h: Any) -> bool:
+        return bool(self._get(h, "mig_mode", "nvmlDeviceGetMigMode"))
+
+    def mig_device_count(self, h: Any) -> int:
+        return int(self._get(h, "mig_max_devices", "nvmlDeviceGetMaxMigDeviceCount"))
+
+    def mig_handle(self, h: Any, index: int) -> Any:
+        self._need("nvmlDeviceGetMigDeviceHandleByIndex")
+        migs = h.gpu.get("mig_devices", [])
+        if index >= len(migs) or migs[index] is None:
+            raise self.nv.NVMLError(self.nv.NVML_ERROR_NOT_FOUND)  # an empty slot
+        self._value(migs[index].get("error"))
+        return _FakeHandle(migs[index], mig=True)
+
+    def mig_ids(self, h: Any) -> tuple[int, int]:
+        ids = self._get(h, "instance_ids", "nvmlDeviceGetGpuInstanceId")
+        return self._value(ids["gpu"]), self._value(ids["compute"])
+
+    def processes(self, h: Any, kind: ProcessKind, version: int) -> list[ProcessInfo]:
+        suffix = "" if version == 1 else f"_v{version}"
+        procs = self._get(h, f"{kind}_processes", f"nvmlDeviceGet{kind.capitalize()}RunningProcesses{suffix}")
+        return [ProcessInfo(p["pid"], p.get("used_bytes"),
+                            None if version == 1 else p.get("gpu_instance_id"),
+                            None if version == 1 else p.get("compute_instance_id")) for p in procs]
+
+    def process_utilization(self, h: Any, since_us: int) -> list[ProcessSample]:
+        samples = [ProcessSample(s["pid"], s["timestamp_us"], s["sm"], s["mem"])
+                   for s in self._get(h, "process_utilization", "nvmlDeviceGetProcessUtilization")
+                   if s["timestamp_us"] > since_us]
+        if not samples:
+            raise self.nv.NVMLError(self.nv.NVML_ERROR_NOT_FOUND)  # NVML's answer when no sample is newer
+        return samples
+
+
+def _check_scenario(s: Any, nv: Any) -> dict[str, Any]:
+    """Refuse a scenario whose shape the fake cannot play, naming the first problem."""
+
+    def err_name(v: Any, where: str) -> None:
+        if isinstance(v, str) and v.startswith("NVML_ERROR_") and not isinstance(getattr(nv, v, None), int):
+            raise ScenarioError(f"{where}: {v} is not an NVML error code")
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
+
+    def walk(v: Any, where: str) -> None:
+        err_name(v, where)
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, f"{where}.{k}")
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, f"{where}[{i}]")
+
+    def numbers(v: Any, keys: tuple[str, ...], where: str, optional: tuple[str, ...] = ()) -> None:
+        if isinstance(v, str) and v.startswith("NVML_ERROR_"):
+            return
+        if not isinstance(v, dict):
+            raise ScenarioError(f"{where}: expected an object or an NVML_ERROR_* name")
+        for k in keys + optional:
+            if k in v and not is_int(v[k]) and not (isinstance(v[k], str) and v[k].startswith("NVML_ERROR_")):
+                raise ScenarioError(f"{where}.{k}: expected a non-negative integer")
+        for k in keys:
+            if k not in v:
+                raise ScenarioError(f"{where}: missing {k!r}")
+
+    def processes(v: Any, where: str) -> None:
+        if isinstance(v, str) and v.startswith("NVML_ERROR_"):
+            return
+        if not isinstance(v, list):
+            raise ScenarioError(f"{where}: expected a list")
+        for i, p in enumerate(v):
+            if not isinstance(p, dict) or not is_int(p.get("pid")):
+                raise ScenarioError(f"{where}[{i}]: expected an object with an integer pid")
+            for k in ("used_bytes", "gpu_instance_id", "compute_instance_id"):
+                if p.get(k) is not None and not is_int(p[k]):
+                    raise ScenarioError(f"{where}[{i}].{k}: expected a non-negative integer or null")
+
+    def device(g: Any, where: str) -> None:
+        if not isinstance(g, dict):
+            raise ScenarioError(f"{where}: expected an object")
+        for k in ("name", "uuid", "bus_id"):
+            if k in g and not isinstance(g[k], str):
+                raise ScenarioError(f"{where}.{k}: expected a string")
+        for k in ("temperature_c", "power_mw", "power_limit_mw", "mig_max_devices"):
+            if k in g and not is_int(g[k]) and not (isinstance(g[k], str) and g[k].startswith("NVML_ERROR_")):
+                raise ScenarioError(f"{where}.{k}: expected a non-negative integer")
+        if "memory" in g:
+            numbers(g["memory"], ("total", "used", "free", "reserved"), f"{where}.memory")
+        shapes = {"utilization": ("gpu", "memory"), "clocks_mhz": ("sm", "mem"), "pcie_kb_per_s": ("tx", "rx"),
+                  "ecc_uncorrected": ("volatile", "aggregate"), "retired_pages": ("sbe", "dbe"),
+                  "instance_ids": ("gpu", "compute")}
+        for k, keys in shapes.items():
+            if k in g:
+                numbers(g[k], keys, f"{where}.{k}")
+        for k in ("compute_processes", "graphics_processes"):
+            if k in g:
+                processes(g[k], f"{where}.{k}")
+        if "process_utilization" in g:
+            pu = g["process_utilization"]
+            if not isinstance(pu, list):
+                if not (isinstance(pu, str) and pu.startswith("NVML_ERROR_")):
+                    raise ScenarioError(f"{where}.process_utilization: expected a list")
+            else:
+                for i, x in enumerate(pu):
+                    numbers(x, ("pid", "timestamp_us", "sm", "mem"), f"{where}.process_utilization[{i}]")
+        if "mig_devices" in g:
+            if not isinstance(g["mig_devices"], list):
+                raise ScenarioError(f"{where}.mig_devices: expected a list")
+            for i, m in enumerate(g["mig_devices"]):
+                if m is not None:
+                    device(m, f"{where}.mig_devices[{i}]")
+
+    if not isinstance(s, dict):
+        raise ScenarioError("expected a JSON object")
+    walk(s, "scenario")
+    gpus = s.get("gpus", [])
+    if not isinstance(gpus, list):
+        raise ScenarioError("gpus: expected a list")
+    for i, g in enumerate(gpus):
+        device(g, f"gpus[{i}]")
+    mf = s.get("missing_functions", [])
+    if not isinstance(mf, list) or not all(isinstance(x, str) for x in mf):
+        raise ScenarioError("missing_functions: expected a list of NVML function names")
+    for k in ("init_error", "driver_version"):
+        if k in s and not isinstance(s[k], str):
+            raise ScenarioError(f"{k}: expected a string")
+    return s
+
+
+# -- reading ----------------------------------------------------------------------------------------------------
+
+# Where NVML says a call does not exist in this driver: try the older version of the call.
+def _older_call_codes(nv: Any) -> tuple[int, ...]:
+    return (nv.NVML_ERROR_FUNCTION_NOT_FOUND, nv.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+
+
+def explain(e: Any, nv: Any) -> str:
+    """What an NVMLError means for the user, with the NVML code name to search for."""
+    code: int = getattr(e, "value", -1)
+    names, texts = _error_texts(nv)
+    return f"{texts.get(code) or str(e)} ({names.get(code, f'NVML error {code}')})"
+
+
+@cache
+def _error_texts(nv: Any) -> tuple[dict[int, str], dict[int, str]]:
+    """NVML_ERROR_* names by code, and what the codes a user meets mean (built once: dir() is slow)."""
+    names = {getattr(nv, n): n for n in dir(nv) if n.startswith("NVML_ERROR_")}
+    texts = {
+        nv.NVML_ERROR_LIBRARY_NOT_FOUND: "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver here, or "
+                                         "the container does not have it (docker run --gpus all)",
+        nv.NVML_ERROR_DRIVER_NOT_LOADED: "NVIDIA driver not loaded: the library is here but the kernel module "
+                                         "is not (nvidia-smi fails the same way)",
+        nv.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver/library version mismatch: libnvidia-ml and the loaded "
+                                               "kernel module differ (driver updated without a reboot?): reboot "
+                                               "or reload the nvidia module",
+        nv.NVML_ERROR_NO_PERMISSION: "permission denied: this user may not query the GPU (/dev/nvidia* "
+                                     "permissions, or a call that needs root)",
+        nv.NVML_ERROR_GPU_IS_LOST: "GPU is lost: it has fallen off the bus (look for Xid 79 in dmesg); it needs a "
+                                   "reset or a reboot",
+        nv.NVML_ERROR_NOT_SUPPORTED: "not supported by this GPU or driver",
+        nv.NVML_ERROR_FUNCTION_NOT_FOUND: "the driver is too old for this call",
+        nv.NVML_ERROR_UNINITIALIZED: "NVML is not initialized",
+        nv.NVML_ERROR_TIMEOUT: "NVML timed out",
+    }
+    return names, texts
+
+
+NOT_IN_NAMESPACE = ("pid {pid} is not in this PID namespace's /proc: dltop runs in another container or namespace "
+                    "than the process (run dltop with --pid=host), or the process just exited")
+NO_PROCESS_MEMORY = ("NVML gives no per-process memory here (NVML_VALUE_NOT_AVAILABLE): MIG without admin rights, "
+                     "WSL, or a container")
+UNPROBED = unprobed_split()  # one shared (frozen) value: a tick builds many processes
+DEVICE_FIELDS = tuple(f for f in GpuDevice.__dataclass_fields__
+                      if f not in ("index", "mig_devices", "processes", "unavailable", "driver_version",
+                                   "memory_pool_note"))
+
+
+class _Lost(Exception):
+    """A call said NVML_ERROR_GPU_IS_LOST: stop asking this GPU anything this tick."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def parse_cmdline(raw: bytes) -> str:
+    """/proc/PID/cmdline (NUL-separated arguments) as one line, the way ps shows it."""
+    return " ".join(os.fsdecode(a) for a in raw.rstrip(b"\0").split(b"\0"))
+
+
+class GpuReader:
+    """Holds one NVML session and what is worth keeping between ticks: which call versions the driver has, the
+    last utilization sample seen per GPU, and each process's command line."""
+
+    def __init__(self, make_backend: Callable[[], NvmlBackend], root: str = "/") -> None:
+        self._make_backend = make_backend
+        self._root = root
+        self._proc = os.path.join(root, "proc")
+        self._backend: NvmlBackend | None = None
+        self._nv: Any = None
+        self._memory_version = 2
+        self._process_version: dict[ProcessKind, int] = {}
+        self._util_seen_us: dict[str, int] = {}
+        self._commands: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}
+        self._users: dict[int, str] = {}
+
+    def close(self) -> None:
+        """End the NVML session."""
+        if self._backend is not None:
+            with contextlib.suppress(self._nv.NVMLError):
+                self._backend.shutdown()
+            self._backend = None
+
+    def read(self) -> GpuPart | Unavailable:
+        """Every GPU NVML sees, or why none can be read."""
+        try:
+            import pynvml
+        except ImportError:
+            return Unavailable("nvidia-ml-py is not installed (pip install nvidia-ml-py)")
+        self._nv = nv = pynvml
+        if self._backend is None:
+            try:
+                backend = self._make_backend()
+            except ScenarioError as e:
+                return Unavailable(f"fake NVML ({FAKE_ENV}): {e}")
+            try:
+                backend.init()
+            except nv.NVMLError as e:
+                return Unavailable(explain(e, nv))
+            self._backend = backend
+        b = self._backend
+        try:
+            count = b.device_count()
+        except nv.NVMLError as e:
+            self.close()  # a fresh session next tick (the driver may come back)
+            return Unavailable(explain(e, nv))
+        try:
+            driver: str | None = b.driver_version()
+        except nv.NVMLError:
+            driver = None
+        if count == 0:
+            return Unavailable(f"no GPUs: NVML (driver {driver or 'version unknown'}) sees 0 devices")
+        seen: set[tuple[int, int]] = set()
+        gpus = tuple(self._device(b, i, driver, seen) for i in range(count))
+        for key in [k for k in self._commands if k not in seen]:
+            del self._commands[key]
+        return gpus
+
+    def _device(self, b: NvmlBackend, index: int, driver: str | None, seen: set[tuple[int, int]]) -> GpuDevice:
+        nv = self._nv
+        values: dict[str, Any] = {}
+        missing: dict[str, str] = {}
+        processes: tuple[GpuProcess, ...] | Unavailable = ()
+        migs: tuple[MigDevice, ...] = ()
+
+        def ask(fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
+            try:
+                value = call(*args)
+            except nv.NVMLError as e:
+                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
+                    raise _Lost(explain(e, nv)) from None
+                missing[fieldname] = explain(e, nv)
+                return None
+            values[fieldname] = value
+            return value
+
+        try:
+            try:
+                h = b.handle(index)
+            except nv.NVMLError as e:
+                raise _Lost(explain(e, nv)) from None
+            ask("name", b.name, h)
+            uuid = ask("uuid", b.uuid, h)
+            ask("bus_id", b.bus_id, h)
+            self._memory(b, h, ask, values, missing)
+            util = ask("utilization_gpu_percent", b.utilization, h)
+            if util is None:
+                missing["utilization_memory_percent"] = missing["utilization_gpu_percent"]
+            else:
+                values["utilization_gpu_percent"], values["utilization_memory_percent"] = util
+            ask("temperature_c", b.temperature_c, h)
+            ask("power_mw", b.power_mw, h)
+            ask("power_limit_mw", b.power_limit_mw, h)
+            ask("clock_sm_mhz", b.clock_mhz, h, "sm")
+            ask("clock_mem_mhz", b.clock_mhz, h, "mem")
+            for direction in ("tx", "rx"):
+                kb = ask(f"pcie_{direction}_bytes_per_s", b.pcie_kb_per_s, h, direction)
+                if kb is not None:
+                    values[f"pcie_{direction}_bytes_per_s"] = kb * 1024  # NVML counts KB/s
+            ask("ecc_uncorrected_volatile", b.ecc_uncorrected, h, "volatile")
+            ask("ecc_uncorrected_aggregate", b.ecc_uncorrected, h, "aggregate")
+            ask("retired_pages_sbe", b.retired_pages, h, "sbe")
+            ask("retired_pages_dbe", b.retired_pages, h, "dbe")
+            ask("retired_pages_pending", b.retired_pages_pending, h)
+            if ask("mig_mode", b.mig_mode, h):
+                migs = self._mig_devices(b, h, seen)
+            processes = self._processes(b, h, uuid or f"gpu{index}", seen)
+        except _Lost as lost:
+            for f in DEVICE_FIELDS:
+                if f not in values:
+                    missing.setdefault(f, lost.reason)
+            processes = Unavailable(lost.reason)
+        return GpuDevice(index=index, driver_version=driver, mig_devices=migs, processes=processes,
+                         unavailable=missing, **values)
+
+    def _memory(self, b: NvmlBackend, h: Any, ask: Callable[..., Any], values: dict[str, Any],
+                missing: dict[str, str]) -> None:
+        nv = self._nv
+        mem, error = None, None
+        while mem is None:
+            try:
+                mem = b.memory(h, self._memory_version)
+            except nv.NVMLError as e:
+                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
+                    raise _Lost(explain(e, nv)) from None
+                if e.value in _older_call_codes(nv) and self._memory_version == 2:
+                    self._memory_version = 1
+                    continue
+                error = e
+                break
+        if mem is not None and mem.total > 0:
+            values.update(memory_pool="framebuffer", memory_total_bytes=mem.total, memory_used_bytes=mem.used,
+                          memory_free_bytes=mem.free)
+            if mem.reserved is not None:
+                values["memory_reserved_bytes"] = mem.reserved
+            else:
+                missing["memory_reserved_bytes"] = ("the driver has no v2 memory call (nvmlDeviceGetMemoryInfo_v2, "
+                                                    "drivers before R510): used includes the driver's reserve")
+            return
+        if error is not None and error.value != nv.NVML_ERROR_NOT_SUPPORTED:
+            for name in ("memory_pool", "memory_total_bytes", "memory_used_bytes", "memory_free_bytes",
+                         "memory_reserved_bytes"):
+                missing[name] = explain(error, nv)
+            return
+        # A unified-memory machine (GB10, Grace): the GPU allocates from system memory, so that is the pool.
+        said = "no framebuffer total (Not Supported)" if error is not None else "a framebuffer total of 0"
+        note = f"unified memory: NVML reports {said}; the pool is system memory, from /proc/meminfo"
+        values.update(memory_pool="system", memory_pool_note=note)
+        missing["memory_reserved_bytes"] = note
+        from dltop.sources.memory import parse_meminfo
+
+        try:
+            with open(os.path.join(self._root, "proc/meminfo"), encoding="ascii", errors="replace") as f:
+                meminfo = parse_meminfo(f.read())
+            total, available = meminfo["MemTotal"], meminfo["MemAvailable"]
+        except (OSError, KeyError) as e:
+            why = f"{note}, which could not be read ({e})"
+            missing.update(memory_total_bytes=why, memory_used_bytes=why, memory_free_bytes=why)
+            return
+        values.update(memory_total_bytes=total, memory_used_bytes=total - available, memory_free_bytes=available)
+
+    def _mig_devices(self, b: NvmlBackend, h: Any, seen: set[tuple[int, int]]) -> tuple[MigDevice, ...]:
+        nv = self._nv
+        try:
+            slots = b.mig_device_count(h)
+        except nv.NVMLError as e:
+            if e.value == nv.NVML_ERROR_GPU_IS_LOST:
+                raise _Lost(explain(e, nv)) from None
+            return ()
+        out = []
+        for j in range(slots):
+            try:
+                mh = b.mig_handle(h, j)
+            except nv.NVMLError as e:
+                if e.value == nv.NVML_ERROR_NOT_FOUND:
+                    continue  # no instance in this slot
+                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
+                    raise _Lost(explain(e, nv)) from None
+                out.append(MigDevice(mig_index=j, processes=Unavailable(explain(e, nv)),
+                                     unavailable={"mig_device": explain(e, nv)}))
+                continue
+            values: dict[str, Any] = {}
+            missing: dict[str, str] = {}
+            calls: tuple[tuple[str, Callable[[], Any]], ...] = (
+                ("name", partial(b.name, mh)), ("uuid", partial(b.uuid, mh)), ("ids", partial(b.mig_ids, mh)),
+                ("memory", partial(b.memory, mh, self._memory_version)))
+            for name, call in calls:
+                try:
+                    values[name] = call()
+                except nv.NVMLError as e:
+                    if e.value == nv.NVML_ERROR_GPU_IS_LOST:
+                        raise _Lost(explain(e, nv)) from None
+                    missing[name] = explain(e, nv)
+            fields: dict[str, Any] = {"name": values.get("name"), "uuid": values.get("uuid")}
+            if "ids" in values:
+                fields["gpu_instance_id"], fields["compute_instance_id"] = values["ids"]
+            else:
+                missing["gpu_instance_id"] = missing["compute_instance_id"] = missing.pop("ids")
+            if "memory" in values:
+                m = values["memory"]
+                fields.update(memory_total_bytes=m.total, memory_used_bytes=m.used, memory_free_bytes=m.free)
+            else:
+                why = missing.pop("memory")
+                missing.update(memory_total_bytes=why, memory_used_bytes=why, memory_free_bytes=why)
+            out.append(MigDevice(mig_index=j, processes=self._processes(b, mh, values.get("uuid") or f"mig{j}", seen),
+                                 unavailable=missing, **fields))
+        return tuple(out)
+
+    def _process_list(self, b: NvmlBackend, h: Any, kind: ProcessKind) -> list[ProcessInfo]:
+        """v3, then v2, then v1 of the process call, remembering the first the driver has."""
+        nv = self._nv
+        version = self._process_version.get(kind, 3)
+        while True:
+            try:
+                procs = b.processes(h, kind, version)
+            except nv.NVMLError as e:
+                if e.value in _older_call_codes(nv) and version > 1:
+                    version -= 1
+                    continue
+                raise
+            self._process_version[kind] = version
+            return procs
+
+    def _processes(self, b: NvmlBackend, h: Any, key: str,
+                   seen: set[tuple[int, int]]) -> tuple[GpuProcess, ...] | Unavailable:
+        nv = self._nv
+        found: dict[int, tuple[ProcessInfo, str]] = {}
+        for kind in ("compute", "graphics"):
+            try:
+                procs = self._process_list(b, h, kind)  # type: ignore[arg-type]
+            except nv.NVMLError as e:
+                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
+                    raise _Lost(explain(e, nv)) from None
+                if kind == "graphics" and e.value == nv.NVML_ERROR_NOT_SUPPORTED:
+                    continue  # compute-only GPUs have no graphics list
+                return Unavailable(f"processes: {explain(e, nv)}")
+            for p in procs:
+                if p.pid in found:
+                    found[p.pid] = (found[p.pid][0], "compute+graphics")
+                else:
+                    found[p.pid] = (p, kind)
+        util: dict[int, ProcessSample] = {}
+        util_why = None
+        try:
+            for s in b.process_utilization(h, self._util_seen_us.get(key, 0)):
+                if s.pid not in util or s.timestamp_us > util[s.pid].timestamp_us:
+                    util[s.pid] = s
+        except nv.NVMLError as e:
+            if e.value == nv.NVML_ERROR_GPU_IS_LOST:
+                raise _Lost(explain(e, nv)) from None
+            util_why = ("no utilization sample since the last read (NVML_ERROR_NOT_FOUND)"
+                        if e.value == nv.NVML_ERROR_NOT_FOUND else explain(e, nv))
+        if util:
+            self._util_seen_us[key] = max(s.timestamp_us for s in util.values())
+        out = []
+        for pid, (p, kind) in sorted(found.items()):
+            missing: dict[str, str] = {}
+            if p.used_bytes is None:
+                missing["used_bytes"] = NO_PROCESS_MEMORY
+            user, command, why = self._identity(pid, seen)
+            for name, value in (("user", user), ("command", command)):
+                if value is None and why is not None:
+                    missing[name] = why
+            sample = util.get(pid)
+            if sample is None:
+                missing["sm_util_percent"] = missing["mem_util_percent"] = (
+                    util_why or "no utilization sample for this process since the last read")
+            out.append(GpuProcess(pid=pid, kind=kind, used_bytes=p.used_bytes, user=user,  # type: ignore[arg-type]
+                                  command=command, sm_util_percent=None if sample is None else sample.sm_percent,
+                                  mem_util_percent=None if sample is None else sample.mem_percent,
+                                  gpu_instance_id=p.gpu_instance_id, compute_instance_id=p.compute_instance_id,
+                                  split=UNPROBED, unavailable=missing))
+        return tuple(out)
+
+    def _identity(self, pid: int, seen: set[tuple[int, int]]) -> tuple[str | None, str | None, str | None]:
+        """(user, command, why not) of a pid from root's /proc; the command line is read once per process."""
+        base = f"{self._proc}/{pid}"
+        try:
+            st = os.stat(base)
+        except OSError:
+            return None, None, NOT_IN_NAMESPACE.format(pid=pid)
+        key = (pid, st.st_ctime_ns)  # a new process under a reused pid gets a new /proc entry
+        seen.add(key)
+        cached = self._commands.get(key)
+        if cached is not None:
+            return cached
+        user = self._users.get(st.st_uid)
+        if user is None:
+            try:
+                user = pwd.getpwuid(st.st_uid).pw_name
+            except KeyError:
+                user = str(st.st_uid)  # a uid with no name here (another container's user)
+            self._users[st.st_uid] = user
+        try:
+            with open(f"{base}/cmdline", "rb") as f:
+                command = parse_cmdline(f.read())
+            if not command:  # a zombie or a kernel thread: ps shows [comm]
+                with open(f"{base}/comm", "rb") as f:
+                    command = f"[{os.fsdecode(f.read().strip())}]"
+        except OSError as e:
+            result: tuple[str | None, str | None, str | None] = (user, None, f"cannot read {base}/cmdline: "
+                                                                 f"{e.strerror or e}")
+        else:
+            result = (user, command, None)
+        self._commands[key] = result
+        return result
+
+
+def make_backend() -> NvmlBackend:
+    """The fake named by $DLTOP_FAKE_NVML, else NVML itself."""
+    path = os.environ.get(FAKE_ENV)
+    if path:
+        return FakeBackend.from_file(path)
+    return PynvmlBackend()
+
+
+def source(settings: Settings) -> Source:
+    """The GPU source at the refresh interval, holding one NVML session until closed."""
+    reader = GpuReader(make_backend, settings.root)
+    return Source(name="gpus", interval_s=settings.refresh_s, read=reader.read,
+                  timeout_s=max(2.0, settings.refresh_s * 2), follows_refresh=True, close=reader.close)
