@@ -14,6 +14,7 @@ from dltop.model.base import DecodeError, Unavailable, from_dict, to_dict
 from dltop.model.cpu import CpuPart
 from dltop.model.datasets import DatasetsPart
 from dltop.model.memory import CgroupMemory, DiskStat, MemoryPart, Pressure, VmStat
+from dltop.model.servers import ModelStats, ServerStats
 
 SCHEMA_VERSION = 1
 
@@ -25,7 +26,9 @@ __all__ = [
     "DecodeError",
     "DiskStat",
     "MemoryPart",
+    "ModelStats",
     "Pressure",
+    "ServerStats",
     "Snapshot",
     "SourceStatus",
     "Unavailable",
@@ -58,6 +61,7 @@ class Snapshot:
     memory: MemoryPart | Unavailable | None = None
     datasets: DatasetsPart | Unavailable | None = None
     cpu: CpuPart | Unavailable | None = None
+    servers: tuple[ServerStats, ...] | Unavailable | None = None  # one per --server URL, in the order given
     sources: dict[str, SourceStatus] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
