@@ -237,7 +237,9 @@ class Sampler:
                 await asyncio.wait_for(st.wake.wait(), wait)
 
     def _done(self, loop: asyncio.AbstractEventLoop, st: _State, urgent: bool, _fut: Future[Any]) -> None:
-        loop.call_soon_threadsafe(self._notify, st, urgent)
+        # A hung read may finish after its loop has closed (the app quit): nobody is left to tell.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._notify, st, urgent)
 
     def _notify(self, st: _State, urgent: bool = False) -> None:
         if self._changed is not None:

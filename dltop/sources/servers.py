@@ -322,15 +322,15 @@ _LISTEN = "0A"
 
 def listening_inodes(root: str, port: int) -> tuple[list[int], str | None]:
     """Inodes of the sockets listening on TCP `port` in /proc/net/tcp and tcp6 (this network namespace's), and
-    why there are none when the files cannot be read."""
+    why there are none when neither file can be read."""
     inodes: list[int] = []
-    problem = None
+    problems = []
     for name in ("tcp", "tcp6"):
         try:
             with open(os.path.join(root, "proc/net", name), encoding="ascii", errors="replace") as f:
                 lines = f.read().splitlines()[1:]
         except OSError as e:
-            problem = f"cannot read /proc/net/{name}: {e.strerror}"
+            problems.append(f"cannot read /proc/net/{name}: {e.strerror}")
             continue
         for line in lines:
             cols = line.split()
@@ -340,7 +340,7 @@ def listening_inodes(root: str, port: int) -> tuple[list[int], str | None]:
             with contextlib.suppress(ValueError):
                 if int(hexport, 16) == port and cols[9].isdigit() and cols[9] != "0":
                     inodes.append(int(cols[9]))
-    return inodes, problem
+    return inodes, "; ".join(problems) if len(problems) == 2 else None  # one of the two is enough to say
 
 
 def pid_of_inodes(root: str, inodes: Sequence[int]) -> tuple[int | None, int]:
@@ -473,7 +473,7 @@ def merge_servers(held: Sequence[tuple[Any, Any, Any]]) -> tuple[ServerStats, ..
             out.append(replace(value, source_error=status.error) if status.error else value)
         else:
             why = value if isinstance(value, Unavailable) else Unavailable("no reading")
-            state = "waiting" if why.reason == "waiting for the first reading" else "error"
+            state = "waiting" if status.duration_s is None else "error"  # no read has finished yet, or it raised
             out.append(ServerStats(url=url, state=state, error=why.reason, engine=why, kv_usage=why,
                                    kv_capacity_tokens=why, kv_capacity_bytes=why, prefix_cache_hit_rate=why,
                                    pid=why, source_error=status.error))
