@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from dltop.errors import DltopError
 DEFAULT_REFRESH_S = 1.0
 MIN_REFRESH_S = 0.1
 MAX_REFRESH_S = 60.0
-KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only"})  # later features add theirs here
+KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers"})  # later features add theirs here
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Settings:
     pid: int | None = None
     datasets: tuple[str, ...] = ()
     read_only: bool = False
+    servers: tuple[str, ...] = ()  # inference servers' /metrics URLs, normalized (server_url)
     config_path: str | None = None
 
 
@@ -64,6 +66,9 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     read_only = data.get("read_only", False)
     if not isinstance(read_only, bool):
         raise DltopError(f"{where}: read_only must be true or false")
+    servers = data.get("servers", [])
+    if not isinstance(servers, list) or not all(isinstance(u, str) for u in servers):
+        raise DltopError(f"{where}: servers must be a list of URLs")
     unknown = sorted(set(data) - KNOWN_KEYS)
     if unknown:
         # A typo ("readonly = true") must not quietly leave actions enabled.
@@ -73,7 +78,41 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         refresh_s=_check_refresh(float(refresh), where),
         datasets=tuple(os.path.abspath(os.path.expanduser(d)) for d in datasets),
         read_only=read_only,
+        servers=_server_urls(servers, where),
     )
+
+
+def server_url(text: str) -> str:
+    """An inference server's /metrics URL from what a user typed: `host:port`, `http://host:port` (gets
+    `/metrics`) or a full URL; raises ValueError naming what is wrong."""
+    given = text.strip()
+    if not given:
+        raise ValueError("empty server URL")
+    if "://" not in given:
+        given = "http://" + given
+    u = urllib.parse.urlsplit(given)
+    if u.scheme not in ("http", "https"):
+        raise ValueError(f"not an http(s) URL: {text!r}")
+    try:
+        u.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError:
+        raise ValueError(f"bad port in server URL: {text!r}") from None
+    if not u.hostname:
+        raise ValueError(f"no host in server URL: {text!r}")
+    return urllib.parse.urlunsplit((u.scheme, u.netloc, u.path if u.path not in ("", "/") else "/metrics",
+                                    u.query, ""))
+
+
+def _server_urls(urls: list[str], where: str) -> tuple[str, ...]:
+    out: list[str] = []
+    for text in urls:
+        try:
+            url = server_url(text)
+        except ValueError as e:
+            raise DltopError(f"{where}: {e}") from None
+        if url not in out:  # the same server twice would be scraped twice and shown twice
+            out.append(url)
+    return tuple(out)
 
 
 def _check_refresh(value: float, where: str) -> float:
@@ -100,6 +139,8 @@ def settings_from_args(args: Any) -> Settings:
                 raise DltopError(f"no such dataset path: {p}")
         # Absolute, as the scans name them: the TUI matches rows, x and a by these paths.
         changes["datasets"] = tuple(os.path.abspath(p) for p in args.paths)
+    if getattr(args, "servers", None):
+        changes["servers"] = _server_urls(args.servers, "--server")
     if getattr(args, "read_only", False):
         changes["read_only"] = True
     return replace(s, **changes)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dltop.model import MemoryPart, Snapshot, Unavailable
+from dltop.model import MemoryPart, ModelStats, Snapshot, Unavailable
 from dltop.model.memory import DiskStat, VmStat
 
 SECTOR_BYTES = 512
@@ -102,3 +102,51 @@ def memory_rates(prev: Snapshot | None, cur: Snapshot) -> tuple[VmRates | None, 
     if not isinstance(prev.memory.disks, Unavailable) and not isinstance(cur.memory.disks, Unavailable):
         disks = disk_rates(prev.memory.disks, cur.memory.disks, dt)
     return vm, disks
+
+
+@dataclass(frozen=True)
+class ServerRates:
+    """One model behind one server over one interval."""
+
+    url: str
+    model_name: str
+    replica: str | None
+    # vLLM V1: new hits / new queries; the engine's own gauge (V0, SGLang) where it gives one; else why not.
+    prefix_cache_hit_rate: float | Unavailable
+    preemptions: int | None  # new preemptions in the interval (the pool is too small for the load)
+
+
+def server_rates(prev: Snapshot | None, cur: Snapshot) -> list[ServerRates]:
+    """Per model of every server answering in both Snapshots: the prefix-cache hit rate over the interval and
+    the new preemptions; a counter that went backwards (a restart) gives no rate."""
+    if prev is None or not isinstance(prev.servers, tuple) or not isinstance(cur.servers, tuple):
+        return []
+    before = {(s.url, m.model_name, m.replica): m for s in prev.servers for m in s.models}
+    out = []
+    for s in cur.servers:
+        for m in s.models:
+            p = before.get((s.url, m.model_name, m.replica))
+            if p is None:
+                continue
+            rate: float | Unavailable = m.prefix_cache_hit_rate
+            if m.prefix_cache_hits_total is not None and m.prefix_cache_queries_total is not None:
+                rate = _hit_rate(p, m)
+            preempt = None
+            if (isinstance(p.preemptions_total, int) and isinstance(m.preemptions_total, int)
+                    and m.preemptions_total >= p.preemptions_total):
+                preempt = m.preemptions_total - p.preemptions_total
+            out.append(ServerRates(s.url, m.model_name, m.replica, rate, preempt))
+    return out
+
+
+def _hit_rate(p: ModelStats, m: ModelStats) -> float | Unavailable:
+    if p.prefix_cache_hits_total is None or p.prefix_cache_queries_total is None:
+        return Unavailable("no prefix-cache counters in the previous reading")
+    assert m.prefix_cache_hits_total is not None and m.prefix_cache_queries_total is not None
+    hits = m.prefix_cache_hits_total - p.prefix_cache_hits_total
+    queries = m.prefix_cache_queries_total - p.prefix_cache_queries_total
+    if hits < 0 or queries < 0:
+        return Unavailable("prefix-cache counters went backwards (the server restarted)")
+    if queries == 0:
+        return Unavailable("no prefix-cache queries in the interval")
+    return min(1.0, hits / queries)

@@ -210,6 +210,8 @@ class Sampler:
         """A Snapshot of every source's latest value and status, stamped now."""
         now = self._clock()
         parts: dict[str, Any] = {}
+        shared: dict[str, list[tuple[Source, Any, SourceStatus]]] = {}  # part -> what its sources hold
+        merges: dict[str, Callable[[Sequence[tuple[Source, Any, Any]]], Any]] = {}
         statuses = {}
         for name, st in self._states.items():
             status = st.status
@@ -220,11 +222,19 @@ class Sampler:
                                      error=f"slow: no answer for {waited:.0f} s")
             statuses[name] = status
             if st.ran_once:
-                parts[name] = st.value
+                value = st.value
             elif status.error:
-                parts[name] = Unavailable(f"{name} source: {status.error}")
+                value = Unavailable(f"{name} source: {status.error}")
             else:
-                parts[name] = Unavailable("waiting for the first reading")
+                value = Unavailable("waiting for the first reading")
+            if st.source.merge is None:
+                parts[st.source.part or name] = value
+            else:
+                part = st.source.part or name
+                shared.setdefault(part, []).append((st.source, value, status))
+                merges[part] = st.source.merge
+        for part, held in shared.items():
+            parts[part] = merges[part](held)
         known = {k: v for k, v in parts.items() if k in Snapshot.__dataclass_fields__}
         return Snapshot(ts=now, host=self._host, uptime_s=read_uptime(self._root), sources=statuses, **known)
 
@@ -276,7 +286,9 @@ class Sampler:
                 await asyncio.wait_for(st.wake.wait(), wait)
 
     def _done(self, loop: asyncio.AbstractEventLoop, st: _State, urgent: bool, _fut: Future[Any]) -> None:
-        loop.call_soon_threadsafe(self._notify, st, urgent)
+        # A hung read may finish after its loop has closed (the app quit): nobody is left to tell.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._notify, st, urgent)
 
     def _notify(self, st: _State, urgent: bool = False) -> None:
         if self._changed is not None:

@@ -65,3 +65,10 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML config file (default: $XDG_CONFIG_HOME/dltop/config.toml)")
     p.add_argument("--root", metavar="DIR", default="/", help="read /proc and /sys under DIR (captured trees)")
     p.add_argument("--pid", type=int, metavar="PID", help="process whose memory cgroup to watch (default: dltop's own)")
+
+
+def add_server_option(p: argparse.ArgumentParser) -> None:
+    """--server URL, for the commands that show inference servers (the TUI, snapshot)."""
+    p.add_argument("--server", dest="servers", action="append", metavar="URL",
+                   help="scrape this vLLM or SGLang server's /metrics (host:port or a URL; repeatable; "
+                        "replaces the config file's servers)")

@@ -15,6 +15,7 @@ from dltop.model.cpu import CpuPart
 from dltop.model.datasets import DatasetsPart
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MemorySplit, MigDevice
 from dltop.model.memory import CgroupMemory, DiskStat, MemoryPart, Pressure, VmStat
+from dltop.model.servers import ModelStats, ServerStats
 
 SCHEMA_VERSION = 1
 
@@ -31,7 +32,9 @@ __all__ = [
     "MemoryPart",
     "MemorySplit",
     "MigDevice",
+    "ModelStats",
     "Pressure",
+    "ServerStats",
     "Snapshot",
     "SourceStatus",
     "Unavailable",
@@ -65,6 +68,7 @@ class Snapshot:
     datasets: DatasetsPart | Unavailable | None = None
     cpu: CpuPart | Unavailable | None = None
     gpus: GpuPart | Unavailable | None = None
+    servers: tuple[ServerStats, ...] | Unavailable | None = None  # one per --server URL, in the order given
     sources: dict[str, SourceStatus] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

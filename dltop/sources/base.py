@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +11,7 @@ from typing import Any
 class Source:
     """A blocking `read()` returning one Snapshot part (or `Unavailable`), polled every `interval_s`."""
 
-    name: str  # the Snapshot field it fills: "memory", "datasets", "cpu", ...
+    name: str  # unique among the sources; the Snapshot field it fills unless `part` says another
     interval_s: float
     read: Callable[[], Any]
     timeout_s: float = 5.0  # a read running longer than this is shown as slow; its last value is kept
@@ -30,3 +30,8 @@ class Source:
     # Releases what the source holds for its life (the NVML session); run on the source's own thread after its
     # last read, when the Sampler stops polling it.
     close: Callable[[], None] | None = None
+    # Several sources may fill one Snapshot field (one source per inference server, each on its own thread, so
+    # one that hangs never delays the others): they share `part`, and `merge` builds the field from every such
+    # source's (source, latest value, status), in the order they were added. None: `name` is the field.
+    part: str | None = None
+    merge: Callable[[Sequence[tuple[Source, Any, Any]]], Any] | None = None

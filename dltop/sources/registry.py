@@ -15,4 +15,9 @@ def build_sources(settings: Settings) -> list[Source]:
         from dltop.sources import datasets
 
         sources.append(datasets.source(settings))
+    if settings.servers:
+        from dltop.sources import servers
+
+        # One source per server, each on its own thread: a hung server holds only its own.
+        sources.extend(servers.source(settings, url) for url in settings.servers)
     return sources

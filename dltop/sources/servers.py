@@ -1,0 +1,498 @@
+"""Inference servers: scrape a vLLM or SGLang `/metrics` page and read its KV-cache pool, prefix cache and queues.
+
+One source per server URL, each on its own thread, so a server that hangs holds only its own. A scrape has a
+deadline shorter than the interval, reads at most MAX_PAYLOAD_BYTES, follows no redirect to another host, sends
+no credentials and uses no proxy; whatever goes wrong is the server's `state`, never an exception. The text is
+parsed with prometheus_client's parser. The port is joined to the listening process through /proc (under `root`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import math
+import os
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dltop.model.base import Unavailable
+from dltop.model.servers import ModelStats, ServerStats
+
+MAX_PAYLOAD_BYTES = 2 << 20  # a real vLLM scrape is tens to a few hundred KiB; more is not a /metrics page
+_CHUNK = 64 << 10
+
+NO_BYTES = ("the server's /metrics gives the pool in tokens, not bytes; bytes = tokens × bytes per token, "
+            "which come from the model's config.json (`dltop kv --config`), not from the server")
+V1_RATE = "vLLM V1 counts prefix-cache hits and queries: the hit rate is over the interval between two readings"
+
+
+class ScrapeError(Exception):
+    """A scrape that did not give a /metrics page: `state` (one of model.servers.STATES) and one line why."""
+
+    def __init__(self, state: str, message: str) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class _SameHostRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect on the same scheme, host and port (vLLM's `/metrics` -> `/metrics/`), no other."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        if (old.scheme, old.netloc) != (new.scheme, new.netloc):
+            raise ScrapeError("redirect", f"HTTP {code} redirect to {newurl} (another host: not followed; "
+                                          "give that URL if it is the server)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+# No proxy from the environment (a scraper of the server next door must not go through http_proxy), no cookies.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _SameHostRedirects())
+
+
+def fetch_metrics(url: str, timeout_s: float, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
+    """The body of GET url, within `timeout_s` in all (a server that trickles bytes is cut off too) and at most
+    `max_bytes`; raises ScrapeError with the state it came to."""
+    deadline = time.monotonic() + timeout_s
+    req = urllib.request.Request(url, headers={"Accept": "text/plain", "User-Agent": "dltop"})
+    try:
+        with _OPENER.open(req, timeout=timeout_s) as resp:
+            length = resp.headers.get("Content-Length")
+            if length and length.isdigit() and int(length) > max_bytes:
+                raise ScrapeError("too_large", f"payload of {int(length):,} bytes is over the {max_bytes:,}-byte "
+                                               "cap: not read (not a /metrics page, or a label explosion)")
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                if time.monotonic() > deadline:
+                    raise ScrapeError("timeout", f"answer not complete within {timeout_s:g} s (read {size:,} bytes)")
+                chunk = resp.read1(_CHUNK)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > max_bytes:
+                    raise ScrapeError("too_large", f"payload over the {max_bytes:,}-byte cap: read stopped there "
+                                                   "(not a /metrics page, or a label explosion)")
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise ScrapeError("auth", f"HTTP {e.code} {e.reason}: the server wants credentials "
+                                      "(dltop sends none)") from None
+        if 300 <= e.code < 400:
+            raise ScrapeError("redirect", f"HTTP {e.code} redirect not followed") from None
+        raise ScrapeError("http_error", f"HTTP {e.code} {e.reason}") from None
+    except urllib.error.URLError as e:
+        raise _network_error(e.reason, url, timeout_s) from None
+    except ScrapeError:
+        raise
+    except (OSError, http.client.HTTPException) as e:
+        raise _network_error(e, url, timeout_s) from None
+
+
+def _network_error(reason: object, url: str, timeout_s: float) -> ScrapeError:
+    netloc = urllib.parse.urlsplit(url).netloc
+    if isinstance(reason, TimeoutError | socket.timeout):
+        return ScrapeError("timeout", f"no answer within {timeout_s:g} s")
+    if isinstance(reason, ConnectionRefusedError):
+        return ScrapeError("down", f"connection refused: nothing listens on {netloc}")
+    if isinstance(reason, socket.gaierror):
+        return ScrapeError("down", f"cannot resolve host of {netloc}: {reason.strerror or reason}")
+    if isinstance(reason, OSError):
+        return ScrapeError("down", f"{reason.strerror or type(reason).__name__}: {netloc}")
+    if isinstance(reason, http.client.HTTPException):
+        return ScrapeError("garbage", f"not an HTTP answer: {type(reason).__name__} {reason}")
+    return ScrapeError("down", f"{reason}: {netloc}")
+
+
+# -- the payload ----------------------------------------------------------------------------------------------
+
+@dataclass
+class _Sample:
+    labels: dict[str, str]
+    value: float
+
+
+def parse_samples(text: str) -> dict[str, list[_Sample]]:
+    """Every sample of Prometheus text by its sample name (`vllm:prefix_cache_hits_total`, not the family's name,
+    so a counter's `_created` timestamps never pass for counts); raises ScrapeError("garbage") on bad text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[_Sample]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                out.setdefault(s.name, []).append(_Sample(dict(s.labels), float(s.value)))
+    except Exception as e:  # the parser raises ValueError, and others (IndexError, TypeError) on odd input
+        first = next((line for line in text.splitlines() if line.strip()), "")[:60]
+        raise ScrapeError("garbage", f"not Prometheus text ({type(e).__name__}: {str(e)[:80]}; "
+                                     f"first line {first!r})") from None
+    return out
+
+
+def _replica_of(labels: dict[str, str]) -> str | None:
+    for key in ("engine", "dp_rank"):  # vLLM V1 data-parallel engines, SGLang dp ranks: separate pools
+        if key in labels:
+            return f"{key}={labels[key]}"
+    return None
+
+
+def _key(labels: dict[str, str]) -> tuple[str, str | None]:
+    return labels.get("model_name", ""), _replica_of(labels)
+
+
+def _by_model(samples: dict[str, list[_Sample]], *names: str) -> tuple[str | None, dict[tuple[str, str | None], float]]:
+    """The first of `names` the payload has, and its value per (model, replica); of several tensor-parallel
+    ranks, rank 0's (they share one pool)."""
+    for name in names:
+        rows = samples.get(name)
+        if not rows:
+            continue
+        found: dict[tuple[str, str | None], tuple[str, float]] = {}
+        for s in rows:
+            k = _key(s.labels)
+            rank = s.labels.get("tp_rank", "")
+            if k not in found or rank < found[k][0]:
+                found[k] = (rank, s.value)
+        return name, {k: v for k, (_, v) in found.items()}
+    return None, {}
+
+
+class _Notes:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def finite(self, name: str, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            self.lines.append(f"{name} is {value}: not shown")
+            return None
+        return value
+
+
+def _count(v: float | None, missing: str) -> int | Unavailable:
+    return Unavailable(missing) if v is None else int(v)
+
+
+def parse_server(text: str) -> tuple[str, list[ModelStats], list[str]]:
+    """(engine, one ModelStats per model, notes) from a /metrics page; ScrapeError when it is not an inference
+    server's."""
+    samples = parse_samples(text)
+    if any(n.startswith("vllm:") for n in samples):
+        models, notes = _vllm(samples)
+        return "vllm", models, notes
+    if any(n.startswith("sglang:") for n in samples):
+        models, notes = _sglang(samples)
+        return "sglang", models, notes
+    raise ScrapeError("not_inference", f"no vllm: or sglang: metrics among {len(samples)} sample names "
+                                       "(is this an inference server's /metrics?)")
+
+
+def _vllm(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[str]]:
+    notes = _Notes()
+    usage_name, usage = _by_model(samples, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    _, running = _by_model(samples, "vllm:num_requests_running")
+    _, waiting = _by_model(samples, "vllm:num_requests_waiting")
+    _, swapped = _by_model(samples, "vllm:num_requests_swapped")
+    _, preempt = _by_model(samples, "vllm:num_preemptions_total")
+    # V1's names, then the deprecated V1 ones (0.7 to 0.10) that count the same.
+    _, hits = _by_model(samples, "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+    _, queries = _by_model(samples, "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+    _, v0_rate = _by_model(samples, "vllm:gpu_prefix_cache_hit_rate")
+    configs = samples.get("vllm:cache_config_info", [])
+    keys = list(dict.fromkeys([*usage, *running, *waiting, *hits, *queries]))
+    if not keys:
+        keys = [("", None)]
+        notes.lines.append("no per-model metric: the model's name is not known")
+    models = []
+    for k in keys:
+        name, replica = k
+        cfg = _config_for(configs, name, replica)
+        capacity: int | Unavailable
+        if cfg is None:
+            capacity = Unavailable("no vllm:cache_config_info in the payload (block_size × num_gpu_blocks)")
+        else:
+            capacity = _capacity(cfg)
+        hit_rate: float | Unavailable
+        prefix_off = cfg is not None and cfg.get("enable_prefix_caching", "").lower() == "false"
+        if k in v0_rate:
+            v = notes.finite("vllm:gpu_prefix_cache_hit_rate", v0_rate[k])
+            hit_rate = (Unavailable("prefix caching is off (vllm:gpu_prefix_cache_hit_rate is -1)") if v == -1
+                        else Unavailable("vllm:gpu_prefix_cache_hit_rate is not a number") if v is None else v)
+        elif prefix_off:
+            hit_rate = Unavailable("prefix caching is off (vllm:cache_config_info enable_prefix_caching=False)")
+        elif k in hits and k in queries:
+            hit_rate = Unavailable(V1_RATE)
+        else:
+            hit_rate = Unavailable("no prefix-cache metric in the payload")
+        u = notes.finite(usage_name or "", usage.get(k))
+        models.append(ModelStats(
+            model_name=name or "(unnamed)",
+            replica=replica,
+            kv_usage=Unavailable("no vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc") if u is None else u,
+            kv_capacity_tokens=capacity,
+            kv_used_tokens=Unavailable("vLLM gives the fraction in use, not tokens"),
+            prefix_cache_hit_rate=hit_rate,
+            prefix_cache_hits_total=notes.finite("prefix cache hits", hits.get(k)),
+            prefix_cache_queries_total=notes.finite("prefix cache queries", queries.get(k)),
+            running_requests=_count(notes.finite("running", running.get(k)), "no vllm:num_requests_running"),
+            waiting_requests=_count(notes.finite("waiting", waiting.get(k)), "no vllm:num_requests_waiting"),
+            swapped_requests=None if (s := notes.finite("swapped", swapped.get(k))) is None else int(s),
+            preemptions_total=_count(notes.finite("preemptions", preempt.get(k)), "no vllm:num_preemptions_total"),
+        ))
+    return models, notes.lines
+
+
+def _config_for(configs: list[_Sample], name: str, replica: str | None) -> dict[str, str] | None:
+    """The cache_config_info labels that apply to this model: its own, its engine's, or the server's one."""
+    for s in configs:
+        own = s.labels.get("model_name")
+        if (own is None or own == name) and ("engine" not in s.labels or _replica_of(s.labels) == replica):
+            return s.labels
+    return None
+
+
+def _capacity(cfg: dict[str, str]) -> int | Unavailable:
+    try:
+        blocks, size = int(cfg["num_gpu_blocks"]), int(cfg["block_size"])
+    except (KeyError, ValueError):
+        return Unavailable("vllm:cache_config_info lacks a whole num_gpu_blocks or block_size "
+                           f"({cfg.get('num_gpu_blocks')!r}, {cfg.get('block_size')!r})")
+    return blocks * size
+
+
+def _sglang(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[str]]:
+    notes = _Notes()
+    _, usage = _by_model(samples, "sglang:token_usage")
+    _, cap = _by_model(samples, "sglang:max_total_num_tokens")
+    _, used = _by_model(samples, "sglang:num_used_tokens")
+    _, hit = _by_model(samples, "sglang:cache_hit_rate")
+    _, running = _by_model(samples, "sglang:num_running_reqs")
+    _, waiting = _by_model(samples, "sglang:num_queue_reqs")
+    keys = list(dict.fromkeys([*usage, *cap, *used, *running, *waiting])) or [("", None)]
+    models = []
+    for k in keys:
+        u = notes.finite("sglang:token_usage", usage.get(k))
+        c = notes.finite("sglang:max_total_num_tokens", cap.get(k))
+        n = notes.finite("sglang:num_used_tokens", used.get(k))
+        h = notes.finite("sglang:cache_hit_rate", hit.get(k))
+        if u is not None and c and n is not None and abs(n / c - u) > 0.01:
+            # token_usage is the engine's own fraction (it weighs hybrid/SWA pools); show both when they differ.
+            notes.lines.append(f"{k[0]}: sglang:token_usage {u:g} is not num_used_tokens / max_total_num_tokens "
+                               f"= {int(n):,} / {int(c):,} = {n / c:.4g}; kv_usage is token_usage")
+        models.append(ModelStats(
+            model_name=k[0] or "(unnamed)",
+            replica=k[1],
+            kv_usage=Unavailable("no sglang:token_usage") if u is None else u,
+            kv_capacity_tokens=_count(c, "no sglang:max_total_num_tokens"),
+            kv_used_tokens=_count(n, "no sglang:num_used_tokens"),
+            prefix_cache_hit_rate=Unavailable("no sglang:cache_hit_rate") if h is None else h,
+            running_requests=_count(notes.finite("running", running.get(k)), "no sglang:num_running_reqs"),
+            waiting_requests=_count(notes.finite("queue", waiting.get(k)), "no sglang:num_queue_reqs"),
+            preemptions_total=Unavailable("SGLang exports no preemption counter"),
+        ))
+    return models, notes.lines
+
+
+def _server_totals(models: Sequence[ModelStats]) -> dict[str, Any]:
+    """The server's headline numbers: its model's, or over several models the pool-weighted usage and the sum."""
+    if len(models) == 1:
+        m = models[0]
+        return {"kv_usage": m.kv_usage, "kv_capacity_tokens": m.kv_capacity_tokens,
+                "prefix_cache_hit_rate": m.prefix_cache_hit_rate}
+    caps = [m.kv_capacity_tokens for m in models]
+    uses = [m.kv_usage for m in models]
+    several = f"{len(models)} models behind this server: see each model"
+    if all(isinstance(c, int) for c in caps) and all(isinstance(u, float) for u in uses):
+        total = sum(c for c in caps if isinstance(c, int))
+        used = sum(c * u for c, u in zip(caps, uses, strict=True) if isinstance(c, int) and isinstance(u, float))
+        return {"kv_usage": used / total if total else Unavailable("pools of 0 tokens"), "kv_capacity_tokens": total,
+                "prefix_cache_hit_rate": Unavailable(several)}
+    return {"kv_usage": Unavailable(several), "kv_capacity_tokens": Unavailable(several),
+            "prefix_cache_hit_rate": Unavailable(several)}
+
+
+# -- port -> process --------------------------------------------------------------------------------------------
+
+_LISTEN = "0A"
+
+
+def listening_inodes(root: str, port: int) -> tuple[list[int], str | None]:
+    """Inodes of the sockets listening on TCP `port` in /proc/net/tcp and tcp6 (this network namespace's), and
+    why there are none when neither file can be read."""
+    inodes: list[int] = []
+    problems = []
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(os.path.join(root, "proc/net", name), encoding="ascii", errors="replace") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError as e:
+            problems.append(f"cannot read /proc/net/{name}: {e.strerror}")
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) < 10 or cols[3] != _LISTEN:
+                continue
+            _, _, hexport = cols[1].rpartition(":")
+            with contextlib.suppress(ValueError):
+                if int(hexport, 16) == port and cols[9].isdigit() and cols[9] != "0":
+                    inodes.append(int(cols[9]))
+    return inodes, "; ".join(problems) if len(problems) == 2 else None  # one of the two is enough to say
+
+
+def pid_of_inodes(root: str, inodes: Sequence[int]) -> tuple[int | None, int]:
+    """The process holding one of these socket inodes (the lowest pid), and how many processes' fds could not
+    be read."""
+    wanted = {f"socket:[{i}]" for i in inodes}
+    denied = 0
+    proc = os.path.join(root, "proc")
+    try:
+        pids = sorted(int(p) for p in os.listdir(proc) if p.isdigit())
+    except OSError:
+        return None, 0
+    for pid in pids:
+        fd_dir = os.path.join(proc, str(pid), "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except PermissionError:
+            denied += 1
+            continue
+        except OSError:
+            continue  # gone
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(os.path.join(fd_dir, fd)) in wanted:
+                    return pid, denied
+    return None, denied
+
+
+def child_pids(root: str, pid: int) -> tuple[int, ...]:
+    """Descendants of `pid` from /proc/PID/task/*/children (empty where the kernel has no such file)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo and len(out) < 256:
+        p = todo.pop()
+        task_dir = os.path.join(root, "proc", str(p), "task")
+        try:
+            tids = os.listdir(task_dir)
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(os.path.join(task_dir, tid, "children"), encoding="ascii") as f:
+                    kids = [int(c) for c in f.read().split() if c.isdigit()]
+            except OSError:
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return tuple(sorted(set(out)))
+
+
+class _PidJoin:
+    """port -> pid, remembered while the same socket listens (a walk of every /proc/PID/fd is not per second)."""
+
+    def __init__(self, root: str, url: str) -> None:
+        self.root = root
+        u = urllib.parse.urlsplit(url)
+        self.host = u.hostname or ""
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.known: tuple[tuple[int, ...], int] | None = None  # (inodes, pid)
+
+    def find(self) -> int | Unavailable:
+        if not _is_local(self.host):
+            return Unavailable(f"{self.host} is not this machine: its process cannot be looked up")
+        inodes, problem = listening_inodes(self.root, self.port)
+        if not inodes:
+            return Unavailable(problem or f"no socket listens on port {self.port} in this network namespace "
+                                          "(the server runs in another one, e.g. a container)")
+        key = tuple(sorted(inodes))
+        if self.known is not None and self.known[0] == key and os.path.isdir(
+                os.path.join(self.root, "proc", str(self.known[1]))):
+            return self.known[1]
+        pid, denied = pid_of_inodes(self.root, inodes)
+        if pid is None:
+            self.known = None
+            if denied:
+                return Unavailable(f"port {self.port} listens, but its process is not visible: /proc/PID/fd of "
+                                   f"{denied} processes not permitted (run as root or as the server's user)")
+            return Unavailable(f"port {self.port} listens, but no process here holds the socket "
+                               "(another PID namespace: run with --pid=host)")
+        self.known = (key, pid)
+        return pid
+
+
+def _is_local(host: str) -> bool:
+    if host in ("localhost", "0.0.0.0", "::", "::1") or host.startswith("127."):
+        return True
+    with contextlib.suppress(OSError):
+        return host in (socket.gethostname(), socket.getfqdn()) or host in _local_addresses()
+    return False
+
+
+def _local_addresses() -> set[str]:
+    out = set()
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface's address
+        out.add(s.getsockname()[0])
+    return out
+
+
+# -- one read, and the source ---------------------------------------------------------------------------------
+
+def read_server(url: str, timeout_s: float, root: str = "/", join: _PidJoin | None = None) -> ServerStats:
+    """Scrape one server once; whatever goes wrong is its `state` and `error`, never an exception."""
+    join = join or _PidJoin(root, url)
+    t0 = time.monotonic()
+    try:
+        body = fetch_metrics(url, timeout_s)
+        engine, models, notes = parse_server(body.decode("utf-8", errors="replace"))
+    except ScrapeError as e:
+        why = Unavailable(str(e))
+        return ServerStats(url=url, state=e.state, error=str(e), engine=why, kv_usage=why, kv_capacity_tokens=why,
+                           kv_capacity_bytes=why, prefix_cache_hit_rate=why, pid=join.find(),
+                           scraped_at=time.time(), scrape_s=time.monotonic() - t0)
+    pid = join.find()
+    return ServerStats(
+        url=url, state="ok", engine=engine, kv_capacity_bytes=Unavailable(NO_BYTES), models=tuple(models),
+        pid=pid, child_pids=child_pids(root, pid) if isinstance(pid, int) else (),
+        scraped_at=time.time(), scrape_s=time.monotonic() - t0, payload_bytes=len(body), notes=tuple(notes),
+        **_server_totals(models),
+    )
+
+
+def merge_servers(held: Sequence[tuple[Any, Any, Any]]) -> tuple[ServerStats, ...]:
+    """The Snapshot's `servers`: each server source's latest reading in order, with the Sampler's word on a read
+    that has run past its time; a server not read yet (or whose read failed) keeps its place with the reason."""
+    out = []
+    for source, value, status in held:
+        url = str(source.config)
+        if isinstance(value, ServerStats):
+            out.append(replace(value, source_error=status.error) if status.error else value)
+        else:
+            why = value if isinstance(value, Unavailable) else Unavailable("no reading")
+            state = "waiting" if status.duration_s is None else "error"  # no read has finished yet, or it raised
+            out.append(ServerStats(url=url, state=state, error=why.reason, engine=why, kv_usage=why,
+                                   kv_capacity_tokens=why, kv_capacity_bytes=why, prefix_cache_hit_rate=why,
+                                   pid=why, source_error=status.error))
+    return tuple(out)
+
+
+def scrape_timing(refresh_s: float) -> tuple[float, float]:
+    """(interval, HTTP deadline) for a refresh: every refresh but at most every 2 s (a /metrics render costs the
+    server's event loop), the deadline three quarters of the interval, so a hung server is known before the next."""
+    interval = max(2.0, refresh_s)
+    return interval, interval * 0.75
+
+
+def source(settings: Any, url: str) -> Any:
+    """One server's Source: its own thread, filling its place in the Snapshot's `servers`."""
+    from dltop.sources.base import Source
+
+    interval, deadline = scrape_timing(float(getattr(settings, "refresh_s", 1.0)))
+    join = _PidJoin(settings.root, url)
+    return Source(name=f"server {url}", interval_s=interval, timeout_s=deadline + 0.5, part="servers",
+                  merge=merge_servers, config=url,
+                  read=lambda: read_server(url, deadline, settings.root, join))

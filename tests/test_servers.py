@@ -1,0 +1,438 @@
+"""Inference servers: real vLLM / SGLang payloads served over real HTTP on loopback, hostile servers, the Sampler.
+
+The numbers are checked against values this test reads from the fixture text itself (a line scan of the one
+sample), never typed in; every hostile server is bounded in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dltop.config import Settings, load_config
+from dltop.derive import server_rates
+from dltop.errors import DltopError
+from dltop.model import ServerStats, Snapshot, Unavailable
+from dltop.sampler import Sampler
+from dltop.sources.registry import build_sources
+from dltop.sources.servers import MAX_PAYLOAD_BYTES, ScrapeError, parse_server, read_server
+
+from .conftest import REPO, SHARED_FIXTURES, strict_json
+
+METRICS = SHARED_FIXTURES / "metrics"
+V0 = "vllm-0.4.x-v0-datadog-integrations-core.prom"
+V1 = "vllm-0.10.0-v1-production-stack-issue617-fragment.prom"
+SGLANG = "sglang-0.5.10-datadog-integrations-core.prom"
+needs_fixtures = pytest.mark.skipif(not METRICS.is_dir(), reason=f"metrics fixtures not found at {METRICS}")
+
+
+def sample(name: str, text: str) -> float:
+    """The value of the first sample called exactly `name` (a line scan, independent of the parser)."""
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            return float(line.rsplit(None, 1)[1])
+    raise AssertionError(f"{name} not in the fixture")
+
+
+def label(name: str, key: str, text: str) -> str:
+    line = next(ln for ln in text.splitlines() if ln.startswith(name + "{"))
+    m = re.search(rf'[{{,]{key}="([^"]*)"', line)
+    assert m, f"{key} not on {name}"
+    return m.group(1)
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Serves /<fixture file> and the hostile paths; `bodies` holds payloads a test put in place."""
+
+    bodies: dict[str, bytes] = {}
+    release = threading.Event()
+
+    def log_message(self, *args: object) -> None:  # keep the test output clean
+        pass
+
+    def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        path = self.path
+        if path in self.bodies:
+            return self._send(200, self.bodies[path])
+        if path == "/hang":
+            self.release.wait(30)
+            return None
+        if path == "/trickle-headers":  # each header in time, the answer never: only the Sampler sees it
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            while not self.release.wait(0.2):
+                self.wfile.write(b"X-Slow: 1\r\n")
+                self.wfile.flush()
+            return None
+        if path == "/trickle-body":
+            self.send_response(200)
+            self.end_headers()
+            while not self.release.wait(0.1):
+                self.wfile.write(b"# x\n")
+                self.wfile.flush()
+            return None
+        if path == "/500":
+            return self._send(500, b"boom")
+        if path in ("/401", "/403"):
+            return self._send(int(path[1:]), b"no")
+        if path == "/garbage":
+            return self._send(200, b"<html><body>Welcome to nginx!</body></html>\n")
+        if path == "/empty":
+            return self._send(200, b"")
+        if path == "/node":
+            return self._send(200, b"# TYPE node_load1 gauge\nnode_load1 0.5\n")
+        if path == "/huge":  # no Content-Length: the cap must stop the read
+            self.send_response(200)
+            self.end_headers()
+            line = b"x_total 1\n" * 10_000
+            with __import__("contextlib").suppress(OSError):
+                for _ in range(MAX_PAYLOAD_BYTES // len(line) + 3):
+                    self.wfile.write(line)
+            return None
+        if path == "/huge-declared":
+            self.send_response(200)
+            self.send_header("Content-Length", str(3 << 20))
+            self.end_headers()
+            return None
+        if path == "/away":
+            return self._send(307, b"", {"Location": "http://192.0.2.1:9/metrics"})
+        if path == "/same":
+            return self._send(307, b"", {"Location": f"/{V0}"})
+        f = METRICS / path.lstrip("/")
+        if f.is_file():
+            return self._send(200, f.read_bytes())
+        return self._send(404, b"not found")
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    Handler.release = threading.Event()
+    Handler.bodies = {}
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        Handler.release.set()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+# -- real payloads -----------------------------------------------------------------------------------------
+
+@needs_fixtures
+def test_vllm_v0_numbers_are_the_payloads(server: str) -> None:
+    text = (METRICS / V0).read_text()
+    s = read_server(f"{server}/{V0}", 2.0)
+    assert s.state == "ok" and s.engine == "vllm", s.error
+    (m,) = s.models
+    assert m.model_name == label("vllm:gpu_cache_usage_perc", "model_name", text)
+    assert s.kv_usage == m.kv_usage == sample("vllm:gpu_cache_usage_perc", text)
+    blocks = int(label("vllm:cache_config_info", "num_gpu_blocks", text))
+    block = int(label("vllm:cache_config_info", "block_size", text))
+    assert s.kv_capacity_tokens == m.kv_capacity_tokens == blocks * block
+    assert m.running_requests == sample("vllm:num_requests_running", text)
+    assert m.waiting_requests == sample("vllm:num_requests_waiting", text)
+    assert m.swapped_requests == sample("vllm:num_requests_swapped", text)
+    assert m.preemptions_total == sample("vllm:num_preemptions_total", text)
+    # This server ran with prefix caching off: no hit rate, and the reason says so.
+    assert label("vllm:cache_config_info", "enable_prefix_caching", text) == "False"
+    assert isinstance(s.prefix_cache_hit_rate, Unavailable) and "off" in s.prefix_cache_hit_rate.reason
+    assert isinstance(s.kv_capacity_bytes, Unavailable) and "config.json" in s.kv_capacity_bytes.reason
+    assert s.payload_bytes == len(text.encode())
+    assert s.pid == os.getpid()  # the loopback server in this very process holds the listening socket
+
+
+@needs_fixtures
+def test_vllm_v1_reads_the_new_names_and_not_the_created_timestamps(server: str) -> None:
+    text = (METRICS / V1).read_text()
+    s = read_server(f"{server}/{V1}", 2.0)
+    assert s.state == "ok" and s.engine == "vllm"
+    (m,) = s.models
+    assert m.model_name == label("vllm:kv_cache_usage_perc", "model_name", text)
+    assert m.replica == "engine=" + label("vllm:kv_cache_usage_perc", "engine", text)
+    assert m.kv_usage == sample("vllm:kv_cache_usage_perc", text)
+    assert m.prefix_cache_queries_total == sample("vllm:prefix_cache_queries_total", text)
+    # Only the deprecated name of the hits counter is in this fragment; its _created sibling is a timestamp.
+    assert m.prefix_cache_hits_total == sample("vllm:gpu_prefix_cache_hits_total", text)
+    assert m.prefix_cache_hits_total != sample("vllm:gpu_prefix_cache_hits_created", text)
+    assert isinstance(m.prefix_cache_hit_rate, Unavailable) and "two readings" in m.prefix_cache_hit_rate.reason
+    # The fragment has no cache_config_info: no capacity, with the reason.
+    assert "vllm:cache_config_info" not in text
+    assert isinstance(s.kv_capacity_tokens, Unavailable) and "cache_config_info" in s.kv_capacity_tokens.reason
+
+
+@needs_fixtures
+def test_sglang_numbers_and_the_disagreement_shown(server: str) -> None:
+    text = (METRICS / SGLANG).read_text()
+    s = read_server(f"{server}/{SGLANG}", 2.0)
+    assert s.state == "ok" and s.engine == "sglang"
+    (m,) = s.models
+    assert s.kv_usage == sample("sglang:token_usage", text)
+    assert s.kv_capacity_tokens == sample("sglang:max_total_num_tokens", text)
+    assert m.kv_used_tokens == sample("sglang:num_used_tokens", text)
+    assert s.prefix_cache_hit_rate == sample("sglang:cache_hit_rate", text)
+    assert m.running_requests == sample("sglang:num_running_reqs", text)
+    assert m.waiting_requests == sample("sglang:num_queue_reqs", text)
+    # token_usage is not used / capacity in this curated capture: both numbers are shown.
+    used, cap = sample("sglang:num_used_tokens", text), sample("sglang:max_total_num_tokens", text)
+    assert abs(used / cap - sample("sglang:token_usage", text)) > 0.01
+    assert any(f"{int(used):,} / {int(cap):,}" in n for n in s.notes)
+
+
+@needs_fixtures
+def test_several_models_behind_one_server_are_shown_apart(server: str) -> None:
+    text = (METRICS / SGLANG).read_text()
+    other = text.replace('model_name="facebook/opt-125m"', 'model_name="other/model"')
+    other = other.replace("sglang:token_usage{model_name=\"other/model\",tp_rank=\"0\"} 0.25",
+                          "sglang:token_usage{model_name=\"other/model\",tp_rank=\"0\"} 0.75")
+    both = text + "\n" + "\n".join(ln for ln in other.splitlines() if not ln.startswith("#"))
+    Handler.bodies["/two"] = both.encode()
+    s = read_server(f"{server}/two", 2.0)
+    assert s.state == "ok", s.error
+    assert [m.model_name for m in s.models] == ["facebook/opt-125m", "other/model"]
+    assert [m.kv_usage for m in s.models] == [0.25, 0.75]
+    cap = sample("sglang:max_total_num_tokens", text)
+    assert s.kv_capacity_tokens == 2 * cap
+    assert s.kv_usage == pytest.approx(0.5)  # pool-weighted over two pools of the same size
+    assert isinstance(s.prefix_cache_hit_rate, Unavailable) and "2 models" in s.prefix_cache_hit_rate.reason
+
+
+@needs_fixtures
+def test_v1_hit_rate_is_over_the_interval_between_two_snapshots(server: str) -> None:
+    text = (METRICS / V1).read_text()
+    q0, h0 = sample("vllm:prefix_cache_queries_total", text), sample("vllm:gpu_prefix_cache_hits_total", text)
+    later = (text.replace(f"vllm:prefix_cache_queries_total{{engine=\"0\",model_name=\"zai-org/GLM-4.5\"}} {q0}",
+                          f"vllm:prefix_cache_queries_total{{engine=\"0\",model_name=\"zai-org/GLM-4.5\"}} {q0 + 400}")
+                  .replace(f"vllm:gpu_prefix_cache_hits_total{{engine=\"0\",model_name=\"zai-org/GLM-4.5\"}} {h0}",
+                           f"vllm:gpu_prefix_cache_hits_total{{engine=\"0\",model_name=\"zai-org/GLM-4.5\"}} {h0 + 100}"))
+    assert later != text
+    Handler.bodies["/later"] = later.encode()
+    a = read_server(f"{server}/{V1}", 2.0)
+    b = read_server(f"{server}/later", 2.0)
+    b = ServerStats(**{**b.__dict__, "url": a.url})  # the same server, read again
+    first, second = Snapshot(ts=1.0, host="h", servers=(a,)), Snapshot(ts=3.0, host="h", servers=(b,))
+    (r,) = server_rates(first, second)
+    assert r.prefix_cache_hit_rate == pytest.approx(100 / 400)
+    (back,) = server_rates(second, first)  # a restart: counters went backwards
+    assert isinstance(back.prefix_cache_hit_rate, Unavailable) and "backwards" in back.prefix_cache_hit_rate.reason
+    (none,) = server_rates(first, first)
+    assert isinstance(none.prefix_cache_hit_rate, Unavailable) and "no prefix-cache queries" in none.prefix_cache_hit_rate.reason
+
+
+def test_v0_hit_rate_gauge_of_minus_one_means_prefix_caching_is_off() -> None:
+    text = ('# TYPE vllm:gpu_prefix_cache_hit_rate gauge\nvllm:gpu_prefix_cache_hit_rate{model_name="m"} -1.0\n'
+            'vllm:gpu_cache_usage_perc{model_name="m"} 0.5\n')
+    _, (m,), _ = parse_server(text)
+    assert isinstance(m.prefix_cache_hit_rate, Unavailable) and "off" in m.prefix_cache_hit_rate.reason
+    _, (m,), _ = parse_server(text.replace("-1.0", "0.375"))
+    assert m.prefix_cache_hit_rate == 0.375
+
+
+# -- hostile servers ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("path", "state", "words"), [
+    ("/hang", "timeout", "no answer within 1 s"),
+    ("/trickle-body", "timeout", "not complete within 1 s"),
+    ("/500", "http_error", "HTTP 500"),
+    ("/401", "auth", "HTTP 401"),
+    ("/403", "auth", "HTTP 403"),
+    ("/garbage", "garbage", "not Prometheus text"),
+    ("/empty", "not_inference", "no vllm: or sglang:"),
+    ("/node", "not_inference", "no vllm: or sglang:"),
+    ("/huge", "too_large", "cap"),
+    ("/huge-declared", "too_large", "not read"),
+    ("/away", "redirect", "http://192.0.2.1:9/metrics"),
+])
+def test_a_hostile_server_is_a_state_within_the_deadline(server: str, path: str, state: str, words: str) -> None:
+    t0 = time.monotonic()
+    s = read_server(server + path, 1.0)
+    took = time.monotonic() - t0
+    assert took < 2.0, f"{path} took {took:.1f} s"
+    assert s.state == state and words in (s.error or ""), s.error
+    assert isinstance(s.kv_usage, Unavailable) and s.kv_usage.reason == s.error
+    Snapshot.from_json(Snapshot(ts=0.0, host="h", servers=(s,)).to_json())
+
+
+@needs_fixtures
+def test_a_redirect_on_the_same_host_is_followed(server: str) -> None:
+    s = read_server(server + "/same", 2.0)
+    assert s.state == "ok" and s.engine == "vllm"
+
+
+def test_a_server_that_is_down_says_connection_refused() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, not listening: connect is refused
+        s = read_server(f"http://127.0.0.1:{port}/metrics", 1.0)
+    assert s.state == "down" and "connection refused" in (s.error or "")
+    assert isinstance(s.pid, Unavailable) and f"port {port}" in s.pid.reason
+
+
+def test_pid_of_a_port_under_a_captured_root(tmp_path: Path) -> None:
+    header = Path("/proc/net/tcp").read_text().splitlines()[0] + "\n"
+    s = read_server("http://127.0.0.1:1/metrics", 0.5, root=str(tmp_path))
+    assert isinstance(s.pid, Unavailable) and "cannot read /proc/net/" in s.pid.reason
+    (tmp_path / "proc/net").mkdir(parents=True)
+    for name in ("tcp", "tcp6"):
+        (tmp_path / "proc/net" / name).write_text(header)
+    s = read_server("http://127.0.0.1:1/metrics", 0.5, root=str(tmp_path))
+    assert isinstance(s.pid, Unavailable) and "no socket listens on port 1" in s.pid.reason
+    # A socket that listens, held by no process the tree shows: another PID namespace.
+    listen = "   0: 00000000:0001 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1\n"
+    (tmp_path / "proc/net/tcp").write_text(header + listen)
+    s = read_server("http://127.0.0.1:1/metrics", 0.5, root=str(tmp_path))
+    assert isinstance(s.pid, Unavailable) and "--pid=host" in s.pid.reason
+
+
+# -- the Sampler: one bad server never slows the others -----------------------------------------------------
+
+@needs_fixtures
+async def test_a_hung_server_never_delays_the_other(server: str) -> None:
+    settings = Settings(servers=(f"{server}/trickle-headers", f"{server}/{SGLANG}"), refresh_s=1.0)
+    sampler = Sampler(build_sources(settings), builder=build_sources)
+    seen: list[Snapshot] = []
+    t0 = time.monotonic()
+
+    async def collect() -> None:
+        async for snap in sampler.stream(lambda: 0.25):
+            seen.append(snap)
+            if time.monotonic() - t0 > 5.0:
+                return
+
+    try:
+        await asyncio.wait_for(collect(), 10)
+    finally:
+        sampler.close()
+    last = seen[-1]
+    assert isinstance(last.servers, tuple) and [s.url for s in last.servers] == list(settings.servers)
+    hung, ok = last.servers
+    # The good server was scraped at every 2 s interval while the other's read never came back.
+    scrapes = {s.servers[1].scraped_at for s in seen if isinstance(s.servers, tuple) and s.servers[1].scraped_at}
+    assert len(scrapes) >= 3, scrapes
+    assert ok.state == "ok" and ok.source_error is None
+    assert hung.state == "waiting" and "slow: no answer for" in (hung.source_error or "")
+    assert "slow" in (last.sources[f"server {settings.servers[0]}"].error or "")
+
+
+@needs_fixtures
+async def test_a_server_added_at_run_time_is_polled_and_removed(server: str) -> None:
+    base = Settings(refresh_s=1.0)
+    sampler = Sampler(build_sources(base), builder=build_sources)
+    try:
+        assert sampler.read_once().servers is None
+        url = f"{server}/{V0}"
+        sampler.reconfigure(Settings(refresh_s=1.0, servers=(url,)))
+        snap = sampler.read_once()
+        assert isinstance(snap.servers, tuple) and snap.servers[0].url == url and snap.servers[0].state == "ok"
+        sampler.reconfigure(base)
+        assert sampler.read_once().servers is None
+    finally:
+        sampler.close()
+
+
+# -- the parser never crashes ----------------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400))
+def test_arbitrary_text_never_crashes_the_parser(text: str) -> None:
+    try:
+        parse_server(text)
+    except ScrapeError as e:
+        assert e.state in ("garbage", "not_inference")
+
+
+_value = st.one_of(st.floats(), st.integers(-5, 10**12).map(str), st.sampled_from(["NaN", "+Inf", "-1", "1e400"]))
+_names = st.sampled_from(["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_requests_running",
+                          "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+                          "vllm:gpu_prefix_cache_hit_rate", "vllm:num_preemptions_total",
+                          "sglang:token_usage", "sglang:max_total_num_tokens", "sglang:num_used_tokens"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_names, st.sampled_from(["a", "b", ""]), _value,
+                          st.sampled_from(["", 'block_size="x"', 'num_gpu_blocks="7",block_size="16"'])),
+                min_size=1, max_size=8))
+def test_inference_payloads_with_any_values_give_valid_json(rows: list[tuple[str, str, object, str]]) -> None:
+    lines = []
+    for name, model, value, cfg in rows:
+        lines.append(f'{name}{{model_name="{model}"}} {value}')
+        if cfg:
+            lines.append(f"vllm:cache_config_info{{{cfg}}} 1.0")
+    try:
+        engine, models, _ = parse_server("\n".join(lines) + "\n")
+    except ScrapeError:
+        return
+    s = ServerStats(url="u", state="ok", engine=engine, models=tuple(models))
+    snap = Snapshot(ts=0.0, host="h", servers=(s,))
+    assert Snapshot.from_json(snap.to_json()) == snap
+    def refuse(word: str) -> None:
+        raise AssertionError(f"{word} in the JSON")
+
+    json.loads(snap.to_json(), parse_constant=refuse)  # no NaN or Infinity: a non-finite value is left out
+
+
+# -- config and the command ------------------------------------------------------------------------------------
+
+def test_config_servers_are_normalized_and_bad_ones_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('servers = ["localhost:8000", "http://gpu1:30000/", "localhost:8000"]\n')
+    assert load_config(cfg).servers == ("http://localhost:8000/metrics", "http://gpu1:30000/metrics")
+    cfg.write_text('servers = ["ftp://x"]\n')
+    with pytest.raises(DltopError, match="not an http"):
+        load_config(cfg)
+    cfg.write_text('servers = "localhost:8000"\n')
+    with pytest.raises(DltopError, match="servers must be a list"):
+        load_config(cfg)
+
+
+def _dltop(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dltop", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=30, env={**os.environ, "XDG_CONFIG_HOME": "/nonexistent"})
+
+
+@needs_fixtures
+def test_snapshot_json_has_the_servers_with_the_required_names(server: str) -> None:
+    r = _dltop("snapshot", "--json", "--server", f"{server}/{V0}", "--server", f"{server}/500")
+    assert r.returncode == 0, r.stderr
+    data = strict_json(r.stdout)
+    ok, bad = data["servers"]
+    for s in data["servers"]:
+        assert {"url", "engine", "kv_usage", "kv_capacity_tokens", "kv_capacity_bytes",
+                "prefix_cache_hit_rate"} <= set(s)
+    text = (METRICS / V0).read_text()
+    assert ok["engine"] == "vllm" and ok["kv_capacity_tokens"] == int(label("vllm:cache_config_info", "num_gpu_blocks", text)) * int(label("vllm:cache_config_info", "block_size", text))
+    assert bad["state"] == "http_error" and bad["kv_usage"] == {"unavailable": "HTTP 500 Internal Server Error"}
+    # Options shared by every command may come first, as in git.
+    r2 = _dltop("--server", f"{server}/{V0}", "snapshot")
+    assert r2.returncode == 0 and json.loads(r2.stdout)["servers"][0]["engine"] == "vllm"
+
+
+def test_a_bad_server_url_is_one_line_on_stderr() -> None:
+    r = _dltop("snapshot", "--server", "ftp://x")
+    assert r.returncode != 0 and r.stdout == ""
+    assert r.stderr.strip() == "dltop: --server: not an http(s) URL: 'ftp://x'"
