@@ -22,7 +22,8 @@ DTYPE_BYTES = {
 }
 KV_DTYPES = ("auto", "fp16", "bf16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
-# A config with no torch_dtype (gpt-oss) is served in this dtype by vLLM, which reads the checkpoint's tensors.
+# A config with no torch_dtype (gpt-oss) is taken to be in this dtype, that of gpt-oss's unquantized tensors;
+# the output says it was assumed.
 ASSUMED_DTYPE = "bfloat16"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 
