@@ -20,6 +20,7 @@ COMMANDS = {
     "warm": "dltop.commands.pagecache",
     "evict": "dltop.commands.pagecache",
     "lock": "dltop.commands.pagecache",
+    "kv": "dltop.commands.kv",
     "snapshot": "dltop.commands.snapshot",
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation, localcontext
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -122,3 +124,31 @@ def shorten_middle(text: str, width: int) -> str:
     tail = (width - 1) * 3 // 5  # the end (the folder's own name) matters more than the start
     head = width - 1 - tail
     return text[:head] + "…" + text[len(text) - tail:]
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB' -> 85899345920, '80GB' -> 80000000000, '1.5 MiB', '4096': a size as a person writes it.
+    A bare 'G' is refused (GiB or GB?); a ValueError says what is wrong."""
+    t = text.strip().replace("_", "").replace(",", "")
+    i = len(t)
+    while i and t[i - 1].isalpha():
+        i -= 1
+    number, unit = t[:i].strip(), t[i:].upper()
+    if unit in ("K", "M", "G", "T"):
+        raise ValueError(f"ambiguous size {text!r}: say {number}{unit}iB (binary) or {number}{unit}B (decimal)")
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"unknown unit in size {text!r} (B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)")
+    try:
+        value = Decimal(number)
+    except InvalidOperation:
+        raise ValueError(f"not a size: {text!r}") from None
+    if not value.is_finite() or value < 0:
+        raise ValueError(f"not a size: {text!r}")
+    if value.adjusted() > 24:  # more than a yottabyte: a typo, and int() of 1e999999999 would never finish
+        raise ValueError(f"size {text!r} is too large")
+    with localcontext(prec=60):  # exact for every size up to the cap (the default 28 digits round 1e16 TiB)
+        return int(value * _SIZE_UNITS[unit])  # a fraction of a byte ('79.6GiB') rounds down

@@ -21,6 +21,8 @@ ALLOWED: dict[str, set[str]] = {
     "kernel": {"errors"},
     "cpuregs": {"errors"},
     "config": {"errors"},
+    # KV-cache arithmetic from a model config: pure, below the commands.
+    "kv": {"errors", "fmt"},
     "model": {"model"},
     "text": {"text", "model", "fmt", "cpuregs"},
     "derive": {"model"},
@@ -32,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "__init__"},
     "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
-                 "sampler", "actions", "hints", "derive", "tui", "__init__"},
+                 "sampler", "actions", "hints", "derive", "tui", "kv", "__init__"},
     "cli": {"commands", "errors", "__init__"},
     "__main__": {"cli"},
     # The in-process probe runs inside training scripts: nothing of dltop's but itself.

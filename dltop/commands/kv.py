@@ -1,0 +1,199 @@
+"""`dltop kv`: the KV cache of a model for a batch of sequences, and how many fit in a GPU's KV pool.
+
+The model comes from a Hugging Face config.json (--config) or from its numbers (--layers --heads --kv-heads
+--head-dim --dtype). The arithmetic is dltop.kv; the formulas are in docs/kv.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from dltop import kv
+from dltop.errors import UsageError
+from dltop.fmt import parse_bytes
+
+_SHAPE_FLAGS = ("layers", "heads", "kv_heads", "head_dim", "dtype")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_size(text: str) -> int:
+    n = _size(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 bytes: {text!r}")
+    return n
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 1: {text!r}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `dltop kv`."""
+    p = sub.add_parser("kv", help="KV-cache size of a model, and how many sequences fit on a GPU",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="FILE", help="a Hugging Face config.json (text_config is read too)")
+    p.add_argument("--layers", type=_positive_int, metavar="N", help="layers (without --config)")
+    p.add_argument("--heads", type=_positive_int, metavar="N", help="attention heads (without --config)")
+    p.add_argument("--kv-heads", type=_positive_int, metavar="N", help="KV heads (default: --heads)")
+    p.add_argument("--head-dim", type=_positive_int, metavar="N", help="head dimension (without --config)")
+    p.add_argument("--dtype", choices=[d for d in kv.KV_DTYPES if d != "auto"],
+                   help="the model's dtype (without --config)")
+    p.add_argument("--kv-dtype", choices=kv.KV_DTYPES, default="auto",
+                   help="KV-cache dtype (default auto: the model's torch_dtype, or --dtype)")
+    p.add_argument("--batch", type=_positive_int, default=1, metavar="N", help="sequences (default 1)")
+    p.add_argument("--seq", type=_positive_int, required=True, metavar="TOKENS", help="tokens per sequence")
+    p.add_argument("--gpu-mem", type=_positive_size, metavar="SIZE",
+                   help="GPU memory, e.g. 80GiB or 85899345920: plan the KV pool")
+    p.add_argument("--gpu-memory-utilization", type=_fraction, default=kv.DEFAULT_GPU_MEMORY_UTILIZATION,
+                   metavar="F", help="vLLM's fraction of the GPU the instance may use (default 0.9)")
+    p.add_argument("--weights-bytes", type=_size, metavar="SIZE",
+                   help="the weights' size (default: estimated from the config's parameter count)")
+    p.add_argument("--weights-dtype", choices=kv.WEIGHT_DTYPES,
+                   help="dtype for the weights estimate (default: the config's torch_dtype)")
+    p.add_argument("--overhead-bytes", type=_size, metavar="SIZE",
+                   help="activations, CUDA graphs, CUDA context to subtract from the pool (default 0: upper bound)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def _shape_and_config(args: argparse.Namespace) -> tuple[kv.KvShape, dict[str, Any] | None]:
+    given = [f"--{f.replace('_', '-')}" for f in _SHAPE_FLAGS if getattr(args, f) is not None]
+    if args.config:
+        if given:
+            raise UsageError(f"kv: {', '.join(given)} cannot be combined with --config (the config gives them)")
+        cfg = kv.load_config(args.config)
+        name = os.path.basename(args.config).removesuffix(".json").removesuffix(".config")
+        if name == "config":
+            name = ""
+        return kv.shape_from_config(cfg, args.kv_dtype, name), cfg
+    missing = [f"--{f.replace('_', '-')}" for f in ("layers", "heads", "head_dim") if getattr(args, f) is None]
+    if missing:
+        raise UsageError(f"kv: give --config FILE, or the model's numbers (missing {', '.join(missing)})")
+    if args.kv_dtype != "auto":
+        dtype, source = args.kv_dtype, "--kv-dtype"
+    elif args.dtype:
+        dtype, source = args.dtype, "auto: --dtype"
+    else:
+        raise UsageError("kv: give --dtype (or --kv-dtype) with the model's numbers")
+    return kv.shape_from_flags(args.layers, args.heads, args.kv_heads, args.head_dim, dtype, source), None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the KV cache size (and the pool plan with --gpu-mem) as text or JSON."""
+    shape, cfg = _shape_and_config(args)
+    if args.weights_dtype and args.weights_bytes is not None:
+        raise UsageError("kv: give --weights-bytes or --weights-dtype, not both")
+    weights: kv.Weights | str
+    if args.weights_bytes is not None:
+        weights = kv.Weights(args.weights_bytes, "--weights-bytes")
+    elif cfg is None:
+        weights = "no config to count parameters from: give --weights-bytes"
+    else:
+        try:
+            weights = kv.estimate_weights(cfg, args.weights_dtype)
+        except kv.ConfigError as e:
+            weights = f"cannot count the parameters: {e}; give --weights-bytes"
+    pool: kv.Pool | str
+    if args.gpu_mem is None:
+        pool = "no --gpu-mem given"
+    elif isinstance(weights, str):
+        pool = weights
+    else:
+        pool = kv.plan(shape, args.seq, args.gpu_mem, args.gpu_memory_utilization, weights, args.overhead_bytes)
+    data = _result(shape, args, weights, pool)
+    sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else _text(shape, data, pool))
+    sys.stdout.flush()
+    return 0
+
+
+def _result(shape: kv.KvShape, args: argparse.Namespace, weights: kv.Weights | str,
+            pool: kv.Pool | str) -> dict[str, Any]:
+    seq_bytes = shape.sequence_bytes(args.seq)
+    return {
+        "model": kv.shape_dict(shape),
+        "batch": args.batch,
+        "seq": args.seq,
+        "tokens": args.batch * args.seq,
+        "bytes_per_token": shape.bytes_per_token,
+        "bytes_per_sequence": seq_bytes,
+        "total_bytes": args.batch * seq_bytes,
+        "weights": {"unavailable": weights} if isinstance(weights, str) else {
+            "bytes": weights.bytes, "source": weights.source, "parameters": weights.parameters,
+            "dtype": weights.dtype, "notes": list(weights.notes)},
+        "pool": {"unavailable": pool} if isinstance(pool, str) else kv.pool_dict(pool),
+        "notes": list(shape.notes),
+    }
+
+
+def _b(n: int) -> str:
+    return f"{n:,} B ({n / (1 << 30):.2f} GiB)"
+
+
+def _text(shape: kv.KvShape, d: dict[str, Any], pool: kv.Pool | str) -> str:
+    m = d["model"]
+    if shape.attention == "MLA":
+        what = (f"{shape.layers} layers × (kv_lora_rank {shape.kv_lora_rank} + qk_rope_head_dim "
+                f"{shape.qk_rope_head_dim}) × {shape.dtype_bytes} B")
+    else:
+        what = f"2 (K, V) × {shape.layers} layers × {shape.kv_heads} KV heads × {shape.head_dim} × {shape.dtype_bytes} B"
+    lines = [
+        f"model        {m['name']}: {shape.attention}, KV cache in {shape.dtype} ({shape.dtype_source})",
+        f"per token    {d['bytes_per_token']:,} B = {what}",
+    ]
+    if shape.sliding_layers:
+        lines.append(f"window       {shape.sliding_layers} of {shape.layers} layers slide: each keeps at most "
+                     f"{m['sliding_window']:,} tokens of a sequence")
+    lines += [
+        f"sequence     {d['bytes_per_sequence']:,} B for {d['seq']:,} tokens",
+        f"KV cache     {_b(d['total_bytes'])} for {d['batch']:,} × {d['seq']:,} = {d['tokens']:,} tokens",
+    ]
+    w = d["weights"]
+    if "unavailable" not in w:
+        lines.append(f"weights      {_b(w['bytes'])}: {w['source']}")
+    if isinstance(pool, str):
+        lines.append(f"KV pool      unavailable: {pool}")
+    else:
+        p = d["pool"]
+        bound = " (upper bound)" if p["upper_bound"] else ""
+        lines += [
+            f"budget       {_b(p['budget_bytes'])} = {p['gpu_mem_bytes']:,} B × gpu_memory_utilization "
+            f"{p['gpu_memory_utilization']}",
+            f"overhead     {p['overhead_bytes']:,} B: {p['overhead_source']}",
+        ]
+        if p["pool_bytes"] < 0:
+            lines.append(f"KV pool      none: weights and overhead exceed the budget by {-p['pool_bytes']:,} B")
+        else:
+            lines.append(f"KV pool      {_b(p['pool_bytes'])} = budget − weights − overhead{bound}")
+        lines += [
+            f"holds        {p['pool_tokens']:,} tokens, if every layer keeps every token{bound}",
+            f"fits         {p['max_sequences']:,} sequences of {d['seq']:,} tokens at once{bound}",
+        ]
+    notes = [*d["notes"], *([] if "unavailable" in w else w["notes"])]
+    lines += [f"note         {n}" for n in notes]
+    return "\n".join(lines) + "\n"

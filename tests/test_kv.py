@@ -1,0 +1,232 @@
+"""`dltop kv`: KV-cache bytes and the KV pool, checked against the classic LLaMA-7B numbers, the real configs in
+../shared/fixtures/hf-configs (bytes per token computed here from each architecture's definition, and the
+fixtures README's own table), published parameter counts, and one-line errors from a real `dltop` process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dltop import kv
+from dltop.fmt import parse_bytes
+from tests.conftest import SHARED_FIXTURES
+from tests.test_cli import dltop
+
+CONFIGS = SHARED_FIXTURES / "hf-configs"
+needs_configs = pytest.mark.skipif(not CONFIGS.is_dir(), reason=f"HF config fixtures not found at {CONFIGS}")
+MODELS = ["Llama-2-7b-hf", "Meta-Llama-3.1-8B", "Qwen2.5-7B", "DeepSeek-V3", "gpt-oss-20b"]
+# Published total parameter counts, to the digits the publisher gives (DeepSeek-V3: the 671 B main model, the
+# 14 B multi-token-prediction module apart; gpt-oss-20b: OpenAI's model card, 20.91 B).
+PUBLISHED_PARAMS = {"Llama-2-7b-hf": "6.74", "Meta-Llama-3.1-8B": "8.03", "Qwen2.5-7B": "7.62",
+                    "DeepSeek-V3": "671", "gpt-oss-20b": "20.9"}
+LLAMA_7B = ["--layers", "32", "--heads", "32", "--head-dim", "128", "--dtype", "fp16"]
+
+
+def kv_json(*args: str) -> dict[str, Any]:
+    r = dltop("kv", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_classic_llama_7b_numbers() -> None:
+    one = kv_json(*LLAMA_7B, "--seq", "2048")
+    assert one["bytes_per_token"] == 2 * 32 * 32 * 128 * 2
+    assert one["total_bytes"] == 1_073_741_824
+    r = dltop("kv", *LLAMA_7B, "--seq", "2048", "--batch", "16")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^KV cache +17,179,869,184 B \(16\.00 GiB\) for 16 × 2,048 = 32,768 tokens$", r.stdout, re.M)
+    assert kv_json(*LLAMA_7B, "--seq", "2048", "--batch", "16")["total_bytes"] == 17_179_869_184
+
+
+def test_kv_dtype_and_gqa_flags() -> None:
+    fp8 = kv_json(*LLAMA_7B, "--seq", "2048", "--kv-dtype", "fp8")
+    assert fp8["total_bytes"] == 1_073_741_824 // 2 and fp8["model"]["kv_dtype_source"] == "--kv-dtype"
+    gqa = kv_json(*LLAMA_7B, "--kv-heads", "8", "--seq", "1000", "--kv-dtype", "fp32")
+    assert gqa["bytes_per_token"] == 2 * 32 * 8 * 128 * 4 and gqa["model"]["attention"] == "GQA"
+    assert gqa["total_bytes"] == 1000 * gqa["bytes_per_token"]
+
+
+def _definition_bytes_per_token(cfg: dict[str, Any]) -> int:
+    """Bytes per token (every layer keeping it) from the architecture's definition, 2 bytes per element."""
+    layers = cfg["num_hidden_layers"]
+    if cfg.get("kv_lora_rank"):  # MLA: one latent of kv_lora_rank plus the shared RoPE key, per layer
+        return layers * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return 2 * layers * (cfg.get("num_key_value_heads") or heads) * head_dim * 2
+
+
+def _readme_table() -> dict[str, tuple[int, int]]:
+    """The fixtures README's 'per token' and '2048 tokens, batch 1' columns."""
+    out = {}
+    for line in (CONFIGS / "README.md").read_text().splitlines():
+        m = re.match(r"\|\s*([\w.-]+)[^|]*\|\s*([\d,]+)[^|]*\|\s*([\d,]+)", line)
+        if m:
+            out[m.group(1)] = (int(m.group(2).replace(",", "")), int(m.group(3).replace(",", "")))
+    return out
+
+
+@needs_configs
+@pytest.mark.parametrize("model", MODELS)
+def test_real_configs(model: str) -> None:
+    path = CONFIGS / f"{model}.config.json"
+    cfg = json.loads(path.read_text())
+    d = kv_json("--config", str(path), "--seq", "2048")
+    assert d["bytes_per_token"] == _definition_bytes_per_token(cfg)
+    sliding = [t == "sliding_attention" for t in cfg.get("layer_types", [])]
+    per_layer = d["bytes_per_token"] // cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window") or 0
+    expected_seq = sum(per_layer * (min(2048, window) if s else 2048) for s in sliding) if sliding \
+        else 2048 * d["bytes_per_token"]
+    assert d["total_bytes"] == d["bytes_per_sequence"] == expected_seq
+    assert _readme_table()[model] == (d["bytes_per_token"], d["total_bytes"])
+    # The parameter count, against the published one to the digits published.
+    published = PUBLISHED_PARAMS[model]
+    digits = len(published.split(".")[1]) if "." in published else 0
+    params = d["weights"]["parameters"]
+    assert round(params / 1e9, digits) == float(published), params
+    assert "estimate" in d["weights"]["source"] and d["weights"]["bytes"] == params * 2
+
+
+@needs_configs
+def test_config_quirks_are_named() -> None:
+    ds = kv_json("--config", str(CONFIGS / "DeepSeek-V3.config.json"), "--seq", "16")
+    assert ds["model"]["attention"] == "MLA" and ds["model"]["kv_heads"] is None
+    assert any("does not apply under MLA" in n for n in ds["notes"])
+    assert any("quantized (fp8)" in n and "--weights-dtype" in n for n in ds["weights"]["notes"])
+    oss = kv_json("--config", str(CONFIGS / "gpt-oss-20b.config.json"), "--seq", "16")
+    assert oss["model"]["kv_dtype"] == "bfloat16" and "no torch_dtype" in oss["model"]["kv_dtype_source"]
+    assert oss["model"]["sliding_layers"] == 12 and oss["model"]["sliding_window"] == 128
+    assert any("mxfp4" in n for n in oss["weights"]["notes"])
+    qwen = kv_json("--config", str(CONFIGS / "Qwen2.5-7B.config.json"), "--seq", "200000")
+    assert qwen["model"]["sliding_layers"] == 0 and qwen["total_bytes"] == 200000 * qwen["bytes_per_token"]
+    fp8 = kv_json("--config", str(CONFIGS / "DeepSeek-V3.config.json"), "--seq", "16", "--weights-dtype", "fp8")
+    assert fp8["weights"]["bytes"] == fp8["weights"]["parameters"]
+
+
+@needs_configs
+def test_pool_plan(tmp_path: Path) -> None:
+    path = str(CONFIGS / "Meta-Llama-3.1-8B.config.json")
+    d = kv_json("--config", path, "--seq", "8192", "--gpu-mem", "80GiB", "--weights-bytes", "16GB",
+                "--overhead-bytes", "2GiB", "--gpu-memory-utilization", "0.85")
+    p = d["pool"]
+    budget = math.floor(80 * 2**30 * 0.85)
+    assert p["budget_bytes"] == budget and p["weights_bytes"] == 16 * 10**9 and p["overhead_bytes"] == 2 * 2**30
+    assert p["pool_bytes"] == budget - 16 * 10**9 - 2 * 2**30 and p["upper_bound"] is False
+    assert p["pool_tokens"] == p["pool_bytes"] // (2 * 32 * 8 * 128 * 2)
+    assert p["max_sequences"] == p["pool_bytes"] // (8192 * 2 * 32 * 8 * 128 * 2)
+    # The default: the weights estimated from the config, no overhead subtracted, and the pool says it is a bound.
+    d = kv_json("--config", path, "--seq", "8192", "--gpu-mem", "85899345920")
+    assert d["pool"]["weights_bytes"] == d["weights"]["bytes"] == 8_030_261_248 * 2
+    assert d["pool"]["upper_bound"] is True and "not subtracted" in d["pool"]["overhead_source"]
+    r = dltop("kv", "--config", path, "--seq", "8192", "--gpu-mem", "16GiB")
+    assert r.returncode == 0 and "KV pool      none: weights and overhead exceed the budget by" in r.stdout
+    # A text config nested in a multimodal wrapper sizes the same as the bare one.
+    wrapped = tmp_path / "config.json"
+    inner = json.loads(Path(path).read_text())
+    wrapped.write_text(json.dumps({"model_type": "llava", "text_config": inner, "vision_config": {"hidden_size": 1}}))
+    assert kv_json("--config", str(wrapped), "--seq", "8192")["total_bytes"] == d["total_bytes"]
+
+
+def _base(**extra: Any) -> dict[str, Any]:
+    return {"num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 1024,
+            "torch_dtype": "float16", **extra}
+
+
+@pytest.mark.parametrize("extra, sliding", [
+    ({"sliding_window": 64}, list(range(12))),  # Mistral: every layer
+    ({"sliding_window": 64, "use_sliding_window": False}, []),
+    ({"sliding_window": 64, "model_type": "qwen2"}, []),  # Qwen2 defaults to off
+    ({"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, [8, 9, 10, 11]),
+    ({"sliding_window": 64, "sliding_window_pattern": 6}, [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]),  # Gemma 3
+    ({"sliding_window": 64, "model_type": "gemma2"}, [0, 2, 4, 6, 8, 10]),
+    ({"sliding_window": 64, "layer_types": ["full_attention"] * 11 + ["sliding_attention"]}, [11]),
+    ({"sliding_window": None}, []),
+])
+def test_sliding_window_rules(extra: dict[str, Any], sliding: list[int]) -> None:
+    shape = kv.shape_from_config(_base(**extra))
+    assert [i for i, w in enumerate(shape.windows) if w is not None] == sliding
+    per_layer = 2 * 2 * 128 * 2
+    assert shape.sequence_bytes(1000) == per_layer * (1000 * (12 - len(sliding)) + 64 * len(sliding))
+
+
+@pytest.mark.parametrize("args, code, pattern", [
+    (["--config", "/nonexistent/config.json"], 1, r"^dltop: cannot read config /nonexistent/config.json: "),
+    (["--config", "{notjson}"], 1, r"^dltop: .*: not JSON \("),
+    (["--config", "{list}"], 1, r"^dltop: .*: not a model config \(a JSON list"),
+    (["--config", "{nolayers}"], 1, r"^dltop: the config has no layer count \(num_hidden_layers"),
+    ([*LLAMA_7B, "--batch", "0"], 2, r"^dltop kv: error: argument --batch: must be 1 or more: '0'"),
+    ([*LLAMA_7B, "--batch", "-3"], 2, r"^dltop kv: error: argument --batch: must be 1 or more: '-3'"),
+    ([*LLAMA_7B, "--kv-dtype", "fp4"], 2, r"^dltop kv: error: argument --kv-dtype: invalid choice: 'fp4'"),
+    ([*LLAMA_7B, "--gpu-mem", "80G"], 2, r"^dltop kv: error: argument --gpu-mem: ambiguous size '80G'"),
+    (["--layers", "32", "--heads", "32", "--head-dim", "128"], 2, r"^dltop: kv: give --dtype"),
+    (["--layers", "32"], 2, r"^dltop: kv: give --config FILE, or the model's numbers \(missing --heads, --head-dim\)"),
+    (["--config", "{nolayers}", "--layers", "3"], 2, r"^dltop: kv: --layers cannot be combined with --config"),
+])
+def test_bad_input_is_one_line(tmp_path: Path, args: list[str], code: int, pattern: str) -> None:
+    files = {"{notjson}": "{\"num_hidden_layers\": 3,", "{list}": "[1, 2]", "{nolayers}": '{"hidden_size": 64}'}
+    real = []
+    for a in args:
+        if a in files:
+            (tmp_path / "c.json").write_text(files[a])
+            a = str(tmp_path / "c.json")
+        real.append(a)
+    seq = [] if "--seq" in real else ["--seq", "10"]
+    r = dltop("kv", *real, *seq)
+    assert r.returncode == code, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert re.search(pattern, r.stderr), r.stderr
+
+
+def test_parse_bytes_examples() -> None:
+    assert parse_bytes("80GiB") == 80 * 2**30 and parse_bytes("80 GB") == 80 * 10**9
+    assert parse_bytes("1.5MiB") == 1536 * 1024 and parse_bytes("4_096") == 4096 and parse_bytes("7b") == 7
+    for bad in ("80G", "GiB", "-1GiB", "1e999GiB", "nan", "12 parsecs"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
+
+
+@given(st.integers(min_value=0, max_value=2**62), st.sampled_from(["", "B", "KiB", "MiB", "GiB", "TiB", "KB", "GB"]))
+def test_parse_bytes_round_trip(n: int, unit: str) -> None:
+    scale = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "KB": 1000, "GB": 10**9}
+    assert parse_bytes(f"{n}{unit}") == n * scale[unit]
+    assert parse_bytes(f"{n:,} {unit.lower()}") == n * scale[unit]
+
+
+@given(st.text(max_size=30))
+def test_parse_bytes_never_crashes(text: str) -> None:
+    with contextlib.suppress(ValueError):
+        assert parse_bytes(text) >= 0
+
+
+KEYS = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size",
+        "intermediate_size", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "q_lora_rank",
+        "sliding_window", "layer_types", "use_sliding_window", "max_window_layers", "sliding_window_pattern",
+        "torch_dtype", "n_routed_experts", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
+        "mlp_only_layers", "decoder_sparse_step", "n_shared_experts", "model_type", "text_config",
+        "tie_word_embeddings", "attention_bias", "quantization_config"]
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.floats(allow_nan=False) | st.text(max_size=8)
+                    | st.sampled_from(["float16", "bfloat16", "sliding_attention", "full_attention", "qwen2"]),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(KEYS), inner),
+                    max_leaves=12)
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.sampled_from(KEYS), JSON))
+def test_any_config_gives_a_size_or_a_config_error(cfg: dict[str, Any]) -> None:
+    # A config is text someone else wrote: whatever it holds, the answer is a size or a ConfigError, never a crash.
+    try:
+        shape = kv.shape_from_config(cfg)
+        assert shape.bytes_per_token > 0 and shape.sequence_bytes(100) <= 100 * shape.bytes_per_token
+    except kv.ConfigError:
+        pass
+    with contextlib.suppress(kv.ConfigError):
+        assert kv.parameter_count(cfg).total > 0
