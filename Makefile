@@ -4,12 +4,15 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: test install-test lint typecheck pytest screenshots bench
+.PHONY: test install-test install-bench lint typecheck pytest screenshots bench
 
 test: install-test lint typecheck pytest
 
 install-test:
-	bash scripts/install-test-deps
+	PY=$(PY) VENV=$(VENV) bash scripts/install-test-deps
+
+install-bench:
+	PY=$(PY) VENV=$(VENV) bash scripts/install-bench-deps
 
 lint:
 	$(BIN)/ruff check dltop tests benchmarks scripts
@@ -23,6 +26,6 @@ pytest:
 screenshots:
 	$(BIN)/python scripts/make_screenshots.py
 
-bench:
+bench: install-bench
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/residency.py

@@ -7,20 +7,32 @@ from decimal import Decimal, InvalidOperation, localcontext
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
+def _unit(n: float) -> tuple[float, str]:
+    """The unit human_bytes prints `n` in, as (bytes in one of it, its name)."""
+    scale = 1.0
+    for unit in _UNITS:
+        if abs(n) < 1024 * scale or unit == _UNITS[-1]:
+            return scale, unit
+        scale *= 1024
+    raise AssertionError("unreachable")
+
+
+def _number(value: float, unit: str) -> str:
+    return f"{value:.0f}" if unit == "B" or abs(value) >= 100 else f"{value:.1f}"
+
+
 def human_bytes(n: float | None, missing: str = "n/a") -> str:
     """1536 -> '1.5 KiB'; None -> `missing`."""
     if n is None:
         return missing
-    value = float(n)
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    for unit in _UNITS:
-        if value < 1024 or unit == _UNITS[-1]:
-            if unit == "B":
-                return f"{sign}{value:.0f} B"
-            return f"{sign}{value:.1f} {unit}" if value < 100 else f"{sign}{value:.0f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    scale, unit = _unit(float(n))
+    return f"{_number(n / scale, unit)} {unit}"
+
+
+def human_range(low: float, high: float) -> str:
+    """Two byte counts in the unit of the larger, as a chart's scale: '22.9–23.2 GiB'."""
+    scale, unit = _unit(high)
+    return f"{_number(low / scale, unit)}–{_number(high / scale, unit)} {unit}"
 
 
 def human_rate(n: float | None, missing: str = "n/a") -> str:
@@ -72,32 +84,46 @@ def _columns(values: list[float], width: int) -> list[float]:
     return [max(values[int(i * step): max(int((i + 1) * step), int(i * step) + 1)]) for i in range(width)]
 
 
-def sparkline(values: list[float], width: int, top: float | None = None) -> str:
-    """The last values as a one-line bar chart `width` columns wide, right-aligned, scaled from 0 to `top`
-    (default: the largest value shown); older values are merged into columns by their maximum."""
+def spark_range(values: list[float], width: int, min_span: float) -> tuple[float, float]:
+    """A scale for a level that moves in a narrow band (MemAvailable near MemTotal): from the lowest to the
+    highest value shown in `width` columns, but at least `min_span` tall, hanging down from the highest (never
+    below 0), so the band fills the chart while a change smaller than `min_span` stays small."""
+    shown = _columns(values, width) if width > 0 else []
+    if not shown:
+        return 0.0, 0.0
+    high = max(shown)
+    return max(0.0, min(min(shown), high - min_span)), high
+
+
+def _level(v: float, bottom: float, span: float, levels: int) -> int:
+    return round((v - bottom) / span * levels) if span > 0 else 0
+
+
+def sparkline(values: list[float], width: int, top: float | None = None, bottom: float = 0.0) -> str:
+    """The last values as a one-line bar chart `width` columns wide, right-aligned, scaled from `bottom` to
+    `top` (default: 0 to the largest value shown); older values are merged into columns by their maximum."""
     if width <= 0:
         return ""
     values = _columns(values, width)
-    scale = top if top is not None else max(values, default=0.0)
+    span = (top if top is not None else max(values, default=0.0)) - bottom
     last = len(SPARK_CHARS) - 1
-    if scale <= 0:
-        bars = SPARK_CHARS[0] * len(values)
-    else:
-        bars = "".join(SPARK_CHARS[min(last, max(0, round(v / scale * last)))] for v in values)
+    bars = "".join(SPARK_CHARS[min(last, max(0, _level(v, bottom, span, last)))] for v in values)
     return " " * (width - len(bars)) + bars
 
 
-def sparkline_rows(values: list[float], width: int, height: int, top: float | None = None) -> list[str]:
+def sparkline_rows(
+    values: list[float], width: int, height: int, top: float | None = None, bottom: float = 0.0
+) -> list[str]:
     """Like `sparkline`, but `height` rows tall (top row first), for 8 × height levels instead of 8."""
     if height <= 1:
-        return [sparkline(values, width, top)]
+        return [sparkline(values, width, top, bottom)]
     if width <= 0:
         return [""] * height
     values = _columns(values, width)
-    scale = top if top is not None else max(values, default=0.0)
+    span = (top if top is not None else max(values, default=0.0)) - bottom
     levels = 8 * height
-    # Every column shows at least the lowest bar, as the one-row sparkline does, so zero is visible.
-    filled = [max(1, round(v / scale * levels)) if scale > 0 else 1 for v in values]
+    # Every column shows at least the lowest bar, as the one-row sparkline does, so the bottom is visible.
+    filled = [max(1, _level(v, bottom, span, levels)) for v in values]
     pad = " " * (width - len(values))
     rows = []
     for r in range(height):

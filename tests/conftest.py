@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pytest.skipping import evaluate_skip_marks
 
 from dltop.model import Snapshot
 
@@ -21,6 +22,33 @@ DATA = Path(__file__).resolve().parent / "data"
 # Snapshot tests print wall-clock times: render them in one zone everywhere.
 os.environ["TZ"] = "UTC"
 time.tzset()
+
+
+_SNAPSHOTS_SKIPPED = pytest.StashKey[str]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """SVG snapshot tests that will skip (their fixtures are in ../shared, which a user's clone lacks): unused
+    snapshots warn instead of failing the run, and --snapshot-update is refused.
+
+    syrupy 4.8.0, which pytest-textual-snapshot 1.1.0 pins, takes the files of a module whose snapshot tests all
+    skipped for an "unused unknown snapshot collection": it fails the run, and --snapshot-update deletes them
+    (fixed upstream in syrupy PR #1161, out of reach behind the pin). Where every snapshot test runs, as in CI,
+    an unused snapshot still fails.
+    """
+    skips = [s for i in items if "snap_compare" in getattr(i, "fixturenames", ()) and (s := evaluate_skip_marks(i))]
+    if not skips:
+        return
+    what = f"{len(skips)} snapshot tests skip ({skips[0].reason})"
+    if config.option.update_snapshots:
+        raise pytest.UsageError(f"--snapshot-update refused: {what}, and their snapshots would be deleted")
+    config.option.warn_unused_snapshots = True
+    config.stash[_SNAPSHOTS_SKIPPED] = f"{what}: their snapshots are reported unused, not failed"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if _SNAPSHOTS_SKIPPED in config.stash:
+        terminalreporter.write_line(config.stash[_SNAPSHOTS_SKIPPED])
 
 
 def load_session(name: str = "pagecache-session.jsonl") -> list[Snapshot]:

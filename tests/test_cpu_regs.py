@@ -232,7 +232,7 @@ def _cpuid_dump(tmp_path):  # type: ignore[no-untyped-def]
 
     tb = DUMPS / "x86-cpuid" / "AMD-19h-Zen4-2xEpyc-9654.tar.bz2"
     if not tb.exists():
-        pytest.skip("fixture missing")
+        pytest.skip(f"fixture not found at {tb}")
     with tarfile.open(tb) as tf:
         tf.extractall(tmp_path, filter="data")
     return sorted((tmp_path / "AMD-19h-Zen4-2xEpyc-9654").glob("pu*"))

@@ -157,6 +157,72 @@ def test_awkward_entries_are_counted_never_opened(ddir: Path) -> None:
     assert any("symlink loop" in p for p in f.problems)
 
 
+def symlinked_tree(root: Path) -> list[Path]:
+    """train/ and val/ with files partly resident, a sibling alias of train/, an alias of it inside val/ and a
+    real cycle (train/sub/up -> the root); returns the real files."""
+    files = [make_file(root / "train" / "a.bin", 5 * PS), make_file(root / "train" / "sub" / "b.bin", 3 * PS),
+             make_file(root / "val" / "c.bin", 2 * PS)]
+    read_file(files[0])
+    read_file(files[2])
+    os.symlink("train", root / "alias")  # listed before or after train/: either way train/ is counted
+    os.symlink("../train", root / "val" / "train")
+    os.symlink("../..", root / "train" / "sub" / "up")
+    return files
+
+
+@needs_fincore
+@needs_vmtouch
+def test_symlinked_aliases_are_duplicates_and_only_a_cycle_is_a_loop(ddir: Path, tmp_path: Path) -> None:
+    files = symlinked_tree(ddir)
+    fin = fincore_resident_pages(*files)
+    r = scan_residency(ddir, WalkOptions(follow_symlinks=True))
+    assert r.skipped == {"duplicate_folder": 2, "symlink_loop": 1}
+    assert (r.files, r.pages, r.resident_pages) == (3, 10, sum(fin.values())) == (3, 10, 7)
+    # vmtouch -f walks aliased folders once as well: the same totals.
+    assert (r.resident_pages, r.pages) == vmtouch_pages(ddir, "-f")
+    by_name = {Path(c.path).name: c for c in r.children}
+    assert set(by_name) == {"train", "val"}  # counted at the real path, not at the alias
+    assert (by_name["train"].files, by_name["train"].resident_pages) == (2, fin[str(files[0])])
+    assert (by_name["val"].files, by_name["val"].resident_pages) == (1, fin[str(files[2])])
+    assert f"symlink loop (a folder inside itself): {ddir}/train/sub/up" in r.problems
+    assert f"duplicate of {ddir}/train, counted there: {ddir}/alias" in r.problems
+    assert f"duplicate of {ddir}/train, counted there: {ddir}/val/train" in r.problems
+    # A root given as an alias is the folder itself, with nothing in it taken for a loop.
+    os.symlink(ddir, tmp_path / "dataset-alias")
+    a = scan_residency(tmp_path / "dataset-alias", WalkOptions(follow_symlinks=True))
+    assert a.skipped == r.skipped and (a.files, a.pages, a.resident_pages) == (3, 10, 7)
+
+
+@needs_fincore
+def test_a_file_reached_through_a_symlink_is_counted_once(ddir: Path) -> None:
+    real = make_file(ddir / "z-real.bin", 4 * PS)  # one link: only the symlink makes it a duplicate
+    read_file(real)
+    os.symlink("z-real.bin", ddir / "a-alias.bin")  # before and after the real name, in any readdir order
+    os.symlink("z-real.bin", ddir / "zz-alias.bin")
+    r = scan_residency(ddir, WalkOptions(follow_symlinks=True))
+    assert (r.files, r.pages, r.resident_pages) == (1, 4, fincore_resident_pages(real)[str(real)]) == (1, 4, 4)
+    assert r.skipped == {"duplicate_file": 2}
+
+
+@needs_vmtouch
+def test_cli_residency_follows_an_aliased_folder_without_a_loop(ddir: Path) -> None:
+    symlinked_tree(ddir)
+
+    def dltop(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "dltop", "residency", "-L", *args, str(ddir)],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    (res,) = json.loads(dltop("--json"))["paths"]
+    assert res["skipped"] == {"duplicate_folder": 2, "symlink_loop": 1}
+    assert (res["resident_pages"], res["pages"]) == vmtouch_pages(ddir, "-f")
+    assert [Path(c["path"]).name for c in res["children"]] == ["train", "val"]
+    human = dltop()
+    assert "skipped 2 duplicate folder, 1 symlink loop" in human
+    assert f"duplicate of {ddir}/train, counted there: {ddir}/alias" in human
+
+
 def test_vanished_files_and_folders_are_reported_not_fatal(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_file(ddir / "stays.bin", PS)
     make_file(ddir / "goes.bin", PS)

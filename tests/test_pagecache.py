@@ -485,6 +485,21 @@ def test_warm_helpers_report_what_they_found_resident(ddir: Path, two_procs: lis
     assert seen[-1].found_bytes == 20 * 4 * PS  # both processes' resident files, none counted as work
 
 
+@needs_fincore
+def test_actions_following_symlinks_touch_an_aliased_file_or_folder_once(ddir: Path) -> None:
+    files = tree(ddir / "train", n=4, size=4 * PS)
+    os.symlink("train", ddir / "alias")  # a folder alias of a sibling
+    os.symlink("f0.bin", ddir / "train" / "s0" / "f0-alias.bin")  # a file alias (one link)
+    for action in ("warm", "evict"):
+        r = dltop(action, "-L", "--json", str(ddir))
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["skipped"] == {"duplicate_file": 1, "duplicate_folder": 1}
+        assert (out["files"], out["pages"]) == (4, 16)
+        assert out["resident_pages_after"] == sum(fincore_resident_pages(*files).values()) == (
+            16 if action == "warm" else 0)
+
+
 def test_warm_does_a_failed_helpers_share_itself(
     ddir: Path, two_procs: list[pc._Helper], monkeypatch: pytest.MonkeyPatch
 ) -> None:

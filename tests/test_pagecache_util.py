@@ -104,8 +104,8 @@ def parse_vmtouch(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def vmtouch_pages(path: Path | str) -> tuple[int, int]:
-    out = subprocess.run(["vmtouch", str(path)], capture_output=True, text=True, check=True).stdout
+def vmtouch_pages(path: Path | str, *flags: str) -> tuple[int, int]:
+    out = subprocess.run(["vmtouch", *flags, str(path)], capture_output=True, text=True, check=True).stdout
     return parse_vmtouch(out)
 
 

@@ -10,13 +10,13 @@ from textual.widgets import Static
 
 from dltop.config import Settings
 from dltop.derive import memory_rates
-from dltop.fmt import human_bytes, sparkline_rows
+from dltop.fmt import human_bytes, human_range, sparkline_rows
 from dltop.model import MemoryPart, Snapshot
 from dltop.sampler import ListFeed, Sampler
 from dltop.sources.base import Source
 from dltop.sources.memory import read_cgroup_memory, read_memory
 from dltop.tui.app import DltopApp
-from dltop.tui.panes.pagecache import SPARK_LABEL_WIDTH, cgroup_text
+from dltop.tui.panes.pagecache import SPARK_LABEL_WIDTH, SPARK_SCALE_WIDTH, cgroup_text
 from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.screens.help import HelpScreen
 
@@ -58,10 +58,11 @@ async def test_page_cache_pane_shows_recorded_numbers(session: list[Snapshot]) -
         dirty = [float(s.memory.dirty_bytes) for s in session[:cut]]  # type: ignore[union-attr]
         lines = str(sparks.render()).splitlines()
         at = next(i for i, ln in enumerate(lines) if ln.startswith("Dirty"))
-        width = sparks.size.width - SPARK_LABEL_WIDTH
+        width = sparks.size.width - SPARK_LABEL_WIDTH - SPARK_SCALE_WIDTH
         # The label sits on the chart's bottom row; the rows above it carry the rest of the same chart.
-        k = next(k for k in range(1, 8) if lines[at].endswith(sparkline_rows(dirty, width, k)[-1]))
-        assert [ln[SPARK_LABEL_WIDTH:] for ln in lines[at - k + 1: at + 1]] == sparkline_rows(dirty, width, k)
+        bars = [ln[SPARK_LABEL_WIDTH:SPARK_LABEL_WIDTH + width] for ln in lines]
+        k = next(k for k in range(1, 8) if bars[at] == sparkline_rows(dirty, width, k)[-1])
+        assert bars[at - k + 1: at + 1] == sparkline_rows(dirty, width, k)
         assert k > 1  # 120x40 has room for taller charts
         dirty_line = lines[at]
         assert f"{human_bytes(dirty[-1]):>9}" in dirty_line
@@ -74,6 +75,35 @@ async def test_page_cache_pane_shows_recorded_numbers(session: list[Snapshot]) -
             assert row[2] == f"{d.writes_per_s:.1f}"
             assert row[4] == f"{d.write_bytes_per_s / 2**20:.1f}"
         assert "Available" in _text(app, "#pc-summary")
+
+
+async def test_available_is_scaled_to_its_band_and_labelled(session: list[Snapshot]) -> None:
+    # The recorded MemAvailable moves between 23.13 and 23.19 GiB of 23.5: from 0 that was a solid bar.
+    cut = 21
+    avail = [float(s.memory.available_bytes) for s in session[:cut]]  # type: ignore[union-attr]
+    total = session[cut - 1].memory.total_bytes  # type: ignore[union-attr]
+    for size in ((80, 24), (120, 40)):
+        app = DltopApp(ListFeed(session[:cut], start=cut - 1))
+        async with app.run_test(size=size):
+            sparks = app.query_one("#pc-sparks", Static)
+            lines = str(sparks.render()).splitlines()
+            at = next(i for i, ln in enumerate(lines) if ln.startswith("Available"))
+            top = next(i for i in range(at, -1, -1) if i == 0 or not lines[i - 1].strip())
+            width = sparks.size.width - SPARK_LABEL_WIDTH - SPARK_SCALE_WIDTH
+            bars = [ln[SPARK_LABEL_WIDTH:SPARK_LABEL_WIDTH + width] for ln in lines[top: at + 1]]
+            assert all(len(ln) <= sparks.size.width for ln in lines)
+            # Scaled from 1% of MemTotal below the highest value shown (the band is narrower than that).
+            low, high = max(avail) - 0.01 * total, max(avail)
+            assert bars == sparkline_rows(avail, width, len(bars), high, low)
+            assert "".join(bars).strip(" █") and "▁" not in bars[-1]  # a slope, not a solid bar; no cliff
+            scale = [ln[SPARK_LABEL_WIDTH + width:].strip() for ln in lines[top: at + 1]]
+            if len(bars) == 1:
+                assert scale == ["23.0–23.2 GiB"] == [human_range(low, high)]
+            else:
+                assert (scale[0], scale[-1]) == ("23.2 GiB", "23.0 GiB") == (human_bytes(high), human_bytes(low))
+            # Charts that start at 0 carry no scale, and every chart's newest reading is in the same column.
+            dirty = next(ln for ln in lines if ln.startswith("Dirty"))
+            assert dirty[SPARK_LABEL_WIDTH + width:].strip() == "" and dirty[SPARK_LABEL_WIDTH + width - 1] != " "
 
 
 async def test_too_small_terminal_says_so(session: list[Snapshot]) -> None:

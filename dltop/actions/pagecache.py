@@ -35,6 +35,7 @@ from dltop.sources.datasets import (
     WarmNeed,
     _Acc,
     _Budget,
+    counted_before,
     data_extents,
     data_pages,
     display_path,
@@ -353,13 +354,9 @@ def _files(
                         report.skip("special")
                         os.close(fd)
                         continue
-                    if st.st_nlink > 1:
-                        key = (st.st_dev, st.st_ino)
-                        if key in seen:
-                            report.skip("hardlink")
-                            os.close(fd)
-                            continue
-                        seen.add(key)
+                    if (st.st_nlink > 1 or options.follow_symlinks) and counted_before(st, seen, report):
+                        os.close(fd)
+                        continue
                     if st.st_dev not in tmpfs_devs:
                         magic = kernel.fstatfs_type(fd)
                         tmpfs_devs[st.st_dev] = magic in (kernel.TMPFS_MAGIC, kernel.RAMFS_MAGIC)
@@ -499,11 +496,8 @@ def _size_plan(
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
                 except OSError:
                     continue  # the warm pass counts and reports it
-                if st.st_nlink > 1:
-                    key = (st.st_dev, st.st_ino)
-                    if key in seen:
-                        continue
-                    seen.add(key)
+                if (st.st_nlink > 1 or options.follow_symlinks) and counted_before(st, seen, report):
+                    continue
                 r.files += 1
                 pages = (st.st_size + ps - 1) // ps
                 r.pages += pages
@@ -810,13 +804,9 @@ def _warm_pass(
                             report.skip("special")
                             os_close(fd)
                             continue
-                        if st.st_nlink > 1:
-                            key = (st.st_dev, st.st_ino)
-                            if key in seen:
-                                report.skip("hardlink")
-                                os_close(fd)
-                                continue
-                            seen.add(key)
+                        if (st.st_nlink > 1 or options.follow_symlinks) and counted_before(st, seen, report):
+                            os_close(fd)
+                            continue
                         size = st.st_size
                         pages = (size + ps - 1) // ps
                         have = cached(fd, st)

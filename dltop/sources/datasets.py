@@ -15,6 +15,7 @@ import re
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,18 @@ class WalkReport:
             self.problems.append(f"{detail}: {display_path(path or '')}")
 
 
+def counted_before(st: os.stat_result, seen: set[tuple[int, int]], report: WalkReport) -> bool:
+    """Whether this file was counted already under another name (a hard link, or a symlink followed to it), and
+    then skipped in `report`; else it is remembered in `seen`. Callers ask only for files with more than one
+    link, and for every file when following symlinks (a symlink can alias a file with one link)."""
+    key = (st.st_dev, st.st_ino)
+    if key in seen:
+        report.skip("hardlink" if st.st_nlink > 1 else "duplicate_file")
+        return True
+    seen.add(key)
+    return False
+
+
 def path_error(error: str, path: str) -> str:
     """`permission denied: PATH` from an OSError's strerror and the path it is about."""
     return f"{error[:1].lower()}{error[1:]}: {display_path(path)}"
@@ -134,6 +147,16 @@ class _Dir:
     acc: _Acc
     mincore: bool = False  # count this folder's files with mincore (overlayfs, or no cachestat)
     ino: int = 0
+    parent: _Dir | None = None
+
+    def has_ancestor(self, dev: int, ino: int) -> bool:
+        """This folder, or one above it on the path the walk took, is (dev, ino): entering it again loops."""
+        d: _Dir | None = self
+        while d is not None:
+            if d.ino == ino and d.dev == dev:
+                return True
+            d = d.parent
+        return False
 
 
 @dataclass
@@ -186,6 +209,9 @@ def walk(
     walking the same tree share its files out between them in runs of 2**bits consecutive inodes (neighbours
     on disk stay together, so their reads still merge), and the hard links of a file all go to one of them.
     `seen_dirs`, when given, is filled with the (device, inode) of every folder the walk reaches.
+    Following symlinks, a folder is entered once: one that is its own ancestor is a loop, one reached again by
+    another path (a symlinked alias) a duplicate. Folders reached through a symlink are walked after the real
+    tree, so a folder inside it is counted at its real path, not at an alias.
     """
     if shard is not None:
         by_inode = True
@@ -201,19 +227,44 @@ def walk(
         else:
             report.skip("special", root, "not a regular file or folder")
         return
-    if seen_dirs is None:
-        seen_dirs = set()
-    seen_dirs.add((st.st_dev, st.st_ino))
+    counted_at = {(st.st_dev, st.st_ino): root}  # folder -> the path it is counted at
+    if seen_dirs is not None:
+        seen_dirs.add((st.st_dev, st.st_ino))
     root_dev = st.st_dev
     mincore_devs: dict[int, bool] = {}
-    stack = [_Dir(root, 0, st.st_dev, root_acc)]
+    stack = [_Dir(root, 0, st.st_dev, root_acc, ino=st.st_ino)]
+    linked: deque[tuple[_Dir, str, os.stat_result]] = deque()  # folders reached through a symlink: last
     max_depth = options.max_depth
     follow = options.follow_symlinks
-    while stack:
+
+    def enter(parent: _Dir, path: str, est: os.stat_result) -> _Dir | None:
+        """The folder at `path` to walk, or None when it was counted already at another path."""
+        key = (est.st_dev, est.st_ino)
+        first = counted_at.setdefault(key, path)
+        if first != path:
+            report.skip("duplicate_folder", path, f"duplicate of {display_path(first)}, counted there")
+            return None
+        if seen_dirs is not None:
+            seen_dirs.add(key)
+        depth = parent.depth + 1
+        if max_depth is None or depth <= max_depth:
+            acc = _Acc(path)
+            parent.acc.children.append(acc)
+        else:
+            acc = parent.acc
+        return _Dir(path, depth, est.st_dev, acc, ino=est.st_ino, parent=parent)
+
+    while stack or linked:
         if budget is not None and budget.stop():
             report.complete = False
             return
-        d = stack.pop()
+        if stack:
+            d = stack.pop()
+        else:
+            entered = enter(*linked.popleft())
+            if entered is None:
+                continue
+            d = entered
         try:
             dfd = os.open(d.path, _O_DIR if (follow or d.depth == 0) else _O_DIR | os.O_NOFOLLOW)
         except OSError as e:
@@ -276,22 +327,17 @@ def walk(
                             _skip_error(report, e, f"{d.path}/{name}")
                             continue
                         if stat.S_ISDIR(est.st_mode):
-                            key = (est.st_dev, est.st_ino)
-                            if key in seen_dirs:
-                                report.skip("symlink_loop", f"{d.path}/{name}", "folder reached twice (symlink loop)")
+                            path = f"{d.path}/{name}" if d.path != "/" else f"/{name}"
+                            if d.has_ancestor(est.st_dev, est.st_ino):
+                                report.skip("symlink_loop", path, "symlink loop (a folder inside itself)")
                                 continue
                             if est.st_dev != root_dev and not options.cross_filesystems:
                                 report.skip("other_filesystem")
                                 continue
-                            seen_dirs.add(key)
-                            path = f"{d.path}/{name}" if d.path != "/" else f"/{name}"
-                            depth = d.depth + 1
-                            if max_depth is None or depth <= max_depth:
-                                acc = _Acc(path)
-                                d.acc.children.append(acc)
-                            else:
-                                acc = d.acc
-                            subdirs.append(_Dir(path, depth, est.st_dev, acc, ino=est.st_ino))
+                            if is_link:
+                                linked.append((d, path, est))
+                            elif (sub := enter(d, path, est)) is not None:
+                                subdirs.append(sub)
                         elif stat.S_ISREG(est.st_mode):
                             if include is not None and not include.match(name):
                                 report.skip("ignored")
@@ -434,6 +480,7 @@ def scan_residency(
     acc = _Acc(root)
     budget = _Budget(cancel, None if deadline_s is None else t0 + deadline_s, cpu_fraction)
     seen_inodes: set[tuple[int, int]] = set()
+    any_alias = options.follow_symlinks
     cstat = kernel.cachestat_caller()
     cs = cstat.out  # cstat(fd) fills this one struct
     used: set[str] = set()
@@ -463,12 +510,8 @@ def scan_residency(
                 except OSError:
                     _skip_error(report, e, _join(d.path, name, dfd))
                     continue
-                if st.st_nlink > 1:
-                    key = (st.st_dev, st.st_ino)
-                    if key in seen_inodes:
-                        report.skip("hardlink")
-                        continue
-                    seen_inodes.add(key)
+                if (st.st_nlink > 1 or any_alias) and counted_before(st, seen_inodes, report):
+                    continue
                 pages = (st.st_size + ps - 1) >> shift
                 files += 1
                 size_sum += st.st_size
@@ -487,12 +530,8 @@ def scan_residency(
             if not S_ISREG(st.st_mode):  # replaced by something else since it was listed
                 report.skip("special")
                 continue
-            if st.st_nlink > 1:
-                key = (st.st_dev, st.st_ino)
-                if key in seen_inodes:
-                    report.skip("hardlink")
-                    continue
-                seen_inodes.add(key)
+            if (st.st_nlink > 1 or any_alias) and counted_before(st, seen_inodes, report):
+                continue
             size = st.st_size
             pages = (size + ps - 1) >> shift
             runs = data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None

@@ -9,20 +9,36 @@ from textual.content import Content
 from textual.widgets import Static
 
 from dltop.derive import DiskRates, VmRates, memory_rates, vm_rates
-from dltop.fmt import human_bytes, human_count_rate, human_rate, percent, sparkline_rows
+from dltop.fmt import (
+    human_bytes,
+    human_count_rate,
+    human_range,
+    human_rate,
+    percent,
+    spark_range,
+    sparkline_rows,
+)
 from dltop.model import DiskStat, MemoryPart, Pressure, Snapshot, Unavailable, VmStat
 from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.view import View
 
-# Sparklines of meminfo fields, top to bottom; refaults/s (derived) comes after them.
+# Sparklines of meminfo fields, top to bottom, with the least span of their scale as a share of MemTotal, or
+# None for a scale from 0; refaults/s (derived) comes after them. Available is a level that rarely leaves a
+# narrow band near the top (23.0-23.2 GiB of 23.5): from 0 it is a solid bar, so it is scaled to the band
+# shown, at least 1% of MemTotal tall so that noise of a few MiB does not look like a cliff. The others are
+# amounts whose zero means something (nothing dirty) and are scaled from 0.
 SPARK_FIELDS = (
-    ("available_bytes", "Available"),
-    ("cached_bytes", "Cached"),
-    ("dirty_bytes", "Dirty"),
-    ("writeback_bytes", "Writeback"),
+    ("available_bytes", "Available", 0.01),
+    ("cached_bytes", "Cached", None),
+    ("dirty_bytes", "Dirty", None),
+    ("writeback_bytes", "Writeback", None),
 )
 
 SPARK_LABEL_WIDTH = 20  # "Writeback" padded to 10, the value right-aligned in 9, a space
+SPARK_SCALE_WIDTH = 14  # " 22.9–23.2 GiB": right of the bars, the scale of a chart that does not start at 0
+
+# label, current value, the values, style, least span of the scale in bytes (None: from 0)
+Chart = tuple[str, str, list[float], str, float | None]
 
 DISK_COLUMNS = (
     ("device", "Device"),
@@ -166,20 +182,36 @@ def refault_rate(prev: Snapshot, cur: Snapshot) -> float | None:
     return vm_rates(a, b, cur.ts - prev.ts).refaults_per_s
 
 
-def sparkline_block(charts: list[tuple[str, str, list[float], str]], width: int, height: int) -> Content:
-    """Label, current value and a sparkline per chart, each chart as tall as the space allows (with a blank line
-    between charts once there is room): a big terminal gets finer charts, 80x24 one line each."""
+def scale_labels(bottom: float, top: float, rows: int) -> list[str]:
+    """What the bars of a chart scaled from `bottom` to `top` span, per row: on one row the range, on more the
+    top value on the top row and the bottom value on the bottom row."""
+    if rows == 1:
+        return [f" {human_range(bottom, top)}"]
+    return [f" {human_bytes(top)}", *[""] * (rows - 2), f" {human_bytes(bottom)}"]
+
+
+def sparkline_block(charts: list[Chart], width: int, height: int) -> Content:
+    """Label, current value and a sparkline `width` wide per chart, each chart as tall as the space allows (with
+    a blank line between charts once there is room): a big terminal gets finer charts, 80x24 one line each.
+    A chart with a least span is scaled to the values shown and labelled with its scale on the right."""
     n = len(charts)
     gap = 1 if height >= 2 * n - 1 else 0
     rows_each = max(1, (height - gap * (n - 1)) // n)
     lines: list[Content] = []
-    for i, (label, value, data, style) in enumerate(charts):
+    for i, (label, value, data, style, min_span) in enumerate(charts):
         if i and gap:
             lines.append(Content(""))
-        bars = sparkline_rows(data, width, rows_each)
+        if min_span is None:
+            bars = sparkline_rows(data, width, rows_each)
+            scale = [""] * len(bars)
+        else:
+            bottom, top = spark_range(data, width, min_span)
+            bars = sparkline_rows(data, width, rows_each, top, bottom)
+            scale = scale_labels(bottom, top, len(bars))
         for r, bar in enumerate(bars):
             head = f"{label:<10}{value:>9} " if r == len(bars) - 1 else " " * SPARK_LABEL_WIDTH
-            lines.append(Content.assemble((head[:10], "bold"), head[10:], (bar, style)))
+            lines.append(Content.assemble((head[:10], "bold"), head[10:], (bar, style),
+                                          (scale[r][:SPARK_SCALE_WIDTH], "dim")))
     return Content("\n").join(lines)
 
 
@@ -245,11 +277,14 @@ class PageCachePane(Pane):
         vm, disks = memory_rates(view.previous, view.snapshot)
         sparks = self.query_one("#pc-sparks", Static)
         width = max(1, sparks.size.width - SPARK_LABEL_WIDTH)
-        charts = [(label, human_bytes(getattr(m, name)), series(history, name), "$accent")
-                  for name, label in SPARK_FIELDS]
+        charts: list[Chart] = []
+        for name, label, span_share in SPARK_FIELDS:
+            data = series(history, name)
+            min_span = None if span_share is None else span_share * (m.total_bytes or max(data, default=0.0))
+            charts.append((label, human_bytes(getattr(m, name)), data, "$accent", min_span))
         rate = vm.refaults_per_s if vm is not None else None
-        charts.append(("Refaults", human_count_rate(rate) + "/s", self._refaults(history), "$warning"))
-        set_content(sparks, sparkline_block(charts, width, sparks.size.height))
+        charts.append(("Refaults", human_count_rate(rate) + "/s", self._refaults(history), "$warning", None))
+        set_content(sparks, sparkline_block(charts, max(1, width - SPARK_SCALE_WIDTH), sparks.size.height))
         activity = self.query_one("#pc-activity", Static)
         text = activity_text(m, vm, width)
         lines = text.plain.count("\n") + 1
