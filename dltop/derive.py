@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dltop.model import MemoryPart, ModelStats, Snapshot, Unavailable
+from dltop.model import GpuDevice, MemoryPart, ModelStats, Snapshot, Unavailable
 from dltop.model.memory import DiskStat, VmStat
 
 SECTOR_BYTES = 512
@@ -150,3 +150,45 @@ def _hit_rate(p: ModelStats, m: ModelStats) -> float | Unavailable:
     if queries == 0:
         return Unavailable("no prefix-cache queries in the interval")
     return min(1.0, hits / queries)
+
+
+@dataclass(frozen=True)
+class GpuRates:
+    """One GPU's PCIe traffic over one interval (or, where the driver has no byte counters, NVML's own rate)."""
+
+    index: int
+    uuid: str | None
+    pcie_tx_bytes_per_s: float | Unavailable
+    pcie_rx_bytes_per_s: float | Unavailable
+
+
+def gpu_rates(prev: Snapshot | None, cur: Snapshot) -> list[GpuRates]:
+    """PCIe bytes per second per GPU of `cur`: the byte counters' difference over the interval where the GPU has
+    them (a GPU is matched by index and UUID, so a swapped GPU gives no rate), else NVML's throughput reading."""
+    if not isinstance(cur.gpus, tuple):
+        return []
+    before: dict[tuple[int, str | None], GpuDevice] = {}
+    dt = 0.0
+    if prev is not None and isinstance(prev.gpus, tuple):
+        before = {(g.index, g.uuid): g for g in prev.gpus}
+        dt = cur.ts - prev.ts
+    return [GpuRates(g.index, g.uuid, _pcie_rate(before.get((g.index, g.uuid)), g, "tx", dt),
+                     _pcie_rate(before.get((g.index, g.uuid)), g, "rx", dt)) for g in cur.gpus]
+
+
+def _pcie_rate(p: GpuDevice | None, g: GpuDevice, direction: str, dt: float) -> float | Unavailable:
+    total, per_s = f"pcie_{direction}_bytes_total", f"pcie_{direction}_bytes_per_s"
+    if g.pcie_source != "byte_counters":
+        rate = getattr(g, per_s)
+        return float(rate) if rate is not None else Unavailable(g.why(per_s) or "no PCIe reading")
+    now = getattr(g, total)
+    if now is None:
+        return Unavailable(g.why(total) or "no PCIe byte counter reading")
+    before = None if p is None or p.pcie_source != "byte_counters" else getattr(p, total)
+    if before is None:
+        return Unavailable("a rate needs two readings of the PCIe byte counters")
+    if dt <= 0:
+        return Unavailable("no time between the two readings")
+    if now < before:
+        return Unavailable("the PCIe byte counter went backwards (driver reloaded or GPU reset)")
+    return (now - before) / dt

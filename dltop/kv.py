@@ -370,6 +370,7 @@ class Pool:
     seq: int
     sequence_bytes: int
     bytes_per_token: int
+    gpu_mem_source: str = "--gpu-mem"
     budget_bytes: int = field(init=False)
     pool_bytes: int = field(init=False)
 
@@ -390,15 +391,16 @@ class Pool:
 
 
 def plan(shape: KvShape, seq: int, gpu_mem_bytes: int, utilization: float, weights: Weights,
-         overhead_bytes: int | None) -> Pool:
-    """The KV pool of a GPU of `gpu_mem_bytes` at vLLM's `gpu_memory_utilization`, after weights and overhead."""
+         overhead_bytes: int | None, gpu_mem_source: str = "--gpu-mem") -> Pool:
+    """The KV pool of a GPU of `gpu_mem_bytes` at vLLM's `gpu_memory_utilization`, after weights and overhead;
+    `gpu_mem_source` says where the GPU's size came from."""
     if overhead_bytes is None:
         overhead, source = 0, ("not subtracted (the default): vLLM measures peak activation, CUDA-graph and "
                                "non-torch memory when it starts, so the pool is an upper bound; set --overhead-bytes")
     else:
         overhead, source = overhead_bytes, "--overhead-bytes"
     return Pool(gpu_mem_bytes, utilization, weights, overhead, source, seq, shape.sequence_bytes(seq),
-                shape.bytes_per_token)
+                shape.bytes_per_token, gpu_mem_source)
 
 
 def shape_dict(shape: KvShape) -> dict[str, Any]:
@@ -416,7 +418,8 @@ def shape_dict(shape: KvShape) -> dict[str, Any]:
 def pool_dict(pool: Pool) -> dict[str, Any]:
     """The pool as JSON data."""
     return {
-        "gpu_mem_bytes": pool.gpu_mem_bytes, "gpu_memory_utilization": pool.gpu_memory_utilization,
+        "gpu_mem_bytes": pool.gpu_mem_bytes, "gpu_mem_source": pool.gpu_mem_source,
+        "gpu_memory_utilization": pool.gpu_memory_utilization,
         "budget_bytes": pool.budget_bytes, "weights_bytes": pool.weights.bytes,
         "weights_source": pool.weights.source, "overhead_bytes": pool.overhead_bytes,
         "overhead_source": pool.overhead_source, "upper_bound": pool.overhead_source != "--overhead-bytes",

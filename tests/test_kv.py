@@ -230,3 +230,66 @@ def test_any_config_gives_a_size_or_a_config_error(cfg: dict[str, Any]) -> None:
         pass
     with contextlib.suppress(kv.ConfigError):
         assert kv.parameter_count(cfg).total > 0
+
+
+SCENARIOS = Path(__file__).parent / "data" / "gpu-scenarios"
+
+
+def _on(name: str) -> dict[str, str]:
+    return {"DLTOP_FAKE_NVML": str(SCENARIOS / f"{name}.json")}
+
+
+def test_pool_of_a_gpu_dltop_sees() -> None:
+    """--gpu N, or no --gpu-mem on a machine with one GPU, takes the GPU's memory total from the GPU source."""
+    h100 = json.loads((SCENARIOS / "h100-2proc.json").read_text())["gpus"][0]
+    args = [*LLAMA_7B, "--seq", "2048", "--weights-bytes", "14GB", "--json"]
+    for extra in ([], ["--gpu", "0"]):
+        r = dltop("kv", *args, *extra, env=_on("h100-2proc"))
+        assert r.returncode == 0, r.stderr
+        p = json.loads(r.stdout)["pool"]
+        assert p["gpu_mem_bytes"] == h100["memory"]["total"]
+        assert p["gpu_mem_source"] == f"GPU 0 ({h100['name']}, {h100['uuid']}): NVML's memory total"
+        assert p["budget_bytes"] == math.floor(h100["memory"]["total"] * 0.9)
+    two = json.loads((SCENARIOS / "two-gpus.json").read_text())["gpus"]
+    r = dltop("kv", *args, "--gpu", "1", env=_on("two-gpus"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["pool"]["gpu_mem_bytes"] == two[1]["memory"]["total"]
+    # Two GPUs and no choice: no pool, and the reason says what to do (the size itself still prints).
+    r = dltop("kv", *args, env=_on("two-gpus"))
+    d = json.loads(r.stdout)
+    assert r.returncode == 0 and d["pool"] == {"unavailable": "no --gpu-mem given, and NVML sees 2 GPUs: pick one "
+                                                              "with --gpu N"}
+    assert d["total_bytes"] == 1_073_741_824
+    # Text output names the GPU; --gpu-mem still wins when given, and names itself.
+    r = dltop("kv", *LLAMA_7B, "--seq", "2048", "--weights-bytes", "14GB", "--gpu", "0", env=_on("h100-2proc"))
+    assert re.search(rf"^GPU memory +{h100['memory']['total']:,} B \(79\.65 GiB\): GPU 0 \(NVIDIA H100", r.stdout, re.M)
+    assert kv_json(*LLAMA_7B, "--seq", "2048", "--gpu-mem", "80GiB", "--weights-bytes", "1GB")["pool"]["gpu_mem_source"] == "--gpu-mem"
+
+
+def test_pool_of_a_unified_memory_gpu_is_system_memory_and_says_so() -> None:
+    r = dltop("kv", *LLAMA_7B, "--seq", "2048", "--weights-bytes", "14GB", "--gpu", "0", "--json",
+              env=_on("gb10-unified"))
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["pool"]
+    with open("/proc/meminfo") as f:
+        total = int(next(line.split()[1] for line in f if line.startswith("MemTotal:"))) * 1024
+    assert p["gpu_mem_bytes"] == total and "system memory total (unified memory" in p["gpu_mem_source"]
+
+
+@pytest.mark.parametrize("scenario, args, code, pattern", [
+    ("library-not-found", ["--gpu", "0"], 1,
+     r"^dltop: kv: --gpu 0: NVML cannot be used: NVML library \(libnvidia-ml\.so\.1\) not found: .*"
+     r"\(NVML_ERROR_LIBRARY_NOT_FOUND\); pass --gpu-mem SIZE instead$"),
+    ("driver-not-loaded", ["--gpu", "0"], 1, r"NVML_ERROR_DRIVER_NOT_LOADED\); pass --gpu-mem SIZE instead$"),
+    ("no-gpus", ["--gpu", "0"], 1, r"^dltop: kv: --gpu 0: NVML cannot be used: no GPUs: .*pass --gpu-mem"),
+    ("two-gpus", ["--gpu", "2"], 2, r"^dltop: kv: --gpu 2: NVML sees 2 GPUs \(0 to 1\)$"),
+    ("gpu-lost", ["--gpu", "1"], 1, r"^dltop: kv: --gpu 1: GPU 1 .* has no memory total: GPU is lost.*"
+                                    r"NVML_ERROR_GPU_IS_LOST\); pass --gpu-mem SIZE instead$"),
+    ("h100-2proc", ["--gpu", "0", "--gpu-mem", "80GiB"], 2, r"^dltop: kv: give --gpu N or --gpu-mem SIZE, not both$"),
+    ("h100-2proc", ["--gpu", "-1"], 2, r"^dltop kv: error: argument --gpu: must be 0 or more: '-1'"),
+])
+def test_gpu_that_cannot_be_read_is_one_line(scenario: str, args: list[str], code: int, pattern: str) -> None:
+    r = dltop("kv", *LLAMA_7B, "--seq", "2048", "--weights-bytes", "14GB", *args, env=_on(scenario))
+    assert r.returncode == code, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert re.search(pattern, r.stderr.strip()), r.stderr

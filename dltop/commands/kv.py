@@ -13,8 +13,9 @@ import sys
 from typing import Any
 
 from dltop import kv
-from dltop.errors import UsageError
+from dltop.errors import DltopError, UsageError
 from dltop.fmt import parse_bytes
+from dltop.model import Unavailable
 
 _SHAPE_FLAGS = ("layers", "heads", "kv_heads", "head_dim", "dtype")
 
@@ -43,6 +44,16 @@ def _positive_size(text: str) -> int:
     return n
 
 
+def _index(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a GPU index: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -69,7 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=_positive_int, default=1, metavar="N", help="sequences (default 1)")
     p.add_argument("--seq", type=_positive_int, required=True, metavar="TOKENS", help="tokens per sequence")
     p.add_argument("--gpu-mem", type=_positive_size, metavar="SIZE",
-                   help="GPU memory, e.g. 80GiB or 85899345920: plan the KV pool")
+                   help="GPU memory, e.g. 80GiB or 85899345920: plan the KV pool (default: the memory total of "
+                        "the one GPU NVML sees)")
+    p.add_argument("--gpu", type=_index, metavar="N",
+                   help="plan the KV pool of GPU N as NVML sees it (its memory total)")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=kv.DEFAULT_GPU_MEMORY_UTILIZATION,
                    metavar="F", help="vLLM's fraction of the GPU the instance may use (default 0.9)")
     p.add_argument("--weights-bytes", type=_size, metavar="SIZE",
@@ -119,17 +133,54 @@ def run(args: argparse.Namespace) -> int:
             weights = kv.estimate_weights(cfg, args.weights_dtype)
         except kv.ConfigError as e:
             weights = f"cannot count the parameters: {e}; give --weights-bytes"
+    if args.gpu is not None and args.gpu_mem is not None:
+        raise UsageError("kv: give --gpu N or --gpu-mem SIZE, not both")
+    gpu: tuple[int, str] | str = (args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else _gpu_memory(args.gpu)
     pool: kv.Pool | str
-    if args.gpu_mem is None:
-        pool = "no --gpu-mem given"
+    if isinstance(gpu, str):
+        pool = gpu
     elif isinstance(weights, str):
         pool = weights
     else:
-        pool = kv.plan(shape, args.seq, args.gpu_mem, args.gpu_memory_utilization, weights, args.overhead_bytes)
+        pool = kv.plan(shape, args.seq, gpu[0], args.gpu_memory_utilization, weights, args.overhead_bytes, gpu[1])
     data = _result(shape, args, weights, pool)
     sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else _text(shape, data, pool))
     sys.stdout.flush()
     return 0
+
+
+def _gpu_memory(index: int | None) -> tuple[int, str] | str:
+    """(bytes, where from) of GPU `index` from NVML, or with no index of the one GPU NVML sees; why not, for the
+    pool's place, when no index was asked for. With an index, what stands in the way is an error."""
+    from dltop.sources.gpu import GpuReader, make_backend
+
+    reader = GpuReader(make_backend)
+    try:
+        part = reader.read()
+    finally:
+        reader.close()
+    if index is None:
+        if isinstance(part, Unavailable):
+            return f"no --gpu-mem given, and no GPU to read it from: {part.reason}"
+        if len(part) != 1:
+            return f"no --gpu-mem given, and NVML sees {len(part)} GPUs: pick one with --gpu N"
+        g = part[0]
+    elif isinstance(part, Unavailable):
+        raise DltopError(f"kv: --gpu {index}: NVML cannot be used: {part.reason}; pass --gpu-mem SIZE instead")
+    elif index >= len(part):
+        raise UsageError(f"kv: --gpu {index}: NVML sees {len(part)} GPU{'s' if len(part) != 1 else ''} "
+                         f"(0 to {len(part) - 1})")
+    else:
+        g = part[index]
+    label = f"GPU {g.index} ({g.name or 'name unknown'}, {g.uuid or 'UUID unknown'})"
+    if g.memory_total_bytes is None:
+        why = f"{label} has no memory total: {g.why('memory_total_bytes')}"
+        if index is None:
+            return f"no --gpu-mem given, and {why}"
+        raise DltopError(f"kv: --gpu {index}: {why}; pass --gpu-mem SIZE instead")
+    if g.memory_pool == "system":
+        return g.memory_total_bytes, f"{label}: system memory total ({g.memory_pool_note})"
+    return g.memory_total_bytes, f"{label}: NVML's memory total"
 
 
 def _result(shape: kv.KvShape, args: argparse.Namespace, weights: kv.Weights | str,
@@ -182,6 +233,7 @@ def _text(shape: kv.KvShape, d: dict[str, Any], pool: kv.Pool | str) -> str:
         p = d["pool"]
         bound = " (upper bound)" if p["upper_bound"] else ""
         lines += [
+            f"GPU memory   {_b(p['gpu_mem_bytes'])}: {p['gpu_mem_source']}",
             f"budget       {_b(p['budget_bytes'])} = {p['gpu_mem_bytes']:,} B × gpu_memory_utilization "
             f"{p['gpu_memory_utilization']}",
             f"overhead     {p['overhead_bytes']:,} B: {p['overhead_source']}",

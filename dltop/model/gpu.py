@@ -92,6 +92,14 @@ class GpuDevice:
     power_limit_mw: int | None = None
     clock_sm_mhz: int | None = None
     clock_mem_mhz: int | None = None
+    # PCIe traffic, from one of two sources (`pcie_source`): "byte_counters", NVML's cumulative 64-bit byte
+    # counters (nvmlDeviceGetFieldValues, drivers 555+; they cost no waiting), whose rate is derived from two
+    # Snapshots (`dltop.derive.gpu_rates`), so the *_per_s fields are None with that reason; or "throughput",
+    # nvmlDeviceGetPcieThroughput's own rate (it waits 20 ms per call), where the driver has no counters and the
+    # *_total fields are None with why.
+    pcie_source: Literal["byte_counters", "throughput"] | None = None
+    pcie_tx_bytes_total: int | None = None
+    pcie_rx_bytes_total: int | None = None
     pcie_tx_bytes_per_s: int | None = None
     pcie_rx_bytes_per_s: int | None = None
     ecc_uncorrected_volatile: int | None = None

@@ -75,6 +75,7 @@ class NvmlBackend(Protocol):
     def power_mw(self, h: Any) -> int: ...
     def power_limit_mw(self, h: Any) -> int: ...
     def clock_mhz(self, h: Any, clock: Literal["sm", "mem"]) -> int: ...
+    def pcie_bytes(self, h: Any) -> tuple[int, int]: ...
     def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int: ...
     def ecc_uncorrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int: ...
     def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int: ...
@@ -146,6 +147,21 @@ class PynvmlBackend:
     def clock_mhz(self, h: Any, clock: Literal["sm", "mem"]) -> int:
         kind = self.nv.NVML_CLOCK_SM if clock == "sm" else self.nv.NVML_CLOCK_MEM
         return int(self.nv.nvmlDeviceGetClockInfo(h, kind))
+
+    def pcie_bytes(self, h: Any) -> tuple[int, int]:
+        """(tx, rx): the cumulative PCIe byte counters, one nvmlDeviceGetFieldValues call for both. Each field
+        has its own return code; a counter narrower than 64 bits is refused as Not Supported (at PCIe speeds a
+        32-bit byte counter wraps several times a second, so no rate from it would be true)."""
+        nv = self.nv
+        fields = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES])
+        out = []
+        for f in fields:
+            if f.nvmlReturn != nv.NVML_SUCCESS:
+                raise nv.NVMLError(f.nvmlReturn)
+            if f.valueType != nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+                raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+            out.append(int(f.value.ullVal))
+        return out[0], out[1]
 
     def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int:
         counter = self.nv.NVML_PCIE_UTIL_TX_BYTES if direction == "tx" else self.nv.NVML_PCIE_UTIL_RX_BYTES
@@ -326,6 +342,10 @@ class FakeBackend:
     def clock_mhz(self, h: Any, clock: Literal["sm", "mem"]) -> int:
         return int(self._value(self._get(h, "clocks_mhz", "nvmlDeviceGetClockInfo")[clock]))
 
+    def pcie_bytes(self, h: Any) -> tuple[int, int]:
+        c = self._get(h, "pcie_bytes", "nvmlDeviceGetFieldValues")
+        return int(self._value(c["tx"])), int(self._value(c["rx"]))
+
     def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int:
         return int(self._value(self._get(h, "pcie_kb_per_s", "nvmlDeviceGetPcieThroughput")[direction]))
 
@@ -427,6 +447,7 @@ def _check_scenario(s: Any, nv: Any) -> dict[str, Any]:
         if "memory" in g:
             numbers(g["memory"], ("total", "used", "free", "reserved"), f"{where}.memory")
         shapes = {"utilization": ("gpu", "memory"), "clocks_mhz": ("sm", "mem"), "pcie_kb_per_s": ("tx", "rx"),
+                  "pcie_bytes": ("tx", "rx"),
                   "ecc_uncorrected": ("volatile", "aggregate"), "retired_pages": ("sbe", "dbe"),
                   "instance_ids": ("gpu", "compute")}
         for k, keys in shapes.items():
@@ -474,6 +495,11 @@ def _older_call_codes(nv: Any) -> tuple[int, ...]:
     return (nv.NVML_ERROR_FUNCTION_NOT_FOUND, nv.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
 
 
+def _no_counter_codes(nv: Any) -> tuple[int, ...]:
+    """What a driver without the PCIe byte-counter fields answers (an unknown field id, or no field call)."""
+    return (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT, nv.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
 def explain(e: Any, nv: Any) -> str:
     """What an NVMLError means for the user, with the NVML code name to search for."""
     code: int = getattr(e, "value", -1)
@@ -509,6 +535,9 @@ NOT_IN_NAMESPACE = ("pid {pid} is not in this PID namespace's /proc: dltop runs 
                     "than the process (run dltop with --pid=host), or the process just exited")
 NO_PROCESS_MEMORY = ("NVML gives no per-process memory here (NVML_VALUE_NOT_AVAILABLE): MIG without admin rights, "
                      "WSL, or a container")
+PCIE_FIELDS = ("pcie_tx_bytes_total", "pcie_rx_bytes_total", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
+PCIE_RATE_FROM_COUNTERS = ("from the PCIe byte counters (pcie_*_bytes_total): a rate needs two readings "
+                           "(dltop.derive.gpu_rates)")
 UNPROBED = unprobed_split()  # one shared (frozen) value: a tick builds many processes
 DEVICE_FIELDS = tuple(f for f in GpuDevice.__dataclass_fields__
                       if f not in ("index", "mig_devices", "processes", "unavailable", "driver_version",
@@ -539,6 +568,7 @@ class GpuReader:
         self._nv: Any = None
         self._memory_version = 2
         self._process_version: dict[ProcessKind, int] = {}
+        self._pcie_no_counters: dict[int, str] = {}  # GPU index -> why its driver has no PCIe byte counters
         self._util_seen_us: dict[str, int] = {}
         self._commands: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}
         self._users: dict[int, str] = {}
@@ -622,10 +652,7 @@ class GpuReader:
             ask("power_limit_mw", b.power_limit_mw, h)
             ask("clock_sm_mhz", b.clock_mhz, h, "sm")
             ask("clock_mem_mhz", b.clock_mhz, h, "mem")
-            for direction in ("tx", "rx"):
-                kb = ask(f"pcie_{direction}_bytes_per_s", b.pcie_kb_per_s, h, direction)
-                if kb is not None:
-                    values[f"pcie_{direction}_bytes_per_s"] = kb * 1024  # NVML counts KB/s
+            self._pcie(b, h, index, ask, values, missing)
             ask("ecc_uncorrected_volatile", b.ecc_uncorrected, h, "volatile")
             ask("ecc_uncorrected_aggregate", b.ecc_uncorrected, h, "aggregate")
             ask("retired_pages_sbe", b.retired_pages, h, "sbe")
@@ -687,6 +714,36 @@ class GpuReader:
             missing.update(memory_total_bytes=why, memory_used_bytes=why, memory_free_bytes=why)
             return
         values.update(memory_total_bytes=total, memory_used_bytes=total - available, memory_free_bytes=available)
+
+    def _pcie(self, b: NvmlBackend, h: Any, index: int, ask: Callable[..., Any], values: dict[str, Any],
+              missing: dict[str, str]) -> None:
+        """PCIe traffic from the byte counters, or from the throughput call on a GPU whose driver has none (found
+        out once per GPU for the session)."""
+        nv = self._nv
+        no_counters = self._pcie_no_counters.get(index)
+        if no_counters is None:
+            try:
+                tx, rx = b.pcie_bytes(h)
+            except nv.NVMLError as e:
+                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
+                    raise _Lost(explain(e, nv)) from None
+                if e.value not in _no_counter_codes(nv):  # the counters exist but failed this time
+                    values["pcie_source"] = "byte_counters"
+                    missing.update(dict.fromkeys(PCIE_FIELDS, explain(e, nv)))
+                    return
+                no_counters = self._pcie_no_counters[index] = (
+                    "no PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES, drivers 555+): "
+                    f"{explain(e, nv)}; the rate is nvmlDeviceGetPcieThroughput's")
+            else:
+                values.update(pcie_source="byte_counters", pcie_tx_bytes_total=tx, pcie_rx_bytes_total=rx)
+                missing.update(pcie_tx_bytes_per_s=PCIE_RATE_FROM_COUNTERS, pcie_rx_bytes_per_s=PCIE_RATE_FROM_COUNTERS)
+                return
+        values["pcie_source"] = "throughput"
+        missing.update(pcie_tx_bytes_total=no_counters, pcie_rx_bytes_total=no_counters)
+        for direction in ("tx", "rx"):
+            kb = ask(f"pcie_{direction}_bytes_per_s", b.pcie_kb_per_s, h, direction)
+            if kb is not None:
+                values[f"pcie_{direction}_bytes_per_s"] = kb * 1024  # NVML counts KB/s
 
     def _mig_devices(self, b: NvmlBackend, h: Any, seen: set[tuple[int, int]]) -> tuple[MigDevice, ...]:
         nv = self._nv
