@@ -6,7 +6,6 @@ Shared by the probe (which writes) and dltop's probes source (which reads); stan
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 
 FORMAT = 1  # the version of the file format (docs/probe.md); a reader refuses a larger one
@@ -57,7 +56,7 @@ def open_private_dir(path: str) -> int:
 def write_atomic(dir_fd: int, name: str, data: bytes) -> None:
     """Replace `name` in the directory `dir_fd` with `data`: a 0600 temp file made with O_EXCL|O_NOFOLLOW, then
     rename (a reader sees the old file or the new one, never a torn one)."""
-    tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+    tmp = f".{name}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as f:
