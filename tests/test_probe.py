@@ -17,7 +17,7 @@ import pytest
 
 import dltop.probe as probe
 from dltop.probe.files import MAX_FILE_BYTES, proc_start_ticks
-from tests.probe_helpers import REPO, probe_env, spawn, wait_for
+from tests.probe_helpers import REPO, probe_env
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0, the test extra)")
 

@@ -7,6 +7,7 @@ The file it publishes is described in docs/probe.md.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -16,7 +17,14 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from dltop.probe.files import FORMAT, MAX_FILE_BYTES, open_private_dir, probe_dir, proc_start_ticks, write_atomic
+from dltop.probe.files import (
+    FORMAT,
+    MAX_FILE_BYTES,
+    open_private_dir,
+    probe_dir,
+    proc_start_ticks,
+    write_atomic,
+)
 
 __all__ = ["mark_epoch", "publish", "report", "start", "stop", "track", "watch_kv", "watch_model",
            "watch_optimizer"]
@@ -412,10 +420,8 @@ def _remove_stale() -> None:
     for name in os.listdir(fd):
         pid = name.removesuffix(".json")
         if pid.isdigit() and name.endswith(".json") and proc_start_ticks(pid) is None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=fd)
-            except OSError:
-                pass
 
 
 def _run(stop: threading.Event, interval_s: float) -> None:
@@ -453,10 +459,8 @@ def start(interval_s: float = 1.0) -> str | None:
 
 def _remove_own_file() -> None:
     if _state.dir_fd is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(f"{os.getpid()}.json", dir_fd=_state.dir_fd)
-        except OSError:
-            pass
 
 
 def stop() -> None:

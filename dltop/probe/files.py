@@ -5,6 +5,7 @@ Shared by the probe (which writes) and dltop's probes source (which reads); stan
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -41,10 +42,8 @@ def check_dir(fd: int, uid: int) -> str | None:
 def open_private_dir(path: str) -> int:
     """Create `path` (mode 0700) if needed and open it without following a symlink; raises OSError, or
     PermissionError saying why the directory is not private."""
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
     fd = os.open(path, DIR_FLAGS)
     why = check_dir(fd, os.getuid())
     if why is not None:
@@ -63,10 +62,8 @@ def write_atomic(dir_fd: int, name: str, data: bytes) -> None:
             f.write(data)
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
         raise
 
 

@@ -168,11 +168,11 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str) -> Process
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         return f"malformed: not JSON ({str(e).splitlines()[0][:80]})"
-    if isinstance(doc, dict) and isinstance(doc.get("format"), int) and not isinstance(doc["format"], bool) \
-            and doc["format"] > FORMAT:
-        return f"format {doc['format']} is newer than this dltop reads ({FORMAT})"
+    version = doc.get("format") if isinstance(doc, dict) else None
+    if type(version) is int and version > FORMAT:
+        return f"format {version} is newer than this dltop reads ({FORMAT})"
     try:
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        if type(version) is not int or version != FORMAT:
             raise Malformed(f"format: expected {FORMAT}")
         probe = parse_probe(doc, path, st.st_uid)
     except (Malformed, RecursionError) as e:
@@ -206,14 +206,13 @@ def read_probes(dirs: Sequence[tuple[str, int]] | None = None, root: str = "/") 
         except OSError as e:
             if e.errno == errno.ENOENT:
                 continue
-            why = "a symlink in place of the directory: not followed" if e.errno in (errno.ELOOP, errno.ENOTDIR) \
-                else f"cannot open: {e.strerror}"
-            ignored.append(IgnoredProbe(path, why))
+            ignored.append(IgnoredProbe(path, "a symlink in place of the directory: not followed"
+                                        if e.errno in (errno.ELOOP, errno.ENOTDIR) else f"cannot open: {e.strerror}"))
             continue
         try:
-            why = check_dir(dir_fd, owner)
-            if why is not None:
-                ignored.append(IgnoredProbe(path, f"directory {why}: not trusted"))
+            untrusted = check_dir(dir_fd, owner)
+            if untrusted is not None:
+                ignored.append(IgnoredProbe(path, f"directory {untrusted}: not trusted"))
                 continue
             names = sorted(os.listdir(dir_fd))[:MAX_ENTRIES]
             for name in names:
