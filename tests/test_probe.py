@@ -309,3 +309,47 @@ def test_track_costs_microseconds_per_item() -> None:
     tracked = time.perf_counter_ns() - t0
     per_item_us = (tracked - bare) / len(items) / 1000
     assert per_item_us < 5  # target 2 µs; a loose bound on a shared 2-core machine
+
+
+class FakeCuda:
+    """torch.cuda as a process with a GPU shows it (this machine has none): what the probe asks is recorded."""
+
+    def __init__(self, initialized: bool) -> None:
+        self.initialized = initialized
+        self.asked: list[int] = []
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def current_device(self) -> int:
+        return 1
+
+    def memory_stats(self, index: int) -> dict[str, int]:
+        self.asked.append(index)
+        return {"allocated_bytes.all.current": 10 << 20, "reserved_bytes.all.current": 32 << 20,
+                "num_alloc_retries": 2, "num_ooms": 0, "segment.all.current": 7}
+
+    def get_device_properties(self, index: int):
+        return Obj(uuid=f"5e3c1a7e-0000-0000-0000-00000000000{index}")
+
+
+@pytest.mark.parametrize("initialized", [False, True])
+def test_cuda_is_asked_only_once_the_process_initialised_it(monkeypatch: pytest.MonkeyPatch,
+                                                            initialized: bool) -> None:
+    cuda = FakeCuda(initialized)
+    monkeypatch.setitem(sys.modules, "torch", Obj(cuda=cuda, __version__="2.13.0+cu130"))
+    devices = probe.report()["devices"]
+    if not initialized:
+        assert cuda.asked == [] and devices == {}
+        return
+    assert cuda.asked == [1]  # the current device only: no other device gets an allocator by our asking
+    assert devices["cuda:1"]["memory_stats"] == {"allocated_bytes.all.current": 10 << 20,
+                                                 "reserved_bytes.all.current": 32 << 20,
+                                                 "num_alloc_retries": 2, "num_ooms": 0}
+    assert devices["cuda:1"]["uuid"].endswith("0001")
+
+
+def test_torch_imported_but_unused_stays_without_cuda() -> None:
+    probe.watch_model(model := _model())
+    probe.report()
+    assert model is not None and not torch.cuda.is_initialized()

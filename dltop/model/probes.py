@@ -21,6 +21,7 @@ class ProbeDevice:
     optimizer_bytes: int
     kv_bytes: int
     memory_stats: dict[str, int] = field(default_factory=dict)
+    uuid: str | None = None  # torch's device UUID (NVML's without the "GPU-" prefix); cuda:N is a logical index
 
 
 @dataclass(frozen=True)

@@ -280,8 +280,14 @@ def _cuda_stats(torch: Any, devices: dict[str, dict[str, Any]]) -> None:
         return
     wanted = {n for n in devices if n.startswith("cuda:")} | {f"cuda:{cuda.current_device()}"}
     for name in sorted(wanted):
-        stats = cuda.memory_stats(int(name.split(":")[1]))
-        _device_entry(devices, name)["memory_stats"] = {k: stats[k] for k in MEMORY_STATS if k in stats}
+        index = int(name.split(":")[1])
+        stats = cuda.memory_stats(index)
+        entry = _device_entry(devices, name)
+        entry["memory_stats"] = {k: stats[k] for k in MEMORY_STATS if k in stats}
+        # cuda:N counts within CUDA_VISIBLE_DEVICES: the UUID is what joins it to NVML's device
+        uuid = getattr(cuda.get_device_properties(index), "uuid", None)
+        if uuid is not None:
+            entry["uuid"] = str(uuid)
 
 
 def _compile_counters() -> dict[str, int] | None:

@@ -77,7 +77,8 @@ def _device(name: str, d: Any) -> ProbeDevice:
     return ProbeDevice(device=name, weights_bytes=_count(d, "weights_bytes") or 0,
                        gradients_bytes=_count(d, "gradients_bytes") or 0,
                        optimizer_bytes=_count(d, "optimizer_bytes") or 0, kv_bytes=_count(d, "kv_bytes") or 0,
-                       memory_stats={str(k): v for k, v in stats.items()})
+                       memory_stats={str(k): v for k, v in stats.items()},
+                       uuid=_get(d, "uuid", str, optional=True))
 
 
 def _epoch(e: Any) -> ProbeEpoch:
