@@ -27,7 +27,8 @@ ALLOWED: dict[str, set[str]] = {
     "text": {"text", "model", "fmt", "cpuregs"},
     "derive": {"model"},
     "hints": {"hints", "model", "fmt"},
-    "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "__init__"},
+    # The probes source shares the file format's constants and directory with the probe (dltop/probe/files.py).
+    "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "__init__"},
     "sampler": {"model", "sources"},
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.

@@ -15,6 +15,7 @@ from dltop.model.cpu import CpuPart
 from dltop.model.datasets import DatasetsPart
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MemorySplit, MigDevice
 from dltop.model.memory import CgroupMemory, DiskStat, MemoryPart, Pressure, VmStat
+from dltop.model.probes import IgnoredProbe, ProbeDevice, ProbeEpoch, ProbesPart, ProcessProbe
 from dltop.model.servers import ModelStats, ServerStats
 
 SCHEMA_VERSION = 1
@@ -29,11 +30,16 @@ __all__ = [
     "GpuDevice",
     "GpuPart",
     "GpuProcess",
+    "IgnoredProbe",
     "MemoryPart",
     "MemorySplit",
     "MigDevice",
     "ModelStats",
     "Pressure",
+    "ProbeDevice",
+    "ProbeEpoch",
+    "ProbesPart",
+    "ProcessProbe",
     "ServerStats",
     "Snapshot",
     "SourceStatus",
@@ -69,6 +75,7 @@ class Snapshot:
     cpu: CpuPart | Unavailable | None = None
     gpus: GpuPart | Unavailable | None = None
     servers: tuple[ServerStats, ...] | Unavailable | None = None  # one per --server URL, in the order given
+    probes: ProbesPart | Unavailable | None = None  # processes with dltop.probe (docs/probe.md)
     sources: dict[str, SourceStatus] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,92 @@
+"""The probes part of a Snapshot: what each training or serving process with `dltop.probe` says about itself.
+
+One `ProcessProbe` per live process that published a file (docs/probe.md); every file dltop did not read is an
+`IgnoredProbe` with the reason (another user's, a symlink, too large, malformed, a dead process, a reused pid).
+A number the process did not publish is None with its reason in `unavailable`, never 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ProbeDevice:
+    """One device's bytes as the process counts them; `memory_stats` are torch.cuda.memory_stats() under
+    torch's own names (CUDA devices, once the process initialised CUDA)."""
+
+    device: str  # "cuda:0", "cpu"
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    kv_bytes: int
+    memory_stats: dict[str, int] = field(default_factory=dict)
+    uuid: str | None = None  # torch's device UUID (NVML's without the "GPU-" prefix); cuda:N is a logical index
+
+
+@dataclass(frozen=True)
+class ProbeEpoch:
+    """One epoch closed by `probe.mark_epoch()`."""
+
+    index: int
+    started_at: float
+    ended_at: float
+    duration_s: float
+    data_wait_s: float
+    steps: int
+    page_cache_delta_bytes: int | None  # Cached after minus before; None: /proc/meminfo was unreadable
+    gpu_util: float | None = None  # None: the probe does not measure it (see ProcessProbe.gpu_util_source)
+
+
+@dataclass(frozen=True)
+class ProcessProbe:
+    """One process's probe file, checked (owner, size, format, the process alive with the same start time)."""
+
+    pid: int
+    path: str
+    uid: int
+    start_time_ticks: int
+    cmd: str
+    published_at: float
+    started_at: float | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    torch_version: str | None = None
+    # Totals over all devices; None (reason in `unavailable`) when the process watched no model or cache.
+    weights_bytes: int | None = None
+    gradients_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    kv_bytes: int | None = None
+    devices: tuple[ProbeDevice, ...] = ()
+    data_wait_fraction: float | None = None  # 0..1 over the recent steps
+    step_time_s: float | None = None  # mean over the recent steps
+    steps: int | None = None
+    input_shapes: int | None = None
+    loader_workers: int | None = None
+    pin_memory: bool | None = None
+    cudnn_benchmark: bool | None = None
+    cudnn_deterministic: bool | None = None
+    compile: dict[str, int] = field(default_factory=dict)
+    allocator_env: dict[str, str] = field(default_factory=dict)
+    epochs: tuple[ProbeEpoch, ...] = ()
+    gpu_util_source: str | None = None
+    truncated: tuple[str, ...] = ()  # what the probe dropped to stay within 4 KiB
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IgnoredProbe:
+    """A file in a probe directory that dltop did not read, or a directory it did not trust, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProbesPart:
+    """Every probe directory dltop looked in, the processes found and what it ignored."""
+
+    dirs: tuple[str, ...] = ()
+    processes: tuple[ProcessProbe, ...] = ()
+    ignored: tuple[IgnoredProbe, ...] = ()

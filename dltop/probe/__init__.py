@@ -1,0 +1,494 @@
+"""The in-process probe: a training or serving script tells dltop what its bytes are and how long it waits.
+
+Standard library only; torch is used only if the process already imported it, and CUDA is never initialised.
+The file it publishes is described in docs/probe.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+from dltop.probe.files import (
+    FORMAT,
+    MAX_FILE_BYTES,
+    open_private_dir,
+    probe_dir,
+    proc_start_ticks,
+    write_atomic,
+)
+
+__all__ = ["mark_epoch", "publish", "report", "start", "stop", "track", "watch_kv", "watch_model",
+           "watch_optimizer"]
+
+T = TypeVar("T")
+RING = 256  # steps the recent wait fraction and step time cover
+MAX_SHAPES = 64
+MAX_EPOCHS = 16
+MAX_CMD = 256
+ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+             "CUDA_VISIBLE_DEVICES")
+MEMORY_STATS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
+                "inactive_split_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.peak",
+                "num_alloc_retries", "num_ooms")
+GPU_UTIL_SOURCE = ("not measured by the probe (it reads no NVML and never initialises CUDA): dltop joins NVML's "
+                   "utilisation over started_at..ended_at")
+
+
+class _Data:
+    """What track() saw: a ring of the last RING (wait, step) pairs in ns, and the open epoch's totals."""
+
+    def __init__(self) -> None:
+        self.waits = [0] * RING
+        self.steps_ns = [0] * RING
+        self.n = 0  # items yielded in all
+        self.last_t = 0  # perf_counter_ns when the last item arrived
+        self.shapes: set[Any] = set()
+        self.workers: int | None = None
+        self.pin_memory: bool | None = None
+        self.seen = False
+        # the open epoch
+        self.epoch_t0 = 0
+        self.epoch_wall0 = 0.0
+        self.epoch_cached0: int | None = None
+        self.epoch_wait = 0
+        self.epoch_steps = 0
+        self.epoch_open = False
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.interval_s = 1.0
+        self.started_at: float | None = None
+        self.models: list[weakref.ref[Any]] = []
+        self.optimizers: list[weakref.ref[Any]] = []
+        self.kv: list[weakref.ref[Any]] = []
+        self.data = _Data()
+        self.epochs: list[dict[str, Any]] = []
+        self.dir_fd: int | None = None
+        self.warned: set[str] = set()
+
+
+_state = _State()
+
+
+def _warn_once(key: str, text: str) -> None:
+    if key not in _state.warned:
+        _state.warned.add(key)
+        sys.stderr.write(f"dltop.probe: {text}\n")
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _in_dataloader_worker() -> bool:
+    data = sys.modules.get("torch.utils.data")
+    get = getattr(data, "get_worker_info", None)
+    try:
+        return get is not None and get() is not None
+    except Exception:
+        return False
+
+
+def _ref(obj: Any) -> list[weakref.ref[Any]]:
+    try:
+        return [weakref.ref(obj)]
+    except TypeError:  # a list or tuple: refer to what it holds now
+        if isinstance(obj, list | tuple):
+            return [r for item in obj for r in _ref(item)]
+        raise TypeError(f"dltop.probe: cannot watch a {type(obj).__name__} (no weak reference)") from None
+
+
+def watch_model(model: Any) -> None:
+    """Count the model's parameters and buffers as weights and their gradients apart, per device."""
+    _state.models.extend(_ref(model))
+
+
+def watch_optimizer(optimizer: Any) -> None:
+    """Count the optimizer's state tensors (Adam's exp_avg, exp_avg_sq, ...) as optimizer state, per device."""
+    _state.optimizers.extend(_ref(optimizer))
+
+
+def watch_kv(obj: Any) -> None:
+    """Count a KV cache: a Hugging Face cache object (transformers 4.5x or 5.x), a tensor or a list of tensors."""
+    _state.kv.extend(_ref(obj))
+
+
+def _shape_of(item: Any) -> Any:
+    shape = getattr(item, "shape", None)
+    if shape is not None:
+        return tuple(shape)
+    if isinstance(item, tuple | list):
+        return tuple(_shape_of(x) for x in item[:8])
+    if isinstance(item, dict):
+        return tuple((k, _shape_of(v)) for k, v in list(item.items())[:8])
+    return None
+
+
+def _meminfo_cached_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"Cached:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def track(iterable: Iterable[T]) -> Iterator[T]:
+    """Yield the items of `iterable`, timing how long each took to arrive (the data wait) and the step time."""
+    d = _state.data
+    d.seen = True
+    workers = getattr(iterable, "num_workers", None)
+    if isinstance(workers, int):
+        d.workers = workers
+        pin = getattr(iterable, "pin_memory", None)
+        d.pin_memory = pin if isinstance(pin, bool) else None
+    it = iter(iterable)
+    clock = time.perf_counter_ns
+    waits, steps_ns, shapes = d.waits, d.steps_ns, d.shapes
+    while True:
+        t0 = clock()
+        if not d.epoch_open:
+            d.epoch_open, d.epoch_t0, d.epoch_wall0 = True, t0, time.time()
+            d.epoch_cached0, d.epoch_wait, d.epoch_steps = _meminfo_cached_bytes(), 0, 0
+            d.last_t = 0
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        t1 = clock()
+        wait = t1 - t0
+        i = d.n % RING
+        waits[i] = wait
+        steps_ns[i] = t1 - d.last_t if d.last_t else 0  # the first item of an epoch has no step before it
+        d.last_t = t1
+        d.n += 1
+        d.epoch_wait += wait
+        d.epoch_steps += 1
+        if len(shapes) < MAX_SHAPES:
+            shapes.add(_shape_of(item))
+        yield item
+
+
+def mark_epoch() -> dict[str, Any] | None:
+    """Close the open epoch (opened by the first item track() yields after the last mark_epoch) and return its
+    record; None when no epoch was open."""
+    d = _state.data
+    if not d.epoch_open:
+        return None
+    t = time.perf_counter_ns()
+    cached = _meminfo_cached_bytes()
+    epoch = {
+        "index": len(_state.epochs) and _state.epochs[-1]["index"] + 1,
+        "started_at": round(d.epoch_wall0, 3),
+        "ended_at": round(time.time(), 3),
+        "duration_s": round((t - d.epoch_t0) / 1e9, 6),
+        "data_wait_s": round(d.epoch_wait / 1e9, 6),
+        "steps": d.epoch_steps,
+        "page_cache_delta_bytes": None if cached is None or d.epoch_cached0 is None else cached - d.epoch_cached0,
+        "gpu_util": None,  # see gpu_util_source
+    }
+    d.epoch_open = False
+    with _state.lock:
+        _state.epochs = [*_state.epochs, epoch][-MAX_EPOCHS:]
+    return epoch
+
+
+def _device_entry(devices: dict[str, dict[str, Any]], device: Any) -> dict[str, Any]:
+    name = str(device)
+    if name == "cuda":
+        name = "cuda:0"
+    entry = devices.get(name)
+    if entry is None:
+        entry = devices[name] = {"weights_bytes": 0, "gradients_bytes": 0, "optimizer_bytes": 0, "kv_bytes": 0}
+    return entry
+
+
+def _nbytes(t: Any) -> int:
+    return int(t.numel()) * int(t.element_size())
+
+
+def _is_tensor(x: Any) -> bool:
+    return hasattr(x, "numel") and hasattr(x, "element_size") and hasattr(x, "device")
+
+
+def _kv_tensors(obj: Any, depth: int = 0) -> Iterator[Any]:
+    """The tensors of a KV cache, duck-typed: transformers 5.x (`layers[i].keys/values`), 4.5x
+    (`key_cache`/`value_cache` lists), a tensor, or nested lists and tuples of them."""
+    if depth > 4 or obj is None:
+        return
+    if _is_tensor(obj):
+        yield obj
+        return
+    layers = getattr(obj, "layers", None)
+    if isinstance(layers, list | tuple):
+        for layer in layers:
+            for attr in ("keys", "values"):
+                yield from _kv_tensors(getattr(layer, attr, None), depth + 1)
+        return
+    if hasattr(obj, "key_cache") or hasattr(obj, "value_cache"):
+        for attr in ("key_cache", "value_cache"):
+            yield from _kv_tensors(getattr(obj, attr, None), depth + 1)
+        return
+    if isinstance(obj, list | tuple):
+        for x in obj:
+            yield from _kv_tensors(x, depth + 1)
+
+
+def _live(refs: list[weakref.ref[Any]]) -> list[Any]:
+    return [o for o in (r() for r in refs) if o is not None]
+
+
+def _tensor_bytes(devices: dict[str, dict[str, Any]]) -> None:
+    for model in _live(_state.models):
+        for p in model.parameters():
+            _device_entry(devices, p.device)["weights_bytes"] += _nbytes(p)
+            if p.grad is not None:
+                _device_entry(devices, p.grad.device)["gradients_bytes"] += _nbytes(p.grad)
+        for b in model.buffers():
+            _device_entry(devices, b.device)["weights_bytes"] += _nbytes(b)
+    for opt in _live(_state.optimizers):
+        for per_param in list(getattr(opt, "state", {}).values()):
+            for v in list(per_param.values()) if isinstance(per_param, dict) else ():
+                if _is_tensor(v):
+                    _device_entry(devices, v.device)["optimizer_bytes"] += _nbytes(v)
+    seen: set[int] = set()
+    for obj in _live(_state.kv):
+        for t in _kv_tensors(obj):
+            if id(t) not in seen:
+                seen.add(id(t))
+                _device_entry(devices, t.device)["kv_bytes"] += _nbytes(t)
+
+
+def _cuda_stats(torch: Any, devices: dict[str, dict[str, Any]]) -> None:
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():  # never initialise CUDA
+        return
+    wanted = {n for n in devices if n.startswith("cuda:")} | {f"cuda:{cuda.current_device()}"}
+    for name in sorted(wanted):
+        index = int(name.split(":")[1])
+        stats = cuda.memory_stats(index)
+        entry = _device_entry(devices, name)
+        entry["memory_stats"] = {k: stats[k] for k in MEMORY_STATS if k in stats}
+        # cuda:N counts within CUDA_VISIBLE_DEVICES: the UUID is what joins it to NVML's device
+        uuid = getattr(cuda.get_device_properties(index), "uuid", None)
+        if uuid is not None:
+            entry["uuid"] = str(uuid)
+
+
+def _compile_counters() -> dict[str, int] | None:
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return None
+    return {
+        "unique_graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "frames_ok": int(counters["frames"]["ok"]),
+        "fx_graph_cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fx_graph_cache_misses": int(counters["inductor"]["fxgraph_cache_miss"]),
+    }
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _cmdline() -> str:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:MAX_CMD]
+    except OSError:
+        return " ".join(sys.argv)[:MAX_CMD]
+
+
+def _data_report() -> dict[str, Any] | None:
+    d = _state.data
+    if not d.seen:
+        return None
+    n = min(d.n, RING)
+    idx = [(d.n - 1 - k) % RING for k in range(n)]
+    # Steps with no step time before them (the first item of an epoch) count neither side of the fraction.
+    pairs = [(d.waits[i], d.steps_ns[i]) for i in idx if d.steps_ns[i]]
+    return {
+        "steps": d.n,
+        "recent_steps": len(pairs),
+        "recent_wait_s": sum(w for w, _ in pairs) / 1e9,
+        "recent_step_s": sum(s for _, s in pairs) / 1e9,
+        "last_step_s": pairs[0][1] / 1e9 if pairs else None,
+        "input_shapes": len(d.shapes),
+        "loader_workers": d.workers,
+        "pin_memory": d.pin_memory,
+    }
+
+
+def report() -> dict[str, Any]:
+    """What the probe would publish now (format 1, docs/probe.md)."""
+    torch = _torch()
+    devices: dict[str, dict[str, Any]] = {}
+    cudnn = compile_counters = None
+    if torch is not None:
+        _tensor_bytes(devices)
+        _cuda_stats(torch, devices)
+        backend = getattr(getattr(torch, "backends", None), "cudnn", None)
+        if backend is not None:
+            cudnn = {"benchmark": bool(backend.benchmark), "deterministic": bool(backend.deterministic)}
+        compile_counters = _compile_counters()
+    pid = os.getpid()
+    return {
+        "format": FORMAT,
+        "pid": pid,
+        "start_time_ticks": proc_start_ticks(pid),
+        "uid": os.getuid(),
+        "cmd": _cmdline(),
+        "published_at": round(time.time(), 3),
+        "started_at": _state.started_at,
+        "rank": _env_int("RANK"),
+        "local_rank": _env_int("LOCAL_RANK"),
+        "world_size": _env_int("WORLD_SIZE"),
+        "torch": getattr(torch, "__version__", None) and str(torch.__version__),
+        "devices": devices,
+        "allocator_env": {k: os.environ[k] for k in ALLOC_ENV if k in os.environ},
+        "cudnn": cudnn,
+        "compile": compile_counters,
+        "data": _data_report(),
+        "epochs": list(_state.epochs),
+        "gpu_util_source": GPU_UTIL_SOURCE,
+    }
+
+
+def encode(doc: dict[str, Any]) -> bytes | None:
+    """The file's bytes, within MAX_FILE_BYTES: drop the oldest epochs, then the allocator settings, then cut the
+    command, then the compile counters, naming each in `truncated`; None when it still does not fit."""
+    doc = dict(doc)
+    dropped: list[str] = []
+    while True:
+        data = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+        if len(data) <= MAX_FILE_BYTES:
+            return data
+        if len(doc["epochs"]) > 1:
+            doc["epochs"] = doc["epochs"][1:]
+            if "epochs" not in dropped:
+                dropped.append("epochs")
+        elif doc.get("allocator_env"):
+            doc["allocator_env"] = {}
+            dropped.append("allocator_env")
+        elif len(doc["cmd"]) > 64:
+            doc["cmd"] = doc["cmd"][:64]
+            dropped.append("cmd")
+        elif doc.get("compile"):
+            doc["compile"] = None
+            dropped.append("compile")
+        else:
+            return None
+        doc["truncated"] = dropped
+
+
+def publish() -> str | None:
+    """Write this process's file once now; returns its path, or None (said once on stderr) when it cannot."""
+    path = probe_dir()
+    try:
+        if _state.dir_fd is None:
+            _state.dir_fd = open_private_dir(path)
+        data = encode(report())
+        if data is None:
+            _warn_once("size", f"the report does not fit in {MAX_FILE_BYTES} bytes: not published")
+            return None
+        write_atomic(_state.dir_fd, f"{os.getpid()}.json", data)
+    except (OSError, ValueError) as e:
+        _warn_once("write", f"cannot publish in {path}: {e}")
+        return None
+    return os.path.join(path, f"{os.getpid()}.json")
+
+
+def _remove_stale() -> None:
+    """Remove files of dead processes from our own directory (a process killed with SIGKILL leaves its file)."""
+    fd = _state.dir_fd
+    if fd is None:
+        return
+    for name in os.listdir(fd):
+        pid = name.removesuffix(".json")
+        if pid.isdigit() and name.endswith(".json") and proc_start_ticks(pid) is None:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=fd)
+
+
+def _run(stop: threading.Event, interval_s: float) -> None:
+    while not stop.is_set():
+        if _in_dataloader_worker():  # started before torch was imported (DLTOP_PROBE=1 in a spawned worker)
+            _remove_own_file()
+            return
+        try:
+            publish()
+        except Exception as e:  # the probe must never take the training job down
+            _warn_once("report", f"report failed: {type(e).__name__}: {e}")
+        stop.wait(interval_s)
+
+
+def start(interval_s: float = 1.0) -> str | None:
+    """Publish about every `interval_s` from a daemon thread (idempotent; nothing in a DataLoader worker).
+    Returns the file's path, or None when nothing is published."""
+    if _in_dataloader_worker():
+        return None
+    with _state.lock:
+        if _state.thread is not None and _state.thread.is_alive():
+            return os.path.join(probe_dir(), f"{os.getpid()}.json")
+        _state.interval_s = interval_s
+        _state.started_at = round(time.time(), 3)
+        path = publish()
+        if path is None:
+            return None
+        _remove_stale()
+        _state.stop = threading.Event()
+        _state.thread = threading.Thread(target=_run, args=(_state.stop, interval_s), name="dltop-probe",
+                                         daemon=True)
+        _state.thread.start()
+        return path
+
+
+def _remove_own_file() -> None:
+    if _state.dir_fd is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(f"{os.getpid()}.json", dir_fd=_state.dir_fd)
+
+
+def stop() -> None:
+    """Stop publishing and remove this process's file."""
+    with _state.lock:
+        thread, _state.thread = _state.thread, None
+        _state.stop.set()
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=5)
+    _remove_own_file()
+
+
+def _after_fork_in_child() -> None:
+    # The child has the parent's memory but not its thread: it starts fresh, and publishes only if it calls
+    # start() itself. Its data and epochs are its own from here.
+    _state.lock = threading.Lock()
+    _state.thread = None
+    _state.stop = threading.Event()
+    _state.data = _Data()
+    _state.epochs = []
+    _state.started_at = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(stop)

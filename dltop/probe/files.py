@@ -1,0 +1,82 @@
+"""Where probe files live and how one is written: a private per-user directory, atomic replace, no symlinks.
+
+Shared by the probe (which writes) and dltop's probes source (which reads); standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+
+FORMAT = 1  # the version of the file format (docs/probe.md); a reader refuses a larger one
+MAX_FILE_BYTES = 4096
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def probe_dir(uid: int | None = None, env: dict[str, str] | None = None) -> str:
+    """The directory this user's probes publish into: $XDG_RUNTIME_DIR/dltop when that is the user's own
+    directory, else /dev/shm/dltop-<uid>."""
+    uid = os.getuid() if uid is None else uid
+    runtime = (os.environ if env is None else env).get("XDG_RUNTIME_DIR")
+    if runtime:
+        try:
+            st = os.stat(runtime)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+                return os.path.join(runtime, "dltop")
+        except OSError:
+            pass
+    return f"/dev/shm/dltop-{uid}"
+
+
+def check_dir(fd: int, uid: int) -> str | None:
+    """Why the open directory `fd` is not a private one of `uid` (None when it is)."""
+    st = os.fstat(fd)
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not {uid}"
+    if st.st_mode & 0o022:
+        return f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def open_private_dir(path: str) -> int:
+    """Create `path` (mode 0700) if needed and open it without following a symlink; raises OSError, or
+    PermissionError saying why the directory is not private."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    fd = os.open(path, DIR_FLAGS)
+    why = check_dir(fd, os.getuid())
+    if why is not None:
+        os.close(fd)
+        raise PermissionError(f"{path}: {why}")
+    return fd
+
+
+def write_atomic(dir_fd: int, name: str, data: bytes) -> None:
+    """Replace `name` in the directory `dir_fd` with `data`: a 0600 temp file made with O_EXCL|O_NOFOLLOW, then
+    rename (a reader sees the old file or the new one, never a torn one)."""
+    tmp = f".{name}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def proc_start_ticks(pid: int | str, proc: str = "/proc") -> int | None:
+    """Field 22 of /proc/PID/stat (starttime, in clock ticks since boot); None when the process is gone."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # The command (field 2) is in parentheses and may hold spaces and ')': split after the last ')'.
+    fields = text[text.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None

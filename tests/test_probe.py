@@ -1,0 +1,355 @@
+"""The in-process probe (dltop.probe) with real torch on CPU: weights, gradients, optimizer state and KV bytes
+counted the way torch counts them, data waits timed on a real loader, the file published privately and
+atomically, fork and DataLoader-worker safety, and activation with DLTOP_PROBE=1."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import dltop.probe as probe
+from dltop.probe.files import MAX_FILE_BYTES, proc_start_ticks
+from tests.probe_helpers import REPO, probe_env
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0, the test extra)")
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Each test gets the probe's state new and its own probe directory."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(probe, "_state", probe._State())
+    yield
+    probe.stop()
+
+
+def _storage_bytes(tensors) -> int:
+    # torch's own count of the memory behind each tensor (each of these owns its storage)
+    return sum(t.untyped_storage().nbytes() for t in tensors)
+
+
+class Net(torch.nn.Module):
+    """Parameters of two dtypes, running-stat buffers (BatchNorm) and a buffer of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.lin = torch.nn.Linear(16, 32)
+        self.bn = torch.nn.BatchNorm1d(32)
+        self.head = torch.nn.Linear(32, 4, dtype=torch.float64)
+        self.register_buffer("mask", torch.ones(7, dtype=torch.int64), persistent=False)
+
+    def forward(self, x):
+        return self.head(self.bn(self.lin(self.emb(x))).double())
+
+
+def _model():
+    return Net()
+
+
+def test_weights_are_parameters_and_buffers_gradients_and_optimizer_apart() -> None:
+    model = _model()
+    probe.watch_model(model)
+    cpu = probe.report()["devices"]["cpu"]
+    assert cpu["weights_bytes"] == _storage_bytes([*model.parameters(), *model.buffers()])
+    assert cpu["gradients_bytes"] == 0 and cpu["optimizer_bytes"] == 0
+
+    opt = torch.optim.Adam(model.parameters())
+    probe.watch_optimizer(opt)
+    x = torch.randint(0, 50, (8,))
+    model(x).sum().backward()
+    opt.step()
+    cpu = probe.report()["devices"]["cpu"]
+    assert cpu["gradients_bytes"] == _storage_bytes(p.grad for p in model.parameters())
+    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    assert cpu["optimizer_bytes"] == _storage_bytes(state)
+    # Adam keeps two moments per parameter: more than twice the weights' parameters
+    assert cpu["optimizer_bytes"] > 2 * _storage_bytes(model.parameters())
+
+
+def test_watching_keeps_nothing_alive() -> None:
+    model = _model()
+    probe.watch_model(model)
+    assert probe.report()["devices"]["cpu"]["weights_bytes"] > 0
+    del model
+    gc.collect()
+    assert probe.report()["devices"] == {}
+
+
+class Obj:
+    """A plain object with attributes, as transformers' Cache and its layers are (weak references work)."""
+
+    def __init__(self, **attrs) -> None:
+        self.__dict__.update(attrs)
+
+
+def _kv(layers: int = 3):
+    return [(torch.zeros(1, 2, 7, 8, dtype=torch.float16), torch.zeros(1, 2, 7, 8, dtype=torch.float16))
+            for _ in range(layers)]
+
+
+@pytest.mark.parametrize("layout", ["transformers-4.5x", "transformers-5.x", "tuple-of-tuples", "tensor-list"])
+def test_kv_caches_in_every_layout(layout: str) -> None:
+    kv = _kv()
+    expected = _storage_bytes(t for pair in kv for t in pair)
+    if layout == "transformers-4.5x":  # DynamicCache: key_cache / value_cache lists
+        obj = Obj(key_cache=[k for k, _ in kv], value_cache=[v for _, v in kv])
+    elif layout == "transformers-5.x":  # DynamicCache: layers[i].keys / .values
+        obj = Obj(layers=[Obj(keys=k, values=v) for k, v in kv])
+    elif layout == "tuple-of-tuples":
+        obj = tuple(kv)
+    else:
+        obj = [t for pair in kv for t in pair]
+    probe.watch_kv(obj)
+    assert probe.report()["devices"]["cpu"]["kv_bytes"] == expected
+
+
+def test_a_growing_cache_object_is_read_each_time() -> None:
+    cache = Obj(layers=[])
+    probe.watch_kv(cache)
+    assert probe.report()["devices"] == {}
+    cache.layers.append(Obj(keys=torch.zeros(4, 4), values=torch.zeros(4, 4)))
+    assert probe.report()["devices"]["cpu"]["kv_bytes"] == 2 * 16 * 4
+
+
+def test_track_yields_the_same_items_and_times_a_slow_loader() -> None:
+    wait_s, work_s, n = 0.03, 0.01, 12
+
+    def slow_loader():
+        for i in range(n):
+            time.sleep(wait_s)
+            yield torch.full((2, 3), i)
+
+    got = []
+    t0 = time.perf_counter()
+    for batch in probe.track(slow_loader()):
+        got.append(int(batch[0, 0]))
+        time.sleep(work_s)
+    elapsed = time.perf_counter() - t0
+    assert got == list(range(n))
+    data = probe.report()["data"]
+    assert data["steps"] == n and data["recent_steps"] == n - 1 and data["input_shapes"] == 1
+    fraction = data["recent_wait_s"] / data["recent_step_s"]
+    assert 0.6 < fraction < 0.85  # 30 ms of every 40 ms
+    epoch = probe.mark_epoch()
+    assert epoch is not None and epoch["steps"] == n
+    assert n * wait_s <= epoch["data_wait_s"] < epoch["duration_s"] <= elapsed + 0.01
+    assert isinstance(epoch["page_cache_delta_bytes"], int)
+    assert probe.mark_epoch() is None  # nothing open
+    assert [e["index"] for e in probe.report()["epochs"]] == [0]
+
+
+def test_a_real_dataloader_with_workers(tmp_path: Path) -> None:
+    ds = torch.utils.data.TensorDataset(torch.arange(64.0).reshape(32, 2))
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2)
+    for _ in range(2):
+        items = [b[0].sum().item() for b in probe.track(loader)]
+        probe.mark_epoch()
+    assert items == [b[0].sum().item() for b in loader]
+    doc = probe.report()
+    assert doc["data"]["loader_workers"] == 2 and doc["data"]["pin_memory"] is False
+    assert doc["data"]["steps"] == 16 and [e["steps"] for e in doc["epochs"]] == [8, 8]
+
+
+def test_page_cache_delta_sees_a_dataset_read_in(tmp_path: Path) -> None:
+    data = tmp_path / "shard.bin"
+    data.write_bytes(os.urandom(64 << 20))
+    fd = os.open(data, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
+    os.close(fd)
+
+    def reader():
+        with open(data, "rb") as f:
+            while chunk := f.read(1 << 20):
+                yield chunk
+
+    assert sum(len(c) for c in probe.track(reader())) == 64 << 20
+    epoch = probe.mark_epoch()
+    assert epoch is not None
+    # Cached grew by about the 64 MiB read in (other work on the machine moves it too: a loose bound)
+    assert epoch["page_cache_delta_bytes"] > 16 << 20
+
+
+def test_published_file_is_private_atomic_and_within_the_limit(tmp_path: Path) -> None:
+    model = _model()
+    probe.watch_model(model)
+    path = probe.start(interval_s=0.05)
+    assert path == str(tmp_path / "dltop" / f"{os.getpid()}.json")
+    assert probe.start() == path  # idempotent: one thread
+    assert sum(t.name == "dltop-probe" for t in __import__("threading").enumerate()) == 1
+    assert stat.S_IMODE(os.stat(tmp_path / "dltop").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    time.sleep(0.3)
+    assert os.listdir(tmp_path / "dltop") == [f"{os.getpid()}.json"]  # no temp file left behind
+    doc = json.loads(Path(path).read_text())
+    assert doc["format"] == 1 and doc["pid"] == os.getpid()
+    assert doc["start_time_ticks"] == proc_start_ticks(os.getpid())
+    assert doc["devices"]["cpu"]["weights_bytes"] > 0 and doc["torch"] == torch.__version__
+    probe.stop()
+    assert not Path(path).exists()
+
+
+def test_a_symlinked_or_shared_directory_is_not_published_into(tmp_path: Path, capsys) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "dltop").symlink_to(elsewhere)
+    assert probe.start() is None
+    assert os.listdir(elsewhere) == []
+    assert "cannot publish" in capsys.readouterr().err
+    (tmp_path / "dltop").unlink()
+    (tmp_path / "dltop").mkdir()
+    os.chmod(tmp_path / "dltop", 0o777)
+    probe._state.dir_fd = None
+    assert probe.publish() is None and os.listdir(tmp_path / "dltop") == []
+
+
+def test_over_4_kib_the_oldest_epochs_go_first() -> None:
+    doc = probe.report()
+    doc["epochs"] = [{"index": i, "started_at": 1e9, "ended_at": 1e9, "duration_s": 1.5, "data_wait_s": 0.5,
+                      "steps": 100, "page_cache_delta_bytes": 123456789, "gpu_util": None} for i in range(40)]
+    data = probe.encode(doc)
+    assert data is not None and len(data) <= MAX_FILE_BYTES
+    out = json.loads(data)
+    assert out["truncated"] == ["epochs"] and out["epochs"][-1]["index"] == 39 and len(out["epochs"]) < 40
+    doc["cmd"] = "x" * 10_000  # cannot happen (cut to 256), but nothing may make the probe write a torn file
+    doc["allocator_env"] = {"PYTORCH_CUDA_ALLOC_CONF": "y" * 5000}
+    data = probe.encode(doc)
+    assert data is not None and json.loads(data)["truncated"] == ["epochs", "allocator_env", "cmd"]
+
+
+def _run(code: str, runtime_dir: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], env=probe_env(runtime_dir, **env), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_forked_child_does_not_inherit_the_publisher(tmp_path: Path) -> None:
+    code = """
+import os, time, dltop.probe as probe
+probe.start(interval_s=0.05)
+pid = os.fork()
+if pid == 0:
+    time.sleep(0.5)
+    os._exit(0 if probe._state.thread is None else 3)
+_, status = os.waitpid(pid, 0)
+print(pid, os.waitstatus_to_exitcode(status), sorted(os.listdir(os.environ["XDG_RUNTIME_DIR"] + "/dltop")))
+"""
+    r = _run(code, tmp_path)
+    child, rc, names = r.stdout.split(" ", 2)
+    assert rc == "0", r.stderr
+    assert f"{child}.json" not in names and str(os.getpid()) not in names
+
+
+def test_dataloader_workers_do_not_publish(tmp_path: Path) -> None:
+    code = """
+import os, torch, dltop.probe as probe
+class DS(torch.utils.data.Dataset):
+    def __len__(self): return 4
+    def __getitem__(self, i): return torch.tensor([os.getpid(), probe.start() is None])
+print(sorted({tuple(x.tolist()) for b in torch.utils.data.DataLoader(DS(), num_workers=2) for x in b}))
+print(os.listdir(os.environ["XDG_RUNTIME_DIR"] + "/dltop") if os.path.isdir(os.environ["XDG_RUNTIME_DIR"] + "/dltop") else [])
+"""
+    r = _run(code, tmp_path)
+    assert r.returncode == 0, r.stderr
+    workers, files = (eval(line) for line in r.stdout.splitlines())
+    assert len(workers) == 2 and all(started_nothing == 1 for _, started_nothing in workers)
+    assert files == []
+
+
+def test_dltop_probe_1_starts_it_without_code_changes(tmp_path: Path) -> None:
+    code = "import os, time; time.sleep(0.5); print(os.getpid(), sorted(os.listdir(os.environ['XDG_RUNTIME_DIR'] + '/dltop')))"
+    r = _run(code, tmp_path, DLTOP_PROBE="1")
+    assert r.returncode == 0, r.stderr
+    pid, names = r.stdout.split(" ", 1)
+    assert names.strip() == f"['{pid}.json']"
+    assert not (tmp_path / "dltop" / f"{pid}.json").exists()  # removed at exit
+    r = _run("import sys; print('dltop.probe' in sys.modules)", tmp_path)
+    assert r.stdout.strip() == "False"  # without the variable the hook imports nothing
+
+
+def test_the_pth_hook_is_harmless_when_dltop_is_half_installed(tmp_path: Path) -> None:
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "dltop_probe.pth").write_text((REPO / "dltop/probe/dltop_probe.pth").read_text())
+    code = f"import sys, site; sys.modules['dltop'] = None; site.addsitedir({str(site_dir)!r}); print('ran on')"
+    r = subprocess.run([sys.executable, "-S", "-c", code], env=probe_env(tmp_path, DLTOP_PROBE="1"),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "ran on"
+    assert r.stderr.startswith("dltop.probe: DLTOP_PROBE is set but the probe did not start")
+    assert "Traceback" not in r.stderr
+
+
+def test_import_is_light_in_a_fresh_interpreter() -> None:
+    code = ("import sys, dltop.probe\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('textual', 'rich', 'psutil', 'pynvml', 'torch', 'numpy', 'prometheus_client'))\n"
+            "ours = sorted(m for m in sys.modules if m.split('.')[0] == 'dltop')\n"
+            "print(heavy, ours)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.stdout.strip() == "[] ['dltop', 'dltop.probe', 'dltop.probe.files']", r.stderr
+
+
+def test_track_costs_microseconds_per_item() -> None:
+    items = list(range(200_000))
+    t0 = time.perf_counter_ns()
+    for _ in items:
+        pass
+    bare = time.perf_counter_ns() - t0
+    t0 = time.perf_counter_ns()
+    for _ in probe.track(items):
+        pass
+    tracked = time.perf_counter_ns() - t0
+    per_item_us = (tracked - bare) / len(items) / 1000
+    assert per_item_us < 5  # target 2 µs; a loose bound on a shared 2-core machine
+
+
+class FakeCuda:
+    """torch.cuda as a process with a GPU shows it (this machine has none): what the probe asks is recorded."""
+
+    def __init__(self, initialized: bool) -> None:
+        self.initialized = initialized
+        self.asked: list[int] = []
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def current_device(self) -> int:
+        return 1
+
+    def memory_stats(self, index: int) -> dict[str, int]:
+        self.asked.append(index)
+        return {"allocated_bytes.all.current": 10 << 20, "reserved_bytes.all.current": 32 << 20,
+                "num_alloc_retries": 2, "num_ooms": 0, "segment.all.current": 7}
+
+    def get_device_properties(self, index: int):
+        return Obj(uuid=f"5e3c1a7e-0000-0000-0000-00000000000{index}")
+
+
+@pytest.mark.parametrize("initialized", [False, True])
+def test_cuda_is_asked_only_once_the_process_initialised_it(monkeypatch: pytest.MonkeyPatch,
+                                                            initialized: bool) -> None:
+    cuda = FakeCuda(initialized)
+    monkeypatch.setitem(sys.modules, "torch", Obj(cuda=cuda, __version__="2.13.0+cu130"))
+    devices = probe.report()["devices"]
+    if not initialized:
+        assert cuda.asked == [] and devices == {}
+        return
+    assert cuda.asked == [1]  # the current device only: no other device gets an allocator by our asking
+    assert devices["cuda:1"]["memory_stats"] == {"allocated_bytes.all.current": 10 << 20,
+                                                 "reserved_bytes.all.current": 32 << 20,
+                                                 "num_alloc_retries": 2, "num_ooms": 0}
+    assert devices["cuda:1"]["uuid"].endswith("0001")
+
+
+def test_torch_imported_but_unused_stays_without_cuda() -> None:
+    probe.watch_model(model := _model())
+    probe.report()
+    assert model is not None and not torch.cuda.is_initialized()

@@ -1,0 +1,276 @@
+"""dltop reading probe files (sources/probes.py): real files written by the probe, then hostile ones — a symlink in
+place of the file or the directory, a huge file, a FIFO, another user's file, bad JSON, a newer format, a dead
+process, a reused pid, a directory others can write — each ignored with its reason, never a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dltop.probe as probe
+from dltop.model import ProbesPart, Snapshot
+from dltop.probe.files import open_private_dir, write_atomic
+from dltop.sources.probes import read_probes
+from tests.probe_helpers import REPO, probe_env
+
+ME = os.getuid()
+IS_ROOT = ME == 0
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.fixture
+def pdir(tmp_path: Path) -> Path:
+    d = tmp_path / "dltop"
+    os.close(open_private_dir(str(d)))
+    return d
+
+
+@pytest.fixture
+def open_dir():
+    """A directory another user can reach (pytest's own are 0700 to root)."""
+    d = Path(tempfile.mkdtemp(prefix="dltop-probe-test-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d)
+
+
+def _doc(**changes) -> dict:
+    """A real report of this process, as the probe writes it."""
+    return {**probe.report(), **changes}
+
+
+def _write(pdir: Path, doc, name: str | None = None) -> Path:
+    data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    name = name or f"{os.getpid()}.json"
+    fd = os.open(pdir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        write_atomic(fd, name, data)
+    finally:
+        os.close(fd)
+    return pdir / name
+
+
+def _read(pdir: Path) -> ProbesPart:
+    return read_probes([(str(pdir), ME)])
+
+
+def _only_ignored(part: ProbesPart) -> str:
+    assert part.processes == ()
+    assert len(part.ignored) == 1, part.ignored
+    return part.ignored[0].reason
+
+
+def test_a_live_probe_is_read(pdir: Path) -> None:
+    _write(pdir, _doc())
+    part = _read(pdir)
+    assert part.ignored == () and [p.pid for p in part.processes] == [os.getpid()]
+    p = part.processes[0]
+    assert p.weights_bytes is None and "watch_model" in p.unavailable["weights_bytes"]  # unknown, not 0
+    assert p.data_wait_fraction is None
+    assert Snapshot.from_json(Snapshot(ts=1.0, host="h", probes=part).to_json()).probes == part
+
+
+def test_another_file_name_or_a_temp_file_is_skipped(pdir: Path) -> None:
+    _write(pdir, _doc(), name=f".{os.getpid()}.json.abcd.tmp")
+    _write(pdir, _doc(), name="notes.txt")
+    assert _read(pdir) == ProbesPart(dirs=(str(pdir),))
+
+
+def test_a_missing_directory_is_no_probes(tmp_path: Path) -> None:
+    assert read_probes([(str(tmp_path / "none"), ME)]) == ProbesPart(dirs=(str(tmp_path / "none"),))
+
+
+def test_a_symlink_in_place_of_the_file(pdir: Path, tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere.json"
+    real.write_text(json.dumps(_doc()))
+    (pdir / f"{os.getpid()}.json").symlink_to(real)
+    assert "symlink in place of the file" in _only_ignored(_read(pdir))
+
+
+def test_a_symlink_in_place_of_the_directory(pdir: Path, tmp_path: Path) -> None:
+    _write(pdir, _doc())
+    link = tmp_path / "link"
+    link.symlink_to(pdir)
+    assert "symlink in place of the directory" in _only_ignored(read_probes([(str(link), ME)]))
+
+
+def test_a_directory_others_can_write(pdir: Path) -> None:
+    _write(pdir, _doc())
+    os.chmod(pdir, 0o777)
+    assert "writable by others" in _only_ignored(_read(pdir))
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root to give the directory to another user")
+def test_a_directory_owned_by_someone_else(pdir: Path) -> None:
+    _write(pdir, _doc())
+    os.chown(pdir, 65534, 65534)
+    assert "owned by uid 65534" in _only_ignored(_read(pdir))
+
+
+def test_a_huge_file_is_not_read(pdir: Path) -> None:
+    with open(pdir / f"{os.getpid()}.json", "wb") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB that reading would cost
+    assert "over the 4096-byte limit" in _only_ignored(_read(pdir))
+
+
+def test_a_fifo_does_not_hang_the_reader(pdir: Path) -> None:
+    os.mkfifo(pdir / f"{os.getpid()}.json")
+    assert _only_ignored(_read(pdir)) == "not a regular file"
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (b"{not json", "malformed: not JSON"),
+    (b"\xff\xfe", "malformed: not JSON"),
+    (b"[1, 2]", "malformed: format"),
+    (json.dumps({"format": 1}).encode(), "malformed: devices"),
+    (None, "malformed: cmd"),  # a field of the wrong type
+    (b'{"format": 2}', "format 2 is newer than this dltop reads (1)"),
+    (b'{"format": true}', "malformed: format"),
+])
+def test_bad_contents(pdir: Path, content: bytes | None, reason: str) -> None:
+    _write(pdir, content if content is not None else _doc(cmd=["python", "train.py"]))
+    assert _only_ignored(_read(pdir)).startswith(reason)
+
+
+def test_a_file_naming_another_pid(pdir: Path) -> None:
+    _write(pdir, _doc(), name="1.json")
+    assert "not the file's" in _only_ignored(_read(pdir))
+
+
+def test_a_dead_process(pdir: Path) -> None:
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(p.stdout)
+    _write(pdir, _doc(pid=pid), name=f"{pid}.json")
+    assert _only_ignored(_read(pdir)) == f"process {pid} has exited (stale file)"
+
+
+def test_a_reused_pid(pdir: Path) -> None:
+    doc = _doc()
+    _write(pdir, {**doc, "start_time_ticks": doc["start_time_ticks"] - 100})
+    assert f"pid {os.getpid()} was reused" in _only_ignored(_read(pdir))
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root (setpriv to run the reader as nobody)")
+def test_another_users_file_is_ignored_unless_root(open_dir: Path) -> None:
+    d = open_dir / "dltop"
+    d.mkdir(mode=0o700)
+    os.chown(d, 65534, 65534)
+    f = _write(d, _doc())  # owned by root, in nobody's directory
+    f.chmod(0o644)
+    code = (f"from dltop.sources.probes import read_probes; part = read_probes([({str(d)!r}, 65534)]); "
+            "print(len(part.processes)); print(part.ignored[0].reason)")
+    r = subprocess.run([*NOBODY, sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["0", "owned by uid 0, not you (uid 65534)"]
+    # root reads every user's
+    assert [p.pid for p in read_probes([(str(d), 65534)]).processes] == [os.getpid()]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root (setpriv to run a probe as nobody)")
+def test_root_sees_a_probe_of_another_user(open_dir: Path) -> None:
+    runtime = open_dir / "nobody"
+    runtime.mkdir()
+    os.chown(runtime, 65534, 65534)
+    code = "import time, dltop.probe as p; p.start(); print(flush=True); time.sleep(30)"
+    proc = subprocess.Popen([*NOBODY, sys.executable, "-c", code], env=probe_env(runtime), cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        part = read_probes([(str(runtime / "dltop"), 65534)])
+        assert [(p.pid, p.uid) for p in part.processes] == [(proc.pid, 65534)] and part.ignored == ()
+        # the same file in a directory said to be root's is not trusted
+        assert "owned by uid 65534" in read_probes([(str(runtime / "dltop"), 0)]).ignored[0].reason
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.binary(max_size=5000))
+def test_arbitrary_bytes_never_crash_the_reader(pdir: Path, content: bytes) -> None:
+    _write(pdir, content)
+    part = _read(pdir)
+    assert len(part.processes) + len(part.ignored) == 1
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+                    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=st.dictionaries(st.sampled_from(sorted(probe.report())), JSON, max_size=4),
+       data=st.dictionaries(st.sampled_from(["steps", "recent_steps", "recent_wait_s", "recent_step_s",
+                                             "input_shapes", "loader_workers", "pin_memory"]), JSON, max_size=4))
+def test_arbitrary_values_in_a_real_report_never_crash_the_reader(pdir: Path, changes: dict, data: dict) -> None:
+    doc = _doc(**changes)
+    if data and "data" not in changes:
+        doc["data"] = data
+    _write(pdir, doc)
+    part = _read(pdir)
+    assert len(part.processes) + len(part.ignored) == 1
+    for p in part.processes:
+        assert p.data_wait_fraction is None or 0.0 <= p.data_wait_fraction <= 1.0
+        Snapshot.from_json(Snapshot(ts=1.0, host="h", probes=part).to_json())
+
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0, the test extra)")
+
+TRAIN = """
+import sys, time, torch, dltop.probe as probe
+width = int(sys.argv[1])
+model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.LayerNorm(width))
+probe.watch_model(model)
+def loader():
+    for _ in range(10):
+        time.sleep(0.02)
+        yield torch.zeros(4, width)
+probe.start(interval_s=0.1)
+for epoch in range(2):
+    for x in probe.track(loader()):
+        model(x)
+        time.sleep(0.02)
+    probe.mark_epoch()
+probe.publish()
+print(sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]), flush=True)
+time.sleep(60)
+"""
+
+
+def test_two_processes_with_the_probe_and_snapshot_json(tmp_path: Path) -> None:
+    procs = {w: subprocess.Popen([sys.executable, "-c", TRAIN, str(w)], env=probe_env(tmp_path), cwd=REPO,
+                                 stdout=subprocess.PIPE, text=True) for w in (8, 64)}
+    try:
+        weights = {w: int(p.stdout.readline()) for w, p in procs.items()}
+        r = subprocess.run([sys.executable, "-m", "dltop", "snapshot", "--json"], env=probe_env(tmp_path),
+                           capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)["probes"]
+        got = {p["pid"]: p for p in out["processes"]}
+        assert set(got) == {p.pid for p in procs.values()}
+        # (as root, dltop also reads the other users' probe directories of this machine: only ours count here)
+        assert [i for i in out["ignored"] if i["path"].startswith(str(tmp_path))] == []
+        for w, p in procs.items():
+            mine = got[p.pid]
+            assert mine["weights_bytes"] == weights[w] and mine["kv_bytes"] == 0
+            assert 0.3 < mine["data_wait_fraction"] < 0.7  # 20 ms waiting of each 40 ms step
+            assert [e["steps"] for e in mine["epochs"]] == [10, 10]
+            for e in mine["epochs"]:
+                assert 0.2 <= e["data_wait_s"] < e["duration_s"] and isinstance(e["page_cache_delta_bytes"], int)
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+    # both gone (killed: no exit handler ran), their files are stale, and each is said to be
+    part = read_probes([(str(tmp_path / "dltop"), ME)])
+    assert part.processes == () and sorted(i.reason for i in part.ignored) == sorted(
+        f"process {p.pid} has exited (stale file)" for p in procs.values())
