@@ -12,6 +12,10 @@ from dltop.tui.app import DltopApp
 from tests.conftest import load_session
 
 SIZES = [(80, 24), (120, 40)]
+
+
+def _tab(app: DltopApp, pane_id: str) -> str:
+    return str([p.PANE_ID for p in app._panes].index(pane_id) + 1)
 # The moment of the recorded session when writeback starts: Dirty high, Writeback non-zero, the disk busy.
 AT = 20
 
@@ -20,11 +24,11 @@ AT = 20
 def test_page_cache_pane(snap_compare, size: tuple[int, int]) -> None:
     session = load_session()
     app = DltopApp(ListFeed(session[: AT + 1], start=AT))
-    assert snap_compare(app, terminal_size=size)
+    assert snap_compare(app, terminal_size=size, press=[_tab(app, "pagecache")])
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_help_screen(snap_compare, size: tuple[int, int]) -> None:
     session = load_session()
     app = DltopApp(ListFeed(session[: AT + 1], start=AT))
-    assert snap_compare(app, terminal_size=size, press=["question_mark"])
+    assert snap_compare(app, terminal_size=size, press=[_tab(app, "pagecache"), "question_mark"])
