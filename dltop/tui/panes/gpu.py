@@ -47,12 +47,12 @@ def _frac(v: float | Unavailable) -> str:
     return "?" if isinstance(v, Unavailable) else f"{100 * v:.1f}%"
 
 
-def cells(parts: Sequence[tuple[int, object]], width: int) -> list[int]:
+def cells(parts: Sequence[int], width: int) -> list[int]:
     """Cells per part, proportional to its bytes, summing to `width` (largest remainder): a bar never overflows."""
-    total = sum(n for n, _ in parts)
+    total = sum(parts)
     if total <= 0 or width <= 0:
         return [0] * len(parts)
-    exact = [n * width / total for n, _ in parts]
+    exact = [n * width / total for n in parts]
     out = [int(x) for x in exact]
     order = sorted(range(len(parts)), key=lambda i: exact[i] - out[i], reverse=True)
     for i in order[: width - sum(out)]:
@@ -64,10 +64,10 @@ def _split_known(split: MemorySplit) -> bool:
     return all(getattr(split, f) is not None for f in SPLIT_FIELDS)
 
 
-def bar_segments(processes: Sequence[GpuProcess], used: int, total: int) -> list[tuple[int, str, str, str]]:
-    """(bytes, fill character, style, legend) from left to right: each process's split where the probe gives it,
+def bar_segments(processes: Sequence[GpuProcess], used: int, total: int) -> list[tuple[int, str, str]]:
+    """(bytes, fill character, style) from left to right: each process's split where the probe gives it,
     else its NVML figure as one segment; then memory used by no listed process; then free."""
-    segs: list[tuple[int, str, str, str]] = []
+    segs: list[tuple[int, str, str]] = []
     listed = 0
     for i, p in enumerate(processes):
         if p.used_bytes is None:
@@ -75,12 +75,12 @@ def bar_segments(processes: Sequence[GpuProcess], used: int, total: int) -> list
         listed += p.used_bytes
         if _split_known(p.split):
             for name, ch, style in SPLIT_SEGMENTS:
-                segs.append((getattr(p.split, name), ch, style, f"{p.pid} {name.removesuffix('_bytes')}"))
+                segs.append((getattr(p.split, name), ch, style))
         else:
-            segs.append((p.used_bytes, "█", PROCESS_STYLES[i % len(PROCESS_STYLES)], str(p.pid)))
+            segs.append((p.used_bytes, "█", PROCESS_STYLES[i % len(PROCESS_STYLES)]))
     if used > listed:
-        segs.append((used - listed, "▓", "$text-muted", "other"))
-    segs.append((max(0, total - max(used, listed)), "░", "$text-disabled", "free"))
+        segs.append((used - listed, "▓", "$text-muted"))
+    segs.append((max(0, total - max(used, listed)), "░", "$text-disabled"))
     return segs
 
 
@@ -94,7 +94,7 @@ def memory_bar(label: str, processes: Sequence[GpuProcess], used: int | None, to
         pieces.append(("?" * room, "dim"))
     else:
         segs = bar_segments(processes, used, total)
-        for (_, ch, style, _), n in zip(segs, cells([(s[0], s) for s in segs], room), strict=True):
+        for (_, ch, style), n in zip(segs, cells([s[0] for s in segs], room), strict=True):
             pieces.append((ch * n, style))
     pieces.append(tail)
     return Content.assemble(*pieces)
