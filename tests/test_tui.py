@@ -91,7 +91,9 @@ async def test_available_is_scaled_to_its_band_and_labelled(session: list[Snapsh
     total = session[cut - 1].memory.total_bytes  # type: ignore[union-attr]
     for size in ((80, 24), (120, 40)):
         app = DltopApp(ListFeed(session[:cut], start=cut - 1))
-        async with app.run_test(size=size):
+        async with app.run_test(size=size) as pilot:
+            await pilot.press(_tab(app, "pagecache"))
+            await pilot.pause()
             sparks = app.query_one("#pc-sparks", Static)
             lines = str(sparks.render()).splitlines()
             at = next(i for i, ln in enumerate(lines) if ln.startswith("Available"))

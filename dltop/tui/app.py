@@ -249,13 +249,7 @@ class DltopApp(App[None]):
         if pane is not None:
             if self._view is not None:
                 pane.show(self._view)
-                # Again once laid out: a pane shown for the first time has no size yet (sparklines, fitted columns).
-                self.call_after_refresh(self._show_laid_out, pane)
             pane.focus_default()
-
-    def _show_laid_out(self, pane: Pane) -> None:
-        if self._view is not None and pane is self._active_pane():
-            pane.show(self._view)
 
     def _update_header(self, snap: Snapshot) -> None:
         t = Text()
