@@ -8,6 +8,7 @@ from dltop.tui.panes.base import Pane
 
 # "module:Class"; the first is shown at start. Number keys 1..9 select tabs in this order.
 PANE_SPECS = (
+    "dltop.tui.panes.gpu:GpuPane",  # the headline: what GPU memory is held for
     "dltop.tui.panes.pagecache:PageCachePane",
     "dltop.tui.panes.datasets:DatasetPane",
     "dltop.tui.panes.cpu:CpuPane",

@@ -36,6 +36,12 @@ class Pane(Vertical):
         self.view = view
         self.render_view(view)
 
+    def on_resize(self) -> None:
+        # What a pane draws fits its size (sparklines, fitted columns): a pane shown for the first time, or a
+        # terminal resized, is drawn again at its new size rather than at the old one until the next tick.
+        if self.view is not None:
+            self.render_view(self.view)
+
     def render_view(self, view: View) -> None:  # pragma: no cover - every pane overrides it
         """Update the widgets from `view`."""
         raise NotImplementedError

@@ -1,0 +1,365 @@
+"""The GPU pane (Pilot, and pictured as SVG) on Snapshots read through the real GPU source on the fake NVML
+scenarios, and a real vLLM payload served over loopback HTTP and joined to its GPU process.
+
+Update the pictures with `pytest tests/test_gpu_pane.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.widgets import DataTable, Static
+
+from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
+from dltop.sampler import ListFeed
+from dltop.sources.gpu import NO_PROCESS_MEMORY, FakeBackend, GpuReader, PynvmlBackend
+from dltop.sources.servers import read_server
+from dltop.tui.app import DltopApp
+from dltop.tui.panes.gpu import SPLIT_NEEDS_PROBE, GpuPane
+from dltop.tui.view import View
+from tests.conftest import DATA, SHARED_FIXTURES
+
+SCENARIOS = DATA / "gpu-scenarios"
+METRICS = SHARED_FIXTURES / "metrics"
+V0 = "vllm-0.4.x-v0-datadog-integrations-core.prom"
+needs_metrics = pytest.mark.skipif(not (METRICS / V0).is_file(), reason=f"metrics fixture {V0} not found in {METRICS}")
+
+
+def scenario(name: str) -> dict[str, Any]:
+    return json.loads((SCENARIOS / f"{name}.json").read_text())
+
+
+def proc_root(root: Path, commands: dict[int, str]) -> str:
+    """A /proc with the scenario's pids in it, so user and command are read from files (and stay the same)."""
+    for pid, cmd in commands.items():
+        (root / "proc" / str(pid)).mkdir(parents=True)
+        (root / "proc" / str(pid) / "cmdline").write_bytes(cmd.replace(" ", "\0").encode() + b"\0")
+    return str(root)
+
+
+def gpu_snaps(s: dict[str, Any], n: int = 3, root: str = "/", t0: float = 1000.0) -> list[Snapshot]:
+    """`n` ticks of one GPU source on the scenario, two seconds apart, GPU 0's utilization climbing."""
+    reader = GpuReader(lambda: FakeBackend(s), root)
+    out = []
+    for i in range(n):
+        if isinstance(s.get("gpus"), list) and s["gpus"] and isinstance(s["gpus"][0].get("utilization"), dict):
+            s["gpus"][0]["utilization"]["gpu"] = 40 + 20 * i % 60
+        out.append(Snapshot(ts=t0 + 2 * i, host="fixture", gpus=reader.read()))
+    return out
+
+
+@pytest.fixture
+def metrics_url() -> Iterator[str]:
+    """The shared fixtures' metrics folder served over loopback HTTP (by this test process)."""
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    handler = partial(Quiet, directory=str(METRICS))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/{V0}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _text(app: App, selector: str) -> str:
+    return str(app.query_one(selector, Static).render())
+
+
+def _rows(app: App) -> list[list[str]]:
+    table = app.query_one("#gpu-table", DataTable)
+    return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+def _fits(app: App) -> None:
+    """Nothing wider than the pane: the table scrolls no sideways, no device line is longer than its widget."""
+    table = app.query_one("#gpu-table", DataTable)
+    if table.display:
+        assert table.virtual_size.width <= table.size.width, (table.virtual_size.width, table.size.width)
+    devices = app.query_one("#gpu-devices", Static)
+    if not _text(app, "#gpu-devices").startswith("GPUs: "):
+        assert max(len(line) for line in _text(app, "#gpu-devices").splitlines()) <= devices.size.width
+
+
+def _label(name: str, key: str, text: str) -> str:
+    line = next(ln for ln in text.splitlines() if ln.startswith(name + "{"))
+    m = re.search(rf'[{{,]{key}="([^"]*)"', line)
+    assert m
+    return m.group(1)
+
+
+@needs_metrics
+async def test_two_gpus_and_a_vllm_server_joined_to_its_gpu_process(metrics_url: str) -> None:
+    s = scenario("two-gpus")
+    me = os.getpid()  # this process listens for the server: the join must find it on GPU 1
+    s["gpus"][1]["compute_processes"][0]["pid"] = me
+    s["gpus"][1]["process_utilization"][0]["pid"] = me
+    snaps = gpu_snaps(s, 2)
+    server = read_server(metrics_url, 2.0)
+    assert server.state == "ok", server.error
+    snaps = [dataclasses.replace(x, servers=(server,)) for x in snaps]
+    app = DltopApp(ListFeed(snaps, start=1))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.query_one("#tabs").active == "tab-gpu"  # the first tab: the headline
+        devices = _text(app, "#gpu-devices")
+        assert "GPU0 NVIDIA L40S" in devices and "GPU1 NVIDIA L40S" in devices
+        assert sorted(r[:2] for r in _rows(app)) == sorted([["0", "9120"], ["1", str(me)], ["1", "9300"]])
+        text = (METRICS / V0).read_text()
+        capacity = int(_label("vllm:cache_config_info", "block_size", text)) * int(
+            _label("vllm:cache_config_info", "num_gpu_blocks", text))
+        servers = _text(app, "#gpu-servers")
+        assert servers.startswith(f"vllm {metrics_url}")
+        assert f"pid {me} → GPU1 pid {me}" in servers and f"of {capacity:,} tok" in servers
+        row = next(r for r in _rows(app) if r[1] == str(me))
+        assert row[2] not in ("", "?") and row[3] not in ("", "?")  # this process's user and command, from /proc
+        notes = _text(app, "#gpu-notes")
+        assert notes.count(SPLIT_NEEDS_PROBE) == 1 and row[6:] == ["?"] * 5  # unknown, never 0
+        _fits(app)
+
+
+async def test_the_bar_shows_each_process_share_and_free(tmp_path: Path) -> None:
+    s = scenario("two-gpus")
+    snaps = gpu_snaps(s, 2, proc_root(tmp_path, {9120: "python train.py", 9121: "python train.py",
+                                                  9300: "python eval.py"}))
+    app = DltopApp(ListFeed(snaps, start=1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        lines = _text(app, "#gpu-devices").splitlines()
+        g1 = s["gpus"][1]
+        bar = lines[lines.index(next(ln for ln in lines if ln.startswith("GPU1"))) + 1]
+        cells = bar.split()[0]
+        # GPU 1: two processes and the rest used by none, then free, in proportion to NVML's bytes
+        procs = [p["used_bytes"] for p in g1["compute_processes"]]
+        share = (g1["memory"]["used"]) / g1["memory"]["total"]
+        assert abs(cells.count("█") + cells.count("▓") - share * len(cells)) <= 1
+        assert abs(cells.count("░") - (1 - share) * len(cells)) <= 1
+        legend = lines[lines.index(bar) + 1]
+        assert "9121 28.8 GiB" in legend and "9300 1.2 GiB" in legend and sum(procs) <= g1["memory"]["used"]
+        user, command = _rows(app)[0][2:4]
+        # from the /proc entry: the owner's name, and the command line cut to the room 80 columns leave
+        assert user == "root" and "python train.py".startswith(command.removesuffix("…")) and len(command) >= 8
+        _fits(app)
+
+
+async def test_the_cursor_stays_on_its_row_across_ticks(tmp_path: Path) -> None:
+    s = scenario("8gpu-20proc")
+    snaps = gpu_snaps(s, 4)
+    app = DltopApp(ListFeed(snaps[:1]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        table = app.query_one("#gpu-table", DataTable)
+        table.focus()
+        await pilot.press("down", "down", "down")
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
+        for i, snap in enumerate(snaps[1:]):
+            # processes' memory changes each tick: the rows update in place
+            moved = [dataclasses.replace(g, processes=tuple(dataclasses.replace(p, used_bytes=p.used_bytes + i)
+                                                            for p in g.processes))
+                     for g in snap.gpus if isinstance(g.processes, tuple)]
+            app._apply(dataclasses.replace(snap, gpus=tuple(moved)))
+            await pilot.pause()
+            assert table.cursor_row == 3
+            assert table.coordinate_to_cell_key(table.cursor_coordinate).row_key == key
+
+
+def _first_gpu(snap: Snapshot) -> GpuDevice:
+    assert isinstance(snap.gpus, tuple)
+    return snap.gpus[0]
+
+
+@pytest.mark.parametrize("name", ["library-not-found", "driver-not-loaded", "version-mismatch", "no-permission",
+                                  "no-gpus"])
+async def test_nvml_that_cannot_be_used_is_one_line_with_its_reason(name: str) -> None:
+    snap = gpu_snaps(scenario(name), 1)[0]
+    assert isinstance(snap.gpus, Unavailable)
+    app = DltopApp(ListFeed([snap]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert _text(app, "#gpu-devices") == f"GPUs: {snap.gpus.reason}"
+        assert not app.query_one("#gpu-table", DataTable).display
+
+
+async def test_this_machine_s_real_nvml_is_a_clear_line_not_an_empty_pane() -> None:
+    part = GpuReader(PynvmlBackend).read()
+    if not isinstance(part, Unavailable):
+        pytest.skip("this machine has working NVML and GPUs")
+    app = DltopApp(ListFeed([Snapshot(ts=1.0, host="here", gpus=part)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        text = _text(app, "#gpu-devices")
+        assert text.startswith("GPUs: ") and part.reason in text and "\n" not in text
+
+
+async def test_a_lost_gpu_keeps_its_place_with_the_reason_where_its_numbers_would_be() -> None:
+    snap = gpu_snaps(scenario("gpu-lost"), 1)[0]
+    assert isinstance(snap.gpus, tuple)
+    lost = snap.gpus[1]
+    reason = lost.why("memory_total_bytes")
+    assert reason and "GPU is lost" in reason
+    app = DltopApp(ListFeed([snap]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        lines = _text(app, "#gpu-devices").splitlines()
+        at = next(i for i, ln in enumerate(lines) if ln.startswith("GPU1"))
+        assert lines[at + 1].strip() == reason and lines[0].startswith("GPU0 ")  # GPU 0 still reads
+
+
+async def test_mig_instances_are_listed_under_their_parent() -> None:
+    snap = gpu_snaps(scenario("a100-mig"), 1)[0]
+    g = _first_gpu(snap)
+    app = DltopApp(ListFeed([snap]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        lines = _text(app, "#gpu-devices").splitlines()
+        for mig in g.mig_devices:
+            profile = (mig.name or "").rsplit(" ", 1)[-1]
+            assert any(ln.startswith(f"  {profile} ") for ln in lines[2:]), profile
+        keys = [r[0] for r in _rows(app)]
+        assert {f"0/{m.mig_index}" for m in g.mig_devices if m.processes} <= set(keys)
+        assert NO_PROCESS_MEMORY.split(":")[0] in _text(app, "#gpu-notes")  # the parent's processes: no bytes
+        _fits(app)
+
+
+async def test_unified_memory_says_the_pool_is_system_memory(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 125000000 kB\nMemAvailable: 100000000 kB\n")
+    snap = gpu_snaps(scenario("gb10-unified"), 1, str(tmp_path))[0]
+    g = _first_gpu(snap)
+    assert g.memory_pool == "system" and g.memory_pool_note
+    app = DltopApp(ListFeed([snap]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "pool: system memory" in _text(app, "#gpu-devices")
+        assert g.memory_pool_note in _text(app, "#gpu-notes")
+
+
+async def test_processes_without_memory_say_why_and_not_zero() -> None:
+    snap = gpu_snaps(scenario("container"), 1)[0]
+    app = DltopApp(ListFeed([snap]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert {r[4] for r in _rows(app)} == {"?"}
+        assert NO_PROCESS_MEMORY in _text(app, "#gpu-notes") and "--pid=host" in _text(app, "#gpu-notes")
+        assert "not attributed to a process" in _text(app, "#gpu-devices")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("name", ["two-gpus", "8gpu-20proc", "a100-mig", "h100-2proc"])
+async def test_fits_without_sideways_scrolling(name: str, size: tuple[int, int]) -> None:
+    snaps = gpu_snaps(scenario(name), 2)
+    app = DltopApp(ListFeed(snaps[:1]))
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        app._apply(snaps[1])  # the next tick, with the table laid out
+        await pilot.pause()
+        _fits(app)
+
+
+async def test_a_server_that_is_down_is_its_state_where_its_numbers_would_be() -> None:
+    snap = gpu_snaps(scenario("h100-2proc"), 1)[0]
+    down = read_server("http://127.0.0.1:9/metrics", 0.5)  # the discard port: nothing listens
+    assert down.state == "down"
+    app = DltopApp(ListFeed([dataclasses.replace(snap, servers=(down,))]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert f"down: {down.error}" in _text(app, "#gpu-servers")
+
+
+# -- pictures: a fixed scenario, fixed /proc entries and times ----------------------------------------------
+
+
+class PaneApp(App[None]):
+    CSS_PATH = DltopApp.CSS_PATH
+
+    def __init__(self, snaps: list[Snapshot]) -> None:
+        super().__init__()
+        self.snaps = snaps
+
+    def compose(self) -> ComposeResult:
+        yield GpuPane()
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._show)
+
+    def _show(self) -> None:
+        pane = self.query_one(GpuPane)
+        pane.show(View(snapshot=self.snaps[-1], history=tuple(self.snaps)))
+
+
+def picture_snaps(tmp: Path, server: ServerStats | None) -> list[Snapshot]:
+    s = scenario("two-gpus")
+    root = proc_root(tmp, {9120: "torchrun --nproc-per-node 2 train.py", 9121: "torchrun --nproc-per-node 2 train.py",
+                           9300: "python -m vllm.entrypoints.openai.api_server --model facebook/opt-125m"})
+    snaps = gpu_snaps(s, 8, root)
+    # The owner of the test's /proc entries is whoever runs the tests: name one, so the picture is the same.
+    snaps = [dataclasses.replace(x, gpus=tuple(
+        dataclasses.replace(g, processes=tuple(dataclasses.replace(p, user="alice") for p in g.processes))
+        for g in x.gpus if isinstance(g.processes, tuple))) for x in snaps if isinstance(x.gpus, tuple)]
+    if server is not None:
+        snaps = [dataclasses.replace(x, servers=(server,)) for x in snaps]
+    return snaps
+
+
+SIZES = [(80, 24), (120, 40)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_pane_snapshot(snap_compare, tmp_path: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(PaneApp(picture_snaps(tmp_path, None)), terminal_size=size)
+
+
+@needs_metrics
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_pane_with_server_snapshot(snap_compare, metrics_url: str, tmp_path: Path,
+                                       size: tuple[int, int]) -> None:
+    real = read_server(metrics_url, 2.0)
+    assert real.state == "ok", real.error
+    # The payload's numbers as read; the URL and the listening pid fixed (the test's port and pid change).
+    server = dataclasses.replace(real, url="http://127.0.0.1:8000/metrics", pid=9300, child_pids=(),
+                                 scraped_at=None, scrape_s=None)
+    assert snap_compare(PaneApp(picture_snaps(tmp_path, server)), terminal_size=size)
+
+
+async def test_a_known_split_is_drawn_as_its_parts_and_fits() -> None:
+    """The probe's numbers are not in the model yet: a constructed split, as the probe will give it."""
+    from dltop.model.gpu import MemorySplit
+
+    snap = gpu_snaps(scenario("two-gpus"), 1)[0]
+    assert isinstance(snap.gpus, tuple)
+    g0 = snap.gpus[0]
+    assert isinstance(g0.processes, tuple)
+    p = g0.processes[0]
+    assert p.used_bytes is not None
+    gib = 1 << 30
+    split = MemorySplit(weights_bytes=14 * gib, kv_cache_bytes=10 * gib, allocator_cache_bytes=2 * gib,
+                        other_torch_bytes=gib, non_torch_bytes=p.used_bytes - 27 * gib)
+    probed = dataclasses.replace(g0, processes=(dataclasses.replace(p, split=split),))
+    probed_snap = dataclasses.replace(snap, gpus=(probed, *snap.gpus[1:]))
+    app = DltopApp(ListFeed([probed_snap]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        app._apply(dataclasses.replace(probed_snap, ts=snap.ts + 2))  # the next tick, with the table laid out
+        await pilot.pause()
+        lines = _text(app, "#gpu-devices").splitlines()
+        bar = lines[1].split()[0]
+        assert [c for c in "WKcon░" if c in bar] == list("WKcon░")  # weights | KV | cached | other | non-torch | free
+        assert bar.index("W") < bar.index("K") < bar.index("c") < bar.index("o") < bar.index("n") < bar.index("░")
+        assert "weights" in lines[2] and "non torch" in lines[2]
+        row = _rows(app)[0]
+        assert row[6:8] == ["14.0G", "10.0G"] and SPLIT_NEEDS_PROBE in _text(app, "#gpu-notes")  # GPU 1's
+        _fits(app)
