@@ -1,5 +1,6 @@
 """Make screenshots/ from a real run: the live app (real Sampler, this machine's kernel) in a headless terminal,
-while a background writer makes the page cache move. Each tab at 120x40 and the page-cache pane at 80x24.
+while a background writer makes the page cache move. Each tab at 120x40, the GPU and page-cache panes at 80x24.
+Without a GPU, the GPU tab plays an NVML scenario file through dltop's fake backend (--gpu-scenario).
 
 usage: python scripts/make_screenshots.py [--seconds 12]
 SVG files, as Textual draws them (a browser shows them; converters such as rsvg-convert collapse the spaces).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import threading
@@ -32,9 +34,9 @@ async def shoot(size: tuple[int, int], seconds: float, datasets: tuple[str, ...]
     saved = []
     async with app.run_test(size=size) as pilot:
         await pilot.pause(seconds)
-        panes = app._panes if tabs else app._panes[:1]
-        for i, pane in enumerate(panes, start=1):
-            await pilot.press(str(i))
+        panes = app._panes if tabs else [p for p in app._panes if p.PANE_ID in ("gpu", "pagecache")]
+        for pane in panes:
+            await pilot.press(str(app._panes.index(pane) + 1))
             await pilot.pause(1.5)
             name = f"{pane.PANE_ID}-{size[0]}x{size[1]}.svg"
             app.save_screenshot(filename=name, path=str(OUT))
@@ -45,7 +47,12 @@ async def shoot(size: tuple[int, int], seconds: float, datasets: tuple[str, ...]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=12.0, help="how long to let history build up first")
+    ap.add_argument("--gpu-scenario", default=str(REPO / "tests/data/gpu-scenarios/two-gpus.json"),
+                    help="on a machine without GPUs, play this NVML scenario (DLTOP_FAKE_NVML) for the GPU tab; "
+                         "'' for this machine's own NVML")
     args = ap.parse_args()
+    if args.gpu_scenario and "DLTOP_FAKE_NVML" not in os.environ:
+        os.environ["DLTOP_FAKE_NVML"] = args.gpu_scenario  # the rest of the run is this machine, for real
     OUT.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=REPO) as tmp:
         data = Path(tmp) / "dataset"
