@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import SystemCommand
 from textual.binding import Binding
@@ -113,3 +114,26 @@ def set_row(table: DataTable, key: str, columns: tuple[str, ...], values: tuple[
         if table.get_cell(key, col) != value:
             # update_width: a column sized for "10%" must grow when "100%" arrives, not cut it to "10".
             table.update_cell(key, col, value, update_width=True)
+
+
+def fit_column(table: DataTable, wanted: dict[str, tuple[str, ...]], at: int, headers: tuple[str, ...],
+               keys: tuple[str, ...], shorten: Callable[[str, int], str], shown: int) -> int:
+    """Column `at` gives way so every other column stays on screen: its cells in `wanted` longer than the room left
+    are shortened with `shorten(text, width)`. DataTable columns only grow, so when the widest cell is narrower
+    than `shown` (what the last call returned) the columns are rebuilt. Returns the widest cell now."""
+    if not table.size.width or not wanted:
+        return shown  # not laid out yet: the next tick fits it
+    others = sum(2 + max(cell_len(h), *(cell_len(v[i]) for v in wanted.values()))
+                 for i, h in enumerate(headers) if i != at)
+    room = max(8, table.size.width - others - 4)  # the cell's own padding and a scrollbar
+    for key, values in wanted.items():
+        if cell_len(values[at]) > room:
+            wanted[key] = (*values[:at], shorten(values[at], room), *values[at + 1:])
+    widest = max(cell_len(v[at]) for v in wanted.values())
+    if widest < shown and table.columns:
+        row = table.cursor_row
+        table.clear(columns=True)
+        for key, label in zip(keys, headers, strict=True):
+            table.add_column(label, key=key)
+        table.call_after_refresh(table.move_cursor, row=row)
+    return widest

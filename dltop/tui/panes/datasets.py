@@ -38,11 +38,16 @@ from dltop.tui.messages import (
     LockRequested,
     WarmRequested,
 )
-from dltop.tui.panes.base import Pane, RowTable, set_content, set_row
+from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content, set_row
 from dltop.tui.view import View
 
 COLUMNS = ("path", "size", "resident", "pct", "dirty", "files", "age")
 HEADERS = ("Path", "Data", "Resident", "%", "Dirty", "Files", "Age")
+
+
+def _shorten_label(label: str, width: int) -> str:
+    lock = " 🔒" if label.endswith(" 🔒") else ""
+    return shorten_middle(label.removesuffix(lock), width - cell_len(lock)) + lock
 
 
 class DatasetPane(Pane):
@@ -167,7 +172,9 @@ class DatasetPane(Pane):
             if not node.children:
                 title.append("  (no folders below: files are counted in this total)", "dim")
         set_content(self.query_one("#ds-summary", Static), title)
-        self._fit_paths(table, wanted)
+        # The Path column gives way: long paths shortened in the middle, so every number column stays on an
+        # 80-column screen (a 70-character path pushed Size, Resident and % off it).
+        self._path_width = fit_column(table, wanted, 0, HEADERS, COLUMNS, _shorten_label, self._path_width)
         for stale in [k for k in table.rows if k.value not in wanted]:
             table.remove_row(stale)
         for key, values in wanted.items():
@@ -185,29 +192,6 @@ class DatasetPane(Pane):
         if shown != self._bindings_shown:
             self._bindings_shown = shown
             self.refresh_bindings()
-
-    def _fit_paths(self, table: DataTable, wanted: dict[str, tuple[str, ...]]) -> None:
-        """The Path column gives way: long paths are shortened in the middle so every number column stays on
-        screen (a 70-character path pushed Size, Resident and % off an 80-column terminal)."""
-        if not table.size.width:
-            return  # not laid out yet; the next tick fits it
-        others = sum(2 + max(cell_len(h), *(cell_len(v[i]) for v in wanted.values())) if wanted else 2 + len(h)
-                     for i, h in enumerate(HEADERS) if i)
-        room = max(12, table.size.width - others - 3)  # the path cell's padding and a scrollbar
-        for key, values in wanted.items():
-            label = values[0]
-            if cell_len(label) > room:
-                lock = " 🔒" if label.endswith(" 🔒") else ""
-                wanted[key] = (shorten_middle(label.removesuffix(lock), room - cell_len(lock)) + lock, *values[1:])
-        widest = max((cell_len(v[0]) for v in wanted.values()), default=0)
-        if widest < self._path_width and table.columns:
-            # DataTable columns only grow: rebuild them so a narrower terminal gets its columns back.
-            row = table.cursor_row
-            table.clear(columns=True)
-            for key, label in zip(COLUMNS, HEADERS, strict=True):
-                table.add_column(label, key=key)
-            self.call_after_refresh(table.move_cursor, row=row)
-        self._path_width = widest
 
     def _progress(self, ev: ActionEvent | None) -> Text:
         """The line under the table: the action in flight, or how the last one ended."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.content import Content
@@ -21,7 +20,7 @@ from dltop.fmt import human_bytes, sparkline_rows
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
 from dltop.model.servers import ModelStats
-from dltop.tui.panes.base import Pane, RowTable, set_content, set_row
+from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content, set_row
 from dltop.tui.view import View
 
 # The one line that says why the split is not drawn (the model's per-field reason is NO_PROBE).
@@ -337,7 +336,9 @@ class GpuPane(Pane):
         table.display = bool(gpus)
         rows = process_rows(gpus)
         wanted = {key: cells_ for key, (_, cells_) in rows.items()}
-        self._fit_commands(table, wanted)
+        # The Command column gives way so every number column stays on screen at 80 columns.
+        self._command_width = fit_column(table, wanted, COLUMNS.index("command"), HEADERS, COLUMNS,
+                                         lambda text, width: text[: width - 1] + "…", self._command_width)
         for stale in [k for k in table.rows if k.value not in wanted]:
             table.remove_row(stale)
         for key, values in wanted.items():
@@ -356,23 +357,3 @@ class GpuPane(Pane):
         set_content(notes_widget, Content("; ".join(notes)))
         notes_widget.display = bool(notes)
 
-    def _fit_commands(self, table: DataTable, wanted: dict[str, tuple[str, ...]]) -> None:
-        """The Command column gives way so every number column stays on screen at 80 columns."""
-        if not table.size.width or not wanted:
-            return
-        at = COLUMNS.index("command")
-        others = sum(2 + max(cell_len(h), *(cell_len(v[i]) for v in wanted.values()))
-                     for i, h in enumerate(HEADERS) if i != at)
-        room = max(8, table.size.width - others - 4)  # the command cell's padding and a scrollbar
-        for key, values in wanted.items():
-            if cell_len(values[at]) > room:
-                wanted[key] = (*values[:at], values[at][: room - 1] + "…", *values[at + 1:])
-        widest = max(cell_len(v[at]) for v in wanted.values())
-        if widest < self._command_width and table.columns:
-            # DataTable columns only grow: rebuild them so a narrower terminal gets its columns back.
-            row = table.cursor_row
-            table.clear(columns=True)
-            for key, label in zip(COLUMNS, HEADERS, strict=True):
-                table.add_column(label, key=key)
-            self.call_after_refresh(table.move_cursor, row=row)
-        self._command_width = widest
