@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from dltop import kv
+from dltop.commands.common import non_negative_int
 from dltop.errors import DltopError, UsageError
 from dltop.fmt import parse_bytes
 from dltop.model import Unavailable
@@ -44,16 +45,6 @@ def _positive_size(text: str) -> int:
     return n
 
 
-def _index(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a GPU index: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
-    return value
-
-
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -82,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-mem", type=_positive_size, metavar="SIZE",
                    help="GPU memory, e.g. 80GiB or 85899345920: plan the KV pool (default: the memory total of "
                         "the one GPU NVML sees)")
-    p.add_argument("--gpu", type=_index, metavar="N",
+    p.add_argument("--gpu", type=non_negative_int, metavar="N",
                    help="plan the KV pool of GPU N as NVML sees it (its memory total)")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=kv.DEFAULT_GPU_MEMORY_UTILIZATION,
                    metavar="F", help="vLLM's fraction of the GPU the instance may use (default 0.9)")
