@@ -22,6 +22,7 @@ COMMANDS = {
     "lock": "dltop.commands.pagecache",
     "kv": "dltop.commands.kv",
     "snapshot": "dltop.commands.snapshot",
+    "export": "dltop.commands.export",
 }
 
 
