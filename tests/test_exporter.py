@@ -326,3 +326,35 @@ def test_a_bad_web_config_says_what_is_wrong(tmp_path: Path, text: str, words: s
     r = subprocess.run([*DLTOP, "export", "--web-config", str(tmp_path / "web.yml")], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 1 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# -- beside the TUI ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_the_tui_with_export_serves_what_it_shows(tmp_path: Path) -> None:
+    from tests.test_terminal import _tmux
+
+    port = free_port()
+    sock = f"dltop-export-test-{os.getpid()}"
+    status = tmp_path / "status"
+    _tmux(sock, "new-session", "-d", "-c", str(REPO), "-x", "80", "-y", "24",
+          f"sh -c '{sys.executable} -m dltop --export 127.0.0.1:{port}; echo $? > {status}; sleep 60'")
+    try:
+        deadline = time.monotonic() + 20
+        while "Page cache" not in _tmux(sock, "capture-pane", "-p"):
+            assert time.monotonic() < deadline, "no first frame"
+            time.sleep(0.1)
+        while "dltop_memory_cached_bytes" not in (body := get(f"http://127.0.0.1:{port}/metrics")[2]):
+            assert time.monotonic() < deadline, body
+            time.sleep(0.2)
+        assert series(body, "dltop_source_up")['{source="memory"}'] == 1.0
+        _tmux(sock, "send-keys", "q")
+        while not status.exists() or not status.read_text().strip():
+            assert time.monotonic() < deadline, "still running after q"
+            time.sleep(0.1)
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+    assert status.read_text().strip() == "0"
+    with socket.socket() as s:  # nobody listens on the port any more (a listener would refuse this bind)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
