@@ -249,6 +249,8 @@ _PROBE = (  # (field, ProcessProbe attribute)
             PROCESS), "step_time_s"),
     (_field("probes", "training_steps_total", "counter", "", "Steps the process has run (the probe)", PROCESS),
      "steps"),
+    (_field("probes", "training_start_timestamp_seconds", "gauge", "seconds",
+            "Unix time the process started its probe (about when training began)", PROCESS), "started_at"),
 )
 
 # -- hints: drawn by dltop.hints from recent Snapshots (not a Snapshot part: see hint_samples) ---------------------

@@ -296,9 +296,10 @@ DATA_DOC = {"recent_steps": 8, "recent_wait_s": 1.5, "recent_step_s": 6.0, "step
 
 
 def test_probe_numbers_are_the_probe_files(tmp_path: Path) -> None:
-    got = by_name(Snapshot(ts=1.0, host="h", probes=probes_part(tmp_path, {**probe.report(), "data": DATA_DOC,
-                                                                             "rank": 3})))
+    doc = {**probe.report(), "data": DATA_DOC, "rank": 3, "started_at": 1700000000.5}
+    got = by_name(Snapshot(ts=1.0, host="h", probes=probes_part(tmp_path, doc)))
     labels = {"pid": str(os.getpid()), "rank": "3"}
+    assert got["training_start_timestamp_seconds"] == [(labels, doc["started_at"])]
     assert got["training_data_wait_ratio"] == [(labels, DATA_DOC["recent_wait_s"] / DATA_DOC["recent_step_s"])]
     assert got["training_step_seconds"] == [(labels, DATA_DOC["recent_step_s"] / DATA_DOC["recent_steps"])]
     assert got["training_steps_total"] == [(labels, DATA_DOC["steps"])]
@@ -346,7 +347,7 @@ def test_every_field_comes_out_of_some_real_snapshot(tmp_path: Path, proc_root: 
     finally:
         sampler.close()
     parts = dict(memory=snap.memory, datasets=scan_paths([str(tmp_path / "ds"), str(tmp_path / "gone")]),
-                 probes=probes_part(tmp_path, {**probe.report(), "data": DATA_DOC}))
+                 probes=probes_part(tmp_path, {**probe.report(), "data": DATA_DOC, "started_at": 1.5}))
     seen = {f.name for f, _, _ in samples(dataclasses.replace(snap, **parts))}
     seen |= {f.name for f, _, _ in samples(Snapshot(ts=2.0, host="h", servers=bumped),
                                            Snapshot(ts=1.0, host="h", servers=servers))}
