@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dltop.config import Settings
 from dltop.exporter.collector import SnapshotCollector
@@ -358,3 +360,77 @@ def test_the_tui_with_export_serves_what_it_shows(tmp_path: Path) -> None:
     with socket.socket() as s:  # nobody listens on the port any more (a listener would refuse this bind)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
+
+
+# -- the encoding ------------------------------------------------------------------------------------------------
+
+def rich_groups(tmp_path: Path, name: str = "ds") -> list:
+    import json
+
+    from dltop.exporter.collector import grouped
+    from dltop.model import Snapshot
+    from dltop.model.gpu import SPLIT_FIELDS, MemorySplit
+    from dltop.sources.datasets import scan_paths
+    from dltop.sources.gpu import FakeBackend, GpuReader
+    from dltop.sources.memory import read_memory
+
+    gpus = GpuReader(lambda: FakeBackend(json.loads((SCENARIOS / "8gpu-20proc.json").read_text())), "/").read()
+    assert isinstance(gpus, tuple)
+    split = MemorySplit(**dict.fromkeys(SPLIT_FIELDS, 12345))
+    gpus = tuple(dataclasses.replace(g, processes=tuple(dataclasses.replace(p, split=split, command=f'a "q" \\ {i}')
+                                                        for i, p in enumerate(g.processes))) for g in gpus)
+    ds = tmp_path / name
+    ds.mkdir()
+    (ds / "f").write_bytes(b"x" * 10000)
+    raw = tmp_path / os.fsdecode(b"not-utf8-\xfe")  # a name that is not UTF-8: shown as \xfe, as JSON shows it
+    raw.mkdir()
+    part = scan_paths([str(ds), str(raw), str(tmp_path / "missing\nname")])
+    return grouped(Snapshot(ts=time.time(), host="h", memory=read_memory(), gpus=gpus, datasets=part))
+
+
+def parsed(text: str, openmetrics: bool) -> list:
+    """(name, type, help, sorted samples) of each family, as prometheus_client's own parser reads the text."""
+    if openmetrics:
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families
+    else:
+        from prometheus_client.parser import text_string_to_metric_families
+    return [(f.name, f.type, f.documentation, sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                                                      for s in f.samples))
+            for f in text_string_to_metric_families(text)]
+
+
+@pytest.mark.parametrize("openmetrics", [False, True], ids=["text", "openmetrics"])
+def test_the_fast_encoding_is_prometheus_clients(tmp_path: Path, openmetrics: bool) -> None:
+    # dltop encodes from the field table; prometheus_client's generate_latest over the same families must parse to
+    # exactly the same families, names, types, help, labels (quotes, backslashes, newlines) and values.
+    from prometheus_client import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+    from prometheus_client.registry import CollectorRegistry
+
+    from dltop.exporter.collector import encode, families
+
+    groups = rich_groups(tmp_path, 'odd "name" \\ here')
+    registry = CollectorRegistry(auto_describe=False)
+
+    class Fixed:
+        def collect(self):  # type: ignore[no-untyped-def]
+            return iter(families(groups))
+
+    registry.register(Fixed())  # type: ignore[arg-type]
+    theirs = (generate_openmetrics if openmetrics else generate_latest)(registry).decode()
+    ours = encode(groups, openmetrics).decode()
+    assert parsed(ours, openmetrics) == parsed(theirs, openmetrics)
+    assert len(parsed(ours, openmetrics)) == len(groups) > 30
+    assert 'dataset="' + str(tmp_path) + '/not-utf8-\\\\xfe"' in ours  # the backslash of \xfe, escaped
+
+
+@given(st.text(min_size=1, max_size=40))
+@settings(max_examples=150, deadline=None)
+def test_any_label_value_survives_the_encoding(value: str) -> None:
+    from dltop.exporter.collector import encode
+    from dltop.fields import DATASET_FILES
+
+    value = value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")  # label values are UTF-8
+    for om in (False, True):
+        [fam] = parsed(encode([(DATASET_FILES, [({"dataset": value}, 3.0)])], om).decode(), om)
+        assert fam[3] == [("dltop_dataset_files", (("dataset", value),), 3.0)]
