@@ -8,6 +8,8 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from functools import partial
@@ -30,7 +32,7 @@ from dltop.sources.memory import read_memory
 from dltop.sources.probes import read_probes
 from dltop.sources.servers import read_server
 
-from .conftest import DATA, SHARED_FIXTURES, write_cgroup_tree
+from .conftest import DATA, REPO, SHARED_FIXTURES, write_cgroup_tree
 
 SCENARIOS = DATA / "gpu-scenarios"
 METRICS = SHARED_FIXTURES / "metrics"
@@ -363,3 +365,14 @@ def test_every_field_comes_out_of_some_real_snapshot(tmp_path: Path, proc_root: 
         seen |= {f.name for f, _, _ in samples(Snapshot(ts=1.0, host="h", gpus=part))}
     seen |= {f.name for f, _, _ in hint_samples([Hint("dataset-cold", "info", "t")])}
     assert sorted(f.name for f in FIELDS if f.name not in seen) == []
+
+
+def test_the_exporter_doc_lists_every_field() -> None:
+    # docs/exporter.md's table is written from FIELDS by scripts/exporter_doc.py; a field added without rerunning
+    # it (or a table edited by hand) fails here.
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "exporter_doc.py"), "--check"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    doc = (REPO / "docs" / "exporter.md").read_text()
+    listed = set(re.findall(r"^\| `dltop_(\w+)` \|", doc, re.M))
+    assert listed == {f.name for f in FIELDS}
