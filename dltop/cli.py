@@ -22,6 +22,7 @@ COMMANDS = {
     "lock": "dltop.commands.pagecache",
     "kv": "dltop.commands.kv",
     "snapshot": "dltop.commands.snapshot",
+    "export": "dltop.commands.export",
 }
 
 
@@ -43,13 +44,15 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
     tui.add_argument("-r", "--refresh", type=refresh_seconds, metavar="SECONDS",
                      help="refresh interval (default 1.0)")
     tui.add_argument("--read-only", action="store_true", help="disable every action that changes the system")
+    tui.add_argument("--export", metavar="ADDR:PORT",
+                     help="also serve what the TUI shows as Prometheus metrics on ADDR:PORT (see dltop export)")
     add_server_option(tui)
     add_common_options(tui)
     return tui, cmd, sub
 
 
 # Options of the top-level parser that take a value: their value is never a subcommand name.
-_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server"}
+_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export"}
 
 
 def _command_first(args: list[str]) -> list[str]:

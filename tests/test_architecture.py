@@ -26,6 +26,10 @@ ALLOWED: dict[str, set[str]] = {
     "model": {"model"},
     "text": {"text", "model", "fmt", "cpuregs"},
     "derive": {"model"},
+    # Each part's numbers described once (name, kind, unit, help, labels): the exporter and `dump` read them.
+    "fields": {"model", "derive"},
+    # The exporter serves what it is handed: fields' samples and hints' rules over Snapshots; it never samples.
+    "exporter": {"exporter", "model", "fields", "hints", "errors"},
     "hints": {"hints", "model", "fmt"},
     # The probes source shares the file format's constants and directory with the probe (dltop/probe/files.py).
     "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "__init__"},
@@ -35,7 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "__init__"},
     "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
-                 "sampler", "actions", "hints", "derive", "tui", "kv", "__init__"},
+                 "sampler", "actions", "hints", "derive", "fields", "exporter", "tui", "kv", "__init__"},
     "cli": {"commands", "errors", "__init__"},
     "__main__": {"cli"},
     # The in-process probe runs inside training scripts: nothing of dltop's but itself.

@@ -38,10 +38,22 @@ def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
 
     # A TUI without its terminal is useless: let a hangup end it even when the shell ignored SIGHUP (nohup).
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    listeners = []
+    server = None
+    if getattr(args, "export", None):
+        from dltop.commands.export import start_exporter
+
+        # Listening before the screen opens: a port in use is one line, not a TUI that quits.
+        collector, server = start_exporter(args.export)
+        listeners.append(collector.update)
     sampler = Sampler(build_sources(settings), root=settings.root, builder=build_sources)
     from dltop.actions.runner import ActionRunner
 
     # Built here and handed in, so whatever else runs beside the TUI (the recorder) subscribes to the same one.
-    app = DltopApp(sampler, settings, own_signals=True, runner=ActionRunner())
-    app.run()
+    app = DltopApp(sampler, settings, own_signals=True, runner=ActionRunner(), listeners=listeners)
+    try:
+        app.run()
+    finally:
+        if server is not None:
+            server.close()
     return app.return_code or 0

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -109,7 +109,8 @@ class DltopApp(App[None]):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     def __init__(self, feed: Feed, settings: Settings | None = None, replay: bool = False,
-                 clock: Callable[[], float] = time.time, runner: Any = None, own_signals: bool = False) -> None:
+                 clock: Callable[[], float] = time.time, runner: Any = None, own_signals: bool = False,
+                 listeners: Sequence[Callable[[Snapshot], None]] = ()) -> None:
         super().__init__()
         self._own_signals = own_signals  # a real run (not a test's): SIGTERM and SIGHUP leave as q does
         self.feed = feed
@@ -128,6 +129,7 @@ class DltopApp(App[None]):
         self.hints: list[hint_rules.Hint] = []
         self._view: View | None = None
         self._panes: list[Pane] = [cls() for cls in pane_classes()]
+        self._listeners = tuple(listeners)  # each Snapshot shown is handed on too (`dltop --export`'s collector)
 
     # -- layout ---------------------------------------------------------------------------------------------
 
@@ -216,6 +218,8 @@ class DltopApp(App[None]):
         if self.history and snap is self.history[-1]:
             return
         self.history.append(snap)
+        for listen in self._listeners:
+            listen(snap)
         self.hints = hint_rules.hints(list(self.history))
         self._update_header(snap)
         self._update_hints()
