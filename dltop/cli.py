@@ -23,6 +23,10 @@ COMMANDS = {
     "kv": "dltop.commands.kv",
     "snapshot": "dltop.commands.snapshot",
     "export": "dltop.commands.export",
+    "record": "dltop.commands.record",
+    "mark": "dltop.commands.record",
+    "report": "dltop.commands.record",
+    "dump": "dltop.commands.record",
 }
 
 

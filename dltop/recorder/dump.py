@@ -1,0 +1,262 @@
+"""`dltop dump`: a recording as JSON Lines, CSV or OpenMetrics, with column and metric names from `dltop.fields`.
+
+jsonl is one Snapshot per line (`dltop snapshot --json`'s structure). csv is one row per sample, a `ts` column
+then one column per series (`gpu_memory_used_bytes{gpu="0",uuid="GPU-..."}`), gauges and counters only unless
+--fields names an info field. openmetrics is what `promtool tsdb create-blocks-from openmetrics` takes: each
+metric family's samples together (the format requires it), with timestamps, and `# EOF`. Hints come from the
+recording's hint events (fired / cleared), so the hints a dump shows are the ones the recorder saw.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import fnmatch
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import IO
+
+from dltop import fields as fd
+from dltop.errors import DltopError
+from dltop.model import Snapshot
+from dltop.recorder.reader import Recording
+
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def dump(rec: Recording, fmt: str, out: IO[str], t0: float | None = None, t1: float | None = None,
+         names: list[str] | None = None, workers: int | None = None) -> None:
+    """Write the samples of `rec` between t0 and t1 to `out` in `fmt` ("jsonl", "csv", "openmetrics"); csv and
+    openmetrics read long ranges in up to `workers` processes (default: one per CPU, at most 16)."""
+    if fmt == "jsonl":
+        _jsonl(rec, out, t0, t1, names)
+    elif fmt == "csv":
+        _csv(rec, out, t0, t1, _wanted(names, csv=True), workers)
+    elif fmt == "openmetrics":
+        _openmetrics(rec, out, t0, t1, _wanted(names, csv=False), workers)
+    else:
+        raise DltopError(f"unknown dump format {fmt!r} (csv, jsonl, openmetrics)")
+
+
+def _wanted(names: list[str] | None, csv: bool) -> set[str]:
+    """The field names a dump writes: those matching --fields (globs allowed), else every gauge and counter
+    (and info fields too in OpenMetrics)."""
+    if not names:
+        return {f.name for f in fd.FIELDS if not (csv and f.kind == "info")}
+    out: set[str] = set()
+    for pattern in names:
+        hit = {f.name for f in fd.FIELDS if fnmatch.fnmatchcase(f.name, pattern.removeprefix(fd.PREFIX))}
+        if not hit:
+            raise DltopError(f"--fields: no field matches {pattern!r} (the names are in docs/recorder.md)")
+        out |= hit
+    return out
+
+
+def samples(rec: Recording, t0: float | None, t1: float | None, wanted: set[str],
+            prev: Snapshot | None = None) -> Iterator[tuple[Snapshot, list[fd.Sample]]]:
+    """Each Snapshot of the range with its samples (fields.samples, with `prev` the Snapshot before the range,
+    and hint_active from the hint events)."""
+    hints = _HintTimeline(rec)
+    for snap in rec.range(t0, t1):
+        active = hints.at(snap.ts)
+        got = [s for s in (*fd.samples(snap, prev), *fd.hint_samples(active)) if s[0].name in wanted]
+        yield snap, got
+        prev = snap
+
+
+class _HintTimeline:
+    """The hints firing at each moment, from the recording's hint events."""
+
+    def __init__(self, rec: Recording) -> None:
+        self._events = [e for e in rec.events() if e.kind == "hint" and isinstance(e.data.get("id"), str)]
+        self._i = 0
+        self._active: dict[str, _Hint] = {}
+
+    def at(self, ts: float) -> list[_Hint]:
+        while self._i < len(self._events) and self._events[self._i].ts <= ts:
+            e = self._events[self._i]
+            if e.data.get("state") == "fired":
+                self._active[e.data["id"]] = _Hint(e.data["id"], str(e.data.get("severity", "info")))
+            else:
+                self._active.pop(e.data["id"], None)
+            self._i += 1
+        return list(self._active.values())
+
+
+class _Hint:
+    def __init__(self, id: str, severity: str) -> None:
+        self.id = id
+        self.severity = severity
+
+
+def _jsonl(rec: Recording, out: IO[str], t0: float | None, t1: float | None, parts: list[str] | None) -> None:
+    keep = None
+    if parts:
+        known = set(Snapshot.__dataclass_fields__)
+        bad = [p for p in parts if p not in known]
+        if bad:
+            raise DltopError(f"--fields with jsonl names Snapshot parts: {bad[0]!r} is not one "
+                             f"({', '.join(sorted(known))})")
+        keep = {"ts", "host", "schema", *parts}
+    for snap in rec.range(t0, t1):
+        if keep is None:
+            out.write(snap.to_json() + "\n")
+        else:
+            out.write(json.dumps({k: v for k, v in snap.to_dict().items() if k in keep}) + "\n")
+
+
+def series_name(name: str, labels: dict[str, str]) -> str:
+    """`name{label="value",...}`, labels in their order, values escaped as the Prometheus text format does."""
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+    return f"{name}{{{inner}}}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+# Long ranges are cut into pieces of consecutive samples, each read in its own process (decoding Snapshots is
+# the cost: a day is 86,400 of them), then joined in time order.
+MIN_PER_WORKER = 1800
+
+
+def _pieces(rec: Recording, t0: float | None, t1: float | None, workers: int) -> list[tuple[float, float]]:
+    """(first ts, last ts) of each piece, in time order; [] when the range holds no sample."""
+    times = rec.times()
+    sel = times[0 if t0 is None else bisect.bisect_left(times, t0):
+                len(times) if t1 is None else bisect.bisect_right(times, t1)]
+    if not sel:
+        return []
+    n = max(1, min(workers, len(sel) // MIN_PER_WORKER))
+    cuts = [len(sel) * k // n for k in range(n + 1)]
+    pieces = []
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        while a and a < b and sel[a] == sel[a - 1]:  # a time repeated across a cut stays in one piece
+            a += 1
+        if a < b:
+            pieces.append((sel[a], sel[b - 1]))
+    return pieces
+
+
+def _run_pieces(rec: Recording, kind: str, t0: float | None, t1: float | None, wanted: set[str], scratch: str,
+                workers: int | None) -> list[list[str]]:
+    """Each piece's names in first-seen order (series for csv, fields for openmetrics); its rows or lines are
+    in `scratch`/<piece>."""
+    pieces = _pieces(rec, t0, t1, workers or min(16, os.cpu_count() or 1))
+    jobs = [(rec.path, kind, a, b, wanted, os.path.join(scratch, str(k))) for k, (a, b) in enumerate(pieces)]
+    if len(jobs) <= 1:
+        results = [_piece(*job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("fork")) as pool:
+            results = list(pool.map(_piece, *zip(*jobs, strict=True)))
+    rec.skipped += sum(skipped for _, skipped in results)
+    return [names for names, _ in results]
+
+
+def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], out: str) -> tuple[list[str], int]:
+    """Read one piece of the recording and write it under `out`: rows of column numbers (csv), or one file per
+    field (openmetrics). Returns the names in first-seen order and the damage skipped."""
+    rec = Recording(path)
+    times = rec.times()
+    i = bisect.bisect_left(times, first)
+    prev = rec.at(times[i - 1]) if i > 0 else None
+    names: list[str] = []
+    if kind == "csv":
+        columns: dict[SeriesKey, int] = {}
+        with open(out, "w", encoding="utf-8") as rows:
+            for snap, got in samples(rec, first, last, wanted, prev):
+                row: dict[int, float] = {}
+                for f, labels, value in got:
+                    key = (f.name, tuple(labels.items()))
+                    c = columns.get(key)
+                    if c is None:
+                        c = columns[key] = len(names)
+                        names.append(series_name(f.name, labels))
+                    row[c] = value
+                rows.write(json.dumps([snap.ts, row]) + "\n")
+        return names, rec.skipped
+    os.mkdir(out)
+    files: dict[str, IO[str]] = {}
+    try:
+        for snap, got in samples(rec, first, last, wanted, prev):
+            ts = _number(snap.ts)
+            for f, labels, value in got:
+                if not math.isfinite(value):
+                    continue
+                fh = files.get(f.name)
+                if fh is None:
+                    fh = files[f.name] = open(os.path.join(out, f.name), "w", encoding="utf-8")  # noqa: SIM115
+                    names.append(f.name)
+                fh.write(f"{series_name(fd.PREFIX + f.name, labels)} {_number(value)} {ts}\n")
+    finally:
+        for fh in files.values():
+            fh.close()
+    return names, rec.skipped
+
+
+def _csv(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],
+         workers: int | None = None) -> None:
+    # Columns are found while reading; the header, known only at the end, is written first when the pieces'
+    # rows are copied out with their column numbers made global.
+    with tempfile.TemporaryDirectory(prefix="dltop-dump-") as scratch:
+        local = _run_pieces(rec, "csv", t0, t1, wanted, scratch, workers)
+        columns: dict[str, int] = {}
+        for names in local:
+            for name in names:
+                columns.setdefault(name, len(columns))
+        w = csv.writer(out, lineterminator="\n")
+        w.writerow(["ts", *columns])
+        for k, names in enumerate(local):
+            to_global = [columns[n] for n in names]
+            with open(os.path.join(scratch, str(k)), encoding="utf-8") as rows:
+                for line in rows:
+                    ts, row = json.loads(line)
+                    cells = [""] * len(columns)  # a series absent at this moment is an empty cell, never a 0
+                    for c, v in row.items():
+                        cells[to_global[int(c)]] = _number(v)
+                    w.writerow([_number(ts), *cells])
+
+
+def _number(v: float) -> str:
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
+        return str(int(v))
+    return repr(v)
+
+
+def _openmetrics(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],
+                 workers: int | None = None) -> None:
+    # OpenMetrics wants each family's samples together: one file per field and piece, joined family by family.
+    with tempfile.TemporaryDirectory(prefix="dltop-dump-") as scratch:
+        local = _run_pieces(rec, "openmetrics", t0, t1, wanted, scratch, workers)
+        order = list(dict.fromkeys(n for names in local for n in names))
+        for name in order:
+            f = fd.BY_NAME[name]
+            family = fd.PREFIX + _family(f)
+            out.write(f"# TYPE {family} {f.kind}\n# HELP {family} {_help(f.help)}\n")
+            for k, names in enumerate(local):
+                if name in names:
+                    with open(os.path.join(scratch, str(k), name), encoding="utf-8") as fh:
+                        shutil.copyfileobj(fh, out)
+    out.write("# EOF\n")
+
+
+def _family(f: fd.Field) -> str:
+    """The metric family of a field: counters' samples end in _total, info metrics' in _info."""
+    if f.kind == "counter":
+        return f.name.removesuffix("_total")
+    if f.kind == "info":
+        return f.name.removesuffix("_info")
+    return f.name
+
+
+def _help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
