@@ -54,6 +54,7 @@ class _Data:
         self.shapes: set[Any] = set()
         self.workers: int | None = None
         self.pin_memory: bool | None = None
+        self.data_dir: str | None = None
         self.seen = False
         # the open epoch
         self.epoch_t0 = 0
@@ -148,8 +149,16 @@ def _meminfo_cached_bytes() -> int | None:
     return None
 
 
-def track(iterable: Iterable[T]) -> Iterator[T]:
-    """Yield the items of `iterable`, timing how long each took to arrive (the data wait) and the step time."""
+def _dataset_root(iterable: Any) -> str | None:
+    """The folder a DataLoader's dataset reads, where it says (torchvision's datasets keep it in `root`)."""
+    root = getattr(getattr(iterable, "dataset", None), "root", None)
+    return root if isinstance(root, str) else None
+
+
+def track(iterable: Iterable[T], data_dir: str | None = None) -> Iterator[T]:
+    """Yield the items of `iterable`, timing how long each took to arrive (the data wait) and the step time.
+    `data_dir`: the folder the data is read from (default: the DataLoader's `dataset.root` when it has one), so
+    that dltop can name the dataset to warm."""
     d = _state.data
     d.seen = True
     workers = getattr(iterable, "num_workers", None)
@@ -157,6 +166,9 @@ def track(iterable: Iterable[T]) -> Iterator[T]:
         d.workers = workers
         pin = getattr(iterable, "pin_memory", None)
         d.pin_memory = pin if isinstance(pin, bool) else None
+    where = data_dir or _dataset_root(iterable)
+    if where:
+        d.data_dir = os.path.abspath(where)[:MAX_CMD]
     it = iter(iterable)
     clock = time.perf_counter_ns
     waits, steps_ns, shapes = d.waits, d.steps_ns, d.shapes
@@ -290,12 +302,22 @@ def _cuda_stats(torch: Any, devices: dict[str, dict[str, Any]]) -> None:
             entry["uuid"] = str(uuid)
 
 
+def _recompiles() -> int:
+    """Compilations of a frame after its first (a guard failed: new shapes, new types), from dynamo's own count of
+    compiles per frame."""
+    per_frame = getattr(sys.modules.get("torch._dynamo.convert_frame"), "FRAME_COMPILE_COUNTER", None)
+    if not isinstance(per_frame, dict):
+        return 0
+    return sum(max(0, n - 1) for n in list(per_frame.values()) if isinstance(n, int))
+
+
 def _compile_counters() -> dict[str, int] | None:
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     if counters is None:
         return None
     return {
+        "recompiles": _recompiles(),
         "unique_graphs": int(counters["stats"]["unique_graphs"]),
         "graph_breaks": int(sum(counters["graph_break"].values())),
         "frames_ok": int(counters["frames"]["ok"]),
@@ -309,6 +331,15 @@ def _env_int(name: str) -> int | None:
         return int(os.environ[name])
     except (KeyError, ValueError):
         return None
+
+
+def _job_id() -> str | None:
+    """What the ranks of one distributed job share: torchrun's run id, else the rendezvous address."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        return os.environ["TORCHELASTIC_RUN_ID"][:MAX_CMD]
+    if os.environ.get("MASTER_ADDR"):
+        return f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '')}"[:MAX_CMD]
+    return None
 
 
 def _cmdline() -> str:
@@ -336,6 +367,7 @@ def _data_report() -> dict[str, Any] | None:
         "input_shapes": len(d.shapes),
         "loader_workers": d.workers,
         "pin_memory": d.pin_memory,
+        "data_dir": d.data_dir,
     }
 
 
@@ -363,6 +395,8 @@ def report() -> dict[str, Any]:
         "rank": _env_int("RANK"),
         "local_rank": _env_int("LOCAL_RANK"),
         "world_size": _env_int("WORLD_SIZE"),
+        "ppid": os.getppid(),
+        "job_id": _job_id(),
         "torch": getattr(torch, "__version__", None) and str(torch.__version__),
         "devices": devices,
         "allocator_env": {k: os.environ[k] for k in ALLOC_ENV if k in os.environ},
@@ -376,7 +410,8 @@ def report() -> dict[str, Any]:
 
 def encode(doc: dict[str, Any]) -> bytes | None:
     """The file's bytes, within MAX_FILE_BYTES: drop the oldest epochs, then the allocator settings, then cut the
-    command, then the compile counters, naming each in `truncated`; None when it still does not fit."""
+    command, then the compile counters, then the memory_stats of the devices listed last, naming each in
+    `truncated`; None when it still does not fit."""
     doc = dict(doc)
     dropped: list[str] = []
     while True:
@@ -396,6 +431,13 @@ def encode(doc: dict[str, Any]) -> bytes | None:
         elif doc.get("compile"):
             doc["compile"] = None
             dropped.append("compile")
+        elif with_stats := [n for n, d in doc["devices"].items() if "memory_stats" in d]:
+            # A process on many GPUs (DataParallel): the allocator numbers of the devices listed last go first.
+            last = with_stats[-1]
+            doc["devices"] = {**doc["devices"], last: {k: v for k, v in doc["devices"][last].items()
+                                                       if k != "memory_stats"}}
+            if "memory_stats" not in dropped:
+                dropped.append("memory_stats")
         else:
             return None
         doc["truncated"] = dropped
