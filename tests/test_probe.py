@@ -298,6 +298,37 @@ def test_published_file_is_private_atomic_and_within_the_limit(tmp_path: Path) -
     assert not Path(path).exists()
 
 
+def _published(path: str) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def _until(check, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_the_publisher_reuses_its_tensor_count_until_due_or_a_new_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe, "TENSOR_DUTY", 1e-12)  # a count "costs" so much that the thread never recounts
+    a = torch.nn.Linear(8, 8)
+    probe.watch_model(a)
+    path = probe.start(interval_s=0.02)
+    assert path is not None
+    first = _published(path)
+    assert first["devices"]["cpu"]["weights_bytes"] == _storage_bytes(a.parameters())
+    a(torch.zeros(1, 8)).sum().backward()  # gradients appear
+    _until(lambda: _published(path)["published_at"] > first["published_at"] + 0.05, "no new publication")
+    again = _published(path)
+    assert again["devices"]["cpu"]["gradients_bytes"] == 0  # the thread's count is the old one ...
+    assert again["tensors_counted_at"] == first["tensors_counted_at"]  # ... and says how old
+    assert probe.report()["devices"]["cpu"]["gradients_bytes"] == _storage_bytes(p.grad for p in a.parameters())
+    b = torch.nn.Linear(64, 64)
+    probe.watch_model(b)  # a new watch is counted at the next publication
+    both = _storage_bytes([*a.parameters(), *b.parameters()])
+    _until(lambda: _published(path)["devices"]["cpu"]["weights_bytes"] == both, "the new model was not counted")
+
+
 def test_a_symlinked_or_shared_directory_is_not_published_into(tmp_path: Path, capsys) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
