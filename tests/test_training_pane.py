@@ -162,3 +162,31 @@ def test_the_recording_is_a_real_train_tiny_run() -> None:
     assert [e.index for e in p.epochs] == list(range(len(p.epochs))) and p.epochs
     raw = json.loads((REPO / "tests" / "data" / SESSION).read_text().splitlines()[-1])
     assert Snapshot.from_json(json.dumps(raw)) == snaps[-1]
+
+
+async def test_sixteen_epochs_show_the_newest_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed (the test extra)")
+    import dltop.probe as probe
+    from dltop.sources.probes import parse_probe
+
+    monkeypatch.setattr(probe, "_state", probe._State())
+    for _ in range(probe.MAX_EPOCHS + 3):  # more than the probe keeps
+        for _ in probe.track([torch.zeros(2)] * 3):
+            pass
+        probe.mark_epoch()
+    part = ProbesPart(processes=(parse_probe(probe.report(), "/dev/shm/dltop-0/x.json", os.getuid()),))
+    indexes = [e.index for e in part.processes[0].epochs]
+    assert indexes == list(range(3, probe.MAX_EPOCHS + 3))  # the oldest three dropped by the probe
+    app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        lines = _text(app, "#tr-body").splitlines()
+        shown = [int(ln.split()[0]) for ln in lines if ln.split()[:1] and ln.split()[0].isdigit()]
+        assert shown == indexes[-len(shown):] and len(shown) < len(indexes)  # the newest, in order
+        assert f"… {len(indexes) - len(shown)} earlier epochs not shown" in "\n".join(lines)
+        _fits(app)
+    async with DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)])).run_test(
+            size=(120, 40)) as pilot:
+        await _open(pilot)
+        shown = [ln for ln in _text(pilot.app, "#tr-body").splitlines() if ln.split()[:1] and ln.split()[0].isdigit()]
+        assert len(shown) == len(indexes)  # room for all of them

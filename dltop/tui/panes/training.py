@@ -55,25 +55,30 @@ def series(history: Sequence[Snapshot], key: str, name: str) -> list[float]:
     return out
 
 
+def _on_gpu(snap: Snapshot, pids: set[int]) -> list[float]:
+    """NVML's utilisation of each GPU where one of `pids` holds memory, in one Snapshot."""
+    out = []
+    for g in snap.gpus if isinstance(snap.gpus, tuple) else ():
+        procs = g.processes if isinstance(g.processes, tuple) else ()
+        if any(p.pid in pids for p in procs) and g.utilization_gpu_percent is not None:
+            out.append(float(g.utilization_gpu_percent))
+    return out
+
+
 def epoch_gpu_util(history: Sequence[Snapshot], pids: set[int], e: ProbeEpoch) -> tuple[float | None, str]:
     """The mean NVML utilisation over the epoch of the GPUs the job's processes hold memory on, and where it came
     from (or why there is none)."""
-    samples: list[float] = []
-    reason = "not in dltop's history"  # the epoch ended before the oldest Snapshot kept
-    for s in history:
-        if not e.started_at <= s.ts <= e.ended_at:
-            continue
-        if isinstance(s.gpus, Unavailable) or s.gpus is None:
-            reason = "no NVML"
-            continue
-        reason = "on no GPU"
-        for g in s.gpus:
-            procs = g.processes if isinstance(g.processes, tuple) else ()
-            if any(p.pid in pids for p in procs) and g.utilization_gpu_percent is not None:
-                samples.append(float(g.utilization_gpu_percent))
-    if not samples:
-        return None, reason
-    return sum(samples) / len(samples), f"NVML, {plural(len(samples), 'sample')}"
+    samples = [u for s in history if e.started_at <= s.ts <= e.ended_at for u in _on_gpu(s, pids)]
+    if samples:
+        return sum(samples) / len(samples), f"NVML, {plural(len(samples), 'sample')}"
+    latest = history[-1] if history else None
+    if latest is None or not isinstance(latest.gpus, tuple):
+        return None, "no NVML"
+    if not _on_gpu(latest, pids):
+        return None, "on no GPU"
+    if e.ended_at < history[0].ts:
+        return None, "before dltop's history"
+    return None, "no GPU sample within it"  # an epoch shorter than the refresh interval
 
 
 def _seconds(s: float) -> str:
@@ -154,11 +159,13 @@ def _facts(p: ProcessProbe, width: int) -> Content:
         else:
             line = f"{line}  {b}" if line else b
     lines.append(line)
-    return Content("\n".join(ln[:width] for ln in lines[:2]))
+    return Content("\n".join(ln[:width] for ln in lines[:3]))
 
 
-def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int) -> list[Content]:
-    """A job: its title, its facts, its two sparklines and its epoch table."""
+def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int,
+              height: int | None = None) -> list[Content]:
+    """A job: its title, its facts, its two sparklines and its epoch table; with a `height`, the newest epochs
+    that fit in it (the job alone on the tab), else all of them (several jobs scroll)."""
     lead = members[0]  # rank 0 (or the only process) speaks for the job's epochs
     lines = [_title(members, width), _facts(lead, width)]
     spark_width = max(1, width - SPARK_LABEL_WIDTH)
@@ -175,7 +182,17 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
     if lead.epochs:
         pids = {p.pid for p in members}
         who = f" (rank {lead.rank}'s)" if len(members) > 1 else ""
-        lines.extend(epoch_table(epoch_rows(lead, history, pids), width))
+        rows = epoch_rows(lead, history, pids)
+        used = sum(c.plain.count("\n") + 1 for c in lines)  # the facts take up to three lines
+        room = None if height is None else max(2, height - used - 1 - bool(who))
+        if room is not None and len(rows) > room:
+            hidden, rows = len(rows) - room + 1, rows[len(rows) - room + 1:]
+            lines.extend(epoch_table(rows, width)[:1])
+            lines.append(Content.assemble((f"… {plural(hidden, 'earlier epoch')} not shown (a taller terminal "
+                                           "shows them)", "dim")))
+            lines.extend(epoch_table(rows, width)[1:])
+        else:
+            lines.extend(epoch_table(rows, width))
         if who:
             lines.append(Content.assemble((f"epochs{who}", "dim")))
     else:
@@ -227,10 +244,12 @@ class TrainingPane(Pane):
             set_content(body, Content(NO_PROBE))
         else:
             lines: list[Content] = []
-            for key, members in jobs(part.processes).items():
+            grouped = jobs(part.processes)
+            height = self.query_one("#tr-scroll").size.height or None if len(grouped) == 1 else None
+            for key, members in grouped.items():
                 if lines:
                     lines.append(Content(""))
-                lines.extend(job_lines(key, members, view.history, width))
+                lines.extend(job_lines(key, members, view.history, width, height))
             set_content(body, Content("\n").join(lines))
         if isinstance(part, ProbesPart):
             notes = probe_notes(part)
