@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from dltop.fmt import human_bytes
-from dltop.hints import Hint, rule
+from dltop.hints import Hint, Severity, rule
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetsPart
 from dltop.model.probes import ProbesPart, ProcessProbe
@@ -180,10 +180,11 @@ def recompiling(history: Sequence[Snapshot]) -> Hint | None:
 @rule
 def oom_retries_rising(history: Sequence[Snapshot]) -> Hint | None:
     """The CUDA allocator frees its cache and retries (or runs out of memory) more and more: near the edge."""
-    for counter, what, severity in (("num_ooms", "ran out of memory", "critical"),
-                                    ("num_alloc_retries", "had to free its cache and retry", "warn")):
+    cases: tuple[tuple[str, str, Severity], ...] = (("num_ooms", "ran out of memory", "critical"),
+                                                    ("num_alloc_retries", "had to free its cache and retry", "warn"))
+    for counter, what, severity in cases:
         for p, new, total in _rising(history, counter):
-            return Hint(id=f"training-{counter.replace('_', '-')}", severity=severity,  # type: ignore[arg-type]
+            return Hint(id=f"training-{counter.replace('_', '-')}", severity=severity,
                         text=f"{_who(p)}: the CUDA allocator {what} {new} times in the last minute ({total} in all)",
                         fix="a smaller batch or sequence, activation checkpointing, or "
                             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation",
