@@ -15,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Static
 
-from dltop.fmt import human_bytes, plural, sparkline_rows
+from dltop.fmt import human_bytes, plural, shorten_middle, sparkline_rows
 from dltop.model import Snapshot, Unavailable
 from dltop.model.probes import ProbeEpoch, ProbesPart, ProcessProbe
 from dltop.tui.panes.base import Pane, set_content
@@ -150,7 +150,7 @@ def _facts(p: ProcessProbe, width: int) -> Content:
     if any("num_ooms" in d.memory_stats for d in p.devices):
         bits.append(f"retries {retries} OOMs {ooms}")
     if p.data_dir:
-        bits.append(f"data {p.data_dir}")
+        bits.append(f"data {shorten_middle(p.data_dir, width - 5)}")
     lines, line = [], ""
     for b in bits:
         if line and len(line) + 2 + len(b) > width:
@@ -187,10 +187,9 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
         room = None if height is None else max(2, height - used - 1 - bool(who))
         if room is not None and len(rows) > room:
             hidden, rows = len(rows) - room + 1, rows[len(rows) - room + 1:]
-            lines.extend(epoch_table(rows, width)[:1])
-            lines.append(Content.assemble((f"… {plural(hidden, 'earlier epoch')} not shown (a taller terminal "
-                                           "shows them)", "dim")))
-            lines.extend(epoch_table(rows, width)[1:])
+            head, *body = epoch_table(rows, width)
+            lines += [head, Content.assemble((f"… {plural(hidden, 'earlier epoch')} not shown (a taller "
+                                              "terminal shows them)", "dim")), *body]
         else:
             lines.extend(epoch_table(rows, width))
         if who:
