@@ -60,4 +60,4 @@ def hints(history: Sequence[Snapshot]) -> list[Hint]:
 
 
 # The layers' rules register themselves when imported: one module per layer, next to its own constants.
-from dltop.hints import datasets, gpu, memory  # noqa: E402, F401
+from dltop.hints import caches, datasets, gpu, memory  # noqa: E402, F401
