@@ -285,9 +285,12 @@ def _run_pagecache(runner: ActionRunner, run: Run, options: Any, flags: Flags, p
 
 
 def _clear_options(options: Any) -> Any:
+    """ClearOptions, given as such or read from Settings (the TUI hands its own: --pid, --cache, --root)."""
     from dltop.actions import caches
 
-    return options if isinstance(options, caches.ClearOptions) else caches.ClearOptions()
+    if isinstance(options, caches.ClearOptions) or options is None:
+        return options or caches.ClearOptions()
+    return caches.ClearOptions(tuple(options.caches), options.pid, options.root)
 
 
 def _plan_clear(run: Run, options: Any, others: Mapping[str, int] | None = None) -> ActionPlan:

@@ -8,7 +8,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from dltop.fmt import human_bytes
+from dltop.fmt import human_bytes, plural
 from dltop.model.actions import ActionPlan
 
 
@@ -66,6 +66,12 @@ def plan_dialog(plan: ActionPlan) -> tuple[str, str, str | None]:
             body += f"\nYes warms only the part that fits ({human_bytes(plan.fits_bytes)})."
             return f"Warm {human_bytes(plan.fits_bytes)} of {size}?", body, verb
         return f"Warm {size}: refused", body, None
+    if plan.action == "clear":
+        if not plan.allowed:
+            return "Clear: refused", plan.guard, None
+        body = (f"Delete {size} in {plural(plan.files, 'file')} under {plan.target}. Symlinks are removed, never "
+                f"followed.{notes}")
+        return f"Clear {size}?", body, "Clear"
     if plan.action == "evict":
         body = (f"Drop {size} of {plan.target} from the page cache (dirty pages are written first).\n"
                 f"The next read of these files comes from disk.{notes}")
