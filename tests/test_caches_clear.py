@@ -127,6 +127,23 @@ def test_a_race_that_swaps_an_entry_for_a_symlink_cannot_delete_outside(
     assert not (known / "d0").is_symlink() and not (known / "plain").exists()
 
 
+def test_an_entry_reached_through_a_symlink_in_the_cache_is_refused(known: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (outside / "b" / "victim.bin").write_bytes(b"v" * 1000)
+    known.mkdir()
+    os.symlink(outside, known / "a")  # known/a/b/victim.bin is lexically inside the cache
+    target = known / "a" / "b" / "victim.bin"
+    run = ActionRunner().start("clear", [str(target)], wait=True)
+    assert isinstance(run.error, DltopError) and "is a symbolic link on the way" in str(run.error)
+    plan = ActionRunner().plan("clear", [str(target)], wait=True).result
+    assert not plan.allowed and plan.bytes == 0
+    # and if the link is swapped in after the checks, the descent by fds with O_NOFOLLOW refuses it too
+    with pytest.raises(DltopError, match="a symbolic link on the way"):
+        clear_mod.open_parent(str(target), str(known))
+    assert (outside / "b" / "victim.bin").read_bytes() == b"v" * 1000
+
+
 class _Listing(list):
     def __enter__(self):
         return self

@@ -111,8 +111,16 @@ def check(path: str, options: ClearOptions) -> tuple[src.Location, os.stat_resul
     if stat.S_ISLNK(st.st_mode) and path == loc.path:
         raise DltopError(f"refused: {display_path(path)} is a symbolic link (to {display_path(os.readlink(path))}); "
                          "dltop never follows one: give the folder it points to as a cache of its own")
+    if path != loc.path:
+        # An entry: no symlink from the cache folder down to it (a lexical path through one leads outside)
+        folder = loc.path
+        for part in ["", *os.path.relpath(os.path.dirname(path), loc.path).split(os.sep)]:
+            folder = os.path.join(folder, part) if part not in ("", ".") else folder
+            if os.path.islink(folder):
+                raise DltopError(f"refused: {display_path(folder)} is a symbolic link on the way to "
+                                 f"{display_path(path)}; dltop never follows one")
     if st.st_uid != os.geteuid():
-        owner = src._passwd(st.st_uid)[0]
+        owner = src.passwd_of(st.st_uid)[0]
         raise DltopError(f"refused: {display_path(path)} is owned by {owner} (uid {st.st_uid}), not by this user: "
                          "clear it as its owner")
     if stat.S_ISDIR(st.st_mode) and (os.path.ismount(path) or path in _mount_points(options.root)
@@ -306,8 +314,8 @@ def clear(path: str, options: ClearOptions, *, dry_run: bool = False,
     t0 = time.monotonic()
     ticker = _Ticker("clear", r.total_bytes, progress)
     clearer = _Clearer(st.st_dev, ticker, cancel, r)
-    parent, name = os.path.split(path)
-    pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    name = os.path.basename(path)
+    pfd = open_parent(path, loc.path)
     try:
         if _keeps_folder(path, loc, st):
             fd = os.open(name, _O_DIR, dir_fd=pfd)
@@ -326,6 +334,28 @@ def clear(path: str, options: ClearOptions, *, dry_run: bool = False,
     r.elapsed_s = time.monotonic() - t0
     r.cancelled = clearer.stopped()
     return r
+
+
+def open_parent(path: str, cache: str) -> int:
+    """An fd of the folder holding `path`, reached from the cache's own parent one name at a time with
+    O_NOFOLLOW: a symlink anywhere from the cache folder down (planted, or swapped in after the checks) fails
+    the open instead of leading outside the cache. Folders above the cache are the user's layout: followed."""
+    fd = os.open(os.path.dirname(cache) or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    rel = os.path.relpath(os.path.dirname(path), os.path.dirname(cache))
+    try:
+        for part in ([] if rel == "." else rel.split(os.sep)):
+            try:
+                nxt = os.open(part, _O_DIR, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise DltopError(f"refused: a symbolic link on the way to {display_path(path)}") from None
+                raise
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def summary(r: ClearResult) -> str:

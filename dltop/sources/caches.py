@@ -56,7 +56,8 @@ class Environment:
     cwd: str = "/"  # relative paths in the variables are the process's, resolved from its working folder
 
 
-def _passwd(uid: int) -> tuple[str, str]:
+def passwd_of(uid: int) -> tuple[str, str]:
+    """(user name, home) of a uid from the passwd database; (the uid, "/") when it has no entry."""
     try:
         pw = pwd.getpwuid(uid)
     except KeyError:
@@ -67,7 +68,7 @@ def _passwd(uid: int) -> tuple[str, str]:
 def environment_of(env: Mapping[str, str], uid: int, label: str, pid: int | None = None,
                    version_key: str = "", cwd: str = "/") -> Environment:
     """An Environment from variables and a uid, user and home resolved as getpass and expanduser do."""
-    name, home = _passwd(uid)
+    name, home = passwd_of(uid)
     user = next((env[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if env.get(k)), name)
     return Environment(env=dict(env), user=user, home=env.get("HOME") or home, uid=uid, label=label, pid=pid,
                        current_version_key=version_key, cwd=cwd)
