@@ -203,3 +203,40 @@ def test_caches_pane_opened_snapshot(snap_compare, picture_caches: Snapshot) -> 
         await pilot.press("enter")
 
     assert snap_compare(PaneApp(picture_caches), terminal_size=(80, 24), run_before=open_first)
+
+
+async def test_the_ui_does_not_wait_for_a_walk_in_progress(ind: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from dltop.sampler import Sampler
+    from dltop.sources.registry import build_sources
+
+    release = threading.Event()
+    real = src.walk_cache
+
+    def slow_walk(path, **kw):  # a walk of a huge cache on a slow disk: it takes as long as the test wants
+        release.wait(30)
+        return real(path, **kw)
+
+    monkeypatch.setattr(src, "walk_cache", slow_walk)
+    app = DltopApp(Sampler(build_sources(Settings(refresh_s=0.25)), builder=build_sources), Settings(refresh_s=0.25))
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await _open_tab(app, pilot)
+            assert "waiting for the first reading" in _text(app, "#cc-summary")
+            seen = len(app.history)
+            await pilot.pause(1.0)
+            assert len(app.history) > seen  # the other sources go on every 0.25 s while the walk waits
+            await pilot.press("1")  # keys work
+            await pilot.pause()
+            assert app.query_one("#tabs").active == "tab-gpu"
+            release.set()
+            await _open_tab(app, pilot)
+            for _ in range(200):
+                await pilot.pause(0.05)
+                if _rows(app) and _rows(app)[0] == "TorchInductor":
+                    break
+            assert app.query_one("#cc-table", DataTable).get_row_at(0)[1] == human_bytes(du_bytes(ind))
+    finally:
+        release.set()

@@ -20,6 +20,7 @@ from dltop.derive import cache_growth
 from dltop.model import Snapshot
 from dltop.model.caches import CacheInfo, CachesPart
 from dltop.sources import caches as src
+from tests.conftest import strict_json
 from tests.test_caches_util import (
     REPO,
     clean_env,
@@ -224,7 +225,9 @@ def test_hard_links_symlinks_loops_and_odd_names_are_counted_as_du_counts_them(t
     assert info.size_bytes == du_bytes(cache) and info.files == find_files(cache) == 3
     assert info.noted["symlink"] == 3 and info.noted["non_utf8_name"] == 1
     assert any("name not UTF-8" in p and "\\xff" in p for p in info.problems)
-    Snapshot(ts=1.0, host="t", caches=CachesPart((info,))).to_json()  # writes as valid JSON
+    snap = Snapshot(ts=1.0, host="t", caches=CachesPart((info,)))
+    strict_json(snap.to_json())  # valid UTF-8 JSON, the odd name in display form
+    assert Snapshot.from_json(snap.to_json()) == snap  # and back exactly (its bytes in the _b64 sibling)
 
 
 def test_an_entry_that_vanishes_between_listing_and_stat_is_noted(tmp_path: Path,
