@@ -63,7 +63,6 @@ class ClearResult:
     cancelled: bool = False
     left: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-    stayed: dict[str, int] = field(default_factory=dict)  # unused by a clear (the runner's summary reads it)
 
     def to_dict(self) -> dict[str, Any]:
         """The CLI's --json summary."""

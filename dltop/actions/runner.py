@@ -19,7 +19,7 @@ from dltop.fmt import human_bytes
 from dltop.model.actions import ActionEvent, ActionPlan, Outcome, Step
 
 Listener = Callable[[ActionEvent], None]
-VERBS = {"warm": "warmed", "evict": "evicted", "lock": "locked", "clear": "cleared"}
+VERBS = {"warm": "warmed", "evict": "evicted", "lock": "locked"}
 
 
 @dataclass

@@ -109,7 +109,7 @@ def _target(name: str, settings: Any, options: Any) -> str:
 
 def _clear(args: argparse.Namespace, settings: Any, name: str) -> int:
     from dltop.actions.caches import ClearOptions
-    from dltop.actions.runner import ActionRunner
+    from dltop.actions.runner import SPECS, ActionRunner
     from dltop.commands.pagecache import ProgressBar, cancelled_by_signals, wait_for
     from dltop.fmt import human_bytes, plural
 
@@ -135,7 +135,7 @@ def _clear(args: argparse.Namespace, settings: Any, name: str) -> int:
         return 0
     for n in plan.notes:
         print(f"note: {n}", file=sys.stderr)
-    if not args.yes:
+    if SPECS["clear"].risky and not args.yes:
         if not sys.stdin.isatty():
             raise DltopError(f"not clearing {what}: no terminal to ask on; give --yes to clear without asking")
         answer = input(f"Clear {what}? [y/N] ")

@@ -1,6 +1,6 @@
 """Hints: the lessons of each cache layer as pure functions of recent Snapshots.
 
-One module per layer (`memory`, `datasets`; later `gpu`, `training`, `caches`), each rule registered with
+One module per layer (`memory`, `datasets`, `gpu`, `caches`; later `training`), each rule registered with
 `@rule`. A rule imports the model and its own constants, never sources or actions (a test checks the imports),
 so live, replay and the recorder's report draw the same hints from the same Snapshots.
 """

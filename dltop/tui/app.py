@@ -367,7 +367,10 @@ class DltopApp(App[None]):
     def _confirm(self, plan: ActionPlan) -> None:
         if plan.action != "clear" and self.settings.datasets and self._owner(plan.target) is None:
             return  # unwatched while it was measured: nobody is looking at that row any more
-        title, body, yes = plan_dialog(plan)
+        from dltop.actions.runner import spec_of
+
+        spec = spec_of(plan.action)
+        title, body, yes = plan_dialog(plan, spec.verb)
 
         def answered(ok: bool | None) -> None:
             if not ok:

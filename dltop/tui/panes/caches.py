@@ -115,7 +115,7 @@ class CachesPane(Pane):
             growth = self._growth(view)
             caches = self._caches()
             for c in caches:
-                wanted[c.name] = cache_row(c, growth.get(c.name), len(warnings_for(c, now)), now)
+                wanted[c.name] = cache_row(c, growth.get(c.name), len(warnings_for(c, view.snapshot.ts)), now)
             summary = Text.assemble(("Caches", "bold"))
             if isinstance(part, Unavailable):
                 summary.append(f"  unavailable: {part.reason}", "red")
@@ -162,7 +162,9 @@ class CachesPane(Pane):
             t.append(f"\n{k}={v}")
         if c.exists and c.size_bytes is None:
             t.append(f"\nunavailable: {c.unavailable.get('size_bytes', '')}", "red")
-        for w in warnings_for(c, now):
+        # judged at the Snapshot's time, as the hints are: a replay shows what live showed
+        snap_ts = self.view.snapshot.ts if self.view is not None else now
+        for w in warnings_for(c, snap_ts):
             t.append(f"\n! {w}", "yellow")
         if c.clear_command:
             t.append(f"\nits own clear command: {c.clear_command}")

@@ -52,10 +52,11 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(yes and self._yes_label is not None)
 
 
-def plan_dialog(plan: ActionPlan) -> tuple[str, str, str | None]:
-    """Title, body and yes label (None: refused, nothing to confirm) stating what the planned action does."""
+def plan_dialog(plan: ActionPlan, verb: str | None = None) -> tuple[str, str, str | None]:
+    """Title, body and yes label (`verb`, the action's own; None: refused, nothing to confirm) stating what the
+    planned action does."""
     size = human_bytes(plan.bytes)
-    verb = plan.action.capitalize()
+    verb = verb or plan.action.capitalize()
     guard = f"\nMemory guard: {plan.guard}" if plan.guard else ""
     notes = "".join(f"\n{n}" for n in plan.notes)
     if plan.action == "warm":
@@ -71,7 +72,7 @@ def plan_dialog(plan: ActionPlan) -> tuple[str, str, str | None]:
             return "Clear: refused", plan.guard, None
         body = (f"Delete {size} in {plural(plan.files, 'file')} under {plan.target}. Symlinks are removed, never "
                 f"followed.{notes}")
-        return f"Clear {size}?", body, "Clear"
+        return f"Clear {size}?", body, verb
     if plan.action == "evict":
         body = (f"Drop {size} of {plan.target} from the page cache (dirty pages are written first).\n"
                 f"The next read of these files comes from disk.{notes}")
