@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -221,3 +222,22 @@ def test_a_cache_growing_fast_warns(ddir: Path) -> None:
     assert found["cache-growing"].numbers["grew_bytes"] == du_bytes(cache) - first.caches.get(  # type: ignore
         "torchinductor").size_bytes
     assert "cache-growing" not in _ids(later, _snap(120, ddir, TORCHINDUCTOR_CACHE_DIR=str(cache)))
+
+
+def test_the_config_files_caches_and_the_text_report(tmp_path: Path) -> None:
+    from dltop.fmt import human_bytes
+
+    mine = _tree(tmp_path / "mine")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'caches = ["{mine}"]\n')
+    env = clean_env(tmp_path / "home", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "none"))
+    r = dltop("caches", "--config", str(cfg), env=env)
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith(str(mine)))
+    assert re.search(rf"\s{re.escape(human_bytes(du_bytes(mine)))}\s+{find_files(mine)}\s", row), row
+    assert f"    {mine}  (added by you" in r.stdout
+    data = strict_json(dltop("caches", "--json", "--config", str(cfg), env=env).stdout)
+    assert next(c for c in data["caches"] if c["path"] == str(mine))["files"] == find_files(mine)
+    cfg.write_text('caches = "/x"\n')
+    r = dltop("caches", "--config", str(cfg), env=env)
+    assert r.returncode == 1 and r.stderr.strip() == f"dltop: {cfg}: caches must be a list of paths"
