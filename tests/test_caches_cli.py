@@ -110,8 +110,6 @@ def test_clear_by_name_with_yes_dry_run_and_without_a_terminal(tmp_path: Path) -
     (["caches", "--pid", "999999999"], 1, r"^dltop: no such process: 999999999$"),
 ])
 def test_bad_input_is_one_line(args: list[str], code: int, pattern: str) -> None:
-    import re
-
     r = dltop(*args)
     assert r.returncode == code, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and re.search(pattern, r.stderr.strip()), r.stderr
