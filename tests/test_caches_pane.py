@@ -193,16 +193,21 @@ class PaneApp(App[None]):
         self.query_one(CachesPane).show(View(snapshot=self.snap, history=(self.snap,)))
 
 
-def test_caches_pane_snapshot(snap_compare, picture_caches: Snapshot) -> None:
-    assert snap_compare(PaneApp(picture_caches), terminal_size=(80, 24))
+SIZES = [(80, 24), (120, 40)]
 
 
-def test_caches_pane_opened_snapshot(snap_compare, picture_caches: Snapshot) -> None:
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_caches_pane_snapshot(snap_compare, picture_caches: Snapshot, size: tuple[int, int]) -> None:
+    assert snap_compare(PaneApp(picture_caches), terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_caches_pane_opened_snapshot(snap_compare, picture_caches: Snapshot, size: tuple[int, int]) -> None:
     async def open_first(pilot) -> None:
         pilot.app.query_one("#cc-table", DataTable).focus()
         await pilot.press("enter")
 
-    assert snap_compare(PaneApp(picture_caches), terminal_size=(80, 24), run_before=open_first)
+    assert snap_compare(PaneApp(picture_caches), terminal_size=size, run_before=open_first)
 
 
 async def test_the_ui_does_not_wait_for_a_walk_in_progress(ind: Path, tmp_path: Path,
