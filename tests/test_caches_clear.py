@@ -68,6 +68,8 @@ def test_a_real_inductor_cache_is_cleared_by_exactly_what_du_counted(inductor_ca
     assert r.done_bytes == before - du_bytes(known) and r.files_done == files and not r.cancelled
     last = events[-1]
     assert last.outcome == "ok" and last.message.startswith("cleared ") and last.done_bytes == r.done_bytes
+    progress = [e for e in events if e.step == "run" and e.phase == "progress"]
+    assert progress and progress[-1].done_bytes == r.done_bytes and progress[-1].total_bytes == plan.bytes
 
 
 def test_one_entry_is_cleared_and_the_rest_stays(inductor_cache: Path, known: Path) -> None:
