@@ -195,8 +195,9 @@ def test_stale_locks_and_other_versions(tmp_path: Path) -> None:
     lock = te / "py310_cu118" / "ext" / "lock.lock"
     lock.touch()
     os.utime(lock, (time.time() - 7200, time.time() - 7200))
-    e = src.environment_of({"HOME": str(tmp_path), "TORCH_EXTENSIONS_DIR": str(te)}, os.getuid(), "t",
-                           version_key="py311_cpu")
+    alone = {"HOME": str(tmp_path), "TORCH_EXTENSIONS_DIR": str(te),
+             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "none")}  # not the machine's /tmp/torchinductor_<user>
+    e = src.environment_of(alone, os.getuid(), "t", version_key="py311_cpu")
     snap = Snapshot(ts=time.time(), host="t", caches=src.read_caches(e))
     found = {h.id: h for h in hints.hints([snap])}
     assert "py310_cu118" in found["cache-for-other-versions"].text
@@ -204,7 +205,7 @@ def test_stale_locks_and_other_versions(tmp_path: Path) -> None:
     c = snap.caches.get("torch_extensions")  # type: ignore[union-attr]
     assert cache_hints.other_version_keys(c) == ("py310_cu118",)
     # another process's versions are not visible: both keys are named, neither is called the other one
-    unknown = src.environment_of({"HOME": str(tmp_path), "TORCH_EXTENSIONS_DIR": str(te)}, os.getuid(), "t")
+    unknown = src.environment_of(alone, os.getuid(), "t")
     c2 = src.read_caches(unknown).get("torch_extensions")
     assert cache_hints.other_version_keys(c2) == () and any("2 versions" in w for w in cache_hints.warnings_for(c2))
 
