@@ -30,3 +30,4 @@ bench: install-bench
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/residency.py
 	$(BIN)/python benchmarks/export.py
+	$(BIN)/python benchmarks/caches.py

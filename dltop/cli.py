@@ -9,7 +9,13 @@ import sys
 from collections.abc import Sequence
 
 from dltop import __version__
-from dltop.commands.common import ArgumentParser, add_common_options, add_server_option, refresh_seconds
+from dltop.commands.common import (
+    ArgumentParser,
+    add_cache_option,
+    add_common_options,
+    add_server_option,
+    refresh_seconds,
+)
 from dltop.errors import DltopError
 
 # Subcommand -> the module whose `register(subparsers)` adds it (with `set_defaults(func=run)`). Only the
@@ -27,6 +33,7 @@ COMMANDS = {
     "mark": "dltop.commands.record",
     "report": "dltop.commands.record",
     "dump": "dltop.commands.record",
+    "caches": "dltop.commands.caches",
 }
 
 
@@ -51,12 +58,13 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
     tui.add_argument("--export", metavar="ADDR:PORT",
                      help="also serve what the TUI shows as Prometheus metrics on ADDR:PORT (see dltop export)")
     add_server_option(tui)
+    add_cache_option(tui)
     add_common_options(tui)
     return tui, cmd, sub
 
 
 # Options of the top-level parser that take a value: their value is never a subcommand name.
-_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export"}
+_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export", "--cache"}
 
 
 def _command_first(args: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ from dltop.errors import DltopError
 DEFAULT_REFRESH_S = 1.0
 MIN_REFRESH_S = 0.1
 MAX_REFRESH_S = 60.0
-KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers"})  # later features add theirs here
+KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "caches"})  # later features add theirs here
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class Settings:
     datasets: tuple[str, ...] = ()
     read_only: bool = False
     servers: tuple[str, ...] = ()  # inference servers' /metrics URLs, normalized (server_url)
+    caches: tuple[str, ...] = ()  # cache folders the user adds to the known ones (docs/caches.md)
     config_path: str | None = None
 
 
@@ -69,6 +70,9 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     servers = data.get("servers", [])
     if not isinstance(servers, list) or not all(isinstance(u, str) for u in servers):
         raise DltopError(f"{where}: servers must be a list of URLs")
+    caches = data.get("caches", [])
+    if not isinstance(caches, list) or not all(isinstance(c, str) for c in caches):
+        raise DltopError(f"{where}: caches must be a list of paths")
     unknown = sorted(set(data) - KNOWN_KEYS)
     if unknown:
         # A typo ("readonly = true") must not quietly leave actions enabled.
@@ -79,7 +83,12 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         datasets=tuple(os.path.abspath(os.path.expanduser(d)) for d in datasets),
         read_only=read_only,
         servers=_server_urls(servers, where),
+        caches=_cache_paths(caches),
     )
+
+
+def _cache_paths(paths: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(os.path.abspath(os.path.expanduser(p)) for p in paths))
 
 
 def server_url(text: str) -> str:
@@ -141,6 +150,8 @@ def settings_from_args(args: Any) -> Settings:
         changes["datasets"] = tuple(os.path.abspath(p) for p in args.paths)
     if getattr(args, "servers", None):
         changes["servers"] = _server_urls(args.servers, "--server")
+    if getattr(args, "caches", None):
+        changes["caches"] = _cache_paths(args.caches)
     if getattr(args, "read_only", False):
         changes["read_only"] = True
     return replace(s, **changes)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dltop.model import GpuDevice, MemoryPart, ModelStats, Snapshot, Unavailable
+from dltop.model import CachesPart, GpuDevice, MemoryPart, ModelStats, Snapshot, Unavailable
 from dltop.model.memory import DiskStat, VmStat
 
 SECTOR_BYTES = 512
@@ -192,3 +192,16 @@ def _pcie_rate(p: GpuDevice | None, g: GpuDevice, direction: str, dt: float) -> 
     if now < before:
         return Unavailable("the PCIe byte counter went backwards (driver reloaded or GPU reset)")
     return (now - before) / dt
+
+
+def cache_growth(first: Snapshot, cur: Snapshot) -> dict[str, int]:
+    """Bytes each cache grew (negative: shrank) from `first` to `cur`, by name; a cache without a size in
+    either Snapshot (missing, unreadable, another path now) is left out, never 0."""
+    if not isinstance(first.caches, CachesPart) or not isinstance(cur.caches, CachesPart):
+        return {}
+    out = {}
+    for c in cur.caches.caches:
+        before = first.caches.get(c.name)
+        if before is not None and before.path == c.path and before.size_bytes is not None and c.size_bytes is not None:
+            out[c.name] = c.size_bytes - before.size_bytes
+    return out

@@ -92,7 +92,7 @@ class ActionRunner:
              others: Mapping[str, int] | None = None) -> Run:
         """Measure what `action` would do on `paths` (a residency scan) in a worker; the result is an ActionPlan.
         `others`: resident bytes of the other watched datasets, which a warm's guard names as at risk."""
-        return self._spawn("plan", action, paths, lambda run: _plan(run, options, others), wait)
+        return self._spawn("plan", action, paths, lambda run: spec_of(run.action).plan(run, options, others), wait)
 
     def start(self, action: str, paths: Sequence[str], *, options: Any = None, force: bool = False,
               fit: bool = False, dry_run: bool = False, wait: bool = False,
@@ -147,7 +147,7 @@ class ActionRunner:
             r = run.result
             if run.step == "run":
                 outcome = "cancelled" if r.cancelled else "ok"
-                message = summary(r)
+                message = spec_of(run.action).summary(r)
                 extra = {"done_bytes": r.done_bytes, "total_bytes": r.total_bytes, "elapsed_s": r.elapsed_s,
                          "files_done": r.files_done}
             else:
@@ -161,34 +161,20 @@ class ActionRunner:
 
     def _run(self, run: Run, options: Any, *, force: bool, fit: bool, dry_run: bool,
              others: Mapping[str, int] | None) -> Any:
-        from dltop.actions import pagecache as pc
+        spec = spec_of(run.action)
 
-        if run.action == "lock" and run.target in self.held():
-            raise DltopError(f"{run.target} is locked already")
-        opts = options if options is not None else pc.DEFAULT_WALK
-
-        def progress(p: pc.Progress) -> None:
+        def progress(p: Any) -> None:
             self._announce(run, "progress", done_bytes=p.done_bytes, total_bytes=p.total_bytes,
                            elapsed_s=p.elapsed_s, rate_bytes_per_s=p.rate_bytes_per_s, eta_s=p.eta_s,
                            files_done=p.files_done, message=p.path)
 
-        paths = list(run.paths)
-        if run.action == "warm":
-            return pc.warm(paths, opts, force=force, fit=fit, dry_run=dry_run, progress=progress, cancel=run.cancel,
-                           others=others)
-        if run.action == "evict":
-            return pc.evict(paths, opts, dry_run=dry_run, progress=progress, cancel=run.cancel)
-        if run.action == "lock":
-            r, locks = pc.lock(paths, opts, force=force, dry_run=dry_run, progress=progress, cancel=run.cancel)
-            if r.cancelled or dry_run:
-                locks.release()  # a cancelled lock keeps nothing half-locked
-            else:
-                with self._lock:
-                    self._held[run.target] = _Held(locks.bytes, locks.release)
-            return r
-        raise DltopError(f"unknown action: {run.action}")
+        return spec.run(self, run, options, Flags(force, fit, dry_run, others), progress)
 
     # -- what is held --------------------------------------------------------------------------------------
+
+    def _hold(self, target: str, n_bytes: int, release: Callable[[], None]) -> None:
+        with self._lock:
+            self._held[target] = _Held(n_bytes, release)
 
     def held(self) -> dict[str, int]:
         """Targets whose pages are locked now, with the bytes locked."""
@@ -218,6 +204,31 @@ class ActionRunner:
         """Stop what runs and let go of what is held."""
         self.cancel()
         self.release_all()
+
+
+@dataclass(frozen=True)
+class Flags:
+    """How a run was asked for: past the guard (force), only what fits (fit), or not at all (dry_run)."""
+
+    force: bool = False
+    fit: bool = False
+    dry_run: bool = False
+    others: Mapping[str, int] | None = None
+
+
+Progress = Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One action the runner knows: how it is measured and run, how its finish reads, whether it needs a yes."""
+
+    name: str
+    plan: Callable[[Run, Any, Mapping[str, int] | None], ActionPlan]  # (run, options, others) -> the plan
+    run: Callable[[ActionRunner, Run, Any, Flags, Progress], Any]  # -> the action's result
+    summary: Callable[[Any], str]  # the finished run's one line
+    risky: bool  # asks for a confirmation before it runs
+    verb: str  # the confirmation's yes ("Warm", "Clear")
 
 
 def _plan(run: Run, options: Any, others: Mapping[str, int] | None = None) -> ActionPlan:
@@ -251,3 +262,71 @@ def summary(r: Any) -> str:
     if r.stayed:
         line += "; stayed: " + ", ".join(f"{human_bytes(v * kernel.PAGE_SIZE)} {k}" for k, v in r.stayed.items())
     return line
+
+
+def _run_pagecache(runner: ActionRunner, run: Run, options: Any, flags: Flags, progress: Progress) -> Any:
+    from dltop.actions import pagecache as pc
+
+    if run.action == "lock" and run.target in runner.held():
+        raise DltopError(f"{run.target} is locked already")
+    opts = options if options is not None else pc.DEFAULT_WALK
+    paths = list(run.paths)
+    if run.action == "warm":
+        return pc.warm(paths, opts, force=flags.force, fit=flags.fit, dry_run=flags.dry_run, progress=progress,
+                       cancel=run.cancel, others=flags.others)
+    if run.action == "evict":
+        return pc.evict(paths, opts, dry_run=flags.dry_run, progress=progress, cancel=run.cancel)
+    r, locks = pc.lock(paths, opts, force=flags.force, dry_run=flags.dry_run, progress=progress, cancel=run.cancel)
+    if r.cancelled or flags.dry_run:
+        locks.release()  # a cancelled lock keeps nothing half-locked
+    else:
+        runner._hold(run.target, locks.bytes, locks.release)
+    return r
+
+
+def _clear_options(options: Any) -> Any:
+    """ClearOptions, given as such or read from Settings (the TUI hands its own: --pid, --cache, --root)."""
+    from dltop.actions import caches
+
+    if isinstance(options, caches.ClearOptions) or options is None:
+        return options or caches.ClearOptions()
+    return caches.ClearOptions(tuple(options.caches), options.pid, options.root)
+
+
+def _plan_clear(run: Run, options: Any, others: Mapping[str, int] | None = None) -> ActionPlan:
+    from dltop.actions import caches
+
+    if len(run.paths) != 1:
+        raise DltopError("clear takes one cache or entry at a time")
+    return caches.plan(run.paths[0], _clear_options(options), cancel=run.cancel)
+
+
+def _run_clear(runner: ActionRunner, run: Run, options: Any, flags: Flags, progress: Progress) -> Any:
+    from dltop.actions import caches
+
+    if len(run.paths) != 1:
+        raise DltopError("clear takes one cache or entry at a time")
+    return caches.clear(run.paths[0], _clear_options(options), dry_run=flags.dry_run, progress=progress,
+                        cancel=run.cancel)
+
+
+def _summary_clear(r: Any) -> str:
+    from dltop.actions import caches
+
+    return caches.summary(r)
+
+
+SPECS = {s.name: s for s in (
+    ActionSpec("warm", _plan, _run_pagecache, summary, risky=True, verb="Warm"),
+    ActionSpec("evict", _plan, _run_pagecache, summary, risky=True, verb="Evict"),
+    ActionSpec("lock", _plan, _run_pagecache, summary, risky=True, verb="Lock"),
+    ActionSpec("clear", _plan_clear, _run_clear, _summary_clear, risky=True, verb="Clear"),
+)}
+
+
+def spec_of(action: str) -> ActionSpec:
+    """The spec of `action`; an unknown one is refused."""
+    spec = SPECS.get(action)
+    if spec is None:
+        raise DltopError(f"unknown action: {action}")
+    return spec

@@ -64,7 +64,9 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     """Options every command that samples the system takes."""
     p.add_argument("--config", metavar="FILE", help="TOML config file (default: $XDG_CONFIG_HOME/dltop/config.toml)")
     p.add_argument("--root", metavar="DIR", default="/", help="read /proc and /sys under DIR (captured trees)")
-    p.add_argument("--pid", type=int, metavar="PID", help="process whose memory cgroup to watch (default: dltop's own)")
+    p.add_argument("--pid", type=int, metavar="PID",
+                   help="process whose memory cgroup to watch and whose environment places the caches "
+                        "(default: dltop's own)")
 
 
 def add_server_option(p: argparse.ArgumentParser) -> None:
@@ -72,3 +74,9 @@ def add_server_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", dest="servers", action="append", metavar="URL",
                    help="scrape this vLLM or SGLang server's /metrics (host:port or a URL; repeatable; "
                         "replaces the config file's servers)")
+
+
+def add_cache_option(p: argparse.ArgumentParser) -> None:
+    """--cache PATH, a cache folder to show beside the known ones (the TUI, snapshot, caches)."""
+    p.add_argument("--cache", dest="caches", action="append", metavar="PATH",
+                   help="also show this cache folder (repeatable; replaces the config file's caches)")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from dltop.commands.common import non_negative_int
@@ -137,6 +139,28 @@ def run_action(args: argparse.Namespace) -> int:
     bar = ProgressBar() if (sys.stderr.isatty() and not args.no_progress and not args.dry_run) else None
     if bar is not None:
         runner.subscribe(lambda ev: bar(ev) if ev.phase == "progress" else None)
+    with cancelled_by_signals(runner) as (signals, stop):
+        try:
+            run = runner.start(args.action, args.paths, options=_options(args), force=getattr(args, "force", False),
+                               fit=getattr(args, "fit", False), dry_run=args.dry_run)
+            wait_for(run)
+            if bar is not None:
+                bar.close()
+            if run.error is not None:
+                raise run.error
+            _print_result(args, run.result)
+            held = runner.held()
+            if held and not signals:
+                _hold(runner, run.result.files, held, stop)
+            return 128 + signals[0] if signals else 0
+        finally:
+            runner.close()
+
+
+@contextlib.contextmanager
+def cancelled_by_signals(runner: Any) -> Iterator[tuple[list[int], threading.Event]]:
+    """While inside, Ctrl-C and SIGTERM cancel what `runner` runs (and set the event); the signals caught are in
+    the list. A second one of either ends the process at once."""
     signals: list[int] = []
     stop = threading.Event()
 
@@ -152,23 +176,16 @@ def run_action(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        run = runner.start(args.action, args.paths, options=_options(args), force=getattr(args, "force", False),
-                           fit=getattr(args, "fit", False), dry_run=args.dry_run)
-        while not run.done.wait(0.1):  # not a blocking wait: the signal handler runs between these
-            pass
-        if bar is not None:
-            bar.close()
-        if run.error is not None:
-            raise run.error
-        _print_result(args, run.result)
-        held = runner.held()
-        if held and not signals:
-            _hold(runner, run.result.files, held, stop)
-        return 128 + signals[0] if signals else 0
+        yield signals, stop
     finally:
-        runner.close()
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def wait_for(run: Any) -> None:
+    """Wait for a runner's run without blocking signals: the handler runs between these short waits."""
+    while not run.done.wait(0.1):
+        pass
 
 
 def _hold(runner: Any, files: int, held: dict[str, int], stop: threading.Event) -> None:

@@ -18,7 +18,12 @@ def _positive_seconds(text: str) -> float:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `dltop snapshot`."""
-    from dltop.commands.common import add_common_options, add_server_option, non_negative_int
+    from dltop.commands.common import (
+        add_cache_option,
+        add_common_options,
+        add_server_option,
+        non_negative_int,
+    )
 
     p = sub.add_parser("snapshot", help="print one Snapshot and exit", description=__doc__)
     p.add_argument("--json", action="store_true", help="print JSON (the default; kept for scripts)")
@@ -28,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", dest="paths", action="append", metavar="PATH",
                    help="include the residency of this dataset directory (repeatable)")
     add_server_option(p)
+    add_cache_option(p)
     add_common_options(p)
     p.set_defaults(func=run)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dltop.model.base import DecodeError, Unavailable, from_dict, to_dict
+from dltop.model.caches import CacheEntry, CacheInfo, CachesPart, LockFile
 from dltop.model.cpu import CpuPart
 from dltop.model.datasets import DatasetsPart
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MemorySplit, MigDevice
@@ -22,6 +23,9 @@ SCHEMA_VERSION = 1
 
 __all__ = [
     "SCHEMA_VERSION",
+    "CacheEntry",
+    "CacheInfo",
+    "CachesPart",
     "CgroupMemory",
     "CpuPart",
     "DatasetsPart",
@@ -31,6 +35,7 @@ __all__ = [
     "GpuPart",
     "GpuProcess",
     "IgnoredProbe",
+    "LockFile",
     "MemoryPart",
     "MemorySplit",
     "MigDevice",
@@ -76,6 +81,7 @@ class Snapshot:
     gpus: GpuPart | Unavailable | None = None
     servers: tuple[ServerStats, ...] | Unavailable | None = None  # one per --server URL, in the order given
     probes: ProbesPart | Unavailable | None = None  # processes with dltop.probe (docs/probe.md)
+    caches: CachesPart | Unavailable | None = None  # compile and model caches (docs/caches.md)
     sources: dict[str, SourceStatus] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,9 +8,10 @@ from dltop.sources.base import Source
 
 def build_sources(settings: Settings) -> list[Source]:
     """Every source the settings ask for, each with its own cadence."""
-    from dltop.sources import cpu, gpu, memory, probes
+    from dltop.sources import caches, cpu, gpu, memory, probes
 
-    sources = [memory.source(settings), cpu.source(settings), gpu.source(settings), probes.source(settings)]
+    sources = [memory.source(settings), cpu.source(settings), gpu.source(settings), probes.source(settings),
+               caches.source(settings)]
     if settings.datasets:
         from dltop.sources import datasets
 

@@ -24,13 +24,14 @@ from dltop import hints as hint_rules
 from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings
 from dltop.errors import DltopError
 from dltop.fmt import human_duration
-from dltop.model import Snapshot
+from dltop.model import CachesPart, Snapshot
 from dltop.model.actions import ActionEvent, ActionPlan
 from dltop.model.datasets import DatasetsPart
 from dltop.tui.messages import (
     ActionEventPosted,
     ActionRequested,
     CancelRequested,
+    ClearRequested,
     DatasetAddRequested,
     DatasetRemoveRequested,
     EvictRequested,
@@ -304,8 +305,13 @@ class DltopApp(App[None]):
         if msg.action == "lock" and msg.path in self.runner.held():
             self.runner.release(msg.path)
             return
-        run = self.runner.plan(msg.action, [msg.path], others=self._watched_resident())
+        run = self.runner.plan(msg.action, [msg.path], options=self._options(msg.action),
+                               others=self._watched_resident())
         self._runs[run.id] = run
+
+    def _options(self, action: str) -> Any:
+        """A clear resolves the known caches as the Caches tab does: in --pid's environment, with --cache's."""
+        return self.settings if action == "clear" else None
 
     def _watched_resident(self) -> dict[str, int]:
         """Resident bytes of every watched dataset, from the latest Snapshot: what a warm's guard names as at
@@ -324,6 +330,9 @@ class DltopApp(App[None]):
     def on_lock_requested(self, msg: LockRequested) -> None:
         self._request(msg)
 
+    def on_clear_requested(self, msg: ClearRequested) -> None:
+        self._request(msg)
+
     def on_cancel_requested(self, msg: CancelRequested) -> None:
         msg.stop()
         self.runner.cancel()
@@ -336,6 +345,8 @@ class DltopApp(App[None]):
                 run = self._runs.pop(ev.run_id, None)
                 if ev.outcome == "ok" and run is not None and isinstance(run.result, ActionPlan):
                     self._confirm(run.result)
+            elif ev.step == "run" and ev.action == "clear":
+                self.feed.read_now("caches", self._cache_of(ev.paths[0]) if ev.paths else None)
             elif ev.step == "run":
                 # The numbers after the action without waiting for the next scan: a rescan of that dataset only.
                 self.feed.read_now("datasets", next(filter(None, map(self._owner, ev.paths)), None))
@@ -345,16 +356,28 @@ class DltopApp(App[None]):
                 self.notify(ev.message)
         self._show()
 
+    def _cache_of(self, path: str) -> str | None:
+        """The name of the cache that `path` is, or is inside, in the latest Snapshot."""
+        part = self.history[-1].caches if self.history else None
+        if not isinstance(part, CachesPart):
+            return None
+        return next((c.name for c in part.caches if path == c.path or path.startswith(c.path.rstrip("/") + "/")),
+                    None)
+
     def _confirm(self, plan: ActionPlan) -> None:
-        if self.settings.datasets and self._owner(plan.target) is None:
+        if plan.action != "clear" and self.settings.datasets and self._owner(plan.target) is None:
             return  # unwatched while it was measured: nobody is looking at that row any more
-        title, body, yes = plan_dialog(plan)
+        from dltop.actions.runner import spec_of
+
+        spec = spec_of(plan.action)
+        title, body, yes = plan_dialog(plan, spec.verb)
 
         def answered(ok: bool | None) -> None:
             if not ok:
                 return
             try:
-                self.runner.start(plan.action, [plan.target], fit=plan.can_fit, others=self._watched_resident())
+                self.runner.start(plan.action, [plan.target], options=self._options(plan.action), fit=plan.can_fit,
+                                  others=self._watched_resident())
             except DltopError as e:  # another action started meanwhile
                 self.notify(str(e), severity="error")
 

@@ -38,6 +38,12 @@ class LockRequested(ActionRequested):
     action = "lock"
 
 
+class ClearRequested(ActionRequested):
+    """Delete a cache's contents or one entry of it (after a confirmation stating the bytes)."""
+
+    action = "clear"
+
+
 class CancelRequested(Message):
     """Stop the plan or action in flight."""
 

@@ -13,6 +13,7 @@ PANE_SPECS = (
     "dltop.tui.panes.datasets:DatasetPane",
     "dltop.tui.panes.cpu:CpuPane",
     "dltop.tui.panes.training:TrainingPane",
+    "dltop.tui.panes.caches:CachesPane",
 )
 
 

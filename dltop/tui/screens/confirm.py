@@ -8,7 +8,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from dltop.fmt import human_bytes
+from dltop.fmt import human_bytes, plural
 from dltop.model.actions import ActionPlan
 
 
@@ -52,10 +52,11 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(yes and self._yes_label is not None)
 
 
-def plan_dialog(plan: ActionPlan) -> tuple[str, str, str | None]:
-    """Title, body and yes label (None: refused, nothing to confirm) stating what the planned action does."""
+def plan_dialog(plan: ActionPlan, verb: str | None = None) -> tuple[str, str, str | None]:
+    """Title, body and yes label (`verb`, the action's own; None: refused, nothing to confirm) stating what the
+    planned action does."""
     size = human_bytes(plan.bytes)
-    verb = plan.action.capitalize()
+    verb = verb or plan.action.capitalize()
     guard = f"\nMemory guard: {plan.guard}" if plan.guard else ""
     notes = "".join(f"\n{n}" for n in plan.notes)
     if plan.action == "warm":
@@ -66,6 +67,12 @@ def plan_dialog(plan: ActionPlan) -> tuple[str, str, str | None]:
             body += f"\nYes warms only the part that fits ({human_bytes(plan.fits_bytes)})."
             return f"Warm {human_bytes(plan.fits_bytes)} of {size}?", body, verb
         return f"Warm {size}: refused", body, None
+    if plan.action == "clear":
+        if not plan.allowed:
+            return "Clear: refused", plan.guard, None
+        body = (f"Delete {size} in {plural(plan.files, 'file')} under {plan.target}. Symlinks are removed, never "
+                f"followed.{notes}")
+        return f"Clear {size}?", body, verb
     if plan.action == "evict":
         body = (f"Drop {size} of {plan.target} from the page cache (dirty pages are written first).\n"
                 f"The next read of these files comes from disk.{notes}")

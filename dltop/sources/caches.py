@@ -1,0 +1,690 @@
+"""Compile and model caches: where each tool puts its cache (resolved the way the tool resolves it, from the
+environment of the job that matters) and what is in it, walked under a time budget.
+
+Resolution follows each tool's own code: torch/_inductor/runtime/cache_dir_utils.py, triton/runtime/cache.py,
+torch.utils.cpp_extension, torch.hub, huggingface_hub.constants, datasets.config, vllm/envs.py, flashinfer/jit,
+deep_gemm/jit, JAX's jax_compilation_cache_dir. A variable set to the empty string counts as unset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pwd
+import re
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dltop import kernel
+from dltop.model.base import Unavailable, display_path
+from dltop.model.caches import CacheEntry, CacheInfo, CachesPart, LockFile
+from dltop.sources.datasets import MAX_PROBLEMS, _Budget, path_error
+
+ENTRIES_KEPT = 20  # biggest entries kept per cache (the pane's Enter shows them)
+LOCKS_KEPT = 50
+_CHECK_EVERY = 1024  # entries between looks at the budget
+TEMP_CANDIDATES = ("/tmp", "/var/tmp", "/usr/tmp")  # tempfile._candidate_tempdir_list, after TMPDIR/TEMP/TMP
+# torch_extensions' build folders: py{major}{minor}{abiflags}_{cpu|cuNNN}
+VERSION_KEY = re.compile(r"py\d+[a-z]*_(?:cpu|cu\d+|rocm[\d.]+)")
+INDUCTOR_KINDS = {"fxgraph": "FX graph cache", "aotautograd": "AOTAutograd cache", "triton": "Triton kernels",
+                  "locks": "lock files", "cache": "autotune results"}
+HUB_PREFIXES = {"models--": "model", "datasets--": "dataset", "spaces--": "space"}
+
+_scandir = os.scandir  # tests replace this to make entries vanish between listing and stat
+
+
+# -- whose environment --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The environment a cache path is resolved in: a process's variables, its user and home."""
+
+    env: Mapping[str, str]
+    user: str  # as getpass.getuser() says it: LOGNAME, USER, LNAME, USERNAME, then the passwd name
+    home: str  # as os.path.expanduser("~") says it: $HOME, then the passwd home
+    uid: int
+    label: str = "dltop's own environment"
+    pid: int | None = None
+    current_version_key: str = ""  # py311_cu121 of the running interpreter, when it is known
+    cwd: str = "/"  # relative paths in the variables are the process's, resolved from its working folder
+
+
+def passwd_of(uid: int) -> tuple[str, str]:
+    """(user name, home) of a uid from the passwd database; (the uid, "/") when it has no entry."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return str(uid), "/"
+    return pw.pw_name, pw.pw_dir
+
+
+def environment_of(env: Mapping[str, str], uid: int, label: str, pid: int | None = None,
+                   version_key: str = "", cwd: str = "/") -> Environment:
+    """An Environment from variables and a uid, user and home resolved as getpass and expanduser do."""
+    name, home = passwd_of(uid)
+    user = next((env[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if env.get(k)), name)
+    return Environment(env=dict(env), user=user, home=env.get("HOME") or home, uid=uid, label=label, pid=pid,
+                       current_version_key=version_key, cwd=cwd)
+
+
+def own_environment() -> Environment:
+    """dltop's own environment (and its interpreter's torch_extensions key, when torch is installed)."""
+    return environment_of(os.environ, os.getuid(), "dltop's own environment", version_key=_own_version_key(),
+                          cwd=os.getcwd())
+
+
+def _own_version_key() -> str:
+    # torch.version.cuda without importing torch: its version string carries it ("2.13.0+cu121", "+cpu").
+    from importlib import metadata
+
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return ""
+    local = version.partition("+")[2]
+    cu = local if re.fullmatch(r"cpu|cu\d+", local) else ""
+    if not cu:
+        return ""  # a build without a local tag (PyPI's CUDA wheels): its CUDA version is not in the name
+    return f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{cu}"
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    """/proc/PID/environ: NUL-separated NAME=value; entries without '=' are left out."""
+    out: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        name, eq, value = item.partition(b"=")
+        if eq and name:
+            out[os.fsdecode(name)] = os.fsdecode(value)
+    return out
+
+
+def process_environment(pid: int, root: str = "/") -> Environment:
+    """The environment of process `pid` from /proc/PID/environ and its real uid (raises OSError: another
+    user's process needs root)."""
+    base = os.path.join(root, "proc", str(pid))
+    with open(os.path.join(base, "environ"), "rb") as f:
+        env = parse_environ(f.read())
+    uid = os.stat(base).st_uid
+    try:
+        with open(os.path.join(base, "status")) as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    uid = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        cwd = os.readlink(os.path.join(base, "cwd"))
+    except OSError:
+        cwd = "/"
+    return environment_of(env, uid, f"environment of PID {pid} ({base}/environ)", pid=pid, cwd=cwd)
+
+
+# -- where each tool puts its cache -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Location:
+    """A cache's path and the rule that gave it."""
+
+    name: str
+    label: str
+    path: str
+    source: str
+    settings: dict[str, str] = field(default_factory=dict)
+    clear_command: str = ""
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    return value if value else None
+
+
+def _expanduser(path: str, e: Environment) -> str:
+    if path == "~" or path.startswith("~/"):
+        return e.home + path[1:]
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
+def _expandvars(path: str, env: Mapping[str, str]) -> str:
+    """os.path.expandvars against `env`: $NAME and ${NAME}; unknown variables are left as they are."""
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        return env.get(name, m.group(0))
+
+    return re.sub(r"\$(\w+)|\$\{([^}]*)\}", sub, path) if "$" in path else path
+
+
+def tempdir(e: Environment) -> tuple[str, str]:
+    """tempfile.gettempdir() for this environment, and which rule gave it: TMPDIR, TEMP, TMP, then /tmp,
+    /var/tmp, /usr/tmp (the first usable folder)."""
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        value = _get(e.env, name)
+        if value is not None and os.path.isdir(full := os.path.normpath(os.path.join(e.cwd, value))):
+            return full, name
+    for d in TEMP_CANDIDATES:
+        if os.path.isdir(d):
+            return d, d
+    return os.getcwd(), "the current folder"
+
+
+def _xdg_cache(e: Environment) -> tuple[str, str]:
+    value = _get(e.env, "XDG_CACHE_HOME")
+    return (value, "$XDG_CACHE_HOME") if value else (os.path.join(e.home, ".cache"), "~/.cache")
+
+
+def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
+    """Every known cache's path in environment `e`, each with the rule that gave it, then the paths in `extra`."""
+    env = e.env
+    out: list[Location] = []
+
+    def first(*names: str) -> tuple[str, str] | None:
+        return next(((v, n) for n in names if (v := _get(env, n)) is not None), None)
+
+    # TorchInductor: cache_dir_utils.cache_dir(): TORCHINDUCTOR_CACHE_DIR, else <gettempdir()>/torchinductor_<user>
+    if (hit := first("TORCHINDUCTOR_CACHE_DIR")) is not None:
+        out.append(Location("torchinductor", "TorchInductor", hit[0], hit[1]))
+    else:
+        tmp, why = tempdir(e)
+        user = re.sub(r'[\\/:*?"<>|]', "_", e.user)
+        out.append(Location("torchinductor", "TorchInductor", os.path.join(tmp, f"torchinductor_{user}"),
+                            f"default: <tempdir>/torchinductor_<user> (tempdir {why}, user {user})"))
+    # Triton: TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else ~/.triton/cache
+    if (hit := first("TRITON_CACHE_DIR")) is not None:
+        out.append(Location("triton", "Triton", hit[0], hit[1]))
+    elif (hit := first("TRITON_HOME")) is not None:
+        out.append(Location("triton", "Triton", os.path.join(hit[0], ".triton", "cache"),
+                            "TRITON_HOME: $TRITON_HOME/.triton/cache"))
+    else:
+        out.append(Location("triton", "Triton", os.path.join(e.home, ".triton", "cache"),
+                            "default: ~/.triton/cache"))
+    # CUDA's JIT cache of PTX compiled for this GPU (the driver's, not a library's)
+    knobs = {k: env.get(k) or "not set (the driver's default)" for k in ("CUDA_CACHE_MAXSIZE", "CUDA_CACHE_DISABLE")}
+    if (hit := first("CUDA_CACHE_PATH")) is not None:
+        out.append(Location("cuda", "CUDA ComputeCache", hit[0], hit[1], knobs))
+    else:
+        out.append(Location("cuda", "CUDA ComputeCache", os.path.join(e.home, ".nv", "ComputeCache"),
+                            "default: ~/.nv/ComputeCache", knobs))
+    xdg, xdg_why = _xdg_cache(e)
+    # torch.utils.cpp_extension: TORCH_EXTENSIONS_DIR, else user_cache_dir("torch_extensions")/py311_cu121
+    if (hit := first("TORCH_EXTENSIONS_DIR")) is not None:
+        out.append(Location("torch_extensions", "torch extensions", hit[0], hit[1]))
+    else:
+        out.append(Location("torch_extensions", "torch extensions", os.path.join(xdg, "torch_extensions"),
+                            f"default: {xdg_why}/torch_extensions"))
+    # torch.hub: $TORCH_HOME/hub, TORCH_HOME defaulting to $XDG_CACHE_HOME/torch (~/.cache/torch)
+    if (hit := first("TORCH_HOME")) is not None:
+        out.append(Location("torch_hub", "torch hub", os.path.join(_expanduser(hit[0], e), "hub"),
+                            "TORCH_HOME: $TORCH_HOME/hub"))
+    else:
+        out.append(Location("torch_hub", "torch hub", os.path.join(xdg, "torch", "hub"),
+                            f"default: {xdg_why}/torch/hub"))
+    # huggingface_hub.constants: HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE (legacy), else $HF_HOME/hub, HF_HOME
+    # defaulting to $XDG_CACHE_HOME/huggingface; expanduser and expandvars applied.
+    hf_home_hit = first("HF_HOME")
+    hf_home = hf_home_hit[0] if hf_home_hit else os.path.join(xdg, "huggingface")
+    hf_why = "HF_HOME: $HF_HOME" if hf_home_hit else f"default: {xdg_why}/huggingface"
+
+    def hf(p: str) -> str:
+        return _expandvars(_expanduser(p, e), env)
+
+    # huggingface_hub 2.x: `hf cache rm`, `hf cache prune`; before: `huggingface-cli delete-cache`
+    hub_clear = "hf cache rm REPO (hf cache prune drops detached revisions; huggingface-cli delete-cache before hf)"
+    if (hit := first("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")) is not None:
+        out.append(Location("hf_hub", "Hugging Face hub", hf(hit[0]), hit[1], clear_command=hub_clear))
+    else:
+        out.append(Location("hf_hub", "Hugging Face hub", os.path.join(hf(hf_home), "hub"), f"{hf_why}/hub",
+                            clear_command=hub_clear))
+    # datasets.config: HF_DATASETS_CACHE, else $HF_HOME/datasets
+    if (hit := first("HF_DATASETS_CACHE")) is not None:
+        out.append(Location("hf_datasets", "Hugging Face datasets", _expanduser(hit[0], e), hit[1]))
+    else:
+        out.append(Location("hf_datasets", "Hugging Face datasets", os.path.join(hf(hf_home), "datasets"),
+                            f"{hf_why}/datasets"))
+    # vllm/envs.py: VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm (torch_compile_cache inside)
+    if (hit := first("VLLM_CACHE_ROOT")) is not None:
+        out.append(Location("vllm", "vLLM", _expanduser(hit[0], e), hit[1]))
+    else:
+        out.append(Location("vllm", "vLLM", os.path.join(xdg, "vllm"), f"default: {xdg_why}/vllm"))
+    # flashinfer/jit/env.py: $FLASHINFER_WORKSPACE_BASE (default ~)/.cache/flashinfer
+    if (hit := first("FLASHINFER_WORKSPACE_BASE")) is not None:
+        out.append(Location("flashinfer", "FlashInfer", os.path.join(hit[0], ".cache", "flashinfer"),
+                            "FLASHINFER_WORKSPACE_BASE: $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer"))
+    else:
+        out.append(Location("flashinfer", "FlashInfer", os.path.join(e.home, ".cache", "flashinfer"),
+                            "default: ~/.cache/flashinfer"))
+    # DeepGEMM's JIT: DG_JIT_CACHE_DIR, else ~/.deep_gemm
+    if (hit := first("DG_JIT_CACHE_DIR")) is not None:
+        out.append(Location("deep_gemm", "DeepGEMM", hit[0], hit[1]))
+    else:
+        out.append(Location("deep_gemm", "DeepGEMM", os.path.join(e.home, ".deep_gemm"), "default: ~/.deep_gemm"))
+    # JAX keeps a persistent compilation cache only when told where (jax_compilation_cache_dir)
+    if (hit := first("JAX_COMPILATION_CACHE_DIR")) is not None:
+        out.append(Location("jax", "JAX compilation cache", hit[0], hit[1]))
+    for p in extra:
+        out.append(Location(p, "added", p, "added by you (caches = [...] or --cache)"))
+    return [dataclasses.replace(loc, path=os.path.normpath(os.path.join(e.cwd, _expanduser(loc.path, e))))
+            for loc in out]
+
+
+# -- what is in a cache -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    name: str
+    path: str
+    size: int = 0
+    files: int = 0
+    newest: float | None = None
+
+
+@dataclass
+class CacheWalk:
+    """Totals of one walk, as du -B1 and find -type f count them, with what it met on the way."""
+
+    size_bytes: int = 0
+    files: int = 0
+    dirs: int = 0
+    newest: float | None = None
+    oldest: float | None = None
+    entries: list[_Entry] = field(default_factory=list)
+    locks: list[tuple[str, os.stat_result]] = field(default_factory=list)
+    noted: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    complete: bool = True
+
+    def note(self, why: str, path: str | None = None, detail: str | None = None) -> None:
+        """Count one thing met (unreadable, vanished, symlink, non-UTF-8 name), with a line when worth reading."""
+        self.noted[why] = self.noted.get(why, 0) + 1
+        if detail is not None and len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(f"{detail}: {display_path(path or '')}")
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: float | None = None,
+               cpu_fraction: float | None = None) -> CacheWalk:
+    """Walk `path` without following symlinks: blocks of every entry, each inode once (du -B1), regular files
+    by name (find -type f), newest and oldest file, totals per entry right below `path`. Raises OSError when
+    `path` itself cannot be read."""
+    t0 = time.monotonic()
+    budget = _Budget(cancel, None if deadline_s is None else t0 + deadline_s, cpu_fraction)
+    w = CacheWalk()
+    st = os.lstat(path)
+    w.size_bytes = st.st_blocks * 512
+    if not stat.S_ISDIR(st.st_mode):
+        w.files = int(stat.S_ISREG(st.st_mode))
+        if w.files:
+            w.newest = w.oldest = st.st_mtime
+        return w
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[str, _Entry | None]] = [(path, None)]
+    n = 0
+    while stack:
+        d, top = stack.pop()
+        try:
+            it = _scandir(d)
+        except FileNotFoundError:
+            w.note("vanished")
+            continue
+        except OSError as e:
+            if d == path:
+                raise
+            w.note("unreadable", d, path_error(e.strerror or str(e), d))
+            continue
+        w.dirs += 1
+        with it:
+            try:
+                for entry in it:
+                    n += 1
+                    if n % _CHECK_EVERY == 0 and budget.stop():
+                        w.complete = False
+                        return w
+                    name = entry.name
+                    full = entry.path
+                    if not _utf8(name):
+                        w.note("non_utf8_name", full, "name not UTF-8")
+                    try:
+                        est = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        w.note("vanished")
+                        continue
+                    except OSError as e:
+                        w.note("unreadable", full, path_error(e.strerror or str(e), full))
+                        continue
+                    mode = est.st_mode
+                    here = top
+                    if here is None:
+                        here = _Entry(name, full)
+                        w.entries.append(here)
+                    blocks = est.st_blocks * 512
+                    if est.st_nlink > 1 and not stat.S_ISDIR(mode):
+                        key = (est.st_dev, est.st_ino)
+                        if key in seen:
+                            blocks = 0  # a hard link of a file counted already: du counts it once
+                        seen.add(key)
+                    w.size_bytes += blocks
+                    here.size += blocks
+                    if stat.S_ISDIR(mode):
+                        stack.append((full, here))
+                    elif stat.S_ISREG(mode):
+                        w.files += 1
+                        here.files += 1
+                        m = est.st_mtime
+                        if w.newest is None or m > w.newest:
+                            w.newest = m
+                        if w.oldest is None or m < w.oldest:
+                            w.oldest = m
+                        if here.newest is None or m > here.newest:
+                            here.newest = m
+                        if name.endswith(".lock") and len(w.locks) < LOCKS_KEPT:
+                            w.locks.append((full, est))
+                    elif stat.S_ISLNK(mode):
+                        w.note("symlink")  # its own blocks counted, its target never
+            except OSError as e:  # the listing failed part way: what was listed is counted
+                w.note("unreadable", d, path_error(e.strerror or str(e), d))
+    return w
+
+
+def parse_proc_locks(text: str) -> set[tuple[int, int, int]]:
+    """(major, minor, inode) of every file /proc/locks says is locked now (flock, POSIX and OFD locks)."""
+    out = set()
+    for line in text.splitlines():
+        f = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; a blocked waiter has "->" after the number
+        if len(f) > 1 and f[1] == "->":
+            f = [f[0], *f[2:]]
+        if len(f) < 6:
+            continue
+        dev = f[5].split(":")
+        if len(dev) != 3:
+            continue
+        try:
+            out.add((int(dev[0], 16), int(dev[1], 16), int(dev[2])))
+        except ValueError:
+            continue
+    return out
+
+
+def read_proc_locks(root: str = "/") -> set[tuple[int, int, int]]:
+    """The locked files now; empty when /proc/locks cannot be read."""
+    try:
+        with open(os.path.join(root, "proc", "locks")) as f:
+            return parse_proc_locks(f.read())
+    except OSError:
+        return set()
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of /proc/self/mountinfo: where, what type, from what."""
+
+    point: str
+    fs_type: str
+    source: str
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """Every mount of /proc/self/mountinfo (mount point unescaped), in the kernel's order."""
+    from dltop.sources.memory import _unescape_mount
+
+    out = []
+    for line in text.splitlines():
+        f = line.split(" ")
+        try:
+            sep = f.index("-", 6)
+        except ValueError:
+            continue
+        if len(f) < sep + 3 or len(f) < 5:
+            continue
+        out.append(Mount(_unescape_mount(f[4]), f[sep + 1], _unescape_mount(f[sep + 2])))
+    return out
+
+
+def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
+    """The mount that holds `path` (the last, longest mount point above it: later mounts cover earlier ones)."""
+    best: Mount | None = None
+    for m in mounts:
+        p = m.point.rstrip("/") or "/"
+        if (path == p or path.startswith(p.rstrip("/") + "/") or p == "/") and (
+                best is None or len(p) >= len(best.point.rstrip("/") or "/")):
+            best = m
+    return best
+
+
+def _existing(path: str) -> str:
+    p = path
+    while not os.path.exists(p) and p not in ("/", ""):
+        p = os.path.dirname(p)
+    return p or "/"
+
+
+def _entry_kind(cache: str, name: str) -> str:
+    if cache == "torchinductor":
+        if name in INDUCTOR_KINDS:
+            return INDUCTOR_KINDS[name]
+        return "generated code" if len(name) == 2 else ""
+    if cache == "torch_extensions" and VERSION_KEY.fullmatch(name):
+        return "built for " + name
+    if cache == "vllm" and name == "torch_compile_cache":
+        return "torch.compile artifacts"
+    if cache == "hf_hub":
+        return next((kind for prefix, kind in HUB_PREFIXES.items() if name.startswith(prefix)), "")
+    return ""
+
+
+def hub_repos(path: str) -> dict[str, str]:
+    """{entry name: 'N revisions, M detached'} of a Hugging Face hub cache: from huggingface_hub's own
+    scan_cache_dir where it is installed, else from the layout (refs/ name snapshots/ revisions)."""
+    try:
+        from huggingface_hub import scan_cache_dir
+    except ImportError:
+        return _hub_repos_from_layout(path)
+    try:
+        info = scan_cache_dir(path)
+    except Exception:  # its own errors (CacheNotFound, CorruptedCacheException): read the layout instead
+        return _hub_repos_from_layout(path)
+    out: dict[str, str] = {}
+    for repo in info.repos:
+        revs = list(repo.revisions)
+        detached = sum(1 for r in revs if not r.refs)
+        out[os.path.basename(str(repo.repo_path))] = _revisions_text(len(revs), detached)
+    return out
+
+
+def _revisions_text(revisions: int, detached: int) -> str:
+    text = f"{revisions} revision{'s' if revisions != 1 else ''}"
+    return text + (f", {detached} detached" if detached else "")
+
+
+def _hub_repos_from_layout(path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return out
+    for name in names:
+        if not any(name.startswith(p) for p in HUB_PREFIXES):
+            continue
+        repo = os.path.join(path, name)
+        try:
+            snaps = set(os.listdir(os.path.join(repo, "snapshots")))
+        except OSError:
+            snaps = set()
+        referenced = set()
+        refs_dir = os.path.join(repo, "refs")
+        for dirpath, _dirs, files in os.walk(refs_dir):
+            for f in files:
+                try:
+                    with open(os.path.join(dirpath, f)) as fh:
+                        referenced.add(fh.read().strip())
+                except OSError:
+                    continue
+        out[name] = _revisions_text(len(snaps), len(snaps - referenced))
+    return out
+
+
+def read_cache(loc: Location, *, mounts: list[Mount], locked: set[tuple[int, int, int]], temp_dirs: Iterable[str],
+               version_key: str = "", cancel: threading.Event | None = None, deadline_s: float | None = None,
+               cpu_fraction: float | None = None) -> CacheInfo:
+    """One cache: its walk's totals and entries, and the facts of where it lives."""
+    t0 = time.monotonic()
+    base = CacheInfo(name=loc.name, label=loc.label, path=loc.path, source=loc.source, exists=False,
+                     settings=loc.settings, clear_command=loc.clear_command, current_version_key=version_key)
+    where = _existing(loc.path)
+    real = os.path.realpath(where)
+    m = mount_of(real, mounts)
+    facts: dict[str, Any] = {"fs_type": m.fs_type if m else "", "mount_point": m.point if m else ""}
+    try:
+        vfs = os.statvfs(where)
+        facts["fs_free_bytes"] = vfs.f_bavail * vfs.f_frsize
+        facts["fs_total_bytes"] = vfs.f_blocks * vfs.f_frsize
+    except OSError:
+        pass
+    if m is None:
+        with contextlib.suppress(OSError):
+            facts["fs_type"] = kernel.fs_name(kernel.statfs_type(where))
+    full_real = os.path.realpath(loc.path)
+    facts["under_tempdir"] = next((t for t in temp_dirs if full_real == t or full_real.startswith(t.rstrip("/") + "/")),
+                                  "")
+    try:
+        st = os.lstat(loc.path)
+    except FileNotFoundError:
+        return dataclasses.replace(base, **facts, scanned_at=time.time(),
+                                   unavailable={"size_bytes": f"no such folder: {display_path(loc.path)}"})
+    except OSError as e:
+        return dataclasses.replace(base, **facts, scanned_at=time.time(),
+                                   unavailable={"size_bytes": path_error(e.strerror or str(e), loc.path)})
+    try:
+        w = walk_cache(loc.path, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction)
+    except OSError as e:
+        why = path_error(e.strerror or str(e), loc.path)
+        return dataclasses.replace(base, exists=True, owner_uid=st.st_uid, **facts, scanned_at=time.time(),
+                                   unavailable={"size_bytes": why, "files": why})
+    details = hub_repos(loc.path) if loc.name == "hf_hub" else {}
+    entries = tuple(CacheEntry(name=en.name, path=en.path, size_bytes=en.size, files=en.files,
+                               newest_mtime=en.newest, kind=_entry_kind(loc.name, en.name),
+                               detail=details.get(en.name, ""))
+                    for en in sorted(w.entries, key=lambda en: (-en.size, en.name))[:ENTRIES_KEPT])
+    keys = tuple(sorted(en.name for en in w.entries if VERSION_KEY.fullmatch(en.name)))
+    locks = tuple(LockFile(p, s.st_mtime, (os.major(s.st_dev), os.minor(s.st_dev), s.st_ino) in locked)
+                  for p, s in w.locks)
+    unavailable = {}
+    if w.newest is None:
+        unavailable["newest_mtime"] = unavailable["oldest_mtime"] = "no files in it"
+    return dataclasses.replace(
+        base, exists=True, size_bytes=w.size_bytes, files=w.files, dirs=w.dirs, newest_mtime=w.newest,
+        oldest_mtime=w.oldest, entries=entries, complete=w.complete, scanned_at=time.time(),
+        scan_duration_s=time.monotonic() - t0, noted=w.noted, problems=tuple(w.problems), owner_uid=st.st_uid,
+        version_keys=keys, locks=locks, unavailable=unavailable, **facts)
+
+
+def _temp_dirs(e: Environment) -> list[str]:
+    """Folders whose contents do not outlive a reboot or a job: the process's tempdir, /tmp, /var/tmp, /dev/shm."""
+    found = [tempdir(e)[0], "/tmp", "/dev/shm", "/run/user"]
+    return list(dict.fromkeys(os.path.realpath(p) for p in found))
+
+
+def read_caches(e: Environment, extra: Iterable[str] = (), root: str = "/", *, names: frozenset[str] | None = None,
+                last: Mapping[str, CacheInfo] | None = None, cancel: threading.Event | None = None,
+                deadline_s: float | None = None, cpu_fraction: float | None = None) -> CachesPart:
+    """Every cache resolved in `e`, walked (with `names`, only those; the others keep their `last` reading)."""
+    try:
+        with open(os.path.join(root, "proc", "self", "mountinfo")) as f:
+            mounts = parse_mountinfo(f.read())
+    except OSError:
+        mounts = []
+    locked = read_proc_locks(root)
+    temps = _temp_dirs(e)
+    out = []
+    for loc in resolve(e, extra):
+        prev = (last or {}).get(loc.name)
+        if names is not None and loc.name not in names and prev is not None and prev.path == loc.path:
+            out.append(prev)
+            continue
+        info = read_cache(loc, mounts=mounts, locked=locked, temp_dirs=temps, version_key=e.current_version_key,
+                          cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction)
+        if not info.complete and prev is not None and prev.complete and prev.path == info.path:
+            # A walk cut short by its budget says less than the last whole one: keep that, marked by its age.
+            info = prev
+        out.append(info)
+    return CachesPart(caches=tuple(out), environment=e.label, pid=e.pid)
+
+
+# -- the Source ---------------------------------------------------------------------------------------------
+
+SOURCE_CPU_FRACTION = 0.5
+SOURCE_DEADLINE_S = 20.0  # per cache and pass: a walk cut short keeps the last whole one's numbers
+
+
+class CachesReader:
+    """The caches' background walk; `read_some(names)` rewalks only those (after a clear)."""
+
+    def __init__(self, environment: Callable[[], Environment], extra: tuple[str, ...], root: str) -> None:
+        self._environment, self.extra, self.root = environment, extra, root
+        self._last: dict[str, CacheInfo] = {}
+
+    def read(self) -> CachesPart | Unavailable:
+        """Every cache walked now."""
+        return self.read_some(None)
+
+    def read_some(self, names: frozenset[str] | None) -> CachesPart | Unavailable:
+        """Rewalk `names` (None: all), keep the others' last walk."""
+        try:
+            env = self._environment()
+        except OSError as e:
+            return Unavailable(environment_error(e))
+        part = read_caches(env, self.extra, self.root, names=names, last=self._last,
+                           deadline_s=SOURCE_DEADLINE_S, cpu_fraction=SOURCE_CPU_FRACTION)
+        self._last = {c.name: c for c in part.caches}
+        return part
+
+    def carry_from(self, old: Any) -> None:
+        """Take over the walks of the reader behind `old` (the Source this one replaces)."""
+        prev = getattr(old.read, "__self__", None)
+        if isinstance(prev, CachesReader):
+            self._last = dict(prev._last)
+
+
+def environment_error(e: OSError) -> str:
+    """Why another process's environment could not be read, with what to do."""
+    why = path_error(e.strerror or str(e), e.filename or "environ")
+    if isinstance(e, PermissionError):
+        why += " (another user's process: run dltop as that user or as root)"
+    return why
+
+
+def settings_environment(settings: Any) -> Callable[[], Environment]:
+    """The environment the settings say matters: --pid's (read again on each pass), else dltop's own."""
+    pid = getattr(settings, "pid", None)
+    root = getattr(settings, "root", "/")
+    if pid is None:
+        own = own_environment()
+        return lambda: own
+    return lambda: process_environment(pid, root)
+
+
+def source(settings: Any) -> Any:
+    """The caches Source: every minute (ten refreshes at least), walks at half a CPU at most and 5% of the
+    wall time in all."""
+    from dltop.sources.base import Source
+
+    extra = tuple(getattr(settings, "caches", ()))
+    reader = CachesReader(settings_environment(settings), extra, getattr(settings, "root", "/"))
+    interval = max(60.0, float(getattr(settings, "refresh_s", 1.0)) * 10)
+    return Source(name="caches", interval_s=interval, read=reader.read, timeout_s=120.0, max_duty=0.05,
+                  config=(extra, getattr(settings, "pid", None)), read_some=reader.read_some,
+                  carry_from=reader.carry_from)
