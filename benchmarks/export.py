@@ -2,10 +2,10 @@
 side with node_exporter (Debian's prometheus-node-exporter) over the same window where it is installed.
 
 Scrape: 8 GPUs x 20 processes (the fake NVML's 8gpu-20proc scenario, every process with a known split, so each
-has its six series), 20 datasets (one real scan of files made here, under 20 names) and the machine's own memory
-part, served by the real HTTP server; each timed scrape follows a new Snapshot, so it pays the build and the
+has its six series), 20 datasets (one real scan of files made here, under 20 names), 10 caches (one real walk
+under 10 names) and the machine's own memory part, served by the real HTTP server; each timed scrape follows a new Snapshot, so it pays the build and the
 encoding (the cost Prometheus sees), and a second scrape of the same Snapshot shows what a second Prometheus
-pays. The caches part (10 compile caches) is not in the Snapshot yet: it is left out, said in the output.
+pays.
 
 CPU: `dltop export` (real sources, default --interval) and node_exporter, each scraped every 15 s as Prometheus
 would, CPU time from /proc/PID/stat (utime + stime) over the window.
@@ -35,8 +35,9 @@ sys.path.insert(0, str(REPO))
 
 from dltop.exporter.collector import SnapshotCollector  # noqa: E402
 from dltop.exporter.server import ExporterServer  # noqa: E402
-from dltop.model import Snapshot  # noqa: E402
+from dltop.model import CachesPart, Snapshot  # noqa: E402
 from dltop.model.gpu import SPLIT_FIELDS, MemorySplit  # noqa: E402
+from dltop.sources.caches import environment_of, read_caches  # noqa: E402
 from dltop.sources.datasets import scan_paths  # noqa: E402
 from dltop.sources.gpu import FakeBackend, GpuReader  # noqa: E402
 from dltop.sources.memory import read_memory  # noqa: E402
@@ -58,7 +59,10 @@ def big_snapshot(tmp: Path) -> Snapshot:
     [one] = part.paths
     datasets = dataclasses.replace(part, paths=tuple(dataclasses.replace(one, path=f"/data/set-{i:02d}")
                                                      for i in range(20)))
-    return Snapshot(ts=time.time(), host="bench", memory=read_memory(), gpus=gpus, datasets=datasets)
+    env = environment_of({"TORCHINDUCTOR_CACHE_DIR": str(tmp / "ds"), "HOME": str(tmp)}, os.getuid(), "bench")
+    [inductor] = [c for c in read_caches(env).caches if c.name == "torchinductor"]
+    caches = CachesPart(caches=tuple(dataclasses.replace(inductor, name=f"cache-{i}") for i in range(10)))
+    return Snapshot(ts=time.time(), host="bench", memory=read_memory(), gpus=gpus, datasets=datasets, caches=caches)
 
 
 def fetch(url: str) -> bytes:
@@ -86,7 +90,7 @@ def scrape_times(n: int) -> None:
         server.close()
     lines = body.count(b"\n")
     series = sum(1 for ln in body.splitlines() if ln and not ln.startswith(b"#"))
-    print(f"scrape of 8 GPUs x 20 processes, 20 datasets (no caches part yet): {series} series, {len(body)} bytes, "
+    print(f"scrape of 8 GPUs x 20 processes, 20 datasets, 10 caches: {series} series, {len(body)} bytes, "
           f"{lines} lines")
     for name, xs in (("new Snapshot (build + encode)", first), ("same Snapshot again (a 2nd Prometheus)", again)):
         xs.sort()

@@ -17,6 +17,7 @@ from typing import Literal, Protocol
 
 from dltop.derive import server_rates
 from dltop.model import (
+    CachesPart,
     CgroupMemory,
     DatasetsPart,
     GpuDevice,
@@ -254,6 +255,26 @@ _PROBE = (  # (field, ProcessProbe attribute)
             "Unix time the process started its probe (about when training began)", PROCESS), "started_at"),
 )
 
+# -- compile and model caches (docs/caches.md) ----------------------------------------------------------------------
+CACHE = ("cache",)
+_CACHE = (  # (field, CacheInfo attribute)
+    (_field("caches", "compile_cache_size_bytes", "gauge", "bytes",
+            "Bytes of a compile or model cache, as du -B1 counts them (TorchInductor, Triton, CUDA, Hugging Face, ...)",
+            CACHE), "size_bytes"),
+    (_field("caches", "compile_cache_files", "gauge", "", "Regular files in the cache", CACHE), "files"),
+    (_field("caches", "compile_cache_newest_timestamp_seconds", "gauge", "seconds",
+            "Unix time of the newest file in the cache (when something last compiled into it)", CACHE),
+     "newest_mtime"),
+    (_field("caches", "compile_cache_scan_timestamp_seconds", "gauge", "seconds",
+            "Unix time the cache's last walk finished", CACHE), "scanned_at"),
+    (_field("caches", "compile_cache_filesystem_free_bytes", "gauge", "bytes",
+            "Free bytes of the filesystem holding the cache", CACHE), "fs_free_bytes"),
+)
+CACHE_COMPLETE = _field("caches", "compile_cache_scan_complete", "gauge", "",
+                        "1 when the cache's last walk reached every entry, 0 when its time budget cut it short", CACHE)
+CACHE_INFO = _field("caches", "compile_cache_info", "info", "", "Where a cache is and which rule put it there",
+                    ("cache", "path", "source"))
+
 # -- hints: drawn by dltop.hints from recent Snapshots (not a Snapshot part: see hint_samples) ---------------------
 HINT_ACTIVE = _field("hints", "hint_active", "gauge", "",
                      "1 while dltop's hint fires (the TUI's hint line; docs/hints in the user guide)", ("id", "severity"))
@@ -292,6 +313,8 @@ def samples(snapshot: Snapshot, prev: Snapshot | None = None) -> Iterator[Sample
         yield from _servers(snapshot, prev)
     if isinstance(snapshot.probes, ProbesPart):
         yield from _probes(snapshot.probes)
+    if isinstance(snapshot.caches, CachesPart):
+        yield from _caches(snapshot.caches)
 
 
 def hint_samples(active: Iterable[HintLike]) -> Iterator[Sample]:
@@ -453,3 +476,15 @@ def _probes(part: ProbesPart) -> Iterator[Sample]:
         for use, attr in _PROBE_USES:
             if (v := _num(getattr(p, attr))) is not None:
                 yield TRAINING_MEMORY, {**labels, "use": use}, v
+
+
+def _caches(part: CachesPart) -> Iterator[Sample]:
+    for c in part.caches:
+        if not c.exists:  # a cache the tool would make there but has not: no numbers, not 0 bytes
+            continue
+        labels = {"cache": c.name if c.name != "user" else display_path(c.path)}
+        yield CACHE_INFO, {**labels, "path": display_path(c.path), "source": c.source}, 1.0
+        for f, attr in _CACHE:
+            if (v := _num(getattr(c, attr))) is not None:
+                yield f, labels, v
+        yield CACHE_COMPLETE, labels, float(c.complete)

@@ -19,7 +19,7 @@ BEGIN = "<!-- metrics: written by scripts/exporter_doc.py from dltop/fields.py; 
 END = "<!-- end of metrics -->"
 PARTS = {"sources": "Sources", "memory": "Memory and the page cache", "datasets": "Datasets",
          "gpus": "GPUs", "servers": "Inference servers", "probes": "Training and serving processes (the probe)",
-         "hints": "Hints"}
+         "caches": "Compile and model caches", "hints": "Hints"}
 
 
 def table() -> str:

@@ -63,7 +63,7 @@ def test_each_name_follows_prometheus_conventions(f: Field) -> None:
     if f.unit in UNIT_IN_NAME:  # base unit in the name, before _total
         assert re.search(rf"_{f.unit}(_total)?$", f.name), f.name
     assert f.help.strip() and "\n" not in f.help
-    assert f.part in {"sources", "memory", "datasets", "gpus", "servers", "probes", "hints"}
+    assert f.part in {"sources", "memory", "datasets", "gpus", "servers", "probes", "caches", "hints"}
 
 
 def test_names_are_unique_and_every_sample_is_a_field(proc_root: Path) -> None:
@@ -290,6 +290,32 @@ def test_a_server_that_is_down_has_no_numbers() -> None:
     assert got["source_unavailable_info"][0][0]["reason"] == "connection refused"
 
 
+# -- caches ------------------------------------------------------------------------------------------------------
+
+def caches_part(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from dltop.sources.caches import environment_of, read_caches
+
+    inductor = tmp_path / "inductor"
+    (inductor / "fxgraph" / "ab").mkdir(parents=True)
+    for i in range(5):
+        (inductor / "fxgraph" / "ab" / f"entry{i}").write_bytes(os.urandom(10000 + i))
+    env = environment_of({"TORCHINDUCTOR_CACHE_DIR": str(inductor), "HOME": str(tmp_path / "home"),
+                          "TMPDIR": str(tmp_path / "tmp")}, os.getuid(), "test")
+    return read_caches(env), inductor
+
+
+def test_cache_sizes_are_du_s(tmp_path: Path) -> None:
+    from .test_caches_util import du_bytes
+
+    part, inductor = caches_part(tmp_path)
+    got = by_name(Snapshot(ts=1.0, host="h", caches=part))
+    sizes = {lbl["cache"]: v for lbl, v in got["compile_cache_size_bytes"]}
+    assert sizes["torchinductor"] == du_bytes(inductor)
+    assert {lbl["cache"]: v for lbl, v in got["compile_cache_files"]}["torchinductor"] == 5
+    absent = [c.name for c in part.caches if not c.exists]
+    assert absent and not set(absent) & set(sizes)  # a cache not made yet has no size, not 0 bytes
+
+
 # -- probes and hints -----------------------------------------------------------------------------------------------
 
 def probes_part(tmp_path: Path, doc: dict) -> ProbesPart:
@@ -376,6 +402,7 @@ def test_every_field_comes_out_of_some_real_snapshot(tmp_path: Path, proc_root: 
                          if isinstance(g.processes, tuple) else g for g in part)
         seen |= {f.name for f, _, _ in samples(Snapshot(ts=1.0, host="h", gpus=part))}
     seen |= {f.name for f, _, _ in hint_samples([Hint("dataset-cold", "info", "t")])}
+    seen |= {f.name for f, _, _ in samples(Snapshot(ts=1.0, host="h", caches=caches_part(tmp_path / "c")[0]))}
     expected = [f for f in FIELDS if servers or f.part != "servers"]
     assert sorted(f.name for f in expected if f.name not in seen) == []
 
