@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -189,3 +190,34 @@ def test_a_full_filesystem_warns_keeps_going_and_resumes(small_fs: Path, tmp_pat
     r = Recording(str(small_fs / "rec"))
     assert r.skipped == 0  # the failed writes left no torn line behind
     assert list(r.range()) == snaps[:2] + snaps[4:]
+
+
+def test_record_with_export_serves_what_it_records(tmp_path: Path) -> None:
+    # `dltop record --export`: one Sampler feeds both; the scrape's GPU memory is the recording's last Snapshot's.
+    from tests.test_exporter import free_port, get, series
+
+    rec_dir = tmp_path / "rec"
+    port = free_port()
+    with recording(rec_dir, "-i", "0.2", "--export", f"127.0.0.1:{port}") as proc:
+        wait_for(lambda: samples_in(rec_dir) >= 2)
+        status, _, body = get(f"http://127.0.0.1:{port}/metrics")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert status == 200
+    used = series(body, "dltop_gpu_memory_used_bytes")
+    last = Recording(str(rec_dir)).at(Recording(str(rec_dir)).times()[-1])
+    assert sorted(used.values()) == sorted(float(g.memory_used_bytes) for g in last.gpus)  # type: ignore[union-attr]
+    with pytest.raises(ConnectionRefusedError):  # stopped means the port is let go too
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_record_export_on_a_port_in_use_is_one_line_and_leaves_no_lock(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        r = dltop("record", "-o", str(tmp_path / "rec"), "--export", f"127.0.0.1:{busy.getsockname()[1]}")
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    with Recorder(str(tmp_path / "rec")):  # the failed recorder let go of the directory
+        pass

@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="remove the oldest segments above this total (default 2G; 0: no cap)")
     p.add_argument("--dataset", dest="paths", action="append", metavar="PATH",
                    help="also record the residency of this dataset (repeatable)")
+    p.add_argument("--export", metavar="ADDR:PORT",
+                   help="also serve the recorded Snapshots as Prometheus metrics on ADDR:PORT (see dltop export)")
     add_server_option(p)
     add_common_options(p)
     p.set_defaults(func=run_record)
@@ -126,20 +128,34 @@ def run_record(args: argparse.Namespace) -> int:
     recorder = Recorder(directory, interval_s=args.interval, retain_s=args.retain or None,
                         max_bytes=args.max_size or None,
                         meta={"datasets": list(settings.datasets), "servers": list(settings.servers)})
+    listeners = [recorder.write]
+    server = None
+    if args.export:
+        from dltop.commands.export import start_exporter
+
+        try:  # listening before sampling: a port in use is one line, and the lock is let go
+            collector, server = start_exporter(args.export)
+        except BaseException:
+            recorder.close()
+            raise
+        listeners.append(collector.update)
+        print(f"dltop record: serving {server.url}", file=sys.stderr, flush=True)
     sampler = Sampler(build_sources(settings), root=settings.root, builder=build_sources)
     print(f"dltop record: recording into {directory} every {args.interval:g} s (SIGTERM or Ctrl-C stops)",
           file=sys.stderr, flush=True)
     try:
-        asyncio.run(_record(sampler, recorder, args.interval))
+        asyncio.run(_record(sampler, listeners, args.interval))
     finally:
         sampler.close()
         recorder.close()
+        if server is not None:
+            server.close()
     lost = f", {recorder.dropped + recorder.lost} lost" if recorder.dropped or recorder.lost else ""
     print(f"dltop record: stopped; {recorder.samples} samples written{lost}", file=sys.stderr, flush=True)
     return 0
 
 
-async def _record(sampler: Any, recorder: Any, interval_s: float) -> None:
+async def _record(sampler: Any, listeners: list[Any], interval_s: float) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -157,7 +173,8 @@ async def _record(sampler: Any, recorder: Any, interval_s: float) -> None:
 
     async def consume() -> None:
         async for snap in sampler.stream(lambda: interval_s):
-            recorder.write(snap)
+            for listener in listeners:
+                listener(snap)
 
     task = asyncio.create_task(consume())
     stopped = asyncio.create_task(stop.wait())
