@@ -128,7 +128,7 @@ def run_record(args: argparse.Namespace) -> int:
     recorder = Recorder(directory, interval_s=args.interval, retain_s=args.retain or None,
                         max_bytes=args.max_size or None,
                         meta={"datasets": list(settings.datasets), "servers": list(settings.servers)})
-    listeners = [recorder.write]
+    listeners: list[Any] = [recorder.write]
     server = None
     if args.export:
         from dltop.commands.export import start_exporter
