@@ -14,7 +14,7 @@ from dltop.errors import DltopError
 DEFAULT_REFRESH_S = 1.0
 MIN_REFRESH_S = 0.1
 MAX_REFRESH_S = 60.0
-KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers"})  # later features add theirs here
+KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "jump"})  # later features add theirs here
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Settings:
     read_only: bool = False
     servers: tuple[str, ...] = ()  # inference servers' /metrics URLs, normalized (server_url)
     config_path: str | None = None
+    jump_s: float = 60.0  # how far j / J move in time (live history and replay)
 
 
 def default_config_path() -> Path:
@@ -69,6 +70,9 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     servers = data.get("servers", [])
     if not isinstance(servers, list) or not all(isinstance(u, str) for u in servers):
         raise DltopError(f"{where}: servers must be a list of URLs")
+    jump = data.get("jump", s.jump_s)
+    if isinstance(jump, bool) or not isinstance(jump, int | float) or jump <= 0:
+        raise DltopError(f"{where}: jump must be a number of seconds above 0")
     unknown = sorted(set(data) - KNOWN_KEYS)
     if unknown:
         # A typo ("readonly = true") must not quietly leave actions enabled.
@@ -79,6 +83,7 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         datasets=tuple(os.path.abspath(os.path.expanduser(d)) for d in datasets),
         read_only=read_only,
         servers=_server_urls(servers, where),
+        jump_s=float(jump),
     )
 
 
@@ -143,4 +148,6 @@ def settings_from_args(args: Any) -> Settings:
         changes["servers"] = _server_urls(args.servers, "--server")
     if getattr(args, "read_only", False):
         changes["read_only"] = True
+    if getattr(args, "jump", None) is not None:
+        changes["jump_s"] = args.jump
     return replace(s, **changes)
