@@ -31,11 +31,14 @@ ALLOWED: dict[str, set[str]] = {
     "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "__init__"},
     "sampler": {"model", "sources"},
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources"},
+    # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
+    "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields",
+                 "__init__"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "__init__"},
     "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
-                 "sampler", "actions", "hints", "derive", "tui", "kv", "__init__"},
+                 "sampler", "actions", "hints", "derive", "tui", "kv", "recorder", "__init__"},
     "cli": {"commands", "errors", "__init__"},
     "__main__": {"cli"},
     # The in-process probe runs inside training scripts: nothing of dltop's but itself.

@@ -1,0 +1,87 @@
+"""Times, durations and sizes as people type them: `10m ago`, `14:05`, ISO 8601, epoch seconds; `7d`; `2G`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from typing import TYPE_CHECKING
+
+from dltop.errors import DltopError
+
+if TYPE_CHECKING:
+    from dltop.recorder.reader import Recording
+
+_UNIT_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)", re.IGNORECASE)
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)", re.IGNORECASE)
+_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}(?:\.\d+)?))?")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `90s`, `10m`, `1h30m`, `7d`, `2w` or a plain number of seconds; DltopError otherwise."""
+    s = text.strip().lower().replace(" ", "")
+    try:
+        value = float(s)
+    except ValueError:
+        pos, value = 0, 0.0
+        for m in _DURATION.finditer(s):
+            if m.start() != pos:
+                break
+            value += float(m.group(1)) * _UNIT_S[m.group(2)]
+            pos = m.end()
+        if pos != len(s) or not s:
+            raise DltopError(f"not a duration: {text!r} (e.g. 90s, 10m, 1h30m, 7d)") from None
+    if not math.isfinite(value) or value < 0:
+        raise DltopError(f"not a duration: {text!r}")
+    return value
+
+
+def parse_size(text: str) -> int:
+    """Bytes in `500M`, `2G`, `2GiB`, `1.5T` (powers of 1024) or a plain number of bytes; DltopError otherwise."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise DltopError(f"not a size: {text!r} (e.g. 500M, 2G)")
+    scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
+    return int(float(m.group(1)) * scale)
+
+
+def parse_time(text: str, now: float, recording: Recording | None = None) -> float:
+    """Epoch seconds for `10m ago`, `14:05` (the last such clock time, local, at or before the recording's end
+    or now), ISO 8601 (local unless it names a zone), `start`/`end` of a recording, or epoch seconds."""
+    s = text.strip()
+    low = s.lower()
+    ref = now if recording is None or recording.last_ts is None else min(now, recording.last_ts)
+    if recording is not None and low in ("start", "begin", "first") and recording.first_ts is not None:
+        return recording.first_ts
+    if recording is not None and low in ("end", "last") and recording.last_ts is not None:
+        return recording.last_ts
+    if low == "now":
+        return now
+    if low.endswith("ago"):
+        return now - parse_duration(low[:-3])
+    try:
+        value = float(s)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(value) and value >= 0:
+            return value
+        raise DltopError(f"not a time: {text!r}")
+    m = _CLOCK.fullmatch(s)
+    if m is not None:
+        h, minute, sec = int(m.group(1)), int(m.group(2)), float(m.group(3) or 0)
+        if h > 23 or minute > 59 or sec >= 60:
+            raise DltopError(f"not a time of day: {text!r}")
+        day = dt.datetime.fromtimestamp(ref).astimezone()
+        at = day.replace(hour=h, minute=minute, second=int(sec), microsecond=round((sec % 1) * 1e6))
+        if at.timestamp() > ref:
+            at = (at - dt.timedelta(days=1)).replace(hour=h, minute=minute)  # the last such clock time
+        return at.timestamp()
+    try:
+        when = dt.datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
+    except ValueError:
+        raise DltopError(f"not a time: {text!r} (e.g. '10m ago', 14:05, 2026-12-01T14:05, epoch seconds)") from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # a naive time is local, as the clock on the wall
+    return when.timestamp()

@@ -1,0 +1,419 @@
+"""The flight recorder's writer: Snapshots and events appended to hourly JSON Lines segments by one thread.
+
+`write()` and `event()` only enqueue (a bounded queue: a stalled disk drops samples, never stalls the Sampler);
+the writer thread appends each line with one `write(2)`, so a killed recorder loses at most the line in flight.
+A failed write (ENOSPC, EIO) is cut back to the last whole line, warned about once, and retried with the next
+sample. Closed segments are compressed to zstd frames with an index; retention and the size cap remove whole
+old segments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dltop import __version__
+from dltop.errors import DltopError
+from dltop.hints import WINDOW_S, Hint, hints
+from dltop.model import SCHEMA_VERSION, CpuPart, GpuDevice, MemoryPart, Snapshot, Unavailable, to_dict
+from dltop.model.actions import ActionEvent
+from dltop.model.memory import CgroupMemory, VmStat
+from dltop.recorder import store
+from dltop.recorder.segment import compress_segment
+
+BLOCK_SAMPLES = 256  # samples per zstd frame of a closed segment: a seek decompresses one frame
+_CLOSE = object()
+
+
+class Recorder:
+    """Appends Snapshots and events to a recording directory; one per directory (it holds the directory's lock)."""
+
+    def __init__(self, directory: str, interval_s: float = 1.0, retain_s: float | None = 7 * 86400,
+                 max_bytes: int | None = 2 << 30, meta: dict[str, Any] | None = None, *,
+                 segment_s: float = 3600.0, queue_size: int = 600, block_samples: int = BLOCK_SAMPLES,
+                 warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.directory = store.prepare_directory(directory)
+        self._lock_fd = store.take_lock(self.directory)
+        self.interval_s = interval_s
+        self.retain_s = retain_s
+        self.max_bytes = max_bytes
+        self._meta = dict(meta or {})
+        self._segment_s = segment_s
+        self._block_samples = block_samples
+        self._warn = warn or (lambda text: print(f"dltop record: {text}", file=sys.stderr, flush=True))
+        self._clock = clock
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self.samples = 0  # written
+        self.dropped = 0  # samples the queue had no room for (the disk could not keep up)
+        self.lost = 0  # lines a failed write lost (ENOSPC, EIO)
+        self.errors: list[str] = []  # what went wrong, newest last (kept short)
+        self._closed = False
+        # Writer-thread state
+        self._fd: int | None = None
+        self._stem = ""
+        self._seg_start = 0.0
+        self._good = 0  # bytes of the open segment that are whole lines
+        self._refs: dict[str, Any] = {}  # kept part -> the object last written as a "part" line
+        self._pending: list[bytes] = []  # event lines before the first segment opens
+        self._failing = False
+        self._prev: Snapshot | None = None
+        self._history: deque[Snapshot] = deque()
+        self._hints: dict[str, Hint] = {}
+        self._marks_path = os.path.join(self.directory, store.MARKS_NAME)
+        self._marks_offset = _size(self._marks_path)  # marks written before this recorder started are old
+        self._marks_rest = b""
+        self._thread = threading.Thread(target=self._run, name="dltop-recorder", daemon=True)
+        self._thread.start()
+        self.event("start", {"pid": os.getpid(), "dltop": __version__, "interval_s": interval_s})
+
+    # -- the API (any thread) -----------------------------------------------------------------------------
+
+    def write(self, snapshot: Snapshot) -> None:
+        """Queue one Snapshot; dropped (and counted) if the writer is that far behind."""
+        self._put(("sample", snapshot), sample=True)
+
+    def event(self, kind: str, data: dict[str, Any], ts: float | None = None) -> None:
+        """Queue one event ("action", "hint", "gpu_process", "oom_kill", "marker", "start", "stop")."""
+        self._put(("event", kind, data, self._clock() if ts is None else ts))
+
+    def action_listener(self, event: ActionEvent) -> None:
+        """An ActionRunner listener: logs each action's start and finish (target, bytes, outcome), not progress."""
+        if event.phase != "progress":
+            self.event("action", to_dict(event), ts=event.ts)
+
+    def close(self) -> None:
+        """Write the stop event, drain the queue, close and compress the segment, release the lock."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(("event", "stop", {"pid": os.getpid(), "samples": self.samples, "dropped": self.dropped,
+                                           "lost": self.lost}, self._clock()))
+        self._queue.put(_CLOSE)
+        self._thread.join()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _put(self, item: Any, sample: bool = False) -> None:
+        if self._closed:
+            return
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            if sample:
+                self.dropped += 1
+                if self.dropped == 1:
+                    self._warn("the disk is not keeping up: dropping samples")
+            else:
+                self._queue.put(item)  # events are few and must not be lost: wait for room
+
+    # -- the writer thread --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._housekeep(first=True)
+        while True:
+            item = self._queue.get()
+            if item is _CLOSE:
+                break
+            try:
+                if item[0] == "sample":
+                    self._sample(item[1])
+                else:
+                    self._event_line(item[1], item[2], item[3])
+            except Exception as e:  # a bug in one line must not stop the recording
+                self._note(f"could not record a {item[0]}: {type(e).__name__}: {e}")
+        if self._fd is None and self._pending:
+            self._open_segment(self._clock(), None)
+        self._close_segment()
+
+    def _sample(self, snap: Snapshot) -> None:
+        events = self._derived_events(snap)
+        if self._fd is None or snap.ts - self._seg_start >= self._segment_s or self._too_big():
+            self._close_segment()
+            self._open_segment(snap.ts, snap)
+        lines, refs = self._encode_sample(snap)
+        if self._append(b"".join(lines)):
+            self._refs.update(refs)
+            self.samples += 1
+        for kind, data in events:
+            self._event_line(kind, data, snap.ts)
+        self._poll_marks()
+
+    def _encode_sample(self, snap: Snapshot) -> tuple[list[bytes], dict[str, Any]]:
+        lines: list[bytes] = []
+        refs: dict[str, Any] = {}
+        ref_names = []
+        kept: dict[str, Any] = {}
+        for name in store.KEPT_PARTS:
+            value = getattr(snap, name)
+            if value is None:
+                continue
+            kept[name] = None
+            ref_names.append(name)
+            last = self._refs.get(name)
+            if last is value or (last is not None and last == value):
+                continue
+            lines.append(store.encode_line(snap.ts, "part", {"name": name, "value": to_dict(value)}))
+            refs[name] = value
+        body = to_dict(dataclasses.replace(snap, **kept))
+        for name in kept:
+            del body[name]
+        lines.append(store.encode_line(snap.ts, "sample", {"ref": ref_names, "snap": body}))
+        return lines, refs
+
+    def _event_line(self, kind: str, data: dict[str, Any], ts: float) -> None:
+        line = store.encode_line(ts, "event", {"kind": kind, "data": data})
+        if self._fd is None:
+            self._pending.append(line)
+        else:
+            self._append(line)
+
+    def _append(self, data: bytes) -> bool:
+        """Append whole lines with one write; on failure cut the file back to its last whole line."""
+        assert self._fd is not None
+        try:
+            if self._failing:
+                os.ftruncate(self._fd, self._good)
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(self._fd, view, self._good + len(data) - len(view))
+                view = view[n:]
+        except OSError as e:
+            self.lost += 1
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._good)
+            if not self._failing:
+                self._failing = True
+                self._note(f"cannot write {self._path(store.OPEN_SUFFIX)}: {e.strerror}; still sampling, "
+                           f"writing again when it can")
+            return False
+        if self._failing:
+            self._failing = False
+            self._warn(f"writing again ({self.lost} lines lost while it could not)")
+        self._good += len(data)
+        return True
+
+    def _open_segment(self, ts: float, snap: Snapshot | None) -> None:
+        self._stem = store.segment_stem(ts, self.directory)
+        self._seg_start = ts
+        self._good = 0
+        self._refs = {}  # a segment stands alone: its first sample writes every kept part
+        try:
+            self._fd = store.open_private(self._path(store.OPEN_SUFFIX), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except OSError as e:
+            raise DltopError(f"cannot create {self._path(store.OPEN_SUFFIX)}: {e.strerror}") from None
+        self._append(store.encode_line(ts, "meta", self._meta_record(ts, snap)))
+        pending, self._pending = self._pending, []
+        for line in pending:
+            self._append(line)
+
+    def _meta_record(self, ts: float, snap: Snapshot | None) -> dict[str, Any]:
+        return {**self._meta, "format": store.FORMAT_VERSION, "dltop": __version__, "schema": SCHEMA_VERSION,
+                "host": snap.host if snap else socket.gethostname(), "interval_s": self.interval_s,
+                "started": ts, "gpus": gpu_inventory(snap.gpus if snap else None),
+                "cpu": cpu_summary(snap.cpu if snap else None)}
+
+    def _close_segment(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+        os.close(fd)
+        try:
+            compress_segment(self.directory, self._stem, self._block_samples)
+        except OSError as e:
+            self._note(f"cannot compress {self._stem}{store.OPEN_SUFFIX}: {e.strerror} (kept uncompressed)")
+        self._housekeep()
+
+    def _too_big(self) -> bool:
+        return self.max_bytes is not None and self._good >= max(1 << 20, self.max_bytes // 8)
+
+    def _housekeep(self, first: bool = False) -> None:
+        """Compress segments a killed recorder left open (at start), then apply retention and the size cap."""
+        try:
+            segments = store.list_segments(self.directory)
+            if first:
+                for stem, suffix in segments:
+                    if suffix == store.OPEN_SUFFIX:
+                        compress_segment(self.directory, stem, self._block_samples)
+                    elif os.path.exists(os.path.join(self.directory, stem + store.OPEN_SUFFIX)):
+                        os.unlink(os.path.join(self.directory, stem + store.OPEN_SUFFIX))
+                segments = store.list_segments(self.directory)
+            self._enforce_limits([s for s, suffix in segments if suffix == store.CLOSED_SUFFIX])
+        except (OSError, DltopError) as e:
+            self._note(f"housekeeping: {getattr(e, 'strerror', None) or e}")
+
+    def _enforce_limits(self, closed: list[str]) -> None:
+        now = self._clock()
+        sizes = {stem: sum(_size(os.path.join(self.directory, stem + s)) for s in (store.CLOSED_SUFFIX, store.INDEX_SUFFIX))
+                 for stem in closed}
+        total = sum(sizes.values()) + self._good
+        for stem in closed:  # oldest first
+            last = _last_ts(self.directory, stem)
+            old = self.retain_s is not None and last is not None and last < now - self.retain_s
+            big = self.max_bytes is not None and total > self.max_bytes
+            if not (old or big):
+                continue
+            for s in (store.CLOSED_SUFFIX, store.INDEX_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.directory, stem + s))
+            total -= sizes[stem]
+
+    def _poll_marks(self) -> None:
+        """Turn the lines `dltop mark` appended since the last look into "marker" events."""
+        size = _size(self._marks_path)
+        if size < self._marks_offset:  # truncated or replaced: read it from the start
+            self._marks_offset, self._marks_rest = 0, b""
+        if size == self._marks_offset:
+            return
+        try:
+            with open(self._marks_path, "rb") as f:
+                f.seek(self._marks_offset)
+                data = f.read(size - self._marks_offset)
+        except OSError:
+            return
+        self._marks_offset += len(data)
+        *lines, self._marks_rest = (self._marks_rest + data).split(b"\n")
+        for raw in lines:
+            try:
+                mark = json.loads(raw)
+                ts, text = float(mark["ts"]), str(mark["text"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            self._event_line("marker", {"text": text, "by": "dltop mark"}, ts)
+
+    def _derived_events(self, snap: Snapshot) -> list[tuple[str, dict[str, Any]]]:
+        """OOM kills, GPU processes starting and exiting, hints firing and clearing, since the last Snapshot."""
+        prev, self._prev = self._prev, snap
+        self._history.append(snap)
+        while self._history and self._history[0].ts < snap.ts - WINDOW_S:
+            self._history.popleft()
+        out: list[tuple[str, dict[str, Any]]] = []
+        if prev is not None:
+            out += oom_events(prev, snap) + gpu_process_events(prev, snap)
+        now = {h.id: h for h in hints(list(self._history))}
+        for hid, h in now.items():
+            if hid not in self._hints:
+                out.append(("hint", {"id": hid, "state": "fired", "severity": h.severity, "text": h.text,
+                                     "numbers": dict(h.numbers)}))
+        for hid, h in self._hints.items():
+            if hid not in now:
+                out.append(("hint", {"id": hid, "state": "cleared", "severity": h.severity, "text": h.text}))
+        self._hints = now
+        return out
+
+    def _note(self, text: str) -> None:
+        self.errors = [*self.errors[-9:], text]
+        self._warn(text)
+
+    def _path(self, suffix: str) -> str:
+        return os.path.join(self.directory, self._stem + suffix)
+
+
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _last_ts(directory: str, stem: str) -> float | None:
+    try:
+        with open(os.path.join(directory, stem + store.INDEX_SUFFIX), encoding="utf-8") as f:
+            last = json.load(f).get("last_ts")
+        return float(last) if isinstance(last, int | float) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def gpu_inventory(gpus: Any) -> Any:
+    """The GPUs of the meta record: index, name, UUID, bus id, memory total and driver of each."""
+    if gpus is None:
+        return None
+    if isinstance(gpus, Unavailable):
+        return to_dict(gpus)
+    return [{"index": g.index, "name": g.name, "uuid": g.uuid, "bus_id": g.bus_id,
+             "memory_total_bytes": g.memory_total_bytes, "driver_version": g.driver_version}
+            for g in gpus if isinstance(g, GpuDevice)]
+
+
+def cpu_summary(cpu: Any) -> Any:
+    """The CPU topology of the meta record: architecture, CPUs, core kinds and cache sizes (the whole part is a
+    "part" line)."""
+    if not isinstance(cpu, CpuPart):
+        return to_dict(cpu) if isinstance(cpu, Unavailable) else None
+    sizes: dict[str, int] = {}
+    for c in cpu.caches:
+        if c.size_bytes:
+            sizes[c.name] = sizes.get(c.name, 0) + c.size_bytes
+    return {"arch": cpu.arch, "cpus": len(cpu.cpus), "online": len(cpu.online), "arrangement": cpu.arrangement,
+            "core_kinds": [k.name for k in cpu.core_kinds], "cache_bytes": sizes}
+
+
+def oom_events(prev: Snapshot, cur: Snapshot) -> list[tuple[str, dict[str, Any]]]:
+    """An "oom_kill" event for each counter that went up: /proc/vmstat's and the memory cgroup's."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    if not (isinstance(prev.memory, MemoryPart) and isinstance(cur.memory, MemoryPart)):
+        return out
+    pv, cv = prev.memory.vmstat, cur.memory.vmstat
+    if isinstance(pv, VmStat) and isinstance(cv, VmStat) and pv.oom_kill is not None and cv.oom_kill is not None \
+            and cv.oom_kill > pv.oom_kill:
+        out.append(("oom_kill", {"source": "vmstat", "kills": cv.oom_kill - pv.oom_kill, "total": cv.oom_kill}))
+    pc, cc = prev.memory.cgroup, cur.memory.cgroup
+    if isinstance(pc, CgroupMemory) and isinstance(cc, CgroupMemory) and pc.path == cc.path \
+            and pc.oom_kill is not None and cc.oom_kill is not None and cc.oom_kill > pc.oom_kill:
+        out.append(("oom_kill", {"source": "cgroup", "cgroup": cc.path, "kills": cc.oom_kill - pc.oom_kill,
+                                 "total": cc.oom_kill}))
+    return out
+
+
+def _processes(snap: Snapshot) -> dict[tuple[int, int | None, int], Any] | None:
+    if not isinstance(snap.gpus, tuple):
+        return None
+    out: dict[tuple[int, int | None, int], Any] = {}
+    for g in snap.gpus:
+        if isinstance(g.processes, tuple):
+            out.update({(g.index, None, p.pid): p for p in g.processes})
+        for m in g.mig_devices:
+            if isinstance(m.processes, tuple):
+                out.update({(g.index, m.mig_index, p.pid): p for p in m.processes})
+    return out
+
+
+def gpu_process_events(prev: Snapshot, cur: Snapshot) -> list[tuple[str, dict[str, Any]]]:
+    """A "gpu_process" event for each process that appeared on or left a GPU between two Snapshots."""
+    before, after = _processes(prev), _processes(cur)
+    if before is None or after is None:
+        return []
+    out: list[tuple[str, dict[str, Any]]] = []
+    for state, keys, procs in (("started", after.keys() - before.keys(), after),
+                               ("exited", before.keys() - after.keys(), before)):
+        for key in sorted(keys, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])):
+            p = procs[key]
+            out.append(("gpu_process", {"state": state, "gpu": key[0], "mig": key[1], "pid": p.pid,
+                                        "command": p.command, "user": p.user, "used_bytes": p.used_bytes}))
+    return out
+
+
+def record_snapshots(directory: str, snapshots: Sequence[Snapshot], **kw: Any) -> None:
+    """Write a whole list of Snapshots into a recording (tests, benchmarks, a capture turned into a recording)."""
+    with Recorder(directory, **kw) as rec:
+        for s in snapshots:
+            rec._queue.put(("sample", s))  # wait for room: every Snapshot of the list is wanted
