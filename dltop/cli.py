@@ -9,7 +9,13 @@ import sys
 from collections.abc import Sequence
 
 from dltop import __version__
-from dltop.commands.common import ArgumentParser, add_common_options, add_server_option, refresh_seconds
+from dltop.commands.common import (
+    ArgumentParser,
+    add_common_options,
+    add_jump_option,
+    add_server_option,
+    refresh_seconds,
+)
 from dltop.errors import DltopError
 
 # Subcommand -> the module whose `register(subparsers)` adds it (with `set_defaults(func=run)`). Only the
@@ -22,6 +28,7 @@ COMMANDS = {
     "lock": "dltop.commands.pagecache",
     "kv": "dltop.commands.kv",
     "snapshot": "dltop.commands.snapshot",
+    "replay": "dltop.commands.replay",
 }
 
 
@@ -43,13 +50,16 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
     tui.add_argument("-r", "--refresh", type=refresh_seconds, metavar="SECONDS",
                      help="refresh interval (default 1.0)")
     tui.add_argument("--read-only", action="store_true", help="disable every action that changes the system")
+    tui.add_argument("--record", metavar="DIR",
+                     help="record what the TUI shows into DIR as well (replay it with dltop replay DIR)")
+    add_jump_option(tui)
     add_server_option(tui)
     add_common_options(tui)
     return tui, cmd, sub
 
 
 # Options of the top-level parser that take a value: their value is never a subcommand name.
-_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server"}
+_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--record", "--jump"}
 
 
 def _command_first(args: list[str]) -> list[str]:

@@ -72,3 +72,21 @@ def add_server_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", dest="servers", action="append", metavar="URL",
                    help="scrape this vLLM or SGLang server's /metrics (host:port or a URL; repeatable; "
                         "replaces the config file's servers)")
+
+
+def add_jump_option(p: argparse.ArgumentParser) -> None:
+    """--jump DURATION: how far j / J move in time (the live TUI's history, a replay)."""
+    p.add_argument("--jump", type=_jump_seconds, metavar="DURATION",
+                   help="how far j / J move in time: 90s, 10m, 1h (default 1m, or the config file's jump)")
+
+
+def _jump_seconds(text: str) -> float:
+    from dltop.recorder.times import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except DltopError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
+    return value

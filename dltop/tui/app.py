@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from rich.text import Text
 from textual import events, work
@@ -36,6 +36,7 @@ from dltop.tui.messages import (
     EvictRequested,
     LockRequested,
     WarmRequested,
+    Warned,
 )
 from dltop.tui.panes import pane_classes
 from dltop.tui.panes.base import Pane, set_content
@@ -435,6 +436,13 @@ class DltopApp(App[None]):
     def on_lock_requested(self, msg: LockRequested) -> None:
         self._request(msg)
 
+    def warn(self, text: str) -> None:
+        """Show a warning from any thread (the recorder's: the disk is full, samples dropped)."""
+        self.post_message(Warned(text))
+
+    def on_warned(self, msg: Warned) -> None:
+        self.notify(msg.text, severity="warning", timeout=8)
+
     def on_cancel_requested(self, msg: CancelRequested) -> None:
         msg.stop()
         self.runner.cancel()
@@ -629,7 +637,7 @@ class DltopApp(App[None]):
         def check(text: str) -> str | None:
             try:
                 ts = self._parse_time(text)
-            except ValueError as e:
+            except DltopError as e:
                 return str(e)
             if not times[0] <= ts <= times[-1] + max(self.refresh_s, 1.0):
                 return (f"{_hms(ts)} is outside {'the recording' if self.replay else 'the history kept'}: "
@@ -644,9 +652,10 @@ class DltopApp(App[None]):
                                    placeholder=TIME_EXAMPLES, check=check), answered)
 
     def _parse_time(self, text: str) -> float:
-        from dltop.tui.timeline import parse_time
+        from dltop.recorder.times import parse_time  # pure (no reader, no writer): the one way times are read
 
-        return parse_time(text, self._clock())
+        recording = self.feed.recording if isinstance(self.feed, RecordingFeed) else None
+        return parse_time(text, self._clock(), cast(Any, recording))
 
     def action_events(self) -> None:
         """The recording's events; Enter shows the moment of one."""

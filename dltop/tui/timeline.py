@@ -103,6 +103,7 @@ class RecordingFeed:
     `timeline` itself (step, jump, go to, play)."""
 
     def __init__(self, recording: RecordingLike, name: str, start_ts: float | None = None) -> None:
+        self.recording = recording  # for times typed relative to it ("14:05": that day of the recording)
         self.timeline = RecordedHistory(recording)
         times = self.timeline.times()
         if not times:
@@ -141,17 +142,3 @@ class RecordingFeed:
     def close(self) -> None:
         """Nothing to release (the recording's files are read, never held)."""
 
-
-def parse_time(text: str, now: float) -> float:  # TODO(replay): a stand-in until dltop.recorder's lands
-    import re
-    import time as _t
-
-    m = re.fullmatch(r"(\d+)([smhd]) ago", text.strip())
-    if m:
-        return now - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    m = re.fullmatch(r"(\d\d):(\d\d)(?::(\d\d))?", text.strip())
-    if m:
-        lt = _t.localtime(now)
-        return _t.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, int(m.group(1)), int(m.group(2)),
-                          int(m.group(3) or 0), 0, 0, -1))
-    raise ValueError(f"not a time: {text!r} (try 10m ago, 14:05, 2026-12-01T14:05:00)")
