@@ -546,7 +546,13 @@ class DltopApp(App[None]):
         self.at = None if not self.replay and ts >= times[-1] else ts
         self._play_pos = ts
         self._redraw()
+        self._settle()
         self.refresh_bindings()
+
+    def _settle(self) -> None:
+        # A pane's layout follows what it drew last (a rates line more, a note less): live, the next tick draws
+        # at the settled layout; a moment moved to has no next tick, so it is drawn again once laid out.
+        self.call_after_refresh(self._show)
 
     def action_pause(self) -> None:
         """Live: hold the view on the moment shown while sampling goes on. A replay: stop playing."""
@@ -554,6 +560,7 @@ class DltopApp(App[None]):
             self.playing = False
             self._play_timer.pause()
             self._redraw()
+            self._settle()
             self.refresh_bindings()
         elif self.history:
             self.at = self.history[-1].ts  # the newest sample, held
@@ -597,6 +604,8 @@ class DltopApp(App[None]):
         if shown != self.at or not self.playing:
             self.at = shown
             self._redraw()
+        if not self.playing:
+            self._settle()
 
     def action_step(self, n: int) -> None:
         """Next (1) or previous (-1) sample."""
