@@ -3,10 +3,12 @@ sources, then `dltop replay` of that recording showing the numbers the live scre
 
 from __future__ import annotations
 
-import dataclasses
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from textual.widgets import Footer, Input, OptionList, Static
 
 from dltop.config import Settings
@@ -16,11 +18,13 @@ from dltop.recorder.writer import record_snapshots
 from dltop.sampler import ListFeed, Sampler
 from dltop.sources.datasets import scan_paths
 from dltop.sources.registry import build_sources
+from dltop.text.events import KIND_LABELS, event_summary
 from dltop.tui.app import DltopApp
 from dltop.tui.screens.ask import AskScreen
 from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.screens.events import EventsScreen
 from dltop.tui.timeline import RecordingFeed
+from tests.test_pagecache_util import make_file
 
 PAGECACHE_WIDGETS = ("#pc-summary", "#pc-sparks", "#pc-activity", "#pc-cgroup", "#pc-disks", "#pc-notes")
 
@@ -129,8 +133,6 @@ async def test_jump_and_go_to(session: list[Snapshot]) -> None:
         await pilot.press("j")
         assert app.at == ts[max(i for i, t in enumerate(ts) if t <= ts[0] + 10)]
         # b: a clock time (the session was recorded in UTC, as the tests run), then "N s ago"
-        import time
-
         await _go_to(pilot, time.strftime("%H:%M:%S", time.gmtime(ts[10] + 0.999)))
         assert app.at == ts[max(i for i, t in enumerate(ts) if t <= int(ts[10] + 0.999))]
         await _go_to(pilot, f"{int(now - ts[5])}s ago")
@@ -331,7 +333,7 @@ async def test_go_to_dialog_keeps_a_bad_time_and_says_why(tmp_path: Path, sessio
 def test_replay_snapshot(snap_compare, tmp_path: Path, size: tuple[int, int], session: list[Snapshot]) -> None:
     # A recording made by the test from the real session of tests/data (scripts/capture_session.py), replayed
     # at the moment writeback starts, stepped to with real keys.
-    rec = _recording(tmp_path, [dataclasses.replace(s) for s in session])
+    rec = _recording(tmp_path, session)
 
     async def run_before(pilot) -> None:
         await pilot.press(_tab(pilot.app, "pagecache"))
@@ -342,3 +344,36 @@ def test_replay_snapshot(snap_compare, tmp_path: Path, size: tuple[int, int], se
         await pilot.pause()
 
     assert snap_compare(DltopApp(RecordingFeed(rec, "session")), terminal_size=size, run_before=run_before)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                           max_leaves=8)
+
+
+@given(kind=st.sampled_from([*KIND_LABELS, "something new"]),
+       data=st.dictionaries(st.sampled_from(["text", "kills", "cgroup", "source", "total", "gpu", "mig", "pid",
+                                             "state", "command", "used_bytes", "action", "target", "phase",
+                                             "outcome", "done_bytes", "message", "severity", "id", "samples",
+                                             "dropped", "interval_s"]) | st.text(), json_values, max_size=8))
+def test_any_recorded_event_is_one_line(kind: str, data: dict) -> None:
+    # A recording comes from disk: an older or damaged one may hold any JSON in an event's data.
+    line = event_summary(kind, data)
+    assert isinstance(line, str) and "\n" not in line
+
+
+def test_events_of_a_real_action_in_a_line(tmp_path: Path) -> None:
+    # The runner's own events for a real warm of a real file, through the recorder and back.
+    from dltop.actions.runner import ActionRunner
+
+    make_file(tmp_path / "data.bin", 1 << 20)  # written, synced and evicted: the warm reads all of it
+    runner = ActionRunner()
+    with Recorder(str(tmp_path / "rec")) as recorder:
+        runner.subscribe(recorder.action_listener)
+        run = runner.start("warm", [str(tmp_path / "data.bin")])
+        assert run.done.wait(30)
+        runner.close()
+        recorder.write(Snapshot(ts=time.time(), host="h"))
+    events = [e for e in Recording(str(tmp_path / "rec")).events() if e.kind == "action"]
+    assert [e.data["phase"] for e in events] == ["started", "finished"]
+    assert event_summary("action", events[-1].data) == f"warm {tmp_path / 'data.bin'} finished ok 1.0 MiB"

@@ -144,3 +144,14 @@ def test_record_refuses_a_directory_another_recorder_holds(tmp_path: Path) -> No
     err = out.read_text()
     assert status.read_text().strip() != "0" and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err and str(tmp_path / "rec") in err
+
+
+def test_jump_is_a_duration(tmp_path: Path, recording: Path) -> None:
+    r = _dltop("--jump", "0s")
+    assert r.returncode == 2 and "must be more than 0 seconds" in r.stderr and "Traceback" not in r.stderr
+    r = _dltop("replay", str(recording), "--jump", "soon")
+    assert r.returncode == 2 and "not a duration" in r.stderr
+    (tmp_path / "bad.toml").write_text("jump = -5\n")
+    _one_line_error(_dltop("replay", str(recording), "--config", str(tmp_path / "bad.toml")), "jump must be")
+    (tmp_path / "good.toml").write_text("jump = 300\n")
+    _one_line_error(_dltop("replay", str(recording), "--config", str(tmp_path / "good.toml")), "needs a terminal")

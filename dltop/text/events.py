@@ -1,5 +1,6 @@
-"""A recorded event in one line ("OOM kill (cgroup /job): 1", "marker: loss spiked"): the replay's event list and
-anything else that lists a recording's events."""
+"""A recorded event in one line ("2 processes killed (cgroup /job, 3 so far)", "loss spiked"): the replay's event
+list and anything else that lists a recording's events. A recording is read from disk: a field of the wrong type
+(an older or damaged recording) is shown as it is, never an error."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from dltop.fmt import human_bytes, plural
 
-# What the event list calls each kind, in the words of the screen that showed it live.
+# What the event list calls each kind.
 KIND_LABELS = {
     "oom_kill": "OOM kill",
     "marker": "marker",
@@ -20,27 +21,42 @@ KIND_LABELS = {
 }
 
 
+def _get(d: Mapping[str, Any], key: str, missing: str = "?") -> str:
+    value = d.get(key)
+    return missing if value is None else str(value)
+
+
+def _bytes(value: Any) -> str:
+    return human_bytes(value) if isinstance(value, int | float) and not isinstance(value, bool) else "?"
+
+
 def event_summary(kind: str, data: Mapping[str, Any]) -> str:
-    """What happened, in a line: the fields a user looks for first for each kind, every other kind as key=value."""
-    d = dict(data)
+    """What happened, in one line: the fields a user looks for first for each kind, any other kind as key=value."""
+    return " ".join(_summary(kind, data).splitlines())
+
+
+def _summary(kind: str, data: Mapping[str, Any]) -> str:
+    d = data if isinstance(data, Mapping) else {}
     if kind == "marker":
-        return str(d.get("text", ""))
+        return _get(d, "text", "")
     if kind == "oom_kill":
-        where = f"cgroup {d['cgroup']}" if d.get("cgroup") else str(d.get("source", "vmstat"))
-        return f"{plural(int(d.get('kills', 1)), 'process', 'processes')} killed ({where}, {d.get('total', '?')} so far)"
+        kills = d.get("kills")
+        who = plural(kills, "process", "processes") if isinstance(kills, int) else f"{_get(d, 'kills')} processes"
+        where = f"cgroup {d['cgroup']}" if d.get("cgroup") else _get(d, "source", "vmstat")
+        return f"{who} killed ({where}, {_get(d, 'total')} so far)"
     if kind == "gpu_process":
         mig = f" MIG {d['mig']}" if d.get("mig") is not None else ""
-        used = f", {human_bytes(d['used_bytes'])}" if isinstance(d.get("used_bytes"), int) else ""
-        return f"GPU{d.get('gpu', '?')}{mig} pid {d.get('pid', '?')} {d.get('state', '')}: {d.get('command', '')}{used}"
+        used = f", {_bytes(d['used_bytes'])}" if d.get("used_bytes") is not None else ""
+        return f"GPU{_get(d, 'gpu')}{mig} pid {_get(d, 'pid')} {_get(d, 'state', '')}: {_get(d, 'command', '')}{used}"
     if kind == "action":
-        done = d.get("done_bytes")
-        size = f" {human_bytes(done)}" if isinstance(done, int) and d.get("phase") == "finished" else ""
+        size = f" {_bytes(d['done_bytes'])}" if d.get("phase") == "finished" and d.get("done_bytes") is not None else ""
         outcome = f" {d['outcome']}" if d.get("outcome") else ""
-        return f"{d.get('action', '?')} {d.get('target', '')} {d.get('phase', '')}{outcome}{size}".strip()
+        message = f": {d['message']}" if d.get("message") and d.get("outcome") in ("refused", "error") else ""
+        return f"{_get(d, 'action')} {_get(d, 'target', '')} {_get(d, 'phase', '')}{outcome}{size}{message}"
     if kind == "hint":
-        return f"{d.get('state', '')} {d.get('severity', '')}: {d.get('text', d.get('id', ''))}"
+        return f"{_get(d, 'state', '')} {_get(d, 'severity', '')}: {_get(d, 'text', _get(d, 'id'))}"
     if kind == "start":
-        return f"pid {d.get('pid', '?')}, every {d.get('interval_s', '?')}s"
+        return f"pid {_get(d, 'pid')}, every {_get(d, 'interval_s')} s"
     if kind == "stop":
-        return f"{d.get('samples', '?')} samples, {d.get('dropped', 0)} dropped"
+        return f"{_get(d, 'samples')} samples, {_get(d, 'dropped', '0')} dropped"
     return ", ".join(f"{k}={v}" for k, v in d.items())
