@@ -22,6 +22,10 @@ COMMANDS = {
     "lock": "dltop.commands.pagecache",
     "kv": "dltop.commands.kv",
     "snapshot": "dltop.commands.snapshot",
+    "record": "dltop.commands.record",
+    "mark": "dltop.commands.record",
+    "report": "dltop.commands.record",
+    "dump": "dltop.commands.record",
 }
 
 
