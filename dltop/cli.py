@@ -29,6 +29,10 @@ COMMANDS = {
     "kv": "dltop.commands.kv",
     "snapshot": "dltop.commands.snapshot",
     "replay": "dltop.commands.replay",
+    "record": "dltop.commands.record",
+    "mark": "dltop.commands.record",
+    "report": "dltop.commands.record",
+    "dump": "dltop.commands.record",
 }
 
 

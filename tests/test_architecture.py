@@ -26,6 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "model": {"model"},
     "text": {"text", "model", "fmt", "cpuregs"},
     "derive": {"model"},
+    # Each part's numbers described once (name, kind, unit, help, labels): the exporter and `dump` read them.
+    "fields": {"model", "derive"},
     "hints": {"hints", "model", "fmt"},
     # The probes source shares the file format's constants and directory with the probe (dltop/probe/files.py).
     "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "__init__"},
@@ -39,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
             "__init__"},
     "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
-                 "sampler", "actions", "hints", "derive", "tui", "kv", "recorder", "__init__"},
+                 "sampler", "actions", "hints", "derive", "fields", "tui", "kv", "recorder", "__init__"},
     "cli": {"commands", "errors", "__init__"},
     "__main__": {"cli"},
     # The in-process probe runs inside training scripts: nothing of dltop's but itself.

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["dltop", "dltop.model", "dltop.sources", "dltop.sources.registry",
+@pytest.mark.parametrize("module", ["dltop", "dltop.model", "dltop.sources", "dltop.sources.registry", "dltop.recorder",
+                                    "dltop.commands.record",
                                     "dltop.sampler", "dltop.derive", "dltop.cli"])
 def test_no_textual(module: str) -> None:
     code = (f"import sys, {module}\n"

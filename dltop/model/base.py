@@ -17,6 +17,7 @@ import dataclasses
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -123,80 +124,164 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def from_dict(cls: type[T], data: Any) -> T:
     """Rebuild a dataclass written by `to_dict`; raises DecodeError on data of the wrong shape."""
-    return typing.cast(T, _decode(cls, data, cls.__name__))
+    return typing.cast(T, _decoder(typing.cast(Any, cls))(data, cls.__name__))
 
 
-def _decode(tp: Any, data: Any, where: str) -> Any:
+# Each type's decoder is built once from its type hints (a day of recording is 86,400 Snapshots to read back):
+# a function (data, where) -> value, `where` naming the field path for the error.
+Decoder = Callable[[Any, str], Any]
+
+
+@cache
+def _decoder(tp: Any) -> Decoder:
     if tp is Any:
-        return data
+        return lambda data, where: data
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        return _decode_union(get_args(tp), data, where)
+        return _union_decoder(get_args(tp))
     if tp is Unavailable:
-        raw_key = "unavailable" + RAW_SUFFIX
-        if isinstance(data, dict) and set(data) - {raw_key} == {"unavailable"} and isinstance(data["unavailable"], str):
-            if raw_key in data:
-                return Unavailable(_from_raw(data["unavailable"], data[raw_key], f"{where}.{raw_key}"))
-            return Unavailable(data["unavailable"])
-        raise DecodeError(f"{where}: expected {{'unavailable': reason}}")
+        return _decode_unavailable
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _dataclass_decoder(tp)
+    if origin is tuple:
+        return _tuple_decoder(get_args(tp))
+    if origin is dict:
+        return _dict_decoder(*get_args(tp))
+    if origin is typing.Literal:
+        allowed = get_args(tp)
+
+        def literal(data: Any, where: str) -> Any:
+            if data not in allowed:
+                raise DecodeError(f"{where}: {data!r} is not one of {allowed}")
+            return data
+
+        return literal
+    if tp is type(None):
+        def null(data: Any, where: str) -> None:
+            if data is not None:
+                raise DecodeError(f"{where}: expected null")
+
+        return null
+    if tp is float:
+        def number(data: Any, where: str) -> float:
+            if isinstance(data, bool) or not isinstance(data, int | float):
+                raise DecodeError(f"{where}: expected a number")
+            return float(data)
+
+        return number
+    if tp in (int, str, bool):
+        def plain(data: Any, where: str) -> Any:
+            if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
+                raise DecodeError(f"{where}: expected {tp.__name__}")
+            return data
+
+        return plain
+
+    def unknown(data: Any, where: str) -> Any:
+        raise DecodeError(f"{where}: cannot decode type {tp!r}")
+
+    return unknown
+
+
+_RAW_UNAVAILABLE = "unavailable" + RAW_SUFFIX
+
+
+def _is_unavailable(data: Any) -> bool:
+    return (isinstance(data, dict) and set(data) - {_RAW_UNAVAILABLE} == {"unavailable"}
+            and isinstance(data["unavailable"], str))
+
+
+def _decode_unavailable(data: Any, where: str) -> Unavailable:
+    if not _is_unavailable(data):
+        raise DecodeError(f"{where}: expected {{'unavailable': reason}}")
+    if _RAW_UNAVAILABLE in data:
+        return Unavailable(_from_raw(data["unavailable"], data[_RAW_UNAVAILABLE], f"{where}.{_RAW_UNAVAILABLE}"))
+    return Unavailable(data["unavailable"])
+
+
+def _dataclass_decoder(tp: type) -> Decoder:
+    # Field decoders are looked up on first use: a type may contain itself (a residency node's children).
+    specs = [(f.name, f.name + RAW_SUFFIX, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+             for f in dataclasses.fields(tp)]
+    decoders: list[Decoder] = []
+
+    def decode(data: Any, where: str) -> Any:
         if not isinstance(data, dict):
             raise DecodeError(f"{where}: expected an object for {tp.__name__}")
-        hints = _hints(tp)
+        if not decoders:
+            hints = _hints(tp)
+            decoders.extend(_decoder(hints[name]) for name, _, _ in specs)
         kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in data:
-                value = data[f.name]
-                if f.name + RAW_SUFFIX in data:
-                    value = _from_raw(value, data[f.name + RAW_SUFFIX], f"{where}.{f.name}{RAW_SUFFIX}")
-                kwargs[f.name] = _decode(hints[f.name], value, f"{where}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise DecodeError(f"{where}: missing field {f.name!r}")
+        for (name, raw_key, required), dec in zip(specs, decoders, strict=True):
+            if name in data:
+                value = data[name]
+                if raw_key in data:
+                    value = _from_raw(value, data[raw_key], f"{where}.{raw_key}")
+                kwargs[name] = dec(value, f"{where}.{name}")
+            elif required:
+                raise DecodeError(f"{where}: missing field {name!r}")
         return tp(**kwargs)
-    if origin is tuple:
-        args = get_args(tp)
+
+    return decode
+
+
+def _tuple_decoder(args: tuple[Any, ...]) -> Decoder:
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = _decoder(args[0])
+
+        def variadic(data: Any, where: str) -> tuple[Any, ...]:
+            if not isinstance(data, list):
+                raise DecodeError(f"{where}: expected a list")
+            return tuple(item(v, f"{where}[{i}]") for i, v in enumerate(data))
+
+        return variadic
+    items = [_decoder(a) for a in args]
+
+    def fixed(data: Any, where: str) -> tuple[Any, ...]:
         if not isinstance(data, list):
             raise DecodeError(f"{where}: expected a list")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
-        if len(args) != len(data):
-            raise DecodeError(f"{where}: expected {len(args)} items")
-        return tuple(_decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True)))
-    if origin is dict:
-        key_tp, val_tp = get_args(tp)
+        if len(items) != len(data):
+            raise DecodeError(f"{where}: expected {len(items)} items")
+        return tuple(d(v, f"{where}[{i}]") for i, (d, v) in enumerate(zip(items, data, strict=True)))
+
+    return fixed
+
+
+def _dict_decoder(key_tp: Any, val_tp: Any) -> Decoder:
+    key, val = _decoder(key_tp), _decoder(val_tp)
+
+    def mapping(data: Any, where: str) -> dict[Any, Any]:
         if not isinstance(data, dict):
             raise DecodeError(f"{where}: expected an object")
-        return {_decode(key_tp, k, where): _decode(val_tp, v, f"{where}.{k}") for k, v in data.items()}
-    if origin is typing.Literal:
-        if data not in get_args(tp):
-            raise DecodeError(f"{where}: {data!r} is not one of {get_args(tp)}")
-        return data
-    if tp is type(None):
-        if data is not None:
-            raise DecodeError(f"{where}: expected null")
-        return None
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            raise DecodeError(f"{where}: expected a number")
-        return float(data)
-    if tp in (int, str, bool):
-        if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
-            raise DecodeError(f"{where}: expected {tp.__name__}")
-        return data
-    raise DecodeError(f"{where}: cannot decode type {tp!r}")
+        return {key(k, where): val(v, f"{where}.{k}") for k, v in data.items()}
+
+    return mapping
 
 
-def _decode_union(args: tuple[Any, ...], data: Any, where: str) -> Any:
-    if data is None:
-        if type(None) in args:
-            return None
-        raise DecodeError(f"{where}: null not allowed")
+def _union_decoder(args: tuple[Any, ...]) -> Decoder:
+    nullable = type(None) in args
     # Unavailable first: its shape is distinctive, and a dataclass with all-default fields would also accept it.
+    # Data of its exact shape is decoded as it; any other data skips it (it would only fail).
     ordered = sorted((a for a in args if a is not type(None)), key=lambda a: a is not Unavailable)
-    errors = []
-    for a in ordered:
-        try:
-            return _decode(a, data, where)
-        except DecodeError as e:
-            errors.append(str(e))
-    raise DecodeError(errors[-1] if errors else f"{where}: no type matched")
+    may_be_unavailable = bool(ordered) and ordered[0] is Unavailable
+    others = [_decoder(a) for a in ordered if a is not Unavailable]
+    plain = {a for a in ordered if a in (int, str, bool)}
+
+    def union(data: Any, where: str) -> Any:
+        if data is None:
+            if nullable:
+                return None
+            raise DecodeError(f"{where}: null not allowed")
+        if type(data) in plain:  # the common case: an int, str or bool where the union allows it
+            return data
+        if may_be_unavailable and _is_unavailable(data):
+            return _decode_unavailable(data, where)
+        errors = [] if not may_be_unavailable else [f"{where}: expected {{'unavailable': reason}}"]
+        for dec in others:
+            try:
+                return dec(data, where)
+            except DecodeError as e:
+                errors.append(str(e))
+        raise DecodeError(errors[-1] if errors else f"{where}: no type matched")
+
+    return union

@@ -1,0 +1,451 @@
+"""Every number of a Snapshot described once (name, kind, unit, help, labels), and the samples it gives.
+
+The exporter's metric names (`dltop_` + `Field.name`), its HELP and TYPE lines, `dltop dump`'s columns and
+docs/exporter.md all come from `FIELDS`. `samples(snapshot)` walks one Snapshot and yields each number with its
+labels: a part that is Unavailable (or None: not asked for) yields nothing, a value that is None yields nothing —
+never a 0 standing in for "unknown". Labels name objects (a dataset, a GPU, a pid), never files, so the number
+of series stays that of the objects watched; a process that ended is gone from the next Snapshot and so from
+the samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from dltop.derive import server_rates
+from dltop.model import (
+    CgroupMemory,
+    DatasetsPart,
+    GpuDevice,
+    GpuProcess,
+    MemoryPart,
+    Pressure,
+    ProbesPart,
+    ServerStats,
+    Snapshot,
+    Unavailable,
+    VmStat,
+)
+from dltop.model.datasets import DatasetResidency, DatasetUnavailable
+from dltop.model.gpu import SPLIT_FIELDS
+
+Kind = Literal["gauge", "counter", "info"]
+PREFIX = "dltop_"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One number of the Snapshot: its Prometheus name without `dltop_` (base units; counters end in `_total`,
+    info metrics in `_info` and have the value 1), its kind, unit, help and label names."""
+
+    name: str
+    kind: Kind
+    unit: str  # "bytes", "seconds", "ratio" (0..1), "tokens", "pages", "celsius", "watts", "hertz", "" (a count)
+    help: str
+    labels: tuple[str, ...] = ()
+    part: str = ""  # the Snapshot part it comes from ("memory", "gpus", ...); "hints" and "sources" are not parts
+
+
+_ALL: list[Field] = []
+
+
+def _field(part: str, name: str, kind: Kind, unit: str, help: str, labels: tuple[str, ...] = ()) -> Field:
+    f = Field(name, kind, unit, help, labels, part)
+    _ALL.append(f)
+    return f
+
+
+# -- sources: which parts came in -----------------------------------------------------------------------------
+SOURCE = ("source",)
+SOURCE_UP = _field("sources", "source_up", "gauge", "",
+                   "1 when the source's last read succeeded and its part is available; 0 when it failed, is "
+                   "overdue, or the system cannot provide the part (the reason is in dltop_source_unavailable_info)",
+                   SOURCE)
+SOURCE_UNAVAILABLE = _field("sources", "source_unavailable_info", "info", "",
+                            "Why a source is down (present only while dltop_source_up is 0)", ("source", "reason"))
+SOURCE_LAST_OK = _field("sources", "source_last_success_timestamp_seconds", "gauge", "seconds",
+                        "Unix time of the source's last successful read", SOURCE)
+SOURCE_DURATION = _field("sources", "source_read_duration_seconds", "gauge", "seconds",
+                         "How long the source's last read took", SOURCE)
+SNAPSHOT_TS = _field("sources", "snapshot_timestamp_seconds", "gauge", "seconds",
+                     "Unix time of the Snapshot these numbers come from")
+
+# -- memory: /proc/meminfo, /proc/vmstat, PSI, the memory cgroup -----------------------------------------------
+_MEMINFO = (  # (field, MemoryPart attribute)
+    (_field("memory", "memory_total_bytes", "gauge", "bytes", "MemTotal: usable RAM (/proc/meminfo)"),
+     "total_bytes"),
+    (_field("memory", "memory_available_bytes", "gauge", "bytes",
+            "MemAvailable: memory that can be had without swapping, clean page cache included (/proc/meminfo)"),
+     "available_bytes"),
+    (_field("memory", "memory_cached_bytes", "gauge", "bytes",
+            "Cached: the page cache, shmem and tmpfs included (/proc/meminfo)"), "cached_bytes"),
+    (_field("memory", "memory_buffers_bytes", "gauge", "bytes", "Buffers: block-device cache (/proc/meminfo)"),
+     "buffers_bytes"),
+    (_field("memory", "memory_dirty_bytes", "gauge", "bytes",
+            "Dirty: page cache waiting to be written back (/proc/meminfo)"), "dirty_bytes"),
+    (_field("memory", "memory_writeback_bytes", "gauge", "bytes",
+            "Writeback: page cache being written back now (/proc/meminfo)"), "writeback_bytes"),
+    (_field("memory", "memory_shmem_bytes", "gauge", "bytes",
+            "Shmem: shared memory and tmpfs, in Cached but not reclaimable as page cache (/proc/meminfo)"),
+     "shmem_bytes"),
+    (_field("memory", "memory_active_file_bytes", "gauge", "bytes", "Active(file) page cache (/proc/meminfo)"),
+     "active_file_bytes"),
+    (_field("memory", "memory_inactive_file_bytes", "gauge", "bytes",
+            "Inactive(file) page cache: reclaimed first (/proc/meminfo)"), "inactive_file_bytes"),
+    (_field("memory", "memory_mlocked_bytes", "gauge", "bytes", "Mlocked: pages locked in memory (/proc/meminfo)"),
+     "mlocked_bytes"),
+)
+_VMSTAT = (  # (field, VmStat attribute, multiplier)
+    (_field("memory", "memory_paged_in_bytes_total", "counter", "bytes", "pgpgin: bytes read from disk (/proc/vmstat)"),
+     "pgpgin", 1024),
+    (_field("memory", "memory_paged_out_bytes_total", "counter", "bytes",
+            "pgpgout: bytes written to disk (/proc/vmstat)"), "pgpgout", 1024),
+    (_field("memory", "memory_major_faults_total", "counter", "", "pgmajfault: page faults that read from disk "
+            "(/proc/vmstat)"), "pgmajfault", 1),
+    (_field("memory", "memory_file_refaults_total", "counter", "pages",
+            "workingset_refault_file: evicted file pages read back soon after; a rising rate means the page cache "
+            "is thrashing (/proc/vmstat)"), "workingset_refault_file", 1),
+    (_field("memory", "memory_file_activations_total", "counter", "pages",
+            "workingset_activate_file: refaulted file pages put straight back on the active list (/proc/vmstat)"),
+     "workingset_activate_file", 1),
+    (_field("memory", "memory_pages_scanned_total", "counter", "pages",
+            "pgscan: pages scanned by reclaim (/proc/vmstat)"), "pgscan", 1),
+    (_field("memory", "memory_pages_reclaimed_total", "counter", "pages",
+            "pgsteal: pages reclaimed (/proc/vmstat)"), "pgsteal", 1),
+    (_field("memory", "memory_oom_kills_total", "counter", "", "oom_kill: processes killed by the OOM killer "
+            "(/proc/vmstat)"), "oom_kill", 1),
+)
+PRESSURE = ("resource", "kind")
+PRESSURE_TOTAL = _field("memory", "pressure_stalled_seconds_total", "counter", "seconds",
+                        "PSI: time tasks were stalled on memory or I/O (/proc/pressure/*; kind some or full)",
+                        PRESSURE)
+PRESSURE_AVG10 = _field("memory", "pressure_stalled_avg10_ratio", "gauge", "ratio",
+                        "PSI: share of the last 10 s tasks were stalled (/proc/pressure/*; kind some or full)",
+                        PRESSURE)
+CGROUP = ("cgroup",)
+_CGROUP = (  # (field, CgroupMemory attribute)
+    (_field("memory", "cgroup_memory_current_bytes", "gauge", "bytes",
+            "Memory charged to the watched process's memory cgroup (the one whose limit binds)", CGROUP),
+     "current_bytes"),
+    (_field("memory", "cgroup_memory_max_bytes", "gauge", "bytes",
+            "The memory cgroup's limit (+Inf: the kernel says no limit)", CGROUP), "max_bytes"),
+    (_field("memory", "cgroup_memory_file_bytes", "gauge", "bytes",
+            "Page cache charged to the memory cgroup", CGROUP), "file_bytes"),
+    (_field("memory", "cgroup_memory_file_dirty_bytes", "gauge", "bytes",
+            "Dirty page cache charged to the memory cgroup", CGROUP), "file_dirty_bytes"),
+    (_field("memory", "cgroup_memory_oom_kills_total", "counter", "",
+            "OOM kills in the memory cgroup", CGROUP), "oom_kill"),
+)
+
+# -- datasets: page-cache residency per watched dataset ----------------------------------------------------------
+DATASET = ("dataset",)
+DATASET_UP = _field("datasets", "dataset_up", "gauge", "",
+                    "1 when the dataset was scanned, 0 when it could not be (reason in dltop_dataset_unavailable_info)",
+                    DATASET)
+DATASET_UNAVAILABLE = _field("datasets", "dataset_unavailable_info", "info", "",
+                             "Why a watched dataset could not be scanned (missing, unreadable)", ("dataset", "reason"))
+DATASET_SIZE = _field("datasets", "dataset_size_bytes", "gauge", "bytes",
+                      "Apparent size of the dataset's regular files, each hard link once (du --apparent-size -b)",
+                      DATASET)
+DATASET_RESIDENT = _field("datasets", "dataset_resident_bytes", "gauge", "bytes",
+                          "Data of the dataset in the page cache (fincore's RES, holes of sparse files left out)",
+                          DATASET)
+DATASET_RATIO = _field("datasets", "dataset_resident_ratio", "gauge", "ratio",
+                       "Resident share of the dataset's data whose residency the kernel shows", DATASET)
+DATASET_DIRTY = _field("datasets", "dataset_dirty_bytes", "gauge", "bytes",
+                       "Dirty page cache of the dataset's files", DATASET)
+DATASET_UNKNOWN = _field("datasets", "dataset_unknown_bytes", "gauge", "bytes",
+                         "Data whose residency the kernel hides from dltop (files it may not write)", DATASET)
+DATASET_EVICTED = _field("datasets", "dataset_recently_evicted_bytes", "gauge", "bytes",
+                         "Pages evicted recently enough that a re-read is a refault (cachestat scans only)", DATASET)
+DATASET_FILES = _field("datasets", "dataset_files", "gauge", "", "Regular files in the dataset", DATASET)
+DATASET_SCANNED = _field("datasets", "dataset_scan_timestamp_seconds", "gauge", "seconds",
+                         "Unix time the dataset's last scan finished", DATASET)
+DATASET_SCAN_S = _field("datasets", "dataset_scan_duration_seconds", "gauge", "seconds",
+                        "How long the dataset's last scan took", DATASET)
+DATASET_COMPLETE = _field("datasets", "dataset_scan_complete", "gauge", "",
+                          "1 when the last scan reached every file, 0 when a time budget cut it short", DATASET)
+
+# -- GPUs: NVML, with the split from the probe or an inference server ---------------------------------------------
+GPU = ("gpu", "uuid")
+GPU_INFO = _field("gpus", "gpu_info", "info", "", "A GPU NVML sees", (*GPU, "name", "bus_id", "driver_version"))
+GPU_MEMORY = _field("gpus", "gpu_memory_bytes", "gauge", "bytes",
+                    "GPU memory by what holds it: per process use weights, kv_cache, allocator_cache, other_torch, "
+                    "non_torch (where the probe or a server says; absent where unknown), per device use free",
+                    (*GPU, "pid", "use"))
+GPU_PROCESS_MEMORY = _field("gpus", "gpu_process_memory_bytes", "gauge", "bytes",
+                            "GPU memory NVML charges to a process (nvidia-smi's GPU Memory Usage)", (*GPU, "pid"))
+GPU_PROCESS_INFO = _field("gpus", "gpu_process_info", "info", "", "A process with a context on a GPU",
+                          (*GPU, "pid", "user", "command"))
+_GPU = (  # (field, GpuDevice attribute, multiplier)
+    (_field("gpus", "gpu_memory_total_bytes", "gauge", "bytes", "GPU memory in all (NVML)", GPU),
+     "memory_total_bytes", 1),
+    (_field("gpus", "gpu_memory_used_bytes", "gauge", "bytes", "GPU memory in use (NVML; nvidia-smi's Used)", GPU),
+     "memory_used_bytes", 1),
+    (_field("gpus", "gpu_memory_reserved_bytes", "gauge", "bytes",
+            "GPU memory the driver reserves (NVML v2; nvidia-smi's Reserved)", GPU), "memory_reserved_bytes", 1),
+    (_field("gpus", "gpu_utilization_ratio", "gauge", "ratio",
+            "Share of the last sample period a kernel ran on the GPU (NVML)", GPU), "utilization_gpu_percent", 0.01),
+    (_field("gpus", "gpu_memory_utilization_ratio", "gauge", "ratio",
+            "Share of the last sample period device memory was read or written (NVML)", GPU),
+     "utilization_memory_percent", 0.01),
+    (_field("gpus", "gpu_temperature_celsius", "gauge", "celsius", "GPU temperature (NVML)", GPU), "temperature_c", 1),
+    (_field("gpus", "gpu_power_watts", "gauge", "watts", "GPU power draw (NVML)", GPU), "power_mw", 0.001),
+    (_field("gpus", "gpu_power_limit_watts", "gauge", "watts", "GPU power limit (NVML)", GPU), "power_limit_mw",
+     0.001),
+    (_field("gpus", "gpu_sm_clock_hertz", "gauge", "hertz", "SM clock (NVML)", GPU), "clock_sm_mhz", 1e6),
+    (_field("gpus", "gpu_memory_clock_hertz", "gauge", "hertz", "Memory clock (NVML)", GPU), "clock_mem_mhz", 1e6),
+    (_field("gpus", "gpu_pcie_transmitted_bytes_total", "counter", "bytes",
+            "PCIe bytes sent by the GPU (NVML byte counters, drivers 555+)", GPU), "pcie_tx_bytes_total", 1),
+    (_field("gpus", "gpu_pcie_received_bytes_total", "counter", "bytes",
+            "PCIe bytes received by the GPU (NVML byte counters, drivers 555+)", GPU), "pcie_rx_bytes_total", 1),
+    (_field("gpus", "gpu_ecc_uncorrected_errors_total", "counter", "",
+            "Uncorrected ECC errors over the GPU's life (NVML aggregate)", GPU), "ecc_uncorrected_aggregate", 1),
+    (_field("gpus", "gpu_retired_pages_sbe", "gauge", "pages",
+            "Memory pages retired for repeated single-bit errors (NVML)", GPU), "retired_pages_sbe", 1),
+    (_field("gpus", "gpu_retired_pages_dbe", "gauge", "pages",
+            "Memory pages retired for a double-bit error (NVML)", GPU), "retired_pages_dbe", 1),
+    (_field("gpus", "gpu_retired_pages_pending", "gauge", "",
+            "1 when a page retirement waits for the next reboot (NVML)", GPU), "retired_pages_pending", 1),
+)
+
+# -- inference servers: vLLM and SGLang /metrics ------------------------------------------------------------------
+MODEL = ("server", "engine", "model", "replica")
+_MODEL = (  # (field, ModelStats attribute)
+    (_field("servers", "inference_kv_cache_usage_ratio", "gauge", "ratio",
+            "Share of the KV-cache pool in use (the engine's own gauge)", MODEL), "kv_usage"),
+    (_field("servers", "inference_kv_cache_capacity_tokens", "gauge", "tokens",
+            "Tokens the KV-cache pool holds", MODEL), "kv_capacity_tokens"),
+    (_field("servers", "inference_kv_cache_used_tokens", "gauge", "tokens",
+            "Tokens in the KV-cache pool (SGLang; vLLM gives none)", MODEL), "kv_used_tokens"),
+    (_field("servers", "inference_requests_running", "gauge", "", "Requests running", MODEL), "running_requests"),
+    (_field("servers", "inference_requests_waiting", "gauge", "", "Requests waiting for room in the KV-cache pool",
+            MODEL), "waiting_requests"),
+    (_field("servers", "inference_requests_swapped", "gauge", "", "Requests swapped to CPU (vLLM V0)", MODEL),
+     "swapped_requests"),
+    (_field("servers", "inference_prefix_cache_hits_tokens_total", "counter", "tokens",
+            "Prompt tokens found in the prefix cache (vLLM V1)", MODEL), "prefix_cache_hits_total"),
+    (_field("servers", "inference_prefix_cache_queries_tokens_total", "counter", "tokens",
+            "Prompt tokens looked up in the prefix cache (vLLM V1)", MODEL), "prefix_cache_queries_total"),
+    (_field("servers", "inference_preemptions_total", "counter", "",
+            "Requests preempted for lack of KV-cache room (vLLM)", MODEL), "preemptions_total"),
+)
+PREFIX_HIT = _field("servers", "inference_prefix_cache_hit_ratio", "gauge", "ratio",
+                    "Prefix-cache hit rate: the engine's own gauge (vLLM V0, SGLang), or for vLLM V1 hits over "
+                    "queries between the last two readings", MODEL)
+
+# -- probes: training and serving processes with dltop.probe -----------------------------------------------------
+PROCESS = ("pid", "rank")
+TRAINING_MEMORY = _field("probes", "training_memory_bytes", "gauge", "bytes",
+                         "Bytes the process's probe counts, by use: weights, gradients, optimizer, kv_cache",
+                         (*PROCESS, "use"))
+_PROBE = (  # (field, ProcessProbe attribute)
+    (_field("probes", "training_data_wait_ratio", "gauge", "ratio",
+            "Share of recent step time spent waiting for the data loader (the probe)", PROCESS), "data_wait_fraction"),
+    (_field("probes", "training_step_seconds", "gauge", "seconds", "Mean time of the recent steps (the probe)",
+            PROCESS), "step_time_s"),
+    (_field("probes", "training_steps_total", "counter", "", "Steps the process has run (the probe)", PROCESS),
+     "steps"),
+)
+
+# -- hints: drawn by dltop.hints from recent Snapshots (not a Snapshot part: see hint_samples) ---------------------
+HINT_ACTIVE = _field("hints", "hint_active", "gauge", "",
+                     "1 while dltop's hint fires (the TUI's hint line; docs/hints in the user guide)", ("id", "severity"))
+
+FIELDS: tuple[Field, ...] = tuple(_ALL)
+BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+
+Sample = tuple[Field, dict[str, str], float]
+_PROBE_USES = (("weights", "weights_bytes"), ("gradients", "gradients_bytes"), ("optimizer", "optimizer_bytes"),
+               ("kv_cache", "kv_bytes"))
+_COMMAND_CHARS = 80  # a process's command line in gpu_process_info: enough to tell jobs apart
+
+
+class HintLike(Protocol):
+    """What hint_samples needs of a dltop.hints.Hint."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def severity(self) -> str: ...
+
+
+def samples(snapshot: Snapshot, prev: Snapshot | None = None) -> Iterator[Sample]:
+    """Every number of `snapshot` as (field, labels, value); `prev` (the Snapshot before) gives what needs two
+    readings (vLLM V1's prefix-cache hit rate). Hints are not in a Snapshot: see `hint_samples`."""
+    yield from _sources(snapshot)
+    if isinstance(snapshot.memory, MemoryPart):
+        yield from _memory(snapshot.memory)
+    if isinstance(snapshot.datasets, DatasetsPart):
+        yield from _datasets(snapshot.datasets)
+    if isinstance(snapshot.gpus, tuple):
+        for g in snapshot.gpus:
+            yield from _gpu(g)
+    if isinstance(snapshot.servers, tuple):
+        yield from _servers(snapshot, prev)
+    if isinstance(snapshot.probes, ProbesPart):
+        yield from _probes(snapshot.probes)
+
+
+def hint_samples(active: Iterable[HintLike]) -> Iterator[Sample]:
+    """dltop_hint_active for each hint that fires now (dltop.hints.hints over the recent Snapshots)."""
+    for h in active:
+        yield HINT_ACTIVE, {"id": h.id, "severity": h.severity}, 1.0
+
+
+def _sources(s: Snapshot) -> Iterator[Sample]:
+    yield SNAPSHOT_TS, {}, s.ts
+    for name, st in s.sources.items():
+        labels = {"source": name}
+        reason = st.error or _unavailable_reason(s, name)
+        yield SOURCE_UP, labels, 0.0 if reason else 1.0
+        if reason:
+            yield SOURCE_UNAVAILABLE, {"source": name, "reason": reason}, 1.0
+        if st.last_ok_ts is not None:
+            yield SOURCE_LAST_OK, labels, st.last_ok_ts
+        if st.duration_s is not None:
+            yield SOURCE_DURATION, labels, st.duration_s
+
+
+def _unavailable_reason(s: Snapshot, source: str) -> str | None:
+    """Why the part a source fills is unavailable, or None when it is there."""
+    part = getattr(s, source, None) if source in Snapshot.__dataclass_fields__ else None
+    if isinstance(part, Unavailable):
+        return part.reason
+    if isinstance(s.servers, tuple):  # one source per server, named "server URL", filling one place each
+        for srv in s.servers:
+            if f"server {srv.url}" == source and srv.state != "ok":
+                return srv.error or srv.state
+    if isinstance(s.servers, Unavailable) and source.startswith("server "):
+        return s.servers.reason
+    return None
+
+
+def _num(value: object, scale: float = 1) -> float | None:
+    """A number to export, or None for one that is unknown (None, Unavailable)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return value * scale
+    return None
+
+
+def _memory(m: MemoryPart) -> Iterator[Sample]:
+    for f, attr in _MEMINFO:
+        if (v := _num(getattr(m, attr))) is not None:
+            yield f, {}, v
+    if isinstance(m.vmstat, VmStat):
+        for f, attr, scale in _VMSTAT:
+            if (v := _num(getattr(m.vmstat, attr), scale)) is not None:
+                yield f, {}, v
+    for resource, p in (("memory", m.pressure_memory), ("io", m.pressure_io)):
+        if not isinstance(p, Pressure):
+            continue
+        yield PRESSURE_TOTAL, {"resource": resource, "kind": "some"}, p.some_total_us / 1e6
+        yield PRESSURE_AVG10, {"resource": resource, "kind": "some"}, p.some_avg10 / 100
+        if p.full_total_us is not None:
+            yield PRESSURE_TOTAL, {"resource": resource, "kind": "full"}, p.full_total_us / 1e6
+        if p.full_avg10 is not None:
+            yield PRESSURE_AVG10, {"resource": resource, "kind": "full"}, p.full_avg10 / 100
+    if isinstance(m.cgroup, CgroupMemory):
+        cg = m.cgroup
+        labels = {"cgroup": cg.limit_path or cg.path}
+        for f, attr in _CGROUP:
+            v = math.inf if attr == "max_bytes" and cg.no_limit else _num(getattr(cg, attr))
+            if v is not None:
+                yield f, labels, v
+
+
+def _datasets(part: DatasetsPart) -> Iterator[Sample]:
+    for ds in part.paths:
+        labels = {"dataset": ds.path}
+        if isinstance(ds, DatasetUnavailable):
+            yield DATASET_UP, labels, 0.0
+            yield DATASET_UNAVAILABLE, {"dataset": ds.path, "reason": ds.unavailable}, 1.0
+            continue
+        assert isinstance(ds, DatasetResidency)
+        ps = ds.page_size
+        yield DATASET_UP, labels, 1.0
+        yield DATASET_SIZE, labels, float(ds.size_bytes)
+        yield DATASET_RESIDENT, labels, float(ds.data_resident_pages * ps)
+        if (frac := ds.resident_fraction) is not None:
+            yield DATASET_RATIO, labels, frac
+        yield DATASET_DIRTY, labels, float(ds.dirty_pages * ps)
+        yield DATASET_UNKNOWN, labels, float(ds.data_unknown_pages * ps)
+        if ds.method == "cachestat":  # mincore cannot see evicted pages: no number rather than a false 0
+            yield DATASET_EVICTED, labels, float(ds.recently_evicted_pages * ps)
+        yield DATASET_FILES, labels, float(ds.files)
+        yield DATASET_SCANNED, labels, ds.scanned_at
+        yield DATASET_SCAN_S, labels, ds.scan_duration_s
+        yield DATASET_COMPLETE, labels, float(ds.complete)
+
+
+def _gpu(g: GpuDevice) -> Iterator[Sample]:
+    labels = {"gpu": str(g.index), "uuid": g.uuid or ""}
+    yield GPU_INFO, {**labels, "name": g.name or "", "bus_id": g.bus_id or "",
+                     "driver_version": g.driver_version or ""}, 1.0
+    for f, attr, scale in _GPU:
+        if (v := _num(getattr(g, attr), scale)) is not None:
+            yield f, labels, v
+    # A GPU in MIG mode: each instance's processes and free memory under the instance's UUID (the parent's free
+    # would count the instances' twice).
+    for mig in g.mig_devices:
+        mig_labels = {"gpu": str(g.index), "uuid": mig.uuid or ""}
+        yield from _gpu_processes(mig_labels, mig.processes)
+        if mig.memory_free_bytes is not None:
+            yield GPU_MEMORY, {**mig_labels, "pid": "", "use": "free"}, float(mig.memory_free_bytes)
+    yield from _gpu_processes(labels, g.processes)
+    if not g.mig_devices and g.memory_free_bytes is not None:
+        yield GPU_MEMORY, {**labels, "pid": "", "use": "free"}, float(g.memory_free_bytes)
+
+
+def _gpu_processes(labels: dict[str, str], procs: tuple[GpuProcess, ...] | Unavailable) -> Iterator[Sample]:
+    if isinstance(procs, Unavailable):
+        return
+    for p in procs:
+        pl = {**labels, "pid": str(p.pid)}
+        yield GPU_PROCESS_INFO, {**pl, "user": p.user or "", "command": (p.command or "")[:_COMMAND_CHARS]}, 1.0
+        if p.used_bytes is not None:
+            yield GPU_PROCESS_MEMORY, pl, float(p.used_bytes)
+        for attr in SPLIT_FIELDS:
+            v = getattr(p.split, attr)
+            if v is not None:
+                yield GPU_MEMORY, {**pl, "use": attr.removesuffix("_bytes")}, float(v)
+
+
+def _servers(s: Snapshot, prev: Snapshot | None) -> Iterator[Sample]:
+    assert isinstance(s.servers, tuple)
+    rates = {(r.url, r.model_name, r.replica): r.prefix_cache_hit_rate for r in server_rates(prev, s)}
+    for srv in s.servers:
+        if srv.state != "ok":
+            continue
+        yield from _server(srv, rates)
+
+
+def _server(srv: ServerStats, rates: dict[tuple[str, str, str | None], float | Unavailable]) -> Iterator[Sample]:
+    engine = srv.engine if isinstance(srv.engine, str) else ""
+    for m in srv.models:
+        labels = {"server": srv.url, "engine": engine, "model": m.model_name, "replica": m.replica or ""}
+        for f, attr in _MODEL:
+            if (v := _num(getattr(m, attr))) is not None:
+                yield f, labels, v
+        hit = m.prefix_cache_hit_rate
+        if m.prefix_cache_hits_total is not None:  # vLLM V1: a rate needs the reading before
+            hit = rates.get((srv.url, m.model_name, m.replica), Unavailable("one reading"))
+        if (v := _num(hit)) is not None:
+            yield PREFIX_HIT, labels, v
+
+
+def _probes(part: ProbesPart) -> Iterator[Sample]:
+    for p in part.processes:
+        labels = {"pid": str(p.pid), "rank": "" if p.rank is None else str(p.rank)}
+        for f, attr in _PROBE:
+            if (v := _num(getattr(p, attr))) is not None:
+                yield f, labels, v
+        for use, attr in _PROBE_USES:
+            if (v := _num(getattr(p, attr))) is not None:
+                yield TRAINING_MEMORY, {**labels, "use": use}, v

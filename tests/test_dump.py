@@ -1,0 +1,111 @@
+"""`dltop dump`: jsonl as `dltop snapshot --json` writes it, csv for pandas and DuckDB, openmetrics that the real
+promtool turns into TSDB blocks; names from dltop.fields."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dltop import fields
+from dltop.model import Snapshot
+from dltop.recorder import Recorder
+from tests.test_recorder import sampled
+
+SCENARIO = Path(__file__).resolve().parent / "data" / "gpu-scenarios" / "h100-2proc.json"
+
+
+@pytest.fixture
+def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[Snapshot]]:
+    snaps = sampled(tmp_path, monkeypatch, n=5)
+    rec_dir = tmp_path / "rec"
+    with Recorder(str(rec_dir), block_samples=2) as rec:
+        for i, s in enumerate(snaps):
+            rec.write(s)
+            if i == 2:  # a hint as the recorder logs one: fired with this sample
+                rec.event("hint", {"id": "memory.dirty", "state": "fired", "severity": "warn", "numbers": {}},
+                          ts=s.ts)
+    return rec_dir, snaps
+
+
+def dump(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dltop", "dump", *args], capture_output=True, text=True,
+                          timeout=120, env={"DLTOP_FAKE_NVML": str(SCENARIO), "PATH": "/usr/bin:/bin"})
+
+
+def test_jsonl_is_one_snapshot_per_line_as_snapshot_json(recorded: tuple[Path, list[Snapshot]]) -> None:
+    rec_dir, snaps = recorded
+    r = dump(str(rec_dir), "--format", "jsonl")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [Snapshot.from_json(line) for line in lines] == snaps
+    live = subprocess.run([sys.executable, "-m", "dltop", "snapshot", "--json"], capture_output=True, text=True,
+                          timeout=120, env={"DLTOP_FAKE_NVML": str(SCENARIO), "PATH": "/usr/bin:/bin"})
+    assert list(json.loads(lines[0])) == list(json.loads(live.stdout))  # the same structure, key for key
+    parts = dump(str(rec_dir), "--format", "jsonl", "--fields", "memory,gpus")
+    assert set(json.loads(parts.stdout.splitlines()[0])) == {"ts", "host", "schema", "memory", "gpus"}
+
+
+def test_csv_columns_are_the_fields_and_values_the_snapshots(recorded: tuple[Path, list[Snapshot]]) -> None:
+    rec_dir, snaps = recorded
+    r = dump(str(rec_dir), "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert len(rows) == len(snaps)
+    for row, s in zip(rows, snaps, strict=True):
+        assert float(row["ts"]) == s.ts
+        assert int(row["memory_cached_bytes"]) == s.memory.cached_bytes  # type: ignore[union-attr]
+        g = s.gpus[0]  # type: ignore[index]
+        assert int(row[f'gpu_memory_used_bytes{{gpu="0",uuid="{g.uuid}"}}']) == g.memory_used_bytes
+    # Every column is a field's name (with its labels); info fields (text in labels) are left out of CSV.
+    names = {c.split("{")[0] for c in rows[0] if c != "ts"}
+    assert names <= {f.name for f in fields.FIELDS if f.kind != "info"}
+    # The hint fired with the third sample: empty before (not 0: it was not firing), 1 from then on.
+    col = 'hint_active{id="memory.dirty",severity="warn"}'
+    assert [row[col] for row in rows] == ["", "", "1", "1", "1"]
+
+
+def test_fields_and_time_range(recorded: tuple[Path, list[Snapshot]]) -> None:
+    rec_dir, snaps = recorded
+    r = dump(str(rec_dir), "--format", "csv", "--fields", "memory_cached_bytes,gpu_temperature*",
+             "--from", repr(snaps[1].ts), "--to", repr(snaps[3].ts))
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert [float(row["ts"]) for row in rows] == [s.ts for s in snaps[1:4]]
+    assert {c.split("{")[0] for c in rows[0]} == {"ts", "memory_cached_bytes", "gpu_temperature_celsius"}
+    bad = dump(str(rec_dir), "--format", "csv", "--fields", "no_such_field")
+    assert bad.returncode == 1 and bad.stderr.startswith("dltop: --fields: no field matches 'no_such_field'")
+    bad = dump(str(rec_dir), "--from", "next tuesday")
+    assert bad.returncode == 1 and len(bad.stderr.splitlines()) == 1 and "not a time" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="promtool not installed (Debian package prometheus; scripts/install-test-deps)")
+def test_promtool_makes_tsdb_blocks_from_the_openmetrics_dump(recorded: tuple[Path, list[Snapshot]],
+                                                             tmp_path: Path) -> None:
+    rec_dir, snaps = recorded
+    r = dump(str(rec_dir), "--format", "openmetrics")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("# EOF\n")
+    om = tmp_path / "dump.om"
+    om.write_text(r.stdout)
+    blocks = tmp_path / "tsdb"
+    made = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(blocks)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr + made.stdout
+    # Read the blocks back: the page cache series holds each Snapshot's value at its time (ms).
+    (blocks / "wal").mkdir()  # promtool 2.42's dump opens a WAL, which made blocks do not have
+    out = subprocess.run(["promtool", "tsdb", "dump", "--min-time=0", str(blocks)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    cached = sorted((int(ts), float(v)) for line in out.stdout.splitlines()
+                    if line.startswith('{__name__="dltop_memory_cached_bytes"}')
+                    for v, ts in [line.split()[1:3]])
+    assert [v for _, v in cached] == [float(s.memory.cached_bytes) for s in snaps]  # type: ignore[union-attr]
+    assert all(abs(ts - s.ts * 1000) <= 1 for (ts, _), s in zip(cached, snaps, strict=True))
