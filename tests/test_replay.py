@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from textual.widgets import Footer, Input, OptionList, Static
+from textual.widgets import DataTable, Footer, Input, OptionList, Static
 
 from dltop.config import Settings
 from dltop.model import Snapshot
@@ -27,6 +27,8 @@ from dltop.tui.timeline import RecordingFeed
 from tests.test_pagecache_util import make_file
 
 PAGECACHE_WIDGETS = ("#pc-summary", "#pc-sparks", "#pc-activity", "#pc-cgroup", "#pc-disks", "#pc-notes")
+GPU_WIDGETS = ("#gpu-devices", "#gpu-table", "#gpu-servers", "#gpu-notes")
+SCENARIO = Path(__file__).parent / "data" / "gpu-scenarios" / "two-gpus.json"
 
 
 def _tab(app: DltopApp, pane_id: str) -> str:
@@ -37,17 +39,23 @@ def _text(app: DltopApp, selector: str) -> str:
     return str(app.query_one(selector, Static).render())
 
 
-def _screen(app: DltopApp) -> dict[str, str]:
-    """What the page-cache pane and the hint line show now."""
-    shown = {sel: _text(app, sel) for sel in PAGECACHE_WIDGETS if app.query(sel)}
+def _screen(app: DltopApp, widgets: tuple[str, ...] = PAGECACHE_WIDGETS) -> dict[str, str]:
+    """What a pane's widgets (the page-cache pane's by default) and the hint line show now; a table as its rows."""
+    shown = {}
+    for sel in widgets:
+        widget = app.query_one(sel)
+        if isinstance(widget, DataTable):
+            shown[sel] = "\n".join(" | ".join(map(str, widget.get_row_at(i))) for i in range(widget.row_count))
+        else:
+            shown[sel] = _text(app, sel)
     hints = app.query_one("#hints", Static)
     shown["#hints"] = str(hints.render()) if hints.display else ""
     return shown
 
 
-async def _open_pagecache(pilot) -> None:
-    """Show the page-cache tab at its settled layout (as the next tick would draw it)."""
-    await pilot.press(_tab(pilot.app, "pagecache"))
+async def _open(pilot, pane: str = "pagecache") -> None:
+    """Show a pane's tab at its settled layout (as the next tick would draw it)."""
+    await pilot.press(_tab(pilot.app, pane))
     await pilot.pause()
     pilot.app._show()
     await pilot.pause()
@@ -57,7 +65,7 @@ async def _live_screen_at(session: list[Snapshot], k: int) -> dict[str, str]:
     """What a live app showed when session[k] was its latest Snapshot."""
     app = DltopApp(ListFeed(session[: k + 1], start=k))
     async with app.run_test(size=(80, 24)) as pilot:
-        await _open_pagecache(pilot)
+        await _open(pilot)
         return _screen(app)
 
 
@@ -83,7 +91,7 @@ async def test_step_back_shows_what_live_showed_then(session: list[Snapshot]) ->
     expected = await _live_screen_at(session, 17)
     app = DltopApp(ListFeed(session[:21], start=20))
     async with app.run_test(size=(80, 24)) as pilot:
-        await _open_pagecache(pilot)
+        await _open(pilot)
         live = _screen(app)
         await pilot.press("T", "T", "T")
         await pilot.pause()
@@ -252,10 +260,15 @@ async def test_replay_keys(tmp_path: Path, session: list[Snapshot]) -> None:
         assert _screen(app) == await _live_screen_at(session, len(session) - 4)
 
 
-async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path) -> None:
-    # The key promise: run the live TUI with a recorder on real sources, keep what the page-cache pane and the
-    # hint line showed for each sample, then replay the recording, go to each of those times with b, and
-    # compare. A marker made with m in the live run is in the replay's event list, and Enter goes there.
+@pytest.mark.parametrize("pane", ["pagecache", "gpu"])
+async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path, pane: str, monkeypatch) -> None:
+    # The key promise: run the live TUI with a recorder on real sources, keep what the pane (page cache; the GPU
+    # tab on the fake NVML backend playing a two-GPU scenario, this machine having no GPU to show) and the hint
+    # line showed for each sample, then replay the recording, go to each of those times with b, and compare. A
+    # marker made with m in the live run is in the replay's event list, and Enter goes there.
+    widgets = PAGECACHE_WIDGETS if pane == "pagecache" else GPU_WIDGETS
+    if pane == "gpu":
+        monkeypatch.setenv("DLTOP_FAKE_NVML", str(SCENARIO))
     settings = Settings(refresh_s=0.25)
     recorder = Recorder(str(tmp_path / "rec"), interval_s=0.25)
     sampler = Sampler(build_sources(settings), builder=build_sources)
@@ -263,13 +276,13 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path) -
     shown: dict[float, dict[str, str]] = {}
     try:
         async with app.run_test(size=(80, 24)) as pilot:
-            await _open_pagecache(pilot)
+            await _open(pilot, pane)
             original = app._show
 
             def show_and_keep() -> None:
                 original()
                 if app._view is not None and app.at is None:
-                    shown[app._view.snapshot.ts] = _screen(app)
+                    shown[app._view.snapshot.ts] = _screen(app, widgets)
 
             app._show = show_and_keep  # type: ignore[method-assign]
             await _until(pilot, lambda: len(shown) >= 4)
@@ -283,18 +296,19 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path) -
         recorder.close()
     # Only what was drawn at its settled layout counts: the first frame may come before the layout.
     keep = sorted(shown)[2:]
+    assert all(("L40S" if pane == "gpu" else "Available") in shown[t][widgets[0]] for t in keep)
     rec = Recording(str(tmp_path / "rec"))
     assert set(keep) <= set(rec.times())
     marker = next(e for e in rec.events() if e.kind == "marker")
     assert marker.data["text"] == "warm started"
     replay = DltopApp(RecordingFeed(rec, "rec"))
     async with replay.run_test(size=(80, 24)) as pilot:
-        await pilot.press(_tab(replay, "pagecache"))
+        await pilot.press(_tab(replay, pane))
         await pilot.pause()
         for t in keep:
             await _go_to(pilot, repr(t))
             assert replay.at == t
-            assert _screen(replay) == shown[t], f"at {t}"
+            assert _screen(replay, widgets) == shown[t], f"at {t}"
         await pilot.press("v")
         assert isinstance(replay.screen, EventsScreen)
         options = replay.screen.query_one(OptionList)
