@@ -374,7 +374,7 @@ class DltopApp(App[None]):
     def _when(self, snap: Snapshot) -> Text:
         """The moment on screen: its time live; "PAUSED 14:05:13 (−2m10s)" behind live; "REPLAY name 14:05:13
         ×10 ▶" in a replay."""
-        clock = time.strftime("%H:%M:%S", time.localtime(snap.ts))
+        clock = _hms(snap.ts)
         if self.replay:
             assert isinstance(self.feed, RecordingFeed)
             return Text.assemble(("REPLAY", "bold magenta"), f" {self.feed.name} {clock} ×{self.speed} ",
@@ -527,7 +527,7 @@ class DltopApp(App[None]):
             return past and not replay
         if action == "play":
             return replay and not self.playing
-        if action == "step" and parameters == (1,) or action == "jump" and parameters == (1,):
+        if action in ("step", "jump") and parameters == (1,):
             return past  # live has nothing newer
         if action == "go_to" and parameters == (True,):
             return past  # labelled in the footer only where the past is on screen; go_to(False) works from live
@@ -615,7 +615,7 @@ class DltopApp(App[None]):
         i = len(times) - 1 if self.at is None else index_at(times, self.at)
         j = min(max(i + n, 0), len(times) - 1)
         if j == i:
-            self.notify("the oldest sample kept" if n < 0 else "the newest sample", timeout=1.5)
+            self._say_end(n)
             return
         self._go(times[j])
 
@@ -633,9 +633,15 @@ class DltopApp(App[None]):
             j = i - 1
         j = min(max(j, 0), len(times) - 1)
         if j == i:
-            self.notify("the oldest sample kept" if n < 0 else "the newest sample", timeout=1.5)
+            self._say_end(n)
             return
         self._go(times[j])
+
+    def _say_end(self, n: int) -> None:
+        if n < 0:
+            self.notify("the first sample of the recording" if self.replay else "the oldest sample kept", timeout=1.5)
+        else:
+            self.notify("the last sample of the recording" if self.replay else "the newest sample", timeout=1.5)
 
     def action_go_to(self, _labelled: bool = True) -> None:
         """Ask for a time ("10m ago", "14:05", ISO 8601) and show the sample on screen then."""
