@@ -399,3 +399,24 @@ def test_any_bytes_in_a_segment_are_read_or_skipped(data: bytes) -> None:
         r = Recording(str(p))
         assert len(list(r.range())) + r.skipped <= data.count(b"\n") + 1
         r.events()
+
+
+def test_the_recording_gives_the_numbers_live_gave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rates and hints a viewer derives from the recording are those it derived live (the same derive and
+    # hints code over Snapshots equal to the live ones, floats included).
+    from dltop import derive, hints
+
+    live = sampled(tmp_path, monkeypatch, n=5, scenario="8gpu-20proc")
+    with Recorder(str(tmp_path / "rec")) as rec:
+        for s in live:
+            rec.write(s)
+    replayed = list(Recording(str(tmp_path / "rec")).range())
+
+    def numbers(snaps: list[Snapshot]) -> list[object]:
+        out: list[object] = []
+        for a, b in zip(snaps, snaps[1:], strict=False):
+            out += [derive.memory_rates(a, b), derive.gpu_rates(a, b), derive.server_rates(a, b)]
+        out.append([(h.id, dict(h.numbers)) for h in hints.hints(snaps)])
+        return out
+
+    assert numbers(replayed) == numbers(live)

@@ -160,13 +160,18 @@ def _write_whole(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
     fd = store.open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full disk: leave no half-written file behind
+            os.unlink(tmp)
+        raise
 
 
 def decompress(data: bytes) -> tuple[bytes, bool]:
