@@ -316,7 +316,8 @@ def test_events_gpu_processes_oom_kills_hints_markers(tmp_path: Path, monkeypatc
         deadline = time.time() + 10
         while time.time() < deadline and rec.samples < 2:
             time.sleep(0.02)
-        with open(rec_dir / store.MARKS_NAME, "a") as f:  # what `dltop mark` does
+        with open(rec_dir / store.MARKS_NAME, "a") as f:  # what `dltop mark` does, after a line that is not
+            f.write('not a mark\n{"ts": "soon"}\n')
             f.write(json.dumps({"ts": b2.ts + 0.5, "text": "loss spiked"}) + "\n")
         rec.write(b3)
         rec.event("marker", {"text": "from the TUI"}, ts=b3.ts)
