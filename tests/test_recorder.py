@@ -108,8 +108,8 @@ def test_segments_rotate_compress_and_index(tmp_path: Path, monkeypatch: pytest.
     assert [suffix for _, suffix in segments] == [store.CLOSED_SUFFIX] * 2
     for stem, _ in segments:
         index = json.loads((rec_dir / (stem + store.INDEX_SUFFIX)).read_text())
-        assert index["samples"] == 2 == sum(len(b["ts"]) for b in index["blocks"])
-        assert all(len(b["ts"]) <= 1 for b in index["blocks"])  # one sample per frame, as asked
+        assert index["samples"] == 2 == sum(b["samples"] for b in index["blocks"])
+        assert all(b["samples"] <= 1 for b in index["blocks"])  # one sample per frame, as asked
         assert index["first_ts"] <= index["last_ts"]
     r = Recording(str(rec_dir))
     assert list(r.range()) == spread
