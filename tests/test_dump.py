@@ -109,3 +109,20 @@ def test_promtool_makes_tsdb_blocks_from_the_openmetrics_dump(recorded: tuple[Pa
                     for v, ts in [line.split()[1:3]])
     assert [v for _, v in cached] == [float(s.memory.cached_bytes) for s in snaps]  # type: ignore[union-attr]
     assert all(abs(ts - s.ts * 1000) <= 1 for (ts, _), s in zip(cached, snaps, strict=True))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "openmetrics"])
+def test_a_dump_read_in_pieces_is_the_dump_read_whole(recorded: tuple[Path, list[Snapshot]], fmt: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # A day is read in one process per CPU; the pieces joined are byte for byte the dump read in one go
+    # (columns in the same order, the hint that fired in the middle, each piece's first sample included).
+    from dltop.recorder import Recording
+    from dltop.recorder import dump as dumping
+
+    rec_dir, _ = recorded
+    monkeypatch.setattr(dumping, "MIN_PER_WORKER", 1)
+    whole, pieces = io.StringIO(), io.StringIO()
+    dumping.dump(Recording(str(rec_dir)), fmt, whole, workers=1)
+    dumping.dump(Recording(str(rec_dir)), fmt, pieces, workers=3)
+    assert len(dumping._pieces(Recording(str(rec_dir)), None, None, 3)) == 3
+    assert pieces.getvalue() == whole.getvalue()

@@ -108,8 +108,8 @@ def test_segments_rotate_compress_and_index(tmp_path: Path, monkeypatch: pytest.
     assert [suffix for _, suffix in segments] == [store.CLOSED_SUFFIX] * 2
     for stem, _ in segments:
         index = json.loads((rec_dir / (stem + store.INDEX_SUFFIX)).read_text())
-        assert index["samples"] == 2 == sum(len(b["ts"]) for b in index["blocks"])
-        assert all(len(b["ts"]) <= 1 for b in index["blocks"])  # one sample per frame, as asked
+        assert index["samples"] == 2 == sum(b["samples"] for b in index["blocks"])
+        assert all(b["samples"] <= 1 for b in index["blocks"])  # one sample per frame, as asked
         assert index["first_ts"] <= index["last_ts"]
     r = Recording(str(rec_dir))
     assert list(r.range()) == spread
@@ -316,7 +316,8 @@ def test_events_gpu_processes_oom_kills_hints_markers(tmp_path: Path, monkeypatc
         deadline = time.time() + 10
         while time.time() < deadline and rec.samples < 2:
             time.sleep(0.02)
-        with open(rec_dir / store.MARKS_NAME, "a") as f:  # what `dltop mark` does
+        with open(rec_dir / store.MARKS_NAME, "a") as f:  # what `dltop mark` does, after a line that is not
+            f.write('not a mark\n{"ts": "soon"}\n')
             f.write(json.dumps({"ts": b2.ts + 0.5, "text": "loss spiked"}) + "\n")
         rec.write(b3)
         rec.event("marker", {"text": "from the TUI"}, ts=b3.ts)
@@ -399,3 +400,24 @@ def test_any_bytes_in_a_segment_are_read_or_skipped(data: bytes) -> None:
         r = Recording(str(p))
         assert len(list(r.range())) + r.skipped <= data.count(b"\n") + 1
         r.events()
+
+
+def test_the_recording_gives_the_numbers_live_gave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rates and hints a viewer derives from the recording are those it derived live (the same derive and
+    # hints code over Snapshots equal to the live ones, floats included).
+    from dltop import derive, hints
+
+    live = sampled(tmp_path, monkeypatch, n=5, scenario="8gpu-20proc")
+    with Recorder(str(tmp_path / "rec")) as rec:
+        for s in live:
+            rec.write(s)
+    replayed = list(Recording(str(tmp_path / "rec")).range())
+
+    def numbers(snaps: list[Snapshot]) -> list[object]:
+        out: list[object] = []
+        for a, b in zip(snaps, snaps[1:], strict=False):
+            out += [derive.memory_rates(a, b), derive.gpu_rates(a, b), derive.server_rates(a, b)]
+        out.append([(h.id, dict(h.numbers)) for h in hints.hints(snaps)])
+        return out
+
+    assert numbers(replayed) == numbers(live)

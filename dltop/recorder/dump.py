@@ -9,13 +9,17 @@ recording's hint events (fired / cleared), so the hints a dump shows are the one
 
 from __future__ import annotations
 
+import bisect
 import csv
 import fnmatch
 import json
 import math
+import multiprocessing
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from typing import IO
 
 from dltop import fields as fd
@@ -27,14 +31,15 @@ SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 def dump(rec: Recording, fmt: str, out: IO[str], t0: float | None = None, t1: float | None = None,
-         names: list[str] | None = None) -> None:
-    """Write the samples of `rec` between t0 and t1 to `out` in `fmt` ("jsonl", "csv", "openmetrics")."""
+         names: list[str] | None = None, workers: int | None = None) -> None:
+    """Write the samples of `rec` between t0 and t1 to `out` in `fmt` ("jsonl", "csv", "openmetrics"); csv and
+    openmetrics read long ranges in up to `workers` processes (default: one per CPU, at most 16)."""
     if fmt == "jsonl":
         _jsonl(rec, out, t0, t1, names)
     elif fmt == "csv":
-        _csv(rec, out, t0, t1, _wanted(names, csv=True))
+        _csv(rec, out, t0, t1, _wanted(names, csv=True), workers)
     elif fmt == "openmetrics":
-        _openmetrics(rec, out, t0, t1, _wanted(names, csv=False))
+        _openmetrics(rec, out, t0, t1, _wanted(names, csv=False), workers)
     else:
         raise DltopError(f"unknown dump format {fmt!r} (csv, jsonl, openmetrics)")
 
@@ -53,11 +58,11 @@ def _wanted(names: list[str] | None, csv: bool) -> set[str]:
     return out
 
 
-def samples(rec: Recording, t0: float | None, t1: float | None,
-            wanted: set[str]) -> Iterator[tuple[Snapshot, list[fd.Sample]]]:
-    """Each Snapshot of the range with its samples (fields.samples, and hint_active from the hint events)."""
+def samples(rec: Recording, t0: float | None, t1: float | None, wanted: set[str],
+            prev: Snapshot | None = None) -> Iterator[tuple[Snapshot, list[fd.Sample]]]:
+    """Each Snapshot of the range with its samples (fields.samples, with `prev` the Snapshot before the range,
+    and hint_active from the hint events)."""
     hints = _HintTimeline(rec)
-    prev: Snapshot | None = None
     for snap in rec.range(t0, t1):
         active = hints.at(snap.ts)
         got = [s for s in (*fd.samples(snap, prev), *fd.hint_samples(active)) if s[0].name in wanted]
@@ -118,31 +123,106 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _csv(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str]) -> None:
-    # One pass: rows go to a scratch file as {column index: value} while columns are discovered; the header,
-    # known only at the end, is written first when the rows are copied out.
-    columns: dict[SeriesKey, int] = {}
+# Long ranges are cut into pieces of consecutive samples, each read in its own process (decoding Snapshots is
+# the cost: a day is 86,400 of them), then joined in time order.
+MIN_PER_WORKER = 1800
+
+
+def _pieces(rec: Recording, t0: float | None, t1: float | None, workers: int) -> list[tuple[float, float]]:
+    """(first ts, last ts) of each piece, in time order; [] when the range holds no sample."""
+    times = rec.times()
+    sel = times[0 if t0 is None else bisect.bisect_left(times, t0):
+                len(times) if t1 is None else bisect.bisect_right(times, t1)]
+    if not sel:
+        return []
+    n = max(1, min(workers, len(sel) // MIN_PER_WORKER))
+    cuts = [len(sel) * k // n for k in range(n + 1)]
+    pieces = []
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        while a and a < b and sel[a] == sel[a - 1]:  # a time repeated across a cut stays in one piece
+            a += 1
+        if a < b:
+            pieces.append((sel[a], sel[b - 1]))
+    return pieces
+
+
+def _run_pieces(rec: Recording, kind: str, t0: float | None, t1: float | None, wanted: set[str], scratch: str,
+                workers: int | None) -> list[list[str]]:
+    """Each piece's names in first-seen order (series for csv, fields for openmetrics); its rows or lines are
+    in `scratch`/<piece>."""
+    pieces = _pieces(rec, t0, t1, workers or min(16, os.cpu_count() or 1))
+    jobs = [(rec.path, kind, a, b, wanted, os.path.join(scratch, str(k))) for k, (a, b) in enumerate(pieces)]
+    if len(jobs) <= 1:
+        results = [_piece(*job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("fork")) as pool:
+            results = list(pool.map(_piece, *zip(*jobs, strict=True)))
+    rec.skipped += sum(skipped for _, skipped in results)
+    return [names for names, _ in results]
+
+
+def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], out: str) -> tuple[list[str], int]:
+    """Read one piece of the recording and write it under `out`: rows of column numbers (csv), or one file per
+    field (openmetrics). Returns the names in first-seen order and the damage skipped."""
+    rec = Recording(path)
+    times = rec.times()
+    i = bisect.bisect_left(times, first)
+    prev = rec.at(times[i - 1]) if i > 0 else None
     names: list[str] = []
-    with tempfile.TemporaryFile("w+", encoding="utf-8") as scratch:
-        for snap, got in samples(rec, t0, t1, wanted):
-            row: dict[int, float] = {}
+    if kind == "csv":
+        columns: dict[SeriesKey, int] = {}
+        with open(out, "w", encoding="utf-8") as rows:
+            for snap, got in samples(rec, first, last, wanted, prev):
+                row: dict[int, float] = {}
+                for f, labels, value in got:
+                    key = (f.name, tuple(labels.items()))
+                    c = columns.get(key)
+                    if c is None:
+                        c = columns[key] = len(names)
+                        names.append(series_name(f.name, labels))
+                    row[c] = value
+                rows.write(json.dumps([snap.ts, row]) + "\n")
+        return names, rec.skipped
+    os.mkdir(out)
+    files: dict[str, IO[str]] = {}
+    try:
+        for snap, got in samples(rec, first, last, wanted, prev):
+            ts = _number(snap.ts)
             for f, labels, value in got:
-                key = (f.name, tuple(labels.items()))
-                i = columns.get(key)
-                if i is None:
-                    i = columns[key] = len(names)
-                    names.append(series_name(f.name, labels))
-                row[i] = value
-            scratch.write(json.dumps([snap.ts, row]) + "\n")
-        scratch.seek(0)
+                if not math.isfinite(value):
+                    continue
+                fh = files.get(f.name)
+                if fh is None:
+                    fh = files[f.name] = open(os.path.join(out, f.name), "w", encoding="utf-8")  # noqa: SIM115
+                    names.append(f.name)
+                fh.write(f"{series_name(fd.PREFIX + f.name, labels)} {_number(value)} {ts}\n")
+    finally:
+        for fh in files.values():
+            fh.close()
+    return names, rec.skipped
+
+
+def _csv(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],
+         workers: int | None = None) -> None:
+    # Columns are found while reading; the header, known only at the end, is written first when the pieces'
+    # rows are copied out with their column numbers made global.
+    with tempfile.TemporaryDirectory(prefix="dltop-dump-") as scratch:
+        local = _run_pieces(rec, "csv", t0, t1, wanted, scratch, workers)
+        columns: dict[str, int] = {}
+        for names in local:
+            for name in names:
+                columns.setdefault(name, len(columns))
         w = csv.writer(out, lineterminator="\n")
-        w.writerow(["ts", *names])
-        for line in scratch:
-            ts, row = json.loads(line)
-            cells = [""] * len(names)  # a series absent at this moment is an empty cell, never a 0
-            for i, v in row.items():
-                cells[int(i)] = _number(v)
-            w.writerow([_number(ts), *cells])
+        w.writerow(["ts", *columns])
+        for k, names in enumerate(local):
+            to_global = [columns[n] for n in names]
+            with open(os.path.join(scratch, str(k)), encoding="utf-8") as rows:
+                for line in rows:
+                    ts, row = json.loads(line)
+                    cells = [""] * len(columns)  # a series absent at this moment is an empty cell, never a 0
+                    for c, v in row.items():
+                        cells[to_global[int(c)]] = _number(v)
+                    w.writerow([_number(ts), *cells])
 
 
 def _number(v: float) -> str:
@@ -151,31 +231,20 @@ def _number(v: float) -> str:
     return repr(v)
 
 
-def _openmetrics(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str]) -> None:
-    # OpenMetrics wants each family's samples together: one scratch file per family, then concatenated.
+def _openmetrics(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],
+                 workers: int | None = None) -> None:
+    # OpenMetrics wants each family's samples together: one file per field and piece, joined family by family.
     with tempfile.TemporaryDirectory(prefix="dltop-dump-") as scratch:
-        files: dict[str, IO[str]] = {}
-        order: list[fd.Field] = []
-        try:
-            for snap, got in samples(rec, t0, t1, wanted):
-                ts = _number(snap.ts)
-                for f, labels, value in got:
-                    if not math.isfinite(value):
-                        continue
-                    fh = files.get(f.name)
-                    if fh is None:
-                        fh = files[f.name] = open(os.path.join(scratch, f.name), "w", encoding="utf-8")  # noqa: SIM115
-                        order.append(f)
-                    fh.write(f"{series_name(fd.PREFIX + f.name, labels)} {_number(value)} {ts}\n")
-        finally:
-            for fh in files.values():
-                fh.close()
-        for f in order:
+        local = _run_pieces(rec, "openmetrics", t0, t1, wanted, scratch, workers)
+        order = list(dict.fromkeys(n for names in local for n in names))
+        for name in order:
+            f = fd.BY_NAME[name]
             family = fd.PREFIX + _family(f)
             out.write(f"# TYPE {family} {f.kind}\n# HELP {family} {_help(f.help)}\n")
-            with open(os.path.join(scratch, f.name), encoding="utf-8") as fh:
-                for line in fh:
-                    out.write(line)
+            for k, names in enumerate(local):
+                if name in names:
+                    with open(os.path.join(scratch, str(k), name), encoding="utf-8") as fh:
+                        shutil.copyfileobj(fh, out)
     out.write("# EOF\n")
 
 

@@ -8,10 +8,13 @@ sample times, so reaching any moment decompresses one frame.
 
 from __future__ import annotations
 
+import array
+import base64
 import contextlib
 import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +120,7 @@ def compress_segment(directory: str, stem: str, block_samples: int) -> None:
     parts: dict[str, bytes] = {}
     current: list[bytes] = []
     times: list[float] = []
+    all_ts: list[float] = []
     offset = 0
 
     def flush() -> None:
@@ -126,7 +130,8 @@ def compress_segment(directory: str, stem: str, block_samples: int) -> None:
         frame = cctx.compress(b"\n".join(current) + b"\n")
         frames.append(frame)
         blocks.append({"offset": offset, "size": len(frame), "first_ts": times[0] if times else None,
-                       "last_ts": times[-1] if times else None, "ts": times})
+                       "last_ts": times[-1] if times else None, "ts": index_times_text(times), "samples": len(times)})
+        all_ts.extend(times)
         offset += len(frame)
         current, times = [], []
 
@@ -146,7 +151,6 @@ def compress_segment(directory: str, stem: str, block_samples: int) -> None:
             if len(times) >= block_samples:
                 flush()
     flush()
-    all_ts = [t for b in blocks for t in b["ts"]]
     index = {"format": store.FORMAT_VERSION, "meta": chunk.meta, "samples": len(all_ts), "skipped": chunk.skipped,
              "first_ts": min(all_ts, default=None), "last_ts": max(all_ts, default=None), "blocks": blocks,
              "events": [[e.ts, e.kind, e.data] for e in chunk.events]}
@@ -156,17 +160,30 @@ def compress_segment(directory: str, stem: str, block_samples: int) -> None:
     os.unlink(src)
 
 
+def index_times_text(times: list[float]) -> str:
+    """Sample times as the index holds them: little-endian float64s in base64 (exact, and quick to read)."""
+    arr = array.array("d", times)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return base64.b64encode(arr.tobytes()).decode("ascii")
+
+
 def _write_whole(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
     fd = store.open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full disk: leave no half-written file behind
+            os.unlink(tmp)
+        raise
 
 
 def decompress(data: bytes) -> tuple[bytes, bool]:

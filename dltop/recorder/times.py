@@ -8,13 +8,13 @@ import re
 from typing import TYPE_CHECKING
 
 from dltop.errors import DltopError
+from dltop.fmt import parse_bytes
 
 if TYPE_CHECKING:
     from dltop.recorder.reader import Recording
 
 _UNIT_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)", re.IGNORECASE)
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)", re.IGNORECASE)
 _CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}(?:\.\d+)?))?")
 
 
@@ -38,12 +38,15 @@ def parse_duration(text: str) -> float:
 
 
 def parse_size(text: str) -> int:
-    """Bytes in `500M`, `2G`, `2GiB`, `1.5T` (powers of 1024) or a plain number of bytes; DltopError otherwise."""
-    m = _SIZE.fullmatch(text.strip())
-    if m is None:
-        raise DltopError(f"not a size: {text!r} (e.g. 500M, 2G)")
-    scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
-    return int(float(m.group(1)) * scale)
+    """Bytes in `2G`, `500M` (a bare K, M, G, T is binary, as du and ls read it), or any size `fmt.parse_bytes`
+    takes (`2GiB`, `2GB`, `4096`); DltopError otherwise."""
+    t = text.strip()
+    if t[-1:].upper() in ("K", "M", "G", "T"):
+        t += "iB"
+    try:
+        return parse_bytes(t)
+    except ValueError as e:
+        raise DltopError(f"{e} (e.g. 500M, 2G)") from None
 
 
 def parse_time(text: str, now: float, recording: Recording | None = None) -> float:

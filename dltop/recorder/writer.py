@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from dltop import __version__
@@ -78,9 +78,13 @@ class Recorder:
 
     # -- the API (any thread) -----------------------------------------------------------------------------
 
-    def write(self, snapshot: Snapshot) -> None:
-        """Queue one Snapshot; dropped (and counted) if the writer is that far behind."""
-        self._put(("sample", snapshot), sample=True)
+    def write(self, snapshot: Snapshot, wait: bool = False) -> None:
+        """Queue one Snapshot; dropped (and counted) if the writer is that far behind, unless `wait` (a list
+        of Snapshots turned into a recording: every one is wanted)."""
+        if wait and not self._closed:
+            self._queue.put(("sample", snapshot))
+        else:
+            self._put(("sample", snapshot), sample=True)
 
     def event(self, kind: str, data: dict[str, Any], ts: float | None = None) -> None:
         """Queue one event ("action", "hint", "gpu_process", "oom_kill", "marker", "start", "stop")."""
@@ -411,9 +415,3 @@ def gpu_process_events(prev: Snapshot, cur: Snapshot) -> list[tuple[str, dict[st
                                         "command": p.command, "user": p.user, "used_bytes": p.used_bytes}))
     return out
 
-
-def record_snapshots(directory: str, snapshots: Sequence[Snapshot], **kw: Any) -> None:
-    """Write a whole list of Snapshots into a recording (tests, benchmarks, a capture turned into a recording)."""
-    with Recorder(directory, **kw) as rec:
-        for s in snapshots:
-            rec._queue.put(("sample", s))  # wait for room: every Snapshot of the list is wanted
