@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "sampler": {"model", "sources"},
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources"},
     # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
-    "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields",
+    "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields", "text",
                  "__init__"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "recorder",

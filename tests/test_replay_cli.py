@@ -14,7 +14,6 @@ import pytest
 
 from dltop.model import Snapshot
 from dltop.recorder import Recorder, Recording
-from dltop.recorder.writer import record_snapshots
 from tests.conftest import REPO
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
@@ -34,7 +33,9 @@ def _one_line_error(r: subprocess.CompletedProcess[str], *words: str) -> None:
 
 @pytest.fixture
 def recording(tmp_path: Path, session: list[Snapshot]) -> Path:
-    record_snapshots(str(tmp_path / "rec"), session, retain_s=None, max_bytes=None)
+    with Recorder(str(tmp_path / "rec"), retain_s=None, max_bytes=None) as recorder:
+        for snap in session:
+            recorder.write(snap, wait=True)
     return tmp_path / "rec"
 
 

@@ -1,62 +1,42 @@
-"""A recorded event in one line ("2 processes killed (cgroup /job, 3 so far)", "loss spiked"): the replay's event
-list and anything else that lists a recording's events. A recording is read from disk: a field of the wrong type
-(an older or damaged recording) is shown as it is, never an error."""
+"""A recorded event in one line ("OOM kill: 2 in cgroup /job", "marker: loss went to NaN"): the replay's event list
+and the report's timeline. A recording is read from disk: a field of the wrong type (an older or damaged
+recording) is shown as it is, never an error."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from dltop.fmt import human_bytes, plural
-
-# What the event list calls each kind.
-KIND_LABELS = {
-    "oom_kill": "OOM kill",
-    "marker": "marker",
-    "action": "action",
-    "gpu_process": "GPU process",
-    "hint": "hint",
-    "start": "dltop start",
-    "stop": "dltop stop",
-}
+from dltop.fmt import human_bytes
 
 
-def _get(d: Mapping[str, Any], key: str, missing: str = "?") -> str:
-    value = d.get(key)
-    return missing if value is None else str(value)
+def describe_event(kind: str, data: Mapping[str, Any]) -> str:
+    """What happened, in one line, starting with what kind of event it is."""
+    return " ".join(_describe(kind, data if isinstance(data, Mapping) else {}).splitlines())
 
 
 def _bytes(value: Any) -> str:
-    return human_bytes(value) if isinstance(value, int | float) and not isinstance(value, bool) else "?"
+    return human_bytes(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
 
 
-def event_summary(kind: str, data: Mapping[str, Any]) -> str:
-    """What happened, in one line: the fields a user looks for first for each kind, any other kind as key=value."""
-    return " ".join(_summary(kind, data).splitlines())
-
-
-def _summary(kind: str, data: Mapping[str, Any]) -> str:
-    d = data if isinstance(data, Mapping) else {}
-    if kind == "marker":
-        return _get(d, "text", "")
+def _describe(kind: str, d: Mapping[str, Any]) -> str:
     if kind == "oom_kill":
-        kills = d.get("kills")
-        who = plural(kills, "process", "processes") if isinstance(kills, int) else f"{_get(d, 'kills')} processes"
-        where = f"cgroup {d['cgroup']}" if d.get("cgroup") else _get(d, "source", "vmstat")
-        return f"{who} killed ({where}, {_get(d, 'total')} so far)"
+        where = f"cgroup {d.get('cgroup')}" if d.get("source") == "cgroup" else "the kernel (vmstat)"
+        return f"OOM kill: {d.get('kills')} in {where}"
     if kind == "gpu_process":
         mig = f" MIG {d['mig']}" if d.get("mig") is not None else ""
-        used = f", {_bytes(d['used_bytes'])}" if d.get("used_bytes") is not None else ""
-        return f"GPU{_get(d, 'gpu')}{mig} pid {_get(d, 'pid')} {_get(d, 'state', '')}: {_get(d, 'command', '')}{used}"
+        mem = f", {_bytes(d['used_bytes'])}" if d.get("used_bytes") is not None else ""
+        return f"GPU {d.get('gpu')}{mig}: pid {d.get('pid')} {d.get('state')} ({d.get('command') or '?'}{mem})"
     if kind == "action":
-        size = f" {_bytes(d['done_bytes'])}" if d.get("phase") == "finished" and d.get("done_bytes") is not None else ""
-        outcome = f" {d['outcome']}" if d.get("outcome") else ""
-        message = f": {d['message']}" if d.get("message") and d.get("outcome") in ("refused", "error") else ""
-        return f"{_get(d, 'action')} {_get(d, 'target', '')} {_get(d, 'phase', '')}{outcome}{size}{message}"
+        if d.get("phase") == "started":
+            return f"{d.get('action')} {d.get('target')}: started"
+        # An ok run's message repeats the bytes and the target; a refusal's or an error's says why.
+        why = d.get("message") if d.get("outcome") != "ok" else ""
+        return f"{d.get('action')} {d.get('target')}: {d.get('outcome')} ({_bytes(d.get('done_bytes'))}) {why or ''}".rstrip()
     if kind == "hint":
-        return f"{_get(d, 'state', '')} {_get(d, 'severity', '')}: {_get(d, 'text', _get(d, 'id'))}"
-    if kind == "start":
-        return f"pid {_get(d, 'pid')}, every {_get(d, 'interval_s')} s"
-    if kind == "stop":
-        return f"{_get(d, 'samples')} samples, {_get(d, 'dropped', '0')} dropped"
-    return ", ".join(f"{k}={v}" for k, v in d.items())
+        return f"hint {d.get('state')}: {d.get('id')} ({d.get('severity')}) {d.get('text') or ''}".rstrip()
+    if kind == "marker":
+        return f"marker: {d.get('text')}"
+    if kind in ("start", "stop"):
+        return f"recorder {kind} (pid {d.get('pid')})"
+    return f"{kind}: {dict(d)}"

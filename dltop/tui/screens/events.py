@@ -14,17 +14,16 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from dltop.text.events import KIND_LABELS, event_summary
+from dltop.text.events import describe_event
 from dltop.tui.timeline import TimedEvent
 
 KIND_STYLES = {"oom_kill": "bold red", "marker": "bold", "hint": "yellow"}
 
 
 def event_line(ev: TimedEvent, dated: bool) -> Text:
-    """'14:05:13  OOM kill     1 process killed (vmstat, 3 so far)'."""
+    """'14:05:13  OOM kill: 1 in the kernel (vmstat)'."""
     when = time.strftime("%Y-%m-%d %H:%M:%S" if dated else "%H:%M:%S", time.localtime(ev.ts))
-    return Text.assemble((when, "dim"), "  ", (f"{KIND_LABELS.get(ev.kind, ev.kind):<11}", KIND_STYLES.get(ev.kind, "")),
-                         " ", event_summary(ev.kind, ev.data))
+    return Text.assemble((when, "dim"), "  ", (describe_event(ev.kind, ev.data), KIND_STYLES.get(ev.kind, "")))
 
 
 class EventsScreen(ModalScreen[float | None]):
