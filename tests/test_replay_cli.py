@@ -59,7 +59,8 @@ def test_replay_time_outside_the_recording(recording: Path, session: list[Snapsh
     _one_line_error(_dltop("replay", str(recording), "-t", "10m ago"), "is outside the recording")
     _one_line_error(_dltop("replay", str(recording), "-t", "soonish"), "not a time")
     # A time inside it gets as far as the terminal, which a test's pipe is not.
-    _one_line_error(_dltop("replay", str(recording), "-t", repr(session[5].ts)), "needs a terminal")
+    _one_line_error(_dltop("replay", str(recording), "-t", repr(session[5].ts)), "needs a terminal",
+                    f"dltop report {recording}")
 
 
 def test_replay_help_names_the_keys() -> None:

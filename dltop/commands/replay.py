@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         if not times[0] <= start <= times[-1] + slack:
             raise DltopError(f"-t {args.time}: {_when(start)} is outside the recording ({_when(times[0])} to "
                              f"{_when(times[-1])})")
-    need_terminal()
+    need_terminal(f"for the recording as text use `dltop report {path}` or `dltop dump {path}`")
     name = os.path.basename(os.path.normpath(recording.path))
     return run_replay_tui(recording, name, start, settings)
 

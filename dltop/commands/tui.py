@@ -31,11 +31,11 @@ def check_dataset_paths(paths: tuple[str, ...], commands: list[str] | None = Non
         raise DltopError(f"no such dataset path: {p}")
 
 
-def need_terminal() -> None:
-    """Drawn into a file or a pipe, a TUI writes escape sequences forever (`dltop > log`): refuse."""
+def need_terminal(instead: str = "for one reading as JSON use `dltop snapshot --json`") -> None:
+    """Drawn into a file or a pipe, a TUI writes escape sequences forever (`dltop > log`): refuse, saying what to
+    use instead."""
     if not (os.isatty(0) and os.isatty(1)):
-        raise DltopError("the TUI needs a terminal (stdin and stdout); for one reading as JSON use "
-                         "`dltop snapshot --json`")
+        raise DltopError(f"the TUI needs a terminal (stdin and stdout); {instead}")
 
 
 def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
