@@ -29,3 +29,4 @@ screenshots:
 bench: install-bench
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/residency.py
+	$(BIN)/python benchmarks/export.py

@@ -29,6 +29,7 @@ COMMANDS = {
     "kv": "dltop.commands.kv",
     "snapshot": "dltop.commands.snapshot",
     "replay": "dltop.commands.replay",
+    "export": "dltop.commands.export",
     "record": "dltop.commands.record",
     "mark": "dltop.commands.record",
     "report": "dltop.commands.record",
@@ -57,13 +58,15 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
     tui.add_argument("--record", metavar="DIR",
                      help="record what the TUI shows into DIR as well (replay it with dltop replay DIR)")
     add_jump_option(tui)
+    tui.add_argument("--export", metavar="ADDR:PORT",
+                     help="also serve what the TUI shows as Prometheus metrics on ADDR:PORT (see dltop export)")
     add_server_option(tui)
     add_common_options(tui)
     return tui, cmd, sub
 
 
 # Options of the top-level parser that take a value: their value is never a subcommand name.
-_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--record", "--jump"}
+_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export", "--record", "--jump"}
 
 
 def _command_first(args: list[str]) -> list[str]:

@@ -29,6 +29,7 @@ from dltop.model import (
     Unavailable,
     VmStat,
 )
+from dltop.model.base import display_path
 from dltop.model.datasets import DatasetResidency, DatasetUnavailable
 from dltop.model.gpu import SPLIT_FIELDS
 
@@ -249,6 +250,8 @@ _PROBE = (  # (field, ProcessProbe attribute)
             PROCESS), "step_time_s"),
     (_field("probes", "training_steps_total", "counter", "", "Steps the process has run (the probe)", PROCESS),
      "steps"),
+    (_field("probes", "training_start_timestamp_seconds", "gauge", "seconds",
+            "Unix time the process started its probe (about when training began)", PROCESS), "started_at"),
 )
 
 # -- hints: drawn by dltop.hints from recent Snapshots (not a Snapshot part: see hint_samples) ---------------------
@@ -304,7 +307,7 @@ def _sources(s: Snapshot) -> Iterator[Sample]:
         reason = st.error or _unavailable_reason(s, name)
         yield SOURCE_UP, labels, 0.0 if reason else 1.0
         if reason:
-            yield SOURCE_UNAVAILABLE, {"source": name, "reason": reason}, 1.0
+            yield SOURCE_UNAVAILABLE, {"source": name, "reason": display_path(reason)}, 1.0
         if st.last_ok_ts is not None:
             yield SOURCE_LAST_OK, labels, st.last_ok_ts
         if st.duration_s is not None:
@@ -353,7 +356,7 @@ def _memory(m: MemoryPart) -> Iterator[Sample]:
             yield PRESSURE_AVG10, {"resource": resource, "kind": "full"}, p.full_avg10 / 100
     if isinstance(m.cgroup, CgroupMemory):
         cg = m.cgroup
-        labels = {"cgroup": cg.limit_path or cg.path}
+        labels = {"cgroup": display_path(cg.limit_path or cg.path)}
         for f, attr in _CGROUP:
             v = math.inf if attr == "max_bytes" and cg.no_limit else _num(getattr(cg, attr))
             if v is not None:
@@ -362,10 +365,10 @@ def _memory(m: MemoryPart) -> Iterator[Sample]:
 
 def _datasets(part: DatasetsPart) -> Iterator[Sample]:
     for ds in part.paths:
-        labels = {"dataset": ds.path}
+        labels = {"dataset": display_path(ds.path)}  # valid UTF-8, as a label value must be; JSON does the same
         if isinstance(ds, DatasetUnavailable):
             yield DATASET_UP, labels, 0.0
-            yield DATASET_UNAVAILABLE, {"dataset": ds.path, "reason": ds.unavailable}, 1.0
+            yield DATASET_UNAVAILABLE, {**labels, "reason": display_path(ds.unavailable)}, 1.0
             continue
         assert isinstance(ds, DatasetResidency)
         ps = ds.page_size
@@ -408,7 +411,8 @@ def _gpu_processes(labels: dict[str, str], procs: tuple[GpuProcess, ...] | Unava
         return
     for p in procs:
         pl = {**labels, "pid": str(p.pid)}
-        yield GPU_PROCESS_INFO, {**pl, "user": p.user or "", "command": (p.command or "")[:_COMMAND_CHARS]}, 1.0
+        command = display_path(p.command or "")[:_COMMAND_CHARS]
+        yield GPU_PROCESS_INFO, {**pl, "user": p.user or "", "command": command}, 1.0
         if p.used_bytes is not None:
             yield GPU_PROCESS_MEMORY, pl, float(p.used_bytes)
         for attr in SPLIT_FIELDS:

@@ -28,20 +28,23 @@ ALLOWED: dict[str, set[str]] = {
     "derive": {"model"},
     # Each part's numbers described once (name, kind, unit, help, labels): the exporter and `dump` read them.
     "fields": {"model", "derive"},
+    # The exporter serves what it is handed: fields' samples and hints' rules over Snapshots; it never samples.
+    "exporter": {"exporter", "model", "fields", "hints", "errors"},
     "hints": {"hints", "model", "fmt"},
     # The probes source shares the file format's constants and directory with the probe (dltop/probe/files.py).
     "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "__init__"},
     "sampler": {"model", "sources"},
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources"},
     # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
-    "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields", "text",
-                 "__init__"},
+    "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields",
+                 "text", "__init__"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "recorder",
             "__init__"},
     "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
-                 "sampler", "actions", "hints", "derive", "fields", "tui", "kv", "recorder", "__init__"},
+                 "sampler", "actions", "hints", "derive", "fields", "exporter", "tui", "kv", "recorder",
+                 "__init__"},
     "cli": {"commands", "errors", "__init__"},
     "__main__": {"cli"},
     # The in-process probe runs inside training scripts: nothing of dltop's but itself.

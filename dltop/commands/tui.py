@@ -58,23 +58,33 @@ def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
 
     # Built here and handed in, so whatever else runs beside the TUI (the recorder) subscribes to the same one.
     runner = ActionRunner()
+    listeners = []
+    server = None
     recorder: Recorder | None = None
-    if args.record:
-        from dltop.recorder import Recorder
-
-        # Before the screen opens: a directory another recorder holds is one line, and no TUI.
-        recorder = Recorder(os.path.abspath(os.path.expanduser(args.record)), interval_s=settings.refresh_s,
-                            meta={"by": "dltop --record", "datasets": list(settings.datasets),
-                                  "servers": list(settings.servers)}, warn=warn)
-        runner.subscribe(recorder.action_listener)
-    sampler = Sampler(build_sources(settings), root=settings.root, builder=build_sources)
-    app = DltopApp(sampler, settings, own_signals=True, runner=runner, recorder=recorder)
     try:
+        if getattr(args, "export", None):
+            from dltop.commands.export import start_exporter
+
+            # Listening before the screen opens: a port in use is one line, not a TUI that quits.
+            collector, server = start_exporter(args.export)
+            listeners.append(collector.update)
+        if getattr(args, "record", None):
+            from dltop.recorder import Recorder
+
+            # Before the screen opens: a directory another recorder holds is one line, and no TUI.
+            recorder = Recorder(os.path.abspath(os.path.expanduser(args.record)), interval_s=settings.refresh_s,
+                                meta={"by": "dltop --record", "datasets": list(settings.datasets),
+                                      "servers": list(settings.servers)}, warn=warn)
+            runner.subscribe(recorder.action_listener)
+        sampler = Sampler(build_sources(settings), root=settings.root, builder=build_sources)
+        app = DltopApp(sampler, settings, own_signals=True, runner=runner, listeners=listeners, recorder=recorder)
         return _run(app)
     finally:
         app = None
         if recorder is not None:
             recorder.close()  # the stop event, the segment compressed, the lock released
+        if server is not None:
+            server.close()
 
 
 def run_replay_tui(recording: Recording, name: str, start_ts: float, settings: Settings) -> int:

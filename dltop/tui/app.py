@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -169,7 +169,8 @@ class DltopApp(App[None]):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     def __init__(self, feed: Feed, settings: Settings | None = None, clock: Callable[[], float] = time.time,
-                 runner: Any = None, own_signals: bool = False, recorder: RecordSink | None = None) -> None:
+                 runner: Any = None, own_signals: bool = False, listeners: Sequence[Callable[[Snapshot], None]] = (),
+                 recorder: RecordSink | None = None) -> None:
         super().__init__()
         self._own_signals = own_signals  # a real run (not a test's): SIGTERM and SIGHUP leave as q does
         self.feed = feed
@@ -197,6 +198,8 @@ class DltopApp(App[None]):
         self.recorder = recorder
         self._view: View | None = None
         self._panes: list[Pane] = [cls() for cls in pane_classes()]
+        # Each Snapshot shown is handed on too (`dltop --export`'s collector, `--record`'s recorder).
+        self._listeners = (*listeners, recorder.write) if recorder is not None else tuple(listeners)
 
     # -- layout ---------------------------------------------------------------------------------------------
 
@@ -286,8 +289,8 @@ class DltopApp(App[None]):
         if self.history and snap is self.history[-1]:
             return
         self.history.append(snap)
-        if self.recorder is not None:
-            self.recorder.write(snap)  # what this screen shows, so a replay shows the same
+        for listen in self._listeners:
+            listen(snap)  # the recorder of --record among them: what this screen shows, so a replay shows the same
         self.hints = hint_rules.hints(list(self.history))
         if self.at is not None and not self.replay and self.at < self.history[0].ts:
             self.at = self.history[0].ts  # the moment paused on left the history: the oldest one kept
