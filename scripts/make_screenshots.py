@@ -1,5 +1,6 @@
 """Make screenshots/ from a real run: the live app (real Sampler, this machine's kernel) in a headless terminal,
-while a background writer makes the page cache move. Each tab at 120x40, the GPU and page-cache panes at 80x24.
+while a background writer makes the page cache move and examples/train_tiny.py trains with the probe (the
+Training tab). Each tab at 120x40, the GPU, page-cache and training panes at 80x24.
 Without a GPU, the GPU tab plays an NVML scenario file through dltop's fake backend (--gpu-scenario).
 
 usage: python scripts/make_screenshots.py [--seconds 12]
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +36,7 @@ async def shoot(size: tuple[int, int], seconds: float, datasets: tuple[str, ...]
     saved = []
     async with app.run_test(size=size) as pilot:
         await pilot.pause(seconds)
-        panes = app._panes if tabs else [p for p in app._panes if p.PANE_ID in ("gpu", "pagecache")]
+        panes = app._panes if tabs else [p for p in app._panes if p.PANE_ID in ("gpu", "pagecache", "training")]
         for pane in panes:
             await pilot.press(str(app._panes.index(pane) + 1))
             await pilot.pause(1.5)
@@ -64,10 +66,17 @@ def main() -> int:
         stop = threading.Event()
         writer = threading.Thread(target=make_io, args=(Path(tmp), stop), daemon=True)
         writer.start()
+        os.environ["XDG_RUNTIME_DIR"] = tmp  # the training run's probe, and only it, for the Training tab
+        train = subprocess.Popen([sys.executable, str(REPO / "examples/train_tiny.py"), "--epochs", "40",
+                                  "--files", "128", "--size-kib", "256", "--decode-ms", "3",
+                                  "--data-dir", str(Path(tmp) / "train-tiny"), "--linger", "120"],
+                                 stdout=subprocess.DEVNULL)
         try:
             saved = asyncio.run(shoot((120, 40), args.seconds, (str(data),), tabs=True))
             saved += asyncio.run(shoot((80, 24), 3.0, (str(data),), tabs=False))
         finally:
+            train.kill()
+            train.wait()
             stop.set()
             writer.join()
     for p in saved:

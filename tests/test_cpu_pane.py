@@ -30,6 +30,7 @@ async def test_cpu_tab_shows_kinds_tree_and_flags(parts) -> None:  # noqa: F811
     snaps = [Snapshot(ts=float(i), host="phone", cpu=c)
              for i, c in enumerate([part, part, Unavailable("permission denied")])]
     feed = ListFeed(snaps, start=0)
+    feed.paused = True  # the test advances it itself: the stream's own 1 s ticks raced it on a loaded machine
     app = DltopApp(feed)
     async with app.run_test(size=(80, 24)) as pilot:
         tab = [p.PANE_ID for p in app._panes].index("cpu") + 1

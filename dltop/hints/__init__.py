@@ -1,6 +1,6 @@
 """Hints: the lessons of each cache layer as pure functions of recent Snapshots.
 
-One module per layer (`memory`, `datasets`; later `gpu`, `training`, `caches`), each rule registered with
+One module per layer (`memory`, `datasets`, `gpu`, `training`; later `caches`), each rule registered with
 `@rule`. A rule imports the model and its own constants, never sources or actions (a test checks the imports),
 so live, replay and the recorder's report draw the same hints from the same Snapshots.
 """
@@ -60,4 +60,4 @@ def hints(history: Sequence[Snapshot]) -> list[Hint]:
 
 
 # The layers' rules register themselves when imported: one module per layer, next to its own constants.
-from dltop.hints import datasets, gpu, memory  # noqa: E402, F401
+from dltop.hints import datasets, gpu, memory, training  # noqa: E402, F401

@@ -52,6 +52,8 @@ class ProcessProbe:
     rank: int | None = None
     local_rank: int | None = None
     world_size: int | None = None
+    ppid: int | None = None
+    job_id: str | None = None  # torchrun's run id or MASTER_ADDR:MASTER_PORT: what the ranks of one job share
     torch_version: str | None = None
     # Totals over all devices; None (reason in `unavailable`) when the process watched no model or cache.
     weights_bytes: int | None = None
@@ -65,6 +67,7 @@ class ProcessProbe:
     input_shapes: int | None = None
     loader_workers: int | None = None
     pin_memory: bool | None = None
+    data_dir: str | None = None  # the folder the job's data is read from, where the script or its dataset says
     cudnn_benchmark: bool | None = None
     cudnn_deterministic: bool | None = None
     compile: dict[str, int] = field(default_factory=dict)
@@ -73,6 +76,16 @@ class ProcessProbe:
     gpu_util_source: str | None = None
     truncated: tuple[str, ...] = ()  # what the probe dropped to stay within 4 KiB
     unavailable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def job_key(self) -> str:
+        """What groups the ranks of one job: its job id; else, for a rank, its parent and command (torchrun and
+        mp.spawn start the ranks as children of one process); else the process alone."""
+        if self.job_id:
+            return f"job {self.job_id}"
+        if self.rank is not None and self.ppid is not None:
+            return f"ppid {self.ppid} {self.cmd}"
+        return f"pid {self.pid}"
 
 
 @dataclass(frozen=True)

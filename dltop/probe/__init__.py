@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -30,7 +31,7 @@ __all__ = ["mark_epoch", "publish", "report", "start", "stop", "track", "watch_k
            "watch_optimizer"]
 
 T = TypeVar("T")
-RING = 256  # steps the recent wait fraction and step time cover
+RING = 256  # steps the recent wait fraction and step time cover (a power of two: an index is n & (RING - 1))
 MAX_SHAPES = 64
 MAX_EPOCHS = 16
 MAX_CMD = 256
@@ -39,6 +40,7 @@ ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_M
 MEMORY_STATS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
                 "inactive_split_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.peak",
                 "num_alloc_retries", "num_ooms")
+TENSOR_DUTY = 0.0005  # the publisher's tensor counts take at most this share of one core
 GPU_UTIL_SOURCE = ("not measured by the probe (it reads no NVML and never initialises CUDA): dltop joins NVML's "
                    "utilisation over started_at..ended_at")
 
@@ -50,17 +52,19 @@ class _Data:
         self.waits = [0] * RING
         self.steps_ns = [0] * RING
         self.n = 0  # items yielded in all
+        self.wait_total = 0  # ns waited for them, in all
         self.last_t = 0  # perf_counter_ns when the last item arrived
         self.shapes: set[Any] = set()
         self.workers: int | None = None
         self.pin_memory: bool | None = None
+        self.data_dir: str | None = None
         self.seen = False
         # the open epoch
         self.epoch_t0 = 0
         self.epoch_wall0 = 0.0
         self.epoch_cached0: int | None = None
-        self.epoch_wait = 0
-        self.epoch_steps = 0
+        self.epoch_n0 = 0  # n and wait_total when it opened
+        self.epoch_wait0 = 0
         self.epoch_open = False
 
 
@@ -78,6 +82,12 @@ class _State:
         self.epochs: list[dict[str, Any]] = []
         self.dir_fd: int | None = None
         self.warned: set[str] = set()
+        # The last count of the watched tensors: the publisher thread recounts only as often as keeps the count
+        # under TENSOR_DUTY of a core (a model of thousands of tensors costs milliseconds to walk).
+        self.tensors: dict[str, dict[str, Any]] | None = None
+        self.identity: tuple[int, int | None, str] | None = None  # pid, its start time, its command
+        self.tensors_at = 0.0  # time.time() of the count
+        self.tensors_due = 0.0  # time.monotonic() of the next one
 
 
 _state = _State()
@@ -113,16 +123,19 @@ def _ref(obj: Any) -> list[weakref.ref[Any]]:
 
 def watch_model(model: Any) -> None:
     """Count the model's parameters and buffers as weights and their gradients apart, per device."""
+    _state.tensors = None  # counted afresh at the next publication
     _state.models.extend(_ref(model))
 
 
 def watch_optimizer(optimizer: Any) -> None:
     """Count the optimizer's state tensors (Adam's exp_avg, exp_avg_sq, ...) as optimizer state, per device."""
+    _state.tensors = None  # counted afresh at the next publication
     _state.optimizers.extend(_ref(optimizer))
 
 
 def watch_kv(obj: Any) -> None:
     """Count a KV cache: a Hugging Face cache object (transformers 4.5x or 5.x), a tensor or a list of tensors."""
+    _state.tensors = None  # counted afresh at the next publication
     _state.kv.extend(_ref(obj))
 
 
@@ -131,9 +144,9 @@ def _shape_of(item: Any) -> Any:
     if shape is not None:
         return tuple(shape)
     if isinstance(item, tuple | list):
-        return tuple(_shape_of(x) for x in item[:8])
+        return tuple([_shape_of(x) for x in item[:8]])
     if isinstance(item, dict):
-        return tuple((k, _shape_of(v)) for k, v in list(item.items())[:8])
+        return tuple([(k, _shape_of(v)) for k, v in list(item.items())[:8]])
     return None
 
 
@@ -148,8 +161,16 @@ def _meminfo_cached_bytes() -> int | None:
     return None
 
 
-def track(iterable: Iterable[T]) -> Iterator[T]:
-    """Yield the items of `iterable`, timing how long each took to arrive (the data wait) and the step time."""
+def _dataset_root(iterable: Any) -> str | None:
+    """The folder a DataLoader's dataset reads, where it says (torchvision's datasets keep it in `root`)."""
+    root = getattr(getattr(iterable, "dataset", None), "root", None)
+    return root if isinstance(root, str) else None
+
+
+def track(iterable: Iterable[T], data_dir: str | None = None) -> Iterator[T]:
+    """Yield the items of `iterable`, timing how long each took to arrive (the data wait) and the step time.
+    `data_dir`: the folder the data is read from (default: the DataLoader's `dataset.root` when it has one), so
+    that dltop can name the dataset to warm."""
     d = _state.data
     d.seen = True
     workers = getattr(iterable, "num_workers", None)
@@ -157,30 +178,31 @@ def track(iterable: Iterable[T]) -> Iterator[T]:
         d.workers = workers
         pin = getattr(iterable, "pin_memory", None)
         d.pin_memory = pin if isinstance(pin, bool) else None
+    where = data_dir or _dataset_root(iterable)
+    if where:
+        d.data_dir = os.path.abspath(where)[:MAX_CMD]
     it = iter(iterable)
     clock = time.perf_counter_ns
-    waits, steps_ns, shapes = d.waits, d.steps_ns, d.shapes
+    waits, steps_ns, shapes, mask = d.waits, d.steps_ns, d.shapes, RING - 1
+    # Per item: two clock reads and a few stores. The publisher thread reads the ring and the totals as they are.
     while True:
         t0 = clock()
         if not d.epoch_open:
             d.epoch_open, d.epoch_t0, d.epoch_wall0 = True, t0, time.time()
-            d.epoch_cached0, d.epoch_wait, d.epoch_steps = _meminfo_cached_bytes(), 0, 0
+            d.epoch_cached0, d.epoch_n0, d.epoch_wait0 = _meminfo_cached_bytes(), d.n, d.wait_total
             d.last_t = 0
         try:
             item = next(it)
         except StopIteration:
             return
         t1 = clock()
-        wait = t1 - t0
-        i = d.n % RING
-        waits[i] = wait
-        steps_ns[i] = t1 - d.last_t if d.last_t else 0  # the first item of an epoch has no step before it
-        d.last_t = t1
-        d.n += 1
-        d.epoch_wait += wait
-        d.epoch_steps += 1
+        n, last = d.n, d.last_t
+        waits[n & mask] = wait = t1 - t0
+        steps_ns[n & mask] = t1 - last if last else 0  # the first item of an epoch has no step before it
+        d.last_t, d.n, d.wait_total = t1, n + 1, d.wait_total + wait
         if len(shapes) < MAX_SHAPES:
-            shapes.add(_shape_of(item))
+            shape = getattr(item, "shape", None)  # a tensor's torch.Size: hashable as it is
+            shapes.add(shape if shape is not None else _shape_of(item))
         yield item
 
 
@@ -197,8 +219,8 @@ def mark_epoch() -> dict[str, Any] | None:
         "started_at": round(d.epoch_wall0, 3),
         "ended_at": round(time.time(), 3),
         "duration_s": round((t - d.epoch_t0) / 1e9, 6),
-        "data_wait_s": round(d.epoch_wait / 1e9, 6),
-        "steps": d.epoch_steps,
+        "data_wait_s": round((d.wait_total - d.epoch_wait0) / 1e9, 6),
+        "steps": d.n - d.epoch_n0,
         "page_cache_delta_bytes": None if cached is None or d.epoch_cached0 is None else cached - d.epoch_cached0,
         "gpu_util": None,  # see gpu_util_source
     }
@@ -253,25 +275,37 @@ def _live(refs: list[weakref.ref[Any]]) -> list[Any]:
     return [o for o in (r() for r in refs) if o is not None]
 
 
-def _tensor_bytes(devices: dict[str, dict[str, Any]]) -> None:
+def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
+    # Summed per (device, kind) with the device object as the key: naming a device costs more than counting a
+    # tensor, and a model has hundreds of them (the publisher's whole budget is a millisecond or so).
+    sums: dict[tuple[Any, str], int] = {}
     for model in _live(_state.models):
         for p in model.parameters():
-            _device_entry(devices, p.device)["weights_bytes"] += _nbytes(p)
-            if p.grad is not None:
-                _device_entry(devices, p.grad.device)["gradients_bytes"] += _nbytes(p.grad)
+            key = (p.device, "weights_bytes")
+            sums[key] = sums.get(key, 0) + p.numel() * p.element_size()
+            g = p.grad
+            if g is not None:
+                key = (g.device, "gradients_bytes")
+                sums[key] = sums.get(key, 0) + g.numel() * g.element_size()
         for b in model.buffers():
-            _device_entry(devices, b.device)["weights_bytes"] += _nbytes(b)
+            key = (b.device, "weights_bytes")
+            sums[key] = sums.get(key, 0) + b.numel() * b.element_size()
+    is_tensor = (lambda v: isinstance(v, tensor_type)) if isinstance(tensor_type, type) else _is_tensor
     for opt in _live(_state.optimizers):
         for per_param in list(getattr(opt, "state", {}).values()):
             for v in list(per_param.values()) if isinstance(per_param, dict) else ():
-                if _is_tensor(v):
-                    _device_entry(devices, v.device)["optimizer_bytes"] += _nbytes(v)
+                if is_tensor(v):
+                    key = (v.device, "optimizer_bytes")
+                    sums[key] = sums.get(key, 0) + v.numel() * v.element_size()
     seen: set[int] = set()
     for obj in _live(_state.kv):
         for t in _kv_tensors(obj):
             if id(t) not in seen:
                 seen.add(id(t))
-                _device_entry(devices, t.device)["kv_bytes"] += _nbytes(t)
+                key = (t.device, "kv_bytes")
+                sums[key] = sums.get(key, 0) + _nbytes(t)
+    for (device, kind), n in sums.items():
+        _device_entry(devices, device)[kind] += int(n)
 
 
 def _cuda_stats(torch: Any, devices: dict[str, dict[str, Any]]) -> None:
@@ -290,12 +324,22 @@ def _cuda_stats(torch: Any, devices: dict[str, dict[str, Any]]) -> None:
             entry["uuid"] = str(uuid)
 
 
+def _recompiles() -> int:
+    """Compilations of a frame after its first (a guard failed: new shapes, new types), from dynamo's own count of
+    compiles per frame."""
+    per_frame = getattr(sys.modules.get("torch._dynamo.convert_frame"), "FRAME_COMPILE_COUNTER", None)
+    if not isinstance(per_frame, dict):
+        return 0
+    return sum(max(0, n - 1) for n in list(per_frame.values()) if isinstance(n, int))
+
+
 def _compile_counters() -> dict[str, int] | None:
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     if counters is None:
         return None
     return {
+        "recompiles": _recompiles(),
         "unique_graphs": int(counters["stats"]["unique_graphs"]),
         "graph_breaks": int(sum(counters["graph_break"].values())),
         "frames_ok": int(counters["frames"]["ok"]),
@@ -311,6 +355,15 @@ def _env_int(name: str) -> int | None:
         return None
 
 
+def _job_id() -> str | None:
+    """What the ranks of one distributed job share: torchrun's run id, else the rendezvous address."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        return os.environ["TORCHELASTIC_RUN_ID"][:MAX_CMD]
+    if os.environ.get("MASTER_ADDR"):
+        return f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '')}"[:MAX_CMD]
+    return None
+
+
 def _cmdline() -> str:
     try:
         with open("/proc/self/cmdline", "rb") as f:
@@ -323,48 +376,69 @@ def _data_report() -> dict[str, Any] | None:
     d = _state.data
     if not d.seen:
         return None
-    n = min(d.n, RING)
-    idx = [(d.n - 1 - k) % RING for k in range(n)]
+    n, mask = d.n, RING - 1
+    waits, steps = (d.waits, d.steps_ns) if n >= RING else (d.waits[:n], d.steps_ns[:n])
+    steps = list(steps)  # as they are now: the loop goes on writing the ring
     # Steps with no step time before them (the first item of an epoch) count neither side of the fraction.
-    pairs = [(d.waits[i], d.steps_ns[i]) for i in idx if d.steps_ns[i]]
+    last = next((steps[(n - 1 - k) & mask] for k in range(len(steps)) if steps[(n - 1 - k) & mask]), None)
     return {
-        "steps": d.n,
-        "recent_steps": len(pairs),
-        "recent_wait_s": sum(w for w, _ in pairs) / 1e9,
-        "recent_step_s": sum(s for _, s in pairs) / 1e9,
-        "last_step_s": pairs[0][1] / 1e9 if pairs else None,
+        "steps": n,
+        "recent_steps": len(steps) - steps.count(0),
+        "recent_wait_s": sum(itertools.compress(waits, steps)) / 1e9,
+        "recent_step_s": sum(steps) / 1e9,
+        "last_step_s": last / 1e9 if last else None,
         "input_shapes": len(d.shapes),
         "loader_workers": d.workers,
         "pin_memory": d.pin_memory,
+        "data_dir": d.data_dir,
     }
 
 
-def report() -> dict[str, Any]:
-    """What the probe would publish now (format 1, docs/probe.md)."""
+def _counted_tensors(torch: Any, fresh: bool) -> dict[str, dict[str, Any]]:
+    """Bytes per device of the watched tensors: counted now when `fresh`, else the last count while it is recent
+    enough for the duty cycle (a copy: CUDA numbers are added to it)."""
+    if fresh or _state.tensors is None or time.monotonic() >= _state.tensors_due:
+        t0 = time.thread_time()
+        devices: dict[str, dict[str, Any]] = {}
+        _tensor_bytes(devices, getattr(torch, "Tensor", None))
+        _state.tensors, _state.tensors_at = devices, round(time.time(), 3)
+        _state.tensors_due = time.monotonic() + (time.thread_time() - t0) / TENSOR_DUTY
+    return {name: dict(entry) for name, entry in _state.tensors.items()}
+
+
+def report(fresh: bool = True) -> dict[str, Any]:
+    """What the probe would publish now (format 1, docs/probe.md). `fresh=False` (the publisher thread) reuses
+    the last tensor count while the duty cycle says so; `tensors_counted_at` says when it was made."""
     torch = _torch()
     devices: dict[str, dict[str, Any]] = {}
     cudnn = compile_counters = None
     if torch is not None:
-        _tensor_bytes(devices)
+        devices = _counted_tensors(torch, fresh)
         _cuda_stats(torch, devices)
         backend = getattr(getattr(torch, "backends", None), "cudnn", None)
         if backend is not None:
             cudnn = {"benchmark": bool(backend.benchmark), "deterministic": bool(backend.deterministic)}
         compile_counters = _compile_counters()
     pid = os.getpid()
+    if _state.identity is None or _state.identity[0] != pid:  # read once per process (a fork has its own)
+        _state.identity = (pid, proc_start_ticks(pid), _cmdline())
+    _, start_ticks, cmd = _state.identity
     return {
         "format": FORMAT,
         "pid": pid,
-        "start_time_ticks": proc_start_ticks(pid),
+        "start_time_ticks": start_ticks,
         "uid": os.getuid(),
-        "cmd": _cmdline(),
+        "cmd": cmd,
         "published_at": round(time.time(), 3),
         "started_at": _state.started_at,
         "rank": _env_int("RANK"),
         "local_rank": _env_int("LOCAL_RANK"),
         "world_size": _env_int("WORLD_SIZE"),
+        "ppid": os.getppid(),
+        "job_id": _job_id(),
         "torch": getattr(torch, "__version__", None) and str(torch.__version__),
         "devices": devices,
+        "tensors_counted_at": _state.tensors_at if torch is not None and _state.tensors is not None else None,
         "allocator_env": {k: os.environ[k] for k in ALLOC_ENV if k in os.environ},
         "cudnn": cudnn,
         "compile": compile_counters,
@@ -376,7 +450,8 @@ def report() -> dict[str, Any]:
 
 def encode(doc: dict[str, Any]) -> bytes | None:
     """The file's bytes, within MAX_FILE_BYTES: drop the oldest epochs, then the allocator settings, then cut the
-    command, then the compile counters, naming each in `truncated`; None when it still does not fit."""
+    command, then the compile counters, then the memory_stats of the devices listed last, naming each in
+    `truncated`; None when it still does not fit."""
     doc = dict(doc)
     dropped: list[str] = []
     while True:
@@ -396,18 +471,26 @@ def encode(doc: dict[str, Any]) -> bytes | None:
         elif doc.get("compile"):
             doc["compile"] = None
             dropped.append("compile")
+        elif with_stats := [n for n, d in doc["devices"].items() if "memory_stats" in d]:
+            # A process on many GPUs (DataParallel): the allocator numbers of the devices listed last go first.
+            last = with_stats[-1]
+            doc["devices"] = {**doc["devices"], last: {k: v for k, v in doc["devices"][last].items()
+                                                       if k != "memory_stats"}}
+            if "memory_stats" not in dropped:
+                dropped.append("memory_stats")
         else:
             return None
         doc["truncated"] = dropped
 
 
-def publish() -> str | None:
-    """Write this process's file once now; returns its path, or None (said once on stderr) when it cannot."""
+def publish(fresh: bool = True) -> str | None:
+    """Write this process's file once now; returns its path, or None (said once on stderr) when it cannot.
+    `fresh`: count the watched tensors now (the publisher thread passes False: see report)."""
     path = probe_dir()
     try:
         if _state.dir_fd is None:
             _state.dir_fd = open_private_dir(path)
-        data = encode(report())
+        data = encode(report(fresh))
         if data is None:
             _warn_once("size", f"the report does not fit in {MAX_FILE_BYTES} bytes: not published")
             return None
@@ -436,7 +519,7 @@ def _run(stop: threading.Event, interval_s: float) -> None:
             _remove_own_file()
             return
         try:
-            publish()
+            publish(fresh=False)
         except Exception as e:  # the probe must never take the training job down
             _warn_once("report", f"report failed: {type(e).__name__}: {e}")
         stop.wait(interval_s)
@@ -488,6 +571,7 @@ def _after_fork_in_child() -> None:
     _state.data = _Data()
     _state.epochs = []
     _state.started_at = None
+    _state.tensors = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -12,6 +12,7 @@ PANE_SPECS = (
     "dltop.tui.panes.pagecache:PageCachePane",
     "dltop.tui.panes.datasets:DatasetPane",
     "dltop.tui.panes.cpu:CpuPane",
+    "dltop.tui.panes.training:TrainingPane",
 )
 
 

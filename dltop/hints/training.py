@@ -1,0 +1,192 @@
+"""Training hints, from what the in-process probe publishes (docs/probe.md): the page cache warming during the first
+epoch, data waits that are IO bound or decode bound, cudnn.benchmark autotuning every new shape, torch.compile
+recompiling, the CUDA allocator retrying and running out of memory. Each fires only on numbers a probe gave."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from dltop.fmt import human_bytes
+from dltop.hints import Hint, Severity, rule
+from dltop.model import MemoryPart, Snapshot
+from dltop.model.datasets import DatasetsPart
+from dltop.model.probes import ProbesPart, ProcessProbe
+
+WARMING_RATIO = 1.5  # epoch 0 this many times longer than epoch 1 ...
+WARMING_WAIT_SHARE = 0.5  # ... with at least this share of the difference in the data wait
+DATA_WAIT_HIGH = 0.3  # share of the recent step time spent waiting for the next batch
+DISK_BUSY_PCT = 60.0  # %util of the busiest disk over the window (iostat -x's)
+SHAPES_MANY = 8  # distinct input shapes with cudnn.benchmark on: one autotune each
+RECOMPILES_RISING = 3  # new recompiles within the window
+
+
+def _probes(snap: Snapshot) -> tuple[ProcessProbe, ...]:
+    return snap.probes.processes if isinstance(snap.probes, ProbesPart) else ()
+
+
+def _who(p: ProcessProbe) -> str:
+    rank = f" (rank {p.rank})" if p.rank is not None else ""
+    return f"pid {p.pid}{rank}"
+
+
+def _first_seen(history: Sequence[Snapshot]) -> dict[tuple[int, int], ProcessProbe]:
+    """Each process's probe as the oldest Snapshot of the window has it (the same pid and start time)."""
+    first: dict[tuple[int, int], ProcessProbe] = {}
+    for s in history:
+        for p in _probes(s):
+            first.setdefault((p.pid, p.start_time_ticks), p)
+    return first
+
+
+def _watched_dataset(history: Sequence[Snapshot], data_dir: str) -> str | None:
+    """The watched dataset that holds `data_dir` (or that `data_dir` holds)."""
+    part = history[-1].datasets
+    if not isinstance(part, DatasetsPart):
+        return None
+    for ds in part.scanned:
+        a, b = ds.path.rstrip("/") + "/", data_dir.rstrip("/") + "/"
+        if a.startswith(b) or b.startswith(a):
+            return ds.path
+    return None
+
+
+@rule
+def page_cache_warming(history: Sequence[Snapshot]) -> Hint | None:
+    """Epoch 1 much faster than epoch 0, the difference mostly data wait: the first epoch read the dataset from
+    disk into the page cache."""
+    for p in _probes(history[-1]):
+        by_index = {e.index: e for e in p.epochs}
+        e0, e1 = by_index.get(0), by_index.get(1)
+        if e0 is None or e1 is None or e1.duration_s <= 0 or e0.duration_s < WARMING_RATIO * e1.duration_s:
+            continue
+        gained, waited_less = e0.duration_s - e1.duration_s, e0.data_wait_s - e1.data_wait_s
+        if waited_less < WARMING_WAIT_SHARE * gained:
+            continue  # not the data: compile, autotune, a warm-up schedule
+        cached = e0.page_cache_delta_bytes
+        grew = f", the page cache grew {human_bytes(cached)}" if cached is not None and cached > 0 else ""
+        if p.data_dir is None:
+            fix = "warm the dataset before training (dltop warm DIR, or w on the Datasets tab)"
+        elif (watched := _watched_dataset(history, p.data_dir)) is not None:
+            fix = f"warm {watched} before training: w on its row in the Datasets tab, or dltop warm {watched}"
+        else:
+            fix = f"warm {p.data_dir} before training: dltop warm {p.data_dir} (or a on the Datasets tab, then w)"
+        return Hint(
+            id="training-page-cache-warming",
+            severity="info",
+            text=(f"{_who(p)}: epoch 0 took {e0.duration_s:.1f}s, epoch 1 {e1.duration_s:.1f}s; epoch 0 waited "
+                  f"{e0.data_wait_s:.1f}s for data, epoch 1 {e1.data_wait_s:.1f}s{grew}: the first epoch was "
+                  "warming the page cache"),
+            fix=fix,
+            numbers={"pid": p.pid, "epoch0_s": e0.duration_s, "epoch1_s": e1.duration_s,
+                     "epoch0_wait_s": e0.data_wait_s, "epoch1_wait_s": e1.data_wait_s,
+                     **({} if cached is None else {"page_cache_delta_bytes": cached})},
+        )
+    return None
+
+
+def _busiest_disk(history: Sequence[Snapshot]) -> tuple[str, float] | None:
+    """The disk busiest over the window and its %util (iostat -x's: the share of the time it had I/O in flight)."""
+    mems = [s for s in history if isinstance(s.memory, MemoryPart) and isinstance(s.memory.disks, tuple)]
+    if len(mems) < 2 or mems[-1].ts <= mems[0].ts:
+        return None
+    first, last = mems[0], mems[-1]
+    assert isinstance(first.memory, MemoryPart) and isinstance(last.memory, MemoryPart)
+    assert isinstance(first.memory.disks, tuple) and isinstance(last.memory.disks, tuple)
+    before = {d.name: d for d in first.memory.disks}
+    dt_ms = (last.ts - first.ts) * 1000
+    best: tuple[str, float] | None = None
+    for d in last.memory.disks:
+        p = before.get(d.name)
+        if p is None or d.io_time_ms < p.io_time_ms:
+            continue
+        util = min(100.0, 100 * (d.io_time_ms - p.io_time_ms) / dt_ms)
+        if best is None or util > best[1]:
+            best = (d.name, util)
+    return best
+
+
+@rule
+def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
+    """The loop waits for its batches: IO bound when a disk is busy, decode bound (more workers) when none is."""
+    waiting = [p for p in _probes(history[-1]) if p.data_wait_fraction is not None
+               and p.data_wait_fraction >= DATA_WAIT_HIGH]
+    if not waiting:
+        return None
+    p = max(waiting, key=lambda q: q.data_wait_fraction or 0.0)
+    fraction = p.data_wait_fraction or 0.0
+    disk = _busiest_disk(history)
+    if disk is None:
+        return None  # without the disks' load, IO bound and decode bound look the same
+    name, util = disk
+    head = f"{_who(p)} waits for data {100 * fraction:.0f}% of each step"
+    numbers: dict[str, float] = {"pid": p.pid, "data_wait_fraction": fraction, "disk_util_pct": util}
+    if util >= DISK_BUSY_PCT:
+        return Hint(id="training-io-bound", severity="warn",
+                    text=f"{head} while {name} is {util:.0f}% busy: IO bound",
+                    fix="more page cache (warm the dataset, free memory) or faster storage; more workers only "
+                        "queue more reads on the same disk",
+                    numbers=numbers)
+    workers = p.loader_workers
+    more = f"more DataLoader workers than {workers}" if workers is not None else "more DataLoader workers"
+    return Hint(id="training-decode-bound", severity="warn",
+                text=f"{head} while the disks idle (busiest {name} {util:.0f}%): decode bound",
+                fix=f"{more} (num_workers), or a cheaper decode / augmentation",
+                numbers={**numbers, **({} if workers is None else {"loader_workers": workers})})
+
+
+@rule
+def cudnn_benchmark_shapes(history: Sequence[Snapshot]) -> Hint | None:
+    """cudnn.benchmark on while the input shapes keep changing: cuDNN autotunes again for every new shape."""
+    for p in _probes(history[-1]):
+        if p.cudnn_benchmark and p.input_shapes is not None and p.input_shapes >= SHAPES_MANY:
+            return Hint(id="training-cudnn-benchmark-shapes", severity="warn",
+                        text=(f"{_who(p)}: torch.backends.cudnn.benchmark is on and the loop has seen "
+                              f"{p.input_shapes} input shapes: cuDNN autotunes again for every new one"),
+                        fix="pad or bucket the inputs to a few fixed shapes, or turn cudnn.benchmark off",
+                        numbers={"pid": p.pid, "input_shapes": p.input_shapes})
+    return None
+
+
+def _rising(history: Sequence[Snapshot], counter: str) -> Iterator[tuple[ProcessProbe, int, int]]:
+    """(probe, new, total) for each process whose `counter` rose within the window."""
+    first = _first_seen(history)
+    for p in _probes(history[-1]):
+        old = first.get((p.pid, p.start_time_ticks))
+        now, then = _counter(p, counter), _counter(old, counter) if old is not None else None
+        if now is not None and then is not None and now > then:
+            yield p, now - then, now
+
+
+def _counter(p: ProcessProbe, counter: str) -> int | None:
+    if counter == "recompiles":
+        return p.compile.get("recompiles")
+    values = [d.memory_stats[counter] for d in p.devices if counter in d.memory_stats]
+    return sum(values) if values else None
+
+
+@rule
+def recompiling(history: Sequence[Snapshot]) -> Hint | None:
+    """torch.compile recompiling again and again: a guard keeps failing (shapes, dtypes, Python values)."""
+    for p, new, total in _rising(history, "recompiles"):
+        if new >= RECOMPILES_RISING:
+            return Hint(id="training-recompiling", severity="warn",
+                        text=f"{_who(p)}: torch.compile recompiled {new} times in the last minute ({total} in all)",
+                        fix='TORCH_LOGS="recompiles" says which guard fails; mark changing sizes dynamic '
+                            "(torch._dynamo.mark_dynamic) or keep Python values that change out of the graph",
+                        numbers={"pid": p.pid, "recompiles_new": new, "recompiles": total})
+    return None
+
+
+@rule
+def oom_retries_rising(history: Sequence[Snapshot]) -> Hint | None:
+    """The CUDA allocator frees its cache and retries (or runs out of memory) more and more: near the edge."""
+    cases: tuple[tuple[str, str, Severity], ...] = (("num_ooms", "ran out of memory", "critical"),
+                                                    ("num_alloc_retries", "had to free its cache and retry", "warn"))
+    for counter, what, severity in cases:
+        for p, new, total in _rising(history, counter):
+            return Hint(id=f"training-{counter.replace('_', '-')}", severity=severity,
+                        text=f"{_who(p)}: the CUDA allocator {what} {new} times in the last minute ({total} in all)",
+                        fix="a smaller batch or sequence, activation checkpointing, or "
+                            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation",
+                        numbers={"pid": p.pid, f"{counter}_new": new, counter: total})
+    return None

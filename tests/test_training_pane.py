@@ -1,0 +1,192 @@
+"""The Training pane (Pilot, and pictured as SVG at 80×24 and 120×40) on Snapshots recorded from a real run of
+examples/train_tiny.py (tests/data/training-session.jsonl, made by scripts/capture_training.py), on probes of real
+processes (two ranks of one job), on real probe files dltop refused, and with no probe at all.
+
+Update the pictures with `pytest tests/test_training_pane.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from textual.widgets import Static
+
+from dltop.model import Snapshot
+from dltop.model.probes import ProbesPart
+from dltop.probe.files import open_private_dir, write_atomic
+from dltop.sampler import ListFeed
+from dltop.sources.probes import read_probes
+from dltop.tui.app import DltopApp
+from tests.conftest import load_session
+from tests.probe_helpers import REPO, probe_env
+
+SESSION = "training-session.jsonl"
+SIZES = [(80, 24), (120, 40)]
+
+
+def _session() -> list[Snapshot]:
+    return load_session(SESSION)
+
+
+def _tab(app: DltopApp) -> str:
+    return str([p.PANE_ID for p in app._panes].index("training") + 1)
+
+
+async def _open(pilot) -> None:
+    await pilot.press(_tab(pilot.app))
+    await pilot.pause()
+    pilot.app._show()
+    await pilot.pause()
+
+
+def _text(app: DltopApp, selector: str) -> str:
+    return str(app.query_one(selector, Static).render())
+
+
+def _fits(app: DltopApp) -> None:
+    body = app.query_one("#tr-body", Static)
+    scroll = app.query_one("#tr-scroll")
+    assert max(len(line) for line in _text(app, "#tr-body").splitlines()) <= body.size.width
+    assert scroll.virtual_size.height <= scroll.size.height, "the job does not fit 80x24 without scrolling"
+
+
+async def test_the_recorded_run_shows_its_epochs_and_sparklines() -> None:
+    snaps = _session()
+    app = DltopApp(ListFeed(snaps, start=len(snaps) - 1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        assert app.query_one("#tabs").active == "tab-training"
+        body = _text(app, "#tr-body")
+        p = snaps[-1].probes.processes[0]  # type: ignore[union-attr]
+        assert body.startswith(f"pid {p.pid}") and "train_tiny" in body
+        assert f"workers {p.loader_workers}" in body and f"data {p.data_dir}" in body
+        lines = body.splitlines()
+        # one row per epoch the probe kept, with its numbers
+        for e in p.epochs:
+            row = next(ln for ln in lines if ln.split()[:1] == [str(e.index)])
+            assert f"{e.duration_s:.2f}s" in row and f"{e.data_wait_s:.2f}s" in row and str(e.steps) in row
+            assert f"{100 * e.data_wait_s / e.duration_s:.0f}%" in row
+            assert "n/a (no NVML)" in row  # the machine it was recorded on has no GPU: said, not zero
+        # the sparklines drew the history: as many columns as Snapshots had the probe with a step
+        step = next(ln for ln in lines if ln.startswith("Step"))
+        with_steps = sum(1 for s in snaps if s.probes and any(q.step_time_s for q in s.probes.processes))
+        assert sum(ch in "▁▂▃▄▅▆▇█" for ch in step) == with_steps
+        assert f"{1000 * p.step_time_s:.1f} ms" in step
+        _fits(app)
+
+
+async def test_no_probe_says_how_to_add_one() -> None:
+    snap = dataclasses.replace(_session()[0], probes=ProbesPart(dirs=("/dev/shm/dltop-0",)))
+    app = DltopApp(ListFeed([snap]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        body = _text(app, "#tr-body")
+        assert "probe.start()" in body and "DLTOP_PROBE=1 python train.py" in body
+        assert not app.query_one("#tr-notes", Static).display
+        _fits(app)
+
+
+async def test_refused_probe_files_are_in_the_notes(tmp_path: Path) -> None:
+    d = tmp_path / "dltop"
+    fd = open_private_dir(str(d))
+    write_atomic(fd, f"{os.getpid()}.json", b"{not json")
+    os.close(fd)
+    (d / "1.json").symlink_to(tmp_path / "elsewhere")
+    part = read_probes([(str(d), os.getuid())])
+    app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        notes = _text(app, "#tr-notes")
+        assert "1.json: a symlink in place of the file" in notes
+        assert f"{os.getpid()}.json: malformed: not JSON" in notes
+
+
+RANK = """
+import time, torch, dltop.probe as probe
+probe.start(interval_s=0.1)
+probe.watch_model(torch.nn.Linear(4, 4))
+for x in probe.track([torch.zeros(2, 4)] * 5):
+    time.sleep(0.01)
+probe.mark_epoch()
+probe.publish()
+print(flush=True)
+time.sleep(60)
+"""
+
+
+async def test_ranks_of_one_job_are_grouped(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="torch is not installed (the test extra)")
+    env = dict(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
+    procs = [subprocess.Popen([sys.executable, "-c", RANK], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env=probe_env(tmp_path, RANK=str(r), LOCAL_RANK=str(r), **env)) for r in (1, 0)]
+    alone = subprocess.Popen([sys.executable, "-c", RANK], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                             env=probe_env(tmp_path))
+    try:
+        for p in [*procs, alone]:
+            p.stdout.readline()  # type: ignore[union-attr]
+        part = read_probes([(str(tmp_path / "dltop"), os.getuid())])
+    finally:
+        for p in [*procs, alone]:
+            p.kill()
+            p.wait()
+    assert len(part.processes) == 3 and part.ignored == ()
+    app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        body = _text(app, "#tr-body")
+        rank0, rank1 = procs[1].pid, procs[0].pid
+        assert f"2 ranks 0,1 of 2  pids {rank0},{rank1}" in body
+        assert f"pid {alone.pid}" in body
+        assert "epochs (rank 0's)" in body
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_training_pane_picture(snap_compare, size: tuple[int, int]) -> None:
+    snaps = _session()
+    assert snap_compare(DltopApp(ListFeed(snaps, start=len(snaps) - 1)), terminal_size=size, run_before=_open)
+
+
+def test_the_recording_is_a_real_train_tiny_run() -> None:
+    """What the pictures show came from the probe: the recorded file reads back through the model exactly."""
+    snaps = _session()
+    last = snaps[-1].probes
+    assert isinstance(last, ProbesPart) and len(last.processes) == 1
+    p = last.processes[0]
+    assert "examples/train_tiny.py" in p.cmd and p.torch_version and p.weights_bytes
+    assert [e.index for e in p.epochs] == list(range(len(p.epochs))) and p.epochs
+    raw = json.loads((REPO / "tests" / "data" / SESSION).read_text().splitlines()[-1])
+    assert Snapshot.from_json(json.dumps(raw)) == snaps[-1]
+
+
+async def test_sixteen_epochs_show_the_newest_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed (the test extra)")
+    import dltop.probe as probe
+    from dltop.sources.probes import parse_probe
+
+    monkeypatch.setattr(probe, "_state", probe._State())
+    for _ in range(probe.MAX_EPOCHS + 3):  # more than the probe keeps
+        for _ in probe.track([torch.zeros(2)] * 3):
+            pass
+        probe.mark_epoch()
+    part = ProbesPart(processes=(parse_probe(probe.report(), "/dev/shm/dltop-0/x.json", os.getuid()),))
+    indexes = [e.index for e in part.processes[0].epochs]
+    assert indexes == list(range(3, probe.MAX_EPOCHS + 3))  # the oldest three dropped by the probe
+    app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        lines = _text(app, "#tr-body").splitlines()
+        shown = [int(ln.split()[0]) for ln in lines if ln.split()[:1] and ln.split()[0].isdigit()]
+        assert shown == indexes[-len(shown):] and len(shown) < len(indexes)  # the newest, in order
+        assert f"… {len(indexes) - len(shown)} earlier epochs not shown" in "\n".join(lines)
+        _fits(app)
+    async with DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)])).run_test(
+            size=(120, 40)) as pilot:
+        await _open(pilot)
+        shown = [ln for ln in _text(pilot.app, "#tr-body").splitlines() if ln.split()[:1] and ln.split()[0].isdigit()]
+        assert len(shown) == len(indexes)  # room for all of them
