@@ -13,6 +13,7 @@ from dltop.commands.common import (
     ArgumentParser,
     add_cache_option,
     add_common_options,
+    add_jump_option,
     add_server_option,
     refresh_seconds,
 )
@@ -28,6 +29,7 @@ COMMANDS = {
     "lock": "dltop.commands.pagecache",
     "kv": "dltop.commands.kv",
     "snapshot": "dltop.commands.snapshot",
+    "replay": "dltop.commands.replay",
     "export": "dltop.commands.export",
     "record": "dltop.commands.record",
     "mark": "dltop.commands.record",
@@ -55,6 +57,9 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
     tui.add_argument("-r", "--refresh", type=refresh_seconds, metavar="SECONDS",
                      help="refresh interval (default 1.0)")
     tui.add_argument("--read-only", action="store_true", help="disable every action that changes the system")
+    tui.add_argument("--record", metavar="DIR",
+                     help="record what the TUI shows into DIR as well (replay it with dltop replay DIR)")
+    add_jump_option(tui)
     tui.add_argument("--export", metavar="ADDR:PORT",
                      help="also serve what the TUI shows as Prometheus metrics on ADDR:PORT (see dltop export)")
     add_server_option(tui)
@@ -64,7 +69,8 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
 
 
 # Options of the top-level parser that take a value: their value is never a subcommand name.
-_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export", "--cache"}
+_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export", "--cache", "--record",
+                  "--jump"}
 
 
 def _command_first(args: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ from dltop.errors import DltopError
 DEFAULT_REFRESH_S = 1.0
 MIN_REFRESH_S = 0.1
 MAX_REFRESH_S = 60.0
-KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "caches"})  # later features add theirs here
+KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "caches", "jump"})  # later features add theirs here
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class Settings:
     servers: tuple[str, ...] = ()  # inference servers' /metrics URLs, normalized (server_url)
     caches: tuple[str, ...] = ()  # cache folders the user adds to the known ones (docs/caches.md)
     config_path: str | None = None
+    jump_s: float = 60.0  # how far j / J move in time (live history and replay)
 
 
 def default_config_path() -> Path:
@@ -73,6 +74,9 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     caches = data.get("caches", [])
     if not isinstance(caches, list) or not all(isinstance(c, str) for c in caches):
         raise DltopError(f"{where}: caches must be a list of paths")
+    jump = data.get("jump", s.jump_s)
+    if isinstance(jump, bool) or not isinstance(jump, int | float) or jump <= 0:
+        raise DltopError(f"{where}: jump must be a number of seconds above 0")
     unknown = sorted(set(data) - KNOWN_KEYS)
     if unknown:
         # A typo ("readonly = true") must not quietly leave actions enabled.
@@ -84,6 +88,7 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         read_only=read_only,
         servers=_server_urls(servers, where),
         caches=_cache_paths(caches),
+        jump_s=float(jump),
     )
 
 
@@ -154,4 +159,6 @@ def settings_from_args(args: Any) -> Settings:
         changes["caches"] = _cache_paths(args.caches)
     if getattr(args, "read_only", False):
         changes["read_only"] = True
+    if getattr(args, "jump", None) is not None:
+        changes["jump_s"] = args.jump
     return replace(s, **changes)

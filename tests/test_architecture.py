@@ -37,9 +37,10 @@ ALLOWED: dict[str, set[str]] = {
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources"},
     # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
     "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields",
-                 "__init__"},
+                 "text", "__init__"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.
-    "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "__init__"},
+    "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "recorder",
+            "__init__"},
     "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
                  "sampler", "actions", "hints", "derive", "fields", "exporter", "tui", "kv", "recorder",
@@ -55,6 +56,9 @@ ONLY_IN = {"textual": {"tui"}, "rich": {"tui"}}
 TUI_IMPORTERS = {"dltop/commands/tui.py"}
 # Within tui/, only the app may import actions, and only the runner.
 ACTIONS_IN_TUI = {"dltop/tui/app.py": {"dltop.actions.runner"}}
+# Within tui/, only the app reads a typed time ("10m ago", "14:05"), and nothing else of the recorder: a replay's
+# recording is handed in by commands/replay.py.
+RECORDER_IN_TUI = {"dltop/tui/app.py": {"dltop.recorder.times"}}
 MODULE_NAME = re.compile(r"dltop(\.[a-z_][a-z0-9_]*)+(:[A-Za-z_][A-Za-z0-9_]*)?")
 
 
@@ -110,6 +114,8 @@ def _violations(path: Path) -> list[str]:
                 bad.append(f"{rel}:{line} imports {mod} (only commands/tui.py starts the TUI)")
             elif target == "actions" and part == "tui" and mod not in ACTIONS_IN_TUI.get(rel, set()):
                 bad.append(f"{rel}:{line} imports {mod}: in tui/, only app.py holds the runner (dltop.actions.runner)")
+            elif target == "recorder" and part == "tui" and mod not in RECORDER_IN_TUI.get(rel, set()):
+                bad.append(f"{rel}:{line} imports {mod}: in tui/, only app.py reads times (dltop.recorder.times)")
             elif target not in allowed and target != part.split("/")[0]:
                 bad.append(f"{rel}:{line} imports {mod}: dltop/{part} may import only {sorted(allowed)}")
         elif top in ONLY_IN and part.split("/")[0] not in ONLY_IN[top]:

@@ -125,13 +125,18 @@ async def test_an_entry_is_cleared_from_the_opened_cache(ind: Path, tmp_path: Pa
         assert (ind / "aotautograd").is_dir()
 
 
-@pytest.mark.parametrize("how", ["read-only", "replay"])
-async def test_clear_is_greyed_out_in_read_only_and_replay(ind: Path, tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize("how", ["read-only", "paused"])
+async def test_clear_is_greyed_out_in_read_only_and_in_the_past(ind: Path, tmp_path: Path, how: str) -> None:
+    # "paused": a past moment on screen, gated as a replay is (View.replay; tests/test_replay.py plays recordings)
     files = find_files(ind)
     feed = ListFeed([snap_of(tmp_path / "home", TORCHINDUCTOR_CACHE_DIR=str(ind))])
-    app = DltopApp(feed, settings=Settings(read_only=how == "read-only"), replay=how == "replay")
+    app = DltopApp(feed, settings=Settings(read_only=how == "read-only"))
     async with app.run_test(size=(80, 24)) as pilot:
         await _open_tab(app, pilot)
+        if how == "paused":
+            await pilot.press("space")
+            await pilot.pause()
+            assert app.in_past
         pane = app.query_one(CachesPane)
         assert pane.check_action("clear", ()) is None
         assert not [c for c in pane.palette_commands() if "Clear" in c.title]

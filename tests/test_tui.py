@@ -35,9 +35,9 @@ async def test_keys_pause_refresh_help_quit(session: list[Snapshot]) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         assert "every 1s" in _text(app, "#header")
         await pilot.press("p")
-        assert app.feed.paused and "PAUSED" in _text(app, "#header")
+        assert app.at == session[2].ts and "PAUSED" in _text(app, "#header")
         await pilot.press("p")
-        assert not app.feed.paused and "PAUSED" not in _text(app, "#header")
+        assert app.at is None and "PAUSED" not in _text(app, "#header")
         await pilot.press("plus")
         assert app.refresh_s == 0.5 and "every 0.5s" in _text(app, "#header")
         await pilot.press("minus", "minus", "minus")
@@ -45,7 +45,7 @@ async def test_keys_pause_refresh_help_quit(session: list[Snapshot]) -> None:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         labels = [label for _key, label in app.screen._rows]
-        assert {"Quit", "Pause", "refresh faster / slower", "switch tab"} <= set(labels)
+        assert {"Quit", "pause / live; play a replay", "refresh faster / slower", "switch tab"} <= set(labels)
         assert len(labels) == len(set(labels))  # + and = are one entry
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)

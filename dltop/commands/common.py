@@ -80,3 +80,21 @@ def add_cache_option(p: argparse.ArgumentParser) -> None:
     """--cache PATH, a cache folder to show beside the known ones (the TUI, snapshot, caches)."""
     p.add_argument("--cache", dest="caches", action="append", metavar="PATH",
                    help="also show this cache folder (repeatable; replaces the config file's caches)")
+
+
+def add_jump_option(p: argparse.ArgumentParser) -> None:
+    """--jump DURATION: how far j / J move in time (the live TUI's history, a replay)."""
+    p.add_argument("--jump", type=_jump_seconds, metavar="DURATION",
+                   help="how far j / J move in time: 90s, 10m, 1h (default 1m, or the config file's jump)")
+
+
+def _jump_seconds(text: str) -> float:
+    from dltop.recorder.times import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except DltopError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
+    return value

@@ -19,6 +19,7 @@ from dltop.model import CgroupMemory, DatasetsPart, MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency
 from dltop.model.gpu import SPLIT_FIELDS
 from dltop.recorder.reader import RecordedEvent, Recording
+from dltop.text.events import describe_event
 
 MAX_EVENTS = 60
 CHART_HEIGHT = 14
@@ -180,29 +181,6 @@ def _peaks(c: _Collected) -> list[str]:
     return [*out, ""]
 
 
-def _describe(e: RecordedEvent) -> str:
-    d = e.data
-    if e.kind == "oom_kill":
-        where = f"cgroup {d.get('cgroup')}" if d.get("source") == "cgroup" else "the kernel (vmstat)"
-        return f"OOM kill: {d.get('kills')} in {where}"
-    if e.kind == "gpu_process":
-        what = d.get("command") or "?"
-        mem = f", {human_bytes(d['used_bytes'])}" if isinstance(d.get("used_bytes"), int) else ""
-        return f"GPU {d.get('gpu')}: pid {d.get('pid')} {d.get('state')} ({what}{mem})"
-    if e.kind == "action":
-        if d.get("phase") == "started":
-            return f"{d.get('action')} {d.get('target')}: started"
-        done = human_bytes(d["done_bytes"]) if isinstance(d.get("done_bytes"), int) else "?"
-        return f"{d.get('action')} {d.get('target')}: {d.get('outcome')} ({done}) {d.get('message') or ''}".rstrip()
-    if e.kind == "hint":
-        return f"hint {d.get('state')}: {d.get('id')} ({d.get('severity')}) {d.get('text') or ''}".rstrip()
-    if e.kind == "marker":
-        return f"marker: {d.get('text')}"
-    if e.kind in ("start", "stop"):
-        return f"recorder {e.kind} (pid {d.get('pid')})"
-    return f"{e.kind}: {d}"
-
-
 def _timeline(events: list[RecordedEvent], c: _Collected) -> list[str]:
     if not events:
         return ["Events: none", ""]
@@ -215,7 +193,7 @@ def _timeline(events: list[RecordedEvent], c: _Collected) -> list[str]:
     rest = [e for e in events if not key(e)]
     shown += rest[: max(0, MAX_EVENTS - len(shown))]
     shown.sort(key=lambda e: e.ts)
-    out = ["Events"] + [f"  {_when(e.ts, span)}  {_describe(e)}" for e in shown]
+    out = ["Events"] + [f"  {_when(e.ts, span)}  {describe_event(e.kind, e.data)}" for e in shown]
     if len(events) > len(shown):
         out.append(f"  ... and {len(events) - len(shown)} more (dltop dump --format jsonl, or dltop replay)")
     return [*out, ""]

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from rich.text import Text
 from textual import events, work
@@ -37,11 +37,15 @@ from dltop.tui.messages import (
     EvictRequested,
     LockRequested,
     WarmRequested,
+    Warned,
 )
 from dltop.tui.panes import pane_classes
 from dltop.tui.panes.base import Pane, set_content
+from dltop.tui.screens.ask import AskScreen
 from dltop.tui.screens.confirm import ConfirmScreen, plan_dialog
+from dltop.tui.screens.events import EventsScreen
 from dltop.tui.screens.help import HelpScreen
+from dltop.tui.timeline import LiveHistory, RecordingFeed, Timeline, index_at
 from dltop.tui.view import View
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
@@ -49,12 +53,13 @@ HISTORY_LEN = 600  # ten minutes at the default refresh: what the sparklines sho
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 HINT_LINES = 2
 LEAVE_WITHIN_S = 3.0  # after a kill or a hangup, at most this long before the process is gone
+PLAY_TICK_S = 0.25  # a replay that plays moves on this often (at x10 over a 1 s recording: every 2-3 samples)
+SPEEDS = (1, 10, 60)  # replay speeds, as atop and below users know them
+TIME_EXAMPLES = "10m ago, 14:05, 2026-12-01T14:05:00"
 
 
 class Feed(Protocol):
-    """Where Snapshots come from: the live Sampler, or a list of recorded ones."""
-
-    paused: bool
+    """Where Snapshots come from: the live Sampler, a list of recorded ones, or a recording (RecordingFeed)."""
 
     def start(self) -> None: ...
     def snapshot(self) -> Snapshot: ...
@@ -65,6 +70,13 @@ class Feed(Protocol):
     async def wait_first(self, timeout_s: float = 1.0) -> None: ...
     def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]: ...
     def close(self) -> None: ...
+
+
+class RecordSink(Protocol):
+    """Where `--record DIR` writes (`dltop.recorder.Recorder`): every Snapshot shown, and the user's markers."""
+
+    def write(self, snapshot: Snapshot) -> None: ...
+    def event(self, kind: str, data: dict[str, Any], ts: float | None = None) -> None: ...
 
 
 def _fit_lines(t: Text, width: int, lines: int, console: Any) -> Text:
@@ -79,6 +91,37 @@ def _fit_lines(t: Text, width: int, lines: int, console: Any) -> Text:
     kept.rstrip()
     kept.append(tail, "dim")
     return kept
+
+
+# The help screen: one row per key (its pair, its other labels left out), in words where the label is short.
+HELP_SKIPS = {"app.interrupt", "app.slower", "app.live", "app.play", "app.step_back", "app.goto_live",
+              "app.jump_back", "app.speed_down"}
+HELP_TEXT = {
+    "app.faster": "refresh faster / slower",
+    "app.palette": "command palette",
+    "app.pause": "pause / live; play a replay",
+    "app.step": "next / previous sample",
+    "app.jump": "jump {jump} on / back",
+    "app.goto": "go to a time",
+    "app.events": "events (replay)",
+    "app.speed": "replay ×1/×10/×60",
+    "app.mark": "marker (--record)",
+}
+# The palette's entries for moving in time: (title, help, action, parameters); offered where they can run now.
+TIME_COMMANDS = (
+    ("Next sample", "Step to the next sample (t)", "step", (1,)),
+    ("Previous sample", "Step to the previous sample (T)", "step", (-1,)),
+    ("Jump forward", "{jump} later (j)", "jump", (1,)),
+    ("Jump back", "{jump} earlier (J)", "jump", (-1,)),
+    ("Go to a time", "10m ago, 14:05 or ISO 8601 (b)", "go_to", (False,)),
+    ("Events", "OOM kills, markers, actions, GPU processes, hints (v)", "events", ()),
+    ("Replay faster", "×1, ×10, ×60 (>)", "speed", (1,)),
+    ("Replay slower", "×60, ×10, ×1 (<)", "speed", (-1,)),
+)
+
+
+def _hms(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
 
 
 def _next_step(current: float, faster: bool) -> float:
@@ -100,7 +143,24 @@ class DltopApp(App[None]):
         # top and htop quit on Ctrl-C too; Textual's default only explains how to quit.
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="app.interrupt"),
         Binding("question_mark", "help", "Help", id="app.help"),
-        Binding("p", "toggle_pause", "Pause", id="app.pause"),
+        # Space (and p) pauses the view, goes back to live, or plays a replay: one of the three is enabled at a
+        # time, so the footer names what the key does now.
+        Binding("space,p", "pause", "Pause", key_display="␣", id="app.pause"),
+        Binding("space,p", "live", "Live", key_display="␣", id="app.live"),
+        Binding("space,p", "play", "Play", key_display="␣", id="app.play"),
+        # Moving in time. The forward keys show in the footer only when there is a past on screen (live has
+        # nothing newer); T, J and b work from live too (they pause). b is bound twice for that: labelled when
+        # the past is on screen, unlabelled from live, so the live footer of the busiest tab still fits 80 columns.
+        Binding("t", "step(1)", "Step", key_display="t/T", id="app.step"),
+        Binding("T", "step(-1)", "Step back", show=False, id="app.step_back"),
+        Binding("b", "go_to(True)", "Go to", id="app.goto"),
+        Binding("b", "go_to(False)", "Go to", show=False, id="app.goto_live"),
+        Binding("v", "events", "Events", id="app.events"),
+        Binding("j", "jump(1)", "Jump", key_display="j/J", show=False, id="app.jump"),
+        Binding("J", "jump(-1)", "Jump back", show=False, id="app.jump_back"),
+        Binding("greater_than_sign", "speed(1)", "Speed", key_display="</>", show=False, id="app.speed"),
+        Binding("less_than_sign", "speed(-1)", "Slower replay", show=False, id="app.speed_down"),
+        Binding("m", "mark", "Mark", show=False, id="app.mark"),
         # One footer label for both refresh keys, so every key of the busiest tab fits 80 columns.
         Binding("plus,equals_sign", "faster", "Refresh", key_display="+/-", id="app.faster"),
         Binding("minus", "slower", "Slower", show=False, id="app.slower"),
@@ -109,9 +169,9 @@ class DltopApp(App[None]):
     ]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
-    def __init__(self, feed: Feed, settings: Settings | None = None, replay: bool = False,
-                 clock: Callable[[], float] = time.time, runner: Any = None, own_signals: bool = False,
-                 listeners: Sequence[Callable[[Snapshot], None]] = ()) -> None:
+    def __init__(self, feed: Feed, settings: Settings | None = None, clock: Callable[[], float] = time.time,
+                 runner: Any = None, own_signals: bool = False, listeners: Sequence[Callable[[Snapshot], None]] = (),
+                 recorder: RecordSink | None = None) -> None:
         super().__init__()
         self._own_signals = own_signals  # a real run (not a test's): SIGTERM and SIGHUP leave as q does
         self.feed = feed
@@ -124,13 +184,23 @@ class DltopApp(App[None]):
         self._action: ActionEvent | None = None
         self.settings = settings or Settings()
         self.refresh_s = self.settings.refresh_s
-        self.replay = replay
         self._clock = clock
         self.history: deque[Snapshot] = deque(maxlen=HISTORY_LEN)
         self.hints: list[hint_rules.Hint] = []
+        # Time: live follows the feed (`at` None); a past moment is the Snapshot taken at `at` on the timeline,
+        # the app's own history live, the recording in a replay (which is always at a moment).
+        self.replay = isinstance(feed, RecordingFeed)
+        self.timeline: Timeline = feed.timeline if isinstance(feed, RecordingFeed) else LiveHistory(self.history)
+        self.at: float | None = feed.start_ts if isinstance(feed, RecordingFeed) else None
+        self._past: tuple[float, tuple[Snapshot, ...], tuple[hint_rules.Hint, ...]] | None = None
+        self.playing = False
+        self.speed = SPEEDS[0]
+        self._play_pos = 0.0  # where a playing replay is, between samples
+        self.recorder = recorder
         self._view: View | None = None
         self._panes: list[Pane] = [cls() for cls in pane_classes()]
-        self._listeners = tuple(listeners)  # each Snapshot shown is handed on too (`dltop --export`'s collector)
+        # Each Snapshot shown is handed on too (`dltop --export`'s collector, `--record`'s recorder).
+        self._listeners = (*listeners, recorder.write) if recorder is not None else tuple(listeners)
 
     # -- layout ---------------------------------------------------------------------------------------------
 
@@ -159,6 +229,7 @@ class DltopApp(App[None]):
             # at the first tick.
             self.set_interval(1.0, self._exit_if_terminal_gone)
         self.runner.subscribe(lambda ev: self.post_message(ActionEventPosted(ev)))
+        self._play_timer = self.set_interval(PLAY_TICK_S, self._play_tick, pause=True)
         self.feed.start()
         await self.feed.wait_first(timeout_s=0.3)
         for snap in self.feed.backlog():
@@ -220,18 +291,47 @@ class DltopApp(App[None]):
             return
         self.history.append(snap)
         for listen in self._listeners:
-            listen(snap)
+            listen(snap)  # the recorder of --record among them: what this screen shows, so a replay shows the same
         self.hints = hint_rules.hints(list(self.history))
-        self._update_header(snap)
+        if self.at is not None and not self.replay and self.at < self.history[0].ts:
+            self.at = self.history[0].ts  # the moment paused on left the history: the oldest one kept
+        self._redraw()
+
+    def _redraw(self) -> None:
+        """Header, hint line and visible pane for the moment on screen."""
+        frame = self._frame()
+        if frame is None:
+            return
+        self._update_header(frame[0][-1])
         self._update_hints()
         self._show()
 
+    def _frame(self) -> tuple[tuple[Snapshot, ...], tuple[hint_rules.Hint, ...]] | None:
+        """The Snapshots up to the moment on screen (oldest first) and its hints: the latest live; in the past,
+        the window that ended at `at` and the hints drawn from it by the same rules, so the numbers are those
+        live showed then."""
+        if self.at is None:
+            return (tuple(self.history), tuple(self.hints)) if self.history else None
+        if self._past is None or self._past[0] != self.at:
+            window = tuple(self.timeline.upto(self.at, HISTORY_LEN))
+            if not window:
+                return None
+            self._past = (self.at, window, tuple(hint_rules.hints(window)))
+        return self._past[1], self._past[2]
+
+    @property
+    def in_past(self) -> bool:
+        """A past moment is on screen (paused live, or a replay): nothing may change the system from it."""
+        return self.at is not None
+
     def _show(self) -> None:
-        """Hand the visible pane a View of the latest Snapshot and of the actions' state."""
-        if not self.history:
+        """Hand the visible pane a View of the moment on screen and of the actions' state."""
+        frame = self._frame()
+        if frame is None:
             return
-        self._view = View(snapshot=self.history[-1], history=tuple(self.history), hints=tuple(self.hints),
-                          read_only=self.settings.read_only, replay=self.replay,
+        history, hints = frame
+        self._view = View(snapshot=history[-1], history=history, hints=hints,
+                          read_only=self.settings.read_only, replay=self.in_past,
                           watched=tuple(self.settings.datasets), action=self._action,
                           busy=self.runner.busy is not None, held=self.runner.held())
         active = self._active_pane()
@@ -262,12 +362,12 @@ class DltopApp(App[None]):
         t.append(f" · {snap.host}")
         if snap.uptime_s is not None:
             t.append(f" · up {human_duration(snap.uptime_s)}")
-        t.append(f" · every {self.refresh_s:g}s")
-        t.append(" · " + time.strftime("%H:%M:%S", time.localtime(snap.ts)))
-        if self.replay:
-            t.append("  REPLAY", "bold magenta")
-        if self.feed.paused:
-            t.append("  PAUSED", "bold reverse")
+        if not self.replay:
+            t.append(f" · every {self.refresh_s:g}s")
+        t.append(" · ")
+        t.append_text(self._when(snap))
+        if self.recorder is not None:
+            t.append("  ● REC", "bold red")
         troubled = [s for s in snap.sources.values() if s.error]
         for s in troubled:
             t.append(f"  ⚠ {s.name}: {s.error}", "bold yellow")
@@ -275,17 +375,32 @@ class DltopApp(App[None]):
             t.append("  read-only", "dim")
         set_content(self.query_one("#header", Static), t)
 
+    def _when(self, snap: Snapshot) -> Text:
+        """The moment on screen: its time live; "PAUSED 14:05:13 (−2m10s)" behind live; "REPLAY name 14:05:13
+        ×10 ▶" in a replay."""
+        clock = _hms(snap.ts)
+        if self.replay:
+            assert isinstance(self.feed, RecordingFeed)
+            return Text.assemble(("REPLAY", "bold magenta"), f" {self.feed.name} {clock} ×{self.speed} ",
+                                 ("▶" if self.playing else "⏸", "bold"))
+        if self.at is None:
+            return Text(clock)
+        behind = self.history[-1].ts - snap.ts if self.history else 0.0
+        return Text.assemble(("PAUSED", "bold reverse"), f" {clock} (−{human_duration(behind)})")
+
     def _update_hints(self) -> None:
         widget = self.query_one("#hints", Static)
-        if not self.hints:
+        frame = self._frame()
+        hints = frame[1] if frame is not None else ()
+        if not hints:
             widget.display = False
             return
-        h = self.hints[0]
+        h = hints[0]
         style = {"critical": "bold red", "warn": "bold yellow", "info": "bold"}[h.severity]
         t = Text.assemble(("! " if h.severity != "info" else "i ", style), (h.text, style))
         if h.fix:
             t.append(f" — {h.fix}", "italic")
-        more = f"  (+{len(self.hints) - 1} more, see ?)" if len(self.hints) > 1 else ""
+        more = f"  (+{len(hints) - 1} more, see ?)" if len(hints) > 1 else ""
         t.append(more, "dim")
         set_content(widget, _fit_lines(t, max(20, self.size.width - 2), HINT_LINES, self.console))
         widget.display = True
@@ -294,9 +409,9 @@ class DltopApp(App[None]):
 
     def _request(self, msg: ActionRequested) -> None:
         msg.stop()
-        if self.settings.read_only or self.replay:
-            self.notify(f"{msg.action}: {'read-only' if self.settings.read_only else 'replay'}: nothing may change "
-                        "the system", severity="warning")
+        if self.settings.read_only or self.in_past:
+            why = "dltop runs --read-only" if self.settings.read_only else self._past_reason()
+            self.notify(f"{msg.action}: {why}; nothing may change the system from here", severity="warning")
             return
         if self.runner.busy is not None:
             self.notify(f"{self.runner.busy.action} {self.runner.busy.target} is still running (Esc cancels)",
@@ -332,6 +447,13 @@ class DltopApp(App[None]):
 
     def on_clear_requested(self, msg: ClearRequested) -> None:
         self._request(msg)
+
+    def warn(self, text: str) -> None:
+        """Show a warning from any thread (the recorder's: the disk is full, samples dropped)."""
+        self.post_message(Warned(text))
+
+    def on_warned(self, msg: Warned) -> None:
+        self.notify(msg.text, severity="warning", timeout=8)
 
     def on_cancel_requested(self, msg: CancelRequested) -> None:
         msg.stop()
@@ -415,19 +537,213 @@ class DltopApp(App[None]):
 
     # -- actions --------------------------------------------------------------------------------------------
 
+    # Moving in time. Live, the past is the app's own history (sampling goes on meanwhile, and so does
+    # --record); in a replay it is the recording, and playing moves through it at the speed chosen.
+
+    def _past_reason(self) -> str:
+        if self.replay:
+            return "this is a replay"
+        return "paused on a past moment (space goes back to live)"
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        past, replay = self.in_past, self.replay
+        if action == "pause":
+            return (not past) if not replay else self.playing
+        if action == "live":
+            return past and not replay
+        if action == "play":
+            return replay and not self.playing
+        if action in ("step", "jump") and parameters == (1,):
+            return past  # live has nothing newer
+        if action == "go_to" and parameters == (True,):
+            return past  # labelled in the footer only where the past is on screen; go_to(False) works from live
+        if action in ("events", "speed"):
+            return replay
+        if action in ("faster", "slower"):
+            return not replay  # a recording keeps its cadence
+        return True
+
+    def _go(self, ts: float) -> None:
+        """Show the moment `ts` of the timeline (live: reaching the newest sample is live again)."""
+        times = self.timeline.times()
+        if not times:
+            return
+        ts = times[index_at(times, ts)]
+        self.at = None if not self.replay and ts >= times[-1] else ts
+        self._play_pos = ts
+        self._redraw()
+        self._settle()
+        self.refresh_bindings()
+
+    def _settle(self) -> None:
+        # A pane's layout follows what it drew last (a rates line more, a note less): live, the next tick draws
+        # at the settled layout; a moment moved to has no next tick, so it is drawn again once laid out.
+        self.call_after_refresh(self._show)
+
+    def action_pause(self) -> None:
+        """Live: hold the view on the moment shown while sampling goes on. A replay: stop playing."""
+        if self.replay:
+            self.playing = False
+            self._play_timer.pause()
+            self._redraw()
+            self._settle()
+            self.refresh_bindings()
+        elif self.history:
+            self.at = self.history[-1].ts  # the newest sample, held
+            self._redraw()
+            self.refresh_bindings()
+
+    def action_live(self) -> None:
+        """Back to the live view."""
+        self.at = None
+        self._redraw()
+        self.refresh_bindings()
+
+    def action_play(self) -> None:
+        """Play the replay from the moment shown, at the speed chosen (from the start again at its end)."""
+        times = self.timeline.times()
+        if self.at is not None and self.at >= times[-1]:
+            self._go(times[0])
+        self.playing = True
+        self._play_pos = self.at if self.at is not None else times[0]
+        self._play_timer.resume()
+        self._redraw()
+        self.refresh_bindings()
+
     def action_toggle_pause(self) -> None:
-        """Stop or resume sampling; the screen keeps the last numbers."""
-        self.feed.paused = not self.feed.paused
-        if self.history:
-            self._update_header(self.history[-1])
-        self.notify("paused" if self.feed.paused else "resumed", timeout=1.5)
+        """Pause / back to live, or play / pause a replay: what space does now."""
+        for action in ("pause", "live", "play"):
+            if self.check_action(action, ()):
+                getattr(self, f"action_{action}")()
+                return
+
+    def _play_tick(self) -> None:
+        times = self.timeline.times()
+        self._play_pos += self.speed * PLAY_TICK_S
+        if self._play_pos >= times[-1]:
+            self._play_pos = times[-1]
+            self.playing = False
+            self._play_timer.pause()
+            self.notify("end of the recording", timeout=2)
+            self.refresh_bindings()
+        shown = times[index_at(times, self._play_pos)]
+        if shown != self.at or not self.playing:
+            self.at = shown
+            self._redraw()
+        if not self.playing:
+            self._settle()
+
+    def action_step(self, n: int) -> None:
+        """Next (1) or previous (-1) sample."""
+        times = self.timeline.times()
+        if not times:
+            return
+        i = len(times) - 1 if self.at is None else index_at(times, self.at)
+        j = min(max(i + n, 0), len(times) - 1)
+        if j == i:
+            self._say_end(n)
+            return
+        self._go(times[j])
+
+    def action_jump(self, n: int) -> None:
+        """Forward (1) or back (-1) by the jump duration (--jump), to the sample on screen then; over a gap in
+        the recording, at least one sample."""
+        times = self.timeline.times()
+        if not times:
+            return
+        i = len(times) - 1 if self.at is None else index_at(times, self.at)
+        j = index_at(times, times[i] + n * self.settings.jump_s)
+        if n > 0 and j <= i:
+            j = i + 1
+        if n < 0 and j >= i:
+            j = i - 1
+        j = min(max(j, 0), len(times) - 1)
+        if j == i:
+            self._say_end(n)
+            return
+        self._go(times[j])
+
+    def _say_end(self, n: int) -> None:
+        if n < 0:
+            self.notify("the first sample of the recording" if self.replay else "the oldest sample kept", timeout=1.5)
+        else:
+            self.notify("the last sample of the recording" if self.replay else "the newest sample", timeout=1.5)
+
+    def action_go_to(self, _labelled: bool = True) -> None:
+        """Ask for a time ("10m ago", "14:05", ISO 8601) and show the sample on screen then."""
+        times = self.timeline.times()
+        if not times:
+            return
+
+        def check(text: str) -> str | None:
+            try:
+                ts = self._parse_time(text)
+            except DltopError as e:
+                return str(e)
+            if not times[0] <= ts <= times[-1] + max(self.refresh_s, 1.0):
+                return (f"{_hms(ts)} is outside {'the recording' if self.replay else 'the history kept'}: "
+                        f"{_hms(times[0])} to {_hms(times[-1])}")
+            return None
+
+        def answered(text: str | None) -> None:
+            if text is not None:
+                self._go(self._parse_time(text))
+
+        self.push_screen(AskScreen(f"Go to ({_hms(times[0])} to {_hms(times[-1])})",
+                                   placeholder=TIME_EXAMPLES, check=check), answered)
+
+    def _parse_time(self, text: str) -> float:
+        from dltop.recorder.times import parse_time  # pure (no reader, no writer): the one way times are read
+
+        recording = self.feed.recording if isinstance(self.feed, RecordingFeed) else None
+        return parse_time(text, self._clock(), cast(Any, recording))
+
+    def action_events(self) -> None:
+        """The recording's events; Enter shows the moment of one."""
+        if not self.timeline.events():
+            self.notify("no events in this recording", timeout=2)
+            return
+
+        def chosen(ts: float | None) -> None:
+            if ts is not None:
+                self._go(ts)
+
+        self.push_screen(EventsScreen(self.timeline.events(), self.at or 0.0), chosen)
+
+    def action_speed(self, n: int) -> None:
+        """Replay faster (1) or slower (-1): ×1, ×10, ×60."""
+        i = min(max(SPEEDS.index(self.speed) + n, 0), len(SPEEDS) - 1)
+        self.speed = SPEEDS[i]
+        self._redraw()
+
+    def action_mark(self) -> None:
+        """Write a marker with a text of your own into the recording (--record)."""
+        if self.replay:
+            self.notify("m: this is a replay; a marker goes into a live recording (dltop --record DIR, or "
+                        "dltop mark)", severity="warning", timeout=4)
+            return
+        recorder = self.recorder
+        if recorder is None:
+            self.notify("m: nothing is being recorded (start dltop with --record DIR)", severity="warning",
+                        timeout=4)
+            return
+        now = self._clock()
+
+        def answered(text: str | None) -> None:
+            if text is not None:
+                recorder.event("marker", {"text": text, "by": "dltop"}, ts=now)
+                self.notify(f"marker at {_hms(now)}: {text}", timeout=3)
+
+        self.push_screen(AskScreen(f"Marker at {_hms(now)}", placeholder="what happened"), answered)
+
+    def _jump_text(self) -> str:
+        return human_duration(self.settings.jump_s)
 
     def _set_refresh(self, value: float) -> None:
         self.refresh_s = value
         self.settings = replace(self.settings, refresh_s=value)  # sources rebuilt later follow it too
         self.feed.set_refresh(value)
-        if self.history:
-            self._update_header(self.history[-1])
+        self._redraw()
 
     def action_faster(self) -> None:
         """Refresh more often (down to 0.25 s)."""
@@ -453,23 +769,31 @@ class DltopApp(App[None]):
         for binding in bindings:
             if not isinstance(binding, Binding) or not binding.description:
                 continue
-            if (binding.id or "").startswith(("app.tab", "app.interrupt", "app.slower")):
+            if binding.id in HELP_SKIPS or (binding.id or "").startswith("app.tab"):
                 continue
             if binding.description in seen:
                 continue
             seen.add(binding.description)
-            description = "refresh faster / slower" if binding.id == "app.faster" else binding.description
-            description = "command palette" if binding.id == "app.palette" else description
+            description = HELP_TEXT.get(binding.id or "", binding.description).format(jump=self._jump_text())
             rows.append((binding.key_display or self.get_key_display(binding), description))
         rows.append((f"1-{len(self._panes)}", "switch tab"))
-        hints = [h.text + (f" — {h.fix}" if h.fix else "") for h in self.hints]
+        frame = self._frame()
+        hints = [h.text + (f" — {h.fix}" if h.fix else "") for h in (frame[1] if frame else ())]
         self.push_screen(HelpScreen(rows, pane.HELP if pane is not None else "", hints))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("Pause / resume", "Stop or resume sampling (p)", self.action_toggle_pause)
-        yield SystemCommand("Refresh faster", "Sample more often (+)", self.action_faster)
-        yield SystemCommand("Refresh slower", "Sample less often (-)", self.action_slower)
+        yield SystemCommand("Pause / resume", "Hold the view, back to live; play or pause a replay (space)",
+                            self.action_toggle_pause)
+        for title, help_text, action, params in TIME_COMMANDS:
+            if self.check_action(action, params):
+                yield SystemCommand(title, help_text.format(jump=self._jump_text()),
+                                    lambda a=action, p=params: getattr(self, f"action_{a}")(*p))
+        if self.recorder is not None:
+            yield SystemCommand("Add a marker", "A note of yours in the recording (m)", self.action_mark)
+        if not self.replay:
+            yield SystemCommand("Refresh faster", "Sample more often (+)", self.action_faster)
+            yield SystemCommand("Refresh slower", "Sample less often (-)", self.action_slower)
         yield SystemCommand("Help", "Every key and the current hints (?)", self.action_help)
         for i, pane in enumerate(self._panes, start=1):
             yield SystemCommand(f"Show {pane.TITLE}", f"Switch to tab {i}", lambda i=i: self.action_show_tab(i))

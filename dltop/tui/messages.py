@@ -70,3 +70,12 @@ class ActionEventPosted(Message):
     def __init__(self, event: ActionEvent) -> None:
         super().__init__()
         self.event = event
+
+
+class Warned(Message):
+    """Something running beside the app (the recorder of --record) has a warning for the user; posted from any
+    thread."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text

@@ -1,0 +1,54 @@
+"""`dltop replay [PATH] [-t TIME]`: the TUI's panes fed from a recording. No sources, no NVML, no root."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from dltop.errors import DltopError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `dltop replay`."""
+    from dltop.commands.common import add_jump_option
+
+    p = sub.add_parser("replay", help="show a recording in the TUI: step, jump, go to a time, play",
+                       description="The TUI's panes fed from a recording (`dltop record`, `dltop --record DIR`): "
+                                   "t/T next/previous sample, j/J jump, b go to a time, space play/pause, "
+                                   "< > speed x1/x10/x60, v the event list. Nothing can change the system.")
+    p.add_argument("path", metavar="PATH", nargs="?", default=None,
+                   help="a recording directory or one segment file (default: the directory `record` uses)")
+    p.add_argument("-t", "--time", metavar="TIME",
+                   help="start at TIME: '10m ago', 14:05, ISO 8601, epoch seconds, start, end (default: start)")
+    add_jump_option(p)
+    p.add_argument("--config", metavar="FILE", help="TOML config file (default: $XDG_CONFIG_HOME/dltop/config.toml)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Open the recording, find the start time in it, and show it in the TUI."""
+    from dltop.commands.tui import need_terminal, run_replay_tui
+    from dltop.config import settings_from_args
+    from dltop.recorder import Recording, default_directory, parse_time
+
+    settings = settings_from_args(args)
+    path = args.path or default_directory()
+    recording = Recording(path)
+    times = recording.times()
+    if not times:
+        raise DltopError(f"{path}: the recording holds no samples")
+    start = times[0]
+    if args.time:
+        start = parse_time(args.time, time.time(), recording)
+        slack = float(recording.meta.get("interval_s") or 1.0)
+        if not times[0] <= start <= times[-1] + slack:
+            raise DltopError(f"-t {args.time}: {_when(start)} is outside the recording ({_when(times[0])} to "
+                             f"{_when(times[-1])})")
+    need_terminal(f"for the recording as text use `dltop report {path}` or `dltop dump {path}`")
+    name = os.path.basename(os.path.normpath(recording.path))
+    return run_replay_tui(recording, name, start, settings)
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))

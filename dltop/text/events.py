@@ -1,0 +1,42 @@
+"""A recorded event in one line ("OOM kill: 2 in cgroup /job", "marker: loss went to NaN"): the replay's event list
+and the report's timeline. A recording is read from disk: a field of the wrong type (an older or damaged
+recording) is shown as it is, never an error."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dltop.fmt import human_bytes
+
+
+def describe_event(kind: str, data: Mapping[str, Any]) -> str:
+    """What happened, in one line, starting with what kind of event it is."""
+    return " ".join(_describe(kind, data if isinstance(data, Mapping) else {}).splitlines())
+
+
+def _bytes(value: Any) -> str:
+    return human_bytes(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
+
+
+def _describe(kind: str, d: Mapping[str, Any]) -> str:
+    if kind == "oom_kill":
+        where = f"cgroup {d.get('cgroup')}" if d.get("source") == "cgroup" else "the kernel (vmstat)"
+        return f"OOM kill: {d.get('kills')} in {where}"
+    if kind == "gpu_process":
+        mig = f" MIG {d['mig']}" if d.get("mig") is not None else ""
+        mem = f", {_bytes(d['used_bytes'])}" if d.get("used_bytes") is not None else ""
+        return f"GPU {d.get('gpu')}{mig}: pid {d.get('pid')} {d.get('state')} ({d.get('command') or '?'}{mem})"
+    if kind == "action":
+        if d.get("phase") == "started":
+            return f"{d.get('action')} {d.get('target')}: started"
+        # An ok run's message repeats the bytes and the target; a refusal's or an error's says why.
+        why = d.get("message") if d.get("outcome") != "ok" else ""
+        return f"{d.get('action')} {d.get('target')}: {d.get('outcome')} ({_bytes(d.get('done_bytes'))}) {why or ''}".rstrip()
+    if kind == "hint":
+        return f"hint {d.get('state')}: {d.get('id')} ({d.get('severity')}) {d.get('text') or ''}".rstrip()
+    if kind == "marker":
+        return f"marker: {d.get('text')}"
+    if kind in ("start", "stop"):
+        return f"recorder {kind} (pid {d.get('pid')})"
+    return f"{kind}: {dict(d)}"

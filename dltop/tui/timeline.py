@@ -1,0 +1,144 @@
+"""The Snapshots the app can show a past moment from: its own bounded live history, or a recording.
+
+A past moment is shown the way live showed it: the Snapshot at that time with the window of Snapshots that ended
+there (the sparklines, `View.previous` for rates, the hints' window), so live, pause and replay hand the panes the
+same View for the same moment.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from dltop.model import Snapshot
+
+
+class TimedEvent(Protocol):
+    """One event of a recording (an OOM kill, a marker, an action, a GPU process, a hint)."""
+
+    @property
+    def ts(self) -> float: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+
+
+class Timeline(Protocol):
+    """Snapshots by time, oldest first."""
+
+    def times(self) -> Sequence[float]: ...
+    def upto(self, ts: float, count: int) -> list[Snapshot]: ...
+    def events(self) -> Sequence[TimedEvent]: ...
+
+
+class RecordingLike(Protocol):
+    """What a replay reads of a recording (`dltop.recorder.Recording`)."""
+
+    def times(self) -> list[float]: ...
+    def range(self, t0: float | None = None, t1: float | None = None) -> Iterator[Snapshot]: ...
+    def events(self, t0: float | None = None, t1: float | None = None) -> Sequence[TimedEvent]: ...
+
+
+def index_at(times: Sequence[float], ts: float) -> int:
+    """The index of the Snapshot on screen at `ts`: the last one taken at or before it (0 before the first)."""
+    return max(0, bisect.bisect_right(times, ts) - 1)
+
+
+class LiveHistory:
+    """The app's own history (the last Snapshots it showed, a bounded deque): what pause and step move through."""
+
+    def __init__(self, snapshots: deque[Snapshot]) -> None:
+        self.snapshots = snapshots
+
+    def times(self) -> list[float]:
+        return [s.ts for s in self.snapshots]
+
+    def upto(self, ts: float, count: int) -> list[Snapshot]:
+        """At most `count` Snapshots ending with the one on screen at `ts`."""
+        if not self.snapshots:
+            return []
+        end = index_at(self.times(), ts) + 1
+        return list(self.snapshots)[max(0, end - count):end]
+
+    def events(self) -> Sequence[TimedEvent]:
+        """Live history keeps no events (the recording does)."""
+        return ()
+
+
+class RecordedHistory:
+    """A recording as a Timeline. The window around the moment shown is kept decoded, so stepping and playing
+    read only the Snapshots that came into the window, not the whole window again."""
+
+    def __init__(self, recording: RecordingLike) -> None:
+        self._recording = recording
+        self._times = recording.times()
+        self._events = recording.events()
+        self._kept: dict[float, Snapshot] = {}
+
+    def times(self) -> list[float]:
+        return self._times
+
+    def events(self) -> Sequence[TimedEvent]:
+        return self._events
+
+    def upto(self, ts: float, count: int) -> list[Snapshot]:
+        """At most `count` Snapshots ending with the one on screen at `ts`."""
+        if not self._times:
+            return []
+        end = index_at(self._times, ts) + 1
+        wanted = self._times[max(0, end - count):end]
+        missing = [t for t in wanted if t not in self._kept]
+        if missing:
+            for snap in self._recording.range(missing[0], missing[-1]):
+                self._kept[snap.ts] = snap
+        self._kept = {t: self._kept[t] for t in wanted if t in self._kept}
+        return list(self._kept.values())
+
+
+class RecordingFeed:
+    """A recording as the app's feed: nothing streams in and nothing can be changed; the app moves through
+    `timeline` itself (step, jump, go to, play)."""
+
+    def __init__(self, recording: RecordingLike, name: str, start_ts: float | None = None) -> None:
+        self.recording = recording  # for times typed relative to it ("14:05": that day of the recording)
+        self.timeline = RecordedHistory(recording)
+        times = self.timeline.times()
+        if not times:
+            raise ValueError("a recording without samples")
+        self.name = name  # what the header calls the recording
+        self.start_ts = times[0] if start_ts is None else start_ts
+
+    def start(self) -> None:
+        """Nothing to start: the recording is on disk."""
+
+    def snapshot(self) -> Snapshot:
+        """The Snapshot on screen at the start time."""
+        return self.timeline.upto(self.start_ts, 1)[-1]
+
+    def backlog(self) -> list[Snapshot]:
+        """The app takes the window from the timeline, not from here."""
+        return []
+
+    def set_refresh(self, interval_s: float) -> None:
+        """Recorded Snapshots keep their cadence."""
+
+    def reconfigure(self, settings: object) -> None:
+        """A recording cannot gain a source."""
+
+    def read_now(self, name: str, key: str | None = None) -> None:
+        """A recording is what it is."""
+
+    async def wait_first(self, timeout_s: float = 1.0) -> None:
+        """The first Snapshot is on disk already."""
+
+    async def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]:
+        """Nothing streams: playing is the app moving through the timeline."""
+        return
+        yield  # an async generator that yields nothing
+
+    def close(self) -> None:
+        """Nothing to release (the recording's files are read, never held)."""
+
