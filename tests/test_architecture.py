@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "hints": {"hints", "model", "fmt"},
     # The probes source shares the file format's constants and directory with the probe (dltop/probe/files.py).
     "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "__init__"},
-    "sampler": {"model", "sources"},
+    "sampler": {"model", "sources", "derive"},
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources"},
     # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
     "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields",

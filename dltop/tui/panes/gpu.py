@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Static
 from dltop.derive import ServerRates, server_rates
 from dltop.fmt import human_bytes, sparkline_rows
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
-from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
+from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MigDevice
 from dltop.model.servers import ModelStats
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content, set_row
 from dltop.tui.view import View
@@ -59,24 +59,30 @@ def cells(parts: Sequence[int], width: int) -> list[int]:
     return out
 
 
-def _split_known(split: MemorySplit) -> bool:
-    return all(getattr(split, f) is not None for f in SPLIT_FIELDS)
+def _split_parts(p: GpuProcess) -> list[tuple[int, str, str]]:
+    """The known parts of a process's split as bar segments (bytes, fill, style), in the bar's order."""
+    return [(v, ch, style) for name, ch, style in SPLIT_SEGMENTS if (v := getattr(p.split, name)) is not None]
+
+
+def _unsplit(p: GpuProcess) -> int:
+    """What of NVML's figure for a process its known split parts do not cover."""
+    if p.used_bytes is None:
+        return 0
+    return max(0, p.used_bytes - sum(v for v, _, _ in _split_parts(p)))
 
 
 def bar_segments(processes: Sequence[GpuProcess], used: int, total: int) -> list[tuple[int, str, str]]:
-    """(bytes, fill character, style) from left to right: each process's split where the probe gives it,
-    else its NVML figure as one segment; then memory used by no listed process; then free."""
+    """(bytes, fill character, style) from left to right: each process's split parts where the probe or a server
+    gives them, then the rest of its NVML figure as one segment; then memory used by no listed process; then free."""
     segs: list[tuple[int, str, str]] = []
     listed = 0
     for i, p in enumerate(processes):
         if p.used_bytes is None:
             continue
         listed += p.used_bytes
-        if _split_known(p.split):
-            for name, ch, style in SPLIT_SEGMENTS:
-                segs.append((getattr(p.split, name), ch, style))
-        else:
-            segs.append((p.used_bytes, "█", PROCESS_STYLES[i % len(PROCESS_STYLES)]))
+        segs += _split_parts(p)
+        if rest := _unsplit(p):
+            segs.append((rest, "█", PROCESS_STYLES[i % len(PROCESS_STYLES)]))
     if used > listed:
         segs.append((used - listed, "▓", "$text-muted"))
     segs.append((max(0, total - max(used, listed)), "░", "$text-disabled"))
@@ -99,14 +105,28 @@ def memory_bar(label: str, processes: Sequence[GpuProcess], used: int | None, to
     return Content.assemble(*pieces)
 
 
+def _within_other(processes: Sequence[GpuProcess]) -> str:
+    """" (grads 1.0G, optim 2.0G)": what the probe says other torch holds, where one process on the GPU has it."""
+    split = [p.split for p in processes if p.split.other_torch_bytes is not None]
+    if len(split) != 1:
+        return ""
+    bits = [f"{label} {_short(v)}" for label, v in (("grads", split[0].gradients_bytes),
+                                                    ("optim", split[0].optimizer_bytes)) if v]
+    return f" ({', '.join(bits)})" if bits else ""
+
+
 def legend(processes: Sequence[GpuProcess], used: int | None, width: int) -> Content:
     """What each segment of the bar is, cut to `width`."""
     parts = [Content.assemble(("█", PROCESS_STYLES[i % len(PROCESS_STYLES)]), f" {p.pid} {human_bytes(p.used_bytes)}")
-             for i, p in enumerate(processes) if p.used_bytes is not None and not _split_known(p.split)]
-    if any(_split_known(p.split) for p in processes):
+             for i, p in enumerate(processes) if p.used_bytes is not None and _unsplit(p)]
+    drawn = {ch for p in processes if p.used_bytes is not None for _, ch, _ in _split_parts(p)}
+    if drawn:
         key: list[str | tuple[str, str]] = []
         for name, ch, style in SPLIT_SEGMENTS:
-            key += [(ch, style), f" {name.removesuffix('_bytes').replace('_', ' ')} "]
+            if ch in drawn:
+                label = name.removesuffix("_bytes").replace("_", " ")
+                label += _within_other(processes) if name == "other_torch_bytes" else ""
+                key += [(ch, style), f" {label} "]
         parts.append(Content.assemble(*key).rstrip())
     listed = sum(p.used_bytes for p in processes if p.used_bytes is not None)
     if used is not None and used > listed:
@@ -183,15 +203,20 @@ def mig_line(mig: MigDevice, width: int) -> Content:
     return memory_bar(f"  {name}", procs, mig.memory_used_bytes, mig.memory_total_bytes, width, MIG_LABEL_WIDTH)
 
 
-def split_cell(p: GpuProcess, name: str) -> str:
-    """A split number in five cells ("14.0G", " 512M"), so five of them fit 80 columns beside the rest."""
-    value = getattr(p.split, name)
-    if value is None:
-        return "?"
+def _short(value: int) -> str:
     return f"{value / 2**30:.1f}G" if value >= 2**30 else f"{value / 2**20:.0f}M"
 
 
-def process_rows(gpus: Sequence[GpuDevice]) -> dict[str, tuple[GpuProcess, tuple[str, ...]]]:
+def split_cell(p: GpuProcess, name: str) -> str:
+    """A split number in five cells ("14.0G", " 512M"), so five of them fit 80 columns beside the rest."""
+    value = getattr(p.split, name)
+    return "?" if value is None else _short(value)
+
+
+Rows = dict[str, tuple[GpuProcess, tuple[str, ...]]]  # row key -> (process, its cells)
+
+
+def process_rows(gpus: Sequence[GpuDevice]) -> Rows:
     """Row key → (process, cells) for every process on every GPU and MIG instance."""
     rows: dict[str, tuple[GpuProcess, tuple[str, ...]]] = {}
     for g in gpus:
@@ -208,10 +233,10 @@ def process_rows(gpus: Sequence[GpuDevice]) -> dict[str, tuple[GpuProcess, tuple
     return rows
 
 
-def gpu_of(pids: set[int], gpus: Sequence[GpuDevice]) -> list[str]:
+def gpu_of(pids: set[int], rows: Rows) -> list[str]:
     """"GPU0 pid 123" for each GPU process among `pids` (a server's listening pid and its children)."""
     out = []
-    for key, (p, _) in process_rows(gpus).items():
+    for key, (p, _) in rows.items():
         if p.pid in pids:
             out.append(f"GPU{key.split(':')[0]} pid {p.pid}")
     return out
@@ -229,7 +254,7 @@ def _model_line(m: ModelStats, rate: ServerRates | None) -> str:
     return "  ".join(bits)
 
 
-def server_lines(servers: Sequence[ServerStats], gpus: Sequence[GpuDevice], rates: Sequence[ServerRates],
+def server_lines(servers: Sequence[ServerStats], rows: Rows, rates: Sequence[ServerRates],
                  width: int) -> tuple[list[Content], list[str]]:
     """A line per server (and one per model behind it when there are several), and the reasons for the notes."""
     lines: list[Content] = []
@@ -239,7 +264,7 @@ def server_lines(servers: Sequence[ServerStats], gpus: Sequence[GpuDevice], rate
         engine = s.engine if isinstance(s.engine, str) else "server"
         head = Content.assemble((f"{engine} ", "bold"), s.url)
         if isinstance(s.pid, int):
-            joined = gpu_of({s.pid, *s.child_pids}, gpus)
+            joined = gpu_of({s.pid, *s.child_pids}, rows)
             head = head.append(f"  pid {s.pid}" + (f" → {', '.join(joined)}" if joined else " (no GPU process)"))
         else:
             notes.append(f"{s.url} pid: {s.pid.reason}")
@@ -264,15 +289,28 @@ def server_lines(servers: Sequence[ServerStats], gpus: Sequence[GpuDevice], rate
     return lines, notes
 
 
-def process_notes(rows: dict[str, tuple[GpuProcess, tuple[str, ...]]]) -> list[str]:
-    """Why cells read '?': the probe line once, then each other reason once with the pids it holds for."""
-    probe = False
+def process_notes(rows: Rows) -> list[str]:
+    """Why cells read '?', each reason once with the pids it holds for: the processes without a probe first (one
+    line, the whole split), then how a probe was joined where it was not by UUID, then every other reason."""
+    unprobed: list[int] = []
+    probed = False
     pids: dict[str, list[int]] = {}
     for p, _ in rows.values():
-        probe = probe or NO_PROBE in p.split.unavailable.values()
-        for why in dict.fromkeys(p.unavailable.values()):
+        split = p.split
+        if NO_PROBE in split.unavailable.values():
+            unprobed.append(p.pid)
+        probed = probed or split.probe_device is not None
+        if split.joined_by not in (None, "uuid"):
+            pids.setdefault(f"probe joined by {split.joined_by}", []).append(p.pid)
+        reasons = [*p.unavailable.values(), *(v for k, v in split.unavailable.items() if k in SPLIT_FIELDS)]
+        for why in dict.fromkeys(r for r in reasons if r != NO_PROBE):
             pids.setdefault(why.replace(f"pid {p.pid} ", "the pid "), []).append(p.pid)
-    notes = [SPLIT_NEEDS_PROBE] if probe else []
+    notes = []
+    if unprobed and (probed or len(unprobed) < len(rows)):
+        notes.append(f"no probe in {'pid' if len(unprobed) == 1 else 'pids'} {', '.join(map(str, unprobed))}: "
+                     "add `import dltop.probe` for the split")
+    elif unprobed:
+        notes.append(SPLIT_NEEDS_PROBE)
     for why, held in pids.items():
         notes.append(f"{why} ({'pid' if len(held) == 1 else 'pids'} {', '.join(map(str, held))})")
     return notes
@@ -346,7 +384,7 @@ class GpuPane(Pane):
         notes = process_notes(rows) + device_notes(gpus)
         servers = self.query_one("#gpu-servers", Static)
         if isinstance(view.snapshot.servers, tuple) and view.snapshot.servers:
-            lines, more = server_lines(view.snapshot.servers, gpus, server_rates(view.previous, view.snapshot),
+            lines, more = server_lines(view.snapshot.servers, rows, server_rates(view.previous, view.snapshot),
                                        width)
             set_content(servers, Content("\n").join(lines))
             notes += more
