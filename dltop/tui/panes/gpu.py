@@ -32,6 +32,7 @@ HEADERS = ("GPU", "PID", "User", "Command", "Used", "SM%", "Wts", "KV", "Cache",
 SPLIT_SEGMENTS = (("weights_bytes", "W", "$primary"), ("kv_cache_bytes", "K", "$accent"),
                   ("allocator_cache_bytes", "c", "$warning"), ("other_torch_bytes", "o", "$secondary"),
                   ("non_torch_bytes", "n", "$error"))
+SEGMENT_LABELS = {"W": "weights", "K": "KV", "c": "cached", "o": "other", "n": "non-torch"}
 # Processes without a split: one segment each, told apart by colour and their legend.
 PROCESS_STYLES = ("$primary", "$accent", "$secondary", "$success", "$warning")
 LABEL_WIDTH = 6  # the indent of a GPU's bar under its headline
@@ -106,13 +107,13 @@ def memory_bar(label: str, processes: Sequence[GpuProcess], used: int | None, to
 
 
 def _within_other(processes: Sequence[GpuProcess]) -> str:
-    """" (grads 1.0G, optim 2.0G)": what the probe says other torch holds, where one process on the GPU has it."""
+    """" (grads 1.0G optim 2.0G)": what the probe says other torch holds, where one process on the GPU has it."""
     split = [p.split for p in processes if p.split.other_torch_bytes is not None]
     if len(split) != 1:
         return ""
     bits = [f"{label} {_short(v)}" for label, v in (("grads", split[0].gradients_bytes),
                                                     ("optim", split[0].optimizer_bytes)) if v]
-    return f" ({', '.join(bits)})" if bits else ""
+    return f" ({' '.join(bits)})" if bits else ""
 
 
 def legend(processes: Sequence[GpuProcess], used: int | None, width: int) -> Content:
@@ -122,10 +123,9 @@ def legend(processes: Sequence[GpuProcess], used: int | None, width: int) -> Con
     drawn = {ch for p in processes if p.used_bytes is not None for _, ch, _ in _split_parts(p)}
     if drawn:
         key: list[str | tuple[str, str]] = []
-        for name, ch, style in SPLIT_SEGMENTS:
+        for _, ch, style in SPLIT_SEGMENTS:
             if ch in drawn:
-                label = name.removesuffix("_bytes").replace("_", " ")
-                label += _within_other(processes) if name == "other_torch_bytes" else ""
+                label = SEGMENT_LABELS[ch] + (_within_other(processes) if ch == "o" else "")
                 key += [(ch, style), f" {label} "]
         parts.append(Content.assemble(*key).rstrip())
     listed = sum(p.used_bytes for p in processes if p.used_bytes is not None)
