@@ -217,3 +217,16 @@ def test_snapshot_json_has_the_split_of_a_probed_process(workers: Workers, tmp_p
     assert sp["sources"]["non_torch_bytes"] == "nvml-probe" and sp["joined_by"] == "uuid"
     other = next(p for p in gpus[0]["processes"])
     assert other["split"]["weights_bytes"] is None and other["split"]["unavailable"]["weights_bytes"] == NO_PROBE
+
+
+def test_a_fragmented_allocator_in_a_real_probe_file_fires_the_hint(workers: Workers) -> None:
+    from dltop.hints.gpu import allocator_fragmented
+    from dltop.model import Snapshot
+
+    s = scenario("two-gpus")
+    pid = workers.gpu(torch_uuid(nvml_uuid(s, 0)), reserved=SPEC["allocated"] * 2)
+    place(s, 0, pid, SPEC["allocated"] * 2 + 300 * MIB)
+    gpus = join_splits(read_gpus(s), workers.probes(), None, time.time())
+    h = allocator_fragmented([Snapshot(ts=time.time(), host="here", gpus=gpus)])
+    assert h is not None and h.numbers == {"pid": pid, "reserved_bytes": SPEC["allocated"] * 2,
+                                           "allocated_bytes": SPEC["allocated"]}
