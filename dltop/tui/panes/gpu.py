@@ -242,10 +242,11 @@ def gpu_of(pids: set[int], rows: Rows) -> list[str]:
     return out
 
 
-def _model_line(m: ModelStats, rate: ServerRates | None) -> str:
+def _model_line(m: ModelStats, rate: ServerRates | None, pool_bytes: int | None) -> str:
     hit: float | Unavailable = rate.prefix_cache_hit_rate if rate is not None else m.prefix_cache_hit_rate
     cap = m.kv_capacity_tokens
-    bits = [f"KV {_frac(m.kv_usage)}" + (f" of {cap:,} tok" if isinstance(cap, int) else "")]
+    bits = [f"KV {_frac(m.kv_usage)}" + (f" of {cap:,} tok" if isinstance(cap, int) else "")
+            + (f" = {human_bytes(pool_bytes)}" if pool_bytes is not None else "")]
     bits.append(f"hit {_frac(hit)}")
     for label, v in (("run", m.running_requests), ("wait", m.waiting_requests)):
         bits.append(f"{label} {v if isinstance(v, int) else '?'}")
@@ -277,7 +278,8 @@ def server_lines(servers: Sequence[ServerStats], rows: Rows, rates: Sequence[Ser
         lines.append(head.truncate(width, ellipsis=True))
         for m in s.models:  # each model apart: one line each, the name only where there are several
             name = m.model_name + (f" [{m.replica}]" if m.replica else "") + "  " if len(s.models) > 1 else ""
-            lines.append(Content(f"  {name}" + _model_line(m, by_model.get((s.url, m.model_name, m.replica))))
+            pool = s.kv_capacity_bytes if isinstance(s.kv_capacity_bytes, int) and len(s.models) == 1 else None
+            lines.append(Content(f"  {name}" + _model_line(m, by_model.get((s.url, m.model_name, m.replica)), pool))
                          .truncate(width, ellipsis=True))
         for m in s.models:
             rate = by_model.get((s.url, m.model_name, m.replica))
