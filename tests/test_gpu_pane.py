@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from textual.app import App, ComposeResult
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
 from dltop.derive import join_splits
 from dltop.model import GpuDevice, ProbesPart, ServerStats, Snapshot, Unavailable
@@ -389,3 +389,62 @@ async def test_a_probed_process_s_split_is_drawn_as_its_parts_and_fits(tmp_path:
         assert "no probe in pids 9121, 9300: add `import dltop.probe` for the split" in notes
         assert SPLIT_NEEDS_PROBE not in notes
         _fits(app)
+
+
+async def _until(pilot, check, seconds: float = 20.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        await pilot.pause(0.05)
+        if check():
+            return
+    raise AssertionError("the condition never held")
+
+
+@needs_metrics
+@pytest.mark.parametrize("gpus", ["two-gpus", "library-not-found"])
+async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """a asks for a URL, the app validates it and adds the server to the Sampler's sources (a real scrape over
+    loopback HTTP of a real payload); x removes it. With no GPU to list, the keys work all the same."""
+    from dltop.config import Settings
+    from dltop.sources.registry import build_sources
+
+    monkeypatch.setenv("DLTOP_FAKE_NVML", str(SCENARIOS / f"{gpus}.json"))
+    settings = Settings(refresh_s=0.5)
+    app = DltopApp(Sampler(build_sources(settings), builder=build_sources), settings)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        pane = app.query_one(GpuPane)
+        assert not app.query_one("#gpu-servers", Static).display
+        # a key, a footer label and a palette entry; nothing to remove yet
+        assert [c.title for c in pane.palette_commands()] == ["GPU: Add server"]
+        footer = {ab.binding.description: ab.enabled for ab in app.active_bindings.values() if ab.binding.show}
+        assert footer["Add server"] and "Remove server" not in footer  # nothing to remove yet
+        await pilot.press("a")
+        box = app.query_one("#gpu-server-input", Input)
+        assert box.has_focus
+        box.value = "ftp://127.0.0.1/metrics"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.settings.servers == ()
+        assert [n.message for n in app._notifications][-1] == (
+            "not added: not an http(s) URL: 'ftp://127.0.0.1/metrics' (give host:port or http://host:port/metrics)")
+        await pilot.press("a")
+        box.value = metrics_url
+        await pilot.press("enter")
+        await _until(pilot, lambda: _text(app, "#gpu-servers").startswith(f"vllm {metrics_url}"))
+        assert app.settings.servers == (metrics_url,)
+        assert "of 116,496 tok" in _text(app, "#gpu-servers")  # the payload's pool, read by the Sampler's source
+        # the same server twice is refused, not scraped twice
+        await pilot.press("a")
+        box.value = metrics_url
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.settings.servers == (metrics_url,) and "scraped already" in [n.message for n in app._notifications][-1]
+        # x offers the first server; Enter removes it
+        await pilot.press("x")
+        assert box.value == metrics_url
+        await pilot.press("enter")
+        await _until(pilot, lambda: not app.query_one("#gpu-servers", Static).display)
+        assert app.settings.servers == () and pane.check_action("remove_server", ()) is False  # none left
+        assert [c.title for c in pane.palette_commands()] == ["GPU: Add server"]
+    app.feed.close()

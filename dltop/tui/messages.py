@@ -70,3 +70,19 @@ class ActionEventPosted(Message):
     def __init__(self, event: ActionEvent) -> None:
         super().__init__()
         self.event = event
+
+
+class ServerAddRequested(Message):
+    """Scrape one more inference server (`text` as the user typed it: host:port or a URL)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class ServerRemoveRequested(Message):
+    """Stop scraping an inference server (`text` as the user typed it, or its /metrics URL)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from textual import on
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
 from dltop.derive import ServerRates, server_rates
 from dltop.fmt import human_bytes, sparkline_rows
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MigDevice
 from dltop.model.servers import ModelStats
+from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content, set_row
 from dltop.tui.view import View
 
@@ -339,23 +342,83 @@ class GpuPane(Pane):
     #gpu-servers { height: auto; max-height: 6; }
     #gpu-notes { height: auto; max-height: 3; color: $text-muted; }
     #gpu-table { height: 1fr; min-height: 3; }
+    #gpu-server-input { display: none; }
+    #gpu-server-input.-shown { display: block; }
     """
+    BINDINGS = [
+        Binding("a", "add_server", "Add server", id="gpu.add_server"),
+        Binding("x", "remove_server", "Remove server", id="gpu.remove_server"),
+        Binding("escape", "cancel_input", "Cancel", id="gpu.cancel"),
+    ]
+    can_focus = True  # the keys work where no GPU is there to list (a table to focus)
 
     def __init__(self) -> None:
         super().__init__()
         self._command_width = 0
+        self._adding = True  # what the input box is for: adding a server, or naming one to remove
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="gpu-devices-scroll"):
             yield Static(id="gpu-devices")
         yield RowTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
         yield Static(id="gpu-servers")
+        yield Input(id="gpu-server-input")
         yield Static(id="gpu-notes")
 
     def on_mount(self) -> None:
         table = self.query_one("#gpu-table", DataTable)
         for key, label in zip(COLUMNS, HEADERS, strict=True):
             table.add_column(label, key=key)
+
+    def focus_default(self) -> None:
+        table = self.query_one("#gpu-table", DataTable)
+        (table if table.display else self).focus()
+
+    # -- watching servers: the app changes the settings; the pane only asks ------------------------------------
+
+    def _servers(self) -> list[str]:
+        servers = self.view.snapshot.servers if self.view is not None else None
+        return [s.url for s in servers] if isinstance(servers, tuple) else []
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        replay = self.view is not None and self.view.replay
+        if action == "add_server":
+            return not replay
+        if action == "remove_server":
+            return not replay and bool(self._servers())
+        if action == "cancel_input":
+            return self.query_one("#gpu-server-input", Input).has_class("-shown")
+        return True
+
+    def _ask(self, adding: bool, value: str, placeholder: str) -> None:
+        box = self.query_one("#gpu-server-input", Input)
+        self._adding = adding
+        box.placeholder = placeholder
+        box.value = value
+        box.add_class("-shown")
+        box.focus()
+
+    def action_add_server(self) -> None:
+        """Ask for a vLLM or SGLang server to scrape (host:port, or its /metrics URL)."""
+        self._ask(True, "", "server to scrape: host:port or http://host:port/metrics (Enter adds, Esc cancels)")
+
+    def action_remove_server(self) -> None:
+        """Ask which server to stop scraping (the first is filled in)."""
+        servers = self._servers()
+        self._ask(False, servers[0] if servers else "",
+                  f"server to stop scraping, one of: {', '.join(servers)} (Enter removes, Esc cancels)")
+
+    def action_cancel_input(self) -> None:
+        """Close the server box without doing anything."""
+        self.query_one("#gpu-server-input", Input).remove_class("-shown")
+        self.focus_default()
+
+    @on(Input.Submitted, "#gpu-server-input")
+    def _server_submitted(self, event: Input.Submitted) -> None:
+        self.action_cancel_input()
+        text = event.value.strip()
+        if text:
+            self.post_message(ServerAddRequested(text) if self._adding else ServerRemoveRequested(text))
 
     def render_view(self, view: View) -> None:
         part = view.snapshot.gpus
