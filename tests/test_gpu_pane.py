@@ -448,3 +448,32 @@ async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
         assert app.settings.servers == () and pane.check_action("remove_server", ()) is False  # none left
         assert [c.title for c in pane.palette_commands()] == ["GPU: Add server"]
     app.feed.close()
+
+
+def test_the_sparkline_columns_follow_the_history_a_snapshot_at_a_time() -> None:
+    """GpuSeries reads each new Snapshot once; its columns are the maxima of buckets of k Snapshots (numbered from
+    the first one read), exactly as a scan of the whole window would find them, while the history slides."""
+    from collections import deque
+
+    from dltop.tui.panes.gpu import GpuSeries
+
+    s = scenario("two-gpus")
+    reader = GpuReader(lambda: FakeBackend(s))
+    snaps = []
+    for i in range(90):
+        s["gpus"][0]["utilization"]["gpu"] = (i * 37) % 101  # a jumpy series, spikes included
+        snaps.append(Snapshot(ts=float(i), host="t", gpus=reader.read()))
+    widths = (7, 13, 40)
+    series, window = {w: GpuSeries() for w in widths}, deque(maxlen=40)  # one chart width each, as the pane has
+    for i, snap in enumerate(snaps):
+        window.append(snap)
+        first = i + 1 - len(window)
+        for width in widths:
+            series[width].update(tuple(window))
+            k = -(-len(window) // width)
+            buckets: dict[int, float] = {}
+            for seq in range(first, i + 1):
+                v = float(snaps[seq].gpus[0].utilization_gpu_percent)
+                buckets[seq // k] = max(buckets.get(seq // k, v), v)
+            got = series[width].columns(snap.gpus[0], "utilization_gpu_percent", width)
+            assert got == [buckets[b] for b in sorted(buckets)][-width:], (i, width)

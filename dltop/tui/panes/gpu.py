@@ -8,7 +8,9 @@ reason in the notes, never as zero.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from functools import lru_cache
 
 from textual import on
 from textual.app import ComposeResult
@@ -20,10 +22,10 @@ from textual.widgets import DataTable, Input, Static
 from dltop.derive import ServerRates, server_rates
 from dltop.fmt import human_bytes, sparkline_rows
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
-from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MigDevice
+from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
 from dltop.model.servers import ModelStats
 from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested
-from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content, set_row
+from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content
 from dltop.tui.view import View
 
 # The one line that says why the split is not drawn (the model's per-field reason is NO_PROBE).
@@ -120,41 +122,113 @@ def _within_other(processes: Sequence[GpuProcess]) -> str:
 
 
 def legend(processes: Sequence[GpuProcess], used: int | None, width: int) -> Content:
-    """What each segment of the bar is, cut to `width`."""
-    parts = [Content.assemble(("█", PROCESS_STYLES[i % len(PROCESS_STYLES)]), f" {p.pid} {human_bytes(p.used_bytes)}")
-             for i, p in enumerate(processes) if p.used_bytes is not None and _unsplit(p)]
-    drawn = {ch for p in processes if p.used_bytes is not None for _, ch, _ in _split_parts(p)}
+    """What each segment of the bar is, cut to `width` (one Content built at once: this runs per GPU per tick)."""
+    groups: list[list[str | tuple[str, str]]] = []
+    drawn: set[str] = set()
+    listed = 0
+    for i, p in enumerate(processes):
+        if p.used_bytes is None:
+            continue
+        listed += p.used_bytes
+        parts = _split_parts(p)
+        drawn.update(ch for _, ch, _ in parts)
+        if p.used_bytes > sum(v for v, _, _ in parts):  # a part of its figure the split does not cover
+            groups.append([("█", PROCESS_STYLES[i % len(PROCESS_STYLES)]), f" {p.pid} {human_bytes(p.used_bytes)}"])
     if drawn:
         key: list[str | tuple[str, str]] = []
         for _, ch, style in SPLIT_SEGMENTS:
             if ch in drawn:
                 label = SEGMENT_LABELS[ch] + (_within_other(processes) if ch == "o" else "")
-                key += [(ch, style), f" {label} "]
-        parts.append(Content.assemble(*key).rstrip())
-    listed = sum(p.used_bytes for p in processes if p.used_bytes is not None)
+                key += [" " if key else "", (ch, style), f" {label}"]
+        groups.append(key)
     if used is not None and used > listed:
-        parts.append(Content.assemble(("▓", "$text-muted"), f" {human_bytes(used - listed)} not attributed to a process"))
-    line = Content("  ").join(parts) if parts else Content.assemble(("no processes", "dim"))
-    return Content(" " * LABEL_WIDTH).append(line).truncate(width, ellipsis=True)
+        groups.append([("▓", "$text-muted"), f" {human_bytes(used - listed)} not attributed to a process"])
+    pieces = [x for i, group in enumerate(groups) for x in (["  "] if i else []) + group] or [("no processes", "dim")]
+    return Content.assemble(" " * LABEL_WIDTH, *pieces).truncate(width, ellipsis=True)
 
 
-def series(history: Sequence[Snapshot], uuid: str | None, index: int, name: str) -> list[float]:
-    """One GPU field over the history, the GPU found by UUID (its index where NVML gave none)."""
-    out = []
-    for s in history:
-        if not isinstance(s.gpus, tuple):
-            continue
-        for g in s.gpus:
-            if (g.uuid == uuid if uuid else g.index == index):
-                v = getattr(g, name)
-                if v is not None:
-                    out.append(float(v))
+class GpuSeries:
+    """Each GPU's utilization and memory used over the history, for its sparklines, kept up to date one Snapshot
+    at a time (a scan of the whole history per GPU and field on every tick was the pane's largest cost). A chart
+    `width` columns wide shows the maxima of buckets of k Snapshots (k = history length / width, rounded up), so no
+    spike is lost; buckets are aligned to the Snapshots' numbers, so a chart does not shimmer as the window slides,
+    and each tick only updates its newest bucket. A GPU is found by its UUID (its index where NVML gave none)."""
+
+    FIELDS = ("utilization_gpu_percent", "memory_used_bytes")
+
+    def __init__(self) -> None:
+        self._snaps: deque[Snapshot] = deque()  # the history this has read, oldest first
+        self._seq = 0  # the number of the next Snapshot read; the oldest kept is self._seq - len(self._snaps)
+        # (GPU, field) -> the numbers of the Snapshots that have a value, and the values
+        self._values: dict[tuple[str | int, str], tuple[deque[int], deque[float]]] = {}
+        # (GPU, field) -> (k, the next Snapshot number not yet in a bucket, bucket number -> its maximum)
+        self._buckets: dict[tuple[str | int, str], tuple[int, int, dict[int, float]]] = {}
+
+    def update(self, history: Sequence[Snapshot]) -> None:
+        """Follow `history` (the app's, oldest first): read only the Snapshots new since the last call."""
+        known = self._snaps
+        while known and history and known[0] is not history[0]:
+            known.popleft()  # fallen off the front of the history
+        if not known or len(known) > len(history) or known[-1] is not history[len(known) - 1]:
+            known.clear()  # another history (a replay jumped): read it all again
+            self._values.clear()
+            self._buckets.clear()
+        first = self._seq - len(known)
+        for seqs, values in self._values.values():
+            while seqs and seqs[0] < first:
+                seqs.popleft()
+                values.popleft()
+        for snap in history[len(known):]:
+            known.append(snap)
+            if isinstance(snap.gpus, tuple):
+                for g in snap.gpus:
+                    for name in self.FIELDS:
+                        v = getattr(g, name)
+                        if v is not None:
+                            seqs, values = self._values.setdefault((g.uuid or g.index, name), (deque(), deque()))
+                            seqs.append(self._seq)
+                            values.append(float(v))
+            self._seq += 1
+
+    def columns(self, g: GpuDevice, name: str, width: int) -> list[float]:
+        """One GPU field over the history, at most `width` values: the maxima of its buckets, oldest first."""
+        key = (g.uuid or g.index, name)
+        got = self._values.get(key)
+        if not got or width <= 0:
+            return []
+        seqs, values = got
+        k = max(1, -(-len(self._snaps) // width))
+        cached = self._buckets.get(key)
+        if cached is None or cached[0] != k:
+            cached = (k, 0, {})
+        _, upto, buckets = cached
+        for seq, v in zip(reversed(seqs), reversed(values), strict=True):  # only the values new since the last
+            if seq < upto:
                 break
+            b = seq // k
+            if buckets.get(b, v) <= v:
+                buckets[b] = v
+        first = seqs[0] // k
+        for b in [b for b in buckets if b < first]:
+            del buckets[b]
+        if seqs[0] % k:  # the oldest bucket lost its oldest values with the history: its maximum from what is left
+            buckets[first] = _head_max(seqs, values, first, k)
+        self._buckets[key] = (k, self._seq, buckets)
+        return [buckets[b] for b in sorted(buckets)[-width:]]
+
+
+def _head_max(seqs: deque[int], values: deque[float], bucket: int, k: int) -> float:
+    """The maximum of the values at the front of the deques that fall in `bucket` (at most k of them)."""
+    out = values[0]
+    for i in range(1, min(k, len(seqs))):
+        if seqs[i] // k != bucket:
+            break
+        out = max(out, values[i])
     return out
 
 
-def device_lines(g: GpuDevice, history: Sequence[Snapshot], width: int) -> list[Content]:
-    """A GPU: its headline, its memory bar, the legend, and utilization and memory sparklines."""
+def headline(g: GpuDevice, width: int) -> list[Content]:
+    """A GPU's name, utilization, temperature and power; a GPU whose calls fail: the reason on a line under it."""
     head = Content.assemble((f"GPU{g.index} {g.name or '?'}", "bold"))
     lost = g.why("memory_total_bytes") if g.memory_total_bytes is None else None
     if lost is not None and g.memory_used_bytes is None:
@@ -172,25 +246,54 @@ def device_lines(g: GpuDevice, history: Sequence[Snapshot], width: int) -> list[
         bits.append("pool: system memory")
     if bits:
         head = head.append("  " + "  ".join(bits))
-    lines = [head.truncate(width, ellipsis=True)]
+    return [head.truncate(width, ellipsis=True)]
+
+
+def memory_lines(g: GpuDevice, width: int) -> list[Content]:
+    """A GPU's memory bar and its legend (in MIG mode: a bar per instance under the parent's)."""
     procs = g.processes if isinstance(g.processes, tuple) else ()
     if g.mig_devices:
-        lines.append(memory_bar("", (), g.memory_used_bytes, g.memory_total_bytes, width))
-        for mig in g.mig_devices:
-            lines.append(mig_line(mig, width))
-    else:
-        lines.append(memory_bar("", procs, g.memory_used_bytes, g.memory_total_bytes, width))
-        if isinstance(g.processes, Unavailable):
-            lines.append(Content.assemble((f"      processes: {g.processes.reason}", "$warning")))
-        else:
-            lines.append(legend(procs, g.memory_used_bytes, width))
+        return [memory_bar("", (), g.memory_used_bytes, g.memory_total_bytes, width),
+                *(mig_line(mig, width) for mig in g.mig_devices)]
+    bar = memory_bar("", procs, g.memory_used_bytes, g.memory_total_bytes, width)
+    if isinstance(g.processes, Unavailable):
+        return [bar, Content.assemble((f"      processes: {g.processes.reason}", "$warning"))]
+    return [bar, legend(procs, g.memory_used_bytes, width)]
+
+
+def memory_key(g: GpuDevice, width: int) -> tuple[object, ...]:
+    """What `memory_lines` draws from, as plain values: the lines are drawn again only when this changes."""
+    splits: dict[int, tuple[int | None, ...]] = {}  # id(split) -> its numbers: processes without one share one
+
+    def numbers(sp: MemorySplit) -> tuple[int | None, ...]:
+        if id(sp) not in splits:
+            splits[id(sp)] = (*(getattr(sp, f) for f in SPLIT_FIELDS), sp.gradients_bytes, sp.optimizer_bytes)
+        return splits[id(sp)]
+
+    def procs(ps: tuple[GpuProcess, ...] | Unavailable) -> object:
+        if isinstance(ps, Unavailable):
+            return ps.reason
+        return tuple((p.pid, p.used_bytes, numbers(p.split)) for p in ps)
+
+    migs = tuple((m.mig_index, m.name, m.memory_used_bytes, m.memory_total_bytes, procs(m.processes))
+                 for m in g.mig_devices)
+    return (width, g.memory_used_bytes, g.memory_total_bytes, procs(g.processes), migs)
+
+
+@lru_cache(maxsize=256)
+def _spark(columns: tuple[float, ...], width: int, top: float | None) -> str:
+    # a chart whose columns did not change (memory, most of the time) is not drawn again
+    return sparkline_rows(list(columns), width, 1, top=top)[0]
+
+
+def spark_line(g: GpuDevice, series: GpuSeries, width: int) -> Content:
+    """Utilization and memory used over the history, side by side."""
     half = max(1, (width - 21) // 2)  # "util  97% " and "  mem  65% " around two charts
-    util = sparkline_rows(series(history, g.uuid, g.index, "utilization_gpu_percent"), half, 1, top=100.0)[0]
-    mem = sparkline_rows(series(history, g.uuid, g.index, "memory_used_bytes"), half, 1,
-                         top=float(g.memory_total_bytes) if g.memory_total_bytes else None)[0]
-    lines.append(Content.assemble(("util ", "bold"), f"{_pct(g.utilization_gpu_percent):>4} ", (util, "$accent"),
-                                  ("  mem ", "bold"), f"{_pct(_share(g)):>4} ", (mem, "$primary")))
-    return lines
+    util = _spark(tuple(series.columns(g, "utilization_gpu_percent", half)), half, 100.0)
+    mem = _spark(tuple(series.columns(g, "memory_used_bytes", half)), half,
+                 float(g.memory_total_bytes) if g.memory_total_bytes else None)
+    return Content.assemble(("util ", "bold"), f"{_pct(g.utilization_gpu_percent):>4} ", (util, "$accent"),
+                            ("  mem ", "bold"), f"{_pct(_share(g)):>4} ", (mem, "$primary"))
 
 
 def _share(g: GpuDevice) -> float | None:
@@ -216,12 +319,19 @@ def split_cell(p: GpuProcess, name: str) -> str:
     return "?" if value is None else _short(value)
 
 
+@lru_cache(maxsize=4096)
+def _used_cell(value: int | None) -> str:
+    # NVML's per-process figures repeat from tick to tick: formatting 160 of them was a visible part of a tick
+    return human_bytes(value, missing="?")
+
+
 Rows = dict[str, tuple[GpuProcess, tuple[str, ...]]]  # row key -> (process, its cells)
 
 
 def process_rows(gpus: Sequence[GpuDevice]) -> Rows:
     """Row key → (process, cells) for every process on every GPU and MIG instance."""
     rows: dict[str, tuple[GpuProcess, tuple[str, ...]]] = {}
+    split_cells: dict[int, tuple[str, ...]] = {}  # id(split) -> its cells: processes without one share one
     for g in gpus:
         places: list[tuple[str, tuple[GpuProcess, ...] | Unavailable]] = [(str(g.index), g.processes)]
         places += [(f"{g.index}/{m.mig_index}", m.processes) for m in g.mig_devices]
@@ -229,10 +339,11 @@ def process_rows(gpus: Sequence[GpuDevice]) -> Rows:
             if isinstance(procs, Unavailable):
                 continue
             for p in procs:
+                if id(p.split) not in split_cells:
+                    split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
                 rows[f"{where}:{p.pid}"] = (p, (
                     where, str(p.pid), p.user or "?", p.command or "?",
-                    human_bytes(p.used_bytes, missing="?"), _pct(p.sm_util_percent),
-                    *(split_cell(p, f) for f in SPLIT_FIELDS)))
+                    _used_cell(p.used_bytes), _pct(p.sm_util_percent), *split_cells[id(p.split)]))
     return rows
 
 
@@ -300,16 +411,21 @@ def process_notes(rows: Rows) -> list[str]:
     unprobed: list[int] = []
     probed = False
     pids: dict[str, list[int]] = {}
+    said: dict[int, tuple[bool, list[str]]] = {}  # id(split) -> (no probe, its reasons): most splits are shared
     for p, _ in rows.values():
         split = p.split
-        if NO_PROBE in split.unavailable.values():
+        if id(split) not in said:
+            said[id(split)] = (NO_PROBE in split.unavailable.values(),
+                               [v for k, v in split.unavailable.items() if k in SPLIT_FIELDS and v != NO_PROBE])
+        no_probe, split_reasons = said[id(split)]
+        if no_probe:
             unprobed.append(p.pid)
         probed = probed or split.probe_device is not None
         if split.joined_by not in (None, "uuid"):
             pids.setdefault(f"probe joined by {split.joined_by}", []).append(p.pid)
-        reasons = [*p.unavailable.values(), *(v for k, v in split.unavailable.items() if k in SPLIT_FIELDS)]
-        for why in dict.fromkeys(r for r in reasons if r != NO_PROBE):
-            pids.setdefault(why.replace(f"pid {p.pid} ", "the pid "), []).append(p.pid)
+        mine = f"pid {p.pid} "
+        for why in dict.fromkeys([*p.unavailable.values(), *split_reasons]):
+            pids.setdefault(why.replace(mine, "the pid ") if mine in why else why, []).append(p.pid)
     notes = []
     if unprobed and (probed or len(unprobed) < len(rows)):
         notes.append(f"no probe in {'pid' if len(unprobed) == 1 else 'pids'} {', '.join(map(str, unprobed))}: "
@@ -355,6 +471,12 @@ class GpuPane(Pane):
     def __init__(self) -> None:
         super().__init__()
         self._command_width = 0
+        self._series = GpuSeries()
+        self._memory_lines: dict[tuple[object, ...], list[Content]] = {}  # memory_key -> its lines, this tick's
+        self._rows_for: tuple[object, Rows, list[str]] | None = None  # (the gpus part, its rows, their notes)
+        self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
+        self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
+        self._table_width = 0
         self._adding = True  # what the input box is for: adding a server, or naming one to remove
 
     def compose(self) -> ComposeResult:
@@ -420,6 +542,33 @@ class GpuPane(Pane):
         if text:
             self.post_message(ServerAddRequested(text) if self._adding else ServerRemoveRequested(text))
 
+    def _show_rows(self, table: DataTable, wanted: dict[str, tuple[str, ...]]) -> None:
+        """The keyed diff: remove rows gone, add new ones, and update only the cells whose text changed (the
+        cursor stays on its process)."""
+        if wanted == self._wanted and table.size.width == self._table_width:
+            return  # the same cells at the same width: nothing to fit, nothing to touch
+        self._wanted, self._table_width = dict(wanted), table.size.width
+        # The Command column gives way so every number column stays on screen at 80 columns.
+        self._command_width = fit_column(table, wanted, COLUMNS.index("command"), HEADERS, COLUMNS,
+                                         lambda text, width: text[: width - 1] + "…", self._command_width)
+        if not table.rows:
+            self._shown.clear()  # fit_column rebuilt the columns, or the table is new
+        for stale in [k for k in self._shown if k not in wanted]:
+            table.remove_row(stale)
+            del self._shown[stale]
+        for key, values in wanted.items():
+            shown = self._shown.get(key)
+            if shown == values:
+                continue
+            if shown is None:
+                table.add_row(*values, key=key)
+            else:
+                for col, old, new in zip(COLUMNS, shown, values, strict=True):
+                    if old != new:
+                        # update_width: a column sized for "10%" must grow when "100%" arrives, not cut it.
+                        table.update_cell(key, col, new, update_width=True)
+            self._shown[key] = values
+
     def render_view(self, view: View) -> None:
         part = view.snapshot.gpus
         table = self.query_one("#gpu-table", DataTable)
@@ -434,19 +583,27 @@ class GpuPane(Pane):
         elif not part:
             set_content(devices, Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning")))
         else:
-            lines = [line for g in gpus for line in device_lines(g, view.history, width)]
+            self._series.update(view.history)
+            lines: list[Content] = []
+            drawn: dict[tuple[object, ...], list[Content]] = {}
+            for g in gpus:
+                head = headline(g, width)
+                lines += head
+                if len(head) > 1:
+                    continue  # its calls fail: the reason is its only line
+                key = memory_key(g, width)
+                drawn[key] = self._memory_lines.get(key) or memory_lines(g, width)
+                lines += drawn[key]
+                lines.append(spark_line(g, self._series, width))
+            self._memory_lines = drawn
             set_content(devices, Content("\n").join(lines))
         table.display = bool(gpus)
-        rows = process_rows(gpus)
-        wanted = {key: cells_ for key, (_, cells_) in rows.items()}
-        # The Command column gives way so every number column stays on screen at 80 columns.
-        self._command_width = fit_column(table, wanted, COLUMNS.index("command"), HEADERS, COLUMNS,
-                                         lambda text, width: text[: width - 1] + "…", self._command_width)
-        for stale in [k for k in table.rows if k.value not in wanted]:
-            table.remove_row(stale)
-        for key, values in wanted.items():
-            set_row(table, key, COLUMNS, values)
-        notes = process_notes(rows) + device_notes(gpus)
+        if self._rows_for is None or self._rows_for[0] is not part:
+            built = process_rows(gpus)
+            self._rows_for = (part, built, process_notes(built) + device_notes(gpus))
+        _, rows, process_lines = self._rows_for
+        self._show_rows(table, {key: cells_ for key, (_, cells_) in rows.items()})
+        notes = list(process_lines)
         servers = self.query_one("#gpu-servers", Static)
         if isinstance(view.snapshot.servers, tuple) and view.snapshot.servers:
             lines, more = server_lines(view.snapshot.servers, rows, server_rates(view.previous, view.snapshot),
