@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dltop.derive import join_splits
+from dltop.model import ProbeDevice, ProbesPart, ProcessProbe
 from dltop.sources.gpu import FakeBackend, GpuReader
 
 SCENARIO = Path(__file__).resolve().parents[1] / "tests/data/gpu-scenarios/8gpu-20proc.json"
@@ -85,6 +87,7 @@ def main() -> None:
                 (d / "cmdline").write_bytes(b"python\0-m\0vllm.entrypoints.openai.api_server\0--port\0" +
                                             str(p["pid"]).encode() + b"\0")
                 (d / "comm").write_text("python\n")
+                (d / "stat").write_text(f"{p['pid']} (python) S {' '.join(['0'] * 18)} 4242\n")
         reader = GpuReader(lambda: FakeBackend(scenario), root)
         first = time.perf_counter()
         part = reader.read()
@@ -98,14 +101,34 @@ def main() -> None:
             cpu.append(time.thread_time() - c0)
             times.append(time.perf_counter() - t0)
         reader.close()
+    # The split: one probe per GPU (a DDP rank on each) joined to NVML's processes, as the Sampler does it on
+    # every Snapshot it composes.
+    probes = ProbesPart(processes=tuple(
+        ProcessProbe(pid=g.processes[0].pid, path="", uid=0, start_time_ticks=4242, cmd="train.py",
+                     published_at=time.time(), watched={"models": 1, "optimizers": 1, "kv": 0},
+                     devices=(ProbeDevice("cuda:0", 1 << 30, 1 << 30, 2 << 30, 0,
+                                          {"allocated_bytes.all.current": 5 << 30,
+                                           "reserved_bytes.all.current": 6 << 30},
+                                          (g.uuid or "").removeprefix("GPU-")),))
+        for g in part if isinstance(g.processes, tuple) and g.processes))
+    joins = []
+    for _ in range(args.ticks):
+        c0 = time.thread_time()
+        joined = join_splits(part, probes, None, time.time())
+        joins.append(time.thread_time() - c0)
+    assert isinstance(joined, tuple)
+    split = sum(p.split.probe_device is not None for g in joined if isinstance(g.processes, tuple) for p in g.processes)
     times.sort()
     cpu.sort()
+    joins.sort()
     print(f"{len(part)} GPUs, {procs} processes, {args.ticks} ticks")
     print(f"first tick (session start, /proc lookups): {first * 1e3:.2f} ms")
     print(f"tick: median {statistics.median(times) * 1e3:.2f} ms, p95 {times[int(len(times) * 0.95)] * 1e3:.2f} ms,"
           f" max {times[-1] * 1e3:.2f} ms")
     print(f"tick CPU time: median {statistics.median(cpu) * 1e3:.2f} ms, p95 {cpu[int(len(cpu) * 0.95)] * 1e3:.2f} ms"
           " (target: <= 5 ms)")
+    print(f"split join ({len(probes.processes)} probes, {split} processes split): CPU median "
+          f"{statistics.median(joins) * 1e3:.2f} ms, p95 {joins[int(len(joins) * 0.95)] * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

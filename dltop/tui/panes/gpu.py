@@ -12,12 +12,14 @@ from collections import deque
 from collections.abc import Sequence
 from functools import lru_cache
 
+from rich.cells import cell_len
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import DataTable, Input, Static
+from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import ServerRates, server_rates
 from dltop.fmt import human_bytes, sparkline_rows
@@ -556,6 +558,7 @@ class GpuPane(Pane):
         for stale in [k for k in self._shown if k not in wanted]:
             table.remove_row(stale)
             del self._shown[stale]
+        narrower: set[int] = set()  # columns where a cell got narrower than the column
         for key, values in wanted.items():
             shown = self._shown.get(key)
             if shown == values:
@@ -563,11 +566,20 @@ class GpuPane(Pane):
             if shown is None:
                 table.add_row(*values, key=key)
             else:
-                for col, old, new in zip(COLUMNS, shown, values, strict=True):
+                for i, (col, old, new) in enumerate(zip(COLUMNS, shown, values, strict=True)):
                     if old != new:
-                        # update_width: a column sized for "10%" must grow when "100%" arrives, not cut it.
-                        table.update_cell(key, col, new, update_width=True)
+                        # A column sized for "10%" must grow when "100%" arrives, not cut it; but asking the table
+                        # to fit a cell narrower than its column re-measures the whole column, for every such cell
+                        # (160 rows made one tick take seconds): only a wider cell asks, and a column whose cells
+                        # got narrower is measured once below.
+                        width = table.columns[ColumnKey(col)].content_width
+                        table.update_cell(key, col, new, update_width=cell_len(new) > width)
+                        if cell_len(new) < width:
+                            narrower.add(i)
             self._shown[key] = values
+        for i in narrower:
+            key, values = max(wanted.items(), key=lambda kv: cell_len(kv[1][i]))
+            table.update_cell(key, COLUMNS[i], values[i], update_width=True)  # one measure of the column
 
     def render_view(self, view: View) -> None:
         part = view.snapshot.gpus
@@ -575,6 +587,8 @@ class GpuPane(Pane):
         gpus: tuple[GpuDevice, ...] = part if isinstance(part, tuple) else ()
         devices = self.query_one("#gpu-devices", Static)
         width = max(20, devices.size.width or self.size.width - 4)
+        if not isinstance(part, tuple) or not part:
+            devices.styles.height = "auto"  # one line, wrapped where the reason is long
         if part is None:
             set_content(devices, Content.assemble(("GPUs: not sampled", "dim")))
         elif isinstance(part, Unavailable):
@@ -596,6 +610,11 @@ class GpuPane(Pane):
                 lines += drawn[key]
                 lines.append(spark_line(g, self._series, width))
             self._memory_lines = drawn
+            # A height of its own: an update of a widget of fixed height skips the layout pass (set_content),
+            # which re-wrapped and re-arranged the whole pane on every tick.
+            height = sum(max(1, -(-line.cell_length // width)) for line in lines)
+            if devices.styles.height is None or devices.styles.height.value != height:
+                devices.styles.height = height
             set_content(devices, Content("\n").join(lines))
         table.display = bool(gpus)
         if self._rows_for is None or self._rows_for[0] is not part:
