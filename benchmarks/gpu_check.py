@@ -10,7 +10,9 @@ as a subprocess) and nvidia-smi's --query-compute-apps and --query-gpu, and chec
     for both readings of dltop;
   - NVML's per-process figure holds torch's reserved memory (the rest is non-torch: CUDA context, cuBLAS);
   - every GPU's memory total agrees with nvidia-smi's (to its MiB rounding);
-  - the split (weights, KV, ...) sums to NVML's per-process figure within 1%, once the probe exists;
+  - the split, joined from the worker's probe file (it runs dltop.probe, watching its model and KV tensor) by
+    dltop.derive.join_splits as the Sampler does: weights and KV are the known bytes, torch allocated / reserved
+    are the worker's own, and the five parts sum to NVML's per-process figure within 1% (in both readings);
 and measures an NVML tick's real cost: median and p95 of 50 GpuReader.read() calls.
 Exit 0 when every check passes, 1 otherwise (also when it cannot run: it says what is missing).
 
@@ -40,9 +42,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
+from dltop.derive import join_splits  # noqa: E402
 from dltop.model import GpuDevice, GpuProcess, Unavailable  # noqa: E402
 from dltop.model.gpu import SPLIT_FIELDS  # noqa: E402
 from dltop.sources.gpu import FAKE_ENV, FakeBackend, GpuReader, NvmlBackend, PynvmlBackend  # noqa: E402
+from dltop.sources.probes import read_probes  # noqa: E402
 
 MIB = 1 << 20
 TOLERANCE = 0.01
@@ -61,12 +65,51 @@ WORKER_START_S = 90.0  # CUDA initialisation and the allocations
 # -- the worker: the process holding known GPU memory --------------------------------------------------------------
 
 
+class _Tensor:
+    """--fake: a tensor's size on cuda:0, as the probe counts it (no torch, no GPU)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.n, self.device, self.grad = nbytes // FP16, "cuda:0", None
+
+    def numel(self) -> int:
+        return self.n
+
+    def element_size(self) -> int:
+        return FP16
+
+
+class _Model:
+    def __init__(self, params: list[_Tensor]) -> None:
+        self.params = params
+
+    def parameters(self) -> Any:
+        return iter(self.params)
+
+    def buffers(self) -> Any:
+        return iter(())
+
+
+def _fake_torch(allocated: int, reserved: int, uuid: str) -> None:
+    """--fake: a stand-in `torch` whose cuda reports what a process on the scenario's GPU 0 would."""
+    import types
+
+    cuda = types.SimpleNamespace(
+        is_initialized=lambda: True, current_device=lambda: 0,
+        memory_stats=lambda i: {"allocated_bytes.all.current": allocated, "reserved_bytes.all.current": reserved},
+        get_device_properties=lambda i: types.SimpleNamespace(uuid=uuid.removeprefix("GPU-")))
+    sys.modules["torch"] = types.SimpleNamespace(cuda=cuda, __version__="stand-in (gpu_check --fake)")  # type: ignore[assignment]
+
+
 def worker(fake: bool) -> int:
-    """Allocate the known weights and KV tensor, print one JSON line, and live until stdin closes."""
+    """Allocate the known weights and KV tensor, publish the probe, print one JSON line, live until stdin closes."""
+    from dltop import probe
+
     if fake:
         allocated = WEIGHTS_BYTES + KV_BYTES
         reserved = allocated + FAKE_RESERVED_EXTRA
-        keep: list[Any] = []
+        _fake_torch(allocated, reserved, json.loads(FAKE_SCENARIO.read_text())["gpus"][0]["uuid"])
+        model: Any = _Model([_Tensor(WEIGHTS_BYTES)])
+        kv: Any = _Tensor(KV_BYTES)
     else:
         import torch
 
@@ -76,18 +119,21 @@ def worker(fake: bool) -> int:
         kv = torch.empty(KV_ELEMENTS, dtype=torch.float16, device=device)
         torch.cuda.synchronize(device)
         allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
-        keep = [model, kv]
+    probe.watch_model(model)
+    probe.watch_kv(kv)
+    published = probe.start()
     print(json.dumps({"pid": os.getpid(), "allocated": allocated, "reserved": reserved,
-                      "weights_bytes": WEIGHTS_BYTES, "kv_bytes": KV_BYTES}), flush=True)
+                      "weights_bytes": WEIGHTS_BYTES, "kv_bytes": KV_BYTES, "probe": published}), flush=True)
     sys.stdin.read()  # until the checker closes the pipe (or exits)
-    del keep
+    del model, kv
     return 0
 
 
-def start_worker(fake: bool) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+def start_worker(fake: bool, env: dict[str, str]) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """The worker process and what it printed; RuntimeError with its stderr when it does not come up."""
     args = [sys.executable, str(Path(__file__).resolve()), "--worker", *(["--fake"] if fake else [])]
-    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
     import selectors
 
     sel = selectors.DefaultSelector()
@@ -218,19 +264,32 @@ def check_process(report: Report, label: str, used_bytes: int | None, smi_mib: i
                      f"({diff}, limit {TOLERANCE:.0%})")
 
 
-def check_split(report: Report, p: GpuProcess) -> None:
-    split = [getattr(p.split, f) for f in SPLIT_FIELDS]
-    if importlib.util.find_spec("dltop.probe") is None or all(v is None for v in split):
-        report.say("SKIP", "split: not checked, no probe yet")
+def check_split(report: Report, label: str, p: GpuProcess, w: dict[str, Any]) -> None:
+    """The worker's split as dltop joined it: the known bytes, torch's own numbers, and the parts summing to
+    NVML's per-process figure within 1%."""
+    sp = p.split
+    split = [getattr(sp, f) for f in SPLIT_FIELDS]
+    if sp.probe_device is None:
+        why = sorted(set(sp.unavailable.values()))
+        report.check(False, f"{label} split: the worker's probe was not joined ({'; '.join(why)})")
         return
+    parts = ", ".join(f"{f.removesuffix('_bytes')} {'?' if v is None else _mib(v)}"
+                      for f, v in zip(SPLIT_FIELDS, split, strict=True))
+    report.say("INFO", f"{label} split: {parts}; joined {sp.probe_device} by {sp.joined_by}")
+    report.check((sp.weights_bytes, sp.kv_cache_bytes) == (w["weights_bytes"], w["kv_bytes"]),
+                 f"{label} split: weights and KV are the known bytes: {sp.weights_bytes!r}, {sp.kv_cache_bytes!r} "
+                 f"vs {w['weights_bytes']:,}, {w['kv_bytes']:,}")
+    report.check((sp.torch_allocated_bytes, sp.torch_reserved_bytes) == (w["allocated"], w["reserved"]),
+                 f"{label} split: torch allocated / reserved are the worker's own: {sp.torch_allocated_bytes!r} / "
+                 f"{sp.torch_reserved_bytes!r} vs {w['allocated']:,} / {w['reserved']:,}")
     if any(v is None for v in split) or p.used_bytes is None:
-        missing = [f for f, v in zip(SPLIT_FIELDS, split, strict=True) if v is None]
-        report.check(False, f"split: fields without a number: {', '.join(missing) or 'used_bytes'}")
+        missing = [f"{f} ({sp.unavailable.get(f)})" for f, v in zip(SPLIT_FIELDS, split, strict=True) if v is None]
+        report.check(False, f"{label} split: fields without a number: {', '.join(missing) or 'used_bytes'}")
         return
     total = sum(v for v in split if v is not None)
     ok, diff = within(total, p.used_bytes)
-    report.check(ok, f"split sums to NVML's process figure: {_mib(total)} vs {_mib(p.used_bytes)} ({diff}, "
-                     f"limit {TOLERANCE:.0%})")
+    report.check(ok, f"{label} split sums to NVML's process figure: {_mib(total)} vs {_mib(p.used_bytes)} ({diff}, "
+                     f"within {TOLERANCE:.0%})")
 
 
 def tick_cost(make_backend: Callable[[], NvmlBackend]) -> str:
@@ -281,11 +340,17 @@ def run_checks(fake: bool, skew: float) -> Report:
             report.check(False, f"cannot run: {problem}")
         if missing:
             return report
+    # The worker's probe publishes into a private directory of this run; dltop reads it from there.
+    runtime = tempfile.TemporaryDirectory(prefix="dltop-gpu-check-")
+    env["XDG_RUNTIME_DIR"] = runtime.name
     try:
-        proc, w = start_worker(fake)
+        proc, w = start_worker(fake, env)
     except RuntimeError as e:
         report.check(False, f"cannot run: {e}")
+        runtime.cleanup()
         return report
+    if not w.get("probe"):
+        report.check(False, f"the worker's probe did not publish into {runtime.name} (see its stderr)")
     try:
         make_backend: Callable[[], NvmlBackend]
         smi: Callable[[list[str]], str]
@@ -304,7 +369,7 @@ def run_checks(fake: bool, skew: float) -> Report:
                            f"torch allocated {_mib(w['allocated'])}, reserved {_mib(w['reserved'])}")
         want = w["weights_bytes"] + w["kv_bytes"]
         report.check(w["allocated"] == want, f"torch allocated = weights + KV: {w['allocated']:,} B vs {want:,} B")
-        _compare(report, w, make_backend, smi, env)
+        _compare(report, w, make_backend, smi, env, Path(runtime.name) / "dltop")
         report.say("INFO", tick_cost(make_backend))
     finally:
         with contextlib.suppress(OSError):
@@ -313,16 +378,19 @@ def run_checks(fake: bool, skew: float) -> Report:
             proc.kill()
         if scenario_file is not None:
             os.unlink(scenario_file.name)
+        runtime.cleanup()
     return report
 
 
 def _compare(report: Report, w: dict[str, Any], make_backend: Callable[[], NvmlBackend],
-             smi: Callable[[list[str]], str], env: dict[str, str]) -> None:
+             smi: Callable[[list[str]], str], env: dict[str, str], probe_dir: Path) -> None:
     reader = GpuReader(make_backend)
     try:
-        part = reader.read()
+        read = reader.read()
     finally:
         reader.close()
+    # as the Sampler composes a Snapshot: the probe files joined to NVML's processes
+    part = join_splits(read, read_probes([(str(probe_dir), os.getuid())]), None, time.time())
     if isinstance(part, Unavailable):
         report.check(False, f"dltop reads no GPU: {part.reason}")
         return
@@ -352,6 +420,8 @@ def _compare(report: Report, w: dict[str, Any], make_backend: Callable[[], NvmlB
             again = _find(snap, w["pid"])
             check_process(report, "dltop snapshot --json", None if again is None else again[1].used_bytes,
                           apps[w["pid"]])
+            if again is not None:
+                check_split(report, "dltop snapshot --json", again[1], w)
     if p.used_bytes is not None:
         report.check(p.used_bytes >= w["reserved"], f"NVML's process figure holds torch's reserved: "
                      f"{_mib(p.used_bytes)} >= {_mib(w['reserved'])} (non-torch "
@@ -369,7 +439,7 @@ def _compare(report: Report, w: dict[str, Any], make_backend: Callable[[], NvmlB
         used = "null" if d.memory_used_bytes is None else _mib(d.memory_used_bytes)
         report.say("INFO", f"GPU {d.index} memory used (moves between reads, not checked): dltop {used}, "
                            f"nvidia-smi {row[2]} MiB")
-    check_split(report, p)
+    check_split(report, "dltop (join_splits)", p, w)
 
 
 def main() -> int:

@@ -4,7 +4,11 @@ Wall time and the thread's CPU time are both printed (on a loaded machine wall t
 core). The fake answers at once, so what is measured is dltop's own work per tick (the calls, the version fallbacks,
 each process's /proc entry and the model), the part the issue bounds at 5 ms. Each process gets a /proc entry
 (cmdline, comm) in a temporary root, so the user and command lookups run as on a real machine.
-Run: .venv/bin/python benchmarks/gpu_tick.py [--ticks N] [--scenario FILE]
+`--pane` measures the GPU pane instead: the CPU time of handing the app one Snapshot with the GPU tab visible
+(the pane's render, the hints, the table's diff; Textual's own painting happens later and is not in it), with 600
+Snapshots of history, in two runs: "steady" (utilization and power move, memory stays, as in a training or serving
+job) and "moving" (every process's memory changes every tick, the worst case).
+Run: .venv/bin/python benchmarks/gpu_tick.py [--ticks N] [--scenario FILE] [--pane]
 """
 
 from __future__ import annotations
@@ -15,18 +19,66 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from dltop.derive import join_splits
+from dltop.model import ProbeDevice, ProbesPart, ProcessProbe
 from dltop.sources.gpu import FakeBackend, GpuReader
 
 SCENARIO = Path(__file__).resolve().parents[1] / "tests/data/gpu-scenarios/8gpu-20proc.json"
+
+
+def pane_ticks(scenario: dict[str, Any], ticks: int, moving: bool) -> list[float]:
+    """CPU seconds of each `DltopApp._apply` with the GPU pane visible, after 600 Snapshots of history."""
+    import asyncio
+
+    from dltop.model import Snapshot
+    from dltop.sampler import ListFeed
+    from dltop.tui.app import DltopApp
+
+    reader = GpuReader(lambda: FakeBackend(scenario))
+    snaps = []
+    for i in range(600 + ticks):
+        for g in scenario["gpus"]:
+            g["utilization"]["gpu"] = (i * 7) % 100
+            g["power_mw"] = 200_000 + (i * 1013) % 90_000
+            for p in g["compute_processes"] if moving else ():
+                p["used_bytes"] += 1 << 20
+        snaps.append(Snapshot(ts=1000.0 + i, host="bench", gpus=reader.read()))
+    reader.close()
+    cpu: list[float] = []
+
+    async def run() -> None:
+        app = DltopApp(ListFeed(snaps[:600], start=599))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            for snap in snaps[600:]:
+                c0 = time.thread_time()
+                app._apply(snap)
+                cpu.append(time.thread_time() - c0)
+                await pilot.pause()  # let Textual paint, as between two ticks
+
+    asyncio.run(run())
+    return sorted(cpu)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ticks", type=int, default=2000)
     ap.add_argument("--scenario", default=str(SCENARIO))
+    ap.add_argument("--pane", action="store_true", help="measure the GPU pane's render instead of the NVML tick")
     args = ap.parse_args()
     scenario = json.loads(Path(args.scenario).read_text())
+    if args.pane:
+        n = min(args.ticks, 300)
+        procs = sum(len(g.get("compute_processes", [])) for g in scenario["gpus"])
+        print(f"GPU pane at 120x40: {len(scenario['gpus'])} GPUs, {procs} processes, 600 Snapshots of history, "
+              f"{n} ticks")
+        for moving in (False, True):
+            cpu = pane_ticks(json.loads(Path(args.scenario).read_text()), n, moving)
+            print(f"{'moving' if moving else 'steady'}: CPU per tick median {statistics.median(cpu) * 1e3:.2f} ms, "
+                  f"p95 {cpu[int(len(cpu) * 0.95)] * 1e3:.2f} ms")
+        return
     with tempfile.TemporaryDirectory() as root:
         for gpu in scenario["gpus"]:
             for p in gpu.get("compute_processes", []):
@@ -35,6 +87,7 @@ def main() -> None:
                 (d / "cmdline").write_bytes(b"python\0-m\0vllm.entrypoints.openai.api_server\0--port\0" +
                                             str(p["pid"]).encode() + b"\0")
                 (d / "comm").write_text("python\n")
+                (d / "stat").write_text(f"{p['pid']} (python) S {' '.join(['0'] * 18)} 4242\n")
         reader = GpuReader(lambda: FakeBackend(scenario), root)
         first = time.perf_counter()
         part = reader.read()
@@ -48,14 +101,34 @@ def main() -> None:
             cpu.append(time.thread_time() - c0)
             times.append(time.perf_counter() - t0)
         reader.close()
+    # The split: one probe per GPU (a DDP rank on each) joined to NVML's processes, as the Sampler does it on
+    # every Snapshot it composes.
+    probes = ProbesPart(processes=tuple(
+        ProcessProbe(pid=g.processes[0].pid, path="", uid=0, start_time_ticks=4242, cmd="train.py",
+                     published_at=time.time(), watched={"models": 1, "optimizers": 1, "kv": 0},
+                     devices=(ProbeDevice("cuda:0", 1 << 30, 1 << 30, 2 << 30, 0,
+                                          {"allocated_bytes.all.current": 5 << 30,
+                                           "reserved_bytes.all.current": 6 << 30},
+                                          (g.uuid or "").removeprefix("GPU-")),))
+        for g in part if isinstance(g.processes, tuple) and g.processes))
+    joins = []
+    for _ in range(args.ticks):
+        c0 = time.thread_time()
+        joined = join_splits(part, probes, None, time.time())
+        joins.append(time.thread_time() - c0)
+    assert isinstance(joined, tuple)
+    split = sum(p.split.probe_device is not None for g in joined if isinstance(g.processes, tuple) for p in g.processes)
     times.sort()
     cpu.sort()
+    joins.sort()
     print(f"{len(part)} GPUs, {procs} processes, {args.ticks} ticks")
     print(f"first tick (session start, /proc lookups): {first * 1e3:.2f} ms")
     print(f"tick: median {statistics.median(times) * 1e3:.2f} ms, p95 {times[int(len(times) * 0.95)] * 1e3:.2f} ms,"
           f" max {times[-1] * 1e3:.2f} ms")
     print(f"tick CPU time: median {statistics.median(cpu) * 1e3:.2f} ms, p95 {cpu[int(len(cpu) * 0.95)] * 1e3:.2f} ms"
           " (target: <= 5 ms)")
+    print(f"split join ({len(probes.processes)} probes, {split} processes split): CPU median "
+          f"{statistics.median(joins) * 1e3:.2f} ms, p95 {joins[int(len(joins) * 0.95)] * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,29 @@
-"""Rates as pure functions of two Snapshots: live, pause and replay run this code and show the same numbers.
+"""Rates as pure functions of two Snapshots, and the GPU processes' split as a pure function of one Snapshot's
+parts: live, pause and replay run this code and show the same numbers.
 
 Hints are `dltop.hints`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from dltop.model import CachesPart, GpuDevice, MemoryPart, ModelStats, Snapshot, Unavailable
+from dltop.model import (
+    CachesPart,
+    GpuDevice,
+    GpuPart,
+    GpuProcess,
+    MemoryPart,
+    MemorySplit,
+    ModelStats,
+    ProbeDevice,
+    ProbesPart,
+    ProcessProbe,
+    ServerStats,
+    Snapshot,
+    Unavailable,
+)
+from dltop.model.gpu import NO_PROBE, SplitSource, unprobed_split
 from dltop.model.memory import DiskStat, VmStat
 
 SECTOR_BYTES = 512
@@ -205,3 +221,210 @@ def cache_growth(first: Snapshot, cur: Snapshot) -> dict[str, int]:
         if before is not None and before.path == c.path and before.size_bytes is not None and c.size_bytes is not None:
             out[c.name] = c.size_bytes - before.size_bytes
     return out
+
+
+# -- the split of each GPU process: its probe file and its inference server joined to NVML's figure ---------------
+
+STALE_PROBE_S = 10.0  # a probe file older than this (the process stopped publishing) is not joined
+ALLOCATED, RESERVED = "allocated_bytes.all.current", "reserved_bytes.all.current"
+NO_MODEL = ("the process watches no model (probe.watch_model): its weights, if any, are counted in other torch")
+NO_KV = ("the process names no KV cache to the probe (probe.watch_kv) and no server gives its pool: any KV cache "
+         "is counted in other torch")
+NO_OPTIMIZER = "the process watches no optimizer (probe.watch_optimizer)"
+ON_MIG_ROW = unprobed_split("the GPU is in MIG mode: the split is on the row of the process's MIG instance")
+
+
+def join_splits(gpus: GpuPart | Unavailable | None, probes: ProbesPart | Unavailable | None,
+                servers: tuple[ServerStats, ...] | Unavailable | None, now: float) -> GpuPart | Unavailable | None:
+    """Every GPU process's split (weights, KV cache, allocator cache, other torch, non-torch), from the probe file
+    of the same process (same pid and start time) on the same device (by UUID; by index through
+    CUDA_VISIBLE_DEVICES only where the probe gives no UUID) and from an inference server joined to the process;
+    what neither can say is unknown with the reason. The one join the TUI, `snapshot`, the recorder and the
+    exporter all see: the Sampler applies it when it composes a Snapshot."""
+    if not isinstance(gpus, tuple):
+        return gpus
+    by_pid = {p.pid: p for p in probes.processes} if isinstance(probes, ProbesPart) else {}
+    served = _server_kv(gpus, servers)
+    if not by_pid and not served:
+        return gpus
+    one_model = len({g.name for g in gpus}) == 1
+    out = []
+    for g in gpus:
+        if g.mig_devices and isinstance(g.processes, tuple):
+            # In MIG mode the parent lists each instance's processes too, without their memory: the split is
+            # on the instance's row, which has NVML's figure and the instance's UUID.
+            procs: tuple[GpuProcess, ...] | Unavailable = tuple(
+                replace(p, split=ON_MIG_ROW) if p.pid in by_pid or p.pid in served else p for p in g.processes)
+        else:
+            procs = _join_list(g.processes, _Device(g.uuid, g.index, gpus, one_model), by_pid, served, now)
+        migs = tuple(replace(m, processes=_join_list(m.processes, _Device(m.uuid, None, gpus, one_model), by_pid,
+                                                     served, now)) for m in g.mig_devices)
+        out.append(replace(g, processes=procs, mig_devices=migs))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class _Device:
+    uuid: str | None
+    index: int | None  # None for a MIG instance (no CUDA index maps to it)
+    gpus: GpuPart
+    one_model: bool  # every GPU of one model: CUDA's enumeration is the bus order, as NVML's
+
+
+def _join_list(procs: tuple[GpuProcess, ...] | Unavailable, dev: _Device, by_pid: dict[int, ProcessProbe],
+               served: dict[int, tuple[int, str] | str], now: float) -> tuple[GpuProcess, ...] | Unavailable:
+    if isinstance(procs, Unavailable):
+        return procs
+    return tuple(p if p.pid not in by_pid and p.pid not in served
+                 else replace(p, split=process_split(p, by_pid.get(p.pid), dev, served.get(p.pid), now))
+                 for p in procs)
+
+
+def _server_kv(gpus: GpuPart, servers: tuple[ServerStats, ...] | Unavailable | None) -> dict[int, tuple[int, str] | str]:
+    """pid -> (KV pool bytes, server URL) for the one GPU process a server is joined to, or why not."""
+    if not isinstance(servers, tuple):
+        return {}
+    places = [p.pid for g in gpus for procs in (g.processes, *(m.processes for m in g.mig_devices))
+              if isinstance(procs, tuple) for p in procs]
+    out: dict[int, tuple[int, str] | str] = {}
+    for s in servers:
+        if s.state != "ok" or not isinstance(s.pid, int):
+            continue
+        pids = {s.pid, *s.child_pids}
+        held = [pid for pid in places if pid in pids]
+        for pid in held:
+            pool = s.kv_capacity_bytes
+            if isinstance(pool, Unavailable):
+                out[pid] = f"{s.url}: {pool.reason}"
+            elif len(held) > 1:
+                out[pid] = (f"the KV pool of {s.url} spans {len(held)} GPU processes (tensor parallel): "
+                            "each one's share is not known")
+            else:
+                out[pid] = (pool, s.url)
+    return out
+
+
+def _norm_uuid(uuid: str) -> str:
+    return uuid.lower().removeprefix("gpu-").removeprefix("mig-")
+
+
+def probe_device(probe: ProcessProbe, dev: _Device) -> tuple[ProbeDevice, str] | str:
+    """The probe's CUDA device that is this GPU, and how it was matched; or why none is."""
+    cuda = [d for d in probe.devices if d.device.startswith("cuda")]
+    if not cuda:
+        where = " (its watched tensors are on the CPU)" if probe.devices else ""
+        return (f"the probe in pid {probe.pid} sees no CUDA device{where}: torch.cuda is not initialised in it, "
+                "or it computes with something other than PyTorch")
+    if dev.uuid:
+        for d in cuda:
+            if d.uuid and _norm_uuid(d.uuid) == _norm_uuid(dev.uuid):
+                return d, "uuid"
+    unnamed = [d for d in cuda if not d.uuid]
+    if not unnamed:
+        theirs = ", ".join(f"{d.device} {d.uuid}" for d in cuda)
+        return f"the probe's CUDA devices ({theirs}) are not this GPU ({dev.uuid or 'no UUID from NVML'})"
+    # Fallback, only where the probe gives no UUID: cuda:N through CUDA_VISIBLE_DEVICES to NVML's index.
+    if "allocator_env" in probe.truncated:
+        return "the probe gives no UUID, and dropped its environment (CUDA_VISIBLE_DEVICES) to fit 4 KiB"
+    visible = probe.allocator_env.get("CUDA_VISIBLE_DEVICES")
+    entries = None if visible is None else [e.strip() for e in visible.split(",")]
+    in_order = probe.allocator_env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" or dev.one_model
+    for d in unnamed:
+        try:
+            n = int(d.device.split(":")[1])
+        except (IndexError, ValueError):
+            continue
+        entry = str(n) if entries is None else entries[n] if n < len(entries) else None
+        if entry is None:
+            continue
+        said = f"CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "CUDA_VISIBLE_DEVICES unset"
+        if entry.lower().startswith(("gpu-", "mig-")):
+            if dev.uuid and dev.uuid.lower().startswith(entry.lower()):
+                return d, f"{d.device} is {entry} by {said} (the probe gave no UUID)"
+            continue
+        if entry.isdigit() and dev.index is not None and int(entry) == dev.index:
+            if not in_order:
+                return (f"the probe gives no UUID, and {d.device} → GPU {dev.index} by index is a guess: CUDA "
+                        "orders mixed GPUs fastest first, NVML by bus (set CUDA_DEVICE_ORDER=PCI_BUS_ID)")
+            return d, f"{d.device} is GPU {dev.index} by index, {said} (the probe gave no UUID)"
+    return f"none of the probe's CUDA devices ({', '.join(d.device for d in cuda)}) is this GPU"
+
+
+def process_split(p: GpuProcess, probe: ProcessProbe | None, dev: _Device, server: tuple[int, str] | str | None,
+                  now: float) -> MemorySplit:
+    """One process's split on one device (see `join_splits`)."""
+    values: dict[str, int] = {}
+    sources: dict[str, SplitSource] = {}
+    why: dict[str, str] = {}
+    kv_server = server if isinstance(server, tuple) else None
+
+    def unknown(reason: str) -> MemorySplit:
+        split = unprobed_split(reason)
+        if kv_server is None:
+            return split
+        return replace(split, kv_cache_bytes=kv_server[0], sources={"kv_cache_bytes": "server"},
+                       unavailable={k: v for k, v in split.unavailable.items() if k != "kv_cache_bytes"})
+
+    if probe is None:
+        return unknown(NO_PROBE)
+    if p.start_time_ticks is None:
+        return unknown(f"pid {p.pid} is not in dltop's /proc: its probe file cannot be told from another process's")
+    if p.start_time_ticks != probe.start_time_ticks:
+        return unknown(f"pid {p.pid} was reused: the probe file is of a process started at tick "
+                       f"{probe.start_time_ticks}, NVML's started at tick {p.start_time_ticks}")
+    age = now - probe.published_at
+    if age > STALE_PROBE_S:
+        return unknown(f"the probe's last reading is {age:.0f} s old (the process stopped publishing)")
+    found = probe_device(probe, dev)
+    if isinstance(found, str):
+        return unknown(found)
+    d, joined_by = found
+    watched = probe.watched
+    models = watched.get("models", 0) > 0 if watched else d.weights_bytes > 0  # an older probe does not say
+    optimizers = watched.get("optimizers", 0) > 0 if watched else d.optimizer_bytes > 0
+    kv_watched = watched.get("kv", 0) > 0 if watched else d.kv_bytes > 0
+    if models:
+        values.update(weights_bytes=d.weights_bytes, gradients_bytes=d.gradients_bytes)
+    else:
+        why.update(weights_bytes=NO_MODEL, gradients_bytes=NO_MODEL)
+    if optimizers:
+        values["optimizer_bytes"] = d.optimizer_bytes
+    else:
+        why["optimizer_bytes"] = NO_OPTIMIZER
+    if kv_watched:
+        values["kv_cache_bytes"] = d.kv_bytes
+    elif kv_server is not None:
+        values["kv_cache_bytes"] = kv_server[0]
+        sources["kv_cache_bytes"] = "server"
+    else:
+        why["kv_cache_bytes"] = server if isinstance(server, str) else NO_KV
+    sources.update({k: "probe" for k in values if k not in sources})
+    allocated, reserved = d.memory_stats.get(ALLOCATED), d.memory_stats.get(RESERVED)
+    if allocated is None or reserved is None:
+        no_stats = f"the probe has no torch.cuda.memory_stats() for {d.device}"
+        why.update(allocator_cache_bytes=no_stats, other_torch_bytes=no_stats, non_torch_bytes=no_stats)
+    else:
+        values.update(torch_allocated_bytes=allocated, torch_reserved_bytes=reserved)
+        sources.update(torch_allocated_bytes="probe", torch_reserved_bytes="probe")
+        _remainder(values, sources, why, "allocator_cache_bytes", reserved, allocated, "probe",
+                   f"torch reserved {reserved:,} is less than allocated {allocated:,}")
+        named = sum(values.get(k, 0) for k in ("weights_bytes", "kv_cache_bytes"))
+        _remainder(values, sources, why, "other_torch_bytes", allocated, named, "probe",
+                   f"weights + KV ({named:,}) exceed torch allocated ({allocated:,})")
+        if p.used_bytes is None:
+            why["non_torch_bytes"] = p.unavailable.get("used_bytes", "NVML gives no memory for this process")
+        else:
+            _remainder(values, sources, why, "non_torch_bytes", p.used_bytes, reserved, "nvml-probe",
+                       f"NVML's {p.used_bytes:,} is less than torch reserved {reserved:,}")
+    return MemorySplit(**values, probe_device=d.device, joined_by=joined_by, sources=sources,  # type: ignore[arg-type]
+                       unavailable=why)
+
+
+def _remainder(values: dict[str, int], sources: dict[str, SplitSource], why: dict[str, str], name: str,
+               whole: int, part: int, source: SplitSource, said: str) -> None:
+    """values[name] = whole - part; a negative remainder is not clamped to 0: the readings disagree."""
+    if whole >= part:
+        values[name] = whole - part
+        sources[name] = source
+    else:
+        why[name] = f"inconsistent: {said} (read at different moments); not shown"

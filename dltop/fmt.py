@@ -107,7 +107,10 @@ def sparkline(values: list[float], width: int, top: float | None = None, bottom:
     values = _columns(values, width)
     span = (top if top is not None else max(values, default=0.0)) - bottom
     last = len(SPARK_CHARS) - 1
-    bars = "".join(SPARK_CHARS[min(last, max(0, _level(v, bottom, span, last)))] for v in values)
+    if span > 0:  # _level inlined: this runs for every chart on every tick
+        bars = "".join(SPARK_CHARS[min(last, max(0, round((v - bottom) / span * last)))] for v in values)
+    else:
+        bars = SPARK_CHARS[0] * len(values)
     return " " * (width - len(bars)) + bars
 
 

@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dltop.derive import join_splits
 from dltop.model import Snapshot, SourceStatus, Unavailable
 from dltop.sources.base import Source
 
@@ -236,6 +237,8 @@ class Sampler:
         for part, held in shared.items():
             parts[part] = merges[part](held)
         known = {k: v for k, v in parts.items() if k in Snapshot.__dataclass_fields__}
+        if "gpus" in known:  # each GPU process's split: its probe file and its server joined to NVML's figure
+            known["gpus"] = join_splits(known["gpus"], known.get("probes"), known.get("servers"), now)
         return Snapshot(ts=now, host=self._host, uptime_s=read_uptime(self._root), sources=statuses, **known)
 
     # -- continuous use (TUI, recorder, exporter) ---------------------------------------------------------

@@ -32,8 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     "exporter": {"exporter", "model", "fields", "hints", "errors"},
     "hints": {"hints", "model", "fmt"},
     # The probes source shares the file format's constants and directory with the probe (dltop/probe/files.py).
-    "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "__init__"},
-    "sampler": {"model", "sources"},
+    "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "kv", "__init__"},
+    "sampler": {"model", "sources", "derive"},
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources"},
     # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
     "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields",

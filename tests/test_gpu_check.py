@@ -50,7 +50,7 @@ def test_fake_run_passes_and_reports_each_check() -> None:
     total = json.loads((DATA / "gpu-scenarios/h100-2proc.json").read_text())["gpus"][0]["memory"]["total"]
     used = gpu_check.WEIGHTS_BYTES + gpu_check.KV_BYTES + gpu_check.FAKE_RESERVED_EXTRA + gpu_check.FAKE_CONTEXT
     passed = lines(r.stdout, "PASS")
-    assert passed == [
+    assert [x for x in passed if " split" not in x] == [
         f"torch allocated = weights + KV: {gpu_check.WEIGHTS_BYTES + gpu_check.KV_BYTES:,} B vs "
         f"{gpu_check.WEIGHTS_BYTES + gpu_check.KV_BYTES:,} B",
         f"process memory, dltop (dltop.sources.gpu) vs nvidia-smi: {used / MIB:.1f} MiB vs {used // MIB} MiB "
@@ -61,11 +61,21 @@ def test_fake_run_passes_and_reports_each_check() -> None:
         f"{(used - gpu_check.FAKE_CONTEXT) / MIB:.1f} MiB (non-torch 500.0 MiB)",
         f"GPU 0 memory total, dltop vs nvidia-smi: {total / MIB:.1f} MiB vs {total // MIB} MiB",
     ]
-    assert lines(r.stdout, "SKIP") == ["split: not checked, no probe yet"]
+    # the worker's real probe file, joined to the fake NVML's process, in both readings
+    for label in ("dltop snapshot --json", "dltop (join_splits)"):
+        assert f"{label} split: weights and KV are the known bytes: {gpu_check.WEIGHTS_BYTES}, " \
+               f"{gpu_check.KV_BYTES} vs {gpu_check.WEIGHTS_BYTES:,}, {gpu_check.KV_BYTES:,}" in passed
+        assert f"{label} split sums to NVML's process figure: {used / MIB:.1f} MiB vs {used / MIB:.1f} MiB " \
+               "(0.00%, within 1%)" in passed
+        assert any(line.startswith(f"{label} split: torch allocated / reserved are the worker's own")
+                   for line in passed)
+        assert f"{label} split: weights 512.0 MiB, kv_cache 1024.0 MiB, allocator_cache 2.0 MiB, other_torch " \
+               "0.0 MiB, non_torch 500.0 MiB; joined cuda:0 by uuid" in lines(r.stdout, "INFO")
+    assert not lines(r.stdout, "SKIP")
     assert re.search(r"^INFO  NVML tick \(GpuReader.read, 1 GPU, 50 ticks\): wall median [\d.]+ ms, p95 [\d.]+ ms; "
                      r"CPU median [\d.]+ ms, p95 [\d.]+ ms; PCIe from throughput$", r.stdout, re.M)
     assert not lines(r.stdout, "FAIL")
-    assert re.search(r"^result: PASS: 5 of 5 checks passed \([\d.]+ s\)$", r.stdout, re.M)
+    assert re.search(r"^result: PASS: 11 of 11 checks passed \([\d.]+ s\)$", r.stdout, re.M)
 
 
 def test_fake_run_with_nvidia_smi_off_fails_with_its_numbers() -> None:
@@ -74,7 +84,7 @@ def test_fake_run_with_nvidia_smi_off_fails_with_its_numbers() -> None:
     failed = lines(r.stdout, "FAIL")
     assert len(failed) == 2 and all(re.fullmatch(r"process memory, dltop .* vs nvidia-smi: 2038\.0 MiB vs 2139 MiB "
                                                  r"\(4\.72%, limit 1%\)", f) for f in failed), failed
-    assert re.search(r"^result: FAIL: 3 of 5 checks passed", r.stdout, re.M)
+    assert re.search(r"^result: FAIL: 9 of 11 checks passed", r.stdout, re.M)
     # Within the tolerance is still a pass.
     assert run("--fake", "--fake-skew", "0.5").returncode == 0
 
@@ -84,6 +94,22 @@ def test_real_mode_without_torch_says_what_is_missing() -> None:
     r = run()
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert f"FAIL  cannot run: torch is not installed for {sys.executable}" in r.stdout
+
+
+def _cpu_only_torch() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.version.cuda is None
+
+
+@pytest.mark.skipif(not _cpu_only_torch(), reason="needs a CPU-only torch build (the test extras' one)")
+def test_real_mode_on_a_machine_without_a_gpu_says_so() -> None:
+    r = run()
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout
+    assert "FAIL  cannot run: torch " in r.stdout and "is a CPU-only build" in r.stdout
+    assert re.search(r"^result: FAIL: 0 of \d+ checks passed", r.stdout, re.M)
 
 
 @given(st.lists(st.tuples(st.integers(0, 2**22), st.one_of(st.integers(0, 2**40), st.sampled_from(

@@ -71,17 +71,16 @@ def _proc(**split: int | None) -> GpuProcess:
 
 
 def test_fragmentation_needs_the_probe_s_numbers() -> None:
-    # today's model: the split is unknown; the rule must not fire on None
+    # no probe: the split is unknown; the rule must not fire on None
     assert allocator_fragmented([snap(1.0, procs=(GpuProcess(pid=77, used_bytes=60 * GiB),))]) is None
-    frag = _proc(weights_bytes=14 * GiB, kv_cache_bytes=10 * GiB, other_torch_bytes=2 * GiB,
-                 allocator_cache_bytes=20 * GiB, non_torch_bytes=GiB)
+    frag = _proc(torch_allocated_bytes=26 * GiB, torch_reserved_bytes=46 * GiB)
     h = allocator_fragmented([snap(1.0, procs=(frag,))])
     assert h is not None and h.numbers == {"pid": 77, "reserved_bytes": 46 * GiB, "allocated_bytes": 26 * GiB}
     assert "expandable_segments:True" in h.fix and "20.0 GiB is cached but free" in h.text
-    tight = dataclasses.replace(frag, split=dataclasses.replace(frag.split, allocator_cache_bytes=2 * GiB))
+    tight = _proc(torch_allocated_bytes=26 * GiB, torch_reserved_bytes=28 * GiB)
     assert allocator_fragmented([snap(1.0, procs=(tight,))]) is None  # 28 of 26: normal caching
-    small = _proc(weights_bytes=0, kv_cache_bytes=0, other_torch_bytes=FRAGMENTED_MIN_BYTES // 4,
-                  allocator_cache_bytes=FRAGMENTED_MIN_BYTES // 2)
+    small = _proc(torch_allocated_bytes=FRAGMENTED_MIN_BYTES // 4,
+                  torch_reserved_bytes=FRAGMENTED_MIN_BYTES // 4 + FRAGMENTED_MIN_BYTES // 2)
     assert allocator_fragmented([snap(1.0, procs=(small,))]) is None  # a big ratio of little memory
 
 

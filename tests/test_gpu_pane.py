@@ -19,16 +19,19 @@ from typing import Any
 
 import pytest
 from textual.app import App, ComposeResult
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
-from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
-from dltop.sampler import ListFeed
+from dltop.derive import join_splits
+from dltop.model import GpuDevice, ProbesPart, ServerStats, Snapshot, Unavailable
+from dltop.sampler import ListFeed, Sampler
+from dltop.sources.base import Source
 from dltop.sources.gpu import NO_PROCESS_MEMORY, FakeBackend, GpuReader, PynvmlBackend
 from dltop.sources.servers import read_server
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.gpu import SPLIT_NEEDS_PROBE, GpuPane
 from dltop.tui.view import View
 from tests.conftest import DATA, SHARED_FIXTURES
+from tests.probe_helpers import MIB, Workers
 
 SCENARIOS = DATA / "gpu-scenarios"
 METRICS = SHARED_FIXTURES / "metrics"
@@ -40,11 +43,16 @@ def scenario(name: str) -> dict[str, Any]:
     return json.loads((SCENARIOS / f"{name}.json").read_text())
 
 
+START_TICKS = 4242  # the start time of every process in a test's /proc
+
+
 def proc_root(root: Path, commands: dict[int, str]) -> str:
-    """A /proc with the scenario's pids in it, so user and command are read from files (and stay the same)."""
+    """A /proc with the scenario's pids in it, so user, command and start time are read from files (and stay the
+    same)."""
     for pid, cmd in commands.items():
         (root / "proc" / str(pid)).mkdir(parents=True)
         (root / "proc" / str(pid) / "cmdline").write_bytes(cmd.replace(" ", "\0").encode() + b"\0")
+        (root / "proc" / str(pid) / "stat").write_text(f"{pid} (python) S {' '.join(['0'] * 18)} {START_TICKS}\n")
     return str(root)
 
 
@@ -301,10 +309,23 @@ class PaneApp(App[None]):
         pane.show(View(snapshot=self.snaps[-1], history=tuple(self.snaps)))
 
 
+GIB = 1 << 30
+# rank 0 of the picture's DDP job, as its probe counts it: fp32 weights, their gradients, Adam's two moments
+PICTURE_SPEC = {"weights": 6 * GIB, "gradients": 6 * GIB, "optimizer": 12 * GIB, "kv": 0,
+                "allocated": 26 * GIB, "reserved": 27 * GIB + 512 * MIB}
+
+
 def picture_snaps(tmp: Path, server: ServerStats | None) -> list[Snapshot]:
     s = scenario("two-gpus")
     root = proc_root(tmp, {9120: "torchrun --nproc-per-node 2 train.py", 9121: "torchrun --nproc-per-node 2 train.py",
                            9300: "python -m vllm.entrypoints.openai.api_server --model facebook/opt-125m"})
+    # pid 9120 runs the probe: a real probe file, from a process holding the picture's bytes, given the picture's
+    # pid and start time (the worker's own change every run)
+    (tmp / "run").mkdir()
+    with Workers(tmp / "run") as workers:
+        workers.gpu(s["gpus"][0]["uuid"].removeprefix("GPU-"), **PICTURE_SPEC)
+        (probe,) = workers.probes().processes
+    probe = dataclasses.replace(probe, pid=9120, start_time_ticks=START_TICKS, path="", cmd="", uid=1000)
     snaps = gpu_snaps(s, 8, root)
     # The owner of the test's /proc entries is whoever runs the tests: name one, so the picture is the same.
     snaps = [dataclasses.replace(x, gpus=tuple(
@@ -312,7 +333,9 @@ def picture_snaps(tmp: Path, server: ServerStats | None) -> list[Snapshot]:
         for g in x.gpus if isinstance(g.processes, tuple))) for x in snaps if isinstance(x.gpus, tuple)]
     if server is not None:
         snaps = [dataclasses.replace(x, servers=(server,)) for x in snaps]
-    return snaps
+    # as the Sampler composes a Snapshot: the probe published just now, joined to NVML's process
+    return [dataclasses.replace(x, gpus=join_splits(x.gpus, ProbesPart(processes=(
+        dataclasses.replace(probe, published_at=x.ts),)), x.servers, x.ts)) for x in snaps]
 
 
 SIZES = [(80, 24), (120, 40)]
@@ -335,31 +358,122 @@ def test_gpu_pane_with_server_snapshot(snap_compare, metrics_url: str, tmp_path:
     assert snap_compare(PaneApp(picture_snaps(tmp_path, server)), terminal_size=size)
 
 
-async def test_a_known_split_is_drawn_as_its_parts_and_fits() -> None:
-    """The probe's numbers are not in the model yet: a constructed split, as the probe will give it."""
-    from dltop.model.gpu import MemorySplit
-
-    snap = gpu_snaps(scenario("two-gpus"), 1)[0]
-    assert isinstance(snap.gpus, tuple)
-    g0 = snap.gpus[0]
-    assert isinstance(g0.processes, tuple)
-    p = g0.processes[0]
-    assert p.used_bytes is not None
-    gib = 1 << 30
-    split = MemorySplit(weights_bytes=14 * gib, kv_cache_bytes=10 * gib, allocator_cache_bytes=2 * gib,
-                        other_torch_bytes=gib, non_torch_bytes=p.used_bytes - 27 * gib)
-    probed = dataclasses.replace(g0, processes=(dataclasses.replace(p, split=split),))
-    probed_snap = dataclasses.replace(snap, gpus=(probed, *snap.gpus[1:]))
-    app = DltopApp(ListFeed([probed_snap]))
+async def test_a_probed_process_s_split_is_drawn_as_its_parts_and_fits(tmp_path: Path) -> None:
+    """A real process publishing its probe file, joined to the fake NVML's process as the Sampler joins them."""
+    s = scenario("two-gpus")
+    with Workers(tmp_path) as workers:
+        pid = workers.gpu(s["gpus"][0]["uuid"].removeprefix("GPU-"))
+        s["gpus"][0]["compute_processes"][0].update(pid=pid, used_bytes=3500 * MIB)
+        # a 4 GiB GPU, so the smallest part (the KV cache) has cells of its own at 80 columns
+        s["gpus"][0]["memory"].update(total=4096 * MIB, used=3500 * MIB, free=596 * MIB)
+        s["gpus"][0]["process_utilization"][0]["pid"] = pid
+        sampler = Sampler([Source("gpus", 1.0, GpuReader(lambda: FakeBackend(s)).read),
+                           Source("probes", 1.0, workers.probes)])
+        snaps = [sampler.read_once(), sampler.read_once()]
+        sampler.close()
+    app = DltopApp(ListFeed(snaps))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        app._apply(dataclasses.replace(probed_snap, ts=snap.ts + 2))  # the next tick, with the table laid out
+        app._apply(snaps[1])  # the next tick, with the table laid out
         await pilot.pause()
         lines = _text(app, "#gpu-devices").splitlines()
         bar = lines[1].split()[0]
-        assert [c for c in "WKcon░" if c in bar] == list("WKcon░")  # weights | KV | cached | other | non-torch | free
+        # weights | KV | cached | other | non-torch | free, in proportion, in that order
         assert bar.index("W") < bar.index("K") < bar.index("c") < bar.index("o") < bar.index("n") < bar.index("░")
-        assert "weights" in lines[2] and "non torch" in lines[2]
-        row = _rows(app)[0]
-        assert row[6:8] == ["14.0G", "10.0G"] and SPLIT_NEEDS_PROBE in _text(app, "#gpu-notes")  # GPU 1's
+        assert "█" not in bar  # the split covers NVML's whole figure
+        legend = lines[2]
+        assert "W weights" in legend and "n non-torch" in legend and "o other (grads 512M optim 1.0G)" in legend
+        row = next(r for r in _rows(app) if r[1] == str(pid))
+        assert row[6:] == ["512M", "256M", "472M", "1.8G", "428M"]  # SPEC's bytes: see tests/probe_helpers.py
+        notes = _text(app, "#gpu-notes")
+        assert "no probe in pids 9121, 9300: add `import dltop.probe` for the split" in notes
+        assert SPLIT_NEEDS_PROBE not in notes
         _fits(app)
+
+
+async def _until(pilot, check, seconds: float = 20.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        await pilot.pause(0.05)
+        if check():
+            return
+    raise AssertionError("the condition never held")
+
+
+@needs_metrics
+@pytest.mark.parametrize("gpus", ["two-gpus", "library-not-found"])
+async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """a asks for a URL, the app validates it and adds the server to the Sampler's sources (a real scrape over
+    loopback HTTP of a real payload); x removes it. With no GPU to list, the keys work all the same."""
+    from dltop.config import Settings
+    from dltop.sources.registry import build_sources
+
+    monkeypatch.setenv("DLTOP_FAKE_NVML", str(SCENARIOS / f"{gpus}.json"))
+    settings = Settings(refresh_s=0.5)
+    app = DltopApp(Sampler(build_sources(settings), builder=build_sources), settings)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        pane = app.query_one(GpuPane)
+        assert not app.query_one("#gpu-servers", Static).display
+        # a key, a footer label and a palette entry; nothing to remove yet
+        assert [c.title for c in pane.palette_commands()] == ["GPU: Add server"]
+        footer = {ab.binding.description: ab.enabled for ab in app.active_bindings.values() if ab.binding.show}
+        assert footer["Add server"] and "Remove server" not in footer  # nothing to remove yet
+        await pilot.press("a")
+        box = app.query_one("#gpu-server-input", Input)
+        assert box.has_focus
+        box.value = "ftp://127.0.0.1/metrics"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.settings.servers == ()
+        assert [n.message for n in app._notifications][-1] == (
+            "not added: not an http(s) URL: 'ftp://127.0.0.1/metrics' (give host:port or http://host:port/metrics)")
+        await pilot.press("a")
+        box.value = metrics_url
+        await pilot.press("enter")
+        await _until(pilot, lambda: _text(app, "#gpu-servers").startswith(f"vllm {metrics_url}"))
+        assert app.settings.servers == (metrics_url,)
+        assert "of 116,496 tok" in _text(app, "#gpu-servers")  # the payload's pool, read by the Sampler's source
+        # the same server twice is refused, not scraped twice
+        await pilot.press("a")
+        box.value = metrics_url
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.settings.servers == (metrics_url,) and "scraped already" in [n.message for n in app._notifications][-1]
+        # x offers the first server; Enter removes it
+        await pilot.press("x")
+        assert box.value == metrics_url
+        await pilot.press("enter")
+        await _until(pilot, lambda: not app.query_one("#gpu-servers", Static).display)
+        assert app.settings.servers == () and pane.check_action("remove_server", ()) is False  # none left
+        assert [c.title for c in pane.palette_commands()] == ["GPU: Add server"]
+    app.feed.close()
+
+
+def test_the_sparkline_columns_follow_the_history_a_snapshot_at_a_time() -> None:
+    """GpuSeries reads each new Snapshot once; its columns are the maxima of buckets of k Snapshots (numbered from
+    the first one read), exactly as a scan of the whole window would find them, while the history slides."""
+    from collections import deque
+
+    from dltop.tui.panes.gpu import GpuSeries
+
+    s = scenario("two-gpus")
+    reader = GpuReader(lambda: FakeBackend(s))
+    snaps = []
+    for i in range(90):
+        s["gpus"][0]["utilization"]["gpu"] = (i * 37) % 101  # a jumpy series, spikes included
+        snaps.append(Snapshot(ts=float(i), host="t", gpus=reader.read()))
+    widths = (7, 13, 40)
+    series, window = {w: GpuSeries() for w in widths}, deque(maxlen=40)  # one chart width each, as the pane has
+    for i, snap in enumerate(snaps):
+        window.append(snap)
+        first = i + 1 - len(window)
+        for width in widths:
+            series[width].update(tuple(window))
+            k = -(-len(window) // width)
+            buckets: dict[int, float] = {}
+            for seq in range(first, i + 1):
+                v = float(snaps[seq].gpus[0].utilization_gpu_percent)
+                buckets[seq // k] = max(buckets.get(seq // k, v), v)
+            got = series[width].columns(snap.gpus[0], "utilization_gpu_percent", width)
+            assert got == [buckets[b] for b in sorted(buckets)][-width:], (i, width)

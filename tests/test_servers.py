@@ -436,3 +436,42 @@ def test_a_bad_server_url_is_one_line_on_stderr() -> None:
     r = _dltop("snapshot", "--server", "ftp://x")
     assert r.returncode != 0 and r.stdout == ""
     assert r.stderr.strip() == "dltop: --server: not an http(s) URL: 'ftp://x'"
+
+
+HF_CONFIGS = SHARED_FIXTURES / "hf-configs"
+LLAMA2 = HF_CONFIGS / "Llama-2-7b-hf.config.json"
+
+
+def _hub(tmp: Path, repo: str, config: Path, snapshot: str = "0123abc") -> Path:
+    """A Hugging Face hub cache holding one model's config.json, laid out as huggingface_hub leaves it."""
+    d = tmp / "hub" / ("models--" + repo.replace("/", "--"))
+    (d / "snapshots" / snapshot).mkdir(parents=True)
+    (d / "snapshots" / snapshot / "config.json").write_bytes(config.read_bytes())
+    (d / "refs").mkdir()
+    (d / "refs" / "main").write_text(snapshot)
+    return tmp / "hub"
+
+
+@needs_fixtures
+@pytest.mark.skipif(not LLAMA2.is_file(), reason=f"HF config fixture {LLAMA2} not found")
+def test_the_kv_pool_in_bytes_comes_from_the_model_s_config_in_the_hub_cache(server: str, tmp_path: Path) -> None:
+    # the real V0 payload, its model renamed to one whose real config.json the fixtures have
+    Handler.bodies["/llama"] = (METRICS / V0).read_text().replace("facebook/opt-125m", "meta-llama/Llama-2-7b-hf").encode()
+    cache = _hub(tmp_path, "meta-llama/Llama-2-7b-hf", LLAMA2)
+    s = read_server(f"{server}/llama", 2.0, cache=str(cache))
+    assert s.state == "ok", s.error
+    # bytes per token as `dltop kv` computes them from the same config
+    r = subprocess.run([sys.executable, "-m", "dltop", "kv", "--config", str(LLAMA2), "--seq", "1", "--json"],
+                       capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 0, r.stderr
+    per_token = json.loads(r.stdout)["bytes_per_token"]
+    assert isinstance(s.kv_capacity_tokens, int) and s.kv_capacity_bytes == s.kv_capacity_tokens * per_token
+    assert any(str(cache) in n and f"{per_token:,} bytes per token" in n for n in s.notes)
+    # an fp8 cache (vLLM's cache_dtype label) halves it
+    Handler.bodies["/fp8"] = Handler.bodies["/llama"].replace(b'cache_dtype="auto"', b'cache_dtype="fp8"')
+    fp8 = read_server(f"{server}/fp8", 2.0, cache=str(cache))
+    assert fp8.kv_capacity_bytes == s.kv_capacity_tokens * per_token // 2
+    # a model whose config is not here: unavailable, naming where dltop looked
+    nowhere = read_server(f"{server}/{V0}", 2.0, cache=str(cache))
+    assert isinstance(nowhere.kv_capacity_bytes, Unavailable)
+    assert "facebook--opt-125m" in nowhere.kv_capacity_bytes.reason and "config.json" in nowhere.kv_capacity_bytes.reason

@@ -100,19 +100,17 @@ def allocator_fragmented(history: Sequence[Snapshot]) -> Hint | None:
     """PyTorch's allocator reserves far more than tensors use: fragmentation (needs the probe's numbers)."""
     for p in _processes(history[-1]):
         sp = p.split
-        parts = (sp.weights_bytes, sp.kv_cache_bytes, sp.other_torch_bytes, sp.allocator_cache_bytes)
-        if any(v is None for v in parts):
+        allocated, reserved = sp.torch_allocated_bytes, sp.torch_reserved_bytes
+        if allocated is None or reserved is None:
             continue
-        assert sp.allocator_cache_bytes is not None
-        allocated = sum(v for v in parts[:3] if v is not None)
-        reserved = allocated + sp.allocator_cache_bytes
-        if sp.allocator_cache_bytes < FRAGMENTED_MIN_BYTES or reserved < FRAGMENTED_RATIO * allocated:
+        cached = reserved - allocated
+        if cached < FRAGMENTED_MIN_BYTES or reserved < FRAGMENTED_RATIO * allocated:
             continue
         return Hint(
             id="gpu-allocator-fragmented",
             severity="warn",
             text=(f"pid {p.pid}: PyTorch reserves {gib(reserved)} but tensors use {gib(allocated)}: "
-                  f"{gib(sp.allocator_cache_bytes)} is cached but free (fragmentation)"),
+                  f"{gib(cached)} is cached but free (fragmentation)"),
             fix="try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
             numbers={"pid": p.pid, "reserved_bytes": reserved, "allocated_bytes": allocated},
         )

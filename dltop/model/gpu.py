@@ -14,24 +14,37 @@ from dltop.model.base import Unavailable
 
 NO_PROBE = "no probe in this process — add `import dltop.probe`"
 SPLIT_FIELDS = ("weights_bytes", "kv_cache_bytes", "allocator_cache_bytes", "other_torch_bytes", "non_torch_bytes")
+# Where a split number comes from: the process's own probe file, NVML's per-process figure less the probe's
+# torch reserved, or an inference server's KV pool (docs/gpu.md, "The split").
+SplitSource = Literal["probe", "nvml-probe", "server"]
 
 
 @dataclass(frozen=True)
 class MemorySplit:
     """What a process holds its GPU memory for. Each number comes from the in-process probe or an inference
-    server; without one every field is None with the reason (non-torch is never guessed as NVML's total)."""
+    server (its source in `sources`); a number neither can give is None with the reason in `unavailable`
+    (non-torch is never guessed as NVML's total, and a remainder that comes out negative is not clamped)."""
 
     weights_bytes: int | None = None
     kv_cache_bytes: int | None = None
     allocator_cache_bytes: int | None = None  # torch reserved - allocated: cached but free
-    other_torch_bytes: int | None = None  # activations, gradients, optimizer state
+    # torch allocated - the parts above that are known: activations, gradients, optimizer state (and weights or
+    # a KV cache the process does not name to the probe; `unavailable` says so for those)
+    other_torch_bytes: int | None = None
     non_torch_bytes: int | None = None  # CUDA context, NCCL, cuBLAS workspaces: NVML used - torch reserved
+    gradients_bytes: int | None = None  # within other torch: the watched models' .grad tensors
+    optimizer_bytes: int | None = None  # within other torch: the watched optimizers' state
+    torch_allocated_bytes: int | None = None  # the probe's torch.cuda.memory_stats(), as read with the split
+    torch_reserved_bytes: int | None = None
+    probe_device: str | None = None  # the probe's device joined to this GPU ("cuda:0"), None: no probe joined
+    joined_by: str | None = None  # how that device was matched to the GPU: "uuid", or the fallback's words
+    sources: dict[str, SplitSource] = field(default_factory=dict)  # field name -> where its number comes from
     unavailable: dict[str, str] = field(default_factory=dict)
 
 
-def unprobed_split() -> MemorySplit:
+def unprobed_split(reason: str = NO_PROBE) -> MemorySplit:
     """The split of a process that has no probe: every field unknown, and why."""
-    return MemorySplit(unavailable=dict.fromkeys(SPLIT_FIELDS, NO_PROBE))
+    return MemorySplit(unavailable=dict.fromkeys(SPLIT_FIELDS, reason))
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,9 @@ class GpuProcess:
     mem_util_percent: int | None = None
     gpu_instance_id: int | None = None  # MIG: the GPU and compute instance the process runs in
     compute_instance_id: int | None = None
+    # /proc/PID/stat's starttime (clock ticks since boot): a probe file joins this process only if it names the
+    # same, so a reused pid never takes another process's split. None: the pid is not in dltop's /proc.
+    start_time_ticks: int | None = None
     split: MemorySplit = field(default_factory=unprobed_split)
     unavailable: dict[str, str] = field(default_factory=dict)
 

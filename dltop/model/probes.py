@@ -61,6 +61,8 @@ class ProcessProbe:
     optimizer_bytes: int | None = None
     kv_bytes: int | None = None
     devices: tuple[ProbeDevice, ...] = ()
+    # live watched objects by kind ("models", "optimizers", "kv"); empty: the probe did not say (an older one)
+    watched: dict[str, int] = field(default_factory=dict)
     data_wait_fraction: float | None = None  # 0..1 over the recent steps
     step_time_s: float | None = None  # mean over the recent steps
     steps: int | None = None

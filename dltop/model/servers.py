@@ -25,6 +25,7 @@ class ModelStats:
     replica: str | None = None  # "engine=0" (vLLM V1), "dp_rank=1" (SGLang); None when there is one
     kv_usage: float | Unavailable = Unavailable("not read")  # fraction of the KV pool in use, 0..1
     kv_capacity_tokens: int | Unavailable = Unavailable("not read")
+    kv_cache_dtype: str | None = None  # vLLM's cache_config_info cache_dtype ("auto", "fp8"); None: not given
     kv_used_tokens: int | Unavailable = Unavailable("not read")  # SGLang's num_used_tokens; vLLM gives none
     # The engine's own hit rate (vLLM V0's gauge, SGLang's cache_hit_rate); vLLM V1 gives counters instead.
     prefix_cache_hit_rate: float | Unavailable = Unavailable("not read")

@@ -36,7 +36,7 @@ MAX_SHAPES = 64
 MAX_EPOCHS = 16
 MAX_CMD = 256
 ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
-             "CUDA_VISIBLE_DEVICES")
+             "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 MEMORY_STATS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
                 "inactive_split_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.peak",
                 "num_alloc_retries", "num_ooms")
@@ -439,6 +439,9 @@ def report(fresh: bool = True) -> dict[str, Any]:
         "torch": getattr(torch, "__version__", None) and str(torch.__version__),
         "devices": devices,
         "tensors_counted_at": _state.tensors_at if torch is not None and _state.tensors is not None else None,
+        # how many watched objects are alive: a 0 in `devices` is a count only where something was watched
+        "watched": {"models": len(_live(_state.models)), "optimizers": len(_live(_state.optimizers)),
+                    "kv": len(_live(_state.kv))},
         "allocator_env": {k: os.environ[k] for k in ALLOC_ENV if k in os.environ},
         "cudnn": cudnn,
         "compile": compile_counters,

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 from dltop.config import Settings
 from dltop.model.base import Unavailable
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
+from dltop.probe.files import proc_start_ticks
 from dltop.sources.base import Source
 
 FAKE_ENV = "DLTOP_FAKE_NVML"
@@ -544,6 +545,9 @@ DEVICE_FIELDS = tuple(f for f in GpuDevice.__dataclass_fields__
                                    "memory_pool_note"))
 
 
+_Identity = tuple[str | None, str | None, str | None, int | None]  # user, command, why not, start time (ticks)
+
+
 class _Lost(Exception):
     """A call said NVML_ERROR_GPU_IS_LOST: stop asking this GPU anything this tick."""
 
@@ -570,7 +574,7 @@ class GpuReader:
         self._process_version: dict[ProcessKind, int] = {}
         self._pcie_no_counters: dict[int, str] = {}  # GPU index -> why its driver has no PCIe byte counters
         self._util_seen_us: dict[str, int] = {}
-        self._commands: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}
+        self._commands: dict[tuple[int, int], _Identity] = {}
         self._users: dict[int, str] = {}
 
     def close(self) -> None:
@@ -843,7 +847,7 @@ class GpuReader:
             missing: dict[str, str] = {}
             if p.used_bytes is None:
                 missing["used_bytes"] = NO_PROCESS_MEMORY
-            user, command, why = self._identity(pid, seen)
+            user, command, why, ticks = self._identity(pid, seen)
             for name, value in (("user", user), ("command", command)):
                 if value is None and why is not None:
                     missing[name] = why
@@ -855,16 +859,16 @@ class GpuReader:
                                   command=command, sm_util_percent=None if sample is None else sample.sm_percent,
                                   mem_util_percent=None if sample is None else sample.mem_percent,
                                   gpu_instance_id=p.gpu_instance_id, compute_instance_id=p.compute_instance_id,
-                                  split=UNPROBED, unavailable=missing))
+                                  start_time_ticks=ticks, split=UNPROBED, unavailable=missing))
         return tuple(out)
 
-    def _identity(self, pid: int, seen: set[tuple[int, int]]) -> tuple[str | None, str | None, str | None]:
-        """(user, command, why not) of a pid from root's /proc; the command line is read once per process."""
+    def _identity(self, pid: int, seen: set[tuple[int, int]]) -> _Identity:
+        """(user, command, why not, start time in ticks) of a pid from root's /proc; read once per process."""
         base = f"{self._proc}/{pid}"
         try:
             st = os.stat(base)
         except OSError:
-            return None, None, NOT_IN_NAMESPACE.format(pid=pid)
+            return None, None, NOT_IN_NAMESPACE.format(pid=pid), None
         key = (pid, st.st_ctime_ns)  # a new process under a reused pid gets a new /proc entry
         seen.add(key)
         cached = self._commands.get(key)
@@ -884,10 +888,10 @@ class GpuReader:
                 with open(f"{base}/comm", "rb") as f:
                     command = f"[{os.fsdecode(f.read().strip())}]"
         except OSError as e:
-            result: tuple[str | None, str | None, str | None] = (user, None, f"cannot read {base}/cmdline: "
-                                                                 f"{e.strerror or e}")
+            result: _Identity = (user, None, f"cannot read {base}/cmdline: {e.strerror or e}",
+                                 proc_start_ticks(pid, self._proc))
         else:
-            result = (user, command, None)
+            result = (user, command, None, proc_start_ticks(pid, self._proc))
         self._commands[key] = result
         return result
 

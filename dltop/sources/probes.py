@@ -118,6 +118,7 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
     compile_doc = _get(doc, "compile", dict, optional=True) or {}
     env = _get(doc, "allocator_env", dict, optional=True) or {}
     epochs = _get(doc, "epochs", list, optional=True) or []
+    watched = _get(doc, "watched", dict, optional=True) or {}
     truncated = _get(doc, "truncated", list, optional=True) or []
     return ProcessProbe(
         pid=_count(doc, "pid") or 0, path=path, uid=uid, start_time_ticks=_count(doc, "start_time_ticks") or 0,
@@ -128,6 +129,7 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         torch_version=_get(doc, "torch", str, optional=True),
         weights_bytes=totals["weights_bytes"], gradients_bytes=totals["gradients_bytes"],
         optimizer_bytes=totals["optimizer_bytes"], kv_bytes=totals["kv_bytes"], devices=devices,
+        watched={str(k): _count(watched, k) or 0 for k in watched},
         data_wait_fraction=fraction, step_time_s=step_time,
         steps=None if data is None else _count(data, "steps"),
         input_shapes=None if data is None else _count(data, "input_shapes", optional=True),

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +28,7 @@ MAX_PAYLOAD_BYTES = 2 << 20  # a real vLLM scrape is tens to a few hundred KiB; 
 _CHUNK = 64 << 10
 
 NO_BYTES = ("the server's /metrics gives the pool in tokens, not bytes; bytes = tokens × bytes per token, "
-            "which come from the model's config.json (`dltop kv --config`), not from the server")
+            "which come from the model's config.json (`dltop kv --config`)")
 V1_RATE = "vLLM V1 counts prefix-cache hits and queries: the hit rate is over the interval between two readings"
 
 
@@ -234,6 +234,7 @@ def _vllm(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[str
             replica=replica,
             kv_usage=Unavailable("no vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc") if u is None else u,
             kv_capacity_tokens=capacity,
+            kv_cache_dtype=None if cfg is None else cfg.get("cache_dtype"),
             kv_used_tokens=Unavailable("vLLM gives the fraction in use, not tokens"),
             prefix_cache_hit_rate=hit_rate,
             prefix_cache_hits_total=notes.finite("prefix cache hits", hits.get(k)),
@@ -313,6 +314,83 @@ def _server_totals(models: Sequence[ModelStats]) -> dict[str, Any]:
                 "prefix_cache_hit_rate": Unavailable(several)}
     return {"kv_usage": Unavailable(several), "kv_capacity_tokens": Unavailable(several),
             "prefix_cache_hit_rate": Unavailable(several)}
+
+
+# -- the pool in bytes: tokens × bytes per token of the model's config.json --------------------------------------
+
+# vLLM's --kv-cache-dtype names, as dltop kv's
+_KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "bfloat16": "bf16",
+              "float16": "fp16", "half": "fp16", "float32": "fp32"}
+
+
+def hub_cache(env: Mapping[str, str] | None = None) -> str:
+    """The Hugging Face hub cache a server on this machine downloads into: $HF_HUB_CACHE, $HF_HOME/hub, else
+    ~/.cache/huggingface/hub (as huggingface_hub resolves it)."""
+    env = os.environ if env is None else env
+    if env.get("HF_HUB_CACHE"):
+        return env["HF_HUB_CACHE"]
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                              "huggingface")
+    return os.path.join(home, "hub")
+
+
+def model_config_path(model_name: str, cache: str) -> str | Unavailable:
+    """The config.json of the model a server names: its own folder when the name is a local path (`vllm serve
+    /models/llama`), else the hub cache's snapshot of that repository (the one refs/main names, else the newest)."""
+    local = os.path.join(os.path.expanduser(model_name), "config.json")
+    if os.path.isabs(os.path.expanduser(model_name)) and os.path.isfile(local):
+        return local
+    repo = os.path.join(cache, "models--" + model_name.replace("/", "--"))
+    snapshots = os.path.join(repo, "snapshots")
+    try:
+        with open(os.path.join(repo, "refs", "main"), encoding="ascii") as f:
+            main = os.path.join(snapshots, f.read().strip(), "config.json")
+        if os.path.isfile(main):
+            return main
+    except OSError:
+        pass
+    try:
+        found = [os.path.join(snapshots, d, "config.json") for d in os.listdir(snapshots)]
+    except OSError:
+        found = []
+    found = [f for f in found if os.path.isfile(f)]
+    if found:
+        return max(found, key=os.path.getmtime)
+    return Unavailable(f"{NO_BYTES}: no config.json of {model_name} here (looked in {repo}; a local model "
+                       "folder is read where the server names one)")
+
+
+def pool_bytes(models: Sequence[ModelStats], engine: str, cache: str) -> tuple[int | Unavailable, list[str]]:
+    """The KV pool in bytes over the server's models (tokens × bytes per token of each model's config.json), and
+    how it was found; Unavailable with the reason where a model's pool or config is not known."""
+    from dltop import kv
+
+    total, notes = 0, []
+    for m in models:
+        if not isinstance(m.kv_capacity_tokens, int):
+            return Unavailable(f"{m.model_name}: pool in tokens not known ({m.kv_capacity_tokens.reason})"), []
+        path = model_config_path(m.model_name, cache)
+        if isinstance(path, Unavailable):
+            return path, []
+        given = m.kv_cache_dtype or "auto"
+        dtype = _KV_DTYPES.get(given)
+        if dtype is None:
+            return Unavailable(f"{m.model_name}: KV cache dtype {given!r} is not one dltop sizes"), []
+        try:
+            cfg = kv.load_config(path)
+            if dtype == "auto" and kv.model_dtype(kv.text_config(cfg))[0] in ("float32", "float"):
+                dtype = "fp16"  # vLLM's --dtype auto serves a float32 model in float16
+            shape = kv.shape_from_config(cfg, dtype, m.model_name)
+        except kv.ConfigError as e:
+            return Unavailable(f"{m.model_name}: {e}"), []
+        if shape.sliding_layers:
+            return Unavailable(f"{m.model_name} has {shape.sliding_layers} sliding-window layers: how the engine "
+                               "pages them into its pool is not published"), []
+        total += m.kv_capacity_tokens * shape.bytes_per_token
+        assumed = "" if m.kv_cache_dtype else f" ({engine} publishes no KV dtype: the model's assumed)"
+        notes.append(f"{m.model_name} KV pool: {m.kv_capacity_tokens:,} tokens × {shape.bytes_per_token:,} bytes "
+                     f"per token ({shape.dtype}{assumed}) from {path}")
+    return total, notes
 
 
 # -- port -> process --------------------------------------------------------------------------------------------
@@ -442,8 +520,10 @@ def _local_addresses() -> set[str]:
 
 # -- one read, and the source ---------------------------------------------------------------------------------
 
-def read_server(url: str, timeout_s: float, root: str = "/", join: _PidJoin | None = None) -> ServerStats:
-    """Scrape one server once; whatever goes wrong is its `state` and `error`, never an exception."""
+def read_server(url: str, timeout_s: float, root: str = "/", join: _PidJoin | None = None,
+                cache: str | None = None) -> ServerStats:
+    """Scrape one server once; whatever goes wrong is its `state` and `error`, never an exception. `cache` is the
+    Hugging Face hub cache the models' config.json are looked up in (default: `hub_cache()`)."""
     join = join or _PidJoin(root, url)
     t0 = time.monotonic()
     try:
@@ -455,10 +535,11 @@ def read_server(url: str, timeout_s: float, root: str = "/", join: _PidJoin | No
                            kv_capacity_bytes=why, prefix_cache_hit_rate=why, pid=join.find(),
                            scraped_at=time.time(), scrape_s=time.monotonic() - t0)
     pid = join.find()
+    pool, how = pool_bytes(models, engine, hub_cache() if cache is None else cache)
     return ServerStats(
-        url=url, state="ok", engine=engine, kv_capacity_bytes=Unavailable(NO_BYTES), models=tuple(models),
+        url=url, state="ok", engine=engine, kv_capacity_bytes=pool, models=tuple(models),
         pid=pid, child_pids=child_pids(root, pid) if isinstance(pid, int) else (),
-        scraped_at=time.time(), scrape_s=time.monotonic() - t0, payload_bytes=len(body), notes=tuple(notes),
+        scraped_at=time.time(), scrape_s=time.monotonic() - t0, payload_bytes=len(body), notes=(*notes, *how),
         **_server_totals(models),
     )
 

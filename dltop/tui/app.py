@@ -21,7 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from dltop import hints as hint_rules
-from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings
+from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings, server_url
 from dltop.errors import DltopError
 from dltop.fmt import human_duration
 from dltop.model import CachesPart, Snapshot
@@ -36,6 +36,8 @@ from dltop.tui.messages import (
     DatasetRemoveRequested,
     EvictRequested,
     LockRequested,
+    ServerAddRequested,
+    ServerRemoveRequested,
     WarmRequested,
     Warned,
 )
@@ -525,6 +527,38 @@ class DltopApp(App[None]):
                     self.runner.release(target)
             self._watch(tuple(p for p in self.settings.datasets if p != msg.path))
             self.notify(f"no longer watching {msg.path}", timeout=3)
+
+    def on_server_add_requested(self, msg: ServerAddRequested) -> None:
+        msg.stop()
+        try:
+            url = server_url(msg.text)
+        except ValueError as e:
+            self.notify(f"not added: {e} (give host:port or http://host:port/metrics)", severity="error")
+            return
+        if url in self.settings.servers:
+            self.notify(f"{url} is scraped already", severity="warning")
+            return
+        self._set_servers((*self.settings.servers, url))
+        self.notify(f"scraping {url}", timeout=3)
+
+    def on_server_remove_requested(self, msg: ServerRemoveRequested) -> None:
+        msg.stop()
+        try:
+            url = server_url(msg.text)
+        except ValueError as e:
+            self.notify(f"not removed: {e}", severity="error")
+            return
+        if url not in self.settings.servers:
+            self.notify(f"{url} is not scraped (scraped: {', '.join(self.settings.servers) or 'none'})",
+                        severity="warning")
+            return
+        self._set_servers(tuple(u for u in self.settings.servers if u != url))
+        self.notify(f"no longer scraping {url}", timeout=3)
+
+    def _set_servers(self, servers: tuple[str, ...]) -> None:
+        self.settings = replace(self.settings, servers=servers)
+        self.feed.reconfigure(self.settings)
+        self._show()
 
     def _owner(self, path: str) -> str | None:
         """The watched dataset that `path` is, or is inside."""

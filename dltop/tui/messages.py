@@ -79,3 +79,19 @@ class Warned(Message):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text = text
+
+
+class ServerAddRequested(Message):
+    """Scrape one more inference server (`text` as the user typed it: host:port or a URL)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class ServerRemoveRequested(Message):
+    """Stop scraping an inference server (`text` as the user typed it, or its /metrics URL)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text

@@ -8,19 +8,26 @@ reason in the notes, never as zero.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from functools import lru_cache
 
+from rich.cells import cell_len
+from textual import on
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
+from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import ServerRates, server_rates
 from dltop.fmt import human_bytes, sparkline_rows
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
 from dltop.model.servers import ModelStats
-from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content, set_row
+from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested
+from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content
 from dltop.tui.view import View
 
 # The one line that says why the split is not drawn (the model's per-field reason is NO_PROBE).
@@ -32,6 +39,7 @@ HEADERS = ("GPU", "PID", "User", "Command", "Used", "SM%", "Wts", "KV", "Cache",
 SPLIT_SEGMENTS = (("weights_bytes", "W", "$primary"), ("kv_cache_bytes", "K", "$accent"),
                   ("allocator_cache_bytes", "c", "$warning"), ("other_torch_bytes", "o", "$secondary"),
                   ("non_torch_bytes", "n", "$error"))
+SEGMENT_LABELS = {"W": "weights", "K": "KV", "c": "cached", "o": "other", "n": "non-torch"}
 # Processes without a split: one segment each, told apart by colour and their legend.
 PROCESS_STYLES = ("$primary", "$accent", "$secondary", "$success", "$warning")
 LABEL_WIDTH = 6  # the indent of a GPU's bar under its headline
@@ -59,24 +67,30 @@ def cells(parts: Sequence[int], width: int) -> list[int]:
     return out
 
 
-def _split_known(split: MemorySplit) -> bool:
-    return all(getattr(split, f) is not None for f in SPLIT_FIELDS)
+def _split_parts(p: GpuProcess) -> list[tuple[int, str, str]]:
+    """The known parts of a process's split as bar segments (bytes, fill, style), in the bar's order."""
+    return [(v, ch, style) for name, ch, style in SPLIT_SEGMENTS if (v := getattr(p.split, name)) is not None]
+
+
+def _unsplit(p: GpuProcess) -> int:
+    """What of NVML's figure for a process its known split parts do not cover."""
+    if p.used_bytes is None:
+        return 0
+    return max(0, p.used_bytes - sum(v for v, _, _ in _split_parts(p)))
 
 
 def bar_segments(processes: Sequence[GpuProcess], used: int, total: int) -> list[tuple[int, str, str]]:
-    """(bytes, fill character, style) from left to right: each process's split where the probe gives it,
-    else its NVML figure as one segment; then memory used by no listed process; then free."""
+    """(bytes, fill character, style) from left to right: each process's split parts where the probe or a server
+    gives them, then the rest of its NVML figure as one segment; then memory used by no listed process; then free."""
     segs: list[tuple[int, str, str]] = []
     listed = 0
     for i, p in enumerate(processes):
         if p.used_bytes is None:
             continue
         listed += p.used_bytes
-        if _split_known(p.split):
-            for name, ch, style in SPLIT_SEGMENTS:
-                segs.append((getattr(p.split, name), ch, style))
-        else:
-            segs.append((p.used_bytes, "█", PROCESS_STYLES[i % len(PROCESS_STYLES)]))
+        segs += _split_parts(p)
+        if rest := _unsplit(p):
+            segs.append((rest, "█", PROCESS_STYLES[i % len(PROCESS_STYLES)]))
     if used > listed:
         segs.append((used - listed, "▓", "$text-muted"))
     segs.append((max(0, total - max(used, listed)), "░", "$text-disabled"))
@@ -99,39 +113,124 @@ def memory_bar(label: str, processes: Sequence[GpuProcess], used: int | None, to
     return Content.assemble(*pieces)
 
 
+def _within_other(processes: Sequence[GpuProcess]) -> str:
+    """" (grads 1.0G optim 2.0G)": what the probe says other torch holds, where one process on the GPU has it."""
+    split = [p.split for p in processes if p.split.other_torch_bytes is not None]
+    if len(split) != 1:
+        return ""
+    bits = [f"{label} {_short(v)}" for label, v in (("grads", split[0].gradients_bytes),
+                                                    ("optim", split[0].optimizer_bytes)) if v]
+    return f" ({' '.join(bits)})" if bits else ""
+
+
 def legend(processes: Sequence[GpuProcess], used: int | None, width: int) -> Content:
-    """What each segment of the bar is, cut to `width`."""
-    parts = [Content.assemble(("█", PROCESS_STYLES[i % len(PROCESS_STYLES)]), f" {p.pid} {human_bytes(p.used_bytes)}")
-             for i, p in enumerate(processes) if p.used_bytes is not None and not _split_known(p.split)]
-    if any(_split_known(p.split) for p in processes):
-        key: list[str | tuple[str, str]] = []
-        for name, ch, style in SPLIT_SEGMENTS:
-            key += [(ch, style), f" {name.removesuffix('_bytes').replace('_', ' ')} "]
-        parts.append(Content.assemble(*key).rstrip())
-    listed = sum(p.used_bytes for p in processes if p.used_bytes is not None)
-    if used is not None and used > listed:
-        parts.append(Content.assemble(("▓", "$text-muted"), f" {human_bytes(used - listed)} not attributed to a process"))
-    line = Content("  ").join(parts) if parts else Content.assemble(("no processes", "dim"))
-    return Content(" " * LABEL_WIDTH).append(line).truncate(width, ellipsis=True)
-
-
-def series(history: Sequence[Snapshot], uuid: str | None, index: int, name: str) -> list[float]:
-    """One GPU field over the history, the GPU found by UUID (its index where NVML gave none)."""
-    out = []
-    for s in history:
-        if not isinstance(s.gpus, tuple):
+    """What each segment of the bar is, cut to `width` (one Content built at once: this runs per GPU per tick)."""
+    groups: list[list[str | tuple[str, str]]] = []
+    drawn: set[str] = set()
+    listed = 0
+    for i, p in enumerate(processes):
+        if p.used_bytes is None:
             continue
-        for g in s.gpus:
-            if (g.uuid == uuid if uuid else g.index == index):
-                v = getattr(g, name)
-                if v is not None:
-                    out.append(float(v))
+        listed += p.used_bytes
+        parts = _split_parts(p)
+        drawn.update(ch for _, ch, _ in parts)
+        if p.used_bytes > sum(v for v, _, _ in parts):  # a part of its figure the split does not cover
+            groups.append([("█", PROCESS_STYLES[i % len(PROCESS_STYLES)]), f" {p.pid} {human_bytes(p.used_bytes)}"])
+    if drawn:
+        key: list[str | tuple[str, str]] = []
+        for _, ch, style in SPLIT_SEGMENTS:
+            if ch in drawn:
+                label = SEGMENT_LABELS[ch] + (_within_other(processes) if ch == "o" else "")
+                key += [" " if key else "", (ch, style), f" {label}"]
+        groups.append(key)
+    if used is not None and used > listed:
+        groups.append([("▓", "$text-muted"), f" {human_bytes(used - listed)} not attributed to a process"])
+    pieces = [x for i, group in enumerate(groups) for x in (["  "] if i else []) + group] or [("no processes", "dim")]
+    return Content.assemble(" " * LABEL_WIDTH, *pieces).truncate(width, ellipsis=True)
+
+
+class GpuSeries:
+    """Each GPU's utilization and memory used over the history, for its sparklines, kept up to date one Snapshot
+    at a time (a scan of the whole history per GPU and field on every tick was the pane's largest cost). A chart
+    `width` columns wide shows the maxima of buckets of k Snapshots (k = history length / width, rounded up), so no
+    spike is lost; buckets are aligned to the Snapshots' numbers, so a chart does not shimmer as the window slides,
+    and each tick only updates its newest bucket. A GPU is found by its UUID (its index where NVML gave none)."""
+
+    FIELDS = ("utilization_gpu_percent", "memory_used_bytes")
+
+    def __init__(self) -> None:
+        self._snaps: deque[Snapshot] = deque()  # the history this has read, oldest first
+        self._seq = 0  # the number of the next Snapshot read; the oldest kept is self._seq - len(self._snaps)
+        # (GPU, field) -> the numbers of the Snapshots that have a value, and the values
+        self._values: dict[tuple[str | int, str], tuple[deque[int], deque[float]]] = {}
+        # (GPU, field) -> (k, the next Snapshot number not yet in a bucket, bucket number -> its maximum)
+        self._buckets: dict[tuple[str | int, str], tuple[int, int, dict[int, float]]] = {}
+
+    def update(self, history: Sequence[Snapshot]) -> None:
+        """Follow `history` (the app's, oldest first): read only the Snapshots new since the last call."""
+        known = self._snaps
+        while known and history and known[0] is not history[0]:
+            known.popleft()  # fallen off the front of the history
+        if not known or len(known) > len(history) or known[-1] is not history[len(known) - 1]:
+            known.clear()  # another history (a replay jumped): read it all again
+            self._values.clear()
+            self._buckets.clear()
+        first = self._seq - len(known)
+        for seqs, values in self._values.values():
+            while seqs and seqs[0] < first:
+                seqs.popleft()
+                values.popleft()
+        for snap in history[len(known):]:
+            known.append(snap)
+            if isinstance(snap.gpus, tuple):
+                for g in snap.gpus:
+                    for name in self.FIELDS:
+                        v = getattr(g, name)
+                        if v is not None:
+                            seqs, values = self._values.setdefault((g.uuid or g.index, name), (deque(), deque()))
+                            seqs.append(self._seq)
+                            values.append(float(v))
+            self._seq += 1
+
+    def columns(self, g: GpuDevice, name: str, width: int) -> list[float]:
+        """One GPU field over the history, at most `width` values: the maxima of its buckets, oldest first."""
+        key = (g.uuid or g.index, name)
+        got = self._values.get(key)
+        if not got or width <= 0:
+            return []
+        seqs, values = got
+        k = max(1, -(-len(self._snaps) // width))
+        cached = self._buckets.get(key)
+        if cached is None or cached[0] != k:
+            cached = (k, 0, {})
+        _, upto, buckets = cached
+        for seq, v in zip(reversed(seqs), reversed(values), strict=True):  # only the values new since the last
+            if seq < upto:
                 break
+            b = seq // k
+            if buckets.get(b, v) <= v:
+                buckets[b] = v
+        first = seqs[0] // k
+        for b in [b for b in buckets if b < first]:
+            del buckets[b]
+        if seqs[0] % k:  # the oldest bucket lost its oldest values with the history: its maximum from what is left
+            buckets[first] = _head_max(seqs, values, first, k)
+        self._buckets[key] = (k, self._seq, buckets)
+        return [buckets[b] for b in sorted(buckets)[-width:]]
+
+
+def _head_max(seqs: deque[int], values: deque[float], bucket: int, k: int) -> float:
+    """The maximum of the values at the front of the deques that fall in `bucket` (at most k of them)."""
+    out = values[0]
+    for i in range(1, min(k, len(seqs))):
+        if seqs[i] // k != bucket:
+            break
+        out = max(out, values[i])
     return out
 
 
-def device_lines(g: GpuDevice, history: Sequence[Snapshot], width: int) -> list[Content]:
-    """A GPU: its headline, its memory bar, the legend, and utilization and memory sparklines."""
+def headline(g: GpuDevice, width: int) -> list[Content]:
+    """A GPU's name, utilization, temperature and power; a GPU whose calls fail: the reason on a line under it."""
     head = Content.assemble((f"GPU{g.index} {g.name or '?'}", "bold"))
     lost = g.why("memory_total_bytes") if g.memory_total_bytes is None else None
     if lost is not None and g.memory_used_bytes is None:
@@ -149,25 +248,54 @@ def device_lines(g: GpuDevice, history: Sequence[Snapshot], width: int) -> list[
         bits.append("pool: system memory")
     if bits:
         head = head.append("  " + "  ".join(bits))
-    lines = [head.truncate(width, ellipsis=True)]
+    return [head.truncate(width, ellipsis=True)]
+
+
+def memory_lines(g: GpuDevice, width: int) -> list[Content]:
+    """A GPU's memory bar and its legend (in MIG mode: a bar per instance under the parent's)."""
     procs = g.processes if isinstance(g.processes, tuple) else ()
     if g.mig_devices:
-        lines.append(memory_bar("", (), g.memory_used_bytes, g.memory_total_bytes, width))
-        for mig in g.mig_devices:
-            lines.append(mig_line(mig, width))
-    else:
-        lines.append(memory_bar("", procs, g.memory_used_bytes, g.memory_total_bytes, width))
-        if isinstance(g.processes, Unavailable):
-            lines.append(Content.assemble((f"      processes: {g.processes.reason}", "$warning")))
-        else:
-            lines.append(legend(procs, g.memory_used_bytes, width))
+        return [memory_bar("", (), g.memory_used_bytes, g.memory_total_bytes, width),
+                *(mig_line(mig, width) for mig in g.mig_devices)]
+    bar = memory_bar("", procs, g.memory_used_bytes, g.memory_total_bytes, width)
+    if isinstance(g.processes, Unavailable):
+        return [bar, Content.assemble((f"      processes: {g.processes.reason}", "$warning"))]
+    return [bar, legend(procs, g.memory_used_bytes, width)]
+
+
+def memory_key(g: GpuDevice, width: int) -> tuple[object, ...]:
+    """What `memory_lines` draws from, as plain values: the lines are drawn again only when this changes."""
+    splits: dict[int, tuple[int | None, ...]] = {}  # id(split) -> its numbers: processes without one share one
+
+    def numbers(sp: MemorySplit) -> tuple[int | None, ...]:
+        if id(sp) not in splits:
+            splits[id(sp)] = (*(getattr(sp, f) for f in SPLIT_FIELDS), sp.gradients_bytes, sp.optimizer_bytes)
+        return splits[id(sp)]
+
+    def procs(ps: tuple[GpuProcess, ...] | Unavailable) -> object:
+        if isinstance(ps, Unavailable):
+            return ps.reason
+        return tuple((p.pid, p.used_bytes, numbers(p.split)) for p in ps)
+
+    migs = tuple((m.mig_index, m.name, m.memory_used_bytes, m.memory_total_bytes, procs(m.processes))
+                 for m in g.mig_devices)
+    return (width, g.memory_used_bytes, g.memory_total_bytes, procs(g.processes), migs)
+
+
+@lru_cache(maxsize=256)
+def _spark(columns: tuple[float, ...], width: int, top: float | None) -> str:
+    # a chart whose columns did not change (memory, most of the time) is not drawn again
+    return sparkline_rows(list(columns), width, 1, top=top)[0]
+
+
+def spark_line(g: GpuDevice, series: GpuSeries, width: int) -> Content:
+    """Utilization and memory used over the history, side by side."""
     half = max(1, (width - 21) // 2)  # "util  97% " and "  mem  65% " around two charts
-    util = sparkline_rows(series(history, g.uuid, g.index, "utilization_gpu_percent"), half, 1, top=100.0)[0]
-    mem = sparkline_rows(series(history, g.uuid, g.index, "memory_used_bytes"), half, 1,
-                         top=float(g.memory_total_bytes) if g.memory_total_bytes else None)[0]
-    lines.append(Content.assemble(("util ", "bold"), f"{_pct(g.utilization_gpu_percent):>4} ", (util, "$accent"),
-                                  ("  mem ", "bold"), f"{_pct(_share(g)):>4} ", (mem, "$primary")))
-    return lines
+    util = _spark(tuple(series.columns(g, "utilization_gpu_percent", half)), half, 100.0)
+    mem = _spark(tuple(series.columns(g, "memory_used_bytes", half)), half,
+                 float(g.memory_total_bytes) if g.memory_total_bytes else None)
+    return Content.assemble(("util ", "bold"), f"{_pct(g.utilization_gpu_percent):>4} ", (util, "$accent"),
+                            ("  mem ", "bold"), f"{_pct(_share(g)):>4} ", (mem, "$primary"))
 
 
 def _share(g: GpuDevice) -> float | None:
@@ -183,17 +311,29 @@ def mig_line(mig: MigDevice, width: int) -> Content:
     return memory_bar(f"  {name}", procs, mig.memory_used_bytes, mig.memory_total_bytes, width, MIG_LABEL_WIDTH)
 
 
-def split_cell(p: GpuProcess, name: str) -> str:
-    """A split number in five cells ("14.0G", " 512M"), so five of them fit 80 columns beside the rest."""
-    value = getattr(p.split, name)
-    if value is None:
-        return "?"
+def _short(value: int) -> str:
     return f"{value / 2**30:.1f}G" if value >= 2**30 else f"{value / 2**20:.0f}M"
 
 
-def process_rows(gpus: Sequence[GpuDevice]) -> dict[str, tuple[GpuProcess, tuple[str, ...]]]:
+def split_cell(p: GpuProcess, name: str) -> str:
+    """A split number in five cells ("14.0G", " 512M"), so five of them fit 80 columns beside the rest."""
+    value = getattr(p.split, name)
+    return "?" if value is None else _short(value)
+
+
+@lru_cache(maxsize=4096)
+def _used_cell(value: int | None) -> str:
+    # NVML's per-process figures repeat from tick to tick: formatting 160 of them was a visible part of a tick
+    return human_bytes(value, missing="?")
+
+
+Rows = dict[str, tuple[GpuProcess, tuple[str, ...]]]  # row key -> (process, its cells)
+
+
+def process_rows(gpus: Sequence[GpuDevice]) -> Rows:
     """Row key → (process, cells) for every process on every GPU and MIG instance."""
     rows: dict[str, tuple[GpuProcess, tuple[str, ...]]] = {}
+    split_cells: dict[int, tuple[str, ...]] = {}  # id(split) -> its cells: processes without one share one
     for g in gpus:
         places: list[tuple[str, tuple[GpuProcess, ...] | Unavailable]] = [(str(g.index), g.processes)]
         places += [(f"{g.index}/{m.mig_index}", m.processes) for m in g.mig_devices]
@@ -201,26 +341,28 @@ def process_rows(gpus: Sequence[GpuDevice]) -> dict[str, tuple[GpuProcess, tuple
             if isinstance(procs, Unavailable):
                 continue
             for p in procs:
+                if id(p.split) not in split_cells:
+                    split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
                 rows[f"{where}:{p.pid}"] = (p, (
                     where, str(p.pid), p.user or "?", p.command or "?",
-                    human_bytes(p.used_bytes, missing="?"), _pct(p.sm_util_percent),
-                    *(split_cell(p, f) for f in SPLIT_FIELDS)))
+                    _used_cell(p.used_bytes), _pct(p.sm_util_percent), *split_cells[id(p.split)]))
     return rows
 
 
-def gpu_of(pids: set[int], gpus: Sequence[GpuDevice]) -> list[str]:
+def gpu_of(pids: set[int], rows: Rows) -> list[str]:
     """"GPU0 pid 123" for each GPU process among `pids` (a server's listening pid and its children)."""
     out = []
-    for key, (p, _) in process_rows(gpus).items():
+    for key, (p, _) in rows.items():
         if p.pid in pids:
             out.append(f"GPU{key.split(':')[0]} pid {p.pid}")
     return out
 
 
-def _model_line(m: ModelStats, rate: ServerRates | None) -> str:
+def _model_line(m: ModelStats, rate: ServerRates | None, pool_bytes: int | None) -> str:
     hit: float | Unavailable = rate.prefix_cache_hit_rate if rate is not None else m.prefix_cache_hit_rate
     cap = m.kv_capacity_tokens
-    bits = [f"KV {_frac(m.kv_usage)}" + (f" of {cap:,} tok" if isinstance(cap, int) else "")]
+    bits = [f"KV {_frac(m.kv_usage)}" + (f" of {cap:,} tok" if isinstance(cap, int) else "")
+            + (f" = {human_bytes(pool_bytes)}" if pool_bytes is not None else "")]
     bits.append(f"hit {_frac(hit)}")
     for label, v in (("run", m.running_requests), ("wait", m.waiting_requests)):
         bits.append(f"{label} {v if isinstance(v, int) else '?'}")
@@ -229,7 +371,7 @@ def _model_line(m: ModelStats, rate: ServerRates | None) -> str:
     return "  ".join(bits)
 
 
-def server_lines(servers: Sequence[ServerStats], gpus: Sequence[GpuDevice], rates: Sequence[ServerRates],
+def server_lines(servers: Sequence[ServerStats], rows: Rows, rates: Sequence[ServerRates],
                  width: int) -> tuple[list[Content], list[str]]:
     """A line per server (and one per model behind it when there are several), and the reasons for the notes."""
     lines: list[Content] = []
@@ -239,7 +381,7 @@ def server_lines(servers: Sequence[ServerStats], gpus: Sequence[GpuDevice], rate
         engine = s.engine if isinstance(s.engine, str) else "server"
         head = Content.assemble((f"{engine} ", "bold"), s.url)
         if isinstance(s.pid, int):
-            joined = gpu_of({s.pid, *s.child_pids}, gpus)
+            joined = gpu_of({s.pid, *s.child_pids}, rows)
             head = head.append(f"  pid {s.pid}" + (f" → {', '.join(joined)}" if joined else " (no GPU process)"))
         else:
             notes.append(f"{s.url} pid: {s.pid.reason}")
@@ -252,7 +394,8 @@ def server_lines(servers: Sequence[ServerStats], gpus: Sequence[GpuDevice], rate
         lines.append(head.truncate(width, ellipsis=True))
         for m in s.models:  # each model apart: one line each, the name only where there are several
             name = m.model_name + (f" [{m.replica}]" if m.replica else "") + "  " if len(s.models) > 1 else ""
-            lines.append(Content(f"  {name}" + _model_line(m, by_model.get((s.url, m.model_name, m.replica))))
+            pool = s.kv_capacity_bytes if isinstance(s.kv_capacity_bytes, int) and len(s.models) == 1 else None
+            lines.append(Content(f"  {name}" + _model_line(m, by_model.get((s.url, m.model_name, m.replica)), pool))
                          .truncate(width, ellipsis=True))
         for m in s.models:
             rate = by_model.get((s.url, m.model_name, m.replica))
@@ -264,15 +407,33 @@ def server_lines(servers: Sequence[ServerStats], gpus: Sequence[GpuDevice], rate
     return lines, notes
 
 
-def process_notes(rows: dict[str, tuple[GpuProcess, tuple[str, ...]]]) -> list[str]:
-    """Why cells read '?': the probe line once, then each other reason once with the pids it holds for."""
-    probe = False
+def process_notes(rows: Rows) -> list[str]:
+    """Why cells read '?', each reason once with the pids it holds for: the processes without a probe first (one
+    line, the whole split), then how a probe was joined where it was not by UUID, then every other reason."""
+    unprobed: list[int] = []
+    probed = False
     pids: dict[str, list[int]] = {}
+    said: dict[int, tuple[bool, list[str]]] = {}  # id(split) -> (no probe, its reasons): most splits are shared
     for p, _ in rows.values():
-        probe = probe or NO_PROBE in p.split.unavailable.values()
-        for why in dict.fromkeys(p.unavailable.values()):
-            pids.setdefault(why.replace(f"pid {p.pid} ", "the pid "), []).append(p.pid)
-    notes = [SPLIT_NEEDS_PROBE] if probe else []
+        split = p.split
+        if id(split) not in said:
+            said[id(split)] = (NO_PROBE in split.unavailable.values(),
+                               [v for k, v in split.unavailable.items() if k in SPLIT_FIELDS and v != NO_PROBE])
+        no_probe, split_reasons = said[id(split)]
+        if no_probe:
+            unprobed.append(p.pid)
+        probed = probed or split.probe_device is not None
+        if split.joined_by not in (None, "uuid"):
+            pids.setdefault(f"probe joined by {split.joined_by}", []).append(p.pid)
+        mine = f"pid {p.pid} "
+        for why in dict.fromkeys([*p.unavailable.values(), *split_reasons]):
+            pids.setdefault(why.replace(mine, "the pid ") if mine in why else why, []).append(p.pid)
+    notes = []
+    if unprobed and (probed or len(unprobed) < len(rows)):
+        notes.append(f"no probe in {'pid' if len(unprobed) == 1 else 'pids'} {', '.join(map(str, unprobed))}: "
+                     "add `import dltop.probe` for the split")
+    elif unprobed:
+        notes.append(SPLIT_NEEDS_PROBE)
     for why, held in pids.items():
         notes.append(f"{why} ({'pid' if len(held) == 1 else 'pids'} {', '.join(map(str, held))})")
     return notes
@@ -299,17 +460,33 @@ class GpuPane(Pane):
     #gpu-servers { height: auto; max-height: 6; }
     #gpu-notes { height: auto; max-height: 3; color: $text-muted; }
     #gpu-table { height: 1fr; min-height: 3; }
+    #gpu-server-input { display: none; }
+    #gpu-server-input.-shown { display: block; }
     """
+    BINDINGS = [
+        Binding("a", "add_server", "Add server", id="gpu.add_server"),
+        Binding("x", "remove_server", "Remove server", id="gpu.remove_server"),
+        Binding("escape", "cancel_input", "Cancel", id="gpu.cancel"),
+    ]
+    can_focus = True  # the keys work where no GPU is there to list (a table to focus)
 
     def __init__(self) -> None:
         super().__init__()
         self._command_width = 0
+        self._series = GpuSeries()
+        self._memory_lines: dict[tuple[object, ...], list[Content]] = {}  # memory_key -> its lines, this tick's
+        self._rows_for: tuple[object, Rows, list[str]] | None = None  # (the gpus part, its rows, their notes)
+        self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
+        self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
+        self._table_width = 0
+        self._adding = True  # what the input box is for: adding a server, or naming one to remove
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="gpu-devices-scroll"):
             yield Static(id="gpu-devices")
         yield RowTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
         yield Static(id="gpu-servers")
+        yield Input(id="gpu-server-input")
         yield Static(id="gpu-notes")
 
     def on_mount(self) -> None:
@@ -317,12 +494,101 @@ class GpuPane(Pane):
         for key, label in zip(COLUMNS, HEADERS, strict=True):
             table.add_column(label, key=key)
 
+    def focus_default(self) -> None:
+        table = self.query_one("#gpu-table", DataTable)
+        (table if table.display else self).focus()
+
+    # -- watching servers: the app changes the settings; the pane only asks ------------------------------------
+
+    def _servers(self) -> list[str]:
+        servers = self.view.snapshot.servers if self.view is not None else None
+        return [s.url for s in servers] if isinstance(servers, tuple) else []
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        replay = self.view is not None and self.view.replay
+        if action == "add_server":
+            return not replay
+        if action == "remove_server":
+            return not replay and bool(self._servers())
+        if action == "cancel_input":
+            return self.query_one("#gpu-server-input", Input).has_class("-shown")
+        return True
+
+    def _ask(self, adding: bool, value: str, placeholder: str) -> None:
+        box = self.query_one("#gpu-server-input", Input)
+        self._adding = adding
+        box.placeholder = placeholder
+        box.value = value
+        box.add_class("-shown")
+        box.focus()
+
+    def action_add_server(self) -> None:
+        """Ask for a vLLM or SGLang server to scrape (host:port, or its /metrics URL)."""
+        self._ask(True, "", "server to scrape: host:port or http://host:port/metrics (Enter adds, Esc cancels)")
+
+    def action_remove_server(self) -> None:
+        """Ask which server to stop scraping (the first is filled in)."""
+        servers = self._servers()
+        self._ask(False, servers[0] if servers else "",
+                  f"server to stop scraping, one of: {', '.join(servers)} (Enter removes, Esc cancels)")
+
+    def action_cancel_input(self) -> None:
+        """Close the server box without doing anything."""
+        self.query_one("#gpu-server-input", Input).remove_class("-shown")
+        self.focus_default()
+
+    @on(Input.Submitted, "#gpu-server-input")
+    def _server_submitted(self, event: Input.Submitted) -> None:
+        self.action_cancel_input()
+        text = event.value.strip()
+        if text:
+            self.post_message(ServerAddRequested(text) if self._adding else ServerRemoveRequested(text))
+
+    def _show_rows(self, table: DataTable, wanted: dict[str, tuple[str, ...]]) -> None:
+        """The keyed diff: remove rows gone, add new ones, and update only the cells whose text changed (the
+        cursor stays on its process)."""
+        if wanted == self._wanted and table.size.width == self._table_width:
+            return  # the same cells at the same width: nothing to fit, nothing to touch
+        self._wanted, self._table_width = dict(wanted), table.size.width
+        # The Command column gives way so every number column stays on screen at 80 columns.
+        self._command_width = fit_column(table, wanted, COLUMNS.index("command"), HEADERS, COLUMNS,
+                                         lambda text, width: text[: width - 1] + "…", self._command_width)
+        if not table.rows:
+            self._shown.clear()  # fit_column rebuilt the columns, or the table is new
+        for stale in [k for k in self._shown if k not in wanted]:
+            table.remove_row(stale)
+            del self._shown[stale]
+        narrower: set[int] = set()  # columns where a cell got narrower than the column
+        for key, values in wanted.items():
+            shown = self._shown.get(key)
+            if shown == values:
+                continue
+            if shown is None:
+                table.add_row(*values, key=key)
+            else:
+                for i, (col, old, new) in enumerate(zip(COLUMNS, shown, values, strict=True)):
+                    if old != new:
+                        # A column sized for "10%" must grow when "100%" arrives, not cut it; but asking the table
+                        # to fit a cell narrower than its column re-measures the whole column, for every such cell
+                        # (160 rows made one tick take seconds): only a wider cell asks, and a column whose cells
+                        # got narrower is measured once below.
+                        width = table.columns[ColumnKey(col)].content_width
+                        table.update_cell(key, col, new, update_width=cell_len(new) > width)
+                        if cell_len(new) < width:
+                            narrower.add(i)
+            self._shown[key] = values
+        for i in narrower:
+            key, values = max(wanted.items(), key=lambda kv: cell_len(kv[1][i]))
+            table.update_cell(key, COLUMNS[i], values[i], update_width=True)  # one measure of the column
+
     def render_view(self, view: View) -> None:
         part = view.snapshot.gpus
         table = self.query_one("#gpu-table", DataTable)
         gpus: tuple[GpuDevice, ...] = part if isinstance(part, tuple) else ()
         devices = self.query_one("#gpu-devices", Static)
         width = max(20, devices.size.width or self.size.width - 4)
+        if not isinstance(part, tuple) or not part:
+            devices.styles.height = "auto"  # one line, wrapped where the reason is long
         if part is None:
             set_content(devices, Content.assemble(("GPUs: not sampled", "dim")))
         elif isinstance(part, Unavailable):
@@ -331,22 +597,35 @@ class GpuPane(Pane):
         elif not part:
             set_content(devices, Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning")))
         else:
-            lines = [line for g in gpus for line in device_lines(g, view.history, width)]
+            self._series.update(view.history)
+            lines: list[Content] = []
+            drawn: dict[tuple[object, ...], list[Content]] = {}
+            for g in gpus:
+                head = headline(g, width)
+                lines += head
+                if len(head) > 1:
+                    continue  # its calls fail: the reason is its only line
+                key = memory_key(g, width)
+                drawn[key] = self._memory_lines.get(key) or memory_lines(g, width)
+                lines += drawn[key]
+                lines.append(spark_line(g, self._series, width))
+            self._memory_lines = drawn
+            # A height of its own: an update of a widget of fixed height skips the layout pass (set_content),
+            # which re-wrapped and re-arranged the whole pane on every tick.
+            height = sum(max(1, -(-line.cell_length // width)) for line in lines)
+            if devices.styles.height is None or devices.styles.height.value != height:
+                devices.styles.height = height
             set_content(devices, Content("\n").join(lines))
         table.display = bool(gpus)
-        rows = process_rows(gpus)
-        wanted = {key: cells_ for key, (_, cells_) in rows.items()}
-        # The Command column gives way so every number column stays on screen at 80 columns.
-        self._command_width = fit_column(table, wanted, COLUMNS.index("command"), HEADERS, COLUMNS,
-                                         lambda text, width: text[: width - 1] + "…", self._command_width)
-        for stale in [k for k in table.rows if k.value not in wanted]:
-            table.remove_row(stale)
-        for key, values in wanted.items():
-            set_row(table, key, COLUMNS, values)
-        notes = process_notes(rows) + device_notes(gpus)
+        if self._rows_for is None or self._rows_for[0] is not part:
+            built = process_rows(gpus)
+            self._rows_for = (part, built, process_notes(built) + device_notes(gpus))
+        _, rows, process_lines = self._rows_for
+        self._show_rows(table, {key: cells_ for key, (_, cells_) in rows.items()})
+        notes = list(process_lines)
         servers = self.query_one("#gpu-servers", Static)
         if isinstance(view.snapshot.servers, tuple) and view.snapshot.servers:
-            lines, more = server_lines(view.snapshot.servers, gpus, server_rates(view.previous, view.snapshot),
+            lines, more = server_lines(view.snapshot.servers, rows, server_rates(view.previous, view.snapshot),
                                        width)
             set_content(servers, Content("\n").join(lines))
             notes += more
