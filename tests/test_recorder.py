@@ -74,7 +74,10 @@ def test_real_snapshots_read_back_equal(tmp_path: Path, monkeypatch: pytest.Monk
     assert list(r.range(snaps[1].ts, snaps[3].ts)) == snaps[1:4]
     assert r.meta["host"] == snaps[0].host and r.meta["format"] == store.FORMAT_VERSION
     assert [g["uuid"] for g in r.meta["gpus"]] == [g.uuid for g in snaps[0].gpus]  # type: ignore[union-attr]
-    assert [e.kind for e in r.events()][0] == "start" and r.events()[-1].kind == "stop"
+    # The Snapshots were sampled before the recorder started, so a hint they fire is logged at its sample's
+    # time, before "start"; the recorder's own start and stop bracket what it wrote.
+    kinds = [e.kind for e in r.events()]
+    assert kinds.count("start") == 1 and kinds[-1] == "stop"
 
 
 def test_rarely_changing_parts_are_written_when_they_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
