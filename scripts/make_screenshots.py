@@ -36,7 +36,8 @@ async def shoot(size: tuple[int, int], seconds: float, datasets: tuple[str, ...]
     saved = []
     async with app.run_test(size=size) as pilot:
         await pilot.pause(seconds)
-        panes = app._panes if tabs else [p for p in app._panes if p.PANE_ID in ("gpu", "pagecache", "training")]
+        small = ("gpu", "pagecache", "training", "caches")
+        panes = app._panes if tabs else [p for p in app._panes if p.PANE_ID in small]
         for pane in panes:
             await pilot.press(str(app._panes.index(pane) + 1))
             await pilot.pause(1.5)

@@ -26,10 +26,12 @@ from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.view import View
 from tests.test_pagecache_util import (
     PS,
+    SHADOW_SLACK,
     ddir_fixture,  # noqa: F401  (the `ddir` fixture)
     evict_file,
     make_file,
     read_file,
+    reclaimed_pages,
     resident,
 )
 
@@ -251,10 +253,15 @@ async def test_read_only_disables_the_actions(ddir: Path) -> None:
         pane = app.query_one(DatasetPane)
         for action in ("warm", "evict", "lock"):
             assert pane.check_action(action, ()) is None
+        before, shadows = sum(resident(f) for f in files), reclaimed_pages(files)
         await pilot.press("w", "e", "l")
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmScreen)
-        assert sum(resident(f) for f in files) == 32
+        # Nothing warmed, nothing evicted: what left the page cache meanwhile is what reclaim took (DAMON's
+        # proactive pageout on these VMs), which leaves shadow entries; an evict (DONTNEED) leaves none.
+        after = sum(resident(f) for f in files)
+        assert 0 < before <= 32  # the one file read (less what reclaim took already)
+        assert before - (reclaimed_pages(files) - shadows) - SHADOW_SLACK <= after <= before
 
 
 async def test_add_a_dataset_from_the_tui(ddir: Path) -> None:
@@ -392,10 +399,12 @@ async def test_a_folder_deleted_while_drilled_into_does_not_strand_backspace(ddi
         await _open_tab(app, pilot)
         await _wait_idle(app, pilot, lambda: _rows(app) == [str(ddir)])
         await pilot.press("enter")
-        await pilot.pause()
-        await pilot.press("down", "enter")  # into val/
-        await pilot.pause()
-        assert "val" in _text(app, "#ds-summary")
+        await _wait_idle(app, pilot, lambda: "val/" in _rows(app))  # a loaded machine: wait, don't race the keys
+        table = app.query_one("#ds-table", DataTable)
+        table.focus()
+        table.move_cursor(row=_rows(app).index("val/"))
+        await pilot.press("enter")  # into val/
+        await _wait_idle(app, pilot, lambda: "val" in _text(app, "#ds-summary"))
         shutil.rmtree(ddir / "val")
         app.feed.read_now("datasets")
         await _wait_idle(app, pilot, lambda: _rows(app) == ["train/"])  # standing on the dataset again

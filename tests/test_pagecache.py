@@ -25,6 +25,7 @@ from tests.test_pagecache_util import (
     NOBODY,
     PS,
     REPO,
+    SHADOW_SLACK,
     ddir_fixture,  # noqa: F401  (the `ddir` fixture)
     evict_file,
     fincore_resident_pages,
@@ -32,6 +33,7 @@ from tests.test_pagecache_util import (
     needs_fincore,
     needs_root,
     read_file,
+    reclaimed_pages,
     resident,
     walk_files,
 )
@@ -834,7 +836,7 @@ def test_cancelled_action_summary_equals_fincore(
         read_file(f)  # reading consumes the shadows of pages reclaimed before: from now on each one is new
         if action == "warm":
             evict_file(f)  # DONTNEED leaves no shadow
-    start, shadows = _fincore_total(files), _reclaimed_total(files)
+    start, shadows = _fincore_total(files), reclaimed_pages(files)
     probe = [os.open(f, os.O_RDONLY) for f in files[::50]]  # a sample, watched while the action runs
     p = subprocess.Popen([sys.executable, "-m", "dltop", action, str(root), "--json"], cwd=REPO, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -856,7 +858,7 @@ def test_cancelled_action_summary_equals_fincore(
     now = _fincore_total(files)
     # Slack for shadow entries the kernel frees itself; under memory pressure (a busy CI machine) its shrinker
     # frees more of them, so 1% of the pages moved too. The old sums were off by half the dataset or all of it.
-    reclaimed = _reclaimed_total(files) - shadows + max(SHADOW_SLACK, abs(_fincore_total(files) - start) // 100)
+    reclaimed = reclaimed_pages(files) - shadows + max(SHADOW_SLACK, abs(_fincore_total(files) - start) // 100)
     time.sleep(0.5)
     later = _fincore_total(files)
     assert p.returncode == 128 + sig, err
@@ -875,22 +877,8 @@ def test_cancelled_action_summary_equals_fincore(
     assert 0 < s["files_done"] < s["files"] == len(files)
 
 
-# The kernel may free shadow entries itself (its shrinker of xarray nodes that hold only shadows), so the count
-# of reclaimed pages can fall a few short: seen 1 or 2 pages in a few runs.
-SHADOW_SLACK = 16
 
 
-def _reclaimed_total(files: list[Path]) -> int:
-    """Pages of `files` reclaimed and not read again since: the shadow entries cachestat counts (DONTNEED, as
-    evict uses it, leaves none)."""
-    total = 0
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            total += pc.kernel.cachestat(fd).evicted
-        finally:
-            os.close(fd)
-    return total
 
 
 @needs_fincore
@@ -898,12 +886,12 @@ def test_evict_cancelled_while_measuring_says_nothing_was_evicted(mixed_tree: tu
     root, files = mixed_tree
     for f in files:
         read_file(f)
-    shadows = _reclaimed_total(files)
+    shadows = reclaimed_pages(files)
     r = _signal_mid_action_keep(root, ["evict", str(root), "--json"], signal.SIGTERM)
     assert r.returncode == 143, r.stderr
     s = json.loads(r.stdout)
     now = _fincore_total(files)
-    reclaimed = _reclaimed_total(files) - shadows + SHADOW_SLACK  # all there, less what reclaim took: not "0 of N"
+    reclaimed = reclaimed_pages(files) - shadows + SHADOW_SLACK  # all there, less what reclaim took: not "0 of N"
     assert now <= s["resident_pages_after"] <= now + reclaimed and s["resident_pages_after"] >= s["pages"] - reclaimed
     assert s["cancelled"] and s["files_done"] == 0 and s["done_bytes"] == 0
     assert any(n.startswith("cancelled while measuring") for n in s["notes"])

@@ -21,10 +21,12 @@ from dltop.sources.base import Source
 from dltop.sources.registry import build_sources
 from tests.test_pagecache_util import (
     PS,
+    SHADOW_SLACK,
     ddir_fixture,  # noqa: F401  (the `ddir` fixture)
     evict_file,
     make_file,
     read_file,
+    reclaimed_pages,
     resident,
 )
 
@@ -65,7 +67,10 @@ def test_a_run_announces_start_progress_and_a_finish_that_matches_the_kernel(ddi
     assert {e.run_id for e in events} == {run.id} and all(e.step == "run" for e in events)
     last = events[-1]
     assert last.outcome == "ok" and last.message.startswith("warmed 8.0 MiB of ")
-    assert sum(resident(f) for f in files) == 8 * 256  # what the event says is what the kernel has
+    # What the event says is what the kernel has, less what reclaim took since (DAMON's proactive pageout on
+    # these VMs leaves shadow entries; the evict above left none, and the warm read every page again).
+    taken = reclaimed_pages(files)
+    assert 8 * 256 - taken - SHADOW_SLACK <= sum(resident(f) for f in files) <= 8 * 256
     assert last.done_bytes == 8 * 256 * PS and runner.busy is None
 
 
