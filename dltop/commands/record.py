@@ -31,14 +31,14 @@ def _range_options(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `dltop record`, `mark`, `report` and `dump`."""
-    from dltop.commands.common import add_common_options, add_server_option
+    from dltop.commands.common import add_common_options, add_server_option, refresh_seconds
 
     p = sub.add_parser("record", help="record every cache layer to a directory, headless, until stopped",
                        description="Record Snapshots and events (OOM kills, GPU processes, actions, hints, "
                                    "markers) into hourly segments. Safe under nohup, tmux and systemd; SIGTERM "
                                    "or Ctrl-C stops it cleanly.")
     _dir_option(p, "the recording directory")
-    p.add_argument("-i", "--interval", type=_interval, default=1.0, metavar="SECONDS",
+    p.add_argument("-i", "--interval", type=refresh_seconds, default=1.0, metavar="SECONDS",
                    help="seconds between samples (default 1)")
     p.add_argument("--retain", type=_duration, default=7 * 86400.0, metavar="DURATION",
                    help="remove segments older than this (default 7d; 0: keep all)")
@@ -74,18 +74,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fields", metavar="NAME,...", default=None,
                    help="only these fields (csv and openmetrics; names as in docs/recorder.md)")
     p.set_defaults(func=run_dump)
-
-
-def _interval(text: str) -> float:
-    from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
-    if not MIN_REFRESH_S <= value <= MAX_REFRESH_S:
-        raise argparse.ArgumentTypeError(f"must be between {MIN_REFRESH_S} and {MAX_REFRESH_S} seconds: {text!r}")
-    return value
 
 
 def _duration(text: str) -> float:
