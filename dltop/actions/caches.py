@@ -277,20 +277,16 @@ class _Clearer:
             return
         finally:
             os.close(fd)
-        if self.stopped():
-            return
-        try:
-            os.rmdir(name, dir_fd=dfd)
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            self.leave("not removed", path, src.path_error(e.strerror or str(e), path))
-            return
-        self.count(st, path)
+        if not self.stopped():
+            self.remove(os.rmdir, dfd, name, path, st)
 
     def unlink(self, dfd: int, name: str, path: str, st: os.stat_result) -> None:
+        self.remove(os.unlink, dfd, name, path, st)  # a symlink goes as a link: its target is never touched
+
+    def remove(self, how: Callable[..., None], dfd: int, name: str, path: str, st: os.stat_result) -> None:
+        """`how(name, dir_fd=dfd)` (unlink or rmdir), counted when it went, noted when it could not."""
         try:
-            os.unlink(name, dir_fd=dfd)  # a symlink goes as a link: its target is never touched
+            how(name, dir_fd=dfd)
         except FileNotFoundError:
             return
         except OSError as e:
