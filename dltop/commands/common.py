@@ -88,13 +88,18 @@ def add_jump_option(p: argparse.ArgumentParser) -> None:
                    help="how far j / J move in time: 90s, 10m, 1h (default 1m, or the config file's jump)")
 
 
-def _jump_seconds(text: str) -> float:
+def duration_seconds(text: str) -> float:
+    """An argparse type: a duration as the recorder reads one (90s, 10m, 1h, 7d)."""
     from dltop.recorder.times import parse_duration
 
     try:
-        value = parse_duration(text)
+        return parse_duration(text)
     except DltopError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _jump_seconds(text: str) -> float:
+    value = duration_seconds(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
     return value

@@ -31,7 +31,7 @@ def _range_options(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `dltop record`, `mark`, `report` and `dump`."""
-    from dltop.commands.common import add_common_options, add_server_option, refresh_seconds
+    from dltop.commands.common import add_common_options, add_server_option, duration_seconds, refresh_seconds
 
     p = sub.add_parser("record", help="record every cache layer to a directory, headless, until stopped",
                        description="Record Snapshots and events (OOM kills, GPU processes, actions, hints, "
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _dir_option(p, "the recording directory")
     p.add_argument("-i", "--interval", type=refresh_seconds, default=1.0, metavar="SECONDS",
                    help="seconds between samples (default 1)")
-    p.add_argument("--retain", type=_duration, default=7 * 86400.0, metavar="DURATION",
+    p.add_argument("--retain", type=duration_seconds, default=7 * 86400.0, metavar="DURATION",
                    help="remove segments older than this (default 7d; 0: keep all)")
     p.add_argument("--max-size", type=_size, default=2 << 30, metavar="SIZE",
                    help="remove the oldest segments above this total (default 2G; 0: no cap)")
@@ -74,15 +74,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fields", metavar="NAME,...", default=None,
                    help="only these fields (csv and openmetrics; names as in docs/recorder.md)")
     p.set_defaults(func=run_dump)
-
-
-def _duration(text: str) -> float:
-    from dltop.recorder import parse_duration
-
-    try:
-        return parse_duration(text)
-    except DltopError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _size(text: str) -> int:
