@@ -148,6 +148,16 @@ async def test_live_ui_stays_responsive_with_a_hung_source() -> None:
         release.set()
 
 
+async def test_a_tick_that_lands_while_the_screen_is_torn_down_is_dropped(session: list[Snapshot]) -> None:
+    # A feed's Snapshot may reach the app after Textual has removed the screen's widgets on exit (seen on a
+    # loaded CI machine: NoMatches for #header from the feed's worker). It must be dropped, not crash the exit.
+    app = DltopApp(ListFeed(session[:2], start=1))
+    async with app.run_test(size=(80, 24)):
+        pass
+    app._apply(replace(session[2], ts=session[2].ts + 1))  # no widgets left: nothing to draw on, no error
+    assert app.history[-1].ts == session[2].ts + 1  # still kept (the recorder listens to _apply)
+
+
 async def test_hint_line_shows_the_squeeze(session: list[Snapshot]) -> None:
     from dataclasses import replace
 

@@ -265,6 +265,8 @@ class DltopApp(App[None]):
         watchdog.start()
 
     def on_resize(self, event: events.Resize) -> None:
+        if not self._widgets_up():
+            return
         self._check_size(event.size.width, event.size.height)
         self._update_hints()  # re-cut to the new width
 
@@ -302,11 +304,16 @@ class DltopApp(App[None]):
     def _redraw(self) -> None:
         """Header, hint line and visible pane for the moment on screen."""
         frame = self._frame()
-        if frame is None:
+        if frame is None or not self._widgets_up():
             return
         self._update_header(frame[0][-1])
         self._update_hints()
         self._show()
+
+    def _widgets_up(self) -> bool:
+        """The screen's widgets are there: not yet, or no longer once Textual tears the screen down on exit
+        while a tick from the feed is still on its way (it would find no #header)."""
+        return bool(self.query("#header"))
 
     def _frame(self) -> tuple[tuple[Snapshot, ...], tuple[hint_rules.Hint, ...]] | None:
         """The Snapshots up to the moment on screen (oldest first) and its hints: the latest live; in the past,
@@ -329,7 +336,7 @@ class DltopApp(App[None]):
     def _show(self) -> None:
         """Hand the visible pane a View of the moment on screen and of the actions' state."""
         frame = self._frame()
-        if frame is None:
+        if frame is None or not self._widgets_up():
             return
         history, hints = frame
         self._view = View(snapshot=history[-1], history=history, hints=hints,

@@ -259,6 +259,8 @@ class DatasetPane(Pane):
             return
         node, owner = self._node(path)
         if node is None or owner is None:
+            if path in self._pending():
+                self.notify(f"{path}: its first scan is not in yet; Enter opens it once it is", timeout=4)
             return
         if not self._stack:
             self._stack = [owner.path]
