@@ -135,3 +135,43 @@ def test_b64_sibling_of_the_wrong_shape_is_refused() -> None:
     data["datasets"]["paths"][0]["path_b64"] = "not base64!"
     with pytest.raises(DecodeError, match="path_b64: not base64"):
         Snapshot.from_dict(data)
+
+
+def test_omitted_fields_take_the_constructors_defaults() -> None:
+    """A recording from before a field existed leaves it out: the decoded object is the one the constructor
+    makes (defaults, default factories, __post_init__), not one with holes."""
+    from dltop.model.datasets import ResidencyNode
+    from dltop.model.gpu import GpuProcess
+
+    proc = from_dict(GpuProcess, {"pid": 7, "used_bytes": 5})
+    assert proc == GpuProcess(pid=7, used_bytes=5)
+    other = from_dict(GpuProcess, {"pid": 8})
+    assert other.unavailable == {} and other.unavailable is not proc.unavailable  # a fresh dict each
+    node = from_dict(ResidencyNode, {"path": "/d", "pages": 10, "resident_pages": 4})
+    assert node == ResidencyNode(path="/d", pages=10, resident_pages=4)
+    assert (node.data_pages, node.data_resident_pages) == (10, 4)  # __post_init__ ran
+
+
+def test_an_error_names_the_whole_path_to_the_field() -> None:
+    from dltop.model.gpu import GpuDevice, GpuProcess
+
+    snap = Snapshot(ts=1.0, host="h", gpus=(GpuDevice(index=0, processes=(GpuProcess(pid=1), GpuProcess(pid=2))),))
+    data = snap.to_dict()
+    data["gpus"][0]["processes"][1]["pid"] = "2"
+    with pytest.raises(DecodeError, match=r"^Snapshot\.gpus\[0\]\.processes\[1\]\.pid: expected int$"):
+        Snapshot.from_dict(data)
+    data["gpus"][0]["processes"][1]["pid"] = True  # a bool is not an int here, though Python says it is one
+    with pytest.raises(DecodeError, match=r"processes\[1\]\.pid: expected int"):
+        Snapshot.from_dict(data)
+
+
+def test_a_key_no_field_has_is_ignored_and_a_b64_sibling_still_applies() -> None:
+    from dltop.model import DatasetsPart
+    from dltop.model.datasets import DatasetResidency
+
+    path = "/d/" + os.fsdecode(b"caf\xe9")
+    snap = Snapshot(ts=1.0, host="h", datasets=DatasetsPart(paths=(DatasetResidency(path=path),)))
+    data = snap.to_dict()
+    data["datasets"]["paths"][0]["written_by_a_newer_dltop"] = 1
+    assert Snapshot.from_dict(data) == snap
+    assert Snapshot.from_dict(data).datasets.paths[0].path == path  # the exact bytes, from path_b64

@@ -43,25 +43,57 @@ class DecodeError(ValueError):
 def to_dict(obj: Any) -> Any:
     """Turn a (nested) frozen dataclass into plain JSON data; `Unavailable` becomes {"unavailable": reason};
     strings become valid UTF-8, with `<field>_b64` beside a field that is not (see the module's docstring)."""
-    if isinstance(obj, Unavailable):
-        raw = _raw_form(obj.reason)
-        return {"unavailable": display_path(obj.reason), **({} if raw is None else {"unavailable" + RAW_SUFFIX: raw})}
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {}
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            out[f.name] = to_dict(value)
-            raw = _raw_form(value)
-            if raw is not None:
-                out[f.name + RAW_SUFFIX] = raw
-        return out
-    if isinstance(obj, tuple | list):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, dict):
-        return {display_path(str(k)): to_dict(v) for k, v in obj.items()}
-    if isinstance(obj, str):
-        return display_path(obj)
-    return obj
+    t = type(obj)
+    if t in _PLAIN:
+        return obj
+    if t is str:
+        return obj if obj.isascii() else display_path(obj)
+    enc = _ENCODERS.get(t)
+    if enc is None:
+        enc = _ENCODERS[t] = _encoder(t)
+    return enc(obj)
+
+
+# The recorder writes a Snapshot a second and a replay or dump reads a day of them back: each type's encoder is
+# made once (its field names looked up once, not per object), and numbers, None and ASCII strings, most of
+# what a Snapshot holds, are taken as they are.
+_PLAIN = frozenset({int, float, bool, type(None)})
+_ENCODERS: dict[type, Callable[[Any], Any]] = {}
+
+
+def _encoder(t: type) -> Callable[[Any], Any]:
+    if t is Unavailable:
+        def unavailable(obj: Unavailable) -> Any:
+            raw = _raw_form(obj.reason)
+            return {"unavailable": display_path(obj.reason),
+                    **({} if raw is None else {"unavailable" + RAW_SUFFIX: raw})}
+
+        return unavailable
+    if dataclasses.is_dataclass(t):
+        names = [(f.name, f.name + RAW_SUFFIX) for f in dataclasses.fields(t)]
+
+        def record(obj: Any) -> Any:
+            out = {}
+            for name, raw_key in names:
+                value = getattr(obj, name)
+                tv = type(value)
+                if tv in _PLAIN or (tv is str and value.isascii()):
+                    out[name] = value
+                    continue
+                out[name] = to_dict(value)
+                raw = _raw_form(value)
+                if raw is not None:
+                    out[raw_key] = raw
+            return out
+
+        return record
+    if issubclass(t, tuple | list):
+        return lambda obj: [to_dict(v) for v in obj]
+    if issubclass(t, dict):
+        return lambda obj: {display_path(str(k)): to_dict(v) for k, v in obj.items()}
+    if issubclass(t, str):
+        return display_path
+    return lambda obj: obj
 
 
 def display_path(path: str) -> str:
@@ -87,7 +119,9 @@ def _raw_form(value: Any) -> Any:
     """The `_b64` sibling of a field's value, or None when every string in it is UTF-8 already."""
     if isinstance(value, str):
         return None if _is_utf8(value) else _b64(value)
-    if isinstance(value, tuple | list) and any(isinstance(v, str) and not _is_utf8(v) for v in value):
+    if isinstance(value, tuple | list):
+        if not any(isinstance(v, str) and not _is_utf8(v) for v in value):
+            return None
         return [_b64(v) if isinstance(v, str) and not _is_utf8(v) else None for v in value]
     if isinstance(value, dict):
         raw = {display_path(str(k)): _b64(v) for k, v in value.items() if isinstance(v, str) and not _is_utf8(v)}
@@ -128,8 +162,30 @@ def from_dict(cls: type[T], data: Any) -> T:
 
 
 # Each type's decoder is built once from its type hints (a day of recording is 86,400 Snapshots to read back):
-# a function (data, where) -> value, `where` naming the field path for the error.
-Decoder = Callable[[Any, str], Any]
+# a function (data, where) -> value. `where` names the field path for an error message, and is only spelled
+# out when there is one: a name, or (the parent's where, a field name or a list index).
+Where = Any
+Decoder = Callable[[Any, Where], Any]
+
+
+def _path(where: Where) -> str:
+    """`where` spelled out: "Snapshot.gpus[0].processes[3].pid"."""
+    keys = []
+    while isinstance(where, tuple):
+        where, key = where
+        keys.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return str(where) + "".join(reversed(keys))
+
+
+def _taken_as_is(tp: Any) -> frozenset[type]:
+    """The exact types of JSON data a field of type `tp` keeps unchanged (its decoder would return the data
+    itself): checked inline, so most fields of a Snapshot need no decoder call. A float field takes an int
+    through its decoder (which makes it a float)."""
+    if tp in (int, str, bool, float, type(None)):
+        return frozenset({tp})
+    if get_origin(tp) in (Union, types.UnionType):
+        return frozenset().union(*(_taken_as_is(a) for a in get_args(tp)))
+    return frozenset()
 
 
 @cache
@@ -152,33 +208,33 @@ def _decoder(tp: Any) -> Decoder:
 
         def literal(data: Any, where: str) -> Any:
             if data not in allowed:
-                raise DecodeError(f"{where}: {data!r} is not one of {allowed}")
+                raise DecodeError(f"{_path(where)}: {data!r} is not one of {allowed}")
             return data
 
         return literal
     if tp is type(None):
         def null(data: Any, where: str) -> None:
             if data is not None:
-                raise DecodeError(f"{where}: expected null")
+                raise DecodeError(f"{_path(where)}: expected null")
 
         return null
     if tp is float:
         def number(data: Any, where: str) -> float:
             if isinstance(data, bool) or not isinstance(data, int | float):
-                raise DecodeError(f"{where}: expected a number")
+                raise DecodeError(f"{_path(where)}: expected a number")
             return float(data)
 
         return number
     if tp in (int, str, bool):
         def plain(data: Any, where: str) -> Any:
             if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
-                raise DecodeError(f"{where}: expected {tp.__name__}")
+                raise DecodeError(f"{_path(where)}: expected {tp.__name__}")
             return data
 
         return plain
 
     def unknown(data: Any, where: str) -> Any:
-        raise DecodeError(f"{where}: cannot decode type {tp!r}")
+        raise DecodeError(f"{_path(where)}: cannot decode type {tp!r}")
 
     return unknown
 
@@ -193,36 +249,70 @@ def _is_unavailable(data: Any) -> bool:
 
 def _decode_unavailable(data: Any, where: str) -> Unavailable:
     if not _is_unavailable(data):
-        raise DecodeError(f"{where}: expected {{'unavailable': reason}}")
+        raise DecodeError(f"{_path(where)}: expected {{'unavailable': reason}}")
     if _RAW_UNAVAILABLE in data:
-        return Unavailable(_from_raw(data["unavailable"], data[_RAW_UNAVAILABLE], f"{where}.{_RAW_UNAVAILABLE}"))
+        return Unavailable(_from_raw(data["unavailable"], data[_RAW_UNAVAILABLE], f"{_path(where)}.{_RAW_UNAVAILABLE}"))
     return Unavailable(data["unavailable"])
 
 
 def _dataclass_decoder(tp: type) -> Decoder:
     # Field decoders are looked up on first use: a type may contain itself (a residency node's children).
-    specs = [(f.name, f.name + RAW_SUFFIX, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-             for f in dataclasses.fields(tp)]
-    decoders: list[Decoder] = []
+    specs: list[tuple[str, str, bool, frozenset[type], Decoder]] = []
+    fields = dataclasses.fields(tp)
+    names = [(f.name, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING) for f in fields]
+    build = _builder(tp, fields)
 
-    def decode(data: Any, where: str) -> Any:
+    def decode(data: Any, where: Where) -> Any:
         if not isinstance(data, dict):
-            raise DecodeError(f"{where}: expected an object for {tp.__name__}")
-        if not decoders:
+            raise DecodeError(f"{_path(where)}: expected an object for {tp.__name__}")
+        if not specs:
             hints = _hints(tp)
-            decoders.extend(_decoder(hints[name]) for name, _, _ in specs)
+            specs.extend((name, name + RAW_SUFFIX, required, _taken_as_is(hints[name]), _decoder(hints[name]))
+                         for name, required in names)
         kwargs = {}
-        for (name, raw_key, required), dec in zip(specs, decoders, strict=True):
-            if name in data:
-                value = data[name]
-                if raw_key in data:
-                    value = _from_raw(value, data[raw_key], f"{where}.{raw_key}")
-                kwargs[name] = dec(value, f"{where}.{name}")
-            elif required:
-                raise DecodeError(f"{where}: missing field {name!r}")
-        return tp(**kwargs)
+        for name, _, required, as_is, dec in specs:
+            value = data.get(name, _MISSING)
+            if value is _MISSING:
+                if required:
+                    raise DecodeError(f"{_path(where)}: missing field {name!r}")
+                continue
+            kwargs[name] = value if type(value) in as_is else dec(value, (where, name))
+        if len(kwargs) != len(data):  # keys beside the fields: a string's exact bytes (or a newer writer's field)
+            for name, raw_key, _, as_is, dec in specs:
+                if raw_key in data and name in data:
+                    value = _from_raw(data[name], data[raw_key], f"{_path(where)}.{raw_key}")
+                    kwargs[name] = value if type(value) in as_is else dec(value, (where, name))
+        return build(kwargs)
 
     return decode
+
+
+def _builder(tp: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[[dict[str, Any]], Any]:
+    """Make a `tp` from its fields' values as `tp(**kwargs)` does, without the frozen __init__'s
+    object.__setattr__ per field: the instance's __dict__ filled at once."""
+    defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+    factories = [(f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING]
+    post_init = getattr(tp, "__post_init__", None)
+    if getattr(tp, "__slots__", None) is not None or any(not f.init for f in fields):
+        return lambda kwargs: tp(**kwargs)
+    new = object.__new__
+
+    def build(kwargs: dict[str, Any]) -> Any:
+        obj: Any = new(tp)
+        d = obj.__dict__
+        d.update(defaults)
+        for name, factory in factories:
+            if name not in kwargs:
+                d[name] = factory()
+        d.update(kwargs)
+        if post_init is not None:
+            post_init(obj)
+        return obj
+
+    return build
+
+
+_MISSING = object()
 
 
 def _tuple_decoder(args: tuple[Any, ...]) -> Decoder:
@@ -231,18 +321,18 @@ def _tuple_decoder(args: tuple[Any, ...]) -> Decoder:
 
         def variadic(data: Any, where: str) -> tuple[Any, ...]:
             if not isinstance(data, list):
-                raise DecodeError(f"{where}: expected a list")
-            return tuple(item(v, f"{where}[{i}]") for i, v in enumerate(data))
+                raise DecodeError(f"{_path(where)}: expected a list")
+            return tuple(item(v, (where, i)) for i, v in enumerate(data))
 
         return variadic
     items = [_decoder(a) for a in args]
 
     def fixed(data: Any, where: str) -> tuple[Any, ...]:
         if not isinstance(data, list):
-            raise DecodeError(f"{where}: expected a list")
+            raise DecodeError(f"{_path(where)}: expected a list")
         if len(items) != len(data):
-            raise DecodeError(f"{where}: expected {len(items)} items")
-        return tuple(d(v, f"{where}[{i}]") for i, (d, v) in enumerate(zip(items, data, strict=True)))
+            raise DecodeError(f"{_path(where)}: expected {len(items)} items")
+        return tuple(d(v, (where, i)) for i, (d, v) in enumerate(zip(items, data, strict=True)))
 
     return fixed
 
@@ -252,8 +342,8 @@ def _dict_decoder(key_tp: Any, val_tp: Any) -> Decoder:
 
     def mapping(data: Any, where: str) -> dict[Any, Any]:
         if not isinstance(data, dict):
-            raise DecodeError(f"{where}: expected an object")
-        return {key(k, where): val(v, f"{where}.{k}") for k, v in data.items()}
+            raise DecodeError(f"{_path(where)}: expected an object")
+        return {key(k, where): val(v, (where, k)) for k, v in data.items()}
 
     return mapping
 
@@ -271,17 +361,19 @@ def _union_decoder(args: tuple[Any, ...]) -> Decoder:
         if data is None:
             if nullable:
                 return None
-            raise DecodeError(f"{where}: null not allowed")
+            raise DecodeError(f"{_path(where)}: null not allowed")
         if type(data) in plain:  # the common case: an int, str or bool where the union allows it
             return data
         if may_be_unavailable and _is_unavailable(data):
             return _decode_unavailable(data, where)
-        errors = [] if not may_be_unavailable else [f"{where}: expected {{'unavailable': reason}}"]
+        errors = []
         for dec in others:
             try:
                 return dec(data, where)
             except DecodeError as e:
                 errors.append(str(e))
-        raise DecodeError(errors[-1] if errors else f"{where}: no type matched")
+        if not errors and may_be_unavailable:
+            errors.append(f"{_path(where)}: expected {{'unavailable': reason}}")
+        raise DecodeError(errors[-1] if errors else f"{_path(where)}: no type matched")
 
     return union
