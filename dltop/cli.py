@@ -13,6 +13,7 @@ from dltop.commands.common import (
     ArgumentParser,
     add_cache_option,
     add_common_options,
+    add_export_options,
     add_jump_option,
     add_server_option,
     refresh_seconds,
@@ -60,8 +61,7 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
     tui.add_argument("--record", metavar="DIR",
                      help="record what the TUI shows into DIR as well (replay it with dltop replay DIR)")
     add_jump_option(tui)
-    tui.add_argument("--export", metavar="ADDR:PORT",
-                     help="also serve what the TUI shows as Prometheus metrics on ADDR:PORT (see dltop export)")
+    add_export_options(tui, "what the TUI shows")
     add_server_option(tui)
     add_cache_option(tui)
     add_common_options(tui)
@@ -69,8 +69,8 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
 
 
 # Options of the top-level parser that take a value: their value is never a subcommand name.
-_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export", "--cache", "--record",
-                  "--jump"}
+_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export", "--export-web-config",
+                  "--cache", "--record", "--jump"}
 
 
 def _command_first(args: list[str]) -> list[str]:

@@ -267,16 +267,21 @@ def test_before_the_first_snapshot_a_scrape_is_empty_not_an_error() -> None:
 
 # -- TLS and basic auth --------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def cert(tmp_path: Path) -> Path:
+def make_cert(directory: Path) -> Path:
+    """A self-signed certificate for 127.0.0.1 (cert.pem, key.pem in `directory`), made by openssl."""
     if shutil.which("openssl") is None:
         if os.environ.get("CI"):
             pytest.fail("openssl missing in CI (scripts/install-test-deps installs it)")
         pytest.skip("openssl not installed")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"),
-                    "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)
-    return tmp_path / "cert.pem"
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(directory / "key.pem"),
+                    "-out", str(directory / "cert.pem")], check=True, capture_output=True)
+    return directory / "cert.pem"
+
+
+@pytest.fixture
+def cert(tmp_path: Path) -> Path:
+    return make_cert(tmp_path)
 
 
 def test_tls_and_basic_auth_from_a_web_config(tmp_path: Path, cert: Path) -> None:

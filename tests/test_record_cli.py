@@ -212,6 +212,39 @@ def test_record_with_export_serves_what_it_records(tmp_path: Path) -> None:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
+def test_record_export_with_a_web_config_serves_tls_with_basic_auth(tmp_path: Path) -> None:
+    # --export-web-config: the same TLS and basic auth as `dltop export --web-config`, beside the recorder.
+    import base64
+    import ssl
+
+    import bcrypt
+
+    from tests.test_exporter import free_port, get, make_cert
+
+    cert = make_cert(tmp_path)
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n"
+                   f"basic_auth_users:\n  prom: {hashed}\n")
+    rec_dir, port = tmp_path / "rec", free_port()
+    auth = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
+    ctx = ssl.create_default_context(cafile=str(cert))
+    with recording(rec_dir, "-i", "0.2", "--export", f"127.0.0.1:{port}", "--export-web-config", str(web)) as proc:
+        wait_for(lambda: samples_in(rec_dir) >= 2)
+        refused = get(f"https://127.0.0.1:{port}/metrics", context=ctx)[0]
+        status, _, body = get(f"https://127.0.0.1:{port}/metrics", auth, ctx)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert refused == 401 and status == 200 and "dltop_memory_cached_bytes" in body
+
+
+def test_export_web_config_without_export_is_one_line(tmp_path: Path) -> None:
+    r = dltop("record", "-o", str(tmp_path / "rec"), "--export-web-config", str(tmp_path / "web.yml"))
+    assert r.returncode == 1 and r.stderr.strip() == "dltop: --export-web-config needs --export ADDR:PORT", r.stderr
+    assert not (tmp_path / "rec").exists()  # refused before anything was made
+
+
 def test_record_export_on_a_port_in_use_is_one_line_and_leaves_no_lock(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -76,6 +76,23 @@ def add_server_option(p: argparse.ArgumentParser) -> None:
                         "replaces the config file's servers)")
 
 
+def add_export_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--export ADDR:PORT and its --export-web-config FILE, for the commands that can serve metrics beside
+    their own work (the TUI, record)."""
+    p.add_argument("--export", metavar="ADDR:PORT",
+                   help=f"also serve {what} as Prometheus metrics on ADDR:PORT (see dltop export)")
+    p.add_argument("--export-web-config", metavar="FILE",
+                   help="TLS and basic auth for --export, in the web config format of dltop export --web-config")
+
+
+def export_args(args: argparse.Namespace) -> tuple[str, str | None] | None:
+    """(listen, web config) of --export, or None without it; a web config without --export is an error."""
+    listen, web = getattr(args, "export", None), getattr(args, "export_web_config", None)
+    if web and not listen:
+        raise DltopError("--export-web-config needs --export ADDR:PORT")
+    return (listen, web) if listen else None
+
+
 def add_cache_option(p: argparse.ArgumentParser) -> None:
     """--cache PATH, a cache folder to show beside the known ones (the TUI, snapshot, caches)."""
     p.add_argument("--cache", dest="caches", action="append", metavar="PATH",

@@ -31,7 +31,13 @@ def _range_options(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `dltop record`, `mark`, `report` and `dump`."""
-    from dltop.commands.common import add_common_options, add_server_option, duration_seconds, refresh_seconds
+    from dltop.commands.common import (
+        add_common_options,
+        add_export_options,
+        add_server_option,
+        duration_seconds,
+        refresh_seconds,
+    )
 
     p = sub.add_parser("record", help="record every cache layer to a directory, headless, until stopped",
                        description="Record Snapshots and events (OOM kills, GPU processes, actions, hints, "
@@ -46,8 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="remove the oldest segments above this total (default 2G; 0: no cap)")
     p.add_argument("--dataset", dest="paths", action="append", metavar="PATH",
                    help="also record the residency of this dataset (repeatable)")
-    p.add_argument("--export", metavar="ADDR:PORT",
-                   help="also serve the recorded Snapshots as Prometheus metrics on ADDR:PORT (see dltop export)")
+    add_export_options(p, "the recorded Snapshots")
     add_server_option(p)
     add_common_options(p)
     p.set_defaults(func=run_record)
@@ -95,7 +100,7 @@ def run_record(args: argparse.Namespace) -> int:
     """Sample with the same Sampler as the TUI and record every Snapshot until SIGTERM, SIGINT or SIGHUP."""
     from dataclasses import replace
 
-    from dltop.commands.common import check_pid
+    from dltop.commands.common import check_pid, export_args
     from dltop.config import settings_from_args
     from dltop.recorder import Recorder
     from dltop.sampler import Sampler
@@ -103,17 +108,18 @@ def run_record(args: argparse.Namespace) -> int:
 
     settings = replace(settings_from_args(args), refresh_s=args.interval)
     check_pid(settings.pid, settings.root)
+    export = export_args(args)
     directory = _directory(args)
     recorder = Recorder(directory, interval_s=args.interval, retain_s=args.retain or None,
                         max_bytes=args.max_size or None,
                         meta={"datasets": list(settings.datasets), "servers": list(settings.servers)})
     listeners: list[Any] = [recorder.write]
     server = None
-    if args.export:
+    if export is not None:
         from dltop.commands.export import start_exporter
 
         try:  # listening before sampling: a port in use is one line, and the lock is let go
-            collector, server = start_exporter(args.export)
+            collector, server = start_exporter(*export)
         except BaseException:
             recorder.close()
             raise

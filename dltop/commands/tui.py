@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from dltop.commands.common import check_pid
+from dltop.commands.common import check_pid, export_args
 from dltop.config import Settings, settings_from_args
 from dltop.errors import DltopError, UsageError
 from dltop.sampler import Sampler
@@ -62,11 +62,11 @@ def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
     server = None
     recorder: Recorder | None = None
     try:
-        if getattr(args, "export", None):
+        if (export := export_args(args)) is not None:
             from dltop.commands.export import start_exporter
 
             # Listening before the screen opens: a port in use is one line, not a TUI that quits.
-            collector, server = start_exporter(args.export)
+            collector, server = start_exporter(*export)
             listeners.append(collector.update)
         if getattr(args, "record", None):
             from dltop.recorder import Recorder

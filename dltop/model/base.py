@@ -206,34 +206,34 @@ def _decoder(tp: Any) -> Decoder:
     if origin is typing.Literal:
         allowed = get_args(tp)
 
-        def literal(data: Any, where: str) -> Any:
+        def literal(data: Any, where: Where) -> Any:
             if data not in allowed:
                 raise DecodeError(f"{_path(where)}: {data!r} is not one of {allowed}")
             return data
 
         return literal
     if tp is type(None):
-        def null(data: Any, where: str) -> None:
+        def null(data: Any, where: Where) -> None:
             if data is not None:
                 raise DecodeError(f"{_path(where)}: expected null")
 
         return null
     if tp is float:
-        def number(data: Any, where: str) -> float:
+        def number(data: Any, where: Where) -> float:
             if isinstance(data, bool) or not isinstance(data, int | float):
                 raise DecodeError(f"{_path(where)}: expected a number")
             return float(data)
 
         return number
     if tp in (int, str, bool):
-        def plain(data: Any, where: str) -> Any:
+        def plain(data: Any, where: Where) -> Any:
             if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
                 raise DecodeError(f"{_path(where)}: expected {tp.__name__}")
             return data
 
         return plain
 
-    def unknown(data: Any, where: str) -> Any:
+    def unknown(data: Any, where: Where) -> Any:
         raise DecodeError(f"{_path(where)}: cannot decode type {tp!r}")
 
     return unknown
@@ -247,7 +247,7 @@ def _is_unavailable(data: Any) -> bool:
             and isinstance(data["unavailable"], str))
 
 
-def _decode_unavailable(data: Any, where: str) -> Unavailable:
+def _decode_unavailable(data: Any, where: Where) -> Unavailable:
     if not _is_unavailable(data):
         raise DecodeError(f"{_path(where)}: expected {{'unavailable': reason}}")
     if _RAW_UNAVAILABLE in data:
@@ -317,17 +317,19 @@ _MISSING = object()
 
 def _tuple_decoder(args: tuple[Any, ...]) -> Decoder:
     if len(args) == 2 and args[1] is Ellipsis:
-        item = _decoder(args[0])
+        item, as_is = _decoder(args[0]), _taken_as_is(args[0])
 
-        def variadic(data: Any, where: str) -> tuple[Any, ...]:
+        def variadic(data: Any, where: Where) -> tuple[Any, ...]:
             if not isinstance(data, list):
                 raise DecodeError(f"{_path(where)}: expected a list")
+            if as_is and all(type(v) in as_is for v in data):
+                return tuple(data)
             return tuple(item(v, (where, i)) for i, v in enumerate(data))
 
         return variadic
     items = [_decoder(a) for a in args]
 
-    def fixed(data: Any, where: str) -> tuple[Any, ...]:
+    def fixed(data: Any, where: Where) -> tuple[Any, ...]:
         if not isinstance(data, list):
             raise DecodeError(f"{_path(where)}: expected a list")
         if len(items) != len(data):
@@ -339,10 +341,13 @@ def _tuple_decoder(args: tuple[Any, ...]) -> Decoder:
 
 def _dict_decoder(key_tp: Any, val_tp: Any) -> Decoder:
     key, val = _decoder(key_tp), _decoder(val_tp)
+    as_is = _taken_as_is(val_tp) if key_tp is str else frozenset()  # JSON's keys are str
 
-    def mapping(data: Any, where: str) -> dict[Any, Any]:
+    def mapping(data: Any, where: Where) -> dict[Any, Any]:
         if not isinstance(data, dict):
             raise DecodeError(f"{_path(where)}: expected an object")
+        if as_is and all(type(v) in as_is for v in data.values()):
+            return dict(data)
         return {key(k, where): val(v, (where, k)) for k, v in data.items()}
 
     return mapping
@@ -357,7 +362,7 @@ def _union_decoder(args: tuple[Any, ...]) -> Decoder:
     others = [_decoder(a) for a in ordered if a is not Unavailable]
     plain = {a for a in ordered if a in (int, str, bool)}
 
-    def union(data: Any, where: str) -> Any:
+    def union(data: Any, where: Where) -> Any:
         if data is None:
             if nullable:
                 return None
