@@ -126,3 +126,38 @@ def test_a_dump_read_in_pieces_is_the_dump_read_whole(recorded: tuple[Path, list
     dumping.dump(Recording(str(rec_dir)), fmt, pieces, workers=3)
     assert len(dumping._pieces(Recording(str(rec_dir)), None, None, 3)) == 3
     assert pieces.getvalue() == whole.getvalue()
+
+
+def test_pieces_that_saw_different_series_line_up_under_one_header(recorded: tuple[Path, list[Snapshot]],
+                                                                   tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # A GPU process that exits mid-recording: the later pieces lack its columns, which sit between columns they
+    # share; every row still has one cell per header column, the process's empty (not 0) once it is gone.
+    import dataclasses
+
+    from dltop.recorder import Recorder, Recording
+    from dltop.recorder import dump as dumping
+
+    _, snaps = recorded
+    g = snaps[0].gpus[0]  # type: ignore[index]
+    gone = g.processes[0]
+    later = [dataclasses.replace(s, gpus=(dataclasses.replace(s.gpus[0], processes=s.gpus[0].processes[1:]),  # type: ignore[index]
+                                          *s.gpus[1:]))  # type: ignore[index]
+             for s in snaps[2:]]
+    rec_dir = tmp_path / "exits"
+    with Recorder(str(rec_dir), block_samples=2) as rec:
+        for s in [*snaps[:2], *later]:
+            rec.write(s)
+    monkeypatch.setattr(dumping, "MIN_PER_WORKER", 1)
+    whole, pieces = io.StringIO(), io.StringIO()
+    dumping.dump(Recording(str(rec_dir)), "csv", whole, workers=1)
+    dumping.dump(Recording(str(rec_dir)), "csv", pieces, workers=3)
+    assert pieces.getvalue() == whole.getvalue()
+    rows = list(csv.reader(io.StringIO(whole.getvalue())))
+    header, body = rows[0], rows[1:]
+    assert all(len(r) == len(header) for r in body)
+    col = header.index(f'gpu_process_memory_bytes{{gpu="0",uuid="{g.uuid}",pid="{gone.pid}"}}')
+    assert [r[col] for r in body] == [str(gone.used_bytes)] * 2 + [""] * 3
+    kept = g.processes[1]
+    col = header.index(f'gpu_process_memory_bytes{{gpu="0",uuid="{g.uuid}",pid="{kept.pid}"}}')
+    assert [int(r[col]) for r in body] == [s.gpus[0].processes[1].used_bytes for s in snaps]  # type: ignore[index]

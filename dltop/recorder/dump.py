@@ -170,18 +170,21 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
     prev = rec.at(times[i - 1]) if i > 0 else None
     names: list[str] = []
     if kind == "csv":
+        # Rows as CSV text already (numbers need no quoting), in this piece's column order: the formatting is
+        # done here, in parallel, and the parent only copies (or reorders) them.
         columns: dict[SeriesKey, int] = {}
         with open(out, "w", encoding="utf-8") as rows:
             for snap, got in samples(rec, first, last, wanted, prev):
-                row: dict[int, float] = {}
+                cells: list[str] = [""] * len(names)  # a series absent at this moment is an empty cell, never a 0
                 for f, labels, value in got:
                     key = (f.name, tuple(labels.items()))
                     c = columns.get(key)
                     if c is None:
                         c = columns[key] = len(names)
                         names.append(series_name(f.name, labels))
-                    row[c] = value
-                rows.write(json.dumps([snap.ts, row]) + "\n")
+                        cells.append("")
+                    cells[c] = _number(value)
+                rows.write(f"{_number(snap.ts)},{','.join(cells)}\n")
         return names, rec.skipped
     os.mkdir(out)
     files: dict[str, IO[str]] = {}
@@ -212,17 +215,28 @@ def _csv(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wante
         for names in local:
             for name in names:
                 columns.setdefault(name, len(columns))
-        w = csv.writer(out, lineterminator="\n")
-        w.writerow(["ts", *columns])
+        csv.writer(out, lineterminator="\n").writerow(["ts", *columns])
         for k, names in enumerate(local):
             to_global = [columns[n] for n in names]
             with open(os.path.join(scratch, str(k)), encoding="utf-8") as rows:
+                if to_global == list(range(len(names))):  # the usual case: the piece's columns come first
+                    pad = "," * (len(columns) - len(names))
+                    for line in rows:
+                        ts, _, rest = line.rstrip("\n").partition(",")
+                        out.write(f"{ts},{_pad(rest, len(names))}{pad}\n" if columns else f"{ts}\n")
+                    continue
                 for line in rows:
-                    ts, row = json.loads(line)
-                    cells = [""] * len(columns)  # a series absent at this moment is an empty cell, never a 0
-                    for c, v in row.items():
-                        cells[to_global[int(c)]] = _number(v)
-                    w.writerow([_number(ts), *cells])
+                    ts, *mine = line.rstrip("\n").split(",")
+                    cells = [""] * len(columns)
+                    for c, v in enumerate(mine):
+                        cells[to_global[c]] = v
+                    out.write(f"{ts},{','.join(cells)}\n")
+
+
+def _pad(cells: str, n: int) -> str:
+    """A piece's row of `n` cells: its early rows, written before later series were first seen, have fewer."""
+    short = n - 1 - cells.count(",") if n else 0
+    return cells + "," * short if short > 0 else cells
 
 
 def _number(v: float) -> str:
