@@ -390,6 +390,24 @@ async def test_end_and_home_reach_the_last_and_first_row(ddir: Path) -> None:
         assert table.cursor_row == 0
 
 
+async def test_a_dataset_whose_first_scan_is_not_in_is_counted_and_enter_says_so(ddir: Path) -> None:
+    # Watched, but the Sampler's first scan of it has not come in: it is one of the watched (not "none yet"),
+    # its row says scanning, and Enter says why it does not open yet rather than doing nothing.
+    make_dataset(ddir)
+    app = DltopApp(ListFeed([Snapshot(ts=100.0, host="test", datasets=DatasetsPart(paths=()))]),
+                   Settings(datasets=(str(ddir),)))
+    async with app.run_test(size=(100, 30), notifications=True) as pilot:
+        await _open_tab(app, pilot)
+        summary = _text(app, "#ds-summary")
+        assert "1 watched" in summary and "first scan running" in summary and "none yet" not in summary
+        assert _rows(app) == [str(ddir)] and _cell(app, 0, 6) == "scanning"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert _rows(app) == [str(ddir)]
+        assert [n.message for n in app._notifications] == [
+            f"{ddir}: its first scan is not in yet; Enter opens it once it is"]
+
+
 async def test_a_folder_deleted_while_drilled_into_does_not_strand_backspace(ddir: Path) -> None:
     import shutil
 

@@ -151,14 +151,17 @@ class DatasetPane(Pane):
                     wanted[ds.path] = unavailable_row_values(label, age)
                 else:
                     wanted[ds.path] = row_values(ds, ds.page_size, label, age)
-            for path in self._pending():
+            pending = self._pending()
+            for path in pending:
                 wanted[path] = (path, "-", "-", "-", "-", "-", "scanning")
             scanned = [d for d in datasets if isinstance(d, DatasetResidency)]
-            title = Text.assemble(("Datasets", "bold"), f"  {len(datasets)} watched")
+            title = Text.assemble(("Datasets", "bold"), f"  {len(datasets) + len(pending)} watched")
             if len(scanned) < len(datasets):
                 title.append(f", {len(datasets) - len(scanned)} unavailable", "red")
             if scanned:
                 title.append("  " + datasets_summary(scanned))
+            elif pending:
+                title.append("  first scan running…", "dim")
             else:
                 title.append("  none yet: press a to add a folder, or start dltop with PATH arguments", "dim")
         else:
