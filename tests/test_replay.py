@@ -321,6 +321,25 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path, p
         assert replay.at == max(t for t in rec.times() if t <= marker.ts)
 
 
+async def test_ages_in_a_replay_are_counted_from_the_moment_on_screen(tmp_path: Path) -> None:
+    # A dataset scanned 2 s before a recorded moment is 2 s old there, whenever the replay is watched (it said
+    # how long ago the recording was made, growing while paused).
+    make_file(tmp_path / "ds" / "a.bin", 8 * 4096)
+    part = scan_paths((str(tmp_path / "ds"),))
+    scanned = part.paths[0].scanned_at
+    snaps = [Snapshot(ts=scanned + dt, host="test", datasets=part) for dt in (2.0, 30.0, 95.0)]
+    _record(tmp_path / "rec", snaps)
+    app = DltopApp(RecordingFeed(Recording(str(tmp_path / "rec")), "rec"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press(_tab(app, "datasets"))
+        await pilot.pause()
+        table = app.query_one("#ds-table", DataTable)
+        for snap, age in zip(snaps, ("2s", "30s", "1m35s"), strict=True):
+            await _go_to(pilot, repr(snap.ts))
+            assert app.at == snap.ts
+            assert str(table.get_row_at(0)[-1]) == age
+
+
 async def test_marker_needs_a_recording(session: list[Snapshot]) -> None:
     app = DltopApp(ListFeed(session[:3], start=2))
     async with app.run_test(size=(80, 24)) as pilot:

@@ -43,6 +43,12 @@ class Pane(Vertical):
         if self.view is not None:
             self.render_view(self.view)
 
+    @staticmethod
+    def moment(view: View, clock: Callable[[], float]) -> float:
+        """"Now" for the ages a pane shows: the clock live, the moment on screen in the past (paused or a
+        replay), so a scan 2 s before that moment is 2 s old there, not however long ago it was recorded."""
+        return view.snapshot.ts if view.replay else clock()
+
     def render_view(self, view: View) -> None:  # pragma: no cover - every pane overrides it
         """Update the widgets from `view`."""
         raise NotImplementedError

@@ -101,7 +101,7 @@ class CachesPane(Pane):
             table.add_column(label, key=key)
 
     def render_view(self, view: View) -> None:
-        now = self._clock()
+        now = self.moment(view, self._clock)
         table = self.query_one("#cc-table", DataTable)
         part = view.snapshot.caches
         opened = self._cache(self._open)
@@ -207,7 +207,7 @@ class CachesPane(Pane):
     @on(DataTable.RowHighlighted, "#cc-table")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if self.view is not None and self._open is None:
-            set_content(self.query_one("#cc-detail", Static), self._detail(None, self._clock()))
+            set_content(self.query_one("#cc-detail", Static), self._detail(None, self.moment(self.view, self._clock)))
 
     def action_open(self) -> None:
         """Show the biggest entries of the selected cache."""

@@ -131,7 +131,7 @@ class DatasetPane(Pane):
         return None, None
 
     def render_view(self, view: View) -> None:
-        now = self._clock()
+        now = self.moment(view, self._clock)
         table = self.query_one("#ds-table", DataTable)
         datasets = self.datasets()
         node, owner = self._current()
