@@ -216,6 +216,10 @@ _GPU = (  # (field, GpuDevice attribute, multiplier)
 
 # -- inference servers: vLLM and SGLang /metrics ------------------------------------------------------------------
 MODEL = ("server", "engine", "model", "replica")
+SERVER = ("server", "engine")
+KV_CAPACITY_BYTES = _field("servers", "inference_kv_cache_capacity_bytes", "gauge", "bytes",
+                           "Bytes the server's KV-cache pool takes: its tokens times the bytes per token of the "
+                           "model's config.json in the cache dtype (absent where the config was not found)", SERVER)
 _MODEL = (  # (field, ModelStats attribute)
     (_field("servers", "inference_kv_cache_usage_ratio", "gauge", "ratio",
             "Share of the KV-cache pool in use (the engine's own gauge)", MODEL), "kv_usage"),
@@ -455,6 +459,8 @@ def _servers(s: Snapshot, prev: Snapshot | None) -> Iterator[Sample]:
 
 def _server(srv: ServerStats, rates: dict[tuple[str, str, str | None], float | Unavailable]) -> Iterator[Sample]:
     engine = srv.engine if isinstance(srv.engine, str) else ""
+    if isinstance(srv.kv_capacity_bytes, int):
+        yield KV_CAPACITY_BYTES, {"server": srv.url, "engine": engine}, float(srv.kv_capacity_bytes)
     for m in srv.models:
         labels = {"server": srv.url, "engine": engine, "model": m.model_name, "replica": m.replica or ""}
         for f, attr in _MODEL:

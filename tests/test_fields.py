@@ -33,6 +33,7 @@ from dltop.sources.probes import read_probes
 from dltop.sources.servers import read_server
 
 from .conftest import DATA, REPO, SHARED_FIXTURES, write_cgroup_tree
+from .test_servers import LLAMA2, _hub
 
 SCENARIOS = DATA / "gpu-scenarios"
 METRICS = SHARED_FIXTURES / "metrics"
@@ -377,6 +378,12 @@ def test_every_field_comes_out_of_some_real_snapshot(tmp_path: Path, proc_root: 
     # Without the server payloads of ../shared/fixtures (a bare clone) the server fields are left out of the check.
     servers = () if maybe_metrics_server is None else tuple(
         read_server(f"{maybe_metrics_server}/{f.name}", 5.0) for f in sorted(METRICS.glob("*.prom")))
+    if servers and LLAMA2.is_file():
+        # The pool in bytes needs the model's config.json in a hub cache: the first server's model is given
+        # Llama-2-7b's there (tests/test_servers.py checks the bytes themselves with the matching model).
+        first = servers[0]
+        hub = _hub(tmp_path, first.models[0].model_name, LLAMA2)
+        servers = (read_server(first.url, 5.0, cache=str(hub)), *servers[1:])
     bumped = tuple(dataclasses.replace(s, models=tuple(dataclasses.replace(
         m, prefix_cache_hits_total=m.prefix_cache_hits_total + 1, prefix_cache_queries_total=(
             m.prefix_cache_queries_total or 0) + 2) if m.prefix_cache_hits_total is not None else m

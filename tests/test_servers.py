@@ -475,3 +475,8 @@ def test_the_kv_pool_in_bytes_comes_from_the_model_s_config_in_the_hub_cache(ser
     nowhere = read_server(f"{server}/{V0}", 2.0, cache=str(cache))
     assert isinstance(nowhere.kv_capacity_bytes, Unavailable)
     assert "facebook--opt-125m" in nowhere.kv_capacity_bytes.reason and "config.json" in nowhere.kv_capacity_bytes.reason
+    # exported (and dumped) as dltop_inference_kv_cache_capacity_bytes: the pool of the first, nothing for the other
+    from dltop.fields import KV_CAPACITY_BYTES, samples
+
+    got = [(lbl, v) for f, lbl, v in samples(Snapshot(ts=1.0, host="h", servers=(s, nowhere))) if f is KV_CAPACITY_BYTES]
+    assert got == [({"server": s.url, "engine": "vllm"}, float(s.kv_capacity_bytes))]
