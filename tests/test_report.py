@@ -31,7 +31,7 @@ def postmortem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, l
             if i == 1:
                 rec.event("marker", {"text": "loss went to NaN"}, ts=s.ts)
                 rec.event("hint", {"id": "memory.dirty", "state": "fired", "severity": "warn",
-                                   "text": "dirty pages pile up", "numbers": {"dirty_bytes": 123.0}}, ts=s.ts)
+                                   "text": "dirty pages pile up", "numbers": {"dirty_bytes": 3 * 2**30, "files": 4}}, ts=s.ts)
         deadline = time.time() + 10
         while rec.samples < len(snaps) and time.time() < deadline:
             time.sleep(0.02)
@@ -57,7 +57,7 @@ def test_report_peaks_events_hints_and_charts(postmortem: tuple[Path, list[Snaps
     assert f"of {human_bytes(gpu.memory_total_bytes)}" in next(ln for ln in out.splitlines() if "GPU 0 used" in ln)
     assert "OOM kill: 2 in the kernel (vmstat)" in out
     assert "marker: loss went to NaN" in out
-    assert "memory.dirty (warn): fired 1 time" in out and "dirty_bytes=123" in out
+    assert "memory.dirty (warn): fired 1 time" in out and "dirty_bytes=3.0 GiB, files=4" in out  # bytes as bytes
     for title in ("page cache (GiB)", "GPU memory (GiB)", "dataset residency (% resident)"):
         assert title in out
 

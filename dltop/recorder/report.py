@@ -219,7 +219,7 @@ def _hints(events: list[RecordedEvent], end: float | None) -> list[str]:
         if h["since"] is not None and end is not None:
             h["active_s"] += max(0.0, end - h["since"])
         last = h.get("last", h["first"]).data
-        nums = ", ".join(f"{k}={_num(v)}" for k, v in (last.get("numbers") or {}).items())
+        nums = ", ".join(f"{k}={_num(v, k)}" for k, v in (last.get("numbers") or {}).items())
         out.append(f"  {hid} ({last.get('severity')}): fired {plural(h['times'], 'time')}, active "
                    f"{human_duration(h['active_s'])}{' (still at the end)' if h['since'] is not None else ''}")
         if last.get("text"):
@@ -229,7 +229,10 @@ def _hints(events: list[RecordedEvent], end: float | None) -> list[str]:
     return [*out, ""]
 
 
-def _num(v: Any) -> str:
+def _num(v: Any, key: str = "") -> str:
+    """A hint's number as the hint line shows it: bytes as bytes (1.0 GiB), others as they are."""
+    if key.endswith("bytes") and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return human_bytes(int(v))
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
