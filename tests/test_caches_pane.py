@@ -82,7 +82,7 @@ async def test_the_tab_shows_the_caches_and_enter_opens_the_biggest_entries(ind:
         rows = _rows(app)
         assert rows[0] == "TorchInductor" and "Triton" in rows
         table = app.query_one("#cc-table", DataTable)
-        assert table.get_row_at(0)[1] == human_bytes(du_bytes(ind)) and table.get_row_at(0)[2] == str(find_files(ind))
+        assert str(table.get_row_at(0)[1]) == human_bytes(du_bytes(ind)) and str(table.get_row_at(0)[2]) == str(find_files(ind))
         assert "TORCHINDUCTOR_CACHE_DIR" in _text(app, "#cc-detail") and "under /tmp" in _text(app, "#cc-detail")
         await pilot.press("enter")
         await pilot.pause()
@@ -247,7 +247,7 @@ async def test_the_ui_does_not_wait_for_a_walk_in_progress(ind: Path, tmp_path: 
                 await pilot.pause(0.05)
                 if _rows(app) and _rows(app)[0] == "TorchInductor":
                     break
-            assert app.query_one("#cc-table", DataTable).get_row_at(0)[1] == human_bytes(du_bytes(ind))
+            assert str(app.query_one("#cc-table", DataTable).get_row_at(0)[1]) == human_bytes(du_bytes(ind))
             # No Snapshot in flight while the app is torn down: one handed over mid-teardown finds no header
             # (the app's feed worker outlives its screen by a moment; seen once at 0.25 s refresh).
             app.feed.paused = True

@@ -37,7 +37,7 @@ async def test_cpu_tab_shows_kinds_tree_and_flags(parts) -> None:  # noqa: F811
         await pilot.press(str(tab))
         await pilot.pause()
         table = app.query_one("#cpu-kinds", DataTable)
-        names = [table.get_row_at(i)[0] for i in range(table.row_count)]
+        names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
         assert names == [k.name for k in part.core_kinds]
         assert "DynamIQ" in _text(app, "#cpu-summary")
         tree = _text(app, "#cpu-tree")

@@ -108,7 +108,7 @@ async def test_drill_down_and_back(ddir: Path) -> None:
         await pilot.pause()
         assert _rows(app) == ["train/", "val/"]
         table = app.query_one("#ds-table", DataTable)
-        assert table.get_row_at(1)[3] == "50%" and table.get_row_at(0)[3] == "0%"
+        assert _cell(app, 1, 3) == "50%" and _cell(app, 0, 3) == "0%"
         await pilot.press("down", "enter")
         await pilot.pause()
         assert "val" in _text(app, "#ds-summary") and "no folders below" in _text(app, "#ds-summary")
@@ -162,6 +162,34 @@ async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) 
         await pilot.pause()
         assert app.runner.held() == {} and "🔒" not in _cell(app, 1, 0)
         assert _text(app, "#ds-progress").startswith("unlocked 256 KiB")  # not "locked" any more
+
+
+async def test_names_with_brackets_are_shown_as_they_are_and_crash_nothing(ddir: Path) -> None:
+    # Rich markup in a path: "a[/b]" (a folder "a[" holding "b]") is a closing tag that matches nothing, which a
+    # DataTable cell, a dialog or a notification given the str raised MarkupError on, taking the TUI down; "[red]x"
+    # showed as a red "x". Every one of them now shows the name as it is.
+    root = ddir / "a[" / "b]"
+    make_file(root / "[red]x" / "f.bin", 8 * PS)
+    app = live(root, rescan_s=3600.0)
+    async with app.run_test(size=(100, 30), notifications=True) as pilot:
+        await _open_tab(app, pilot)
+        await _wait_idle(app, pilot, lambda: _rows(app) == [str(root)] and _cell(app, 0, 6) != "scanning")
+        assert _cell(app, 0, 0) == str(root)
+        assert str(root) in app.export_screenshot().replace("&#160;", " ")  # drawn as it is, brackets and all
+        await pilot.press("enter")
+        await _wait_idle(app, pilot, lambda: _rows(app) == ["[red]x/"])
+        await pilot.pause()
+        assert "[red]x/" in app.export_screenshot().replace("&#160;", " ")
+        await pilot.press("backspace", "w")
+        screen = await _wait_confirm(app, pilot)
+        assert str(root) in str(screen.query_one("#confirm-body", Static).render())
+        await pilot.press("n")
+        await pilot.pause()
+        await pilot.press("x")  # unwatch: the notification names the path
+        await pilot.pause()
+        assert any(n.message == f"no longer watching {root}" for n in app._notifications)
+        await pilot.pause()
+        assert app.is_running
 
 
 async def test_warm_dialog_states_the_data_of_a_sparse_file_not_its_size(ddir: Path) -> None:
@@ -327,7 +355,7 @@ async def test_unknown_pages_are_marked_and_explained(ddir: Path) -> None:
     app = DltopApp(ListFeed([Snapshot(ts=1.0, host="t", datasets=DatasetsPart((hidden,)))]))
     async with app.run_test(size=(100, 30)) as pilot:
         await _open_tab(app, pilot)
-        assert app.query_one("#ds-table", DataTable).get_row_at(0)[3] == "0%?"
+        assert _cell(app, 0, 3) == "0%?"
         assert "unknown: no permission" in _text(app, "#ds-notes") and "owner or as root" in _text(app, "#ds-notes")
 
 

@@ -152,7 +152,7 @@ async def test_tui_header_total_is_the_sum_of_its_rows(ddir: Path) -> None:
         await pilot.press(str(tab))
         await pilot.pause()
         grid = app.query_one("#ds-table", DataTable)
-        rows = [grid.get_row_at(i) for i in range(grid.row_count)]
+        rows = [[str(c) for c in grid.get_row_at(i)] for i in range(grid.row_count)]
         header = str(app.query_one("#ds-summary", Static).render())
         data = sum(d.data_pages for d in part.paths) * PS
         res = sum(d.data_resident_pages for d in part.paths) * PS
@@ -160,7 +160,7 @@ async def test_tui_header_total_is_the_sum_of_its_rows(ddir: Path) -> None:
         assert [r[1] for r in rows] == [human_bytes(d.data_pages * PS) for d in part.paths]
         await pilot.press("enter")  # into a: its folders' rows add up to the line above them
         await pilot.pause()
-        rows = [grid.get_row_at(i) for i in range(grid.row_count)]
+        rows = [[str(c) for c in grid.get_row_at(i)] for i in range(grid.row_count)]
         header = str(app.query_one("#ds-summary", Static).render())
         top = part.paths[0]
         assert sum(c.data_pages for c in top.children) == top.data_pages

@@ -358,6 +358,10 @@ async def test_go_to_dialog_keeps_a_bad_time_and_says_why(tmp_path: Path, sessio
         assert isinstance(app.screen, AskScreen)
         assert "not a time" in str(app.screen.query_one("#ask-error", Static).render())
         app.screen.query_one(Input).value = ""
+        await pilot.press(*"[/x]", "enter")  # echoed back as typed, not read as Rich markup (MarkupError)
+        await pilot.pause()
+        assert "[/x]" in str(app.screen.query_one("#ask-error", Static).render())
+        app.screen.query_one(Input).value = ""
         await pilot.press(*"end", "enter")
         await pilot.pause()
         assert not isinstance(app.screen, AskScreen) and app.at == rec.times()[-1]

@@ -17,6 +17,7 @@ from rich.text import Text
 from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
@@ -244,6 +245,12 @@ class DltopApp(App[None]):
     async def _consume(self) -> None:
         async for snap in self.feed.stream(lambda: self.refresh_s):
             self._apply(snap)
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        # Always as plain text: notifications carry paths, URLs, error messages and a marker's words, and Rich
+        # markup in them ("/data/a[/b]") would show wrong or raise MarkupError and take the TUI down.
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
 
     def on_unmount(self) -> None:
         self.runner.close()  # cancel what runs, unlock what is locked

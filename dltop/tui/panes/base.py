@@ -108,18 +108,25 @@ def set_content(widget: Static | Label, content: Text | Content | str) -> None:
     if getattr(widget, "_dltop_shown", None) != key:
         widget._dltop_shown = key  # type: ignore[union-attr]
         fixed = widget.styles.height is not None and widget.styles.height.is_cells
-        widget.update(content, layout=not fixed)
+        widget.update(plain(content) if isinstance(content, str) else content, layout=not fixed)
+
+
+def plain(text: str) -> Text:
+    """`text` as it is: a str handed to a Static, a DataTable cell or a dialog is read as Rich markup, so a path
+    or a command line with brackets would show wrong ("[red]x" as a red x) or crash the TUI ("/data/a[/b]": a
+    closing tag that matches nothing)."""
+    return Text(text)
 
 
 def set_row(table: DataTable, key: str, columns: tuple[str, ...], values: tuple[str, ...]) -> None:
     """Add the row or update only the cells whose text changed (the cursor stays where the user left it)."""
     if key not in {k.value for k in table.rows}:
-        table.add_row(*values, key=key)
+        table.add_row(*map(plain, values), key=key)
         return
     for col, value in zip(columns, values, strict=True):
-        if table.get_cell(key, col) != value:
+        if str(table.get_cell(key, col)) != value:
             # update_width: a column sized for "10%" must grow when "100%" arrives, not cut it to "10".
-            table.update_cell(key, col, value, update_width=True)
+            table.update_cell(key, col, plain(value), update_width=True)
 
 
 def fit_column(table: DataTable, wanted: dict[str, tuple[str, ...]], at: int, headers: tuple[str, ...],

@@ -10,6 +10,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
+from dltop.tui.panes.base import plain
+
 
 class AskScreen(ModalScreen[str | None]):
     """Dismisses with the text typed, or None on Esc. `check(text)` returns why an answer cannot be taken (the
@@ -25,7 +27,7 @@ class AskScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="ask-dialog"):
-            yield Static(self._title, id="ask-title")
+            yield Static(plain(self._title), id="ask-title")
             yield Input(placeholder=self._placeholder, id="ask-input")
             yield Static("", id="ask-error")
 
@@ -36,7 +38,7 @@ class AskScreen(ModalScreen[str | None]):
             return
         why = self._check(text) if self._check is not None else None
         if why is not None:
-            self.query_one("#ask-error", Static).update(why)
+            self.query_one("#ask-error", Static).update(plain(why))
             return
         self.dismiss(text)
 

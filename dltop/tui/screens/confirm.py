@@ -10,6 +10,7 @@ from textual.widgets import Button, Static
 
 from dltop.fmt import human_bytes, plural
 from dltop.model.actions import ActionPlan
+from dltop.tui.panes.base import plain
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -30,8 +31,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-dialog"):
-            yield Static(self._title, id="confirm-title")
-            yield Static(self._body, id="confirm-body")
+            yield Static(plain(self._title), id="confirm-title")
+            yield Static(plain(self._body), id="confirm-body")
             with Horizontal(id="confirm-buttons"):
                 if self._yes_label is not None:
                     yield Button(f"{self._yes_label} (y)", variant="error", id="confirm-yes")
