@@ -85,7 +85,11 @@ def metrics_url() -> Iterator[str]:
 
 
 def _text(app: App, selector: str) -> str:
-    return str(app.query_one(selector, Static).render())
+    """What a Static shows; for #gpu-devices, what its Statics (one per GPU) show, one under the other."""
+    widget = app.query_one(selector)
+    if isinstance(widget, Static):
+        return str(widget.render())
+    return "\n".join(str(block.render()) for block in widget.query_children(Static))
 
 
 def _rows(app: App) -> list[list[str]]:
@@ -98,9 +102,9 @@ def _fits(app: App) -> None:
     table = app.query_one("#gpu-table", DataTable)
     if table.display:
         assert table.virtual_size.width <= table.size.width, (table.virtual_size.width, table.size.width)
-    devices = app.query_one("#gpu-devices", Static)
     if not _text(app, "#gpu-devices").startswith("GPUs: "):
-        assert max(len(line) for line in _text(app, "#gpu-devices").splitlines()) <= devices.size.width
+        for block in app.query_one("#gpu-devices").query_children(Static):
+            assert max(len(line) for line in str(block.render()).splitlines()) <= block.size.width
 
 
 def _label(name: str, key: str, text: str) -> str:

@@ -455,8 +455,8 @@ class GpuPane(Pane):
             "reserved), then memory no listed process holds, then free. Servers: vLLM / SGLang /metrics "
             "(--server URL); vLLM V1's prefix-cache hit rate is over the last interval.")
     DEFAULT_CSS = """
-    #gpu-devices-scroll { height: auto; max-height: 50%; scrollbar-gutter: stable; }
-    #gpu-devices { height: auto; }
+    #gpu-devices { height: auto; max-height: 50%; scrollbar-gutter: stable; }
+    #gpu-devices > Static { height: auto; }
     #gpu-servers { height: auto; max-height: 6; }
     #gpu-notes { height: auto; max-height: 3; color: $text-muted; }
     #gpu-table { height: 1fr; min-height: 3; }
@@ -475,6 +475,7 @@ class GpuPane(Pane):
         self._command_width = 0
         self._series = GpuSeries()
         self._memory_lines: dict[tuple[object, ...], list[Content]] = {}  # memory_key -> its lines, this tick's
+        self._blocks: list[Static] = []  # in #gpu-devices: one per GPU, or one saying why there are none
         self._rows_for: tuple[object, Rows, list[str]] | None = None  # (the gpus part, its rows, their notes)
         self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
         self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
@@ -482,8 +483,7 @@ class GpuPane(Pane):
         self._adding = True  # what the input box is for: adding a server, or naming one to remove
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(id="gpu-devices-scroll"):
-            yield Static(id="gpu-devices")
+        yield VerticalScroll(id="gpu-devices")  # a Static per GPU in it (_show_blocks)
         yield RowTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
         yield Static(id="gpu-servers")
         yield Input(id="gpu-server-input")
@@ -581,41 +581,58 @@ class GpuPane(Pane):
             key, values = max(wanted.items(), key=lambda kv: cell_len(kv[1][i]))
             table.update_cell(key, COLUMNS[i], values[i], update_width=True)  # one measure of the column
 
+    def _show_blocks(self, blocks: list[list[Content]], width: int, fixed: bool) -> None:
+        """A Static per block of lines in #gpu-devices (a GPU each, or the one line saying why there are none).
+        Textual paints a widget only where it changed and is on screen: with 8 GPUs at 80x24 two of them are,
+        and one Static for all of them had its 32 lines drawn again on every tick (most of the pane's cost).
+        `fixed`: each block gets a height of its own, so its update skips the layout pass (set_content)."""
+        box = self.query_one("#gpu-devices", VerticalScroll)
+        while len(self._blocks) > len(blocks):
+            self._blocks.pop().remove()
+        if len(self._blocks) < len(blocks):
+            new = [Static() for _ in range(len(blocks) - len(self._blocks))]
+            box.mount_all(new)
+            self._blocks += new
+        for widget, lines in zip(self._blocks, blocks, strict=True):
+            now = widget.styles.height
+            if fixed:
+                # wrapped lines count as many as they take ("wrapped, never cut": a lost GPU's reason)
+                height = sum(max(1, -(-line.cell_length // width)) for line in lines)
+                if now is None or not now.is_cells or now.value != height:
+                    widget.styles.height = height
+            elif now is not None and now.is_cells:
+                widget.styles.height = "auto"
+            set_content(widget, Content("\n").join(lines))
+
     def render_view(self, view: View) -> None:
         part = view.snapshot.gpus
         table = self.query_one("#gpu-table", DataTable)
         gpus: tuple[GpuDevice, ...] = part if isinstance(part, tuple) else ()
-        devices = self.query_one("#gpu-devices", Static)
-        width = max(20, devices.size.width or self.size.width - 4)
-        if not isinstance(part, tuple) or not part:
-            devices.styles.height = "auto"  # one line, wrapped where the reason is long
+        # the width inside the box's scrollbar gutter: a block just mounted has no size until the next layout
+        width = max(20, self.query_one("#gpu-devices").scrollable_content_region.width or self.size.width - 4)
         if part is None:
-            set_content(devices, Content.assemble(("GPUs: not sampled", "dim")))
+            self._show_blocks([[Content.assemble(("GPUs: not sampled", "dim"))]], width, fixed=False)
         elif isinstance(part, Unavailable):
-            # No GPU here, or NVML cannot be used: one line saying so, where the GPUs would be.
-            set_content(devices, Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning")))
+            # No GPU here, or NVML cannot be used: one line saying so (wrapped where it is long), where the GPUs
+            # would be.
+            self._show_blocks([[Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning"))]], width, fixed=False)
         elif not part:
-            set_content(devices, Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning")))
+            self._show_blocks([[Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))]], width,
+                              fixed=False)
         else:
             self._series.update(view.history)
-            lines: list[Content] = []
+            blocks: list[list[Content]] = []
             drawn: dict[tuple[object, ...], list[Content]] = {}
             for g in gpus:
-                head = headline(g, width)
-                lines += head
-                if len(head) > 1:
+                block = headline(g, width)
+                blocks.append(block)
+                if len(block) > 1:
                     continue  # its calls fail: the reason is its only line
                 key = memory_key(g, width)
                 drawn[key] = self._memory_lines.get(key) or memory_lines(g, width)
-                lines += drawn[key]
-                lines.append(spark_line(g, self._series, width))
+                block += [*drawn[key], spark_line(g, self._series, width)]
             self._memory_lines = drawn
-            # A height of its own: an update of a widget of fixed height skips the layout pass (set_content),
-            # which re-wrapped and re-arranged the whole pane on every tick.
-            height = sum(max(1, -(-line.cell_length // width)) for line in lines)
-            if devices.styles.height is None or devices.styles.height.value != height:
-                devices.styles.height = height
-            set_content(devices, Content("\n").join(lines))
+            self._show_blocks(blocks, width, fixed=True)
         table.display = bool(gpus)
         if self._rows_for is None or self._rows_for[0] is not part:
             built = process_rows(gpus)
