@@ -476,6 +476,7 @@ class GpuPane(Pane):
         self._series = GpuSeries()
         self._memory_lines: dict[tuple[object, ...], list[Content]] = {}  # memory_key -> its lines, this tick's
         self._blocks: list[Static] = []  # in #gpu-devices: one per GPU, or one saying why there are none
+        self._block_lines: list[list[Content]] = []  # what each block is to show
         self._rows_for: tuple[object, Rows, list[str]] | None = None  # (the gpus part, its rows, their notes)
         self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
         self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
@@ -493,6 +494,7 @@ class GpuPane(Pane):
         table = self.query_one("#gpu-table", DataTable)
         for key, label in zip(COLUMNS, HEADERS, strict=True):
             table.add_column(label, key=key)
+        self.watch(self.query_one("#gpu-devices"), "scroll_y", self._paint_blocks, init=False)
 
     def focus_default(self) -> None:
         table = self.query_one("#gpu-table", DataTable)
@@ -583,13 +585,14 @@ class GpuPane(Pane):
 
     def _show_blocks(self, blocks: list[list[Content]], width: int, fixed: bool) -> None:
         """A Static per block of lines in #gpu-devices (a GPU each, or the one line saying why there are none).
-        Textual paints a widget only where it changed and is on screen: with 8 GPUs at 80x24 two of them are,
+        Textual paints a widget only where it changed and is on screen: with 8 GPUs at 80x24 two or three are,
         and one Static for all of them had its 32 lines drawn again on every tick (most of the pane's cost).
         `fixed`: each block gets a height of its own, so its update skips the layout pass (set_content)."""
         box = self.query_one("#gpu-devices", VerticalScroll)
         while len(self._blocks) > len(blocks):
             self._blocks.pop().remove()
-        if len(self._blocks) < len(blocks):
+        moved = len(self._blocks) < len(blocks)
+        if moved:
             new = [Static() for _ in range(len(blocks) - len(self._blocks))]
             box.mount_all(new)
             self._blocks += new
@@ -600,9 +603,26 @@ class GpuPane(Pane):
                 height = sum(max(1, -(-line.cell_length // width)) for line in lines)
                 if now is None or not now.is_cells or now.value != height:
                     widget.styles.height = height
+                    moved = True
             elif now is not None and now.is_cells:
                 widget.styles.height = "auto"
-            set_content(widget, Content("\n").join(lines))
+        self._block_lines = blocks
+        self._paint_blocks()
+        if moved:  # what is on screen is known once Textual has laid the blocks out
+            self.call_after_refresh(self._paint_blocks)
+
+    def _paint_blocks(self) -> None:
+        """Hand the blocks on screen their lines; one scrolled out of view gets them when it scrolls back in (an
+        update of a widget off screen makes Textual rebuild its map of every widget on the screen, 1.6 ms a tick,
+        and posts its messages for nothing)."""
+        box = self.query_one("#gpu-devices", VerticalScroll)
+        view = box.scrollable_content_region.height
+        top = 0
+        for widget, lines in zip(self._blocks, self._block_lines, strict=True):
+            height = widget.styles.height.value if widget.styles.height and widget.styles.height.is_cells else 0
+            if not view or not height or (top < box.scroll_y + view and top + height > box.scroll_y):
+                set_content(widget, Content("\n").join(lines))
+            top += int(height)
 
     def render_view(self, view: View) -> None:
         part = view.snapshot.gpus
