@@ -481,3 +481,80 @@ def test_the_sparkline_columns_follow_the_history_a_snapshot_at_a_time() -> None
                 buckets[seq // k] = max(buckets.get(seq // k, v), v)
             got = series[width].columns(snap.gpus[0], "utilization_gpu_percent", width)
             assert got == [buckets[b] for b in sorted(buckets)][-width:], (i, width)
+
+
+def _counting_paints(app: App) -> list[int]:
+    """How often each GPU's block in #gpu-devices is drawn by Textual from now on (by index)."""
+    blocks = list(app.query_one("#gpu-devices").query_children(Static))
+    paints = [0] * len(blocks)
+    for i, block in enumerate(blocks):
+        def counted(draw=block._render_content, i: int = i) -> None:
+            paints[i] += 1
+            draw()
+        block._render_content = counted  # type: ignore[method-assign]
+    return paints
+
+
+def _painted(app: App, index: int) -> str:
+    """GPU `index`'s block as Textual paints it (its strips), not what it was handed."""
+    block = list(app.query_one("#gpu-devices").query_children(Static))[index]
+    return "\n".join(strip.text for strip in block.render_lines(block.size.region))
+
+
+def _with_util(snap: Snapshot, index: int, util: int) -> Snapshot:
+    assert isinstance(snap.gpus, tuple)
+    return dataclasses.replace(snap, ts=snap.ts + 1, gpus=tuple(
+        dataclasses.replace(g, utilization_gpu_percent=util) if g.index == index else g for g in snap.gpus))
+
+
+async def test_only_the_gpu_whose_numbers_changed_is_drawn_again() -> None:
+    """8 GPUs at 80x24: a tick where GPU 0's utilization moves draws GPU 0 again and no other; a tick where
+    nothing moved draws none; GPU 7 (scrolled out of view) changing draws nothing until it is scrolled to, and
+    then shows its new number. (A history of the same length each tick: a growing one widens every chart.)"""
+    first = gpu_snaps(scenario("8gpu-20proc"), 1)[0]
+    app = PaneApp([dataclasses.replace(first, ts=first.ts + i) for i in range(3)])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        pane = app.query_one(GpuPane)
+
+        def tick(snap: Snapshot) -> None:
+            history = (*pane.view.history[1:], snap)
+            pane.show(View(snapshot=snap, history=history))
+
+        await pilot.pause()  # the blocks laid out and painted once
+        paints = _counting_paints(app)
+        tick(dataclasses.replace(pane.view.snapshot, ts=pane.view.snapshot.ts + 1))  # nothing moved
+        await pilot.pause()
+        assert paints == [0] * 8 and "util 77%" not in _painted(app, 0)
+        tick(_with_util(pane.view.snapshot, 0, 77))
+        await pilot.pause()
+        assert paints == [1] + [0] * 7
+        assert "GPU0 NVIDIA H100 80GB HBM3  util 77%" in _painted(app, 0)
+        tick(_with_util(pane.view.snapshot, 7, 3))
+        await pilot.pause()
+        assert paints[1:] == [0] * 7  # GPU 7 is not on screen at 80x24 (GPU 0's chart slid on: drawn again)
+        gpu7 = list(app.query_one("#gpu-devices").query_children(Static))[7]
+        assert "util 3%" not in str(gpu7.render())  # not even handed its lines: an update off screen costs too
+        app.query_one("#gpu-devices").scroll_end(animate=False, immediate=True)
+        await pilot.pause()
+        assert "GPU7 NVIDIA H100 80GB HBM3  util 3%" in _painted(app, 7) and paints[7] == 1
+
+
+async def test_the_keys_still_work_on_eight_gpus() -> None:
+    """With 8 GPUs a Static each: the table keeps the keyboard (down moves its cursor, End goes to the last of
+    the 160 rows), and `a` opens the server box, Esc closes it."""
+    snaps = gpu_snaps(scenario("8gpu-20proc"), 2)
+    app = DltopApp(ListFeed(snaps))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        table = app.query_one("#gpu-table", DataTable)
+        assert table.has_focus and table.row_count == 160
+        await pilot.press("down", "down")
+        assert table.cursor_row == 2
+        await pilot.press("end")
+        assert table.cursor_row == 159
+        await pilot.press("a")
+        box = app.query_one("#gpu-server-input", Input)
+        assert box.has_focus and box.has_class("-shown")
+        await pilot.press("escape")
+        assert not box.has_class("-shown") and table.has_focus

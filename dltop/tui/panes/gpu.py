@@ -494,7 +494,8 @@ class GpuPane(Pane):
         table = self.query_one("#gpu-table", DataTable)
         for key, label in zip(COLUMNS, HEADERS, strict=True):
             table.add_column(label, key=key)
-        self.watch(self.query_one("#gpu-devices"), "scroll_y", self._paint_blocks, init=False)
+        # scrolled: the blocks that came into view get their lines
+        self.watch(self.query_one("#gpu-devices"), "scroll_y", lambda: self._paint_blocks(), init=False)
 
     def focus_default(self) -> None:
         table = self.query_one("#gpu-table", DataTable)
@@ -607,11 +608,9 @@ class GpuPane(Pane):
             elif now is not None and now.is_cells:
                 widget.styles.height = "auto"
         self._block_lines = blocks
-        self._paint_blocks()
-        if moved:  # what is on screen is known once Textual has laid the blocks out
-            self.call_after_refresh(self._paint_blocks)
+        self._paint_blocks(everywhere=moved)  # which are on screen is not known until Textual lays them out
 
-    def _paint_blocks(self) -> None:
+    def _paint_blocks(self, everywhere: bool = False) -> None:
         """Hand the blocks on screen their lines; one scrolled out of view gets them when it scrolls back in (an
         update of a widget off screen makes Textual rebuild its map of every widget on the screen, 1.6 ms a tick,
         and posts its messages for nothing)."""
@@ -620,7 +619,7 @@ class GpuPane(Pane):
         top = 0
         for widget, lines in zip(self._blocks, self._block_lines, strict=True):
             height = widget.styles.height.value if widget.styles.height and widget.styles.height.is_cells else 0
-            if not view or not height or (top < box.scroll_y + view and top + height > box.scroll_y):
+            if everywhere or not view or not height or (top < box.scroll_y + view and top + height > box.scroll_y):
                 set_content(widget, Content("\n").join(lines))
             top += int(height)
 
