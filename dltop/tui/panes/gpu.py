@@ -475,8 +475,8 @@ class GpuPane(Pane):
         self._command_width = 0
         self._series = GpuSeries()
         self._memory_lines: dict[tuple[object, ...], list[Content]] = {}  # memory_key -> its lines, this tick's
-        self._blocks: list[Static] = []  # in #gpu-devices: one per GPU, or one saying why there are none
-        self._block_lines: list[list[Content]] = []  # what each block is to show
+        self._lines: list[Static] = []  # in #gpu-devices: one per line of the GPUs, or the one saying why none
+        self._wanted_lines: list[Content] = []  # what each is to show
         self._rows_for: tuple[object, Rows, list[str]] | None = None  # (the gpus part, its rows, their notes)
         self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
         self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
@@ -484,7 +484,7 @@ class GpuPane(Pane):
         self._adding = True  # what the input box is for: adding a server, or naming one to remove
 
     def compose(self) -> ComposeResult:
-        yield VerticalScroll(id="gpu-devices")  # a Static per GPU in it (_show_blocks)
+        yield VerticalScroll(id="gpu-devices")  # a Static per line in it (_show_lines)
         yield RowTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
         yield Static(id="gpu-servers")
         yield Input(id="gpu-server-input")
@@ -494,8 +494,8 @@ class GpuPane(Pane):
         table = self.query_one("#gpu-table", DataTable)
         for key, label in zip(COLUMNS, HEADERS, strict=True):
             table.add_column(label, key=key)
-        # scrolled: the blocks that came into view get their lines
-        self.watch(self.query_one("#gpu-devices"), "scroll_y", lambda: self._paint_blocks(), init=False)
+        # scrolled: the lines that came into view are handed to their Statics
+        self.watch(self.query_one("#gpu-devices"), "scroll_y", lambda: self._paint_lines(), init=False)
 
     def focus_default(self) -> None:
         table = self.query_one("#gpu-table", DataTable)
@@ -584,74 +584,74 @@ class GpuPane(Pane):
             key, values = max(wanted.items(), key=lambda kv: cell_len(kv[1][i]))
             table.update_cell(key, COLUMNS[i], values[i], update_width=True)  # one measure of the column
 
-    def _show_blocks(self, blocks: list[list[Content]], width: int, fixed: bool) -> None:
-        """A Static per block of lines in #gpu-devices (a GPU each, or the one line saying why there are none).
-        Textual paints a widget only where it changed and is on screen: with 8 GPUs at 80x24 two or three are,
-        and one Static for all of them had its 32 lines drawn again on every tick (most of the pane's cost).
-        `fixed`: each block gets a height of its own, so its update skips the layout pass (set_content)."""
+    def _show_lines(self, lines: list[Content], width: int, fixed: bool) -> None:
+        """A Static per line in #gpu-devices. Textual draws a widget again only where it changed and is on screen:
+        one Static for the lines of 8 GPUs had all 32 drawn again on every tick (most of the pane's cost), where
+        at 80x24 three GPUs are on screen and, of each, the headline and the sparklines move, not the bar.
+        `fixed`: each line's Static gets a height of its own, so its update skips the layout pass (set_content)."""
         box = self.query_one("#gpu-devices", VerticalScroll)
-        while len(self._blocks) > len(blocks):
-            self._blocks.pop().remove()
-        moved = len(self._blocks) < len(blocks)
+        while len(self._lines) > len(lines):
+            self._lines.pop().remove()
+        moved = len(self._lines) < len(lines)
         if moved:
-            new = [Static() for _ in range(len(blocks) - len(self._blocks))]
+            new = [Static() for _ in range(len(lines) - len(self._lines))]
             box.mount_all(new)
-            self._blocks += new
-        for widget, lines in zip(self._blocks, blocks, strict=True):
+            self._lines += new
+        for widget, line in zip(self._lines, lines, strict=True):
             now = widget.styles.height
             if fixed:
-                # wrapped lines count as many as they take ("wrapped, never cut": a lost GPU's reason)
-                height = sum(max(1, -(-line.cell_length // width)) for line in lines)
+                height = max(1, -(-line.cell_length // width))  # wrapped, never cut: a lost GPU's reason
                 if now is None or not now.is_cells or now.value != height:
                     widget.styles.height = height
                     moved = True
             elif now is not None and now.is_cells:
                 widget.styles.height = "auto"
-        self._block_lines = blocks
-        self._paint_blocks(everywhere=moved)  # which are on screen is not known until Textual lays them out
+        self._wanted_lines = lines
+        self._paint_lines(everywhere=moved)  # which are on screen is not known until Textual lays them out
 
-    def _paint_blocks(self, everywhere: bool = False) -> None:
-        """Hand the blocks on screen their lines; one scrolled out of view gets them when it scrolls back in (an
-        update of a widget off screen makes Textual rebuild its map of every widget on the screen, 1.6 ms a tick,
-        and posts its messages for nothing)."""
+    def _paint_lines(self, everywhere: bool = False) -> None:
+        """Hand the lines on screen to their Statics; one scrolled out of view gets its line when it scrolls back
+        in (an update of a widget off screen makes Textual rebuild its map of every widget on the screen, 1.6 ms
+        a tick, and posts its messages for nothing)."""
         box = self.query_one("#gpu-devices", VerticalScroll)
         view = box.scrollable_content_region.height
         top = 0
-        for widget, lines in zip(self._blocks, self._block_lines, strict=True):
+        for widget, line in zip(self._lines, self._wanted_lines, strict=True):
             height = widget.styles.height.value if widget.styles.height and widget.styles.height.is_cells else 0
             if everywhere or not view or not height or (top < box.scroll_y + view and top + height > box.scroll_y):
-                set_content(widget, Content("\n").join(lines))
+                set_content(widget, line)
             top += int(height)
 
     def render_view(self, view: View) -> None:
         part = view.snapshot.gpus
         table = self.query_one("#gpu-table", DataTable)
         gpus: tuple[GpuDevice, ...] = part if isinstance(part, tuple) else ()
-        # the width inside the box's scrollbar gutter: a block just mounted has no size until the next layout
+        # the width inside the box's scrollbar gutter: a line's Static just mounted has no size until the layout
         width = max(20, self.query_one("#gpu-devices").scrollable_content_region.width or self.size.width - 4)
         if part is None:
-            self._show_blocks([[Content.assemble(("GPUs: not sampled", "dim"))]], width, fixed=False)
+            self._show_lines([Content.assemble(("GPUs: not sampled", "dim"))], width, fixed=False)
         elif isinstance(part, Unavailable):
             # No GPU here, or NVML cannot be used: one line saying so (wrapped where it is long), where the GPUs
             # would be.
-            self._show_blocks([[Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning"))]], width, fixed=False)
+            self._show_lines([Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning"))], width, fixed=False)
         elif not part:
-            self._show_blocks([[Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))]], width,
-                              fixed=False)
+            self._show_lines([Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))], width,
+                             fixed=False)
         else:
             self._series.update(view.history)
-            blocks: list[list[Content]] = []
+            lines: list[Content] = []
             drawn: dict[tuple[object, ...], list[Content]] = {}
             for g in gpus:
-                block = headline(g, width)
-                blocks.append(block)
-                if len(block) > 1:
+                head = headline(g, width)
+                lines += head
+                if len(head) > 1:
                     continue  # its calls fail: the reason is its only line
                 key = memory_key(g, width)
                 drawn[key] = self._memory_lines.get(key) or memory_lines(g, width)
-                block += [*drawn[key], spark_line(g, self._series, width)]
+                lines += drawn[key]
+                lines.append(spark_line(g, self._series, width))
             self._memory_lines = drawn
-            self._show_blocks(blocks, width, fixed=True)
+            self._show_lines(lines, width, fixed=True)
         table.display = bool(gpus)
         if self._rows_for is None or self._rows_for[0] is not part:
             built = process_rows(gpus)
