@@ -201,6 +201,7 @@ class DltopApp(App[None]):
         self._play_pos = 0.0  # where a playing replay is, between samples
         self.recorder = recorder
         self._view: View | None = None
+        self._hint_shown: tuple[object, ...] | None = None  # what the hint line was drawn from
         self._panes: list[Pane] = [cls() for cls in pane_classes()]
         # Each Snapshot shown is handed on too (`dltop --export`'s collector, `--record`'s recorder).
         self._listeners = (*listeners, recorder.write) if recorder is not None else tuple(listeners)
@@ -411,13 +412,17 @@ class DltopApp(App[None]):
             widget.display = False
             return
         h = hints[0]
-        style = {"critical": "bold red", "warn": "bold yellow", "info": "bold"}[h.severity]
-        t = Text.assemble(("! " if h.severity != "info" else "i ", style), (h.text, style))
-        if h.fix:
-            t.append(f" — {h.fix}", "italic")
-        more = f"  (+{len(hints) - 1} more, see ?)" if len(hints) > 1 else ""
-        t.append(more, "dim")
-        set_content(widget, _fit_lines(t, max(20, self.size.width - 2), HINT_LINES, self.console))
+        width = max(20, self.size.width - 2)
+        shown = (h.severity, h.text, h.fix, len(hints), width)
+        if shown != self._hint_shown:  # the same hint as the last tick's: not wrapped again (0.7 ms a tick)
+            self._hint_shown = shown
+            style = {"critical": "bold red", "warn": "bold yellow", "info": "bold"}[h.severity]
+            t = Text.assemble(("! " if h.severity != "info" else "i ", style), (h.text, style))
+            if h.fix:
+                t.append(f" — {h.fix}", "italic")
+            more = f"  (+{len(hints) - 1} more, see ?)" if len(hints) > 1 else ""
+            t.append(more, "dim")
+            set_content(widget, _fit_lines(t, width, HINT_LINES, self.console))
         widget.display = True
 
     # -- what panes ask for: actions through the runner, sources that change -------------------------------
