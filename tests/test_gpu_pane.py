@@ -562,3 +562,19 @@ async def test_the_keys_still_work_on_eight_gpus() -> None:
         assert box.has_focus and box.has_class("-shown")
         await pilot.press("escape")
         assert not box.has_class("-shown") and table.has_focus
+
+
+async def test_a_command_line_that_looks_like_markup_is_shown_as_it_is() -> None:
+    """Command lines are anyone's text: "[red]" is not a style and "[/y]" no error, in the table."""
+    snap = gpu_snaps(scenario("two-gpus"), 1)[0]
+    g0 = _first_gpu(snap)
+    assert isinstance(snap.gpus, tuple) and isinstance(g0.processes, tuple)
+    odd = "python [red]x[/red] [/y]"
+    procs = (dataclasses.replace(g0.processes[0], command=odd), *g0.processes[1:])
+    app = DltopApp(ListFeed([dataclasses.replace(snap, gpus=(dataclasses.replace(g0, processes=procs),
+                                                             *snap.gpus[1:]))]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert _rows(app)[0][3] == odd
+        table = app.query_one("#gpu-table", DataTable)
+        assert odd in "\n".join(strip.text for strip in table.render_lines(table.size.region))

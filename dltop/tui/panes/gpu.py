@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from rich.cells import cell_len
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -330,6 +331,12 @@ def _used_cell(value: int | None) -> str:
 Rows = dict[str, tuple[GpuProcess, tuple[str, ...]]]  # row key -> (process, its cells)
 
 
+def _cell(text: str) -> Text:
+    """A table cell that is its text: DataTable reads a str as Rich markup, so a command line with "[/x]" in it
+    raised MarkupError and "[red]" vanished from one."""
+    return Text(text, no_wrap=True, end="")
+
+
 def process_rows(gpus: Sequence[GpuDevice]) -> Rows:
     """Row key → (process, cells) for every process on every GPU and MIG instance."""
     rows: dict[str, tuple[GpuProcess, tuple[str, ...]]] = {}
@@ -568,7 +575,7 @@ class GpuPane(Pane):
             if shown == values:
                 continue
             if shown is None:
-                table.add_row(*values, key=key)
+                table.add_row(*map(_cell, values), key=key)
             else:
                 for i, (col, old, new) in enumerate(zip(COLUMNS, shown, values, strict=True)):
                     if old != new:
@@ -577,13 +584,13 @@ class GpuPane(Pane):
                         # (160 rows made one tick take seconds): only a wider cell asks, and a column whose cells
                         # got narrower is measured once below.
                         width = table.columns[ColumnKey(col)].content_width
-                        table.update_cell(key, col, new, update_width=cell_len(new) > width)
+                        table.update_cell(key, col, _cell(new), update_width=cell_len(new) > width)
                         if cell_len(new) < width:
                             narrower.add(i)
             self._shown[key] = values
         for i in narrower:
             key, values = max(wanted.items(), key=lambda kv: cell_len(kv[1][i]))
-            table.update_cell(key, COLUMNS[i], values[i], update_width=True)  # one measure of the column
+            table.update_cell(key, COLUMNS[i], _cell(values[i]), update_width=True)  # one measure of the column
 
     def _show_lines(self, lines: list[Content], width: int, fixed: bool) -> None:
         """A Static per line in #gpu-devices. Textual draws a widget again only where it changed and is on screen:
