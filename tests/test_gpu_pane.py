@@ -85,7 +85,11 @@ def metrics_url() -> Iterator[str]:
 
 
 def _text(app: App, selector: str) -> str:
-    return str(app.query_one(selector, Static).render())
+    """What a Static shows; for #gpu-devices, what its Statics (one per line) show, one under the other."""
+    widget = app.query_one(selector)
+    if isinstance(widget, Static):
+        return str(widget.render())
+    return "\n".join(str(block.render()) for block in widget.query_children(Static))
 
 
 def _rows(app: App) -> list[list[str]]:
@@ -98,9 +102,9 @@ def _fits(app: App) -> None:
     table = app.query_one("#gpu-table", DataTable)
     if table.display:
         assert table.virtual_size.width <= table.size.width, (table.virtual_size.width, table.size.width)
-    devices = app.query_one("#gpu-devices", Static)
     if not _text(app, "#gpu-devices").startswith("GPUs: "):
-        assert max(len(line) for line in _text(app, "#gpu-devices").splitlines()) <= devices.size.width
+        for block in app.query_one("#gpu-devices").query_children(Static):
+            assert max(len(line) for line in str(block.render()).splitlines()) <= block.size.width
 
 
 def _label(name: str, key: str, text: str) -> str:
@@ -477,3 +481,100 @@ def test_the_sparkline_columns_follow_the_history_a_snapshot_at_a_time() -> None
                 buckets[seq // k] = max(buckets.get(seq // k, v), v)
             got = series[width].columns(snap.gpus[0], "utilization_gpu_percent", width)
             assert got == [buckets[b] for b in sorted(buckets)][-width:], (i, width)
+
+
+def _counting_paints(app: App) -> list[int]:
+    """How often each line's Static in #gpu-devices is drawn by Textual from now on."""
+    lines = list(app.query_one("#gpu-devices").query_children(Static))
+    paints = [0] * len(lines)
+    for i, line in enumerate(lines):
+        def counted(draw=line._render_content, i: int = i) -> None:
+            paints[i] += 1
+            draw()
+        line._render_content = counted  # type: ignore[method-assign]
+    return paints
+
+
+def _painted(app: App, gpu: int) -> str:
+    """A GPU's four lines (headline, bar, legend, sparklines) as Textual paints them (their strips), not what
+    their Statics were handed."""
+    lines = list(app.query_one("#gpu-devices").query_children(Static))[4 * gpu: 4 * gpu + 4]
+    return "\n".join(strip.text for line in lines for strip in line.render_lines(line.size.region))
+
+
+def _with_util(snap: Snapshot, index: int, util: int) -> Snapshot:
+    assert isinstance(snap.gpus, tuple)
+    return dataclasses.replace(snap, ts=snap.ts + 1, gpus=tuple(
+        dataclasses.replace(g, utilization_gpu_percent=util) if g.index == index else g for g in snap.gpus))
+
+
+async def test_only_the_lines_whose_numbers_changed_are_drawn_again() -> None:
+    """8 GPUs at 80x24 (four lines each): a tick where nothing moved draws nothing again; one where GPU 0's
+    utilization moves draws its headline and its sparklines again, not its bar and legend (its memory did not
+    move), and no other GPU's; GPU 7 (scrolled out of view) changing is not drawn, not even handed its lines,
+    until it is scrolled to, and then shows its new number. (A history of the same length each tick: a growing
+    one widens every chart.)"""
+    first = gpu_snaps(scenario("8gpu-20proc"), 1)[0]
+    app = PaneApp([dataclasses.replace(first, ts=first.ts + i) for i in range(3)])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        pane = app.query_one(GpuPane)
+
+        def tick(snap: Snapshot) -> None:
+            history = (*pane.view.history[1:], snap)
+            pane.show(View(snapshot=snap, history=history))
+
+        await pilot.pause()  # the lines laid out and painted once
+        paints = _counting_paints(app)
+        assert len(paints) == 32
+        tick(dataclasses.replace(pane.view.snapshot, ts=pane.view.snapshot.ts + 1))  # nothing moved
+        await pilot.pause()
+        assert paints == [0] * 32 and "util 77%" not in _painted(app, 0)
+        tick(_with_util(pane.view.snapshot, 0, 77))
+        await pilot.pause()
+        assert paints == [1, 0, 0, 1] + [0] * 28
+        assert "GPU0 NVIDIA H100 80GB HBM3  util 77%" in _painted(app, 0)
+        tick(_with_util(pane.view.snapshot, 7, 3))
+        await pilot.pause()
+        assert paints[4:] == [0] * 28  # GPU 7 is not on screen at 80x24 (GPU 0's chart slid on: drawn again)
+        gpu7 = list(app.query_one("#gpu-devices").query_children(Static))[28]
+        assert "util 3%" not in str(gpu7.render())  # not even handed its line: an update off screen costs too
+        app.query_one("#gpu-devices").scroll_end(animate=False, immediate=True)
+        await pilot.pause()
+        assert "GPU7 NVIDIA H100 80GB HBM3  util 3%" in _painted(app, 7) and paints[28] == 1
+
+
+async def test_the_keys_still_work_on_eight_gpus() -> None:
+    """With 8 GPUs, a Static for each of their lines: the table keeps the keyboard (down moves its cursor, End goes to the last of
+    the 160 rows), and `a` opens the server box, Esc closes it."""
+    snaps = gpu_snaps(scenario("8gpu-20proc"), 2)
+    app = DltopApp(ListFeed(snaps))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        table = app.query_one("#gpu-table", DataTable)
+        assert table.has_focus and table.row_count == 160
+        await pilot.press("down", "down")
+        assert table.cursor_row == 2
+        await pilot.press("end")
+        assert table.cursor_row == 159
+        await pilot.press("a")
+        box = app.query_one("#gpu-server-input", Input)
+        assert box.has_focus and box.has_class("-shown")
+        await pilot.press("escape")
+        assert not box.has_class("-shown") and table.has_focus
+
+
+async def test_a_command_line_that_looks_like_markup_is_shown_as_it_is() -> None:
+    """Command lines are anyone's text: "[red]" is not a style and "[/y]" no error, in the table."""
+    snap = gpu_snaps(scenario("two-gpus"), 1)[0]
+    g0 = _first_gpu(snap)
+    assert isinstance(snap.gpus, tuple) and isinstance(g0.processes, tuple)
+    odd = "python [red]x[/red] [/y]"
+    procs = (dataclasses.replace(g0.processes[0], command=odd), *g0.processes[1:])
+    app = DltopApp(ListFeed([dataclasses.replace(snap, gpus=(dataclasses.replace(g0, processes=procs),
+                                                             *snap.gpus[1:]))]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert _rows(app)[0][3] == odd
+        table = app.query_one("#gpu-table", DataTable)
+        assert odd in "\n".join(strip.text for strip in table.render_lines(table.size.region))

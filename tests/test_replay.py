@@ -45,6 +45,8 @@ def _screen(app: DltopApp, widgets: tuple[str, ...] = PAGECACHE_WIDGETS) -> dict
         widget = app.query_one(sel)
         if isinstance(widget, DataTable):
             shown[sel] = "\n".join(" | ".join(map(str, widget.get_row_at(i))) for i in range(widget.row_count))
+        elif not isinstance(widget, Static):  # #gpu-devices: a Static per line
+            shown[sel] = "\n".join(str(block.render()) for block in widget.query_children(Static))
         else:
             shown[sel] = _text(app, sel)
     hints = app.query_one("#hints", Static)

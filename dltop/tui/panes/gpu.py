@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from rich.cells import cell_len
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -330,6 +331,12 @@ def _used_cell(value: int | None) -> str:
 Rows = dict[str, tuple[GpuProcess, tuple[str, ...]]]  # row key -> (process, its cells)
 
 
+def _cell(text: str) -> Text:
+    """A table cell that is its text: DataTable reads a str as Rich markup, so a command line with "[/x]" in it
+    raised MarkupError and "[red]" vanished from one."""
+    return Text(text, no_wrap=True, end="")
+
+
 def process_rows(gpus: Sequence[GpuDevice]) -> Rows:
     """Row key → (process, cells) for every process on every GPU and MIG instance."""
     rows: dict[str, tuple[GpuProcess, tuple[str, ...]]] = {}
@@ -455,8 +462,8 @@ class GpuPane(Pane):
             "reserved), then memory no listed process holds, then free. Servers: vLLM / SGLang /metrics "
             "(--server URL); vLLM V1's prefix-cache hit rate is over the last interval.")
     DEFAULT_CSS = """
-    #gpu-devices-scroll { height: auto; max-height: 50%; scrollbar-gutter: stable; }
-    #gpu-devices { height: auto; }
+    #gpu-devices { height: auto; max-height: 50%; scrollbar-gutter: stable; }
+    #gpu-devices > Static { height: auto; }
     #gpu-servers { height: auto; max-height: 6; }
     #gpu-notes { height: auto; max-height: 3; color: $text-muted; }
     #gpu-table { height: 1fr; min-height: 3; }
@@ -475,15 +482,17 @@ class GpuPane(Pane):
         self._command_width = 0
         self._series = GpuSeries()
         self._memory_lines: dict[tuple[object, ...], list[Content]] = {}  # memory_key -> its lines, this tick's
-        self._rows_for: tuple[object, Rows, list[str]] | None = None  # (the gpus part, its rows, their notes)
+        self._lines: list[Static] = []  # in #gpu-devices: one per line of the GPUs, or the one saying why none
+        self._wanted_lines: list[Content] = []  # what each is to show
+        # (what the rows are made of, the rows, their notes): built again only when the processes change
+        self._rows_for: tuple[object, Rows, list[str]] | None = None
         self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
         self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
         self._table_width = 0
         self._adding = True  # what the input box is for: adding a server, or naming one to remove
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(id="gpu-devices-scroll"):
-            yield Static(id="gpu-devices")
+        yield VerticalScroll(id="gpu-devices")  # a Static per line in it (_show_lines)
         yield RowTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
         yield Static(id="gpu-servers")
         yield Input(id="gpu-server-input")
@@ -493,6 +502,8 @@ class GpuPane(Pane):
         table = self.query_one("#gpu-table", DataTable)
         for key, label in zip(COLUMNS, HEADERS, strict=True):
             table.add_column(label, key=key)
+        # scrolled: the lines that came into view are handed to their Statics
+        self.watch(self.query_one("#gpu-devices"), "scroll_y", lambda: self._paint_lines(), init=False)
 
     def focus_default(self) -> None:
         table = self.query_one("#gpu-table", DataTable)
@@ -564,7 +575,7 @@ class GpuPane(Pane):
             if shown == values:
                 continue
             if shown is None:
-                table.add_row(*values, key=key)
+                table.add_row(*map(_cell, values), key=key)
             else:
                 for i, (col, old, new) in enumerate(zip(COLUMNS, shown, values, strict=True)):
                     if old != new:
@@ -573,29 +584,67 @@ class GpuPane(Pane):
                         # (160 rows made one tick take seconds): only a wider cell asks, and a column whose cells
                         # got narrower is measured once below.
                         width = table.columns[ColumnKey(col)].content_width
-                        table.update_cell(key, col, new, update_width=cell_len(new) > width)
+                        table.update_cell(key, col, _cell(new), update_width=cell_len(new) > width)
                         if cell_len(new) < width:
                             narrower.add(i)
             self._shown[key] = values
         for i in narrower:
             key, values = max(wanted.items(), key=lambda kv: cell_len(kv[1][i]))
-            table.update_cell(key, COLUMNS[i], values[i], update_width=True)  # one measure of the column
+            table.update_cell(key, COLUMNS[i], _cell(values[i]), update_width=True)  # one measure of the column
+
+    def _show_lines(self, lines: list[Content], width: int, fixed: bool) -> None:
+        """A Static per line in #gpu-devices. Textual draws a widget again only where it changed and is on screen:
+        one Static for the lines of 8 GPUs had all 32 drawn again on every tick (most of the pane's cost), where
+        at 80x24 three GPUs are on screen and, of each, the headline and the sparklines move, not the bar.
+        `fixed`: each line's Static gets a height of its own, so its update skips the layout pass (set_content)."""
+        box = self.query_one("#gpu-devices", VerticalScroll)
+        while len(self._lines) > len(lines):
+            self._lines.pop().remove()
+        moved = len(self._lines) < len(lines)
+        if moved:
+            new = [Static() for _ in range(len(lines) - len(self._lines))]
+            box.mount_all(new)
+            self._lines += new
+        for widget, line in zip(self._lines, lines, strict=True):
+            now = widget.styles.height
+            if fixed:
+                height = max(1, -(-line.cell_length // width))  # wrapped, never cut: a lost GPU's reason
+                if now is None or not now.is_cells or now.value != height:
+                    widget.styles.height = height
+                    moved = True
+            elif now is not None and now.is_cells:
+                widget.styles.height = "auto"
+        self._wanted_lines = lines
+        self._paint_lines(everywhere=moved)  # which are on screen is not known until Textual lays them out
+
+    def _paint_lines(self, everywhere: bool = False) -> None:
+        """Hand the lines on screen to their Statics; one scrolled out of view gets its line when it scrolls back
+        in (an update of a widget off screen makes Textual rebuild its map of every widget on the screen, 1.6 ms
+        a tick, and posts its messages for nothing)."""
+        box = self.query_one("#gpu-devices", VerticalScroll)
+        view = box.scrollable_content_region.height
+        top = 0
+        for widget, line in zip(self._lines, self._wanted_lines, strict=True):
+            height = widget.styles.height.value if widget.styles.height and widget.styles.height.is_cells else 0
+            if everywhere or not view or not height or (top < box.scroll_y + view and top + height > box.scroll_y):
+                set_content(widget, line)
+            top += int(height)
 
     def render_view(self, view: View) -> None:
         part = view.snapshot.gpus
         table = self.query_one("#gpu-table", DataTable)
         gpus: tuple[GpuDevice, ...] = part if isinstance(part, tuple) else ()
-        devices = self.query_one("#gpu-devices", Static)
-        width = max(20, devices.size.width or self.size.width - 4)
-        if not isinstance(part, tuple) or not part:
-            devices.styles.height = "auto"  # one line, wrapped where the reason is long
+        # the width inside the box's scrollbar gutter: a line's Static just mounted has no size until the layout
+        width = max(20, self.query_one("#gpu-devices").scrollable_content_region.width or self.size.width - 4)
         if part is None:
-            set_content(devices, Content.assemble(("GPUs: not sampled", "dim")))
+            self._show_lines([Content.assemble(("GPUs: not sampled", "dim"))], width, fixed=False)
         elif isinstance(part, Unavailable):
-            # No GPU here, or NVML cannot be used: one line saying so, where the GPUs would be.
-            set_content(devices, Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning")))
+            # No GPU here, or NVML cannot be used: one line saying so (wrapped where it is long), where the GPUs
+            # would be.
+            self._show_lines([Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning"))], width, fixed=False)
         elif not part:
-            set_content(devices, Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning")))
+            self._show_lines([Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))], width,
+                             fixed=False)
         else:
             self._series.update(view.history)
             lines: list[Content] = []
@@ -610,16 +659,15 @@ class GpuPane(Pane):
                 lines += drawn[key]
                 lines.append(spark_line(g, self._series, width))
             self._memory_lines = drawn
-            # A height of its own: an update of a widget of fixed height skips the layout pass (set_content),
-            # which re-wrapped and re-arranged the whole pane on every tick.
-            height = sum(max(1, -(-line.cell_length // width)) for line in lines)
-            if devices.styles.height is None or devices.styles.height.value != height:
-                devices.styles.height = height
-            set_content(devices, Content("\n").join(lines))
+            self._show_lines(lines, width, fixed=True)
         table.display = bool(gpus)
-        if self._rows_for is None or self._rows_for[0] is not part:
+        # Compared by value: NVML's processes are read anew each tick and mostly the same (a tenth of the cost of
+        # building 160 rows and their notes again).
+        made_of = tuple((g.index, g.memory_pool_note, g.processes, tuple((m.mig_index, m.processes)
+                                                                         for m in g.mig_devices)) for g in gpus)
+        if self._rows_for is None or self._rows_for[0] != made_of:
             built = process_rows(gpus)
-            self._rows_for = (part, built, process_notes(built) + device_notes(gpus))
+            self._rows_for = (made_of, built, process_notes(built) + device_notes(gpus))
         _, rows, process_lines = self._rows_for
         self._show_rows(table, {key: cells_ for key, (_, cells_) in rows.items()})
         notes = list(process_lines)
