@@ -109,6 +109,11 @@ async def test_drill_down_and_back(ddir: Path) -> None:
         assert _rows(app) == ["train/", "val/"]
         table = app.query_one("#ds-table", DataTable)
         assert _cell(app, 1, 3) == "50%" and _cell(app, 0, 3) == "0%"
+        # and drawn whole: the columns narrowed to the folders' names are rebuilt, and the lines DataTable drew
+        # before measuring the new rows are not kept ("val/" as "val", "50%" as "50")
+        await pilot.pause()
+        assert table.render_line(2).text.split()[:6] == ["val/", *_cell(app, 1, 1).split(), *_cell(app, 1, 2).split(),
+                                                         "50%"]
         await pilot.press("down", "enter")
         await pilot.pause()
         assert "val" in _text(app, "#ds-summary") and "no folders below" in _text(app, "#ds-summary")

@@ -149,4 +149,8 @@ def fit_column(table: DataTable, wanted: dict[str, tuple[str, ...]], at: int, he
         for key, label in zip(keys, headers, strict=True):
             table.add_column(label, key=key)
         table.call_after_refresh(table.move_cursor, row=row)
+        # The rows come back in the same tick, drawn at the bare headers' widths before DataTable measures them
+        # (on idle), and that measuring does not drop the lines it cached: "child/" showed as "chil", "0%" as
+        # "0". Drop them once the widths are in.
+        table.call_after_refresh(table.notify_style_update)
     return widest
