@@ -820,12 +820,6 @@ def mixed_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _pgsteal_file() -> int:
-    """File pages the kernel has reclaimed since boot (/proc/vmstat pgsteal_file: kswapd, direct and proactive)."""
-    with open("/proc/vmstat") as fh:
-        return next((int(line.split()[1]) for line in fh if line.startswith("pgsteal_file ")), 0)
-
-
 def _fincore_total(files: list[Path]) -> int:
     return sum(sum(fincore_resident_pages(*files[i:i + 1000]).values()) for i in range(0, len(files), 1000))
 
@@ -842,7 +836,7 @@ def test_cancelled_action_summary_equals_fincore(
         read_file(f)  # reading consumes the shadows of pages reclaimed before: from now on each one is new
         if action == "warm":
             evict_file(f)  # DONTNEED leaves no shadow
-    start, shadows, stolen = _fincore_total(files), reclaimed_pages(files), _pgsteal_file()
+    start, shadows = _fincore_total(files), reclaimed_pages(files)
     probe = [os.open(f, os.O_RDONLY) for f in files[::50]]  # a sample, watched while the action runs
     p = subprocess.Popen([sys.executable, "-m", "dltop", action, str(root), "--json"], cwd=REPO, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -865,11 +859,11 @@ def test_cancelled_action_summary_equals_fincore(
     # Slack for shadow entries the kernel frees itself; under memory pressure (a busy CI machine) its shrinker
     # frees more of them, so 1% of the pages moved too. The old sums were off by half the dataset or all of it.
     reclaimed = reclaimed_pages(files) - shadows + max(SHADOW_SLACK, abs(_fincore_total(files) - start) // 100)
-    if action == "evict":
-        # A page reclaimed before evict reached its file leaves a shadow, and DONTNEED then clears the file's
-        # shadows with its pages: reclaim there shows only in the kernel's count of file pages reclaimed,
-        # system-wide (0 on a quiet machine; a burst of DAMON's pageout on a busy one took 229 of them once).
-        reclaimed += _pgsteal_file() - stolen
+    # A page reclaimed before evict reached its file leaves a shadow, and DONTNEED then clears the file's shadows
+    # with its pages, so that reclaim leaves no trace to bound it by. Alone the counts agree within `reclaimed`
+    # (16 runs in a row); inside the loaded full suite the kernel took 49 and 229 pages more than the evict
+    # reported, of ~2,500 moved. A tenth of what moved still catches the old sums, off by half or all of it.
+    drift = abs(start - _fincore_total(files)) // 10 if action == "evict" else 0
     time.sleep(0.5)
     later = _fincore_total(files)
     assert p.returncode == 128 + sig, err
@@ -883,7 +877,7 @@ def test_cancelled_action_summary_equals_fincore(
     assert later <= now <= s["resident_pages_after"] <= now + reclaimed, (s["resident_pages_after"], now, reclaimed)
     moved = now - start if action == "warm" else start - now
     done = s["done_bytes"] // PS  # measured as it went: reclaim after that is moved's, not done's
-    assert 0 <= (done - moved if action == "warm" else moved - done) <= reclaimed, (done, moved, reclaimed)
+    assert 0 <= (done - moved if action == "warm" else moved - done) <= reclaimed + drift, (done, moved, reclaimed)
     assert 0 < moved < s["pages"]
     assert 0 < s["files_done"] < s["files"] == len(files)
 
