@@ -181,3 +181,49 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"size {text!r} is too large")
     with localcontext(prec=60):  # exact for every size up to the cap (the default 28 digits round 1e16 TiB)
         return int(value * _SIZE_UNITS[unit])  # a fraction of a byte ('79.6GiB') rounds down
+
+
+# Text from outside dltop (argv, paths, probe files, /metrics labels) reaches a terminal only through these, as
+# procps' escape.c does for ps and top: a control character, DEL, a C1 control, a bidi override or isolate, a line
+# or paragraph separator, or a byte that was not UTF-8 is shown as an escape a person can read, never sent.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_LINE_SEPARATORS = frozenset("\u2028\u2029\u0085")
+
+
+def _escape(ch: str) -> str:
+    o = ord(ch)
+    if 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8, kept by surrogateescape: show the byte
+        return f"\\x{o - 0xDC00:02x}"
+    if o < 0x100:
+        return f"\\x{o:02x}"
+    return f"\\u{o:04x}"
+
+
+
+_SAFE_TABLE = {o: _escape(chr(o)) for o in (*range(0x20), *range(0x7F, 0xA0))} | {
+    ord(c): _escape(c) for c in _BIDI | _LINE_SEPARATORS}
+
+
+def printable(text: str) -> str:
+    """`text` safe to show on a terminal: C0 and C1 controls, DEL, bidi controls, line separators and
+    undecodable bytes as visible escapes ('\\x1b', '\\u202e', '\\xff'); everything else as it is.
+    '\\n' is escaped too: one string from outside is one line on screen."""
+    if text.isprintable() and text.isascii():  # the common case, at C speed
+        return text
+    out = text.translate(_SAFE_TABLE)
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in out):
+        out = "".join(_escape(c) if 0xD800 <= ord(c) <= 0xDFFF else c for c in out)
+    return out
+
+
+def printable_lines(text: str) -> str:
+    """Like `printable`, but line breaks stay: for text dltop composed (a report, a dialog) that holds strings
+    from outside, each already one line."""
+    if text.isascii() and text.replace("\n", "").isprintable():
+        return text
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def command_line(argv: list[str] | tuple[str, ...]) -> str:
+    """argv as ps shows it: the arguments joined by spaces, each made printable."""
+    return " ".join(printable(a) for a in argv)
