@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal, InvalidOperation, localcontext
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -77,7 +78,11 @@ SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
 
 def _columns(values: list[float], width: int) -> list[float]:
-    """At most `width` values: older readings merged into columns by their maximum, so no spike is lost."""
+    """At most `width` values: older readings merged into columns by their maximum, so no spike is lost.
+    A value that is not finite (a reading from outside that slipped past its reader) is drawn as 0, never
+    allowed to take the chart down."""
+    if not all(map(math.isfinite, values)):
+        values = [v if math.isfinite(v) else 0.0 for v in values]
     if len(values) <= width:
         return values
     step = len(values) / width

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -394,7 +395,7 @@ def test_every_field_comes_out_of_some_real_snapshot(tmp_path: Path, proc_root: 
     finally:
         sampler.close()
     parts = dict(memory=snap.memory, datasets=scan_paths([str(tmp_path / "ds"), str(tmp_path / "gone")]),
-                 probes=probes_part(tmp_path, {**probe.report(), "data": DATA_DOC, "started_at": 1.5}))
+                 probes=probes_part(tmp_path, {**probe.report(), "data": DATA_DOC, "started_at": time.time() - 10}))
     seen = {f.name for f, _, _ in samples(dataclasses.replace(snap, **parts))}
     seen |= {f.name for f, _, _ in samples(Snapshot(ts=2.0, host="h", servers=bumped),
                                            Snapshot(ts=1.0, host="h", servers=servers))}

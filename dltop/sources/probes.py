@@ -11,9 +11,11 @@ from __future__ import annotations
 import errno
 import glob
 import json
+import math
 import os
 import re
 import stat
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,104 +48,246 @@ def default_dirs(uid: int | None = None, env: dict[str, str] | None = None) -> l
     return [(p, u) for p, u in found.items() if os.path.lexists(p)]
 
 
-def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
-    value = doc.get(key)
-    if value is None and optional:
+# Bounds on what a probe may claim: anything outside is another user's typo or attack, not a measurement.
+MAX_BYTES = 1 << 50  # 1 PiB on one device
+MAX_COUNT = 1 << 53  # steps, shapes, recompiles: a float64 still counts them exactly
+MAX_SECONDS = 10 * 365 * 86400.0  # a duration of ten years
+MAX_DEPTH = 8  # format 1 nests 4 deep (devices.cuda:0.memory_stats); json's own recursion is not a bound
+MAX_TEXT = 4096
+
+
+def nesting_depth(raw: bytes, limit: int) -> int:
+    """How deep `raw` (JSON) nests arrays and objects, counting up to `limit` + 1: checked before parsing, so a
+    file of 4,000 '[' costs a scan, never a RecursionError in the parser."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for b in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:  # backslash
+                escaped = True
+            elif b == 0x22:
+                in_string = False
+        elif b == 0x22:
+            in_string = True
+        elif b in (0x5B, 0x7B):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    return getattr(kind, "__name__", "a number")
+
+
+def _out_of_range(v: float, low: float, high: float) -> str | None:
+    """Why `v` is not a number from `low` to `high` (None when it is)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"{v} is not a finite number"
+    if v < low:
+        return "negative" if low == 0 else "below the range"
+    if v > high:
+        return "an absurd number (over 1 PiB)" if high == MAX_BYTES else f"an absurd number (over {high:.4g})"
+    return None
+
+
+class _Fields:
+    """Reads one object's fields, each validated; a field that fails and may be absent becomes None with a note
+    (`notes[path] = why`), one that must be there raises Malformed."""
+
+    def __init__(self, doc: dict[str, Any], where: str, notes: dict[str, str]) -> None:
+        self.doc, self.where, self.notes = doc, where, notes
+
+    def _path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def _bad(self, key: str, why: str, optional: bool) -> None:
+        if not optional:
+            raise Malformed(f"{self._path(key)}: {why}")
+        self.notes[self._path(key)] = f"{self._path(key)}: {why}"
+
+    def get(self, key: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
+        value = self.doc.get(key)
+        if value is None:
+            if not optional:
+                raise Malformed(f"{self._path(key)}: missing")
+            return None
+        # bool is an int in Python; a count that is true or false is not a count
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+            self._bad(key, f"expected {_type_name(kind)}, got {type(value).__name__}", optional)
+            return None
+        if isinstance(value, str) and len(value) > MAX_TEXT:
+            self._bad(key, f"{len(value)} characters (over {MAX_TEXT})", optional)
+            return None
+        return value
+
+    def num(self, key: str, optional: bool = False, high: float = MAX_SECONDS) -> float | None:
+        """A finite number from 0 to `high`."""
+        value = self.get(key, (int, float), optional)
+        if value is None:
+            return None
+        v = float(value) if -1e308 < value < 1e308 else math.inf  # an int of 400 digits is not a float
+        why = _out_of_range(v, 0, high)
+        if why:
+            self._bad(key, why, optional)
+            return None
+        return v
+
+    def time(self, key: str, optional: bool = False) -> float | None:
+        """An epoch timestamp (seconds): after 2000 and at most a day ahead of this clock."""
+        v = self.num(key, optional, high=time.time() + 86400)
+        if v is not None and v < 946684800:
+            self._bad(key, f"{v:g} is before the year 2000", optional)
+            return None
+        return v
+
+    def count(self, key: str, optional: bool = False, high: int = MAX_COUNT) -> int | None:
+        value = self.get(key, int, optional)
+        why = None if value is None else _out_of_range(value, 0, high)
+        if why:
+            self._bad(key, why, optional)
+            return None
+        return value  # type: ignore[no-any-return]
+
+
+def _device(name: str, d: Any, notes: dict[str, str]) -> ProbeDevice | None:
+    """One device's numbers, or None (with a note) when one of them cannot be believed."""
+    where = f"devices.{name}"
+    if not isinstance(d, dict):
+        notes[where] = f"{where} ignored: expected an object"
         return None
-    # bool is an int in Python; a count that is true or false is not a count
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float, (int, float))):
-        raise Malformed(f"{key}: expected {getattr(kind, '__name__', 'a number')}, got {type(value).__name__}")
-    return value
+    f = _Fields(d, where, {})
+    try:
+        stats = d.get("memory_stats") or {}
+        if not isinstance(stats, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                  and 0 <= v <= MAX_COUNT for v in stats.values()):
+            raise Malformed(f"{where}.memory_stats: expected counts from 0 to {MAX_COUNT}")
+        sizes = {key: f.count(key, optional=True, high=MAX_BYTES) for key in
+                 ("weights_bytes", "gradients_bytes", "optimizer_bytes", "kv_bytes")}
+        if f.notes:
+            raise Malformed(next(iter(f.notes.values())))
+        return ProbeDevice(device=name, weights_bytes=sizes["weights_bytes"] or 0,
+                           gradients_bytes=sizes["gradients_bytes"] or 0,
+                           optimizer_bytes=sizes["optimizer_bytes"] or 0, kv_bytes=sizes["kv_bytes"] or 0,
+                           memory_stats={str(k): v for k, v in stats.items()},
+                           uuid=f.get("uuid", str, optional=True))
+    except Malformed as e:
+        notes[where] = f"{where} left out: {str(e).removeprefix(where + '.')}"
+        return None
 
 
-def _num(doc: dict[str, Any], key: str, optional: bool = False) -> float | None:
-    value = _get(doc, key, (int, float), optional)
-    return None if value is None else float(value)
+def _epoch(i: int, e: Any, notes: dict[str, str]) -> ProbeEpoch | None:
+    """One closed epoch, or None (with a note) when one of its numbers cannot be believed."""
+    where = f"epochs[{i}]"
+    if not isinstance(e, dict):
+        notes[where] = f"{where} ignored: expected an object"
+        return None
+    f = _Fields(e, where, {})
+    try:
+        epoch = ProbeEpoch(index=f.count("index") or 0, started_at=f.time("started_at") or 0.0,
+                           ended_at=f.time("ended_at") or 0.0, duration_s=f.num("duration_s") or 0.0,
+                           data_wait_s=f.num("data_wait_s") or 0.0, steps=f.count("steps") or 0,
+                           page_cache_delta_bytes=_delta(f), gpu_util=f.num("gpu_util", optional=True, high=100.0))
+        if f.notes:
+            raise Malformed(next(iter(f.notes.values())))
+        if epoch.data_wait_s > epoch.duration_s * 1.01 + 0.01:
+            raise Malformed(f"{where}.data_wait_s: {epoch.data_wait_s:g} is longer than the epoch")
+        return epoch
+    except Malformed as e:
+        notes[where] = f"{where} left out: {str(e).removeprefix(where + '.')}"
+        return None
 
 
-def _count(doc: dict[str, Any], key: str, optional: bool = False) -> int | None:
-    value = _get(doc, key, int, optional)
-    if value is not None and value < 0:
-        raise Malformed(f"{key}: negative")
+def _delta(f: _Fields) -> int | None:
+    """The page-cache change over an epoch: may be negative, never beyond a PiB either way."""
+    value = f.get("page_cache_delta_bytes", int, optional=True)
+    if value is not None and not -MAX_BYTES <= value <= MAX_BYTES:
+        f._bad("page_cache_delta_bytes", "an absurd number (over 1 PiB either way)", optional=True)
+        return None
     return value  # type: ignore[no-any-return]
 
 
-def _device(name: str, d: Any) -> ProbeDevice:
-    if not isinstance(d, dict):
-        raise Malformed(f"devices.{name}: expected an object")
-    stats = d.get("memory_stats") or {}
-    if not isinstance(stats, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in stats.values()):
-        raise Malformed(f"devices.{name}.memory_stats: expected counts")
-    return ProbeDevice(device=name, weights_bytes=_count(d, "weights_bytes") or 0,
-                       gradients_bytes=_count(d, "gradients_bytes") or 0,
-                       optimizer_bytes=_count(d, "optimizer_bytes") or 0, kv_bytes=_count(d, "kv_bytes") or 0,
-                       memory_stats={str(k): v for k, v in stats.items()},
-                       uuid=_get(d, "uuid", str, optional=True))
+def _str_map(f: _Fields, key: str) -> dict[str, str]:
+    m = f.get(key, dict, optional=True) or {}
+    return {str(k)[:MAX_TEXT]: str(v)[:MAX_TEXT] for k, v in m.items() if isinstance(v, str | int | float)}
 
 
-def _epoch(e: Any) -> ProbeEpoch:
-    if not isinstance(e, dict):
-        raise Malformed("epochs: expected objects")
-    delta = _get(e, "page_cache_delta_bytes", int, optional=True)
-    return ProbeEpoch(index=_count(e, "index") or 0, started_at=_num(e, "started_at") or 0.0,
-                      ended_at=_num(e, "ended_at") or 0.0, duration_s=_num(e, "duration_s") or 0.0,
-                      data_wait_s=_num(e, "data_wait_s") or 0.0, steps=_count(e, "steps") or 0,
-                      page_cache_delta_bytes=delta, gpu_util=_num(e, "gpu_util", optional=True))
+def _count_map(f: _Fields, key: str) -> dict[str, int]:
+    m = f.get(key, dict, optional=True) or {}
+    inner = _Fields(m, f._path(key), f.notes)
+    return {str(k): v for k in m if (v := inner.count(str(k), optional=True)) is not None}
 
 
 def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
-    """A ProcessProbe from a decoded format-1 file; raises Malformed naming the first field of the wrong shape."""
+    """A ProcessProbe from a decoded format-1 file. A field that must be there and is not believable raises
+    Malformed naming it; any other field that is not (NaN, negative, absurd, the wrong type) is left out, its
+    reason in `unavailable` under the field's path."""
     if not isinstance(doc, dict):
         raise Malformed("expected a JSON object")
-    devices_doc = _get(doc, "devices", dict)
-    devices = tuple(_device(str(k), v) for k, v in sorted(devices_doc.items()))
+    notes: dict[str, str] = {}
+    f = _Fields(doc, "", notes)
+    devices_doc = f.get("devices", dict)
+    devices = tuple(d for k, v in sorted(devices_doc.items()) if (d := _device(str(k), v, notes)) is not None)
     unavailable: dict[str, str] = {}
     totals: dict[str, int | None] = {}
+    dropped = [k for k in notes if k.startswith("devices.")]
     for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "kv_bytes"):
-        totals[key] = sum(getattr(d, key) for d in devices) if devices else None
-        if not devices:
+        totals[key] = sum(getattr(d, key) for d in devices) if devices and not dropped else None
+        if dropped:
+            unavailable[key] = f"not summed: {notes[dropped[0]]}"
+        elif not devices:
             unavailable[key] = NOT_WATCHED
-    data = _get(doc, "data", dict, optional=True)
+    data = f.get("data", dict, optional=True)
+    fd = _Fields(data or {}, "data", notes)
     fraction = step_time = None
     if data is None:
         unavailable["data_wait_fraction"] = unavailable["step_time_s"] = NO_TRACK
     else:
-        recent_steps, wait_s, step_s = _count(data, "recent_steps"), _num(data, "recent_wait_s"), _num(data, "recent_step_s")
+        recent_steps, wait_s, step_s = fd.count("recent_steps", optional=True), \
+            fd.num("recent_wait_s", optional=True), fd.num("recent_step_s", optional=True)
         if recent_steps and step_s and wait_s is not None:
-            fraction = min(max(wait_s / step_s, 0.0), 1.0)
+            fraction = min(wait_s / step_s, 1.0)
             step_time = step_s / recent_steps
+        elif any(k in notes for k in ("data.recent_steps", "data.recent_wait_s", "data.recent_step_s")):
+            unavailable["data_wait_fraction"] = unavailable["step_time_s"] = "the probe's recent steps are not believable"
         else:
             unavailable["data_wait_fraction"] = unavailable["step_time_s"] = "no step finished yet"
-    cudnn = _get(doc, "cudnn", dict, optional=True) or {}
-    compile_doc = _get(doc, "compile", dict, optional=True) or {}
-    env = _get(doc, "allocator_env", dict, optional=True) or {}
-    epochs = _get(doc, "epochs", list, optional=True) or []
-    watched = _get(doc, "watched", dict, optional=True) or {}
-    truncated = _get(doc, "truncated", list, optional=True) or []
-    return ProcessProbe(
-        pid=_count(doc, "pid") or 0, path=path, uid=uid, start_time_ticks=_count(doc, "start_time_ticks") or 0,
-        cmd=_get(doc, "cmd", str), published_at=_num(doc, "published_at") or 0.0,
-        started_at=_num(doc, "started_at", optional=True), rank=_count(doc, "rank", optional=True),
-        local_rank=_count(doc, "local_rank", optional=True), world_size=_count(doc, "world_size", optional=True),
-        ppid=_count(doc, "ppid", optional=True), job_id=_get(doc, "job_id", str, optional=True),
-        torch_version=_get(doc, "torch", str, optional=True),
+    cudnn = _Fields(f.get("cudnn", dict, optional=True) or {}, "cudnn", notes)
+    epochs_doc = f.get("epochs", list, optional=True) or []
+    truncated = f.get("truncated", list, optional=True) or []
+    probe = ProcessProbe(
+        pid=f.count("pid", high=1 << 22) or 0, path=path, uid=uid,
+        start_time_ticks=f.count("start_time_ticks") or 0,
+        cmd=f.get("cmd", str), published_at=f.time("published_at") or 0.0,
+        started_at=f.time("started_at", optional=True), rank=f.count("rank", optional=True, high=1 << 24),
+        local_rank=f.count("local_rank", optional=True, high=1 << 24),
+        world_size=f.count("world_size", optional=True, high=1 << 24),
+        ppid=f.count("ppid", optional=True, high=1 << 22), job_id=f.get("job_id", str, optional=True),
+        torch_version=f.get("torch", str, optional=True),
         weights_bytes=totals["weights_bytes"], gradients_bytes=totals["gradients_bytes"],
         optimizer_bytes=totals["optimizer_bytes"], kv_bytes=totals["kv_bytes"], devices=devices,
-        watched={str(k): _count(watched, k) or 0 for k in watched},
+        watched=_count_map(f, "watched"),
         data_wait_fraction=fraction, step_time_s=step_time,
-        steps=None if data is None else _count(data, "steps"),
-        input_shapes=None if data is None else _count(data, "input_shapes", optional=True),
-        loader_workers=None if data is None else _count(data, "loader_workers", optional=True),
-        pin_memory=None if data is None else _get(data, "pin_memory", bool, optional=True),
-        data_dir=None if data is None else _get(data, "data_dir", str, optional=True),
-        cudnn_benchmark=_get(cudnn, "benchmark", bool, optional=True),
-        cudnn_deterministic=_get(cudnn, "deterministic", bool, optional=True),
-        compile={str(k): _count(compile_doc, k) or 0 for k in compile_doc},
-        allocator_env={str(k): str(v) for k, v in env.items()},
-        epochs=tuple(_epoch(e) for e in epochs),
-        gpu_util_source=_get(doc, "gpu_util_source", str, optional=True),
-        truncated=tuple(str(t) for t in truncated), unavailable=unavailable,
+        steps=None if data is None else fd.count("steps", optional=True),
+        input_shapes=None if data is None else fd.count("input_shapes", optional=True),
+        loader_workers=None if data is None else fd.count("loader_workers", optional=True, high=1 << 16),
+        pin_memory=None if data is None else fd.get("pin_memory", bool, optional=True),
+        data_dir=None if data is None else fd.get("data_dir", str, optional=True),
+        cudnn_benchmark=cudnn.get("benchmark", bool, optional=True),
+        cudnn_deterministic=cudnn.get("deterministic", bool, optional=True),
+        compile=_count_map(f, "compile"),
+        allocator_env=_str_map(f, "allocator_env"),
+        epochs=tuple(ep for i, e in enumerate(epochs_doc) if (ep := _epoch(i, e, notes)) is not None),
+        gpu_util_source=f.get("gpu_util_source", str, optional=True),
+        truncated=tuple(str(t)[:80] for t in truncated[:32]), unavailable={**unavailable, **notes},
     )
+    return probe
 
 
 def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str) -> ProcessProbe | str:
@@ -169,9 +313,11 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str) -> Process
         os.close(fd)
     if len(raw) > MAX_FILE_BYTES:
         return f"over the {MAX_FILE_BYTES}-byte limit"
+    if nesting_depth(raw, MAX_DEPTH) > MAX_DEPTH:
+        return f"malformed: nested deeper than {MAX_DEPTH} levels"
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+        doc = json.loads(raw.decode("utf-8"))  # NaN and Infinity parse; each field is checked
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         return f"malformed: not JSON ({str(e).splitlines()[0][:80]})"
     version = doc.get("format") if isinstance(doc, dict) else None
     if type(version) is int and version > FORMAT:
