@@ -25,7 +25,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 from dltop import hints as hint_rules
 from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings, server_url
 from dltop.errors import DltopError
-from dltop.fmt import human_duration
+from dltop.fmt import human_duration, printable, printable_lines
 from dltop.model import CachesPart, Snapshot
 from dltop.model.actions import ActionEvent, ActionPlan
 from dltop.model.datasets import DatasetsPart
@@ -252,7 +252,9 @@ class DltopApp(App[None]):
                timeout: float | None = None, markup: bool = True) -> None:
         # Always as plain text: notifications carry paths, URLs, error messages and a marker's words, and Rich
         # markup in them ("/data/a[/b]") would show wrong or raise MarkupError and take the TUI down.
-        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+        # And escaped: they carry other users' paths and argv (fmt.printable_lines).
+        super().notify(printable_lines(message), title=printable(title), severity=severity, timeout=timeout,
+                       markup=False)
 
     def on_unmount(self) -> None:
         self.runner.close()  # cancel what runs, unlock what is locked
@@ -382,7 +384,7 @@ class DltopApp(App[None]):
     def _update_header(self, snap: Snapshot) -> None:
         t = Text()
         t.append("dltop", "bold")
-        t.append(f" · {snap.host}")
+        t.append(f" · {printable(snap.host)}")
         if snap.uptime_s is not None:
             t.append(f" · up {human_duration(snap.uptime_s)}")
         if not self.replay:
@@ -393,7 +395,7 @@ class DltopApp(App[None]):
             t.append("  ● REC", "bold red")
         troubled = [s for s in snap.sources.values() if s.error]
         for s in troubled:
-            t.append(f"  ⚠ {s.name}: {s.error}", "bold yellow")
+            t.append(f"  ⚠ {s.name}: {printable(s.error or '')}", "bold yellow")
         if self.settings.read_only:
             t.append("  read-only", "dim")
         set_content(self.query_one("#header", Static), t)
@@ -404,7 +406,7 @@ class DltopApp(App[None]):
         clock = _hms(snap.ts)
         if self.replay:
             assert isinstance(self.feed, RecordingFeed)
-            return Text.assemble(("REPLAY", "bold magenta"), f" {self.feed.name} {clock} ×{self.speed} ",
+            return Text.assemble(("REPLAY", "bold magenta"), f" {printable(self.feed.name)} {clock} ×{self.speed} ",
                                  ("▶" if self.playing else "⏸", "bold"))
         if self.at is None:
             return Text(clock)
@@ -424,9 +426,9 @@ class DltopApp(App[None]):
         if shown != self._hint_shown:  # the same hint as the last tick's: not wrapped again (0.7 ms a tick)
             self._hint_shown = shown
             style = {"critical": "bold red", "warn": "bold yellow", "info": "bold"}[h.severity]
-            t = Text.assemble(("! " if h.severity != "info" else "i ", style), (h.text, style))
+            t = Text.assemble(("! " if h.severity != "info" else "i ", style), (printable(h.text), style))
             if h.fix:
-                t.append(f" — {h.fix}", "italic")
+                t.append(f" — {printable(h.fix)}", "italic")
             more = f"  (+{len(hints) - 1} more, see ?)" if len(hints) > 1 else ""
             t.append(more, "dim")
             set_content(widget, _fit_lines(t, width, HINT_LINES, self.console))

@@ -6,13 +6,15 @@ from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from rich.cells import cell_len
-from rich.text import Text
+from rich.text import Span, Text
 from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
+from textual.content import Span as ContentSpan
 from textual.widgets import DataTable, Label, Static
 
+from dltop.fmt import printable, printable_lines
 from dltop.tui.view import View
 
 
@@ -108,14 +110,45 @@ def set_content(widget: Static | Label, content: Text | Content | str) -> None:
     if getattr(widget, "_dltop_shown", None) != key:
         widget._dltop_shown = key  # type: ignore[union-attr]
         fixed = widget.styles.height is not None and widget.styles.height.is_cells
-        widget.update(plain(content) if isinstance(content, str) else content, layout=not fixed)
+        widget.update(safe_content(content), layout=not fixed)
 
 
 def plain(text: str) -> Text:
-    """`text` as it is: a str handed to a Static, a DataTable cell or a dialog is read as Rich markup, so a path
-    or a command line with brackets would show wrong ("[red]x" as a red x) or crash the TUI ("/data/a[/b]": a
-    closing tag that matches nothing)."""
-    return Text(text)
+    """`text` as it is, made safe for the terminal: a str handed to a Static, a DataTable cell or a dialog is read
+    as Rich markup, so a path or a command line with brackets would show wrong ("[red]x" as a red x) or crash the
+    TUI ("/data/a[/b]": a closing tag that matches nothing); and a control character in it (another user's argv:
+    "\\e]0;pwned\\a") would reach the terminal. Line breaks stay; every other control is shown escaped."""
+    return Text(printable_lines(text))
+
+
+def _remap(plain_text: str, one_line: bool) -> tuple[str, list[int]] | None:
+    """The escaped text and, for each offset of `plain_text`, its offset in it; None when nothing needs escaping."""
+    safe = printable(plain_text) if one_line else printable_lines(plain_text)
+    if safe == plain_text:
+        return None
+    offsets, at = [], 0
+    for ch in plain_text:
+        offsets.append(at)
+        at += len(ch if (ch == "\n" and not one_line) else printable(ch))
+    offsets.append(at)
+    return safe, offsets
+
+
+def safe_content(content: Text | Content | str, one_line: bool = False) -> Text | Content:
+    """The one step every text a widget shows passes through (DESIGN.md, "The trust boundary"): a str becomes
+    plain Text, and in Text or Content every control character, DEL, C1 control, bidi override and undecodable
+    byte is shown as an escape ('\\x1b', '\\u202e'), its style kept. Line breaks stay unless `one_line`."""
+    if isinstance(content, str):
+        return Text(printable(content) if one_line else printable_lines(content))
+    mapped = _remap(content.plain, one_line)
+    if mapped is None:
+        return content
+    safe, m = mapped
+    if isinstance(content, Text):
+        spans = [Span(m[sp.start], m[sp.end], sp.style) for sp in content.spans]
+        return Text(safe, style=content.style, justify=content.justify, overflow=content.overflow,
+                    no_wrap=content.no_wrap, end=content.end, spans=spans)
+    return Content(safe, spans=[ContentSpan(m[sp.start], m[sp.end], sp.style) for sp in content.spans])
 
 
 def set_row(table: DataTable, key: str, columns: tuple[str, ...], values: tuple[str, ...]) -> None:
@@ -136,6 +169,9 @@ def fit_column(table: DataTable, wanted: dict[str, tuple[str, ...]], at: int, he
     than `shown` (what the last call returned) the columns are rebuilt. Returns the widest cell now."""
     if not table.size.width or not wanted:
         return shown  # not laid out yet: the next tick fits it
+    for key, values in wanted.items():  # measured as shown: escaped (a cell is one line of text from outside)
+        if not all(v.isascii() and v.isprintable() for v in values):
+            wanted[key] = tuple(map(printable, values))
     others = sum(2 + max(cell_len(h), *(cell_len(v[i]) for v in wanted.values()))
                  for i, h in enumerate(headers) if i != at)
     room = max(8, table.size.width - others - 4)  # the cell's own padding and a scrollbar

@@ -23,7 +23,7 @@ from textual.widgets import DataTable, Input, Static
 from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import ServerRates, server_rates
-from dltop.fmt import human_bytes, sparkline_rows
+from dltop.fmt import human_bytes, printable, sparkline_rows
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
 from dltop.model.servers import ModelStats
@@ -232,7 +232,7 @@ def _head_max(seqs: deque[int], values: deque[float], bucket: int, k: int) -> fl
 
 def headline(g: GpuDevice, width: int) -> list[Content]:
     """A GPU's name, utilization, temperature and power; a GPU whose calls fail: the reason on a line under it."""
-    head = Content.assemble((f"GPU{g.index} {g.name or '?'}", "bold"))
+    head = Content.assemble((f"GPU{g.index} {printable(g.name or '?')}", "bold"))
     lost = g.why("memory_total_bytes") if g.memory_total_bytes is None else None
     if lost is not None and g.memory_used_bytes is None:
         # A GPU whose calls fail keeps its place: the reason where its numbers would be.
@@ -334,7 +334,7 @@ Rows = dict[str, tuple[GpuProcess, tuple[str, ...]]]  # row key -> (process, its
 def _cell(text: str) -> Text:
     """A table cell that is its text: DataTable reads a str as Rich markup, so a command line with "[/x]" in it
     raised MarkupError and "[red]" vanished from one."""
-    return Text(text, no_wrap=True, end="")
+    return Text(printable(text), no_wrap=True, end="")
 
 
 def process_rows(gpus: Sequence[GpuDevice]) -> Rows:
@@ -351,7 +351,7 @@ def process_rows(gpus: Sequence[GpuDevice]) -> Rows:
                 if id(p.split) not in split_cells:
                     split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
                 rows[f"{where}:{p.pid}"] = (p, (
-                    where, str(p.pid), p.user or "?", p.command or "?",
+                    where, str(p.pid), printable(p.user or "?"), printable(p.command or "?"),
                     _used_cell(p.used_bytes), _pct(p.sm_util_percent), *split_cells[id(p.split)]))
     return rows
 
@@ -386,21 +386,21 @@ def server_lines(servers: Sequence[ServerStats], rows: Rows, rates: Sequence[Ser
     by_model = {(r.url, r.model_name, r.replica): r for r in rates}
     for s in servers:
         engine = s.engine if isinstance(s.engine, str) else "server"
-        head = Content.assemble((f"{engine} ", "bold"), s.url)
+        head = Content.assemble((f"{printable(engine)} ", "bold"), printable(s.url))
         if isinstance(s.pid, int):
             joined = gpu_of({s.pid, *s.child_pids}, rows)
             head = head.append(f"  pid {s.pid}" + (f" → {', '.join(joined)}" if joined else " (no GPU process)"))
         else:
-            notes.append(f"{s.url} pid: {s.pid.reason}")
+            notes.append(f"{printable(s.url)} pid: {printable(s.pid.reason)}")
         if s.state != "ok":
             lines.append(head.truncate(width, ellipsis=True))
-            lines.append(Content.assemble((f"  {s.state}: {s.error}", "$error")))  # wrapped, never cut
+            lines.append(Content.assemble((f"  {s.state}: {printable(s.error or '')}", "$error")))  # wrapped, never cut
             continue
         if s.source_error:
-            head = head.append(Content.assemble((f"  {s.source_error}", "$warning")))
+            head = head.append(Content.assemble((f"  {printable(s.source_error)}", "$warning")))
         lines.append(head.truncate(width, ellipsis=True))
         for m in s.models:  # each model apart: one line each, the name only where there are several
-            name = m.model_name + (f" [{m.replica}]" if m.replica else "") + "  " if len(s.models) > 1 else ""
+            name = printable(m.model_name + (f" [{m.replica}]" if m.replica else "")) + "  " if len(s.models) > 1 else ""
             pool = s.kv_capacity_bytes if isinstance(s.kv_capacity_bytes, int) and len(s.models) == 1 else None
             lines.append(Content(f"  {name}" + _model_line(m, by_model.get((s.url, m.model_name, m.replica)), pool))
                          .truncate(width, ellipsis=True))
@@ -409,8 +409,8 @@ def server_lines(servers: Sequence[ServerStats], rows: Rows, rates: Sequence[Ser
             hit = rate.prefix_cache_hit_rate if rate is not None else m.prefix_cache_hit_rate
             for what, v in (("KV", m.kv_usage), ("hit rate", hit)):
                 if isinstance(v, Unavailable):
-                    notes.append(f"{m.model_name} {what}: {v.reason}")
-        notes.extend(s.notes)
+                    notes.append(printable(f"{m.model_name} {what}: {v.reason}"))
+        notes.extend(map(printable, s.notes))
     return lines, notes
 
 

@@ -15,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Static
 
-from dltop.fmt import human_bytes, plural, shorten_middle, sparkline_rows
+from dltop.fmt import human_bytes, plural, printable, shorten_middle, sparkline_rows
 from dltop.model import Snapshot, Unavailable
 from dltop.model.probes import ProbeEpoch, ProbesPart, ProcessProbe
 from dltop.tui.panes.base import Pane, set_content
@@ -116,7 +116,7 @@ def epoch_table(rows: list[tuple[str, ...]], width: int) -> list[Content]:
 def short_cmd(cmd: str) -> str:
     """The command with the interpreter and the script by their names only: the arguments are what tell runs
     apart in 80 columns."""
-    words = cmd.split(" ")
+    words = printable(cmd).split(" ")
     for i in range(min(2, len(words))):
         if "/" in words[i] and (i == 0 or words[i].endswith(".py")):
             words[i] = words[i].rsplit("/", 1)[1]
@@ -150,7 +150,7 @@ def _facts(p: ProcessProbe, width: int) -> Content:
     if any("num_ooms" in d.memory_stats for d in p.devices):
         bits.append(f"retries {retries} OOMs {ooms}")
     if p.data_dir:
-        bits.append(f"data {shorten_middle(p.data_dir, width - 5)}")
+        bits.append(f"data {shorten_middle(printable(p.data_dir), width - 5)}")
     lines, line = [], ""
     for b in bits:
         if line and len(line) + 2 + len(b) > width:
@@ -201,12 +201,12 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
 
 def probe_notes(part: ProbesPart) -> list[str]:
     """Each ignored probe file with its reason, then what the processes could not say."""
-    notes = [f"ignored {i.path}: {i.reason}" for i in part.ignored]
+    notes = [f"ignored {printable(i.path)}: {printable(i.reason)}" for i in part.ignored]
     for p in part.processes:
         if p.truncated:
             notes.append(f"pid {p.pid} dropped {', '.join(p.truncated)} to fit 4 KiB")
         for why in dict.fromkeys(p.unavailable.values()):
-            notes.append(f"pid {p.pid}: {why}")
+            notes.append(f"pid {p.pid}: {printable(why)}")
     return notes
 
 

@@ -15,6 +15,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from dltop.text.events import describe_event
+from dltop.tui.panes.base import safe_content
 from dltop.tui.timeline import TimedEvent
 
 KIND_STYLES = {"oom_kill": "bold red", "marker": "bold", "hint": "yellow"}
@@ -40,7 +41,7 @@ class EventsScreen(ModalScreen[float | None]):
         days = {time.localtime(e.ts)[:3] for e in self._events}
         with Vertical(id="events-dialog"):
             yield Static(Text(f"Events ({len(self._events)}) — Enter goes there, Esc closes", style="bold"))
-            yield OptionList(*(Option(event_line(e, len(days) > 1)) for e in self._events), id="events-list")
+            yield OptionList(*(Option(safe_content(event_line(e, len(days) > 1), one_line=True)) for e in self._events), id="events-list")
 
     def on_mount(self) -> None:
         table = self.query_one(OptionList)

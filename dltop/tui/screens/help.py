@@ -10,6 +10,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from dltop.tui.panes.base import safe_content
+
 ABOUT = "A value the system cannot give is shown as n/a (or ?) with the reason, never as 0."
 
 
@@ -36,7 +38,7 @@ class HelpScreen(ModalScreen[None]):
             yield Static(Text("dltop — keys", style="bold"))
             yield Static(table)
             for hint in self._hints:
-                yield Static(Text("hint: " + hint), classes="help-hint")
+                yield Static(safe_content("hint: " + hint, one_line=True), classes="help-hint")
             yield Static(Text(f"{self._about} {ABOUT}".strip(), style="dim"), id="help-about")
 
     def action_close(self) -> None:
