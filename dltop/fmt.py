@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import math
+import re
 from decimal import Decimal, InvalidOperation, localcontext
+from typing import TextIO
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -232,3 +235,47 @@ def printable_lines(text: str) -> str:
 def command_line(argv: list[str] | tuple[str, ...]) -> str:
     """argv as ps shows it: the arguments joined by spaces, each made printable."""
     return " ".join(printable(a) for a in argv)
+
+
+# The CLI's writers escape as \uXXXX: valid inside a JSON string (json.loads gives back the very character, an
+# undecodable byte's surrogate too), and as readable as \x1b in text.
+_UNSAFE_OUT = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]")
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+class EscapingWriter(io.TextIOBase):
+    """A text stream for the CLI's stdout and stderr: what is written goes on with every control character but the
+    line break (and DEL, C1, bidi controls, undecodable bytes) as '\\u001b', so text from outside in a command's
+    output never reaches the terminal as an escape sequence. JSON output stays valid and decodes to the same
+    strings. `raw` is the stream underneath, for output whose escapes dltop wrote itself (a report's colours)."""
+
+    def __init__(self, raw: TextIO) -> None:
+        super().__init__()
+        self.raw = raw
+
+    def write(self, s: str) -> int:
+        self.raw.write(_UNSAFE_OUT.sub(_json_escape, s) if _UNSAFE_OUT.search(s) else s)
+        return len(s)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def isatty(self) -> bool:
+        return self.raw.isatty()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.raw.encoding
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return self.raw.errors
+
+    def writable(self) -> bool:
+        return True

@@ -214,7 +214,10 @@ def run_report(args: argparse.Namespace) -> int:
     from dltop.recorder.report import report
 
     rec, t0, t1 = _open_range(args)
-    sys.stdout.write(report(rec, t0, t1, width=args.width, color=sys.stdout.isatty()))
+    color = sys.stdout.isatty()
+    # In colour the report's own escapes must reach the terminal: it escapes the text from outside itself.
+    out = getattr(sys.stdout, "raw", sys.stdout) if color else sys.stdout
+    out.write(report(rec, t0, t1, width=args.width, color=color))
     sys.stdout.flush()
     return 0
 

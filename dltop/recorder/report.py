@@ -14,7 +14,7 @@ from typing import Any
 
 import plotext
 
-from dltop.fmt import human_bytes, human_duration, plural, shorten_middle
+from dltop.fmt import human_bytes, human_duration, plural, printable, printable_lines, shorten_middle
 from dltop.model import CgroupMemory, DatasetsPart, MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency
 from dltop.model.gpu import SPLIT_FIELDS
@@ -130,8 +130,11 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
     out += _peaks(c)
     out += _timeline(events, c)
     out += _hints(events, t1 if t1 is not None else (c.last.ts if c.last else None))
+    # The recording came from elsewhere: its names and texts are escaped here (in colour the report is written
+    # past the CLI's escaping writer, its own colours intact).
+    out = [printable_lines(line) for line in out]
     for title, unit in (("page cache", "GiB"), ("GPU memory", "GiB"), ("dataset residency", "% resident")):
-        out += _chart(title, unit, c.charts[title], width, color)
+        out += _chart(title, unit, {printable(k): v for k, v in c.charts[title].items()}, width, color)
     return "\n".join(out) + "\n"
 
 
