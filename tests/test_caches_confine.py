@@ -19,6 +19,7 @@ from dltop.actions import caches as clear_mod
 from dltop.actions import confine
 from dltop.actions.caches import ClearOptions
 from dltop.actions.runner import ActionRunner
+from dltop.fmt import printable
 from tests.test_caches_util import REPO, clean_env, du_bytes, find_files
 from tests.test_pagecache_util import IS_ROOT, NOBODY, needs_root
 
@@ -296,3 +297,37 @@ def test_the_cli_exits_non_zero_when_a_clear_left_something_behind(base: Path) -
     r = _dltop("nobody", "caches", "clear", "torchinductor", "--yes", env=env)
     assert r.returncode == 1 and "not freed: 5.0 MiB in 1 file linked outside what was cleared" in r.stdout, r
     assert list(ind.iterdir()) == [] and (base / "kept").stat().st_size == MB
+
+
+# -- names from outside -------------------------------------------------------------------------------------
+
+TRIED: list[int] = []
+
+
+@pytest.mark.parametrize("cache", ["torchinductor", "hf_hub", "added"])
+def test_any_entry_name_gives_a_one_line_reason_never_an_exception(cache: str, tmp_path: Path) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    names = st.text(st.characters(blacklist_characters="/\0", blacklist_categories=("Cs",)), min_size=1,
+                    max_size=40).filter(lambda n: n not in (".", ".."))
+    raw = st.binary(min_size=1, max_size=20).filter(lambda b: b"/" not in b and b"\0" not in b and b not in
+                                                    (b".", b".."))
+    tried = []
+
+    @settings(max_examples=150, derandomize=True, deadline=None, database=None)
+    @given(name=st.one_of(names, raw.map(os.fsdecode)), is_dir=st.booleans())
+    def one(name: str, is_dir: bool) -> None:
+        tried.append(name)
+        root = tmp_path / f"c{len(tried)}"
+        root.mkdir()
+        p = root / name
+        p.mkdir() if is_dir else p.write_bytes(b"")
+        for why in (confine.layout_refusal(cache, str(root)), confine.entry_refusal(cache, str(root), name, is_dir)):
+            if why is not None:
+                assert printable(why.reason) == why.reason, why.reason  # nothing left for a terminal to act on
+
+    one()
+    TRIED.append(len(tried))
+    print(f"{cache}: {len(tried)} names tried")
+    assert len(tried) >= 100
