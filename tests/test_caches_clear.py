@@ -89,7 +89,7 @@ def test_a_symlink_inside_pointing_outside_is_removed_and_its_target_survives(kn
     (outside / "file.bin").write_bytes(b"and me")
     _fill(known, dirs=1, files=3)
     os.symlink(outside, known / "d0" / "to-dir")
-    os.symlink(outside / "file.bin", known / "to-file")
+    os.symlink(outside / "file.bin", known / "tmpfile.py")  # named as Inductor names its files
     run = ActionRunner().start("clear", [str(known)], wait=True)
     assert run.error is None
     assert list(known.iterdir()) == []
@@ -103,7 +103,7 @@ def test_a_race_that_swaps_an_entry_for_a_symlink_cannot_delete_outside(
     outside.mkdir()
     (outside / "victim.bin").write_bytes(b"x" * 4096)
     _fill(known, dirs=2, files=3)
-    (known / "plain").write_bytes(b"y" * 100)
+    (known / "memoizer_cache.json").write_bytes(b"y" * 100)
     real = os.scandir
     swapped = []
 
@@ -118,15 +118,15 @@ def test_a_race_that_swaps_an_entry_for_a_symlink_cannot_delete_outside(
                 os.rename(known / "d0", tmp_path / "d0-moved")
                 os.symlink(outside, known / "d0")
             else:
-                (known / "plain").unlink()
-                os.symlink(outside / "victim.bin", known / "plain")
+                (known / "memoizer_cache.json").unlink()
+                os.symlink(outside / "victim.bin", known / "memoizer_cache.json")
         return _Listing(entries)
 
     monkeypatch.setattr(clear_mod, "_scandir", racing)
     run = ActionRunner().start("clear", [str(known)], wait=True)
     assert run.error is None and swapped
     assert (outside / "victim.bin").read_bytes() == b"x" * 4096  # never followed
-    assert not (known / "d0").is_symlink() and not (known / "plain").exists()
+    assert not (known / "d0").is_symlink() and not (known / "memoizer_cache.json").exists()
 
 
 def test_an_entry_reached_through_a_symlink_in_the_cache_is_refused(known: Path, tmp_path: Path) -> None:
@@ -183,7 +183,8 @@ def test_refusals(target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         target = str(tmp_path / "link")
     with pytest.raises(DltopError) as e:
         clear_mod.check(target, options)
-    why = {"/": "/ is not a cache", os.path.expanduser("~"): "is a home folder", "/proc": "is a mount point",
+    why = {"/": "/ is a system folder, not a cache", os.path.expanduser("~"): "is a home folder",
+           "/proc": "/proc is a system folder",
            str(tmp_path): "is not a cache dltop knows", str(tmp_path / "link"): "is a symbolic link"}[target]
     assert why in str(e.value)
 
@@ -191,7 +192,7 @@ def test_refusals(target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 @needs_root
 def test_a_mounted_tmpfs_is_refused_and_one_inside_a_cache_is_left_alone(known: Path) -> None:
     _fill(known, dirs=1, files=2)
-    mnt = known / "mnt"
+    mnt = known / "mt"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
     try:

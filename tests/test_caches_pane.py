@@ -125,6 +125,38 @@ async def test_an_entry_is_cleared_from_the_opened_cache(ind: Path, tmp_path: Pa
         assert (ind / "aotautograd").is_dir()
 
 
+async def test_c_on_a_cache_holding_what_its_tool_never_writes_is_refused_naming_the_rule(
+        ind: Path, tmp_path: Path) -> None:
+    (ind / "bin").mkdir()
+    (ind / "bin" / "python").write_bytes(b"#!")
+    files = find_files(ind)
+    app = DltopApp(ListFeed([snap_of(tmp_path / "home", TORCHINDUCTOR_CACHE_DIR=str(ind))]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open_tab(app, pilot)
+        await pilot.press("c")
+        dialog = await _wait_screen(app, pilot, ConfirmScreen)
+        assert dialog._title == "Clear: refused" and dialog._yes_label is None
+        assert f"{ind} holds 'bin/' which TorchInductor never writes" in dialog._body
+        assert app._action.step == "plan" and "never writes" in app._action.message  # the runner's event says it
+    assert find_files(ind) == files
+
+
+async def test_c_on_an_entry_of_a_cache_that_is_a_home_is_refused(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    home = make_cache(tmp_path / "home", {".pyenv": 128 << 10})
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(home))  # dltop's own environment: the runner's clear
+    app = DltopApp(ListFeed([snap_of(home, TORCHINDUCTOR_CACHE_DIR=str(home))]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open_tab(app, pilot)
+        await pilot.press("enter")  # the entries of the cache that is the home: .pyenv
+        await pilot.press("c")
+        dialog = await _wait_screen(app, pilot, ConfirmScreen)
+        assert dialog._title == "Clear: refused" and dialog._yes_label is None
+        assert f"{home / '.pyenv'} is inside {home}, which is refused: {home} is a home folder" in dialog._body
+    assert (home / ".pyenv").is_dir() and find_files(home) == 2
+
+
 @pytest.mark.parametrize("how", ["read-only", "paused"])
 async def test_clear_is_greyed_out_in_read_only_and_in_the_past(ind: Path, tmp_path: Path, how: str) -> None:
     # "paused": a past moment on screen, gated as a replay is (View.replay; tests/test_replay.py plays recordings)

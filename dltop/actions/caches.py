@@ -1,11 +1,13 @@
-"""Clearing a compile or model cache, or one entry of it: measured first, deleted through folder fds.
+"""Clearing a compile or model cache, or one entry of it: measured first, deleted through folder fds, confined
+to what the cache's tool writes, and the space freed counted per inode.
 
 The deletion follows `shutil.rmtree`'s fd-based algorithm on Linux: every folder is opened with O_NOFOLLOW
 relative to its parent's fd and checked to be the folder that was listed, names are unlinked relative to
 that fd, and a symlink is removed as a link, never followed. So a folder replaced by a symlink between the
-listing and the deletion cannot lead the deletion outside the cache. What is refused, and why: `/`, a home
-folder, a mount point, a path owned by another user, a path that is not a known or added cache (or inside
-one), a cache that is itself a symlink.
+listing and the deletion cannot lead the deletion outside the cache. What is refused, and by which rule, is in
+`confine.py` (a system folder, a home, a Python prefix, an ancestor of one, a folder holding what its tool never
+writes) and here (a mount point, another user's path, a path no known or added cache holds, a symlink). A file
+with a hard link outside what is removed, or open in a process, keeps its blocks: it is counted as not freed.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import pwd
 import stat
 import threading
 import time
@@ -21,9 +22,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dltop.actions import confine
+from dltop.actions.confine import Refused
 from dltop.actions.pagecache import Progress, _Ticker
 from dltop.errors import DltopError
-from dltop.fmt import human_bytes, plural
+from dltop.fmt import human_bytes, plural, printable
 from dltop.model.actions import ActionPlan
 from dltop.model.base import display_path
 from dltop.sources import caches as src
@@ -48,8 +51,11 @@ class ClearOptions:
 
 @dataclass
 class ClearResult:
-    """What a clear did, measured as it deleted: `done_bytes` are the blocks of what was removed (du -B1's
-    count), `files_done` the regular files removed; `left` says what was not removed and why."""
+    """What a clear did, measured as it deleted: `done_bytes` are the blocks freed (each inode once, when its
+    last link went and no process holds it open), `files_done` the regular files removed; `left` counts what was
+    not removed and why, `not_freed` the files removed whose blocks stay allocated and why (bytes in
+    `not_freed_bytes`); `fs_free_delta_bytes` is what statvfs says the filesystem gained meanwhile (other
+    writers on it move that number too)."""
 
     action: str
     paths: list[str]
@@ -62,18 +68,19 @@ class ClearResult:
     elapsed_s: float = 0.0
     cancelled: bool = False
     left: dict[str, int] = field(default_factory=dict)
+    not_freed: dict[str, int] = field(default_factory=dict)
+    not_freed_bytes: int = 0
+    fs_free_delta_bytes: int | None = None
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def left_behind(self) -> bool:
+        """Something was not removed, or was removed but still holds its blocks: the CLI exits non-zero."""
+        return bool(self.left or self.not_freed)
 
     def to_dict(self) -> dict[str, Any]:
         """The CLI's --json summary."""
         return asdict(self)
-
-
-def _homes() -> set[str]:
-    out = {os.path.realpath(os.path.expanduser("~"))}
-    with contextlib.suppress(OSError):
-        out |= {os.path.realpath(p.pw_dir) for p in pwd.getpwall() if p.pw_dir}
-    return out
 
 
 def _mount_points(root: str) -> set[str]:
@@ -85,47 +92,71 @@ def _mount_points(root: str) -> set[str]:
 
 
 def check(path: str, options: ClearOptions) -> tuple[src.Location, os.stat_result]:
-    """The cache `path` is (or is inside) and its lstat; raises DltopError saying why a clear is refused."""
+    """The cache `path` is (or is inside) and its lstat; raises Refused naming the rule that refuses a clear."""
     if not os.path.isabs(path):
-        raise DltopError(f"refused: {display_path(path)} is not an absolute path")
+        raise Refused("not absolute", f"{display_path(path)} is not an absolute path")
     path = os.path.normpath(path)
-    real = os.path.realpath(path)
-    if path == "/" or real == "/":
-        raise DltopError("refused: / is not a cache")
-    if real in _homes():
-        raise DltopError(f"refused: {display_path(path)} is a home folder, not a cache")
     try:
         env = options.environment()
     except OSError as e:
         raise DltopError(src.environment_error(e)) from None
+    home_of = confine.homes([env.home])
+    prefixes = confine.known_prefixes(env.env)
+    why = confine.root_refusal(path, home_of=home_of, prefixes=prefixes)
+    if why is not None:
+        raise Refused(why.rule, why.reason)
     known = src.resolve(env, options.caches)
     loc = next((c for c in known if path == c.path or path.startswith(c.path.rstrip("/") + "/")), None)
     if loc is None:
-        raise DltopError(f"refused: {display_path(path)} is not a cache dltop knows (known: "
-                         + ", ".join(c.name for c in known) + "; add one with caches = [...] or --cache)")
+        raise Refused("not a cache", f"{display_path(path)} is not a cache dltop knows (known: "
+                      + ", ".join(c.name for c in known) + "; add one with caches = [...] or --cache)")
+    if path != loc.path:
+        why = confine.root_refusal(loc.path, home_of=home_of, prefixes=prefixes)
+        if why is not None:
+            raise Refused(why.rule, f"{display_path(path)} is inside {display_path(loc.path)}, which is refused: "
+                                    f"{why.reason}")
     try:
         st = os.lstat(path)
     except OSError as e:
         raise DltopError(f"nothing to clear: {src.path_error(e.strerror or str(e), path)}") from None
     if stat.S_ISLNK(st.st_mode) and path == loc.path:
-        raise DltopError(f"refused: {display_path(path)} is a symbolic link (to {display_path(os.readlink(path))}); "
-                         "dltop never follows one: give the folder it points to as a cache of its own")
+        raise Refused("symlink", f"{display_path(path)} is a symbolic link (to {display_path(os.readlink(path))}); "
+                      "dltop never follows one: give the folder it points to as a cache of its own")
     if path != loc.path:
         # An entry: no symlink from the cache folder down to it (a lexical path through one leads outside)
         folder = loc.path
         for part in ["", *os.path.relpath(os.path.dirname(path), loc.path).split(os.sep)]:
             folder = os.path.join(folder, part) if part not in ("", ".") else folder
             if os.path.islink(folder):
-                raise DltopError(f"refused: {display_path(folder)} is a symbolic link on the way to "
-                                 f"{display_path(path)}; dltop never follows one")
+                raise Refused("symlink", f"{display_path(folder)} is a symbolic link on the way to "
+                              f"{display_path(path)}; dltop never follows one")
     if st.st_uid != os.geteuid():
         owner = src.passwd_of(st.st_uid)[0]
-        raise DltopError(f"refused: {display_path(path)} is owned by {owner} (uid {st.st_uid}), not by this user: "
-                         "clear it as its owner")
-    if stat.S_ISDIR(st.st_mode) and (os.path.ismount(path) or path in _mount_points(options.root)
-                                     or real in _mount_points(options.root)):
-        raise DltopError(f"refused: {display_path(path)} is a mount point; clear what is inside it by entry")
+        raise Refused("owner", f"{display_path(path)} is owned by {owner} (uid {st.st_uid}), not by this user: "
+                      "clear it as its owner")
+    mounts = _mount_points(options.root)
+    if stat.S_ISDIR(st.st_mode) and (os.path.ismount(path) or path in mounts or os.path.realpath(path) in mounts):
+        raise Refused("mount point", f"{display_path(path)} is a mount point; clear what is inside it by entry")
+    _check_layout(path, loc)
     return loc, st
+
+
+def _check_layout(path: str, loc: src.Location) -> None:
+    """A cache folder holds only what its tool writes (an added one, what one of the known tools writes); an
+    entry must be one of those names, in a cache folder that passes."""
+    if os.path.isdir(loc.path) and not os.path.islink(loc.path):
+        why = confine.layout_refusal(loc.name, loc.path)
+        if why is not None:
+            if path != loc.path:
+                raise Refused(why.rule, f"{display_path(path)} is inside {display_path(loc.path)}, which is refused: "
+                                        f"{why.reason}")
+            raise Refused(why.rule, why.reason)
+    if path != loc.path:
+        top = os.path.relpath(path, loc.path).split(os.sep)[0]
+        full = os.path.join(loc.path, top)
+        why = confine.entry_refusal(loc.name, loc.path, top, os.path.isdir(full) and not os.path.islink(full))
+        if why is not None:
+            raise Refused(why.rule, why.reason)
 
 
 def open_by(target: str, root: str = "/") -> dict[int, tuple[str, int]]:
@@ -167,29 +198,147 @@ def open_by(target: str, root: str = "/") -> dict[int, tuple[str, int]]:
     return out
 
 
+def open_inodes(dev: int, root: str = "/") -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of every file on filesystem `dev` that a process holds open (an fd or a mapping): its
+    blocks stay allocated after its last name is removed, until the process lets go."""
+    proc = os.path.join(root, "proc")
+    out: set[tuple[int, int]] = set()
+    me = os.getpid()
+    try:
+        pids = [n for n in os.listdir(proc) if n.isdigit() and int(n) != me]
+    except OSError:
+        return out
+    for name in pids:
+        fd_dir = os.path.join(proc, name, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            fds = []
+        for fd in fds:
+            p = os.path.join(fd_dir, fd)
+            try:
+                if not os.readlink(p).startswith("/"):
+                    continue  # a pipe, socket or anon inode: no file of a cache
+                st = os.stat(p)
+            except OSError:
+                continue
+            if st.st_dev == dev:
+                out.add((st.st_dev, st.st_ino))
+        try:
+            with open(os.path.join(proc, name, "maps"), errors="surrogateescape") as f:
+                for line in f:
+                    parts = line.split(None, 5)
+                    if len(parts) < 5 or parts[4] == "0":
+                        continue
+                    major, _, minor = parts[3].partition(":")
+                    with contextlib.suppress(ValueError):
+                        if os.makedev(int(major, 16), int(minor, 16)) == dev:
+                            out.add((dev, int(parts[4])))
+        except OSError:
+            pass
+    return out
+
+
+@dataclass
+class Tally:
+    """What removing `path` frees, counted per inode: a file's blocks once, and only when every link of it is
+    below `path` and no process holds it open."""
+
+    freed_bytes: int = 0
+    files: int = 0  # regular files by name (find -type f)
+    linked_outside: tuple[int, int] = (0, 0)  # (files, bytes) with links elsewhere: removed, not freed
+    held_open: tuple[int, int] = (0, 0)  # (files, bytes) open in a process: removed, freed when it closes them
+    unreadable: int = 0
+
+
+def tally(path: str, keep_top: bool, held: set[tuple[int, int]], cancel: threading.Event | None = None) -> Tally:
+    """Walk `path` without following symlinks and count what a clear of it frees (the folder itself left out
+    when `keep_top`)."""
+    t = Tally()
+    links: dict[tuple[int, int], list[int]] = {}  # inode -> [blocks, st_nlink, links met]
+    try:
+        top = os.lstat(path)
+    except OSError:
+        return t
+    todo: list[str] = []
+    if stat.S_ISDIR(top.st_mode):
+        todo.append(path)
+        if not keep_top:
+            t.freed_bytes += top.st_blocks * 512
+    else:
+        links[(top.st_dev, top.st_ino)] = [top.st_blocks * 512, top.st_nlink, 1]
+        t.files += stat.S_ISREG(top.st_mode)
+    while todo:
+        if cancel is not None and cancel.is_set():
+            break
+        d = todo.pop()
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        t.unreadable += 1
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        t.freed_bytes += st.st_blocks * 512
+                        todo.append(e.path)
+                        continue
+                    t.files += stat.S_ISREG(st.st_mode)
+                    seen = links.setdefault((st.st_dev, st.st_ino), [st.st_blocks * 512, st.st_nlink, 0])
+                    seen[2] += 1
+        except OSError:
+            t.unreadable += 1
+    outside, open_ = [0, 0], [0, 0]
+    for key, (blocks, nlink, met) in links.items():
+        if met < nlink:
+            outside[0], outside[1] = outside[0] + 1, outside[1] + blocks
+        elif key in held:
+            open_[0], open_[1] = open_[0] + 1, open_[1] + blocks
+        else:
+            t.freed_bytes += blocks
+    t.linked_outside, t.held_open = (outside[0], outside[1]), (open_[0], open_[1])
+    return t
+
+
 def plan(path: str, options: ClearOptions, cancel: threading.Event | None = None) -> ActionPlan:
-    """The facts a confirmation states: the bytes and files a clear removes, the refusal if any, the warnings."""
+    """The facts a confirmation states: the bytes a clear frees and the files it removes, the refusal if any
+    (and the rule), the warnings."""
     try:
         loc, st = check(path, options)
+    except Refused as e:
+        return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e),
+                          refused_by=e.rule)
     except DltopError as e:
-        return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e))
-    w = src.walk_cache(os.path.normpath(path), cancel=cancel)
+        return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e),
+                          refused_by="error")
+    path = os.path.normpath(path)
+    t = tally(path, _keeps_folder(path, loc, st), open_inodes(st.st_dev, options.root), cancel)
     notes = []
     real = os.path.realpath(path)
     users = open_by(real, options.root)
     if users:
-        who = ", ".join(f"PID {pid} ({comm}, {plural(n, 'file')})" for pid, (comm, n) in list(users.items())[:OPEN_SHOWN])
+        who = ", ".join(f"PID {pid} ({printable(comm)}, {plural(n, 'file')})"
+                        for pid, (comm, n) in list(users.items())[:OPEN_SHOWN])
         more = f" and {len(users) - OPEN_SHOWN} more" if len(users) > OPEN_SHOWN else ""
         notes.append(f"Warning: running processes have files open there: {who}{more}. Clearing under a running "
                      "job can make it fail or compile again.")
+    if t.linked_outside[0]:
+        notes.append(f"Not freed: {human_bytes(t.linked_outside[1])} in {plural(t.linked_outside[0], 'file')} with "
+                     "hard links outside what is cleared: the names go, the data stays on disk.")
+    if t.held_open[0]:
+        notes.append(f"Not freed yet: {human_bytes(t.held_open[1])} in {plural(t.held_open[0], 'file')} open in a "
+                     "running process: the space comes back when it closes them.")
     if _keeps_folder(path, loc, st):
         notes.append(f"The folder itself stays; everything in it goes ({loc.label}).")
     if loc.clear_command:
         notes.append(f"{loc.label} has its own clear command: {loc.clear_command}.")
-    if w.noted.get("unreadable"):
-        notes.append(f"{plural(w.noted['unreadable'], 'entry', 'entries')} could not be read: not counted.")
-    return ActionPlan(action="clear", target=path, bytes=_removed_bytes(path, loc, st, w), files=w.files, allowed=True,
-                      guard=f"ok: {loc.label} cache ({loc.source})", notes=tuple(notes))
+    if t.unreadable:
+        notes.append(f"{plural(t.unreadable, 'entry', 'entries')} could not be read: not counted.")
+    layout = confine.layout_of(loc.name, loc.path)
+    kind = f"added cache, laid out as {layout}'s" if layout else f"{loc.label} cache"
+    return ActionPlan(action="clear", target=path, bytes=t.freed_bytes, files=t.files, allowed=True,
+                      guard=f"ok: {kind} ({loc.source})", notes=tuple(notes))
 
 
 def _keeps_folder(path: str, loc: src.Location, st: os.stat_result) -> bool:
@@ -197,17 +346,24 @@ def _keeps_folder(path: str, loc: src.Location, st: os.stat_result) -> bool:
     return os.path.normpath(path) == loc.path and stat.S_ISDIR(st.st_mode)
 
 
-def _removed_bytes(path: str, loc: src.Location, st: os.stat_result, w: src.CacheWalk) -> int:
-    return w.size_bytes - (st.st_blocks * 512 if _keeps_folder(path, loc, st) else 0)
-
-
 class _Clearer:
     """Deletes below one folder fd, counting what it removes; never follows a symlink, never leaves the
     filesystem it started on."""
 
-    def __init__(self, dev: int, ticker: _Ticker, cancel: threading.Event | None, result: ClearResult) -> None:
-        self.dev, self.ticker, self.cancel, self.r = dev, ticker, cancel, result
-        self.seen: set[tuple[int, int]] = set()
+    def __init__(self, dev: int, ticker: _Ticker, cancel: threading.Event | None, result: ClearResult,
+                 held: set[tuple[int, int]]) -> None:
+        self.dev, self.ticker, self.cancel, self.r, self.held = dev, ticker, cancel, result, held
+        self.linked: dict[tuple[int, int], int] = {}  # inode -> blocks: a link removed, others remain
+
+    def not_freed(self, why: str, n_bytes: int) -> None:
+        self.r.not_freed[why] = self.r.not_freed.get(why, 0) + 1
+        self.r.not_freed_bytes += n_bytes
+
+    def finish(self) -> None:
+        """Inodes whose other links were never met: their blocks stay with those links."""
+        for blocks in self.linked.values():
+            self.not_freed("linked outside what was cleared", blocks)
+        self.linked.clear()
 
     def stopped(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
@@ -218,14 +374,20 @@ class _Clearer:
             self.r.problems.append(f"{detail}: {display_path(path)}")
 
     def count(self, st: os.stat_result, path: str) -> None:
+        """Count a name just removed; `st` was taken right before (st_nlink: the links it had then)."""
         blocks = st.st_blocks * 512
-        if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-            key = (st.st_dev, st.st_ino)
-            if key in self.seen:
-                blocks = 0
-            self.seen.add(key)
         if stat.S_ISREG(st.st_mode):
             self.ticker.files += 1
+        if not stat.S_ISDIR(st.st_mode):
+            key = (st.st_dev, st.st_ino)
+            if st.st_nlink > 1:
+                self.linked[key] = blocks  # other links keep it: freed only if the last of them goes here too
+                blocks = 0
+            else:
+                self.linked.pop(key, None)
+                if key in self.held:
+                    self.not_freed("open in a process", blocks)
+                    blocks = 0
         self.ticker.add(blocks, path)
 
     def contents(self, fd: int, path: str) -> None:
@@ -281,6 +443,16 @@ class _Clearer:
             self.remove(os.rmdir, dfd, name, path, st)
 
     def unlink(self, dfd: int, name: str, path: str, st: os.stat_result) -> None:
+        if st.st_nlink > 1:
+            # The link count now, not at the listing: an earlier unlink of another of its names lowered it.
+            try:
+                now = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            except OSError as e:
+                self.leave("unreadable", path, src.path_error(e.strerror or str(e), path))
+                return
+            st = now
         self.remove(os.unlink, dfd, name, path, st)  # a symlink goes as a link: its target is never touched
 
     def remove(self, how: Callable[..., None], dfd: int, name: str, path: str, st: os.stat_result) -> None:
@@ -300,17 +472,19 @@ def clear(path: str, options: ClearOptions, *, dry_run: bool = False,
     """Clear a cache (what is in its folder) or one entry of it (the entry itself), after the checks of `check`."""
     loc, st = check(path, options)
     path = os.path.normpath(path)
-    w = src.walk_cache(path, cancel=cancel)
-    r = ClearResult(action="clear", paths=[path], cache=loc.name, dry_run=dry_run,
-                    total_bytes=_removed_bytes(path, loc, st, w), files=w.files)
+    held = open_inodes(st.st_dev, options.root)
+    t = tally(path, _keeps_folder(path, loc, st), held, cancel)
+    r = ClearResult(action="clear", paths=[path], cache=loc.name, dry_run=dry_run, total_bytes=t.freed_bytes,
+                    files=t.files)
     if dry_run or (cancel is not None and cancel.is_set()):
         r.cancelled = not dry_run
         return r
     t0 = time.monotonic()
     ticker = _Ticker("clear", r.total_bytes, progress)
-    clearer = _Clearer(st.st_dev, ticker, cancel, r)
+    clearer = _Clearer(st.st_dev, ticker, cancel, r, held)
     name = os.path.basename(path)
     pfd = open_parent(path, loc.path)
+    free_before = _free_bytes(pfd)
     try:
         if _keeps_folder(path, loc, st):
             fd = os.open(name, _O_DIR, dir_fd=pfd)
@@ -322,6 +496,10 @@ def clear(path: str, options: ClearOptions, *, dry_run: bool = False,
                 os.close(fd)
         else:
             clearer.entry(pfd, name, path)
+        clearer.finish()
+        after = _free_bytes(pfd)
+        if free_before is not None and after is not None:
+            r.fs_free_delta_bytes = after - free_before
     finally:
         os.close(pfd)
     ticker.add(0, path, force=True)
@@ -329,6 +507,15 @@ def clear(path: str, options: ClearOptions, *, dry_run: bool = False,
     r.elapsed_s = time.monotonic() - t0
     r.cancelled = clearer.stopped()
     return r
+
+
+def _free_bytes(fd: int) -> int | None:
+    """The filesystem's free blocks in bytes (statvfs' f_bfree, what df's Used moves by)."""
+    try:
+        v = os.fstatvfs(fd)
+    except OSError:
+        return None
+    return v.f_bfree * v.f_frsize
 
 
 def open_parent(path: str, cache: str) -> int:
@@ -354,11 +541,15 @@ def open_parent(path: str, cache: str) -> int:
 
 
 def summary(r: ClearResult) -> str:
-    """'cleared 1.8 MiB (120 files) of /x in 0.4s (cancelled); left: 2 other filesystem'."""
+    """'cleared 1.8 MiB (120 files) of /x in 0.4s (cancelled); left: 2 other filesystem; not freed: 5 MiB in
+    1 file linked outside what was cleared'."""
     line = (f"cleared {human_bytes(r.done_bytes)} ({plural(r.files_done, 'file')}) of {', '.join(r.paths)} "
             f"in {r.elapsed_s:.1f}s")
     if r.cancelled:
         line += " (cancelled)"
     if r.left:
         line += "; left: " + ", ".join(f"{n} {why}" for why, n in r.left.items())
+    if r.not_freed:
+        line += (f"; not freed: {human_bytes(r.not_freed_bytes)} in "
+                 + ", ".join(f"{plural(n, 'file')} {why}" for why, n in r.not_freed.items()))
     return line

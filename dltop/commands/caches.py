@@ -111,7 +111,7 @@ def _clear(args: argparse.Namespace, settings: Any, name: str) -> int:
     from dltop.actions.caches import ClearOptions
     from dltop.actions.runner import SPECS, ActionRunner
     from dltop.commands.pagecache import ProgressBar, cancelled_by_signals, wait_for
-    from dltop.fmt import human_bytes, plural
+    from dltop.fmt import human_bytes, plural, printable
 
     options = ClearOptions(settings.caches, settings.pid, settings.root)
     path = _target(name, settings, options)
@@ -121,8 +121,13 @@ def _clear(args: argparse.Namespace, settings: Any, name: str) -> int:
         raise planned.error
     plan = planned.result
     if not plan.allowed:
+        if args.json:
+            from dltop.model.base import to_dict
+
+            sys.stdout.write(json.dumps(to_dict(plan)) + "\n")
+            return 1
         raise DltopError(plan.guard)
-    what = f"{human_bytes(plan.bytes)} in {plural(plan.files, 'file')} under {path}"
+    what = f"{human_bytes(plan.bytes)} in {plural(plan.files, 'file')} under {printable(path)}"
     if args.dry_run:
         if args.json:
             from dltop.model.base import to_dict
@@ -131,10 +136,10 @@ def _clear(args: argparse.Namespace, settings: Any, name: str) -> int:
         else:
             print(f"would clear {what}")
             for n in plan.notes:
-                print(f"note: {n}")
+                print(f"note: {printable(n)}")
         return 0
     for n in plan.notes:
-        print(f"note: {n}", file=sys.stderr)
+        print(f"note: {printable(n)}", file=sys.stderr)
     if SPECS["clear"].risky and not args.yes:
         if not sys.stdin.isatty():
             raise DltopError(f"not clearing {what}: no terminal to ask on; give --yes to clear without asking")
@@ -161,7 +166,9 @@ def _clear(args: argparse.Namespace, settings: Any, name: str) -> int:
     else:
         from dltop.actions.caches import summary
 
-        print(summary(r))
+        print(printable(summary(r)))
         for p in r.problems[:5]:
-            print(f"  {p}")
-    return 128 + signals[0] if signals else 0
+            print(f"  {printable(p)}")
+    if signals:
+        return 128 + signals[0]
+    return 1 if r.left_behind else 0  # a name not removed, or blocks still held: the clear did not finish

@@ -25,6 +25,7 @@ class ActionPlan:
     guard: str = ""  # the guard's verdict in words ("" for an action without a guard)
     fits_bytes: int | None = None  # a refused warm can still bring in this much (the part that fits)
     notes: tuple[str, ...] = ()  # what the user should know before saying yes
+    refused_by: str = ""  # a refused clear: the rule that refused it ("system folder", "home", ...)
 
     @property
     def can_fit(self) -> bool:
