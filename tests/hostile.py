@@ -59,6 +59,9 @@ class World:
         for p in self.procs:
             p.kill()
             p.wait()
+        if str(self.runtime).startswith("/dev/shm/"):  # the shared place: only this world's files go
+            for pid in self.pids:
+                Path(self.runtime, f"{pid}.json").unlink(missing_ok=True)
 
 
 def _demote(user: tuple[int, int] | None) -> list[str]:
@@ -80,14 +83,20 @@ def make_world(root: Path, user: tuple[int, int] | None = None) -> World:
     cache = root / f"cache{HOSTILE}"
     (cache / f"entry{HOSTILE}").mkdir(parents=True)
     (cache / f"entry{HOSTILE}" / f"kernel{HOSTILE}.so").write_bytes(os.urandom(32 * 1024))
-    runtime = root / "run"
-    runtime.mkdir(mode=0o700)
-    if user is not None:
-        for path in (root, dataset, cache, runtime):
+    env = {k: v for k, v in os.environ.items() if k not in ("DLTOP_PROBE", "XDG_RUNTIME_DIR")}
+    env["PYTHONPATH"] = str(REPO)
+    if user is None:
+        runtime = root / "run"
+        runtime.mkdir(mode=0o700)
+        env["XDG_RUNTIME_DIR"] = str(runtime)
+        probes = runtime / "dltop"
+    else:
+        # Another user's probe publishes where root's dltop looks for every user's: /dev/shm/dltop-UID.
+        runtime = probes = Path(f"/dev/shm/dltop-{user[0]}")
+        for path in (root, dataset, cache):
             os.chown(path, *user)
         os.chmod(root, 0o755)
-    env = {k: v for k, v in os.environ.items() if k != "DLTOP_PROBE"}
-    env.update(XDG_RUNTIME_DIR=str(runtime), PYTHONPATH=str(REPO))
+        env["HOME"] = str(root)
     world = World(root, dataset, cache, root / "scenario.json", runtime)
     try:
         sleeper = subprocess.Popen([*_demote(user), sys.executable, "-c", "import time; time.sleep(600)", HOSTILE],
@@ -103,7 +112,7 @@ def make_world(root: Path, user: tuple[int, int] | None = None) -> World:
             g["name"] = f"NVIDIA L40S{HOSTILE}"
         world.scenario.write_text(json.dumps(s))
         deadline = time.monotonic() + 60
-        while not (runtime / "dltop" / f"{job.pid}.json").exists():
+        while not (probes / f"{job.pid}.json").exists():
             assert job.poll() is None, "the probe job died"
             assert time.monotonic() < deadline, "the probe job published nothing in 60 s"
             time.sleep(0.1)
