@@ -216,6 +216,7 @@ def run_report(args: argparse.Namespace) -> int:
     rec, t0, t1 = _open_range(args)
     sys.stdout.write(report(rec, t0, t1, width=args.width, color=sys.stdout.isatty()))
     sys.stdout.flush()
+    damage_note("report", rec)
     return 0
 
 
@@ -227,6 +228,14 @@ def run_dump(args: argparse.Namespace) -> int:
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
     dump(rec, args.format, sys.stdout, t0, t1, fields)
     sys.stdout.flush()
-    if rec.skipped:
-        print(f"dltop dump: {rec.skipped} damaged lines or frames skipped", file=sys.stderr)
+    damage_note("dump", rec)
     return 0
+
+
+def damage_note(command: str, rec: Any) -> None:
+    """One line on stderr saying what of the recording was damaged and left out (nothing when all was read):
+    the exit status stays 0, since what was intact has been read."""
+    note = rec.damage.note()
+    if note:
+        print(f"dltop {command}: {note}", file=sys.stderr, flush=True)
+

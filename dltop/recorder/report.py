@@ -14,7 +14,7 @@ from typing import Any
 
 import plotext
 
-from dltop.fmt import human_bytes, human_duration, plural, shorten_middle
+from dltop.fmt import human_bytes, human_duration, plural, printable, shorten_middle
 from dltop.model import CgroupMemory, DatasetsPart, MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency
 from dltop.model.gpu import SPLIT_FIELDS
@@ -130,6 +130,7 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
     out += _peaks(c)
     out += _timeline(events, c)
     out += _hints(events, t1 if t1 is not None else (c.last.ts if c.last else None))
+    out = [printable(line) for line in out]  # paths, hosts, event texts are from the recording: shown, not obeyed
     for title, unit in (("page cache", "GiB"), ("GPU memory", "GiB"), ("dataset residency", "% resident")):
         out += _chart(title, unit, c.charts[title], width, color)
     return "\n".join(out) + "\n"
@@ -159,8 +160,8 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent]) -> list[
     if isinstance(gpus, list) and gpus:
         names = sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)})
         lines.append(f"GPUs: {len(gpus)} x {', '.join(names)}")
-    if rec.skipped:
-        lines.append(f"damaged: {plural(rec.skipped, 'line or frame', 'lines or frames')} skipped")
+    if rec.damage.total or rec.damage.indexes:
+        lines.append(f"damaged: {rec.damage.note()}")
     return [*lines, ""]
 
 
