@@ -269,7 +269,7 @@ def _one_frame(data: memoryview) -> tuple[bytes, int]:
 
 def decompress_frame(data: bytes) -> bytes:
     """One whole frame (its checksum checked); zstandard.ZstdError when it is damaged or not one dltop writes."""
-    content, used = _one_frame(memoryview(data))
-    if used != len(data):
-        raise zstandard.ZstdError("bytes after the frame")
-    return content
+    size = zstandard.frame_content_size(data)
+    if not 0 <= size <= MAX_FRAME_BYTES:
+        raise zstandard.ZstdError(f"frame content size {size}: not one dltop writes")
+    return zstandard.ZstdDecompressor().decompress(data)  # one call, into a buffer of the size declared

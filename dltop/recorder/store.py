@@ -129,9 +129,16 @@ def _negative(value: Any) -> bool:
     return type(value) in (int, float) and value < 0
 
 
-_DECODER = json.JSONDecoder(parse_float=_float, parse_int=_int, parse_constant=_constant)
+_DECODER = json.JSONDecoder(parse_float=_float, parse_constant=_constant)
+_INT_DECODER = json.JSONDecoder(parse_float=_float, parse_int=_int, parse_constant=_constant)
 _SIGNED_DECODER = json.JSONDecoder(parse_float=_float, parse_int=_int, parse_constant=_constant,
                                    object_hook=_unsigned)
+# Text mapped so that one pass finds what needs the slower checks: a digit becomes "0", a character a value
+# follows (: , [) "a", a minus "b". A run of 21 "0" may be an int beyond 2**64, an "ab" a negative number.
+_SHAPES = bytes(48 if 48 <= i <= 57 else 97 if i in b":,[" else 98 if i == 45 else 32 for i in range(256))
+_LONG_RUN = b"0" * 21
+
+
 def loads(data: bytes | str) -> Any:
     """JSON from a recording, bounded and checked: Malformed (with the reason) for text that is not JSON, is
     longer than MAX_LINE_BYTES or nested past the recursion limit, or holds NaN, an infinity, a number beyond
@@ -143,8 +150,10 @@ def loads(data: bytes | str) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise Malformed(f"not UTF-8 at byte {e.start}") from None
-    # Negative numbers are rare (none in a real recording): only text with one pays for checking each object.
-    decoder = _SIGNED_DECODER if (":-" in text or "[-" in text or ",-" in text) else _DECODER
+    # Long ints and negative numbers are rare (none in a real recording): only text that may hold one pays for
+    # checking each int, or each object (the checks cost 20% and 50% more than the parse).
+    shapes = raw.translate(_SHAPES)
+    decoder = _SIGNED_DECODER if b"ab" in shapes else _INT_DECODER if _LONG_RUN in shapes else _DECODER
     try:
         return decoder.decode(text)
     except json.JSONDecodeError as e:
