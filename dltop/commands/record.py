@@ -219,6 +219,7 @@ def run_report(args: argparse.Namespace) -> int:
     out = getattr(sys.stdout, "raw", sys.stdout) if color else sys.stdout
     out.write(report(rec, t0, t1, width=args.width, color=color))
     sys.stdout.flush()
+    damage_note("report", rec)
     return 0
 
 
@@ -230,6 +231,14 @@ def run_dump(args: argparse.Namespace) -> int:
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
     dump(rec, args.format, sys.stdout, t0, t1, fields)
     sys.stdout.flush()
-    if rec.skipped:
-        print(f"dltop dump: {rec.skipped} damaged lines or frames skipped", file=sys.stderr)
+    damage_note("dump", rec)
     return 0
+
+
+def damage_note(command: str, rec: Any) -> None:
+    """One line on stderr saying what of the recording was damaged and left out (nothing when all was read):
+    the exit status stays 0, since what was intact has been read."""
+    note = rec.damage.note()
+    if note:
+        print(f"dltop {command}: {note}", file=sys.stderr, flush=True)
+

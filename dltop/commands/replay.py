@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Open the recording, find the start time in it, and show it in the TUI."""
+    from dltop.commands.record import damage_note
     from dltop.commands.tui import need_terminal, run_replay_tui
     from dltop.config import settings_from_args
     from dltop.recorder import Recording, default_directory, parse_time
@@ -47,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
                              f"{_when(times[-1])})")
     need_terminal(f"for the recording as text use `dltop report {path}` or `dltop dump {path}`")
     name = os.path.basename(os.path.normpath(recording.path))
-    return run_replay_tui(recording, name, start, settings)
+    try:
+        return run_replay_tui(recording, name, start, settings)
+    finally:  # once the screen is the shell's again: what the replay met that was damaged
+        damage_note("replay", recording)
 
 
 def _when(ts: float) -> str:

@@ -25,7 +25,7 @@ from typing import IO
 from dltop import fields as fd
 from dltop.errors import DltopError
 from dltop.model import Snapshot
-from dltop.recorder.reader import Recording
+from dltop.recorder.reader import Damage, Recording
 
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -157,11 +157,12 @@ def _run_pieces(rec: Recording, kind: str, t0: float | None, t1: float | None, w
     else:
         with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("fork")) as pool:
             results = list(pool.map(_piece, *zip(*jobs, strict=True)))
-    rec.skipped += sum(skipped for _, skipped in results)
+    for _, damage in results:  # the same damage seen by two pieces (a frame at a cut) is counted once
+        rec.damage.merge(damage)
     return [names for names, _ in results]
 
 
-def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], out: str) -> tuple[list[str], int]:
+def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], out: str) -> tuple[list[str], Damage]:
     """Read one piece of the recording and write it under `out`: rows of column numbers (csv), or one file per
     field (openmetrics). Returns the names in first-seen order and the damage skipped."""
     rec = Recording(path)
@@ -185,7 +186,7 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                         cells.append("")
                     cells[c] = _number(value)
                 rows.write(f"{_number(snap.ts)},{','.join(cells)}\n")
-        return names, rec.skipped
+        return names, rec.damage
     os.mkdir(out)
     files: dict[str, IO[str]] = {}
     try:
@@ -202,7 +203,7 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
     finally:
         for fh in files.values():
             fh.close()
-    return names, rec.skipped
+    return names, rec.damage
 
 
 def _csv(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],

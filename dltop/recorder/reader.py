@@ -1,33 +1,95 @@
 """The flight recorder's reader: a recording directory (or one segment) as Snapshots in time order.
 
 Closed segments are reached through their index (one frame decompressed per seek); an open segment (being
-written, or left by a killed recorder) is scanned whole. Damage (a torn last line, a corrupt line, a frame cut
-short) is skipped and counted in `skipped`; everything else is read.
+written, or left by a killed recorder) is scanned whole, and so is a closed one whose index is missing or damaged
+(any entry that fails its checksum or is not what dltop writes). Damage (a torn last line, a corrupt line, a line
+whose checksum fails, a frame that does not decompress or is cut short, a sample holding a value dltop does not
+record) is left out and counted in `damage` (each thing once, with the first reason of each kind); everything
+else is read. Nothing in a recording makes the reader raise, except a newer format (refused, with a DltopError).
 """
 
 from __future__ import annotations
 
 import array
 import base64
+import binascii
 import bisect
-import json
 import os
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import zstandard
 
 from dltop.errors import DltopError
+from dltop.fmt import plural, printable
 from dltop.model import DecodeError, Snapshot
 from dltop.recorder import store
-from dltop.recorder.segment import Chunk, RecordedEvent, decompress, decompress_frame
+from dltop.recorder.segment import MAX_FRAME_BYTES, Chunk, RecordedEvent, decompress, decompress_frame
 
 _CACHED_CHUNKS = 4
 
-__all__ = ["RecordedEvent", "Recording"]
+__all__ = ["Damage", "RecordedEvent", "Recording"]
+
+# What the counts are of, in the order a note names them (singular, plural).
+_KINDS = {"line": ("damaged line", "damaged lines"), "sample": ("sample", "samples"),
+          "frame": ("frame", "frames"), "event": ("index event", "index events")}
+
+
+class Damage:
+    """What a reader left out of a recording: each thing (a line, a sample, a frame) counted once, by kind, with
+    the first reason of each kind; and the damaged indexes read around by scanning their segment."""
+
+    def __init__(self) -> None:
+        self._seen: dict[Hashable, tuple[str, int]] = {}  # what -> its kind, and how many things it is
+        self.reasons: dict[str, str] = {}  # kind -> the first reason
+        self.indexes: dict[str, str] = {}  # segment file -> why its index was not used
+
+    def add(self, what: Hashable, kind: str, reason: str, n: int = 1) -> None:
+        """Count `what` (`n` things of `kind`; once, however often it is read) as left out."""
+        if what not in self._seen and n > 0:
+            self._seen[what] = (kind, n)
+            self.reasons.setdefault(kind, reason)
+
+    def merge(self, other: Damage) -> None:
+        """Add what another reader of the same recording found (a dump's worker process)."""
+        for what, (kind, n) in other._seen.items():
+            self.add(what, kind, other.reasons.get(kind, ""), n)
+        for path, why in other.indexes.items():
+            self.indexes.setdefault(path, why)
+
+    def counts(self) -> dict[str, int]:
+        """How many things of each kind were left out."""
+        out: dict[str, int] = {}
+        for kind, n in self._seen.values():
+            out[kind] = out.get(kind, 0) + n
+        return out
+
+    @property
+    def total(self) -> int:
+        """How many things were left out in all."""
+        return sum(n for _, n in self._seen.values())
+
+    def note(self) -> str:
+        """One line saying what was left out and why ("" when nothing was), for a terminal."""
+        counts = self.counts()
+        parts = [plural(counts[k], *_KINDS.get(k, (k, k + "s"))) for k in sorted(counts, key=_kind_order)]
+        out = []
+        if parts:
+            first = next(k for k in sorted(counts, key=_kind_order))
+            out.append(f"skipped {', '.join(parts)} ({first}: {self.reasons[first]})")
+        if self.indexes:
+            path, why = next(iter(self.indexes.items()))
+            n = len(self.indexes)
+            out.append(f"{plural(n, 'damaged index', 'damaged indexes')} read around by scanning "
+                       f"{'its segment' if n == 1 else 'their segments'} ({os.path.basename(path)}: {why})")
+        return printable("; ".join(out))
+
+
+def _kind_order(kind: str) -> int:
+    return list(_KINDS).index(kind) if kind in _KINDS else len(_KINDS)
 
 
 @dataclass
@@ -45,7 +107,7 @@ class Recording:
     def __init__(self, path: str) -> None:
         path = os.path.abspath(os.path.expanduser(path))
         self.path = path
-        self.skipped = 0
+        self.damage = Damage()
         self._cache: OrderedDict[tuple[int, int], Chunk] = OrderedDict()
         if os.path.isdir(path):
             files = [os.path.join(path, stem + suffix) for stem, suffix in store.list_segments(path)]
@@ -79,8 +141,8 @@ class Recording:
             self._ts = [w[0] for w in where]
             self._order = [w[1:] for w in where]
         if not self._ts and not metas and not any(s.events for s in self._segments):
-            raise DltopError(f"{path}: not a dltop recording, or nothing readable in it"
-                             f"{f' ({self.skipped} damaged lines)' if self.skipped else ''}")
+            raise DltopError(f"{printable(path)}: not a dltop recording, or nothing readable in it"
+                             f"{f' ({self.damage.note()})' if self.damage.total else ''}")
 
     # -- the API ------------------------------------------------------------------------------------------
 
@@ -127,6 +189,12 @@ class Recording:
     def __len__(self) -> int:
         return len(self._ts)
 
+    @property
+    def skipped(self) -> int:
+        """How many damaged lines, samples and frames were left out so far (samples are decoded as they are
+        read: a range read counts what it met)."""
+        return self.damage.total
+
     # -- the reading ----------------------------------------------------------------------------------------
 
     def _place(self, j: int) -> tuple[int, int, int]:
@@ -144,8 +212,8 @@ class Recording:
             return None
         try:
             return chunk.snapshot(k)
-        except (DecodeError, ValueError, KeyError, TypeError):
-            self.skipped += 1
+        except (DecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
+            self.damage.add((self._segments[si].path, ci, "sample", k), "sample", str(e))
             return None
 
     def _chunk(self, si: int, ci: int) -> Chunk | None:
@@ -153,12 +221,15 @@ class Recording:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
+        path = self._segments[si].path
         try:
             chunk = self._segments[si].chunks[ci][1]()
-        except (OSError, zstandard.ZstdError):
-            self.skipped += 1
+        except (OSError, zstandard.ZstdError) as e:
+            self.damage.add((path, ci, "frame"), "frame", f"does not decompress: {e}")
             self._segments[si].chunks[ci] = ([], lambda: Chunk([]))
             return None
+        for i, why in chunk.damaged:
+            self.damage.add((path, ci, "line", i), "line", why)
         self._cache[key] = chunk
         while len(self._cache) > _CACHED_CHUNKS:
             self._cache.popitem(last=False)
@@ -167,49 +238,59 @@ class Recording:
     def _load(self, path: str) -> _Segment:
         if path.endswith(store.CLOSED_SUFFIX):
             index = _read_index(path[: -len(store.CLOSED_SUFFIX)] + store.INDEX_SUFFIX)
-            if index is not None:
+            if isinstance(index, dict):
                 return self._indexed(path, index)
+            if index is not None:
+                self.damage.indexes[path] = index
             try:
                 with open(path, "rb") as f:
                     data, damaged = decompress(f.read())
             except OSError as e:
-                raise DltopError(f"cannot read {path}: {e.strerror}") from None
-            self.skipped += damaged
+                raise DltopError(f"cannot read {printable(path)}: {e.strerror}") from None
+            self.damage.add((path, "scan"), "frame", "does not decompress (read past it)", damaged)
         else:
             try:
                 with open(path, "rb") as f:
                     data = f.read()
             except OSError as e:
-                raise DltopError(f"cannot read {path}: {e.strerror}") from None
+                raise DltopError(f"cannot read {printable(path)}: {e.strerror}") from None
         chunk = Chunk.scan(data)
-        self.skipped += chunk.skipped
+        for i, why in chunk.damaged:
+            self.damage.add((path, 0, "line", i), "line", why)
         seg = _Segment(path, chunk.meta, events=chunk.events)
         seg.chunks.append(([s[0] for s in chunk.samples], lambda: chunk))
         return seg
 
     def _indexed(self, path: str, index: dict[str, Any]) -> _Segment:
-        size = os.path.getsize(path)
-        meta = index.get("meta") if isinstance(index.get("meta"), dict) else None
+        """The segment as its (checked) index describes it."""
+        try:
+            size = os.path.getsize(path)
+        except OSError as e:
+            raise DltopError(f"cannot read {printable(path)}: {e.strerror}") from None
+        meta = index["meta"]
         seg = _Segment(path, meta)
-        self.skipped += int(index.get("skipped") or 0)
-        for ev in index.get("events") or []:
-            if isinstance(ev, list) and len(ev) == 3 and isinstance(ev[2], dict):
-                seg.events.append(RecordedEvent(float(ev[0]), str(ev[1]), ev[2]))
-        for b in index.get("blocks") or []:
-            offset, length = int(b["offset"]), int(b["size"])
+        self.damage.add((path, "closed"), "line", "left out when the recorder closed the segment", index["skipped"])
+        seg.events = [RecordedEvent(ts, kind, data) for ts, kind, data in index["events"]]
+        for bi, b in enumerate(index["blocks"]):
+            offset, length = b["offset"], b["size"]
             if offset + length > size:  # cut short (a truncated copy): this frame and those after it are gone
-                self.skipped += 1
+                self.damage.add((path, "block", bi), "frame", "cut off (the file is shorter than its index says)")
                 continue
-            seg.chunks.append((index_times(b["ts"]), _frame_loader(path, offset, length)))
+            seg.chunks.append((b["times"], _frame_loader(path, offset, length)))
         return seg
 
 
 def index_times(text: str) -> list[float]:
     """A frame's sample times from the index: little-endian float64s in base64 (read in microseconds, where a
-    JSON list of 3,600 numbers per segment took milliseconds)."""
-    raw = base64.b64decode(text)
+    JSON list of 3,600 numbers per segment took milliseconds). ValueError when the text is not that."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("sample times: not base64") from None
+    if len(raw) % 8:
+        raise ValueError("sample times: not whole float64s")
     times = array.array("d")
-    times.frombytes(raw[: len(raw) // 8 * 8])
+    times.frombytes(raw)
     if sys.byteorder != "little":
         times.byteswap()
     return times.tolist()
@@ -225,18 +306,68 @@ def _frame_loader(path: str, offset: int, length: int) -> Callable[[], Chunk]:
     return load
 
 
-def _read_index(path: str) -> dict[str, Any] | None:
-    """A closed segment's index, or None when it is missing or damaged (the segment is then read whole)."""
+MAX_INDEX_BYTES = 64 << 20  # a day's index is ~1 MB (its events): one bigger than this is not read
+
+
+def _read_index(path: str) -> dict[str, Any] | str | None:
+    """A closed segment's index, checked entry by entry; None when it is missing, or why it is not used when
+    it is damaged (the segment is then scanned whole). What is returned is safe to use as it is: offsets and
+    sizes are ints in order, times are real times, events are [ts, kind, data]; each block has its "times"."""
     try:
-        with open(path, encoding="utf-8") as f:
-            index = json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            raw = f.read(MAX_INDEX_BYTES + 1)
+    except FileNotFoundError:
         return None
+    except OSError as e:
+        return f"cannot read it: {e.strerror}"
+    try:
+        index = store.loads(raw)
+        _check_index(index)
+    except (store.Malformed, ValueError) as e:
+        return str(e)
+    return index  # type: ignore[no-any-return]
+
+
+def _check_index(index: Any) -> None:
+    """ValueError naming the first entry of the index that is not what the recorder writes."""
     if not isinstance(index, dict) or not isinstance(index.get("blocks"), list):
-        return None
-    for b in index["blocks"]:
-        # Written whole by the recorder (renamed into place): checked for shape, not number by number.
-        if not (isinstance(b, dict) and isinstance(b.get("offset"), int) and isinstance(b.get("size"), int)
-                and isinstance(b.get("ts"), str)):
-            return None
-    return index
+        raise ValueError("not an index")
+    if "crc" in index:  # a dltop that checksums its index entries (one before it wrote none)
+        top = [index.get(k) for k in ("format", "meta", "samples", "skipped", "first_ts", "last_ts", "events")]
+        if index["crc"] != store.entry_crc(top):
+            raise ValueError("checksum does not match")
+    if index.get("meta") is not None and not (isinstance(index["meta"], dict) and store.shallow(index["meta"])):
+        raise ValueError("meta: not an object")
+    index.setdefault("meta", None)
+    skipped = index.get("skipped") or 0
+    if type(skipped) is not int or not 0 <= skipped <= 1 << 32:
+        raise ValueError("skipped: not a count")
+    index["skipped"] = skipped
+    events = index.get("events") or []
+    if not isinstance(events, list):
+        raise ValueError("events: not a list")
+    for n, ev in enumerate(events):
+        if not (isinstance(ev, list) and len(ev) == 3 and store.valid_ts(ev[0]) is not None
+                and isinstance(ev[1], str) and isinstance(ev[2], dict) and store.shallow(ev[2])):
+            raise ValueError(f"event {n}: not [ts, kind, data]")
+        ev[0] = float(ev[0])
+    index["events"] = events
+    end = 0
+    for n, b in enumerate(index["blocks"]):
+        if not isinstance(b, dict):
+            raise ValueError(f"block {n}: not an object")
+        offset, size, text = b.get("offset"), b.get("size"), b.get("ts")
+        if "crc" in b and b["crc"] != store.entry_crc([b.get(k) for k in ("offset", "size", "first_ts", "last_ts",
+                                                                              "ts", "samples")]):
+            raise ValueError(f"block {n}: checksum does not match")
+        if type(offset) is not int or type(size) is not int or not isinstance(text, str):
+            raise ValueError(f"block {n}: offset, size or ts of the wrong type")
+        if offset != end or not 0 < size <= MAX_FRAME_BYTES:  # frames are written end to end
+            raise ValueError(f"block {n}: offset {offset} or size {size} is not where the frames lie")
+        end = offset + size
+        times = index_times(text)
+        if any(store.valid_ts(t) is None for t in times):
+            raise ValueError(f"block {n}: a sample time that is not a time")
+        if b.get("samples", len(times)) != len(times):
+            raise ValueError(f"block {n}: {len(times)} sample times for {b.get('samples')!r} samples")
+        b["times"] = times

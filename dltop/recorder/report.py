@@ -162,8 +162,8 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent]) -> list[
     if isinstance(gpus, list) and gpus:
         names = sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)})
         lines.append(f"GPUs: {len(gpus)} x {', '.join(names)}")
-    if rec.skipped:
-        lines.append(f"damaged: {plural(rec.skipped, 'line or frame', 'lines or frames')} skipped")
+    if rec.damage.total or rec.damage.indexes:
+        lines.append(f"damaged: {rec.damage.note()}")
     return [*lines, ""]
 
 

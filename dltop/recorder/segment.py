@@ -39,64 +39,102 @@ class RecordedEvent:
 class Chunk:
     """Lines that stand alone, scanned: each sample's time and the part lines in force at it."""
 
-    lines: list[bytes]
+    lines: list[bytes]  # without their checksums; b"" where a line was damaged
     samples: list[tuple[float, int, dict[str, int]]] = field(default_factory=list)  # (ts, line, part -> line)
     events: list[RecordedEvent] = field(default_factory=list)
     meta: dict[str, Any] | None = None
-    skipped: int = 0
+    damaged: list[tuple[int, str]] = field(default_factory=list)  # (line number from 0, why) of lines left out
     _parts: dict[int, Any] = field(default_factory=dict)  # decoded part lines
+
+    @property
+    def skipped(self) -> int:
+        """How many lines were left out as damaged."""
+        return len(self.damaged)
 
     @classmethod
     def scan(cls, data: bytes) -> Chunk:
-        """Split and scan; a torn or corrupt line is counted and left out, the rest is read."""
-        lines = data.split(b"\n")
-        if lines and lines[-1] == b"":
-            lines.pop()
-        chunk = cls(lines)
+        """Split and scan; a torn or corrupt line, or one whose checksum fails, is counted and left out, the
+        rest is read. Lines without a checksum (an older dltop's, a sealed frame's) are read as they are, unless
+        others in the chunk have one: then one without is damage (its checksum was cut or changed)."""
+        raw = data.split(b"\n")
+        if raw and raw[-1] == b"":
+            raw.pop()
+        checked = [store.check_line(line) for line in raw]
+        checksummed = any(ok for _, ok in checked)
+        chunk = cls([b""] * len(raw))
         state: dict[str, int] = {}
-        for i, line in enumerate(lines):
+        for i, (line, ok) in enumerate(checked):
             head = store.line_prefix(line)
+            if ok is False:
+                chunk.damaged.append((i, "checksum does not match"))
+                continue
+            if ok is None and checksummed:
+                chunk.damaged.append((i, "torn or cut (no checksum where the other lines have one)"))
+                continue
             if head is None:
-                chunk.skipped += 1
+                chunk.damaged.append((i, "torn or not a recorded line"))
                 continue
             ts, kind = head
             if kind == "sample":
+                chunk.lines[i] = line
                 chunk.samples.append((ts, i, state))
                 continue
             try:
-                body = json.loads(line)
-            except ValueError:
-                chunk.skipped += 1
+                body = store.loads(line)
+            except store.Malformed as e:
+                chunk.damaged.append((i, str(e)))
                 continue
-            if kind == "part" and isinstance(body.get("name"), str):
-                state = {**state, body["name"]: i}
-            elif kind == "event" and isinstance(body.get("kind"), str) and isinstance(body.get("data"), dict):
-                chunk.events.append(RecordedEvent(ts, body["kind"], body["data"]))
-            elif kind == "meta" and chunk.meta is None:
-                chunk.meta = body
+            why = None
+            if kind == "part":
+                if body.get("name") in store.KEPT_PARTS and "value" in body:
+                    state = {**state, body["name"]: i}
+                else:
+                    why = "a part line without a part dltop keeps"
+            elif kind == "event":
+                if isinstance(body.get("kind"), str) and isinstance(body.get("data"), dict) \
+                        and store.shallow(body["data"]):
+                    chunk.events.append(RecordedEvent(ts, body["kind"], body["data"]))
+                else:
+                    why = "an event without a kind and its data"
+            elif kind == "meta":
+                if not store.shallow(body):
+                    why = f"meta nested deeper than {store.MAX_DEPTH}"
+                elif chunk.meta is None:
+                    chunk.meta = body
+            if why is not None:
+                chunk.damaged.append((i, why))
+                continue
+            chunk.lines[i] = line
         return chunk
 
     def snapshot(self, k: int) -> Snapshot:
-        """The k-th sample as the full Snapshot that was written; DecodeError if its line is damaged."""
-        _, i, state = self.samples[k]
+        """The k-th sample as the full Snapshot that was written; DecodeError (with the reason) if its line is
+        damaged or a value in it is not one dltop records (NaN, a negative size, a number beyond 2**64...)."""
+        ts, i, state = self.samples[k]
         try:
-            body = json.loads(self.lines[i])
-        except ValueError:
-            raise DecodeError(f"sample at line {i + 1}: not JSON") from None
+            body = store.loads(self.lines[i])
+        except store.Malformed as e:
+            raise DecodeError(f"sample at line {i + 1}: {e}") from None
         snap_dict, ref = body.get("snap"), body.get("ref", [])
         if not isinstance(snap_dict, dict) or not isinstance(ref, list):
             raise DecodeError(f"sample at line {i + 1}: not a sample")
         snap = Snapshot.from_dict(snap_dict)
+        if snap.ts != ts:
+            raise DecodeError(f"sample at line {i + 1}: its time differs from its line's")
         kept = {}
         for name in ref:
-            if name not in state or name not in store.KEPT_PARTS:
-                raise DecodeError(f"sample at line {i + 1}: refers to a part {name!r} this recording lacks")
+            if not isinstance(name, str) or name not in state or name not in store.KEPT_PARTS:
+                raise DecodeError(f"sample at line {i + 1}: refers to a part {str(name)[:40]!r} this recording "
+                                  f"lacks")
             kept[name] = self._part(state[name])
         return dataclasses.replace(snap, **kept) if kept else snap
 
     def _part(self, i: int) -> Any:
         if i not in self._parts:
-            body = json.loads(self.lines[i])
+            try:
+                body = store.loads(self.lines[i])
+            except store.Malformed as e:
+                raise DecodeError(f"part at line {i + 1}: {e}") from None
             # Decoded as the Snapshot's own field, so the part gets exactly the field's type
             holder = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": SCHEMA_VERSION, body["name"]: body["value"]})
             self._parts[i] = getattr(holder, body["name"])
@@ -129,13 +167,14 @@ def compress_segment(directory: str, stem: str, block_samples: int) -> None:
             return
         frame = cctx.compress(b"\n".join(current) + b"\n")
         frames.append(frame)
-        blocks.append({"offset": offset, "size": len(frame), "first_ts": times[0] if times else None,
-                       "last_ts": times[-1] if times else None, "ts": index_times_text(times), "samples": len(times)})
+        block = {"offset": offset, "size": len(frame), "first_ts": times[0] if times else None,
+                 "last_ts": times[-1] if times else None, "ts": index_times_text(times), "samples": len(times)}
+        blocks.append({**block, "crc": store.entry_crc(list(block.values()))})
         all_ts.extend(times)
         offset += len(frame)
         current, times = [], []
 
-    for line in chunk.lines:
+    for line in chunk.lines:  # the lines that passed the scan (a damaged one is b""), without their checksums
         head = store.line_prefix(line)
         if head is None:
             continue
@@ -144,16 +183,19 @@ def compress_segment(directory: str, stem: str, block_samples: int) -> None:
             current = list(parts.values())  # the parts in force, so the frame stands alone
         current.append(line)
         if kind == "part":
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                parts[json.loads(line)["name"]] = line
+            parts[store.loads(line)["name"]] = line  # the scan parsed it
         elif kind == "sample":
             times.append(ts)
             if len(times) >= block_samples:
                 flush()
     flush()
-    index = {"format": store.FORMAT_VERSION, "meta": chunk.meta, "samples": len(all_ts), "skipped": chunk.skipped,
-             "first_ts": min(all_ts, default=None), "last_ts": max(all_ts, default=None), "blocks": blocks,
-             "events": [[e.ts, e.kind, e.data] for e in chunk.events]}
+    index: dict[str, Any] = {
+        "format": store.FORMAT_VERSION, "meta": chunk.meta, "samples": len(all_ts), "skipped": chunk.skipped,
+        "first_ts": min(all_ts, default=None), "last_ts": max(all_ts, default=None),
+        "events": [[e.ts, e.kind, e.data] for e in chunk.events]}
+    # Each block carries its own checksum, the rest of the index one: a reader takes a damaged index as absent.
+    index["crc"] = store.entry_crc(list(index.values()))
+    index["blocks"] = blocks
     _write_whole(os.path.join(directory, stem + store.CLOSED_SUFFIX), b"".join(frames))
     _write_whole(os.path.join(directory, stem + store.INDEX_SUFFIX),
                  json.dumps(index, separators=(",", ":")).encode("utf-8"))
@@ -186,24 +228,48 @@ def _write_whole(path: str, data: bytes) -> None:
         raise
 
 
-def decompress(data: bytes) -> tuple[bytes, bool]:
-    """Every whole frame's content, in order; True as well when a frame was damaged or cut short (what follows
-    it is lost: frames have no marker to find the next one by)."""
+MAX_FRAME_BYTES = 1 << 30  # a frame holds a few hundred samples (~25 MB at most): a bigger one is a bomb
+_MAGIC = b"\x28\xb5\x2f\xfd"  # every zstd frame starts so
+
+
+def decompress(data: bytes) -> tuple[bytes, int]:
+    """Every whole frame's content, in order, and how many damaged stretches were left out: after a frame that
+    does not decompress (or is cut short) the next one is found by zstd's magic number, since each frame stands
+    alone."""
     out = bytearray()
-    dctx = zstandard.ZstdDecompressor()
-    while data:
-        dobj = dctx.decompressobj()
+    damaged = 0
+    view = memoryview(data)
+    pos = 0
+    while pos < len(data):
         try:
-            content = dobj.decompress(data)
+            content, used = _one_frame(view[pos:])
         except zstandard.ZstdError:
-            return bytes(out), True
-        if not dobj.eof:
-            return bytes(out), True
+            damaged += 1
+            pos = data.find(_MAGIC, pos + 1)
+            if pos < 0:
+                break
+            continue
         out += content
-        data = dobj.unused_data
-    return bytes(out), False
+        pos += used
+    return bytes(out), damaged
+
+
+def _one_frame(data: memoryview) -> tuple[bytes, int]:
+    """The first frame's content and its length in bytes; ZstdError when it is damaged, cut, or declares no
+    size or one beyond MAX_FRAME_BYTES (dltop writes the size in every frame)."""
+    size = zstandard.frame_content_size(data)
+    if not 0 <= size <= MAX_FRAME_BYTES:
+        raise zstandard.ZstdError(f"frame content size {size}: not one dltop writes")
+    dobj = zstandard.ZstdDecompressor().decompressobj()
+    content = dobj.decompress(data)
+    if not dobj.eof:
+        raise zstandard.ZstdError("frame cut short")
+    return content, len(data) - len(dobj.unused_data)
 
 
 def decompress_frame(data: bytes) -> bytes:
-    """One whole frame (its checksum checked); zstandard.ZstdError when it is damaged."""
-    return zstandard.ZstdDecompressor().decompress(data)
+    """One whole frame (its checksum checked); zstandard.ZstdError when it is damaged or not one dltop writes."""
+    size = zstandard.frame_content_size(data)
+    if not 0 <= size <= MAX_FRAME_BYTES:
+        raise zstandard.ZstdError(f"frame content size {size}: not one dltop writes")
+    return zstandard.ZstdDecompressor().decompress(data)  # one call, into a buffer of the size declared

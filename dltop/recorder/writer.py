@@ -339,12 +339,14 @@ def _size(path: str) -> int:
 
 
 def _last_ts(directory: str, stem: str) -> float | None:
+    """The last sample's time in a closed segment's index; None when it has none or cannot be read (the
+    segment is then removed only by the size cap)."""
     try:
-        with open(os.path.join(directory, stem + store.INDEX_SUFFIX), encoding="utf-8") as f:
-            last = json.load(f).get("last_ts")
-        return float(last) if isinstance(last, int | float) else None
-    except (OSError, ValueError, AttributeError):
+        with open(os.path.join(directory, stem + store.INDEX_SUFFIX), "rb") as f:
+            index = store.loads(f.read(64 << 20))
+    except (OSError, store.Malformed):
         return None
+    return store.valid_ts(index.get("last_ts")) if isinstance(index, dict) else None
 
 
 def gpu_inventory(gpus: Any) -> Any:
