@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from dltop.errors import DltopError
-from dltop.fmt import printable
 
 DEFAULT_REFRESH_S = 1.0
 MIN_REFRESH_S = 0.1
@@ -49,26 +48,26 @@ def load_config(path: str | os.PathLike[str] | None) -> Settings:
         with open(p, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
-            raise DltopError(f"config file {printable(str(p))} is over {MAX_CONFIG_BYTES:,} bytes: not a config file")
+            raise DltopError(f"config file {p} is over {MAX_CONFIG_BYTES:,} bytes: not a config file")
         text = raw.decode("utf-8")
     except FileNotFoundError:
         if explicit:
-            raise DltopError(f"config file not found: {printable(str(p))}") from None
+            raise DltopError(f"config file not found: {p}") from None
         return Settings()
     except UnicodeDecodeError as e:
-        raise DltopError(f"cannot read config file {printable(str(p))}: not UTF-8 (byte {e.start:,})") from None
+        raise DltopError(f"cannot read config file {p}: not UTF-8 (byte {e.start:,})") from None
     except OSError as e:
-        raise DltopError(f"cannot read config file {printable(str(p))}: {e.strerror or e}") from None
+        raise DltopError(f"cannot read config file {p}: {e.strerror or e}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise DltopError(f"config file {printable(str(p))} is not valid TOML: {printable(str(e))}") from None
+        raise DltopError(f"config file {p} is not valid TOML: {e}") from None
     except RecursionError:
-        raise DltopError(f"config file {printable(str(p))} is not valid TOML: nested too deeply") from None
+        raise DltopError(f"config file {p} is not valid TOML: nested too deeply") from None
     except ValueError as e:  # tomllib's int() of an integer over Python's 4,300-digit limit
-        raise DltopError(f"config file {printable(str(p))} is not valid TOML: {printable(str(e)).split(';')[0]}"
+        raise DltopError(f"config file {p} is not valid TOML: {str(e).split(';')[0]}"
                          ) from None
-    return _settings_from_toml(data, printable(str(p)))
+    return _settings_from_toml(data, str(p))
 
 
 def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
@@ -112,7 +111,7 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
 def _no_nul(paths: list[str], key: str, where: str) -> None:
     for p in paths:
         if "\0" in p:  # no file has one: os.stat would raise ValueError deep in a source
-            raise DltopError(f"{where}: {key}: '{printable(p)}' holds a NUL character: not a path")
+            raise DltopError(f"{where}: {key}: {p!r} holds a NUL character: not a path")  # repr: escaped
 
 
 def _cache_paths(paths: list[str]) -> tuple[str, ...]:
