@@ -14,6 +14,8 @@ from dltop.errors import DltopError
 DEFAULT_REFRESH_S = 1.0
 MIN_REFRESH_S = 0.1
 MAX_REFRESH_S = 60.0
+MAX_JUMP_S = 366 * 86400.0  # a year: further is no step through a recording, and keeps time arithmetic finite
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few lines; a bigger file is not one
 KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "caches", "jump"})  # later features add theirs here
 
 
@@ -43,17 +45,28 @@ def load_config(path: str | os.PathLike[str] | None) -> Settings:
     explicit = path is not None
     p = Path(path) if path is not None else default_config_path()
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise DltopError(f"config file {p} is over {MAX_CONFIG_BYTES:,} bytes: not a config file")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         if explicit:
             raise DltopError(f"config file not found: {p}") from None
         return Settings()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DltopError(f"cannot read config file {p}: {getattr(e, 'strerror', None) or e}") from None
+    except UnicodeDecodeError as e:
+        raise DltopError(f"cannot read config file {p}: not UTF-8 (byte {e.start:,})") from None
+    except OSError as e:
+        raise DltopError(f"cannot read config file {p}: {e.strerror or e}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise DltopError(f"config file {p} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise DltopError(f"config file {p} is not valid TOML: nested too deeply") from None
+    except ValueError as e:  # tomllib's int() of an integer over Python's 4,300-digit limit
+        raise DltopError(f"config file {p} is not valid TOML: {str(e).split(';')[0]}"
+                         ) from None
     return _settings_from_toml(data, str(p))
 
 
@@ -62,9 +75,11 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     refresh = data.get("refresh", s.refresh_s)
     if isinstance(refresh, bool) or not isinstance(refresh, int | float):
         raise DltopError(f"{where}: refresh must be a number of seconds")
+    _check_refresh(refresh, where)  # before float(): 10**400 has no float
     datasets = data.get("datasets", [])
     if not isinstance(datasets, list) or not all(isinstance(d, str) for d in datasets):
         raise DltopError(f"{where}: datasets must be a list of paths")
+    _no_nul(datasets, "datasets", where)
     read_only = data.get("read_only", False)
     if not isinstance(read_only, bool):
         raise DltopError(f"{where}: read_only must be true or false")
@@ -74,9 +89,10 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     caches = data.get("caches", [])
     if not isinstance(caches, list) or not all(isinstance(c, str) for c in caches):
         raise DltopError(f"{where}: caches must be a list of paths")
+    _no_nul(caches, "caches", where)
     jump = data.get("jump", s.jump_s)
-    if isinstance(jump, bool) or not isinstance(jump, int | float) or jump <= 0:
-        raise DltopError(f"{where}: jump must be a number of seconds above 0")
+    if isinstance(jump, bool) or not isinstance(jump, int | float) or not 0 < jump <= MAX_JUMP_S:
+        raise DltopError(f"{where}: jump must be a number of seconds above 0, at most {MAX_JUMP_S:.0f} (a year)")
     unknown = sorted(set(data) - KNOWN_KEYS)
     if unknown:
         # A typo ("readonly = true") must not quietly leave actions enabled.
@@ -90,6 +106,12 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         caches=_cache_paths(caches),
         jump_s=float(jump),
     )
+
+
+def _no_nul(paths: list[str], key: str, where: str) -> None:
+    for p in paths:
+        if "\0" in p:  # no file has one: os.stat would raise ValueError deep in a source
+            raise DltopError(f"{where}: {key}: {p!r} holds a NUL character: not a path")  # repr: escaped
 
 
 def _cache_paths(paths: list[str]) -> tuple[str, ...]:
@@ -130,7 +152,7 @@ def _server_urls(urls: list[str], where: str) -> tuple[str, ...]:
 
 
 def _check_refresh(value: float, where: str) -> float:
-    if not MIN_REFRESH_S <= value <= MAX_REFRESH_S:
+    if not MIN_REFRESH_S <= value <= MAX_REFRESH_S:  # NaN too: it compares false
         raise DltopError(f"{where}: refresh must be between {MIN_REFRESH_S} and {MAX_REFRESH_S} seconds")
     return value
 

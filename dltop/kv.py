@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dltop.errors import DltopError
+from dltop.fmt import printable
 
 # Bytes per element of each dtype name a user (or a config's torch_dtype) may give.
 DTYPE_BYTES = {
@@ -26,6 +27,9 @@ WEIGHT_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
 # the output says it was assumed.
 ASSUMED_DTYPE = "bfloat16"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+MAX_CONFIG_BYTES = 4 << 20  # DeepSeek-V3's config.json is 1.7 KB; a bigger file is not a model config
+MAX_LAYERS = 4096  # the deepest published models have ~130; each layer is a tuple entry and a loop turn here
+MAX_SIZE = 1 << 40  # any other size (heads, dims, vocab, window): sums of products of these stay exact
 
 
 class ConfigError(DltopError):
@@ -79,21 +83,36 @@ class ParamCount:
 
 
 def load_config(path: str) -> dict[str, Any]:
-    """Read a config.json; an unreadable or non-JSON file is a ConfigError naming it."""
+    """Read a config.json; an unreadable, oversized or non-JSON file is a ConfigError naming it, in one line."""
+    where = printable(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
-        raise ConfigError(f"cannot read config {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not JSON (not UTF-8 text)") from None
+        raise ConfigError(f"cannot read config {where}: {e.strerror or e}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: over {MAX_CONFIG_BYTES:,} bytes: not a model config")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not JSON (not UTF-8 text: byte {e.start:,})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise ConfigError(f"{where}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: not a model config (nested deeper than Python's JSON reader goes)") from None
+    except ValueError as e:  # an integer over Python's 4,300-digit limit for int()
+        raise ConfigError(f"{where}: not a model config ({printable(str(e)).split(';')[0]})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: not a model config (a JSON {type(data).__name__}, not an object)")
+        raise ConfigError(f"{where}: not a model config (a JSON {type(data).__name__}, not an object)")
     return data
+
+
+def _shown(v: Any) -> str:
+    """A config value in an error message: as JSON, one line, at most 60 characters of it."""
+    text = printable(json.dumps(v))
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -109,19 +128,27 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _int(cfg: dict[str, Any], *keys: str, required: str | None = None, minimum: int = 1) -> int | None:
-    """The first of `keys` the config has as a whole number >= `minimum`; None if none (a ConfigError if
-    `required`)."""
+def _int(cfg: dict[str, Any], *keys: str, required: str | None = None, minimum: int = 1,
+         maximum: int = MAX_SIZE) -> int | None:
+    """The first of `keys` the config has as a whole number from `minimum` to `maximum`; None if none (a
+    ConfigError if `required`). A float (32.0), a bool, NaN or a number past any model's is refused."""
     for key in keys:
         v = cfg.get(key)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ConfigError(f"{key} in the config must be a whole number of at least {minimum}, not {json.dumps(v)}")
+        if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
+            raise ConfigError(f"{key} in the config must be a whole number from {minimum} to {maximum:,}, "
+                              f"not {_shown(v)}")
         return v
     if required:
         raise ConfigError(f"the config has no {required} ({' / '.join(keys)})")
     return None
+
+
+def _layers(cfg: dict[str, Any]) -> int:
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", required="layer count", maximum=MAX_LAYERS)
+    assert layers is not None
+    return layers
 
 
 def model_dtype(cfg: dict[str, Any]) -> tuple[str, str]:
@@ -132,7 +159,7 @@ def model_dtype(cfg: dict[str, Any]) -> tuple[str, str]:
             continue
         name = str(v).removeprefix("torch.")
         if name not in DTYPE_BYTES:
-            raise ConfigError(f"{key} {json.dumps(v)} in the config is not a dtype this planner knows")
+            raise ConfigError(f"{key} {_shown(v)} in the config is not a dtype this planner knows")
         return name, f"config {key}"
     return ASSUMED_DTYPE, "assumed: the config has no torch_dtype"
 
@@ -154,7 +181,7 @@ def _windows(cfg: dict[str, Any], layers: int) -> tuple[tuple[int | None, ...], 
                     raise ConfigError("layer_types has sliding_attention layers but the config has no sliding_window")
                 out.append(window)
             else:
-                raise ConfigError(f"layer type {json.dumps(t)} is not one this planner can size "
+                raise ConfigError(f"layer type {_shown(t)} is not one this planner can size "
                                   "(it knows full_attention and sliding_attention)")
         return tuple(out), []
     if window is None:
@@ -177,8 +204,7 @@ def shape_from_config(cfg: dict[str, Any], kv_dtype: str = "auto", name: str = "
     """The KV shape of a Hugging Face config.json (its text model); `kv_dtype` 'auto' is the model's dtype."""
     cfg = text_config(cfg)
     notes: list[str] = []
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", required="layer count")
-    assert layers is not None
+    layers = _layers(cfg)
     name = name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "model")
     heads = _int(cfg, "num_attention_heads", "n_head")
     dtype, source = _kv_dtype(cfg, kv_dtype)
@@ -196,7 +222,7 @@ def shape_from_config(cfg: dict[str, Any], kv_dtype: str = "auto", name: str = "
         rope = _int(cfg, "qk_rope_head_dim") or 0
         assert rank is not None
         if cfg.get("num_key_value_heads") is not None:
-            notes.append(f"num_key_value_heads {cfg['num_key_value_heads']} does not apply under MLA: one latent "
+            notes.append(f"num_key_value_heads {_shown(cfg['num_key_value_heads'])} does not apply under MLA: one latent "
                          "per token per layer, shared by all heads")
         return KvShape(name, "MLA", layers, heads, None, None, rank, rope, rank + rope, dtype, DTYPE_BYTES[dtype],
                        source, windows, tuple(notes))
@@ -243,7 +269,7 @@ def _moe_layer(cfg: dict[str, Any], i: int) -> bool:
         return False
     dense = cfg.get("mlp_only_layers") or []
     if not isinstance(dense, list):
-        raise ConfigError(f"mlp_only_layers in the config must be a list of layer numbers, not {json.dumps(dense)}")
+        raise ConfigError(f"mlp_only_layers in the config must be a list of layer numbers, not {_shown(dense)}")
     if i in dense or i % (_int(cfg, "moe_layer_freq") or 1):
         return False
     return (i + 1) % (_int(cfg, "decoder_sparse_step") or 1) == 0
@@ -256,7 +282,7 @@ def parameter_count(cfg: dict[str, Any]) -> ParamCount:
     cfg = text_config(cfg)
     notes: list[str] = []
     model_type = str(cfg.get("model_type", ""))
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", required="layer count")
+    layers = _layers(cfg)
     hidden = _int(cfg, "hidden_size", "n_embd", required="hidden_size")
     vocab = _int(cfg, "vocab_size", required="vocab_size")
     heads = _int(cfg, "num_attention_heads", "n_head", required="num_attention_heads")

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from dltop.config import Settings
 from dltop.exporter.collector import SnapshotCollector
 from dltop.exporter.server import ExporterServer
-from dltop.exporter.webconfig import load_web_config
+from dltop.exporter.webconfig import AUTH_CACHE_SIZE, WebConfig, load_web_config
 from dltop.sampler import Sampler
 from dltop.sources.registry import build_sources
 
@@ -333,6 +333,114 @@ def test_a_bad_web_config_says_what_is_wrong(tmp_path: Path, text: str, words: s
     r = subprocess.run([*DLTOP, "export", "--web-config", str(tmp_path / "web.yml")], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 1 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# -- basic auth: what each check costs (bcrypt calls counted, never timed) --------------------------------------------
+
+class Checkpw:
+    """bcrypt.checkpw wrapped: every (password, hash) it was asked, and the most calls running at once."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, hold_s: float = 0.0) -> None:
+        import bcrypt
+
+        self.calls: list[tuple[bytes, bytes]] = []
+        self.running = self.most_running = 0
+        self._lock = threading.Lock()
+        real = bcrypt.checkpw
+
+        def checkpw(password: bytes, hashed: bytes) -> bool:
+            with self._lock:
+                self.calls.append((password, hashed))
+                self.running += 1
+                self.most_running = max(self.most_running, self.running)
+            try:
+                time.sleep(hold_s)  # room for another thread to come in, if nothing keeps it out
+                return bool(real(password, hashed))
+            finally:
+                with self._lock:
+                    self.running -= 1
+
+        monkeypatch.setattr(bcrypt, "checkpw", checkpw)
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+@pytest.fixture
+def web(tmp_path: Path) -> WebConfig:
+    """A web config with one user, `prom` / `s3cret`, hashed at cost 5 (not bcrypt's default 12)."""
+    import bcrypt
+
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=5)).decode()
+    (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  prom: {hashed}\n")
+    return load_web_config(str(tmp_path / "web.yml"))
+
+
+def test_an_unknown_user_costs_one_bcrypt_at_the_users_cost(web: WebConfig,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 401 for a user that does not exist must take as long as one for a wrong password: the same one bcrypt.
+    counted = Checkpw(monkeypatch)
+    assert not web.allows(basic("nobody", "s3cret"))
+    assert len(counted.calls) == 1
+    [(_, hashed)] = counted.calls
+    assert hashed.startswith(b"$2") and hashed.split(b"$")[2] == b"05" and hashed != web.users["prom"]
+    assert not web.allows(basic("prom", "wrong"))
+    assert [h.split(b"$")[2] for _, h in counted.calls] == [b"05", b"05"]
+
+
+def test_a_repeated_login_pays_bcrypt_once(web: WebConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    counted = Checkpw(monkeypatch)
+    assert all(web.allows(basic("prom", "s3cret")) for _ in range(20))
+    assert len(counted.calls) == 1
+
+
+def test_repeated_bad_credentials_pay_bcrypt_once(web: WebConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A scraper left with an old password knocks every 15 s for weeks: it pays one bcrypt, not one a scrape.
+    counted = Checkpw(monkeypatch)
+    assert not any(web.allows(basic("prom", "old-password")) for _ in range(50))
+    assert not any(web.allows(basic("nobody", "x")) for _ in range(50))
+    assert len(counted.calls) == 2
+    assert web.allows(basic("prom", "s3cret"))  # a remembered failure does not shut the right password out
+    assert len(counted.calls) == 3
+
+
+def test_remembered_checks_are_bounded_and_the_right_password_survives_a_flood(
+        web: WebConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    counted = Checkpw(monkeypatch)
+    assert web.allows(basic("prom", "s3cret"))
+    assert not any(web.allows(basic("prom", f"guess-{i}")) for i in range(300))
+    assert len(counted.calls) == 301 and len(web._seen) <= AUTH_CACHE_SIZE
+    assert web.allows(basic("prom", "s3cret"))  # pushed out by the guesses, checked again: still in
+    assert web.allows(basic("prom", "s3cret")) and len(counted.calls) == 302
+
+
+def test_bcrypt_runs_one_at_a_time(web: WebConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Many scrapers with distinct wrong passwords at once: bcrypt still holds at most one core.
+    counted = Checkpw(monkeypatch, hold_s=0.05)
+    answers: list[bool] = []
+    threads = [threading.Thread(target=lambda i=i: answers.append(web.allows(basic("prom", f"bad-{i}"))))
+               for i in range(8)]
+    threads += [threading.Thread(target=lambda: answers.append(web.allows(basic("prom", "same-bad"))))
+                for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [False] * 12
+    assert counted.most_running == 1
+    assert len(counted.calls) == 9  # the four alike waited for the first of them and read its answer
+
+
+@pytest.mark.parametrize("header, bcrypts", [
+    (None, 0), ("", 0), ("Bearer x", 0), ("Basic !!!", 0), ("Basic " + base64.b64encode(b"no-colon").decode(), 0),
+    ("Basic " + base64.b64encode(b"\xff\xfe:\xff").decode(), 1),  # an undecodable name is a user unknown
+])
+def test_a_malformed_authorization_is_refused(web: WebConfig, monkeypatch: pytest.MonkeyPatch,
+                                              header: str | None, bcrypts: int) -> None:
+    counted = Checkpw(monkeypatch)
+    assert not web.allows(header)
+    assert len(counted.calls) == bcrypts
 
 
 # -- beside the TUI ---------------------------------------------------------------------------------------------------

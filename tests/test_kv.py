@@ -207,29 +207,41 @@ def test_parse_bytes_never_crashes(text: str) -> None:
         assert parse_bytes(text) >= 0
 
 
+def _one_line(text: str) -> bool:
+    return "\n" not in text.strip() and not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text.strip())
+
+
 KEYS = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size",
         "intermediate_size", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "q_lora_rank",
         "sliding_window", "layer_types", "use_sliding_window", "max_window_layers", "sliding_window_pattern",
         "torch_dtype", "n_routed_experts", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
         "mlp_only_layers", "decoder_sparse_step", "n_shared_experts", "model_type", "text_config",
         "tie_word_embeddings", "attention_bias", "quantization_config"]
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.floats(allow_nan=False) | st.text(max_size=8)
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.integers() | st.floats() | st.text(max_size=8)
                     | st.sampled_from(["float16", "bfloat16", "sliding_attention", "full_attention", "qwen2"]),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(KEYS), inner),
                     max_leaves=12)
 
 
-@settings(max_examples=300)
-@given(st.dictionaries(st.sampled_from(KEYS), JSON))
-def test_any_config_gives_a_size_or_a_config_error(cfg: dict[str, Any]) -> None:
+def test_any_config_gives_a_size_or_a_config_error() -> None:
     # A config is text someone else wrote: whatever it holds, the answer is a size or a ConfigError, never a crash.
-    try:
-        shape = kv.shape_from_config(cfg)
-        assert shape.bytes_per_token > 0 and shape.sequence_bytes(100) <= 100 * shape.bytes_per_token
-    except kv.ConfigError:
-        pass
-    with contextlib.suppress(kv.ConfigError):
-        assert kv.parameter_count(cfg).total > 0
+    tried: list[int] = []
+
+    @settings(max_examples=300, deadline=None, derandomize=True, database=None)
+    @given(st.dictionaries(st.sampled_from(KEYS), JSON))
+    def one(cfg: dict[str, Any]) -> None:
+        tried.append(1)
+        try:
+            shape = kv.shape_from_config(cfg)
+            assert shape.bytes_per_token > 0 and shape.sequence_bytes(100) <= 100 * shape.bytes_per_token
+        except kv.ConfigError as e:
+            assert _one_line(str(e)) and len(str(e)) < 400, str(e)
+        with contextlib.suppress(kv.ConfigError):
+            assert kv.parameter_count(cfg).total > 0
+
+    one()
+    print(f"kv: {len(tried)} generated configs read")
+    assert len(tried) >= 200
 
 
 SCENARIOS = Path(__file__).parent / "data" / "gpu-scenarios"
@@ -293,3 +305,116 @@ def test_gpu_that_cannot_be_read_is_one_line(scenario: str, args: list[str], cod
     assert r.returncode == code, (r.stdout, r.stderr)
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert re.search(pattern, r.stderr.strip()), r.stderr
+
+
+# -- a config.json from elsewhere: never a traceback ------------------------------------------------------------------
+
+LLAMA = '{"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096, "torch_dtype": "float16"}'
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"a": ' * 100_000 + "1" + "}" * 100_000, "nested deeper than"),
+    ("[" * 100_000 + "]" * 100_000, "nested deeper than"),
+    (LLAMA.replace("32,", "1" + "0" * 5000 + ",", 1), "Exceeds the limit (4300 digits)"),
+    (LLAMA.replace("32,", "NaN,", 1), "num_hidden_layers in the config must be a whole number from 1 to 4,096, not NaN"),
+    (LLAMA.replace("32,", "Infinity,", 1), "not Infinity"),
+    (LLAMA.replace("32,", "32.0,", 1), "not 32.0"),
+    (LLAMA.replace("32,", "-32,", 1), "not -32"),
+    (LLAMA.replace("32,", "true,", 1), "not true"),
+    (LLAMA.replace("32,", "1000000000000,", 1), "not 1000000000000"),
+    (LLAMA.replace("4096", "1" + "0" * 100), "hidden_size in the config must be a whole number"),
+    (LLAMA.replace('"float16"', '"\\u001b[2J' + "x" * 500 + '"'), "\\u001b[2Jxxx"),
+    (LLAMA.replace('"float16"', "[" * 50 + "]" * 50), "torch_dtype [[[[[[[[["),
+    (LLAMA[:-1] + ', "sliding_window": 1e400}', "sliding_window in the config must be a whole number"),
+    (LLAMA[:-1] + ', "num_key_value_heads": 1.5}', "not 1.5"),
+], ids=["deep-object", "deep-list", "5000-digits", "nan", "infinity", "float", "negative", "bool", "many-layers",
+        "huge-hidden", "controls", "nested-dtype", "1e400", "half-head"])
+def test_a_hostile_config_is_a_config_error_in_one_line(tmp_path: Path, text: str, words: str) -> None:
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(kv.ConfigError) as e:
+        cfg = kv.load_config(str(tmp_path / "config.json"))
+        kv.shape_from_config(cfg)
+    assert words in str(e.value) and _one_line(str(e.value)) and len(str(e.value)) < 300, str(e.value)
+
+
+def test_a_config_that_is_not_utf8_or_too_big_is_refused(tmp_path: Path) -> None:
+    data = LLAMA.replace("float16", "fl\xf6at16").encode("latin-1")
+    (tmp_path / "config.json").write_bytes(data)
+    with pytest.raises(kv.ConfigError, match=rf"not UTF-8 text: byte {data.index(0xF6)}\)$"):
+        kv.load_config(str(tmp_path / "config.json"))
+    (tmp_path / "config.json").write_bytes(b" " * kv.MAX_CONFIG_BYTES + LLAMA.encode())
+    with pytest.raises(kv.ConfigError, match=f"over {kv.MAX_CONFIG_BYTES:,} bytes"):
+        kv.load_config(str(tmp_path / "config.json"))
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 100_000 + "]" * 100_000,
+    LLAMA.replace("32,", "1" + "0" * 5000 + ",", 1),
+    LLAMA.replace("32,", "10000000000000000,", 1),
+    LLAMA.replace('"float16"', "NaN"),
+], ids=["deep", "huge-int", "many-layers", "nan-dtype"])
+def test_dltop_kv_exits_1_with_one_line(tmp_path: Path, text: str) -> None:
+    (tmp_path / "config.json").write_text(text)
+    r = dltop("kv", "--config", str(tmp_path / "config.json"), "--seq", "10")
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert r.stderr.startswith("dltop: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_text_from_the_config_is_shown_escaped(tmp_path: Path) -> None:
+    cfg = json.loads(LLAMA) | {"_name_or_path": "evil\x1b]0;owned\x07\u202e", "quantization_config":
+                               {"quant_method": "q\x1b[31m"}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = dltop("kv", "--config", str(tmp_path / "config.json"), "--seq", "10")
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\u202e" not in r.stdout and "evil\\x1b]0;owned\\x07\\u202e" in r.stdout
+    j = kv_json("--config", str(tmp_path / "config.json"), "--seq", "10")
+    assert j["model"]["name"] == cfg["_name_or_path"]  # JSON keeps it exact
+
+
+def _check_config(tmp: Path, data: bytes) -> None:
+    (tmp / "config.json").write_bytes(data)
+    try:
+        cfg = kv.load_config(str(tmp / "config.json"))
+        shape = kv.shape_from_config(cfg)
+        assert shape.bytes_per_token > 0
+    except kv.ConfigError as e:
+        assert _one_line(str(e)) and len(str(e)) < 400, str(e)
+        return
+    try:
+        kv.estimate_weights(cfg, None)
+    except kv.ConfigError as e:
+        assert _one_line(str(e)) and len(str(e)) < 400, str(e)
+
+
+HOSTILE = [b"NaN", b"Infinity", b"-Infinity", b"-1", b"0", b"1.5", b"32.0", b"true", b"null", b'"x"', b"[]", b"{}",
+           b"1" + b"0" * 5000, b"1" + b"0" * 30, b"1e400", b"[" * 3000 + b"]" * 3000, b'"\\ud800"']
+
+
+@needs_configs
+def test_fuzz_mutated_real_configs_never_raise(tmp_path: Path) -> None:
+    real = [(CONFIGS / f"{m}.config.json").read_bytes() for m in MODELS]
+    tried: list[int] = []
+
+    @settings(max_examples=400, deadline=None, derandomize=True, database=None)
+    @given(st.sampled_from(range(len(real))), st.sampled_from(["truncate", "flip", "value", "insert"]),
+           st.floats(0, 1, exclude_max=True), st.one_of(st.sampled_from(HOSTILE), st.binary(max_size=12)))
+    def one(which: int, how: str, at: float, extra: bytes) -> None:
+        tried.append(1)
+        data = real[which]
+        i = int(at * len(data))
+        if how == "truncate":
+            data = data[:i]
+        elif how == "flip":
+            data = data[:i] + bytes([data[i] ^ (1 << (i % 8))]) + data[i + 1:]
+        elif how == "insert":
+            data = data[:i] + extra + data[i:]
+        else:  # the value of one key (a number, a string, a list) swapped for a hostile one
+            values = list(re.finditer(rb'(?<=": )(-?[0-9.eE+]+|"[^"]*"|true|false|null)', data))
+            if values:
+                m = values[int(at * len(values))]
+                data = data[:m.start()] + extra + data[m.end():]
+        _check_config(tmp_path, data)
+
+    one()
+    print(f"kv: {len(tried)} mutated real configs read")
+    assert len(tried) >= 300

@@ -15,7 +15,7 @@ from typing import Any
 from dltop import kv
 from dltop.commands.common import non_negative_int
 from dltop.errors import DltopError, UsageError
-from dltop.fmt import parse_bytes
+from dltop.fmt import parse_bytes, printable
 from dltop.model import Unavailable
 
 _SHAPE_FLAGS = ("layers", "heads", "kv_heads", "head_dim", "dtype")
@@ -205,7 +205,7 @@ def _text(shape: kv.KvShape, d: dict[str, Any], pool: kv.Pool | str) -> str:
     else:
         what = f"2 (K, V) × {shape.layers} layers × {shape.kv_heads} KV heads × {shape.head_dim} × {shape.dtype_bytes} B"
     lines = [
-        f"model        {m['name']}: {shape.attention}, KV cache in {shape.dtype} ({shape.dtype_source})",
+        f"model        {printable(m['name'])}: {shape.attention}, KV cache in {shape.dtype} ({shape.dtype_source})",
         f"per token    {d['bytes_per_token']:,} B = {what}",
     ]
     if shape.sliding_layers:
@@ -219,7 +219,7 @@ def _text(shape: kv.KvShape, d: dict[str, Any], pool: kv.Pool | str) -> str:
     if "unavailable" not in w:
         lines.append(f"weights      {_b(w['bytes'])}: {w['source']}")
     if isinstance(pool, str):
-        lines.append(f"KV pool      unavailable: {pool}")
+        lines.append(f"KV pool      unavailable: {printable(pool)}")
     else:
         p = d["pool"]
         bound = " (upper bound)" if p["upper_bound"] else ""
@@ -238,5 +238,5 @@ def _text(shape: kv.KvShape, d: dict[str, Any], pool: kv.Pool | str) -> str:
             f"fits         {p['max_sequences']:,} sequences of {d['seq']:,} tokens at once{bound}",
         ]
     notes = [*d["notes"], *([] if "unavailable" in w else w["notes"])]
-    lines += [f"note         {n}" for n in notes]
+    lines += [f"note         {printable(n)}" for n in notes]
     return "\n".join(lines) + "\n"

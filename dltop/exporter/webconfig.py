@@ -8,8 +8,11 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
+import re
 import ssl
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,9 @@ CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CER
 TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 
 
+AUTH_CACHE_SIZE = 100  # checks remembered, as exporter-toolkit's cache: right ones and wrong ones alike
+
+
 @dataclass
 class WebConfig:
     """What a web config file asks for: a TLS context (None: plain HTTP) and the users allowed in (empty: all)."""
@@ -29,33 +35,71 @@ class WebConfig:
     path: str
     tls: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
-    _good: set[tuple[str, bytes]] = field(default_factory=set)  # (user, sha256 of a password bcrypt accepted)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    # What an unknown user is checked against: a hash of a random password at the users' cost, so that a 401 for
+    # a name that does not exist costs the same bcrypt as one for a wrong password (names not told by timing).
+    dummy_hash: bytes = b""
+    # (keyed digest of user, hash, password) -> bcrypt's answer, oldest first. The key is random per process, so
+    # a memory dump holds nothing to guess passwords against faster than bcrypt.
+    _seen: OrderedDict[bytes, bool] = field(default_factory=OrderedDict)
+    _key: bytes = field(default_factory=lambda: os.urandom(32))
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # guards _seen
+    _bcrypt: threading.Lock = field(default_factory=threading.Lock)  # one bcrypt at a time: at most one core
 
     def allows(self, authorization: str | None) -> bool:
-        """Whether an `Authorization` header gets in. bcrypt is slow by design (tens of ms): a password it
-        accepted once is remembered by its SHA-256, as exporter-toolkit caches, so a scrape every second does
-        not pay it again."""
+        """Whether an `Authorization` header gets in. bcrypt is slow by design (tens of ms), so its answer for
+        the same user and password is remembered, as exporter-toolkit does: a scrape every second does not pay it
+        again, nor a scraper left with an old password; bcrypt runs one check at a time."""
         if not self.users:
             return True
         user, password = _basic(authorization)
-        hashed = self.users.get(user or "")
-        if user is None or password is None or hashed is None:
-            return False
-        digest = hashlib.sha256(password).digest()
-        with self._lock:
-            if any(u == user and hmac.compare_digest(d, digest) for u, d in self._good):
-                return True
-        import bcrypt
+        if user is None or password is None:
+            return False  # nothing that names a user: no check that could tell one
+        known = user in self.users
+        hashed = self.users[user] if known else self.dummy_hash
+        name = user.encode()
+        digest = hmac.new(self._key, b"%d:%s%d:%s%s" % (len(name), name, len(hashed), hashed, password),
+                          hashlib.sha256).digest()  # lengths first: no two triples read alike
+        ok = self._recall(digest)
+        if ok is None:
+            with self._bcrypt:
+                ok = self._recall(digest)  # a request with the same header may have checked it while this waited
+                if ok is None:
+                    ok = _checkpw(password, hashed)
+                    self._remember(digest, ok)
+        return ok and known
 
-        try:
-            ok = bcrypt.checkpw(password, hashed)
-        except ValueError:  # a malformed hash was refused at load; nothing else raises here
-            return False
-        if ok:
-            with self._lock:
-                self._good.add((user, digest))
-        return ok
+    def _recall(self, digest: bytes) -> bool | None:
+        # Every entry is compared, in constant time, so how long a miss takes says nothing about what is held.
+        found: bytes | None = None
+        with self._lock:
+            for d in self._seen:
+                if hmac.compare_digest(d, digest):
+                    found = d
+            if found is None:
+                return None
+            self._seen.move_to_end(found)
+            return self._seen[found]
+
+    def _remember(self, digest: bytes, ok: bool) -> None:
+        with self._lock:
+            self._seen[digest] = ok
+            while len(self._seen) > AUTH_CACHE_SIZE:
+                self._seen.popitem(last=False)
+
+
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    import bcrypt
+
+    try:
+        return bool(bcrypt.checkpw(password, hashed))
+    except ValueError:  # a password over bcrypt's 72 bytes (bcrypt 5 refuses it); hashes were checked at load
+        return False
+
+
+def bcrypt_cost(hashed: bytes) -> int | None:
+    """The cost (log2 rounds) a bcrypt hash was made with: `$2b$12$...` -> 12; None if it is not one."""
+    m = re.fullmatch(rb"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}", hashed)
+    return int(m.group(1)) if m else None
 
 
 def _basic(authorization: str | None) -> tuple[str | None, bytes | None]:
@@ -104,13 +148,20 @@ def load_web_config(path: str) -> WebConfig:
         except ImportError:
             raise DltopError(f"--web-config {path}: basic_auth_users needs bcrypt (pip install 'dltop[export]')"
                              ) from None
+        costs = []
         for user, hashed in users.items():
             raw = str(hashed).encode()
+            cost = bcrypt_cost(raw)
             try:
+                if cost is None:
+                    raise ValueError(raw)
                 bcrypt.checkpw(b"", raw)
             except ValueError:
                 raise DltopError(f"--web-config {path}: basic_auth_users: {user!r}: not a bcrypt hash") from None
             cfg.users[str(user)] = raw
+            costs.append(cost)
+        # The highest cost: a name that does not exist never answers faster than one that does.
+        cfg.dummy_hash = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt(rounds=max(costs)))
     return cfg
 
 

@@ -12,7 +12,9 @@ import contextlib
 import http.client
 import math
 import os
+import re
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -21,10 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dltop.fmt import printable
 from dltop.model.base import Unavailable
 from dltop.model.servers import ModelStats, ServerStats
 
 MAX_PAYLOAD_BYTES = 2 << 20  # a real vLLM scrape is tens to a few hundred KiB; more is not a /metrics page
+MAX_LINE_CHARS = 64 << 10  # vLLM's longest line (cache_config_info's labels) is under 1 KiB
+MAX_COUNT = 2**53  # a count a float holds exactly; above it a "count" is not one a server keeps
+MAX_REJECTED_NOTES = 5  # lines left out named one by one in the notes; more are counted
 _CHUNK = 64 << 10
 
 NO_BYTES = ("the server's /metrics gives the pool in tokens, not bytes; bytes = tokens × bytes per token, "
@@ -46,22 +52,108 @@ class _SameHostRedirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
         old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
         if (old.scheme, old.netloc) != (new.scheme, new.netloc):
-            raise ScrapeError("redirect", f"HTTP {code} redirect to {newurl} (another host: not followed; "
+            raise ScrapeError("redirect", f"HTTP {code} redirect to {printable(newurl)[:200]} (another host: not followed; "
                                           "give that URL if it is the server)")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-# No proxy from the environment (a scraper of the server next door must not go through http_proxy), no cookies.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _SameHostRedirects())
+class _Watchdog:
+    """Shuts every socket of one scrape at its deadline. A socket's timeout is per read, so a server that sends
+    a header byte now and then (or never finishes a TLS handshake) would hold the read for ever; this cuts it off
+    at `timeout_s` in all."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.fired = False
+        self.answered = False  # the answer's head (status line and headers) came in
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(timeout_s, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def create_connection(self, *args: Any, **kwargs: Any) -> socket.socket:
+        sock = socket.create_connection(*args, **kwargs)
+        with self._lock:
+            self._socks.append(sock)
+            if self.fired:
+                _shut(sock)
+        return sock
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self._socks:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)  # the blocked read returns at once; the owner closes it
+
+
+class _Http(urllib.request.HTTPHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self.watchdog = watchdog
+
+    def http_open(self, req: Any) -> Any:
+        return self.do_open(self._connection, req)
+
+    def _connection(self, host: str, **kwargs: Any) -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection(host, **kwargs)
+        conn._create_connection = self.watchdog.create_connection  # type: ignore[attr-defined]
+        return conn
+
+
+class _Https(urllib.request.HTTPSHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self.watchdog = watchdog
+
+    def https_open(self, req: Any) -> Any:
+        return self.do_open(self._connection, req)
+
+    def _connection(self, host: str, **kwargs: Any) -> http.client.HTTPSConnection:
+        conn = http.client.HTTPSConnection(host, **kwargs)
+        conn._create_connection = self.watchdog.create_connection  # type: ignore[attr-defined]
+        return conn
+
+
+def _opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
+    # No proxy from the environment (a scraper of the server next door must not go through http_proxy), no cookies.
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _SameHostRedirects(), _Http(watchdog),
+                                       _Https(watchdog))
 
 
 def fetch_metrics(url: str, timeout_s: float, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
-    """The body of GET url, within `timeout_s` in all (a server that trickles bytes is cut off too) and at most
-    `max_bytes`; raises ScrapeError with the state it came to."""
+    """The body of GET url, within `timeout_s` in all (a server that trickles bytes, headers included, is cut off
+    too) and at most `max_bytes`; raises ScrapeError with the state it came to."""
+    with _Watchdog(timeout_s) as watchdog:
+        try:
+            body = _fetch(url, timeout_s, max_bytes, watchdog)
+        except ScrapeError as e:
+            if watchdog.fired and e.state not in ("too_large", "timeout"):
+                raise ScrapeError("timeout", f"answer not complete within {timeout_s:g} s" if watchdog.answered
+                                  else f"no answer within {timeout_s:g} s (its head not complete)") from None
+            raise
+        if watchdog.fired:  # the deadline's shutdown reads as the end of the answer
+            raise ScrapeError("timeout", f"answer not complete within {timeout_s:g} s (read {len(body):,} bytes)"
+                              if watchdog.answered else f"no answer within {timeout_s:g} s (its head not complete)")
+        return body
+
+
+def _fetch(url: str, timeout_s: float, max_bytes: int, watchdog: _Watchdog) -> bytes:
     deadline = time.monotonic() + timeout_s
     req = urllib.request.Request(url, headers={"Accept": "text/plain", "User-Agent": "dltop"})
     try:
-        with _OPENER.open(req, timeout=timeout_s) as resp:
+        with _opener(watchdog).open(req, timeout=timeout_s) as resp:
+            watchdog.answered = not watchdog.fired  # the deadline's shutdown reads as the end of the headers
             length = resp.headers.get("Content-Length")
             if length and length.isdigit() and int(length) > max_bytes:
                 raise ScrapeError("too_large", f"payload of {int(length):,} bytes is over the {max_bytes:,}-byte "
@@ -70,9 +162,14 @@ def fetch_metrics(url: str, timeout_s: float, max_bytes: int = MAX_PAYLOAD_BYTES
             size = 0
             while True:
                 if time.monotonic() > deadline:
-                    raise ScrapeError("timeout", f"answer not complete within {timeout_s:g} s (read {size:,} bytes)")
+                    raise ScrapeError("timeout", f"answer not complete within {timeout_s:g} s (read {size:,} bytes)"
+                                      if watchdog.answered else f"no answer within {timeout_s:g} s (its head not "
+                                      "complete)")
                 chunk = resp.read1(_CHUNK)
                 if not chunk:
+                    if getattr(resp, "length", None) and not watchdog.fired:  # bytes announced, never sent
+                        raise ScrapeError("garbage", f"the answer ended after {size:,} of the {size + resp.length:,} "
+                                                     "bytes it announced (the last numbers could be cut short)")
                     return b"".join(chunks)
                 chunks.append(chunk)
                 size += len(chunk)
@@ -81,16 +178,16 @@ def fetch_metrics(url: str, timeout_s: float, max_bytes: int = MAX_PAYLOAD_BYTES
                                                    "(not a /metrics page, or a label explosion)")
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
-            raise ScrapeError("auth", f"HTTP {e.code} {e.reason}: the server wants credentials "
+            raise ScrapeError("auth", f"HTTP {e.code} {printable(str(e.reason))}: the server wants credentials "
                                       "(dltop sends none)") from None
         if 300 <= e.code < 400:
             raise ScrapeError("redirect", f"HTTP {e.code} redirect not followed") from None
-        raise ScrapeError("http_error", f"HTTP {e.code} {e.reason}") from None
+        raise ScrapeError("http_error", f"HTTP {e.code} {printable(str(e.reason))[:80]}") from None
     except urllib.error.URLError as e:
         raise _network_error(e.reason, url, timeout_s) from None
     except ScrapeError:
         raise
-    except (OSError, http.client.HTTPException) as e:
+    except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: http.client on a bad status line
         raise _network_error(e, url, timeout_s) from None
 
 
@@ -105,8 +202,8 @@ def _network_error(reason: object, url: str, timeout_s: float) -> ScrapeError:
     if isinstance(reason, OSError):
         return ScrapeError("down", f"{reason.strerror or type(reason).__name__}: {netloc}")
     if isinstance(reason, http.client.HTTPException):
-        return ScrapeError("garbage", f"not an HTTP answer: {type(reason).__name__} {reason}")
-    return ScrapeError("down", f"{reason}: {netloc}")
+        return ScrapeError("garbage", f"not an HTTP answer: {type(reason).__name__} {printable(str(reason))[:80]}")
+    return ScrapeError("down", f"{printable(str(reason))[:80]}: {netloc}")
 
 
 # -- the payload ----------------------------------------------------------------------------------------------
@@ -117,21 +214,52 @@ class _Sample:
     value: float
 
 
-def parse_samples(text: str) -> dict[str, list[_Sample]]:
+def parse_samples(text: str) -> tuple[dict[str, list[_Sample]], list[str]]:
     """Every sample of Prometheus text by its sample name (`vllm:prefix_cache_hits_total`, not the family's name,
-    so a counter's `_created` timestamps never pass for counts); raises ScrapeError("garbage") on bad text."""
+    so a counter's `_created` timestamps never pass for counts), and a one-line reason for each line left out: a
+    line the parser refuses, or one over MAX_LINE_CHARS, costs only itself. ScrapeError("garbage") when no line
+    is Prometheus text."""
+    rejected: list[tuple[int, str]] = []
+    kept: list[tuple[int, str]] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if len(line) > MAX_LINE_CHARS:
+            rejected.append((number, f"line {number}: {len(line):,} characters, over the {MAX_LINE_CHARS:,} cap"))
+        else:
+            kept.append((number, line))
+    try:  # the whole page at once (the common case, and the fast one), else line by line
+        out = _parse("\n".join(line for _, line in kept))
+    except Exception:  # noqa: BLE001 - the parser raises ValueError, and others (IndexError, TypeError)
+        out = {}
+        for number, line in kept:
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue  # HELP and TYPE name families; the samples' own names are what is read
+            try:
+                for name, rows in _parse(line).items():
+                    out.setdefault(name, []).extend(rows)
+            except Exception as e:  # noqa: BLE001
+                rejected.append((number, f"line {number}: {type(e).__name__}: {printable(str(e))[:80]} "
+                                         f"({printable(line[:60])})"))
+    reasons = [why for _, why in sorted(rejected)]
+    if reasons and not out:
+        first = next((line for _, line in kept if line.strip()), "")[:60]
+        raise ScrapeError("garbage", f"not Prometheus text ({reasons[0]}; first line {printable(first)})")
+    return out, reasons
+
+
+def _parse(text: str) -> dict[str, list[_Sample]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, list[_Sample]] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                out.setdefault(s.name, []).append(_Sample(dict(s.labels), float(s.value)))
-    except Exception as e:  # the parser raises ValueError, and others (IndexError, TypeError) on odd input
-        first = next((line for line in text.splitlines() if line.strip()), "")[:60]
-        raise ScrapeError("garbage", f"not Prometheus text ({type(e).__name__}: {str(e)[:80]}; "
-                                     f"first line {first!r})") from None
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append(_Sample(dict(s.labels), float(s.value)))
     return out
+
+
+def _rejected_notes(rejected: list[str]) -> list[str]:
+    more = len(rejected) - MAX_REJECTED_NOTES
+    return [f"left out: {r}" for r in rejected[:MAX_REJECTED_NOTES]] + (
+        [f"left out: {more:,} more lines the parser refused"] if more > 0 else [])
 
 
 def _replica_of(labels: dict[str, str]) -> str | None:
@@ -163,6 +291,9 @@ def _by_model(samples: dict[str, list[_Sample]], *names: str) -> tuple[str | Non
 
 
 class _Notes:
+    """The checks every number from a server passes (finite, in range, of its type); each that fails is left out
+    with a one-line note, and the rest of the page is still read."""
+
     def __init__(self) -> None:
         self.lines: list[str] = []
 
@@ -172,21 +303,40 @@ class _Notes:
             return None
         return value
 
+    def total(self, name: str, value: float | None) -> float | None:
+        """A counter: finite, 0 or more."""
+        if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_COUNT):
+            self.lines.append(f"{name} is {value:g}: not a count, not shown")
+            return None
+        return value
 
-def _count(v: float | None, missing: str) -> int | Unavailable:
-    return Unavailable(missing) if v is None else int(v)
+    def count(self, name: str, value: float | None, missing: str) -> int | Unavailable:
+        """A whole number of things (requests, tokens), or Unavailable with why not."""
+        if value is None:
+            return Unavailable(missing)
+        if not (math.isfinite(value) and 0 <= value <= MAX_COUNT and value == int(value)):
+            self.lines.append(f"{name} is {value:g}: not a count, not shown")
+            return Unavailable(f"{name} is {value:g}: not a count")
+        return int(value)
+
+    def fraction(self, name: str, value: float | None) -> float | None:
+        """A share, 0..1."""
+        if value is not None and not (math.isfinite(value) and 0 <= value <= 1):
+            self.lines.append(f"{name} is {value:g}: not a fraction 0..1, not shown")
+            return None
+        return value
 
 
 def parse_server(text: str) -> tuple[str, list[ModelStats], list[str]]:
     """(engine, one ModelStats per model, notes) from a /metrics page; ScrapeError when it is not an inference
     server's."""
-    samples = parse_samples(text)
+    samples, rejected = parse_samples(text)
     if any(n.startswith("vllm:") for n in samples):
         models, notes = _vllm(samples)
-        return "vllm", models, notes
+        return "vllm", models, [*notes, *_rejected_notes(rejected)]
     if any(n.startswith("sglang:") for n in samples):
         models, notes = _sglang(samples)
-        return "sglang", models, notes
+        return "sglang", models, [*notes, *_rejected_notes(rejected)]
     raise ScrapeError("not_inference", f"no vllm: or sglang: metrics among {len(samples)} sample names "
                                        "(is this an inference server's /metrics?)")
 
@@ -220,29 +370,34 @@ def _vllm(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[str
         prefix_off = cfg is not None and cfg.get("enable_prefix_caching", "").lower() == "false"
         if k in v0_rate:
             v = notes.finite("vllm:gpu_prefix_cache_hit_rate", v0_rate[k])
+            v = v if v == -1 else notes.fraction("vllm:gpu_prefix_cache_hit_rate", v)
             hit_rate = (Unavailable("prefix caching is off (vllm:gpu_prefix_cache_hit_rate is -1)") if v == -1
-                        else Unavailable("vllm:gpu_prefix_cache_hit_rate is not a number") if v is None else v)
+                        else Unavailable("vllm:gpu_prefix_cache_hit_rate is not a fraction 0..1") if v is None
+                        else v)
         elif prefix_off:
             hit_rate = Unavailable("prefix caching is off (vllm:cache_config_info enable_prefix_caching=False)")
         elif k in hits and k in queries:
             hit_rate = Unavailable(V1_RATE)
         else:
             hit_rate = Unavailable("no prefix-cache metric in the payload")
-        u = notes.finite(usage_name or "", usage.get(k))
+        u = notes.fraction(usage_name or "", usage.get(k))
+        swapped_n = notes.count("vllm:num_requests_swapped", swapped.get(k), "")
         models.append(ModelStats(
             model_name=name or "(unnamed)",
             replica=replica,
-            kv_usage=Unavailable("no vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc") if u is None else u,
+            kv_usage=Unavailable(f"{usage_name} is not a fraction 0..1" if k in usage else
+                                 "no vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc") if u is None else u,
             kv_capacity_tokens=capacity,
             kv_cache_dtype=None if cfg is None else cfg.get("cache_dtype"),
             kv_used_tokens=Unavailable("vLLM gives the fraction in use, not tokens"),
             prefix_cache_hit_rate=hit_rate,
-            prefix_cache_hits_total=notes.finite("prefix cache hits", hits.get(k)),
-            prefix_cache_queries_total=notes.finite("prefix cache queries", queries.get(k)),
-            running_requests=_count(notes.finite("running", running.get(k)), "no vllm:num_requests_running"),
-            waiting_requests=_count(notes.finite("waiting", waiting.get(k)), "no vllm:num_requests_waiting"),
-            swapped_requests=None if (s := notes.finite("swapped", swapped.get(k))) is None else int(s),
-            preemptions_total=_count(notes.finite("preemptions", preempt.get(k)), "no vllm:num_preemptions_total"),
+            prefix_cache_hits_total=notes.total("prefix cache hits", hits.get(k)),
+            prefix_cache_queries_total=notes.total("prefix cache queries", queries.get(k)),
+            running_requests=notes.count("vllm:num_requests_running", running.get(k), "no vllm:num_requests_running"),
+            waiting_requests=notes.count("vllm:num_requests_waiting", waiting.get(k), "no vllm:num_requests_waiting"),
+            swapped_requests=swapped_n if isinstance(swapped_n, int) else None,
+            preemptions_total=notes.count("vllm:num_preemptions_total", preempt.get(k),
+                                          "no vllm:num_preemptions_total"),
         ))
     return models, notes.lines
 
@@ -257,12 +412,12 @@ def _config_for(configs: list[_Sample], name: str, replica: str | None) -> dict[
 
 
 def _capacity(cfg: dict[str, str]) -> int | Unavailable:
-    try:
-        blocks, size = int(cfg["num_gpu_blocks"]), int(cfg["block_size"])
-    except (KeyError, ValueError):
-        return Unavailable("vllm:cache_config_info lacks a whole num_gpu_blocks or block_size "
-                           f"({cfg.get('num_gpu_blocks')!r}, {cfg.get('block_size')!r})")
-    return blocks * size
+    blocks, size = cfg.get("num_gpu_blocks", ""), cfg.get("block_size", "")
+    # ASCII digits only, and not too many of them: int() would take "+7", "7_000", Arabic digits, or 5,000 nines
+    if not all(re.fullmatch(r"[0-9]{1,12}", v) and int(v) > 0 for v in (blocks, size)):
+        return Unavailable("vllm:cache_config_info lacks a whole positive num_gpu_blocks or block_size "
+                           f"({printable(blocks[:20])!r}, {printable(size[:20])!r})")
+    return int(blocks) * int(size)
 
 
 def _sglang(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[str]]:
@@ -276,23 +431,25 @@ def _sglang(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[s
     keys = list(dict.fromkeys([*usage, *cap, *used, *running, *waiting])) or [("", None)]
     models = []
     for k in keys:
-        u = notes.finite("sglang:token_usage", usage.get(k))
-        c = notes.finite("sglang:max_total_num_tokens", cap.get(k))
-        n = notes.finite("sglang:num_used_tokens", used.get(k))
-        h = notes.finite("sglang:cache_hit_rate", hit.get(k))
-        if u is not None and c and n is not None and abs(n / c - u) > 0.01:
+        u = notes.fraction("sglang:token_usage", usage.get(k))
+        c = notes.count("sglang:max_total_num_tokens", cap.get(k), "no sglang:max_total_num_tokens")
+        n = notes.count("sglang:num_used_tokens", used.get(k), "no sglang:num_used_tokens")
+        h = notes.fraction("sglang:cache_hit_rate", hit.get(k))
+        if u is not None and isinstance(c, int) and c and isinstance(n, int) and abs(n / c - u) > 0.01:
             # token_usage is the engine's own fraction (it weighs hybrid/SWA pools); show both when they differ.
-            notes.lines.append(f"{k[0]}: sglang:token_usage {u:g} is not num_used_tokens / max_total_num_tokens "
-                               f"= {int(n):,} / {int(c):,} = {n / c:.4g}; kv_usage is token_usage")
+            notes.lines.append(f"{printable(k[0])}: sglang:token_usage {u:g} is not num_used_tokens / "
+                               f"max_total_num_tokens = {n:,} / {c:,} = {n / c:.4g}; kv_usage is token_usage")
         models.append(ModelStats(
             model_name=k[0] or "(unnamed)",
             replica=k[1],
-            kv_usage=Unavailable("no sglang:token_usage") if u is None else u,
-            kv_capacity_tokens=_count(c, "no sglang:max_total_num_tokens"),
-            kv_used_tokens=_count(n, "no sglang:num_used_tokens"),
-            prefix_cache_hit_rate=Unavailable("no sglang:cache_hit_rate") if h is None else h,
-            running_requests=_count(notes.finite("running", running.get(k)), "no sglang:num_running_reqs"),
-            waiting_requests=_count(notes.finite("queue", waiting.get(k)), "no sglang:num_queue_reqs"),
+            kv_usage=Unavailable("sglang:token_usage is not a fraction 0..1" if k in usage else
+                                 "no sglang:token_usage") if u is None else u,
+            kv_capacity_tokens=c,
+            kv_used_tokens=n,
+            prefix_cache_hit_rate=Unavailable("sglang:cache_hit_rate is not a fraction 0..1" if k in hit else
+                                              "no sglang:cache_hit_rate") if h is None else h,
+            running_requests=notes.count("sglang:num_running_reqs", running.get(k), "no sglang:num_running_reqs"),
+            waiting_requests=notes.count("sglang:num_queue_reqs", waiting.get(k), "no sglang:num_queue_reqs"),
             preemptions_total=Unavailable("SGLang exports no preemption counter"),
         ))
     return models, notes.lines
