@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import os
 import sys
@@ -17,10 +16,10 @@ from dltop.commands.common import (
     add_export_options,
     add_jump_option,
     add_server_option,
+    escaped_output,
     refresh_seconds,
 )
 from dltop.errors import DltopError
-from dltop.fmt import EscapingWriter
 
 # Subcommand -> the module whose `register(subparsers)` adds it (with `set_defaults(func=run)`). Only the
 # module of the command being run is imported: `dltop residency` must start as fast as vmtouch can.
@@ -96,18 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = _command_first(list(sys.argv[1:] if argv is None else argv))
     first = args_list[0] if args_list else None
     tui, cmd, sub = build_parser(first if first in COMMANDS else None)
-    # Every line a command prints may hold text from outside (paths, argv, a server's labels): one writer escapes
-    # its controls on the way to the terminal (the TUI draws through its own driver, each text made safe).
-    streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = (s if isinstance(s, EscapingWriter) else EscapingWriter(s)  # type: ignore[assignment]
-                              for s in streams)
-    try:
+    with escaped_output():  # every line a command prints may hold text from outside (paths, argv, labels)
         return _run(args_list, first, tui, cmd, sub)
-    finally:
-        for s in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):  # a reader gone, a stream closed: said already
-                s.flush()
-        sys.stdout, sys.stderr = streams
 
 
 def _run(args_list: list[str], first: str | None, tui: argparse.ArgumentParser, cmd: argparse.ArgumentParser,

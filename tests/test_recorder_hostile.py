@@ -464,3 +464,22 @@ def test_index_times_are_checked() -> None:
     for bad in ("!!!!", "AAA", base64.b64encode(b"\0" * 7).decode()):
         with pytest.raises(ValueError):
             index_times(bad)
+
+
+def test_numbers_that_may_be_negative_read_back_as_recorded(tmp_path: Path) -> None:
+    # A job's page-cache change over an epoch shrinks when reclaim wins; a split whose parts exceed NVML's Used
+    # is recorded with its negative remainder (shown as inconsistent). Both are data, not damage: a recording of a
+    # real training job holds them (the full suite saw a whole recording refused beside a probe job).
+    from dataclasses import replace
+
+    from dltop.model import ProbesPart
+    from dltop.model.probes import ProbeEpoch, ProcessProbe
+
+    epoch = ProbeEpoch(index=0, started_at=time.time() - 5, ended_at=time.time(), duration_s=5.0, data_wait_s=1.0,
+                       steps=10, page_cache_delta_bytes=-24576)
+    probe = ProcessProbe(pid=os.getpid(), path="/x/1.json", uid=0, start_time_ticks=1, cmd="train.py",
+                         published_at=time.time(), epochs=(epoch,))
+    snaps = tuple(replace(s, probes=ProbesPart(dirs=("/x",), processes=(probe,), ignored=())) for s in real_snapshots(3))
+    rec_dir = record_crashed(tmp_path / "rec", snaps)
+    code, out, err = dltop("dump", str(rec_dir))
+    assert code == 0 and err == "" and dumped(out) == list(snaps)

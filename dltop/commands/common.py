@@ -6,10 +6,14 @@ Below `cli.py`, so a command module never imports the entry point that imports i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from typing import NoReturn
 
 from dltop.errors import DltopError
+from dltop.fmt import EscapingWriter
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -120,3 +124,20 @@ def _jump_seconds(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
     return value
+
+
+@contextlib.contextmanager
+def escaped_output() -> Iterator[None]:
+    """stdout and stderr through `EscapingWriter` while a command runs: what it prints may hold text from outside
+    (paths, argv, a server's labels), and its controls are escaped on the way to the terminal. The TUI draws
+    through its own driver (sys.__stderr__), each text made safe by the panes."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (s if isinstance(s, EscapingWriter) else EscapingWriter(s)  # type: ignore[assignment]
+                              for s in streams)
+    try:
+        yield
+    finally:
+        for s in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a reader gone, a stream closed: said already
+                s.flush()
+        sys.stdout, sys.stderr = streams

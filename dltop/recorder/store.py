@@ -38,9 +38,14 @@ MAX_TS = 1e11  # a recorded time past this (the year 5138) or before 1970 is dam
 MAX_NUMBER = 2**64  # no counter or gauge dltop records is larger: a bigger number is damage, not data
 MAX_LINE_BYTES = 64 << 20  # a line longer than this is not parsed (one Snapshot of 8 GPUs is ~100 KiB)
 MAX_DEPTH = 64  # event data and meta nested deeper are damage (dltop writes them ~4 deep)
-# Numbers that cannot be negative: a recorded number under a key that ends so (or "ts"), negative, is damage.
-_UNSIGNED = ("_bytes", "_pages", "_ts", "_s", "_khz", "_total", "pid", "files", "dirs", "samples", "size",
-             "offset", "kills")
+# Numbers that cannot be negative: a recorded number under one of these keys, negative, is damage. Named one by
+# one: a unit in the name says nothing of the sign (page_cache_delta_bytes, a split's inconsistent non_torch_bytes
+# and a derived *_s rate may all be negative, and must read back as recorded).
+_UNSIGNED = frozenset({
+    "ts", "pid", "files", "dirs", "samples", "size", "offset", "kills",
+    "total_bytes", "available_bytes", "cached_bytes", "buffers_bytes", "dirty_bytes", "writeback_bytes",
+    "shmem_bytes", "active_file_bytes", "inactive_file_bytes", "mlocked_bytes", "memory_total_bytes",
+    "memory_used_bytes", "memory_free_bytes", "used_bytes", "data_bytes", "resident_bytes", "resident_pages"})
 
 
 class Malformed(ValueError):
@@ -120,7 +125,7 @@ def _int(text: str) -> int:
 
 def _unsigned(obj: dict[str, Any]) -> dict[str, Any]:
     for key, value in obj.items():
-        if (key == "ts" or key.endswith(_UNSIGNED)) and (_negative(value) or (type(value) is list and any(map(_negative, value)))):
+        if key in _UNSIGNED and (_negative(value) or (type(value) is list and any(map(_negative, value)))):
             raise Malformed(f"{key}: negative")
     return obj
 
@@ -142,7 +147,7 @@ _LONG_RUN = b"0" * 21
 def loads(data: bytes | str) -> Any:
     """JSON from a recording, bounded and checked: Malformed (with the reason) for text that is not JSON, is
     longer than MAX_LINE_BYTES or nested past the recursion limit, or holds NaN, an infinity, a number beyond
-    MAX_NUMBER, or a negative number under a key whose unit cannot be (`_bytes`, `_pages`, `_s`, `pid`...)."""
+    MAX_NUMBER, or a negative number under a key that cannot be (`_UNSIGNED`: `cached_bytes`, `pid`...)."""
     raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
     if len(raw) > MAX_LINE_BYTES:
         raise Malformed(f"{len(raw)} bytes: longer than any line dltop writes")
