@@ -101,7 +101,9 @@ def make_world(root: Path, user: tuple[int, int] | None = None) -> World:
     try:
         sleeper = subprocess.Popen([*_demote(user), sys.executable, "-c", "import time; time.sleep(600)", HOSTILE],
                                    env=env, cwd="/")
-        job = subprocess.Popen([*_demote(user), sys.executable, "-c", PROBE_JOB, str(dataset), f"job{HOSTILE}",
+        # a job id of its own: on a busy node another job of the same user may be running (one job, not two)
+        job = subprocess.Popen([*_demote(user), sys.executable, "-c", PROBE_JOB, str(dataset),
+                                f"job-{os.getpid()}{HOSTILE}",
                                 HOSTILE], env=env, cwd="/")
         world.procs += [sleeper, job]
         s = json.loads((DATA / "gpu-scenarios" / "two-gpus.json").read_text())

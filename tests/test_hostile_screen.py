@@ -93,7 +93,7 @@ def test_cli_text_is_escaped_and_json_exact(world: World) -> None:
     cmds = [p["command"] for g in snap["gpus"] for p in g["processes"] if p["pid"] in world.pids]
     assert any(HOSTILE in c for c in cmds), cmds  # exact: the JSON carries the bytes the process had
     probes = [p for p in snap["probes"]["processes"] if p["pid"] in world.pids]
-    assert probes and HOSTILE in probes[0]["data_dir"] and probes[0]["job_id"] == f"job{HOSTILE}"
+    assert probes and HOSTILE in probes[0]["data_dir"] and probes[0]["job_id"] == f"job-{os.getpid()}{HOSTILE}"
 
 
 def test_the_writer_keeps_json_exact_and_text_escaped() -> None:
