@@ -99,7 +99,7 @@ def test_every_scenario_reads_and_roundtrips(path: Path) -> None:
             assert p.split.unavailable == dict.fromkeys(SPLIT_FIELDS, NO_PROBE)
         # Every None has its reason.
         for f in GpuDevice.__dataclass_fields__:
-            if getattr(g, f) is None and f != "memory_pool_note":
+            if getattr(g, f) is None and f not in ("memory_pool_note", "down"):  # down: None is "it answers"
                 assert g.why(f), f
 
 
@@ -190,6 +190,40 @@ def test_lost_gpu_keeps_its_place() -> None:
     assert "NVML_ERROR_GPU_IS_LOST" in (g1.why("memory_used_bytes") or "") and "fallen off the bus" in (
         g1.why("name") or "")
     assert isinstance(g1.processes, Unavailable) and "GPU_IS_LOST" in g1.processes.reason
+    assert (g0.down, g1.down) == (None, "lost")
+
+
+def test_a_gpu_lost_during_the_session_keeps_its_name_and_says_lost() -> None:
+    # The series of a GPU that falls off the bus goes to 0 under the labels it had (its UUID from the reads
+    # before), so the alert names the GPU and a dashboard's line does not jump to another series.
+    s = scenario("two-gpus")
+    backend = FakeBackend(s)
+    reader = GpuReader(lambda: backend)
+    before = reader.read()
+    assert isinstance(before, tuple) and all(g.down is None for g in before)
+    s["gpus"][1]["error"] = "NVML_ERROR_GPU_IS_LOST"
+    after = reader.read()
+    assert isinstance(after, tuple)
+    assert after[1].down == "lost" and after[1].memory_total_bytes is None
+    assert (after[1].uuid, after[1].name, after[1].bus_id) == (before[1].uuid, before[1].name, before[1].bus_id)
+    assert after[0].down is None and after[0].memory_total_bytes == before[0].memory_total_bytes
+
+
+@pytest.mark.parametrize(("error", "word"), [("NVML_ERROR_NO_PERMISSION", "no_permission"),
+                                             ("NVML_ERROR_UNKNOWN", "error")])
+def test_a_gpu_whose_handle_fails_is_down_with_a_word_of_a_fixed_set(error: str, word: str) -> None:
+    s = scenario("two-gpus")
+    s["gpus"][0]["error"] = error
+    g0, g1 = devices(s)
+    assert (g0.down, g1.down) == (word, None) and error in (g0.why("memory_total_bytes") or "")
+
+
+@pytest.mark.parametrize(("name", "absent"), [("library-not-found", "no_library"), ("driver-not-loaded", "no_driver"),
+                                              ("no-gpus", "no_devices"), ("no-permission", None),
+                                              ("version-mismatch", None)])
+def test_no_gpu_here_is_a_state_and_an_error_on_a_gpu_machine_is_not(name: str, absent: str | None) -> None:
+    part = read(scenario(name))
+    assert isinstance(part, Unavailable) and part.absent == absent and part.reason
 
 
 def test_lost_mid_read_keeps_what_was_read() -> None:
@@ -309,7 +343,10 @@ def test_snapshot_json_when_nvml_cannot_be_used(name: str, says: str) -> None:
     r = _dltop("snapshot", scenario_path=SCENARIOS / f"{name}.json")
     assert r.returncode == 0, r.stderr
     gpus = json.loads(r.stdout)["gpus"]
-    assert list(gpus) == ["unavailable"] and says in gpus["unavailable"]
+    # No library is "no GPU here", a state: it says so beside the reason; a version mismatch is a failure.
+    want = {"library-not-found": ["unavailable", "absent"], "version-mismatch": ["unavailable"]}[name]
+    assert list(gpus) == want and says in gpus["unavailable"]
+    assert gpus.get("absent") == ("no_library" if name == "library-not-found" else None)
 
 
 def test_snapshot_json_with_a_broken_scenario(tmp_path: Path) -> None:

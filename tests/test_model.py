@@ -44,6 +44,17 @@ def test_unavailable_part_keeps_its_reason() -> None:
     assert Snapshot.from_dict(data) == snap
 
 
+def test_a_thing_this_machine_lacks_keeps_its_state_and_a_bad_state_is_refused() -> None:
+    snap = Snapshot(ts=0.0, host="h", gpus=Unavailable("no NVIDIA driver here", "no_library"))
+    data = json.loads(snap.to_json())
+    assert data["gpus"] == {"unavailable": "no NVIDIA driver here", "absent": "no_library"}
+    assert Snapshot.from_dict(data) == snap
+    # a recording from before: no "absent", a failure as it was
+    assert Snapshot.from_dict({**data, "gpus": {"unavailable": "x"}}).gpus == Unavailable("x")
+    with pytest.raises(DecodeError):
+        Snapshot.from_dict({**data, "gpus": {"unavailable": "x", "absent": 1}})
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [

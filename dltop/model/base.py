@@ -28,9 +28,12 @@ RAW_SUFFIX = "_b64"  # the sibling field holding the exact bytes of a string tha
 
 @dataclass(frozen=True)
 class Unavailable:
-    """A value or part the system could not provide, and why ("no /proc/pressure: kernel built without PSI")."""
+    """A value or part the system could not provide, and why ("no /proc/pressure: kernel built without PSI").
+    `absent` (a word: "no_library", "no_driver", "no_devices") marks a thing this machine does not have, a state
+    rather than a failure: no GPU on a CPU-only node is "0 GPUs", and its source is up."""
 
     reason: str
+    absent: str | None = None
 
     def __str__(self) -> str:
         return f"unavailable ({self.reason})"
@@ -66,7 +69,8 @@ def _encoder(t: type) -> Callable[[Any], Any]:
         def unavailable(obj: Unavailable) -> Any:
             raw = _raw_form(obj.reason)
             return {"unavailable": display_path(obj.reason),
-                    **({} if raw is None else {"unavailable" + RAW_SUFFIX: raw})}
+                    **({} if raw is None else {"unavailable" + RAW_SUFFIX: raw}),
+                    **({} if obj.absent is None else {"absent": obj.absent})}
 
         return unavailable
     if dataclasses.is_dataclass(t):
@@ -243,16 +247,18 @@ _RAW_UNAVAILABLE = "unavailable" + RAW_SUFFIX
 
 
 def _is_unavailable(data: Any) -> bool:
-    return (isinstance(data, dict) and set(data) - {_RAW_UNAVAILABLE} == {"unavailable"}
-            and isinstance(data["unavailable"], str))
+    return (isinstance(data, dict) and set(data) - {_RAW_UNAVAILABLE, "absent"} == {"unavailable"}
+            and isinstance(data["unavailable"], str) and isinstance(data.get("absent", ""), str))
 
 
 def _decode_unavailable(data: Any, where: Where) -> Unavailable:
     if not _is_unavailable(data):
         raise DecodeError(f"{_path(where)}: expected {{'unavailable': reason}}")
+    absent = data.get("absent")
     if _RAW_UNAVAILABLE in data:
-        return Unavailable(_from_raw(data["unavailable"], data[_RAW_UNAVAILABLE], f"{_path(where)}.{_RAW_UNAVAILABLE}"))
-    return Unavailable(data["unavailable"])
+        return Unavailable(_from_raw(data["unavailable"], data[_RAW_UNAVAILABLE], f"{_path(where)}.{_RAW_UNAVAILABLE}"),
+                           absent)
+    return Unavailable(data["unavailable"], absent)
 
 
 def _dataclass_decoder(tp: type) -> Decoder:

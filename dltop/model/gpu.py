@@ -127,6 +127,9 @@ class GpuDevice:
     mig_devices: tuple[MigDevice, ...] = ()
     processes: tuple[GpuProcess, ...] | Unavailable = ()
     unavailable: dict[str, str] = field(default_factory=dict)
+    # None while the GPU answers; when it cannot be read at all, one word of a fixed set ("lost": off the bus,
+    # "no_permission", "timeout", "reset_required", "error"), with the full reason in `unavailable`
+    down: str | None = None
 
     def why(self, name: str) -> str | None:
         """The reason a field is missing, or None when it is present."""

@@ -541,7 +541,7 @@ PCIE_RATE_FROM_COUNTERS = ("from the PCIe byte counters (pcie_*_bytes_total): a 
                            "(dltop.derive.gpu_rates)")
 UNPROBED = unprobed_split()  # one shared (frozen) value: a tick builds many processes
 DEVICE_FIELDS = tuple(f for f in GpuDevice.__dataclass_fields__
-                      if f not in ("index", "mig_devices", "processes", "unavailable", "driver_version",
+                      if f not in ("index", "mig_devices", "processes", "unavailable", "driver_version", "down",
                                    "memory_pool_note"))
 
 
@@ -549,10 +549,25 @@ _Identity = tuple[str | None, str | None, str | None, int | None]  # user, comma
 
 
 class _Lost(Exception):
-    """A call said NVML_ERROR_GPU_IS_LOST: stop asking this GPU anything this tick."""
+    """A call said NVML_ERROR_GPU_IS_LOST (or the GPU's handle failed): stop asking this GPU anything this tick."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, word: str = "lost") -> None:
         self.reason = reason
+        self.word = word  # GpuDevice.down
+
+
+def _absent_word(e: Any, nv: Any) -> str | None:
+    """The word for an nvmlInit failure that means this machine has no NVIDIA GPU to read (no library, no driver):
+    a state, not a failure; None for one that fails a machine with GPUs (no permission, a version mismatch)."""
+    return {nv.NVML_ERROR_LIBRARY_NOT_FOUND: "no_library",
+            nv.NVML_ERROR_DRIVER_NOT_LOADED: "no_driver"}.get(getattr(e, "value", None))
+
+
+def _down_word(e: Any, nv: Any) -> str:
+    """GpuDevice.down for a GPU whose handle fails: one word of a fixed set (an exporter label)."""
+    return {nv.NVML_ERROR_GPU_IS_LOST: "lost", nv.NVML_ERROR_NO_PERMISSION: "no_permission",
+            nv.NVML_ERROR_TIMEOUT: "timeout", nv.NVML_ERROR_RESET_REQUIRED: "reset_required"}.get(
+        getattr(e, "value", None), "error")
 
 
 def parse_cmdline(raw: bytes) -> str:
@@ -573,6 +588,7 @@ class GpuReader:
         self._memory_version = 2
         self._process_version: dict[ProcessKind, int] = {}
         self._pcie_no_counters: dict[int, str] = {}  # GPU index -> why its driver has no PCIe byte counters
+        self._identities: dict[int, dict[str, str]] = {}  # GPU index -> name, uuid, bus_id as last read
         self._util_seen_us: dict[str, int] = {}
         self._commands: dict[tuple[int, int], _Identity] = {}
         self._users: dict[int, str] = {}
@@ -583,6 +599,7 @@ class GpuReader:
             with contextlib.suppress(self._nv.NVMLError):
                 self._backend.shutdown()
             self._backend = None
+        self._identities.clear()  # indices are only stable within one session
 
     def read(self) -> GpuPart | Unavailable:
         """Every GPU NVML sees, or why none can be read."""
@@ -599,7 +616,7 @@ class GpuReader:
             try:
                 backend.init()
             except nv.NVMLError as e:
-                return Unavailable(explain(e, nv))
+                return Unavailable(explain(e, nv), _absent_word(e, nv))
             self._backend = backend
         b = self._backend
         try:
@@ -612,7 +629,7 @@ class GpuReader:
         except nv.NVMLError:
             driver = None
         if count == 0:
-            return Unavailable(f"no GPUs: NVML (driver {driver or 'version unknown'}) sees 0 devices")
+            return Unavailable(f"no GPUs: NVML (driver {driver or 'version unknown'}) sees 0 devices", "no_devices")
         seen: set[tuple[int, int]] = set()
         gpus = tuple(self._device(b, i, driver, seen) for i in range(count))
         for key in [k for k in self._commands if k not in seen]:
@@ -637,11 +654,12 @@ class GpuReader:
             values[fieldname] = value
             return value
 
+        down: str | None = None
         try:
             try:
                 h = b.handle(index)
             except nv.NVMLError as e:
-                raise _Lost(explain(e, nv)) from None
+                raise _Lost(explain(e, nv), _down_word(e, nv)) from None
             ask("name", b.name, h)
             uuid = ask("uuid", b.uuid, h)
             ask("bus_id", b.bus_id, h)
@@ -666,12 +684,19 @@ class GpuReader:
                 migs = self._mig_devices(b, h, seen)
             processes = self._processes(b, h, uuid or f"gpu{index}", seen)
         except _Lost as lost:
+            down = lost.word
             for f in DEVICE_FIELDS:
                 if f not in values:
                     missing.setdefault(f, lost.reason)
             processes = Unavailable(lost.reason)
+            # Its name in this NVML session's earlier reads, so the series that goes to 0 is the one it had
+            for f in ("name", "uuid", "bus_id"):
+                if f not in values and (known := self._identities.get(index, {}).get(f)) is not None:
+                    values[f] = known
+        else:
+            self._identities[index] = {f: values[f] for f in ("name", "uuid", "bus_id") if f in values}
         return GpuDevice(index=index, driver_version=driver, mig_devices=migs, processes=processes,
-                         unavailable=missing, **values)
+                         unavailable=missing, down=down, **values)
 
     def _memory(self, b: NvmlBackend, h: Any, ask: Callable[..., Any], values: dict[str, Any],
                 missing: dict[str, str]) -> None:

@@ -639,9 +639,11 @@ class GpuPane(Pane):
         if part is None:
             self._show_lines([Content.assemble(("GPUs: not sampled", "dim"))], width, fixed=False)
         elif isinstance(part, Unavailable):
-            # No GPU here, or NVML cannot be used: one line saying so (wrapped where it is long), where the GPUs
-            # would be.
-            self._show_lines([Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning"))], width, fixed=False)
+            # No GPU here (a state: "0", and why, not in a warning's colour), or NVML cannot be used: one line
+            # saying so (wrapped where it is long), where the GPUs would be.
+            line = (Content.assemble(("GPUs: 0", "bold"), (f" — {part.reason}", "dim")) if part.absent
+                    else Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning")))
+            self._show_lines([line], width, fixed=False)
         elif not part:
             self._show_lines([Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))], width,
                              fixed=False)
