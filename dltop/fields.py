@@ -11,6 +11,7 @@ the samples.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -27,6 +28,7 @@ from dltop.model import (
     ProbesPart,
     ServerStats,
     Snapshot,
+    SourceStatus,
     Unavailable,
     VmStat,
 )
@@ -67,7 +69,9 @@ SOURCE_UP = _field("sources", "source_up", "gauge", "",
                    "overdue, or the system cannot provide the part (the reason is in dltop_source_unavailable_info)",
                    SOURCE)
 SOURCE_UNAVAILABLE = _field("sources", "source_unavailable_info", "info", "",
-                            "Why a source is down (present only while dltop_source_up is 0)", ("source", "reason"))
+                            "Why a source is down (present only while dltop_source_up is 0): reason slow (a read "
+                            "overdue), error (the read failed) or unavailable (the system cannot provide the part); "
+                            "detail a text that stays the same while the cause does", ("source", "reason", "detail"))
 SOURCE_LAST_OK = _field("sources", "source_last_success_timestamp_seconds", "gauge", "seconds",
                         "Unix time of the source's last successful read", SOURCE)
 SOURCE_DURATION = _field("sources", "source_read_duration_seconds", "gauge", "seconds",
@@ -173,6 +177,18 @@ DATASET_COMPLETE = _field("datasets", "dataset_scan_complete", "gauge", "",
 
 # -- GPUs: NVML, with the split from the probe or an inference server ---------------------------------------------
 GPU = ("gpu", "uuid")
+GPUS = _field("gpus", "gpus", "gauge", "",
+              "GPUs NVML lists on the node: 0 where there is no NVIDIA library, driver or device, a state with the "
+              "source up (why in dltop_gpus_absent_info); absent while the gpus source is down")
+GPUS_ABSENT = _field("gpus", "gpus_absent_info", "info", "",
+                     "Why the node has no GPU to read: reason no_library, no_driver or no_devices (present only "
+                     "while dltop_gpus is 0 for it)", ("reason",))
+GPU_UP = _field("gpus", "gpu_up", "gauge", "",
+                "1 while the GPU answers NVML, 0 when it cannot be read at all (fallen off the bus, ...: the reason "
+                "in dltop_gpu_down_info)", GPU)
+GPU_DOWN = _field("gpus", "gpu_down_info", "info", "",
+                  "Why a GPU cannot be read: reason lost (off the bus, Xid 79), no_permission, timeout, "
+                  "reset_required or error (present only while dltop_gpu_up is 0)", (*GPU, "reason"))
 GPU_INFO = _field("gpus", "gpu_info", "info", "", "A GPU NVML sees", (*GPU, "name", "bus_id", "driver_version"))
 GPU_MEMORY = _field("gpus", "gpu_memory_bytes", "gauge", "bytes",
                     "GPU memory by what holds it: per process use weights, kv_cache, allocator_cache, other_torch, "
@@ -311,8 +327,12 @@ def samples(snapshot: Snapshot, prev: Snapshot | None = None) -> Iterator[Sample
     if isinstance(snapshot.datasets, DatasetsPart):
         yield from _datasets(snapshot.datasets)
     if isinstance(snapshot.gpus, tuple):
+        yield GPUS, {}, float(len(snapshot.gpus))
         for g in snapshot.gpus:
             yield from _gpu(g)
+    elif isinstance(snapshot.gpus, Unavailable) and snapshot.gpus.absent:  # a CPU-only node: 0 GPUs, not down
+        yield GPUS, {}, 0.0
+        yield GPUS_ABSENT, {"reason": snapshot.gpus.absent}, 1.0
     if isinstance(snapshot.servers, tuple):
         yield from _servers(snapshot, prev)
     if isinstance(snapshot.probes, ProbesPart):
@@ -331,27 +351,45 @@ def _sources(s: Snapshot) -> Iterator[Sample]:
     yield SNAPSHOT_TS, {}, s.ts
     for name, st in s.sources.items():
         labels = {"source": name}
-        reason = st.error or _unavailable_reason(s, name)
-        yield SOURCE_UP, labels, 0.0 if reason else 1.0
-        if reason:
-            yield SOURCE_UNAVAILABLE, {"source": name, "reason": display_path(reason)}, 1.0
+        down = _down(st) or _unavailable_reason(s, name)
+        yield SOURCE_UP, labels, 0.0 if down else 1.0
+        if down:
+            yield SOURCE_UNAVAILABLE, {"source": name, "reason": down[0], "detail": down[1]}, 1.0
         if st.last_ok_ts is not None:
             yield SOURCE_LAST_OK, labels, st.last_ok_ts
         if st.duration_s is not None:
             yield SOURCE_DURATION, labels, st.duration_s
 
 
-def _unavailable_reason(s: Snapshot, source: str) -> str | None:
-    """Why the part a source fills is unavailable, or None when it is there."""
+_DETAIL_CHARS = 256  # a reason's detail in a label: the cause and its code name (NVML_ERROR_...)
+SLOW_DETAIL = "no answer within the source's timeout"
+_ERROR_TYPE = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def _down(st: SourceStatus) -> tuple[str, str] | None:
+    """(reason, detail) of a source whose read is overdue or failed. Label values must not change while the
+    cause does not: the sampler's "slow: no answer for N s" ticks every second and an exception's message may
+    hold anything, so the detail is a fixed text, or the exception's type (the sampler writes "Type: message")."""
+    if not st.error:
+        return None
+    if st.running_since_ts is not None:
+        return "slow", SLOW_DETAIL
+    kind = st.error.split(":", 1)[0]
+    return "error", kind if _ERROR_TYPE.fullmatch(kind) else "read failed"
+
+
+def _unavailable_reason(s: Snapshot, source: str) -> tuple[str, str] | None:
+    """(reason, detail) of a source whose part is unavailable, or None when it is there (or absent from this
+    machine: no GPU on a CPU-only node is a state, and its source is up)."""
     part = getattr(s, source, None) if source in Snapshot.__dataclass_fields__ else None
     if isinstance(part, Unavailable):
-        return part.reason
+        return None if part.absent else ("unavailable", display_path(part.reason)[:_DETAIL_CHARS])
     if isinstance(s.servers, tuple):  # one source per server, named "server URL", filling one place each
         for srv in s.servers:
             if f"server {srv.url}" == source and srv.state != "ok":
-                return srv.error or srv.state
+                return "error", srv.state  # one of ServerStats' STATES; srv.error may name changing numbers
     if isinstance(s.servers, Unavailable) and source.startswith("server "):
-        return s.servers.reason
+        return "unavailable", display_path(s.servers.reason)[:_DETAIL_CHARS]
     return None
 
 
@@ -416,6 +454,9 @@ def _datasets(part: DatasetsPart) -> Iterator[Sample]:
 
 def _gpu(g: GpuDevice) -> Iterator[Sample]:
     labels = {"gpu": str(g.index), "uuid": g.uuid or ""}
+    yield GPU_UP, labels, 0.0 if g.down else 1.0
+    if g.down:
+        yield GPU_DOWN, {**labels, "reason": g.down}, 1.0
     yield GPU_INFO, {**labels, "name": g.name or "", "bus_id": g.bus_id or "",
                      "driver_version": g.driver_version or ""}, 1.0
     for f, attr, scale in _GPU:

@@ -150,15 +150,39 @@ def test_fake_nvml_gpus_are_exported(exporter: Exporter) -> None:
     assert len(procs) == sum(len(g["compute_processes"]) + len(g["graphics_processes"]) for g in scenario["gpus"])
 
 
-@pytest.mark.parametrize("exporter", [((), {"DLTOP_FAKE_NVML": str(SCENARIOS / "library-not-found.json")})],
+@pytest.mark.parametrize("exporter", [((), {"DLTOP_FAKE_NVML": str(SCENARIOS / "no-permission.json")})],
                          indirect=True)
 def test_an_unavailable_part_is_absent_with_source_up_0(exporter: Exporter) -> None:
+    # NVML refusing this user on a machine with GPUs: a failure, so the source is down and there is no count.
     body = exporter.metrics()
     assert not [ln for ln in body.splitlines() if ln.startswith("dltop_gpu")]
     assert series(body, "dltop_source_up")['{source="gpus"}'] == 0.0
     assert series(body, "dltop_source_up")['{source="memory"}'] == 1.0
     [labels] = [k for k in series(body, "dltop_source_unavailable_info") if 'source="gpus"' in k]
-    assert "libnvidia-ml.so.1" in labels  # the scenario's reason, word for word
+    assert 'reason="unavailable"' in labels and "NVML_ERROR_NO_PERMISSION" in labels  # the scenario's reason
+
+
+@pytest.mark.parametrize("exporter", [((), {"DLTOP_FAKE_NVML": str(SCENARIOS / "library-not-found.json")})],
+                         indirect=True)
+def test_a_node_without_nvidia_has_0_gpus_and_every_source_up(exporter: Exporter) -> None:
+    body = exporter.metrics()
+    assert series(body, "dltop_gpus") == {"": 0.0}
+    assert series(body, "dltop_gpus_absent_info") == {'{reason="no_library"}': 1.0}
+    assert series(body, "dltop_source_up")['{source="gpus"}'] == 1.0
+    # nothing for DltopSourceDown to fire on (slower sources may still be on their first reading)
+    assert not [k for k in series(body, "dltop_source_unavailable_info") if 'source="gpus"' in k]
+    assert not [ln for ln in body.splitlines() if ln.startswith("dltop_gpu_")]
+
+
+@pytest.mark.parametrize("exporter", [((), {"DLTOP_FAKE_NVML": str(SCENARIOS / "gpu-lost.json")})],
+                         indirect=True)
+def test_a_lost_gpu_is_exported_as_down(exporter: Exporter) -> None:
+    body = exporter.metrics()
+    up = series(body, "dltop_gpu_up")
+    assert sorted(up.values()) == [0.0, 1.0] and series(body, "dltop_gpus") == {"": 2.0}
+    [down] = series(body, "dltop_gpu_down_info")
+    assert 'gpu="1"' in down and 'reason="lost"' in down
+    assert series(body, "dltop_source_up")['{source="gpus"}'] == 1.0  # the other GPU reads: the source is up
 
 
 def test_headless_in_a_fresh_interpreter() -> None:

@@ -134,22 +134,85 @@ def test_an_unavailable_part_is_absent_and_its_source_down(proc_root: Path) -> N
     got = by_name(snap)
     assert not [n for n in got if n.startswith(("memory_", "pressure_", "cgroup_"))]
     assert ({"source": "memory"}, 0.0) in got["source_up"] and ({"source": "datasets"}, 1.0) in got["source_up"]
-    reasons = dict((lbl["source"], lbl["reason"]) for lbl, _ in got["source_unavailable_info"])
-    assert list(reasons) == ["memory"] and "disk on fire" in reasons["memory"]
+    reasons = dict((lbl["source"], (lbl["reason"], lbl["detail"])) for lbl, _ in got["source_unavailable_info"])
+    # the exception's type, not its message: a label value must not change while the cause does not
+    assert reasons == {"memory": ("error", "OSError")}
     assert "memory" not in {lbl["source"] for lbl, _ in got.get("source_last_success_timestamp_seconds", [])}
 
 
-@pytest.mark.parametrize("name", ["library-not-found", "driver-not-loaded", "no-permission"])
-def test_nvml_unavailable_means_no_gpu_metrics(name: str) -> None:
+@pytest.mark.parametrize("name", ["no-permission", "version-mismatch"])
+def test_nvml_failing_on_a_gpu_machine_is_the_source_down(name: str) -> None:
     part = GpuReader(lambda: FakeBackend(json.loads((SCENARIOS / f"{name}.json").read_text())), "/").read()
     assert isinstance(part, Unavailable)
     from dltop.model import SourceStatus
 
     snap = Snapshot(ts=1.0, host="h", gpus=part, sources={"gpus": SourceStatus("gpus", 1.0, last_ok_ts=1.0)})
     got = by_name(snap)
-    assert not [n for n in got if n.startswith("gpu_")]
+    assert not [n for n in got if n.startswith("gpu")]  # no count either: unknown, not 0
     assert got["source_up"] == [({"source": "gpus"}, 0.0)]
-    assert got["source_unavailable_info"] == [({"source": "gpus", "reason": part.reason}, 1.0)]
+    assert got["source_unavailable_info"] == [({"source": "gpus", "reason": "unavailable", "detail": part.reason},
+                                               1.0)]
+
+
+@pytest.mark.parametrize(("name", "absent"), [("library-not-found", "no_library"), ("driver-not-loaded", "no_driver"),
+                                              ("no-gpus", "no_devices")])
+def test_no_gpu_on_the_node_is_0_gpus_with_the_source_up(name: str, absent: str) -> None:
+    # A CPU-only node of a fleet: no NVIDIA library, no driver loaded, or no device on the bus. A state, not a
+    # failure: DltopSourceDown must not fire on every such node.
+    part = GpuReader(lambda: FakeBackend(json.loads((SCENARIOS / f"{name}.json").read_text())), "/").read()
+    from dltop.model import SourceStatus
+
+    snap = Snapshot(ts=1.0, host="h", gpus=part, sources={"gpus": SourceStatus("gpus", 1.0, last_ok_ts=1.0)})
+    got = by_name(snap)
+    assert got["source_up"] == [({"source": "gpus"}, 1.0)] and "source_unavailable_info" not in got
+    assert got["gpus"] == [({}, 0.0)] and got["gpus_absent_info"] == [({"reason": absent}, 1.0)]
+    assert not [n for n in got if n.startswith("gpu_")]
+
+
+def test_a_lost_gpu_is_up_0_with_its_reason_and_the_others_up_1() -> None:
+    part = gpus("gpu-lost")
+    got = by_name(Snapshot(ts=1.0, host="h", gpus=part))
+    assert got["gpus"] == [({}, 2.0)]
+    up = {lbl["gpu"]: v for lbl, v in got["gpu_up"]}
+    assert up == {"0": 1.0, "1": 0.0}
+    assert got["gpu_down_info"] == [({"gpu": "1", "uuid": part[1].uuid or "", "reason": "lost"}, 1.0)]
+    assert {lbl["gpu"] for lbl, _ in got["gpu_memory_total_bytes"]} == {"0"}  # the lost one's numbers: absent
+
+
+def test_a_hanging_source_gives_the_same_series_scrape_after_scrape() -> None:
+    # The sampler says "slow: no answer for N s", N growing every second; as a label value that was a new series
+    # per scrape for as long as the source hung.
+    import asyncio
+
+    from dltop.exporter.collector import SnapshotCollector
+
+    release = threading.Event()
+
+    def hang() -> None:
+        release.wait(30)
+
+    async def scrapes() -> list[list[str]]:
+        sampler = Sampler([Source("datasets", 60.0, hang, timeout_s=0.05)])
+        sampler.start()
+        out = []
+        try:
+            for wait_s in (0.3, 1.1, 1.1):
+                await asyncio.sleep(wait_s)
+                collector = SnapshotCollector()
+                collector.update(sampler.snapshot())
+                body, _ = collector.render("text/plain")
+                out.append([ln.rsplit(" ", 1)[0] for ln in body.decode().splitlines()
+                            if ln.startswith("dltop_source_")])
+        finally:
+            release.set()
+            sampler.close()
+        return out
+
+    first, *later = asyncio.run(scrapes())
+    assert 'dltop_source_up{source="datasets"}' in first
+    [info] = [ln for ln in first if ln.startswith("dltop_source_unavailable_info")]
+    assert 'reason="slow"' in info
+    assert all(x == first for x in later), (first, later)
 
 
 # -- datasets -----------------------------------------------------------------------------------------------------
@@ -289,7 +352,8 @@ def test_a_server_that_is_down_has_no_numbers() -> None:
     got = by_name(snap)
     assert not [n for n in got if n.startswith("inference_")]
     assert got["source_up"] == [({"source": "server http://127.0.0.1:9"}, 0.0)]
-    assert got["source_unavailable_info"][0][0]["reason"] == "connection refused"
+    assert got["source_unavailable_info"] == [({"source": "server http://127.0.0.1:9", "reason": "error",
+                                                "detail": "down"}, 1.0)]  # the state, of a fixed set
 
 
 # -- caches ------------------------------------------------------------------------------------------------------
@@ -401,6 +465,7 @@ def test_every_field_comes_out_of_some_real_snapshot(tmp_path: Path, proc_root: 
                                            Snapshot(ts=1.0, host="h", servers=servers))}
     seen |= {f.name for f, _, _ in samples(Snapshot(ts=1.0, host="h", gpus=Unavailable("x"),
                                                     sources={"gpus": snap.sources["memory"]}))}
+    seen |= {f.name for f, _, _ in samples(Snapshot(ts=1.0, host="h", gpus=Unavailable("x", "no_library")))}
     for path in SCENARIOS.glob("*.json"):
         part = GpuReader(lambda p=path: FakeBackend(json.loads(p.read_text())), "/").read()
         if isinstance(part, tuple):
