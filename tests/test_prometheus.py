@@ -205,7 +205,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
     them and its interval variables at the values of a one-hour view."""
     dash = json.loads(DASHBOARD.read_text())
     subst = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h", "$instance": ".*", "$gpu": ".*",
-             "$dataset": ".*"}
+             "$dataset": ".*", "$server": ".*"}
 
     def fill(expr: str) -> str:
         for k, v in subst.items():
@@ -227,7 +227,7 @@ def test_every_dashboard_expression_evaluates(stack: Stack) -> None:
     # Those with data in this stack (memory, the dataset, the fake GPU) return it; the others return none
     # (no inference server, no probe, no hint), which is an answer, not an error.
     for where in ("panel 'Page cache and available memory'", "panel 'Dataset residency'",
-                  "panel 'GPU memory by use'", "panel 'GPU utilization'", "variable instance", "variable gpu",
+                  "panel 'GPU $gpu memory by use'", "panel 'GPU utilization'", "variable instance", "variable gpu",
                   "variable dataset"):
         assert results[where], where
     assert {r["metric"]["dataset"] for r in results["variable dataset"]} == {str(stack.dataset)}
