@@ -196,6 +196,30 @@ def test_a_port_in_use_is_one_line() -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_dataset_missing_at_start_is_served_as_down_until_it_appears(tmp_path: Path) -> None:
+    late = tmp_path / "late"  # an NFS mount not there yet when the unit starts
+    e = Exporter("--dataset", str(late))
+    try:
+        assert any("no such path (yet)" in line for line in e.before), e.before
+        deadline = time.monotonic() + 30
+        while not series(body := e.metrics(), "dltop_dataset_up") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        label = f'{{dataset="{late}"}}'
+        assert series(body, "dltop_dataset_up") == {label: 0.0}
+        [why] = series(body, "dltop_dataset_unavailable_info")
+        assert str(late) in why and "reason=" in why
+        late.mkdir()
+        (late / "f").write_bytes(os.urandom(1 << 16))
+        while series(body, "dltop_dataset_up").get(label) != 1.0 and time.monotonic() < deadline + 30:
+            time.sleep(0.5)  # the datasets source rescans every 10 s at --interval 1
+            body = e.metrics()
+        assert series(body, "dltop_dataset_up") == {label: 1.0}
+        assert series(body, "dltop_dataset_size_bytes") == {label: float(1 << 16)}
+    finally:
+        code, err = e.stop()
+    assert code == 0 and "Traceback" not in err
+
+
 # -- a scrape reads, never samples ------------------------------------------------------------------------------------
 
 def test_scrapes_never_read_a_source(tmp_path: Path) -> None:
