@@ -687,3 +687,27 @@ def test_any_label_value_survives_the_encoding(value: str) -> None:
     for om in (False, True):
         [fam] = parsed(encode([(DATASET_FILES, [({"dataset": value}, 3.0)])], om).decode(), om)
         assert fam[3] == [("dltop_dataset_files", (("dataset", value),), 3.0)]
+
+
+GZIP_TRIED: list[str] = []
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(header=st.text(max_size=60) | st.lists(st.sampled_from(["gzip", "*", "br", "identity", ";q=0", ";q=0.5",
+                                                                  ";q=x", ",", " ", "GZIP", ";", "q=1"]),
+                                               max_size=8).map("".join))
+def test_any_accept_encoding_is_read_without_an_exception(header: str) -> None:
+    from dltop.exporter.server import accepts_gzip
+
+    GZIP_TRIED.append(header)
+    got = accepts_gzip(header)
+    assert isinstance(got, bool)
+    if "gzip" not in header.lower() and "*" not in header:
+        assert got is False
+
+
+def test_the_accept_encoding_fuzz_ran() -> None:
+    if not GZIP_TRIED:
+        pytest.skip("the fuzz above did not run in this session")
+    print(f"accepts_gzip: {len(GZIP_TRIED)} headers tried")
+    assert len(GZIP_TRIED) >= 300
