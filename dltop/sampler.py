@@ -24,6 +24,7 @@ from dltop.derive import join_splits
 from dltop.model import Snapshot, SourceStatus, Unavailable
 from dltop.sources.base import Source
 
+FAST_WAIT_S = 1.0  # how long a tick waits at most for its fast reads (and at most half the interval)
 
 @dataclass
 class _State:
@@ -37,6 +38,7 @@ class _State:
     ran_once: bool = False
     asked: bool = False  # read_now(): start a read as soon as none is in flight, whatever the cadence says
     asked_keys: set[str] | None = None  # ...of only these parts of the source (None: all of it)
+    ticked: bool = False  # stream(): read now for the Snapshot of this tick
     wake: asyncio.Event | None = None  # set to make the poller look again now
     task: asyncio.Task[None] | None = None
 
@@ -108,6 +110,9 @@ class Sampler:
         self._started = False
         self._changed: asyncio.Event | None = None
         self._urgent: asyncio.Event | None = None  # an asked-for read finished: hand out a Snapshot now
+        # While stream() runs, it times the sources that follow the refresh: each tick reads them, then publishes
+        # (on their own cadence, a Snapshot held the reading of the tick before: one interval old).
+        self._driven = False
         self.paused = False
 
     # -- one-shot use (dltop snapshot) --------------------------------------------------------------------
@@ -268,9 +273,10 @@ class Sampler:
         while True:
             st.wake.clear()
             busy = st.inflight is not None and not st.inflight.done()
-            due = st.asked or (not self.paused and time.monotonic() >= st.next_start)
+            driven = self._driven and st.source.follows_refresh and st.inflight is not None
+            due = st.asked or st.ticked or (not driven and not self.paused and time.monotonic() >= st.next_start)
             if due and not busy:
-                urgent, st.asked = st.asked, False
+                urgent, st.asked, st.ticked = st.asked, False, False
                 keys, st.asked_keys = (frozenset(st.asked_keys) if urgent and st.asked_keys else None), None
                 st.started = time.monotonic()
                 st.next_start = st.started + st.source.interval_s
@@ -281,8 +287,8 @@ class Sampler:
             if busy and (st.source.max_duty or st.asked):
                 # The next start depends on how long this read takes (or a read is owed): look again soon.
                 wait = min(st.source.interval_s, 0.25)
-            elif busy or self.paused:
-                wait = st.source.interval_s
+            elif busy or self.paused or driven:
+                wait = st.source.interval_s  # driven: the next tick wakes it
             else:
                 wait = max(0.01, st.next_start - time.monotonic())
             with contextlib.suppress(TimeoutError):
@@ -311,12 +317,42 @@ class Sampler:
         if not self._started:
             self.start()
         assert self._urgent is not None
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._urgent.wait(), interval_s())
-            self._urgent.clear()
-            if not self.paused:
+        self._driven = True
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), interval_s())
+                urgent = self._urgent.is_set()
+                self._urgent.clear()
+                if self.paused:
+                    continue
+                if not urgent:  # a tick: read the fast sources for it, then publish
+                    await self._read_fast(min(interval_s() / 2, FAST_WAIT_S))
                 yield self.snapshot()
+        finally:
+            self._driven = False
+
+    async def _read_fast(self, wait_s: float) -> None:
+        """Start a read of every source that follows the refresh and is not reading already, and wait until
+        they are in or `wait_s` has passed (a slow one is published with its last value and its error)."""
+        assert self._changed is not None
+        t0 = time.monotonic()
+        waiting = []
+        for st in self._states.values():
+            if st.source.follows_refresh and st.wake is not None and (st.inflight is None or st.inflight.done()):
+                st.ticked = True
+                st.wake.set()
+                waiting.append(st)
+        deadline = t0 + wait_s
+        while True:
+            self._changed.clear()
+            waiting = [st for st in waiting if st.ticked or st.started < t0 or st.inflight is None
+                       or not st.inflight.done()]
+            left = deadline - time.monotonic()
+            if not waiting or left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
 
     async def wait_first(self, timeout_s: float = 1.0) -> None:
         """Wait until the sources that follow the refresh (the fast ones) have answered once, or the timeout

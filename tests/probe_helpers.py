@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def probe_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
     """The environment of a process whose probe publishes into runtime_dir/dltop."""
-    env = {k: v for k, v in os.environ.items() if k != "DLTOP_PROBE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("DLTOP_PROBE", "DLTOP_PROBE_DIR")}
     env.update(XDG_RUNTIME_DIR=str(runtime_dir), **extra)
     return env
 

@@ -29,7 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     # Each part's numbers described once (name, kind, unit, help, labels): the exporter and `dump` read them.
     "fields": {"model", "derive"},
     # The exporter serves what it is handed: fields' samples and hints' rules over Snapshots; it never samples.
-    "exporter": {"exporter", "model", "fields", "hints", "errors"},
+    # (__init__: the version, for dltop_build_info.)
+    "exporter": {"exporter", "model", "fields", "hints", "errors", "__init__"},
     "hints": {"hints", "model", "fmt"},
     # The probes source shares the file format's constants and directory with the probe (dltop/probe/files.py).
     "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "kv", "__init__"},

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -280,3 +282,93 @@ def test_two_processes_with_the_probe_and_snapshot_json(tmp_path: Path) -> None:
     part = read_probes([(str(tmp_path / "dltop"), ME)])
     assert part.processes == () and sorted(i.reason for i in part.ignored) == sorted(
         f"process {p.pid} has exited (stale file)" for p in procs.values())
+
+
+@pytest.fixture
+def shared_dir():
+    """A $DLTOP_PROBE_DIR as the DaemonSet's init container makes it: sticky and writable by all, as /tmp."""
+    d = Path(tempfile.mkdtemp(prefix="dltop-probe-shared-", dir="/tmp"))
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d)
+
+
+@pytest.mark.skipif(not IS_ROOT or shutil.which("unshare") is None,
+                    reason="needs root and unshare (a probe in its own PID namespace, as a pod's is)")
+def test_a_probe_in_another_pid_namespace_is_read_from_the_shared_dir(shared_dir: Path) -> None:
+    # A training pod: its own PID namespace (the probe is pid 1 there), another uid, DLTOP_PROBE_DIR on a
+    # hostPath that dltop, with the host's pids, reads too.
+    code = "import os, time, dltop.probe as p; print(os.getpid(), p.start(0.2), flush=True); time.sleep(60)"
+    env = probe_env(shared_dir / "unused", DLTOP_PROBE_DIR=str(shared_dir), PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *NOBODY, sys.executable, "-c", code],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    host = 0
+    try:
+        assert proc.stdout is not None
+        inner, path = proc.stdout.readline().split()
+        [sub] = shared_dir.iterdir()
+        uid, pidns = sub.name.split(".")
+        assert inner == "1" and path == str(sub / "1.json") and uid == "65534"
+        st_ = sub.stat()
+        assert st_.st_uid == 65534 and st_.st_mode & 0o777 == 0o700
+        assert int(pidns) != os.stat("/proc/self/ns/pid").st_ino
+        # the python under unshare's fork: the one process of that namespace that is its pid 1
+        from dltop.probe.files import pid_namespace
+        host = next(int(p) for p in os.listdir("/proc") if p.isdigit() and pid_namespace("/proc", p) == int(pidns)
+                    and f"NSpid:\t{p}\t1\n" in Path(f"/proc/{p}/status").read_text())
+        from dltop.sources.probes import default_dirs
+        dirs = default_dirs(env={"DLTOP_PROBE_DIR": str(shared_dir)})
+        assert (str(sub), 65534, int(pidns)) in dirs
+        part = read_probes(dirs)
+        [found] = [p for p in part.processes if p.path == str(sub / "1.json")]
+        assert (found.pid, found.uid) == (host, 65534)  # the pid NVML and /proc give on the node
+        assert not [i for i in part.ignored if str(shared_dir) in i.path], part.ignored
+        # Another user naming a directory after nobody's uid is not believed: the owner is checked as always.
+        fake = shared_dir / f"65534.{int(pidns) + 1}"
+        fake.mkdir(mode=0o700)  # made by root here, standing in for any other uid
+        [why] = [i for i in read_probes(default_dirs(env={"DLTOP_PROBE_DIR": str(shared_dir)})).ignored
+                 if i.path == str(fake)]
+        assert "owned by uid 0, not 65534" in why.reason
+        # dltop as nobody sees only nobody's directories under the shared one
+        r = subprocess.run([*NOBODY, sys.executable, "-c",
+                            "from dltop.sources.probes import default_dirs; print(default_dirs())"],
+                           env={**env, "DLTOP_PROBE_DIR": str(shared_dir)}, cwd=REPO, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert str(sub) in r.stdout
+    finally:
+        if host:
+            os.kill(host, signal.SIGKILL)  # a pod killed: its file stays (setpriv's setuid drops --kill-child)
+        proc.kill()
+        proc.wait()
+    # the pod is gone: its file is stale, not believed
+    while os.path.exists(f"/proc/{host}"):
+        time.sleep(0.05)  # the kernel reaps the namespace's pid 1 after unshare's end
+    part = read_probes([(str(sub), 65534, int(pidns))])
+    assert part.processes == () and "is not running (stale file)" in part.ignored[0].reason
+
+
+SHARED_TRIED: list[list[str]] = []
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(names=st.lists(st.text(st.characters(blacklist_characters="/\x00"), min_size=1, max_size=24)
+                      | st.from_regex(r"[0-9]{1,12}(\.[0-9]{1,22})?", fullmatch=True), max_size=6, unique=True))
+def test_any_entry_names_in_a_shared_dir_list_only_uid_dirs(names: list[str]) -> None:
+    from dltop.sources.probes import SHARED_NAME, shared_dirs
+
+    names = [n for n in names if n not in (".", "..") and len(n.encode()) < 200]
+    SHARED_TRIED.append(names)
+    with tempfile.TemporaryDirectory(prefix="dltop-shared-fuzz-") as base:
+        for n in names:
+            os.mkdir(os.path.join(base, n))
+        got = shared_dirs(base, 0)
+        read_probes(got)  # and reading them never raises either
+    assert sorted(os.path.basename(d[0]) for d in got) == sorted(n for n in names if SHARED_NAME.fullmatch(n))
+    assert all(d[1] == int(os.path.basename(d[0]).split(".")[0]) for d in got)
+
+
+def test_the_shared_dir_fuzz_ran() -> None:
+    if not SHARED_TRIED:
+        pytest.skip("the fuzz above did not run in this session")
+    print(f"shared_dirs: {len(SHARED_TRIED)} listings tried, {sum(map(len, SHARED_TRIED))} names")
+    assert len(SHARED_TRIED) >= 100

@@ -4,10 +4,12 @@ of a dataset the test made, and every expression of the Grafana dashboard must e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -48,12 +50,55 @@ def cached_now() -> int:
     return int(line.split()[1]) * 1024
 
 
+class Tap:
+    """A TCP relay on loopback that keeps the head of what each side of every connection sent: what Prometheus
+    asked for and what the exporter answered, bytes as they went on the wire."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.requests: list[bytes] = []
+        self.answers: list[bytes] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port), timeout=30)
+            up, down = bytearray(), bytearray()
+            self.requests.append(up)  # type: ignore[arg-type]
+            self.answers.append(down)  # type: ignore[arg-type]
+            for a, b, keep in ((client, server, up), (server, client, down)):
+                threading.Thread(target=self._pipe, args=(a, b, keep), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, keep: bytearray) -> None:
+        try:
+            while data := src.recv(65536):
+                if len(keep) < 4096:
+                    keep += data[: 4096 - len(keep)]
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
 @dataclass
 class Stack:
     prom: str  # Prometheus' base URL
     exporter: Exporter
     dataset: Path
     meminfo: list[tuple[float, int]]  # (wall time, Cached bytes) every 20 ms while the stack runs
+    tap: Tap  # between Prometheus' job dltop-tap and the plain exporter
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
@@ -104,6 +149,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     (tmp / "web.yml").write_text("tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n"
                                  f"basic_auth_users:\n  prometheus: {bcrypt.hashpw(b'pr0m', bcrypt.gensalt(4)).decode()}\n")
     secured = Exporter("--web-config", str(tmp / "web.yml"))
+    tap = Tap(exporter.port)
     # The example scrape config of deploy/, pointed at this exporter and scraping every second.
     config = yaml.safe_load((DEPLOY / "prometheus" / "scrape.yml").read_text())
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
@@ -116,19 +162,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "tls_config": {"ca_file": str(tmp / "cert.pem")},
         "basic_auth": {"username": "prometheus", "password_file": str(tmp / "password")},
         "static_configs": [{"targets": [f"127.0.0.1:{secured.port}"]}]})
+    config["scrape_configs"].append({"job_name": "dltop-tap", "scrape_interval": "1s",
+                                     "static_configs": [{"targets": [f"127.0.0.1:{tap.port}"]}]})
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 - open for the life of the server
     proc = subprocess.Popen([prometheus, f"--config.file={tmp / 'prometheus.yml'}",
                              f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=log, stderr=subprocess.STDOUT)
-    s = Stack(f"http://127.0.0.1:{port}", exporter, tmp / "dataset", samples)
+    s = Stack(f"http://127.0.0.1:{port}", exporter, tmp / "dataset", samples, tap)
     try:
         deadline = time.monotonic() + 60
         while True:
             assert proc.poll() is None, (tmp / "prometheus.log").read_text()[-3000:]
             try:
                 ready = (s.query('up{job="dltop"} == 1') and s.query('up{job="dltop-tls"} == 1')
+                         and s.query('up{job="dltop-tap"} == 1')
                          and s.query("dltop_dataset_resident_bytes")
                          and s.query("dltop_gpu_memory_total_bytes"))
             except (OSError, AssertionError):
@@ -143,6 +192,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         proc.terminate()
         proc.wait(20)
         log.close()
+        tap.close()
         exporter.stop()
         secured.stop()
         done.set()
@@ -171,8 +221,8 @@ def test_dataset_residency_agrees_with_fincore(stack: Stack) -> None:
                        capture_output=True, text=True, check=True)
     fincore = sum(int(x) for x in r.stdout.split())
     assert fincore == WARM * FILE_BYTES  # what the test warmed, as fincore sees it
-    [resident] = stack.query(f'dltop_dataset_resident_bytes{{dataset="{stack.dataset}"}}')
-    [size] = stack.query(f'dltop_dataset_size_bytes{{dataset="{stack.dataset}"}}')
+    [resident] = stack.query(f'dltop_dataset_resident_bytes{{job="dltop", dataset="{stack.dataset}"}}')
+    [size] = stack.query(f'dltop_dataset_size_bytes{{job="dltop", dataset="{stack.dataset}"}}')
     assert float(resident["value"][1]) == fincore
     assert float(size["value"][1]) == sum(os.path.getsize(f) for f in files)
 
@@ -192,6 +242,21 @@ def test_prometheus_scrapes_through_tls_and_basic_auth(stack: Stack) -> None:
     [up] = stack.query('up{job="dltop-tls"}')
     assert up["value"][1] == "1"
     assert stack.query('dltop_memory_cached_bytes{job="dltop-tls"}')
+
+
+def test_prometheus_gets_its_scrapes_gzipped(stack: Stack) -> None:
+    # Prometheus asks for gzip; the answer on the wire is gzip, and what Prometheus decoded is the metrics.
+    scrapes = [(q, a) for q, a in zip(stack.tap.requests, stack.tap.answers, strict=False)
+               if q.startswith(b"GET /metrics") and b"\r\n\r\n" in a]
+    assert scrapes
+    for request, answer in scrapes:
+        assert re.search(rb"(?im)^accept-encoding:.*\bgzip\b", request), request
+        head = answer.split(b"\r\n\r\n", 1)[0]
+        assert re.search(rb"(?im)^content-encoding: gzip\r?$", head), head
+        assert answer.split(b"\r\n\r\n", 1)[1][:2] == b"\x1f\x8b"  # gzip's magic
+    assert stack.query('dltop_memory_cached_bytes{job="dltop-tap"}')
+    [info] = stack.query('dltop_build_info{job="dltop-tap"}')
+    assert info["metric"]["version"] and info["metric"]["python"].startswith("3.")
 
 
 def test_example_scrape_config_is_valid() -> None:

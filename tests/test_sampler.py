@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -137,3 +138,32 @@ def test_a_hung_read_does_not_hold_up_the_exit() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "no answer within 0.2 s" in r.stdout, r.stderr
     assert time.monotonic() - t0 < 10
+
+
+async def test_each_snapshot_carries_the_fast_readings_of_its_own_tick() -> None:
+    # Read, then publish: a Snapshot handed out on a tick holds the fast sources' reading made for that tick,
+    # not the one of the tick before (memory's last_success_timestamp lagged by exactly one interval).
+    from dltop.config import Settings
+    from dltop.sources.memory import source as memory_source
+
+    interval_s = 1.0
+    real = memory_source(Settings(refresh_s=interval_s))
+
+    def read():  # type: ignore[no-untyped-def]
+        time.sleep(0.05)  # a read takes a little while, as NVML's does
+        return real.read()
+
+    sampler = Sampler([dataclasses.replace(real, read=read)])
+    got = []
+    try:
+        async for snap in sampler.stream(lambda: interval_s):
+            got.append(snap)
+            if len(got) == 4:
+                break
+    finally:
+        sampler.close()
+    for snap in got:
+        read_at = snap.sources["memory"].last_ok_ts
+        assert read_at is not None and isinstance(snap.memory, MemoryPart)
+        # read within this tick: at most half an interval before the Snapshot (one interval before, the bug)
+        assert snap.ts - interval_s / 2 <= read_at <= snap.ts, (snap.ts - read_at, interval_s)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING
+
+from dltop.fmt import printable
 
 if TYPE_CHECKING:  # the modules load when the command runs: `dltop --help` and the TUI's start stay fast
     from dltop.exporter.collector import SnapshotCollector
@@ -36,15 +39,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def start_exporter(listen: str, web_config: str | None = None) -> tuple[SnapshotCollector, ExporterServer]:
-    """(collector, started server) for `listen`: bad options and a port in use fail here, before any sampling."""
+def start_exporter(listen: str, web_config: str | None = None, interval_s: float = DEFAULT_INTERVAL_S,
+                   ) -> tuple[SnapshotCollector, ExporterServer]:
+    """(collector, started server) for `listen`: bad options and a port in use fail here, before any sampling.
+    /-/healthy turns 503 when no Snapshot came for three intervals and 10 s."""
     from dltop.exporter.collector import SnapshotCollector
     from dltop.exporter.server import ExporterServer
     from dltop.exporter.webconfig import load_web_config
 
     web = load_web_config(web_config) if web_config else None
     collector = SnapshotCollector()
-    server = ExporterServer(listen, collector, web)
+    server = ExporterServer(listen, collector, web, stale_after_s=3 * interval_s + 10)
     server.start()
     return collector, server
 
@@ -58,10 +63,19 @@ def run(args: argparse.Namespace) -> int:
     from dltop.sampler import Sampler
     from dltop.sources.registry import build_sources
 
+    # A dataset path missing at start (NFS not mounted yet) is served as dltop_dataset_up 0, as one from the
+    # config or one that vanishes later is: the other commands refuse it, an exporter must still serve.
+    paths, args.paths = args.paths, None
     settings = settings_from_args(args)
     settings = replace(settings, refresh_s=args.interval or DEFAULT_INTERVAL_S)
+    if paths:
+        settings = replace(settings, datasets=tuple(dict.fromkeys(os.path.abspath(p) for p in paths)))
+        for p in settings.datasets:
+            if not os.path.lexists(p):
+                print(f"dltop export: {printable(p)}: no such path (yet): served as dltop_dataset_up 0 until it "
+                      "appears", file=sys.stderr, flush=True)
     check_pid(settings.pid, settings.root)
-    collector, server = start_exporter(args.listen, args.web_config)
+    collector, server = start_exporter(args.listen, args.web_config, settings.refresh_s)
     print(f"dltop export: serving {server.url}", file=sys.stderr, flush=True)
     sampler = Sampler(build_sources(settings), root=settings.root, builder=build_sources)
     try:

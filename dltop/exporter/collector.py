@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 
@@ -101,12 +102,14 @@ class SnapshotCollector(Collector):
         self._groups: Grouped | None = None
         self._rendered: dict[str, bytes] = {}
         self.builds = 0  # how many times the samples were worked out (one per Snapshot scraped at least once)
+        self.updated_at: float | None = None  # time.monotonic() of the last update (the exporter's /-/healthy)
         self.registry = CollectorRegistry(auto_describe=False)  # private: only dltop's metrics, none of the process's
         self.registry.register(self)
 
     def update(self, snapshot: Snapshot) -> None:
         """The Sampler's newest Snapshot; cheap (the work waits for a scrape)."""
         with self._lock:
+            self.updated_at = time.monotonic()
             if self._history and snapshot is self._history[-1]:
                 return
             self._history.append(snapshot)

@@ -1,25 +1,69 @@
-"""The exporter's HTTP server: `/metrics` (the collector's latest rendering), `/` (a short page), 404 elsewhere;
-TLS and basic auth from a web config. Each request runs on its own thread and only reads what the collector
-holds: a scrape never samples."""
+"""The exporter's HTTP server: `/metrics` (the collector's latest rendering, gzipped when asked), `/-/healthy` and
+`/-/ready` (for probes), `/` (a short page), 404 elsewhere; TLS and basic auth from a web config, re-read when
+it changes. Each request runs on its own thread and only reads what the collector holds: a scrape never samples."""
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import html
 import http.server
 import ipaddress
+import platform
 import socket
+import sys
 import threading
+import time
 from typing import Any
 
+from dltop import __version__
 from dltop.errors import DltopError, UsageError
 from dltop.exporter.collector import SnapshotCollector
-from dltop.exporter.webconfig import WebConfig
+from dltop.exporter.webconfig import WebConfig, WebConfigWatcher
 
 # Prometheus' default-port page (github.com/prometheus/prometheus/wiki/Default-port-allocations) has had 9100-9999
 # all allocated since 2023; 19400 is outside that range, next to where it would sit: dcgm-exporter's 9400.
 DEFAULT_PORT = 19400
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 REQUEST_TIMEOUT_S = 10.0  # a client that stops talking (or a TLS handshake that never ends) frees its thread
+DEFAULT_STALE_AFTER_S = 25.0  # /-/healthy says 503 when no Snapshot came for this long (3 x 5 s + 10 s)
+# What Go's net/http answers on a TLS port to a request in plain HTTP (node_exporter's answer), word for word.
+PLAIN_HTTP_ON_TLS = b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
+LOOKS_LIKE_HTTP = {b"GET /", b"HEAD ", b"POST ", b"PUT /", b"OPTIO"}  # Go's looksLikeHTTP, the same five bytes
+TLS_HANDSHAKE = 0x16  # the first byte of a TLS record that opens a handshake
+PROBE_PATHS = ("/-/healthy", "/-/ready")  # answered without basic auth: they tell nothing but up or not
+
+
+def build_info_lines(openmetrics: bool) -> bytes:
+    """`dltop_build_info{version, python} 1`, in either format (a constant: written once per process)."""
+    labels = f'version="{__version__}",python="{platform.python_version()}"'
+    family = "dltop_build" if openmetrics else "dltop_build_info"
+    kind = "info" if openmetrics else "gauge"
+    return (f"# HELP {family} The dltop version and the Python that runs the exporter (value 1)\n"
+            f"# TYPE {family} {kind}\ndltop_build_info{{{labels}}} 1.0\n").encode()
+
+
+_BUILD_INFO = {False: build_info_lines(False), True: build_info_lines(True)}
+
+
+def accepts_gzip(header: str | None) -> bool:
+    """Whether an `Accept-Encoding` header takes gzip (`gzip`, `*`, with a q above 0), as Go's gziphandler reads
+    it; Prometheus sends `gzip`."""
+    for item in (header or "").split(","):
+        name, _, params = item.strip().partition(";")
+        if name.strip().lower() not in ("gzip", "*"):
+            continue
+        q = 1.0
+        for p in params.split(";"):
+            k, _, v = p.strip().partition("=")
+            if k.strip().lower() == "q":
+                try:
+                    q = float(v)
+                except ValueError:
+                    q = 0.0
+        if q > 0:
+            return True
+    return False
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -60,15 +104,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._answer(body=False)
 
     def _answer(self, body: bool) -> None:
-        web = self.server.web
+        path = self.path.split("?", 1)[0]
+        if path in PROBE_PATHS:
+            code, why = self.server.health(path)
+            self._send(code, why.encode() + b"\n", "text/plain; charset=utf-8", body)
+            return
+        web = self.server.web.current() if self.server.web is not None else None
         if web is not None and not web.allows(self.headers.get("Authorization")):
             self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8", body,
                        {"WWW-Authenticate": 'Basic realm="dltop"'})
             return
-        path = self.path.split("?", 1)[0]
         if path == "/metrics":
             data, ctype = self.server.collector.render(self.headers.get("Accept", ""))
-            self._send(200, data, ctype, body)
+            data = _BUILD_INFO[ctype.startswith("application/openmetrics-text")] + data
+            headers = {"Vary": "Accept-Encoding"}
+            if accepts_gzip(self.headers.get("Accept-Encoding")):
+                data = self.server.gzipped(data)
+                headers["Content-Encoding"] = "gzip"
+            self._send(200, data, ctype, body, headers)
         elif path == "/":
             self._send(200, _page("/"), "text/html; charset=utf-8", body)
         else:
@@ -88,30 +141,84 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr: tuple[str, int], collector: SnapshotCollector, web: WebConfig | None) -> None:
+    def __init__(self, addr: tuple[str, int], collector: SnapshotCollector, web: WebConfigWatcher | None,
+                 stale_after_s: float) -> None:
         self.collector = collector
         self.web = web
+        self.stale_after_s = stale_after_s
+        self.started = time.monotonic()
+        self._gz_lock = threading.Lock()
+        self._gz: tuple[bytes, bytes] = (b"", gzip.compress(b"", mtime=0))  # (body, its gzip): the last one
         try:
             self.address_family = socket.AF_INET6 if ipaddress.ip_address(addr[0]).version == 6 else socket.AF_INET
         except ValueError:  # a host name: IPv4, as Prometheus' own listeners resolve one
             self.address_family = socket.AF_INET
         super().__init__(addr, _Handler)
-        if web is not None and web.tls is not None:
-            # The handshake runs on the request's own thread, at its first read: a client that connects and
-            # says nothing never holds up accept().
-            self.socket = web.tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def health(self, path: str) -> tuple[int, str]:
+        """(status, why) for /-/healthy (the Sampler is handing in Snapshots) or /-/ready (one is in)."""
+        updated = self.collector.updated_at
+        if path == "/-/ready":
+            return (200, "ready") if updated is not None else (503, "not ready: no Snapshot yet")
+        age_s = time.monotonic() - (self.started if updated is None else updated)
+        if age_s > self.stale_after_s:
+            return 503, f"unhealthy: no Snapshot for {age_s:.0f} s (more than {self.stale_after_s:g} s)"
+        return 200, "healthy"
+
+    def gzipped(self, data: bytes) -> bytes:
+        """`data` gzipped, compressed once per rendering however many scrapes ask (bodies are equal while the
+        Snapshot is the same)."""
+        with self._gz_lock:
+            if self._gz[0] == data:
+                return self._gz[1]
+        packed = gzip.compress(data, compresslevel=6, mtime=0)
+        with self._gz_lock:
+            self._gz = (data, packed)
+        return packed
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """On the request's own thread: TLS when the web config in force asks for it (looked up per connection,
+        so a certificate rotated on disk is served to the next one), plain HTTP to a TLS port answered as Go's
+        net/http answers it."""
+        web = self.web.current() if self.web is not None else None
+        if web is None or web.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(REQUEST_TIMEOUT_S)
+        try:
+            first = request.recv(5, socket.MSG_PEEK | socket.MSG_WAITALL)  # a TLS record's header is 5 bytes
+        except OSError:
+            return
+        if not first:
+            return
+        if first[0] != TLS_HANDSHAKE:
+            if first in LOOKS_LIKE_HTTP:
+                with contextlib.suppress(OSError):
+                    request.recv(65536)  # what was sent: unread at close, the client would get a reset, not this
+                    request.sendall(PLAIN_HTTP_ON_TLS)
+            return
+        # The handshake runs here, on this thread, at the first read: a client that connects and says nothing
+        # never holds up accept().
+        conn = web.tls.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """No traceback on stderr for a client that sent plain HTTP to TLS, failed its handshake or hung up."""
+        """No traceback on stderr for a client that failed its handshake or hung up."""
 
 
 class ExporterServer:
     """The HTTP side of `dltop export`, serving `collector` on its own daemon thread."""
 
-    def __init__(self, listen: str, collector: SnapshotCollector, web: WebConfig | None = None) -> None:
+    def __init__(self, listen: str, collector: SnapshotCollector, web: WebConfig | None = None,
+                 stale_after_s: float = DEFAULT_STALE_AFTER_S) -> None:
         host, port = parse_listen(listen)
+        self.web = None if web is None else WebConfigWatcher(web, _log)
         try:
-            self._httpd = _Server((host, port), collector, web)
+            self._httpd = _Server((host, port), collector, self.web, stale_after_s)
         except OSError as e:
             raise DltopError(f"cannot listen on {listen}: {e.strerror or e}") from None
         self.scheme = "https" if web is not None and web.tls is not None else "http"
@@ -129,3 +236,7 @@ class ExporterServer:
         if self._thread.is_alive():
             self._httpd.shutdown()
         self._httpd.server_close()
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

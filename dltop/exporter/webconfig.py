@@ -12,7 +12,9 @@ import os
 import re
 import ssl
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ class WebConfig:
 
     path: str
     tls: ssl.SSLContext | None = None
+    files: tuple[str, ...] = ()  # the file and those it names (certificate, key, client CA): watched for changes
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
     # What an unknown user is checked against: a hash of a random password at the users' cost, so that a 401 for
     # a name that does not exist costs the same bcrypt as one for a wrong password (names not told by timing).
@@ -136,9 +139,12 @@ def load_web_config(path: str) -> WebConfig:
     if unknown:
         raise DltopError(f"--web-config {path}: {unknown[0]!r} is not supported by dltop export "
                          "(it serves tls_server_config and basic_auth_users)")
-    cfg = WebConfig(path=path)
+    cfg = WebConfig(path=path, files=(path,))
     if data.get("tls_server_config") is not None:
         cfg.tls = _tls(path, data["tls_server_config"], Path(path).parent)
+        tls = data["tls_server_config"]
+        cfg.files += tuple(str(Path(path).parent / str(tls[k])) for k in ("cert_file", "key_file", "client_ca_file")
+                           if k in tls)
     users = data.get("basic_auth_users") or {}
     if not isinstance(users, dict):
         raise DltopError(f"--web-config {path}: basic_auth_users: expected a mapping of user: bcrypt hash")
@@ -201,3 +207,53 @@ def _tls(path: str, tls: Any, base: Path) -> ssl.SSLContext:
     elif auth != "NoClientCert":
         raise DltopError(f"{where}: client_auth_type {auth} needs client_ca_file")
     return ctx
+
+
+RELOAD_CHECK_S = 1.0  # how often, at most, the files are looked at again (a stat each, on a request's thread)
+
+
+def _signature(files: tuple[str, ...]) -> tuple[tuple[int, int, int] | None, ...]:
+    out: list[tuple[int, int, int] | None] = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+class WebConfigWatcher:
+    """A web config that follows its files, as exporter-toolkit re-reads its own: when the file, its certificate,
+    key or client CA changes (mtime, size or inode: a rotation by rename too), it is read again, checked at most
+    once a second. A new file that does not load keeps the config in use, with one line saying why."""
+
+    def __init__(self, cfg: WebConfig, log: Callable[[str], None], check_s: float = RELOAD_CHECK_S) -> None:
+        self._cfg = cfg
+        self._log = log
+        self._check_s = check_s
+        self._seen = _signature(cfg.files)
+        self._checked = time.monotonic()
+        self._lock = threading.Lock()
+        self.reloads = 0  # how many times a changed file was read again and taken
+
+    def current(self) -> WebConfig:
+        """The config to serve this connection with."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._checked < self._check_s:
+                return self._cfg
+            self._checked = now
+            seen = _signature(self._cfg.files)
+            if seen == self._seen:
+                return self._cfg
+            self._seen = seen  # a bad file is said once, not once a second
+            try:
+                new = load_web_config(self._cfg.path)
+            except DltopError as e:
+                self._log(f"dltop export: {e}; serving with the config read before")
+                return self._cfg
+            self._cfg, self._seen = new, _signature(new.files)
+            self.reloads += 1
+            self._log(f"dltop export: --web-config {self._cfg.path}: read again (it changed)")
+            return new

@@ -8,17 +8,40 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Mapping
 
 FORMAT = 1  # the version of the file format (docs/probe.md); a reader refuses a larger one
 MAX_FILE_BYTES = 4096
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+PROBE_DIR_ENV = "DLTOP_PROBE_DIR"  # a directory shared with dltop (a Kubernetes hostPath): docs/probe.md
+
+
+def pid_namespace(proc: str = "/proc", pid: int | str = "self") -> int | None:
+    """The inode of the process's PID namespace (`readlink /proc/PID/ns/pid` says `pid:[INODE]`), or None."""
+    try:
+        return os.stat(f"{proc}/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def shared_dir_name(uid: int, pidns: int | None) -> str:
+    """The name of a user's own directory under $DLTOP_PROBE_DIR: `UID.PIDNS`. One per user and PID namespace:
+    two pods of the same uid both have a pid 1, and each removes only files of its own dead processes."""
+    return str(uid) if pidns is None else f"{uid}.{pidns}"
+
+
 def probe_dir(uid: int | None = None, env: dict[str, str] | None = None) -> str:
-    """The directory this user's probes publish into: $XDG_RUNTIME_DIR/dltop when that is the user's own
-    directory, else /dev/shm/dltop-<uid>."""
+    """The directory this user's probes publish into: $DLTOP_PROBE_DIR/UID.PIDNS when that is set (a directory
+    shared with dltop, sticky and writable by all, as /tmp is), else $XDG_RUNTIME_DIR/dltop when that is the
+    user's own directory, else /dev/shm/dltop-<uid>."""
     uid = os.getuid() if uid is None else uid
-    runtime = (os.environ if env is None else env).get("XDG_RUNTIME_DIR")
+    environ: Mapping[str, str] = os.environ if env is None else env
+    shared = environ.get(PROBE_DIR_ENV)
+    if shared:
+        return os.path.join(shared, shared_dir_name(uid, pid_namespace()))
+    runtime = environ.get("XDG_RUNTIME_DIR")
     if runtime:
         try:
             st = os.stat(runtime)

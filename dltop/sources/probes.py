@@ -8,6 +8,7 @@ followed: the directory is opened with O_DIRECTORY|O_NOFOLLOW and each file thro
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import glob
 import json
@@ -21,10 +22,20 @@ from typing import Any
 
 from dltop.config import Settings
 from dltop.model.probes import IgnoredProbe, ProbeDevice, ProbeEpoch, ProbesPart, ProcessProbe
-from dltop.probe.files import DIR_FLAGS, FORMAT, MAX_FILE_BYTES, check_dir, probe_dir, proc_start_ticks
+from dltop.probe.files import (
+    DIR_FLAGS,
+    FORMAT,
+    MAX_FILE_BYTES,
+    PROBE_DIR_ENV,
+    check_dir,
+    pid_namespace,
+    probe_dir,
+    proc_start_ticks,
+)
 from dltop.sources.base import Source
 
 FILE_NAME = re.compile(r"[0-9]{1,10}\.json")
+SHARED_NAME = re.compile(r"([0-9]{1,10})(?:\.([0-9]{1,20}))?")  # UID.PIDNS under $DLTOP_PROBE_DIR
 MAX_ENTRIES = 4096  # names looked at per directory: a directory stuffed with files costs a bounded listing
 NOT_WATCHED = "the process watched no model, optimizer or cache (probe.watch_model / watch_optimizer / watch_kv)"
 NO_TRACK = "the process iterates no loader through probe.track()"
@@ -34,18 +45,48 @@ class Malformed(ValueError):
     """A probe file that is JSON but not of format 1's shape."""
 
 
-def default_dirs(uid: int | None = None, env: dict[str, str] | None = None) -> list[tuple[str, int]]:
+ProbeDir = tuple[str, int] | tuple[str, int, int]  # (directory, its owner's uid[, the PID namespace of its files])
+
+
+def shared_dirs(base: str, uid: int) -> list[ProbeDir]:
+    """The per-user directories under a shared $DLTOP_PROBE_DIR (`UID.PIDNS`): this user's, and as root every
+    user's. Each is checked as any probe directory is (owned by that UID, writable by no one else); a name that
+    is not `UID.PIDNS` is not looked at."""
+    try:
+        fd = os.open(base, DIR_FLAGS)
+    except OSError:
+        return []
+    try:
+        names = sorted(os.listdir(fd))[:MAX_ENTRIES]
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    out: list[ProbeDir] = []
+    for name in names:
+        m = SHARED_NAME.fullmatch(name)
+        if m and (uid == 0 or int(m.group(1)) == uid):
+            path = os.path.join(base, name)
+            out.append((path, int(m.group(1))) if m.group(2) is None else (path, int(m.group(1)), int(m.group(2))))
+    return out
+
+
+def default_dirs(uid: int | None = None, env: dict[str, str] | None = None) -> list[ProbeDir]:
     """(directory, the uid that must own it) for every probe directory this user may read: its own
-    ($XDG_RUNTIME_DIR/dltop, /run/user/UID/dltop, /dev/shm/dltop-UID), and as root every user's."""
+    ($XDG_RUNTIME_DIR/dltop, /run/user/UID/dltop, /dev/shm/dltop-UID), and as root every user's; with
+    $DLTOP_PROBE_DIR set, those under it too (UID.PIDNS, with the PID namespace their files' pids are in)."""
     uid = os.getuid() if uid is None else uid
-    found = {probe_dir(uid, env): uid, f"/run/user/{uid}/dltop": uid, f"/dev/shm/dltop-{uid}": uid}
+    shared = (os.environ if env is None else env).get(PROBE_DIR_ENV)
+    own = probe_dir(uid, {k: v for k, v in (os.environ if env is None else env).items() if k != PROBE_DIR_ENV})
+    found = {own: uid, f"/run/user/{uid}/dltop": uid, f"/dev/shm/dltop-{uid}": uid}
     if uid == 0:
         for pattern, rx in (("/run/user/*/dltop", r"/run/user/([0-9]+)/dltop"), ("/dev/shm/dltop-*", r"/dev/shm/dltop-([0-9]+)")):
             for path in glob.glob(pattern):
                 m = re.fullmatch(rx, path)
                 if m:
                     found[path] = int(m.group(1))
-    return [(p, u) for p, u in found.items() if os.path.lexists(p)]
+    local: list[ProbeDir] = [(p, u) for p, u in found.items() if os.path.lexists(p)]
+    return local + (shared_dirs(shared, uid) if shared else [])
 
 
 # Bounds on what a probe may claim: anything outside is another user's typo or attack, not a measurement.
@@ -290,8 +331,48 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
     return probe
 
 
-def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str) -> ProcessProbe | str:
-    """The probe in `name`, or why it was ignored."""
+class HostPids:
+    """The pids this dltop sees (a DaemonSet's hostPID) of processes in other PID namespaces (pods): a probe
+    in a pod names its pid in the pod. Worked out once per read, with one stat per process, only when asked."""
+
+    def __init__(self, proc: str) -> None:
+        self.proc = proc
+        self._map: dict[tuple[int, int], int] | None = None
+
+    def find(self, pidns: int, pid: int) -> int | None:
+        """The pid here of the process that is `pid` in the namespace `pidns`, or None."""
+        if self._map is None:
+            self._map = {}
+            try:
+                pids = [n for n in os.listdir(self.proc) if n.isdigit()]
+            except OSError:
+                pids = []
+            for p in pids:
+                ns = pid_namespace(self.proc, p)
+                if ns is None:
+                    continue
+                inner = _innermost_pid(self.proc, p)
+                if inner is not None:
+                    self._map[(ns, inner)] = int(p)
+        return self._map.get((pidns, pid))
+
+
+def _innermost_pid(proc: str, pid: str) -> int | None:
+    """The last pid of `NSpid:` in /proc/PID/status: the process's pid in its own namespace."""
+    try:
+        with open(f"{proc}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int | None = None,
+               hosts: HostPids | None = None) -> ProcessProbe | str:
+    """The probe in `name`, or why it was ignored. `pidns`: the PID namespace the file's pids are in, when it
+    is not this dltop's (a pod's), and `hosts` to find them here."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as e:
@@ -330,6 +411,12 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str) -> Process
         return f"malformed: {e}"
     if str(probe.pid) != name.removesuffix(".json"):
         return f"malformed: names pid {probe.pid}, not the file's"
+    if pidns is not None and hosts is not None:
+        host = hosts.find(pidns, probe.pid)
+        if host is None:
+            return f"process {probe.pid} of PID namespace {pidns} is not running (stale file)"
+        parent = hosts.find(pidns, probe.ppid) if probe.ppid else None
+        probe = dataclasses.replace(probe, pid=host, ppid=parent)  # the pids NVML and /proc here give
     ticks = proc_start_ticks(probe.pid, proc)
     if ticks is None:
         return f"process {probe.pid} has exited (stale file)"
@@ -344,14 +431,18 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str) -> Process
     return probe
 
 
-def read_probes(dirs: Sequence[tuple[str, int]] | None = None, root: str = "/") -> ProbesPart:
-    """Every probe in `dirs` ((directory, its owner's uid); default: `default_dirs()`), each checked."""
+def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/") -> ProbesPart:
+    """Every probe in `dirs` ((directory, its owner's uid[, the PID namespace of its pids]); default:
+    `default_dirs()`), each checked."""
     dirs = default_dirs() if dirs is None else dirs
     me = os.getuid()
     proc = os.path.join(root, "proc")
+    here = pid_namespace(proc)
+    hosts = HostPids(proc)
     processes: list[ProcessProbe] = []
     ignored: list[IgnoredProbe] = []
-    for path, owner in dirs:
+    for path, owner, *rest in dirs:
+        pidns = rest[0] if rest and rest[0] != here else None
         try:
             dir_fd = os.open(path, DIR_FLAGS)
         except OSError as e:
@@ -369,7 +460,7 @@ def read_probes(dirs: Sequence[tuple[str, int]] | None = None, root: str = "/") 
             for name in names:
                 if not FILE_NAME.fullmatch(name):
                     continue  # the probe's temp files (.PID.json.XXXX.tmp) and anything else
-                got = _read_file(dir_fd, name, os.path.join(path, name), me, proc)
+                got = _read_file(dir_fd, name, os.path.join(path, name), me, proc, pidns, hosts)
                 if isinstance(got, str):
                     ignored.append(IgnoredProbe(os.path.join(path, name), got))
                 else:
@@ -379,7 +470,7 @@ def read_probes(dirs: Sequence[tuple[str, int]] | None = None, root: str = "/") 
         finally:
             os.close(dir_fd)
     processes.sort(key=lambda p: p.pid)
-    return ProbesPart(dirs=tuple(p for p, _ in dirs), processes=tuple(processes), ignored=tuple(ignored))
+    return ProbesPart(dirs=tuple(d[0] for d in dirs), processes=tuple(processes), ignored=tuple(ignored))
 
 
 def source(settings: Settings) -> Source:
