@@ -24,6 +24,7 @@ from typing import Any
 
 from dltop import __version__
 from dltop.errors import DltopError
+from dltop.fmt import human_bytes, human_duration, plural
 from dltop.hints import WINDOW_S, Hint, hints
 from dltop.model import SCHEMA_VERSION, CpuPart, GpuDevice, MemoryPart, Snapshot, Unavailable, to_dict
 from dltop.model.actions import ActionEvent
@@ -91,8 +92,9 @@ class Recorder:
         self._put(("event", kind, data, self._clock() if ts is None else ts))
 
     def action_listener(self, event: ActionEvent) -> None:
-        """An ActionRunner listener: logs each action's start and finish (target, bytes, outcome), not progress."""
-        if event.phase != "progress":
+        """An ActionRunner listener: logs each run's and release's start and finish (target, bytes, outcome); not
+        progress, and not a plan (the measuring a confirmation dialog opens with: nothing was done yet)."""
+        if event.phase != "progress" and event.step != "plan":
             self.event("action", to_dict(event), ts=event.ts)
 
     def close(self) -> None:
@@ -267,8 +269,9 @@ class Recorder:
         sizes = {stem: sum(_size(os.path.join(self.directory, stem + s)) for s in (store.CLOSED_SUFFIX, store.INDEX_SUFFIX))
                  for stem in closed}
         total = sum(sizes.values()) + self._good
+        removed: dict[str, list[tuple[str, float | None, float | None]]] = {}  # why -> (stem, first, last)
         for stem in closed:  # oldest first
-            last = _last_ts(self.directory, stem)
+            first, last = _span(self.directory, stem)
             old = self.retain_s is not None and last is not None and last < now - self.retain_s
             big = self.max_bytes is not None and total > self.max_bytes
             if not (old or big):
@@ -277,6 +280,15 @@ class Recorder:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.directory, stem + s))
             total -= sizes[stem]
+            why = (f"older than --retain {human_duration(self.retain_s or 0)}" if old
+                   else f"above --max-size {human_bytes(self.max_bytes or 0)}")
+            removed.setdefault(why, []).append((stem, first, last))
+        for why, gone in removed.items():  # history removed is said, never silent: one line per reason
+            spans = [(a, b) for _, a, b in gone if a is not None and b is not None]
+            covered = f", {human_duration(sum(b - a for a, b in spans))} of samples" if spans else ""
+            n_bytes = sum(sizes[stem] for stem, _, _ in gone)
+            names = gone[0][0] if len(gone) == 1 else f"{gone[0][0]} to {gone[-1][0]}"
+            self._warn(f"removed {plural(len(gone), 'segment')} ({names}{covered}, {human_bytes(n_bytes)}): {why}")
 
     def _poll_marks(self) -> None:
         """Turn the lines `dltop mark` appended since the last look into "marker" events."""
@@ -338,15 +350,17 @@ def _size(path: str) -> int:
         return 0
 
 
-def _last_ts(directory: str, stem: str) -> float | None:
-    """The last sample's time in a closed segment's index; None when it has none or cannot be read (the
-    segment is then removed only by the size cap)."""
+def _span(directory: str, stem: str) -> tuple[float | None, float | None]:
+    """The first and last sample's time in a closed segment's index; None when it has none or cannot be read
+    (the segment is then removed only by the size cap)."""
     try:
         with open(os.path.join(directory, stem + store.INDEX_SUFFIX), "rb") as f:
             index = store.loads(f.read(64 << 20))
     except (OSError, store.Malformed):
-        return None
-    return store.valid_ts(index.get("last_ts")) if isinstance(index, dict) else None
+        return None, None
+    if not isinstance(index, dict):
+        return None, None
+    return store.valid_ts(index.get("first_ts")), store.valid_ts(index.get("last_ts"))
 
 
 def gpu_inventory(gpus: Any) -> Any:
