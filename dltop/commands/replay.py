@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from dltop.commands.tui import need_terminal, run_replay_tui
     from dltop.config import settings_from_args
     from dltop.recorder import Recording, default_directory, parse_time
-    from dltop.tui.timeline import index_typed
+    from dltop.recorder.times import index_typed
 
     settings = settings_from_args(args)
     path = args.path or default_directory()

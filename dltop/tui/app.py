@@ -49,7 +49,7 @@ from dltop.tui.screens.ask import AskScreen
 from dltop.tui.screens.confirm import ConfirmScreen, plan_dialog
 from dltop.tui.screens.events import EventsScreen
 from dltop.tui.screens.help import HelpScreen
-from dltop.tui.timeline import LiveHistory, RecordingFeed, Timeline, index_at, index_typed
+from dltop.tui.timeline import LiveHistory, RecordingFeed, Timeline, index_at
 from dltop.tui.view import View
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
@@ -748,6 +748,8 @@ class DltopApp(App[None]):
 
         def answered(text: str | None) -> None:
             if text is not None:
+                from dltop.recorder.times import index_typed
+
                 self._go(times[index_typed(times, self._parse_time(text))])
 
         self.push_screen(AskScreen(f"Go to ({_hms(times[0])} to {_hms(times[-1])})",

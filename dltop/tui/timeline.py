@@ -8,7 +8,6 @@ same View for the same moment.
 from __future__ import annotations
 
 import bisect
-import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -46,17 +45,6 @@ class RecordingLike(Protocol):
 def index_at(times: Sequence[float], ts: float) -> int:
     """The index of the Snapshot on screen at `ts`: the last one taken at or before it (0 before the first)."""
     return max(0, bisect.bisect_right(times, ts) - 1)
-
-
-def index_typed(times: Sequence[float], ts: float) -> int:
-    """The index of the Snapshot a typed time names. A whole second (`14:05:30`, `14:05`) names the sample shown
-    as that second, the first one taken within it (samples fall between whole seconds: the one on screen at
-    14:05:30.000 is 14:05:29's); other times, the one on screen then."""
-    if ts == math.floor(ts):
-        j = bisect.bisect_left(times, ts)
-        if j < len(times) and times[j] < ts + 1.0:
-            return j
-    return index_at(times, ts)
 
 
 class LiveHistory:
