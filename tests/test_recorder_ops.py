@@ -101,7 +101,7 @@ def test_a_plan_is_not_logged_as_an_action(tmp_path: Path) -> None:
 
 
 def test_a_typed_second_names_the_sample_shown_as_that_second() -> None:
-    from dltop.tui.timeline import index_typed
+    from dltop.recorder.times import index_typed
 
     base = 1_790_000_000.0
     times = [base + k + 0.4 for k in range(5)]  # samples fall between whole seconds
@@ -129,3 +129,93 @@ async def test_b_with_a_clock_time_shows_that_second(tmp_path: Path) -> None:
         await pilot.press(*time.strftime("%H:%M:%S", time.localtime(base + 3)), "enter")
         await pilot.pause()
         assert app.at == snaps[3].ts
+
+
+# -- (11) actions from any shell reach every running recorder ------------------------------------------------------
+
+def test_a_warm_and_an_evict_from_a_shell_reach_a_running_recorder(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real thing: `dltop record` running, `dltop warm` and `dltop evict` run from another process on root's
+    # real journal (/run/dltop); the report shows both, with who ran them. Other actions on the machine may be
+    # in the journal too: only this test's target is looked for.
+    monkeypatch.delenv("DLTOP_ROOT_JOURNAL_DIR")
+    from tests.test_record_cli import recording, samples_in, wait_for
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(4 << 20))
+    rec_dir = tmp_path / "rec"
+    with recording(rec_dir, "-i", "0.2") as proc:
+        wait_for(lambda: samples_in(rec_dir) >= 2)
+        evict = dltop("evict", "--no-progress", str(data))
+        warm = dltop("warm", "--no-progress", str(data))
+        assert evict.returncode == 0 and warm.returncode == 0, evict.stderr + warm.stderr
+        n = samples_in(rec_dir)
+        wait_for(lambda: samples_in(rec_dir) >= n + 2)  # looked at the journal since
+        proc.send_signal(__import__("signal").SIGTERM)
+        assert proc.wait(60) == 0
+    acts = [e for e in Recording(str(rec_dir)).events() if e.kind == "action" and e.data.get("target") == str(data)]
+    assert [(a.data["action"], a.data["phase"]) for a in acts] == [("evict", "started"), ("evict", "finished"),
+                                                                   ("warm", "started"), ("warm", "finished")]
+    assert all(a.data["uid"] == os.geteuid() and a.data["pid"] != proc.pid for a in acts)
+    assert acts[0].data["pid"] != acts[2].data["pid"]  # two processes
+    assert acts[3].data["outcome"] == "ok" and acts[3].data["done_bytes"] == 4 << 20
+    report = dltop("report", str(rec_dir))
+    assert report.returncode == 0, report.stderr
+    assert f"warm {data}: ok (4.0 MiB)" in report.stdout and f"evict {data}: ok" in report.stdout
+    assert f"pid {acts[2].data['pid']}" in report.stdout
+
+
+def _journal_line(target: str, pid: int = 4242, **event: object) -> bytes:
+    from dltop import journal
+
+    ev = {"run_id": 1, "step": "run", "phase": "finished", "action": "warm", "target": target, "ts": time.time(),
+          "paths": [target], "done_bytes": 10, "total_bytes": 10, "elapsed_s": 0.1, "files_done": 1,
+          "outcome": "ok", "message": "", **event}
+    line = journal.encode(ev, pid=pid)
+    assert line is not None
+    return line
+
+
+def test_the_journal_is_believed_only_from_this_user_or_root_and_line_by_line(tmp_path: Path) -> None:
+    from dltop.journal import MAX_LINE_BYTES, JournalTail
+
+    mine, theirs = tmp_path / "mine.jsonl", tmp_path / "theirs.jsonl"
+    mine.write_bytes(_journal_line("/old"))  # there before the recorder: old
+    theirs.write_bytes(b"")
+    os.chown(theirs, 65534, 65534)  # another user's file at a trusted path: a forgery could be anything
+    tail = JournalTail([str(mine), str(theirs)], trusted_uids=[os.geteuid()], skip_pid=os.getpid())
+    hostile = [b"not json", b'{"v":1,"pid":1,"event":{"action":"rm -rf"}}', b'{"v":2}',
+               _journal_line("/x", done_bytes=-5), _journal_line("/x", ts=1.5).replace(b"1.5", b"1e400"),
+               _journal_line("/x", outcome="pwned"), _journal_line("/x", paths="/not/a/list"),
+               b'{"v":1,"ts":1,"pid":4242,"event":' + b"[" * 5000 + b"]" * 5000 + b"}",
+               b"x" * (MAX_LINE_BYTES + 10)]
+    with open(mine, "ab") as f:
+        f.write(b"\n".join(hostile) + b"\n" + _journal_line("/good") + _journal_line("/own", pid=os.getpid()))
+    with open(theirs, "ab") as f:
+        f.write(_journal_line("/forged"))
+    os.chmod(theirs, 0o644)
+    got = tail.poll()
+    assert [e["target"] for e in got] == ["/good"]
+    assert got[0]["pid"] == 4242 and got[0]["uid"] == os.geteuid()
+    assert tail.bad == len(hostile)
+    assert "owned by uid 65534" in tail.refused[str(theirs)]
+    assert tail.poll() == []  # read once
+    os.chmod(mine, 0o666)  # anyone may write it now: not believed
+    with open(mine, "ab") as f:
+        f.write(_journal_line("/after"))
+    assert tail.poll() == [] and "others can write it" in tail.refused[str(mine)]
+
+
+def test_a_torn_journal_line_is_read_when_it_is_whole(tmp_path: Path) -> None:
+    from dltop.journal import JournalTail
+
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(b"")
+    tail = JournalTail([str(path)], trusted_uids=[os.geteuid()])
+    line = _journal_line("/a")
+    with open(path, "ab") as f:
+        f.write(line[:20])
+    assert tail.poll() == []
+    with open(path, "ab") as f:
+        f.write(line[20:])
+    assert [e["target"] for e in tail.poll()] == ["/a"] and tail.bad == 0

@@ -3,6 +3,7 @@ sources, then `dltop replay` of that recording showing the numbers the live scre
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -417,5 +418,6 @@ def test_events_of_a_real_action_in_a_line(tmp_path: Path) -> None:
         recorder.write(Snapshot(ts=time.time(), host="h"))
     events = [e for e in Recording(str(tmp_path / "rec")).events() if e.kind == "action"]
     assert [e.data["phase"] for e in events] == ["started", "finished"]
-    assert describe_event("action", events[0].data) == f"warm {tmp_path / 'data.bin'}: started"
-    assert describe_event("action", events[-1].data) == f"warm {tmp_path / 'data.bin'}: ok (1.0 MiB)"
+    by = f"by pid {os.getpid()} uid {os.geteuid()}"
+    assert describe_event("action", events[0].data) == f"warm {tmp_path / 'data.bin'}: started, {by}"
+    assert describe_event("action", events[-1].data) == f"warm {tmp_path / 'data.bin'}: ok (1.0 MiB), {by}"

@@ -19,13 +19,14 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dltop import __version__
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes, human_duration, plural
 from dltop.hints import WINDOW_S, Hint, hints
+from dltop.journal import JournalTail
 from dltop.model import SCHEMA_VERSION, CpuPart, GpuDevice, MemoryPart, Snapshot, Unavailable, to_dict
 from dltop.model.actions import ActionEvent
 from dltop.model.memory import CgroupMemory, VmStat
@@ -42,7 +43,8 @@ class Recorder:
     def __init__(self, directory: str, interval_s: float = 1.0, retain_s: float | None = 7 * 86400,
                  max_bytes: int | None = 2 << 30, meta: dict[str, Any] | None = None, *,
                  segment_s: float = 3600.0, queue_size: int = 600, block_samples: int = BLOCK_SAMPLES,
-                 warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time,
+                 journals: Sequence[str] | None = None) -> None:
         self.directory = store.prepare_directory(directory)
         self._lock_fd = store.take_lock(self.directory)
         self.interval_s = interval_s
@@ -73,6 +75,10 @@ class Recorder:
         self._marks_path = os.path.join(self.directory, store.MARKS_NAME)
         self._marks_offset = _size(self._marks_path)  # marks written before this recorder started are old
         self._marks_rest = b""
+        # Actions run anywhere on the machine (a warm from a shell): the journals this user trusts, from now on;
+        # this process's own come through action_listener.
+        self._journal = JournalTail(journals, skip_pid=os.getpid())
+        self._journal_bad = 0
         self._thread = threading.Thread(target=self._run, name="dltop-recorder", daemon=True)
         self._thread.start()
         self.event("start", {"pid": os.getpid(), "dltop": __version__, "interval_s": interval_s})
@@ -95,7 +101,7 @@ class Recorder:
         """An ActionRunner listener: logs each run's and release's start and finish (target, bytes, outcome); not
         progress, and not a plan (the measuring a confirmation dialog opens with: nothing was done yet)."""
         if event.phase != "progress" and event.step != "plan":
-            self.event("action", to_dict(event), ts=event.ts)
+            self.event("action", {**to_dict(event), "pid": os.getpid(), "uid": os.geteuid()}, ts=event.ts)
 
     def close(self) -> None:
         """Write the stop event, drain the queue, close and compress the segment, release the lock."""
@@ -134,6 +140,7 @@ class Recorder:
         while True:
             item = self._queue.get()
             if item is _CLOSE:
+                self._poll_journal()  # what finished while the last sample was taken
                 break
             try:
                 if item[0] == "sample":
@@ -158,6 +165,7 @@ class Recorder:
         for kind, data in events:
             self._event_line(kind, data, snap.ts)
         self._poll_marks()
+        self._poll_journal()
 
     def _encode_sample(self, snap: Snapshot) -> tuple[list[bytes], dict[str, Any]]:
         lines: list[bytes] = []
@@ -312,6 +320,16 @@ class Recorder:
             except (ValueError, KeyError, TypeError):
                 continue
             self._event_line("marker", {"text": text, "by": "dltop mark"}, ts)
+
+    def _poll_journal(self) -> None:
+        """Turn the actions other processes journalled since the last look into "action" events."""
+        for data in self._journal.poll():
+            self._event_line("action", data, data["ts"])
+        if self._journal.bad > self._journal_bad:
+            if not self._journal_bad:
+                self._note(f"the action journal holds lines that are not dltop's (left out): "
+                           f"{', '.join(self._journal.paths)}")
+            self._journal_bad = self._journal.bad
 
     def _derived_events(self, snap: Snapshot) -> list[tuple[str, dict[str, Any]]]:
         """OOM kills, GPU processes starting and exiting, hints firing and clearing, since the last Snapshot."""
