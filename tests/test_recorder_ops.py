@@ -219,3 +219,40 @@ def test_a_torn_journal_line_is_read_when_it_is_whole(tmp_path: Path) -> None:
     with open(path, "ab") as f:
         f.write(line[20:])
     assert [e["target"] for e in tail.poll()] == ["/a"] and tail.bad == 0
+
+
+# -- (14) OpenMetrics that parsers take ---------------------------------------------------------------------------
+
+def test_the_openmetrics_dump_parses_with_each_label_set_together(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two GPUs: their points interleaved in time order, which the OpenMetrics parser refuses ("clashing name" /
+    # out of order). prometheus_client's parser, and promtool's backfill where it is installed.
+    import shutil
+
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    from dltop.recorder.dump import dump
+
+    snaps = sampled(tmp_path, monkeypatch, n=4)
+    rec_dir = tmp_path / "rec"
+    with Recorder(str(rec_dir), retain_s=None, max_bytes=None) as rec:
+        for s in snaps:
+            rec.write(s, wait=True)
+    import io
+
+    for workers in (1, 2):
+        out = io.StringIO()
+        dump(Recording(str(rec_dir)), "openmetrics", out, workers=workers)
+        text = out.getvalue()
+        families = list(text_string_to_metric_families(text))  # raises on points of a label set apart
+        sets = {f.name: {tuple(sorted(s.labels.items())) for s in f.samples} for f in families}
+        many = [name for name, labels in sets.items() if len(labels) >= 2]
+        assert many, "no family with two label sets: nothing tested"
+        cpu = next(f for f in families if f.name == many[0])
+        assert len(cpu.samples) == len(sets[many[0]]) * len(snaps)
+    if shutil.which("promtool"):
+        om = tmp_path / "rec.om"
+        om.write_text(text)
+        made = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(tmp_path / "db")],
+                              capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0, made.stderr + made.stdout
