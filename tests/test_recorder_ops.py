@@ -256,3 +256,101 @@ def test_the_openmetrics_dump_parses_with_each_label_set_together(tmp_path: Path
         made = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(tmp_path / "db")],
                               capture_output=True, text=True, timeout=120)
         assert made.returncode == 0, made.stderr + made.stdout
+
+
+# -- (10) an OOM kill late in a long recording; (13) gaps; (14) an end without a stop ---------------------------
+
+def _report(rec_dir: Path) -> str:
+    r = dltop("report", str(rec_dir), "--width", "100")
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_a_late_oom_kill_is_kept_over_early_hints_and_said_in_the_header(tmp_path: Path) -> None:
+    base = time.time() - 7200
+    with Recorder(str(tmp_path / "rec"), retain_s=None, max_bytes=None) as rec:
+        rec.write(Snapshot(ts=base, host="h"), wait=True)
+        for k in range(150):  # a flapping hint and GPU processes coming and going, all morning
+            rec.event("hint", {"id": "memory.dirty", "state": "fired" if k % 2 == 0 else "cleared",
+                               "severity": "warn", "text": "dirty"}, ts=base + k)
+            rec.event("gpu_process", {"state": "started", "gpu": 0, "mig": None, "pid": 1000 + k,
+                                      "command": "python", "user": "u", "used_bytes": 1}, ts=base + k + 0.5)
+        rec.event("oom_kill", {"source": "vmstat", "kills": 1, "total": 1}, ts=base + 3600)
+        rec.write(Snapshot(ts=base + 3601, host="h"), wait=True)
+    out = _report(tmp_path / "rec")
+    assert "OOM kill: 1 in the kernel (vmstat)" in out
+    assert "OOM KILLS: 1 (1 event, first at" in out.split("\n\n")[0]  # in the header
+    assert "hints: 75 firings, 75 clearings" in out
+
+
+def test_gaps_are_listed_with_their_length_and_cause(tmp_path: Path) -> None:
+    base = float(int(time.time()) - 7200)
+    rec_dir = tmp_path / "rec"
+    now = [base]  # the recorders' clock: their start and stop events at the times of these samples
+    with Recorder(str(rec_dir), retain_s=None, max_bytes=None, block_samples=50, clock=lambda: now[0]) as rec:
+        for k in range(20):
+            rec.write(Snapshot(ts=base + k, host="h", uptime_s=float(k)), wait=True)
+        rec.event("gap", {"cause": "write failed: No space left on device", "samples": 82, "from_ts": base + 20,
+                          "to_ts": base + 101}, ts=base + 102)
+        for k in range(102, 110):
+            rec.write(Snapshot(ts=base + k, host="h"), wait=True)
+        now[0] = base + 110
+    now[0] = base + 699
+    with Recorder(str(rec_dir), retain_s=None, max_bytes=None, clock=lambda: now[0]) as rec:  # 10 min on
+        for k in range(700, 705):
+            rec.write(Snapshot(ts=base + k, host="h"), wait=True)
+    out = _report(rec_dir)
+    gaps = out.split("Gaps\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(gaps) == 2, out
+    assert "1m23s, ~82 samples missing: 82 samples not written (write failed: No space left on device)" in gaps[0]
+    assert "9m51s, ~590 samples missing: the recorder was not running" in gaps[1]
+    assert "gaps: 2 gaps" in out.split("\n\n")[0]
+
+
+def test_a_damaged_frame_is_a_gap_of_the_samples_it_held(tmp_path: Path) -> None:
+    base = float(int(time.time()) - 7200)
+    rec_dir = tmp_path / "rec"
+    with Recorder(str(rec_dir), retain_s=None, max_bytes=None, block_samples=200) as rec:
+        for k in range(600):
+            rec.write(Snapshot(ts=base + k, host="h"), wait=True)
+    stem = with_samples(rec_dir)[0]
+    import json
+
+    index = json.loads((rec_dir / (stem + store.INDEX_SUFFIX)).read_text())
+    middle = index["blocks"][1]
+    zst = rec_dir / (stem + store.CLOSED_SUFFIX)
+    raw = bytearray(zst.read_bytes())
+    raw[middle["offset"] + middle["size"] // 2] ^= 0xFF  # one byte of the middle frame of three
+    zst.write_bytes(bytes(raw))
+    r = dltop("report", str(rec_dir), "--width", "100")
+    assert r.returncode == 0, r.stderr
+    assert "which held 200 samples" in r.stderr
+    gaps = r.stdout.split("Gaps\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(gaps) == 1 and "200 samples in 1 damaged frame" in gaps[0] and "~200 samples missing" in gaps[0]
+
+
+def test_a_recording_that_ended_without_a_stop_is_flagged(tmp_path: Path) -> None:
+    import signal
+
+    from tests.test_record_cli import recording, samples_in, wait_for
+
+    rec_dir = tmp_path / "rec"
+    with recording(rec_dir, "-i", "0.2") as proc:
+        wait_for(lambda: samples_in(rec_dir) >= 2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    out = _report(rec_dir)
+    assert "ended without a stop at" in out.split("\n\n")[0]
+    with recording(rec_dir, "-i", "0.2") as proc:  # running again: the run before it still ended badly
+        wait_for(lambda: samples_in(rec_dir) >= 4)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    assert _report(rec_dir).split("\n\n")[0].count("ended without a stop at") == 1
+
+
+def test_charts_break_at_a_gap() -> None:
+    from dltop.recorder.report import _runs, _Series
+
+    s = _Series([1.0, 2.0, 3.0, 100.0, 101.0], [1.0, 1.0, 1.0, 2.0, 2.0])
+    assert _runs(s, [(3.0, 100.0)]) == [([1.0, 2.0, 3.0], [1.0, 1.0, 1.0]), ([100.0, 101.0], [2.0, 2.0])]
+    assert _runs(s, []) == [(s.ts, s.values)]

@@ -69,6 +69,10 @@ class Recorder:
         self._refs: dict[str, Any] = {}  # kept part -> the object last written as a "part" line
         self._pending: list[bytes] = []  # event lines before the first segment opens
         self._failing = False
+        self._last_error = ""
+        self._gap_samples = 0  # samples a failed write lost since the last one written, and when
+        self._gap_from = self._gap_to = self._last_written = 0.0
+        self._dropped_seen = 0
         self._prev: Snapshot | None = None
         self._history: deque[Snapshot] = deque()
         self._hints: dict[str, Hint] = {}
@@ -162,10 +166,30 @@ class Recorder:
         if self._append(b"".join(lines)):
             self._refs.update(refs)
             self.samples += 1
+            self._gap_ended(snap.ts)
+        else:
+            if not self._gap_samples:
+                self._gap_from = snap.ts
+            self._gap_samples += 1
+            self._gap_to = snap.ts
         for kind, data in events:
             self._event_line(kind, data, snap.ts)
         self._poll_marks()
         self._poll_journal()
+
+    def _gap_ended(self, ts: float) -> None:
+        """A "gap" event for the samples lost since the last one written (a failed write, a full queue): the
+        report and the replay show the hole with its cause and size."""
+        if self._gap_samples:
+            self._event_line("gap", {"cause": f"write failed: {self._last_error}", "samples": self._gap_samples,
+                                     "from_ts": self._gap_from, "to_ts": self._gap_to}, ts)
+            self._gap_samples = 0
+        dropped = self.dropped
+        if dropped > self._dropped_seen:
+            self._event_line("gap", {"cause": "dropped: the disk did not keep up", "samples": dropped - self._dropped_seen,
+                                     "from_ts": self._last_written, "to_ts": ts}, ts)
+            self._dropped_seen = dropped
+        self._last_written = ts
 
     def _encode_sample(self, snap: Snapshot) -> tuple[list[bytes], dict[str, Any]]:
         lines: list[bytes] = []
@@ -208,6 +232,7 @@ class Recorder:
                 view = view[n:]
         except OSError as e:
             self.lost += 1
+            self._last_error = e.strerror or str(e)
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._good)
             if not self._failing:

@@ -37,6 +37,8 @@ def _describe(kind: str, d: Mapping[str, Any]) -> str:
         return f"{d.get('action')} {d.get('target')}: {d.get('outcome')} ({_bytes(d.get('done_bytes'))}){by}{why}"
     if kind == "hint":
         return f"hint {d.get('state')}: {d.get('id')} ({d.get('severity')}) {d.get('text') or ''}".rstrip()
+    if kind == "gap":
+        return f"gap: {d.get('samples')} samples not recorded ({d.get('cause')})"
     if kind == "marker":
         return f"marker: {d.get('text')}"
     if kind in ("start", "stop"):
