@@ -354,3 +354,20 @@ def test_charts_break_at_a_gap() -> None:
     s = _Series([1.0, 2.0, 3.0, 100.0, 101.0], [1.0, 1.0, 1.0, 2.0, 2.0])
     assert _runs(s, [(3.0, 100.0)]) == [([1.0, 2.0, 3.0], [1.0, 1.0, 1.0]), ([100.0, 101.0], [2.0, 2.0])]
     assert _runs(s, []) == [(s.ts, s.values)]
+
+
+async def test_the_replay_header_says_when_a_gap_is_crossed(tmp_path: Path) -> None:
+    from dltop.tui.app import DltopApp
+    from dltop.tui.timeline import RecordingFeed
+
+    base = float(int(time.time()) - 3600)
+    with Recorder(str(tmp_path / "rec"), retain_s=None, max_bytes=None) as rec:
+        for t in (0, 1, 2, 300, 301):
+            rec.write(Snapshot(ts=base + t, host="h"), wait=True)
+    app = DltopApp(RecordingFeed(Recording(str(tmp_path / "rec")), "rec"))
+    async with app.run_test(size=(100, 24)) as pilot:
+        await pilot.press("t", "t")
+        assert "gap" not in str(app.query_one("#header").render())
+        await pilot.press("t")
+        await pilot.pause()
+        assert "after a gap of 4m58s" in str(app.query_one("#header").render())

@@ -143,8 +143,11 @@ async def test_jump_and_go_to(session: list[Snapshot]) -> None:
         await pilot.press("j")
         assert app.at == ts[max(i for i, t in enumerate(ts) if t <= ts[0] + 10)]
         # b: a clock time (the session was recorded in UTC, as the tests run), then "N s ago"
-        await _go_to(pilot, time.strftime("%H:%M:%S", time.gmtime(ts[10] + 0.999)))
-        assert app.at == ts[max(i for i, t in enumerate(ts) if t <= int(ts[10] + 0.999))]
+        # A whole second names the sample shown as that second: the first taken within it (else the one before).
+        second = int(ts[10] + 0.999)
+        await _go_to(pilot, time.strftime("%H:%M:%S", time.gmtime(second)))
+        within = [t for t in ts if second <= t < second + 1]
+        assert app.at == (within[0] if within else ts[max(i for i, t in enumerate(ts) if t <= second)])
         await _go_to(pilot, f"{int(now - ts[5])}s ago")
         assert app.at == ts[max(i for i, t in enumerate(ts) if t <= now - int(now - ts[5]))]
         # A time outside the history: the dialog says so and stays.
