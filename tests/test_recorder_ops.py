@@ -371,3 +371,32 @@ async def test_the_replay_header_says_when_a_gap_is_crossed(tmp_path: Path) -> N
         await pilot.press("t")
         await pilot.pause()
         assert "after a gap of 4m58s" in str(app.query_one("#header").render())
+
+
+_TRIED: list[int] = []
+
+
+def test_fuzz_the_journal_reader(tmp_path: Path) -> None:
+    # Any bytes in a trusted journal: each line is an event or is left out, never an exception.
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from dltop.journal import JournalTail
+
+    good = _journal_line("/d")
+
+    @settings(max_examples=150, derandomize=True)
+    @given(st.binary(max_size=600) | st.tuples(st.integers(0, len(good) - 1), st.binary(min_size=1, max_size=8)).map(
+        lambda cut: good[: cut[0]] + cut[1] + good[cut[0] + len(cut[1]):]))
+    def one(data: bytes) -> None:
+        _TRIED.append(1)
+        path = tmp_path / "j.jsonl"
+        path.write_bytes(b"")
+        tail = JournalTail([str(path)], trusted_uids=[os.geteuid()])
+        path.write_bytes(data + b"\n")
+        for event in tail.poll():
+            assert event["action"] in ("warm", "evict", "lock", "clear") and isinstance(event["target"], str)
+
+    one()
+    print(f"journal reader: {len(_TRIED)} inputs tried")
+    assert len(_TRIED) == 150
