@@ -30,6 +30,14 @@ os.environ["TZ"] = "UTC"
 time.tzset()
 
 
+@pytest.fixture(autouse=True)
+def _private_action_journal(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's runners journal their actions, and its recorders tail, a root journal of its own: a recorder
+    in one test would otherwise log the warm another test (or another user's suite) ran at the same moment.
+    The tests of the journal itself that use /run/dltop take this off."""
+    monkeypatch.setenv("DLTOP_ROOT_JOURNAL_DIR", str(tmp_path_factory.mktemp("journal") / "run-dltop"))
+
+
 _SNAPSHOTS_SKIPPED = pytest.StashKey[str]()
 
 

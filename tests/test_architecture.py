@@ -35,10 +35,12 @@ ALLOWED: dict[str, set[str]] = {
     # The probes source shares the file format's constants and directory with the probe (dltop/probe/files.py).
     "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "kv", "__init__"},
     "sampler": {"model", "sources", "derive"},
-    "actions": {"actions", "model", "fmt", "kernel", "errors", "sources"},
+    "actions": {"actions", "model", "fmt", "kernel", "errors", "sources", "journal"},
+    # The machine's action journal: the runner appends, recorders tail it.
+    "journal": {"journal"},
     # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
     "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields",
-                 "text", "__init__"},
+                 "text", "journal", "__init__"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "recorder",
             "__init__"},

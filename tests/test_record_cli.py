@@ -190,6 +190,10 @@ def test_a_full_filesystem_warns_keeps_going_and_resumes(small_fs: Path, tmp_pat
     r = Recording(str(small_fs / "rec"))
     assert r.skipped == 0  # the failed writes left no torn line behind
     assert list(r.range()) == snaps[:2] + snaps[4:]
+    # The hole says what it was: how many samples, lost to what, from when to when (the report lists it).
+    gaps = [e.data for e in r.events() if e.kind == "gap"]
+    assert gaps == [{"cause": "write failed: No space left on device", "samples": 2, "from_ts": snaps[2].ts,
+                     "to_ts": snaps[3].ts}]
 
 
 def test_record_with_export_serves_what_it_records(tmp_path: Path) -> None:

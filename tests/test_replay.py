@@ -3,6 +3,7 @@ sources, then `dltop replay` of that recording showing the numbers the live scre
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -142,8 +143,11 @@ async def test_jump_and_go_to(session: list[Snapshot]) -> None:
         await pilot.press("j")
         assert app.at == ts[max(i for i, t in enumerate(ts) if t <= ts[0] + 10)]
         # b: a clock time (the session was recorded in UTC, as the tests run), then "N s ago"
-        await _go_to(pilot, time.strftime("%H:%M:%S", time.gmtime(ts[10] + 0.999)))
-        assert app.at == ts[max(i for i, t in enumerate(ts) if t <= int(ts[10] + 0.999))]
+        # A whole second names the sample shown as that second: the first taken within it (else the one before).
+        second = int(ts[10] + 0.999)
+        await _go_to(pilot, time.strftime("%H:%M:%S", time.gmtime(second)))
+        within = [t for t in ts if second <= t < second + 1]
+        assert app.at == (within[0] if within else ts[max(i for i, t in enumerate(ts) if t <= second)])
         await _go_to(pilot, f"{int(now - ts[5])}s ago")
         assert app.at == ts[max(i for i, t in enumerate(ts) if t <= now - int(now - ts[5]))]
         # A time outside the history: the dialog says so and stays.
@@ -417,5 +421,6 @@ def test_events_of_a_real_action_in_a_line(tmp_path: Path) -> None:
         recorder.write(Snapshot(ts=time.time(), host="h"))
     events = [e for e in Recording(str(tmp_path / "rec")).events() if e.kind == "action"]
     assert [e.data["phase"] for e in events] == ["started", "finished"]
-    assert describe_event("action", events[0].data) == f"warm {tmp_path / 'data.bin'}: started"
-    assert describe_event("action", events[-1].data) == f"warm {tmp_path / 'data.bin'}: ok (1.0 MiB)"
+    by = f"by pid {os.getpid()} uid {os.geteuid()}"
+    assert describe_event("action", events[0].data) == f"warm {tmp_path / 'data.bin'}: started, {by}"
+    assert describe_event("action", events[-1].data) == f"warm {tmp_path / 'data.bin'}: ok (1.0 MiB), {by}"

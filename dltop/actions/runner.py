@@ -2,7 +2,8 @@
 
 It measures what an action would do (`plan`), runs it in a worker thread (`start`) with progress and a cancel,
 holds what must stay held (mlocked pages) until `release`, and announces every start, progress step and finish
-as an `ActionEvent` to whoever subscribed: the TUI renders them, the recorder will log them.
+as an `ActionEvent` to whoever subscribed (the TUI renders them, its recorder logs them), and appends each
+start and finish to the machine's action journal, which every running recorder tails (`dltop/journal.py`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dltop import journal
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes
+from dltop.model import to_dict
 from dltop.model.actions import ActionEvent, ActionPlan, Outcome, Step
 
 Listener = Callable[[ActionEvent], None]
@@ -56,8 +59,9 @@ class _Held:
 class ActionRunner:
     """Runs one action at a time, announces its events, and holds locked pages until released."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, journal: bool = True) -> None:
         self._clock = clock
+        self._journal = journal  # each run's start and finish go to the machine's action journal (dltop/journal.py)
         self._listeners: list[Listener] = []
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -80,6 +84,18 @@ class ActionRunner:
                 listener(event)
             except Exception as e:  # a listener's trouble (a full disk under the recorder) never wedges an action
                 self.listener_errors.append(f"{type(e).__name__}: {e}")
+        if self._journal and phase != "progress" and run.step != "plan":
+            self._journal_line(event)
+
+    def _journal_line(self, event: ActionEvent) -> None:
+        """Tell every running recorder on the machine (they tail the journal): a warm from a shell is logged too."""
+        line = journal.encode(to_dict(event))
+        if line is None:
+            return
+        try:
+            journal.append(line)
+        except OSError as e:  # no runtime directory, a full /run: the action goes on, the reason is kept
+            self.listener_errors.append(f"action journal: {e.strerror or e}")
 
     # -- what runs -----------------------------------------------------------------------------------------
 

@@ -35,7 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         add_common_options,
         add_export_options,
         add_server_option,
-        duration_seconds,
         refresh_seconds,
     )
 
@@ -46,10 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     _dir_option(p, "the recording directory")
     p.add_argument("-i", "--interval", type=refresh_seconds, default=1.0, metavar="SECONDS",
                    help="seconds between samples (default 1)")
-    p.add_argument("--retain", type=duration_seconds, default=7 * 86400.0, metavar="DURATION",
-                   help="remove segments older than this (default 7d; 0: keep all)")
+    p.add_argument("--retain", type=_retain, default=7 * 86400.0, metavar="DURATION",
+                   help="remove segments older than this, with a unit: 12h, 7d, 2w (default 7d; 0: keep all)")
     p.add_argument("--max-size", type=_size, default=2 << 30, metavar="SIZE",
-                   help="remove the oldest segments above this total (default 2G; 0: no cap)")
+                   help="remove the oldest segments above this total, with a unit: 500M, 2G (default 2G, at "
+                        "least 16M; 0: no cap)")
     p.add_argument("--dataset", dest="paths", action="append", metavar="PATH",
                    help="also record the residency of this dataset (repeatable)")
     add_export_options(p, "the recorded Snapshots")
@@ -81,13 +81,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_dump)
 
 
-def _size(text: str) -> int:
-    from dltop.recorder import parse_size
+MIN_MAX_BYTES = 16 << 20  # a cap below a few segments' worth would remove every closed segment as it closes
 
+
+def _bare_number(text: str) -> bool:
     try:
-        return parse_size(text)
+        float(text.strip())
+    except ValueError:
+        return False
+    return True
+
+
+def _retain(text: str) -> float:
+    """An argparse type: --retain as a duration with its unit (`7` once meant 7 s and removed hours of history)."""
+    from dltop.recorder import parse_duration
+
+    if _bare_number(text) and float(text) != 0:
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: say {text.strip()}d, {text.strip()}h or "
+                                         f"{text.strip()}m (0 keeps everything)")
+    try:
+        return parse_duration(text)
     except DltopError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _size(text: str) -> int:
+    """An argparse type: --max-size with its unit (`2` once meant 2 bytes and removed every segment)."""
+    from dltop.fmt import human_bytes
+    from dltop.recorder import parse_size
+
+    if _bare_number(text) and float(text) != 0:
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: say {text.strip()}G or {text.strip()}M "
+                                         f"(0 switches the cap off)")
+    try:
+        size = parse_size(text)
+    except DltopError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if 0 < size < MIN_MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r} is {human_bytes(size)}: at least {human_bytes(MIN_MAX_BYTES)} "
+                                         f"(0 switches the cap off)")
+    return size
 
 
 def _directory(args: argparse.Namespace) -> str:

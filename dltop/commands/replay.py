@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from dltop.commands.tui import need_terminal, run_replay_tui
     from dltop.config import settings_from_args
     from dltop.recorder import Recording, default_directory, parse_time
+    from dltop.recorder.times import index_typed
 
     settings = settings_from_args(args)
     path = args.path or default_directory()
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         if not times[0] <= start <= times[-1] + slack:
             raise DltopError(f"-t {args.time}: {_when(start)} is outside the recording ({_when(times[0])} to "
                              f"{_when(times[-1])})")
+        start = times[index_typed(times, start)]
     need_terminal(f"for the recording as text use `dltop report {path}` or `dltop dump {path}`")
     name = os.path.basename(os.path.normpath(recording.path))
     try:
@@ -55,4 +57,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _when(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ts))

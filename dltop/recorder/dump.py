@@ -188,18 +188,22 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                 rows.write(f"{_number(snap.ts)},{','.join(cells)}\n")
         return names, rec.damage
     os.mkdir(out)
-    files: dict[str, IO[str]] = {}
+    # One file per series (a field and its labels): OpenMetrics wants each label set's points together, in
+    # time order, within its family.
+    files: dict[tuple[str, str], IO[str]] = {}
     try:
         for snap, got in samples(rec, first, last, wanted, prev):
             ts = _number(snap.ts)
             for f, labels, value in got:
                 if not math.isfinite(value):
                     continue
-                fh = files.get(f.name)
+                series = series_name(fd.PREFIX + f.name, labels)
+                fh = files.get((f.name, series))
                 if fh is None:
-                    fh = files[f.name] = open(os.path.join(out, f.name), "w", encoding="utf-8")  # noqa: SIM115
-                    names.append(f.name)
-                fh.write(f"{series_name(fd.PREFIX + f.name, labels)} {_number(value)} {ts}\n")
+                    path = os.path.join(out, str(len(names)))
+                    fh = files[(f.name, series)] = open(path, "w", encoding="utf-8")  # noqa: SIM115
+                    names.append(f"{f.name}\t{series}")
+                fh.write(f"{series} {_number(value)} {ts}\n")
     finally:
         for fh in files.values():
             fh.close()
@@ -248,18 +252,27 @@ def _number(v: float) -> str:
 
 def _openmetrics(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],
                  workers: int | None = None) -> None:
-    # OpenMetrics wants each family's samples together: one file per field and piece, joined family by family.
+    # OpenMetrics wants each family's samples together, and within it each label set's: one file per series
+    # and piece, joined family by family, series by series, piece by piece (time order).
     with tempfile.TemporaryDirectory(prefix="dltop-dump-") as scratch:
         local = _run_pieces(rec, "openmetrics", t0, t1, wanted, scratch, workers)
-        order = list(dict.fromkeys(n for names in local for n in names))
-        for name in order:
+        where = [{entry: k for k, entry in enumerate(names)} for names in local]
+        families: dict[str, list[str]] = {}
+        for names in local:
+            for entry in names:
+                field_name, _, _ = entry.partition("\t")
+                series = families.setdefault(field_name, [])
+                if entry not in series:
+                    series.append(entry)
+        for name, entries in families.items():
             f = fd.BY_NAME[name]
             family = fd.PREFIX + _family(f)
             out.write(f"# TYPE {family} {f.kind}\n# HELP {family} {_help(f.help)}\n")
-            for k, names in enumerate(local):
-                if name in names:
-                    with open(os.path.join(scratch, str(k), name), encoding="utf-8") as fh:
-                        shutil.copyfileobj(fh, out)
+            for entry in entries:
+                for k, index in enumerate(where):
+                    if entry in index:
+                        with open(os.path.join(scratch, str(k), str(index[entry])), encoding="utf-8") as fh:
+                            shutil.copyfileobj(fh, out)
     out.write("# EOF\n")
 
 

@@ -46,9 +46,13 @@ class Damage:
         self._seen: dict[Hashable, tuple[str, int]] = {}  # what -> its kind, and how many things it is
         self.reasons: dict[str, str] = {}  # kind -> the first reason
         self.indexes: dict[str, str] = {}  # segment file -> why its index was not used
+        self.spans: dict[Hashable, tuple[float, float, int]] = {}  # a lost frame -> its first, last ts, samples
 
-    def add(self, what: Hashable, kind: str, reason: str, n: int = 1) -> None:
-        """Count `what` (`n` things of `kind`; once, however often it is read) as left out."""
+    def add(self, what: Hashable, kind: str, reason: str, n: int = 1, times: list[float] | None = None) -> None:
+        """Count `what` (`n` things of `kind`; once, however often it is read) as left out; `times`: the sample
+        times it held, where the index tells them (a gap in the recording, with its size)."""
+        if times and what not in self.spans:
+            self.spans[what] = (min(times), max(times), len(times))
         if what not in self._seen and n > 0:
             self._seen[what] = (kind, n)
             self.reasons.setdefault(kind, reason)
@@ -59,6 +63,8 @@ class Damage:
             self.add(what, kind, other.reasons.get(kind, ""), n)
         for path, why in other.indexes.items():
             self.indexes.setdefault(path, why)
+        for what, span in other.spans.items():
+            self.spans.setdefault(what, span)
 
     def counts(self) -> dict[str, int]:
         """How many things of each kind were left out."""
@@ -79,7 +85,9 @@ class Damage:
         out = []
         if parts:
             first = next(k for k in sorted(counts, key=_kind_order))
-            out.append(f"skipped {', '.join(parts)} ({first}: {self.reasons[first]})")
+            lost = sum(n for _, _, n in self.spans.values())
+            held = f", which held {plural(lost, 'sample')}" if lost else ""
+            out.append(f"skipped {', '.join(parts)}{held} ({first}: {self.reasons[first]})")
         if self.indexes:
             path, why = next(iter(self.indexes.items()))
             n = len(self.indexes)
@@ -225,7 +233,8 @@ class Recording:
         try:
             chunk = self._segments[si].chunks[ci][1]()
         except (OSError, zstandard.ZstdError) as e:
-            self.damage.add((path, ci, "frame"), "frame", f"does not decompress: {e}")
+            self.damage.add((path, ci, "frame"), "frame", f"does not decompress: {e}",
+                            times=self._segments[si].chunks[ci][0])
             self._segments[si].chunks[ci] = ([], lambda: Chunk([]))
             return None
         for i, why in chunk.damaged:
@@ -274,7 +283,8 @@ class Recording:
         for bi, b in enumerate(index["blocks"]):
             offset, length = b["offset"], b["size"]
             if offset + length > size:  # cut short (a truncated copy): this frame and those after it are gone
-                self.damage.add((path, "block", bi), "frame", "cut off (the file is shorter than its index says)")
+                self.damage.add((path, "block", bi), "frame", "cut off (the file is shorter than its index says)",
+                                times=b["times"])
                 continue
             seg.chunks.append((b["times"], _frame_loader(path, offset, length)))
         return seg

@@ -22,6 +22,10 @@ from dltop.recorder.reader import RecordedEvent, Recording
 from dltop.text.events import describe_event
 
 MAX_EVENTS = 60
+GAP_INTERVALS = 3  # no sample for longer than this many intervals is a gap in the recording
+# What a postmortem looks for first: a long recording's timeline keeps these before the rest (hint firings are
+# summarised under "Hints that fired", not listed one by one).
+RANK = {"oom_kill": 0, "marker": 1, "action": 2, "gap": 3, "gpu_process": 4, "start": 5, "stop": 5}
 CHART_HEIGHT = 14
 SPLIT_NAMES = dict(zip(SPLIT_FIELDS, ("weights", "KV cache", "allocator cache", "other torch", "non-torch"),
                        strict=True))
@@ -55,7 +59,9 @@ class _Series:
 class _Collected:
     """One pass over the samples: the peaks and the chart lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self.holes: list[tuple[float, float]] = []  # (last sample before, first after) where none came for > 3 intervals
         self.samples = 0
         self.first: Snapshot | None = None
         self.last: Snapshot | None = None
@@ -70,6 +76,8 @@ class _Collected:
         self.charts[chart].setdefault(name, _Series()).add(ts, value)
 
     def see(self, s: Snapshot) -> None:
+        if self.last is not None and s.ts - self.last.ts > GAP_INTERVALS * self.interval_s:
+            self.holes.append((self.last.ts, s.ts))
         self.samples += 1
         self.first = self.first or s
         self.last = s
@@ -121,20 +129,24 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
            color: bool = False) -> str:
     """The whole postmortem as text."""
     width = max(60, width or _terminal_width())
-    c = _Collected()
+    interval = rec.meta.get("interval_s")
+    c = _Collected(float(interval) if isinstance(interval, int | float) and 0 < interval <= 3600 else 1.0)
     for s in rec.range(t0, t1):
         c.see(s)
     events = rec.events(t0, t1)
     out: list[str] = []
-    out += _header(rec, c, events)
+    gaps = _gaps(rec, c, rec.events())
+    out += _header(rec, c, events, gaps)
     out += _peaks(c)
+    out += _gap_lines(gaps, c)
     out += _timeline(events, c)
     out += _hints(events, t1 if t1 is not None else (c.last.ts if c.last else None))
     # The recording came from elsewhere: its names and texts are escaped here (in colour the report is written
     # past the CLI's escaping writer, its own colours intact).
     out = [printable_lines(line) for line in out]
     for title, unit in (("page cache", "GiB"), ("GPU memory", "GiB"), ("dataset residency", "% resident")):
-        out += _chart(title, unit, {printable(k): v for k, v in c.charts[title].items()}, width, color)
+        out += _chart(title, unit, {printable(k): v for k, v in c.charts[title].items()}, width, color,
+                      [(a, b) for a, b, _ in gaps])
     return "\n".join(out) + "\n"
 
 
@@ -149,15 +161,31 @@ def _when(ts: float, span_s: float) -> str:
     return time.strftime("%m-%d %H:%M:%S" if span_s > 86400 else "%H:%M:%S", time.localtime(ts))
 
 
-def _header(rec: Recording, c: _Collected, events: list[RecordedEvent]) -> list[str]:
+def _zone(ts: float) -> str:
+    return time.strftime("%Z (UTC%z)", time.localtime(ts))
+
+
+def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
+            gaps: list[tuple[float, float, str]]) -> list[str]:
     meta = rec.meta
     lines = [f"dltop report: {rec.path}"]
     if c.first is None or c.last is None:
         return [*lines, "no samples in this range", ""]
     span = c.last.ts - c.first.ts
     lines.append(f"{meta.get('host') or c.first.host}: {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(c.first.ts))}"
-                 f" to {_when(c.last.ts, span)} ({human_duration(span)}), {plural(c.samples, 'sample')}"
-                 f" every {meta.get('interval_s', '?')} s, {plural(len(events), 'event')}")
+                 f" to {_when(c.last.ts, span)} {time.strftime('%Z', time.localtime(c.last.ts))} "
+                 f"({human_duration(span)}), {plural(c.samples, 'sample')}"
+                 f" every {meta.get('interval_s', '?')} s, {plural(len(events), 'event')}; times are {_zone(c.last.ts)}")
+    ooms = [e for e in events if e.kind == "oom_kill"]
+    if ooms:
+        kills = sum(int(e.data["kills"]) for e in ooms if isinstance(e.data.get("kills"), int)) or len(ooms)
+        lines.append(f"OOM KILLS: {kills} ({plural(len(ooms), 'event')}, first at {_when(ooms[0].ts, span)}, "
+                     f"last at {_when(ooms[-1].ts, span)})")
+    for ts in _unclean_ends(rec, events):
+        lines.append(f"ended without a stop at {_when(ts, span)}: the recorder was killed or the machine went down")
+    if gaps:
+        lost = sum(b - a for a, b, _ in gaps)
+        lines.append(f"gaps: {plural(len(gaps), 'gap')}, {human_duration(lost)} without samples (below)")
     gpus = meta.get("gpus")
     if isinstance(gpus, list) and gpus:
         names = sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)})
@@ -184,21 +212,96 @@ def _peaks(c: _Collected) -> list[str]:
     return [*out, ""]
 
 
+def _unclean_ends(rec: Recording, events: list[RecordedEvent]) -> list[float]:
+    """Where a recorder's run ended without its stop event (killed, or the machine went down): the time of its
+    last event or sample before the next start. The run still going (its directory locked) is not one."""
+    out: list[float] = []
+    times = rec.times()
+    open_since: float | None = None
+    for e in events:
+        if e.kind == "start":
+            if open_since is not None:
+                before = [t for t in times if open_since <= t < e.ts]
+                out.append(before[-1] if before else open_since)
+            open_since = e.ts
+        elif e.kind == "stop":
+            open_since = None
+    if open_since is not None and not _still_recording(rec):
+        out.append(max([open_since, *(t for t in times[-1:] if t >= open_since)]))
+    return out
+
+
+def _still_recording(rec: Recording) -> bool:
+    from dltop.recorder import store
+
+    directory = rec.path if os.path.isdir(rec.path) else os.path.dirname(rec.path)
+    try:
+        return store.lock_held(directory)
+    except (OSError, ValueError):
+        return False
+
+
+def _gaps(rec: Recording, c: _Collected, events: list[RecordedEvent]) -> list[tuple[float, float, str]]:
+    """Each stretch without samples (longer than GAP_INTERVALS intervals), with its cause: samples a failed write
+    or a full queue lost (the writer's "gap" events), a damaged frame (its samples, from the index), or the
+    recorder not running (a stop, or a start after a run that ended without one)."""
+    out = []
+    for a, b in c.holes:
+        causes = []
+        for e in events:
+            if e.kind == "gap" and isinstance(e.data.get("samples"), int) and a <= e.ts <= b + c.interval_s:
+                causes.append(f"{plural(e.data['samples'], 'sample')} not written ({e.data.get('cause')})")
+        frames = [(t0, t1, n) for t0, t1, n in rec.damage.spans.values() if t0 < b and t1 > a]
+        if frames:
+            causes.append(f"{plural(sum(n for *_, n in frames), 'sample')} in "
+                          f"{plural(len(frames), 'damaged frame')}")
+        inside = {e.kind for e in events if a < e.ts < b}
+        if "start" in inside:
+            causes.append("the recorder was not running" + ("" if "stop" in inside else " (it ended without a stop)"))
+        out.append((a, b, "; ".join(causes) or "no samples (the recorder was stalled or stopped)"))
+    return out
+
+
+def _gap_lines(gaps: list[tuple[float, float, str]], c: _Collected) -> list[str]:
+    if not gaps:
+        return []
+    span = (c.last.ts - c.first.ts) if c.first and c.last else 0.0
+    out = ["Gaps"]
+    for a, b, why in gaps:
+        missing = max(0, round((b - a) / c.interval_s) - 1)
+        out.append(f"  {_when(a, span)} to {_when(b, span)}  {human_duration(b - a)}, ~{plural(missing, 'sample')}"
+                   f" missing: {why}")
+    return [*out, ""]
+
+
 def _timeline(events: list[RecordedEvent], c: _Collected) -> list[str]:
     if not events:
         return ["Events: none", ""]
     span = (c.last.ts - c.first.ts) if c.first and c.last else 0.0
-    # The ones a postmortem looks for first; the rest fill what room is left, in time order.
-    def key(e: RecordedEvent) -> bool:
-        return e.kind in ("oom_kill", "marker", "action") or (e.kind == "hint" and e.data.get("state") == "fired")
+    hints = [e for e in events if e.kind == "hint"]
+    listed = [e for e in events if e.kind != "hint"]
 
-    shown = [e for e in events if key(e)][:MAX_EVENTS]
-    rest = [e for e in events if not key(e)]
-    shown += rest[: max(0, MAX_EVENTS - len(shown))]
-    shown.sort(key=lambda e: e.ts)
+    # The ones a postmortem looks for first (an OOM kill late in a week is kept over the hundredth GPU process
+    # start); a GPU process exiting before one starting; then time order. Shown in time order.
+    def rank(e: RecordedEvent) -> tuple[int, float]:
+        r = RANK.get(e.kind, len(RANK))
+        if e.kind == "gpu_process" and e.data.get("state") != "exited":
+            r += 2
+        return r, e.ts
+
+    shown = sorted(sorted(listed, key=rank)[:MAX_EVENTS], key=lambda e: e.ts)
     out = ["Events"] + [f"  {_when(e.ts, span)}  {describe_event(e.kind, e.data)}" for e in shown]
-    if len(events) > len(shown):
-        out.append(f"  ... and {len(events) - len(shown)} more (dltop dump --format jsonl, or dltop replay)")
+    if hints:
+        fired = sum(1 for e in hints if e.data.get("state") == "fired")
+        out.append(f"  hints: {plural(fired, 'firing')}, {plural(len(hints) - fired, 'clearing')} (under Hints that fired)")
+    if len(listed) > len(shown):
+        left: dict[str, int] = {}
+        kept = {id(e) for e in shown}
+        for e in listed:
+            if id(e) not in kept:
+                left[e.kind] = left.get(e.kind, 0) + 1
+        what = ", ".join(f"{n} {k}" for k, n in sorted(left.items(), key=lambda kv: -kv[1]))
+        out.append(f"  ... and {len(listed) - len(shown)} more ({what}; dltop replay's event list has them all)")
     return [*out, ""]
 
 
@@ -239,7 +342,22 @@ def _num(v: Any, key: str = "") -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _chart(title: str, unit: str, lines: dict[str, _Series], width: int, color: bool) -> list[str]:
+def _runs(s: _Series, gaps: list[tuple[float, float]]) -> list[tuple[list[float], list[float]]]:
+    """The series cut at each gap: a line is not drawn across a stretch without samples."""
+    out: list[tuple[list[float], list[float]]] = [([], [])]
+    g = 0
+    for t, v in zip(s.ts, s.values, strict=True):
+        while g < len(gaps) and t >= gaps[g][1]:
+            g += 1
+            if out[-1][0]:
+                out.append(([], []))
+        out[-1][0].append(t)
+        out[-1][1].append(v)
+    return [r for r in out if r[0]]
+
+
+def _chart(title: str, unit: str, lines: dict[str, _Series], width: int, color: bool,
+           gaps: list[tuple[float, float]] | None = None) -> list[str]:
     lines = {k: v for k, v in lines.items() if v.ts}
     if not lines:
         return [f"{title}: nothing recorded", ""]
@@ -254,10 +372,12 @@ def _chart(title: str, unit: str, lines: dict[str, _Series], width: int, color: 
     room = max(10, width * 2)
     for name, s in lines.items():
         step = max(1, math.ceil(len(s.ts) / room))
-        sig = fig.signal([(t - t0) / scale for t in s.ts[::step]], s.values[::step])
-        sig.label(name)
-        sig.lines()
-        fig.draw(sig)
+        for k, (ts, values) in enumerate(_runs(s, gaps or [])):
+            sig = fig.signal([(t - t0) / scale for t in ts[::step]], values[::step])
+            if k == 0:
+                sig.label(name)
+            sig.lines()
+            fig.draw(sig)
     fig.title(f"{title} ({unit})")
     fig.label(f"{'minutes' if minutes else 'seconds'} since {time.strftime('%H:%M:%S', time.localtime(t0))}", "x")
     text = str(fig.build())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import math
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dltop.errors import DltopError
@@ -88,3 +90,15 @@ def parse_time(text: str, now: float, recording: Recording | None = None) -> flo
     if when.tzinfo is None:
         when = when.astimezone()  # a naive time is local, as the clock on the wall
     return when.timestamp()
+
+
+def index_typed(times: Sequence[float], ts: float) -> int:
+    """The index of the sample a typed time names, in `times` (ascending). A whole second (`14:05:30`, `14:05`)
+    names the sample shown as that second, the first one taken within it (samples fall between whole seconds:
+    the one on screen at 14:05:30.000 is 14:05:29's); other times, and a second with no sample, the one on
+    screen then (the last at or before it; the first before the recording starts)."""
+    if ts == math.floor(ts):
+        j = bisect.bisect_left(times, ts)
+        if j < len(times) and times[j] < ts + 1.0:
+            return j
+    return max(0, bisect.bisect_right(times, ts) - 1)

@@ -19,12 +19,14 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dltop import __version__
 from dltop.errors import DltopError
+from dltop.fmt import human_bytes, human_duration, plural
 from dltop.hints import WINDOW_S, Hint, hints
+from dltop.journal import JournalTail
 from dltop.model import SCHEMA_VERSION, CpuPart, GpuDevice, MemoryPart, Snapshot, Unavailable, to_dict
 from dltop.model.actions import ActionEvent
 from dltop.model.memory import CgroupMemory, VmStat
@@ -41,7 +43,8 @@ class Recorder:
     def __init__(self, directory: str, interval_s: float = 1.0, retain_s: float | None = 7 * 86400,
                  max_bytes: int | None = 2 << 30, meta: dict[str, Any] | None = None, *,
                  segment_s: float = 3600.0, queue_size: int = 600, block_samples: int = BLOCK_SAMPLES,
-                 warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time,
+                 journals: Sequence[str] | None = None) -> None:
         self.directory = store.prepare_directory(directory)
         self._lock_fd = store.take_lock(self.directory)
         self.interval_s = interval_s
@@ -66,12 +69,20 @@ class Recorder:
         self._refs: dict[str, Any] = {}  # kept part -> the object last written as a "part" line
         self._pending: list[bytes] = []  # event lines before the first segment opens
         self._failing = False
+        self._last_error = ""
+        self._gap_samples = 0  # samples a failed write lost since the last one written, and when
+        self._gap_from = self._gap_to = self._last_written = 0.0
+        self._dropped_seen = 0
         self._prev: Snapshot | None = None
         self._history: deque[Snapshot] = deque()
         self._hints: dict[str, Hint] = {}
         self._marks_path = os.path.join(self.directory, store.MARKS_NAME)
         self._marks_offset = _size(self._marks_path)  # marks written before this recorder started are old
         self._marks_rest = b""
+        # Actions run anywhere on the machine (a warm from a shell): the journals this user trusts, from now on;
+        # this process's own come through action_listener.
+        self._journal = JournalTail(journals, skip_pid=os.getpid())
+        self._journal_bad = 0
         self._thread = threading.Thread(target=self._run, name="dltop-recorder", daemon=True)
         self._thread.start()
         self.event("start", {"pid": os.getpid(), "dltop": __version__, "interval_s": interval_s})
@@ -91,9 +102,10 @@ class Recorder:
         self._put(("event", kind, data, self._clock() if ts is None else ts))
 
     def action_listener(self, event: ActionEvent) -> None:
-        """An ActionRunner listener: logs each action's start and finish (target, bytes, outcome), not progress."""
-        if event.phase != "progress":
-            self.event("action", to_dict(event), ts=event.ts)
+        """An ActionRunner listener: logs each run's and release's start and finish (target, bytes, outcome); not
+        progress, and not a plan (the measuring a confirmation dialog opens with: nothing was done yet)."""
+        if event.phase != "progress" and event.step != "plan":
+            self.event("action", {**to_dict(event), "pid": os.getpid(), "uid": os.geteuid()}, ts=event.ts)
 
     def close(self) -> None:
         """Write the stop event, drain the queue, close and compress the segment, release the lock."""
@@ -132,6 +144,7 @@ class Recorder:
         while True:
             item = self._queue.get()
             if item is _CLOSE:
+                self._poll_journal()  # what finished while the last sample was taken
                 break
             try:
                 if item[0] == "sample":
@@ -153,9 +166,30 @@ class Recorder:
         if self._append(b"".join(lines)):
             self._refs.update(refs)
             self.samples += 1
+            self._gap_ended(snap.ts)
+        else:
+            if not self._gap_samples:
+                self._gap_from = snap.ts
+            self._gap_samples += 1
+            self._gap_to = snap.ts
         for kind, data in events:
             self._event_line(kind, data, snap.ts)
         self._poll_marks()
+        self._poll_journal()
+
+    def _gap_ended(self, ts: float) -> None:
+        """A "gap" event for the samples lost since the last one written (a failed write, a full queue): the
+        report and the replay show the hole with its cause and size."""
+        if self._gap_samples:
+            self._event_line("gap", {"cause": f"write failed: {self._last_error}", "samples": self._gap_samples,
+                                     "from_ts": self._gap_from, "to_ts": self._gap_to}, ts)
+            self._gap_samples = 0
+        dropped = self.dropped
+        if dropped > self._dropped_seen:
+            self._event_line("gap", {"cause": "dropped: the disk did not keep up", "samples": dropped - self._dropped_seen,
+                                     "from_ts": self._last_written, "to_ts": ts}, ts)
+            self._dropped_seen = dropped
+        self._last_written = ts
 
     def _encode_sample(self, snap: Snapshot) -> tuple[list[bytes], dict[str, Any]]:
         lines: list[bytes] = []
@@ -198,6 +232,7 @@ class Recorder:
                 view = view[n:]
         except OSError as e:
             self.lost += 1
+            self._last_error = e.strerror or str(e)
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._good)
             if not self._failing:
@@ -267,8 +302,9 @@ class Recorder:
         sizes = {stem: sum(_size(os.path.join(self.directory, stem + s)) for s in (store.CLOSED_SUFFIX, store.INDEX_SUFFIX))
                  for stem in closed}
         total = sum(sizes.values()) + self._good
+        removed: dict[str, list[tuple[str, float | None, float | None]]] = {}  # why -> (stem, first, last)
         for stem in closed:  # oldest first
-            last = _last_ts(self.directory, stem)
+            first, last = _span(self.directory, stem)
             old = self.retain_s is not None and last is not None and last < now - self.retain_s
             big = self.max_bytes is not None and total > self.max_bytes
             if not (old or big):
@@ -277,6 +313,15 @@ class Recorder:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.directory, stem + s))
             total -= sizes[stem]
+            why = (f"older than --retain {human_duration(self.retain_s or 0)}" if old
+                   else f"above --max-size {human_bytes(self.max_bytes or 0)}")
+            removed.setdefault(why, []).append((stem, first, last))
+        for why, gone in removed.items():  # history removed is said, never silent: one line per reason
+            spans = [(a, b) for _, a, b in gone if a is not None and b is not None]
+            covered = f", {human_duration(sum(b - a for a, b in spans))} of samples" if spans else ""
+            n_bytes = sum(sizes[stem] for stem, _, _ in gone)
+            names = gone[0][0] if len(gone) == 1 else f"{gone[0][0]} to {gone[-1][0]}"
+            self._warn(f"removed {plural(len(gone), 'segment')} ({names}{covered}, {human_bytes(n_bytes)}): {why}")
 
     def _poll_marks(self) -> None:
         """Turn the lines `dltop mark` appended since the last look into "marker" events."""
@@ -300,6 +345,16 @@ class Recorder:
             except (ValueError, KeyError, TypeError):
                 continue
             self._event_line("marker", {"text": text, "by": "dltop mark"}, ts)
+
+    def _poll_journal(self) -> None:
+        """Turn the actions other processes journalled since the last look into "action" events."""
+        for data in self._journal.poll():
+            self._event_line("action", data, data["ts"])
+        if self._journal.bad > self._journal_bad:
+            if not self._journal_bad:
+                self._note(f"the action journal holds lines that are not dltop's (left out): "
+                           f"{', '.join(self._journal.paths)}")
+            self._journal_bad = self._journal.bad
 
     def _derived_events(self, snap: Snapshot) -> list[tuple[str, dict[str, Any]]]:
         """OOM kills, GPU processes starting and exiting, hints firing and clearing, since the last Snapshot."""
@@ -338,15 +393,17 @@ def _size(path: str) -> int:
         return 0
 
 
-def _last_ts(directory: str, stem: str) -> float | None:
-    """The last sample's time in a closed segment's index; None when it has none or cannot be read (the
-    segment is then removed only by the size cap)."""
+def _span(directory: str, stem: str) -> tuple[float | None, float | None]:
+    """The first and last sample's time in a closed segment's index; None when it has none or cannot be read
+    (the segment is then removed only by the size cap)."""
     try:
         with open(os.path.join(directory, stem + store.INDEX_SUFFIX), "rb") as f:
             index = store.loads(f.read(64 << 20))
     except (OSError, store.Malformed):
-        return None
-    return store.valid_ts(index.get("last_ts")) if isinstance(index, dict) else None
+        return None, None
+    if not isinstance(index, dict):
+        return None, None
+    return store.valid_ts(index.get("first_ts")), store.valid_ts(index.get("last_ts"))
 
 
 def gpu_inventory(gpus: Any) -> Any:

@@ -28,13 +28,17 @@ def _describe(kind: str, d: Mapping[str, Any]) -> str:
         mem = f", {_bytes(d['used_bytes'])}" if d.get("used_bytes") is not None else ""
         return f"GPU {d.get('gpu')}{mig}: pid {d.get('pid')} {d.get('state')} ({d.get('command') or '?'}{mem})"
     if kind == "action":
+        # Who ran it (a shell's warm reaches the recorder through the journal): a recording before it says nothing.
+        by = f", by pid {d['pid']} uid {d.get('uid')}" if isinstance(d.get("pid"), int) else ""
         if d.get("phase") == "started":
-            return f"{d.get('action')} {d.get('target')}: started"
+            return f"{d.get('action')} {d.get('target')}: started{by}"
         # An ok run's message repeats the bytes and the target; a refusal's or an error's says why.
-        why = d.get("message") if d.get("outcome") != "ok" else ""
-        return f"{d.get('action')} {d.get('target')}: {d.get('outcome')} ({_bytes(d.get('done_bytes'))}) {why or ''}".rstrip()
+        why = f" {d['message']}" if d.get("outcome") != "ok" and d.get("message") else ""
+        return f"{d.get('action')} {d.get('target')}: {d.get('outcome')} ({_bytes(d.get('done_bytes'))}){by}{why}"
     if kind == "hint":
         return f"hint {d.get('state')}: {d.get('id')} ({d.get('severity')}) {d.get('text') or ''}".rstrip()
+    if kind == "gap":
+        return f"gap: {d.get('samples')} samples not recorded ({d.get('cause')})"
     if kind == "marker":
         return f"marker: {d.get('text')}"
     if kind in ("start", "stop"):

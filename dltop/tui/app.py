@@ -406,12 +406,25 @@ class DltopApp(App[None]):
         clock = _hms(snap.ts)
         if self.replay:
             assert isinstance(self.feed, RecordingFeed)
-            return Text.assemble(("REPLAY", "bold magenta"), f" {printable(self.feed.name)} {clock} ×{self.speed} ",
-                                 ("▶" if self.playing else "⏸", "bold"))
+            out = Text.assemble(("REPLAY", "bold magenta"), f" {printable(self.feed.name)} {clock} ×{self.speed} ",
+                                ("▶" if self.playing else "⏸", "bold"))
+            gap = self._gap_before(snap.ts)
+            if gap:  # the sample before this one is far back: the screen crossed a hole in the recording
+                out.append(f"  after a gap of {human_duration(gap)}", "bold yellow")
+            return out
         if self.at is None:
             return Text(clock)
         behind = self.history[-1].ts - snap.ts if self.history else 0.0
         return Text.assemble(("PAUSED", "bold reverse"), f" {clock} (−{human_duration(behind)})")
+
+    def _gap_before(self, ts: float) -> float:
+        """Seconds without samples before the one at `ts`, where longer than 3 of the recording's intervals."""
+        times = self.timeline.times()
+        i = index_at(times, ts)
+        interval = getattr(getattr(self.feed, "recording", None), "meta", {}).get("interval_s")
+        interval = interval if isinstance(interval, int | float) and interval > 0 else 1.0
+        gap = times[i] - times[i - 1] if 0 < i < len(times) else 0.0
+        return gap if gap > 3 * interval else 0.0
 
     def _update_hints(self) -> None:
         widget = self.query_one("#hints", Static)
@@ -748,7 +761,9 @@ class DltopApp(App[None]):
 
         def answered(text: str | None) -> None:
             if text is not None:
-                self._go(self._parse_time(text))
+                from dltop.recorder.times import index_typed
+
+                self._go(times[index_typed(times, self._parse_time(text))])
 
         self.push_screen(AskScreen(f"Go to ({_hms(times[0])} to {_hms(times[-1])})",
                                    placeholder=TIME_EXAMPLES, check=check), answered)
