@@ -133,6 +133,34 @@ async def test_b_with_a_clock_time_shows_that_second(tmp_path: Path) -> None:
 
 # -- (11) actions from any shell reach every running recorder ------------------------------------------------------
 
+async def test_an_action_from_a_shell_reaches_the_live_tuis_event_list(tmp_path: Path) -> None:
+    # The live TUI tails the same journals: `v` (in the footer once an action was seen) lists an evict run by
+    # another process, with its pid. The journal is this test's own (conftest: DLTOP_ROOT_JOURNAL_DIR).
+    from dltop.sampler import ListFeed
+    from dltop.tui.app import DltopApp
+    from dltop.tui.screens.events import EventsScreen
+    from tests.conftest import load_session
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(1 << 20))
+    session = load_session()
+    app = DltopApp(ListFeed(session, start=len(session) - 1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert not app.check_action("events", ())  # nothing seen yet: no `v` in the footer
+        evict = dltop("evict", "--no-progress", str(data))
+        assert evict.returncode == 0, evict.stderr
+        deadline = time.monotonic() + 20
+        while not app.check_action("events", ()):
+            assert time.monotonic() < deadline, "the evict never reached the TUI"
+            await pilot.pause(0.2)
+        await pilot.press("v")
+        await pilot.pause()
+        assert isinstance(app.screen, EventsScreen)
+        shown = [e for e in app.timeline.events() if e.data.get("target") == str(data)]
+        assert [(e.data["action"], e.data["phase"]) for e in shown] == [("evict", "started"), ("evict", "finished")]
+        assert all(e.data["pid"] not in (os.getpid(), None) for e in shown)
+
+
 def test_a_warm_and_an_evict_from_a_shell_reach_a_running_recorder(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # The real thing: `dltop record` running, `dltop warm` and `dltop evict` run from another process on root's

@@ -26,7 +26,7 @@ from dltop import hints as hint_rules
 from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings, server_url
 from dltop.errors import DltopError
 from dltop.fmt import human_duration, printable, printable_lines
-from dltop.model import CachesPart, Snapshot
+from dltop.model import CachesPart, Snapshot, to_dict
 from dltop.model.actions import ActionEvent, ActionPlan
 from dltop.model.datasets import DatasetsPart
 from dltop.tui.messages import (
@@ -49,7 +49,7 @@ from dltop.tui.screens.ask import AskScreen
 from dltop.tui.screens.confirm import ConfirmScreen, plan_dialog
 from dltop.tui.screens.events import EventsScreen
 from dltop.tui.screens.help import HelpScreen
-from dltop.tui.timeline import LiveHistory, RecordingFeed, Timeline, index_at
+from dltop.tui.timeline import LiveEvent, LiveHistory, RecordingFeed, Timeline, index_at
 from dltop.tui.view import View
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
@@ -107,7 +107,7 @@ HELP_TEXT = {
     "app.step": "next / previous sample",
     "app.jump": "jump {jump} on / back",
     "app.goto": "go to a time",
-    "app.events": "events (replay)",
+    "app.events": "events (replay; live: actions seen)",
     "app.speed": "replay ×1/×10/×60",
     "app.mark": "marker (--record)",
 }
@@ -234,6 +234,13 @@ class DltopApp(App[None]):
             # at the first tick.
             self.set_interval(1.0, self._exit_if_terminal_gone)
         self.runner.subscribe(lambda ev: self.post_message(ActionEventPosted(ev)))
+        if isinstance(self.timeline, LiveHistory):
+            # Actions run anywhere on the machine (a warm from a shell, another TUI) reach this event list too:
+            # the journals this user trusts, tailed off the UI loop.
+            from dltop.journal import JournalTail
+
+            self._journal = JournalTail(skip_pid=os.getpid())
+            self.set_interval(2.0, self._poll_journal)
         self._play_timer = self.set_interval(PLAY_TICK_S, self._play_tick, pause=True)
         self.feed.start()
         await self.feed.wait_first(timeout_s=0.3)
@@ -501,9 +508,27 @@ class DltopApp(App[None]):
         msg.stop()
         self.runner.cancel()
 
+    @work(thread=True, exclusive=True, group="journal")
+    def _poll_journal(self) -> None:
+        found = self._journal.poll()
+        if found:
+            self.call_from_thread(self._add_live_events, [LiveEvent(d["ts"], "action", d) for d in found])
+
+    def _add_live_events(self, found: Sequence[LiveEvent]) -> None:
+        """Events for `v` live; the first one puts `v` in the footer."""
+        if isinstance(self.timeline, LiveHistory):
+            first = not self.timeline.events()
+            for e in found:
+                self.timeline.add_event(e)
+            if first:
+                self.refresh_bindings()
+
     def on_action_event_posted(self, msg: ActionEventPosted) -> None:
         ev = msg.event
         self._action = ev
+        if ev.phase != "progress" and ev.step != "plan":  # as the recorder logs it: runs and releases
+            self._add_live_events([LiveEvent(ev.ts, "action", {**to_dict(ev), "pid": os.getpid(),
+                                                                "uid": os.geteuid()})])
         if ev.phase == "finished":
             if ev.step == "plan":
                 run = self._runs.pop(ev.run_id, None)
@@ -631,7 +656,9 @@ class DltopApp(App[None]):
             return past  # live has nothing newer
         if action == "go_to" and parameters == (True,):
             return past  # labelled in the footer only where the past is on screen; go_to(False) works from live
-        if action in ("events", "speed"):
+        if action == "events":
+            return replay or bool(self.timeline.events())  # live: once an action was seen
+        if action == "speed":
             return replay
         if action in ("faster", "slower"):
             return not replay  # a recording keeps its cadence
@@ -777,7 +804,7 @@ class DltopApp(App[None]):
     def action_events(self) -> None:
         """The recording's events; Enter shows the moment of one."""
         if not self.timeline.events():
-            self.notify("no events in this recording", timeout=2)
+            self.notify("no events in this recording" if self.replay else "no action seen yet", timeout=2)
             return
 
         def chosen(ts: float | None) -> None:

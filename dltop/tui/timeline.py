@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dltop.model import Snapshot
@@ -47,11 +48,28 @@ def index_at(times: Sequence[float], ts: float) -> int:
     return max(0, bisect.bisect_right(times, ts) - 1)
 
 
+@dataclass(frozen=True)
+class LiveEvent:
+    """An event seen live: an action this TUI ran, or one another process journalled (dltop.journal)."""
+
+    ts: float
+    kind: str
+    data: Mapping[str, Any]
+
+
+MAX_LIVE_EVENTS = 1000
+
+
 class LiveHistory:
-    """The app's own history (the last Snapshots it showed, a bounded deque): what pause and step move through."""
+    """The app's own history (the last Snapshots it showed, a bounded deque): what pause and step move through;
+    and the events seen since the start (the actions run here and anywhere on the machine), the newest 1,000."""
 
     def __init__(self, snapshots: deque[Snapshot]) -> None:
         self.snapshots = snapshots
+        self._events: deque[LiveEvent] = deque(maxlen=MAX_LIVE_EVENTS)
+
+    def add_event(self, event: LiveEvent) -> None:
+        self._events.append(event)
 
     def times(self) -> list[float]:
         return [s.ts for s in self.snapshots]
@@ -64,8 +82,7 @@ class LiveHistory:
         return list(self.snapshots)[max(0, end - count):end]
 
     def events(self) -> Sequence[TimedEvent]:
-        """Live history keeps no events (the recording does)."""
-        return ()
+        return sorted(self._events, key=lambda e: e.ts)
 
 
 class RecordedHistory:
