@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from dltop.fmt import human_bytes
 from dltop.model import (
     CachesPart,
     GpuDevice,
@@ -23,7 +24,7 @@ from dltop.model import (
     Snapshot,
     Unavailable,
 )
-from dltop.model.gpu import NO_PROBE, SplitSource, unprobed_split
+from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, SplitSource, unprobed_split
 from dltop.model.memory import DiskStat, VmStat
 
 SECTOR_BYTES = 512
@@ -276,8 +277,34 @@ def _join_list(procs: tuple[GpuProcess, ...] | Unavailable, dev: _Device, by_pid
     if isinstance(procs, Unavailable):
         return procs
     return tuple(p if p.pid not in by_pid and p.pid not in served
-                 else replace(p, split=process_split(p, by_pid.get(p.pid), dev, served.get(p.pid), now))
+                 else replace(p, split=check_whole(p, process_split(p, by_pid.get(p.pid), dev, served.get(p.pid), now),
+                                                   served.get(p.pid)))
                  for p in procs)
+
+
+PART_NAMES = {"weights_bytes": "weights", "kv_cache_bytes": "KV cache", "allocator_cache_bytes": "allocator cache",
+              "other_torch_bytes": "other torch", "non_torch_bytes": "non-torch"}
+SOURCE_NAMES = {"probe": "the probe", "nvml-probe": "NVML less the probe's reserved", "server": "the server"}
+
+
+def check_whole(p: GpuProcess, split: MemorySplit, server: tuple[int, str] | str | None) -> MemorySplit:
+    """`split`, marked inconsistent where its known parts add up to more than NVML's figure for the process (a
+    server's KV pool of 34.9 GiB on a process NVML gives 30.0 GiB): both numbers and where each part comes from."""
+    known = [(name, v) for name in SPLIT_FIELDS if (v := getattr(split, name)) is not None]
+    parts = sum(v for _, v in known)
+    if p.used_bytes is None or parts <= p.used_bytes:
+        return split
+
+    def source(name: str) -> str:
+        where = split.sources.get(name)
+        if where == "server" and isinstance(server, tuple):
+            return f"the server {server[1]}"
+        return SOURCE_NAMES.get(where or "", "?")
+
+    said = " + ".join(f"{PART_NAMES[name]} {human_bytes(v)} from {source(name)}" for name, v in known)
+    return replace(split, parts_bytes=parts, inconsistent=(
+        f"inconsistent: the parts ({said}) add up to {human_bytes(parts)}, more than NVML's "
+        f"{human_bytes(p.used_bytes)} for the process: read at different moments, or one of them is wrong"))
 
 
 def _server_kv(gpus: GpuPart, servers: tuple[ServerStats, ...] | Unavailable | None) -> dict[int, tuple[int, str] | str]:

@@ -114,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.step_ms / 1000)
         e = probe.mark_epoch()
         assert e is not None
-        cache = e["page_cache_delta_bytes"]
+        cache = e["data_cached_delta_bytes"]  # the dataset's own pages (cachestat), not the machine's Cached
         print(f"epoch {epoch}: {e['duration_s']:.2f}s, waited {e['data_wait_s']:.2f}s for data, "
-              f"page cache {'n/a' if cache is None else f'{cache / 2**20:+.0f} MiB'}, loss {loss.item():.3f}",
+              f"data cached {'n/a' if cache is None else f'{cache / 2**20:+.0f} MiB'}, loss {loss.item():.3f}",
               flush=True)
     probe.publish()
     print("done", flush=True)

@@ -581,3 +581,63 @@ async def test_a_command_line_that_looks_like_markup_is_shown_as_it_is() -> None
         assert _rows(app)[0][3] == odd
         table = app.query_one("#gpu-table", DataTable)
         assert odd in "\n".join(strip.text for strip in table.render_lines(table.size.region))
+
+
+LLAMA2 = SHARED_FIXTURES / "hf-configs" / "Llama-2-7b-hf.config.json"
+
+
+def _hub(tmp: Path, repo: str, config: Path) -> Path:
+    """A Hugging Face hub cache holding one model's config.json, laid out as huggingface_hub leaves it."""
+    d = tmp / "hub" / ("models--" + repo.replace("/", "--"))
+    (d / "snapshots" / "0123abc").mkdir(parents=True)
+    (d / "snapshots" / "0123abc" / "config.json").write_bytes(config.read_bytes())
+    (d / "refs").mkdir()
+    (d / "refs" / "main").write_text("0123abc")
+    return tmp / "hub"
+
+
+@needs_metrics
+@pytest.mark.skipif(not LLAMA2.is_file(), reason=f"HF config fixture {LLAMA2} not found")
+async def test_a_kv_pool_larger_than_nvml_s_used_is_marked_inconsistent_and_never_draws_past_it(
+        metrics_url: str, tmp_path: Path) -> None:
+    """The issue's case: a server's KV pool (from a real /metrics and a real config.json) assigned to a process
+    NVML gives less memory than the pool."""
+    s = scenario("two-gpus")
+    me = os.getpid()  # this process listens for the server: the join finds it on GPU 1
+    first = read_server(metrics_url, 2.0)
+    hub = _hub(tmp_path, first.models[0].model_name, LLAMA2)
+    server = read_server(metrics_url, 2.0, cache=str(hub))
+    assert server.state == "ok" and isinstance(server.kv_capacity_bytes, int), server.kv_capacity_bytes
+    pool = server.kv_capacity_bytes
+    used = pool * 6 // 7  # NVML's figure for the process: less than its KV pool alone
+    g1 = s["gpus"][1]
+    g1["compute_processes"] = [{"pid": me, "used_bytes": used}]
+    g1["process_utilization"] = [{**g1["process_utilization"][0], "pid": me}]
+    g1["memory"].update(total=4 * pool, used=used, free=4 * pool - used)
+    snaps = [dataclasses.replace(x, servers=(server,)) for x in gpu_snaps(s, 2)]
+    snaps = [dataclasses.replace(x, gpus=join_splits(x.gpus, None, x.servers, x.ts)) for x in snaps]
+    assert isinstance(snaps[-1].gpus, tuple) and isinstance(snaps[-1].gpus[1].processes, tuple)
+    split = snaps[-1].gpus[1].processes[0].split
+    # in the Snapshot: both numbers and their sources, the parts as read (not clamped)
+    assert split.kv_cache_bytes == pool and split.parts_bytes == pool and split.inconsistent is not None
+    from dltop.fmt import human_bytes
+    assert f"KV cache {human_bytes(pool)} from the server {metrics_url}" in split.inconsistent
+    assert f"more than NVML's {human_bytes(used)}" in split.inconsistent
+    back = Snapshot.from_dict(json.loads(json.dumps(snaps[-1].to_dict())))
+    assert isinstance(back.gpus, tuple) and isinstance(back.gpus[1].processes, tuple)
+    assert back.gpus[1].processes[0].split == split
+    app = DltopApp(ListFeed(snaps, start=1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        lines = _text(app, "#gpu-devices").splitlines()
+        bar = lines[lines.index(next(ln for ln in lines if ln.startswith("GPU1"))) + 1].split()[0]
+        # the process takes its NVML share of the bar (a quarter), not its pool's: free is the rest
+        assert abs(bar.count("K") - len(bar) * used / (4 * pool)) <= 1, bar
+        assert abs(bar.count("░") - len(bar) * (1 - used / (4 * pool))) <= 1, bar
+        legend = lines[lines.index(next(ln for ln in lines if ln.startswith("GPU1"))) + 2]
+        assert legend.lstrip().startswith(f"! pid {me}: parts exceed NVML's used"), legend
+        row = next(r for r in _rows(app) if r[1] == str(me))
+        assert row[4].endswith("!") and row[7] != "?"  # Used marked; the KV cell as the server gives it
+        notes = _text(app, "#gpu-notes")
+        assert "inconsistent: the parts (KV cache" in notes and f"(pid {me})" in notes
+        _fits(app)

@@ -242,7 +242,8 @@ def test_the_wait_fraction_is_what_the_loop_waited() -> None:
     epoch = probe.mark_epoch()
     assert epoch is not None and epoch["steps"] == n
     assert sum(slept) / 1e9 - 1e-6 <= epoch["data_wait_s"] < epoch["duration_s"]
-    assert isinstance(epoch["page_cache_delta_bytes"], int)
+    assert isinstance(epoch["machine_cached_delta_bytes"], int)
+    assert epoch["data_cached_delta_bytes"] is None and "data_dir" in epoch["data_cached_source"]  # none named
     assert probe.mark_epoch() is None  # nothing open
     assert [e["index"] for e in probe.report()["epochs"]] == [0]
 
@@ -272,11 +273,22 @@ def test_page_cache_delta_sees_a_dataset_read_in(tmp_path: Path) -> None:
             while chunk := f.read(1 << 20):
                 yield chunk
 
-    assert sum(len(c) for c in probe.track(reader())) == 64 << 20
+    before = _fincore_bytes([data])
+    assert sum(len(c) for c in probe.track(reader(), data_dir=str(tmp_path))) == 64 << 20
     epoch = probe.mark_epoch()
     assert epoch is not None
+    # the job's data: what fincore says the file gained (nothing else on the machine is in it)
+    assert epoch["data_cached_delta_bytes"] == _fincore_bytes([data]) - before
+    assert epoch["data_cached_delta_bytes"] > 32 << 20 and epoch["data_cached_source"] == "cachestat: 1 files under data_dir"
     # Cached grew by about the 64 MiB read in (other work on the machine moves it too: a loose bound)
-    assert epoch["page_cache_delta_bytes"] > 16 << 20
+    assert epoch["machine_cached_delta_bytes"] > 16 << 20
+
+
+def _fincore_bytes(paths: list[Path]) -> int:
+    """What util-linux's fincore says the files hold in the page cache."""
+    r = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, paths)],
+                       capture_output=True, text=True, check=True, timeout=60)
+    return sum(int(x) for x in r.stdout.split())
 
 
 def test_published_file_is_private_atomic_and_within_the_limit(tmp_path: Path) -> None:

@@ -98,7 +98,7 @@ def _check(part: ProbesPart) -> None:
     for p in part.processes:
         for where, v in _numbers(p):
             assert math.isfinite(v), where
-            if where != ".epochs.page_cache_delta_bytes" and "page_cache_delta" not in where:
+            if "cached_delta" not in where:
                 assert 0 <= v <= max(MAX_BYTES, 2**53), (where, v)
         assert p.data_wait_fraction is None or 0 <= p.data_wait_fraction <= 1
         for why in p.unavailable.values():

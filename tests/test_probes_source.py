@@ -273,7 +273,7 @@ def test_two_processes_with_the_probe_and_snapshot_json(tmp_path: Path) -> None:
             assert 0 < mine["data_wait_fraction"] < 1
             assert [e["steps"] for e in mine["epochs"]] == [10, 10]
             for e in mine["epochs"]:
-                assert 0.2 <= e["data_wait_s"] < e["duration_s"] and isinstance(e["page_cache_delta_bytes"], int)
+                assert 0.2 <= e["data_wait_s"] < e["duration_s"] and isinstance(e["machine_cached_delta_bytes"], int)
     finally:
         for p in procs.values():
             p.kill()

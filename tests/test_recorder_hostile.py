@@ -476,7 +476,7 @@ def test_numbers_that_may_be_negative_read_back_as_recorded(tmp_path: Path) -> N
     from dltop.model.probes import ProbeEpoch, ProcessProbe
 
     epoch = ProbeEpoch(index=0, started_at=time.time() - 5, ended_at=time.time(), duration_s=5.0, data_wait_s=1.0,
-                       steps=10, page_cache_delta_bytes=-24576)
+                       steps=10, machine_cached_delta_bytes=-24576)
     probe = ProcessProbe(pid=os.getpid(), path="/x/1.json", uid=0, start_time_ticks=1, cmd="train.py",
                          published_at=time.time(), epochs=(epoch,))
     snaps = tuple(replace(s, probes=ProbesPart(dirs=("/x",), processes=(probe,), ignored=())) for s in real_snapshots(3))

@@ -49,7 +49,66 @@ def test_snapshot_json_sees_a_real_training_run(tmp_path: Path) -> None:
     for e, line in zip(p["epochs"], [ln for ln in printed if ln.startswith("epoch ")], strict=True):
         # what the script printed at mark_epoch() is what dltop read from the file
         assert line.startswith(f"epoch {e['index']}: {e['duration_s']:.2f}s, waited {e['data_wait_s']:.2f}s")
-        assert 0 < e["data_wait_s"] < e["duration_s"] and isinstance(e["page_cache_delta_bytes"], int)
+        assert 0 < e["data_wait_s"] < e["duration_s"] and isinstance(e["machine_cached_delta_bytes"], int)
+
+
+WRITER = """
+import os, sys, time
+with open(sys.argv[1], "wb") as f:
+    for _ in range(int(sys.argv[2])):
+        f.write(os.urandom(1 << 20))
+        time.sleep(0.01)
+print("written", flush=True)
+"""
+
+
+def _fincore_bytes(paths: list[Path]) -> int:
+    """What util-linux's fincore says the files hold in the page cache."""
+    r = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, paths)],
+                       capture_output=True, text=True, check=True, timeout=60)
+    return sum(int(x) for x in r.stdout.split())
+
+
+def test_the_cache_delta_of_an_epoch_is_the_job_s_data_not_another_process_s_write(tmp_path: Path) -> None:
+    """The issue's case: a job reading warm data while another process writes a big file. Each epoch's
+    data_cached_delta_bytes is its dataset's change (fincore agrees), never the machine's Cached (the write)."""
+    data = tmp_path / "data"
+    cmd = [sys.executable, str(REPO / "examples" / "train_tiny.py"), "--epochs", "3", "--files", "16",
+           "--size-kib", "256", "--workers", "2", "--decode-ms", "60", "--data-dir", str(data),
+           "--probe-interval", "0.2", "--linger", "60"]
+    proc = subprocess.Popen(cmd, env=probe_env(tmp_path), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    writer = None
+    try:
+        printed = []
+        for line in proc.stdout:  # type: ignore[union-attr]
+            printed.append(line.strip())
+            if line.startswith("probe: ") and writer is None:  # the dataset is written and evicted: train
+                writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "other.bin"), "192"],
+                                          stdout=subprocess.PIPE, text=True)
+            if line.strip() == "done":
+                break
+        assert printed[-1:] == ["done"], (printed, proc.stderr.read() if proc.poll() is not None else "")  # type: ignore[union-attr]
+        files = sorted(data.iterdir())
+        resident = _fincore_bytes(files)
+        r = subprocess.run([sys.executable, "-m", "dltop", "snapshot", "--json"], env=probe_env(tmp_path),
+                           capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert r.returncode == 0, r.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+        if writer is not None:
+            writer.kill()
+            writer.wait()
+    (p,) = [p for p in json.loads(r.stdout)["probes"]["processes"] if p["pid"] == proc.pid]
+    epochs = p["epochs"]
+    assert [e["index"] for e in epochs] == [0, 1, 2]
+    assert all(e["data_cached_source"] == "cachestat: 16 files under data_dir" for e in epochs), epochs
+    # epoch 0 read the evicted dataset in: its delta is what fincore finds resident now (the start was ~empty);
+    # the later epochs read it warm: nothing of the other process's write is in their delta
+    assert resident > 0 and abs(epochs[0]["data_cached_delta_bytes"] - resident) <= 64 << 10, (epochs, resident)
+    assert [e["data_cached_delta_bytes"] for e in epochs[1:]] == [0, 0], epochs
+    assert all(abs(e["data_cached_delta_bytes"]) <= 4 << 20 for e in epochs)  # the dataset is 4 MiB
 
 
 def test_bad_options_say_so_in_one_line(tmp_path: Path) -> None:

@@ -62,8 +62,8 @@ def page_cache_warming(history: Sequence[Snapshot]) -> Hint | None:
         gained, waited_less = e0.duration_s - e1.duration_s, e0.data_wait_s - e1.data_wait_s
         if waited_less < WARMING_WAIT_SHARE * gained:
             continue  # not the data: compile, autotune, a warm-up schedule
-        cached = e0.page_cache_delta_bytes
-        grew = f", the page cache grew {human_bytes(cached)}" if cached is not None and cached > 0 else ""
+        cached = e0.data_cached_delta_bytes  # the job's own data in the page cache, not the machine's Cached
+        grew = f", its data in the page cache grew {human_bytes(cached)}" if cached is not None and cached > 0 else ""
         if p.data_dir is None:
             fix = "warm the dataset before training (dltop warm DIR, or w on the Datasets tab)"
         elif (watched := _watched_dataset(history, p.data_dir)) is not None:
@@ -79,7 +79,7 @@ def page_cache_warming(history: Sequence[Snapshot]) -> Hint | None:
             fix=fix,
             numbers={"pid": p.pid, "epoch0_s": e0.duration_s, "epoch1_s": e1.duration_s,
                      "epoch0_wait_s": e0.data_wait_s, "epoch1_wait_s": e1.data_wait_s,
-                     **({} if cached is None else {"page_cache_delta_bytes": cached})},
+                     **({} if cached is None else {"data_cached_delta_bytes": cached})},
         )
     return None
 

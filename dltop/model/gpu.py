@@ -40,6 +40,11 @@ class MemorySplit:
     joined_by: str | None = None  # how that device was matched to the GPU: "uuid", or the fallback's words
     sources: dict[str, SplitSource] = field(default_factory=dict)  # field name -> where its number comes from
     unavailable: dict[str, str] = field(default_factory=dict)
+    # Where the known parts add up to more than NVML's figure for the process (readings of different moments or
+    # places: a server's pool, the probe's counts): their sum, and one line naming both numbers and their sources.
+    # The parts stay as read; the bar scales them into NVML's figure and says so.
+    parts_bytes: int | None = None
+    inconsistent: str | None = None
 
 
 def unprobed_split(reason: str = NO_PROBE) -> MemorySplit:

@@ -34,7 +34,12 @@ class ProbeEpoch:
     duration_s: float
     data_wait_s: float
     steps: int
-    page_cache_delta_bytes: int | None  # Cached after minus before; None: /proc/meminfo was unreadable
+    # The page cache held by the job's own data, after minus before (cachestat of its files); None: not known,
+    # `data_cached_source` says why. Otherwise it says what was measured ("cachestat: 24 files under data_dir").
+    data_cached_delta_bytes: int | None = None
+    data_cached_source: str | None = None
+    # The whole machine's Cached (/proc/meminfo) after minus before: other processes' reads and writes are in it
+    machine_cached_delta_bytes: int | None = None
     gpu_util: float | None = None  # None: the probe does not measure it (see ProcessProbe.gpu_util_source)
 
 

@@ -63,6 +63,7 @@ class _Data:
         self.epoch_t0 = 0
         self.epoch_wall0 = 0.0
         self.epoch_cached0: int | None = None
+        self.epoch_data0: tuple[dict[str, int], str] | str | None = None  # _data_cached() when it opened
         self.epoch_n0 = 0  # n and wait_total when it opened
         self.epoch_wait0 = 0
         self.epoch_open = False
@@ -161,6 +162,122 @@ def _meminfo_cached_bytes() -> int | None:
     return None
 
 
+MAX_SOURCE = 96  # characters of an epoch's data_cached_source: 16 epochs fit the 4 KiB file
+MAX_DATA_FILES = 4096  # files of the job's data whose page cache an epoch boundary measures, at most ...
+DATA_SCAN_S = 0.25  # ... and the time it may take (the training loop waits for it, once an epoch)
+
+
+def _cached_bytes(paths: Iterable[str], deadline: float) -> tuple[dict[str, int], int] | str:
+    """path -> bytes of it in the page cache (cachestat(2), else mincore(2)), and how many could not be read; or
+    why it could not be measured. dltop.kernel (ctypes) is imported here, at the first epoch boundary, not when
+    a script imports the probe."""
+    from dltop import kernel
+
+    out: dict[str, int] = {}
+    failed = 0
+    use_cachestat = kernel.have_cachestat()
+    for path in paths:
+        if time.monotonic() > deadline:
+            return f"measuring took over {DATA_SCAN_S:g} s: not measured"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            failed += 1
+            continue
+        try:
+            if use_cachestat:
+                out[path] = kernel.cachestat(fd).cache * kernel.PAGE_SIZE
+            else:
+                out[path] = kernel.mincore_resident_pages(fd, os.fstat(fd).st_size) * kernel.PAGE_SIZE
+        except OSError:
+            failed += 1
+        finally:
+            os.close(fd)
+    return out, failed
+
+
+def _files_under(root: str, deadline: float) -> list[str] | str:
+    """The regular files under `root` (not following links), or why they are not listed."""
+    found: list[str] = []
+    stack = [root]
+    while stack:
+        if time.monotonic() > deadline:
+            return f"listing data_dir took over {DATA_SCAN_S:g} s"
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        found.append(entry.path)
+                        if len(found) > MAX_DATA_FILES:
+                            return f"over {MAX_DATA_FILES} files under data_dir"
+        except OSError as e:
+            if not found and not stack:
+                return f"cannot list data_dir: {e.strerror}"
+    return found
+
+
+def _job_pids() -> list[int]:
+    """This process and its children (the DataLoader workers), from /proc/self/task/*/children."""
+    pids = [os.getpid()]
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/children", "rb") as f:
+                pids += [int(x) for x in f.read().split()]
+    return pids
+
+
+def _open_files() -> set[str]:
+    """The regular files the process and its workers have open (not /proc, /sys, /dev), at most MAX_DATA_FILES."""
+    out: set[str] = set()
+    for pid in _job_pids():
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith("/") and not target.startswith(("/proc/", "/sys/", "/dev/")) \
+                            and os.path.isfile(target):
+                        out.add(target)
+                        if len(out) >= MAX_DATA_FILES:
+                            return out
+    return out
+
+
+def _data_cached(data_dir: str | None) -> tuple[dict[str, int], str] | str:
+    """The page cache held by the job's data, per file, and what was measured; or why it cannot be known. The
+    files under `data_dir` where the job names it (bounded: MAX_DATA_FILES, DATA_SCAN_S), else the files the
+    process and its DataLoader workers have open."""
+    deadline = time.monotonic() + DATA_SCAN_S
+    if data_dir:
+        files = _files_under(data_dir, deadline)
+        if isinstance(files, str):
+            return f"{files}: not measured"
+        where = "files under data_dir"
+    else:
+        files = sorted(_open_files())
+        where = "files open in the process and its workers"
+    got = _cached_bytes(files, deadline)
+    if isinstance(got, str):
+        return got
+    cached, failed = got
+    return cached, where + (f", {failed} unreadable" if failed else "")
+
+
+def _data_delta(start: tuple[dict[str, int], str] | str | None,
+                end: tuple[dict[str, int], str] | str) -> tuple[int | None, str]:
+    """The change over the epoch of the page cache held by the files measured at both ends, and how it was
+    measured (or why it is not known)."""
+    if start is None:
+        return None, "not measured at the start of the epoch"
+    if isinstance(start, str) or isinstance(end, str):
+        return None, start if isinstance(start, str) else str(end)
+    both = start[0].keys() & end[0].keys()
+    if not both:
+        return None, "no data file open at both ends of the epoch: name it, track(loader, data_dir=...)"
+    return sum(end[0][f] - start[0][f] for f in both), f"cachestat: {len(both)} {end[1]}"
+
+
 def _dataset_root(iterable: Any) -> str | None:
     """The folder a DataLoader's dataset reads, where it says (torchvision's datasets keep it in `root`)."""
     root = getattr(getattr(iterable, "dataset", None), "root", None)
@@ -181,6 +298,8 @@ def track(iterable: Iterable[T], data_dir: str | None = None) -> Iterator[T]:
     where = data_dir or _dataset_root(iterable)
     if where:
         d.data_dir = os.path.abspath(where)[:MAX_CMD]
+    # Measured before iter(): a DataLoader's workers start reading ahead as soon as it is called.
+    data0 = _data_cached(d.data_dir) if not d.epoch_open else None
     it = iter(iterable)
     clock = time.perf_counter_ns
     waits, steps_ns, shapes, mask = d.waits, d.steps_ns, d.shapes, RING - 1
@@ -190,6 +309,8 @@ def track(iterable: Iterable[T], data_dir: str | None = None) -> Iterator[T]:
         if not d.epoch_open:
             d.epoch_open, d.epoch_t0, d.epoch_wall0 = True, t0, time.time()
             d.epoch_cached0, d.epoch_n0, d.epoch_wait0 = _meminfo_cached_bytes(), d.n, d.wait_total
+            d.epoch_data0, data0 = data0 if data0 is not None else _data_cached(d.data_dir), None
+            t0 = clock()  # the measurement is not the data wait
             d.last_t = 0
         try:
             item = next(it)
@@ -214,6 +335,7 @@ def mark_epoch() -> dict[str, Any] | None:
         return None
     t = time.perf_counter_ns()
     cached = _meminfo_cached_bytes()
+    data_delta, data_source = _data_delta(d.epoch_data0, _data_cached(d.data_dir))
     epoch = {
         "index": len(_state.epochs) and _state.epochs[-1]["index"] + 1,
         "started_at": round(d.epoch_wall0, 3),
@@ -221,7 +343,10 @@ def mark_epoch() -> dict[str, Any] | None:
         "duration_s": round((t - d.epoch_t0) / 1e9, 6),
         "data_wait_s": round((d.wait_total - d.epoch_wait0) / 1e9, 6),
         "steps": d.n - d.epoch_n0,
-        "page_cache_delta_bytes": None if cached is None or d.epoch_cached0 is None else cached - d.epoch_cached0,
+        # the job's own data (docs/probe.md, "Epochs"); the machine's Cached under a name that says so
+        "data_cached_delta_bytes": data_delta,
+        "data_cached_source": data_source[:MAX_SOURCE],
+        "machine_cached_delta_bytes": None if cached is None or d.epoch_cached0 is None else cached - d.epoch_cached0,
         "gpu_util": None,  # see gpu_util_source
     }
     d.epoch_open = False

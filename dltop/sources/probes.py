@@ -234,7 +234,13 @@ def _epoch(i: int, e: Any, notes: dict[str, str]) -> ProbeEpoch | None:
         epoch = ProbeEpoch(index=f.count("index") or 0, started_at=f.time("started_at") or 0.0,
                            ended_at=f.time("ended_at") or 0.0, duration_s=f.num("duration_s") or 0.0,
                            data_wait_s=f.num("data_wait_s") or 0.0, steps=f.count("steps") or 0,
-                           page_cache_delta_bytes=_delta(f), gpu_util=f.num("gpu_util", optional=True, high=100.0))
+                           data_cached_delta_bytes=_delta(f, "data_cached_delta_bytes"),
+                           data_cached_source=_source(f),
+                           # a probe before 0.x named the machine's figure page_cache_delta_bytes
+                           machine_cached_delta_bytes=_delta(f, "machine_cached_delta_bytes"
+                                                             if "machine_cached_delta_bytes" in e
+                                                             else "page_cache_delta_bytes"),
+                           gpu_util=f.num("gpu_util", optional=True, high=100.0))
         if f.notes:
             raise Malformed(next(iter(f.notes.values())))
         if epoch.data_wait_s > epoch.duration_s * 1.01 + 0.01:
@@ -245,13 +251,19 @@ def _epoch(i: int, e: Any, notes: dict[str, str]) -> ProbeEpoch | None:
         return None
 
 
-def _delta(f: _Fields) -> int | None:
-    """The page-cache change over an epoch: may be negative, never beyond a PiB either way."""
-    value = f.get("page_cache_delta_bytes", int, optional=True)
+def _delta(f: _Fields, key: str) -> int | None:
+    """A page-cache change over an epoch: may be negative, never beyond a PiB either way."""
+    value = f.get(key, int, optional=True)
     if value is not None and not -MAX_BYTES <= value <= MAX_BYTES:
-        f._bad("page_cache_delta_bytes", "an absurd number (over 1 PiB either way)", optional=True)
+        f._bad(key, "an absurd number (over 1 PiB either way)", optional=True)
         return None
     return value  # type: ignore[no-any-return]
+
+
+def _source(f: _Fields) -> str | None:
+    """How the job's page cache was measured, or why not: text from the probe, bounded."""
+    value = f.get("data_cached_source", str, optional=True)
+    return None if value is None else value[:200]
 
 
 def _str_map(f: _Fields, key: str) -> dict[str, str]:

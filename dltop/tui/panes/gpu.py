@@ -69,8 +69,16 @@ def cells(parts: Sequence[int], width: int) -> list[int]:
 
 
 def _split_parts(p: GpuProcess) -> list[tuple[int, str, str]]:
-    """The known parts of a process's split as bar segments (bytes, fill, style), in the bar's order."""
-    return [(v, ch, style) for name, ch, style in SPLIT_SEGMENTS if (v := getattr(p.split, name)) is not None]
+    """The known parts of a process's split as bar segments (bytes, fill, style), in the bar's order. Parts that
+    add up to more than NVML's figure for the process (an inconsistent split) are scaled into that figure, so
+    the process never takes more of the bar than NVML gives it, nor the bar more than the device."""
+    parts = [(v, ch, style) for name, ch, style in SPLIT_SEGMENTS if (v := getattr(p.split, name)) is not None]
+    whole = sum(v for v, _, _ in parts)
+    if p.used_bytes is None or whole <= p.used_bytes:
+        return parts
+    scaled = [v * p.used_bytes // whole for v, _, _ in parts]  # in integers: bytes overflow a float's precision
+    scaled[scaled.index(max(scaled))] += p.used_bytes - sum(scaled)  # what rounding down left: they sum to it
+    return [(n, ch, style) for n, (_, ch, style) in zip(scaled, parts, strict=True)]
 
 
 def _unsplit(p: GpuProcess) -> int:
@@ -146,6 +154,10 @@ def legend(processes: Sequence[GpuProcess], used: int | None, width: int) -> Con
         groups.append(key)
     if used is not None and used > listed:
         groups.append([("▓", "$text-muted"), f" {human_bytes(used - listed)} not attributed to a process"])
+    over = [p.pid for p in processes if p.split.inconsistent]
+    if over:  # the bar scaled their parts into NVML's figure: said first, it is what the bar leaves out
+        groups.insert(0, [("! ", "$error"), f"{'pid' if len(over) == 1 else 'pids'} {', '.join(map(str, over))}: "
+                          "parts exceed NVML's used, drawn scaled (see notes)"])
     pieces = [x for i, group in enumerate(groups) for x in (["  "] if i else []) + group] or [("no processes", "dim")]
     return Content.assemble(" " * LABEL_WIDTH, *pieces).truncate(width, ellipsis=True)
 
@@ -266,11 +278,12 @@ def memory_lines(g: GpuDevice, width: int) -> list[Content]:
 
 def memory_key(g: GpuDevice, width: int) -> tuple[object, ...]:
     """What `memory_lines` draws from, as plain values: the lines are drawn again only when this changes."""
-    splits: dict[int, tuple[int | None, ...]] = {}  # id(split) -> its numbers: processes without one share one
+    splits: dict[int, tuple[int | str | None, ...]] = {}  # id(split) -> its numbers: processes without one share one
 
-    def numbers(sp: MemorySplit) -> tuple[int | None, ...]:
+    def numbers(sp: MemorySplit) -> tuple[int | str | None, ...]:
         if id(sp) not in splits:
-            splits[id(sp)] = (*(getattr(sp, f) for f in SPLIT_FIELDS), sp.gradients_bytes, sp.optimizer_bytes)
+            splits[id(sp)] = (*(getattr(sp, f) for f in SPLIT_FIELDS), sp.gradients_bytes, sp.optimizer_bytes,
+                              sp.inconsistent)
         return splits[id(sp)]
 
     def procs(ps: tuple[GpuProcess, ...] | Unavailable) -> object:
@@ -352,7 +365,8 @@ def process_rows(gpus: Sequence[GpuDevice]) -> Rows:
                     split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
                 rows[f"{where}:{p.pid}"] = (p, (
                     where, str(p.pid), printable(p.user or "?"), printable(p.command or "?"),
-                    _used_cell(p.used_bytes), _pct(p.sm_util_percent), *split_cells[id(p.split)]))
+                    _used_cell(p.used_bytes) + ("!" if p.split.inconsistent else ""), _pct(p.sm_util_percent),
+                    *split_cells[id(p.split)]))
     return rows
 
 
@@ -425,7 +439,8 @@ def process_notes(rows: Rows) -> list[str]:
         split = p.split
         if id(split) not in said:
             said[id(split)] = (NO_PROBE in split.unavailable.values(),
-                               [v for k, v in split.unavailable.items() if k in SPLIT_FIELDS and v != NO_PROBE])
+                               [*([printable(split.inconsistent)] if split.inconsistent else []),
+                                *(v for k, v in split.unavailable.items() if k in SPLIT_FIELDS and v != NO_PROBE)])
         no_probe, split_reasons = said[id(split)]
         if no_probe:
             unprobed.append(p.pid)

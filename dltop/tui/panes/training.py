@@ -90,7 +90,7 @@ def epoch_rows(p: ProcessProbe, history: Sequence[Snapshot], pids: set[int]) -> 
     rows: list[tuple[str, ...]] = []
     for e in p.epochs:
         util, source = epoch_gpu_util(history, pids, e)
-        delta = e.page_cache_delta_bytes
+        delta = e.data_cached_delta_bytes  # the job's own data, never the machine's Cached (notes say why n/a)
         rows.append((
             str(e.index), _seconds(e.duration_s), _seconds(e.data_wait_s),
             f"{100 * e.data_wait_s / e.duration_s:.0f}%" if e.duration_s > 0 else "n/a",
@@ -207,6 +207,9 @@ def probe_notes(part: ProbesPart) -> list[str]:
             notes.append(f"pid {p.pid} dropped {', '.join(p.truncated)} to fit 4 KiB")
         for why in dict.fromkeys(p.unavailable.values()):
             notes.append(f"pid {p.pid}: {printable(why)}")
+        unknown = [e for e in p.epochs if e.data_cached_delta_bytes is None]
+        if unknown:  # the last one's reason: the Cache Δ column reads n/a
+            notes.append(f"pid {p.pid}: Cache Δ n/a: {printable(unknown[-1].data_cached_source or 'the probe gives no figure for its data (an older probe)')}")
     return notes
 
 
