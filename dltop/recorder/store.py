@@ -39,7 +39,7 @@ MAX_NUMBER = 2**64  # no counter or gauge dltop records is larger: a bigger numb
 MAX_LINE_BYTES = 64 << 20  # a line longer than this is not parsed (one Snapshot of 8 GPUs is ~100 KiB)
 MAX_DEPTH = 64  # event data and meta nested deeper are damage (dltop writes them ~4 deep)
 # Numbers that cannot be negative: a recorded number under one of these keys, negative, is damage. Named one by
-# one: a unit in the name says nothing of the sign (page_cache_delta_bytes, a split's inconsistent non_torch_bytes
+# one: a unit in the name says nothing of the sign (machine_cached_delta_bytes, a split's inconsistent non_torch_bytes
 # and a derived *_s rate may all be negative, and must read back as recorded).
 _UNSIGNED = frozenset({
     "ts", "pid", "files", "dirs", "samples", "size", "offset", "kills",
