@@ -899,7 +899,7 @@ class GpuReader:
             self._users[st.st_uid] = user
         try:
             # procfs.read_bytes: a captured tree may hold a FIFO or a link to /dev/zero in their place.
-            command = parse_cmdline(procfs.read_bytes(f"{base}/cmdline"))
+            command = parse_cmdline(procfs.read_bytes(f"{base}/cmdline", procfs.MAX_ARGS_BYTES))
             if not command:  # a zombie or a kernel thread: ps shows [comm]
                 command = f"[{os.fsdecode(procfs.read_bytes(f'{base}/comm', 4096).strip())}]"
         except OSError as e:

@@ -11,6 +11,7 @@ import os
 import stat
 
 MAX_FILE_BYTES = 4 << 20  # /proc/meminfo is ~1.5 KiB, a sysfs attribute at most a page; a 4 MiB one is no kernel's
+MAX_ARGS_BYTES = 32 << 20  # /proc/PID/cmdline and environ: execve takes up to a quarter of the stack limit
 MAX_COUNT = (1 << 64) - 1  # the kernel's counters are 64-bit: a longer number is a damaged file
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
