@@ -343,6 +343,8 @@ def parse_decode_arg(text: str) -> tuple[str, int]:
     if name not in REGISTERS:
         raise DltopError(f"unknown register {name!r}; known: {', '.join(REGISTERS)}")
     raw = raw.strip().replace("_", "")
+    if len(raw) > 66:  # 0b and 64 binary digits: anything longer is past 64 bits (and int() refuses 4300 digits)
+        raise DltopError(f"{raw[:20]!r}... ({len(raw)} characters) does not fit in a 64-bit register")
     try:  # a bare value with hex letters is hex, as pasted from a dump
         value = int(raw, 0) if raw.lower().startswith(("0x", "0b", "0o")) else int(raw, 16)
     except ValueError:

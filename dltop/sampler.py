@@ -22,6 +22,7 @@ from typing import Any
 
 from dltop.derive import join_splits
 from dltop.model import Snapshot, SourceStatus, Unavailable
+from dltop.sources import procfs
 from dltop.sources.base import Source
 
 FAST_WAIT_S = 1.0  # how long a tick waits at most for its fast reads (and at most half the interval)
@@ -85,10 +86,10 @@ class _Worker:
 def read_uptime(root: str = "/") -> float | None:
     """Seconds since boot from /proc/uptime, or None."""
     try:
-        with open(os.path.join(root, "proc/uptime"), encoding="ascii") as f:
-            return float(f.read().split()[0])
+        up = float(procfs.read_text(os.path.join(root, "proc/uptime"), 4096).split()[0])
     except (OSError, ValueError, IndexError):
         return None
+    return up if 0.0 <= up < 1e12 else None  # float() takes 'nan', 'inf' and '-5'; no machine is up 30,000 years
 
 
 class Sampler:

@@ -93,13 +93,18 @@ def write_atomic(dir_fd: int, name: str, data: bytes) -> None:
 def proc_start_ticks(pid: int | str, proc: str = "/proc") -> int | None:
     """Field 22 of /proc/PID/stat (starttime, in clock ticks since boot); None when the process is gone."""
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            text = f.read()
+        # Non-blocking and bounded: under a captured tree (--root) a FIFO or /dev/zero may stand in its place.
+        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
         return None
+    try:
+        text = os.read(fd, 4096) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     # The command (field 2) is in parentheses and may hold spaces and ')': split after the last ')'.
     fields = text[text.rfind(b")") + 2:].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    ticks = fields[19] if len(fields) > 19 else b""
+    # ASCII digits of a 64-bit count: int() takes b'-5' and raises past 4300 digits.
+    return int(ticks) if ticks.isdigit() and len(ticks) <= 20 and int(ticks) < 1 << 64 else None

@@ -24,6 +24,7 @@ from typing import Any
 from dltop import kernel
 from dltop.model.base import Unavailable, display_path
 from dltop.model.caches import CacheEntry, CacheInfo, CachesPart, LockFile
+from dltop.sources import procfs
 from dltop.sources.datasets import MAX_PROBLEMS, _Budget, path_error
 
 ENTRIES_KEPT = 20  # biggest entries kept per cache (the pane's Enter shows them)
@@ -109,15 +110,15 @@ def process_environment(pid: int, root: str = "/") -> Environment:
     """The environment of process `pid` from /proc/PID/environ and its real uid (raises OSError: another
     user's process needs root)."""
     base = os.path.join(root, "proc", str(pid))
-    with open(os.path.join(base, "environ"), "rb") as f:
-        env = parse_environ(f.read())
+    # procfs.read_*: under a captured tree (--root) a FIFO would block the open, /dev/zero never end.
+    env = parse_environ(procfs.read_bytes(os.path.join(base, "environ"), procfs.MAX_ARGS_BYTES))
     uid = os.stat(base).st_uid
     try:
-        with open(os.path.join(base, "status")) as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    uid = int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+        for line in procfs.read_text(os.path.join(base, "status"), 1 << 16).splitlines():
+            if line.startswith("Uid:"):
+                real = procfs.parse_count(line.split()[1])
+                uid = real if real is not None and real < 1 << 32 else uid
+    except (OSError, IndexError):
         pass
     try:
         cwd = os.readlink(os.path.join(base, "cwd"))
@@ -422,8 +423,7 @@ def parse_proc_locks(text: str) -> set[tuple[int, int, int]]:
 def read_proc_locks(root: str = "/") -> set[tuple[int, int, int]]:
     """The locked files now; empty when /proc/locks cannot be read."""
     try:
-        with open(os.path.join(root, "proc", "locks")) as f:
-            return parse_proc_locks(f.read())
+        return parse_proc_locks(procfs.read_text(os.path.join(root, "proc", "locks"), encoding="utf-8"))
     except OSError:
         return set()
 
@@ -603,8 +603,7 @@ def read_caches(e: Environment, extra: Iterable[str] = (), root: str = "/", *, n
                 deadline_s: float | None = None, cpu_fraction: float | None = None) -> CachesPart:
     """Every cache resolved in `e`, walked (with `names`, only those; the others keep their `last` reading)."""
     try:
-        with open(os.path.join(root, "proc", "self", "mountinfo")) as f:
-            mounts = parse_mountinfo(f.read())
+        mounts = parse_mountinfo(procfs.read_text(os.path.join(root, "proc", "self", "mountinfo"), encoding="utf-8"))
     except OSError:
         mounts = []
     locked = read_proc_locks(root)

@@ -36,6 +36,7 @@ from dltop.model.cpu import (
     TopologyNode,
     format_cpu_list,
 )
+from dltop.sources import procfs
 from dltop.sources.base import Source
 
 CPU_DIR = "sys/devices/system/cpu"
@@ -51,6 +52,19 @@ def clean(text: str) -> str:
 
 MAX_CPU_ID = (1 << 16) - 1  # Linux's NR_CPUS tops out at 8192; anything far beyond is a corrupt file
 MAX_CACHE_BYTES = 1 << 40  # the largest real CPU caches are around 1 GiB; a 1 TiB "cache" is a corrupt file
+MAX_CACHE_LEVEL = 15  # CLIDR and CPUID leaf 4 describe 7 levels; a level past 15 is a corrupt file
+MAX_ATTR_BYTES = 64 << 10  # a sysfs attribute is at most a page (64 KiB on the largest page size)
+MAX_CPUINFO_BYTES = 64 << 20  # ~1.5 KiB a CPU on x86: 8192 CPUs are ~12 MiB
+CACHE_TYPES = ("Data", "Instruction", "Unified")  # all the kernel's cacheinfo writes (type_show)
+# An attribute's range: a number outside is a damaged file, read as unknown (a 0 would divide by zero later).
+_RANGES = {
+    "level": (1, MAX_CACHE_LEVEL), "coherency_line_size": (1, 1 << 16), "ways_of_associativity": (1, 1 << 16),
+    "number_of_sets": (1, 1 << 32), "physical_line_partition": (1, 1 << 16), "cpu_capacity": (0, 1 << 20),
+    "cpuinfo_max_freq": (0, 1 << 32), "midr_el1": (0, (1 << 64) - 1),
+}
+# MIDR_EL1 fields as /proc/cpuinfo writes them (CPU implementer, CPU variant, CPU part, CPU revision).
+_MIDR_FIELD_MAX = {"CPU implementer": 0xFF, "CPU variant": 0xF, "CPU part": 0xFFF, "CPU revision": 0xF}
+_NUMBER_RE = re.compile(r"0[xX][0-9a-fA-F]{1,16}|[0-9]{1,20}")
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
@@ -65,21 +79,29 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
             continue
         rng, _, stride = chunk.partition(":")
         lo_s, dash, hi_s = rng.partition("-")
-        lo = int(lo_s)
-        hi = int(hi_s) if dash else lo
+        lo = _cpu_id(lo_s)
+        hi = _cpu_id(hi_s) if dash else lo
         if hi < lo:
             raise ValueError(f"bad range {chunk!r}")
         if hi > MAX_CPU_ID:
             raise ValueError(f"CPU id {hi} beyond {MAX_CPU_ID} in {chunk!r}")
         if stride:
             used_s, _, group_s = stride.partition("/")
-            used, group = int(used_s), int(group_s)
+            used, group = _cpu_id(used_s), _cpu_id(group_s)
             if used < 1 or group < 1 or used > group:
                 raise ValueError(f"bad stride {chunk!r}")
             out.update(c for c in range(lo, hi + 1) if (c - lo) % group < used)
         else:
             out.update(range(lo, hi + 1))
     return tuple(sorted(out))
+
+
+def _cpu_id(text: str) -> int:
+    """A CPU number: ASCII digits (int() takes '٣' and '+7', and raises past 4300 digits); the caller bounds it."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 20:
+        raise ValueError(f"CPU id {text[:20]!r} is not a number")
+    return int(text)
 
 
 def parse_cpu_mask(text: str) -> tuple[int, ...]:
@@ -90,8 +112,8 @@ def parse_cpu_mask(text: str) -> tuple[int, ...]:
     value = 0
     for w in words:
         w = w.strip()
-        if not w or len(w) > 8:
-            raise ValueError(f"bad mask word {w!r}")
+        if not w or len(w) > 8 or not all(c in "0123456789abcdefABCDEF" for c in w):
+            raise ValueError(f"bad mask word {w[:20]!r}")
         value = (value << 32) | int(w, 16)
     return tuple(i for i in range(value.bit_length()) if value >> i & 1)
 
@@ -101,9 +123,9 @@ def parse_size(text: str) -> int:
     t = clean(text).upper().removesuffix("B")
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
     digits = t[:-1] if mult != 1 else t
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
+        raise ValueError(f"size {text[:20]!r} is not a count")
     n = int(digits)
-    if n < 0:
-        raise ValueError(f"negative size {text!r}")
     if n * mult > MAX_CACHE_BYTES:
         raise ValueError(f"size {text!r} is larger than any CPU cache")
     return n * mult
@@ -117,8 +139,9 @@ class CpuinfoEntry:
     fields: dict[str, str] = field(default_factory=dict)
 
 
-def parse_cpuinfo(text: str) -> list[CpuinfoEntry]:
-    """/proc/cpuinfo -> one entry per `processor : N`, in file order.
+def parse_cpuinfo(text: str, bad: list[str] | None = None) -> list[CpuinfoEntry]:
+    """/proc/cpuinfo -> one entry per `processor : N`, in file order (a block whose N is not a CPU number is
+    left out, with why in `bad`).
 
     Arm kernels before 3.8ish print implementer/part once, after every processor block; those fields apply to
     every CPU that does not give its own.
@@ -136,46 +159,57 @@ def parse_cpuinfo(text: str) -> list[CpuinfoEntry]:
         key, value = key.strip(), value.strip()
         if key == "processor":
             try:
-                current = CpuinfoEntry(int(value))
-            except ValueError:
+                current = CpuinfoEntry(_cpu_id(value))
+                if current.cpu > MAX_CPU_ID:
+                    raise ValueError(f"{current.cpu} beyond {MAX_CPU_ID}")
+            except ValueError as e:
                 current = None
+                if bad is not None:
+                    bad.append(f"proc/cpuinfo: processor {e}")
                 continue
             entries.append(current)
         elif current is not None:
             current.fields[key] = value
         else:
             common.setdefault(key, value)
-    for e in entries:
+    for entry in entries:
         for k, v in common.items():
-            e.fields.setdefault(k, v)
+            entry.fields.setdefault(k, v)
     return entries
 
 
 def _int_auto(text: str | None) -> int | None:
-    if text is None:
+    """'0x41' or '8' (what sysfs and cpuinfo write) -> int; anything else (signs, '٣', 400 digits) -> None."""
+    if text is None or not _NUMBER_RE.fullmatch(text):
         return None
-    try:
-        return int(text, 0)
-    except ValueError:
-        try:
-            return int(text, 16) if text.lower().startswith("0x") else int(text)
-        except ValueError:
-            return None
+    return int(text, 16) if text[:2].lower() == "0x" else int(text)
 
 
 # ----------------------------------------------------------------------------------------------- raw reading
 
 
 class _Tree:
-    """Reads attributes under one root; remembers nothing but the root."""
+    """Reads attributes under one root; remembers the root and, one line each, the attributes that are there but
+    could not be used (unreadable, not a file, malformed): those are read as unknown and said in a flag."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.damaged: list[str] = []
 
-    def attr(self, rel: str | Path) -> str | None:
+    def bad(self, rel: str | Path, why: str) -> None:
+        """Note an attribute read as unknown because it is damaged."""
+        self.damaged.append(f"{rel}: {why}")
+
+    def attr(self, rel: str | Path, max_bytes: int = MAX_ATTR_BYTES) -> str | None:
         try:
-            text = (self.root / rel).read_text(encoding="utf-8", errors="replace")
-        except (OSError, ValueError):
+            text = procfs.read_text(self.root / rel, max_bytes, encoding="utf-8")
+        except FileNotFoundError:
+            return None  # an attribute this kernel or firmware does not have
+        except OSError as e:
+            self.bad(rel, e.strerror or str(e))
+            return None
+        except ValueError as e:  # a NUL in a path built from a directory name
+            self.bad(rel, str(e))
             return None
         text = clean(text)
         return text or None
@@ -184,10 +218,12 @@ class _Tree:
         v = self.attr(rel)
         if v is None:
             return None
-        try:
-            return int(v, 0) if v.lower().startswith("0x") else int(v)
-        except ValueError:
+        lo, hi = _RANGES.get(Path(rel).name, (0, procfs.MAX_COUNT))
+        n = _int_auto(v)
+        if n is None or not lo <= n <= hi:
+            self.bad(rel, f"holds {v[:20]!r}, not a number from {lo} to {hi}")
             return None
+        return n
 
     def cpus_attr(self, list_rel: str | Path, mask_rel: str | Path) -> tuple[int, ...] | None:
         for rel, parse in ((list_rel, parse_cpu_list), (mask_rel, parse_cpu_mask)):
@@ -195,13 +231,14 @@ class _Tree:
             if v is not None:
                 try:
                     return parse(v)
-                except ValueError:
+                except ValueError as e:
+                    self.bad(rel, str(e))
                     continue
         return None
 
 
-_CPU_RE = re.compile(r"cpu(\d+)$")
-_INDEX_RE = re.compile(r"index(\d+)$")
+_CPU_RE = re.compile(r"cpu([0-9]{1,5})$")
+_INDEX_RE = re.compile(r"index([0-9]+)$")
 
 
 @dataclass
@@ -229,7 +266,7 @@ def _cpu_dirs(tree: _Tree) -> dict[int, Path]:
         return {}
     for name in names:
         m = _CPU_RE.match(name)
-        if m and (base / name).is_dir():
+        if m and int(m.group(1)) <= MAX_CPU_ID and (base / name).is_dir():
             out[int(m.group(1))] = Path(CPU_DIR) / name
     return dict(sorted(out.items()))
 
@@ -248,12 +285,17 @@ def _read_caches(tree: _Tree, cpu: int, rel: Path) -> list[_RawCache]:
         size_text = tree.attr(d / "size")
         try:
             size = parse_size(size_text) if size_text is not None else None
-        except ValueError:
+        except ValueError as e:
+            tree.bad(d / "size", str(e))
             size = None
+        ctype = tree.attr(d / "type")
+        if ctype is not None and ctype not in CACHE_TYPES:
+            tree.bad(d / "type", f"holds {ctype[:20]!r}, not one of {', '.join(CACHE_TYPES)}")
+            ctype = None
         out.append(_RawCache(
             cpu=cpu,
             level=tree.int_attr(d / "level"),
-            type=tree.attr(d / "type"),
+            type=ctype,
             size=size,
             line=tree.int_attr(d / "coherency_line_size"),
             ways=tree.int_attr(d / "ways_of_associativity"),
@@ -285,8 +327,7 @@ def _core_kinds(tree: _Tree, cpu_dirs: dict[int, Path], cpuinfo: list[CpuinfoEnt
     arch: str | None = None
     for cpu in sorted(set(cpu_dirs) | set(info)):
         f = info.get(cpu, {})
-        midr_text = tree.attr(cpu_dirs[cpu] / "regs/identification/midr_el1") if cpu in cpu_dirs else None
-        midr = _int_auto(midr_text)
+        midr = tree.int_attr(cpu_dirs[cpu] / "regs/identification/midr_el1") if cpu in cpu_dirs else None
         impl = part = variant = revision = None
         if midr is not None:
             m = cpuregs.decode_midr(midr)
@@ -294,10 +335,7 @@ def _core_kinds(tree: _Tree, cpu_dirs: dict[int, Path], cpuinfo: list[CpuinfoEnt
             midrs[str(cpu)] = f"0x{midr:08x}"
             arch = arch or "aarch64"
         elif "CPU implementer" in f:
-            impl = _int_auto(f.get("CPU implementer"))
-            part = _int_auto(f.get("CPU part"))
-            variant = _int_auto(f.get("CPU variant"))
-            revision = _int_auto(f.get("CPU revision"))
+            impl, variant, part, revision = (_midr_field(tree, cpu, f, k) for k in _MIDR_FIELD_MAX)
             archv = f.get("CPU architecture", "")
             arch = arch or ("aarch64" if archv in ("8", "9", "AArch64") else "arm")
             if impl is not None and part is not None and variant is not None and revision is not None:
@@ -327,12 +365,27 @@ def _core_kinds(tree: _Tree, cpu_dirs: dict[int, Path], cpuinfo: list[CpuinfoEnt
         name, vendor, impl, part = names[key]
         if key[0] == "x86" and all(hybrid.values()):
             for label, text in hybrid.items():
-                sub = [c for c in cpus if c in set(parse_cpu_list(text or ""))]
+                try:
+                    listed = set(parse_cpu_list(text or ""))
+                except ValueError as e:
+                    tree.bad(f"sys/devices/cpu_{'core' if label == 'P-core' else 'atom'}/cpus", str(e))
+                    listed = set()
+                sub = [c for c in cpus if c in listed]
                 if sub:
                     kinds.append((f"{name} {label}", vendor, None, None, sub, revs))
             continue
         kinds.append((name, vendor, impl, part, cpus, revs))
     return kinds, midrs, arch
+
+
+def _midr_field(tree: _Tree, cpu: int, fields: dict[str, str], key: str) -> int | None:
+    """One MIDR field of a CPU's /proc/cpuinfo block, or None (noted) when missing or past its bits."""
+    text = fields.get(key)
+    n = _int_auto(text)
+    if text is not None and (n is None or n > _MIDR_FIELD_MAX[key]):
+        tree.bad("proc/cpuinfo", f"CPU {cpu}: {key} {text[:20]!r} is not a number up to {_MIDR_FIELD_MAX[key]:#x}")
+        return None
+    return n
 
 
 # ----------------------------------------------------------------------------------------------- the reading
@@ -342,8 +395,8 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
     """Read the CPU cache topology under `root` (a directory holding sys/ and proc/)."""
     tree = _Tree(Path(root))
     cpu_dirs = _cpu_dirs(tree)
-    cpuinfo_text = tree.attr("proc/cpuinfo")
-    cpuinfo = parse_cpuinfo(cpuinfo_text) if cpuinfo_text else []
+    cpuinfo_text = tree.attr("proc/cpuinfo", MAX_CPUINFO_BYTES)
+    cpuinfo = parse_cpuinfo(cpuinfo_text, tree.damaged) if cpuinfo_text else []
     if not cpu_dirs and not cpuinfo:
         return Unavailable(f"no {CPU_DIR}/cpu* and no proc/cpuinfo under {root}")
     flags: list[CpuFlag] = []
@@ -416,6 +469,11 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
     _check(caches, sorted(online), threads, flags)
     registers = _registers(root, arch, core_kinds, caches, midrs)
     _check_cpuid(registers, caches, core_kinds, flags)
+    if tree.damaged:
+        more = f" (and {len(tree.damaged) - 1} more)" if len(tree.damaged) > 1 else ""
+        flags.append(CpuFlag("damaged_files", "warning",
+                             f"{plural(len(tree.damaged), 'file')} unreadable or malformed, read as unknown: "
+                             f"{tree.damaged[0]}{more}"))
     tpc = _uniform(len(t) for t in {threads[c] for c in all_cpus})
     return CpuPart(
         arch=arch,

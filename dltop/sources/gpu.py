@@ -22,6 +22,7 @@ from dltop.config import Settings
 from dltop.model.base import Unavailable
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
 from dltop.probe.files import proc_start_ticks
+from dltop.sources import procfs
 from dltop.sources.base import Source
 
 FAKE_ENV = "DLTOP_FAKE_NVML"
@@ -575,6 +576,25 @@ def parse_cmdline(raw: bytes) -> str:
     return " ".join(os.fsdecode(a) for a in raw.rstrip(b"\0").split(b"\0"))
 
 
+def _system_memory(path: str) -> tuple[int, int] | str:
+    """(MemTotal, MemAvailable) in bytes from /proc/meminfo, or why not in one line."""
+    from dltop.sources.memory import parse_meminfo
+
+    bad: dict[str, str] = {}
+    try:
+        meminfo = parse_meminfo(procfs.read_text(path), bad)
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}"
+    total, available = meminfo.get("MemTotal"), meminfo.get("MemAvailable")
+    for key, value in (("MemTotal", total), ("MemAvailable", available)):
+        if value is None:
+            return bad.get(key, f"no {key} in {path}")
+    assert total is not None and available is not None
+    if available > total:  # used = total - available would come out negative
+        return f"MemAvailable {available >> 10} kB is more than MemTotal {total >> 10} kB in {path}"
+    return total, available
+
+
 class GpuReader:
     """Holds one NVML session and what is worth keeping between ticks: which call versions the driver has, the
     last utilization sample seen per GPU, and each process's command line."""
@@ -732,16 +752,12 @@ class GpuReader:
         note = f"unified memory: NVML reports {said}; the pool is system memory, from /proc/meminfo"
         values.update(memory_pool="system", memory_pool_note=note)
         missing["memory_reserved_bytes"] = note
-        from dltop.sources.memory import parse_meminfo
-
-        try:
-            with open(os.path.join(self._root, "proc/meminfo"), encoding="ascii", errors="replace") as f:
-                meminfo = parse_meminfo(f.read())
-            total, available = meminfo["MemTotal"], meminfo["MemAvailable"]
-        except (OSError, KeyError) as e:
-            why = f"{note}, which could not be read ({e})"
+        got = _system_memory(os.path.join(self._root, "proc/meminfo"))
+        if isinstance(got, str):
+            why = f"{note}, which could not be read ({got})"
             missing.update(memory_total_bytes=why, memory_used_bytes=why, memory_free_bytes=why)
             return
+        total, available = got
         values.update(memory_total_bytes=total, memory_used_bytes=total - available, memory_free_bytes=available)
 
     def _pcie(self, b: NvmlBackend, h: Any, index: int, ask: Callable[..., Any], values: dict[str, Any],
@@ -907,11 +923,10 @@ class GpuReader:
                 user = str(st.st_uid)  # a uid with no name here (another container's user)
             self._users[st.st_uid] = user
         try:
-            with open(f"{base}/cmdline", "rb") as f:
-                command = parse_cmdline(f.read())
+            # procfs.read_bytes: a captured tree may hold a FIFO or a link to /dev/zero in their place.
+            command = parse_cmdline(procfs.read_bytes(f"{base}/cmdline", procfs.MAX_ARGS_BYTES))
             if not command:  # a zombie or a kernel thread: ps shows [comm]
-                with open(f"{base}/comm", "rb") as f:
-                    command = f"[{os.fsdecode(f.read().strip())}]"
+                command = f"[{os.fsdecode(procfs.read_bytes(f'{base}/comm', 4096).strip())}]"
         except OSError as e:
             result: _Identity = (user, None, f"cannot read {base}/cmdline: {e.strerror or e}",
                                  proc_start_ticks(pid, self._proc))

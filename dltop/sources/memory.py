@@ -16,6 +16,7 @@ from dltop.config import Settings
 from dltop.kernel import process_exists
 from dltop.model.base import Unavailable
 from dltop.model.memory import CgroupMemory, DiskStat, MemoryPart, Pressure, VmStat
+from dltop.sources import procfs
 from dltop.sources.base import Source
 
 T = TypeVar("T")
@@ -52,8 +53,8 @@ def _path(root: str, *parts: str) -> str:
 
 
 def _read_text(path: str) -> str:
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read()
+    # A captured tree may hold a FIFO, a link to /dev/zero or a huge file where the kernel's file goes.
+    return procfs.read_text(path)
 
 
 def _why(e: OSError, path: str) -> str:
@@ -65,29 +66,46 @@ def _why(e: OSError, path: str) -> str:
 
 
 def _is_count(field: str) -> bool:
-    """ASCII digits only: str.isdigit() also takes '¹' and other digits int() refuses."""
-    return field.isascii() and field.isdigit()
+    """ASCII digits of a 64-bit count only: str.isdigit() also takes '¹', which int() refuses, and int() takes
+    400 digits (no kernel counter has them) and raises past 4300."""
+    return procfs.parse_count(field) is not None
 
 
-def parse_meminfo(text: str) -> dict[str, int]:
+def _shown(text: str) -> str:
+    """A field from a damaged file, cut short and quoted, for a one-line reason."""
+    return repr(text[:20] + ("..." if len(text) > 20 else ""))
+
+
+def parse_meminfo(text: str, bad: dict[str, str] | None = None) -> dict[str, int]:
     """`/proc/meminfo`'s sizes as {key: bytes}. Only `N kB` lines count: a line cut short ("MemAvailable: 242",
-    a truncated read) or a unit-less count (HugePages_Total) is left out rather than misread as bytes."""
+    a truncated read) or a unit-less count (HugePages_Total) is left out rather than misread as bytes. A `kB`
+    line whose number is not a 64-bit count is left out too, with why in `bad[key]`."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         key, sep, rest = line.partition(":")
         fields = rest.split()
-        if sep and len(fields) == 2 and fields[1] == "kB" and _is_count(fields[0]):
-            out[key.strip()] = int(fields[0]) * 1024
+        if sep and len(fields) == 2 and fields[1] == "kB":
+            n = procfs.parse_count(fields[0])
+            if n is not None and n * 1024 <= procfs.MAX_COUNT:
+                out[key.strip()] = n * 1024
+            elif bad is not None:
+                bad[key.strip()] = f"{key.strip()} is {_shown(fields[0])} kB, not a 64-bit count of bytes"
     return out
 
 
-def parse_vmstat(text: str) -> dict[str, int]:
-    """`/proc/vmstat` as {name: counter}. Bad lines are skipped."""
+def parse_vmstat(text: str, bad: dict[str, str] | None = None) -> dict[str, int]:
+    """`/proc/vmstat` (and the `key N` cgroup files) as {name: counter}. Bad lines are skipped; a `name N` line
+    whose N is not a 64-bit count is noted in `bad[name]`."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) == 2 and _is_count(fields[1]):
-            out[fields[0]] = int(fields[1])
+        if len(fields) != 2:
+            continue
+        n = procfs.parse_count(fields[1])
+        if n is not None:
+            out[fields[0]] = n
+        elif bad is not None:
+            bad[fields[0]] = f"{fields[0]} is {_shown(fields[1])}, not a 64-bit count"
     return out
 
 
@@ -104,9 +122,17 @@ def parse_pressure(text: str) -> Pressure:
     def nums(kind: str) -> tuple[float, float, float, int]:
         d = lines[kind]
         try:
-            return float(d["avg10"]), float(d["avg60"]), float(d["avg300"]), int(d["total"])
+            avgs = [float(d[k]) for k in ("avg10", "avg60", "avg300")]
+            total = procfs.parse_count(d["total"])
         except (KeyError, ValueError) as e:
             raise ValueError(f"malformed '{kind}' line") from e
+        # A share of wall time is 0..100 percent (float() also takes 'nan', 'inf' and '1e999').
+        if not all(0.0 <= a <= 100.0 for a in avgs):
+            raise ValueError(f"'{kind}' averages {', '.join(_shown(d[k]) for k in ('avg10', 'avg60', 'avg300'))} "
+                             "are not percentages")
+        if total is None:
+            raise ValueError(f"'{kind}' total {_shown(d['total'])} is not a 64-bit count")
+        return avgs[0], avgs[1], avgs[2], total
 
     s10, s60, s300, stotal = nums("some")
     if "full" not in lines:
@@ -201,13 +227,19 @@ def read_vmstat(root: str = "/") -> VmStat | Unavailable:
     """Counters from /proc/vmstat; each missing one has a reason."""
 
     def read() -> VmStat:
-        raw = parse_vmstat(_read_text(_path(root, "proc/vmstat")))
+        bad: dict[str, str] = {}
+        raw = parse_vmstat(_read_text(_path(root, "proc/vmstat")), bad)
         values: dict[str, int | None] = {}
         missing: dict[str, str] = {}
         for name, keys in VMSTAT_FIELDS.items():
             present = [raw[k] for k in keys if k in raw]
-            if present:
+            damaged = [bad[k] for k in keys if k in bad]
+            if damaged:  # a sum with one part left out would be a wrong number, not a smaller true one
+                missing[name] = f"malformed /proc/vmstat: {damaged[0]}"
+            elif present and sum(present) <= procfs.MAX_COUNT:
                 values[name] = sum(present)
+            elif present:
+                missing[name] = f"malformed /proc/vmstat: {' + '.join(keys)} is past 64 bits"
             else:
                 missing[name] = f"not in /proc/vmstat on this kernel ({keys[0]})"
         if not values:
@@ -271,10 +303,13 @@ def _cgroup_dir(root: str, version: int, rel: str) -> tuple[str, str]:
     """The folder of cgroup `rel` of that hierarchy and the folder the hierarchy is mounted on, found through
     /proc/self/mountinfo (dltop's own mount namespace: that is where it opens the files). Raises ValueError
     saying why it is not visible."""
+    path = _path(root, "proc/self/mountinfo")
     try:
-        mounts = parse_cgroup_mounts(_read_text(_path(root, "proc/self/mountinfo")), version)
-    except OSError:
+        mounts = parse_cgroup_mounts(_read_text(path), version)
+    except FileNotFoundError:
         mounts = [("/", _DEFAULT_MOUNT[version])]
+    except OSError as e:  # there but damaged: the default place would be a guess
+        raise ValueError(_why(e, path)) from None
     if not mounts:
         what = "cgroup2" if version == 2 else "cgroup v1 with the memory controller"
         raise ValueError(f"no {what} mounted (none in /proc/self/mountinfo)")
@@ -299,8 +334,11 @@ def _read_count(base: str, name: str, field: str, values: dict[str, int | None],
     except OSError as e:
         missing[field] = _why(e, name)
         return
-    if _is_count(text):
-        values[field] = int(text)
+    n = procfs.parse_count(text)
+    if n is not None:
+        values[field] = n
+    elif text.isascii() and text.isdigit():
+        missing[field] = f"{name} holds {_shown(text)}, past a 64-bit count"
     else:
         missing[field] = f"{name} holds {text[:40]!r}, not a number"
 
@@ -309,17 +347,20 @@ def _read_keys(base: str, name: str, fields: dict[str, tuple[str, ...]], values:
                missing: dict[str, str]) -> dict[str, int]:
     """Fill `values` from a `key N` file (memory.stat, memory.events, memory.oom_control): per field, the first
     of its keys present; the reason in `missing` where none is. Returns the whole file."""
+    bad: dict[str, str] = {}
     try:
-        stat = parse_vmstat(_read_text(os.path.join(base, name)))
+        stat = parse_vmstat(_read_text(os.path.join(base, name)), bad)
     except OSError as e:
         stat = {}
         why = _why(e, name)
     else:
         why = ""
     for field, keys in fields.items():
-        key = next((k for k in keys if k in stat), None)
-        if key is not None:
+        key = next((k for k in keys if k in stat or k in bad), None)
+        if key is not None and key in stat:
             values[field] = stat[key]
+        elif key is not None:
+            missing[field] = f"malformed {name}: {bad[key]}"
         else:
             missing[field] = why or f"no {keys[0]} in {name}"
     return stat
@@ -416,6 +457,9 @@ def read_cgroup_memory(root: str = "/", pid: int | str = "self") -> CgroupMemory
     if found is None:
         return Unavailable(f"no memory cgroup: {proc} names neither a v1 memory hierarchy nor cgroup v2")
     version, rel = found
+    if ".." in rel.split("/") or "\0" in rel:
+        # The kernel writes /../ for a cgroup above this cgroup namespace's root: not under any mount here.
+        return Unavailable(f"cgroup v{version}: {rel[:80]!r} is outside this cgroup namespace: limit not read")
     try:
         base, top = _cgroup_dir(root, version, rel)
     except ValueError as e:
@@ -433,8 +477,9 @@ def read_memory(root: str = "/", pid: int | None = None) -> MemoryPart:
     path = _path(root, "proc/meminfo")
     values: dict[str, int | None] = {}
     missing: dict[str, str] = {}
+    bad: dict[str, str] = {}
     try:
-        raw = parse_meminfo(_read_text(path))
+        raw = parse_meminfo(_read_text(path), bad)
     except OSError as e:
         raw = {}
         reason = _why(e, path)
@@ -443,6 +488,8 @@ def read_memory(root: str = "/", pid: int | None = None) -> MemoryPart:
     for name, key in MEMINFO_FIELDS.items():
         if key in raw:
             values[name] = raw[key]
+        elif key in bad:
+            missing[name] = f"malformed {path}: {bad[key]}"
         else:
             missing[name] = reason or f"no {key} in {path}"
     disk_problems: list[str] = []
