@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "kv": {"errors", "fmt"},
     "model": {"model"},
     "text": {"text", "model", "fmt", "cpuregs"},
-    "derive": {"model"},
+    "derive": {"model", "fmt"},  # fmt.printable: a note that quotes a server's URL
     # Each part's numbers described once (name, kind, unit, help, labels): the exporter and `dump` read them.
     "fields": {"model", "derive"},
     # The exporter serves what it is handed: fields' samples and hints' rules over Snapshots; it never samples.
@@ -50,8 +50,9 @@ ALLOWED: dict[str, set[str]] = {
                  "__init__"},
     "cli": {"commands", "errors", "__init__"},
     "__main__": {"cli"},
-    # The in-process probe runs inside training scripts: nothing of dltop's but itself.
-    "probe": {"probe"},
+    # The in-process probe runs inside training scripts: nothing of dltop's but itself, and the kernel's ctypes
+    # wrappers (stdlib only, imported when an epoch closes: cachestat of the job's data).
+    "probe": {"probe", "kernel"},
 }
 # Third-party packages only some parts may import.
 ONLY_IN = {"textual": {"tui"}, "rich": {"tui"}}
