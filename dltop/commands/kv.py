@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from dltop import kv
@@ -17,6 +18,7 @@ from dltop.commands.common import non_negative_int
 from dltop.errors import DltopError, UsageError
 from dltop.fmt import parse_bytes, printable
 from dltop.model import Unavailable
+from dltop.model.gpu import GpuDevice, MigDevice
 
 _SHAPE_FLAGS = ("layers", "heads", "kv_heads", "head_dim", "dtype")
 
@@ -68,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the model's dtype (without --config)")
     p.add_argument("--kv-dtype", choices=kv.KV_DTYPES, default="auto",
                    help="KV-cache dtype (default auto: the model's torch_dtype, or --dtype)")
+    p.add_argument("--defaults", choices=kv.DEFAULTS, default="auto",
+                   help="who fills what the config leaves to its model type: transformers' config class, dltop's "
+                        "table, or auto (transformers where importable, else the table; the default)")
     p.add_argument("--batch", type=_positive_int, default=1, metavar="N", help="sequences (default 1)")
     p.add_argument("--seq", type=_positive_int, required=True, metavar="TOKENS", help="tokens per sequence")
     p.add_argument("--gpu-mem", type=_positive_size, metavar="SIZE",
@@ -96,7 +101,7 @@ def _shape_and_config(args: argparse.Namespace) -> tuple[kv.KvShape, dict[str, A
         name = os.path.basename(args.config).removesuffix(".json").removesuffix(".config")
         if name == "config":
             name = ""
-        return kv.shape_from_config(cfg, args.kv_dtype, name), cfg
+        return kv.shape_from_config(cfg, args.kv_dtype, name, args.defaults), cfg
     missing = [f"--{f.replace('_', '-')}" for f in ("layers", "heads", "head_dim") if getattr(args, f) is None]
     if missing:
         raise UsageError(f"kv: give --config FILE, or the model's numbers (missing {', '.join(missing)})")
@@ -121,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         weights = "no config to count parameters from: give --weights-bytes"
     else:
         try:
-            weights = kv.estimate_weights(cfg, args.weights_dtype)
+            weights = kv.estimate_weights(cfg, args.weights_dtype, resolution=shape.defaults)
         except kv.ConfigError as e:
             weights = f"cannot count the parameters: {e}; give --weights-bytes"
     if args.gpu is not None and args.gpu_mem is not None:
@@ -141,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _gpu_memory(index: int | None) -> tuple[int, str] | str:
-    """(bytes, where from) of GPU `index` from NVML, or with no index of the one GPU NVML sees; why not, for the
-    pool's place, when no index was asked for. With an index, what stands in the way is an error."""
+    """(bytes, where from) of GPU `index` from NVML, or with no index of the one GPU NVML sees (or the MIG instance
+    CUDA_VISIBLE_DEVICES names); why not, for the pool's place, when no index was asked for. With an index, what
+    stands in the way is an error. A GPU in MIG mode is planned against the instance this process sees."""
     from dltop.sources.gpu import GpuReader, make_backend
 
     reader = GpuReader(make_backend)
@@ -150,12 +156,14 @@ def _gpu_memory(index: int | None) -> tuple[int, str] | str:
         part = reader.read()
     finally:
         reader.close()
+    visible = _visible_mig()
     if index is None:
         if isinstance(part, Unavailable):
             return f"no --gpu-mem given, and no GPU to read it from: {part.reason}"
-        if len(part) != 1:
+        named = [g for g in part if visible and _mig_named(g, visible)]
+        if len(part) != 1 and not named:
             return f"no --gpu-mem given, and NVML sees {len(part)} GPUs: pick one with --gpu N"
-        g = part[0]
+        g = named[0] if named else part[0]
     elif isinstance(part, Unavailable):
         raise DltopError(f"kv: --gpu {index}: NVML cannot be used: {part.reason}; pass --gpu-mem SIZE instead")
     elif index >= len(part):
@@ -163,15 +171,57 @@ def _gpu_memory(index: int | None) -> tuple[int, str] | str:
                          f"(0 to {len(part) - 1})")
     else:
         g = part[index]
-    label = f"GPU {g.index} ({g.name or 'name unknown'}, {g.uuid or 'UUID unknown'})"
-    if g.memory_total_bytes is None:
-        why = f"{label} has no memory total: {g.why('memory_total_bytes')}"
+    label = f"GPU {g.index} ({printable(g.name or 'name unknown')}, {printable(g.uuid or 'UUID unknown')})"
+
+    def refuse(why: str) -> str:
         if index is None:
             return f"no --gpu-mem given, and {why}"
         raise DltopError(f"kv: --gpu {index}: {why}; pass --gpu-mem SIZE instead")
+
+    if g.mig_mode:
+        return _mig_memory(g, label, visible, refuse)
+    if g.memory_total_bytes is None:
+        return refuse(f"{label} has no memory total: {g.why('memory_total_bytes')}")
     if g.memory_pool == "system":
         return g.memory_total_bytes, f"{label}: system memory total ({g.memory_pool_note})"
     return g.memory_total_bytes, f"{label}: NVML's memory total"
+
+
+def _visible_mig() -> str:
+    """The MIG instance CUDA_VISIBLE_DEVICES names first ('' for none): CUDA runs a process on one instance only."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return first if first.startswith("MIG-") else ""
+
+
+def _mig_named(g: GpuDevice, visible: str) -> MigDevice | None:
+    """The instance of `g` that `visible` names: by its UUID, or the older MIG-GPU-<uuid>/<gi>/<ci> form."""
+    for m in g.mig_devices:
+        if m.uuid and m.uuid == visible:
+            return m
+        if g.uuid and visible == f"MIG-{g.uuid}/{m.gpu_instance_id}/{m.compute_instance_id}":
+            return m
+    return None
+
+
+def _mig_memory(g: GpuDevice, label: str, visible: str, refuse: Callable[[str], str]) -> tuple[int, str] | str:
+    """The memory of the MIG instance of `g` this process sees: the one CUDA_VISIBLE_DEVICES names, or the only
+    one; otherwise a refusal (the whole GPU's total is more than any process on it can have)."""
+    chosen = _mig_named(g, visible) if visible else None
+    how = "the instance CUDA_VISIBLE_DEVICES names"
+    if chosen is None and visible:
+        return refuse(f"CUDA_VISIBLE_DEVICES names {printable(visible)}, which is not a MIG instance of {label}")
+    if chosen is None:
+        if len(g.mig_devices) != 1:
+            names = ", ".join(printable(m.name or m.uuid or f"instance {m.mig_index}") for m in g.mig_devices)
+            return refuse(f"{label} is in MIG mode with {len(g.mig_devices)} instances ({names or 'none'}): a "
+                          "process gets one instance's memory, not the GPU's; set CUDA_VISIBLE_DEVICES=MIG-<uuid> "
+                          "to plan against one")
+        chosen, how = g.mig_devices[0], "its only instance"
+    what = f"MIG {printable(chosen.name or 'instance')} ({printable(chosen.uuid or 'UUID unknown')}) of {label}, {how}"
+    if chosen.memory_total_bytes is None:
+        why = chosen.unavailable.get("memory_total_bytes") or next(iter(chosen.unavailable.values()), "not read")
+        return refuse(f"{what} has no memory total: {why}")
+    return chosen.memory_total_bytes, f"{what}: NVML's memory total"
 
 
 def _result(shape: kv.KvShape, args: argparse.Namespace, weights: kv.Weights | str,
@@ -204,13 +254,24 @@ def _text(shape: kv.KvShape, d: dict[str, Any], pool: kv.Pool | str) -> str:
                 f"{shape.qk_rope_head_dim}) × {shape.dtype_bytes} B")
     else:
         what = f"2 (K, V) × {shape.layers} layers × {shape.kv_heads} KV heads × {shape.head_dim} × {shape.dtype_bytes} B"
+    if shape.dtype in kv.BLOCK_SCALED:
+        block, scale = kv.BLOCK_SCALED[shape.dtype]
+        what += f" (4-bit values and a {scale}-byte fp8 scale per {block}: {kv.KV_DTYPE_BITS[shape.dtype]} bits each)"
     lines = [
         f"model        {printable(m['name'])}: {shape.attention}, KV cache in {shape.dtype} ({shape.dtype_source})",
         f"per token    {d['bytes_per_token']:,} B = {what}",
     ]
-    if shape.sliding_layers:
-        lines.append(f"window       {shape.sliding_layers} of {shape.layers} layers slide: each keeps at most "
+    res = shape.defaults
+    if res is not None and res.source:
+        lines.append(f"defaults     {printable(res.source)} filled {_filled(res.filled)}")
+    lines += [f"assumed      {printable(a)}" for a in m["assumptions"]]
+    sliding = shape.sliding_layers - shape.chunked_layers
+    if sliding:
+        lines.append(f"window       {sliding} of {shape.layers} layers slide: each keeps at most "
                      f"{m['sliding_window']:,} tokens of a sequence")
+    if shape.chunked_layers:
+        lines.append(f"chunks       {shape.chunked_layers} of {shape.layers} layers attend within chunks: each keeps "
+                     f"at most {m['attention_chunk_size']:,} tokens of a sequence")
     lines += [
         f"sequence     {d['bytes_per_sequence']:,} B for {d['seq']:,} tokens",
         f"KV cache     {_b(d['total_bytes'])} for {d['batch']:,} × {d['seq']:,} = {d['tokens']:,} tokens",
@@ -240,3 +301,14 @@ def _text(shape: kv.KvShape, d: dict[str, Any], pool: kv.Pool | str) -> str:
     notes = [*d["notes"], *([] if "unavailable" in w else w["notes"])]
     lines += [f"note         {printable(n)}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _filled(filled: dict[str, Any]) -> str:
+    """The keys a model type's defaults filled, one list: layer_types as counts of each type."""
+    parts = []
+    for k, v in filled.items():
+        if k == "layer_types" and isinstance(v, list):
+            counts = {t: v.count(t) for t in dict.fromkeys(v)}
+            v = "(" + ", ".join(f"{n} {printable(str(t)).removesuffix('_attention')}" for t, n in counts.items()) + ")"
+        parts.append(f"{k} {printable(str(v))}")
+    return ", ".join(parts)
