@@ -301,8 +301,8 @@ _Rule = Callable[[dict[str, Any], int], list[str]]
 # tests/test_kv.py checks every family's numbers against transformers.
 _GEMMA = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_size": 2304,
           "sliding_window": 4096, "intermediate_size": 9216, "tie_word_embeddings": True}
-_QWEN = {"num_attention_heads": 32, "num_key_value_heads": 32, "hidden_size": 4096, "vocab_size": 151936,
-         "intermediate_size": 22016}
+_QWEN = {"num_attention_heads": 32, "num_key_value_heads": 32, "hidden_size": 4096, "sliding_window": 4096,
+         "vocab_size": 151936, "intermediate_size": 22016}
 _MLA = {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 FAMILIES: dict[str, tuple[dict[str, Any], _Rule | None]] = {
     "gemma2": ({**_GEMMA, "vocab_size": 256000}, _alternate),
@@ -364,6 +364,8 @@ def resolve_config(cfg: dict[str, Any], defaults: str = "table") -> Resolution:
     values = dict(table)
     if rule is not None and layers is not None:
         values["layer_types"] = rule(text, layers)
+    if rule is _qwen_types and not text.get("use_sliding_window"):
+        del values["sliding_window"]  # Qwen2/3Config drop their window when use_sliding_window is off
     return _filled(text, values, f"dltop's table ({printable(_TEXT_TYPES.get(model_type, model_type))})", notes)
 
 

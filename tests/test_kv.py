@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,11 @@ PUBLISHED_PARAMS = {"Llama-2-7b-hf": "6.74", "Meta-Llama-3.1-8B": "8.03", "Qwen2
 LLAMA_7B = ["--layers", "32", "--heads", "32", "--head-dim", "128", "--dtype", "fp16"]
 
 
-def kv_json(*args: str) -> dict[str, Any]:
-    r = dltop("kv", "--json", *args)
+def kv_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    # dltop's table fills a config's defaults here (transformers takes seconds to import on a busy node); the
+    # tests below check that the table and transformers agree, and run the default path too.
+    table = ["--defaults", "table"] if "--config" in args and "--defaults" not in args else []
+    r = dltop("kv", "--json", *args, *table, env=env)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -127,7 +132,7 @@ def test_pool_plan(tmp_path: Path) -> None:
     d = kv_json("--config", path, "--seq", "8192", "--gpu-mem", "85899345920")
     assert d["pool"]["weights_bytes"] == d["weights"]["bytes"] == 8_030_261_248 * 2
     assert d["pool"]["upper_bound"] is True and "not subtracted" in d["pool"]["overhead_source"]
-    r = dltop("kv", "--config", path, "--seq", "8192", "--gpu-mem", "16GiB")
+    r = dltop("kv", "--config", path, "--seq", "8192", "--gpu-mem", "16GiB", "--defaults", "table")
     assert r.returncode == 0 and "KV pool      none: weights and overhead exceed the budget by" in r.stdout
     # A text config nested in a multimodal wrapper sizes the same as the bare one.
     wrapped = tmp_path / "config.json"
@@ -147,7 +152,7 @@ def _base(**extra: Any) -> dict[str, Any]:
     ({"sliding_window": 64, "model_type": "qwen2"}, []),  # Qwen2 defaults to off
     ({"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 8}, [8, 9, 10, 11]),
     ({"sliding_window": 64, "sliding_window_pattern": 6}, [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]),  # Gemma 3
-    ({"sliding_window": 64, "model_type": "gemma2"}, [0, 2, 4, 6, 8, 10]),
+    ({"sliding_window": 64, "model_type": "gemma2", "head_dim": 128}, [0, 2, 4, 6, 8, 10]),
     ({"sliding_window": 64, "layer_types": ["full_attention"] * 11 + ["sliding_attention"]}, [11]),
     ({"sliding_window": None}, []),
 ])
@@ -165,7 +170,7 @@ def test_sliding_window_rules(extra: dict[str, Any], sliding: list[int]) -> None
     (["--config", "{nolayers}"], 1, r"^dltop: the config has no layer count \(num_hidden_layers"),
     ([*LLAMA_7B, "--batch", "0"], 2, r"^dltop kv: error: argument --batch: must be 1 or more: '0'"),
     ([*LLAMA_7B, "--batch", "-3"], 2, r"^dltop kv: error: argument --batch: must be 1 or more: '-3'"),
-    ([*LLAMA_7B, "--kv-dtype", "fp4"], 2, r"^dltop kv: error: argument --kv-dtype: invalid choice: 'fp4'"),
+    ([*LLAMA_7B, "--kv-dtype", "fp2"], 2, r"^dltop kv: error: argument --kv-dtype: invalid choice: 'fp2'"),
     ([*LLAMA_7B, "--gpu-mem", "80G"], 2, r"^dltop kv: error: argument --gpu-mem: ambiguous size '80G'"),
     (["--layers", "32", "--heads", "32", "--head-dim", "128"], 2, r"^dltop: kv: give --dtype"),
     (["--layers", "32"], 2, r"^dltop: kv: give --config FILE, or the model's numbers \(missing --heads, --head-dim\)"),
@@ -216,9 +221,11 @@ KEYS = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head
         "sliding_window", "layer_types", "use_sliding_window", "max_window_layers", "sliding_window_pattern",
         "torch_dtype", "n_routed_experts", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
         "mlp_only_layers", "decoder_sparse_step", "n_shared_experts", "model_type", "text_config",
-        "tie_word_embeddings", "attention_bias", "quantization_config"]
+        "tie_word_embeddings", "attention_bias", "quantization_config", "attention_chunk_size", "no_rope_layers",
+        "no_rope_layer_interval"]
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.integers() | st.floats() | st.text(max_size=8)
-                    | st.sampled_from(["float16", "bfloat16", "sliding_attention", "full_attention", "qwen2"]),
+                    | st.sampled_from(["float16", "bfloat16", "sliding_attention", "full_attention", "chunked_attention",
+                                     *kv.FAMILIES, "gemma3", "llama4"]),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(KEYS), inner),
                     max_leaves=12)
 
@@ -231,16 +238,18 @@ def test_any_config_gives_a_size_or_a_config_error() -> None:
     @given(st.dictionaries(st.sampled_from(KEYS), JSON))
     def one(cfg: dict[str, Any]) -> None:
         tried.append(1)
-        try:
-            shape = kv.shape_from_config(cfg)
-            assert shape.bytes_per_token > 0 and shape.sequence_bytes(100) <= 100 * shape.bytes_per_token
-        except kv.ConfigError as e:
-            assert _one_line(str(e)) and len(str(e)) < 400, str(e)
-        with contextlib.suppress(kv.ConfigError):
-            assert kv.parameter_count(cfg).total > 0
+        for defaults in ("table", "auto"):  # auto: through transformers' config classes where importable
+            try:
+                shape = kv.shape_from_config(cfg, defaults=defaults)
+                assert shape.bytes_per_token > 0 and shape.sequence_bytes(100) <= 100 * shape.bytes_per_token
+                assert all(_one_line(n) for n in (*shape.notes, *shape.assumptions))
+            except kv.ConfigError as e:
+                assert _one_line(str(e)) and len(str(e)) < 400, str(e)
+            with contextlib.suppress(kv.ConfigError):
+                assert kv.parameter_count(cfg, defaults).total > 0
 
     one()
-    print(f"kv: {len(tried)} generated configs read")
+    print(f"kv: {len(tried)} generated configs read, each with dltop's table and with transformers")
     assert len(tried) >= 200
 
 
@@ -375,15 +384,16 @@ def _check_config(tmp: Path, data: bytes) -> None:
     (tmp / "config.json").write_bytes(data)
     try:
         cfg = kv.load_config(str(tmp / "config.json"))
-        shape = kv.shape_from_config(cfg)
-        assert shape.bytes_per_token > 0
     except kv.ConfigError as e:
         assert _one_line(str(e)) and len(str(e)) < 400, str(e)
         return
-    try:
-        kv.estimate_weights(cfg, None)
-    except kv.ConfigError as e:
-        assert _one_line(str(e)) and len(str(e)) < 400, str(e)
+    for defaults in ("table", "auto"):  # auto: through transformers' config classes where importable
+        try:
+            shape = kv.shape_from_config(cfg, defaults=defaults)
+            assert shape.bytes_per_token > 0
+            kv.estimate_weights(cfg, None, defaults)
+        except kv.ConfigError as e:
+            assert _one_line(str(e)) and len(str(e)) < 400, str(e)
 
 
 HOSTILE = [b"NaN", b"Infinity", b"-Infinity", b"-1", b"0", b"1.5", b"32.0", b"true", b"null", b'"x"', b"[]", b"{}",
@@ -416,5 +426,217 @@ def test_fuzz_mutated_real_configs_never_raise(tmp_path: Path) -> None:
         _check_config(tmp_path, data)
 
     one()
-    print(f"kv: {len(tried)} mutated real configs read")
+    print(f"kv: {len(tried)} mutated real configs read, each with dltop's table and with transformers")
     assert len(tried) >= 300
+
+
+# -- what a config leaves to its model type: transformers' config classes are the oracle -------------------------
+
+# The text models of two published Gemma 3 configs (google/gemma-3-27b-it, google/gemma-3-4b-it), as the Hub has them:
+# the 27B has sliding_window but no sliding_window_pattern or layer_types; the 4B has no heads nor head_dim.
+GEMMA3_27B = {"model_type": "gemma3", "torch_dtype": "bfloat16", "text_config": {
+    "head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
+    "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16, "query_pre_attn_scalar": 168,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model", "num_hidden_layers": 27}}
+GEMMA3_4B = {"model_type": "gemma3", "torch_dtype": "bfloat16", "text_config": {
+    "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model", "num_hidden_layers": 27}}
+# Each family of dltop's table, as a config that leaves (nearly) everything to its defaults, and as one that sets
+# the keys its layer rule reads.
+FAMILY_CONFIGS = {
+    "gemma2": [{"num_hidden_layers": 26}, {"num_hidden_layers": 10, "sliding_window": 512, "head_dim": 128}],
+    "gemma3_text": [{"num_hidden_layers": 34}, {"num_hidden_layers": 12, "sliding_window_pattern": 3}],
+    "gemma3": [GEMMA3_27B, GEMMA3_4B],
+    "mistral": [{"num_hidden_layers": 32}, {"num_hidden_layers": 8, "sliding_window": None, "hidden_size": 2048}],
+    "mixtral": [{"num_hidden_layers": 32}, {"num_hidden_layers": 4, "sliding_window": 4096}],
+    "qwen2": [{"num_hidden_layers": 32}, {"num_hidden_layers": 12, "use_sliding_window": True, "max_window_layers": 8,
+                                          "sliding_window": 64}, {"num_hidden_layers": 30, "use_sliding_window": True}],
+    "qwen3": [{"num_hidden_layers": 36}, {"num_hidden_layers": 40, "use_sliding_window": True,
+                                          "num_attention_heads": 16, "num_key_value_heads": 8}],
+    "llama4_text": [{"num_hidden_layers": 48}, {"num_hidden_layers": 10, "no_rope_layer_interval": 5},
+                    {"num_hidden_layers": 4, "attention_chunk_size": None}],
+    "llama4": [{"text_config": {"model_type": "llama4_text", "num_hidden_layers": 48}}],
+    "gpt_oss": [{"num_hidden_layers": 24}, {"num_hidden_layers": 36, "sliding_window": 256}],
+    "deepseek_v2": [{"num_hidden_layers": 27, "q_lora_rank": None}],
+    "deepseek_v3": [{"num_hidden_layers": 61}],
+}
+FAMILY_CASES = [(f, i) for f, cases in FAMILY_CONFIGS.items() for i in range(len(cases))]
+
+
+def _family_config(family: str, i: int) -> dict[str, Any]:
+    cfg = dict(FAMILY_CONFIGS[family][i])
+    return cfg if "model_type" in cfg else {"model_type": family, "torch_dtype": "bfloat16", **cfg}
+
+
+def _oracle(cfg: dict[str, Any], seq: int) -> tuple[int, int]:
+    """(bytes per token, bytes of a sequence of `seq` tokens) from transformers' own config object, 2 B per element."""
+    transformers = pytest.importorskip("transformers")
+    inner = cfg.get("text_config", cfg)
+    text = transformers.AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
+    text = text.get_text_config() if "text_config" in cfg else text
+    assert text.model_type == inner.get("model_type", text.model_type)
+    layers = text.num_hidden_layers
+    if getattr(text, "kv_lora_rank", None):
+        per_layer = (text.kv_lora_rank + text.qk_rope_head_dim) * 2
+    else:
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        per_layer = 2 * text.num_key_value_heads * head_dim * 2
+    window = getattr(text, "sliding_window", None)
+    types = getattr(text, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * layers
+    keep = {"full_attention": seq, "sliding_attention": min(seq, window or seq),
+            "chunked_attention": min(seq, getattr(text, "attention_chunk_size", None) or seq)}
+    return layers * per_layer, sum(per_layer * keep[t] for t in types)
+
+
+@pytest.fixture
+def no_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers hidden: `import transformers` fails, as where it is not installed."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+
+
+@pytest.mark.parametrize("family, i", FAMILY_CASES)
+def test_each_family_as_transformers_resolves_it(family: str, i: int) -> None:
+    pytest.importorskip("transformers")
+    cfg = _family_config(family, i)
+    per_token, seq_bytes = _oracle(cfg, 20_000)
+    shape = kv.shape_from_config(cfg, defaults="transformers")
+    assert shape.defaults is not None and shape.defaults.source.startswith("transformers ")
+    assert (shape.bytes_per_token, shape.sequence_bytes(20_000)) == (per_token, seq_bytes)
+    assert not shape.assumptions
+
+
+@pytest.mark.parametrize("family, i", FAMILY_CASES)
+def test_dltop_table_gives_transformers_numbers(family: str, i: int, no_transformers: None) -> None:
+    cfg = _family_config(family, i)
+    table = kv.shape_from_config(cfg, defaults="auto")  # transformers hidden: the table stands in
+    assert table.defaults is not None and table.defaults.source.startswith("dltop's table")
+    with pytest.raises(kv.ConfigError, match="^--defaults transformers: not importable"):
+        kv.shape_from_config(cfg, defaults="transformers")
+    sys.modules.pop("transformers")  # transformers back, for the oracle
+    assert (table.bytes_per_token, table.sequence_bytes(20_000)) == _oracle(cfg, 20_000)
+    lib = kv.shape_from_config(cfg, defaults="transformers")
+    assert kv.shape_dict(table) | {"defaults": None} == kv.shape_dict(lib) | {"defaults": None}
+    assert kv.parameter_count(cfg, "table").total == kv.parameter_count(cfg, "transformers").total
+
+
+@needs_configs
+@pytest.mark.parametrize("model", MODELS)
+def test_fixtures_size_the_same_with_transformers_or_the_table(model: str) -> None:
+    pytest.importorskip("transformers")
+    cfg = json.loads((CONFIGS / f"{model}.config.json").read_text())
+    lib, table = kv.shape_from_config(cfg, defaults="transformers"), kv.shape_from_config(cfg, defaults="table")
+    assert (lib.bytes_per_token, lib.sequence_bytes(5000)) == (table.bytes_per_token, table.sequence_bytes(5000)) \
+        == _oracle(cfg, 5000)
+    assert kv.shape_dict(lib) | {"defaults": None} == kv.shape_dict(table) | {"defaults": None}
+    assert kv.parameter_count(cfg, "transformers") == kv.parameter_count(cfg, "table")
+
+
+def test_dltop_kv_fills_gemma3_defaults_and_says_who(tmp_path: Path) -> None:
+    """The issue's two Gemma 3 configs through `dltop kv` as a user runs it (transformers importable): the 27B has
+    a global layer every 6th (not 62 sliding of 62), the 4B is sized (not refused for no num_attention_heads)."""
+    pytest.importorskip("transformers")
+    for cfg, sliding in ((GEMMA3_27B, 52), (GEMMA3_4B, 29)):
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        r = dltop("kv", "--config", str(tmp_path / "config.json"), "--seq", "32768", "--json", timeout=120)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert (d["bytes_per_token"], d["bytes_per_sequence"]) == _oracle(cfg, 32768)
+        assert d["model"]["sliding_layers"] == sliding and d["model"]["assumptions"] == []
+        assert d["model"]["defaults"]["source"].startswith("transformers ") and "Gemma3TextConfig" in \
+            d["model"]["defaults"]["source"]
+    assert d["model"]["defaults"]["filled"]["num_attention_heads"] == 8
+    text = dltop("kv", "--config", str(tmp_path / "config.json"), "--seq", "32768", timeout=120).stdout
+    assert re.search(r"^defaults +transformers \S+ \(Gemma3TextConfig\) filled num_attention_heads 8, "
+                     r"num_key_value_heads 4, head_dim 256, layer_types \(29 sliding, 5 full\)", text, re.M), text
+
+
+def test_without_transformers_dltop_kv_uses_its_table(tmp_path: Path) -> None:
+    # A transformers that cannot be imported, first on the path: the table fills the same numbers and says so.
+    (tmp_path / "hide" / "transformers").mkdir(parents=True)
+    (tmp_path / "hide" / "transformers" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA3_4B))
+    env = {"PYTHONPATH": f"{tmp_path / 'hide'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    args = ["--config", str(tmp_path / "config.json"), "--seq", "32768"]
+    d = kv_json(*args, "--defaults", "auto", env=env)
+    assert d["model"]["defaults"]["source"] == "dltop's table (gemma3_text)"
+    assert d["total_bytes"] == kv_json(*args)["total_bytes"]
+    r = dltop("kv", *args, "--defaults", "transformers", env=env)
+    assert r.returncode == 1 and r.stderr.strip() == ("dltop: --defaults transformers: not importable: hidden by "
+                                                      "the test"), r.stderr
+
+
+@pytest.mark.parametrize("defaults", ["table", "transformers"])
+def test_an_unknown_model_type_window_is_an_assumption(defaults: str) -> None:
+    if defaults == "transformers":
+        pytest.importorskip("transformers")
+    cfg = _base(model_type="not-a-model", sliding_window=64)
+    shape = kv.shape_from_config(cfg, defaults="auto" if defaults == "transformers" else "table")
+    assert shape.sliding_layers == 12 and len(shape.assumptions) == 1
+    assert "every layer slides (sliding_window 64): model type \"not-a-model\" is not one" in shape.assumptions[0]
+    if defaults == "transformers":
+        assert any("does not know model type" in n for n in shape.notes)
+    # Mistral's every layer slides by its library's rule: no assumption there.
+    assert not kv.shape_from_config(_base(model_type="mistral", sliding_window=64)).assumptions
+
+
+def test_dltop_kv_prints_the_assumption(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(_base(model_type="x\x1b[2J", sliding_window=64)))
+    d = kv_json("--config", str(tmp_path / "config.json"), "--seq", "100")
+    assert len(d["model"]["assumptions"]) == 1 and '"x\\u001b[2J"' in d["model"]["assumptions"][0]
+    r = dltop("kv", "--config", str(tmp_path / "config.json"), "--seq", "100", "--defaults", "table")
+    assert '\nassumed      every layer slides (sliding_window 64): model type "x\\u001b[2J"' in r.stdout, r.stdout
+    assert "\x1b" not in r.stdout
+
+
+# -- KV dtypes ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, per_head_vector", [
+    ("fp8", 128), ("int8", 128), ("int4", 64),
+    ("nvfp4", 128 // 16 * (8 + 1)), ("fp4", 128 // 16 * (8 + 1)),  # 16 fp4 values (8 B) share one fp8 scale (1 B)
+])
+def test_kv_dtypes(dtype: str, per_head_vector: int) -> None:
+    d = kv_json(*LLAMA_7B, "--kv-heads", "8", "--seq", "4096", "--kv-dtype", dtype)
+    assert d["bytes_per_token"] == 2 * 32 * 8 * per_head_vector
+    assert d["total_bytes"] == 4096 * d["bytes_per_token"]
+    assert d["model"]["kv_dtype_bits"] == {"fp8": 8, "int8": 8, "int4": 4, "nvfp4": 4.5, "fp4": 4.5}[dtype]
+    assert d["model"]["kv_dtype_bytes"] == d["model"]["kv_dtype_bits"] / 8
+
+
+@needs_configs
+def test_nvfp4_of_an_mla_latent() -> None:
+    d = kv_json("--config", str(CONFIGS / "DeepSeek-V3.config.json"), "--seq", "10", "--kv-dtype", "nvfp4")
+    assert d["bytes_per_token"] == 61 * (512 + 64) // 16 * 9
+
+
+# -- MIG: the instance this process sees, not the whole GPU --------------------------------------------------------
+
+def test_mig_plans_against_the_visible_instance() -> None:
+    gpu = json.loads((SCENARIOS / "a100-mig.json").read_text())["gpus"][0]
+    g3 = gpu["mig_devices"][0]
+    args = [*LLAMA_7B, "--seq", "2048", "--weights-bytes", "14GB"]
+    env = _on("a100-mig") | {"CUDA_VISIBLE_DEVICES": g3["uuid"]}
+    for extra in ([], ["--gpu", "0"]):
+        p = kv_json(*args, *extra, env=env)["pool"]
+        assert p["gpu_mem_bytes"] == g3["memory"]["total"] < gpu["memory"]["total"]
+        assert g3["uuid"] in p["gpu_mem_source"] and "CUDA_VISIBLE_DEVICES" in p["gpu_mem_source"]
+    old_form = f"MIG-{gpu['uuid']}/{gpu['mig_devices'][1]['instance_ids']['gpu']}/0,1"
+    p = kv_json(*args, env=_on("a100-mig") | {"CUDA_VISIBLE_DEVICES": old_form})["pool"]
+    assert p["gpu_mem_bytes"] == gpu["mig_devices"][1]["memory"]["total"]
+
+
+@pytest.mark.parametrize("visible, words", [
+    ("", "is in MIG mode with 3 instances (NVIDIA A100-SXM4-40GB MIG 3g.20gb, "),
+    ("0", "is in MIG mode with 3 instances"),
+    ("MIG-00000000-0000-0000-0000-000000000000", "CUDA_VISIBLE_DEVICES names MIG-00000000-0000-0000-0000-000000000000, "
+                                                 "which is not a MIG instance of GPU 0"),
+])
+def test_mig_without_a_visible_instance_is_refused(visible: str, words: str) -> None:
+    env = _on("a100-mig") | {"CUDA_VISIBLE_DEVICES": visible}
+    args = [*LLAMA_7B, "--seq", "2048", "--weights-bytes", "14GB"]
+    pool = kv_json(*args, env=env)["pool"]
+    assert list(pool) == ["unavailable"] and words in pool["unavailable"] and "--gpu-mem" in pool["unavailable"]
+    r = dltop("kv", *args, "--gpu", "0", env=env)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert words in r.stderr and r.stderr.strip().endswith("; pass --gpu-mem SIZE instead"), r.stderr
