@@ -225,7 +225,8 @@ KEYS = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head
         "no_rope_layer_interval"]
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.integers() | st.floats() | st.text(max_size=8)
                     | st.sampled_from(["float16", "bfloat16", "sliding_attention", "full_attention", "chunked_attention",
-                                     *kv.FAMILIES, "gemma3", "llama4"]),
+                                     "gemma2", "gemma3_text", "gemma3", "mistral", "qwen2", "qwen3", "llama4_text",
+                                     "llama4", "gpt_oss", "deepseek_v3"]),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(KEYS), inner),
                     max_leaves=12)
 
