@@ -228,16 +228,27 @@ def _job_pids() -> list[int]:
     return pids
 
 
+def _read_only(pid: int, fd: str) -> bool:
+    """Whether the descriptor was opened read-only (/proc/PID/fdinfo's flags): data is read; a log the job
+    appends to or a checkpoint it writes is not its data, and its growth would show as the data coming in."""
+    with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
+        for line in f.read(4096).splitlines():
+            if line.startswith(b"flags:"):
+                return int(line.split()[1], 8) & os.O_ACCMODE == os.O_RDONLY
+    return False
+
+
 def _open_files() -> set[str]:
-    """The regular files the process and its workers have open (not /proc, /sys, /dev), at most MAX_DATA_FILES."""
+    """The regular files the process and its workers have open read-only (not /proc, /sys, /dev), at most
+    MAX_DATA_FILES."""
     out: set[str] = set()
     for pid in _job_pids():
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, ValueError, IndexError):
                     target = os.readlink(f"/proc/{pid}/fd/{fd}")
                     if target.startswith("/") and not target.startswith(("/proc/", "/sys/", "/dev/")) \
-                            and os.path.isfile(target):
+                            and os.path.isfile(target) and _read_only(pid, fd):
                         out.add(target)
                         if len(out) >= MAX_DATA_FILES:
                             return out
