@@ -166,10 +166,12 @@ def test_job_identity_data_dir_and_recompiles_are_published(monkeypatch: pytest.
     for _ in probe.track(torch.utils.data.DataLoader(ds, batch_size=2)):
         pass
     doc = probe.report()
-    assert doc["job_id"] == "10.0.0.7:29500" and doc["ppid"] == os.getppid()
+    assert doc["job_id"] == f"10.0.0.7:29500 parent {os.getppid()}" and doc["ppid"] == os.getppid()
     assert doc["data"]["data_dir"] == str(tmp_path)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-42")
     assert probe.report()["job_id"] == "run-42"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv-id: every job's run id
+    assert probe.report()["job_id"] == f"torchrun agent {os.getppid()} 10.0.0.7:29500"
 
     @torch.compile(backend="eager", dynamic=False)
     def double(x):
@@ -413,7 +415,8 @@ def test_dltop_probe_1_starts_it_without_code_changes(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     pid, names = r.stdout.split(" ", 1)
     assert names.strip() == f"['{pid}.json']"
-    assert not (tmp_path / "dltop" / f"{pid}.json").exists()  # removed at exit
+    # left at exit with its exit record, for dltop to show the post-mortem (issue 18, item 9)
+    assert json.loads((tmp_path / "dltop" / f"{pid}.json").read_text())["exit"]["how"] == "exit"
     r = _run("import sys; print('dltop.probe' in sys.modules)", tmp_path)
     assert r.stdout.strip() == "False"  # without the variable the hook imports nothing
 
@@ -482,3 +485,69 @@ def test_torch_imported_but_unused_stays_without_cuda() -> None:
     probe.watch_model(model := _model())
     probe.report()
     assert model is not None and not torch.cuda.is_initialized()
+
+
+def test_the_recent_numbers_cover_a_time_window_and_go_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 fast steps, then slow ones (each at least 0.3 s: a sleep): with a 1 s window only slow steps are in the
+    recent numbers, however loaded the machine (a 256-step mean showed a 10x jump as 4.5x); when the loop stops,
+    none are, and the last step's age says how long ago it ended (issue 18, item 7)."""
+    monkeypatch.setattr(probe, "WINDOW_S", 1.0, raising=False)
+    slow_s = 0.3
+    for i, _ in enumerate(probe.track(range(26))):
+        if i >= 20:
+            time.sleep(slow_s)
+    data = probe.report()["data"]
+    assert data["window_s"] == 1.0 and data["steps"] == 26 and data["in_epoch"] is True
+    assert 1 <= data["recent_steps"] <= 6  # only the slow ones ended within the window
+    assert data["recent_step_s"] / data["recent_steps"] >= slow_s
+    assert data["last_step_s"] >= slow_s and data["last_step_age_s"] >= 0
+    time.sleep(1.1)  # the loop stopped: nothing ended within the window
+    data = probe.report()["data"]
+    assert data["recent_steps"] == 0 and data["recent_step_s"] == 0 and data["last_step_age_s"] >= 1.1
+
+
+def test_an_uncaught_exception_is_the_exit_record(tmp_path: Path) -> None:
+    """A job that dies of torch.OutOfMemoryError leaves its file with an exit record saying so (issue 18, item
+    9); dltop reads it as an exited process, ended with exit code 1 and the error."""
+    code = """
+import os, torch, dltop.probe as probe
+probe.start(interval_s=0.05)
+for _ in probe.track(range(3)):
+    pass
+probe.mark_epoch()
+print(os.getpid(), flush=True)
+raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+"""
+    r = _run(code, tmp_path)
+    assert r.returncode == 1 and "OutOfMemoryError" in r.stderr  # the script's own traceback still shows
+    pid = int(r.stdout)
+    doc = _published(str(tmp_path / "dltop" / f"{pid}.json"))
+    assert doc["exit"]["how"] == "exception" and doc["exit"]["exit_code"] == 1
+    assert doc["exit"]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    from dltop.sources.probes import read_probes
+    part = read_probes([(str(tmp_path / "dltop"), os.getuid())])
+    [p] = part.exited
+    assert part.processes == () and p.pid == pid and [e.steps for e in p.epochs] == [3]
+    assert p.ended == "exit code 1: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert p.exited_at is not None and p.exited_at >= p.published_at - 1
+
+
+def test_mp_spawn_ranks_get_their_rank(tmp_path: Path) -> None:
+    """mp.spawn passes the rank as an argument, not in the environment: the probe asks torch.distributed."""
+    code = """
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp, dltop.probe as probe
+def work(rank, path):
+    dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
+    doc = probe.report()
+    dist.barrier()
+    print(doc["rank"], doc["world_size"], doc["ppid"] == os.getppid(), flush=True)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    mp.spawn(work, args=(sys.argv[1],), nprocs=2)
+"""
+    script = tmp_path / "spawn.py"
+    script.write_text(code)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "rendezvous")], capture_output=True,
+                       text=True, timeout=120, cwd=REPO, env=probe_env(tmp_path, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split("\n")[:2]) == ["0 2 True", "1 2 True"]

@@ -141,6 +141,9 @@ def test_cudnn_benchmark_with_changing_shapes(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     for _ in probe.track(torch.zeros(2, n) for n in range(1, SHAPES_MANY + 2)):
         pass
+    if not torch.backends.cudnn.is_available():  # CPU-only torch: benchmark does nothing, no hint (issue 18, 11)
+        assert probe.report()["cudnn"] is None and cudnn_benchmark_shapes([snap(1.0)]) is None
+        monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)  # as a CUDA build says
     h = cudnn_benchmark_shapes([snap(1.0)])
     assert h is not None and h.numbers["input_shapes"] == SHAPES_MANY + 1
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
