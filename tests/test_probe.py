@@ -409,18 +409,67 @@ print(os.listdir(os.environ["XDG_RUNTIME_DIR"] + "/dltop") if os.path.isdir(os.e
     assert files == []
 
 
-def test_dltop_probe_1_starts_it_without_code_changes(tmp_path: Path) -> None:
-    code = "import os, time; time.sleep(0.5); print(os.getpid(), sorted(os.listdir(os.environ['XDG_RUNTIME_DIR'] + '/dltop')))"
-    r = _run(code, tmp_path, DLTOP_PROBE="1")
+ZERO_CODE = """
+import json, os, torch
+train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(32, 4)), batch_size=4)
+val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 4)), batch_size=4)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).to("cpu")
+model[0].to("cpu")  # a submodule that reaches .to too: counted once
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for epoch in range(2):
+    for (x,) in train:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    for (x,) in val:
+        model(x)
+print(os.getpid(), flush=True)
+"""
+
+
+def test_dltop_probe_1_learns_without_code_changes(tmp_path: Path) -> None:
+    """A script that knows nothing of dltop, run with DLTOP_PROBE=1: step time from its DataLoader (the train
+    loader's 16 batches; the validation loader not mixed in), an epoch per pass, the weights of the module that
+    reached .to(), the optimizer's state and steps (issue 18, item 10); its file stays with its exit record."""
+    r = _run(ZERO_CODE, tmp_path, DLTOP_PROBE="1", PYTHONPATH=str(REPO))
     assert r.returncode == 0, r.stderr
-    pid, names = r.stdout.split(" ", 1)
-    assert names.strip() == f"['{pid}.json']"
-    # left at exit with its exit record, for dltop to show the post-mortem (issue 18, item 9)
-    assert json.loads((tmp_path / "dltop" / f"{pid}.json").read_text())["exit"]["how"] == "exit"
+    doc = _published(str(tmp_path / "dltop" / f"{int(r.stdout)}.json"))
+    assert doc["exit"]["how"] == "exit" and doc["optimizer_steps"] == 16
+    assert doc["data"]["steps"] == 16 and doc["data"]["loader_workers"] == 0
+    assert [e["steps"] for e in doc["epochs"]] == [8, 8]  # the last pass closed at exit
+    params_bytes = (4 * 8 + 8 + 8 * 2 + 2) * 4
+    assert doc["devices"]["cpu"]["weights_bytes"] == params_bytes  # the submodule's .to() not counted twice
+    assert doc["devices"]["cpu"]["optimizer_bytes"] == params_bytes  # SGD's momentum buffers
+    assert doc["watched"] == {"models": 2, "optimizers": 1, "kv": 0}
+
+
+def test_dltop_probe_1_publishes_nothing_for_a_process_that_does_not_train(tmp_path: Path) -> None:
+    """No torch (multiprocessing's resource_tracker, a shell's python -c), or torch imported but no training:
+    no file, no junk job."""
+    for code in ("import time; time.sleep(0.3)", "import torch, time; time.sleep(0.3)"):
+        r = _run(code, tmp_path, DLTOP_PROBE="1", PYTHONPATH=str(REPO))
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert not (tmp_path / "dltop").exists() or os.listdir(tmp_path / "dltop") == []
     r = _run("import sys; print('dltop.probe' in sys.modules)", tmp_path)
     assert r.stdout.strip() == "False"  # without the variable the hook imports nothing
 
 
+def test_dltop_probe_1_costs_an_interpreter_start_one_small_module(tmp_path: Path) -> None:
+    """What DLTOP_PROBE=1 loads at start in a process that never imports torch: dltop's version and the finder,
+    nothing else of dltop or the stdlib that `python -c pass` does not load (json, threading, weakref: the
+    2.5x start-up of before). benchmarks/probe.py measures the time."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "dltop_probe.pth").write_text((REPO / "dltop/probe/dltop_probe.pth").read_text())
+    code = (f"import sys; before = set(sys.modules); import site; site.addsitedir({str(site_dir)!r}); "
+            "print(sorted(set(sys.modules) - before - {'site'}))")
+    out = {}
+    for mode in ("0", "1"):
+        r = subprocess.run([sys.executable, "-S", "-c", code], env=probe_env(tmp_path, DLTOP_PROBE=mode),
+                           capture_output=True, text=True, timeout=30, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        out[mode] = set(eval(r.stdout))
+    assert out["1"] - out["0"] == {"dltop", "dltop.autoprobe"}
 def test_the_pth_hook_is_harmless_when_dltop_is_half_installed(tmp_path: Path) -> None:
     site_dir = tmp_path / "site"
     site_dir.mkdir()
@@ -551,3 +600,40 @@ if __name__ == "__main__":
                        text=True, timeout=120, cwd=REPO, env=probe_env(tmp_path, PYTHONPATH=str(REPO)))
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.split("\n")[:2]) == ["0 2 True", "1 2 True"]
+
+
+ZERO_CODE_RANK = """
+import os, sys, time, torch
+if __name__ == "__main__":
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 4)), batch_size=4,
+                                         num_workers=1, multiprocessing_context="spawn")
+    model = torch.nn.Linear(4, 2).to("cpu")
+    for (x,) in loader:
+        model(x)
+    print(os.getpid(), flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.05)
+"""
+
+
+def test_dltop_probe_1_under_torchrun_publishes_only_the_rank(tmp_path: Path) -> None:
+    """torchrun's agent, multiprocessing's resource_tracker and a spawned DataLoader worker all start with the
+    hook too: only the rank, which trains, publishes (issue 18, item 10: no junk jobs)."""
+    script, release = tmp_path / "rank.py", tmp_path / "release"
+    script.write_text(ZERO_CODE_RANK)
+    env = probe_env(tmp_path, DLTOP_PROBE="1", PYTHONPATH=str(REPO))
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                              "--master-port", "0", str(script), str(release)], env=env, cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert agent.stdout is not None
+        rank = int(agent.stdout.readline() or 0)
+        assert rank, agent.stderr.read() if agent.stderr else ""
+        _until(lambda: os.path.exists(tmp_path / "dltop" / f"{rank}.json"), "the rank's file")
+        time.sleep(0.5)  # a junk publisher would have written by now: start() publishes at once
+        assert os.listdir(tmp_path / "dltop") == [f"{rank}.json"]
+        doc = _published(str(tmp_path / "dltop" / f"{rank}.json"))
+        assert doc["ppid"] == agent.pid and doc["rank"] == 0 and doc["data"]["loader_workers"] == 1
+    finally:
+        release.touch()
+        agent.wait(timeout=60)

@@ -63,6 +63,7 @@ class _Data:
         self.pin_memory: bool | None = None
         self.data_dir: str | None = None
         self.seen = False
+        self.explicit = False  # track() is used: zero-code mode's DataLoader hook stands aside
         # the open epoch
         self.epoch_t0 = 0
         self.epoch_wall0 = 0.0
@@ -96,6 +97,7 @@ class _State:
         self.error: str | None = None  # the uncaught exception that is ending the process, for the exit record
         self.hooked = False  # sys.excepthook wrapped (once per process)
         self.exit: dict[str, Any] | None = None  # the exit record of the last publication (docs/probe.md)
+        self.optimizer_steps: int | None = None  # counted by zero-code mode's optimizer hook (dltop.probe.hooks)
 
 
 _state = _State()
@@ -296,7 +298,7 @@ def track(iterable: Iterable[T], data_dir: str | None = None) -> Iterator[T]:
     `data_dir`: the folder the data is read from (default: the DataLoader's `dataset.root` when it has one), so
     that dltop can name the dataset to warm."""
     d = _state.data
-    d.seen = True
+    d.seen = d.explicit = True
     workers = getattr(iterable, "num_workers", None)
     if isinstance(workers, int):
         d.workers = workers
@@ -333,6 +335,30 @@ def track(iterable: Iterable[T], data_dir: str | None = None) -> Iterator[T]:
             shape = getattr(item, "shape", None)  # a tensor's torch.Size: hashable as it is
             shapes.add(shape if shape is not None else _shape_of(item))
         yield item
+
+
+def _open_epoch(d: _Data, t0: int) -> None:
+    """Open an epoch as track() does (zero-code mode's DataLoader hook: its first item has arrived, so the
+    workers' read-ahead is in the start's measurement)."""
+    d.epoch_open, d.epoch_t0, d.epoch_wall0 = True, t0, time.time()
+    d.epoch_cached0, d.epoch_n0, d.epoch_wait0 = _meminfo_cached_bytes(), d.n, d.wait_total
+    d.epoch_data0 = _data_cached(d.data_dir)
+    d.last_t = 0
+
+
+def _arrived(d: _Data, t0: int, t1: int, item: Any) -> None:
+    """One item that took t0..t1 (perf_counter_ns) to arrive, as track() counts it: zero-code mode's DataLoader
+    hook (dltop.probe.hooks) calls this."""
+    if not d.epoch_open:
+        _open_epoch(d, t0)
+    n, last, i = d.n, d.last_t, d.n & (RING - 1)
+    d.waits[i] = wait = t1 - t0
+    d.steps_ns[i] = t1 - last if last else 0
+    d.ends_ns[i] = t1
+    d.last_t, d.n, d.wait_total = t1, n + 1, d.wait_total + wait
+    if len(d.shapes) < MAX_SHAPES:
+        shape = getattr(item, "shape", None)
+        d.shapes.add(shape if shape is not None else _shape_of(item))
 
 
 def mark_epoch() -> dict[str, Any] | None:
@@ -412,8 +438,12 @@ def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
     # Summed per (device, kind) with the device object as the key: naming a device costs more than counting a
     # tensor, and a model has hundreds of them (the publisher's whole budget is a millisecond or so).
     sums: dict[tuple[Any, str], int] = {}
+    counted: set[int] = set()  # a submodule watched beside its parent (zero-code mode's .to hook) counts once
     for model in _live(_state.models):
         for p in model.parameters():
+            if id(p) in counted:
+                continue
+            counted.add(id(p))
             key = (p.device, "weights_bytes")
             sums[key] = sums.get(key, 0) + p.numel() * p.element_size()
             g = p.grad
@@ -421,6 +451,9 @@ def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
                 key = (g.device, "gradients_bytes")
                 sums[key] = sums.get(key, 0) + g.numel() * g.element_size()
         for b in model.buffers():
+            if id(b) in counted:
+                continue
+            counted.add(id(b))
             key = (b.device, "weights_bytes")
             sums[key] = sums.get(key, 0) + b.numel() * b.element_size()
     is_tensor = (lambda v: isinstance(v, tensor_type)) if isinstance(tensor_type, type) else _is_tensor
@@ -618,6 +651,7 @@ def report(fresh: bool = True) -> dict[str, Any]:
         "compile": compile_counters,
         "data": _data_report(),
         "epochs": list(_state.epochs),
+        **({"optimizer_steps": _state.optimizer_steps} if _state.optimizer_steps is not None else {}),
         "gpu_util_source": GPU_UTIL_SOURCE,
         **({"exit": _state.exit} if _state.exit is not None else {}),
     }
@@ -786,6 +820,7 @@ def _after_fork_in_child() -> None:
     _state.started_at = None
     _state.tensors = None
     _state.exit = _state.error = None
+    _state.optimizer_steps = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
