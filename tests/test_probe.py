@@ -446,10 +446,11 @@ def test_dltop_probe_1_learns_without_code_changes(tmp_path: Path) -> None:
 def test_dltop_probe_1_publishes_nothing_for_a_process_that_does_not_train(tmp_path: Path) -> None:
     """No torch (multiprocessing's resource_tracker, a shell's python -c), or torch imported but no training:
     no file, no junk job."""
-    for code in ("import time; time.sleep(0.3)", "import torch, time; time.sleep(0.3)"):
-        r = _run(code, tmp_path, DLTOP_PROBE="1", PYTHONPATH=str(REPO))
+    ls = "d = os.environ['XDG_RUNTIME_DIR'] + '/dltop'; print(os.listdir(d) if os.path.isdir(d) else [])"
+    for code in ("import os, time; time.sleep(0.3)", "import os, time, torch; time.sleep(0.3)"):
+        r = _run(f"{code}; {ls}", tmp_path, DLTOP_PROBE="1", PYTHONPATH=str(REPO))
         assert r.returncode == 0 and r.stderr == "", r.stderr
-        assert not (tmp_path / "dltop").exists() or os.listdir(tmp_path / "dltop") == []
+        assert r.stdout.strip() == "[]"  # while it runs, and after
     r = _run("import sys; print('dltop.probe' in sys.modules)", tmp_path)
     assert r.stdout.strip() == "False"  # without the variable the hook imports nothing
 
@@ -589,7 +590,8 @@ def work(rank, path):
     dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
     doc = probe.report()
     dist.barrier()
-    print(doc["rank"], doc["world_size"], doc["ppid"] == os.getppid(), flush=True)
+    with open(path + f".{rank}", "w") as f:
+        f.write(f'{doc["rank"]} {doc["world_size"]} {doc["ppid"] == os.getppid()}')
     dist.destroy_process_group()
 if __name__ == "__main__":
     mp.spawn(work, args=(sys.argv[1],), nprocs=2)
@@ -599,7 +601,7 @@ if __name__ == "__main__":
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "rendezvous")], capture_output=True,
                        text=True, timeout=120, cwd=REPO, env=probe_env(tmp_path, PYTHONPATH=str(REPO)))
     assert r.returncode == 0, r.stderr
-    assert sorted(r.stdout.split("\n")[:2]) == ["0 2 True", "1 2 True"]
+    assert [(tmp_path / f"rendezvous.{i}").read_text() for i in (0, 1)] == ["0 2 True", "1 2 True"]
 
 
 ZERO_CODE_RANK = """

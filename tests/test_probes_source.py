@@ -23,7 +23,7 @@ import dltop.probe as probe
 from dltop.model import ProbesPart, Snapshot
 from dltop.model.probes import NO_EXIT_RECORD
 from dltop.probe.files import open_private_dir, write_atomic
-from dltop.sources.probes import read_probes
+from dltop.sources.probes import parse_probe, read_probes
 from tests.probe_helpers import REPO, probe_env
 
 ME = os.getuid()
@@ -432,3 +432,22 @@ def test_two_plain_torchrun_jobs_are_two_jobs(tmp_path: Path) -> None:
             except subprocess.TimeoutExpired:
                 j.kill()
                 j.wait()
+
+
+@pytest.mark.parametrize("changes, field, kept", [
+    ({"optimizer_steps": -1}, "optimizer_steps", None),
+    ({"optimizer_steps": 7}, "optimizer_steps", 7),
+    ({"exit": {"how": "rm -rf", "error": "x"}}, "exit_how", None),
+    ({"exit": {"how": "exception", "error": 5}}, "exit_error", None),
+    ({"exit": {"how": "exit", "exit_code": 1e400}}, "exit_code", None),
+])
+def test_the_new_fields_are_validated(pdir: Path, changes: dict, field: str, kept: object) -> None:
+    """optimizer_steps and the exit record are checked as every other field: a bad one costs only itself."""
+    doc = _doc(**changes)
+    doc["data"] = {"steps": 3, "recent_steps": 2, "recent_wait_s": 0.1, "recent_step_s": 1.0,
+                   "last_step_age_s": float("nan"), "window_s": 10.0, "in_epoch": "yes"}
+    p = parse_probe(json.loads(json.dumps(doc)), "x", ME)
+    assert getattr(p, field) == kept and p.last_step_age_s is None and p.in_epoch is None
+    assert p.step_time_s == 0.5  # the rest of the file is read
+    if kept is None:
+        assert any(k.startswith(("optimizer_steps", "exit.")) for k in p.unavailable)

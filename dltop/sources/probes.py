@@ -324,6 +324,9 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
     if how is not None and how not in EXIT_HOWS:
         fe._bad("how", f"expected one of {', '.join(EXIT_HOWS)}", optional=True)
         how = None
+    exit_error = fe.get("error", str, optional=True) if exit_doc is not None else None
+    exit_code = fe.count("exit_code", optional=True, high=255) if exit_doc is not None else None
+    exited_at = fe.time("at", optional=True) if exit_doc is not None else None
     epochs_doc = f.get("epochs", list, optional=True) or []
     truncated = f.get("truncated", list, optional=True) or []
     probe = ProcessProbe(
@@ -343,6 +346,7 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         last_step_age_s=None if data is None else fd.num("last_step_age_s", optional=True),
         window_s=None if data is None else fd.num("window_s", optional=True),
         in_epoch=None if data is None else fd.get("in_epoch", bool, optional=True),
+        optimizer_steps=f.count("optimizer_steps", optional=True),
         steps=None if data is None else fd.count("steps", optional=True),
         input_shapes=None if data is None else fd.count("input_shapes", optional=True),
         loader_workers=None if data is None else fd.count("loader_workers", optional=True, high=1 << 16),
@@ -355,10 +359,7 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         epochs=tuple(ep for i, e in enumerate(epochs_doc) if (ep := _epoch(i, e, notes)) is not None),
         gpu_util_source=f.get("gpu_util_source", str, optional=True),
         truncated=tuple(str(t)[:80] for t in truncated[:32]), unavailable={**unavailable, **notes},
-        exit_how=how, exit_error=fe.get("error", str, optional=True)
-        if exit_doc is not None else None,
-        exit_code=fe.count("exit_code", optional=True, high=255) if exit_doc is not None else None,
-        exited_at=fe.time("at", optional=True) if exit_doc is not None else None,
+        exit_how=how, exit_error=exit_error, exit_code=exit_code, exited_at=exited_at,
     )
     return probe
 

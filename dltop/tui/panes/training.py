@@ -167,6 +167,8 @@ def _facts(p: ProcessProbe, width: int) -> Content:
             f"workers {p.loader_workers if p.loader_workers is not None else '?'}",
             f"pin {onoff(p.pin_memory)}", f"shapes {p.input_shapes if p.input_shapes is not None else '?'}",
             f"cudnn.benchmark {onoff(p.cudnn_benchmark)}"]
+    if p.optimizer_steps is not None:
+        bits.append(f"optimizer steps {p.optimizer_steps}")
     if "recompiles" in p.compile:
         bits.append(f"recompiles {p.compile['recompiles']}")
     retries = sum(d.memory_stats.get("num_alloc_retries", 0) for d in p.devices)
