@@ -2,10 +2,14 @@
 (per batch), and the publisher thread's CPU (process CPU time over N seconds with and without `probe.start()`,
 in two otherwise identical processes holding the same watched model).
 
-Targets: track ≤ 2 µs per batch; the publisher ≤ 0.1% of one core.
+And zero-code mode's cost to every interpreter start: `python -c pass` with and without DLTOP_PROBE=1, side by
+side, through the interpreter whose site-packages hold dltop_probe.pth (--python; default this one).
+
+Targets: track ≤ 2 µs per batch; the publisher ≤ 0.1% of one core; DLTOP_PROBE=1 ≤ 2 ms per interpreter start.
 
     python benchmarks/probe.py               # 20 s per publisher process
     python benchmarks/probe.py --seconds 60  # a finer CPU figure
+    python benchmarks/probe.py --startup-only --python /path/to/venv/bin/python
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 TRACK_TARGET_US = 2.0
 PUBLISHER_TARGET_PCT = 0.1
+STARTUP_TARGET_MS = 2.0
 
 # A process as a training job is while it trains: torch imported, a model of a few hundred parameter tensors and
 # its Adam state watched, a DataLoader's worth of data tracked; then it sleeps (the GPU works) for the window.
@@ -132,19 +137,48 @@ def publish_cost(calls: int) -> dict[str, float]:
     return {"count_s": count, "reuse_s": reuse, "recount_every_s": count / probe.TENSOR_DUTY}
 
 
+def startup_ms(python: str, runs: int) -> dict[str, float]:
+    """Median wall time of `python -c pass` without and with DLTOP_PROBE=1, the two runs alternating (the same
+    machine load for both)."""
+    runtime = tempfile.mkdtemp(prefix="dltop-bench-probe-", dir="/dev/shm")
+    base = {k: v for k, v in os.environ.items() if k not in ("DLTOP_PROBE", "PYTHONPATH")}
+    base["XDG_RUNTIME_DIR"] = runtime
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(runs):
+        for mode in ("off", "on"):
+            env = {**base, **({"DLTOP_PROBE": "1"} if mode == "on" else {})}
+            t0 = time.perf_counter()
+            subprocess.run([python, "-c", "pass"], env=env, check=True)
+            times[mode].append(1000 * (time.perf_counter() - t0))
+    off, on = (sorted(times[m])[runs // 2] for m in ("off", "on"))
+    return {"runs": runs, "off_ms": off, "on_ms": on, "cost_ms": on - off, "ratio": on / off,
+            "files": len(os.listdir(runtime + "/dltop")) if os.path.isdir(runtime + "/dltop") else 0}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--python", default=sys.executable, help="the interpreter with dltop_probe.pth in its site")
+    ap.add_argument("--runs", type=int, default=41, help="interpreter starts per side")
+    ap.add_argument("--startup-only", action="store_true")
     args = ap.parse_args()
+    up = startup_ms(args.python, args.runs)
+    print(f"interpreter start ({args.python} -c pass), median of {up['runs']:.0f} each, side by side: "
+          f"{up['off_ms']:.1f} ms without DLTOP_PROBE, {up['on_ms']:.1f} ms with DLTOP_PROBE=1 -> "
+          f"{up['cost_ms']:+.2f} ms, x{up['ratio']:.2f} (target ≤ {STARTUP_TARGET_MS} ms); "
+          f"{up['files']:.0f} probe files left (a process without torch publishes none)")
+    startup_ok = up["cost_ms"] <= STARTUP_TARGET_MS
+    if args.startup_only:
+        return 0 if startup_ok else 1
     try:
         import torch  # noqa: F401
     except ImportError:
         print("benchmarks/probe.py needs torch (pip install torch==2.13.0)", file=sys.stderr)
         return 2
     print(f"probe.track, best of {args.repeats} loops over {args.items} items:")
-    ok = True
+    ok = startup_ok
     for r in track_cost(args.items, args.repeats):
         print(f"  {r['items']:<16} bare {r['bare_ns']:7.1f} ns/item  tracked {r['tracked_ns']:7.1f} ns/item  "
               f"overhead {r['overhead_us']:.2f} µs/batch (target ≤ {TRACK_TARGET_US} µs)")

@@ -166,10 +166,12 @@ def test_job_identity_data_dir_and_recompiles_are_published(monkeypatch: pytest.
     for _ in probe.track(torch.utils.data.DataLoader(ds, batch_size=2)):
         pass
     doc = probe.report()
-    assert doc["job_id"] == "10.0.0.7:29500" and doc["ppid"] == os.getppid()
+    assert doc["job_id"] == f"10.0.0.7:29500 parent {os.getppid()}" and doc["ppid"] == os.getppid()
     assert doc["data"]["data_dir"] == str(tmp_path)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-42")
     assert probe.report()["job_id"] == "run-42"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv-id: every job's run id
+    assert probe.report()["job_id"] == f"torchrun agent {os.getppid()} 10.0.0.7:29500"
 
     @torch.compile(backend="eager", dynamic=False)
     def double(x):
@@ -412,17 +414,68 @@ print(os.listdir(os.environ["XDG_RUNTIME_DIR"] + "/dltop") if os.path.isdir(os.e
     assert files == []
 
 
-def test_dltop_probe_1_starts_it_without_code_changes(tmp_path: Path) -> None:
-    code = "import os, time; time.sleep(0.5); print(os.getpid(), sorted(os.listdir(os.environ['XDG_RUNTIME_DIR'] + '/dltop')))"
-    r = _run(code, tmp_path, DLTOP_PROBE="1")
+ZERO_CODE = """
+import json, os, torch
+train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(32, 4)), batch_size=4)
+val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 4)), batch_size=4)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).to("cpu")
+model[0].to("cpu")  # a submodule that reaches .to too: counted once
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for epoch in range(2):
+    for (x,) in train:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    for (x,) in val:
+        model(x)
+print(os.getpid(), flush=True)
+"""
+
+
+def test_dltop_probe_1_learns_without_code_changes(tmp_path: Path) -> None:
+    """A script that knows nothing of dltop, run with DLTOP_PROBE=1: step time from its DataLoader (the train
+    loader's 16 batches; the validation loader not mixed in), an epoch per pass, the weights of the module that
+    reached .to(), the optimizer's state and steps (issue 18, item 10); its file stays with its exit record."""
+    r = _run(ZERO_CODE, tmp_path, DLTOP_PROBE="1", PYTHONPATH=str(REPO))
     assert r.returncode == 0, r.stderr
-    pid, names = r.stdout.split(" ", 1)
-    assert names.strip() == f"['{pid}.json']"
-    assert not (tmp_path / "dltop" / f"{pid}.json").exists()  # removed at exit
+    doc = _published(str(tmp_path / "dltop" / f"{int(r.stdout)}.json"))
+    assert doc["exit"]["how"] == "exit" and doc["optimizer_steps"] == 16
+    assert doc["data"]["steps"] == 16 and doc["data"]["loader_workers"] == 0
+    assert [e["steps"] for e in doc["epochs"]] == [8, 8]  # the last pass closed at exit
+    params_bytes = (4 * 8 + 8 + 8 * 2 + 2) * 4
+    assert doc["devices"]["cpu"]["weights_bytes"] == params_bytes  # the submodule's .to() not counted twice
+    assert doc["devices"]["cpu"]["optimizer_bytes"] == params_bytes  # SGD's momentum buffers
+    assert doc["watched"] == {"models": 2, "optimizers": 1, "kv": 0}
+
+
+def test_dltop_probe_1_publishes_nothing_for_a_process_that_does_not_train(tmp_path: Path) -> None:
+    """No torch (multiprocessing's resource_tracker, a shell's python -c), or torch imported but no training:
+    no file, no junk job."""
+    ls = "d = os.environ['XDG_RUNTIME_DIR'] + '/dltop'; print(os.listdir(d) if os.path.isdir(d) else [])"
+    for code in ("import os, time; time.sleep(0.3)", "import os, time, torch; time.sleep(0.3)"):
+        r = _run(f"{code}; {ls}", tmp_path, DLTOP_PROBE="1", PYTHONPATH=str(REPO))
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert r.stdout.strip() == "[]"  # while it runs, and after
     r = _run("import sys; print('dltop.probe' in sys.modules)", tmp_path)
     assert r.stdout.strip() == "False"  # without the variable the hook imports nothing
 
 
+def test_dltop_probe_1_costs_an_interpreter_start_one_small_module(tmp_path: Path) -> None:
+    """What DLTOP_PROBE=1 loads at start in a process that never imports torch: dltop's version and the finder,
+    nothing else of dltop or the stdlib that `python -c pass` does not load (json, threading, weakref: the
+    2.5x start-up of before). benchmarks/probe.py measures the time."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "dltop_probe.pth").write_text((REPO / "dltop/probe/dltop_probe.pth").read_text())
+    code = (f"import sys; before = set(sys.modules); import site; site.addsitedir({str(site_dir)!r}); "
+            "print(sorted(set(sys.modules) - before - {'site'}))")
+    out = {}
+    for mode in ("0", "1"):
+        r = subprocess.run([sys.executable, "-S", "-c", code], env=probe_env(tmp_path, DLTOP_PROBE=mode),
+                           capture_output=True, text=True, timeout=30, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        out[mode] = set(eval(r.stdout))
+    assert out["1"] - out["0"] == {"dltop", "dltop.autoprobe"}
 def test_the_pth_hook_is_harmless_when_dltop_is_half_installed(tmp_path: Path) -> None:
     site_dir = tmp_path / "site"
     site_dir.mkdir()
@@ -499,3 +552,107 @@ def test_the_files_a_job_writes_are_not_its_data(tmp_path: Path) -> None:
     with open(data, "rb"), open(log, "ab"), open(tmp_path / "ckpt.pt", "w+b"):
         found = _open_files()
     assert str(data) in found and str(log) not in found and str(tmp_path / "ckpt.pt") not in found
+
+
+def test_the_recent_numbers_cover_a_time_window_and_go_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 fast steps, then slow ones (each at least 0.3 s: a sleep): with a 1 s window only slow steps are in the
+    recent numbers, however loaded the machine (a 256-step mean showed a 10x jump as 4.5x); when the loop stops,
+    none are, and the last step's age says how long ago it ended (issue 18, item 7)."""
+    monkeypatch.setattr(probe, "WINDOW_S", 1.0, raising=False)
+    slow_s = 0.3
+    for i, _ in enumerate(probe.track(range(26))):
+        if i >= 20:
+            time.sleep(slow_s)
+    data = probe.report()["data"]
+    assert data["window_s"] == 1.0 and data["steps"] == 26 and data["in_epoch"] is True
+    assert 1 <= data["recent_steps"] <= 6  # only the slow ones ended within the window
+    assert data["recent_step_s"] / data["recent_steps"] >= slow_s
+    assert data["last_step_s"] >= slow_s and data["last_step_age_s"] >= 0
+    time.sleep(1.1)  # the loop stopped: nothing ended within the window
+    data = probe.report()["data"]
+    assert data["recent_steps"] == 0 and data["recent_step_s"] == 0 and data["last_step_age_s"] >= 1.1
+
+
+def test_an_uncaught_exception_is_the_exit_record(tmp_path: Path) -> None:
+    """A job that dies of torch.OutOfMemoryError leaves its file with an exit record saying so (issue 18, item
+    9); dltop reads it as an exited process, ended with exit code 1 and the error."""
+    code = """
+import os, torch, dltop.probe as probe
+probe.start(interval_s=0.05)
+for _ in probe.track(range(3)):
+    pass
+probe.mark_epoch()
+print(os.getpid(), flush=True)
+raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+"""
+    r = _run(code, tmp_path)
+    assert r.returncode == 1 and "OutOfMemoryError" in r.stderr  # the script's own traceback still shows
+    pid = int(r.stdout)
+    doc = _published(str(tmp_path / "dltop" / f"{pid}.json"))
+    assert doc["exit"]["how"] == "exception" and doc["exit"]["exit_code"] == 1
+    assert doc["exit"]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    from dltop.sources.probes import read_probes
+    part = read_probes([(str(tmp_path / "dltop"), os.getuid())])
+    [p] = part.exited
+    assert part.processes == () and p.pid == pid and [e.steps for e in p.epochs] == [3]
+    assert p.ended == "exit code 1: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert p.exited_at is not None and p.exited_at >= p.published_at - 1
+
+
+def test_mp_spawn_ranks_get_their_rank(tmp_path: Path) -> None:
+    """mp.spawn passes the rank as an argument, not in the environment: the probe asks torch.distributed."""
+    code = """
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp, dltop.probe as probe
+def work(rank, path):
+    dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
+    doc = probe.report()
+    dist.barrier()
+    with open(path + f".{rank}", "w") as f:
+        f.write(f'{doc["rank"]} {doc["world_size"]} {doc["ppid"] == os.getppid()}')
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    mp.spawn(work, args=(sys.argv[1],), nprocs=2)
+"""
+    script = tmp_path / "spawn.py"
+    script.write_text(code)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "rendezvous")], capture_output=True,
+                       text=True, timeout=120, cwd=REPO, env=probe_env(tmp_path, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr
+    assert [(tmp_path / f"rendezvous.{i}").read_text() for i in (0, 1)] == ["0 2 True", "1 2 True"]
+
+
+ZERO_CODE_RANK = """
+import os, sys, time, torch
+if __name__ == "__main__":
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 4)), batch_size=4,
+                                         num_workers=1, multiprocessing_context="spawn")
+    model = torch.nn.Linear(4, 2).to("cpu")
+    for (x,) in loader:
+        model(x)
+    print(os.getpid(), flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.05)
+"""
+
+
+def test_dltop_probe_1_under_torchrun_publishes_only_the_rank(tmp_path: Path) -> None:
+    """torchrun's agent, multiprocessing's resource_tracker and a spawned DataLoader worker all start with the
+    hook too: only the rank, which trains, publishes (issue 18, item 10: no junk jobs)."""
+    script, release = tmp_path / "rank.py", tmp_path / "release"
+    script.write_text(ZERO_CODE_RANK)
+    env = probe_env(tmp_path, DLTOP_PROBE="1", PYTHONPATH=str(REPO))
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                              "--master-port", "0", str(script), str(release)], env=env, cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert agent.stdout is not None
+        rank = int(agent.stdout.readline() or 0)
+        assert rank, agent.stderr.read() if agent.stderr else ""
+        _until(lambda: os.path.exists(tmp_path / "dltop" / f"{rank}.json"), "the rank's file")
+        time.sleep(0.5)  # a junk publisher would have written by now: start() publishes at once
+        assert os.listdir(tmp_path / "dltop") == [f"{rank}.json"]
+        doc = _published(str(tmp_path / "dltop" / f"{rank}.json"))
+        assert doc["ppid"] == agent.pid and doc["rank"] == 0 and doc["data"]["loader_workers"] == 1
+    finally:
+        release.touch()
+        agent.wait(timeout=60)

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,8 +21,9 @@ from hypothesis import strategies as st
 
 import dltop.probe as probe
 from dltop.model import ProbesPart, Snapshot
+from dltop.model.probes import NO_EXIT_RECORD
 from dltop.probe.files import open_private_dir, write_atomic
-from dltop.sources.probes import read_probes
+from dltop.sources.probes import parse_probe, read_probes
 from tests.probe_helpers import REPO, probe_env
 
 ME = os.getuid()
@@ -152,13 +154,16 @@ def test_a_dead_process(pdir: Path) -> None:
     p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(p.stdout)
     _write(pdir, _doc(pid=pid), name=f"{pid}.json")
-    assert _only_ignored(_read(pdir)) == f"process {pid} has exited (stale file)"
+    part = _read(pdir)
+    assert part.processes == () and part.ignored == () and [p.pid for p in part.exited] == [pid]
+    assert part.exited[0].exited and part.exited[0].ended == NO_EXIT_RECORD  # killed: no exit record
 
 
 def test_a_reused_pid(pdir: Path) -> None:
     doc = _doc()
     _write(pdir, {**doc, "start_time_ticks": doc["start_time_ticks"] - 100})
-    assert f"pid {os.getpid()} was reused" in _only_ignored(_read(pdir))
+    part = _read(pdir)
+    assert part.processes == () and [p.pid for p in part.exited] == [os.getpid()]  # the process it names is gone
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root (setpriv to run the reader as nobody)")
@@ -278,10 +283,14 @@ def test_two_processes_with_the_probe_and_snapshot_json(tmp_path: Path) -> None:
         for p in procs.values():
             p.kill()
             p.wait()
-    # both gone (killed: no exit handler ran), their files are stale, and each is said to be
+    # both gone (SIGKILL: no exit handler ran): their files stay, each read as an exited process with its last
+    # epochs, killed without an exit record (issue 18, item 9)
     part = read_probes([(str(tmp_path / "dltop"), ME)])
-    assert part.processes == () and sorted(i.reason for i in part.ignored) == sorted(
-        f"process {p.pid} has exited (stale file)" for p in procs.values())
+    assert part.processes == () and part.ignored == ()
+    assert sorted(p.pid for p in part.exited) == sorted(p.pid for p in procs.values())
+    for p in part.exited:
+        assert p.exited and p.ended == NO_EXIT_RECORD and [e.steps for e in p.epochs] == [10, 10]
+        assert p.exited_at == p.published_at
 
 
 @pytest.fixture
@@ -340,11 +349,11 @@ def test_a_probe_in_another_pid_namespace_is_read_from_the_shared_dir(shared_dir
             os.kill(host, signal.SIGKILL)  # a pod killed: its file stays (setpriv's setuid drops --kill-child)
         proc.kill()
         proc.wait()
-    # the pod is gone: its file is stale, not believed
+    # the pod is gone: its file is not a live process but an exited one, under the pod's pid
     while os.path.exists(f"/proc/{host}"):
         time.sleep(0.05)  # the kernel reaps the namespace's pid 1 after unshare's end
     part = read_probes([(str(sub), 65534, int(pidns))])
-    assert part.processes == () and "is not running (stale file)" in part.ignored[0].reason
+    assert part.processes == () and [(p.pid, p.ended) for p in part.exited] == [(1, NO_EXIT_RECORD)]
 
 
 SHARED_TRIED: list[list[str]] = []
@@ -372,3 +381,73 @@ def test_the_shared_dir_fuzz_ran() -> None:
         pytest.skip("the fuzz above did not run in this session")
     print(f"shared_dirs: {len(SHARED_TRIED)} listings tried, {sum(map(len, SHARED_TRIED))} names")
     assert len(SHARED_TRIED) >= 100
+
+
+TORCHRUN_WORKER = """
+import os, sys, time, torch.distributed as dist, dltop.probe as probe
+dist.init_process_group("gloo")
+probe.start(0.2)
+dist.barrier()
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_two_plain_torchrun_jobs_are_two_jobs(tmp_path: Path) -> None:
+    """Two unrelated torchrun jobs without --rdzv-id (both have TORCHELASTIC_RUN_ID=none): two jobs of 2 ranks,
+    not one of "4 ranks 0,0,1,1" (issue 18, item 8)."""
+    worker, release = tmp_path / "worker.py", tmp_path / "release"
+    worker.write_text(TORCHRUN_WORKER)
+    env = probe_env(tmp_path, PYTHONPATH=str(REPO))
+    jobs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                              "--master-port", str(_free_port()), str(worker), str(release)], env=env, cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            part = read_probes([(str(tmp_path / "dltop"), ME)])
+            if len(part.processes) == 4 or time.monotonic() > deadline or any(j.poll() is not None for j in jobs):
+                break
+            time.sleep(0.2)
+        assert len(part.processes) == 4, [j.stderr.read() if j.stderr and j.poll() is not None else "" for j in jobs]
+        grouped: dict[str, list[int]] = {}
+        for p in part.processes:
+            assert p.world_size == 2 and p.rank is not None
+            grouped.setdefault(p.job_key, []).append(p.rank)
+        assert sorted(sorted(r) for r in grouped.values()) == [[0, 1], [0, 1]], grouped
+        # each job's key names its own agent (the ranks' parent)
+        agents = {j.pid for j in jobs}
+        assert {p.ppid for p in part.processes} == agents
+    finally:
+        release.touch()
+        for j in jobs:
+            try:
+                j.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                j.kill()
+                j.wait()
+
+
+@pytest.mark.parametrize("changes, field, kept", [
+    ({"optimizer_steps": -1}, "optimizer_steps", None),
+    ({"optimizer_steps": 7}, "optimizer_steps", 7),
+    ({"exit": {"how": "rm -rf", "error": "x"}}, "exit_how", None),
+    ({"exit": {"how": "exception", "error": 5}}, "exit_error", None),
+    ({"exit": {"how": "exit", "exit_code": 1e400}}, "exit_code", None),
+])
+def test_the_new_fields_are_validated(pdir: Path, changes: dict, field: str, kept: object) -> None:
+    """optimizer_steps and the exit record are checked as every other field: a bad one costs only itself."""
+    doc = _doc(**changes)
+    doc["data"] = {"steps": 3, "recent_steps": 2, "recent_wait_s": 0.1, "recent_step_s": 1.0,
+                   "last_step_age_s": float("nan"), "window_s": 10.0, "in_epoch": "yes"}
+    p = parse_probe(json.loads(json.dumps(doc)), "x", ME)
+    assert getattr(p, field) == kept and p.last_step_age_s is None and p.in_epoch is None
+    assert p.step_time_s == 0.5  # the rest of the file is read
+    if kept is None:
+        assert any(k.startswith(("optimizer_steps", "exit.")) for k in p.unavailable)

@@ -23,8 +23,10 @@ from dltop.hints.training import (
     oom_retries_rising,
     page_cache_warming,
     recompiling,
+    stalled,
 )
 from dltop.model import MemoryPart, Snapshot
+from dltop.model import probes as probes_model
 from dltop.model.probes import ProbesPart
 from dltop.sources.datasets import scan_paths
 from dltop.sources.probes import parse_probe
@@ -141,6 +143,9 @@ def test_cudnn_benchmark_with_changing_shapes(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     for _ in probe.track(torch.zeros(2, n) for n in range(1, SHAPES_MANY + 2)):
         pass
+    if not torch.backends.cudnn.is_available():  # CPU-only torch: benchmark does nothing, no hint (issue 18, 11)
+        assert probe.report()["cudnn"] is None and cudnn_benchmark_shapes([snap(1.0)]) is None
+        monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)  # as a CUDA build says
     h = cudnn_benchmark_shapes([snap(1.0)])
     assert h is not None and h.numbers["input_shapes"] == SHAPES_MANY + 1
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
@@ -203,3 +208,17 @@ def test_allocator_retries_and_ooms_rising(monkeypatch: pytest.MonkeyPatch) -> N
     cuda.stats["num_ooms"] = 1
     h = oom_retries_rising([first, snap(20.0)])
     assert h is not None and h.id == "training-num-ooms" and h.severity == "critical"
+
+
+def test_a_loop_that_stopped_stepping_is_stalled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop that made steps and then none for longer than the stall time: a hint names it (issue 18, item 7);
+    while it steps, none."""
+    monkeypatch.setattr(probes_model, "STALL_MIN_S", 0.5)
+    it = probe.track(loader(4, 0.0))
+    for _ in range(3):
+        next(it)  # the loop is inside its epoch, at step 3
+    assert stalled([snap(1.0)]) is None
+    time.sleep(0.6)  # at least the stall time without a step (each took far less: 20 of them are not longer)
+    h = stalled([snap(2.0)])
+    assert h is not None and h.id == "training-stalled" and h.numbers["pid"] == os.getpid()
+    assert h.numbers["last_step_age_s"] >= 0.6 and "stalled" in h.text and "py-spy dump" in h.fix

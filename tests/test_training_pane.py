@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,79 @@ async def test_sixteen_epochs_show_the_newest_that_fit(monkeypatch: pytest.Monke
         await _open(pilot)
         shown = [ln for ln in _text(pilot.app, "#tr-body").splitlines() if ln.split()[:1] and ln.split()[0].isdigit()]
         assert len(shown) == len(indexes)  # room for all of them
+
+
+STALLS = """
+import time, dltop.probe as probe
+probe.start(interval_s=0.1)
+for i in probe.track(range(100)):
+    if i == 5:
+        print("stuck", flush=True)
+        time.sleep(120)  # a hung step: the loop makes no more
+"""
+KILLED = """
+import time, dltop.probe as probe
+probe.start(interval_s=0.1)
+for _ in probe.track(range(5)):
+    pass
+probe.mark_epoch()
+probe.publish()
+print("done", flush=True)
+time.sleep(120)
+"""
+OOM = """
+import torch, dltop.probe as probe
+probe.start(interval_s=0.1)
+for _ in probe.track(range(5)):
+    pass
+probe.mark_epoch()
+raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+"""
+
+
+async def test_stalled_and_exited_jobs_are_marked_and_exited_ones_stay_until_dismissed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real processes: one hung in a step (stalled), one killed with SIGKILL, one ended by torch's
+    OutOfMemoryError. The exited ones stay on the tab, marked with how they ended, until x dismisses them (issue
+    18, items 7 and 9)."""
+    pytest.importorskip("torch", reason="torch is not installed (the test extra)")
+    from dltop.model import probes as probes_model
+    monkeypatch.setattr(probes_model, "STALL_MIN_S", 1.0)
+    run = {name: subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True, env=probe_env(tmp_path))
+           for name, code in (("stalls", STALLS), ("killed", KILLED), ("oom", OOM))}
+    try:
+        for name in ("stalls", "killed"):
+            run[name].stdout.readline()  # type: ignore[union-attr]
+        run["killed"].kill()
+        run["killed"].wait()
+        assert run["oom"].wait(timeout=120) == 1
+        deadline = time.monotonic() + 60
+        while True:  # until the hung one has gone a second without a step
+            part = read_probes([(str(tmp_path / "dltop"), os.getuid())])
+            if any(p.stalled for p in part.processes) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        for p in run.values():
+            p.kill()
+            p.wait()
+    assert [p.pid for p in part.processes] == [run["stalls"].pid] and part.processes[0].stalled
+    assert {p.pid for p in part.exited} == {run["killed"].pid, run["oom"].pid}
+    assert Snapshot.from_json(Snapshot(ts=1.0, host="h", probes=part).to_json()).probes == part
+    app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        body = _text(app, "#tr-body")
+        assert "STALLED  no step for" in body
+        assert "EXITED" in body and "exit code 1: OutOfMemoryError: CUDA out of memory" in body
+        assert "no exit record: killed (SIGKILL, the OOM killer) or crashed" in body
+        pane = next(p for p in app._panes if p.PANE_ID == "training")
+        assert [c.title for c in pane.palette_commands()] == ["Training: Dismiss exited"]
+        await pilot.press("x")
+        await pilot.pause()
+        body = _text(app, "#tr-body")
+        assert "EXITED" not in body and f"pid {run['stalls'].pid}" in body and "Step" in body
+        assert "stalled" in next(ln for ln in body.splitlines() if ln.startswith("Step"))
+        assert list(pane.palette_commands()) == []  # nothing left to dismiss
+        _fits(app)

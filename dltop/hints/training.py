@@ -1,5 +1,5 @@
 """Training hints, from what the in-process probe publishes (docs/probe.md): the page cache warming during the first
-epoch, data waits that are IO bound or decode bound, cudnn.benchmark autotuning every new shape, torch.compile
+epoch, a stalled loop (a hung rank), data waits that are IO bound or decode bound, cudnn.benchmark autotuning every new shape, torch.compile
 recompiling, the CUDA allocator retrying and running out of memory. Each fires only on numbers a probe gave."""
 
 from __future__ import annotations
@@ -103,6 +103,28 @@ def _busiest_disk(history: Sequence[Snapshot]) -> tuple[str, float] | None:
         if best is None or util > best[1]:
             best = (d.name, util)
     return best
+
+
+@rule
+def stalled(history: Sequence[Snapshot]) -> Hint | None:
+    """A live process whose loop made no step for a long while (ProcessProbe.stalled): a rank that hangs in a
+    collective, a loader that deadlocked, a step stuck in I/O. Its ranks wait with it."""
+    hung = [p for p in _probes(history[-1]) if p.stalled and p.last_step_age_s is not None]
+    if not hung:
+        return None
+    p = max(hung, key=lambda q: q.last_step_age_s or 0.0)
+    age = p.last_step_age_s or 0.0
+    step = f" (its steps took {p.last_step_s:.2f}s)" if p.last_step_s else ""
+    between = " since its last epoch closed" if p.in_epoch is False else ""
+    others = len(hung) - 1
+    return Hint(id="training-stalled", severity="warn",
+                text=(f"{_who(p)}: no step for {age:.0f}s{step}{between}: stalled"
+                      + (f"; {others} more process{'es' if others > 1 else ''} stalled" if others else "")),
+                fix=f"py-spy dump --pid {p.pid} shows where it waits; a rank stuck in a collective waits for a "
+                    "peer that died or took another path (TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and a timeout in "
+                    "init_process_group end it)",
+                numbers={"pid": p.pid, "last_step_age_s": age,
+                         **({} if p.last_step_s is None else {"last_step_s": p.last_step_s})})
 
 
 @rule

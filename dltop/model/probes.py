@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# A job is stalled when its last step is older than this, and than STALL_STEPS of its last step's time: a hung
+# rank (a collective waiting on a dead peer, a stuck loader) is what users most need to see (issue 18, item 7).
+STALL_MIN_S = 30.0
+STALL_STEPS = 20
+NO_EXIT_RECORD = "no exit record: killed (SIGKILL, the OOM killer) or crashed"
+
 
 @dataclass(frozen=True)
 class ProbeDevice:
@@ -68,8 +74,13 @@ class ProcessProbe:
     devices: tuple[ProbeDevice, ...] = ()
     # live watched objects by kind ("models", "optimizers", "kv"); empty: the probe did not say (an older one)
     watched: dict[str, int] = field(default_factory=dict)
-    data_wait_fraction: float | None = None  # 0..1 over the recent steps
-    step_time_s: float | None = None  # mean over the recent steps
+    data_wait_fraction: float | None = None  # 0..1 over the recent steps (those of the last window_s)
+    step_time_s: float | None = None  # mean over the recent steps; None when none ended within the window
+    last_step_s: float | None = None  # the newest step's time
+    last_step_age_s: float | None = None  # seconds since the newest step ended, when dltop read the file
+    window_s: float | None = None  # what "recent" covers (the probe's WINDOW_S)
+    in_epoch: bool | None = None
+    optimizer_steps: int | None = None  # counted in zero-code mode (DLTOP_PROBE=1), by torch's optimizer hook  # an epoch is open (False: between mark_epoch and the next item)
     steps: int | None = None
     input_shapes: int | None = None
     loader_workers: int | None = None
@@ -83,6 +94,32 @@ class ProcessProbe:
     gpu_util_source: str | None = None
     truncated: tuple[str, ...] = ()  # what the probe dropped to stay within 4 KiB
     unavailable: dict[str, str] = field(default_factory=dict)
+    # An exited process (its file left behind): how it ended, from the exit record the probe wrote at exit;
+    # exit_how None: no record (killed or crashed). exited_at: the record's time, else the file's last publication.
+    exited: bool = False
+    exit_how: str | None = None  # "exit" (atexit ran) or "exception" (an uncaught exception ended it)
+    exit_error: str | None = None
+    exit_code: int | None = None
+    exited_at: float | None = None
+
+    @property
+    def stalled(self) -> bool:
+        """No step for over STALL_MIN_S and STALL_STEPS times the last step's time, in a live process."""
+        age = self.last_step_age_s
+        if self.exited or age is None:
+            return False
+        return age > max(STALL_MIN_S, STALL_STEPS * (self.last_step_s or 0.0))
+
+    @property
+    def ended(self) -> str:
+        """How an exited process ended, in words ("" for a live one)."""
+        if not self.exited:
+            return ""
+        if self.exit_how == "exception":
+            return f"exit code 1: {self.exit_error}" if self.exit_error else "an uncaught exception"
+        if self.exit_how == "exit":
+            return "exited (a normal exit or sys.exit)" if self.exit_code is None else f"exit code {self.exit_code}"
+        return NO_EXIT_RECORD
 
     @property
     def job_key(self) -> str:
@@ -108,5 +145,7 @@ class ProbesPart:
     """Every probe directory dltop looked in, the processes found and what it ignored."""
 
     dirs: tuple[str, ...] = ()
-    processes: tuple[ProcessProbe, ...] = ()
+    processes: tuple[ProcessProbe, ...] = ()  # live processes only
     ignored: tuple[IgnoredProbe, ...] = ()
+    # processes that exited and left their file (newest first, at most MAX_EXITED): kept for the post-mortem
+    exited: tuple[ProcessProbe, ...] = ()

@@ -31,7 +31,10 @@ __all__ = ["mark_epoch", "publish", "report", "start", "stop", "track", "watch_k
            "watch_optimizer"]
 
 T = TypeVar("T")
-RING = 256  # steps the recent wait fraction and step time cover (a power of two: an index is n & (RING - 1))
+RING = 256  # steps kept for the recent wait fraction and step time (a power of two: an index is n & (RING - 1))
+WINDOW_S = 10.0  # the recent numbers cover the steps that ended this long ago or since (issue 18, item 7)
+KEEP_EXITED_S = 86400.0  # a file of an exited process is removed by the next probe to start after this long
+MAX_ERROR = 200  # characters of an uncaught exception kept for the exit record
 MAX_SHAPES = 64
 MAX_EPOCHS = 16
 MAX_CMD = 256
@@ -46,11 +49,12 @@ GPU_UTIL_SOURCE = ("not measured by the probe (it reads no NVML and never initia
 
 
 class _Data:
-    """What track() saw: a ring of the last RING (wait, step) pairs in ns, and the open epoch's totals."""
+    """What track() saw: a ring of the last RING (wait, step, end) triples in ns, and the open epoch's totals."""
 
     def __init__(self) -> None:
         self.waits = [0] * RING
         self.steps_ns = [0] * RING
+        self.ends_ns = [0] * RING  # perf_counter_ns when each item arrived: the window and the last step's age
         self.n = 0  # items yielded in all
         self.wait_total = 0  # ns waited for them, in all
         self.last_t = 0  # perf_counter_ns when the last item arrived
@@ -59,6 +63,7 @@ class _Data:
         self.pin_memory: bool | None = None
         self.data_dir: str | None = None
         self.seen = False
+        self.explicit = False  # track() is used: zero-code mode's DataLoader hook stands aside
         # the open epoch
         self.epoch_t0 = 0
         self.epoch_wall0 = 0.0
@@ -89,6 +94,10 @@ class _State:
         self.identity: tuple[int, int | None, str] | None = None  # pid, its start time, its command
         self.tensors_at = 0.0  # time.time() of the count
         self.tensors_due = 0.0  # time.monotonic() of the next one
+        self.error: str | None = None  # the uncaught exception that is ending the process, for the exit record
+        self.hooked = False  # sys.excepthook wrapped (once per process)
+        self.exit: dict[str, Any] | None = None  # the exit record of the last publication (docs/probe.md)
+        self.optimizer_steps: int | None = None  # counted by zero-code mode's optimizer hook (dltop.probe.hooks)
 
 
 _state = _State()
@@ -300,7 +309,7 @@ def track(iterable: Iterable[T], data_dir: str | None = None) -> Iterator[T]:
     `data_dir`: the folder the data is read from (default: the DataLoader's `dataset.root` when it has one), so
     that dltop can name the dataset to warm."""
     d = _state.data
-    d.seen = True
+    d.seen = d.explicit = True
     workers = getattr(iterable, "num_workers", None)
     if isinstance(workers, int):
         d.workers = workers
@@ -313,7 +322,7 @@ def track(iterable: Iterable[T], data_dir: str | None = None) -> Iterator[T]:
     data0 = _data_cached(d.data_dir) if not d.epoch_open else None
     it = iter(iterable)
     clock = time.perf_counter_ns
-    waits, steps_ns, shapes, mask = d.waits, d.steps_ns, d.shapes, RING - 1
+    waits, steps_ns, ends_ns, shapes, mask = d.waits, d.steps_ns, d.ends_ns, d.shapes, RING - 1
     # Per item: two clock reads and a few stores. The publisher thread reads the ring and the totals as they are.
     while True:
         t0 = clock()
@@ -331,11 +340,36 @@ def track(iterable: Iterable[T], data_dir: str | None = None) -> Iterator[T]:
         n, last = d.n, d.last_t
         waits[n & mask] = wait = t1 - t0
         steps_ns[n & mask] = t1 - last if last else 0  # the first item of an epoch has no step before it
+        ends_ns[n & mask] = t1
         d.last_t, d.n, d.wait_total = t1, n + 1, d.wait_total + wait
         if len(shapes) < MAX_SHAPES:
             shape = getattr(item, "shape", None)  # a tensor's torch.Size: hashable as it is
             shapes.add(shape if shape is not None else _shape_of(item))
         yield item
+
+
+def _open_epoch(d: _Data, t0: int) -> None:
+    """Open an epoch as track() does (zero-code mode's DataLoader hook: its first item has arrived, so the
+    workers' read-ahead is in the start's measurement)."""
+    d.epoch_open, d.epoch_t0, d.epoch_wall0 = True, t0, time.time()
+    d.epoch_cached0, d.epoch_n0, d.epoch_wait0 = _meminfo_cached_bytes(), d.n, d.wait_total
+    d.epoch_data0 = _data_cached(d.data_dir)
+    d.last_t = 0
+
+
+def _arrived(d: _Data, t0: int, t1: int, item: Any) -> None:
+    """One item that took t0..t1 (perf_counter_ns) to arrive, as track() counts it: zero-code mode's DataLoader
+    hook (dltop.probe.hooks) calls this."""
+    if not d.epoch_open:
+        _open_epoch(d, t0)
+    n, last, i = d.n, d.last_t, d.n & (RING - 1)
+    d.waits[i] = wait = t1 - t0
+    d.steps_ns[i] = t1 - last if last else 0
+    d.ends_ns[i] = t1
+    d.last_t, d.n, d.wait_total = t1, n + 1, d.wait_total + wait
+    if len(d.shapes) < MAX_SHAPES:
+        shape = getattr(item, "shape", None)
+        d.shapes.add(shape if shape is not None else _shape_of(item))
 
 
 def mark_epoch() -> dict[str, Any] | None:
@@ -415,8 +449,12 @@ def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
     # Summed per (device, kind) with the device object as the key: naming a device costs more than counting a
     # tensor, and a model has hundreds of them (the publisher's whole budget is a millisecond or so).
     sums: dict[tuple[Any, str], int] = {}
+    counted: set[int] = set()  # a submodule watched beside its parent (zero-code mode's .to hook) counts once
     for model in _live(_state.models):
         for p in model.parameters():
+            if id(p) in counted:
+                continue
+            counted.add(id(p))
             key = (p.device, "weights_bytes")
             sums[key] = sums.get(key, 0) + p.numel() * p.element_size()
             g = p.grad
@@ -424,6 +462,9 @@ def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
                 key = (g.device, "gradients_bytes")
                 sums[key] = sums.get(key, 0) + g.numel() * g.element_size()
         for b in model.buffers():
+            if id(b) in counted:
+                continue
+            counted.add(id(b))
             key = (b.device, "weights_bytes")
             sums[key] = sums.get(key, 0) + b.numel() * b.element_size()
     is_tensor = (lambda v: isinstance(v, tensor_type)) if isinstance(tensor_type, type) else _is_tensor
@@ -492,12 +533,32 @@ def _env_int(name: str) -> int | None:
 
 
 def _job_id() -> str | None:
-    """What the ranks of one distributed job share: torchrun's run id, else the rendezvous address."""
-    if os.environ.get("TORCHELASTIC_RUN_ID"):
-        return os.environ["TORCHELASTIC_RUN_ID"][:MAX_CMD]
-    if os.environ.get("MASTER_ADDR"):
-        return f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '')}"[:MAX_CMD]
+    """What the ranks of one distributed job share: torchrun's run id when one was given; else, under torchrun,
+    its agent (the ranks' parent) and the rendezvous address; else the rendezvous address and the parent that
+    started the ranks (mp.spawn). torchrun without --rdzv-id names every job's run id "none": two unrelated jobs
+    would share it."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return run_id[:MAX_CMD]
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '')}" if os.environ.get("MASTER_ADDR") \
+        else ""
+    if run_id is not None:
+        return f"torchrun agent {os.getppid()} {where}".strip()[:MAX_CMD]
+    if where:
+        return f"{where} parent {os.getppid()}"[:MAX_CMD]
     return None
+
+
+def _dist_rank() -> tuple[int | None, int | None]:
+    """The rank and world size torch.distributed was given (mp.spawn passes the rank as an argument, not in the
+    environment), where the process imported it and initialised a process group."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:
+        pass
+    return None, None
 
 
 def _cmdline() -> str:
@@ -512,17 +573,24 @@ def _data_report() -> dict[str, Any] | None:
     d = _state.data
     if not d.seen:
         return None
-    n, mask = d.n, RING - 1
-    waits, steps = (d.waits, d.steps_ns) if n >= RING else (d.waits[:n], d.steps_ns[:n])
-    steps = list(steps)  # as they are now: the loop goes on writing the ring
-    # Steps with no step time before them (the first item of an epoch) count neither side of the fraction.
-    last = next((steps[(n - 1 - k) & mask] for k in range(len(steps)) if steps[(n - 1 - k) & mask]), None)
+    now, n, mask = time.perf_counter_ns(), d.n, RING - 1
+    # As they are now (the loop goes on writing the ring), newest first.
+    waits, steps, ends = list(d.waits), list(d.steps_ns), list(d.ends_ns)
+    order = [(n - 1 - k) & mask for k in range(min(n, RING))]
+    last = next((steps[i] for i in order if steps[i]), None)
+    # The window: the steps that ended within WINDOW_S (or two of the newest step's time, if longer); a loop that
+    # stopped has none in it, so its old numbers do not stay on screen as if they were current.
+    since = now - max(int(WINDOW_S * 1e9), 2 * (last or 0))
+    recent = [i for i in itertools.takewhile(lambda i: ends[i] >= since, order) if steps[i]]
     return {
         "steps": n,
-        "recent_steps": len(steps) - steps.count(0),
-        "recent_wait_s": sum(itertools.compress(waits, steps)) / 1e9,
-        "recent_step_s": sum(steps) / 1e9,
+        "recent_steps": len(recent),
+        "recent_wait_s": sum(waits[i] for i in recent) / 1e9,
+        "recent_step_s": sum(steps[i] for i in recent) / 1e9,
+        "window_s": WINDOW_S,
         "last_step_s": last / 1e9 if last else None,
+        "last_step_age_s": round((now - ends[order[0]]) / 1e9, 3) if order else None,
+        "in_epoch": d.epoch_open,
         "input_shapes": len(d.shapes),
         "loader_workers": d.workers,
         "pin_memory": d.pin_memory,
@@ -542,6 +610,13 @@ def _counted_tensors(torch: Any, fresh: bool) -> dict[str, dict[str, Any]]:
     return {name: dict(entry) for name, entry in _state.tensors.items()}
 
 
+def _cudnn_built(backend: Any) -> bool:
+    try:
+        return bool(backend.is_available())  # torch._C._has_cudnn: no CUDA initialised
+    except Exception:
+        return False
+
+
 def report(fresh: bool = True) -> dict[str, Any]:
     """What the probe would publish now (format 1, docs/probe.md). `fresh=False` (the publisher thread) reuses
     the last tensor count while the duty cycle says so; `tensors_counted_at` says when it was made."""
@@ -552,13 +627,17 @@ def report(fresh: bool = True) -> dict[str, Any]:
         devices = _counted_tensors(torch, fresh)
         _cuda_stats(torch, devices)
         backend = getattr(getattr(torch, "backends", None), "cudnn", None)
-        if backend is not None:
+        if backend is not None and _cudnn_built(backend):  # CPU-only torch: cudnn.benchmark does nothing
             cudnn = {"benchmark": bool(backend.benchmark), "deterministic": bool(backend.deterministic)}
         compile_counters = _compile_counters()
     pid = os.getpid()
     if _state.identity is None or _state.identity[0] != pid:  # read once per process (a fork has its own)
         _state.identity = (pid, proc_start_ticks(pid), _cmdline())
     _, start_ticks, cmd = _state.identity
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if rank is None:
+        rank, dist_world = _dist_rank()
+        world = dist_world if world is None else world
     return {
         "format": FORMAT,
         "pid": pid,
@@ -567,9 +646,9 @@ def report(fresh: bool = True) -> dict[str, Any]:
         "cmd": cmd,
         "published_at": round(time.time(), 3),
         "started_at": _state.started_at,
-        "rank": _env_int("RANK"),
+        "rank": rank,
         "local_rank": _env_int("LOCAL_RANK"),
-        "world_size": _env_int("WORLD_SIZE"),
+        "world_size": world,
         "ppid": os.getppid(),
         "job_id": _job_id(),
         "torch": getattr(torch, "__version__", None) and str(torch.__version__),
@@ -583,7 +662,9 @@ def report(fresh: bool = True) -> dict[str, Any]:
         "compile": compile_counters,
         "data": _data_report(),
         "epochs": list(_state.epochs),
+        **({"optimizer_steps": _state.optimizer_steps} if _state.optimizer_steps is not None else {}),
         "gpu_util_source": GPU_UTIL_SOURCE,
+        **({"exit": _state.exit} if _state.exit is not None else {}),
     }
 
 
@@ -641,15 +722,52 @@ def publish(fresh: bool = True) -> str | None:
 
 
 def _remove_stale() -> None:
-    """Remove files of dead processes from our own directory (a process killed with SIGKILL leaves its file)."""
+    """Remove files of processes that exited over KEEP_EXITED_S ago from our own directory. A newer one stays: it
+    is the post-mortem dltop shows of a job that finished or was killed (docs/probe.md)."""
     fd = _state.dir_fd
     if fd is None:
         return
+    old = time.time() - KEEP_EXITED_S
     for name in os.listdir(fd):
         pid = name.removesuffix(".json")
         if pid.isdigit() and name.endswith(".json") and proc_start_ticks(pid) is None:
             with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=fd)
+                if os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime < old:
+                    os.unlink(name, dir_fd=fd)
+
+
+def _hook_exceptions() -> None:
+    """Wrap sys.excepthook (once) to keep the exception that ends the process for the exit record: a job that
+    dies of torch.OutOfMemoryError says so after it is gone."""
+    if _state.hooked:
+        return
+    _state.hooked = True
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        with contextlib.suppress(Exception):
+            _state.error = f"{kind.__name__}: {value}"[:MAX_ERROR]
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+def _at_exit() -> None:
+    """At interpreter exit: a process that was publishing writes its last report with an exit record (how it
+    ended) and leaves the file for dltop to show; one that was not has nothing to leave."""
+    with _state.lock:
+        thread, _state.thread = _state.thread, None
+        _state.stop.set()
+    if thread is None:
+        _remove_own_file()
+        return
+    thread.join(timeout=5)
+    error = _state.error
+    _state.exit = {"how": "exception" if error else "exit", "error": error, "exit_code": 1 if error else None,
+                   "at": round(time.time(), 3)}
+    with contextlib.suppress(Exception):
+        if _in_dataloader_worker() or publish(fresh=True) is None:
+            _remove_own_file()
 
 
 def _run(stop: threading.Event, interval_s: float) -> None:
@@ -678,6 +796,7 @@ def start(interval_s: float = 1.0) -> str | None:
         if path is None:
             return None
         _remove_stale()
+        _hook_exceptions()
         _state.stop = threading.Event()
         _state.thread = threading.Thread(target=_run, args=(_state.stop, interval_s), name="dltop-probe",
                                          daemon=True)
@@ -711,7 +830,9 @@ def _after_fork_in_child() -> None:
     _state.epochs = []
     _state.started_at = None
     _state.tensors = None
+    _state.exit = _state.error = None
+    _state.optimizer_steps = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(stop)
+atexit.register(_at_exit)

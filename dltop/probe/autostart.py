@@ -1,5 +1,3 @@
-"""Started by the dltop_probe.pth hook when DLTOP_PROBE is set: publish without changing the script."""
+"""What the dltop_probe.pth of an older install imports when DLTOP_PROBE is set: zero-code mode (dltop.autoprobe)."""
 
-from dltop import probe
-
-probe.start()
+import dltop.autoprobe  # noqa: F401  (it installs itself on import)

@@ -39,6 +39,8 @@ SHARED_NAME = re.compile(r"([0-9]{1,10})(?:\.([0-9]{1,20}))?")  # UID.PIDNS unde
 MAX_ENTRIES = 4096  # names looked at per directory: a directory stuffed with files costs a bounded listing
 NOT_WATCHED = "the process watched no model, optimizer or cache (probe.watch_model / watch_optimizer / watch_kv)"
 NO_TRACK = "the process iterates no loader through probe.track()"
+MAX_EXITED = 8  # exited processes kept on screen (the newest): older files are listed as ignored
+EXIT_HOWS = ("exit", "exception")
 
 
 class Malformed(ValueError):
@@ -304,14 +306,27 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
     else:
         recent_steps, wait_s, step_s = fd.count("recent_steps", optional=True), \
             fd.num("recent_wait_s", optional=True), fd.num("recent_step_s", optional=True)
+        window_s = fd.num("window_s", optional=True)
         if recent_steps and step_s and wait_s is not None:
             fraction = min(wait_s / step_s, 1.0)
             step_time = step_s / recent_steps
         elif any(k in notes for k in ("data.recent_steps", "data.recent_wait_s", "data.recent_step_s")):
             unavailable["data_wait_fraction"] = unavailable["step_time_s"] = "the probe's recent steps are not believable"
+        elif fd.count("steps", optional=True) and window_s is not None:
+            unavailable["data_wait_fraction"] = unavailable["step_time_s"] = \
+                f"no step ended in the last {window_s:g} s"
         else:
             unavailable["data_wait_fraction"] = unavailable["step_time_s"] = "no step finished yet"
     cudnn = _Fields(f.get("cudnn", dict, optional=True) or {}, "cudnn", notes)
+    exit_doc = f.get("exit", dict, optional=True)
+    fe = _Fields(exit_doc or {}, "exit", notes)
+    how = fe.get("how", str, optional=True)
+    if how is not None and how not in EXIT_HOWS:
+        fe._bad("how", f"expected one of {', '.join(EXIT_HOWS)}", optional=True)
+        how = None
+    exit_error = fe.get("error", str, optional=True) if exit_doc is not None else None
+    exit_code = fe.count("exit_code", optional=True, high=255) if exit_doc is not None else None
+    exited_at = fe.time("at", optional=True) if exit_doc is not None else None
     epochs_doc = f.get("epochs", list, optional=True) or []
     truncated = f.get("truncated", list, optional=True) or []
     probe = ProcessProbe(
@@ -327,6 +342,11 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         optimizer_bytes=totals["optimizer_bytes"], kv_bytes=totals["kv_bytes"], devices=devices,
         watched=_count_map(f, "watched"),
         data_wait_fraction=fraction, step_time_s=step_time,
+        last_step_s=None if data is None else fd.num("last_step_s", optional=True),
+        last_step_age_s=None if data is None else fd.num("last_step_age_s", optional=True),
+        window_s=None if data is None else fd.num("window_s", optional=True),
+        in_epoch=None if data is None else fd.get("in_epoch", bool, optional=True),
+        optimizer_steps=f.count("optimizer_steps", optional=True),
         steps=None if data is None else fd.count("steps", optional=True),
         input_shapes=None if data is None else fd.count("input_shapes", optional=True),
         loader_workers=None if data is None else fd.count("loader_workers", optional=True, high=1 << 16),
@@ -339,6 +359,7 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         epochs=tuple(ep for i, e in enumerate(epochs_doc) if (ep := _epoch(i, e, notes)) is not None),
         gpu_util_source=f.get("gpu_util_source", str, optional=True),
         truncated=tuple(str(t)[:80] for t in truncated[:32]), unavailable={**unavailable, **notes},
+        exit_how=how, exit_error=exit_error, exit_code=exit_code, exited_at=exited_at,
     )
     return probe
 
@@ -425,22 +446,31 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
         return f"malformed: names pid {probe.pid}, not the file's"
     if pidns is not None and hosts is not None:
         host = hosts.find(pidns, probe.pid)
-        if host is None:
-            return f"process {probe.pid} of PID namespace {pidns} is not running (stale file)"
+        if host is None:  # not running: exited (its pid stays the pod's)
+            return _exited(probe)
         parent = hosts.find(pidns, probe.ppid) if probe.ppid else None
         probe = dataclasses.replace(probe, pid=host, ppid=parent)  # the pids NVML and /proc here give
     ticks = proc_start_ticks(probe.pid, proc)
-    if ticks is None:
-        return f"process {probe.pid} has exited (stale file)"
-    if ticks != probe.start_time_ticks:
-        return f"pid {probe.pid} was reused (started at tick {ticks}, the file says {probe.start_time_ticks})"
+    if ticks is None or ticks != probe.start_time_ticks:  # gone, or its pid reused by another process
+        return _exited(probe)
     try:
         owner = os.stat(f"{proc}/{probe.pid}").st_uid
     except OSError:
-        return f"process {probe.pid} has exited (stale file)"
+        return _exited(probe)
     if st.st_uid != 0 and owner != st.st_uid:
         return f"process {probe.pid} belongs to uid {owner}, not the file's owner (uid {st.st_uid})"
+    if probe.exit_how is not None:  # its exit record is written: it is tearing down
+        return _exited(probe)
+    if probe.last_step_age_s is not None:  # as old as it is now, not when it was published
+        age = probe.last_step_age_s + max(0.0, time.time() - probe.published_at)
+        probe = dataclasses.replace(probe, last_step_age_s=round(min(age, MAX_SECONDS), 3))
     return probe
+
+
+def _exited(probe: ProcessProbe) -> ProcessProbe:
+    """The probe of a process that is gone: kept for the post-mortem, with how it ended where its exit record
+    says (no record: killed or crashed), at the record's time or else its last publication."""
+    return dataclasses.replace(probe, exited=True, exited_at=probe.exited_at or probe.published_at)
 
 
 def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/") -> ProbesPart:
@@ -481,8 +511,12 @@ def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/") -> Prob
             ignored.append(IgnoredProbe(path, f"cannot list: {e.strerror}"))
         finally:
             os.close(dir_fd)
-    processes.sort(key=lambda p: p.pid)
-    return ProbesPart(dirs=tuple(d[0] for d in dirs), processes=tuple(processes), ignored=tuple(ignored))
+    live = sorted((p for p in processes if not p.exited), key=lambda p: p.pid)
+    exited = sorted((p for p in processes if p.exited), key=lambda p: (-(p.exited_at or 0.0), p.pid))
+    ignored += [IgnoredProbe(p.path, f"process {p.pid} exited before the {MAX_EXITED} newest exited ones")
+                for p in exited[MAX_EXITED:]]
+    return ProbesPart(dirs=tuple(d[0] for d in dirs), processes=tuple(live), ignored=tuple(ignored),
+                      exited=tuple(exited[:MAX_EXITED]))
 
 
 def source(settings: Settings) -> Source:

@@ -8,9 +8,11 @@ are in the notes with their reasons.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Static
@@ -33,7 +35,8 @@ EPOCH_HEADERS = ("Epoch", "Time", "Load", "Wait%", "Cache Δ", "Steps", "GPU uti
 
 
 def jobs(probes: Sequence[ProcessProbe]) -> dict[str, list[ProcessProbe]]:
-    """The probes grouped by job (`ProcessProbe.job_key`), each job's ranks in rank order."""
+    """The probes grouped by job (`ProcessProbe.job_key`), each job's ranks in rank order (live and exited
+    processes alike: one rank that died beside ranks that wait for it is one job)."""
     out: dict[str, list[ProcessProbe]] = {}
     for p in probes:
         out.setdefault(p.job_key, []).append(p)
@@ -123,6 +126,27 @@ def short_cmd(cmd: str) -> str:
     return " ".join(words)
 
 
+def _ago(s: float) -> str:
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h"
+
+
+def status_lines(members: list[ProcessProbe], now: float, width: int) -> list[Content]:
+    """What a job's ranks are doing if not training: stalled (no step for a while: a hung rank) or exited (how it
+    ended, when the probe could say)."""
+    several = len(members) > 1
+    lines = []
+    for p in members:
+        who = (f"rank {p.rank} " if p.rank is not None else f"pid {p.pid} ") if several else ""
+        if p.exited:
+            ago = f" {_ago(max(0.0, now - p.exited_at))} ago" if p.exited_at is not None else ""
+            lines.append(Content.assemble((f"{who}EXITED{ago}", "bold $error"), f"  {printable(p.ended)}"))
+        elif p.stalled and p.last_step_age_s is not None:
+            step = f" (its steps took {_seconds(p.last_step_s)})" if p.last_step_s else ""
+            lines.append(Content.assemble((f"{who}STALLED", "bold $error"),
+                                          f"  no step for {_ago(p.last_step_age_s)}{step}"))
+    return [c.truncate(width, ellipsis=True) for c in lines]
+
+
 def _title(members: list[ProcessProbe], width: int) -> Content:
     first = members[0]
     if len(members) > 1 or first.rank is not None:
@@ -143,6 +167,8 @@ def _facts(p: ProcessProbe, width: int) -> Content:
             f"workers {p.loader_workers if p.loader_workers is not None else '?'}",
             f"pin {onoff(p.pin_memory)}", f"shapes {p.input_shapes if p.input_shapes is not None else '?'}",
             f"cudnn.benchmark {onoff(p.cudnn_benchmark)}"]
+    if p.optimizer_steps is not None:
+        bits.append(f"optimizer steps {p.optimizer_steps}")
     if "recompiles" in p.compile:
         bits.append(f"recompiles {p.compile['recompiles']}")
     retries = sum(d.memory_stats.get("num_alloc_retries", 0) for d in p.devices)
@@ -163,19 +189,23 @@ def _facts(p: ProcessProbe, width: int) -> Content:
 
 
 def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int,
-              height: int | None = None) -> list[Content]:
-    """A job: its title, its facts, its two sparklines and its epoch table; with a `height`, the newest epochs
-    that fit in it (the job alone on the tab), else all of them (several jobs scroll)."""
+              height: int | None = None, now: float | None = None) -> list[Content]:
+    """A job: its title, whether it stalled or exited, its facts, its two sparklines and its epoch table; with a
+    `height`, the newest epochs that fit in it (the job alone on the tab), else all of them (several jobs
+    scroll)."""
     lead = members[0]  # rank 0 (or the only process) speaks for the job's epochs
-    lines = [_title(members, width), _facts(lead, width)]
+    now = time.time() if now is None else now
+    lines = [_title(members, width), *status_lines(members, now, width), _facts(lead, width)]
     spark_width = max(1, width - SPARK_LABEL_WIDTH)
     step = series(history, key, "step_time_s")
     wait = series(history, key, "data_wait_fraction")
     now_step = max((p.step_time_s for p in members if p.step_time_s is not None), default=None)
     now_wait = max((p.data_wait_fraction for p in members if p.data_wait_fraction is not None), default=None)
+    # a number of the recent window only: a loop that stopped or a process that exited has none now
+    idle = "exited" if all(p.exited for p in members) else "stalled" if any(p.stalled for p in members) else None
     for label, value, data, top, style in (
-        ("Step", "n/a" if now_step is None else f"{1000 * now_step:.1f} ms", step, None, "$accent"),
-        ("Data wait", "n/a" if now_wait is None else f"{100 * now_wait:.0f}%", wait, 1.0, "$warning"),
+        ("Step", idle or ("n/a" if now_step is None else f"{1000 * now_step:.1f} ms"), step, None, "$accent"),
+        ("Data wait", idle or ("n/a" if now_wait is None else f"{100 * now_wait:.0f}%"), wait, 1.0, "$warning"),
     ):
         bar = sparkline_rows(data, spark_width, 1, top)[0] if data else ""
         lines.append(Content.assemble((f"{label:<10}", "bold"), f"{value:>9} ", (bar, style)))
@@ -202,7 +232,7 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
 def probe_notes(part: ProbesPart) -> list[str]:
     """Each ignored probe file with its reason, then what the processes could not say."""
     notes = [f"ignored {printable(i.path)}: {printable(i.reason)}" for i in part.ignored]
-    for p in part.processes:
+    for p in part.processes:  # (an exited process's ending is on its job's lines)
         if p.truncated:
             notes.append(f"pid {p.pid} dropped {', '.join(p.truncated)} to fit 4 KiB")
         for why in dict.fromkeys(p.unavailable.values()):
@@ -219,15 +249,40 @@ class TrainingPane(Pane):
     PANE_ID = "training"
     TITLE = "Training"
     HELP = ("Numbers come from the in-process probe (dltop.probe, docs/probe.md): step time and data wait over the "
-            "last 256 steps (the slowest rank of a job), and per epoch its time, the time spent waiting for data "
+            "steps of the last 10 s (the slowest rank of a job; none when the loop stopped: STALLED after 30 s and "
+            "20 steps' time without one), and per epoch its time, the time spent waiting for data "
             "(Load), the page-cache change (Cached in /proc/meminfo at the end minus the start) and the GPU "
             "utilisation NVML gave dltop over the epoch. Ranks of one job are grouped by torchrun's run id or "
-            "MASTER_ADDR:MASTER_PORT.")
+            "MASTER_ADDR:MASTER_PORT, else torchrun's agent. A job that exited "
+            "stays, marked EXITED with how it ended, until x dismisses it.")
+    BINDINGS = [Binding("x", "dismiss", "Dismiss exited", id="training.dismiss")]
     DEFAULT_CSS = """
     #tr-scroll { height: 1fr; }
     #tr-body { height: auto; }
     #tr-notes { height: auto; max-height: 3; color: $text-muted; }
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._dismissed: set[tuple[int, int]] = set()  # exited processes (pid, start ticks) the user dismissed
+
+    def _exited(self) -> list[ProcessProbe]:
+        part = self.view.snapshot.probes if self.view is not None else None
+        if not isinstance(part, ProbesPart):
+            return []
+        return [p for p in part.exited if (p.pid, p.start_time_ticks) not in self._dismissed]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "dismiss":
+            return bool(self._exited())  # view state only: the files stay (docs/probe.md)
+        return True
+
+    def action_dismiss(self) -> None:
+        """Take the exited jobs off the tab (their files stay; a later exit shows again)."""
+        self._dismissed |= {(p.pid, p.start_time_ticks) for p in self._exited()}
+        if self.view is not None:
+            self.render_view(self.view)
+        self.refresh_bindings()
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="tr-scroll"):
@@ -242,16 +297,17 @@ class TrainingPane(Pane):
         notes: list[str] = []
         if isinstance(part, Unavailable):
             set_content(body, Content.assemble(("probes: ", "bold"), (part.reason, "$warning")))
-        elif part is None or not part.processes:
+        elif part is None or not (part.processes or self._exited()):
             set_content(body, Content(NO_PROBE))
         else:
             lines: list[Content] = []
-            grouped = jobs(part.processes)
+            grouped = jobs([*part.processes, *self._exited()])
+            now = self.moment(view, time.time)
             height = self.query_one("#tr-scroll").size.height or None if len(grouped) == 1 else None
             for key, members in grouped.items():
                 if lines:
                     lines.append(Content(""))
-                lines.extend(job_lines(key, members, view.history, width, height))
+                lines.extend(job_lines(key, members, view.history, width, height, now))
             set_content(body, Content("\n").join(lines))
         if isinstance(part, ProbesPart):
             notes = probe_notes(part)

@@ -1,0 +1,134 @@
+"""Zero-code mode's hooks, installed right after torch's import (dltop.autoprobe): what the probe learns unasked.
+
+Step time and data wait from the DataLoader's iterators (the first dataset iterated is the one timed: a
+validation loader later is not mixed in), the weights of modules that reach `.to(...)` or `torch.compile`, the
+optimizers that step (their state, and the count of steps). Publishing starts at the first of these, so a process
+that imports torch and never trains (torchrun's agent, a DataLoader worker) publishes nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib
+import time
+import weakref
+from typing import Any
+
+from dltop import probe
+
+_installed = False
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()  # modules and optimizers handed to the probe
+_timed: list[weakref.ref[Any]] = []  # the dataset whose loader is timed (the first one iterated)
+
+
+def _begin() -> None:
+    """Publish from now on (start() is idempotent and refuses in a DataLoader worker)."""
+    if probe._state.thread is None and not probe._in_dataloader_worker():
+        probe.start()
+
+
+def _watch(obj: Any, kind: str) -> None:
+    if obj in _watched:
+        return
+    _watched.add(obj)
+    (probe.watch_model if kind == "model" else probe.watch_optimizer)(obj)
+
+
+def _is_timed(it: Any) -> bool:
+    """Whether the iterator `it` reads the dataset being timed (the first one seen becomes it)."""
+    dataset = getattr(it, "_dataset", None)
+    if not _timed:
+        try:
+            _timed.append(weakref.ref(dataset))
+        except TypeError:
+            return False
+        d = probe._state.data
+        d.seen = True
+        workers = getattr(it, "_num_workers", None)
+        d.workers = workers if isinstance(workers, int) else None
+        pin = getattr(it, "_pin_memory", None)
+        d.pin_memory = pin if isinstance(pin, bool) else None
+        root = getattr(dataset, "root", None)
+        if isinstance(root, str):
+            d.data_dir = root[:probe.MAX_CMD]
+    return _timed[0]() is dataset
+
+
+def _patch_dataloader() -> None:
+    module = importlib.import_module("torch.utils.data.dataloader")
+    base = module._BaseDataLoaderIter
+    next_item = base.__next__
+    clock = time.perf_counter_ns
+
+    @functools.wraps(next_item)
+    def __next__(self: Any) -> Any:
+        d = probe._state.data
+        if d.explicit:  # the script times its loop with probe.track()
+            return next_item(self)
+        t0 = clock()
+        item = next_item(self)
+        t1 = clock()
+        if _is_timed(self):
+            if getattr(self, "_dltop_seen", False) is False:  # a new pass over the data: a new epoch
+                self._dltop_seen = True
+                if d.epoch_open and d.n > d.epoch_n0:
+                    probe.mark_epoch()
+                d.last_t = 0
+                _begin()
+            probe._arrived(d, t0, t1, item)
+        return item
+
+    base.__next__ = __next__
+
+
+def _patch_module_to(nn: Any) -> None:
+    to = nn.Module.to
+
+    @functools.wraps(to)
+    def module_to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = to(self, *args, **kwargs)
+        _watch(self, "model")
+        _begin()
+        return out
+
+    nn.Module.to = module_to
+
+
+def _patch_compile(torch: Any) -> None:
+    compile_ = torch.compile
+
+    @functools.wraps(compile_)
+    def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(model, torch.nn.Module):
+            _watch(model, "model")
+            _begin()
+        return compile_(model, *args, **kwargs)
+
+    torch.compile = compile
+
+
+def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _watch(optimizer, "optimizer")
+    probe._state.optimizer_steps = (probe._state.optimizer_steps or 0) + 1
+    _begin()
+
+
+def _close_pass() -> None:
+    """At exit, the pass over the data that is open is the last epoch (the script never says where one ends)."""
+    d = probe._state.data
+    if not d.explicit and d.epoch_open and d.n > d.epoch_n0:
+        probe.mark_epoch()
+
+
+def install(torch: Any) -> None:
+    """Put the hooks in (once per process)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    atexit.register(_close_pass)  # runs before the probe's own exit record (atexit is last in, first out)
+    _patch_dataloader()
+    _patch_module_to(torch.nn)
+    _patch_compile(torch)
+    importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook(_after_step)
