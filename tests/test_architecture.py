@@ -52,7 +52,9 @@ ALLOWED: dict[str, set[str]] = {
     "__main__": {"cli"},
     # The in-process probe runs inside training scripts: nothing of dltop's but itself, and the kernel's ctypes
     # wrappers (stdlib only, imported when an epoch closes: cachestat of the job's data).
-    "probe": {"probe", "kernel"},
+    "probe": {"probe", "kernel", "autoprobe"},
+    # Zero-code mode's start (the .pth): imports nothing until torch is imported, then the probe's hooks.
+    "autoprobe": {"probe"},
 }
 # Third-party packages only some parts may import.
 ONLY_IN = {"textual": {"tui"}, "rich": {"tui"}}
