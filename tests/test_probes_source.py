@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dltop.probe as probe
+from dltop.config import Settings
 from dltop.model import ProbesPart, Snapshot
 from dltop.model.probes import NO_EXIT_RECORD
-from dltop.probe.files import open_private_dir, write_atomic
+from dltop.probe.files import open_private_dir, proc_start_ticks, write_atomic
 from dltop.sources.probes import parse_probe, read_probes
+from dltop.sources.probes import source as probes_source
+from dltop.sources.procio import Unreadable, children, job_reads, parse_io, read_io
 from tests.probe_helpers import REPO, probe_env
 
 ME = os.getuid()
@@ -228,6 +232,160 @@ def test_arbitrary_values_in_a_real_report_never_crash_the_reader(pdir: Path, ch
     for p in part.processes:
         assert p.data_wait_fraction is None or 0.0 <= p.data_wait_fraction <= 1.0
         Snapshot.from_json(Snapshot(ts=1.0, host="h", probes=part).to_json())
+
+
+# A parent that forks two children (a DataLoader's workers, in effect), one after the other; each reads argv[1]
+# whole after evicting it from the page cache, so the read comes from storage, then waits for a line on stdin to exit. The parent
+# says "read" once both have, and "reaped" once it has waited for them after stdin closes.
+FORKER = r"""
+import os, sys
+path = sys.argv[1]
+r, w = os.pipe()
+go_r, go_w = os.pipe()  # closed by the parent: the children's cue to exit
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.close(go_w)
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        while os.read(fd, 1 << 20):
+            pass
+        os.write(w, b"x")
+        os.read(go_r, 1)
+        os._exit(0)
+    kids.append(pid)
+    os.read(r, 1)  # one after the other: the second evicts and fetches it again, not from the first's cache
+print("read", *kids, flush=True)
+sys.stdin.readline()
+os.close(go_w)
+for k in kids:
+    os.waitpid(k, 0)
+print("reaped", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.fixture
+def disk_file() -> Iterator[Path]:
+    """8 MiB on a disk filesystem (read_bytes counts what storage serves: a tmpfs read adds 0)."""
+    fd, name = tempfile.mkstemp(prefix="dltop-procio-", dir="/var/tmp")
+    path = Path(name)
+    try:
+        fs = subprocess.run(["stat", "-f", "-c", "%T", name], capture_output=True, text=True).stdout.strip()
+        if fs in ("tmpfs", "ramfs"):
+            pytest.skip(f"/var/tmp is {fs} here: no storage reads to count")
+        os.write(fd, os.urandom(8 << 20))
+        os.fsync(fd)
+        yield path
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def test_a_jobs_reads_are_its_own_and_its_childrens(disk_file: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", FORKER, str(disk_file)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        said = proc.stdout.readline().split()
+        assert said[0] == "read"
+        ticks = proc_start_ticks(proc.pid)
+        assert ticks is not None and sorted(children(proc.pid) or []) == sorted(map(int, said[1:]))
+        own = read_io(proc.pid)
+        got = job_reads(proc.pid, ticks)
+        assert got.unavailable is None and got.processes == 3
+        assert got.read_bytes is not None and got.rchar_bytes is not None
+        # the children fetched the file from storage twice over; the parent itself read next to nothing
+        assert got.read_bytes - own[0] >= 2 * (8 << 20) and got.rchar_bytes - own[1] >= 2 * (8 << 20)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "reaped\n"
+        # reaped, the children's counts are in the parent's own: the job's sum does not drop
+        after = job_reads(proc.pid, ticks)
+        assert after.processes == 1 and after.read_bytes is not None and after.read_bytes >= got.read_bytes
+        # the same pid with another start time is another process: no numbers
+        assert job_reads(proc.pid, ticks + 1).unavailable == f"process {proc.pid} has exited"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert job_reads(proc.pid, ticks).unavailable == f"process {proc.pid} has exited"
+
+
+@pytest.mark.skipif(not IS_ROOT or shutil.which("setpriv") is None, reason="needs root and setpriv (another user)")
+def test_another_users_process_gives_a_reason_not_a_number() -> None:
+    """dltop as an ordinary user: another user's job's /proc/PID/io is refused; the probe still shows, its reads
+    unknown with the reason."""
+    code = ("import sys; from dltop.sources.procio import job_reads; from dltop.probe.files import proc_start_ticks;"
+            f" g = job_reads({os.getpid()}, proc_start_ticks({os.getpid()})); print(g.read_bytes, g.unavailable)")
+    r = subprocess.run([*NOBODY, sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (f"None /proc/{os.getpid()}/io: permission denied (another user's process: run dltop as "
+                        "root)\n")
+
+
+def test_the_probes_source_adds_each_jobs_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("DLTOP_PROBE_DIR", raising=False)
+    pdir = tmp_path / "dltop"
+    os.close(open_private_dir(str(pdir)))
+    _write(pdir, _doc())
+    part = probes_source(Settings()).read()
+    assert isinstance(part, ProbesPart)
+    (mine,) = [p for p in part.processes if p.pid == os.getpid()]
+    assert mine.io_unavailable is None and mine.io_processes is not None and mine.io_processes >= 1
+    assert mine.io_read_bytes is not None and mine.io_rchar_bytes is not None and mine.io_rchar_bytes > 0
+    again = Snapshot.from_json(Snapshot(ts=1.0, host="h", probes=part).to_json()).probes
+    assert isinstance(again, ProbesPart) and mine in again.processes  # recorded and replayed as read
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
+    (b"", "no rchar or read_bytes"),
+    (b"rchar: 12\nwchar: 3\n", "no read_bytes"),
+    (b"rchar: 12\nread_bytes: -4\n", "read_bytes: not a counter"),
+    (b"rchar: 1e9\nread_bytes: 0\n", "rchar: not a counter"),
+    (b"rchar: \xd9\xa3\nread_bytes: 0\n", "rchar: not a counter"),  # Arabic-Indic digits are digits to str
+    (b"rchar: 18446744073709551616\nread_bytes: 0\n", "rchar: not a counter"),  # 2**64
+    (b"rchar: 5\nrchar: 6\nread_bytes: 0\n", "rchar given twice"),
+])
+def test_a_bad_proc_io_is_a_reason(raw: bytes, reason: str) -> None:
+    with pytest.raises(Unreadable, match=f"^{reason}$"):
+        parse_io(raw)
+
+
+def test_the_real_proc_io_parses() -> None:
+    with open("/proc/self/io", "rb") as f:
+        raw = f.read()
+    fields = dict(line.split(b": ") for line in raw.splitlines())
+    assert parse_io(raw) == (int(fields[b"read_bytes"]), int(fields[b"rchar"]))
+
+
+IO_TRIED: list[bytes] = []
+IO_LINE = st.tuples(st.sampled_from([b"rchar", b"read_bytes", b"wchar", b"syscr", b"", b"read_bytes "]),
+                    st.sampled_from([b":", b": ", b"=", b""]),
+                    st.binary(max_size=24) | st.integers(-5, 1 << 70).map(lambda n: str(n).encode()))
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(lines=st.lists(IO_LINE.map(b"".join), max_size=9) | st.binary(max_size=300).map(lambda b: [b]))
+def test_any_proc_io_text_gives_counters_or_a_reason(lines: list[bytes]) -> None:
+    raw = b"\n".join(lines)
+    IO_TRIED.append(raw)
+    try:
+        read_bytes, rchar = parse_io(raw)
+    except Unreadable as e:
+        assert str(e) and "\n" not in str(e)
+    else:
+        assert 0 <= read_bytes < 1 << 64 and 0 <= rchar < 1 << 64
+
+
+def test_the_proc_io_fuzz_ran() -> None:
+    if not IO_TRIED:
+        pytest.skip("the fuzz above did not run in this session")
+    print(f"parse_io: {len(IO_TRIED)} inputs tried")
+    assert len(IO_TRIED) >= 300
 
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0, the test extra)")

@@ -15,7 +15,9 @@ from dltop.model.probes import ProbesPart, ProcessProbe
 WARMING_RATIO = 1.5  # epoch 0 this many times longer than epoch 1 ...
 WARMING_WAIT_SHARE = 0.5  # ... with at least this share of the difference in the data wait
 DATA_WAIT_HIGH = 0.3  # share of the recent step time spent waiting for the next batch
-DISK_BUSY_PCT = 60.0  # %util of the busiest disk over the window (iostat -x's)
+DISK_BUSY_PCT = 60.0  # %util of the busiest disk over the window (iostat -x's): named, never the judge
+IO_SHARE = 0.5  # of the job's reads (rchar) fetched from storage (read_bytes): IO bound at or above
+IO_MIN_BYTES = 1 << 20  # from storage over the window (or into the cache by an epoch) before it can be IO bound
 SHAPES_MANY = 8  # distinct input shapes with cudnn.benchmark on: one autotune each
 RECOMPILES_RISING = 3  # new recompiles within the window
 
@@ -85,7 +87,8 @@ def page_cache_warming(history: Sequence[Snapshot]) -> Hint | None:
 
 
 def _busiest_disk(history: Sequence[Snapshot]) -> tuple[str, float] | None:
-    """The disk busiest over the window and its %util (iostat -x's: the share of the time it had I/O in flight)."""
+    """The disk busiest over the window and its %util (iostat -x's: the share of the time it had I/O in flight):
+    named beside a decode-bound verdict, since another job may load it."""
     mems = [s for s in history if isinstance(s.memory, MemoryPart) and isinstance(s.memory.disks, tuple)]
     if len(mems) < 2 or mems[-1].ts <= mems[0].ts:
         return None
@@ -103,6 +106,43 @@ def _busiest_disk(history: Sequence[Snapshot]) -> tuple[str, float] | None:
         if best is None or util > best[1]:
             best = (d.name, util)
     return best
+
+
+def _job_reads(history: Sequence[Snapshot], p: ProcessProbe) -> tuple[int, int, float] | str:
+    """(read_bytes, rchar, seconds): what the job read over the window, from storage and in all, summed over the
+    pairs of consecutive Snapshots that both have its counters; a pair where one dropped (a worker gone before
+    it was reaped) is skipped. Or why that is not known."""
+    key = (p.pid, p.start_time_ticks)
+    storage = total = 0
+    span_s = 0.0
+    pairs = 0
+    prev: tuple[int, int, float] | None = None
+    for s in history:
+        q = next((x for x in _probes(s) if (x.pid, x.start_time_ticks) == key), None)
+        if q is None or q.io_read_bytes is None or q.io_rchar_bytes is None:
+            continue
+        if prev is not None and q.io_read_bytes >= prev[0] and q.io_rchar_bytes >= prev[1] and s.ts > prev[2]:
+            storage += q.io_read_bytes - prev[0]
+            total += q.io_rchar_bytes - prev[1]
+            span_s += s.ts - prev[2]
+            pairs += 1
+        prev = (q.io_read_bytes, q.io_rchar_bytes, s.ts)
+    if pairs:
+        return storage, total, span_s
+    if p.io_unavailable:
+        return p.io_unavailable
+    if p.io_read_bytes is None:
+        return "its reads (/proc/PID/io) are not in these Snapshots (recorded by an older dltop)"
+    return "one reading of its reads so far"
+
+
+def _filled(p: ProcessProbe) -> tuple[int, int] | None:
+    """(epoch, bytes) when the job's last epoch brought at least IO_MIN_BYTES of its own data into the page cache
+    (its cachestat delta): that data came from storage."""
+    e = p.epochs[-1] if p.epochs else None
+    if e is None or e.data_cached_delta_bytes is None or e.data_cached_delta_bytes < IO_MIN_BYTES:
+        return None
+    return e.index, e.data_cached_delta_bytes
 
 
 @rule
@@ -129,29 +169,51 @@ def stalled(history: Sequence[Snapshot]) -> Hint | None:
 
 @rule
 def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
-    """The loop waits for its batches: IO bound when a disk is busy, decode bound (more workers) when none is."""
+    """The loop waits for its batches: IO bound when the job's own reads come from storage (/proc/PID/io of it
+    and its workers), decode bound (more workers) when they come from the page cache. Another job loading the
+    disk does not make this one IO bound."""
     waiting = [p for p in _probes(history[-1]) if p.data_wait_fraction is not None
                and p.data_wait_fraction >= DATA_WAIT_HIGH]
     if not waiting:
         return None
     p = max(waiting, key=lambda q: q.data_wait_fraction or 0.0)
     fraction = p.data_wait_fraction or 0.0
-    disk = _busiest_disk(history)
-    if disk is None:
-        return None  # without the disks' load, IO bound and decode bound look the same
-    name, util = disk
     head = f"{_who(p)} waits for data {100 * fraction:.0f}% of each step"
-    numbers: dict[str, float] = {"pid": p.pid, "data_wait_fraction": fraction, "disk_util_pct": util}
-    if util >= DISK_BUSY_PCT:
+    numbers: dict[str, float] = {"pid": p.pid, "data_wait_fraction": fraction}
+    reads, filled = _job_reads(history, p), _filled(p)
+    disk = _busiest_disk(history)
+    io_fix = ("more page cache (warm the dataset, free memory) or faster storage; more workers only queue more "
+              "reads on the same storage")
+    if isinstance(reads, str):
+        if filled is None:
+            return Hint(id="training-data-wait", severity="info",
+                        text=f"{head}; IO bound or decode bound cannot be told: {reads}",
+                        fix="run dltop as root (or as the job's user) so it can read the job's /proc/PID/io",
+                        numbers=numbers)
+        epoch, filled_bytes = filled
         return Hint(id="training-io-bound", severity="warn",
-                    text=f"{head} while {name} is {util:.0f}% busy: IO bound",
-                    fix="more page cache (warm the dataset, free memory) or faster storage; more workers only "
-                        "queue more reads on the same disk",
-                    numbers=numbers)
+                    text=(f"{head}; epoch {epoch} brought {human_bytes(filled_bytes)} of its data into the page "
+                          f"cache (read from storage): IO bound ({reads})"),
+                    fix=io_fix, numbers={**numbers, "data_cached_delta_bytes": filled_bytes})
+    storage, total, span_s = reads
+    share = storage / max(total, storage) if max(total, storage) > 0 else 0.0
+    numbers.update(io_read_bytes=storage, io_rchar_bytes=total, io_window_s=span_s, io_storage_share=share)
+    rate = f"{human_bytes(round(storage / span_s))}/s" if span_s > 0 else human_bytes(storage)
+    if storage >= IO_MIN_BYTES and share >= IO_SHARE:
+        return Hint(id="training-io-bound", severity="warn",
+                    text=(f"{head} while {100 * share:.0f}% of what it reads comes from storage ({rate}, over "
+                          f"{span_s:.0f}s, the process and its workers): IO bound"),
+                    fix=io_fix, numbers=numbers)
     workers = p.loader_workers
     more = f"more DataLoader workers than {workers}" if workers is not None else "more DataLoader workers"
+    other = ""
+    if disk is not None and disk[1] >= DISK_BUSY_PCT:
+        other = f"; {disk[0]} is {disk[1]:.0f}% busy, but not with this job's reads"
+        numbers["disk_util_pct"] = disk[1]
+    where = ("reads nothing from files" if total == 0 else
+             f"reads {human_bytes(total)} in {span_s:.0f}s, {100 * share:.0f}% of it from storage")
     return Hint(id="training-decode-bound", severity="warn",
-                text=f"{head} while the disks idle (busiest {name} {util:.0f}%): decode bound",
+                text=f"{head} while it {where} (the process and its workers): decode bound{other}",
                 fix=f"{more} (num_workers), or a cheaper decode / augmentation",
                 numbers={**numbers, **({} if workers is None else {"loader_workers": workers})})
 

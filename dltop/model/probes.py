@@ -86,6 +86,14 @@ class ProcessProbe:
     loader_workers: int | None = None
     pin_memory: bool | None = None
     data_dir: str | None = None  # the folder the job's data is read from, where the script or its dataset says
+    # The job's own reads, dltop's reading of /proc/PID/io for the process and its children (DataLoader workers),
+    # summed: read_bytes fetched from storage (0 for a page-cache or tmpfs read), rchar every byte read() returned.
+    # None: not known, `io_unavailable` says why (another user's process when dltop is not root); an older
+    # recording has neither. Counters since each process started: a hint takes their deltas over Snapshots.
+    io_read_bytes: int | None = None
+    io_rchar_bytes: int | None = None
+    io_processes: int | None = None  # how many processes the sums cover
+    io_unavailable: str | None = None
     cudnn_benchmark: bool | None = None
     cudnn_deterministic: bool | None = None
     compile: dict[str, int] = field(default_factory=dict)

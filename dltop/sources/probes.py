@@ -33,6 +33,7 @@ from dltop.probe.files import (
     proc_start_ticks,
 )
 from dltop.sources.base import Source
+from dltop.sources.procio import with_job_reads
 
 FILE_NAME = re.compile(r"[0-9]{1,10}\.json")
 SHARED_NAME = re.compile(r"([0-9]{1,10})(?:\.([0-9]{1,20}))?")  # UID.PIDNS under $DLTOP_PROBE_DIR
@@ -521,5 +522,7 @@ def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/") -> Prob
 
 def source(settings: Settings) -> Source:
     """The probes source at the refresh interval (a listing of one or two small directories)."""
-    return Source(name="probes", interval_s=settings.refresh_s, read=lambda: read_probes(root=settings.root),
+    # with each job's own reads (/proc/PID/io of it and its workers) beside what it publishes
+    return Source(name="probes", interval_s=settings.refresh_s,
+                  read=lambda: with_job_reads(read_probes(root=settings.root), settings.root),
                   timeout_s=max(2.0, settings.refresh_s * 2), follows_refresh=True)
