@@ -656,3 +656,38 @@ def test_dltop_probe_1_under_torchrun_publishes_only_the_rank(tmp_path: Path) ->
     finally:
         release.touch()
         agent.wait(timeout=60)
+
+
+def test_gradients_freed_by_zero_grad_do_not_read_0_while_the_loop_trains() -> None:
+    # zero_grad(set_to_none=True) frees every gradient each step: a count between it and backward read 0, one
+    # during backward part of them; sampled at every point of each step, grads reads the step's full bytes
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe.watch_model(model)
+    full = _storage_bytes(model.parameters())  # one gradient per parameter, of its size
+    batches = [torch.randn(8, 16) for _ in range(20)]
+    samples: list[int] = []
+
+    def grads() -> int:
+        return probe.report()["devices"]["cpu"]["gradients_bytes"]
+
+    trained = False
+    for x in probe.track(batches):
+        if trained:
+            samples.append(grads())
+        opt.zero_grad(set_to_none=True)
+        if trained:
+            assert all(p.grad is None for p in model.parameters())  # really freed
+            samples.append(grads())
+        loss = model(x).square().mean()
+        if trained:
+            samples.append(grads())
+        loss.backward()
+        trained = True
+        samples.append(grads())
+        opt.step()
+        samples.append(grads())
+    assert len(samples) == 19 * 5 + 2 and set(samples) == {full}
+    probe.mark_epoch()
+    opt.zero_grad(set_to_none=True)
+    assert grads() == 0  # the loop stopped and its gradients are gone: the count as it is

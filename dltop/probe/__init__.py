@@ -98,6 +98,9 @@ class _State:
         self.hooked = False  # sys.excepthook wrapped (once per process)
         self.exit: dict[str, Any] | None = None  # the exit record of the last publication (docs/probe.md)
         self.optimizer_steps: int | None = None  # counted by zero-code mode's optimizer hook (dltop.probe.hooks)
+        # The most gradient bytes per device counted while the loop steps: zero_grad(set_to_none=True) frees the
+        # gradients every step, so a count between zero_grad and backward read 0 (issue 18, item 11).
+        self.grads_held: dict[str, int] = {}
 
 
 _state = _State()
@@ -617,6 +620,24 @@ def _cudnn_built(backend: Any) -> bool:
         return False
 
 
+def _loop_is_stepping(d: _Data) -> bool:
+    """An epoch is open and its last step ended within WINDOW_S: the loop is training now."""
+    return d.epoch_open and d.last_t > 0 and time.perf_counter_ns() - d.last_t < WINDOW_S * 1e9
+
+
+def _hold_gradients(devices: dict[str, dict[str, Any]]) -> None:
+    """Report each device's gradients as the most counted while the loop steps (gradients freed by
+    zero_grad(set_to_none=True) and allocated again by backward are the step's, whenever the count falls); the
+    count as it is once the loop stops or its epoch closes."""
+    if not _loop_is_stepping(_state.data):
+        _state.grads_held = {}
+        return
+    held = _state.grads_held
+    for name, entry in devices.items():
+        held[name] = max(held.get(name, 0), entry.get("gradients_bytes", 0))
+        entry["gradients_bytes"] = held[name]
+
+
 def report(fresh: bool = True) -> dict[str, Any]:
     """What the probe would publish now (format 1, docs/probe.md). `fresh=False` (the publisher thread) reuses
     the last tensor count while the duty cycle says so; `tensors_counted_at` says when it was made."""
@@ -625,6 +646,7 @@ def report(fresh: bool = True) -> dict[str, Any]:
     cudnn = compile_counters = None
     if torch is not None:
         devices = _counted_tensors(torch, fresh)
+        _hold_gradients(devices)
         _cuda_stats(torch, devices)
         backend = getattr(getattr(torch, "backends", None), "cudnn", None)
         if backend is not None and _cudnn_built(backend):  # CPU-only torch: cudnn.benchmark does nothing
@@ -832,6 +854,7 @@ def _after_fork_in_child() -> None:
     _state.tensors = None
     _state.exit = _state.error = None
     _state.optimizer_steps = None
+    _state.grads_held = {}
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
