@@ -267,3 +267,37 @@ async def test_stalled_and_exited_jobs_are_marked_and_exited_ones_stay_until_dis
         assert "stalled" in next(ln for ln in body.splitlines() if ln.startswith("Step"))
         assert list(pane.palette_commands()) == []  # nothing left to dismiss
         _fits(app)
+
+
+async def test_an_epoch_of_nan_or_a_500_percent_wait_is_left_out_with_its_note(tmp_path: Path) -> None:
+    # a probe file (any local user can write one) whose epochs claim NaN seconds or a data wait five times the
+    # epoch: neither number reaches the screen; the good epoch does, and each bad one's reason is in the notes
+    import dltop.probe as probe
+
+    now = time.time()
+
+    def epoch(index: int, duration_s: float, wait_s: float) -> dict:
+        return {"index": index, "started_at": now - 60 + index, "ended_at": now - 59 + index,
+                "duration_s": duration_s, "data_wait_s": wait_s, "steps": 10, "data_cached_delta_bytes": 0,
+                "data_cached_source": "cachestat: 1 files under data_dir", "gpu_util": None}
+
+    doc = {**probe.report(), "epochs": [epoch(0, 4.0, 1.0), epoch(1, float("nan"), 1.0),
+                                        epoch(2, 2.0, 10.0), epoch(3, 3.0, float("inf"))]}
+    d = tmp_path / "dltop"
+    fd = open_private_dir(str(d))
+    write_atomic(fd, f"{os.getpid()}.json", json.dumps(doc).encode())  # json writes NaN and Infinity
+    os.close(fd)
+    part = read_probes([(str(d), os.getuid())])
+    assert [e.index for e in part.processes[0].epochs] == [0]
+    app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        body, notes = _text(app, "#tr-body"), _text(app, "#tr-notes")
+        assert "nan" not in body.lower() and "inf" not in body.lower()  # the notes say why, in words
+        assert "500%" not in body + notes and not any(ln.split()[:1] in (["1"], ["2"], ["3"]) for ln in body.splitlines())
+        row = next(ln for ln in body.splitlines() if ln.split()[:1] == ["0"])
+        assert "4.00s" in row and "25%" in row
+        assert "epochs[1] left out: duration_s: nan is not a finite number" in notes
+        assert "epochs[2] left out: data_wait_s: 10 is longer than the epoch" in notes
+        assert "epochs[3] left out: data_wait_s: inf is not a finite number" in notes
+        _fits(app)

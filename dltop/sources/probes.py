@@ -176,7 +176,8 @@ class _Fields:
         value = self.get(key, (int, float), optional)
         if value is None:
             return None
-        v = float(value) if -1e308 < value < 1e308 else math.inf  # an int of 400 digits is not a float
+        # an int of 400 digits is not a float; a NaN is named as itself (it compares false to any bound)
+        v = float(value) if isinstance(value, float) or -1e308 < value < 1e308 else math.inf
         why = _out_of_range(v, 0, high)
         if why:
             self._bad(key, why, optional)
