@@ -24,6 +24,7 @@ from dltop.hints.training import (
     IO_MIN_BYTES,
     IO_SHARE,
     SHAPES_MANY,
+    compile_fell_back_to_eager,
     cudnn_benchmark_shapes,
     data_wait_high,
     oom_retries_rising,
@@ -321,6 +322,34 @@ def test_torch_compile_recompiling_again_and_again() -> None:
     assert h is not None and h.numbers["recompiles_new"] == 5
     assert h.numbers["recompiles"] == after.probes.processes[0].compile["recompiles"]  # type: ignore[union-attr]
     assert recompiling([after, snap(40.0)]) is None  # none since: quiet
+
+
+def test_torch_compile_at_its_recompile_limit_falls_back_to_eager_and_says_which(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    # dynamo's counters are the process's: this test counts only its own graph breaks
+    monkeypatch.setitem(counters, "unimplemented", type(counters["unimplemented"])())
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+
+    @torch.compile(backend="eager", dynamic=False)
+    def triple(x):
+        return x * 3
+
+    triple(torch.zeros(1))
+    before = snap(0.0)
+    assert compile_fell_back_to_eager([before]) is None  # compiled once: within the limit
+    for n in (2, 3):  # a new static shape: over the limit of 1, dynamo runs the frame eager from now on
+        assert torch.equal(triple(torch.ones(n)), torch.full((n,), 3.0))
+    after = snap(30.0)
+    compiled = after.probes.processes[0].compile  # type: ignore[union-attr]
+    assert compiled["eager_fallbacks"] == 1 and compiled["recompile_limit"] == 1
+    h = compile_fell_back_to_eager([before, after])
+    assert h is not None and h.numbers == {"pid": os.getpid(), "eager_fallbacks": 1, "recompile_limit": 1}
+    assert "torch._dynamo.config.recompile_limit (1)" in h.text and "a frame run eager" in h.text
+    assert "torch._dynamo.config.recompile_limit" in h.fix and "mark_dynamic" in h.fix
+    assert any(r.__name__ == "compile_fell_back_to_eager" for r in RULES)
 
 
 class Obj:

@@ -1,6 +1,6 @@
 """Training hints, from what the in-process probe publishes (docs/probe.md): the page cache warming during the first
 epoch, a stalled loop (a hung rank), data waits that are IO bound or decode bound, cudnn.benchmark autotuning every new shape, torch.compile
-recompiling, the CUDA allocator retrying and running out of memory. Each fires only on numbers a probe gave."""
+recompiling or falling back to eager at its recompile limit, the CUDA allocator retrying and running out of memory. Each fires only on numbers a probe gave."""
 
 from __future__ import annotations
 
@@ -258,6 +258,29 @@ def recompiling(history: Sequence[Snapshot]) -> Hint | None:
                         fix='TORCH_LOGS="recompiles" says which guard fails; mark changing sizes dynamic '
                             "(torch._dynamo.mark_dynamic) or keep Python values that change out of the graph",
                         numbers={"pid": p.pid, "recompiles_new": new, "recompiles": total})
+    return None
+
+
+@rule
+def compile_fell_back_to_eager(history: Sequence[Snapshot]) -> Hint | None:
+    """torch.compile hit its recompile limit: dynamo stopped compiling those frames and runs them eager from then
+    on (it logs a warning once), so the job lost what compiling them bought."""
+    for p in _probes(history[-1]):
+        fallbacks = p.compile.get("eager_fallbacks")
+        if not fallbacks:
+            continue
+        accumulated = p.compile.get("eager_fallbacks_accumulated", 0)
+        name = "accumulated_recompile_limit" if accumulated >= fallbacks else "recompile_limit"
+        limit = p.compile.get("recompile_limit")
+        which = f"torch._dynamo.config.{name}" + (f" ({limit})" if name == "recompile_limit" and limit is not None
+                                                  else "")
+        frames = "a frame" if fallbacks == 1 else f"{fallbacks} frames"
+        return Hint(id="training-compile-eager-fallback", severity="warn",
+                    text=f"{_who(p)}: torch.compile hit {which}: {frames} run eager (uncompiled) from now on",
+                    fix='TORCH_LOGS="recompiles" says which guard keeps failing; mark changing sizes dynamic '
+                        f"(torch._dynamo.mark_dynamic, or dynamic=True), or raise torch._dynamo.config.{name}",
+                    numbers={"pid": p.pid, "eager_fallbacks": fallbacks,
+                             **({"recompile_limit": limit} if limit is not None else {})})
     return None
 
 

@@ -513,12 +513,45 @@ def _recompiles() -> int:
     return sum(max(0, n - 1) for n in list(per_frame.values()) if isinstance(n, int))
 
 
+# How dynamo names the graph break of a frame it stops compiling at its recompile limit (counters["unimplemented"]):
+# torch 2.7+ "Dynamo recompile limit exceeded ... Limit type: recompile_limit"; older "recompile_limit reached",
+# before 2.6 "cache_size_limit reached" (the accumulated limit's names hold "accumulated").
+RECOMPILE_LIMIT_BREAKS = ("recompile limit exceeded", "recompile_limit reached", "cache_size_limit reached")
+
+
+def _eager_fallbacks(counters: Any) -> tuple[int, int]:
+    """Frames dynamo gave up compiling at its recompile limit (they run eager from then on), and of them those at
+    the accumulated limit: what torch logs once as 'torch._dynamo hit config.recompile_limit'."""
+    total = accumulated = 0
+    for reason, n in list(counters["unimplemented"].items()):
+        text = str(reason)
+        if isinstance(n, int) and any(k in text for k in RECOMPILE_LIMIT_BREAKS):
+            total += n
+            accumulated += n if "accumulated" in text else 0
+    return total, accumulated
+
+
+def _recompile_limit() -> int | None:
+    """torch._dynamo.config.recompile_limit (cache_size_limit before torch 2.6): recompiles a frame may have."""
+    config = sys.modules.get("torch._dynamo.config")
+    for name in ("recompile_limit", "cache_size_limit"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
 def _compile_counters() -> dict[str, int] | None:
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     if counters is None:
         return None
+    fallbacks, accumulated = _eager_fallbacks(counters)
+    limit = _recompile_limit()
     return {
+        "eager_fallbacks": fallbacks,
+        **({"eager_fallbacks_accumulated": accumulated} if accumulated else {}),
+        **({"recompile_limit": limit} if limit is not None else {}),
         "recompiles": _recompiles(),
         "unique_graphs": int(counters["stats"]["unique_graphs"]),
         "graph_breaks": int(sum(counters["graph_break"].values())),

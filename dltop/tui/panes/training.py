@@ -171,6 +171,8 @@ def _facts(p: ProcessProbe, width: int) -> Content:
         bits.append(f"optimizer steps {p.optimizer_steps}")
     if "recompiles" in p.compile:
         bits.append(f"recompiles {p.compile['recompiles']}")
+    if p.compile.get("eager_fallbacks"):  # frames dynamo stopped compiling at its recompile limit
+        bits.append(f"eager fallbacks {p.compile['eager_fallbacks']}")
     retries = sum(d.memory_stats.get("num_alloc_retries", 0) for d in p.devices)
     ooms = sum(d.memory_stats.get("num_ooms", 0) for d in p.devices)
     if any("num_ooms" in d.memory_stats for d in p.devices):
