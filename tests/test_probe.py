@@ -691,3 +691,26 @@ def test_gradients_freed_by_zero_grad_do_not_read_0_while_the_loop_trains() -> N
     probe.mark_epoch()
     opt.zero_grad(set_to_none=True)
     assert grads() == 0  # the loop stopped and its gradients are gone: the count as it is
+
+
+def test_a_val_loader_in_the_epoch_is_timed_apart_from_the_train_loader() -> None:
+    # train then val in each epoch: the val loop's long waits (a slow loader) are not in the train step time or
+    # data wait, and the epochs count the train loader's steps
+    def slow(n: int, wait_s: float):
+        for _ in range(n):
+            time.sleep(wait_s)
+            yield torch.zeros(2)
+
+    for _epoch in range(2):
+        for _x in probe.track([torch.zeros(2)] * 6):
+            pass
+        for _x in probe.track(slow(3, 0.02), name="val"):
+            pass
+        probe.mark_epoch()
+    doc = probe.report()
+    assert [e["steps"] for e in doc["epochs"]] == [6, 6]  # mixed, they were 9 (and 18 steps below)
+    assert doc["data"]["steps"] == 12 and doc["data"]["recent_steps"] == 10
+    val = doc["loaders"]["val"]
+    assert val["steps"] == 6 and val["recent_steps"] == 4  # each pass's first item has no step before it
+    assert val["recent_wait_s"] >= 0.02 * 4
+    json.loads(probe.encode(doc))  # published within the limit

@@ -38,6 +38,9 @@ MAX_ERROR = 200  # characters of an uncaught exception kept for the exit record
 MAX_SHAPES = 64
 MAX_EPOCHS = 16
 MAX_CMD = 256
+MAIN_LOADER = "train"  # the name of the loader track() times by default: its steps are the epochs' (docs/probe.md)
+MAX_LOADERS = 4  # loaders timed apart beside the main one (a val loader, a test loader): more are not timed
+MAX_LOADER_NAME = 32
 ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
              "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 MEMORY_STATS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
@@ -84,7 +87,9 @@ class _State:
         self.models: list[weakref.ref[Any]] = []
         self.optimizers: list[weakref.ref[Any]] = []
         self.kv: list[weakref.ref[Any]] = []
-        self.data = _Data()
+        self.data = _Data()  # the main loader's (MAIN_LOADER, or the first name track() was given)
+        self.main_loader: str | None = None
+        self.loaders: dict[str, _Data] = {}  # the others by name: a val loop is not mixed into the train steps
         self.epochs: list[dict[str, Any]] = []
         self.dir_fd: int | None = None
         self.warned: set[str] = set()
@@ -307,10 +312,46 @@ def _dataset_root(iterable: Any) -> str | None:
     return root if isinstance(root, str) else None
 
 
-def track(iterable: Iterable[T], data_dir: str | None = None) -> Iterator[T]:
+def _other_loader(iterable: Iterable[T], name: str) -> Iterator[T]:
+    """Time a loader that is not the main one (a val loop) apart, under its name: its steps and waits only (no
+    epochs: mark_epoch closes the main loader's); each pass starts without a step before its first item."""
+    d = _state.loaders.get(name)
+    if d is None:
+        if len(_state.loaders) >= MAX_LOADERS:
+            _warn_once("loaders", f"over {MAX_LOADERS} loaders beside the main one: {name!r} is not timed")
+            yield from iterable
+            return
+        d = _state.loaders[name] = _Data()
+    d.seen = d.explicit = True
+    d.last_t = 0
+    clock, mask = time.perf_counter_ns, RING - 1
+    it = iter(iterable)
+    while True:
+        t0 = clock()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        t1 = clock()
+        n, last = d.n, d.last_t
+        d.waits[n & mask] = wait = t1 - t0
+        d.steps_ns[n & mask] = t1 - last if last else 0
+        d.ends_ns[n & mask] = t1
+        d.last_t, d.n, d.wait_total = t1, n + 1, d.wait_total + wait
+        yield item
+
+
+def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None = None) -> Iterator[T]:
     """Yield the items of `iterable`, timing how long each took to arrive (the data wait) and the step time.
     `data_dir`: the folder the data is read from (default: the DataLoader's `dataset.root` when it has one), so
-    that dltop can name the dataset to warm."""
+    that dltop can name the dataset to warm. `name`: a loader to time apart from the main one (default
+    "train", the first name given), e.g. `track(val_loader, name="val")`: its steps are not the epochs'."""
+    wanted = (MAIN_LOADER if name is None else str(name))[:MAX_LOADER_NAME]
+    if _state.main_loader is None:
+        _state.main_loader = wanted
+    if wanted != _state.main_loader:
+        yield from _other_loader(iterable, wanted)
+        return
     d = _state.data
     d.seen = d.explicit = True
     workers = getattr(iterable, "num_workers", None)
@@ -605,8 +646,8 @@ def _cmdline() -> str:
         return " ".join(sys.argv)[:MAX_CMD]
 
 
-def _data_report() -> dict[str, Any] | None:
-    d = _state.data
+def _data_report(d: _Data | None = None) -> dict[str, Any] | None:
+    d = _state.data if d is None else d
     if not d.seen:
         return None
     now, n, mask = time.perf_counter_ns(), d.n, RING - 1
@@ -632,6 +673,17 @@ def _data_report() -> dict[str, Any] | None:
         "pin_memory": d.pin_memory,
         "data_dir": d.data_dir,
     }
+
+
+def _loaders_report() -> dict[str, dict[str, Any]]:
+    """The loaders timed apart from the main one, by name: their recent numbers as `data` has them."""
+    keys = ("steps", "recent_steps", "recent_wait_s", "recent_step_s", "last_step_age_s")
+    out = {}
+    for name, d in list(_state.loaders.items()):
+        got = _data_report(d)
+        if got is not None:
+            out[name] = {k: got[k] for k in keys}
+    return out
 
 
 def _counted_tensors(torch: Any, fresh: bool) -> dict[str, dict[str, Any]]:
@@ -716,6 +768,7 @@ def report(fresh: bool = True) -> dict[str, Any]:
         "cudnn": cudnn,
         "compile": compile_counters,
         "data": _data_report(),
+        **({"loaders": _loaders_report()} if _state.loaders else {}),
         "epochs": list(_state.epochs),
         **({"optimizer_steps": _state.optimizer_steps} if _state.optimizer_steps is not None else {}),
         "gpu_util_source": GPU_UTIL_SOURCE,
@@ -724,8 +777,8 @@ def report(fresh: bool = True) -> dict[str, Any]:
 
 
 def encode(doc: dict[str, Any]) -> bytes | None:
-    """The file's bytes, within MAX_FILE_BYTES: drop the oldest epochs, then the allocator settings, then cut the
-    command, then the compile counters, then the memory_stats of the devices listed last, naming each in
+    """The file's bytes, within MAX_FILE_BYTES: drop the oldest epochs, then the other loaders, then the allocator
+    settings, then cut the command, then the compile counters, then the memory_stats of the devices listed last, naming each in
     `truncated`; None when it still does not fit."""
     doc = dict(doc)
     dropped: list[str] = []
@@ -737,6 +790,9 @@ def encode(doc: dict[str, Any]) -> bytes | None:
             doc["epochs"] = doc["epochs"][1:]
             if "epochs" not in dropped:
                 dropped.append("epochs")
+        elif doc.get("loaders"):
+            doc["loaders"] = {}
+            dropped.append("loaders")
         elif doc.get("allocator_env"):
             doc["allocator_env"] = {}
             dropped.append("allocator_env")
@@ -882,6 +938,8 @@ def _after_fork_in_child() -> None:
     _state.thread = None
     _state.stop = threading.Event()
     _state.data = _Data()
+    _state.main_loader = None
+    _state.loaders = {}
     _state.epochs = []
     _state.started_at = None
     _state.tensors = None
