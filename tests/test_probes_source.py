@@ -609,3 +609,19 @@ def test_the_new_fields_are_validated(pdir: Path, changes: dict, field: str, kep
     assert p.step_time_s == 0.5  # the rest of the file is read
     if kept is None:
         assert any(k.startswith(("optimizer_steps", "exit.")) for k in p.unavailable)
+
+
+def test_loaders_apart_are_validated_each(pdir: Path) -> None:
+    good = {"steps": 6, "recent_steps": 4, "recent_wait_s": 0.1, "recent_step_s": 0.4, "last_step_age_s": 1.0}
+    loaders = {"val": good, "test": {**good, "recent_wait_s": float("nan")}, "x\x1b[2J": good,
+               "hold": {**good, "recent_wait_s": 2.0}, "neg": {**good, "steps": -1}, "more": good}
+    _write(pdir, _doc(loaders=loaders))
+    p = _read(pdir).processes[0]
+    assert [(v.name, v.steps, v.step_time_s, v.data_wait_fraction) for v in p.loaders] == [("val", 6, 0.1, 0.25)]
+    assert p.unavailable["loaders.test"] == "loaders.test left out: recent_wait_s: nan is not a finite number"
+    assert "a name of letters" in p.unavailable["loaders[2]"]
+    assert p.unavailable["loaders.hold"] == "loaders.hold left out: recent_wait_s: 2 is longer than its steps"
+    assert p.unavailable["loaders"] == "loaders: over 4, the rest left out"
+    _write(pdir, _doc(loaders=[1, 2]))
+    p = _read(pdir).processes[0]
+    assert p.loaders == () and p.unavailable["loaders"] == "loaders ignored: expected an object"

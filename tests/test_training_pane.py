@@ -301,3 +301,44 @@ async def test_an_epoch_of_nan_or_a_500_percent_wait_is_left_out_with_its_note(t
         assert "epochs[2] left out: data_wait_s: 10 is longer than the epoch" in notes
         assert "epochs[3] left out: data_wait_s: inf is not a finite number" in notes
         _fits(app)
+
+
+async def test_a_val_loader_has_its_own_line(tmp_path: Path) -> None:
+    # a real probe that tracked a train and a val loader, read back from its file: the val line beside the
+    # train numbers, the epochs the train loader's, within 80x24
+    pytest.importorskip("torch", reason="torch is not installed (the test extra)")
+    import dltop.probe as probe
+
+    code = """
+import time, torch, dltop.probe as probe
+probe.start(interval_s=60)
+for epoch in range(2):
+    for x in probe.track([torch.zeros(2, 4)] * 8):
+        time.sleep(0.002)
+    for x in probe.track([torch.zeros(2, 4)] * 3, name="val"):
+        time.sleep(0.001)
+    probe.mark_epoch()
+probe.publish()
+print(flush=True)
+time.sleep(60)
+"""
+    job = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                           env=probe_env(tmp_path))
+    try:
+        job.stdout.readline()  # type: ignore[union-attr]
+        part = read_probes([(str(tmp_path / "dltop"), os.getuid())])
+    finally:
+        job.kill()
+        job.wait()
+    p = part.processes[0]
+    assert [e.steps for e in p.epochs] == [8, 8] and p.steps == 16
+    assert [(v.name, v.steps) for v in p.loaders] == [("val", 6)] and p.loaders[0].step_time_s is not None
+    app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        body = _text(app, "#tr-body")
+        val = next(ln for ln in body.splitlines() if ln.startswith("val "))
+        assert f"{1000 * p.loaders[0].step_time_s:.1f} ms" in val and "6 steps in all" in val
+        assert next(ln for ln in body.splitlines() if ln.startswith("Step"))
+        _fits(app)
+    assert probe.MAIN_LOADER == "train"

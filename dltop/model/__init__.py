@@ -16,7 +16,7 @@ from dltop.model.cpu import CpuPart
 from dltop.model.datasets import DatasetsPart
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MemorySplit, MigDevice
 from dltop.model.memory import CgroupMemory, DiskStat, MemoryPart, Pressure, VmStat
-from dltop.model.probes import IgnoredProbe, ProbeDevice, ProbeEpoch, ProbesPart, ProcessProbe
+from dltop.model.probes import IgnoredProbe, ProbeDevice, ProbeEpoch, ProbeLoader, ProbesPart, ProcessProbe
 from dltop.model.servers import ModelStats, ServerStats
 
 SCHEMA_VERSION = 1
@@ -43,6 +43,7 @@ __all__ = [
     "Pressure",
     "ProbeDevice",
     "ProbeEpoch",
+    "ProbeLoader",
     "ProbesPart",
     "ProcessProbe",
     "ServerStats",

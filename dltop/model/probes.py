@@ -50,6 +50,17 @@ class ProbeEpoch:
 
 
 @dataclass(frozen=True)
+class ProbeLoader:
+    """A loader the process times apart from its main one (`probe.track(loader, name="val")`)."""
+
+    name: str
+    steps: int
+    step_time_s: float | None = None  # mean over its recent steps; None when none ended within the window
+    data_wait_fraction: float | None = None  # 0..1 over them
+    last_step_age_s: float | None = None
+
+
+@dataclass(frozen=True)
 class ProcessProbe:
     """One process's probe file, checked (owner, size, format, the process alive with the same start time)."""
 
@@ -99,6 +110,7 @@ class ProcessProbe:
     compile: dict[str, int] = field(default_factory=dict)
     allocator_env: dict[str, str] = field(default_factory=dict)
     epochs: tuple[ProbeEpoch, ...] = ()
+    loaders: tuple[ProbeLoader, ...] = ()  # timed apart from the main loader (a val loop), by name
     gpu_util_source: str | None = None
     truncated: tuple[str, ...] = ()  # what the probe dropped to stay within 4 KiB
     unavailable: dict[str, str] = field(default_factory=dict)

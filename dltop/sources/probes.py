@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dltop.config import Settings
-from dltop.model.probes import IgnoredProbe, ProbeDevice, ProbeEpoch, ProbesPart, ProcessProbe
+from dltop.model.probes import IgnoredProbe, ProbeDevice, ProbeEpoch, ProbeLoader, ProbesPart, ProcessProbe
 from dltop.probe.files import (
     DIR_FLAGS,
     FORMAT,
@@ -255,6 +255,48 @@ def _epoch(i: int, e: Any, notes: dict[str, str]) -> ProbeEpoch | None:
         return None
 
 
+MAX_LOADERS = 4  # the probe's own bound: more in a file are left out with a note
+LOADER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
+
+
+def _loaders(doc: Any, notes: dict[str, str]) -> tuple[ProbeLoader, ...]:
+    """The loaders timed apart from the main one; each that cannot be believed is left out with a note."""
+    if doc is None:
+        return ()
+    if not isinstance(doc, dict):
+        notes["loaders"] = "loaders ignored: expected an object"
+        return ()
+    out = []
+    for i, (name, d) in enumerate(doc.items()):
+        where = f"loaders.{name}" if LOADER_NAME.fullmatch(str(name)) else f"loaders[{i}]"
+        if i >= MAX_LOADERS:
+            notes["loaders"] = f"loaders: over {MAX_LOADERS}, the rest left out"
+            break
+        if where.startswith("loaders["):
+            notes[where] = f"{where} left out: a name of letters, digits and ._:- (1 to 32) expected"
+            continue
+        if not isinstance(d, dict):
+            notes[where] = f"{where} left out: expected an object"
+            continue
+        f = _Fields(d, where, {})
+        try:
+            steps, recent = f.count("steps"), f.count("recent_steps", optional=True)
+            wait_s, step_s = f.num("recent_wait_s", optional=True), f.num("recent_step_s", optional=True)
+            age = f.num("last_step_age_s", optional=True)
+            if f.notes:
+                raise Malformed(next(iter(f.notes.values())))
+            if wait_s is not None and step_s is not None and wait_s > step_s * 1.01 + 0.01:
+                raise Malformed(f"{where}.recent_wait_s: {wait_s:g} is longer than its steps")
+            timed = bool(recent and step_s and wait_s is not None)
+            out.append(ProbeLoader(name=str(name), steps=steps or 0,
+                                   step_time_s=step_s / recent if timed and step_s and recent else None,
+                                   data_wait_fraction=min(wait_s / step_s, 1.0) if timed and step_s and wait_s is not None
+                                   else None, last_step_age_s=age))
+        except Malformed as e:
+            notes[where] = f"{where} left out: {str(e).removeprefix(where + '.')}"
+    return tuple(out)
+
+
 def _delta(f: _Fields, key: str) -> int | None:
     """A page-cache change over an epoch: may be negative, never beyond a PiB either way."""
     value = f.get(key, int, optional=True)
@@ -359,6 +401,7 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         compile=_count_map(f, "compile"),
         allocator_env=_str_map(f, "allocator_env"),
         epochs=tuple(ep for i, e in enumerate(epochs_doc) if (ep := _epoch(i, e, notes)) is not None),
+        loaders=_loaders(doc.get("loaders"), notes),
         gpu_util_source=f.get("gpu_util_source", str, optional=True),
         truncated=tuple(str(t)[:80] for t in truncated[:32]), unavailable={**unavailable, **notes},
         exit_how=how, exit_error=exit_error, exit_code=exit_code, exited_at=exited_at,

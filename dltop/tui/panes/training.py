@@ -211,6 +211,12 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
     ):
         bar = sparkline_rows(data, spark_width, 1, top)[0] if data else ""
         lines.append(Content.assemble((f"{label:<10}", "bold"), f"{value:>9} ", (bar, style)))
+    for loader in lead.loaders:  # timed apart from the main loader: a val loop is not in the numbers above
+        step_now = "n/a" if loader.step_time_s is None else f"{1000 * loader.step_time_s:.1f} ms"
+        wait_now = "" if loader.data_wait_fraction is None else f"  data wait {100 * loader.data_wait_fraction:.0f}%"
+        lines.append(Content.assemble((f"{printable(loader.name)[:9]:<10}", "bold"), f"{step_now:>9} ",
+                                      (f"a step{wait_now}  ({plural(loader.steps, 'step')} in all, apart from "
+                                       "the epochs)", "dim")).truncate(width, ellipsis=True))
     if lead.epochs:
         pids = {p.pid for p in members}
         who = f" (rank {lead.rank}'s)" if len(members) > 1 else ""
