@@ -68,7 +68,7 @@ def main() -> int:
         writer = threading.Thread(target=make_io, args=(Path(tmp), stop), daemon=True)
         writer.start()
         os.environ["XDG_RUNTIME_DIR"] = tmp  # the training run's probe, and only it, for the Training tab
-        train = subprocess.Popen([sys.executable, str(REPO / "examples/train_tiny.py"), "--epochs", "40",
+        train = subprocess.Popen([sys.executable, str(REPO / "examples/train_tiny.py"), "--epochs", "400",
                                   "--files", "128", "--size-kib", "256", "--decode-ms", "3",
                                   "--data-dir", str(Path(tmp) / "train-tiny"), "--linger", "120"],
                                  stdout=subprocess.DEVNULL)
