@@ -174,7 +174,10 @@ def test_the_unit_tests_series_are_the_exporters(real_scrapes: Scrape) -> None:
             own = {k: v for k, v in labels.items() if k not in TARGET_LABELS}
             assert set(own) in [set(x) for x in real_scrapes[name]], (s["series"], real_scrapes[name][0])
             for k in set(own) & VOCABULARY:
-                assert own[k] in {x.get(k) for x in real_scrapes[name]}, (s["series"], k)
+                values = {x.get(k) for x in real_scrapes[name]}
+                if values == {""}:
+                    continue  # a family the field table stood in for (no server payloads in a bare clone)
+                assert own[k] in values, (s["series"], k)
             seen += 1
     assert seen >= 20
 

@@ -216,7 +216,9 @@ def test_a_decode_bound_job_on_warm_data_beside_a_job_loading_the_disk_is_decode
     p = history[-1].probes.processes[0]  # type: ignore[union-attr]
     assert p.io_processes is not None and p.io_processes >= 1
     assert h is not None and h.id == "training-decode-bound", h
-    assert h.numbers["io_storage_share"] < IO_SHARE and h.numbers["io_read_bytes"] < IO_MIN_BYTES
+    # Some bytes may come from storage all the same (on a loaded node, the workers' start pages torch's
+    # libraries back in: 4 MiB of ~200 read in one CI run); the verdict is the share, and it is small.
+    assert h.numbers["io_storage_share"] < IO_SHARE
     assert h.numbers["io_rchar_bytes"] > 0 and "more DataLoader workers than 2" in h.fix
 
 
