@@ -15,8 +15,10 @@ Targets: track ≤ 2 µs per batch; the publisher ≤ 0.1% of one core; DLTOP_PR
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,9 +98,17 @@ def track_cost(n: int, repeats: int) -> list[dict[str, float | str]]:
     return rows
 
 
+def _runtime_dir() -> str:
+    """A private runtime dir on tmpfs (as /run/user and /dev/shm are) for the probes of one measurement; removed
+    when the benchmark exits (/dev/shm outlives it otherwise)."""
+    path = tempfile.mkdtemp(prefix="dltop-bench-probe-", dir="/dev/shm")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def publisher_cpu(seconds: float) -> dict[str, float]:
     """CPU time of two identical processes over `seconds`, one with the publisher running."""
-    runtime = tempfile.mkdtemp(prefix="dltop-bench-probe-", dir="/dev/shm")  # tmpfs, as /run/user and /dev/shm
+    runtime = _runtime_dir()
     env = {**os.environ, "XDG_RUNTIME_DIR": runtime, "PYTHONPATH": str(REPO)}
     env.pop("DLTOP_PROBE", None)
     procs = {mode: subprocess.Popen([sys.executable, "-c", CHILD, mode, str(seconds)], env=env,
@@ -117,7 +127,7 @@ def publish_cost(calls: int) -> dict[str, float]:
 
     from dltop import probe
 
-    os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="dltop-bench-probe-", dir="/dev/shm")
+    os.environ["XDG_RUNTIME_DIR"] = _runtime_dir()
     model = torch.nn.Sequential(*[torch.nn.TransformerEncoderLayer(256, 4, 512) for _ in range(24)])
     opt = torch.optim.Adam(model.parameters())
     model(torch.zeros(4, 8, 256)).sum().backward()
@@ -140,7 +150,7 @@ def publish_cost(calls: int) -> dict[str, float]:
 def startup_ms(python: str, runs: int) -> dict[str, float]:
     """Median wall time of `python -c pass` without and with DLTOP_PROBE=1, the two runs alternating (the same
     machine load for both)."""
-    runtime = tempfile.mkdtemp(prefix="dltop-bench-probe-", dir="/dev/shm")
+    runtime = _runtime_dir()
     base = {k: v for k, v in os.environ.items() if k not in ("DLTOP_PROBE", "PYTHONPATH")}
     base["XDG_RUNTIME_DIR"] = runtime
     times: dict[str, list[float]] = {"off": [], "on": []}
