@@ -194,12 +194,17 @@ def parse_bytes(text: str) -> int:
 # Text from outside dltop (argv, paths, probe files, /metrics labels) reaches a terminal only through these, as
 # procps' escape.c does for ps and top: a control character, DEL, a C1 control, a bidi override or isolate, a line
 # or paragraph separator, or a byte that was not UTF-8 is shown as an escape a person can read, never sent.
-_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-_LINE_SEPARATORS = frozenset("\u2028\u2029\u0085")
+# The characters escaped: C0 (line break and tab included), DEL, C1, the bidi controls, the line and paragraph
+# separators, and surrogates (undecodable bytes, and lone ones). One class, searched at C speed: a pane's text
+# (box drawing, sparklines, '·') is rarely ASCII, and a check per character in Python would run on every update.
+_UNSAFE_CLASS = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff"
+_UNSAFE = re.compile(f"[{_UNSAFE_CLASS}]")
+_UNSAFE_IN_LINES = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]")
 
 
-def _escape(ch: str) -> str:
-    o = ord(ch)
+def _escape(m: re.Match[str]) -> str:
+    o = ord(m.group())
     if 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8, kept by surrogateescape: show the byte
         return f"\\x{o - 0xDC00:02x}"
     if o < 0x100:
@@ -207,29 +212,17 @@ def _escape(ch: str) -> str:
     return f"\\u{o:04x}"
 
 
-
-_SAFE_TABLE = {o: _escape(chr(o)) for o in (*range(0x20), *range(0x7F, 0xA0))} | {
-    ord(c): _escape(c) for c in _BIDI | _LINE_SEPARATORS}
-
-
 def printable(text: str) -> str:
     """`text` safe to show on a terminal: C0 and C1 controls, DEL, bidi controls, line separators and
     undecodable bytes as visible escapes ('\\x1b', '\\u202e', '\\xff'); everything else as it is.
     '\\n' is escaped too: one string from outside is one line on screen."""
-    if text.isprintable() and text.isascii():  # the common case, at C speed
-        return text
-    out = text.translate(_SAFE_TABLE)
-    if any(0xD800 <= ord(c) <= 0xDFFF for c in out):
-        out = "".join(_escape(c) if 0xD800 <= ord(c) <= 0xDFFF else c for c in out)
-    return out
+    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
 
 
 def printable_lines(text: str) -> str:
     """Like `printable`, but line breaks stay: for text dltop composed (a report, a dialog) that holds strings
     from outside, each already one line."""
-    if text.isascii() and text.replace("\n", "").isprintable():
-        return text
-    return "\n".join(printable(line) for line in text.split("\n"))
+    return _UNSAFE_IN_LINES.sub(_escape, text) if _UNSAFE_IN_LINES.search(text) else text
 
 
 def command_line(argv: list[str] | tuple[str, ...]) -> str:
@@ -239,7 +232,7 @@ def command_line(argv: list[str] | tuple[str, ...]) -> str:
 
 # The CLI's writers escape as \uXXXX: valid inside a JSON string (json.loads gives back the very character, an
 # undecodable byte's surrogate too), and as readable as \x1b in text.
-_UNSAFE_OUT = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]")
+_UNSAFE_OUT = _UNSAFE_IN_LINES  # what printable_lines escapes, written the JSON way
 
 
 def _json_escape(m: re.Match[str]) -> str:

@@ -109,3 +109,30 @@ def test_banded_sparkline_fills_its_width_and_keeps_its_shape(values: list[float
     rows = sparkline_rows(values, width, height, high, low)
     assert len(rows) == height and all(len(r) == width for r in rows)
     assert all(r[c] == " " or rows[i + 1][c] != " " for i, r in enumerate(rows[:-1]) for c in range(width))
+
+
+# -- text from outside ---------------------------------------------------------------------------------------------
+
+import unicodedata  # noqa: E402
+
+from dltop.fmt import printable, printable_lines  # noqa: E402
+
+_BIDI_CONTROLS = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029")
+
+
+def _unsafe(ch: str) -> bool:
+    return unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI_CONTROLS
+
+
+@given(st.text(alphabet=st.characters(codec=None), max_size=80) | st.binary(max_size=40).map(
+    lambda b: b.decode("utf-8", "surrogateescape")))
+def test_printable_never_holds_a_control_and_keeps_the_rest(text: str) -> None:
+    out = printable(text)
+    assert not any(_unsafe(c) for c in out)
+    assert printable(out) == out  # once is enough: an escape is plain text
+    kept = iter(out)  # every other character is still there, in order (an escape only adds between them)
+    assert all(c in kept for c in text if not _unsafe(c))
+    lines = printable_lines(text)
+    assert lines.count("\n") == text.count("\n") and not any(_unsafe(c) for c in lines.replace("\n", ""))
+    if not any(_unsafe(c) for c in text):
+        assert out == text and lines == text

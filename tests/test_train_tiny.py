@@ -15,13 +15,18 @@ from tests.probe_helpers import REPO, probe_env
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0, the test extra)")
 
 
+def _train_tiny(tmp_path: Path, data: Path, *args: str) -> subprocess.Popen[str]:
+    """examples/train_tiny.py training over `data` with 2 workers, its probe publishing every 0.2 s into
+    tmp_path, lingering a minute after it says "done"."""
+    cmd = [sys.executable, str(REPO / "examples" / "train_tiny.py"), *args, "--workers", "2", "--data-dir",
+           str(data), "--probe-interval", "0.2", "--linger", "60"]
+    return subprocess.Popen(cmd, env=probe_env(tmp_path), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
 def test_snapshot_json_sees_a_real_training_run(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    cmd = [sys.executable, str(REPO / "examples" / "train_tiny.py"), "--epochs", "2", "--files", "24",
-           "--size-kib", "64", "--workers", "2", "--decode-ms", "5", "--data-dir", str(data),
-           "--probe-interval", "0.2", "--linger", "60"]
-    proc = subprocess.Popen(cmd, env=probe_env(tmp_path), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = _train_tiny(tmp_path, data, "--epochs", "2", "--files", "24", "--size-kib", "64", "--decode-ms", "5")
     try:
         printed = []
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -73,11 +78,7 @@ def test_the_cache_delta_of_an_epoch_is_the_job_s_data_not_another_process_s_wri
     """The issue's case: a job reading warm data while another process writes a big file. Each epoch's
     data_cached_delta_bytes is its dataset's change (fincore agrees), never the machine's Cached (the write)."""
     data = tmp_path / "data"
-    cmd = [sys.executable, str(REPO / "examples" / "train_tiny.py"), "--epochs", "3", "--files", "16",
-           "--size-kib", "256", "--workers", "2", "--decode-ms", "60", "--data-dir", str(data),
-           "--probe-interval", "0.2", "--linger", "60"]
-    proc = subprocess.Popen(cmd, env=probe_env(tmp_path), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = _train_tiny(tmp_path, data, "--epochs", "3", "--files", "16", "--size-kib", "256", "--decode-ms", "60")
     writer = None
     try:
         printed = []

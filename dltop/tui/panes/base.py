@@ -170,8 +170,7 @@ def fit_column(table: DataTable, wanted: dict[str, tuple[str, ...]], at: int, he
     if not table.size.width or not wanted:
         return shown  # not laid out yet: the next tick fits it
     for key, values in wanted.items():  # measured as shown: escaped (a cell is one line of text from outside)
-        if not all(v.isascii() and v.isprintable() for v in values):
-            wanted[key] = tuple(map(printable, values))
+        wanted[key] = tuple(map(printable, values))
     others = sum(2 + max(cell_len(h), *(cell_len(v[i]) for v in wanted.values()))
                  for i, h in enumerate(headers) if i != at)
     room = max(8, table.size.width - others - 4)  # the cell's own padding and a scrollbar
