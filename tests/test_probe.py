@@ -649,9 +649,12 @@ def test_dltop_probe_1_under_torchrun_publishes_only_the_rank(tmp_path: Path) ->
         rank = int(agent.stdout.readline() or 0)
         assert rank, agent.stderr.read() if agent.stderr else ""
         _until(lambda: os.path.exists(tmp_path / "dltop" / f"{rank}.json"), "the rank's file")
+        path = str(tmp_path / "dltop" / f"{rank}.json")
+        # the first file is written at start(), before the loop: the loader shows up at the next publish (1 s)
+        _until(lambda: (_published(path).get("data") or {}).get("loader_workers") == 1, "the rank's loader")
         time.sleep(0.5)  # a junk publisher would have written by now: start() publishes at once
         assert os.listdir(tmp_path / "dltop") == [f"{rank}.json"]
-        doc = _published(str(tmp_path / "dltop" / f"{rank}.json"))
+        doc = _published(path)
         assert doc["ppid"] == agent.pid and doc["rank"] == 0 and doc["data"]["loader_workers"] == 1
     finally:
         release.touch()
