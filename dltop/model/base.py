@@ -263,34 +263,61 @@ def _decode_unavailable(data: Any, where: Where) -> Unavailable:
 
 def _dataclass_decoder(tp: type) -> Decoder:
     # Field decoders are looked up on first use: a type may contain itself (a residency node's children).
-    specs: list[tuple[str, str, bool, frozenset[type], Decoder]] = []
     fields = dataclasses.fields(tp)
-    names = [(f.name, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING) for f in fields]
-    build = _builder(tp, fields)
+    impl: list[Callable[[dict[str, Any], Where], Any]] = []
 
     def decode(data: Any, where: Where) -> Any:
         if not isinstance(data, dict):
             raise DecodeError(f"{_path(where)}: expected an object for {tp.__name__}")
-        if not specs:
-            hints = _hints(tp)
-            specs.extend((name, name + RAW_SUFFIX, required, _taken_as_is(hints[name]), _decoder(hints[name]))
-                         for name, required in names)
-        kwargs = {}
-        for name, _, required, as_is, dec in specs:
-            value = data.get(name, _MISSING)
-            if value is _MISSING:
-                if required:
-                    raise DecodeError(f"{_path(where)}: missing field {name!r}")
-                continue
-            kwargs[name] = value if type(value) in as_is else dec(value, (where, name))
-        if len(kwargs) != len(data):  # keys beside the fields: a string's exact bytes (or a newer writer's field)
-            for name, raw_key, _, as_is, dec in specs:
-                if raw_key in data and name in data:
-                    value = _from_raw(data[name], data[raw_key], f"{_path(where)}.{raw_key}")
-                    kwargs[name] = value if type(value) in as_is else dec(value, (where, name))
-        return build(kwargs)
+        if not impl:
+            impl.append(_compile_fields(tp, fields))
+        return impl[0](data, where)
 
     return decode
+
+
+def _compile_fields(tp: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[[dict[str, Any], Where], Any]:
+    """A function (data, where) -> `tp` with one straight run of statements per field (generated once per type:
+    the loop over the fields' specs it replaces was a third of the time to read a recording back)."""
+    hints = _hints(tp)
+    specs = [(f.name, f.name + RAW_SUFFIX, _taken_as_is(hints[f.name]), _decoder(hints[f.name])) for f in fields]
+
+    def fix_raw(data: dict[str, Any], d: dict[str, Any], where: Where) -> None:
+        # keys beside the fields: a string's exact bytes (or a newer writer's field, ignored)
+        for name, raw_key, as_is, dec in specs:
+            if raw_key in data and name in data:
+                value = _from_raw(data[name], data[raw_key], f"{_path(where)}.{raw_key}")
+                d[name] = value if type(value) in as_is else dec(value, (where, name))
+
+    def missing(where: Where, name: str) -> DecodeError:
+        return DecodeError(f"{_path(where)}: missing field {name!r}")
+
+    env: dict[str, Any] = {"tp": tp, "new": object.__new__, "M": _MISSING, "fix_raw": fix_raw, "missing": missing,
+                           "post_init": getattr(tp, "__post_init__", None)}
+    plain = getattr(tp, "__slots__", None) is None and all(f.init for f in fields)
+    lines = ["def decode(data, where):", "    n = 0", "    d = {}" if not plain else "    obj = new(tp)",
+             *([] if not plain else ["    d = obj.__dict__"])]
+    for k, f in enumerate(fields):
+        env[f"A{k}"], env[f"D{k}"] = specs[k][2], specs[k][3]
+        lines += [f"    v = data.get({f.name!r}, M)", "    if v is M:"]
+        if f.default is not dataclasses.MISSING:
+            env[f"F{k}"] = f.default
+            lines.append(f"        d[{f.name!r}] = F{k}" if plain else "        pass")
+        elif f.default_factory is not dataclasses.MISSING:
+            env[f"F{k}"] = f.default_factory
+            lines.append(f"        d[{f.name!r}] = F{k}()" if plain else "        pass")
+        else:
+            lines.append(f"        raise missing(where, {f.name!r})")
+        lines += ["    else:", "        n += 1",
+                  f"        d[{f.name!r}] = v if type(v) in A{k} else D{k}(v, (where, {f.name!r}))"]
+    lines.append("    if n != len(data):")
+    lines.append("        fix_raw(data, d, where)")
+    if plain:
+        lines += ["    if post_init is not None:", "        post_init(obj)", "    return obj"]
+    else:  # slots or fields outside __init__: the real constructor
+        lines.append("    return tp(**d)")
+    exec("\n".join(lines), env)  # noqa: S102 - code made here from the dataclass's own field names
+    return typing.cast(Callable[[dict[str, Any], Where], Any], env["decode"])
 
 
 def _builder(tp: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[[dict[str, Any]], Any]:

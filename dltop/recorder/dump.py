@@ -174,6 +174,7 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
         # Rows as CSV text already (numbers need no quoting), in this piece's column order: the formatting is
         # done here, in parallel, and the parent only copies (or reorders) them.
         columns: dict[SeriesKey, int] = {}
+        text: dict[float, str] = {}  # most values repeat (sizes, totals, 1 for info): each formatted once
         with open(out, "w", encoding="utf-8") as rows:
             for snap, got in samples(rec, first, last, wanted, prev):
                 cells: list[str] = [""] * len(names)  # a series absent at this moment is an empty cell, never a 0
@@ -184,7 +185,12 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                         c = columns[key] = len(names)
                         names.append(series_name(f.name, labels))
                         cells.append("")
-                    cells[c] = _number(value)
+                    cell = text.get(value)
+                    if cell is None:
+                        if len(text) > 100_000:
+                            text.clear()
+                        cell = text[value] = _number(value)
+                    cells[c] = cell
                 rows.write(f"{_number(snap.ts)},{','.join(cells)}\n")
         return names, rec.damage
     os.mkdir(out)
