@@ -324,6 +324,8 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
     up: dict[Key, dict[str, str]] = {}
     up_value: dict[Key, str] = {}
     for labels, v in _series(answers["up"], notes, "up"):
+        if labels.get("__name__", "up") != "up":
+            continue
         key = (labels.get("job", ""), labels["instance"])
         up[key], up_value[key] = labels, v
     seen: dict[Key, float] = {}

@@ -19,6 +19,13 @@ def pct(v: float | int | Unavailable | None) -> str:
     return f"{100 * v:.0f}%" if isinstance(v, int | float) else "n/a"
 
 
+def seconds(v: float | Unavailable | None) -> str:
+    """A step time: milliseconds under a second (a step is often 50 ms), else as human_duration."""
+    if not isinstance(v, float):
+        return "n/a"
+    return f"{1000 * v:.0f} ms" if v < 1 else human_duration(v)
+
+
 def share(part: int | Unavailable, whole: int | Unavailable) -> str:
     """part / whole as a percent; n/a where either is unknown or whole is 0."""
     if isinstance(part, int) and isinstance(whole, int) and whole > 0:
@@ -112,7 +119,7 @@ def job_rows(part: ClusterPart) -> list[tuple[str, ...]]:
     for j in part.jobs:
         nodes = {r.instance for r in j.ranks}
         wait = pct(j.most_waiting.data_wait_ratio) if j.most_waiting else "n/a"
-        step = human_duration(j.slowest.step_s) if j.slowest and isinstance(j.slowest.step_s, float) else "n/a"
+        step = seconds(j.slowest.step_s) if j.slowest else "n/a"
         who = f"rank {j.slowest.rank or '?'} on {j.slowest.instance}" if j.slowest else "n/a"
         rows.append((j.job_id, str(len(j.ranks)), str(len(nodes)), wait, step, who))
     return rows
@@ -187,7 +194,7 @@ def node_detail(node: ClusterNode) -> list[str]:
         lines.append("training processes:")
     for r in node.ranks:
         lines.append(f"  pid {r.pid} rank {r.rank or '?'} job {r.job_id or '?'}: data wait {pct(r.data_wait_ratio)}, "
-                     f"step {human_duration(r.step_s) if isinstance(r.step_s, float) else 'n/a'}, "
+                     f"step {seconds(r.step_s)}, "
                      f"{r.steps if isinstance(r.steps, int) else 'n/a'} steps")
     for s in node.servers:
         lines.append(f"inference server {s.server}: KV cache {pct(s.kv_usage)} of {_b(s.kv_capacity_bytes)}")
