@@ -38,6 +38,7 @@ COMMANDS = {
     "report": "dltop.commands.record",
     "dump": "dltop.commands.record",
     "caches": "dltop.commands.caches",
+    "cluster": "dltop.commands.cluster",
 }
 
 
@@ -65,13 +66,18 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
     add_export_options(tui, "what the TUI shows")
     add_server_option(tui)
     add_cache_option(tui)
+    from dltop.commands.cluster import add_prometheus_options
+
+    add_prometheus_options(tui)  # a Cluster tab, first, when given
     add_common_options(tui)
     return tui, cmd, sub
 
 
 # Options of the top-level parser that take a value: their value is never a subcommand name.
 _VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export", "--export-web-config",
-                  "--cache", "--record", "--jump"}
+                  "--cache", "--record", "--jump", "--prometheus", "--selector", "--prometheus-user",
+                  "--prometheus-password-file", "--prometheus-bearer-token-file", "--prometheus-ca-file",
+                  "--prometheus-timeout"}
 
 
 def _command_first(args: list[str]) -> list[str]:

@@ -16,7 +16,22 @@ MIN_REFRESH_S = 0.1
 MAX_REFRESH_S = 60.0
 MAX_JUMP_S = 366 * 86400.0  # a year: further is no step through a recording, and keeps time arithmetic finite
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few lines; a bigger file is not one
-KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "caches", "jump"})  # later features add theirs here
+KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "caches", "jump", "prometheus"})  # later features add theirs here
+
+
+@dataclass(frozen=True)
+class PrometheusOptions:
+    """Where the cluster view reads the cluster from (docs/cluster.md), with the credentials Prometheus' own clients
+    take: basic auth with a password file, a bearer token file, a CA file, or TLS checks skipped."""
+
+    url: str
+    selector: str = ""  # label matchers put in every query (`job="dltop",cluster="a"`), checked (sources.cluster)
+    username: str | None = None
+    password_file: str | None = None
+    bearer_token_file: str | None = None
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+    timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +47,7 @@ class Settings:
     caches: tuple[str, ...] = ()  # cache folders the user adds to the known ones (docs/caches.md)
     config_path: str | None = None
     jump_s: float = 60.0  # how far j / J move in time (live history and replay)
+    prometheus: PrometheusOptions | None = None  # the Cluster tab's Prometheus; None: no Cluster tab
 
 
 def default_config_path() -> Path:
@@ -93,6 +109,9 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     jump = data.get("jump", s.jump_s)
     if isinstance(jump, bool) or not isinstance(jump, int | float) or not 0 < jump <= MAX_JUMP_S:
         raise DltopError(f"{where}: jump must be a number of seconds above 0, at most {MAX_JUMP_S:.0f} (a year)")
+    prometheus = data.get("prometheus")
+    if prometheus is not None and not isinstance(prometheus, str):
+        raise DltopError(f"{where}: prometheus must be the URL of a Prometheus server")
     unknown = sorted(set(data) - KNOWN_KEYS)
     if unknown:
         # A typo ("readonly = true") must not quietly leave actions enabled.
@@ -105,6 +124,7 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         servers=_server_urls(servers, where),
         caches=_cache_paths(caches),
         jump_s=float(jump),
+        prometheus=PrometheusOptions(_prometheus_url(prometheus, where)) if prometheus else None,
     )
 
 
@@ -137,6 +157,33 @@ def server_url(text: str) -> str:
         raise ValueError(f"no host in server URL: {text!r}")
     return urllib.parse.urlunsplit((u.scheme, u.netloc, u.path if u.path not in ("", "/") else "/metrics",
                                     u.query, ""))
+
+
+def prometheus_url(text: str) -> str:
+    """A Prometheus server's base URL from what a user typed (`host:9090`, `http://host:9090/prefix/`); raises
+    ValueError naming what is wrong."""
+    given = text.strip()
+    if "://" not in given:
+        given = "http://" + given
+    u = urllib.parse.urlsplit(given)
+    if u.scheme not in ("http", "https"):
+        raise ValueError(f"not an http(s) URL: {text!r}")
+    try:
+        u.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError:
+        raise ValueError(f"bad port in Prometheus URL: {text!r}") from None
+    if not u.hostname:
+        raise ValueError(f"no host in Prometheus URL: {text!r}")
+    if u.query or u.fragment:
+        raise ValueError(f"a Prometheus URL takes no query: {text!r}")
+    return urllib.parse.urlunsplit((u.scheme, u.netloc, u.path.rstrip("/"), "", ""))
+
+
+def _prometheus_url(text: str, where: str) -> str:
+    try:
+        return prometheus_url(text)
+    except ValueError as e:
+        raise DltopError(f"{where}: {e}") from None
 
 
 def _server_urls(urls: list[str], where: str) -> tuple[str, ...]:
@@ -183,4 +230,39 @@ def settings_from_args(args: Any) -> Settings:
         changes["read_only"] = True
     if getattr(args, "jump", None) is not None:
         changes["jump_s"] = args.jump
+    if getattr(args, "prometheus", None) is not None or s.prometheus is not None:
+        changes["prometheus"] = prometheus_options(args, s.prometheus)
     return replace(s, **changes)
+
+
+def prometheus_options(args: Any, configured: PrometheusOptions | None = None) -> PrometheusOptions | None:
+    """--prometheus URL and its credential options over the config's `prometheus`; the files must be readable
+    now (a typo is one line at start, not a tab that says "unauthorized")."""
+    url = getattr(args, "prometheus", None)
+    if url is None and configured is None:
+        return None
+    opts = PrometheusOptions(_prometheus_url(url, "--prometheus")) if url is not None else configured
+    assert opts is not None
+    changes: dict[str, Any] = {}
+    for name in ("selector", "username", "password_file", "bearer_token_file", "ca_file"):
+        value = getattr(args, f"prometheus_{name}", None)
+        if value is not None:
+            changes[name] = value
+    if getattr(args, "prometheus_insecure", False):
+        changes["insecure_skip_verify"] = True
+    timeout = getattr(args, "prometheus_timeout", None)
+    if timeout is not None:
+        if not 0.1 <= timeout <= 300:  # NaN too
+            raise DltopError("--prometheus-timeout must be between 0.1 and 300 seconds")
+        changes["timeout_s"] = float(timeout)
+    opts = replace(opts, **changes)
+    if opts.password_file and not opts.username:
+        raise DltopError("--prometheus-password-file needs --prometheus-user")
+    if opts.username and opts.bearer_token_file:
+        raise DltopError("--prometheus-user and --prometheus-bearer-token-file: one kind of credentials, not both")
+    for what, path in (("--prometheus-password-file", opts.password_file),
+                       ("--prometheus-bearer-token-file", opts.bearer_token_file),
+                       ("--prometheus-ca-file", opts.ca_file)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise DltopError(f"{what} {path}: cannot be read")
+    return opts

@@ -260,7 +260,10 @@ PREFIX_HIT = _field("servers", "inference_prefix_cache_hit_ratio", "gauge", "rat
                     "queries between the last two readings", MODEL)
 
 # -- probes: training and serving processes with dltop.probe -----------------------------------------------------
-PROCESS = ("pid", "rank")
+# job_id: what the ranks of one distributed job share (the probe's job_id), "" where none; one value per process,
+# so it adds no series. Named job_id, not job: Prometheus' own `job` label is the scrape job's.
+PROCESS = ("pid", "rank", "job_id")
+_JOB_ID_CHARS = 64
 TRAINING_MEMORY = _field("probes", "training_memory_bytes", "gauge", "bytes",
                          "Bytes the process's probe counts, by use: weights, gradients, optimizer, kv_cache",
                          (*PROCESS, "use"))
@@ -516,7 +519,8 @@ def _server(srv: ServerStats, rates: dict[tuple[str, str, str | None], float | U
 
 def _probes(part: ProbesPart) -> Iterator[Sample]:
     for p in part.processes:
-        labels = {"pid": str(p.pid), "rank": "" if p.rank is None else str(p.rank)}
+        labels = {"pid": str(p.pid), "rank": "" if p.rank is None else str(p.rank),
+                  "job_id": display_path(p.job_id or "")[:_JOB_ID_CHARS]}
         for f, attr in _PROBE:
             if (v := _num(getattr(p, attr))) is not None:
                 yield f, labels, v

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     # config or one that vanishes later is: the other commands refuse it, an exporter must still serve.
     paths, args.paths = args.paths, None
     settings = settings_from_args(args)
-    settings = replace(settings, refresh_s=args.interval or DEFAULT_INTERVAL_S)
+    # The config's Prometheus is the Cluster tab's: an exporter reading the cluster back would serve nothing of it.
+    settings = replace(settings, refresh_s=args.interval or DEFAULT_INTERVAL_S, prometheus=None)
     if paths:
         settings = replace(settings, datasets=tuple(dict.fromkeys(os.path.abspath(p) for p in paths)))
         for p in settings.datasets:

@@ -12,6 +12,7 @@ from typing import Any
 
 from dltop.model.base import DecodeError, Unavailable, from_dict, to_dict
 from dltop.model.caches import CacheEntry, CacheInfo, CachesPart, LockFile
+from dltop.model.cluster import ClusterPart
 from dltop.model.cpu import CpuPart
 from dltop.model.datasets import DatasetsPart
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MemorySplit, MigDevice
@@ -27,6 +28,7 @@ __all__ = [
     "CacheInfo",
     "CachesPart",
     "CgroupMemory",
+    "ClusterPart",
     "CpuPart",
     "DatasetsPart",
     "DecodeError",
@@ -83,6 +85,7 @@ class Snapshot:
     servers: tuple[ServerStats, ...] | Unavailable | None = None  # one per --server URL, in the order given
     probes: ProbesPart | Unavailable | None = None  # processes with dltop.probe (docs/probe.md)
     caches: CachesPart | Unavailable | None = None  # compile and model caches (docs/caches.md)
+    cluster: ClusterPart | Unavailable | None = None  # other nodes, read from Prometheus (docs/cluster.md)
     sources: dict[str, SourceStatus] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -21,4 +21,8 @@ def build_sources(settings: Settings) -> list[Source]:
 
         # One source per server, each on its own thread: a hung server holds only its own.
         sources.extend(servers.source(settings, url) for url in settings.servers)
+    if settings.prometheus is not None:
+        from dltop.sources import cluster
+
+        sources.append(cluster.source(settings))
     return sources

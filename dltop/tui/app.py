@@ -203,7 +203,7 @@ class DltopApp(App[None]):
         self.recorder = recorder
         self._view: View | None = None
         self._hint_shown: tuple[object, ...] | None = None  # what the hint line was drawn from
-        self._panes: list[Pane] = [cls() for cls in pane_classes()]
+        self._panes: list[Pane] = [cls() for cls in pane_classes(cluster=self.settings.prometheus is not None)]
         # Each Snapshot shown is handed on too (`dltop --export`'s collector, `--record`'s recorder).
         self._listeners = (*listeners, recorder.write) if recorder is not None else tuple(listeners)
 

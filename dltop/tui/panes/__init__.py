@@ -17,10 +17,13 @@ PANE_SPECS = (
 )
 
 
-def pane_classes() -> list[type[Pane]]:
-    """The pane classes available in this build, in tab order."""
+CLUSTER_SPEC = "dltop.tui.panes.cluster:ClusterPane"  # first, when there is a Prometheus to read the cluster from
+
+
+def pane_classes(cluster: bool = False) -> list[type[Pane]]:
+    """The pane classes available in this build, in tab order; with `cluster`, the Cluster tab first."""
     out = []
-    for spec in PANE_SPECS:
+    for spec in ((CLUSTER_SPEC,) if cluster else ()) + PANE_SPECS:
         module, _, cls = spec.partition(":")
         try:
             mod = importlib.import_module(module)

@@ -1,0 +1,509 @@
+"""The cluster: every node's `dltop export`, read back from the Prometheus that scrapes them (docs/cluster.md).
+
+A refresh is a fixed list of instant queries (`/api/v1/query`, all at one evaluation time), the same count for 2
+nodes or 2,000: label-based selections (`{__name__=~"..."}`) and aggregations fetch every node at once. The user's
+`--selector` is parsed and put back in every query, so it can add label matchers and nothing else. The answer is
+hostile input: bounded in size and series, each value checked (finite, in range), each label a string of bounded
+length; a bad series costs only itself, with a note. No proxy is used and no redirect followed (credentials go
+only where the user sent them).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from dltop.config import PrometheusOptions, Settings
+from dltop.errors import DltopError
+from dltop.fmt import printable
+from dltop.model.base import Unavailable
+from dltop.model.cluster import (
+    ClusterDataset,
+    ClusterGpu,
+    ClusterHint,
+    ClusterJob,
+    ClusterNode,
+    ClusterPart,
+    ClusterRank,
+    ClusterServer,
+)
+from dltop.sources.base import Source
+
+MAX_ANSWER_BYTES = 64 << 20  # 256 nodes x 8 GPUs answer a few MiB; more is not an answer to these queries
+MAX_SERIES = 200_000  # per query
+MAX_LABEL_CHARS = 4096
+MAX_NODES = 10_000
+MAX_NOTES = 10
+MAX_BYTES = 2**63  # a byte count past this is no node's
+STALE_AFTER_S = 120.0  # an exporter whose newest reading is older than this is down, whatever `up` says
+LOOKBACK = "1h"  # a node that served dltop's metrics within this is listed, up or down
+QUERY_THREADS = 4
+INTERVAL_S = 5.0  # the Cluster tab's refresh: Prometheus scrapes every 15 s by default
+NODE_LABELS = ("node", "nodename", "hostname", "kubernetes_node", "host")  # the first present names the node
+POD_LABELS = ("pod", "kubernetes_pod_name", "pod_name")
+NAMESPACE_LABELS = ("namespace", "kubernetes_namespace")
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_MATCHER = re.compile(rf'\s*({_NAME})\s*(=~|!~|!=|=)\s*"((?:[^"\\\n]|\\.)*)"\s*(,|$)')
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}
+
+
+class ClusterError(Exception):
+    """A refresh that gave no answer to read: one line saying why (unreachable, unauthorized, not Prometheus)."""
+
+
+def parse_selector(text: str) -> list[tuple[str, str, str]]:
+    """The label matchers of a selector (`job="dltop",cluster=~"a|b"`, braces optional) as (name, op, value);
+    raises ValueError naming what is wrong. Values are PromQL strings in double quotes."""
+    s = text.strip()
+    if s.startswith("{") and s.endswith("}"):
+        s = s[1:-1]
+    out: list[tuple[str, str, str]] = []
+    pos = 0
+    while pos < len(s) and s[pos:].strip():
+        m = _MATCHER.match(s, pos)
+        if m is None:
+            raise ValueError(f"selector {printable(text)!r}: expected NAME=\"VALUE\" (or !=, =~, !~), comma-separated, "
+                             f"at character {pos + 1}")
+        name, op, raw = m.group(1), m.group(2), m.group(3)
+        if name == "__name__":
+            raise ValueError(f"selector {printable(text)!r}: a metric name matcher would hide dltop's metrics")
+        value, i = [], 0
+        while i < len(raw):
+            if raw[i] == "\\":
+                nxt = raw[i + 1]
+                if nxt not in _ESCAPES:
+                    raise ValueError(f"selector {printable(text)!r}: unknown escape \\{printable(nxt)}")
+                value.append(_ESCAPES[nxt])
+                i += 2
+            else:
+                value.append(raw[i])
+                i += 1
+        out.append((name, op, "".join(value)))
+        pos = m.end()
+        if m.group(4) == "" and pos < len(s):
+            raise ValueError(f"selector {printable(text)!r}: a comma between matchers")
+    return out
+
+
+def selector_text(matchers: Iterable[tuple[str, str, str]]) -> str:
+    """Matchers written back as PromQL (values quoted by json: the escapes PromQL reads)."""
+    return ",".join(f"{n}{op}{json.dumps(v, ensure_ascii=False)}" for n, op, v in matchers)
+
+
+def queries(selector: str) -> dict[str, str]:
+    """The instant queries of one refresh, by what each fetches; `selector` is checked matchers (selector_text)."""
+
+    def sel(name: str = "", extra: str = "") -> str:
+        inner = ",".join(x for x in (extra, selector) if x)
+        return f"{name}{{{inner}}}" if inner else name
+
+    def names(pattern: str) -> str:
+        return sel(extra=f'__name__=~"{pattern}"')
+
+    return {
+        "up": sel("up"),
+        "seen": f"last_over_time({sel('dltop_snapshot_timestamp_seconds')}[{LOOKBACK}])",
+        "node": names("dltop_(memory_(total|available|cached|dirty)_bytes|gpus|snapshot_timestamp_seconds)"),
+        "pressure": sel("dltop_pressure_stalled_avg10_ratio", 'resource="memory"'),
+        "gpu": names("dltop_gpu_(up|memory_total_bytes|memory_used_bytes|utilization_ratio|info|down_info)"),
+        "gpu_use": f"sum by (job, instance, gpu, uuid, use) ({sel('dltop_gpu_memory_bytes')})",
+        "dataset": names("dltop_dataset_(up|size_bytes|resident_bytes|unavailable_info)"),
+        "training": names("dltop_training_(data_wait_ratio|step_seconds|steps_total)"),
+        "hint": sel("dltop_hint_active"),
+        "kv_usage": f"max by (job, instance, server) ({sel('dltop_inference_kv_cache_usage_ratio')})",
+        "kv_bytes": sel("dltop_inference_kv_cache_capacity_bytes"),
+        "source_down": f"{sel('dltop_source_up')} == 0",
+    }
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        raise ClusterError(f"HTTP {code}: Prometheus redirects to {printable(newurl)[:200]} (not followed: "
+                           "give that URL)")
+
+
+@dataclass
+class PrometheusClient:
+    """Instant queries against one Prometheus, with the credentials of `opts`; counts what it asked."""
+
+    opts: PrometheusOptions
+    queries: int = 0
+    _opener: Any = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        handlers: list[Any] = [urllib.request.ProxyHandler({}), _NoRedirects()]
+        if self.opts.url.startswith("https:"):
+            ctx = ssl.create_default_context(cafile=self.opts.ca_file)
+            if self.opts.insecure_skip_verify:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            handlers.append(urllib.request.HTTPSHandler(context=ctx))
+        self._opener = urllib.request.build_opener(*handlers)
+
+    def _headers(self) -> dict[str, str]:
+        # The files are read at each refresh, as Prometheus reads its own: a rotated token is picked up.
+        o = self.opts
+        if o.bearer_token_file:
+            return {"Authorization": "Bearer " + _secret(o.bearer_token_file)}
+        if o.username:
+            password = _secret(o.password_file) if o.password_file else ""
+            token = base64.b64encode(f"{o.username}:{password}".encode()).decode("ascii")
+            return {"Authorization": "Basic " + token}
+        return {}
+
+    def query(self, expr: str, at: float) -> list[dict[str, Any]]:
+        """The result of an instant query at `at`: a list of {"metric": {...}, "value": [ts, "text"]}."""
+        with self._lock:
+            self.queries += 1
+        body = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"}).encode()
+        req = urllib.request.Request(self.opts.url + "/api/v1/query", data=body, method="POST",
+                                     headers={**self._headers(), "Accept": "application/json",
+                                              "Content-Type": "application/x-www-form-urlencoded"})
+        where = printable(self.opts.url)
+        try:
+            with self._opener.open(req, timeout=self.opts.timeout_s) as resp:
+                raw = resp.read(MAX_ANSWER_BYTES + 1)
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                raise ClusterError(f"{where}: HTTP {e.code}: not authorized (--prometheus-user and "
+                                   "--prometheus-password-file, or --prometheus-bearer-token-file)") from None
+            raw = e.read(64 << 10)
+            raise ClusterError(f"{where}: HTTP {e.code}: {_api_error(raw) or printable(str(e.reason))[:200]}") from None
+        except TimeoutError:
+            raise ClusterError(f"{where}: no answer within {self.opts.timeout_s:g} s") from None
+        except urllib.error.URLError as e:
+            reason = e.reason
+            if isinstance(reason, TimeoutError):
+                raise ClusterError(f"{where}: no answer within {self.opts.timeout_s:g} s") from None
+            if isinstance(reason, ssl.SSLError | ssl.CertificateError):
+                raise ClusterError(f"{where}: TLS: {printable(str(reason))[:200]} (--prometheus-ca-file, or "
+                                   "--prometheus-insecure)") from None
+            raise ClusterError(f"{where}: cannot reach it: {printable(str(reason))[:200]}") from None
+        except OSError as e:
+            raise ClusterError(f"{where}: {printable(e.strerror or str(e))[:200]}") from None
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise ClusterError(f"{where}: an answer over {MAX_ANSWER_BYTES >> 20} MiB: narrow it with --selector")
+        return _vector(raw, where)
+
+
+def _secret(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(64 << 10).strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ClusterError(f"{printable(path)}: cannot be read: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _api_error(raw: bytes) -> str | None:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+        return printable(doc["error"])[:300]
+    return None
+
+
+def _vector(raw: bytes, where: str) -> list[dict[str, Any]]:
+    """The result list of an instant vector answer; raises ClusterError for anything else."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ClusterError(f"{where}: the answer is not JSON: not Prometheus' HTTP API?") from None
+    if not isinstance(doc, dict) or doc.get("status") not in ("success", "error"):
+        raise ClusterError(f"{where}: the answer is not Prometheus' HTTP API (no status)")
+    if doc["status"] == "error":
+        raise ClusterError(f"{where}: {_api_error(raw) or 'query failed'}")
+    data = doc.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise ClusterError(f"{where}: the answer holds no instant vector")
+    result: list[Any] = data["result"]
+    if len(result) > MAX_SERIES:
+        raise ClusterError(f"{where}: {len(result):,} series in one answer (over {MAX_SERIES:,}): narrow it with "
+                           "--selector")
+    return result
+
+
+# -- reading the answers -----------------------------------------------------------------------------------------
+
+Key = tuple[str, str]  # (job, instance)
+
+
+class _Notes:
+    """The one-line reasons of series left out, the first MAX_NOTES named, the rest counted."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.more = 0
+
+    def add(self, text: str) -> None:
+        if len(self.lines) < MAX_NOTES:
+            self.lines.append(printable(text)[:300])
+        else:
+            self.more += 1
+
+    def done(self) -> tuple[str, ...]:
+        return (*self.lines, *([f"{self.more} more series left out"] if self.more else []))
+
+
+def _series(result: list[Any], notes: _Notes, what: str) -> Iterable[tuple[dict[str, str], str]]:
+    """(labels, value text) of each well-formed series; a malformed one costs only itself."""
+    for item in result:
+        if not isinstance(item, dict):
+            notes.add(f"{what}: a series that is not an object")
+            continue
+        labels, value = item.get("metric"), item.get("value")
+        if (not isinstance(labels, dict) or not isinstance(value, list) or len(value) != 2
+                or not isinstance(value[1], str)):
+            notes.add(f"{what}: a series without labels and a [time, value] pair")
+            continue
+        if not all(isinstance(k, str) and isinstance(v, str) and len(v) <= MAX_LABEL_CHARS and len(k) <= 256
+                   for k, v in labels.items()):
+            notes.add(f"{what}: a series whose labels are not short strings")
+            continue
+        if "instance" not in labels:
+            notes.add(f"{what}: a series without an instance label")
+            continue
+        yield labels, value[1]
+
+
+def _number(text: str, low: float = 0.0, high: float = math.inf) -> float | Unavailable:
+    try:
+        v = float(text)
+    except (ValueError, OverflowError):
+        return Unavailable(f"not a number: {printable(text)[:40]}")
+    if not math.isfinite(v) or not low <= v <= high:
+        return Unavailable(f"out of range: {printable(text)[:40]}")
+    return v
+
+
+def _bytes(text: str) -> int | Unavailable:
+    v = _number(text, 0.0, MAX_BYTES)
+    if isinstance(v, Unavailable):
+        return v
+    if v != int(v):
+        return Unavailable(f"not a whole number of bytes: {printable(text)[:40]}")
+    return int(v)
+
+
+def _ratio(text: str) -> float | Unavailable:
+    return _number(text, 0.0, 1.0)
+
+
+def _count(text: str) -> int | Unavailable:
+    v = _bytes(text)
+    return Unavailable(v.reason.replace("bytes", "a count")) if isinstance(v, Unavailable) else v
+
+
+def _checked(value: Any, notes: _Notes, where: str) -> Any:
+    if isinstance(value, Unavailable):
+        notes.add(f"{where}: {value.reason}")
+    return value
+
+
+def _first(labels: dict[str, str], names: tuple[str, ...]) -> str | None:
+    return next((labels[n] for n in names if labels.get(n)), None)
+
+
+def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[], float] = time.time) -> ClusterPart:
+    """One refresh: every query of `queries(selector)` at one time, read into a ClusterPart (raises ClusterError
+    when Prometheus gave no usable answer)."""
+    matchers = selector_text(parse_selector(selector))
+    at, t0, asked = now(), time.monotonic(), client.queries
+    # At once, on a few threads: Prometheus answers them in parallel, and a refresh waits for the slowest, not the sum.
+    with ThreadPoolExecutor(max_workers=QUERY_THREADS) as pool:
+        futures = {name: pool.submit(client.query, expr, at) for name, expr in queries(matchers).items()}
+        answers = {name: f.result() for name, f in futures.items()}
+    notes = _Notes()
+    up: dict[Key, dict[str, str]] = {}
+    up_value: dict[Key, str] = {}
+    for labels, v in _series(answers["up"], notes, "up"):
+        if labels.get("__name__", "up") != "up":
+            continue
+        key = (labels.get("job", ""), labels["instance"])
+        up[key], up_value[key] = labels, v
+    seen: dict[Key, float] = {}
+    for labels, v in _series(answers["seen"], notes, "dltop_snapshot_timestamp_seconds"):
+        ts = _number(v, 0.0)
+        if not isinstance(ts, Unavailable):
+            seen[(labels.get("job", ""), labels["instance"])] = ts
+    fields: dict[Key, dict[str, Any]] = {k: {} for k in sorted(seen)[:MAX_NODES]}
+    if len(seen) > MAX_NODES:
+        notes.add(f"{len(seen) - MAX_NODES} nodes past {MAX_NODES:,} left out: narrow it with --selector")
+    gpus: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in fields}
+    datasets: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in fields}
+    ranks: dict[Key, dict[tuple[str, str, str], dict[str, Any]]] = {k: {} for k in fields}
+    hints: dict[Key, list[ClusterHint]] = {k: [] for k in fields}
+    servers: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in fields}
+    down_sources: dict[Key, list[str]] = {k: [] for k in fields}
+
+    def rows(name: str) -> Iterable[tuple[Key, dict[str, str], str, str]]:
+        for labels, v in _series(answers[name], notes, name):
+            key = (labels.get("job", ""), labels["instance"])
+            if key in fields:
+                yield key, labels, labels.get("__name__", ""), v
+
+    node_attr = {"dltop_memory_total_bytes": "memory_total_bytes", "dltop_memory_available_bytes":
+                 "memory_available_bytes", "dltop_memory_cached_bytes": "memory_cached_bytes",
+                 "dltop_memory_dirty_bytes": "memory_dirty_bytes"}
+    for key, _, metric, v in rows("node"):
+        where = f"{key[1]}: {metric}"
+        if metric in node_attr:
+            fields[key][node_attr[metric]] = _checked(_bytes(v), notes, where)
+        elif metric == "dltop_gpus":
+            fields[key]["gpu_count"] = _checked(_count(v), notes, where)
+        elif metric == "dltop_snapshot_timestamp_seconds":
+            ts = _checked(_number(v, 0.0), notes, where)
+            fields[key]["snapshot_age_s"] = ts if isinstance(ts, Unavailable) else max(0.0, at - ts)
+    for key, labels, _, v in rows("pressure"):
+        kind = labels.get("kind")
+        if kind in ("some", "full"):
+            fields[key][f"pressure_memory_{kind}"] = _checked(_ratio(v), notes, f"{key[1]}: memory PSI {kind}")
+    gpu_attr: dict[str, tuple[str, Callable[[str], Any]]] = {"dltop_gpu_memory_total_bytes": ("memory_total_bytes", _bytes),
+                "dltop_gpu_memory_used_bytes": ("memory_used_bytes", _bytes),
+                "dltop_gpu_utilization_ratio": ("utilization", _ratio)}
+    for key, labels, metric, v in rows("gpu"):
+        g = gpus[key].setdefault((labels.get("gpu", ""), labels.get("uuid", "")), {})
+        if metric == "dltop_gpu_up":
+            g["up"] = v == "1"
+        elif metric == "dltop_gpu_info":
+            g["name"] = labels.get("name") or None
+        elif metric == "dltop_gpu_down_info":
+            g["down_reason"] = labels.get("reason") or None
+        elif metric in gpu_attr:
+            attr, conv = gpu_attr[metric]
+            g[attr] = _checked(conv(v), notes, f"{key[1]}: GPU {labels.get('gpu', '?')} {metric}")
+    for key, labels, _, v in rows("gpu_use"):
+        g = gpus[key].setdefault((labels.get("gpu", ""), labels.get("uuid", "")), {})
+        b = _checked(_bytes(v), notes, f"{key[1]}: GPU {labels.get('gpu', '?')} memory {labels.get('use', '?')}")
+        if isinstance(b, int) and labels.get("use"):
+            g.setdefault("memory_by_use", {})[labels["use"]] = b
+    ds_attr = {"dltop_dataset_size_bytes": "size_bytes", "dltop_dataset_resident_bytes": "resident_bytes"}
+    for key, labels, metric, v in rows("dataset"):
+        if not labels.get("dataset"):
+            continue
+        d = datasets[key].setdefault(labels["dataset"], {})
+        if metric == "dltop_dataset_up":
+            d["up"] = v == "1"
+        elif metric == "dltop_dataset_unavailable_info":
+            d["reason"] = labels.get("reason") or None
+        elif metric in ds_attr:
+            d[ds_attr[metric]] = _checked(_bytes(v), notes, f"{key[1]}: {labels['dataset']}: {metric}")
+    tr_attr: dict[str, tuple[str, Callable[[str], Any]]] = {"dltop_training_data_wait_ratio": ("data_wait_ratio", _ratio),
+               "dltop_training_step_seconds": ("step_s", lambda t: _number(t, 0.0)),
+               "dltop_training_steps_total": ("steps", _count)}
+    for key, labels, metric, v in rows("training"):
+        if metric not in tr_attr:
+            continue
+        r = ranks[key].setdefault((labels.get("pid", ""), labels.get("rank", ""), labels.get("job_id", "")), {})
+        attr, conv = tr_attr[metric]
+        r[attr] = _checked(conv(v), notes, f"{key[1]}: pid {labels.get('pid', '?')} {metric}")
+    for key, labels, _, v in rows("hint"):
+        if v == "1" and labels.get("id"):
+            hints[key].append(ClusterHint(labels["id"], labels.get("severity", "")))
+    for key, labels, _, v in rows("kv_usage"):
+        if labels.get("server"):
+            servers[key].setdefault(labels["server"], {})["kv_usage"] = _checked(
+                _ratio(v), notes, f"{key[1]}: {labels['server']}: KV-cache usage")
+    for key, labels, _, v in rows("kv_bytes"):
+        if labels.get("server"):
+            servers[key].setdefault(labels["server"], {})["kv_capacity_bytes"] = _checked(
+                _bytes(v), notes, f"{key[1]}: {labels['server']}: KV-cache bytes")
+    for key, labels, _, _v in rows("source_down"):
+        if labels.get("source"):
+            down_sources[key].append(labels["source"])
+
+    nodes = []
+    for key, attrs in fields.items():
+        target = up.get(key, {})
+        is_up, why = True, None
+        age = attrs.get("snapshot_age_s")
+        if key not in up:
+            is_up, why = False, "no longer a scrape target of Prometheus"
+        elif up_value[key] != "1":
+            is_up, why = False, "the last scrape failed (up is 0)"
+        elif not isinstance(age, float):
+            is_up, why = False, "no fresh sample of its exporter"
+        elif age > STALE_AFTER_S:
+            is_up, why = False, f"its exporter's newest reading is {age:.0f} s old"
+        nodes.append(ClusterNode(
+            instance=key[1], job=key[0], node=_first(target, NODE_LABELS), pod=_first(target, POD_LABELS),
+            namespace=_first(target, NAMESPACE_LABELS), up=is_up, down_reason=why, **attrs,
+            gpus=tuple(ClusterGpu(gpu=i, uuid=u, **g)
+                       for (i, u), g in sorted(gpus[key].items(), key=lambda kv: (_index(kv[0][0]), kv[0][1]))),
+            datasets=tuple(ClusterDataset(dataset=p, **d) for p, d in sorted(datasets[key].items())),
+            ranks=tuple(ClusterRank(instance=key[1], pid=p, rank=r, job_id=j, **a)
+                        for (p, r, j), a in sorted(ranks[key].items(), key=lambda kv: (_index(kv[0][1]), kv[0]))),
+            hints=tuple(sorted(hints[key], key=lambda h: (h.severity != "critical", h.id))),
+            servers=tuple(ClusterServer(server=s, **a) for s, a in sorted(servers[key].items())),
+            sources_down=tuple(sorted(down_sources[key]))))
+    return ClusterPart(url=client.opts.url, selector=matchers, queried_at=at, query_s=time.monotonic() - t0,
+                       queries=client.queries - asked, nodes=tuple(nodes), jobs=group_jobs(nodes),
+                       notes=notes.done())
+
+
+def _index(text: str) -> tuple[int, str]:
+    """A sort key that puts "10" after "9" (GPU indices and ranks are label text)."""
+    return (int(text), "") if text.isdigit() and len(text) < 10 else (1 << 40, text)
+
+
+def group_jobs(nodes: Iterable[ClusterNode]) -> tuple[ClusterJob, ...]:
+    """The ranks of each training job (one job_id across nodes), by rank, the slowest and the most waiting named."""
+    by_job: dict[str, list[ClusterRank]] = {}
+    for n in nodes:
+        for r in n.ranks:
+            if r.job_id:
+                by_job.setdefault(r.job_id, []).append(r)
+    out = []
+    for job_id, rs in sorted(by_job.items()):
+        rs.sort(key=lambda r: (_index(r.rank), r.instance, r.pid))
+        timed = [r for r in rs if isinstance(r.step_s, float)]
+        waiting = [r for r in rs if isinstance(r.data_wait_ratio, float)]
+        out.append(ClusterJob(job_id, tuple(rs),
+                              slowest=max(timed, key=_step_s) if timed else None,
+                              most_waiting=max(waiting, key=_wait) if waiting else None))
+    return tuple(out)
+
+
+def _step_s(r: ClusterRank) -> float:
+    return r.step_s if isinstance(r.step_s, float) else 0.0
+
+
+def _wait(r: ClusterRank) -> float:
+    return r.data_wait_ratio if isinstance(r.data_wait_ratio, float) else 0.0
+
+
+def read_or_reason(client: PrometheusClient, selector: str) -> ClusterPart | Unavailable:
+    """read_cluster, or Unavailable with the one-line reason."""
+    try:
+        return read_cluster(client, selector)
+    except ClusterError as e:
+        return Unavailable(str(e))
+
+
+def source(settings: Settings) -> Source:
+    """The cluster source: every INTERVAL_S (or the refresh, when slower), one refresh of the queries."""
+    opts = settings.prometheus
+    assert opts is not None
+    try:
+        parse_selector(opts.selector)  # user input: a bad one is one line before the screen opens
+    except ValueError as e:
+        raise DltopError(f"--prometheus-selector: {e}") from None
+    client = PrometheusClient(opts)
+    return Source("cluster", max(INTERVAL_S, settings.refresh_s), lambda: read_or_reason(client, opts.selector),
+                  timeout_s=opts.timeout_s * 2, config=opts)
+

@@ -1,0 +1,259 @@
+"""The cluster as plain text and JSON: `dltop cluster`'s tables, the Cluster tab's cells, a node's detail and the
+commands to run on other nodes. Shown by the CLI and the TUI alike, so it lives below both."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from dltop.fmt import human_bytes, human_duration, printable
+from dltop.model.base import Unavailable, to_dict
+from dltop.model.cluster import SAFE_WORD, ClusterDataset, ClusterNode, ClusterPart
+
+COLD_BELOW = 0.99  # a node holding less of a dataset than this is cold for it: a warm there is offered
+SORTS = ("coldest", "name", "down first")  # the Cluster tab's orders, `s` cycles them
+
+
+def pct(v: float | int | Unavailable | None) -> str:
+    """0..1 as a whole percent; n/a where unknown."""
+    return f"{100 * v:.0f}%" if isinstance(v, int | float) else "n/a"
+
+
+def seconds(v: float | Unavailable | None) -> str:
+    """A step time: milliseconds under a second (a step is often 50 ms), else as human_duration."""
+    if not isinstance(v, float):
+        return "n/a"
+    return f"{1000 * v:.0f} ms" if v < 1 else human_duration(v)
+
+
+def share(part: int | Unavailable, whole: int | Unavailable) -> str:
+    """part / whole as a percent; n/a where either is unknown or whole is 0."""
+    if isinstance(part, int) and isinstance(whole, int) and whole > 0:
+        return f"{100 * part / whole:.0f}%"
+    return "n/a"
+
+
+def residency_cell(d: ClusterDataset | None) -> str:
+    """A dataset's cell in a node's row: its resident share, '-' where the node does not watch it, 'down' where
+    its exporter could not scan it."""
+    if d is None:
+        return "-"
+    if d.up is False:
+        return "down"
+    return pct(d.resident_ratio)
+
+
+def coldest_ratio(node: ClusterNode) -> float:
+    """The node's lowest resident share over its datasets (2.0 where it has none known: sorted last)."""
+    known = [r for d in node.datasets if (r := d.resident_ratio) is not None]
+    return min(known) if known else 2.0
+
+
+def sort_nodes(part: ClusterPart, order: str = "coldest", dataset: str | None = None) -> list[ClusterNode]:
+    """The nodes in one of SORTS; coldest: the lowest share of `dataset` (or of any dataset) first, ties by name."""
+    nodes = list(part.nodes)
+    if order == "name":
+        return sorted(nodes, key=lambda n: (n.name, n.instance, n.job))
+    if order == "down first":
+        return sorted(nodes, key=lambda n: (n.up, n.name, n.instance, n.job))
+
+    def cold(n: ClusterNode) -> float:
+        if dataset is None:
+            return coldest_ratio(n)
+        d = n.dataset(dataset)
+        r = d.resident_ratio if d is not None else None
+        return 2.0 if r is None else r
+
+    return sorted(nodes, key=lambda n: (cold(n), n.name, n.instance, n.job))
+
+
+def gpu_cells(node: ClusterNode) -> tuple[str, str, str]:
+    """(used/total GPU memory, lost GPUs, mean utilisation) of a node's GPUs."""
+    if not node.gpus:
+        count = node.gpu_count
+        return ("0 GPUs" if count == 0 else "n/a"), "", ""
+    used = [g.memory_used_bytes for g in node.gpus]
+    total = [g.memory_total_bytes for g in node.gpus]
+    if all(isinstance(x, int) for x in used + total):
+        mem = f"{human_bytes(sum(used))}/{human_bytes(sum(total))}"  # type: ignore[arg-type]
+    else:
+        mem = "n/a"
+    util = [g.utilization for g in node.gpus if isinstance(g.utilization, float)]
+    lost = node.gpus_lost
+    return mem, (str(lost) if lost else ""), (pct(sum(util) / len(util)) if util else "n/a")
+
+
+def kv_cell(node: ClusterNode) -> str:
+    """The fullest KV-cache pool of the node's inference servers ('' where it runs none)."""
+    usage = [s.kv_usage for s in node.servers if isinstance(s.kv_usage, float)]
+    return pct(max(usage)) if usage else ("n/a" if node.servers else "")
+
+
+NODE_HEADERS = ("node", "up", "GPU mem", "lost", "util", "cache", "avail", "PSI", "hints", "KV")
+
+
+def node_cells(node: ClusterNode) -> tuple[str, ...]:
+    """A node's row under NODE_HEADERS (text from Prometheus as it is: the caller escapes it)."""
+    mem, lost, util = gpu_cells(node)
+    if not node.up:
+        return (node.name, "DOWN", mem, lost, util, "n/a", "n/a", "n/a", "", kv_cell(node))
+    return (node.name, "up", mem, lost, util, share(node.memory_cached_bytes, node.memory_total_bytes),
+            share(node.memory_available_bytes, node.memory_total_bytes), pct(node.pressure_memory_some),
+            str(len(node.hints)) if node.hints else "", kv_cell(node))
+
+
+def summary_line(part: ClusterPart) -> str:
+    """'12 nodes (1 down), 96 GPUs (2 lost), 2 datasets, 1 job · 12 queries in 0.04 s'."""
+    down = sum(1 for n in part.nodes if not n.up)
+    gpus = sum(len(n.gpus) for n in part.nodes)
+    lost = sum(n.gpus_lost for n in part.nodes)
+    out = f"{len(part.nodes)} nodes" + (f" ({down} down)" if down else "")
+    out += f", {gpus} GPUs" + (f" ({lost} lost)" if lost else "")
+    out += f", {len(part.datasets)} datasets, {len(part.jobs)} jobs"
+    return out + f" · {part.queries} queries in {part.query_s:.2f} s"
+
+
+def job_rows(part: ClusterPart) -> list[tuple[str, ...]]:
+    """(job, ranks, nodes, worst data wait, slowest step, the slowest rank) per job."""
+    rows: list[tuple[str, ...]] = []
+    for j in part.jobs:
+        nodes = {r.instance for r in j.ranks}
+        wait = pct(j.most_waiting.data_wait_ratio) if j.most_waiting else "n/a"
+        step = seconds(j.slowest.step_s) if j.slowest else "n/a"
+        who = f"rank {j.slowest.rank or '?'} on {j.slowest.instance}" if j.slowest else "n/a"
+        rows.append((j.job_id, str(len(j.ranks)), str(len(nodes)), wait, step, who))
+    return rows
+
+
+JOB_HEADERS = ("job", "ranks", "nodes", "max wait", "slowest", "slowest rank")
+
+
+def _host(node: ClusterNode) -> str:
+    """The name a scheduler knows the node by: its node label, else the instance without its port."""
+    if node.node:
+        return node.node
+    host = node.instance.rsplit(":", 1)[0] if node.instance.count(":") == 1 else node.instance
+    return host.strip("[]")
+
+
+def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]]:
+    """(commands, notes): the lines that warm `dataset` on each node where it is cold (srun for the hosts at once,
+    kubectl exec per pod, ssh per host), each word shell-quoted; a node or path whose name is not one safe word
+    on a command line is left out with a note, never pasted into one."""
+    notes: list[str] = []
+    if any(not ch.isprintable() for ch in dataset):
+        return [], [f"{printable(dataset)}: the path holds control characters: no command offered"]
+    cold = [n for n in part.nodes if (d := n.dataset(dataset)) is not None
+            and (d.resident_ratio is None or d.resident_ratio < COLD_BELOW)]
+    hosts, pods = [], []
+    for n in cold:
+        host = _host(n)
+        if n.pod and n.namespace and SAFE_WORD.fullmatch(n.pod) and SAFE_WORD.fullmatch(n.namespace):
+            pods.append((n.namespace, n.pod))
+        elif SAFE_WORD.fullmatch(host):
+            hosts.append(host)
+        else:
+            notes.append(f"{printable(n.instance)}: its name is not a plain host name: no command offered")
+    path = shlex.quote(dataset)
+    out = []
+    if hosts:
+        out.append(f"srun --nodelist={','.join(hosts)} --ntasks-per-node=1 dltop warm {path}")
+        out.extend(f"ssh {h} dltop warm {path}" for h in hosts)
+    out.extend(f"kubectl exec -n {ns} {pod} -- dltop warm {path}" for ns, pod in pods)
+    if not cold:
+        notes.append(f"{printable(dataset)} is warm on every node that watches it")
+    return out, notes
+
+
+def node_detail(node: ClusterNode) -> list[str]:
+    """A node's numbers, per GPU, per dataset, per rank: what its own exporter serves (Enter on a node)."""
+    lines = [f"{node.name}  ({node.instance}, job {node.job})",
+             "up" if node.up else f"DOWN: {node.down_reason}"]
+    if isinstance(node.snapshot_age_s, float):
+        lines.append(f"newest reading {human_duration(node.snapshot_age_s)} old")
+    if node.sources_down:
+        lines.append("sources down: " + ", ".join(node.sources_down))
+    lines.append(f"memory: total {_b(node.memory_total_bytes)}, available {_b(node.memory_available_bytes)}, "
+                 f"page cache {_b(node.memory_cached_bytes)}, dirty {_b(node.memory_dirty_bytes)}; "
+                 f"PSI some {pct(node.pressure_memory_some)}, full {pct(node.pressure_memory_full)}")
+    lines.append(f"GPUs: {node.gpu_count if isinstance(node.gpu_count, int) else 'n/a'}")
+    for g in node.gpus:
+        state = "up" if g.up is True else f"LOST ({g.down_reason or 'down'})" if g.up is False else "n/a"
+        uses = ", ".join(f"{u} {human_bytes(b)}" for u, b in sorted((g.memory_by_use or {}).items()))
+        lines.append(f"  GPU {g.gpu} {g.name or ''} {state}: {_b(g.memory_used_bytes)} of "
+                     f"{_b(g.memory_total_bytes)} used, util {pct(g.utilization)}" + (f"; {uses}" if uses else ""))
+    if node.datasets:
+        lines.append("datasets:")
+    for d in node.datasets:
+        if d.up is False:
+            lines.append(f"  {d.dataset}: down ({d.reason or 'not scanned'})")
+        else:
+            lines.append(f"  {d.dataset}: {_b(d.resident_bytes)} of {_b(d.size_bytes)} resident "
+                         f"({pct(d.resident_ratio)})")
+    if node.ranks:
+        lines.append("training processes:")
+    for r in node.ranks:
+        lines.append(f"  pid {r.pid} rank {r.rank or '?'} job {r.job_id or '?'}: data wait {pct(r.data_wait_ratio)}, "
+                     f"step {seconds(r.step_s)}, "
+                     f"{r.steps if isinstance(r.steps, int) else 'n/a'} steps")
+    for s in node.servers:
+        lines.append(f"inference server {s.server}: KV cache {pct(s.kv_usage)} of {_b(s.kv_capacity_bytes)}")
+    for h in node.hints:
+        lines.append(f"hint {h.severity}: {h.id}")
+    return lines
+
+
+def _b(v: int | Unavailable) -> str:
+    return human_bytes(v) if isinstance(v, int) else "n/a"
+
+
+def cluster_json(part: ClusterPart) -> dict[str, Any]:
+    """`dltop cluster --json`: every value from Prometheus, or {"unavailable": reason} (never a 0 for unknown)."""
+    return {
+        "prometheus": part.url, "selector": part.selector, "queried_at": part.queried_at,
+        "query_s": part.query_s, "queries": part.queries,
+        "nodes": [node_json(n) for n in part.nodes],
+        "jobs": [{"job_id": j.job_id, "ranks": [to_dict(r) for r in j.ranks],
+                  "slowest": to_dict(j.slowest), "most_waiting": to_dict(j.most_waiting)} for j in part.jobs],
+        "notes": list(part.notes),
+    }
+
+
+def node_json(n: ClusterNode) -> dict[str, Any]:
+    """One node of `cluster_json`."""
+    return {
+        "instance": n.instance, "job": n.job, "node": n.node, "up": n.up, "down_reason": n.down_reason,
+        "snapshot_age_s": to_dict(n.snapshot_age_s),
+        "memory": {"total_bytes": to_dict(n.memory_total_bytes), "available_bytes": to_dict(n.memory_available_bytes),
+                   "cached_bytes": to_dict(n.memory_cached_bytes), "dirty_bytes": to_dict(n.memory_dirty_bytes),
+                   "pressure_some_avg10_ratio": to_dict(n.pressure_memory_some),
+                   "pressure_full_avg10_ratio": to_dict(n.pressure_memory_full)},
+        "gpu_count": to_dict(n.gpu_count),
+        "gpus": [to_dict(g) for g in n.gpus],
+        "datasets": [{"dataset": d.dataset, "up": to_dict(d.up), "size_bytes": to_dict(d.size_bytes),
+                      "resident_bytes": to_dict(d.resident_bytes), "reason": d.reason} for d in n.datasets],
+        "jobs": [to_dict(r) for r in n.ranks],
+        "hints": [to_dict(h) for h in n.hints],
+        "servers": [to_dict(s) for s in n.servers],
+        "sources_down": list(n.sources_down),
+    }
+
+
+def cluster_text(part: ClusterPart) -> list[str]:
+    """`dltop cluster`'s text: the summary, a row per node with each dataset's residency, the jobs, the notes."""
+    datasets = part.datasets
+    rows = [(*node_cells(n), *(residency_cell(n.dataset(p)) for p in datasets)) for n in sort_nodes(part)]
+    headers = (*NODE_HEADERS, *(f"[{i + 1}]" for i in range(len(datasets))))
+    lines = [summary_line(part), *_table(headers, rows)]
+    lines.extend(f"[{i + 1}] {p}" for i, p in enumerate(datasets))
+    if part.jobs:
+        lines.append("")
+        lines.extend(_table(JOB_HEADERS, job_rows(part)))
+    lines.extend(f"note: {n}" for n in part.notes)
+    return lines
+
+
+def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(h), *(len(printable(r[i])) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in (headers, *(tuple(map(printable, r)) for r in rows))]

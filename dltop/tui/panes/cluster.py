@@ -1,0 +1,194 @@
+"""The Cluster pane: a row per node with each watched dataset's residency on it (coldest first), the jobs across
+nodes with the slowest rank named; Enter shows a node, w the commands that warm the cold ones (dltop runs none)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from dltop.fmt import printable
+from dltop.model.base import Unavailable
+from dltop.model.cluster import ClusterNode, ClusterPart
+from dltop.text.cluster import (
+    JOB_HEADERS,
+    NODE_HEADERS,
+    SORTS,
+    job_rows,
+    node_cells,
+    node_detail,
+    residency_cell,
+    sort_nodes,
+    summary_line,
+    warm_commands,
+)
+from dltop.tui.panes.base import Pane, RowTable, set_content, set_row
+from dltop.tui.screens.cluster import ClusterTextScreen
+from dltop.tui.view import View
+
+
+def _key(n: ClusterNode) -> str:
+    return f"{n.job}\n{n.instance}"
+
+
+class ClusterPane(Pane):
+    """Every node Prometheus has, read through one bounded set of queries per refresh."""
+
+    PANE_ID = "cluster"
+    TITLE = "Cluster"
+    HELP = ("Every node's dltop export, read back from Prometheus (--prometheus): instant queries of /api/v1/query, "
+            "the same dozen however many nodes. [N] columns: the resident share of dataset N on the node; down: "
+            "the last scrape failed or its readings are stale.")
+    BINDINGS = [
+        Binding("enter", "detail", "Node", id="cluster.detail"),
+        Binding("s", "sort", "Sort", id="cluster.sort"),
+        Binding("w", "warm", "Warm cmds", id="cluster.warm"),
+    ]
+    DEFAULT_CSS = """
+    #cluster-summary { height: 1; }
+    #cluster-nodes { height: 1fr; min-height: 4; }
+    #cluster-jobs { height: auto; max-height: 5; }
+    Screen.-tall #cluster-jobs { max-height: 9; }
+    #cluster-notes { height: auto; max-height: 2; color: $text-muted; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order = SORTS[0]
+        self._columns: tuple[str, ...] = ()
+        self._keys: list[str] = []
+        self._by_key: dict[str, ClusterNode] = {}
+        self._jobs_shown: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="cluster-summary")
+        yield RowTable(id="cluster-nodes", cursor_type="row", zebra_stripes=False)
+        yield DataTable(id="cluster-jobs", cursor_type="none", show_cursor=False, zebra_stripes=False)
+        yield Static(id="cluster-notes")
+
+    @property
+    def part(self) -> ClusterPart | None:
+        """The cluster on screen, if there is one."""
+        part = self.view.snapshot.cluster if self.view is not None else None
+        return part if isinstance(part, ClusterPart) else None
+
+    def render_view(self, view: View) -> None:
+        part = view.snapshot.cluster
+        summary = self.query_one("#cluster-summary", Static)
+        if not isinstance(part, ClusterPart):
+            why = part.reason if isinstance(part, Unavailable) else "waiting for the first answer from Prometheus"
+            set_content(summary, Text(f"Prometheus: {printable(why)}", style="bold yellow"))
+            self._fill_nodes(None)
+            return
+        text = Text(summary_line(part))
+        text.append(f" · {self.order}", "dim")
+        set_content(summary, text)
+        self._fill_nodes(part)
+        self._fill_jobs(part)
+        datasets = "  ".join(f"[{i + 1}] {p}" for i, p in enumerate(part.datasets))
+        notes = "; ".join(part.notes)
+        set_content(self.query_one("#cluster-notes", Static), "\n".join(x for x in (datasets, notes) if x))
+
+    def _fill_nodes(self, part: ClusterPart | None) -> None:
+        table = self.query_one("#cluster-nodes", RowTable)
+        datasets = part.datasets if part is not None else ()
+        columns = (*NODE_HEADERS, *(f"[{i + 1}]" for i in range(len(datasets))))
+        nodes = sort_nodes(part, self.order) if part is not None else []
+        keys = [_key(n) for n in nodes]
+        if columns != self._columns or keys != self._keys:
+            # A new order or a new set of nodes or datasets: rebuilt, the cursor kept on its node.
+            selected = self._selected_key()
+            table.clear(columns=columns != self._columns)
+            if columns != self._columns:
+                for i, label in enumerate(columns):
+                    table.add_column(label, key=str(i))
+            self._columns, self._keys = columns, keys
+            for n in nodes:
+                table.add_row(*map(_cell, self._cells(n, datasets)), key=_key(n))
+            if selected in keys:
+                table.move_cursor(row=keys.index(selected))
+        else:
+            cols = tuple(str(i) for i in range(len(columns)))
+            for n in nodes:
+                set_row(table, _key(n), cols, self._cells(n, datasets))
+        self._by_key = {_key(n): n for n in nodes}
+
+    @staticmethod
+    def _cells(n: ClusterNode, datasets: tuple[str, ...]) -> tuple[str, ...]:
+        return (*node_cells(n), *(residency_cell(n.dataset(p)) for p in datasets))
+
+    def _fill_jobs(self, part: ClusterPart) -> None:
+        table = self.query_one("#cluster-jobs", DataTable)
+        table.display = bool(part.jobs)
+        if not table.columns:
+            for i, label in enumerate(JOB_HEADERS):
+                table.add_column(label, key=str(i))
+        rows = job_rows(part)
+        keys = [r[0] for r in rows]
+        if keys != self._jobs_shown:
+            table.clear()
+            self._jobs_shown = keys
+        cols = tuple(str(i) for i in range(len(JOB_HEADERS)))
+        for r in rows:
+            set_row(table, r[0], cols, r)
+
+    def _selected_key(self) -> str | None:
+        table = self.query_one("#cluster-nodes", RowTable)
+        if not table.row_count:
+            return None
+        try:
+            return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+        except Exception:  # noqa: BLE001 - a cursor past the rows: nothing selected
+            return None
+
+    def selected(self) -> ClusterNode | None:
+        """The node under the cursor."""
+        key = self._selected_key()
+        return self._by_key.get(key) if key is not None else None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "detail":
+            return self.selected() is not None
+        if action == "warm":
+            return self.part is not None and bool(self.part.datasets)
+        return True
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "cluster-nodes":
+            event.stop()
+            self.action_detail()
+
+    def action_detail(self) -> None:
+        """A node's numbers: per GPU, per dataset, per rank, as its own exporter serves them."""
+        node = self.selected()
+        if node is not None:
+            self.app.push_screen(ClusterTextScreen(f"Node {node.name}", node_detail(node)))
+
+    def action_sort(self) -> None:
+        """Coldest node first, by name, or the down ones first."""
+        self.order = SORTS[(SORTS.index(self.order) + 1) % len(SORTS)]
+        if self.view is not None:
+            self.render_view(self.view)
+
+    def action_warm(self) -> None:
+        """The commands that warm each dataset on the nodes where it is cold (shown and copyable, never run)."""
+        part = self.part
+        if part is None:
+            return
+        lines: list[str] = []
+        commands: list[str] = []
+        for path in part.datasets:
+            cmds, notes = warm_commands(part, path)
+            lines.append(f"# {path}")
+            lines.extend(cmds)
+            lines.extend(f"# {n}" for n in notes)
+            commands.extend(cmds)
+        lines.append("# dltop runs none of these: run them where you may (srun, kubectl exec or ssh).")
+        self.app.push_screen(ClusterTextScreen("Warm the cold nodes", lines, "\n".join(commands)))
+
+
+def _cell(value: str) -> Text:
+    if value == "DOWN":
+        return Text(value, style="bold red")
+    return Text(printable(value))

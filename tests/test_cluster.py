@@ -1,0 +1,274 @@
+"""The cluster view against a real Prometheus (the Debian package's server) on loopback, scraping several real
+`dltop export` processes as nodes, each watching its own dataset at its own residency, two of them with a rank
+of one training job: the view's numbers must be fincore's and each exporter's own /metrics, a node that stops
+must be down by its second missed scrape, and the Cluster tab must show it at 80x24."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dltop.config import PrometheusOptions, Settings
+from dltop.kernel import LockedMapping
+from dltop.model import Snapshot, Unavailable
+from dltop.sampler import ListFeed
+from dltop.sources.cluster import PrometheusClient, read_cluster
+from dltop.text.cluster import NODE_HEADERS, warm_commands
+
+from .conftest import DATA, REPO
+from .probe_helpers import probe_env
+from .test_exporter import Exporter, free_port, get, series
+from .test_prometheus import binary
+
+FILES, FILE_BYTES = 4, 1 << 20
+WARM = (0, 2, 4, 1)  # files of each node's dataset read into the page cache (and locked there)
+JOB = "cluster-test-job"
+# A rank of the job: steps of argv[1] seconds, its loader quick; it publishes every 0.2 s.
+RANK = r"""
+import sys, time
+from dltop import probe
+probe.start(interval_s=0.2)
+print("ready", flush=True)
+step_s = float(sys.argv[1])
+for _ in probe.track(iter(int, 1)):
+    time.sleep(step_s)
+"""
+
+
+@dataclass
+class Fleet:
+    prom: str
+    exporters: list[Exporter]
+    datasets: list[Path]
+    names: list[str]
+
+    def client(self) -> PrometheusClient:
+        return PrometheusClient(PrometheusOptions(self.prom))
+
+    def raw(self, expr: str) -> Any:
+        status, _, body = get(f"{self.prom}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+        assert status == 200, body
+        return json.loads(body)["data"]["result"]
+
+
+def _dataset(path: Path, warm: int) -> list[LockedMapping]:
+    path.mkdir(parents=True)
+    for i in range(FILES):
+        (path / f"shard-{i}.bin").write_bytes(os.urandom(FILE_BYTES))
+    os.sync()
+    locks = []
+    for i in range(FILES):
+        fd = os.open(path / f"shard-{i}.bin", os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if i < warm:
+            locks.append(LockedMapping(fd, FILE_BYTES))
+        os.close(fd)
+    return locks
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    prometheus = binary("prometheus")
+    tmp = tmp_path_factory.mktemp("cluster")
+    locks, exporters, ranks, datasets, names = [], [], [], [], []
+    log = None
+    proc = None
+    try:
+        for i, warm in enumerate(WARM):
+            # Node 3's dataset has an escape sequence in its name: hostile text all the way to the screen.
+            ds = tmp / f"node{i}" / ("data" if i != 3 else "da\x1b[2Jta")
+            locks += _dataset(ds, warm)
+            datasets.append(ds)
+            runtime = tmp / f"run{i}"
+            runtime.mkdir(mode=0o700)
+            if i in (0, 1):  # a rank of one job on each of two nodes; rank 1 steps three times slower
+                r = subprocess.Popen([sys.executable, "-c", RANK, "0.02" if i == 0 else "0.06"], cwd=REPO,
+                                     env=probe_env(runtime, TORCHELASTIC_RUN_ID=JOB, RANK=str(i), WORLD_SIZE="2"),
+                                     stdout=subprocess.PIPE, text=True)
+                ranks.append(r)
+                assert r.stdout is not None and r.stdout.readline().strip() == "ready"
+            env = {"XDG_RUNTIME_DIR": str(runtime)}
+            if i == 0:
+                env["DLTOP_FAKE_NVML"] = str(DATA / "gpu-scenarios" / "h100-2proc.json")
+            exporters.append(Exporter("--dataset", str(ds), env=env))
+            names.append(f"node-{i}")
+        statics = [{"targets": [f"127.0.0.1:{e.port}"], "labels": {"node": names[i]}} for i, e in enumerate(exporters)]
+        statics[1]["labels"] = {"node": names[1], "pod": "trainer-1", "namespace": "ml"}
+        config = {"global": {"scrape_interval": "500ms", "evaluation_interval": "1s"},
+                  "scrape_configs": [{"job_name": "nodes", "scrape_interval": "500ms", "static_configs": statics},
+                                     # the first node again under another job: --selector leaves it out
+                                     {"job_name": "other", "scrape_interval": "1s",
+                                      "static_configs": [{"targets": [f"127.0.0.1:{exporters[0].port}"]}]}]}
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        port = free_port()
+        log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 - open for the life of the server
+        proc = subprocess.Popen([prometheus, f"--config.file={tmp / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        f = Fleet(f"http://127.0.0.1:{port}", exporters, datasets, names)
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp / "prometheus.log").read_text()[-3000:]
+            try:
+                ready = (len(f.raw('up{job="nodes"} == 1')) == len(WARM)
+                         and len(f.raw('dltop_dataset_resident_bytes{job="nodes"}')) == len(WARM)
+                         and len(f.raw(f'dltop_training_steps_total{{job="nodes",job_id="{JOB}"}}')) == 2)
+            except (OSError, AssertionError, KeyError):
+                ready = False
+            if ready:
+                break
+            assert time.monotonic() < deadline, (f.raw("up"), f.raw("dltop_dataset_resident_bytes"),
+                                                 f.raw("dltop_training_steps_total"))
+            time.sleep(0.3)
+        yield f
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(20)
+        if log is not None:
+            log.close()
+        for e in exporters:
+            if e.proc.poll() is None:
+                e.stop()
+        for r in ranks:
+            r.kill()
+            r.wait()
+        for lock in locks:
+            lock.release()
+
+
+def _fincore(path: Path) -> int:
+    files = sorted(str(p) for p in path.iterdir())
+    r = subprocess.run([binary("fincore", "util-linux"), "--bytes", "--noheadings", "--raw", "--output", "RES",
+                        *files], capture_output=True, text=True, check=True)
+    return sum(int(x) for x in r.stdout.split())
+
+
+def test_the_view_is_fincore_and_each_exporters_metrics(fleet: Fleet) -> None:
+    client = fleet.client()
+    part = read_cluster(client, 'job="nodes"')
+    assert part.queries == client.queries <= 20
+    by_name = {n.name: n for n in part.nodes}
+    assert sorted(by_name) == fleet.names  # the node labels; the "other" job left out by the selector
+    for i, (name, ds, exporter) in enumerate(zip(fleet.names, fleet.datasets, fleet.exporters, strict=True)):
+        node = by_name[name]
+        assert node.up and node.instance == f"127.0.0.1:{exporter.port}", node
+        [d] = node.datasets
+        assert d.dataset == str(ds)
+        assert d.resident_bytes == _fincore(ds) == WARM[i] * FILE_BYTES  # what the test warmed, as fincore sees it
+        assert d.size_bytes == FILES * FILE_BYTES
+        metrics = exporter.metrics()
+        assert [node.memory_total_bytes] == list(series(metrics, "dltop_memory_total_bytes").values())
+        assert [node.gpu_count] == list(series(metrics, "dltop_gpus").values())
+    gpu_node = by_name["node-0"]
+    metrics = fleet.exporters[0].metrics()
+    totals = series(metrics, "dltop_gpu_memory_total_bytes")
+    assert len(gpu_node.gpus) == len(totals) > 0
+    assert sorted(g.memory_total_bytes for g in gpu_node.gpus) == sorted(totals.values())  # type: ignore[type-var]
+    assert sorted(g.memory_used_bytes for g in gpu_node.gpus) == sorted(  # type: ignore[type-var]
+        series(metrics, "dltop_gpu_memory_used_bytes").values())
+    # the coldest node is first, and only the cold ones are offered a warm
+    from dltop.text.cluster import sort_nodes
+
+    assert [n.name for n in sort_nodes(part)][0] == "node-0"
+    cmds, _ = warm_commands(part, str(fleet.datasets[0]))
+    assert cmds[0].startswith("srun --nodelist=node-0 ") and cmds[0].endswith(f"dltop warm {fleet.datasets[0]}")
+    cmds, notes = warm_commands(part, str(fleet.datasets[1]))
+    assert cmds == [f"kubectl exec -n ml trainer-1 -- dltop warm {fleet.datasets[1]}"]
+    cmds, notes = warm_commands(part, str(fleet.datasets[2]))
+    assert cmds == [] and "warm on every node" in notes[0]
+    cmds, notes = warm_commands(part, str(fleet.datasets[3]))
+    assert cmds == [] and "control characters" in notes[0]  # never pasted into a command line
+
+
+def test_the_ranks_of_one_job_across_nodes(fleet: Fleet) -> None:
+    part = read_cluster(fleet.client(), 'job="nodes"')
+    [job] = [j for j in part.jobs if j.job_id == JOB]
+    assert [(r.rank, r.instance) for r in job.ranks] == [
+        ("0", f"127.0.0.1:{fleet.exporters[0].port}"), ("1", f"127.0.0.1:{fleet.exporters[1].port}")]
+    assert job.slowest is not None and job.slowest.rank == "1"  # it sleeps three times as long per step
+    for r, exporter in zip(job.ranks, fleet.exporters, strict=False):
+        served = series(exporter.metrics(), "dltop_training_step_seconds")
+        [(labels, _)] = served.items()
+        assert f'job_id="{JOB}"' in labels and f'pid="{r.pid}"' in labels
+
+
+def test_cli_json_and_text(fleet: Fleet) -> None:
+    run = subprocess.run([sys.executable, "-m", "dltop", "cluster", "--prometheus", fleet.prom, "--selector",
+                          'job="nodes"', "--json"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert len(doc["nodes"]) == len(WARM) and doc["queries"] <= 20
+    resident = sorted(n["datasets"][0]["resident_bytes"] for n in doc["nodes"])
+    assert resident == sorted(w * FILE_BYTES for w in WARM)
+    assert {j["job_id"] for j in doc["jobs"]} == {JOB}
+    text = subprocess.run([sys.executable, "-m", "dltop", "cluster", "--prometheus", fleet.prom], capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+    assert text.returncode == 0 and "\x1b" not in text.stdout and "[2Jta" in text.stdout, text.stdout
+    assert "5 nodes" in text.stdout  # no selector: the "other" job's target too
+    bad = subprocess.run([sys.executable, "-m", "dltop", "cluster", "--prometheus", fleet.prom, "--selector",
+                          'job="a"} or vector(1'], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "selector" in bad.stderr, bad.stderr
+
+
+async def test_the_cluster_tab_at_80x24(fleet: Fleet) -> None:
+    from textual.widgets import DataTable
+
+    from dltop.tui.app import DltopApp
+    from dltop.tui.screens.cluster import ClusterTextScreen
+
+    part = read_cluster(fleet.client(), 'job="nodes"')
+    settings = Settings(prometheus=PrometheusOptions(fleet.prom))
+    app = DltopApp(ListFeed([Snapshot(ts=part.queried_at, host="here", cluster=part)]), settings)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.query_one("#tabs").active == "tab-cluster"  # first when given
+        table = app.query_one("#cluster-nodes", DataTable)
+        first = [str(c) for c in table.get_row_at(0)]
+        assert first[0] == "node-0" and first[len(NODE_HEADERS)] == "0%"  # the coldest first, its dataset cold
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, ClusterTextScreen)
+        await pilot.press("escape")
+        await pilot.press("w")
+        await pilot.pause()
+        assert isinstance(app.screen, ClusterTextScreen)
+        shown = str(app.screen.query_one("#cluster-dialog-text").render())
+        assert "srun --nodelist=node-0" in shown and "\x1b" not in shown
+        await pilot.press("escape")
+        await pilot.press("s")  # by name
+        await pilot.pause()
+        assert [str(table.get_row_at(i)[0]) for i in range(table.row_count)] == fleet.names
+
+
+def test_a_node_that_stops_is_down_by_its_second_missed_scrape(fleet: Fleet) -> None:
+    # Runs last: node-3's exporter stops. The view is read as of the second scrape after the stop (Prometheus'
+    # own timestamps): no wall-clock assertion.
+    victim = fleet.exporters[3]
+    instance = f"127.0.0.1:{victim.port}"
+    victim.stop()
+    stopped = time.time()
+    deadline = time.monotonic() + 30
+    while True:
+        [m] = fleet.raw(f'up{{job="nodes",instance="{instance}"}}[20s]')
+        after = [float(ts) for ts, _ in m["values"] if float(ts) > stopped]
+        if len(after) >= 2:
+            break
+        assert time.monotonic() < deadline, m
+        time.sleep(0.3)
+    part = read_cluster(fleet.client(), 'job="nodes"', now=lambda: after[1] + 0.001)
+    node = next(n for n in part.nodes if n.instance == instance)
+    assert not node.up and node.down_reason and "scrape failed" in node.down_reason
+    assert isinstance(node.memory_total_bytes, Unavailable)  # no sample: unknown, never 0
+    assert sum(n.up for n in part.nodes) == len(WARM) - 1
