@@ -14,7 +14,15 @@ from typing import Any
 
 import plotext
 
-from dltop.fmt import human_bytes, human_duration, plural, printable, printable_lines, shorten_middle
+from dltop.fmt import (
+    human_bytes,
+    human_duration,
+    percent_text,
+    plural,
+    printable,
+    printable_lines,
+    shorten_middle,
+)
 from dltop.model import CgroupMemory, DatasetsPart, MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency
 from dltop.model.gpu import SPLIT_FIELDS
@@ -204,7 +212,7 @@ def _peaks(c: _Collected) -> list[str]:
         if p.value is None:
             continue
         if name.endswith("resident (lowest)"):
-            value = f"{p.value * 100:.1f}%"
+            value = percent_text(p.value * 100, 1)
         else:
             total = c.totals.get(name)
             value = human_bytes(p.value) + (f" of {human_bytes(total)}" if total else "")

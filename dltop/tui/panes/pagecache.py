@@ -15,6 +15,7 @@ from dltop.fmt import (
     human_range,
     human_rate,
     percent,
+    percent_text,
     spark_range,
     sparkline_rows,
 )
@@ -134,7 +135,7 @@ def cgroup_text(m: MemoryPart, width: int = 200) -> Text:
         used += f" ({cg.unavailable.get('current_bytes', 'not read')})"
     if cg.max_bytes is not None and cg.current_bytes is not None:
         share = cg.current_bytes / cg.max_bytes if cg.max_bytes else 0
-        pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)} ({100 * share:.0f}%)",
+        pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)} ({percent_text(100 * share)})",
                            "bold red" if share >= 0.9 else ""))
     elif cg.max_bytes is not None:
         pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)}"))
