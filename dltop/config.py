@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 import urllib.parse
 from dataclasses import dataclass, replace
@@ -16,7 +17,11 @@ MIN_REFRESH_S = 0.1
 MAX_REFRESH_S = 60.0
 MAX_JUMP_S = 366 * 86400.0  # a year: further is no step through a recording, and keeps time arithmetic finite
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few lines; a bigger file is not one
-KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "caches", "jump"})  # later features add theirs here
+KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "caches", "jump", "tab", "mute"})
+# The TUI's tabs by name, in tab order (the panes' PANE_ID; a test checks they agree): `--tab`, `tab = "..."`.
+TAB_NAMES = ("gpu", "pagecache", "datasets", "cpu", "training", "caches")
+HINT_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+MAX_MUTED = 200  # hint ids in `mute = [...]`: there are a few dozen rules
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class Settings:
     caches: tuple[str, ...] = ()  # cache folders the user adds to the known ones (docs/caches.md)
     config_path: str | None = None
     jump_s: float = 60.0  # how far j / J move in time (live history and replay)
+    tab: str | None = None  # the tab to open on (TAB_NAMES); None: the one that has something
+    mute: tuple[str, ...] = ()  # hint ids never shown on the hint line (still listed in ?)
 
 
 def default_config_path() -> Path:
@@ -93,6 +100,14 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     jump = data.get("jump", s.jump_s)
     if isinstance(jump, bool) or not isinstance(jump, int | float) or not 0 < jump <= MAX_JUMP_S:
         raise DltopError(f"{where}: jump must be a number of seconds above 0, at most {MAX_JUMP_S:.0f} (a year)")
+    tab = data.get("tab")
+    if tab is not None:
+        tab = tab_name(tab, where)
+    mute = data.get("mute", [])
+    if (not isinstance(mute, list) or len(mute) > MAX_MUTED
+            or not all(isinstance(m, str) and HINT_ID.fullmatch(m) for m in mute)):
+        raise DltopError(f"{where}: mute must be a list of at most {MAX_MUTED} hint ids (as ? lists them: "
+                         "letters, digits and '-')")
     unknown = sorted(set(data) - KNOWN_KEYS)
     if unknown:
         # A typo ("readonly = true") must not quietly leave actions enabled.
@@ -105,7 +120,19 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         servers=_server_urls(servers, where),
         caches=_cache_paths(caches),
         jump_s=float(jump),
+        tab=tab,
+        mute=tuple(dict.fromkeys(mute)),
     )
+
+
+def tab_name(value: object, where: str) -> str:
+    """A tab named by the user (`--tab`, `tab = "..."`): one of TAB_NAMES, case and '-'/'_'/' ' ignored
+    ("Page cache", "page-cache"); raises DltopError naming the known ones."""
+    key = value.lower().replace("-", "").replace("_", "").replace(" ", "") if isinstance(value, str) else ""
+    if key not in TAB_NAMES:
+        shown = repr(value) if isinstance(value, str) else "not a string"
+        raise DltopError(f"{where}: tab {shown[:60]} is not a tab (tabs: {', '.join(TAB_NAMES)})")
+    return key
 
 
 def _no_nul(paths: list[str], key: str, where: str) -> None:
@@ -183,4 +210,6 @@ def settings_from_args(args: Any) -> Settings:
         changes["read_only"] = True
     if getattr(args, "jump", None) is not None:
         changes["jump_s"] = args.jump
+    if getattr(args, "tab", None):
+        changes["tab"] = tab_name(args.tab, "--tab")
     return replace(s, **changes)

@@ -141,7 +141,7 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
     c = _Collected(float(interval) if isinstance(interval, int | float) and 0 < interval <= 3600 else 1.0)
     for s in rec.range(t0, t1):
         c.see(s)
-    events = rec.events(t0, t1)
+    events = [e for e in rec.events(t0, t1) if e.kind != "view"]  # what was on screen is no event of the job
     out: list[str] = []
     gaps = _gaps(rec, c, rec.events())
     out += _header(rec, c, events, gaps)
