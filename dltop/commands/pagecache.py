@@ -243,8 +243,10 @@ def _print_result(args: argparse.Namespace, r: Any) -> None:
         print(f"memory guard: {r.guard.message}")
     for why, pages in r.stayed.items():
         print(f"stayed resident: {plural(pages, 'page')} ({why})")
-    for line in r.stayed_detail[:10]:
+    for line in r.stayed_detail:
         print(f"  {line}")
+    if r.stayed_more:
+        print(f"  … {r.stayed_more} more (fewer pages each)")
     if r.skipped:
         print("skipped: " + skipped_text(r.skipped))
     for p in r.problems[:5]:
