@@ -25,6 +25,7 @@ from dltop.tui.app import DltopApp
 from dltop.tui.panes import pane_classes
 from dltop.tui.screens.help import HelpScreen
 from dltop.tui.timeline import RecordingFeed
+from tests.test_pagecache_util import ddir_fixture  # noqa: F401  (the `ddir` fixture)
 
 HINTS_DIR = Path(__file__).resolve().parent.parent / "dltop" / "hints"
 
@@ -179,3 +180,74 @@ async def test_a_hint_muted_in_the_config_stays_off_the_line_and_is_listed_in_he
         await pilot.pause()
         prompts = [str(o.prompt) for o in app.screen.query_one("#help-hints", OptionList).options]
         assert prompts[1].startswith("[muted (config)] cache-on-temporary-storage")
+
+
+# -- item 8: the Datasets tab's footer and its add-folder box ----------------------------------------------------
+
+
+def _footer_labels(app: DltopApp) -> list[str]:
+    return [b.description for _node, b, enabled, _tip in app.screen.active_bindings.values() if b.show and enabled]
+
+
+async def test_the_footer_says_unlock_on_a_locked_row(ddir: Path) -> None:
+    from tests.test_datasets_pane import _wait_confirm, _wait_idle, live, make_dataset
+
+    make_dataset(ddir)
+    app = live(ddir, rescan_s=3600.0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _wait_idle(app, pilot, lambda: bool(app.query_one("#ds-table").row_count))
+        assert "Lock" in _footer_labels(app) and "Unlock" not in _footer_labels(app)
+        await pilot.press("enter")  # into the dataset: lock its val folder
+        await pilot.pause()
+        await pilot.press("down", "l")
+        await _wait_confirm(app, pilot)
+        await pilot.press("y")
+        await _wait_idle(app, pilot, lambda: bool(app.runner.held()))
+        await pilot.pause()
+        assert "Unlock" in _footer_labels(app) and "Lock" not in _footer_labels(app)
+        await pilot.press("up")  # train: not locked
+        await pilot.pause()
+        assert "Lock" in _footer_labels(app) and "Unlock" not in _footer_labels(app)
+        await pilot.press("down", "l")  # l on the locked row unlocks
+        await pilot.pause()
+        assert app.runner.held() == {} and "Lock" in _footer_labels(app)
+
+
+def test_path_completion_completes_as_a_shell_does(tmp_path: Path) -> None:
+    from dltop.tui.path_input import complete_path
+
+    (tmp_path / "imagenet" / "train").mkdir(parents=True)
+    (tmp_path / "imagenette").mkdir()
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / ".hidden").mkdir()
+    base = str(tmp_path) + "/"
+    assert complete_path(base + "ima") == (base + "imagenet", ["imagenet/", "imagenette/"])
+    assert complete_path(base + "imagenet/t") == (base + "imagenet/train/", ["train/"])
+    assert complete_path(base + "x") == (base + "x", [])
+    assert complete_path(base) == (base, ["imagenet/", "imagenette/", "notes.txt"])  # dot files only when asked
+    assert complete_path(base + ".h")[0] == base + ".hidden/"
+    assert complete_path(base + "notes.txt/a") == (base + "notes.txt/a", [])  # not a folder: nothing, no raise
+
+
+async def test_tab_in_the_add_folder_box_completes_and_keeps_the_focus(tmp_path: Path) -> None:
+    (tmp_path / "imagenet" / "train").mkdir(parents=True)
+    app = DltopApp(ListFeed([_snap()]), Settings(tab="datasets"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("a")
+        box = app.query_one("#ds-add")
+        assert box.has_focus
+        await pilot.press(*f"{tmp_path}/imag", "tab")
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if box.value.endswith("/"):
+                break
+        assert box.value == f"{tmp_path}/imagenet/" and box.has_focus  # Tab left the box before
+        await pilot.press("t", "tab")
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if box.value.endswith("train/"):
+                break
+        assert box.value == f"{tmp_path}/imagenet/train/" and box.has_focus
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.settings.datasets == (f"{tmp_path}/imagenet/train",)

@@ -1035,3 +1035,19 @@ def test_evict_names_the_files_holding_the_most_pages_first_and_who_holds_them(d
     from dltop.actions.runner import summary
 
     assert f"most in {big}: 256 pages" in summary(r) and f"(+{12} more files)" in summary(r)
+
+
+def test_an_evict_cancelled_while_measuring_draws_no_full_bar(ddir: Path) -> None:
+    # Ctrl-C while measuring: nothing was sized (0 of 0 bytes), and the bar was drawn full at 100%.
+    from dltop.text.datasets import progress_line
+
+    for i in range(3):
+        make_file(ddir / f"f{i}.bin", 8 * PS)
+    cancel = threading.Event()
+    cancel.set()
+    seen: list[object] = []
+    r = pc.evict([str(ddir)], progress=seen.append, cancel=cancel)
+    assert r.cancelled and seen
+    for p in seen:
+        line = progress_line(p, width=24, marks="#.", pct_digits=1)
+        assert "#" not in line and "100" not in line, line

@@ -151,11 +151,13 @@ def format_residency(part: DatasetsPart) -> str:
 
 def progress_line(p: Any, width: int = 20, marks: str = "█░", pct_digits: int = 0) -> str:
     """`warm [███░░] 40% 1.2 GiB/3.0 GiB 800 MiB/s ETA 2s` from an action's Progress."""
-    frac = p.done_bytes / p.total_bytes if p.total_bytes else 1.0
+    # No total (a measure cut short by Ctrl-C: nothing was sized) is no full bar: an empty one, no percent.
+    frac = p.done_bytes / p.total_bytes if p.total_bytes else 0.0
     fill = int(width * min(1.0, frac))
     # Rounded up: "0s" only when nothing is left, "?" until there is a rate to go by.
     eta = human_duration(math.ceil(p.eta_s)) if p.eta_s is not None else "?"
-    pct = f"{percent_text(100 * frac, pct_digits):>{6 if pct_digits else 0}}"
+    pct = percent_text(100 * frac, pct_digits) if p.total_bytes else "-"
+    pct = f"{pct:>{6 if pct_digits else 0}}"
     return (f"{p.action} [{marks[0] * fill}{marks[1] * (width - fill)}] {pct} "
             f"{human_bytes(p.done_bytes)}/{human_bytes(p.total_bytes)} "
             f"{human_rate(p.rate_bytes_per_s, missing='-')} ETA {eta}")
