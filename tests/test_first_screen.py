@@ -251,3 +251,14 @@ async def test_tab_in_the_add_folder_box_completes_and_keeps_the_focus(tmp_path:
         await pilot.press("enter")
         await pilot.pause()
         assert app.settings.datasets == (f"{tmp_path}/imagenet/train",)
+
+
+def test_no_help_text_names_a_module(capsys: pytest.CaptureFixture[str]) -> None:
+    # `dltop cpu --help` printed its module docstring, naming dltop.text.cpu to users.
+    from dltop.cli import COMMANDS, main
+
+    for command in sorted(COMMANDS):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert not re.search(r"\bdltop\.[a-z_]+", out), (command, out)
