@@ -262,3 +262,21 @@ def test_no_help_text_names_a_module(capsys: pytest.CaptureFixture[str]) -> None
             main([command, "--help"])
         out = capsys.readouterr().out
         assert not re.search(r"\bdltop\.[a-z_]+", out), (command, out)
+
+
+def test_psi_shows_avg10_avg60_avg300_within_80_columns() -> None:
+    # avg10 alone cannot tell a burst from a lasting squeeze.
+    from dltop.sources.memory import read_memory
+    from dltop.tui.panes.pagecache import activity_text
+
+    m = read_memory("/")
+    if isinstance(m.pressure_memory, Unavailable):
+        pytest.skip(f"no PSI here: {m.pressure_memory.reason}")
+    p = m.pressure_memory
+    for width in (76, 200):
+        first = activity_text(m, None, width).plain.splitlines()[0]
+        assert f"mem PSI some {p.some_avg10:.1f}/{p.some_avg60:.1f}/{p.some_avg300:.1f}%" in first
+        assert len(first) <= width
+    wide = activity_text(m, None, 200).plain.splitlines()[0]
+    if p.full_avg10 is not None:
+        assert f"full {p.full_avg10:.1f}/{p.full_avg60:.1f}/{p.full_avg300:.1f}%" in wide
