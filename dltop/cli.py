@@ -16,6 +16,7 @@ from dltop.commands.common import (
     add_export_options,
     add_jump_option,
     add_server_option,
+    add_tab_option,
     escaped_output,
     refresh_seconds,
 )
@@ -63,6 +64,7 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
     tui.add_argument("--record", metavar="DIR",
                      help="record what the TUI shows into DIR as well (replay it with dltop replay DIR)")
     add_jump_option(tui)
+    add_tab_option(tui, "(default: GPU where GPUs are, else Datasets when datasets are given, else Page cache)")
     add_export_options(tui, "what the TUI shows")
     add_server_option(tui)
     add_cache_option(tui)
@@ -75,7 +77,7 @@ def build_parser(command: str | None = None) -> tuple[ArgumentParser, ArgumentPa
 
 # Options of the top-level parser that take a value: their value is never a subcommand name.
 _VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export", "--export-web-config",
-                  "--cache", "--record", "--jump", "--prometheus", "--selector", "--prometheus-user",
+                  "--cache", "--record", "--jump", "--tab", "--prometheus", "--selector", "--prometheus-user",
                   "--prometheus-password-file", "--prometheus-bearer-token-file", "--prometheus-ca-file",
                   "--prometheus-timeout"}
 

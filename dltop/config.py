@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 import urllib.parse
 from dataclasses import dataclass, replace
@@ -16,7 +17,12 @@ MIN_REFRESH_S = 0.1
 MAX_REFRESH_S = 60.0
 MAX_JUMP_S = 366 * 86400.0  # a year: further is no step through a recording, and keeps time arithmetic finite
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few lines; a bigger file is not one
-KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "caches", "jump", "prometheus"})  # later features add theirs here
+KNOWN_KEYS = frozenset({"refresh", "datasets", "read_only", "servers", "caches", "jump", "prometheus", "tab",
+                        "mute"})  # later features add theirs here
+# The TUI's tabs by name, in tab order (the panes' PANE_ID; a test checks they agree): `--tab`, `tab = "..."`.
+TAB_NAMES = ("gpu", "pagecache", "datasets", "cpu", "training", "caches", "cluster")  # cluster: with a Prometheus
+HINT_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+MAX_MUTED = 200  # hint ids in `mute = [...]`: there are a few dozen rules
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class Settings:
     config_path: str | None = None
     jump_s: float = 60.0  # how far j / J move in time (live history and replay)
     prometheus: PrometheusOptions | None = None  # the Cluster tab's Prometheus; None: no Cluster tab
+    tab: str | None = None  # the tab to open on (TAB_NAMES); None: the one that has something
+    mute: tuple[str, ...] = ()  # hint ids never shown on the hint line (still listed in ?)
 
 
 def default_config_path() -> Path:
@@ -112,6 +120,14 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     prometheus = data.get("prometheus")
     if prometheus is not None and not isinstance(prometheus, str):
         raise DltopError(f"{where}: prometheus must be the URL of a Prometheus server")
+    tab = data.get("tab")
+    if tab is not None:
+        tab = tab_name(tab, where)
+    mute = data.get("mute", [])
+    if (not isinstance(mute, list) or len(mute) > MAX_MUTED
+            or not all(isinstance(m, str) and HINT_ID.fullmatch(m) for m in mute)):
+        raise DltopError(f"{where}: mute must be a list of at most {MAX_MUTED} hint ids (as ? lists them: "
+                         "letters, digits and '-')")
     unknown = sorted(set(data) - KNOWN_KEYS)
     if unknown:
         # A typo ("readonly = true") must not quietly leave actions enabled.
@@ -125,7 +141,19 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         caches=_cache_paths(caches),
         jump_s=float(jump),
         prometheus=PrometheusOptions(_prometheus_url(prometheus, where)) if prometheus else None,
+        tab=tab,
+        mute=tuple(dict.fromkeys(mute)),
     )
+
+
+def tab_name(value: object, where: str) -> str:
+    """A tab named by the user (`--tab`, `tab = "..."`): one of TAB_NAMES, case and '-'/'_'/' ' ignored
+    ("Page cache", "page-cache"); raises DltopError naming the known ones."""
+    key = value.lower().replace("-", "").replace("_", "").replace(" ", "") if isinstance(value, str) else ""
+    if key not in TAB_NAMES:
+        shown = repr(value) if isinstance(value, str) else "not a string"
+        raise DltopError(f"{where}: tab {shown[:60]} is not a tab (tabs: {', '.join(TAB_NAMES)})")
+    return key
 
 
 def _no_nul(paths: list[str], key: str, where: str) -> None:
@@ -232,7 +260,13 @@ def settings_from_args(args: Any) -> Settings:
         changes["jump_s"] = args.jump
     if getattr(args, "prometheus", None) is not None or s.prometheus is not None:
         changes["prometheus"] = prometheus_options(args, s.prometheus)
-    return replace(s, **changes)
+    if getattr(args, "tab", None):
+        changes["tab"] = tab_name(args.tab, "--tab")
+    out = replace(s, **changes)
+    if out.tab == "cluster" and out.prometheus is None:
+        raise DltopError("tab cluster: the Cluster tab reads a Prometheus: give --prometheus URL (or prometheus = "
+                         "\"URL\" in the config)")
+    return out
 
 
 def prometheus_options(args: Any, configured: PrometheusOptions | None = None) -> PrometheusOptions | None:

@@ -69,12 +69,26 @@ def human_duration(seconds: float | None, missing: str = "n/a") -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def percent_text(p: float, decimals: int = 0) -> str:
+    """A percentage as text with `decimals` decimals, or more where rounding would claim what is not so: 100%
+    only when complete (99.78 is '99.8%', not '100%') and 0% only when nothing (0.04 is '0.04%'); past two
+    decimals, '>99.99%' and '<0.01%'."""
+    if not math.isfinite(p):
+        return "n/a"
+    for d in range(decimals, 3):
+        text = f"{p:.{d}f}"
+        shown = float(text)
+        if (shown < 100 or p >= 100) and (shown > 0 or p <= 0):
+            return text + "%"
+    return ">99.99%" if p > 50 else "<0.01%"
+
+
 def percent(part: float | None, whole: float | None, missing: str = "n/a") -> str:
-    """part/whole as '12%' (one decimal under 10%)."""
+    """part/whole as '12%' (one decimal under 10%; never 100% or 0% unless it is so: `percent_text`)."""
     if part is None or not whole:
         return missing
     p = 100 * part / whole
-    return f"{p:.1f}%" if p < 10 else f"{p:.0f}%"
+    return percent_text(p, 1 if p < 10 else 0)
 
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"

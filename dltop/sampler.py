@@ -111,6 +111,7 @@ class Sampler:
         self._started = False
         self._changed: asyncio.Event | None = None
         self._urgent: asyncio.Event | None = None  # an asked-for read finished: hand out a Snapshot now
+        self._retimed: asyncio.Event | None = None  # set_refresh(): the tick being waited for is timed anew
         # While stream() runs, it times the sources that follow the refresh: each tick reads them, then publishes
         # (on their own cadence, a Snapshot held the reading of the tick before: one interval old).
         self._driven = False
@@ -250,16 +251,24 @@ class Sampler:
     # -- continuous use (TUI, recorder, exporter) ---------------------------------------------------------
 
     def set_refresh(self, interval_s: float) -> None:
-        """Change the cadence of the sources that follow the refresh (the TUI's +/-); applies at their next tick."""
+        """Change the cadence of the sources that follow the refresh (the TUI's +/-) at once: a tick waited for
+        and a read due at the old cadence are timed anew from when they were last done (30 s to 1 s does not
+        wait out the 30 s)."""
         for st in self._states.values():
             if st.source.follows_refresh:
                 st.source = replace(st.source, interval_s=interval_s)
                 st.status = replace(st.status, interval_s=interval_s)
+                st.next_start = min(st.next_start, st.started + interval_s)
+                if st.wake is not None:
+                    st.wake.set()
+        if self._retimed is not None:
+            self._retimed.set()
 
     def start(self) -> None:
         """Start one poller task per source on the running loop."""
         self._changed = asyncio.Event()
         self._urgent = asyncio.Event()
+        self._retimed = asyncio.Event()
         self._started = True
         for st in self._states.values():
             self._start_poller(st)
@@ -313,18 +322,26 @@ class Sampler:
         return []
 
     async def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]:
-        """Yield a Snapshot every `interval_s()` seconds (read each tick, so +/- apply at once), and at once
-        when a read asked for with read_now() is in (the rescan after a warm shows without waiting a tick)."""
+        """Yield a Snapshot every `interval_s()` seconds (read again when set_refresh() is called, so +/- apply
+        at once, not after the old interval), and at once when a read asked for with read_now() is in (the
+        rescan after a warm shows without waiting a tick)."""
         if not self._started:
             self.start()
-        assert self._urgent is not None
+        assert self._urgent is not None and self._retimed is not None
         self._driven = True
+        last = time.monotonic()  # the last tick: the next is due interval_s() after it
         try:
             while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._urgent.wait(), interval_s())
+                self._retimed.clear()
+                left = last + interval_s() - time.monotonic()
+                if left > 0 and not self._urgent.is_set():
+                    await _first_of(self._urgent, self._retimed, left)
                 urgent = self._urgent.is_set()
+                if not urgent and self._retimed.is_set():
+                    continue  # the interval changed: the tick is due at another time
                 self._urgent.clear()
+                if not urgent:
+                    last = time.monotonic()
                 if self.paused:
                     continue
                 if not urgent:  # a tick: read the fast sources for it, then publish
@@ -370,6 +387,16 @@ class Sampler:
             except TimeoutError:
                 return
 
+
+
+async def _first_of(a: asyncio.Event, b: asyncio.Event, timeout_s: float) -> None:
+    """Wait until `a` or `b` is set, or `timeout_s` has passed."""
+    waits = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 def _new_state(source: Source) -> _State:

@@ -139,6 +139,28 @@ def test_residency_table_is_in_one_unit_whole_pages(ddir: Path) -> None:
     assert sum(c["data_pages"] for c in node["children"]) == node["data_pages"]
 
 
+@needs_fincore
+async def test_a_dataset_not_all_resident_never_shows_100_percent(ddir: Path) -> None:
+    # 998 of 1000 pages held (mlock), the last 2 evicted: fincore's 99.8%, shown as 100% before.
+    f = make_file(ddir / "shard.bin", 1000 * PS)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        with kernel.LockedMapping(fd, 998 * PS):
+            os.posix_fadvise(fd, 998 * PS, 2 * PS, os.POSIX_FADV_DONTNEED)
+            assert fincore_resident_pages(f)[str(f)] == 998
+            rows = table(dltop("residency", str(ddir)).stdout)
+            part = scan_paths((str(ddir),))
+    finally:
+        os.close(fd)
+    assert rows[str(ddir)]["pct"] == "99.8"
+    app = DltopApp(ListFeed([Snapshot(ts=100.0, host="t", datasets=part)]))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.press(str([p.PANE_ID for p in app._panes].index("datasets") + 1))
+        await pilot.pause()
+        grid = app.query_one("#ds-table", DataTable)
+        assert [str(c) for c in grid.get_row_at(0)][3] == "99.8%"
+
+
 async def test_tui_header_total_is_the_sum_of_its_rows(ddir: Path) -> None:
     a, b = ddir / "a", ddir / "b"
     for f in small_files(a)[::3]:

@@ -21,6 +21,7 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import DataTable, Input, Static
 
+from dltop.config import Settings
 from dltop.derive import join_splits
 from dltop.model import GpuDevice, ProbesPart, ServerStats, Snapshot, Unavailable
 from dltop.sampler import ListFeed, Sampler
@@ -199,7 +200,7 @@ def _first_gpu(snap: Snapshot) -> GpuDevice:
 async def test_nvml_that_cannot_be_used_is_one_line_with_its_reason(name: str) -> None:
     snap = gpu_snaps(scenario(name), 1)[0]
     assert isinstance(snap.gpus, Unavailable)
-    app = DltopApp(ListFeed([snap]))
+    app = DltopApp(ListFeed([snap]), Settings(tab="gpu"))  # no GPU: it opens on Page cache, the user goes here
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         # No GPU here is a state ("0" and why); NVML failing on a machine with GPUs is the reason alone
@@ -213,7 +214,7 @@ async def test_this_machine_s_real_nvml_is_a_clear_line_not_an_empty_pane() -> N
     part = GpuReader(PynvmlBackend).read()
     if not isinstance(part, Unavailable):
         pytest.skip("this machine has working NVML and GPUs")
-    app = DltopApp(ListFeed([Snapshot(ts=1.0, host="here", gpus=part)]))
+    app = DltopApp(ListFeed([Snapshot(ts=1.0, host="here", gpus=part)]), Settings(tab="gpu"))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         text = _text(app, "#gpu-devices")
@@ -416,7 +417,7 @@ async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
     from dltop.sources.registry import build_sources
 
     monkeypatch.setenv("DLTOP_FAKE_NVML", str(SCENARIOS / f"{gpus}.json"))
-    settings = Settings(refresh_s=0.5)
+    settings = Settings(refresh_s=0.5, tab="gpu")
     app = DltopApp(Sampler(build_sources(settings), builder=build_sources), settings)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from dltop.actions import pagecache as pc
 from dltop.errors import DltopError
+from dltop.fmt import human_bytes
 from tests.test_pagecache_util import (
     NOBODY,
     PS,
@@ -1015,3 +1016,38 @@ def test_warm_summary_is_of_the_data_holes_left_out(ddir: Path) -> None:
     text = subprocess.run([sys.executable, "-m", "dltop", "warm", str(ddir)], cwd=REPO, capture_output=True,
                           text=True, check=True).stdout
     assert f"resident now: {data} of {data} pages of data (100.0%); holes of sparse files not counted" in text
+
+
+def test_evict_names_the_files_holding_the_most_pages_first_and_who_holds_them(ddir: Path) -> None:
+    # Ten arbitrary tiny files were listed and the big one holding most of the locked pages left out.
+    tiny = [make_file(ddir / f"t{i:02d}.bin", PS) for i in range(12)]
+    big = make_file(ddir / "shards" / "big.bin", 256 * PS)
+    _r, locks = pc.lock([str(ddir)])
+    try:
+        r = pc.evict([str(ddir)])
+    finally:
+        locks.release()
+    assert r.stayed == {"locked": 256 + 12}
+    assert r.stayed_detail[0].startswith(f"{big}: 256 pages ({human_bytes(256 * PS)}) locked by this dltop's own lock "
+                                         f"(pid {os.getpid()}; l on its row unlocks it)")
+    assert len(r.stayed_detail) == pc.STAYED_DETAIL and r.stayed_more == 13 - pc.STAYED_DETAIL
+    assert sum(str(t) in "".join(r.stayed_detail) for t in tiny) == pc.STAYED_DETAIL - 1
+    from dltop.actions.runner import summary
+
+    assert f"most in {big}: 256 pages" in summary(r) and f"(+{12} more files)" in summary(r)
+
+
+def test_an_evict_cancelled_while_measuring_draws_no_full_bar(ddir: Path) -> None:
+    # Ctrl-C while measuring: nothing was sized (0 of 0 bytes), and the bar was drawn full at 100%.
+    from dltop.text.datasets import progress_line
+
+    for i in range(3):
+        make_file(ddir / f"f{i}.bin", 8 * PS)
+    cancel = threading.Event()
+    cancel.set()
+    seen: list[object] = []
+    r = pc.evict([str(ddir)], progress=seen.append, cancel=cancel)
+    assert r.cancelled and seen
+    for p in seen:
+        line = progress_line(p, width=24, marks="#.", pct_digits=1)
+        assert "#" not in line and "100" not in line, line

@@ -167,3 +167,29 @@ async def test_each_snapshot_carries_the_fast_readings_of_its_own_tick() -> None
         assert read_at is not None and isinstance(snap.memory, MemoryPart)
         # read within this tick: at most half an interval before the Snapshot (one interval before, the bug)
         assert snap.ts - interval_s / 2 <= read_at <= snap.ts, (snap.ts - read_at, interval_s)
+
+
+async def test_a_shorter_refresh_takes_effect_at_once() -> None:
+    # From 30 s to 0.05 s (the TUI's +): the tick being waited for is timed anew, not after the old 30 s.
+    interval = [30.0]
+    sampler = Sampler([Source("memory", 30.0, lambda: read_memory("/"), follows_refresh=True)])
+    got: list[float] = []
+
+    async def consume() -> None:
+        async for snap in sampler.stream(lambda: interval[0]):
+            got.append(snap.ts)
+            if len(got) == 3:
+                return
+
+    task = asyncio.ensure_future(consume())
+    try:
+        await asyncio.sleep(0.2)
+        assert got == []  # still waiting out the 30 s
+        interval[0] = 0.05
+        sampler.set_refresh(0.05)
+        await asyncio.wait_for(task, 20)  # a guard against hanging: the old code waited 30 s for the first one
+    finally:
+        task.cancel()
+        sampler.close()
+    assert len(got) == 3
+    assert sampler.snapshot().sources["memory"].interval_s == 0.05

@@ -223,7 +223,9 @@ async def test_help_lists_the_panes_keys_even_when_not_in_the_footer(tmp_path) -
 async def test_palette_offers_dataset_actions_from_any_tab(tmp_path) -> None:
     app = DltopApp(ListFeed([_dataset_snapshot(tmp_path)]), Settings(datasets=(str(tmp_path / "ds"),)))
     async with app.run_test(size=(80, 24)) as pilot:
-        assert app.query_one("#tabs").active == "tab-gpu"  # the first tab: the headline
+        assert app.query_one("#tabs").active == "tab-datasets"  # no GPU, datasets given: it opens there
+        await pilot.press("1")
+        assert app.query_one("#tabs").active == "tab-gpu"
         assert any(c.title == "Datasets: Warm" for c in app.get_system_commands(app.screen))
         # The real palette: the entry shows the Datasets tab, then asks for the plan of its selection.
         await pilot.press("ctrl+p")
@@ -295,13 +297,17 @@ async def test_a_long_hint_is_cut_to_two_lines(session: list[Snapshot]) -> None:
 
     from dltop.hints import Hint
 
-    app = DltopApp(ListFeed(session[:2], start=1))
+    app = DltopApp(ListFeed(session[:2], start=1), Settings(tab="pagecache"))
     async with app.run_test(size=(80, 24)) as pilot:
-        app.hints = [Hint("x", "warn", "word " * 40, fix="do this " * 20)]
+        app.hints = [Hint("page-cache-x", "warn", "word " * 40, fix="do this " * 20)]
         app._update_hints()
         await pilot.pause()
         widget = app.query_one("#hints", Static)
         assert widget.size.height == 2 and "? shows all" in _text(app, "#hints")
+        await pilot.press("1")  # another tab's hint takes one line of the GPU tab, not two
+        await pilot.pause()
+        assert widget.size.height == 1 and "? shows all" in _text(app, "#hints")
+        await pilot.press("2")
         app.hints = [replace(app.hints[0], text="short", fix="")]
         app._update_hints()
         await pilot.pause()

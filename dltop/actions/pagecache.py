@@ -23,7 +23,7 @@ from typing import Any
 
 from dltop import kernel
 from dltop.errors import DltopError
-from dltop.fmt import plural
+from dltop.fmt import human_bytes, plural
 from dltop.model.base import to_dict
 from dltop.model.datasets import NO_PERMISSION, DatasetUnavailable, counted_once
 from dltop.model.memory import cgroup_room_bytes, safety_margin_bytes  # noqa: F401 - this module's API too
@@ -281,7 +281,8 @@ class ActionResult:
     cancelled: bool = False
     guard: MemoryGuard | None = None
     stayed: dict[str, int] = field(default_factory=dict)  # evict: reason -> pages that stayed resident
-    stayed_detail: list[str] = field(default_factory=list)
+    stayed_detail: list[str] = field(default_factory=list)  # the files holding the most pages first
+    stayed_more: int = 0  # files that stayed resident beyond those in stayed_detail
     skipped: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -1291,9 +1292,23 @@ def _fdatasync(fd: int) -> None:
             raise
 
 
+STAYED_DETAIL = 10  # files named in an evict's "stayed" list (the biggest); the rest are "N more"
+
+
+def _locker(pid: int, comm: str) -> str:
+    """Who holds a lock, said so that the user can let it go: dltop's own lock is unlocked with l on its row."""
+    if pid == os.getpid():
+        return f"this dltop's own lock (pid {pid}; l on its row unlocks it)"
+    if comm == "dltop":
+        return f"dltop's lock in pid {pid} (l on its row there unlocks it)"
+    return f"{comm} (pid {pid})"
+
+
 def _explain_stayed(r: ActionResult, stayed: list[tuple[str, os.stat_result, int, bool]], ps: int) -> None:
     if not stayed:
         return
+    # The files holding the most pages first: ten tiny ones listed and the 600 MiB one left out said nothing.
+    stayed = sorted(stayed, key=lambda s: (-s[2], s[0]))
     mappers = _mappers({(s.st_dev, s.st_ino) for _p, s, _n, tmpfs in stayed if not tmpfs})
     for path, st, pages, tmpfs in stayed:
         who = mappers.get((st.st_dev, st.st_ino), [])
@@ -1301,15 +1316,18 @@ def _explain_stayed(r: ActionResult, stayed: list[tuple[str, os.stat_result, int
             why, detail = "tmpfs", "on tmpfs: its pages are memory, not cache (delete the file to free them)"
         elif any(locked for _pid, _comm, locked in who):
             why = "locked"
-            detail = "locked by " + ", ".join(f"{c} (pid {p})" for p, c, locked in who if locked)
+            detail = "locked by " + ", ".join(_locker(p, c) for p, c, locked in who if locked)
         elif who:
             why = "mapped"
             detail = "mapped by " + ", ".join(f"{c} (pid {p})" for p, c, _l in who)
         else:
             why, detail = "busy", "still in use (under writeback or being read)"
         r.stayed[why] = r.stayed.get(why, 0) + pages
-        if len(r.stayed_detail) < 20:
-            r.stayed_detail.append(f"{display_path(path)}: {plural(pages, 'page')} {detail}")
+        if len(r.stayed_detail) < STAYED_DETAIL:
+            r.stayed_detail.append(f"{display_path(path)}: {plural(pages, 'page')} "
+                                   f"({human_bytes(pages * ps)}) {detail}")
+        else:
+            r.stayed_more += 1
 
 
 def _mappers(keys: set[tuple[int, int]], proc: str = "/proc") -> dict[tuple[int, int], list[tuple[int, str, bool]]]:

@@ -277,6 +277,9 @@ def summary(r: Any) -> str:
         line += " (cancelled)"
     if r.stayed:
         line += "; stayed: " + ", ".join(f"{human_bytes(v * kernel.PAGE_SIZE)} {k}" for k, v in r.stayed.items())
+        if r.stayed_detail:  # the file holding the most, and who holds it
+            more = r.stayed_more + len(r.stayed_detail) - 1
+            line += f"; most in {r.stayed_detail[0]}" + (f" (+{more} more files)" if more else "")
     return line
 
 

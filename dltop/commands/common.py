@@ -109,6 +109,23 @@ def add_jump_option(p: argparse.ArgumentParser) -> None:
                    help="how far j / J move in time: 90s, 10m, 1h (default 1m, or the config file's jump)")
 
 
+def _tab(text: str) -> str:
+    from dltop.config import tab_name
+
+    try:
+        return tab_name(text, "--tab")
+    except DltopError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--tab: ")) from None
+
+
+def add_tab_option(p: argparse.ArgumentParser, default: str) -> None:
+    """--tab NAME: the TUI's tab to open on (the live TUI, a replay)."""
+    from dltop.config import TAB_NAMES
+
+    p.add_argument("--tab", type=_tab, metavar="NAME",
+                   help=f"open on this tab: {', '.join(TAB_NAMES)} {default}")
+
+
 def duration_seconds(text: str) -> float:
     """An argparse type: a duration as the recorder reads one (90s, 10m, 1h, 7d)."""
     from dltop.recorder.times import parse_duration

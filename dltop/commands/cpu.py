@@ -16,11 +16,15 @@ from dltop.model.base import Unavailable, to_dict
 from dltop.sources.cpu import read_cpu
 from dltop.text.cpu import decode_text, render_text
 
+# For users: what it shows (the module docstring above names modules, which --help must not).
+DESCRIPTION = ("The CPU cache hierarchy, per core kind, with registers decoded and problems flagged: every cache, "
+               "which CPUs share it, its size, line and ways, as the CPU caches tab of the TUI shows them.")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `dltop cpu`."""
     p = sub.add_parser("cpu", help="CPU cache topology: every cache, who shares it, core kinds, registers",
-                       description=__doc__)
+                       description=DESCRIPTION)
     p.add_argument("--sysroot", "--root", dest="sysroot", metavar="DIR", default="/",
                    help="read sys/ and proc/ under DIR (a captured tree, like lscpu --sysroot)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")

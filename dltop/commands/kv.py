@@ -1,7 +1,7 @@
 """`dltop kv`: the KV cache of a model for a batch of sequences, and how many fit in a GPU's KV pool.
 
 The model comes from a Hugging Face config.json (--config) or from its numbers (--layers --heads --kv-heads
---head-dim --dtype). The arithmetic is dltop.kv; the formulas are in docs/kv.md.
+--head-dim --dtype). The formulas are in docs/kv.md.
 """
 
 from __future__ import annotations

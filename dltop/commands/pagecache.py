@@ -14,6 +14,7 @@ from typing import Any
 
 from dltop.commands.common import non_negative_int
 from dltop.errors import DltopError
+from dltop.fmt import percent_text
 
 
 def _walk_options(p: argparse.ArgumentParser) -> None:
@@ -234,16 +235,18 @@ def _print_result(args: argparse.Namespace, r: Any) -> None:
         elif r.data_pages:  # of the data, as `dltop residency` shows it: holes are never read
             holes = "; holes of sparse files not counted" if r.data_pages < r.pages else ""
             print(f"resident now: {r.data_resident_pages_after} of {plural(r.data_pages, 'page')} of data "
-                  f"({100 * (r.data_resident_pages_after or 0) / r.data_pages:.1f}%){holes}")
+                  f"({percent_text(100 * (r.data_resident_pages_after or 0) / r.data_pages, 1)}){holes}")
         elif r.pages:
             print(f"resident now: {r.resident_pages_after} of {plural(r.pages, 'page')} "
-                  f"({100 * r.resident_pages_after / r.pages:.1f}%)")
+                  f"({percent_text(100 * r.resident_pages_after / r.pages, 1)})")
     if r.guard is not None:
         print(f"memory guard: {r.guard.message}")
     for why, pages in r.stayed.items():
         print(f"stayed resident: {plural(pages, 'page')} ({why})")
-    for line in r.stayed_detail[:10]:
+    for line in r.stayed_detail:
         print(f"  {line}")
+    if r.stayed_more:
+        print(f"  … {r.stayed_more} more (fewer pages each)")
     if r.skipped:
         print("skipped: " + skipped_text(r.skipped))
     for p in r.problems[:5]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 
 from dltop.errors import DltopError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `dltop replay`."""
-    from dltop.commands.common import add_jump_option
+    from dltop.commands.common import add_jump_option, add_tab_option
 
     p = sub.add_parser("replay", help="show a recording in the TUI: step, jump, go to a time, play",
                        description="The TUI's panes fed from a recording (`dltop record`, `dltop --record DIR`): "
@@ -22,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--time", metavar="TIME",
                    help="start at TIME: '10m ago', 14:05, ISO 8601, epoch seconds, start, end (default: start)")
     add_jump_option(p)
+    add_tab_option(p, "(default: the tab the recording showed)")
     p.add_argument("--config", metavar="FILE", help="TOML config file (default: $XDG_CONFIG_HOME/dltop/config.toml)")
     p.set_defaults(func=run)
 
@@ -32,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from dltop.commands.tui import need_terminal, run_replay_tui
     from dltop.config import settings_from_args
     from dltop.recorder import Recording, default_directory, parse_time
+    from dltop.recorder.reader import recorded_tab
     from dltop.recorder.times import index_typed
 
     settings = settings_from_args(args)
@@ -48,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
             raise DltopError(f"-t {args.time}: {_when(start)} is outside the recording ({_when(times[0])} to "
                              f"{_when(times[-1])})")
         start = times[index_typed(times, start)]
+    if not args.tab:  # the tab the recording had on screen then, else the config's, else the one with something
+        settings = replace(settings, tab=recorded_tab(recording.events(), start) or settings.tab)
     need_terminal(f"for the recording as text use `dltop report {path}` or `dltop dump {path}`")
     name = os.path.basename(os.path.normpath(recording.path))
     try:

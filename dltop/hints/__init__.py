@@ -41,6 +41,17 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
+# The tab each hint belongs to, by its id's prefix (ids name their layer first): the hint line puts the current
+# tab's own hints first. A test checks that every rule's id has one.
+TAB_OF_PREFIX = (("page-cache-", "pagecache"), ("cgroup-", "pagecache"), ("dataset-", "datasets"),
+                 ("gpu-", "gpu"), ("training-", "training"), ("cache-", "caches"))
+
+
+def tab_of(hint_id: str) -> str | None:
+    """The TUI tab (dltop.config.TAB_NAMES) whose layer the hint `hint_id` speaks of, or None."""
+    return next((tab for prefix, tab in TAB_OF_PREFIX if hint_id.startswith(prefix)), None)
+
+
 def window(history: Sequence[Snapshot]) -> Sequence[Snapshot]:
     """The Snapshots of the last WINDOW_S seconds of `history` (oldest first)."""
     if not history:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dltop.fmt import human_bytes
+from dltop.fmt import human_bytes, percent_text
 from dltop.hints import Hint, rule
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency, DatasetsPart
@@ -55,7 +55,7 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
         id="dataset-cold",
         severity="warn",
         text=(
-            f"dataset {coldest.path} is {pct:.0f}% resident ({human_bytes(coldest.data_resident_pages * ps)} of "
+            f"dataset {coldest.path} is {percent_text(pct)} resident ({human_bytes(coldest.data_resident_pages * ps)} of "
             f"{human_bytes(coldest.known_data_pages * ps)}): the first epoch reads the rest from disk and runs slow"
         ),
         fix=f"warm it: w on the Datasets tab, or dltop warm PATH ({human_bytes(need)} to read; it fits)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from dltop.fmt import percent_text
 from dltop.hints import Hint, rule
 from dltop.hints.memory import gib
 from dltop.model import ServerStats, Snapshot
@@ -55,7 +56,7 @@ def kv_pool_full(history: Sequence[Snapshot]) -> Hint | None:
         return Hint(
             id="gpu-kv-pool-full",
             severity="warn",
-            text=(f"KV cache of {_name(s, m)} is {100 * m.kv_usage:.0f}% full with {m.waiting_requests} "
+            text=(f"KV cache of {_name(s, m)} is {percent_text(100 * m.kv_usage)} full with {m.waiting_requests} "
                   f"request(s) waiting: they wait for cache blocks"),
             fix=(f"raise {knob} carefully (from 0.85 up, a few hundredths at a time: weights, activations and the "
                  f"CUDA context need the rest) or lower max_num_seqs"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dltop.fmt import percent_text
 from dltop.hints import Hint, rule
 from dltop.model import MemoryPart, Snapshot, Unavailable
 
@@ -53,7 +54,7 @@ def page_cache_squeeze(history: Sequence[Snapshot]) -> Hint | None:
         severity="critical",
         text=(
             f"page cache is squeezing available memory: training may be OOM-killed (MemAvailable "
-            f"{gib(m.available_bytes)}, {100 * m.available_bytes / m.total_bytes:.0f}%, while Cached holds "
+            f"{gib(m.available_bytes)}, {percent_text(100 * m.available_bytes / m.total_bytes)}, while Cached holds "
             f"{gib(m.cached_bytes)} and memory pressure rises: {psi.some_avg10:.1f}% stalled)"
         ),
         fix="; ".join(why) or "evict datasets you no longer read (e) or lower the data-loader's prefetch",
@@ -82,7 +83,7 @@ def cgroup_near_limit(history: Sequence[Snapshot]) -> Hint | None:
         id="cgroup-near-limit",
         severity="critical" if share >= 0.97 else "warn",
         text=(
-            f"memory cgroup {cg.limit_path or cg.path} at {100 * share:.0f}% of its limit "
+            f"memory cgroup {cg.limit_path or cg.path} at {percent_text(100 * share)} of its limit "
             f"({gib(cg.current_bytes)} of {gib(cg.max_bytes)}{file_part}): this limit, not the machine's, "
             f"is what OOM-kills the job"
         ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from dltop.fmt import human_bytes
+from dltop.fmt import human_bytes, percent_text
 from dltop.hints import Hint, Severity, rule
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetsPart
@@ -178,7 +178,7 @@ def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
         return None
     p = max(waiting, key=lambda q: q.data_wait_fraction or 0.0)
     fraction = p.data_wait_fraction or 0.0
-    head = f"{_who(p)} waits for data {100 * fraction:.0f}% of each step"
+    head = f"{_who(p)} waits for data {percent_text(100 * fraction)} of each step"
     numbers: dict[str, float] = {"pid": p.pid, "data_wait_fraction": fraction}
     reads, filled = _job_reads(history, p), _filled(p)
     disk = _busiest_disk(history)
@@ -201,17 +201,17 @@ def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
     rate = f"{human_bytes(round(storage / span_s))}/s" if span_s > 0 else human_bytes(storage)
     if storage >= IO_MIN_BYTES and share >= IO_SHARE:
         return Hint(id="training-io-bound", severity="warn",
-                    text=(f"{head} while {100 * share:.0f}% of what it reads comes from storage ({rate}, over "
+                    text=(f"{head} while {percent_text(100 * share)} of what it reads comes from storage ({rate}, over "
                           f"{span_s:.0f}s, the process and its workers): IO bound"),
                     fix=io_fix, numbers=numbers)
     workers = p.loader_workers
     more = f"more DataLoader workers than {workers}" if workers is not None else "more DataLoader workers"
     other = ""
     if disk is not None and disk[1] >= DISK_BUSY_PCT:
-        other = f"; {disk[0]} is {disk[1]:.0f}% busy, but not with this job's reads"
+        other = f"; {disk[0]} is {percent_text(disk[1])} busy, but not with this job's reads"
         numbers["disk_util_pct"] = disk[1]
     where = ("reads nothing from files" if total == 0 else
-             f"reads {human_bytes(total)} in {span_s:.0f}s, {100 * share:.0f}% of it from storage")
+             f"reads {human_bytes(total)} in {span_s:.0f}s, {percent_text(100 * share)} of it from storage")
     return Hint(id="training-decode-bound", severity="warn",
                 text=f"{head} while it {where} (the process and its workers): decode bound{other}",
                 fix=f"{more} (num_workers), or a cheaper decode / augmentation",

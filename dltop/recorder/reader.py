@@ -23,6 +23,7 @@ from typing import Any
 
 import zstandard
 
+from dltop.config import TAB_NAMES
 from dltop.errors import DltopError
 from dltop.fmt import plural, printable
 from dltop.model import DecodeError, Snapshot
@@ -381,3 +382,12 @@ def _check_index(index: Any) -> None:
         if b.get("samples", len(times)) != len(times):
             raise ValueError(f"block {n}: {len(times)} sample times for {b.get('samples')!r} samples")
         b["times"] = times
+
+
+def recorded_tab(events: list[RecordedEvent], ts: float) -> str | None:
+    """The tab the recording's TUI showed at `ts` (its last "view" event by then, else its first one), or None
+    (a recording made by `dltop record`, or one from elsewhere naming no known tab)."""
+    views = [e for e in events if e.kind == "view" and isinstance(e.data, dict) and e.data.get("tab") in TAB_NAMES]
+    before = [e for e in views if e.ts <= ts]
+    chosen = before[-1] if before else views[0] if views else None
+    return str(chosen.data["tab"]) if chosen is not None else None

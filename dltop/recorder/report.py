@@ -14,7 +14,15 @@ from typing import Any
 
 import plotext
 
-from dltop.fmt import human_bytes, human_duration, plural, printable, printable_lines, shorten_middle
+from dltop.fmt import (
+    human_bytes,
+    human_duration,
+    percent_text,
+    plural,
+    printable,
+    printable_lines,
+    shorten_middle,
+)
 from dltop.model import CgroupMemory, DatasetsPart, MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency
 from dltop.model.gpu import SPLIT_FIELDS
@@ -133,7 +141,7 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
     c = _Collected(float(interval) if isinstance(interval, int | float) and 0 < interval <= 3600 else 1.0)
     for s in rec.range(t0, t1):
         c.see(s)
-    events = rec.events(t0, t1)
+    events = [e for e in rec.events(t0, t1) if e.kind != "view"]  # what was on screen is no event of the job
     out: list[str] = []
     gaps = _gaps(rec, c, rec.events())
     out += _header(rec, c, events, gaps)
@@ -204,7 +212,7 @@ def _peaks(c: _Collected) -> list[str]:
         if p.value is None:
             continue
         if name.endswith("resident (lowest)"):
-            value = f"{p.value * 100:.1f}%"
+            value = percent_text(p.value * 100, 1)
         else:
             total = c.totals.get(name)
             value = human_bytes(p.value) + (f" of {human_bytes(total)}" if total else "")

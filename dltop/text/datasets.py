@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dltop.fmt import human_bytes, human_duration, human_rate, plural
+from dltop.fmt import human_bytes, human_duration, human_rate, percent_text, plural
 from dltop.model.base import display_path
 from dltop.model.datasets import (
     DatasetResidency,
@@ -26,7 +26,7 @@ def pct_text(node: ResidencyNode) -> str:
     frac = node.resident_fraction
     if frac is None:
         return "?" if node.data_unknown_pages else "-"
-    return f"{100 * frac:.0f}%" + ("?" if node.data_unknown_pages else "")
+    return percent_text(100 * frac) + ("?" if node.data_unknown_pages else "")
 
 
 def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | None) -> tuple[str, ...]:
@@ -114,7 +114,7 @@ def format_residency(part: DatasetsPart) -> str:
     def add(node: ResidencyNode, depth: int, label: str) -> None:
         frac = node.resident_fraction
         rows.append((
-            human_bytes(node.data_resident_pages * ps), f"{100 * frac:.1f}" if frac is not None else "-",
+            human_bytes(node.data_resident_pages * ps), percent_text(100 * frac, 1).rstrip("%") if frac is not None else "-",
             human_bytes(node.dirty_pages * ps),
             human_bytes(node.data_unknown_pages * ps) if node.data_unknown_pages else "-",
             human_bytes(node.data_pages * ps), str(node.files), "  " * depth + label,
@@ -151,11 +151,13 @@ def format_residency(part: DatasetsPart) -> str:
 
 def progress_line(p: Any, width: int = 20, marks: str = "█░", pct_digits: int = 0) -> str:
     """`warm [███░░] 40% 1.2 GiB/3.0 GiB 800 MiB/s ETA 2s` from an action's Progress."""
-    frac = p.done_bytes / p.total_bytes if p.total_bytes else 1.0
+    # No total (a measure cut short by Ctrl-C: nothing was sized) is no full bar: an empty one, no percent.
+    frac = p.done_bytes / p.total_bytes if p.total_bytes else 0.0
     fill = int(width * min(1.0, frac))
     # Rounded up: "0s" only when nothing is left, "?" until there is a rate to go by.
     eta = human_duration(math.ceil(p.eta_s)) if p.eta_s is not None else "?"
-    pct = f"{100 * frac:{5 if pct_digits else 0}.{pct_digits}f}%"
+    pct = percent_text(100 * frac, pct_digits) if p.total_bytes else "-"
+    pct = f"{pct:>{6 if pct_digits else 0}}"
     return (f"{p.action} [{marks[0] * fill}{marks[1] * (width - fill)}] {pct} "
             f"{human_bytes(p.done_bytes)}/{human_bytes(p.total_bytes)} "
             f"{human_rate(p.rate_bytes_per_s, missing='-')} ETA {eta}")

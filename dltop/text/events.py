@@ -43,4 +43,6 @@ def _describe(kind: str, d: Mapping[str, Any]) -> str:
         return f"marker: {d.get('text')}"
     if kind in ("start", "stop"):
         return f"recorder {kind} (pid {d.get('pid')})"
+    if kind == "view":
+        return f"view: the {d.get('tab')} tab on screen"
     return f"{kind}: {dict(d)}"

@@ -26,7 +26,7 @@ from dltop import hints as hint_rules
 from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings, server_url
 from dltop.errors import DltopError
 from dltop.fmt import human_duration, printable, printable_lines
-from dltop.model import CachesPart, Snapshot, to_dict
+from dltop.model import CachesPart, Snapshot, Unavailable, to_dict
 from dltop.model.actions import ActionEvent, ActionPlan
 from dltop.model.datasets import DatasetsPart
 from dltop.tui.messages import (
@@ -55,7 +55,9 @@ from dltop.tui.view import View
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 HISTORY_LEN = 600  # ten minutes at the default refresh: what the sparklines show
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-HINT_LINES = 2
+HINT_LINES = 2  # the current tab's own hint; another tab's gets one line (it must not push this tab's off)
+SNOOZE_S = 3600.0  # how long `s` in ? keeps a hint off the hint line
+TAB_DECIDED_AFTER_S = 5.0  # the GPU source has answered by then (or failed): the tab to open on is decided
 LEAVE_WITHIN_S = 3.0  # after a kill or a hangup, at most this long before the process is gone
 PLAY_TICK_S = 0.25  # a replay that plays moves on this often (at x10 over a 1 s recording: every 2-3 samples)
 SPEEDS = (1, 10, 60)  # replay speeds, as atop and below users know them
@@ -204,6 +206,14 @@ class DltopApp(App[None]):
         self._view: View | None = None
         self._hint_shown: tuple[object, ...] | None = None  # what the hint line was drawn from
         self._panes: list[Pane] = [cls() for cls in pane_classes(cluster=self.settings.prometheus is not None)]
+        # The tab to open on: --tab / `tab = ...` / the recording's, else the one that has something (GPU where
+        # GPUs are, else Datasets when datasets are watched, else Page cache), decided once the GPU source has
+        # answered unless the user picked a tab first.
+        self._tab_pending = True
+        self._tab_auto: str | None = None
+        self._tab_recorded: str | None = None  # the last tab written into --record's recording
+        self.muted: set[str] = set(self.settings.mute)  # hint ids kept off the hint line (still listed in ?)
+        self.snoozed: dict[str, float] = {}  # hint id -> until when (clock time) it is kept off the hint line
         # Each Snapshot shown is handed on too (`dltop --export`'s collector, `--record`'s recorder).
         self._listeners = (*listeners, recorder.write) if recorder is not None else tuple(listeners)
 
@@ -247,6 +257,7 @@ class DltopApp(App[None]):
         for snap in self.feed.backlog():
             self.history.append(snap)
         self._apply(self.feed.snapshot())
+        self._choose_tab()
         self._check_size()
         self._consume()
 
@@ -317,7 +328,44 @@ class DltopApp(App[None]):
         self.hints = hint_rules.hints(list(self.history))
         if self.at is not None and not self.replay and self.at < self.history[0].ts:
             self.at = self.history[0].ts  # the moment paused on left the history: the oldest one kept
+        if self._tab_pending and self._widgets_up():
+            self._choose_tab()
         self._redraw()
+
+    def _choose_tab(self) -> None:
+        """Open on the tab asked for, else on the one that has something (while the user has not picked one)."""
+        if not self._tab_pending or not self.history:
+            return
+        tab, decided = self._wanted_tab(self.history[-1])
+        if tab != self._tab_auto and any(tab == p.PANE_ID for p in self._panes):
+            self._tab_auto = tab
+            self.query_one("#tabs", TabbedContent).active = f"tab-{tab}"
+        if decided or self.history[-1].ts - self.history[0].ts >= TAB_DECIDED_AFTER_S:
+            self._tab_pending = False
+            self._record_tab()
+
+    def _wanted_tab(self, snap: Snapshot) -> tuple[str, bool]:
+        """The tab to open on and whether that is final (not while the GPU source has not answered yet)."""
+        if self.settings.tab:
+            return self.settings.tab, True
+        if self.settings.prometheus is not None:
+            return "cluster", True  # asked for a cluster: its tab first
+        gpus = snap.gpus
+        if isinstance(gpus, tuple) and gpus:
+            return "gpu", True
+        datasets = snap.datasets
+        watched = self.settings.datasets or (isinstance(datasets, DatasetsPart) and datasets.paths)
+        waiting = isinstance(gpus, Unavailable) and gpus.reason == "waiting for the first reading"
+        return ("datasets" if watched else "pagecache"), not waiting or self.replay
+
+    def _record_tab(self) -> None:
+        """--record: the tab on screen goes into the recording, so that a replay opens as it was."""
+        pane = self._active_pane()
+        if self.recorder is None or self.replay or self._tab_pending or pane is None:
+            return
+        if self._tab_recorded != pane.PANE_ID:
+            self._tab_recorded = pane.PANE_ID
+            self.recorder.event("view", {"tab": pane.PANE_ID})
 
     def _redraw(self) -> None:
         """Header, hint line and visible pane for the moment on screen."""
@@ -384,9 +432,14 @@ class DltopApp(App[None]):
         # Hidden panes are not updated on ticks: bring the one that just became visible up to date now.
         pane = self._active_pane()
         if pane is not None:
+            if self._tab_pending and self._tab_auto is not None and self._tab_auto != pane.PANE_ID:
+                self._tab_pending = False  # the user picked a tab (a click): nothing moves it again
             if self._view is not None:
                 pane.show(self._view)
             pane.focus_default()
+            self._record_tab()
+            if self._widgets_up():
+                self._update_hints()  # this tab's own hints first
 
     def _update_header(self, snap: Snapshot) -> None:
         t = Text()
@@ -433,16 +486,34 @@ class DltopApp(App[None]):
         gap = times[i] - times[i - 1] if 0 < i < len(times) else 0.0
         return gap if gap > 3 * interval else 0.0
 
+    def hint_state(self, hint_id: str) -> str:
+        """'muted', 'snoozed' (until when) or '' for a hint id: what ? says of it."""
+        if hint_id in self.muted:
+            return "muted" + (" (config)" if hint_id in self.settings.mute else "")
+        until = self.snoozed.get(hint_id)
+        if until is not None and until > self._clock():
+            return f"snoozed until {time.strftime('%H:%M', time.localtime(until))}"
+        return ""
+
+    def _line_hints(self, hints: Sequence[hint_rules.Hint]) -> list[hint_rules.Hint]:
+        """The hints the hint line may show, the current tab's own first (each group most severe first)."""
+        pane = self._active_pane()
+        tab = pane.PANE_ID if pane is not None else None
+        kept = [h for h in hints if not self.hint_state(h.id)]
+        return sorted(kept, key=lambda h: hint_rules.tab_of(h.id) != tab)  # stable: severity order kept
+
     def _update_hints(self) -> None:
         widget = self.query_one("#hints", Static)
         frame = self._frame()
-        hints = frame[1] if frame is not None else ()
+        hints = self._line_hints(frame[1] if frame is not None else ())
         if not hints:
             widget.display = False
             return
         h = hints[0]
+        pane = self._active_pane()
+        own = pane is not None and hint_rules.tab_of(h.id) == pane.PANE_ID
         width = max(20, self.size.width - 2)
-        shown = (h.severity, h.text, h.fix, len(hints), width)
+        shown = (h.severity, h.text, h.fix, len(hints), width, own)
         if shown != self._hint_shown:  # the same hint as the last tick's: not wrapped again (0.7 ms a tick)
             self._hint_shown = shown
             style = {"critical": "bold red", "warn": "bold yellow", "info": "bold"}[h.severity]
@@ -451,8 +522,21 @@ class DltopApp(App[None]):
                 t.append(f" — {printable(h.fix)}", "italic")
             more = f"  (+{len(hints) - 1} more, see ?)" if len(hints) > 1 else ""
             t.append(more, "dim")
-            set_content(widget, _fit_lines(t, width, HINT_LINES, self.console))
+            # Another tab's hint takes one line: it must not cost this tab two of its 24 rows.
+            set_content(widget, _fit_lines(t, width, HINT_LINES if own else 1, self.console))
         widget.display = True
+
+    def set_hint_state(self, hint_id: str, state: str) -> None:
+        """Mute, snooze or bring back ('') a hint for this session (? does it); the hint line follows at once."""
+        self.muted.discard(hint_id)
+        self.snoozed.pop(hint_id, None)
+        if state == "muted":
+            self.muted.add(hint_id)
+        elif state == "snoozed":
+            self.snoozed[hint_id] = self._clock() + SNOOZE_S
+        self._hint_shown = None
+        if self._widgets_up():
+            self._update_hints()
 
     # -- what panes ask for: actions through the runner, sources that change -------------------------------
 
@@ -859,6 +943,7 @@ class DltopApp(App[None]):
     def action_show_tab(self, n: int) -> None:
         """Switch to tab n (1-based)."""
         if 1 <= n <= len(self._panes):
+            self._tab_pending = False  # the user's choice: the tab that has something no longer moves it
             self.query_one("#tabs", TabbedContent).active = f"tab-{self._panes[n - 1].PANE_ID}"
         else:
             self.notify(f"no tab {n}: there are {len(self._panes)} tabs (1-{len(self._panes)})", timeout=2)
@@ -881,8 +966,14 @@ class DltopApp(App[None]):
             rows.append((binding.key_display or self.get_key_display(binding), description))
         rows.append((f"1-{len(self._panes)}", "switch tab"))
         frame = self._frame()
-        hints = [h.text + (f" — {h.fix}" if h.fix else "") for h in (frame[1] if frame else ())]
-        self.push_screen(HelpScreen(rows, pane.HELP if pane is not None else "", hints))
+        hints = [(h.id, h.text + (f" — {h.fix}" if h.fix else "")) for h in self._help_hints(frame[1] if frame else ())]
+        self.push_screen(HelpScreen(rows, pane.HELP if pane is not None else "", hints, self.hint_state,
+                                    self.set_hint_state))
+
+    def _help_hints(self, hints: Sequence[hint_rules.Hint]) -> list[hint_rules.Hint]:
+        """Every hint for ?, in the hint line's order, the muted and snoozed ones after (still listed)."""
+        line = self._line_hints(hints)
+        return [*line, *(h for h in hints if h not in line)]
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

@@ -39,6 +39,7 @@ from dltop.tui.messages import (
     WarmRequested,
 )
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content, set_row
+from dltop.tui.path_input import PathInput
 from dltop.tui.view import View
 
 COLUMNS = ("path", "size", "resident", "pct", "dirty", "files", "age")
@@ -73,6 +74,7 @@ class DatasetPane(Pane):
         Binding("w", "warm", "Warm", id="datasets.warm"),
         Binding("e", "evict", "Evict", id="datasets.evict"),
         Binding("l", "lock", "Lock", id="datasets.lock"),
+        Binding("l", "unlock", "Unlock", id="datasets.unlock"),  # on a locked row, instead of Lock
         Binding("a", "add", "Add", id="datasets.add"),
         Binding("x", "remove", "Unwatch", id="datasets.remove"),
         Binding("escape", "cancel", "Cancel", id="datasets.cancel"),
@@ -91,7 +93,7 @@ class DatasetPane(Pane):
         yield RowTable(id="ds-table", cursor_type="row", zebra_stripes=False)
         yield Static(id="ds-progress")
         yield Static(id="ds-notes")
-        yield Input(placeholder="dataset folder to watch (Enter adds, Esc cancels)", id="ds-add")
+        yield PathInput(placeholder="dataset folder to watch (Tab completes, Enter adds, Esc cancels)", id="ds-add")
 
     def on_mount(self) -> None:
         table = self.query_one("#ds-table", DataTable)
@@ -191,7 +193,7 @@ class DatasetPane(Pane):
         set_content(self.query_one("#ds-notes", Static), notes)
         set_content(self.query_one("#ds-progress", Static), self._progress(view.action))
         # The footer's keys follow the runner and where the user is: refresh them when either changes.
-        shown = (view.busy, bool(self._stack), self._selected() in view.watched)
+        shown = (view.busy, bool(self._stack), self._selected() in view.watched, self._selected() in view.held)
         if shown != self._bindings_shown:
             self._bindings_shown = shown
             self.refresh_bindings()
@@ -286,9 +288,20 @@ class DatasetPane(Pane):
 
     # -- actions ----------------------------------------------------------------------------------------------
 
+    @on(DataTable.RowHighlighted, "#ds-table")
+    def _row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
+        if self.view is not None and self._bindings_shown[3:] != (self._selected() in self.view.held,):
+            self._bindings_shown = ()
+            self._rerender()  # the footer's l says Lock or Unlock for the row now under the cursor
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         view = self.view
-        if action in ("warm", "evict", "lock"):
+        if action in ("lock", "unlock"):
+            # One key, two labels: the footer says Unlock on a locked row, Lock elsewhere.
+            locked = view is not None and self._selected() in view.held
+            if locked != (action == "unlock"):
+                return False
+        if action in ("warm", "evict", "lock", "unlock"):
             if view is None or view.read_only or view.replay:
                 return None  # shown greyed out: nothing here may change the system
             return not view.busy
@@ -319,6 +332,10 @@ class DatasetPane(Pane):
         """Lock the selected dataset or folder in memory (mlock), or unlock it if locked."""
         if (path := self._target()) is not None:
             self.post_message(LockRequested(path))
+
+    def action_unlock(self) -> None:
+        """Unlock the selected dataset or folder (what l does on a locked row)."""
+        self.action_lock()
 
     def _target(self) -> str | None:
         path = self._selected()

@@ -23,7 +23,7 @@ from textual.widgets import DataTable, Input, Static
 from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import ServerRates, server_rates
-from dltop.fmt import human_bytes, printable, sparkline_rows
+from dltop.fmt import human_bytes, percent_text, printable, sparkline_rows
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
 from dltop.model.servers import ModelStats
@@ -48,11 +48,11 @@ MIG_LABEL_WIDTH = 11  # "  3g.20gb ", "  1g.10gb+me"
 
 
 def _pct(v: float | None) -> str:
-    return f"{v:.0f}%" if v is not None else "?"
+    return percent_text(v) if v is not None else "?"
 
 
 def _frac(v: float | Unavailable) -> str:
-    return "?" if isinstance(v, Unavailable) else f"{100 * v:.1f}%"
+    return "?" if isinstance(v, Unavailable) else percent_text(100 * v, 1)
 
 
 def cells(parts: Sequence[int], width: int) -> list[int]:

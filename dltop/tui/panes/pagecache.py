@@ -15,6 +15,7 @@ from dltop.fmt import (
     human_range,
     human_rate,
     percent,
+    percent_text,
     spark_range,
     sparkline_rows,
 )
@@ -74,12 +75,17 @@ def pack(pairs: list[Text], width: int) -> Text:
     return Text("\n").join(Text("  ").join(line) for line in lines)
 
 
-def _psi(name: str, p: Pressure | Unavailable) -> Text:
+def _psi(name: str, p: Pressure | Unavailable, full_all: bool = True) -> Text:
+    """`mem PSI some 1.2/0.8/0.3% full 0.4/0.2/0.1%`: the kernel's avg10/avg60/avg300, so a burst and a
+    lasting squeeze read apart; `full_all` False keeps only full's avg10 (a narrow screen)."""
     if isinstance(p, Unavailable):
         return _pair(name, "n/a", "dim")  # the reason goes to the notes line
-    full = f" full {p.full_avg10:.1f}%" if p.full_avg10 is not None else ""
+    full = ""
+    if p.full_avg10 is not None:
+        rest = [p.full_avg60, p.full_avg300] if full_all else []
+        full = " full " + "/".join(f"{v:.1f}" for v in [p.full_avg10, *rest] if v is not None) + "%"
     style = "bold red" if p.some_avg10 >= 10 else "yellow" if p.some_avg10 >= 1 else ""
-    return _pair(name, f"some {p.some_avg10:.1f}%{full}", style)
+    return _pair(name, f"some {p.some_avg10:.1f}/{p.some_avg60:.1f}/{p.some_avg300:.1f}%{full}", style)
 
 
 def summary_text(m: MemoryPart, width: int = 200) -> Text:
@@ -101,6 +107,8 @@ def summary_text(m: MemoryPart, width: int = 200) -> Text:
 def activity_text(m: MemoryPart, vm: VmRates | None, width: int = 200) -> Text:
     """PSI on the first line, the page-cache traffic rates on the second."""
     first = Text("  ").join([_psi("mem PSI", m.pressure_memory), _psi("io PSI", m.pressure_io)])
+    if first.cell_len > width:  # 80 columns: full's avg60/avg300 give way, some keeps all three
+        first = Text("  ").join([_psi("mem PSI", m.pressure_memory, False), _psi("io PSI", m.pressure_io, False)])
     if isinstance(m.vmstat, Unavailable):
         rates = [_pair("vmstat", "n/a", "dim")]
     elif vm is None:
@@ -134,7 +142,7 @@ def cgroup_text(m: MemoryPart, width: int = 200) -> Text:
         used += f" ({cg.unavailable.get('current_bytes', 'not read')})"
     if cg.max_bytes is not None and cg.current_bytes is not None:
         share = cg.current_bytes / cg.max_bytes if cg.max_bytes else 0
-        pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)} ({100 * share:.0f}%)",
+        pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)} ({percent_text(100 * share)})",
                            "bold red" if share >= 0.9 else ""))
     elif cg.max_bytes is not None:
         pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)}"))
@@ -251,7 +259,8 @@ class PageCachePane(Pane):
     TITLE = "Page cache"
     HELP = ("Numbers come straight from the kernel: /proc/meminfo, /proc/vmstat, /proc/pressure, /proc/diskstats "
             "and the memory cgroup of the watched process (--pid). Disk columns follow iostat -x; refaults are "
-            "evicted file pages read back soon after (cache thrashing).")
+            "evicted file pages read back soon after (cache thrashing). PSI is the share of time tasks stalled, "
+            "as the kernel averages it over 10 s / 60 s / 300 s.")
 
     def compose(self) -> ComposeResult:
         yield Static(id="pc-summary")

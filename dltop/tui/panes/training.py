@@ -17,7 +17,7 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Static
 
-from dltop.fmt import human_bytes, plural, printable, shorten_middle, sparkline_rows
+from dltop.fmt import human_bytes, percent_text, plural, printable, shorten_middle, sparkline_rows
 from dltop.model import Snapshot, Unavailable
 from dltop.model.probes import ProbeEpoch, ProbesPart, ProcessProbe
 from dltop.tui.panes.base import Pane, set_content
@@ -96,10 +96,10 @@ def epoch_rows(p: ProcessProbe, history: Sequence[Snapshot], pids: set[int]) -> 
         delta = e.data_cached_delta_bytes  # the job's own data, never the machine's Cached (notes say why n/a)
         rows.append((
             str(e.index), _seconds(e.duration_s), _seconds(e.data_wait_s),
-            f"{100 * e.data_wait_s / e.duration_s:.0f}%" if e.duration_s > 0 else "n/a",
+            percent_text(100 * e.data_wait_s / e.duration_s) if e.duration_s > 0 else "n/a",
             "n/a" if delta is None else ("-" if delta < 0 else "+") + human_bytes(abs(delta)),
             str(e.steps),
-            f"{util:.0f}% ({source})" if util is not None else f"n/a ({source})",
+            f"{percent_text(util)} ({source})" if util is not None else f"n/a ({source})",
         ))
     return rows
 
@@ -207,13 +207,13 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
     idle = "exited" if all(p.exited for p in members) else "stalled" if any(p.stalled for p in members) else None
     for label, value, data, top, style in (
         ("Step", idle or ("n/a" if now_step is None else f"{1000 * now_step:.1f} ms"), step, None, "$accent"),
-        ("Data wait", idle or ("n/a" if now_wait is None else f"{100 * now_wait:.0f}%"), wait, 1.0, "$warning"),
+        ("Data wait", idle or ("n/a" if now_wait is None else percent_text(100 * now_wait)), wait, 1.0, "$warning"),
     ):
         bar = sparkline_rows(data, spark_width, 1, top)[0] if data else ""
         lines.append(Content.assemble((f"{label:<10}", "bold"), f"{value:>9} ", (bar, style)))
     for loader in lead.loaders:  # timed apart from the main loader: a val loop is not in the numbers above
         step_now = "n/a" if loader.step_time_s is None else f"{1000 * loader.step_time_s:.1f} ms"
-        wait_now = "" if loader.data_wait_fraction is None else f"  data wait {100 * loader.data_wait_fraction:.0f}%"
+        wait_now = "" if loader.data_wait_fraction is None else f"  data wait {percent_text(100 * loader.data_wait_fraction)}"
         lines.append(Content.assemble((f"{printable(loader.name)[:9]:<10}", "bold"), f"{step_now:>9} ",
                                       (f"a step{wait_now}  ({plural(loader.steps, 'step')} in all, apart from "
                                        "the epochs)", "dim")).truncate(width, ellipsis=True))

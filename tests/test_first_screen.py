@@ -1,0 +1,283 @@
+"""The first screen: the tab dltop opens on (--tab, the config's tab, a recording's), and the hint line's order,
+snooze and mute (issue 20, items 1 and 3)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+
+import pytest
+from textual.widgets import OptionList, Static
+
+from dltop import hints as hint_rules
+from dltop.config import TAB_NAMES, Settings, load_config, settings_from_args
+from dltop.errors import DltopError
+from dltop.hints import Hint
+from dltop.model import Snapshot, Unavailable
+from dltop.model.gpu import GpuDevice
+from dltop.recorder import Recorder, Recording
+from dltop.recorder.reader import recorded_tab
+from dltop.sampler import ListFeed
+from dltop.sources.datasets import scan_paths
+from dltop.tui.app import DltopApp
+from dltop.tui.panes import pane_classes
+from dltop.tui.screens.help import HelpScreen
+from dltop.tui.timeline import RecordingFeed
+from tests.test_pagecache_util import ddir_fixture  # noqa: F401  (the `ddir` fixture)
+
+HINTS_DIR = Path(__file__).resolve().parent.parent / "dltop" / "hints"
+
+
+def _active(app: DltopApp) -> str:
+    return str(app.query_one("#tabs").active).removeprefix("tab-")
+
+
+def _snap(ts: float = 100.0, **parts: object) -> Snapshot:
+    return Snapshot(ts=ts, host="h", **parts)  # type: ignore[arg-type]
+
+
+def _dataset(tmp_path: Path) -> object:
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "a.bin").write_bytes(b"x" * 8192)
+    return scan_paths((str(tmp_path / "ds"),))
+
+
+def test_tab_names_are_the_panes() -> None:
+    assert tuple(p.PANE_ID for p in pane_classes()) + ("cluster",) == TAB_NAMES
+    assert pane_classes(cluster=True)[0].PANE_ID == "cluster"
+
+
+@pytest.mark.parametrize("case", ["no gpu", "no gpu, datasets", "gpus", "--tab"])
+async def test_it_opens_on_the_tab_that_has_something(tmp_path: Path, case: str) -> None:
+    # A machine without a GPU opened on the empty GPU tab, even as `dltop /data/x`.
+    gpus: object = (GpuDevice(index=0, name="NVIDIA L40S"),) if case == "gpus" else ()
+    datasets = _dataset(tmp_path) if case == "no gpu, datasets" else None
+    settings = Settings(datasets=(str(tmp_path / "ds"),) if datasets else (), tab="cpu" if case == "--tab" else None)
+    app = DltopApp(ListFeed([_snap(gpus=gpus, datasets=datasets)]), settings)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        want = {"no gpu": "pagecache", "no gpu, datasets": "datasets", "gpus": "gpu", "--tab": "cpu"}[case]
+        assert _active(app) == want
+
+
+class StillFeed(ListFeed):
+    """Hands out the next Snapshot only when the test says (advance)."""
+
+    async def stream(self, interval_s):  # type: ignore[no-untyped-def, override]
+        return
+        yield
+
+
+async def test_the_tab_waits_for_the_gpu_source_but_not_for_a_user_who_picked_one() -> None:
+    waiting = Unavailable("waiting for the first reading")
+    gpu = (GpuDevice(index=0),)
+    for press in ((), ("4",)):
+        feed = StillFeed([_snap(100.0, gpus=waiting), _snap(101.0, gpus=gpu)])
+        app = DltopApp(feed)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            assert _active(app) == "pagecache"  # nothing known yet
+            if press:
+                await pilot.press(*press)
+            app._apply(feed.advance())  # NVML answers: GPUs are there
+            await pilot.pause()
+            assert _active(app) == ("cpu" if press else "gpu")
+
+
+def test_tab_and_mute_in_the_config_and_on_the_command_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('tab = "Page cache"\nmute = ["cache-on-temporary-storage", "cache-on-temporary-storage"]\n')
+    s = load_config(cfg)
+    assert s.tab == "pagecache" and s.mute == ("cache-on-temporary-storage",)
+    args = argparse.Namespace(config=str(cfg), tab="datasets")
+    assert settings_from_args(args).tab == "datasets"  # the command line wins
+    for bad, why in (('tab = "htop"', "is not a tab"), ("tab = 3", "is not a tab"),
+                     ('mute = "x"', "mute must be a list"), ('mute = ["\\u001b[2J"]', "mute must be a list")):
+        cfg.write_text(bad + "\n")
+        with pytest.raises(DltopError, match=re.escape(why)) as e:
+            load_config(cfg)
+        assert "\n" not in str(e.value) and "\x1b" not in str(e.value)
+
+
+async def test_a_replay_opens_on_the_tab_the_recording_showed(tmp_path: Path) -> None:
+    # Samples stamped after the tab switches (the recorder stamps its events now): the replay starts after both.
+    snaps = [_snap(time.time() + 60 + i) for i in range(2)]
+    rec_dir = tmp_path / "rec"
+    recorder = Recorder(str(rec_dir), retain_s=None, max_bytes=None)
+    try:
+        app = DltopApp(ListFeed(snaps), Settings(), recorder=recorder)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            await pilot.press("5")  # the Training tab, by the user
+            await pilot.pause()
+    finally:
+        recorder.close()
+    recording = Recording(str(rec_dir))
+    views = [e.data["tab"] for e in recording.events() if e.kind == "view"]
+    assert views == ["pagecache", "training"]
+    start = recording.times()[-1]
+    tab = recorded_tab(recording.events(), start)
+    assert tab == "training"
+    replay = DltopApp(RecordingFeed(recording, "rec", start), Settings(tab=tab))
+    async with replay.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert _active(replay) == "training"
+
+
+def test_every_hint_id_belongs_to_a_tab() -> None:
+    ids = {m for f in HINTS_DIR.glob("*.py") for m in re.findall(r'id="([a-z0-9-]+)"', f.read_text())}
+    assert len(ids) > 15
+    assert {i: hint_rules.tab_of(i) for i in ids if hint_rules.tab_of(i) not in TAB_NAMES} == {}
+
+
+CACHE_HINT = Hint("cache-on-temporary-storage", "info", "compile cache under /tmp", fix="set a cache dir")
+GPU_HINT = Hint("gpu-kv-pool-full", "info", "KV cache of m is 99.8% full")
+
+
+async def test_the_current_tabs_hint_comes_first_and_a_hint_can_be_snoozed_or_muted() -> None:
+    app = DltopApp(ListFeed([_snap()]), Settings(tab="gpu", mute=()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.hints = [CACHE_HINT, GPU_HINT]  # the cache hint is first by the rules' order
+        app._update_hints()
+        await pilot.pause()
+        hints = app.query_one("#hints", Static)
+        assert "KV cache" in str(hints.render()) and "+1 more" in str(hints.render())
+        await pilot.press("6")  # the Caches tab: its own hint first
+        await pilot.pause()
+        assert "compile cache" in str(hints.render())
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        options = app.screen.query_one("#help-hints", OptionList)
+        assert options.option_count == 2 and options.highlighted == 0
+        await pilot.press("s")  # snooze the first: the cache hint
+        await pilot.press("down", "m")  # mute the second
+        await pilot.pause()
+        assert app.hint_state("cache-on-temporary-storage").startswith("snoozed")
+        assert app.hint_state("gpu-kv-pool-full") == "muted"
+        assert "[muted]" in str(options.get_option_at_index(1).prompt)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not hints.display  # both off the hint line
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert app.screen.query_one("#help-hints", OptionList).option_count == 2  # still listed in ?
+        await pilot.press("s")  # pressed again: back
+        await pilot.press("escape")
+        await pilot.pause()
+        assert hints.display and "compile cache" in str(hints.render())
+
+
+async def test_a_hint_muted_in_the_config_stays_off_the_line_and_is_listed_in_help() -> None:
+    app = DltopApp(ListFeed([_snap()]), Settings(tab="caches", mute=("cache-on-temporary-storage",)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.hints = [CACHE_HINT, GPU_HINT]
+        app._update_hints()
+        await pilot.pause()
+        assert "KV cache" in str(app.query_one("#hints", Static).render())
+        await pilot.press("question_mark")
+        await pilot.pause()
+        prompts = [str(o.prompt) for o in app.screen.query_one("#help-hints", OptionList).options]
+        assert prompts[1].startswith("[muted (config)] cache-on-temporary-storage")
+
+
+# -- item 8: the Datasets tab's footer and its add-folder box ----------------------------------------------------
+
+
+def _footer_labels(app: DltopApp) -> list[str]:
+    return [b.description for _node, b, enabled, _tip in app.screen.active_bindings.values() if b.show and enabled]
+
+
+async def test_the_footer_says_unlock_on_a_locked_row(ddir: Path) -> None:
+    from tests.test_datasets_pane import _wait_confirm, _wait_idle, live, make_dataset
+
+    make_dataset(ddir)
+    app = live(ddir, rescan_s=3600.0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _wait_idle(app, pilot, lambda: bool(app.query_one("#ds-table").row_count))
+        assert "Lock" in _footer_labels(app) and "Unlock" not in _footer_labels(app)
+        await pilot.press("enter")  # into the dataset: lock its val folder
+        await pilot.pause()
+        await pilot.press("down", "l")
+        await _wait_confirm(app, pilot)
+        await pilot.press("y")
+        await _wait_idle(app, pilot, lambda: bool(app.runner.held()))
+        await pilot.pause()
+        assert "Unlock" in _footer_labels(app) and "Lock" not in _footer_labels(app)
+        await pilot.press("up")  # train: not locked
+        await pilot.pause()
+        assert "Lock" in _footer_labels(app) and "Unlock" not in _footer_labels(app)
+        await pilot.press("down", "l")  # l on the locked row unlocks
+        await pilot.pause()
+        assert app.runner.held() == {} and "Lock" in _footer_labels(app)
+
+
+def test_path_completion_completes_as_a_shell_does(tmp_path: Path) -> None:
+    from dltop.tui.path_input import complete_path
+
+    (tmp_path / "imagenet" / "train").mkdir(parents=True)
+    (tmp_path / "imagenette").mkdir()
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / ".hidden").mkdir()
+    base = str(tmp_path) + "/"
+    assert complete_path(base + "ima") == (base + "imagenet", ["imagenet/", "imagenette/"])
+    assert complete_path(base + "imagenet/t") == (base + "imagenet/train/", ["train/"])
+    assert complete_path(base + "x") == (base + "x", [])
+    assert complete_path(base) == (base, ["imagenet/", "imagenette/", "notes.txt"])  # dot files only when asked
+    assert complete_path(base + ".h")[0] == base + ".hidden/"
+    assert complete_path(base + "notes.txt/a") == (base + "notes.txt/a", [])  # not a folder: nothing, no raise
+
+
+async def test_tab_in_the_add_folder_box_completes_and_keeps_the_focus(tmp_path: Path) -> None:
+    (tmp_path / "imagenet" / "train").mkdir(parents=True)
+    app = DltopApp(ListFeed([_snap()]), Settings(tab="datasets"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("a")
+        box = app.query_one("#ds-add")
+        assert box.has_focus
+        await pilot.press(*f"{tmp_path}/imag", "tab")
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if box.value.endswith("/"):
+                break
+        assert box.value == f"{tmp_path}/imagenet/" and box.has_focus  # Tab left the box before
+        await pilot.press("t", "tab")
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if box.value.endswith("train/"):
+                break
+        assert box.value == f"{tmp_path}/imagenet/train/" and box.has_focus
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.settings.datasets == (f"{tmp_path}/imagenet/train",)
+
+
+def test_no_help_text_names_a_module(capsys: pytest.CaptureFixture[str]) -> None:
+    # `dltop cpu --help` printed its module docstring, naming dltop.text.cpu to users.
+    from dltop.cli import COMMANDS, main
+
+    for command in sorted(COMMANDS):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert not re.search(r"\bdltop\.[a-z_]+", out), (command, out)
+
+
+def test_psi_shows_avg10_avg60_avg300_within_80_columns() -> None:
+    # avg10 alone cannot tell a burst from a lasting squeeze.
+    from dltop.sources.memory import read_memory
+    from dltop.tui.panes.pagecache import activity_text
+
+    m = read_memory("/")
+    if isinstance(m.pressure_memory, Unavailable):
+        pytest.skip(f"no PSI here: {m.pressure_memory.reason}")
+    p = m.pressure_memory
+    for width in (76, 200):
+        first = activity_text(m, None, width).plain.splitlines()[0]
+        assert f"mem PSI some {p.some_avg10:.1f}/{p.some_avg60:.1f}/{p.some_avg300:.1f}%" in first
+        assert len(first) <= width
+    wide = activity_text(m, None, 200).plain.splitlines()[0]
+    if p.full_avg10 is not None:
+        assert f"full {p.full_avg10:.1f}/{p.full_avg60:.1f}/{p.full_avg300:.1f}%" in wide
