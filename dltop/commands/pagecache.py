@@ -118,11 +118,17 @@ def run_residency(args: argparse.Namespace) -> int:
 
         sys.stdout.write(format_residency(part, args.sort if args.files else None, args.top))
         for ds in part.scanned:
-            if args.files and ds.files_top < args.top:
-                sys.stderr.write(f"dltop: {ds.path}: {ds.files_top} files listed per folder, not {args.top}: "
-                                 f"at most {FILES_BUDGET:,} file rows a PATH (--depth 1 or a folder as PATH "
-                                 "lists more of each)\n")
+            if args.files and (ds.files_top < args.top or _unlisted(ds)):
+                sys.stderr.write(f"dltop: {ds.path}: at most {FILES_BUDGET:,} file rows a PATH: the biggest folders "
+                                 f"list {ds.files_top} each, {_unlisted(ds)} smaller ones none (give a folder as "
+                                 "PATH to list its files)\n")
     return 0
+
+
+def _unlisted(node: Any) -> int:
+    """Folders below `node` (and it) with files of their own that list none: the file-row budget ran out."""
+    own = 1 if node.direct_files > 0 and not node.top_files else 0
+    return own + sum(_unlisted(c) for c in node.children)
 
 
 class ProgressBar:

@@ -148,6 +148,11 @@ class _Acc:
         )
 
 
+def _size_key(acc: _Acc) -> tuple[int, str]:
+    """The order folders give up their files in when the budget runs out: least data first, then by path."""
+    return (acc.data, acc.path)
+
+
 # The keys a folder's files can be sorted by, each meaning "shown first": most data, most resident, coldest (the
 # lowest resident share; among equals the most data; files with no data to see last).
 FILE_SORT_KEYS = ("size", "resident", "pct")
@@ -156,22 +161,25 @@ FILE_SORT_KEYS = ("size", "resident", "pct")
 class TopFiles:
     """Each folder's top `n` files by each sort key, as the scan offers them one by one: a heap per folder and
     key, so a folder of a million files keeps a few entries, never a million. The dataset's whole `budget`
-    bounds the entries held: past twice that, every folder's `n` is halved (and their heaps cut to it); at the
-    end it is the largest `n` whose rows fit the budget, the same for every folder. Ties go to the lower inode,
-    so an unchanged folder lists the same files on every scan."""
+    bounds the entries held: past twice that, the folders with the least data (the one being scanned aside)
+    drop their files until it fits again, and a folder with no more data than one dropped lists none at the end
+    either, so the files listed are those of the biggest folders. Only where one folder alone is past the budget
+    is `n` halved. Ties go to the lower inode, so an unchanged folder lists the same files on every scan."""
 
     def __init__(self, n: int, keys: tuple[str, ...], budget: int) -> None:
         self.n, self.keys, self.budget = max(0, n), tuple(k for k in keys if k in FILE_SORT_KEYS), max(0, budget)
         self._heaps: dict[_Acc, tuple[list[Any], ...]] = {}
         self._held = 0  # entries in all heaps (a file in two heaps counted twice)
         self._seq = 0  # makes heap items unique, so two entries are never compared
+        self.dropped: set[_Acc] = set()  # folders whose files are not listed: the budget went to bigger ones
+        self._floor: tuple[int, str] | None = None  # (data, path) of the biggest folder dropped
 
     def offer(self, acc: _Acc, dir_path: str, name: str, dfd: int | None, ino: int, size: int, pages: int, data: int,
               res: int, dres: int, dirty: int = 0, wb: int = 0, rev: int = 0, unknown: int = 0,
               dunknown: int = 0) -> None:
         """One counted file of folder `acc`, with its numbers; kept only while it is in a top `n`."""
         n = self.n
-        if n == 0:
+        if n == 0 or acc in self.dropped:
             return
         heaps = self._heaps.get(acc)
         if heaps is None:
@@ -200,8 +208,24 @@ class TopFiles:
             else:
                 heapq.heappush(heap, (score, tie, self._seq, entry))
                 self._held += 1
-        while self._held > 2 * self.budget:
-            self._shrink(self.n // 2)
+        if self._held > 2 * self.budget:
+            self._drop_smallest(self.budget, keep=acc)
+            while self._held > 2 * self.budget:
+                self._shrink(self.n // 2)
+
+    def _drop_smallest(self, target: int, keep: _Acc | None = None) -> None:
+        """Drop the files of the folders with the least data (not `keep`) until at most `target` are held."""
+        for acc in sorted((a for a in self._heaps if a is not keep), key=_size_key):
+            if self._held <= target:
+                return
+            self._drop(acc)
+
+    def _drop(self, acc: _Acc) -> None:
+        self._held -= sum(len(h) for h in self._heaps.pop(acc))
+        self.dropped.add(acc)
+        key = _size_key(acc)
+        if self._floor is None or key > self._floor:
+            self._floor = key
 
     def _shrink(self, n: int) -> None:
         self.n = n
@@ -214,17 +238,17 @@ class TopFiles:
         self._held = held
 
     def rows(self) -> dict[_Acc, tuple[ResidencyNode, ...]]:
-        """Each folder's files: the top `n` by each key (the first key's order, then the others' additions),
-        `n` as large as the budget allows."""
-        lens = [len(h) for heaps in self._heaps.values() for h in heaps]
-        lo, hi = 0, self.n
-        while lo < hi:  # the largest n whose rows fit the budget
-            mid = (lo + hi + 1) // 2
-            if sum(min(k, mid) for k in lens) <= self.budget:
-                lo = mid
+        """Each folder's files: the top `n` by each key (the first key's order, then the others' additions), for
+        the biggest folders that fit the budget."""
+        floor = self._floor
+        for acc in [a for a in self._heaps if floor is not None and _size_key(a) <= floor]:
+            self._drop(acc)
+        while self._held > self.budget:
+            if len(self._heaps) > 1:
+                self._drop_smallest(self.budget)
             else:
-                hi = mid - 1
-        self.n = lo
+                self._shrink(self.n // 2)
+        lo = self.n
         out: dict[_Acc, tuple[ResidencyNode, ...]] = {}
         for acc, heaps in self._heaps.items():
             seen: dict[int, ResidencyNode] = {}

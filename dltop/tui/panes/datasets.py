@@ -186,7 +186,7 @@ class DatasetPane(Pane):
             if not node.children and not node.top_files:
                 title.append("  (no folders below: files are counted in this total)", "dim")
             elif len(wanted) > 1:
-                title.append(f"  · by {SORT_TITLES[self._sort]} (s sorts)", "dim")
+                title.append(f"  · by {SORT_TITLES[self._sort]}, s sorts", "dim")
         set_content(self.query_one("#ds-summary", Static), title)
         # The Path column gives way: long paths shortened in the middle, so every number column stays on an
         # 80-column screen (a 70-character path pushed Size, Resident and % off it).
