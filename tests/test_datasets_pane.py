@@ -368,14 +368,17 @@ async def test_unknown_pages_are_marked_and_explained(ddir: Path) -> None:
 
 
 def fixed_part() -> DatasetsPart:
-    """Numbers of a real 8-file dataset scanned as above, with fixed paths and times so the picture is stable."""
+    """Numbers of a real 9-file dataset scanned as above (its one file at the top listed), with fixed paths and
+    times so the picture is stable."""
     ps = 4096
     train = ResidencyNode(path="/data/imagenet/train", files=6, size_bytes=6 * 64 * ps, pages=6 * 64,
                           resident_pages=96, dirty_pages=0)
     val = ResidencyNode(path="/data/imagenet/val", files=2, size_bytes=2 * 32 * ps, pages=64, resident_pages=64)
-    ds = DatasetResidency(path="/data/imagenet", files=8, size_bytes=train.size_bytes + val.size_bytes,
-                          pages=448, resident_pages=160, children=(train, val), scanned_at=95.0,
-                          scan_duration_s=0.01, method="cachestat", fs_type="ext4", dirs=3)
+    labels = ResidencyNode(path="/data/imagenet/labels.csv", files=1, size_bytes=5000, pages=2, resident_pages=2)
+    ds = DatasetResidency(path="/data/imagenet", files=9, size_bytes=train.size_bytes + val.size_bytes + 5000,
+                          pages=450, resident_pages=162, children=(train, val), scanned_at=95.0,
+                          scan_duration_s=0.01, method="cachestat", fs_type="ext4", dirs=3, top_files=(labels,),
+                          files_top=50, files_sorted_by=("size", "resident", "pct"))
     coco = DatasetResidency(path="/data/coco", files=3, size_bytes=3 << 20, pages=768, resident_pages=0,
                             unknown_pages=256, unknown_reason="no permission: run as the owner",
                             scanned_at=90.0, scan_duration_s=0.02, fs_type="overlayfs", method="mincore")

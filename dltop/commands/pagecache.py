@@ -16,6 +16,9 @@ from dltop.commands.common import non_negative_int
 from dltop.errors import DltopError
 from dltop.fmt import percent_text
 
+FILES_TOP = 20  # `residency --files`: files listed per folder
+FILES_BUDGET = 100_000  # file rows in all per PATH: past it, fewer per folder (and a note says so)
+
 
 def _walk_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="dataset files or folders")
@@ -35,6 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     _walk_options(p)
     p.add_argument("--depth", type=non_negative_int, default=1, metavar="N",
                    help="show folders down to depth N (default 1)")
+    p.add_argument("--files", action="store_true",
+                   help="list each folder's files too: its top N (--top) by --sort, and a row for the rest")
+    p.add_argument("--top", type=non_negative_int, default=FILES_TOP, metavar="N",
+                   help=f"with --files: files listed per folder (default {FILES_TOP})")
+    p.add_argument("--sort", choices=("size", "resident", "pct"), default="size",
+                   help="with --files: most data, most resident, or lowest %% first (default size)")
     p.set_defaults(func=run_residency)
 
     helps = {
@@ -60,12 +69,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _options(args: argparse.Namespace, depth: int | None = None) -> Any:
     from dltop.sources.datasets import WalkOptions
 
+    files = getattr(args, "files", False)
     return WalkOptions(
         follow_symlinks=args.follow_symlinks,
         cross_filesystems=args.cross_filesystems,
         ignore=tuple(args.ignore),
         include=tuple(args.include),
         max_depth=depth,
+        top_files=args.top if files else 0,
+        top_keys=(args.sort,) if files else ("size",),
+        top_budget=FILES_BUDGET,
     )
 
 
@@ -104,8 +117,19 @@ def run_residency(args: argparse.Namespace) -> int:
     else:
         from dltop.text.datasets import format_residency
 
-        sys.stdout.write(format_residency(part))
+        sys.stdout.write(format_residency(part, args.sort if args.files else None, args.top))
+        for ds in part.scanned:
+            if args.files and (ds.files_top < args.top or _unlisted(ds)):
+                sys.stderr.write(f"dltop: {ds.path}: at most {FILES_BUDGET:,} file rows a PATH: the biggest folders "
+                                 f"list {ds.files_top} each, {_unlisted(ds)} smaller ones none (give a folder as "
+                                 "PATH to list its files)\n")
     return 0
+
+
+def _unlisted(node: Any) -> int:
+    """Folders below `node` (and it) with files of their own that list none: the file-row budget ran out."""
+    own = 1 if node.direct_files > 0 and not node.top_files else 0
+    return own + sum(_unlisted(c) for c in node.children)
 
 
 class ProgressBar:

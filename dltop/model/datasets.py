@@ -4,7 +4,8 @@ Pages are counted as fincore counts them: ceil(size / page size) per file. The h
 `data_*` counts leave out the holes of sparse files (never read, so never "missing" from the cache), while
 `pages` and `resident_pages` are fincore's own numbers, holes included. Pages whose state the kernel hides
 from this user (files it may not write) are unknown, never resident. Paths of non-UTF-8 names are kept with
-surrogate escapes (`os.fsdecode`), so `os.fsencode(path)` gives the bytes back.
+surrogate escapes (`os.fsdecode`), so `os.fsencode(path)` gives the bytes back. A folder may list its files
+too (`top_files`, each a node of one file): its biggest, most resident and coldest, never all of a huge folder.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class ResidencyNode:
     data_pages: int = -1
     data_resident_pages: int = -1
     data_unknown_pages: int = -1  # data pages of files whose residency the kernel hides
+    # Files directly in this folder (or in folders below the depth kept), each a node with files=1: the top
+    # few by each sort key a scan was asked for (see `sources.datasets.TopFiles`), not all of them; the rest
+    # are `files - sum(children's files) - len(top_files)`. Empty where the scan kept no files.
+    top_files: tuple[ResidencyNode, ...] = ()
 
     def __post_init__(self) -> None:
         for name, whole in (("data_pages", self.pages), ("data_resident_pages", self.resident_pages),
@@ -51,6 +56,11 @@ class ResidencyNode:
     def known_data_pages(self) -> int:
         """Pages of data whose residency the kernel showed us."""
         return self.data_pages - self.data_unknown_pages
+
+    @property
+    def direct_files(self) -> int:
+        """Files counted here and not in a child folder: those `top_files` is the top of."""
+        return self.files - sum(c.files for c in self.children)
 
     @property
     def resident_fraction(self) -> float | None:
@@ -77,6 +87,10 @@ class DatasetResidency(ResidencyNode):
     # again): totals count those files there only. The dataset keeps its own numbers and its own row.
     counted_in: str | None = None
     same_tree: bool = False  # counted_in is this very folder or file, given again (an alias, a trailing slash)
+    # The folders' `top_files`: each folder's top `files_top` files by each key of `files_sorted_by` ("size",
+    # "resident", "pct"); 0 and () where the scan kept no files.
+    files_top: int = 0
+    files_sorted_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,4 +142,4 @@ def total_of(datasets: Iterable[DatasetResidency], path: str = "total") -> Resid
     return ResidencyNode(path=path, **{f: sum(getattr(d, f) for d in ds) for f in _SUMMED})
 
 
-_SUMMED = tuple(f for f in ResidencyNode.__dataclass_fields__ if f not in ("path", "children"))
+_SUMMED = tuple(f for f in ResidencyNode.__dataclass_fields__ if f not in ("path", "children", "top_files"))

@@ -2,7 +2,8 @@
 
 One cachestat(2) per file (mmap + mincore where cachestat is missing or wrong, as through overlayfs),
 totals per folder for drill-down (memory grows with folders, not files), and every file the walk could
-not count is counted and reported, never fatal.
+not count is counted and reported, never fatal. A folder's files are kept only as its top few by each sort
+key asked for (`TopFiles`), in memory bounded by the number of folders, not files.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fnmatch
+import heapq
 import os
 import re
 import stat
@@ -50,6 +52,12 @@ class WalkOptions:
     ignore: tuple[str, ...] = ()  # glob patterns on names; a matching file or folder is skipped
     include: tuple[str, ...] = ()  # glob patterns on file names; when given, only matching files count
     max_depth: int | None = None  # folders deeper than this are added to their ancestor at this depth
+    # Per-file rows (a scan only; actions ignore these): each folder keeps its top `top_files` files by each
+    # key of `top_keys` (FILE_SORT_KEYS), a dataset at most `top_budget` of them in all (the number per folder
+    # shrinks to fit). 0: no files kept, the folders' totals only.
+    top_files: int = 0
+    top_keys: tuple[str, ...] = ("size",)
+    top_budget: int = 4096
 
 
 DEFAULT_WALK = WalkOptions()
@@ -120,8 +128,8 @@ class _Acc:
         self.data += data
         self.dres += dres
 
-    def freeze(self) -> ResidencyNode:
-        kids = tuple(c.freeze() for c in self.children)
+    def freeze(self, files: dict[_Acc, tuple[ResidencyNode, ...]] | None = None) -> ResidencyNode:
+        kids = tuple(c.freeze(files) for c in self.children)
         return ResidencyNode(
             path=self.path,
             files=self.files + sum(k.files for k in kids),
@@ -136,7 +144,125 @@ class _Acc:
             data_resident_pages=self.dres + sum(k.data_resident_pages for k in kids),
             data_unknown_pages=self.dunknown + sum(k.data_unknown_pages for k in kids),
             children=tuple(sorted(kids, key=lambda k: k.path)),
+            top_files=files.get(self, ()) if files else (),
         )
+
+
+def _size_key(acc: _Acc) -> tuple[int, str]:
+    """The order folders give up their files in when the budget runs out: least data first, then by path."""
+    return (acc.data, acc.path)
+
+
+# The keys a folder's files can be sorted by, each meaning "shown first": most data, most resident, coldest (the
+# lowest resident share; among equals the most data; files with no data to see last).
+FILE_SORT_KEYS = ("size", "resident", "pct")
+
+
+class TopFiles:
+    """Each folder's top `n` files by each sort key, as the scan offers them one by one: a heap per folder and
+    key, so a folder of a million files keeps a few entries, never a million. The dataset's whole `budget`
+    bounds the entries held: past twice that, the folders with the least data (the one being scanned aside)
+    drop their files until it fits again, and a folder with no more data than one dropped lists none at the end
+    either, so the files listed are those of the biggest folders. Only where one folder alone is past the budget
+    is `n` halved. Ties go to the lower inode, so an unchanged folder lists the same files on every scan."""
+
+    def __init__(self, n: int, keys: tuple[str, ...], budget: int) -> None:
+        self.n, self.keys, self.budget = max(0, n), tuple(k for k in keys if k in FILE_SORT_KEYS), max(0, budget)
+        self._heaps: dict[_Acc, tuple[list[Any], ...]] = {}
+        self._held = 0  # entries in all heaps (a file in two heaps counted twice)
+        self._seq = 0  # makes heap items unique, so two entries are never compared
+        self.dropped: set[_Acc] = set()  # folders whose files are not listed: the budget went to bigger ones
+        self._floor: tuple[int, str] | None = None  # (data, path) of the biggest folder dropped
+
+    def offer(self, acc: _Acc, dir_path: str, name: str, dfd: int | None, ino: int, size: int, pages: int, data: int,
+              res: int, dres: int, dirty: int = 0, wb: int = 0, rev: int = 0, unknown: int = 0,
+              dunknown: int = 0) -> None:
+        """One counted file of folder `acc`, with its numbers; kept only while it is in a top `n`."""
+        n = self.n
+        if n == 0 or acc in self.dropped:
+            return
+        heaps = self._heaps.get(acc)
+        if heaps is None:
+            heaps = self._heaps[acc] = tuple([] for _ in self.keys)
+        entry = None
+        tie = -ino
+        for key, heap in zip(self.keys, heaps, strict=True):
+            score: Any
+            if key == "size":
+                score = data
+            elif key == "resident":
+                score = dres
+            else:
+                known = data - dunknown
+                score = (-dres / known if known > 0 else -2.0, data)
+            full = len(heap) >= n
+            if full:
+                low = heap[0]
+                if score < low[0] or (score == low[0] and tie <= low[1]):
+                    continue
+            if entry is None:
+                entry = (_join(dir_path, name, dfd), size, pages, res, dirty, unknown, wb, rev, data, dres, dunknown)
+            self._seq += 1
+            if full:
+                heapq.heapreplace(heap, (score, tie, self._seq, entry))
+            else:
+                heapq.heappush(heap, (score, tie, self._seq, entry))
+                self._held += 1
+        if self._held > 2 * self.budget:
+            self._drop_smallest(self.budget, keep=acc)
+            while self._held > 2 * self.budget:
+                self._shrink(self.n // 2)
+
+    def _drop_smallest(self, target: int, keep: _Acc | None = None) -> None:
+        """Drop the files of the folders with the least data (not `keep`) until at most `target` are held."""
+        for acc in sorted((a for a in self._heaps if a is not keep), key=_size_key):
+            if self._held <= target:
+                return
+            self._drop(acc)
+
+    def _drop(self, acc: _Acc) -> None:
+        self._held -= sum(len(h) for h in self._heaps.pop(acc))
+        self.dropped.add(acc)
+        key = _size_key(acc)
+        if self._floor is None or key > self._floor:
+            self._floor = key
+
+    def _shrink(self, n: int) -> None:
+        self.n = n
+        held = 0
+        for heaps in self._heaps.values():
+            for heap in heaps:
+                if len(heap) > n:
+                    heap[:] = sorted(heap)[len(heap) - n:]  # ascending: still a heap
+                held += len(heap)
+        self._held = held
+
+    def rows(self) -> dict[_Acc, tuple[ResidencyNode, ...]]:
+        """Each folder's files: the top `n` by each key (the first key's order, then the others' additions), for
+        the biggest folders that fit the budget."""
+        floor = self._floor
+        for acc in [a for a in self._heaps if floor is not None and _size_key(a) <= floor]:
+            self._drop(acc)
+        while self._held > self.budget:
+            if len(self._heaps) > 1:
+                self._drop_smallest(self.budget)
+            else:
+                self._shrink(self.n // 2)
+        lo = self.n
+        out: dict[_Acc, tuple[ResidencyNode, ...]] = {}
+        for acc, heaps in self._heaps.items():
+            seen: dict[int, ResidencyNode] = {}
+            for heap in heaps:
+                for item in heapq.nlargest(lo, heap):
+                    e = item[3]
+                    if id(e) not in seen:
+                        seen[id(e)] = ResidencyNode(
+                            path=e[0], files=1, size_bytes=e[1], pages=e[2], resident_pages=e[3], dirty_pages=e[4],
+                            unknown_pages=e[5], writeback_pages=e[6], recently_evicted_pages=e[7], data_pages=e[8],
+                            data_resident_pages=e[9], data_unknown_pages=e[10])
+            if seen:
+                out[acc] = tuple(seen.values())
+        return out
 
 
 @dataclass
@@ -487,6 +613,7 @@ def scan_residency(
     by_cachestat = False
     os_open, os_close, os_fstat = os.open, os.close, os.fstat
     S_ISREG = stat.S_ISREG
+    top = TopFiles(options.top_files, options.top_keys, options.top_budget) if options.top_files > 0 else None
     # The folder being counted and its running totals, kept in locals and added to its _Acc when the walk
     # moves on: attribute updates per file cost more than the syscalls they count.
     a: _Acc | None = None
@@ -521,6 +648,9 @@ def scan_residency(
                 a.dunknown += pages
                 report.unknown = True
                 report.skip("unreadable", _join(d.path, name, dfd), "permission denied (pages unknown)")
+                if top is not None:
+                    top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, pages, 0, 0, unknown=pages,
+                              dunknown=pages)
             else:
                 _skip_error(report, e, _join(d.path, name, dfd))
             continue
@@ -541,6 +671,8 @@ def scan_residency(
             pages_sum += pages
             data_sum += data
             if pages == 0:
+                if top is not None:
+                    top.offer(a, d.path, name, dfd, st.st_ino, size, 0, 0, 0, 0)
                 continue
             if not d.mincore:
                 try:
@@ -552,6 +684,9 @@ def scan_residency(
                         report.unknown = True
                         if warm_need is not None:
                             warm_need.pages += data
+                        if top is not None:
+                            top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, 0, 0, unknown=pages,
+                                      dunknown=data)
                         continue
                     if e.errno != errno.ENOSYS:
                         raise
@@ -569,6 +704,9 @@ def scan_residency(
                     dres_sum += dres
                     if warm_need is not None:
                         warm_need.pages += data - dres
+                    if top is not None:
+                        top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, res, dres, cs.nr_dirty,
+                                  cs.nr_writeback, cs.nr_recently_evicted)
                     continue
             if not kernel.residency_visible(st, name, dfd):
                 a.unknown += pages
@@ -576,6 +714,8 @@ def scan_residency(
                 report.unknown = True
                 if warm_need is not None:
                     warm_need.pages += data
+                if top is not None:
+                    top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, 0, 0, unknown=pages, dunknown=data)
                 continue
             used.add("mincore")
             vec = kernel.mincore_vector(fd, size)
@@ -585,6 +725,8 @@ def scan_residency(
             dres_sum += dres
             if warm_need is not None:
                 warm_need.pages += data - dres
+            if top is not None:
+                top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, res, dres)
         except OSError as e:
             # The file vanished or failed after it was counted: its pages are unknown, not absent.
             _skip_error(report, e, _join(d.path, name, dfd))
@@ -596,7 +738,7 @@ def scan_residency(
         a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum, data_sum, dres_sum)
     if by_cachestat:
         used.add("cachestat")
-    node = acc.freeze()
+    node = acc.freeze(top.rows() if top is not None else None)
     try:
         fs = kernel.fs_name(kernel.statfs_type(root))
     except OSError:
@@ -613,6 +755,8 @@ def scan_residency(
         skipped=dict(sorted(report.skipped.items())),
         problems=tuple(report.problems),
         unknown_reason=NO_PERMISSION if report.unknown else None,
+        files_top=top.n if top is not None else 0,
+        files_sorted_by=top.keys if top is not None else (),
     )
 
 
@@ -731,6 +875,10 @@ def _overlaps(
 # The TUI and the recorder keep folder totals this deep; deeper folders add to their ancestor.
 SOURCE_MAX_DEPTH = 6
 SOURCE_CPU_FRACTION = 0.5
+# Each folder lists its top 50 files by size, by resident and by % (coldest first), a dataset 4,096 file rows at
+# most: a recording of a big tree gains at most about 1.3 MB of JSON a rescan.
+SOURCE_TOP_FILES = 50
+SOURCE_TOP_BUDGET = 4096
 
 
 class DatasetsReader:
@@ -768,7 +916,9 @@ def source(settings: Any) -> Any:
     from dltop.sources.base import Source
 
     paths = tuple(os.path.abspath(p) for p in settings.datasets)
-    reader = DatasetsReader(paths, WalkOptions(max_depth=SOURCE_MAX_DEPTH), SOURCE_CPU_FRACTION)
+    options = WalkOptions(max_depth=SOURCE_MAX_DEPTH, top_files=SOURCE_TOP_FILES, top_keys=FILE_SORT_KEYS,
+                          top_budget=SOURCE_TOP_BUDGET)
+    reader = DatasetsReader(paths, options, SOURCE_CPU_FRACTION)
     interval = max(10.0, float(getattr(settings, "refresh_s", 1.0)) * 10)
     # Scans run at half a CPU at most, and rescans keep the wall time spent scanning under 10%: a
     # 117,000-file /usr (about 2 s a scan) is rescanned every 20 s, about 5% of one core on average.

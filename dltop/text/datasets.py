@@ -4,9 +4,10 @@ progress line. Shown by the CLI and the TUI alike, so it lives below both."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
-from dltop.fmt import human_bytes, human_duration, human_rate, percent_text, plural
+from dltop.fmt import human_bytes, human_duration, human_rate, percent_text, plural, printable
 from dltop.model.base import display_path
 from dltop.model.datasets import (
     DatasetResidency,
@@ -27,6 +28,52 @@ def pct_text(node: ResidencyNode) -> str:
     if frac is None:
         return "?" if node.data_unknown_pages else "-"
     return percent_text(100 * frac) + ("?" if node.data_unknown_pages else "")
+
+
+# The sort keys of a folder's rows (folders and files alike), each with how its order reads: first shown first.
+SORT_TITLES = {"size": "data", "resident": "resident", "pct": "% (coldest first)"}
+
+
+def sort_rank(key: str) -> Callable[[ResidencyNode], tuple[Any, ...]]:
+    """A sort key for nodes, first shown first: most data, most resident, or coldest (the lowest resident share,
+    the most data among equals, nothing visible last); ties by path, so rows never swap between scans."""
+    if key == "resident":
+        return lambda n: (-n.data_resident_pages, n.path)
+    if key == "pct":
+        def coldest(n: ResidencyNode) -> tuple[Any, ...]:
+            frac = n.resident_fraction
+            return (2.0 if frac is None else frac, -n.data_pages, n.path)
+
+        return coldest
+    return lambda n: (-n.data_pages, n.path)
+
+
+_REST_FIELDS = ("size_bytes", "pages", "resident_pages", "dirty_pages", "unknown_pages", "writeback_pages",
+                "recently_evicted_pages", "data_pages", "data_resident_pages", "data_unknown_pages")
+
+
+def listed_files(node: ResidencyNode, key: str, n: int) -> tuple[list[ResidencyNode], ResidencyNode | None]:
+    """A folder's files to show: its top `n` by `key` among those the scan kept, and the files not shown as one
+    node (their count and totals: the folder's less its folders' and the files shown), None when none are left."""
+    shown = sorted(node.top_files, key=sort_rank(key))[:max(0, n)]
+    more = node.direct_files - len(shown)
+    if more <= 0:
+        return shown, None
+    parts = (*node.children, *shown)
+    rest = {f: max(0, getattr(node, f) - sum(getattr(c, f) for c in parts)) for f in _REST_FIELDS}
+    return shown, ResidencyNode(path="", files=more, **rest)
+
+
+def file_label(folder: str, path: str) -> str:
+    """A file's name as its folder's row lists it: the path below the folder (`sub/x.bin` where the folders
+    below the depth kept are folded in), printable."""
+    prefix = folder.rstrip("/") + "/"
+    return printable(path[len(prefix):] if path.startswith(prefix) else path)
+
+
+def more_label(rest: ResidencyNode) -> str:
+    """`… 999,960 more files`: the row that stands for a folder's files not listed."""
+    return f"… {rest.files:,} more " + ("file" if rest.files == 1 else "files")
 
 
 def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | None) -> tuple[str, ...]:
@@ -105,13 +152,14 @@ def skipped_text(skipped: dict[str, int]) -> str:
                      for k, n in skipped.items())
 
 
-def format_residency(part: DatasetsPart) -> str:
-    """The human table of `dltop residency`: one row per dataset and folder, indented by depth; a total row."""
+def format_residency(part: DatasetsPart, files_key: str | None = None, files_n: int = 0) -> str:
+    """The human table of `dltop residency`: one row per dataset and folder, indented by depth; a total row.
+    With `files_key`, each folder's top `files_n` files by it under the folder's row, and a row for the rest."""
     ps = part.page_size
     rows = [("RESIDENT", "%", "DIRTY", "UNKNOWN", "DATA", "FILES", "PATH")]
     notes: list[str] = []
 
-    def add(node: ResidencyNode, depth: int, label: str) -> None:
+    def add(node: ResidencyNode, depth: int, label: str, folder: bool = True) -> None:
         frac = node.resident_fraction
         rows.append((
             human_bytes(node.data_resident_pages * ps), percent_text(100 * frac, 1).rstrip("%") if frac is not None else "-",
@@ -119,6 +167,14 @@ def format_residency(part: DatasetsPart) -> str:
             human_bytes(node.data_unknown_pages * ps) if node.data_unknown_pages else "-",
             human_bytes(node.data_pages * ps), str(node.files), "  " * depth + label,
         ))
+        if not folder:
+            return
+        if files_key is not None:
+            shown, rest = listed_files(node, files_key, files_n)
+            for f in shown:
+                add(f, depth + 1, printable(f.path), folder=False)
+            if rest is not None:
+                add(rest, depth + 1, more_label(rest), folder=False)
         for child in node.children:
             add(child, depth + 1, display_path(child.path))
 

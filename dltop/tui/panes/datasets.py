@@ -23,11 +23,16 @@ from dltop.fmt import human_bytes, shorten_middle
 from dltop.model.actions import ActionEvent
 from dltop.model.datasets import DatasetResidency, DatasetsPart, DatasetUnavailable, ResidencyNode
 from dltop.text.datasets import (
+    SORT_TITLES,
     datasets_summary,
+    file_label,
+    listed_files,
+    more_label,
     node_summary,
     progress_line,
     row_values,
     skipped_text,
+    sort_rank,
     unavailable_row_values,
 )
 from dltop.tui.messages import (
@@ -38,10 +43,14 @@ from dltop.tui.messages import (
     LockRequested,
     WarmRequested,
 )
-from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content, set_row
+from dltop.tui.panes.base import Pane, RowTable, fit_column, plain, set_content, set_row
 from dltop.tui.path_input import PathInput
 from dltop.tui.view import View
 
+# The key of a folder's "… N more files" row: NUL is in no path, so it is never taken for one.
+MORE_KEY = "\0more:"
+_NOT_LISTED = ("files not listed here (the top few by each sort are): `dltop residency --files --top N FOLDER` "
+               "lists more; w / e / l act on the folder")
 COLUMNS = ("path", "size", "resident", "pct", "dirty", "files", "age")
 HEADERS = ("Path", "Data", "Resident", "%", "Dirty", "Files", "Age")
 
@@ -71,6 +80,7 @@ class DatasetPane(Pane):
     BINDINGS = [
         Binding("enter", "drill", "Open", id="datasets.open"),
         Binding("backspace", "back", "Back", id="datasets.back"),
+        Binding("s", "sort", "Sort", id="datasets.sort"),
         Binding("w", "warm", "Warm", id="datasets.warm"),
         Binding("e", "evict", "Evict", id="datasets.evict"),
         Binding("l", "lock", "Lock", id="datasets.lock"),
@@ -87,6 +97,8 @@ class DatasetPane(Pane):
         self._rows: list[str] = []
         self._bindings_shown: tuple[bool, ...] = ()
         self._path_width = 0  # the widest path label shown, for shrinking the column when it narrows
+        self._sort = "size"  # the order of a folder's rows: a key of SORT_TITLES
+        self._file_rows: set[str] = set()  # the rows shown that are files
 
     def compose(self) -> ComposeResult:
         yield Static(id="ds-summary")
@@ -145,6 +157,7 @@ class DatasetPane(Pane):
         wanted: dict[str, tuple[str, ...]] = {}
         held = view.held
         if node is None:
+            self._file_rows = set()
             for ds in datasets:
                 age = now - ds.scanned_at if ds.scanned_at else None
                 label = ds.path + (" 🔒" if ds.path in held else "")
@@ -169,13 +182,13 @@ class DatasetPane(Pane):
         else:
             assert owner is not None
             age = now - owner.scanned_at if owner.scanned_at else None
-            ps = owner.page_size
-            for child in node.children:
-                name = os.path.basename(child.path) + "/"
-                wanted[child.path] = row_values(child, ps, name + (" 🔒" if child.path in held else ""), age)
-            title = Text.assemble(("Datasets", "bold"), " › ", (node.path, "bold"), "  " + node_summary(node, ps))
-            if not node.children:
+            wanted.update(self._folder_rows(node, owner, age, held))
+            title = Text.assemble(("Datasets", "bold"), " › ", (node.path, "bold"),
+                                  "  " + node_summary(node, owner.page_size))
+            if not node.children and not node.top_files:
                 title.append("  (no folders below: files are counted in this total)", "dim")
+            elif len(wanted) > 1:
+                title.append(f"  · by {SORT_TITLES[self._sort]}, s sorts", "dim")
         set_content(self.query_one("#ds-summary", Static), title)
         # The Path column gives way: long paths shortened in the middle, so every number column stays on an
         # 80-column screen (a 70-character path pushed Size, Resident and % off it).
@@ -185,6 +198,8 @@ class DatasetPane(Pane):
         for key, values in wanted.items():
             set_row(table, key, COLUMNS, values)
         self._rows = list(wanted)
+        if [r.key.value for r in table.ordered_rows] != self._rows:
+            self._reorder(table, wanted)
         only = datasets[0] if len(datasets) == 1 else None
         notes = self._notes(owner or (only if isinstance(only, DatasetResidency) else None))
         for ds in datasets:
@@ -197,6 +212,46 @@ class DatasetPane(Pane):
         if shown != self._bindings_shown:
             self._bindings_shown = shown
             self.refresh_bindings()
+
+    def _folder_rows(self, node: ResidencyNode, owner: DatasetResidency, age: float | None,
+                     held: Any) -> dict[str, tuple[str, ...]]:
+        """The rows of a folder drilled into: its folders and its files together in the sort's order (the files
+        the scan kept: the top `files_top` by each key), then one row for the files not listed."""
+        ps = owner.page_size
+        files, rest = listed_files(node, self._sort, owner.files_top)
+        rows: dict[str, tuple[str, ...]] = {}
+        file_ids = {id(f) for f in files}
+        self._file_rows = {f.path for f in files}
+        for entry in sorted((*node.children, *files), key=sort_rank(self._sort)):
+            lock = " 🔒" if entry.path in held else ""
+            if id(entry) in file_ids:
+                values = row_values(entry, ps, file_label(node.path, entry.path) + lock, age)
+                rows[entry.path] = (*values[:5], "", values[6])  # a file: no count of files
+            else:
+                rows[entry.path] = row_values(entry, ps, os.path.basename(entry.path) + "/" + lock, age)
+        if rest is not None and (owner.files_top > 0 or node.children):
+            # A leaf folder of a scan that kept no files keeps its "counted in this total" instead.
+            rows[MORE_KEY + node.path] = row_values(rest, ps, more_label(rest), None)
+        return rows
+
+    def _reorder(self, table: DataTable, wanted: dict[str, tuple[str, ...]]) -> None:
+        """Rows in the order of `wanted` (a new sort, or sizes that changed places), the cursor on the row it was
+        on: set_row updates rows in place, and a row added goes last."""
+        row = table.cursor_row
+        keys = [r.key.value for r in table.ordered_rows]
+        on = keys[row] if 0 <= row < len(keys) else None
+        table.clear()
+        for key, values in wanted.items():
+            table.add_row(*map(plain, values), key=key)
+        if on in wanted:
+            table.move_cursor(row=self._rows.index(on))
+
+    def action_sort(self) -> None:
+        """Sort a folder's rows by data, by resident, or by % (coldest first)."""
+        keys = tuple(SORT_TITLES)
+        self._sort = keys[(keys.index(self._sort) + 1) % len(keys)]
+        self._rerender()
+        self.notify(f"rows sorted by {SORT_TITLES[self._sort]}", timeout=2)
 
     def _progress(self, ev: ActionEvent | None) -> Text:
         """The line under the table: the action in flight, or how the last one ended."""
@@ -247,6 +302,9 @@ class DatasetPane(Pane):
                     n = stack.pop()
                     if n.path == path:
                         return n, ds
+                    for f in n.top_files:  # a file row: w / e / l act on the file
+                        if f.path == path:
+                            return f, ds
                     stack.extend(c for c in n.children if path == c.path or path.startswith(c.path + "/"))
         return None, None
 
@@ -263,8 +321,13 @@ class DatasetPane(Pane):
         if path is None:
             return
         node, owner = self._node(path)
+        if path in self._file_rows and self._stack:
+            self.notify("a file: w / e / l act on it; Backspace goes up", timeout=3)
+            return
         if node is None or owner is None:
-            if path in self._pending():
+            if path.startswith(MORE_KEY):
+                self.notify(_NOT_LISTED, timeout=5)
+            elif path in self._pending():
                 self.notify(f"{path}: its first scan is not in yet; Enter opens it once it is", timeout=4)
             return
         if not self._stack:
@@ -339,6 +402,9 @@ class DatasetPane(Pane):
 
     def _target(self) -> str | None:
         path = self._selected()
+        if path is not None and path.startswith(MORE_KEY):
+            self.notify(_NOT_LISTED, severity="warning", timeout=5)
+            return None
         if path is None or self._node(path)[0] is None:
             gone = next((d for d in self.datasets() if d.path == path and isinstance(d, DatasetUnavailable)), None)
             self.notify(f"unavailable: {gone.unavailable}" if gone else "no dataset selected", severity="warning")
