@@ -187,3 +187,15 @@ def test_the_source_watches_after_its_first_read_and_json_keeps_the_estimate(ddi
     finally:
         assert src.close is not None
         src.close()
+
+
+def test_an_estimate_is_marked_on_its_row_and_explained_in_the_notes() -> None:
+    from dltop.text.datasets import estimate_note, pct_text
+
+    exact = DatasetResidency(path="/x", pages=100, resident_pages=50, data_pages=100, data_resident_pages=50)
+    est = DatasetResidency(path="/x", pages=100, resident_pages=50, data_pages=100, data_resident_pages=50,
+                           estimated=True, estimate_error_pages=2, full_scan_at=1000.0)
+    assert (pct_text(exact), pct_text(est)) == ("50%", "~50%")
+    assert estimate_note(exact, PS, 1090.0) is None
+    note = estimate_note(est, PS, 1090.0)
+    assert note is not None and "8.0 KiB may have been evicted" in note and "1m30s" in note

@@ -22,11 +22,20 @@ from dltop.model.datasets import (
 
 
 def pct_text(node: ResidencyNode) -> str:
-    """Resident share of the visible data ('-' when there is none; '?' marks hidden pages)."""
+    """Resident share of the visible data ('-' when there is none; '?' marks hidden pages, '~' an estimate)."""
     frac = node.resident_fraction
     if frac is None:
         return "?" if node.data_unknown_pages else "-"
-    return f"{100 * frac:.0f}%" + ("?" if node.data_unknown_pages else "")
+    est = "~" if getattr(node, "estimated", False) else ""
+    return f"{est}{100 * frac:.0f}%" + ("?" if node.data_unknown_pages else "")
+
+
+def estimate_note(ds: DatasetResidency, page_size: int, now: float) -> str | None:
+    """Why a watched dataset's numbers are an estimate, and by how much they may be off."""
+    if not ds.estimated:
+        return None
+    return (f"~ estimate: up to {human_bytes(ds.estimate_error_pages * page_size)} may have been evicted since "
+            f"last measured (oldest count {human_duration(max(0.0, now - ds.full_scan_at))} old)")
 
 
 def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | None) -> tuple[str, ...]:
