@@ -813,6 +813,6 @@ def source(settings: Any) -> Any:
     interval = max(10.0, float(getattr(settings, "refresh_s", 1.0)) * 10)
     # Scans run at half a CPU at most, and full scans keep the wall time spent scanning under 10%. Once a
     # dataset is watched, a read measures only what was opened since the last one, plus a rolling slice at
-    # 0.5% of a core (docs/datasets.md, "Watching a dataset"): numbers at most one interval old.
+    # 0.25% of a core (docs/datasets.md, "Watching a dataset"): numbers at most one interval old.
     return Source(name="datasets", interval_s=interval, read=reader.read, timeout_s=120.0, max_duty=0.1,
                   config=paths, read_some=reader.read_some, carry_from=reader.carry_from, close=reader.close)

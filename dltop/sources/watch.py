@@ -33,8 +33,8 @@ _LISTING = kernel.IN_CREATE | kernel.IN_DELETE | kernel.IN_MOVED_FROM | kernel.I
 _GONE = kernel.IN_DELETE_SELF | kernel.IN_MOVE_SELF | kernel.IN_IGNORED | kernel.IN_UNMOUNT
 _EVENT = struct.Struct("iIII")
 # The rolling pass spends at most this share of one core: every file is measured again within
-# files x (seconds per file) / ROLL_CPU_SHARE (100,000 files at ~6 us each: about 2 minutes).
-ROLL_CPU_SHARE = 0.005
+# files x (seconds per file) / ROLL_CPU_SHARE (100,000 files at ~20 us each: about 13 minutes).
+ROLL_CPU_SHARE = 0.0025
 MIN_ROLL_FILES = 256
 DRAIN_EVERY_S = 0.5  # the event queue (16,384 by default) is read this often, so a busy loader cannot overflow it
 DRAIN_EVERY_FILES = 2048  # and while measuring, after this many files: each adds an open and a close
@@ -119,6 +119,7 @@ class DatasetWatch:
         self._last_read = time.monotonic()
         self._vm = _vmstat()
         self._cstat = kernel.cachestat_caller()
+        self._dir: tuple[_Folder, int] | None = None
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._drain_loop, name="dltop-watch", daemon=True)
         self._thread.start()
@@ -250,6 +251,7 @@ class DatasetWatch:
             self._order = self._top.walk()
             self._next %= max(1, len(self._order))
         redo: set[int] = set()
+        dirty.sort()  # by folder: its directory stays cached between its files
         for wd, name in dirty:
             f = self._by_wd.get(wd)
             if f is None or wd in relist or wd in redo:
@@ -259,6 +261,8 @@ class DatasetWatch:
                 redo.add(wd)
                 continue
             n += 1
+            if n % DRAIN_EVERY_FILES == 0:
+                self._drain_locked()  # our own opens must not overflow the queue
             new = self._measure_one(f, name)
             if new is None:
                 redo.add(wd)
@@ -268,6 +272,7 @@ class DatasetWatch:
             for j in range(_N):
                 tot[j] += new[j] - vals[base + j]
                 vals[base + j] = new[j]
+        self._close_dir()
         for wd in redo:
             f = self._by_wd.get(wd)
             if f is not None:
@@ -342,10 +347,10 @@ class DatasetWatch:
                     del self._links[k]
 
     def _own_event(self, f: _Folder, name: str) -> None:
+        # Only this thread touches _own (the drain thread counts events, read() compares): no lock.
         if f.wd is not None:
             key = (f.wd, name)
-            with self._lock:
-                self._own[key] = self._own.get(key, 0) + 2  # our open and our close
+            self._own[key] = self._own.get(key, 0) + 2  # our open and our close
 
     def _scan_folder(self, f: _Folder, steal: int) -> None:
         """List folder `f` again and measure each of its files; its subfolders are kept, added or dropped."""
@@ -436,19 +441,22 @@ class DatasetWatch:
 
     def _measure_one(self, f: _Folder, name: str) -> tuple[int, ...] | None:
         """One file measured again in place (None: it is no longer a plain file we count)."""
-        try:
-            dfd = os.open(f.path, engine._O_DIR | (os.O_NOFOLLOW if f.depth else 0))
-        except OSError:
-            return None
-        try:
-            self._own_event(f, name)
-            report = engine.WalkReport()
-            vals = self._measure(f, dfd, name, report, relink=True)
-            if report.skipped:
+        if self._dir is None or self._dir[0] is not f:
+            self._close_dir()
+            try:
+                self._dir = (f, os.open(f.path, engine._O_DIR | (os.O_NOFOLLOW if f.depth else 0)))
+            except OSError:
                 return None
-            return vals
-        finally:
-            os.close(dfd)
+        self._own_event(f, name)
+        report = engine.WalkReport()
+        vals = self._measure(f, self._dir[1], name, report, relink=True)
+        return None if report.skipped else vals
+
+    def _close_dir(self) -> None:
+        """Close the folder `_measure_one` kept open for the next file of the same folder."""
+        if self._dir is not None:
+            os.close(self._dir[1])
+            self._dir = None
 
     def _measure(self, f: _Folder, dfd: int, name: str, report: engine.WalkReport,
                  relink: bool = False) -> tuple[int, ...] | None:
