@@ -1,4 +1,4 @@
-"""ctypes wrappers for the Linux calls the standard library lacks: cachestat, mincore, mlock, statfs (and a
+"""ctypes wrappers for the Linux calls the standard library lacks: cachestat, mincore, mlock, statfs, inotify (and a
 question the os module answers only with exceptions: does this process exist).
 
 Every wrapper raises OSError with the kernel's errno, like the os module does. Nothing here imports
@@ -162,6 +162,35 @@ def have_cachestat() -> bool:
     finally:
         os.close(fd)
     return True
+
+
+# inotify(7): which files of a watched folder were opened, closed, created, moved or deleted.
+IN_ATTRIB, IN_CLOSE_WRITE, IN_CLOSE_NOWRITE, IN_OPEN = 0x4, 0x8, 0x10, 0x20
+IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
+IN_DELETE_SELF, IN_MOVE_SELF, IN_UNMOUNT, IN_Q_OVERFLOW, IN_IGNORED = 0x400, 0x800, 0x2000, 0x4000, 0x8000
+IN_ONLYDIR, IN_DONT_FOLLOW, IN_EXCL_UNLINK, IN_ISDIR = 0x01000000, 0x02000000, 0x04000000, 0x40000000
+IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
+
+
+def inotify_init() -> int:
+    """A non-blocking, close-on-exec inotify fd; OSError (EMFILE: the per-user instance limit) on failure."""
+    fd = _libc().inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+    if fd < 0:
+        _raise_errno("inotify_init1")
+    return int(fd)
+
+
+def inotify_add_watch(fd: int, path: str, mask: int) -> int:
+    """Watch a folder: its watch descriptor; OSError (ENOSPC: max_user_watches reached, EACCES) on failure."""
+    wd = _libc().inotify_add_watch(fd, os.fsencode(path), ctypes.c_uint32(mask))
+    if wd < 0:
+        _raise_errno("inotify_add_watch", path)
+    return int(wd)
+
+
+def inotify_rm_watch(fd: int, wd: int) -> None:
+    """Stop watching; a watch the kernel dropped already (its folder deleted) is no error."""
+    _libc().inotify_rm_watch(fd, wd)
 
 
 # Windows of at most this many bytes are mapped at once, so a 1 TiB file needs 1 MiB of vector, not 256 MiB.

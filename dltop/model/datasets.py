@@ -91,6 +91,14 @@ class DatasetResidency(ResidencyNode):
     # "resident", "pct"); 0 and () where the scan kept no files.
     files_top: int = 0
     files_sorted_by: tuple[str, ...] = ()
+    # A watched dataset (the TUI, the recorder) re-measures only the files opened since its last read, plus a
+    # slice of the tree in turn (docs/datasets.md, "Watching a dataset"). Counts carried over a time when the
+    # kernel reclaimed page cache are an estimate: `estimated`, and at most `estimate_error_pages` of
+    # resident_pages may have been evicted since they were measured. `full_scan_at`: when the oldest count
+    # still used was measured (every file was measured at or after it); 0 for a one-off scan.
+    estimated: bool = False
+    estimate_error_pages: int = 0
+    full_scan_at: float = 0.0
 
 
 @dataclass(frozen=True)

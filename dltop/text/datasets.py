@@ -23,11 +23,12 @@ from dltop.model.datasets import (
 
 
 def pct_text(node: ResidencyNode) -> str:
-    """Resident share of the visible data ('-' when there is none; '?' marks hidden pages)."""
+    """Resident share of the visible data ('-' when there is none; '?' marks hidden pages, '~' an estimate)."""
     frac = node.resident_fraction
     if frac is None:
         return "?" if node.data_unknown_pages else "-"
-    return percent_text(100 * frac) + ("?" if node.data_unknown_pages else "")
+    est = "~" if getattr(node, "estimated", False) else ""
+    return est + percent_text(100 * frac) + ("?" if node.data_unknown_pages else "")
 
 
 # The sort keys of a folder's rows (folders and files alike), each with how its order reads: first shown first.
@@ -74,6 +75,14 @@ def file_label(folder: str, path: str) -> str:
 def more_label(rest: ResidencyNode) -> str:
     """`… 999,960 more files`: the row that stands for a folder's files not listed."""
     return f"… {rest.files:,} more " + ("file" if rest.files == 1 else "files")
+
+
+def estimate_note(ds: DatasetResidency, page_size: int, now: float) -> str | None:
+    """Why a watched dataset's numbers are an estimate, and by how much they may be off."""
+    if not ds.estimated:
+        return None
+    return (f"~ estimate: up to {human_bytes(ds.estimate_error_pages * page_size)} may have been evicted since "
+            f"last measured (oldest count {human_duration(max(0.0, now - ds.full_scan_at))} old)")
 
 
 def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | None) -> tuple[str, ...]:

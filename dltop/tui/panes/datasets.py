@@ -25,6 +25,7 @@ from dltop.model.datasets import DatasetResidency, DatasetsPart, DatasetUnavaila
 from dltop.text.datasets import (
     SORT_TITLES,
     datasets_summary,
+    estimate_note,
     file_label,
     listed_files,
     more_label,
@@ -274,6 +275,8 @@ class DatasetPane(Pane):
             return t
         if ds.data_unknown_pages:
             t.append(f"? {human_bytes(ds.data_unknown_pages * ds.page_size)} unknown: {ds.unknown_reason}\n", "yellow")
+        if (est := estimate_note(ds, ds.page_size, time.time())) is not None:
+            t.append(est + "\n", "yellow")
         bits = [f"{ds.method} on {ds.fs_type or '?'}", f"scanned in {ds.scan_duration_s:.2f}s"]
         if not ds.complete:
             why = ds.problems[0] if ds.problems else "cut short by its time budget or a cancel"

@@ -1,0 +1,611 @@
+"""Watching a dataset at a cost that does not grow with it: inotify says which files were opened, only those
+(and a slice of the tree in turn) are measured again, and every other file keeps its last count.
+
+A page enters the cache only through an open file, so a file nobody opened since it was measured has at most
+lost pages, and only when the kernel reclaimed page cache (`pgsteal_file` in /proc/vmstat): such counts are an
+estimate with that bound, corrected by the rolling pass (docs/datasets.md, "Watching a dataset").
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import struct
+import threading
+import time
+from array import array
+from bisect import bisect_left
+
+from dltop import kernel
+from dltop.model.datasets import NO_PERMISSION, DatasetResidency, ResidencyNode
+from dltop.sources import datasets as engine
+
+# What a folder's watch reports: its files opened and closed (a read or a write), their names coming and going,
+# and the folder itself going away. IN_ACCESS/IN_MODIFY are left out: one per read() or write() call, and an
+# open comes before either.
+WATCH_MASK = (kernel.IN_OPEN | kernel.IN_CLOSE_WRITE | kernel.IN_CLOSE_NOWRITE | kernel.IN_ATTRIB
+              | kernel.IN_CREATE | kernel.IN_DELETE | kernel.IN_MOVED_FROM | kernel.IN_MOVED_TO
+              | kernel.IN_DELETE_SELF | kernel.IN_MOVE_SELF | kernel.IN_ONLYDIR | kernel.IN_DONT_FOLLOW
+              | kernel.IN_EXCL_UNLINK)
+_OPEN_CLOSE = kernel.IN_OPEN | kernel.IN_CLOSE_WRITE | kernel.IN_CLOSE_NOWRITE
+_LISTING = kernel.IN_CREATE | kernel.IN_DELETE | kernel.IN_MOVED_FROM | kernel.IN_MOVED_TO
+_GONE = kernel.IN_DELETE_SELF | kernel.IN_MOVE_SELF | kernel.IN_IGNORED | kernel.IN_UNMOUNT
+_EVENT = struct.Struct("iIII")
+# The rolling pass spends at most this share of one core: every file is measured again within
+# files x (seconds per file) / ROLL_CPU_SHARE (100,000 files at ~20 us each: about 13 minutes).
+ROLL_CPU_SHARE = 0.0025
+MIN_ROLL_FILES = 256
+DRAIN_EVERY_S = 0.5  # the event queue (16,384 by default) is read this often, so a busy loader cannot overflow it
+DRAIN_EVERY_FILES = 2048  # and while measuring, after this many files: each adds an open and a close
+
+# Per file, in this order: size in bytes, pages, data pages, resident, dirty, writeback, recently evicted,
+# resident data pages, unknown pages, unknown data pages, files (1).
+_N = 11
+
+
+def _vmstat(keys: tuple[str, ...] = ("pgsteal_file", "drop_pagecache")) -> dict[str, int]:
+    """Counters of /proc/vmstat that say whether page cache was reclaimed or dropped (missing ones: absent)."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/vmstat", "rb") as f:
+            for line in f:
+                name, _, value = line.partition(b" ")
+                k = name.decode()
+                if k in keys:
+                    out[k] = int(value)
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+class _Folder:
+    """One folder of the watched tree: its files' last counts (by name hash, sorted) and its own totals."""
+
+    __slots__ = ("path", "depth", "dev", "ino", "wd", "parent", "subdirs", "keys", "vals", "tot", "skipped",
+                 "problems", "links", "mark", "measured_at", "mincore", "used", "gone")
+
+    def __init__(self, path: str, depth: int, dev: int, ino: int, parent: _Folder | None) -> None:
+        self.path, self.depth, self.dev, self.ino, self.parent = path, depth, dev, ino, parent
+        self.wd: int | None = None
+        self.subdirs: dict[str, _Folder] = {}
+        self.keys = array("q")
+        self.vals = array("q")
+        self.tot = [0] * _N
+        self.skipped: dict[str, int] = {}
+        self.problems: list[str] = []
+        self.links: list[tuple[int, int]] = []  # hard-linked inodes this folder counts
+        self.mark = 0  # pgsteal_file when every file here was last measured
+        self.measured_at = 0.0
+        self.mincore = False
+        self.used: set[str] = set()
+        self.gone = False
+
+    def slot(self, name: str) -> int:
+        """Index of `name`'s counts, or -1 when it has none (a new name, a hard link counted elsewhere)."""
+        h = hash(name)
+        i = bisect_left(self.keys, h)
+        return i if i < len(self.keys) and self.keys[i] == h else -1
+
+    def walk(self) -> list[_Folder]:
+        out, stack = [], [self]
+        while stack:
+            f = stack.pop()
+            out.append(f)
+            stack.extend(f.subdirs.values())
+        return out
+
+
+class DatasetWatch:
+    """One dataset root kept up to date by inotify plus a rolling rescan; `read()` gives a DatasetResidency."""
+
+    def __init__(self, root: str, options: engine.WalkOptions, cpu_fraction: float | None = None) -> None:
+        self.root = root.rstrip("/") if len(root) > 1 else root
+        self.options, self.cpu_fraction = options, cpu_fraction
+        self._ignore, self._include = engine._compile(options.ignore), engine._compile(options.include)
+        self._fd = kernel.inotify_init()
+        self._lock = threading.Lock()
+        self._by_wd: dict[int, _Folder] = {}
+        self._touched: dict[tuple[int, str], int] = {}  # events per (wd, name) since the last read
+        self._open: dict[tuple[int, str], int] = {}  # opens less closes seen: > 0 while someone holds it open
+        self._own: dict[tuple[int, str], int] = {}  # events our own measuring caused (an open and a close each)
+        self._relist: set[int] = set()  # folders whose listing changed
+        self._resync = True  # measure everything (the first read, a queue overflow, a drop_caches)
+        self._links: dict[tuple[int, int], _Folder] = {}
+        self._top: _Folder | None = None
+        self._order: list[_Folder] = []
+        self._next = 0  # the rolling pass's place in _order
+        self._file_cost_s = 6e-6  # CPU seconds to measure one file, learnt from the scans
+        self._last_read = time.monotonic()
+        self._vm = _vmstat()
+        self._cstat = kernel.cachestat_caller()
+        self._dir: tuple[_Folder, int] | None = None
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._drain_loop, name="dltop-watch", daemon=True)
+        self._thread.start()
+
+    # --- events ---------------------------------------------------------------------------------------------
+
+    def _drain_loop(self) -> None:
+        while not self._closed.wait(DRAIN_EVERY_S):
+            with self._lock:
+                self._drain()
+
+    def _drain(self) -> None:
+        """Read every queued event into the counts (called with the lock held)."""
+        fd = self._fd
+        if fd < 0:
+            return
+        while True:
+            try:
+                buf = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                return
+            pos, end = 0, len(buf)
+            touched, opened = self._touched, self._open
+            while pos < end:
+                wd, mask, _cookie, n = _EVENT.unpack_from(buf, pos)
+                name = buf[pos + 16:pos + 16 + n].rstrip(b"\0").decode("utf-8", "surrogateescape")
+                pos += 16 + n
+                if mask & kernel.IN_Q_OVERFLOW:
+                    self._resync = True
+                    opened.clear()
+                    continue
+                if mask & _GONE and not name:
+                    self._relist.add(wd)
+                    continue
+                if mask & kernel.IN_ISDIR:
+                    if mask & (_LISTING | kernel.IN_ATTRIB):
+                        self._relist.add(wd)
+                    continue
+                if mask & _LISTING:
+                    self._relist.add(wd)
+                    continue
+                key = (wd, name)
+                touched[key] = touched.get(key, 0) + 1
+                if mask & kernel.IN_OPEN:
+                    opened[key] = opened.get(key, 0) + 1
+                elif mask & (kernel.IN_CLOSE_WRITE | kernel.IN_CLOSE_NOWRITE):
+                    left = opened.get(key, 0) - 1
+                    if left > 0:
+                        opened[key] = left
+                    else:
+                        opened.pop(key, None)
+
+    def _drain_locked(self) -> None:
+        with self._lock:
+            self._drain()
+
+    def close(self) -> None:
+        """Stop the drain thread and drop every watch."""
+        self._closed.set()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    # --- reading --------------------------------------------------------------------------------------------
+
+    def read(self, full: bool = False) -> tuple[DatasetResidency, set[tuple[int, int]]]:
+        """The dataset now: files opened since the last read measured again, a slice of the rest in turn, all of
+        it when `full` (after an action on it) or when the events cannot be trusted. Raises OSError as
+        `scan_residency` does when the root cannot be read."""
+        t0, c0 = time.monotonic(), time.thread_time()
+        vm = _vmstat()
+        with self._lock:
+            self._drain()
+            if vm.get("drop_pagecache", 0) != self._vm.get("drop_pagecache", 0):
+                self._resync = True  # echo N > drop_caches: every count may be gone
+            resync, self._resync = self._resync or full, False
+            dirty = [k for k, n in self._touched.items() if n > self._own.get(k, 0)]
+            dirty.extend(k for k in self._open if self._touched.get(k, 0) <= self._own.get(k, 0))
+            relist, self._relist = self._relist, set()
+            self._touched, self._own = {}, {}
+        steal = vm.get("pgsteal_file", 0)
+        budget = engine._Budget(None, None, self.cpu_fraction)
+        if resync or self._top is None:
+            self._rescan_all(budget, steal)
+        else:
+            self._apply(dirty, relist, budget, steal)
+            elapsed = t0 - self._last_read
+            self._roll(max(MIN_ROLL_FILES, int(ROLL_CPU_SHARE * elapsed / self._file_cost_s)), budget, steal)
+        self._vm, self._last_read = vm, t0
+        top = self._top
+        assert top is not None
+        ds = self._freeze(top, steal, time.monotonic() - t0)
+        cpu = time.thread_time() - c0
+        if resync and ds.files:
+            self._file_cost_s = max(1e-7, cpu / ds.files)
+        return ds, {(f.dev, f.ino) for f in self._order}
+
+    def _rescan_all(self, budget: engine._Budget, steal: int) -> None:
+        st = os.stat(self.root)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", self.root)
+        with self._lock:
+            self._open_reset()
+        top = self._top
+        if top is None or (top.dev, top.ino) != (st.st_dev, st.st_ino):
+            if top is not None:
+                self._forget(top)
+            top = self._top = _Folder(self.root, 0, st.st_dev, st.st_ino, None)
+        self._scan_tree(top, budget, steal, recurse_known=True)
+        self._order = top.walk()
+
+    def _open_reset(self) -> None:
+        """After an overflow the open counts are unknown: start them again from the events that follow."""
+        self._open.clear()
+
+    def _apply(self, dirty: list[tuple[int, str]], relist: set[int], budget: engine._Budget, steal: int) -> int:
+        """Measure again the files opened since the last read and the folders whose listing changed."""
+        n = 0
+        for wd in relist:
+            f = self._by_wd.get(wd)
+            if f is not None:
+                self._scan_tree(f, budget, steal, recurse_known=False)
+                n += len(f.keys)
+        if relist:
+            assert self._top is not None
+            self._order = self._top.walk()
+            self._next %= max(1, len(self._order))
+        redo: set[int] = set()
+        dirty.sort()  # by folder: its directory stays cached between its files
+        for wd, name in dirty:
+            f = self._by_wd.get(wd)
+            if f is None or wd in relist or wd in redo:
+                continue
+            i = f.slot(name)
+            if i < 0:  # a name we do not count: new, or a hard link counted elsewhere; the listing decides
+                redo.add(wd)
+                continue
+            n += 1
+            if n % DRAIN_EVERY_FILES == 0:
+                self._drain_locked()  # our own opens must not overflow the queue
+            new = self._measure_one(f, name)
+            if new is None:
+                redo.add(wd)
+                continue
+            base = i * _N
+            tot, vals = f.tot, f.vals
+            for j in range(_N):
+                tot[j] += new[j] - vals[base + j]
+                vals[base + j] = new[j]
+        self._close_dir()
+        for wd in redo:
+            f = self._by_wd.get(wd)
+            if f is not None:
+                self._scan_folder(f, steal)
+                n += len(f.keys)
+        return n
+
+    def _roll(self, files: int, budget: engine._Budget, steal: int) -> None:
+        """The rolling pass: whole folders in turn until about `files` files were measured."""
+        order = self._order
+        if not order:
+            return
+        done, changed = 0, False
+        for _ in range(len(order)):
+            if done >= files:
+                break
+            f = order[self._next % len(order)]
+            self._next = (self._next + 1) % len(order)
+            if f.gone:
+                continue
+            before = f.subdirs
+            self._scan_folder(f, steal)
+            if f.subdirs.keys() != before.keys():
+                changed = True
+                self._scan_tree(f, budget, steal, recurse_known=False, first_done=True, before=set(before))
+            done += len(f.keys) + 1
+            budget.stop()
+        if changed:
+            assert self._top is not None
+            self._order = self._top.walk()
+            self._next %= max(1, len(self._order))
+
+    # --- measuring ------------------------------------------------------------------------------------------
+
+    def _scan_tree(self, f: _Folder, budget: engine._Budget, steal: int, recurse_known: bool,
+                   first_done: bool = False, before: set[str] | None = None) -> None:
+        """Measure folder `f` and the folders below it: all of them (`recurse_known`), else only new ones
+        (`first_done`: `f` itself was just measured, `before` its subfolders' names until then)."""
+        stack: list[_Folder] = []
+        if first_done:
+            stack.extend(s for name, s in f.subdirs.items() if name not in (before or set()))
+        else:
+            stack.append(f)
+        while stack:
+            d = stack.pop()
+            known = set(d.subdirs)
+            self._scan_folder(d, steal)
+            budget.stop()
+            stack.extend(s for name, s in d.subdirs.items() if recurse_known or name not in known)
+
+    def _watch(self, f: _Folder) -> None:
+        if f.wd is not None:
+            return
+        try:
+            f.wd = kernel.inotify_add_watch(self._fd, f.path, WATCH_MASK)
+        except OSError:
+            f.wd = None  # no watch (max_user_watches reached): the rolling pass alone keeps it
+            return
+        self._by_wd[f.wd] = f
+
+    def _forget(self, f: _Folder) -> None:
+        """Drop a folder that is gone (and the folders below it): their watches and hard links."""
+        for g in f.walk():
+            g.gone = True
+            if g.wd is not None:
+                kernel.inotify_rm_watch(self._fd, g.wd)
+                if self._by_wd.get(g.wd) is g:
+                    del self._by_wd[g.wd]
+                g.wd = None
+            for k in g.links:
+                if self._links.get(k) is g:
+                    del self._links[k]
+
+    def _own_event(self, f: _Folder, name: str) -> None:
+        # Only this thread touches _own (the drain thread counts events, read() compares): no lock.
+        if f.wd is not None:
+            key = (f.wd, name)
+            self._own[key] = self._own.get(key, 0) + 2  # our open and our close
+
+    def _scan_folder(self, f: _Folder, steal: int) -> None:
+        """List folder `f` again and measure each of its files; its subfolders are kept, added or dropped."""
+        self._watch(f)  # before listing: a file opened after it is seen
+        for k in f.links:
+            if self._links.get(k) is f:
+                del self._links[k]
+        f.links, f.skipped, f.problems, f.used = [], {}, [], set()
+        report = engine.WalkReport()
+        rows: list[tuple[int, tuple[int, ...]]] = []
+        subdirs: dict[str, _Folder] = {}
+        try:
+            dfd = os.open(f.path, engine._O_DIR | (os.O_NOFOLLOW if f.depth else 0))
+        except OSError as e:
+            if f.depth == 0:
+                raise
+            engine._skip_error(report, e, f.path)
+            self._set(f, rows, report, subdirs, steal)
+            return
+        try:
+            try:
+                f.mincore = engine._needs_mincore(dfd)
+            except OSError:
+                f.mincore = False
+            ignore, include = self._ignore, self._include
+            try:
+                with engine._scandir(dfd) as entries:
+                    for n, entry in enumerate(entries, 1):
+                        if n % DRAIN_EVERY_FILES == 0:
+                            self._drain_locked()  # our own opens must not overflow the queue
+                        name = entry.name
+                        if ignore is not None and ignore.match(name):
+                            report.skip("ignored")
+                            continue
+                        try:
+                            if entry.is_file(follow_symlinks=False):
+                                if include is not None and not include.match(name):
+                                    report.skip("ignored")
+                                    continue
+                                self._own_event(f, name)
+                                vals = self._measure(f, dfd, name, report)
+                                if vals is not None:
+                                    rows.append((hash(name), vals))
+                            elif entry.is_symlink():
+                                report.skip("symlink")
+                            elif entry.is_dir(follow_symlinks=False):
+                                est = entry.stat(follow_symlinks=False)
+                                if est.st_dev != f.dev and not self.options.cross_filesystems:
+                                    report.skip("other_filesystem")
+                                    continue
+                                path = f"{f.path}/{name}" if f.path != "/" else f"/{name}"
+                                old = f.subdirs.get(name)
+                                if old is not None and (old.dev, old.ino) == (est.st_dev, est.st_ino):
+                                    subdirs[name] = old
+                                else:
+                                    subdirs[name] = _Folder(path, f.depth + 1, est.st_dev, est.st_ino, f)
+                            else:
+                                report.skip("special")
+                        except OSError as e:
+                            engine._skip_error(report, e, f"{f.path}/{name}")
+            except OSError as e:
+                if f.depth == 0:
+                    raise
+                engine._skip_error(report, e, f.path)
+        finally:
+            os.close(dfd)
+        self._drain_locked()
+        for name, old in f.subdirs.items():
+            if subdirs.get(name) is not old:
+                self._forget(old)
+        self._set(f, rows, report, subdirs, steal)
+
+    def _set(self, f: _Folder, rows: list[tuple[int, tuple[int, ...]]], report: engine.WalkReport,
+             subdirs: dict[str, _Folder], steal: int) -> None:
+        rows.sort(key=lambda r: r[0])
+        f.keys = array("q", (h for h, _ in rows))
+        vals = array("q")
+        tot = [0] * _N
+        for _, v in rows:
+            vals.extend(v)
+            for j in range(_N):
+                tot[j] += v[j]
+        f.vals, f.tot, f.subdirs = vals, tot, subdirs
+        f.skipped, f.problems = report.skipped, report.problems
+        if report.unknown:
+            f.used.add("unknown")
+        f.mark, f.measured_at = steal, time.time()
+
+    def _measure_one(self, f: _Folder, name: str) -> tuple[int, ...] | None:
+        """One file measured again in place (None: it is no longer a plain file we count)."""
+        if self._dir is None or self._dir[0] is not f:
+            self._close_dir()
+            try:
+                self._dir = (f, os.open(f.path, engine._O_DIR | (os.O_NOFOLLOW if f.depth else 0)))
+            except OSError:
+                return None
+        self._own_event(f, name)
+        report = engine.WalkReport()
+        vals = self._measure(f, self._dir[1], name, report, relink=True)
+        return None if report.skipped else vals
+
+    def _close_dir(self) -> None:
+        """Close the folder `_measure_one` kept open for the next file of the same folder."""
+        if self._dir is not None:
+            os.close(self._dir[1])
+            self._dir = None
+
+    def _measure(self, f: _Folder, dfd: int, name: str, report: engine.WalkReport,
+                 relink: bool = False) -> tuple[int, ...] | None:
+        """One file's counts, as `scan_residency` counts them; None when it is not counted (see `report`)."""
+        ps = kernel.PAGE_SIZE
+        path = f"{f.path}/{name}"
+        try:
+            fd = os.open(name, engine._O_FILE, dir_fd=dfd)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    engine._skip_error(report, e, path)
+                    return None
+                if self._linked(st, f, report, relink):
+                    return None
+                pages = (st.st_size + ps - 1) // ps
+                report.unknown = True
+                report.skip("unreadable", path, "permission denied (pages unknown)")
+                return (st.st_size, pages, pages, 0, 0, 0, 0, 0, pages, pages, 1)
+            engine._skip_error(report, e, path)
+            return None
+        pages = data = 0
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                report.skip("special")
+                return None
+            if self._linked(st, f, report, relink):
+                return None
+            size = st.st_size
+            pages = (size + ps - 1) // ps
+            runs = engine.data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
+            data = pages if runs is None else sum(last - first for first, last in runs)
+            if pages == 0:
+                return (size, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1)
+            if not f.mincore:
+                try:
+                    cs = self._cstat(fd)
+                except OSError as e:
+                    if e.errno == errno.EPERM:
+                        report.unknown = True
+                        return (size, pages, data, 0, 0, 0, 0, 0, pages, data, 1)
+                    if e.errno != errno.ENOSYS:
+                        raise
+                    f.mincore = True
+                else:
+                    f.used.add("cachestat")
+                    res = min(cs.nr_cache, pages)
+                    dirty, wb, rev = cs.nr_dirty, cs.nr_writeback, cs.nr_recently_evicted
+                    dres = res if runs is None else engine._resident_in_runs(runs, res, pages, fd)
+                    return (size, pages, data, res, dirty, wb, rev, dres, 0, 0, 1)
+            if not kernel.residency_visible(st, name, dfd):
+                report.unknown = True
+                return (size, pages, data, 0, 0, 0, 0, 0, pages, data, 1)
+            f.used.add("mincore")
+            vec = kernel.mincore_vector(fd, size)
+            res = min(vec.count(1), pages)
+            dres = res if runs is None else engine._resident_in_runs(runs, res, pages, fd, vec)
+            return (size, pages, data, res, 0, 0, 0, dres, 0, 0, 1)
+        except OSError as e:
+            # It vanished or failed after it was counted: its pages are unknown, not absent.
+            engine._skip_error(report, e, path)
+            return (0, pages, data, 0, 0, 0, 0, 0, pages, data, 1)
+        finally:
+            os.close(fd)
+
+    def _linked(self, st: os.stat_result, f: _Folder, report: engine.WalkReport, relink: bool) -> bool:
+        """A hard link counted under another name: skipped here (`report` says so)."""
+        if st.st_nlink <= 1:
+            return False
+        key = (st.st_dev, st.st_ino)
+        owner = self._links.get(key)
+        if owner is None:
+            self._links[key] = f
+            f.links.append(key)
+            return False
+        if owner is f and relink:  # measured again under the name it is counted at
+            return False
+        report.skip("hardlink")
+        return True
+
+    # --- the snapshot part -----------------------------------------------------------------------------------
+
+    def _freeze(self, top: _Folder, steal: int, took_s: float) -> DatasetResidency:
+        max_depth = self.options.max_depth
+        skipped: dict[str, int] = {}
+        problems: list[str] = []
+        used: set[str] = set()
+        error = oldest_mark = None
+        oldest_at = time.time()
+        error_sum = 0
+
+        def node(f: _Folder) -> tuple[list[int], tuple[ResidencyNode, ...]]:
+            nonlocal oldest_mark, oldest_at, error_sum
+            tot = list(f.tot)
+            for k, v in f.skipped.items():
+                skipped[k] = skipped.get(k, 0) + v
+            for p in f.problems:
+                if len(problems) < engine.MAX_PROBLEMS:
+                    problems.append(p)
+            used.update(f.used)
+            oldest_mark = f.mark if oldest_mark is None else min(oldest_mark, f.mark)
+            oldest_at = min(oldest_at, f.measured_at)
+            error_sum += min(f.tot[3], max(0, steal - f.mark))
+            kids = []
+            for s in f.subdirs.values():
+                st, sk = node(s)
+                tot = [a + b for a, b in zip(tot, st, strict=True)]
+                if max_depth is None or s.depth <= max_depth:  # deeper folders add to their ancestor
+                    kids.append(_node(s.path, st, sk))
+            return tot, tuple(sorted(kids, key=lambda k: k.path))
+
+        tot, kids = node(top)
+        error = min(error_sum, max(0, steal - (oldest_mark or 0)), tot[3])
+        root = _node(top.path, tot, kids)
+        method = used - {"unknown"}
+        try:
+            fs = kernel.fs_name(kernel.statfs_type(top.path))
+        except OSError:
+            fs = ""
+        return DatasetResidency(
+            **{k: getattr(root, k) for k in engine._NODE_FIELDS},
+            page_size=kernel.PAGE_SIZE,
+            scanned_at=time.time(),
+            scan_duration_s=took_s,
+            complete=True,
+            method="mixed" if len(method) > 1 else (method.pop() if method else "cachestat"),
+            fs_type=fs,
+            dirs=len(self._order),
+            skipped=dict(sorted(skipped.items())),
+            problems=tuple(problems),
+            unknown_reason=NO_PERMISSION if "unknown" in used or tot[8] else None,
+            estimated=error > 0,
+            estimate_error_pages=error,
+            full_scan_at=oldest_at,
+        )
+
+
+def _node(path: str, t: list[int], kids: tuple[ResidencyNode, ...]) -> ResidencyNode:
+    return ResidencyNode(path=path, files=t[10], size_bytes=t[0], pages=t[1],
+                         resident_pages=t[3], dirty_pages=t[4], unknown_pages=t[8], writeback_pages=t[5],
+                         recently_evicted_pages=t[6], data_pages=t[2], data_resident_pages=t[7],
+                         data_unknown_pages=t[9], children=kids)
+
+
+
+def watchable(options: engine.WalkOptions) -> bool:
+    """Whether a dataset walked with `options` can be watched (symlinks followed: its folders are not all its own)."""
+    return not options.follow_symlinks
+

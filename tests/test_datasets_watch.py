@@ -1,0 +1,201 @@
+"""Watching a dataset (sources/watch.py) on real files: what inotify shows is measured again at once, what it
+cannot show is caught by the rolling pass, and estimates carry their flag and bound; fincore is the judge."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dltop.config import Settings
+from dltop.model.base import from_dict, to_dict
+from dltop.model.datasets import DatasetResidency, DatasetsPart
+from dltop.sources import datasets as ds_engine
+from dltop.sources import watch
+from dltop.sources.datasets import WalkOptions, scan_residency, source
+from dltop.sources.watch import DatasetWatch
+from tests.test_pagecache_util import (
+    PS,
+    ddir_fixture,  # noqa: F401  (the `ddir` fixture)
+    evict_file,
+    fincore_resident_pages,
+    make_file,
+    needs_fincore,
+    read_file,
+)
+
+OPTIONS = WalkOptions(max_depth=6)
+
+
+def tree(root: Path, folders: int = 4, files: int = 5, pages: int = 3) -> list[Path]:
+    """`folders` x `files` files of `pages` pages each, evicted."""
+    out = [make_file(root / f"d{d}" / f"f{i}.bin", pages * PS) for d in range(folders) for i in range(files)]
+    return out
+
+
+def fincore_total(root: Path) -> int:
+    return sum(fincore_resident_pages(*sorted(p for p in root.rglob("*") if p.is_file())).values())
+
+
+def child(ds: DatasetResidency, name: str) -> int:
+    return next(c.resident_pages for c in ds.children if c.path.endswith("/" + name))
+
+
+@pytest.fixture
+def watched(ddir: Path):  # type: ignore[no-untyped-def]
+    w = DatasetWatch(str(ddir), OPTIONS)
+    yield w
+    w.close()
+
+
+@needs_fincore
+def test_files_another_process_opens_are_measured_at_the_next_read(ddir: Path, watched: DatasetWatch) -> None:
+    files = tree(ddir)
+    first, _ = watched.read()
+    assert (first.files, first.resident_pages, first.estimated) == (20, 0, False)
+    # Another process reads two files: both opens are seen, only those two are measured again.
+    subprocess.run(["cat", str(files[0]), str(files[7])], stdout=subprocess.DEVNULL, check=True)
+    now, _ = watched.read()
+    assert now.resident_pages == fincore_total(ddir) == 6
+    assert (child(now, "d0"), child(now, "d1")) == (3, 3)
+    # Evicting one (an open too) and a new file, a new folder and a removed file: the listing is read again.
+    evict_file(files[0])
+    make_file(ddir / "d9" / "new.bin", 2 * PS)
+    read_file(ddir / "d9" / "new.bin")
+    os.unlink(files[7])
+    now, _ = watched.read()
+    assert (now.files, now.resident_pages) == (20, fincore_total(ddir)) == (20, 2)
+
+
+@needs_fincore
+def test_a_read_inotify_cannot_see_is_caught_by_the_rolling_pass(ddir: Path, watched: DatasetWatch,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that opened a file before the watch began reads it later: no event. The rolling pass (one
+    folder per read here) measures every folder within as many reads as there are folders."""
+    files = tree(ddir, folders=6)
+    target = files[-1]  # in d5
+    code = ("import sys, os; fd = os.open(sys.argv[1], os.O_RDONLY); print('open', flush=True); sys.stdin.readline();"
+            " os.read(fd, 1 << 20); print('read', flush=True); sys.stdin.readline()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(target)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline() == "open\n"  # opened before the watch began: no event
+        monkeypatch.setattr(watch, "MIN_ROLL_FILES", 1)
+        monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
+        first, _ = watched.read()
+        assert first.resident_pages == 0
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline() == "read\n"  # read, still open: no event either
+        seen = []
+        for _ in range(7):  # 7 folders (the root and d0-d5): each read measures the next one again
+            ds, _ = watched.read()
+            seen.append(ds.resident_pages)
+        # Skipped (the estimate is stale) until the pass reached d5, then exact; every folder within 7 reads.
+        assert seen[0] == 0 and seen[-1] == 3 and child(ds, "d5") == 3
+        assert ds.full_scan_at > 0
+        assert fincore_total(ddir) == 3  # (after: fincore's own opens are events the watch would see)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@needs_fincore
+def test_reclaim_makes_carried_counts_an_estimate_until_measured_again(ddir: Path, watched: DatasetWatch,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    files = tree(ddir, folders=3)
+    for f in files:
+        read_file(f)
+    counters = {"pgsteal_file": 1000, "drop_pagecache": 0}
+    monkeypatch.setattr(watch, "_vmstat", lambda: dict(counters))
+    monkeypatch.setattr(watch, "MIN_ROLL_FILES", 1)
+    monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
+    ds, _ = watched.read()
+    assert (ds.resident_pages, ds.estimated, ds.estimate_error_pages) == (45, False, 0)
+    # The kernel reclaimed 20 file pages somewhere: up to 20 of the counted pages may be gone.
+    counters["pgsteal_file"] += 20
+    ds, _ = watched.read()  # this read measured one folder again: the other three may have lost 20 pages
+    assert ds.estimated and ds.estimate_error_pages == 20
+    assert ds.resident_pages == fincore_total(ddir) == 45  # nothing of ours was reclaimed in truth
+    for _ in range(4):  # the root and d0-d2: every folder measured again since the reclaim
+        ds, _ = watched.read()
+    assert (ds.estimated, ds.estimate_error_pages) == (False, 0)
+    # A drop_caches: every count may be gone, so everything is measured again at once.
+    for f in files[:5]:
+        evict_file(f)  # an open each: seen anyway; the drop is what forces the whole tree here
+    counters["drop_pagecache"] += 1
+    ds, _ = watched.read()
+    assert (ds.resident_pages, ds.estimated) == (fincore_total(ddir), False) == (30, False)
+
+
+@needs_fincore
+def test_hard_links_count_once_and_a_read_through_either_name_is_seen(ddir: Path, watched: DatasetWatch) -> None:
+    make_file(ddir / "a" / "x.bin", 4 * PS)
+    (ddir / "b").mkdir()
+    os.link(ddir / "a" / "x.bin", ddir / "b" / "y.bin")
+    ds, _ = watched.read()
+    assert (ds.files, ds.resident_pages, ds.skipped) == (1, 0, {"hardlink": 1})
+    subprocess.run(["cat", str(ddir / "b" / "y.bin")], stdout=subprocess.DEVNULL, check=True)
+    ds, _ = watched.read()
+    assert (ds.files, ds.resident_pages) == (1, fincore_total(ddir) // 2) == (1, 4)
+
+
+def test_own_measuring_is_not_taken_for_a_job_reading(ddir: Path, watched: DatasetWatch,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch opens every file it measures: those events must not make it measure them all again."""
+    tree(ddir, folders=3, files=50)
+    watched.read()
+    measured = []
+    real = DatasetWatch._measure_one
+
+    def counting(self: DatasetWatch, f: object, name: str) -> object:
+        measured.append(name)
+        return real(self, f, name)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DatasetWatch, "_measure_one", counting)
+    monkeypatch.setattr(watch, "MIN_ROLL_FILES", 1)
+    monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
+    for _ in range(3):
+        watched.read()
+    assert measured == []
+
+
+def test_the_source_watches_after_its_first_read_and_json_keeps_the_estimate(ddir: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    tree(ddir, folders=2)
+    src = source(Settings(datasets=(str(ddir),)))
+    scans = []
+    real = ds_engine._scan_one
+    monkeypatch.setattr(ds_engine, "_scan_one", lambda *a, **k: scans.append(a) or real(*a, **k))
+    try:
+        first = src.read()
+        second = src.read()
+        src.read()
+        assert len(scans) == 1  # a full walk once; it used to walk every file at every read
+        assert isinstance(first, DatasetsPart) and isinstance(second, DatasetsPart)
+        assert first.scanned[0].full_scan_at == 0.0 and second.scanned[0].full_scan_at > 0  # plain, then watched
+        one_off = scan_residency(ddir, OPTIONS)
+        for f in ("files", "pages", "resident_pages", "data_pages", "size_bytes"):
+            assert getattr(second.scanned[0], f) == getattr(one_off, f)
+        est = DatasetsPart(paths=(DatasetResidency(path="/x", estimated=True, estimate_error_pages=7,
+                                                   full_scan_at=5.0),))
+        assert from_dict(DatasetsPart, to_dict(est)) == est
+    finally:
+        assert src.close is not None
+        src.close()
+
+
+def test_an_estimate_is_marked_on_its_row_and_explained_in_the_notes() -> None:
+    from dltop.text.datasets import estimate_note, pct_text
+
+    exact = DatasetResidency(path="/x", pages=100, resident_pages=50, data_pages=100, data_resident_pages=50)
+    est = DatasetResidency(path="/x", pages=100, resident_pages=50, data_pages=100, data_resident_pages=50,
+                           estimated=True, estimate_error_pages=2, full_scan_at=1000.0)
+    assert (pct_text(exact), pct_text(est)) == ("50%", "~50%")
+    assert estimate_note(exact, PS, 1090.0) is None
+    note = estimate_note(est, PS, 1090.0)
+    assert note is not None and "8.0 KiB may have been evicted" in note and "1m30s" in note
