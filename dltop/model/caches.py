@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+KEEP_DEPTH = 4  # folders this many levels below a cache keep their biggest entries (the pane opens them)
+FOLDERS_KEPT = 50  # of those, the biggest this many per cache (a Snapshot stays small)
+KEPT_PER_FOLDER = 50  # biggest entries kept per folder below the cache; the rest are "N more"
+
 
 @dataclass(frozen=True)
 class CacheEntry:

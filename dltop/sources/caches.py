@@ -23,7 +23,16 @@ from typing import Any
 
 from dltop import kernel
 from dltop.model.base import Unavailable, display_path
-from dltop.model.caches import CacheEntry, CacheFolder, CacheInfo, CachesPart, LockFile
+from dltop.model.caches import (
+    FOLDERS_KEPT,
+    KEEP_DEPTH,
+    KEPT_PER_FOLDER,
+    CacheEntry,
+    CacheFolder,
+    CacheInfo,
+    CachesPart,
+    LockFile,
+)
 from dltop.sources import procfs
 from dltop.sources.datasets import MAX_PROBLEMS, _Budget, path_error
 
@@ -189,12 +198,19 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
         return next(((v, n) for n in names if (v := _get(env, n)) is not None), None)
 
     # TorchInductor: cache_dir_utils.cache_dir(): TORCHINDUCTOR_CACHE_DIR, else <gettempdir()>/torchinductor_<user>
+    tmp, why = tempdir(e)
+    user = re.sub(r'[\\/:*?"<>|]', "_", e.user)
+    default_inductor = os.path.join(tmp, f"torchinductor_{user}")
     if (hit := first("TORCHINDUCTOR_CACHE_DIR")) is not None:
         out.append(Location("torchinductor", "TorchInductor", hit[0], hit[1]))
+        # codecache._HEADER_DIR is default_cache_dir()/precompiled_headers whatever the variable says: the
+        # C++ wrapper's precompiled headers stay in the tempdir when the cache is moved.
+        out.append(Location("torchinductor_headers", "Inductor headers",
+                            os.path.join(default_inductor, "precompiled_headers"),
+                            "always <tempdir>/torchinductor_<user>/precompiled_headers (torch/_inductor/codecache.py "
+                            f"_HEADER_DIR ignores TORCHINDUCTOR_CACHE_DIR; tempdir {why}, user {user})"))
     else:
-        tmp, why = tempdir(e)
-        user = re.sub(r'[\\/:*?"<>|]', "_", e.user)
-        out.append(Location("torchinductor", "TorchInductor", os.path.join(tmp, f"torchinductor_{user}"),
+        out.append(Location("torchinductor", "TorchInductor", default_inductor,
                             f"default: <tempdir>/torchinductor_<user> (tempdir {why}, user {user})"))
     # Triton: TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else ~/.triton/cache
     if (hit := first("TRITON_CACHE_DIR")) is not None:
@@ -224,7 +240,7 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
         out.append(Location("torch_hub", "torch hub", os.path.join(_expanduser(hit[0], e), "hub"),
                             "TORCH_HOME: $TORCH_HOME/hub"))
     else:
-        out.append(Location("torch_hub", "torch hub", os.path.join(xdg, "torch", "hub"),
+        out.append(Location("torch_hub", "torch hub", os.path.join(_expanduser(xdg, e), "torch", "hub"),
                             f"default: {xdg_why}/torch/hub"))
     # huggingface_hub.constants: HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE (legacy), else $HF_HOME/hub, HF_HOME
     # defaulting to $XDG_CACHE_HOME/huggingface; expanduser and expandvars applied.
@@ -252,7 +268,7 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
     if (hit := first("VLLM_CACHE_ROOT")) is not None:
         out.append(Location("vllm", "vLLM", _expanduser(hit[0], e), hit[1]))
     else:
-        out.append(Location("vllm", "vLLM", os.path.join(xdg, "vllm"), f"default: {xdg_why}/vllm"))
+        out.append(Location("vllm", "vLLM", os.path.join(_expanduser(xdg, e), "vllm"), f"default: {xdg_why}/vllm"))
     # flashinfer/jit/env.py: $FLASHINFER_WORKSPACE_BASE (default ~)/.cache/flashinfer
     if (hit := first("FLASHINFER_WORKSPACE_BASE")) is not None:
         out.append(Location("flashinfer", "FlashInfer", os.path.join(hit[0], ".cache", "flashinfer"),
@@ -269,9 +285,10 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
     if (hit := first("JAX_COMPILATION_CACHE_DIR")) is not None:
         out.append(Location("jax", "JAX compilation cache", hit[0], hit[1]))
     for p in extra:
-        out.append(Location(p, "added", p, "added by you (caches = [...] or --cache)"))
-    return [dataclasses.replace(loc, path=os.path.normpath(os.path.join(e.cwd, _expanduser(loc.path, e))))
-            for loc in out]
+        out.append(Location(p, "added", _expanduser(p, e), "added by you (caches = [...] or --cache)"))
+    # `~` is expanded only where the tool expands it (torch hub, huggingface_hub, datasets, vLLM: above); torch's
+    # TORCHINDUCTOR_CACHE_DIR, Triton's, CUDA's and the others take it literally: a folder named ~ in the cwd.
+    return [dataclasses.replace(loc, path=os.path.normpath(os.path.join(e.cwd, loc.path))) for loc in out]
 
 
 # -- what is in a cache -------------------------------------------------------------------------------------
@@ -350,9 +367,6 @@ def _utf8(name: str) -> bool:
     return True
 
 
-KEEP_DEPTH = 4  # folders this many levels below a cache keep their biggest entries (the pane opens them)
-FOLDERS_KEPT = 50  # of those, the biggest this many per cache (a Snapshot stays small)
-KEPT_PER_FOLDER = 50  # biggest entries kept per folder below the cache; the rest are "N more"
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -808,27 +822,35 @@ class CachesReader:
     def __init__(self, environment: Callable[[], Environment], extra: tuple[str, ...], root: str) -> None:
         self._environment, self.extra, self.root = environment, extra, root
         self._last: dict[str, CacheInfo] = {}
+        self._env: Environment | None = None  # the last environment read: kept once --pid's process is gone
 
     def read(self) -> CachesPart | Unavailable:
         """Every cache walked now."""
         return self.read_some(None)
 
     def read_some(self, names: frozenset[str] | None) -> CachesPart | Unavailable:
-        """Rewalk `names` (None: all), keep the others' last walk."""
+        """Rewalk `names` (None: all), keep the others' last walk. A --pid process that exited is said, and
+        its caches stay placed by its last environment (an environment cannot change after exec)."""
+        exited = ""
         try:
             env = self._environment()
         except OSError as e:
-            return Unavailable(environment_error(e))
+            if not isinstance(e, (FileNotFoundError, ProcessLookupError)) or self._env is None \
+                    or self._env.pid is None:
+                return Unavailable(environment_error(e))
+            env, exited = self._env, f"process {self._env.pid} exited"
+        self._env = env
         part = read_caches(env, self.extra, self.root, names=names, last=self._last,
                            deadline_s=SOURCE_DEADLINE_S, cpu_fraction=SOURCE_CPU_FRACTION)
         self._last = {c.name: c for c in part.caches}
-        return part
+        return dataclasses.replace(part, exited=exited) if exited else part
 
     def carry_from(self, old: Any) -> None:
         """Take over the walks of the reader behind `old` (the Source this one replaces)."""
         prev = getattr(old.read, "__self__", None)
         if isinstance(prev, CachesReader):
             self._last = dict(prev._last)
+            self._env = prev._env
 
 
 def environment_error(e: OSError) -> str:
