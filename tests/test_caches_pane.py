@@ -40,6 +40,7 @@ def make_cache(root: Path, sizes: dict[str, int], mtime: float | None = None) ->
 
 
 def snap_of(home: Path, ts: float = 1000.0, **variables: str) -> Snapshot:
+    variables.setdefault("TMPDIR", str(home.parent))  # Inductor's headers in the test's tempdir, not the node's /tmp
     e = src.environment_of({"HOME": str(home), **variables}, os.getuid(), "the test's environment", cwd="/")
     return Snapshot(ts=ts, host="test", caches=src.read_caches(e))
 
@@ -86,8 +87,8 @@ async def test_the_tab_shows_the_caches_and_enter_opens_the_biggest_entries(ind:
         assert "TORCHINDUCTOR_CACHE_DIR" in _text(app, "#cc-detail") and "under /tmp" in _text(app, "#cc-detail")
         await pilot.press("enter")
         await pilot.pause()
-        assert _rows(app) == ["fxgraph", "aotautograd", "ab"]  # biggest first
-        kinds = [str(table.get_row_at(i)[4]) for i in range(3)]
+        assert _rows(app) == ["fxgraph/", "aotautograd/", "ab/"]  # biggest first, folders as ncdu marks them
+        kinds = [str(table.get_row_at(i)[5]) for i in range(3)]
         assert kinds == ["FX graph cache", "AOTAutograd cache", "generated code"]
         await pilot.press("backspace")
         await pilot.pause()

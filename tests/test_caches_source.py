@@ -236,24 +236,16 @@ def test_an_entry_that_vanishes_between_listing_and_stat_is_noted(tmp_path: Path
     cache.mkdir()
     for i in range(5):
         (cache / f"f{i}").write_bytes(b"x" * 100)
-    real = os.scandir
+    real = os.listdir
 
-    def racing(path):  # list, then delete one listed file before its stat
-        entries = list(real(path))
+    def racing(fd):  # list, then delete one listed file before its stat
+        names = real(fd)
         (cache / "f3").unlink(missing_ok=True)
-        return _Listing(entries)
+        return names
 
-    monkeypatch.setattr(src, "_scandir", racing)
+    monkeypatch.setattr(src, "_listdir", racing)
     info = _read(cache)
     assert info.files == 4 and info.noted == {"vanished": 1} and info.size_bytes == du_bytes(cache)
-
-
-class _Listing(list):
-    def __enter__(self):
-        return iter(self)
-
-    def __exit__(self, *a):
-        return False
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root (setpriv to walk as nobody)")
@@ -335,7 +327,11 @@ def test_a_hub_cache_is_sized_from_blobs_and_read_by_huggingface_hub(tmp_path: P
         return real_import(name, *a, **kw)
 
     monkeypatch.setattr(builtins, "__import__", no_hub)
-    assert src.hub_repos(str(hub)) == {"models--org--model": "2 revisions, 1 detached"}  # from the layout
+    repos = src.hub_repos(str(hub))  # from the layout
+    assert {k: (r.repo_id, r.detail) for k, r in repos.items()} == {
+        "models--org--model": ("org/model", "2 revisions, 1 detached")}
+    assert [(e.name, e.detail) for e in repos["models--org--model"].revisions] == [
+        ("a" * 40, "refs: main"), ("c" * 40, "detached (no ref names it)")]
 
 
 def test_growth_since_the_first_snapshot(tmp_path: Path) -> None:

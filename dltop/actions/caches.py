@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import threading
 import time
@@ -301,6 +302,65 @@ def tally(path: str, keep_top: bool, held: set[tuple[int, int]], cancel: threadi
     return t
 
 
+_HUB_REVISION = re.compile(r"((?:models|datasets|spaces)--[^/]+)/snapshots/([^/]+)")
+
+
+def hub_revision(path: str, loc: src.Location) -> tuple[str, str] | None:
+    """(repo folder, commit hash) when `path` is one revision of a Hugging Face hub cache (REPO/snapshots/REV)."""
+    if loc.name != "hf_hub" or not path.startswith(loc.path.rstrip("/") + "/"):
+        return None
+    m = _HUB_REVISION.fullmatch(path[len(loc.path.rstrip("/")) + 1:])
+    return (os.path.join(loc.path, m.group(1)), m.group(2)) if m else None
+
+
+def hub_deletions(loc: src.Location, revision: str, options: ClearOptions) -> tuple[list[str], int, bool]:
+    """What huggingface_hub's own delete_revisions plans for one revision (as `hf cache rm` does): the paths in
+    the order its execute() removes them (snapshot entries, a repo whose only revision it is, the snapshot, its
+    refs, the blobs no other revision links), its expected freed bytes (file sizes), and whether the whole repo
+    goes. Each path is checked as any clear is (inside the cache, no symlink on the way, this user's)."""
+    try:
+        from huggingface_hub import scan_cache_dir
+    except ImportError:
+        raise DltopError("deleting one revision needs huggingface_hub (pip install huggingface_hub): "
+                         "without it, clear the whole repo") from None
+    try:
+        strategy = scan_cache_dir(loc.path).delete_revisions(revision)
+    except Exception as e:  # its own errors (a corrupted cache): one line, never a traceback
+        raise DltopError(f"huggingface_hub could not read {display_path(loc.path)}: {printable(str(e))}") from None
+    paths = [str(p) for group in (strategy.files, strategy.repos, strategy.snapshots, strategy.refs, strategy.blobs)
+             for p in sorted(group)]
+    if not paths:
+        raise DltopError(f"no revision {printable(revision)} in {display_path(loc.path)}")
+    for p in paths:
+        check(p, options)  # raises Refused: outside the cache, through a symlink, another user's
+    return paths, int(strategy.expected_freed_size), bool(strategy.repos)
+
+
+def _plan_hub(path: str, loc: src.Location, repo: str, revision: str, options: ClearOptions,
+              st: os.stat_result, cancel: threading.Event | None) -> ActionPlan:
+    try:
+        paths, expected, whole = hub_deletions(loc, revision, options)
+    except Refused as e:
+        return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e),
+                          refused_by=e.rule)
+    except DltopError as e:
+        return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e),
+                          refused_by="error")
+    held = open_inodes(st.st_dev, options.root)
+    freed = files = 0
+    for p in paths:
+        t = tally(p, False, held, cancel)
+        freed, files = freed + t.freed_bytes, files + t.files
+    repo_id = src.hub_repo_id(os.path.basename(repo))
+    notes = [f"huggingface_hub's delete_revisions plans this (as hf cache rm does): it expects to free "
+             f"{human_bytes(expected)} (file sizes; dltop counts blocks), blobs linked by another revision stay."]
+    if whole:
+        notes.append(f"It is the only revision of {printable(repo_id)}: the whole repo folder goes.")
+    return ActionPlan(action="clear", target=path, bytes=freed, files=files, allowed=True,
+                      guard=f"ok: revision {printable(revision[:12])} of {printable(repo_id)} ({loc.label} cache)",
+                      notes=tuple(notes))
+
+
 def plan(path: str, options: ClearOptions, cancel: threading.Event | None = None) -> ActionPlan:
     """The facts a confirmation states: the bytes a clear frees and the files it removes, the refusal if any
     (and the rule), the warnings."""
@@ -313,6 +373,8 @@ def plan(path: str, options: ClearOptions, cancel: threading.Event | None = None
         return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e),
                           refused_by="error")
     path = os.path.normpath(path)
+    if (rev := hub_revision(path, loc)) is not None:
+        return _plan_hub(path, loc, rev[0], rev[1], options, st, cancel)
     t = tally(path, _keeps_folder(path, loc, st), open_inodes(st.st_dev, options.root), cancel)
     notes = []
     real = os.path.realpath(path)
@@ -473,6 +535,8 @@ def clear(path: str, options: ClearOptions, *, dry_run: bool = False,
     loc, st = check(path, options)
     path = os.path.normpath(path)
     held = open_inodes(st.st_dev, options.root)
+    if (rev := hub_revision(path, loc)) is not None:
+        return _clear_hub(path, loc, rev[1], options, st, held, dry_run, progress, cancel)
     t = tally(path, _keeps_folder(path, loc, st), held, cancel)
     r = ClearResult(action="clear", paths=[path], cache=loc.name, dry_run=dry_run, total_bytes=t.freed_bytes,
                     files=t.files)
@@ -502,6 +566,45 @@ def clear(path: str, options: ClearOptions, *, dry_run: bool = False,
             r.fs_free_delta_bytes = after - free_before
     finally:
         os.close(pfd)
+    ticker.add(0, path, force=True)
+    r.done_bytes, r.files_done = ticker.done, ticker.files
+    r.elapsed_s = time.monotonic() - t0
+    r.cancelled = clearer.stopped()
+    return r
+
+
+def _clear_hub(path: str, loc: src.Location, revision: str, options: ClearOptions, st: os.stat_result,
+               held: set[tuple[int, int]], dry_run: bool, progress: Callable[[Progress], None] | None,
+               cancel: threading.Event | None) -> ClearResult:
+    """One hub revision: what huggingface_hub's delete_revisions plans, removed in its order by dltop's own
+    confined deletion (folder fds, no symlink followed, counted per inode)."""
+    paths, _expected, _whole = hub_deletions(loc, revision, options)
+    total = files = 0
+    for p in paths:
+        t = tally(p, False, held, cancel)
+        total, files = total + t.freed_bytes, files + t.files
+    r = ClearResult(action="clear", paths=[path], cache=loc.name, dry_run=dry_run, total_bytes=total, files=files)
+    if dry_run or (cancel is not None and cancel.is_set()):
+        r.cancelled = not dry_run
+        return r
+    t0 = time.monotonic()
+    ticker = _Ticker("clear", total, progress)
+    clearer = _Clearer(st.st_dev, ticker, cancel, r, held)
+    free_before = after = None
+    for p in paths:  # snapshot entries and refs before blobs: an interrupted delete leaves no link to a lost blob
+        if clearer.stopped():
+            break
+        pfd = open_parent(p, loc.path)
+        try:
+            if free_before is None:
+                free_before = _free_bytes(pfd)
+            clearer.entry(pfd, os.path.basename(p), p)
+            after = _free_bytes(pfd)
+        finally:
+            os.close(pfd)
+    clearer.finish()
+    if free_before is not None and after is not None:
+        r.fs_free_delta_bytes = after - free_before
     ticker.add(0, path, force=True)
     r.done_bytes, r.files_done = ticker.done, ticker.files
     r.elapsed_s = time.monotonic() - t0

@@ -165,6 +165,8 @@ _INDUCTOR = _names(
     files=("memoizer_cache.json", "memoizer_cache.lock"),
     dir_re=r"[a-z0-9]{2}|halide-runtime-.+",
     file_re=r"tmp\w+\.py|configs_.+\.json|.+\.lock")
+# Inductor's precompiled headers (codecache._precompile_header): HASH.h and its HASH.h.gch, locks/.
+_HEADERS = _names(dirs=("locks",), file_re=r"\w+\.h(?:\.gch)?|\w+\.lock|tmp\w+")
 # Triton: one folder per kernel key (base32 of a sha256 since 3.2, hex sha256 or md5 before).
 _TRITON = _names(dir_re=r"[A-Z2-7]{52}|[0-9a-f]{64}|[0-9a-f]{32}")
 # The CUDA driver's ComputeCache: an index and hex-digit folders.
@@ -201,7 +203,8 @@ DEEPER: dict[str, Callable[[str], Rule | None]] = {
 }
 
 LAYOUTS: dict[str, tuple[str, Rule]] = {
-    "torchinductor": ("TorchInductor", _INDUCTOR), "triton": ("Triton", _TRITON), "cuda": ("CUDA", _CUDA),
+    "torchinductor": ("TorchInductor", _INDUCTOR), "torchinductor_headers": ("Inductor headers", _HEADERS),
+    "triton": ("Triton", _TRITON), "cuda": ("CUDA", _CUDA),
     "torch_extensions": ("torch extensions", _EXTENSIONS), "torch_hub": ("torch hub", _HUB),
     "hf_hub": ("Hugging Face hub", _HF_HUB), "hf_datasets": ("Hugging Face datasets", _DATASETS),
     "vllm": ("vLLM", _VLLM), "flashinfer": ("FlashInfer", _FLASHINFER), "deep_gemm": ("DeepGEMM", _DEEP_GEMM),

@@ -61,7 +61,9 @@ def cache_json(c: Any, now: float) -> dict[str, Any]:
             "newest_mtime": _number(c.newest_mtime, c, "newest_mtime"),
             "oldest_mtime": _number(c.oldest_mtime, c, "oldest_mtime"), "complete": c.complete,
             "warnings": warnings_for(c, now), "settings": c.settings, "clear_command": c.clear_command,
-            "noted": c.noted, "entries": [to_dict(e) for e in c.entries]}
+            "noted": c.noted, "apparent_bytes": _number(c.apparent_bytes, c, "size_bytes"),
+            "newest_atime": c.newest_atime, "via_symlink": c.via_symlink, "entries": [to_dict(e) for e in c.entries],
+            "more_entries": c.more_entries, "more_bytes": c.more_bytes, "folders": [to_dict(f) for f in c.folders]}
 
 
 def _read(settings: Any) -> Any:
@@ -81,7 +83,7 @@ def _list(args: argparse.Namespace, settings: Any) -> int:
         raise DltopError(part.reason)
     now = time.time()
     if args.json:
-        sys.stdout.write(json.dumps({"environment": part.environment,
+        sys.stdout.write(json.dumps({"environment": part.environment, "exited": part.exited,
                                      "caches": [cache_json(c, now) for c in part.caches]}) + "\n")
         return 0
     from dltop.hints.caches import warnings_for

@@ -12,7 +12,7 @@ from dltop.model import CachesPart, Snapshot
 from dltop.model.caches import CacheInfo
 
 # Caches whose loss means a slow first run again (a compile or a download), as opposed to a scratch folder
-PERSISTENT_WORTH = frozenset({"torchinductor", "triton", "cuda", "torch_extensions", "vllm", "flashinfer",
+PERSISTENT_WORTH = frozenset({"torchinductor", "torchinductor_headers", "triton", "cuda", "torch_extensions", "vllm", "flashinfer",
                               "deep_gemm", "jax", "hf_hub", "hf_datasets", "torch_hub"})
 TEMP_FS = frozenset({"tmpfs", "ramfs"})
 # Network and FUSE filesystems: every open of a small cached kernel is a round trip
@@ -60,11 +60,16 @@ def stale_locks(c: CacheInfo, now: float) -> list[str]:
 
 
 def warnings_for(c: CacheInfo, now: float | None = None) -> list[str]:
-    """Every warning about one cache from one reading, one line each (what `dltop caches` prints)."""
+    """Every warning about one cache from one reading, one line each, the most severe first (what `dltop caches`
+    prints)."""
     now = time.time() if now is None else now
     out: list[str] = []
     if not c.exists:
         return out
+    # most severe first (the pane's detail box shows the first few): full is critical, then what costs every run
+    if _nearly_full(c):
+        out.append(f"its filesystem is nearly full: {human_bytes(c.fs_free_bytes)} free of "
+                   f"{human_bytes(c.fs_total_bytes)}")
     temp = on_temporary_storage(c)
     if temp:
         out.append(f"{temp}: gone at reboot, so the first run compiles or downloads again; "
@@ -72,9 +77,6 @@ def warnings_for(c: CacheInfo, now: float | None = None) -> list[str]:
     if c.fs_type in SLOW_FS:
         out.append(f"on {c.fs_type} ({c.mount_point}): every cached kernel is a network round trip; "
                    "keep it on a local disk")
-    if _nearly_full(c):
-        out.append(f"its filesystem is nearly full: {human_bytes(c.fs_free_bytes)} free of "
-                   f"{human_bytes(c.fs_total_bytes)}")
     others = other_version_keys(c)
     if others:
         out.append(f"{plural(len(others), 'entry', 'entries')} built for other versions ({', '.join(others)}; "

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+KEEP_DEPTH = 4  # folders this many levels below a cache keep their biggest entries (the pane opens them)
+FOLDERS_KEPT = 50  # of those, the biggest this many per cache (a Snapshot stays small)
+KEPT_PER_FOLDER = 50  # biggest entries kept per folder below the cache; the rest are "N more"
+
 
 @dataclass(frozen=True)
 class CacheEntry:
@@ -21,6 +25,22 @@ class CacheEntry:
     newest_mtime: float | None = None
     kind: str = ""  # what the tool keeps there ("FX graph cache", "generated code", "model", ...)
     detail: str = ""  # e.g. a hub repo's revisions: "2 revisions, 1 detached"
+    apparent_bytes: int = 0  # st_size summed (du --apparent-size, ncdu's `a`), each inode once
+    newest_atime: float | None = None  # last access of its newest-read file (relatime: within a day or so)
+    is_dir: bool = False  # a folder: the pane opens it when the walk kept its contents (CacheInfo.folders)
+    label: str = ""  # what a person calls it where it is not its name: a hub repo's id ("openai/gpt2")
+
+
+@dataclass(frozen=True)
+class CacheFolder:
+    """A folder below a cache whose biggest entries the walk kept, so the pane can open it (more than one level
+    down); `more` entries and their `more_bytes` (apparent: `more_apparent_bytes`) were left out."""
+
+    path: str
+    entries: tuple[CacheEntry, ...] = ()  # biggest first
+    more: int = 0
+    more_bytes: int = 0
+    more_apparent_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -47,7 +67,14 @@ class CacheInfo:
     dirs: int | None = None
     newest_mtime: float | None = None
     oldest_mtime: float | None = None
-    entries: tuple[CacheEntry, ...] = ()  # biggest first
+    entries: tuple[CacheEntry, ...] = ()  # biggest first (ENTRIES_KEPT of them)
+    more_entries: int = 0  # entries right below it not kept, and their bytes
+    more_bytes: int = 0
+    more_apparent_bytes: int = 0
+    folders: tuple[CacheFolder, ...] = ()  # folders below it whose entries were kept too (the biggest, a few deep)
+    apparent_bytes: int | None = None  # st_size summed, each inode once: du --apparent-size -B1
+    newest_atime: float | None = None
+    via_symlink: str = ""  # the cache's folder is a symlink: this is what it points to (walked there, said)
     complete: bool = True  # False: the walk was cut short by its time budget; totals cover what it reached
     scanned_at: float = 0.0
     scan_duration_s: float = 0.0
@@ -80,7 +107,15 @@ class CachesPart:
     caches: tuple[CacheInfo, ...] = ()
     environment: str = "dltop's own environment"  # or "environment of PID 1234 (/proc/1234/environ)"
     pid: int | None = None
+    exited: str = ""  # --pid's process is gone: "process 1234 exited", the caches placed by its last environment
 
     def get(self, name: str) -> CacheInfo | None:
         """The cache called `name`, or the one at path `name`."""
         return next((c for c in self.caches if name in (c.name, c.path)), None)
+
+
+def folder_of(c: CacheInfo, path: str) -> CacheFolder | None:
+    """The kept entries of `path`: the cache's own (its folder) or one of its `folders`; None when not kept."""
+    if path == c.path:
+        return CacheFolder(c.path, c.entries, c.more_entries, c.more_bytes, c.more_apparent_bytes)
+    return next((f for f in c.folders if f.path == path), None)

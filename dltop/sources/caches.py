@@ -23,11 +23,20 @@ from typing import Any
 
 from dltop import kernel
 from dltop.model.base import Unavailable, display_path
-from dltop.model.caches import CacheEntry, CacheInfo, CachesPart, LockFile
+from dltop.model.caches import (
+    FOLDERS_KEPT,
+    KEEP_DEPTH,
+    KEPT_PER_FOLDER,
+    CacheEntry,
+    CacheFolder,
+    CacheInfo,
+    CachesPart,
+    LockFile,
+)
 from dltop.sources import procfs
 from dltop.sources.datasets import MAX_PROBLEMS, _Budget, path_error
 
-ENTRIES_KEPT = 20  # biggest entries kept per cache (the pane's Enter shows them)
+ENTRIES_KEPT = 100  # biggest entries kept right below a cache (the pane's Enter shows them, then "N more")
 LOCKS_KEPT = 50
 _CHECK_EVERY = 1024  # entries between looks at the budget
 TEMP_CANDIDATES = ("/tmp", "/var/tmp", "/usr/tmp")  # tempfile._candidate_tempdir_list, after TMPDIR/TEMP/TMP
@@ -37,7 +46,7 @@ INDUCTOR_KINDS = {"fxgraph": "FX graph cache", "aotautograd": "AOTAutograd cache
                   "locks": "lock files", "cache": "autotune results"}
 HUB_PREFIXES = {"models--": "model", "datasets--": "dataset", "spaces--": "space"}
 
-_scandir = os.scandir  # tests replace this to make entries vanish between listing and stat
+_listdir = os.listdir  # tests replace this to make entries vanish between listing and stat
 
 
 # -- whose environment --------------------------------------------------------------------------------------
@@ -189,12 +198,19 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
         return next(((v, n) for n in names if (v := _get(env, n)) is not None), None)
 
     # TorchInductor: cache_dir_utils.cache_dir(): TORCHINDUCTOR_CACHE_DIR, else <gettempdir()>/torchinductor_<user>
+    tmp, why = tempdir(e)
+    user = re.sub(r'[\\/:*?"<>|]', "_", e.user)
+    default_inductor = os.path.join(tmp, f"torchinductor_{user}")
     if (hit := first("TORCHINDUCTOR_CACHE_DIR")) is not None:
         out.append(Location("torchinductor", "TorchInductor", hit[0], hit[1]))
+        # codecache._HEADER_DIR is default_cache_dir()/precompiled_headers whatever the variable says: the
+        # C++ wrapper's precompiled headers stay in the tempdir when the cache is moved.
+        out.append(Location("torchinductor_headers", "Inductor headers",
+                            os.path.join(default_inductor, "precompiled_headers"),
+                            "always <tempdir>/torchinductor_<user>/precompiled_headers (torch/_inductor/codecache.py "
+                            f"_HEADER_DIR ignores TORCHINDUCTOR_CACHE_DIR; tempdir {why}, user {user})"))
     else:
-        tmp, why = tempdir(e)
-        user = re.sub(r'[\\/:*?"<>|]', "_", e.user)
-        out.append(Location("torchinductor", "TorchInductor", os.path.join(tmp, f"torchinductor_{user}"),
+        out.append(Location("torchinductor", "TorchInductor", default_inductor,
                             f"default: <tempdir>/torchinductor_<user> (tempdir {why}, user {user})"))
     # Triton: TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else ~/.triton/cache
     if (hit := first("TRITON_CACHE_DIR")) is not None:
@@ -224,7 +240,7 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
         out.append(Location("torch_hub", "torch hub", os.path.join(_expanduser(hit[0], e), "hub"),
                             "TORCH_HOME: $TORCH_HOME/hub"))
     else:
-        out.append(Location("torch_hub", "torch hub", os.path.join(xdg, "torch", "hub"),
+        out.append(Location("torch_hub", "torch hub", os.path.join(_expanduser(xdg, e), "torch", "hub"),
                             f"default: {xdg_why}/torch/hub"))
     # huggingface_hub.constants: HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE (legacy), else $HF_HOME/hub, HF_HOME
     # defaulting to $XDG_CACHE_HOME/huggingface; expanduser and expandvars applied.
@@ -252,7 +268,7 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
     if (hit := first("VLLM_CACHE_ROOT")) is not None:
         out.append(Location("vllm", "vLLM", _expanduser(hit[0], e), hit[1]))
     else:
-        out.append(Location("vllm", "vLLM", os.path.join(xdg, "vllm"), f"default: {xdg_why}/vllm"))
+        out.append(Location("vllm", "vLLM", os.path.join(_expanduser(xdg, e), "vllm"), f"default: {xdg_why}/vllm"))
     # flashinfer/jit/env.py: $FLASHINFER_WORKSPACE_BASE (default ~)/.cache/flashinfer
     if (hit := first("FLASHINFER_WORKSPACE_BASE")) is not None:
         out.append(Location("flashinfer", "FlashInfer", os.path.join(hit[0], ".cache", "flashinfer"),
@@ -269,21 +285,49 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
     if (hit := first("JAX_COMPILATION_CACHE_DIR")) is not None:
         out.append(Location("jax", "JAX compilation cache", hit[0], hit[1]))
     for p in extra:
-        out.append(Location(p, "added", p, "added by you (caches = [...] or --cache)"))
-    return [dataclasses.replace(loc, path=os.path.normpath(os.path.join(e.cwd, _expanduser(loc.path, e))))
-            for loc in out]
+        out.append(Location(p, "added", _expanduser(p, e), "added by you (caches = [...] or --cache)"))
+    # `~` is expanded only where the tool expands it (torch hub, huggingface_hub, datasets, vLLM: above); torch's
+    # TORCHINDUCTOR_CACHE_DIR, Triton's, CUDA's and the others take it literally: a folder named ~ in the cwd.
+    return [dataclasses.replace(loc, path=os.path.normpath(os.path.join(e.cwd, loc.path))) for loc in out]
 
 
 # -- what is in a cache -------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     name: str
     path: str
     size: int = 0
     files: int = 0
     newest: float | None = None
+    apparent: int = 0
+    atime: float | None = None
+    is_dir: bool = False
+
+
+class _Dir:
+    """One folder met by the walk: what is right in it, then (once the walk is done) what is below it."""
+
+    __slots__ = ("apparent", "atime", "count", "depth", "files", "kept", "name", "newest", "oldest", "own",
+                 "own_apparent", "parent", "path", "size", "subdirs")
+
+    def __init__(self, name: str, path: str, parent: int, depth: int, own: int, own_apparent: int) -> None:
+        self.name, self.path, self.parent, self.depth = name, path, parent, depth
+        self.own, self.own_apparent = own, own_apparent  # the folder's own blocks (bytes) and st_size
+        self.size, self.apparent, self.files = own, own_apparent, 0
+        self.newest, self.oldest, self.atime = _NONE, _NEVER, _NONE
+        self.count = 0  # names listed in it
+        # the biggest non-folders: -blocks, name, st_size, mtime and atime (_NONE: not a regular file)
+        self.kept: list[tuple[int, str, int, float, float]] = []
+        self.subdirs: list[int] = []
+
+
+_NONE, _NEVER = float("-inf"), float("inf")  # no file seen yet (newest, oldest)
+
+
+def _time(t: float) -> float | None:
+    return None if t in (_NONE, _NEVER) else t
 
 
 @dataclass
@@ -291,11 +335,18 @@ class CacheWalk:
     """Totals of one walk, as du -B1 and find -type f count them, with what it met on the way."""
 
     size_bytes: int = 0
+    apparent_bytes: int = 0
     files: int = 0
     dirs: int = 0
     newest: float | None = None
     oldest: float | None = None
-    entries: list[_Entry] = field(default_factory=list)
+    newest_atime: float | None = None
+    entries: list[_Entry] = field(default_factory=list)  # right below the walked folder (non-folders: the biggest)
+    more_entries: int = 0  # names right below it not in `entries`, and their bytes
+    more_bytes: int = 0
+    more_apparent_bytes: int = 0
+    # deeper folders whose biggest entries are kept: (path, entries, names left out, their bytes, apparent)
+    folders: list[tuple[str, list[_Entry], int, int, int]] = field(default_factory=list)
     locks: list[tuple[str, os.stat_result]] = field(default_factory=list)
     noted: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -316,88 +367,158 @@ def _utf8(name: str) -> bool:
     return True
 
 
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: float | None = None,
-               cpu_fraction: float | None = None) -> CacheWalk:
-    """Walk `path` without following symlinks: blocks of every entry, each inode once (du -B1), regular files
-    by name (find -type f), newest and oldest file, totals per entry right below `path`. Raises OSError when
-    `path` itself cannot be read."""
+               cpu_fraction: float | None = None, keep_depth: int = KEEP_DEPTH) -> CacheWalk:
+    """Walk `path` without following symlinks: blocks of every entry, each inode once (du -B1), their st_size
+    (du --apparent-size), regular files by name (find -type f), newest and oldest file, last access, the
+    biggest entries of the folders down to `keep_depth`. Raises OSError when `path` itself cannot be read.
+
+    Each folder is opened once (O_NOFOLLOW) and its names are lstat'ed relative to its fd, as du's fts does:
+    a per-name path walk in the kernel and a DirEntry per name cost 40% more."""
     t0 = time.monotonic()
     budget = _Budget(cancel, None if deadline_s is None else t0 + deadline_s, cpu_fraction)
     w = CacheWalk()
     st = os.lstat(path)
-    w.size_bytes = st.st_blocks * 512
     if not stat.S_ISDIR(st.st_mode):
+        w.size_bytes, w.apparent_bytes = st.st_blocks * 512, st.st_size
         w.files = int(stat.S_ISREG(st.st_mode))
         if w.files:
             w.newest = w.oldest = st.st_mtime
+            w.newest_atime = st.st_atime
         return w
+    nodes = [_Dir(os.path.basename(path), path, -1, 0, st.st_blocks * 512, st.st_size)]
+    stack = [0]
     seen: set[tuple[int, int]] = set()
-    stack: list[tuple[str, _Entry | None]] = [(path, None)]
-    n = 0
-    while stack:
-        d, top = stack.pop()
+    lstat, listdir, is_dir, is_reg, is_lnk = os.lstat, _listdir, stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
+    stopped = False
+    listed, next_check = 0, _CHECK_EVERY
+    while stack and not stopped:
+        i = stack.pop()
+        node = nodes[i]
+        d = node.path
         try:
-            it = _scandir(d)
+            fd = os.open(d, _O_DIR)
         except FileNotFoundError:
             w.note("vanished")
             continue
         except OSError as e:
-            if d == path:
+            if i == 0:
                 raise
+            # ELOOP: swapped for a symlink since its lstat; never followed
             w.note("unreadable", d, path_error(e.strerror or str(e), d))
             continue
-        w.dirs += 1
-        with it:
+        try:
             try:
-                for entry in it:
-                    n += 1
-                    if n % _CHECK_EVERY == 0 and budget.stop():
-                        w.complete = False
-                        return w
-                    name = entry.name
-                    full = entry.path
-                    if not _utf8(name):
-                        w.note("non_utf8_name", full, "name not UTF-8")
+                names = listdir(fd)
+            except OSError as e:
+                if i == 0:
+                    raise
+                w.note("unreadable", d, path_error(e.strerror or str(e), d))
+                continue
+            w.dirs += 1
+            node.count = len(names)
+            depth = node.depth + 1
+            keep = node.depth < keep_depth
+            limit = ENTRIES_KEPT if i == 0 else KEPT_PER_FOLDER
+            kept = node.kept
+            cut = -1  # blocks at or below this cannot make the kept list (once it is full)
+            blocks = apparent = files = 0
+            newest, oldest, atime = node.newest, node.oldest, node.atime
+            for k in range(0, len(names), _CHECK_EVERY):
+                listed += min(_CHECK_EVERY, len(names) - k)
+                if listed >= next_check:  # the budget looked at every few thousand names, in small folders too
+                    next_check += _CHECK_EVERY
+                    if budget.stop():
+                        stopped = True
+                        break
+                for name in names[k:k + _CHECK_EVERY]:
                     try:
-                        est = entry.stat(follow_symlinks=False)
+                        s = lstat(name, dir_fd=fd)
                     except FileNotFoundError:
                         w.note("vanished")
                         continue
                     except OSError as e:
-                        w.note("unreadable", full, path_error(e.strerror or str(e), full))
+                        w.note("unreadable", f"{d}/{name}", path_error(e.strerror or str(e), f"{d}/{name}"))
                         continue
-                    mode = est.st_mode
-                    here = top
-                    if here is None:
-                        here = _Entry(name, full)
-                        w.entries.append(here)
-                    blocks = est.st_blocks * 512
-                    if est.st_nlink > 1 and not stat.S_ISDIR(mode):
-                        key = (est.st_dev, est.st_ino)
+                    if not name.isascii() and not _utf8(name):
+                        w.note("non_utf8_name", f"{d}/{name}", "name not UTF-8")
+                    mode = s.st_mode
+                    if is_dir(mode):
+                        node.subdirs.append(len(nodes))
+                        stack.append(len(nodes))
+                        nodes.append(_Dir(name, f"{d}/{name}", i, depth, s.st_blocks * 512, s.st_size))
+                        continue
+                    b, size = s.st_blocks, s.st_size
+                    if s.st_nlink > 1:
+                        key = (s.st_dev, s.st_ino)
                         if key in seen:
-                            blocks = 0  # a hard link of a file counted already: du counts it once
+                            b = size = 0  # a hard link of a file counted already: du counts it once
                         seen.add(key)
-                    w.size_bytes += blocks
-                    here.size += blocks
-                    if stat.S_ISDIR(mode):
-                        stack.append((full, here))
-                    elif stat.S_ISREG(mode):
-                        w.files += 1
-                        here.files += 1
-                        m = est.st_mtime
-                        if w.newest is None or m > w.newest:
-                            w.newest = m
-                        if w.oldest is None or m < w.oldest:
-                            w.oldest = m
-                        if here.newest is None or m > here.newest:
-                            here.newest = m
-                        if name.endswith(".lock") and len(w.locks) < LOCKS_KEPT:
-                            w.locks.append((full, est))
-                    elif stat.S_ISLNK(mode):
-                        w.note("symlink")  # its own blocks counted, its target never
-            except OSError as e:  # the listing failed part way: what was listed is counted
-                w.note("unreadable", d, path_error(e.strerror or str(e), d))
+                    blocks += b
+                    apparent += size
+                    if is_reg(mode):
+                        files += 1
+                        m, a = s.st_mtime, s.st_atime
+                        if m > newest:
+                            newest = m
+                        if m < oldest:
+                            oldest = m
+                        if a > atime:
+                            atime = a
+                        if name[-5:] == ".lock" and len(w.locks) < LOCKS_KEPT:
+                            w.locks.append((f"{d}/{name}", s))
+                    else:
+                        m = a = _NONE
+                        if is_lnk(mode):
+                            w.note("symlink")  # its own blocks counted, its target never
+                    if keep and b > cut:  # a tie with the smallest kept: the first listed stays
+                        kept.append((-b, name, size, m, a))  # sorts biggest first, then by name
+                        if len(kept) >= 2 * limit:
+                            kept.sort()
+                            del kept[limit:]
+                            cut = -kept[-1][0]
+            node.size += blocks * 512
+            node.apparent += apparent
+            node.files += files
+            node.newest, node.oldest, node.atime = newest, oldest, atime
+        finally:
+            os.close(fd)
+    if stopped or stack:
+        w.complete = False
+    for node in reversed(nodes[1:]):  # a folder comes after its parent: children are summed into parents
+        up = nodes[node.parent]
+        up.size += node.size
+        up.apparent += node.apparent
+        up.files += node.files
+        up.newest, up.oldest, up.atime = (max(up.newest, node.newest), min(up.oldest, node.oldest),
+                                          max(up.atime, node.atime))
+    root = nodes[0]
+    w.size_bytes, w.apparent_bytes, w.files = root.size, root.apparent, root.files
+    w.newest, w.oldest, w.newest_atime = _time(root.newest), _time(root.oldest), _time(root.atime)
+    w.entries = _children(nodes, root, ENTRIES_KEPT)
+    kept_n = len(w.entries)
+    w.more_entries = max(0, root.count - kept_n)
+    w.more_bytes = root.size - root.own - sum(e.size for e in w.entries)
+    w.more_apparent_bytes = root.apparent - root.own_apparent - sum(e.apparent for e in w.entries)
+    deeper = sorted((n for n in nodes[1:] if n.depth < keep_depth and n.count), key=lambda n: (-n.size, n.path))
+    for n in deeper[:FOLDERS_KEPT]:
+        kids = sorted(_children(nodes, n, KEPT_PER_FOLDER), key=lambda e: (-e.size, e.name))[:KEPT_PER_FOLDER]
+        w.folders.append((n.path, kids, max(0, n.count - len(kids)), n.size - n.own - sum(e.size for e in kids),
+                          n.apparent - n.own_apparent - sum(e.apparent for e in kids)))
     return w
+
+
+def _children(nodes: list[_Dir], node: _Dir, limit: int) -> list[_Entry]:
+    """Every folder right below `node` and its `limit` biggest other entries."""
+    out = [_Entry(c.name, c.path, c.size, c.files, _time(c.newest), c.apparent, _time(c.atime), True)
+           for c in (nodes[j] for j in node.subdirs)]
+    node.kept.sort()
+    for nb, name, size, m, a in node.kept[:limit]:  # nb, size: 0 for a hard link met before (counted once)
+        out.append(_Entry(name, f"{node.path}/{name}", -nb * 512, int(m != _NONE), _time(m), size, _time(a)))
+    return out
 
 
 def parse_proc_locks(text: str) -> set[tuple[int, int, int]]:
@@ -486,9 +607,24 @@ def _entry_kind(cache: str, name: str) -> str:
     return ""
 
 
-def hub_repos(path: str) -> dict[str, str]:
-    """{entry name: 'N revisions, M detached'} of a Hugging Face hub cache: from huggingface_hub's own
-    scan_cache_dir where it is installed, else from the layout (refs/ name snapshots/ revisions)."""
+@dataclass(frozen=True)
+class HubRepo:
+    """One repo of a Hugging Face hub cache: its id, a line on its revisions, and each revision as an entry
+    (path: its snapshots/REV folder; size: the blobs it links to, blocks as du counts them)."""
+
+    repo_id: str
+    detail: str
+    revisions: tuple[CacheEntry, ...] = ()
+
+
+def hub_repo_id(folder: str) -> str:
+    """'openai/gpt2' of 'models--openai--gpt2' (as huggingface_hub names a repo from its folder)."""
+    return "/".join(folder.split("--")[1:])
+
+
+def hub_repos(path: str) -> dict[str, HubRepo]:
+    """{repo folder name: HubRepo} of a Hugging Face hub cache: from huggingface_hub's own scan_cache_dir where
+    it is installed, else from the layout (refs/ name snapshots/ revisions)."""
     try:
         from huggingface_hub import scan_cache_dir
     except ImportError:
@@ -497,12 +633,32 @@ def hub_repos(path: str) -> dict[str, str]:
         info = scan_cache_dir(path)
     except Exception:  # its own errors (CacheNotFound, CorruptedCacheException): read the layout instead
         return _hub_repos_from_layout(path)
-    out: dict[str, str] = {}
+    out: dict[str, HubRepo] = {}
     for repo in info.repos:
-        revs = list(repo.revisions)
+        revs = sorted(repo.revisions, key=lambda r: (-r.last_modified, r.commit_hash))
+        entries = []
+        for r in revs:
+            blocks, seen = 0, set()
+            for f in r.files:
+                with contextlib.suppress(OSError):
+                    b = os.stat(f.blob_path)
+                    if (b.st_dev, b.st_ino) not in seen:
+                        seen.add((b.st_dev, b.st_ino))
+                        blocks += b.st_blocks * 512
+            atime = max((f.blob_last_accessed for f in r.files), default=None)
+            entries.append(CacheEntry(name=r.commit_hash, path=str(r.snapshot_path), size_bytes=blocks,
+                                      files=r.nb_files, newest_mtime=r.last_modified, kind="revision",
+                                      detail=_refs_text(r.refs), apparent_bytes=r.size_on_disk, newest_atime=atime,
+                                      is_dir=True))
         detached = sum(1 for r in revs if not r.refs)
-        out[os.path.basename(str(repo.repo_path))] = _revisions_text(len(revs), detached)
+        out[os.path.basename(str(repo.repo_path))] = HubRepo(repo.repo_id, _revisions_text(len(revs), detached),
+                                                             tuple(entries))
     return out
+
+
+def _refs_text(refs: Iterable[str]) -> str:
+    names = sorted(refs)
+    return ("refs: " + ", ".join(names)) if names else "detached (no ref names it)"
 
 
 def _revisions_text(revisions: int, detached: int) -> str:
@@ -510,8 +666,8 @@ def _revisions_text(revisions: int, detached: int) -> str:
     return text + (f", {detached} detached" if detached else "")
 
 
-def _hub_repos_from_layout(path: str) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _hub_repos_from_layout(path: str) -> dict[str, HubRepo]:
+    out: dict[str, HubRepo] = {}
     try:
         names = os.listdir(path)
     except OSError:
@@ -524,23 +680,36 @@ def _hub_repos_from_layout(path: str) -> dict[str, str]:
             snaps = set(os.listdir(os.path.join(repo, "snapshots")))
         except OSError:
             snaps = set()
-        referenced = set()
+        refs: dict[str, set[str]] = {}
         refs_dir = os.path.join(repo, "refs")
         for dirpath, _dirs, files in os.walk(refs_dir):
             for f in files:
                 try:
                     with open(os.path.join(dirpath, f)) as fh:
-                        referenced.add(fh.read().strip())
+                        refs.setdefault(fh.read(256).strip(), set()).add(
+                            os.path.relpath(os.path.join(dirpath, f), refs_dir))
                 except OSError:
                     continue
-        out[name] = _revisions_text(len(snaps), len(snaps - referenced))
+        revs = tuple(CacheEntry(name=r, path=os.path.join(repo, "snapshots", r), size_bytes=0, files=0,
+                                kind="revision", detail=_refs_text(refs.get(r, ())), is_dir=True)
+                     for r in sorted(snaps))
+        out[name] = HubRepo(hub_repo_id(name), _revisions_text(len(snaps), len(snaps - set(refs))), revs)
     return out
+
+
+def _entry(cache: str, en: _Entry, hub: Mapping[str, HubRepo], path: str) -> CacheEntry:
+    repo = hub.get(en.name)
+    return CacheEntry(name=en.name, path=path, size_bytes=en.size, files=en.files, newest_mtime=en.newest,
+                      kind=_entry_kind(cache, en.name), detail=repo.detail if repo else "",
+                      apparent_bytes=en.apparent, newest_atime=en.atime, is_dir=en.is_dir,
+                      label=repo.repo_id if repo else "")
 
 
 def read_cache(loc: Location, *, mounts: list[Mount], locked: set[tuple[int, int, int]], temp_dirs: Iterable[str],
                version_key: str = "", cancel: threading.Event | None = None, deadline_s: float | None = None,
                cpu_fraction: float | None = None) -> CacheInfo:
-    """One cache: its walk's totals and entries, and the facts of where it lives."""
+    """One cache: its walk's totals and entries, and the facts of where it lives. A cache folder that is a
+    symlink is followed (the tool follows it too) and said in `via_symlink`."""
     t0 = time.monotonic()
     base = CacheInfo(name=loc.name, label=loc.label, path=loc.path, source=loc.source, exists=False,
                      settings=loc.settings, clear_command=loc.clear_command, current_version_key=version_key)
@@ -560,34 +729,52 @@ def read_cache(loc: Location, *, mounts: list[Mount], locked: set[tuple[int, int
     full_real = os.path.realpath(loc.path)
     facts["under_tempdir"] = next((t for t in temp_dirs if full_real == t or full_real.startswith(t.rstrip("/") + "/")),
                                   "")
+    walked = loc.path
     try:
         st = os.lstat(loc.path)
+        if stat.S_ISLNK(st.st_mode):
+            facts["via_symlink"] = walked = full_real
+            st = os.lstat(full_real)  # a dangling link: no such folder, below
     except FileNotFoundError:
         return dataclasses.replace(base, **facts, scanned_at=time.time(),
-                                   unavailable={"size_bytes": f"no such folder: {display_path(loc.path)}"})
+                                   unavailable={"size_bytes": f"no such folder: {display_path(walked)}"})
     except OSError as e:
         return dataclasses.replace(base, **facts, scanned_at=time.time(),
-                                   unavailable={"size_bytes": path_error(e.strerror or str(e), loc.path)})
+                                   unavailable={"size_bytes": path_error(e.strerror or str(e), walked)})
     try:
-        w = walk_cache(loc.path, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction)
+        w = walk_cache(walked, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction)
     except OSError as e:
-        why = path_error(e.strerror or str(e), loc.path)
+        why = path_error(e.strerror or str(e), walked)
         return dataclasses.replace(base, exists=True, owner_uid=st.st_uid, **facts, scanned_at=time.time(),
                                    unavailable={"size_bytes": why, "files": why})
-    details = hub_repos(loc.path) if loc.name == "hf_hub" else {}
-    entries = tuple(CacheEntry(name=en.name, path=en.path, size_bytes=en.size, files=en.files,
-                               newest_mtime=en.newest, kind=_entry_kind(loc.name, en.name),
-                               detail=details.get(en.name, ""))
-                    for en in sorted(w.entries, key=lambda en: (-en.size, en.name))[:ENTRIES_KEPT])
+    hub = hub_repos(walked) if loc.name == "hf_hub" else {}
+
+    def shown(p: str) -> str:  # paths under the cache's own name, as the tool names them
+        return loc.path + p[len(walked):] if walked != loc.path and p.startswith(walked) else p
+
+    def entry(en: _Entry) -> CacheEntry:
+        return _entry(loc.name, en, hub, shown(en.path))
+
+    top = sorted(w.entries, key=lambda en: (-en.size, en.name))
+    entries = tuple(entry(en) for en in top[:ENTRIES_KEPT])
+    left = top[ENTRIES_KEPT:]
+    folders = [CacheFolder(shown(p), tuple(entry(en) for en in kids), more, more_b, more_a)
+               for p, kids, more, more_b, more_a in w.folders
+               if os.path.basename(p) not in hub or os.path.dirname(p) != walked]
+    for name, repo in hub.items():  # a repo opens on its revisions, not on blobs/ refs/ snapshots/
+        folders.insert(0, CacheFolder(os.path.join(loc.path, name), repo.revisions))
     keys = tuple(sorted(en.name for en in w.entries if VERSION_KEY.fullmatch(en.name)))
-    locks = tuple(LockFile(p, s.st_mtime, (os.major(s.st_dev), os.minor(s.st_dev), s.st_ino) in locked)
+    locks = tuple(LockFile(shown(p), s.st_mtime, (os.major(s.st_dev), os.minor(s.st_dev), s.st_ino) in locked)
                   for p, s in w.locks)
     unavailable = {}
     if w.newest is None:
         unavailable["newest_mtime"] = unavailable["oldest_mtime"] = "no files in it"
     return dataclasses.replace(
         base, exists=True, size_bytes=w.size_bytes, files=w.files, dirs=w.dirs, newest_mtime=w.newest,
-        oldest_mtime=w.oldest, entries=entries, complete=w.complete, scanned_at=time.time(),
+        oldest_mtime=w.oldest, entries=entries, more_entries=w.more_entries + len(left),
+        more_bytes=w.more_bytes + sum(en.size for en in left),
+        more_apparent_bytes=w.more_apparent_bytes + sum(en.apparent for en in left), folders=tuple(folders),
+        apparent_bytes=w.apparent_bytes, newest_atime=w.newest_atime, complete=w.complete, scanned_at=time.time(),
         scan_duration_s=time.monotonic() - t0, noted=w.noted, problems=tuple(w.problems), owner_uid=st.st_uid,
         version_keys=keys, locks=locks, unavailable=unavailable, **facts)
 
@@ -635,27 +822,35 @@ class CachesReader:
     def __init__(self, environment: Callable[[], Environment], extra: tuple[str, ...], root: str) -> None:
         self._environment, self.extra, self.root = environment, extra, root
         self._last: dict[str, CacheInfo] = {}
+        self._env: Environment | None = None  # the last environment read: kept once --pid's process is gone
 
     def read(self) -> CachesPart | Unavailable:
         """Every cache walked now."""
         return self.read_some(None)
 
     def read_some(self, names: frozenset[str] | None) -> CachesPart | Unavailable:
-        """Rewalk `names` (None: all), keep the others' last walk."""
+        """Rewalk `names` (None: all), keep the others' last walk. A --pid process that exited is said, and
+        its caches stay placed by its last environment (an environment cannot change after exec)."""
+        exited = ""
         try:
             env = self._environment()
         except OSError as e:
-            return Unavailable(environment_error(e))
+            if not isinstance(e, (FileNotFoundError, ProcessLookupError)) or self._env is None \
+                    or self._env.pid is None:
+                return Unavailable(environment_error(e))
+            env, exited = self._env, f"process {self._env.pid} exited"
+        self._env = env
         part = read_caches(env, self.extra, self.root, names=names, last=self._last,
                            deadline_s=SOURCE_DEADLINE_S, cpu_fraction=SOURCE_CPU_FRACTION)
         self._last = {c.name: c for c in part.caches}
-        return part
+        return dataclasses.replace(part, exited=exited) if exited else part
 
     def carry_from(self, old: Any) -> None:
         """Take over the walks of the reader behind `old` (the Source this one replaces)."""
         prev = getattr(old.read, "__self__", None)
         if isinstance(prev, CachesReader):
             self._last = dict(prev._last)
+            self._env = prev._env
 
 
 def environment_error(e: OSError) -> str:

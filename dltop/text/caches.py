@@ -14,13 +14,15 @@ def age(mtime: float | None, now: float) -> str:
     return "-" if mtime is None else human_duration(max(0.0, now - mtime)) + " ago"
 
 
-def size_text(c: CacheInfo) -> str:
-    """The size, '≥' before a walk cut short, 'n/a' when unreadable, '-' when the cache is not there."""
+def size_text(c: CacheInfo, apparent: bool = False) -> str:
+    """The size (apparent: st_size summed), '≥' before a walk cut short, 'n/a' when unreadable, '-' when the
+    cache is not there."""
     if not c.exists:
         return "-"
-    if c.size_bytes is None:
+    size = c.apparent_bytes if apparent else c.size_bytes
+    if size is None:
         return "n/a"
-    return ("≥" if not c.complete else "") + human_bytes(c.size_bytes)
+    return ("≥" if not c.complete else "") + human_bytes(size)
 
 
 def files_text(c: CacheInfo) -> str:
@@ -41,21 +43,31 @@ def growth_text(grew: int | None) -> str:
     return ("+" if grew > 0 else "-") + human_bytes(abs(grew))
 
 
-def cache_row(c: CacheInfo, grew: int | None, warnings: int, now: float) -> tuple[str, ...]:
+def cache_row(c: CacheInfo, grew: int | None, warnings: int, now: float, apparent: bool = False) -> tuple[str, ...]:
     """Name, size, files, newest, growth, warnings: one row of the pane and of `dltop caches`."""
-    return (c.label if c.label != "added" else display_path(c.path), size_text(c), files_text(c),
+    return (c.label if c.label != "added" else display_path(c.path), size_text(c, apparent), files_text(c),
             age(c.newest_mtime, now) if c.exists else "not there", growth_text(grew), f"!{warnings}" if warnings else "")
 
 
-def entry_row(e: CacheEntry, now: float) -> tuple[str, ...]:
-    """Name, size, files, newest, kind: one row of a cache's entries."""
+def short_age(t: float | None, now: float) -> str:
+    """'3h05m' since a file time, '-' when there is none (the pane's narrow columns)."""
+    return "-" if t is None else human_duration(max(0.0, now - t))
+
+
+def entry_row(e: CacheEntry, now: float, apparent: bool = False) -> tuple[str, ...]:
+    """Name (a hub repo's id, a revision's short hash; a folder ends in /), size, files, modified, accessed, kind:
+    one row of a cache's entries."""
     kind = e.kind + (f" · {e.detail}" if e.detail else "")
-    return (display_path(e.name), human_bytes(e.size_bytes), f"{e.files:,}", age(e.newest_mtime, now), kind)
+    name = e.label or (e.name[:12] if e.kind == "revision" else e.name)
+    name = display_path(name) + ("/" if e.is_dir and not e.label and e.kind != "revision" else "")
+    return (name, human_bytes(e.apparent_bytes if apparent else e.size_bytes), f"{e.files:,}",
+            short_age(e.newest_mtime, now), short_age(e.newest_atime, now), kind)
 
 
 def format_caches(part: CachesPart, warnings: Mapping[str, Sequence[str]], now: float) -> str:
     """The whole `dltop caches` report: one row per cache, then its path, the rule that placed it, warnings."""
-    lines = [f"caches of {part.environment}", ""]
+    lines = [f"caches of {part.environment}" + (f" ({part.exited}: its last environment)" if part.exited else ""),
+             ""]
     head = ("CACHE", "SIZE", "FILES", "NEWEST")
     rows = [cache_row(c, None, 0, now)[:4] for c in part.caches]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
@@ -63,6 +75,8 @@ def format_caches(part: CachesPart, warnings: Mapping[str, Sequence[str]], now: 
     for c, row in zip(part.caches, rows, strict=True):
         lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
         lines.append(f"    {display_path(c.path)}  ({c.source})")
+        if c.via_symlink:
+            lines.append(f"    a symlink to {display_path(c.via_symlink)}: followed")
         for k, v in c.settings.items():
             lines.append(f"    {k}={v}")
         if c.exists and c.size_bytes is None:

@@ -38,6 +38,7 @@ from dltop.tui.messages import (
     DatasetRemoveRequested,
     EvictRequested,
     LockRequested,
+    RescanRequested,
     ServerAddRequested,
     ServerRemoveRequested,
     WarmRequested,
@@ -587,6 +588,11 @@ class DltopApp(App[None]):
 
     def on_warned(self, msg: Warned) -> None:
         self.notify(msg.text, severity="warning", timeout=8)
+
+    def on_rescan_requested(self, msg: RescanRequested) -> None:
+        msg.stop()
+        if not self.replay:  # a recording has no system to read again
+            self.feed.read_now(msg.source, msg.key)
 
     def on_cancel_requested(self, msg: CancelRequested) -> None:
         msg.stop()

@@ -95,3 +95,11 @@ class ServerRemoveRequested(Message):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text = text
+
+
+class RescanRequested(Message):
+    """Read a source again now, not at its next turn (`key`: only that part of it, e.g. one cache)."""
+
+    def __init__(self, source: str, key: str | None = None) -> None:
+        super().__init__()
+        self.source, self.key = source, key

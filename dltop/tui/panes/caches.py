@@ -1,12 +1,14 @@
 """The Caches pane: compile and model caches with their sizes, where their tools put them, and what is wrong.
 
 Numbers come from the Snapshot's `caches` part (the Sampler's slow, budgeted walks). The pane only renders:
-Enter opens a cache's biggest entries, c asks the app to clear the selected cache or entry (the app plans through
-the action runner and shows a dialog stating the bytes), Esc cancels a clear.
+Enter opens a cache and its folders (Backspace goes up), s sorts, a toggles apparent sizes, r asks for a rewalk;
+c asks the app to clear the selected cache or entry (the app plans through the action runner and shows a dialog
+stating the bytes), Esc cancels a clear.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -16,27 +18,49 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Static
+from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import cache_growth
 from dltop.fmt import human_bytes, shorten_middle
 from dltop.hints.caches import warnings_for
 from dltop.model import CachesPart, Snapshot, Unavailable
 from dltop.model.base import display_path
-from dltop.model.caches import CacheInfo
+from dltop.model.caches import FOLDERS_KEPT, KEEP_DEPTH, CacheFolder, CacheInfo, folder_of
 from dltop.text.caches import cache_row, entry_row
 from dltop.text.datasets import progress_line
-from dltop.tui.messages import CancelRequested, ClearRequested
-from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content, set_row
+from dltop.tui.messages import CancelRequested, ClearRequested, RescanRequested
+from dltop.tui.panes.base import Pane, RowTable, fit_column, plain, set_content, set_row
 from dltop.tui.view import View
 
 COLUMNS = ("name", "size", "files", "newest", "growth", "warn")
 HEADERS = ("Cache", "Size", "Files", "Newest", "Growth", "!")
-ENTRY_COLUMNS = ("name", "size", "files", "newest", "kind")
-ENTRY_HEADERS = ("Entry", "Size", "Files", "Newest", "Kind")
+ENTRY_COLUMNS = ("name", "size", "files", "newest", "atime", "kind")
+ENTRY_HEADERS = ("Entry", "Size", "Files", "Modified", "Accessed", "Kind")
+SORTS = ("size", "name", "age")  # s cycles them, as ncdu's s / n / M: biggest, by name, newest modified first
+MORE = "\0more"  # the row key of the "N more" line (no path holds a NUL)
 
 
 def _part(snap: Snapshot | None) -> CachesPart | None:
     return snap.caches if snap is not None and isinstance(snap.caches, CachesPart) else None
+
+
+def _sorted(items: list[Any], sort: str, apparent: bool, ties: bool = True) -> list[Any]:
+    """Caches or entries in the order chosen; ties by name (`ties`; else in the order given: the caches' own), so
+    rows never swap between walks. A cache not there sorts after an empty one."""
+    def size(x: Any) -> int:
+        got = x.apparent_bytes if apparent else x.size_bytes
+        return -1 if got is None else got
+
+    def name(x: Any) -> str:
+        return str(getattr(x, "label", "") or x.name)
+
+    if sort == "name":
+        return sorted(items, key=lambda x: (name(x).lower(), x.path))
+    if sort == "age":
+        return sorted(items, key=lambda x: (-(x.newest_mtime or float("-inf")), name(x).lower(), x.path))
+    if not ties:
+        return sorted(items, key=lambda x: -size(x))
+    return sorted(items, key=lambda x: (-size(x), name(x).lower(), x.path))
 
 
 class CachesPane(Pane):
@@ -46,8 +70,14 @@ class CachesPane(Pane):
     TITLE = "Caches"
     HELP = ("Each cache is placed the way its tool places it (environment variable first, then its default), in "
             "dltop's environment or, with --pid, in that process's. Sizes are du -B1's (every block once, "
-            "symlinks never followed); ≥ marks a walk cut short by its time budget. Growth is since dltop started. "
-            "c clears the selected cache or entry after a dialog stating the bytes; Esc cancels.")
+            "symlinks never followed inside; a cache folder that is a symlink is followed and said); ≥ marks a walk "
+            "cut short by its time budget. Growth is since dltop started. Enter opens a cache or folder (the 50 "
+            "biggest folders four deep are kept), Backspace goes up; s sorts by size, name or age (the list of caches "
+            "is in the tools' order until then); a shows apparent "
+            "sizes (st_size, du --apparent-size) instead of disk usage; r walks the cache again now. A Hugging Face "
+            "hub repo opens on its revisions; c on one deletes that revision as huggingface_hub's delete_revisions "
+            "plans it (blobs another revision links stay). c clears the selected cache or entry after a dialog "
+            "stating the bytes; Esc cancels.")
     can_focus = False
     DEFAULT_CSS = """
     #cc-summary { height: auto; max-height: 2; }
@@ -59,6 +89,9 @@ class CachesPane(Pane):
         Binding("enter", "open", "Open", id="caches.open"),
         Binding("backspace", "back", "Back", id="caches.back"),
         Binding("c", "clear", "Clear", id="caches.clear"),
+        Binding("s", "sort", "Sort", id="caches.sort"),
+        Binding("a", "apparent", "Apparent", id="caches.apparent"),
+        Binding("r", "rescan", "Rescan", id="caches.rescan"),
         Binding("escape", "cancel", "Cancel", id="caches.cancel"),
     ]
 
@@ -66,6 +99,11 @@ class CachesPane(Pane):
         super().__init__()
         self._clock = clock
         self._open: str | None = None  # the cache whose entries are shown; None: the list of caches
+        self._folder: str | None = None  # the folder of it shown (its path; the cache's own at first)
+        self._sort = "size"
+        self._sorted_by_user = False  # the list of caches keeps the tools' order until s is pressed
+        self._apparent = False
+        self._order: tuple[object, ...] = ()  # what the rows were laid out for: a change rebuilds them in order
         self._rows: list[str] = []
         self._mode: str | None = None  # the headers shown: "caches" or "entries"
         self._name_width = 0
@@ -100,48 +138,79 @@ class CachesPane(Pane):
         for key, label in zip(keys, headers, strict=True):
             table.add_column(label, key=key)
 
+    def _shown_folder(self, opened: CacheInfo) -> CacheFolder | None:
+        """The folder of `opened` on screen: the one opened, or the cache's own when that one was not kept."""
+        folder = folder_of(opened, self._folder or opened.path)
+        if folder is None:
+            self._folder = opened.path
+            folder = folder_of(opened, opened.path)
+        return folder
+
     def render_view(self, view: View) -> None:
         now = self.moment(view, self._clock)
         table = self.query_one("#cc-table", DataTable)
         part = view.snapshot.caches
         opened = self._cache(self._open)
         if self._open is not None and opened is None:
-            self._open = None
+            self._open = self._folder = None
         wanted: dict[str, tuple[str, ...]] = {}
         keys: tuple[str, ...]
         headers: tuple[str, ...]
+        size_head = "Apparent" if self._apparent else "Size"
         if opened is None:
             self._columns(table, "caches")
             growth = self._growth(view)
             caches = self._caches()
-            for c in caches:
-                wanted[c.name] = cache_row(c, growth.get(c.name), len(warnings_for(c, view.snapshot.ts)), now)
+            # the tools' own order until s is pressed (it reads as the docs' table); then sorted like entries
+            for c in (_sorted(caches, self._sort, self._apparent, ties=False) if self._sorted_by_user else caches):
+                wanted[c.name] = cache_row(c, growth.get(c.name), len(warnings_for(c, view.snapshot.ts)), now,
+                                           apparent=self._apparent)
             summary = Text.assemble(("Caches", "bold"))
             if isinstance(part, Unavailable):
                 summary.append(f"  unavailable: {part.reason}", "red")
             elif isinstance(part, CachesPart):
                 present = [c for c in caches if c.exists]
-                total = sum(c.size_bytes or 0 for c in present)
-                summary.append(f"  {len(present)} of {len(caches)} present, {human_bytes(total)} in all · "
-                               f"{part.environment}")
+                total = sum((c.apparent_bytes if self._apparent else c.size_bytes) or 0 for c in present)
+                summary.append(f"  {len(present)} of {len(caches)} present, {human_bytes(total)} in all · ")
+                if part.exited:
+                    summary.append(f"{part.exited}: its last environment", "yellow")
+                else:
+                    summary.append(part.environment)
             else:
                 summary.append("  measuring…", "dim")
-            keys, headers = COLUMNS, HEADERS
+            keys, headers = COLUMNS, (HEADERS[0], size_head, *HEADERS[2:])
         else:
             self._columns(table, "entries")
-            for e in opened.entries:
-                wanted[e.path] = entry_row(e, now)
-            summary = Text.assemble(("Caches", "bold"), " › ", (opened.label, "bold"),
-                                    f"  {display_path(opened.path)}")
-            if not opened.entries:
+            folder = self._shown_folder(opened)
+            entries = list(folder.entries) if folder is not None else []
+            for e in _sorted(entries, self._sort, self._apparent):
+                wanted[e.path] = entry_row(e, now, apparent=self._apparent)
+            if folder is not None and folder.more:
+                more_bytes = folder.more_apparent_bytes if self._apparent else folder.more_bytes
+                wanted[MORE] = (f"… {folder.more:,} more", human_bytes(more_bytes), "", "", "", "not kept")
+            summary = Text.assemble(("Caches", "bold"), " › ", (opened.label, "bold"))
+            where = self._folder or opened.path
+            summary.append(f"  {display_path(where)}")
+            if not entries:
                 summary.append("  (empty)", "dim")
-            keys, headers = ENTRY_COLUMNS, ENTRY_HEADERS
+            summary.append(f"  · by {self._sort}", "dim")
+            keys, headers = ENTRY_COLUMNS, (ENTRY_HEADERS[0], size_head, *ENTRY_HEADERS[2:])
         set_content(self.query_one("#cc-summary", Static), summary)
         self._name_width = fit_column(table, wanted, 0, headers, keys, shorten_middle, self._name_width)
-        for stale in [k for k in table.rows if k.value not in wanted]:
-            table.remove_row(stale)
-        for key, values in wanted.items():
-            set_row(table, key, keys, values)
+        self._relabel(table, keys, headers)
+        order = (self._open, self._folder, self._sort, self._apparent, tuple(wanted))
+        if order != self._order:
+            # Another folder, order or set of rows: laid out again in order, the cursor found again by its key.
+            at = self._selected()
+            self._order = order
+            table.clear()
+            for key, values in wanted.items():
+                table.add_row(*map(plain, values), key=key)
+            if at in wanted:
+                table.move_cursor(row=list(wanted).index(at))
+        else:
+            for key, values in wanted.items():
+                set_row(table, key, keys, values)
         self._rows = list(wanted)
         set_content(self.query_one("#cc-detail", Static), self._detail(opened, now))
         set_content(self.query_one("#cc-progress", Static), self._progress(view))
@@ -150,22 +219,33 @@ class CachesPane(Pane):
             self._bindings_shown = shown
             self.refresh_bindings()
 
+    def _relabel(self, table: DataTable, keys: tuple[str, ...], headers: tuple[str, ...]) -> None:
+        """The size column's header says which size it shows (disk usage or apparent)."""
+        for key, label in zip(keys, headers, strict=True):
+            column = table.columns.get(ColumnKey(key))
+            if column is not None and str(column.label) != label:
+                column.label = Text(label)
+                table.refresh()
+
     def _detail(self, opened: CacheInfo | None, now: float) -> Text:
-        """The selected cache's path, rule and warnings (or, opened, its totals)."""
+        """The selected cache's path, its warnings (the most severe first: the box has 5 lines at 80x24), the
+        rule that placed it and the rest (or, opened, the same for the opened cache)."""
         c = opened or self._cache(self._selected())
         t = Text()
         if c is None:
             return t
         t.append(display_path(c.path), "bold")
-        t.append(f"  ({c.source})")
-        for k, v in c.settings.items():
-            t.append(f"\n{k}={v}")
+        if c.via_symlink:
+            t.append(f" → {display_path(c.via_symlink)} (a symlink, followed)")
         if c.exists and c.size_bytes is None:
             t.append(f"\nunavailable: {c.unavailable.get('size_bytes', '')}", "red")
         # judged at the Snapshot's time, as the hints are: a replay shows what live showed
         snap_ts = self.view.snapshot.ts if self.view is not None else now
         for w in warnings_for(c, snap_ts):
             t.append(f"\n! {w}", "yellow")
+        t.append(f"\n({c.source})")
+        for k, v in c.settings.items():
+            t.append(f"\n{k}={v}")
         if c.clear_command:
             t.append(f"\nits own clear command: {c.clear_command}")
         if c.noted:
@@ -210,23 +290,69 @@ class CachesPane(Pane):
             set_content(self.query_one("#cc-detail", Static), self._detail(None, self.moment(self.view, self._clock)))
 
     def action_open(self) -> None:
-        """Show the biggest entries of the selected cache."""
-        if self._open is not None:
-            return
-        c = self._cache(self._selected())
-        if c is None or not c.exists:
-            return
-        self._open = c.name
+        """Open the selected cache, or the selected folder of an opened one."""
+        key = self._selected()
+        if self._open is None:
+            c = self._cache(key)
+            if c is None or not c.exists:
+                return
+            self._open, self._folder = c.name, c.path
+        else:
+            opened = self._cache(self._open)
+            if opened is None or key is None or key == MORE:
+                return
+            entry = next((e for e in folder_of(opened, self._folder or opened.path).entries  # type: ignore[union-attr]
+                          if e.path == key), None)
+            if entry is None or not entry.is_dir:
+                return
+            if folder_of(opened, key) is None:
+                self.notify(f"{display_path(key)}: its entries were not kept (the {FOLDERS_KEPT} biggest folders "
+                            f"{KEEP_DEPTH} deep are)", timeout=3)
+                return
+            self._folder = key
         self._rerender()
         self.query_one("#cc-table", DataTable).move_cursor(row=0)
 
     def action_back(self) -> None:
-        """Back to the list of caches."""
-        if self._open is not None:
-            left, self._open = self._open, None
-            self._rerender()
-            if left in self._rows:
-                self.query_one("#cc-table", DataTable).move_cursor(row=self._rows.index(left))
+        """Up one folder; from a cache's own folder, back to the list of caches."""
+        if self._open is None:
+            return
+        opened = self._cache(self._open)
+        left = self._folder
+        if opened is None or left is None or left == opened.path:
+            left, self._open, self._folder = self._open, None, None
+        else:
+            self._folder = os.path.dirname(left)
+            while self._folder != opened.path and folder_of(opened, self._folder) is None:
+                self._folder = os.path.dirname(self._folder)  # a hub revision's parent is its repo
+                if len(self._folder) < len(opened.path):
+                    self._folder = opened.path
+        self._rerender()
+        if left in self._rows:
+            self.query_one("#cc-table", DataTable).move_cursor(row=self._rows.index(left))
+
+    def action_sort(self) -> None:
+        """Sort by size, then by name, then by age (newest modified first)."""
+        if self._sorted_by_user or self._open is not None:
+            self._sort = SORTS[(SORTS.index(self._sort) + 1) % len(SORTS)]
+        self._sorted_by_user = True
+        self.notify(f"sorted by {self._sort}", timeout=2)
+        self._rerender()
+
+    def action_apparent(self) -> None:
+        """Sizes as st_size (apparent, du --apparent-size) or as blocks on disk (du), as ncdu's a."""
+        self._apparent = not self._apparent
+        self.notify("apparent sizes (st_size)" if self._apparent else "disk usage (blocks)", timeout=2)
+        self._rerender()
+
+    def action_rescan(self) -> None:
+        """Walk the selected cache again now (in the list: every cache)."""
+        name = self._open
+        if name is None:
+            c = self._cache(self._selected())
+            name = c.name if c is not None else None
+        self.post_message(RescanRequested("caches", name))
+        self.notify(f"walking {name or 'every cache'} again…", timeout=2)
 
     # -- actions ----------------------------------------------------------------------------------------------
 
@@ -240,6 +366,8 @@ class CachesPane(Pane):
             return view is not None and view.busy
         if action == "back":
             return self._open is not None
+        if action == "rescan":
+            return None if view is None or view.replay else True  # a recording has no system to walk
         return True
 
     def _target(self) -> str | None:
@@ -249,7 +377,7 @@ class CachesPane(Pane):
         if self._open is None:
             c = self._cache(key)
             return c.path if c is not None and c.exists else None
-        return key
+        return None if key == MORE else key
 
     def action_clear(self) -> None:
         """Clear the selected cache (what is in it) or entry, after a dialog stating the bytes."""
