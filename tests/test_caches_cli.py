@@ -132,7 +132,9 @@ def test_snapshot_json_has_the_caches(tmp_path: Path) -> None:
 
 
 def _snap(ts: float, home: Path, root: str = "/", **variables: str) -> Snapshot:
-    e = src.environment_of({"HOME": str(home), **variables}, os.getuid(), "t", cwd="/")
+    # TMPDIR: Inductor's precompiled headers are under the temp dir; the machine's own /tmp is not this test's
+    (home / "tmp").mkdir(exist_ok=True)
+    e = src.environment_of({"HOME": str(home), "TMPDIR": str(home / "tmp"), **variables}, os.getuid(), "t", cwd="/")
     return Snapshot(ts=ts, host="t", caches=src.read_caches(e, root=root))
 
 
@@ -196,7 +198,8 @@ def test_stale_locks_and_other_versions(tmp_path: Path) -> None:
     lock.touch()
     os.utime(lock, (time.time() - 7200, time.time() - 7200))
     alone = {"HOME": str(tmp_path), "TORCH_EXTENSIONS_DIR": str(te),
-             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "none")}  # not the machine's /tmp/torchinductor_<user>
+             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "none"),  # not the machine's /tmp/torchinductor_<user>
+             "TMPDIR": str(tmp_path)}  # nor its precompiled headers
     e = src.environment_of(alone, os.getuid(), "t", version_key="py311_cpu")
     snap = Snapshot(ts=time.time(), host="t", caches=src.read_caches(e))
     found = {h.id: h for h in hints.hints([snap])}

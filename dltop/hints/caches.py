@@ -102,13 +102,19 @@ def _names(caches: list[CacheInfo]) -> str:
                                                                      if len(caches) > 3 else "")
 
 
+PINNED_TO_TEMP = frozenset({"torchinductor_headers"})
+
+
 @rule
 def cache_on_temporary_storage(history: Sequence[Snapshot]) -> Hint | None:
     """A compile or model cache on tmpfs or under a temporary folder: a reboot wipes it."""
     latest = _latest(history)
     if latest is None:
         return None
-    hit = [c for c in latest[1].caches if c.exists and c.files and on_temporary_storage(c)]
+    # Inductor's precompiled headers are always in the temp dir (torch puts them there whatever the cache dir
+    # says): nothing the user can move, and they are rebuilt in seconds.
+    hit = [c for c in latest[1].caches if c.exists and c.files and on_temporary_storage(c)
+           and c.name not in PINNED_TO_TEMP]
     if not hit:
         return None
     return Hint(id="cache-on-temporary-storage", severity="warn",

@@ -68,16 +68,10 @@ class CachesPane(Pane):
 
     PANE_ID = "caches"
     TITLE = "Caches"
-    HELP = ("Each cache is placed the way its tool places it (environment variable first, then its default), in "
-            "dltop's environment or, with --pid, in that process's. Sizes are du -B1's (every block once, "
-            "symlinks never followed inside; a cache folder that is a symlink is followed and said); ≥ marks a walk "
-            "cut short by its time budget. Growth is since dltop started. Enter opens a cache or folder (the 50 "
-            "biggest folders four deep are kept), Backspace goes up; s sorts by size, name or age (the list of caches "
-            "is in the tools' order until then); a shows apparent "
-            "sizes (st_size, du --apparent-size) instead of disk usage; r walks the cache again now. A Hugging Face "
-            "hub repo opens on its revisions; c on one deletes that revision as huggingface_hub's delete_revisions "
-            "plans it (blobs another revision links stay). c clears the selected cache or entry after a dialog "
-            "stating the bytes; Esc cancels.")
+    HELP = ("Caches are placed as their tools place them (variable, then default; --pid: that process's). Sizes "
+            "are du -B1's, a the apparent size; ≥ marks a walk cut short. ⏎ opens (the 50 biggest folders four deep "
+            "are kept), a hub repo on its revisions; c clears after a dialog with the bytes (a revision as "
+            "hf cache rm does: shared blobs stay).")
     can_focus = False
     DEFAULT_CSS = """
     #cc-summary { height: auto; max-height: 2; }
