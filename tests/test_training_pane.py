@@ -24,7 +24,7 @@ from dltop.probe.files import open_private_dir, write_atomic
 from dltop.sampler import ListFeed
 from dltop.sources.probes import read_probes
 from dltop.tui.app import DltopApp
-from dltop.tui.panes.training import probe_notes
+from dltop.tui.panes.training import probe_notes, rate_text
 from tests.conftest import load_session
 from tests.probe_helpers import REPO, probe_env
 
@@ -409,3 +409,49 @@ time.sleep(60)
         assert next(ln for ln in body.splitlines() if ln.startswith("Step"))
         _fits(app)
     assert probe.MAIN_LOADER == "train"
+
+
+async def test_a_real_jobs_throughput_and_loss_have_their_lines_and_columns(tmp_path: Path) -> None:
+    # a real probe over a DataLoader (its batch_size), tokens from the batch, the loss logged, then a loss that
+    # diverged: the lines say samples/s, tokens/s and NaN, the epoch table has the columns, within 80x24
+    pytest.importorskip("torch", reason="torch is not installed (the test extra)")
+    code = """
+import time, torch, dltop.probe as probe
+from torch.utils.data import DataLoader, TensorDataset
+probe.start(interval_s=60)
+loader = DataLoader(TensorDataset(torch.ones(24, 16)), batch_size=4)
+for epoch in range(2):
+    for (x,) in probe.track(loader, tokens=lambda b: b[0].numel()):
+        time.sleep(0.002)
+        probe.log(loss=x.mean() * (epoch + 1))
+    probe.mark_epoch()
+probe.log(loss=torch.tensor(float("nan")))
+probe.publish()
+print(flush=True)
+time.sleep(60)
+"""
+    job = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                           env=probe_env(tmp_path))
+    try:
+        job.stdout.readline()  # type: ignore[union-attr]
+        part = read_probes([(str(tmp_path / "dltop"), os.getuid())])
+    finally:
+        job.kill()
+        job.wait()
+    p = part.processes[0]
+    assert p.samples == 48 and p.tokens == 48 * 16 and p.samples_per_s and p.loss_nonfinite == "nan"
+    app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        lines = _shown(app).splitlines()
+        samples = next(ln for ln in lines if ln.startswith("Samples/s"))
+        tokens = next(ln for ln in lines if ln.startswith("Tokens/s"))
+        assert rate_text(p.samples_per_s) in samples and rate_text(p.tokens_per_s) in tokens
+        assert next(ln for ln in lines if ln.startswith("Loss")).split()[1] == "NaN"
+        head = next(ln for ln in lines if ln.startswith("Epoch"))
+        assert "Samp/s" in head and "Tok/s" in head and "Loss" in head
+        for e in p.epochs:
+            row = next(ln for ln in lines if ln.split()[:1] == [str(e.index)])
+            assert rate_text(e.samples_per_s) in row and f"{e.loss:.4g}" in row
+        assert "throughput, loss: not given" not in "\n".join(lines)
+        _fits(app)
