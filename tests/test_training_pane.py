@@ -154,6 +154,15 @@ async def test_ranks_of_one_job_are_grouped(tmp_path: Path) -> None:
         assert f"2 ranks 0,1 of 2  pids {rank0},{rank1}" in body
         assert f"pid {alone.pid}" in body
         assert "epochs (rank 0's)" in body
+        # two jobs overflow 80x24: no scroll bar (its partial cells read as stray sparkline pieces), a line
+        # says what is out of view instead
+        pane = app.query_one("#pane-training")
+        assert not [w.id for w in pane.walk_children() if getattr(w, "show_vertical_scrollbar", False)
+                    and w.styles.scrollbar_size_vertical and w.region.height]
+        scroll = app.query_one("#tr-scroll")
+        assert scroll.virtual_size.height > scroll.size.height
+        below = scroll.virtual_size.height - scroll.size.height
+        assert _text(app, "#tr-scroll-tag") == f"↓{below} lines out of view"
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
