@@ -276,6 +276,19 @@ _PROBE = (  # (field, ProcessProbe attribute)
      "steps"),
     (_field("probes", "training_start_timestamp_seconds", "gauge", "seconds",
             "Unix time the process started its probe (about when training began)", PROCESS), "started_at"),
+    (_field("probes", "training_samples_per_second", "gauge", "",
+            "Samples a second over the recent steps, where the script gives the batch size (the probe)", PROCESS),
+     "samples_per_s"),
+    (_field("probes", "training_tokens_per_second", "gauge", "",
+            "Tokens a second over the recent steps, where the script gives the tokens per batch (the probe)",
+            PROCESS), "tokens_per_s"),
+    (_field("probes", "training_samples_total", "counter", "", "Samples the process has trained on (the probe)",
+            PROCESS), "samples"),
+    (_field("probes", "training_tokens_total", "counter", "", "Tokens the process has trained on (the probe)",
+            PROCESS), "tokens"),
+    (_field("probes", "training_loss", "gauge", "",
+            "The last loss the script logged with probe.log (absent where it is not a finite number)", PROCESS),
+     "loss"),
 )
 
 # -- compile and model caches (docs/caches.md) ----------------------------------------------------------------------

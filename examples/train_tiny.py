@@ -105,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"probe: {path}", flush=True)
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(args.epochs):
-        for x, y in probe.track(loader):
+        for x, y in probe.track(loader):  # samples/s from the DataLoader's batch_size
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
+            probe.log(loss=loss)  # the tensor: the probe reads it off the loop (no wait for the device)
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)
         e = probe.mark_epoch()

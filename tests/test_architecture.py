@@ -105,6 +105,12 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return out
 
 
+# The probe's framework callbacks import their framework (and only theirs): never from `import dltop.probe`,
+# only when a script imports the callback's module (tests/test_probe_frameworks.py checks the first part).
+FRAMEWORK_CALLBACKS = {"dltop/probe/hf.py": ("transformers",),
+                       "dltop/probe/lightning.py": ("lightning", "pytorch_lightning")}
+
+
 def _violations(path: Path) -> list[str]:
     part = _part(path)
     allowed = ALLOWED.get(part)
@@ -126,7 +132,8 @@ def _violations(path: Path) -> list[str]:
                 bad.append(f"{rel}:{line} imports {mod}: dltop/{part} may import only {sorted(allowed)}")
         elif top in ONLY_IN and part.split("/")[0] not in ONLY_IN[top]:
             bad.append(f"{rel}:{line} imports {mod}: only {sorted(ONLY_IN[top])} may import {top}")
-        elif part == "probe" and top not in sys.stdlib_module_names and top not in ("torch", "dltop"):
+        elif part == "probe" and top not in sys.stdlib_module_names and top not in ("torch", "dltop") \
+                and top not in FRAMEWORK_CALLBACKS.get(rel, ()):
             bad.append(f"{rel}:{line} imports {mod}: the probe imports the standard library only (and torch lazily)")
     return bad
 

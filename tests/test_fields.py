@@ -458,8 +458,15 @@ def test_every_field_comes_out_of_some_real_snapshot(tmp_path: Path, proc_root: 
         snap = sampler.read_once(5.0)
     finally:
         sampler.close()
+    for _ in probe.track([kv] * 3, batch_size=2, tokens=8):  # a loop that hands over its samples, tokens, loss
+        probe.log(loss=0.5)
+    # as many samples and tokens an item as that loop had, over DATA_DOC's steps
+    counts = {f"{pre}{kind}": k * DATA_DOC[f"{pre}steps"] for kind, k in (("samples", 2), ("tokens", 8))
+              for pre in ("", "recent_")}
+    assert probe.report()["data"]["samples"] == 2 * 3 and probe.report()["loss"]["value"] == 0.5
     parts = dict(memory=snap.memory, datasets=scan_paths([str(tmp_path / "ds"), str(tmp_path / "gone")]),
-                 probes=probes_part(tmp_path, {**probe.report(), "data": DATA_DOC, "started_at": time.time() - 10}))
+                 probes=probes_part(tmp_path, {**probe.report(), "data": {**DATA_DOC, **counts},
+                                               "started_at": time.time() - 10}))
     seen = {f.name for f, _, _ in samples(dataclasses.replace(snap, **parts))}
     seen |= {f.name for f, _, _ in samples(Snapshot(ts=2.0, host="h", servers=bumped),
                                            Snapshot(ts=1.0, host="h", servers=servers))}

@@ -717,3 +717,37 @@ def test_a_val_loader_in_the_epoch_is_timed_apart_from_the_train_loader() -> Non
     assert val["steps"] == 6 and val["recent_steps"] == 4  # each pass's first item has no step before it
     assert val["recent_wait_s"] >= 0.02 * 4
     json.loads(probe.encode(doc))  # published within the limit
+
+
+def test_throughput_and_loss_are_what_the_loop_handed_over(capsys) -> None:
+    """A real DataLoader of 30 samples in batches of 8 (the last one 6): its batch_size by default, tokens by a
+    function of the batch, the loss as a tensor; each epoch's samples, tokens and mean loss are the loop's own,
+    and the recent rate is the recent samples over the recent steps' time."""
+    ds = torch.utils.data.TensorDataset(torch.ones(30, 5))
+    loader = torch.utils.data.DataLoader(ds, batch_size=8)
+    losses: list[list[float]] = []
+    for epoch in range(2):
+        losses.append([])
+        for i, (x,) in enumerate(probe.track(loader, tokens=lambda b: b[0].numel())):
+            loss = x.sum() / (i + 1 + epoch)
+            losses[-1].append(float(loss))
+            probe.log(loss=loss)
+        probe.mark_epoch()
+    doc = probe.report()
+    data = doc["data"]
+    assert data["samples"] == 2 * 4 * 8 and data["tokens"] == 2 * 150  # the DataLoader's 8, its last batch too
+    recent = data["recent_steps"]
+    assert recent and data["recent_samples"] == 8 * recent  # (the first batch of an epoch has no step)
+    assert [(e["samples"], e["tokens"]) for e in doc["epochs"]] == [(32, 150), (32, 150)]
+    for e, mine in zip(doc["epochs"], losses, strict=True):
+        assert e["loss"] == pytest.approx(sum(mine) / len(mine))
+    assert doc["loss"]["value"] == pytest.approx(losses[-1][-1]) and doc["loss"]["logged"] == 8
+    # a diverged loss is said, not a number that JSON cannot hold; the file is still written
+    probe.log(loss=torch.tensor(float("nan")))
+    doc = probe.report()
+    assert doc["loss"]["value"] is None and doc["loss"]["nonfinite"] == "nan" and probe.encode(doc)
+    # a count function that raises is said once and stops counting; the loop goes on
+    for _ in probe.track([torch.zeros(2)] * 3, tokens=lambda b: 1 // 0):
+        pass
+    assert "tokens" not in probe.report()["data"] and probe.report()["data"]["steps"] == 11
+    assert capsys.readouterr().err.count("counting tokens failed (ZeroDivisionError") == 1

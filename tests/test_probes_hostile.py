@@ -36,8 +36,8 @@ def loader():
         time.sleep(0.005)
         yield torch.zeros(2, 16)
 for epoch in range(3):
-    for x in probe.track(loader(), data_dir=sys.argv[1]):
-        model(x)
+    for x in probe.track(loader(), data_dir=sys.argv[1], batch_size=2, tokens=lambda b: b.numel()):
+        probe.log(loss=model(x).sum())
     probe.mark_epoch()
 print(json.dumps(probe.report()), flush=True)
 """
@@ -52,6 +52,7 @@ def real_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["devices"] and len(doc["epochs"]) == 3 and doc["data"]["recent_steps"]
+    assert doc["data"]["recent_samples"] and doc["loss"]["logged"] == 15 and doc["epochs"][0]["tokens"] == 160
     # this process's identity, so the file passes the liveness checks and every field is looked at
     mine = probe.report()
     return {**doc, "pid": mine["pid"], "start_time_ticks": mine["start_time_ticks"], "uid": ME}
@@ -98,7 +99,7 @@ def _check(part: ProbesPart) -> None:
     for p in part.processes:
         for where, v in _numbers(p):
             assert math.isfinite(v), where
-            if "cached_delta" not in where:
+            if "cached_delta" not in where and not where.endswith(".loss"):  # a loss may be negative
                 assert 0 <= v <= max(MAX_BYTES, 2**53), (where, v)
         assert p.data_wait_fraction is None or 0 <= p.data_wait_fraction <= 1
         for why in p.unavailable.values():

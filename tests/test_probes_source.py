@@ -626,3 +626,38 @@ def test_loaders_apart_are_validated_each(pdir: Path) -> None:
     _write(pdir, _doc(loaders=[1, 2]))
     p = _read(pdir).processes[0]
     assert p.loaders == () and p.unavailable["loaders"] == "loaders ignored: expected an object"
+
+
+@pytest.mark.parametrize("data, loss, epoch, field, why", [
+    ({"samples": 40, "recent_samples": 80}, None, {}, "samples_per_s", "80 is more than the 40 in all"),
+    ({"samples": 40, "recent_samples": 40, "recent_step_s": 1e-30}, None, {}, "samples_per_s", "an absurd rate"),
+    ({"tokens": -5, "recent_tokens": 1}, None, {}, "tokens_per_s", "negative"),
+    ({}, {"value": "2.3", "logged": 1}, {}, "loss", "expected a number, got str"),
+    ({}, {"value": 1e300, "logged": 1}, {}, "loss", "an absurd number"),
+    ({}, {"value": None, "nonfinite": "rm -rf", "logged": 1}, {}, "loss", "expected one of nan, inf, -inf"),
+    ({}, None, {"loss": float("nan")}, "epochs", "nan is not a finite number"),
+    ({}, None, {"samples": 1.5}, "epochs", "expected int, got float"),
+])
+def test_throughput_and_loss_fields_are_validated(data: dict, loss: dict | None, epoch: dict, field: str,
+                                                  why: str) -> None:
+    """Each new number is checked as the others are: a bad one is left out with its reason, the rest is read."""
+    now = time.time()
+    doc = _doc(epochs=[{"index": 0, "started_at": now - 2, "ended_at": now - 1, "duration_s": 1.0,
+                        "data_wait_s": 0.1, "steps": 4, **epoch}])
+    doc["data"] = {"steps": 8, "recent_steps": 4, "recent_wait_s": 0.1, "recent_step_s": 1.0, "window_s": 10.0,
+                   **data}
+    if loss is not None:
+        doc["loss"] = loss
+    p = parse_probe(json.loads(json.dumps(doc)), "x", ME)
+    assert p.step_time_s == doc["data"]["recent_step_s"] / 4  # the rest of the file is read
+    if field == "epochs":
+        assert p.epochs == () and why in p.unavailable["epochs[0]"]
+    else:
+        assert getattr(p, field) is None and any(why in v for v in p.unavailable.values()), p.unavailable
+    good = parse_probe(json.loads(json.dumps({**doc, "data": {**doc["data"], "samples": 80, "recent_samples": 32,
+                                                              "recent_step_s": 1.0},
+                                              "loss": {"value": -0.5, "logged": 3, "age_s": 0.2},
+                                              "epochs": [{**doc["epochs"][0], "samples": 32, "loss": 2.0}]})),
+                       "x", ME)
+    assert good.samples_per_s == 32.0 and good.loss == -0.5 and good.losses_logged == 3  # a loss may be negative
+    assert good.epochs[0].samples_per_s == 32.0 and good.epochs[0].loss == 2.0

@@ -24,6 +24,7 @@ from dltop.probe.files import open_private_dir, write_atomic
 from dltop.sampler import ListFeed
 from dltop.sources.probes import read_probes
 from dltop.tui.app import DltopApp
+from dltop.tui.panes.training import probe_notes, rate_text
 from tests.conftest import load_session
 from tests.probe_helpers import REPO, probe_env
 
@@ -50,10 +51,18 @@ def _text(app: DltopApp, selector: str) -> str:
     return str(app.query_one(selector, Static).render())
 
 
+def _shown(app: DltopApp) -> str:
+    """What the tab shows of its jobs: the body, then (one job) its epoch table's header and rows."""
+    parts = [_text(app, "#tr-body")]
+    if app.query_one("#pane-training").has_class("-one-job"):
+        parts += [_text(app, "#tr-epochs-head"), _text(app, "#tr-epochs-body")]
+    return "\n".join(parts)
+
+
 def _fits(app: DltopApp) -> None:
     body = app.query_one("#tr-body", Static)
     scroll = app.query_one("#tr-scroll")
-    assert max(len(line) for line in _text(app, "#tr-body").splitlines()) <= body.size.width
+    assert max(len(line) for line in _shown(app).splitlines()) <= body.size.width
     assert scroll.virtual_size.height <= scroll.size.height, "the job does not fit 80x24 without scrolling"
 
 
@@ -63,7 +72,7 @@ async def test_the_recorded_run_shows_its_epochs_and_sparklines() -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await _open(pilot)
         assert app.query_one("#tabs").active == "tab-training"
-        body = _text(app, "#tr-body")
+        body = _shown(app)
         p = snaps[-1].probes.processes[0]  # type: ignore[union-attr]
         assert body.startswith(f"pid {p.pid}") and "train_tiny" in body
         assert f"workers {p.loader_workers}" in body and f"data {p.data_dir}" in body
@@ -87,7 +96,7 @@ async def test_no_probe_says_how_to_add_one() -> None:
     app = DltopApp(ListFeed([snap]))
     async with app.run_test(size=(80, 24)) as pilot:
         await _open(pilot)
-        body = _text(app, "#tr-body")
+        body = _shown(app)
         assert "probe.start()" in body and "DLTOP_PROBE=1 python train.py" in body
         assert not app.query_one("#tr-notes", Static).display
         _fits(app)
@@ -140,11 +149,20 @@ async def test_ranks_of_one_job_are_grouped(tmp_path: Path) -> None:
     app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
     async with app.run_test(size=(80, 24)) as pilot:
         await _open(pilot)
-        body = _text(app, "#tr-body")
+        body = _shown(app)
         rank0, rank1 = procs[1].pid, procs[0].pid
         assert f"2 ranks 0,1 of 2  pids {rank0},{rank1}" in body
         assert f"pid {alone.pid}" in body
         assert "epochs (rank 0's)" in body
+        # two jobs overflow 80x24: no scroll bar (its partial cells read as stray sparkline pieces), a line
+        # says what is out of view instead
+        pane = app.query_one("#pane-training")
+        assert not [w.id for w in pane.walk_children() if getattr(w, "show_vertical_scrollbar", False)
+                    and w.styles.scrollbar_size_vertical and w.region.height]
+        scroll = app.query_one("#tr-scroll")
+        assert scroll.virtual_size.height > scroll.size.height
+        below = scroll.virtual_size.height - scroll.size.height
+        assert _text(app, "#tr-scroll-tag") == f"↓{below} lines out of view"
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -165,7 +183,17 @@ def test_the_recording_is_a_real_train_tiny_run() -> None:
     assert Snapshot.from_json(json.dumps(raw)) == snaps[-1]
 
 
-async def test_sixteen_epochs_show_the_newest_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+def _epochs_shown(app: DltopApp) -> list[int]:
+    """The epoch indexes in view in the tab's epoch table (one job: it scrolls on its own)."""
+    scroll = app.query_one("#tr-epochs")
+    rows = _text(app, "#tr-epochs-body").splitlines()
+    top = round(scroll.scroll_y)
+    return [int(ln.split()[0]) for ln in rows[top:top + scroll.size.height] if ln.split()[:1] != []]
+
+
+async def test_sixteen_epochs_scroll_in_their_own_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one job of 19 epochs (the probe keeps 16): at 80x24 the newest are in view under the sparklines, the header
+    # says how many are above; e and Home scroll to the oldest kept, the sparklines stay; at 120x40 all fit
     torch = pytest.importorskip("torch", reason="torch is not installed (the test extra)")
     import dltop.probe as probe
     from dltop.sources.probes import parse_probe
@@ -181,16 +209,61 @@ async def test_sixteen_epochs_show_the_newest_that_fit(monkeypatch: pytest.Monke
     app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
     async with app.run_test(size=(80, 24)) as pilot:
         await _open(pilot)
-        lines = _text(app, "#tr-body").splitlines()
-        shown = [int(ln.split()[0]) for ln in lines if ln.split()[:1] and ln.split()[0].isdigit()]
-        assert shown == indexes[-len(shown):] and len(shown) < len(indexes)  # the newest, in order
-        assert f"… {len(indexes) - len(shown)} earlier epochs not shown" in "\n".join(lines)
+        await pilot.pause()
+        shown = _epochs_shown(app)
+        assert shown == indexes[-len(shown):] and 3 <= len(shown) < len(indexes)  # the newest, in order
+        hidden = len(indexes) - len(shown)
+        assert _text(app, "#tr-epochs-head").rstrip().endswith(f"↑{hidden}")  # focused: no "e" to press
+        assert "Step" in _text(app, "#tr-body")
+        await pilot.press("e", "home")
+        await pilot.pause()
+        assert _epochs_shown(app)[0] == indexes[0]  # the oldest kept, scrolled to with the keys
+        assert f"↓{hidden}" in _text(app, "#tr-epochs-head") and "Step" in _text(app, "#tr-body")
+        pilot.app._show()  # a new tick does not pull the view back to the newest
+        await pilot.pause()
+        assert _epochs_shown(app)[0] == indexes[0]
+        await pilot.press("end")
+        await pilot.pause()
+        assert _epochs_shown(app)[-1] == indexes[-1]
         _fits(app)
     async with DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)])).run_test(
             size=(120, 40)) as pilot:
         await _open(pilot)
-        shown = [ln for ln in _text(pilot.app, "#tr-body").splitlines() if ln.split()[:1] and ln.split()[0].isdigit()]
-        assert len(shown) == len(indexes)  # room for all of them
+        await pilot.pause()
+        assert _epochs_shown(pilot.app) == indexes  # room for all of them
+        assert "↑" not in _text(pilot.app, "#tr-epochs-head")
+
+
+async def test_many_notes_fold_to_three_lines_and_n_shows_them_all(tmp_path: Path) -> None:
+    # seven probe files dltop refused (each a real refusal): three lines say the first two and "+5 more";
+    # n grows the box to all seven and folds it again; nothing of the sparklines or the job is lost
+    d = tmp_path / "dltop"
+    fd = open_private_dir(str(d))
+    for pid in range(1, 8):
+        write_atomic(fd, f"{pid}.json", b"{not json")
+    os.close(fd)
+    part = read_probes([(str(d), os.getuid())])
+    assert len(part.ignored) == 7
+    app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=dataclasses.replace(
+        _session()[-1].probes, ignored=part.ignored))]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        box = app.query_one("#tr-notes-box")
+        folded = _text(app, "#tr-notes").splitlines()
+        total = len(probe_notes(app.query_one("#pane-training").view.snapshot.probes))
+        assert total >= 7 and len(folded) == 3 and folded[-1] == f"+{total - 2} more (n shows all the notes)"
+        assert all("malformed: not JSON" in ln for ln in folded[:2]) and box.size.height == 3
+        await pilot.press("n")
+        await pilot.pause()
+        shown = _text(app, "#tr-notes")
+        assert all(f"{pid}.json: malformed: not JSON" in shown for pid in range(1, 8))
+        assert box.size.height > 3 and "more" not in shown
+        assert "Step" in _text(app, "#tr-body")
+        pane = next(p for p in app._panes if p.PANE_ID == "training")
+        assert "Training: Notes" in [c.title for c in pane.palette_commands()]
+        await pilot.press("n")
+        await pilot.pause()
+        assert _text(app, "#tr-notes").splitlines() == folded and box.size.height == 3
 
 
 STALLS = """
@@ -254,7 +327,7 @@ async def test_stalled_and_exited_jobs_are_marked_and_exited_ones_stay_until_dis
     app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
     async with app.run_test(size=(80, 24)) as pilot:
         await _open(pilot)
-        body = _text(app, "#tr-body")
+        body = _shown(app)
         assert "STALLED  no step for" in body
         assert "EXITED" in body and "exit code 1: OutOfMemoryError: CUDA out of memory" in body
         assert "no exit record: killed (SIGKILL, the OOM killer) or crashed" in body
@@ -262,7 +335,7 @@ async def test_stalled_and_exited_jobs_are_marked_and_exited_ones_stay_until_dis
         assert [c.title for c in pane.palette_commands()] == ["Training: Dismiss exited"]
         await pilot.press("x")
         await pilot.pause()
-        body = _text(app, "#tr-body")
+        body = _shown(app)
         assert "EXITED" not in body and f"pid {run['stalls'].pid}" in body and "Step" in body
         assert "stalled" in next(ln for ln in body.splitlines() if ln.startswith("Step"))
         assert list(pane.palette_commands()) == []  # nothing left to dismiss
@@ -292,7 +365,10 @@ async def test_an_epoch_of_nan_or_a_500_percent_wait_is_left_out_with_its_note(t
     app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
     async with app.run_test(size=(80, 24)) as pilot:
         await _open(pilot)
-        body, notes = _text(app, "#tr-body"), _text(app, "#tr-notes")
+        assert "+3 more (n shows all the notes)" in _text(app, "#tr-notes")
+        await pilot.press("n")  # every note, the box grown
+        await pilot.pause()
+        body, notes = _shown(app), _text(app, "#tr-notes")
         assert "nan" not in body.lower() and "inf" not in body.lower()  # the notes say why, in words
         assert "500%" not in body + notes and not any(ln.split()[:1] in (["1"], ["2"], ["3"]) for ln in body.splitlines())
         row = next(ln for ln in body.splitlines() if ln.split()[:1] == ["0"])
@@ -336,9 +412,55 @@ time.sleep(60)
     app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
     async with app.run_test(size=(80, 24)) as pilot:
         await _open(pilot)
-        body = _text(app, "#tr-body")
+        body = _shown(app)
         val = next(ln for ln in body.splitlines() if ln.startswith("val "))
         assert f"{1000 * p.loaders[0].step_time_s:.1f} ms" in val and "6 steps in all" in val
         assert next(ln for ln in body.splitlines() if ln.startswith("Step"))
         _fits(app)
     assert probe.MAIN_LOADER == "train"
+
+
+async def test_a_real_jobs_throughput_and_loss_have_their_lines_and_columns(tmp_path: Path) -> None:
+    # a real probe over a DataLoader (its batch_size), tokens from the batch, the loss logged, then a loss that
+    # diverged: the lines say samples/s, tokens/s and NaN, the epoch table has the columns, within 80x24
+    pytest.importorskip("torch", reason="torch is not installed (the test extra)")
+    code = """
+import time, torch, dltop.probe as probe
+from torch.utils.data import DataLoader, TensorDataset
+probe.start(interval_s=60)
+loader = DataLoader(TensorDataset(torch.ones(24, 16)), batch_size=4)
+for epoch in range(2):
+    for (x,) in probe.track(loader, tokens=lambda b: b[0].numel()):
+        time.sleep(0.002)
+        probe.log(loss=x.mean() * (epoch + 1))
+    probe.mark_epoch()
+probe.log(loss=torch.tensor(float("nan")))
+probe.publish()
+print(flush=True)
+time.sleep(60)
+"""
+    job = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                           env=probe_env(tmp_path))
+    try:
+        job.stdout.readline()  # type: ignore[union-attr]
+        part = read_probes([(str(tmp_path / "dltop"), os.getuid())])
+    finally:
+        job.kill()
+        job.wait()
+    p = part.processes[0]
+    assert p.samples == 48 and p.tokens == 48 * 16 and p.samples_per_s and p.loss_nonfinite == "nan"
+    app = DltopApp(ListFeed([dataclasses.replace(_session()[-1], probes=part)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        lines = _shown(app).splitlines()
+        samples = next(ln for ln in lines if ln.startswith("Samples/s"))
+        tokens = next(ln for ln in lines if ln.startswith("Tokens/s"))
+        assert rate_text(p.samples_per_s) in samples and rate_text(p.tokens_per_s) in tokens
+        assert next(ln for ln in lines if ln.startswith("Loss")).split()[1] == "NaN"
+        head = next(ln for ln in lines if ln.startswith("Epoch"))
+        assert "Samp/s" in head and "Tok/s" in head and "Loss" in head
+        for e in p.epochs:
+            row = next(ln for ln in lines if ln.split()[:1] == [str(e.index)])
+            assert rate_text(e.samples_per_s) in row and f"{e.loss:.4g}" in row
+        assert "throughput, loss: not given" not in "\n".join(lines)
+        _fits(app)

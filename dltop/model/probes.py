@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 STALL_MIN_S = 30.0
 STALL_STEPS = 20
 NO_EXIT_RECORD = "no exit record: killed (SIGKILL, the OOM killer) or crashed"
+# Why a job has no throughput or loss: the script did not hand them over (the Training tab says so on the line)
+NO_SAMPLES = "no batch size given: track(loader, batch_size=N), or a framework's callback (docs/probe.md)"
+NO_TOKENS = "no tokens per batch given: track(loader, tokens=N or a function of the batch)"
+NO_LOSS = "no loss logged: probe.log(loss=loss)"
+NOT_GIVEN = (NO_SAMPLES, NO_TOKENS, NO_LOSS)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,21 @@ class ProbeEpoch:
     # The whole machine's Cached (/proc/meminfo) after minus before: other processes' reads and writes are in it
     machine_cached_delta_bytes: int | None = None
     gpu_util: float | None = None  # None: the probe does not measure it (see ProcessProbe.gpu_util_source)
+    # What the script hands over (track(batch_size=, tokens=), probe.log(loss=)); None: not given
+    samples: int | None = None
+    tokens: int | None = None
+    loss: float | None = None  # the mean of the losses logged in the epoch
+    loss_nonfinite: str | None = None  # "nan", "inf" or "-inf": the mean is not a number (loss is None)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """The epoch's samples over its time."""
+        return self.samples / self.duration_s if self.samples is not None and self.duration_s > 0 else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """The epoch's tokens over its time."""
+        return self.tokens / self.duration_s if self.tokens is not None and self.duration_s > 0 else None
 
 
 @dataclass(frozen=True)
@@ -97,6 +117,18 @@ class ProcessProbe:
     loader_workers: int | None = None
     pin_memory: bool | None = None
     data_dir: str | None = None  # the folder the job's data is read from, where the script or its dataset says
+    # Throughput over the recent steps, where the script says what an item holds (track(batch_size=, tokens=) or
+    # a framework's callback), and the totals; None: not given (`unavailable` says how to give it)
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    samples: int | None = None
+    tokens: int | None = None
+    # The last loss the script logged (probe.log(loss=)); loss_nonfinite "nan", "inf" or "-inf" where it is not
+    # a number (a diverged run), loss then None
+    loss: float | None = None
+    loss_nonfinite: str | None = None
+    losses_logged: int | None = None
+    loss_age_s: float | None = None
     # The job's own reads, dltop's reading of /proc/PID/io for the process and its children (DataLoader workers),
     # summed: read_bytes fetched from storage (0 for a page-cache or tmpfs read), rchar every byte read() returned.
     # None: not known, `io_unavailable` says why (another user's process when dltop is not root); an older

@@ -10,12 +10,13 @@ import atexit
 import contextlib
 import itertools
 import json
+import math
 import os
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from dltop.probe.files import (
@@ -27,10 +28,12 @@ from dltop.probe.files import (
     write_atomic,
 )
 
-__all__ = ["mark_epoch", "publish", "report", "start", "stop", "track", "watch_kv", "watch_model",
+__all__ = ["log", "mark_epoch", "publish", "report", "start", "stop", "track", "watch_kv", "watch_model",
            "watch_optimizer"]
 
 T = TypeVar("T")
+# How many samples or tokens an item holds: a number for every item, or a function of the item
+Count = int | Callable[[Any], Any]
 RING = 256  # steps kept for the recent wait fraction and step time (a power of two: an index is n & (RING - 1))
 WINDOW_S = 10.0  # the recent numbers cover the steps that ended this long ago or since (issue 18, item 7)
 KEEP_EXITED_S = 86400.0  # a file of an exited process is removed by the next probe to start after this long
@@ -67,6 +70,14 @@ class _Data:
         self.data_dir: str | None = None
         self.seen = False
         self.explicit = False  # track() is used: zero-code mode's DataLoader hook stands aside
+        # Samples and tokens per item, where the script says (track(batch_size=, tokens=) or a framework's
+        # callback): the ring beside the times, and the totals (None: not counted)
+        self.samples = [0] * RING
+        self.tokens = [0] * RING
+        self.samples_total: int | None = None
+        self.tokens_total: int | None = None
+        self.epoch_samples0 = 0
+        self.epoch_tokens0 = 0
         # the open epoch
         self.epoch_t0 = 0
         self.epoch_wall0 = 0.0
@@ -106,6 +117,13 @@ class _State:
         # The most gradient bytes per device counted while the loop steps: zero_grad(set_to_none=True) frees the
         # gradients every step, so a count between zero_grad and backward read 0 (issue 18, item 11).
         self.grads_held: dict[str, int] = {}
+        # The loss the script hands over (probe.log): the last one as given (a tensor is read by the publisher
+        # thread, so the loop never waits for the GPU), how many, when; and the open epoch's sum for its mean.
+        self.loss: Any = None
+        self.losses = 0
+        self.loss_t = 0  # perf_counter_ns of the last
+        self.epoch_loss_sum: Any = None
+        self.epoch_losses = 0
 
 
 _state = _State()
@@ -341,11 +359,58 @@ def _other_loader(iterable: Iterable[T], name: str) -> Iterator[T]:
         yield item
 
 
-def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None = None) -> Iterator[T]:
+def _how_many(how: Count, item: Any) -> int:
+    """The samples or tokens in `item`: `how` itself, or what it returns for the item (an int, or anything int()
+    takes: a tensor's count waits for its device)."""
+    k = how(item) if callable(how) else how
+    if isinstance(k, bool) or k is None:
+        raise TypeError(f"{k!r} is not a count")
+    k = k if type(k) is int else int(k)
+    if k < 0:
+        raise ValueError(f"{k} is negative")
+    return k
+
+
+def _counted(d: _Data, i: int, samples: int | None, tokens: int | None) -> None:
+    """Store an item's samples and tokens (None: not counted) in ring slot `i` and add them to the totals."""
+    if samples is not None:
+        d.samples[i] = samples
+        d.samples_total = (d.samples_total or 0) + samples
+    if tokens is not None:
+        d.tokens[i] = tokens
+        d.tokens_total = (d.tokens_total or 0) + tokens
+
+
+def _count(d: _Data, i: int, item: Any, how: list[Count | None]) -> bool:
+    """Count `item`'s samples and tokens as `how` (batch_size, tokens) says into ring slot `i`. A count that
+    fails (the function raised, or gave no count) is said once on stderr and stops, its totals "not counted";
+    returns whether any count goes on."""
+    got: list[int | None] = [None, None]
+    for k, kind in enumerate(("samples", "tokens")):
+        h = how[k]
+        if h is None:
+            continue
+        try:
+            got[k] = _how_many(h, item)
+        except Exception as e:  # the user's function: it must never take the loop down
+            _warn_once(f"count-{kind}", f"counting {kind} failed ({type(e).__name__}: {e}): not counted")
+            how[k] = None
+            if k == 0:
+                d.samples_total = None
+            else:
+                d.tokens_total = None
+    _counted(d, i, got[0], got[1])
+    return how[0] is not None or how[1] is not None
+
+
+def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None = None,
+          batch_size: Count | None = None, tokens: Count | None = None) -> Iterator[T]:
     """Yield the items of `iterable`, timing how long each took to arrive (the data wait) and the step time.
     `data_dir`: the folder the data is read from (default: the DataLoader's `dataset.root` when it has one), so
     that dltop can name the dataset to warm. `name`: a loader to time apart from the main one (default
-    "train", the first name given), e.g. `track(val_loader, name="val")`: its steps are not the epochs'."""
+    "train", the first name given), e.g. `track(val_loader, name="val")`: its steps are not the epochs'.
+    `batch_size` and `tokens`: the samples and tokens in each item, a number or a function of the item
+    (default batch_size: the DataLoader's `batch_size`), for samples/s and tokens/s (the main loader's)."""
     wanted = (MAIN_LOADER if name is None else str(name))[:MAX_LOADER_NAME]
     if _state.main_loader is None:
         _state.main_loader = wanted
@@ -362,6 +427,15 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
     where = data_dir or _dataset_root(iterable)
     if where:
         d.data_dir = os.path.abspath(where)[:MAX_CMD]
+    if batch_size is None:
+        size = getattr(iterable, "batch_size", None)  # a DataLoader's (None with a batch_sampler)
+        batch_size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    how: list[Count | None] = [batch_size, tokens]
+    counting = batch_size is not None or tokens is not None
+    if batch_size is not None and d.samples_total is None:
+        d.samples_total, d.epoch_samples0 = 0, 0
+    if tokens is not None and d.tokens_total is None:
+        d.tokens_total, d.epoch_tokens0 = 0, 0
     # Measured before iter(): a DataLoader's workers start reading ahead as soon as it is called.
     data0 = _data_cached(d.data_dir) if not d.epoch_open else None
     it = iter(iterable)
@@ -371,11 +445,9 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
     while True:
         t0 = clock()
         if not d.epoch_open:
-            d.epoch_open, d.epoch_t0, d.epoch_wall0 = True, t0, time.time()
-            d.epoch_cached0, d.epoch_n0, d.epoch_wait0 = _meminfo_cached_bytes(), d.n, d.wait_total
-            d.epoch_data0, data0 = data0 if data0 is not None else _data_cached(d.data_dir), None
+            _open_epoch(d, t0, data0)
+            data0 = None
             t0 = clock()  # the measurement is not the data wait
-            d.last_t = 0
         try:
             item = next(it)
         except StopIteration:
@@ -385,6 +457,8 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
         waits[n & mask] = wait = t1 - t0
         steps_ns[n & mask] = t1 - last if last else 0  # the first item of an epoch has no step before it
         ends_ns[n & mask] = t1
+        if counting:
+            counting = _count(d, n & mask, item, how)
         d.last_t, d.n, d.wait_total = t1, n + 1, d.wait_total + wait
         if len(shapes) < MAX_SHAPES:
             shape = getattr(item, "shape", None)  # a tensor's torch.Size: hashable as it is
@@ -392,28 +466,61 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
         yield item
 
 
-def _open_epoch(d: _Data, t0: int) -> None:
-    """Open an epoch as track() does (zero-code mode's DataLoader hook: its first item has arrived, so the
-    workers' read-ahead is in the start's measurement)."""
+def _open_epoch(d: _Data, t0: int, data0: tuple[dict[str, int], str] | str | None = None) -> None:
+    """Open an epoch: track() before its first item (`data0`: the page cache measured before iter()), zero-code
+    mode's DataLoader hook once its first item has arrived (the workers' read-ahead is in the measurement)."""
     d.epoch_open, d.epoch_t0, d.epoch_wall0 = True, t0, time.time()
     d.epoch_cached0, d.epoch_n0, d.epoch_wait0 = _meminfo_cached_bytes(), d.n, d.wait_total
-    d.epoch_data0 = _data_cached(d.data_dir)
+    d.epoch_samples0, d.epoch_tokens0 = d.samples_total or 0, d.tokens_total or 0
+    d.epoch_data0 = data0 if data0 is not None else _data_cached(d.data_dir)
     d.last_t = 0
 
 
-def _arrived(d: _Data, t0: int, t1: int, item: Any) -> None:
-    """One item that took t0..t1 (perf_counter_ns) to arrive, as track() counts it: zero-code mode's DataLoader
-    hook (dltop.probe.hooks) calls this."""
+def _arrived(d: _Data, t0: int, t1: int, item: Any, samples: int | None = None, tokens: int | None = None) -> None:
+    """One item that took t0..t1 (perf_counter_ns) to arrive, as track() counts it, with its samples and tokens
+    where known: zero-code mode's DataLoader hook (dltop.probe.hooks) and the frameworks' callbacks call this."""
     if not d.epoch_open:
         _open_epoch(d, t0)
     n, last, i = d.n, d.last_t, d.n & (RING - 1)
     d.waits[i] = wait = t1 - t0
     d.steps_ns[i] = t1 - last if last else 0
     d.ends_ns[i] = t1
+    _counted(d, i, samples, tokens)
     d.last_t, d.n, d.wait_total = t1, n + 1, d.wait_total + wait
-    if len(d.shapes) < MAX_SHAPES:
+    if item is not None and len(d.shapes) < MAX_SHAPES:
         shape = getattr(item, "shape", None)
         d.shapes.add(shape if shape is not None else _shape_of(item))
+
+
+def _main_data() -> _Data:
+    """The main loader's data, for a framework's callback that times the loop itself (dltop.probe.lightning,
+    dltop.probe.hf): zero-code mode's DataLoader hook stands aside, as it does for track()."""
+    if _state.main_loader is None:
+        _state.main_loader = MAIN_LOADER
+    d = _state.data
+    d.seen = d.explicit = True
+    return d
+
+
+def _loader_data(name: str) -> _Data | None:
+    """A loader timed apart from the main one, by name, for a framework's callback (None past MAX_LOADERS)."""
+    d = _state.loaders.get(name)
+    if d is None:
+        if len(_state.loaders) >= MAX_LOADERS:
+            return None
+        d = _state.loaders[name] = _Data()
+        d.epoch_open = True  # its items never open an epoch: the epochs are the main loader's
+    d.seen = d.explicit = True
+    return d
+
+
+def _watch_once(model: Any, optimizers: Iterable[Any]) -> None:
+    """Watch the model and the optimizers not yet watched (a callback sees them at more than one hook)."""
+    if model is not None and not any(m is model for m in _live(_state.models)):
+        watch_model(model)
+    for opt in optimizers:
+        if not any(o is opt for o in _live(_state.optimizers)):
+            watch_optimizer(opt)
 
 
 def mark_epoch() -> dict[str, Any] | None:
@@ -437,11 +544,74 @@ def mark_epoch() -> dict[str, Any] | None:
         "data_cached_source": data_source[:MAX_SOURCE],
         "machine_cached_delta_bytes": None if cached is None or d.epoch_cached0 is None else cached - d.epoch_cached0,
         "gpu_util": None,  # see gpu_util_source
+        **_epoch_counts(d),
     }
     d.epoch_open = False
     with _state.lock:
         _state.epochs = [*_state.epochs, epoch][-MAX_EPOCHS:]
     return epoch
+
+
+def _number(value: Any) -> tuple[float | None, str | None]:
+    """A loss as JSON can hold it: (the number, None), (None, "nan" / "inf" / "-inf") where it is not finite (a
+    diverged run: what the user most needs to see), or (None, None) where it is not one number. A tensor is read
+    here (it waits for its device: the publisher thread or an epoch's end, never each step)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return None, None
+    if math.isfinite(v):
+        return v, None
+    return None, "nan" if math.isnan(v) else "inf" if v > 0 else "-inf"
+
+
+def _epoch_counts(d: _Data) -> dict[str, Any]:
+    """The epoch's samples, tokens and mean loss (those the script hands over), for its record; the loss sum
+    starts again."""
+    out: dict[str, Any] = {}
+    if d.samples_total is not None:
+        out["samples"] = d.samples_total - d.epoch_samples0
+    if d.tokens_total is not None:
+        out["tokens"] = d.tokens_total - d.epoch_tokens0
+    s = _state
+    if s.epoch_losses:
+        mean, nonfinite = _number(s.epoch_loss_sum)
+        if mean is not None:
+            mean /= s.epoch_losses
+        out["loss"] = mean
+        if nonfinite:
+            out["loss_nonfinite"] = nonfinite
+    s.epoch_loss_sum, s.epoch_losses = None, 0
+    return out
+
+
+def log(loss: Any = None) -> None:
+    """Hand the probe the step's loss (a number, or a one-element tensor: held and read by the publisher thread,
+    so the loop never waits for the device) for the Training tab's loss line and the epochs' mean loss."""
+    if loss is None:
+        return
+    if hasattr(loss, "detach"):
+        loss = loss.detach()
+    elif isinstance(loss, bool) or not isinstance(loss, int | float):
+        _warn_once("log", f"log(loss=) takes a number or a tensor, not a {type(loss).__name__}: not logged")
+        return
+    s = _state
+    try:  # a sum on the loss's device: the mean is read once an epoch
+        s.epoch_loss_sum = loss if s.epoch_loss_sum is None else s.epoch_loss_sum + loss
+        s.epoch_losses += 1
+    except Exception:  # a loss on another device than the last, or of another shape: the mean starts again
+        s.epoch_loss_sum, s.epoch_losses = loss, 1
+    s.loss, s.losses, s.loss_t = loss, s.losses + 1, time.perf_counter_ns()
+
+
+def _loss_report() -> dict[str, Any] | None:
+    """The last loss logged (its value, or why it has none), how many were, and its age."""
+    s = _state
+    if not s.losses:
+        return None
+    value, nonfinite = _number(s.loss)
+    return {"value": value, **({"nonfinite": nonfinite} if nonfinite else {}), "logged": s.losses,
+            "age_s": round((time.perf_counter_ns() - s.loss_t) / 1e9, 3)}
 
 
 def _device_entry(devices: dict[str, dict[str, Any]], device: Any) -> dict[str, Any]:
@@ -659,6 +829,11 @@ def _data_report(d: _Data | None = None) -> dict[str, Any] | None:
     # stopped has none in it, so its old numbers do not stay on screen as if they were current.
     since = now - max(int(WINDOW_S * 1e9), 2 * (last or 0))
     recent = [i for i in itertools.takewhile(lambda i: ends[i] >= since, order) if steps[i]]
+    counts: dict[str, int] = {}
+    if d.samples_total is not None:
+        counts["samples"], counts["recent_samples"] = d.samples_total, sum(d.samples[i] for i in recent)
+    if d.tokens_total is not None:
+        counts["tokens"], counts["recent_tokens"] = d.tokens_total, sum(d.tokens[i] for i in recent)
     return {
         "steps": n,
         "recent_steps": len(recent),
@@ -672,6 +847,7 @@ def _data_report(d: _Data | None = None) -> dict[str, Any] | None:
         "loader_workers": d.workers,
         "pin_memory": d.pin_memory,
         "data_dir": d.data_dir,
+        **counts,
     }
 
 
@@ -768,6 +944,7 @@ def report(fresh: bool = True) -> dict[str, Any]:
         "cudnn": cudnn,
         "compile": compile_counters,
         "data": _data_report(),
+        **({"loss": loss} if (loss := _loss_report()) is not None else {}),
         **({"loaders": _loaders_report()} if _state.loaders else {}),
         "epochs": list(_state.epochs),
         **({"optimizer_steps": _state.optimizer_steps} if _state.optimizer_steps is not None else {}),
@@ -946,6 +1123,7 @@ def _after_fork_in_child() -> None:
     _state.exit = _state.error = None
     _state.optimizer_steps = None
     _state.grads_held = {}
+    _state.loss, _state.losses, _state.epoch_loss_sum, _state.epoch_losses = None, 0, None, 0
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -21,7 +21,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from dltop.config import Settings
-from dltop.model.probes import IgnoredProbe, ProbeDevice, ProbeEpoch, ProbeLoader, ProbesPart, ProcessProbe
+from dltop.model.probes import (
+    NO_LOSS,
+    NO_SAMPLES,
+    NO_TOKENS,
+    IgnoredProbe,
+    ProbeDevice,
+    ProbeEpoch,
+    ProbeLoader,
+    ProbesPart,
+    ProcessProbe,
+)
 from dltop.probe.files import (
     DIR_FLAGS,
     FORMAT,
@@ -40,6 +50,9 @@ SHARED_NAME = re.compile(r"([0-9]{1,10})(?:\.([0-9]{1,20}))?")  # UID.PIDNS unde
 MAX_ENTRIES = 4096  # names looked at per directory: a directory stuffed with files costs a bounded listing
 NOT_WATCHED = "the process watched no model, optimizer or cache (probe.watch_model / watch_optimizer / watch_kv)"
 NO_TRACK = "the process iterates no loader through probe.track()"
+NONFINITE = ("nan", "inf", "-inf")
+MAX_LOSS = 1e15  # a loss beyond this either way is not a measurement
+MAX_RATE = 1e12  # samples or tokens a second
 MAX_EXITED = 8  # exited processes kept on screen (the newest): older files are listed as ignored
 EXIT_HOWS = ("exit", "exception")
 
@@ -244,7 +257,9 @@ def _epoch(i: int, e: Any, notes: dict[str, str]) -> ProbeEpoch | None:
                            machine_cached_delta_bytes=_delta(f, "machine_cached_delta_bytes"
                                                              if "machine_cached_delta_bytes" in e
                                                              else "page_cache_delta_bytes"),
-                           gpu_util=f.num("gpu_util", optional=True, high=100.0))
+                           gpu_util=f.num("gpu_util", optional=True, high=100.0),
+                           samples=f.count("samples", optional=True), tokens=f.count("tokens", optional=True),
+                           loss=_loss(f, "loss"), loss_nonfinite=_nonfinite(f, "loss_nonfinite"))
         if f.notes:
             raise Malformed(next(iter(f.notes.values())))
         if epoch.data_wait_s > epoch.duration_s * 1.01 + 0.01:
@@ -297,6 +312,68 @@ def _loaders(doc: Any, notes: dict[str, str]) -> tuple[ProbeLoader, ...]:
     return tuple(out)
 
 
+def _loss(f: _Fields, key: str) -> float | None:
+    """A loss: a finite number, negative or not (a log-likelihood), within MAX_LOSS either way."""
+    value = f.get(key, (int, float), optional=True)
+    if value is None:
+        return None
+    v = float(value) if isinstance(value, float) or -1e308 < value < 1e308 else math.inf
+    if not math.isfinite(v) or abs(v) > MAX_LOSS:
+        f._bad(key, f"{v:g} is not a finite number" if not math.isfinite(v) else
+               f"an absurd number (over {MAX_LOSS:g} either way)", optional=True)
+        return None
+    return v
+
+
+def _nonfinite(f: _Fields, key: str) -> str | None:
+    """Which of nan, inf or -inf a loss that is not a number was."""
+    value = f.get(key, str, optional=True)
+    if value is not None and value not in NONFINITE:
+        f._bad(key, f"expected one of {', '.join(NONFINITE)}", optional=True)
+        return None
+    return value  # type: ignore[no-any-return]
+
+
+def _rate(f: _Fields, key: str, total: int | None, recent: float | None, step_s: float | None,
+          unavailable: dict[str, str], name: str, missing: str, idle: str) -> tuple[float | None, int | None]:
+    """Samples or tokens a second over the recent steps (`key`: "samples" or "tokens" in `data`), and the total;
+    the reason in `unavailable[name]` where there is no rate."""
+    got = f.count(f"recent_{key}", optional=True)
+    if total is None:
+        unavailable[name] = missing
+        return None, None
+    if got is None or not recent or not step_s:
+        unavailable[name] = idle
+        return None, total
+    if got > total:
+        f._bad(f"recent_{key}", f"{got} is more than the {total} in all", optional=True)
+        unavailable[name] = f"{f._path('recent_' + key)}: not believable"
+        return None, total
+    rate = got / step_s
+    if rate > MAX_RATE:
+        f._bad(f"recent_{key}", f"an absurd rate (over {MAX_RATE:g} a second)", optional=True)
+        unavailable[name] = f"{f._path('recent_' + key)}: not believable"
+        return None, total
+    return rate, total
+
+
+def _loss_doc(f: _Fields, unavailable: dict[str, str]) -> dict[str, Any]:
+    """The last loss logged: the ProcessProbe's loss fields, or why there is none in `unavailable["loss"]`."""
+    doc = f.get("loss", dict, optional=True)
+    if doc is None:
+        unavailable["loss"] = f.notes.get("loss", NO_LOSS)
+        return {}
+    fl = _Fields(doc, "loss", f.notes)
+    value, nonfinite = _loss(fl, "value"), _nonfinite(fl, "nonfinite")
+    if value is not None and nonfinite is not None:
+        fl._bad("nonfinite", "given beside a finite value", optional=True)
+        nonfinite = None
+    if value is None and nonfinite is None:
+        unavailable["loss"] = f.notes.get("loss.value", "the last loss logged was not one number")
+    return {"loss": value, "loss_nonfinite": nonfinite, "losses_logged": fl.count("logged", optional=True),
+            "loss_age_s": fl.num("age_s", optional=True)}
+
+
 def _delta(f: _Fields, key: str) -> int | None:
     """A page-cache change over an epoch: may be negative, never beyond a PiB either way."""
     value = f.get(key, int, optional=True)
@@ -345,6 +422,7 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
     data = f.get("data", dict, optional=True)
     fd = _Fields(data or {}, "data", notes)
     fraction = step_time = None
+    rates: dict[str, Any] = {}
     if data is None:
         unavailable["data_wait_fraction"] = unavailable["step_time_s"] = NO_TRACK
     else:
@@ -361,6 +439,11 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
                 f"no step ended in the last {window_s:g} s"
         else:
             unavailable["data_wait_fraction"] = unavailable["step_time_s"] = "no step finished yet"
+        idle = unavailable.get("step_time_s", "")
+        for key, missing in (("samples", NO_SAMPLES), ("tokens", NO_TOKENS)):
+            rate, total = _rate(fd, key, fd.count(key, optional=True), recent_steps, step_s if step_time else None,
+                                unavailable, f"{key}_per_s", missing, idle)
+            rates[f"{key}_per_s"], rates[key] = rate, total
     cudnn = _Fields(f.get("cudnn", dict, optional=True) or {}, "cudnn", notes)
     exit_doc = f.get("exit", dict, optional=True)
     fe = _Fields(exit_doc or {}, "exit", notes)
@@ -396,6 +479,7 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         loader_workers=None if data is None else fd.count("loader_workers", optional=True, high=1 << 16),
         pin_memory=None if data is None else fd.get("pin_memory", bool, optional=True),
         data_dir=None if data is None else fd.get("data_dir", str, optional=True),
+        **rates, **_loss_doc(f, unavailable),
         cudnn_benchmark=cudnn.get("benchmark", bool, optional=True),
         cudnn_deterministic=cudnn.get("deterministic", bool, optional=True),
         compile=_count_map(f, "compile"),

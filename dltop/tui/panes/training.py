@@ -1,5 +1,6 @@
-"""The Training pane: per job (its ranks grouped) what the in-process probe says — step time and data-wait
-sparklines, the bytes it holds, and the epoch table (time, load time, data-wait %, page-cache delta, GPU util).
+"""The Training pane: per job (its ranks grouped) what the in-process probe says — step time, data-wait,
+throughput and loss sparklines, the bytes it holds, and the epoch table (time, load time, data-wait %,
+page-cache delta, samples/s, tokens/s, loss, GPU util), which scrolls on its own when one job is shown.
 
 Numbers come from the Snapshot's `probes` part (docs/probe.md); GPU utilisation over an epoch is NVML's, from the
 GPU samples of dltop's own history over the epoch's span (the probe reads no NVML). Probe files dltop did not read
@@ -9,7 +10,7 @@ are in the notes with their reasons.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -19,7 +20,7 @@ from textual.widgets import Static
 
 from dltop.fmt import human_bytes, percent_text, plural, printable, shorten_middle, sparkline_rows
 from dltop.model import Snapshot, Unavailable
-from dltop.model.probes import ProbeEpoch, ProbesPart, ProcessProbe
+from dltop.model.probes import NOT_GIVEN, ProbeEpoch, ProbesPart, ProcessProbe
 from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.view import View
 
@@ -32,6 +33,11 @@ NO_PROBE = ("No process publishes a probe. Add one to the training script:\n"
             "(docs/probe.md)")
 SPARK_LABEL_WIDTH = 20  # "Data wait" padded to 10, the value right-aligned in 9, a space
 EPOCH_HEADERS = ("Epoch", "Time", "Load", "Wait%", "Cache Δ", "Steps", "GPU util")
+# Shown where an epoch of the job has them (the script said what a batch holds, or logged its loss)
+EPOCH_EXTRA = (("Samp/s", "samples"), ("Tok/s", "tokens"), ("Loss", "loss"))
+NO_COUNTS = ("throughput, loss: not given: track(loader, batch_size=N, tokens=...), probe.log(loss=loss), "
+             "or a Lightning / Hugging Face callback (docs/probe.md)")
+NOTES_FOLDED = 3  # lines of notes shown until n shows all of them
 
 
 def jobs(probes: Sequence[ProcessProbe]) -> dict[str, list[ProcessProbe]]:
@@ -45,17 +51,42 @@ def jobs(probes: Sequence[ProcessProbe]) -> dict[str, list[ProcessProbe]]:
     return out
 
 
-def series(history: Sequence[Snapshot], key: str, name: str) -> list[float]:
+def _lead(values: list[float]) -> float:
+    return values[0]
+
+
+def series(history: Sequence[Snapshot], key: str, name: str,
+           combine: Callable[[list[float]], float] = max) -> list[float]:
     """A job's `step_time_s` or `data_wait_fraction` over the history: the slowest rank's at each Snapshot (the
-    slowest sets the pace of a synchronous job)."""
+    slowest sets the pace of a synchronous job); `combine=sum` for throughput (each rank has its own batches),
+    `combine=_lead` for the lowest rank's (its loss)."""
     out = []
     for s in history:
         if not isinstance(s.probes, ProbesPart):
             continue
-        values = [getattr(p, name) for p in s.probes.processes if p.job_key == key and getattr(p, name) is not None]
-        if values:
-            out.append(float(max(values)))
+        procs = sorted((p for p in s.probes.processes if p.job_key == key and getattr(p, name) is not None),
+                       key=lambda p: (p.rank if p.rank is not None else -1, p.pid))
+        if procs:
+            out.append(float(combine([getattr(p, name) for p in procs])))
     return out
+
+
+def rate_text(n: float | None) -> str:
+    """Samples or tokens a second, compact: '950', '12.3k', '4.56M'."""
+    if n is None:
+        return "n/a"
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.3g}{unit}" if v < 1000 else f"{v:.0f}{unit}"
+    return f"{n:.3g}" if n < 100 else f"{n:.0f}"
+
+
+def loss_text(loss: float | None, nonfinite: str | None) -> str:
+    """A loss in four significant figures, or what it was where it is not a number ('NaN', 'inf')."""
+    if nonfinite is not None:
+        return {"nan": "NaN", "inf": "inf", "-inf": "-inf"}.get(nonfinite, "n/a")
+    return "n/a" if loss is None else f"{loss:.4g}"
 
 
 def _on_gpu(snap: Snapshot, pids: set[int]) -> list[float]:
@@ -88,31 +119,43 @@ def _seconds(s: float) -> str:
     return f"{s:.2f}s" if s < 100 else f"{s:.0f}s"
 
 
+def epoch_headers(p: ProcessProbe) -> tuple[str, ...]:
+    """The epoch table's columns for this probe: samples/s, tokens/s and loss only where an epoch has them."""
+    extra = tuple(h for h, attr in EPOCH_EXTRA
+                  if any(getattr(e, attr) is not None or (attr == "loss" and e.loss_nonfinite) for e in p.epochs))
+    return (*EPOCH_HEADERS[:-1], *extra, EPOCH_HEADERS[-1])
+
+
 def epoch_rows(p: ProcessProbe, history: Sequence[Snapshot], pids: set[int]) -> list[tuple[str, ...]]:
-    """One row per epoch the probe kept, oldest first."""
+    """One row per epoch the probe kept, oldest first, in the columns of `epoch_headers(p)`."""
+    headers = epoch_headers(p)
     rows: list[tuple[str, ...]] = []
     for e in p.epochs:
         util, source = epoch_gpu_util(history, pids, e)
         delta = e.data_cached_delta_bytes  # the job's own data, never the machine's Cached (notes say why n/a)
+        extra = {"Samp/s": rate_text(e.samples_per_s), "Tok/s": rate_text(e.tokens_per_s),
+                 "Loss": loss_text(e.loss, e.loss_nonfinite)}
         rows.append((
             str(e.index), _seconds(e.duration_s), _seconds(e.data_wait_s),
             percent_text(100 * e.data_wait_s / e.duration_s) if e.duration_s > 0 else "n/a",
             "n/a" if delta is None else ("-" if delta < 0 else "+") + human_bytes(abs(delta)),
             str(e.steps),
+            *(extra[h] for h in headers[len(EPOCH_HEADERS) - 1:-1]),
             f"{percent_text(util)} ({source})" if util is not None else f"n/a ({source})",
         ))
     return rows
 
 
-def epoch_table(rows: list[tuple[str, ...]], width: int) -> list[Content]:
+def epoch_table(rows: list[tuple[str, ...]], width: int,
+                headers: tuple[str, ...] = EPOCH_HEADERS) -> list[Content]:
     """A bold header line and the rows, right-aligned but the last column, cut to `width`."""
-    table = [EPOCH_HEADERS, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(EPOCH_HEADERS) - 1)]
+    table = [headers, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(headers) - 1)]
 
     def line(r: tuple[str, ...]) -> str:
         return ("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])[:width]
 
-    return [Content.assemble((line(EPOCH_HEADERS).ljust(width)[:width], "bold reverse")),
+    return [Content.assemble((line(headers).ljust(width)[:width], "bold reverse")),
             *(Content(line(r)) for r in rows)]
 
 
@@ -190,60 +233,89 @@ def _facts(p: ProcessProbe, width: int) -> Content:
     return Content("\n".join(ln[:width] for ln in lines[:3]))
 
 
+def _spark_line(label: str, value: str, data: list[float], width: int, style: str, top: float | None = None,
+                value_style: str = "") -> Content:
+    """A labelled sparkline row, exactly `width` wide (a row one cell wider wraps into a stray fragment)."""
+    spark_width = max(1, width - SPARK_LABEL_WIDTH)
+    bottom = min(0.0, min(data, default=0.0))  # a loss may be negative
+    bar = sparkline_rows(data, spark_width, 1, top, bottom)[0] if data else ""
+    return Content.assemble((f"{label:<10}", "bold"), (f"{value:>9}", value_style), " ",
+                            (bar, style)).truncate(width)
+
+
 def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int,
-              height: int | None = None, now: float | None = None) -> list[Content]:
-    """A job: its title, whether it stalled or exited, its facts, its two sparklines and its epoch table; with a
-    `height`, the newest epochs that fit in it (the job alone on the tab), else all of them (several jobs
-    scroll)."""
+              now: float | None = None, with_epochs: bool = True) -> list[Content]:
+    """A job: its title, whether it stalled or exited, its facts, its sparklines (step time, data wait, and
+    throughput and loss where the script hands them over) and, `with_epochs`, its whole epoch table (several
+    jobs scroll together; one job's table scrolls on its own: `epoch_lines`)."""
     lead = members[0]  # rank 0 (or the only process) speaks for the job's epochs
     now = time.time() if now is None else now
     lines = [_title(members, width), *status_lines(members, now, width), _facts(lead, width)]
-    spark_width = max(1, width - SPARK_LABEL_WIDTH)
     step = series(history, key, "step_time_s")
     wait = series(history, key, "data_wait_fraction")
     now_step = max((p.step_time_s for p in members if p.step_time_s is not None), default=None)
     now_wait = max((p.data_wait_fraction for p in members if p.data_wait_fraction is not None), default=None)
     # a number of the recent window only: a loop that stopped or a process that exited has none now
     idle = "exited" if all(p.exited for p in members) else "stalled" if any(p.stalled for p in members) else None
-    for label, value, data, top, style in (
-        ("Step", idle or ("n/a" if now_step is None else f"{1000 * now_step:.1f} ms"), step, None, "$accent"),
-        ("Data wait", idle or ("n/a" if now_wait is None else percent_text(100 * now_wait)), wait, 1.0, "$warning"),
-    ):
-        bar = sparkline_rows(data, spark_width, 1, top)[0] if data else ""
-        lines.append(Content.assemble((f"{label:<10}", "bold"), f"{value:>9} ", (bar, style)))
+    lines.append(_spark_line("Step", idle or ("n/a" if now_step is None else f"{1000 * now_step:.1f} ms"), step,
+                             width, "$accent"))
+    lines.append(_spark_line("Data wait", idle or ("n/a" if now_wait is None else percent_text(100 * now_wait)),
+                             wait, width, "$warning", top=1.0))
+    given = False
+    for label, name in (("Samples/s", "samples_per_s"), ("Tokens/s", "tokens_per_s")):
+        counted = [p for p in members if getattr(p, name) is not None or getattr(p, name.split("_")[0]) is not None]
+        data = series(history, key, name, combine=sum)
+        if not counted and not data:
+            continue
+        given = True
+        rates = [getattr(p, name) for p in members if getattr(p, name) is not None]
+        lines.append(_spark_line(label, idle or (rate_text(sum(rates)) if rates else "n/a"), data, width,
+                                 "$success"))
+    if lead.losses_logged or lead.loss is not None or lead.loss_nonfinite:
+        given = True
+        lines.append(_spark_line("Loss", loss_text(lead.loss, lead.loss_nonfinite),
+                                 series(history, key, "loss", combine=_lead), width, "$secondary",
+                                 value_style="bold $error" if lead.loss_nonfinite else ""))
+    if not given:
+        lines.append(Content.assemble((NO_COUNTS, "dim")).truncate(width, ellipsis=True))
     for loader in lead.loaders:  # timed apart from the main loader: a val loop is not in the numbers above
         step_now = "n/a" if loader.step_time_s is None else f"{1000 * loader.step_time_s:.1f} ms"
         wait_now = "" if loader.data_wait_fraction is None else f"  data wait {percent_text(100 * loader.data_wait_fraction)}"
         lines.append(Content.assemble((f"{printable(loader.name)[:9]:<10}", "bold"), f"{step_now:>9} ",
                                       (f"a step{wait_now}  ({plural(loader.steps, 'step')} in all, apart from "
                                        "the epochs)", "dim")).truncate(width, ellipsis=True))
-    if lead.epochs:
-        pids = {p.pid for p in members}
-        who = f" (rank {lead.rank}'s)" if len(members) > 1 else ""
-        rows = epoch_rows(lead, history, pids)
-        used = sum(c.plain.count("\n") + 1 for c in lines)  # the facts take up to three lines
-        room = None if height is None else max(2, height - used - 1 - bool(who))
-        if room is not None and len(rows) > room:
-            hidden, rows = len(rows) - room + 1, rows[len(rows) - room + 1:]
-            head, *body = epoch_table(rows, width)
-            lines += [head, Content.assemble((f"… {plural(hidden, 'earlier epoch')} not shown (a taller "
-                                              "terminal shows them)", "dim")), *body]
-        else:
-            lines.extend(epoch_table(rows, width))
-        if who:
-            lines.append(Content.assemble((f"epochs{who}", "dim")))
-    else:
+    if not lead.epochs:
         lines.append(Content.assemble(("no epoch closed yet (probe.mark_epoch())", "dim")))
+    elif with_epochs:
+        head, rows = epoch_lines(members, history, width)
+        lines += [head, *rows]
+        if len(members) > 1:
+            lines.append(Content.assemble((f"epochs (rank {lead.rank}'s)", "dim")))
     return lines
 
 
-def probe_notes(part: ProbesPart) -> list[str]:
-    """Each ignored probe file with its reason, then what the processes could not say."""
-    notes = [f"ignored {printable(i.path)}: {printable(i.reason)}" for i in part.ignored]
+def epoch_lines(members: list[ProcessProbe], history: Sequence[Snapshot], width: int) -> tuple[Content,
+                                                                                              list[Content]]:
+    """The job's epoch table: its header line and a line per epoch, oldest first (rank 0's, or the only
+    process's)."""
+    lead = members[0]
+    rows = epoch_rows(lead, history, {p.pid for p in members})
+    head, *body = epoch_table(rows, width, epoch_headers(lead))
+    return head, body
+
+
+def probe_notes(part: ProbesPart, path_width: int | None = None) -> list[str]:
+    """Each ignored probe file with its reason, then what the processes could not say; `path_width`: the
+    files' paths cut in the middle to that (the folded notes: the file's name and the reason stay)."""
+    def where(path: str) -> str:
+        return printable(path) if path_width is None else shorten_middle(printable(path), path_width)
+
+    notes = [f"ignored {where(i.path)}: {printable(i.reason)}" for i in part.ignored]
     for p in part.processes:  # (an exited process's ending is on its job's lines)
         if p.truncated:
             notes.append(f"pid {p.pid} dropped {', '.join(p.truncated)} to fit 4 KiB")
-        for why in dict.fromkeys(p.unavailable.values()):
+        # (what the script did not hand over is said once, on the job's lines)
+        for why in dict.fromkeys(v for v in p.unavailable.values() if v not in NOT_GIVEN):
             notes.append(f"pid {p.pid}: {printable(why)}")
         unknown = [e for e in p.epochs if e.data_cached_delta_bytes is None]
         if unknown:  # the last one's reason: the Cache Δ column reads n/a
@@ -251,28 +323,87 @@ def probe_notes(part: ProbesPart) -> list[str]:
     return notes
 
 
+def folded_notes(notes: list[str], width: int) -> list[Content]:
+    """The notes in NOTES_FOLDED lines, each cut to `width`: where there are more, the last line says how many
+    and that n shows them all."""
+    if len(notes) <= NOTES_FOLDED:
+        return [Content(n).truncate(width, ellipsis=True) for n in notes]
+    shown = notes[:NOTES_FOLDED - 1]
+    more = f"+{len(notes) - len(shown)} more (n shows all the notes)"
+    return [*(Content(n).truncate(width, ellipsis=True) for n in shown), Content.assemble((more, "bold"))]
+
+
+class TaggedScroll(VerticalScroll):
+    """A scrolling part of the pane without a scroll bar: a bar's partial cells are the sparklines' block
+    characters, and at 80x24 they read as stray fragments of a chart. A line of text says what is out of
+    view instead; the pane redraws it as the view moves or the size changes."""
+
+    DEFAULT_CSS = "TaggedScroll { scrollbar-size-vertical: 0; }"
+
+    def _tell(self) -> None:
+        pane = next((a for a in self.ancestors if isinstance(a, TrainingPane)), None)
+        if pane is not None:
+            pane.scrolled(self)
+
+    def watch_scroll_y(self, old: float, new: float) -> None:
+        super().watch_scroll_y(old, new)
+        self._tell()
+
+    def on_resize(self) -> None:
+        self._tell()
+
+    def out_of_view(self) -> tuple[int, int]:
+        """Lines above and below the view."""
+        above = round(self.scroll_y)
+        return above, max(0, self.virtual_size.height - above - self.size.height) if self.size.height else 0
+
+
+class EpochScroll(TaggedScroll):
+    """One job's epoch table, scrolled on its own (Up / Down, PgUp / PgDn, Home / End once focused): the
+    newest epoch stays in view as epochs close, unless the user scrolled back to older ones."""
+
+
 class TrainingPane(Pane):
-    """Per job: step time and data-wait sparklines, the bytes held, and the per-epoch regression table."""
+    """Per job: step time, data-wait, throughput and loss sparklines, the bytes held, and the per-epoch
+    regression table."""
 
     PANE_ID = "training"
     TITLE = "Training"
     HELP = ("Numbers come from the in-process probe (dltop.probe, docs/probe.md): step time and data wait over the "
             "steps of the last 10 s (the slowest rank of a job; none when the loop stopped: STALLED after 30 s and "
-            "20 steps' time without one), and per epoch its time, the time spent waiting for data "
-            "(Load), the page-cache change (Cached in /proc/meminfo at the end minus the start) and the GPU "
-            "utilisation NVML gave dltop over the epoch. Ranks of one job are grouped by torchrun's run id or "
-            "MASTER_ADDR:MASTER_PORT, else torchrun's agent. A job that exited "
+            "20 steps' time without one), samples/s and tokens/s over the same steps (the ranks' sum) where the "
+            "script says what a batch holds (track(loader, batch_size=, tokens=) or the Lightning / Hugging "
+            "Face callbacks) and the last loss it logged (probe.log(loss=)), and per epoch its time, the time "
+            "spent waiting for data (Load), the page-cache change of the job's data, its samples/s, tokens/s "
+            "and mean loss, and the GPU utilisation NVML gave dltop over the epoch. With one job its epoch "
+            "table scrolls on its own (e, then Up / PgUp / Home); n shows every note. Ranks of one job are "
+            "grouped by torchrun's run id or MASTER_ADDR:MASTER_PORT, else torchrun's agent. A job that exited "
             "stays, marked EXITED with how it ended, until x dismisses it.")
-    BINDINGS = [Binding("x", "dismiss", "Dismiss exited", id="training.dismiss")]
+    BINDINGS = [Binding("x", "dismiss", "Dismiss exited", id="training.dismiss"),
+                Binding("e", "epochs", "Epochs", id="training.epochs"),
+                Binding("n", "notes", "Notes", id="training.notes")]
     DEFAULT_CSS = """
     #tr-scroll { height: 1fr; }
+    TrainingPane.-one-job #tr-scroll { height: auto; max-height: 75%; }
     #tr-body { height: auto; }
-    #tr-notes { height: auto; max-height: 3; color: $text-muted; }
+    #tr-epochs-head { height: 1; display: none; }
+    #tr-epochs { height: 1fr; display: none; }
+    TrainingPane.-one-job #tr-epochs-head, TrainingPane.-one-job #tr-epochs { display: block; }
+    #tr-epochs-body { height: auto; }
+    #tr-scroll-tag { height: 1; display: none; }
+    #tr-notes-box { height: auto; max-height: 3; }
+    #tr-notes-box.-open { max-height: 50%; }
+    #tr-notes { height: auto; color: $text-muted; }
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._dismissed: set[tuple[int, int]] = set()  # exited processes (pid, start ticks) the user dismissed
+        self._notes: list[str] = []
+        self._folded: list[str] = []  # the same, their paths cut to fit a line
+        self._notes_open = False
+        self._follow = True  # the epoch table follows the newest epoch until the user scrolls back
+        self._epoch_head: Content = Content("")
 
     def _exited(self) -> list[ProcessProbe]:
         part = self.view.snapshot.probes if self.view is not None else None
@@ -283,6 +414,10 @@ class TrainingPane(Pane):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "dismiss":
             return bool(self._exited())  # view state only: the files stay (docs/probe.md)
+        if action == "epochs":
+            return self.has_class("-one-job")  # several jobs: their tables scroll with the tab
+        if action == "notes":
+            return len(self._notes) > NOTES_FOLDED or self._notes_open
         return True
 
     def action_dismiss(self) -> None:
@@ -292,17 +427,73 @@ class TrainingPane(Pane):
             self.render_view(self.view)
         self.refresh_bindings()
 
+    def action_epochs(self) -> None:
+        """Give the keys to the epoch table, to scroll back to older epochs."""
+        self.query_one("#tr-epochs", EpochScroll).focus()
+
+    def action_notes(self) -> None:
+        """Show every note (the box grows and scrolls), or fold them back to three lines."""
+        self._notes_open = not self._notes_open
+        box = self.query_one("#tr-notes-box", TaggedScroll)
+        box.set_class(self._notes_open, "-open")
+        self._render_notes()
+        if self._notes_open:
+            box.focus()
+        elif box.has_focus:
+            self.focus_default()
+        self.refresh_bindings()
+
+    def focus_default(self) -> None:
+        if self.has_class("-one-job"):
+            self.query_one("#tr-epochs", EpochScroll).focus()
+        else:
+            super().focus_default()
+
     def compose(self) -> ComposeResult:
-        with VerticalScroll(id="tr-scroll"):
+        with TaggedScroll(id="tr-scroll"):
             yield Static(id="tr-body")
-        yield Static(id="tr-notes")
+        yield Static(id="tr-scroll-tag")
+        yield Static(id="tr-epochs-head")
+        with EpochScroll(id="tr-epochs"):
+            yield Static(id="tr-epochs-body")
+        with TaggedScroll(id="tr-notes-box"):
+            yield Static(id="tr-notes")
+
+    def scrolled(self, scroll: TaggedScroll) -> None:
+        """A scrolling part moved or changed size: say what is out of its view (the epoch table in its header,
+        the jobs on a line under them)."""
+        if isinstance(scroll, EpochScroll):
+            if scroll.scroll_y < scroll.max_scroll_y and scroll.has_focus:
+                self._follow = False  # the user scrolled back: stay there
+            elif scroll.scroll_y >= scroll.max_scroll_y:
+                self._follow = True
+            self._epoch_header(scroll)
+            return
+        if scroll.id != "tr-scroll":
+            return  # the notes say themselves what is folded
+        above, below = scroll.out_of_view()
+        tag = self.query_one("#tr-scroll-tag", Static)
+        if above or below:
+            where = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
+            keys = "" if scroll.has_focus else ", Tab to scroll"
+            set_content(tag, Content.assemble((f"{where} lines out of view{keys}", "dim")))
+        tag.display = bool(above or below)
+
+    def _epoch_header(self, scroll: EpochScroll) -> None:
+        above, below = scroll.out_of_view()
+        tag = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
+        head = self._epoch_head
+        width = len(head.plain)
+        if tag and width > len(tag) + 6:
+            tag = f" {tag} e " if not scroll.has_focus else f" {tag} "
+            head = Content.assemble((head.plain[:width - len(tag)] + tag, "bold reverse"))
+        set_content(self.query_one("#tr-epochs-head", Static), head)
 
     def render_view(self, view: View) -> None:
         part = view.snapshot.probes
         body = self.query_one("#tr-body", Static)
-        notes_widget = self.query_one("#tr-notes", Static)
         width = max(20, body.size.width or self.size.width - 2)
-        notes: list[str] = []
+        one_job: tuple[str, list[ProcessProbe]] | None = None
         if isinstance(part, Unavailable):
             set_content(body, Content.assemble(("probes: ", "bold"), (part.reason, "$warning")))
         elif part is None or not (part.processes or self._exited()):
@@ -311,13 +502,47 @@ class TrainingPane(Pane):
             lines: list[Content] = []
             grouped = jobs([*part.processes, *self._exited()])
             now = self.moment(view, time.time)
-            height = self.query_one("#tr-scroll").size.height or None if len(grouped) == 1 else None
+            if len(grouped) == 1 and next(iter(grouped.values()))[0].epochs:
+                one_job = next(iter(grouped.items()))
             for key, members in grouped.items():
                 if lines:
                     lines.append(Content(""))
-                lines.extend(job_lines(key, members, view.history, width, height, now))
+                lines.extend(job_lines(key, members, view.history, width, now, with_epochs=one_job is None))
             set_content(body, Content("\n").join(lines))
-        if isinstance(part, ProbesPart):
-            notes = probe_notes(part)
-        set_content(notes_widget, Content("; ".join(notes)))
-        notes_widget.display = bool(notes)
+        if self.has_class("-one-job") != (one_job is not None):
+            self.set_class(one_job is not None, "-one-job")
+            self.refresh_bindings()
+        if one_job is not None:
+            self._render_epochs(*one_job, view.history, width)
+        self._notes = probe_notes(part) if isinstance(part, ProbesPart) else []
+        self._folded = probe_notes(part, max(16, width // 4)) if isinstance(part, ProbesPart) else []
+        if self._notes_open and len(self._notes) <= NOTES_FOLDED:
+            self._notes_open = False
+            self.query_one("#tr-notes-box").set_class(False, "-open")
+        self._render_notes()
+
+    def _render_epochs(self, key: str, members: list[ProcessProbe], history: Sequence[Snapshot],
+                       width: int) -> None:
+        scroll = self.query_one("#tr-epochs", EpochScroll)
+        follow = self._follow or scroll.scroll_y >= scroll.max_scroll_y
+        head, rows = epoch_lines(members, history, width)
+        if len(members) > 1:
+            rows.append(Content.assemble((f"epochs (rank {members[0].rank}'s)", "dim")))
+        self._epoch_head = head
+        set_content(self.query_one("#tr-epochs-body", Static), Content("\n").join(rows))
+        self._epoch_header(scroll)
+        if follow:
+            scroll.scroll_end(animate=False)  # once the new rows are laid out
+
+    def _render_notes(self) -> None:
+        notes_widget = self.query_one("#tr-notes", Static)
+        width = max(20, notes_widget.size.width or self.size.width - 2)
+        if self._notes_open:
+            lines = [Content(n) for n in self._notes]
+            lines.append(Content.assemble(("(n folds the notes)", "dim")))
+        else:
+            lines = folded_notes(self._folded, width)
+        set_content(notes_widget, Content("\n").join(lines))
+        notes_widget.display = bool(self._notes)
+        self.query_one("#tr-notes-box").display = bool(self._notes)
+        self.refresh_bindings()
