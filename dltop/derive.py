@@ -177,6 +177,8 @@ class GpuRates:
     uuid: str | None
     pcie_tx_bytes_per_s: float | Unavailable
     pcie_rx_bytes_per_s: float | Unavailable
+    nvlink_tx_bytes_per_s: float | Unavailable = Unavailable("no NVLink reading")
+    nvlink_rx_bytes_per_s: float | Unavailable = Unavailable("no NVLink reading")
 
 
 def gpu_rates(prev: Snapshot | None, cur: Snapshot) -> list[GpuRates]:
@@ -190,7 +192,24 @@ def gpu_rates(prev: Snapshot | None, cur: Snapshot) -> list[GpuRates]:
         before = {(g.index, g.uuid): g for g in prev.gpus}
         dt = cur.ts - prev.ts
     return [GpuRates(g.index, g.uuid, _pcie_rate(before.get((g.index, g.uuid)), g, "tx", dt),
-                     _pcie_rate(before.get((g.index, g.uuid)), g, "rx", dt)) for g in cur.gpus]
+                     _pcie_rate(before.get((g.index, g.uuid)), g, "rx", dt),
+                     _counter_rate(before.get((g.index, g.uuid)), g, "nvlink_tx_bytes_total", dt),
+                     _counter_rate(before.get((g.index, g.uuid)), g, "nvlink_rx_bytes_total", dt)) for g in cur.gpus]
+
+
+def _counter_rate(p: GpuDevice | None, g: GpuDevice, total: str, dt: float) -> float | Unavailable:
+    """Bytes per second of one of a GPU's cumulative byte counters over the interval, or why there is none."""
+    now = getattr(g, total)
+    if now is None:
+        return Unavailable(g.why(total) or "no reading")
+    before = None if p is None else getattr(p, total)
+    if before is None:
+        return Unavailable("a rate needs two readings of the counter")
+    if dt <= 0:
+        return Unavailable("no time between the two readings")
+    if now < before:
+        return Unavailable("the counter went backwards (driver reloaded or GPU reset)")
+    return (now - before) / dt
 
 
 def _pcie_rate(p: GpuDevice | None, g: GpuDevice, direction: str, dt: float) -> float | Unavailable:
