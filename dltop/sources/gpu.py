@@ -24,6 +24,7 @@ from dltop.model.base import Unavailable
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
 from dltop.probe.files import proc_start_ticks
 from dltop.sources import procfs
+from dltop.sources.amd import AmdReader
 from dltop.sources.base import Source
 
 FAKE_ENV = "DLTOP_FAKE_NVML"
@@ -738,9 +739,13 @@ class GpuReader:
             return Unavailable(f"no GPUs: NVML (driver {driver or 'version unknown'}) sees 0 devices", "no_devices")
         seen: set[tuple[int, int]] = set()
         gpus = tuple(self._device(b, i, driver, seen) for i in range(count))
+        self.forget_processes(seen)
+        return gpus
+
+    def forget_processes(self, seen: set[tuple[int, int]]) -> None:
+        """Drop what was kept of the processes not `seen` this tick (gone, or their pid reused)."""
         for key in [k for k in self._commands if k not in seen]:
             del self._commands[key]
-        return gpus
 
     def _device(self, b: NvmlBackend, index: int, driver: str | None, seen: set[tuple[int, int]]) -> GpuDevice:
         nv = self._nv
@@ -1062,8 +1067,63 @@ def make_backend() -> NvmlBackend:
     return PynvmlBackend()
 
 
+class GpusReader:
+    """NVIDIA's GPUs through NVML, then AMD's through amdsmi (numbered after NVML's): each library that loads
+    is read, both where both do. Where neither has a GPU the part says why for each."""
+
+    def __init__(self, nvml: GpuReader | None, amd: AmdReader | None) -> None:
+        self.nvml, self.amd = nvml, amd
+
+    def close(self) -> None:
+        """End both sessions."""
+        for reader in (self.nvml, self.amd):
+            if reader is not None:
+                reader.close()
+
+    def read(self) -> GpuPart | Unavailable:
+        """Every GPU either library sees, or why none can be read."""
+        nv = self.nvml.read() if self.nvml is not None else None
+        amd = self.amd.read(len(nv) if isinstance(nv, tuple) else 0) if self.amd is not None else None
+        parts = [p for p in (nv, amd) if p is not None]
+        gpus = tuple(g for p in parts if isinstance(p, tuple) for g in p)
+        if gpus or any(isinstance(p, tuple) for p in parts):
+            return gpus
+        down = [p for p in parts if isinstance(p, Unavailable) and not p.absent]
+        if down or len(parts) == 1:
+            return (down or parts)[0]  # type: ignore[return-value]  # a library that fails is the news
+        first = parts[0]
+        assert isinstance(first, Unavailable) and isinstance(amd, Unavailable)
+        return Unavailable(f"{first.reason}; AMD: {amd.reason}", first.absent)
+
+
+def amd_reader(root: str) -> AmdReader:
+    """The amdsmi reader: the fake module named by $DLTOP_FAKE_AMDSMI, else ROCm's bindings."""
+    from dltop.sources import amd, amd_fake
+
+    ids = GpuReader(lambda: FakeBackend({}), root)  # /proc identities of AMD processes, kept apart from NVML's
+
+    def identity(pid: int, seen: set[tuple[int, int]]) -> Any:
+        return ids._identity(pid, seen)
+
+    path = os.environ.get(amd_fake.FAKE_AMD_ENV)
+    if not path:
+        return amd.AmdReader(identity, forget=ids.forget_processes)
+
+    def load() -> Any:
+        try:
+            return amd_fake.fake_amdsmi(amd_fake.load(path))
+        except amd_fake.ScenarioError as e:
+            raise ImportError(f"fake amdsmi ({amd_fake.FAKE_AMD_ENV}): {e}") from None
+
+    return amd.AmdReader(identity, lambda: amd.import_amdsmi(load), forget=ids.forget_processes)
+
+
 def source(settings: Settings) -> Source:
-    """The GPU source at the refresh interval, holding one NVML session until closed."""
-    reader = GpuReader(make_backend, settings.root)
+    """The GPU source at the refresh interval, holding one NVML (and amdsmi) session until closed. Where a fake
+    is named for one library, the other is not read: a scenario describes the whole machine."""
+    nvml_fake, amd_fake = bool(os.environ.get(FAKE_ENV)), bool(os.environ.get("DLTOP_FAKE_AMDSMI"))
+    nvml = GpuReader(make_backend, settings.root) if nvml_fake or not amd_fake else None
+    amd = amd_reader(settings.root) if amd_fake or not nvml_fake else None
+    reader = GpusReader(nvml, amd)
     return Source(name="gpus", interval_s=settings.refresh_s, read=reader.read,
                   timeout_s=max(2.0, settings.refresh_s * 2), follows_refresh=True, close=reader.close)
