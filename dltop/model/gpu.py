@@ -39,7 +39,9 @@ class MemorySplit:
     torch_allocated_bytes: int | None = None  # the probe's torch.cuda.memory_stats(), as read with the split
     torch_reserved_bytes: int | None = None
     probe_device: str | None = None  # the probe's device joined to this GPU ("cuda:0"), None: no probe joined
-    joined_by: str | None = None  # how that device was matched to the GPU: "uuid", or the fallback's words
+    # how that device was matched to the GPU: "uuid", "pci" (its PCI address: on HIP, whose UUIDs are not
+    # amdsmi's, or where the probe gave no UUID), or the fallback's words
+    joined_by: str | None = None
     sources: dict[str, SplitSource] = field(default_factory=dict)  # field name -> where its number comes from
     unavailable: dict[str, str] = field(default_factory=dict)
     # Where the known parts add up to more than NVML's figure for the process (readings of different moments or

@@ -445,7 +445,7 @@ def process_notes(rows: Rows) -> list[str]:
         if no_probe:
             unprobed.append(p.pid)
         probed = probed or split.probe_device is not None
-        if split.joined_by not in (None, "uuid"):
+        if split.joined_by not in (None, "uuid", "pci"):
             pids.setdefault(f"probe joined by {split.joined_by}", []).append(p.pid)
         mine = f"pid {p.pid} "
         for why in dict.fromkeys([*p.unavailable.values(), *split_reasons]):
