@@ -40,8 +40,7 @@ STATUS_TEXTS = {
 NO_ROCM = ("no ROCm library: amdsmi is installed but libamd_smi.so is not (install ROCm or amd-smi-lib, or set "
            "ROCM_PATH)")
 NO_BINDINGS = "amdsmi is not installed (ROCm's /opt/rocm/share/amd_smi, or pip install amdsmi)"
-NOT_READ = ("not read on AMD GPUs: dltop's amdsmi backend reads memory, processes, activity, temperature, power, "
-            "clocks and ECC counts")
+NOT_READ = "not read on AMD GPUs (dltop's amdsmi backend reads memory, activity, temperature, power, clocks, ECC)"
 NO_VOLATILE_ECC = "amdsmi gives one ECC count per kind (amdsmi_get_gpu_total_ecc_count), not one since the driver loaded"
 NO_RESERVED = "amdsmi gives no driver reserve: used is amdsmi_get_gpu_vram_usage's"
 NO_MEM_UTIL = "amdsmi gives no per-process memory activity"
