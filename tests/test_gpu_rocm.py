@@ -5,6 +5,7 @@ by its PCI address, or by HIP_VISIBLE_DEVICES where torch gives none; and never 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -15,9 +16,11 @@ import pytest
 
 from dltop.derive import join_splits
 from dltop.model import GpuProcess
+from dltop.probe.files import open_private_dir, write_atomic
 from dltop.sources.amd import AmdReader
 from dltop.sources.amd_fake import fake_amdsmi
 from dltop.sources.gpu import FakeBackend, GpuReader, GpusReader
+from dltop.sources.probes import read_probes
 from tests.conftest import DATA
 from tests.probe_helpers import SPEC, Workers
 
@@ -124,3 +127,25 @@ def test_a_cuda_probe_is_not_joined_to_an_amd_gpu(workers: Workers, monkeypatch:
     p = process(join_splits(amd_gpus(pid, monkeypatch), workers.probes(), None, time.time()), pid)
     assert p.split.probe_device is None
     assert "computes with CUDA, not on this AMD GPU" in p.split.unavailable["weights_bytes"]
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("pci_bus_id", "0000:0c:00", "not a PCI address"), ("pci_bus_id", "0000:0c:00.0\x1b[2J", "not a PCI address"),
+    ("pci_bus_id", 12, "expected"), ("runtime", "metal", "expected cuda or hip")])
+def test_a_bad_pci_address_or_runtime_costs_only_that_device(workers: Workers, tmp_path: Path, field: str,
+                                                              value: Any, says: str) -> None:
+    hip_worker(workers, HIP_PROPS)
+    (path,) = (workers.runtime / "dltop").glob("*.json")
+    doc = json.loads(path.read_text())
+    doc["devices"]["cuda:0"][field] = value
+    other = tmp_path / "other" / "dltop"
+    other.parent.mkdir()
+    fd = open_private_dir(str(other))
+    try:
+        write_atomic(fd, path.name, json.dumps(doc).encode())
+    finally:
+        os.close(fd)
+    (probe,) = read_probes([(str(other), os.getuid())]).processes
+    assert "cuda:0" not in [d.device for d in probe.devices]
+    why = probe.unavailable["devices.cuda:0"]
+    assert says in why and "\n" not in why and "\x1b" not in why
