@@ -177,6 +177,8 @@ class GpuRates:
     uuid: str | None
     pcie_tx_bytes_per_s: float | Unavailable
     pcie_rx_bytes_per_s: float | Unavailable
+    nvlink_tx_bytes_per_s: float | Unavailable = Unavailable("no NVLink reading")
+    nvlink_rx_bytes_per_s: float | Unavailable = Unavailable("no NVLink reading")
 
 
 def gpu_rates(prev: Snapshot | None, cur: Snapshot) -> list[GpuRates]:
@@ -190,7 +192,24 @@ def gpu_rates(prev: Snapshot | None, cur: Snapshot) -> list[GpuRates]:
         before = {(g.index, g.uuid): g for g in prev.gpus}
         dt = cur.ts - prev.ts
     return [GpuRates(g.index, g.uuid, _pcie_rate(before.get((g.index, g.uuid)), g, "tx", dt),
-                     _pcie_rate(before.get((g.index, g.uuid)), g, "rx", dt)) for g in cur.gpus]
+                     _pcie_rate(before.get((g.index, g.uuid)), g, "rx", dt),
+                     _counter_rate(before.get((g.index, g.uuid)), g, "nvlink_tx_bytes_total", dt),
+                     _counter_rate(before.get((g.index, g.uuid)), g, "nvlink_rx_bytes_total", dt)) for g in cur.gpus]
+
+
+def _counter_rate(p: GpuDevice | None, g: GpuDevice, total: str, dt: float) -> float | Unavailable:
+    """Bytes per second of one of a GPU's cumulative byte counters over the interval, or why there is none."""
+    now = getattr(g, total)
+    if now is None:
+        return Unavailable(g.why(total) or "no reading")
+    before = None if p is None else getattr(p, total)
+    if before is None:
+        return Unavailable("a rate needs two readings of the counter")
+    if dt <= 0:
+        return Unavailable("no time between the two readings")
+    if now < before:
+        return Unavailable("the counter went backwards (driver reloaded or GPU reset)")
+    return (now - before) / dt
 
 
 def _pcie_rate(p: GpuDevice | None, g: GpuDevice, direction: str, dt: float) -> float | Unavailable:
@@ -249,6 +268,9 @@ def join_splits(gpus: GpuPart | Unavailable | None, probes: ProbesPart | Unavail
     if not by_pid and not served:
         return gpus
     one_model = len({g.name for g in gpus}) == 1
+    # cuda:N counts within one runtime: CUDA's GPUs are NVML's, HIP's are amdsmi's, each numbered from 0
+    runtime_index = {id(g): i for backend in ("nvml", "amdsmi")
+                     for i, g in enumerate(x for x in gpus if x.backend == backend)}
     out = []
     for g in gpus:
         if g.mig_devices and isinstance(g.processes, tuple):
@@ -257,7 +279,8 @@ def join_splits(gpus: GpuPart | Unavailable | None, probes: ProbesPart | Unavail
             procs: tuple[GpuProcess, ...] | Unavailable = tuple(
                 replace(p, split=ON_MIG_ROW) if p.pid in by_pid or p.pid in served else p for p in g.processes)
         else:
-            procs = _join_list(g.processes, _Device(g.uuid, g.index, gpus, one_model), by_pid, served, now)
+            dev = _Device(g.uuid, runtime_index[id(g)], gpus, one_model, g.bus_id, g.backend)
+            procs = _join_list(g.processes, dev, by_pid, served, now)
         migs = tuple(replace(m, processes=_join_list(m.processes, _Device(m.uuid, None, gpus, one_model), by_pid,
                                                      served, now)) for m in g.mig_devices)
         out.append(replace(g, processes=procs, mig_devices=migs))
@@ -267,9 +290,11 @@ def join_splits(gpus: GpuPart | Unavailable | None, probes: ProbesPart | Unavail
 @dataclass(frozen=True)
 class _Device:
     uuid: str | None
-    index: int | None  # None for a MIG instance (no CUDA index maps to it)
+    index: int | None  # among its runtime's GPUs (NVML's, or amdsmi's); None for a MIG instance
     gpus: GpuPart
     one_model: bool  # every GPU of one model: CUDA's enumeration is the bus order, as NVML's
+    bus_id: str | None = None
+    backend: str = "nvml"
 
 
 def _join_list(procs: tuple[GpuProcess, ...] | Unavailable, dev: _Device, by_pid: dict[int, ProcessProbe],
@@ -335,25 +360,47 @@ def _norm_uuid(uuid: str) -> str:
     return uuid.lower().removeprefix("gpu-").removeprefix("mig-")
 
 
+def _pci(address: str | None) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of "0000:18:00.0" or NVML's "00000000:18:00.0"; None for anything else."""
+    try:
+        domain, bus, rest = (address or "").split(":")
+        return int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+    except ValueError:
+        return None
+
+
 def probe_device(probe: ProcessProbe, dev: _Device) -> tuple[ProbeDevice, str] | str:
-    """The probe's CUDA device that is this GPU, and how it was matched; or why none is."""
-    cuda = [d for d in probe.devices if d.device.startswith("cuda")]
+    """The probe's CUDA (or HIP) device that is this GPU, and how it was matched; or why none is."""
+    hip = dev.backend == "amdsmi"
+    # a probe file from before `runtime` was written is CUDA's
+    cuda = [d for d in probe.devices if d.device.startswith("cuda") and (d.runtime == "hip") == hip]
     if not cuda:
         where = " (its watched tensors are on the CPU)" if probe.devices else ""
+        if any(d.device.startswith("cuda") for d in probe.devices):
+            other = "ROCm (HIP)" if not hip else "CUDA"
+            return f"the probe in pid {probe.pid} computes with {other}, not on this {'AMD' if hip else 'NVIDIA'} GPU"
         return (f"the probe in pid {probe.pid} sees no CUDA device{where}: torch.cuda is not initialised in it, "
                 "or it computes with something other than PyTorch")
-    if dev.uuid:
+    if dev.uuid and not hip:  # HIP's device UUIDs are not amdsmi's: the PCI address joins there
         for d in cuda:
             if d.uuid and _norm_uuid(d.uuid) == _norm_uuid(dev.uuid):
                 return d, "uuid"
-    unnamed = [d for d in cuda if not d.uuid]
+    if (bus := _pci(dev.bus_id)) is not None:
+        for d in cuda:
+            if _pci(d.pci_bus_id) == bus:
+                return d, "pci"
+    unnamed = [d for d in cuda if not (d.uuid and not hip) and not (d.pci_bus_id and bus is not None)]
     if not unnamed:
-        theirs = ", ".join(f"{d.device} {d.uuid}" for d in cuda)
+        theirs = ", ".join(f"{d.device} {d.uuid or d.pci_bus_id}" for d in cuda)
         return f"the probe's CUDA devices ({theirs}) are not this GPU ({dev.uuid or 'no UUID from NVML'})"
-    # Fallback, only where the probe gives no UUID: cuda:N through CUDA_VISIBLE_DEVICES to NVML's index.
+    # Fallback, only where the probe gives no UUID: cuda:N through CUDA_VISIBLE_DEVICES to NVML's index (on HIP:
+    # HIP_VISIBLE_DEVICES, else ROCR_VISIBLE_DEVICES, else CUDA_VISIBLE_DEVICES, which HIP honours too).
+    names = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if hip else (
+        "CUDA_VISIBLE_DEVICES",)
     if "allocator_env" in probe.truncated:
-        return "the probe gives no UUID, and dropped its environment (CUDA_VISIBLE_DEVICES) to fit 4 KiB"
-    visible = probe.allocator_env.get("CUDA_VISIBLE_DEVICES")
+        return f"the probe gives no UUID, and dropped its environment ({names[0]}) to fit 4 KiB"
+    var = next((n for n in names if n in probe.allocator_env), names[0])
+    visible = probe.allocator_env.get(var)
     entries = None if visible is None else [e.strip() for e in visible.split(",")]
     in_order = probe.allocator_env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" or dev.one_model
     for d in unnamed:
@@ -364,7 +411,7 @@ def probe_device(probe: ProcessProbe, dev: _Device) -> tuple[ProbeDevice, str] |
         entry = str(n) if entries is None else entries[n] if n < len(entries) else None
         if entry is None:
             continue
-        said = f"CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "CUDA_VISIBLE_DEVICES unset"
+        said = f"{var}={visible}" if visible is not None else f"{var} unset"
         if entry.lower().startswith(("gpu-", "mig-")):
             if dev.uuid and dev.uuid.lower().startswith(entry.lower()):
                 return d, f"{d.device} is {entry} by {said} (the probe gave no UUID)"

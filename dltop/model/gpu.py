@@ -1,7 +1,8 @@
-"""The `gpus` part of a Snapshot: every GPU NVML sees, its MIG instances and the processes holding its memory.
+"""The `gpus` part of a Snapshot: every GPU NVML (or AMD's amdsmi) sees, its MIG instances and the processes
+holding its memory.
 
-Values are NVML's own (bytes, percent, milliwatts, MHz); a value NVML did not give is None and the device's (or
-process's) `unavailable` says why, keyed by field name. A GPU whose calls fail keeps its place in the list, its
+Values are the library's own (bytes, percent, milliwatts, MHz); a value it did not give is None and the device's
+(or process's) `unavailable` says why, keyed by field name. A GPU whose calls fail keeps its place in the list, its
 numbers None with the reason. `gpus` is a list in JSON, as nvidia-smi's `--query-gpu` is one row per GPU.
 """
 
@@ -17,6 +18,7 @@ SPLIT_FIELDS = ("weights_bytes", "kv_cache_bytes", "allocator_cache_bytes", "oth
 # Where a split number comes from: the process's own probe file, NVML's per-process figure less the probe's
 # torch reserved, or an inference server's KV pool (docs/gpu.md, "The split").
 SplitSource = Literal["probe", "nvml-probe", "server"]
+Backend = Literal["nvml", "amdsmi"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,9 @@ class MemorySplit:
     torch_allocated_bytes: int | None = None  # the probe's torch.cuda.memory_stats(), as read with the split
     torch_reserved_bytes: int | None = None
     probe_device: str | None = None  # the probe's device joined to this GPU ("cuda:0"), None: no probe joined
-    joined_by: str | None = None  # how that device was matched to the GPU: "uuid", or the fallback's words
+    # how that device was matched to the GPU: "uuid", "pci" (its PCI address: on HIP, whose UUIDs are not
+    # amdsmi's, or where the probe gave no UUID), or the fallback's words
+    joined_by: str | None = None
     sources: dict[str, SplitSource] = field(default_factory=dict)  # field name -> where its number comes from
     unavailable: dict[str, str] = field(default_factory=dict)
     # Where the known parts add up to more than NVML's figure for the process (readings of different moments or
@@ -98,6 +102,7 @@ class GpuDevice:
     uuid: str | None = None
     bus_id: str | None = None
     driver_version: str | None = None
+    backend: Backend = "nvml"  # the library that read it: NVML (NVIDIA) or amdsmi (AMD, ROCm)
     # "framebuffer": NVML's device memory; "system": a unified-memory machine (GB10, Grace) whose GPU shares
     # system memory, shown from /proc/meminfo because NVML has no framebuffer total there.
     memory_pool: Literal["framebuffer", "system"] | None = None
@@ -109,10 +114,21 @@ class GpuDevice:
     utilization_gpu_percent: int | None = None  # share of the last sample period a kernel ran (SM activity)
     utilization_memory_percent: int | None = None
     temperature_c: int | None = None
+    # The sensor temperature_c is from: "gpu" (NVML's die sensor); on AMD "edge", or "hotspot" (the junction) where
+    # the board has no edge sensor (MI300-class)
+    temperature_sensor: str | None = None
     power_mw: int | None = None
-    power_limit_mw: int | None = None
+    power_limit_mw: int | None = None  # read once a minute: it changes only when an admin sets it
+    fan_speed_percent: int | None = None  # of its maximum; Not Supported on passively cooled boards (SXM, OAM)
+    pstate: int | None = None  # the performance state, 0 (P0, fastest) to 15
+    # Why the clocks are held below their maximum (nvmlDeviceGetCurrentClocksEventReasons): the bit mask, and its
+    # bits decoded in nvidia-smi -q's words ("SW Power Cap", "HW Thermal Slowdown"); () when none is set.
+    clocks_event_reasons: int | None = None
+    throttle_reasons: tuple[str, ...] | None = None
     clock_sm_mhz: int | None = None
     clock_mem_mhz: int | None = None
+    encoder_util_percent: int | None = None
+    decoder_util_percent: int | None = None
     # PCIe traffic, from one of two sources (`pcie_source`): "byte_counters", NVML's cumulative 64-bit byte
     # counters (nvmlDeviceGetFieldValues, drivers 555+; they cost no waiting), whose rate is derived from two
     # Snapshots (`dltop.derive.gpu_rates`), so the *_per_s fields are None with that reason; or "throughput",
@@ -123,8 +139,15 @@ class GpuDevice:
     pcie_rx_bytes_total: int | None = None
     pcie_tx_bytes_per_s: int | None = None
     pcie_rx_bytes_per_s: int | None = None
+    # ECC error counts: volatile since the driver loaded, aggregate over the GPU's life (read once a minute)
+    ecc_corrected_volatile: int | None = None
+    ecc_corrected_aggregate: int | None = None
     ecc_uncorrected_volatile: int | None = None
     ecc_uncorrected_aggregate: int | None = None
+    # NVLink data bytes over all links, cumulative (NVML's NVLINK_THROUGHPUT_DATA fields, KiB x 1024): a rate
+    # needs two Snapshots (`dltop.derive.gpu_rates`). Not Supported on a GPU without NVLink.
+    nvlink_tx_bytes_total: int | None = None
+    nvlink_rx_bytes_total: int | None = None
     retired_pages_sbe: int | None = None  # pages retired for repeated single-bit errors
     retired_pages_dbe: int | None = None  # pages retired for a double-bit error
     retired_pages_pending: bool | None = None  # a retirement waits for the next reboot

@@ -8,6 +8,7 @@ A number the process did not publish is None with its reason in `unavailable`, n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 # A job is stalled when its last step is older than this, and than STALL_STEPS of its last step's time: a hung
 # rank (a collective waiting on a dead peer, a stuck loader) is what users most need to see (issue 18, item 7).
@@ -33,6 +34,8 @@ class ProbeDevice:
     kv_bytes: int
     memory_stats: dict[str, int] = field(default_factory=dict)
     uuid: str | None = None  # torch's device UUID (NVML's without the "GPU-" prefix); cuda:N is a logical index
+    pci_bus_id: str | None = None  # "0000:18:00.0", from torch's pci_{domain,bus,device}_id
+    runtime: Literal["cuda", "hip"] | None = None  # hip: ROCm torch, whose torch.cuda is HIP
 
 
 @dataclass(frozen=True)

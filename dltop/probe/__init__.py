@@ -44,8 +44,9 @@ MAX_CMD = 256
 MAIN_LOADER = "train"  # the name of the loader track() times by default: its steps are the epochs' (docs/probe.md)
 MAX_LOADERS = 4  # loaders timed apart beside the main one (a val loader, a test loader): more are not timed
 MAX_LOADER_NAME = 32
+# HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES: ROCm's remapping of cuda:N (torch.cuda is HIP on ROCm torch)
 ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
-             "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+             "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 MEMORY_STATS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
                 "inactive_split_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.peak",
                 "num_alloc_retries", "num_ooms")
@@ -704,15 +705,23 @@ def _cuda_stats(torch: Any, devices: dict[str, dict[str, Any]]) -> None:
     if cuda is None or not cuda.is_initialized():  # never initialise CUDA
         return
     wanted = {n for n in devices if n.startswith("cuda:")} | {f"cuda:{cuda.current_device()}"}
+    # On ROCm torch, torch.cuda is HIP (the same names, cuda:N devices) and torch.version.hip is set: its UUIDs
+    # are not amdsmi's, so the PCI address is what joins a device to dltop's GPU there.
+    runtime = "hip" if getattr(getattr(torch, "version", None), "hip", None) else "cuda"
     for name in sorted(wanted):
         index = int(name.split(":")[1])
         stats = cuda.memory_stats(index)
         entry = _device_entry(devices, name)
         entry["memory_stats"] = {k: stats[k] for k in MEMORY_STATS if k in stats}
         # cuda:N counts within CUDA_VISIBLE_DEVICES: the UUID is what joins it to NVML's device
-        uuid = getattr(cuda.get_device_properties(index), "uuid", None)
+        props = cuda.get_device_properties(index)
+        uuid = getattr(props, "uuid", None)
         if uuid is not None:
             entry["uuid"] = str(uuid)
+        pci = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
+        if all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 16 for n in pci):
+            entry["pci_bus_id"] = f"{pci[0]:04x}:{pci[1]:02x}:{pci[2]:02x}.0"  # sysfs's form, as torch writes it
+        entry["runtime"] = runtime
 
 
 def _recompiles() -> int:

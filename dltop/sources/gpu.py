@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import pwd
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, partial
@@ -23,6 +24,7 @@ from dltop.model.base import Unavailable
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
 from dltop.probe.files import proc_start_ticks
 from dltop.sources import procfs
+from dltop.sources.amd import AmdReader
 from dltop.sources.base import Source
 
 FAKE_ENV = "DLTOP_FAKE_NVML"
@@ -80,6 +82,12 @@ class NvmlBackend(Protocol):
     def pcie_bytes(self, h: Any) -> tuple[int, int]: ...
     def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int: ...
     def ecc_uncorrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int: ...
+    def ecc_corrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int: ...
+    def fan_percent(self, h: Any) -> int: ...
+    def performance_state(self, h: Any) -> int: ...
+    def clocks_event_reasons(self, h: Any) -> int: ...
+    def codec_utilization(self, h: Any, unit: Literal["encoder", "decoder"]) -> int: ...
+    def nvlink_kib(self, h: Any) -> tuple[int, int]: ...
     def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int: ...
     def retired_pages_pending(self, h: Any) -> bool: ...
     def mig_mode(self, h: Any) -> bool: ...
@@ -172,6 +180,39 @@ class PynvmlBackend:
     def ecc_uncorrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
         kind = self.nv.NVML_VOLATILE_ECC if counter == "volatile" else self.nv.NVML_AGGREGATE_ECC
         return int(self.nv.nvmlDeviceGetTotalEccErrors(h, self.nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, kind))
+
+    def ecc_corrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
+        kind = self.nv.NVML_VOLATILE_ECC if counter == "volatile" else self.nv.NVML_AGGREGATE_ECC
+        return int(self.nv.nvmlDeviceGetTotalEccErrors(h, self.nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, kind))
+
+    def fan_percent(self, h: Any) -> int:
+        return int(self.nv.nvmlDeviceGetFanSpeed(h))
+
+    def performance_state(self, h: Any) -> int:
+        return int(self.nv.nvmlDeviceGetPerformanceState(h))
+
+    def clocks_event_reasons(self, h: Any) -> int:
+        """The R535 call, or its older name (the same mask) on a driver that lacks it."""
+        try:
+            return int(self.nv.nvmlDeviceGetCurrentClocksEventReasons(h))
+        except self.nv.NVMLError_FunctionNotFound:
+            return int(self.nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+
+    def codec_utilization(self, h: Any, unit: Literal["encoder", "decoder"]) -> int:
+        call = self.nv.nvmlDeviceGetEncoderUtilization if unit == "encoder" else self.nv.nvmlDeviceGetDecoderUtilization
+        return int(call(h)[0])  # [percent, sampling period in us]
+
+    def nvlink_kib(self, h: Any) -> tuple[int, int]:
+        """(tx, rx) NVLink data KiB summed over all links (scope UINT_MAX), one field call for both."""
+        nv = self.nv
+        fields = nv.nvmlDeviceGetFieldValues(h, [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, UINT_NOT_AVAILABLE),
+                                                 (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, UINT_NOT_AVAILABLE)])
+        out = []
+        for f in fields:
+            if f.nvmlReturn != nv.NVML_SUCCESS:
+                raise nv.NVMLError(f.nvmlReturn)
+            out.append(int(f.value.ullVal))
+        return out[0], out[1]
 
     def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int:
         c = (self.nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS if cause == "sbe"
@@ -357,6 +398,26 @@ class FakeBackend:
     def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int:
         return int(self._value(self._get(h, "retired_pages", "nvmlDeviceGetRetiredPages")[cause]))
 
+    def ecc_corrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
+        return int(self._value(self._get(h, "ecc_corrected", "nvmlDeviceGetTotalEccErrors")[counter]))
+
+    def fan_percent(self, h: Any) -> int:
+        return int(self._get(h, "fan_speed_percent", "nvmlDeviceGetFanSpeed"))
+
+    def performance_state(self, h: Any) -> int:
+        return int(self._get(h, "pstate", "nvmlDeviceGetPerformanceState"))
+
+    def clocks_event_reasons(self, h: Any) -> int:
+        return int(self._get(h, "clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons"))
+
+    def codec_utilization(self, h: Any, unit: Literal["encoder", "decoder"]) -> int:
+        name = "Encoder" if unit == "encoder" else "Decoder"
+        return int(self._get(h, f"{unit}_util_percent", f"nvmlDeviceGet{name}Utilization"))
+
+    def nvlink_kib(self, h: Any) -> tuple[int, int]:
+        c = self._get(h, "nvlink_kib", "nvmlDeviceGetFieldValues")
+        return int(self._value(c["tx"])), int(self._value(c["rx"]))
+
     def retired_pages_pending(self, h: Any) -> bool:
         return bool(self._value(self._get(h, "retired_pages", "nvmlDeviceGetRetiredPagesPendingStatus")["pending"]))
 
@@ -443,7 +504,8 @@ def _check_scenario(s: Any, nv: Any) -> dict[str, Any]:
         for k in ("name", "uuid", "bus_id"):
             if k in g and not isinstance(g[k], str):
                 raise ScenarioError(f"{where}.{k}: expected a string")
-        for k in ("temperature_c", "power_mw", "power_limit_mw", "mig_max_devices"):
+        for k in ("temperature_c", "power_mw", "power_limit_mw", "mig_max_devices", "fan_speed_percent", "pstate",
+                  "clocks_event_reasons", "encoder_util_percent", "decoder_util_percent"):
             if k in g and not is_int(g[k]) and not (isinstance(g[k], str) and g[k].startswith("NVML_ERROR_")):
                 raise ScenarioError(f"{where}.{k}: expected a non-negative integer")
         if "memory" in g:
@@ -451,6 +513,7 @@ def _check_scenario(s: Any, nv: Any) -> dict[str, Any]:
         shapes = {"utilization": ("gpu", "memory"), "clocks_mhz": ("sm", "mem"), "pcie_kb_per_s": ("tx", "rx"),
                   "pcie_bytes": ("tx", "rx"),
                   "ecc_uncorrected": ("volatile", "aggregate"), "retired_pages": ("sbe", "dbe"),
+                  "ecc_corrected": ("volatile", "aggregate"), "nvlink_kib": ("tx", "rx"),
                   "instance_ids": ("gpu", "compute")}
         for k, keys in shapes.items():
             if k in g:
@@ -540,10 +603,15 @@ NO_PROCESS_MEMORY = ("NVML gives no per-process memory here (NVML_VALUE_NOT_AVAI
 PCIE_FIELDS = ("pcie_tx_bytes_total", "pcie_rx_bytes_total", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
 PCIE_RATE_FROM_COUNTERS = ("from the PCIe byte counters (pcie_*_bytes_total): a rate needs two readings "
                            "(dltop.derive.gpu_rates)")
+SLOW_READ_S = 60.0  # the power limit, aggregate ECC counts and retired pages: read once a minute, not each tick
+# nvmlClocksEventReason* bits in nvidia-smi -q's words ("Clocks Event Reasons"), in its order
+THROTTLE_REASONS = ((0x1, "Idle"), (0x2, "Applications Clocks Setting"), (0x4, "SW Power Cap"),
+                    (0x8, "HW Slowdown"), (0x40, "HW Thermal Slowdown"), (0x80, "HW Power Brake Slowdown"),
+                    (0x10, "Sync Boost"), (0x20, "SW Thermal Slowdown"), (0x100, "Display Clock Setting"))
 UNPROBED = unprobed_split()  # one shared (frozen) value: a tick builds many processes
 DEVICE_FIELDS = tuple(f for f in GpuDevice.__dataclass_fields__
                       if f not in ("index", "mig_devices", "processes", "unavailable", "driver_version", "down",
-                                   "memory_pool_note"))
+                                   "backend", "memory_pool_note"))
 
 
 _Identity = tuple[str | None, str | None, str | None, int | None]  # user, command, why not, start time (ticks)
@@ -569,6 +637,20 @@ def _down_word(e: Any, nv: Any) -> str:
     return {nv.NVML_ERROR_GPU_IS_LOST: "lost", nv.NVML_ERROR_NO_PERMISSION: "no_permission",
             nv.NVML_ERROR_TIMEOUT: "timeout", nv.NVML_ERROR_RESET_REQUIRED: "reset_required"}.get(
         getattr(e, "value", None), "error")
+
+
+def throttle_names(mask: int) -> tuple[str, ...]:
+    """The reasons set in a clocks-event mask, named as nvidia-smi -q names them; a bit NVML added later by its
+    value ("0x200")."""
+    known = 0
+    names = []
+    for bit, name in THROTTLE_REASONS:
+        known |= bit
+        if mask & bit:
+            names.append(name)
+    rest = mask & ~known
+    names += [hex(1 << i) for i in range(rest.bit_length()) if rest >> i & 1]
+    return tuple(names)
 
 
 def parse_cmdline(raw: bytes) -> str:
@@ -599,7 +681,8 @@ class GpuReader:
     """Holds one NVML session and what is worth keeping between ticks: which call versions the driver has, the
     last utilization sample seen per GPU, and each process's command line."""
 
-    def __init__(self, make_backend: Callable[[], NvmlBackend], root: str = "/") -> None:
+    def __init__(self, make_backend: Callable[[], NvmlBackend], root: str = "/",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._make_backend = make_backend
         self._root = root
         self._proc = os.path.join(root, "proc")
@@ -612,6 +695,9 @@ class GpuReader:
         self._util_seen_us: dict[str, int] = {}
         self._commands: dict[tuple[int, int], _Identity] = {}
         self._users: dict[int, str] = {}
+        self._clock = clock
+        # (GPU index, field) -> (when read, its value, why not): the slow-changing numbers (`slow` in _device)
+        self._slow: dict[tuple[int, str], tuple[float, Any, str | None]] = {}
 
     def close(self) -> None:
         """End the NVML session."""
@@ -620,6 +706,7 @@ class GpuReader:
                 self._backend.shutdown()
             self._backend = None
         self._identities.clear()  # indices are only stable within one session
+        self._slow.clear()
 
     def read(self) -> GpuPart | Unavailable:
         """Every GPU NVML sees, or why none can be read."""
@@ -652,9 +739,13 @@ class GpuReader:
             return Unavailable(f"no GPUs: NVML (driver {driver or 'version unknown'}) sees 0 devices", "no_devices")
         seen: set[tuple[int, int]] = set()
         gpus = tuple(self._device(b, i, driver, seen) for i in range(count))
+        self.forget_processes(seen)
+        return gpus
+
+    def forget_processes(self, seen: set[tuple[int, int]]) -> None:
+        """Drop what was kept of the processes not `seen` this tick (gone, or their pid reused)."""
         for key in [k for k in self._commands if k not in seen]:
             del self._commands[key]
-        return gpus
 
     def _device(self, b: NvmlBackend, index: int, driver: str | None, seen: set[tuple[int, int]]) -> GpuDevice:
         nv = self._nv
@@ -674,6 +765,19 @@ class GpuReader:
             values[fieldname] = value
             return value
 
+        def slow(fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
+            """`ask` at most once a SLOW_READ_S for a number that changes only by an admin or over months."""
+            key, now = (index, fieldname), self._clock()
+            kept = self._slow.get(key)
+            if kept is None or now - kept[0] >= SLOW_READ_S:
+                value = ask(fieldname, call, *args)  # a lost GPU raises here: nothing kept
+                kept = self._slow[key] = (now, value, missing.get(fieldname))
+            elif kept[2] is not None:
+                missing[fieldname] = kept[2]
+            else:
+                values[fieldname] = kept[1]
+            return kept[1]
+
         down: str | None = None
         try:
             try:
@@ -689,17 +793,36 @@ class GpuReader:
                 missing["utilization_memory_percent"] = missing["utilization_gpu_percent"]
             else:
                 values["utilization_gpu_percent"], values["utilization_memory_percent"] = util
-            ask("temperature_c", b.temperature_c, h)
+            if ask("temperature_c", b.temperature_c, h) is not None:
+                values["temperature_sensor"] = "gpu"
+            else:
+                missing["temperature_sensor"] = missing["temperature_c"]
             ask("power_mw", b.power_mw, h)
-            ask("power_limit_mw", b.power_limit_mw, h)
+            slow("power_limit_mw", b.power_limit_mw, h)
+            ask("fan_speed_percent", b.fan_percent, h)
+            if (pstate := ask("pstate", b.performance_state, h)) is not None and not 0 <= pstate <= 15:
+                del values["pstate"]
+                missing["pstate"] = f"NVML gives no P-state (NVML_PSTATE_UNKNOWN, {pstate})"
+            if (mask := ask("clocks_event_reasons", b.clocks_event_reasons, h)) is not None:
+                values["throttle_reasons"] = throttle_names(mask)
+            else:
+                missing["throttle_reasons"] = missing["clocks_event_reasons"]
             ask("clock_sm_mhz", b.clock_mhz, h, "sm")
             ask("clock_mem_mhz", b.clock_mhz, h, "mem")
+            ask("encoder_util_percent", b.codec_utilization, h, "encoder")
+            ask("decoder_util_percent", b.codec_utilization, h, "decoder")
             self._pcie(b, h, index, ask, values, missing)
+            if (kib := ask("nvlink_tx_bytes_total", b.nvlink_kib, h)) is not None:
+                values["nvlink_tx_bytes_total"], values["nvlink_rx_bytes_total"] = kib[0] * 1024, kib[1] * 1024
+            else:
+                missing["nvlink_rx_bytes_total"] = missing["nvlink_tx_bytes_total"]
+            ask("ecc_corrected_volatile", b.ecc_corrected, h, "volatile")
             ask("ecc_uncorrected_volatile", b.ecc_uncorrected, h, "volatile")
-            ask("ecc_uncorrected_aggregate", b.ecc_uncorrected, h, "aggregate")
-            ask("retired_pages_sbe", b.retired_pages, h, "sbe")
-            ask("retired_pages_dbe", b.retired_pages, h, "dbe")
-            ask("retired_pages_pending", b.retired_pages_pending, h)
+            slow("ecc_corrected_aggregate", b.ecc_corrected, h, "aggregate")
+            slow("ecc_uncorrected_aggregate", b.ecc_uncorrected, h, "aggregate")
+            slow("retired_pages_sbe", b.retired_pages, h, "sbe")
+            slow("retired_pages_dbe", b.retired_pages, h, "dbe")
+            slow("retired_pages_pending", b.retired_pages_pending, h)
             if ask("mig_mode", b.mig_mode, h):
                 migs = self._mig_devices(b, h, seen)
             processes = self._processes(b, h, uuid or f"gpu{index}", seen)
@@ -944,8 +1067,63 @@ def make_backend() -> NvmlBackend:
     return PynvmlBackend()
 
 
+class GpusReader:
+    """NVIDIA's GPUs through NVML, then AMD's through amdsmi (numbered after NVML's): each library that loads
+    is read, both where both do. Where neither has a GPU the part says why for each."""
+
+    def __init__(self, nvml: GpuReader | None, amd: AmdReader | None) -> None:
+        self.nvml, self.amd = nvml, amd
+
+    def close(self) -> None:
+        """End both sessions."""
+        for reader in (self.nvml, self.amd):
+            if reader is not None:
+                reader.close()
+
+    def read(self) -> GpuPart | Unavailable:
+        """Every GPU either library sees, or why none can be read."""
+        nv = self.nvml.read() if self.nvml is not None else None
+        amd = self.amd.read(len(nv) if isinstance(nv, tuple) else 0) if self.amd is not None else None
+        parts = [p for p in (nv, amd) if p is not None]
+        gpus = tuple(g for p in parts if isinstance(p, tuple) for g in p)
+        if gpus or any(isinstance(p, tuple) for p in parts):
+            return gpus
+        down = [p for p in parts if isinstance(p, Unavailable) and not p.absent]
+        if down or len(parts) == 1:
+            return (down or parts)[0]  # type: ignore[return-value]  # a library that fails is the news
+        first = parts[0]
+        assert isinstance(first, Unavailable) and isinstance(amd, Unavailable)
+        return Unavailable(f"{first.reason}; AMD: {amd.reason}", first.absent)
+
+
+def amd_reader(root: str) -> AmdReader:
+    """The amdsmi reader: the fake module named by $DLTOP_FAKE_AMDSMI, else ROCm's bindings."""
+    from dltop.sources import amd, amd_fake
+
+    ids = GpuReader(lambda: FakeBackend({}), root)  # /proc identities of AMD processes, kept apart from NVML's
+
+    def identity(pid: int, seen: set[tuple[int, int]]) -> Any:
+        return ids._identity(pid, seen)
+
+    path = os.environ.get(amd_fake.FAKE_AMD_ENV)
+    if not path:
+        return amd.AmdReader(identity, forget=ids.forget_processes)
+
+    def load() -> Any:
+        try:
+            return amd_fake.fake_amdsmi(amd_fake.load(path))
+        except amd_fake.ScenarioError as e:
+            raise ImportError(f"fake amdsmi ({amd_fake.FAKE_AMD_ENV}): {e}") from None
+
+    return amd.AmdReader(identity, lambda: amd.import_amdsmi(load), forget=ids.forget_processes)
+
+
 def source(settings: Settings) -> Source:
-    """The GPU source at the refresh interval, holding one NVML session until closed."""
-    reader = GpuReader(make_backend, settings.root)
+    """The GPU source at the refresh interval, holding one NVML (and amdsmi) session until closed. Where a fake
+    is named for one library, the other is not read: a scenario describes the whole machine."""
+    nvml_fake, amd_fake = bool(os.environ.get(FAKE_ENV)), bool(os.environ.get("DLTOP_FAKE_AMDSMI"))
+    nvml = GpuReader(make_backend, settings.root) if nvml_fake or not amd_fake else None
+    amd = amd_reader(settings.root) if amd_fake or not nvml_fake else None
+    reader = GpusReader(nvml, amd)
     return Source(name="gpus", interval_s=settings.refresh_s, read=reader.read,
                   timeout_s=max(2.0, settings.refresh_s * 2), follows_refresh=True, close=reader.close)

@@ -111,6 +111,7 @@ MAX_COUNT = 1 << 53  # steps, shapes, recompiles: a float64 still counts them ex
 MAX_SECONDS = 10 * 365 * 86400.0  # a duration of ten years
 MAX_DEPTH = 8  # format 1 nests 4 deep (devices.cuda:0.memory_stats); json's own recursion is not a bound
 MAX_TEXT = 4096
+PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
 def nesting_depth(raw: bytes, limit: int) -> int:
@@ -228,13 +229,19 @@ def _device(name: str, d: Any, notes: dict[str, str]) -> ProbeDevice | None:
             raise Malformed(f"{where}.memory_stats: expected counts from 0 to {MAX_COUNT}")
         sizes = {key: f.count(key, optional=True, high=MAX_BYTES) for key in
                  ("weights_bytes", "gradients_bytes", "optimizer_bytes", "kv_bytes")}
+        pci = f.get("pci_bus_id", str, optional=True)
+        if pci is not None and not PCI_ADDRESS.fullmatch(pci):
+            raise Malformed(f"{where}.pci_bus_id: not a PCI address (domain:bus:device.function in hex)")
+        runtime = f.get("runtime", str, optional=True)
+        if runtime not in (None, "cuda", "hip"):
+            raise Malformed(f"{where}.runtime: expected cuda or hip")
         if f.notes:
             raise Malformed(next(iter(f.notes.values())))
         return ProbeDevice(device=name, weights_bytes=sizes["weights_bytes"] or 0,
                            gradients_bytes=sizes["gradients_bytes"] or 0,
                            optimizer_bytes=sizes["optimizer_bytes"] or 0, kv_bytes=sizes["kv_bytes"] or 0,
                            memory_stats={str(k): v for k, v in stats.items()},
-                           uuid=f.get("uuid", str, optional=True))
+                           uuid=f.get("uuid", str, optional=True), pci_bus_id=pci, runtime=runtime)
     except Malformed as e:
         notes[where] = f"{where} left out: {str(e).removeprefix(where + '.')}"
         return None

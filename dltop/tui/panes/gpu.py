@@ -29,6 +29,7 @@ from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, Mig
 from dltop.model.servers import ModelStats
 from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content
+from dltop.tui.screens.gpu_details import GpuDetailsScreen, throttling
 from dltop.tui.view import View
 
 # The one line that says why the split is not drawn (the model's per-field reason is NO_PROBE).
@@ -261,6 +262,8 @@ def headline(g: GpuDevice, width: int) -> list[Content]:
         bits.append("pool: system memory")
     if bits:
         head = head.append("  " + "  ".join(bits))
+    if held := throttling(g):  # the clocks held down (power cap, thermal): what a slow step may come from
+        head = head.append(Content.assemble(("  throttled: " + "+".join(held), "$warning")))
     return [head.truncate(width, ellipsis=True)]
 
 
@@ -445,7 +448,7 @@ def process_notes(rows: Rows) -> list[str]:
         if no_probe:
             unprobed.append(p.pid)
         probed = probed or split.probe_device is not None
-        if split.joined_by not in (None, "uuid"):
+        if split.joined_by not in (None, "uuid", "pci"):
             pids.setdefault(f"probe joined by {split.joined_by}", []).append(p.pid)
         mine = f"pid {p.pid} "
         for why in dict.fromkeys([*p.unavailable.values(), *split_reasons]):
@@ -471,11 +474,10 @@ class GpuPane(Pane):
 
     PANE_ID = "gpu"
     TITLE = "GPU"
-    HELP = ("GPU numbers come from NVML (what nvidia-smi reads): one session for the life of dltop, no CUDA "
-            "context. The bar shows each process's memory (its split where the in-process probe gives it: Wts "
-            "weights, KV cache, Cache = allocator reserved - allocated, Other torch, NonT = NVML used - torch "
-            "reserved), then memory no listed process holds, then free. Servers: vLLM / SGLang /metrics "
-            "(--server URL); vLLM V1's prefix-cache hit rate is over the last interval.")
+    HELP = ("GPUs from NVML (what nvidia-smi reads) or amdsmi (AMD): one session, no CUDA context. The bar: each "
+            "process's memory (its split where the probe gives it: Wts weights, KV cache, Cache = reserved - "
+            "allocated, Other torch, NonT = used - torch reserved), memory no listed process holds, free. "
+            "Servers: vLLM / SGLang /metrics (--server URL); vLLM V1's hit rate is over the last interval.")
     DEFAULT_CSS = """
     #gpu-devices { height: auto; max-height: 50%; scrollbar-gutter: stable; }
     #gpu-devices > Static { height: auto; }
@@ -489,6 +491,10 @@ class GpuPane(Pane):
         Binding("a", "add_server", "Add server", id="gpu.add_server"),
         Binding("x", "remove_server", "Remove server", id="gpu.remove_server"),
         Binding("escape", "cancel_input", "Cancel", id="gpu.cancel"),
+        # Enter on a process row opens its GPU's details too (the table's own Enter, RowSelected below: the
+        # focused table's Enter hides this one's label, so d is the key the footer shows)
+        Binding("d", "gpu_details", "Details", key_display="d/⏎", id="gpu.details"),
+        Binding("enter", "gpu_details", "", show=False, id="gpu.details_enter"),  # no label: d's is it
     ]
     can_focus = True  # the keys work where no GPU is there to list (a table to focus)
 
@@ -505,6 +511,7 @@ class GpuPane(Pane):
         self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
         self._table_width = 0
         self._adding = True  # what the input box is for: adding a server, or naming one to remove
+        self._details: GpuDetailsScreen | None = None  # the details screen while it is open: handed each view
 
     def compose(self) -> ComposeResult:
         yield VerticalScroll(id="gpu-devices")  # a Static per line in it (_show_lines)
@@ -538,6 +545,9 @@ class GpuPane(Pane):
             return not replay and bool(self._servers())
         if action == "cancel_input":
             return self.query_one("#gpu-server-input", Input).has_class("-shown")
+        if action == "gpu_details":
+            gpus = self.view.snapshot.gpus if self.view is not None else None
+            return isinstance(gpus, tuple) and bool(gpus)
         return True
 
     def _ask(self, adding: bool, value: str, placeholder: str) -> None:
@@ -557,6 +567,27 @@ class GpuPane(Pane):
         servers = self._servers()
         self._ask(False, servers[0] if servers else "",
                   f"server to stop scraping, one of: {', '.join(servers)} (Enter removes, Esc cancels)")
+
+    def action_gpu_details(self, index: int | None = None) -> None:
+        """Open a GPU's details: the selected process's GPU, else the first."""
+        if self.view is None:
+            return
+        gpus = self.view.snapshot.gpus
+        if index is None:
+            table = self.query_one("#gpu-table", DataTable)
+            if table.display and table.row_count:
+                key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or ""
+                index = int(key.split(":")[0].split("/")[0]) if key[:1].isdigit() else None
+        if index is None:
+            index = gpus[0].index if isinstance(gpus, tuple) and gpus else 0
+        self._details = GpuDetailsScreen(self.view, index)
+        self.app.push_screen(self._details, lambda _: setattr(self, "_details", None))
+
+    @on(DataTable.RowSelected, "#gpu-table")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        key = event.row_key.value or ""
+        if key[:1].isdigit():
+            self.action_gpu_details(int(key.split(":")[0].split("/")[0]))
 
     def action_cancel_input(self) -> None:
         """Close the server box without doing anything."""
@@ -646,6 +677,8 @@ class GpuPane(Pane):
             top += int(height)
 
     def render_view(self, view: View) -> None:
+        if self._details is not None:
+            self._details.show(view)  # the open details follow the numbers
         part = view.snapshot.gpus
         table = self.query_one("#gpu-table", DataTable)
         gpus: tuple[GpuDevice, ...] = part if isinstance(part, tuple) else ()

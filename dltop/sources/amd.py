@@ -1,0 +1,319 @@
+"""AMD GPUs through amdsmi, the Python bindings ROCm ships (/opt/rocm/share/amd_smi; PyPI's `amdsmi` 7.0.x is the
+same API): devices, VRAM, the processes holding it, activity, temperature, power, clocks and ECC counts.
+
+The same `GpuDevice` fields as NVML's reader, and the same rule: a number amdsmi did not give is None with the
+reason (its AMDSMI_STATUS_* name). One amdsmi session lives as long as the reader. Without ROCm's libamd_smi.so,
+`import amdsmi` prints two lines to stdout and raises KeyError('libamd_smi.so'): the import is made once, with
+stdout caught, and read as "no ROCm library".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dltop.model.base import Unavailable
+from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, unprobed_split
+
+# AMDSMI_STATUS_* (amdsmi.h's amdsmi_status_t); the bindings' own constants live in a module whose name and
+# place changed between releases (amdsmi_wrapper), so the codes a user meets are named here.
+STATUS_NAMES = {1: "AMDSMI_STATUS_INVAL", 2: "AMDSMI_STATUS_NOT_SUPPORTED", 3: "AMDSMI_STATUS_NOT_YET_IMPLEMENTED",
+                4: "AMDSMI_STATUS_FAIL_LOAD_MODULE", 5: "AMDSMI_STATUS_FAIL_LOAD_SYMBOL", 6: "AMDSMI_STATUS_DRM_ERROR",
+                7: "AMDSMI_STATUS_API_FAILED", 8: "AMDSMI_STATUS_TIMEOUT", 9: "AMDSMI_STATUS_RETRY",
+                10: "AMDSMI_STATUS_NO_PERM", 11: "AMDSMI_STATUS_INTERRUPT", 12: "AMDSMI_STATUS_IO",
+                14: "AMDSMI_STATUS_FILE_ERROR", 15: "AMDSMI_STATUS_OUT_OF_RESOURCES",
+                16: "AMDSMI_STATUS_INTERNAL_EXCEPTION", 17: "AMDSMI_STATUS_INPUT_OUT_OF_BOUNDS",
+                18: "AMDSMI_STATUS_INIT_ERROR", 30: "AMDSMI_STATUS_BUSY", 31: "AMDSMI_STATUS_NOT_FOUND",
+                32: "AMDSMI_STATUS_NOT_INIT", 34: "AMDSMI_STATUS_DRIVER_NOT_LOADED", 40: "AMDSMI_STATUS_NO_DATA"}
+NOT_SUPPORTED, NO_PERM, DRIVER_NOT_LOADED = 2, 10, 34
+STATUS_TEXTS = {
+    NOT_SUPPORTED: "not supported by this GPU or driver",
+    NO_PERM: "permission denied: this user may not query the GPU (/dev/kfd, /dev/dri/renderD* permissions: the "
+             "video and render groups)",
+    DRIVER_NOT_LOADED: "amdgpu driver not loaded: the ROCm library is here but the kernel module is not",
+    8: "amdsmi timed out", 30: "the GPU is busy", 32: "amdsmi is not initialized",
+}
+NO_ROCM = ("no ROCm library: amdsmi is installed but libamd_smi.so is not (install ROCm or amd-smi-lib, or set "
+           "ROCM_PATH)")
+NO_BINDINGS = "amdsmi is not installed (ROCm's /opt/rocm/share/amd_smi, or pip install amdsmi)"
+NOT_READ = "not read on AMD GPUs (dltop's amdsmi backend reads memory, activity, temperature, power, clocks, ECC)"
+NO_VOLATILE_ECC = "amdsmi gives one ECC count per kind (amdsmi_get_gpu_total_ecc_count), not one since the driver loaded"
+NO_RESERVED = "amdsmi gives no driver reserve: used is amdsmi_get_gpu_vram_usage's"
+NO_MEM_UTIL = "amdsmi gives no per-process memory activity"
+FIRST_UTIL = "a process's GPU activity needs two readings of amdsmi's engine time (engine_usage.gfx)"
+NOT_ON_AMD = ("mig_mode", "pcie_source", "pcie_tx_bytes_total", "pcie_rx_bytes_total", "pcie_tx_bytes_per_s",
+              "pcie_rx_bytes_per_s", "fan_speed_percent", "pstate", "clocks_event_reasons", "throttle_reasons",
+              "encoder_util_percent", "decoder_util_percent", "nvlink_tx_bytes_total", "nvlink_rx_bytes_total",
+              "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending")
+SLOW_READ_S = 60.0  # the power limit and ECC counts: once a minute, as for NVML
+MIB = 1 << 20
+UNPROBED = unprobed_split()  # one shared (frozen) value, as the NVML reader's
+
+
+def import_amdsmi(load: Callable[[], Any] = lambda: importlib.import_module("amdsmi")) -> Any:
+    """The amdsmi module, or why it cannot be used (a string). Its import prints to stdout where the library is
+    missing: that is caught here, so the terminal (a TUI, or `--json` output) stays clean. (A Python-level
+    redirect: the bindings print with print(); it is made once per session, at the first read.)"""
+    caught = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(caught):
+            amdsmi = load()
+    except ImportError as e:
+        return NO_BINDINGS if getattr(e, "name", None) == "amdsmi" else f"amdsmi cannot be imported: {e}"
+    except (KeyError, OSError):  # the bindings are here, libamd_smi.so is not
+        return NO_ROCM
+    except Exception as e:  # the bindings run code at import; whatever it raises is a reason, not a crash
+        return f"amdsmi cannot be imported: {type(e).__name__}: {e}"
+    return amdsmi
+
+
+def explain(e: BaseException) -> str:
+    """What an amdsmi exception means, with the AMDSMI_STATUS_* name to search for."""
+    code = getattr(e, "err_code", None)
+    if not isinstance(code, int):
+        return f"amdsmi: {type(e).__name__}: {e}"
+    name = STATUS_NAMES.get(code, f"amdsmi status {code}")
+    return f"{STATUS_TEXTS.get(code) or getattr(e, 'err_info', None) or 'amdsmi error'} ({name})"
+
+
+def _number(value: Any) -> int | None:
+    """An amdsmi number: "N/A" (its placeholder for 0xFFFF or a max uint), a bool or a negative is none."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
+        return None
+    return int(value)
+
+
+class AmdReader:
+    """Holds one amdsmi session and, per process, the last engine-time reading (a process's activity is the
+    difference of two). `identity(pid, seen)` gives (user, command, why not, start ticks) of a pid, shared with
+    the NVML reader's /proc reads."""
+
+    def __init__(self, identity: Callable[[int, set[tuple[int, int]]], tuple[Any, Any, Any, Any]],
+                 import_module: Callable[[], Any] = import_amdsmi,
+                 clock: Callable[[], float] = time.monotonic,
+                 forget: Callable[[set[tuple[int, int]]], None] | None = None) -> None:
+        self._identity = identity
+        self._forget = forget
+        self._import = import_module
+        self._clock = clock
+        self._smi: Any = None
+        self._absent: Unavailable | None = None  # no bindings or no library: not looked for again this session
+        self._session = False
+        self._engine: dict[tuple[str, int], tuple[float, int]] = {}  # (GPU, pid) -> (when, gfx engine ns)
+        self._slow: dict[tuple[int, str], tuple[float, Any, str | None]] = {}
+
+    def close(self) -> None:
+        """End the amdsmi session."""
+        if self._session:
+            with contextlib.suppress(Exception):
+                self._smi.amdsmi_shut_down()
+            self._session = False
+        self._slow.clear()
+
+    def read(self, first_index: int = 0) -> GpuPart | Unavailable:
+        """Every AMD GPU amdsmi sees (numbered from `first_index`, after NVML's), or why none can be read."""
+        if self._absent is not None:
+            return self._absent
+        if self._smi is None:
+            got = self._import()
+            if isinstance(got, str):
+                self._absent = Unavailable(got, "no_library")
+                return self._absent
+            self._smi = got
+        smi = self._smi
+        if not self._session:
+            try:
+                smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+            except Exception as e:
+                code = getattr(e, "err_code", None)
+                return Unavailable(f"amdsmi: {explain(e)}", "no_driver" if code == DRIVER_NOT_LOADED else None)
+            self._session = True
+        try:
+            handles = list(smi.amdsmi_get_processor_handles())
+        except Exception as e:
+            self.close()  # a fresh session next tick
+            return Unavailable(f"amdsmi: {explain(e)}")
+        if not handles:
+            return Unavailable("no GPUs: amdsmi sees 0 AMD GPUs", "no_devices")
+        driver = None
+        with contextlib.suppress(Exception):
+            driver = str(smi.amdsmi_get_gpu_driver_info(handles[0])["driver_version"])
+        seen: set[tuple[int, int]] = set()
+        gpus = tuple(self._device(h, first_index + i, driver, seen) for i, h in enumerate(handles))
+        if self._forget is not None:
+            self._forget(seen)
+        return gpus
+
+    def _device(self, h: Any, index: int, driver: str | None, seen: set[tuple[int, int]]) -> GpuDevice:
+        smi = self._smi
+        values: dict[str, Any] = {}
+        missing: dict[str, str] = dict.fromkeys(NOT_ON_AMD, NOT_READ)
+
+        def ask(fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
+            try:
+                return call(*args)
+            except Exception as e:
+                missing[fieldname] = explain(e)
+                return None
+
+        def put(fieldname: str, value: Any, why: str) -> None:
+            if value is None:
+                missing.setdefault(fieldname, why)
+            else:
+                values[fieldname] = value
+                missing.pop(fieldname, None)
+
+        def slow(fieldname: str, read: Callable[[], Any]) -> None:
+            key, now = (index, fieldname), self._clock()
+            kept = self._slow.get(key)
+            if kept is None or now - kept[0] >= SLOW_READ_S:
+                missing.pop(fieldname, None)
+                value = read()
+                kept = self._slow[key] = (now, value, missing.get(fieldname))
+            if kept[2] is not None:
+                missing[fieldname] = kept[2]
+            elif kept[1] is not None:
+                values[fieldname] = kept[1]
+
+        asic = ask("name", smi.amdsmi_get_gpu_asic_info, h)
+        put("name", None if not isinstance(asic, dict) or asic.get("market_name") in (None, "N/A")
+            else str(asic["market_name"]), "amdsmi gives no market name")
+        uuid = ask("uuid", smi.amdsmi_get_gpu_device_uuid, h)
+        put("uuid", None if uuid is None else str(uuid), "no UUID")
+        bdf = ask("bus_id", smi.amdsmi_get_gpu_device_bdf, h)
+        put("bus_id", None if bdf is None else str(bdf), "no PCI address")
+
+        vram = ask("memory_total_bytes", smi.amdsmi_get_gpu_vram_usage, h)
+        total = used = None
+        if isinstance(vram, dict):
+            total, used = _number(vram.get("vram_total")), _number(vram.get("vram_used"))
+        why = missing.get("memory_total_bytes", "amdsmi_get_gpu_vram_usage gave no number")
+        if total and used is not None and used <= total:  # amdsmi counts MB
+            values.update(memory_pool="framebuffer", memory_total_bytes=total * MIB, memory_used_bytes=used * MIB,
+                          memory_free_bytes=(total - used) * MIB)
+            missing.pop("memory_total_bytes", None)
+            missing["memory_reserved_bytes"] = NO_RESERVED
+        else:
+            if total and used is not None:
+                why = f"amdsmi says {used} MB used of {total} MB"
+            missing.update(dict.fromkeys(("memory_pool", "memory_total_bytes", "memory_used_bytes",
+                                          "memory_free_bytes", "memory_reserved_bytes"), why))
+
+        activity = ask("utilization_gpu_percent", smi.amdsmi_get_gpu_activity, h)
+        why = missing.get("utilization_gpu_percent", "amdsmi gives N/A")
+        act = activity if isinstance(activity, dict) else {}
+        put("utilization_gpu_percent", _percent(act.get("gfx_activity")), why)
+        put("utilization_memory_percent", _percent(act.get("umc_activity")), why)
+
+        self._temperature(h, values, missing)
+        power = ask("power_mw", smi.amdsmi_get_power_info, h)
+        why = missing.get("power_mw", "amdsmi gives N/A for the socket power")
+        info = power if isinstance(power, dict) else {}
+        # socket_power: 7.x (MI300 and later); current_socket_power: 6.x; average_socket_power: older boards
+        watts = next((w for k in ("socket_power", "current_socket_power", "average_socket_power")
+                      if (w := _number(info.get(k))) is not None), None)
+        put("power_mw", None if watts is None else watts * 1000, why)
+        limit = _number(info.get("power_limit")) if power is not None else None
+
+        def power_limit() -> int | None:
+            if limit is None:
+                missing["power_limit_mw"] = missing.get("power_mw", "") if power is None else "amdsmi gives N/A"
+                return None
+            return limit * 1000
+
+        slow("power_limit_mw", power_limit)
+        for fieldname, clock in (("clock_sm_mhz", "GFX"), ("clock_mem_mhz", "MEM")):
+            got = ask(fieldname, smi.amdsmi_get_clock_info, h, getattr(smi.AmdSmiClkType, clock))
+            put(fieldname, _number(got.get("clk")) if isinstance(got, dict) else None, "amdsmi gives N/A")
+        missing.update(ecc_corrected_volatile=NO_VOLATILE_ECC, ecc_uncorrected_volatile=NO_VOLATILE_ECC)
+
+        def ecc(kind: str, fieldname: str) -> Callable[[], int | None]:
+            def read() -> int | None:
+                got = ask(fieldname, smi.amdsmi_get_gpu_total_ecc_count, h)
+                if got is None:
+                    return None
+                n = _number(got.get(kind)) if isinstance(got, dict) else None
+                if n is None:
+                    missing[fieldname] = "amdsmi gives N/A"
+                return n
+
+            return read
+
+        slow("ecc_corrected_aggregate", ecc("correctable_count", "ecc_corrected_aggregate"))
+        slow("ecc_uncorrected_aggregate", ecc("uncorrectable_count", "ecc_uncorrected_aggregate"))
+        processes = self._processes(h, str(values.get("uuid") or index), seen)
+        return GpuDevice(index=index, driver_version=driver, backend="amdsmi", processes=processes,
+                         unavailable=missing, **values)
+
+    def _temperature(self, h: Any, values: dict[str, Any], missing: dict[str, str]) -> None:
+        """The edge sensor, or the hotspot (junction) where the board has none (MI300-class: edge is Not
+        Supported there)."""
+        smi = self._smi
+        kinds = smi.AmdSmiTemperatureType
+        hotspot = getattr(kinds, "HOTSPOT", None) or kinds.JUNCTION  # JUNCTION: its name before ROCm 6.1
+        tried = []
+        for word, sensor in (("edge", kinds.EDGE), ("hotspot", hotspot)):
+            try:
+                t = smi.amdsmi_get_temp_metric(h, sensor, smi.AmdSmiTemperatureMetric.CURRENT)
+            except Exception as e:
+                tried.append(f"{word}: {explain(e)}")
+                continue
+            if (c := _number(t)) is None:
+                tried.append(f"{word}: amdsmi gives N/A")
+                continue
+            values.update(temperature_c=c, temperature_sensor=word)
+            return
+        missing["temperature_c"] = missing["temperature_sensor"] = "; ".join(tried)
+
+    def _processes(self, h: Any, key: str, seen: set[tuple[int, int]]) -> tuple[GpuProcess, ...] | Unavailable:
+        smi = self._smi
+        try:
+            listed = list(smi.amdsmi_get_gpu_process_list(h))
+        except Exception as e:
+            return Unavailable(f"processes: {explain(e)}")
+        now = self._clock()
+        out: dict[int, GpuProcess] = {}
+        for entry in listed:
+            info = entry
+            if not isinstance(entry, dict):  # before ROCm 6.1 the list holds handles, each asked for its info
+                try:
+                    info = smi.amdsmi_get_gpu_process_info(h, entry)
+                except Exception:
+                    continue  # the process exited between the two calls
+            if not isinstance(info, dict) or (pid := _number(info.get("pid"))) is None or pid in out:
+                continue
+            usage = info.get("memory_usage")
+            vram = _number(usage.get("vram_mem")) if isinstance(usage, dict) else None
+            missing: dict[str, str] = {"mem_util_percent": NO_MEM_UTIL}
+            if vram is None:
+                missing["used_bytes"] = "amdsmi gives no VRAM figure for this process"
+            engine = info.get("engine_usage")
+            gfx_ns = _number(engine.get("gfx")) if isinstance(engine, dict) else None
+            util = None
+            before = self._engine.get((key, pid))
+            if gfx_ns is not None:
+                self._engine[(key, pid)] = (now, gfx_ns)
+                if before is not None and now > before[0] and gfx_ns >= before[1]:
+                    util = min(100, round((gfx_ns - before[1]) / ((now - before[0]) * 1e9) * 100))
+            if util is None:
+                missing["sm_util_percent"] = FIRST_UTIL if gfx_ns is not None else "amdsmi gives no engine time"
+            user, command, why, ticks = self._identity(pid, seen)[:4]
+            if command is None and isinstance(info.get("name"), str) and info["name"] not in ("", "N/A"):
+                command = f"[{info['name']}]"  # amdsmi's process name, where /proc does not show the process
+            for name, value in (("user", user), ("command", command)):
+                if value is None and why is not None:
+                    missing[name] = why
+            out[pid] = GpuProcess(pid=pid, used_bytes=vram, user=user, command=command, sm_util_percent=util,
+                                  start_time_ticks=ticks, split=UNPROBED, unavailable=missing)
+        for stale in [k for k in self._engine if k[0] == key and k[1] not in out]:
+            del self._engine[stale]
+        return tuple(out[pid] for pid in sorted(out))
+
+
+def _percent(value: Any) -> int | None:
+    n = _number(value)
+    return n if n is not None and n <= 100 else None

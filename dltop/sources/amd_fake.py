@@ -1,0 +1,185 @@
+"""A fake `amdsmi` module played from a scenario file (`DLTOP_FAKE_AMDSMI=tests/data/amd-scenarios/mi300x.json`):
+amdsmi's real function names, return keys, units (VRAM in MB, power in W, temperature in C, engine time in ns)
+and AmdSmiLibraryException with the real AMDSMI_STATUS_* codes, so the reader's one error path serves both.
+
+A value written as "AMDSMI_STATUS_<NAME>" makes its call raise that status; a key left out of a GPU is Not
+Supported. `"import_error": "no_library"` plays ROCm's missing libamd_smi.so (two lines on stdout, then
+KeyError('libamd_smi.so')); `"process_handles": true` plays ROCm before 6.1 (the process list holds handles, each
+asked for its info).
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from enum import IntEnum
+from typing import Any
+
+from dltop.sources.amd import STATUS_NAMES
+
+FAKE_AMD_ENV = "DLTOP_FAKE_AMDSMI"
+CODES = {name: code for code, name in STATUS_NAMES.items()}
+
+
+class AmdSmiException(Exception):
+    """amdsmi_exception.AmdSmiException: the bindings' base exception."""
+
+
+class AmdSmiLibraryException(AmdSmiException):
+    """amdsmi_exception.AmdSmiLibraryException: `err_code` the (positive) AMDSMI_STATUS_* code."""
+
+    def __init__(self, err_code: int) -> None:
+        err_code = abs(err_code)
+        super().__init__(err_code)
+        self.err_code = err_code
+        self.err_info = f"{STATUS_NAMES.get(err_code, 'AMDSMI_STATUS_UNKNOWN_ERROR')} - fake"
+
+    def get_error_code(self) -> int:
+        return self.err_code
+
+
+class AmdSmiParameterException(AmdSmiException):
+    """amdsmi_exception.AmdSmiParameterException: an argument of the wrong type (an int for an enum)."""
+
+
+class AmdSmiInitFlags(IntEnum):
+    INIT_ALL_PROCESSORS = 0xFFFFFFFF
+    INIT_AMD_CPUS = 1
+    INIT_AMD_GPUS = 2
+
+
+class AmdSmiTemperatureType(IntEnum):
+    EDGE = 0
+    HOTSPOT = 1
+    JUNCTION = 1
+    VRAM = 2
+
+
+class AmdSmiTemperatureMetric(IntEnum):
+    CURRENT = 0
+
+
+class AmdSmiClkType(IntEnum):
+    SYS = 0
+    GFX = 0
+    DF = 1
+    SOC = 3
+    MEM = 4
+
+
+class ScenarioError(ValueError):
+    """A fake-amdsmi scenario that cannot be played."""
+
+
+class NoLibrary(KeyError):
+    """What importing the real bindings raises without libamd_smi.so."""
+
+
+def load(path: str) -> dict[str, Any]:
+    """A scenario file's JSON, or ScenarioError naming why not."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ScenarioError(f"cannot read {path}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{path} is not JSON: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("gpus", []), list):
+        raise ScenarioError(f"{path}: expected an object with a list of gpus")
+    return data
+
+
+def fake_amdsmi(scenario: dict[str, Any]) -> types.ModuleType:
+    """A module with amdsmi's names that answers as the scenario says (what `import amdsmi` would give)."""
+    if scenario.get("import_error") == "no_library":
+        print("/opt/rocm/lib/libamd_smi.so: cannot open shared object file: No such file or directory")
+        print("Unable to find libamd_smi.so library try installing amd-smi-lib from your package manager")
+        raise NoLibrary("libamd_smi.so")
+    gpus = scenario.get("gpus", [])
+    state = {"init": False}
+    m = types.ModuleType("amdsmi")
+
+    def value(v: Any) -> Any:
+        if isinstance(v, str) and v.startswith("AMDSMI_STATUS_"):
+            raise AmdSmiLibraryException(CODES.get(v, 0xFFFFFFFF))
+        if isinstance(v, dict):
+            return {k: value(x) for k, x in v.items()}
+        return v
+
+    def gpu(h: Any, key: str) -> Any:
+        if not state["init"]:
+            raise AmdSmiLibraryException(CODES["AMDSMI_STATUS_NOT_INIT"])
+        g = gpus[h]
+        value(g.get("error"))
+        if key not in g:
+            raise AmdSmiLibraryException(CODES["AMDSMI_STATUS_NOT_SUPPORTED"])
+        return value(g[key])
+
+    def amdsmi_init(flag: AmdSmiInitFlags = AmdSmiInitFlags.INIT_AMD_GPUS) -> None:
+        value(scenario.get("init_error"))
+        state["init"] = True
+
+    def amdsmi_shut_down() -> None:
+        state["init"] = False
+
+    def amdsmi_get_processor_handles() -> list[int]:
+        if not state["init"]:
+            raise AmdSmiLibraryException(CODES["AMDSMI_STATUS_NOT_INIT"])
+        return list(range(len(gpus)))
+
+    def amdsmi_get_temp_metric(h: int, sensor: AmdSmiTemperatureType, metric: AmdSmiTemperatureMetric) -> int:
+        if not isinstance(sensor, AmdSmiTemperatureType) or not isinstance(metric, AmdSmiTemperatureMetric):
+            raise AmdSmiParameterException("expected the amdsmi enums")  # the real bindings check their types
+        temps = gpu(h, "temperature_c")
+        word = "edge" if sensor == AmdSmiTemperatureType.EDGE else "hotspot" if sensor == 1 else "vram"
+        if word not in temps:
+            raise AmdSmiLibraryException(CODES["AMDSMI_STATUS_NOT_SUPPORTED"])
+        return int(value(temps[word]))
+
+    def amdsmi_get_clock_info(h: int, clock: AmdSmiClkType) -> dict[str, Any]:
+        clocks = gpu(h, "clocks_mhz")
+        word = "gfx" if clock == AmdSmiClkType.GFX else "mem" if clock == AmdSmiClkType.MEM else "other"
+        if word not in clocks:
+            raise AmdSmiLibraryException(CODES["AMDSMI_STATUS_NOT_SUPPORTED"])
+        return {"clk": value(clocks[word]), "min_clk": 0, "max_clk": 0, "clk_locked": "N/A", "clk_deep_sleep": 0}
+
+    def amdsmi_get_gpu_process_list(h: int) -> list[Any]:
+        procs = gpu(h, "processes")
+        if scenario.get("process_handles"):
+            return [("proc", h, i) for i in range(len(procs))]
+        return [_process(p) for p in procs]
+
+    def amdsmi_get_gpu_process_info(h: int, handle: Any) -> dict[str, Any]:
+        procs = gpu(h, "processes")
+        return _process(procs[handle[2]])
+
+    def _process(p: dict[str, Any]) -> dict[str, Any]:
+        return {"name": p.get("name", "N/A"), "pid": p["pid"], "mem": p.get("vram_bytes", 0),
+                "engine_usage": {"gfx": p.get("gfx_ns", 0), "enc": 0},
+                "memory_usage": {"gtt_mem": 0, "cpu_mem": 0, "vram_mem": p.get("vram_bytes", "N/A")},
+                "cu_occupancy": "N/A"}
+
+    calls = {
+        "amdsmi_get_gpu_asic_info": lambda h: {"market_name": gpu(h, "name"), "vendor_id": "0x1002"},
+        "amdsmi_get_gpu_device_uuid": lambda h: gpu(h, "uuid"),
+        "amdsmi_get_gpu_device_bdf": lambda h: gpu(h, "bdf"),
+        "amdsmi_get_gpu_driver_info": lambda h: {"driver_name": "amdgpu",
+                                                 "driver_version": value(scenario.get("driver_version", "N/A")),
+                                                 "driver_date": "N/A"},
+        "amdsmi_get_gpu_vram_usage": lambda h: gpu(h, "vram_mb"),  # {"vram_total", "vram_used"} in MB
+        "amdsmi_get_gpu_activity": lambda h: gpu(h, "activity"),  # gfx_activity, umc_activity, mm_activity
+        "amdsmi_get_power_info": lambda h: gpu(h, "power_w"),  # socket_power, current_socket_power, ... in W
+        "amdsmi_get_gpu_total_ecc_count": lambda h: gpu(h, "ecc"),
+    }
+    for name, fn in calls.items():
+        setattr(m, name, fn)
+    functions: tuple[Any, ...] = (amdsmi_init, amdsmi_shut_down, amdsmi_get_processor_handles,
+                                  amdsmi_get_temp_metric, amdsmi_get_clock_info, amdsmi_get_gpu_process_list)
+    for f in functions:
+        setattr(m, f.__name__, f)
+    if scenario.get("process_handles"):
+        m.amdsmi_get_gpu_process_info = amdsmi_get_gpu_process_info  # type: ignore[attr-defined]
+    for cls in (AmdSmiException, AmdSmiLibraryException, AmdSmiParameterException, AmdSmiInitFlags, AmdSmiTemperatureType,
+                AmdSmiTemperatureMetric, AmdSmiClkType):
+        setattr(m, cls.__name__, cls)
+    return m
