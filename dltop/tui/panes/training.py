@@ -369,16 +369,10 @@ class TrainingPane(Pane):
 
     PANE_ID = "training"
     TITLE = "Training"
-    HELP = ("Numbers come from the in-process probe (dltop.probe, docs/probe.md): step time and data wait over the "
-            "steps of the last 10 s (the slowest rank of a job; none when the loop stopped: STALLED after 30 s and "
-            "20 steps' time without one), samples/s and tokens/s over the same steps (the ranks' sum) where the "
-            "script says what a batch holds (track(loader, batch_size=, tokens=) or the Lightning / Hugging "
-            "Face callbacks) and the last loss it logged (probe.log(loss=)), and per epoch its time, the time "
-            "spent waiting for data (Load), the page-cache change of the job's data, its samples/s, tokens/s "
-            "and mean loss, and the GPU utilisation NVML gave dltop over the epoch. With one job its epoch "
-            "table scrolls on its own (e, then Up / PgUp / Home); n shows every note. Ranks of one job are "
-            "grouped by torchrun's run id or MASTER_ADDR:MASTER_PORT, else torchrun's agent. A job that exited "
-            "stays, marked EXITED with how it ended, until x dismisses it.")
+    HELP = ("From the in-process probe (docs/probe.md): step time and data wait over the last 10 s (the slowest "
+            "rank; STALLED after 30 s without a step), samples/s, tokens/s and loss where the script hands them "
+            "over (track(batch_size=, tokens=), probe.log(loss=), the Lightning / HF callbacks); per epoch its time, "
+            "data wait (Load) and the page-cache change of its data. EXITED jobs stay until x.")
     BINDINGS = [Binding("x", "dismiss", "Dismiss exited", id="training.dismiss"),
                 Binding("e", "epochs", "Epochs", id="training.epochs"),
                 Binding("n", "notes", "Notes", id="training.notes")]
