@@ -1,4 +1,4 @@
-"""The machine's action journal: every warm, evict, lock and clear, run from any shell or TUI, one line each.
+"""The machine's action journal: every warm, evict, lock, clear and signal, run from any shell or TUI, one line each.
 
 The action runner appends each run's start and finish as one JSON line (at most PIPE_BUF bytes: one O_APPEND
 write never interleaves with another) to its user's journal: root's is /run/dltop/actions.jsonl (0644, so every
@@ -25,7 +25,7 @@ MAX_LINE_BYTES = 4096  # PIPE_BUF: an append of at most this is one write no oth
 MAX_JOURNAL_BYTES = 8 << 20  # then the journal starts again (its last lines kept in actions.jsonl.1)
 MAX_READ_BYTES = 1 << 20  # per journal and look: a flood of lines costs a bounded read each time
 FORMAT = 1
-ACTIONS = ("warm", "evict", "lock", "clear")
+ACTIONS = ("warm", "evict", "lock", "clear", "signal")
 STEPS = ("run", "release")  # a plan changed nothing: it is not journalled
 PHASES = ("started", "finished")  # progress is not journalled
 OUTCOMES = ("ok", "cancelled", "refused", "error")

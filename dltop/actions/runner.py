@@ -335,11 +335,34 @@ def _summary_clear(r: Any) -> str:
     return caches.summary(r)
 
 
+def _plan_signal(run: Run, options: Any, others: Mapping[str, int] | None = None) -> ActionPlan:
+    raise DltopError("a signal has nothing to measure: its dialog is the confirmation")
+
+
+def _run_signal(runner: ActionRunner, run: Run, options: Any, flags: Flags, progress: Progress) -> Any:
+    from dltop.actions import signal
+    from dltop.model.actions import SignalTarget
+
+    if not isinstance(options, SignalTarget):
+        raise DltopError("signal: no process named (a SignalTarget: pid, start time, signal)")
+    if flags.dry_run:
+        raise DltopError("signal: there is no dry run of a signal")
+    return signal.send(options)
+
+
+def _summary_signal(r: Any) -> str:
+    from dltop.actions import signal
+
+    return signal.summary(r)
+
+
 SPECS = {s.name: s for s in (
     ActionSpec("warm", _plan, _run_pagecache, summary, risky=True, verb="Warm"),
     ActionSpec("evict", _plan, _run_pagecache, summary, risky=True, verb="Evict"),
     ActionSpec("lock", _plan, _run_pagecache, summary, risky=True, verb="Lock"),
     ActionSpec("clear", _plan_clear, _run_clear, _summary_clear, risky=True, verb="Clear"),
+    # A signal to a GPU process: the TUI's signal dialog is its confirmation; the start time is checked again.
+    ActionSpec("signal", _plan_signal, _run_signal, _summary_signal, risky=True, verb="Send"),
 )}
 
 

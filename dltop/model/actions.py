@@ -52,3 +52,17 @@ class ActionEvent:
     files_done: int | None = None
     outcome: Outcome | None = None  # set when finished
     message: str = ""
+
+
+SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT")  # what the GPU tab's signal dialog offers, the first selected
+
+
+@dataclass(frozen=True)
+class SignalTarget:
+    """A signal for one process, named by pid and start time (/proc/PID/stat's starttime, in clock ticks):
+    the runner checks the start time again before it sends, so a pid reused since the row was drawn is spared."""
+
+    pid: int
+    start_time_ticks: int
+    signal: str = "SIGTERM"
+    command: str = ""  # what the user saw in the row, for the outcome's line

@@ -1,0 +1,112 @@
+"""Sending a signal to a GPU process from the GPU tab: to the process the row showed, or to nothing.
+
+The process is held by a pidfd (pidfd_open) before its start time is checked against the row's, and the signal
+goes through that pidfd (pidfd_send_signal), so a pid reused between the check and the send cannot be hit. Only
+SIGTERM, SIGKILL and SIGINT; another user's process only as root (the kernel says so too: EPERM). The outcome is
+said: whether the process exited within a short wait, or still runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal as signals
+import time
+from dataclasses import dataclass, field
+
+from dltop.errors import DltopError
+from dltop.fmt import printable
+from dltop.model.actions import SIGNALS, SignalTarget
+from dltop.sources.gpu_procs import Malformed, parse_stat
+from dltop.sources.procfs import read_bytes
+
+WAIT_S = 1.0  # how long the outcome waits for the process to exit (a SIGTERM'd trainer may take longer: said)
+
+
+@dataclass
+class SignalResult:
+    """What a signal did; the byte and file counts are the runner's common fields (0: a signal moves none)."""
+
+    action: str
+    paths: list[str]
+    signal: str
+    pid: int
+    exited: bool
+    elapsed_s: float = 0.0
+    cancelled: bool = False
+    done_bytes: int = 0
+    total_bytes: int = 0
+    files_done: int = 0
+    command: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+def _owner(pid: int, proc: str) -> int:
+    try:
+        return os.stat(f"{proc}/{pid}").st_uid
+    except OSError:
+        raise DltopError(f"pid {pid} has exited: nothing sent") from None
+
+
+def _start_ticks(pid: int, proc: str) -> int:
+    try:
+        return parse_stat(read_bytes(f"{proc}/{pid}/stat", 4096)).start_time_ticks
+    except OSError:
+        raise DltopError(f"pid {pid} has exited: nothing sent") from None
+    except Malformed as e:
+        raise DltopError(f"pid {pid}: {proc}/{pid}/stat cannot be read ({e}): nothing sent") from None
+
+
+def _exited(fd: int, wait_s: float) -> bool:
+    """The pidfd turns readable when its process exits (a zombie too: it no longer runs)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(int(wait_s * 1000)))
+
+
+def send(target: SignalTarget, proc: str = "/proc", wait_s: float = WAIT_S) -> SignalResult:
+    """Send `target.signal` to the process `target` names, if it is still that process and this user may; raises
+    DltopError saying why not."""
+    if target.signal not in SIGNALS:
+        raise DltopError(f"{printable(target.signal)}: only {', '.join(SIGNALS)} are sent from dltop")
+    pid = target.pid
+    uid = os.geteuid()
+    if uid != 0 and _owner(pid, proc) != uid:
+        raise DltopError(f"pid {pid} is another user's process: only root may signal it (dltop runs as uid {uid})")
+    t0 = time.monotonic()
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise DltopError(f"pid {pid} has exited: nothing sent") from None
+    except OSError as e:
+        raise DltopError(f"pid {pid}: pidfd_open failed ({e.strerror or e}): nothing sent") from None
+    try:
+        # Checked after the pidfd holds the process: a start time that matches now is the process the pidfd holds.
+        now = _start_ticks(pid, proc)
+        if now != target.start_time_ticks:
+            raise DltopError(f"pid {pid} is another process now (started at tick {now}, the row's at tick "
+                             f"{target.start_time_ticks}): the one shown has exited; nothing sent")
+        try:
+            signals.pidfd_send_signal(fd, getattr(signals, target.signal))
+        except ProcessLookupError:
+            raise DltopError(f"pid {pid} has exited: nothing sent") from None
+        except PermissionError:
+            raise DltopError(f"pid {pid}: permission denied by the kernel (EPERM): nothing sent") from None
+        except OSError as e:
+            if e.errno == errno.ESRCH:
+                raise DltopError(f"pid {pid} has exited: nothing sent") from None
+            raise
+        exited = _exited(fd, wait_s)
+    finally:
+        os.close(fd)
+    return SignalResult(action="signal", paths=[f"pid {pid}"], signal=target.signal, pid=pid, exited=exited,
+                        elapsed_s=time.monotonic() - t0, command=target.command)
+
+
+def summary(r: SignalResult) -> str:
+    """'SIGTERM sent to pid 4242 (python train.py): it exited' / '...: still running after 1.0 s'."""
+    command = r.command if len(r.command) <= 60 else r.command[:59] + "…"
+    what = f" ({printable(command)})" if command else ""
+    outcome = "it exited" if r.exited else f"still running after {r.elapsed_s:.1f} s"
+    return f"{r.signal} sent to pid {r.pid}{what}: {outcome}"
