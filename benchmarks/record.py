@@ -96,7 +96,7 @@ def moving(base: Snapshot, seconds: int, t0: float, seed: int = 0) -> Iterator[S
             clock_sm_mhz=rng.choice((1980, 1965, 1950)),
             pcie_tx_bytes_total=(g.pcie_tx_bytes_total or 0) + i * 10_000_000 + rng.randrange(1_000_000),
             pcie_rx_bytes_total=(g.pcie_rx_bytes_total or 0) + i * 50_000_000 + rng.randrange(1_000_000),
-            processes=tuple(dataclasses.replace(p, sm_util_percent=rng.randrange(0, 100),
+            processes=tuple(dataclasses.replace(p, gpu_util_percent=rng.randrange(0, 100),
                                                 mem_util_percent=rng.randrange(0, 60),
                                                 used_bytes=(p.used_bytes or 0) + rng.randrange(0, 8) * 2 * 1048576)
                             for p in g.processes))  # type: ignore[union-attr]

@@ -114,7 +114,7 @@ def test_h100_numbers_are_nvml_s() -> None:
     assert g.retired_pages_dbe is None and "NVML_ERROR_NOT_SUPPORTED" in (g.why("retired_pages_dbe") or "")
     used = {p.pid: p.used_bytes for p in g.processes}  # type: ignore[union-attr]
     assert used == {p["pid"]: p["used_bytes"] for p in s["gpus"][0]["compute_processes"]}
-    first = {p.pid: p.sm_util_percent for p in g.processes}  # type: ignore[union-attr]
+    first = {p.pid: p.gpu_util_percent for p in g.processes}  # type: ignore[union-attr]
     assert first == {p["pid"]: p["sm"] for p in s["gpus"][0]["process_utilization"]}
 
 
@@ -124,7 +124,7 @@ def test_utilization_samples_are_taken_once() -> None:
     reader.read()
     (g,) = reader.read()  # type: ignore[misc]
     for p in g.processes:
-        assert p.sm_util_percent is None and "NVML_ERROR_NOT_FOUND" in p.unavailable["sm_util_percent"]
+        assert p.gpu_util_percent is None and "NVML_ERROR_NOT_FOUND" in p.unavailable["gpu_util_percent"]
 
 
 @pytest.mark.parametrize(("name", "versions"), [("old-driver-470", [3, 2]), ("old-driver-418", [3, 2, 1])])

@@ -65,8 +65,18 @@ class GpuProcess:
     used_bytes: int | None = None  # NVML's per-process figure (nvidia-smi's "GPU Memory Usage")
     user: str | None = None
     command: str | None = None
-    sm_util_percent: int | None = None
+    # The process's share of the GPU's SM time in NVML's last sample period (nvmlDeviceGetProcessUtilization's
+    # smUtil: nvidia-smi pmon's "sm", nvitop's "SM%"), and of its memory controller's.
+    gpu_util_percent: int | None = None
     mem_util_percent: int | None = None
+    # From /proc/PID/stat, read each tick: the parent (the tree groups ranks under their launcher by it, in a
+    # replay too), resident host memory, and CPU time as a share of one core over the interval since the
+    # source's last read (None with the reason on the first read of a process); started_at is the start time
+    # in epoch seconds (boot time + start_time_ticks / CLK_TCK).
+    ppid: int | None = None
+    host_rss_bytes: int | None = None
+    cpu_percent: float | None = None
+    started_at: float | None = None
     gpu_instance_id: int | None = None  # MIG: the GPU and compute instance the process runs in
     compute_instance_id: int | None = None
     # /proc/PID/stat's starttime (clock ticks since boot): a probe file joins this process only if it names the

@@ -26,6 +26,7 @@ from dltop.probe.files import proc_start_ticks
 from dltop.sources import procfs
 from dltop.sources.amd import AmdReader
 from dltop.sources.base import Source
+from dltop.sources.gpu_procs import HOST_FIELDS, HostFacts, HostReader
 
 FAKE_ENV = "DLTOP_FAKE_NVML"
 ProcessKind = Literal["compute", "graphics"]
@@ -297,6 +298,7 @@ class FakeBackend:
         self.s = _check_scenario(scenario, pynvml)
         self.missing = set(self.s.get("missing_functions", ()))
         self.initialized = False
+        self.clock: Callable[[], float] = time.time  # the driver's clock, for samples taken every period
 
     @classmethod
     def from_file(cls, path: str) -> FakeBackend:
@@ -447,9 +449,17 @@ class FakeBackend:
                             None if version == 1 else p.get("compute_instance_id")) for p in procs]
 
     def process_utilization(self, h: Any, since_us: int) -> list[ProcessSample]:
-        samples = [ProcessSample(s["pid"], s["timestamp_us"], s["sm"], s["mem"])
-                   for s in self._get(h, "process_utilization", "nvmlDeviceGetProcessUtilization")
-                   if s["timestamp_us"] > since_us]
+        """Samples newer than `since_us`, as NVML keeps them: a sample with `period_us` is a process still
+        running, sampled again every period after its `timestamp_us` (its newest sample by the clock is given);
+        one without was sampled once."""
+        now_us = int(self.clock() * 1e6)
+        samples = []
+        for s in self._get(h, "process_utilization", "nvmlDeviceGetProcessUtilization"):
+            ts = s["timestamp_us"]
+            if s.get("period_us") and now_us > ts:
+                ts += (now_us - ts) // s["period_us"] * s["period_us"]
+            if ts > since_us:
+                samples.append(ProcessSample(s["pid"], ts, s["sm"], s["mem"]))
         if not samples:
             raise self.nv.NVMLError(self.nv.NVML_ERROR_NOT_FOUND)  # NVML's answer when no sample is newer
         return samples
@@ -528,7 +538,8 @@ def _check_scenario(s: Any, nv: Any) -> dict[str, Any]:
                     raise ScenarioError(f"{where}.process_utilization: expected a list")
             else:
                 for i, x in enumerate(pu):
-                    numbers(x, ("pid", "timestamp_us", "sm", "mem"), f"{where}.process_utilization[{i}]")
+                    numbers(x, ("pid", "timestamp_us", "sm", "mem"), f"{where}.process_utilization[{i}]",
+                            optional=("period_us",))
         if "mig_devices" in g:
             if not isinstance(g["mig_devices"], list):
                 raise ScenarioError(f"{where}.mig_devices: expected a list")
@@ -698,6 +709,8 @@ class GpuReader:
         self._clock = clock
         # (GPU index, field) -> (when read, its value, why not): the slow-changing numbers (`slow` in _device)
         self._slow: dict[tuple[int, str], tuple[float, Any, str | None]] = {}
+        self._host = HostReader(self._proc, clock)  # each process's /proc/PID/stat: parent, RSS, CPU %
+        self._host_tick: dict[int, HostFacts] = {}  # pid -> its facts, read once a tick
 
     def close(self) -> None:
         """End the NVML session."""
@@ -738,8 +751,10 @@ class GpuReader:
         if count == 0:
             return Unavailable(f"no GPUs: NVML (driver {driver or 'version unknown'}) sees 0 devices", "no_devices")
         seen: set[tuple[int, int]] = set()
+        self._host_tick.clear()
         gpus = tuple(self._device(b, i, driver, seen) for i in range(count))
         self.forget_processes(seen)
+        self._host.end_tick()
         return gpus
 
     def forget_processes(self, seen: set[tuple[int, int]]) -> None:
@@ -1017,14 +1032,28 @@ class GpuReader:
                     missing[name] = why
             sample = util.get(pid)
             if sample is None:
-                missing["sm_util_percent"] = missing["mem_util_percent"] = (
+                missing["gpu_util_percent"] = missing["mem_util_percent"] = (
                     util_why or "no utilization sample for this process since the last read")
+            host = self._host_facts(pid, ticks, why)
+            missing.update(host.unavailable)
             out.append(GpuProcess(pid=pid, kind=kind, used_bytes=p.used_bytes, user=user,  # type: ignore[arg-type]
-                                  command=command, sm_util_percent=None if sample is None else sample.sm_percent,
+                                  command=command, gpu_util_percent=None if sample is None else sample.sm_percent,
                                   mem_util_percent=None if sample is None else sample.mem_percent,
                                   gpu_instance_id=p.gpu_instance_id, compute_instance_id=p.compute_instance_id,
-                                  start_time_ticks=ticks, split=UNPROBED, unavailable=missing))
+                                  start_time_ticks=ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
+                                  cpu_percent=host.cpu_percent, started_at=host.started_at, split=UNPROBED,
+                                  unavailable=missing))
         return tuple(out)
+
+    def _host_facts(self, pid: int, ticks: int | None, why: str | None) -> HostFacts:
+        """What /proc/PID/stat says of the process, once per tick (a process under a GPU and a MIG instance of
+        it is read once); a pid outside this namespace's /proc says so, as its user and command do."""
+        if ticks is None and why is not None and why.startswith(f"pid {pid} is not in this PID namespace"):
+            return HostFacts(unavailable=tuple((f, why) for f in HOST_FIELDS))
+        facts = self._host_tick.get(pid)
+        if facts is None:
+            facts = self._host_tick[pid] = self._host.read(pid)
+        return facts
 
     def _identity(self, pid: int, seen: set[tuple[int, int]]) -> _Identity:
         """(user, command, why not, start time in ticks) of a pid from root's /proc; read once per process."""

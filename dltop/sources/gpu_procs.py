@@ -1,0 +1,143 @@
+"""What /proc says of each GPU process, beside NVML's numbers: parent, host RSS, CPU % and start time.
+
+One bounded, non-blocking read of /proc/PID/stat per process per tick (procfs.read_bytes); CPU % is the CPU time
+between two reads of the same process (pid and start time) over the time between them, as top computes it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dltop.sources import procfs
+
+MAX_STAT_BYTES = 4096  # /proc/PID/stat is one line of 52 numbers and a 16-byte comm: under 1 KiB
+FIRST_READ = "CPU % needs two reads of the process: known from the next tick"
+
+
+class Malformed(ValueError):
+    """A /proc/PID/stat (or /proc/stat) text that is not what the kernel writes; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/PID/stat the GPU table shows (proc(5) numbering)."""
+
+    ppid: int  # field 4
+    cpu_ticks: int  # utime + stime (fields 14, 15), in clock ticks
+    start_time_ticks: int  # field 22, clock ticks since boot
+    rss_pages: int  # field 24
+
+
+def parse_stat(raw: bytes) -> ProcStat:
+    """/proc/PID/stat's fields; raises Malformed saying which is wrong. The command (field 2) is in parentheses
+    and may hold spaces and ')': the fields are split after the last ')'."""
+    close = raw.rfind(b")")
+    if close < 0 or b"(" not in raw[:close]:
+        raise Malformed("no (comm) field")
+    fields = raw[close + 1:].split()
+    if len(fields) < 22:  # field 3 (state) to 24 (rss)
+        raise Malformed(f"{len(fields) + 2} fields, fewer than 24")
+    values = []
+    for number, i in ((4, 1), (14, 11), (15, 12), (22, 19), (24, 21)):
+        text = fields[i].decode("ascii", errors="replace")
+        # rss is a signed long in the kernel's format; a negative one is a damaged file as any other
+        value = procfs.parse_count(text)
+        if value is None:
+            raise Malformed(f"field {number} is {text[:24]!r}, not a count")
+        values.append(value)
+    ppid, utime, stime, start, rss = values
+    return ProcStat(ppid=ppid, cpu_ticks=utime + stime, start_time_ticks=start, rss_pages=rss)
+
+
+def parse_btime(text: str) -> int:
+    """The boot time (epoch seconds) from /proc/stat's `btime` line; raises Malformed."""
+    for line in text.splitlines():
+        if line.startswith("btime "):
+            value = procfs.parse_count(line[6:].strip())
+            if value is None:
+                raise Malformed(f"btime is {line[6:30]!r}, not a count")
+            return value
+    raise Malformed("no btime line")
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """One process's /proc numbers as the model stores them, and why each missing one is missing."""
+
+    ppid: int | None = None
+    host_rss_bytes: int | None = None
+    cpu_percent: float | None = None
+    started_at: float | None = None
+    start_time_ticks: int | None = None
+    unavailable: tuple[tuple[str, str], ...] = ()
+
+
+HOST_FIELDS = ("ppid", "host_rss_bytes", "cpu_percent", "started_at")
+
+
+class HostReader:
+    """Reads /proc/PID/stat of GPU processes, keeping each one's last CPU time for its CPU % and the boot time."""
+
+    def __init__(self, proc: str = "/proc", clock: Callable[[], float] = time.monotonic) -> None:
+        self._proc = proc
+        self._clock = clock
+        self._tick_hz = os.sysconf("SC_CLK_TCK")
+        self._page_bytes = os.sysconf("SC_PAGE_SIZE")
+        self._btime: int | str | None = None  # epoch seconds, or why /proc/stat gave none
+        self._last: dict[tuple[int, int], tuple[int, float]] = {}  # (pid, start) -> (cpu ticks, when read)
+        self._seen: set[tuple[int, int]] = set()
+
+    def _boot_time(self) -> int | str:
+        if self._btime is None:
+            path = f"{self._proc}/stat"
+            try:
+                self._btime = parse_btime(procfs.read_text(path))
+            except OSError as e:
+                self._btime = f"cannot read {path}: {e.strerror or e}"
+            except Malformed as e:
+                self._btime = f"{path}: {e}"
+        return self._btime
+
+    def read(self, pid: int) -> HostFacts:
+        """The process's facts now; a process that cannot be read has each field None with the reason."""
+        path = f"{self._proc}/{pid}/stat"
+        try:
+            st = parse_stat(procfs.read_bytes(path, MAX_STAT_BYTES))
+        except OSError as e:
+            return _none(f"cannot read {path}: {e.strerror or e}")
+        except Malformed as e:
+            return _none(f"{path}: {e}")
+        now = self._clock()
+        key = (pid, st.start_time_ticks)
+        self._seen.add(key)
+        missing: list[tuple[str, str]] = []
+        cpu: float | None = None
+        last = self._last.get(key)
+        self._last[key] = (st.cpu_ticks, now)
+        if last is None:
+            missing.append(("cpu_percent", FIRST_READ))
+        elif now <= last[1] or st.cpu_ticks < last[0]:
+            missing.append(("cpu_percent", "no time passed between two reads, or the CPU time went back"))
+        else:
+            cpu = round(100 * (st.cpu_ticks - last[0]) / self._tick_hz / (now - last[1]), 1)
+        boot = self._boot_time()
+        started: float | None = None
+        if isinstance(boot, str):
+            missing.append(("started_at", boot))
+        else:
+            started = boot + st.start_time_ticks / self._tick_hz
+        return HostFacts(ppid=st.ppid, host_rss_bytes=st.rss_pages * self._page_bytes, cpu_percent=cpu,
+                         started_at=started, start_time_ticks=st.start_time_ticks, unavailable=tuple(missing))
+
+    def end_tick(self) -> None:
+        """Forget the processes not read since the last call (they exited)."""
+        for key in [k for k in self._last if k not in self._seen]:
+            del self._last[key]
+        self._seen.clear()
+
+
+def _none(reason: str) -> HostFacts:
+    return HostFacts(unavailable=tuple((f, reason) for f in HOST_FIELDS))
