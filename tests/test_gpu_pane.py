@@ -53,15 +53,21 @@ def proc_root(root: Path, commands: dict[int, str]) -> str:
     for pid, cmd in commands.items():
         (root / "proc" / str(pid)).mkdir(parents=True)
         (root / "proc" / str(pid) / "cmdline").write_bytes(cmd.replace(" ", "\0").encode() + b"\0")
-        (root / "proc" / str(pid) / "stat").write_text(f"{pid} (python) S {' '.join(['0'] * 18)} {START_TICKS}\n")
+        # as the kernel writes it (proc(5)): ppid 1, 1.5 s of CPU, started at START_TICKS, 64 MiB resident
+        (root / "proc" / str(pid) / "stat").write_text(
+            f"{pid} (python) S 1 {pid} {pid} 0 -1 4194304 100 0 0 0 100 50 0 0 20 0 4 0 {START_TICKS} "
+            f"2147483648 16384 18446744073709551615 1 1 0 0 0 0 0 16781312 0 0 0 17 3 0 0 0 0 0\n")
+    (root / "proc" / "stat").write_text("cpu  1 0 1 100 0 0 0 0 0 0\nbtime 0\n")  # booted at the epoch
     return str(root)
 
 
 def gpu_snaps(s: dict[str, Any], n: int = 3, root: str = "/", t0: float = 1000.0) -> list[Snapshot]:
     """`n` ticks of one GPU source on the scenario, two seconds apart, GPU 0's utilization climbing."""
-    reader = GpuReader(lambda: FakeBackend(s), root)
+    now = [t0]  # the reader's clock: CPU % over the Snapshots' two seconds, whatever the node's load
+    reader = GpuReader(lambda: FakeBackend(s), root, clock=lambda: now[0])
     out = []
     for i in range(n):
+        now[0] = t0 + 2 * i
         if isinstance(s.get("gpus"), list) and s["gpus"] and isinstance(s["gpus"][0].get("utilization"), dict):
             s["gpus"][0]["utilization"]["gpu"] = 40 + 20 * i % 60
         out.append(Snapshot(ts=t0 + 2 * i, host="fixture", gpus=reader.read()))
@@ -96,6 +102,10 @@ def _text(app: App, selector: str) -> str:
 def _rows(app: App) -> list[list[str]]:
     table = app.query_one("#gpu-table", DataTable)
     return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+def _headers(app: App) -> list[str]:
+    return [str(c.label) for c in app.query_one("#gpu-table", DataTable).ordered_columns]
 
 
 def _fits(app: App) -> None:
@@ -141,7 +151,10 @@ async def test_two_gpus_and_a_vllm_server_joined_to_its_gpu_process(metrics_url:
         row = next(r for r in _rows(app) if r[1] == str(me))
         assert row[2] not in ("", "?") and row[3] not in ("", "?")  # this process's user and command, from /proc
         notes = _text(app, "#gpu-notes")
-        assert notes.count(SPLIT_NEEDS_PROBE) == 1 and row[6:] == ["?"] * 5  # unknown, never 0
+        # no process has a split: its columns give way to /proc's (CPU %, host RSS, running time)
+        assert notes.count(SPLIT_NEEDS_PROBE) == 1 and _headers(app) == [
+            "GPU", "PID", "User", "Command", "Used", "SM%", "CPU%", "RSS", "Time"]
+        assert row[7] not in ("", "?", "0M") and row[8] not in ("", "?")  # this process's RSS and running time
         _fits(app)
 
 
@@ -246,8 +259,14 @@ async def test_mig_instances_are_listed_under_their_parent() -> None:
             profile = (mig.name or "").rsplit(" ", 1)[-1]
             assert any(ln.startswith(f"  {profile} ") for ln in lines[2:]), profile
         keys = [r[0] for r in _rows(app)]
-        assert {f"0/{m.mig_index}" for m in g.mig_devices if m.processes} <= set(keys)
-        assert NO_PROCESS_MEMORY.split(":")[0] in _text(app, "#gpu-notes")  # the parent's processes: no bytes
+        # each process once, under its instance, as nvidia-smi numbers it: GPU/GI.CI
+        assert sorted(keys) == sorted(f"0/{m.gpu_instance_id}.{m.compute_instance_id}" for m in g.mig_devices
+                                      if m.processes)
+        pids = [r[1] for r in _rows(app)]
+        assert len(pids) == len(set(pids))
+        # the parent's listing has no bytes (NO_PROCESS_MEMORY); the instance's row has its own figure
+        assert NO_PROCESS_MEMORY.split(":")[0] not in _text(app, "#gpu-notes")
+        assert all(r[4] not in ("", "?") for r in _rows(app))
         _fits(app)
 
 
@@ -422,12 +441,14 @@ async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         pane = app.query_one(GpuPane)
-        assert not app.query_one("#gpu-servers", Static).display
-        # a key, a footer label and a palette entry; nothing to remove yet
-        details = ["GPU: Details"] if gpus == "two-gpus" else []  # none where there is no GPU
-        assert [c.title for c in pane.palette_commands()] == ["GPU: Add server", *details]
-        footer = {ab.binding.description: ab.enabled for ab in app.active_bindings.values() if ab.binding.show}
-        assert footer["Add server"] and "Remove server" not in footer  # nothing to remove yet
+        assert not app.query_one("#gpu-servers-box").display
+        # a key and a palette entry (the footer's room at 80 columns goes to the process table's keys); nothing to
+        # remove yet
+        titles = [c.title for c in pane.palette_commands()]
+        assert "GPU: Add server" in titles and "GPU: Remove server" not in titles
+        assert ("GPU: Details" in titles) == (gpus == "two-gpus")  # none where there is no GPU
+        enabled = {ab.binding.description: ab.enabled for ab in app.active_bindings.values()}
+        assert enabled["Add server"] and not enabled.get("Remove server")  # nothing to remove yet
         await pilot.press("a")
         box = app.query_one("#gpu-server-input", Input)
         assert box.has_focus
@@ -453,10 +474,9 @@ async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
         await pilot.press("x")
         assert box.value == metrics_url
         await pilot.press("enter")
-        await _until(pilot, lambda: not app.query_one("#gpu-servers", Static).display)
+        await _until(pilot, lambda: not app.query_one("#gpu-servers-box").display)
         assert app.settings.servers == () and pane.check_action("remove_server", ()) is False  # none left
-        details = ["GPU: Details"] if gpus == "two-gpus" else []  # none where there is no GPU
-        assert [c.title for c in pane.palette_commands()] == ["GPU: Add server", *details]
+        assert "GPU: Remove server" not in [c.title for c in pane.palette_commands()]
     app.feed.close()
 
 
@@ -525,6 +545,10 @@ async def test_only_the_lines_whose_numbers_changed_are_drawn_again() -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         pane = app.query_one(GpuPane)
+        pane.compact = False  # the full view (8 GPUs at 80x24 are compact by themselves)
+        await pilot.pause()
+        assert pane.view is not None
+        pane.render_view(pane.view)
 
         def tick(snap: Snapshot) -> None:
             history = (*pane.view.history[1:], snap)

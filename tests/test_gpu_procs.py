@@ -3,6 +3,7 @@ fake NVML, the stat reader fuzzed; and the UI-free process query (filter, sort, 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -244,7 +245,5 @@ def test_the_tree_is_read_from_a_replayed_snapshot_of_a_real_launcher() -> None:
         launcher.kill()
         launcher.wait()
         for pid in (int(x) for x in kids.split()):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
-            except ProcessLookupError:
-                pass

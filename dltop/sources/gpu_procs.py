@@ -15,6 +15,7 @@ from dltop.sources import procfs
 
 MAX_STAT_BYTES = 4096  # /proc/PID/stat is one line of 52 numbers and a 16-byte comm: under 1 KiB
 FIRST_READ = "CPU % needs two reads of the process: known from the next tick"
+MIN_INTERVAL_S = 0.5  # the shortest interval a CPU % is computed over (CPU time counts in 10 ms ticks)
 
 
 class Malformed(ValueError):
@@ -87,7 +88,8 @@ class HostReader:
         self._tick_hz = os.sysconf("SC_CLK_TCK")
         self._page_bytes = os.sysconf("SC_PAGE_SIZE")
         self._btime: int | str | None = None  # epoch seconds, or why /proc/stat gave none
-        self._last: dict[tuple[int, int], tuple[int, float]] = {}  # (pid, start) -> (cpu ticks, when read)
+        # (pid, start) -> (cpu ticks, when read, the CPU % computed then): the base of the next CPU %
+        self._last: dict[tuple[int, int], tuple[int, float, float | None]] = {}
         self._seen: set[tuple[int, int]] = set()
 
     def _boot_time(self) -> int | str:
@@ -104,25 +106,34 @@ class HostReader:
     def read(self, pid: int) -> HostFacts:
         """The process's facts now; a process that cannot be read has each field None with the reason."""
         path = f"{self._proc}/{pid}/stat"
+        # The reasons name no pid and no root: one note holds for every process it is true of.
         try:
             st = parse_stat(procfs.read_bytes(path, MAX_STAT_BYTES))
         except OSError as e:
-            return _none(f"cannot read {path}: {e.strerror or e}")
+            return _none(f"cannot read its /proc/PID/stat: {e.strerror or e}")
         except Malformed as e:
-            return _none(f"{path}: {e}")
+            return _none(f"its /proc/PID/stat is damaged: {e}")
         now = self._clock()
         key = (pid, st.start_time_ticks)
         self._seen.add(key)
         missing: list[tuple[str, str]] = []
         cpu: float | None = None
         last = self._last.get(key)
-        self._last[key] = (st.cpu_ticks, now)
         if last is None:
+            self._last[key] = (st.cpu_ticks, now, None)
             missing.append(("cpu_percent", FIRST_READ))
-        elif now <= last[1] or st.cpu_ticks < last[0]:
-            missing.append(("cpu_percent", "no time passed between two reads, or the CPU time went back"))
+        elif st.cpu_ticks < last[0]:
+            self._last[key] = (st.cpu_ticks, now, None)
+            missing.append(("cpu_percent", "its CPU time went back between two reads: a damaged /proc"))
+        elif now - last[1] < MIN_INTERVAL_S:
+            # CPU time counts in ticks (10 ms): over a few ms one tick reads as 1000%. The last figure stands
+            # until the interval is long enough to be true.
+            cpu = last[2]
+            if cpu is None:
+                missing.append(("cpu_percent", f"less than {MIN_INTERVAL_S:g} s since its first read"))
         else:
             cpu = round(100 * (st.cpu_ticks - last[0]) / self._tick_hz / (now - last[1]), 1)
+            self._last[key] = (st.cpu_ticks, now, cpu)
         boot = self._boot_time()
         started: float | None = None
         if isinstance(boot, str):

@@ -41,6 +41,7 @@ from dltop.tui.messages import (
     RescanRequested,
     ServerAddRequested,
     ServerRemoveRequested,
+    SignalRequested,
     WarmRequested,
     Warned,
 )
@@ -582,6 +583,18 @@ class DltopApp(App[None]):
     def on_clear_requested(self, msg: ClearRequested) -> None:
         self._request(msg)
 
+    def on_signal_requested(self, msg: SignalRequested) -> None:
+        """A signal the GPU tab's dialog chose: the dialog was the confirmation; the runner checks the start time."""
+        msg.stop()
+        if self.settings.read_only or self.in_past:
+            why = "dltop runs --read-only" if self.settings.read_only else self._past_reason()
+            self.notify(f"signal: {why}; nothing may change the system from here", severity="warning")
+            return
+        try:
+            self.runner.start("signal", [f"pid {msg.target.pid}"], options=msg.target)
+        except DltopError as e:  # another action runs
+            self.notify(str(e), severity="error")
+
     def warn(self, text: str) -> None:
         """Show a warning from any thread (the recorder's: the disk is full, samples dropped)."""
         self.post_message(Warned(text))
@@ -624,6 +637,10 @@ class DltopApp(App[None]):
                 run = self._runs.pop(ev.run_id, None)
                 if ev.outcome == "ok" and run is not None and isinstance(run.result, ActionPlan):
                     self._confirm(run.result)
+            elif ev.step == "run" and ev.action == "signal":
+                self.feed.read_now("gpus")  # the process gone from the table without waiting for the next tick
+                if ev.outcome == "ok":
+                    self.notify(ev.message, timeout=6)
             elif ev.step == "run" and ev.action == "clear":
                 self.feed.read_now("caches", self._cache_of(ev.paths[0]) if ev.paths else None)
             elif ev.step == "run":

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from textual.message import Message
 
-from dltop.model.actions import ActionEvent
+from dltop.model.actions import ActionEvent, SignalTarget
 
 
 class ActionRequested(Message):
@@ -103,3 +103,12 @@ class RescanRequested(Message):
     def __init__(self, source: str, key: str | None = None) -> None:
         super().__init__()
         self.source, self.key = source, key
+
+
+class SignalRequested(Message):
+    """Send a signal to a GPU process (the signal dialog was its confirmation); the runner checks its start time
+    again before it sends."""
+
+    def __init__(self, target: SignalTarget) -> None:
+        super().__init__()
+        self.target = target

@@ -10,33 +10,46 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 
 from rich.cells import cell_len
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Input, Static
 from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import ServerRates, server_rates
 from dltop.fmt import human_bytes, percent_text, printable, sparkline_rows
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
+from dltop.model.actions import SignalTarget
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
+from dltop.model.gpu_query import ProcessQuery, ProcessRow, select_processes
 from dltop.model.servers import ModelStats
-from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested
+from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested, SignalRequested
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content
 from dltop.tui.screens.gpu_details import GpuDetailsScreen, throttling
+from dltop.tui.screens.signal import SignalScreen
 from dltop.tui.view import View
 
 # The one line that says why the split is not drawn (the model's per-field reason is NO_PROBE).
 SPLIT_NEEDS_PROBE = "split needs the probe: add `import dltop.probe`"
-COLUMNS = ("gpu", "pid", "user", "command", "used", "sm", *SPLIT_FIELDS)
-# Short split headers so the table fits 80 columns; the help screen spells them out.
-HEADERS = ("GPU", "PID", "User", "Command", "Used", "SM%", "Wts", "KV", "Cache", "Other", "NonT")
+# The table's columns: always these; then /proc's (CPU %, host RSS, running time) where no process has a split,
+# or where the terminal has room for both (SPLIT_AND_HOST_WIDTH); then the split's where one is known. Short
+# headers so the table fits 80 columns; the help screen spells them out.
+BASE_COLUMNS = (("gpu", "GPU"), ("pid", "PID"), ("user", "User"), ("command", "Command"), ("used", "Used"),
+                ("sm", "SM%"))
+HOST_COLUMNS = (("cpu", "CPU%"), ("rss", "RSS"), ("time", "Time"))
+SPLIT_COLUMNS = tuple(zip(SPLIT_FIELDS, ("Wts", "KV", "Cache", "Other", "NonT"), strict=True))
+SPLIT_AND_HOST_WIDTH = 110
+COLUMNS = tuple(k for k, _ in (*BASE_COLUMNS, *HOST_COLUMNS, *SPLIT_COLUMNS))  # every column, in table order
+HEADERS = dict((*BASE_COLUMNS, *HOST_COLUMNS, *SPLIT_COLUMNS))
+COMPACT_LINES_PER_GPU = 4  # a full GPU: headline, bar, legend, sparklines
 # Segments of a process's split in the bar, in the order of the issue: weights | KV | cached | other | non-torch.
 SPLIT_SEGMENTS = (("weights_bytes", "W", "$primary"), ("kv_cache_bytes", "K", "$accent"),
                   ("allocator_cache_bytes", "c", "$warning"), ("other_torch_bytes", "o", "$secondary"),
@@ -267,6 +280,26 @@ def headline(g: GpuDevice, width: int) -> list[Content]:
     return [head.truncate(width, ellipsis=True)]
 
 
+def compact_line(g: GpuDevice, width: int) -> Content:
+    """A GPU in one line: its memory bar (each process's share, as in the full view), used / total, utilization,
+    temperature, power against its limit; a GPU whose calls fail: its reason, cut to the line."""
+    label = f"GPU{g.index}"
+    if g.memory_used_bytes is None and g.memory_total_bytes is None:
+        why = g.why("memory_total_bytes") or g.why("memory_used_bytes") or "?"
+        return Content.assemble((label, "bold"), (f" {why}", "$error")).truncate(width, ellipsis=True)
+    bits = [f"{_pct(g.utilization_gpu_percent):>4}"]
+    if g.temperature_c is not None:
+        bits.append(f"{g.temperature_c}°C")
+    if g.power_mw is not None:
+        bits.append(f"{g.power_mw / 1000:.0f}" + (f"/{g.power_limit_mw / 1000:.0f}" if g.power_limit_mw else "")
+                    + "W")
+    tail = " " + " ".join(bits)
+    procs = g.processes if isinstance(g.processes, tuple) and not g.mig_devices else ()
+    bar = memory_bar(label, procs, g.memory_used_bytes, g.memory_total_bytes, max(20, width - len(tail)),
+                     label_width=len(label) + 1)
+    return bar.append(tail).truncate(width, ellipsis=True)
+
+
 def memory_lines(g: GpuDevice, width: int) -> list[Content]:
     """A GPU's memory bar and its legend (in MIG mode: a bar per instance under the parent's)."""
     procs = g.processes if isinstance(g.processes, tuple) else ()
@@ -353,23 +386,66 @@ def _cell(text: str) -> Text:
     return Text(printable(text), no_wrap=True, end="")
 
 
-def process_rows(gpus: Sequence[GpuDevice]) -> Rows:
-    """Row key → (process, cells) for every process on every GPU and MIG instance."""
-    rows: dict[str, tuple[GpuProcess, tuple[str, ...]]] = {}
-    split_cells: dict[int, tuple[str, ...]] = {}  # id(split) -> its cells: processes without one share one
-    for g in gpus:
-        places: list[tuple[str, tuple[GpuProcess, ...] | Unavailable]] = [(str(g.index), g.processes)]
-        places += [(f"{g.index}/{m.mig_index}", m.processes) for m in g.mig_devices]
-        for where, procs in places:
-            if isinstance(procs, Unavailable):
-                continue
-            for p in procs:
-                if id(p.split) not in split_cells:
-                    split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
-                rows[f"{where}:{p.pid}"] = (p, (
-                    where, str(p.pid), printable(p.user or "?"), printable(p.command or "?"),
-                    _used_cell(p.used_bytes) + ("!" if p.split.inconsistent else ""), _pct(p.sm_util_percent),
-                    *split_cells[id(p.split)]))
+def elapsed(started_at: float | None, now: float) -> str:
+    """How long a process has run, to the minute ("<1m", "42m", "3h05", "2d04h"): a cell that changes once a
+    minute, not once a tick, for 160 rows."""
+    if started_at is None:
+        return "?"
+    minutes = max(0, int(now - started_at)) // 60
+    if minutes < 1:
+        return "<1m"
+    if minutes < 60:
+        return f"{minutes}m"
+    if minutes < 24 * 60:
+        return f"{minutes // 60}h{minutes % 60:02d}"
+    return f"{minutes // 1440}d{minutes // 60 % 24:02d}h"
+
+
+def _cpu_cell(v: float | None) -> str:
+    return "?" if v is None else f"{v:.0f}"
+
+
+def _rss_cell(v: int | None) -> str:
+    return "?" if v is None else _short(v)
+
+
+def columns_for(rows: Sequence[ProcessRow], width: int) -> tuple[str, ...]:
+    """The column keys to show: the split's only where some process has a split number, /proc's where there
+    is no split or room for both."""
+    split = any(r.process is not None and any(getattr(r.process.split, f) is not None for f in SPLIT_FIELDS)
+                for r in rows)
+    host = not split or width >= SPLIT_AND_HOST_WIDTH
+    return tuple(k for k, _ in (*BASE_COLUMNS, *(HOST_COLUMNS if host else ()), *(SPLIT_COLUMNS if split else ())))
+
+
+def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]]) -> dict[str, str]:
+    """Every column's text for one row (the table shows those `columns_for` picks)."""
+    p = r.process
+    if p is None:  # a launcher the ranks under it share: only its pid is known (from their ppid)
+        return {"gpu": "", "pid": str(r.pid), "user": "", "command": f"[launcher of {r.children}]",
+                **dict.fromkeys(("used", "sm", "cpu", "rss", "time", *SPLIT_FIELDS), "")}
+    if id(p.split) not in split_cells:
+        split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
+    branch = ("└ " if r.last else "├ ") if r.depth else ""
+    return {"gpu": r.place, "pid": str(p.pid), "user": printable(p.user or "?"),
+            "command": branch + printable(p.command or "?"),
+            "used": _used_cell(p.used_bytes) + ("!" if p.split.inconsistent else ""),
+            "sm": _pct(p.gpu_util_percent), "cpu": _cpu_cell(p.cpu_percent), "rss": _rss_cell(p.host_rss_bytes),
+            "time": elapsed(p.started_at, now), **dict(zip(SPLIT_FIELDS, split_cells[id(p.split)], strict=True))}
+
+
+def process_rows(gpus: Sequence[GpuDevice], query: ProcessQuery | None = None, now: float = 0.0,
+                 columns: tuple[str, ...] | None = None) -> Rows:
+    """Row key → (process, cells) for the processes `query` selects (select_processes: every GPU and MIG
+    instance, a MIG process once under its instance), in its order; launcher rows of a tree are left out."""
+    selected = select_processes(gpus, query or ProcessQuery())
+    cols = columns or columns_for(selected, 80)
+    split_cells: dict[int, tuple[str, ...]] = {}
+    rows: Rows = {}
+    for r in selected:
+        if r.process is not None:
+            cells_ = row_cells(r, now, split_cells)
+            rows[r.key] = (r.process, tuple(cells_[c] for c in cols))
     return rows
 
 
@@ -477,19 +553,29 @@ class GpuPane(Pane):
     HELP = ("GPUs from NVML (what nvidia-smi reads) or amdsmi (AMD): one session, no CUDA context. The bar: each "
             "process's memory (its split where the probe gives it: Wts weights, KV cache, Cache = reserved - "
             "allocated, Other torch, NonT = used - torch reserved), memory no listed process holds, free. "
-            "Servers: vLLM / SGLang /metrics (--server URL); vLLM V1's hit rate is over the last interval.")
+            "Servers: vLLM / SGLang /metrics (--server URL); vLLM V1's hit rate is over the last interval. CPU% is of one core; MIG rows are GPU/GI.CI.")
     DEFAULT_CSS = """
     #gpu-devices { height: auto; max-height: 50%; scrollbar-gutter: stable; }
     #gpu-devices > Static { height: auto; }
-    #gpu-servers { height: auto; max-height: 6; }
-    #gpu-notes { height: auto; max-height: 3; color: $text-muted; }
+    #gpu-query { height: 1; color: $text-muted; }
+    #gpu-servers-box { height: auto; max-height: 25%; }
+    #gpu-servers { height: auto; }
+    #gpu-notes-box { height: auto; max-height: 20%; }
+    #gpu-notes { height: auto; color: $text-muted; }
     #gpu-table { height: 1fr; min-height: 3; }
-    #gpu-server-input { display: none; }
-    #gpu-server-input.-shown { display: block; }
+    #gpu-server-input, #gpu-filter { display: none; }
+    #gpu-server-input.-shown, #gpu-filter.-shown { display: block; }
     """
     BINDINGS = [
-        Binding("a", "add_server", "Add server", id="gpu.add_server"),
-        Binding("x", "remove_server", "Remove server", id="gpu.remove_server"),
+        Binding("slash", "filter", "Filter", key_display="/", id="gpu.filter"),
+        Binding("o", "sort", "Sort", id="gpu.sort"),
+        Binding("O", "reverse", "Reverse sort", show=False, id="gpu.reverse"),
+        Binding("g", "tree", "Tree", id="gpu.tree"),
+        Binding("k", "signal", "Signal", id="gpu.signal"),
+        # Out of the footer (help and palette have them): at 80 columns it holds the process table's keys.
+        Binding("c", "compact", "Compact", show=False, id="gpu.compact"),
+        Binding("a", "add_server", "Add server", show=False, id="gpu.add_server"),
+        Binding("x", "remove_server", "Remove server", show=False, id="gpu.remove_server"),
         Binding("escape", "cancel_input", "Cancel", id="gpu.cancel"),
         # Enter on a process row opens its GPU's details too (the table's own Enter, RowSelected below: the
         # focused table's Enter hides this one's label, so d is the key the footer shows)
@@ -507,23 +593,32 @@ class GpuPane(Pane):
         self._wanted_lines: list[Content] = []  # what each is to show
         # (what the rows are made of, the rows, their notes): built again only when the processes change
         self._rows_for: tuple[object, Rows, list[str]] | None = None
+        self._table_rows: tuple[object, list[ProcessRow], dict[str, tuple[str, ...]]] | None = None
         self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
         self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
+        self._order: list[str] = []  # the row keys in the table's order
+        self._columns: tuple[str, ...] = ()  # the table's columns now
+        self._columns_wanted: tuple[str, ...] = ()  # what columns_for picked for this tick's rows
         self._table_width = 0
         self._adding = True  # what the input box is for: adding a server, or naming one to remove
         self._details: GpuDetailsScreen | None = None  # the details screen while it is open: handed each view
+        self.query_state = ProcessQuery()  # the filter, sort and tree the user asked for
+        self.compact: bool | None = None  # None: compact where the full view does not fit; else as `c` set it
+        self._compact_now = False
+        self._selected: dict[str, ProcessRow] = {}  # row key -> its row, as the table shows them
 
     def compose(self) -> ComposeResult:
         yield VerticalScroll(id="gpu-devices")  # a Static per line in it (_show_lines)
+        yield Static(id="gpu-query")
         yield RowTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
-        yield Static(id="gpu-servers")
+        yield Input(id="gpu-filter", placeholder="filter: pid, user, command or GPU (Esc clears, Enter keeps)")
+        with VerticalScroll(id="gpu-servers-box"):
+            yield Static(id="gpu-servers")
         yield Input(id="gpu-server-input")
-        yield Static(id="gpu-notes")
+        with VerticalScroll(id="gpu-notes-box"):
+            yield Static(id="gpu-notes")
 
     def on_mount(self) -> None:
-        table = self.query_one("#gpu-table", DataTable)
-        for key, label in zip(COLUMNS, HEADERS, strict=True):
-            table.add_column(label, key=key)
         # scrolled: the lines that came into view are handed to their Statics
         self.watch(self.query_one("#gpu-devices"), "scroll_y", lambda: self._paint_lines(), init=False)
 
@@ -544,11 +639,96 @@ class GpuPane(Pane):
         if action == "remove_server":
             return not replay and bool(self._servers())
         if action == "cancel_input":
-            return self.query_one("#gpu-server-input", Input).has_class("-shown")
+            return (self.query_one("#gpu-server-input", Input).has_class("-shown")
+                    or self.query_one("#gpu-filter", Input).has_class("-shown"))
         if action == "gpu_details":
             gpus = self.view.snapshot.gpus if self.view is not None else None
             return isinstance(gpus, tuple) and bool(gpus)
+        if action == "signal":
+            # greyed out where nothing may change the system; pressing k there says why (on_key)
+            return not replay and not (self.view is not None and self.view.read_only) and bool(self._selected)
+        if action in ("filter", "sort", "reverse", "tree"):
+            return bool(self._selected) or bool(self.query_state.filter) or action == "filter"
         return True
+
+    # -- the process table: filter, sort, tree; the pane keeps the query, select_processes does the work --------
+
+    def _requery(self, query: ProcessQuery) -> None:
+        self.query_state = query
+        if self.view is not None:
+            self.render_view(self.view)
+        self.refresh_bindings()
+
+    def action_filter(self) -> None:
+        """Filter the process rows by text (pid, user, command, GPU) as it is typed."""
+        box = self.query_one("#gpu-filter", Input)
+        box.value = self.query_state.filter
+        box.add_class("-shown")
+        box.focus()
+
+    @on(Input.Changed, "#gpu-filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        if event.value != self.query_state.filter:
+            self._requery(replace(self.query_state, filter=event.value))
+
+    @on(Input.Submitted, "#gpu-filter")
+    def _filter_kept(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.query_one("#gpu-table", DataTable).focus()  # the filter stays, shown in the box and the query line
+
+    def action_sort(self) -> None:
+        """Sort by the next column: memory, SM %, CPU %, host RSS, running time, pid, user, command, GPU."""
+        self._requery(self.query_state.next_sort())
+        self.app.notify(self.query_state.describe(), timeout=2)
+
+    def action_reverse(self) -> None:
+        """Reverse the sort."""
+        self._requery(replace(self.query_state, reverse=not self.query_state.reverse))
+
+    def action_tree(self) -> None:
+        """Group ranks under their launcher (torchrun agent, mp.spawn parent), or list them flat again."""
+        self._requery(replace(self.query_state, tree=not self.query_state.tree))
+
+    def action_compact(self) -> None:
+        """One line per GPU, or the full view (bar, legend, sparklines) again; by default compact where the
+        full view does not fit."""
+        self.compact = not self._compact_now
+        if self.view is not None:
+            self.render_view(self.view)
+
+    def selected_row(self) -> ProcessRow | None:
+        """The row under the table's cursor."""
+        return self._selected.get(self._cursor_key(self.query_one("#gpu-table", DataTable)) or "")
+
+    def on_key(self, event: events.Key) -> None:
+        view = self.view
+        if event.key == "k" and view is not None and (view.read_only or view.replay):
+            event.stop()
+            why = "dltop runs --read-only" if view.read_only else "this is a replay"
+            self.app.notify(f"signal: {why}; nothing may change the system from here", severity="warning")
+
+    def action_signal(self) -> None:
+        """Send the selected process a signal: a dialog offers SIGTERM (first), SIGKILL and SIGINT."""
+        row = self.selected_row()
+        if row is None:
+            return
+        p = row.process
+        if p is None:
+            self.app.notify(f"pid {row.pid} is the launcher of the ranks under it, not a GPU process: select a "
+                            "rank", severity="warning")
+            return
+        if p.start_time_ticks is None:
+            self.app.notify(f"pid {p.pid} is not in dltop's /proc: its start time cannot be checked, so no "
+                            "signal is sent", severity="warning")
+            return
+        target = SignalTarget(pid=p.pid, start_time_ticks=p.start_time_ticks, command=p.command or "")
+
+        def chosen(sig: str | None) -> None:
+            if sig is not None:
+                self.post_message(SignalRequested(replace(target, signal=sig)))
+
+        self.app.push_screen(SignalScreen(p.pid, printable(p.user or "?"), p.command or "?"), chosen)
 
     def _ask(self, adding: bool, value: str, placeholder: str) -> None:
         box = self.query_one("#gpu-server-input", Input)
@@ -590,8 +770,14 @@ class GpuPane(Pane):
             self.action_gpu_details(int(key.split(":")[0].split("/")[0]))
 
     def action_cancel_input(self) -> None:
-        """Close the server box without doing anything."""
+        """Close the server box without doing anything, or clear and close the filter."""
         self.query_one("#gpu-server-input", Input).remove_class("-shown")
+        box = self.query_one("#gpu-filter", Input)
+        if box.has_class("-shown"):
+            box.remove_class("-shown")
+            box.value = ""
+            if self.query_state.filter:
+                self._requery(replace(self.query_state, filter=""))
         self.focus_default()
 
     @on(Input.Submitted, "#gpu-server-input")
@@ -601,20 +787,44 @@ class GpuPane(Pane):
         if text:
             self.post_message(ServerAddRequested(text) if self._adding else ServerRemoveRequested(text))
 
-    def _show_rows(self, table: DataTable, wanted: dict[str, tuple[str, ...]]) -> None:
+    def _show_rows(self, table: DataTable, wanted: dict[str, tuple[str, ...]], columns: tuple[str, ...]) -> None:
         """The keyed diff: remove rows gone, add new ones, and update only the cells whose text changed (the
-        cursor stays on its process)."""
-        if wanted == self._wanted and table.size.width == self._table_width:
+        cursor stays on its process). Where the order changed (a sort, a filter, a tree, or a process that
+        moved up its sort), the rows are laid out again in the new order and the cursor is found again by key:
+        DataTable.sort keeps the cursor's index, not its row."""
+        order = list(wanted)
+        if (wanted == self._wanted and order == self._order and columns == self._columns
+                and table.size.width == self._table_width):
             return  # the same cells at the same width: nothing to fit, nothing to touch
+        if columns != self._columns:
+            table.clear(columns=True)
+            for key in columns:
+                table.add_column(HEADERS[key], key=key)
+            self._columns, self._command_width = columns, 0
+            self._shown.clear()
         self._wanted, self._table_width = dict(wanted), table.size.width
         # The Command column gives way so every number column stays on screen at 80 columns.
-        self._command_width = fit_column(table, wanted, COLUMNS.index("command"), HEADERS, COLUMNS,
+        headers = tuple(HEADERS[c] for c in columns)
+        self._command_width = fit_column(table, wanted, columns.index("command"), headers, columns,
                                          lambda text, width: text[: width - 1] + "…", self._command_width)
         if not table.rows:
             self._shown.clear()  # fit_column rebuilt the columns, or the table is new
+        kept = [k for k in self._order if k in wanted and k in self._shown]
+        if kept + [k for k in order if k not in self._shown] != order:
+            at = self._cursor_key(table)
+            table.clear()
+            self._shown.clear()
+            for key in order:
+                table.add_row(*map(_cell, wanted[key]), key=key)
+                self._shown[key] = wanted[key]
+            self._order = order
+            if at in wanted:
+                table.move_cursor(row=order.index(at), animate=False)
+            return
         for stale in [k for k in self._shown if k not in wanted]:
             table.remove_row(stale)
             del self._shown[stale]
+        self._order = order
         narrower: set[int] = set()  # columns where a cell got narrower than the column
         for key, values in wanted.items():
             shown = self._shown.get(key)
@@ -623,7 +833,7 @@ class GpuPane(Pane):
             if shown is None:
                 table.add_row(*map(_cell, values), key=key)
             else:
-                for i, (col, old, new) in enumerate(zip(COLUMNS, shown, values, strict=True)):
+                for i, (col, old, new) in enumerate(zip(columns, shown, values, strict=True)):
                     if old != new:
                         # A column sized for "10%" must grow when "100%" arrives, not cut it; but asking the table
                         # to fit a cell narrower than its column re-measures the whole column, for every such cell
@@ -636,7 +846,16 @@ class GpuPane(Pane):
             self._shown[key] = values
         for i in narrower:
             key, values = max(wanted.items(), key=lambda kv: cell_len(kv[1][i]))
-            table.update_cell(key, COLUMNS[i], _cell(values[i]), update_width=True)  # one measure of the column
+            table.update_cell(key, columns[i], _cell(values[i]), update_width=True)  # one measure of the column
+
+    @staticmethod
+    def _cursor_key(table: DataTable) -> str | None:
+        if not table.row_count:
+            return None
+        try:
+            return table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
+        except Exception:  # a cursor past the rows
+            return None
 
     def _show_lines(self, lines: list[Content], width: int, fixed: bool) -> None:
         """A Static per line in #gpu-devices. Textual draws a widget again only where it changed and is on screen:
@@ -676,6 +895,35 @@ class GpuPane(Pane):
                 set_content(widget, line)
             top += int(height)
 
+    def _device_lines(self, gpus: tuple[GpuDevice, ...], view: View, width: int) -> list[Content]:
+        """The full view (headline, bar, legend, sparklines per GPU), or one line per GPU where that does not
+        fit in the room the devices box has (half the pane) or `c` asked for it."""
+        self._series.update(view.history)
+        full = sum(2 if g.memory_used_bytes is None and g.memory_total_bytes is None else
+                   2 + (1 + len(g.mig_devices) if g.mig_devices else 2) for g in gpus)
+        room = max(3, self.size.height // 2 - 1)
+        self._compact_now = self.compact if self.compact is not None else full > room
+        box = self.query_one("#gpu-devices", VerticalScroll)
+        # compact: exactly its lines tall (an auto height kept a row for a scrollbar it never shows)
+        height = f"{min(len(gpus), room + 1)}" if self._compact_now else "auto"
+        if str(box.styles.height) != height:
+            box.styles.height = height
+        if self._compact_now:
+            return [compact_line(g, width) for g in gpus]
+        lines: list[Content] = []
+        drawn: dict[tuple[object, ...], list[Content]] = {}
+        for g in gpus:
+            head = headline(g, width)
+            lines += head
+            if len(head) > 1:
+                continue  # its calls fail: the reason is its only line
+            key = memory_key(g, width)
+            drawn[key] = self._memory_lines.get(key) or memory_lines(g, width)
+            lines += drawn[key]
+            lines.append(spark_line(g, self._series, width))
+        self._memory_lines = drawn
+        return lines
+
     def render_view(self, view: View) -> None:
         if self._details is not None:
             self._details.show(view)  # the open details follow the numbers
@@ -684,6 +932,9 @@ class GpuPane(Pane):
         gpus: tuple[GpuDevice, ...] = part if isinstance(part, tuple) else ()
         # the width inside the box's scrollbar gutter: a line's Static just mounted has no size until the layout
         width = max(20, self.query_one("#gpu-devices").scrollable_content_region.width or self.size.width - 4)
+        box = self.query_one("#gpu-devices", VerticalScroll)
+        if not gpus and str(box.styles.height) != "auto":
+            box.styles.height = "auto"  # was compact: one line says why there are none
         if part is None:
             self._show_lines([Content.assemble(("GPUs: not sampled", "dim"))], width, fixed=False)
         elif isinstance(part, Unavailable):
@@ -696,20 +947,7 @@ class GpuPane(Pane):
             self._show_lines([Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))], width,
                              fixed=False)
         else:
-            self._series.update(view.history)
-            lines: list[Content] = []
-            drawn: dict[tuple[object, ...], list[Content]] = {}
-            for g in gpus:
-                head = headline(g, width)
-                lines += head
-                if len(head) > 1:
-                    continue  # its calls fail: the reason is its only line
-                key = memory_key(g, width)
-                drawn[key] = self._memory_lines.get(key) or memory_lines(g, width)
-                lines += drawn[key]
-                lines.append(spark_line(g, self._series, width))
-            self._memory_lines = drawn
-            self._show_lines(lines, width, fixed=True)
+            self._show_lines(self._device_lines(gpus, view, width), width, fixed=True)
         table.display = bool(gpus)
         # Compared by value: NVML's processes are read anew each tick and mostly the same (a tenth of the cost of
         # building 160 rows and their notes again).
@@ -719,7 +957,28 @@ class GpuPane(Pane):
             built = process_rows(gpus)
             self._rows_for = (made_of, built, process_notes(built) + device_notes(gpus))
         _, rows, process_lines = self._rows_for
-        self._show_rows(table, {key: cells_ for key, (_, cells_) in rows.items()})
+        # The table's rows: the query's, in its order (and how long each process has run, as of this moment).
+        table_width = table.size.width or self.size.width
+        asked = (made_of, self.query_state, table_width, int(view.snapshot.ts))
+        if self._table_rows is None or self._table_rows[0] != asked:
+            selected = select_processes(gpus, self.query_state)
+            columns = columns_for(selected, table_width)
+            split_cells: dict[int, tuple[str, ...]] = {}
+            wanted: dict[str, tuple[str, ...]] = {}
+            for r in selected:
+                cells_ = row_cells(r, view.snapshot.ts, split_cells)
+                wanted[r.key] = tuple(cells_[c] for c in columns)
+            self._table_rows = (asked, selected, wanted)
+            self._selected = {r.key: r for r in selected}
+            self._columns_wanted = columns
+        _, selected, wanted = self._table_rows
+        self._show_rows(table, dict(wanted), self._columns_wanted)
+        shown = len([r for r in selected if r.process is not None])
+        total = len(rows)
+        query_line = self.query_state.describe() + (f"  {shown} of {total} processes" if shown != total else "")
+        query_widget = self.query_one("#gpu-query", Static)
+        set_content(query_widget, Content(printable(query_line)))
+        query_widget.display = bool(gpus) and (self.query_state != ProcessQuery() or shown != total)
         notes = list(process_lines)
         servers = self.query_one("#gpu-servers", Static)
         if isinstance(view.snapshot.servers, tuple) and view.snapshot.servers:
@@ -729,8 +988,8 @@ class GpuPane(Pane):
             notes += more
         else:
             set_content(servers, Content())
-        servers.display = bool(isinstance(view.snapshot.servers, tuple) and view.snapshot.servers)
+        self.query_one("#gpu-servers-box").display = bool(isinstance(view.snapshot.servers, tuple)
+                                                          and view.snapshot.servers)
         notes_widget = self.query_one("#gpu-notes", Static)
         set_content(notes_widget, Content("; ".join(notes)))
-        notes_widget.display = bool(notes)
-
+        self.query_one("#gpu-notes-box").display = bool(notes)
