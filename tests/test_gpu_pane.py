@@ -64,7 +64,13 @@ def proc_root(root: Path, commands: dict[int, str]) -> str:
 def gpu_snaps(s: dict[str, Any], n: int = 3, root: str = "/", t0: float = 1000.0) -> list[Snapshot]:
     """`n` ticks of one GPU source on the scenario, two seconds apart, GPU 0's utilization climbing."""
     now = [t0]  # the reader's clock: CPU % over the Snapshots' two seconds, whatever the node's load
-    reader = GpuReader(lambda: FakeBackend(s), root, clock=lambda: now[0])
+
+    def backend() -> FakeBackend:
+        fake = FakeBackend(s)
+        fake.clock = lambda: 1_714_000_000 + now[0]  # the driver's: a sample every period_us of these seconds
+        return fake
+
+    reader = GpuReader(backend, root, clock=lambda: now[0])
     out = []
     for i in range(n):
         now[0] = t0 + 2 * i

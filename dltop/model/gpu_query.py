@@ -138,7 +138,8 @@ def _tree(items: list[tuple[str, int, GpuProcess]]) -> list[ProcessRow]:
     by_parent: dict[int, list[tuple[str, int, GpuProcess]]] = {}
     for it in items:
         ppid = it[2].ppid
-        if ppid is not None and ppid != it[2].pid:
+        # pid 1 (init, or a container's first process) adopts orphans and starts services: not a launcher
+        if ppid is not None and ppid > 1 and ppid != it[2].pid:
             by_parent.setdefault(ppid, []).append(it)
     # A group is headed by a GPU process (its children nest under its row) or by a launcher that holds no GPU
     # memory itself (a torchrun agent, an mp.spawn parent) with two or more ranks.

@@ -605,6 +605,7 @@ class GpuPane(Pane):
         self.query_state = ProcessQuery()  # the filter, sort and tree the user asked for
         self.compact: bool | None = None  # None: compact where the full view does not fit; else as `c` set it
         self._compact_now = False
+        self._painted_as: tuple[int, bool] = (0, False)  # the width and mode the device lines were last drawn at
         self._selected: dict[str, ProcessRow] = {}  # row key -> its row, as the table shows them
 
     def compose(self) -> ComposeResult:
@@ -879,6 +880,9 @@ class GpuPane(Pane):
                     moved = True
             elif now is not None and now.is_cells:
                 widget.styles.height = "auto"
+        # a new width or mode (compact, full) moves what is on screen: every line gets its new text
+        moved = moved or (width, self._compact_now) != self._painted_as
+        self._painted_as = (width, self._compact_now)
         self._wanted_lines = lines
         self._paint_lines(everywhere=moved)  # which are on screen is not known until Textual lays them out
 
