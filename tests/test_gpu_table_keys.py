@@ -79,7 +79,11 @@ async def test_filter_sort_reverse_and_the_cursor_found_again_by_key() -> None:
         # a filter kept with Enter stays while the table has the keys
         await pilot.press("slash", *"20000", "enter")
         await pilot.pause()
-        assert [r[1] for r in _rows(app)] == ["20000"] and table.has_focus
+        assert [r[1] for r in _rows(app)] == ["20000"] and table.has_focus and not box.has_class("-shown")
+        assert "filter: 20000" in _text(app, "#gpu-query")
+        await pilot.press("escape")  # clears the filter kept
+        await pilot.pause()
+        assert table.row_count == 160
 
 
 async def test_tree_groups_ranks_under_their_launcher() -> None:

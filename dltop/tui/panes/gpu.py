@@ -563,6 +563,7 @@ class GpuPane(Pane):
     #gpu-notes-box { height: auto; max-height: 20%; }
     #gpu-notes { height: auto; color: $text-muted; }
     #gpu-table { height: 1fr; min-height: 3; }
+    #gpu-filter { height: 1; border: none; padding: 0 1; }
     #gpu-server-input, #gpu-filter { display: none; }
     #gpu-server-input.-shown, #gpu-filter.-shown { display: block; }
     """
@@ -576,7 +577,7 @@ class GpuPane(Pane):
         Binding("c", "compact", "Compact", show=False, id="gpu.compact"),
         Binding("a", "add_server", "Add server", show=False, id="gpu.add_server"),
         Binding("x", "remove_server", "Remove server", show=False, id="gpu.remove_server"),
-        Binding("escape", "cancel_input", "Cancel", id="gpu.cancel"),
+        Binding("escape", "cancel_input", "Cancel", id="gpu.cancel"),  # a box, or the filter
         # Enter on a process row opens its GPU's details too (the table's own Enter, RowSelected below: the
         # focused table's Enter hides this one's label, so d is the key the footer shows)
         Binding("d", "gpu_details", "Details", key_display="d/⏎", id="gpu.details"),
@@ -641,7 +642,7 @@ class GpuPane(Pane):
             return not replay and bool(self._servers())
         if action == "cancel_input":
             return (self.query_one("#gpu-server-input", Input).has_class("-shown")
-                    or self.query_one("#gpu-filter", Input).has_class("-shown"))
+                    or self.query_one("#gpu-filter", Input).has_class("-shown") or bool(self.query_state.filter))
         if action == "gpu_details":
             gpus = self.view.snapshot.gpus if self.view is not None else None
             return isinstance(gpus, tuple) and bool(gpus)
@@ -665,7 +666,9 @@ class GpuPane(Pane):
         box = self.query_one("#gpu-filter", Input)
         box.value = self.query_state.filter
         box.add_class("-shown")
-        box.focus()
+        # at once, not after this event (Widget.focus waits its turn): keys typed right after / go to the box,
+        # not to the app (a "5" would switch to tab 5)
+        self.screen.set_focus(box)
 
     @on(Input.Changed, "#gpu-filter")
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -676,7 +679,11 @@ class GpuPane(Pane):
     @on(Input.Submitted, "#gpu-filter")
     def _filter_kept(self, event: Input.Submitted) -> None:
         event.stop()
-        self.query_one("#gpu-table", DataTable).focus()  # the filter stays, shown in the box and the query line
+        # the filter stays (the line above the table says it; Esc clears it, / edits it); its box gives the
+        # table its row back
+        self.query_one("#gpu-filter", Input).remove_class("-shown")
+        self.focus_default()
+        self.refresh_bindings()
 
     def action_sort(self) -> None:
         """Sort by the next column: memory, SM %, CPU %, host RSS, running time, pid, user, command, GPU."""
@@ -774,11 +781,10 @@ class GpuPane(Pane):
         """Close the server box without doing anything, or clear and close the filter."""
         self.query_one("#gpu-server-input", Input).remove_class("-shown")
         box = self.query_one("#gpu-filter", Input)
-        if box.has_class("-shown"):
-            box.remove_class("-shown")
-            box.value = ""
-            if self.query_state.filter:
-                self._requery(replace(self.query_state, filter=""))
+        box.remove_class("-shown")
+        box.value = ""
+        if self.query_state.filter:
+            self._requery(replace(self.query_state, filter=""))
         self.focus_default()
 
     @on(Input.Submitted, "#gpu-server-input")
