@@ -6,7 +6,9 @@ between two reads of the same process (pid and start time) over the time between
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,19 +40,39 @@ def parse_stat(raw: bytes) -> ProcStat:
     close = raw.rfind(b")")
     if close < 0 or b"(" not in raw[:close]:
         raise Malformed("no (comm) field")
-    fields = raw[close + 1:].split()
-    if len(fields) < 22:  # field 3 (state) to 24 (rss)
+    fields = raw[close + 1:].split(None, 22)  # field 3 (state) to 24 (rss), the rest in one piece
+    if len(fields) < 22:
         raise Malformed(f"{len(fields) + 2} fields, fewer than 24")
     values = []
-    for number, i in ((4, 1), (14, 11), (15, 12), (22, 19), (24, 21)):
-        text = fields[i].decode("ascii", errors="replace")
-        # rss is a signed long in the kernel's format; a negative one is a damaged file as any other
-        value = procfs.parse_count(text)
-        if value is None:
-            raise Malformed(f"field {number} is {text[:24]!r}, not a count")
+    for number, i in _STAT_FIELDS:
+        text = fields[i]
+        # bytes.isdigit is ASCII digits only; 20 digits bound a 64-bit count (rss is a signed long in the
+        # kernel's format: a negative one is a damaged file as any other)
+        if not text.isdigit() or len(text) > 20 or (value := int(text)) > procfs.MAX_COUNT:
+            raise Malformed(f"field {number} is {text[:24].decode('ascii', errors='replace')!r}, not a count")
         values.append(value)
     ppid, utime, stime, start, rss = values
     return ProcStat(ppid=ppid, cpu_ticks=utime + stime, start_time_ticks=start, rss_pages=rss)
+
+
+_STAT_FIELDS = ((4, 1), (14, 11), (15, 12), (22, 19), (24, 21))  # (proc(5)'s number, index after the comm)
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+def read_stat(path: str) -> bytes:
+    """/proc/PID/stat in one read (the kernel writes it whole), non-blocking and checked to be a regular file as
+    procfs.read_bytes does (a captured tree may hold a FIFO in its place); OSError saying why not."""
+    fd = os.open(path, _FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"{procfs.kind_of(mode)}, not a file", path)
+        data = os.read(fd, MAX_STAT_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_STAT_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {MAX_STAT_BYTES} bytes, more than the kernel writes", path)
+    return data
 
 
 def parse_btime(text: str) -> int:
@@ -108,7 +130,7 @@ class HostReader:
         path = f"{self._proc}/{pid}/stat"
         # The reasons name no pid and no root: one note holds for every process it is true of.
         try:
-            st = parse_stat(procfs.read_bytes(path, MAX_STAT_BYTES))
+            st = parse_stat(read_stat(path))
         except OSError as e:
             return _none(f"cannot read its /proc/PID/stat: {e.strerror or e}")
         except Malformed as e:

@@ -25,8 +25,7 @@ def read_bytes(path: str | os.PathLike[str], max_bytes: int = MAX_FILE_BYTES) ->
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            what = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-            raise OSError(errno.EINVAL, f"{what}, not a file", os.fspath(path))
+            raise OSError(errno.EINVAL, f"{kind_of(mode)}, not a file", os.fspath(path))
         chunks = []
         left = max_bytes + 1  # procfs files report st_size 0: read until EOF, one byte past the bound at most
         while left > 0:
@@ -42,6 +41,11 @@ def read_bytes(path: str | os.PathLike[str], max_bytes: int = MAX_FILE_BYTES) ->
         raise OSError(errno.EFBIG, f"larger than {max_bytes >> 10} KiB, more than the kernel writes",
                       os.fspath(path))
     return data
+
+
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular file is ("a FIFO", "a directory"), from its st_mode."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def read_text(path: str | os.PathLike[str], max_bytes: int = MAX_FILE_BYTES, encoding: str = "ascii") -> str:

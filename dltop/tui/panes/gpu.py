@@ -280,24 +280,36 @@ def headline(g: GpuDevice, width: int) -> list[Content]:
     return [head.truncate(width, ellipsis=True)]
 
 
-def compact_line(g: GpuDevice, width: int) -> Content:
-    """A GPU in one line: its memory bar (each process's share, as in the full view), used / total, utilization,
-    temperature, power against its limit; a GPU whose calls fail: its reason, cut to the line."""
+COMPACT_TAIL = 19  # " 100% 61°C 605/700W": utilization, temperature and power in a fixed width
+
+
+def compact_tail(g: GpuDevice) -> str:
+    """A compact line's numbers: utilization, temperature, power against its limit, in COMPACT_TAIL cells."""
+    temp = f"{g.temperature_c}°C" if g.temperature_c is not None else ""
+    power = ""
+    if g.power_mw is not None:
+        power = f"{g.power_mw / 1000:.0f}" + (f"/{g.power_limit_mw / 1000:.0f}" if g.power_limit_mw else "") + "W"
+    return f" {_pct(g.utilization_gpu_percent):>4} {temp:>4} {power:>8}"[:COMPACT_TAIL].ljust(COMPACT_TAIL)
+
+
+def compact_bar(g: GpuDevice, width: int) -> Content:
+    """A compact line's bar (each process's share, as in the full view) and used / total, in width - tail."""
     label = f"GPU{g.index}"
     if g.memory_used_bytes is None and g.memory_total_bytes is None:
         why = g.why("memory_total_bytes") or g.why("memory_used_bytes") or "?"
         return Content.assemble((label, "bold"), (f" {why}", "$error")).truncate(width, ellipsis=True)
-    bits = [f"{_pct(g.utilization_gpu_percent):>4}"]
-    if g.temperature_c is not None:
-        bits.append(f"{g.temperature_c}°C")
-    if g.power_mw is not None:
-        bits.append(f"{g.power_mw / 1000:.0f}" + (f"/{g.power_limit_mw / 1000:.0f}" if g.power_limit_mw else "")
-                    + "W")
-    tail = " " + " ".join(bits)
     procs = g.processes if isinstance(g.processes, tuple) and not g.mig_devices else ()
-    bar = memory_bar(label, procs, g.memory_used_bytes, g.memory_total_bytes, max(20, width - len(tail)),
-                     label_width=len(label) + 1)
-    return bar.append(tail).truncate(width, ellipsis=True)
+    return memory_bar(label, procs, g.memory_used_bytes, g.memory_total_bytes, max(20, width - COMPACT_TAIL),
+                      label_width=len(label) + 1)
+
+
+def compact_line(g: GpuDevice, width: int, bar: Content | None = None) -> Content:
+    """A GPU in one line: its bar, used / total, utilization, temperature, power; a GPU whose calls fail: its
+    reason, cut to the line."""
+    bar = bar if bar is not None else compact_bar(g, width)
+    if g.memory_used_bytes is None and g.memory_total_bytes is None:
+        return bar
+    return bar.append(compact_tail(g)).truncate(width, ellipsis=True)
 
 
 def memory_lines(g: GpuDevice, width: int) -> list[Content]:
@@ -401,6 +413,9 @@ def elapsed(started_at: float | None, now: float) -> str:
     return f"{minutes // 1440}d{minutes // 60 % 24:02d}h"
 
 
+_printable = lru_cache(maxsize=4096)(printable)  # the same users and command lines, tick after tick
+
+
 def _cpu_cell(v: float | None) -> str:
     return "?" if v is None else f"{v:.0f}"
 
@@ -427,8 +442,8 @@ def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]]
     if id(p.split) not in split_cells:
         split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
     branch = ("└ " if r.last else "├ ") if r.depth else ""
-    return {"gpu": r.place, "pid": str(p.pid), "user": printable(p.user or "?"),
-            "command": branch + printable(p.command or "?"),
+    return {"gpu": r.place, "pid": str(p.pid), "user": _printable(p.user or "?"),
+            "command": branch + _printable(p.command or "?"),
             "used": _used_cell(p.used_bytes) + ("!" if p.split.inconsistent else ""),
             "sm": _pct(p.gpu_util_percent), "cpu": _cpu_cell(p.cpu_percent), "rss": _rss_cell(p.host_rss_bytes),
             "time": elapsed(p.started_at, now), **dict(zip(SPLIT_FIELDS, split_cells[id(p.split)], strict=True))}
@@ -590,6 +605,7 @@ class GpuPane(Pane):
         self._command_width = 0
         self._series = GpuSeries()
         self._memory_lines: dict[tuple[object, ...], list[Content]] = {}  # memory_key -> its lines, this tick's
+        self._compact_lines: dict[tuple[object, ...], Content] = {}  # the same for compact mode's one line
         self._lines: list[Static] = []  # in #gpu-devices: one per line of the GPUs, or the one saying why none
         self._wanted_lines: list[Content] = []  # what each is to show
         # (what the rows are made of, the rows, their notes): built again only when the processes change
@@ -919,7 +935,15 @@ class GpuPane(Pane):
         if str(box.styles.height) != height:
             box.styles.height = height
         if self._compact_now:
-            return [compact_line(g, width) for g in gpus]
+            # a GPU's line is drawn again only when what it is drawn from changed (memory_key and the headline's
+            # numbers): building 8 bars of 20 processes each was a third of a tick
+            out, kept = [], {}
+            for g in gpus:
+                key = (memory_key(g, width), g.index, g.memory_used_bytes is None and g.memory_total_bytes is None)
+                kept[key] = self._compact_lines.get(key) or compact_bar(g, width)
+                out.append(compact_line(g, width, kept[key]))
+            self._compact_lines = kept
+            return out
         lines: list[Content] = []
         drawn: dict[tuple[object, ...], list[Content]] = {}
         for g in gpus:
