@@ -935,13 +935,14 @@ class GpuPane(Pane):
         if str(box.styles.height) != height:
             box.styles.height = height
         if self._compact_now:
-            # a GPU's line is drawn again only when what it is drawn from changed (memory_key and the headline's
-            # numbers): building 8 bars of 20 processes each was a third of a tick
-            out, kept = [], {}
+            # a GPU's bar is drawn again only when its memory changed (memory_key): building 8 bars of 20
+            # processes each was a third of a tick; the numbers beside it are a short string
+            out: list[Content] = []
+            kept: dict[tuple[object, ...], Content] = {}
             for g in gpus:
-                key = (memory_key(g, width), g.index, g.memory_used_bytes is None and g.memory_total_bytes is None)
-                kept[key] = self._compact_lines.get(key) or compact_bar(g, width)
-                out.append(compact_line(g, width, kept[key]))
+                bar_key = (memory_key(g, width), g.index, g.memory_used_bytes is None and g.memory_total_bytes is None)
+                kept[bar_key] = self._compact_lines.get(bar_key) or compact_bar(g, width)
+                out.append(compact_line(g, width, kept[bar_key]))
             self._compact_lines = kept
             return out
         lines: list[Content] = []
