@@ -566,9 +566,9 @@ class GpuPane(Pane):
     PANE_ID = "gpu"
     TITLE = "GPU"
     HELP = ("GPUs from NVML (what nvidia-smi reads) or amdsmi (AMD): one session, no CUDA context. The bar: each "
-            "process's memory (its split where the probe gives it: Wts weights, KV cache, Cache = reserved - "
-            "allocated, Other torch, NonT = used - torch reserved), memory no listed process holds, free. "
-            "Servers: vLLM / SGLang /metrics (--server URL); vLLM V1's hit rate is over the last interval. CPU% is of one core; MIG rows are GPU/GI.CI.")
+            "process's memory (its split where the probe gives it: Wts weights, KV, Cache = reserved - allocated, "
+            "Other torch, NonT = used - torch reserved), memory no process holds, free. CPU% is of one core; MIG "
+            "rows GPU/GI.CI. Servers: vLLM / SGLang /metrics.")
     DEFAULT_CSS = """
     #gpu-devices { height: auto; max-height: 50%; scrollbar-gutter: stable; }
     #gpu-devices > Static { height: auto; }
@@ -586,7 +586,7 @@ class GpuPane(Pane):
         Binding("slash", "filter", "Filter", key_display="/", id="gpu.filter"),
         Binding("o", "sort", "Sort", id="gpu.sort"),
         Binding("O", "reverse", "Reverse sort", show=False, id="gpu.reverse"),
-        Binding("g", "tree", "Tree", id="gpu.tree"),
+        Binding("g", "tree", "Tree", show=False, id="gpu.tree"),
         Binding("k", "signal", "Signal", id="gpu.signal"),
         # Out of the footer (help and palette have them): at 80 columns it holds the process table's keys.
         Binding("c", "compact", "Compact", show=False, id="gpu.compact"),
