@@ -99,12 +99,12 @@ def test_a_process_s_activity_is_its_engine_time_over_two_readings(monkeypatch: 
     r = reader(s, monkeypatch, clock)
     (g, _) = gpus_of(r.read())
     assert isinstance(g.processes, tuple)
-    assert all(p.sm_util_percent is None and p.unavailable["sm_util_percent"] == FIRST_UTIL for p in g.processes)
+    assert all(p.gpu_util_percent is None and p.unavailable["gpu_util_percent"] == FIRST_UTIL for p in g.processes)
     s["gpus"][0]["processes"][0]["gfx_ns"] += 1_500_000_000  # 1.5 s of engine time
     clock[0] += 2.0  # over 2 s
     (g, _) = gpus_of(r.read())
     assert isinstance(g.processes, tuple)
-    assert {p.pid: p.sm_util_percent for p in g.processes} == {52311: 75, 52390: 0}
+    assert {p.pid: p.gpu_util_percent for p in g.processes} == {52311: 75, 52390: 0}
 
 
 def test_rocm_before_6_1_lists_process_handles(monkeypatch: pytest.MonkeyPatch) -> None:

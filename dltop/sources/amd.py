@@ -18,6 +18,7 @@ from typing import Any
 
 from dltop.model.base import Unavailable
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, unprobed_split
+from dltop.sources.gpu_procs import HOST_FIELDS
 
 # AMDSMI_STATUS_* (amdsmi.h's amdsmi_status_t); the bindings' own constants live in a module whose name and
 # place changed between releases (amdsmi_wrapper), so the codes a user meets are named here.
@@ -85,6 +86,10 @@ def _number(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
         return None
     return int(value)
+
+
+# The /proc/PID/stat columns (ppid, host RSS, CPU %, start time) are read for NVML's processes only so far.
+AMD_NO_HOST = "not read for amdsmi's processes yet (the /proc/PID/stat columns are NVML's only)"
 
 
 class AmdReader:
@@ -300,14 +305,15 @@ class AmdReader:
                 if before is not None and now > before[0] and gfx_ns >= before[1]:
                     util = min(100, round((gfx_ns - before[1]) / ((now - before[0]) * 1e9) * 100))
             if util is None:
-                missing["sm_util_percent"] = FIRST_UTIL if gfx_ns is not None else "amdsmi gives no engine time"
+                missing["gpu_util_percent"] = FIRST_UTIL if gfx_ns is not None else "amdsmi gives no engine time"
             user, command, why, ticks = self._identity(pid, seen)[:4]
             if command is None and isinstance(info.get("name"), str) and info["name"] not in ("", "N/A"):
                 command = f"[{info['name']}]"  # amdsmi's process name, where /proc does not show the process
             for name, value in (("user", user), ("command", command)):
                 if value is None and why is not None:
                     missing[name] = why
-            out[pid] = GpuProcess(pid=pid, used_bytes=vram, user=user, command=command, sm_util_percent=util,
+            missing.update(dict.fromkeys(HOST_FIELDS, AMD_NO_HOST))
+            out[pid] = GpuProcess(pid=pid, used_bytes=vram, user=user, command=command, gpu_util_percent=util,
                                   start_time_ticks=ticks, split=UNPROBED, unavailable=missing)
         for stale in [k for k in self._engine if k[0] == key and k[1] not in out]:
             del self._engine[stale]

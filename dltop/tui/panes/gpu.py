@@ -565,10 +565,9 @@ class GpuPane(Pane):
 
     PANE_ID = "gpu"
     TITLE = "GPU"
-    HELP = ("GPUs from NVML (what nvidia-smi reads) or amdsmi (AMD): one session, no CUDA context. The bar: each "
-            "process's memory (its split where the probe gives it: Wts weights, KV, Cache = reserved - allocated, "
-            "Other torch, NonT = used - torch reserved), memory no process holds, free. CPU% is of one core; MIG "
-            "rows GPU/GI.CI. Servers: vLLM / SGLang /metrics.")
+    HELP = ("GPUs from NVML (nvidia-smi's library) or amdsmi; no CUDA context. The bar: each process's memory "
+            "(its split where the probe gives it: Wts weights, KV, Cache = reserved - allocated, Other torch, "
+            "NonT = used - torch reserved), memory no process holds, free. CPU% is of one core.")
     DEFAULT_CSS = """
     #gpu-devices { height: auto; max-height: 50%; scrollbar-gutter: stable; }
     #gpu-devices > Static { height: auto; }
