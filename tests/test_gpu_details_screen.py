@@ -50,6 +50,9 @@ async def test_d_opens_the_details_that_follow_the_ticks_and_arrows_step_gpus() 
         await pilot.pause()
         pane = app.query_one(GpuPane)
         assert "GPU: Details" in [c.title for c in pane.palette_commands()]
+        # d opens the selected process's GPU: the table is sorted by memory, so a GPU 0 row is selected first
+        table = app.query_one("#gpu-table", DataTable)
+        table.move_cursor(row=next(i for i in range(table.row_count) if str(table.get_row_at(i)[0]) == "0"))
         await pilot.press("d")
         await pilot.pause()
         text = body(app)
