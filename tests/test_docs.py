@@ -1,6 +1,6 @@
-"""The README and docs/*.md as a user reads them: every relative link resolves (the file, and a #heading in it),
-and every `dltop` command line the README shows is one dltop takes (a real subcommand, real options, values
-its parser accepts)."""
+"""The README and docs/*.md as a user reads them: every relative link resolves (the file, and a #heading in
+it), every `dltop` command line the README shows is one dltop takes (a real subcommand, real options, values
+its parser accepts), and the README's key tables hold every key of every tab."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dltop import cli
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
-SHELL_STOP = {"&", "&&", "|", "||", ";", ">", ">>", "<", "2>"}  # what follows is another command or a redirect
+SHELL_STOP = {"&", "&&", "|", "||", ";", ">", ">>", "<", "2>"}  # another command or a redirect follows
 
 
 def _slug(heading: str) -> str:
@@ -85,13 +85,14 @@ def readme_commands(text: str) -> tuple[list[list[str]], list[list[str]]]:
                 argv = _argv(line.removeprefix("$ "))
                 if argv is not None:
                     whole.append(argv)
-    fragments = [argv for span in re.findall(r"`([^`\n]+)`", _prose(text)) if (argv := _argv(span)) is not None]
+    spans = re.findall(r"`([^`\n]+)`", _prose(text))
+    fragments = [argv for span in spans if (argv := _argv(span)) is not None]
     return whole, fragments
 
 
 def command_problem(argv: list[str], whole: bool) -> str | None:
     """Why `dltop ARGV` is not a command dltop takes, or None. A fragment (inline code, which may leave out a
-    required option) has its subcommand and option names checked; a whole line is parsed as dltop parses it."""
+    required option) has its subcommand and option names checked; a whole line is parsed as dltop does."""
     args = cli._command_first(list(argv))
     first = args[0] if args else None
     tui, cmd, sub = cli.build_parser(first if first in cli.COMMANDS else None)
@@ -116,8 +117,8 @@ def command_problem(argv: list[str], whole: bool) -> str | None:
 def test_every_dltop_command_in_the_readme_is_one_dltop_takes() -> None:
     whole, fragments = readme_commands((REPO / "README.md").read_text())
     assert len(whole) >= 25 and len(fragments) >= 10, (len(whole), len(fragments))
-    problems = [f"dltop {shlex.join(a)}: {p}" for a, w in [*((a, True) for a in whole), *((a, False) for a in fragments)]
-                if (p := command_problem(a, w)) is not None]
+    lines = [*((a, True) for a in whole), *((a, False) for a in fragments)]
+    problems = [f"dltop {shlex.join(a)}: {p}" for a, w in lines if (p := command_problem(a, w)) is not None]
     assert problems == []
 
 
@@ -135,8 +136,8 @@ def test_a_command_dltop_does_not_take_is_found(line: str, why: str) -> None:
 
 
 KEY_NAMES = {"enter": "Enter", "backspace": "Backspace", "escape": "Esc", "home": "Home", "end": "End",
-             "question_mark": "?", "greater_than_sign": ">", "less_than_sign": "<", "plus": "+", "minus": "-",
-             "ctrl+c": "Ctrl-C"}
+             "question_mark": "?", "slash": "/", "greater_than_sign": ">", "less_than_sign": "<", "plus": "+",
+             "minus": "-", "ctrl+c": "Ctrl-C"}
 
 
 def readme_key_tables(text: str) -> dict[str, set[str]]:
