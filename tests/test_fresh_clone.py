@@ -34,8 +34,11 @@ def copy_tree(dest: Path) -> Path:
 
 
 def pytest_in(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # Not as an xdist worker: syrupy takes PYTEST_XDIST_WORKER for one, and a worker leaves unused snapshots to
+    # its controller (this run has none)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *args],
-                          cwd=tree, capture_output=True, text=True, timeout=300)
+                          cwd=tree, capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.fixture(scope="module")
