@@ -68,19 +68,13 @@ def sort_nodes(part: ClusterPart, order: str = "coldest", dataset: str | None = 
 
 
 def gpu_cells(node: ClusterNode) -> tuple[str, str, str]:
-    """(used/total GPU memory, lost GPUs, mean utilisation) of a node's GPUs."""
-    if not node.gpus:
-        count = node.gpu_count
-        return ("0 GPUs" if count == 0 else "n/a"), "", ""
-    used = [g.memory_used_bytes for g in node.gpus]
-    total = [g.memory_total_bytes for g in node.gpus]
-    if all(isinstance(x, int) for x in used + total):
-        mem = f"{human_bytes(sum(used))}/{human_bytes(sum(total))}"  # type: ignore[arg-type]
-    else:
-        mem = "n/a"
-    util = [g.utilization for g in node.gpus if isinstance(g.utilization, float)]
+    """(used/total GPU memory, lost GPUs, mean utilisation) of a node's GPUs, as Prometheus summed them."""
+    if not isinstance(node.gpus_read, int) or node.gpus_read == 0:
+        return ("0 GPUs" if node.gpu_count == 0 else "n/a"), "", ""
+    used, total = node.gpu_memory_used_bytes, node.gpu_memory_total_bytes
+    mem = f"{human_bytes(used)}/{human_bytes(total)}" if isinstance(used, int) and isinstance(total, int) else "n/a"
     lost = node.gpus_lost
-    return mem, (str(lost) if lost else ""), (pct(sum(util) / len(util)) if util else "n/a")
+    return mem, (str(lost) if lost else ""), pct(node.gpu_utilization)
 
 
 def kv_cell(node: ClusterNode) -> str:
@@ -105,7 +99,7 @@ def node_cells(node: ClusterNode) -> tuple[str, ...]:
 def summary_line(part: ClusterPart) -> str:
     """'12 nodes (1 down), 96 GPUs (2 lost), 2 datasets, 1 job · 12 queries in 0.04 s'."""
     down = sum(1 for n in part.nodes if not n.up)
-    gpus = sum(len(n.gpus) for n in part.nodes)
+    gpus = sum(n.gpus_read for n in part.nodes if isinstance(n.gpus_read, int))
     lost = sum(n.gpus_lost for n in part.nodes)
     out = f"{len(part.nodes)} nodes" + (f" ({down} down)" if down else "")
     out += f", {gpus} GPUs" + (f" ({lost} lost)" if lost else "")
@@ -113,15 +107,20 @@ def summary_line(part: ClusterPart) -> str:
     return out + f" · {part.queries} queries in {part.query_s:.2f} s"
 
 
+NO_JOB_ID = "(no job id)"  # the jobs table's group of the ranks whose probe gave no job id
+
+
 def job_rows(part: ClusterPart) -> list[tuple[str, ...]]:
-    """(job, ranks, nodes, worst data wait, slowest step, the slowest rank) per job."""
+    """(job, ranks, nodes, worst data wait, slowest step, the slowest rank) per job, the ranks without a job id
+    last as one group."""
     rows: list[tuple[str, ...]] = []
     for j in part.jobs:
-        nodes = {r.instance for r in j.ranks}
         wait = pct(j.most_waiting.data_wait_ratio) if j.most_waiting else "n/a"
         step = seconds(j.slowest.step_s) if j.slowest else "n/a"
         who = f"rank {j.slowest.rank or '?'} on {j.slowest.instance}" if j.slowest else "n/a"
-        rows.append((j.job_id, str(len(j.ranks)), str(len(nodes)), wait, step, who))
+        if j.slowest and not j.job_id:
+            who = f"pid {j.slowest.pid or '?'} on {j.slowest.instance}"  # no job: its rank says nothing
+        rows.append((j.job_id or NO_JOB_ID, str(j.rank_count), str(j.node_count), wait, step, who))
     return rows
 
 
@@ -176,7 +175,11 @@ def node_detail(node: ClusterNode) -> list[str]:
     lines.append(f"memory: total {_b(node.memory_total_bytes)}, available {_b(node.memory_available_bytes)}, "
                  f"page cache {_b(node.memory_cached_bytes)}, dirty {_b(node.memory_dirty_bytes)}; "
                  f"PSI some {pct(node.pressure_memory_some)}, full {pct(node.pressure_memory_full)}")
-    lines.append(f"GPUs: {node.gpu_count if isinstance(node.gpu_count, int) else 'n/a'}")
+    lines.append(f"GPUs: {node.gpu_count if isinstance(node.gpu_count, int) else 'n/a'}"
+                 + (f", {_b(node.gpu_memory_used_bytes)} of {_b(node.gpu_memory_total_bytes)} used, util "
+                    f"{pct(node.gpu_utilization)}" if isinstance(node.gpus_read, int) and node.gpus_read else ""))
+    if not node.detailed:
+        lines.append("  per GPU and per rank: not in this refresh (the tab reads them for the node Enter opens)")
     for g in node.gpus:
         state = "up" if g.up is True else f"LOST ({g.down_reason or 'down'})" if g.up is False else "n/a"
         uses = ", ".join(f"{u} {human_bytes(b)}" for u, b in sorted((g.memory_by_use or {}).items()))
@@ -213,7 +216,8 @@ def cluster_json(part: ClusterPart) -> dict[str, Any]:
         "prometheus": part.url, "selector": part.selector, "queried_at": part.queried_at,
         "query_s": part.query_s, "queries": part.queries,
         "nodes": [node_json(n) for n in part.nodes],
-        "jobs": [{"job_id": j.job_id, "ranks": [to_dict(r) for r in j.ranks],
+        "jobs": [{"job_id": j.job_id, "rank_count": j.rank_count, "node_count": j.node_count,
+                  "ranks": [to_dict(r) for r in j.ranks],
                   "slowest": to_dict(j.slowest), "most_waiting": to_dict(j.most_waiting)} for j in part.jobs],
         "notes": list(part.notes),
     }
@@ -228,7 +232,10 @@ def node_json(n: ClusterNode) -> dict[str, Any]:
                    "cached_bytes": to_dict(n.memory_cached_bytes), "dirty_bytes": to_dict(n.memory_dirty_bytes),
                    "pressure_some_avg10_ratio": to_dict(n.pressure_memory_some),
                    "pressure_full_avg10_ratio": to_dict(n.pressure_memory_full)},
-        "gpu_count": to_dict(n.gpu_count),
+        "gpu_count": to_dict(n.gpu_count), "detailed": n.detailed,
+        "gpu_totals": {"gpus_read": to_dict(n.gpus_read), "memory_used_bytes": to_dict(n.gpu_memory_used_bytes),
+                       "memory_total_bytes": to_dict(n.gpu_memory_total_bytes),
+                       "utilization": to_dict(n.gpu_utilization)},
         "gpus": [to_dict(g) for g in n.gpus],
         "datasets": [{"dataset": d.dataset, "up": to_dict(d.up), "size_bytes": to_dict(d.size_bytes),
                       "resident_bytes": to_dict(d.resident_bytes), "reason": d.reason} for d in n.datasets],

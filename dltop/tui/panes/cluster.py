@@ -23,6 +23,7 @@ from dltop.text.cluster import (
     summary_line,
     warm_commands,
 )
+from dltop.tui.messages import RescanRequested
 from dltop.tui.panes.base import Pane, RowTable, set_content, set_row
 from dltop.tui.screens.cluster import ClusterTextScreen
 from dltop.tui.view import View
@@ -60,6 +61,7 @@ class ClusterPane(Pane):
         self._keys: list[str] = []
         self._by_key: dict[str, ClusterNode] = {}
         self._jobs_shown: list[str] = []
+        self._pending: tuple[str, float] | None = None  # the node whose detail was asked for, and when
 
     def compose(self) -> ComposeResult:
         yield Static(id="cluster-summary")
@@ -83,8 +85,17 @@ class ClusterPane(Pane):
             return
         text = Text(summary_line(part))
         text.append(f" · {self.order}", "dim")
-        set_content(summary, text)
         self._fill_nodes(part)
+        if self._pending is not None:
+            key, asked_at = self._pending
+            node = self._by_key.get(key)
+            if node is None:
+                self._pending = None
+            elif node.detailed or part.queried_at > asked_at:  # in, or a refresh came without it: show what is
+                self._open_detail(node)
+            else:
+                text = Text(f"reading {printable(node.name)}'s GPUs and ranks…", style="bold")
+        set_content(summary, text)
         self._fill_jobs(part)
         datasets = "  ".join(f"[{i + 1}] {p}" for i, p in enumerate(part.datasets))
         notes = "; ".join(part.notes)
@@ -125,13 +136,13 @@ class ClusterPane(Pane):
             for i, label in enumerate(JOB_HEADERS):
                 table.add_column(label, key=str(i))
         rows = job_rows(part)
-        keys = [r[0] for r in rows]
+        keys = [f"job:{j.job_id}" if j.job_id else "no job id" for j in part.jobs]  # a job may be named anything
         if keys != self._jobs_shown:
             table.clear()
             self._jobs_shown = keys
         cols = tuple(str(i) for i in range(len(JOB_HEADERS)))
-        for r in rows:
-            set_row(table, r[0], cols, r)
+        for key, r in zip(keys, rows, strict=True):
+            set_row(table, key, cols, r)
 
     def _selected_key(self) -> str | None:
         table = self.query_one("#cluster-nodes", RowTable)
@@ -161,9 +172,21 @@ class ClusterPane(Pane):
 
     def action_detail(self) -> None:
         """A node's numbers: per GPU, per dataset, per rank, as its own exporter serves them."""
-        node = self.selected()
-        if node is not None:
-            self.app.push_screen(ClusterTextScreen(f"Node {node.name}", node_detail(node)))
+        node, part = self.selected(), self.part
+        if node is None or part is None:
+            return
+        if node.detailed or (self.view is not None and self.view.replay):
+            self._open_detail(node)
+            return
+        # A refresh reads every GPU and rank of one node only, the one opened: asked for now, shown when in.
+        self._pending = (_key(node), part.queried_at)
+        self.post_message(RescanRequested("cluster", _key(node)))
+        if self.view is not None:
+            self.render_view(self.view)
+
+    def _open_detail(self, node: ClusterNode) -> None:
+        self._pending = None
+        self.app.push_screen(ClusterTextScreen(f"Node {node.name}", node_detail(node)))
 
     def action_sort(self) -> None:
         """Coldest node first, by name, or the down ones first."""
