@@ -25,7 +25,7 @@ from dltop.config import PrometheusOptions, Settings
 from dltop.kernel import LockedMapping
 from dltop.model import Unavailable
 from dltop.sources.cluster import PrometheusClient, read_cluster
-from dltop.text.cluster import NODE_HEADERS, warm_commands
+from dltop.text.cluster import DATASETS_AT, warm_commands
 
 from .conftest import DATA, REPO
 from .probe_helpers import probe_env
@@ -283,13 +283,13 @@ async def test_the_cluster_tab_at_80x24(fleet: Fleet) -> None:
         table = app.query_one("#cluster-nodes", DataTable)
         await until(lambda: table.row_count == len(WARM), "the nodes")
         first = [str(c) for c in table.get_row_at(0)]
-        assert first[0] == "node-0" and first[len(NODE_HEADERS)] == "0%"  # the coldest first, its dataset cold
+        assert first[0] == "node-0" and first[DATASETS_AT] == "0%"  # the coldest first, its dataset cold
         jobs = app.query_one("#cluster-jobs", DataTable)
         assert [str(jobs.get_row_at(i)[0]) for i in range(jobs.row_count)] == [JOB, "(no job id)"]
         await pilot.press("enter")
         await until(lambda: isinstance(app.screen, ClusterTextScreen), "the node's detail")
         shown = str(app.screen.query_one("#cluster-dialog-text").render())
-        assert "  GPU 0 NVIDIA" in shown and "; free " in shown and f"job {JOB}" in shown, shown  # per GPU, per rank
+        assert "(NVIDIA H100" in shown and "  GPU 0 up: " in shown and "    free " in shown and f"job {JOB}" in shown, shown  # per GPU, per rank
         await pilot.press("escape")
         await pilot.press("w")
         await until(lambda: isinstance(app.screen, ClusterTextScreen), "the warm commands")

@@ -23,7 +23,9 @@ def seconds(v: float | Unavailable | None) -> str:
     """A step time: milliseconds under a second (a step is often 50 ms), else as human_duration."""
     if not isinstance(v, float):
         return "n/a"
-    return f"{1000 * v:.0f} ms" if v < 1 else human_duration(v)
+    if v < 1:
+        return f"{1000 * v:.0f} ms"
+    return f"{v:.2f} s" if v < 60 else human_duration(v)  # 1.62 s, not "1s": ranks differ by tenths
 
 
 def share(part: int | Unavailable, whole: int | Unavailable) -> str:
@@ -72,9 +74,20 @@ def gpu_cells(node: ClusterNode) -> tuple[str, str, str]:
     if not isinstance(node.gpus_read, int) or node.gpus_read == 0:
         return ("0 GPUs" if node.gpu_count == 0 else "n/a"), "", ""
     used, total = node.gpu_memory_used_bytes, node.gpu_memory_total_bytes
-    mem = f"{human_bytes(used)}/{human_bytes(total)}" if isinstance(used, int) and isinstance(total, int) else "n/a"
+    mem = used_of(used, total) if isinstance(used, int) and isinstance(total, int) else "n/a"
     lost = node.gpus_lost
     return mem, (str(lost) if lost else ""), pct(node.gpu_utilization)
+
+
+_SCALE = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
+
+
+def used_of(used: int, total: int) -> str:
+    """'540/640 GiB': both in the unit of the total (a narrow column at 80x24)."""
+    unit = human_bytes(total).rsplit(" ", 1)[-1]
+    scale = _SCALE.get(unit, 1)
+    fmt = ".0f" if unit == "B" or total / scale >= 100 else ".1f"
+    return f"{used / scale:{fmt}}/{total / scale:{fmt}} {unit}"
 
 
 def kv_cell(node: ClusterNode) -> str:
@@ -84,6 +97,18 @@ def kv_cell(node: ClusterNode) -> str:
 
 
 NODE_HEADERS = ("node", "up", "GPU mem", "lost", "util", "cache", "avail", "PSI", "hints", "KV")
+DATASETS_AT = 2  # the dataset columns come after the node and its state: the tab's headline stays in 80 columns
+
+
+def node_headers(datasets: tuple[str, ...]) -> tuple[str, ...]:
+    """A node row's headers: NODE_HEADERS with one [N] column per dataset after `up`."""
+    return (*NODE_HEADERS[:DATASETS_AT], *(f"[{i + 1}]" for i in range(len(datasets))), *NODE_HEADERS[DATASETS_AT:])
+
+
+def node_row(node: ClusterNode, datasets: tuple[str, ...]) -> tuple[str, ...]:
+    """A node's cells under node_headers(datasets)."""
+    cells = node_cells(node)
+    return (*cells[:DATASETS_AT], *(residency_cell(node.dataset(p)) for p in datasets), *cells[DATASETS_AT:])
 
 
 def node_cells(node: ClusterNode) -> tuple[str, ...]:
@@ -180,11 +205,19 @@ def node_detail(node: ClusterNode) -> list[str]:
                     f"{pct(node.gpu_utilization)}" if isinstance(node.gpus_read, int) and node.gpus_read else ""))
     if not node.detailed:
         lines.append("  per GPU and per rank: not in this refresh (the tab reads them for the node Enter opens)")
+    names = {g.name for g in node.gpus}
+    shared = names.pop() if len(names) == 1 else None
+    if shared:
+        lines[-1] += f" ({shared})"  # said once, not on each GPU's line
     for g in node.gpus:
         state = "up" if g.up is True else f"LOST ({g.down_reason or 'down'})" if g.up is False else "n/a"
-        uses = ", ".join(f"{u} {human_bytes(b)}" for u, b in sorted((g.memory_by_use or {}).items()))
-        lines.append(f"  GPU {g.gpu} {g.name or ''} {state}: {_b(g.memory_used_bytes)} of "
-                     f"{_b(g.memory_total_bytes)} used, util {pct(g.utilization)}" + (f"; {uses}" if uses else ""))
+        name = f" {g.name}" if g.name and not shared else ""
+        used, total = g.memory_used_bytes, g.memory_total_bytes
+        mem = used_of(used, total) if isinstance(used, int) and isinstance(total, int) else "n/a"
+        lines.append(f"  GPU {g.gpu}{name} {state}: {mem} used, util {pct(g.utilization)}")
+        if g.memory_by_use:  # the biggest use first
+            lines.append("    " + ", ".join(f"{u} {human_bytes(b)}" for u, b in
+                                            sorted(g.memory_by_use.items(), key=lambda ub: (-ub[1], ub[0]))))
     if node.datasets:
         lines.append("datasets:")
     for d in node.datasets:
@@ -249,8 +282,8 @@ def node_json(n: ClusterNode) -> dict[str, Any]:
 def cluster_text(part: ClusterPart) -> list[str]:
     """`dltop cluster`'s text: the summary, a row per node with each dataset's residency, the jobs, the notes."""
     datasets = part.datasets
-    rows = [(*node_cells(n), *(residency_cell(n.dataset(p)) for p in datasets)) for n in sort_nodes(part)]
-    headers = (*NODE_HEADERS, *(f"[{i + 1}]" for i in range(len(datasets))))
+    rows = [node_row(n, datasets) for n in sort_nodes(part)]
+    headers = node_headers(datasets)
     lines = [summary_line(part), *_table(headers, rows)]
     lines.extend(f"[{i + 1}] {p}" for i, p in enumerate(datasets))
     if part.jobs:

@@ -13,12 +13,11 @@ from dltop.model.base import Unavailable
 from dltop.model.cluster import ClusterNode, ClusterPart
 from dltop.text.cluster import (
     JOB_HEADERS,
-    NODE_HEADERS,
     SORTS,
     job_rows,
-    node_cells,
     node_detail,
-    residency_cell,
+    node_headers,
+    node_row,
     sort_nodes,
     summary_line,
     warm_commands,
@@ -104,7 +103,7 @@ class ClusterPane(Pane):
     def _fill_nodes(self, part: ClusterPart | None) -> None:
         table = self.query_one("#cluster-nodes", RowTable)
         datasets = part.datasets if part is not None else ()
-        columns = (*NODE_HEADERS, *(f"[{i + 1}]" for i in range(len(datasets))))
+        columns = node_headers(datasets)
         nodes = sort_nodes(part, self.order) if part is not None else []
         keys = [_key(n) for n in nodes]
         if columns != self._columns or keys != self._keys:
@@ -127,7 +126,7 @@ class ClusterPane(Pane):
 
     @staticmethod
     def _cells(n: ClusterNode, datasets: tuple[str, ...]) -> tuple[str, ...]:
-        return (*node_cells(n), *(residency_cell(n.dataset(p)) for p in datasets))
+        return node_row(n, datasets)
 
     def _fill_jobs(self, part: ClusterPart) -> None:
         table = self.query_one("#cluster-jobs", DataTable)
