@@ -261,7 +261,7 @@ def test_cli_json_and_text(fleet: Fleet) -> None:
 
 
 async def test_the_cluster_tab_at_80x24(fleet: Fleet) -> None:
-    from textual.widgets import DataTable
+    from textual.widgets import DataTable, Footer
 
     from dltop.sampler import Sampler
     from dltop.sources.cluster import source
@@ -284,6 +284,10 @@ async def test_the_cluster_tab_at_80x24(fleet: Fleet) -> None:
         await until(lambda: table.row_count == len(WARM), "the nodes")
         first = [str(c) for c in table.get_row_at(0)]
         assert first[0] == "node-0" and first[DATASETS_AT] == "0%"  # the coldest first, its dataset cold
+        await pilot.pause()
+        # The footer was drawn before the first answer: w (there are datasets now) is in it since
+        footer = [k.description for k in app.query_one(Footer).children]
+        assert "Warm cmds" in footer and "Sort" in footer, footer
         jobs = app.query_one("#cluster-jobs", DataTable)
         assert [str(jobs.get_row_at(i)[0]) for i in range(jobs.row_count)] == [JOB, "(no job id)"]
         await pilot.press("enter")

@@ -122,14 +122,15 @@ def node_cells(node: ClusterNode) -> tuple[str, ...]:
 
 
 def summary_line(part: ClusterPart) -> str:
-    """'12 nodes (1 down), 96 GPUs (2 lost), 2 datasets, 1 job · 12 queries in 0.04 s'."""
+    """'12 nodes (1 down), 96 GPUs (2 lost), 1 job · 14 queries, 0.04 s' (the width of 80 columns)."""
     down = sum(1 for n in part.nodes if not n.up)
     gpus = sum(n.gpus_read for n in part.nodes if isinstance(n.gpus_read, int))
     lost = sum(n.gpus_lost for n in part.nodes)
     out = f"{len(part.nodes)} nodes" + (f" ({down} down)" if down else "")
     out += f", {gpus} GPUs" + (f" ({lost} lost)" if lost else "")
-    out += f", {len(part.datasets)} datasets, {len(part.jobs)} jobs"
-    return out + f" · {part.queries} queries in {part.query_s:.2f} s"
+    jobs = sum(1 for j in part.jobs if j.job_id)  # the ranks without a job id are no job
+    out += f", {jobs} job{'s' if jobs != 1 else ''}"  # the datasets: their legend is below the table
+    return out + f" · {part.queries} queries, {part.query_s:.2f} s"
 
 
 NO_JOB_ID = "(no job id)"  # the jobs table's group of the ranks whose probe gave no job id

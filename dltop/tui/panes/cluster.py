@@ -61,6 +61,7 @@ class ClusterPane(Pane):
         self._by_key: dict[str, ClusterNode] = {}
         self._jobs_shown: list[str] = []
         self._pending: tuple[str, float] | None = None  # the node whose detail was asked for, and when
+        self._can: tuple[bool, bool] = (False, False)  # (w, Enter) possible at the last draw
 
     def compose(self) -> ComposeResult:
         yield Static(id="cluster-summary")
@@ -96,6 +97,10 @@ class ClusterPane(Pane):
                 text = Text(f"reading {printable(node.name)}'s GPUs and ranks…", style="bold")
         set_content(summary, text)
         self._fill_jobs(part)
+        can = (bool(part.datasets), bool(part.nodes))
+        if can != self._can:  # w and Enter come and go with the datasets and nodes: the footer says so
+            self._can = can
+            self.refresh_bindings()
         datasets = "  ".join(f"[{i + 1}] {p}" for i, p in enumerate(part.datasets))
         notes = "; ".join(part.notes)
         set_content(self.query_one("#cluster-notes", Static), "\n".join(x for x in (datasets, notes) if x))
