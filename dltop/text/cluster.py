@@ -140,12 +140,14 @@ def job_rows(part: ClusterPart) -> list[tuple[str, ...]]:
     """(job, ranks, nodes, worst data wait, slowest step, the slowest rank) per job, the ranks without a job id
     last as one group."""
     rows: list[tuple[str, ...]] = []
+    names = {n.instance: n.name for n in part.nodes}  # the node label where the scrape config gives one
     for j in part.jobs:
         wait = pct(j.most_waiting.data_wait_ratio) if j.most_waiting else "n/a"
         step = seconds(j.slowest.step_s) if j.slowest else "n/a"
-        who = f"rank {j.slowest.rank or '?'} on {j.slowest.instance}" if j.slowest else "n/a"
+        where = names.get(j.slowest.instance, j.slowest.instance) if j.slowest else ""
+        who = f"rank {j.slowest.rank or '?'} on {where}" if j.slowest else "n/a"
         if j.slowest and not j.job_id:
-            who = f"pid {j.slowest.pid or '?'} on {j.slowest.instance}"  # no job: its rank says nothing
+            who = f"pid {j.slowest.pid or '?'} on {where}"  # no job: its rank says nothing
         rows.append((j.job_id or NO_JOB_ID, str(j.rank_count), str(j.node_count), wait, step, who))
     return rows
 
