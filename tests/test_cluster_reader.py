@@ -135,7 +135,7 @@ FUZZ = {"tried": 0}
 def test_fuzz_answers_never_raise_but_cluster_error(raw: bytes) -> None:
     FUZZ["tried"] += 1
     with contextlib.suppress(ClusterError):
-        read_cluster(FakeClient(raw), now=lambda: 100.0)
+        read_cluster(FakeClient(raw), now=lambda: 100.0, detail=True)  # every query: the detail ones too
 
 
 def test_fuzz_count() -> None:
@@ -221,3 +221,11 @@ def test_the_config_files_credentials_reach_prometheus(tmp_path: Any) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_detail_matchers_match_hostile_instances_literally() -> None:
+    [(name, op, value)] = parse_selector(detail_matchers([("j", "a.b:1"), ("j", 'x|y"\\(')]))
+    assert (name, op) == ("instance", "=~")
+    assert re.fullmatch(value, "a.b:1") and re.fullmatch(value, 'x|y"\\(')  # RE2 reads these escapes as Python's
+    assert not re.fullmatch(value, "aXb:1") and not re.fullmatch(value, "x")
+    assert parse_selector(detail_matchers([("j", 'n"1')])) == [("job", "=", "j"), ("instance", "=", 'n"1')]
