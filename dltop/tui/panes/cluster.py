@@ -28,6 +28,13 @@ from dltop.tui.screens.cluster import ClusterTextScreen
 from dltop.tui.view import View
 
 
+class NodeTable(RowTable):
+    """The nodes: Enter (DataTable's select, which the pane turns into the node's detail) reads "Node" in the
+    footer; DataTable's own Enter binding is hidden there, and as the focused widget's it hid the pane's."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "Node", id="cluster.node")]
+
+
 def _key(n: ClusterNode) -> str:
     return f"{n.job}\n{n.instance}"
 
@@ -38,7 +45,7 @@ class ClusterPane(Pane):
     PANE_ID = "cluster"
     TITLE = "Cluster"
     HELP = ("Every node's dltop export, read back from Prometheus (--prometheus): instant queries of /api/v1/query, "
-            "the same dozen however many nodes. [N] columns: the resident share of dataset N on the node; down: "
+            "the same fourteen however many nodes, three more for the node Enter opens. [N] columns: the resident share of dataset N on the node; down: "
             "the last scrape failed or its readings are stale.")
     BINDINGS = [
         Binding("enter", "detail", "Node", id="cluster.detail"),
@@ -65,7 +72,7 @@ class ClusterPane(Pane):
 
     def compose(self) -> ComposeResult:
         yield Static(id="cluster-summary")
-        yield RowTable(id="cluster-nodes", cursor_type="row", zebra_stripes=False)
+        yield NodeTable(id="cluster-nodes", cursor_type="row", zebra_stripes=False)
         yield DataTable(id="cluster-jobs", cursor_type="none", show_cursor=False, zebra_stripes=False)
         yield Static(id="cluster-notes")
 
