@@ -3,6 +3,7 @@ commands to run on other nodes. Shown by the CLI and the TUI alike, so it lives 
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -163,10 +164,40 @@ def _host(node: ClusterNode) -> str:
     return host.strip("[]")
 
 
+SSH_LINES_UP_TO = 8  # more cold hosts than this get one pdsh line, not an ssh line each
+_NUMBERED = re.compile(r"(.*?)(\d+)")
+
+
+def hostlist(hosts: list[str]) -> str:
+    """Host names as one Slurm hostlist expression: 'gpu-0001,gpu-0002,gpu-0004' -> 'gpu-[0001-0002,0004]'
+    (zero-padded numbers keep their width; names not ending in a number are listed as they are)."""
+    groups: dict[tuple[str, int], set[int]] = {}
+    plain: list[str] = []
+    for h in dict.fromkeys(hosts):
+        m = _NUMBERED.fullmatch(h)
+        if m is None or len(m.group(2)) > 18:
+            plain.append(h)
+            continue
+        digits = m.group(2)
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0  # 0: not zero-padded
+        groups.setdefault((m.group(1), width), set()).add(int(digits))
+    out = []
+    for (prefix, width), numbers in sorted(groups.items()):
+        ranges: list[list[int]] = []
+        for n in sorted(numbers):
+            if ranges and n == ranges[-1][1] + 1:
+                ranges[-1][1] = n
+            else:
+                ranges.append([n, n])
+        text = ",".join(f"{a:0{width}d}" if a == b else f"{a:0{width}d}-{b:0{width}d}" for a, b in ranges)
+        out.append(f"{prefix}{text}" if len(ranges) == 1 and ranges[0][0] == ranges[0][1] else f"{prefix}[{text}]")
+    return ",".join(out + plain)
+
+
 def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]]:
     """(commands, notes): the lines that warm `dataset` on each node where it is cold (srun for the hosts at once,
-    kubectl exec per pod, ssh per host), each word shell-quoted; a node or path whose name is not one safe word
-    on a command line is left out with a note, never pasted into one."""
+    kubectl exec per pod, ssh per host, or one pdsh line past SSH_LINES_UP_TO hosts), each word shell-quoted; a
+    node or path whose name is not one safe word on a command line is left out with a note, never pasted in."""
     notes: list[str] = []
     if any(not ch.isprintable() for ch in dataset):
         return [], [f"{printable(dataset)}: the path holds control characters: no command offered"]
@@ -177,15 +208,20 @@ def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]
         host = _host(n)
         if n.pod and n.namespace and SAFE_WORD.fullmatch(n.pod) and SAFE_WORD.fullmatch(n.namespace):
             pods.append((n.namespace, n.pod))
-        elif SAFE_WORD.fullmatch(host):
+        elif SAFE_WORD.fullmatch(host) and "," not in host:  # a comma would split it in the hostlist
             hosts.append(host)
         else:
             notes.append(f"{printable(n.instance)}: its name is not a plain host name: no command offered")
     path = shlex.quote(dataset)
     out = []
     if hosts:
-        out.append(f"srun --nodelist={','.join(hosts)} --ntasks-per-node=1 dltop warm {path}")
-        out.extend(f"ssh {h} dltop warm {path}" for h in hosts)
+        # A hostlist ('gpu-[0000-0029,0031-0255]') as Slurm and pdsh read it, quoted: [ ] are globs to a shell.
+        listed = shlex.quote(hostlist(hosts))
+        out.append(f"srun --nodelist={listed} --ntasks-per-node=1 dltop warm {path}")
+        if len(hosts) <= SSH_LINES_UP_TO:
+            out.extend(f"ssh {h} dltop warm {path}" for h in hosts)
+        else:
+            out.append(f"pdsh -w {listed} dltop warm {path}")
     out.extend(f"kubectl exec -n {ns} {pod} -- dltop warm {path}" for ns, pod in pods)
     if not cold:
         notes.append(f"{printable(dataset)} is warm on every node that watches it")
