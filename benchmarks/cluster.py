@@ -1,7 +1,8 @@
 """What a Cluster refresh costs on a big fleet: 256 nodes x 8 GPUs (every node with 2 datasets, 8 ranks of one
 job, hints and its memory), generated as OpenMetrics, backfilled into a real Prometheus with `promtool tsdb
 create-blocks-from openmetrics`, then read by dltop's cluster reader: the refresh's wall time, its query count,
-and the Cluster pane's draw of the result in a headless app at 80x24.
+and the Cluster pane's draw of the result in a headless app at 80x24; then a refresh with one node's detail
+(Enter) and with every node's (`dltop cluster --json`); --per-query times each query alone.
 
 usage: python benchmarks/cluster.py [--nodes 256] [--gpus 8] [--refreshes 10]
 Targets (issue 21): a refresh <= 1 s and <= 20 queries, the TUI responsive.
@@ -108,18 +109,38 @@ async def draw_s(part: object) -> list[float]:
     return times
 
 
+def per_query(client: PrometheusClient, at: float) -> None:
+    """Each query of a refresh alone, one after another: its series, its answer's size, its time."""
+    import json
+
+    from dltop.sources.cluster import queries
+
+    for name, expr in queries("").items():
+        walls, size, count = [], 0, 0
+        for _ in range(3):
+            t = time.perf_counter()
+            result = client.query(expr, at)
+            walls.append(time.perf_counter() - t)
+            count, size = len(result), len(json.dumps(result))
+        print(f"  {name:12} {count:6,} series {size / 1e6:6.2f} MB {1000 * statistics.median(walls):6.0f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=256)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--refreshes", type=int, default=10)
+    ap.add_argument("--serve", type=float, metavar="SECONDS", help="only serve the fleet for SECONDS, its samples "
+                    "ending now, to look at with dltop --prometheus URL")
+    ap.add_argument("--per-query", action="store_true", help="also time each query alone (median of 3) and "
+                    "count its series and bytes")
     args = ap.parse_args()
     prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
     if not prometheus or not promtool:
         print("needs Debian's prometheus package (prometheus, promtool)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="dltop-cluster-bench-") as tmp:
-        end = int(time.time()) - 30
+        end = int(time.time()) - (1 if args.serve else 30)
         t0 = time.monotonic()
         text = openmetrics(args.nodes, args.gpus, end)
         (Path(tmp) / "fleet.om").write_text(text)
@@ -146,6 +167,12 @@ def main() -> int:
                     return 1
                 time.sleep(0.3)
             client = PrometheusClient(PrometheusOptions(url))
+            if args.serve:
+                # For a look by hand (`dltop --prometheus URL` in a terminal): its nodes stay up for as long as
+                # their newest reading is fresh (STALE_AFTER_S), so the fleet ends now.
+                print(f"serving the fleet at {url} for {args.serve:g} s (its samples end at {end})", flush=True)
+                time.sleep(args.serve)
+                return 0
             read_cluster(client, now=lambda: end + 1.0)  # warm Prometheus' caches once
             walls, parts = [], []
             for _ in range(args.refreshes):
@@ -154,12 +181,25 @@ def main() -> int:
                 part = read_cluster(client, now=lambda: end + 1.0)
                 walls.append(time.perf_counter() - t)
                 parts.append((part, client.queries - before))
+            if args.per_query:
+                per_query(client, end + 1.0)
             part, count = parts[-1]
-            gpus = sum(len(n.gpus) for n in part.nodes)
+            gpus = sum(n.gpus_read for n in part.nodes if isinstance(n.gpus_read, int))
             print(f"fleet: {len(part.nodes)} nodes ({sum(not n.up for n in part.nodes)} down), {gpus} GPUs, "
-                  f"{len(part.datasets)} datasets, {sum(len(j.ranks) for j in part.jobs)} ranks in {len(part.jobs)} job")
+                  f"{len(part.datasets)} datasets, {sum(j.rank_count for j in part.jobs)} ranks in {len(part.jobs)} job")
             print(f"refresh: median {statistics.median(walls):.3f} s, max {max(walls):.3f} s over {len(walls)}; "
                   f"{count} queries each (targets <= 1 s, <= 20)")
+            # With one node open (Enter): its GPUs and ranks too. And `dltop cluster --json`: every node's.
+            one = [(part.nodes[0].job, part.nodes[0].instance)]
+            for label, detail in (("one node's detail", one), ("every node's detail (--json)", True)):
+                ws, n = [], 0
+                for _ in range(3):
+                    before = client.queries
+                    t = time.perf_counter()
+                    read_cluster(client, now=lambda: end + 1.0, detail=detail)
+                    ws.append(time.perf_counter() - t)
+                    n = client.queries - before
+                print(f"refresh with {label}: median {statistics.median(ws):.3f} s over 3; {n} queries")
             draws = asyncio.run(draw_s(part))
             print(f"Cluster pane draw: median {1000 * statistics.median(draws):.0f} ms, max "
                   f"{1000 * max(draws):.0f} ms")

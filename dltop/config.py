@@ -117,9 +117,7 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     jump = data.get("jump", s.jump_s)
     if isinstance(jump, bool) or not isinstance(jump, int | float) or not 0 < jump <= MAX_JUMP_S:
         raise DltopError(f"{where}: jump must be a number of seconds above 0, at most {MAX_JUMP_S:.0f} (a year)")
-    prometheus = data.get("prometheus")
-    if prometheus is not None and not isinstance(prometheus, str):
-        raise DltopError(f"{where}: prometheus must be the URL of a Prometheus server")
+    prometheus = _prometheus_table(data.get("prometheus"), where)
     tab = data.get("tab")
     if tab is not None:
         tab = tab_name(tab, where)
@@ -140,10 +138,59 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         servers=_server_urls(servers, where),
         caches=_cache_paths(caches),
         jump_s=float(jump),
-        prometheus=PrometheusOptions(_prometheus_url(prometheus, where)) if prometheus else None,
+        prometheus=prometheus,
         tab=tab,
         mute=tuple(dict.fromkeys(mute)),
     )
+
+
+PROMETHEUS_KEYS: dict[str, type | tuple[type, ...]] = {"url": str, "selector": str, "username": str, "password_file": str, "bearer_token_file": str,
+                                                       "ca_file": str, "insecure_skip_verify": bool,
+                                                       "timeout": (int, float)}
+_SECRET_KEYS = {"password": "password_file", "bearer_token": "bearer_token_file", "token": "bearer_token_file",
+                "credentials": "bearer_token_file"}
+
+
+def _prometheus_table(value: object, where: str) -> PrometheusOptions | None:
+    """`prometheus = "URL"`, or a [prometheus] table with the URL, the selector and the credentials' file paths
+    (as Prometheus' own scrape configs take them: password_file, bearer_token_file, ca_file); a secret written
+    inline is refused, since a config file is read, copied and shared as plain text."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return PrometheusOptions(_prometheus_url(value, where))
+    if not isinstance(value, dict):
+        raise DltopError(f"{where}: prometheus must be the URL of a Prometheus server, or a [prometheus] table")
+    for key in value:
+        if key in _SECRET_KEYS:
+            raise DltopError(f"{where}: [prometheus] {key}: no secrets in the config file: put it in a file only "
+                             f"you can read and give {_SECRET_KEYS[key]} = \"PATH\"")
+        if key not in PROMETHEUS_KEYS:
+            raise DltopError(f"{where}: [prometheus]: unknown setting {key!r} (known: "
+                             f"{', '.join(sorted(PROMETHEUS_KEYS))})")
+        kind = PROMETHEUS_KEYS[key]
+        if isinstance(value[key], bool) and kind is not bool or not isinstance(value[key], kind):
+            raise DltopError(f"{where}: [prometheus] {key} must be "
+                             + ("true or false" if kind is bool else "a number of seconds" if key == "timeout"
+                                else "a string"))
+    if "url" not in value:
+        raise DltopError(f"{where}: [prometheus] needs url = \"http://HOST:9090\"")
+    _no_nul([v for v in value.values() if isinstance(v, str)], "[prometheus]", where)
+    base = os.path.dirname(os.path.abspath(where))
+
+    def path(key: str) -> str | None:
+        # Relative to the config file's folder, as Prometheus reads the files its own config names.
+        p = value.get(key)
+        return None if p is None else os.path.join(base, os.path.expanduser(p))
+
+    timeout = value.get("timeout", 10.0)
+    if not 0.1 <= timeout <= 300:
+        raise DltopError(f"{where}: [prometheus] timeout must be between 0.1 and 300 seconds")
+    return PrometheusOptions(_prometheus_url(value["url"], where), selector=value.get("selector", ""),
+                             username=value.get("username"), password_file=path("password_file"),
+                             bearer_token_file=path("bearer_token_file"), ca_file=path("ca_file"),
+                             insecure_skip_verify=value.get("insecure_skip_verify", False),
+                             timeout_s=float(timeout))
 
 
 def tab_name(value: object, where: str) -> str:
@@ -204,6 +251,10 @@ def prometheus_url(text: str) -> str:
         raise ValueError(f"no host in Prometheus URL: {text!r}")
     if u.query or u.fragment:
         raise ValueError(f"a Prometheus URL takes no query: {text!r}")
+    if "@" in u.netloc:
+        # The URL is shown on screen and in every error: a password in it would be too.
+        raise ValueError("a Prometheus URL takes no user or password: give them as --prometheus-user and "
+                         "--prometheus-password-file (or username and password_file in [prometheus])")
     return urllib.parse.urlunsplit((u.scheme, u.netloc, u.path.rstrip("/"), "", ""))
 
 

@@ -1,6 +1,7 @@
 """Make screenshots/ from a real run: the live app (real Sampler, this machine's kernel) in a headless terminal,
 while a background writer makes the page cache move and examples/train_tiny.py trains with the probe (the
-Training tab). Each tab at 120x40, the GPU, page-cache and training panes at 80x24.
+Training tab). Each tab at 120x40, the GPU, page-cache and training panes at 80x24; then the Cluster tab from
+scripts/cluster_screenshot.py (a real Prometheus and four `dltop export` nodes).
 Without a GPU, the GPU tab plays an NVML scenario file through dltop's fake backend (--gpu-scenario).
 
 usage: python scripts/make_screenshots.py [--seconds 12]
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,6 +84,11 @@ def main() -> int:
             writer.join()
     for p in saved:
         print(p.relative_to(REPO))
+    # The Cluster tab: a real Prometheus scraping a few `dltop export` nodes (its own script: it starts them)
+    if shutil.which("prometheus"):
+        subprocess.run([sys.executable, str(REPO / "scripts/cluster_screenshot.py")], check=True)
+    else:
+        print("no prometheus on PATH: no Cluster screenshots (apt install prometheus)", file=sys.stderr)
     return 0
 
 

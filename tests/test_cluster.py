@@ -5,6 +5,7 @@ must be down by its second missed scrape, and the Cluster tab must show it at 80
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,9 @@ import yaml
 
 from dltop.config import PrometheusOptions, Settings
 from dltop.kernel import LockedMapping
-from dltop.model import Snapshot, Unavailable
-from dltop.sampler import ListFeed
+from dltop.model import Unavailable
 from dltop.sources.cluster import PrometheusClient, read_cluster
-from dltop.text.cluster import NODE_HEADERS, warm_commands
+from dltop.text.cluster import DATASETS_AT, warm_commands
 
 from .conftest import DATA, REPO
 from .probe_helpers import probe_env
@@ -85,6 +86,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     log = None
     proc = None
     try:
+        pending = []
         for i, warm in enumerate(WARM):
             # Node 3's dataset has an escape sequence in its name: hostile text all the way to the screen.
             ds = tmp / f"node{i}" / ("data" if i != 3 else "da\x1b[2Jta")
@@ -92,21 +94,32 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             datasets.append(ds)
             runtime = tmp / f"run{i}"
             runtime.mkdir(mode=0o700)
-            if i in (0, 1):  # a rank of one job on each of two nodes; rank 1 steps three times slower
+            if i in (0, 1, 2):  # a rank of one job on each of two nodes (rank 1 steps three times slower), and
+                # on node 2 a process whose probe has no job id (no torchrun, no rendezvous): a group of its own
+                job = {"TORCHELASTIC_RUN_ID": JOB, "RANK": str(i), "WORLD_SIZE": "2"} if i < 2 else {}
                 r = subprocess.Popen([sys.executable, "-c", RANK, "0.02" if i == 0 else "0.06"], cwd=REPO,
-                                     env=probe_env(runtime, TORCHELASTIC_RUN_ID=JOB, RANK=str(i), WORLD_SIZE="2"),
-                                     stdout=subprocess.PIPE, text=True)
+                                     env=probe_env(runtime, **job), stdout=subprocess.PIPE, text=True)
                 ranks.append(r)
-                assert r.stdout is not None and r.stdout.readline().strip() == "ready"
             env = {"XDG_RUNTIME_DIR": str(runtime)}
             if i == 0:
                 env["DLTOP_FAKE_NVML"] = str(DATA / "gpu-scenarios" / "h100-2proc.json")
-            exporters.append(Exporter("--dataset", str(ds), env=env))
+            pending.append((str(ds), env))
             names.append(f"node-{i}")
+        for r in ranks:
+            assert r.stdout is not None and r.stdout.readline().strip() == "ready"
+        # The exporters start side by side (each waits for its own "serving" line): the fixture's start is the
+        # slowest one's, not the sum.
+        with ThreadPoolExecutor(len(pending)) as pool:
+            starting = [pool.submit(Exporter, "--dataset", ds_text, "--interval", "0.5", env=env)
+                        for ds_text, env in pending]
+            for fut in starting:
+                with contextlib.suppress(Exception):
+                    exporters.append(fut.result())
+        assert len(exporters) == len(WARM), [f.exception() for f in starting]
         statics = [{"targets": [f"127.0.0.1:{e.port}"], "labels": {"node": names[i]}} for i, e in enumerate(exporters)]
         statics[1]["labels"] = {"node": names[1], "pod": "trainer-1", "namespace": "ml"}
-        config = {"global": {"scrape_interval": "500ms", "evaluation_interval": "1s"},
-                  "scrape_configs": [{"job_name": "nodes", "scrape_interval": "500ms", "static_configs": statics},
+        config = {"global": {"scrape_interval": "250ms", "evaluation_interval": "1s"},
+                  "scrape_configs": [{"job_name": "nodes", "scrape_interval": "250ms", "static_configs": statics},
                                      # the first node again under another job: --selector leaves it out
                                      {"job_name": "other", "scrape_interval": "1s",
                                       "static_configs": [{"targets": [f"127.0.0.1:{exporters[0].port}"]}]}]}
@@ -123,7 +136,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             try:
                 ready = (len(f.raw('up{job="nodes"} == 1')) == len(WARM)
                          and len(f.raw('dltop_dataset_resident_bytes{job="nodes"}')) == len(WARM)
-                         and len(f.raw(f'dltop_training_steps_total{{job="nodes",job_id="{JOB}"}}')) == 2)
+                         and len(f.raw(f'dltop_training_steps_total{{job="nodes",job_id="{JOB}"}}')) == 2
+                         and len(f.raw('dltop_training_steps_total{job="nodes",job_id=""}')) == 1)
             except (OSError, AssertionError, KeyError):
                 ready = False
             if ready:
@@ -171,13 +185,23 @@ def test_the_view_is_fincore_and_each_exporters_metrics(fleet: Fleet) -> None:
         metrics = exporter.metrics()
         assert [node.memory_total_bytes] == list(series(metrics, "dltop_memory_total_bytes").values())
         assert [node.gpu_count] == list(series(metrics, "dltop_gpus").values())
+    # The table's GPU numbers are Prometheus' sums of the exporter's; no node's GPUs or ranks are read one by one
     gpu_node = by_name["node-0"]
     metrics = fleet.exporters[0].metrics()
     totals = series(metrics, "dltop_gpu_memory_total_bytes")
-    assert len(gpu_node.gpus) == len(totals) > 0
+    used = series(metrics, "dltop_gpu_memory_used_bytes")
+    assert gpu_node.gpus_read == len(totals) > 0 and gpu_node.gpu_memory_total_bytes == sum(totals.values())
+    assert gpu_node.gpu_memory_used_bytes == sum(used.values())
+    assert all(not n.detailed and n.gpus == () and n.ranks == () for n in part.nodes)
+    # Enter's read: node-0's every GPU, its memory by use and its rank, three queries more, no other node's
+    detail = read_cluster(client, 'job="nodes"', detail=[(gpu_node.job, gpu_node.instance)])
+    assert detail.queries == part.queries + 3 <= 20
+    [gpu_node] = [n for n in detail.nodes if n.detailed]
+    assert gpu_node.name == "node-0" and len(gpu_node.gpus) == len(totals) and len(gpu_node.ranks) == 1
     assert sorted(g.memory_total_bytes for g in gpu_node.gpus) == sorted(totals.values())  # type: ignore[type-var]
-    assert sorted(g.memory_used_bytes for g in gpu_node.gpus) == sorted(  # type: ignore[type-var]
-        series(metrics, "dltop_gpu_memory_used_bytes").values())
+    assert sorted(g.memory_used_bytes for g in gpu_node.gpus) == sorted(used.values())  # type: ignore[type-var]
+    by_use = series(metrics, "dltop_gpu_memory_bytes")
+    assert sum(sum((g.memory_by_use or {}).values()) for g in gpu_node.gpus) == sum(by_use.values()) > 0
     # the coldest node is first, and only the cold ones are offered a warm
     from dltop.text.cluster import sort_nodes
 
@@ -193,11 +217,24 @@ def test_the_view_is_fincore_and_each_exporters_metrics(fleet: Fleet) -> None:
 
 
 def test_the_ranks_of_one_job_across_nodes(fleet: Fleet) -> None:
-    part = read_cluster(fleet.client(), 'job="nodes"')
-    [job] = [j for j in part.jobs if j.job_id == JOB]
+    summary = read_cluster(fleet.client(), 'job="nodes"')
+    part = read_cluster(fleet.client(), 'job="nodes"', detail=True)
+    for p in (summary, part):
+        # the job, then the process with no job id as a group of its own (last), each counted by Prometheus
+        assert [(j.job_id, j.rank_count, j.node_count) for j in p.jobs] == [(JOB, 2, 2), ("", 1, 1)]
+        job = p.jobs[0]
+        assert job.slowest is not None and job.slowest.rank == "1"  # it sleeps three times as long per step
+        assert job.most_waiting is not None
+        alone = p.jobs[1].slowest
+        assert alone is not None and alone.instance == f"127.0.0.1:{fleet.exporters[2].port}" and alone.job_id == ""
+    assert summary.jobs[0].ranks == ()
+    job = part.jobs[0]
     assert [(r.rank, r.instance) for r in job.ranks] == [
         ("0", f"127.0.0.1:{fleet.exporters[0].port}"), ("1", f"127.0.0.1:{fleet.exporters[1].port}")]
-    assert job.slowest is not None and job.slowest.rank == "1"  # it sleeps three times as long per step
+    from dltop.text.cluster import NO_JOB_ID, job_rows
+
+    rows = job_rows(part)
+    assert [r[0] for r in rows] == [JOB, NO_JOB_ID] and rows[1][-1].startswith(f"pid {alone.pid} on ")
     for r, exporter in zip(job.ranks, fleet.exporters, strict=False):
         served = series(exporter.metrics(), "dltop_training_step_seconds")
         [(labels, _)] = served.items()
@@ -212,7 +249,8 @@ def test_cli_json_and_text(fleet: Fleet) -> None:
     assert len(doc["nodes"]) == len(WARM) and doc["queries"] <= 20
     resident = sorted(n["datasets"][0]["resident_bytes"] for n in doc["nodes"])
     assert resident == sorted(w * FILE_BYTES for w in WARM)
-    assert {j["job_id"] for j in doc["jobs"]} == {JOB}
+    assert [j["job_id"] for j in doc["jobs"]] == [JOB, ""]
+    assert all(n["detailed"] and len(n["gpus"]) == n["gpu_totals"]["gpus_read"] for n in doc["nodes"])
     text = subprocess.run([sys.executable, "-m", "dltop", "cluster", "--prometheus", fleet.prom], capture_output=True,
                           text=True, cwd=REPO, timeout=60)
     assert text.returncode == 0 and "\x1b" not in text.stdout and "[2Jta" in text.stdout, text.stdout
@@ -223,27 +261,42 @@ def test_cli_json_and_text(fleet: Fleet) -> None:
 
 
 async def test_the_cluster_tab_at_80x24(fleet: Fleet) -> None:
-    from textual.widgets import DataTable
+    from textual.widgets import DataTable, Footer
 
+    from dltop.sampler import Sampler
+    from dltop.sources.cluster import source
     from dltop.tui.app import DltopApp
     from dltop.tui.screens.cluster import ClusterTextScreen
 
-    part = read_cluster(fleet.client(), 'job="nodes"')
-    settings = Settings(prometheus=PrometheusOptions(fleet.prom))
-    app = DltopApp(ListFeed([Snapshot(ts=part.queried_at, host="here", cluster=part)]), settings)
+    # The live app, its cluster source reading the real Prometheus: Enter reads the node's detail, then shows it.
+    settings = Settings(prometheus=PrometheusOptions(fleet.prom, selector='job="nodes"'))
+    app = DltopApp(Sampler([source(settings)]), settings)
+
+    async def until(ok: Any, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not ok():
+            assert time.monotonic() < deadline, what
+            await pilot.pause(0.1)
+
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause()
         assert app.query_one("#tabs").active == "tab-cluster"  # first when given
         table = app.query_one("#cluster-nodes", DataTable)
+        await until(lambda: table.row_count == len(WARM), "the nodes")
         first = [str(c) for c in table.get_row_at(0)]
-        assert first[0] == "node-0" and first[len(NODE_HEADERS)] == "0%"  # the coldest first, its dataset cold
-        await pilot.press("enter")
+        assert first[0] == "node-0" and first[DATASETS_AT] == "0%"  # the coldest first, its dataset cold
         await pilot.pause()
-        assert isinstance(app.screen, ClusterTextScreen)
+        # The footer was drawn before the first answer: w (there are datasets now) is in it since
+        footer = [k.description for k in app.query_one(Footer).children]
+        assert "Warm cmds" in footer and "Sort" in footer, footer
+        jobs = app.query_one("#cluster-jobs", DataTable)
+        assert [str(jobs.get_row_at(i)[0]) for i in range(jobs.row_count)] == [JOB, "(no job id)"]
+        await pilot.press("enter")
+        await until(lambda: isinstance(app.screen, ClusterTextScreen), "the node's detail")
+        shown = str(app.screen.query_one("#cluster-dialog-text").render())
+        assert "(NVIDIA H100" in shown and "  GPU 0 up: " in shown and "    free " in shown and f"job {JOB}" in shown, shown  # per GPU, per rank
         await pilot.press("escape")
         await pilot.press("w")
-        await pilot.pause()
-        assert isinstance(app.screen, ClusterTextScreen)
+        await until(lambda: isinstance(app.screen, ClusterTextScreen), "the warm commands")
         shown = str(app.screen.query_one("#cluster-dialog-text").render())
         assert "srun --nodelist=node-0" in shown and "\x1b" not in shown
         await pilot.press("escape")

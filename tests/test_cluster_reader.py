@@ -3,20 +3,27 @@ shape gives a ClusterPart or one ClusterError, never another exception; bad valu
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import http.server
 import json
+import re
+import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dltop.config import PrometheusOptions
+from dltop.config import PrometheusOptions, load_config, prometheus_options
+from dltop.errors import DltopError
 from dltop.model.base import Unavailable
 from dltop.sources.cluster import (
     ClusterError,
     PrometheusClient,
     _vector,
+    detail_matchers,
     parse_selector,
     queries,
     read_cluster,
@@ -46,11 +53,14 @@ def test_bad_selectors_are_refused(text: str) -> None:
         parse_selector(text)
 
 
-def test_every_query_carries_the_selector_once() -> None:
+def test_every_selection_carries_the_selector_once() -> None:
     sel = selector_text(parse_selector('job="x"'))
-    qs = queries(sel)
-    assert len(qs) <= 20
-    assert all(q.count('job="x"') == 1 for q in qs.values()), qs
+    one = detail_matchers([("j", 'n"1')])
+    for qs in (queries(sel), queries(sel, one), queries(sel, "")):
+        assert len(qs) <= 20
+        blocks = [b for q in qs.values() for b in re.findall(r"\{(?:[^{}\"]|\"(?:[^\"\\]|\\.)*\")*\}", q)]
+        assert len(blocks) >= len(qs) and all(b.count('job="x"') == 1 for b in blocks), qs
+    assert sum(q.count(one) for q in queries(sel, one).values()) == 3  # the three detail queries, only them
 
 
 class FakeClient(PrometheusClient):
@@ -120,15 +130,102 @@ _series = st.one_of(
 FUZZ = {"tried": 0}
 
 
-@settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.lists(_series, max_size=8).map(_answer), st.binary(max_size=64)))
 def test_fuzz_answers_never_raise_but_cluster_error(raw: bytes) -> None:
     FUZZ["tried"] += 1
     with contextlib.suppress(ClusterError):
-        read_cluster(FakeClient(raw), now=lambda: 100.0)
+        read_cluster(FakeClient(raw), now=lambda: 100.0, detail=True)  # every query: the detail ones too
 
 
 def test_fuzz_count() -> None:
     # The fuzz above runs first (file order); its count goes into docs/cluster.md.
     print(f"cluster reader fuzz: {FUZZ['tried']} inputs")
-    assert FUZZ["tried"] >= 150
+    assert FUZZ["tried"] >= 100
+
+
+# -- the [prometheus] table of the config file: the URL, the selector and the credentials' file paths ----------
+
+
+def _config(tmp_path: Any, text: str) -> Any:
+    p = tmp_path / "config.toml"
+    p.write_text(text)
+    return load_config(p)
+
+
+def test_the_config_names_the_credentials_files(tmp_path: Any) -> None:
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "pw").write_text("s3cret\n")
+    s = _config(tmp_path, '[prometheus]\nurl = "prom:9090"\nselector = \'job="dltop"\'\nusername = "me"\n'
+                          'password_file = "secrets/pw"\ntimeout = 3\n')
+    opts = prometheus_options(argparse.Namespace(), s.prometheus)
+    # a relative path is the config file's folder's, as in Prometheus' own config
+    assert opts == PrometheusOptions("http://prom:9090", selector='job="dltop"', username="me",
+                                     password_file=str(tmp_path / "secrets" / "pw"), timeout_s=3.0)
+    # and the options on the command line win over the file's
+    args = argparse.Namespace(prometheus_selector='job="x"', prometheus_timeout=5.0)
+    assert prometheus_options(args, s.prometheus) == replace(opts, selector='job="x"', timeout_s=5.0)
+    assert _config(tmp_path, 'prometheus = "prom:9090"\n').prometheus == PrometheusOptions("http://prom:9090")
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ('[prometheus]\nurl = "p:9090"\npassword = "hunter2"\n', "no secrets in the config file.*password_file"),
+    ('[prometheus]\nurl = "p:9090"\nbearer_token = "abc"\n', "no secrets.*bearer_token_file"),
+    ('[prometheus]\nurl = "p:9090"\npasword_file = "x"\n', "unknown setting 'pasword_file'"),
+    ('[prometheus]\nselector = \'job="a"\'\n', "needs url"),
+    ('[prometheus]\nurl = "p:9090"\ninsecure_skip_verify = "yes"\n', "true or false"),
+    ('[prometheus]\nurl = "p:9090"\ntimeout = nan\n', "between 0.1 and 300"),
+    ('[prometheus]\nurl = "p:9090"\nca_file = 3\n', "must be a string"),
+    ('prometheus = 5\n', "URL of a Prometheus server, or a .prometheus. table"),
+    ('prometheus = "http://me:hunter2@p:9090"\n', "no user or password"),
+])
+def test_bad_prometheus_settings_are_one_line(tmp_path: Any, text: str, why: str) -> None:
+    with pytest.raises(DltopError, match=why) as e:
+        _config(tmp_path, text)
+    assert "\n" not in str(e.value) and "hunter2" not in str(e.value)
+
+
+def test_a_missing_credentials_file_is_one_line_at_start(tmp_path: Any) -> None:
+    s = _config(tmp_path, '[prometheus]\nurl = "p:9090"\nbearer_token_file = "nope"\n')
+    with pytest.raises(DltopError, match=r"--prometheus-bearer-token-file .*nope: cannot be read"):
+        prometheus_options(argparse.Namespace(), s.prometheus)
+
+
+def test_the_config_files_credentials_reach_prometheus(tmp_path: Any) -> None:
+    # A real HTTP server on loopback answers as Prometheus does, and keeps the Authorization header it got.
+    got: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            got.append(self.headers.get("Authorization"))
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            body = _answer([])
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "token").write_text("tok-123\n")
+        s = _config(tmp_path, f'[prometheus]\nurl = "127.0.0.1:{server.server_address[1]}"\n'
+                              'bearer_token_file = "token"\n')
+        opts = prometheus_options(argparse.Namespace(), s.prometheus)
+        assert opts is not None
+        part = read_cluster(PrometheusClient(opts))
+        assert part.nodes == () and got == ["Bearer tok-123"] * part.queries
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_detail_matchers_match_hostile_instances_literally() -> None:
+    [(name, op, value)] = parse_selector(detail_matchers([("j", "a.b:1"), ("j", 'x|y"\\(')]))
+    assert (name, op) == ("instance", "=~")
+    assert re.fullmatch(value, "a.b:1") and re.fullmatch(value, 'x|y"\\(')  # RE2 reads these escapes as Python's
+    assert not re.fullmatch(value, "aXb:1") and not re.fullmatch(value, "x")
+    assert parse_selector(detail_matchers([("j", 'n"1')])) == [("job", "=", "j"), ("instance", "=", 'n"1')]

@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise DltopError(f"--selector: {e}") from None
     try:
-        part = read_cluster(PrometheusClient(opts), opts.selector)
+        # --json: every node's GPUs and ranks too (three more queries, each a series per GPU or rank)
+        part = read_cluster(PrometheusClient(opts), opts.selector, detail=bool(args.json))
     except ClusterError as e:
         raise DltopError(str(e)) from None
     if args.json:

@@ -100,12 +100,22 @@ class ClusterNode:
     pressure_memory_some: float | Unavailable = NO_SAMPLE  # PSI avg10, 0..1
     pressure_memory_full: float | Unavailable = NO_SAMPLE
     gpu_count: int | Unavailable = NO_SAMPLE  # dltop_gpus: 0 on a CPU-only node
+    # Its GPUs summed by Prometheus (the table's numbers, one series a node whatever its GPU count): the GPUs
+    # read (dltop_gpu_up series), memory used and total over them, their mean utilisation (0..1).
+    gpus_read: int | Unavailable = NO_SAMPLE
+    gpu_memory_used_bytes: int | Unavailable = NO_SAMPLE
+    gpu_memory_total_bytes: int | Unavailable = NO_SAMPLE
+    gpu_utilization: float | Unavailable = NO_SAMPLE
+    # Per GPU: every GPU where `detailed`, else only the lost ones (with why)
     gpus: tuple[ClusterGpu, ...] = ()
     datasets: tuple[ClusterDataset, ...] = ()
-    ranks: tuple[ClusterRank, ...] = ()
+    ranks: tuple[ClusterRank, ...] = ()  # where `detailed`; else none (the jobs table has their totals)
     hints: tuple[ClusterHint, ...] = ()
     servers: tuple[ClusterServer, ...] = ()
     sources_down: tuple[str, ...] = ()  # the exporter's sources with dltop_source_up 0
+    # Its detail was read: every GPU (memory by use, name) and every rank. A refresh reads it for the node the
+    # user opened (Enter) and, in `dltop cluster --json`, for all.
+    detailed: bool = False
 
     @property
     def name(self) -> str:
@@ -124,12 +134,15 @@ class ClusterNode:
 
 @dataclass(frozen=True)
 class ClusterJob:
-    """The ranks of one training job across nodes (one job_id label), the slowest named."""
+    """The ranks of one training job across nodes (one job_id label), the slowest named; job_id "": the ranks
+    whose probe gave no job id, as one group."""
 
     job_id: str
-    ranks: tuple[ClusterRank, ...]
+    ranks: tuple[ClusterRank, ...] = ()  # those of the detailed nodes (every one in `dltop cluster --json`)
     slowest: ClusterRank | None = None  # the rank with the longest step time (None: no step time known)
     most_waiting: ClusterRank | None = None  # the rank with the largest data wait
+    rank_count: int = 0  # its ranks on every node, counted by Prometheus
+    node_count: int = 0  # the nodes they run on
 
 
 @dataclass(frozen=True)

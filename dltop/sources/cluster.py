@@ -20,9 +20,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dltop.config import PrometheusOptions, Settings
@@ -103,30 +103,51 @@ def selector_text(matchers: Iterable[tuple[str, str, str]]) -> str:
     return ",".join(f"{n}{op}{json.dumps(v, ensure_ascii=False)}" for n, op, v in matchers)
 
 
-def queries(selector: str) -> dict[str, str]:
-    """The instant queries of one refresh, by what each fetches; `selector` is checked matchers (selector_text)."""
+GPU_SUMS = {"read": "count", "used": "sum", "total": "sum", "util": "avg"}  # the table's per-node GPU numbers
+
+
+def queries(selector: str, detail: str | None = None) -> dict[str, str]:
+    """The instant queries of one refresh, by what each fetches; `selector` is checked matchers (selector_text).
+    With `detail` (matchers of the nodes to detail, "" for every node), the per-GPU and per-rank queries too."""
 
     def sel(name: str = "", extra: str = "") -> str:
         inner = ",".join(x for x in (extra, selector) if x)
         return f"{name}{{{inner}}}" if inner else name
 
-    def names(pattern: str) -> str:
-        return sel(extra=f'__name__=~"{pattern}"')
+    def names(pattern: str, extra: str = "") -> str:
+        return sel(extra=",".join(x for x in (f'__name__=~"{pattern}"', extra) if x))
 
-    return {
+    def tagged(what: str, expr: str) -> str:
+        # Aggregations drop the name: a label says which number each per-node series is.
+        return f'label_replace({expr}, "dltop_sum", "{what}", "", "")'
+
+    gpu_metric = {"read": "dltop_gpu_up", "used": "dltop_gpu_memory_used_bytes",
+                  "total": "dltop_gpu_memory_total_bytes", "util": "dltop_gpu_utilization_ratio"}
+    out = {
         "up": sel("up"),
         "seen": f"last_over_time({sel('dltop_snapshot_timestamp_seconds')}[{LOOKBACK}])",
         "node": names("dltop_(memory_(total|available|cached|dirty)_bytes|gpus|snapshot_timestamp_seconds)"),
         "pressure": sel("dltop_pressure_stalled_avg10_ratio", 'resource="memory"'),
-        "gpu": names("dltop_gpu_(up|memory_total_bytes|memory_used_bytes|utilization_ratio|info|down_info)"),
-        "gpu_use": f"sum by (job, instance, gpu, uuid, use) ({sel('dltop_gpu_memory_bytes')})",
+        # Summed by Prometheus: one series a node and number, not one a GPU (2,048 GPUs answer 1,024 series).
+        "gpu_sums": " or ".join(tagged(w, f"{op} by (job, instance) ({sel(gpu_metric[w])})")
+                                for w, op in GPU_SUMS.items()),
+        "gpu_lost": f"({sel('dltop_gpu_up')} == 0) or {sel('dltop_gpu_down_info')}",
         "dataset": names("dltop_dataset_(up|size_bytes|resident_bytes|unavailable_info)"),
-        "training": names("dltop_training_(data_wait_ratio|step_seconds|steps_total)"),
+        # The jobs table: each job's ranks per node, and its slowest and most waiting rank, by Prometheus.
+        "job_ranks": f"count by (job_id, job, instance) ({sel('dltop_training_steps_total')})",
+        "job_slowest": f"topk by (job_id) (1, {sel('dltop_training_step_seconds')})",
+        "job_waiting": f"topk by (job_id) (1, {sel('dltop_training_data_wait_ratio')})",
         "hint": sel("dltop_hint_active"),
         "kv_usage": f"max by (job, instance, server) ({sel('dltop_inference_kv_cache_usage_ratio')})",
         "kv_bytes": sel("dltop_inference_kv_cache_capacity_bytes"),
         "source_down": f"{sel('dltop_source_up')} == 0",
     }
+    if detail is not None:
+        out["gpu"] = names("dltop_gpu_(up|memory_total_bytes|memory_used_bytes|utilization_ratio|info|down_info)",
+                           detail)
+        out["gpu_use"] = f"sum by (job, instance, gpu, uuid, use) ({sel('dltop_gpu_memory_bytes', detail)})"
+        out["training"] = names("dltop_training_(data_wait_ratio|step_seconds|steps_total)", detail)
+    return out
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
@@ -319,14 +340,30 @@ def _first(labels: dict[str, str], names: tuple[str, ...]) -> str | None:
     return next((labels[n] for n in names if labels.get(n)), None)
 
 
-def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[], float] = time.time) -> ClusterPart:
+def detail_matchers(nodes: Collection[Key]) -> str:
+    """The label matchers that select the nodes `nodes` (job, instance) for the detail queries."""
+    if len(nodes) == 1:
+        [(job, instance)] = nodes
+        return selector_text([("job", "=", job), ("instance", "=", instance)])
+    # Label values are hostile text: every ASCII punctuation escaped, so each is matched literally by RE2.
+    alts = "|".join(re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", i) for i in sorted({i for _, i in nodes}))
+    return selector_text([("instance", "=~", alts)])
+
+
+def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[], float] = time.time,
+                 detail: Collection[Key] | bool = False) -> ClusterPart:
     """One refresh: every query of `queries(selector)` at one time, read into a ClusterPart (raises ClusterError
-    when Prometheus gave no usable answer)."""
+    when Prometheus gave no usable answer). `detail`: the nodes (job, instance) whose every GPU and rank is read
+    too, or True for all of them."""
     matchers = selector_text(parse_selector(selector))
+    wanted: set[Key] | None = None if detail is True else set(detail or ())
+    # Nodes asked for by key are matched on their labels too: a node not in this refresh costs nothing.
+    detail_sel = "" if wanted is None else detail_matchers(wanted) if wanted else None
     at, t0, asked = now(), time.monotonic(), client.queries
     # At once, on a few threads: Prometheus answers them in parallel, and a refresh waits for the slowest, not the sum.
     with ThreadPoolExecutor(max_workers=QUERY_THREADS) as pool:
-        futures = {name: pool.submit(client.query, expr, at) for name, expr in queries(matchers).items()}
+        futures = {name: pool.submit(client.query, expr, at)
+                   for name, expr in queries(matchers, detail_sel).items()}
         answers = {name: f.result() for name, f in futures.items()}
     notes = _Notes()
     up: dict[Key, dict[str, str]] = {}
@@ -352,10 +389,13 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
     down_sources: dict[Key, list[str]] = {k: [] for k in fields}
 
     def rows(name: str) -> Iterable[tuple[Key, dict[str, str], str, str]]:
-        for labels, v in _series(answers[name], notes, name):
+        for labels, v in _series(answers.get(name, []), notes, name):
             key = (labels.get("job", ""), labels["instance"])
             if key in fields:
                 yield key, labels, labels.get("__name__", ""), v
+
+    def detailed(key: Key) -> bool:
+        return detail_sel is not None and (wanted is None or key in wanted)
 
     node_attr = {"dltop_memory_total_bytes": "memory_total_bytes", "dltop_memory_available_bytes":
                  "memory_available_bytes", "dltop_memory_cached_bytes": "memory_cached_bytes",
@@ -376,18 +416,33 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
     gpu_attr: dict[str, tuple[str, Callable[[str], Any]]] = {"dltop_gpu_memory_total_bytes": ("memory_total_bytes", _bytes),
                 "dltop_gpu_memory_used_bytes": ("memory_used_bytes", _bytes),
                 "dltop_gpu_utilization_ratio": ("utilization", _ratio)}
-    for key, labels, metric, v in rows("gpu"):
-        g = gpus[key].setdefault((labels.get("gpu", ""), labels.get("uuid", "")), {})
-        if metric == "dltop_gpu_up":
-            g["up"] = v == "1"
-        elif metric == "dltop_gpu_info":
-            g["name"] = labels.get("name") or None
-        elif metric == "dltop_gpu_down_info":
-            g["down_reason"] = labels.get("reason") or None
-        elif metric in gpu_attr:
-            attr, conv = gpu_attr[metric]
-            g[attr] = _checked(conv(v), notes, f"{key[1]}: GPU {labels.get('gpu', '?')} {metric}")
+    sums: dict[str, tuple[str, Callable[[str], Any]]] = {
+        "read": ("gpus_read", _count), "used": ("gpu_memory_used_bytes", _bytes),
+        "total": ("gpu_memory_total_bytes", _bytes), "util": ("gpu_utilization", _ratio)}
+    for key, labels, _, v in rows("gpu_sums"):
+        if labels.get("dltop_sum") in sums:
+            attr, conv = sums[labels["dltop_sum"]]
+            fields[key][attr] = _checked(conv(v), notes, f"{key[1]}: GPUs' {labels['dltop_sum']}")
+    for attrs in fields.values():
+        if attrs.get("gpu_count") == 0:
+            attrs.setdefault("gpus_read", 0)  # a CPU-only node: no dltop_gpu_up series to count, and none to read
+    for name in ("gpu_lost", "gpu"):  # the lost GPUs of every node; every GPU of the detailed ones
+        for key, labels, metric, v in rows(name):
+            if name == "gpu" and not detailed(key):
+                continue
+            g = gpus[key].setdefault((labels.get("gpu", ""), labels.get("uuid", "")), {})
+            if metric == "dltop_gpu_up":
+                g["up"] = v == "1"
+            elif metric == "dltop_gpu_info":
+                g["name"] = labels.get("name") or None
+            elif metric == "dltop_gpu_down_info":
+                g["down_reason"] = labels.get("reason") or None
+            elif metric in gpu_attr:
+                attr, conv = gpu_attr[metric]
+                g[attr] = _checked(conv(v), notes, f"{key[1]}: GPU {labels.get('gpu', '?')} {metric}")
     for key, labels, _, v in rows("gpu_use"):
+        if not detailed(key):
+            continue
         g = gpus[key].setdefault((labels.get("gpu", ""), labels.get("uuid", "")), {})
         b = _checked(_bytes(v), notes, f"{key[1]}: GPU {labels.get('gpu', '?')} memory {labels.get('use', '?')}")
         if isinstance(b, int) and labels.get("use"):
@@ -407,7 +462,7 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
                "dltop_training_step_seconds": ("step_s", lambda t: _number(t, 0.0)),
                "dltop_training_steps_total": ("steps", _count)}
     for key, labels, metric, v in rows("training"):
-        if metric not in tr_attr:
+        if metric not in tr_attr or not detailed(key):
             continue
         r = ranks[key].setdefault((labels.get("pid", ""), labels.get("rank", ""), labels.get("job_id", "")), {})
         attr, conv = tr_attr[metric]
@@ -450,9 +505,9 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
                         for (p, r, j), a in sorted(ranks[key].items(), key=lambda kv: (_index(kv[0][1]), kv[0]))),
             hints=tuple(sorted(hints[key], key=lambda h: (h.severity != "critical", h.id))),
             servers=tuple(ClusterServer(server=s, **a) for s, a in sorted(servers[key].items())),
-            sources_down=tuple(sorted(down_sources[key]))))
+            sources_down=tuple(sorted(down_sources[key])), detailed=detailed(key)))
     return ClusterPart(url=client.opts.url, selector=matchers, queried_at=at, query_s=time.monotonic() - t0,
-                       queries=client.queries - asked, nodes=tuple(nodes), jobs=group_jobs(nodes),
+                       queries=client.queries - asked, nodes=tuple(nodes), jobs=_jobs(rows, nodes, notes),
                        notes=notes.done())
 
 
@@ -461,42 +516,63 @@ def _index(text: str) -> tuple[int, str]:
     return (int(text), "") if text.isdigit() and len(text) < 10 else (1 << 40, text)
 
 
-def group_jobs(nodes: Iterable[ClusterNode]) -> tuple[ClusterJob, ...]:
-    """The ranks of each training job (one job_id across nodes), by rank, the slowest and the most waiting named."""
+_SUMMARY = Unavailable("not read: the job's summary reads its slowest step and its largest data wait alone")
+
+
+def _jobs(rows: Callable[[str], Iterable[tuple[Key, dict[str, str], str, str]]], nodes: Iterable[ClusterNode],
+          notes: _Notes) -> tuple[ClusterJob, ...]:
+    """Each training job across nodes (one job_id), from Prometheus' counts and its slowest and most waiting rank;
+    the ranks with no job id are one more group, last. The detailed nodes' ranks are listed in it."""
+    counts: dict[str, int] = {}
+    hosts: dict[str, set[Key]] = {}
+    for key, labels, _, v in rows("job_ranks"):
+        n = _checked(_count(v), notes, f"{key[1]}: ranks of job {labels.get('job_id', '')}")
+        if isinstance(n, int):
+            job_id = labels.get("job_id", "")
+            counts[job_id] = counts.get(job_id, 0) + n
+            hosts.setdefault(job_id, set()).add(key)
+    top: dict[str, dict[str, ClusterRank]] = {}
+    for name, attr, conv in (("job_slowest", "step_s", lambda t: _number(t, 0.0)),
+                             ("job_waiting", "data_wait_ratio", _ratio)):
+        for key, labels, _, v in rows(name):
+            value = _checked(conv(v), notes, f"{key[1]}: pid {labels.get('pid', '?')} {attr}")
+            if isinstance(value, float):
+                job_id = labels.get("job_id", "")
+                rank = ClusterRank(instance=key[1], pid=labels.get("pid", ""), rank=labels.get("rank", ""),
+                                   job_id=job_id, data_wait_ratio=_SUMMARY, step_s=_SUMMARY, steps=_SUMMARY)
+                top.setdefault(job_id, {})[attr] = (replace(rank, step_s=value) if attr == "step_s"
+                                                    else replace(rank, data_wait_ratio=value))
     by_job: dict[str, list[ClusterRank]] = {}
     for n in nodes:
         for r in n.ranks:
-            if r.job_id:
-                by_job.setdefault(r.job_id, []).append(r)
+            by_job.setdefault(r.job_id, []).append(r)
     out = []
-    for job_id, rs in sorted(by_job.items()):
-        rs.sort(key=lambda r: (_index(r.rank), r.instance, r.pid))
-        timed = [r for r in rs if isinstance(r.step_s, float)]
-        waiting = [r for r in rs if isinstance(r.data_wait_ratio, float)]
-        out.append(ClusterJob(job_id, tuple(rs),
-                              slowest=max(timed, key=_step_s) if timed else None,
-                              most_waiting=max(waiting, key=_wait) if waiting else None))
+    for job_id in sorted(counts.keys() | top.keys(), key=lambda j: (j == "", j)):
+        rs = sorted(by_job.get(job_id, ()), key=lambda r: (_index(r.rank), r.instance, r.pid))
+        out.append(ClusterJob(job_id, tuple(rs), slowest=top.get(job_id, {}).get("step_s"),
+                              most_waiting=top.get(job_id, {}).get("data_wait_ratio"),
+                              rank_count=max(counts.get(job_id, 0), len(rs)),
+                              node_count=len(hosts.get(job_id, ()))))
     return tuple(out)
 
 
-def _step_s(r: ClusterRank) -> float:
-    return r.step_s if isinstance(r.step_s, float) else 0.0
-
-
-def _wait(r: ClusterRank) -> float:
-    return r.data_wait_ratio if isinstance(r.data_wait_ratio, float) else 0.0
-
-
-def read_or_reason(client: PrometheusClient, selector: str) -> ClusterPart | Unavailable:
+def read_or_reason(client: PrometheusClient, selector: str,
+                   detail: Collection[Key] | bool = False) -> ClusterPart | Unavailable:
     """read_cluster, or Unavailable with the one-line reason."""
     try:
-        return read_cluster(client, selector)
+        return read_cluster(client, selector, detail=detail)
     except ClusterError as e:
         return Unavailable(str(e))
 
 
+def node_key(job: str, instance: str) -> str:
+    """A node as a read_now key (the Cluster tab's Enter asks for its detail with it)."""
+    return f"{job}\n{instance}"
+
+
 def source(settings: Settings) -> Source:
-    """The cluster source: every INTERVAL_S (or the refresh, when slower), one refresh of the queries."""
+    """The cluster source: every INTERVAL_S (or the refresh, when slower), one refresh of the queries; the node
+    asked for last (read_now with its node_key) is read in detail, at once and at every refresh after."""
     opts = settings.prometheus
     assert opts is not None
     try:
@@ -504,6 +580,13 @@ def source(settings: Settings) -> Source:
     except ValueError as e:
         raise DltopError(f"--prometheus-selector: {e}") from None
     client = PrometheusClient(opts)
-    return Source("cluster", max(INTERVAL_S, settings.refresh_s), lambda: read_or_reason(client, opts.selector),
-                  timeout_s=opts.timeout_s * 2, config=opts)
+    focus: list[Key] = []  # one node: its detail costs three queries of its own GPUs and ranks
 
+    def read_some(keys: frozenset[str]) -> ClusterPart | Unavailable:
+        asked = [tuple(k.split("\n", 1)) for k in sorted(keys) if "\n" in k]
+        if asked:
+            focus[:] = [(asked[-1][0], asked[-1][1])]
+        return read_or_reason(client, opts.selector, focus)
+
+    return Source("cluster", max(INTERVAL_S, settings.refresh_s), lambda: read_or_reason(client, opts.selector, focus),
+                  timeout_s=opts.timeout_s * 2, config=opts, read_some=read_some)

@@ -3,6 +3,7 @@ commands to run on other nodes. Shown by the CLI and the TUI alike, so it lives 
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -23,7 +24,9 @@ def seconds(v: float | Unavailable | None) -> str:
     """A step time: milliseconds under a second (a step is often 50 ms), else as human_duration."""
     if not isinstance(v, float):
         return "n/a"
-    return f"{1000 * v:.0f} ms" if v < 1 else human_duration(v)
+    if v < 1:
+        return f"{1000 * v:.0f} ms"
+    return f"{v:.2f} s" if v < 60 else human_duration(v)  # 1.62 s, not "1s": ranks differ by tenths
 
 
 def share(part: int | Unavailable, whole: int | Unavailable) -> str:
@@ -68,19 +71,24 @@ def sort_nodes(part: ClusterPart, order: str = "coldest", dataset: str | None = 
 
 
 def gpu_cells(node: ClusterNode) -> tuple[str, str, str]:
-    """(used/total GPU memory, lost GPUs, mean utilisation) of a node's GPUs."""
-    if not node.gpus:
-        count = node.gpu_count
-        return ("0 GPUs" if count == 0 else "n/a"), "", ""
-    used = [g.memory_used_bytes for g in node.gpus]
-    total = [g.memory_total_bytes for g in node.gpus]
-    if all(isinstance(x, int) for x in used + total):
-        mem = f"{human_bytes(sum(used))}/{human_bytes(sum(total))}"  # type: ignore[arg-type]
-    else:
-        mem = "n/a"
-    util = [g.utilization for g in node.gpus if isinstance(g.utilization, float)]
+    """(used/total GPU memory, lost GPUs, mean utilisation) of a node's GPUs, as Prometheus summed them."""
+    if not isinstance(node.gpus_read, int) or node.gpus_read == 0:
+        return ("0 GPUs" if node.gpu_count == 0 else "n/a"), "", ""
+    used, total = node.gpu_memory_used_bytes, node.gpu_memory_total_bytes
+    mem = used_of(used, total) if isinstance(used, int) and isinstance(total, int) else "n/a"
     lost = node.gpus_lost
-    return mem, (str(lost) if lost else ""), (pct(sum(util) / len(util)) if util else "n/a")
+    return mem, (str(lost) if lost else ""), pct(node.gpu_utilization)
+
+
+_SCALE = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
+
+
+def used_of(used: int, total: int) -> str:
+    """'540/640 GiB': both in the unit of the total (a narrow column at 80x24)."""
+    unit = human_bytes(total).rsplit(" ", 1)[-1]
+    scale = _SCALE.get(unit, 1)
+    fmt = ".0f" if unit == "B" or total / scale >= 100 else ".1f"
+    return f"{used / scale:{fmt}}/{total / scale:{fmt}} {unit}"
 
 
 def kv_cell(node: ClusterNode) -> str:
@@ -90,6 +98,18 @@ def kv_cell(node: ClusterNode) -> str:
 
 
 NODE_HEADERS = ("node", "up", "GPU mem", "lost", "util", "cache", "avail", "PSI", "hints", "KV")
+DATASETS_AT = 2  # the dataset columns come after the node and its state: the tab's headline stays in 80 columns
+
+
+def node_headers(datasets: tuple[str, ...]) -> tuple[str, ...]:
+    """A node row's headers: NODE_HEADERS with one [N] column per dataset after `up`."""
+    return (*NODE_HEADERS[:DATASETS_AT], *(f"[{i + 1}]" for i in range(len(datasets))), *NODE_HEADERS[DATASETS_AT:])
+
+
+def node_row(node: ClusterNode, datasets: tuple[str, ...]) -> tuple[str, ...]:
+    """A node's cells under node_headers(datasets)."""
+    cells = node_cells(node)
+    return (*cells[:DATASETS_AT], *(residency_cell(node.dataset(p)) for p in datasets), *cells[DATASETS_AT:])
 
 
 def node_cells(node: ClusterNode) -> tuple[str, ...]:
@@ -103,25 +123,33 @@ def node_cells(node: ClusterNode) -> tuple[str, ...]:
 
 
 def summary_line(part: ClusterPart) -> str:
-    """'12 nodes (1 down), 96 GPUs (2 lost), 2 datasets, 1 job · 12 queries in 0.04 s'."""
+    """'12 nodes (1 down), 96 GPUs (2 lost), 1 job · 14 queries, 0.04 s' (the width of 80 columns)."""
     down = sum(1 for n in part.nodes if not n.up)
-    gpus = sum(len(n.gpus) for n in part.nodes)
+    gpus = sum(n.gpus_read for n in part.nodes if isinstance(n.gpus_read, int))
     lost = sum(n.gpus_lost for n in part.nodes)
     out = f"{len(part.nodes)} nodes" + (f" ({down} down)" if down else "")
     out += f", {gpus} GPUs" + (f" ({lost} lost)" if lost else "")
-    out += f", {len(part.datasets)} datasets, {len(part.jobs)} jobs"
-    return out + f" · {part.queries} queries in {part.query_s:.2f} s"
+    jobs = sum(1 for j in part.jobs if j.job_id)  # the ranks without a job id are no job
+    out += f", {jobs} job{'s' if jobs != 1 else ''}"  # the datasets: their legend is below the table
+    return out + f" · {part.queries} queries, {part.query_s:.2f} s"
+
+
+NO_JOB_ID = "(no job id)"  # the jobs table's group of the ranks whose probe gave no job id
 
 
 def job_rows(part: ClusterPart) -> list[tuple[str, ...]]:
-    """(job, ranks, nodes, worst data wait, slowest step, the slowest rank) per job."""
+    """(job, ranks, nodes, worst data wait, slowest step, the slowest rank) per job, the ranks without a job id
+    last as one group."""
     rows: list[tuple[str, ...]] = []
+    names = {n.instance: n.name for n in part.nodes}  # the node label where the scrape config gives one
     for j in part.jobs:
-        nodes = {r.instance for r in j.ranks}
         wait = pct(j.most_waiting.data_wait_ratio) if j.most_waiting else "n/a"
         step = seconds(j.slowest.step_s) if j.slowest else "n/a"
-        who = f"rank {j.slowest.rank or '?'} on {j.slowest.instance}" if j.slowest else "n/a"
-        rows.append((j.job_id, str(len(j.ranks)), str(len(nodes)), wait, step, who))
+        where = names.get(j.slowest.instance, j.slowest.instance) if j.slowest else ""
+        who = f"rank {j.slowest.rank or '?'} on {where}" if j.slowest else "n/a"
+        if j.slowest and not j.job_id:
+            who = f"pid {j.slowest.pid or '?'} on {where}"  # no job: its rank says nothing
+        rows.append((j.job_id or NO_JOB_ID, str(j.rank_count), str(j.node_count), wait, step, who))
     return rows
 
 
@@ -136,10 +164,40 @@ def _host(node: ClusterNode) -> str:
     return host.strip("[]")
 
 
+SSH_LINES_UP_TO = 8  # more cold hosts than this get one pdsh line, not an ssh line each
+_NUMBERED = re.compile(r"(.*?)(\d+)")
+
+
+def hostlist(hosts: list[str]) -> str:
+    """Host names as one Slurm hostlist expression: 'gpu-0001,gpu-0002,gpu-0004' -> 'gpu-[0001-0002,0004]'
+    (zero-padded numbers keep their width; names not ending in a number are listed as they are)."""
+    groups: dict[tuple[str, int], set[int]] = {}
+    plain: list[str] = []
+    for h in dict.fromkeys(hosts):
+        m = _NUMBERED.fullmatch(h)
+        if m is None or len(m.group(2)) > 18:
+            plain.append(h)
+            continue
+        digits = m.group(2)
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0  # 0: not zero-padded
+        groups.setdefault((m.group(1), width), set()).add(int(digits))
+    out = []
+    for (prefix, width), numbers in sorted(groups.items()):
+        ranges: list[list[int]] = []
+        for n in sorted(numbers):
+            if ranges and n == ranges[-1][1] + 1:
+                ranges[-1][1] = n
+            else:
+                ranges.append([n, n])
+        text = ",".join(f"{a:0{width}d}" if a == b else f"{a:0{width}d}-{b:0{width}d}" for a, b in ranges)
+        out.append(f"{prefix}{text}" if len(ranges) == 1 and ranges[0][0] == ranges[0][1] else f"{prefix}[{text}]")
+    return ",".join(out + plain)
+
+
 def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]]:
     """(commands, notes): the lines that warm `dataset` on each node where it is cold (srun for the hosts at once,
-    kubectl exec per pod, ssh per host), each word shell-quoted; a node or path whose name is not one safe word
-    on a command line is left out with a note, never pasted into one."""
+    kubectl exec per pod, ssh per host, or one pdsh line past SSH_LINES_UP_TO hosts), each word shell-quoted; a
+    node or path whose name is not one safe word on a command line is left out with a note, never pasted in."""
     notes: list[str] = []
     if any(not ch.isprintable() for ch in dataset):
         return [], [f"{printable(dataset)}: the path holds control characters: no command offered"]
@@ -150,15 +208,20 @@ def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]
         host = _host(n)
         if n.pod and n.namespace and SAFE_WORD.fullmatch(n.pod) and SAFE_WORD.fullmatch(n.namespace):
             pods.append((n.namespace, n.pod))
-        elif SAFE_WORD.fullmatch(host):
+        elif SAFE_WORD.fullmatch(host) and "," not in host:  # a comma would split it in the hostlist
             hosts.append(host)
         else:
             notes.append(f"{printable(n.instance)}: its name is not a plain host name: no command offered")
     path = shlex.quote(dataset)
     out = []
     if hosts:
-        out.append(f"srun --nodelist={','.join(hosts)} --ntasks-per-node=1 dltop warm {path}")
-        out.extend(f"ssh {h} dltop warm {path}" for h in hosts)
+        # A hostlist ('gpu-[0000-0029,0031-0255]') as Slurm and pdsh read it, quoted: [ ] are globs to a shell.
+        listed = shlex.quote(hostlist(hosts))
+        out.append(f"srun --nodelist={listed} --ntasks-per-node=1 dltop warm {path}")
+        if len(hosts) <= SSH_LINES_UP_TO:
+            out.extend(f"ssh {h} dltop warm {path}" for h in hosts)
+        else:
+            out.append(f"pdsh -w {listed} dltop warm {path}")
     out.extend(f"kubectl exec -n {ns} {pod} -- dltop warm {path}" for ns, pod in pods)
     if not cold:
         notes.append(f"{printable(dataset)} is warm on every node that watches it")
@@ -176,12 +239,24 @@ def node_detail(node: ClusterNode) -> list[str]:
     lines.append(f"memory: total {_b(node.memory_total_bytes)}, available {_b(node.memory_available_bytes)}, "
                  f"page cache {_b(node.memory_cached_bytes)}, dirty {_b(node.memory_dirty_bytes)}; "
                  f"PSI some {pct(node.pressure_memory_some)}, full {pct(node.pressure_memory_full)}")
-    lines.append(f"GPUs: {node.gpu_count if isinstance(node.gpu_count, int) else 'n/a'}")
+    lines.append(f"GPUs: {node.gpu_count if isinstance(node.gpu_count, int) else 'n/a'}"
+                 + (f", {_b(node.gpu_memory_used_bytes)} of {_b(node.gpu_memory_total_bytes)} used, util "
+                    f"{pct(node.gpu_utilization)}" if isinstance(node.gpus_read, int) and node.gpus_read else ""))
+    if not node.detailed:
+        lines.append("  per GPU and per rank: not in this refresh (the tab reads them for the node Enter opens)")
+    names = {g.name for g in node.gpus}
+    shared = names.pop() if len(names) == 1 else None
+    if shared:
+        lines[-1] += f" ({shared})"  # said once, not on each GPU's line
     for g in node.gpus:
         state = "up" if g.up is True else f"LOST ({g.down_reason or 'down'})" if g.up is False else "n/a"
-        uses = ", ".join(f"{u} {human_bytes(b)}" for u, b in sorted((g.memory_by_use or {}).items()))
-        lines.append(f"  GPU {g.gpu} {g.name or ''} {state}: {_b(g.memory_used_bytes)} of "
-                     f"{_b(g.memory_total_bytes)} used, util {pct(g.utilization)}" + (f"; {uses}" if uses else ""))
+        name = f" {g.name}" if g.name and not shared else ""
+        used, total = g.memory_used_bytes, g.memory_total_bytes
+        mem = used_of(used, total) if isinstance(used, int) and isinstance(total, int) else "n/a"
+        lines.append(f"  GPU {g.gpu}{name} {state}: {mem} used, util {pct(g.utilization)}")
+        if g.memory_by_use:  # the biggest use first
+            lines.append("    " + ", ".join(f"{u} {human_bytes(b)}" for u, b in
+                                            sorted(g.memory_by_use.items(), key=lambda ub: (-ub[1], ub[0]))))
     if node.datasets:
         lines.append("datasets:")
     for d in node.datasets:
@@ -213,7 +288,8 @@ def cluster_json(part: ClusterPart) -> dict[str, Any]:
         "prometheus": part.url, "selector": part.selector, "queried_at": part.queried_at,
         "query_s": part.query_s, "queries": part.queries,
         "nodes": [node_json(n) for n in part.nodes],
-        "jobs": [{"job_id": j.job_id, "ranks": [to_dict(r) for r in j.ranks],
+        "jobs": [{"job_id": j.job_id, "rank_count": j.rank_count, "node_count": j.node_count,
+                  "ranks": [to_dict(r) for r in j.ranks],
                   "slowest": to_dict(j.slowest), "most_waiting": to_dict(j.most_waiting)} for j in part.jobs],
         "notes": list(part.notes),
     }
@@ -228,7 +304,10 @@ def node_json(n: ClusterNode) -> dict[str, Any]:
                    "cached_bytes": to_dict(n.memory_cached_bytes), "dirty_bytes": to_dict(n.memory_dirty_bytes),
                    "pressure_some_avg10_ratio": to_dict(n.pressure_memory_some),
                    "pressure_full_avg10_ratio": to_dict(n.pressure_memory_full)},
-        "gpu_count": to_dict(n.gpu_count),
+        "gpu_count": to_dict(n.gpu_count), "detailed": n.detailed,
+        "gpu_totals": {"gpus_read": to_dict(n.gpus_read), "memory_used_bytes": to_dict(n.gpu_memory_used_bytes),
+                       "memory_total_bytes": to_dict(n.gpu_memory_total_bytes),
+                       "utilization": to_dict(n.gpu_utilization)},
         "gpus": [to_dict(g) for g in n.gpus],
         "datasets": [{"dataset": d.dataset, "up": to_dict(d.up), "size_bytes": to_dict(d.size_bytes),
                       "resident_bytes": to_dict(d.resident_bytes), "reason": d.reason} for d in n.datasets],
@@ -242,8 +321,8 @@ def node_json(n: ClusterNode) -> dict[str, Any]:
 def cluster_text(part: ClusterPart) -> list[str]:
     """`dltop cluster`'s text: the summary, a row per node with each dataset's residency, the jobs, the notes."""
     datasets = part.datasets
-    rows = [(*node_cells(n), *(residency_cell(n.dataset(p)) for p in datasets)) for n in sort_nodes(part)]
-    headers = (*NODE_HEADERS, *(f"[{i + 1}]" for i in range(len(datasets))))
+    rows = [node_row(n, datasets) for n in sort_nodes(part)]
+    headers = node_headers(datasets)
     lines = [summary_line(part), *_table(headers, rows)]
     lines.extend(f"[{i + 1}] {p}" for i, p in enumerate(datasets))
     if part.jobs:

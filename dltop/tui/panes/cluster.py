@@ -13,19 +13,26 @@ from dltop.model.base import Unavailable
 from dltop.model.cluster import ClusterNode, ClusterPart
 from dltop.text.cluster import (
     JOB_HEADERS,
-    NODE_HEADERS,
     SORTS,
     job_rows,
-    node_cells,
     node_detail,
-    residency_cell,
+    node_headers,
+    node_row,
     sort_nodes,
     summary_line,
     warm_commands,
 )
+from dltop.tui.messages import RescanRequested
 from dltop.tui.panes.base import Pane, RowTable, set_content, set_row
 from dltop.tui.screens.cluster import ClusterTextScreen
 from dltop.tui.view import View
+
+
+class NodeTable(RowTable):
+    """The nodes: Enter (DataTable's select, which the pane turns into the node's detail) reads "Node" in the
+    footer; DataTable's own Enter binding is hidden there, and as the focused widget's it hid the pane's."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "Node", id="cluster.node")]
 
 
 def _key(n: ClusterNode) -> str:
@@ -38,7 +45,7 @@ class ClusterPane(Pane):
     PANE_ID = "cluster"
     TITLE = "Cluster"
     HELP = ("Every node's dltop export, read back from Prometheus (--prometheus): instant queries of /api/v1/query, "
-            "the same dozen however many nodes. [N] columns: the resident share of dataset N on the node; down: "
+            "the same fourteen however many nodes, three more for the node Enter opens. [N] columns: the resident share of dataset N on the node; down: "
             "the last scrape failed or its readings are stale.")
     BINDINGS = [
         Binding("enter", "detail", "Node", id="cluster.detail"),
@@ -60,10 +67,12 @@ class ClusterPane(Pane):
         self._keys: list[str] = []
         self._by_key: dict[str, ClusterNode] = {}
         self._jobs_shown: list[str] = []
+        self._pending: tuple[str, float] | None = None  # the node whose detail was asked for, and when
+        self._can: tuple[bool, bool] = (False, False)  # (w, Enter) possible at the last draw
 
     def compose(self) -> ComposeResult:
         yield Static(id="cluster-summary")
-        yield RowTable(id="cluster-nodes", cursor_type="row", zebra_stripes=False)
+        yield NodeTable(id="cluster-nodes", cursor_type="row", zebra_stripes=False)
         yield DataTable(id="cluster-jobs", cursor_type="none", show_cursor=False, zebra_stripes=False)
         yield Static(id="cluster-notes")
 
@@ -83,9 +92,22 @@ class ClusterPane(Pane):
             return
         text = Text(summary_line(part))
         text.append(f" · {self.order}", "dim")
-        set_content(summary, text)
         self._fill_nodes(part)
+        if self._pending is not None:
+            key, asked_at = self._pending
+            node = self._by_key.get(key)
+            if node is None:
+                self._pending = None
+            elif node.detailed or part.queried_at > asked_at:  # in, or a refresh came without it: show what is
+                self._open_detail(node)
+            else:
+                text = Text(f"reading {printable(node.name)}'s GPUs and ranks…", style="bold")
+        set_content(summary, text)
         self._fill_jobs(part)
+        can = (bool(part.datasets), bool(part.nodes))
+        if can != self._can:  # w and Enter come and go with the datasets and nodes: the footer says so
+            self._can = can
+            self.refresh_bindings()
         datasets = "  ".join(f"[{i + 1}] {p}" for i, p in enumerate(part.datasets))
         notes = "; ".join(part.notes)
         set_content(self.query_one("#cluster-notes", Static), "\n".join(x for x in (datasets, notes) if x))
@@ -93,7 +115,7 @@ class ClusterPane(Pane):
     def _fill_nodes(self, part: ClusterPart | None) -> None:
         table = self.query_one("#cluster-nodes", RowTable)
         datasets = part.datasets if part is not None else ()
-        columns = (*NODE_HEADERS, *(f"[{i + 1}]" for i in range(len(datasets))))
+        columns = node_headers(datasets)
         nodes = sort_nodes(part, self.order) if part is not None else []
         keys = [_key(n) for n in nodes]
         if columns != self._columns or keys != self._keys:
@@ -116,7 +138,7 @@ class ClusterPane(Pane):
 
     @staticmethod
     def _cells(n: ClusterNode, datasets: tuple[str, ...]) -> tuple[str, ...]:
-        return (*node_cells(n), *(residency_cell(n.dataset(p)) for p in datasets))
+        return node_row(n, datasets)
 
     def _fill_jobs(self, part: ClusterPart) -> None:
         table = self.query_one("#cluster-jobs", DataTable)
@@ -125,13 +147,13 @@ class ClusterPane(Pane):
             for i, label in enumerate(JOB_HEADERS):
                 table.add_column(label, key=str(i))
         rows = job_rows(part)
-        keys = [r[0] for r in rows]
+        keys = [f"job:{j.job_id}" if j.job_id else "no job id" for j in part.jobs]  # a job may be named anything
         if keys != self._jobs_shown:
             table.clear()
             self._jobs_shown = keys
         cols = tuple(str(i) for i in range(len(JOB_HEADERS)))
-        for r in rows:
-            set_row(table, r[0], cols, r)
+        for key, r in zip(keys, rows, strict=True):
+            set_row(table, key, cols, r)
 
     def _selected_key(self) -> str | None:
         table = self.query_one("#cluster-nodes", RowTable)
@@ -161,9 +183,21 @@ class ClusterPane(Pane):
 
     def action_detail(self) -> None:
         """A node's numbers: per GPU, per dataset, per rank, as its own exporter serves them."""
-        node = self.selected()
-        if node is not None:
-            self.app.push_screen(ClusterTextScreen(f"Node {node.name}", node_detail(node)))
+        node, part = self.selected(), self.part
+        if node is None or part is None:
+            return
+        if node.detailed or (self.view is not None and self.view.replay):
+            self._open_detail(node)
+            return
+        # A refresh reads every GPU and rank of one node only, the one opened: asked for now, shown when in.
+        self._pending = (_key(node), part.queried_at)
+        self.post_message(RescanRequested("cluster", _key(node)))
+        if self.view is not None:
+            self.render_view(self.view)
+
+    def _open_detail(self, node: ClusterNode) -> None:
+        self._pending = None
+        self.app.push_screen(ClusterTextScreen(f"Node {node.name}", node_detail(node)))
 
     def action_sort(self) -> None:
         """Coldest node first, by name, or the down ones first."""
