@@ -90,24 +90,26 @@ def decoded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 _FULL: dict[tuple[float | None, float | None], str] = {}
 
 
-def both(rec_dir: Path, decoded: list[int], t0: float | None = None, t1: float | None = None,
-         full_of: Path | None = None) -> tuple[str, int]:
-    """The report through the summaries and how many samples it decoded; asserted equal to the report that
-    decodes every sample (of `full_of`, the recording before it was changed, made once)."""
+def fast(rec_dir: Path, decoded: list[int], t0: float | None = None, t1: float | None = None) -> tuple[str, int]:
+    """The report through the summaries, and how many samples it decoded."""
     decoded[0] = 0
-    fast = report(Recording(str(rec_dir)), t0, t1, width=WIDTH)
-    n = decoded[0]
+    return report(Recording(str(rec_dir)), t0, t1, width=WIDTH), decoded[0]
+
+
+def same_as_full(out: str, rec_dir: Path, t0: float | None = None, t1: float | None = None,
+                 full_of: Path | None = None) -> None:
+    """`out` is the report that decodes every sample (of `full_of`: the recording before it was changed)."""
     if (t0, t1) not in _FULL:
         _FULL[t0, t1] = report(Recording(str(full_of or rec_dir)), t0, t1, width=WIDTH, fast=False)
-    assert fast.replace(str(rec_dir), str(full_of or rec_dir)) == _FULL[t0, t1]
-    return fast, n
+    assert out.replace(str(rec_dir), str(full_of or rec_dir)) == _FULL[t0, t1]
 
 
 def test_the_report_through_summaries_equals_decoding_every_sample(recording: tuple[Path, list[Snapshot]],
                                                                    decoded: list[int]) -> None:
     rec_dir, snaps = recording
-    out, n = both(rec_dir, decoded)
+    out, n = fast(rec_dir, decoded)
     assert n == 0  # the whole recording: every frame through its summary
+    same_as_full(out, rec_dir)
     top = max(snaps, key=lambda s: s.memory.cached_bytes)  # type: ignore[union-attr]  # the first of the ties
     peak = next(line for line in out.splitlines() if line.strip().startswith("page cache (Cached)"))
     assert peak.endswith(time.strftime("%m-%d %H:%M:%S" if N > 86400 else "%H:%M:%S", time.localtime(top.ts)))
@@ -115,8 +117,10 @@ def test_the_report_through_summaries_equals_decoding_every_sample(recording: tu
     for name in ("weights", "KV cache", "cached", "dirty"):  # chart legends, the split's for a while only
         assert name in out
     # The edges of a range fall inside frames: those two are decoded, the rest read through summaries.
-    _, n = both(rec_dir, decoded, snaps[30].ts, snaps[N - 10].ts)
+    t0, t1 = snaps[30].ts, snaps[N - 10].ts
+    out, n = fast(rec_dir, decoded, t0, t1)
     assert 0 < n <= 2 * BLOCK
+    same_as_full(out, rec_dir, t0, t1)
 
 
 def _rewrite_indexes(rec_dir: Path, change: object) -> None:
@@ -141,12 +145,14 @@ def test_frames_without_a_summary_or_with_a_damaged_one_are_decoded(recording: t
             first[0] = False
 
     _rewrite_indexes(old, damage)
-    _, n = both(old, decoded, full_of=rec_dir)
+    out, n = fast(old, decoded)
     assert n == BLOCK
+    same_as_full(out, old, full_of=rec_dir)
     # An older dltop's recording: no summaries at all; every sample decoded, the same report.
     _rewrite_indexes(old, lambda b: (b.pop("summary", None), b.pop("summary_crc", None)))
-    _, n = both(old, decoded, full_of=rec_dir)
+    out, n = fast(old, decoded)
     assert n == N
+    same_as_full(out, old, full_of=rec_dir)
     assert Recording(str(old)).damage.total == 0  # a summary missing or damaged is no damage to the samples
 
 

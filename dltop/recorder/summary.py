@@ -104,7 +104,8 @@ def _number(v: Any) -> bool:
 def check_summary(summary: Any, crc: Any, samples: int) -> dict[str, Any] | None:
     """The summary of a frame of `samples` samples when it is what the writer wrote (its checksum matches, every
     entry has its shape), else None: the frame is then decoded."""
-    if not isinstance(summary, dict) or crc != store.entry_crc([summary]) or summary.get("n") != samples:
+    if not isinstance(summary, dict) or summary.get("n") != samples or not store.shallow(summary, 4) \
+            or crc != store.entry_crc([summary]):
         return None
     peaks, totals, lines = summary.get("peaks"), summary.get("totals"), summary.get("lines")
     if not (isinstance(peaks, list) and isinstance(totals, list) and isinstance(lines, list)):
