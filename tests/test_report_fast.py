@@ -16,12 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dltop.model import Snapshot
 from dltop.model.gpu import MemorySplit
 from dltop.recorder import Recorder, Recording, store
-from dltop.recorder.report import report
+from dltop.recorder.reader import index_times
+from dltop.recorder.report import _chart, _Collected, _peaks, report
 from dltop.recorder.segment import Chunk
+from dltop.recorder.summary import check_summary
 from tests.test_recorder import sampled
 
 N = 2000  # a report at 60 columns charts every 16th sample from 1920 on: the summaries are used
@@ -203,3 +207,60 @@ def test_progress_only_on_a_terminal_and_not_with_quiet(recording: tuple[Path, l
     r = subprocess.run([sys.executable, "-m", "dltop", "report", str(rec_dir), "--width", str(WIDTH)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == "" and r.stdout == out
+
+
+# -- a summary's values under a valid checksum -----------------------------------------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+                    | st.text(max_size=8), lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+TRIED = [0, 0]  # summaries tried, of which passed the checks and were drawn
+
+
+def _paths(value: object, at: tuple = ()) -> list[tuple]:
+    out = [at]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*at, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*at, i))
+    return out
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_a_summary_changed_under_a_valid_checksum_is_refused_or_read(recording: tuple[Path, list[Snapshot]],
+                                                                      data: st.DataObject) -> None:
+    rec_dir, _ = recording
+    idx = sorted(rec_dir.glob("*" + store.INDEX_SUFFIX))[0]
+    block = json.loads(idx.read_text())["blocks"][0]
+    summary = block["summary"]
+    paths = _paths(summary)
+    at = data.draw(st.sampled_from(paths[1:]))
+    # Numbers most often (what passes the shape checks and reaches the drawing), any JSON value the rest.
+    new = data.draw(st.integers(-(2**66), 2**66) | st.floats(allow_nan=False) | st.none() | JSON)
+    holder = summary
+    for key in at[:-1]:
+        holder = holder[key]
+    holder[at[-1]] = new
+    try:
+        read = store.loads(json.dumps(summary))  # as the reader gets it: bounded numbers, no NaN
+    except store.Malformed:
+        return
+    times = index_times(block["ts"])
+    got = check_summary(read, store.entry_crc([read]), len(times))
+    TRIED[0] += 1
+    if got is not None:  # what passes the checks is drawn without a traceback
+        TRIED[1] += 1
+        c = _Collected(every_sample=False)
+        c.see_summary(times, got)
+        lines = _peaks(c)
+        for title in c.charts:
+            lines += _chart(title, "GiB", c.charts[title], WIDTH, False)
+        assert all(isinstance(line, str) for line in lines)
+
+
+def test_the_summary_fuzz_ran() -> None:
+    print(f"\nfuzzed (summaries under a valid checksum): {TRIED[0]}, {TRIED[1]} of them read and drawn")
+    assert TRIED[0] > 100

@@ -1,7 +1,9 @@
 """`dltop report`: the postmortem of a recording in a terminal — peaks, the event timeline, charts, hints.
 
 Everything comes from the recorded Snapshots and events: the peaks from every sample of the range, the charts
-(plotext) from the same samples thinned to the chart's width, the hints from the recorder's hint events.
+(plotext) from the same samples thinned to the chart's width, the hints from the recorder's hint events. A frame
+wholly inside the range is read through its summary in the index (`summary.py`) where it has one: the same
+numbers, without decoding its Snapshots; the range's edges and frames without a summary are decoded.
 """
 
 from __future__ import annotations
