@@ -264,3 +264,15 @@ def test_a_summary_changed_under_a_valid_checksum_is_refused_or_read(recording: 
 def test_the_summary_fuzz_ran() -> None:
     print(f"\nfuzzed (summaries under a valid checksum): {TRIED[0]}, {TRIED[1]} of them read and drawn")
     assert TRIED[0] > 100
+
+
+def test_peaks_over_days_fit_80_columns(recording: tuple[Path, list[Snapshot]]) -> None:
+    # A week's report dates each peak (MM-DD HH:MM:SS): its lines still fit an 80-column terminal.
+    rec_dir, snaps = recording
+    c = _Collected()
+    for s in snaps[:3]:
+        c.see(s)
+    c.last_ts = (c.first_ts or 0.0) + 7 * 86400
+    lines = _peaks(c)
+    assert len(lines) > 5 and all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
+    assert any("-" in line.split(" at ")[-1] for line in lines[1:-1])  # dated

@@ -218,6 +218,8 @@ def _peaks(c: _Collected) -> list[str]:
         return []
     span = (c.last_ts - c.first_ts) if c.first_ts is not None and c.last_ts is not None else 0.0
     out = ["Peaks"]
+    # Over a day the times carry their date (6 more columns): the names give them up, so a line fits 80 columns.
+    room = 34 if span > 86400 else 40
     for name, p in c.peaks.items():
         if p.value is None:
             continue
@@ -226,7 +228,7 @@ def _peaks(c: _Collected) -> list[str]:
         else:
             total = c.totals.get(name)
             value = human_bytes(p.value) + (f" of {human_bytes(total)}" if total else "")
-        out.append(f"  {shorten_middle(name, 40):<40} {value:>24}  at {_when(p.ts, span)}")
+        out.append(f"  {shorten_middle(name, room):<{room}} {value:>24}  at {_when(p.ts, span)}")
     return [*out, ""]
 
 
