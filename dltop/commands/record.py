@@ -68,6 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "residency over time, and the hints that fired.")
     _range_options(p)
     p.add_argument("--width", type=int, default=None, metavar="COLUMNS", help="chart width (default: the terminal's)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress line on stderr (there is none when stderr is not a terminal)")
     p.set_defaults(func=run_report)
 
     p = sub.add_parser("dump", help="a recording as CSV, JSON Lines or OpenMetrics",
@@ -248,12 +250,47 @@ def run_report(args: argparse.Namespace) -> int:
 
     rec, t0, t1 = _open_range(args)
     color = sys.stdout.isatty()
+    bar = None if args.quiet or not sys.stderr.isatty() else _Progress("dltop report: reading")
+    try:
+        text = report(rec, t0, t1, width=args.width, color=color, progress=bar)
+    finally:
+        if bar is not None:
+            bar.clear()
     # In colour the report's own escapes must reach the terminal: it escapes the text from outside itself.
     out = getattr(sys.stdout, "raw", sys.stdout) if color else sys.stdout
-    out.write(report(rec, t0, t1, width=args.width, color=color))
+    out.write(text)
     sys.stdout.flush()
     damage_note("report", rec)
     return 0
+
+
+class _Progress:
+    """One line on a terminal's stderr that updates in place (at most five times a second): done of total."""
+
+    def __init__(self, what: str, every_s: float = 0.2) -> None:
+        self.what = what
+        self.every_s = every_s
+        self.shown = False
+        self._next = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now < self._next and done < total:
+            return
+        self._next = now + self.every_s
+        pct = 100 * done // total if total else 100
+        # Past the escaping writer: the line is numbers of our own, and its \r and erase must reach the terminal.
+        err = getattr(sys.stderr, "raw", sys.stderr)
+        err.write(f"\r{self.what} {done:,} of {total:,} {'sample' if total == 1 else 'samples'} ({pct}%)\x1b[K")
+        err.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        """Take the line away (the report follows on stdout)."""
+        if self.shown:
+            err = getattr(sys.stderr, "raw", sys.stderr)
+            err.write("\r\x1b[K")
+            err.flush()
 
 
 def run_dump(args: argparse.Namespace) -> int:

@@ -29,10 +29,11 @@ from dltop.fmt import plural, printable
 from dltop.model import DecodeError, Snapshot
 from dltop.recorder import store
 from dltop.recorder.segment import MAX_FRAME_BYTES, Chunk, RecordedEvent, decompress, decompress_frame
+from dltop.recorder.summary import check_summary
 
 _CACHED_CHUNKS = 4
 
-__all__ = ["Damage", "RecordedEvent", "Recording"]
+__all__ = ["Damage", "Piece", "RecordedEvent", "Recording"]
 
 # What the counts are of, in the order a note names them (singular, plural).
 _KINDS = {"line": ("damaged line", "damaged lines"), "sample": ("sample", "samples"),
@@ -108,6 +109,30 @@ class _Segment:
     # per chunk: the sample times, and how to get its lines
     chunks: list[tuple[list[float], Callable[[], Chunk]]] = field(default_factory=list)
     events: list[RecordedEvent] = field(default_factory=list)
+    summaries: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # chunk -> (summary, its crc), unchecked
+
+
+@dataclass
+class Piece:
+    """The samples of one frame within a range: their times, the frame's summary where the whole frame is in the
+    range and its index entry has a good one, and its Snapshots (decoded when asked for)."""
+
+    rec: Recording
+    lo: int  # the samples' places in time order, lo to hi (not included)
+    hi: int
+    summary: dict[str, Any] | None
+
+    @property
+    def times(self) -> list[float]:
+        """The samples' times."""
+        return self.rec._ts[self.lo:self.hi]
+
+    def snapshots(self) -> Iterator[tuple[int, Snapshot]]:
+        """(place in the frame, Snapshot) of each sample, decoded; damaged ones skipped and counted."""
+        for j in range(self.lo, self.hi):
+            snap = self.rec._snapshot(j)
+            if snap is not None:
+                yield self.rec._place(j)[2], snap
 
 
 class Recording:
@@ -178,6 +203,27 @@ class Recording:
             snap = self._snapshot(j)
             if snap is not None:
                 yield snap
+
+    def pieces(self, t0: float | None = None, t1: float | None = None) -> Iterator[Piece]:
+        """The samples with t0 <= ts <= t1 frame by frame, in time order: a frame wholly inside the range comes
+        with its summary where its index entry has a good one (none are used where a clock stepped back)."""
+        lo = 0 if t0 is None else bisect.bisect_left(self._ts, t0)
+        hi = len(self._ts) if t1 is None else bisect.bisect_right(self._ts, t1)
+        j = lo
+        while j < hi:
+            if self._order is not None:
+                yield Piece(self, j, hi, None)
+                return
+            c = bisect.bisect_right(self._chunk_start, j) - 1
+            start = self._chunk_start[c]
+            end = self._chunk_start[c + 1] if c + 1 < len(self._chunk_start) else len(self._ts)
+            si, ci = self._chunk_of[c]
+            summary = None
+            if j == start and end <= hi:
+                raw = self._segments[si].summaries.get(ci)
+                summary = None if raw is None else check_summary(raw[0], raw[1], end - start)
+            yield Piece(self, j, min(end, hi), summary)
+            j = min(end, hi)
 
     def events(self, t0: float | None = None, t1: float | None = None) -> list[RecordedEvent]:
         """The events with t0 <= ts <= t1, in time order."""
@@ -287,6 +333,8 @@ class Recording:
                 self.damage.add((path, "block", bi), "frame", "cut off (the file is shorter than its index says)",
                                 times=b["times"])
                 continue
+            if "summary" in b:
+                seg.summaries[len(seg.chunks)] = (b["summary"], b.get("summary_crc"))
             seg.chunks.append((b["times"], _frame_loader(path, offset, length)))
         return seg
 

@@ -1,7 +1,9 @@
 """`dltop report`: the postmortem of a recording in a terminal — peaks, the event timeline, charts, hints.
 
 Everything comes from the recorded Snapshots and events: the peaks from every sample of the range, the charts
-(plotext) from the same samples thinned to the chart's width, the hints from the recorder's hint events.
+(plotext) from the same samples thinned to the chart's width, the hints from the recorder's hint events. A frame
+wholly inside the range is read through its summary in the index (`summary.py`) where it has one: the same
+numbers, without decoding its Snapshots; the range's edges and frames without a summary are decoded.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +26,9 @@ from dltop.fmt import (
     printable_lines,
     shorten_middle,
 )
-from dltop.model import CgroupMemory, DatasetsPart, MemoryPart, Snapshot
-from dltop.model.datasets import DatasetResidency
-from dltop.model.gpu import SPLIT_FIELDS
+from dltop.model import Snapshot
 from dltop.recorder.reader import RecordedEvent, Recording
+from dltop.recorder.summary import CHARTS, STRIDE, better, sample_values
 from dltop.text.events import describe_event
 
 MAX_EVENTS = 60
@@ -35,8 +37,6 @@ GAP_INTERVALS = 3  # no sample for longer than this many intervals is a gap in t
 # summarised under "Hints that fired", not listed one by one).
 RANK = {"oom_kill": 0, "marker": 1, "action": 2, "gap": 3, "gpu_process": 4, "start": 5, "stop": 5}
 CHART_HEIGHT = 14
-SPLIT_NAMES = dict(zip(SPLIT_FIELDS, ("weights", "KV cache", "allocator cache", "other torch", "non-torch"),
-                       strict=True))
 
 
 @dataclass
@@ -45,9 +45,7 @@ class _Peak:
     ts: float = 0.0
 
     def see(self, value: float | None, ts: float, lowest: bool = False) -> None:
-        if value is None:
-            return
-        if self.value is None or (value < self.value if lowest else value > self.value):
+        if better(value, self.value, lowest):
             self.value, self.ts = value, ts
 
 
@@ -64,83 +62,90 @@ class _Series:
             self.values.append(value)
 
 
-class _Collected:
-    """One pass over the samples: the peaks and the chart lines."""
+# A chart's values as the report draws them: GiB, or percent resident.
+_SCALE = {"page cache": 1 / (1 << 30), "GPU memory": 1 / (1 << 30), "dataset residency": 100.0}
 
-    def __init__(self, interval_s: float = 1.0) -> None:
+
+class _Collected:
+    """One pass over the samples, or over frames' summaries: the peaks and the chart lines. `every_sample`:
+    each sample is a chart point; else every STRIDE-th of a frame (what a frame's summary holds)."""
+
+    def __init__(self, interval_s: float = 1.0, every_sample: bool = True) -> None:
         self.interval_s = interval_s
+        self.every_sample = every_sample
         self.holes: list[tuple[float, float]] = []  # (last sample before, first after) where none came for > 3 intervals
         self.samples = 0
-        self.first: Snapshot | None = None
-        self.last: Snapshot | None = None
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+        self.host = ""  # the first sample's
         self.peaks: dict[str, _Peak] = {}
         self.totals: dict[str, float] = {}  # what a peak is out of (RAM, a GPU's memory, a cgroup's limit)
-        self.charts: dict[str, dict[str, _Series]] = {"page cache": {}, "GPU memory": {}, "dataset residency": {}}
+        self.charts: dict[str, dict[str, _Series]] = {name: {} for name in CHARTS}
 
-    def peak(self, name: str, value: float | None, ts: float, lowest: bool = False) -> None:
-        self.peaks.setdefault(name, _Peak()).see(value, ts, lowest)
+    def _times(self, first: float, last: float, n: int) -> None:
+        if self.last_ts is not None and first - self.last_ts > GAP_INTERVALS * self.interval_s:
+            self.holes.append((self.last_ts, first))
+        if self.first_ts is None:
+            self.first_ts = first
+        self.last_ts = last
+        self.samples += n
 
-    def line(self, chart: str, name: str, ts: float, value: float | None) -> None:
-        self.charts[chart].setdefault(name, _Series()).add(ts, value)
+    def see(self, s: Snapshot, k: int = 0) -> None:
+        """One sample, the k-th of its frame."""
+        self._times(s.ts, s.ts, 1)
+        self.host = self.host or s.host
+        peaks, totals, lines = sample_values(s)
+        for name, v, low in peaks:
+            self.peaks.setdefault(name, _Peak()).see(v, s.ts, low)
+        self.totals.update(totals)
+        point = self.every_sample or k % STRIDE == 0
+        for chart, name, v in lines:
+            series = self.charts[chart].setdefault(name, _Series())
+            if point and v is not None:
+                series.add(s.ts, v * _SCALE[chart])
 
-    def see(self, s: Snapshot) -> None:
-        if self.last is not None and s.ts - self.last.ts > GAP_INTERVALS * self.interval_s:
-            self.holes.append((self.last.ts, s.ts))
-        self.samples += 1
-        self.first = self.first or s
-        self.last = s
-        mem = s.memory
-        if isinstance(mem, MemoryPart):
-            self.peak("page cache (Cached)", mem.cached_bytes, s.ts)
-            self.peak("dirty", mem.dirty_bytes, s.ts)
-            self.peak("writeback", mem.writeback_bytes, s.ts)
-            self.peak("MemAvailable (lowest)", mem.available_bytes, s.ts, lowest=True)
-            if mem.total_bytes:
-                self.totals["page cache (Cached)"] = self.totals["MemAvailable (lowest)"] = mem.total_bytes
-            self.line("page cache", "cached", s.ts, _gib(mem.cached_bytes))
-            self.line("page cache", "dirty", s.ts, _gib(mem.dirty_bytes))
-            if isinstance(mem.cgroup, CgroupMemory):
-                self.peak(f"cgroup {mem.cgroup.path}", mem.cgroup.current_bytes, s.ts)
-                if mem.cgroup.max_bytes:
-                    self.totals[f"cgroup {mem.cgroup.path}"] = mem.cgroup.max_bytes
-        if isinstance(s.gpus, tuple):
-            split = dict.fromkeys(SPLIT_FIELDS, 0)
-            known = set()
-            for g in s.gpus:
-                name = f"GPU {g.index} used"
-                self.peak(name, g.memory_used_bytes, s.ts)
-                if g.memory_total_bytes:
-                    self.totals[name] = g.memory_total_bytes
-                self.line("GPU memory", f"GPU {g.index} used", s.ts, _gib(g.memory_used_bytes))
-                for p in g.processes if isinstance(g.processes, tuple) else ():
-                    for f in SPLIT_FIELDS:
-                        v = getattr(p.split, f)
-                        if v is not None:
-                            split[f] += v
-                            known.add(f)
-            for f in SPLIT_FIELDS:  # the split where probes or servers told it; never guessed
-                if f in known:
-                    self.line("GPU memory", SPLIT_NAMES[f], s.ts, _gib(split[f]))
-        if isinstance(s.datasets, DatasetsPart):
-            for d in s.datasets.paths:
-                if isinstance(d, DatasetResidency) and d.resident_fraction is not None:
-                    self.peak(f"{d.path} resident (lowest)", d.resident_fraction, s.ts, lowest=True)
-                    self.line("dataset residency", os.path.basename(d.path.rstrip("/")) or d.path, s.ts,
-                              d.resident_fraction * 100)
-
-
-def _gib(n: int | None) -> float | None:
-    return None if n is None else n / (1 << 30)
+    def see_summary(self, times: list[float], summary: dict[str, Any]) -> None:
+        """A whole frame through its summary (`summary.frame_summary`): what `see` of each of its samples gives."""
+        self._times(times[0], times[-1], len(times))
+        gap = GAP_INTERVALS * self.interval_s
+        self.holes += [(a, b) for a, b in zip(times, times[1:]) if b - a > gap]  # noqa: B905 (one shorter)
+        for name, low, v, ts in summary["peaks"]:
+            self.peaks.setdefault(name, _Peak()).see(v, ts, bool(low))
+        self.totals.update(dict(summary["totals"]))
+        for chart, name, points in summary["lines"]:
+            series = self.charts[chart].setdefault(name, _Series())
+            scale = _SCALE[chart]
+            for i, v in enumerate(points):
+                if v is not None:
+                    series.add(times[i * STRIDE], v * scale)
 
 
 def report(rec: Recording, t0: float | None = None, t1: float | None = None, width: int | None = None,
-           color: bool = False) -> str:
-    """The whole postmortem as text."""
+           color: bool = False, fast: bool = True, progress: Callable[[int, int], None] | None = None) -> str:
+    """The whole postmortem as text. `fast`: frames wholly in the range are read through their summaries in
+    the index (where they have one) rather than decoded: the same report. `progress(done, total)`: samples."""
     width = max(60, width or _terminal_width())
     interval = rec.meta.get("interval_s")
-    c = _Collected(float(interval) if isinstance(interval, int | float) and 0 < interval <= 3600 else 1.0)
-    for s in rec.range(t0, t1):
-        c.see(s)
+    pieces = list(rec.pieces(t0, t1))
+    total = sum(p.hi - p.lo for p in pieces)
+    # A range with fewer samples than the charts have room for at every STRIDE-th charts every sample (and
+    # decodes them all: at most ~STRIDE times the chart's width).
+    every = total < _room(width) * STRIDE
+    c = _Collected(float(interval) if isinstance(interval, int | float) and 0 < interval <= 3600 else 1.0, every)
+    done = 0
+    for p in pieces:
+        if progress is not None:
+            progress(done, total)
+        if p.summary is not None and fast and not every:
+            c.see_summary(p.times, p.summary)
+        else:
+            for k, s in p.snapshots():
+                c.see(s, k)
+        done += p.hi - p.lo
+    if progress is not None:
+        progress(done, total)
+    if not c.host and c.first_ts is not None and not rec.meta.get("host"):
+        c.host = rec.at(c.first_ts).host
     events = [e for e in rec.events(t0, t1) if e.kind != "view"]  # what was on screen is no event of the job
     out: list[str] = []
     gaps = _gaps(rec, c, rec.events())
@@ -148,7 +153,7 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
     out += _peaks(c)
     out += _gap_lines(gaps, c)
     out += _timeline(events, c)
-    out += _hints(events, t1 if t1 is not None else (c.last.ts if c.last else None))
+    out += _hints(events, t1 if t1 is not None else c.last_ts)
     # The recording came from elsewhere: its names and texts are escaped here (in colour the report is written
     # past the CLI's escaping writer, its own colours intact).
     out = [printable_lines(line) for line in out]
@@ -156,6 +161,11 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
         out += _chart(title, unit, {printable(k): v for k, v in c.charts[title].items()}, width, color,
                       [(a, b) for a, b, _ in gaps])
     return "\n".join(out) + "\n"
+
+
+def _room(width: int) -> int:
+    """How many points a chart of `width` columns draws of a line (two a column: braille-like markers)."""
+    return max(10, width * 2)
 
 
 def _terminal_width() -> int:
@@ -177,13 +187,13 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
             gaps: list[tuple[float, float, str]]) -> list[str]:
     meta = rec.meta
     lines = [f"dltop report: {rec.path}"]
-    if c.first is None or c.last is None:
+    if c.first_ts is None or c.last_ts is None:
         return [*lines, "no samples in this range", ""]
-    span = c.last.ts - c.first.ts
-    lines.append(f"{meta.get('host') or c.first.host}: {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(c.first.ts))}"
-                 f" to {_when(c.last.ts, span)} {time.strftime('%Z', time.localtime(c.last.ts))} "
+    span = c.last_ts - c.first_ts
+    lines.append(f"{meta.get('host') or c.host}: {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(c.first_ts))}"
+                 f" to {_when(c.last_ts, span)} {time.strftime('%Z', time.localtime(c.last_ts))} "
                  f"({human_duration(span)}), {plural(c.samples, 'sample')}"
-                 f" every {meta.get('interval_s', '?')} s, {plural(len(events), 'event')}; times are {_zone(c.last.ts)}")
+                 f" every {meta.get('interval_s', '?')} s, {plural(len(events), 'event')}; times are {_zone(c.last_ts)}")
     ooms = [e for e in events if e.kind == "oom_kill"]
     if ooms:
         kills = sum(int(e.data["kills"]) for e in ooms if isinstance(e.data.get("kills"), int)) or len(ooms)
@@ -206,8 +216,10 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
 def _peaks(c: _Collected) -> list[str]:
     if not c.peaks:
         return []
-    span = (c.last.ts - c.first.ts) if c.first and c.last else 0.0
+    span = (c.last_ts - c.first_ts) if c.first_ts is not None and c.last_ts is not None else 0.0
     out = ["Peaks"]
+    # Over a day the times carry their date (6 more columns): the names give them up, so a line fits 80 columns.
+    room = 34 if span > 86400 else 40
     for name, p in c.peaks.items():
         if p.value is None:
             continue
@@ -216,7 +228,7 @@ def _peaks(c: _Collected) -> list[str]:
         else:
             total = c.totals.get(name)
             value = human_bytes(p.value) + (f" of {human_bytes(total)}" if total else "")
-        out.append(f"  {shorten_middle(name, 40):<40} {value:>24}  at {_when(p.ts, span)}")
+        out.append(f"  {shorten_middle(name, room):<{room}} {value:>24}  at {_when(p.ts, span)}")
     return [*out, ""]
 
 
@@ -273,7 +285,7 @@ def _gaps(rec: Recording, c: _Collected, events: list[RecordedEvent]) -> list[tu
 def _gap_lines(gaps: list[tuple[float, float, str]], c: _Collected) -> list[str]:
     if not gaps:
         return []
-    span = (c.last.ts - c.first.ts) if c.first and c.last else 0.0
+    span = (c.last_ts - c.first_ts) if c.first_ts is not None and c.last_ts is not None else 0.0
     out = ["Gaps"]
     for a, b, why in gaps:
         missing = max(0, round((b - a) / c.interval_s) - 1)
@@ -285,7 +297,7 @@ def _gap_lines(gaps: list[tuple[float, float, str]], c: _Collected) -> list[str]
 def _timeline(events: list[RecordedEvent], c: _Collected) -> list[str]:
     if not events:
         return ["Events: none", ""]
-    span = (c.last.ts - c.first.ts) if c.first and c.last else 0.0
+    span = (c.last_ts - c.first_ts) if c.first_ts is not None and c.last_ts is not None else 0.0
     hints = [e for e in events if e.kind == "hint"]
     listed = [e for e in events if e.kind != "hint"]
 
@@ -377,7 +389,7 @@ def _chart(title: str, unit: str, lines: dict[str, _Series], width: int, color: 
     fig.clear()
     fig.plot_size(width, CHART_HEIGHT)
     fig.theme("simple" if color else "colorless")
-    room = max(10, width * 2)
+    room = _room(width)
     for name, s in lines.items():
         step = max(1, math.ceil(len(s.ts) / room))
         for k, (ts, values) in enumerate(_runs(s, gaps or [])):

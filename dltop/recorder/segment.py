@@ -22,6 +22,7 @@ import zstandard
 
 from dltop.model import SCHEMA_VERSION, DecodeError, Snapshot
 from dltop.recorder import store
+from dltop.recorder.summary import Values, frame_summary
 
 ZSTD_LEVEL = 9
 
@@ -141,10 +142,13 @@ class Chunk:
         return self._parts[i]
 
 
-def compress_segment(directory: str, stem: str, block_samples: int) -> None:
+def compress_segment(directory: str, stem: str, block_samples: int,
+                     values: list[tuple[float, Values]] | None = None) -> None:
     """Turn `stem.jsonl` into `stem.jsonl.zst` (one frame per `block_samples` samples) and `stem.idx.json`,
     then remove the .jsonl. Each file is written whole under a temporary name and renamed into place, so a
-    crash leaves either the open segment or the closed one (the reader prefers the closed one)."""
+    crash leaves either the open segment or the closed one (the reader prefers the closed one). `values`: what
+    the report takes from each sample written (the writer's, `summary.sample_values`): a frame whose every
+    sample has them gets a summary in its index entry."""
     src = os.path.join(directory, stem + store.OPEN_SUFFIX)
     with open(src, "rb") as f:
         data = f.read()
@@ -160,6 +164,9 @@ def compress_segment(directory: str, stem: str, block_samples: int) -> None:
     times: list[float] = []
     all_ts: list[float] = []
     offset = 0
+    by_ts: dict[float, Values | None] = {}
+    for ts, v in values or ():
+        by_ts[ts] = None if ts in by_ts else v  # two samples at one time: which is which is not known
 
     def flush() -> None:
         nonlocal offset, current, times
@@ -167,9 +174,17 @@ def compress_segment(directory: str, stem: str, block_samples: int) -> None:
             return
         frame = cctx.compress(b"\n".join(current) + b"\n")
         frames.append(frame)
-        block = {"offset": offset, "size": len(frame), "first_ts": times[0] if times else None,
+        block: dict[str, Any] = {"offset": offset, "size": len(frame), "first_ts": times[0] if times else None,
                  "last_ts": times[-1] if times else None, "ts": index_times_text(times), "samples": len(times)}
-        blocks.append({**block, "crc": store.entry_crc(list(block.values()))})
+        block["crc"] = store.entry_crc(list(block.values()))
+        # The summary has its own checksum (a dltop before summaries checks the block's entries, not it); a
+        # frame with a sample the writer holds no values for (a segment a killed recorder left) has none.
+        frame_values = [by_ts.get(t) for t in times]
+        if times and all(v is not None for v in frame_values):
+            summary = frame_summary(list(zip(times, frame_values, strict=True)))  # type: ignore[arg-type]
+            block["summary"] = summary
+            block["summary_crc"] = store.entry_crc([summary])
+        blocks.append(block)
         all_ts.extend(times)
         offset += len(frame)
         current, times = [], []

@@ -32,6 +32,7 @@ from dltop.model.actions import ActionEvent
 from dltop.model.memory import CgroupMemory, VmStat
 from dltop.recorder import store
 from dltop.recorder.segment import compress_segment
+from dltop.recorder.summary import Values, sample_values
 
 BLOCK_SAMPLES = 256  # samples per zstd frame of a closed segment: a seek decompresses one frame
 _CLOSE = object()
@@ -67,6 +68,7 @@ class Recorder:
         self._seg_start = 0.0
         self._good = 0  # bytes of the open segment that are whole lines
         self._refs: dict[str, Any] = {}  # kept part -> the object last written as a "part" line
+        self._values: list[tuple[float, Values]] | None = []  # the report's values of each sample written
         self._pending: list[bytes] = []  # event lines before the first segment opens
         self._failing = False
         self._last_error = ""
@@ -166,6 +168,7 @@ class Recorder:
         if self._append(b"".join(lines)):
             self._refs.update(refs)
             self.samples += 1
+            self._summarise(snap)
             self._gap_ended(snap.ts)
         else:
             if not self._gap_samples:
@@ -176,6 +179,16 @@ class Recorder:
             self._event_line(kind, data, snap.ts)
         self._poll_marks()
         self._poll_journal()
+
+    def _summarise(self, snap: Snapshot) -> None:
+        """Keep what the report takes from the sample just written, for its frame's summary in the index."""
+        if self._values is None:
+            return
+        try:
+            self._values.append((snap.ts, sample_values(snap)))
+        except Exception as e:  # the segment's frames then have no summary: a report decodes them
+            self._values = None
+            self._note(f"cannot summarise a sample for the index: {type(e).__name__}: {e}")
 
     def _gap_ended(self, ts: float) -> None:
         """A "gap" event for the samples lost since the last one written (a failed write, a full queue): the
@@ -251,6 +264,7 @@ class Recorder:
         self._seg_start = ts
         self._good = 0
         self._refs = {}  # a segment stands alone: its first sample writes every kept part
+        self._values = []
         try:
             self._fd = store.open_private(self._path(store.OPEN_SUFFIX), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except OSError as e:
@@ -274,7 +288,7 @@ class Recorder:
             os.fsync(fd)
         os.close(fd)
         try:
-            compress_segment(self.directory, self._stem, self._block_samples)
+            compress_segment(self.directory, self._stem, self._block_samples, self._values)
         except OSError as e:
             self._note(f"cannot compress {self._stem}{store.OPEN_SUFFIX}: {e.strerror} (kept uncompressed)")
         self._housekeep()
