@@ -3,10 +3,16 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Tests in parallel, one worker per CPU (at most 4): many wait on a subprocess, a server or a terminal.
+XDIST ?= -n auto --maxprocesses=4
 
-.PHONY: test install-test install-bench lint typecheck pytest screenshots bench
+.PHONY: test check install-test install-bench lint typecheck pytest screenshots bench
 
 test: install-test lint typecheck pytest
+
+# The inner loop: lint, types and the tests not marked slow (tests/conftest.py, SLOW_FILES), on what is installed.
+check: lint typecheck
+	$(BIN)/pytest -q -p no:cacheprovider -m "not slow" $(XDIST)
 
 install-test:
 	PY=$(PY) VENV=$(VENV) bash scripts/install-test-deps
@@ -21,7 +27,7 @@ typecheck:
 	$(BIN)/mypy
 
 pytest:
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider $(XDIST)
 
 screenshots:
 	$(BIN)/python scripts/make_screenshots.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -41,15 +42,45 @@ def _private_action_journal(tmp_path_factory: pytest.TempPathFactory, monkeypatc
 _SNAPSHOTS_SKIPPED = pytest.StashKey[str]()
 
 
+# `make check`, the inner loop's tier, runs the tests not marked slow: parsers, sources on real files, model,
+# hints, text. Slow are the Pilot tests (a Textual app each), the SVG pictures, and these files, which start
+# processes, servers, tmux, torch.compile or a real training run (docs/development.md).
+SLOW_FILES = frozenset({
+    "test_alert_rules", "test_caches_browse", "test_caches_clear", "test_caches_confine", "test_caches_source",
+    "test_capture_fuzz", "test_cli", "test_cluster", "test_datasets_files", "test_datasets_watch", "test_deploy",
+    "test_exporter", "test_fresh_clone", "test_gpu_check", "test_gpu_signal", "test_hostile_screen",
+    "test_hostile_user", "test_pagecache", "test_probe", "test_probe_frameworks", "test_prometheus",
+    "test_record_cli", "test_recorder_hostile", "test_replay_cli", "test_report_fast", "test_terminal",
+    "test_train_tiny", "test_training_hints", "test_kv", "test_probes_source", "test_recorder_ops",
+    "test_cpu_dumps", "test_cpu_cli",  # every captured machine of ../shared/fixtures, lscpu beside each
+})
+# and these tests of files that are otherwise quick: fuzzers of thousands of inputs, a walk of /proc
+SLOW_TESTS = frozenset({
+    "test_fuzz_generated_payloads_never_raise", "test_fuzz_mutated_real_payloads_never_raise",
+    "test_residency_of_proc_as_root_skips_what_it_cannot_list", "test_cpuinfo_never_raises",
+    "test_fuzz_generated_configs_never_raise", "test_ccsidr_plausibility_holds_for_every_captured_machine",
+})
+
+
+def _mark_slow(items: list[pytest.Item]) -> None:
+    for item in items:
+        fn = getattr(item, "function", None)
+        if (item.path.stem in SLOW_FILES or getattr(fn, "__name__", "") in SLOW_TESTS
+                or "snap_compare" in getattr(item, "fixturenames", ())
+                or inspect.iscoroutinefunction(fn)):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """SVG snapshot tests that will skip (their fixtures are in ../shared, which a user's clone lacks): unused
-    snapshots warn instead of failing the run, and --snapshot-update is refused.
+    """Marks the slow tests (see SLOW_FILES). SVG snapshot tests that will skip (their fixtures are in ../shared,
+    which a user's clone lacks): unused snapshots warn instead of failing the run, and --snapshot-update is refused.
 
     syrupy 4.8.0, which pytest-textual-snapshot 1.1.0 pins, takes the files of a module whose snapshot tests all
     skipped for an "unused unknown snapshot collection": it fails the run, and --snapshot-update deletes them
     (fixed upstream in syrupy PR #1161, out of reach behind the pin). Where every snapshot test runs, as in CI,
     an unused snapshot still fails.
     """
+    _mark_slow(items)
     skips = [s for i in items if "snap_compare" in getattr(i, "fixturenames", ()) and (s := evaluate_skip_marks(i))]
     if not skips:
         return
