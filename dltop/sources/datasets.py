@@ -910,8 +910,8 @@ class DatasetsReader:
     def read(self) -> DatasetsPart:
         """Every dataset scanned now (the first read after a takeover: only those not scanned before)."""
         first, self._first = self._first, False
-        if self.watch:
-            return self._read(frozenset(), cycle=True)
+        if self.watch:  # the first read after a takeover reads only the new datasets: the others' scans stand
+            return self._read(frozenset(), cycle=not first)
         return self.read_some(frozenset() if first else frozenset(self.paths))
 
     def read_some(self, paths: frozenset[str]) -> DatasetsPart:
