@@ -279,17 +279,42 @@ async def test_a_tab_key_without_a_tab_says_so(session: list[Snapshot]) -> None:
 
 
 async def test_help_fits_80x24_on_every_tab(tmp_path) -> None:
+    from textual.widgets import OptionList
+
+    from dltop.hints import Hint
+
     app = DltopApp(ListFeed([_dataset_snapshot(tmp_path)]), Settings(datasets=(str(tmp_path / "ds"),)))
+    # Seven hints as long as the real ones (each took 3-5 lines of the list, and pushed the keys and the about
+    # line off the screen).
+    many = [Hint(f"hint-{i}", "warn", f"hint number {i}: " + "something is off here " * (4 + i),
+                 fix="do this about it " * 5) for i in range(7)]
     async with app.run_test(size=(80, 24)) as pilot:
         for tab in [str(i) for i in range(1, len(app._panes) + 1)]:
-            await pilot.press(tab, "question_mark")
-            await pilot.pause()
-            assert isinstance(app.screen, HelpScreen)
-            rows = dict(app.screen._rows)
-            assert "+" not in rows.get("+/-", "+")  # keys by their names, not "plus,equals_sign"
-            dialog = app.screen.query_one("#help-dialog")
-            assert dialog.max_scroll_y == 0, f"help on tab {tab} needs a scrollbar at 80x24"
-            await pilot.press("escape")
+            for hints in ([], many) if tab == "1" else (many,):
+                app.hints = hints
+                app._update_hints()
+                await pilot.press(tab, "question_mark")
+                await pilot.pause()
+                assert isinstance(app.screen, HelpScreen)
+                rows = dict(app.screen._rows)
+                assert "+" not in rows.get("+/-", "+")  # keys by their names, not "plus,equals_sign"
+                dialog = app.screen.query_one("#help-dialog")
+                assert dialog.outer_size.height <= 24
+                used = sum(w.outer_size.height for w in dialog.children)
+                assert used <= dialog.content_size.height, (
+                    f"help on tab {tab} is cut at 80x24: {[(w.id, w.outer_size.height) for w in dialog.children]}")
+                assert app.screen.query_one("#help-about").size.height >= 1
+                if hints:
+                    options = app.screen.query_one("#help-hints", OptionList)
+                    assert options.option_count == 7 and options.virtual_size.height == 7  # a line each
+                    assert options.size.height >= 2
+                    assert app.screen.query_one("#help-hint-keys").size.height == 1
+                    text = app.screen.query_one("#help-hint-text", Static)
+                    assert str(text.render()).startswith("hint-0: hint number 0")
+                    await pilot.press("down")  # the chosen hint's text follows the highlight
+                    await pilot.pause()
+                    assert str(text.render()).startswith("hint-1: hint number 1")
+                await pilot.press("escape")
 
 
 async def test_a_long_hint_is_cut_to_two_lines(session: list[Snapshot]) -> None:
