@@ -74,6 +74,19 @@ async def test_a_writeback_blip_says_its_scale() -> None:
     assert all(len(ln) <= 80 for ln in lines)
 
 
+async def test_each_gpu_chart_line_says_its_span() -> None:
+    from tests.test_gpu_pane import gpu_snaps, scenario
+
+    snaps = gpu_snaps(scenario("h100-2proc"), n=3)  # 2 s apart: 600 samples are 20 min, a 15 min chart
+    app = DltopApp(ListFeed(snaps, start=len(snaps) - 1), Settings(tab="gpu"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        text = "\n".join(str(w.render()) for w in app.query("#gpu-devices Static"))
+        line = next(ln for ln in text.splitlines() if ln.startswith("util"))
+        assert line.rstrip().endswith(" 15 min") and len(line) <= 80
+        assert sum(ch in BARS for ch in line.split("mem")[0]) == 1  # 4 s of a 15 min chart: one column
+
+
 def test_the_span_follows_the_cadence() -> None:
     for cadence, span in ((1.0, 600), (2.0, 900), (0.25, 120), (0.5, 300), (5.0, 1800), (30.0, 10800)):
         times = [1000.0 + cadence * i for i in range(50)]
