@@ -74,6 +74,34 @@ async def test_a_writeback_blip_says_its_scale() -> None:
     assert all(len(ln) <= 80 for ln in lines)
 
 
+async def test_the_loss_is_scaled_from_its_lowest_value() -> None:
+    # From 0, a loss between 2.30 and 2.40 drew a flat row of full bars; now its range is the scale.
+    from tests.test_training_pane import _open, _shown
+
+    session = load_session("training-session.jsonl")
+    last = session[-1]
+    assert last.probes is not None
+    p = last.probes.processes[0]
+    history = []
+    for i in range(600):
+        loss = 2.4 - 0.1 * i / 599
+        q = dataclasses.replace(p, loss=loss, losses_logged=i + 1, loss_nonfinite=None, samples_per_s=100.0 + i,
+                                samples=100 * (i + 1))
+        history.append(dataclasses.replace(last, ts=10_000.0 + i,
+                                           probes=dataclasses.replace(last.probes, processes=(q,))))
+    app = DltopApp(ListFeed(history, start=len(history) - 1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        lines = _shown(app).splitlines()
+        loss = _line(lines, "Loss")
+        assert loss.rstrip().endswith("2.3–2.4"), loss
+        bars = [ch for ch in loss if ch in BARS]
+        assert bars[0] == "█" and bars[-1] == "▁" and len(set(bars)) >= 6  # a slope, not a flat row
+        assert _line(lines, "Samples/s").rstrip().endswith("max 699/s")
+        assert any(ln.strip().startswith("-10 min ─") for ln in lines)
+        assert max(len(ln) for ln in lines) <= app.query_one("#tr-body", Static).size.width
+
+
 async def test_each_gpu_chart_line_says_its_span() -> None:
     from tests.test_gpu_pane import gpu_snaps, scenario
 
