@@ -675,3 +675,21 @@ async def test_a_kv_pool_larger_than_nvml_s_used_is_marked_inconsistent_and_neve
         notes = _text(app, "#gpu-notes")
         assert "inconsistent: the parts (KV cache" in notes and f"(pid {me})" in notes
         _fits(app)
+
+
+async def test_eight_gpus_at_80x24_draw_no_scroll_bar_and_say_what_is_out_of_view() -> None:
+    # The devices box's scroll bar thumb (▃▃) sat at the end of GPU0's legend: a stray piece of a chart.
+    app = DltopApp(ListFeed(gpu_snaps(scenario("8gpu-20proc")), start=2), Settings(tab="gpu"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("c")  # the full view (8 GPUs open compact at 80x24): 4 lines a GPU
+        await pilot.pause()
+        box = app.query_one("#gpu-devices")
+        assert box.max_scroll_y > 0 and box.scrollbar_size_vertical == 0
+        tag = app.query_one("#gpu-devices-tag", Static)
+        assert tag.display and str(tag.render()) == (f"↓{box.max_scroll_y} lines of GPUs out of view: Tab to them "
+                                                     "to scroll, or the mouse wheel")
+        box.focus()
+        await pilot.press("down", "down")
+        await pilot.pause()
+        assert str(tag.render()) == f"↑2 ↓{box.max_scroll_y - 2} lines of GPUs out of view: ↑/↓ scroll them"

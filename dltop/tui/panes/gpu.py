@@ -572,8 +572,9 @@ class GpuPane(Pane):
             "(its split where the probe gives it: Wts weights, KV, Cache = reserved - allocated, Other torch, "
             "NonT = used - torch reserved), memory no process holds, free. CPU% is of one core.")
     DEFAULT_CSS = """
-    #gpu-devices { height: auto; max-height: 50%; scrollbar-gutter: stable; }
+    #gpu-devices { height: auto; max-height: 50%; scrollbar-size-vertical: 0; }
     #gpu-devices > Static { height: auto; }
+    #gpu-devices-tag { height: 1; display: none; color: $text-muted; }
     #gpu-query { height: 1; color: $text-muted; }
     #gpu-servers-box { height: auto; max-height: 25%; }
     #gpu-servers { height: auto; }
@@ -628,7 +629,10 @@ class GpuPane(Pane):
         self._selected: dict[str, ProcessRow] = {}  # row key -> its row, as the table shows them
 
     def compose(self) -> ComposeResult:
-        yield VerticalScroll(id="gpu-devices")  # a Static per line in it (_show_lines)
+        # A Static per line in it (_show_lines). No scroll bar: its partial cells are the charts' block characters
+        # and read as stray pieces of a chart beside the legend at 80x24; a line under it says what is out of view.
+        yield VerticalScroll(id="gpu-devices")
+        yield Static(id="gpu-devices-tag")
         yield Static(id="gpu-query")
         yield RowTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
         yield Input(id="gpu-filter", placeholder="filter: pid, user, command or GPU (Esc clears, Enter keeps)")
@@ -641,6 +645,7 @@ class GpuPane(Pane):
     def on_mount(self) -> None:
         # scrolled: the lines that came into view are handed to their Statics
         self.watch(self.query_one("#gpu-devices"), "scroll_y", lambda: self._paint_lines(), init=False)
+        self.watch(self.query_one("#gpu-devices"), "has_focus", lambda: self._paint_lines(), init=False)
 
     def focus_default(self) -> None:
         table = self.query_one("#gpu-table", DataTable)
@@ -922,6 +927,18 @@ class GpuPane(Pane):
             if everywhere or not view or not height or (top < box.scroll_y + view and top + height > box.scroll_y):
                 set_content(widget, line)
             top += int(height)
+        self.call_after_refresh(self._tag_devices, box)  # the lines' heights are laid out by then
+
+    def _tag_devices(self, box: VerticalScroll) -> None:
+        """Say how many lines of the GPUs are above and below the view (where the scroll bar would have)."""
+        above = round(box.scroll_y)
+        below = max(0, box.virtual_size.height - above - box.size.height) if box.size.height else 0
+        tag = self.query_one("#gpu-devices-tag", Static)
+        if above or below:
+            where = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
+            keys = "↑/↓ scroll them" if box.has_focus else "Tab to them to scroll, or the mouse wheel"
+            set_content(tag, Content.assemble(f"{where} lines of GPUs out of view: {keys}"))
+        tag.display = bool(above or below)
 
     def _device_lines(self, gpus: tuple[GpuDevice, ...], view: View, width: int) -> list[Content]:
         """The full view (headline, bar, legend, sparklines per GPU), or one line per GPU where that does not
