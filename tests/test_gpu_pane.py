@@ -487,10 +487,11 @@ async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
 
 
 def test_the_sparkline_columns_follow_the_history_a_snapshot_at_a_time() -> None:
-    """GpuSeries reads each new Snapshot once; its columns are the maxima of buckets of k Snapshots (numbered from
-    the first one read), exactly as a scan of the whole window would find them, while the history slides."""
+    """GpuSeries reads each new Snapshot once; its columns are the maxima of clock-aligned spans of a fixed number
+    of seconds, exactly as a scan of the whole window would find them, while the history slides."""
     from collections import deque
 
+    from dltop.tui import charts
     from dltop.tui.panes.gpu import GpuSeries
 
     s = scenario("two-gpus")
@@ -498,21 +499,21 @@ def test_the_sparkline_columns_follow_the_history_a_snapshot_at_a_time() -> None
     snaps = []
     for i in range(90):
         s["gpus"][0]["utilization"]["gpu"] = (i * 37) % 101  # a jumpy series, spikes included
-        snaps.append(Snapshot(ts=float(i), host="t", gpus=reader.read()))
+        snaps.append(Snapshot(ts=1000.0 + 0.5 * i, host="t", gpus=reader.read()))
     widths = (7, 13, 40)
     series, window = {w: GpuSeries() for w in widths}, deque(maxlen=40)  # one chart width each, as the pane has
-    for i, snap in enumerate(snaps):
+    for snap in snaps:
         window.append(snap)
-        first = i + 1 - len(window)
+        points = [(w.ts, float(w.gpus[0].utilization_gpu_percent)) for w in window]
         for width in widths:
             series[width].update(tuple(window))
-            k = -(-len(window) // width)
-            buckets: dict[int, float] = {}
-            for seq in range(first, i + 1):
-                v = float(snaps[seq].gpus[0].utilization_gpu_percent)
-                buckets[seq // k] = max(buckets.get(seq // k, v), v)
-            got = series[width].columns(snap.gpus[0], "utilization_gpu_percent", width)
-            assert got == [buckets[b] for b in sorted(buckets)][-width:], (i, width)
+            for span in (20.0, 60.0):
+                want = charts.time_columns(points, snap.ts, width, span, 0.5)
+                got = series[width].columns(snap.gpus[0], "utilization_gpu_percent", width, span, snap.ts, 0.5)
+                assert got == want, (snap.ts, width, span)
+    # the window's 20 s over 7 columns of 20 s: a column is 2.86 s, five or six readings, the largest of them
+    cols = series[7].columns(snaps[-1].gpus[0], "utilization_gpu_percent", 7, 20.0, snaps[-1].ts, 0.5)
+    assert None not in cols[1:] and len(set(cols)) > 1
 
 
 def _counting_paints(app: App) -> list[int]:
@@ -674,3 +675,21 @@ async def test_a_kv_pool_larger_than_nvml_s_used_is_marked_inconsistent_and_neve
         notes = _text(app, "#gpu-notes")
         assert "inconsistent: the parts (KV cache" in notes and f"(pid {me})" in notes
         _fits(app)
+
+
+async def test_eight_gpus_at_80x24_draw_no_scroll_bar_and_say_what_is_out_of_view() -> None:
+    # The devices box's scroll bar thumb (▃▃) sat at the end of GPU0's legend: a stray piece of a chart.
+    app = DltopApp(ListFeed(gpu_snaps(scenario("8gpu-20proc")), start=2), Settings(tab="gpu"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("c")  # the full view (8 GPUs open compact at 80x24): 4 lines a GPU
+        await pilot.pause()
+        box = app.query_one("#gpu-devices")
+        assert box.max_scroll_y > 0 and box.scrollbar_size_vertical == 0
+        tag = app.query_one("#gpu-devices-tag", Static)
+        assert tag.display and str(tag.render()) == (f"↓{box.max_scroll_y} lines of GPUs out of view: Tab to them "
+                                                     "to scroll, or the mouse wheel")
+        box.focus()
+        await pilot.press("down", "down")
+        await pilot.pause()
+        assert str(tag.render()) == f"↑2 ↓{box.max_scroll_y - 2} lines of GPUs out of view: ↑/↓ scroll them"

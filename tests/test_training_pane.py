@@ -23,8 +23,9 @@ from dltop.model.probes import ProbesPart
 from dltop.probe.files import open_private_dir, write_atomic
 from dltop.sampler import ListFeed
 from dltop.sources.probes import read_probes
+from dltop.tui import charts
 from dltop.tui.app import DltopApp
-from dltop.tui.panes.training import probe_notes, rate_text
+from dltop.tui.panes.training import SPARK_LABEL_WIDTH, SPARK_SCALE_WIDTH, probe_notes, rate_text
 from tests.conftest import load_session
 from tests.probe_helpers import REPO, probe_env
 
@@ -83,11 +84,20 @@ async def test_the_recorded_run_shows_its_epochs_and_sparklines() -> None:
             assert f"{e.duration_s:.2f}s" in row and f"{e.data_wait_s:.2f}s" in row and str(e.steps) in row
             assert f"{100 * e.data_wait_s / e.duration_s:.0f}%" in row
             assert "n/a (no NVML)" in row  # the machine it was recorded on has no GPU: said, not zero
-        # the sparklines drew the history: as many columns as Snapshots had the probe with a step
+        # the sparklines drew the history: a column for each clock-aligned span of the axis' seconds that has a
+        # Snapshot with a step (no column stretched to fill the chart: a column is a fixed number of seconds)
         step = next(ln for ln in lines if ln.startswith("Step"))
-        with_steps = sum(1 for s in snaps if s.probes and any(q.step_time_s for q in s.probes.processes))
-        assert sum(ch in "▁▂▃▄▅▆▇█" for ch in step) == with_steps
+        times = [s.ts for s in snaps]
+        width = app.query_one("#tr-body", Static).size.width
+        per = charts.span_s(times) / (width - SPARK_LABEL_WIDTH - SPARK_SCALE_WIDTH)
+        with_steps = {charts.column_of(s.ts, per) for s in snaps
+                      if s.probes and any(q.step_time_s for q in s.probes.processes)}
+        assert sum(ch in "▁▂▃▄▅▆▇█" for ch in step) == len(with_steps) < len(snaps)
         assert f"{1000 * p.step_time_s:.1f} ms" in step
+        slowest = max(q.step_time_s or 0 for s in snaps if s.probes for q in s.probes.processes)
+        assert step.rstrip().endswith(f"max {1000 * slowest:.3g} ms")  # the chart's scale
+        axis = next(ln for ln in lines[lines.index(step):] if "now" in ln)  # the span and a column's seconds
+        assert axis.strip().startswith(f"-{charts.span_text(charts.span_s(times))} ─") and "now" in axis
         _fits(app)
 
 

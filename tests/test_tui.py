@@ -10,11 +10,12 @@ from textual.widgets import Static
 
 from dltop.config import Settings
 from dltop.derive import memory_rates
-from dltop.fmt import human_bytes, human_range, sparkline_rows
+from dltop.fmt import human_bytes, human_range
 from dltop.model import MemoryPart, Snapshot
 from dltop.sampler import ListFeed, Sampler
 from dltop.sources.base import Source
 from dltop.sources.memory import read_cgroup_memory, read_memory
+from dltop.tui import charts
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.pagecache import SPARK_LABEL_WIDTH, SPARK_SCALE_WIDTH, cgroup_text
 from dltop.tui.screens.confirm import ConfirmScreen
@@ -68,8 +69,13 @@ async def test_page_cache_pane_shows_recorded_numbers(session: list[Snapshot]) -
         width = sparks.size.width - SPARK_LABEL_WIDTH - SPARK_SCALE_WIDTH
         # The label sits on the chart's bottom row; the rows above it carry the rest of the same chart.
         bars = [ln[SPARK_LABEL_WIDTH:SPARK_LABEL_WIDTH + width] for ln in lines]
-        k = next(k for k in range(1, 8) if bars[at] == sparkline_rows(dirty, width, k)[-1])
-        assert bars[at - k + 1: at + 1] == sparkline_rows(dirty, width, k)
+        cols = _columns(session[:cut], dirty, width)
+
+        def drawn(k: int) -> list[str]:
+            return charts.draw(cols, k, max(charts.shown(cols)))
+
+        k = next(k for k in range(1, 8) if bars[at] == drawn(k)[-1])
+        assert bars[at - k + 1: at + 1] == drawn(k)
         assert k > 1  # 120x40 has room for taller charts
         dirty_line = lines[at]
         assert f"{human_bytes(dirty[-1]):>9}" in dirty_line
@@ -103,16 +109,25 @@ async def test_available_is_scaled_to_its_band_and_labelled(session: list[Snapsh
             assert all(len(ln) <= sparks.size.width for ln in lines)
             # Scaled from 1% of MemTotal below the highest value shown (the band is narrower than that).
             low, high = max(avail) - 0.01 * total, max(avail)
-            assert bars == sparkline_rows(avail, width, len(bars), high, low)
+            assert bars == charts.draw(_columns(session[:cut], avail, width), len(bars), high, low)
             assert "".join(bars).strip(" █") and "▁" not in bars[-1]  # a slope, not a solid bar; no cliff
             scale = [ln[SPARK_LABEL_WIDTH + width:].strip() for ln in lines[top: at + 1]]
             if len(bars) == 1:
                 assert scale == ["23.0–23.2 GiB"] == [human_range(low, high)]
             else:
                 assert (scale[0], scale[-1]) == ("23.2 GiB", "23.0 GiB") == (human_bytes(high), human_bytes(low))
-            # Charts that start at 0 carry no scale, and every chart's newest reading is in the same column.
+            # Charts that start at 0 say their max, and every chart's newest reading is in the same column.
             dirty = next(ln for ln in lines if ln.startswith("Dirty"))
-            assert dirty[SPARK_LABEL_WIDTH + width:].strip() == "" and dirty[SPARK_LABEL_WIDTH + width - 1] != " "
+            dirty_max = max(s.memory.dirty_bytes for s in session[:cut])  # type: ignore[union-attr]
+            assert dirty[SPARK_LABEL_WIDTH + width:].strip() in ("max " + human_bytes(dirty_max), "0 B")
+            assert dirty[SPARK_LABEL_WIDTH + width - 1] != " "
+
+
+def _columns(history: list[Snapshot], values: list[float], width: int) -> charts.Columns:
+    """The columns the Page cache pane draws of `values` (one per Snapshot of `history`)."""
+    times = [s.ts for s in history]
+    return charts.time_columns(list(zip(times, values, strict=True)), times[-1], width, charts.span_s(times),
+                               charts.cadence_s(times))
 
 
 async def test_too_small_terminal_says_so(session: list[Snapshot]) -> None:
@@ -279,17 +294,42 @@ async def test_a_tab_key_without_a_tab_says_so(session: list[Snapshot]) -> None:
 
 
 async def test_help_fits_80x24_on_every_tab(tmp_path) -> None:
+    from textual.widgets import OptionList
+
+    from dltop.hints import Hint
+
     app = DltopApp(ListFeed([_dataset_snapshot(tmp_path)]), Settings(datasets=(str(tmp_path / "ds"),)))
+    # Seven hints as long as the real ones (each took 3-5 lines of the list, and pushed the keys and the about
+    # line off the screen).
+    many = [Hint(f"hint-{i}", "warn", f"hint number {i}: " + "something is off here " * (4 + i),
+                 fix="do this about it " * 5) for i in range(7)]
     async with app.run_test(size=(80, 24)) as pilot:
         for tab in [str(i) for i in range(1, len(app._panes) + 1)]:
-            await pilot.press(tab, "question_mark")
-            await pilot.pause()
-            assert isinstance(app.screen, HelpScreen)
-            rows = dict(app.screen._rows)
-            assert "+" not in rows.get("+/-", "+")  # keys by their names, not "plus,equals_sign"
-            dialog = app.screen.query_one("#help-dialog")
-            assert dialog.max_scroll_y == 0, f"help on tab {tab} needs a scrollbar at 80x24"
-            await pilot.press("escape")
+            for hints in ([], many) if tab == "1" else (many,):
+                app.hints = hints
+                app._update_hints()
+                await pilot.press(tab, "question_mark")
+                await pilot.pause()
+                assert isinstance(app.screen, HelpScreen)
+                rows = dict(app.screen._rows)
+                assert "+" not in rows.get("+/-", "+")  # keys by their names, not "plus,equals_sign"
+                dialog = app.screen.query_one("#help-dialog")
+                assert dialog.outer_size.height <= 24
+                used = sum(w.outer_size.height for w in dialog.children)
+                assert used <= dialog.content_size.height, (
+                    f"help on tab {tab} is cut at 80x24: {[(w.id, w.outer_size.height) for w in dialog.children]}")
+                assert app.screen.query_one("#help-about").size.height >= 1
+                if hints:
+                    options = app.screen.query_one("#help-hints", OptionList)
+                    assert options.option_count == 7 and options.virtual_size.height == 7  # a line each
+                    assert options.size.height >= 2
+                    assert app.screen.query_one("#help-hint-keys").size.height == 1
+                    text = app.screen.query_one("#help-hint-text", Static)
+                    assert str(text.render()).startswith("hint-0: hint number 0")
+                    await pilot.press("down")  # the chosen hint's text follows the highlight
+                    await pilot.pause()
+                    assert str(text.render()).startswith("hint-1: hint number 1")
+                await pilot.press("escape")
 
 
 async def test_a_long_hint_is_cut_to_two_lines(session: list[Snapshot]) -> None:

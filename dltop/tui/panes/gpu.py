@@ -25,12 +25,13 @@ from textual.widgets import DataTable, Input, Static
 from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import ServerRates, server_rates
-from dltop.fmt import human_bytes, percent_text, printable, sparkline_rows
+from dltop.fmt import human_bytes, percent_text, printable
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
 from dltop.model.actions import SignalTarget
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
 from dltop.model.gpu_query import ProcessQuery, ProcessRow, select_processes
 from dltop.model.servers import ModelStats
+from dltop.tui import charts
 from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested, SignalRequested
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content
 from dltop.tui.screens.gpu_details import GpuDetailsScreen, throttling
@@ -177,21 +178,25 @@ def legend(processes: Sequence[GpuProcess], used: int | None, width: int) -> Con
 
 
 class GpuSeries:
-    """Each GPU's utilization and memory used over the history, for its sparklines, kept up to date one Snapshot
-    at a time (a scan of the whole history per GPU and field on every tick was the pane's largest cost). A chart
-    `width` columns wide shows the maxima of buckets of k Snapshots (k = history length / width, rounded up), so no
-    spike is lost; buckets are aligned to the Snapshots' numbers, so a chart does not shimmer as the window slides,
-    and each tick only updates its newest bucket. A GPU is found by its UUID (its index where NVML gave none)."""
+    """Each GPU's utilization and memory used over the history, for its charts, kept up to date one Snapshot at a
+    time (a scan of the whole history per GPU and field on every tick was the pane's largest cost). A chart's
+    columns are clock-aligned spans of a fixed number of seconds (`dltop.tui.charts`), each the largest reading
+    in it, so no spike is lost, a chart does not shimmer as the window slides, and each tick only updates its
+    newest column. A GPU is found by its UUID (its index where NVML gave none)."""
 
     FIELDS = ("utilization_gpu_percent", "memory_used_bytes")
 
     def __init__(self) -> None:
         self._snaps: deque[Snapshot] = deque()  # the history this has read, oldest first
         self._seq = 0  # the number of the next Snapshot read; the oldest kept is self._seq - len(self._snaps)
-        # (GPU, field) -> the numbers of the Snapshots that have a value, and the values
-        self._values: dict[tuple[str | int, str], tuple[deque[int], deque[float]]] = {}
-        # (GPU, field) -> (k, the next Snapshot number not yet in a bucket, bucket number -> its maximum)
-        self._buckets: dict[tuple[str | int, str], tuple[int, int, dict[int, float]]] = {}
+        # (GPU, field) -> the numbers of the Snapshots that have a value, their times and the values
+        self._values: dict[tuple[str | int, str], tuple[deque[int], deque[float], deque[float]]] = {}
+        # (GPU, field) -> (a column's seconds, the next Snapshot number not yet in a column, column -> maximum)
+        self._buckets: dict[tuple[str | int, str], tuple[float, int, dict[int, float]]] = {}
+
+    def times(self) -> list[float]:
+        """The times of the Snapshots read, oldest first."""
+        return [s.ts for s in self._snaps]
 
     def update(self, history: Sequence[Snapshot]) -> None:
         """Follow `history` (the app's, oldest first): read only the Snapshots new since the last call."""
@@ -203,9 +208,10 @@ class GpuSeries:
             self._values.clear()
             self._buckets.clear()
         first = self._seq - len(known)
-        for seqs, values in self._values.values():
+        for seqs, times, values in self._values.values():
             while seqs and seqs[0] < first:
                 seqs.popleft()
+                times.popleft()
                 values.popleft()
         for snap in history[len(known):]:
             known.append(snap)
@@ -214,46 +220,37 @@ class GpuSeries:
                     for name in self.FIELDS:
                         v = getattr(g, name)
                         if v is not None:
-                            seqs, values = self._values.setdefault((g.uuid or g.index, name), (deque(), deque()))
-                            seqs.append(self._seq)
-                            values.append(float(v))
+                            got = self._values.setdefault((g.uuid or g.index, name), (deque(), deque(), deque()))
+                            got[0].append(self._seq)
+                            got[1].append(snap.ts)
+                            got[2].append(float(v))
             self._seq += 1
 
-    def columns(self, g: GpuDevice, name: str, width: int) -> list[float]:
-        """One GPU field over the history, at most `width` values: the maxima of its buckets, oldest first."""
+    def columns(self, g: GpuDevice, name: str, width: int, span_s: float, end_ts: float,
+                cadence_s: float) -> charts.Columns:
+        """One GPU field over the last `span_s` seconds up to `end_ts`, as `width` columns, oldest first."""
         key = (g.uuid or g.index, name)
         got = self._values.get(key)
         if not got or width <= 0:
-            return []
-        seqs, values = got
-        k = max(1, -(-len(self._snaps) // width))
+            return [None] * max(0, width)
+        seqs, times, values = got
+        per = span_s / width
         cached = self._buckets.get(key)
-        if cached is None or cached[0] != k:
-            cached = (k, 0, {})
+        if cached is None or cached[0] != per:
+            cached = (per, 0, {})
         _, upto, buckets = cached
-        for seq, v in zip(reversed(seqs), reversed(values), strict=True):  # only the values new since the last
+        for seq, ts, v in zip(reversed(seqs), reversed(times), reversed(values), strict=True):  # the new ones only
             if seq < upto:
                 break
-            b = seq // k
-            if buckets.get(b, v) <= v:
-                buckets[b] = v
-        first = seqs[0] // k
+            charts.add_to(buckets, ts, v, per)
+        first = charts.column_of(times[0], per)
         for b in [b for b in buckets if b < first]:
             del buckets[b]
-        if seqs[0] % k:  # the oldest bucket lost its oldest values with the history: its maximum from what is left
-            buckets[first] = _head_max(seqs, values, first, k)
-        self._buckets[key] = (k, self._seq, buckets)
-        return [buckets[b] for b in sorted(buckets)[-width:]]
-
-
-def _head_max(seqs: deque[int], values: deque[float], bucket: int, k: int) -> float:
-    """The maximum of the values at the front of the deques that fall in `bucket` (at most k of them)."""
-    out = values[0]
-    for i in range(1, min(k, len(seqs))):
-        if seqs[i] // k != bucket:
-            break
-        out = max(out, values[i])
-    return out
+        # the oldest column lost its oldest readings with the history: its maximum from what is left
+        head = [v for ts, v in zip(times, values, strict=True) if charts.column_of(ts, per) == first]
+        buckets[first] = max(head)
+        self._buckets[key] = (per, self._seq, buckets)
+        return charts.bucket_columns(buckets, end_ts, width, span_s, cadence_s)
 
 
 def headline(g: GpuDevice, width: int) -> list[Content]:
@@ -345,19 +342,25 @@ def memory_key(g: GpuDevice, width: int) -> tuple[object, ...]:
 
 
 @lru_cache(maxsize=256)
-def _spark(columns: tuple[float, ...], width: int, top: float | None) -> str:
+def _spark(columns: tuple[float | None, ...], top: float | None) -> str:
     # a chart whose columns did not change (memory, most of the time) is not drawn again
-    return sparkline_rows(list(columns), width, 1, top=top)[0]
+    cols = list(columns)
+    return charts.draw(cols, 1, max(charts.shown(cols), default=0.0) if top is None else top)[0]
 
 
-def spark_line(g: GpuDevice, series: GpuSeries, width: int) -> Content:
-    """Utilization and memory used over the history, side by side."""
-    half = max(1, (width - 21) // 2)  # "util  97% " and "  mem  65% " around two charts
-    util = _spark(tuple(series.columns(g, "utilization_gpu_percent", half)), half, 100.0)
-    mem = _spark(tuple(series.columns(g, "memory_used_bytes", half)), half,
+def spark_line(g: GpuDevice, series: GpuSeries, width: int, end_ts: float | None = None) -> Content:
+    """Utilization and memory used over the last minutes, side by side, each from 0 to 100% (of the GPU's
+    memory), and the span they cover ('10 min') at the end."""
+    times = series.times()
+    span, cadence = charts.span_s(times), charts.cadence_s(times)
+    end = end_ts if end_ts is not None else (times[-1] if times else 0.0)
+    tail = f" {charts.span_text(span)}"
+    half = max(1, (width - 21 - len(tail)) // 2)  # "util  97% " and "  mem  65% " around two charts
+    util = _spark(tuple(series.columns(g, "utilization_gpu_percent", half, span, end, cadence)), 100.0)
+    mem = _spark(tuple(series.columns(g, "memory_used_bytes", half, span, end, cadence)),
                  float(g.memory_total_bytes) if g.memory_total_bytes else None)
     return Content.assemble(("util ", "bold"), f"{_pct(g.utilization_gpu_percent):>4} ", (util, "$accent"),
-                            ("  mem ", "bold"), f"{_pct(_share(g)):>4} ", (mem, "$primary"))
+                            ("  mem ", "bold"), f"{_pct(_share(g)):>4} ", (mem, "$primary"), (tail, "dim"))
 
 
 def _share(g: GpuDevice) -> float | None:
@@ -569,8 +572,9 @@ class GpuPane(Pane):
             "(its split where the probe gives it: Wts weights, KV, Cache = reserved - allocated, Other torch, "
             "NonT = used - torch reserved), memory no process holds, free. CPU% is of one core.")
     DEFAULT_CSS = """
-    #gpu-devices { height: auto; max-height: 50%; scrollbar-gutter: stable; }
+    #gpu-devices { height: auto; max-height: 50%; scrollbar-size-vertical: 0; }
     #gpu-devices > Static { height: auto; }
+    #gpu-devices-tag { height: 1; display: none; color: $text-muted; }
     #gpu-query { height: 1; color: $text-muted; }
     #gpu-servers-box { height: auto; max-height: 25%; }
     #gpu-servers { height: auto; }
@@ -625,7 +629,10 @@ class GpuPane(Pane):
         self._selected: dict[str, ProcessRow] = {}  # row key -> its row, as the table shows them
 
     def compose(self) -> ComposeResult:
-        yield VerticalScroll(id="gpu-devices")  # a Static per line in it (_show_lines)
+        # A Static per line in it (_show_lines). No scroll bar: its partial cells are the charts' block characters
+        # and read as stray pieces of a chart beside the legend at 80x24; a line under it says what is out of view.
+        yield VerticalScroll(id="gpu-devices")
+        yield Static(id="gpu-devices-tag")
         yield Static(id="gpu-query")
         yield RowTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
         yield Input(id="gpu-filter", placeholder="filter: pid, user, command or GPU (Esc clears, Enter keeps)")
@@ -638,6 +645,7 @@ class GpuPane(Pane):
     def on_mount(self) -> None:
         # scrolled: the lines that came into view are handed to their Statics
         self.watch(self.query_one("#gpu-devices"), "scroll_y", lambda: self._paint_lines(), init=False)
+        self.watch(self.query_one("#gpu-devices"), "has_focus", lambda: self._paint_lines(), init=False)
 
     def focus_default(self) -> None:
         table = self.query_one("#gpu-table", DataTable)
@@ -919,6 +927,18 @@ class GpuPane(Pane):
             if everywhere or not view or not height or (top < box.scroll_y + view and top + height > box.scroll_y):
                 set_content(widget, line)
             top += int(height)
+        self.call_after_refresh(self._tag_devices, box)  # the lines' heights are laid out by then
+
+    def _tag_devices(self, box: VerticalScroll) -> None:
+        """Say how many lines of the GPUs are above and below the view (where the scroll bar would have)."""
+        above = round(box.scroll_y)
+        below = max(0, box.virtual_size.height - above - box.size.height) if box.size.height else 0
+        tag = self.query_one("#gpu-devices-tag", Static)
+        if above or below:
+            where = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
+            keys = "↑/↓ scroll them" if box.has_focus else "Tab to them to scroll, or the mouse wheel"
+            set_content(tag, Content.assemble(f"{where} lines of GPUs out of view: {keys}"))
+        tag.display = bool(above or below)
 
     def _device_lines(self, gpus: tuple[GpuDevice, ...], view: View, width: int) -> list[Content]:
         """The full view (headline, bar, legend, sparklines per GPU), or one line per GPU where that does not

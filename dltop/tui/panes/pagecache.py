@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -16,10 +18,9 @@ from dltop.fmt import (
     human_rate,
     percent,
     percent_text,
-    spark_range,
-    sparkline_rows,
 )
 from dltop.model import DiskStat, MemoryPart, Pressure, Snapshot, Unavailable, VmStat
+from dltop.tui import charts
 from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.view import View
 
@@ -36,10 +37,19 @@ SPARK_FIELDS = (
 )
 
 SPARK_LABEL_WIDTH = 20  # "Writeback" padded to 10, the value right-aligned in 9, a space
-SPARK_SCALE_WIDTH = 14  # " 22.9–23.2 GiB": right of the bars, the scale of a chart that does not start at 0
+SPARK_SCALE_WIDTH = 14  # " 22.9–23.2 GiB", " max 45.0 MiB": right of the bars, each chart's scale
 
-# label, current value, the values, style, least span of the scale in bytes (None: from 0)
-Chart = tuple[str, str, list[float], str, float | None]
+# label, current value, the readings (timestamp, value), style, least span of the scale in bytes (None: from 0),
+# how the scale's numbers are written
+Chart = tuple[str, str, list[charts.Point], str, float | None, Callable[[float], str]]
+
+
+def _bytes(v: float) -> str:
+    return human_bytes(int(v))
+
+
+def _per_s(v: float) -> str:
+    return f"{human_count_rate(v)}/s"
 
 DISK_COLUMNS = (
     ("device", "Device"),
@@ -190,36 +200,40 @@ def refault_rate(prev: Snapshot, cur: Snapshot) -> float | None:
     return vm_rates(a, b, cur.ts - prev.ts).refaults_per_s
 
 
-def scale_labels(bottom: float, top: float, rows: int) -> list[str]:
-    """What the bars of a chart scaled from `bottom` to `top` span, per row: on one row the range, on more the
-    top value on the top row and the bottom value on the bottom row."""
+def scale_labels(bottom: float, top: float, rows: int, fmt: Callable[[float], str] = _bytes) -> list[str]:
+    """What the bars of a chart scaled from `bottom` to `top` span, per row: on one row its max (or its range,
+    where it does not start at 0), on more the top value on the top row and the bottom value on the bottom
+    row."""
     if rows == 1:
-        return [f" {human_range(bottom, top)}"]
-    return [f" {human_bytes(top)}", *[""] * (rows - 2), f" {human_bytes(bottom)}"]
+        return [" " + (human_range(bottom, top) if fmt is _bytes and bottom else charts.scale_text(bottom, top, fmt))]
+    return [f" {fmt(top)}", *[""] * (rows - 2), f" {fmt(bottom)}"]
 
 
-def sparkline_block(charts: list[Chart], width: int, height: int) -> Content:
-    """Label, current value and a sparkline `width` wide per chart, each chart as tall as the space allows (with
-    a blank line between charts once there is room): a big terminal gets finer charts, 80x24 one line each.
-    A chart with a least span is scaled to the values shown and labelled with its scale on the right."""
-    n = len(charts)
+def sparkline_block(chart_list: list[Chart], width: int, height: int, end_ts: float, span_s: float,
+                    cadence_s: float) -> Content:
+    """Label, current value and a chart `width` wide per chart, each as tall as the space allows (with a blank
+    line between charts once there is room): a big terminal gets finer charts, 80x24 one line each. Every
+    column covers span_s / width seconds (the time axis under the charts says the span and a column's
+    seconds); each chart's scale is on its right: its max, or its range where it does not start at 0."""
+    n = len(chart_list)
+    height = max(n, height - 1)  # the axis' line
     gap = 1 if height >= 2 * n - 1 else 0
     rows_each = max(1, (height - gap * (n - 1)) // n)
     lines: list[Content] = []
-    for i, (label, value, data, style, min_span) in enumerate(charts):
+    for i, (label, value, points, style, min_span, fmt) in enumerate(chart_list):
         if i and gap:
             lines.append(Content(""))
-        if min_span is None:
-            bars = sparkline_rows(data, width, rows_each)
-            scale = [""] * len(bars)
-        else:
-            bottom, top = spark_range(data, width, min_span)
-            bars = sparkline_rows(data, width, rows_each, top, bottom)
-            scale = scale_labels(bottom, top, len(bars))
+        cols = charts.time_columns(points, end_ts, width, span_s, cadence_s)
+        bottom, top = charts.scale_of(cols, 0.0 if min_span is None else min_span)
+        bars = charts.draw(cols, rows_each, top, bottom)
+        scale = scale_labels(bottom, top, len(bars), fmt) if charts.shown(cols) else [""] * len(bars)
         for r, bar in enumerate(bars):
             head = f"{label:<10}{value:>9} " if r == len(bars) - 1 else " " * SPARK_LABEL_WIDTH
             lines.append(Content.assemble((head[:10], "bold"), head[10:], (bar, style),
                                           (scale[r][:SPARK_SCALE_WIDTH], "dim")))
+    per = f" {charts.column_text(span_s / max(1, width))}/col"
+    lines.append(Content.assemble(" " * SPARK_LABEL_WIDTH, (charts.axis(width, span_s), "dim"),
+                                  (per[:SPARK_SCALE_WIDTH], "dim")))
     return Content("\n").join(lines)
 
 
@@ -241,14 +255,14 @@ def disk_table(disks: list[DiskRates], read: tuple[DiskStat, ...] | Unavailable)
     return Content("\n").join([header, *(Content(line(r)) for r in rows[1:])])
 
 
-def series(history: list[Snapshot], name: str) -> list[float]:
-    """One meminfo field over the history (missing readings left out)."""
+def series(history: Sequence[Snapshot], name: str) -> list[charts.Point]:
+    """One meminfo field over the history, with each reading's time (missing readings left out)."""
     out = []
     for s in history:
         if isinstance(s.memory, MemoryPart):
             v = getattr(s.memory, name)
             if v is not None:
-                out.append(float(v))
+                out.append((s.ts, float(v)))
     return out
 
 
@@ -286,14 +300,18 @@ class PageCachePane(Pane):
         vm, disks = memory_rates(view.previous, view.snapshot)
         sparks = self.query_one("#pc-sparks", Static)
         width = max(1, sparks.size.width - SPARK_LABEL_WIDTH)
-        charts: list[Chart] = []
+        chart_list: list[Chart] = []
         for name, label, span_share in SPARK_FIELDS:
             data = series(history, name)
-            min_span = None if span_share is None else span_share * (m.total_bytes or max(data, default=0.0))
-            charts.append((label, human_bytes(getattr(m, name)), data, "$accent", min_span))
+            min_span = None if span_share is None else span_share * (m.total_bytes or max((v for _, v in data),
+                                                                                          default=0.0))
+            chart_list.append((label, human_bytes(getattr(m, name)), data, "$accent", min_span, _bytes))
         rate = vm.refaults_per_s if vm is not None else None
-        charts.append(("Refaults", human_count_rate(rate) + "/s", self._refaults(history), "$warning", None))
-        set_content(sparks, sparkline_block(charts, max(1, width - SPARK_SCALE_WIDTH), sparks.size.height))
+        chart_list.append(("Refaults", human_count_rate(rate) + "/s", self._refaults(history), "$warning", None,
+                           _per_s))
+        times = [s.ts for s in history]
+        set_content(sparks, sparkline_block(chart_list, max(1, width - SPARK_SCALE_WIDTH), sparks.size.height,
+                                            view.snapshot.ts, charts.span_s(times), charts.cadence_s(times)))
         activity = self.query_one("#pc-activity", Static)
         text = activity_text(m, vm, width)
         lines = text.plain.count("\n") + 1
@@ -307,7 +325,7 @@ class PageCachePane(Pane):
         notes_widget.display = bool(notes)
         set_content(self.query_one("#pc-disks", Static), disk_table(disks, m.disks))
 
-    def _refaults(self, history: list[Snapshot]) -> list[float]:
+    def _refaults(self, history: list[Snapshot]) -> list[charts.Point]:
         # Rates of neighbouring pairs never change once computed: keep them, keyed by the pair's timestamps.
         cache: dict[tuple[float, float], float] = getattr(self, "_refault_cache", {})
         out = []
@@ -320,6 +338,6 @@ class PageCachePane(Pane):
                 value = refault_rate(prev, cur)
             if value is not None:
                 fresh[key] = value
-                out.append(value)
+                out.append((cur.ts, value))
         self._refault_cache = fresh
-        return out or [0.0]
+        return out

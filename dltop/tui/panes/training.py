@@ -18,9 +18,10 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Static
 
-from dltop.fmt import human_bytes, percent_text, plural, printable, shorten_middle, sparkline_rows
+from dltop.fmt import human_bytes, percent_text, plural, printable, shorten_middle
 from dltop.model import Snapshot, Unavailable
 from dltop.model.probes import NOT_GIVEN, ProbeEpoch, ProbesPart, ProcessProbe
+from dltop.tui import charts
 from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.view import View
 
@@ -32,6 +33,7 @@ NO_PROBE = ("No process publishes a probe. Add one to the training script:\n"
             "or start it without changing the script: DLTOP_PROBE=1 python train.py\n"
             "(docs/probe.md)")
 SPARK_LABEL_WIDTH = 20  # "Data wait" padded to 10, the value right-aligned in 9, a space
+SPARK_SCALE_WIDTH = 13  # " max 12.3k/s", " 2.31–2.45": right of the bars, each chart's scale
 EPOCH_HEADERS = ("Epoch", "Time", "Load", "Wait%", "Cache Δ", "Steps", "GPU util")
 # Shown where an epoch of the job has them (the script said what a batch holds, or logged its loss)
 EPOCH_EXTRA = (("Samp/s", "samples"), ("Tok/s", "tokens"), ("Loss", "loss"))
@@ -56,10 +58,10 @@ def _lead(values: list[float]) -> float:
 
 
 def series(history: Sequence[Snapshot], key: str, name: str,
-           combine: Callable[[list[float]], float] = max) -> list[float]:
-    """A job's `step_time_s` or `data_wait_fraction` over the history: the slowest rank's at each Snapshot (the
-    slowest sets the pace of a synchronous job); `combine=sum` for throughput (each rank has its own batches),
-    `combine=_lead` for the lowest rank's (its loss)."""
+           combine: Callable[[list[float]], float] = max) -> list[charts.Point]:
+    """A job's `step_time_s` or `data_wait_fraction` over the history, with each Snapshot's time: the slowest
+    rank's at each Snapshot (the slowest sets the pace of a synchronous job); `combine=sum` for throughput (each
+    rank has its own batches), `combine=_lead` for the lowest rank's (its loss)."""
     out = []
     for s in history:
         if not isinstance(s.probes, ProbesPart):
@@ -67,7 +69,7 @@ def series(history: Sequence[Snapshot], key: str, name: str,
         procs = sorted((p for p in s.probes.processes if p.job_key == key and getattr(p, name) is not None),
                        key=lambda p: (p.rank if p.rank is not None else -1, p.pid))
         if procs:
-            out.append(float(combine([getattr(p, name) for p in procs])))
+            out.append((s.ts, float(combine([getattr(p, name) for p in procs]))))
     return out
 
 
@@ -233,14 +235,57 @@ def _facts(p: ProcessProbe, width: int) -> Content:
     return Content("\n".join(ln[:width] for ln in lines[:3]))
 
 
-def _spark_line(label: str, value: str, data: list[float], width: int, style: str, top: float | None = None,
-                value_style: str = "") -> Content:
-    """A labelled sparkline row, exactly `width` wide (a row one cell wider wraps into a stray fragment)."""
-    spark_width = max(1, width - SPARK_LABEL_WIDTH)
-    bottom = min(0.0, min(data, default=0.0))  # a loss may be negative
-    bar = sparkline_rows(data, spark_width, 1, top, bottom)[0] if data else ""
+def _ms(v: float) -> str:
+    return f"{1000 * v:.3g} ms" if v < 1 else f"{v:.3g} s"
+
+
+def _loss_scale(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def _percent(v: float) -> str:
+    return percent_text(100 * v)
+
+
+class Axis:
+    """What every chart of the pane spans and where it ends: the history's cadence, span and last time."""
+
+    def __init__(self, history: Sequence[Snapshot]) -> None:
+        times = [s.ts for s in history]
+        self.cadence_s = charts.cadence_s(times)
+        self.span_s = charts.span_s(times)
+        self.end_ts = times[-1] if times else 0.0
+
+    def line(self, width: int) -> Content:
+        """The time axis under the charts: '-10 min ─── now' and what a column covers."""
+        bars = _bars_width(width)
+        per = f" {charts.column_text(self.span_s / bars)}/col"
+        return Content.assemble(" " * SPARK_LABEL_WIDTH, (charts.axis(bars, self.span_s), "dim"),
+                                (per[:SPARK_SCALE_WIDTH], "dim")).truncate(width)
+
+
+def _bars_width(width: int) -> int:
+    return max(1, width - SPARK_LABEL_WIDTH - SPARK_SCALE_WIDTH)
+
+
+def _spark_line(label: str, value: str, data: list[charts.Point], width: int, style: str, axis: Axis,
+                scale: Callable[[float], str], top: float | None = None, value_style: str = "",
+                banded: bool = False) -> Content:
+    """A labelled chart row with its scale on the right (its max, or its range where it does not start at 0:
+    `banded`, a loss that moves in a band, is scaled from its lowest value shown), exactly `width` wide (a row
+    one cell wider wraps into a stray fragment)."""
+    bars_width = _bars_width(width)
+    cols = charts.time_columns(data, axis.end_ts, bars_width, axis.span_s, axis.cadence_s)
+    bottom, high = charts.scale_of(cols, None if banded else 0.0, top)
+    bar = charts.draw(cols, 1, high, bottom)[0] if charts.shown(cols) else " " * bars_width
+    if not charts.shown(cols):
+        said = ""  # nothing drawn: no scale to read
+    elif top is not None:
+        said = f"{scale(bottom)}–{scale(top)}"  # a fixed scale (a share): its range
+    else:
+        said = charts.scale_text(bottom, high, scale)
     return Content.assemble((f"{label:<10}", "bold"), (f"{value:>9}", value_style), " ",
-                            (bar, style)).truncate(width)
+                            (bar, style), (f" {said}"[:SPARK_SCALE_WIDTH], "dim")).truncate(width)
 
 
 def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int,
@@ -257,10 +302,11 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
     now_wait = max((p.data_wait_fraction for p in members if p.data_wait_fraction is not None), default=None)
     # a number of the recent window only: a loop that stopped or a process that exited has none now
     idle = "exited" if all(p.exited for p in members) else "stalled" if any(p.stalled for p in members) else None
+    axis = Axis(history)
     lines.append(_spark_line("Step", idle or ("n/a" if now_step is None else f"{1000 * now_step:.1f} ms"), step,
-                             width, "$accent"))
+                             width, "$accent", axis, _ms))
     lines.append(_spark_line("Data wait", idle or ("n/a" if now_wait is None else percent_text(100 * now_wait)),
-                             wait, width, "$warning", top=1.0))
+                             wait, width, "$warning", axis, _percent, top=1.0))
     given = False
     for label, name in (("Samples/s", "samples_per_s"), ("Tokens/s", "tokens_per_s")):
         counted = [p for p in members if getattr(p, name) is not None or getattr(p, name.split("_")[0]) is not None]
@@ -270,14 +316,16 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
         given = True
         rates = [getattr(p, name) for p in members if getattr(p, name) is not None]
         lines.append(_spark_line(label, idle or (rate_text(sum(rates)) if rates else "n/a"), data, width,
-                                 "$success"))
+                                 "$success", axis, lambda v: f"{rate_text(v)}/s"))
     if lead.losses_logged or lead.loss is not None or lead.loss_nonfinite:
         given = True
         lines.append(_spark_line("Loss", loss_text(lead.loss, lead.loss_nonfinite),
-                                 series(history, key, "loss", combine=_lead), width, "$secondary",
-                                 value_style="bold $error" if lead.loss_nonfinite else ""))
+                                 series(history, key, "loss", combine=_lead), width, "$secondary", axis,
+                                 _loss_scale, value_style="bold $error" if lead.loss_nonfinite else "",
+                                 banded=True))
     if not given:
         lines.append(Content.assemble((NO_COUNTS, "dim")).truncate(width, ellipsis=True))
+    lines.append(axis.line(width))
     for loader in lead.loaders:  # timed apart from the main loader: a val loop is not in the numbers above
         step_now = "n/a" if loader.step_time_s is None else f"{1000 * loader.step_time_s:.1f} ms"
         wait_now = "" if loader.data_wait_fraction is None else f"  data wait {percent_text(100 * loader.data_wait_fraction)}"

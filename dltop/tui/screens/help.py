@@ -3,13 +3,16 @@ muted here, by id), and where the pane's numbers come from."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.containers import Vertical
+from textual.events import Resize
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
@@ -17,8 +20,53 @@ from textual.widgets.option_list import Option
 from dltop.fmt import printable
 
 ABOUT = "A value the system cannot give is shown as n/a (or ?) with the reason, never as 0."
-HINT_KEYS = ("hints: ↑/↓ choose, s snooze 1 h, m mute (this session; mute = [\"ID\"] in the config keeps it); "
-             "again to bring it back")
+HINT_KEYS = "hints: ↑/↓ choose, s snooze 1 h, m mute, again: undo; config mute = [ID]"
+TEXT_WIDTH = 72  # the dialog's 76 columns less its border and padding
+HINT_LIST_MOST = 6  # hint lines before the list scrolls (one line per hint; the chosen one in full below)
+HINT_TEXT_MOST = 4  # lines of the chosen hint's full text
+
+
+def wrapped(text: str, width: int) -> list[str]:
+    """`text` as the dialog wraps it, one string per line."""
+    console = Console(width=width, no_color=True, legacy_windows=False)
+    return [line.plain for line in Text(text).wrap(console, width)] or [""]
+
+
+def rendered_lines(table: Table, width: int) -> int:
+    """How many lines `table` takes `width` columns wide (a long description wraps within its column)."""
+    console = Console(width=width, no_color=True, legacy_windows=False, file=io.StringIO())
+    return len(console.render_lines(table, console.options.update_width(width), pad=False))
+
+
+def cut_lines(lines: list[str], most: int) -> str:
+    """At most `most` of `lines`, the last one ending in … where some are left out."""
+    if len(lines) <= most:
+        return "\n".join(lines)
+    kept = lines[:most]
+    kept[-1] = kept[-1][:TEXT_WIDTH - 1].rstrip() + "…"
+    return "\n".join(kept)
+
+
+def fit(rows: int, keys: int, hints: int, hint_text: int, about: int) -> tuple[int, int, int]:
+    """Lines for the hint list, the chosen hint's text and the about line in `rows` (the dialog's inside), with
+    `keys` lines of keys above them: each as tall as it needs up to its cap, and where that is too much, given
+    up a line at a time in steps (the list to 3, the text to 2, the about to 3; then to 2, 1 and 1)."""
+    shown = min(hints, HINT_LIST_MOST)
+    text = min(hint_text, HINT_TEXT_MOST) if hints else 0
+    fixed = 1 + keys + (len(wrapped(HINT_KEYS, TEXT_WIDTH)) if hints else 0)  # the title, the keys, the hints' keys
+    for list_least, text_least, about_least in ((3, 2, 3), (2, 1, 1)):
+        for least, which in ((list_least, 0), (text_least, 1), (about_least, 2)):
+            while fixed + shown + text + about > rows:
+                now = (shown, text, about)[which]
+                if now <= least:
+                    break
+                if which == 0:
+                    shown -= 1
+                elif which == 1:
+                    text -= 1
+                else:
+                    about -= 1
+    return shown, text, about
 
 
 class HelpScreen(ModalScreen[None]):
@@ -36,12 +84,26 @@ class HelpScreen(ModalScreen[None]):
                  set_hint_state: Callable[[str, str], None] | None = None) -> None:
         super().__init__()
         self._rows = bindings
-        self._about = about  # where the visible pane's numbers come from
+        self._about = f"{about} {ABOUT}".strip()  # where the visible pane's numbers come from
         self._hints = list(hints)  # (id, text): every hint now, muted and snoozed ones too
         self._state = hint_state
         self._set_state = set_hint_state
+        self._text_lines = HINT_TEXT_MOST
+        self._about_lines = len(wrapped(self._about, TEXT_WIDTH))
 
     def compose(self) -> ComposeResult:
+        table = self._table()
+        with Vertical(id="help-dialog"):
+            yield Static(Text("dltop — keys", style="bold"))
+            yield Static(table, id="help-keys")
+            if self._hints:
+                yield Static(Text(HINT_KEYS, style="dim"), id="help-hint-keys")
+                # One line per hint: a hint's 3-5 wrapped lines each pushed the keys and the about line off 80x24.
+                yield OptionList(*self._options(), id="help-hints")
+                yield Static(id="help-hint-text")
+            yield Static(id="help-about")
+
+    def _table(self) -> Table:
         # Keys in two columns of pairs, so the busiest tab's keys, its hints and its sources fit 80x24.
         table = Table.grid(padding=(0, 1))
         for style in ("bold", None, "bold", None):
@@ -49,29 +111,59 @@ class HelpScreen(ModalScreen[None]):
         half = (len(self._rows) + 1) // 2
         for left, right in zip(self._rows[:half], [*self._rows[half:], ("", "")], strict=False):
             table.add_row(left[0], left[1] + "   ", right[0], right[1])
-        with VerticalScroll(id="help-dialog"):
-            yield Static(Text("dltop — keys", style="bold"))
-            yield Static(table)
-            if self._hints:
-                yield OptionList(*self._options(), id="help-hints")
-                yield Static(Text(HINT_KEYS, style="dim"), id="help-hint-keys")
-            yield Static(Text(f"{self._about} {ABOUT}".strip(), style="dim"), id="help-about")
+        return table
 
     def _options(self) -> list[Option]:
         out = []
         for hint_id, text in self._hints:
             state = self._state(hint_id)
-            t = Text()
+            t = Text(no_wrap=True, overflow="ellipsis")
             if state:
                 t.append(f"[{state}] ", "bold")
             t.append(printable(hint_id), "bold dim" if state else "bold")
             t.append(": " + printable(text), "dim" if state else "")
+            t.truncate(TEXT_WIDTH - 2, overflow="ellipsis")  # the list's scroll bar, where it has one
             out.append(Option(t, id=hint_id))
         return out
 
     def on_mount(self) -> None:
         if self._hints:
             self.query_one("#help-hints", OptionList).focus()
+        self._fit()
+
+    def on_resize(self, event: Resize) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        """Share the screen's rows between the hint list, the chosen hint's text and the about line."""
+        keys = rendered_lines(self._table(), TEXT_WIDTH)
+        rows = max(1, self.size.height - 2)  # the dialog's border
+        i = self._chosen()
+        text_lines = len(wrapped(self._hint_text(i), TEXT_WIDTH)) if self._hints else 0
+        shown, self._text_lines, about = fit(rows, keys, len(self._hints), text_lines, self._about_lines)
+        if self._hints:
+            self.query_one("#help-hints", OptionList).styles.height = shown
+            self._show_hint(i)
+        self.query_one("#help-about", Static).update(
+            Text(cut_lines(wrapped(self._about, TEXT_WIDTH), about), style="dim"))
+
+    def _chosen(self) -> int:
+        if not self._hints:
+            return 0
+        options = self.query_one("#help-hints", OptionList)
+        return options.highlighted if options.highlighted is not None else 0
+
+    def _hint_text(self, i: int) -> str:
+        hint_id, text = self._hints[i]
+        state = self._state(hint_id)
+        return f"{'[' + state + '] ' if state else ''}{printable(hint_id)}: {printable(text)}"
+
+    def _show_hint(self, i: int) -> None:
+        lines = wrapped(self._hint_text(i), TEXT_WIDTH)
+        self.query_one("#help-hint-text", Static).update(Text(cut_lines(lines, self._text_lines)))
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        self._show_hint(event.option_index)
 
     def action_close(self) -> None:
         self.dismiss(None)
@@ -81,9 +173,10 @@ class HelpScreen(ModalScreen[None]):
         if not self._hints or self._set_state is None:
             return
         options = self.query_one("#help-hints", OptionList)
-        i = options.highlighted if options.highlighted is not None else 0
+        i = self._chosen()
         hint_id = self._hints[i][0]
         now = self._state(hint_id)
         self._set_state(hint_id, "" if now.startswith(state) else state)
         options.replace_option_prompt_at_index(i, self._options()[i].prompt)
+        self._show_hint(i)
         self.notify(f"{hint_id}: {self._state(hint_id) or 'shown again'}", timeout=3)
