@@ -25,21 +25,30 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-SMALL_FILES, SMALL_BYTES, SMALL_DIRS = 50_000, 16 * 1024, 100
+# name -> (files, bytes each, folders): many small files (the interesting case for a scan and an evict).
+SMALL_TREES = {"small": (50_000, 16 * 1024, 100), "tiny": (100_000, 4 * 1024, 100)}
 BIG_FILES, BIG_BYTES = 4, 256 << 20
 
 
+def make_small(tree: Path, files: int, size: int, dirs: int) -> None:
+    """`files` files of `size` bytes in `dirs` folders, made once and reused when already that shape."""
+    per_dir = files // dirs
+    if (tree / f"d{dirs - 1:03}" / f"f{per_dir - 1:04}.bin").exists():
+        return
+    print(f"making {files} x {size // 1024} KiB files in {tree} ...", file=sys.stderr)
+    data = os.urandom(size)
+    for d in range(dirs):
+        (tree / f"d{d:03}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_dir):
+            (tree / f"d{d:03}" / f"f{i:04}.bin").write_bytes(data)
+
+
 def make_trees(base: Path) -> dict[str, Path]:
-    """The two trees, made once and reused when already the right shape."""
-    small, big = base / "small", base / "big"
-    per_dir = SMALL_FILES // SMALL_DIRS
-    if not (small / f"d{SMALL_DIRS - 1:03}" / f"f{per_dir - 1:04}.bin").exists():
-        print(f"making {SMALL_FILES} x {SMALL_BYTES // 1024} KiB files in {small} ...", file=sys.stderr)
-        data = os.urandom(SMALL_BYTES)
-        for d in range(SMALL_DIRS):
-            (small / f"d{d:03}").mkdir(parents=True, exist_ok=True)
-            for i in range(per_dir):
-                (small / f"d{d:03}" / f"f{i:04}.bin").write_bytes(data)
+    """The trees, made once and reused when already the right shape."""
+    trees = {name: base / name for name in SMALL_TREES}
+    for name, shape in SMALL_TREES.items():
+        make_small(trees[name], *shape)
+    big = trees["big"] = base / "big"
     big.mkdir(parents=True, exist_ok=True)
     for i in range(BIG_FILES):
         f = big / f"b{i}.bin"
@@ -49,7 +58,7 @@ def make_trees(base: Path) -> dict[str, Path]:
                 for _ in range(BIG_BYTES >> 24):
                     fh.write(os.urandom(1 << 24))
     os.sync()
-    return {"small": small, "big": big}
+    return trees
 
 
 def drop_caches(tree: Path) -> None:
@@ -191,7 +200,8 @@ def main() -> int:
         raw.append(time.perf_counter() - t0)
 
     targets = {("small", "scan"): 0.8, ("big", "scan"): 0.2, ("small", "warm"): 0.3, ("big", "warm"): 0.3}
-    print(f"trees: small = {SMALL_FILES} x {SMALL_BYTES // 1024} KiB, big = {BIG_FILES} x {BIG_BYTES >> 20} MiB; "
+    shapes = ", ".join(f"{n} = {f} x {b // 1024} KiB" for n, (f, b, _) in SMALL_TREES.items())
+    print(f"trees: {shapes}, big = {BIG_FILES} x {BIG_BYTES >> 20} MiB; "
           f"median of {args.repeat}; whole-process seconds")
     print(f"{'tree':<6} {'op':<6} {'dltop':>8} {'vmtouch':>8} {'fincore':>8} {'ratio':>6} {'target':>9} "
           f"{'engine':>8} {'e.ratio':>7}  notes")

@@ -223,6 +223,9 @@ def progress_line(p: Any, width: int = 20, marks: str = "█░", pct_digits: in
     eta = human_duration(math.ceil(p.eta_s)) if p.eta_s is not None else "?"
     pct = percent_text(100 * frac, pct_digits) if p.total_bytes else "-"
     pct = f"{pct:>{6 if pct_digits else 0}}"
+    if not getattr(p, "sized", True):  # the total is known only at the end (an evict): what is done so far
+        return (f"{p.action} {human_bytes(p.done_bytes)} in {plural(p.files_done, 'file')} "
+                f"{human_rate(p.rate_bytes_per_s, missing='-')}")
     return (f"{p.action} [{marks[0] * fill}{marks[1] * (width - fill)}] {pct} "
             f"{human_bytes(p.done_bytes)}/{human_bytes(p.total_bytes)} "
             f"{human_rate(p.rate_bytes_per_s, missing='-')} ETA {eta}")
