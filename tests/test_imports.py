@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,15 @@ def test_the_model_package_loads_each_name_on_first_use() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "module 'dltop.model' has no attribute 'Nothing'"
+
+
+def test_the_caches_command_imports_no_other_layer(tmp_path: Path) -> None:
+    # The caches walk is ~2x du: Python's start-up and imports are the floor of it (hints of every layer, their
+    # models and the Snapshot were ~40 ms of it).
+    code = ("import sys\nfrom dltop.cli import main\nrc = main(['caches', '--json'])\n"
+            "bad = sorted(m for m in sys.modules if m in ('dltop.model.snapshot', 'dltop.model.gpu', 'dltop.model.cpu',"
+            " 'dltop.model.probes', 'dltop.hints.gpu', 'dltop.hints.training', 'dltop.hints.memory'))\n"
+            "assert rc == 0 and not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert r.returncode == 0, r.stderr
