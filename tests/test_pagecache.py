@@ -389,6 +389,22 @@ def test_progress_bar_shows_bytes_rate_and_eta() -> None:
     assert "512 MiB/1.0 GiB" in line and "256 MiB/s" in line and "ETA 2s" in line and line.endswith("\n")
 
 
+def test_progress_bar_redraws_in_place_through_the_escaping_writer() -> None:
+    # The CLI's stderr escapes controls from outside: its own carriage return reached the terminal as '\u000d',
+    # so every redraw was a new stretch of text. An evict's line has no total: what is done, no bar, no ETA.
+    from dltop.commands.pagecache import ProgressBar
+    from dltop.fmt import EscapingWriter
+
+    out = io.StringIO()
+    bar = ProgressBar(EscapingWriter(out))
+    bar(pc.Progress("warm", 512 << 20, 1 << 30, 2.0, 10, path="/d/\x1b[31m"))
+    bar(pc.Progress("evict", 3 << 20, 0, 2.0, 7, sized=False))
+    bar.close()
+    first, second = out.getvalue().split("\r")[1:]
+    assert first.startswith("warm [############............]  50.0%") and "\\u000d" not in out.getvalue()
+    assert second.rstrip() == "evict 3.0 MiB in 7 files 1.5 MiB/s", second
+
+
 def test_lock_command_holds_until_ctrl_c(ddir: Path) -> None:
     f = make_file(ddir / "l.bin", 32 * PS)
     p = subprocess.Popen([sys.executable, "-m", "dltop", "lock", str(f)], cwd=REPO, text=True,
