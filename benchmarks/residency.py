@@ -1,45 +1,59 @@
 """dltop residency / warm / evict against vmtouch and fincore, side by side in one run, on trees it makes.
 
     .venv/bin/python benchmarks/residency.py [--dir /var/tmp/dltop-bench] [--repeat 3]
+                                             [--ops scan,warm,evict] [--trees small,tiny,big]
 
-Every time is a whole process (start-up included), median of --repeat runs; dltop runs as
-`python -m dltop`, byte-compiled first (as an installed package is: where PYTHONDONTWRITEBYTECODE is set, a
-source tree would otherwise be compiled again on every run). The `engine` column is the same work timed
-inside one process (`scan_paths` / `warm`), without interpreter start-up and imports: where the time goes.
-Caches are dropped between runs (`echo 1 > /proc/sys/vm/drop_caches` when writable, otherwise by evicting
-the tree). Targets (dltop / vmtouch): scan <= 0.8 on small files and <= 0.2 on big files, warm <= 0.3 on
-both, and at most 1% of pages left after an evict.
+Trees: small = 50,000 x 16 KiB, tiny = 100,000 x 4 KiB (100 folders each), big = 4 x 256 MiB. Every time is a
+whole process (start-up included), median of --repeat runs, in wall seconds and in CPU seconds (user +
+system, from the child's rusage: on a shared machine the wall time is mostly the wait for a CPU, the CPU time
+is not); dltop runs as `python -m dltop`, byte-compiled first (as an installed package is: where
+PYTHONDONTWRITEBYTECODE is set, a source tree would otherwise be compiled again on every run). The `engine`
+column is the same work timed inside one process (`scan_paths` / `warm`), without interpreter start-up and
+imports: where the time goes. Caches are dropped between runs (`echo 1 > /proc/sys/vm/drop_caches` when
+writable, otherwise by evicting the tree). A scan's resident pages are checked against vmtouch's and
+fincore's. Targets (dltop / vmtouch, issue 22): scan <= 0.6 on small files and <= 0.2 on big files, warm <=
+0.3, evict <= 1.0, and at most 1% of pages left after an evict.
 """
-
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-SMALL_FILES, SMALL_BYTES, SMALL_DIRS = 50_000, 16 * 1024, 100
+# name -> (files, bytes each, folders): many small files (the interesting case for a scan and an evict).
+SMALL_TREES = {"small": (50_000, 16 * 1024, 100), "tiny": (100_000, 4 * 1024, 100)}
 BIG_FILES, BIG_BYTES = 4, 256 << 20
 
 
+def make_small(tree: Path, files: int, size: int, dirs: int) -> None:
+    """`files` files of `size` bytes in `dirs` folders, made once and reused when already that shape."""
+    per_dir = files // dirs
+    if (tree / f"d{dirs - 1:03}" / f"f{per_dir - 1:04}.bin").exists():
+        return
+    print(f"making {files} x {size // 1024} KiB files in {tree} ...", file=sys.stderr)
+    data = os.urandom(size)
+    for d in range(dirs):
+        (tree / f"d{d:03}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_dir):
+            (tree / f"d{d:03}" / f"f{i:04}.bin").write_bytes(data)
+
+
 def make_trees(base: Path) -> dict[str, Path]:
-    """The two trees, made once and reused when already the right shape."""
-    small, big = base / "small", base / "big"
-    per_dir = SMALL_FILES // SMALL_DIRS
-    if not (small / f"d{SMALL_DIRS - 1:03}" / f"f{per_dir - 1:04}.bin").exists():
-        print(f"making {SMALL_FILES} x {SMALL_BYTES // 1024} KiB files in {small} ...", file=sys.stderr)
-        data = os.urandom(SMALL_BYTES)
-        for d in range(SMALL_DIRS):
-            (small / f"d{d:03}").mkdir(parents=True, exist_ok=True)
-            for i in range(per_dir):
-                (small / f"d{d:03}" / f"f{i:04}.bin").write_bytes(data)
+    """The trees, made once and reused when already the right shape."""
+    trees = {name: base / name for name in SMALL_TREES}
+    for name, shape in SMALL_TREES.items():
+        make_small(trees[name], *shape)
+    big = trees["big"] = base / "big"
     big.mkdir(parents=True, exist_ok=True)
     for i in range(BIG_FILES):
         f = big / f"b{i}.bin"
@@ -49,7 +63,7 @@ def make_trees(base: Path) -> dict[str, Path]:
                 for _ in range(BIG_BYTES >> 24):
                     fh.write(os.urandom(1 << 24))
     os.sync()
-    return {"small": small, "big": big}
+    return trees
 
 
 def drop_caches(tree: Path) -> None:
@@ -61,13 +75,16 @@ def drop_caches(tree: Path) -> None:
         subprocess.run([PY, "-m", "dltop", "evict", str(tree)], cwd=REPO, capture_output=True, check=True)
 
 
-def timed(cmd: list[str]) -> tuple[float, str]:
+def timed(cmd: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, CPU seconds (user + system) and stdout of one whole process."""
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     dt = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
-    return dt, r.stdout
+    return dt, (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime), r.stdout
 
 
 def resident_pages(tree: Path) -> tuple[int, int]:
@@ -83,13 +100,26 @@ def parse_resident(out: str) -> tuple[int, int]:
     raise SystemExit("vmtouch printed no 'Resident Pages' line")
 
 
-def time_fincore(tree: Path) -> float:
+def _chunks(tree: Path) -> list[list[str]]:
     files = [str(p) for p in sorted(tree.rglob("*")) if p.is_file()]
-    chunks = [files[i:i + 10_000] for i in range(0, len(files), 10_000)]
+    return [files[i:i + 10_000] for i in range(0, len(files), 10_000)]
+
+
+def time_fincore(tree: Path) -> float:
+    chunks = _chunks(tree)
     t0 = time.perf_counter()
     for c in chunks:
         subprocess.run(["fincore", "-b", "-n", *c], capture_output=True, check=True)
     return time.perf_counter() - t0
+
+
+def fincore_pages(tree: Path) -> int:
+    """Resident pages of the tree as fincore counts them (its RES column, in bytes, over the page size)."""
+    total = 0
+    for c in _chunks(tree):
+        out = subprocess.run(["fincore", "-b", "-n", "-o", "RES", *c], capture_output=True, text=True, check=True)
+        total += sum(int(x) for x in out.stdout.split())
+    return total // os.sysconf("SC_PAGE_SIZE")
 
 
 # The engine alone: imports done, then only the scan or the warm is timed.
@@ -108,7 +138,7 @@ print(time.perf_counter() - t0)
 
 
 def engine_time(op: str, tree: Path) -> float:
-    return float(timed([PY, "-c", ENGINE, op, str(tree)])[1])
+    return float(timed([PY, "-c", ENGINE, op, str(tree)])[2])
 
 
 def median(xs: list[float]) -> float:
@@ -119,6 +149,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/var/tmp/dltop-bench", help="where the trees are made (a disk, not tmpfs)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--ops", default="scan,warm,evict", help="which of scan, warm, evict to time (default all)")
+    ap.add_argument("--trees", default=",".join([*SMALL_TREES, "big"]), help="which trees (default all)")
     args = ap.parse_args()
     for tool in ("vmtouch", "fincore"):
         if shutil.which(tool) is None:
@@ -126,89 +158,141 @@ def main() -> int:
     trees = make_trees(Path(args.dir))
     subprocess.run([PY, "-m", "compileall", "-q", str(REPO / "dltop")], check=True)
     dl = [PY, "-m", "dltop"]
-    rows: list[tuple[str, str, float, float, float | None, float | None, str]] = []
+    ops, chosen = set(args.ops.split(",")), args.trees.split(",")
+    rows: list[Row] = []
     for name, tree in trees.items():
-        # Scan: a half-warm tree (the interesting case), same state for every tool.
+        if name not in chosen:
+            continue
+        if "scan" in ops:
+            rows.append(scan_row(name, tree, args.repeat, dl))
+        if "warm" in ops:
+            rows.append(warm_row(name, tree, args.repeat, dl))
+        if "evict" in ops:
+            rows.append(evict_row(name, tree, args.repeat, dl))
+    print(f"trees: {', '.join(f'{n} = {f} x {b // 1024} KiB' for n, (f, b, _) in SMALL_TREES.items())}, "
+          f"big = {BIG_FILES} x {BIG_BYTES >> 20} MiB; median of {args.repeat}; whole processes, seconds")
+    print(f"{'tree':<6} {'op':<6} {'dltop':>7} {'vmtouch':>7} {'fincore':>7} {'ratio':>6} {'target':>9} "
+          f"{'cpu':>6} {'v.cpu':>6} {'ratio':>6} {'engine':>7} {'e.ratio':>7}  notes")
+    for r in rows:
+        ratio = r.wall / r.v_wall
+        tgt = TARGETS.get((r.tree, r.op))
+        verdict = "" if tgt is None else (f"<={tgt} " + ("ok" if ratio <= tgt else "MISS"))
+        fc = f"{r.fincore:7.3f}" if r.fincore is not None else f"{'-':>7}"
+        ec = f"{r.engine:7.3f} {r.engine / r.v_wall:7.2f}" if r.engine is not None else f"{'-':>7} {'-':>7}"
+        cpu_ratio = f"{r.cpu / r.v_cpu:6.2f}" if r.v_cpu > 0 else f"{'-':>6}"
+        print(f"{r.tree:<6} {r.op:<6} {r.wall:7.3f} {r.v_wall:7.3f} {fc} {ratio:6.2f} {verdict:>9} "
+              f"{r.cpu:6.3f} {r.v_cpu:6.3f} {cpu_ratio} {ec}  {r.note}")
+    if "warm" in ops and "big" in chosen:
+        print(device_line(trees["big"], args.repeat))
+    bare = median([timed([PY, "-c", "pass"])[1] for _ in range(5)])
+    cpu = median([timed(dl + ["residency", "--help"])[1] for _ in range(5)])
+    print(f"start-up CPU: python -c pass {bare:.3f}s, python -m dltop residency --help {cpu:.3f}s; "
+          "cpu = user + system seconds of the whole process; engine = in-process time of the same work")
+    return 0
+
+
+# Targets (dltop / vmtouch, whole processes; issue 22): scans <= 0.6 on small files and <= 0.2 on big files,
+# warm <= 0.3, evict <= 1.0.
+TARGETS = {("small", "scan"): 0.6, ("tiny", "scan"): 0.6, ("big", "scan"): 0.2, ("small", "warm"): 0.3,
+           ("tiny", "warm"): 0.3, ("big", "warm"): 0.3, ("small", "evict"): 1.0, ("tiny", "evict"): 1.0,
+           ("big", "evict"): 1.0}
+
+
+@dataclass
+class Row:
+    tree: str
+    op: str
+    wall: float  # dltop's median wall seconds
+    v_wall: float  # vmtouch's
+    fincore: float | None
+    engine: float | None
+    cpu: float  # dltop's median CPU seconds (user + system)
+    v_cpu: float
+    note: str
+
+
+def scan_row(name: str, tree: Path, repeat: int, dl: list[str]) -> Row:
+    """dltop residency against vmtouch and fincore on the tree half warm; the resident pages must agree."""
+    drop_caches(tree)
+    subprocess.run(dl + ["warm", str(tree), "--include", "*[02468].bin"], cwd=REPO, capture_output=True, check=True)
+    d, v, dc, vc, f, e, differ = [], [], [], [], [], [], []
+    for _ in range(repeat):
+        t, c, out = timed(dl + ["residency", str(tree), "--json"])
+        d.append(t)
+        dc.append(c)
+        d_res = json.loads(out)["paths"][0]["resident_pages"]
+        t, c, out = timed(["vmtouch", str(tree)])  # right after: the kernel may reclaim pages in between
+        v.append(t)
+        vc.append(c)
+        v_res = parse_resident(out)[0]
+        f_res = fincore_pages(tree)
+        if not d_res == v_res == f_res:
+            differ.append(f"dltop {d_res} vmtouch {v_res} fincore {f_res}")
+        f.append(time_fincore(tree))
+        e.append(engine_time("scan", tree))
+    agree = "agree (dltop, vmtouch, fincore)" if not differ else "DIFFER " + ", ".join(differ)
+    return Row(name, "scan", median(d), median(v), median(f), median(e), median(dc), median(vc),
+               f"resident pages {agree}")
+
+
+def warm_row(name: str, tree: Path, repeat: int, dl: list[str]) -> Row:
+    """dltop warm against vmtouch -t, from cold, and the pages each leaves not resident."""
+    d, v, dc, vc, d_left, v_left, e = [], [], [], [], [], [], []
+    total = 0
+    for _ in range(repeat):
         drop_caches(tree)
-        subprocess.run(dl + ["warm", str(tree), "--include", "*[02468].bin"], cwd=REPO, capture_output=True,
-                       check=True)
-        d_scan, v_scan, f_scan, e_scan, differ = [], [], [], [], []
-        for _ in range(args.repeat):
-            t, out = timed(dl + ["residency", str(tree), "--json"])
-            d_scan.append(t)
-            d_res = json.loads(out)["paths"][0]["resident_pages"]
-            t, out = timed(["vmtouch", str(tree)])  # right after: the kernel may reclaim pages in between
-            v_scan.append(t)
-            v_res = parse_resident(out)[0]
-            if d_res != v_res:
-                differ.append(f"dltop {d_res} vmtouch {v_res}")
-            f_scan.append(time_fincore(tree))
-            e_scan.append(engine_time("scan", tree))
-        agree = "agree" if not differ else "DIFFER " + ", ".join(differ)
-        rows.append((name, "scan", median(d_scan), median(v_scan), median(f_scan), median(e_scan),
-                     f"resident pages {agree}"))
+        e.append(engine_time("warm", tree))
+        drop_caches(tree)
+        t, c, _out = timed(dl + ["warm", str(tree)])
+        d.append(t)
+        dc.append(c)
+        res, total = resident_pages(tree)
+        d_left.append(total - res)
+        drop_caches(tree)
+        t, c, _out = timed(["vmtouch", "-t", "-q", str(tree)])
+        v.append(t)
+        vc.append(c)
+        res, total = resident_pages(tree)
+        v_left.append(total - res)
+    return Row(name, "warm", median(d), median(v), None, median(e), median(dc), median(vc),
+               f"not resident after: dltop {max(d_left)} vmtouch {max(v_left)} of {total} pages")
 
-        # Warm from cold.
-        d_warm, v_warm, d_left, v_left, e_warm = [], [], [], [], []
-        for _ in range(args.repeat):
-            drop_caches(tree)
-            e_warm.append(engine_time("warm", tree))
-            drop_caches(tree)
-            d_warm.append(timed(dl + ["warm", str(tree)])[0])
-            res, total = resident_pages(tree)
-            d_left.append(total - res)
-            drop_caches(tree)
-            v_warm.append(timed(["vmtouch", "-t", "-q", str(tree)])[0])
-            res, total = resident_pages(tree)
-            v_left.append(total - res)
-        rows.append((name, "warm", median(d_warm), median(v_warm), None, median(e_warm),
-                     f"not resident after: dltop {max(d_left)} vmtouch {max(v_left)} of {total} pages"))
 
-        # Evict a fully warm tree.
-        d_ev, v_ev, d_after, v_after = [], [], [], []
-        for _ in range(args.repeat):
-            subprocess.run(["vmtouch", "-t", "-q", str(tree)], check=True)
-            d_ev.append(timed(dl + ["evict", str(tree)])[0])
-            d_after.append(resident_pages(tree)[0])
-            subprocess.run(["vmtouch", "-t", "-q", str(tree)], check=True)
-            v_ev.append(timed(["vmtouch", "-e", "-q", str(tree)])[0])
-            v_after.append(resident_pages(tree)[0])
-        pct = 100 * max(d_after) / total
-        rows.append((name, "evict", median(d_ev), median(v_ev), None, None,
-                     f"left after: dltop {max(d_after)} ({pct:.2f}%) vmtouch {max(v_after)} of {total} pages"))
+def evict_row(name: str, tree: Path, repeat: int, dl: list[str]) -> Row:
+    """dltop evict against vmtouch -e, of the tree fully warm, and the pages each leaves."""
+    d, v, dc, vc, d_after, v_after = [], [], [], [], [], []
+    total = 0
+    for _ in range(repeat):
+        subprocess.run(["vmtouch", "-t", "-q", str(tree)], check=True)
+        t, c, _out = timed(dl + ["evict", str(tree)])
+        d.append(t)
+        dc.append(c)
+        res, total = resident_pages(tree)
+        d_after.append(res)
+        subprocess.run(["vmtouch", "-t", "-q", str(tree)], check=True)
+        t, c, _out = timed(["vmtouch", "-e", "-q", str(tree)])
+        v.append(t)
+        vc.append(c)
+        v_after.append(resident_pages(tree)[0])
+    pct = 100 * max(d_after) / total
+    return Row(name, "evict", median(d), median(v), None, None, median(dc), median(vc),
+               f"left after: dltop {max(d_after)} ({pct:.2f}%) vmtouch {max(v_after)} of {total} pages")
 
-    # The device's own speed on the big tree: every file read in parallel with O_DIRECT (no page cache), the
-    # floor under any warm of it.
-    big_files = sorted(trees["big"].glob("*.bin"))
+
+def device_line(big: Path, repeat: int) -> str:
+    """The device's own speed on the big tree: every file read in parallel with O_DIRECT (no page cache), the
+    floor under any warm of it."""
+    files = sorted(big.glob("*.bin"))
     raw = []
-    for _ in range(args.repeat):
-        drop_caches(trees["big"])
+    for _ in range(repeat):
+        drop_caches(big)
         t0 = time.perf_counter()
         procs = [subprocess.Popen(["dd", f"if={f}", "of=/dev/null", "bs=8M", "iflag=direct"],
-                                  stderr=subprocess.DEVNULL) for f in big_files]
+                                  stderr=subprocess.DEVNULL) for f in files]
         for p in procs:
             p.wait()
         raw.append(time.perf_counter() - t0)
-
-    targets = {("small", "scan"): 0.8, ("big", "scan"): 0.2, ("small", "warm"): 0.3, ("big", "warm"): 0.3}
-    print(f"trees: small = {SMALL_FILES} x {SMALL_BYTES // 1024} KiB, big = {BIG_FILES} x {BIG_BYTES >> 20} MiB; "
-          f"median of {args.repeat}; whole-process seconds")
-    print(f"{'tree':<6} {'op':<6} {'dltop':>8} {'vmtouch':>8} {'fincore':>8} {'ratio':>6} {'target':>9} "
-          f"{'engine':>8} {'e.ratio':>7}  notes")
-    for tree_name, op, d, v, f, e, note in rows:
-        ratio = d / v
-        tgt = targets.get((tree_name, op))
-        verdict = "" if tgt is None else (f"<={tgt} " + ("ok" if ratio <= tgt else "MISS"))
-        fc = f"{f:8.3f}" if f is not None else f"{'-':>8}"
-        ec = f"{e:8.3f} {e / v:7.2f}" if e is not None else f"{'-':>8} {'-':>7}"
-        print(f"{tree_name:<6} {op:<6} {d:8.3f} {v:8.3f} {fc} {ratio:6.2f} {verdict:>9} {ec}  {note}")
-    print(f"device: the big tree read with O_DIRECT, {len(big_files)} dd in parallel (no page cache): "
-          f"{median(raw):.3f}s")
-    bare = median([timed([PY, "-c", "pass"])[0] for _ in range(5)])
-    t = median([timed(dl + ["residency", "--help"])[0] for _ in range(5)])
-    print(f"start-up: python -c pass {bare:.3f}s, python -m dltop residency --help {t:.3f}s; "
-          f"engine = in-process time of the same work, e.ratio = engine / vmtouch")
-    return 0
+    return f"device: the big tree read with O_DIRECT, {len(files)} dd in parallel (no page cache): {median(raw):.3f}s"
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import math
 import re
-from decimal import Decimal, InvalidOperation, localcontext
 from typing import TextIO
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -193,6 +192,9 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"ambiguous size {text!r}: say {number}{unit}iB (binary) or {number}{unit}B (decimal)")
     if unit not in _SIZE_UNITS:
         raise ValueError(f"unknown unit in size {text!r} (B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)")
+    # Imported here: decimal is ~5 ms of every command's start-up, and only a size given as text needs it.
+    from decimal import Decimal, InvalidOperation, localcontext
+
     try:
         value = Decimal(number)
     except InvalidOperation:

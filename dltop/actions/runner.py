@@ -180,7 +180,9 @@ class ActionRunner:
         spec = spec_of(run.action)
 
         def progress(p: Any) -> None:
-            self._announce(run, "progress", done_bytes=p.done_bytes, total_bytes=p.total_bytes,
+            # An evict's total is known only at its end: None, not a total of 0 (a bar full or empty).
+            total = p.total_bytes if getattr(p, "sized", True) else None
+            self._announce(run, "progress", done_bytes=p.done_bytes, total_bytes=total,
                            elapsed_s=p.elapsed_s, rate_bytes_per_s=p.rate_bytes_per_s, eta_s=p.eta_s,
                            files_done=p.files_done, message=p.path)
 

@@ -142,8 +142,12 @@ class ProgressBar:
     def __call__(self, p: Any) -> None:
         from dltop.text.datasets import progress_line
 
-        line = "\r" + progress_line(p, width=24, marks="#.", pct_digits=1)
-        self.stream.write(line.ljust(78)[:100])
+        line = progress_line(p, width=24, marks="#.", pct_digits=1)
+        # The carriage return is dltop's own: past the escaping writer (which shows a control as '\u000d'), the
+        # text through it.
+        raw = getattr(self.stream, "raw", self.stream)
+        raw.write("\r")
+        self.stream.write(line.ljust(77)[:99])
         self.stream.flush()
         self.drawn = True
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from dltop.model import Snapshot
+if TYPE_CHECKING:
+    from dltop.model import Snapshot
 
 Severity = Literal["info", "warn", "critical"]
 SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
@@ -31,14 +32,40 @@ class Hint:
     numbers: Mapping[str, float] = field(default_factory=dict)  # for the recorder, the report, the exporter
 
 
-Rule = Callable[[Sequence[Snapshot]], "Hint | None"]
-RULES: list[Rule] = []
+Rule = Callable[[Sequence["Snapshot"]], "Hint | None"]
+_RULES: list[Rule] = []  # `RULES`: every layer's rules, their modules imported on first use
 
 
 def rule(fn: Rule) -> Rule:
     """Register a hint rule: a pure function of the recent Snapshots (oldest first) returning a Hint or None."""
-    RULES.append(fn)
+    _RULES.append(fn)
     return fn
+
+
+def all_rules() -> list[Rule]:
+    """Every layer's rules. The layers' modules register theirs when imported, here and not when this package
+    is: `dltop caches` needs the caches rules alone, and the others import every layer's model."""
+    from dltop.hints import caches, datasets, gpu, memory, training  # noqa: F401
+
+    if _ordered != _RULES:  # in the layers' order, whichever module a caller imported first
+        _ordered[:] = sorted(_RULES, key=_layer_index)
+        _RULES[:] = _ordered
+    return _RULES
+
+
+_LAYERS = ("caches", "datasets", "gpu", "memory", "training")
+_ordered: list[Rule] = []
+
+
+def _layer_index(fn: Rule) -> int:
+    layer = fn.__module__.rpartition(".")[2]
+    return _LAYERS.index(layer) if layer in _LAYERS else len(_LAYERS)  # a rule of elsewhere (a test's): last
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RULES":
+        return all_rules()
+    raise AttributeError(f"module 'dltop.hints' has no attribute {name!r}")
 
 
 # The tab each hint belongs to, by its id's prefix (ids name their layer first): the hint line puts the current
@@ -66,9 +93,6 @@ def hints(history: Sequence[Snapshot]) -> list[Hint]:
     if not history:
         return []
     recent = window(history)
-    out = [h for r in RULES if (h := r(recent)) is not None]
+    out = [h for r in all_rules() if (h := r(recent)) is not None]
     return sorted(out, key=lambda h: SEVERITY_ORDER[h.severity])
 
-
-# The layers' rules register themselves when imported: one module per layer, next to its own constants.
-from dltop.hints import caches, datasets, gpu, memory, training  # noqa: E402, F401

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dltop.fmt import human_bytes, human_duration, plural
 from dltop.hints import Hint, rule
-from dltop.model import CachesPart, Snapshot
-from dltop.model.caches import CacheInfo
+from dltop.model.caches import CacheInfo, CachesPart
+
+if TYPE_CHECKING:
+    from dltop.model import Snapshot
 
 # Caches whose loss means a slow first run again (a compile or a download), as opposed to a scratch folder
 PERSISTENT_WORTH = frozenset({"torchinductor", "torchinductor_headers", "triton", "cuda", "torch_extensions", "vllm", "flashinfer",

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from dltop import kernel
 from dltop.model.base import display_path
@@ -576,6 +576,16 @@ class WarmNeed:
     pages: int = 0
 
 
+class FileAct(Protocol):
+    """What `scan_residency(act=)` calls for an open file: `before` its resident pages (None: hidden from this
+    user), `busy` its dirty and writeback pages, `cstat` the scan's cachestat caller (None: the file is counted
+    with mincore). It returns the pages resident after; when it measured with `cstat`, that caller's struct must
+    hold the state after (the scan counts it)."""
+
+    def __call__(self, fd: int, st: os.stat_result, dir_path: str, name: str, dfd: int | None, before: int | None,
+                 busy: int, cstat: Any) -> int | None: ...
+
+
 def scan_residency(
     path: str | bytes | os.PathLike[str],
     options: WalkOptions = WalkOptions(),
@@ -585,6 +595,7 @@ def scan_residency(
     cpu_fraction: float | None = None,
     warm_need: WarmNeed | None = None,
     seen_dirs: set[tuple[int, int]] | None = None,
+    act: FileAct | None = None,
 ) -> DatasetResidency:
     """Scan one file or tree once: per-folder page-cache residency, as fincore would count it, and of the data.
 
@@ -595,6 +606,8 @@ def scan_residency(
     Only a file with fewer allocated blocks than bytes can have holes: only those are asked where their data
     lies (SEEK_DATA) and, when some of their pages are resident, which of those are data (one cachestat per
     run of data, or the mincore vector already taken).
+    With `act` (see `FileAct`), each file with resident pages, or whose residency is hidden, is handed to it
+    while open, and what is counted is the state it leaves: an evict measures, acts and re-measures in one walk.
     """
     t0 = time.monotonic()
     root = os.fsdecode(path)
@@ -679,6 +692,8 @@ def scan_residency(
                     cstat(fd)
                 except OSError as e:
                     if e.errno == errno.EPERM:
+                        if act is not None:
+                            act(fd, st, d.path, name, dfd, None, 0, None)
                         a.unknown += pages
                         a.dunknown += data
                         report.unknown = True
@@ -693,6 +708,8 @@ def scan_residency(
                     d.mincore = True
                 else:
                     by_cachestat = True
+                    if act is not None and cs.nr_cache:
+                        act(fd, st, d.path, name, dfd, cs.nr_cache, cs.nr_dirty + cs.nr_writeback, cstat)
                     res = cs.nr_cache
                     if res > pages:
                         res = pages
@@ -709,6 +726,8 @@ def scan_residency(
                                   cs.nr_writeback, cs.nr_recently_evicted)
                     continue
             if not kernel.residency_visible(st, name, dfd):
+                if act is not None:
+                    act(fd, st, d.path, name, dfd, None, 0, None)
                 a.unknown += pages
                 a.dunknown += data
                 report.unknown = True
@@ -719,6 +738,9 @@ def scan_residency(
                 continue
             used.add("mincore")
             vec = kernel.mincore_vector(fd, size)
+            if act is not None and 1 in vec:
+                act(fd, st, d.path, name, dfd, vec.count(1), 0, None)
+                vec = kernel.mincore_vector(fd, size)
             res = min(vec.count(1), pages)
             dres = res if runs is None else _resident_in_runs(runs, res, pages, fd, vec)
             res_sum += res
@@ -775,16 +797,18 @@ def scan_paths(
     deadline_s: float | None = None,
     cpu_fraction: float | None = None,
     warm_need: WarmNeed | None = None,
+    act: FileAct | None = None,
 ) -> DatasetsPart:
     """Scan several datasets; one that cannot be scanned is a DatasetUnavailable with the reason, and the rest
     are scanned still.
 
     A dataset whose files another one's walk reached too (a folder inside it; the same folder given again
     through a symlink alias, a trailing slash or `..`) keeps its own numbers and row, and is marked
-    `counted_in` that one: totals (`total_of`) and `warm_need` count its files once.
+    `counted_in` that one: totals (`total_of`) and `warm_need` count its files once. `act`: see
+    `scan_residency`.
     """
     scans = [_scan_one(p, options, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction,
-                       warm_need=warm_need is not None) for p in paths]
+                       warm_need=warm_need is not None, act=act) for p in paths]
     part = _compose(paths, scans, options)
     if warm_need is not None:
         warm_need.pages += sum(s.need.pages for ds, s in zip(part.paths, scans, strict=True)
@@ -802,13 +826,13 @@ class _Scan:
 
 
 def _scan_one(p: str, options: WalkOptions, *, cancel: threading.Event | None = None, deadline_s: float | None = None,
-              cpu_fraction: float | None = None, warm_need: bool = False) -> _Scan:
+              cpu_fraction: float | None = None, warm_need: bool = False, act: FileAct | None = None) -> _Scan:
     seen: set[tuple[int, int]] = set()
     need = WarmNeed()
     try:
         result: DatasetUnavailable | DatasetResidency = scan_residency(
             p, options, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction,
-            warm_need=need if warm_need else None, seen_dirs=seen)
+            warm_need=need if warm_need else None, seen_dirs=seen, act=act)
     except OSError as e:
         path = os.fsdecode(p)
         result = DatasetUnavailable(path, path_error(e.strerror or str(e), path), scanned_at=time.time())

@@ -216,6 +216,10 @@ def format_residency(part: DatasetsPart, files_key: str | None = None, files_n: 
 
 def progress_line(p: Any, width: int = 20, marks: str = "█░", pct_digits: int = 0) -> str:
     """`warm [███░░] 40% 1.2 GiB/3.0 GiB 800 MiB/s ETA 2s` from an action's Progress."""
+    if not getattr(p, "sized", True) or p.total_bytes is None:
+        # The total is known only at the end (an evict: one walk measures and acts): what is done so far.
+        return (f"{p.action} {human_bytes(p.done_bytes)} in {plural(p.files_done or 0, 'file')} "
+                f"{human_rate(p.rate_bytes_per_s, missing='-')}")
     # No total (a measure cut short by Ctrl-C: nothing was sized) is no full bar: an empty one, no percent.
     frac = p.done_bytes / p.total_bytes if p.total_bytes else 0.0
     fill = int(width * min(1.0, frac))
