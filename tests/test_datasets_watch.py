@@ -12,7 +12,7 @@ import pytest
 
 from dltop.config import Settings
 from dltop.model.base import from_dict, to_dict
-from dltop.model.datasets import DatasetResidency, DatasetsPart
+from dltop.model.datasets import DatasetResidency, DatasetsPart, ResidencyNode
 from dltop.sources import datasets as ds_engine
 from dltop.sources import watch
 from dltop.sources.datasets import WalkOptions, scan_residency, source
@@ -178,6 +178,7 @@ def test_the_source_watches_after_its_first_read_and_json_keeps_the_estimate(ddi
         assert len(scans) == 1  # a full walk once; it used to walk every file at every read
         assert isinstance(first, DatasetsPart) and isinstance(second, DatasetsPart)
         assert first.scanned[0].full_scan_at == 0.0 and second.scanned[0].full_scan_at > 0  # plain, then watched
+        assert rows(second.scanned[0]) == rows(first.scanned[0]) != {}  # the file rows too (they were lost)
         one_off = scan_residency(ddir, OPTIONS)
         for f in ("files", "pages", "resident_pages", "data_pages", "size_bytes"):
             assert getattr(second.scanned[0], f) == getattr(one_off, f)
@@ -199,3 +200,54 @@ def test_an_estimate_is_marked_on_its_row_and_explained_in_the_notes() -> None:
     assert estimate_note(exact, PS, 1090.0) is None
     note = estimate_note(est, PS, 1090.0)
     assert note is not None and "8.0 KiB may have been evicted" in note and "1m30s" in note
+
+
+def rows(ds: DatasetResidency) -> dict[str, list[tuple[str, int, int, int]]]:
+    """Each folder's listed files: (path, data pages, resident data pages, unknown data pages), in their order."""
+    out: dict[str, list[tuple[str, int, int, int]]] = {}
+    stack: list[ResidencyNode] = [ds]
+    while stack:
+        n = stack.pop()
+        out[n.path] = [(f.path, f.data_pages, f.data_resident_pages, f.data_unknown_pages) for f in n.top_files]
+        stack.extend(n.children)
+    return out
+
+
+@needs_fincore
+@pytest.mark.parametrize("budget", [4096, 3])
+def test_a_watched_datasets_file_rows_follow_what_is_read_created_and_deleted(ddir: Path, budget: int) -> None:
+    """Per-file rows (top_files) of a watched dataset: a file read by another process is measured again and moves
+    up (or down) its folder's ranks, a new file enters, a deleted one leaves; always the rows a one-off scan lists,
+    with fincore's counts. budget=3: the folders share 3 rows, so the smaller folder lists none."""
+    options = WalkOptions(max_depth=6, top_files=2, top_keys=ds_engine.FILE_SORT_KEYS, top_budget=budget)
+    a = [make_file(ddir / "a" / f"f{i}.bin", (i + 1) * PS) for i in range(6)]
+    make_file(ddir / "b" / "g.bin", PS)
+    w = DatasetWatch(str(ddir), options)
+
+    def check(ds: DatasetResidency) -> dict[str, list[tuple[str, int, int, int]]]:
+        got, one_off = rows(ds), scan_residency(ddir, options)
+        assert got == rows(one_off)
+        assert (ds.files_top, ds.files_sorted_by) == (one_off.files_top, one_off.files_sorted_by)
+        listed = [r[0] for folder in got.values() for r in folder]
+        truth = fincore_resident_pages(*listed)
+        assert {r[0]: r[2] for folder in got.values() for r in folder} == truth
+        return got
+
+    try:
+        ds, _ = w.read()
+        first = check(ds)[str(ddir / "a")]
+        assert str(a[2]) not in {r[0] for r in first}  # neither big nor (all tie at 0) the lowest inode
+        subprocess.run(["cat", str(a[2])], stdout=subprocess.DEVNULL, check=True)  # the only resident file
+        ds, _ = w.read()
+        now = check(ds)[str(ddir / "a")]
+        assert (str(a[2]), 3, 3, 0) in now  # the most resident now
+        new = make_file(ddir / "a" / "new.bin", 10 * PS)
+        os.unlink(a[5])
+        ds, _ = w.read()
+        now = check(ds)[str(ddir / "a")]
+        assert now[0][0] == str(new) and str(a[5]) not in {r[0] for r in now}
+        subprocess.run(["cat", str(new)], stdout=subprocess.DEVNULL, check=True)
+        ds, _ = w.read()
+        assert (str(new), 10, 10, 0) in check(ds)[str(ddir / "a")]
+    finally:
+        w.close()

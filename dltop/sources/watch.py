@@ -9,6 +9,7 @@ estimate with that bound, corrected by the rolling pass (docs/datasets.md, "Watc
 from __future__ import annotations
 
 import errno
+import heapq
 import os
 import stat
 import struct
@@ -16,6 +17,8 @@ import threading
 import time
 from array import array
 from bisect import bisect_left
+from itertools import accumulate
+from operator import neg
 
 from dltop import kernel
 from dltop.model.datasets import NO_PERMISSION, DatasetResidency, ResidencyNode
@@ -32,6 +35,7 @@ _OPEN_CLOSE = kernel.IN_OPEN | kernel.IN_CLOSE_WRITE | kernel.IN_CLOSE_NOWRITE
 _LISTING = kernel.IN_CREATE | kernel.IN_DELETE | kernel.IN_MOVED_FROM | kernel.IN_MOVED_TO
 _GONE = kernel.IN_DELETE_SELF | kernel.IN_MOVE_SELF | kernel.IN_IGNORED | kernel.IN_UNMOUNT
 _EVENT = struct.Struct("iIII")
+_Ranked = tuple[object, int, ResidencyNode]  # a file row with its score and tie in one key's order
 # The rolling pass spends at most this share of one core: every file is measured again within
 # files x (seconds per file) / ROLL_CPU_SHARE (100,000 files at ~20 us each: about 13 minutes).
 ROLL_CPU_SHARE = 0.0025
@@ -40,8 +44,10 @@ DRAIN_EVERY_S = 0.5  # the event queue (16,384 by default) is read this often, s
 DRAIN_EVERY_FILES = 2048  # and while measuring, after this many files: each adds an open and a close
 
 # Per file, in this order: size in bytes, pages, data pages, resident, dirty, writeback, recently evicted,
-# resident data pages, unknown pages, unknown data pages, files (1).
-_N = 11
+# resident data pages, unknown pages, unknown data pages, files (1), and its inode (ties of the file rows); the
+# first _SUM are added up into the folders' totals.
+_N = 12
+_SUM = 11
 
 
 def _vmstat(keys: tuple[str, ...] = ("pgsteal_file", "drop_pagecache")) -> dict[str, int]:
@@ -63,7 +69,7 @@ class _Folder:
     """One folder of the watched tree: its files' last counts (by name hash, sorted) and its own totals."""
 
     __slots__ = ("path", "depth", "dev", "ino", "wd", "parent", "subdirs", "keys", "vals", "tot", "skipped",
-                 "problems", "links", "mark", "measured_at", "mincore", "used", "gone")
+                 "problems", "links", "mark", "measured_at", "mincore", "used", "gone", "names", "offs", "top")
 
     def __init__(self, path: str, depth: int, dev: int, ino: int, parent: _Folder | None) -> None:
         self.path, self.depth, self.dev, self.ino, self.parent = path, depth, dev, ino, parent
@@ -71,7 +77,11 @@ class _Folder:
         self.subdirs: dict[str, _Folder] = {}
         self.keys = array("q")
         self.vals = array("q")
-        self.tot = [0] * _N
+        self.tot = [0] * _SUM
+        self.names = ""  # the files' names in the order of `keys`, each ended by a NUL (a name never holds one)
+        self.offs = array("I", (0,))  # where each name starts in `names`, and its end
+        # Its file rows as last chosen: (n, each key's top n as (score, tie, row), the rows in order).
+        self.top: tuple[int, list[list[_Ranked]], tuple[ResidencyNode, ...]] | None = None
         self.skipped: dict[str, int] = {}
         self.problems: list[str] = []
         self.links: list[tuple[int, int]] = []  # hard-linked inodes this folder counts
@@ -86,6 +96,10 @@ class _Folder:
         h = hash(name)
         i = bisect_left(self.keys, h)
         return i if i < len(self.keys) and self.keys[i] == h else -1
+
+    def name(self, i: int) -> str:
+        """The name of the file at index `i`."""
+        return self.names[self.offs[i]:self.offs[i + 1] - 1]
 
     def walk(self) -> list[_Folder]:
         out, stack = [], [self]
@@ -103,6 +117,7 @@ class DatasetWatch:
         self.root = root.rstrip("/") if len(root) > 1 else root
         self.options, self.cpu_fraction = options, cpu_fraction
         self._ignore, self._include = engine._compile(options.ignore), engine._compile(options.include)
+        self._keys = tuple(k for k in options.top_keys if k in engine.FILE_SORT_KEYS)
         self._fd = kernel.inotify_init()
         self._lock = threading.Lock()
         self._by_wd: dict[int, _Folder] = {}
@@ -269,9 +284,12 @@ class DatasetWatch:
                 continue
             base = i * _N
             tot, vals = f.tot, f.vals
-            for j in range(_N):
+            if vals[base:base + _N] == array("q", new):
+                continue
+            for j in range(_SUM):
                 tot[j] += new[j] - vals[base + j]
-                vals[base + j] = new[j]
+            vals[base:base + _N] = array("q", new)
+            f.top = None  # its file rows are chosen again at the next freeze
         self._close_dir()
         for wd in redo:
             f = self._by_wd.get(wd)
@@ -360,7 +378,7 @@ class DatasetWatch:
                 del self._links[k]
         f.links, f.skipped, f.problems, f.used = [], {}, [], set()
         report = engine.WalkReport()
-        rows: list[tuple[int, tuple[int, ...]]] = []
+        rows: list[tuple[int, str, tuple[int, ...]]] = []
         subdirs: dict[str, _Folder] = {}
         try:
             dfd = os.open(f.path, engine._O_DIR | (os.O_NOFOLLOW if f.depth else 0))
@@ -393,7 +411,7 @@ class DatasetWatch:
                                 self._own_event(f, name)
                                 vals = self._measure(f, dfd, name, report)
                                 if vals is not None:
-                                    rows.append((hash(name), vals))
+                                    rows.append((hash(name), name, vals))
                             elif entry.is_symlink():
                                 report.skip("symlink")
                             elif entry.is_dir(follow_symlinks=False):
@@ -423,17 +441,20 @@ class DatasetWatch:
                 self._forget(old)
         self._set(f, rows, report, subdirs, steal)
 
-    def _set(self, f: _Folder, rows: list[tuple[int, tuple[int, ...]]], report: engine.WalkReport,
+    def _set(self, f: _Folder, rows: list[tuple[int, str, tuple[int, ...]]], report: engine.WalkReport,
              subdirs: dict[str, _Folder], steal: int) -> None:
         rows.sort(key=lambda r: r[0])
-        f.keys = array("q", (h for h, _ in rows))
         vals = array("q")
-        tot = [0] * _N
-        for _, v in rows:
+        for _, _, v in rows:
             vals.extend(v)
-            for j in range(_N):
-                tot[j] += v[j]
-        f.vals, f.tot, f.subdirs = vals, tot, subdirs
+        tot = [sum(vals[j::_N]) for j in range(_SUM)]
+        names = "\0".join(r[1] for r in rows) + "\0" if rows else ""
+        if vals != f.vals or names != f.names:
+            f.top = None  # its file rows are chosen again at the next freeze
+            f.keys = array("q", (r[0] for r in rows))
+            f.offs = array("I", accumulate((len(r[1]) + 1 for r in rows), initial=0))
+            f.vals, f.names = vals, names
+        f.tot, f.subdirs = tot, subdirs
         f.skipped, f.problems = report.skipped, report.problems
         if report.unknown:
             f.used.add("unknown")
@@ -477,12 +498,13 @@ class DatasetWatch:
                 pages = (st.st_size + ps - 1) // ps
                 report.unknown = True
                 report.skip("unreadable", path, "permission denied (pages unknown)")
-                return (st.st_size, pages, pages, 0, 0, 0, 0, 0, pages, pages, 1)
+                return (st.st_size, pages, pages, 0, 0, 0, 0, 0, pages, pages, 1, st.st_ino)
             engine._skip_error(report, e, path)
             return None
-        pages = data = 0
+        pages = data = ino = 0
         try:
             st = os.fstat(fd)
+            ino = st.st_ino
             if not stat.S_ISREG(st.st_mode):
                 report.skip("special")
                 return None
@@ -493,14 +515,14 @@ class DatasetWatch:
             runs = engine.data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
             data = pages if runs is None else sum(last - first for first, last in runs)
             if pages == 0:
-                return (size, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1)
+                return (size, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, ino)
             if not f.mincore:
                 try:
                     cs = self._cstat(fd)
                 except OSError as e:
                     if e.errno == errno.EPERM:
                         report.unknown = True
-                        return (size, pages, data, 0, 0, 0, 0, 0, pages, data, 1)
+                        return (size, pages, data, 0, 0, 0, 0, 0, pages, data, 1, ino)
                     if e.errno != errno.ENOSYS:
                         raise
                     f.mincore = True
@@ -509,19 +531,19 @@ class DatasetWatch:
                     res = min(cs.nr_cache, pages)
                     dirty, wb, rev = cs.nr_dirty, cs.nr_writeback, cs.nr_recently_evicted
                     dres = res if runs is None else engine._resident_in_runs(runs, res, pages, fd)
-                    return (size, pages, data, res, dirty, wb, rev, dres, 0, 0, 1)
+                    return (size, pages, data, res, dirty, wb, rev, dres, 0, 0, 1, ino)
             if not kernel.residency_visible(st, name, dfd):
                 report.unknown = True
-                return (size, pages, data, 0, 0, 0, 0, 0, pages, data, 1)
+                return (size, pages, data, 0, 0, 0, 0, 0, pages, data, 1, ino)
             f.used.add("mincore")
             vec = kernel.mincore_vector(fd, size)
             res = min(vec.count(1), pages)
             dres = res if runs is None else engine._resident_in_runs(runs, res, pages, fd, vec)
-            return (size, pages, data, res, 0, 0, 0, dres, 0, 0, 1)
+            return (size, pages, data, res, 0, 0, 0, dres, 0, 0, 1, ino)
         except OSError as e:
             # It vanished or failed after it was counted: its pages are unknown, not absent.
             engine._skip_error(report, e, path)
-            return (0, pages, data, 0, 0, 0, 0, 0, pages, data, 1)
+            return (0, pages, data, 0, 0, 0, 0, 0, pages, data, 1, ino)
         finally:
             os.close(fd)
 
@@ -550,6 +572,7 @@ class DatasetWatch:
         error = oldest_mark = None
         oldest_at = time.time()
         error_sum = 0
+        files_top, rows = self._file_rows()
 
         def node(f: _Folder) -> tuple[list[int], tuple[ResidencyNode, ...]]:
             nonlocal oldest_mark, oldest_at, error_sum
@@ -568,12 +591,12 @@ class DatasetWatch:
                 st, sk = node(s)
                 tot = [a + b for a, b in zip(tot, st, strict=True)]
                 if max_depth is None or s.depth <= max_depth:  # deeper folders add to their ancestor
-                    kids.append(_node(s.path, st, sk))
+                    kids.append(_node(s.path, st, sk, rows.get(s, ())))
             return tot, tuple(sorted(kids, key=lambda k: k.path))
 
         tot, kids = node(top)
         error = min(error_sum, max(0, steal - (oldest_mark or 0)), tot[3])
-        root = _node(top.path, tot, kids)
+        root = _node(top.path, tot, kids, rows.get(top, ()))
         method = used - {"unknown"}
         try:
             fs = kernel.fs_name(kernel.statfs_type(top.path))
@@ -594,14 +617,106 @@ class DatasetWatch:
             estimated=error > 0,
             estimate_error_pages=error,
             full_scan_at=oldest_at,
+            files_top=files_top,
+            files_sorted_by=self._keys if self.options.top_files > 0 else (),
         )
 
+    # --- the file rows -----------------------------------------------------------------------------------------
 
-def _node(path: str, t: list[int], kids: tuple[ResidencyNode, ...]) -> ResidencyNode:
+    def _file_rows(self) -> tuple[int, dict[_Folder, tuple[ResidencyNode, ...]]]:
+        """Each shown folder's file rows as `engine.TopFiles` chooses them in a scan (its top n files by each key,
+        the biggest folders first within the dataset's budget, n halved where one folder alone is past it), and
+        that n. A folder's choice is kept until one of its files' counts changes, so a read where nothing
+        changed costs no sort."""
+        n, keys, max_depth = self.options.top_files, self._keys, self.options.max_depth
+        if n <= 0 or not keys:
+            return 0, {}
+        owners: dict[_Folder, list[_Folder]] = {}  # a shown folder, and the folders deeper than max_depth in it
+        for f in self._order:
+            o = f
+            while max_depth is not None and o.depth > max_depth and o.parent is not None:
+                o = o.parent
+            owners.setdefault(o, []).append(f)
+        budget = max(0, self.options.top_budget)
+        order = sorted(owners, key=lambda o: (sum(g.tot[2] for g in owners[o]), o.path), reverse=True)
+        while n > 0:
+            out: dict[_Folder, tuple[ResidencyNode, ...]] = {}
+            held = 0
+            for o in order:
+                group = owners[o]
+                if len(group) == 1:
+                    lists, listed = self._folder_top(o, n)
+                else:
+                    lists = [heapq.nlargest(n, (e for g in group for e in self._folder_top(g, n)[0][k]),
+                                            key=lambda e: (e[0], e[1])) for k in range(len(keys))]
+                    listed = _union(lists)
+                count = sum(len(x) for x in lists)
+                if held + count > budget:
+                    break  # this folder and every smaller one list none
+                held += count
+                if listed:
+                    out[o] = listed
+            else:
+                return n, out
+            if out:
+                return n, out
+            n //= 2  # the biggest folder alone is past the budget
+        return 0, {}
+
+    def _folder_top(self, f: _Folder, n: int) -> tuple[list[list[_Ranked]],
+                                                           tuple[ResidencyNode, ...]]:
+        """Folder `f`'s top `n` files by each key (score, tie, row), and their rows in order; cached in `f.top`."""
+        if f.top is not None and f.top[0] == n:
+            return f.top[1], f.top[2]
+        m, vals = len(f.keys), f.vals
+        data, dres, dunknown = vals[2::_N], vals[7::_N], vals[9::_N]
+        ties = list(map(neg, vals[11::_N]))  # the lower inode first, as a scan orders ties
+        made: dict[int, ResidencyNode] = {}
+        lists: list[list[_Ranked]] = []
+        for key in self._keys:
+            scores: object
+            if key == "size":
+                scores = data
+            elif key == "resident":
+                scores = dres
+            else:  # coldest first: the lowest resident share, then the most data; nothing to see last
+                scores = [(-r / (d - u) if d > u else -2.0, d) for d, r, u in zip(data, dres, dunknown, strict=True)]
+            best = heapq.nlargest(n, zip(scores, ties, range(m), strict=True))  # type: ignore[call-overload]
+            row = []
+            for score, tie, i in best:
+                node = made.get(i)
+                if node is None:
+                    node = made[i] = self._file_node(f, i)
+                row.append((score, tie, node))
+            lists.append(row)
+        listed = _union(lists)
+        f.top = (n, lists, listed)
+        return lists, listed
+
+    @staticmethod
+    def _file_node(f: _Folder, i: int) -> ResidencyNode:
+        v, b, name = f.vals, i * _N, f.name(i)
+        return ResidencyNode(path=f"{f.path}/{name}" if f.path != "/" else f"/{name}", files=1, size_bytes=v[b],
+                             pages=v[b + 1], resident_pages=v[b + 3], dirty_pages=v[b + 4], unknown_pages=v[b + 8],
+                             writeback_pages=v[b + 5], recently_evicted_pages=v[b + 6], data_pages=v[b + 2],
+                             data_resident_pages=v[b + 7], data_unknown_pages=v[b + 9])
+
+
+def _node(path: str, t: list[int], kids: tuple[ResidencyNode, ...],
+          files: tuple[ResidencyNode, ...] = ()) -> ResidencyNode:
     return ResidencyNode(path=path, files=t[10], size_bytes=t[0], pages=t[1],
                          resident_pages=t[3], dirty_pages=t[4], unknown_pages=t[8], writeback_pages=t[5],
                          recently_evicted_pages=t[6], data_pages=t[2], data_resident_pages=t[7],
-                         data_unknown_pages=t[9], children=kids)
+                         data_unknown_pages=t[9], children=kids, top_files=files)
+
+
+def _union(lists: list[list[_Ranked]]) -> tuple[ResidencyNode, ...]:
+    """The rows of every key's top, each once: the first key's order, then the others' additions."""
+    seen: dict[int, ResidencyNode] = {}
+    for row in lists:
+        for _, _, node in row:
+            seen.setdefault(id(node), node)
+    return tuple(seen.values())
 
 
 
