@@ -45,8 +45,13 @@ class Result:
     hwm_mb: float
 
 
+# The benchmarks' own tmux server; DLTOP_BENCH_TMUX names another, so two benchmarks run at once do not kill
+# each other's sessions.
+TMUX_SOCKET = os.environ.get("DLTOP_BENCH_TMUX", "dltop-bench")
+
+
 def tmux(*args: str) -> str:
-    return subprocess.run(["tmux", "-L", "dltop-bench", *args], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(["tmux", "-L", TMUX_SOCKET, *args], capture_output=True, text=True, check=True).stdout
 
 
 def cpu_seconds(pid: int) -> float:
@@ -151,7 +156,7 @@ def main() -> int:
         if not shutil.which(tool):
             print(f"overhead: {tool} not found (apt-get install {tool})", file=sys.stderr)
             return 1
-    subprocess.run(["tmux", "-L", "dltop-bench", "kill-server"], capture_output=True)
+    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
     tmux("new-session", "-d", "-s", "bench", "-x", "80", "-y", "24", "sleep 100000")
     env_note = f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
     keep: list[subprocess.Popen[str]] = []
@@ -178,7 +183,7 @@ def main() -> int:
             results.append(Result(n, first, 100 * used / dt, status_kb(pid, "VmRSS") / 1024,
                                   status_kb(pid, "VmHWM") / 1024))
     finally:
-        subprocess.run(["tmux", "-L", "dltop-bench", "kill-server"], capture_output=True)
+        subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
         for p in keep:
             p.terminate()
             p.wait()

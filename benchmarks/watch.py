@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/watch.py [--files 100000] [--bytes 4096] [--dir /var/tmp/dltop-watch]
                                          [--seconds 60] [--rate 500] [--settle 40] [--accuracy]
+                                         [--profile stacks.txt [--py-spy PATH]]
 
 Makes the tree (1,000 files a folder; reused when already there, removed with --clean), starts dltop on it in a
 tmux pane and a job that reads --rate random files a second (open, read, close, as a DataLoader does), waits
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from overhead import cpu_seconds, dltop_command, start, status_kb, tmux  # noqa: E402
+from overhead import TMUX_SOCKET, cpu_seconds, dltop_command, start, status_kb, tmux  # noqa: E402
 
 PER_DIR = 1000
 
@@ -104,6 +105,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=500.0, help="files the job reads a second")
     ap.add_argument("--settle", type=float, default=40.0, help="seconds before measuring (the first scans)")
     ap.add_argument("--accuracy", action="store_true")
+    ap.add_argument("--profile", metavar="FILE", help="also sample dltop with py-spy over the window (raw stacks)")
+    ap.add_argument("--py-spy", default="py-spy", help="the py-spy to run (--profile)")
     ap.add_argument("--clean", action="store_true", help="remove the tree at the end")
     args = ap.parse_args()
     root = Path(args.dir)
@@ -113,17 +116,21 @@ def main() -> int:
         if args.accuracy:
             accuracy(root, args.seconds)
             return 0
-        subprocess.run(["tmux", "-L", "dltop-bench", "kill-server"], capture_output=True)
+        subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
         tmux("new-session", "-d", "-s", "bench", "-x", "80", "-y", "24", "sleep 100000")
         try:
             pid, first = start("dltop", f"{dltop_command()} {root}", "Page cache")
             time.sleep(args.settle)
             c0, t0 = cpu_seconds(pid), time.monotonic()
-            time.sleep(args.seconds)
+            if args.profile:  # py-spy samples dltop (all its threads) over the window: collapsed stacks
+                subprocess.run([args.py_spy, "record", "--pid", str(pid), "--duration", str(int(args.seconds)),
+                                "--rate", "200", "--format", "raw", "--nonblocking", "--output", args.profile],
+                               capture_output=True, check=False)
+            time.sleep(max(0.0, args.seconds - (time.monotonic() - t0)))
             pct = 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
             rss, hwm = status_kb(pid, "VmRSS") / 1024, status_kb(pid, "VmHWM") / 1024
         finally:
-            subprocess.run(["tmux", "-L", "dltop-bench", "kill-server"], capture_output=True)
+            subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
         target = 1.5 if args.files <= 100_000 else 2.0
         print(f"watching {args.files} x {args.bytes} B files while a job reads {args.rate:.0f} files/s, "
               f"{os.cpu_count()} CPUs, over {args.seconds:.0f} s after {args.settle:.0f} s")

@@ -164,8 +164,8 @@ def test_own_measuring_is_not_taken_for_a_job_reading(ddir: Path, watched: Datas
     assert measured == []
 
 
-def test_the_source_watches_after_its_first_read_and_json_keeps_the_estimate(ddir: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_source_watches_from_its_first_read_and_json_keeps_the_estimate(ddir: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     tree(ddir, folders=2)
     src = source(Settings(datasets=(str(ddir),)))
     scans = []
@@ -175,9 +175,10 @@ def test_the_source_watches_after_its_first_read_and_json_keeps_the_estimate(ddi
         first = src.read()
         second = src.read()
         src.read()
-        assert len(scans) == 1  # a full walk once; it used to walk every file at every read
+        # No plain scan: the watch's first read is the full walk (a plain one first was measured again by it).
+        assert scans == []
         assert isinstance(first, DatasetsPart) and isinstance(second, DatasetsPart)
-        assert first.scanned[0].full_scan_at == 0.0 and second.scanned[0].full_scan_at > 0  # plain, then watched
+        assert first.scanned[0].full_scan_at > 0 and second.scanned[0].full_scan_at > 0
         assert rows(second.scanned[0]) == rows(first.scanned[0]) != {}  # the file rows too (they were lost)
         one_off = scan_residency(ddir, OPTIONS)
         for f in ("files", "pages", "resident_pages", "data_pages", "size_bytes"):
@@ -250,5 +251,33 @@ def test_a_watched_datasets_file_rows_follow_what_is_read_created_and_deleted(dd
         subprocess.run(["cat", str(new)], stdout=subprocess.DEVNULL, check=True)
         ds, _ = w.read()
         assert (str(new), 10, 10, 0) in check(ds)[str(ddir / "a")]
+    finally:
+        w.close()
+
+
+@needs_fincore
+def test_a_queue_overflow_measures_it_all_again(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More events than the kernel queues (max_queued_events) between two drains: the events after it are lost,
+    so the next read measures the whole dataset again, and a read whose events were dropped is counted."""
+    files = tree(ddir, folders=2)
+    monkeypatch.setattr(watch, "DRAIN_EVERY_S", 3600.0)  # no drain but ours
+    monkeypatch.setattr(watch, "MIN_ROLL_FILES", 1)
+    monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
+    w = DatasetWatch(str(ddir), OPTIONS)
+    try:
+        first, _ = w.read()
+        assert first.resident_pages == 0
+        limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+        noise = files[-1]
+        for _ in range(limit // 2 + 8):  # an open and a close each: the queue overflows
+            os.close(os.open(noise, os.O_RDONLY))
+        read_file(files[0])  # its events are dropped: the queue is full
+        rescans = []
+        real = DatasetWatch._rescan_all
+        monkeypatch.setattr(DatasetWatch, "_rescan_all", lambda self, *a: rescans.append(1) or real(self, *a))
+        now, _ = w.read()
+        assert rescans == [1] and now.resident_pages == fincore_total(ddir) == 3
+        now, _ = w.read()
+        assert rescans == [1]  # once: the events are trusted again
     finally:
         w.close()

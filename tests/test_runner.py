@@ -259,13 +259,20 @@ def test_the_datasets_reader_rescans_only_what_it_is_asked_and_carries_over(ddir
     again = first.read_some(frozenset({str(one)}))
     assert [d.path for d in again.paths] == [str(one), str(two)]
     assert again.paths[0].scanned_at > stamps[str(one)] and again.paths[1].scanned_at == stamps[str(two)]
-    # A dataset added at run time: the new reader takes over the others' scans and scans only the new one.
+    # A dataset added at run time: the new reader takes over the others' watches (their next reads measure only
+    # what was opened) and walks only the new one whole.
+    old = dict(first.read.__self__._watches)  # type: ignore[attr-defined]
     second = dsrc.source(Settings(datasets=(str(one), str(two), str(three))))
     second.carry_from(first)
     part = second.read()
     assert [d.path for d in part.paths] == [str(one), str(two), str(three)]
-    assert part.paths[1].scanned_at == stamps[str(two)] and part.paths[2].scanned_at > stamps[str(two)]
-    assert second.read().paths[1].scanned_at > stamps[str(two)]  # and the next full read is full
+    watches = second.read.__self__._watches  # type: ignore[attr-defined]
+    assert set(old) == {str(one), str(two)} and all(watches[p] is w for p, w in old.items())
+    assert part.paths[2].full_scan_at > stamps[str(two)]
+    assert first.close is not None and second.close is not None
+    first.close()
+    assert all(not w._closed.is_set() for w in watches.values())  # the old source's close left them running
+    second.close()
 
 
 def test_relative_dataset_paths_are_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -910,10 +910,10 @@ class DatasetsReader:
     those (after a warm of one dataset, the others keep their last scan), and a reader that replaces another
     (a dataset added from the TUI) takes over its scans, so its first read scans only the new datasets.
 
-    With `watch`, every read after a dataset's first is a `DatasetWatch` cycle (sources/watch.py): only the files
-    opened since the last read and a slice of the tree in turn are measured again, so the cost stops growing
-    with the dataset; `read_some` measures all of each dataset asked for again. The first read is a plain scan,
-    so a one-off snapshot pays for no watch."""
+    With `watch`, every read is a `DatasetWatch` cycle (sources/watch.py): the first measures the whole tree
+    (the watch's own scan: a plain scan first would be measured again by it, a 100,000-file tree twice at
+    start), the later ones only the files opened since the last read and a slice of the tree in turn, so the
+    cost stops growing with the dataset; `read_some` measures all of each dataset asked for again."""
 
     def __init__(self, paths: tuple[str, ...], options: WalkOptions, cpu_fraction: float | None,
                  watch: bool = False) -> None:
@@ -945,11 +945,11 @@ class DatasetsReader:
     def _read(self, paths: frozenset[str], cycle: bool) -> DatasetsPart:
         for p in self.paths:
             if p in paths or p not in self._last or cycle:
-                self._last[p] = self._read_one(p, full=p in paths, first=p not in self._last)
+                self._last[p] = self._read_one(p, full=p in paths)
         return _compose(self.paths, [self._last[p] for p in self.paths], self.options)
 
-    def _read_one(self, p: str, full: bool, first: bool) -> _Scan:
-        if not self.watch or first or not os.path.isdir(p):
+    def _read_one(self, p: str, full: bool) -> _Scan:
+        if not self.watch or not os.path.isdir(p):
             return _scan_one(p, self.options, cpu_fraction=self.cpu_fraction)
         from dltop.sources.watch import DatasetWatch
 

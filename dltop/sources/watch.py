@@ -34,6 +34,8 @@ WATCH_MASK = (kernel.IN_OPEN | kernel.IN_CLOSE_WRITE | kernel.IN_CLOSE_NOWRITE |
 _OPEN_CLOSE = kernel.IN_OPEN | kernel.IN_CLOSE_WRITE | kernel.IN_CLOSE_NOWRITE
 _LISTING = kernel.IN_CREATE | kernel.IN_DELETE | kernel.IN_MOVED_FROM | kernel.IN_MOVED_TO
 _GONE = kernel.IN_DELETE_SELF | kernel.IN_MOVE_SELF | kernel.IN_IGNORED | kernel.IN_UNMOUNT
+_SLOW = kernel.IN_Q_OVERFLOW | _GONE | kernel.IN_ISDIR | _LISTING | kernel.IN_ATTRIB  # all but a file's open/close
+_CHANGED = kernel.IN_CLOSE_WRITE | kernel.IN_ATTRIB  # its size, data or links may differ: stat it again
 _EVENT = struct.Struct("iIII")
 _Ranked = tuple[object, int, ResidencyNode]  # a file row with its score and tie in one key's order
 # The rolling pass spends at most this share of one core: every file is measured again within
@@ -121,9 +123,11 @@ class DatasetWatch:
         self._fd = kernel.inotify_init()
         self._lock = threading.Lock()
         self._by_wd: dict[int, _Folder] = {}
-        self._touched: dict[tuple[int, str], int] = {}  # events per (wd, name) since the last read
-        self._open: dict[tuple[int, str], int] = {}  # opens less closes seen: > 0 while someone holds it open
-        self._own: dict[tuple[int, str], int] = {}  # events our own measuring caused (an open and a close each)
+        # Keyed by (wd, name as bytes): names are decoded only for the files measured again.
+        self._touched: dict[tuple[int, bytes], int] = {}  # events per file since the last read
+        self._open: dict[tuple[int, bytes], int] = {}  # opens less closes seen: > 0 while someone holds it open
+        self._own: dict[tuple[int, bytes], int] = {}  # events our own measuring caused (an open and a close each)
+        self._changed: set[tuple[int, bytes]] = set()  # closed after a write, or its attributes changed
         self._relist: set[int] = set()  # folders whose listing changed
         self._resync = True  # measure everything (the first read, a queue overflow, a drop_caches)
         self._links: dict[tuple[int, int], _Folder] = {}
@@ -159,11 +163,25 @@ class DatasetWatch:
             except OSError:
                 return
             pos, end = 0, len(buf)
-            touched, opened = self._touched, self._open
+            touched, opened, unpack = self._touched, self._open, _EVENT.unpack_from
             while pos < end:
-                wd, mask, _cookie, n = _EVENT.unpack_from(buf, pos)
-                name = buf[pos + 16:pos + 16 + n].rstrip(b"\0").decode("utf-8", "surrogateescape")
+                wd, mask, _cookie, n = unpack(buf, pos)
+                name = buf[pos + 16:pos + 16 + n].rstrip(b"\0")
                 pos += 16 + n
+                if not mask & _SLOW:  # a file opened or closed: nearly every event
+                    key = (wd, name)
+                    touched[key] = touched.get(key, 0) + 1
+                    if mask & kernel.IN_OPEN:
+                        opened[key] = opened.get(key, 0) + 1
+                        continue
+                    left = opened.get(key, 0) - 1
+                    if left > 0:
+                        opened[key] = left
+                    else:
+                        opened.pop(key, None)
+                    if mask & _CHANGED:
+                        self._changed.add(key)
+                    continue
                 if mask & kernel.IN_Q_OVERFLOW:
                     self._resync = True
                     opened.clear()
@@ -178,16 +196,9 @@ class DatasetWatch:
                 if mask & _LISTING:
                     self._relist.add(wd)
                     continue
-                key = (wd, name)
+                key = (wd, name)  # IN_ATTRIB
                 touched[key] = touched.get(key, 0) + 1
-                if mask & kernel.IN_OPEN:
-                    opened[key] = opened.get(key, 0) + 1
-                elif mask & (kernel.IN_CLOSE_WRITE | kernel.IN_CLOSE_NOWRITE):
-                    left = opened.get(key, 0) - 1
-                    if left > 0:
-                        opened[key] = left
-                    else:
-                        opened.pop(key, None)
+                self._changed.add(key)
 
     def _drain_locked(self) -> None:
         with self._lock:
@@ -214,16 +225,18 @@ class DatasetWatch:
             if vm.get("drop_pagecache", 0) != self._vm.get("drop_pagecache", 0):
                 self._resync = True  # echo N > drop_caches: every count may be gone
             resync, self._resync = self._resync or full, False
-            dirty = [k for k, n in self._touched.items() if n > self._own.get(k, 0)]
-            dirty.extend(k for k in self._open if self._touched.get(k, 0) <= self._own.get(k, 0))
+            own = self._own
+            dirty = [k for k, n in self._touched.items() if n > own.get(k, 0)]
+            dirty.extend(k for k in self._open if self._touched.get(k, 0) <= own.get(k, 0))
             relist, self._relist = self._relist, set()
+            changed, self._changed = self._changed, set()
             self._touched, self._own = {}, {}
         steal = vm.get("pgsteal_file", 0)
         budget = engine._Budget(None, None, self.cpu_fraction)
         if resync or self._top is None:
             self._rescan_all(budget, steal)
         else:
-            self._apply(dirty, relist, budget, steal)
+            self._apply(dirty, relist, changed, budget, steal)
             elapsed = t0 - self._last_read
             self._roll(max(MIN_ROLL_FILES, int(ROLL_CPU_SHARE * elapsed / self._file_cost_s)), budget, steal)
         self._vm, self._last_read = vm, t0
@@ -253,7 +266,8 @@ class DatasetWatch:
         """After an overflow the open counts are unknown: start them again from the events that follow."""
         self._open.clear()
 
-    def _apply(self, dirty: list[tuple[int, str]], relist: set[int], budget: engine._Budget, steal: int) -> int:
+    def _apply(self, dirty: list[tuple[int, bytes]], relist: set[int], changed: set[tuple[int, bytes]],
+               budget: engine._Budget, steal: int) -> int:
         """Measure again the files opened since the last read and the folders whose listing changed."""
         n = 0
         for wd in relist:
@@ -267,10 +281,12 @@ class DatasetWatch:
             self._next %= max(1, len(self._order))
         redo: set[int] = set()
         dirty.sort()  # by folder: its directory stays cached between its files
-        for wd, name in dirty:
+        for key in dirty:
+            wd, raw = key
             f = self._by_wd.get(wd)
             if f is None or wd in relist or wd in redo:
                 continue
+            name = raw.decode("utf-8", "surrogateescape")
             i = f.slot(name)
             if i < 0:  # a name we do not count: new, or a hard link counted elsewhere; the listing decides
                 redo.add(wd)
@@ -278,6 +294,8 @@ class DatasetWatch:
             n += 1
             if n % DRAIN_EVERY_FILES == 0:
                 self._drain_locked()  # our own opens must not overflow the queue
+            if key not in changed and self._recount(f, i, raw):
+                continue
             new = self._measure_one(f, name)
             if new is None:
                 redo.add(wd)
@@ -303,7 +321,7 @@ class DatasetWatch:
         order = self._order
         if not order:
             return
-        done, changed = 0, False
+        done, changed, c0 = 0, False, time.thread_time()
         for _ in range(len(order)):
             if done >= files:
                 break
@@ -318,6 +336,8 @@ class DatasetWatch:
                 self._scan_tree(f, budget, steal, recurse_known=False, first_done=True, before=set(before))
             done += len(f.keys) + 1
             budget.stop()
+        if done >= 64:  # its share of a core is kept by what its own files cost (they were learnt at the full scan)
+            self._file_cost_s = 0.5 * self._file_cost_s + 0.5 * max(1e-7, (time.thread_time() - c0) / done)
         if changed:
             assert self._top is not None
             self._order = self._top.walk()
@@ -364,10 +384,10 @@ class DatasetWatch:
                 if self._links.get(k) is g:
                     del self._links[k]
 
-    def _own_event(self, f: _Folder, name: str) -> None:
+    def _own_event(self, f: _Folder, name: str | bytes) -> None:
         # Only this thread touches _own (the drain thread counts events, read() compares): no lock.
         if f.wd is not None:
-            key = (f.wd, name)
+            key = (f.wd, name if isinstance(name, bytes) else os.fsencode(name))
             self._own[key] = self._own.get(key, 0) + 2  # our open and our close
 
     def _scan_folder(self, f: _Folder, steal: int) -> None:
@@ -472,6 +492,48 @@ class DatasetWatch:
         report = engine.WalkReport()
         vals = self._measure(f, self._dir[1], name, report, relink=True)
         return None if report.skipped else vals
+
+    def _recount(self, f: _Folder, i: int, raw: bytes) -> bool:
+        """File `i` of `f` counted again in place by cachestat alone, its size and data pages kept: nothing wrote
+        to it or changed its links since it was measured (else IN_CLOSE_WRITE or IN_ATTRIB). False: measure it
+        whole (a sparse file, mincore, an unreadable file, or anything unexpected)."""
+        if f.mincore:
+            return False
+        base, vals = i * _N, f.vals
+        pages, data, unknown = vals[base + 1], vals[base + 2], vals[base + 8]
+        if data != pages or unknown or pages == 0:
+            return False
+        if self._dir is None or self._dir[0] is not f:
+            self._close_dir()
+            try:
+                self._dir = (f, os.open(f.path, engine._O_DIR | (os.O_NOFOLLOW if f.depth else 0)))
+            except OSError:
+                return False
+        try:
+            fd = os.open(raw, engine._O_FILE, dir_fd=self._dir[1])
+        except OSError:
+            return False
+        self._own_event(f, raw)
+        try:
+            if os.fstat(fd).st_ino != vals[base + 11]:
+                return False  # replaced under the same name
+            cs = self._cstat(fd)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        res = min(cs.nr_cache, pages)
+        new = (res, cs.nr_dirty, cs.nr_writeback, cs.nr_recently_evicted)
+        old = (vals[base + 3], vals[base + 4], vals[base + 5], vals[base + 6])
+        if new != old:
+            tot = f.tot
+            for j, v, was in zip((3, 4, 5, 6), new, old, strict=True):
+                tot[j] += v - was
+                vals[base + j] = v
+            tot[7] += res - vals[base + 7]
+            vals[base + 7] = res
+            f.top = None  # its file rows are chosen again at the next freeze
+        return True
 
     def _close_dir(self) -> None:
         """Close the folder `_measure_one` kept open for the next file of the same folder."""
