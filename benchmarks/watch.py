@@ -64,6 +64,14 @@ def make_tree(root: Path, files: int, nbytes: int) -> None:
     os.sync()
 
 
+def drop_pagecache() -> int:
+    """How many times anyone wrote to /proc/sys/vm/drop_caches since boot."""
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        if line.startswith("drop_pagecache "):
+            return int(line.split()[1])
+    return 0
+
+
 def vmtouch_resident(root: Path) -> int:
     out = subprocess.run(["vmtouch", str(root)], capture_output=True, text=True, check=True).stdout
     for line in out.splitlines():
@@ -121,13 +129,15 @@ def main() -> int:
         try:
             pid, first = start("dltop", f"{dltop_command()} {root}", "Page cache")
             time.sleep(args.settle)
-            c0, t0 = cpu_seconds(pid), time.monotonic()
+            c0, t0, drops = cpu_seconds(pid), time.monotonic(), drop_pagecache()
+            start_cpu = c0
             if args.profile:  # py-spy samples dltop (all its threads) over the window: collapsed stacks
                 subprocess.run([args.py_spy, "record", "--pid", str(pid), "--duration", str(int(args.seconds)),
                                 "--rate", "200", "--format", "raw", "--nonblocking", "--output", args.profile],
                                capture_output=True, check=False)
             time.sleep(max(0.0, args.seconds - (time.monotonic() - t0)))
             pct = 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+            drops = drop_pagecache() - drops
             rss, hwm = status_kb(pid, "VmRSS") / 1024, status_kb(pid, "VmHWM") / 1024
         finally:
             subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
@@ -135,7 +145,9 @@ def main() -> int:
         print(f"watching {args.files} x {args.bytes} B files while a job reads {args.rate:.0f} files/s, "
               f"{os.cpu_count()} CPUs, over {args.seconds:.0f} s after {args.settle:.0f} s")
         print(f"first frame {first:.3f} s, CPU {pct:.2f}% of a core (target <= {target}), RSS {rss:.1f} MB, "
-              f"peak {hwm:.1f} MB")
+              f"peak {hwm:.1f} MB; {start_cpu:.2f} s of CPU before the window (the first scan)")
+        if drops:  # another process dropped the page cache: the watch measured everything again, as it must
+            print(f"disturbed: {drops} drop_caches on the machine during the window")
     finally:
         job.kill()
         job.wait()
