@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/watch.py [--files 100000] [--bytes 4096] [--dir /var/tmp/dltop-watch]
                                          [--seconds 60] [--rate 500] [--settle 40] [--accuracy]
-                                         [--profile stacks.txt [--py-spy PATH]]
+                                         [--profile stacks.txt [--py-spy PATH]] [--in-process]
 
 Makes the tree (1,000 files a folder; reused when already there, removed with --clean), starts dltop on it in a
 tmux pane and a job that reads --rate random files a second (open, read, close, as a DataLoader does), waits
@@ -120,6 +120,40 @@ def accuracy(root: Path, seconds: float) -> None:
     print(f"accuracy: largest difference {100 * worst:.3f}% of the tree's pages, largest bound {100 * bound:.3f}%")
 
 
+def in_process(root: Path, seconds: float) -> None:
+    """The watch alone, in this process at the source's cadence (every 10 s) while the job reads: its CPU (the
+    drain thread's too) per second, and how much of it the reads took; no TUI around it."""
+    from dltop.sources.datasets import (
+        FILE_SORT_KEYS,
+        SOURCE_MAX_DEPTH,
+        SOURCE_TOP_BUDGET,
+        SOURCE_TOP_FILES,
+        WalkOptions,
+    )
+    from dltop.sources.watch import DatasetWatch
+
+    options = WalkOptions(max_depth=SOURCE_MAX_DEPTH, top_files=SOURCE_TOP_FILES, top_keys=FILE_SORT_KEYS,
+                          top_budget=SOURCE_TOP_BUDGET)
+    c0 = time.process_time()
+    w = DatasetWatch(str(root), options, 0.5)
+    w.read()
+    print(f"first read (the full scan): {time.process_time() - c0:.2f} s CPU")
+    drops, reads_cpu, n = drop_pagecache(), 0.0, 0
+    p0, t0 = time.process_time(), time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        time.sleep(10)
+        c = time.thread_time()
+        w.read()
+        reads_cpu += time.thread_time() - c
+        n += 1
+    wall, cpu = time.monotonic() - t0, time.process_time() - p0
+    w.close()
+    print(f"in process: {100 * cpu / wall:.2f}% of a core over {wall:.0f} s, {n} reads "
+          f"({1000 * reads_cpu / max(1, n):.0f} ms CPU each; the drain thread the rest)")
+    if drop_pagecache() != drops:
+        print("disturbed: drop_caches on the machine during the window")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=100_000)
@@ -129,6 +163,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=500.0, help="files the job reads a second")
     ap.add_argument("--settle", type=float, default=40.0, help="seconds before measuring (the first scans)")
     ap.add_argument("--accuracy", action="store_true")
+    ap.add_argument("--in-process", action="store_true", help="the watch alone in this process, no TUI")
     ap.add_argument("--profile", metavar="FILE", help="also sample dltop with py-spy over the window (raw stacks)")
     ap.add_argument("--py-spy", default="py-spy", help="the py-spy to run (--profile)")
     ap.add_argument("--clean", action="store_true", help="remove the tree at the end")
@@ -139,6 +174,9 @@ def main() -> int:
     try:
         if args.accuracy:
             accuracy(root, args.seconds)
+            return 0
+        if args.in_process:
+            in_process(root, args.seconds)
             return 0
         subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
         tmux("new-session", "-d", "-s", "bench", "-x", "80", "-y", "24", "sleep 100000")
