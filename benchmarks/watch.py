@@ -11,7 +11,8 @@ over --seconds. htop is not the baseline here: it watches no dataset. Targets (i
 for 100,000 files, <= 2% for 1,000,000 (0-byte files on tmpfs do: --dir /dev/shm/x --bytes 0).
 
 --accuracy instead evicts the tree, runs the watch in this process at the source's 10 s cadence while the job
-reads it back in, and compares each read with vmtouch (folder by folder, its opens not taken for the job's):
+reads it back in, and compares each read with vmtouch (folder by folder, its opens not taken for the job's; the
+job stopped while both count):
 the largest difference in resident pages, as a share of the tree's pages, and the largest estimate bound.
 """
 
@@ -21,6 +22,7 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -95,7 +97,7 @@ def vmtouch_unseen(w: object, root: Path) -> int:
     return total
 
 
-def accuracy(root: Path, seconds: float) -> None:
+def accuracy(root: Path, seconds: float, job: subprocess.Popen[bytes]) -> None:
     from dltop.sources.datasets import SOURCE_MAX_DEPTH, WalkOptions
     from dltop.sources.watch import DatasetWatch
 
@@ -107,10 +109,14 @@ def accuracy(root: Path, seconds: float) -> None:
     n = 0
     while time.monotonic() < t_end:
         time.sleep(10)
-        c0 = time.thread_time()
-        ds, _ = w.read()
-        cpu = time.thread_time() - c0
-        truth = vmtouch_unseen(w, root)
+        job.send_signal(signal.SIGSTOP)  # the job waits while both count: the same pages for both
+        try:
+            c0 = time.thread_time()
+            ds, _ = w.read()
+            cpu = time.thread_time() - c0
+            truth = vmtouch_unseen(w, root)
+        finally:
+            job.send_signal(signal.SIGCONT)
         diff = abs(ds.resident_pages - truth) / max(1, ds.pages)
         worst, bound = max(worst, diff), max(bound, ds.estimate_error_pages / max(1, ds.pages))
         n += 1
@@ -173,7 +179,7 @@ def main() -> int:
     job = subprocess.Popen([sys.executable, "-c", JOB, str(root), str(args.files), str(args.rate)])
     try:
         if args.accuracy:
-            accuracy(root, args.seconds)
+            accuracy(root, args.seconds, job)
             return 0
         if args.in_process:
             in_process(root, args.seconds)
