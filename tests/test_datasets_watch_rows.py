@@ -1,5 +1,6 @@
 """The watch's file rows (sources/watch.py `_file_rows`) against the scan's (`TopFiles`) on the same numbers: the
-same files, in the same order, ties and the coldest-first key included; a Hypothesis property, no files."""
+same files, in the same order, ties and the coldest-first key included, and again after files' resident counts
+change one by one (re-ranked in place, the reserve standing in); a Hypothesis property, no files."""
 
 from __future__ import annotations
 
@@ -39,32 +40,65 @@ def folder(path: str, files: list[tuple[int, int, bool]], first_ino: int) -> tup
 
 
 @settings(max_examples=200, derandomize=True, deadline=None)
-@given(st.lists(st.lists(FILE, max_size=12), min_size=1, max_size=3), st.integers(1, 5),
+@given(st.lists(st.lists(FILE, max_size=12), min_size=1, max_size=3), st.integers(1, 3),
        st.sampled_from([("size",), ("resident",), ("pct",), engine.FILE_SORT_KEYS, ("pct", "size")]),
-       st.integers(1, 40))
+       st.integers(1, 40), st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 6)), min_size=5,
+                                    max_size=60))
 def test_the_watch_lists_the_files_a_scan_lists(folders: list[list[tuple[int, int, bool]]], n: int,
-                                                keys: tuple[str, ...], budget: int) -> None:
+                                                keys: tuple[str, ...], budget: int,
+                                                changes: list[tuple[int, int, int]]) -> None:
     TRIED.append(1)
+    monkey_reserve = 1  # a small reserve: it runs out, and the folder is ranked again
+    old_reserve, watch._RESERVE = watch._RESERVE, monkey_reserve
+    try:
+        check(folders, n, keys, budget, changes)
+    finally:
+        watch._RESERVE = old_reserve
+
+
+def scan_rows(w: DatasetWatch, n: int, keys: tuple[str, ...], budget: int) -> tuple[int, dict[str, list[tuple]]]:
+    """What TopFiles lists for the numbers the watch holds now."""
+    top = engine.TopFiles(n, keys, budget)
+    accs = {}
+    for f in w._order:
+        acc = accs[f] = engine._Acc(f.path)
+        acc.data = f.tot[2]
+        for i in range(len(f.keys)):
+            v = f.vals[i * watch._N:(i + 1) * watch._N]
+            top.offer(acc, f.path, f.name(i), 0, v[11], v[0], v[1], v[2], v[3], v[7], unknown=v[8], dunknown=v[9])
+    want = top.rows()
+    return top.n, {f.path: [(r.path, r.data_pages, r.data_resident_pages, r.data_unknown_pages)
+                            for r in want.get(acc, ())] for f, acc in accs.items()}
+
+
+def watch_rows(w: DatasetWatch) -> tuple[int, dict[str, list[tuple]]]:
+    n, got = w._file_rows()
+    return n, {f.path: [(r.path, r.data_pages, r.data_resident_pages, r.data_unknown_pages)
+                        for r in got.get(f, ())] for f in w._order}
+
+
+def check(folders: list[list[tuple[int, int, bool]]], n: int, keys: tuple[str, ...], budget: int,
+          changes: list[tuple[int, int, int]]) -> None:
     if len(folders) > 1:
         budget = 10_000  # folders sharing a tight budget: the scan's choice depends on the order it met them in
     w = DatasetWatch.__new__(DatasetWatch)
     w.options = engine.WalkOptions(top_files=n, top_keys=keys, top_budget=budget)
     w._keys = keys
-    top = engine.TopFiles(n, keys, budget)
-    w._order, accs = [], {}
-    for j, files in enumerate(folders):
-        f, rows = folder(f"/d{j}", files, 1000 * (j + 1))
-        w._order.append(f)
-        acc = accs[f] = engine._Acc(f.path)
-        acc.data = f.tot[2]
-        for name, ino, v in rows:
-            top.offer(acc, f.path, name, 0, ino, v[0], v[1], v[2], v[3], v[7], unknown=v[8], dunknown=v[9])
-    files_top, got = w._file_rows()
-    want = top.rows()
-    assert files_top == top.n
-    for f, acc in accs.items():
-        assert [(r.path, r.data_pages, r.data_resident_pages, r.data_unknown_pages) for r in got.get(f, ())] == [
-            (r.path, r.data_pages, r.data_resident_pages, r.data_unknown_pages) for r in want.get(acc, ())]
+    w._order = [folder(f"/d{j}", files, 1000 * (j + 1))[0] for j, files in enumerate(folders)]
+    assert watch_rows(w) == scan_rows(w, n, keys, budget)
+    for j, k, res in changes:  # a file read (or evicted) and counted again, as _recount does
+        f = w._order[j % len(w._order)]
+        if not len(f.keys):
+            continue
+        i, b = k % len(f.keys), (k % len(f.keys)) * watch._N
+        if f.vals[b + 8]:
+            continue  # hidden from us: never counted again in place
+        new = min(res, f.vals[b + 2])
+        f.tot[3] += new - f.vals[b + 3]
+        f.tot[7] += new - f.vals[b + 7]
+        f.vals[b + 3] = f.vals[b + 7] = new
+        w._rerank(f, i)
+        assert watch_rows(w) == scan_rows(w, n, keys, budget)
 
 
 def test_the_property_ran() -> None:

@@ -38,6 +38,23 @@ _SLOW = kernel.IN_Q_OVERFLOW | _GONE | kernel.IN_ISDIR | _LISTING | kernel.IN_AT
 _CHANGED = kernel.IN_CLOSE_WRITE | kernel.IN_ATTRIB  # its size, data or links may differ: stat it again
 _EVENT = struct.Struct("iIII")
 _Ranked = tuple[object, int, ResidencyNode]  # a file row with its score and tie in one key's order
+# A folder keeps this many files past its top n by each key in reserve: a file that falls out of the top n is
+# replaced by the next one without ranking the folder again, until the reserve runs out.
+_RESERVE = 16
+
+
+class _Top:
+    """One folder's file rows: per key its best n + _RESERVE files as (score, tie, index), best first, and the
+    best (score, tie) left out of them (None: no file was left out); the rows built from them, while valid."""
+
+    __slots__ = ("n", "cands", "floors", "nodes", "ranked", "listed")
+
+    def __init__(self, n: int, cands: list[list[tuple[object, int, int]]],
+                 floors: list[tuple[object, int] | None]) -> None:
+        self.n, self.cands, self.floors = n, cands, floors
+        self.nodes: dict[int, ResidencyNode] = {}
+        self.ranked: list[list[_Ranked]] = []
+        self.listed: tuple[ResidencyNode, ...] | None = None
 # The rolling pass spends at most this share of one core: every file is measured again within
 # files x (seconds per file) / ROLL_CPU_SHARE (100,000 files at ~20 us each: about 13 minutes).
 ROLL_CPU_SHARE = 0.0025
@@ -82,8 +99,7 @@ class _Folder:
         self.tot = [0] * _SUM
         self.names = ""  # the files' names in the order of `keys`, each ended by a NUL (a name never holds one)
         self.offs = array("I", (0,))  # where each name starts in `names`, and its end
-        # Its file rows as last chosen: (n, each key's top n as (score, tie, row), the rows in order).
-        self.top: tuple[int, list[list[_Ranked]], tuple[ResidencyNode, ...]] | None = None
+        self.top: _Top | None = None  # its file rows as last chosen; None: choose them again
         self.skipped: dict[str, int] = {}
         self.problems: list[str] = []
         self.links: list[tuple[int, int]] = []  # hard-linked inodes this folder counts
@@ -307,7 +323,7 @@ class DatasetWatch:
             for j in range(_SUM):
                 tot[j] += new[j] - vals[base + j]
             vals[base:base + _N] = array("q", new)
-            f.top = None  # its file rows are chosen again at the next freeze
+            self._rerank(f, i)
         self._close_dir()
         for wd in redo:
             f = self._by_wd.get(wd)
@@ -532,7 +548,7 @@ class DatasetWatch:
                 vals[base + j] = v
             tot[7] += res - vals[base + 7]
             vals[base + 7] = res
-            f.top = None  # its file rows are chosen again at the next freeze
+            self._rerank(f, i)
         return True
 
     def _close_dir(self) -> None:
@@ -725,35 +741,84 @@ class DatasetWatch:
             n //= 2  # the biggest folder alone is past the budget
         return 0, {}
 
-    def _folder_top(self, f: _Folder, n: int) -> tuple[list[list[_Ranked]],
-                                                           tuple[ResidencyNode, ...]]:
-        """Folder `f`'s top `n` files by each key (score, tie, row), and their rows in order; cached in `f.top`."""
-        if f.top is not None and f.top[0] == n:
-            return f.top[1], f.top[2]
+    def _folder_top(self, f: _Folder, n: int) -> tuple[list[list[_Ranked]], tuple[ResidencyNode, ...]]:
+        """Folder `f`'s top `n` files by each key (score, tie, row), and their rows in order; kept in `f.top`."""
+        t = f.top
+        if t is None or t.n != n or any(len(c) < n and fl is not None for c, fl in zip(t.cands, t.floors,
+                                                                                          strict=True)):
+            t = f.top = self._rank(f, n)  # first, or a key's reserve ran out: rank the whole folder
+        if t.listed is None:
+            nodes = t.nodes
+            ranked = []
+            for cand in t.cands:
+                row = []
+                for score, tie, i in cand[:n]:
+                    node = nodes.get(i)
+                    if node is None:
+                        node = nodes[i] = self._file_node(f, i)
+                    row.append((score, tie, node))
+                ranked.append(row)
+            t.ranked, t.listed = ranked, _union(ranked)
+        return t.ranked, t.listed
+
+    def _scores(self, data: int, dres: int, dunknown: int) -> list[object]:
+        """One file's score in each key's order (the tie, the lower inode first, comes apart)."""
+        out: list[object] = []
+        for key in self._keys:
+            if key == "size":
+                out.append(data)
+            elif key == "resident":
+                out.append(dres)
+            else:  # coldest first: the lowest resident share, then the most data; nothing to see last
+                out.append((-dres / (data - dunknown) if data > dunknown else -2.0, data))
+        return out
+
+    def _rank(self, f: _Folder, n: int) -> _Top:
+        """Rank all of folder `f`'s files by each key: the best n + _RESERVE of each."""
         m, vals = len(f.keys), f.vals
         data, dres, dunknown = vals[2::_N], vals[7::_N], vals[9::_N]
-        ties = list(map(neg, vals[11::_N]))  # the lower inode first, as a scan orders ties
-        made: dict[int, ResidencyNode] = {}
-        lists: list[list[_Ranked]] = []
+        ties = list(map(neg, vals[11::_N]))
+        keep = n + _RESERVE
+        cands, floors = [], []
         for key in self._keys:
             scores: object
             if key == "size":
                 scores = data
             elif key == "resident":
                 scores = dres
-            else:  # coldest first: the lowest resident share, then the most data; nothing to see last
+            else:
                 scores = [(-r / (d - u) if d > u else -2.0, d) for d, r, u in zip(data, dres, dunknown, strict=True)]
-            best = heapq.nlargest(n, zip(scores, ties, range(m), strict=True))  # type: ignore[call-overload]
-            row = []
-            for score, tie, i in best:
-                node = made.get(i)
-                if node is None:
-                    node = made[i] = self._file_node(f, i)
-                row.append((score, tie, node))
-            lists.append(row)
-        listed = _union(lists)
-        f.top = (n, lists, listed)
-        return lists, listed
+            best = heapq.nlargest(keep + 1, zip(scores, ties, range(m), strict=True))  # type: ignore[call-overload]
+            floors.append(best.pop()[:2] if len(best) > keep else None)
+            cands.append(best)
+        return _Top(n, cands, floors)
+
+    def _rerank(self, f: _Folder, i: int) -> None:
+        """File `i` of `f` has new counts: its row is made again and it moves in each key's order (in, out, or
+        up and down among the best), without ranking the folder again."""
+        t = f.top
+        if t is None:
+            return
+        t.nodes.pop(i, None)
+        t.listed = None
+        b, vals = i * _N, f.vals
+        tie = -vals[b + 11]
+        keep = t.n + _RESERVE
+        for k, score in enumerate(self._scores(vals[b + 2], vals[b + 7], vals[b + 9])):
+            cand = t.cands[k]
+            for j, e in enumerate(cand):
+                if e[2] == i:
+                    del cand[j]
+                    break
+            floor = t.floors[k]
+            if floor is not None and (score, tie) <= floor:  # type: ignore[operator]
+                continue  # below every file kept: out (the reserve stands in)
+            j = 0
+            while j < len(cand) and (cand[j][0], cand[j][1]) > (score, tie):  # type: ignore[operator]
+                j += 1
+            cand.insert(j, (score, tie, i))
+            if len(cand) > keep:
+                t.floors[k] = cand.pop()[:2]
 
     @staticmethod
     def _file_node(f: _Folder, i: int) -> ResidencyNode:
