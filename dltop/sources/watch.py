@@ -16,7 +16,7 @@ import struct
 import threading
 import time
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from itertools import accumulate
 from operator import neg
 
@@ -44,14 +44,16 @@ _RESERVE = 16
 
 
 class _Top:
-    """One folder's file rows: per key its best n + _RESERVE files as (score, tie, index), best first, and the
-    best (score, tie) left out of them (None: no file was left out); the rows built from them, while valid."""
+    """One folder's file rows: per key its best n + _RESERVE files as (score, tie, index), in ascending order
+    (the best last: bisect finds and places a file in C), the same by index, and the best (score, tie) left out
+    of them (None: no file was left out); the rows built from them, while valid."""
 
-    __slots__ = ("n", "cands", "floors", "nodes", "ranked", "listed")
+    __slots__ = ("n", "cands", "entries", "floors", "nodes", "ranked", "listed")
 
     def __init__(self, n: int, cands: list[list[tuple[object, int, int]]],
                  floors: list[tuple[object, int] | None]) -> None:
         self.n, self.cands, self.floors = n, cands, floors
+        self.entries = [{e[2]: e for e in c} for c in cands]
         self.nodes: dict[int, ResidencyNode] = {}
         self.ranked: list[list[_Ranked]] = []
         self.listed: tuple[ResidencyNode, ...] | None = None
@@ -752,7 +754,7 @@ class DatasetWatch:
             ranked = []
             for cand in t.cands:
                 row = []
-                for score, tie, i in cand[:n]:
+                for score, tie, i in reversed(cand[-n:]):
                     node = nodes.get(i)
                     if node is None:
                         node = nodes[i] = self._file_node(f, i)
@@ -790,35 +792,44 @@ class DatasetWatch:
                 scores = [(-r / (d - u) if d > u else -2.0, d) for d, r, u in zip(data, dres, dunknown, strict=True)]
             best = heapq.nlargest(keep + 1, zip(scores, ties, range(m), strict=True))  # type: ignore[call-overload]
             floors.append(best.pop()[:2] if len(best) > keep else None)
+            best.reverse()
             cands.append(best)
         return _Top(n, cands, floors)
 
     def _rerank(self, f: _Folder, i: int) -> None:
-        """File `i` of `f` has new counts: its row is made again and it moves in each key's order (in, out, or
-        up and down among the best), without ranking the folder again."""
+        """File `i` of `f` has new counts: it moves in each key's order (in, out, or up and down among the best)
+        without ranking the folder again, and its row is made again if it is among them; a file that is in none
+        before or after changes nothing."""
         t = f.top
         if t is None:
             return
-        t.nodes.pop(i, None)
-        t.listed = None
         b, vals = i * _N, f.vals
         tie = -vals[b + 11]
         keep = t.n + _RESERVE
+        touched = False
         for k, score in enumerate(self._scores(vals[b + 2], vals[b + 7], vals[b + 9])):
-            cand = t.cands[k]
-            for j, e in enumerate(cand):
-                if e[2] == i:
-                    del cand[j]
-                    break
+            cand, entries = t.cands[k], t.entries[k]
+            new = (score, tie, i)
+            old = entries.pop(i, None)
+            if old is not None:
+                touched = True  # its numbers are on a row kept: made again
+                if old == new:
+                    entries[i] = old
+                    continue
+                del cand[bisect_left(cand, old)]  # type: ignore[arg-type]
             floor = t.floors[k]
             if floor is not None and (score, tie) <= floor:  # type: ignore[operator]
                 continue  # below every file kept: out (the reserve stands in)
-            j = 0
-            while j < len(cand) and (cand[j][0], cand[j][1]) > (score, tie):  # type: ignore[operator]
-                j += 1
-            cand.insert(j, (score, tie, i))
+            insort(cand, new)  # type: ignore[type-var]
+            entries[i] = new
+            touched = True
             if len(cand) > keep:
-                t.floors[k] = cand.pop()[:2]
+                low = cand.pop(0)
+                del entries[low[2]]
+                t.floors[k] = low[:2]
+        if touched:
+            t.nodes.pop(i, None)
+            t.listed = None
 
     @staticmethod
     def _file_node(f: _Folder, i: int) -> ResidencyNode:
