@@ -268,7 +268,8 @@ def test_the_datasets_reader_rescans_only_what_it_is_asked_and_carries_over(ddir
     assert [d.path for d in part.paths] == [str(one), str(two), str(three)]
     watches = second.read.__self__._watches  # type: ignore[attr-defined]
     assert set(old) == {str(one), str(two)} and all(watches[p] is w for p, w in old.items())
-    assert part.paths[2].full_scan_at > stamps[str(two)]
+    assert part.paths[1].scanned_at == stamps[str(two)] and part.paths[2].full_scan_at > stamps[str(two)]
+    assert second.read().paths[1].scanned_at > stamps[str(two)]  # and the next read is a watch cycle of each
     assert first.close is not None and second.close is not None
     first.close()
     assert all(not w._closed.is_set() for w in watches.values())  # the old source's close left them running
