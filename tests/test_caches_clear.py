@@ -46,7 +46,7 @@ def _fill(root: Path, dirs: int = 3, files: int = 20, size: int = 5000) -> None:
 
 
 def test_the_action_table_keeps_warm_evict_lock_and_adds_clear() -> None:
-    assert set(SPECS) == {"warm", "evict", "lock", "clear"} and all(s.risky for s in SPECS.values())
+    assert set(SPECS) == {"warm", "evict", "lock", "clear", "signal"} and all(s.risky for s in SPECS.values())
     assert SPECS["clear"].verb == "Clear"
     run = ActionRunner().plan("frob", ["/x"], wait=True)
     assert isinstance(run.error, DltopError) and "unknown action: frob" in str(run.error)

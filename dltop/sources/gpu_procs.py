@@ -162,8 +162,11 @@ class HostReader:
             missing.append(("started_at", boot))
         else:
             started = boot + st.start_time_ticks / self._tick_hz
-        return HostFacts(ppid=st.ppid, host_rss_bytes=st.rss_pages * self._page_bytes, cpu_percent=cpu,
-                         started_at=started, start_time_ticks=st.start_time_ticks, unavailable=tuple(missing))
+        rss: int | None = st.rss_pages * self._page_bytes
+        if rss is not None and rss > procfs.MAX_COUNT:
+            rss = None
+            missing.append(("host_rss_bytes", "stat's rss is beyond any machine's memory: a damaged file"))
+        return HostFacts(ppid=st.ppid, host_rss_bytes=rss, cpu_percent=cpu, started_at=started, start_time_ticks=st.start_time_ticks, unavailable=tuple(missing))
 
     def end_tick(self) -> None:
         """Forget the processes not read since the last call (they exited)."""
