@@ -3,8 +3,10 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Tests in parallel, one worker per CPU (at most 4): many wait on a subprocess, a server or a terminal.
-XDIST ?= -n auto --maxprocesses=4
+# Tests in parallel, one worker per CPU (at most 4): many wait on a subprocess, a server or a terminal. A file's
+# tests stay together, in order, in one worker (a file's fuzz-count test reads what its fuzz test tried; a
+# module's Prometheus or fresh clone is made once).
+XDIST ?= -n auto --maxprocesses=4 --dist loadfile
 
 .PHONY: test check install-test install-bench lint typecheck pytest screenshots bench
 
