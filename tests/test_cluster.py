@@ -251,10 +251,15 @@ def test_cli_json_and_text(fleet: Fleet) -> None:
     assert resident == sorted(w * FILE_BYTES for w in WARM)
     assert [j["job_id"] for j in doc["jobs"]] == [JOB, ""]
     assert all(n["detailed"] and len(n["gpus"]) == n["gpu_totals"]["gpus_read"] for n in doc["nodes"])
-    text = subprocess.run([sys.executable, "-m", "dltop", "cluster", "--prometheus", fleet.prom], capture_output=True,
-                          text=True, cwd=REPO, timeout=60)
+    deadline = time.monotonic() + 30
+    while True:  # no selector: the "other" job's target too, once Prometheus has scraped it (1 s, later when loaded)
+        text = subprocess.run([sys.executable, "-m", "dltop", "cluster", "--prometheus", fleet.prom],
+                              capture_output=True, text=True, cwd=REPO, timeout=60)
+        if "5 nodes" in text.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert text.returncode == 0 and "\x1b" not in text.stdout and "[2Jta" in text.stdout, text.stdout
-    assert "5 nodes" in text.stdout  # no selector: the "other" job's target too
+    assert "5 nodes" in text.stdout, text.stdout
     bad = subprocess.run([sys.executable, "-m", "dltop", "cluster", "--prometheus", fleet.prom, "--selector",
                           'job="a"} or vector(1'], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "selector" in bad.stderr, bad.stderr
