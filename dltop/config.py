@@ -213,12 +213,10 @@ def _cache_paths(paths: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(os.path.abspath(os.path.expanduser(p)) for p in paths))
 
 
-def server_url(text: str) -> str:
-    """An inference server's /metrics URL from what a user typed: `host:port`, `http://host:port` (gets
-    `/metrics`) or a full URL; raises ValueError naming what is wrong."""
+def _http_url(text: str, what: str) -> urllib.parse.SplitResult:
+    """`text` as an http(s) URL (`http://` when no scheme is given) with a host and a numeric port, if any;
+    raises ValueError naming what is wrong, `what` the kind of URL ("server", "Prometheus")."""
     given = text.strip()
-    if not given:
-        raise ValueError("empty server URL")
     if "://" not in given:
         given = "http://" + given
     u = urllib.parse.urlsplit(given)
@@ -227,9 +225,18 @@ def server_url(text: str) -> str:
     try:
         u.port  # noqa: B018 - a port that is not a number raises here
     except ValueError:
-        raise ValueError(f"bad port in server URL: {text!r}") from None
+        raise ValueError(f"bad port in {what} URL: {text!r}") from None
     if not u.hostname:
-        raise ValueError(f"no host in server URL: {text!r}")
+        raise ValueError(f"no host in {what} URL: {text!r}")
+    return u
+
+
+def server_url(text: str) -> str:
+    """An inference server's /metrics URL from what a user typed: `host:port`, `http://host:port` (gets
+    `/metrics`) or a full URL; raises ValueError naming what is wrong."""
+    if not text.strip():
+        raise ValueError("empty server URL")
+    u = _http_url(text, "server")
     return urllib.parse.urlunsplit((u.scheme, u.netloc, u.path if u.path not in ("", "/") else "/metrics",
                                     u.query, ""))
 
@@ -237,18 +244,7 @@ def server_url(text: str) -> str:
 def prometheus_url(text: str) -> str:
     """A Prometheus server's base URL from what a user typed (`host:9090`, `http://host:9090/prefix/`); raises
     ValueError naming what is wrong."""
-    given = text.strip()
-    if "://" not in given:
-        given = "http://" + given
-    u = urllib.parse.urlsplit(given)
-    if u.scheme not in ("http", "https"):
-        raise ValueError(f"not an http(s) URL: {text!r}")
-    try:
-        u.port  # noqa: B018 - a port that is not a number raises here
-    except ValueError:
-        raise ValueError(f"bad port in Prometheus URL: {text!r}") from None
-    if not u.hostname:
-        raise ValueError(f"no host in Prometheus URL: {text!r}")
+    u = _http_url(text, "Prometheus")
     if u.query or u.fragment:
         raise ValueError(f"a Prometheus URL takes no query: {text!r}")
     if "@" in u.netloc:
