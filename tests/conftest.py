@@ -96,6 +96,26 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_line(config.stash[_SNAPSHOTS_SKIPPED])
 
 
+def locked_dataset(path: Path, files: int, file_bytes: int, warm: int) -> list[Any]:
+    """`files` files of `file_bytes` made cold, then the first `warm` of them read and mlocked (dltop.kernel's
+    LockedMapping, kept alive by the caller): on a machine busy with other work the kernel may evict any page, and
+    a test compares readings taken seconds apart."""
+    from dltop.kernel import LockedMapping
+
+    path.mkdir(parents=True)
+    for i in range(files):
+        (path / f"shard-{i}.bin").write_bytes(os.urandom(file_bytes))
+    os.sync()
+    locks = []
+    for i in range(files):
+        fd = os.open(path / f"shard-{i}.bin", os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if i < warm:
+            locks.append(LockedMapping(fd, file_bytes))
+        os.close(fd)
+    return locks
+
+
 def load_session(name: str = "pagecache-session.jsonl") -> list[Snapshot]:
     """Snapshots recorded from a real run by scripts/capture_session.py."""
     return [Snapshot.from_json(line) for line in (DATA / name).read_text().splitlines() if line.strip()]

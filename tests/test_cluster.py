@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,10 +21,10 @@ import pytest
 import yaml
 
 from dltop.config import PrometheusOptions, Settings
-from dltop.kernel import LockedMapping
 from dltop.model import Unavailable
 from dltop.sources.cluster import PrometheusClient, read_cluster
 from dltop.text.cluster import DATASETS_AT, warm_commands
+from tests.conftest import locked_dataset
 
 from .conftest import DATA, REPO
 from .probe_helpers import probe_env
@@ -63,21 +62,6 @@ class Fleet:
         return json.loads(body)["data"]["result"]
 
 
-def _dataset(path: Path, warm: int) -> list[LockedMapping]:
-    path.mkdir(parents=True)
-    for i in range(FILES):
-        (path / f"shard-{i}.bin").write_bytes(os.urandom(FILE_BYTES))
-    os.sync()
-    locks = []
-    for i in range(FILES):
-        fd = os.open(path / f"shard-{i}.bin", os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        if i < warm:
-            locks.append(LockedMapping(fd, FILE_BYTES))
-        os.close(fd)
-    return locks
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     prometheus = binary("prometheus")
@@ -90,7 +74,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         for i, warm in enumerate(WARM):
             # Node 3's dataset has an escape sequence in its name: hostile text all the way to the screen.
             ds = tmp / f"node{i}" / ("data" if i != 3 else "da\x1b[2Jta")
-            locks += _dataset(ds, warm)
+            locks += locked_dataset(ds, FILES, FILE_BYTES, warm)
             datasets.append(ds)
             runtime = tmp / f"run{i}"
             runtime.mkdir(mode=0o700)

@@ -23,7 +23,7 @@ import bcrypt
 import pytest
 import yaml
 
-from dltop.kernel import LockedMapping
+from tests.conftest import locked_dataset
 
 from .conftest import DATA, REPO
 from .test_exporter import Exporter, free_port, get
@@ -108,28 +108,11 @@ class Stack:
         return doc["data"]["result"]  # type: ignore[no-any-return]
 
 
-def make_dataset(path: Path) -> list[LockedMapping]:
-    """Files made cold, then WARM of them read and mlocked: on a machine busy with other work the kernel may
-    evict any page, and the test compares two readings taken seconds apart."""
-    path.mkdir()
-    for i in range(FILES):
-        (path / f"shard-{i}.bin").write_bytes(os.urandom(FILE_BYTES))
-    os.sync()
-    locks = []
-    for i in range(FILES):
-        fd = os.open(path / f"shard-{i}.bin", os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        if i < WARM:
-            locks.append(LockedMapping(fd, FILE_BYTES))
-        os.close(fd)
-    return locks
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus = binary("prometheus")
     tmp = tmp_path_factory.mktemp("prometheus")
-    locks = make_dataset(tmp / "dataset")
+    locks = locked_dataset(tmp / "dataset", FILES, FILE_BYTES, WARM)
     samples: list[tuple[float, int]] = []
     done = threading.Event()
 
