@@ -191,15 +191,19 @@ def _footer_labels(app: DltopApp) -> list[str]:
 
 
 async def test_the_footer_says_unlock_on_a_locked_row(ddir: Path) -> None:
-    from tests.test_datasets_pane import _wait_confirm, _wait_idle, live, make_dataset
+    from tests.test_datasets_pane import _rows, _wait_confirm, _wait_idle, live, make_dataset
 
     make_dataset(ddir)
     app = live(ddir, rescan_s=3600.0)
     async with app.run_test(size=(80, 24)) as pilot:
         await _wait_idle(app, pilot, lambda: bool(app.query_one("#ds-table").row_count))
         assert "Lock" in _footer_labels(app) and "Unlock" not in _footer_labels(app)
-        await pilot.press("enter")  # into the dataset: lock its val folder
-        await pilot.pause()
+        for _ in range(50):  # into the dataset (the first Enter may come before the opening tab is settled)
+            await pilot.press("enter")
+            await pilot.pause(0.1)
+            if [r.split()[0] for r in _rows(app)][:2] == ["train/", "val/"]:
+                break
+        assert [r.split()[0] for r in _rows(app)][:2] == ["train/", "val/"], _rows(app)  # lock its val folder
         await pilot.press("down", "l")
         await _wait_confirm(app, pilot)
         await pilot.press("y")
