@@ -24,7 +24,8 @@ def probe_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
 # publishes its real file, but `torch` is a stand-in whose `cuda` reports what a GPU process's would (the UUID,
 # memory_stats) and whose tensors sit on "cuda:0". argv[1] is JSON: uuid (null: no UUID, as an older torch),
 # allocated, reserved, and the bytes of weights, gradients, optimizer state and KV cache (each a multiple of 2).
-GPU_WORKER = r"""
+# The start of a stand-in worker: argv[1]'s JSON as `spec`, and tensors on "cuda:0" and a model holding them.
+STANDIN_TENSORS = r"""
 import json, sys, time, types
 spec = json.loads(sys.argv[1])
 
@@ -38,7 +39,8 @@ class Model:
     def __init__(self, params): self.params = params
     def parameters(self): return iter(self.params)
     def buffers(self): return iter(())
-
+"""
+GPU_WORKER = STANDIN_TENSORS + r"""
 class Optimizer:
     def __init__(self, state): self.state = state
 

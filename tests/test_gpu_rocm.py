@@ -22,26 +22,12 @@ from dltop.sources.amd_fake import fake_amdsmi
 from dltop.sources.gpu import FakeBackend, GpuReader, GpusReader
 from dltop.sources.probes import read_probes
 from tests.conftest import DATA
-from tests.probe_helpers import SPEC, Workers
+from tests.probe_helpers import SPEC, STANDIN_TENSORS, Workers
 
 MIB = 1 << 20
 
 # dltop.probe in a process whose torch is ROCm's: torch.version.hip set, cuda:0 a HIP device with its PCI ids.
-HIP_WORKER = r"""
-import json, sys, time, types
-spec = json.loads(sys.argv[1])
-
-class Tensor:
-    def __init__(self, nbytes):
-        self.n, self.device, self.grad = nbytes // 2, "cuda:0", None
-    def numel(self): return self.n
-    def element_size(self): return 2
-
-class Model:
-    def __init__(self, params): self.params = params
-    def parameters(self): return iter(self.params)
-    def buffers(self): return iter(())
-
+HIP_WORKER = STANDIN_TENSORS + r"""
 class Cuda:  # torch.cuda on ROCm: HIP under CUDA's names
     def is_initialized(self): return True
     def current_device(self): return 0
