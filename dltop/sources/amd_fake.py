@@ -10,12 +10,12 @@ asked for its info).
 
 from __future__ import annotations
 
-import json
 import types
 from enum import IntEnum
 from typing import Any
 
 from dltop.sources.amd import STATUS_NAMES
+from dltop.sources.gpu import ScenarioError, read_scenario
 
 FAKE_AMD_ENV = "DLTOP_FAKE_AMDSMI"
 CODES = {name: code for code, name in STATUS_NAMES.items()}
@@ -67,23 +67,13 @@ class AmdSmiClkType(IntEnum):
     MEM = 4
 
 
-class ScenarioError(ValueError):
-    """A fake-amdsmi scenario that cannot be played."""
-
-
 class NoLibrary(KeyError):
     """What importing the real bindings raises without libamd_smi.so."""
 
 
 def load(path: str) -> dict[str, Any]:
     """A scenario file's JSON, or ScenarioError naming why not."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise ScenarioError(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{path} is not JSON: {e}") from None
+    data = read_scenario(path)
     if not isinstance(data, dict) or not isinstance(data.get("gpus", []), list):
         raise ScenarioError(f"{path}: expected an object with a list of gpus")
     return data

@@ -277,7 +277,18 @@ def _instance_id(value: int | None) -> int | None:
 
 
 class ScenarioError(ValueError):
-    """A fake-NVML scenario file that cannot be used."""
+    """A fake-NVML or fake-amdsmi scenario file that cannot be used."""
+
+
+def read_scenario(path: str) -> Any:
+    """A scenario file's JSON, or ScenarioError naming why not (unreadable, not JSON)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise ScenarioError(f"cannot read {path}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{path} is not JSON: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -302,13 +313,7 @@ class FakeBackend:
 
     @classmethod
     def from_file(cls, path: str) -> FakeBackend:
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except OSError as e:
-            raise ScenarioError(f"cannot read {path}: {e.strerror or e}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ScenarioError(f"{path} is not JSON: {e}") from None
+        data = read_scenario(path)
         try:
             return cls(data)
         except ScenarioError as e:
