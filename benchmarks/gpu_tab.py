@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import cpu_seconds, dltop_command, start, status_kb, tmux  # noqa: E402
+from overhead import TMUX_SOCKET, cpu_seconds, dltop_command, start, status_kb, tmux  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parents[1] / "tests/data/gpu-scenarios/8gpu-20proc.json"
 
@@ -50,7 +50,7 @@ def main() -> int:
                     help="run dltop from this checkout (another branch, to compare)")
     args = ap.parse_args()
     sleeps = [subprocess.Popen(["sleep", "100000"]) for _ in range(160)]
-    subprocess.run(["tmux", "-L", "dltop-bench", "kill-server"], capture_output=True)
+    subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
     try:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(scenario_with([p.pid for p in sleeps]), f)
@@ -70,7 +70,7 @@ def main() -> int:
         cpu = {n: 100 * (cpu_seconds(pid) - before[n]) / dt for n, (pid, _) in procs.items()}
         rss = {n: status_kb(pid, "VmRSS") / 1024 for n, (pid, _) in procs.items()}
     finally:
-        subprocess.run(["tmux", "-L", "dltop-bench", "kill-server"], capture_output=True)
+        subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
         for p in sleeps:
             p.kill()
             p.wait()
