@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from dltop.model import GpuDevice, Snapshot, Unavailable
 from dltop.sources.amd import FIRST_UTIL, MIB, NO_BINDINGS, NO_ROCM, AmdReader, import_amdsmi
 from dltop.sources.amd_fake import fake_amdsmi
 from dltop.sources.gpu import FakeBackend, GpuReader, GpusReader
+from dltop.sources.gpu_procs import HostReader
 from tests.conftest import DATA, REPO
 
 SCENARIOS = DATA / "amd-scenarios"
@@ -28,15 +31,16 @@ def scenario(name: str) -> dict[str, Any]:
     return json.loads((SCENARIOS / f"{name}.json").read_text())
 
 
-def no_identity(pid: int, seen: set[tuple[int, int]]) -> tuple[None, None, str, None]:
-    return None, None, f"pid {pid} is not in this test's /proc", None
+def no_identity() -> HostReader:
+    """/proc facts from a /proc that holds no process: each one's are unknown, saying so."""
+    return HostReader("/nonexistent/proc")
 
 
 def reader(s: dict[str, Any], monkeypatch: pytest.MonkeyPatch, clock: list[float] | None = None) -> AmdReader:
     """An AmdReader that imports the scenario's fake through sys.modules, as it would the real bindings."""
     monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi(s))
     now = clock if clock is not None else [100.0]
-    return AmdReader(no_identity, clock=lambda: now[0])
+    return AmdReader(no_identity(), clock=lambda: now[0])
 
 
 def gpus_of(part: Any) -> tuple[GpuDevice, ...]:
@@ -149,7 +153,7 @@ def test_no_rocm_library_is_one_line_and_stdout_stays_clean(tmp_path: Path, monk
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.syspath_prepend(str(_broken_bindings(tmp_path)))
     monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
-    r = AmdReader(no_identity)
+    r = AmdReader(no_identity())
     for _ in range(3):
         part = r.read()
         assert part == Unavailable(NO_ROCM, "no_library") and "\n" not in part.reason
@@ -170,7 +174,7 @@ def test_nvml_and_amdsmi_together_number_amd_after_nvidia(monkeypatch: pytest.Mo
     assert [(g.index, g.backend) for g in part] == [(0, "nvml"), (1, "nvml"), (2, "amdsmi"), (3, "amdsmi")]
     nothing = json.loads((DATA / "gpu-scenarios" / "library-not-found.json").read_text())
     monkeypatch.setitem(sys.modules, "amdsmi", None)
-    neither = GpusReader(GpuReader(lambda: FakeBackend(nothing)), AmdReader(no_identity)).read()
+    neither = GpusReader(GpuReader(lambda: FakeBackend(nothing)), AmdReader(no_identity())).read()
     assert isinstance(neither, Unavailable) and neither.absent == "no_library"
     assert "libnvidia-ml" in neither.reason and NO_BINDINGS in neither.reason
     amd_only = GpusReader(GpuReader(lambda: FakeBackend(nothing)), reader(scenario("mi300x"), monkeypatch)).read()
@@ -212,7 +216,7 @@ def test_any_amdsmi_answer_is_read_or_refused(data: Any) -> None:
         return
     sys.modules["amdsmi"] = fake_amdsmi(data)
     try:
-        part = AmdReader(no_identity).read()
+        part = AmdReader(no_identity()).read()
     finally:
         del sys.modules["amdsmi"]
     assert isinstance(part, tuple | Unavailable)
@@ -223,3 +227,37 @@ def test_any_amdsmi_answer_is_read_or_refused(data: Any) -> None:
 def test_the_fuzz_count() -> None:
     print(f"amdsmi reader fuzz: {len(TRIED)} inputs")
     assert len(TRIED) in (0, 250)  # 0 when run alone
+
+
+def test_amd_processes_carry_the_same_proc_columns_as_nvml_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """User, command, parent, host RSS, CPU % and start time from /proc, read by the reader NVML's share."""
+    sleep = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE)
+    try:
+        assert sleep.stdout is not None and sleep.stdout.readline() == b"up\n"  # its exec done, its cmdline set
+        s = scenario("mi300x")
+        s["gpus"][0]["processes"][0]["pid"] = sleep.pid
+        s["gpus"][0]["processes"][1]["pid"] = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # none here
+        clock = [100.0]
+        monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi(s))
+        r = AmdReader(HostReader("/proc", clock=lambda: clock[0]), clock=lambda: clock[0])
+        r.read()
+        clock[0] += 1.0
+        (g, _) = gpus_of(r.read())
+        assert isinstance(g.processes, tuple)
+        p = next(p for p in g.processes if p.pid == sleep.pid)
+        assert p.user == pwd.getpwuid(os.geteuid()).pw_name and p.ppid == os.getpid()
+        assert p.command is not None and p.command.startswith(sys.executable)
+        assert p.host_rss_bytes is not None and p.host_rss_bytes > 0, p
+        assert p.cpu_percent is not None and p.cpu_percent >= 0
+        assert p.started_at is not None and abs(p.started_at - time.time()) < 60
+        assert p.start_time_ticks is not None
+        for f in ("user", "command", "ppid", "host_rss_bytes", "cpu_percent", "started_at"):
+            assert f not in p.unavailable, f
+        other = next(p for p in g.processes if p.pid != sleep.pid)  # not in this /proc: each fact says why
+        assert other.command == "[pt_main_thread]"  # amdsmi's name stands in
+        for f in ("ppid", "host_rss_bytes", "cpu_percent", "started_at", "user"):
+            assert "not in this PID namespace" in other.unavailable[f], f
+    finally:
+        sleep.kill()
+        sleep.wait()

@@ -170,6 +170,65 @@ def test_a_stat_file_that_is_a_fifo_or_damaged_is_a_reason(tmp_path: Path) -> No
     assert "fewer than 24" in dict(reader.read(8).unavailable)["host_rss_bytes"]
 
 
+def _stat_line(pid: int, start: int, utime: int = 7) -> bytes:
+    return STAT.replace(b"4242 (py (x) y)", f"{pid} (x)".encode()).replace(b" 7 3 ", f" {utime} 3 ".encode()).replace(
+        b"123456", str(start).encode())
+
+
+def test_a_reused_pid_is_another_process_its_user_and_command_read_again(tmp_path: Path) -> None:
+    """The command is kept per (pid, start time): a new process under the pid (a new start time in its stat)
+    is read again, not shown with the old one's command; one whose stat has not moved is the same object."""
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "stat").write_text("cpu 0 0 0 0\nbtime 1700000000\n")
+    (proc / "7" / "stat").write_bytes(_stat_line(7, 500))
+    (proc / "7" / "cmdline").write_bytes(b"python\0train.py\0")
+    clock = [10.0]
+    reader = HostReader(str(proc), clock=lambda: clock[0])
+    first = reader.read(7)
+    assert (first.command, first.start_time_ticks) == ("python train.py", 500)
+    reader.end_tick()
+    for _ in range(2):  # the second read computes a CPU %, the third finds it all as it was
+        clock[0] += 1.0
+        again = reader.read(7)
+        reader.end_tick()
+    clock[0] += 1.0
+    assert reader.read(7) is again and again.cpu_percent == 0.0
+    reader.end_tick()
+    # the pid reused (written in place, as the kernel's file is read again through the same fd)
+    (proc / "7" / "stat").write_bytes(_stat_line(7, 900))
+    (proc / "7" / "cmdline").write_bytes(b"vllm\0serve\0")
+    clock[0] += 1.0
+    reused = reader.read(7)
+    assert (reused.command, reused.start_time_ticks, reused.cpu_percent) == ("vllm serve", 900, None)
+    assert dict(reused.unavailable)["cpu_percent"] == FIRST_READ
+    reader.end_tick()
+
+
+def test_the_stat_files_kept_open_are_closed_when_their_processes_go(tmp_path: Path) -> None:
+    sleeps = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    reader = HostReader()
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        for p in sleeps:
+            assert reader.read(p.pid).ppid == os.getpid()
+        reader.end_tick()
+        assert len(os.listdir("/proc/self/fd")) == before + 3
+        sleeps[0].kill()
+        sleeps[0].wait()
+        gone = reader.read(sleeps[0].pid)  # its kept fd says ESRCH; the path is gone too
+        assert gone.ppid is None and "not in this PID namespace" in dict(gone.unavailable)["ppid"]
+        reader.read(sleeps[1].pid)
+        reader.end_tick()  # the third not read this tick: its fd closed as the first's
+        assert len(os.listdir("/proc/self/fd")) == before + 1
+        reader.close()
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        for p in sleeps:
+            p.kill()
+            p.wait()
+
+
 # -- the query ---------------------------------------------------------------------------------------------------
 
 

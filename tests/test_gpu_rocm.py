@@ -20,6 +20,7 @@ from dltop.probe.files import open_private_dir, write_atomic
 from dltop.sources.amd import AmdReader
 from dltop.sources.amd_fake import fake_amdsmi
 from dltop.sources.gpu import FakeBackend, GpuReader, GpusReader
+from dltop.sources.gpu_procs import HostReader
 from dltop.sources.probes import read_probes
 from tests.conftest import DATA
 from tests.probe_helpers import SPEC, STANDIN_TENSORS, Workers
@@ -65,15 +66,9 @@ def amd_gpus(pid: int, monkeypatch: pytest.MonkeyPatch, nvidia: bool = False) ->
     s["gpus"][0]["processes"][0].update(pid=pid, vram_bytes=3500 * MIB)
     monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi(s))
     nv = GpuReader(lambda: FakeBackend(json.loads((DATA / "gpu-scenarios" / "two-gpus.json").read_text())))
-    part = GpusReader(nv if nvidia else None, AmdReader(lambda p, seen: (None, None, None, _ticks(p)))).read()
+    part = GpusReader(nv if nvidia else None, AmdReader(HostReader())).read()
     assert isinstance(part, tuple)
     return part
-
-
-def _ticks(pid: int) -> int | None:
-    from dltop.probe.files import proc_start_ticks
-
-    return proc_start_ticks(pid, "/proc")
 
 
 def process(gpus: Any, pid: int) -> GpuProcess:

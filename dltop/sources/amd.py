@@ -18,7 +18,7 @@ from typing import Any
 
 from dltop.model.base import Unavailable
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, unprobed_split
-from dltop.sources.gpu_procs import HOST_FIELDS
+from dltop.sources.gpu_procs import HostReader
 
 # AMDSMI_STATUS_* (amdsmi.h's amdsmi_status_t); the bindings' own constants live in a module whose name and
 # place changed between releases (amdsmi_wrapper), so the codes a user meets are named here.
@@ -88,21 +88,14 @@ def _number(value: Any) -> int | None:
     return int(value)
 
 
-# The /proc/PID/stat columns (ppid, host RSS, CPU %, start time) are read for NVML's processes only so far.
-AMD_NO_HOST = "not read for amdsmi's processes yet (the /proc/PID/stat columns are NVML's only)"
-
-
 class AmdReader:
     """Holds one amdsmi session and, per process, the last engine-time reading (a process's activity is the
-    difference of two). `identity(pid, seen)` gives (user, command, why not, start ticks) of a pid, shared with
-    the NVML reader's /proc reads."""
+    difference of two). `host` reads each process's /proc facts (user, command, parent, host RSS, CPU %, start
+    time) as it does for NVML's processes."""
 
-    def __init__(self, identity: Callable[[int, set[tuple[int, int]]], tuple[Any, Any, Any, Any]],
-                 import_module: Callable[[], Any] = import_amdsmi,
-                 clock: Callable[[], float] = time.monotonic,
-                 forget: Callable[[set[tuple[int, int]]], None] | None = None) -> None:
-        self._identity = identity
-        self._forget = forget
+    def __init__(self, host: HostReader, import_module: Callable[[], Any] = import_amdsmi,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._host = host
         self._import = import_module
         self._clock = clock
         self._smi: Any = None
@@ -118,6 +111,7 @@ class AmdReader:
                 self._smi.amdsmi_shut_down()
             self._session = False
         self._slow.clear()
+        self._host.close()
 
     def read(self, first_index: int = 0) -> GpuPart | Unavailable:
         """Every AMD GPU amdsmi sees (numbered from `first_index`, after NVML's), or why none can be read."""
@@ -147,13 +141,11 @@ class AmdReader:
         driver = None
         with contextlib.suppress(Exception):
             driver = str(smi.amdsmi_get_gpu_driver_info(handles[0])["driver_version"])
-        seen: set[tuple[int, int]] = set()
-        gpus = tuple(self._device(h, first_index + i, driver, seen) for i, h in enumerate(handles))
-        if self._forget is not None:
-            self._forget(seen)
+        gpus = tuple(self._device(h, first_index + i, driver) for i, h in enumerate(handles))
+        self._host.end_tick()
         return gpus
 
-    def _device(self, h: Any, index: int, driver: str | None, seen: set[tuple[int, int]]) -> GpuDevice:
+    def _device(self, h: Any, index: int, driver: str | None) -> GpuDevice:
         smi = self._smi
         values: dict[str, Any] = {}
         missing: dict[str, str] = dict.fromkeys(NOT_ON_AMD, NOT_READ)
@@ -250,7 +242,7 @@ class AmdReader:
 
         slow("ecc_corrected_aggregate", ecc("correctable_count", "ecc_corrected_aggregate"))
         slow("ecc_uncorrected_aggregate", ecc("uncorrectable_count", "ecc_uncorrected_aggregate"))
-        processes = self._processes(h, str(values.get("uuid") or index), seen)
+        processes = self._processes(h, str(values.get("uuid") or index))
         return GpuDevice(index=index, driver_version=driver, backend="amdsmi", processes=processes,
                          unavailable=missing, **values)
 
@@ -274,7 +266,7 @@ class AmdReader:
             return
         missing["temperature_c"] = missing["temperature_sensor"] = "; ".join(tried)
 
-    def _processes(self, h: Any, key: str, seen: set[tuple[int, int]]) -> tuple[GpuProcess, ...] | Unavailable:
+    def _processes(self, h: Any, key: str) -> tuple[GpuProcess, ...] | Unavailable:
         smi = self._smi
         try:
             listed = list(smi.amdsmi_get_gpu_process_list(h))
@@ -306,15 +298,16 @@ class AmdReader:
                     util = min(100, round((gfx_ns - before[1]) / ((now - before[0]) * 1e9) * 100))
             if util is None:
                 missing["gpu_util_percent"] = FIRST_UTIL if gfx_ns is not None else "amdsmi gives no engine time"
-            user, command, why, ticks = self._identity(pid, seen)[:4]
+            host = self._host.read(pid)  # the same /proc facts as an NVML process's, read once a tick
+            missing.update(host.unavailable)
+            command = host.command
             if command is None and isinstance(info.get("name"), str) and info["name"] not in ("", "N/A"):
                 command = f"[{info['name']}]"  # amdsmi's process name, where /proc does not show the process
-            for name, value in (("user", user), ("command", command)):
-                if value is None and why is not None:
-                    missing[name] = why
-            missing.update(dict.fromkeys(HOST_FIELDS, AMD_NO_HOST))
-            out[pid] = GpuProcess(pid=pid, used_bytes=vram, user=user, command=command, gpu_util_percent=util,
-                                  start_time_ticks=ticks, split=UNPROBED, unavailable=missing)
+                missing.pop("command", None)
+            out[pid] = GpuProcess(pid=pid, used_bytes=vram, user=host.user, command=command, gpu_util_percent=util,
+                                  start_time_ticks=host.start_time_ticks, ppid=host.ppid,
+                                  host_rss_bytes=host.host_rss_bytes, cpu_percent=host.cpu_percent,
+                                  started_at=host.started_at, split=UNPROBED, unavailable=missing)
         for stale in [k for k in self._engine if k[0] == key and k[1] not in out]:
             del self._engine[stale]
         return tuple(out[pid] for pid in sorted(out))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,11 +21,10 @@ from typing import Any, Literal, Protocol
 from dltop.config import Settings
 from dltop.model.base import Unavailable
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
-from dltop.probe.files import proc_start_ticks
 from dltop.sources import procfs
 from dltop.sources.amd import AmdReader
 from dltop.sources.base import Source
-from dltop.sources.gpu_procs import HOST_FIELDS, HostFacts, HostReader
+from dltop.sources.gpu_procs import NOT_IN_NAMESPACE, HostReader, parse_cmdline  # noqa: F401 (theirs, said here too)
 
 FAKE_ENV = "DLTOP_FAKE_NVML"
 ProcessKind = Literal["compute", "graphics"]
@@ -612,8 +610,6 @@ def _error_texts(nv: Any) -> tuple[dict[int, str], dict[int, str]]:
     return names, texts
 
 
-NOT_IN_NAMESPACE = ("pid {pid} is not in this PID namespace's /proc: dltop runs in another container or namespace "
-                    "than the process (run dltop with --pid=host), or the process just exited")
 NO_PROCESS_MEMORY = ("NVML gives no per-process memory here (NVML_VALUE_NOT_AVAILABLE): MIG without admin rights, "
                      "WSL, or a container")
 PCIE_FIELDS = ("pcie_tx_bytes_total", "pcie_rx_bytes_total", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
@@ -628,9 +624,6 @@ UNPROBED = unprobed_split()  # one shared (frozen) value: a tick builds many pro
 DEVICE_FIELDS = tuple(f for f in GpuDevice.__dataclass_fields__
                       if f not in ("index", "mig_devices", "processes", "unavailable", "driver_version", "down",
                                    "backend", "memory_pool_note"))
-
-
-_Identity = tuple[str | None, str | None, str | None, int | None]  # user, command, why not, start time (ticks)
 
 
 class _Lost(Exception):
@@ -669,11 +662,6 @@ def throttle_names(mask: int) -> tuple[str, ...]:
     return tuple(names)
 
 
-def parse_cmdline(raw: bytes) -> str:
-    """/proc/PID/cmdline (NUL-separated arguments) as one line, the way ps shows it."""
-    return " ".join(os.fsdecode(a) for a in raw.rstrip(b"\0").split(b"\0"))
-
-
 def _system_memory(path: str) -> tuple[int, int] | str:
     """(MemTotal, MemAvailable) in bytes from /proc/meminfo, or why not in one line."""
     from dltop.sources.memory import parse_meminfo
@@ -709,13 +697,10 @@ class GpuReader:
         self._pcie_no_counters: dict[int, str] = {}  # GPU index -> why its driver has no PCIe byte counters
         self._identities: dict[int, dict[str, str]] = {}  # GPU index -> name, uuid, bus_id as last read
         self._util_seen_us: dict[str, int] = {}
-        self._commands: dict[tuple[int, int], _Identity] = {}
-        self._users: dict[int, str] = {}
         self._clock = clock
         # (GPU index, field) -> (when read, its value, why not): the slow-changing numbers (`slow` in _device)
         self._slow: dict[tuple[int, str], tuple[float, Any, str | None]] = {}
-        self._host = HostReader(self._proc, clock)  # each process's /proc/PID/stat: parent, RSS, CPU %
-        self._host_tick: dict[int, HostFacts] = {}  # pid -> its facts, read once a tick
+        self._host = HostReader(self._proc, clock)  # each process's /proc: user, command, parent, RSS, CPU %
 
     def close(self) -> None:
         """End the NVML session."""
@@ -725,6 +710,7 @@ class GpuReader:
             self._backend = None
         self._identities.clear()  # indices are only stable within one session
         self._slow.clear()
+        self._host.close()
 
     def read(self) -> GpuPart | Unavailable:
         """Every GPU NVML sees, or why none can be read."""
@@ -755,19 +741,11 @@ class GpuReader:
             driver = None
         if count == 0:
             return Unavailable(f"no GPUs: NVML (driver {driver or 'version unknown'}) sees 0 devices", "no_devices")
-        seen: set[tuple[int, int]] = set()
-        self._host_tick.clear()
-        gpus = tuple(self._device(b, i, driver, seen) for i in range(count))
-        self.forget_processes(seen)
+        gpus = tuple(self._device(b, i, driver) for i in range(count))
         self._host.end_tick()
         return gpus
 
-    def forget_processes(self, seen: set[tuple[int, int]]) -> None:
-        """Drop what was kept of the processes not `seen` this tick (gone, or their pid reused)."""
-        for key in [k for k in self._commands if k not in seen]:
-            del self._commands[key]
-
-    def _device(self, b: NvmlBackend, index: int, driver: str | None, seen: set[tuple[int, int]]) -> GpuDevice:
+    def _device(self, b: NvmlBackend, index: int, driver: str | None) -> GpuDevice:
         nv = self._nv
         values: dict[str, Any] = {}
         missing: dict[str, str] = {}
@@ -844,8 +822,8 @@ class GpuReader:
             slow("retired_pages_dbe", b.retired_pages, h, "dbe")
             slow("retired_pages_pending", b.retired_pages_pending, h)
             if ask("mig_mode", b.mig_mode, h):
-                migs = self._mig_devices(b, h, seen)
-            processes = self._processes(b, h, uuid or f"gpu{index}", seen)
+                migs = self._mig_devices(b, h)
+            processes = self._processes(b, h, uuid or f"gpu{index}")
         except _Lost as lost:
             down = lost.word
             for f in DEVICE_FIELDS:
@@ -933,7 +911,7 @@ class GpuReader:
             if kb is not None:
                 values[f"pcie_{direction}_bytes_per_s"] = kb * 1024  # NVML counts KB/s
 
-    def _mig_devices(self, b: NvmlBackend, h: Any, seen: set[tuple[int, int]]) -> tuple[MigDevice, ...]:
+    def _mig_devices(self, b: NvmlBackend, h: Any) -> tuple[MigDevice, ...]:
         nv = self._nv
         try:
             slots = b.mig_device_count(h)
@@ -976,7 +954,7 @@ class GpuReader:
             else:
                 why = missing.pop("memory")
                 missing.update(memory_total_bytes=why, memory_used_bytes=why, memory_free_bytes=why)
-            out.append(MigDevice(mig_index=j, processes=self._processes(b, mh, values.get("uuid") or f"mig{j}", seen),
+            out.append(MigDevice(mig_index=j, processes=self._processes(b, mh, values.get("uuid") or f"mig{j}"),
                                  unavailable=missing, **fields))
         return tuple(out)
 
@@ -995,8 +973,7 @@ class GpuReader:
             self._process_version[kind] = version
             return procs
 
-    def _processes(self, b: NvmlBackend, h: Any, key: str,
-                   seen: set[tuple[int, int]]) -> tuple[GpuProcess, ...] | Unavailable:
+    def _processes(self, b: NvmlBackend, h: Any, key: str) -> tuple[GpuProcess, ...] | Unavailable:
         nv = self._nv
         found: dict[int, tuple[ProcessInfo, str]] = {}
         for kind in ("compute", "graphics"):
@@ -1031,66 +1008,21 @@ class GpuReader:
             missing: dict[str, str] = {}
             if p.used_bytes is None:
                 missing["used_bytes"] = NO_PROCESS_MEMORY
-            user, command, why, ticks = self._identity(pid, seen)
-            for name, value in (("user", user), ("command", command)):
-                if value is None and why is not None:
-                    missing[name] = why
             sample = util.get(pid)
             if sample is None:
                 missing["gpu_util_percent"] = missing["mem_util_percent"] = (
                     util_why or "no utilization sample for this process since the last read")
-            host = self._host_facts(pid, ticks, why)
+            host = self._host.read(pid)  # once a tick: a process under a GPU and a MIG instance of it
             missing.update(host.unavailable)
-            out.append(GpuProcess(pid=pid, kind=kind, used_bytes=p.used_bytes, user=user,  # type: ignore[arg-type]
-                                  command=command, gpu_util_percent=None if sample is None else sample.sm_percent,
+            out.append(GpuProcess(pid=pid, kind=kind, used_bytes=p.used_bytes, user=host.user,  # type: ignore[arg-type]
+                                  command=host.command,
+                                  gpu_util_percent=None if sample is None else sample.sm_percent,
                                   mem_util_percent=None if sample is None else sample.mem_percent,
                                   gpu_instance_id=p.gpu_instance_id, compute_instance_id=p.compute_instance_id,
-                                  start_time_ticks=ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
+                                  start_time_ticks=host.start_time_ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
                                   cpu_percent=host.cpu_percent, started_at=host.started_at, split=UNPROBED,
                                   unavailable=missing))
         return tuple(out)
-
-    def _host_facts(self, pid: int, ticks: int | None, why: str | None) -> HostFacts:
-        """What /proc/PID/stat says of the process, once per tick (a process under a GPU and a MIG instance of
-        it is read once); a pid outside this namespace's /proc says so, as its user and command do."""
-        if ticks is None and why is not None and why.startswith(f"pid {pid} is not in this PID namespace"):
-            return HostFacts(unavailable=tuple((f, why) for f in HOST_FIELDS))
-        facts = self._host_tick.get(pid)
-        if facts is None:
-            facts = self._host_tick[pid] = self._host.read(pid)
-        return facts
-
-    def _identity(self, pid: int, seen: set[tuple[int, int]]) -> _Identity:
-        """(user, command, why not, start time in ticks) of a pid from root's /proc; read once per process."""
-        base = f"{self._proc}/{pid}"
-        try:
-            st = os.stat(base)
-        except OSError:
-            return None, None, NOT_IN_NAMESPACE.format(pid=pid), None
-        key = (pid, st.st_ctime_ns)  # a new process under a reused pid gets a new /proc entry
-        seen.add(key)
-        cached = self._commands.get(key)
-        if cached is not None:
-            return cached
-        user = self._users.get(st.st_uid)
-        if user is None:
-            try:
-                user = pwd.getpwuid(st.st_uid).pw_name
-            except KeyError:
-                user = str(st.st_uid)  # a uid with no name here (another container's user)
-            self._users[st.st_uid] = user
-        try:
-            # procfs.read_bytes: a captured tree may hold a FIFO or a link to /dev/zero in their place.
-            command = parse_cmdline(procfs.read_bytes(f"{base}/cmdline", procfs.MAX_ARGS_BYTES))
-            if not command:  # a zombie or a kernel thread: ps shows [comm]
-                command = f"[{os.fsdecode(procfs.read_bytes(f'{base}/comm', 4096).strip())}]"
-        except OSError as e:
-            result: _Identity = (user, None, f"cannot read {base}/cmdline: {e.strerror or e}",
-                                 proc_start_ticks(pid, self._proc))
-        else:
-            result = (user, command, None, proc_start_ticks(pid, self._proc))
-        self._commands[key] = result
-        return result
 
 
 def make_backend() -> NvmlBackend:
@@ -1134,14 +1066,11 @@ def amd_reader(root: str) -> AmdReader:
     """The amdsmi reader: the fake module named by $DLTOP_FAKE_AMDSMI, else ROCm's bindings."""
     from dltop.sources import amd, amd_fake
 
-    ids = GpuReader(lambda: FakeBackend({}), root)  # /proc identities of AMD processes, kept apart from NVML's
-
-    def identity(pid: int, seen: set[tuple[int, int]]) -> Any:
-        return ids._identity(pid, seen)
+    host = HostReader(os.path.join(root, "proc"))  # AMD processes' /proc facts, kept apart from NVML's
 
     path = os.environ.get(amd_fake.FAKE_AMD_ENV)
     if not path:
-        return amd.AmdReader(identity, forget=ids.forget_processes)
+        return amd.AmdReader(host)
 
     def load() -> Any:
         try:
@@ -1149,7 +1078,7 @@ def amd_reader(root: str) -> AmdReader:
         except amd_fake.ScenarioError as e:
             raise ImportError(f"fake amdsmi ({amd_fake.FAKE_AMD_ENV}): {e}") from None
 
-    return amd.AmdReader(identity, lambda: amd.import_amdsmi(load), forget=ids.forget_processes)
+    return amd.AmdReader(host, lambda: amd.import_amdsmi(load))
 
 
 def source(settings: Settings) -> Source:

@@ -1,13 +1,16 @@
-"""What /proc says of each GPU process, beside NVML's numbers: parent, host RSS, CPU % and start time.
+"""What /proc says of each GPU process, beside NVML's or amdsmi's numbers: user, command, parent, host RSS, CPU %
+and start time.
 
-One bounded, non-blocking read of /proc/PID/stat per process per tick (procfs.read_bytes); CPU % is the CPU time
-between two reads of the same process (pid and start time) over the time between them, as top computes it.
+One bounded, non-blocking read of /proc/PID/stat per process per tick; the user and command once per process.
+CPU % is the CPU time between two reads of the same process (pid and start time) over the time between them, as
+top computes it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import pwd
 import stat
 import time
 from collections.abc import Callable
@@ -17,6 +20,7 @@ from dltop.sources import procfs
 
 MAX_STAT_BYTES = 4096  # /proc/PID/stat is one line of 52 numbers and a 16-byte comm: under 1 KiB
 FIRST_READ = "CPU % needs two reads of the process: known from the next tick"
+MAX_KEPT_FDS = 512  # /proc/PID/stat files kept open between ticks (one pread a tick, not open, fstat, read, close)
 MIN_INTERVAL_S = 0.5  # the shortest interval a CPU % is computed over (CPU time counts in 10 ms ticks)
 
 
@@ -59,20 +63,24 @@ _STAT_FIELDS = ((4, 1), (14, 11), (15, 12), (22, 19), (24, 21))  # (proc(5)'s nu
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
-def read_stat(path: str) -> bytes:
-    """/proc/PID/stat in one read (the kernel writes it whole), non-blocking and checked to be a regular file as
+def read_stat(path: str, keep: bool = False) -> tuple[bytes, int, int | None]:
+    """/proc/PID/stat in one read (the kernel writes it whole), its owner (the process's, as /proc/PID's) and,
+    with `keep`, the fd left open for the next read (else None); non-blocking and checked to be a regular file as
     procfs.read_bytes does (a captured tree may hold a FIFO in its place); OSError saying why not."""
     fd = os.open(path, _FLAGS)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, f"{procfs.kind_of(mode)}, not a file", path)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"{procfs.kind_of(st.st_mode)}, not a file", path)
         data = os.read(fd, MAX_STAT_BYTES + 1)
-    finally:
+        if len(data) > MAX_STAT_BYTES:
+            raise OSError(errno.EFBIG, f"larger than {MAX_STAT_BYTES} bytes, more than the kernel writes", path)
+    except BaseException:
         os.close(fd)
-    if len(data) > MAX_STAT_BYTES:
-        raise OSError(errno.EFBIG, f"larger than {MAX_STAT_BYTES} bytes, more than the kernel writes", path)
-    return data
+        raise
+    if not keep:
+        os.close(fd)
+    return data, st.st_uid, fd if keep else None
 
 
 def parse_btime(text: str) -> int:
@@ -86,23 +94,36 @@ def parse_btime(text: str) -> int:
     raise Malformed("no btime line")
 
 
+NOT_IN_NAMESPACE = ("pid {pid} is not in this PID namespace's /proc: dltop runs in another container or namespace "
+                    "than the process (run dltop with --pid=host), or the process just exited")
+IDENTITY_FIELDS = ("user", "command")
+HOST_FIELDS = ("ppid", "host_rss_bytes", "cpu_percent", "started_at")
+
+
 @dataclass(frozen=True)
 class HostFacts:
-    """One process's /proc numbers as the model stores them, and why each missing one is missing."""
+    """One process's /proc facts as the model stores them (who, what, since when, its stat numbers), and why each
+    missing one is missing."""
 
     ppid: int | None = None
     host_rss_bytes: int | None = None
     cpu_percent: float | None = None
     started_at: float | None = None
     start_time_ticks: int | None = None
+    user: str | None = None
+    command: str | None = None
     unavailable: tuple[tuple[str, str], ...] = ()
 
 
-HOST_FIELDS = ("ppid", "host_rss_bytes", "cpu_percent", "started_at")
+def parse_cmdline(raw: bytes) -> str:
+    """/proc/PID/cmdline (NUL-separated arguments) as one line, the way ps shows it."""
+    return " ".join(os.fsdecode(a) for a in raw.rstrip(b"\0").split(b"\0"))
 
 
 class HostReader:
-    """Reads /proc/PID/stat of GPU processes, keeping each one's last CPU time for its CPU % and the boot time."""
+    """The /proc facts of GPU processes (NVML's and amdsmi's share it): one read of /proc/PID/stat per process
+    per tick (its owner from the same fd), the user and command read once per process (pid, start time: a
+    reused pid is another process), the last CPU time of each for its CPU %, and the boot time."""
 
     def __init__(self, proc: str = "/proc", clock: Callable[[], float] = time.monotonic) -> None:
         self._proc = proc
@@ -112,7 +133,39 @@ class HostReader:
         self._btime: int | str | None = None  # epoch seconds, or why /proc/stat gave none
         # (pid, start) -> (cpu ticks, when read, the CPU % computed then): the base of the next CPU %
         self._last: dict[tuple[int, int], tuple[int, float, float | None]] = {}
+        self._names: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}  # user, command, why
+        self._users: dict[int, str] = {}
+        # last tick's facts and the numbers they hold, given again where nothing moved
+        self._facts: dict[tuple[int, int], tuple[tuple[object, ...], HostFacts]] = {}
+        self._tick: dict[int, HostFacts] = {}  # pid -> this tick's (a process on two GPUs is read once)
         self._seen: set[tuple[int, int]] = set()
+        # pid -> its /proc/PID/stat, open: the fd holds the process, not the number (once it is reaped a read
+        # fails with ESRCH, so a reused pid is opened again, never read through the old fd)
+        self._fds: dict[int, int] = {}
+
+    def close(self) -> None:
+        """Close the stat files kept open."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _stat(self, pid: int, path: str) -> tuple[bytes, int | None]:
+        """The process's stat text, through its fd kept open where there is one (the owner then is not read
+        again: None), else opened and checked (read_stat) and kept open for the next tick."""
+        fd = self._fds.get(pid)
+        if fd is not None:
+            try:
+                data = os.pread(fd, MAX_STAT_BYTES + 1, 0)
+            except OSError:
+                data = b""  # ESRCH: it exited; a process under that pid now is another one
+            if data and len(data) <= MAX_STAT_BYTES:
+                return data, None
+            del self._fds[pid]
+            os.close(fd)
+        data, uid, fd = read_stat(path, keep=len(self._fds) < MAX_KEPT_FDS)
+        if fd is not None:
+            self._fds[pid] = fd
+        return data, uid
 
     def _boot_time(self) -> int | str:
         if self._btime is None:
@@ -126,19 +179,38 @@ class HostReader:
         return self._btime
 
     def read(self, pid: int) -> HostFacts:
-        """The process's facts now; a process that cannot be read has each field None with the reason."""
+        """The process's facts this tick; a process that cannot be read has each field None with the reason."""
+        facts = self._tick.get(pid)
+        if facts is None:
+            facts = self._tick[pid] = self._read(pid)
+        return facts
+
+    def _read(self, pid: int) -> HostFacts:
         path = f"{self._proc}/{pid}/stat"
         # The reasons name no pid and no root: one note holds for every process it is true of.
         try:
-            st = parse_stat(read_stat(path))
+            raw, uid = self._stat(pid, path)
         except OSError as e:
-            return _none(f"cannot read its /proc/PID/stat: {e.strerror or e}")
+            if e.errno in (errno.ENOENT, errno.ESRCH):
+                why = NOT_IN_NAMESPACE.format(pid=pid)
+                return HostFacts(unavailable=tuple((f, why) for f in (*IDENTITY_FIELDS, *HOST_FIELDS)))
+            return self._unread(pid, f"cannot read its /proc/PID/stat: {e.strerror or e}")
+        try:
+            st = parse_stat(raw)
         except Malformed as e:
-            return _none(f"its /proc/PID/stat is damaged: {e}")
+            return self._unread(pid, f"its /proc/PID/stat is damaged: {e}")
         now = self._clock()
         key = (pid, st.start_time_ticks)
         self._seen.add(key)
         missing: list[tuple[str, str]] = []
+        names = self._names.get(key)
+        if names is None:
+            if uid is None:  # read through a kept fd, yet not known under this start time: a new process there
+                uid = os.fstat(self._fds[pid]).st_uid
+            names = self._names[key] = self._identity(pid, uid)
+        user, command, no_command = names
+        if no_command is not None:
+            missing.append(("command", no_command))
         cpu: float | None = None
         last = self._last.get(key)
         if last is None:
@@ -166,14 +238,58 @@ class HostReader:
         if rss is not None and rss > procfs.MAX_COUNT:
             rss = None
             missing.append(("host_rss_bytes", "stat's rss is beyond any machine's memory: a damaged file"))
-        return HostFacts(ppid=st.ppid, host_rss_bytes=rss, cpu_percent=cpu, started_at=started, start_time_ticks=st.start_time_ticks, unavailable=tuple(missing))
+        values = (st.ppid, rss, cpu, started, tuple(missing))
+        # The same object as last tick's where nothing moved: the models built from it then compare equal by
+        # identity (the GPU pane compares 160 processes a tick to know whether to build its rows again).
+        kept = self._facts.get(key)
+        if kept is not None and kept[0] == values:
+            return kept[1]
+        facts = HostFacts(ppid=st.ppid, host_rss_bytes=rss, cpu_percent=cpu, started_at=started,
+                          start_time_ticks=st.start_time_ticks, user=user, command=command, unavailable=values[4])
+        self._facts[key] = (values, facts)
+        return facts
+
+    def _user(self, uid: int) -> str:
+        user = self._users.get(uid)
+        if user is None:
+            try:
+                user = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                user = str(uid)  # a uid with no name here (another container's user)
+            self._users[uid] = user
+        return user
+
+    def _identity(self, pid: int, uid: int) -> tuple[str | None, str | None, str | None]:
+        """(user, command, why no command) of a process: read once, at its first tick."""
+        base = f"{self._proc}/{pid}"
+        try:
+            # procfs.read_bytes: a captured tree may hold a FIFO or a link to /dev/zero in their place.
+            command = parse_cmdline(procfs.read_bytes(f"{base}/cmdline", procfs.MAX_ARGS_BYTES))
+            if not command:  # a zombie or a kernel thread: ps shows [comm]
+                command = f"[{os.fsdecode(procfs.read_bytes(f'{base}/comm', 4096).strip())}]"
+        except OSError as e:
+            return self._user(uid), None, f"cannot read {base}/cmdline: {e.strerror or e}"
+        return self._user(uid), command, None
+
+    def _unread(self, pid: int, why: str) -> HostFacts:
+        """A process whose stat cannot be read (a captured tree's FIFO, a damaged file): its stat numbers say
+        why; its user and command are read anyway, each tick (no start time keys them)."""
+        try:
+            uid = os.stat(f"{self._proc}/{pid}").st_uid
+        except OSError:
+            return HostFacts(unavailable=tuple((f, why) for f in (*IDENTITY_FIELDS, *HOST_FIELDS)))
+        user, command, no_command = self._identity(pid, uid)
+        missing = [(f, why) for f in HOST_FIELDS]
+        if no_command is not None:
+            missing.append(("command", no_command))
+        return HostFacts(user=user, command=command, unavailable=tuple(missing))
 
     def end_tick(self) -> None:
-        """Forget the processes not read since the last call (they exited)."""
-        for key in [k for k in self._last if k not in self._seen]:
-            del self._last[key]
+        """Forget the processes not read since the last call (they exited, or their pid was reused)."""
+        for kept in (self._last, self._names, self._facts):
+            for key in [k for k in kept if k not in self._seen]:
+                del kept[key]
+        for pid in [p for p in self._fds if p not in self._tick]:
+            os.close(self._fds.pop(pid))
         self._seen.clear()
-
-
-def _none(reason: str) -> HostFacts:
-    return HostFacts(unavailable=tuple((f, reason) for f in HOST_FIELDS))
+        self._tick.clear()
