@@ -15,6 +15,7 @@ from dltop.sampler import ListFeed
 from dltop.sources.amd import AmdReader
 from dltop.sources.amd_fake import fake_amdsmi
 from dltop.sources.gpu import FakeBackend, GpuReader, GpusReader
+from dltop.sources.gpu_procs import HostReader
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.gpu import GpuPane
 from dltop.tui.screens.gpu_details import GpuDetailsScreen
@@ -104,7 +105,7 @@ async def test_an_amd_gpu_s_details_name_its_sensor_and_what_amdsmi_does_not_giv
         monkeypatch: pytest.MonkeyPatch) -> None:
     s = json.loads((DATA / "amd-scenarios" / "mi300x.json").read_text())
     monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi(s))
-    part = GpusReader(None, AmdReader(lambda pid, seen: (None, None, "not here", None))).read()
+    part = GpusReader(None, AmdReader(HostReader("/nonexistent/proc"))).read()
     app = DltopApp(ListFeed([Snapshot(ts=1.0, host="fixture", gpus=part)]))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()

@@ -203,3 +203,33 @@ async def test_eight_gpus_are_compact_by_themselves_at_80x24_and_c_switches() ->
         await pilot.pause()
         assert "util" in _text(app, "#gpu-devices").splitlines()[0] and len(_text(app, "#gpu-devices").splitlines()) > 2
 
+
+
+def test_the_time_cell_turns_with_the_minute_while_the_processes_stay_as_they_were() -> None:
+    """The table is not built again while nothing in it changes; a Time cell still turns at its minute."""
+    from dltop.tui.panes.gpu import elapsed, elapsed_until
+
+    for started in (0.0, 0.5, 59.9, 1000.25):
+        for now in [started - 5 + i * 0.7 for i in range(400)]:
+            until = elapsed_until(started, now)
+            if until > now:  # else `now` is within the millisecond before the turn: built again each tick
+                assert elapsed(started, until - 1e-6) == elapsed(started, now), (started, now)
+            assert elapsed(started, until + 2e-3) != elapsed(started, now), (started, now)
+    assert elapsed_until(None, 5.0) == float("inf")
+
+
+async def test_a_replayed_minute_turns_the_time_cells_of_unchanged_processes() -> None:
+    (snap,) = gpu_snaps(scenario("h100-2proc"), 1)
+    g = snap.gpus[0]  # type: ignore[index]
+    procs = tuple(dataclasses.replace(p, started_at=snap.ts - 50) for p in g.processes)  # type: ignore[union-attr]
+    part = (dataclasses.replace(g, processes=procs),)
+    snaps = [dataclasses.replace(snap, ts=snap.ts + dt, gpus=part) for dt in (0, 5, 11, 75)]
+    app = DltopApp(ListFeed(snaps, start=0))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        seen = []
+        for i in range(len(snaps)):
+            app._apply(snaps[i])
+            await pilot.pause()
+            seen.append(set(_col(app, "Time")))
+        assert seen == [{"<1m"}, {"<1m"}, {"1m"}, {"2m"}]

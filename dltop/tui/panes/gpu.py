@@ -452,6 +452,15 @@ def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]]
             "time": elapsed(p.started_at, now), **dict(zip(SPLIT_FIELDS, split_cells[id(p.split)], strict=True))}
 
 
+def elapsed_until(started_at: float | None, now: float) -> float:
+    """When `elapsed(started_at, now)` next reads otherwise (the next whole minute of its run; never for '?'), a
+    millisecond early: the float subtraction in `elapsed` may turn the minute a hair before the exact sum (early
+    costs one build more; late would show a stale cell)."""
+    if started_at is None:
+        return float("inf")
+    return started_at + 60 * (max(0, int(now - started_at)) // 60 + 1) - 1e-3
+
+
 def process_rows(gpus: Sequence[GpuDevice], query: ProcessQuery | None = None, now: float = 0.0,
                  columns: tuple[str, ...] | None = None) -> Rows:
     """Row key → (process, cells) for the processes `query` selects (select_processes: every GPU and MIG
@@ -613,7 +622,8 @@ class GpuPane(Pane):
         self._wanted_lines: list[Content] = []  # what each is to show
         # (what the rows are made of, the rows, their notes): built again only when the processes change
         self._rows_for: tuple[object, Rows, list[str]] | None = None
-        self._table_rows: tuple[object, list[ProcessRow], dict[str, tuple[str, ...]]] | None = None
+        # (what the table's rows are made of, from when and until when their cells hold, the rows, their cells)
+        self._table_rows: tuple[object, float, float, list[ProcessRow], dict[str, tuple[str, ...]]] | None = None
         self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
         self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
         self._order: list[str] = []  # the row keys in the table's order
@@ -1008,24 +1018,31 @@ class GpuPane(Pane):
         made_of = tuple((g.index, g.memory_pool_note, g.processes, tuple((m.mig_index, m.processes)
                                                                          for m in g.mig_devices)) for g in gpus)
         if self._rows_for is None or self._rows_for[0] != made_of:
-            built = process_rows(gpus)
+            # the notes and the servers' lines need each row's process, not its cells
+            built: Rows = {r.key: (r.process, ()) for r in select_processes(gpus) if r.process is not None}
             self._rows_for = (made_of, built, process_notes(built) + device_notes(gpus))
         _, rows, process_lines = self._rows_for
-        # The table's rows: the query's, in its order (and how long each process has run, as of this moment).
+        # The table's rows: the query's, in its order (and how long each process has run, as of this moment:
+        # built again when the processes, the query or the width change, or a Time cell's minute turns).
         table_width = table.size.width or self.size.width
-        asked = (made_of, self.query_state, table_width, int(view.snapshot.ts))
-        if self._table_rows is None or self._table_rows[0] != asked:
+        asked = (made_of, self.query_state, table_width)
+        now = view.snapshot.ts
+        kept = self._table_rows
+        if kept is None or kept[0] != asked or not kept[1] <= now < kept[2]:
             selected = select_processes(gpus, self.query_state)
             columns = columns_for(selected, table_width)
             split_cells: dict[int, tuple[str, ...]] = {}
             wanted: dict[str, tuple[str, ...]] = {}
+            until = float("inf")
             for r in selected:
-                cells_ = row_cells(r, view.snapshot.ts, split_cells)
+                cells_ = row_cells(r, now, split_cells)
                 wanted[r.key] = tuple(cells_[c] for c in columns)
-            self._table_rows = (asked, selected, wanted)
+                if r.process is not None:
+                    until = min(until, elapsed_until(r.process.started_at, now))
+            kept = self._table_rows = (asked, now, until, selected, wanted)
             self._selected = {r.key: r for r in selected}
             self._columns_wanted = columns
-        _, selected, wanted = self._table_rows
+        _, _, _, selected, wanted = kept
         self._show_rows(table, dict(wanted), self._columns_wanted)
         shown = len([r for r in selected if r.process is not None])
         total = len(rows)
