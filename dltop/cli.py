@@ -26,6 +26,7 @@ from dltop.errors import DltopError
 # module of the command being run is imported: `dltop residency` must start as fast as vmtouch can.
 COMMANDS = {
     "cpu": "dltop.commands.cpu",
+    "gpu": "dltop.commands.gpu",
     "residency": "dltop.commands.pagecache",
     "warm": "dltop.commands.pagecache",
     "evict": "dltop.commands.pagecache",

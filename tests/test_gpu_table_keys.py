@@ -207,7 +207,7 @@ async def test_eight_gpus_are_compact_by_themselves_at_80x24_and_c_switches() ->
 
 def test_the_time_cell_turns_with_the_minute_while_the_processes_stay_as_they_were() -> None:
     """The table is not built again while nothing in it changes; a Time cell still turns at its minute."""
-    from dltop.tui.panes.gpu import elapsed, elapsed_until
+    from dltop.text.gpu import elapsed, elapsed_until
 
     for started in (0.0, 0.5, 59.9, 1000.25):
         for now in [started - 5 + i * 0.7 for i in range(400)]:

@@ -31,6 +31,7 @@ from dltop.model.actions import SignalTarget
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
 from dltop.model.gpu_query import ProcessQuery, ProcessRow, select_processes
 from dltop.model.servers import ModelStats
+from dltop.text.gpu import elapsed, elapsed_until
 from dltop.tui import charts
 from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested, SignalRequested
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content
@@ -401,21 +402,6 @@ def _cell(text: str) -> Text:
     return Text(printable(text), no_wrap=True, end="")
 
 
-def elapsed(started_at: float | None, now: float) -> str:
-    """How long a process has run, to the minute ("<1m", "42m", "3h05", "2d04h"): a cell that changes once a
-    minute, not once a tick, for 160 rows."""
-    if started_at is None:
-        return "?"
-    minutes = max(0, int(now - started_at)) // 60
-    if minutes < 1:
-        return "<1m"
-    if minutes < 60:
-        return f"{minutes}m"
-    if minutes < 24 * 60:
-        return f"{minutes // 60}h{minutes % 60:02d}"
-    return f"{minutes // 1440}d{minutes // 60 % 24:02d}h"
-
-
 _printable = lru_cache(maxsize=4096)(printable)  # the same users and command lines, tick after tick
 
 
@@ -450,15 +436,6 @@ def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]]
             "used": _used_cell(p.used_bytes) + ("!" if p.split.inconsistent else ""),
             "sm": _pct(p.gpu_util_percent), "cpu": _cpu_cell(p.cpu_percent), "rss": _rss_cell(p.host_rss_bytes),
             "time": elapsed(p.started_at, now), **dict(zip(SPLIT_FIELDS, split_cells[id(p.split)], strict=True))}
-
-
-def elapsed_until(started_at: float | None, now: float) -> float:
-    """When `elapsed(started_at, now)` next reads otherwise (the next whole minute of its run; never for '?'), a
-    millisecond early: the float subtraction in `elapsed` may turn the minute a hair before the exact sum (early
-    costs one build more; late would show a stale cell)."""
-    if started_at is None:
-        return float("inf")
-    return started_at + 60 * (max(0, int(now - started_at)) // 60 + 1) - 1e-3
 
 
 def process_rows(gpus: Sequence[GpuDevice], query: ProcessQuery | None = None, now: float = 0.0,

@@ -1,0 +1,98 @@
+"""`dltop gpu`: the GPU processes of real processes on the fake NVML, filtered, sorted and grouped by the same
+select_processes the GPU tab uses (the rows and their order agree with it), as text and as JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dltop.model.gpu_query import ProcessQuery, select_processes
+from dltop.sources.gpu import FakeBackend, GpuReader
+from tests.test_gpu_procs import LAUNCHER, SLEEP, _on_gpu
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any], dict[str, int]]]:
+    """A launcher's two ranks and one more process (its command line holding an escape) on the fake's GPU."""
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE)
+    other = subprocess.Popen([sys.executable, "-c", SLEEP, "\x1b[2J"], stdout=subprocess.PIPE)
+    ranks: list[int] = []
+    try:
+        assert launcher.stdout is not None and other.stdout is not None
+        ranks = [int(x) for x in launcher.stdout.readline().split()]
+        assert other.stdout.readline() == b"up\n"
+        s = _on_gpu([*ranks, other.pid])
+        path = tmp_path_factory.mktemp("gpu-cli") / "scenario.json"
+        path.write_text(json.dumps(s))
+        yield str(path), s, {"launcher": launcher.pid, "rank0": ranks[0], "rank1": ranks[1], "other": other.pid}
+    finally:
+        for p in (launcher, other):
+            p.kill()
+            p.wait()
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+def _dltop(scenario: str, *args: str) -> str:
+    env = {**os.environ, "DLTOP_FAKE_NVML": scenario, "PYTHONPATH": str(REPO)}
+    got = subprocess.run([sys.executable, "-m", "dltop", "gpu", *args], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert got.returncode == 0, got.stderr
+    return got.stdout
+
+
+QUERIES = [((), ProcessQuery()), (("--sort", "pid", "--reverse"), ProcessQuery(sort="pid", reverse=True)),
+           (("--tree",), ProcessQuery(tree=True))]
+
+
+@pytest.mark.parametrize(("args", "query"), QUERIES)
+def test_the_cli_lists_what_select_processes_selects_in_its_order(
+        machine: tuple[str, dict[str, Any], dict[str, int]], args: tuple[str, ...], query: ProcessQuery) -> None:
+    path, s, _ = machine
+    want = [r.key for r in select_processes(GpuReader(lambda: FakeBackend(s)).read(), query)]
+    got = json.loads(_dltop(path, "--json", *args))
+    assert [r["key"] for r in got["rows"]] == want
+    assert got["query"] == {"filter": query.filter, "sort": query.sort, "reverse": query.reverse, "tree": query.tree}
+    text = _dltop(path, *args).splitlines()
+    assert text[0].split()[:2] == ["GPU", "PID"]
+    assert [line.split()[1] if line[0] != " " else line.split()[0] for line in text[1:]] == [
+        str(r["pid"]) for r in got["rows"]]
+
+
+def test_the_tree_puts_ranks_under_their_launcher_and_text_from_outside_is_escaped(
+        machine: tuple[str, dict[str, Any], dict[str, int]]) -> None:
+    path, _, pids = machine
+    rows = json.loads(_dltop(path, "--json", "--tree"))["rows"]
+    head = next(r for r in rows if r["process"] is None)
+    assert (head["pid"], head["children"]) == (pids["launcher"], 2)
+    at = rows.index(head)
+    assert {r["pid"] for r in rows[at + 1:at + 3]} == {pids["rank0"], pids["rank1"]}
+    assert all(r["depth"] == 1 for r in rows[at + 1:at + 3])
+    text = _dltop(path, "--tree")
+    assert "[launcher of 2]" in text and "└ " in text and "├ " in text
+    assert "\x1b" not in text and "\\x1b[2J" in text  # the escape shown, never sent to the terminal
+    other = next(r for r in rows if r["pid"] == pids["other"])["process"]
+    assert other["command"].endswith("\x1b[2J")  # JSON stays exact
+    for name in ("user", "ppid", "host_rss_bytes", "cpu_percent", "started_at"):
+        assert other[name] is not None, name
+
+
+def test_the_filter_matches_as_the_tab_s_does(machine: tuple[str, dict[str, Any], dict[str, int]]) -> None:
+    path, s, pids = machine
+    rows = json.loads(_dltop(path, "--json", "--filter", str(pids["other"])))["rows"]
+    assert [r["pid"] for r in rows] == [pids["other"]]
+    want = select_processes(GpuReader(lambda: FakeBackend(s)).read(), ProcessQuery(filter="2J"))
+    assert [r["pid"] for r in json.loads(_dltop(path, "--json", "--filter", "2J"))["rows"]] == [r.pid for r in want]
+    assert _dltop(path, "--filter", "no such process").splitlines() == [
+        "GPU  PID  USER  USED  SM%  CPU%  RSS  TIME  COMMAND"]
