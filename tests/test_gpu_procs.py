@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -227,6 +228,29 @@ def test_the_stat_files_kept_open_are_closed_when_their_processes_go(tmp_path: P
         for p in sleeps:
             p.kill()
             p.wait()
+
+
+def test_a_process_that_did_not_move_is_last_tick_s_model_and_one_that_moved_is_new() -> None:
+    sleep, _ = _start(SLEEP)
+    try:
+        s = _on_gpu([sleep.pid, 4_000_000])  # and one not in this /proc
+        clock = [100.0]
+        reader = GpuReader(lambda: FakeBackend(s), clock=lambda: clock[0])
+        ticks = []
+        for _ in range(3):
+            clock[0] += 1.0
+            ticks.append(reader.read()[0].processes)  # type: ignore[index]
+        assert ticks[2][0] is ticks[1][0] and ticks[2][1] is ticks[1][1]  # asleep: CPU % 0.0 twice
+        assert ticks[1][0] is not ticks[0][0]  # its first CPU % came
+        s["gpus"][0]["compute_processes"][0]["used_bytes"] += 1 << 20
+        clock[0] += 1.0
+        moved = reader.read()[0].processes  # type: ignore[index]
+        assert moved[0] is not ticks[2][0] and moved[0].used_bytes == ticks[2][0].used_bytes + (1 << 20)
+        assert moved[1] is ticks[2][1]
+        assert moved[0] == dataclasses.replace(ticks[2][0], used_bytes=moved[0].used_bytes)
+    finally:
+        sleep.kill()
+        sleep.wait()
 
 
 # -- the query ---------------------------------------------------------------------------------------------------

@@ -701,6 +701,9 @@ class GpuReader:
         # (GPU index, field) -> (when read, its value, why not): the slow-changing numbers (`slow` in _device)
         self._slow: dict[tuple[int, str], tuple[float, Any, str | None]] = {}
         self._host = HostReader(self._proc, clock)  # each process's /proc: user, command, parent, RSS, CPU %
+        # (GPU or MIG instance, pid) -> (what its model was made of, the model): last tick's, and this tick's
+        self._kept: dict[tuple[str, int], tuple[tuple[object, ...], GpuProcess]] = {}
+        self._kept_now: dict[tuple[str, int], tuple[tuple[object, ...], GpuProcess]] = {}
 
     def close(self) -> None:
         """End the NVML session."""
@@ -741,8 +744,10 @@ class GpuReader:
             driver = None
         if count == 0:
             return Unavailable(f"no GPUs: NVML (driver {driver or 'version unknown'}) sees 0 devices", "no_devices")
+        self._kept_now = {}
         gpus = tuple(self._device(b, i, driver) for i in range(count))
         self._host.end_tick()
+        self._kept = self._kept_now  # the processes read this tick (the others exited, or their GPU was lost)
         return gpus
 
     def _device(self, b: NvmlBackend, index: int, driver: str | None) -> GpuDevice:
@@ -1005,14 +1010,23 @@ class GpuReader:
             self._util_seen_us[key] = max(s.timestamp_us for s in util.values())
         out = []
         for pid, (p, kind) in sorted(found.items()):
+            sample = util.get(pid)
+            host = self._host.read(pid)  # once a tick: a process under a GPU and a MIG instance of it
+            # What the process's model is made of: where it is all as last tick's, last tick's model is given
+            # again (building 160 frozen models a tick was a fifth of the read; the pane then compares by identity)
+            made_of = (kind, p.used_bytes, p.gpu_instance_id, p.compute_instance_id, host,
+                       None if sample is None else (sample.sm_percent, sample.mem_percent), util_why)
+            kept = self._kept.get((key, pid))
+            if kept is not None and kept[0] == made_of:
+                self._kept_now[(key, pid)] = kept
+                out.append(kept[1])
+                continue
             missing: dict[str, str] = {}
             if p.used_bytes is None:
                 missing["used_bytes"] = NO_PROCESS_MEMORY
-            sample = util.get(pid)
             if sample is None:
                 missing["gpu_util_percent"] = missing["mem_util_percent"] = (
                     util_why or "no utilization sample for this process since the last read")
-            host = self._host.read(pid)  # once a tick: a process under a GPU and a MIG instance of it
             missing.update(host.unavailable)
             out.append(GpuProcess(pid=pid, kind=kind, used_bytes=p.used_bytes, user=host.user,  # type: ignore[arg-type]
                                   command=host.command,
@@ -1022,6 +1036,7 @@ class GpuReader:
                                   start_time_ticks=host.start_time_ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
                                   cpu_percent=host.cpu_percent, started_at=host.started_at, split=UNPROBED,
                                   unavailable=missing))
+            self._kept_now[(key, pid)] = (made_of, out[-1])
         return tuple(out)
 
 

@@ -142,6 +142,9 @@ class HostReader:
         # pid -> its /proc/PID/stat, open: the fd holds the process, not the number (once it is reaped a read
         # fails with ESRCH, so a reused pid is opened again, never read through the old fd)
         self._fds: dict[int, int] = {}
+        # pid -> its stat text and fields, last tick's and this tick's
+        self._parsed: dict[int, tuple[bytes, ProcStat]] = {}
+        self._parsed_now: dict[int, tuple[bytes, ProcStat]] = {}
 
     def close(self) -> None:
         """Close the stat files kept open."""
@@ -195,10 +198,15 @@ class HostReader:
                 why = NOT_IN_NAMESPACE.format(pid=pid)
                 return HostFacts(unavailable=tuple((f, why) for f in (*IDENTITY_FIELDS, *HOST_FIELDS)))
             return self._unread(pid, f"cannot read its /proc/PID/stat: {e.strerror or e}")
-        try:
-            st = parse_stat(raw)
-        except Malformed as e:
-            return self._unread(pid, f"its /proc/PID/stat is damaged: {e}")
+        parsed = self._parsed.get(pid)
+        if parsed is not None and parsed[0] == raw:
+            st = parsed[1]  # the same text as last tick (a process asleep): the same fields
+        else:
+            try:
+                st = parse_stat(raw)
+            except Malformed as e:
+                return self._unread(pid, f"its /proc/PID/stat is damaged: {e}")
+        self._parsed_now[pid] = (raw, st)
         now = self._clock()
         key = (pid, st.start_time_ticks)
         self._seen.add(key)
@@ -291,5 +299,6 @@ class HostReader:
                 del kept[key]
         for pid in [p for p in self._fds if p not in self._tick]:
             os.close(self._fds.pop(pid))
+        self._parsed, self._parsed_now = self._parsed_now, {}
         self._seen.clear()
         self._tick.clear()
