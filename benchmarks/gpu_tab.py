@@ -49,6 +49,9 @@ def main() -> int:
     ap.add_argument("--repo", default=str(Path(__file__).resolve().parents[1]),
                     help="run dltop from this checkout (another branch, to compare)")
     args = ap.parse_args()
+    # tmux's windows start in this process's working directory, and `python -m dltop` puts that first on
+    # sys.path: run from another checkout's folder, --repo ran that one's code whatever PYTHONPATH said
+    os.chdir(args.repo)
     sleeps = [subprocess.Popen(["sleep", "100000"]) for _ in range(160)]
     subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
     try:
