@@ -355,24 +355,37 @@ class HintLike(Protocol):
 def samples(snapshot: Snapshot, prev: Snapshot | None = None) -> Iterator[Sample]:
     """Every number of `snapshot` as (field, labels, value); `prev` (the Snapshot before) gives what needs two
     readings (vLLM V1's prefix-cache hit rate). Hints are not in a Snapshot: see `hint_samples`."""
-    yield from _sources(snapshot)
+    for _, group in sample_groups(snapshot, prev):
+        yield from group
+
+
+def sample_groups(snapshot: Snapshot, prev: Snapshot | None = None) -> Iterator[tuple[object, Iterator[Sample]]]:
+    """`samples` in groups, in the same order: (the part object its samples come from, the samples), or (None,
+    the samples) for a group that depends on more than its part (the sources, the servers). A group with a part
+    is a function of that object alone, so a reader that meets the same object again may keep its samples."""
+    yield None, _sources(snapshot)
     if isinstance(snapshot.memory, MemoryPart):
-        yield from _memory(snapshot.memory)
+        yield snapshot.memory, _memory(snapshot.memory)
     if isinstance(snapshot.datasets, DatasetsPart):
-        yield from _datasets(snapshot.datasets)
-    if isinstance(snapshot.gpus, tuple):
-        yield GPUS, {}, float(len(snapshot.gpus))
-        for g in snapshot.gpus:
-            yield from _gpu(g)
-    elif isinstance(snapshot.gpus, Unavailable) and snapshot.gpus.absent:  # a CPU-only node: 0 GPUs, not down
-        yield GPUS, {}, 0.0
-        yield GPUS_ABSENT, {"reason": snapshot.gpus.absent}, 1.0
+        yield snapshot.datasets, _datasets(snapshot.datasets)
+    if isinstance(snapshot.gpus, tuple | Unavailable):
+        yield snapshot.gpus, _gpus(snapshot.gpus)
     if isinstance(snapshot.servers, tuple):
-        yield from _servers(snapshot, prev)
+        yield None, _servers(snapshot, prev)
     if isinstance(snapshot.probes, ProbesPart):
-        yield from _probes(snapshot.probes)
+        yield snapshot.probes, _probes(snapshot.probes)
     if isinstance(snapshot.caches, CachesPart):
-        yield from _caches(snapshot.caches)
+        yield snapshot.caches, _caches(snapshot.caches)
+
+
+def _gpus(gpus: tuple[GpuDevice, ...] | Unavailable) -> Iterator[Sample]:
+    if isinstance(gpus, tuple):
+        yield GPUS, {}, float(len(gpus))
+        for g in gpus:
+            yield from _gpu(g)
+    elif gpus.absent:  # a CPU-only node: 0 GPUs, not down
+        yield GPUS, {}, 0.0
+        yield GPUS_ABSENT, {"reason": gpus.absent}, 1.0
 
 
 def hint_samples(active: Iterable[HintLike]) -> Iterator[Sample]:

@@ -26,6 +26,7 @@ from dltop import fields as fd
 from dltop.errors import DltopError
 from dltop.model import Snapshot
 from dltop.recorder.reader import Damage, Recording
+from dltop.recorder.reuse import PartMemo
 
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -62,11 +63,29 @@ def samples(rec: Recording, t0: float | None, t1: float | None, wanted: set[str]
             prev: Snapshot | None = None) -> Iterator[tuple[Snapshot, list[fd.Sample]]]:
     """Each Snapshot of the range with its samples (fields.samples, with `prev` the Snapshot before the range,
     and hint_active from the hint events)."""
+    for snap, groups in sample_groups(rec, t0, t1, wanted, prev):
+        yield snap, [s for _, group in groups for s in group]
+
+
+def sample_groups(rec: Recording, t0: float | None, t1: float | None, wanted: set[str],
+                  prev: Snapshot | None = None) -> Iterator[tuple[Snapshot, list[tuple[bool, list[fd.Sample]]]]]:
+    """`samples` in groups (fields.sample_groups, then hint_active), each with whether it may come again: a
+    part whose text repeats the sample before's is read once (reuse.PartMemo), and its group is then the very
+    list the sample before had, so a writer may keep what it made of it."""
     hints = _HintTimeline(rec)
-    for snap in rec.range(t0, t1):
-        active = hints.at(snap.ts)
-        got = [s for s in (*fd.samples(snap, prev), *fd.hint_samples(active)) if s[0].name in wanted]
-        yield snap, got
+    kept: dict[type, tuple[object, list[fd.Sample]]] = {}  # a part's type -> the part last seen, its samples
+    for snap in rec.range(t0, t1, PartMemo()):
+        groups = []
+        for part, group in fd.sample_groups(snap, prev):
+            if part is None:
+                groups.append((False, [s for s in group if s[0].name in wanted]))
+                continue
+            hit = kept.get(type(part))
+            if hit is None or hit[0] is not part:
+                hit = kept[type(part)] = (part, [s for s in group if s[0].name in wanted])
+            groups.append((True, hit[1]))
+        groups.append((False, [s for s in fd.hint_samples(hints.at(snap.ts)) if s[0].name in wanted]))
+        yield snap, groups
         prev = snap
 
 
@@ -175,21 +194,40 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
         # done here, in parallel, and the parent only copies (or reorders) them.
         columns: dict[SeriesKey, int] = {}
         text: dict[float, str] = {}  # most values repeat (sizes, totals, 1 for info): each formatted once
+        made: dict[int, tuple[list[fd.Sample], list[tuple[int, str]]]] = {}  # a group's id -> it, its cells
+
+        def cells_of(group: list[fd.Sample]) -> list[tuple[int, str]]:
+            out = []
+            for f, labels, value in group:
+                key = (f.name, tuple(labels.items()))
+                c = columns.get(key)
+                if c is None:
+                    c = columns[key] = len(names)
+                    names.append(series_name(f.name, labels))
+                cell = text.get(value)
+                if cell is None:
+                    if len(text) > 100_000:
+                        text.clear()
+                    cell = text[value] = _number(value)
+                out.append((c, cell))
+            return out
+
         with open(out, "w", encoding="utf-8") as rows:
-            for snap, got in samples(rec, first, last, wanted, prev):
+            for snap, groups in sample_groups(rec, first, last, wanted, prev):
+                placed: list[tuple[int, str]] = []
+                for again, group in groups:
+                    if not again:
+                        placed += cells_of(group)
+                        continue
+                    hit = made.get(id(group))
+                    if hit is None or hit[0] is not group:  # a group met again (a part unchanged): its cells
+                        hit = (group, cells_of(group))
+                        if len(made) > 64:
+                            made.clear()
+                        made[id(group)] = hit
+                    placed += hit[1]
                 cells: list[str] = [""] * len(names)  # a series absent at this moment is an empty cell, never a 0
-                for f, labels, value in got:
-                    key = (f.name, tuple(labels.items()))
-                    c = columns.get(key)
-                    if c is None:
-                        c = columns[key] = len(names)
-                        names.append(series_name(f.name, labels))
-                        cells.append("")
-                    cell = text.get(value)
-                    if cell is None:
-                        if len(text) > 100_000:
-                            text.clear()
-                        cell = text[value] = _number(value)
+                for c, cell in placed:
                     cells[c] = cell
                 rows.write(f"{_number(snap.ts)},{','.join(cells)}\n")
         return names, rec.damage

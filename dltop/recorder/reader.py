@@ -28,6 +28,7 @@ from dltop.errors import DltopError
 from dltop.fmt import plural, printable
 from dltop.model import DecodeError, Snapshot
 from dltop.recorder import store
+from dltop.recorder.reuse import PartMemo
 from dltop.recorder.segment import MAX_FRAME_BYTES, Chunk, RecordedEvent, decompress, decompress_frame
 from dltop.recorder.summary import check_summary
 
@@ -195,12 +196,14 @@ class Recording:
                 return snap
         raise DltopError(f"{self.path}: no sample could be read")
 
-    def range(self, t0: float | None = None, t1: float | None = None) -> Iterator[Snapshot]:
-        """The Snapshots with t0 <= ts <= t1, in time order (damaged ones skipped and counted)."""
+    def range(self, t0: float | None = None, t1: float | None = None,
+              memo: PartMemo | None = None) -> Iterator[Snapshot]:
+        """The Snapshots with t0 <= ts <= t1, in time order (damaged ones skipped and counted); with a `memo`,
+        a part whose text repeats the sample before's is that one's (the same Snapshots, read faster)."""
         lo = 0 if t0 is None else bisect.bisect_left(self._ts, t0)
         hi = len(self._ts) if t1 is None else bisect.bisect_right(self._ts, t1)
         for j in range(lo, hi):
-            snap = self._snapshot(j)
+            snap = self._snapshot(j, memo)
             if snap is not None:
                 yield snap
 
@@ -260,13 +263,13 @@ class Recording:
         si, ci = self._chunk_of[c]
         return si, ci, j - self._chunk_start[c]
 
-    def _snapshot(self, j: int) -> Snapshot | None:
+    def _snapshot(self, j: int, memo: PartMemo | None = None) -> Snapshot | None:
         si, ci, k = self._place(j)
         chunk = self._chunk(si, ci)
         if chunk is None or k >= len(chunk.samples):
             return None
         try:
-            return chunk.snapshot(k)
+            return chunk.snapshot(k, memo)
         except (DecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
             self.damage.add((self._segments[si].path, ci, "sample", k), "sample", str(e))
             return None

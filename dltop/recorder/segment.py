@@ -21,7 +21,8 @@ from typing import Any
 import zstandard
 
 from dltop.model import SCHEMA_VERSION, DecodeError, Snapshot
-from dltop.recorder import store
+from dltop.recorder import reuse, store
+from dltop.recorder.reuse import PartMemo
 from dltop.recorder.summary import Values, frame_summary
 
 ZSTD_LEVEL = 9
@@ -108,10 +109,16 @@ class Chunk:
             chunk.lines[i] = line
         return chunk
 
-    def snapshot(self, k: int) -> Snapshot:
+    def snapshot(self, k: int, memo: PartMemo | None = None) -> Snapshot:
         """The k-th sample as the full Snapshot that was written; DecodeError (with the reason) if its line is
-        damaged or a value in it is not one dltop records (NaN, a negative size, a number beyond 2**64...)."""
+        damaged or a value in it is not one dltop records (NaN, a negative size, a number beyond 2**64...).
+        `memo`: the previous line's parts, reused where this line repeats their text (the same result)."""
         ts, i, state = self.samples[k]
+        if memo is not None:
+            try:
+                return reuse.snapshot(memo, self.lines[i], ts, lambda ref: self._kept(ref, state))
+            except Exception:  # noqa: BLE001 - anything unexpected: the ordinary way below decides
+                memo.gave_up += 1
         try:
             body = store.loads(self.lines[i])
         except store.Malformed as e:
@@ -129,6 +136,17 @@ class Chunk:
                                   f"lacks")
             kept[name] = self._part(state[name])
         return dataclasses.replace(snap, **kept) if kept else snap
+
+    def _kept(self, ref: Any, state: dict[str, int]) -> dict[str, Any]:
+        """The parts a sample refers to, decoded (ValueError where it names one the chunk lacks)."""
+        if not isinstance(ref, list):
+            raise ValueError("not a sample")
+        kept = {}
+        for name in ref:
+            if not isinstance(name, str) or name not in state or name not in store.KEPT_PARTS:
+                raise ValueError("refers to a part this recording lacks")
+            kept[name] = self._part(state[name])
+        return kept
 
     def _part(self, i: int) -> Any:
         if i not in self._parts:

@@ -1,0 +1,183 @@
+"""Sample lines read one after another, each Snapshot part whose JSON text is the previous sample's taken as it was.
+
+A day's dump reads 86,400 lines of ~50 kB each, and most of a line repeats the one before (the probes, the caches,
+a GPU's static fields): a part whose text is the same is the same value, already parsed, checked and decoded. The
+result is exactly `Chunk.snapshot`'s: anything this path does not expect (other spacing, a key the Snapshot lacks,
+a value it would not accept) makes it give up, and the caller reads the line the ordinary way, which decides.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from dltop.model import SCHEMA_VERSION, Snapshot
+from dltop.recorder import store
+
+# What store.loads checks, here part by part: the line picks its decoder by what its text may hold (a negative
+# number, a 21-digit int), so one negative number in the probes had every object of the line checked. Here a part
+# whose text may hold either (a '-' after ':', ',' or '[', spacing allowed; 20 digits in a row) is parsed with
+# every check store.loads has, and any other part with its plainest decoder (floats range-checked, NaN and
+# infinities refused): never less strict than the line's choice, and each check returns what the plain parser
+# would, or raises.
+_SHAPES = bytes(48 if 48 <= i <= 57 else 97 if i in b":,[" else 98 if i == 45 else 119 if i in b" \t\n\r" else 32
+                for i in range(256))
+_NEGATIVE = re.compile(rb"aw*b")
+_RUN = b"0" * 20
+_SCAN_PLAIN: Callable[[str, int], tuple[Any, int]] = store._DECODER.scan_once  # type: ignore[attr-defined]
+_SCAN_CHECKED: Callable[[str, int], tuple[Any, int]] = store._SIGNED_DECODER.scan_once  # type: ignore[attr-defined]
+_scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+_FIELDS = frozenset(Snapshot.__dataclass_fields__)
+_SCALARS = ("ts", "host", "uptime_s", "schema")
+
+
+class GiveUp(Exception):
+    """The line is not in the shape this path reads: read it the ordinary way."""
+
+
+class PartMemo:
+    """The previous sample line's parts: each top-level key of its Snapshot with its text, value and decoded
+    part. One per reader of consecutive lines (a dump's piece)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, tuple[str, Any, Any]] = {}  # key -> (JSON text, parsed value, decoded part)
+        self.reused = 0  # parts taken from the line before (for the tests and the docs)
+        self.parsed = 0  # parts parsed and decoded
+        self.gave_up = 0  # lines read the ordinary way
+
+    def body(self, raw: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The line's parsed body, and the decoded Snapshot fields of its `snap` (GiveUp where the line is not a
+        compact sample line that parses cleanly)."""
+        if len(raw) > store.MAX_LINE_BYTES:
+            raise GiveUp
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise GiveUp from None
+        risky = _risky(raw)
+        body: dict[str, Any] = {}
+        fields: dict[str, Any] = {}
+        pos = _expect(text, 0, "{")
+        while True:
+            key, pos = _key(text, pos)
+            if key in body:  # a repeated key: the last one counts, as json's
+                raise GiveUp
+            if key == "snap" and text.startswith("{", pos):
+                body[key], fields, pos = self._snap(text, pos, risky)
+            else:
+                body[key], pos = _value(text, pos, risky)
+            if text.startswith("}", pos):
+                break
+            pos = _expect(text, pos, ",")
+        if pos + 1 != len(text):
+            raise GiveUp
+        store._unsigned(body)
+        return body, fields
+
+    def _snap(self, text: str, pos: int, risky: list[int]) -> tuple[dict[str, Any], dict[str, Any], int]:
+        snap: dict[str, Any] = {}
+        texts: dict[str, str] = {}
+        reused: dict[str, Any] = {}
+        pos += 1
+        if text.startswith("}", pos):
+            raise GiveUp
+        while True:
+            key, pos = _key(text, pos)
+            if key not in _FIELDS or key in snap:  # a `_b64` sibling, a newer writer's field, a repeated key
+                raise GiveUp
+            old = self._parts.get(key)
+            if old is not None and text.startswith(old[0], pos) and text[pos + len(old[0]):pos + len(old[0]) + 1] \
+                    in (",", "}"):
+                # The same text after the same ':' parses to the same value (a value's text is self-delimiting
+                # once the next character is a comma or the brace): it was parsed, checked and decoded before.
+                snap[key] = old[1]
+                reused[key] = old[2]
+                pos += len(old[0])
+                self.reused += 1
+            else:
+                start = pos
+                snap[key], pos = _value(text, pos, risky)
+                texts[key] = text[start:pos]
+                self.parsed += 1
+            if text.startswith("}", pos):
+                break
+            pos = _expect(text, pos, ",")
+        store._unsigned(snap)
+        fields = {}
+        for key in snap:
+            if key in _SCALARS:
+                continue
+            if key in reused:
+                fields[key] = reused[key]
+                continue
+            # Decoded as the Snapshot's own field, so the part gets exactly the field's type and checks.
+            holder = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": SCHEMA_VERSION, key: snap[key]})
+            fields[key] = getattr(holder, key)
+            self._parts[key] = (texts[key], snap[key], fields[key])
+        return snap, fields, pos + 1
+
+
+def snapshot(memo: PartMemo, raw: bytes, ts: float, kept_parts: Callable[[Any], dict[str, Any]]) -> Snapshot:
+    """The Snapshot of a sample line as `Chunk.snapshot` makes it, `kept_parts(ref)` the parts it refers to
+    (decoded by the chunk). GiveUp, or whatever decoding raises, where the ordinary way must decide."""
+    body, fields = memo.body(raw)
+    snap_dict, ref = body.get("snap"), body.get("ref", [])
+    if not isinstance(snap_dict, dict) or not isinstance(ref, list):
+        raise GiveUp
+    base = Snapshot.from_dict({k: snap_dict[k] for k in _SCALARS if k in snap_dict})
+    if base.ts != ts:
+        raise GiveUp
+    kept = kept_parts(ref)
+    return dataclasses.replace(base, **{**fields, **kept}) if fields or kept else base
+
+
+def _risky(raw: bytes) -> list[int]:
+    """Where in the line's text (as str positions, ascending) a negative number or a 20-digit run may start."""
+    shapes = raw.translate(_SHAPES)
+    at = [m.start() for m in _NEGATIVE.finditer(shapes)]
+    i = shapes.find(_RUN)
+    while i >= 0:
+        at.append(i)
+        i = shapes.find(_RUN, i + len(_RUN))
+    if not at or raw.isascii():
+        return sorted(at)
+    # Each place is an ASCII character, never inside a multi-byte one: its str position is what decodes before it.
+    out, byte, char = [], 0, 0
+    for b in sorted(at):
+        char += len(raw[byte:b].decode("utf-8"))
+        byte = b
+        out.append(char)
+    return out
+
+
+def _expect(text: str, pos: int, char: str) -> int:
+    if not text.startswith(char, pos):
+        raise GiveUp
+    return pos + 1
+
+
+def _key(text: str, pos: int) -> tuple[str, int]:
+    if not text.startswith('"', pos):
+        raise GiveUp
+    key, pos = _scanstring(text, pos + 1, True)
+    return key, _expect(text, pos, ":")
+
+
+def _value(text: str, pos: int, risky: list[int]) -> tuple[Any, int]:
+    try:
+        value, end = _SCAN_PLAIN(text, pos)
+        if _any_between(risky, pos - 1, end):  # the ':' before it too: a negative number starts there
+            value, end = _SCAN_CHECKED(text, pos)
+    except (StopIteration, ValueError, RecursionError):
+        raise GiveUp from None
+    return value, end
+
+
+def _any_between(positions: list[int], lo: int, hi: int) -> bool:
+    """Whether a sorted list holds a position in [lo, hi)."""
+    i = bisect.bisect_left(positions, lo)
+    return i < len(positions) and positions[i] < hi
