@@ -80,6 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("csv", "jsonl", "openmetrics"), default="jsonl")
     p.add_argument("--fields", metavar="NAME,...", default=None,
                    help="only these fields (csv and openmetrics; names as in docs/recorder.md)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress line on stderr (there is none when stderr is not a terminal)")
     p.set_defaults(func=run_dump)
 
 
@@ -299,8 +301,23 @@ def run_dump(args: argparse.Namespace) -> int:
 
     rec, t0, t1 = _open_range(args)
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
-    dump(rec, args.format, sys.stdout, t0, t1, fields)
-    sys.stdout.flush()
+    bar = None if args.quiet or not sys.stderr.isatty() else _Progress("dltop dump: reading")
+    written = [0]
+    try:
+        try:
+            dump(rec, args.format, sys.stdout, t0, t1, fields, progress=bar, written=written)
+        finally:
+            if bar is not None:
+                bar.clear()
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        # Rows and lines are written whole (one write each): what reached stdout ends at a line's end.
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        what = (f"{written[0]:,} {'line' if written[0] == 1 else 'lines'} written, the last one whole"
+                if written[0] else "nothing written")
+        print(f"dltop dump: interrupted ({what})", file=sys.stderr, flush=True)
+        return 130
     damage_note("dump", rec)
     return 0
 

@@ -379,8 +379,12 @@ def _dict_decoder(key_tp: Any, val_tp: Any) -> Decoder:
     def mapping(data: Any, where: Where) -> dict[Any, Any]:
         if not isinstance(data, dict):
             raise DecodeError(f"{_path(where)}: expected an object")
-        if as_is and all(type(v) in as_is for v in data.values()):
-            return dict(data)
+        if as_is:  # a loop, not all() over a generator: most of these are a record's empty `unavailable`
+            for v in data.values():
+                if type(v) not in as_is:
+                    break
+            else:
+                return dict(data)
         return {key(k, where): val(v, (where, k)) for k, v in data.items()}
 
     return mapping

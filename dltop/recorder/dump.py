@@ -12,15 +12,15 @@ from __future__ import annotations
 import bisect
 import csv
 import fnmatch
+import io
 import json
 import math
 import multiprocessing
 import os
-import shutil
 import tempfile
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
-from typing import IO
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, wait
+from typing import IO, Any
 
 from dltop import fields as fd
 from dltop.errors import DltopError
@@ -28,19 +28,23 @@ from dltop.model import Snapshot
 from dltop.recorder.reader import Damage, Recording
 from dltop.recorder.reuse import PartMemo
 
-SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
+Progress = Callable[[int, int], None]
 
 
 def dump(rec: Recording, fmt: str, out: IO[str], t0: float | None = None, t1: float | None = None,
-         names: list[str] | None = None, workers: int | None = None) -> None:
+         names: list[str] | None = None, workers: int | None = None, progress: Progress | None = None,
+         written: list[int] | None = None) -> None:
     """Write the samples of `rec` between t0 and t1 to `out` in `fmt` ("jsonl", "csv", "openmetrics"); csv and
-    openmetrics read long ranges in up to `workers` processes (default: one per CPU, at most 16)."""
+    openmetrics read long ranges in up to `workers` processes (default: one per CPU, at most 16).
+    `progress(read, total)` is called as samples are read (a few times a second); `written[0]` counts the
+    lines written to `out`, each written whole (an interrupted dump stops between two)."""
+    count = written if written is not None else [0]
     if fmt == "jsonl":
-        _jsonl(rec, out, t0, t1, names)
+        _jsonl(rec, out, t0, t1, names, progress, count)
     elif fmt == "csv":
-        _csv(rec, out, t0, t1, _wanted(names, csv=True), workers)
+        _csv(rec, out, t0, t1, _wanted(names, csv=True), workers, progress, count)
     elif fmt == "openmetrics":
-        _openmetrics(rec, out, t0, t1, _wanted(names, csv=False), workers)
+        _openmetrics(rec, out, t0, t1, _wanted(names, csv=False), workers, progress, count)
     else:
         raise DltopError(f"unknown dump format {fmt!r} (csv, jsonl, openmetrics)")
 
@@ -114,7 +118,8 @@ class _Hint:
         self.severity = severity
 
 
-def _jsonl(rec: Recording, out: IO[str], t0: float | None, t1: float | None, parts: list[str] | None) -> None:
+def _jsonl(rec: Recording, out: IO[str], t0: float | None, t1: float | None, parts: list[str] | None,
+           progress: Progress | None, written: list[int]) -> None:
     keep = None
     if parts:
         known = set(Snapshot.__dataclass_fields__)
@@ -123,11 +128,15 @@ def _jsonl(rec: Recording, out: IO[str], t0: float | None, t1: float | None, par
             raise DltopError(f"--fields with jsonl names Snapshot parts: {bad[0]!r} is not one "
                              f"({', '.join(sorted(known))})")
         keep = {"ts", "host", "schema", *parts}
-    for snap in rec.range(t0, t1):
+    total = _in_range(rec, t0, t1)
+    for n, snap in enumerate(rec.range(t0, t1, PartMemo())):
         if keep is None:
             out.write(snap.to_json() + "\n")
         else:
             out.write(json.dumps({k: v for k, v in snap.to_dict().items() if k in keep}) + "\n")
+        written[0] += 1
+        if progress is not None and n % 64 == 0:
+            progress(n, total)
 
 
 def series_name(name: str, labels: dict[str, str]) -> str:
@@ -165,44 +174,76 @@ def _pieces(rec: Recording, t0: float | None, t1: float | None, workers: int) ->
     return pieces
 
 
+def _in_range(rec: Recording, t0: float | None, t1: float | None) -> int:
+    """How many samples lie between t0 and t1."""
+    times = rec.times()
+    return (len(times) if t1 is None else bisect.bisect_right(times, t1)) - \
+        (0 if t0 is None else bisect.bisect_left(times, t0))
+
+
+# Rows read by each piece so far, in memory the piece processes share with the parent (made before they fork).
+_READ: Any = None
+_READ_EVERY = 64  # a piece adds its rows to _READ this often
+
+
 def _run_pieces(rec: Recording, kind: str, t0: float | None, t1: float | None, wanted: set[str], scratch: str,
-                workers: int | None) -> list[list[str]]:
+                workers: int | None, progress: Progress | None = None) -> list[list[str]]:
     """Each piece's names in first-seen order (series for csv, fields for openmetrics); its rows or lines are
     in `scratch`/<piece>."""
+    global _READ
     pieces = _pieces(rec, t0, t1, workers or min(16, os.cpu_count() or 1))
-    jobs = [(rec.path, kind, a, b, wanted, os.path.join(scratch, str(k))) for k, (a, b) in enumerate(pieces)]
+    jobs = [(rec.path, kind, a, b, wanted, os.path.join(scratch, str(k)), k) for k, (a, b) in enumerate(pieces)]
+    context = multiprocessing.get_context("fork")
+    _READ = context.RawArray("q", max(1, len(jobs)))
+    total = _in_range(rec, t0, t1)
     if len(jobs) <= 1:
-        results = [_piece(*job) for job in jobs]
+        results = [_piece(*job, progress=progress, total=total) for job in jobs]
     else:
-        with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("fork")) as pool:
-            results = list(pool.map(_piece, *zip(*jobs, strict=True)))
+        with ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
+            futures = [pool.submit(_piece, *job) for job in jobs]
+            while not wait(futures, timeout=0.2).done.issuperset(futures):
+                if progress is not None:
+                    progress(sum(_READ), total)
+            results = [f.result() for f in futures]
     for _, damage in results:  # the same damage seen by two pieces (a frame at a cut) is counted once
         rec.damage.merge(damage)
     return [names for names, _ in results]
 
 
-def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], out: str) -> tuple[list[str], Damage]:
+def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], out: str, slot: int,
+           progress: Progress | None = None, total: int = 0) -> tuple[list[str], Damage]:
     """Read one piece of the recording and write it under `out`: rows of column numbers (csv), or one file per
-    field (openmetrics). Returns the names in first-seen order and the damage skipped."""
+    field (openmetrics). Returns the names in first-seen order and the damage skipped. Its rows read so far go
+    to _READ[slot] (and to `progress`, where it runs in the parent)."""
     rec = Recording(path)
     times = rec.times()
     i = bisect.bisect_left(times, first)
     prev = rec.at(times[i - 1]) if i > 0 else None
     names: list[str] = []
+
+    def read(n: int) -> None:
+        if n % _READ_EVERY == 0:
+            _READ[slot] = n
+            if progress is not None:
+                progress(n, total)
     if kind == "csv":
         # Rows as CSV text already (numbers need no quoting), in this piece's column order: the formatting is
         # done here, in parallel, and the parent only copies (or reorders) them.
-        columns: dict[SeriesKey, int] = {}
         text: dict[float, str] = {}  # most values repeat (sizes, totals, 1 for info): each formatted once
         made: dict[int, tuple[list[fd.Sample], list[tuple[int, str]]]] = {}  # a group's id -> it, its cells
 
+        by_labels: dict[tuple[tuple[str, str], ...], dict[str, int]] = {}  # label set -> field name -> column
+
         def cells_of(group: list[fd.Sample]) -> list[tuple[int, str]]:
             out = []
+            seen: dict[int, dict[str, int]] = {}  # samples share their labels dict (a GPU's): looked up once
             for f, labels, value in group:
-                key = (f.name, tuple(labels.items()))
-                c = columns.get(key)
+                mine = seen.get(id(labels))
+                if mine is None:
+                    mine = seen[id(labels)] = by_labels.setdefault(tuple(labels.items()), {})
+                c = mine.get(f.name)
                 if c is None:
-                    c = columns[key] = len(names)
+                    c = mine[f.name] = len(names)
                     names.append(series_name(f.name, labels))
                 cell = text.get(value)
                 if cell is None:
@@ -213,7 +254,8 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
             return out
 
         with open(out, "w", encoding="utf-8") as rows:
-            for snap, groups in sample_groups(rec, first, last, wanted, prev):
+            for n, (snap, groups) in enumerate(sample_groups(rec, first, last, wanted, prev)):
+                read(n)
                 placed: list[tuple[int, str]] = []
                 for again, group in groups:
                     if not again:
@@ -236,7 +278,8 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
     # time order, within its family.
     files: dict[tuple[str, str], IO[str]] = {}
     try:
-        for snap, got in samples(rec, first, last, wanted, prev):
+        for n, (snap, got) in enumerate(samples(rec, first, last, wanted, prev)):
+            read(n)
             ts = _number(snap.ts)
             for f, labels, value in got:
                 if not math.isfinite(value):
@@ -255,16 +298,19 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
 
 
 def _csv(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],
-         workers: int | None = None) -> None:
+         workers: int | None, progress: Progress | None, written: list[int]) -> None:
     # Columns are found while reading; the header, known only at the end, is written first when the pieces'
     # rows are copied out with their column numbers made global.
     with tempfile.TemporaryDirectory(prefix="dltop-dump-") as scratch:
-        local = _run_pieces(rec, "csv", t0, t1, wanted, scratch, workers)
+        local = _run_pieces(rec, "csv", t0, t1, wanted, scratch, workers, progress)
         columns: dict[str, int] = {}
         for names in local:
             for name in names:
                 columns.setdefault(name, len(columns))
-        csv.writer(out, lineterminator="\n").writerow(["ts", *columns])
+        header = io.StringIO()
+        csv.writer(header, lineterminator="\n").writerow(["ts", *columns])
+        out.write(header.getvalue())  # one write: a line is whole or not there
+        written[0] += 1
         for k, names in enumerate(local):
             to_global = [columns[n] for n in names]
             with open(os.path.join(scratch, str(k)), encoding="utf-8") as rows:
@@ -273,6 +319,7 @@ def _csv(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wante
                     for line in rows:
                         ts, _, rest = line.rstrip("\n").partition(",")
                         out.write(f"{ts},{_pad(rest, len(names))}{pad}\n" if columns else f"{ts}\n")
+                        written[0] += 1
                     continue
                 for line in rows:
                     ts, *mine = line.rstrip("\n").split(",")
@@ -280,6 +327,7 @@ def _csv(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wante
                     for c, v in enumerate(mine):
                         cells[to_global[c]] = v
                     out.write(f"{ts},{','.join(cells)}\n")
+                    written[0] += 1
 
 
 def _pad(cells: str, n: int) -> str:
@@ -295,11 +343,11 @@ def _number(v: float) -> str:
 
 
 def _openmetrics(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],
-                 workers: int | None = None) -> None:
+                 workers: int | None, progress: Progress | None, written: list[int]) -> None:
     # OpenMetrics wants each family's samples together, and within it each label set's: one file per series
     # and piece, joined family by family, series by series, piece by piece (time order).
     with tempfile.TemporaryDirectory(prefix="dltop-dump-") as scratch:
-        local = _run_pieces(rec, "openmetrics", t0, t1, wanted, scratch, workers)
+        local = _run_pieces(rec, "openmetrics", t0, t1, wanted, scratch, workers, progress)
         where = [{entry: k for k, entry in enumerate(names)} for names in local]
         families: dict[str, list[str]] = {}
         for names in local:
@@ -312,12 +360,28 @@ def _openmetrics(rec: Recording, out: IO[str], t0: float | None, t1: float | Non
             f = fd.BY_NAME[name]
             family = fd.PREFIX + _family(f)
             out.write(f"# TYPE {family} {f.kind}\n# HELP {family} {_help(f.help)}\n")
+            written[0] += 2
             for entry in entries:
                 for k, index in enumerate(where):
                     if entry in index:
                         with open(os.path.join(scratch, str(k), str(index[entry])), encoding="utf-8") as fh:
-                            shutil.copyfileobj(fh, out)
+                            _copy_lines(fh, out, written)
     out.write("# EOF\n")
+    written[0] += 1
+
+
+def _copy_lines(src: IO[str], out: IO[str], written: list[int]) -> None:
+    """Copy whole lines in large writes, each ending at a line's end (an interrupted copy stops between two)."""
+    rest = ""
+    while block := src.read(1 << 20):
+        block = rest + block
+        end = block.rfind("\n") + 1
+        rest = block[end:]
+        if end:
+            out.write(block[:end])
+            written[0] += block.count("\n", 0, end)
+    if rest:
+        out.write(rest)
 
 
 def _family(f: fd.Field) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,7 @@ from dltop.recorder import store
 # would, or raises.
 _SHAPES = bytes(48 if 48 <= i <= 57 else 97 if i in b":,[" else 98 if i == 45 else 119 if i in b" \t\n\r" else 32
                 for i in range(256))
-_NEGATIVE = re.compile(rb"aw*b")
+_A, _W = ord("a"), ord("w")
 _RUN = b"0" * 20
 _SCAN_PLAIN: Callable[[str, int], tuple[Any, int]] = store._DECODER.scan_once  # type: ignore[attr-defined]
 _SCAN_CHECKED: Callable[[str, int], tuple[Any, int]] = store._SIGNED_DECODER.scan_once  # type: ignore[attr-defined]
@@ -138,11 +137,16 @@ def snapshot(memo: PartMemo, raw: bytes, ts: float, kept_parts: Callable[[Any], 
 def _risky(raw: bytes) -> list[int]:
     """Where in the line's text (as str positions, ascending) a negative number or a 20-digit run may start."""
     shapes = raw.translate(_SHAPES)
-    at = [m.start() for m in _NEGATIVE.finditer(shapes)]
-    i = shapes.find(_RUN)
-    while i >= 0:
-        at.append(i)
-        i = shapes.find(_RUN, i + len(_RUN))
+    at = _every(shapes, b"ab")
+    for i in _every(shapes, b"wb"):  # a '-' after spacing: negative where a ':', ',' or '[' is before the spacing
+        j = i
+        while j > 0 and shapes[j - 1] == _W:
+            j -= 1
+        if j > 0 and shapes[j - 1] == _A:
+            at.append(j - 1)
+    at += _every(shapes, _RUN)
+    if len(at) > 1000:  # not what dltop writes (a line has a few): the ordinary way
+        raise GiveUp
     if not at or raw.isascii():
         return sorted(at)
     # Each place is an ASCII character, never inside a multi-byte one: its str position is what decodes before it.
@@ -151,6 +155,16 @@ def _risky(raw: bytes) -> list[int]:
         char += len(raw[byte:b].decode("utf-8"))
         byte = b
         out.append(char)
+    return out
+
+
+def _every(data: bytes, what: bytes) -> list[int]:
+    """Each place `what` starts in `data` (bytes.find is C; a regex over 50 kB took 50 us)."""
+    out = []
+    i = data.find(what)
+    while i >= 0:
+        out.append(i)
+        i = data.find(what, i + 1)
     return out
 
 
