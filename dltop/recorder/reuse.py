@@ -63,8 +63,6 @@ class PartMemo:
         pos = _expect(text, 0, "{")
         while True:
             key, pos = _key(text, pos)
-            if key in body:  # a repeated key: the last one counts, as json's
-                raise GiveUp
             if key == "snap" and text.startswith("{", pos):
                 body[key], fields, pos = self._snap(text, pos, risky)
             else:
@@ -89,10 +87,10 @@ class PartMemo:
             if key not in _FIELDS or key in snap:  # a `_b64` sibling, a newer writer's field, a repeated key
                 raise GiveUp
             old = self._parts.get(key)
-            if old is not None and text.startswith(old[0], pos) and text[pos + len(old[0]):pos + len(old[0]) + 1] \
-                    in (",", "}"):
-                # The same text after the same ':' parses to the same value (a value's text is self-delimiting
-                # once the next character is a comma or the brace): it was parsed, checked and decoded before.
+            if old is not None and text.startswith(old[0], pos):
+                # The same text after the same ':' parses to the same value (an object's, a list's or a literal's
+                # text ends itself, and the loop checks that a comma or the brace follows): it was parsed,
+                # checked and decoded before.
                 snap[key] = old[1]
                 reused[key] = old[2]
                 pos += len(old[0])
