@@ -18,7 +18,7 @@ import math
 import multiprocessing
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, wait
 from typing import IO, Any
 
@@ -66,30 +66,13 @@ def _wanted(names: list[str] | None, csv: bool) -> set[str]:
 def samples(rec: Recording, t0: float | None, t1: float | None, wanted: set[str],
             prev: Snapshot | None = None) -> Iterator[tuple[Snapshot, list[fd.Sample]]]:
     """Each Snapshot of the range with its samples (fields.samples, with `prev` the Snapshot before the range,
-    and hint_active from the hint events)."""
-    for snap, groups in sample_groups(rec, t0, t1, wanted, prev):
-        yield snap, [s for _, group in groups for s in group]
-
-
-def sample_groups(rec: Recording, t0: float | None, t1: float | None, wanted: set[str],
-                  prev: Snapshot | None = None) -> Iterator[tuple[Snapshot, list[tuple[bool, list[fd.Sample]]]]]:
-    """`samples` in groups (fields.sample_groups, then hint_active), each with whether it may come again: a
-    part whose text repeats the sample before's is read once (reuse.PartMemo), and its group is then the very
-    list the sample before had, so a writer may keep what it made of it."""
+    and hint_active from the hint events); a part whose text repeats the sample before's is read once
+    (reuse.PartMemo)."""
     hints = _HintTimeline(rec)
-    kept: dict[type, tuple[object, list[fd.Sample]]] = {}  # a part's type -> the part last seen, its samples
     for snap in rec.range(t0, t1, PartMemo()):
-        groups = []
-        for part, group in fd.sample_groups(snap, prev):
-            if part is None:
-                groups.append((False, [s for s in group if s[0].name in wanted]))
-                continue
-            hit = kept.get(type(part))
-            if hit is None or hit[0] is not part:
-                hit = kept[type(part)] = (part, [s for s in group if s[0].name in wanted])
-            groups.append((True, hit[1]))
-        groups.append((False, [s for s in fd.hint_samples(hints.at(snap.ts)) if s[0].name in wanted]))
-        yield snap, groups
+        active = hints.at(snap.ts)
+        got = [s for s in (*fd.samples(snap, prev), *fd.hint_samples(active)) if s[0].name in wanted]
+        yield snap, got
         prev = snap
 
 
@@ -230,17 +213,21 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
         # Rows as CSV text already (numbers need no quoting), in this piece's column order: the formatting is
         # done here, in parallel, and the parent only copies (or reorders) them.
         text: dict[float, str] = {}  # most values repeat (sizes, totals, 1 for info): each formatted once
-        made: dict[int, tuple[list[fd.Sample], list[tuple[int, str]]]] = {}  # a group's id -> it, its cells
-
         by_labels: dict[tuple[tuple[str, str], ...], dict[str, int]] = {}  # label set -> field name -> column
 
-        def cells_of(group: list[fd.Sample]) -> list[tuple[int, str]]:
+        def cells_of(group: Iterable[fd.Sample]) -> list[tuple[int, str]]:
+            """(column, cell) of each wanted sample; a new series gets the next column."""
             out = []
-            seen: dict[int, dict[str, int]] = {}  # samples share their labels dict (a GPU's): looked up once
+            # Samples share their labels dict (a GPU's): each looked up once. It is kept here with its columns,
+            # so that its id is not a later sample's (a generator's labels may be freed as it goes on).
+            seen: dict[int, tuple[dict[str, str], dict[str, int]]] = {}
             for f, labels, value in group:
-                mine = seen.get(id(labels))
-                if mine is None:
-                    mine = seen[id(labels)] = by_labels.setdefault(tuple(labels.items()), {})
+                if f.name not in wanted:
+                    continue
+                hit = seen.get(id(labels))
+                if hit is None:
+                    hit = seen[id(labels)] = (labels, by_labels.setdefault(tuple(labels.items()), {}))
+                mine = hit[1]
                 c = mine.get(f.name)
                 if c is None:
                     c = mine[f.name] = len(names)
@@ -253,25 +240,27 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                 out.append((c, cell))
             return out
 
+        hints = _HintTimeline(rec)
+        # A part object met again (its text repeated the sample before's: reuse.PartMemo) keeps its cells.
+        kept: dict[type, tuple[object, list[tuple[int, str]]]] = {}
         with open(out, "w", encoding="utf-8") as rows:
-            for n, (snap, groups) in enumerate(sample_groups(rec, first, last, wanted, prev)):
+            for n, snap in enumerate(rec.range(first, last, PartMemo())):
                 read(n)
                 placed: list[tuple[int, str]] = []
-                for again, group in groups:
-                    if not again:
+                for part, group in fd.sample_groups(snap, prev):
+                    if part is None:
                         placed += cells_of(group)
                         continue
-                    hit = made.get(id(group))
-                    if hit is None or hit[0] is not group:  # a group met again (a part unchanged): its cells
-                        hit = (group, cells_of(group))
-                        if len(made) > 64:
-                            made.clear()
-                        made[id(group)] = hit
+                    hit = kept.get(type(part))
+                    if hit is None or hit[0] is not part:
+                        hit = kept[type(part)] = (part, cells_of(group))
                     placed += hit[1]
+                placed += cells_of(fd.hint_samples(hints.at(snap.ts)))
                 cells: list[str] = [""] * len(names)  # a series absent at this moment is an empty cell, never a 0
                 for c, cell in placed:
                     cells[c] = cell
                 rows.write(f"{_number(snap.ts)},{','.join(cells)}\n")
+                prev = snap
         return names, rec.damage
     os.mkdir(out)
     # One file per series (a field and its labels): OpenMetrics wants each label set's points together, in
