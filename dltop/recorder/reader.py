@@ -269,7 +269,7 @@ class Recording:
         if chunk is None or k >= len(chunk.samples):
             return None
         try:
-            return chunk.snapshot(k, memo)
+            return chunk.snapshot(k) if memo is None else chunk.snapshot(k, memo)
         except (DecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
             self.damage.add((self._segments[si].path, ci, "sample", k), "sample", str(e))
             return None
