@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,12 +18,14 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dltop import fields
 from dltop.model import Snapshot, Unavailable
 from dltop.recorder import Recorder, Recording, dump, store  # dump: the module
 from dltop.recorder.reuse import PartMemo
-from dltop.recorder.segment import decompress
+from dltop.recorder.segment import Chunk, decompress
 from tests.test_recorder import sampled
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,6 +187,80 @@ def test_the_csv_is_the_same_to_the_byte(recordings: list[str], workers: int,
         assert (text, note) == reference_csv(path)
     rows = list(csv.reader(io.StringIO(text)))
     assert len(rows) > 20 and "" in rows[5]  # missing parts are empty cells
+
+
+TRIED = [0]
+VALUES = ["-1", " -1", "[-1]", "1e400", "1e30", "99999999999999999999", "1" + "0" * 25, '"x"', "null", "true", "NaN",
+          "[]", "{}", "1.5", "-0.0", "0"]
+
+
+def lines_of(path: str) -> list[bytes]:
+    """Every line of a recording's segments, without checksums."""
+    raw = b""
+    for stem, suffix in store.list_segments(path):
+        data = (Path(path) / (stem + suffix)).read_bytes()
+        raw += decompress(data)[0] if suffix == store.CLOSED_SUFFIX else data
+    return [store.check_line(line)[0] for line in raw.splitlines()]
+
+
+def outcome(read: object) -> tuple[str, str]:
+    try:
+        return "ok", read().to_json()  # type: ignore[operator]
+    except Exception as e:  # noqa: BLE001 - what the reader raised is what is compared
+        return type(e).__name__, str(e)
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_fuzz_reusing_parts_against_reading_lines_whole(recordings: list[str], data: st.DataObject) -> None:
+    # A real sample line after the one before it, changed one to three times (a number made hostile, a size made
+    # negative, spacing, a key doubled, renamed, inserted or given a `_b64` sibling, a cut), under a valid
+    # checksum: reading it with the parts of the line before gives what reading it whole gives, the same
+    # Snapshot or the same error.
+    TRIED[0] += 1
+    lines = lines_of(recordings[0])
+    samples = [i for i, line in enumerate(lines) if b'"type":"sample"' in line]
+    k = data.draw(st.integers(1, len(samples) - 1))
+    head, prev, text = lines[:samples[k - 1]], lines[samples[k - 1]], lines[samples[k]].decode("utf-8")
+    head = [line for line in head if b'"type":"sample"' not in line]  # the parts and meta in force
+    for _ in range(data.draw(st.integers(1, 3))):
+        how = data.draw(st.sampled_from(["number", "unsigned", "space", "key", "insert", "cut"]))
+        if how == "unsigned":  # a negative number where none may be, written in one of the ways JSON allows
+            spans = [m.span(2) for m in re.finditer(r'"([a-z_]+)":(-?\d[\d.eE+-]*)', text) if m.group(1) in store._UNSIGNED]
+            a, b = spans[data.draw(st.integers(0, len(spans) - 1))]
+            text = text[:a] + data.draw(st.sampled_from(["-1", " -1", "  -1", "\n\t-1", "-1e400"])) + text[b:]
+        elif how == "insert":  # a Snapshot key before another key: twice in one object, either one first
+            spots = [m.start() for m in re.finditer(r'(?<=[{,])"[a-z_]+":', text)]
+            at = spots[data.draw(st.integers(0, len(spots) - 1))]
+            name = data.draw(st.sampled_from(sorted(Snapshot.__dataclass_fields__)))
+            text = text[:at] + f'"{name}":' + data.draw(st.sampled_from(VALUES)) + "," + text[at:]
+        elif how == "number":
+            spans = [m.span() for m in re.finditer(r"(?<=[:,\[])-?\d[\d.eE+-]*", text)]
+            a, b = spans[data.draw(st.integers(0, len(spans) - 1))]
+            text = text[:a] + data.draw(st.sampled_from(VALUES)) + text[b:]
+        elif how == "space":
+            spots = [m.end() for m in re.finditer(r'":|,(?=")', text)]
+            at = spots[data.draw(st.integers(0, len(spots) - 1))]
+            text = text[:at] + data.draw(st.sampled_from([" ", "  ", "\n", " \t "])) + text[at:]
+        elif how == "key":
+            keys = list(re.finditer(r'"([a-z_]+)":', text))
+            m = keys[data.draw(st.integers(0, len(keys) - 1))]
+            name = m.group(1)
+            new = data.draw(st.sampled_from([f'"{name}":null,"{name}":', f'"zz_{name}":', f'"{name}_b64":"eA==","{name}":']))
+            text = text[:m.start()] + new + text[m.end():]
+        else:
+            at = data.draw(st.integers(0, len(text) - 1))
+            text = text[:at] + text[at + data.draw(st.integers(1, 20)):]
+    chunk = Chunk.scan(b"".join(checked(line.decode("utf-8")) for line in [*head, prev]) + checked(text))
+    memo = PartMemo()
+    for n in range(len(chunk.samples)):
+        assert outcome(lambda: chunk.snapshot(n, memo)) == outcome(lambda: chunk.snapshot(n))  # noqa: B023
+    assert memo.reused or len(chunk.samples) < 2 or memo.gave_up
+
+
+def test_fuzz_count() -> None:
+    print(f"\nfuzzed (inputs): {TRIED[0]} sample lines, each read with the parts of the line before and whole")
+    assert TRIED[0] > 0
 
 
 def test_the_progress_line_and_an_interrupted_dump(recordings: list[str], tmp_path: Path) -> None:
