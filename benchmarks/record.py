@@ -22,6 +22,7 @@ the way a busy machine does, so the compressor sees what it would see. Reported:
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import os
 import random
@@ -206,7 +207,7 @@ def read_back(rec_dir: Path, t0: float, seconds: float) -> None:
     cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
     if out.returncode == 0:
         rows = out.stdout.count("\n") - 1
-        cols = out.stdout.split("\n", 1)[0].count(",") + 1
+        cols = len(next(csv.reader([out.stdout.split("\n", 1)[0]])))  # names may hold commas, quoted
         print(f"dltop dump --format csv: {took:.1f} s for {rows} rows x {cols} columns "
               f"({len(out.stdout) / 1e6:.0f} MB; {cpu:.0f} CPU-seconds over {os.cpu_count()} CPUs)")
     else:
