@@ -28,6 +28,7 @@ from dltop.derive import server_rates
 from dltop.errors import DltopError
 from dltop.model import ServerStats, Snapshot, Unavailable
 from dltop.sampler import Sampler
+from dltop.sources import servers
 from dltop.sources.registry import build_sources
 from dltop.sources.servers import MAX_PAYLOAD_BYTES, ScrapeError, parse_server, read_server
 
@@ -312,6 +313,72 @@ def test_pid_of_a_port_under_a_captured_root(tmp_path: Path) -> None:
     (tmp_path / "proc/net/tcp").write_text(header + listen)
     s = read_server("http://127.0.0.1:1/metrics", 0.5, root=str(tmp_path))
     assert isinstance(s.pid, Unavailable) and "--pid=host" in s.pid.reason
+
+
+def _captured_net(tmp_path: Path) -> str:
+    """A root whose proc/net/tcp and tcp6 are this namespace's, read now (the file reader's answer)."""
+    (tmp_path / "proc/net").mkdir(parents=True)
+    for name in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            (tmp_path / "proc/net" / name).write_text(Path("/proc/net", name).read_text())
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["AF_INET", "AF_INET6"])
+def test_the_listening_socket_of_a_port_is_found_by_sock_diag(tmp_path: Path, family: str) -> None:
+    import socket
+
+    fam = getattr(socket, family)
+    with socket.socket(fam) as sock, socket.socket(fam) as bound:
+        try:
+            sock.bind(("::1" if fam == socket.AF_INET6 else "127.0.0.1", 0))
+        except OSError:
+            pytest.skip(f"no {family} loopback on this machine")
+        sock.listen()
+        port = sock.getsockname()[1]
+        bound.bind((sock.getsockname()[0], 0))  # bound, not listening: not listed
+        inode = os.fstat(sock.fileno()).st_ino
+        diag = servers._sock_diag_listening(port)
+        if diag is None:
+            pytest.skip("netlink sock_diag refused here (the files are read instead)")
+        assert diag == [inode]
+        assert servers._sock_diag_listening(bound.getsockname()[1]) == []
+        # The same answer as the files, which a captured root (or a kernel without sock_diag) reads.
+        assert servers.listening_inodes(_captured_net(tmp_path), port) == ([inode], None)
+        assert servers.listening_inodes("/", port) == ([inode], None)
+
+
+def test_the_live_lookup_reads_no_proc_net_file_and_falls_back_to_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port, inode = sock.getsockname()[1], os.fstat(sock.fileno()).st_ino
+        opened: list[str] = []
+        real_open = builtins.open
+
+        def spy(file: object, *args: object, **kwargs: object) -> object:
+            opened.append(str(file))
+            return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+        monkeypatch.setattr(builtins, "open", spy)
+        if servers._sock_diag_listening(port) is not None:
+            # /proc/net/tcp costs the kernel a walk of every established socket's bucket (ms a read).
+            assert servers.listening_inodes("/", port) == ([inode], None)
+            assert not [f for f in opened if "proc/net" in f]
+        real_socket = socket.socket
+
+        def no_netlink(family: int = socket.AF_INET, *args: object, **kwargs: object) -> socket.socket:
+            if family == socket.AF_NETLINK:
+                raise PermissionError(1, "Operation not permitted")
+            return real_socket(family, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(socket, "socket", no_netlink)
+        assert servers._sock_diag_listening(port) is None
+        assert servers.listening_inodes("/", port) == ([inode], None)
+        assert [f for f in opened if f.endswith("proc/net/tcp")]
 
 
 # -- the Sampler: one bad server never slows the others -----------------------------------------------------

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import socket
+import struct
 import threading
 import time
 import urllib.error
@@ -553,11 +554,65 @@ def pool_bytes(models: Sequence[ModelStats], engine: str, cache: str) -> tuple[i
 # -- port -> process --------------------------------------------------------------------------------------------
 
 _LISTEN = "0A"
+# sock_diag (netlink): the kernel lists only the listening TCP sockets. Reading /proc/net/tcp walks every
+# bucket of the established hash as well: 4-7 ms of CPU a read on a 24 GB VM, against ~0.05 ms here.
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY = 4, 20
+_NLM_F_REQUEST_DUMP = 0x1 | 0x300
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_TCP_LISTEN = 10
+_DIAG_MSG = struct.Struct("=BBBB2s2s16s16sIQIIIII")  # inet_diag_msg: family, state, ..., sport, ..., inode
+_NL_HEADER = struct.Struct("=IHHII")
+_MAX_REPLIES = 64  # recv()s per family: a dump of listening sockets is a few; a kernel that never says done stops
+
+
+def _sock_diag_listening(port: int) -> list[int] | None:
+    """Inodes of the TCP sockets (IPv4 and IPv6) listening on `port` in this network namespace, from sock_diag;
+    None where netlink cannot answer (no such socket family, a seccomp filter, a reply it cannot read)."""
+    inodes: list[int] = []
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as s:
+            s.settimeout(1.0)
+            for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), start=1):
+                # inet_diag_req_v2: family, protocol, ext, pad, the states wanted, then an all-zero sockid.
+                req = struct.pack("=BBBxI", family, socket.IPPROTO_TCP, 0, 1 << _TCP_LISTEN) + bytes(48)
+                s.send(_NL_HEADER.pack(_NL_HEADER.size + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP, seq, 0)
+                       + req)
+                if not _read_dump(s, seq, port, inodes):
+                    return None
+    except (OSError, struct.error):
+        return None
+    return inodes
+
+
+def _read_dump(s: socket.socket, seq: int, port: int, inodes: list[int]) -> bool:
+    """Read one sock_diag dump's replies into `inodes`; False on an error reply or one that does not end."""
+    for _ in range(_MAX_REPLIES):
+        data = s.recv(65536)
+        off = 0
+        while off + _NL_HEADER.size <= len(data):
+            length, kind, _flags, got_seq, _pid = _NL_HEADER.unpack_from(data, off)
+            if length < _NL_HEADER.size:
+                return False
+            if got_seq == seq:
+                if kind == _NLMSG_DONE:
+                    return True
+                if kind == _NLMSG_ERROR:
+                    return False
+                if kind == _SOCK_DIAG_BY_FAMILY and length >= _NL_HEADER.size + _DIAG_MSG.size:
+                    msg = _DIAG_MSG.unpack_from(data, off + _NL_HEADER.size)
+                    if msg[1] == _TCP_LISTEN and int.from_bytes(msg[4], "big") == port and msg[-1]:
+                        inodes.append(msg[-1])
+            off += (length + 3) & ~3
+        if not data:
+            return False
+    return False
 
 
 def listening_inodes(root: str, port: int) -> tuple[list[int], str | None]:
-    """Inodes of the sockets listening on TCP `port` in /proc/net/tcp and tcp6 (this network namespace's), and
-    why there are none when neither file can be read."""
+    """Inodes of the sockets listening on TCP `port` in this network namespace (sock_diag; /proc/net/tcp and tcp6
+    under a captured root or where netlink cannot answer), and why there are none when neither file can be read."""
+    if os.path.realpath(root) == "/" and (found := _sock_diag_listening(port)) is not None:
+        return found, None
     inodes: list[int] = []
     problems = []
     for name in ("tcp", "tcp6"):
