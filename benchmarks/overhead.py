@@ -4,7 +4,7 @@ Both run in real terminals (tmux panes, 80x24) at a 1 s refresh. For each we mea
 /proc/PID/stat (utime + stime, children included) over the window, resident memory (VmRSS at the end and VmHWM,
 the peak), and the time from start to the first frame on screen (tmux capture-pane polled every 10 ms).
 
-usage: python benchmarks/overhead.py [--seconds 60] [--gpu-scenario FILE | --all-layers [--settle 40]]
+usage: python benchmarks/overhead.py [--seconds 60] [--code CHECKOUT] [--gpu-scenario FILE | --all-layers [--settle 40]]
 Targets (issue 2, tightened by issue 22): dltop <= 0.5% of one core at 1 s refresh on the Page cache tab,
 <= 80 MB resident, first frame <= 0.5 s.
 
@@ -80,11 +80,12 @@ def start(name: str, command: str, marker: str, env: dict[str, str] | None = Non
     raise RuntimeError(f"{name}: no first frame with {marker!r} within 20 s")
 
 
-def dltop_command() -> str:
-    venv = REPO / ".venv" / "bin" / "dltop"
-    if venv.exists():
-        return shlex.quote(str(venv)) + " --refresh 1"
-    return f"{shlex.quote(sys.executable)} -m dltop --refresh 1"
+def dltop_command(code: Path) -> str:
+    """dltop from the checkout `code` (PYTHONPATH), compiled first as an install compiles it: a run with
+    PYTHONDONTWRITEBYTECODE set would otherwise compile every module at every start (~0.3 s of the first frame)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "dltop")], check=True,
+                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
+    return f"env PYTHONPATH={shlex.quote(str(code))} {shlex.quote(sys.executable)} -m dltop --refresh 1"
 
 
 # A vLLM-like server: any GET answers the fixture (a real vLLM /metrics payload), as text exposition 0.0.4.
@@ -134,7 +135,7 @@ def all_layers(args: argparse.Namespace, keep: list[subprocess.Popen[str]]) -> t
     port = int(server.stdout.readline())
     runtime = base / "run"
     runtime.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": str(args.code)}
     keep.append(subprocess.Popen([sys.executable, "-c", PROBE_JOB], env=env, text=True))
     extra = f"{shlex.quote(str(base / 'data'))} --server 127.0.0.1:{port} --cache {shlex.quote(str(cache))}"
     return extra, str(runtime), {"XDG_RUNTIME_DIR": str(runtime)}
@@ -146,9 +147,11 @@ def main() -> int:
     ap.add_argument("--gpu-scenario", metavar="FILE", help="dltop on the fake NVML playing FILE, its GPU tab shown")
     ap.add_argument("--all-layers", action="store_true", help="a dataset, a server, a probe job and a cache at once")
     ap.add_argument("--dataset-dir", default="/var/tmp/dltop-overhead", help="where --all-layers makes its trees")
+    ap.add_argument("--code", default=str(REPO), help="the dltop checkout to run (another one: before/after)")
     ap.add_argument("--settle", type=float, default=2.0,
                     help="seconds between the first frame and the window (--all-layers: the first full scans)")
     args = ap.parse_args()
+    code = Path(args.code).resolve()
     if args.gpu_scenario and not Path(args.gpu_scenario).is_file():
         print(f"overhead: no scenario file {args.gpu_scenario}", file=sys.stderr)
         return 1
@@ -163,11 +166,11 @@ def main() -> int:
     try:
         if args.all_layers:
             extra, _runtime, env = all_layers(args, keep)
-            dl = start("dltop", f"{dltop_command()} {extra}", "Page cache", env)
+            dl = start("dltop", f"{dltop_command(code)} {extra}", "Page cache", env)
         elif args.gpu_scenario:
-            dl = start("dltop", dltop_command(), "GPU0", {"DLTOP_FAKE_NVML": str(Path(args.gpu_scenario).resolve())})
+            dl = start("dltop", dltop_command(code), "GPU0", {"DLTOP_FAKE_NVML": str(Path(args.gpu_scenario).resolve())})
         else:
-            dl = start("dltop", dltop_command(), "Page cache")
+            dl = start("dltop", dltop_command(code), "Page cache")
         procs = {
             "dltop": dl,
             "htop": start("htop", "htop -d 10", "Mem"),  # -d is in tenths of a second
