@@ -104,13 +104,31 @@ def _key(content: Text | Content | str) -> object:
 
 
 def set_content(widget: Static | Label, content: Text | Content | str) -> None:
-    """`widget.update(content)` unless it already shows exactly that. A widget whose height is fixed in CSS
-    skips the layout pass (its size cannot change), which is most of the cost of an update."""
+    """`widget.update(content)` unless it already shows exactly that. An update that cannot change the widget's
+    size skips the layout pass (a reflow of the whole screen), which is most of the cost of an update."""
     key = _key(content)
     if getattr(widget, "_dltop_shown", None) != key:
         widget._dltop_shown = key  # type: ignore[union-attr]
-        fixed = widget.styles.height is not None and widget.styles.height.is_cells
-        widget.update(safe_content(content), layout=not fixed)
+        safe = safe_content(content)
+        widget.update(safe, layout=_resizes(widget, safe.plain))
+
+
+def _resizes(widget: Static | Label, text: str) -> bool:
+    """Whether showing `text` can change `widget`'s size: not when its height does not depend on what it shows
+    (cells, fr, % in CSS); with `height: auto`, not when the text has as many lines as the last one at the same
+    width, none of them long enough to wrap. A width that follows the content (`width: auto`) always can."""
+    styles = widget.styles
+    if styles.width is not None and styles.width.is_auto:
+        return True
+    if styles.height is not None and not styles.height.is_auto:
+        return False
+    width = widget.content_region.width
+    lines = text.split("\n")
+    # None: it wraps (or is not laid out yet), and its height is Textual's to measure.
+    shape = None if not width or any(cell_len(line) > width for line in lines) else (width, len(lines))
+    before = getattr(widget, "_dltop_shape", None)
+    widget._dltop_shape = shape  # type: ignore[union-attr]
+    return shape is None or shape != before
 
 
 def plain(text: str) -> Text:
