@@ -115,6 +115,7 @@ class Sampler:
         # While stream() runs, it times the sources that follow the refresh: each tick reads them, then publishes
         # (on their own cadence, a Snapshot held the reading of the tick before: one interval old).
         self._driven = False
+        self._held: list[_State] = []  # pollers start(hold_slow_s) has not started yet
         self.paused = False
 
     # -- one-shot use (dltop snapshot) --------------------------------------------------------------------
@@ -264,14 +265,28 @@ class Sampler:
         if self._retimed is not None:
             self._retimed.set()
 
-    def start(self) -> None:
-        """Start one poller task per source on the running loop."""
+    def start(self, hold_slow_s: float = 0.0) -> None:
+        """Start one poller task per source on the running loop. With `hold_slow_s`, the sources that do not
+        follow the refresh (a dataset scan, a cache walk, a server's scrape) start at `release_slow()` or that
+        many seconds later, whichever comes first: their threads would take the GIL from the first frame."""
         self._changed = asyncio.Event()
         self._urgent = asyncio.Event()
         self._retimed = asyncio.Event()
         self._started = True
         for st in self._states.values():
-            self._start_poller(st)
+            if hold_slow_s > 0 and not st.source.follows_refresh:
+                self._held.append(st)
+            else:
+                self._start_poller(st)
+        if self._held:
+            asyncio.get_running_loop().call_later(hold_slow_s, self.release_slow)
+
+    def release_slow(self) -> None:
+        """Start the pollers `start(hold_slow_s=...)` held back (once; a source removed meanwhile stays out)."""
+        held, self._held = self._held, []
+        for st in held:
+            if self._states.get(st.source.name) is st and st.task is None:
+                self._start_poller(st)
 
     def _start_poller(self, st: _State) -> None:
         st.wake = asyncio.Event()
@@ -426,8 +441,11 @@ class ListFeed:
         """The Snapshots before the current one (the history a viewer starting here should already have)."""
         return self._snapshots[: self._i]
 
-    def start(self) -> None:
+    def start(self, hold_slow_s: float = 0.0) -> None:
         """Nothing to start: the Snapshots are already here."""
+
+    def release_slow(self) -> None:
+        """Nothing is held."""
 
     def snapshot(self) -> Snapshot:
         """The current Snapshot."""

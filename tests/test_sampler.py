@@ -193,3 +193,39 @@ async def test_a_shorter_refresh_takes_effect_at_once() -> None:
         sampler.close()
     assert len(got) == 3
     assert sampler.snapshot().sources["memory"].interval_s == 0.05
+
+
+async def test_slow_sources_start_after_the_first_frame_or_the_hold() -> None:
+    """The TUI holds the slow sources (a dataset scan, a cache walk) until its first frame is drawn: their
+    threads would take the GIL from it. The fast ones read at once; a hold nobody releases ends by itself."""
+    reads: list[str] = []
+
+    def reader(name: str) -> Source:
+        return Source(name, 60.0, lambda: reads.append(name) or name, follows_refresh=name == "fast")
+
+    sampler = Sampler([reader("fast"), reader("slow")])
+    try:
+        sampler.start(hold_slow_s=30.0)
+        await sampler.wait_first(timeout_s=5.0)
+        await asyncio.sleep(0.3)
+        assert reads == ["fast"]
+        sampler.release_slow()
+        sampler.release_slow()  # once only
+        for _ in range(100):
+            if "slow" in reads:
+                break
+            await asyncio.sleep(0.02)
+        assert reads == ["fast", "slow"]
+    finally:
+        sampler.close()
+    reads.clear()
+    sampler = Sampler([reader("fast"), reader("slow")])
+    try:
+        sampler.start(hold_slow_s=0.2)
+        for _ in range(200):
+            if "slow" in reads:
+                break
+            await asyncio.sleep(0.02)
+        assert sorted(reads) == ["fast", "slow"]
+    finally:
+        sampler.close()

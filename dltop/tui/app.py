@@ -61,6 +61,7 @@ HINT_LINES = 2  # the current tab's own hint; another tab's gets one line (it mu
 SNOOZE_S = 3600.0  # how long `s` in ? keeps a hint off the hint line
 TAB_DECIDED_AFTER_S = 5.0  # the GPU source has answered by then (or failed): the tab to open on is decided
 LEAVE_WITHIN_S = 3.0  # after a kill or a hangup, at most this long before the process is gone
+SLOW_HOLD_S = 1.0  # the slow sources start after the first frame, or this long after the start at the latest
 PLAY_TICK_S = 0.25  # a replay that plays moves on this often (at x10 over a 1 s recording: every 2-3 samples)
 SPEEDS = (1, 10, 60)  # replay speeds, as atop and below users know them
 TIME_EXAMPLES = "10m ago, 14:05, 2026-12-01T14:05:00"
@@ -69,7 +70,8 @@ TIME_EXAMPLES = "10m ago, 14:05, 2026-12-01T14:05:00"
 class Feed(Protocol):
     """Where Snapshots come from: the live Sampler, a list of recorded ones, or a recording (RecordingFeed)."""
 
-    def start(self) -> None: ...
+    def start(self, hold_slow_s: float = 0.0) -> None: ...
+    def release_slow(self) -> None: ...
     def snapshot(self) -> Snapshot: ...
     def backlog(self) -> list[Snapshot]: ...
     def set_refresh(self, interval_s: float) -> None: ...
@@ -254,7 +256,10 @@ class DltopApp(App[None]):
             self._journal = JournalTail(skip_pid=os.getpid())
             self.set_interval(2.0, self._poll_journal)
         self._play_timer = self.set_interval(PLAY_TICK_S, self._play_tick, pause=True)
-        self.feed.start()
+        # The slow sources start once the first frame is drawn (or SLOW_HOLD_S later): a dataset's first scan
+        # on its thread took half the GIL from it, and the screen came up 0.2-0.4 s later.
+        self.feed.start(hold_slow_s=SLOW_HOLD_S)
+        self.call_after_refresh(self.feed.release_slow)
         await self.feed.wait_first(timeout_s=0.3)
         for snap in self.feed.backlog():
             self.history.append(snap)

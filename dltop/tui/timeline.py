@@ -128,8 +128,11 @@ class RecordingFeed:
         self.name = name  # what the header calls the recording
         self.start_ts = times[0] if start_ts is None else start_ts
 
-    def start(self) -> None:
+    def start(self, hold_slow_s: float = 0.0) -> None:
         """Nothing to start: the recording is on disk."""
+
+    def release_slow(self) -> None:
+        """Nothing is held."""
 
     def snapshot(self) -> Snapshot:
         """The Snapshot on screen at the start time."""
