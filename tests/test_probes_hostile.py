@@ -194,3 +194,54 @@ def test_fuzz_damaged_real_probe_files(pdir: Path, real_report: dict) -> None:
     print(f"probe reader fuzz: {len(inputs)} damaged real files: {read} read (bad fields left out), "
           f"{ignored} ignored with a reason")
     assert read + ignored == len(inputs) and read > 100 and ignored > 100
+
+
+def _depth_by_bytes(raw: bytes, limit: int) -> int:
+    """The byte-by-byte scan nesting_depth replaced: the reference it must agree with."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for b in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:
+                escaped = True
+            elif b == 0x22:
+                in_string = False
+        elif b == 0x22:
+            in_string = True
+        elif b in (0x5B, 0x7B):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+DEPTH_TRIED: list[bytes] = []
+
+
+def test_nesting_depth_agrees_with_a_scan_byte_by_byte() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from dltop.sources.probes import nesting_depth
+
+    # JSON's structural bytes, quotes and backslashes dense enough to make strings open, escape and run off the end.
+    json_ish = st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b"a", b":", b",", b"\n", b"\xff"]),
+                        max_size=200).map(b"".join)
+
+    @settings(max_examples=400, derandomize=True, deadline=None, database=None)
+    @given(raw=st.one_of(json_ish, st.binary(max_size=300)), limit=st.integers(0, 12))
+    def agree(raw: bytes, limit: int) -> None:
+        DEPTH_TRIED.append(raw)
+        assert nesting_depth(raw, limit) == _depth_by_bytes(raw, limit)
+
+    agree()
+    for raw in (b'"' + b'\\"' * 2000, b'["\\', b'["a\\"]"]', b"[" * 4000, json.dumps({"a": [{"b": "[[["}]}).encode()):
+        assert nesting_depth(raw, MAX_DEPTH) == _depth_by_bytes(raw, MAX_DEPTH)
+    print(f"nesting_depth: {len(DEPTH_TRIED)} inputs tried")
+    assert len(DEPTH_TRIED) >= 400
