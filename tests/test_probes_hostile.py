@@ -245,3 +245,36 @@ def test_nesting_depth_agrees_with_a_scan_byte_by_byte() -> None:
         assert nesting_depth(raw, MAX_DEPTH) == _depth_by_bytes(raw, MAX_DEPTH)
     print(f"nesting_depth: {len(DEPTH_TRIED)} inputs tried")
     assert len(DEPTH_TRIED) >= 400
+
+
+def test_a_file_that_has_not_changed_is_not_parsed_again(pdir: Path, real_report: dict,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import dltop.sources.probes as probes
+
+    parsed: list[str] = []
+    real_parse = probes._parse_file
+
+    def counting(raw: bytes, path: str, uid: int) -> Any:
+        parsed.append(os.path.basename(path))
+        return real_parse(raw, path, uid)
+
+    monkeypatch.setattr(probes, "_parse_file", counting)
+    memo: dict[Any, Any] = {}
+    good = json.dumps(real_report).encode()
+    _write(pdir, good)
+    _write(pdir, b"[" * 4000, name="1.json")
+    first = read_probes([(str(pdir), ME)], memo=memo)
+    assert sorted(parsed) == ["1.json", f"{os.getpid()}.json"]
+    again = read_probes([(str(pdir), ME)], memo=memo)
+    assert len(parsed) == 2  # the same bytes: neither parsed again, the bad one still reported
+    assert again.ignored == first.ignored and [p.pid for p in again.processes] == [p.pid for p in first.processes]
+    assert again.processes[0].weights_bytes == first.processes[0].weights_bytes
+    # New bytes (the job published again) are parsed; a file gone leaves the memo.
+    _write(pdir, json.dumps({**real_report, "cmd": "python train.py --again"}).encode())
+    os.unlink(pdir / "1.json")
+    (p,) = read_probes([(str(pdir), ME)], memo=memo).processes
+    assert parsed[2:] == [f"{os.getpid()}.json"] and p.cmd == "python train.py --again"
+    assert len(memo) == 1
+    # Without a memo (the default: a one-shot read) every file is parsed every time.
+    read_probes([(str(pdir), ME)])
+    assert len(parsed) == 4

@@ -536,9 +536,12 @@ def _innermost_pid(proc: str, pid: str) -> int | None:
 
 
 def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int | None = None,
-               hosts: HostPids | None = None) -> ProcessProbe | str:
+               hosts: HostPids | None = None, memo: dict[ParseKey, ProcessProbe | str] | None = None,
+               seen: dict[ParseKey, ProcessProbe | str] | None = None) -> ProcessProbe | str:
     """The probe in `name`, or why it was ignored. `pidns`: the PID namespace the file's pids are in, when it
-    is not this dltop's (a pod's), and `hosts` to find them here."""
+    is not this dltop's (a pod's), and `hosts` to find them here. `memo`: the parses of the files' bytes last
+    read (a file that has not changed, an exited job's or one that publishes less often than every tick, is
+    not decoded and checked again), this one's put in `seen`; what is read from /proc is checked every time."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as e:
@@ -560,21 +563,15 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
         os.close(fd)
     if len(raw) > MAX_FILE_BYTES:
         return f"over the {MAX_FILE_BYTES}-byte limit"
-    if nesting_depth(raw, MAX_DEPTH) > MAX_DEPTH:
-        return f"malformed: nested deeper than {MAX_DEPTH} levels"
-    try:
-        doc = json.loads(raw.decode("utf-8"))  # NaN and Infinity parse; each field is checked
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        return f"malformed: not JSON ({str(e).splitlines()[0][:80]})"
-    version = doc.get("format") if isinstance(doc, dict) else None
-    if type(version) is int and version > FORMAT:
-        return f"format {version} is newer than this dltop reads ({FORMAT})"
-    try:
-        if type(version) is not int or version != FORMAT:
-            raise Malformed(f"format: expected {FORMAT}")
-        probe = parse_probe(doc, path, st.st_uid)
-    except (Malformed, RecursionError) as e:
-        return f"malformed: {e}"
+    key = (path, st.st_uid, raw)
+    parsed = memo.get(key) if memo is not None else None
+    if parsed is None:
+        parsed = _parse_file(raw, path, st.st_uid)
+    if seen is not None:
+        seen[key] = parsed
+    if isinstance(parsed, str):
+        return parsed
+    probe = parsed
     if str(probe.pid) != name.removesuffix(".json"):
         return f"malformed: names pid {probe.pid}, not the file's"
     if pidns is not None and hosts is not None:
@@ -600,15 +597,40 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
     return probe
 
 
+def _parse_file(raw: bytes, path: str, uid: int) -> ProcessProbe | str:
+    """The probe the bytes of a file hold, or why they hold none: a pure function of its arguments."""
+    if nesting_depth(raw, MAX_DEPTH) > MAX_DEPTH:
+        return f"malformed: nested deeper than {MAX_DEPTH} levels"
+    try:
+        doc = json.loads(raw.decode("utf-8"))  # NaN and Infinity parse; each field is checked
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        return f"malformed: not JSON ({str(e).splitlines()[0][:80]})"
+    version = doc.get("format") if isinstance(doc, dict) else None
+    if type(version) is int and version > FORMAT:
+        return f"format {version} is newer than this dltop reads ({FORMAT})"
+    try:
+        if type(version) is not int or version != FORMAT:
+            raise Malformed(f"format: expected {FORMAT}")
+        return parse_probe(doc, path, uid)
+    except (Malformed, RecursionError) as e:
+        return f"malformed: {e}"
+
+
 def _exited(probe: ProcessProbe) -> ProcessProbe:
     """The probe of a process that is gone: kept for the post-mortem, with how it ended where its exit record
     says (no record: killed or crashed), at the record's time or else its last publication."""
     return dataclasses.replace(probe, exited=True, exited_at=probe.exited_at or probe.published_at)
 
 
-def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/") -> ProbesPart:
+ParseKey = tuple[str, int, bytes]  # a probe file's path, owner and bytes
+
+
+def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/",
+                memo: dict[ParseKey, ProcessProbe | str] | None = None) -> ProbesPart:
     """Every probe in `dirs` ((directory, its owner's uid[, the PID namespace of its pids]); default:
-    `default_dirs()`), each checked."""
+    `default_dirs()`), each checked. `memo` (kept by the caller between reads) holds the parses of the files
+    seen by the last read, and only those."""
+    seen: dict[ParseKey, ProcessProbe | str] | None = {} if memo is not None else None
     dirs = default_dirs() if dirs is None else dirs
     me = os.getuid()
     proc = os.path.join(root, "proc")
@@ -635,7 +657,7 @@ def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/") -> Prob
             for name in names:
                 if not FILE_NAME.fullmatch(name):
                     continue  # the probe's temp files (.PID.json.XXXX.tmp) and anything else
-                got = _read_file(dir_fd, name, os.path.join(path, name), me, proc, pidns, hosts)
+                got = _read_file(dir_fd, name, os.path.join(path, name), me, proc, pidns, hosts, memo, seen)
                 if isinstance(got, str):
                     ignored.append(IgnoredProbe(os.path.join(path, name), got))
                 else:
@@ -644,6 +666,9 @@ def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/") -> Prob
             ignored.append(IgnoredProbe(path, f"cannot list: {e.strerror}"))
         finally:
             os.close(dir_fd)
+    if memo is not None and seen is not None:
+        memo.clear()
+        memo.update(seen)
     live = sorted((p for p in processes if not p.exited), key=lambda p: p.pid)
     exited = sorted((p for p in processes if p.exited), key=lambda p: (-(p.exited_at or 0.0), p.pid))
     ignored += [IgnoredProbe(p.path, f"process {p.pid} exited before the {MAX_EXITED} newest exited ones")
@@ -655,6 +680,7 @@ def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/") -> Prob
 def source(settings: Settings) -> Source:
     """The probes source at the refresh interval (a listing of one or two small directories)."""
     # with each job's own reads (/proc/PID/io of it and its workers) beside what it publishes
+    memo: dict[ParseKey, ProcessProbe | str] = {}
     return Source(name="probes", interval_s=settings.refresh_s,
-                  read=lambda: with_job_reads(read_probes(root=settings.root), settings.root),
+                  read=lambda: with_job_reads(read_probes(root=settings.root, memo=memo), settings.root),
                   timeout_s=max(2.0, settings.refresh_s * 2), follows_refresh=True)
