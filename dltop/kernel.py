@@ -11,6 +11,7 @@ import ctypes
 import errno
 import os
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -131,6 +132,16 @@ class _CachestatCaller:
         if self._syscall(self._nr, fd, self._range_ref, self._out_ref, 0) != 0:
             _raise_errno("cachestat")
         return self.out
+
+    def raw(self) -> tuple[Callable[..., int], ctypes.c_long, object, object]:
+        """(call, nr, range, out) for the tightest loops: `call(nr, fd, range, out, 0)` is this call without its
+        Python frame (0.3 us a file, twice a file in an evict); a non-zero result is a failure, see `fail`."""
+        return self._syscall, self._nr, self._range_ref, self._out_ref
+
+    @staticmethod
+    def fail() -> None:
+        """Raise the OSError of the raw call that just failed (its errno)."""
+        _raise_errno("cachestat")
 
 
 def cachestat_caller() -> _CachestatCaller:

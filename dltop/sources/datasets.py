@@ -622,6 +622,7 @@ def scan_residency(
     any_alias = options.follow_symlinks
     cstat = kernel.cachestat_caller()
     cs = cstat.out  # cstat(fd) fills this one struct
+    cs_call, cs_nr, cs_range, cs_out = cstat.raw()  # the same call, without a Python frame per file
     used: set[str] = set()
     by_cachestat = False
     os_open, os_close, os_fstat = os.open, os.close, os.fstat
@@ -689,7 +690,8 @@ def scan_residency(
                 continue
             if not d.mincore:
                 try:
-                    cstat(fd)
+                    if cs_call(cs_nr, fd, cs_range, cs_out, 0):
+                        cstat.fail()
                 except OSError as e:
                     if e.errno == errno.EPERM:
                         if act is not None:
@@ -708,9 +710,10 @@ def scan_residency(
                     d.mincore = True
                 else:
                     by_cachestat = True
-                    if act is not None and cs.nr_cache:
-                        act(fd, st, d.path, name, dfd, cs.nr_cache, cs.nr_dirty + cs.nr_writeback, cstat)
                     res = cs.nr_cache
+                    if act is not None and res:
+                        act(fd, st, d.path, name, dfd, res, cs.nr_dirty + cs.nr_writeback, cstat)
+                        res = cs.nr_cache  # what the act left
                     if res > pages:
                         res = pages
                     dres = res if runs is None else _resident_in_runs(runs, res, pages, fd)
