@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dltop import kernel
 from dltop.model.base import Unavailable, display_path
 from dltop.model.caches import (
     FOLDERS_KEPT,
@@ -34,7 +33,7 @@ from dltop.model.caches import (
     LockFile,
 )
 from dltop.sources import procfs
-from dltop.sources.datasets import MAX_PROBLEMS, _Budget, path_error
+from dltop.sources.walkbudget import MAX_PROBLEMS, _Budget, path_error
 
 ENTRIES_KEPT = 100  # biggest entries kept right below a cache (the pane's Enter shows them, then "N more")
 LOCKS_KEPT = 50
@@ -723,7 +722,9 @@ def read_cache(loc: Location, *, mounts: list[Mount], locked: set[tuple[int, int
         facts["fs_total_bytes"] = vfs.f_blocks * vfs.f_frsize
     except OSError:
         pass
-    if m is None:
+    if m is None:  # rare (no mountinfo): the statfs wrapper's ctypes is not loaded for the cache walk otherwise
+        from dltop import kernel
+
         with contextlib.suppress(OSError):
             facts["fs_type"] = kernel.fs_name(kernel.statfs_type(where))
     full_real = os.path.realpath(loc.path)

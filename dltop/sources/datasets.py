@@ -15,12 +15,11 @@ import heapq
 import os
 import re
 import stat
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dltop import kernel
 from dltop.model.base import display_path
@@ -31,8 +30,11 @@ from dltop.model.datasets import (
     DatasetUnavailable,
     ResidencyNode,
 )
+from dltop.sources.walkbudget import MAX_PROBLEMS, _Budget, path_error  # noqa: F401 - this module's API too
 
-MAX_PROBLEMS = 20
+if TYPE_CHECKING:  # in annotations only
+    import threading
+
 # How often (in files) a huge flat folder checks the cancel flag, the deadline and the CPU budget.
 _CHECK_EVERY_FILES = 2048
 
@@ -96,11 +98,6 @@ def counted_before(st: os.stat_result, seen: set[tuple[int, int]], report: WalkR
         return True
     seen.add(key)
     return False
-
-
-def path_error(error: str, path: str) -> str:
-    """`permission denied: PATH` from an OSError's strerror and the path it is about."""
-    return f"{error[:1].lower()}{error[1:]}: {display_path(path)}"
 
 
 class _Acc:
@@ -282,36 +279,6 @@ class _Dir:
             if d.ino == ino and d.dev == dev:
                 return True
             d = d.parent
-        return False
-
-
-@dataclass
-class _Budget:
-    """Cancel flag, deadline and CPU share, checked between folders and every few thousand files."""
-
-    cancel: threading.Event | None = None
-    deadline: float | None = None  # time.monotonic() value
-    cpu_fraction: float | None = None  # e.g. 0.25: sleep so the scan uses at most a quarter of one CPU
-    _cpu_mark: float = field(default_factory=time.thread_time)
-    _wall_mark: float = field(default_factory=time.monotonic)
-
-    def stop(self) -> bool:
-        if self.cancel is not None and self.cancel.is_set():
-            return True
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            return True
-        if self.cpu_fraction is not None and 0 < self.cpu_fraction < 1:
-            used = time.thread_time() - self._cpu_mark
-            if used >= 0.05:
-                wall = time.monotonic() - self._wall_mark
-                pause = used / self.cpu_fraction - wall
-                if pause > 0:
-                    if self.cancel is not None:
-                        self.cancel.wait(pause)
-                    else:
-                        time.sleep(pause)
-                self._cpu_mark = time.thread_time()
-                self._wall_mark = time.monotonic()
         return False
 
 
