@@ -24,7 +24,6 @@ from dltop.errors import DltopError
 from dltop.fmt import human_bytes, plural
 from dltop.model.base import to_dict
 from dltop.model.datasets import NO_PERMISSION, DatasetUnavailable, counted_once
-from dltop.model.memory import cgroup_room_bytes, safety_margin_bytes  # noqa: F401 - this module's API too
 from dltop.sources.datasets import (
     DEFAULT_WALK,
     MAX_PROBLEMS,
@@ -69,6 +68,16 @@ HELPER_STOP_S = 5.0  # how long a cancelled warm waits for a helper process to r
 SHARD_RUN_BITS = 6
 _O_NOFOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
 _O_FOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def __getattr__(name: str) -> Any:
+    """`cgroup_room_bytes` and `safety_margin_bytes` are this module's API too, loaded when first asked for: the
+    memory model is ~4 ms of an evict's start-up, which never needs it."""
+    if name in ("cgroup_room_bytes", "safety_margin_bytes"):
+        from dltop.model import memory
+
+        return getattr(memory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,7 @@ def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup:
     cgroup with a limit (a container, a Slurm job), fit under that limit beside the job's own memory. `cgroup`
     "auto" reads this process's cgroup when `meminfo` is read live too; None skips it; tests pass a CgroupMemory."""
     from dltop.fmt import human_bytes
+    from dltop.model.memory import cgroup_room_bytes, safety_margin_bytes
 
     live = meminfo is None
     info = read_meminfo() if meminfo is None else meminfo
@@ -199,6 +209,7 @@ def warm_guard(
     cache: `others` (the resident bytes of other watched datasets, by path) says whose pages are at risk.
     """
     from dltop.fmt import human_bytes as hb
+    from dltop.model.memory import cgroup_room_bytes, safety_margin_bytes
 
     live = meminfo is None
     info = read_meminfo() if meminfo is None else meminfo

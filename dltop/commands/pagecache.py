@@ -6,15 +6,16 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
-import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dltop.commands.common import non_negative_int
 from dltop.errors import DltopError
 from dltop.fmt import percent_text
+
+if TYPE_CHECKING:  # imported where an action needs it: `residency` never does
+    import threading
 
 FILES_TOP = 20  # `residency --files`: files listed per folder
 FILES_BUDGET = 100_000  # file rows in all per PATH: past it, fewer per folder (and a note says so)
@@ -190,6 +191,9 @@ def run_action(args: argparse.Namespace) -> int:
 def cancelled_by_signals(runner: Any) -> Iterator[tuple[list[int], threading.Event]]:
     """While inside, Ctrl-C and SIGTERM cancel what `runner` runs (and set the event); the signals caught are in
     the list. A second one of either ends the process at once."""
+    import signal
+    import threading
+
     signals: list[int] = []
     stop = threading.Event()
 
