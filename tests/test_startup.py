@@ -71,3 +71,59 @@ def test_help_is_as_wide_as_argparse_makes_it(columns: str, monkeypatch: pytest.
     assert ours == theirs
     if columns == "57":
         assert max(len(line) for line in ours.splitlines()) <= 55
+
+
+def _layout(root: Path, names: list[str]) -> Path:
+    root.mkdir()
+    for n in names:
+        (root / n).mkdir()
+        if n.lower().endswith(".dist-info"):
+            (root / n / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {n.partition('-')[0]}\n"
+                                               f"Version: {n.partition('-')[2].rpartition('.')[0]}\n\n")
+        else:
+            (root / n / "PKG-INFO").write_text(f"Metadata-Version: 1.0\nName: {n.partition('.')[0]}\nVersion: 1.0\n")
+    return root
+
+
+@pytest.mark.parametrize("names, found", [
+    ([], False),
+    (["numpy-2.1.0.dist-info", "torchvision-0.20.0.dist-info", "torch_tb-1.0.dist-info"], False),
+    (["torch-2.13.0+cu121.dist-info"], True),
+    (["Torch-2.4.0.dist-info"], True),
+    (["torch.egg-info"], True),
+    (["numpy-2.1.0.dist-info", "TORCH-2.3.0+cpu.DIST-INFO"], True),
+])
+def test_the_version_key_skips_the_search_only_where_it_finds_nothing(names: list[str], found: bool,
+                                                                       tmp_path: Path) -> None:
+    from importlib import metadata
+
+    from dltop.sources.caches import may_hold_distribution
+
+    path = [str(_layout(tmp_path / "site", names)), str(tmp_path / "missing")]
+    there = [d.version for d in metadata.distributions(name="torch", path=path)]
+    assert bool(there) == found
+    assert may_hold_distribution("torch", path) == found  # never False where importlib.metadata finds one
+
+
+def test_a_zip_or_an_egg_on_the_path_is_searched(tmp_path: Path) -> None:
+    from dltop.sources.caches import may_hold_distribution
+
+    (tmp_path / "lib.zip").write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip
+    (tmp_path / "x.egg").mkdir()
+    assert may_hold_distribution("torch", [str(tmp_path / "lib.zip")])
+    assert may_hold_distribution("torch", [str(tmp_path / "x.egg")])
+    assert not may_hold_distribution("torch", [str(tmp_path)])
+
+
+def test_own_version_key_is_what_importlib_metadata_says() -> None:
+    from importlib import metadata
+
+    from dltop.sources import caches
+
+    try:
+        local = metadata.version("torch").partition("+")[2]
+    except metadata.PackageNotFoundError:
+        local = ""
+    cu = local if local == "cpu" or (local[:2] == "cu" and local[2:].isdigit()) else ""
+    want = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{cu}" if cu else ""
+    assert caches._own_version_key() == want
