@@ -1303,6 +1303,19 @@ class _Evictor:
         self._cstat: Any = None  # the scan's cachestat caller, and its raw call (see kernel's `raw`)
         self._raw: Any = None
 
+    def drops_inline(self, fd: int, st: os.stat_result) -> bool:
+        """The scan may drop clean pages itself on this file's filesystem: not on tmpfs, where they are the file."""
+        tmpfs = self._tmpfs_devs.get(st.st_dev)
+        if tmpfs is None:
+            tmpfs = self._tmpfs_devs[st.st_dev] = kernel.fstatfs_type(fd) in (kernel.TMPFS_MAGIC, kernel.RAMFS_MAGIC)
+        return not tmpfs
+
+    def dropped(self, files: int, pages: int, dir_path: str, name: str, dfd: int | None) -> None:
+        """`files` files the scan emptied of their `pages` clean pages (the last one named)."""
+        self.before += pages
+        self.ticker.files += files
+        self.ticker.add_file(pages * _PS, dir_path, name, dfd)
+
     def __call__(self, fd: int, st: os.stat_result, dir_path: str, name: str, dfd: int | None, before: int | None,
                  busy: int, cstat: Any) -> int | None:
         tmpfs = self._tmpfs_devs.get(st.st_dev)
