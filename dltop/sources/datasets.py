@@ -552,8 +552,8 @@ class FileAct(Protocol):
 
     An act may also have `drops_inline(fd, st)`, asked once per device: True lets the scan drop a file's clean
     pages itself there (POSIX_FADV_DONTNEED, then cachestat again) and report the files it emptied so in batches,
-    `dropped(files, pages, dir_path, name, dfd)` (the last one's name): a call per file was a fifth of an evict's
-    CPU. A file with dirty pages, or pages left after, is handed to the act as above."""
+    `dropped(files, pages, dir_path, name, dfd)` (the last one's name): the act's call and bookkeeping per file
+    cost ~0.5 us of an evict's ~12. A file with dirty pages, or pages left after, is handed to the act as above."""
 
     def __call__(self, fd: int, st: os.stat_result, dir_path: str, name: str, dfd: int | None, before: int | None,
                  busy: int, cstat: Any) -> int | None: ...
