@@ -84,7 +84,7 @@ def test_a_read_inotify_cannot_see_is_caught_by_the_rolling_pass(ddir: Path, wat
     assert holder.stdin is not None and holder.stdout is not None
     try:
         assert holder.stdout.readline() == "open\n"  # opened before the watch began: no event
-        monkeypatch.setattr(watch, "MIN_ROLL_FILES", 1)
+        monkeypatch.setattr(watch, "MIN_ROLL_FILES", 6)  # a folder of 5 files (and itself) a read
         monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
         first, _ = watched.read()
         assert first.resident_pages == 0
@@ -112,7 +112,7 @@ def test_reclaim_makes_carried_counts_an_estimate_until_measured_again(ddir: Pat
         read_file(f)
     counters = {"pgsteal_file": 1000, "drop_pagecache": 0}
     monkeypatch.setattr(watch, "_vmstat", lambda: dict(counters))
-    monkeypatch.setattr(watch, "MIN_ROLL_FILES", 1)
+    monkeypatch.setattr(watch, "MIN_ROLL_FILES", 6)  # a folder of 5 files (and itself) a read
     monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
     ds, _ = watched.read()
     assert (ds.resident_pages, ds.estimated, ds.estimate_error_pages) == (45, False, 0)
@@ -281,3 +281,26 @@ def test_a_queue_overflow_measures_it_all_again(ddir: Path, monkeypatch: pytest.
         assert rescans == [1]  # once: the events are trusted again
     finally:
         w.close()
+
+
+def test_the_rolling_pass_keeps_its_share_over_reads_not_a_folder_more_each(ddir: Path, watched: DatasetWatch,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass measures whole folders: a folder past a read's share is taken off the next reads' share, so over
+    many reads it measures its share of files (and one folder more at most), and still reaches every folder."""
+    tree(ddir, folders=6)  # 6 folders of 5 files, and the root: 7 folders, 37 files counted (a folder 1 + files)
+    watched.read()
+    monkeypatch.setattr(watch, "MIN_ROLL_FILES", 3)  # under one folder's 6
+    monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
+    measured: list[str] = []
+    real = DatasetWatch._scan_folder
+
+    def counting(self: DatasetWatch, f: object, steal: int) -> None:
+        real(self, f, steal)  # type: ignore[arg-type]
+        measured.extend([f.path] * (len(f.keys) + 1))  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(DatasetWatch, "_scan_folder", counting)
+    reads = 14
+    for _ in range(reads):
+        watched.read()
+    assert len(measured) <= reads * 3 + 6
+    assert len(set(measured)) == 7  # every folder within 14 reads: 37 files at 3 a read

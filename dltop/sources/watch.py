@@ -152,6 +152,11 @@ class DatasetWatch:
         self._top: _Folder | None = None
         self._order: list[_Folder] = []
         self._next = 0  # the rolling pass's place in _order
+        # Files the rolling pass measured past its share (it measures whole folders): taken off the next reads'
+        # share, so that it costs ROLL_CPU_SHARE and not a folder more per read.
+        self._roll_debt = 0
+        self.roll_files = 0  # files the rolling pass measured, and its CPU seconds (benchmarks/watch.py)
+        self.roll_cpu_s = 0.0
         self._file_cost_s = 6e-6  # CPU seconds to measure one file, learnt from the scans
         self._last_read = time.monotonic()
         self._vm = _vmstat()
@@ -256,7 +261,11 @@ class DatasetWatch:
         else:
             self._apply(dirty, relist, changed, budget, steal)
             elapsed = t0 - self._last_read
-            self._roll(max(MIN_ROLL_FILES, int(ROLL_CPU_SHARE * elapsed / self._file_cost_s)), budget, steal)
+            share = max(MIN_ROLL_FILES, int(ROLL_CPU_SHARE * elapsed / self._file_cost_s)) - self._roll_debt
+            if share > 0:
+                self._roll_debt = max(0, self._roll(share, budget, steal) - share)
+            else:
+                self._roll_debt = -share  # this read's share went to a folder an earlier read measured
         self._vm, self._last_read = vm, t0
         top = self._top
         assert top is not None
@@ -334,11 +343,11 @@ class DatasetWatch:
                 n += len(f.keys)
         return n
 
-    def _roll(self, files: int, budget: engine._Budget, steal: int) -> None:
-        """The rolling pass: whole folders in turn until about `files` files were measured."""
+    def _roll(self, files: int, budget: engine._Budget, steal: int) -> int:
+        """The rolling pass: whole folders in turn until at least `files` files were measured; how many were."""
         order = self._order
         if not order:
-            return
+            return 0
         done, changed, c0 = 0, False, time.thread_time()
         for _ in range(len(order)):
             if done >= files:
@@ -354,12 +363,16 @@ class DatasetWatch:
                 self._scan_tree(f, budget, steal, recurse_known=False, first_done=True, before=set(before))
             done += len(f.keys) + 1
             budget.stop()
+        took_s = time.thread_time() - c0
+        self.roll_files += done
+        self.roll_cpu_s += took_s
         if done >= 64:  # its share of a core is kept by what its own files cost (they were learnt at the full scan)
-            self._file_cost_s = 0.5 * self._file_cost_s + 0.5 * max(1e-7, (time.thread_time() - c0) / done)
+            self._file_cost_s = 0.5 * self._file_cost_s + 0.5 * max(1e-7, took_s / done)
         if changed:
             assert self._top is not None
             self._order = self._top.walk()
             self._next %= max(1, len(self._order))
+        return done
 
     # --- measuring ------------------------------------------------------------------------------------------
 
