@@ -13,10 +13,12 @@ import heapq
 import os
 import stat
 import struct
+import sys
 import threading
 import time
 from array import array
 from bisect import bisect_left, insort
+from collections import Counter
 from itertools import accumulate
 from operator import neg
 
@@ -37,6 +39,13 @@ _GONE = kernel.IN_DELETE_SELF | kernel.IN_MOVE_SELF | kernel.IN_IGNORED | kernel
 _SLOW = kernel.IN_Q_OVERFLOW | _GONE | kernel.IN_ISDIR | _LISTING | kernel.IN_ATTRIB  # all but a file's open/close
 _CHANGED = kernel.IN_CLOSE_WRITE | kernel.IN_ATTRIB  # its size, data or links may differ: stat it again
 _EVENT = struct.Struct("iIII")
+# What a run of records of one size may hold to be counted in bulk: a file's open and close, nothing else.
+_BULK = frozenset((kernel.IN_OPEN, kernel.IN_CLOSE_NOWRITE, kernel.IN_CLOSE_WRITE))
+_BULK_MIN = 8  # records in a run for it to be counted in bulk (below: one by one)
+_KEY_STRUCTS: dict[int, struct.Struct] = {}  # by record size: a record's (watch, padded name)
+# The folder a file is measured again in, opened as a path only: a real open of it is an event of its own (an
+# open and a close, 16-byte records among the files' 32-byte ones) on every read.
+_O_DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _Ranked = tuple[object, int, ResidencyNode]  # a file row with its score and tie in one key's order
 # A folder keeps this many files past its top n by each key in reserve: a file that falls out of the top n is
 # replaced by the next one without ranking the folder again, until the reserve runs out.
@@ -141,8 +150,9 @@ class DatasetWatch:
         self._fd = kernel.inotify_init()
         self._lock = threading.Lock()
         self._by_wd: dict[int, _Folder] = {}
-        # Keyed by (wd, name as bytes): names are decoded only for the files measured again.
-        self._touched: dict[tuple[int, bytes], int] = {}  # events per file since the last read
+        # Keyed by (wd, name as bytes, NUL-padded as the kernel sends it: a name's padding depends on its length
+        # alone, see _padded): names are decoded only for the files measured again.
+        self._touched: Counter[tuple[int, bytes]] = Counter()  # events per file since the last read
         self._open: dict[tuple[int, bytes], int] = {}  # opens less closes seen: > 0 while someone holds it open
         self._own: dict[tuple[int, bytes], int] = {}  # events our own measuring caused (an open and a close each)
         self._changed: set[tuple[int, bytes]] = set()  # closed after a write, or its attributes changed
@@ -185,43 +195,80 @@ class DatasetWatch:
                 return
             except OSError:
                 return
-            pos, end = 0, len(buf)
-            touched, opened, unpack = self._touched, self._open, _EVENT.unpack_from
-            while pos < end:
-                wd, mask, _cookie, n = unpack(buf, pos)
-                name = buf[pos + 16:pos + 16 + n].rstrip(b"\0")
-                pos += 16 + n
-                if not mask & _SLOW:  # a file opened or closed: nearly every event
-                    key = (wd, name)
-                    touched[key] = touched.get(key, 0) + 1
-                    if mask & kernel.IN_OPEN:
-                        opened[key] = opened.get(key, 0) + 1
-                        continue
-                    left = opened.get(key, 0) - 1
-                    if left > 0:
-                        opened[key] = left
-                    else:
-                        opened.pop(key, None)
-                    if mask & _CHANGED:
-                        self._changed.add(key)
+            self._take(buf)
+
+    def _take(self, buf: bytes) -> None:
+        """The events of one read of the inotify fd into the counts."""
+        pos, end = 0, len(buf)
+        while pos < end:
+            # A run of records of the size of the one at `pos` (a dataset's names are mostly of one padded
+            # length): counted in bulk when it holds only files' opens and closes, else one by one.
+            size = 16 + _EVENT.unpack_from(buf, pos)[3]
+            k = _run(buf, pos, size)
+            stop = pos + k * size
+            if k >= _BULK_MIN:
+                masks = memoryview(buf)[pos:stop].cast("I")[1::size >> 2].tolist()
+                if _BULK.issuperset(masks):
+                    self._bulk(buf[pos:stop], size, masks)
+                    pos = stop
                     continue
-                if mask & kernel.IN_Q_OVERFLOW:
-                    self._resync = True
-                    opened.clear()
-                    continue
-                if mask & _GONE and not name:
+            pos = self._one_by_one(buf, pos, stop)
+
+    def _bulk(self, run: bytes, size: int, masks: list[int]) -> None:
+        """Records of one `size`, each a file's open or close (`masks`), into the counts."""
+        st = _KEY_STRUCTS.get(size)
+        if st is None:
+            st = _KEY_STRUCTS[size] = struct.Struct(f"=i12x{size - 16}s")
+        keys = list(st.iter_unpack(run))
+        self._touched.update(keys)  # counted in C
+        opened, changed = self._open, self._changed
+        get, pop, is_open, written = opened.get, opened.pop, kernel.IN_OPEN, kernel.IN_CLOSE_WRITE
+        for key, mask in zip(keys, masks, strict=True):  # in order: a close seen before its open counts nothing
+            if mask == is_open:
+                opened[key] = get(key, 0) + 1
+                continue
+            left = get(key, 0) - 1
+            if left > 0:
+                opened[key] = left
+            else:
+                pop(key, None)
+            if mask == written:
+                changed.add(key)
+
+    def _one_by_one(self, buf: bytes, pos: int, stop: int) -> int:
+        """The records of `buf` from `pos` up to `stop` (at least one) into the counts; where the next one starts."""
+        touched, opened, unpack = self._touched, self._open, _EVENT.unpack_from
+        while True:
+            wd, mask, _cookie, n = unpack(buf, pos)
+            name = buf[pos + 16:pos + 16 + n]
+            pos += 16 + n
+            if not mask & _SLOW:  # a file opened or closed: nearly every event
+                key = (wd, name)
+                touched[key] += 1
+                if mask & kernel.IN_OPEN:
+                    opened[key] = opened.get(key, 0) + 1
+                elif (left := opened.get(key, 0) - 1) > 0:
+                    opened[key] = left
+                else:
+                    opened.pop(key, None)
+                if mask & _CHANGED:
+                    self._changed.add(key)
+            elif mask & kernel.IN_Q_OVERFLOW:
+                self._resync = True
+                opened.clear()
+            elif mask & _GONE and not n:
+                self._relist.add(wd)
+            elif mask & kernel.IN_ISDIR:
+                if mask & (_LISTING | kernel.IN_ATTRIB):
                     self._relist.add(wd)
-                    continue
-                if mask & kernel.IN_ISDIR:
-                    if mask & (_LISTING | kernel.IN_ATTRIB):
-                        self._relist.add(wd)
-                    continue
-                if mask & _LISTING:
-                    self._relist.add(wd)
-                    continue
-                key = (wd, name)  # IN_ATTRIB
-                touched[key] = touched.get(key, 0) + 1
+            elif mask & _LISTING:
+                self._relist.add(wd)
+            else:  # IN_ATTRIB
+                key = (wd, name)
+                touched[key] += 1
                 self._changed.add(key)
+            if pos >= stop:
+                return pos
 
     def _drain_locked(self) -> None:
         with self._lock:
@@ -253,7 +300,7 @@ class DatasetWatch:
             dirty.extend(k for k in self._open if self._touched.get(k, 0) <= own.get(k, 0))
             relist, self._relist = self._relist, set()
             changed, self._changed = self._changed, set()
-            self._touched, self._own = {}, {}
+            self._touched, self._own = Counter(), {}
         steal = vm.get("pgsteal_file", 0)
         budget = engine._Budget(None, None, self.cpu_fraction)
         if resync or self._top is None:
@@ -313,6 +360,7 @@ class DatasetWatch:
             f = self._by_wd.get(wd)
             if f is None or wd in relist or wd in redo:
                 continue
+            raw = raw.rstrip(b"\0")
             name = raw.decode("utf-8", "surrogateescape")
             i = f.slot(name)
             if i < 0:  # a name we do not count: new, or a hard link counted elsewhere; the listing decides
@@ -321,7 +369,7 @@ class DatasetWatch:
             n += 1
             if n % DRAIN_EVERY_FILES == 0:
                 self._drain_locked()  # our own opens must not overflow the queue
-            if key not in changed and self._recount(f, i, raw):
+            if key not in changed and self._recount(f, i, raw, key):
                 continue
             new = self._measure_one(f, name)
             if new is None:
@@ -418,7 +466,7 @@ class DatasetWatch:
     def _own_event(self, f: _Folder, name: str | bytes) -> None:
         # Only this thread touches _own (the drain thread counts events, read() compares): no lock.
         if f.wd is not None:
-            key = (f.wd, name if isinstance(name, bytes) else os.fsencode(name))
+            key = (f.wd, _padded(name if isinstance(name, bytes) else os.fsencode(name)))
             self._own[key] = self._own.get(key, 0) + 2  # our open and our close
 
     def _scan_folder(self, f: _Folder, steal: int) -> None:
@@ -516,7 +564,7 @@ class DatasetWatch:
         if self._dir is None or self._dir[0] is not f:
             self._close_dir()
             try:
-                self._dir = (f, os.open(f.path, engine._O_DIR | (os.O_NOFOLLOW if f.depth else 0)))
+                self._dir = (f, os.open(f.path, _O_DIR_PATH | (os.O_NOFOLLOW if f.depth else 0)))
             except OSError:
                 return None
         self._own_event(f, name)
@@ -524,10 +572,10 @@ class DatasetWatch:
         vals = self._measure(f, self._dir[1], name, report, relink=True)
         return None if report.skipped else vals
 
-    def _recount(self, f: _Folder, i: int, raw: bytes) -> bool:
+    def _recount(self, f: _Folder, i: int, raw: bytes, key: tuple[int, bytes]) -> bool:
         """File `i` of `f` counted again in place by cachestat alone, its size and data pages kept: nothing wrote
         to it or changed its links since it was measured (else IN_CLOSE_WRITE or IN_ATTRIB). False: measure it
-        whole (a sparse file, mincore, an unreadable file, or anything unexpected)."""
+        whole (a sparse file, mincore, an unreadable file, or anything unexpected). `key`: its events' key."""
         if f.mincore:
             return False
         base, vals = i * _N, f.vals
@@ -537,14 +585,15 @@ class DatasetWatch:
         if self._dir is None or self._dir[0] is not f:
             self._close_dir()
             try:
-                self._dir = (f, os.open(f.path, engine._O_DIR | (os.O_NOFOLLOW if f.depth else 0)))
+                self._dir = (f, os.open(f.path, _O_DIR_PATH | (os.O_NOFOLLOW if f.depth else 0)))
             except OSError:
                 return False
         try:
             fd = os.open(raw, engine._O_FILE, dir_fd=self._dir[1])
         except OSError:
             return False
-        self._own_event(f, raw)
+        own = self._own  # our open and our close (what _own_event counts, its key at hand)
+        own[key] = own.get(key, 0) + 2
         try:
             if os.fstat(fd).st_ino != vals[base + 11]:
                 return False  # replaced under the same name
@@ -869,6 +918,32 @@ def _union(lists: list[list[_Ranked]]) -> tuple[ResidencyNode, ...]:
             seen.setdefault(id(node), node)
     return tuple(seen.values())
 
+
+
+def _padded(name: bytes) -> bytes:
+    """`name` as an inotify record carries it: NUL-padded to the next multiple of 16 bytes past its end."""
+    return name + b"\0" * (((len(name) + 16) & ~15) - len(name))
+
+
+def _run(buf: bytes, pos: int, size: int) -> int:
+    """How many records from `pos` on are `size` bytes long (at least 1: the one at `pos`). Each one of them is
+    read at a true record's start, the first of another size too (every one before it was `size`): so their
+    length fields, compared in C, say where the run ends."""
+    count = (len(buf) - pos) // size
+    if count <= 1 or size & 3:
+        return 1
+    lens = memoryview(buf)[pos:pos + count * size].cast("I")[3::size >> 2].tobytes()
+    want = (size - 16).to_bytes(4, sys.byteorder) * count
+    if lens == want:
+        return count
+    lo, hi = 1, count  # lens[:4 lo] matches, lens[:4 hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if lens[:4 * mid] == want[:4 * mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def watchable(options: engine.WalkOptions) -> bool:
