@@ -129,6 +129,7 @@ def accuracy(root: Path, seconds: float, job: subprocess.Popen[bytes]) -> None:
 def in_process(root: Path, seconds: float) -> None:
     """The watch alone, in this process at the source's cadence (every 10 s) while the job reads: its CPU (the
     drain thread's too) per second, and how much of it the reads took; no TUI around it."""
+    from dltop.sources import watch
     from dltop.sources.datasets import (
         FILE_SORT_KEYS,
         SOURCE_MAX_DEPTH,
@@ -156,6 +157,10 @@ def in_process(root: Path, seconds: float) -> None:
     w.close()
     print(f"in process: {100 * cpu / wall:.2f}% of a core over {wall:.0f} s, {n} reads "
           f"({1000 * reads_cpu / max(1, n):.0f} ms CPU each; the drain thread the rest)")
+    roll_files, roll_cpu_s = getattr(w, "roll_files", None), getattr(w, "roll_cpu_s", None)
+    if roll_files is not None and roll_cpu_s is not None:  # (main before 5406ede kept no count)
+        print(f"the rolling pass: {100 * roll_cpu_s / wall:.2f}% of a core, {roll_files / max(1, n):.0f} files a read "
+              f"(all reads since the first, its share {100 * watch.ROLL_CPU_SHARE:.2f}%)")
     if drop_pagecache() != drops:
         print("disturbed: drop_caches on the machine during the window")
 
