@@ -304,3 +304,15 @@ def test_the_rolling_pass_keeps_its_share_over_reads_not_a_folder_more_each(ddir
         watched.read()
     assert len(measured) <= reads * 3 + 6
     assert len(set(measured)) == 7  # every folder within 14 reads: 37 files at 3 a read
+
+
+def test_our_own_events_are_taken_off_at_once_not_kept_a_key_per_file(ddir: Path, watched: DatasetWatch) -> None:
+    """The first read opens every file: once it has drained, nothing of ours is left in the counts (a million
+    files kept two keys each until the next read), and a job's read after it is seen at the next."""
+    files = tree(ddir, folders=3, files=50)
+    first, _ = watched.read()
+    assert (dict(watched._touched), watched._own, first.resident_pages) == ({}, {}, 0)
+    subprocess.run(["cat", str(files[3])], stdout=subprocess.DEVNULL, check=True)
+    now, _ = watched.read()
+    assert (dict(watched._touched), watched._own) == ({}, {})
+    assert now.resident_pages == 3

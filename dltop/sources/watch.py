@@ -274,6 +274,21 @@ class DatasetWatch:
         with self._lock:
             self._drain()
 
+    def _settle(self) -> None:
+        """Drain, then take our own events off the counts at once: every event our opens and closes caused has been
+        read by now (inotify queues an event before the call that caused it returns), so what is left of a file's
+        count is a job's. Our counts are not kept until the next read: a full scan's were a key per file, twice."""
+        with self._lock:
+            self._drain()
+            touched = self._touched
+            for key, n in self._own.items():
+                left = touched[key] - n
+                if left > 0:
+                    touched[key] = left
+                else:
+                    touched.pop(key, None)
+            self._own = {}
+
     def close(self) -> None:
         """Stop the drain thread and drop every watch."""
         self._closed.set()
@@ -316,6 +331,7 @@ class DatasetWatch:
                 self._roll_debt = max(0, self._roll(share, budget, steal) - share)
             else:
                 self._roll_debt = -share  # this read's share went to a folder an earlier read measured
+        self._settle()
         self._vm, self._last_read = vm, t0
         top = self._top
         assert top is not None
@@ -371,7 +387,7 @@ class DatasetWatch:
                 continue
             n += 1
             if n % DRAIN_EVERY_FILES == 0:
-                self._drain_locked()  # our own opens must not overflow the queue
+                self._settle()  # our own opens must not overflow the queue
             if key not in changed and self._recount(f, i, raw, key):
                 continue
             new = self._measure_one(f, name)
@@ -500,7 +516,7 @@ class DatasetWatch:
                 with engine._scandir(dfd) as entries:
                     for n, entry in enumerate(entries, 1):
                         if n % DRAIN_EVERY_FILES == 0:
-                            self._drain_locked()  # our own opens must not overflow the queue
+                            self._settle()  # our own opens must not overflow the queue
                         name = entry.name
                         if ignore is not None and ignore.match(name):
                             report.skip("ignored")
@@ -537,7 +553,7 @@ class DatasetWatch:
                 engine._skip_error(report, e, f.path)
         finally:
             os.close(dfd)
-        self._drain_locked()
+        self._settle()
         for name, old in f.subdirs.items():
             if subdirs.get(name) is not old:
                 self._forget(old)
