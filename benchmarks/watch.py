@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/watch.py [--files 100000] [--bytes 4096] [--dir /var/tmp/dltop-watch]
                                          [--seconds 60] [--rate 500] [--settle 40] [--accuracy]
-                                         [--profile stacks.txt [--py-spy PATH]] [--in-process]
+                                         [--profile stacks.txt [--py-spy PATH]] [--in-process] [--code CHECKOUT]
 
 Makes the tree (1,000 files a folder; reused when already there, removed with --clean), starts dltop on it in a
 tmux pane and a job that reads --rate random files a second (open, read, close, as a DataLoader does), waits
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from overhead import TMUX_SOCKET, cpu_seconds, dltop_command, start, status_kb, tmux  # noqa: E402
+from overhead import REPO, TMUX_SOCKET, cpu_seconds, dltop_command, start, status_kb, tmux  # noqa: E402
 
 PER_DIR = 1000
 
@@ -191,6 +191,7 @@ def main() -> int:
     ap.add_argument("--profile", metavar="FILE", help="also sample dltop with py-spy over the window (raw stacks)")
     ap.add_argument("--py-spy", default="py-spy", help="the py-spy to run (--profile)")
     ap.add_argument("--clean", action="store_true", help="remove the tree at the end")
+    ap.add_argument("--code", default=str(REPO), help="the checkout whose dltop the TUI runs (main for 'before')")
     args = ap.parse_args()
     root = Path(args.dir)
     make_tree(root, args.files, args.bytes)
@@ -205,7 +206,7 @@ def main() -> int:
         subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
         tmux("new-session", "-d", "-s", "bench", "-x", "80", "-y", "24", "sleep 100000")
         try:
-            pid, first = start("dltop", f"{dltop_command()} {root}", "Page cache")
+            pid, first = start("dltop", f"{dltop_command(Path(args.code))} {root}", "Page cache")
             time.sleep(max(0.0, args.settle - 12))
             drops = drop_pagecache()  # one read (10 s) before the window: a drop then is measured in it
             time.sleep(min(12.0, args.settle))
