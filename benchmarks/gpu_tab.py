@@ -59,8 +59,7 @@ def main() -> int:
             json.dump(scenario_with([p.pid for p in sleeps]), f)
         tmux("new-session", "-d", "-s", "bench", "-x", "80", "-y", "24", "sleep 100000")
         procs = {
-            "dltop": start("dltop", dltop_command(), "GPU0",
-                           {"DLTOP_FAKE_NVML": f.name, "PYTHONPATH": args.repo}),
+            "dltop": start("dltop", dltop_command(Path(args.repo)), "GPU0", {"DLTOP_FAKE_NVML": f.name}),
             "top": start("procps-top", "top -d 1", "PID"),  # "top" names a pane position in a tmux target
         }
         time.sleep(3)  # start-up settles (each process's command and user are read once)
