@@ -68,6 +68,23 @@ def human_duration(seconds: float | None, missing: str = "n/a") -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def human_age(seconds: float | None, missing: str = "n/a") -> str:
+    """An age at a resolution that suits its size, floored: '<10s', '40s', '3m', '2h', '4d'. Shown every tick,
+    it changes once a unit (a 3-minute-old row once a minute), not every second as human_duration's would."""
+    if seconds is None:
+        return missing
+    s = int(seconds)
+    if s < 10:
+        return "<10s"
+    if s < 60:
+        return f"{s // 10 * 10}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
 def percent_text(p: float, decimals: int = 0) -> str:
     """A percentage as text with `decimals` decimals, or more where rounding would claim what is not so: 100%
     only when complete (99.78 is '99.8%', not '100%') and 0% only when nothing (0.04 is '0.04%'); past two

@@ -15,6 +15,7 @@ from textual.app import App, ComposeResult
 from textual.widgets import DataTable, Input, Static
 
 from dltop.config import Settings
+from dltop.fmt import human_age
 from dltop.model import Snapshot
 from dltop.model.datasets import DatasetResidency, DatasetsPart, ResidencyNode
 from dltop.sampler import ListFeed, Sampler
@@ -489,3 +490,45 @@ async def test_a_long_path_gives_way_so_every_column_fits_80_columns(ddir: Path)
         app._apply(snap_of(deep, ts=103.0))
         await pilot.pause()
         assert table.virtual_size.width <= table.size.width  # and the column shrinks back
+
+
+class TickApp(App[None]):
+    """The pane on a clock the test moves, fed the same Snapshot tick after tick."""
+
+    CSS_PATH = DltopApp.CSS_PATH
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 100.0
+
+    def compose(self) -> ComposeResult:
+        yield DatasetPane(clock=lambda: self.now)
+
+    def tick(self, now: float) -> None:
+        self.now = now
+        snap = Snapshot(ts=now, host="fixture", datasets=fixed_part())
+        self.query_one(DatasetPane).show(View(snapshot=snap, history=(snap,)))
+
+
+async def test_a_tick_that_changes_no_text_touches_no_row_and_the_ages_stay_true() -> None:
+    # The Age column in whole seconds changed every tick, and one changed cell re-renders every row of the table
+    # (DataTable keys its render caches by a count of updates): a watched dataset's rows were drawn every second.
+    app = TickApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.tick(100.0)
+        await pilot.pause()
+        table = app.query_one("#ds-table", DataTable)
+        calls: list[tuple[object, ...]] = []
+        update_cell = table.update_cell
+        table.update_cell = lambda *a, **kw: (calls.append(a), update_cell(*a, **kw))[1]  # type: ignore[method-assign]
+        ages = {"/data/imagenet": 95.0, "/data/coco": 90.0}  # the scans' scanned_at in fixed_part()
+        for now in (101.0, 102.0, 103.0):  # the same Snapshot, a second later each time
+            before = table._update_count  # DataTable's count of changes: every add, remove, clear or update_cell
+            app.tick(now)
+            await pilot.pause()
+            assert (calls, table._update_count) == ([], before)
+        for now in (104.0, 105.5, 150.0, 200.0, 4000.0):  # what is shown stays what the model says
+            app.tick(now)
+            await pilot.pause()
+            shown = {str(table.get_row_at(i)[0]): str(table.get_row_at(i)[6]) for i in range(table.row_count)}
+            assert shown == {p: human_age(now - at) for p, at in ages.items()}

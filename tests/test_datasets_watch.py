@@ -200,7 +200,7 @@ def test_an_estimate_is_marked_on_its_row_and_explained_in_the_notes() -> None:
     assert (pct_text(exact), pct_text(est)) == ("50%", "~50%")
     assert estimate_note(exact, PS, 1090.0) is None
     note = estimate_note(est, PS, 1090.0)
-    assert note is not None and "8.0 KiB may have been evicted" in note and "1m30s" in note
+    assert note is not None and "8.0 KiB may have been evicted" in note and "oldest count 1m old" in note
 
 
 def rows(ds: DatasetResidency) -> dict[str, list[tuple[str, int, int, int]]]:

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from dltop.fmt import (
     SPARK_CHARS,
+    human_age,
     human_bytes,
     human_duration,
     human_range,
@@ -33,6 +34,14 @@ def test_durations_and_percent() -> None:
     assert human_duration(59) == "59s"
     assert human_duration(3 * 86400 + 4 * 3600 + 5) == "3d04h"
     assert percent(5, 100) == "5.0%" and percent(50, 100) == "50%" and percent(1, 0) == "n/a"
+
+
+def test_ages_are_floored_to_a_unit_that_suits_their_size() -> None:
+    cases = {0: "<10s", 9.9: "<10s", 10: "10s", 59.9: "50s", 60: "1m", 179: "2m", 3599: "59m", 3600: "1h",
+             86399: "23h", 86400: "1d", 10 * 86400 + 5: "10d", -3: "<10s"}
+    assert {s: human_age(s) for s in cases} == cases and human_age(None) == "n/a"
+    # Shown every second, an age of minutes changes once a minute: 2 hours of ticks, 6 + 59 + 2 texts.
+    assert len({human_age(s) for s in range(2 * 3600 + 1)}) == 6 + 59 + 2
 
 
 def test_percent_is_100_only_when_complete_and_0_only_when_nothing() -> None:

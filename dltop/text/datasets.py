@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from dltop.fmt import human_bytes, human_duration, human_rate, percent_text, plural, printable
+from dltop.fmt import human_age, human_bytes, human_duration, human_rate, percent_text, plural, printable
 from dltop.model.base import display_path
 from dltop.model.datasets import (
     DatasetResidency,
@@ -82,7 +82,7 @@ def estimate_note(ds: DatasetResidency, page_size: int, now: float) -> str | Non
     if not ds.estimated:
         return None
     return (f"~ estimate: up to {human_bytes(ds.estimate_error_pages * page_size)} may have been evicted since "
-            f"last measured (oldest count {human_duration(max(0.0, now - ds.full_scan_at))} old)")
+            f"last measured (oldest count {human_age(max(0.0, now - ds.full_scan_at))} old)")
 
 
 def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | None) -> tuple[str, ...]:
@@ -94,13 +94,13 @@ def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | N
         pct_text(node),
         human_bytes(node.dirty_pages * page_size) if node.dirty_pages else "-",
         str(node.files),
-        human_duration(age_s) if age_s is not None else "",
+        human_age(age_s) if age_s is not None else "",
     )
 
 
 def unavailable_row_values(label: str, age_s: float | None) -> tuple[str, ...]:
     """The table cells of a dataset that could not be scanned: n/a, never zeros (the reason goes to the notes)."""
-    return (label, "n/a", "n/a", "n/a", "n/a", "n/a", human_duration(age_s) if age_s is not None else "")
+    return (label, "n/a", "n/a", "n/a", "n/a", "n/a", human_age(age_s) if age_s is not None else "")
 
 
 def node_summary(node: ResidencyNode, page_size: int) -> str:

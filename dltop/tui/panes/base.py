@@ -171,7 +171,7 @@ def safe_content(content: Text | Content | str, one_line: bool = False) -> Text 
 
 def set_row(table: DataTable, key: str, columns: tuple[str, ...], values: tuple[str, ...]) -> None:
     """Add the row or update only the cells whose text changed (the cursor stays where the user left it)."""
-    if key not in {k.value for k in table.rows}:
+    if key not in table.rows:  # a RowKey hashes and compares as its str: no set of every key a row
         table.add_row(*map(plain, values), key=key)
         return
     for col, value in zip(columns, values, strict=True):

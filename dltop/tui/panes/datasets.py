@@ -202,7 +202,7 @@ class DatasetPane(Pane):
         if [r.key.value for r in table.ordered_rows] != self._rows:
             self._reorder(table, wanted)
         only = datasets[0] if len(datasets) == 1 else None
-        notes = self._notes(owner or (only if isinstance(only, DatasetResidency) else None))
+        notes = self._notes(owner or (only if isinstance(only, DatasetResidency) else None), now)
         for ds in datasets:
             if isinstance(ds, DatasetUnavailable):
                 notes.append(f"\nunavailable: {ds.unavailable}", "red")
@@ -269,13 +269,13 @@ class DatasetPane(Pane):
             return Text(f"{ev.action} {ev.target}: cancelled" if ev.outcome == "cancelled" else "")
         return Text(ev.message, "bold")
 
-    def _notes(self, ds: DatasetResidency | None) -> Text:
+    def _notes(self, ds: DatasetResidency | None, now: float) -> Text:
         t = Text()
         if ds is None:
             return t
         if ds.data_unknown_pages:
             t.append(f"? {human_bytes(ds.data_unknown_pages * ds.page_size)} unknown: {ds.unknown_reason}\n", "yellow")
-        if (est := estimate_note(ds, ds.page_size, time.time())) is not None:
+        if (est := estimate_note(ds, ds.page_size, now)) is not None:
             t.append(est + "\n", "yellow")
         bits = [f"{ds.method} on {ds.fs_type or '?'}", f"scanned in {ds.scan_duration_s:.2f}s"]
         if not ds.complete:
