@@ -53,12 +53,15 @@ SLOW_FILES = frozenset({
     "test_record_cli", "test_recorder_hostile", "test_replay_cli", "test_report_fast", "test_terminal",
     "test_train_tiny", "test_training_hints", "test_kv", "test_probes_source", "test_recorder_ops",
     "test_cpu_dumps", "test_cpu_cli",  # every captured machine of ../shared/fixtures, lscpu beside each
+    "test_gpu_cli",  # dltop gpu as a process, each twice
 })
 # and these tests of files that are otherwise quick: fuzzers of thousands of inputs, a walk of /proc
 SLOW_TESTS = frozenset({
     "test_fuzz_generated_payloads_never_raise", "test_fuzz_mutated_real_payloads_never_raise",
     "test_residency_of_proc_as_root_skips_what_it_cannot_list", "test_cpuinfo_never_raises",
     "test_fuzz_generated_configs_never_raise", "test_ccsidr_plausibility_holds_for_every_captured_machine",
+    "test_the_progress_line_and_an_interrupted_dump",  # dltop dump on a pty, Ctrl-C twice
+    "test_the_kv_pool_in_bytes_comes_from_the_model_s_config_in_the_hub_cache",
 })
 
 
