@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from dltop import kernel
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes, plural
 from dltop.model.base import to_dict
-from dltop.model.datasets import NO_PERMISSION, DatasetUnavailable, counted_once
+from dltop.model.datasets import NO_PERMISSION, DatasetResidency, DatasetUnavailable, counted_once
 from dltop.sources.datasets import (
     DEFAULT_WALK,
     MAX_PROBLEMS,
@@ -439,6 +439,23 @@ class _Residency:
 _data_extents = data_extents
 
 
+def _add_measured(r: ActionResult, once: Iterable[DatasetResidency]) -> int:
+    """Adds the datasets' files, pages, skips, problems and notes to `r` (`once`: counted_once's list, a dataset
+    inside another one given counted there); returns their resident pages."""
+    resident = 0
+    for ds in once:
+        r.files += ds.files
+        r.pages += ds.pages
+        resident += ds.resident_pages
+        r.unknown_pages += ds.unknown_pages
+        for k, v in ds.skipped.items():
+            r.skipped[k] = r.skipped.get(k, 0) + v
+        r.problems.extend(ds.problems)
+        if ds.unknown_reason and ds.unknown_reason not in r.notes:
+            r.notes.append(ds.unknown_reason)
+    return resident
+
+
 def plan(
     action: str,
     paths: list[str],
@@ -458,18 +475,7 @@ def plan(
             raise DltopError(missing.unavailable)
     ps = part.page_size
     r = ActionResult(action=action, paths=[os.fsdecode(p) for p in paths], dry_run=True)
-    before = 0
-    for ds in counted_once(part.scanned):  # a dataset inside another one given is counted there
-        r.files += ds.files
-        r.pages += ds.pages
-        before += ds.resident_pages
-        r.unknown_pages += ds.unknown_pages
-        for k, v in ds.skipped.items():
-            r.skipped[k] = r.skipped.get(k, 0) + v
-        r.problems.extend(ds.problems)
-        if ds.unknown_reason and ds.unknown_reason not in r.notes:
-            r.notes.append(ds.unknown_reason)
-    r.resident_pages_before = before
+    before = r.resident_pages_before = _add_measured(r, counted_once(part.scanned))
     if not all(ds.complete for ds in part.scanned):
         r.notes.append(f"cancelled while measuring: the totals cover the {r.files} files measured")
     if action == "warm":
@@ -1263,15 +1269,7 @@ def evict(
     ps = part.page_size
     r = ActionResult(action="evict", paths=[os.fsdecode(p) for p in paths])
     once = counted_once(part.scanned)  # a dataset inside another one given is counted there
-    for ds in once:
-        r.files += ds.files
-        r.pages += ds.pages
-        r.unknown_pages += ds.unknown_pages
-        for k, v in ds.skipped.items():
-            r.skipped[k] = r.skipped.get(k, 0) + v
-        r.problems.extend(ds.problems)
-        if ds.unknown_reason and ds.unknown_reason not in r.notes:
-            r.notes.append(ds.unknown_reason)
+    _add_measured(r, once)
     r.resident_pages_before = ev.before
     r.total_bytes = (ev.before + r.unknown_pages) * ps  # hidden pages may be resident too
     r.cancelled = cancel is not None and cancel.is_set()
