@@ -580,15 +580,12 @@ class DatasetWatch:
 
     def _measure_one(self, f: _Folder, name: str) -> tuple[int, ...] | None:
         """One file measured again in place (None: it is no longer a plain file we count)."""
-        if self._dir is None or self._dir[0] is not f:
-            self._close_dir()
-            try:
-                self._dir = (f, os.open(f.path, _O_DIR_PATH | (os.O_NOFOLLOW if f.depth else 0)))
-            except OSError:
-                return None
+        dir_fd = self._folder_fd(f)
+        if dir_fd is None:
+            return None
         self._own_event(f, name)
         report = engine.WalkReport()
-        vals = self._measure(f, self._dir[1], name, report, relink=True)
+        vals = self._measure(f, dir_fd, name, report, relink=True)
         return None if report.skipped else vals
 
     def _recount(self, f: _Folder, i: int, raw: bytes, key: tuple[int, bytes]) -> bool:
@@ -601,14 +598,11 @@ class DatasetWatch:
         pages, data, unknown = vals[base + 1], vals[base + 2], vals[base + 8]
         if data != pages or unknown or pages == 0:
             return False
-        if self._dir is None or self._dir[0] is not f:
-            self._close_dir()
-            try:
-                self._dir = (f, os.open(f.path, _O_DIR_PATH | (os.O_NOFOLLOW if f.depth else 0)))
-            except OSError:
-                return False
+        dir_fd = self._folder_fd(f)
+        if dir_fd is None:
+            return False
         try:
-            fd = os.open(raw, engine._O_FILE, dir_fd=self._dir[1])
+            fd = os.open(raw, engine._O_FILE, dir_fd=dir_fd)
         except OSError:
             return False
         own = self._own  # our open and our close (what _own_event counts, its key at hand)
@@ -633,6 +627,17 @@ class DatasetWatch:
             vals[base + 7] = res
             self._rerank(f, i)
         return True
+
+    def _folder_fd(self, f: _Folder) -> int | None:
+        """An O_PATH fd of folder `f` (it raises no events of its own), kept while files of `f` follow one another;
+        None when it cannot be opened."""
+        if self._dir is None or self._dir[0] is not f:
+            self._close_dir()
+            try:
+                self._dir = (f, os.open(f.path, _O_DIR_PATH | (os.O_NOFOLLOW if f.depth else 0)))
+            except OSError:
+                return None
+        return self._dir[1]
 
     def _close_dir(self) -> None:
         """Close the folder `_measure_one` kept open for the next file of the same folder."""
