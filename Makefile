@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # module's Prometheus or fresh clone is made once).
 XDIST ?= -n auto --maxprocesses=4 --dist loadfile
 
-.PHONY: test check install-test install-bench lint typecheck pytest screenshots bench
+.PHONY: test check install-test install-bench lint typecheck pytest screenshots bench native
 
 test: install-test lint typecheck pytest
 
@@ -18,6 +18,10 @@ check: lint typecheck
 
 install-test:
 	PY=$(PY) VENV=$(VENV) bash scripts/install-test-deps
+
+# The optional C modules (dltop/native/*.c) in place; the install builds them too (hatch_build.py).
+native:
+	$(BIN)/python scripts/build_native.py
 
 install-bench:
 	PY=$(PY) VENV=$(VENV) bash scripts/install-bench-deps

@@ -74,6 +74,21 @@ def _mark_slow(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The optional C modules are built from their sources before the tests (the controller only, not each xdist
+    # worker): a .c edited since the install is never tested through a stale .so. Without a compiler nothing is
+    # built and the tests of the C side skip, saying why (dltop.native.status()).
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "dltop_build_native", Path(__file__).resolve().parent.parent / "scripts" / "build_native.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod.build(log=lambda _m: None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks the slow tests (see SLOW_FILES). SVG snapshot tests that will skip (their fixtures are in ../shared,
     which a user's clone lacks): unused snapshots warn instead of failing the run, and --snapshot-update is refused.

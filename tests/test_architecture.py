@@ -19,6 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "fmt": set(),
     "kernel": {"errors"},
+    "native": {"native"},  # the optional C modules and their loader: below everything that uses them
     "cpuregs": {"errors"},
     "config": {"errors"},
     # KV-cache arithmetic from a model config: pure, below the commands.
@@ -33,9 +34,10 @@ ALLOWED: dict[str, set[str]] = {
     "exporter": {"exporter", "model", "fields", "hints", "errors", "__init__"},
     "hints": {"hints", "model", "fmt"},
     # The probes source shares the file format's constants and directory with the probe (dltop/probe/files.py).
-    "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "kv", "__init__"},
+    "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "kv", "native",
+                "__init__"},
     "sampler": {"model", "sources", "derive"},
-    "actions": {"actions", "model", "fmt", "kernel", "errors", "sources", "journal"},
+    "actions": {"actions", "model", "fmt", "kernel", "errors", "sources", "journal", "native"},
     # The machine's action journal: the runner appends, recorders tail it.
     "journal": {"journal"},
     # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
