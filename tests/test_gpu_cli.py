@@ -96,3 +96,47 @@ def test_the_filter_matches_as_the_tab_s_does(machine: tuple[str, dict[str, Any]
     assert [r["pid"] for r in json.loads(_dltop(path, "--json", "--filter", "2J"))["rows"]] == [r.pid for r in want]
     assert _dltop(path, "--filter", "no such process").splitlines() == [
         "GPU  PID  USER  USED  SM%  CPU%  RSS  TIME  COMMAND"]
+
+
+def _dltop_rc(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "dltop", "gpu", *args], capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+def test_a_recording_lists_the_processes_of_the_moment_asked(
+        machine: tuple[str, dict[str, Any], dict[str, int]], tmp_path: Path) -> None:
+    """--recording reads the sample at or before -t (the last by default): the rows of that moment, in the order
+    select_processes gives them, with the moment said; a moment before the recording and -t alone are errors."""
+    from dltop.model.snapshot import Snapshot
+    from dltop.recorder import Recorder
+
+    _, s, pids = machine
+    first = GpuReader(lambda: FakeBackend(s)).read()
+    gone = json.loads(json.dumps(s))
+    g = gone["gpus"][0]
+    g["compute_processes"] = [p for p in g["compute_processes"] if p["pid"] != pids["other"]]
+    g["process_utilization"] = [p for p in g["process_utilization"] if p["pid"] != pids["other"]]
+    later = GpuReader(lambda: FakeBackend(gone)).read()
+    t0 = 1_790_000_000.0
+    with Recorder(str(tmp_path / "rec"), retain_s=None, max_bytes=None) as recorder:
+        recorder.write(Snapshot(ts=t0, host="n1", gpus=first), wait=True)
+        recorder.write(Snapshot(ts=t0 + 1, host="n1", gpus=later), wait=True)
+        recorder.write(Snapshot(ts=t0 + 2, host="n1"), wait=True)  # recorded without the GPU source
+    rec = str(tmp_path / "rec")
+    at_start = json.loads(_dltop_rc("--recording", rec, "-t", str(t0), "--json").stdout)
+    assert at_start["ts"] == t0
+    assert [r["key"] for r in at_start["rows"]] == [r.key for r in select_processes(first, ProcessQuery())]
+    assert pids["other"] in [r["pid"] for r in at_start["rows"]]
+    mid = json.loads(_dltop_rc("--recording", rec, "-t", str(t0 + 1.5), "--json").stdout)
+    assert mid["ts"] == t0 + 1 and pids["other"] not in [r["pid"] for r in mid["rows"]] and mid["rows"]
+    text = _dltop_rc("--recording", rec, "-t", str(t0 + 1)).stdout.splitlines()
+    assert text[0].startswith("at ") and text[0].endswith("(recorded)")
+    assert text[1].split()[:2] == ["GPU", "PID"] and len(text) == 2 + len(mid["rows"])
+    last = _dltop_rc("--recording", rec)
+    assert last.returncode == 1 and "recorded without the GPU source" in last.stdout
+    before = _dltop_rc("--recording", rec, "-t", str(t0 - 60))
+    assert before.returncode != 0 and "before the recording starts" in before.stderr
+    assert "Traceback" not in before.stderr and len(before.stderr.strip().splitlines()) == 1
+    alone = _dltop_rc("-t", "10m ago")
+    assert alone.returncode != 0 and "needs --recording" in alone.stderr and "Traceback" not in alone.stderr

@@ -7,12 +7,14 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 from dltop.model.gpu_query import SORTS, ProcessQuery
 
 DESCRIPTION = ("The processes on the GPUs with their user, command, GPU memory, SM %, CPU %, host RSS and running "
                "time, as the GPU tab lists them: filtered by text, sorted by a column, grouped under their "
-               "launcher. Read twice, half a second apart, so CPU % is known.")
+               "launcher. Read twice, half a second apart, so CPU % is known; or, with --recording, as they were "
+               "at a moment of a recording (the last sample unless -t says when).")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reverse", action="store_true", help="the other way round")
     p.add_argument("--tree", action="store_true", help="ranks under their launcher (same parent, two or more)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON (each process's every field)")
+    p.add_argument("--recording", metavar="PATH",
+                   help="read a recording (a directory or one segment file) instead of the live GPUs")
+    p.add_argument("-t", "--time", metavar="TIME",
+                   help="with --recording: the sample at or before TIME ('10m ago', 14:05, ISO 8601, epoch, start, "
+                        "end; default end)")
     add_common_options(p)
     p.set_defaults(func=run)
 
@@ -41,20 +48,30 @@ def run(args: argparse.Namespace) -> int:
     from dltop.text.gpu import process_table
 
     query = ProcessQuery(filter=args.filter, sort=args.sort, reverse=args.reverse, tree=args.tree)
-    src = source(settings_from_args(args))
-    try:
-        src.read()
-        time.sleep(MIN_INTERVAL_S)  # a CPU % is the CPU time between two reads over the time between them
-        part = src.read()
-    finally:
-        if src.close is not None:
-            src.close()
+    if args.recording is None:
+        if args.time is not None:
+            from dltop.errors import DltopError
+
+            raise DltopError("-t/--time needs --recording (the live GPUs are read now)")
+        src = source(settings_from_args(args))
+        try:
+            src.read()
+            time.sleep(MIN_INTERVAL_S)  # a CPU % is the CPU time between two reads over the time between them
+            part = src.read()
+        finally:
+            if src.close is not None:
+                src.close()
+        now = time.time()
+    else:
+        part, now = _recorded(args.recording, args.time)
     if args.json:
         from dltop.model.gpu_query import select_processes
 
         rows = [{"key": r.key, "place": r.place, "pid": r.pid, "depth": r.depth, "children": r.children,
                  "process": None if r.process is None else to_dict(r.process)} for r in select_processes(part, query)]
-        out = {"query": to_dict(query), "rows": rows}
+        out: dict[str, object] = {"query": to_dict(query), "rows": rows}
+        if args.recording is not None:
+            out["ts"] = now
         if isinstance(part, Unavailable):
             out["unavailable"] = part.reason
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
@@ -64,5 +81,33 @@ def run(args: argparse.Namespace) -> int:
 
         sys.stdout.write(f"no GPUs: {printable(part.reason)}\n" if part.absent else f"GPUs: {printable(part.reason)}\n")
         return 0 if part.absent else 1
-    sys.stdout.write(process_table(part, query, time.time()) + "\n")
+    if args.recording is not None:
+        sys.stdout.write(f"at {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(now))} (recorded)\n")
+    sys.stdout.write(process_table(part, query, now) + "\n")
     return 0
+
+
+def _recorded(path: str, when: str | None) -> tuple[Any, float]:
+    """The GPU part of the recording's sample at or before `when` (the last one by default), and its time;
+    what of the recording was damaged is said on stderr, as replay and dump do."""
+    from dltop.commands.record import damage_note
+    from dltop.errors import DltopError
+    from dltop.model.base import Unavailable
+    from dltop.recorder import Recording, parse_time
+
+    rec = Recording(path)
+    try:
+        times = rec.times()
+        if not times:
+            raise DltopError(f"{path}: the recording holds no samples")
+        ts = times[-1] if when is None else parse_time(when, time.time(), rec)
+        if ts < times[0]:
+            raise DltopError(f"-t {when}: before the recording starts "
+                             f"({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(times[0]))})")
+        snap = rec.at(ts)
+    finally:
+        damage_note("gpu", rec)
+    part = snap.gpus
+    if part is None:
+        part = Unavailable("the recording holds no GPU part at that moment (recorded without the GPU source)")
+    return part, snap.ts
