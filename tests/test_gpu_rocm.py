@@ -86,7 +86,8 @@ def test_a_hip_process_joins_its_amd_gpu_by_pci_address(workers: Workers, monkey
     pid = hip_worker(workers, HIP_PROPS)
     gpus = join_splits(amd_gpus(pid, monkeypatch, nvidia=True), workers.probes(), None, time.time())
     p = process(gpus, pid)
-    assert p.split.joined_by == "pci" and p.split.probe_device == "cuda:0"
+    # (seen once, not caught again: joined_by was not "pci"; the split and the probe say why if it comes back)
+    assert p.split.joined_by == "pci" and p.split.probe_device == "cuda:0", (p.split, workers.probes())
     assert p.split.weights_bytes == SPEC["weights"], p.split.unavailable
     assert p.split.non_torch_bytes == 3500 * MIB - SPEC["reserved"]  # amdsmi's VRAM figure less torch's reserved
 
