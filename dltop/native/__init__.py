@@ -13,7 +13,7 @@ import os
 from types import ModuleType
 
 # name -> the API version this dltop's Python side was written against (the C module's `API` constant)
-EXPECTED: dict[str, int] = {}
+EXPECTED: dict[str, int] = {"_walk": 1}
 
 _cache: dict[str, ModuleType | None] = {}
 _why: dict[str, str] = {}

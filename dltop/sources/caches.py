@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dltop import native
 from dltop.model.base import Unavailable, display_path
 from dltop.model.caches import (
     FOLDERS_KEPT,
@@ -427,6 +428,7 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
     lstat, listdir, is_dir, is_reg, is_lnk = os.lstat, _listdir, stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
     stopped = False
     listed, next_check = 0, _CHECK_EVERY
+    c_walk = native.load("_walk")  # the C loop (docs/caches.md); None: the Python one below, its twin
     while stack and not stopped:
         i = stack.pop()
         node = nodes[i]
@@ -443,6 +445,22 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
             w.note("unreadable", d, path_error(e.strerror or str(e), d))
             continue
         try:
+            depth = node.depth + 1
+            keep = node.depth < keep_depth
+            limit = ENTRIES_KEPT if i == 0 else KEPT_PER_FOLDER
+            kept = node.kept
+            if c_walk is not None:
+                try:  # a listing made in Python only where a test replaced _listdir
+                    r = c_walk.scan(fd, None if listdir is os.listdir else listdir(fd), seen, keep, limit,
+                                    LOCKS_KEPT - len(w.locks), budget.stop, listed, next_check, _CHECK_EVERY)
+                except OSError as e:
+                    if i == 0:
+                        raise
+                    w.note("unreadable", d, path_error(e.strerror or str(e), d))
+                    continue
+                w.dirs += 1
+                listed, next_check, stopped = _took(w, nodes, stack, i, r, limit)
+                continue
             try:
                 names = listdir(fd)
             except OSError as e:
@@ -452,10 +470,6 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
                 continue
             w.dirs += 1
             node.count = len(names)
-            depth = node.depth + 1
-            keep = node.depth < keep_depth
-            limit = ENTRIES_KEPT if i == 0 else KEPT_PER_FOLDER
-            kept = node.kept
             cut = -1  # blocks at or below this cannot make the kept list (once it is full)
             blocks = apparent = files = 0
             newest, oldest, atime = node.newest, node.oldest, node.atime
@@ -541,6 +555,49 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
         w.folders.append((n.path, kids, max(0, n.count - len(kids)), n.size - n.own - sum(e.size for e in kids),
                           n.apparent - n.own_apparent - sum(e.apparent for e in kids)))
     return w
+
+
+def _took(w: CacheWalk, nodes: list[_Dir], stack: list[int], i: int, r: tuple[Any, ...],
+          limit: int) -> tuple[int, int, bool]:
+    """What the C loop (dltop.native._walk.scan) gives for folder nodes[i], taken as the Python loop of
+    walk_cache takes each name; returns (listed, next_check, stopped) for the budget."""
+    count, blocks, apparent, files, newest, oldest, atime, subdirs, kept, events, locks, listed, next_check, \
+        stopped = r
+    node = nodes[i]
+    d, depth = node.path, node.depth + 1
+    node.count = count
+    for name, b, size in subdirs:
+        node.subdirs.append(len(nodes))
+        stack.append(len(nodes))
+        nodes.append(_Dir(name, f"{d}/{name}", i, depth, b * 512, size))
+    for code, name, n in events:
+        if name is None:  # vanished or symlink, n of them in a row
+            why = _NOTES[code]
+            w.noted[why] = w.noted.get(why, 0) + n
+        elif code == 1:
+            w.note("unreadable", f"{d}/{name}", path_error(os.strerror(n), f"{d}/{name}"))
+        else:
+            w.note("non_utf8_name", f"{d}/{name}", "name not UTF-8")
+    for name, *f in locks:
+        # os.stat_result's fields in its order: the 10 of the tuple, then the float and ns times, blksize,
+        # blocks, rdev; the float times as posixmodule.c computes them (sec + nsec * 1e-9)
+        (mode, ino, dev, nlink, uid, gid, size, a_s, a_n, m_s, m_n, c_s, c_n, blksize, nblocks, rdev) = f
+        w.locks.append((f"{d}/{name}", os.stat_result((
+            mode, ino, dev, nlink, uid, gid, size, a_s, m_s, c_s, a_s + a_n * 1e-9, m_s + m_n * 1e-9,
+            c_s + c_n * 1e-9, a_s * 10**9 + a_n, m_s * 10**9 + m_n, c_s * 10**9 + c_n, blksize, nblocks, rdev))))
+    if kept:
+        node.kept.extend(kept)
+        if len(node.kept) >= 2 * limit:
+            node.kept.sort()
+            del node.kept[limit:]
+    node.size += blocks * 512
+    node.apparent += apparent
+    node.files += files
+    node.newest, node.oldest, node.atime = max(node.newest, newest), min(node.oldest, oldest), max(node.atime, atime)
+    return listed, next_check, stopped
+
+
+_NOTES = ("vanished", "unreadable", "non_utf8_name", "symlink")  # the C loop's event codes
 
 
 def _children(nodes: list[_Dir], node: _Dir, limit: int) -> list[_Entry]:

@@ -1,0 +1,310 @@
+"""The caches walk's C loop (dltop/native/_walk.c) against its Python twin (walk_cache with DLTOP_NATIVE=0): the
+same CacheWalk, field for field, on real trees (hard links, symlinks and their loops, FIFOs, devices, non-UTF-8
+names, unreadable folders, entries that vanish, a folder swapped for a symlink, budgets), on generated trees,
+and the same bytes and files as du -sB1 and find count them."""
+
+from __future__ import annotations
+
+import os
+import random
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dltop import native
+from dltop.sources import caches as src
+from tests.test_caches_util import REPO, du_bytes, find_files
+from tests.test_pagecache_util import IS_ROOT, NOBODY
+
+C_WALK = native.load("_walk")
+needs_c = pytest.mark.skipif(C_WALK is None, reason=f"the C walk does not run here: {native.status().get('_walk')}")
+
+
+def _walks(path: Path | str, monkeypatch: pytest.MonkeyPatch, **kw) -> tuple[src.CacheWalk, src.CacheWalk]:
+    """(the C walk, the Python walk) of `path`."""
+    try:
+        monkeypatch.setenv("DLTOP_NATIVE", "0")
+        native.reset()
+        assert native.load("_walk") is None
+        py = src.walk_cache(str(path), **kw)
+        monkeypatch.delenv("DLTOP_NATIVE")
+        native.reset()
+        assert native.load("_walk") is not None
+        c = src.walk_cache(str(path), **kw)
+    finally:
+        native.reset()
+    return c, py
+
+
+def _du_apparent(path: Path) -> int:
+    out = subprocess.run(["du", "--apparent-size", "-sB1", os.fsencode(str(path))], capture_output=True,
+                         check=True).stdout
+    return int(out.split()[0])
+
+
+def _odd_tree(base: Path) -> Path:
+    """Everything a cache can hold that du and find count their own way."""
+    cache = base / "c"
+    rng = random.Random(22)
+    for d in range(6):
+        sub = cache / f"{d:02x}" / "deeper"
+        sub.mkdir(parents=True)
+        for i in range(700 if d == 0 else 60):  # 700: more than twice the kept lists, so they are trimmed
+            size = rng.choice((0, 1, 100, 4096, 4097, 9000, 70000))  # ties in blocks, names break them
+            (cache / f"{d:02x}" / f"k{i}.py").write_bytes(b"x" * size)
+        (sub / "leaf").write_bytes(b"y" * 5000)
+    for i in range(260):  # more than ENTRIES_KEPT right below the cache
+        (cache / f"top{i}").write_bytes(b"z" * rng.choice((10, 5000, 20000)))
+    os.link(cache / "00" / "k1.py", cache / "01" / "deeper" / "hard")  # once in bytes, twice in find -type f
+    os.link(cache / "00" / "k2.py", cache / "hard-top")
+    (base / "outside").write_bytes(os.urandom(50000))
+    os.symlink(base / "outside", cache / "00" / "out")  # its target is never counted
+    os.symlink("loop", cache / "loop")  # a symlink to itself
+    os.symlink("..", cache / "02" / "deeper" / "up")  # a folder loop, never followed
+    os.symlink("nowhere", cache / "dangling")
+    os.mkfifo(cache / "03" / "fifo")
+    for i in range(60):  # more .lock files than LOCKS_KEPT
+        (cache / "04" / f"l{i}.lock").write_bytes(b"")
+    (cache / "04" / "a.lock.d").mkdir()
+    raw = os.fsencode(cache)
+    with open(os.path.join(raw, b"n\xffme"), "wb") as f:  # not UTF-8
+        f.write(b"x" * 5000)
+    os.mkdir(os.path.join(raw, b"dir\xfe"))
+    with open(os.path.join(raw, b"dir\xfe", b"in\xe9.lock"), "wb") as f:
+        f.write(b"x" * 100)
+    (cache / "05" / "naïve-ünïcode.py").write_bytes(b"u" * 3000)  # UTF-8 and not ASCII
+    if IS_ROOT:
+        os.mknod(cache / "03" / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    return cache
+
+
+@needs_c
+def test_the_c_and_python_walks_agree_on_a_tree_of_everything_and_with_du_and_find(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = _odd_tree(tmp_path)
+    c, py = _walks(cache, monkeypatch)
+    assert c == py
+    assert c.complete and c.size_bytes == du_bytes(cache) and c.files == find_files(cache)
+    assert c.apparent_bytes == _du_apparent(cache)
+    assert c.noted == {"symlink": 4, "non_utf8_name": 3}
+    assert len(c.locks) == src.LOCKS_KEPT and all(p.endswith(".lock") for p, _ in c.locks)
+    for p, s in c.locks:  # the stat_result built from the C loop's fields is os.lstat's, field by field
+        again = os.lstat(p)
+        assert [getattr(s, f) for f in dir(s) if f.startswith("st_")] == \
+            [getattr(again, f) for f in dir(again) if f.startswith("st_")]
+    assert len(c.entries) == src.ENTRIES_KEPT + 7 and c.more_entries > 0  # 7 folders, then the biggest files
+    assert c.folders and any(len(kids) == src.KEPT_PER_FOLDER for _p, kids, *_ in c.folders)
+
+
+@needs_c
+@pytest.mark.parametrize("keep_depth", [0, 1, 4])
+def test_the_kept_lists_agree_at_every_depth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             keep_depth: int) -> None:
+    cache = _odd_tree(tmp_path)
+    c, py = _walks(cache, monkeypatch, keep_depth=keep_depth)
+    assert c == py and c.size_bytes == du_bytes(cache)
+
+
+@needs_c
+def test_vanished_entries_and_a_folder_swapped_for_a_symlink(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.listdir
+
+    def make() -> Path:
+        cache = tmp_path / "c"
+        if cache.exists():
+            subprocess.run(["rm", "-rf", str(cache)], check=True)
+        for sub in ("a", "b"):
+            (cache / sub).mkdir(parents=True)
+            for i in range(5):
+                (cache / sub / f"f{i}").write_bytes(b"x" * 100)
+                os.utime(cache / sub / f"f{i}", (1e9 + i, 1e9 - i))  # made twice: the same times each time
+        for i in range(5):
+            (cache / f"g{i}").write_bytes(b"x" * 100)
+            os.utime(cache / f"g{i}", (2e9, 2e9 + i))
+        (tmp_path / "elsewhere").mkdir(exist_ok=True)
+        return cache
+
+    swapped: list[str] = []
+
+    def racing(fd):  # list, then delete a listed file; listing the first subfolder, swap the other for a symlink
+        names = real(fd)
+        here = os.readlink(f"/proc/self/fd/{fd}")
+        if here.endswith("/c"):
+            (tmp_path / "c" / "g3").unlink()
+        elif not swapped:
+            other = "a" if here.endswith("/c/b") else "b"
+            os.rename(tmp_path / "c" / other, tmp_path / "moved")
+            os.symlink(tmp_path / "elsewhere", tmp_path / "c" / other)
+            swapped.append(other)
+        return names
+
+    monkeypatch.setattr(src, "_listdir", racing)
+    walked = []
+    for off in ("0", "1"):
+        make()
+        subprocess.run(["rm", "-rf", str(tmp_path / "moved")], check=True)
+        swapped.clear()
+        monkeypatch.setenv("DLTOP_NATIVE", off)
+        native.reset()
+        assert (native.load("_walk") is None) == (off == "0")
+        walked.append(src.walk_cache(str(tmp_path / "c")))
+    native.reset()
+    py, c = walked
+    assert c == py
+    assert c.noted == {"vanished": 1, "unreadable": 1} and c.files == 4 + 5
+    assert len(c.problems) == 1 and c.problems[0].startswith(f"not a directory: {tmp_path}/c/{swapped[0]}")
+
+
+@needs_c
+@pytest.mark.parametrize("how", ["deadline", "cancel", "cpu"])
+def test_a_walk_cut_short_is_cut_at_the_same_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 how: str) -> None:
+    cache = tmp_path / "c"
+    for d in range(4):
+        (cache / f"d{d}").mkdir(parents=True)
+        for i in range(800):
+            (cache / f"d{d}" / f"f{i}").write_bytes(b"x" * (i % 7) * 1000)
+    if how == "cpu":  # a CPU share slows the walk and never cuts it
+        c, py = _walks(cache, monkeypatch, cpu_fraction=0.9)
+        assert c == py and c.complete and c.files == 3200
+        return
+    gone = threading.Event()
+    gone.set()
+    kw = {"deadline_s": 0.0} if how == "deadline" else {"cancel": gone}
+    c, py = _walks(cache, monkeypatch, **kw)
+    assert c == py and not c.complete and 0 < c.files < 3200
+
+
+@needs_c
+@pytest.mark.skipif(not IS_ROOT, reason="needs root (setpriv to walk as nobody)")
+def test_unreadable_folders_and_names_agree_as_nobody(tmp_path: Path) -> None:
+    base = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="dltop-test-"))
+    try:
+        os.chmod(base, 0o755)
+        cache = base / "c"
+        (cache / "open").mkdir(parents=True)
+        (cache / "open" / "f").write_bytes(b"x" * 9000)
+        (cache / "shut").mkdir()  # not listable
+        (cache / "shut" / "g").write_bytes(b"x" * 9000)
+        os.chmod(cache / "shut", 0o700)
+        (cache / "noexec").mkdir()  # listable, its names not lstat-able
+        for i in range(3):
+            (cache / "noexec" / f"h{i}").write_bytes(b"x" * 9000)
+        os.chmod(cache / "noexec", 0o744)
+        os.chmod(cache, 0o755)
+        code = ("import os, sys\nfrom dltop import native\nfrom dltop.sources.caches import walk_cache\n"
+                "out = []\n"
+                "for off in ('0', '1'):\n"
+                "    os.environ['DLTOP_NATIVE'] = off; native.reset()\n"
+                "    out.append((native.load('_walk') is not None, walk_cache(sys.argv[1])))\n"
+                "(p_c, p), (c_c, c) = out\n"
+                "print(p_c, c_c, c == p, c.files, sorted(c.noted.items()), c.problems)\n")
+        r = subprocess.run([*NOBODY, sys.executable, "-c", code, str(cache)], capture_output=True, text=True,
+                           cwd=REPO, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("False True True 1 [('unreadable', 4)] "), r.stdout
+        assert f"permission denied: {cache}/shut" in r.stdout and f"permission denied: {cache}/noexec/h0" in r.stdout
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=True)
+
+
+@needs_c
+def test_the_walked_folder_itself_unreadable_raises_on_both_sides(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(fd):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(src, "_listdir", failing)
+    (tmp_path / "c").mkdir()
+    for off in ("0", "1"):
+        monkeypatch.setenv("DLTOP_NATIVE", off)
+        native.reset()
+        with pytest.raises(PermissionError):
+            src.walk_cache(str(tmp_path / "c"))
+    native.reset()
+
+
+@needs_c
+def test_sums_past_int64_stay_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path  # tmpfs takes files of 2**62 bytes
+    cache = Path(tempfile.mkdtemp(dir=base, prefix="dltop-test-"))
+    try:
+        _sparse(cache, monkeypatch)
+    finally:
+        subprocess.run(["rm", "-rf", str(cache)], check=True)
+
+
+def _sparse(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        for i in range(3):  # sparse: st_size near the largest the filesystem takes, no blocks
+            with open(cache / f"s{i}", "wb") as f:
+                f.truncate(2**62 if i else 2**43)
+    except OSError as e:
+        pytest.skip(f"this filesystem takes no file that big: {e}")
+    sizes = sum(os.lstat(cache / f"s{i}").st_size for i in range(3))
+    c, py = _walks(cache, monkeypatch)
+    assert c == py and c.apparent_bytes == sizes + os.lstat(cache).st_size
+
+
+# -- generated trees ----------------------------------------------------------------------------------------
+
+NAME = st.sampled_from([b"a", b"b", b"k0.py", b"x.lock", b"\xff", b"n\xe9", "é".encode(), b"sub", b"z" * 40])
+SIZES = st.sampled_from([0, 1, 4096, 4097, 12000])
+LEAF = st.one_of(st.tuples(st.just("file"), SIZES), st.tuples(st.just("link"), st.integers(0, 5)),
+                 st.tuples(st.just("hard"), st.integers(0, 50)), st.tuples(st.just("fifo")))
+TREE = st.recursive(st.dictionaries(NAME, LEAF, max_size=6),
+                    lambda kids: st.dictionaries(NAME, st.one_of(LEAF, kids), max_size=5), max_leaves=40)
+
+
+def _build(root: bytes, tree: dict, files: list[bytes]) -> None:
+    for name, what in tree.items():
+        p = os.path.join(root, name)
+        if isinstance(what, dict):
+            os.mkdir(p)
+            _build(p, what, files)
+        elif what[0] == "file":
+            with open(p, "wb") as f:
+                f.write(b"x" * what[1])
+            files.append(p)
+        elif what[0] == "link":
+            os.symlink(b"../" * what[1] + name, p)  # dangling, to itself, or to a folder above
+        elif what[0] == "hard" and files:
+            os.link(files[what[1] % len(files)], p)
+        elif what[0] == "fifo":
+            os.mkfifo(p)
+
+
+@needs_c
+@settings(max_examples=150, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(tree=TREE, keep_depth=st.integers(0, 3))
+def test_generated_trees_walk_the_same_in_c_and_python(monkeypatch: pytest.MonkeyPatch, tree: dict,
+                                                       keep_depth: int) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        root = os.path.join(os.fsencode(d), b"c")
+        os.mkdir(root)
+        _build(root, tree, [])
+        c, py = _walks(os.fsdecode(root), monkeypatch, keep_depth=keep_depth)
+        assert c == py
+        assert c.size_bytes == du_bytes(os.fsdecode(root)) and c.files == find_files(os.fsdecode(root))
+
+
+def test_the_python_twin_runs_where_the_c_walk_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLTOP_NATIVE", "0")
+    native.reset()
+    try:
+        assert native.status()["_walk"] == "off (DLTOP_NATIVE=0)"
+        (tmp_path / "c").mkdir()
+        (tmp_path / "c" / "f").write_bytes(b"x" * 5000)
+        w = src.walk_cache(str(tmp_path / "c"))
+        assert w.files == 1 and w.size_bytes == du_bytes(tmp_path / "c")
+    finally:
+        native.reset()
