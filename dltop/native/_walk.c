@@ -223,6 +223,44 @@ static inline int is_ascii(const char *s, size_t n) {
     return 1;
 }
 
+/* A candidate for the folder's kept list, its name the j-th of the listing. */
+typedef struct {
+    long long b, size;
+    double m, a;
+    Py_ssize_t j;
+} Cand;
+
+static int by_blocks(const void *x, const void *y, void *ctx) { /* biggest first, then as listed */
+    const Cand *p = x, *q = y;
+    (void)ctx;
+    if (p->b != q->b) return p->b > q->b ? -1 : 1;
+    return (p->j > q->j) - (p->j < q->j);
+}
+
+static int by_name(const void *x, const void *y, void *ctx) { /* ASCII names: as Python compares str */
+    const Names *ns = ctx;
+    const Cand *p = x, *q = y;
+    size_t lp = ns->len[p->j], lq = ns->len[q->j];
+    int c = memcmp(ns->buf + ns->off[p->j], ns->buf + ns->off[q->j], lp < lq ? lp : lq);
+    return c ? c : (lp > lq) - (lp < lq);
+}
+
+/* How many of the candidates (sorted by_blocks) to hand to Python so that its list, sorted by (-blocks, name,
+ * ...) and cut at `limit`, is what it would be from all of them: those bigger than the limit-th, and of those as
+ * big as it, the first by name where every such name is ASCII (its bytes order as its str), else all of them. */
+static Py_ssize_t cands_kept(Cand *c, Py_ssize_t n, Py_ssize_t limit, const Names *ns) {
+    if (n <= limit) return n;
+    long long edge = c[limit - 1].b;
+    Py_ssize_t above = 0, end = limit;
+    while (above < n && c[above].b > edge) above++;
+    while (end < n && c[end].b == edge) end++;
+    if (end == limit) return limit;
+    for (Py_ssize_t i = above; i < end; i++)
+        if (!is_ascii(ns->buf + ns->off[c[i].j], ns->len[c[i].j])) return end;
+    qsort_r(c + above, (size_t)(end - above), sizeof(Cand), by_name, (void *)ns);
+    return limit;
+}
+
 PyDoc_STRVAR(scan_doc,
 "scan(fd, names, seen, keep, limit, locks_left, stop, listed, next_check, check_every) -> tuple\n\n"
 "One folder of the caches walk (dltop/sources/caches.py walk_cache, whose Python loop is this one's twin).\n"
@@ -233,8 +271,8 @@ PyDoc_STRVAR(scan_doc,
 "Returns (count, blocks, apparent, files, newest, oldest, atime, subdirs, kept, events, locks, listed,\n"
 "next_check, stopped): blocks in st_blocks units and apparent bytes of the non-folders (a hard link met before\n"
 "counts 0), regular files, their newest and oldest st_mtime and newest st_atime (-inf/inf: none); subdirs:\n"
-"[(name, st_blocks, st_size)]; kept: [(-st_blocks, name, st_size, mtime, atime)] the candidates for the kept\n"
-"list (mtime and atime -inf but for regular files); events: [(code, name or None, errno or count)], 0 vanished,\n"
+"[(name, st_blocks, st_size)]; kept: [(-st_blocks, name, st_size, mtime, atime)], the candidates for the kept\n"
+"list that can make it (mtime and atime -inf but for regular files); events: [(code, name or None, errno or count)], 0 vanished,\n"
 "1 unreadable, 2 non-UTF-8 name, 3 symlink; locks: [(name, mode, ino, dev, nlink, uid, gid, size, atime_s,\n"
 "atime_ns, mtime_s, mtime_ns, ctime_s, ctime_ns, blksize, blocks, rdev)]. Raises OSError when the listing\n"
 "fails, as os.listdir(fd) does.");
@@ -293,6 +331,8 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     struct stat *sts = malloc((size_t)chunk * sizeof(struct stat));
     int *errs = malloc((size_t)chunk * sizeof(int));
     long long *kb = malloc((size_t)(2 * limit) * sizeof(long long));  /* the kept list's blocks, as Python's */
+    Py_ssize_t ncand = 0, capcand = 4 * limit;
+    Cand *cands = malloc((size_t)capcand * sizeof(Cand));
     Py_ssize_t nkb = 0;
     long long cut = -1;  /* blocks at or below this cannot make the kept list (once it is full) */
     Sum blocks = {0, NULL}, apparent = {0, NULL};
@@ -300,7 +340,7 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     double newest = -Py_HUGE_VAL, oldest = Py_HUGE_VAL, atime = -Py_HUGE_VAL;
     int stopped = 0;
     if (!subdirs || !kept || !ev.list || !locks) goto done;
-    if (!sts || !errs || !kb) {
+    if (!sts || !errs || !kb || !cands) {
         PyErr_NoMemory();
         goto done;
     }
@@ -401,12 +441,22 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 if (S_ISLNK(mode) && add_event(&ev, EV_SYMLINK, NULL, 1) < 0) goto fail_name;
             }
             if (keep && b > cut) { /* a tie with the smallest kept: the first listed stays */
-                if (!name && !(name = PyUnicode_DecodeFSDefaultAndSize(nm, (Py_ssize_t)nlen))) goto done;
-                PyObject *t = Py_BuildValue("(LOLdd)", -b, name, size, m, a);
-                if (!t) goto fail_name;
-                int r = PyList_Append(kept, t);
-                Py_DECREF(t);
-                if (r < 0) goto fail_name;
+                if (ncand == capcand) { /* only those that can still make the list stay */
+                    qsort_r(cands, (size_t)ncand, sizeof(Cand), by_blocks, NULL);
+                    Py_ssize_t left = limit;
+                    while (left < ncand && cands[left].b == cands[limit - 1].b) left++;
+                    ncand = left;
+                    if (ncand == capcand) {
+                        Cand *more = realloc(cands, (size_t)(2 * capcand) * sizeof(Cand));
+                        if (!more) {
+                            PyErr_NoMemory();
+                            goto fail_name;
+                        }
+                        cands = more;
+                        capcand *= 2;
+                    }
+                }
+                cands[ncand++] = (Cand){b, size, m, a, j};
                 /* the Python loop's trim, on the blocks alone: its cut is the limit-th biggest kept */
                 kb[nkb++] = b;
                 if (nkb >= 2 * limit) {
@@ -423,6 +473,18 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         }
     }
     if (events_flush(&ev) < 0) goto done;
+    qsort_r(cands, (size_t)ncand, sizeof(Cand), by_blocks, NULL);
+    ncand = cands_kept(cands, ncand, limit, &ns);
+    for (Py_ssize_t i = 0; i < ncand; i++) {
+        const Cand *c = &cands[i];
+        PyObject *t = Py_BuildValue("(LNLdd)", -c->b,
+                                    PyUnicode_DecodeFSDefaultAndSize(ns.buf + ns.off[c->j], (Py_ssize_t)ns.len[c->j]),
+                                    c->size, c->m, c->a);
+        if (!t) goto done;
+        int r = PyList_Append(kept, t);
+        Py_DECREF(t);
+        if (r < 0) goto done;
+    }
     {
         PyObject *pb = sum_value(&blocks), *pa = sum_value(&apparent);
         if (pb && pa)
@@ -443,6 +505,7 @@ done:
     free(sts);
     free(errs);
     free(kb);
+    free(cands);
     names_free(&ns);
     return result;
 }
