@@ -392,6 +392,11 @@ class CacheWalk:
             self.problems.append(f"{detail}: {display_path(path or '')}")
 
 
+def _why(error: str) -> str:
+    """`permission denied` of an OSError's strerror (CacheWalk.note adds the path)."""
+    return error[:1].lower() + error[1:]
+
+
 def _utf8(name: str) -> bool:
     try:
         name.encode("utf-8")
@@ -442,7 +447,7 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
             if i == 0:
                 raise
             # ELOOP: swapped for a symlink since its lstat; never followed
-            w.note("unreadable", d, path_error(e.strerror or str(e), d))
+            w.note("unreadable", d, _why(e.strerror or str(e)))
             continue
         try:
             depth = node.depth + 1
@@ -456,7 +461,7 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
                 except OSError as e:
                     if i == 0:
                         raise
-                    w.note("unreadable", d, path_error(e.strerror or str(e), d))
+                    w.note("unreadable", d, _why(e.strerror or str(e)))
                     continue
                 w.dirs += 1
                 listed, next_check, stopped = _took(w, nodes, stack, i, r, limit)
@@ -466,7 +471,7 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
             except OSError as e:
                 if i == 0:
                     raise
-                w.note("unreadable", d, path_error(e.strerror or str(e), d))
+                w.note("unreadable", d, _why(e.strerror or str(e)))
                 continue
             w.dirs += 1
             node.count = len(names)
@@ -487,7 +492,7 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
                         w.note("vanished")
                         continue
                     except OSError as e:
-                        w.note("unreadable", f"{d}/{name}", path_error(e.strerror or str(e), f"{d}/{name}"))
+                        w.note("unreadable", f"{d}/{name}", _why(e.strerror or str(e)))
                         continue
                     if not name.isascii() and not _utf8(name):
                         w.note("non_utf8_name", f"{d}/{name}", "name not UTF-8")
@@ -575,7 +580,7 @@ def _took(w: CacheWalk, nodes: list[_Dir], stack: list[int], i: int, r: tuple[An
             why = _NOTES[code]
             w.noted[why] = w.noted.get(why, 0) + n
         elif code == 1:
-            w.note("unreadable", f"{d}/{name}", path_error(os.strerror(n), f"{d}/{name}"))
+            w.note("unreadable", f"{d}/{name}", _why(os.strerror(n)))
         else:
             w.note("non_utf8_name", f"{d}/{name}", "name not UTF-8")
     for name, *f in locks:
