@@ -234,6 +234,26 @@ def test_the_walked_folder_itself_unreadable_raises_on_both_sides(tmp_path: Path
 
 
 @needs_c
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_ties_among_names_that_sort_apart_as_bytes_and_as_str(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               limit: int) -> None:
+    # U+E000 and a lone \xc3 sort one way as bytes, the other as str against the surrogate escapes of bytes that
+    # are not UTF-8 (\xff is U+DCFF): of files of one size, the kept ones are the first by str, as Python sorts
+    monkeypatch.setattr(src, "ENTRIES_KEPT", limit)
+    monkeypatch.setattr(src, "KEPT_PER_FOLDER", limit)
+    cache = tmp_path / "c"
+    (cache / "sub").mkdir(parents=True)
+    for folder in (os.fsencode(cache), os.fsencode(cache / "sub")):
+        for name in ("\ue000".encode(), b"\xff", b"\xc3", "é".encode(), b"\xed\xa0\x80", b"zz", b"big"):
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(b"x" * (20000 if name == b"big" else 3000))
+    c, py = _walks(cache, monkeypatch)
+    assert c == py
+    names = [e.name for e in c.entries if not e.is_dir]
+    assert names == sorted(names, key=lambda n: (n != "big", n)) and len(names) == limit
+
+
+@needs_c
 def test_sums_past_int64_stay_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     base = Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path  # tmpfs takes files of 2**62 bytes
     cache = Path(tempfile.mkdtemp(dir=base, prefix="dltop-test-"))
@@ -257,7 +277,10 @@ def _sparse(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- generated trees ----------------------------------------------------------------------------------------
 
-NAME = st.sampled_from([b"a", b"b", b"k0.py", b"x.lock", b"\xff", b"n\xe9", "é".encode(), b"sub", b"z" * 40])
+NAME = st.sampled_from([b"a", b"b", b"k0.py", b"x.lock", b"\xff", b"n\xe9", "é".encode(), b"sub", b"z" * 40,
+                        b"\x1b[2J\nx.lock", "\U0001f600".encode(), b"\xed\xa0\x80", "\ue000".encode(), b"\xc3"])
+# (terminal escapes; 4-byte UTF-8; an encoded surrogate; U+E000 and a lone \xc3, which sort one way as bytes and
+# the other as str against the surrogate escapes of bytes that are not UTF-8)
 SIZES = st.sampled_from([0, 1, 4096, 4097, 12000])
 LEAF = st.one_of(st.tuples(st.just("file"), SIZES), st.tuples(st.just("link"), st.integers(0, 5)),
                  st.tuples(st.just("hard"), st.integers(0, 50)), st.tuples(st.just("fifo")))

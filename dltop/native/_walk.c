@@ -278,6 +278,7 @@ PyDoc_STRVAR(scan_doc,
 "fails, as os.listdir(fd) does.");
 
 static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "scan() takes 10 arguments");
         return NULL;
@@ -518,6 +519,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_walk",
     "The caches walk's per-name loop in C (dltop/sources/caches.py walk_cache is its Python twin).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__walk(void) {
