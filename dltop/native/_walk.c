@@ -127,6 +127,12 @@ static int names_from_list(PyObject *list, Names *ns) {
             Py_DECREF(seq);
             return -1;
         }
+        if (memchr(PyBytes_AS_STRING(b), '\0', (size_t)PyBytes_GET_SIZE(b))) { /* as os.lstat says it */
+            Py_DECREF(b);
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "embedded null byte");
+            return -1;
+        }
         int r = names_add(ns, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b));
         Py_DECREF(b);
         if (r < 0) {
