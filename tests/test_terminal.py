@@ -87,3 +87,107 @@ def test_refuses_to_draw_into_a_file(tmp_path) -> None:
                            stdin=subprocess.DEVNULL, timeout=20)
     assert r.returncode == 1 and "needs a terminal" in r.stderr and "snapshot --json" in r.stderr
     assert out.read_text() == "" and "Traceback" not in r.stderr
+
+
+def _hex(seq: str) -> list[str]:
+    return [f"{b:02x}" for b in seq.encode()]
+
+
+def _input_thread(pid: int) -> str:
+    """The task of dltop's process that waits in select(2) (pselect6 on x86-64 glibc): Textual's input thread;
+    the others wait on futexes and epoll."""
+    waiting = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+                nr = f.read().split()[0]
+        except (OSError, IndexError):
+            continue
+        if nr in ("23", "270"):  # select, pselect6 (x86-64)
+            waiting.append(tid)
+    assert len(waiting) == 1, f"expected one task in select, found {waiting}"
+    return waiting[0]
+
+
+def _wakes(pid: int, tid: str) -> int:
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+
+
+def _start(sock: str, status, env: str = "") -> int:
+    """dltop in an 80x24 tmux window behind a shell that writes its exit status; its pid once it has drawn.
+    Without COLUMNS and LINES: something in the test process (not os.environ) exports 80 and 24, and with them
+    set the terminal's size is fixed for Textual (shutil.get_terminal_size reads them first)."""
+    _tmux(sock, "new-session", "-d", "-c", str(REPO), "-x", "80", "-y", "24",
+          f"env -u COLUMNS -u LINES sh -c '{env}{sys.executable} -m dltop; echo $? > {status}; sleep 60'")
+    shell = int(_tmux(sock, "list-panes", "-F", "#{pane_pid}").split()[0])
+    deadline = time.monotonic() + 15
+    while "Page cache" not in _tmux(sock, "capture-pane", "-p"):
+        assert time.monotonic() < deadline, "no first frame"
+        time.sleep(0.1)
+    return int(subprocess.run(["pgrep", "-P", str(shell)], capture_output=True, text=True).stdout.split()[0])
+
+
+def _until(sock: str, pred, what: str, within_s: float = 3.0) -> str:
+    deadline = time.monotonic() + within_s
+    while not pred(screen := _tmux(sock, "capture-pane", "-p")):
+        assert time.monotonic() < deadline, f"{what}; the screen:\n{screen}"
+        time.sleep(0.05)
+    return screen
+
+
+@pytest.mark.parametrize("driver", ["dltop", "textual"])
+def test_the_input_thread_sleeps_until_there_is_input(driver: str, tmp_path) -> None:
+    # Textual's Linux driver waits for input in select(0.1): ten wake-ups a second with nothing to read. dltop's
+    # (tui/driver.py) waits for input, the escape timeout or exit only. Textual's own driver (TEXTUAL_DRIVER)
+    # is the control: the count below does see its wake-ups.
+    sock = f"dltop-test-{os.getpid()}-wakes-{driver}"
+    env = "TEXTUAL_DRIVER=textual.drivers.linux_driver:LinuxDriver " if driver == "textual" else ""
+    try:
+        pid = _start(sock, tmp_path / "status", env)
+        time.sleep(1.0)  # past the start-up's replies (the terminal answering Textual's queries)
+        tid = _input_thread(pid)
+        before = _wakes(pid, tid)
+        time.sleep(2.0)
+        woke = _wakes(pid, tid) - before
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+    if driver == "dltop":
+        assert woke <= 1, f"the input thread woke {woke} times in 2 s with no input"
+    else:
+        assert woke >= 10, f"Textual's input thread woke only {woke} times in 2 s: is its select(0.1) gone?"
+
+
+@pytest.mark.parametrize("quit_key", ["q", "C-c"])
+def test_esc_keys_mouse_and_resize_reach_dltop_and_it_leaves_at_once(quit_key: str, tmp_path) -> None:
+    # With no poll, a lone Esc must still become the Esc key when the escape delay runs out (nothing more comes
+    # to end the sequence), and q / Ctrl-C must still end the input thread at once.
+    sock = f"dltop-test-{os.getpid()}-keys-{quit_key}"
+    status = tmp_path / "status"
+    try:
+        pid = _start(sock, status)
+        _tmux(sock, "send-keys", "?")
+        _until(sock, lambda s: "dltop — keys" in s, "? did not open the help")
+        time.sleep(0.3)
+        _tmux(sock, "send-keys", "Escape")  # alone: no key follows it
+        _until(sock, lambda s: "dltop — keys" not in s, "a lone Esc did not close the help")
+        _tmux(sock, "send-keys", "3")
+        _until(sock, lambda s: "watched" in s, "3 did not show the Datasets tab")
+        line = _tmux(sock, "capture-pane", "-p").splitlines()[1]
+        x = line.index("2 Page cache") + 3  # 1-based column of the label's middle
+        _tmux(sock, "send-keys", "-H", *_hex(f"\x1b[<0;{x};2M"), *_hex(f"\x1b[<0;{x};2m"))  # a click on it (SGR)
+        _until(sock, lambda s: "Available" in s and "watched" not in s, "a click on the tab did not show it")
+        _tmux(sock, "resize-window", "-x", "100", "-y", "30")
+        _until(sock, lambda s: len(s.splitlines()) == 30 and len(s.splitlines()[2]) == 100,
+               "the screen did not follow a resize")
+        t0 = time.monotonic()
+        _tmux(sock, "send-keys", quit_key)
+        deadline = t0 + 5
+        while not status.exists() or not status.read_text().strip():
+            assert time.monotonic() < deadline, f"still running 5 s after {quit_key}"
+            time.sleep(0.05)
+        state = _tmux(sock, "display", "-p", "#{alternate_on} #{mouse_any_flag}").split()
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+    assert not _alive(pid)
+    assert status.read_text().strip() == "0" and state == ["0", "0"]
