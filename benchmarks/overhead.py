@@ -159,6 +159,12 @@ def main() -> int:
         if not shutil.which(tool):
             print(f"overhead: {tool} not found (apt-get install {tool})", file=sys.stderr)
             return 1
+    # tmux's windows start in this process's working directory, and `python -m dltop` puts that first on
+    # sys.path: started from another checkout's folder, --code ran that folder's code (as gpu_tab.py's --repo did)
+    if args.gpu_scenario:
+        args.gpu_scenario = str(Path(args.gpu_scenario).resolve())
+    args.dataset_dir = str(Path(args.dataset_dir).resolve())
+    os.chdir(code)
     subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
     tmux("new-session", "-d", "-s", "bench", "-x", "80", "-y", "24", "sleep 100000")
     env_note = f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
