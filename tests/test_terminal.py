@@ -191,3 +191,39 @@ def test_esc_keys_mouse_and_resize_reach_dltop_and_it_leaves_at_once(quit_key: s
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
     assert not _alive(pid)
     assert status.read_text().strip() == "0" and state == ["0", "0"]
+
+
+@pytest.mark.parametrize("driver", ["dltop", "textual"])
+def test_a_suspended_dltop_comes_back_with_its_keys(driver: str) -> None:
+    # SIGTSTP suspends (Textual closes the driver) and `fg` starts application mode again: the input thread
+    # must come back with a wake pipe of its own, keys and a lone Esc working, and q must still leave.
+    sock = f"dltop-test-{os.getpid()}-suspend-{driver}"
+    env = "TEXTUAL_DRIVER=textual.drivers.linux_driver:LinuxDriver " if driver == "textual" else ""
+    _tmux(sock, "new-session", "-d", "-c", str(REPO), "-x", "80", "-y", "24",
+          "env -u COLUMNS -u LINES PS1='$ ' bash --norc --noprofile -i")
+    try:
+        _tmux(sock, "send-keys", "-l", f"{env}{sys.executable} -m dltop")
+        _tmux(sock, "send-keys", "Enter")
+        _until(sock, lambda s: "Page cache" in s, "no first frame", 15)
+        shell = int(_tmux(sock, "list-panes", "-F", "#{pane_pid}").split()[0])
+        pid = int(subprocess.run(["pgrep", "-P", str(shell)], capture_output=True, text=True).stdout.split()[0])
+        os.kill(pid, 20)  # SIGTSTP
+        _until(sock, lambda s: "Stopped" in s, "dltop did not stop")
+        _tmux(sock, "send-keys", "-l", "fg")
+        _tmux(sock, "send-keys", "Enter")
+        _until(sock, lambda s: "Page cache" in s, "dltop did not come back")
+        time.sleep(0.5)
+        _tmux(sock, "send-keys", "?")
+        _until(sock, lambda s: "dltop — keys" in s, "? did not open the help after fg")
+        time.sleep(0.3)
+        _tmux(sock, "send-keys", "Escape")
+        _until(sock, lambda s: "dltop — keys" not in s, "a lone Esc did not close the help after fg")
+        _tmux(sock, "send-keys", "q")
+        deadline = time.monotonic() + 5
+        while _alive(pid):
+            assert time.monotonic() < deadline, "still running 5 s after q"
+            time.sleep(0.05)
+        state = _tmux(sock, "display", "-p", "#{alternate_on} #{mouse_any_flag}").split()
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+    assert state == ["0", "0"]

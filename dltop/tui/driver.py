@@ -8,7 +8,9 @@ both without it:
   that time. The parser says when such a timeout is due (`Parser._timeout_time`); the thread waits until then,
   and with no partial sequence held it waits for input alone.
 - leaving: `disable_input` sets `exit_event` and joins the thread. Here setting that event also writes a byte
-  to a pipe the thread waits on, so it wakes at once (Textual's loop noticed within 0.1 s).
+  to a pipe the thread waits on, so it wakes at once (Textual's loop noticed within 0.1 s). A suspend (SIGTSTP,
+  `App.suspend`) stops application mode and closes the driver, then starts it again: the pipe is made at each
+  start and closed with the driver.
 
 Everything else (the reads, the UTF-8 decoding, the parser, `process_message`, the final drain) is Textual's,
 unchanged. Where the parser has no `_timeout_time` (another Textual), the thread polls every 0.1 s as
@@ -67,16 +69,24 @@ class QuietLinuxDriver(LinuxDriver):
     def __init__(self, app: App[Any], *, debug: bool = False, mouse: bool = True,
                  size: tuple[int, int] | None = None) -> None:
         super().__init__(app, debug=debug, mouse=mouse, size=size)
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.exit_event: _WakingEvent = _WakingEvent(self._wake_w)
-        self.wakes = 0  # how many times the input thread came out of select (tests read it)
+        # The pipe is made for each start of application mode: a suspend (SIGTSTP, App.suspend) closes the
+        # driver and starts it again.
+        self._wake_r = self._wake_w = -1
+        self.exit_event: _WakingEvent = _WakingEvent(-1)
+
+    def start_application_mode(self) -> None:
+        if self._wake_r < 0:
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self.exit_event.wake_fd = self._wake_w
+        super().start_application_mode()
 
     def close(self) -> None:
         super().close()
         self.exit_event.wake_fd = -1
         for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self._wake_r = self._wake_w = -1
 
     def _drain_wake(self) -> None:
@@ -122,7 +132,6 @@ class QuietLinuxDriver(LinuxDriver):
         try:
             while not self.exit_event.is_set():
                 events = selector.select(wait_s(parser, get_time()))
-                self.wakes += 1
                 process_selector_events(events)
             # As Textual ends it: nothing registered, a 0.1 s wait, and the parser's timeouts ticked once more.
             selector.unregister(fileno)
