@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -93,9 +94,16 @@ def _hex(seq: str) -> list[str]:
     return [f"{b:02x}" for b in seq.encode()]
 
 
+# select(2) and pselect6(2) by machine: glibc's select() is pselect6 on x86-64 and the only one on arm64.
+SELECT_SYSCALLS = {"x86_64": ("23", "270"), "aarch64": ("72",)}
+
+
 def _input_thread(pid: int) -> str:
-    """The task of dltop's process that waits in select(2) (pselect6 on x86-64 glibc): Textual's input thread;
-    the others wait on futexes and epoll."""
+    """The task of dltop's process that waits in select (Textual's input thread); the others wait on futexes and
+    epoll."""
+    numbers = SELECT_SYSCALLS.get(platform.machine())
+    if numbers is None:
+        pytest.skip(f"select's syscall number on {platform.machine()} is not known here")
     waiting = []
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -103,7 +111,7 @@ def _input_thread(pid: int) -> str:
                 nr = f.read().split()[0]
         except (OSError, IndexError):
             continue
-        if nr in ("23", "270"):  # select, pselect6 (x86-64)
+        if nr in numbers:
             waiting.append(tid)
     assert len(waiting) == 1, f"expected one task in select, found {waiting}"
     return waiting[0]
