@@ -20,11 +20,12 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, wait
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from dltop import fields as fd
 from dltop.errors import DltopError
 from dltop.model import Snapshot
+from dltop.recorder import template
 from dltop.recorder.reader import Damage, Recording
 from dltop.recorder.reuse import PartMemo
 
@@ -240,17 +241,65 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                 out.append((c, cell))
             return out
 
+        def columns_of(tm: template.Template) -> _Plan:
+            """How a template's numbers become this piece's cells: the columns of its wanted samples given as
+            cells_of gives them (in the order it would meet them), split into constant cells, cells that are a
+            number's own text, and the rest (computed, each text once)."""
+            consts: list[tuple[int, str]] = []
+            own: list[tuple[int, int]] = []
+            computed: list[tuple[int, Any, dict[str, str]]] = []
+            for f, labels, spec in tm.samples:
+                if f.name not in wanted:
+                    continue
+                mine = by_labels.setdefault(tuple(labels.items()), {})
+                c = mine.get(f.name)
+                if c is None:
+                    c = mine[f.name] = len(names)
+                    names.append(series_name(f.name, labels))
+                if spec[0] == "=":
+                    consts.append((c, template.cell(spec, ())))
+                elif template.own_text(spec):
+                    own.append((c, spec[0]))
+                else:
+                    computed.append((c, spec, {}))
+            return _Plan(tm, consts, [c for c, _ in own], template._getter([n for _, n in own]), computed)
+
         hints = _HintTimeline(rec)
         # A part object met again (its text repeated the sample before's: reuse.PartMemo) keeps its cells.
-        kept: dict[type, tuple[object, list[tuple[int, str]]]] = {}
+        kept: dict[type, tuple[object, list[tuple[int, str]]] | None] = {}
+        memo = PartMemo(templates=True)
+        # Columns of each template's samples: made when the template is first used, in the order cells_of
+        # would have met them.
+        placed_by: dict[int, _Plan] = {}
+        cell_of = template.cell
         with open(out, "w", encoding="utf-8") as rows:
-            for n, snap in enumerate(rec.range(first, last, PartMemo())):
+            for n, snap in enumerate(rec.range(first, last, memo)):
                 read(n)
                 placed: list[tuple[int, str]] = []
+                matched = memo.matched
                 for part, group in fd.sample_groups(snap, prev):
                     if part is None:
                         placed += cells_of(group)
                         continue
+                    if matched:
+                        match = next((m for m in matched.values() if m[0].part is part), None)
+                        if match is not None:  # a stand-in: the cells come from this line's numbers
+                            tm, nums = match
+                            plan = placed_by.get(id(tm))
+                            if plan is None or plan.tm is not tm:
+                                plan = placed_by[id(tm)] = columns_of(tm)
+                            placed += plan.consts
+                            placed += zip(plan.own_columns, plan.own(nums), strict=True)
+                            for c, spec, texts in plan.computed:
+                                t = nums[spec[0]]
+                                done = texts.get(t)
+                                if done is None:
+                                    if len(texts) > 4096:
+                                        texts.clear()
+                                    done = texts[t] = cell_of(spec, nums)
+                                placed.append((c, done))
+                            kept[type(part)] = None
+                            continue
                     hit = kept.get(type(part))
                     if hit is None or hit[0] is not part:
                         hit = kept[type(part)] = (part, cells_of(group))
@@ -284,6 +333,16 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
         for fh in files.values():
             fh.close()
     return names, rec.damage
+
+
+class _Plan(NamedTuple):
+    """How one template's numbers become a piece's cells (see _piece)."""
+
+    tm: template.Template
+    consts: list[tuple[int, str]]
+    own_columns: list[int]
+    own: Callable[[tuple[str, ...]], tuple[str, ...]]
+    computed: list[tuple[int, Any, dict[str, str]]]
 
 
 def _csv(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dltop.model import SCHEMA_VERSION, Snapshot
-from dltop.recorder import store
+from dltop.recorder import store, template
 
 # What store.loads checks, here part by part: the line picks its decoder by what its text may hold (a negative
 # number, a 21-digit int), so one negative number in the probes had every object of the line checked. Here a part
@@ -44,11 +44,18 @@ class PartMemo:
     """The previous sample line's parts: each top-level key of its Snapshot with its text, value and decoded
     part. One per reader of consecutive lines (a dump's piece)."""
 
-    def __init__(self) -> None:
+    def __init__(self, templates: bool = False) -> None:
         self._parts: dict[str, tuple[str, Any, Any]] = {}  # key -> (JSON text, parsed value, decoded part)
         self.reused = 0  # parts taken from the line before (for the tests and the docs)
         self.parsed = 0  # parts parsed and decoded
         self.gave_up = 0  # lines read the ordinary way
+        # With templates (a CSV dump's reader): a part whose text is its template's with other numbers is not
+        # decoded: the Snapshot holds the template's part as a stand-in (its numbers are not this line's!) and
+        # `matched` the template and this line's numbers, from which the part's cells come (template.py).
+        self._templates: dict[str, template.Template] | None = {} if templates else None
+        self._made: dict[str, int] = {}  # key -> templates made
+        self.matched: dict[str, tuple[template.Template, tuple[str, ...]]] = {}  # the last line's
+        self.templated = 0  # parts read from their template's numbers
 
     def body(self, raw: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
         """The line's parsed body, and the decoded Snapshot fields of its `snap` (GiveUp where the line is not a
@@ -59,6 +66,7 @@ class PartMemo:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise GiveUp from None
+        self.matched = {}
         risky = _risky(text, raw)
         body: dict[str, Any] = {}
         fields: dict[str, Any] = {}
@@ -81,6 +89,8 @@ class PartMemo:
         snap: dict[str, Any] = {}
         texts: dict[str, str] = {}
         reused: dict[str, Any] = {}
+        matched: dict[str, tuple[template.Template, tuple[str, ...]]] = {}
+        templates = self._templates
         pos += 1
         if text.startswith("}", pos):
             raise GiveUp
@@ -97,6 +107,13 @@ class PartMemo:
                 reused[key] = old[2]
                 pos += len(old[0])
                 self.reused += 1
+            elif templates is not None and key in templates and (got := templates[key].match(text, pos)):
+                tm = templates[key]
+                snap[key] = tm.parsed
+                reused[key] = tm.part
+                matched[key] = (tm, got[0])
+                pos = got[1]
+                self.templated += 1
             else:
                 start = pos
                 snap[key], pos = _value(text, pos, risky)
@@ -117,7 +134,24 @@ class PartMemo:
             holder = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": SCHEMA_VERSION, key: snap[key]})
             fields[key] = getattr(holder, key)
             self._parts[key] = (texts[key], snap[key], fields[key])
+            if templates is not None and key in template.KEYS:
+                self._template(key, texts[key], snap[key], fields[key])
+        self.matched = matched
         return snap, fields, pos + 1
+
+    def _template(self, key: str, text: str, parsed: Any, part: Any) -> None:
+        """Make a template of a part read the ordinary way, within a budget: a part whose numbers' places keep
+        changing (its texts never match) costs a few makings, then one per 16 matches."""
+        assert self._templates is not None
+        made = self._made.get(key, 0)
+        if made > 4 + self.templated // 16:
+            return
+        self._made[key] = made + 1
+        tm = template.make(key, text, parsed, part)
+        if tm is not None:
+            self._templates[key] = tm
+        else:
+            self._templates.pop(key, None)
 
 
 def snapshot(memo: PartMemo, raw: bytes, ts: float, kept_parts: Callable[[Any], dict[str, Any]]) -> Snapshot:

@@ -119,6 +119,7 @@ class Chunk:
                 return reuse.snapshot(memo, self.lines[i], ts, lambda ref: self._kept(ref, state))
             except Exception:  # noqa: BLE001 - anything unexpected: the ordinary way below decides
                 memo.gave_up += 1
+                memo.matched = {}
         try:
             body = store.loads(self.lines[i])
         except store.Malformed as e:
