@@ -5,6 +5,7 @@
   python benchmarks/record.py --live 60        # also: a real `dltop record` process for 60 s, its CPU from /proc
   python benchmarks/record.py --keep DIR       # keep the recording made, in DIR
   python benchmarks/record.py --recording DIR  # only seek and dump, on a recording kept before
+  python benchmarks/record.py --recording DIR --code /work/main --code .   # the dump by two checkouts, side by side
 
 The machine: 4 GPUs with 5 processes each (20), 5 datasets rescanned every minute, this machine's memory and
 CPU parts. It starts from a real Snapshot (the real Sampler: /proc, sysfs, the fake NVML of the 8-GPU
@@ -125,11 +126,18 @@ def main() -> int:
                     help="also run a real `dltop record` for this long and read its CPU time")
     ap.add_argument("--keep", metavar="DIR", help="write the recording into DIR and keep it")
     ap.add_argument("--recording", metavar="DIR", help="measure seek and dump on this recording; write none")
+    ap.add_argument("--code", metavar="CHECKOUT", action="append",
+                    help="dump with this checkout's dltop (default: this one); given more than once, each in turn, "
+                         "the same recording, in the same minutes (before and after), each with the load beside it")
+    ap.add_argument("--repeat", type=int, default=1, help="dump this many times with each checkout (default 1)")
     args = ap.parse_args()
+    codes = [Path(c).resolve() for c in args.code] if args.code else [REPO]
     if args.recording:
         r = Recording(args.recording)
         print(f"recording {args.recording}: {len(r)} samples, {dir_bytes(Path(args.recording)) / 1e6:.1f} MB")
-        read_back(Path(args.recording), r.first_ts or 0.0, (r.last_ts or 0.0) - (r.first_ts or 0.0))
+        if not args.code:
+            read_back(Path(args.recording), r.first_ts or 0.0, (r.last_ts or 0.0) - (r.first_ts or 0.0))
+        dumps(Path(args.recording), codes, args.repeat)
         return 0
     seconds = int(args.hours * 3600)
     with tempfile.TemporaryDirectory(prefix="dltop-bench-") as tmp:
@@ -168,6 +176,7 @@ def main() -> int:
               f"{per_sample_ms / 10:.3f}% of one core at 1 s  [target <= 0.5%]")
 
         read_back(rec_dir, t0, seconds)
+        dumps(rec_dir, codes, args.repeat)
         if args.live:
             live(work, args.live)
     return 0
@@ -197,21 +206,34 @@ def read_back(rec_dir: Path, t0: float, seconds: float) -> None:
         r.at(t0 + rng.uniform(0, seconds))
     print(f"seek in an open recording: {(time.perf_counter() - a) / 200 * 1000:.1f} ms each (200 random)")
 
-    # Dump the day to CSV, as a user would; its CPU time too (the wall time depends on the CPUs free).
-    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    a = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "dltop", "dump", str(rec_dir), "--format", "csv"],
-                         capture_output=True, text=True, cwd=REPO)
-    took = time.perf_counter() - a
-    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
-    if out.returncode == 0:
-        rows = out.stdout.count("\n") - 1
-        cols = len(next(csv.reader([out.stdout.split("\n", 1)[0]])))  # names may hold commas, quoted
-        print(f"dltop dump --format csv: {took:.1f} s for {rows} rows x {cols} columns "
-              f"({len(out.stdout) / 1e6:.0f} MB; {cpu:.0f} CPU-seconds over {os.cpu_count()} CPUs)")
-    else:
-        print(f"dltop dump --format csv failed: {out.stderr.strip()}")
+
+
+def dumps(rec_dir: Path, codes: list[Path], repeat: int) -> None:
+    """`dltop dump --format csv` of the whole recording, as a user would, by each checkout in turn: wall time, CPU
+    time (the dump's processes, its pieces' included) and the load average beside each; the outputs compared."""
+    digests = {}
+    for _ in range(repeat):
+        for code in codes:
+            load = os.getloadavg()[0]
+            cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            a = time.perf_counter()
+            out = subprocess.run([sys.executable, "-m", "dltop", "dump", str(rec_dir), "--format", "csv"],
+                                 capture_output=True, text=True, cwd=code, env={**os.environ, "PYTHONPATH": str(code)})
+            took = time.perf_counter() - a
+            cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+            label = f" ({code})" if len(codes) > 1 or code != REPO else ""
+            if out.returncode == 0:
+                rows = out.stdout.count("\n") - 1
+                cols = len(next(csv.reader([out.stdout.split("\n", 1)[0]])))  # names may hold commas, quoted
+                digests.setdefault(hash(out.stdout), []).append(str(code))
+                print(f"dltop dump --format csv{label}: {took:.1f} s for {rows} rows x {cols} columns "
+                      f"({len(out.stdout) / 1e6:.0f} MB; {cpu:.1f} CPU-seconds over {os.cpu_count()} CPUs; load "
+                      f"{load:.2f} before, {os.getloadavg()[0]:.2f} after)", flush=True)
+            else:
+                print(f"dltop dump --format csv{label} failed: {out.stderr.strip()}")
+    if len(codes) > 1:
+        print("the outputs: " + ("the same, byte for byte" if len(digests) == 1 else f"DIFFER ({len(digests)} kinds)"))
 
 
 def live(work: Path, seconds: float) -> None:

@@ -1,0 +1,197 @@
+"""A CSV dump that takes a part's cells from its template's numbers (recorder/template.py) writes what reading every
+line whole writes, to the byte: on real recordings, on a generated busy machine whose processes come and go, and
+on sample lines changed in their numbers, strings and structure (a differential fuzz, derandomized)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dltop.model import Snapshot
+from dltop.recorder import Recorder, Recording, store
+from dltop.recorder import template as tp
+from dltop.recorder.reuse import PartMemo
+from tests.test_dump_reuse import checked, fast_csv, lines_of, recordings, reference_csv  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _bench() -> object:
+    spec = importlib.util.spec_from_file_location("bench_record", REPO / "benchmarks" / "record.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_record"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A busy machine as benchmarks/record.py makes it (4 GPUs, 20 processes, datasets, every number moving),
+    600 samples in frames of 100; GPU processes end and start along the way (templates made again), a GPU is
+    lost for a while, the memory part goes unavailable once."""
+    from dltop.model import Unavailable
+
+    tmp = tmp_path_factory.mktemp("busy")
+    with pytest.MonkeyPatch.context() as mp:
+        bench = _bench()
+        mp.setenv("DLTOP_FAKE_NVML", str(REPO / "tests/data/gpu-scenarios/8gpu-20proc.json"))
+        base = bench.base_snapshot(tmp)  # type: ignore[attr-defined]
+    snaps = list(bench.moving(base, 600, 1.8e9))  # type: ignore[attr-defined]
+    out = []
+    for i, s in enumerate(snaps):
+        gpus = s.gpus
+        assert isinstance(gpus, tuple)
+        if 150 <= i < 300:  # GPU 1's first process ends
+            gpus = (gpus[0], dataclasses.replace(gpus[1], processes=gpus[1].processes[1:]), *gpus[2:])
+        if 200 <= i < 220:
+            gpus = (*gpus[:3], dataclasses.replace(gpus[3], down="lost", memory_used_bytes=None))
+        if i % 97 == 5:  # a structure change on one line only
+            gpus = gpus[:2]
+        s = dataclasses.replace(s, gpus=gpus)
+        if i == 400:
+            s = dataclasses.replace(s, memory=Unavailable("no /proc/meminfo"))
+        out.append(s)
+    rec_dir = tmp / "rec"
+    with Recorder(str(rec_dir), block_samples=100, retain_s=None, max_bytes=None) as rec:
+        for s in out:
+            rec.write(s, wait=True)
+    return str(rec_dir)
+
+
+def test_a_busy_day_dumps_the_same_to_the_byte(busy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dltop.recorder import dump
+
+    memo = PartMemo(templates=True)
+    rec = Recording(busy)
+    for _ in rec.range(memo=memo):
+        pass
+    assert memo.templated > 2 * 500  # the gpus and memory parts of most lines came from their templates
+    reference = reference_csv(busy)
+    assert fast_csv(busy) == reference
+    monkeypatch.setattr(dump, "MIN_PER_WORKER", 100)
+    assert fast_csv(busy, workers=2) == reference  # in pieces, each with its own templates
+
+
+def test_real_recordings_dump_the_same_to_the_byte(recordings: list[str]) -> None:  # noqa: F811
+    for path in recordings:
+        assert fast_csv(path) == reference_csv(path)
+
+
+def test_a_template_follows_what_fields_does_with_each_number(busy: str) -> None:
+    # The gpus part's template: labels' numbers (a GPU's index, a pid) must stay; NVML's percent becomes a ratio,
+    # milliwatts watts, MHz hertz; the per-process util numbers no CSV column shows are free.
+    lines = lines_of(busy)
+    sample = json.loads(next(line for line in lines if b'"type":"sample"' in line))
+    text = json.dumps(sample["snap"]["gpus"], separators=(",", ":"), ensure_ascii=False)
+    parsed = store.loads(text)
+    part = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": 1, "gpus": parsed}).gpus
+    tm = tp.make("gpus", text, parsed, part)
+    assert tm is not None
+    specs = {(f.name, tuple(labels.items())): spec for f, labels, spec in tm.samples}
+    g = parsed[0]
+    labels = (("gpu", "0"), ("uuid", g["uuid"]))
+    assert specs[("gpu_utilization_ratio", labels)][1] == (("mul", 0.01),)
+    assert specs[("gpu_power_watts", labels)][1] == (("mul", 0.001),)
+    assert specs[("gpu_sm_clock_hertz", labels)][1] == (("mul", 1e6),)
+    assert specs[("gpu_memory_used_bytes", labels)][1] == ()
+    got = tm.match(text, 0)
+    assert got is not None and got[1] == len(text)
+    # a pid changed: not this template's text (its label would differ)
+    pid = g["processes"][0]["pid"]
+    assert tm.match(text.replace(f'"pid":{pid},', f'"pid":{pid + 1},', 1), 0) is None
+    # a process's util (no column) changed: the same template
+    util = g["processes"][0]["gpu_util_percent"]
+    assert tm.match(text.replace(f'"gpu_util_percent":{util},', f'"gpu_util_percent":{util + 1},', 1), 0)
+    # a number of a string: not a number
+    assert tm.match(text.replace(g["uuid"], g["uuid"][:-1] + "9", 1), 0) is None
+
+
+TRIED = [0]
+TEMPLATED = [0]
+VALUES = ["-1", "-0", "0", "1", "7", "1.5", "-2.5", "1e3", "1E3", "1e400", "1e30", "2.0", "99999999999999999999",
+          "18446744073709551616", "1234567890123456", "9007199254740993", "1" + "0" * 25, '"x"', "null", "true",
+          "NaN", "[]", "{}", "-0.0"]
+
+
+@settings(max_examples=120, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_fuzz_template_cells_against_reading_lines_whole(busy: str, tmp_path: Path, data: st.DataObject) -> None:
+    # A real sample line, then the same line changed one to three times (a number made another, of another kind,
+    # negative, huge or not a number; a string changed; spacing; a key doubled or renamed; a cut), then the line
+    # again: the CSV read through templates is the one read whole, byte for byte, with the same damage note.
+    TRIED[0] += 1
+    lines = lines_of(busy)
+    samples = [i for i, line in enumerate(lines) if b'"type":"sample"' in line]
+    k = samples[data.draw(st.integers(0, 150))]
+    head = [line for line in lines[:k] if b'"type":"sample"' not in line]  # the parts and meta in force
+    prev = lines[k]
+    body = json.loads(prev)
+    ts = body["ts"]
+
+    def again(t: float) -> str:
+        b = json.loads(prev)
+        b["ts"] = b["snap"]["ts"] = t
+        return store.encode_line(t, "sample", {k: v for k, v in b.items() if k not in ("ts", "type")},
+                                 checksum=False).decode("utf-8").rstrip("\n")
+
+    text = again(ts + 1)
+    start = text.index('"snap":')
+    for _ in range(data.draw(st.integers(1, 3))):
+        how = data.draw(st.sampled_from(["same", "same", "same", "number", "number", "string", "space", "key",
+                                         "cut"]))
+        if how == "same":  # a number made another of its kind: an int any int (2**64 and past it too)
+            spans = [m.span() for m in re.finditer(r"(?<=[:,\[])-?\d[\d.eE+-]*(?=[,\]}])", text) if m.start() > start]
+            a, b = spans[data.draw(st.integers(0, len(spans) - 1))]
+            old = text[a:b]
+            if any(c in old for c in ".eE"):
+                new = repr(data.draw(st.floats(allow_nan=False, allow_infinity=False, width=64)))
+            else:
+                new = str(data.draw(st.one_of(st.integers(0, 10**6), st.integers(-5, 2**64 + 5),
+                                              st.sampled_from([2**53 + 1, 2**64, 2**64 + 1, 10**19]))))
+            text = text[:a] + new + text[b:]
+        elif how == "number":
+            spans = [m.span() for m in re.finditer(r"(?<=[:,\[])-?\d[\d.eE+-]*", text) if m.start() > start]
+            a, b = spans[data.draw(st.integers(0, len(spans) - 1))]
+            text = text[:a] + data.draw(st.sampled_from(VALUES)) + text[b:]
+        elif how == "string":
+            spans = [m.span(1) for m in re.finditer(r'"([^"\\]{2,})"', text) if m.start() > start]
+            a, b = spans[data.draw(st.integers(0, len(spans) - 1))]
+            at = data.draw(st.integers(a, b - 1))
+            text = text[:at] + data.draw(st.sampled_from(["9", ":1,", "x", '\\"', "\\u00e9", "é"])) + text[at + 1:]
+        elif how == "space":
+            spots = [m.end() for m in re.finditer(r'":|,(?=")', text) if m.start() > start]
+            at = spots[data.draw(st.integers(0, len(spots) - 1))]
+            text = text[:at] + data.draw(st.sampled_from([" ", "\n", " \t "])) + text[at:]
+        elif how == "key":
+            keys = [m for m in re.finditer(r'"([a-z_]+)":', text) if m.start() > start]
+            m = keys[data.draw(st.integers(0, len(keys) - 1))]
+            name = m.group(1)
+            new = data.draw(st.sampled_from([f'"{name}":null,"{name}":', f'"zz_{name}":', f'"{name}_b64":"eA==","{name}":']))
+            text = text[:m.start()] + new + text[m.end():]
+        else:
+            at = data.draw(st.integers(start, len(text) - 1))
+            text = text[:at] + text[at + data.draw(st.integers(1, 20)):]
+    rec_dir = tmp_path / f"fuzz{TRIED[0]}"
+    rec_dir.mkdir(mode=0o700)
+    segment = b"".join(checked(line.decode("utf-8")) for line in [*head, prev]) + checked(text) + checked(again(ts + 2))
+    (rec_dir / "20261201T000000Z.jsonl").write_bytes(segment)
+    assert fast_csv(str(rec_dir)) == reference_csv(str(rec_dir))
+    memo = PartMemo(templates=True)
+    for _ in Recording(str(rec_dir)).range(memo=memo):
+        pass
+    TEMPLATED[0] += memo.templated > 0  # the changed line's part came from its template
+
+
+def test_fuzz_count() -> None:
+    print(f"\nfuzzed (inputs): {TRIED[0]} sample lines, their CSV read through templates and whole "
+          f"({TEMPLATED[0]} with a changed line's part read from a template)")
+    assert TRIED[0] > 0 and TEMPLATED[0] > TRIED[0] // 8
