@@ -67,7 +67,7 @@ class PartMemo:
         except UnicodeDecodeError:
             raise GiveUp from None
         self.matched = {}
-        risky = _risky(text, raw)
+        risky = _Risky(text, raw)
         body: dict[str, Any] = {}
         fields: dict[str, Any] = {}
         pos = _expect(text, 0, "{")
@@ -85,7 +85,7 @@ class PartMemo:
         store._unsigned(body)
         return body, fields
 
-    def _snap(self, text: str, pos: int, risky: list[int]) -> tuple[dict[str, Any], dict[str, Any], int]:
+    def _snap(self, text: str, pos: int, risky: _Risky) -> tuple[dict[str, Any], dict[str, Any], int]:
         snap: dict[str, Any] = {}
         texts: dict[str, str] = {}
         reused: dict[str, Any] = {}
@@ -201,10 +201,28 @@ def _key(text: str, pos: int) -> tuple[str, int]:
     return key, _expect(text, pos, ":")
 
 
-def _value(text: str, pos: int, risky: list[int]) -> tuple[Any, int]:
+class _Risky:
+    """_risky's places, found when a value's text holds a '-' or 20 digits in a row (most parsed values are small
+    and hold neither: the 38 kB line is not searched for the GPU part a template reads)."""
+
+    def __init__(self, text: str, raw: bytes) -> None:
+        self._text, self._raw = text, raw
+        self._at: list[int] | None = None
+
+    def within(self, lo: int, hi: int) -> bool:
+        """Whether a risky place is in [lo, hi): the text of one value (no run of digits crosses its ends)."""
+        text = self._text
+        if text.find("-", lo, hi) < 0 and (hi - lo < 20 or _RUN_AT.search(text, lo, hi) is None):
+            return False
+        if self._at is None:
+            self._at = _risky(text, self._raw)
+        return _any_between(self._at, lo, hi)
+
+
+def _value(text: str, pos: int, risky: _Risky) -> tuple[Any, int]:
     try:
         value, end = _SCAN_PLAIN(text, pos)
-        if _any_between(risky, pos, end):
+        if risky.within(pos, end):
             value, end = _SCAN_CHECKED(text, pos)
     except (StopIteration, ValueError, RecursionError):
         raise GiveUp from None
