@@ -18,6 +18,7 @@ import math
 import multiprocessing
 import os
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, wait
 from typing import IO, Any, NamedTuple
@@ -216,9 +217,10 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
         text: dict[float, str] = {}  # most values repeat (sizes, totals, 1 for info): each formatted once
         by_labels: dict[tuple[tuple[str, str], ...], dict[str, int]] = {}  # label set -> field name -> column
 
-        def cells_of(group: Iterable[fd.Sample]) -> list[tuple[int, str]]:
-            """(column, cell) of each wanted sample; a new series gets the next column."""
-            out = []
+        def cells_of(group: Iterable[fd.Sample]) -> tuple[list[int], list[str]]:
+            """The column and the cell of each wanted sample; a new series gets the next column."""
+            cols: list[int] = []
+            vals: list[str] = []
             # Samples share their labels dict (a GPU's): each looked up once. It is kept here with its columns,
             # so that its id is not a later sample's (a generator's labels may be freed as it goes on).
             seen: dict[int, tuple[dict[str, str], dict[str, int]]] = {}
@@ -238,15 +240,18 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                     if len(text) > 100_000:
                         text.clear()
                     cell = text[value] = _number(value)
-                out.append((c, cell))
-            return out
+                cols.append(c)
+                vals.append(cell)
+            return cols, vals
 
         def columns_of(tm: template.Template) -> _Plan:
             """How a template's numbers become this piece's cells: the columns of its wanted samples given as
             cells_of gives them (in the order it would meet them), split into constant cells, cells that are a
-            number's own text, and the rest (computed, each text once)."""
-            consts: list[tuple[int, str]] = []
+            number's own text (an int's; an int's float's where it has at most 15 digits), and the rest
+            (computed, each text once)."""
+            consts: tuple[list[int], list[str]] = ([], [])
             own: list[tuple[int, int]] = []
+            short: list[tuple[int, int, Any]] = []
             computed: list[tuple[int, Any, dict[str, str]]] = []
             for f, labels, spec in tm.samples:
                 if f.name not in wanted:
@@ -257,16 +262,21 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                     c = mine[f.name] = len(names)
                     names.append(series_name(f.name, labels))
                 if spec[0] == "=":
-                    consts.append((c, template.cell(spec, ())))
+                    consts[0].append(c)
+                    consts[1].append(template.cell(spec, ()))
                 elif template.own_text(spec):
                     own.append((c, spec[0]))
+                elif template.own_text_if_short(spec):
+                    short.append((c, spec[0], spec))
                 else:
                     computed.append((c, spec, {}))
-            return _Plan(tm, consts, [c for c, _ in own], template._getter([n for _, n in own]), computed)
+            return _Plan(tm, consts[0], consts[1], [c for c, _ in own], template.getter([n for _, n in own]),
+                         [c for c, _, _ in short], template.getter([n for _, n, _ in short]),
+                         [spec for _, _, spec in short], computed)
 
         hints = _HintTimeline(rec)
         # A part object met again (its text repeated the sample before's: reuse.PartMemo) keeps its cells.
-        kept: dict[type, tuple[object, list[tuple[int, str]]] | None] = {}
+        kept: dict[type, tuple[object, list[int], list[str]] | None] = {}
         memo = PartMemo(templates=True)
         # Columns of each template's samples: made when the template is first used, in the order cells_of
         # would have met them.
@@ -275,11 +285,14 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
         with open(out, "w", encoding="utf-8") as rows:
             for n, snap in enumerate(rec.range(first, last, memo)):
                 read(n)
-                placed: list[tuple[int, str]] = []
+                cols: list[int] = []
+                vals: list[str] = []
                 matched = memo.matched
                 for part, group in fd.sample_groups(snap, prev):
                     if part is None:
-                        placed += cells_of(group)
+                        more = cells_of(group)
+                        cols += more[0]
+                        vals += more[1]
                         continue
                     if matched:
                         match = next((m for m in matched.values() if m[0].part is part), None)
@@ -288,8 +301,17 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                             plan = placed_by.get(id(tm))
                             if plan is None or plan.tm is not tm:
                                 plan = placed_by[id(tm)] = columns_of(tm)
-                            placed += plan.consts
-                            placed += zip(plan.own_columns, plan.own(nums), strict=True)
+                            cols += plan.const_columns
+                            vals += plan.consts
+                            cols += plan.own_columns
+                            vals += plan.own(nums)
+                            if plan.short_columns:
+                                cols += plan.short_columns
+                                short_texts = plan.short(nums)
+                                if max(map(len, short_texts)) <= 15:
+                                    vals += short_texts
+                                else:
+                                    vals += [cell_of(spec, nums) for spec in plan.short_specs]
                             for c, spec, texts in plan.computed:
                                 t = nums[spec[0]]
                                 done = texts.get(t)
@@ -297,17 +319,20 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                                     if len(texts) > 4096:
                                         texts.clear()
                                     done = texts[t] = cell_of(spec, nums)
-                                placed.append((c, done))
+                                cols.append(c)
+                                vals.append(done)
                             kept[type(part)] = None
                             continue
                     hit = kept.get(type(part))
                     if hit is None or hit[0] is not part:
-                        hit = kept[type(part)] = (part, cells_of(group))
-                    placed += hit[1]
-                placed += cells_of(fd.hint_samples(hints.at(snap.ts)))
+                        hit = kept[type(part)] = (part, *cells_of(group))
+                    cols += hit[1]
+                    vals += hit[2]
+                more = cells_of(fd.hint_samples(hints.at(snap.ts)))
+                cols += more[0]
+                vals += more[1]
                 cells: list[str] = [""] * len(names)  # a series absent at this moment is an empty cell, never a 0
-                for c, cell in placed:
-                    cells[c] = cell
+                deque(map(cells.__setitem__, cols, vals), 0)
                 rows.write(f"{_number(snap.ts)},{','.join(cells)}\n")
                 prev = snap
         return names, rec.damage
@@ -336,12 +361,16 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
 
 
 class _Plan(NamedTuple):
-    """How one template's numbers become a piece's cells (see _piece)."""
+    """How one template's numbers become a piece's cells (see _piece's columns_of)."""
 
     tm: template.Template
-    consts: list[tuple[int, str]]
+    const_columns: list[int]
+    consts: list[str]
     own_columns: list[int]
     own: Callable[[tuple[str, ...]], tuple[str, ...]]
+    short_columns: list[int]
+    short: Callable[[tuple[str, ...]], tuple[str, ...]]
+    short_specs: list[Any]
     computed: list[tuple[int, Any, dict[str, str]]]
 
 

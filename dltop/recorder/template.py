@@ -193,9 +193,9 @@ class Template:
         self.free = free  # per number: whether it may change (else it must be the text's own)
         self.samples = samples  # (field, labels, spec): spec ("=", value) or (number, ops, is_float)
         fixed = [i for i, f in enumerate(free) if not f]
-        self._fixed = _getter(fixed)
-        self._floats = _getter([i for i, k in enumerate(kinds) if k])
-        self._ints = _getter([i for i, k in enumerate(kinds) if not k])
+        self._fixed = getter(fixed)
+        self._floats = getter([i for i, k in enumerate(kinds) if k])
+        self._ints = getter([i for i, k in enumerate(kinds) if not k])
         self._regex = re.compile(("(" + _NUMBER + ")").join(re.escape(p) for p in pieces), re.S)
         self._own: tuple[str, ...] = ()  # the numbers' texts of the text it was made of
         self._own_fixed: tuple[str, ...] = ()
@@ -222,7 +222,7 @@ class Template:
         return nums, m.end()
 
 
-def _getter(indexes: list[int]) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
+def getter(indexes: list[int]) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
     """A function giving the items at `indexes` of a tuple, as a tuple (C's itemgetter where it can)."""
     if not indexes:
         return lambda nums: ()
@@ -418,6 +418,12 @@ def own_text(spec: Any) -> bool:
     """Whether a sample's cell is always its number's own text: an int taken as it is (JSON's ints are written
     as Python writes them; "-0" never matches)."""
     return spec[0] != "=" and not spec[2] and spec[1] == ()
+
+
+def own_text_if_short(spec: Any) -> bool:
+    """Whether a sample's cell is its number's own text where that has at most 15 digits: an int made a float
+    (below 2**53 a float of an int is written as the int)."""
+    return spec[0] != "=" and not spec[2] and spec[1] == _FLOAT
 
 
 def cell(spec: Any, nums: tuple[str, ...]) -> str:
