@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     # The machine's action journal: the runner appends, recorders tail it.
     "journal": {"journal"},
     # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
-    "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields",
+    "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields", "native",
                  "text", "journal", "__init__"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "recorder",

@@ -195,3 +195,37 @@ def test_fuzz_count() -> None:
     print(f"\nfuzzed (inputs): {TRIED[0]} sample lines, their CSV read through templates and whole "
           f"({TEMPLATED[0]} with a changed line's part read from a template)")
     assert TRIED[0] > 0 and TEMPLATED[0] > TRIED[0] // 8
+
+
+NATIVE = tp._NATIVE
+
+
+@pytest.mark.skipif(NATIVE is None, reason=f"dltop.native._template: {__import__('dltop.native').native.status()}")
+@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_the_c_match_is_its_python_twin(busy: str, data: st.DataObject) -> None:
+    # The C matcher and the regex it stands for cut the same texts at the same numbers, on a real part's template
+    # and its text changed (numbers of every shape JSON allows and some it does not, other characters, a cut, a
+    # text not ASCII where the template is), at any place.
+    lines = lines_of(busy)
+    sample = json.loads(next(line for line in lines if b'"type":"sample"' in line))
+    key = data.draw(st.sampled_from(["gpus", "memory"]))
+    text = json.dumps(sample["snap"][key], separators=(",", ":"), ensure_ascii=False)
+    parsed = store.loads(text)
+    part = getattr(Snapshot.from_dict({"ts": 0.0, "host": "", "schema": 1, key: parsed}), key)
+    tm = tp.make(key, text, parsed, part)
+    assert tm is not None
+    for _ in range(data.draw(st.integers(0, 4))):
+        spans = [m.span() for m in re.finditer(r"-?\d[\d.eE+-]*", text)]
+        a, b = spans[data.draw(st.integers(0, len(spans) - 1))]
+        new = data.draw(st.one_of(st.from_regex(r"-?[0-9.eE+-]{0,12}", fullmatch=True),
+                                  st.sampled_from(["1.", "1e", "-", "01", "1.5e+3", "-0", "1E-2", "—", "é", "x"])))
+        text = text[:a] + new + text[b:]
+    if data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(text)))
+        text = text[:at]
+    prefix = data.draw(st.sampled_from(["", "{", '"gpus":', "é"]))
+    pos = len(prefix) + data.draw(st.integers(0, 2))
+    whole = prefix + text
+    assert tp._scan_c(tm, whole, pos) == tp._scan_py(tm, whole, pos)
+    assert tp._scan_c(tm, whole, len(prefix)) == tp._scan_py(tm, whole, len(prefix))

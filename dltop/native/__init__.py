@@ -13,7 +13,10 @@ import os
 from types import ModuleType
 
 # name -> the API version this dltop's Python side was written against (the C module's `API` constant)
-EXPECTED: dict[str, int] = {"_walk": 1}
+EXPECTED: dict[str, int] = {
+    "_walk": 1,
+    "_template": 1,  # the recorder's templates: a part's text matched at its numbers (recorder/template.py)
+}
 
 _cache: dict[str, ModuleType | None] = {}
 _why: dict[str, str] = {}

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dltop import fields as fd
+from dltop import native
 from dltop.model import SCHEMA_VERSION, Snapshot
 from dltop.recorder import store
 
@@ -196,17 +197,18 @@ class Template:
         self._fixed = getter(fixed)
         self._floats = getter([i for i, k in enumerate(kinds) if k])
         self._ints = getter([i for i, k in enumerate(kinds) if not k])
-        self._regex = re.compile(("(" + _NUMBER + ")").join(re.escape(p) for p in pieces), re.S)
+        self._pieces = tuple(pieces)
+        self._regex: re.Pattern[str] | None = None  # the Python twin of _template.match, made where it runs
         self._own: tuple[str, ...] = ()  # the numbers' texts of the text it was made of
         self._own_fixed: tuple[str, ...] = ()
 
     def match(self, text: str, pos: int) -> tuple[tuple[str, ...], int] | None:
         """The numbers' texts and the end, where the text at `pos` is this template's text with numbers that the
         ordinary reading would accept and decode the same way (None: read it the ordinary way)."""
-        m = self._regex.match(text, pos)
-        if m is None:
+        found = _scan(self, text, pos)
+        if found is None:
             return None
-        nums = m.groups()
+        nums, end = found
         if self._fixed(nums) != self._own_fixed:
             return None
         joined = "".join(nums)
@@ -219,7 +221,24 @@ class Template:
         floats = self._floats(nums)
         if floats and not (all(map(_FRACTION, floats)) and max(map(abs, map(float, floats))) <= store.MAX_NUMBER):
             return None
-        return nums, m.end()
+        return nums, end
+
+
+def _scan_c(tm: Template, text: str, pos: int) -> tuple[tuple[str, ...], int] | None:
+    return _NATIVE.match(tm._pieces, text, pos)  # type: ignore[no-any-return, union-attr]
+
+
+def _scan_py(tm: Template, text: str, pos: int) -> tuple[tuple[str, ...], int] | None:
+    """The text at `pos` cut at the template's numbers: the pieces between them equal, each number the longest
+    JSON number there (None: it is not the template's text)."""
+    if tm._regex is None:
+        tm._regex = re.compile(("(" + _NUMBER + ")").join(re.escape(p) for p in tm._pieces), re.S)
+    m = tm._regex.match(text, pos)
+    return None if m is None else (m.groups(), m.end())
+
+
+_NATIVE = native.load("_template")
+_scan = _scan_py if _NATIVE is None else _scan_c
 
 
 def getter(indexes: list[int]) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
