@@ -229,3 +229,27 @@ def test_the_c_match_is_its_python_twin(busy: str, data: st.DataObject) -> None:
     whole = prefix + text
     assert tp._scan_c(tm, whole, pos) == tp._scan_py(tm, whole, pos)
     assert tp._scan_c(tm, whole, len(prefix)) == tp._scan_py(tm, whole, len(prefix))
+
+
+def test_a_number_used_with_another_or_compared_must_stay(busy: str) -> None:
+    # A dataset's numbers: resident bytes are pages times the page size, its ratio the resident pages over the
+    # known ones (data_pages - data_unknown_pages, then compared with 0): those must stay the text's; its scan's
+    # duration only becomes a cell, so it may change.
+    lines = lines_of(busy)
+    body = json.loads(next(line for line in lines if b'"name":"datasets"' in line))
+    text = json.dumps(body["value"], separators=(",", ":"), ensure_ascii=False)
+    parsed = store.loads(text)
+    part = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": 1, "datasets": parsed}).datasets
+    tm = tp.make("datasets", text, parsed, part)
+    assert tm is not None
+    def changed(key: str, value: object) -> str:
+        edited = json.loads(text)
+        assert key in edited["paths"][0]
+        edited["paths"][0][key] = value
+        return json.dumps(edited, separators=(",", ":"), ensure_ascii=False)
+
+    d = parsed["paths"][0]
+    for key in ("page_size", "data_unknown_pages", "data_pages", "data_resident_pages"):
+        assert tm.match(changed(key, d[key] + 1), 0) is None, key
+    assert tm.match(changed("scan_duration_s", 0.125), 0) is not None
+    assert tm.match(changed("scanned_at", d["scanned_at"] + 60.5), 0) is not None

@@ -74,6 +74,9 @@ def _fixing(name: str, base: type) -> Callable[..., Any]:
 
     def method(self: Any, *args: Any) -> Any:
         _fix(self)
+        for a in args:  # the other number of `a - b` (or `b < a`) is used too
+            if isinstance(a, _TInt | _TFloat):
+                _fix(a)
         return impl(self.real, *(a.real if isinstance(a, _TInt | _TFloat) else a for a in args))
 
     method.__name__ = name
