@@ -54,6 +54,7 @@ SLOW_FILES = frozenset({
     "test_train_tiny", "test_training_hints", "test_kv", "test_probes_source", "test_recorder_ops",
     "test_cpu_dumps", "test_cpu_cli",  # every captured machine of ../shared/fixtures, lscpu beside each
     "test_gpu_cli",  # dltop gpu as a process, each twice
+    "test_dump_template",  # a busy machine's recording made, and differential fuzzes of the dump's templates
 })
 # and these tests of files that are otherwise quick: fuzzers of thousands of inputs, a walk of /proc
 SLOW_TESTS = frozenset({
