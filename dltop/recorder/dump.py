@@ -169,27 +169,32 @@ def _in_range(rec: Recording, t0: float | None, t1: float | None) -> int:
 # Rows read by each piece so far, in memory the piece processes share with the parent (made before they fork).
 _READ: Any = None
 _READ_EVERY = 64  # a piece adds its rows to _READ this often
+_OPENED: Recording | None = None  # the recording being dumped, opened by the parent before its pieces fork
 
 
 def _run_pieces(rec: Recording, kind: str, t0: float | None, t1: float | None, wanted: set[str], scratch: str,
                 workers: int | None, progress: Progress | None = None) -> list[list[str]]:
     """Each piece's names in first-seen order (series for csv, fields for openmetrics); its rows or lines are
     in `scratch`/<piece>."""
-    global _READ
+    global _READ, _OPENED
     pieces = _pieces(rec, t0, t1, workers or min(16, os.cpu_count() or 1))
     jobs = [(rec.path, kind, a, b, wanted, os.path.join(scratch, str(k)), k) for k, (a, b) in enumerate(pieces)]
     context = multiprocessing.get_context("fork")
     _READ = context.RawArray("q", max(1, len(jobs)))
     total = _in_range(rec, t0, t1)
-    if len(jobs) <= 1:
-        results = [_piece(*job, progress=progress, total=total) for job in jobs]
-    else:
-        with ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
-            futures = [pool.submit(_piece, *job) for job in jobs]
-            while not wait(futures, timeout=0.2).done.issuperset(futures):
-                if progress is not None:
-                    progress(sum(_READ), total)
-            results = [f.result() for f in futures]
+    _OPENED = rec
+    try:
+        if len(jobs) <= 1:
+            results = [_piece(*job, progress=progress, total=total) for job in jobs]
+        else:
+            with ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
+                futures = [pool.submit(_piece, *job) for job in jobs]
+                while not wait(futures, timeout=0.2).done.issuperset(futures):
+                    if progress is not None:
+                        progress(sum(_READ), total)
+                results = [f.result() for f in futures]
+    finally:
+        _OPENED = None
     for _, damage in results:  # the same damage seen by two pieces (a frame at a cut) is counted once
         rec.damage.merge(damage)
     return [names for names, _ in results]
@@ -200,7 +205,9 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
     """Read one piece of the recording and write it under `out`: rows of column numbers (csv), or one file per
     field (openmetrics). Returns the names in first-seen order and the damage skipped. Its rows read so far go
     to _READ[slot] (and to `progress`, where it runs in the parent)."""
-    rec = Recording(path)
+    # The recording the parent opened (a forked piece has its own copy): opening a day again (24 indexes) took
+    # each piece half a second.
+    rec = _OPENED if _OPENED is not None and _OPENED.path == path else Recording(path)
     times = rec.times()
     i = bisect.bisect_left(times, first)
     prev = rec.at(times[i - 1]) if i > 0 else None
