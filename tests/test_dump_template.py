@@ -117,6 +117,27 @@ def test_a_template_follows_what_fields_does_with_each_number(busy: str) -> None
 
 TRIED = [0]
 TEMPLATED = [0]
+_CACHE: dict[object, object] = {}
+
+
+def cached_lines(path: str) -> list[bytes]:
+    """lines_of, once per recording (the fuzzes read the same one for each input)."""
+    if path not in _CACHE:
+        _CACHE[path] = lines_of(path)
+    return _CACHE[path]  # type: ignore[return-value]
+
+
+def cached_template(path: str, key: str) -> tuple[str, tp.Template]:
+    """The first sample's `key` part text of a recording, and its template."""
+    if (path, key) not in _CACHE:
+        sample = json.loads(next(line for line in cached_lines(path) if b'"type":"sample"' in line))
+        text = json.dumps(sample["snap"][key], separators=(",", ":"), ensure_ascii=False)
+        parsed = store.loads(text)
+        part = getattr(Snapshot.from_dict({"ts": 0.0, "host": "", "schema": 1, key: parsed}), key)
+        tm = tp.make(key, text, parsed, part)
+        assert tm is not None
+        _CACHE[(path, key)] = (text, tm)
+    return _CACHE[(path, key)]  # type: ignore[return-value]
 VALUES = ["-1", "-0", "0", "1", "7", "1.5", "-2.5", "1e3", "1E3", "1e400", "1e30", "2.0", "99999999999999999999",
           "18446744073709551616", "1234567890123456", "9007199254740993", "1" + "0" * 25, '"x"', "null", "true",
           "NaN", "[]", "{}", "-0.0"]
@@ -129,7 +150,7 @@ def test_fuzz_template_cells_against_reading_lines_whole(busy: str, tmp_path: Pa
     # negative, huge or not a number; a string changed; spacing; a key doubled or renamed; a cut), then the line
     # again: the CSV read through templates is the one read whole, byte for byte, with the same damage note.
     TRIED[0] += 1
-    lines = lines_of(busy)
+    lines = cached_lines(busy)
     samples = [i for i, line in enumerate(lines) if b'"type":"sample"' in line]
     k = samples[data.draw(st.integers(0, 150))]
     head = [line for line in lines[:k] if b'"type":"sample"' not in line]  # the parts and meta in force
@@ -207,14 +228,8 @@ def test_the_c_match_is_its_python_twin(busy: str, data: st.DataObject) -> None:
     # The C matcher and the regex it stands for cut the same texts at the same numbers, on a real part's template
     # and its text changed (numbers of every shape JSON allows and some it does not, other characters, a cut, a
     # text not ASCII where the template is), at any place.
-    lines = lines_of(busy)
-    sample = json.loads(next(line for line in lines if b'"type":"sample"' in line))
     key = data.draw(st.sampled_from(["gpus", "memory"]))
-    text = json.dumps(sample["snap"][key], separators=(",", ":"), ensure_ascii=False)
-    parsed = store.loads(text)
-    part = getattr(Snapshot.from_dict({"ts": 0.0, "host": "", "schema": 1, key: parsed}), key)
-    tm = tp.make(key, text, parsed, part)
-    assert tm is not None
+    text, tm = cached_template(busy, key)
     for _ in range(data.draw(st.integers(0, 4))):
         spans = [m.span() for m in re.finditer(r"-?\d[\d.eE+-]*", text)]
         a, b = spans[data.draw(st.integers(0, len(spans) - 1))]
