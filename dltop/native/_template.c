@@ -69,7 +69,11 @@ static PyObject *match(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_TypeError, "pieces must be str");
             return NULL;
         }
+        if (PyUnicode_READY(PyTuple_GET_ITEM(pieces, p)) < 0)
+            return NULL;
     }
+    if (PyUnicode_READY(text) < 0)
+        return NULL;
     int tk = PyUnicode_KIND(text);
     const void *td = PyUnicode_DATA(text);
     Py_ssize_t len = PyUnicode_GET_LENGTH(text);
