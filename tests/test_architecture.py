@@ -41,8 +41,8 @@ ALLOWED: dict[str, set[str]] = {
     # The machine's action journal: the runner appends, recorders tail it.
     "journal": {"journal"},
     # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
-    "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields", "native",
-                 "text", "journal", "__init__"},
+    "recorder": {"recorder", "model", "sources", "sampler", "derive", "hints", "config", "errors", "fmt", "fields",
+                 "text", "journal", "native", "__init__"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "recorder",
             "journal", "__init__"},
