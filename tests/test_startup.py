@@ -127,3 +127,18 @@ def test_own_version_key_is_what_importlib_metadata_says() -> None:
     cu = local if local == "cpu" or (local[:2] == "cu" and local[2:].isdigit()) else ""
     want = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{cu}" if cu else ""
     assert caches._own_version_key() == want
+
+
+def test_the_tuis_caches_source_reads_its_version_key_at_the_first_walk_not_before_the_first_frame() -> None:
+    # Where torch is installed (its dist-info on the path), the key took importlib.metadata and its imports:
+    # ~0.1 s of CPU in build_sources, before the TUI's first frame. The walk (a slow source, started after
+    # the first frame) reads it, and gets the same key.
+    code = ("import sys; from dltop.config import Settings; from dltop.sources.registry import build_sources; "
+            "from dltop.sources import caches; "
+            "src = [s for s in build_sources(Settings()) if s.name == 'caches'][0]; "
+            "before = 'importlib.metadata' in sys.modules; "
+            "env = caches.settings_environment(Settings())(); "
+            "print(before, env.current_version_key == caches._own_version_key())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60).stdout.split()
+    assert out == ["False", "True"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import pwd
 import re
@@ -962,8 +963,9 @@ def settings_environment(settings: Any) -> Callable[[], Environment]:
     pid = getattr(settings, "pid", None)
     root = getattr(settings, "root", "/")
     if pid is None:
-        own = own_environment()
-        return lambda: own
+        # Read at the first walk, not when the source is built: where torch is installed, its version key
+        # (importlib.metadata and its imports) cost ~0.1 s before the TUI's first frame.
+        return functools.cache(own_environment)
     return lambda: process_environment(pid, root)
 
 
