@@ -40,6 +40,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 class Result:
     name: str
     first_frame_s: float
+    first_cpu_s: float
     cpu_pct: float
     rss_mb: float
     hwm_mb: float
@@ -67,15 +68,16 @@ def status_kb(pid: int, key: str) -> int:
     raise KeyError(key)
 
 
-def start(name: str, command: str, marker: str, env: dict[str, str] | None = None) -> tuple[int, float]:
-    """Start `command` in its own 80x24 tmux window; return its PID and seconds until `marker` is on screen."""
+def start(name: str, command: str, marker: str, env: dict[str, str] | None = None) -> tuple[int, float, float]:
+    """Start `command` in its own 80x24 tmux window; return its PID, seconds until `marker` is on screen and the
+    CPU seconds it had used by then."""
     t0 = time.monotonic()
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
     tmux("new-window", "-d", "-n", name, f"exec env {prefix}{command}")
     pid = int(tmux("list-panes", "-t", name, "-F", "#{pane_pid}").split()[0])
     while time.monotonic() - t0 < 20:
         if marker in tmux("capture-pane", "-p", "-t", name):
-            return pid, time.monotonic() - t0
+            return pid, time.monotonic() - t0, cpu_seconds(pid)
         time.sleep(0.01)
     raise RuntimeError(f"{name}: no first frame with {marker!r} within 20 s")
 
@@ -182,14 +184,14 @@ def main() -> int:
             "htop": start("htop", "htop -d 10", "Mem"),  # -d is in tenths of a second
         }
         time.sleep(args.settle)  # let start-up work settle: the window measures steady-state monitoring
-        before = {n: cpu_seconds(pid) for n, (pid, _) in procs.items()}
+        before = {n: cpu_seconds(pid) for n, (pid, _, _) in procs.items()}
         t0 = time.monotonic()
         time.sleep(args.seconds)
         dt = time.monotonic() - t0
         results = []
-        for n, (pid, first) in procs.items():
+        for n, (pid, first, first_cpu) in procs.items():
             used = cpu_seconds(pid) - before[n]
-            results.append(Result(n, first, 100 * used / dt, status_kb(pid, "VmRSS") / 1024,
+            results.append(Result(n, first, first_cpu, 100 * used / dt, status_kb(pid, "VmRSS") / 1024,
                                   status_kb(pid, "VmHWM") / 1024))
     finally:
         subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
@@ -201,10 +203,13 @@ def main() -> int:
     if args.all_layers:
         shown = ", all layers: a 100,000-file dataset, a vLLM /metrics server, a probe job, a 2,000-file cache"
     cpu_target = 1.5 if args.all_layers else 0.5
-    print(f"overhead over {args.seconds:.0f} s at 1 s refresh, 80x24 terminal{shown} ({env_note})")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"overhead over {args.seconds:.0f} s at 1 s refresh, 80x24 terminal{shown} ({env_note}; load {load})")
     print(f"{'':18}{'dltop':>10}{'htop':>10}{'dltop/htop':>12}   target (dltop)")
     print(f"{'first frame (s)':18}{d.first_frame_s:10.3f}{h.first_frame_s:10.3f}"
           f"{d.first_frame_s / h.first_frame_s:12.1f}   <= 0.5")
+    print(f"{'  its CPU (s)':18}{d.first_cpu_s:10.3f}{h.first_cpu_s:10.3f}"
+          f"{(d.first_cpu_s / h.first_cpu_s if h.first_cpu_s else float('inf')):12.1f}")
     print(f"{'CPU (% of 1 core)':18}{d.cpu_pct:10.2f}{h.cpu_pct:10.2f}"
           f"{(d.cpu_pct / h.cpu_pct if h.cpu_pct else float('inf')):12.1f}   <= {cpu_target}")
     print(f"{'RSS now (MB)':18}{d.rss_mb:10.1f}{h.rss_mb:10.1f}{d.rss_mb / h.rss_mb:12.1f}   <= 80")

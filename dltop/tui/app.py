@@ -9,8 +9,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -213,6 +214,7 @@ class DltopApp(App[None]):
         self._view: View | None = None
         self._hint_shown: tuple[object, ...] | None = None  # what the hint line was drawn from
         self._panes: list[Pane] = [cls() for cls in pane_classes(cluster=self.settings.prometheus is not None)]
+        self._mounting: dict[str, Any] = {}  # PANE_ID -> its mount under way or done (_compose_pane)
         # The tab to open on: --tab / `tab = ...` / the recording's, else the one that has something (GPU where
         # GPUs are, else Datasets when datasets are watched, else Page cache), decided once the GPU source has
         # answered unless the user picked a tab first.
@@ -229,10 +231,11 @@ class DltopApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="header")
         yield Static(id="too-small")
+        # The tabs' panes are not composed here: only the one on screen is, before the first frame (on_mount), and
+        # each other one when first shown (_compose_pane). Six panes' widgets cost ~0.2 s before the first frame.
         with TabbedContent(id="tabs"):
             for i, pane in enumerate(self._panes, start=1):
-                with TabPane(f"{i} {pane.TITLE}", id=f"tab-{pane.PANE_ID}"):
-                    yield pane
+                yield TabPane(f"{i} {pane.TITLE}", id=f"tab-{pane.PANE_ID}")
         yield Static(id="hints")
         yield Footer(compact=True, show_command_palette=False)  # ^p is an ordinary label: all fit 80 columns
 
@@ -277,6 +280,9 @@ class DltopApp(App[None]):
             self.history.append(snap)
         self._apply(self.feed.snapshot())
         self._choose_tab()
+        pane = self._active_pane()
+        if pane is not None:
+            await self._compose_pane(pane)
         self._check_size()
         self._consume()
 
@@ -333,7 +339,7 @@ class DltopApp(App[None]):
         # widgets hold no focus and their bindings do not fire.
         tabs.disabled = small
         pane = self._active_pane()
-        if not small and pane is not None:
+        if not small and pane is not None and pane.is_mounted:
             pane.focus_default()
 
     # -- data -----------------------------------------------------------------------------------------------
@@ -435,7 +441,7 @@ class DltopApp(App[None]):
                           busy=self.runner.busy is not None, held=self.runner.held())
         active = self._active_pane()
         for pane in self._panes:
-            if pane is active:
+            if pane is active and pane.is_mounted:
                 pane.show(self._view)
             else:
                 pane.view = self._view  # not drawn while hidden, but its keys and palette entries see the truth
@@ -447,18 +453,38 @@ class DltopApp(App[None]):
                 return pane
         return None
 
-    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        # Hidden panes are not updated on ticks: bring the one that just became visible up to date now.
+    async def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        # Hidden panes are not updated on ticks: bring the one that just became visible up to date now (a pane
+        # shown for the first time is composed first).
         pane = self._active_pane()
         if pane is not None:
             if self._tab_pending and self._tab_auto is not None and self._tab_auto != pane.PANE_ID:
                 self._tab_pending = False  # the user picked a tab (a click): nothing moves it again
-            if self._view is not None:
+            if not pane.is_mounted:
+                # The hidden tab's focused widget would hand the focus to a sibling while this one is composed,
+                # and its tab would take the screen back (TabbedContent follows the focus).
+                self.screen.set_focus(None)
+                await self._compose_pane(pane)
+            elif self._view is not None:
                 pane.show(self._view)
-            pane.focus_default()
+            if pane is self._active_pane():
+                pane.focus_default()
             self._record_tab()
             if self._widgets_up():
                 self._update_hints()  # this tab's own hints first
+
+    async def _compose_pane(self, pane: Pane) -> None:
+        """Mount `pane` into its tab, once, and draw the moment on screen in it. What asks a pane that was never
+        shown works without its widgets: its palette entries and help come from its declared bindings, its
+        check_action from its view (Pane.box_shown); a key, a click or a palette entry shows it first."""
+        if not pane.is_mounted:
+            mounting = self._mounting.get(pane.PANE_ID)
+            if mounting is None:
+                tab = self.query_one(f"#tab-{pane.PANE_ID}", TabPane)
+                mounting = self._mounting[pane.PANE_ID] = tab.mount(pane)
+            await mounting
+        if self._view is not None and self._widgets_up():
+            pane.show(self._view)
 
     def _update_header(self, snap: Snapshot) -> None:
         t = Text()
@@ -980,10 +1006,11 @@ class DltopApp(App[None]):
         """Refresh less often (up to 30 s)."""
         self._set_refresh(_next_step(self.refresh_s, faster=False))
 
-    def action_show_tab(self, n: int) -> None:
-        """Switch to tab n (1-based)."""
+    async def action_show_tab(self, n: int) -> None:
+        """Switch to tab n (1-based); composed first if it never was, so its keys work as soon as it shows."""
         if 1 <= n <= len(self._panes):
             self._tab_pending = False  # the user's choice: the tab that has something no longer moves it
+            await self._compose_pane(self._panes[n - 1])  # shown drawn, and able to take the focus
             self.query_one("#tabs", TabbedContent).active = f"tab-{self._panes[n - 1].PANE_ID}"
         else:
             self.notify(f"no tab {n}: there are {len(self._panes)} tabs (1-{len(self._panes)})", timeout=2)
@@ -1030,7 +1057,7 @@ class DltopApp(App[None]):
             yield SystemCommand("Refresh slower", "Sample less often (-)", self.action_slower)
         yield SystemCommand("Help", "Every key and the current hints (?)", self.action_help)
         for i, pane in enumerate(self._panes, start=1):
-            yield SystemCommand(f"Show {pane.TITLE}", f"Switch to tab {i}", lambda i=i: self.action_show_tab(i))
+            yield SystemCommand(f"Show {pane.TITLE}", f"Switch to tab {i}", partial(self.action_show_tab, i))
         if self.query_one("#tabs", TabbedContent).disabled:
             return  # too small: the panes are hidden, and so are their actions
         for i, pane in enumerate(self._panes, start=1):
@@ -1038,9 +1065,9 @@ class DltopApp(App[None]):
             for cmd in pane.palette_commands():
                 yield SystemCommand(cmd.title, cmd.help, self._on_tab(i, cmd.callback))
 
-    def _on_tab(self, n: int, action: Callable[[], object]) -> Callable[[], None]:
-        def run() -> None:
-            self.action_show_tab(n)
+    def _on_tab(self, n: int, action: Callable[[], object]) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            await self.action_show_tab(n)  # composed first where it was never shown
             if self._view is not None:
                 self._panes[n - 1].show(self._view)  # its rows (the selection acted on) are there before it acts
             self.call_after_refresh(action)

@@ -55,6 +55,12 @@ class Pane(Vertical):
         """Update the widgets from `view`."""
         raise NotImplementedError
 
+    def box_shown(self, selector: str) -> bool:
+        """Whether the input box `selector` is open. A pane is composed when first shown (the app's
+        _compose_pane): one never shown has no box open, and its check_action (the palette's gate) asks this
+        rather than its widgets."""
+        return self.is_mounted and self.query_one(selector).has_class("-shown")
+
     def focus_default(self) -> None:
         """Give the keyboard to this pane's first focusable widget, so its keys work and show in the footer."""
         for widget in self.query("*"):

@@ -261,8 +261,10 @@ class CachesPane(Pane):
         return Text(ev.message, "bold")
 
     def _selected(self) -> str | None:
+        if not self._rows:  # never drawn (a pane not shown yet has no table)
+            return None
         table = self.query_one("#cc-table", DataTable)
-        if not self._rows or table.row_count == 0:
+        if table.row_count == 0:
             return None
         row = min(max(table.cursor_row, 0), table.row_count - 1)
         return str(table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value)

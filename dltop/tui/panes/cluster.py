@@ -156,6 +156,8 @@ class ClusterPane(Pane):
             set_row(table, key, cols, r)
 
     def _selected_key(self) -> str | None:
+        if not self.is_mounted:
+            return None  # not shown yet: no table, no cursor
         table = self.query_one("#cluster-nodes", RowTable)
         if not table.row_count:
             return None

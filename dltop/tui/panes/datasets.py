@@ -287,8 +287,10 @@ class DatasetPane(Pane):
         return t
 
     def _selected(self) -> str | None:
+        if not self._rows:  # never drawn (a pane not shown yet has no table)
+            return None
         table = self.query_one("#ds-table", DataTable)
-        if not self._rows or table.row_count == 0:
+        if table.row_count == 0:
             return None
         row = min(max(table.cursor_row, 0), table.row_count - 1)
         return str(table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value)
@@ -372,7 +374,7 @@ class DatasetPane(Pane):
                 return None  # shown greyed out: nothing here may change the system
             return not view.busy
         if action == "cancel":
-            return (view is not None and view.busy) or self.query_one("#ds-add", Input).has_class("-shown")
+            return (view is not None and view.busy) or self.box_shown("#ds-add")
         if action == "back":
             return bool(self._stack)
         if action == "add":

@@ -651,8 +651,8 @@ class GpuPane(Pane):
         if action == "remove_server":
             return not replay and bool(self._servers())
         if action == "cancel_input":
-            return (self.query_one("#gpu-server-input", Input).has_class("-shown")
-                    or self.query_one("#gpu-filter", Input).has_class("-shown") or bool(self.query_state.filter))
+            return (self.box_shown("#gpu-server-input") or self.box_shown("#gpu-filter")
+                    or bool(self.query_state.filter))
         if action == "gpu_details":
             gpus = self.view.snapshot.gpus if self.view is not None else None
             return isinstance(gpus, tuple) and bool(gpus)
