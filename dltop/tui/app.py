@@ -362,9 +362,10 @@ class DltopApp(App[None]):
         if not self._tab_pending or not self.history:
             return
         tab, decided = self._wanted_tab(self.history[-1])
-        if tab != self._tab_auto and any(tab == p.PANE_ID for p in self._panes):
+        pane = next((p for p in self._panes if tab == p.PANE_ID), None)
+        if tab != self._tab_auto and pane is not None:
             self._tab_auto = tab
-            self.query_one("#tabs", TabbedContent).active = f"tab-{tab}"
+            self._activate(pane)
         if decided or self.history[-1].ts - self.history[0].ts >= TAB_DECIDED_AFTER_S:
             self._tab_pending = False
             self._record_tab()
@@ -463,7 +464,7 @@ class DltopApp(App[None]):
             if not pane.is_mounted:
                 # The hidden tab's focused widget would hand the focus to a sibling while this one is composed,
                 # and its tab would take the screen back (TabbedContent follows the focus).
-                self.screen.set_focus(None)
+                event.tabbed_content.screen.set_focus(None)
                 await self._compose_pane(pane)
             elif self._view is not None:
                 pane.show(self._view)
@@ -472,6 +473,16 @@ class DltopApp(App[None]):
             self._record_tab()
             if self._widgets_up():
                 self._update_hints()  # this tab's own hints first
+
+    def _activate(self, pane: Pane) -> None:
+        """Show `pane`'s tab. The focus leaves the tab hidden first: a focused widget that is hidden hands the
+        focus to a sibling (Textual blurs it on Hide), and TabbedContent, which follows the focus, would show
+        that tab again; the tab shown takes the focus when activated (on_tabbed_content_tab_activated)."""
+        tabs = self.query_one("#tabs", TabbedContent)
+        focused = tabs.screen.focused  # the main screen's, also while a dialog is open over it
+        if focused is not None and pane not in focused.ancestors:
+            tabs.screen.set_focus(None)
+        tabs.active = f"tab-{pane.PANE_ID}"
 
     async def _compose_pane(self, pane: Pane) -> None:
         """Mount `pane` into its tab, once, and draw the moment on screen in it. What asks a pane that was never
@@ -1011,7 +1022,7 @@ class DltopApp(App[None]):
         if 1 <= n <= len(self._panes):
             self._tab_pending = False  # the user's choice: the tab that has something no longer moves it
             await self._compose_pane(self._panes[n - 1])  # shown drawn, and able to take the focus
-            self.query_one("#tabs", TabbedContent).active = f"tab-{self._panes[n - 1].PANE_ID}"
+            self._activate(self._panes[n - 1])
         else:
             self.notify(f"no tab {n}: there are {len(self._panes)} tabs (1-{len(self._panes)})", timeout=2)
 
