@@ -5,8 +5,10 @@ and the same bytes and files as du -sB1 and find count them."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import shutil
 import stat
 import subprocess
 import sys
@@ -335,3 +337,91 @@ def test_the_python_twin_runs_where_the_c_walk_is_off(tmp_path: Path, monkeypatc
         assert w.files == 1 and w.size_bytes == du_bytes(tmp_path / "c")
     finally:
         native.reset()
+
+
+# -- the kernel's errors on listing, injected at the C library (a filesystem under memory pressure, NFS) ------
+
+_FAILING_LISTING = r"""
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Whether fd is the folder $FAIL_DIR (by its /proc/self/fd link). */
+static int failing(int fd) {
+    const char *want = getenv("FAIL_DIR");
+    char link[64], here[4096];
+    if (!want) return 0;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, here, sizeof here - 1);
+    if (n < 0) return 0;
+    here[n] = '\0';
+    return strcmp(here, want) == 0;
+}
+
+/* the C walk lists with syscall(SYS_getdents64, ...) */
+long syscall(long nr, ...) {
+    static long (*real)(long, ...);
+    if (!real) real = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+    va_list ap;
+    va_start(ap, nr);
+    long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long), d = va_arg(ap, long),
+         e = va_arg(ap, long), f = va_arg(ap, long);
+    va_end(ap);
+    if (nr == SYS_getdents64 && failing((int)a)) {
+        errno = atoi(getenv("FAIL_ERRNO"));
+        return -1;
+    }
+    return real(nr, a, b, c, d, e, f);
+}
+
+/* os.listdir (the Python twin) lists with readdir */
+struct dirent64 *readdir64(DIR *dir) {
+    static struct dirent64 *(*real)(DIR *);
+    if (!real) real = (struct dirent64 *(*)(DIR *))dlsym(RTLD_NEXT, "readdir64");
+    if (failing(dirfd(dir))) {
+        errno = atoi(getenv("FAIL_ERRNO"));
+        return NULL;
+    }
+    return real(dir);
+}
+"""
+
+
+@needs_c
+@pytest.mark.parametrize("err", ["ENOMEM", "EIO", "EINTR"])
+def test_a_subfolder_whose_listing_fails_is_noted_alike_whatever_the_error(tmp_path: Path, err: str) -> None:
+    # ENOMEM from getdents64 (ext4's htree readdir under a memory cgroup's pressure, NFS) is the kernel's error,
+    # not the C loop running out of memory: the walk notes the folder unreadable and goes on, as the Python twin
+    # does, instead of raising MemoryError out of the whole walk
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the failing listing's library")
+    (tmp_path / "shim.c").write_text(_FAILING_LISTING)
+    shim = tmp_path / "shim.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(shim), str(tmp_path / "shim.c"), "-ldl"], check=True)
+    cache = tmp_path / "c"
+    for sub in ("a", "b"):
+        (cache / sub).mkdir(parents=True)
+        (cache / sub / "f").write_bytes(b"x" * 9000)
+    code = ("import os, sys\nfrom dltop import native\nfrom dltop.sources.caches import walk_cache\n"
+            "for off in ('0', '1'):\n"
+            "    os.environ['DLTOP_NATIVE'] = off; native.reset()\n"
+            "    try:\n"
+            "        w = walk_cache(sys.argv[1])\n"
+            "        print(native.load('_walk') is not None, w.files, w.noted, w.problems)\n"
+            "    except BaseException as e:\n"
+            "        print(native.load('_walk') is not None, 'raised', repr(e))\n")
+    code_no = getattr(errno, err)
+    env = {**os.environ, "LD_PRELOAD": str(shim), "FAIL_DIR": str(cache / "b"), "FAIL_ERRNO": str(code_no)}
+    r = subprocess.run([sys.executable, "-c", code, str(cache)], capture_output=True, text=True, cwd=REPO, env=env,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    line = f"1 {{'unreadable': 1}} ['{src._why(os.strerror(code_no))}: {cache}/b']"
+    assert r.stdout.splitlines() == [f"False {line}", f"True {line}"]

@@ -83,14 +83,12 @@ static int names_add(Names *ns, const char *name, size_t len) {
     return 0;
 }
 
-/* Every name of the folder open on fd but . and .. (the GIL released by the caller): 0, or -1 with errno. */
+/* Every name of the folder open on fd but . and .. (the GIL released by the caller): 0; -1 with errno when
+ * getdents64 fails (its ENOMEM too: the kernel's, an OSError as os.listdir raises it); -2 out of memory here. */
 static int list_names(int fd, Names *ns) {
     enum { BUF = 65536 };
     char *buf = malloc(BUF);
-    if (!buf) {
-        errno = ENOMEM;
-        return -1;
-    }
+    if (!buf) return -2;
     for (;;) {
         long got = syscall(SYS_getdents64, fd, buf, BUF);
         if (got < 0) {
@@ -107,8 +105,7 @@ static int list_names(int fd, Names *ns) {
             if (nm[0] == '.' && (nm[1] == '\0' || (nm[1] == '.' && nm[2] == '\0'))) continue;
             if (names_add(ns, nm, strlen(nm)) < 0) {
                 free(buf);
-                errno = ENOMEM;
-                return -1;
+                return -2;
             }
         }
     }
@@ -323,8 +320,9 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_END_ALLOW_THREADS
         if (r < 0) {
             names_free(&ns);
+            if (r == -2) return PyErr_NoMemory();
             errno = e;
-            return PyErr_SetFromErrno(e == ENOMEM ? PyExc_MemoryError : PyExc_OSError);
+            return PyErr_SetFromErrno(PyExc_OSError);
         }
     } else if (names_from_list(names_in, &ns) < 0) {
         names_free(&ns);
