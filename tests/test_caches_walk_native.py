@@ -425,3 +425,40 @@ def test_a_subfolder_whose_listing_fails_is_noted_alike_whatever_the_error(tmp_p
     assert r.returncode == 0, r.stderr
     line = f"1 {{'unreadable': 1}} ['{src._why(os.strerror(code_no))}: {cache}/b']"
     assert r.stdout.splitlines() == [f"False {line}", f"True {line}"]
+
+
+@needs_c
+def test_a_subfolder_removed_between_its_open_and_its_listing_lists_empty_as_os_listdir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # getdents64 on a folder removed since it was opened fails with ENOENT (the kernel's dead directory); glibc's
+    # readdir, hence os.listdir and the Python twin, takes that for the end of the listing (POSIX: the folder is
+    # empty), and so does the C loop: no "unreadable" line for a folder that rm -rf emptied and removed
+    cache = tmp_path / "c"
+    (cache / "gone").mkdir(parents=True)
+    (cache / "kept").mkdir()
+    (cache / "kept" / "f").write_bytes(b"x" * 9000)
+    real_open = os.open
+
+    def open_then_remove(path, flags, *a, **kw):
+        fd = real_open(path, flags, *a, **kw)
+        if isinstance(path, str) and path.endswith("/c/gone"):
+            os.rmdir(path)
+        return fd
+
+    def walk() -> src.CacheWalk:
+        with monkeypatch.context() as m:
+            m.setattr(os, "open", open_then_remove)
+            w = src.walk_cache(str(cache))
+        (cache / "gone").mkdir()
+        return w
+
+    walked = []
+    for off in ("0", "1"):
+        monkeypatch.setenv("DLTOP_NATIVE", off)
+        native.reset()
+        assert (native.load("_walk") is None) == (off == "0")
+        walked.append(walk())
+    native.reset()
+    py, c = walked
+    assert c == py
+    assert c.complete and c.files == 1 and c.dirs == 3 and c.noted == {} and c.problems == []

@@ -91,6 +91,9 @@ static int list_names(int fd, Names *ns) {
     if (!buf) return -2;
     for (;;) {
         long got = syscall(SYS_getdents64, fd, buf, BUF);
+        /* ENOENT: the folder was removed since it was opened (the kernel's dead directory); glibc's readdir, hence
+         * os.listdir, takes it for the end of the listing, and so does this */
+        if (got < 0 && errno == ENOENT) break;
         if (got < 0) {
             int e = errno;
             free(buf);
