@@ -462,3 +462,23 @@ def test_a_subfolder_removed_between_its_open_and_its_listing_lists_empty_as_os_
     py, c = walked
     assert c == py
     assert c.complete and c.files == 1 and c.dirs == 3 and c.noted == {} and c.problems == []
+
+
+@needs_c
+@pytest.mark.parametrize("arg", ["limit", "listed"])
+def test_scan_refuses_counts_its_arithmetic_would_overflow(tmp_path: Path, arg: str) -> None:
+    # 4 * limit candidates and 2 * limit kept blocks, listed + the folder's names: a count past what those take
+    # was signed overflow in C (undefined behaviour, UBSan's report; then a MemoryError or a wrapped count), now
+    # a ValueError before any of it. Only walk_cache calls scan, with counts far below: a guard, not a hole.
+    (tmp_path / "f").write_bytes(b"x")
+    args = {"limit": 3, "check_every": 1024, "listed": 0, "next_check": 1}
+    args[arg] = sys.maxsize
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(ValueError, match="out of range"):
+            C_WALK.scan(fd, None, set(), True, args["limit"], 5, lambda: False, args["listed"], args["next_check"],
+                        args["check_every"])
+        r = C_WALK.scan(fd, ["f"], set(), True, 3, 5, lambda: False, 0, 1, 1024)  # the same call in range
+        assert r[0] == 1 and r[3] == 1
+    finally:
+        os.close(fd)

@@ -25,6 +25,9 @@
 
 #define API_VERSION 1
 
+#define LIMIT_MAX (1 << 24)        /* kept entries, names between looks at the budget */
+#define COUNT_MAX (1LL << 62)      /* names listed so far */
+
 /* the notes' codes in `events` (caches.py _NOTES) */
 #define EV_VANISHED 0
 #define EV_UNREADABLE 1
@@ -311,6 +314,11 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     if (limit < 1 || check_every < 1) {
         PyErr_SetString(PyExc_ValueError, "limit and check_every must be positive");
+        return NULL;
+    }
+    /* 4 * limit candidates, listed + the names and next_check + check_every stay far from overflow */
+    if (limit > LIMIT_MAX || check_every > LIMIT_MAX || listed < 0 || listed > COUNT_MAX || next_check > COUNT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "limit, check_every, listed or next_check out of range");
         return NULL;
     }
 
