@@ -477,8 +477,39 @@ def test_scan_refuses_counts_its_arithmetic_would_overflow(tmp_path: Path, arg: 
     try:
         with pytest.raises(ValueError, match="out of range"):
             C_WALK.scan(fd, None, set(), True, args["limit"], 5, lambda: False, args["listed"], args["next_check"],
-                        args["check_every"])
-        r = C_WALK.scan(fd, ["f"], set(), True, 3, 5, lambda: False, 0, 1, 1024)  # the same call in range
+                        args["check_every"], 20)
+        r = C_WALK.scan(fd, ["f"], set(), True, 3, 5, lambda: False, 0, 1, 1024, 20)  # the same call in range
         assert r[0] == 1 and r[3] == 1
     finally:
         os.close(fd)
+
+
+@needs_c
+def test_a_folder_of_hostile_names_crosses_into_python_as_counts_past_the_problem_lines(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another user's folder of 20,000 names not UTF-8: the walk writes MAX_PROBLEMS lines and counts the rest.
+    # The C loop handed Python one (code, name, 0) per name, 20,000 str and tuples held at once (a million names
+    # of 255 bytes: ~0.7 GB, more than the Python twin's own listing); past the lines left it hands a count, as
+    # it does for vanished names and symlinks (unreadable names, the same code, likewise)
+    import tracemalloc
+
+    cache = tmp_path / "c"
+    cache.mkdir()
+    fd = os.open(cache, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(20000):
+            os.close(os.open(b"%05d-" % i + b"\xff" * 90, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+    c, py = _walks(cache, monkeypatch)
+    assert c == py and c.files == 20000
+    assert c.noted == {"non_utf8_name": 20000} and len(c.problems) == src.MAX_PROBLEMS
+    assert native.load("_walk") is not None
+    tracemalloc.start()
+    try:
+        src.walk_cache(str(cache))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        native.reset()
+    assert peak < 1_000_000, f"{peak} bytes of Python objects at the walk's peak"

@@ -14,7 +14,7 @@ from types import ModuleType
 
 # name -> the API version this dltop's Python side was written against (the C module's `API` constant)
 EXPECTED: dict[str, int] = {
-    "_walk": 1,
+    "_walk": 2,
     "_template": 1,  # the recorder's templates: a part's text matched at its numbers (recorder/template.py)
 }
 

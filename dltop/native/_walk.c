@@ -23,7 +23,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define API_VERSION 1
+#define API_VERSION 2
 
 #define LIMIT_MAX (1 << 24)        /* kept entries, names between looks at the budget */
 #define COUNT_MAX (1LL << 62)      /* names listed so far */
@@ -185,11 +185,13 @@ static PyObject *sum_value(Sum *s) {
 }
 
 /* The notes in the order they were met, as the Python loop notes them; vanished and symlink notes (no line of
- * their own) that follow one another are one event with a count (run: its code, or -1, and count). */
+ * their own), and the unreadable and non-UTF-8 ones once the walk's problem lines are all written (lines: how
+ * many are left), that follow one another are one event with a count (run: its code, or -1, and count). */
 typedef struct {
     PyObject *list;
     int run;
     long count;
+    Py_ssize_t lines;
 } Events;
 
 static int events_flush(Events *ev) {
@@ -202,7 +204,12 @@ static int events_flush(Events *ev) {
     return r;
 }
 
+/* A note; name: NULL for a count of n (vanished, symlink), else the name it is about, with its errno (n). */
 static int add_event(Events *ev, int code, PyObject *name, long n) {
+    if (name != NULL && ev->lines <= 0) { /* no line left for it: counted, its name never crosses */
+        name = NULL;
+        n = 1;
+    }
     if (name == NULL) {
         if (ev->run == code) {
             ev->count += n;
@@ -214,6 +221,7 @@ static int add_event(Events *ev, int code, PyObject *name, long n) {
         return 0;
     }
     if (events_flush(ev) < 0) return -1;
+    ev->lines--;
     PyObject *t = Py_BuildValue("(iOl)", code, name, n);
     if (!t) return -1;
     int r = PyList_Append(ev->list, t);
@@ -271,25 +279,27 @@ static Py_ssize_t cands_kept(Cand *c, Py_ssize_t n, Py_ssize_t limit, const Name
 }
 
 PyDoc_STRVAR(scan_doc,
-"scan(fd, names, seen, keep, limit, locks_left, stop, listed, next_check, check_every) -> tuple\n\n"
+"scan(fd, names, seen, keep, limit, locks_left, stop, listed, next_check, check_every, lines_left) -> tuple\n\n"
 "One folder of the caches walk (dltop/sources/caches.py walk_cache, whose Python loop is this one's twin).\n"
 "fd: the folder, open; names: None to list it here (getdents64), or the list of its names; seen: the set of\n"
 "(st_dev, st_ino) of the hard-linked files met so far (updated); keep: whether this folder's biggest entries are\n"
 "kept, at most `limit`; locks_left: how many .lock files may still be kept; stop: the budget, called (no\n"
-"arguments) before each `check_every` names once `listed` reaches `next_check`.\n"
+"arguments) before each `check_every` names once `listed` reaches `next_check`; lines_left: how many of the\n"
+"walk's problem lines are left (past them unreadable and non-UTF-8 names are counted, their names kept in C).\n"
 "Returns (count, blocks, apparent, files, newest, oldest, atime, subdirs, kept, events, locks, listed,\n"
 "next_check, stopped): blocks in st_blocks units and apparent bytes of the non-folders (a hard link met before\n"
 "counts 0), regular files, their newest and oldest st_mtime and newest st_atime (-inf/inf: none); subdirs:\n"
 "[(name, st_blocks, st_size)]; kept: [(-st_blocks, name, st_size, mtime, atime)], the candidates for the kept\n"
-"list that can make it (mtime and atime -inf but for regular files); events: [(code, name or None, errno or count)], 0 vanished,\n"
+"list that can make it (mtime and atime -inf but for regular files); events: [(code, name or None, errno or\n"
+"count)], 0 vanished,\n"
 "1 unreadable, 2 non-UTF-8 name, 3 symlink; locks: [(name, mode, ino, dev, nlink, uid, gid, size, atime_s,\n"
 "atime_ns, mtime_s, mtime_ns, ctime_s, ctime_ns, blksize, blocks, rdev)]. Raises OSError when the listing\n"
 "fails, as os.listdir(fd) does.");
 
 static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "scan() takes 10 arguments");
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "scan() takes 11 arguments");
         return NULL;
     }
     long fdl = PyLong_AsLong(args[0]);
@@ -307,6 +317,7 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long listed = PyLong_AsLongLong(args[7]);
     long long next_check = PyLong_AsLongLong(args[8]);
     Py_ssize_t check_every = PyLong_AsSsize_t(args[9]);
+    Py_ssize_t lines_left = PyLong_AsSsize_t(args[10]);
     if (PyErr_Occurred()) return NULL;
     if (!PySet_Check(seen)) {
         PyErr_SetString(PyExc_TypeError, "seen must be a set");
@@ -341,7 +352,7 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
 
     PyObject *subdirs = PyList_New(0), *kept = PyList_New(0), *locks = PyList_New(0);
-    Events ev = {PyList_New(0), -1, 0};
+    Events ev = {PyList_New(0), -1, 0, lines_left};
     PyObject *result = NULL;
     Py_ssize_t chunk = ns.n < check_every ? (ns.n ? ns.n : 1) : check_every;
     struct stat *sts = malloc((size_t)chunk * sizeof(struct stat));
@@ -387,6 +398,10 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             PyObject *name = NULL; /* decoded only when it crosses into Python */
             if (err == ENOENT) {
                 if (add_event(&ev, EV_VANISHED, NULL, 1) < 0) goto done;
+                continue;
+            }
+            if (err && ev.lines <= 0) {
+                if (add_event(&ev, EV_UNREADABLE, NULL, 1) < 0) goto done;
                 continue;
             }
             if (err) {

@@ -458,7 +458,8 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
             if c_walk is not None:
                 try:  # a listing made in Python only where a test replaced _listdir
                     r = c_walk.scan(fd, None if listdir is os.listdir else listdir(fd), seen, keep, limit,
-                                    LOCKS_KEPT - len(w.locks), budget.stop, listed, next_check, _CHECK_EVERY)
+                                    LOCKS_KEPT - len(w.locks), budget.stop, listed, next_check, _CHECK_EVERY,
+                                    MAX_PROBLEMS - len(w.problems))
                 except OSError as e:
                     if i == 0:
                         raise
@@ -577,7 +578,7 @@ def _took(w: CacheWalk, nodes: list[_Dir], stack: list[int], i: int, r: tuple[An
         stack.append(len(nodes))
         nodes.append(_Dir(name, f"{d}/{name}", i, depth, b * 512, size))
     for code, name, n in events:
-        if name is None:  # vanished or symlink, n of them in a row
+        if name is None:  # n of them in a row: vanished, symlinks, or past the problem lines left
             why = _NOTES[code]
             w.noted[why] = w.noted.get(why, 0) + n
         elif code == 1:
