@@ -291,10 +291,9 @@ PyDoc_STRVAR(scan_doc,
 "counts 0), regular files, their newest and oldest st_mtime and newest st_atime (-inf/inf: none); subdirs:\n"
 "[(name, st_blocks, st_size)]; kept: [(-st_blocks, name, st_size, mtime, atime)], the candidates for the kept\n"
 "list that can make it (mtime and atime -inf but for regular files); events: [(code, name or None, errno or\n"
-"count)], 0 vanished,\n"
-"1 unreadable, 2 non-UTF-8 name, 3 symlink; locks: [(name, mode, ino, dev, nlink, uid, gid, size, atime_s,\n"
-"atime_ns, mtime_s, mtime_ns, ctime_s, ctime_ns, blksize, blocks, rdev)]. Raises OSError when the listing\n"
-"fails, as os.listdir(fd) does.");
+"count)], 0 vanished, 1 unreadable, 2 non-UTF-8 name, 3 symlink; locks: [(name, mode, ino, dev, nlink, uid,\n"
+"gid, size, atime_s, atime_ns, mtime_s, mtime_ns, ctime_s, ctime_ns, blksize, blocks, rdev)]. Raises OSError\n"
+"when the listing fails, as os.listdir(fd) does (a folder removed since its open lists empty, as there).");
 
 static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
