@@ -517,3 +517,23 @@ def test_a_folder_of_hostile_names_crosses_into_python_as_counts_past_the_proble
         tracemalloc.stop()
         native.reset()
     assert peak < 1_000_000, f"{peak} bytes of Python objects at the walk's peak"
+
+
+@needs_c
+def test_names_that_cross_hold_no_second_utf8_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The C loop told UTF-8 names from others with PyUnicode_AsUTF8AndSize, which keeps a UTF-8 copy inside the
+    # str for its life: every non-ASCII folder name of a walk (its _Dir, the entries) held its bytes twice. The
+    # twin's name.encode("utf-8") keeps nothing; now the C loop looks for the surrogates that make it fail.
+    cache = tmp_path / "c"
+    for i in range(30):
+        (cache / f"日本語のフォルダ-{i}").mkdir(parents=True)
+        (cache / f"日本語のフォルダ-{i}" / f"ファイル-{i}").write_bytes(b"x" * (i + 1) * 1000)
+        (cache / f"ファイル-{i}").write_bytes(b"x" * (i + 1) * 1000)
+    c, py = _walks(cache, monkeypatch, keep_depth=2)
+    assert c == py and c.noted == {}
+
+    def sizes(w: src.CacheWalk) -> list[int]:
+        kept = [e for _p, kids, *_ in w.folders for e in kids]
+        return [sys.getsizeof(e.name) for e in w.entries + kept]
+
+    assert len(sizes(c)) == 60 + 30 and sizes(c) == sizes(py)

@@ -240,6 +240,20 @@ static inline int is_ascii(const char *s, size_t n) {
     return 1;
 }
 
+/* Whether name.encode("utf-8") fails: UTF-8 encodes every code point but the surrogates, and a name decoded with
+ * surrogateescape holds one (U+DC80-U+DCFF) for each byte that was not UTF-8. No UTF-8 copy is made (and kept
+ * in the str for its life, as PyUnicode_AsUTF8AndSize would). */
+static int has_surrogate(PyObject *s) {
+    int kind = PyUnicode_KIND(s);
+    if (kind == PyUnicode_1BYTE_KIND) return 0;
+    const void *data = PyUnicode_DATA(s);
+    for (Py_ssize_t i = 0, n = PyUnicode_GET_LENGTH(s); i < n; i++) {
+        Py_UCS4 ch = PyUnicode_READ(kind, data, i);
+        if (ch >= 0xD800 && ch <= 0xDFFF) return 1;
+    }
+    return 0;
+}
+
 /* A candidate for the folder's kept list, its name the j-th of the listing. */
 typedef struct {
     long long b, size;
@@ -415,11 +429,7 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             if (!is_ascii(nm, nlen)) {
                 name = PyUnicode_DecodeFSDefaultAndSize(nm, (Py_ssize_t)nlen);
                 if (!name) goto done;
-                if (PyUnicode_AsUTF8AndSize(name, NULL) == NULL) { /* name.encode("utf-8") fails */
-                    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto fail_name;
-                    PyErr_Clear();
-                    if (add_event(&ev, EV_NON_UTF8, name, 0) < 0) goto fail_name;
-                }
+                if (has_surrogate(name) && add_event(&ev, EV_NON_UTF8, name, 0) < 0) goto fail_name;
             }
             mode_t mode = s->st_mode;
             if (S_ISDIR(mode)) {
