@@ -242,8 +242,9 @@ static inline int is_ascii(const char *s, size_t n) {
 
 /* Whether name.encode("utf-8") fails: UTF-8 encodes every code point but the surrogates, and a name decoded with
  * surrogateescape holds one (U+DC80-U+DCFF) for each byte that was not UTF-8. No UTF-8 copy is made (and kept
- * in the str for its life, as PyUnicode_AsUTF8AndSize would). */
+ * in the str for its life, as PyUnicode_AsUTF8AndSize would). -1 with an exception where s cannot be made ready. */
 static int has_surrogate(PyObject *s) {
+    if (PyUnicode_READY(s) < 0) return -1; /* the decoder's str is (3.11); its kind is read only once it is */
     int kind = PyUnicode_KIND(s);
     if (kind == PyUnicode_1BYTE_KIND) return 0;
     const void *data = PyUnicode_DATA(s);
@@ -429,7 +430,8 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             if (!is_ascii(nm, nlen)) {
                 name = PyUnicode_DecodeFSDefaultAndSize(nm, (Py_ssize_t)nlen);
                 if (!name) goto done;
-                if (has_surrogate(name) && add_event(&ev, EV_NON_UTF8, name, 0) < 0) goto fail_name;
+                int su = has_surrogate(name);
+                if (su < 0 || (su && add_event(&ev, EV_NON_UTF8, name, 0) < 0)) goto fail_name;
             }
             mode_t mode = s->st_mode;
             if (S_ISDIR(mode)) {
