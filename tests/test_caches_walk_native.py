@@ -5,6 +5,7 @@ and the same bytes and files as du -sB1 and find count them."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -537,3 +538,77 @@ def test_names_that_cross_hold_no_second_utf8_copy(tmp_path: Path, monkeypatch: 
         return [sys.getsizeof(e.name) for e in w.entries + kept]
 
     assert len(sizes(c)) == 60 + 30 and sizes(c) == sizes(py)
+
+
+@needs_c
+def test_scan_leaks_nothing_on_any_path(tmp_path: Path) -> None:
+    # every way out of scan, 200 times each: the interpreter's allocated blocks stay where they were, and the
+    # arguments' reference counts too (a missed Py_DECREF on an error path shows as a steady climb)
+    cache = tmp_path / "c"
+    (cache / "sub").mkdir(parents=True)
+    raw = os.fsencode(cache)
+    for i in range(40):
+        with open(os.path.join(raw, b"f%d.lock" % i if i % 2 else b"\xff%d" % i), "wb") as f:
+            f.write(b"x" * 4096 * (i % 5))
+    os.symlink("x", cache / "ln")
+    os.link(cache / "f1.lock", cache / "hard")
+    sparse = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else tmp_path, prefix="dltop-test-"))
+    try:
+        for i in range(3):  # tmpfs takes files of 2**62 bytes
+            with open(sparse / f"s{i}", "wb") as f:
+                f.truncate(2**62)
+        _no_leak(cache, sparse)
+    except OSError as e:
+        if e.errno != errno.EFBIG:
+            raise
+        _no_leak(cache, None)
+    finally:
+        subprocess.run(["rm", "-rf", str(sparse)], check=True)
+
+
+def _no_leak(cache: Path, sparse: Path | None) -> None:
+    import gc
+
+    class Boom(Exception):
+        pass
+
+    class BadBool:
+        def __bool__(self) -> bool:
+            raise Boom
+
+    def boom() -> bool:
+        raise Boom
+
+    def scan(path: Path, names=None, stop=lambda: False, every=1024, lines=5):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return C_WALK.scan(fd, names, set(), True, 3, 10, stop, 0, 0, every, lines)
+        finally:
+            os.close(fd)
+
+    listed = sorted(os.listdir(cache))
+    ways = {
+        "listing": lambda: scan(cache),
+        "no lines left": lambda: scan(cache, lines=0),
+        "a listing made in Python": lambda: scan(cache, names=listed),
+        "sums past 2**63": lambda: scan(sparse) if sparse else None,
+        "the budget raises": lambda: scan(cache, stop=boom, every=7),
+        "its answer's bool() raises": lambda: scan(cache, stop=BadBool, every=7),
+        "a NUL in a name": lambda: scan(cache, names=[*listed, "a\0b"]),
+        "a name not str": lambda: scan(cache, names=[*listed, 3]),
+        "a name not encodable": lambda: scan(cache, names=[*listed, "\ud800"]),
+    }
+    def once(call) -> None:
+        with contextlib.suppress(Boom, ValueError, TypeError, UnicodeEncodeError):
+            call()
+
+    for way, call in ways.items():
+        for _ in range(20):
+            once(call)
+        gc.collect()
+        before, refs = sys.getallocatedblocks(), (sys.getrefcount(listed), sys.getrefcount(boom))
+        for _ in range(200):
+            once(call)
+        gc.collect()
+        assert sys.getallocatedblocks() - before < 50, way
+        assert (sys.getrefcount(listed), sys.getrefcount(boom)) == refs, way
