@@ -385,10 +385,20 @@ long syscall(long nr, ...) {
     return real(nr, a, b, c, d, e, f);
 }
 
-/* os.listdir (the Python twin) lists with readdir */
+/* os.listdir (the Python twin) lists with readdir, readdir64 where Python was built for large files */
 struct dirent64 *readdir64(DIR *dir) {
     static struct dirent64 *(*real)(DIR *);
     if (!real) real = (struct dirent64 *(*)(DIR *))dlsym(RTLD_NEXT, "readdir64");
+    if (failing(dirfd(dir))) {
+        errno = atoi(getenv("FAIL_ERRNO"));
+        return NULL;
+    }
+    return real(dir);
+}
+
+struct dirent *readdir(DIR *dir) {
+    static struct dirent *(*real)(DIR *);
+    if (!real) real = (struct dirent *(*)(DIR *))dlsym(RTLD_NEXT, "readdir");
     if (failing(dirfd(dir))) {
         errno = atoi(getenv("FAIL_ERRNO"));
         return NULL;
