@@ -43,6 +43,8 @@ _O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _O_FILE_FOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
+_BATCH = 256  # plain files a folder's C step measures in one call (dltop.native._measure)
+
 _scandir = os.scandir  # tests replace this to make files vanish between listing and opening
 
 
@@ -292,8 +294,13 @@ def walk(
     by_inode: bool = False,
     shard: tuple[int, int, int] | None = None,
     seen_dirs: set[tuple[int, int]] | None = None,
-) -> Iterator[tuple[_Dir, int | None, str, bool]]:
+    batch: int = 0,
+) -> Iterator[tuple[_Dir, int | None, Any, bool]]:
     """Yield (folder, folder fd, name, follow) for each entry that should be a regular file.
+
+    With `batch` (and not `by_inode`), consecutive plain files of a folder (not symlinks) come as one item whose
+    name is a list of up to `batch` names, in listing order, for a caller that measures them in one call (the C
+    step, dltop.native._measure); anything else is yielded as before, after the names listed ahead of it.
 
     A root that is a file is yielded as (its parent, None, its full path, True). Folders, symlinks,
     special files, other filesystems and ignored names are handled here and counted in `report`.
@@ -373,6 +380,7 @@ def walk(
             report.dirs += 1
             subdirs: list[_Dir] = []
             held: list[tuple[int, str, bool]] | None = [] if by_inode else None
+            names: list[str] | None = [] if batch and held is None else None
             try:
                 entries = _scandir(dfd)
             except OSError as e:
@@ -392,15 +400,25 @@ def walk(
                             if entry.is_file(follow_symlinks=False):
                                 if include is not None and not include.match(name):
                                     report.skip("ignored")
+                                elif names is not None:
+                                    names.append(name)
+                                    if len(names) >= batch:
+                                        yield d, dfd, names, False
+                                        names = []
                                 elif held is not None:
                                     held.append((entry.inode(), name, False))
                                 else:
                                     yield d, dfd, name, False
                                 n += 1
                                 if n % _CHECK_EVERY_FILES == 0 and budget is not None and budget.stop():
+                                    if names:
+                                        yield d, dfd, names, False
                                     report.complete = False
                                     return
                                 continue
+                            if names:  # what was listed before this entry is measured before it
+                                yield d, dfd, names, False
+                                names = []
                             is_link = entry.is_symlink()
                             if is_link and not follow:
                                 report.skip("symlink")
@@ -418,6 +436,9 @@ def walk(
                                 report.skip("special")  # FIFO, socket, device: never opened
                                 continue
                         except OSError as e:
+                            if names:
+                                yield d, dfd, names, False
+                                names = []
                             _skip_error(report, e, f"{d.path}/{name}")
                             continue
                         if stat.S_ISDIR(est.st_mode):
@@ -445,9 +466,14 @@ def walk(
                     # The listing itself failed part way: /proc/PID/fdinfo refuses even root (EACCES), a
                     # /proc/PID that ends mid-listing gives ENOENT. What was listed is walked; the folder is
                     # counted as skipped. Only the root failing is the caller's error.
+                    if names:
+                        yield d, dfd, names, False
+                        names = []
                     if d.depth == 0:
                         raise
                     _skip_error(report, e, d.path)
+            if names:
+                yield d, dfd, names, False
             if held:
                 held.sort()
                 for ino, name, follow_it in held:
@@ -458,6 +484,15 @@ def walk(
             stack.extend(reversed(subdirs))
         finally:
             os.close(dfd)
+
+
+def _native_measure() -> Any:
+    """The C per-file step `measure(dir_fd, names, flags, nr_cachestat)` (dltop/native/_measure.c), or None where
+    its Python twin runs (not built, stale, or DLTOP_NATIVE=0: dltop.native.status() says which)."""
+    from dltop import native
+
+    mod = native.load("_measure")
+    return None if mod is None else mod.measure
 
 
 def _needs_mincore(fd: int) -> bool:
@@ -613,154 +648,195 @@ def scan_residency(
     # moves on: attribute updates per file cost more than the syscalls they count.
     a: _Acc | None = None
     files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = data_sum = dres_sum = 0
-    for d, dfd, name, follow in walk(root, options, report, acc, budget, seen_dirs=seen_dirs):
+    measure = _native_measure() if act is None else None
+    nr_cachestat = kernel.NR_CACHESTAT
+    alone: Any = (None,)
+    for d, dfd, item, follow in walk(root, options, report, acc, budget, seen_dirs=seen_dirs,
+                                     batch=_BATCH if measure is not None else 0):
         if d.acc is not a:
             if a is not None:
                 a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum, data_sum, dres_sum)
             a = d.acc
             files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = data_sum = dres_sum = 0
-        try:
-            fd = os_open(name, _O_FILE_FOLLOW if follow else _O_FILE, dir_fd=dfd)
-        except OSError as e:
-            if dfd is None:
-                raise  # the root is this file, and it cannot be read
-            if e.errno in (errno.EACCES, errno.EPERM):
-                # Cannot open it, but its size is public: its pages are unknown, not absent (and so is where its
-                # data lies: all its pages count as data).
-                try:
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
-                except OSError:
+        if item.__class__ is str:
+            names, pres = (item,), alone
+        elif d.mincore or measure is None:
+            names, pres = item, [None] * len(item)
+        else:  # the C step measured the plain ones; None: the Python step below measures that one itself
+            names, pres = item, measure(dfd, item, _O_FILE, nr_cachestat)
+        for name, pre in zip(names, pres, strict=True):
+            if pre is not None:
+                dev, ino, nlink, size, res, dirty, wb, rev = pre
+                if nlink > 1 or any_alias:
+                    key = (dev, ino)
+                    if key in seen_inodes:
+                        report.skip("hardlink" if nlink > 1 else "duplicate_file")
+                        continue
+                    seen_inodes.add(key)
+                pages = (size + ps - 1) >> shift
+                files += 1
+                size_sum += size
+                pages_sum += pages
+                data_sum += pages
+                if pages == 0:
+                    if top is not None:
+                        top.offer(a, d.path, name, dfd, ino, size, 0, 0, 0, 0)
+                    continue
+                by_cachestat = True
+                if res > pages:
+                    res = pages
+                res_sum += res
+                dirty_sum += dirty
+                wb_sum += wb
+                rev_sum += rev
+                dres_sum += res
+                if warm_need is not None:
+                    warm_need.pages += pages - res
+                if top is not None:
+                    top.offer(a, d.path, name, dfd, ino, size, pages, pages, res, res, dirty, wb, rev)
+                continue
+            try:
+                fd = os_open(name, _O_FILE_FOLLOW if follow else _O_FILE, dir_fd=dfd)
+            except OSError as e:
+                if dfd is None:
+                    raise  # the root is this file, and it cannot be read
+                if e.errno in (errno.EACCES, errno.EPERM):
+                    # Cannot open it, but its size is public: its pages are unknown, not absent (and so is where its
+                    # data lies: all its pages count as data).
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
+                    except OSError:
+                        _skip_error(report, e, _join(d.path, name, dfd))
+                        continue
+                    if (st.st_nlink > 1 or any_alias) and counted_before(st, seen_inodes, report):
+                        continue
+                    pages = (st.st_size + ps - 1) >> shift
+                    files += 1
+                    size_sum += st.st_size
+                    pages_sum += pages
+                    data_sum += pages
+                    a.unknown += pages
+                    a.dunknown += pages
+                    report.unknown = True
+                    report.skip("unreadable", _join(d.path, name, dfd), "permission denied (pages unknown)")
+                    if top is not None:
+                        top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, pages, 0, 0, unknown=pages,
+                                  dunknown=pages)
+                else:
                     _skip_error(report, e, _join(d.path, name, dfd))
+                continue
+            pages = data = 0
+            try:
+                st = os_fstat(fd)
+                if not S_ISREG(st.st_mode):  # replaced by something else since it was listed
+                    report.skip("special")
                     continue
                 if (st.st_nlink > 1 or any_alias) and counted_before(st, seen_inodes, report):
                     continue
-                pages = (st.st_size + ps - 1) >> shift
+                size = st.st_size
+                pages = (size + ps - 1) >> shift
+                runs = data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
+                data = pages if runs is None else sum(last - first for first, last in runs)
                 files += 1
-                size_sum += st.st_size
+                size_sum += size
                 pages_sum += pages
-                data_sum += pages
-                a.unknown += pages
-                a.dunknown += pages
-                report.unknown = True
-                report.skip("unreadable", _join(d.path, name, dfd), "permission denied (pages unknown)")
-                if top is not None:
-                    top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, pages, 0, 0, unknown=pages,
-                              dunknown=pages)
-            else:
-                _skip_error(report, e, _join(d.path, name, dfd))
-            continue
-        pages = data = 0
-        try:
-            st = os_fstat(fd)
-            if not S_ISREG(st.st_mode):  # replaced by something else since it was listed
-                report.skip("special")
-                continue
-            if (st.st_nlink > 1 or any_alias) and counted_before(st, seen_inodes, report):
-                continue
-            size = st.st_size
-            pages = (size + ps - 1) >> shift
-            runs = data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
-            data = pages if runs is None else sum(last - first for first, last in runs)
-            files += 1
-            size_sum += size
-            pages_sum += pages
-            data_sum += data
-            if pages == 0:
-                if top is not None:
-                    top.offer(a, d.path, name, dfd, st.st_ino, size, 0, 0, 0, 0)
-                continue
-            if not d.mincore:
-                try:
-                    if cs_call(cs_nr, fd, cs_range, cs_out, 0):
-                        cstat.fail()
-                except OSError as e:
-                    if e.errno == errno.EPERM:
-                        if act is not None:
-                            act(fd, st, d.path, name, dfd, None, 0, None)
-                        a.unknown += pages
-                        a.dunknown += data
-                        report.unknown = True
-                        if warm_need is not None:
-                            warm_need.pages += data
-                        if top is not None:
-                            top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, 0, 0, unknown=pages,
-                                      dunknown=data)
-                        continue
-                    if e.errno != errno.ENOSYS:
-                        raise
-                    d.mincore = True
-                else:
-                    by_cachestat = True
-                    res = cs.nr_cache
-                    if act is not None and res:
-                        busy = cs.nr_dirty + cs.nr_writeback
-                        inline = False
-                        if drops_inline is not None and not busy:
-                            inline = inline_devs.get(st.st_dev)  # type: ignore[assignment]
-                            if inline is None:
-                                inline = inline_devs[st.st_dev] = bool(drops_inline(fd, st))
-                        if inline:
-                            fadvise(fd, 0, 0, DONTNEED)
-                            if cs_call(cs_nr, fd, cs_range, cs_out, 0):
-                                cstat.fail()
-                            if cs.nr_cache == 0:
-                                dropped_files += 1
-                                dropped_pages += res
-                                last_dir, last_name, last_dfd = d.path, name, dfd
-                                if dropped_files >= _DROPPED_EVERY:
-                                    report_dropped(dropped_files, dropped_pages, last_dir, last_name, last_dfd)
-                                    dropped_files = dropped_pages = 0
-                                inline = True
-                            else:
-                                inline = False  # pages stayed: the act flushes, drops again and says why
-                        if not inline:
-                            act(fd, st, d.path, name, dfd, res, busy, cstat)
-                        res = cs.nr_cache  # what the act left
-                    if res > pages:
-                        res = pages
-                    dres = res if runs is None else _resident_in_runs(runs, res, pages, fd)
-                    res_sum += res
-                    dirty_sum += cs.nr_dirty
-                    wb_sum += cs.nr_writeback
-                    rev_sum += cs.nr_recently_evicted
-                    dres_sum += dres
-                    if warm_need is not None:
-                        warm_need.pages += data - dres
+                data_sum += data
+                if pages == 0:
                     if top is not None:
-                        top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, res, dres, cs.nr_dirty,
-                                  cs.nr_writeback, cs.nr_recently_evicted)
+                        top.offer(a, d.path, name, dfd, st.st_ino, size, 0, 0, 0, 0)
                     continue
-            if not kernel.residency_visible(st, name, dfd):
-                if act is not None:
-                    act(fd, st, d.path, name, dfd, None, 0, None)
+                if not d.mincore:
+                    try:
+                        if cs_call(cs_nr, fd, cs_range, cs_out, 0):
+                            cstat.fail()
+                    except OSError as e:
+                        if e.errno == errno.EPERM:
+                            if act is not None:
+                                act(fd, st, d.path, name, dfd, None, 0, None)
+                            a.unknown += pages
+                            a.dunknown += data
+                            report.unknown = True
+                            if warm_need is not None:
+                                warm_need.pages += data
+                            if top is not None:
+                                top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, 0, 0, unknown=pages,
+                                          dunknown=data)
+                            continue
+                        if e.errno != errno.ENOSYS:
+                            raise
+                        d.mincore = True
+                    else:
+                        by_cachestat = True
+                        res = cs.nr_cache
+                        if act is not None and res:
+                            busy = cs.nr_dirty + cs.nr_writeback
+                            inline = False
+                            if drops_inline is not None and not busy:
+                                inline = inline_devs.get(st.st_dev)  # type: ignore[assignment]
+                                if inline is None:
+                                    inline = inline_devs[st.st_dev] = bool(drops_inline(fd, st))
+                            if inline:
+                                fadvise(fd, 0, 0, DONTNEED)
+                                if cs_call(cs_nr, fd, cs_range, cs_out, 0):
+                                    cstat.fail()
+                                if cs.nr_cache == 0:
+                                    dropped_files += 1
+                                    dropped_pages += res
+                                    last_dir, last_name, last_dfd = d.path, name, dfd
+                                    if dropped_files >= _DROPPED_EVERY:
+                                        report_dropped(dropped_files, dropped_pages, last_dir, last_name, last_dfd)
+                                        dropped_files = dropped_pages = 0
+                                    inline = True
+                                else:
+                                    inline = False  # pages stayed: the act flushes, drops again and says why
+                            if not inline:
+                                act(fd, st, d.path, name, dfd, res, busy, cstat)
+                            res = cs.nr_cache  # what the act left
+                        if res > pages:
+                            res = pages
+                        dres = res if runs is None else _resident_in_runs(runs, res, pages, fd)
+                        res_sum += res
+                        dirty_sum += cs.nr_dirty
+                        wb_sum += cs.nr_writeback
+                        rev_sum += cs.nr_recently_evicted
+                        dres_sum += dres
+                        if warm_need is not None:
+                            warm_need.pages += data - dres
+                        if top is not None:
+                            top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, res, dres, cs.nr_dirty,
+                                      cs.nr_writeback, cs.nr_recently_evicted)
+                        continue
+                if not kernel.residency_visible(st, name, dfd):
+                    if act is not None:
+                        act(fd, st, d.path, name, dfd, None, 0, None)
+                    a.unknown += pages
+                    a.dunknown += data
+                    report.unknown = True
+                    if warm_need is not None:
+                        warm_need.pages += data
+                    if top is not None:
+                        top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, 0, 0, unknown=pages, dunknown=data)
+                    continue
+                used.add("mincore")
+                vec = kernel.mincore_vector(fd, size)
+                if act is not None and 1 in vec:
+                    act(fd, st, d.path, name, dfd, vec.count(1), 0, None)
+                    vec = kernel.mincore_vector(fd, size)
+                res = min(vec.count(1), pages)
+                dres = res if runs is None else _resident_in_runs(runs, res, pages, fd, vec)
+                res_sum += res
+                dres_sum += dres
+                if warm_need is not None:
+                    warm_need.pages += data - dres
+                if top is not None:
+                    top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, res, dres)
+            except OSError as e:
+                # The file vanished or failed after it was counted: its pages are unknown, not absent.
+                _skip_error(report, e, _join(d.path, name, dfd))
                 a.unknown += pages
                 a.dunknown += data
-                report.unknown = True
-                if warm_need is not None:
-                    warm_need.pages += data
-                if top is not None:
-                    top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, 0, 0, unknown=pages, dunknown=data)
-                continue
-            used.add("mincore")
-            vec = kernel.mincore_vector(fd, size)
-            if act is not None and 1 in vec:
-                act(fd, st, d.path, name, dfd, vec.count(1), 0, None)
-                vec = kernel.mincore_vector(fd, size)
-            res = min(vec.count(1), pages)
-            dres = res if runs is None else _resident_in_runs(runs, res, pages, fd, vec)
-            res_sum += res
-            dres_sum += dres
-            if warm_need is not None:
-                warm_need.pages += data - dres
-            if top is not None:
-                top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, res, dres)
-        except OSError as e:
-            # The file vanished or failed after it was counted: its pages are unknown, not absent.
-            _skip_error(report, e, _join(d.path, name, dfd))
-            a.unknown += pages
-            a.dunknown += data
-        finally:
-            os_close(fd)
+            finally:
+                os_close(fd)
     if a is not None:
         a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum, data_sum, dres_sum)
     if dropped_files:
