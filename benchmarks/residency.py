@@ -1,7 +1,10 @@
 """dltop residency / warm / evict against vmtouch and fincore, side by side in one run, on trees it makes.
 
     .venv/bin/python benchmarks/residency.py [--dir /var/tmp/dltop-bench] [--repeat 3]
-                                             [--ops scan,warm,evict] [--trees small,tiny,big]
+                                             [--ops scan,warm,evict] [--trees small,tiny,big] [--code CHECKOUT]
+
+--code runs the dltop of another checkout (its `python -m dltop`, from its folder), to compare two in the same
+minutes; DLTOP_NATIVE=0 in the environment times the Python loops instead of the C modules (dltop/native).
 
 Trees: small = 50,000 x 16 KiB, tiny = 100,000 x 4 KiB (100 folders each), big = 4 x 256 MiB. Every time is a
 whole process (start-up included), median of --repeat runs, in wall seconds and in CPU seconds (user +
@@ -146,12 +149,15 @@ def median(xs: list[float]) -> float:
 
 
 def main() -> int:
+    global REPO
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/var/tmp/dltop-bench", help="where the trees are made (a disk, not tmpfs)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--ops", default="scan,warm,evict", help="which of scan, warm, evict to time (default all)")
     ap.add_argument("--trees", default=",".join([*SMALL_TREES, "big"]), help="which trees (default all)")
+    ap.add_argument("--code", default=str(REPO), help="the dltop checkout to time (default this one)")
     args = ap.parse_args()
+    REPO = Path(args.code).resolve()
     for tool in ("vmtouch", "fincore"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (scripts/install-test-deps installs it)")

@@ -5,6 +5,7 @@ numbers against fincore and vmtouch. The C side skips, saying why, where the mod
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -57,16 +58,15 @@ def _touch_range(path: Path, offset: int, length: int) -> None:
 
 def _comparable(r: Any) -> dict[str, Any]:
     d = to_dict(r)
-    d.pop("scanned_at")
-    d.pop("scan_duration_s")
+    for k in ("scanned_at", "scan_duration_s", "full_scan_at"):  # when, not what
+        d.pop(k, None)
     return d
 
 
-def both(path: Path | str, options: WalkOptions = WalkOptions(), monkeypatch: pytest.MonkeyPatch | None = None,
+def both(path: Path | str, options: WalkOptions, monkeypatch: pytest.MonkeyPatch,
          **kw: Any) -> tuple[dict[str, Any], dict[str, Any], list[int]]:
     """The scan with the C step, then with its Python twin (back to back: the page cache does not move between
     them), and how many names each C call was given (so a test knows the C step ran)."""
-    assert monkeypatch is not None
     real = ds._native_measure()
     assert real is not None
     calls: list[int] = []
@@ -140,15 +140,16 @@ def test_the_module_reports_plain_files_and_leaves_the_rest_to_python(ddir: Path
     assert byname["hard-warm.bin"][2] == 2
     # the Python step decides these: sparse, FIFO (opened non-blocking, not regular), socket (ENXIO), a symlink
     # (O_NOFOLLOW: ELOOP), a vanished name
-    for n in ("sparse.bin", "fifo", "sock", "loop", "nosuch"):
-        assert byname[n] is None, n
+    # (O_NOFOLLOW: ELOOP), a vanished name: the open's errno, 0 where it opened
+    assert [byname[n] for n in ("sparse.bin", "fifo", "sock", "loop", "nosuch")] == [
+        0, 0, errno.ENXIO, errno.ELOOP, errno.ENOENT]
     assert MOD.measure(0, [], 0, kernel.NR_CACHESTAT) == []
-    # bytes names too (the watch's inotify names), and a folder fd that is not one: None, never an exception
-    assert MOD.measure(-1, [b"x"], _O_FILE, kernel.NR_CACHESTAT) == [None]
-    # no cachestat (a syscall number that does not exist): None, so the Python step falls back to mincore
+    # bytes names too (the watch's inotify names), and a folder fd that is not one: EBADF, never an exception
+    assert MOD.measure(-1, [b"x"], _O_FILE, kernel.NR_CACHESTAT) == [errno.EBADF]
+    # no cachestat (a syscall number that does not exist): 0, so the Python step falls back to mincore
     dfd = os.open(ddir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        assert MOD.measure(dfd, ["warm.bin", "cold.bin"], _O_FILE, 100_000) == [None, None]
+        assert MOD.measure(dfd, ["warm.bin", "cold.bin"], _O_FILE, 100_000) == [0, 0]
     finally:
         os.close(dfd)
     with pytest.raises(TypeError):
@@ -300,3 +301,48 @@ def test_differential_fuzz_c_against_python(ddir: Path, monkeypatch: pytest.Monk
     c, p, calls = both(root, opts, monkeypatch, warm_need=ds.WarmNeed())
     assert calls
     assert c == p
+
+
+def test_the_watch_gives_the_same_dataset_both_ways(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch measuring with the C step and one with the Python step, side by side on the same tree: the same
+    dataset at the first read, after a job read and evicted some files (the watch's re-measure), and in full."""
+    from dltop.sources import watch
+
+    build_mixed(ddir)
+    os.sync()  # no writeback between the two watches' reads
+    real = ds._native_measure()
+    calls: list[int] = []
+    use = {"c": True}
+
+    def counting(dfd: int, names: list[Any], flags: int, nr: int) -> list[Any]:
+        calls.append(len(names))
+        return real(dfd, names, flags, nr)
+
+    monkeypatch.setattr(ds, "_native_measure", lambda: counting if use["c"] else None)
+    monkeypatch.setattr(watch, "MIN_ROLL_FILES", 0)
+    monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
+    opts = WalkOptions(max_depth=6, top_files=3, top_keys=FILE_SORT_KEYS, top_budget=64)
+    wc, wp = watch.DatasetWatch(str(ddir), opts), watch.DatasetWatch(str(ddir), opts)
+
+    def pair(full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        use["c"] = True
+        c = _comparable(wc.read(full)[0])
+        use["c"] = False
+        p = _comparable(wp.read(full)[0])
+        return c, p
+
+    try:
+        c, p = pair()
+        assert calls and c == p and c["files"] > 300
+        calls.clear()
+        subprocess.run(["cat", *(str(ddir / "many" / f"f{i:03}.bin") for i in range(1, 200, 3))],
+                       stdout=subprocess.DEVNULL, check=True)
+        for i in range(0, 200, 8):
+            _drop(ddir / "many" / f"f{i:03}.bin")
+        c, p = pair()
+        assert calls and c == p  # the C step counted the files read again
+        c, p = pair(full=True)
+        assert c == p
+    finally:
+        wc.close()
+        wp.close()

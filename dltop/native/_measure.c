@@ -6,9 +6,10 @@
  *   (dev, ino, nlink, size, cache, dirty, writeback, recently_evicted) for a plain case: a regular file that
  *       opened with `flags`, is not sparse (st_blocks * 512 >= st_size) and, when it has bytes, was measured by
  *       cachestat(2) (an empty file is not asked: its counts are 0);
- *   None for anything else (the open, fstat or cachestat failed, not a regular file, a sparse file): the Python
- *       step measures that one itself, so every decision about it (unreadable, vanished, special, sparse, EPERM,
- *       no cachestat) stays in one place.
+ *   an int for anything else: the errno of the open where it failed (EACCES, ENOENT, ELOOP, ENXIO, ...), 0 where
+ *       the file was opened (and so raised its inotify open and close) but is not a plain case (fstat or
+ *       cachestat failed, not a regular file, a sparse file). The Python step measures that one itself, so every
+ *       decision about it (unreadable, vanished, special, sparse, EPERM, no cachestat) stays in one place.
  * `names` is a list of str (surrogateescape, as os.fsencode) or bytes. The GIL is released around the syscalls.
  */
 #define PY_SSIZE_T_CLEAN
@@ -33,7 +34,7 @@ struct cs_out {
 };
 
 struct one {
-    int plain;
+    int plain, err;
     dev_t dev;
     ino_t ino;
     nlink_t nlink;
@@ -46,8 +47,11 @@ static void measure_one(int dfd, const char *name, int flags, long nr, struct on
     struct cs_range rng = {0, 0};
     int fd = openat(dfd, name, flags);
     r->plain = 0;
-    if (fd < 0)
+    r->err = 0;
+    if (fd < 0) {
+        r->err = errno;
         return;
+    }
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (int64_t)st.st_blocks * 512 >= (int64_t)st.st_size) {
         r->dev = st.st_dev;
         r->ino = st.st_ino;
@@ -99,7 +103,11 @@ static PyObject *measure(PyObject *self, PyObject *args) {
                 goto done;
             }
         } else {
-            item = Py_NewRef(Py_None);
+            item = PyLong_FromLong(r->err);
+            if (item == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
         }
         PyList_SET_ITEM(out, i, item);
     }
@@ -116,7 +124,7 @@ done:
 static PyMethodDef methods[] = {
     {"measure", measure, METH_VARARGS,
      "measure(dir_fd, names, flags, nr_cachestat) -> [(dev, ino, nlink, size, cache, dirty, writeback, "
-     "recently_evicted) or None per name]"},
+     "recently_evicted), or the open's errno (0: opened, not a plain case), per name]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -662,10 +662,10 @@ def scan_residency(
             names, pres = (item,), alone
         elif d.mincore or measure is None:
             names, pres = item, [None] * len(item)
-        else:  # the C step measured the plain ones; None: the Python step below measures that one itself
+        else:  # the C step measured the plain ones; an int (an errno): the Python step below measures that one
             names, pres = item, measure(dfd, item, _O_FILE, nr_cachestat)
         for name, pre in zip(names, pres, strict=True):
-            if pre is not None:
+            if pre.__class__ is tuple:
                 dev, ino, nlink, size, res, dirty, wb, rev = pre
                 if nlink > 1 or any_alias:
                     key = (dev, ino)

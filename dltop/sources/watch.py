@@ -21,6 +21,7 @@ from bisect import bisect_left, insort
 from collections import Counter
 from itertools import accumulate, compress
 from operator import gt, neg
+from typing import Any
 
 from dltop import kernel
 from dltop.model.datasets import NO_PERMISSION, DatasetResidency, ResidencyNode
@@ -374,11 +375,16 @@ class DatasetWatch:
             self._next %= max(1, len(self._order))
         redo: set[int] = set()
         dirty.sort()  # by folder: its directory stays cached between its files
+        measure = engine._native_measure()
+        pre: dict[tuple[int, bytes], Any] = {}
+        batched = -1  # the folder whose files `pre` holds
         for key in dirty:
             wd, raw = key
             f = self._by_wd.get(wd)
             if f is None or wd in relist or wd in redo:
                 continue
+            if measure is not None and wd != batched:
+                batched, pre = wd, self._recount_batch(f, dirty, key, changed, measure)
             raw = raw.rstrip(b"\0")
             name = raw.decode("utf-8", "surrogateescape")
             i = f.slot(name)
@@ -388,8 +394,10 @@ class DatasetWatch:
             n += 1
             if n % DRAIN_EVERY_FILES == 0:
                 self._settle()  # our own opens must not overflow the queue
-            if key not in changed and self._recount(f, i, raw, key):
-                continue
+            if key not in changed:
+                got = pre.get(key)
+                if self._recounted(f, i, got) if got is not None else self._recount(f, i, raw, key):
+                    continue
             new = self._measure_one(f, name)
             if new is None:
                 redo.add(wd)
@@ -512,6 +520,9 @@ class DatasetWatch:
             except OSError:
                 f.mincore = False
             ignore, include = self._ignore, self._include
+            # With the C step (dltop.native._measure), a folder's plain files are measured in batches, each before
+            # the next entry that is not one (what a report lists stays in the listing's order).
+            batch: list[str] | None = [] if engine._native_measure() is not None else None
             try:
                 with engine._scandir(dfd) as entries:
                     for n, entry in enumerate(entries, 1):
@@ -527,10 +538,20 @@ class DatasetWatch:
                                     report.skip("ignored")
                                     continue
                                 self._own_event(f, name)
+                                if batch is not None:
+                                    batch.append(name)
+                                    if len(batch) >= engine._BATCH:
+                                        self._measure_batch(f, dfd, batch, report, rows)
+                                        batch = []
+                                    continue
                                 vals = self._measure(f, dfd, name, report)
                                 if vals is not None:
                                     rows.append((hash(name), name, vals))
-                            elif entry.is_symlink():
+                                continue
+                            if batch:
+                                self._measure_batch(f, dfd, batch, report, rows)
+                                batch = []
+                            if entry.is_symlink():
                                 report.skip("symlink")
                             elif entry.is_dir(follow_symlinks=False):
                                 est = entry.stat(follow_symlinks=False)
@@ -546,11 +567,19 @@ class DatasetWatch:
                             else:
                                 report.skip("special")
                         except OSError as e:
+                            if batch:
+                                self._measure_batch(f, dfd, batch, report, rows)
+                                batch = []
                             engine._skip_error(report, e, f"{f.path}/{name}")
             except OSError as e:
+                if batch:
+                    self._measure_batch(f, dfd, batch, report, rows)
+                    batch = []
                 if f.depth == 0:
                     raise
                 engine._skip_error(report, e, f.path)
+            if batch:
+                self._measure_batch(f, dfd, batch, report, rows)
         finally:
             os.close(dfd)
         self._settle()
@@ -615,8 +644,58 @@ class DatasetWatch:
             return False
         finally:
             os.close(fd)
-        res = min(cs.nr_cache, pages)
-        new = (res, cs.nr_dirty, cs.nr_writeback, cs.nr_recently_evicted)
+        self._recounted_as(f, i, cs.nr_cache, cs.nr_dirty, cs.nr_writeback, cs.nr_recently_evicted)
+        return True
+
+    def _recount_batch(self, f: _Folder, dirty: list[tuple[int, bytes]], first: tuple[int, bytes],
+                       changed: set[tuple[int, bytes]], measure: Any) -> dict[tuple[int, bytes], Any]:
+        """The C step's answers (see dltop/native/_measure.c) for the files of `f` that `_recount` would count
+        again, from `first` on in `dirty` (sorted: a folder's files follow one another), in calls of
+        engine._BATCH files; up to the first name `f` does not count (the listing decides from there)."""
+        if f.mincore:
+            return {}
+        dir_fd = self._folder_fd(f)
+        if dir_fd is None:
+            return {}
+        wd, vals = first[0], f.vals
+        keys: list[tuple[int, bytes]] = []
+        raws: list[bytes] = []
+        for j in range(bisect_left(dirty, first), len(dirty)):
+            key = dirty[j]
+            if key[0] != wd:
+                break
+            raw = key[1].rstrip(b"\0")
+            i = f.slot(raw.decode("utf-8", "surrogateescape"))
+            if i < 0:
+                break
+            base = i * _N
+            if key in changed or vals[base + 2] != vals[base + 1] or vals[base + 8] or vals[base + 1] == 0:
+                continue  # `_measure_one` measures it whole (as `_recount` would refuse it)
+            keys.append(key)
+            raws.append(raw)
+        out: dict[tuple[int, bytes], Any] = {}
+        own, step = self._own, engine._BATCH
+        for j in range(0, len(raws), step):
+            for key, got in zip(keys[j:j + step], measure(dir_fd, raws[j:j + step], engine._O_FILE,
+                                                         kernel.NR_CACHESTAT), strict=True):
+                out[key] = got
+                if got.__class__ is tuple or got == 0:  # opened: our open and our close
+                    own[key] = own.get(key, 0) + 2
+            if j + step < len(raws):
+                self._settle()  # our own opens must not overflow the queue
+        return out
+
+    def _recounted(self, f: _Folder, i: int, got: Any) -> bool:
+        """`_recount` from the C step's answer for file `i` of `f`: False where it must be measured whole."""
+        if got.__class__ is not tuple or got[1] != f.vals[i * _N + 11]:
+            return False  # not a plain case now, or replaced under the same name
+        self._recounted_as(f, i, got[4], got[5], got[6], got[7])
+        return True
+
+    def _recounted_as(self, f: _Folder, i: int, cache: int, dirty: int, wb: int, rev: int) -> None:
+        base, vals = i * _N, f.vals
+        res = min(cache, vals[base + 1])
+        new = (res, dirty, wb, rev)
         old = (vals[base + 3], vals[base + 4], vals[base + 5], vals[base + 6])
         if new != old:
             tot = f.tot
@@ -626,7 +705,6 @@ class DatasetWatch:
             tot[7] += res - vals[base + 7]
             vals[base + 7] = res
             self._rerank(f, i)
-        return True
 
     def _folder_fd(self, f: _Folder) -> int | None:
         """An O_PATH fd of folder `f` (it raises no events of its own), kept while files of `f` follow one another;
@@ -713,11 +791,40 @@ class DatasetWatch:
         finally:
             os.close(fd)
 
+    def _measure_batch(self, f: _Folder, dfd: int, names: list[str], report: engine.WalkReport,
+                       rows: list[tuple[int, str, tuple[int, ...]]]) -> None:
+        """Plain files of `f` measured by the C step in one call, as `_measure` counts them; what it leaves (an
+        errno or 0, see dltop/native/_measure.c) `_measure` measures itself."""
+        measure = engine._native_measure()
+        pres = [0] * len(names) if f.mincore or measure is None else measure(dfd, names, engine._O_FILE,
+                                                                               kernel.NR_CACHESTAT)
+        ps = kernel.PAGE_SIZE
+        for name, pre in zip(names, pres, strict=True):
+            if pre.__class__ is not tuple:
+                vals = self._measure(f, dfd, name, report)
+            else:
+                _dev, ino, nlink, size, cache, dirty, wb, rev = pre
+                if nlink > 1 and self._linked_ids(nlink, _dev, ino, f, report, False):
+                    continue
+                pages = (size + ps - 1) // ps
+                if pages == 0:
+                    vals = (size, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, ino)
+                else:
+                    f.used.add("cachestat")
+                    res = min(cache, pages)
+                    vals = (size, pages, pages, res, dirty, wb, rev, res, 0, 0, 1, ino)
+            if vals is not None:
+                rows.append((hash(name), name, vals))
+
     def _linked(self, st: os.stat_result, f: _Folder, report: engine.WalkReport, relink: bool) -> bool:
         """A hard link counted under another name: skipped here (`report` says so)."""
-        if st.st_nlink <= 1:
+        return self._linked_ids(st.st_nlink, st.st_dev, st.st_ino, f, report, relink)
+
+    def _linked_ids(self, nlink: int, dev: int, ino: int, f: _Folder, report: engine.WalkReport,
+                    relink: bool) -> bool:
+        if nlink <= 1:
             return False
-        key = (st.st_dev, st.st_ino)
+        key = (dev, ino)
         owner = self._links.get(key)
         if owner is None:
             self._links[key] = f
