@@ -346,3 +346,58 @@ def test_the_watch_gives_the_same_dataset_both_ways(ddir: Path, monkeypatch: pyt
     finally:
         wc.close()
         wp.close()
+
+
+def _evict_both(a: Path, b: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """Tree `a` evicted with the C step, tree `b` (made the same way) with the Python step; their results without
+    what names a tree or a moment, and how many names the C step was given."""
+    from dltop.actions import pagecache as pc
+
+    real = ds._native_measure()
+    calls: list[int] = []
+
+    def counting(dfd: int, names: list[Any], *args: int) -> list[Any]:
+        calls.append(len(names))
+        return real(dfd, names, *args)
+
+    def summary(r: Any) -> dict[str, Any]:
+        d = r.to_dict()
+        for k in ("paths", "elapsed_s", "rate_bytes_per_s", "problems", "stayed_detail", "notes"):
+            d.pop(k, None)
+        return d
+
+    monkeypatch.setattr(ds, "_native_measure", lambda: counting)
+    c = summary(pc.evict([str(a)]))
+    monkeypatch.setattr(ds, "_native_measure", lambda: None)
+    p = summary(pc.evict([str(b)]))
+    monkeypatch.undo()
+    return c, p, sum(calls)
+
+
+@needs_fincore
+def test_an_evict_drops_the_same_pages_both_ways(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two trees made alike (warm, cold, partly resident, sparse, dirty, hard links, odd names, a mapped file whose
+    pages stay): the C step's evict (its own drop of clean files) and the Python step's count the same, and leave
+    what fincore sees."""
+    import mmap
+
+    for t in ("c", "p"):
+        build_mixed(ddir / t)
+        (ddir / t / "mapped.bin").write_bytes(os.urandom(6 * PS))  # 4 of its 6 pages mapped: 2 go, 4 stay
+    os.sync()
+    for t in ("c", "p"):  # dirty again after the sync
+        (ddir / t / "a" / "dirty.bin").write_bytes(os.urandom(6 * PS))
+    with open(ddir / "c" / "mapped.bin", "rb") as fc, open(ddir / "p" / "mapped.bin", "rb") as fp, \
+            mmap.mmap(fc.fileno(), 4 * PS, prot=mmap.PROT_READ) as mc, \
+            mmap.mmap(fp.fileno(), 4 * PS, prot=mmap.PROT_READ) as mp:
+        for i in range(0, 4 * PS, PS):
+            mc[i], mp[i]  # noqa: B018 - mapped pages stay resident
+        c, p, fed = _evict_both(ddir / "c", ddir / "p", monkeypatch)
+        left = {t: sum(int(x) for x in subprocess.run(
+            ["fincore", "-n", "-o", "PAGES", *map(os.fsencode, (f for f in walk_files(ddir / t)
+                                                                if f.is_file() and not f.is_symlink()))],
+            capture_output=True, check=True).stdout.split()) for t in ("c", "p")}
+    assert fed > 300  # the C step saw the tree's plain files
+    assert c == p
+    assert c["resident_pages_before"] > 300 and c["stayed"] == {"mapped": 4}
+    assert left["c"] == left["p"] == c["resident_pages_after"] == 4  # the mapped file's pages alone

@@ -10,6 +10,11 @@
  *       the file was opened (and so raised its inotify open and close) but is not a plain case (fstat or
  *       cachestat failed, not a regular file, a sparse file). The Python step measures that one itself, so every
  *       decision about it (unreadable, vanished, special, sparse, EPERM, no cachestat) stays in one place.
+ * measure(dir_fd, names, flags, nr_cachestat, drop_dev) -> the same, and for an evict: a plain case with pages in
+ *   the page cache, none of them dirty or under writeback, one link, and on device `drop_dev` (where the evict
+ *   lets the scan drop pages itself) has them dropped (POSIX_FADV_DONTNEED) and counted again: its tuple gains
+ *   a ninth item, the pages resident before the drop, and its counts are those after (-1: not dropped here, the
+ *   counts are the only ones, the evict's own step decides).
  * `names` is a list of str (surrogateescape, as os.fsencode) or bytes. The GIL is released around the syscalls.
  */
 #define PY_SSIZE_T_CLEAN
@@ -39,10 +44,11 @@ struct one {
     ino_t ino;
     nlink_t nlink;
     off_t size;
+    long long before;
     struct cs_out cs;
 };
 
-static void measure_one(int dfd, const char *name, int flags, long nr, struct one *r) {
+static void measure_one(int dfd, const char *name, int flags, long nr, long long drop_dev, struct one *r) {
     struct stat st;
     struct cs_range rng = {0, 0};
     int fd = openat(dfd, name, flags);
@@ -58,8 +64,18 @@ static void measure_one(int dfd, const char *name, int flags, long nr, struct on
         r->nlink = st.st_nlink;
         r->size = st.st_size;
         memset(&r->cs, 0, sizeof r->cs);
-        if (st.st_size == 0 || syscall(nr, fd, &rng, &r->cs, 0) == 0)
+        r->before = -1;
+        if (st.st_size == 0 || syscall(nr, fd, &rng, &r->cs, 0) == 0) {
             r->plain = 1;
+            if (drop_dev >= 0 && r->cs.nr_cache && !r->cs.nr_dirty && !r->cs.nr_writeback && st.st_nlink == 1 &&
+                (unsigned long long)st.st_dev == (unsigned long long)drop_dev) {
+                struct cs_out again;
+                if (posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0 && syscall(nr, fd, &rng, &again, 0) == 0) {
+                    r->before = (long long)r->cs.nr_cache;
+                    r->cs = again;
+                }
+            }
+        }
     }
     close(fd);
 }
@@ -67,8 +83,9 @@ static void measure_one(int dfd, const char *name, int flags, long nr, struct on
 static PyObject *measure(PyObject *self, PyObject *args) {
     int dfd, flags;
     long nr;
+    long long drop_dev = -1;
     PyObject *names;
-    if (!PyArg_ParseTuple(args, "iO!il", &dfd, &PyList_Type, &names, &flags, &nr))
+    if (!PyArg_ParseTuple(args, "iO!il|L", &dfd, &PyList_Type, &names, &flags, &nr, &drop_dev))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(names), i;
     PyObject *out = NULL;
@@ -84,7 +101,7 @@ static PyObject *measure(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     for (i = 0; i < n; i++)
-        measure_one(dfd, PyBytes_AS_STRING(enc[i]), flags, nr, &res[i]);
+        measure_one(dfd, PyBytes_AS_STRING(enc[i]), flags, nr, drop_dev, &res[i]);
     Py_END_ALLOW_THREADS
     out = PyList_New(n);
     if (out == NULL)
@@ -92,7 +109,17 @@ static PyObject *measure(PyObject *self, PyObject *args) {
     for (i = 0; i < n; i++) {
         PyObject *item;
         struct one *r = &res[i];
-        if (r->plain) {
+        if (r->plain && drop_dev >= 0) {
+            item = Py_BuildValue("(KKKLKKKKL)", (unsigned long long)r->dev, (unsigned long long)r->ino,
+                                 (unsigned long long)r->nlink, (long long)r->size,
+                                 (unsigned long long)r->cs.nr_cache, (unsigned long long)r->cs.nr_dirty,
+                                 (unsigned long long)r->cs.nr_writeback,
+                                 (unsigned long long)r->cs.nr_recently_evicted, r->before);
+            if (item == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+        } else if (r->plain) {
             item = Py_BuildValue("(KKKLKKKK)", (unsigned long long)r->dev, (unsigned long long)r->ino,
                                  (unsigned long long)r->nlink, (long long)r->size,
                                  (unsigned long long)r->cs.nr_cache, (unsigned long long)r->cs.nr_dirty,
@@ -123,7 +150,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"measure", measure, METH_VARARGS,
-     "measure(dir_fd, names, flags, nr_cachestat) -> [(dev, ino, nlink, size, cache, dirty, writeback, "
+     "measure(dir_fd, names, flags, nr_cachestat[, drop_dev]) -> [(dev, ino, nlink, size, cache, dirty, writeback, "
      "recently_evicted), or the open's errno (0: opened, not a plain case), per name]"},
     {NULL, NULL, 0, NULL},
 };

@@ -648,7 +648,10 @@ def scan_residency(
     # moves on: attribute updates per file cost more than the syscalls they count.
     a: _Acc | None = None
     files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = data_sum = dres_sum = 0
-    measure = _native_measure() if act is None else None
+    # The C step measures a folder's plain files in batches; in an evict it also drops clean pages itself where
+    # the act lets the scan do so (a file it cannot empty so goes to the act, as below). Following symlinks, an
+    # evict's files go one by one: an alias must reach the act once.
+    measure = _native_measure() if act is None or (drops_inline is not None and not any_alias) else None
     nr_cachestat = kernel.NR_CACHESTAT
     alone: Any = (None,)
     for d, dfd, item, follow in walk(root, options, report, acc, budget, seen_dirs=seen_dirs,
@@ -662,9 +665,31 @@ def scan_residency(
             names, pres = (item,), alone
         elif d.mincore or measure is None:
             names, pres = item, [None] * len(item)
-        else:  # the C step measured the plain ones; an int (an errno): the Python step below measures that one
+        elif act is None:  # the C step measured the plain ones; an int (an errno): the Python step measures it
             names, pres = item, measure(dfd, item, _O_FILE, nr_cachestat)
+        else:
+            inline = inline_devs.get(d.dev)
+            if inline is None:  # asked of the folder: its filesystem is its files' (the C step checks the device)
+                inline = inline_devs[d.dev] = bool(drops_inline(dfd, os_fstat(dfd)))  # type: ignore[arg-type]
+            names, pres = item, measure(dfd, item, _O_FILE, nr_cachestat, d.dev if inline else -1)
         for name, pre in zip(names, pres, strict=True):
+            if pre.__class__ is tuple and act is not None:
+                before = pre[8]  # the pages the C step dropped the file's from; -1: it did not drop them
+                if before >= 0:
+                    if pre[4]:  # pages stayed: what went is said, the act flushes and drops again (below)
+                        report_dropped(0, before - pre[4], d.path, name, dfd)
+                        pre = 0
+                    else:
+                        dropped_files += 1
+                        dropped_pages += before
+                        last_dir, last_name, last_dfd = d.path, name, dfd
+                        if dropped_files >= _DROPPED_EVERY:
+                            report_dropped(dropped_files, dropped_pages, last_dir, last_name, last_dfd)
+                            dropped_files = dropped_pages = 0
+                elif pre[4]:
+                    pre = 0  # dirty, a hard link, not to be dropped here: the Python step hands it to the act
+                if pre:
+                    pre = pre[:8]
             if pre.__class__ is tuple:
                 dev, ino, nlink, size, res, dirty, wb, rev = pre
                 if nlink > 1 or any_alias:
