@@ -14,7 +14,8 @@
  *   the page cache, none of them dirty or under writeback, one link, and on device `drop_dev` (where the evict
  *   lets the scan drop pages itself) has them dropped (POSIX_FADV_DONTNEED) and counted again: its tuple gains
  *   a ninth item, the pages resident before the drop, and its counts are those after (-1: not dropped here, the
- *   counts are the only ones, the evict's own step decides).
+ *   counts are the only ones, the evict's own step decides). drop_dev -1: nothing is dropped, the tuples have
+ *   nine items all the same.
  * `names` is a list of str (surrogateescape, as os.fsencode) or bytes. The GIL is released around the syscalls.
  */
 #define PY_SSIZE_T_CLEAN
@@ -83,7 +84,7 @@ static void measure_one(int dfd, const char *name, int flags, long nr, long long
 static PyObject *measure(PyObject *self, PyObject *args) {
     int dfd, flags;
     long nr;
-    long long drop_dev = -1;
+    long long drop_dev = -2; /* -2: not given (8-tuples); -1: given, nothing dropped (9-tuples) */
     PyObject *names;
     if (!PyArg_ParseTuple(args, "iO!il|L", &dfd, &PyList_Type, &names, &flags, &nr, &drop_dev))
         return NULL;
@@ -109,7 +110,7 @@ static PyObject *measure(PyObject *self, PyObject *args) {
     for (i = 0; i < n; i++) {
         PyObject *item;
         struct one *r = &res[i];
-        if (r->plain && drop_dev >= 0) {
+        if (r->plain && drop_dev >= -1) {
             item = Py_BuildValue("(KKKLKKKKL)", (unsigned long long)r->dev, (unsigned long long)r->ino,
                                  (unsigned long long)r->nlink, (long long)r->size,
                                  (unsigned long long)r->cs.nr_cache, (unsigned long long)r->cs.nr_dirty,
