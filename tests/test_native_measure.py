@@ -404,3 +404,20 @@ def test_an_evict_drops_the_same_pages_both_ways(ddir: Path, monkeypatch: pytest
     assert c == p
     assert c["resident_pages_before"] > 300 and c["stayed"] == {"mapped": 4}
     assert left["c"] == left["p"] == c["resident_pages_after"] == 4  # the mapped file's pages alone
+
+
+def test_an_evict_whose_filesystem_cannot_be_asked_fails_the_same_both_ways(ddir: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """fstatfs failing (the evict asks it whether the scan may drop pages itself): never fatal, and the C step's
+    evict says what the Python step's says."""
+    for t in ("c", "p"):
+        for i in range(5):
+            read_file(make_file(ddir / t / f"f{i}.bin", 2 * PS))
+
+    def failing(fd: int) -> int:
+        raise OSError(errno.EIO, "fstatfs: I/O error")
+
+    monkeypatch.setattr(kernel, "fstatfs_type", failing)
+    with monkeypatch.context() as m:
+        c, p, fed = _evict_both(ddir / "c", ddir / "p", m)
+    assert fed == 5 and c == p and c["skipped"] == {"error": 5}

@@ -670,7 +670,10 @@ def scan_residency(
         else:
             inline = inline_devs.get(d.dev)
             if inline is None:  # asked of the folder: its filesystem is its files' (the C step checks the device)
-                inline = inline_devs[d.dev] = bool(drops_inline(dfd, os_fstat(dfd)))  # type: ignore[arg-type]
+                try:
+                    inline = inline_devs[d.dev] = bool(drops_inline(dfd, os_fstat(dfd)))  # type: ignore[arg-type]
+                except OSError:
+                    inline = False  # not asked again here: each file's own step asks, as it always did
             names, pres = item, measure(dfd, item, _O_FILE, nr_cachestat, d.dev if inline else -1)
         for name, pre in zip(names, pres, strict=True):
             if pre.__class__ is tuple and act is not None:
