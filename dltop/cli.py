@@ -61,6 +61,19 @@ def build_command_parser(command: str | None = None) -> tuple[ArgumentParser, ar
     return cmd, sub
 
 
+class _Version(argparse.Action):
+    """`dltop --version`: the version, then one line per optional C module (dltop.native): `C` or why not."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from dltop import native
+
+        print(f"dltop {__version__}")
+        for line in native.lines():
+            print(f"  {line}")
+        parser.exit()
+
+
 def build_tui_parser() -> ArgumentParser:
     """The TUI's parser, `dltop [PATH...]`: built only for the TUI, as its options import the config reader and
     the cluster command (~20 ms that `dltop residency` does not need)."""
@@ -70,7 +83,8 @@ def build_tui_parser() -> ArgumentParser:
         "Subcommands: " + ", ".join(sorted(COMMANDS)) + " (see dltop CMD --help).",
     )
     tui.add_argument("paths", nargs="*", metavar="PATH", help="dataset directories to watch")
-    tui.add_argument("-V", "--version", action="version", version=f"dltop {__version__}")
+    tui.add_argument("-V", "--version", action=_Version, nargs=0,
+                     help="show dltop's version and which per-file loops run in C, and exit")
     tui.add_argument("-r", "--refresh", type=refresh_seconds, metavar="SECONDS",
                      help="refresh interval (default 1.0)")
     tui.add_argument("--read-only", action="store_true", help="disable every action that changes the system")

@@ -50,7 +50,7 @@ ALLOWED: dict[str, set[str]] = {
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
                  "sampler", "actions", "hints", "derive", "fields", "exporter", "tui", "kv", "recorder",
                  "__init__"},
-    "cli": {"commands", "errors", "__init__"},
+    "cli": {"commands", "errors", "native", "__init__"},  # native: --version says which loops run in C
     "__main__": {"cli"},
     # The in-process probe runs inside training scripts: nothing of dltop's but itself, and the kernel's ctypes
     # wrappers (stdlib only, imported when an epoch closes: cachestat of the job's data).

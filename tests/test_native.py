@@ -86,3 +86,27 @@ def test_load_honours_dltop_native_0_and_the_api_version(monkeypatch: pytest.Mon
         assert native.load("_nosuch") is None and native.status() == {"_nosuch": "off (DLTOP_NATIVE=0)"}
     finally:
         native.reset()
+
+
+def test_dltop_version_says_which_loops_run_in_c_and_why_not() -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DLTOP_NATIVE", None)
+    on = subprocess.run([sys.executable, "-m", "dltop", "--version"], capture_output=True, text=True, env=env,
+                        timeout=60)
+    off = subprocess.run([sys.executable, "-m", "dltop", "--version"], capture_output=True, text=True,
+                         env={**env, "DLTOP_NATIVE": "0"}, timeout=60)
+    assert on.returncode == off.returncode == 0 and on.stderr == off.stderr == ""
+    head, *lines = on.stdout.splitlines()
+    assert head.startswith("dltop ") and off.stdout.splitlines()[0] == head
+    assert [ln.split(":")[0].strip() for ln in lines] == [native.ROLE[n] for n in native.EXPECTED]
+    native.reset()
+    try:
+        want = native.lines()  # this process's view: C where built, else why not
+    finally:
+        native.reset()
+    assert [ln.strip() for ln in lines] == want
+    assert [ln.strip() for ln in off.stdout.splitlines()[1:]] == [
+        f"{native.ROLE[n]}: off (DLTOP_NATIVE=0)" for n in native.EXPECTED]

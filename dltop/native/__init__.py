@@ -19,6 +19,13 @@ EXPECTED: dict[str, int] = {
     "_measure": 1,  # the residency scan's per-file step: open, fstat, cachestat, close (sources/datasets.py)
 }
 
+# name -> what its loop does, for `dltop --version`
+ROLE: dict[str, str] = {
+    "_walk": "caches walk",
+    "_measure": "residency scan, watch and evict",
+    "_template": "dump templates",
+}
+
 _cache: dict[str, ModuleType | None] = {}
 _why: dict[str, str] = {}
 
@@ -51,6 +58,11 @@ def status() -> dict[str, str]:
     for name in EXPECTED:
         load(name)
     return {name: _why[name] for name in EXPECTED}
+
+
+def lines() -> list[str]:
+    """One line per module for `dltop --version`: `caches walk: C`, or why its Python loop runs."""
+    return [f"{ROLE.get(name, name)}: {how}" for name, how in status().items()]
 
 
 def reset() -> None:
