@@ -268,3 +268,48 @@ def test_a_number_used_with_another_or_compared_must_stay(busy: str) -> None:
         assert tm.match(changed(key, d[key] + 1), 0) is None, key
     assert tm.match(changed("scan_duration_s", 0.125), 0) is not None
     assert tm.match(changed("scanned_at", d["scanned_at"] + 60.5), 0) is not None
+
+
+
+def test_a_number_the_decoder_derives_from_another_must_stay() -> None:
+    # DatasetResidency.__post_init__ makes a data_* count of -1 ("not given") its whole count: data_pages is then
+    # `pages`. A template made of such a text must not let `pages` change freely: with pages 0 the ordinary
+    # reading has no known pages, so no ratio at all, where the template would still give the text's 0.
+    from dltop.model.datasets import DatasetResidency, DatasetsPart
+
+    ds = DatasetResidency(path="/d", files=1, size_bytes=40960, pages=10, resident_pages=0)
+    text = json.dumps(json.loads(Snapshot(ts=1.0, host="h", datasets=DatasetsPart(paths=(ds,))).to_json())["datasets"],
+                      separators=(",", ":"), ensure_ascii=False).replace('"data_pages":10,', '"data_pages":-1,')
+
+    def read(t: str) -> object:
+        return Snapshot.from_dict({"ts": 0.0, "host": "", "schema": 1, "datasets": store.loads(t)}).datasets
+
+    tm = tp.make("datasets", text, store.loads(text), read(text))
+    assert tm is not None
+    for pages in ("0", "3", "11"):
+        other = text.replace('"pages":10,', f'"pages":{pages},', 1)
+        ordinary = [(f.name, labels, tp.number(v)) for f, labels, v in tp._group("datasets", read(other)) or []]
+        got = tm.match(other, 0)
+        if got is not None:
+            assert [(f.name, labels, tp.cell(spec, got[0])) for f, labels, spec in tm.samples] == ordinary, pages
+
+
+def test_an_int_and_a_float_of_the_same_value_keep_their_own_cells(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2**53 as an int (MemTotal) prints "9007199254740992", as a float (a GPU's free memory, float() by fields)
+    # "9007199254740992.0": equal values, so a cell cache keyed by value alone gave the second the first's text.
+    from dltop.model import MemoryPart
+    from tests.test_recorder import sampled
+
+    big = 2**53
+    snaps = sampled(tmp_path, monkeypatch, n=3)
+    rec_dir = tmp_path / "rec"
+    with Recorder(str(rec_dir), block_samples=2, retain_s=None, max_bytes=None) as rec:
+        for s in snaps:
+            assert isinstance(s.memory, MemoryPart) and isinstance(s.gpus, tuple)
+            gpus = (dataclasses.replace(s.gpus[0], memory_free_bytes=big), *s.gpus[1:])
+            rec.write(dataclasses.replace(s, memory=dataclasses.replace(s.memory, total_bytes=big), gpus=gpus),
+                      wait=True)
+    reference = reference_csv(str(rec_dir))
+    assert "9007199254740992.0" in reference[0] and ",9007199254740992," in reference[0]
+    assert fast_csv(str(rec_dir)) == reference

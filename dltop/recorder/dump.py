@@ -221,7 +221,10 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
     if kind == "csv":
         # Rows as CSV text already (numbers need no quoting), in this piece's column order: the formatting is
         # done here, in parallel, and the parent only copies (or reorders) them.
-        text: dict[float, str] = {}  # most values repeat (sizes, totals, 1 for info): each formatted once
+        # Most values repeat (sizes, totals, 1 for info): each formatted once. Ints apart from floats: 2**53 and
+        # 2.0**53 are one key of a dict but two cells ("9007199254740992" and "9007199254740992.0").
+        float_text: dict[float, str] = {}
+        int_text: dict[float, str] = {}
         by_labels: dict[tuple[tuple[str, str], ...], dict[str, int]] = {}  # label set -> field name -> column
 
         def cells_of(group: Iterable[fd.Sample]) -> tuple[list[int], list[str]]:
@@ -242,6 +245,7 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                 if c is None:
                     c = mine[f.name] = len(names)
                     names.append(series_name(f.name, labels))
+                text = float_text if type(value) is float else int_text
                 cell = text.get(value)
                 if cell is None:
                     if len(text) > 100_000:

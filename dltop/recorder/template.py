@@ -324,14 +324,21 @@ def _tag(js: Any, obj: Any, c: _Counter) -> Any:
     if t is dict:
         names = getattr(type(obj), "__dataclass_fields__", None)
         if names is not None and getattr(type(obj), "__slots__", None) is None and hasattr(obj, "__dict__"):
+            post_init = getattr(type(obj), "__post_init__", None)
+            first = c.n
             copy = object.__new__(type(obj))
             d = dict(obj.__dict__)
             for k, v in js.items():
                 if k in names and k + "_b64" not in js:
+                    if post_init is not None and type(v) is int and type(d[k]) is int and d[k] != v:
+                        d[k] = v  # changed by __post_init__: traced from the text's own number, run again below
                     d[k] = _tag(v, d[k], c)
                 else:
                     _skip(v, c)
             copy.__dict__.update(d)
+            if post_init is not None and not _post_init(copy, obj, post_init):
+                c.tagged.difference_update(range(first, c.n))  # `obj` as it is: its numbers must stay
+                return obj
             return copy
         if type(obj) is dict and list(obj) == list(js):
             return {k: _tag(v, obj[k], c) for k, v in js.items()}
@@ -339,6 +346,21 @@ def _tag(js: Any, obj: Any, c: _Counter) -> Any:
             _skip(v, c)
         return obj
     return obj
+
+
+def _post_init(copy: Any, obj: Any, post_init: Callable[[Any], None]) -> bool:
+    """Run its type's __post_init__ on the traced copy, as the decoder ran it on `obj` (it may compare a number,
+    or set a field from another: DatasetResidency's data_* counts of -1): whether that gave `obj`'s numbers."""
+    try:
+        post_init(copy)
+    except Exception:  # noqa: BLE001 - a check that refuses a traced number: keep the text's numbers
+        return False
+    for k, v in obj.__dict__.items():
+        got = copy.__dict__.get(k)
+        if (type(v) in (int, float) or type(got) in (_TInt, _TFloat)) and (
+                type(got) not in (int, float, _TInt, _TFloat) or type(got.real) is not type(v) or got.real != v):
+            return False
+    return True
 
 
 def _skip(js: Any, c: _Counter) -> None:
