@@ -313,3 +313,57 @@ def test_an_int_and_a_float_of_the_same_value_keep_their_own_cells(tmp_path: Pat
     reference = reference_csv(str(rec_dir))
     assert "9007199254740992.0" in reference[0] and ",9007199254740992," in reference[0]
     assert fast_csv(str(rec_dir)) == reference
+
+
+NUMBERS_TEMPLATED = [0]
+INTS = [0, 1, -1, 7, -7, 2**31, 2**53 - 1, 2**53, 2**53 + 1, -(2**53) - 1, 10**15 - 1, 10**15, 10**16 + 1,
+        10**19 - 1, -(10**19) + 1, 2**63, 2**64]
+FLOATS = ["0.0", "-0.0", "0.5", "-0.5", "0.1", "0.3", "1e5", "1E-5", "-1e-300", "5e-324", "1.5e+300", "100.0",
+          "99.99999999999999", "1e15", "1e16", "9007199254740993.0", "1.8446744073709552e19",
+          "18446744073709551617.5", "1.0000000000000000000000001", "12.50000", "1e19", "2e19", "0.07"]
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_fuzz_only_numbers_changed_against_reading_lines_whole(busy: str, tmp_path: Path,
+                                                               data: st.DataObject) -> None:
+    # Lines that keep every piece of the text and change only numbers (so that they meet the templates), many
+    # at once, to values at the edges the template checks (a sign, 2**53, 15 and 19 digits, 2**64, floats that
+    # print long or round, exponents, -0.0): the CSV through the templates is the one read whole, to the byte.
+    TRIED[0] += 1
+    lines = cached_lines(busy)
+    samples = [i for i, line in enumerate(lines) if b'"type":"sample"' in line]
+    k = samples[data.draw(st.integers(0, 100))]
+    head = [line for line in lines[:k] if b'"type":"sample"' not in line]
+    prev = lines[k]
+    ts = json.loads(prev)["ts"]
+    out = [checked(line.decode("utf-8")) for line in [*head, prev]]
+    for j in range(3):
+        text = prev.decode("utf-8").replace(json.dumps(ts), json.dumps(ts + j + 1), 2)
+        start = text.index('"snap":')
+        spans = [m.span() for m in re.finditer(r"(?<=[:,\[])-?\d[\d.eE+-]*(?=[,\]}])", text) if m.start() > start]
+        count = data.draw(st.integers(1, 40))
+        picks = sorted(set(data.draw(st.lists(st.integers(0, len(spans) - 1), min_size=count, max_size=count))),
+                       reverse=True)
+        for p in picks:
+            a, b = spans[p]
+            if any(c in text[a:b] for c in ".eE"):
+                new = data.draw(st.one_of(st.sampled_from(FLOATS),
+                                          st.floats(allow_nan=False, allow_infinity=False).map(repr)))
+            else:
+                new = str(data.draw(st.one_of(st.sampled_from(INTS), st.integers(-(10**6), 10**6))))
+            text = text[:a] + new + text[b:]
+        out.append(checked(text))
+    rec_dir = tmp_path / f"numbers{TRIED[0]}"
+    rec_dir.mkdir(mode=0o700)
+    (rec_dir / "20261201T000000Z.jsonl").write_bytes(b"".join(out))
+    assert fast_csv(str(rec_dir)) == reference_csv(str(rec_dir))
+    memo = PartMemo(templates=True)
+    for _ in Recording(str(rec_dir)).range(memo=memo):
+        pass
+    NUMBERS_TEMPLATED[0] += memo.templated > 0
+
+
+def test_fuzz_only_numbers_count() -> None:
+    print(f"\nfuzzed (numbers only): {NUMBERS_TEMPLATED[0]} inputs with a changed line read from a template")
+    assert NUMBERS_TEMPLATED[0] > 10

@@ -282,7 +282,7 @@ def test_lines_without_a_checksum_from_an_older_dltop_read_as_before(tmp_path: P
 
 BAD_VALUES = {
     "NaN": b"NaN", "Infinity": b"-Infinity", "1e400": b"1e400", "negative": b"-4096", "10**30": b"1" + b"0" * 30,
-    "10**5000": b"1" + b"0" * 5000, "a string": b'"4096"', "an object": b'{"bytes":1}',
+    "10**5000": b"1" + b"0" * 5000, "2**64+1": b"18446744073709551617", "a string": b'"4096"', "an object": b'{"bytes":1}',
 }
 
 

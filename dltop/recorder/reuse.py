@@ -19,7 +19,7 @@ from dltop.model import SCHEMA_VERSION, Snapshot
 from dltop.recorder import store, template
 
 # What store.loads checks, here part by part: the line picks its decoder by what its text may hold (a negative
-# number, a 21-digit int), so one negative number in the probes had every object of the line checked. Here a part
+# number, a 20-digit int), so one negative number in the probes had every object of the line checked. Here a part
 # whose text may hold either (a '-' after ':', ',' or '[', spacing allowed; 20 digits in a row) is parsed with
 # every check store.loads has, and any other part with its plainest decoder (floats range-checked, NaN and
 # infinities refused): never less strict than the line's choice, and each check returns what the plain parser

@@ -139,9 +139,10 @@ _INT_DECODER = json.JSONDecoder(parse_float=_float, parse_int=_int, parse_consta
 _SIGNED_DECODER = json.JSONDecoder(parse_float=_float, parse_int=_int, parse_constant=_constant,
                                    object_hook=_unsigned)
 # Text mapped so that one pass finds what needs the slower checks: a digit becomes "0", a character a value
-# follows (: , [) "a", a minus "b". A run of 21 "0" may be an int beyond 2**64, an "ab" a negative number.
+# follows (: , [) "a", a minus "b". A run of 20 "0" may be an int beyond 2**64 (18446744073709551616 has 20
+# digits), an "ab" a negative number.
 _SHAPES = bytes(48 if 48 <= i <= 57 else 97 if i in b":,[" else 98 if i == 45 else 32 for i in range(256))
-_LONG_RUN = b"0" * 21
+_LONG_RUN = b"0" * 20
 
 
 def loads(data: bytes | str) -> Any:
