@@ -367,3 +367,28 @@ def test_fuzz_only_numbers_changed_against_reading_lines_whole(busy: str, tmp_pa
 def test_fuzz_only_numbers_count() -> None:
     print(f"\nfuzzed (numbers only): {NUMBERS_TEMPLATED[0]} inputs with a changed line read from a template")
     assert NUMBERS_TEMPLATED[0] > 10
+
+
+def test_a_branch_the_trace_misses_is_caught_by_the_check() -> None:
+    # The check reads the text with its free numbers changed, and with them 0, the ordinary way. A tracer blind
+    # to __post_init__ (as it was) let `pages` of a data_pages -1 change freely: pages 10 -> 17 gives the same
+    # cells, pages 0 leaves the dataset no known pages, so no ratio, and the check says so.
+    from dltop.model.datasets import DatasetResidency, DatasetsPart
+
+    ds = DatasetResidency(path="/d", files=1, size_bytes=40960, pages=10, resident_pages=0)
+    text = json.dumps(json.loads(Snapshot(ts=1.0, host="h", datasets=DatasetsPart(paths=(ds,))).to_json())["datasets"],
+                      separators=(",", ":"), ensure_ascii=False).replace('"data_pages":10,', '"data_pages":-1,')
+    part = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": 1, "datasets": store.loads(text)}).datasets
+    tm = tp.make("datasets", text, store.loads(text), part)
+    assert tm is not None
+    got = tp.cut(text)
+    assert got is not None
+    pieces, nums = got
+    pages = next(i for i, p in enumerate(pieces) if p.endswith('"pages":'))
+    assert not tm.free[pages] and tp._check(tm, "datasets", pieces, nums)
+    free = list(tm.free)
+    free[pages] = True  # what the blind tracer said
+    blind = tp.Template("datasets", pieces, tm.kinds, free, tm.parsed, tm.part, tm.samples)
+    blind._own = tuple(nums)
+    blind._own_fixed = blind._fixed(blind._own)
+    assert not tp._check(blind, "datasets", pieces, nums)

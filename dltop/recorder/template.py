@@ -438,18 +438,24 @@ def _changed(t: str, is_float: bool) -> str:
 
 
 def _check(tm: Template, key: str, pieces: list[str], nums: list[str]) -> bool:
-    """The text with every free number changed, read the ordinary way, gives the samples the template says."""
-    other = [_changed(t, k) if f else t for t, k, f in zip(nums, tm.kinds, tm.free, strict=True)]
-    text = "".join(p + n for p, n in zip(pieces, [*other, ""], strict=True))
+    """The text with every free number changed, read the ordinary way, gives the samples the template says; and
+    so does the text with every free number 0 (a branch the trace did not see, `x > 0`, most often turns there)."""
+    changed = [_changed(t, k) if f else t for t, k, f in zip(nums, tm.kinds, tm.free, strict=True)]
+    zero = [("0.0" if k else "0") if f else t for t, k, f in zip(nums, tm.kinds, tm.free, strict=True)]
+    return all(_check_one(tm, key, "".join(p + n for p, n in zip(pieces, [*other, ""], strict=True)))
+               for other in (changed, zero))
+
+
+def _check_one(tm: Template, key: str, text: str) -> bool:
     got = tm.match(text, 0)
     if got is None or got[1] != len(text):
         return False
     try:
         parsed = store.loads(text)
         part = _decode(key, parsed)
-    except (ValueError, TypeError, KeyError, RecursionError):
+        actual = _group(key, part)
+    except (ValueError, TypeError, KeyError, RecursionError, ArithmeticError):
         return False
-    actual = _group(key, part)
     if actual is None or len(actual) != len(tm.samples):
         return False
     for (f, labels, value), (tf, tlabels, spec) in zip(actual, tm.samples, strict=True):
