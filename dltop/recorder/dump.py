@@ -424,10 +424,8 @@ def _pad(cells: str, n: int) -> str:
     return cells + "," * short if short > 0 else cells
 
 
-def _number(v: float) -> str:
-    if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
-        return str(int(v))
-    return repr(v)
+# One formatting for the cells read whole and those a template gives: two copies must never drift apart.
+_number = template.number
 
 
 def _openmetrics(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],
