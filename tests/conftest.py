@@ -64,6 +64,8 @@ SLOW_TESTS = frozenset({
     "test_the_progress_line_and_an_interrupted_dump",  # dltop dump on a pty, Ctrl-C twice
     "test_the_kv_pool_in_bytes_comes_from_the_model_s_config_in_the_hub_cache",
     "test_generated_trees_walk_the_same_in_c_and_python",  # 150 trees made, walked twice, du and find on each
+    "test_scan_leaks_nothing_on_any_path",  # every error path of the C walk, 300 times each
+    "test_an_evict_drops_the_same_pages_both_ways",  # two trees made, warmed and evicted, fincore on each
 })
 
 
