@@ -12,6 +12,9 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
 from textual.content import Span as ContentSpan
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.visual import Visual, VisualType, visualize
 from textual.widgets import DataTable, Label, Static
 
 from dltop.fmt import printable, printable_lines
@@ -107,6 +110,73 @@ def _key(content: Text | Content | str) -> object:
     if isinstance(content, Text | Content):
         return (content.plain, tuple(content.spans))
     return content
+
+
+class Lines(Static):
+    """A Static whose lines are rendered one by one and kept: an update repaints only the lines whose text or
+    style changed (a Static renders all its lines again when one changes, and Textual's cost is per line
+    rendered). Shows exactly what a Static shows for text whose lines do not wrap; where a line is wider than
+    the widget, or text is selected with the mouse, it is drawn as a Static draws it."""
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._line_keys: list[object] = []
+        self._line_visuals: list[Content] = []
+        self._strips: dict[int, Strip] = {}
+        self._strips_width = -1
+        self._only: list[int] | None = None  # set while `update` asks for a repaint of these lines only
+
+    def update(self, content: VisualType = "", *, layout: bool = True) -> None:
+        visual = visualize(self, content, markup=False)
+        lines = visual.split("\n", allow_blank=True) if isinstance(visual, Content) else None
+        keys: list[object] = [(line.plain, tuple(line.spans)) for line in lines] if lines is not None else []
+        width = self.content_region.width
+        fits = lines is not None and bool(width) and all(line.cell_length <= width for line in lines)
+        if fits and not layout and len(keys) == len(self._line_keys) and self._strips_width == width:
+            self._only = [y for y, (a, b) in enumerate(zip(keys, self._line_keys, strict=True)) if a != b]
+        self._line_keys = keys if fits else []
+        self._line_visuals = lines if fits and lines is not None else []
+        try:
+            super().update(content, layout=layout)
+        finally:
+            self._only = None
+
+    def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
+                recompose: bool = False) -> Lines:
+        if self._only is not None and not regions and not layout and not recompose:
+            width = self.content_region.width
+            for y in self._only:
+                self._strips.pop(y, None)
+            if not self._only:
+                return self
+            regions = tuple(Region(0, y, width, 1) for y in self._only)
+        elif not regions:
+            self._strips.clear()
+        super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+        return self
+
+    def render_line(self, y: int) -> Strip:
+        width = self.content_region.width
+        if not self._line_visuals or self.text_selection is not None or self.BLANK:
+            self._strips.clear()
+            self._strips_width = -1
+            return super().render_line(y)
+        if width != self._strips_width:
+            self._strips.clear()
+            self._strips_width = width
+        self._dirty_regions.clear()  # Static's own cache of all lines is not used here
+        strip = self._strips.get(y)
+        if strip is None:
+            if y < len(self._line_visuals):
+                # Rendered as line y of a text (y blank lines before it): its cells carry their offset (x, y),
+                # which mouse selection reads, as in a Static's render.
+                line = Content("\n" * y) + self._line_visuals[y]
+                strips = Visual.to_strips(self, line, width, None, self.visual_style)
+                strip = strips[y] if len(strips) > y else Strip.blank(width, self.visual_style.rich_style)
+            else:
+                strip = Strip.blank(width, self.visual_style.rich_style)
+            self._strips[y] = strip
+        return strip
 
 
 def set_content(widget: Static | Label, content: Text | Content | str) -> None:

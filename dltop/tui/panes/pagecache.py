@@ -21,7 +21,7 @@ from dltop.fmt import (
 )
 from dltop.model import DiskStat, MemoryPart, Pressure, Snapshot, Unavailable, VmStat
 from dltop.tui import charts
-from dltop.tui.panes.base import Pane, set_content
+from dltop.tui.panes.base import Lines, Pane, set_content
 from dltop.tui.view import View
 
 # Sparklines of meminfo fields, top to bottom, with the least span of their scale as a share of MemTotal, or
@@ -277,16 +277,17 @@ class PageCachePane(Pane):
             "as the kernel averages it over 10 s / 60 s / 300 s.")
 
     def compose(self) -> ComposeResult:
-        yield Static(id="pc-summary")
-        # One widget for all sparklines: a monitor pays per widget on every repaint.
-        yield Static(id="pc-sparks")
-        yield Static(id="pc-activity")
-        yield Static(id="pc-cgroup")
+        # Lines: a tick repaints only the lines whose text changed (a sparkline whose value moved, not the axis
+        # or a flat Writeback line). One widget for all sparklines: a monitor pays per widget on every repaint.
+        yield Lines(id="pc-summary")
+        yield Lines(id="pc-sparks")
+        yield Lines(id="pc-activity")
+        yield Lines(id="pc-cgroup")
         yield Static(id="pc-notes", classes="notes")
         # A plain text table, not a DataTable: disks have no per-row action, and it costs far less to redraw
         # every second. It scrolls when a machine has more disks than fit.
         with VerticalScroll(id="pc-disks-scroll"):
-            yield Static(id="pc-disks")
+            yield Lines(id="pc-disks")
 
     def render_view(self, view: View) -> None:
         m = view.snapshot.memory
