@@ -137,7 +137,7 @@ class Lines(Static):
         self._line_keys = keys if fits else []
         self._line_visuals = lines if fits and lines is not None else []
         try:
-            super().update(content, layout=layout)
+            super().update(visual, layout=layout)  # made once: Static's visualize hands a Content back as it is
         finally:
             self._only = None
 
