@@ -91,9 +91,15 @@ def time_columns(points: Sequence[Point], end_ts: float, width: int, span: float
     per = span / width
     start = end_ts - span - per
     buckets: dict[int, float] = {}
-    for ts, v in points:
+    get, floor, finite = buckets.get, math.floor, math.isfinite
+    for ts, v in points:  # add_to, inlined: 600 readings a chart, five charts a tick
         if ts >= start:
-            add_to(buckets, ts, v, per)
+            if not finite(v):
+                v = 0.0
+            c = floor(ts / per)  # column_of
+            now = get(c)
+            if now is None or v > now:
+                buckets[c] = v
     return bucket_columns(buckets, end_ts, width, span, cadence)
 
 

@@ -257,13 +257,8 @@ def disk_table(disks: list[DiskRates], read: tuple[DiskStat, ...] | Unavailable)
 
 def series(history: Sequence[Snapshot], name: str) -> list[charts.Point]:
     """One meminfo field over the history, with each reading's time (missing readings left out)."""
-    out = []
-    for s in history:
-        if isinstance(s.memory, MemoryPart):
-            v = getattr(s.memory, name)
-            if v is not None:
-                out.append((s.ts, float(v)))
-    return out
+    return [(s.ts, float(v)) for s in history
+            if isinstance(m := s.memory, MemoryPart) and (v := getattr(m, name)) is not None]
 
 
 class PageCachePane(Pane):
