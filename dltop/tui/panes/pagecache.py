@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -257,8 +259,16 @@ def disk_table(disks: list[DiskRates], read: tuple[DiskStat, ...] | Unavailable)
 
 def series(history: Sequence[Snapshot], name: str) -> list[charts.Point]:
     """One meminfo field over the history, with each reading's time (missing readings left out)."""
-    return [(s.ts, float(v)) for s in history
-            if isinstance(m := s.memory, MemoryPart) and (v := getattr(m, name)) is not None]
+    return series_of(history, (name,))[0]
+
+
+def series_of(history: Sequence[Snapshot], names: Sequence[str]) -> list[list[charts.Point]]:
+    """`series` of each of `names`, in one pass over the history (600 Snapshots once it is full)."""
+    get = operator.attrgetter(*names)
+    rows: list[tuple[float, Any]] = [(s.ts, get(m)) for s in history if isinstance(m := s.memory, MemoryPart)]
+    if len(names) == 1:
+        return [[(ts, float(v)) for ts, v in rows if v is not None]]
+    return [[(ts, float(vs[i])) for ts, vs in rows if vs[i] is not None] for i in range(len(names))]
 
 
 class PageCachePane(Pane):
@@ -297,8 +307,8 @@ class PageCachePane(Pane):
         sparks = self.query_one("#pc-sparks", Static)
         width = max(1, sparks.size.width - SPARK_LABEL_WIDTH)
         chart_list: list[Chart] = []
-        for name, label, span_share in SPARK_FIELDS:
-            data = series(history, name)
+        for (name, label, span_share), data in zip(SPARK_FIELDS, series_of(history, [f[0] for f in SPARK_FIELDS]),
+                                                   strict=True):
             min_span = None if span_share is None else span_share * (m.total_bytes or max((v for _, v in data),
                                                                                           default=0.0))
             chart_list.append((label, human_bytes(getattr(m, name)), data, "$accent", min_span, _bytes))
