@@ -142,3 +142,59 @@ def test_the_tuis_caches_source_reads_its_version_key_at_the_first_walk_not_befo
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60).stdout.split()
     assert out == ["False", "True"]
+
+
+# The GPU source's first read on a machine with no NVIDIA library: the answer pynvml would give, without pynvml.
+GPU_READ = """
+import json, sys
+if sys.argv[1] == "hidden":
+    sys.modules["pynvml"] = None  # as if nvidia-ml-py were not installed: `import pynvml` raises ImportError
+from dltop.sources.gpu import GpuReader, make_backend
+first = GpuReader(make_backend).read()
+loaded = sorted(m for m in ("pynvml", "ctypes.util") if sys.modules.get(m) is not None)
+if sys.argv[1] == "hidden":
+    sys.modules.pop("pynvml")
+    import pynvml  # what the read would have said had it asked pynvml (main's way)
+    theirs = ["nvidia-ml-py is not installed (pip install nvidia-ml-py)", None]
+else:
+    import pynvml
+    from dltop.sources.gpu import PynvmlBackend, _absent_word, explain
+    try:
+        PynvmlBackend().init()
+        theirs = None
+    except pynvml.NVMLError as e:
+        theirs = [explain(e, pynvml), _absent_word(e, pynvml)]
+print(json.dumps([[first.reason, first.absent] if hasattr(first, "reason") else None, theirs, loaded]))
+"""
+
+
+def _nvml_library_loads() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("pynvml_seen", ["installed", "hidden"])
+def test_gpu_first_read_without_nvidia_library_imports_no_pynvml(pynvml_seen: str) -> None:
+    if _nvml_library_loads():
+        pytest.skip("libnvidia-ml.so.1 loads here: pynvml is asked, as it should be")
+    env = {k: v for k, v in os.environ.items() if k not in ("DLTOP_FAKE_NVML", "DLTOP_FAKE_AMDSMI")}
+    out = subprocess.run([sys.executable, "-c", GPU_READ, pynvml_seen], capture_output=True, text=True, check=True,
+                         env=dict(env, PYTHONPATH=str(REPO)), timeout=60).stdout
+    ours, theirs, loaded = json.loads(out.splitlines()[-1])
+    assert theirs is not None and ours == theirs  # word for word what pynvml's nvmlInit (or its import) says
+    assert loaded == []  # ~20 ms of CPU before the first frame on a machine without NVIDIA's driver
+
+
+def test_gpu_first_read_asks_the_fake_backend_as_before() -> None:
+    # DLTOP_FAKE_NVML: the shortcut is the real backend's only; the scenario's GPUs are read.
+    env = dict(os.environ, PYTHONPATH=str(REPO), DLTOP_FAKE_NVML=str(REPO / "tests/data/gpu-scenarios/h100-2proc.json"))
+    code = ("from dltop.sources.gpu import GpuReader, make_backend; r = GpuReader(make_backend).read(); "
+            "print(len(r), r[0].name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                         timeout=60).stdout
+    assert out.split()[0] == "1" and "H100" in out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from dltop.sources.gpu_procs import NOT_IN_NAMESPACE, HostReader, parse_cmdline 
 
 FAKE_ENV = "DLTOP_FAKE_NVML"
 ProcessKind = Literal["compute", "graphics"]
+NOT_INSTALLED = "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
 UINT_NOT_AVAILABLE = 0xFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE as a uint: "no MIG instance" in process info
 
 
@@ -586,13 +588,36 @@ def explain(e: Any, nv: Any) -> str:
     return f"{texts.get(code) or str(e)} ({names.get(code, f'NVML error {code}')})"
 
 
+NVML_LIBRARY = "libnvidia-ml.so.1"  # what pynvml's nvmlInit loads on Linux (pynvml._LoadNvmlLibrary)
+NO_LIBRARY = (f"NVML library ({NVML_LIBRARY}) not found: no NVIDIA driver here, or the container does not "
+              "have it (docker run --gpus all)")
+
+
+def _no_nvml(make: Callable[[], NvmlBackend]) -> Unavailable | None:
+    """Why NVML cannot be read, found without importing pynvml (~20 ms of CPU with its ctypes.util, on a machine
+    with no NVIDIA driver, before the first frame): it is not installed, or the library it would load cannot be
+    loaded (the same dlopen nvmlInit makes, answered as nvmlInit answers it: NVML_ERROR_LIBRARY_NOT_FOUND). None
+    where pynvml is to be asked (the library loads, or `make` is not the real backend)."""
+    if make is not make_backend or os.environ.get(FAKE_ENV) or sys.platform == "win32":
+        return None
+    import ctypes
+    import importlib.util
+
+    if importlib.util.find_spec("pynvml") is None:
+        return Unavailable(NOT_INSTALLED)
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError:
+        return Unavailable(f"{NO_LIBRARY} (NVML_ERROR_LIBRARY_NOT_FOUND)", "no_library")
+    return None
+
+
 @cache
 def _error_texts(nv: Any) -> tuple[dict[int, str], dict[int, str]]:
     """NVML_ERROR_* names by code, and what the codes a user meets mean (built once: dir() is slow)."""
     names = {getattr(nv, n): n for n in dir(nv) if n.startswith("NVML_ERROR_")}
     texts = {
-        nv.NVML_ERROR_LIBRARY_NOT_FOUND: "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver here, or "
-                                         "the container does not have it (docker run --gpus all)",
+        nv.NVML_ERROR_LIBRARY_NOT_FOUND: NO_LIBRARY,
         nv.NVML_ERROR_DRIVER_NOT_LOADED: "NVIDIA driver not loaded: the library is here but the kernel module "
                                          "is not (nvidia-smi fails the same way)",
         nv.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver/library version mismatch: libnvidia-ml and the loaded "
@@ -717,10 +742,12 @@ class GpuReader:
 
     def read(self) -> GpuPart | Unavailable:
         """Every GPU NVML sees, or why none can be read."""
+        if self._backend is None and (absent := _no_nvml(self._make_backend)) is not None:
+            return absent
         try:
             import pynvml
         except ImportError:
-            return Unavailable("nvidia-ml-py is not installed (pip install nvidia-ml-py)")
+            return Unavailable(NOT_INSTALLED)
         self._nv = nv = pynvml
         if self._backend is None:
             try:
