@@ -198,3 +198,22 @@ def test_gpu_first_read_asks_the_fake_backend_as_before() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
                          timeout=60).stdout
     assert out.split()[0] == "1" and "H100" in out
+
+
+def test_server_source_imports_no_http_client_until_its_first_scrape() -> None:
+    # The servers source is built before the first frame; its first scrape comes after (a slow source).
+    code = """
+import socket, sys
+from dltop.config import Settings
+from dltop.sources.registry import build_sources
+with socket.socket() as s:  # a port nothing listens on: a real connection, refused
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+url = f"http://127.0.0.1:{port}/metrics"
+src = [s for s in build_sources(Settings(servers=(url,))) if s.name.startswith("server ")][0]
+built = sorted(m for m in ("http.client", "urllib.request", "urllib.error") if m in sys.modules)
+part = src.read()
+print(built, part.state, part.error)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60).stdout
+    assert out.startswith("[] down ") and "connection refused" in out

@@ -9,7 +9,6 @@ parsed with prometheus_client's parser. The port is joined to the listening proc
 from __future__ import annotations
 
 import contextlib
-import http.client
 import math
 import os
 import re
@@ -17,16 +16,18 @@ import socket
 import struct
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from dltop.fmt import printable
 from dltop.model.base import Unavailable
 from dltop.model.servers import ModelStats, ServerStats
+
+if TYPE_CHECKING:
+    import urllib.request
 
 MAX_PAYLOAD_BYTES = 2 << 20  # a real vLLM scrape is tens to a few hundred KiB; more is not a /metrics page
 MAX_LINE_CHARS = 64 << 10  # vLLM's longest line (cache_config_info's labels) is under 1 KiB
@@ -45,17 +46,6 @@ class ScrapeError(Exception):
     def __init__(self, state: str, message: str) -> None:
         super().__init__(message)
         self.state = state
-
-
-class _SameHostRedirects(urllib.request.HTTPRedirectHandler):
-    """Follow a redirect on the same scheme, host and port (vLLM's `/metrics` -> `/metrics/`), no other."""
-
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
-        old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
-        if (old.scheme, old.netloc) != (new.scheme, new.netloc):
-            raise ScrapeError("redirect", f"HTTP {code} redirect to {printable(newurl)[:200]} (another host: not followed; "
-                                          "give that URL if it is the server)")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 class _Watchdog:
@@ -98,38 +88,59 @@ def _shut(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)  # the blocked read returns at once; the owner closes it
 
 
-class _Http(urllib.request.HTTPHandler):
-    def __init__(self, watchdog: _Watchdog) -> None:
-        super().__init__()
-        self.watchdog = watchdog
+@cache
+def _handlers() -> tuple[type[Any], type[Any], type[Any]]:
+    """urllib's handlers as a scrape needs them, defined at the first scrape: http.client and urllib.request
+    cost ~12 ms of CPU to import, and the servers source is built before the first frame (its first scrape comes
+    after it)."""
+    import http.client
+    import urllib.request
 
-    def http_open(self, req: Any) -> Any:
-        return self.do_open(self._connection, req)
+    class _SameHostRedirects(urllib.request.HTTPRedirectHandler):
+        """Follow a redirect on the same scheme, host and port (vLLM's `/metrics` -> `/metrics/`), no other."""
 
-    def _connection(self, host: str, **kwargs: Any) -> http.client.HTTPConnection:
-        conn = http.client.HTTPConnection(host, **kwargs)
-        conn._create_connection = self.watchdog.create_connection  # type: ignore[attr-defined]
-        return conn
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+            old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+            if (old.scheme, old.netloc) != (new.scheme, new.netloc):
+                raise ScrapeError("redirect", f"HTTP {code} redirect to {printable(newurl)[:200]} (another host: not "
+                                              "followed; give that URL if it is the server)")
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
 
+    class _Http(urllib.request.HTTPHandler):
+        def __init__(self, watchdog: _Watchdog) -> None:
+            super().__init__()
+            self.watchdog = watchdog
 
-class _Https(urllib.request.HTTPSHandler):
-    def __init__(self, watchdog: _Watchdog) -> None:
-        super().__init__()
-        self.watchdog = watchdog
+        def http_open(self, req: Any) -> Any:
+            return self.do_open(self._connection, req)
 
-    def https_open(self, req: Any) -> Any:
-        return self.do_open(self._connection, req)
+        def _connection(self, host: str, **kwargs: Any) -> http.client.HTTPConnection:
+            conn = http.client.HTTPConnection(host, **kwargs)
+            conn._create_connection = self.watchdog.create_connection  # type: ignore[attr-defined]
+            return conn
 
-    def _connection(self, host: str, **kwargs: Any) -> http.client.HTTPSConnection:
-        conn = http.client.HTTPSConnection(host, **kwargs)
-        conn._create_connection = self.watchdog.create_connection  # type: ignore[attr-defined]
-        return conn
+    class _Https(urllib.request.HTTPSHandler):
+        def __init__(self, watchdog: _Watchdog) -> None:
+            super().__init__()
+            self.watchdog = watchdog
+
+        def https_open(self, req: Any) -> Any:
+            return self.do_open(self._connection, req)
+
+        def _connection(self, host: str, **kwargs: Any) -> http.client.HTTPSConnection:
+            conn = http.client.HTTPSConnection(host, **kwargs)
+            conn._create_connection = self.watchdog.create_connection  # type: ignore[attr-defined]
+            return conn
+
+    return _SameHostRedirects, _Http, _Https
 
 
 def _opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
     # No proxy from the environment (a scraper of the server next door must not go through http_proxy), no cookies.
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _SameHostRedirects(), _Http(watchdog),
-                                       _Https(watchdog))
+    import urllib.request
+
+    redirects, plain, tls = _handlers()
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), redirects(), plain(watchdog), tls(watchdog))
 
 
 def fetch_metrics(url: str, timeout_s: float, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
@@ -150,6 +161,10 @@ def fetch_metrics(url: str, timeout_s: float, max_bytes: int = MAX_PAYLOAD_BYTES
 
 
 def _fetch(url: str, timeout_s: float, max_bytes: int, watchdog: _Watchdog) -> bytes:
+    import http.client
+    import urllib.error
+    import urllib.request
+
     deadline = time.monotonic() + timeout_s
     req = urllib.request.Request(url, headers={"Accept": "text/plain", "User-Agent": "dltop"})
     try:
@@ -193,6 +208,8 @@ def _fetch(url: str, timeout_s: float, max_bytes: int, watchdog: _Watchdog) -> b
 
 
 def _network_error(reason: object, url: str, timeout_s: float) -> ScrapeError:
+    import http.client  # loaded by the scrape that failed
+
     netloc = urllib.parse.urlsplit(url).netloc
     if isinstance(reason, TimeoutError | socket.timeout):
         return ScrapeError("timeout", f"no answer within {timeout_s:g} s")
