@@ -217,3 +217,47 @@ print(built, part.state, part.error)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60).stdout
     assert out.startswith("[] down ") and "connection refused" in out
+
+
+# The TUI on the Page cache tab, headless: which of the other tabs' own modules its first frame loaded, and which
+# each tab loaded when shown (drawn from a real snapshot: the fake NVML's GPUs, this machine's memory and CPUs).
+TABS = """
+import asyncio, json, sys
+from dltop.config import Settings
+from dltop.model import Snapshot
+from dltop.sampler import ListFeed
+from dltop.sources import cpu, memory
+from dltop.sources.gpu import FakeBackend, GpuReader
+from dltop.tui.app import DltopApp
+watched = json.loads(sys.argv[1])
+gpus = GpuReader(lambda: FakeBackend.from_file(sys.argv[2])).read()
+settings = Settings(tab="pagecache")
+snap = Snapshot(ts=1000.0, host="h", gpus=gpus, memory=memory.source(settings).read(), cpu=cpu.source(settings).read())
+async def main():
+    app = DltopApp(ListFeed([snap]), settings)
+    seen = {}
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        seen["pagecache"] = [m for m in watched if m in sys.modules]
+        for i, pane in enumerate(app._panes, start=1):
+            if pane.PANE_ID != "pagecache":
+                await pilot.press(str(i))
+                await pilot.pause()
+                seen[pane.PANE_ID] = [m for m in watched if m in sys.modules and m not in sum(seen.values(), [])]
+    print(json.dumps(seen))
+asyncio.run(main())
+"""
+
+
+def test_first_frame_loads_no_module_of_the_tabs_not_shown() -> None:
+    own = {"cpu": ["dltop.text.cpu"], "datasets": ["dltop.text.datasets", "dltop.tui.path_input"],
+           "caches": ["dltop.text.caches"], "gpu": ["dltop.tui.screens.gpu_details"]}
+    watched = [m for ms in own.values() for m in ms] + ["dltop.tui.screens.signal", "http.client"]
+    scenario = REPO / "tests/data/gpu-scenarios/h100-2proc.json"
+    out = subprocess.run([sys.executable, "-c", TABS, json.dumps(watched), str(scenario)], capture_output=True,
+                         text=True, check=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120).stdout
+    seen = json.loads(out.splitlines()[-1])
+    assert seen["pagecache"] == []
+    for pane, modules in own.items():  # each tab's own modules came with it (it was drawn from them)
+        assert set(modules) <= set(seen[pane]), (pane, seen)
+    assert "dltop.tui.screens.signal" not in sum(seen.values(), [])  # only when a signal is to be sent

@@ -26,8 +26,6 @@ from dltop.hints.caches import warnings_for
 from dltop.model import CachesPart, Snapshot, Unavailable
 from dltop.model.base import display_path
 from dltop.model.caches import FOLDERS_KEPT, KEEP_DEPTH, CacheFolder, CacheInfo, folder_of
-from dltop.text.caches import cache_row, entry_row
-from dltop.text.datasets import progress_line
 from dltop.tui.messages import CancelRequested, ClearRequested, RescanRequested
 from dltop.tui.panes.base import Pane, RowTable, fit_column, plain, set_content, set_row
 from dltop.tui.view import View
@@ -141,6 +139,8 @@ class CachesPane(Pane):
         return folder
 
     def render_view(self, view: View) -> None:
+        from dltop.text.caches import cache_row, entry_row  # the tab's own: imported when it is first drawn
+
         now = self.moment(view, self._clock)
         table = self.query_one("#cc-table", DataTable)
         part = view.snapshot.caches
@@ -247,6 +247,8 @@ class CachesPane(Pane):
         return t
 
     def _progress(self, view: View) -> Text:
+        from dltop.text.datasets import progress_line
+
         ev = view.action
         if ev is None or ev.action != "clear":
             return Text()

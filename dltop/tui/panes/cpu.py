@@ -11,7 +11,6 @@ from textual.widgets import DataTable, Static
 from dltop.fmt import plural
 from dltop.model import CpuPart, Unavailable
 from dltop.model.cpu import format_cpu_list
-from dltop.text.cpu import kind_table, kinds_summary, register_lines, tree_lines
 from dltop.tui.panes.base import Pane, set_content, set_row
 from dltop.tui.view import View
 
@@ -24,6 +23,8 @@ def summary_text(part: CpuPart) -> Text:
     if part.threads_per_core and part.threads_per_core > 1:
         t.append(f", {part.threads_per_core} threads per core")
     if part.core_kinds:
+        from dltop.text.cpu import kinds_summary  # the CPU tab's only: imported when it is first drawn
+
         t.append("  " + kinds_summary(part.core_kinds))
     t.append("\n")
     t.append(part.arrangement, "bold")
@@ -43,6 +44,8 @@ def notes_text(part: CpuPart) -> Text:
         t.append(n + "\n")
     ctr = part.registers.ctr_el0
     if not isinstance(ctr, Unavailable):
+        from dltop.text.cpu import register_lines
+
         t.append(register_lines(part)[0].strip() + "\n", "dim")
     if part.core_kinds and part.caches:
         t.append("Table: /N one cache shared by N CPUs, + shared with other kinds, ? not given by the system\n",
@@ -100,12 +103,16 @@ class CpuPane(Pane):
         # An auto height measured while the table was hidden stays 0: size it from its rows instead.
         table.styles.height = min(7, table.row_count + 1)
         set_content(self.query_one("#cpu-notes", Static), notes_text(part))
+        from dltop.text.cpu import tree_lines
+
         lines = tree_lines(part.tree)
         if not part.caches:
             lines.append("(no cache information: " + ", ".join(f.code for f in part.flags) + ")")
         set_content(self.query_one("#cpu-tree", Static), Text("\n".join(lines)))
 
     def _update_kinds(self, table: DataTable, part: CpuPart) -> None:
+        from dltop.text.cpu import kind_table
+
         header, rows = kind_table(part)
         columns = tuple(h.lower() for h in header)
         if tuple(str(c.key.value) for c in table.columns.values()) != columns:

@@ -22,20 +22,6 @@ from textual.widgets import DataTable, Input, Static
 from dltop.fmt import human_bytes, shorten_middle
 from dltop.model.actions import ActionEvent
 from dltop.model.datasets import DatasetResidency, DatasetsPart, DatasetUnavailable, ResidencyNode
-from dltop.text.datasets import (
-    SORT_TITLES,
-    datasets_summary,
-    estimate_note,
-    file_label,
-    listed_files,
-    more_label,
-    node_summary,
-    progress_line,
-    row_values,
-    skipped_text,
-    sort_rank,
-    unavailable_row_values,
-)
 from dltop.tui.messages import (
     CancelRequested,
     DatasetAddRequested,
@@ -45,7 +31,6 @@ from dltop.tui.messages import (
     WarmRequested,
 )
 from dltop.tui.panes.base import Pane, RowTable, fit_column, plain, set_content, set_row
-from dltop.tui.path_input import PathInput
 from dltop.tui.view import View
 
 # The key of a folder's "… N more files" row: NUL is in no path, so it is never taken for one.
@@ -102,6 +87,9 @@ class DatasetPane(Pane):
         self._file_rows: set[str] = set()  # the rows shown that are files
 
     def compose(self) -> ComposeResult:
+        # The tab's own modules are imported when it is first composed, not before the first frame of another.
+        from dltop.tui.path_input import PathInput
+
         yield Static(id="ds-summary")
         yield RowTable(id="ds-table", cursor_type="row", zebra_stripes=False)
         yield Static(id="ds-progress")
@@ -146,6 +134,14 @@ class DatasetPane(Pane):
         return None, None
 
     def render_view(self, view: View) -> None:
+        from dltop.text.datasets import (
+            SORT_TITLES,
+            datasets_summary,
+            node_summary,
+            row_values,
+            unavailable_row_values,
+        )
+
         now = self.moment(view, self._clock)
         table = self.query_one("#ds-table", DataTable)
         datasets = self.datasets()
@@ -218,6 +214,8 @@ class DatasetPane(Pane):
                      held: Any) -> dict[str, tuple[str, ...]]:
         """The rows of a folder drilled into: its folders and its files together in the sort's order (the files
         the scan kept: the top `files_top` by each key), then one row for the files not listed."""
+        from dltop.text.datasets import file_label, listed_files, more_label, row_values, sort_rank
+
         ps = owner.page_size
         files, rest = listed_files(node, self._sort, owner.files_top)
         rows: dict[str, tuple[str, ...]] = {}
@@ -249,6 +247,8 @@ class DatasetPane(Pane):
 
     def action_sort(self) -> None:
         """Sort a folder's rows by data, by resident, or by % (coldest first)."""
+        from dltop.text.datasets import SORT_TITLES
+
         keys = tuple(SORT_TITLES)
         self._sort = keys[(keys.index(self._sort) + 1) % len(keys)]
         self._rerender()
@@ -256,6 +256,8 @@ class DatasetPane(Pane):
 
     def _progress(self, ev: ActionEvent | None) -> Text:
         """The line under the table: the action in flight, or how the last one ended."""
+        from dltop.text.datasets import progress_line
+
         if ev is None:
             return Text()
         if ev.phase == "progress":
@@ -270,6 +272,8 @@ class DatasetPane(Pane):
         return Text(ev.message, "bold")
 
     def _notes(self, ds: DatasetResidency | None, now: float) -> Text:
+        from dltop.text.datasets import estimate_note, skipped_text
+
         t = Text()
         if ds is None:
             return t

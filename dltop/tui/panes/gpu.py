@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -35,9 +36,10 @@ from dltop.text.gpu import elapsed, elapsed_until
 from dltop.tui import charts
 from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested, SignalRequested
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content
-from dltop.tui.screens.gpu_details import GpuDetailsScreen, throttling
-from dltop.tui.screens.signal import SignalScreen
 from dltop.tui.view import View
+
+if TYPE_CHECKING:
+    from dltop.tui.screens.gpu_details import GpuDetailsScreen
 
 # The one line that says why the split is not drawn (the model's per-field reason is NO_PROBE).
 SPLIT_NEEDS_PROBE = "split needs the probe: add `import dltop.probe`"
@@ -256,6 +258,8 @@ class GpuSeries:
 
 def headline(g: GpuDevice, width: int) -> list[Content]:
     """A GPU's name, utilization, temperature and power; a GPU whose calls fail: the reason on a line under it."""
+    from dltop.tui.screens.gpu_details import throttling  # imported with the GPUs drawn, not at start
+
     head = Content.assemble((f"GPU{g.index} {printable(g.name or '?')}", "bold"))
     lost = g.why("memory_total_bytes") if g.memory_total_bytes is None else None
     if lost is not None and g.memory_used_bytes is None:
@@ -746,6 +750,8 @@ class GpuPane(Pane):
             if sig is not None:
                 self.post_message(SignalRequested(replace(target, signal=sig)))
 
+        from dltop.tui.screens.signal import SignalScreen
+
         self.app.push_screen(SignalScreen(p.pid, printable(p.user or "?"), p.command or "?"), chosen)
 
     def _ask(self, adding: bool, value: str, placeholder: str) -> None:
@@ -778,6 +784,8 @@ class GpuPane(Pane):
                 index = int(key.split(":")[0].split("/")[0]) if key[:1].isdigit() else None
         if index is None:
             index = gpus[0].index if isinstance(gpus, tuple) and gpus else 0
+        from dltop.tui.screens.gpu_details import GpuDetailsScreen
+
         self._details = GpuDetailsScreen(self.view, index)
         self.app.push_screen(self._details, lambda _: setattr(self, "_details", None))
 
