@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 # Modules the first frame does not need; those loaded at the first frame are listed per checkout.
-DEFERRED = ("pynvml", "ctypes.util", "http.client", "urllib.request", "dltop.tui.panes.gpu",
+DEFERRED = ("dltop.sources.gpu", "pynvml", "ctypes.util", "http.client", "urllib.request", "dltop.tui.panes.gpu",
             "dltop.tui.panes.datasets", "dltop.tui.panes.cpu", "dltop.tui.panes.training",
             "dltop.tui.panes.caches", "dltop.tui.panes.pagecache")
 
@@ -39,6 +39,7 @@ def first(self, data):
         wall, cpu = time.monotonic(), time.process_time()
         hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]
         watched = json.loads(os.environ["FF_WATCH"])
+        assert sys.modules["dltop"].__file__.startswith(os.environ["PYTHONPATH"]), "another checkout ran"
         with open(OUT, "w") as f:
             json.dump({"wall": wall, "cpu": cpu, "hwm_mb": int(hwm) / 1024,
                        "loaded": [m for m in watched if m in sys.modules]}, f)
@@ -51,13 +52,14 @@ main(sys.argv[1:])
 
 def run_once(code: Path, args: list[str], mark: str, out: Path) -> dict[str, object]:
     out.unlink(missing_ok=True)
-    child = f"{shlex.quote(sys.executable)} -c {shlex.quote(CHILD)} {' '.join(map(shlex.quote, args))}"
+    # -P: no current folder on sys.path, which would come before PYTHONPATH and run the caller's checkout.
+    child = f"{shlex.quote(sys.executable)} -P -c {shlex.quote(CHILD)} {' '.join(map(shlex.quote, args))}"
     cmd = f"stty cols 80 rows 24; exec {child}"
     env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(code), "FF_OUT": str(out), "FF_MARK": mark,
            "FF_WATCH": json.dumps(DEFERRED)}
     t0 = time.monotonic()
     subprocess.run(["script", "-qfc", cmd, "/dev/null"], stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                   env=env, timeout=60, check=False)
+                   env=env, timeout=60, check=False, cwd=out.parent)
     d = json.loads(out.read_text())
     d["wall"] = float(d["wall"]) - t0
     d["load"] = os.getloadavg()[0]
@@ -86,7 +88,9 @@ def main() -> None:
         for key in ("cpu", "wall", "hwm_mb", "load"):
             vals = [float(r[key]) for r in rs]  # type: ignore[arg-type]
             print(f"  {key:7s} median {statistics.median(vals):7.3f}  [{', '.join(f'{v:.3f}' for v in vals)}]")
-        print(f"  loaded at the first frame: {', '.join(rs[-1]['loaded']) or 'none of ' + ', '.join(DEFERRED)}")  # type: ignore[arg-type]
+        counts = {m: sum(m in r["loaded"] for r in rs) for m in DEFERRED}  # type: ignore[operator]
+        print("  loaded at the first frame (runs): "
+              + (", ".join(f"{m} {n}/{len(rs)}" for m, n in counts.items() if n) or "none of " + ", ".join(DEFERRED)))
     if len(codes) > 1:
         base = statistics.median(float(r["cpu"]) for r in rows[codes[0]])  # type: ignore[arg-type]
         for code in codes[1:]:
