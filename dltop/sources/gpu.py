@@ -593,6 +593,9 @@ NO_LIBRARY = (f"NVML library ({NVML_LIBRARY}) not found: no NVIDIA driver here, 
               "have it (docker run --gpus all)")
 
 
+_pynvml_found = False  # nvidia-ml-py was found installed (_no_nvml)
+
+
 def _no_nvml(make: Callable[[], NvmlBackend]) -> Unavailable | None:
     """Why NVML cannot be read, found without importing pynvml (~20 ms of CPU with its ctypes.util, on a machine
     with no NVIDIA driver, before the first frame): it is not installed, or the library it would load cannot be
@@ -601,10 +604,14 @@ def _no_nvml(make: Callable[[], NvmlBackend]) -> Unavailable | None:
     if make is not make_backend or os.environ.get(FAKE_ENV) or sys.platform == "win32":
         return None
     import ctypes
-    import importlib.util
 
-    if importlib.util.find_spec("pynvml") is None:
-        return Unavailable(NOT_INSTALLED)
+    global _pynvml_found
+    if not _pynvml_found:  # asked again each read until found (an install while dltop runs is seen)
+        import importlib.util
+
+        if importlib.util.find_spec("pynvml") is None:
+            return Unavailable(NOT_INSTALLED)
+        _pynvml_found = True
     try:
         ctypes.CDLL(NVML_LIBRARY)
     except OSError:
