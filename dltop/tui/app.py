@@ -215,6 +215,8 @@ class DltopApp(App[None]):
         self._hint_shown: tuple[object, ...] | None = None  # what the hint line was drawn from
         self._panes: list[Pane] = [cls() for cls in pane_classes(cluster=self.settings.prometheus is not None)]
         self._mounting: dict[str, Any] = {}  # PANE_ID -> its mount under way or done (_compose_pane)
+        # PANE_ID -> a palette entry's action, run once its tab's activation (and the focus it gives) is done
+        self._after_activated: dict[str, Callable[[], object]] = {}
         # The tab to open on: --tab / `tab = ...` / the recording's, else the one that has something (GPU where
         # GPUs are, else Datasets when datasets are watched, else Page cache), decided once the GPU source has
         # answered unless the user picked a tab first.
@@ -473,6 +475,9 @@ class DltopApp(App[None]):
             self._record_tab()
             if self._widgets_up():
                 self._update_hints()  # this tab's own hints first
+            act = self._after_activated.pop(pane.PANE_ID, None)
+            if act is not None:  # after the tab's own focus, so what the action focuses keeps it
+                self.call_after_refresh(act)
 
     def _activate(self, pane: Pane) -> None:
         """Show `pane`'s tab. The focus leaves the tab hidden first: a focused widget that is hidden hands the
@@ -1078,9 +1083,14 @@ class DltopApp(App[None]):
 
     def _on_tab(self, n: int, action: Callable[[], object]) -> Callable[[], Awaitable[None]]:
         async def run() -> None:
+            pane = self._panes[n - 1]
+            switching = self._active_pane() is not pane
+            if switching:  # the action waits for the tab's activation, which focuses the tab's own widget
+                self._after_activated[pane.PANE_ID] = action
             await self.action_show_tab(n)  # composed first where it was never shown
             if self._view is not None:
-                self._panes[n - 1].show(self._view)  # its rows (the selection acted on) are there before it acts
-            self.call_after_refresh(action)
+                pane.show(self._view)  # its rows (the selection acted on) are there before it acts
+            if not switching:
+                self.call_after_refresh(action)
 
         return run
