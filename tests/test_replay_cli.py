@@ -120,8 +120,9 @@ def test_record_from_the_tui_then_replay_it(tmp_path: Path) -> None:
     _tmux(sock, "new-session", "-d", "-c", str(REPO), "-x", "80", "-y", "24",
           f"{sys.executable} -m dltop replay {rec_dir} -t end")
     try:
-        screen = _wait_for(sock, "␣ Play")  # the footer: space plays
-        assert f"REPLAY rec {last}" in screen
+        # the header shows the last sample's time; the footer (drawn in the same frame or the one before): space plays
+        screen = _wait_for(sock, f"REPLAY rec {last}")
+        assert "␣ Play" in screen
         _tmux(sock, "send-keys", "v")
         assert "before the epoch" in _wait_for(sock, "Events (")
     finally:
