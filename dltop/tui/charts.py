@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, TypeVar
 
 from dltop.fmt import SPARK_CHARS
 
@@ -15,6 +17,7 @@ HOLD_CADENCES = 2.5  # a level is held across empty columns between readings clo
 
 Point = tuple[float, float]  # (timestamp, value)
 Columns = list[float | None]  # a chart's columns, oldest first; None: no reading in that column
+T = TypeVar("T")
 
 
 def cadence_s(times: Sequence[float]) -> float:
@@ -101,6 +104,158 @@ def time_columns(points: Sequence[Point], end_ts: float, width: int, span: float
             if now is None or v > now:
                 buckets[c] = v
     return bucket_columns(buckets, end_ts, width, span, cadence)
+
+
+class KeptColumns:
+    """`time_columns` kept between ticks: each clock-aligned column's readings, in the order they came, and its
+    largest. A tick adds the newest reading and drops the ones that left the history, where `time_columns`
+    buckets every reading again (600 a chart once the history is full). The columns are those of
+    `time_columns` exactly: a column that a full scan would leave out of the chart (older than the span) is
+    kept here but never read; a reading that leaves takes its column's largest with it, which the rest of the
+    column's readings then give again."""
+
+    def __init__(self) -> None:
+        self.per: float | None = None  # seconds a column: the chart's span / width; None: not built
+        self._values: dict[int, list[float]] = {}
+        self._top: dict[int, float] = {}
+
+    def rebuild(self, points: Iterable[Point], per: float) -> None:
+        """Columns `per` seconds wide, of `points` (oldest first)."""
+        self.per, self._values, self._top = per, {}, {}
+        self.add(points)
+
+    def add(self, points: Iterable[Point]) -> None:
+        """The newest readings, oldest first (after every reading already in)."""
+        if self.per is None:
+            return
+        per, values, top, floor, finite = self.per, self._values, self._top, math.floor, math.isfinite
+        for ts, v in points:
+            if not finite(v):
+                v = 0.0
+            c = floor(ts / per)  # column_of
+            kept = values.get(c)
+            if kept is None:
+                values[c] = [v]
+                top[c] = v
+            else:
+                kept.append(v)
+                if v > top[c]:  # the first of equal values stays, as in time_columns
+                    top[c] = v
+
+    def drop(self, points: Iterable[Point]) -> None:
+        """The oldest readings, oldest first: each is the first of its column's readings still in."""
+        if self.per is None:
+            return
+        per, values, top, floor, finite = self.per, self._values, self._top, math.floor, math.isfinite
+        for ts, v in points:
+            if not finite(v):
+                v = 0.0
+            c = floor(ts / per)
+            kept = values.get(c)
+            if not kept or kept[0] != v:  # not the reading that came first: build again, not guess
+                self.per = None
+                return
+            del kept[0]
+            if not kept:
+                del values[c], top[c]
+            elif v == top[c]:
+                top[c] = max(kept)  # the first of the largest left, as a full scan finds it
+
+    def columns(self, end_ts: float, width: int, span: float, cadence: float) -> Columns:
+        """What `time_columns` gives for the readings in, columns span/width seconds wide (built by then)."""
+        return bucket_columns(self._top, end_ts, width, span, cadence)
+
+
+class KeptSeries(Generic[T]):
+    """Charts of readings drawn from a history (oldest first), kept between ticks. `of(prev, item)` gives one
+    item's readings, one per chart (None: none), `prev` the item before it in the history (None for the
+    first). `update` works out what left the history's front and what came at its end (a live tick, a step or
+    a play in a replay, a frame drawn again), by identity, and derives and buckets only those; anything else
+    (a jump, a step back, another recording) is derived afresh. Columns of another width or span are
+    bucketed again from the readings kept."""
+
+    def __init__(self, charts: int, of: Callable[[T | None, T], Sequence[Point | None]]) -> None:
+        self._of = of
+        self._items: list[T] = []
+        self._points: list[list[Point | None]] = [[] for _ in range(charts)]  # one per item, per chart
+        self._columns = [KeptColumns() for _ in range(charts)]
+        self.rebuilt = 0  # how many updates derived everything again (tests and benchmarks read it)
+
+    def update(self, items: Sequence[T]) -> None:
+        """The history now (oldest first)."""
+        old = self._items
+        start = self._kept_from(items)
+        if start is None:
+            self._rebuild(items)
+            return
+        new = items[len(old) - start:]
+        if start:
+            for points, cols in zip(self._points, self._columns, strict=True):
+                gone = [p for p in points[:start] if p is not None]
+                del points[:start]
+                cols.drop(gone)
+            del old[:start]
+            if old:  # the new first item has no item before it now
+                for points, cols, p in zip(self._points, self._columns, self._of(None, old[0]), strict=True):
+                    if points[0] != p:
+                        if p is None and points[0] is not None:
+                            cols.drop([points[0]])
+                        else:
+                            cols.per = None  # a reading at the front: build again
+                        points[0] = p
+        prev = old[-1] if old else None
+        for item in new:
+            for points, cols, p in zip(self._points, self._columns, self._of(prev, item), strict=True):
+                points.append(p)
+                if p is not None:
+                    cols.add((p,))
+            old.append(item)
+            prev = item
+
+    def _kept_from(self, items: Sequence[T]) -> int | None:
+        """How many of the kept items left the front, where `items` is the rest of them and then new ones."""
+        old = self._items
+        if not old or not items:
+            return None
+        first = items[0]
+        if old[0] is first:
+            start = 0
+        elif len(old) > 1 and old[1] is first:
+            start = 1
+        else:
+            start = next((i for i, x in enumerate(old) if x is first), -1)
+            if start < 0:
+                return None
+        rest = len(old) - start
+        if len(items) < rest or not all(map(operator.is_, old[start:], items[:rest])):
+            return None
+        return start
+
+    def _rebuild(self, items: Sequence[T]) -> None:
+        self.rebuilt += 1
+        self._items = list(items)
+        self._points = [[] for _ in self._points]
+        prev = None
+        for item in self._items:
+            for points, p in zip(self._points, self._of(prev, item), strict=True):
+                points.append(p)
+            prev = item
+        for cols in self._columns:
+            cols.per = None
+
+    def points(self, chart: int) -> list[Point]:
+        """A chart's readings, oldest first (what `time_columns` is given)."""
+        return [p for p in self._points[chart] if p is not None]
+
+    def columns(self, chart: int, end_ts: float, width: int, span: float, cadence: float) -> Columns:
+        """`time_columns(self.points(chart), end_ts, width, span, cadence)`, from the columns kept."""
+        if width <= 0:
+            return []
+        cols = self._columns[chart]
+        per = span / width
+        if cols.per != per:
+            cols.rebuild(self.points(chart), per)
+        return cols.columns(end_ts, width, span, cadence)
 
 
 def shown(cols: Columns) -> list[float]:

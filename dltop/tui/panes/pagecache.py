@@ -41,9 +41,9 @@ SPARK_FIELDS = (
 SPARK_LABEL_WIDTH = 20  # "Writeback" padded to 10, the value right-aligned in 9, a space
 SPARK_SCALE_WIDTH = 14  # " 22.9–23.2 GiB", " max 45.0 MiB": right of the bars, each chart's scale
 
-# label, current value, the readings (timestamp, value), style, least span of the scale in bytes (None: from 0),
-# how the scale's numbers are written
-Chart = tuple[str, str, list[charts.Point], str, float | None, Callable[[float], str]]
+# label, current value, the readings: (timestamp, value) or a chart of a KeptSeries, style, least span of the
+# scale in bytes (None: from 0), how the scale's numbers are written
+Chart = tuple[str, str, list[charts.Point] | int, str, float | None, Callable[[float], str]]
 
 
 def _bytes(v: float) -> str:
@@ -212,11 +212,12 @@ def scale_labels(bottom: float, top: float, rows: int, fmt: Callable[[float], st
 
 
 def sparkline_block(chart_list: list[Chart], width: int, height: int, end_ts: float, span_s: float,
-                    cadence_s: float) -> Content:
+                    cadence_s: float, kept: charts.KeptSeries[Any] | None = None) -> Content:
     """Label, current value and a chart `width` wide per chart, each as tall as the space allows (with a blank
     line between charts once there is room): a big terminal gets finer charts, 80x24 one line each. Every
     column covers span_s / width seconds (the time axis under the charts says the span and a column's
-    seconds); each chart's scale is on its right: its max, or its range where it does not start at 0."""
+    seconds); each chart's scale is on its right: its max, or its range where it does not start at 0. A chart's
+    readings are a list, or the number of its chart in `kept` (its columns kept between ticks)."""
     n = len(chart_list)
     height = max(n, height - 1)  # the axis' line
     gap = 1 if height >= 2 * n - 1 else 0
@@ -225,7 +226,11 @@ def sparkline_block(chart_list: list[Chart], width: int, height: int, end_ts: fl
     for i, (label, value, points, style, min_span, fmt) in enumerate(chart_list):
         if i and gap:
             lines.append(Content(""))
-        cols = charts.time_columns(points, end_ts, width, span_s, cadence_s)
+        if isinstance(points, int):
+            assert kept is not None
+            cols = kept.columns(points, end_ts, width, span_s, cadence_s)
+        else:
+            cols = charts.time_columns(points, end_ts, width, span_s, cadence_s)
         bottom, top = charts.scale_of(cols, 0.0 if min_span is None else min_span)
         bars = charts.draw(cols, rows_each, top, bottom)
         scale = scale_labels(bottom, top, len(bars), fmt) if charts.shown(cols) else [""] * len(bars)
@@ -271,6 +276,19 @@ def series_of(history: Sequence[Snapshot], names: Sequence[str]) -> list[list[ch
     return [[(ts, float(vs[i])) for ts, vs in rows if vs[i] is not None] for i in range(len(names))]
 
 
+_SPARK_GET = operator.attrgetter(*(f[0] for f in SPARK_FIELDS))
+
+
+def readings(prev: Snapshot | None, cur: Snapshot) -> tuple[charts.Point | None, ...]:
+    """What one Snapshot adds to each chart: its meminfo fields (`series`) and the refaults/s since `prev`."""
+    rate = refault_rate(prev, cur) if prev is not None else None
+    refaults = (cur.ts, rate) if rate is not None else None
+    m = cur.memory
+    if not isinstance(m, MemoryPart):
+        return (None,) * len(SPARK_FIELDS) + (refaults,)
+    return (*((cur.ts, float(v)) if v is not None else None for v in _SPARK_GET(m)), refaults)
+
+
 class PageCachePane(Pane):
     """Cached, Dirty and Writeback sparklines, MemAvailable, PSI, refault rate, the job's cgroup and disk load."""
 
@@ -280,6 +298,12 @@ class PageCachePane(Pane):
             "and the memory cgroup of the watched process (--pid). Disk columns follow iostat -x; refaults are "
             "evicted file pages read back soon after (cache thrashing). PSI is the share of time tasks stalled, "
             "as the kernel averages it over 10 s / 60 s / 300 s.")
+
+    def __init__(self) -> None:
+        super().__init__()
+        # The charts' readings and columns, kept between ticks: a tick derives and buckets only the newest
+        # Snapshot (and drops the one that left), not the 600 of a full history.
+        self._kept: charts.KeptSeries[Snapshot] = charts.KeptSeries(len(SPARK_FIELDS) + 1, readings)
 
     def compose(self) -> ComposeResult:
         # Lines: a tick repaints only the lines whose text changed (a sparkline whose value moved, not the axis
@@ -302,22 +326,23 @@ class PageCachePane(Pane):
             return
         width = max(20, self.size.width)
         set_content(summary, summary_text(m, width))
-        history = list(view.history)
+        history = view.history
         vm, disks = memory_rates(view.previous, view.snapshot)
         sparks = self.query_one("#pc-sparks", Static)
         width = max(1, sparks.size.width - SPARK_LABEL_WIDTH)
+        kept = self._kept
+        kept.update(history)
         chart_list: list[Chart] = []
-        for (name, label, span_share), data in zip(SPARK_FIELDS, series_of(history, [f[0] for f in SPARK_FIELDS]),
-                                                   strict=True):
-            min_span = None if span_share is None else span_share * (m.total_bytes or max((v for _, v in data),
-                                                                                          default=0.0))
-            chart_list.append((label, human_bytes(getattr(m, name)), data, "$accent", min_span, _bytes))
+        for i, (name, label, span_share) in enumerate(SPARK_FIELDS):
+            min_span = None if span_share is None else span_share * (
+                m.total_bytes or max((v for _, v in kept.points(i)), default=0.0))
+            chart_list.append((label, human_bytes(getattr(m, name)), i, "$accent", min_span, _bytes))
         rate = vm.refaults_per_s if vm is not None else None
-        chart_list.append(("Refaults", human_count_rate(rate) + "/s", self._refaults(history), "$warning", None,
-                           _per_s))
-        times = [s.ts for s in history]
+        chart_list.append(("Refaults", human_count_rate(rate) + "/s", len(SPARK_FIELDS), "$warning", None, _per_s))
+        times = [s.ts for s in history[-(charts.CADENCE_INTERVALS + 1):]]  # all that the cadence reads
         set_content(sparks, sparkline_block(chart_list, max(1, width - SPARK_SCALE_WIDTH), sparks.size.height,
-                                            view.snapshot.ts, charts.span_s(times), charts.cadence_s(times)))
+                                            view.snapshot.ts, charts.span_s(times), charts.cadence_s(times),
+                                            kept))
         activity = self.query_one("#pc-activity", Static)
         text = activity_text(m, vm, width)
         lines = text.plain.count("\n") + 1
@@ -330,20 +355,3 @@ class PageCachePane(Pane):
         set_content(notes_widget, Text("; ".join(notes), "dim"))
         notes_widget.display = bool(notes)
         set_content(self.query_one("#pc-disks", Static), disk_table(disks, m.disks))
-
-    def _refaults(self, history: list[Snapshot]) -> list[charts.Point]:
-        # Rates of neighbouring pairs never change once computed: keep them, keyed by the pair's timestamps.
-        cache: dict[tuple[float, float], float] = getattr(self, "_refault_cache", {})
-        out = []
-        fresh: dict[tuple[float, float], float] = {}
-        for prev, cur in zip(history, history[1:], strict=False):
-            key = (prev.ts, cur.ts)
-            if key in cache:
-                value: float | None = cache[key]
-            else:
-                value = refault_rate(prev, cur)
-            if value is not None:
-                fresh[key] = value
-                out.append((cur.ts, value))
-        self._refault_cache = fresh
-        return out
