@@ -65,12 +65,12 @@ def main() -> int:
         time.sleep(3)  # start-up settles (each process's command and user are read once)
         screen = tmux("capture-pane", "-p", "-t", "dltop")
         assert "GPU" in screen, screen
-        before = {n: cpu_seconds(pid) for n, (pid, _) in procs.items()}
+        before = {n: cpu_seconds(pid) for n, (pid, *_) in procs.items()}
         t0 = time.monotonic()
         time.sleep(args.seconds)
         dt = time.monotonic() - t0
-        cpu = {n: 100 * (cpu_seconds(pid) - before[n]) / dt for n, (pid, _) in procs.items()}
-        rss = {n: status_kb(pid, "VmRSS") / 1024 for n, (pid, _) in procs.items()}
+        cpu = {n: 100 * (cpu_seconds(pid) - before[n]) / dt for n, (pid, *_) in procs.items()}
+        rss = {n: status_kb(pid, "VmRSS") / 1024 for n, (pid, *_) in procs.items()}
     finally:
         subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
         for p in sleeps:
