@@ -235,7 +235,14 @@ def test_a_process_that_did_not_move_is_last_tick_s_model_and_one_that_moved_is_
     try:
         s = _on_gpu([sleep.pid, 4_000_000])  # and one not in this /proc
         clock = [100.0]
-        reader = GpuReader(lambda: FakeBackend(s), clock=lambda: clock[0])
+        # The driver's clock is the test's too: on the wall clock a 100 ms sample period could turn between two
+        # ticks (a new SM sample, so a new model) on a slow machine.
+        def backend() -> FakeBackend:
+            b = FakeBackend(s)
+            b.clock = lambda: clock[0]
+            return b
+
+        reader = GpuReader(backend, clock=lambda: clock[0])
         ticks = []
         for _ in range(3):
             clock[0] += 1.0
