@@ -39,6 +39,13 @@ def _private_action_journal(tmp_path_factory: pytest.TempPathFactory, monkeypatc
     monkeypatch.setenv("DLTOP_ROOT_JOURNAL_DIR", str(tmp_path_factory.mktemp("journal") / "run-dltop"))
 
 
+@pytest.fixture(autouse=True)
+def _no_silent_reclaim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watched dataset's counts stay exact between measures in the tests: on a machine where DAMON's pageout
+    runs (these VMs), every count would be an estimate. tests/test_datasets_silent.py takes this off."""
+    monkeypatch.setenv("DLTOP_SILENT_RECLAIM", "off")
+
+
 _SNAPSHOTS_SKIPPED = pytest.StashKey[str]()
 
 

@@ -96,9 +96,12 @@ class DatasetResidency(ResidencyNode):
     # kernel reclaimed page cache are an estimate: `estimated`, and at most `estimate_error_pages` of
     # resident_pages may have been evicted since they were measured. `full_scan_at`: when the oldest count
     # still used was measured (every file was measured at or after it); 0 for a one-off scan.
+    # `estimate_reason`: what on this machine evicts page cache that /proc/vmstat's pgsteal_file does not count
+    # (DAMON's pageout, seen or configured); while it runs, every count not measured in this read is an estimate.
     estimated: bool = False
     estimate_error_pages: int = 0
     full_scan_at: float = 0.0
+    estimate_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,14 @@
 
 A page enters the cache only through an open file, so a file nobody opened since it was measured has at most
 lost pages, and only when the kernel reclaimed page cache (`pgsteal_file` in /proc/vmstat): such counts are an
-estimate with that bound, corrected by the rolling pass (docs/datasets.md, "Watching a dataset").
+estimate with that bound, corrected by the rolling pass (docs/datasets.md, "Watching a dataset"). DAMON's
+pageout reclaims without that counter moving: where it runs (configured, or seen), every count not measured in
+the read is an estimate.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import heapq
 import os
@@ -73,12 +76,52 @@ ROLL_CPU_SHARE = 0.0025
 MIN_ROLL_FILES = 256
 DRAIN_EVERY_S = 0.5  # the event queue (16,384 by default) is read this often, so a busy loader cannot overflow it
 DRAIN_EVERY_FILES = 2048  # and while measuring, after this many files: each adds an open and a close
+# Reclaim that /proc/vmstat's pgsteal_file does not count: DAMON's `pageout` action (a kdamond's scheme set up
+# through sysfs, or the DAMON_RECLAIM module) puts pages out through reclaim_pages(), which moves no pgsteal
+# counter (seen on Linux 6.18: a folder's pages read once went 1000 -> 51 resident in 105 s, pgsteal_file still).
+DAMON_ADMIN = "/sys/kernel/mm/damon/admin/kdamonds"
+DAMON_RECLAIM = "/sys/module/damon_reclaim/parameters/enabled"
+SILENT_RECHECK_S = 60.0  # how often DAMON's configuration is read again
+# While such reclaim runs, each read moves the watch's reclaim counter by this much more: a folder not measured
+# in the read counts its resident pages into the bound (see _freeze), as after a reclaim pgsteal_file shows.
+_SILENT_EPOCH = 1 << 40
 
 # Per file, in this order: size in bytes, pages, data pages, resident, dirty, writeback, recently evicted,
 # resident data pages, unknown pages, unknown data pages, files (1), and its inode (ties of the file rows); the
 # first _SUM are added up into the folders' totals.
 _N = 12
 _SUM = 11
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(256).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _entries(path: str) -> list[str]:
+    try:
+        return sorted((n for n in os.listdir(path) if n.isdigit()), key=int)[:64]
+    except OSError:
+        return []
+
+
+def silent_reclaimer(admin: str | None = None, reclaim: str | None = None) -> str | None:
+    """What on this machine puts page cache out without /proc/vmstat's pgsteal_file counting it, in words; None
+    when nothing that DAMON's sysfs or its reclaim module shows does."""
+    admin, reclaim = admin or DAMON_ADMIN, reclaim or DAMON_RECLAIM
+    if _first_line(reclaim) in ("Y", "1"):
+        return "DAMON_RECLAIM is on"
+    for kd in _entries(admin):
+        if _first_line(f"{admin}/{kd}/state") != "on":
+            continue
+        for ctx in _entries(f"{admin}/{kd}/contexts"):
+            schemes = f"{admin}/{kd}/contexts/{ctx}/schemes"
+            if any(_first_line(f"{schemes}/{s}/action") == "pageout" for s in _entries(schemes)):
+                return f"DAMON pageout on (kdamond {kd})"
+    return None
 
 
 def _vmstat(keys: tuple[str, ...] = ("pgsteal_file", "drop_pagecache")) -> dict[str, int]:
@@ -171,6 +214,15 @@ class DatasetWatch:
         self._file_cost_s = 6e-6  # CPU seconds to measure one file, learnt from the scans
         self._last_read = time.monotonic()
         self._vm = _vmstat()
+        # Reclaim pgsteal_file does not show: DAMON's configuration (read again every SILENT_RECHECK_S), or what a
+        # measure saw (a file's recently evicted pages grew while pgsteal_file stood still; kept).
+        # DLTOP_SILENT_RECLAIM=off: neither (the tests: a DAMON machine's reclaim would make their counts move).
+        self._silent_off = os.environ.get("DLTOP_SILENT_RECLAIM", "") == "off"
+        self._damon: str | None = None
+        self._damon_at = -SILENT_RECHECK_S
+        self.seen_silent: str | None = None
+        self._epoch = 0
+        self._steal = 0  # the reclaim counter of this read (pgsteal_file, plus the epochs)
         self._cstat = kernel.cachestat_caller()
         self._dir: tuple[_Folder, int] | None = None
         self._closed = threading.Event()
@@ -320,7 +372,12 @@ class DatasetWatch:
             relist, self._relist = self._relist, set()
             changed, self._changed = self._changed, set()
             self._touched, self._own = Counter(), {}
-        steal = vm.get("pgsteal_file", 0)
+        if t0 - self._damon_at >= SILENT_RECHECK_S and not self._silent_off:
+            self._damon, self._damon_at = silent_reclaimer(), t0
+        reason = self.silent_reason
+        if reason is not None:
+            self._epoch += 1
+        steal = self._steal = vm.get("pgsteal_file", 0) + self._epoch * _SILENT_EPOCH
         budget = engine._Budget(None, None, self.cpu_fraction)
         if resync or self._top is None:
             self._rescan_all(budget, steal)
@@ -337,10 +394,21 @@ class DatasetWatch:
         top = self._top
         assert top is not None
         ds = self._freeze(top, steal, time.monotonic() - t0)
+        if ds.estimated and self.silent_reason is not None:
+            ds = dataclasses.replace(ds, estimate_reason=self.silent_reason)
         cpu = time.thread_time() - c0
         if resync and ds.files:
             self._file_cost_s = max(1e-7, cpu / ds.files)
         return ds, {(f.dev, f.ino) for f in self._order}
+
+    @property
+    def silent_reason(self) -> str | None:
+        """Why reclaim may happen here that pgsteal_file does not count (None: it counts every reclaim)."""
+        return self._damon or self.seen_silent
+
+    def _saw_silent(self, f: _Folder) -> None:
+        if self.seen_silent is None and f.mark == self._steal and not self._silent_off:
+            self.seen_silent = "reclaim unseen by pgsteal_file"
 
     def _rescan_all(self, budget: engine._Budget, steal: int) -> None:
         st = os.stat(self.root)
@@ -596,6 +664,8 @@ class DatasetWatch:
             vals.extend(v)
         tot = [sum(vals[j::_N]) for j in range(_SUM)]
         names = "\0".join(r[1] for r in rows) + "\0" if rows else ""
+        if names == f.names and tot[6] > f.tot[6]:
+            self._saw_silent(f)  # the same files, more of their pages recently evicted: reclaim put them out
         if vals != f.vals or names != f.names:
             f.top = None  # its file rows are chosen again at the next freeze
             f.keys = array("q", (r[0] for r in rows))
@@ -697,6 +767,8 @@ class DatasetWatch:
         res = min(cache, vals[base + 1])
         new = (res, dirty, wb, rev)
         old = (vals[base + 3], vals[base + 4], vals[base + 5], vals[base + 6])
+        if rev > old[3]:
+            self._saw_silent(f)
         if new != old:
             tot = f.tot
             for j, v, was in zip((3, 4, 5, 6), new, old, strict=True):

@@ -81,8 +81,9 @@ def estimate_note(ds: DatasetResidency, page_size: int, now: float) -> str | Non
     """Why a watched dataset's numbers are an estimate, and by how much they may be off."""
     if not ds.estimated:
         return None
+    why = f"; {printable(ds.estimate_reason)}" if ds.estimate_reason else ""
     return (f"~ estimate: up to {human_bytes(ds.estimate_error_pages * page_size)} may have been evicted since "
-            f"last measured (oldest count {human_age(max(0.0, now - ds.full_scan_at))} old)")
+            f"last measured (oldest count {human_age(max(0.0, now - ds.full_scan_at))} old{why})")
 
 
 def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | None) -> tuple[str, ...]:
