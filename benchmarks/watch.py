@@ -211,7 +211,7 @@ def main() -> int:
         subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
         tmux("new-session", "-d", "-s", "bench", "-x", "80", "-y", "24", "sleep 100000")
         try:
-            pid, first = start("dltop", f"{dltop_command(Path(args.code))} {root}", "Page cache")
+            pid, first, _ = start("dltop", f"{dltop_command(Path(args.code))} {root}", "Page cache")
             time.sleep(max(0.0, args.settle - 12))
             drops = drop_pagecache()  # one read (10 s) before the window: a drop then is measured in it
             time.sleep(min(12.0, args.settle))

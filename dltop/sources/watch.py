@@ -445,14 +445,19 @@ class DatasetWatch:
         dirty.sort()  # by folder: its directory stays cached between its files
         measure = engine._native_measure()
         pre: dict[tuple[int, bytes], Any] = {}
-        batched = -1  # the folder whose files `pre` holds
+        done: set[tuple[int, bytes]] = set()  # counted again by the C step's answers already
+        batched = -1  # the folder whose files `pre` and `done` hold
         for key in dirty:
             wd, raw = key
+            if key in done:
+                continue
             f = self._by_wd.get(wd)
             if f is None or wd in relist or wd in redo:
                 continue
             if measure is not None and wd != batched:
-                batched, pre = wd, self._recount_batch(f, dirty, key, changed, measure)
+                batched, pre, done = wd, *self._recount_batch(f, dirty, key, changed, measure)
+                if key in done:
+                    continue
             raw = raw.rstrip(b"\0")
             name = raw.decode("utf-8", "surrogateescape")
             i = f.slot(name)
@@ -718,18 +723,22 @@ class DatasetWatch:
         return True
 
     def _recount_batch(self, f: _Folder, dirty: list[tuple[int, bytes]], first: tuple[int, bytes],
-                       changed: set[tuple[int, bytes]], measure: Any) -> dict[tuple[int, bytes], Any]:
-        """The C step's answers (see dltop/native/_measure.c) for the files of `f` that `_recount` would count
-        again, from `first` on in `dirty` (sorted: a folder's files follow one another), in calls of
-        engine._BATCH files; up to the first name `f` does not count (the listing decides from there)."""
+                       changed: set[tuple[int, bytes]], measure: Any,
+                       ) -> tuple[dict[tuple[int, bytes], Any], set[tuple[int, bytes]]]:
+        """The files of `f` that `_recount` would count again, from `first` on in `dirty` (sorted: a folder's files
+        follow one another), measured by the C step (see dltop/native/_measure.c) in calls of engine._BATCH
+        files, up to the first name `f` does not count (the listing decides from there): those its answer counts
+        again are counted here (`_recounted`, in `dirty`'s order) and given in the set; the other answers in the
+        dict, for `_apply` to take."""
         if f.mincore:
-            return {}
+            return {}, set()
         dir_fd = self._folder_fd(f)
         if dir_fd is None:
-            return {}
+            return {}, set()
         wd, vals = first[0], f.vals
         keys: list[tuple[int, bytes]] = []
         raws: list[bytes] = []
+        slots: list[int] = []
         for j in range(bisect_left(dirty, first), len(dirty)):
             key = dirty[j]
             if key[0] != wd:
@@ -743,17 +752,26 @@ class DatasetWatch:
                 continue  # `_measure_one` measures it whole (as `_recount` would refuse it)
             keys.append(key)
             raws.append(raw)
+            slots.append(i)
         out: dict[tuple[int, bytes], Any] = {}
-        own, step = self._own, engine._BATCH
+        done: set[tuple[int, bytes]] = set()
+        own, step, recounted_as = self._own, engine._BATCH, self._recounted_as
         for j in range(0, len(raws), step):
-            for key, got in zip(keys[j:j + step], measure(dir_fd, raws[j:j + step], engine._O_FILE,
-                                                         kernel.NR_CACHESTAT), strict=True):
-                out[key] = got
-                if got.__class__ is tuple or got == 0:  # opened: our open and our close
+            for key, i, got in zip(keys[j:j + step], slots[j:j + step],
+                                   measure(dir_fd, raws[j:j + step], engine._O_FILE, kernel.NR_CACHESTAT),
+                                   strict=True):
+                if got.__class__ is tuple:  # opened: our open and our close
                     own[key] = own.get(key, 0) + 2
+                    if got[1] == vals[i * _N + 11]:  # the same inode: `_recounted`
+                        recounted_as(f, i, got[4], got[5], got[6], got[7])
+                        done.add(key)
+                        continue
+                elif got == 0:
+                    own[key] = own.get(key, 0) + 2
+                out[key] = got
             if j + step < len(raws):
                 self._settle()  # our own opens must not overflow the queue
-        return out
+        return out, done
 
     def _recounted(self, f: _Folder, i: int, got: Any) -> bool:
         """`_recount` from the C step's answer for file `i` of `f`: False where it must be measured whole."""
