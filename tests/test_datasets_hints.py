@@ -81,3 +81,19 @@ def test_churn_from_recently_evicted_pages_rising(ddir: Path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
     assert scan_paths((str(ddir),)).paths[0].recently_evicted_pages == ds.recently_evicted_pages
+
+
+def test_churn_where_damon_pages_out_says_so_and_not_that_the_working_set_is_too_big(ddir: Path) -> None:
+    dataset(ddir, n=4, warm=4)
+    first = scan_paths((str(ddir),))
+    ds = first.paths[0]
+    # A watched dataset on a machine whose DAMON puts idle pages out: its estimate says why (sources/watch.py).
+    later = dataclasses.replace(ds, scanned_at=ds.scanned_at + 30, estimated=True, estimate_error_pages=64,
+                                estimate_reason="DAMON pageout on (kdamond 0)",
+                                recently_evicted_pages=ds.recently_evicted_pages + 64)
+    hist = [Snapshot(ts=1.0, host="h", datasets=first), Snapshot(ts=31.0, host="h", datasets=DatasetsPart((later,)))]
+    h = dataset_churn(hist)
+    assert h is not None and h.id == "dataset-proactive-reclaim"
+    assert f"256 KiB of {ddir} was evicted within 30s" in h.text and "DAMON pageout on (kdamond 0)" in h.text
+    assert "working set" not in h.text and "dltop lock PATH" in h.fix
+    assert "dataset-proactive-reclaim" in [x.id for x in hints(hist)]

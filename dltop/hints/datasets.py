@@ -104,6 +104,21 @@ def dataset_churn(history: Sequence[Snapshot]) -> Hint | None:
         grew = ds.recently_evicted_pages - old.recently_evicted_pages
         if grew > 0 and grew >= CHURN_FRACTION * ds.data_pages:
             rate = grew * ds.page_size / (ds.scanned_at - old.scanned_at)
+            if ds.estimate_reason is not None:
+                # Evicted by reclaim that pgsteal_file does not count (DAMON's pageout puts out what was idle a
+                # while, with memory to spare): not a working set too big, and a warm will not last.
+                return Hint(
+                    id="dataset-proactive-reclaim",
+                    severity="warn",
+                    text=(
+                        f"{human_bytes(grew * ds.page_size)} of {path} was evicted within "
+                        f"{ds.scanned_at - old.scanned_at:.0f}s by reclaim that does not wait for memory to run out "
+                        f"({ds.estimate_reason}): what sits idle leaves the page cache, and a warm does not last"
+                    ),
+                    fix="lock what must stay (l on the Datasets tab, or dltop lock PATH: locked pages are not put "
+                        "out), or warm it just before the job reads it",
+                    numbers={"evicted_bytes": grew * ds.page_size, "rate_bytes_per_s": rate},
+                )
             return Hint(
                 id="dataset-churn",
                 severity="warn",
