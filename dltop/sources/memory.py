@@ -101,10 +101,8 @@ def parse_vmstat(text: str, bad: dict[str, str] | None = None,
     64-bit count is noted in `bad[name]`."""
     out: dict[str, int] = {}
     for line in text.splitlines():
-        if only is not None and line.partition(" ")[0] not in only:
-            continue
         fields = line.split()
-        if len(fields) != 2:
+        if len(fields) != 2 or (only is not None and fields[0] not in only):
             continue
         n = procfs.parse_count(fields[1])
         if n is not None:
