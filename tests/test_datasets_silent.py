@@ -138,8 +138,14 @@ def test_recently_evicted_pages_growing_with_pgsteal_still_are_learnt_and_kept(
         w._steal = f.mark + 3
         w._recounted_as(f, 0, res, 0, 0, rev + 3)
         assert w.silent_reason is None
-        # The same with pgsteal_file where it was when the folder was measured: reclaim it did not count.
-        w._steal = f.mark
+        # pgsteal_file where it was when the folder was measured, but moved by the time of the measure that saw
+        # the pages gone: kswapd's reclaim in the read's window, counted just after; nothing learnt.
+        w._steal, w._steal_raw = f.mark, counters["pgsteal_file"]
+        counters["pgsteal_file"] += 1
+        w._recounted_as(f, 0, res, 0, 0, rev + 4)
+        assert w.silent_reason is None
+        counters["pgsteal_file"] -= 1
+        # Where it was then and still is: reclaim it did not count.
         w._recounted_as(f, 0, res, 0, 0, rev + 6)
         assert w.silent_reason == "reclaim unseen by pgsteal_file"
         for _ in range(3):  # from now on each read's carried counts are estimates, with the reason said

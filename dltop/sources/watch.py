@@ -223,6 +223,7 @@ class DatasetWatch:
         self.seen_silent: str | None = None
         self._epoch = 0
         self._steal = 0  # the reclaim counter of this read (pgsteal_file, plus the epochs)
+        self._steal_raw = 0  # pgsteal_file at this read's start
         self._cstat = kernel.cachestat_caller()
         self._dir: tuple[_Folder, int] | None = None
         self._closed = threading.Event()
@@ -374,10 +375,10 @@ class DatasetWatch:
             self._touched, self._own = Counter(), {}
         if t0 - self._damon_at >= SILENT_RECHECK_S and not self._silent_off:
             self._damon, self._damon_at = silent_reclaimer(), t0
-        reason = self.silent_reason
-        if reason is not None:
+        if self.silent_reason is not None:
             self._epoch += 1
-        steal = self._steal = vm.get("pgsteal_file", 0) + self._epoch * _SILENT_EPOCH
+        self._steal_raw = vm.get("pgsteal_file", 0)
+        steal = self._steal = self._steal_raw + self._epoch * _SILENT_EPOCH
         budget = engine._Budget(None, None, self.cpu_fraction)
         if resync or self._top is None:
             self._rescan_all(budget, steal)
@@ -407,7 +408,11 @@ class DatasetWatch:
         return self._damon or self.seen_silent
 
     def _saw_silent(self, f: _Folder) -> None:
-        if self.seen_silent is None and f.mark == self._steal and not self._silent_off:
+        """A measure of `f` found more recently evicted pages than its last: reclaim put them out. Unseen by
+        pgsteal_file if it has not moved since `f` was measured, nor by now (kswapd counts a batch just after it
+        puts it out: a reclaim in this read's window is counted before this second look)."""
+        if self.seen_silent is None and f.mark == self._steal and not self._silent_off \
+                and _vmstat().get("pgsteal_file", 0) == self._steal_raw:
             self.seen_silent = "reclaim unseen by pgsteal_file"
 
     def _rescan_all(self, budget: engine._Budget, steal: int) -> None:
