@@ -8,6 +8,7 @@ contexts/N/operations, contexts/N/schemes/N/action; /sys/module/damon_reclaim/pa
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,8 @@ def test_odd_sysfs_trees_say_nothing_and_raise_nothing(tmp_path: Path) -> None:
     (root / "2" / "state").write_text("on\n")  # no contexts
     (root / "3").mkdir()
     (root / "3" / "state").write_text("on\n")
+    (root / "4").mkdir()
+    os.mkfifo(root / "4" / "state")  # nobody writes it: a read would wait forever
     (root / "3" / "contexts" / "0" / "schemes" / "0").mkdir(parents=True)  # a scheme without its action file
     assert silent_reclaimer(str(root), str(tmp_path / "none")) is None
 

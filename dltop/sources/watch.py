@@ -29,6 +29,7 @@ from typing import Any
 from dltop import kernel
 from dltop.model.datasets import NO_PERMISSION, DatasetResidency, ResidencyNode
 from dltop.sources import datasets as engine
+from dltop.sources import procfs
 
 # What a folder's watch reports: its files opened and closed (a read or a write), their names coming and going,
 # and the folder itself going away. IN_ACCESS/IN_MODIFY are left out: one per read() or write() call, and an
@@ -94,9 +95,9 @@ _SUM = 11
 
 
 def _first_line(path: str) -> str:
+    """A small sysfs file's text, stripped; "" where it cannot be read (or is not a regular file: never waits)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(256).decode("ascii", "replace").strip()
+        return procfs.read_text(path, 256).strip()
     except OSError:
         return ""
 
