@@ -8,7 +8,7 @@ import threading
 import time
 
 from dltop.model import MemoryPart, Unavailable
-from dltop.sampler import Sampler
+from dltop.sampler import Sampler, _Signal, _wait_any
 from dltop.sources.base import Source
 from dltop.sources.memory import read_memory
 
@@ -229,3 +229,30 @@ async def test_slow_sources_start_after_the_first_frame_or_the_hold() -> None:
         assert sorted(reads) == ["fast", "slow"]
     finally:
         sampler.close()
+
+
+def test_signal_wait_wakes_on_set_times_out_and_leaves_no_waiter_behind() -> None:
+    """The pollers' wait: set from a callback wakes it at once (True), a timeout returns False, a waiter already set
+    returns at once, and no wait leaves its future on a signal (thousands of ticks would grow the list)."""
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        a, b = _Signal(), _Signal()
+        t0 = time.monotonic()
+        assert await _wait_any((a, b), 0.05) is False
+        assert time.monotonic() - t0 >= 0.04
+        loop.call_later(0.01, b.set)
+        t0 = time.monotonic()
+        assert await _wait_any((a, b), 5.0) is True
+        assert time.monotonic() - t0 < 1.0 and b.is_set() and not a.is_set()
+        assert await _wait_any((b,), 5.0) is True  # already set: no wait
+        b.clear()
+        waiter = asyncio.ensure_future(_wait_any((a, b), 5.0))
+        await asyncio.sleep(0.01)
+        waiter.cancel()  # a poller cancelled at shutdown
+        await asyncio.gather(waiter, return_exceptions=True)
+        for _ in range(200):
+            await _wait_any((a, b), 0.0)
+        assert a._waiters == [] and b._waiters == []
+
+    asyncio.run(run())
