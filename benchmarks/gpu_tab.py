@@ -8,7 +8,10 @@ same processes' CPU and memory (nvitop and nvtop need a GPU and its driver, whic
 not; htop is not installed on every node, top is). top reads every process on the machine, dltop the 160 on the
 GPUs. Both at a 1 s refresh; CPU time of each from /proc/PID/stat (utime + stime) over the same window.
 
-usage: python benchmarks/gpu_tab.py [--seconds 60] [--repo CHECKOUT]
+With --threads, dltop's CPU is also split by thread (its source threads are named as `top -H` shows them:
+dltop-gpus, dltop-memory, ...; the thread that paints the screen is python).
+
+usage: python benchmarks/gpu_tab.py [--seconds 60] [--repo CHECKOUT] [--threads]
 Target (issue 23): the GPU tab <= 1.0% of one core.
 """
 
@@ -43,11 +46,26 @@ def scenario_with(pids: list[int]) -> dict:
     return s
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (utime + stime) of each of `pid`'s threads, by name (threads of one name summed)."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=60.0, help="measurement window (default 60)")
     ap.add_argument("--repo", default=str(Path(__file__).resolve().parents[1]),
                     help="run dltop from this checkout (another branch, to compare)")
+    ap.add_argument("--threads", action="store_true", help="also split dltop's CPU by thread")
     args = ap.parse_args()
     # tmux's windows start in this process's working directory, and `python -m dltop` puts that first on
     # sys.path: run from another checkout's folder, --repo ran that one's code whatever PYTHONPATH said
@@ -66,10 +84,13 @@ def main() -> int:
         screen = tmux("capture-pane", "-p", "-t", "dltop")
         assert "GPU" in screen, screen
         before = {n: cpu_seconds(pid) for n, (pid, *_) in procs.items()}
+        threads_before = thread_cpu(procs["dltop"][0])
         t0 = time.monotonic()
         time.sleep(args.seconds)
         dt = time.monotonic() - t0
         cpu = {n: 100 * (cpu_seconds(pid) - before[n]) / dt for n, (pid, *_) in procs.items()}
+        threads = {name: 100 * (t - threads_before.get(name, 0.0)) / dt
+                   for name, t in thread_cpu(procs["dltop"][0]).items()}
         rss = {n: status_kb(pid, "VmRSS") / 1024 for n, (pid, *_) in procs.items()}
     finally:
         subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
@@ -84,6 +105,10 @@ def main() -> int:
     print(f"{'CPU (% of 1 core)':18}{cpu['dltop']:10.2f}{cpu['top']:10.2f}"
           f"{(cpu['dltop'] / cpu['top'] if cpu['top'] else float('inf')):12.1f}   <= 1.0")
     print(f"{'RSS (MB)':18}{rss['dltop']:10.1f}{rss['top']:10.1f}{rss['dltop'] / rss['top']:12.1f}")
+    if args.threads:
+        print("dltop by thread (% of 1 core; clock ticks of 10 ms, so +/- 0.02 over 60 s):")
+        for name, pct in sorted(threads.items(), key=lambda kv: -kv[1]):
+            print(f"  {name:16}{pct:8.2f}")
     print("target met" if cpu["dltop"] <= 1.0 else "target NOT met")
     return 0
 

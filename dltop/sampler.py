@@ -73,6 +73,7 @@ class _Worker:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
+        procfs.name_this_thread(self._thread.name)
         while (job := self._jobs.get()) is not None:
             fut, fn, args = job
             if not fut.set_running_or_notify_cancel():

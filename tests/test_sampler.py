@@ -256,3 +256,22 @@ def test_signal_wait_wakes_on_set_times_out_and_leaves_no_waiter_behind() -> Non
         assert a._waiters == [] and b._waiters == []
 
     asyncio.run(run())
+
+
+def test_each_source_thread_has_its_name_where_top_shows_threads() -> None:
+    """`top -H` and `ps -L` show a thread by the kernel's name (comm), which Python 3.11 does not set: each source's
+    thread names itself dltop-<source> (15 bytes at most), read here from /proc/self/task/TID/comm by its own tid."""
+
+    def whoami() -> MemoryPart:
+        tid = threading.get_native_id()
+        with open(f"/proc/self/task/{tid}/comm", encoding="ascii") as f:
+            seen.append(f.read().strip())
+        return MemoryPart()
+
+    seen: list[str] = []
+    sampler = Sampler([Source("memory", 1.0, whoami), Source("a-long-source-name", 1.0, whoami)])
+    try:
+        sampler.read_once()
+    finally:
+        sampler.close()
+    assert sorted(seen) == ["dltop-a-long-so", "dltop-memory"]

@@ -33,6 +33,7 @@ from dltop.model.memory import CgroupMemory, VmStat
 from dltop.recorder import store
 from dltop.recorder.segment import compress_segment
 from dltop.recorder.summary import Values, sample_values
+from dltop.sources import procfs
 
 BLOCK_SAMPLES = 256  # samples per zstd frame of a closed segment: a seek decompresses one frame
 _CLOSE = object()
@@ -142,6 +143,7 @@ class Recorder:
     # -- the writer thread --------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        procfs.name_this_thread("dltop-recorder")
         self._housekeep(first=True)
         while True:
             item = self._queue.get()

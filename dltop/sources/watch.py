@@ -234,6 +234,7 @@ class DatasetWatch:
     # --- events ---------------------------------------------------------------------------------------------
 
     def _drain_loop(self) -> None:
+        procfs.name_this_thread("dltop-watch")
         while not self._closed.wait(DRAIN_EVERY_S):
             with self._lock:
                 self._drain()
