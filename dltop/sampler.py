@@ -26,6 +26,7 @@ from dltop.sources import procfs
 from dltop.sources.base import Source
 
 FAST_WAIT_S = 1.0  # how long a tick waits at most for its fast reads (and at most half the interval)
+_DRIVEN_WAIT_S = 3600.0  # a poller whose source the ticks read sleeps until woken
 
 @dataclass
 class _State:
@@ -39,7 +40,6 @@ class _State:
     ran_once: bool = False
     asked: bool = False  # read_now(): start a read as soon as none is in flight, whatever the cadence says
     asked_keys: set[str] | None = None  # ...of only these parts of the source (None: all of it)
-    ticked: bool = False  # stream(): read now for the Snapshot of this tick
     wake: _Signal | None = None  # set to make the poller look again now
     task: asyncio.Task[None] | None = None
 
@@ -300,24 +300,29 @@ class Sampler:
             st.wake.clear()
             busy = st.inflight is not None and not st.inflight.done()
             driven = self._driven and st.source.follows_refresh and st.inflight is not None
-            due = st.asked or st.ticked or (not driven and not self.paused and time.monotonic() >= st.next_start)
+            due = st.asked or (not driven and not self.paused and time.monotonic() >= st.next_start)
             if due and not busy:
-                urgent, st.asked, st.ticked = st.asked, False, False
+                urgent, st.asked = st.asked, False
                 keys, st.asked_keys = (frozenset(st.asked_keys) if urgent and st.asked_keys else None), None
-                st.started = time.monotonic()
-                st.next_start = st.started + st.source.interval_s
-                fut = st.executor.submit(self._timed_read, st, keys)
-                st.inflight = fut
-                fut.add_done_callback(functools.partial(self._done, loop, st, urgent))
+                self._submit(st, keys).add_done_callback(functools.partial(self._done, loop, st, urgent))
                 busy = True
             if busy and (st.source.max_duty or st.asked):
                 # The next start depends on how long this read takes (or a read is owed): look again soon.
                 wait = min(st.source.interval_s, 0.25)
-            elif busy or self.paused or driven:
-                wait = st.source.interval_s  # driven: the next tick wakes it
+            elif driven:
+                wait = _DRIVEN_WAIT_S  # the ticks read it (_read_fast); read_now() and the stream's end wake it
+            elif busy or self.paused:
+                wait = st.source.interval_s
             else:
                 wait = max(0.01, st.next_start - time.monotonic())
             await _wait_any((st.wake,), wait)
+
+    def _submit(self, st: _State, keys: frozenset[str] | None = None) -> Future[Any]:
+        """Start a read of `st` on its own thread (the caller checked that none is in flight)."""
+        st.started = time.monotonic()
+        st.next_start = st.started + st.source.interval_s
+        fut = st.inflight = st.executor.submit(self._timed_read, st, keys)
+        return fut
 
     def _done(self, loop: asyncio.AbstractEventLoop, st: _State, urgent: bool, _fut: Future[Any]) -> None:
         # A hung read may finish after its loop has closed (the app quit): nobody is left to tell.
@@ -364,27 +369,45 @@ class Sampler:
                 yield self.snapshot()
         finally:
             self._driven = False
+            for st in self._states.values():  # back on their own cadence
+                if st.wake is not None:
+                    st.wake.set()
 
     async def _read_fast(self, wait_s: float) -> None:
         """Start a read of every source that follows the refresh and is not reading already, and wait until
-        they are in or `wait_s` has passed (a slow one is published with its last value and its error)."""
-        assert self._changed is not None
-        t0 = time.monotonic()
-        waiting = []
-        for st in self._states.values():
-            if st.source.follows_refresh and st.wake is not None and (st.inflight is None or st.inflight.done()):
-                st.ticked = True
-                st.wake.set()
-                waiting.append(st)
-        deadline = t0 + wait_s
-        while True:
-            self._changed.clear()
-            waiting = [st for st in waiting if st.ticked or st.started < t0 or st.inflight is None
-                       or not st.inflight.done()]
-            left = deadline - time.monotonic()
-            if not waiting or left <= 0:
-                return
-            await _wait_any((self._changed,), left)
+        they are in or `wait_s` has passed (a slow one is published with its last value and its error).
+
+        The reads are started here, not by their pollers, and only the last one to finish wakes the loop: one
+        wakeup a tick instead of two for each source and one for each read that finished (on the thread that
+        also paints the screen)."""
+        loop = asyncio.get_running_loop()
+        batch = [st for st in self._states.values() if st.source.follows_refresh and st.wake is not None
+                 and (st.inflight is None or st.inflight.done())]
+        if not batch:
+            return
+        done = _Signal()
+        left = [len(batch)]
+        lock = threading.Lock()
+
+        def finished(_fut: Future[Any]) -> None:  # on the source's thread
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                with contextlib.suppress(RuntimeError):  # the loop has closed (the app quit)
+                    loop.call_soon_threadsafe(self._batch_done, batch, done)
+
+        for st in batch:
+            self._submit(st).add_done_callback(finished)
+        await _wait_any((done,), wait_s)
+
+    def _batch_done(self, batch: list[_State], done: _Signal) -> None:
+        done.set()
+        if self._changed is not None:
+            self._changed.set()
+        for st in batch:
+            if st.asked and st.wake is not None:
+                st.wake.set()  # a read asked for while the tick's ran can start now
 
     async def wait_first(self, timeout_s: float = 1.0) -> None:
         """Wait until the sources that follow the refresh (the fast ones) have answered once, or the timeout

@@ -275,3 +275,43 @@ def test_each_source_thread_has_its_name_where_top_shows_threads() -> None:
     finally:
         sampler.close()
     assert sorted(seen) == ["dltop-a-long-so", "dltop-memory"]
+
+
+async def test_a_tick_wakes_the_loop_once_and_a_hung_fast_source_costs_only_itself() -> None:
+    """The tick's reads of the fast sources are started together and only the last to finish wakes the event loop
+    (the thread that paints the screen): one call from the source threads a tick, not one a source. A fast source
+    that hangs is left out of the ticks after it (its read is still running), and the others' readings in each
+    Snapshot are still those of its own tick."""
+    release = threading.Event()
+    sources = [Source(name, 0.2, lambda: MemoryPart(), follows_refresh=True) for name in ("memory", "cpu", "probes")]
+    sources.append(Source("gpus", 0.2, _hanging(release), timeout_s=0.3, follows_refresh=True))
+    sampler = Sampler(sources)
+    loop = asyncio.get_running_loop()
+    calls = [0]
+    counting = [False]
+    threadsafe = loop.call_soon_threadsafe
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if counting[0]:
+            calls[0] += 1
+        return threadsafe(*args, **kwargs)
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    got = []
+    try:
+        async for snap in sampler.stream(lambda: 0.2):
+            got.append(snap)
+            counting[0] = len(got) >= 4  # from the 4th tick on: the first reads are the pollers' own
+            if len(got) == 12:
+                break
+    finally:
+        del loop.call_soon_threadsafe
+        release.set()
+        sampler.close()
+    ticks = len(got) - 4
+    assert 1 <= calls[0] <= ticks + 1, (calls[0], ticks)  # three sources woke it three times a tick
+    for snap in got[4:]:
+        for name in ("memory", "cpu", "probes"):
+            read_at = snap.sources[name].last_ok_ts
+            assert read_at is not None and snap.ts - 0.2 <= read_at <= snap.ts, (name, snap.ts - (read_at or 0))
+    assert "slow" in (got[-1].sources["gpus"].error or "")
