@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from dltop.model import CgroupMemory, MemoryPart, Pressure, Unavailable, VmStat
 from dltop.sources.memory import (
+    CGROUP_DIR_KEEP_S,
     MEMINFO_FIELDS,
+    CgroupDirs,
     _cgroup_dir,
     parse_cgroup_mounts,
     parse_diskstats,
@@ -510,3 +512,36 @@ def test_cgroup_mounts_from_mountinfo(rows: list[tuple[str, str, str, set[str]]]
                    for i, (r, m, fs, c) in enumerate(rows))
     assert parse_cgroup_mounts(text, 2) == [(r, m) for r, m, fs, _ in rows if fs == "cgroup2"]
     assert parse_cgroup_mounts(text, 1) == [(r, m) for r, m, fs, c in rows if fs == "cgroup" and "memory" in c]
+
+
+def test_cgroup_folder_is_found_through_mountinfo_once_while_it_is_there(tmp_path: Path) -> None:
+    """The memory source finds its cgroup's folder through /proc/self/mountinfo once, not every tick (a node with
+    hundreds of container mounts has a mountinfo of hundreds of lines), and gives the same numbers as a fresh
+    lookup; a process moved to another cgroup, a cgroup removed and an old entry are looked up again."""
+    root = v1_tree(tmp_path, f"{8 * GIB}\n", v1_stat(GIB, 8192, 8 * GIB))
+    clock = [1000.0]
+    dirs = CgroupDirs(clock=lambda: clock[0])
+    mountinfo = root / "proc/self/mountinfo"
+    first = read_cgroup_memory(str(root), dirs=dirs)
+    assert first == read_cgroup_memory(str(root)) and isinstance(first, CgroupMemory) and first.max_bytes == 8 * GIB
+    mountinfo.write_text("")  # the mounts are not read again: an empty mountinfo would say none is mounted
+    assert read_cgroup_memory(str(root), dirs=dirs) == first
+    assert isinstance(read_cgroup_memory(str(root)), Unavailable)  # (a fresh lookup reads it)
+    # moved to another cgroup: its path is new, looked up (and found) in the mounts
+    mountinfo.write_text(V1_MOUNTINFO)
+    other = "/slurm/uid_1000/job_43/step_0/task_0"
+    v1_tree(tmp_path, f"{4 * GIB}\n", v1_stat(GIB, 0, 4 * GIB), cgroup=V1_CGROUP.replace(V1_TASK, other), rel=other)
+    moved = read_cgroup_memory(str(root), dirs=dirs)
+    assert isinstance(moved, CgroupMemory) and (moved.path, moved.max_bytes) == (other, 4 * GIB)
+    # its folder removed: looked up again, and the mounts (now without the memory controller) say so
+    mountinfo.write_text(V1_MOUNTINFO.replace(",memory", ""))
+    (root / f"sys/fs/cgroup/memory{other}").rename(root / "gone")
+    gone = read_cgroup_memory(str(root), dirs=dirs)
+    assert isinstance(gone, Unavailable) and "limit not read" in gone.reason
+    # an entry older than CGROUP_DIR_KEEP_S is looked up again even while its folder is there
+    (root / "gone").rename(root / f"sys/fs/cgroup/memory{other}")
+    mountinfo.write_text(V1_MOUNTINFO)
+    assert isinstance(read_cgroup_memory(str(root), dirs=dirs), CgroupMemory)
+    mountinfo.write_text("")
+    clock[0] += CGROUP_DIR_KEEP_S + 1
+    assert isinstance(read_cgroup_memory(str(root), dirs=dirs), Unavailable)

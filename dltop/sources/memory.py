@@ -6,8 +6,10 @@ never a zero and never an exception.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
@@ -447,9 +449,39 @@ def _no_proc_reason(root: str, pid: int | str, proc: str) -> str:
     return f"no process {pid}"
 
 
-def read_cgroup_memory(root: str = "/", pid: int | str = "self") -> CgroupMemory | Unavailable:
+# How long a cgroup's folder found through /proc/self/mountinfo is used without reading the mounts again (while
+# the folder is there): a node with hundreds of container mounts has a mountinfo of hundreds of lines.
+CGROUP_DIR_KEEP_S = 60.0
+
+
+class CgroupDirs:
+    """The cgroup folders found through /proc/self/mountinfo, kept by (version, cgroup path) for
+    CGROUP_DIR_KEEP_S while the folder is there: a process moved to another cgroup has another path (its
+    /proc/PID/cgroup is read every time), a cgroup removed fails the folder's check, and either is looked up
+    in the mounts again."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._kept: dict[tuple[str, int, str], tuple[float, str, str]] = {}
+
+    def find(self, root: str, version: int, rel: str) -> tuple[str, str]:
+        key, now = (root, version, rel), self._clock()
+        kept = self._kept.get(key)
+        if kept is not None and now - kept[0] < CGROUP_DIR_KEEP_S and os.path.isdir(kept[1]):
+            return kept[1], kept[2]
+        self._kept.pop(key, None)
+        base, top = _cgroup_dir(root, version, rel)  # ValueError: not visible, and nothing kept
+        if len(self._kept) >= 16:  # a --pid job moved through many cgroups: keep only the newest
+            self._kept.clear()
+        self._kept[key] = (now, base, top)
+        return base, top
+
+
+def read_cgroup_memory(root: str = "/", pid: int | str = "self",
+                       dirs: CgroupDirs | None = None) -> CgroupMemory | Unavailable:
     """The memory controller of `pid`'s cgroup, v2 or v1 (whichever hierarchy holds it): usage, the limit, file
-    pages and OOM kills. What cannot be read says so, naming the version; a limit not read is never "no limit"."""
+    pages and OOM kills. What cannot be read says so, naming the version; a limit not read is never "no limit".
+    `dirs`: where the cgroup's folder was found before (a source reading every tick), else mountinfo is read."""
     proc = _path(root, "proc", str(pid), "cgroup")
     try:
         found = parse_proc_cgroup(_read_text(proc))
@@ -464,7 +496,7 @@ def read_cgroup_memory(root: str = "/", pid: int | str = "self") -> CgroupMemory
         # The kernel writes /../ for a cgroup above this cgroup namespace's root: not under any mount here.
         return Unavailable(f"cgroup v{version}: {rel[:80]!r} is outside this cgroup namespace: limit not read")
     try:
-        base, top = _cgroup_dir(root, version, rel)
+        base, top = dirs.find(root, version, rel) if dirs is not None else _cgroup_dir(root, version, rel)
     except ValueError as e:
         return Unavailable(f"cgroup v{version}: limit not read ({e})")
     cg = _read_v1(base, rel) if version == 1 else _binding_v2(base, top, rel)
@@ -475,8 +507,8 @@ def read_cgroup_memory(root: str = "/", pid: int | str = "self") -> CgroupMemory
     return cg
 
 
-def read_memory(root: str = "/", pid: int | None = None) -> MemoryPart:
-    """One reading of every memory file; parts that fail carry their reason."""
+def read_memory(root: str = "/", pid: int | None = None, dirs: CgroupDirs | None = None) -> MemoryPart:
+    """One reading of every memory file; parts that fail carry their reason (`dirs`: see read_cgroup_memory)."""
     path = _path(root, "proc/meminfo")
     values: dict[str, int | None] = {}
     missing: dict[str, str] = {}
@@ -506,7 +538,7 @@ def read_memory(root: str = "/", pid: int | None = None) -> MemoryPart:
         pressure_memory=read_pressure(root, "memory"),
         pressure_io=read_pressure(root, "io"),
         disks=disks,
-        cgroup=read_cgroup_memory(root, pid if pid is not None else "self"),
+        cgroup=read_cgroup_memory(root, pid if pid is not None else "self", dirs),
     )
 
 
@@ -515,7 +547,7 @@ def source(settings: Settings) -> Source:
     return Source(
         name="memory",
         interval_s=settings.refresh_s,
-        read=lambda: read_memory(settings.root, settings.pid),
+        read=functools.partial(read_memory, settings.root, settings.pid, CgroupDirs()),
         timeout_s=max(2.0, settings.refresh_s * 2),
         follows_refresh=True,
     )
