@@ -8,7 +8,7 @@ import threading
 import time
 
 from dltop.model import MemoryPart, Unavailable
-from dltop.sampler import Sampler, _Signal, _wait_any
+from dltop.sampler import STAGGER_S, Sampler, _Signal, _wait_any
 from dltop.sources.base import Source
 from dltop.sources.memory import read_memory
 
@@ -315,3 +315,51 @@ async def test_a_tick_wakes_the_loop_once_and_a_hung_fast_source_costs_only_itse
             read_at = snap.sources[name].last_ok_ts
             assert read_at is not None and snap.ts - 0.2 <= read_at <= snap.ts, (name, snap.ts - (read_at or 0))
     assert "slow" in (got[-1].sources["gpus"].error or "")
+
+
+async def test_a_tick_reads_its_fast_sources_one_after_the_other_and_a_hang_holds_the_rest_a_slot_only() -> None:
+    """Read at once, the fast sources' threads took the GIL from each other at every system call (each read cost a
+    quarter to a half more CPU): a tick reads them one after the other, each on its own thread, so no two of its
+    reads overlap. A source that hangs in the middle of a run holds the ones after it up by a slot only: on the
+    tick it hangs, and after, the others' readings are still of their own tick."""
+    spans: list[tuple[str, float, float]] = []
+    release = threading.Event()
+    gpu_reads = [0]
+
+    def reader(name: str):  # type: ignore[no-untyped-def]
+        def read() -> MemoryPart:
+            t0 = time.monotonic()
+            if name == "gpus":
+                gpu_reads[0] += 1
+                if gpu_reads[0] == 4:  # the first is its poller's own, then two ticks: it hangs on the third
+                    release.wait(30)
+            time.sleep(0.005)  # long enough for two reads started at once to overlap
+            spans.append((name, t0, time.monotonic()))
+            return MemoryPart()
+        return read
+
+    interval = 0.6
+    sampler = Sampler([Source(n, interval, reader(n), timeout_s=0.5, follows_refresh=True)
+                       for n in ("gpus", "memory", "cpu", "probes")])
+    got = []
+    first = [0.0]
+    try:
+        async for snap in sampler.stream(lambda: interval):
+            got.append(snap)
+            first[0] = first[0] or time.monotonic()
+            if len(got) == 6:
+                break
+    finally:
+        release.set()
+        sampler.close()
+    assert gpu_reads[0] == 4, gpu_reads  # hung on its third tick, then left out while its read runs
+    # the ticks' reads (the first reads are the pollers' own, at once): no two overlap, but for the hung one's
+    ticked = sorted((s for s in spans if s[1] > first[0] and s[2] - s[1] < 0.1), key=lambda s: s[1])
+    slot = min(STAGGER_S, interval / 2 / 5)  # (a read slower than that, on a loaded machine, has the next beside it)
+    overlaps = [(a, b) for a, b in zip(ticked, ticked[1:], strict=False) if b[1] < a[2] and a[2] - a[1] < slot]
+    assert overlaps == [], overlaps
+    assert len([s for s in ticked if s[0] != "gpus"]) >= 3 * 5
+    for snap in got[1:]:
+        for name in ("memory", "cpu", "probes"):
+            read_at = snap.sources[name].last_ok_ts
+            assert read_at is not None and snap.ts - interval / 2 <= read_at <= snap.ts, (name, snap.ts - (read_at or 0))
