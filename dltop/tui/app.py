@@ -50,7 +50,7 @@ from dltop.tui.messages import (
     Warned,
 )
 from dltop.tui.panes import pane_classes
-from dltop.tui.panes.base import Pane, set_content
+from dltop.tui.panes.base import HeaderLine, Pane, set_content
 from dltop.tui.screens.ask import AskScreen
 from dltop.tui.screens.confirm import ConfirmScreen, plan_dialog
 from dltop.tui.screens.events import EventsScreen
@@ -231,7 +231,7 @@ class DltopApp(App[None]):
     # -- layout ---------------------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Static(id="header")
+        yield HeaderLine(id="header")
         yield Static(id="too-small")
         # The tabs' panes are not composed here: only the one on screen is, before the first frame (on_mount), and
         # each other one when first shown (_compose_pane). Six panes' widgets cost ~0.2 s before the first frame.
@@ -519,7 +519,7 @@ class DltopApp(App[None]):
             t.append(f"  ⚠ {s.name}: {printable(s.error or '')}", "bold yellow")
         if self.settings.read_only:
             t.append("  read-only", "dim")
-        set_content(self.query_one("#header", Static), t)
+        self.query_one("#header", HeaderLine).show(t)
 
     def _when(self, snap: Snapshot) -> Text:
         """The moment on screen: its time live; "PAUSED 14:05:13 (−2m10s)" behind live; "REPLAY name 14:05:13
