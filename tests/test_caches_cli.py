@@ -243,3 +243,29 @@ def test_the_config_files_caches_and_the_text_report(tmp_path: Path) -> None:
     cfg.write_text('caches = "/x"\n')
     r = dltop("caches", "--config", str(cfg), env=env)
     assert r.returncode == 1 and r.stderr.strip() == f"dltop: {cfg}: caches must be a list of paths"
+
+
+def test_the_same_reading_is_judged_again_when_a_lock_comes_of_age_and_a_new_one_at_once(tmp_path: Path) -> None:
+    # The rules that read the latest caches part keep their judgement while the Sampler hands the same part to
+    # every tick: a lock that turns an hour old later in that reading, and a new reading, are judged anew.
+    te = tmp_path / "te"
+    (te / "py311_cpu" / "ext").mkdir(parents=True)
+    lock = te / "py311_cpu" / "ext" / "lock.lock"
+    lock.touch()
+    t = time.time()
+    os.utime(lock, (t - 3500, t - 3500))  # 100 s short of stale
+    alone = {"HOME": str(tmp_path), "TORCH_EXTENSIONS_DIR": str(te), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "none"),
+             "TMPDIR": str(tmp_path)}
+    part = src.read_caches(src.environment_of(alone, os.getuid(), "t", version_key="py311_cpu"))
+    at = [Snapshot(ts=t + dt, host="t", caches=part) for dt in (0, 1, 99, 101, 102)]
+    seen = [_ids(*at[: i + 1]) for i in range(len(at))]
+    assert ["cache-stale-locks" in ids for ids in seen] == [False, False, False, True, True]
+    lock.unlink()
+    fresh = src.read_caches(src.environment_of(alone, os.getuid(), "t", version_key="py311_cpu"))
+    assert "cache-stale-locks" not in _ids(*at, Snapshot(ts=t + 103, host="t", caches=fresh))
+    # and a reading on temporary storage after one that is not: the new part's hint, not the kept None
+    ind = _tree(tmp_path / "ind")
+    on_tmp = src.read_caches(src.environment_of({**alone, "TORCHINDUCTOR_CACHE_DIR": str(ind)}, os.getuid(), "t"))
+    assert "cache-on-temporary-storage" not in _ids(Snapshot(ts=t, host="t", caches=fresh))
+    assert "cache-on-temporary-storage" in _ids(Snapshot(ts=t, host="t", caches=fresh),
+                                                Snapshot(ts=t + 1, host="t", caches=on_tmp))

@@ -403,3 +403,18 @@ def test_a_loop_that_stopped_stepping_is_stalled(monkeypatch: pytest.MonkeyPatch
     h = stalled([snap(2.0)])
     assert h is not None and h.id == "training-stalled" and h.numbers["pid"] == os.getpid()
     assert h.numbers["last_step_age_s"] >= 0.6 and "stalled" in h.text and "py-spy dump" in h.fix
+
+
+def test_the_rules_see_the_last_minute_of_a_long_history() -> None:
+    from dltop.hints import WINDOW_S, window
+
+    # the TUI keeps 600 Snapshots; at a 1 s refresh the rules see the 61 of the last 60 s, and in the
+    # first minute all of them; at a refresh of 7 s the ones at or after the newest's time less 60 s
+    for step, kept in ((1.0, 600), (1.0, 30), (7.0, 600), (0.25, 600)):
+        history = [Snapshot(ts=1000.0 + i * step, host="h") for i in range(kept)]
+        got = window(history)
+        since = history[-1].ts - WINDOW_S
+        assert list(got) == [s for s in history if s.ts >= since], (step, kept)
+        assert got[-1] is history[-1]
+    one = [Snapshot(ts=5.0, host="h")]
+    assert window(one) == one and window([]) == []

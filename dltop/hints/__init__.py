@@ -84,7 +84,13 @@ def window(history: Sequence[Snapshot]) -> Sequence[Snapshot]:
     if not history:
         return history
     since = history[-1].ts - WINDOW_S
-    first = next((i for i, s in enumerate(history) if s.ts >= since), len(history) - 1)
+    # walked from the newest back to the first one older than `since` (a walk from the oldest of the 600 the TUI
+    # keeps crossed 540 of them every tick)
+    if history[0].ts >= since:
+        return history  # the first minute: all of it
+    first = len(history) - 1
+    while first > 0 and history[first - 1].ts >= since:
+        first -= 1
     return history[first:]
 
 

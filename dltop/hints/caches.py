@@ -4,7 +4,7 @@ other versions, stale lock files, caches that keep growing. The source collects 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from dltop.fmt import human_bytes, human_duration, plural
@@ -29,13 +29,43 @@ GROWTH_MIN_BYTES = 256 << 20  # grew at least this much over the window
 GROWTH_MIN_FRACTION = 0.05  # ... and by at least this share of the filesystem's free space, per hour
 
 
-def _caches(history: Sequence[Snapshot]) -> list[tuple[float, CachesPart]]:
-    return [(s.ts, s.caches) for s in history if isinstance(s.caches, CachesPart)]
-
-
 def _latest(history: Sequence[Snapshot]) -> tuple[float, CachesPart] | None:
-    parts = _caches(history)
-    return parts[-1] if parts else None
+    for s in reversed(history):  # from the newest: the caches are read every few minutes, so it is mostly the first
+        if isinstance(s.caches, CachesPart):
+            return s.ts, s.caches
+    return None
+
+
+def _first(history: Sequence[Snapshot]) -> tuple[float, CachesPart] | None:
+    for s in history:
+        if isinstance(s.caches, CachesPart):
+            return s.ts, s.caches
+    return None
+
+
+_Judge = Callable[[CachesPart], "Hint | None"]
+
+
+def _of_latest(judge: _Judge) -> Callable[[Sequence[Snapshot]], Hint | None]:
+    """A rule that judges the latest caches reading alone, judged once per reading: the Sampler hands every
+    Snapshot between two reads the same part (the pure function of it, not judged again on every tick)."""
+    memo: list[tuple[CachesPart, Hint | None]] = []  # the last part judged and its hint (one tuple: threads)
+
+    def judged(history: Sequence[Snapshot]) -> Hint | None:
+        latest = _latest(history)
+        if latest is None:
+            return None
+        part = latest[1]
+        kept = memo[0] if memo else None
+        if kept is not None and kept[0] is part:
+            return kept[1]
+        hint = judge(part)
+        memo[:] = [(part, hint)]
+        return hint
+
+    judged.__name__, judged.__qualname__, judged.__doc__ = judge.__name__, judge.__qualname__, judge.__doc__
+    judged.__module__ = judge.__module__
+    return judged
 
 
 def on_temporary_storage(c: CacheInfo) -> str:
@@ -109,14 +139,12 @@ PINNED_TO_TEMP = frozenset({"torchinductor_headers"})
 
 
 @rule
-def cache_on_temporary_storage(history: Sequence[Snapshot]) -> Hint | None:
+@_of_latest
+def cache_on_temporary_storage(part: CachesPart) -> Hint | None:
     """A compile or model cache on tmpfs or under a temporary folder: a reboot wipes it."""
-    latest = _latest(history)
-    if latest is None:
-        return None
     # Inductor's precompiled headers are always in the temp dir (torch puts them there whatever the cache dir
     # says): nothing the user can move, and they are rebuilt in seconds.
-    hit = [c for c in latest[1].caches if c.exists and c.files and on_temporary_storage(c)
+    hit = [c for c in part.caches if c.exists and c.files and on_temporary_storage(c)
            and c.name not in PINNED_TO_TEMP]
     if not hit:
         return None
@@ -128,12 +156,10 @@ def cache_on_temporary_storage(history: Sequence[Snapshot]) -> Hint | None:
 
 
 @rule
-def cache_on_slow_filesystem(history: Sequence[Snapshot]) -> Hint | None:
+@_of_latest
+def cache_on_slow_filesystem(part: CachesPart) -> Hint | None:
     """A cache on a network or FUSE filesystem."""
-    latest = _latest(history)
-    if latest is None:
-        return None
-    hit = [c for c in latest[1].caches if c.exists and c.fs_type in SLOW_FS]
+    hit = [c for c in part.caches if c.exists and c.fs_type in SLOW_FS]
     if not hit:
         return None
     return Hint(id="cache-on-slow-filesystem", severity="warn",
@@ -142,12 +168,10 @@ def cache_on_slow_filesystem(history: Sequence[Snapshot]) -> Hint | None:
 
 
 @rule
-def cache_filesystem_full(history: Sequence[Snapshot]) -> Hint | None:
+@_of_latest
+def cache_filesystem_full(part: CachesPart) -> Hint | None:
     """A cache's filesystem nearly full: the next compile or download fails."""
-    latest = _latest(history)
-    if latest is None:
-        return None
-    hit = [c for c in latest[1].caches if c.exists and _nearly_full(c)]
+    hit = [c for c in part.caches if c.exists and _nearly_full(c)]
     if not hit:
         return None
     c = hit[0]
@@ -159,12 +183,10 @@ def cache_filesystem_full(history: Sequence[Snapshot]) -> Hint | None:
 
 
 @rule
-def cache_for_other_versions(history: Sequence[Snapshot]) -> Hint | None:
+@_of_latest
+def cache_for_other_versions(part: CachesPart) -> Hint | None:
     """Entries built for another Python / torch / CUDA (torch_extensions' pyXY_cuZZZ folders)."""
-    latest = _latest(history)
-    if latest is None:
-        return None
-    hit = [(c, others) for c in latest[1].caches if (others := other_version_keys(c))]
+    hit = [(c, others) for c in part.caches if (others := other_version_keys(c))]
     if not hit:
         return None
     c, others = hit[0]
@@ -182,6 +204,21 @@ def cache_stale_locks(history: Sequence[Snapshot]) -> Hint | None:
     if latest is None:
         return None
     ts, part = latest
+    kept = _stale_judged[0] if _stale_judged else None
+    if kept is not None and kept[0] is part and kept[1] <= ts < kept[2]:
+        return kept[3]  # the same reading, and no lock has come of age since it was judged
+    hint = _stale_hint(part, ts)
+    # the next moment a lock nobody holds turns stale (until then the hint stays as it is)
+    until = min((lk.mtime + STALE_LOCK_S for c in part.caches for lk in c.locks
+                 if not lk.held and lk.mtime + STALE_LOCK_S > ts), default=float("inf"))
+    _stale_judged[:] = [(part, ts, until, hint)]
+    return hint
+
+
+_stale_judged: list[tuple[CachesPart, float, float, Hint | None]] = []  # the last reading judged, from, until, hint
+
+
+def _stale_hint(part: CachesPart, ts: float) -> Hint | None:
     hit = [(c, locks) for c in part.caches if (locks := stale_locks(c, ts))]
     if not hit:
         return None
@@ -192,19 +229,35 @@ def cache_stale_locks(history: Sequence[Snapshot]) -> Hint | None:
                 numbers={"locks": n})
 
 
+_named: list[tuple[CachesPart, dict[str, CacheInfo]]] = []  # the last part looked up by name, and its caches by it
+
+
+def _by_name(part: CachesPart) -> dict[str, CacheInfo]:
+    """`part`'s caches by name (CachesPart.get's first match for each: the first of a name wins)."""
+    kept = _named[0] if _named else None
+    if kept is not None and kept[0] is part:
+        return kept[1]
+    names: dict[str, CacheInfo] = {}
+    for c in part.caches:
+        names.setdefault(c.name, c)
+    _named[:] = [(part, names)]
+    return names
+
+
 @rule
 def cache_growing(history: Sequence[Snapshot]) -> Hint | None:
     """A cache that grows fast over the window: at that rate it fills its filesystem."""
-    parts = _caches(history)
-    if len(parts) < 2:
+    oldest, latest = _first(history), _latest(history)
+    if oldest is None or latest is None:
         return None
-    (t0, first), (t1, last) = parts[0], parts[-1]
+    (t0, first), (t1, last) = oldest, latest
     dt = t1 - t0
     if dt <= 0:
         return None
     worst: tuple[float, CacheInfo, int] | None = None
+    by_name = _by_name(first)
     for c in last.caches:
-        before = first.get(c.name)
+        before = by_name.get(c.name)
         if before is None or before.path != c.path or before.size_bytes is None or c.size_bytes is None:
             continue
         grew = c.size_bytes - before.size_bytes

@@ -99,10 +99,15 @@ def preemptions_rising(history: Sequence[Snapshot]) -> Hint | None:
 @rule
 def allocator_fragmented(history: Sequence[Snapshot]) -> Hint | None:
     """PyTorch's allocator reserves far more than tensors use: fragmentation (needs the probe's numbers)."""
+    # the split last passed over: the processes no probe speaks for share one (frozen) object, passed over at once
+    passed = None
     for p in _processes(history[-1]):
         sp = p.split
+        if sp is passed:
+            continue
         allocated, reserved = sp.torch_allocated_bytes, sp.torch_reserved_bytes
         if allocated is None or reserved is None:
+            passed = sp
             continue
         cached = reserved - allocated
         if cached < FRAGMENTED_MIN_BYTES or reserved < FRAGMENTED_RATIO * allocated:
@@ -122,11 +127,13 @@ def allocator_fragmented(history: Sequence[Snapshot]) -> Hint | None:
 def smi_far_above_kv_pool(history: Sequence[Snapshot]) -> Hint | None:
     """nvidia-smi's figure for a server's process is mostly not KV cache (only where the pool's bytes are known)."""
     last = history[-1]
-    procs = list(_processes(last))
+    procs: list[GpuProcess] | None = None  # listed where a server has a pool and a pid (most ticks: none)
     for s in _servers(last):
         pool = s.kv_capacity_bytes
         if not isinstance(pool, int) or pool <= 0 or not isinstance(s.pid, int):
             continue
+        if procs is None:
+            procs = list(_processes(last))
         pids = {s.pid, *s.child_pids}
         used = sum(p.used_bytes for p in procs if p.pid in pids and p.used_bytes is not None)
         if used < SMI_OVER_POOL * pool:
