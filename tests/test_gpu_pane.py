@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from textual.app import App, ComposeResult
+from textual.content import Content
 from textual.widgets import DataTable, Input, Static
 
 from dltop.config import Settings
@@ -693,3 +694,76 @@ async def test_eight_gpus_at_80x24_draw_no_scroll_bar_and_say_what_is_out_of_vie
         await pilot.press("down", "down")
         await pilot.pause()
         assert str(tag.render()) == f"↑2 ↓{box.max_scroll_y - 2} lines of GPUs out of view: ↑/↓ scroll them"
+
+
+@pytest.mark.parametrize("compact", [True, False])
+async def test_a_gpu_s_lines_are_what_its_numbers_draw_whatever_was_kept_from_the_tick_before(compact: bool) -> None:
+    """The pane keeps last tick's bar (and compact line) of a GPU whose processes are the very same objects: a
+    tick that moves memory from one process to another (the GPU's total the same), one that gives a process a
+    probe's split, one that moves only the numbers beside the bar, and one where nothing moved: each time the
+    lines shown are the ones drawn from scratch from that tick's numbers."""
+    from dltop.tui.panes.gpu import compact_line, memory_lines
+
+    first = gpu_snaps(scenario("8gpu-20proc"), 1)[0]
+    app = PaneApp([dataclasses.replace(first, ts=first.ts + i) for i in range(3)])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        pane = app.query_one(GpuPane)
+        pane.compact = compact
+        await pilot.pause()
+        assert pane.view is not None
+
+        def tick(snap: Snapshot) -> list[Content]:
+            pane.show(View(snapshot=snap, history=(*pane.view.history[1:], snap)))
+            width = max(20, pane.query_one("#gpu-devices").scrollable_content_region.width)
+            assert isinstance(snap.gpus, tuple)
+            if compact:
+                fresh = [compact_line(g, width) for g in snap.gpus]
+                wrong = [(i, str(a), a.spans) for i, (a, b) in enumerate(zip(pane._wanted_lines, fresh, strict=True))
+                         if a != b]
+                assert wrong == []
+            else:  # the full view: headline, memory bar and legend, sparklines per GPU
+                shown = [pane._wanted_lines[4 * i + 1: 4 * i + 3] for i in range(len(snap.gpus))]
+                assert shown == [memory_lines(g, width) for g in snap.gpus]
+            return list(pane._wanted_lines)
+
+        def on_gpu0(snap: Snapshot, **changes: Any) -> Snapshot:
+            assert isinstance(snap.gpus, tuple)
+            g0 = snap.gpus[0]
+            return dataclasses.replace(snap, ts=snap.ts + 1, gpus=(dataclasses.replace(g0, **changes), *snap.gpus[1:]))
+
+        before = tick(dataclasses.replace(pane.view.snapshot, ts=pane.view.snapshot.ts + 1))
+        g0 = pane.view.snapshot.gpus[0]
+        assert isinstance(g0.processes, tuple)
+        a, *rest = g0.processes  # a takes all but a MiB of each of the others' memory
+        held = a.used_bytes + sum(p.used_bytes - MIB for p in rest)
+        moved = (dataclasses.replace(a, used_bytes=held), *(dataclasses.replace(p, used_bytes=MIB) for p in rest))
+        after = tick(on_gpu0(pane.view.snapshot, processes=moved))
+        split = dataclasses.replace(a.split, weights_bytes=20 * GIB, kv_cache_bytes=8 * GIB, probe_device="cuda:0")
+        probed = tick(on_gpu0(pane.view.snapshot, processes=(dataclasses.replace(moved[0], split=split), *moved[1:])))
+        numbers = tick(on_gpu0(pane.view.snapshot, utilization_gpu_percent=3, power_mw=123_000))
+        still = tick(dataclasses.replace(pane.view.snapshot, ts=pane.view.snapshot.ts + 1))  # nothing moved
+        # each tick drew what it had to (compact mode draws the memory used in one colour: a move between
+        # processes changes nothing there, the probe's parts do); the last one the same as the one before it
+        assert (after != before) is not compact and probed != after and numbers != probed and still == numbers
+
+
+async def test_sixteen_gpus_compact_say_what_is_out_of_view_and_stop_saying_it_in_a_taller_terminal() -> None:
+    # 16 GPUs (two of the 8-GPU scenario's boards, numbered on) in compact mode: at 80x24 the box holds 10 of
+    # their lines, and says so of the other 6 on every tick; grown to 80x40 (nothing else moved), all 16 fit.
+    snaps = []
+    for snap in gpu_snaps(scenario("8gpu-20proc")):
+        assert isinstance(snap.gpus, tuple)
+        more = tuple(dataclasses.replace(g, index=g.index + 8, uuid=f"{g.uuid}-b") for g in snap.gpus)
+        snaps.append(dataclasses.replace(snap, gpus=snap.gpus + more))
+    app = DltopApp(ListFeed(snaps, start=2), Settings(tab="gpu"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        box = app.query_one("#gpu-devices")
+        tag = app.query_one("#gpu-devices-tag", Static)
+        assert box.size.height < 16 and tag.display
+        assert str(tag.render()).startswith(f"↓{16 - box.size.height} lines of GPUs out of view")
+        await pilot.resize_terminal(80, 40)
+        await pilot.pause()
+        await pilot.pause()
+        assert box.size.height == 16 and not tag.display

@@ -8,6 +8,7 @@ reason in the notes, never as zero.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
@@ -305,13 +306,25 @@ def compact_bar(g: GpuDevice, width: int) -> Content:
                       label_width=len(label) + 1)
 
 
-def compact_line(g: GpuDevice, width: int, bar: Content | None = None) -> Content:
+def compact_line(g: GpuDevice, width: int, bar: Content | None = None, tail: str | None = None) -> Content:
     """A GPU in one line: its bar, used / total, utilization, temperature, power; a GPU whose calls fail: its
-    reason, cut to the line."""
+    reason, cut to the line. `bar` and `tail`: compact_bar's and compact_tail's, where they are known."""
     bar = bar if bar is not None else compact_bar(g, width)
     if g.memory_used_bytes is None and g.memory_total_bytes is None:
         return bar
-    return bar.append(compact_tail(g)).truncate(width, ellipsis=True)
+    return bar.append(compact_tail(g) if tail is None else tail).truncate(width, ellipsis=True)
+
+
+_KeptKey = tuple[int, int | None, int | None, "tuple[GpuProcess, ...] | Unavailable", tuple[object, ...]]
+_KeptCompact = tuple[int, int | None, int | None, "tuple[GpuProcess, ...] | Unavailable", tuple[object, ...], Content,
+                     str, Content]
+
+
+def same_objects(a: object, b: object) -> bool:
+    """Two tuples of the very same objects, in the same order (the frozen models a reader gives again where
+    nothing moved): known without comparing a field."""
+    return (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)
+            and all(map(operator.is_, a, b)))
 
 
 def memory_lines(g: GpuDevice, width: int) -> list[Content]:
@@ -599,6 +612,9 @@ class GpuPane(Pane):
         self._series = GpuSeries()
         self._memory_lines: dict[tuple[object, ...], list[Content]] = {}  # memory_key -> its lines, this tick's
         self._compact_lines: dict[tuple[object, ...], Content] = {}  # the same for compact mode's one line
+        # GPU index -> (width, used, total, processes, bar key, bar, numbers, line): last tick's compact line
+        self._compact_by_gpu: dict[int, _KeptCompact] = {}
+        self._memory_by_gpu: dict[int, _KeptKey] = {}  # the same for the full view's memory lines' key
         self._lines: list[Static] = []  # in #gpu-devices: one per line of the GPUs, or the one saying why none
         self._wanted_lines: list[Content] = []  # what each is to show
         # (what the rows are made of, the rows, their notes): built again only when the processes change
@@ -616,7 +632,8 @@ class GpuPane(Pane):
         self.query_state = ProcessQuery()  # the filter, sort and tree the user asked for
         self.compact: bool | None = None  # None: compact where the full view does not fit; else as `c` set it
         self._compact_now = False
-        self._painted_as: tuple[int, bool] = (0, False)  # the width and mode the device lines were last drawn at
+        # the width, mode and pane height the device lines were last drawn at (a taller pane: more of them in view)
+        self._painted_as: tuple[int, bool, int] = (0, False, 0)
         self._selected: dict[str, ProcessRow] = {}  # row key -> its row, as the table shows them
 
     def compose(self) -> ComposeResult:
@@ -888,9 +905,10 @@ class GpuPane(Pane):
         at 80x24 three GPUs are on screen and, of each, the headline and the sparklines move, not the bar.
         `fixed`: each line's Static gets a height of its own, so its update skips the layout pass (set_content)."""
         box = self.query_one("#gpu-devices", VerticalScroll)
+        fewer = len(self._lines) > len(lines)
         while len(self._lines) > len(lines):
             self._lines.pop().remove()
-        moved = len(self._lines) < len(lines)
+        moved = fewer or len(self._lines) < len(lines)
         if moved:
             new = [Static() for _ in range(len(lines) - len(self._lines))]
             box.mount_all(new)
@@ -905,12 +923,15 @@ class GpuPane(Pane):
             elif now is not None and now.is_cells:
                 widget.styles.height = "auto"
         # a new width or mode (compact, full) moves what is on screen: every line gets its new text
-        moved = moved or (width, self._compact_now) != self._painted_as
-        self._painted_as = (width, self._compact_now)
+        moved = moved or (width, self._compact_now, self.size.height) != self._painted_as
+        self._painted_as = (width, self._compact_now, self.size.height)
         self._wanted_lines = lines
-        self._paint_lines(everywhere=moved)  # which are on screen is not known until Textual lays them out
+        # which are on screen is not known until Textual lays them out; the tag of what is out of view is said
+        # again where the lines or the box may have moved: not for compact lines that did not (the box is as tall
+        # as they are, up to a share of the pane's height, itself in _painted_as)
+        self._paint_lines(everywhere=moved, tag=moved or not fixed or not self._compact_now)
 
-    def _paint_lines(self, everywhere: bool = False) -> None:
+    def _paint_lines(self, everywhere: bool = False, tag: bool = True) -> None:
         """Hand the lines on screen to their Statics; one scrolled out of view gets its line when it scrolls back
         in (an update of a widget off screen makes Textual rebuild its map of every widget on the screen, 1.6 ms
         a tick, and posts its messages for nothing)."""
@@ -922,7 +943,8 @@ class GpuPane(Pane):
             if everywhere or not view or not height or (top < box.scroll_y + view and top + height > box.scroll_y):
                 set_content(widget, line)
             top += int(height)
-        self.call_after_refresh(self._tag_devices, box)  # the lines' heights are laid out by then
+        if tag:
+            self.call_after_refresh(self._tag_devices, box)  # the lines' heights are laid out by then
 
     def _tag_devices(self, box: VerticalScroll) -> None:
         """Say how many lines of the GPUs are above and below the view (where the scroll bar would have)."""
@@ -951,26 +973,50 @@ class GpuPane(Pane):
         if self._compact_now:
             # a GPU's bar is drawn again only when its memory changed (memory_key): building 8 bars of 20
             # processes each was a third of a tick; the numbers beside it are a short string
+            # and where its processes are the very objects of last tick (the reader's, where nothing moved) and
+            # its memory numbers the same, its bar is last tick's without building its key; its line too, where
+            # the numbers beside the bar are the same text
             out: list[Content] = []
             kept: dict[tuple[object, ...], Content] = {}
+            last: dict[int, _KeptCompact] = self._compact_by_gpu
+            now: dict[int, _KeptCompact] = {}
             for g in gpus:
-                bar_key = (memory_key(g, width), g.index, g.memory_used_bytes is None and g.memory_total_bytes is None)
-                kept[bar_key] = self._compact_lines.get(bar_key) or compact_bar(g, width)
-                out.append(compact_line(g, width, kept[bar_key]))
-            self._compact_lines = kept
+                used, total = g.memory_used_bytes, g.memory_total_bytes
+                tail = "" if used is None and total is None else compact_tail(g)
+                prev = last.get(g.index)
+                if (prev is not None and prev[:3] == (width, used, total) and not g.mig_devices
+                        and same_objects(g.processes, prev[3])):
+                    bar_key, bar = prev[4], prev[5]
+                    line = prev[7] if prev[6] == tail else compact_line(g, width, bar, tail)
+                else:
+                    bar_key = (memory_key(g, width), g.index, used is None and total is None)
+                    bar = self._compact_lines.get(bar_key) or compact_bar(g, width)
+                    line = compact_line(g, width, bar, tail)
+                kept[bar_key] = bar
+                now[g.index] = (width, used, total, g.processes, bar_key, bar, tail, line)
+                out.append(line)
+            self._compact_lines, self._compact_by_gpu = kept, now
             return out
         lines: list[Content] = []
         drawn: dict[tuple[object, ...], list[Content]] = {}
+        last_keys: dict[int, _KeptKey] = self._memory_by_gpu
+        keys_now: dict[int, _KeptKey] = {}
         for g in gpus:
             head = headline(g, width)
             lines += head
             if len(head) > 1:
                 continue  # its calls fail: the reason is its only line
-            key = memory_key(g, width)
+            was = last_keys.get(g.index)  # as in compact mode: the same processes and numbers, last tick's key
+            if (was is not None and was[:3] == (width, g.memory_used_bytes, g.memory_total_bytes)
+                    and not g.mig_devices and same_objects(g.processes, was[3])):
+                key = was[4]
+            else:
+                key = memory_key(g, width)
+            keys_now[g.index] = (width, g.memory_used_bytes, g.memory_total_bytes, g.processes, key)
             drawn[key] = self._memory_lines.get(key) or memory_lines(g, width)
             lines += drawn[key]
             lines.append(spark_line(g, self._series, width))
-        self._memory_lines = drawn
+        self._memory_lines, self._memory_by_gpu = drawn, keys_now
         return lines
 
     def render_view(self, view: View) -> None:
