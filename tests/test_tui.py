@@ -6,6 +6,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from textual.widgets import Static
 
 from dltop.config import Settings
@@ -403,3 +404,33 @@ async def test_disk_table_says_why_disks_are_missing(session: list[Snapshot], tm
         await pilot.press(_tab(app, "pagecache"))
         await pilot.pause()
         assert "(no disk I/O yet: no device has had any since boot)" in _text(app, "#pc-disks")
+
+
+async def test_another_process_s_action_reaches_the_live_events_and_the_journal_thread_ends_with_the_tui(
+        session: list[Snapshot], monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import time
+
+    from dltop import journal
+    from dltop.tui import app as app_module
+    from tests.test_recorder_ops import _journal_line
+
+    monkeypatch.setattr(app_module, "JOURNAL_POLL_S", 0.05)
+    app = DltopApp(ListFeed(session[:3], start=2))
+    async with app.run_test(size=(80, 24)) as pilot:
+        tail = next(t for t in threading.enumerate() if t.name == "dltop-journal")
+        assert not app.timeline.events()
+        journal.append(_journal_line("/data/shards", pid=4242))  # a warm run by `dltop warm` in a shell
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app.timeline.events():
+                break
+        events = list(app.timeline.events())
+        assert [(e.data["action"], e.data["target"], e.data["pid"]) for e in events] == [
+            ("warm", "/data/shards", 4242)]
+        assert events[0].data["uid"] == os.geteuid()
+        await pilot.press("q")
+    deadline = time.monotonic() + 2
+    while tail.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not tail.is_alive()

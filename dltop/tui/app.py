@@ -66,6 +66,7 @@ SNOOZE_S = 3600.0  # how long `s` in ? keeps a hint off the hint line
 TAB_DECIDED_AFTER_S = 5.0  # the GPU source has answered by then (or failed): the tab to open on is decided
 LEAVE_WITHIN_S = 3.0  # after a kill or a hangup, at most this long before the process is gone
 SLOW_HOLD_S = 1.0  # the slow sources start after the first frame, or this long after the start at the latest
+JOURNAL_POLL_S = 2.0  # the machine's action journals are read this often for events of other processes
 PLAY_TICK_S = 0.25  # a replay that plays moves on this often (at x10 over a 1 s recording: every 2-3 samples)
 SPEEDS = (1, 10, 60)  # replay speeds, as atop and below users know them
 TIME_EXAMPLES = "10m ago, 14:05, 2026-12-01T14:05:00"
@@ -195,6 +196,7 @@ class DltopApp(App[None]):
             runner = ActionRunner()
         self.runner = runner  # every warm, evict and lock runs here; its events come back as messages
         self._runs: dict[int, Any] = {}  # plans in flight, by run id: their result opens the confirmation
+        self._journal_done = threading.Event()  # set when the TUI leaves: the journal's thread ends
         self._action: ActionEvent | None = None
         self.settings = settings or Settings()
         self.refresh_s = self.settings.refresh_s
@@ -271,7 +273,9 @@ class DltopApp(App[None]):
             from dltop.journal import JournalTail
 
             self._journal = JournalTail(skip_pid=os.getpid())
-            self.set_interval(2.0, self._poll_journal)
+            # one thread for the TUI's life: a Textual thread worker every 2 s started a thread and posted
+            # three state messages to the UI loop each time, for a poll that finds nothing most of the time
+            threading.Thread(target=self._tail_journal, name="dltop-journal", daemon=True).start()
         self._play_timer = self.set_interval(PLAY_TICK_S, self._play_tick, pause=True)
         # The slow sources start once the first frame is drawn (or SLOW_HOLD_S later): a dataset's first scan
         # on its thread took half the GIL from it, and the screen came up 0.2-0.4 s later.
@@ -302,6 +306,7 @@ class DltopApp(App[None]):
                        markup=False)
 
     def on_unmount(self) -> None:
+        self._journal_done.set()
         self.runner.close()  # cancel what runs, unlock what is locked
         self.feed.close()
 
@@ -670,11 +675,16 @@ class DltopApp(App[None]):
         msg.stop()
         self.runner.cancel()
 
-    @work(thread=True, exclusive=True, group="journal")
-    def _poll_journal(self) -> None:
-        found = self._journal.poll()
-        if found:
-            self.call_from_thread(self._add_live_events, [LiveEvent(d["ts"], "action", d) for d in found])
+    def _tail_journal(self) -> None:
+        """The journals' new events, every JOURNAL_POLL_S, handed to the UI loop where there are some (on the
+        journal thread, until the TUI leaves)."""
+        while not self._journal_done.wait(JOURNAL_POLL_S):
+            found = self._journal.poll()
+            if found and not self._journal_done.is_set():
+                try:
+                    self.call_from_thread(self._add_live_events, [LiveEvent(d["ts"], "action", d) for d in found])
+                except RuntimeError:  # the app's loop has ended under it (leaving)
+                    return
 
     def _add_live_events(self, found: Sequence[LiveEvent]) -> None:
         """Events for `v` live; the first one puts `v` in the footer."""
