@@ -393,3 +393,35 @@ def test_parse_cmdline(args: list[bytes]) -> None:
     raw = b"\0".join(args) + b"\0"
     assert parse_cmdline(raw) == " ".join(os.fsdecode(a) for a in args)
     assert parse_cmdline(raw[:-1]) == parse_cmdline(raw)  # a cmdline rewritten without its last NUL
+
+
+def test_a_gpu_s_name_uuid_and_pci_address_are_asked_until_answered_then_kept_for_the_session() -> None:
+    # nvmlDeviceGetName / _GetUUID / _GetPciInfo are the board's: asked once a session (nvitop keeps them too),
+    # again where a call failed, and again in a new session (an index is stable only within one).
+    class Counting(FakeBackend):
+        asked: list[tuple[str, int]] = []
+
+        def name(self, h: Any) -> str:
+            self.asked.append(("name", self.s["gpus"].index(h.gpu)))
+            return super().name(h)
+
+        def uuid(self, h: Any) -> str:
+            self.asked.append(("uuid", self.s["gpus"].index(h.gpu)))
+            return super().uuid(h)
+
+    s = scenario("two-gpus")
+    real_uuid = s["gpus"][1]["uuid"]
+    s["gpus"][1]["uuid"] = "NVML_ERROR_UNKNOWN"
+    reader = GpuReader(lambda: Counting(s))
+    first = reader.read()
+    assert isinstance(first, tuple) and first[1].uuid is None and "NVML_ERROR_UNKNOWN" in (first[1].why("uuid") or "")
+    s["gpus"][1]["uuid"] = real_uuid
+    s["gpus"][0]["name"] = "renamed behind NVML's back"  # not what a board does: shows the kept answer
+    for _ in range(3):
+        again = reader.read()
+        assert isinstance(again, tuple)
+        assert (again[0].name, again[1].uuid) == (first[0].name, real_uuid) and not again[1].why("uuid")
+    assert sorted(Counting.asked) == [("name", 0), ("name", 1), ("uuid", 0), ("uuid", 1), ("uuid", 1)]
+    reader.close()
+    fresh = reader.read()  # a new session asks again
+    assert isinstance(fresh, tuple) and fresh[0].name == "renamed behind NVML's back"

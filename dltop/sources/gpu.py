@@ -728,6 +728,8 @@ class GpuReader:
         self._process_version: dict[ProcessKind, int] = {}
         self._pcie_no_counters: dict[int, str] = {}  # GPU index -> why its driver has no PCIe byte counters
         self._identities: dict[int, dict[str, str]] = {}  # GPU index -> name, uuid, bus_id as last read
+        self._fixed: dict[tuple[int, str], Any] = {}  # (GPU index, field) -> its answer this session (`fixed`)
+        self._count = 0  # the device count they were read under
         self._util_seen_us: dict[str, int] = {}
         self._clock = clock
         # (GPU index, field) -> (when read, its value, why not): the slow-changing numbers (`slow` in _device)
@@ -744,6 +746,7 @@ class GpuReader:
                 self._backend.shutdown()
             self._backend = None
         self._identities.clear()  # indices are only stable within one session
+        self._fixed.clear()
         self._slow.clear()
         self._host.close()
 
@@ -778,6 +781,9 @@ class GpuReader:
             driver = None
         if count == 0:
             return Unavailable(f"no GPUs: NVML (driver {driver or 'version unknown'}) sees 0 devices", "no_devices")
+        if count != self._count:  # NVML's count is its init's; should it change, no index is the board it was
+            self._fixed.clear()
+            self._count = count
         self._kept_now = {}
         gpus = tuple(self._device(b, i, driver) for i in range(count))
         self._host.end_tick()
@@ -815,15 +821,27 @@ class GpuReader:
                 values[fieldname] = kept[1]
             return kept[1]
 
+        def fixed(fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
+            """`ask` until it answers, then that answer for the session: a handle's name, UUID and PCI address
+            are the board's (nvitop keeps them too); an index that is lost and found again is a new session."""
+            key = (index, fieldname)
+            if key in self._fixed:
+                values[fieldname] = value = self._fixed[key]
+                return value
+            value = ask(fieldname, call, *args)
+            if value is not None:
+                self._fixed[key] = value
+            return value
+
         down: str | None = None
         try:
             try:
                 h = b.handle(index)
             except nv.NVMLError as e:
                 raise _Lost(explain(e, nv), _down_word(e, nv)) from None
-            ask("name", b.name, h)
-            uuid = ask("uuid", b.uuid, h)
-            ask("bus_id", b.bus_id, h)
+            fixed("name", b.name, h)
+            uuid = fixed("uuid", b.uuid, h)
+            fixed("bus_id", b.bus_id, h)
             self._memory(b, h, ask, values, missing)
             util = ask("utilization_gpu_percent", b.utilization, h)
             if util is None:
