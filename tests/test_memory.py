@@ -545,3 +545,35 @@ def test_cgroup_folder_is_found_through_mountinfo_once_while_it_is_there(tmp_pat
     mountinfo.write_text("")
     clock[0] += CGROUP_DIR_KEEP_S + 1
     assert isinstance(read_cgroup_memory(str(root), dirs=dirs), Unavailable)
+
+
+_COUNT_TEXT = st.one_of(st.integers(0, 2**64 + 5).map(str), st.sampled_from(["¹", "-1", "+7", "1_0", "0x10", "", "9" * 21]),
+                        st.text(max_size=4))
+
+
+@given(st.lists(st.lists(_COUNT_TEXT, min_size=10, max_size=16), max_size=6))
+@example([["8", "0", "sda", *["1"] * 10, "²"], ["8", "1", "sda1", "1", "2", str(2**64), *["0"] * 8]])
+def test_diskstats_rows_and_reasons_are_those_of_a_field_by_field_check(rows: list[list[str]]) -> None:
+    # The eleven counts of a line are checked at once; what is kept and what is said of a bad line are those of
+    # checking them one at a time: a count is ASCII digits of at most 20 that fit 64 bits.
+    from dltop.sources.procfs import parse_count
+
+    lines = [" ".join(f for f in r if f.split() == [f] == f.splitlines()) for r in rows]  # one field each
+    got, bad = parse_diskstats("\n".join(lines))
+    want_rows, want_bad = [], []
+    for i, line in enumerate(lines, 1):
+        f = line.split()
+        if not f:
+            continue
+        if len(f) < 14:
+            want_bad.append(f"line {i}: {len(f)} fields, a device has 14 or more: {line.strip()[:60]!r}")
+            continue
+        wrong = next((j for j in range(3, 14) if parse_count(f[j]) is None), None)
+        if wrong is not None:
+            want_bad.append(f"line {i}: field {wrong + 1} is {f[wrong][:20]!r}, not a count")
+            continue
+        want_rows.append((f[2], *(int(x) for x in f[3:14])))
+    assert bad == want_bad
+    assert [(d.name, d.reads, d.sectors_read, d.read_time_ms, d.writes, d.sectors_written, d.write_time_ms,
+             d.in_flight, d.io_time_ms) for d in got] == [
+        (r[0], r[1], r[3], r[4], r[5], r[7], r[8], r[9], r[10]) for r in want_rows]
