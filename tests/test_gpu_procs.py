@@ -206,6 +206,57 @@ def test_a_reused_pid_is_another_process_its_user_and_command_read_again(tmp_pat
     reader.end_tick()
 
 
+def test_a_process_asleep_gives_the_same_facts_and_its_cpu_percent_counts_from_its_last_full_interval(
+        tmp_path: Path) -> None:
+    """A process whose stat text is last tick's, at 0% CPU, is handed last tick's facts (the short way); its next
+    CPU % is still over the interval since the last read at least MIN_INTERVAL_S after the one before, as on
+    the whole way: 50 ticks of CPU over 1 s after a read 0.2 s ago is 50%, not 62.5% nor 25%."""
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "stat").write_text("cpu 0 0 0 0\nbtime 1700000000\n")
+    (proc / "7" / "stat").write_bytes(_stat_line(7, 500, utime=100))
+    (proc / "7" / "cmdline").write_bytes(b"python\0train.py\0")
+    clock = [10.0]
+    reader = HostReader(str(proc), clock=lambda: clock[0])
+    seen = []
+    for at in (10.0, 11.0, 12.0, 12.2):
+        clock[0] = at
+        seen.append(reader.read(7))
+        reader.end_tick()
+    assert seen[0].cpu_percent is None and [f.cpu_percent for f in seen[1:]] == [0.0, 0.0, 0.0]
+    assert seen[3] is seen[2] is seen[1]  # the same object: nothing moved
+    (proc / "7" / "stat").write_bytes(_stat_line(7, 500, utime=150))  # half a second of CPU (100 ticks a second)
+    clock[0] = 13.0
+    busy = reader.read(7)
+    reader.end_tick()
+    assert busy.cpu_percent == 50.0 and busy.ppid == seen[0].ppid and busy.command == "python train.py"
+    # busy, then asleep again: its text the same as last tick's but its last CPU % not 0, so the whole way
+    clock[0] = 14.0
+    asleep = reader.read(7)
+    reader.end_tick()
+    assert asleep.cpu_percent == 0.0 and asleep is not busy
+    reader.close()
+    # a real process asleep, on the short way, then killed: its kept fd says ESRCH and the whole way says why
+    sleep = subprocess.Popen(["sleep", "60"])
+    live = HostReader(clock=lambda: clock[0])
+    try:
+        facts = []
+        for _ in range(4):
+            clock[0] += 1.0
+            facts.append(live.read(sleep.pid))
+            live.end_tick()
+        assert facts[3] is facts[2] and facts[2].cpu_percent == 0.0 and facts[2].ppid == os.getpid()
+        sleep.kill()
+        sleep.wait()
+        clock[0] += 1.0
+        gone = live.read(sleep.pid)
+        assert gone.ppid is None and "not in this PID namespace" in dict(gone.unavailable)["ppid"]
+    finally:
+        sleep.kill()
+        sleep.wait()
+        live.close()
+
+
 def test_the_stat_files_kept_open_are_closed_when_their_processes_go(tmp_path: Path) -> None:
     sleeps = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
     reader = HostReader()
