@@ -418,7 +418,7 @@ async def test_another_process_s_action_reaches_the_live_events_and_the_journal_
     monkeypatch.setattr(app_module, "JOURNAL_POLL_S", 0.05)
     app = DltopApp(ListFeed(session[:3], start=2))
     async with app.run_test(size=(80, 24)) as pilot:
-        tail = next(t for t in threading.enumerate() if t.name == "dltop-journal")
+        tail = next(t for t in threading.enumerate() if t.name == "dltop-watch")
         assert not app.timeline.events()
         journal.append(_journal_line("/data/shards", pid=4242))  # a warm run by `dltop warm` in a shell
         for _ in range(100):
@@ -434,3 +434,24 @@ async def test_another_process_s_action_reaches_the_live_events_and_the_journal_
     while tail.is_alive() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not tail.is_alive()
+
+
+def test_the_watch_thread_asks_the_ui_loop_to_leave_once_the_terminal_is_gone(session: list[Snapshot],
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # After an SSH drop with SIGHUP ignored and no handler of dltop's in place the tty reads EOF forever: the
+    # watch thread sees stdin is no terminal any more at its next check and hands the UI loop _leave(129).
+    from dltop.tui import app as app_module
+
+    app = DltopApp(ListFeed(session[:3], start=2))
+    answers = iter([True, True, True, False])
+    monkeypatch.setattr(app_module, "TERMINAL_CHECK_S", 0.01)
+    monkeypatch.setattr(app_module.os, "isatty", lambda fd: next(answers))
+    asked: list[tuple[object, tuple[object, ...]]] = []
+
+    class Loop:
+        def call_soon_threadsafe(self, fn: object, *args: object) -> None:
+            asked.append((fn, args))
+
+    app._watch_outside(Loop(), True, None)  # type: ignore[arg-type]  # returns once it has asked
+    assert asked == [(app._leave, (129,))]
+    assert next(answers, "all asked") == "all asked"

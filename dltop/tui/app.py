@@ -67,6 +67,7 @@ TAB_DECIDED_AFTER_S = 5.0  # the GPU source has answered by then (or failed): th
 LEAVE_WITHIN_S = 3.0  # after a kill or a hangup, at most this long before the process is gone
 SLOW_HOLD_S = 1.0  # the slow sources start after the first frame, or this long after the start at the latest
 JOURNAL_POLL_S = 2.0  # the machine's action journals are read this often for events of other processes
+TERMINAL_CHECK_S = 1.0  # whether the terminal is still there (a hangup with SIGHUP ignored), this often
 PLAY_TICK_S = 0.25  # a replay that plays moves on this often (at x10 over a 1 s recording: every 2-3 samples)
 SPEEDS = (1, 10, 60)  # replay speeds, as atop and below users know them
 TIME_EXAMPLES = "10m ago, 14:05, 2026-12-01T14:05:00"
@@ -196,7 +197,7 @@ class DltopApp(App[None]):
             runner = ActionRunner()
         self.runner = runner  # every warm, evict and lock runs here; its events come back as messages
         self._runs: dict[int, Any] = {}  # plans in flight, by run id: their result opens the confirmation
-        self._journal_done = threading.Event()  # set when the TUI leaves: the journal's thread ends
+        self._watch_done = threading.Event()  # set when the TUI leaves: the watch thread ends
         self._action: ActionEvent | None = None
         self.settings = settings or Settings()
         self.refresh_s = self.settings.refresh_s
@@ -262,20 +263,22 @@ class DltopApp(App[None]):
                 loop.add_signal_handler(sig, self._leave, code)
 
     async def on_mount(self) -> None:
-        if not self.is_headless:
-            # Unconditionally: a hangup that came before this point (its exit() too early to take) is caught
-            # at the first tick.
-            self.set_interval(1.0, self._exit_if_terminal_gone)
         self.runner.subscribe(lambda ev: self.post_message(ActionEventPosted(ev)))
+        journal = None
         if isinstance(self.timeline, LiveHistory):
             # Actions run anywhere on the machine (a warm from a shell, another TUI) reach this event list too:
             # the journals this user trusts, tailed off the UI loop.
             from dltop.journal import JournalTail
 
-            self._journal = JournalTail(skip_pid=os.getpid())
-            # one thread for the TUI's life: a Textual thread worker every 2 s started a thread and posted
-            # three state messages to the UI loop each time, for a poll that finds nothing most of the time
-            threading.Thread(target=self._tail_journal, name="dltop-journal", daemon=True).start()
+            journal = JournalTail(skip_pid=os.getpid())
+        # The terminal (unconditionally: a hangup that came before this point, its exit() too early to take, is
+        # caught at the first check) and the journals are watched on one thread for the TUI's life, which wakes
+        # the UI loop only with news: a Textual timer for the terminal woke it every second, and a thread worker
+        # for the journals every 2 s started a thread and posted three state messages to it.
+        tty = not self.is_headless
+        if tty or journal is not None:
+            threading.Thread(target=self._watch_outside, args=(asyncio.get_running_loop(), tty, journal),
+                             name="dltop-watch", daemon=True).start()
         self._play_timer = self.set_interval(PLAY_TICK_S, self._play_tick, pause=True)
         # The slow sources start once the first frame is drawn (or SLOW_HOLD_S later): a dataset's first scan
         # on its thread took half the GIL from it, and the screen came up 0.2-0.4 s later.
@@ -306,16 +309,9 @@ class DltopApp(App[None]):
                        markup=False)
 
     def on_unmount(self) -> None:
-        self._journal_done.set()
+        self._watch_done.set()
         self.runner.close()  # cancel what runs, unlock what is locked
         self.feed.close()
-
-    def _exit_if_terminal_gone(self) -> None:
-        # After an SSH drop with SIGHUP ignored (nohup, some multiplexers) the tty reads EOF forever and
-        # Textual's input thread spins on it at 100% CPU next to the training job. A monitor with no
-        # terminal has nothing to do: leave.
-        if not os.isatty(0):
-            self._leave(129)
 
     def _leave(self, code: int) -> None:
         """Exit as q does; if restoring a terminal that hung up wedges the shutdown, end the process anyway."""
@@ -675,16 +671,28 @@ class DltopApp(App[None]):
         msg.stop()
         self.runner.cancel()
 
-    def _tail_journal(self) -> None:
-        """The journals' new events, every JOURNAL_POLL_S, handed to the UI loop where there are some (on the
-        journal thread, until the TUI leaves)."""
-        while not self._journal_done.wait(JOURNAL_POLL_S):
-            found = self._journal.poll()
-            if found and not self._journal_done.is_set():
-                try:
-                    self.call_from_thread(self._add_live_events, [LiveEvent(d["ts"], "action", d) for d in found])
-                except RuntimeError:  # the app's loop has ended under it (leaving)
+    def _watch_outside(self, loop: asyncio.AbstractEventLoop, tty: bool, journal: Any) -> None:
+        """On the watch thread, until the TUI leaves: every TERMINAL_CHECK_S whether the terminal is still there
+        (`tty`), every JOURNAL_POLL_S the journals' new events (`journal`, a JournalTail, or None); each handed to
+        the UI loop only where there is news."""
+        step = TERMINAL_CHECK_S if tty else JOURNAL_POLL_S
+        next_poll = time.monotonic() + JOURNAL_POLL_S
+        while not self._watch_done.wait(step):
+            try:
+                if tty and not os.isatty(0):
+                    # After an SSH drop with SIGHUP ignored (nohup, some multiplexers) the tty reads EOF forever
+                    # and Textual's input thread spins on it at 100% CPU next to the training job. A monitor
+                    # with no terminal has nothing to do: leave.
+                    loop.call_soon_threadsafe(self._leave, 129)
                     return
+                if journal is not None and time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + JOURNAL_POLL_S
+                    found = journal.poll()
+                    if found and not self._watch_done.is_set():
+                        loop.call_soon_threadsafe(self._add_live_events,
+                                                  [LiveEvent(d["ts"], "action", d) for d in found])
+            except RuntimeError:  # the loop has closed under it (leaving)
+                return
 
     def _add_live_events(self, found: Sequence[LiveEvent]) -> None:
         """Events for `v` live; the first one puts `v` in the footer."""
