@@ -237,7 +237,7 @@ def test_a_process_asleep_gives_the_same_facts_and_its_cpu_percent_counts_from_i
     assert asleep.cpu_percent == 0.0 and asleep is not busy
     reader.close()
     # a real process asleep, on the short way, then killed: its kept fd says ESRCH and the whole way says why
-    sleep = subprocess.Popen(["sleep", "60"])
+    sleep, _ = _start(SLEEP)  # up and asleep: its stat no longer moves (an exec still moving its RSS would)
     live = HostReader(clock=lambda: clock[0])
     try:
         facts = []

@@ -417,8 +417,9 @@ async def test_another_process_s_action_reaches_the_live_events_and_the_journal_
 
     monkeypatch.setattr(app_module, "JOURNAL_POLL_S", 0.05)
     app = DltopApp(ListFeed(session[:3], start=2))
+    before = set(threading.enumerate())
     async with app.run_test(size=(80, 24)) as pilot:
-        tail = next(t for t in threading.enumerate() if t.name == "dltop-watch")
+        (tail,) = [t for t in threading.enumerate() if t.name == "dltop-watch" and t not in before]
         assert not app.timeline.events()
         journal.append(_journal_line("/data/shards", pid=4242))  # a warm run by `dltop warm` in a shell
         for _ in range(100):
@@ -449,6 +450,9 @@ def test_the_watch_thread_asks_the_ui_loop_to_leave_once_the_terminal_is_gone(se
     asked: list[tuple[object, tuple[object, ...]]] = []
 
     class Loop:
+        def is_closed(self) -> bool:
+            return False
+
         def call_soon_threadsafe(self, fn: object, *args: object) -> None:
             asked.append((fn, args))
 

@@ -677,7 +677,7 @@ class DltopApp(App[None]):
         the UI loop only where there is news."""
         step = TERMINAL_CHECK_S if tty else JOURNAL_POLL_S
         next_poll = time.monotonic() + JOURNAL_POLL_S
-        while not self._watch_done.wait(step):
+        while not self._watch_done.wait(step) and not loop.is_closed():  # (an app torn down without unmount)
             try:
                 if tty and not os.isatty(0):
                     # After an SSH drop with SIGHUP ignored (nohup, some multiplexers) the tty reads EOF forever
