@@ -419,7 +419,14 @@ def test_an_evict_drops_the_same_pages_both_ways(ddir: Path, monkeypatch: pytest
                                                                 if f.is_file() and not f.is_symlink()))],
             capture_output=True, check=True).stdout.split()) for t in ("c", "p")}
     assert fed > 300  # the C step saw the tree's plain files
-    assert c == p
+    # What the trees held before is theirs alike but for what the kernel itself took from one of them between
+    # the two evicts (a page or two on a busy node: reclaim, DAMON): each step counts its own tree's, drops all
+    # of it but the mapped file's 4 pages, and says the same of everything else.
+    moment = ("resident_pages_before", "total_bytes", "done_bytes")
+    assert {k: v for k, v in c.items() if k not in moment} == {k: v for k, v in p.items() if k not in moment}
+    for r in (c, p):
+        assert r["total_bytes"] == r["resident_pages_before"] * PS and r["done_bytes"] == r["total_bytes"] - 4 * PS
+    assert abs(c["resident_pages_before"] - p["resident_pages_before"]) <= 2, (c, p)
     assert c["resident_pages_before"] > 300 and c["stayed"] == {"mapped": 4}
     assert left["c"] == left["p"] == c["resident_pages_after"] == 4  # the mapped file's pages alone
 
