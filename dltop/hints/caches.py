@@ -3,6 +3,7 @@ other versions, stale lock files, caches that keep growing. The source collects 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -51,6 +52,7 @@ def _of_latest(judge: _Judge) -> Callable[[Sequence[Snapshot]], Hint | None]:
     Snapshot between two reads the same part (the pure function of it, not judged again on every tick)."""
     memo: list[tuple[CachesPart, Hint | None]] = []  # the last part judged and its hint (one tuple: threads)
 
+    @functools.wraps(judge)  # its name, module (the rule's layer) and docstring
     def judged(history: Sequence[Snapshot]) -> Hint | None:
         latest = _latest(history)
         if latest is None:
@@ -63,8 +65,6 @@ def _of_latest(judge: _Judge) -> Callable[[Sequence[Snapshot]], Hint | None]:
         memo[:] = [(part, hint)]
         return hint
 
-    judged.__name__, judged.__qualname__, judged.__doc__ = judge.__name__, judge.__qualname__, judge.__doc__
-    judged.__module__ = judge.__module__
     return judged
 
 
