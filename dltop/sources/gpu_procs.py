@@ -222,7 +222,7 @@ class HostReader:
         # The reasons name no pid and no root: one note holds for every process it is true of.
         uid: int | None = None
         try:
-            if raw is None or not raw or len(raw) > MAX_STAT_BYTES:
+            if not raw or len(raw) > MAX_STAT_BYTES:  # none read, or a read that failed or ran long
                 raw, uid = self._stat(pid, path, raw)
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ESRCH):
