@@ -182,15 +182,100 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else many or word + 's'}"
 
 
+def shorten(text: str, width: int, keep: str = "middle") -> str:
+    """The one rule for text from outside in a room `width` cells wide: made `printable` first (a control is shown
+    as its escape, never dropped), then, if it does not fit, cut between graphemes by cell width with '…' where
+    the cut is. A combining mark stays on its letter (never on the '…'), a wide character (CJK, emoji) is kept
+    whole or left out, never split. `keep` says which part to keep: "middle" cuts the middle out (both ends of a
+    path say most, its own name more: 3/5 of the room), "end" keeps the start ('long comm…'), "start" keeps the
+    end ('…/train')."""
+    shown = printable(text)
+    return _cut(shown, width, keep, shown is not text)
+
+
+def _cut(shown: str, width: int, keep: str, escaped: bool) -> str:
+    """`shorten` of a text made printable already (`escaped`: printable changed it)."""
+    if width <= 0:
+        return ""
+    cut, cells = _graphemes(shown, escaped)
+    if cells <= width:
+        return shown
+    room = width - 1  # the '…' takes one cell
+    tail = 0 if keep == "end" else room if keep == "start" else room * 3 // 5
+    ends, used = len(cut), 0
+    while ends > 0 and used + cut[ends - 1][2] <= tail:  # from the end, whole graphemes that fit
+        ends -= 1
+        used += cut[ends][2]
+    starts = 0
+    while starts < ends and used + cut[starts][2] <= room:  # then from the start, in the room left
+        used += cut[starts][2]
+        starts += 1
+    while ends > starts and used + cut[ends - 1][2] <= room:  # a wide grapheme or an escape left a gap at the start
+        ends -= 1
+        used += cut[ends][2]
+    head = shown[:cut[starts - 1][1]] if starts else ""
+    return head + "…" + (shown[cut[ends][0]:] if ends < len(cut) else "")
+
+
+def shorten_lines(text: str, width: int, lines: int) -> list[str]:
+    """`text` from outside in at most `lines` rows of `width` cells by the rule of `shorten` (escaped, cut between
+    graphemes, never in an escape): the rows filled in turn, the last ending in '…' where there is more."""
+    shown = printable(text)
+    if width <= 0 or lines <= 0:
+        return []
+    cut, _ = _graphemes(shown, shown is not text)
+    rows: list[str] = []
+    at = 0
+    while at < len(cut) and len(rows) < lines - 1:
+        start, used = at, 0
+        while at < len(cut) and (used + cut[at][2] <= width or at == start):  # a grapheme wider than the row alone
+            used += cut[at][2]
+            at += 1
+        rows.append(shown[cut[start][0]:cut[at - 1][1]])
+    if at < len(cut):
+        rows.append(_cut(shown[cut[at][0]:], width, "end", shown is not text))
+    return rows
+
+
+def _graphemes(shown: str, escaped: bool) -> tuple[list[tuple[int, int, int]], int]:
+    """The graphemes of `shown` (a `printable` text) as (start, end, cells), and its cells in all; where `printable`
+    escaped something, each escape is one unit: a cut never leaves a '\\' or a '\\x0' that reads as something else."""
+    cut: list[tuple[int, int, int]]
+    if shown.isascii():  # printable: one cell a character, one character a grapheme
+        cut, cells = [(i, i + 1, 1) for i in range(len(shown))], len(shown)
+    else:
+        from rich.cells import split_graphemes  # what Textual measures and draws by
+
+        cut, cells = split_graphemes(shown)
+    return (_whole_escapes(shown, cut) if escaped else cut), cells
+
+
+_AN_ESCAPE = re.compile(r"\\(?:x[0-9a-f]{2}|u[0-9a-f]{4})")
+
+
+def _whole_escapes(shown: str, cut: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The graphemes `cut` of `shown` with the characters of each escape `printable` wrote made one."""
+    at = {m.start(): m.end() for m in _AN_ESCAPE.finditer(shown)}
+    out: list[tuple[int, int, int]] = []
+    until = -1
+    for start, end, w in cut:
+        if start < until:  # inside the escape begun in out[-1]: a mark on its last character stays too
+            s0, e0, w0 = out[-1]
+            out[-1] = (s0, max(e0, end), w0 + w)
+        else:
+            out.append((start, end, w))
+            until = at.get(start, -1)
+    return out
+
+
 def shorten_middle(text: str, width: int) -> str:
-    """'/data/some/long/path/train' -> '/data/so…h/train' in `width` characters: both ends of a path say most."""
-    if len(text) <= width:
-        return text
-    if width <= 1:
-        return "…"[:width]
-    tail = (width - 1) * 3 // 5  # the end (the folder's own name) matters more than the start
-    head = width - 1 - tail
-    return text[:head] + "…" + text[len(text) - tail:]
+    """'/data/some/long/path/train' -> '/data/so…h/train' in `width` cells: `shorten`, both ends kept."""
+    return shorten(text, width, "middle")
+
+
+def shorten_end(text: str, width: int) -> str:
+    """'python train.py --lr …' in `width` cells: `shorten`, the start kept (a command line's program first)."""
+    return shorten(text, width, "end")
 
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
