@@ -19,7 +19,7 @@ from textual.strip import Strip
 from textual.visual import Visual, VisualType, visualize
 from textual.widgets import DataTable, Label, Static
 
-from dltop.fmt import printable, printable_lines
+from dltop.fmt import printable, printable_lines, shorten
 from dltop.tui.view import View
 
 
@@ -249,6 +249,12 @@ def _resizes(widget: Static | Label, text: str) -> bool:
     before = getattr(widget, "_dltop_shape", None)
     widget._dltop_shape = shape  # type: ignore[union-attr]
     return shape is None or shape != before
+
+
+def crumb(path: str, room: int) -> str:
+    """A path from outside in a pane's breadcrumb or title line, `room` cells left for it: escaped and cut in the
+    middle by the one rule (`fmt.shorten`), whole while the widget is not laid out yet (room <= 0 at first)."""
+    return shorten(path, max(room, 16)) if room > 0 else printable(path)
 
 
 def plain(text: str) -> Text:

@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
@@ -21,13 +22,12 @@ from textual.widgets import DataTable, Static
 from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import cache_growth
-from dltop.fmt import human_bytes, shorten_middle
+from dltop.fmt import human_bytes, printable, printable_lines, shorten_middle
 from dltop.hints.caches import warnings_for
 from dltop.model import CachesPart, Snapshot, Unavailable
-from dltop.model.base import display_path
 from dltop.model.caches import FOLDERS_KEPT, KEEP_DEPTH, CacheFolder, CacheInfo, folder_of
 from dltop.tui.messages import CancelRequested, ClearRequested, RescanRequested
-from dltop.tui.panes.base import Pane, RowTable, fit_column, plain, set_content, set_row
+from dltop.tui.panes.base import Pane, RowTable, crumb, fit_column, plain, set_content, set_row
 from dltop.tui.view import View
 
 COLUMNS = ("name", "size", "files", "newest", "growth", "warn")
@@ -161,15 +161,15 @@ class CachesPane(Pane):
                                            apparent=self._apparent)
             summary = Text.assemble(("Caches", "bold"))
             if isinstance(part, Unavailable):
-                summary.append(f"  unavailable: {part.reason}", "red")
+                summary.append(f"  unavailable: {printable(part.reason)}", "red")
             elif isinstance(part, CachesPart):
                 present = [c for c in caches if c.exists]
                 total = sum((c.apparent_bytes if self._apparent else c.size_bytes) or 0 for c in present)
                 summary.append(f"  {len(present)} of {len(caches)} present, {human_bytes(total)} in all · ")
                 if part.exited:
-                    summary.append(f"{part.exited}: its last environment", "yellow")
+                    summary.append(f"{printable(part.exited)}: its last environment", "yellow")
                 else:
-                    summary.append(part.environment)
+                    summary.append(printable(part.environment))
             else:
                 summary.append("  measuring…", "dim")
             keys, headers = COLUMNS, (HEADERS[0], size_head, *HEADERS[2:])
@@ -182,9 +182,12 @@ class CachesPane(Pane):
             if folder is not None and folder.more:
                 more_bytes = folder.more_apparent_bytes if self._apparent else folder.more_bytes
                 wanted[MORE] = (f"… {folder.more:,} more", human_bytes(more_bytes), "", "", "", "not kept")
-            summary = Text.assemble(("Caches", "bold"), " › ", (opened.label, "bold"))
-            where = self._folder or opened.path
-            summary.append(f"  {display_path(where)}")
+            # The breadcrumb: the cache, then the folder opened in it, cut to the summary's line by the one rule
+            # (fmt.shorten), a line break or a BEL in a name shown as its escape.
+            label = printable(opened.label)
+            summary = Text.assemble(("Caches", "bold"), " › ", (label, "bold"))
+            room = self.query_one("#cc-summary", Static).content_region.width - cell_len(f"Caches › {label}  ")
+            summary.append(f"  {crumb(self._folder or opened.path, room)}")
             if not entries:
                 summary.append("  (empty)", "dim")
             summary.append(f"  · by {self._sort}", "dim")
@@ -228,20 +231,20 @@ class CachesPane(Pane):
         t = Text()
         if c is None:
             return t
-        t.append(display_path(c.path), "bold")
+        t.append(printable(c.path), "bold")
         if c.via_symlink:
-            t.append(f" → {display_path(c.via_symlink)} (a symlink, followed)")
+            t.append(f" → {printable(c.via_symlink)} (a symlink, followed)")
         if c.exists and c.size_bytes is None:
-            t.append(f"\nunavailable: {c.unavailable.get('size_bytes', '')}", "red")
+            t.append(f"\nunavailable: {printable(c.unavailable.get('size_bytes', ''))}", "red")
         # judged at the Snapshot's time, as the hints are: a replay shows what live showed
         snap_ts = self.view.snapshot.ts if self.view is not None else now
         for w in warnings_for(c, snap_ts):
-            t.append(f"\n! {w}", "yellow")
-        t.append(f"\n({c.source})")
+            t.append(f"\n! {printable(w)}", "yellow")
+        t.append(f"\n({printable(c.source)})")
         for k, v in c.settings.items():
-            t.append(f"\n{k}={v}")
+            t.append(f"\n{printable(k)}={printable(v)}")
         if c.clear_command:
-            t.append(f"\nits own clear command: {c.clear_command}")
+            t.append(f"\nits own clear command: {printable(c.clear_command)}")
         if c.noted:
             t.append("\nnoted: " + ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in c.noted.items()))
         return t
@@ -255,12 +258,12 @@ class CachesPane(Pane):
         if ev.phase == "progress":
             return Text(progress_line(ev) + " · Esc cancels")
         if ev.phase == "started":
-            return Text(f"clear {ev.target}: {'measuring…' if ev.step == 'plan' else 'starting…'} (Esc cancels)")
+            return Text(f"clear {printable(ev.target)}: {'measuring…' if ev.step == 'plan' else 'starting…'} (Esc cancels)")
         if ev.outcome in ("error", "refused"):
-            return Text(ev.message, "red")
+            return Text(printable_lines(ev.message), "red")
         if ev.step == "plan":
-            return Text(f"clear {ev.target}: cancelled" if ev.outcome == "cancelled" else "")
-        return Text(ev.message, "bold")
+            return Text(f"clear {printable(ev.target)}: cancelled" if ev.outcome == "cancelled" else "")
+        return Text(printable_lines(ev.message), "bold")
 
     def _selected(self) -> str | None:
         if not self._rows:  # never drawn (a pane not shown yet has no table)
@@ -304,7 +307,7 @@ class CachesPane(Pane):
             if entry is None or not entry.is_dir:
                 return
             if folder_of(opened, key) is None:
-                self.notify(f"{display_path(key)}: its entries were not kept (the {FOLDERS_KEPT} biggest folders "
+                self.notify(f"{printable(key)}: its entries were not kept (the {FOLDERS_KEPT} biggest folders "
                             f"{KEEP_DEPTH} deep are)", timeout=3)
                 return
             self._folder = key

@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Input, Static
 
-from dltop.fmt import human_bytes, shorten_middle
+from dltop.fmt import human_bytes, printable, printable_lines, shorten_middle
 from dltop.model.actions import ActionEvent
 from dltop.model.datasets import DatasetResidency, DatasetsPart, DatasetUnavailable, ResidencyNode
 from dltop.tui.messages import (
@@ -30,7 +30,7 @@ from dltop.tui.messages import (
     LockRequested,
     WarmRequested,
 )
-from dltop.tui.panes.base import Pane, RowTable, fit_column, plain, set_content, set_row
+from dltop.tui.panes.base import Pane, RowTable, crumb, fit_column, plain, set_content, set_row
 from dltop.tui.view import View
 
 # The key of a folder's "… N more files" row: NUL is in no path, so it is never taken for one.
@@ -180,7 +180,10 @@ class DatasetPane(Pane):
             assert owner is not None
             age = now - owner.scanned_at if owner.scanned_at else None
             wanted.update(self._folder_rows(node, owner, age, held))
-            title = Text.assemble(("Datasets", "bold"), " › ", (node.path, "bold"),
+            # The breadcrumb is one line of the summary, the path in it cut to fit by the one rule (fmt.shorten):
+            # a line break or a BEL in a folder's name is shown as its escape, never a second line or nothing.
+            room = self.query_one("#ds-summary", Static).content_region.width - cell_len("Datasets › ")
+            title = Text.assemble(("Datasets", "bold"), " › ", (crumb(node.path, room), "bold"),
                                   "  " + node_summary(node, owner.page_size))
             if not node.children and not node.top_files:
                 title.append("  (no folders below: files are counted in this total)", "dim")
@@ -201,7 +204,7 @@ class DatasetPane(Pane):
         notes = self._notes(owner or (only if isinstance(only, DatasetResidency) else None), now)
         for ds in datasets:
             if isinstance(ds, DatasetUnavailable):
-                notes.append(f"\nunavailable: {ds.unavailable}", "red")
+                notes.append(f"\nunavailable: {printable(ds.unavailable)}", "red")
         set_content(self.query_one("#ds-notes", Static), notes)
         set_content(self.query_one("#ds-progress", Static), self._progress(view.action))
         # The footer's keys follow the runner and where the user is: refresh them when either changes.
@@ -264,12 +267,12 @@ class DatasetPane(Pane):
             return Text(progress_line(ev) + " · Esc cancels")
         if ev.phase == "started":
             doing = "measuring…" if ev.step == "plan" else "starting…"
-            return Text(f"{ev.action} {ev.target}: {doing} (Esc cancels)")
+            return Text(f"{ev.action} {printable(ev.target)}: {doing} (Esc cancels)")
         if ev.outcome in ("error", "refused"):
-            return Text(ev.message, "red")
+            return Text(printable_lines(ev.message), "red")
         if ev.step == "plan":
-            return Text(f"{ev.action} {ev.target}: cancelled" if ev.outcome == "cancelled" else "")
-        return Text(ev.message, "bold")
+            return Text(f"{ev.action} {printable(ev.target)}: cancelled" if ev.outcome == "cancelled" else "")
+        return Text(printable_lines(ev.message), "bold")
 
     def _notes(self, ds: DatasetResidency | None, now: float) -> Text:
         from dltop.text.datasets import estimate_note, skipped_text
@@ -278,13 +281,13 @@ class DatasetPane(Pane):
         if ds is None:
             return t
         if ds.data_unknown_pages:
-            t.append(f"? {human_bytes(ds.data_unknown_pages * ds.page_size)} unknown: {ds.unknown_reason}\n", "yellow")
+            t.append(f"? {human_bytes(ds.data_unknown_pages * ds.page_size)} unknown: {printable(ds.unknown_reason or '')}\n", "yellow")
         if (est := estimate_note(ds, ds.page_size, now)) is not None:
             t.append(est + "\n", "yellow")
         bits = [f"{ds.method} on {ds.fs_type or '?'}", f"scanned in {ds.scan_duration_s:.2f}s"]
         if not ds.complete:
             why = ds.problems[0] if ds.problems else "cut short by its time budget or a cancel"
-            bits.append(f"scan incomplete: {why}")
+            bits.append(f"scan incomplete: {printable(why)}")
         if ds.skipped:
             bits.append("skipped " + skipped_text(ds.skipped))
         t.append(" · ".join(bits))
@@ -337,7 +340,7 @@ class DatasetPane(Pane):
             if path.startswith(MORE_KEY):
                 self.notify(_NOT_LISTED, timeout=5)
             elif path in self._pending():
-                self.notify(f"{path}: its first scan is not in yet; Enter opens it once it is", timeout=4)
+                self.notify(f"{printable(path)}: its first scan is not in yet; Enter opens it once it is", timeout=4)
             return
         if not self._stack:
             self._stack = [owner.path]
@@ -416,7 +419,7 @@ class DatasetPane(Pane):
             return None
         if path is None or self._node(path)[0] is None:
             gone = next((d for d in self.datasets() if d.path == path and isinstance(d, DatasetUnavailable)), None)
-            self.notify(f"unavailable: {gone.unavailable}" if gone else "no dataset selected", severity="warning")
+            self.notify(f"unavailable: {printable(gone.unavailable)}" if gone else "no dataset selected", severity="warning")
             return None
         return path
 
@@ -438,7 +441,7 @@ class DatasetPane(Pane):
         self.post_message(CancelRequested())
         if self.view is not None and self.view.action is not None:
             set_content(self.query_one("#ds-progress", Static),
-                        Text(f"{self.view.action.action} {self.view.action.target}: cancelling…"))
+                        Text(f"{self.view.action.action} {printable(self.view.action.target)}: cancelling…"))
 
     # -- adding a dataset -------------------------------------------------------------------------------------
 
