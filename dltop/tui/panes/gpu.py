@@ -27,7 +27,7 @@ from textual.widgets import DataTable, Input, Static
 from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import ServerRates, server_rates
-from dltop.fmt import human_bytes, percent_text, printable
+from dltop.fmt import human_bytes, percent_text, printable, shorten_end
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
 from dltop.model.actions import SignalTarget
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
@@ -769,7 +769,7 @@ class GpuPane(Pane):
 
         from dltop.tui.screens.signal import SignalScreen
 
-        self.app.push_screen(SignalScreen(p.pid, printable(p.user or "?"), p.command or "?"), chosen)
+        self.app.push_screen(SignalScreen(p.pid, p.user or "?", p.command or "?", started_at=p.started_at), chosen)
 
     def _ask(self, adding: bool, value: str, placeholder: str) -> None:
         box = self.query_one("#gpu-server-input", Input)
@@ -848,7 +848,7 @@ class GpuPane(Pane):
         # The Command column gives way so every number column stays on screen at 80 columns.
         headers = tuple(HEADERS[c] for c in columns)
         self._command_width = fit_column(table, wanted, columns.index("command"), headers, columns,
-                                         lambda text, width: text[: width - 1] + "…", self._command_width)
+                                         shorten_end, self._command_width)
         if not table.rows:
             self._shown.clear()  # fit_column rebuilt the columns, or the table is new
         kept = [k for k in self._order if k in wanted and k in self._shown]

@@ -1,18 +1,52 @@
-"""The signal dialog of the GPU tab: which signal to send to the selected process; `y` sends, Esc cancels."""
+"""The signal dialog of the GPU tab: which signal to send to the selected process; `y` sends, Esc cancels.
+
+What is asked comes first and always shows: the question (pid and user), when the process started, and its command
+line cut to two lines. The whole command line is below the choices, in a box of its own that scrolls: a 100 kB argv
+fills that box, never the screen, so it cannot push the question or the choices out of sight.
+"""
 
 from __future__ import annotations
 
+import time
+
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 
+from dltop.fmt import human_duration, printable, shorten_lines
 from dltop.model.actions import SIGNALS
 from dltop.tui.panes.base import plain
 
 MEANINGS = {"SIGTERM": "ask it to stop (it may clean up first)", "SIGKILL": "stop it at once (nothing saved)",
             "SIGINT": "as Ctrl-C in its terminal (torchrun passes it to the ranks)"}
+COMMAND_LINES = 2  # of the command line under the question
+
+
+def started_text(started_at: float | None, now: float) -> str:
+    """'started 2025-05-01 12:03:04 (3h05m ago)', or that it is not known."""
+    if started_at is None:
+        return "started: not known"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_at))
+    return f"started {when} ({human_duration(max(0.0, now - started_at))} ago)"
+
+
+class CommandHead(Static):
+    """The first lines of a command line from outside, escaped and cut to this widget's width by the one rule
+    (fmt.shorten_lines): drawn at the width it has, so it stays two lines whatever the terminal's size."""
+
+    def __init__(self, command: str, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.command = command
+        self.cut = False  # the command did not fit in its lines: the whole one is in the box below
+
+    def render(self) -> Text:
+        width = self.content_region.width or 66
+        rows = shorten_lines(self.command, width, COMMAND_LINES)
+        self.cut = len(rows) == COMMAND_LINES and rows[-1].endswith("…") and printable(self.command) != "".join(rows)
+        return Text("\n".join(rows), no_wrap=True, overflow="crop", end="")
 
 
 class SignalScreen(ModalScreen[str | None]):
@@ -20,37 +54,58 @@ class SignalScreen(ModalScreen[str | None]):
 
     DEFAULT_CSS = """
     SignalScreen { align: center middle; }
-    #signal-dialog { width: 72; max-width: 100%; height: auto; border: thick $error; background: $surface;
-                     padding: 1 2; }
+    #signal-dialog { width: 72; max-width: 100%; height: auto; max-height: 100%; border: thick $error;
+                     background: $surface; padding: 0 2; }
     #signal-title { text-style: bold; }
-    #signal-command { color: $text-muted; margin-bottom: 1; }
+    #signal-started { color: $text-muted; }
+    #signal-command { height: 2; color: $text-muted; margin-bottom: 1; }
     #signal-choice { height: auto; }
     #signal-help { margin-top: 1; }
+    #signal-whole { height: auto; max-height: 6; margin-top: 1; border-top: solid $foreground-muted; }
+    #signal-whole:focus { border-top: solid $accent; }
     """
     BINDINGS = [
         Binding("y", "send", "Send", id="signal.send"),
         Binding("n,escape", "cancel", "Cancel", id="signal.cancel"),
     ]
 
-    def __init__(self, pid: int, who: str, command: str, note: str = "") -> None:
+    def __init__(self, pid: int, who: str, command: str, note: str = "", started_at: float | None = None,
+                 now: float | None = None) -> None:
         super().__init__()
         self._pid = pid
         self._who = who
         self._command = command
         self._note = note
+        self._started = started_text(started_at, time.time() if now is None else now)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="signal-dialog", classes="dialog"):
-            yield Static(plain(f"Signal pid {self._pid} ({self._who})?"), id="signal-title")
-            yield Static(plain(self._command), id="signal-command")
+            yield Static(Text(f"Signal pid {self._pid} ({printable(self._who)})?"), id="signal-title")
+            yield Static(Text(self._started), id="signal-started")
+            yield CommandHead(self._command, id="signal-command")
             yield OptionList(*(f"{name:<8} {MEANINGS[name]}" for name in SIGNALS), id="signal-choice")
             yield Static(plain((self._note + "\n" if self._note else "") + "y sends the highlighted signal, "
                                "Esc cancels"), id="signal-help")
+            with VerticalScroll(id="signal-whole") as whole:
+                whole.border_title = "the whole command line: Tab, then ↑ ↓ scroll it"
+                whole.display = False
+                yield Static(Text(printable(self._command)), id="signal-whole-text")
 
     def on_mount(self) -> None:
         choice = self.query_one(OptionList)
         choice.highlighted = 0
         choice.focus()
+        self.call_after_refresh(self._show_whole)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._show_whole)
+
+    def _show_whole(self) -> None:
+        """The box with the whole command line shows where the two lines above had to cut it."""
+        head = self.query_one(CommandHead)
+        whole = self.query_one("#signal-whole", VerticalScroll)
+        if whole.display != head.cut:
+            whole.display = head.cut
 
     def action_send(self) -> None:
         """Send the highlighted signal."""
