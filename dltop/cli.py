@@ -103,7 +103,7 @@ def build_tui_parser() -> ArgumentParser:
 
 
 # Options of the top-level parser that take a value: their value is never a subcommand name.
-_VALUE_OPTIONS = {"--config", "--root", "--pid", "--refresh", "-r", "--server", "--export", "--export-web-config",
+_VALUE_OPTIONS = {"--config", "--root", "--pid", "--user", "--refresh", "-r", "--server", "--export", "--export-web-config",
                   "--cache", "--record", "--jump", "--tab", "--prometheus", "--selector", "--prometheus-user",
                   "--prometheus-password-file", "--prometheus-bearer-token-file", "--prometheus-ca-file",
                   "--prometheus-timeout"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import unicodedata
 from typing import TextIO
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -242,12 +243,42 @@ def _graphemes(shown: str, escaped: bool) -> tuple[list[tuple[int, int, int]], i
     escaped something, each escape is one unit: a cut never leaves a '\\' or a '\\x0' that reads as something else."""
     cut: list[tuple[int, int, int]]
     if shown.isascii():  # printable: one cell a character, one character a grapheme
-        cut, cells = [(i, i + 1, 1) for i in range(len(shown))], len(shown)
-    else:
-        from rich.cells import split_graphemes  # what Textual measures and draws by
+        cut = [(i, i + 1, 1) for i in range(len(shown))]
+    else:  # as Rich (what Textual measures and draws by) splits them: marks and joined emoji on their base
+        cut = []
+        join = False
+        for i, ch in enumerate(shown):
+            w = _char_cells(ch)
+            if cut and (w == 0 or join):
+                start, _, cells = cut[-1]
+                cut[-1] = (start, i + 1, cells)  # a joined emoji takes its first one's cells
+            else:
+                cut.append((i, i + 1, w))
+            join = ch == "\u200d"
+    if escaped:
+        cut = _whole_escapes(shown, cut)
+    return cut, sum(w for _, _, w in cut)
 
-        cut, cells = split_graphemes(shown)
-    return (_whole_escapes(shown, cut) if escaped else cut), cells
+
+_SHOWN_CF = {*range(0x600, 0x606), 0x6DD, 0x70F, 0x890, 0x891, 0x8E2, 0x110BD, 0x110CD}  # signs drawn over digits
+
+
+def _char_cells(ch: str) -> int:
+    """The cells one character takes on a terminal, as wcwidth and Rich count them: 0 for a combining mark, a
+    format character (a joiner, a variation selector), a Hangul medial or final jamo and an emoji skin tone; 2 for
+    East Asian wide and full-width characters; 1 for the rest."""
+    o = ord(ch)
+    if o < 0x300:
+        return 1
+    if ((unicodedata.category(ch) in ("Mn", "Me", "Mc") or unicodedata.category(ch) == "Cf" and o not in _SHOWN_CF)
+            or 0x1160 <= o <= 0x11FF or 0x1F3FB <= o <= 0x1F3FF or 0xD7B0 <= o <= 0xD7FF):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def cells(text: str) -> int:
+    """The cells `text` (one line, printable) takes on a terminal, by the rule `shorten` cuts by."""
+    return len(text) if text.isascii() else _graphemes(text, False)[1]
 
 
 _AN_ESCAPE = re.compile(r"\\(?:x[0-9a-f]{2}|u[0-9a-f]{4})")

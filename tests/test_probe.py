@@ -352,17 +352,34 @@ def test_the_publisher_reuses_its_tensor_count_until_due_or_a_new_watch(monkeypa
 
 
 def test_a_symlinked_or_shared_directory_is_not_published_into(tmp_path: Path, capsys) -> None:
+    import fcntl
+
+    from dltop.probe.files import MEMFD_LINK, SEALS
+
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     (tmp_path / "dltop").symlink_to(elsewhere)
-    assert probe.start() is None
+    # The folder is refused: the report goes into a sealed memfd the process holds, which dltop finds from the
+    # process (/proc/PID/fd), and nothing is written through the symlink.
+    path = probe.start()
+    assert path == f"/proc/{os.getpid()}/fd/{probe._state.memfd}" and os.readlink(path) == MEMFD_LINK
     assert os.listdir(elsewhere) == []
     assert "cannot publish" in capsys.readouterr().err
+    assert fcntl.fcntl(probe._state.memfd, fcntl.F_GET_SEALS) & SEALS == SEALS  # no one can change it
+    doc = json.loads(Path(path).read_bytes())
+    assert doc["pid"] == os.getpid() and f"{tmp_path / 'dltop'}" in doc["folder_refused"]
+    fd = probe._state.memfd
+    probe.publish()
+    assert probe._state.memfd == fd and os.readlink(path) == MEMFD_LINK  # replaced in place (dup2)
+    probe.stop()
+    assert probe._state.memfd is None and not os.path.exists(path)
     (tmp_path / "dltop").unlink()
     (tmp_path / "dltop").mkdir()
     os.chmod(tmp_path / "dltop", 0o777)
-    probe._state.dir_fd = None
-    assert probe.publish() is None and os.listdir(tmp_path / "dltop") == []
+    probe._state.dir_fd = probe._state.folder_refused = None
+    assert probe.publish() == f"/proc/{os.getpid()}/fd/{probe._state.memfd}"
+    assert os.listdir(tmp_path / "dltop") == []
+    probe.stop()
 
 
 def test_over_4_kib_the_oldest_epochs_go_first() -> None:

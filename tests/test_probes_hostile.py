@@ -150,9 +150,9 @@ def test_a_deeply_nested_file_costs_only_itself(pdir: Path, real_report: dict) -
 
 
 def test_nesting_inside_strings_is_not_nesting(pdir: Path, real_report: dict) -> None:
-    _write(pdir, json.dumps({**real_report, "cmd": "python -c '" + "[{" * 500 + "\\\"'"}).encode())
+    _write(pdir, json.dumps({**real_report, "job_id": "python -c '" + "[{" * 500 + "\\\"'"}).encode())
     (p,) = _read(pdir).processes
-    assert p.cmd.startswith("python -c '[{[{")
+    assert p.job_id is not None and p.job_id.startswith("python -c '[{[{")
 
 
 def _mutations(seed: bytes, rng: random.Random, n: int) -> list[bytes]:
@@ -270,10 +270,10 @@ def test_a_file_that_has_not_changed_is_not_parsed_again(pdir: Path, real_report
     assert again.ignored == first.ignored and [p.pid for p in again.processes] == [p.pid for p in first.processes]
     assert again.processes[0].weights_bytes == first.processes[0].weights_bytes
     # New bytes (the job published again) are parsed; a file gone leaves the memo.
-    _write(pdir, json.dumps({**real_report, "cmd": "python train.py --again"}).encode())
+    _write(pdir, json.dumps({**real_report, "job_id": "python train.py --again"}).encode())
     os.unlink(pdir / "1.json")
     (p,) = read_probes([(str(pdir), ME)], memo=memo).processes
-    assert parsed[2:] == [f"{os.getpid()}.json"] and p.cmd == "python train.py --again"
+    assert parsed[2:] == [f"{os.getpid()}.json"] and p.job_id == "python train.py --again"
     assert len(memo) == 1
     # Without a memo (the default: a one-shot read) every file is parsed every time.
     read_probes([(str(pdir), ME)])

@@ -98,6 +98,21 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int, metavar="PID",
                    help="process whose memory cgroup to watch and whose environment places the caches "
                         "(default: dltop's own)")
+    p.add_argument("--user", type=user_id, metavar="USER",
+                   help="show the training jobs (probes) of this user only, a name or a uid (default: every user's "
+                        "as root, else your own)")
+
+
+def user_id(text: str) -> int:
+    """An argparse type: a user name or a uid, as the uid."""
+    import pwd
+
+    if text.isdigit() and len(text) <= 10:
+        return int(text)
+    try:
+        return pwd.getpwnam(text).pw_uid
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"no such user: {text!r}") from None
 
 
 def add_server_option(p: argparse.ArgumentParser) -> None:

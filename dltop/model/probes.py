@@ -152,6 +152,13 @@ class ProcessProbe:
     # An exited process (its file left behind): how it ended, from the exit record the probe wrote at exit;
     # exit_how None: no record (killed or crashed). exited_at: the record's time, else the file's last publication.
     exited: bool = False
+    # Who runs it, in the kernel's word (the uid that owns the process and its file or memfd): its name, and the
+    # PID namespace it runs in where that is not dltop's (a pod: many pods share a uid). None: not known.
+    user: str | None = None
+    pidns: int | None = None
+    # Why the probe could not keep a file (its folder was refused: another user made it first) and published
+    # through a memfd instead; how such a process ended is not known once it is gone (no exit record is left).
+    folder_refused: str | None = None
     exit_how: str | None = None  # "exit" (atexit ran) or "exception" (an uncaught exception ended it)
     exit_error: str | None = None
     exit_code: int | None = None
@@ -174,16 +181,20 @@ class ProcessProbe:
             return f"exit code 1: {self.exit_error}" if self.exit_error else "an uncaught exception"
         if self.exit_how == "exit":
             return "exited (a normal exit or sys.exit)" if self.exit_code is None else f"exit code {self.exit_code}"
+        if self.folder_refused:
+            return f"how it ended is not known: its probe kept no file ({self.folder_refused})"
         return NO_EXIT_RECORD
 
     @property
     def job_key(self) -> str:
-        """What groups the ranks of one job: its job id; else, for a rank, its parent and command (torchrun and
-        mp.spawn start the ranks as children of one process); else the process alone."""
+        """What groups the ranks of one job: its user (and container, where pods share a uid) with its job id;
+        else, for a rank, its parent and command (torchrun and mp.spawn start the ranks as children of one
+        process); else the process alone. Ranks of two users never merge, whatever job id they claim."""
+        owner = f"uid {self.uid}" + (f" pidns {self.pidns}" if self.pidns is not None else "")
         if self.job_id:
-            return f"job {self.job_id}"
+            return f"{owner} job {self.job_id}"
         if self.rank is not None and self.ppid is not None:
-            return f"ppid {self.ppid} {self.cmd}"
+            return f"{owner} ppid {self.ppid} {self.cmd}"
         return f"pid {self.pid}"
 
 

@@ -22,9 +22,11 @@ from typing import Any, TypeVar
 from dltop.probe.files import (
     FORMAT,
     MAX_FILE_BYTES,
+    MEMFD_NAME,
     open_private_dir,
     probe_dir,
     proc_start_ticks,
+    publish_memfd,
     write_atomic,
 )
 
@@ -104,6 +106,10 @@ class _State:
         self.loaders: dict[str, _Data] = {}  # the others by name: a val loop is not mixed into the train steps
         self.epochs: list[dict[str, Any]] = []
         self.dir_fd: int | None = None
+        # Why the folder was refused (another user made it first, or a symlink stands there): then the process
+        # publishes into a memfd it holds at `memfd` (docs/probe.md), and says so in its report
+        self.folder_refused: str | None = None
+        self.memfd: int | None = None
         self.warned: set[str] = set()
         # The last count of the watched tensors: the publisher thread recounts only as often as keeps the count
         # under TENSOR_DUTY of a core (a model of thousands of tensors costs milliseconds to walk).
@@ -959,6 +965,7 @@ def report(fresh: bool = True) -> dict[str, Any]:
         **({"optimizer_steps": _state.optimizer_steps} if _state.optimizer_steps is not None else {}),
         "gpu_util_source": GPU_UTIL_SOURCE,
         **({"exit": _state.exit} if _state.exit is not None else {}),
+        **({"folder_refused": _state.folder_refused} if _state.folder_refused is not None else {}),
     }
 
 
@@ -1002,20 +1009,30 @@ def encode(doc: dict[str, Any]) -> bytes | None:
 
 def publish(fresh: bool = True) -> str | None:
     """Write this process's file once now; returns its path, or None (said once on stderr) when it cannot.
-    `fresh`: count the watched tensors now (the publisher thread passes False: see report)."""
+    Where the folder is refused (another user made it first), the report goes into a memfd the process holds
+    instead, which dltop finds from the process (`/proc/PID/fd/N`, the path returned). `fresh`: count the
+    watched tensors now (the publisher thread passes False: see report)."""
     path = probe_dir()
-    try:
-        if _state.dir_fd is None:
+    if _state.dir_fd is None and _state.folder_refused is None:
+        try:
             _state.dir_fd = open_private_dir(path)
+        except OSError as e:
+            _state.folder_refused = f"{path}: {e.strerror or e}"[:MAX_CMD]
+            _warn_once("folder", f"cannot publish in {_state.folder_refused}; publishing to dltop through a "
+                                 f"memfd ({MEMFD_NAME}) instead")
+    try:
         data = encode(report(fresh))
         if data is None:
             _warn_once("size", f"the report does not fit in {MAX_FILE_BYTES} bytes: not published")
             return None
-        write_atomic(_state.dir_fd, f"{os.getpid()}.json", data)
+        if _state.dir_fd is not None:
+            write_atomic(_state.dir_fd, f"{os.getpid()}.json", data)
+            return os.path.join(path, f"{os.getpid()}.json")
+        _state.memfd = publish_memfd(_state.memfd, data)
     except (OSError, ValueError) as e:
         _warn_once("write", f"cannot publish in {path}: {e}")
         return None
-    return os.path.join(path, f"{os.getpid()}.json")
+    return f"/proc/{os.getpid()}/fd/{_state.memfd}"
 
 
 def _remove_stale() -> None:
@@ -1086,6 +1103,8 @@ def start(interval_s: float = 1.0) -> str | None:
         return None
     with _state.lock:
         if _state.thread is not None and _state.thread.is_alive():
+            if _state.memfd is not None:
+                return f"/proc/{os.getpid()}/fd/{_state.memfd}"
             return os.path.join(probe_dir(), f"{os.getpid()}.json")
         _state.interval_s = interval_s
         _state.started_at = round(time.time(), 3)
@@ -1102,6 +1121,10 @@ def start(interval_s: float = 1.0) -> str | None:
 
 
 def _remove_own_file() -> None:
+    if _state.memfd is not None:
+        with contextlib.suppress(OSError):
+            os.close(_state.memfd)
+        _state.memfd = None
     if _state.dir_fd is not None:
         with contextlib.suppress(OSError):
             os.unlink(f"{os.getpid()}.json", dir_fd=_state.dir_fd)
@@ -1122,6 +1145,10 @@ def _after_fork_in_child() -> None:
     # start() itself. Its data and epochs are its own from here.
     _state.lock = threading.Lock()
     _state.thread = None
+    if _state.memfd is not None:  # the parent's report: a child that publishes makes its own
+        with contextlib.suppress(OSError):
+            os.close(_state.memfd)
+        _state.memfd = None
     _state.stop = threading.Event()
     _state.data = _Data()
     _state.main_loader = None

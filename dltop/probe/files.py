@@ -6,6 +6,7 @@ Shared by the probe (which writes) and dltop's probes source (which reads); stan
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 from collections.abc import Mapping
@@ -16,6 +17,11 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 PROBE_DIR_ENV = "DLTOP_PROBE_DIR"  # a directory shared with dltop (a Kubernetes hostPath): docs/probe.md
+# Where a probe whose folder is refused (another user made /dev/shm/dltop-UID first) publishes instead: a sealed
+# memfd of this name that the process holds; dltop finds it in /proc/PID/fd (docs/probe.md, "Where the file lives")
+MEMFD_NAME = "dltop-probe"
+MEMFD_LINK = f"/memfd:{MEMFD_NAME} (deleted)"  # what readlink(/proc/PID/fd/N) says of it
+SEALS = 0x1 | 0x2 | 0x4 | 0x8  # F_SEAL_SEAL | SHRINK | GROW | WRITE: once written, no one can change it
 
 
 def pid_namespace(proc: str = "/proc", pid: int | str = "self") -> int | None:
@@ -88,6 +94,26 @@ def write_atomic(dir_fd: int, name: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
         raise
+
+
+def publish_memfd(held: int | None, data: bytes) -> int:
+    """Publish `data` in a sealed memfd named MEMFD_NAME and return the fd the process holds it at: `held` (the
+    fd of the last publication, replaced atomically with dup2: a reader sees the old file or the new one, never a
+    torn one), or a new fd the first time. Raises OSError (no memfd_create: not Linux)."""
+    fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+        if held is None:
+            return fd
+        os.dup2(fd, held, inheritable=False)
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return held
 
 
 def proc_start_ticks(pid: int | str, proc: str = "/proc") -> int | None:

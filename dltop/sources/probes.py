@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import glob
 import json
 import math
 import os
@@ -36,24 +35,26 @@ from dltop.probe.files import (
     DIR_FLAGS,
     FORMAT,
     MAX_FILE_BYTES,
-    PROBE_DIR_ENV,
+    MEMFD_LINK,
+    SEALS,
     check_dir,
     pid_namespace,
-    probe_dir,
     proc_start_ticks,
 )
 from dltop.sources.base import Source
 from dltop.sources.procio import with_job_reads
+from dltop.sources.rendezvous import MAX_FDS, ProbeDir, Rendezvous
 
 FILE_NAME = re.compile(r"[0-9]{1,10}\.json")
-SHARED_NAME = re.compile(r"([0-9]{1,10})(?:\.([0-9]{1,20}))?")  # UID.PIDNS under $DLTOP_PROBE_DIR
-MAX_ENTRIES = 4096  # names looked at per directory: a directory stuffed with files costs a bounded listing
+MAX_ENTRIES = 4096  # names looked at per folder (each folder is one user's own: a cut costs only that user)
+MAX_LIVE = 256  # files of live processes read per folder (a user runs at most so many probed processes)
+READ_BUDGET_S = 0.5  # one reading's time for the files; what is left is said, per folder
 NOT_WATCHED = "the process watched no model, optimizer or cache (probe.watch_model / watch_optimizer / watch_kv)"
 NO_TRACK = "the process iterates no loader through probe.track()"
 NONFINITE = ("nan", "inf", "-inf")
 MAX_LOSS = 1e15  # a loss beyond this either way is not a measurement
 MAX_RATE = 1e12  # samples or tokens a second
-MAX_EXITED = 8  # exited processes kept on screen (the newest): older files are listed as ignored
+MAX_EXITED = 8  # exited processes kept per user (the newest): older ones are listed as ignored
 EXIT_HOWS = ("exit", "exception")
 
 
@@ -61,48 +62,13 @@ class Malformed(ValueError):
     """A probe file that is JSON but not of format 1's shape."""
 
 
-ProbeDir = tuple[str, int] | tuple[str, int, int]  # (directory, its owner's uid[, the PID namespace of its files])
-
-
-def shared_dirs(base: str, uid: int) -> list[ProbeDir]:
-    """The per-user directories under a shared $DLTOP_PROBE_DIR (`UID.PIDNS`): this user's, and as root every
-    user's. Each is checked as any probe directory is (owned by that UID, writable by no one else); a name that
-    is not `UID.PIDNS` is not looked at."""
-    try:
-        fd = os.open(base, DIR_FLAGS)
-    except OSError:
-        return []
-    try:
-        names = sorted(os.listdir(fd))[:MAX_ENTRIES]
-    except OSError:
-        return []
-    finally:
-        os.close(fd)
-    out: list[ProbeDir] = []
-    for name in names:
-        m = SHARED_NAME.fullmatch(name)
-        if m and (uid == 0 or int(m.group(1)) == uid):
-            path = os.path.join(base, name)
-            out.append((path, int(m.group(1))) if m.group(2) is None else (path, int(m.group(1)), int(m.group(2))))
-    return out
-
-
-def default_dirs(uid: int | None = None, env: dict[str, str] | None = None) -> list[ProbeDir]:
-    """(directory, the uid that must own it) for every probe directory this user may read: its own
-    ($XDG_RUNTIME_DIR/dltop, /run/user/UID/dltop, /dev/shm/dltop-UID), and as root every user's; with
-    $DLTOP_PROBE_DIR set, those under it too (UID.PIDNS, with the PID namespace their files' pids are in)."""
-    uid = os.getuid() if uid is None else uid
-    shared = (os.environ if env is None else env).get(PROBE_DIR_ENV)
-    own = probe_dir(uid, {k: v for k, v in (os.environ if env is None else env).items() if k != PROBE_DIR_ENV})
-    found = {own: uid, f"/run/user/{uid}/dltop": uid, f"/dev/shm/dltop-{uid}": uid}
-    if uid == 0:
-        for pattern, rx in (("/run/user/*/dltop", r"/run/user/([0-9]+)/dltop"), ("/dev/shm/dltop-*", r"/dev/shm/dltop-([0-9]+)")):
-            for path in glob.glob(pattern):
-                m = re.fullmatch(rx, path)
-                if m:
-                    found[path] = int(m.group(1))
-    local: list[ProbeDir] = [(p, u) for p, u in found.items() if os.path.lexists(p)]
-    return local + (shared_dirs(shared, uid) if shared else [])
+def default_dirs(uid: int | None = None, env: dict[str, str] | None = None, root: str = "/") -> list[ProbeDir]:
+    """(directory, the uid that must own it[, the PID namespace of its pids]) for every probe folder this user
+    may read, derived from the users that run processes here (rendezvous.py), never from a listing of a folder
+    anyone can write."""
+    r = Rendezvous(os.path.join(root, "proc"), me=uid, env=env)
+    r.refresh()
+    return r.dirs()
 
 
 # Bounds on what a probe may claim: anything outside is another user's typo or attack, not a measurement.
@@ -625,19 +591,68 @@ def _exited(probe: ProcessProbe) -> ProcessProbe:
 ParseKey = tuple[str, int, bytes]  # a probe file's path, owner and bytes
 
 
+def _candidates(dir_fd: int, path: str, owner: int, proc: str, pidns: int | None,
+                ignored: list[IgnoredProbe]) -> list[str]:
+    """The names in a user's folder worth reading, cheapest checks first: at most MAX_LIVE of live processes
+    that user runs (the kernel's owner of /proc/PID; in a pod's folder, any), and the MAX_EXITED newest of the
+    rest. A folder its user stuffed costs that user its own entries, each cut said."""
+    names = sorted(n for n in os.listdir(dir_fd) if FILE_NAME.fullmatch(n))
+    if len(names) > MAX_ENTRIES:
+        ignored.append(IgnoredProbe(path, f"{len(names) - MAX_ENTRIES} probe files past the first {MAX_ENTRIES}: "
+                                          "not looked at"))
+        names = names[:MAX_ENTRIES]
+    live, gone = [], []
+    for name in names:
+        pid = name.removesuffix(".json")
+        if pidns is not None:  # a pod's pids: HostPids finds them
+            live.append(name)
+            continue
+        try:
+            uid = os.stat(f"{proc}/{pid}").st_uid
+        except OSError:
+            gone.append(name)
+            continue
+        if owner == 0 or uid == owner:
+            live.append(name)
+        else:  # a live pid of another user: this file cannot be that process's; as if it had exited
+            gone.append(name)
+    if len(live) > MAX_LIVE:
+        ignored.append(IgnoredProbe(path, f"{len(live) - MAX_LIVE} files of live processes past {MAX_LIVE}: "
+                                          "not read"))
+        live = live[:MAX_LIVE]
+    if len(gone) > MAX_EXITED:
+        def mtime(name: str) -> float:
+            try:
+                return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
+            except OSError:
+                return 0.0
+        gone.sort(key=mtime, reverse=True)
+        ignored += [IgnoredProbe(os.path.join(path, n), f"an exited process's, older than its user's "
+                                                        f"{MAX_EXITED} newest") for n in gone[MAX_EXITED:]]
+        gone = gone[:MAX_EXITED]
+    return live + gone
+
+
 def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/",
                 memo: dict[ParseKey, ProcessProbe | str] | None = None) -> ProbesPart:
     """Every probe in `dirs` ((directory, its owner's uid[, the PID namespace of its pids]); default:
-    `default_dirs()`), each checked. `memo` (kept by the caller between reads) holds the parses of the files
-    seen by the last read, and only those."""
+    `default_dirs()`), each checked, within READ_BUDGET_S. `memo` (kept by the caller between reads) holds the
+    parses of the files seen by the last read, and only those."""
+    dirs = default_dirs(root=root) if dirs is None else dirs
+    processes, ignored = _read_dirs(dirs, root, memo)
+    return assemble(tuple(d[0] for d in dirs), processes, ignored, os.path.join(root, "proc"))
+
+
+def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, ProcessProbe | str] | None,
+               ) -> tuple[list[ProcessProbe], list[IgnoredProbe]]:
     seen: dict[ParseKey, ProcessProbe | str] | None = {} if memo is not None else None
-    dirs = default_dirs() if dirs is None else dirs
     me = os.getuid()
     proc = os.path.join(root, "proc")
     here = pid_namespace(proc)
     hosts = HostPids(proc)
     processes: list[ProcessProbe] = []
     ignored: list[IgnoredProbe] = []
+    deadline = time.monotonic() + READ_BUDGET_S
     for path, owner, *rest in dirs:
         pidns = rest[0] if rest and rest[0] != here else None
         try:
@@ -653,15 +668,18 @@ def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/",
             if untrusted is not None:
                 ignored.append(IgnoredProbe(path, f"directory {untrusted}: not trusted"))
                 continue
-            names = sorted(os.listdir(dir_fd))[:MAX_ENTRIES]
-            for name in names:
-                if not FILE_NAME.fullmatch(name):
-                    continue  # the probe's temp files (.PID.json.XXXX.tmp) and anything else
+            names = _candidates(dir_fd, path, owner, proc, pidns, ignored)
+            for i, name in enumerate(names):
+                if time.monotonic() > deadline:
+                    ignored.append(IgnoredProbe(path, f"{len(names) - i} files not read: the reading's "
+                                                      f"{READ_BUDGET_S:g} s ran out"))
+                    break
                 got = _read_file(dir_fd, name, os.path.join(path, name), me, proc, pidns, hosts, memo, seen)
                 if isinstance(got, str):
                     ignored.append(IgnoredProbe(os.path.join(path, name), got))
                 else:
-                    processes.append(got)
+                    processes.append(dataclasses.replace(got, pidns=rest[0] if pidns is not None else None)
+                                     if pidns is not None else got)
         except OSError as e:
             ignored.append(IgnoredProbe(path, f"cannot list: {e.strerror}"))
         finally:
@@ -669,18 +687,180 @@ def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/",
     if memo is not None and seen is not None:
         memo.clear()
         memo.update(seen)
-    live = sorted((p for p in processes if not p.exited), key=lambda p: p.pid)
-    exited = sorted((p for p in processes if p.exited), key=lambda p: (-(p.exited_at or 0.0), p.pid))
-    ignored += [IgnoredProbe(p.path, f"process {p.pid} exited before the {MAX_EXITED} newest exited ones")
-                for p in exited[MAX_EXITED:]]
-    return ProbesPart(dirs=tuple(d[0] for d in dirs), processes=tuple(live), ignored=tuple(ignored),
-                      exited=tuple(exited[:MAX_EXITED]))
+    return processes, ignored
+
+
+def assemble(dirs: tuple[str, ...], processes: list[ProcessProbe], ignored: list[IgnoredProbe],
+             proc: str = "/proc") -> ProbesPart:
+    """The part: live processes with their command and user in the kernel's word, and each user's MAX_EXITED
+    newest exited ones (a user's many exited files never push another user's out)."""
+    live = sorted((_from_kernel(p, proc) for p in processes if not p.exited), key=lambda p: p.pid)
+    exited = sorted((dataclasses.replace(p, user=user_name(p.uid)) for p in processes if p.exited),
+                    key=lambda p: (-(p.exited_at or 0.0), p.pid))
+    kept: list[ProcessProbe] = []
+    per_user: dict[int, int] = {}
+    for p in exited:
+        per_user[p.uid] = per_user.get(p.uid, 0) + 1
+        if per_user[p.uid] <= MAX_EXITED:
+            kept.append(p)
+        else:
+            ignored.append(IgnoredProbe(p.path, f"process {p.pid} exited before uid {p.uid}'s {MAX_EXITED} "
+                                                "newest exited ones"))
+    return ProbesPart(dirs=dirs, processes=tuple(live), ignored=tuple(ignored), exited=tuple(kept))
+
+
+_NAMES: dict[int, str | None] = {}
+
+
+def user_name(uid: int) -> str | None:
+    """The user's name (looked up once per uid), or None where the system has none."""
+    if uid not in _NAMES:
+        import pwd
+
+        try:
+            _NAMES[uid] = pwd.getpwuid(uid).pw_name
+        except (KeyError, OverflowError):
+            _NAMES[uid] = None
+    return _NAMES[uid]
+
+
+def proc_cmdline(proc: str, pid: int) -> str | None:
+    """The process's command line as the kernel has it (/proc/PID/cmdline, arguments joined by spaces, cut to
+    MAX_TEXT), or None when it cannot be read."""
+    try:
+        fd = os.open(f"{proc}/{pid}/cmdline", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, MAX_TEXT) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "surrogateescape")[:MAX_TEXT] or None
+
+
+def _from_kernel(p: ProcessProbe, proc: str) -> ProcessProbe:
+    """A live probe with what the kernel says of its process in place of what its file says: the command
+    (/proc/PID/cmdline) and the user's name."""
+    cmd = proc_cmdline(proc, p.pid)
+    return dataclasses.replace(p, cmd=cmd if cmd is not None else p.cmd, user=user_name(p.uid))
+
+
+def _read_memfd(proc: str, pid: int, fd: int, uid: int, memo: dict[ParseKey, ProcessProbe | str],
+                seen: dict[ParseKey, ProcessProbe | str]) -> ProcessProbe | str | None:
+    """The probe in the memfd process `pid` holds at `fd` (its folder was refused); None when it holds it no
+    more. The datum's owner is the kernel's: the uid of the process and of the memfd, never a field."""
+    path = f"{proc}/{pid}/fd/{fd}"
+    try:
+        if os.readlink(path) != MEMFD_LINK:
+            return None
+        # not O_NOFOLLOW: /proc/PID/fd/N is a link by nature; what it opens is checked below
+        f = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(f)
+        if not stat.S_ISREG(st.st_mode):
+            return "memfd: not a regular file"
+        if st.st_uid != uid:
+            return f"memfd owned by uid {st.st_uid}, not its process's (uid {uid})"
+        import fcntl
+
+        if fcntl.fcntl(f, fcntl.F_GET_SEALS) & SEALS != SEALS:
+            return "memfd not sealed: it could change while read"
+        if st.st_size > MAX_FILE_BYTES:
+            return f"{st.st_size} bytes: over the {MAX_FILE_BYTES}-byte limit"
+        raw = os.pread(f, MAX_FILE_BYTES + 1, 0)
+    except OSError as e:
+        return f"memfd: {e.strerror}"
+    finally:
+        os.close(f)
+    key = (path, uid, raw)
+    parsed = memo.get(key) or _parse_file(raw, path, uid)
+    seen[key] = parsed
+    if isinstance(parsed, str):
+        return parsed
+    ns = pid_namespace(proc, pid)
+    here = pid_namespace(proc)
+    inner = _innermost_pid(proc, str(pid)) if ns != here else pid
+    if parsed.pid != inner:  # a child that inherited its parent's memfd, or a false pid
+        return f"malformed: names pid {parsed.pid}, not its process's"
+    if proc_start_ticks(pid, proc) != parsed.start_time_ticks:
+        return f"malformed: names another start time than process {pid}'s"
+    return dataclasses.replace(parsed, pid=pid, ppid=_ppid(proc, pid), pidns=ns if ns != here else None)
+
+
+def _ppid(proc: str, pid: int) -> int | None:
+    """Field 4 of /proc/PID/stat: the parent's pid as this dltop sees it."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            text = f.read(4096)
+        return int(text[text.rfind(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class ProbeReader:
+    """The probes source's state between readings: where the probes are (`Rendezvous`), the parses of unchanged
+    files, the folders that held files, and the probes found through a memfd, kept once their process is gone
+    (with its last numbers) for as long as an exited file would be."""
+
+    def __init__(self, root: str = "/", user: int | None = None, env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.proc = os.path.join(root, "proc")
+        self.rendezvous = Rendezvous(self.proc, user=user, env=env)
+        self.memo: dict[ParseKey, ProcessProbe | str] = {}
+        self.known_dirs: dict[str, ProbeDir] = {}  # folders that held a file: read while they are there
+        self.live: dict[tuple[int, int], ProcessProbe] = {}  # (uid, pid) -> the last probe read from a memfd
+        self.gone: dict[tuple[int, int], ProcessProbe] = {}
+
+    def read(self) -> ProbesPart:
+        r = self.rendezvous
+        r.refresh()
+        dirs = {d[0]: d for d in r.dirs()}
+        for path, d in list(self.known_dirs.items()):
+            if not os.path.lexists(path):
+                del self.known_dirs[path]
+            else:
+                dirs.setdefault(path, d)
+        files, ignored = _read_dirs(list(dirs.values()), self.root, self.memo)
+        for p in files:
+            where = os.path.dirname(p.path)
+            if where in dirs:
+                self.known_dirs[where] = dirs[where]
+        found = {(p.uid, p.pid) for p in files}
+        ignored += [*(IgnoredProbe(where, why) for where, why in r.notes),
+                   *(IgnoredProbe(f"{self.proc}/{pid}/fd", f"over {MAX_FDS} descriptors: not all looked at for "
+                                                          "a probe's memfd") for pid, _ in r.cut())]
+        memos: dict[ParseKey, ProcessProbe | str] = {}
+        now_live: dict[tuple[int, int], ProcessProbe] = {}
+        for pid, fd, uid in r.memfds():
+            got = _read_memfd(self.proc, pid, fd, uid, self.memo, memos)
+            if got is None:
+                r.forget_memfd(pid)
+            elif isinstance(got, str):
+                ignored.append(IgnoredProbe(f"{self.proc}/{pid}/fd/{fd}", got))
+            elif (uid, pid) not in found:  # its file, where it has one, says the same
+                now_live[(uid, pid)] = got
+        self.memo.update(memos)
+        for key, last in self.live.items():
+            if key not in now_live and key not in found:
+                self.gone[key] = _exited(last)
+        self.live = now_live
+        old = time.time() - KEEP_EXITED_S
+        self.gone = {k: p for k, p in self.gone.items() if (p.exited_at or 0.0) > old and k not in found}
+        processes = [*files, *now_live.values(), *self.gone.values()]
+        return assemble(tuple(dirs), processes, ignored, self.proc)
+
+
+KEEP_EXITED_S = 86400.0  # as long as the probe leaves an exited process's file
 
 
 def source(settings: Settings) -> Source:
     """The probes source at the refresh interval (a listing of one or two small directories)."""
     # with each job's own reads (/proc/PID/io of it and its workers) beside what it publishes
-    memo: dict[ParseKey, ProcessProbe | str] = {}
+    reader = ProbeReader(settings.root, settings.user)
     return Source(name="probes", interval_s=settings.refresh_s,
-                  read=lambda: with_job_reads(read_probes(root=settings.root, memo=memo), settings.root),
+                  read=lambda: with_job_reads(reader.read(), settings.root),
                   timeout_s=max(2.0, settings.refresh_s * 2), follows_refresh=True)

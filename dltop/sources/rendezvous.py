@@ -1,0 +1,149 @@
+"""Where the probes on this machine are, in the kernel's word (docs/probe.md, "How dltop finds probes").
+
+A folder's name or a field in a file is a claim; the uid that owns a process, a file or a file descriptor is the
+kernel's answer. So dltop never lists a folder anyone can write (/dev/shm, a shared $DLTOP_PROBE_DIR) to find
+probes: it derives the per-user folders from the users that run processes here (`/proc/PID` is owned by its
+process's uid) and checks each folder's owner, and it finds the probes whose folder was refused (another user made
+`/dev/shm/dltop-UID` first) from the processes themselves: a memfd named `dltop-probe` in `/proc/PID/fd`.
+Each process's file descriptors are looked at when it is first seen, then again after 2, 4, ... up to 64 s (a
+probe may start after its process), within a time budget per reading shared fairly between users.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from dataclasses import dataclass
+
+from dltop.probe.files import MEMFD_LINK, PROBE_DIR_ENV, pid_namespace, probe_dir
+
+ProbeDir = tuple[str, int] | tuple[str, int, int]  # (directory, its owner's uid[, the PID namespace of its files])
+MAX_FDS = 8192  # descriptors looked at per process: more are its owner's own doing, and said so
+SCAN_BUDGET_S = 0.05  # of a reading's time spent looking at descriptors; the rest waits for the next reading
+RESCAN_MAX_S = 64.0  # a process without a probe is looked at again after 2, 4, ... up to this many seconds
+FOUND_LATE = "a probe started after dltop first looked at its process is found within 64 s"
+
+
+@dataclass
+class _Process:
+    uid: int
+    pidns: int | None
+    memfd: int | None = None  # the descriptor that holds its probe's memfd
+    due: float = 0.0  # time.monotonic() of the next look at its descriptors
+    wait: float = 1.0
+    cut: bool = False  # it holds more than MAX_FDS descriptors: not all were looked at
+
+
+class Rendezvous:
+    """The processes here (pid -> owner, PID namespace, probe memfd), kept between readings: one listing of
+    /proc and a stat of each new pid per reading, the descriptors of the processes that are due."""
+
+    def __init__(self, proc: str = "/proc", me: int | None = None, user: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.proc = proc
+        self.me = os.getuid() if me is None else me
+        self.user = user if user is not None else (None if self.me == 0 else self.me)
+        environ = dict(os.environ if env is None else env)
+        self.shared = environ.get(PROBE_DIR_ENV) or None
+        self.own = probe_dir(self.me, {k: v for k, v in environ.items() if k != PROBE_DIR_ENV})
+        self.here = pid_namespace(proc)
+        self.table: dict[int, _Process] = {}
+        self.notes: list[tuple[str, str]] = []  # (where, why) of what a reading left out
+
+    def _wanted(self, uid: int) -> bool:
+        return self.user is None or uid == self.user
+
+    def refresh(self, now: float | None = None) -> None:
+        """Bring the table up to date: new processes added (their owner from the kernel), gone ones dropped, and
+        the descriptors of those that are due looked at, within SCAN_BUDGET_S."""
+        now = time.monotonic() if now is None else now
+        self.notes = []
+        try:
+            pids = {int(n) for n in os.listdir(self.proc) if n.isdigit()}
+        except OSError as e:
+            self.notes.append((self.proc, f"cannot list: {e.strerror}"))
+            return
+        for gone in self.table.keys() - pids:
+            del self.table[gone]
+        for pid in pids - self.table.keys():
+            try:
+                uid = os.stat(f"{self.proc}/{pid}").st_uid
+            except OSError:
+                continue
+            pidns = pid_namespace(self.proc, pid) if self.shared else None
+            self.table[pid] = _Process(uid, pidns, due=now)
+        self._scan(now)
+
+    def _scan(self, now: float) -> None:
+        due: dict[int, list[int]] = {}
+        for pid, p in self.table.items():
+            if p.memfd is None and p.due <= now and self._wanted(p.uid) and (self.me == 0 or p.uid == self.me):
+                due.setdefault(p.uid, []).append(pid)
+        # round robin over the users: one user's thousand processes do not hold up another's
+        order = [pid for group in itertools.zip_longest(*due.values()) for pid in group if pid is not None]
+        deadline = time.monotonic() + SCAN_BUDGET_S
+        for i, pid in enumerate(order):
+            if time.monotonic() > deadline:
+                self.notes.append((self.proc, f"{len(order) - i} processes not yet looked at for a probe's memfd: "
+                                              f"the next readings go on"))
+                return
+            p = self.table[pid]
+            p.memfd, p.cut = self._memfd_of(pid)
+            p.due = now + p.wait
+            p.wait = min(p.wait * 2, RESCAN_MAX_S)
+
+    def _memfd_of(self, pid: int) -> tuple[int | None, bool]:
+        where = f"{self.proc}/{pid}/fd"
+        try:
+            names = os.listdir(where)
+        except OSError:
+            return None, False
+        for name in names[:MAX_FDS]:
+            try:
+                if os.readlink(f"{where}/{name}") == MEMFD_LINK:
+                    return int(name), False
+            except (OSError, ValueError):
+                continue
+        return None, len(names) > MAX_FDS
+
+    def forget_memfd(self, pid: int) -> None:
+        """The memfd at the remembered descriptor is gone (the probe stopped): look again at the next reading."""
+        p = self.table.get(pid)
+        if p is not None:
+            p.memfd, p.due, p.wait = None, 0.0, 1.0
+
+    def memfds(self) -> list[tuple[int, int, int]]:
+        """(pid, descriptor, owner uid) of every process here that holds a probe's memfd."""
+        return [(pid, p.memfd, p.uid) for pid, p in sorted(self.table.items()) if p.memfd is not None]
+
+    def cut(self) -> list[tuple[int, int]]:
+        """(pid, uid) of the processes with more descriptors than were looked at."""
+        return [(pid, p.uid) for pid, p in sorted(self.table.items()) if p.cut and p.memfd is None]
+
+    def uids(self) -> set[int]:
+        """The users whose probes this dltop reads: as root every user that runs a process here (and each
+        /run/user/UID, which only the system makes), else dltop's own."""
+        if self.me != 0:
+            return {self.me}
+        found = {p.uid for p in self.table.values()} | {0}
+        with contextlib.suppress(OSError):
+            found |= {int(n) for n in os.listdir("/run/user") if n.isdigit() and len(n) <= 10}
+        return {u for u in found if self._wanted(u)}
+
+    def dirs(self) -> list[ProbeDir]:
+        """The probe folders to read, each with the uid that must own it: derived from the users here, never
+        from a listing of a folder anyone can write."""
+        out: dict[str, ProbeDir] = {}
+        for uid in sorted(self.uids()):
+            for path in (f"/run/user/{uid}/dltop", f"/dev/shm/dltop-{uid}"):
+                out[path] = (path, uid)
+        if self._wanted(self.me):
+            out[self.own] = (self.own, self.me)
+        if self.shared:
+            for p in self.table.values():
+                if self._wanted(p.uid) and (self.me == 0 or p.uid == self.me) and p.pidns is not None:
+                    path = os.path.join(self.shared, f"{p.uid}.{p.pidns}")
+                    out[path] = (path, p.uid, p.pidns)
+        return [d for d in out.values() if os.path.lexists(d[0])]
