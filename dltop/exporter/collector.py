@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from dltop import hints as hint_rules
 from dltop.fields import FIELDS, PREFIX, Field, hint_samples, samples
+from dltop.fmt import printable
 from dltop.model import Snapshot
 
 OPENMETRICS = "application/openmetrics-text"
@@ -32,8 +33,20 @@ def grouped(snapshot: Snapshot, prev: Snapshot | None = None, active: Sequence[h
     value unknown) is left out altogether."""
     by_field: dict[int, list[tuple[dict[str, str], float]]] = {}
     for f, labels, v in (*samples(snapshot, prev), *hint_samples(active)):
-        by_field.setdefault(id(f), []).append((labels, v))
+        by_field.setdefault(id(f), []).append((_printable_labels(labels), v))
     return [(f, by_field[id(f)]) for f in FIELDS if id(f) in by_field]
+
+
+def _printable_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Label values from outside (a server's model name, a job id, a path) as `fmt.printable` shows them: a control
+    character, DEL, a C1 control, a bidi override or isolate, a line or paragraph separator or a byte that was not
+    UTF-8 becomes the visible escape '\\x1b', '\\u202e', '\\xff' (the characters of it, a backslash first, which the
+    exposition writes as '\\\\'). Any UTF-8 is a valid label value, so the raw ESC ] 52 of a model name was valid
+    exposition, and `curl` of /metrics in a terminal ran it; now a scrape holds no control byte but the line breaks
+    that end its lines, and a parser gives back the escaped text."""
+    if all(printable(x) is x for x in labels.values()):  # the common case: nothing to escape, the same dict
+        return labels
+    return {k: printable(x) for k, x in labels.items()}
 
 
 def families(groups: Grouped) -> list[Metric]:
