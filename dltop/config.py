@@ -56,6 +56,7 @@ class Settings:
     prometheus: PrometheusOptions | None = None  # the Cluster tab's Prometheus; None: no Cluster tab
     tab: str | None = None  # the tab to open on (TAB_NAMES); None: the one that has something
     mute: tuple[str, ...] = ()  # hint ids never shown on the hint line (still listed in ?)
+    user: int | None = None  # --user: the probes (jobs) of this uid only; None: all dltop may read (root: everyone's)
 
 
 def default_config_path() -> Path:
@@ -291,6 +292,8 @@ def settings_from_args(args: Any) -> Settings:
         changes["root"] = args.root
     if getattr(args, "pid", None) is not None:
         changes["pid"] = args.pid
+    if getattr(args, "user", None) is not None:
+        changes["user"] = args.user
     if getattr(args, "paths", None):
         for p in args.paths:
             if not os.path.exists(p):
