@@ -190,15 +190,14 @@ def shorten(text: str, width: int, keep: str = "middle") -> str:
     whole or left out, never split. `keep` says which part to keep: "middle" cuts the middle out (both ends of a
     path say most, its own name more: 3/5 of the room), "end" keeps the start ('long comm…'), "start" keeps the
     end ('…/train')."""
-    shown = printable(text)
-    return _cut(shown, width, keep, shown is not text)
+    return _cut(printable(text), width, keep)
 
 
-def _cut(shown: str, width: int, keep: str, escaped: bool) -> str:
-    """`shorten` of a text made printable already (`escaped`: printable changed it)."""
+def _cut(shown: str, width: int, keep: str) -> str:
+    """`shorten` of a text made printable already."""
     if width <= 0:
         return ""
-    cut, cells = _graphemes(shown, escaped)
+    cut, cells = _graphemes(shown)
     if cells <= width:
         return shown
     room = width - 1  # the '…' takes one cell
@@ -208,10 +207,10 @@ def _cut(shown: str, width: int, keep: str, escaped: bool) -> str:
         ends -= 1
         used += cut[ends][2]
     starts = 0
-    while starts < ends and used + cut[starts][2] <= room:  # then from the start, in the room left
+    while keep != "start" and starts < ends and used + cut[starts][2] <= room:  # then from the start, in the rest
         used += cut[starts][2]
         starts += 1
-    while ends > starts and used + cut[ends - 1][2] <= room:  # a wide grapheme or an escape left a gap at the start
+    while keep == "middle" and ends > starts and used + cut[ends - 1][2] <= room:  # a wide one left a gap
         ends -= 1
         used += cut[ends][2]
     head = shown[:cut[starts - 1][1]] if starts else ""
@@ -224,7 +223,7 @@ def shorten_lines(text: str, width: int, lines: int) -> list[str]:
     shown = printable(text)
     if width <= 0 or lines <= 0:
         return []
-    cut, _ = _graphemes(shown, shown is not text)
+    cut, _ = _graphemes(shown)
     rows: list[str] = []
     at = 0
     while at < len(cut) and len(rows) < lines - 1:
@@ -234,13 +233,13 @@ def shorten_lines(text: str, width: int, lines: int) -> list[str]:
             at += 1
         rows.append(shown[cut[start][0]:cut[at - 1][1]])
     if at < len(cut):
-        rows.append(_cut(shown[cut[at][0]:], width, "end", shown is not text))
+        rows.append(_cut(shown[cut[at][0]:], width, "end"))
     return rows
 
 
-def _graphemes(shown: str, escaped: bool) -> tuple[list[tuple[int, int, int]], int]:
-    """The graphemes of `shown` (a `printable` text) as (start, end, cells), and its cells in all; where `printable`
-    escaped something, each escape is one unit: a cut never leaves a '\\' or a '\\x0' that reads as something else."""
+def _graphemes(shown: str) -> tuple[list[tuple[int, int, int]], int]:
+    """The graphemes of `shown` (a `printable` text) as (start, end, cells), and its cells in all; each escape
+    (`\\x07`, `\\u202e`) is one unit: a cut never leaves a '\\' or a '\\x0' that reads as something else."""
     cut: list[tuple[int, int, int]]
     if shown.isascii():  # printable: one cell a character, one character a grapheme
         cut = [(i, i + 1, 1) for i in range(len(shown))]
@@ -255,7 +254,7 @@ def _graphemes(shown: str, escaped: bool) -> tuple[list[tuple[int, int, int]], i
             else:
                 cut.append((i, i + 1, w))
             join = ch == "\u200d"
-    if escaped:
+    if "\\" in shown:  # escaped here or before (a column's cells are escaped before they are measured)
         cut = _whole_escapes(shown, cut)
     return cut, sum(w for _, _, w in cut)
 
@@ -278,7 +277,7 @@ def _char_cells(ch: str) -> int:
 
 def cells(text: str) -> int:
     """The cells `text` (one line, printable) takes on a terminal, by the rule `shorten` cuts by."""
-    return len(text) if text.isascii() else _graphemes(text, False)[1]
+    return len(text) if text.isascii() else _graphemes(text)[1]
 
 
 _AN_ESCAPE = re.compile(r"\\(?:x[0-9a-f]{2}|u[0-9a-f]{4})")
