@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import json
 import math
 import os
@@ -459,6 +460,7 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         gpu_util_source=f.get("gpu_util_source", str, optional=True),
         truncated=tuple(str(t)[:80] for t in truncated[:32]), unavailable={**unavailable, **notes},
         exit_how=how, exit_error=exit_error, exit_code=exit_code, exited_at=exited_at,
+        folder_refused=f.get("folder_refused", str, optional=True),
     )
     return probe
 
@@ -765,8 +767,6 @@ def _read_memfd(proc: str, pid: int, fd: int, uid: int, memo: dict[ParseKey, Pro
             return "memfd: not a regular file"
         if st.st_uid != uid:
             return f"memfd owned by uid {st.st_uid}, not its process's (uid {uid})"
-        import fcntl
-
         if fcntl.fcntl(f, fcntl.F_GET_SEALS) & SEALS != SEALS:
             return "memfd not sealed: it could change while read"
         if st.st_size > MAX_FILE_BYTES:
