@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -94,7 +95,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         # The exporters start side by side (each waits for its own "serving" line): the fixture's start is the
         # slowest one's, not the sum.
         with ThreadPoolExecutor(len(pending)) as pool:
-            starting = [pool.submit(Exporter, "--dataset", ds_text, "--interval", "0.5", env=env)
+            # --user: this test's ranks (root's) only: other users' jobs on a shared node are not counted
+            starting = [pool.submit(Exporter, "--dataset", ds_text, "--interval", "0.5", "--user", str(os.getuid()),
+                                    env=env)
                         for ds_text, env in pending]
             for fut in starting:
                 with contextlib.suppress(Exception):

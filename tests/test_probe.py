@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -351,35 +352,58 @@ def test_the_publisher_reuses_its_tensor_count_until_due_or_a_new_watch(monkeypa
     _until(lambda: _published(path)["devices"]["cpu"]["weights_bytes"] == both, "the new model was not counted")
 
 
-def test_a_symlinked_or_shared_directory_is_not_published_into(tmp_path: Path, capsys) -> None:
-    import fcntl
+MEMFD_CHECK = r"""
+import fcntl, json, os, sys
+from pathlib import Path
+from dltop import probe
+from dltop.probe.files import MEMFD_LINK, SEALS
+folder = Path(sys.argv[1])
+# The folder is refused: the report goes into a sealed memfd the process holds, which dltop finds from the
+# process (/proc/PID/fd), and nothing is written through the symlink.
+path = probe.start()
+assert path == f"/proc/{os.getpid()}/fd/{probe._state.memfd}" and os.readlink(path) == MEMFD_LINK, path
+assert fcntl.fcntl(probe._state.memfd, fcntl.F_GET_SEALS) & SEALS == SEALS  # no one can change it
+doc = json.loads(Path(path).read_bytes())
+assert doc["pid"] == os.getpid() and str(folder) in doc["folder_refused"], doc
+fd = probe._state.memfd
+probe.publish()
+assert probe._state.memfd == fd and os.readlink(path) == MEMFD_LINK  # replaced in place (dup2)
+probe.stop()
+assert probe._state.memfd is None and not os.path.exists(path)
+print("ok")
+"""
 
-    from dltop.probe.files import MEMFD_LINK, SEALS
 
-    elsewhere = tmp_path / "elsewhere"
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (setpriv: the probe runs as a user of its own)")
+def test_a_symlinked_or_shared_directory_is_not_published_into() -> None:
+    # As a user of its own, so that no root dltop another test runs counts this probe (its memfd is findable)
+    with tempfile.TemporaryDirectory(prefix="dltop-memfd-") as base:
+        _memfd_when_refused(Path(base))
+
+
+def _memfd_when_refused(base: Path) -> None:
+    run = base / "run"
+    elsewhere = base / "elsewhere"
+    run.mkdir()
     elsewhere.mkdir(mode=0o700)
-    (tmp_path / "dltop").symlink_to(elsewhere)
-    # The folder is refused: the report goes into a sealed memfd the process holds, which dltop finds from the
-    # process (/proc/PID/fd), and nothing is written through the symlink.
-    path = probe.start()
-    assert path == f"/proc/{os.getpid()}/fd/{probe._state.memfd}" and os.readlink(path) == MEMFD_LINK
-    assert os.listdir(elsewhere) == []
-    assert "cannot publish" in capsys.readouterr().err
-    assert fcntl.fcntl(probe._state.memfd, fcntl.F_GET_SEALS) & SEALS == SEALS  # no one can change it
-    doc = json.loads(Path(path).read_bytes())
-    assert doc["pid"] == os.getpid() and f"{tmp_path / 'dltop'}" in doc["folder_refused"]
-    fd = probe._state.memfd
-    probe.publish()
-    assert probe._state.memfd == fd and os.readlink(path) == MEMFD_LINK  # replaced in place (dup2)
-    probe.stop()
-    assert probe._state.memfd is None and not os.path.exists(path)
-    (tmp_path / "dltop").unlink()
-    (tmp_path / "dltop").mkdir()
-    os.chmod(tmp_path / "dltop", 0o777)
-    probe._state.dir_fd = probe._state.folder_refused = None
-    assert probe.publish() == f"/proc/{os.getpid()}/fd/{probe._state.memfd}"
-    assert os.listdir(tmp_path / "dltop") == []
-    probe.stop()
+    os.chmod(base, 0o755)
+    os.chown(run, 65530, 65530)
+    os.chown(elsewhere, 65530, 65530)
+    (run / "dltop").symlink_to(elsewhere)
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "XDG_RUNTIME_DIR": str(run)}
+    user = ["setpriv", "--reuid=65530", "--regid=65530", "--clear-groups"]
+    out = subprocess.run([*user, sys.executable, "-c", MEMFD_CHECK, str(run / "dltop")], env=env, cwd="/",
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert "cannot publish" in out.stderr and os.listdir(elsewhere) == []
+    # a folder others can write is refused the same way
+    (run / "dltop").unlink()
+    (run / "dltop").mkdir()
+    os.chmod(run / "dltop", 0o777)
+    out = subprocess.run([*user, sys.executable, "-c", MEMFD_CHECK, str(run / "dltop")], env=env, cwd="/",
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert os.listdir(run / "dltop") == []
 
 
 def test_over_4_kib_the_oldest_epochs_go_first() -> None:
