@@ -75,7 +75,7 @@ async def test_the_recorded_run_shows_its_epochs_and_sparklines() -> None:
         assert app.query_one("#tabs").active == "tab-training"
         body = _shown(app)
         p = snaps[-1].probes.processes[0]  # type: ignore[union-attr]
-        assert body.startswith(f"pid {p.pid}") and "train_tiny" in body
+        assert body.startswith(f"uid {p.uid}  pid {p.pid}") and "train_tiny" in body
         assert f"workers {p.loader_workers}" in body and f"data {p.data_dir}" in body
         lines = body.splitlines()
         # one row per epoch the probe kept, with its numbers

@@ -200,7 +200,10 @@ def _title(members: list[ProcessProbe], width: int) -> Content:
         who = f"{plural(len(members), 'rank')} {','.join(ranks)}{world}  pids {','.join(str(p.pid) for p in members)}"
     else:
         who = f"pid {first.pid}"
-    return Content.assemble((who, "bold"), "  ", short_cmd(first.cmd)).truncate(width, ellipsis=True)
+    # whose job it is, in the kernel's word (the uid of its processes): two users' ranks are never one job
+    user = printable(first.user) if first.user else f"uid {first.uid}"
+    return Content.assemble((user, "bold $accent"), "  ", (who, "bold"), "  ",
+                            short_cmd(first.cmd)).truncate(width, ellipsis=True)
 
 
 def _facts(p: ProcessProbe, width: int) -> Content:
