@@ -69,7 +69,8 @@ async def test_every_tab_shows_hostile_text_escaped(world: World, monkeypatch: p
         assert not UNSAFE.search(_screen_text(app))
     # the hostile strings are there, escaped, where each tab shows them
     assert "\\x1b]0;pwned" in seen["gpu"]  # the command column and the GPU's name
-    assert "x1b]0;pwned\\x07" in seen["training"], seen["training"]  # the probe's command line and data_dir
+    # the probe's command line and data_dir (cut in the middle: an escape whole or not at all, never "x1b")
+    assert "]0;pwned\\x07" in seen["training"] and "…x1b" not in seen["training"], seen["training"]
     assert "\\x1b" in seen["datasets"] and "\\xff" in seen["datasets"], seen["datasets"]
     assert "\\x1b" in seen["caches"]
     assert SHOWN.startswith("\\x1b]0;pwned\\x07\\x1b[2J\\u202e")
