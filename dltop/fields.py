@@ -279,8 +279,9 @@ PREFIX_HIT = _field("servers", "inference_prefix_cache_hit_ratio", "gauge", "rat
 
 # -- probes: training and serving processes with dltop.probe -----------------------------------------------------
 # job_id: what the ranks of one distributed job share (the probe's job_id), "" where none; one value per process,
-# so it adds no series. Named job_id, not job: Prometheus' own `job` label is the scrape job's.
-PROCESS = ("pid", "rank", "job_id")
+# so it adds no series. Named job_id, not job: Prometheus' own `job` label is the scrape job's. uid: the kernel's
+# owner of the process, so a job is (uid, job_id): another user's process that claims the job id is not its rank.
+PROCESS = ("pid", "rank", "job_id", "uid")
 _JOB_ID_CHARS = 64
 TRAINING_MEMORY = _field("probes", "training_memory_bytes", "gauge", "bytes",
                          "Bytes the process's probe counts, by use: weights, gradients, optimizer, kv_cache",
@@ -564,7 +565,7 @@ def _server(srv: ServerStats, rates: dict[tuple[str, str, str | None], float | U
 def _probes(part: ProbesPart) -> Iterator[Sample]:
     for p in part.processes:
         labels = {"pid": str(p.pid), "rank": "" if p.rank is None else str(p.rank),
-                  "job_id": display_path(p.job_id or "")[:_JOB_ID_CHARS]}
+                  "job_id": display_path(p.job_id or "")[:_JOB_ID_CHARS], "uid": str(p.uid)}
         for f, attr in _PROBE:
             if (v := _num(getattr(p, attr))) is not None:
                 yield f, labels, v

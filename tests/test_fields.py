@@ -401,7 +401,7 @@ DATA_DOC = {"recent_steps": 8, "recent_wait_s": 1.5, "recent_step_s": 6.0, "step
 def test_probe_numbers_are_the_probe_files(tmp_path: Path) -> None:
     doc = {**probe.report(), "data": DATA_DOC, "rank": 3, "started_at": 1700000000.5}
     got = by_name(Snapshot(ts=1.0, host="h", probes=probes_part(tmp_path, doc)))
-    labels = {"pid": str(os.getpid()), "rank": "3", "job_id": ""}
+    labels = {"pid": str(os.getpid()), "rank": "3", "job_id": "", "uid": str(os.getuid())}
     assert got["training_start_timestamp_seconds"] == [(labels, doc["started_at"])]
     assert got["training_data_wait_ratio"] == [(labels, DATA_DOC["recent_wait_s"] / DATA_DOC["recent_step_s"])]
     assert got["training_step_seconds"] == [(labels, DATA_DOC["recent_step_s"] / DATA_DOC["recent_steps"])]
