@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from dltop.errors import DltopError
-from dltop.fmt import printable
+from dltop.fmt import printable, shorten_end
 from dltop.model.actions import SIGNALS, SignalTarget
 from dltop.sources.gpu_procs import Malformed, parse_stat
 from dltop.sources.procfs import read_bytes
@@ -106,7 +106,6 @@ def send(target: SignalTarget, proc: str = "/proc", wait_s: float = WAIT_S) -> S
 
 def summary(r: SignalResult) -> str:
     """'SIGTERM sent to pid 4242 (python train.py): it exited' / '...: still running after 1.0 s'."""
-    command = r.command if len(r.command) <= 60 else r.command[:59] + "…"
-    what = f" ({printable(command)})" if command else ""
+    what = f" ({shorten_end(r.command, 60)})" if r.command else ""
     outcome = "it exited" if r.exited else f"still running after {r.elapsed_s:.1f} s"
     return f"{r.signal} sent to pid {r.pid}{what}: {outcome}"
