@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import os
@@ -14,11 +15,12 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dltop.config import open_trusted, read_trusted
 from dltop.errors import DltopError
 
 TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version", "max_version"}
@@ -27,6 +29,7 @@ CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CER
 TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 
 
+MAX_WEB_CONFIG_BYTES = 1 << 20  # a few lines of YAML
 AUTH_CACHE_SIZE = 100  # checks remembered, as exporter-toolkit's cache: right ones and wrong ones alike
 
 
@@ -124,8 +127,8 @@ def load_web_config(path: str) -> WebConfig:
         import yaml
     except ImportError:
         raise DltopError(f"--web-config {path}: reading it needs PyYAML (pip install 'dltop[export]')") from None
-    try:
-        text = Path(path).read_text(encoding="utf-8")
+    try:  # owner and mode as ssh checks its own: a file another user can change is refused (docs/trust.md)
+        text = read_trusted(path, "--web-config", MAX_WEB_CONFIG_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise DltopError(f"--web-config {path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
     try:
@@ -192,7 +195,10 @@ def _tls(path: str, tls: Any, base: Path) -> ssl.SSLContext:
                 raise DltopError(f"{where}: {key}: {tls[key]!r} is not one of {', '.join(TLS_VERSIONS)}")
             setattr(ctx, attr, TLS_VERSIONS[tls[key]])
     try:
-        ctx.load_cert_chain(rel("cert_file"), rel("key_file"))
+        # Each file opened once, trusted as ssh trusts its own, and loaded from that very open file.
+        with _trusted(rel("cert_file"), f"{where}: cert_file") as cert, \
+                _trusted(rel("key_file"), f"{where}: key_file") as key:
+            ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as e:
         raise DltopError(f"{where}: cannot load cert_file/key_file: {getattr(e, 'strerror', None) or e}") from None
     auth = tls.get("client_auth_type", "NoClientCert")
@@ -200,13 +206,23 @@ def _tls(path: str, tls: Any, base: Path) -> ssl.SSLContext:
         raise DltopError(f"{where}: client_auth_type: {auth!r} is not one of {', '.join(CLIENT_AUTH)}")
     ctx.verify_mode = CLIENT_AUTH[auth]
     if "client_ca_file" in tls:
-        try:
-            ctx.load_verify_locations(rel("client_ca_file"))
+        try:  # a trust anchor: whoever can write it can let in any client
+            with _trusted(rel("client_ca_file"), f"{where}: client_ca_file") as ca:
+                ctx.load_verify_locations(ca)
         except (OSError, ssl.SSLError) as e:
             raise DltopError(f"{where}: cannot load client_ca_file: {getattr(e, 'strerror', None) or e}") from None
     elif auth != "NoClientCert":
         raise DltopError(f"{where}: client_auth_type {auth} needs client_ca_file")
     return ctx
+
+
+@contextlib.contextmanager
+def _trusted(path: str, what: str) -> Iterator[str]:
+    """A path to `path` opened by open_trusted: /proc/self/fd/N of the checked open file (ssl reads only paths),
+    so what is loaded is what was checked."""
+    with open_trusted(path, what) as f:  # a missing file raises FileNotFoundError: "cannot load ..." above
+        fd_path = f"/proc/self/fd/{f.fileno()}"
+        yield fd_path if os.path.exists(fd_path) else path
 
 
 RELOAD_CHECK_S = 1.0  # how often, at most, the files are looked at again (a stat each, on a request's thread)
