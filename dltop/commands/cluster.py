@@ -17,7 +17,8 @@ def add_prometheus_options(p: argparse.ArgumentParser, required: bool = False) -
     p.add_argument("--prometheus-bearer-token-file", metavar="FILE", help="bearer token, read from FILE")
     p.add_argument("--prometheus-ca-file", metavar="FILE", help="CA certificate(s) to check Prometheus' TLS with")
     p.add_argument("--prometheus-insecure", action="store_true", help="do not check Prometheus' TLS certificate")
-    p.add_argument("--prometheus-timeout", type=float, metavar="SECONDS", help="per query (default 10)")
+    p.add_argument("--prometheus-timeout", type=float, metavar="SECONDS",
+                   help="for all the queries of a refresh together, answers read in full (default 10)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

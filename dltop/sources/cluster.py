@@ -11,6 +11,8 @@ only where the user sent them).
 from __future__ import annotations
 
 import base64
+import contextvars
+import http.client
 import json
 import math
 import re
@@ -25,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dltop.config import PrometheusOptions, Settings
+from dltop.config import PrometheusOptions, Settings, read_trusted
 from dltop.errors import DltopError
 from dltop.fmt import printable
 from dltop.model.base import Unavailable
@@ -40,8 +42,11 @@ from dltop.model.cluster import (
     ClusterServer,
 )
 from dltop.sources.base import Source
+from dltop.sources.servers import ScrapeError, Watchdog, read_body, watched_handlers
 
-MAX_ANSWER_BYTES = 64 << 20  # 256 nodes x 8 GPUs answer a few MiB; more is not an answer to these queries
+MAX_ANSWER_BYTES = 32 << 20  # per answer, as sent and once inflated: 256 nodes x 8 GPUs answer a few MiB
+MAX_REFRESH_BYTES = 64 << 20  # every answer of one refresh together (up to 4 are read at once): what it may hold
+MAX_CA_BYTES = 1 << 20  # a CA bundle (the system's is ~200 KiB)
 MAX_SERIES = 200_000  # per query
 MAX_LABEL_CHARS = 4096
 MAX_NODES = 10_000
@@ -156,80 +161,152 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
                            "give that URL)")
 
 
+class Refresh:
+    """The bounds of one refresh, shared by all its queries: one deadline (`timeout_s`, --prometheus-timeout) for
+    all of them together, kept by a watchdog that shuts every socket at it (a socket's own timeout is per read: a
+    server that sends a byte a second never trips it), and one byte budget over all their answers."""
+
+    def __init__(self, timeout_s: float, max_bytes: int = MAX_REFRESH_BYTES) -> None:
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.watchdog = Watchdog(timeout_s)
+        self.max_bytes = max_bytes
+        self.kept = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Refresh:
+        self.watchdog.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.watchdog.__exit__(*exc)
+
+    def late(self) -> bool:
+        """The deadline has passed (or a sibling query failed and stopped the rest)."""
+        return self.watchdog.fired or time.monotonic() >= self.deadline
+
+    def take(self, n: int) -> None:
+        """Count `n` more bytes kept from an answer; over the budget raises ScrapeError("too_large")."""
+        with self._lock:
+            self.kept += n
+            if self.kept > self.max_bytes:
+                raise ScrapeError("too_large", "budget")
+
+
+_REFRESH: contextvars.ContextVar[Refresh | None] = contextvars.ContextVar("dltop_cluster_refresh", default=None)
+
+
 @dataclass
 class PrometheusClient:
     """Instant queries against one Prometheus, with the credentials of `opts`; counts what it asked."""
 
     opts: PrometheusOptions
     queries: int = 0
-    _opener: Any = field(default=None, repr=False)
+    _context: ssl.SSLContext | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
-        handlers: list[Any] = [urllib.request.ProxyHandler({}), _NoRedirects()]
         if self.opts.url.startswith("https:"):
-            ctx = ssl.create_default_context(cafile=self.opts.ca_file)
+            ca = None
+            if self.opts.ca_file:  # a trust anchor: whoever can write it can read the password sent over TLS
+                raw = read_trusted(self.opts.ca_file, "--prometheus-ca-file", MAX_CA_BYTES)
+                ca = raw.decode("ascii") if raw.isascii() else bytes(raw)  # PEM text, or DER
+            ctx = ssl.create_default_context(cadata=ca) if ca is not None else ssl.create_default_context()
             if self.opts.insecure_skip_verify:
                 ctx.check_hostname = False
                 ctx.verify_mode = ssl.CERT_NONE
-            handlers.append(urllib.request.HTTPSHandler(context=ctx))
-        self._opener = urllib.request.build_opener(*handlers)
+            self._context = ctx
+
+    def _opener(self, watchdog: Watchdog) -> Any:
+        _, plain, tls = watched_handlers()  # connections the refresh's watchdog can shut
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects(), plain(watchdog),
+                                           tls(watchdog, self._context))
 
     def _headers(self) -> dict[str, str]:
         # The files are read at each refresh, as Prometheus reads its own: a rotated token is picked up.
         o = self.opts
         if o.bearer_token_file:
-            return {"Authorization": "Bearer " + _secret(o.bearer_token_file)}
+            return {"Authorization": "Bearer " + _secret(o.bearer_token_file, "--prometheus-bearer-token-file")}
         if o.username:
-            password = _secret(o.password_file) if o.password_file else ""
+            password = _secret(o.password_file, "--prometheus-password-file") if o.password_file else ""
             token = base64.b64encode(f"{o.username}:{password}".encode()).decode("ascii")
             return {"Authorization": "Basic " + token}
         return {}
 
-    def query(self, expr: str, at: float) -> list[dict[str, Any]]:
-        """The result of an instant query at `at`: a list of {"metric": {...}, "value": [ts, "text"]}."""
+    def query(self, expr: str, at: float, refresh: Refresh | None = None) -> list[dict[str, Any]]:
+        """The result of an instant query at `at`: a list of {"metric": {...}, "value": [ts, "text"]}. Within
+        `refresh`'s deadline and byte budget (read_cluster's, else a query on its own gets a refresh of its own)."""
+        refresh = refresh or _REFRESH.get()
+        if refresh is None:
+            with Refresh(self.opts.timeout_s) as own:
+                return self.query(expr, at, own)
         with self._lock:
             self.queries += 1
+        where = printable(self.opts.url)
+        late = ClusterError(f"{where}: timeout after {refresh.timeout_s:g} s: the refresh's queries were not all "
+                            "answered in that time (--prometheus-timeout)")
+        if refresh.late():
+            raise late
         body = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"}).encode()
         req = urllib.request.Request(self.opts.url + "/api/v1/query", data=body, method="POST",
                                      headers={**self._headers(), "Accept": "application/json",
+                                              "Accept-Encoding": "gzip",
                                               "Content-Type": "application/x-www-form-urlencoded"})
-        where = printable(self.opts.url)
         try:
-            with self._opener.open(req, timeout=self.opts.timeout_s) as resp:
-                raw = resp.read(MAX_ANSWER_BYTES + 1)
+            # The socket's timeout only bounds each read; the watchdog and read_body bound the whole refresh.
+            with self._opener(refresh.watchdog).open(req, timeout=max(0.01, refresh.deadline - time.monotonic())
+                                                     ) as resp:
+                raw = read_body(resp, refresh.deadline, MAX_ANSWER_BYTES, refresh.watchdog, refresh.take)
+        except ScrapeError as e:
+            if e.state == "timeout" or refresh.late():
+                raise late from None
+            if e.state == "too_large" and str(e) == "budget":
+                raise ClusterError(f"{where}: answers over {refresh.max_bytes >> 20} MiB in one refresh: refused "
+                                   "(narrow it with --selector)") from None
+            if e.state == "too_large":
+                raise ClusterError(f"{where}: answer over {MAX_ANSWER_BYTES >> 20} MiB: refused (narrow it with "
+                                   "--selector)") from None
+            raise ClusterError(f"{where}: {e}") from None
         except urllib.error.HTTPError as e:
             if e.code in (401, 403):
                 raise ClusterError(f"{where}: HTTP {e.code}: not authorized (--prometheus-user and "
                                    "--prometheus-password-file, or --prometheus-bearer-token-file)") from None
-            raw = e.read(64 << 10)
+            try:
+                raw = read_body(e, refresh.deadline, 64 << 10, refresh.watchdog)
+            except Exception:  # noqa: BLE001 - the error's body is only a better message
+                raw = bytearray()
             raise ClusterError(f"{where}: HTTP {e.code}: {_api_error(raw) or printable(str(e.reason))[:200]}") from None
         except TimeoutError:
-            raise ClusterError(f"{where}: no answer within {self.opts.timeout_s:g} s") from None
+            raise late from None
         except urllib.error.URLError as e:
             reason = e.reason
-            if isinstance(reason, TimeoutError):
-                raise ClusterError(f"{where}: no answer within {self.opts.timeout_s:g} s") from None
+            if isinstance(reason, TimeoutError) or refresh.late():
+                raise late from None
             if isinstance(reason, ssl.SSLError | ssl.CertificateError):
                 raise ClusterError(f"{where}: TLS: {printable(str(reason))[:200]} (--prometheus-ca-file, or "
                                    "--prometheus-insecure)") from None
             raise ClusterError(f"{where}: cannot reach it: {printable(str(reason))[:200]}") from None
-        except OSError as e:
-            raise ClusterError(f"{where}: {printable(e.strerror or str(e))[:200]}") from None
-        if len(raw) > MAX_ANSWER_BYTES:
-            raise ClusterError(f"{where}: an answer over {MAX_ANSWER_BYTES >> 20} MiB: narrow it with --selector")
+        except (OSError, http.client.HTTPException) as e:
+            if refresh.late():  # the watchdog's shutdown, read as a broken answer
+                raise late from None
+            raise ClusterError(f"{where}: {printable(getattr(e, 'strerror', None) or str(e))[:200]}") from None
+        if refresh.late():
+            raise late
         return _vector(raw, where)
 
 
-def _secret(path: str) -> str:
+def _secret(path: str, what: str) -> str:
+    """A password or token file, trusted as ssh trusts its files (dltop.config.open_trusted): another user's, or
+    one another user can write, is refused before anything is sent."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read(64 << 10).strip()
+        return read_trusted(path, what).decode("utf-8").strip()
+    except DltopError as e:
+        raise ClusterError(str(e)) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ClusterError(f"{printable(path)}: cannot be read: {getattr(e, 'strerror', None) or e}") from None
 
 
-def _api_error(raw: bytes) -> str | None:
+def _api_error(raw: bytes | bytearray) -> str | None:
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
@@ -239,7 +316,7 @@ def _api_error(raw: bytes) -> str | None:
     return None
 
 
-def _vector(raw: bytes, where: str) -> list[dict[str, Any]]:
+def _vector(raw: bytes | bytearray, where: str) -> list[dict[str, Any]]:
     """The result list of an instant vector answer; raises ClusterError for anything else."""
     try:
         doc = json.loads(raw)
@@ -361,10 +438,21 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
     detail_sel = "" if wanted is None else detail_matchers(wanted) if wanted else None
     at, t0, asked = now(), time.monotonic(), client.queries
     # At once, on a few threads: Prometheus answers them in parallel, and a refresh waits for the slowest, not the sum.
-    with ThreadPoolExecutor(max_workers=QUERY_THREADS) as pool:
-        futures = {name: pool.submit(client.query, expr, at)
-                   for name, expr in queries(matchers, detail_sel).items()}
-        answers = {name: f.result() for name, f in futures.items()}
+    # One deadline and one byte budget for all of them together (Refresh): the refresh ends by --prometheus-timeout.
+    with Refresh(client.opts.timeout_s) as refresh, ThreadPoolExecutor(max_workers=QUERY_THREADS) as pool:
+        token = _REFRESH.set(refresh)  # each query runs in a copy of this context: it reads the refresh there
+        try:
+            futures = {name: pool.submit(contextvars.copy_context().run, client.query, expr, at)
+                       for name, expr in queries(matchers, detail_sel).items()}
+        finally:
+            _REFRESH.reset(token)
+        try:
+            answers = {name: f.result() for name, f in futures.items()}
+        except BaseException:
+            for f in futures.values():  # the first failure is the refresh's: the others are not waited for
+                f.cancel()
+            refresh.watchdog.fire()
+            raise
     notes = _Notes()
     up: dict[Key, dict[str, str]] = {}
     up_value: dict[Key, str] = {}

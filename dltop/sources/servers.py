@@ -17,7 +17,8 @@ import struct
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -48,20 +49,21 @@ class ScrapeError(Exception):
         self.state = state
 
 
-class _Watchdog:
+class Watchdog:
     """Shuts every socket of one scrape at its deadline. A socket's timeout is per read, so a server that sends
     a header byte now and then (or never finishes a TLS handshake) would hold the read for ever; this cuts it off
     at `timeout_s` in all."""
 
     def __init__(self, timeout_s: float) -> None:
         self.fired = False
+        self.timeout_s = timeout_s
         self.answered = False  # the answer's head (status line and headers) came in
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
         self._timer = threading.Timer(timeout_s, self._fire)
         self._timer.daemon = True
 
-    def __enter__(self) -> _Watchdog:
+    def __enter__(self) -> Watchdog:
         self._timer.start()
         return self
 
@@ -76,6 +78,10 @@ class _Watchdog:
                 _shut(sock)
         return sock
 
+    def fire(self) -> None:
+        """Shut every socket now (a sibling query failed: the rest of the refresh is not waited for)."""
+        self._fire()
+
     def _fire(self) -> None:
         with self._lock:
             self.fired = True
@@ -89,7 +95,7 @@ def _shut(sock: socket.socket) -> None:
 
 
 @cache
-def _handlers() -> tuple[type[Any], type[Any], type[Any]]:
+def watched_handlers() -> tuple[type[Any], type[Any], type[Any]]:
     """urllib's handlers as a scrape needs them, defined at the first scrape: http.client and urllib.request
     cost ~12 ms of CPU to import, and the servers source is built before the first frame (its first scrape comes
     after it)."""
@@ -107,7 +113,7 @@ def _handlers() -> tuple[type[Any], type[Any], type[Any]]:
             return super().redirect_request(req, fp, code, msg, headers, newurl)
 
     class _Http(urllib.request.HTTPHandler):
-        def __init__(self, watchdog: _Watchdog) -> None:
+        def __init__(self, watchdog: Watchdog) -> None:
             super().__init__()
             self.watchdog = watchdog
 
@@ -120,8 +126,8 @@ def _handlers() -> tuple[type[Any], type[Any], type[Any]]:
             return conn
 
     class _Https(urllib.request.HTTPSHandler):
-        def __init__(self, watchdog: _Watchdog) -> None:
-            super().__init__()
+        def __init__(self, watchdog: Watchdog, context: Any = None) -> None:
+            super().__init__(context=context)
             self.watchdog = watchdog
 
         def https_open(self, req: Any) -> Any:
@@ -135,18 +141,18 @@ def _handlers() -> tuple[type[Any], type[Any], type[Any]]:
     return _SameHostRedirects, _Http, _Https
 
 
-def _opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
+def _opener(watchdog: Watchdog) -> urllib.request.OpenerDirector:
     # No proxy from the environment (a scraper of the server next door must not go through http_proxy), no cookies.
     import urllib.request
 
-    redirects, plain, tls = _handlers()
+    redirects, plain, tls = watched_handlers()
     return urllib.request.build_opener(urllib.request.ProxyHandler({}), redirects(), plain(watchdog), tls(watchdog))
 
 
 def fetch_metrics(url: str, timeout_s: float, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
     """The body of GET url, within `timeout_s` in all (a server that trickles bytes, headers included, is cut off
     too) and at most `max_bytes`; raises ScrapeError with the state it came to."""
-    with _Watchdog(timeout_s) as watchdog:
+    with Watchdog(timeout_s) as watchdog:
         try:
             body = _fetch(url, timeout_s, max_bytes, watchdog)
         except ScrapeError as e:
@@ -160,38 +166,18 @@ def fetch_metrics(url: str, timeout_s: float, max_bytes: int = MAX_PAYLOAD_BYTES
         return body
 
 
-def _fetch(url: str, timeout_s: float, max_bytes: int, watchdog: _Watchdog) -> bytes:
+def _fetch(url: str, timeout_s: float, max_bytes: int, watchdog: Watchdog) -> bytes:
     import http.client
     import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
-    req = urllib.request.Request(url, headers={"Accept": "text/plain", "User-Agent": "dltop"})
+    req = urllib.request.Request(url, headers={"Accept": "text/plain", "Accept-Encoding": "gzip",
+                                               "User-Agent": "dltop"})
     try:
         with _opener(watchdog).open(req, timeout=timeout_s) as resp:
             watchdog.answered = not watchdog.fired  # the deadline's shutdown reads as the end of the headers
-            length = resp.headers.get("Content-Length")
-            if length and length.isdigit() and int(length) > max_bytes:
-                raise ScrapeError("too_large", f"payload of {int(length):,} bytes is over the {max_bytes:,}-byte "
-                                               "cap: not read (not a /metrics page, or a label explosion)")
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                if time.monotonic() > deadline:
-                    raise ScrapeError("timeout", f"answer not complete within {timeout_s:g} s (read {size:,} bytes)"
-                                      if watchdog.answered else f"no answer within {timeout_s:g} s (its head not "
-                                      "complete)")
-                chunk = resp.read1(_CHUNK)
-                if not chunk:
-                    if getattr(resp, "length", None) and not watchdog.fired:  # bytes announced, never sent
-                        raise ScrapeError("garbage", f"the answer ended after {size:,} of the {size + resp.length:,} "
-                                                     "bytes it announced (the last numbers could be cut short)")
-                    return b"".join(chunks)
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > max_bytes:
-                    raise ScrapeError("too_large", f"payload over the {max_bytes:,}-byte cap: read stopped there "
-                                                   "(not a /metrics page, or a label explosion)")
+            return bytes(read_body(resp, deadline, max_bytes, watchdog))
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
             raise ScrapeError("auth", f"HTTP {e.code} {printable(str(e.reason))}: the server wants credentials "
@@ -205,6 +191,71 @@ def _fetch(url: str, timeout_s: float, max_bytes: int, watchdog: _Watchdog) -> b
         raise
     except (OSError, http.client.HTTPException, ValueError) as e:  # ValueError: http.client on a bad status line
         raise _network_error(e, url, timeout_s) from None
+
+
+GZIP = ("gzip", "x-gzip")
+
+
+def read_body(resp: Any, deadline: float, max_bytes: int, watchdog: Watchdog,
+              take: Callable[[int], None] | None = None) -> bytearray:
+    """The body of an HTTP answer, bounded as a whole: read in chunks until `deadline` (time.monotonic()), at most
+    `max_bytes` as sent and at most `max_bytes` once inflated (a gzip Content-Encoding is inflated as it comes, a
+    chunk at a time, never past the cap), each cap checked as the body grows. `take(n)` is told of every n bytes
+    kept (a refresh's budget over its answers; it raises to stop). Raises ScrapeError: "timeout", "too_large",
+    "garbage" (a body cut short, or an encoding that is not gzip)."""
+    def late(size: int) -> ScrapeError:
+        return ScrapeError("timeout", f"answer not complete within {watchdog.timeout_s:g} s (read {size:,} bytes)"
+                           if watchdog.answered else f"no answer within {watchdog.timeout_s:g} s (its head not "
+                           "complete)")
+
+    cap = f"{max_bytes:,}-byte cap"
+    encoding = (resp.headers.get("Content-Encoding") or "identity").strip().lower()
+    if encoding not in ("identity", *GZIP):
+        raise ScrapeError("garbage", f"Content-Encoding {printable(encoding)[:40]}: not read (gzip only)")
+    length = resp.headers.get("Content-Length")
+    if length and length.isdigit() and int(length) > max_bytes:
+        raise ScrapeError("too_large", f"payload of {int(length):,} bytes is over the {cap}: not read (not a "
+                                       "/metrics page, or a label explosion)")
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding in GZIP else None
+    body = bytearray()
+    sent = 0
+    while True:
+        if time.monotonic() > deadline or watchdog.fired:
+            raise late(sent)
+        chunk = resp.read1(_CHUNK)
+        if not chunk:
+            if watchdog.fired:  # the deadline's shutdown reads as the end of the answer
+                raise late(sent)
+            if getattr(resp, "length", None):  # bytes announced, never sent
+                raise ScrapeError("garbage", f"the answer ended after {sent:,} of the {sent + resp.length:,} "
+                                             "bytes it announced (the last numbers could be cut short)")
+            break
+        sent += len(chunk)
+        if sent > max_bytes:
+            raise ScrapeError("too_large", f"payload over the {cap}: read stopped there (not a /metrics page, "
+                                           "or a label explosion)")
+        if inflate is None:
+            if take is not None:
+                take(len(chunk))
+            body += chunk
+            continue
+        pending = chunk
+        while True:  # inflated a chunk at a time: a gzip bomb never holds more than the cap and one chunk
+            try:
+                data = inflate.decompress(pending, _CHUNK)
+            except zlib.error as e:
+                raise ScrapeError("garbage", f"not gzip as its Content-Encoding says: {e}") from None
+            if len(body) + len(data) > max_bytes:
+                raise ScrapeError("too_large", f"payload over the {cap} once inflated (gzip): read stopped there")
+            if take is not None:
+                take(len(data))
+            body += data
+            pending = inflate.unconsumed_tail
+            if not pending and len(data) < _CHUNK:
+                break
+    if inflate is not None and not inflate.eof:
+        raise ScrapeError("garbage", "the gzip stream ended before its end (the answer was cut short)")
+    return body
 
 
 def _network_error(reason: object, url: str, timeout_s: float) -> ScrapeError:
