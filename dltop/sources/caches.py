@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dltop import native
+from dltop.actions.confine import homes, known_prefixes, root_refusal
 from dltop.model.base import Unavailable, display_path
 from dltop.model.caches import (
     FOLDERS_KEPT,
@@ -877,6 +878,19 @@ def read_cache(loc: Location, *, mounts: list[Mount], locked: set[tuple[int, int
         version_keys=keys, locks=locks, unavailable=unavailable, **facts)
 
 
+def refused_cache(loc: Location, rule: str, reason: str, version_key: str = "") -> CacheInfo:
+    """A cache whose folder is not walked: its numbers unknown with the refusing rule and why (one line)."""
+    why = f"refused ({rule}): {reason}: not walked as a cache"
+    try:
+        st: os.stat_result | None = os.lstat(loc.path)
+    except OSError:
+        st = None
+    return CacheInfo(name=loc.name, label=loc.label, path=loc.path, source=loc.source, exists=st is not None,
+                     owner_uid=st.st_uid if st is not None else None, settings=loc.settings,
+                     clear_command=loc.clear_command, current_version_key=version_key, scanned_at=time.time(),
+                     unavailable={"size_bytes": why, "files": why, "newest_mtime": why, "oldest_mtime": why})
+
+
 def _temp_dirs(e: Environment) -> list[str]:
     """Folders whose contents do not outlive a reboot or a job: the process's tempdir, /tmp, /var/tmp, /dev/shm."""
     found = [tempdir(e)[0], "/tmp", "/dev/shm", "/run/user"]
@@ -893,11 +907,21 @@ def read_caches(e: Environment, extra: Iterable[str] = (), root: str = "/", *, n
         mounts = []
     locked = read_proc_locks(root)
     temps = _temp_dirs(e)
+    added = set(extra)
+    home_of, prefixes = (homes([e.home]), known_prefixes(e.env)) if e.pid is not None else ({}, {})
     out = []
     for loc in resolve(e, extra):
         prev = (last or {}).get(loc.name)
         if names is not None and loc.name not in names and prev is not None and prev.path == loc.path:
             out.append(prev)
+            continue
+        # A path another process's environment gave (--pid: whoever runs it sets it) is walked only where a clear
+        # could go: `TORCHINDUCTOR_CACHE_DIR=/` is listed as refused, by the clear's own rule, not walked whole.
+        # dltop's own environment and the folders you added are yours: walked as given.
+        why = None if e.pid is None or loc.name in added else root_refusal(loc.path, home_of=home_of,
+                                                                            prefixes=prefixes)
+        if why is not None:
+            out.append(refused_cache(loc, why.rule, why.reason, e.current_version_key))
             continue
         info = read_cache(loc, mounts=mounts, locked=locked, temp_dirs=temps, version_key=e.current_version_key,
                           cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction)
