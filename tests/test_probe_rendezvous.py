@@ -77,7 +77,8 @@ def pids(part: ProbesPart) -> set[int]:
 
 
 @pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen]]:
+def procs(shm: list[Path]) -> Iterator[list[subprocess.Popen]]:
+    """Processes the test starts, killed after it (before its folders are removed)."""
     out: list[subprocess.Popen] = []
     yield out
     for p in out:
@@ -246,3 +247,29 @@ def test_a_user_sees_only_their_own_jobs(procs: list[subprocess.Popen], shm: lis
     assert out.returncode == 0, out.stderr
     uids, seen = out.stdout.split("] ", 1)
     assert uids == f"[{VICTIM}" and str(victim.pid) in seen and str(attacker.pid) not in seen
+
+
+def test_a_cut_is_said_on_the_hint_line(procs: list[subprocess.Popen], shm: list[Path]) -> None:
+    """No silent cuts: a user's folder holding more files of live processes than it is read for is a hint."""
+    from dltop.hints.training import probes_left_out
+    from dltop.model import Snapshot
+
+    own = Path(f"/dev/shm/dltop-{ATTACKER}")
+    # the attacker's real processes, each with a file named for its pid (a forged copy of a real report)
+    job, _ = start_job(ATTACKER)
+    procs.append(job)
+    doc = json.loads((own / f"{job.pid}.json").read_text())
+    many = [subprocess.Popen([*as_user(ATTACKER), "sleep", "60"]) for _ in range(probes.MAX_LIVE + 4)]
+    procs += many
+    files = {str(p.pid): json.dumps({**doc, "pid": p.pid}) for p in many}
+    subprocess.run([*as_user(ATTACKER), sys.executable, "-c",
+                    f"import json, sys\nfor pid, text in json.load(sys.stdin).items(): "
+                    f"open('{own}/' + pid + '.json', 'w').write(text)"], input=json.dumps(files), text=True,
+                   check=True)
+    part = ProbeReader(user=ATTACKER).read()
+    [cut] = [i for i in part.ignored if i.cut and i.path == str(own)]
+    assert "past 256: not read" in cut.reason
+    snap = Snapshot(ts=time.time(), host="t", probes=part)
+    hint = probes_left_out([snap])
+    assert hint is not None and hint.id == "probes-left-out" and str(own) in hint.text
+    assert probes_left_out([Snapshot(ts=time.time(), host="t", probes=ProbesPart())]) is None

@@ -146,6 +146,22 @@ def _filled(p: ProcessProbe) -> tuple[int, int] | None:
 
 
 @rule
+def probes_left_out(history: Sequence[Snapshot]) -> Hint | None:
+    """A limit left probes unread (a user's folder with more files than it is read for, the reading's time, a
+    process with more descriptors than are looked at): never a silent cut (docs/probe.md)."""
+    part = history[-1].probes
+    cuts = [i for i in part.ignored if i.cut] if isinstance(part, ProbesPart) else []
+    if not cuts:
+        return None
+    more = f" (+{len(cuts) - 1} more)" if len(cuts) > 1 else ""
+    return Hint(id="probes-left-out", severity="info",
+                text=f"probes left out: {cuts[0].path}: {cuts[0].reason}{more}",
+                fix="the Training tab's notes list each; a user whose folder holds more files than it is read for "
+                    "costs only that user (docs/probe.md, How dltop finds probes)",
+                numbers={"cuts": len(cuts)})
+
+
+@rule
 def stalled(history: Sequence[Snapshot]) -> Hint | None:
     """A live process whose loop made no step for a long while (ProcessProbe.stalled): a rank that hangs in a
     collective, a loader that deadlocked, a step stuck in I/O. Its ranks wait with it."""

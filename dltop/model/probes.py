@@ -204,6 +204,7 @@ class IgnoredProbe:
 
     path: str
     reason: str
+    cut: bool = False  # left out by a limit (a user's folder read in part, the reading's time): on the hint line
 
 
 @dataclass(frozen=True)

@@ -601,7 +601,7 @@ def _candidates(dir_fd: int, path: str, owner: int, proc: str, pidns: int | None
     names = sorted(n for n in os.listdir(dir_fd) if FILE_NAME.fullmatch(n))
     if len(names) > MAX_ENTRIES:
         ignored.append(IgnoredProbe(path, f"{len(names) - MAX_ENTRIES} probe files past the first {MAX_ENTRIES}: "
-                                          "not looked at"))
+                                          "not looked at", cut=True))
         names = names[:MAX_ENTRIES]
     live, gone = [], []
     for name in names:
@@ -620,7 +620,7 @@ def _candidates(dir_fd: int, path: str, owner: int, proc: str, pidns: int | None
             gone.append(name)
     if len(live) > MAX_LIVE:
         ignored.append(IgnoredProbe(path, f"{len(live) - MAX_LIVE} files of live processes past {MAX_LIVE}: "
-                                          "not read"))
+                                          "not read", cut=True))
         live = live[:MAX_LIVE]
     if len(gone) > MAX_EXITED:
         def mtime(name: str) -> float:
@@ -674,7 +674,7 @@ def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, Process
             for i, name in enumerate(names):
                 if time.monotonic() > deadline:
                     ignored.append(IgnoredProbe(path, f"{len(names) - i} files not read: the reading's "
-                                                      f"{READ_BUDGET_S:g} s ran out"))
+                                                      f"{READ_BUDGET_S:g} s ran out", cut=True))
                     break
                 got = _read_file(dir_fd, name, os.path.join(path, name), me, proc, pidns, hosts, memo, seen)
                 if isinstance(got, str):
@@ -763,6 +763,7 @@ def _read_memfd(proc: str, pid: int, fd: int, uid: int, memo: dict[ParseKey, Pro
         return None
     try:
         st = os.fstat(f)
+        uid = os.stat(f"{proc}/{pid}").st_uid  # its owner now, in the kernel's word
         if not stat.S_ISREG(st.st_mode):
             return "memfd: not a regular file"
         if st.st_uid != uid:
@@ -830,9 +831,9 @@ class ProbeReader:
             if where in dirs:
                 self.known_dirs[where] = dirs[where]
         found = {(p.uid, p.pid) for p in files}
-        ignored += [*(IgnoredProbe(where, why) for where, why in r.notes),
+        ignored += [*(IgnoredProbe(where, why, cut=True) for where, why in r.notes),
                    *(IgnoredProbe(f"{self.proc}/{pid}/fd", f"over {MAX_FDS} descriptors: not all looked at for "
-                                                          "a probe's memfd") for pid, _ in r.cut())]
+                                                          "a probe's memfd", cut=True) for pid, _ in r.cut())]
         memos: dict[ParseKey, ProcessProbe | str] = {}
         now_live: dict[tuple[int, int], ProcessProbe] = {}
         for pid, fd, uid in r.memfds():

@@ -5,8 +5,9 @@ kernel's answer. So dltop never lists a folder anyone can write (/dev/shm, a sha
 probes: it derives the per-user folders from the users that run processes here (`/proc/PID` is owned by its
 process's uid) and checks each folder's owner, and it finds the probes whose folder was refused (another user made
 `/dev/shm/dltop-UID` first) from the processes themselves: a memfd named `dltop-probe` in `/proc/PID/fd`.
-Each process's file descriptors are looked at when it is first seen, then again after 2, 4, ... up to 64 s (a
-probe may start after its process), within a time budget per reading shared fairly between users.
+Each process's file descriptors (and its owner: a process may change its uid after it starts) are looked at when it
+is first seen, then again after 1, 2, 4, ... up to 64 s (a probe may start after its process), within a time
+budget per reading shared fairly between users.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class Rendezvous:
     def _scan(self, now: float) -> None:
         due: dict[int, list[int]] = {}
         for pid, p in self.table.items():
-            if p.memfd is None and p.due <= now and self._wanted(p.uid) and (self.me == 0 or p.uid == self.me):
+            if p.memfd is None and p.due <= now and (self.me == 0 or p.uid == self.me):
                 due.setdefault(p.uid, []).append(pid)
         # round robin over the users: one user's thousand processes do not hold up another's
         order = [pid for group in itertools.zip_longest(*due.values()) for pid in group if pid is not None]
@@ -90,6 +91,10 @@ class Rendezvous:
                                               f"the next readings go on"))
                 return
             p = self.table[pid]
+            try:  # again: a process may change its uid after it starts (setpriv, su, a daemon dropping root)
+                p.uid = os.stat(f"{self.proc}/{pid}").st_uid
+            except OSError:
+                continue
             p.memfd, p.cut = self._memfd_of(pid)
             p.due = now + p.wait
             p.wait = min(p.wait * 2, RESCAN_MAX_S)
@@ -116,7 +121,8 @@ class Rendezvous:
 
     def memfds(self) -> list[tuple[int, int, int]]:
         """(pid, descriptor, owner uid) of every process here that holds a probe's memfd."""
-        return [(pid, p.memfd, p.uid) for pid, p in sorted(self.table.items()) if p.memfd is not None]
+        return [(pid, p.memfd, p.uid) for pid, p in sorted(self.table.items())
+                if p.memfd is not None and self._wanted(p.uid)]
 
     def cut(self) -> list[tuple[int, int]]:
         """(pid, uid) of the processes with more descriptors than were looked at."""
@@ -127,7 +133,7 @@ class Rendezvous:
         /run/user/UID, which only the system makes), else dltop's own."""
         if self.me != 0:
             return {self.me}
-        found = {p.uid for p in self.table.values()} | {0}
+        found = {p.uid for p in self.table.values()} | {0} | ({self.user} if self.user is not None else set())
         with contextlib.suppress(OSError):
             found |= {int(n) for n in os.listdir("/run/user") if n.isdigit() and len(n) <= 10}
         return {u for u in found if self._wanted(u)}
