@@ -229,3 +229,24 @@ def test_detail_matchers_match_hostile_instances_literally() -> None:
     assert re.fullmatch(value, "a.b:1") and re.fullmatch(value, 'x|y"\\(')  # RE2 reads these escapes as Python's
     assert not re.fullmatch(value, "aXb:1") and not re.fullmatch(value, "x")
     assert parse_selector(detail_matchers([("j", 'n"1')])) == [("job", "=", "j"), ("instance", "=", 'n"1')]
+
+
+def test_two_users_under_one_job_id_are_two_jobs() -> None:
+    """A job is (uid, job_id): another user's ranks that claim a job id are a job of their own, and the jobs table
+    names each one's uid (the exporter's uid label is the kernel's owner of the process)."""
+    node = {"job": "j", "instance": "n:1"}
+    rank = {**node, "job_id": "shared", "pid": "7", "rank": "0"}
+    answer = _answer([
+        {"metric": {**node, "__name__": "up"}, "value": [1.0, "1"]},
+        {"metric": {**node, "__name__": "dltop_snapshot_timestamp_seconds"}, "value": [1.0, "99.5"]},
+        {"metric": {**rank, "uid": "1001", "__name__": "dltop_training_step_seconds"}, "value": [1.0, "1"]},
+        {"metric": {**rank, "uid": "1002", "pid": "8", "__name__": "dltop_training_step_seconds"},
+         "value": [1.0, "1"]},
+    ])
+    part = read_cluster(FakeClient(answer), now=lambda: 100.0)
+    # (the fake answers every query alike: the node's own series count as a group with no job id too)
+    assert sorted((j.job_id, j.uid) for j in part.jobs if j.job_id) == [("shared", "1001"), ("shared", "1002")]
+    from dltop.text.cluster import job_rows
+
+    assert sorted(r[0] for r in job_rows(part) if r[0].startswith("shared")) == ["shared (uid 1001)",
+                                                                                 "shared (uid 1002)"]

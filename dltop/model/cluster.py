@@ -62,6 +62,7 @@ class ClusterRank:
     data_wait_ratio: float | Unavailable = NO_SAMPLE
     step_s: float | Unavailable = NO_SAMPLE
     steps: int | Unavailable = NO_SAMPLE
+    uid: str = ""  # the kernel's owner of the process (the exporter's uid label); "" from an older exporter
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class ClusterJob:
     most_waiting: ClusterRank | None = None  # the rank with the largest data wait
     rank_count: int = 0  # its ranks on every node, counted by Prometheus
     node_count: int = 0  # the nodes they run on
+    uid: str = ""  # whose job: a job is (uid, job_id); "" where the exporters are older than the uid label
 
 
 @dataclass(frozen=True)

@@ -139,9 +139,10 @@ def queries(selector: str, detail: str | None = None) -> dict[str, str]:
         "gpu_lost": f"({sel('dltop_gpu_up')} == 0) or {sel('dltop_gpu_down_info')}",
         "dataset": names("dltop_dataset_(up|size_bytes|resident_bytes|unavailable_info)"),
         # The jobs table: each job's ranks per node, and its slowest and most waiting rank, by Prometheus.
-        "job_ranks": f"count by (job_id, job, instance) ({sel('dltop_training_steps_total')})",
-        "job_slowest": f"topk by (job_id) (1, {sel('dltop_training_step_seconds')})",
-        "job_waiting": f"topk by (job_id) (1, {sel('dltop_training_data_wait_ratio')})",
+        # a job is (uid, job_id): another user's ranks that claim the job id are a job of their own
+        "job_ranks": f"count by (uid, job_id, job, instance) ({sel('dltop_training_steps_total')})",
+        "job_slowest": f"topk by (uid, job_id) (1, {sel('dltop_training_step_seconds')})",
+        "job_waiting": f"topk by (uid, job_id) (1, {sel('dltop_training_data_wait_ratio')})",
         "hint": sel("dltop_hint_active"),
         "kv_usage": f"max by (job, instance, server) ({sel('dltop_inference_kv_cache_usage_ratio')})",
         "kv_bytes": sel("dltop_inference_kv_cache_capacity_bytes"),
@@ -471,7 +472,7 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
         notes.add(f"{len(seen) - MAX_NODES} nodes past {MAX_NODES:,} left out: narrow it with --selector")
     gpus: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in fields}
     datasets: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in fields}
-    ranks: dict[Key, dict[tuple[str, str, str], dict[str, Any]]] = {k: {} for k in fields}
+    ranks: dict[Key, dict[tuple[str, str, str, str], dict[str, Any]]] = {k: {} for k in fields}
     hints: dict[Key, list[ClusterHint]] = {k: [] for k in fields}
     servers: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in fields}
     down_sources: dict[Key, list[str]] = {k: [] for k in fields}
@@ -552,7 +553,8 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
     for key, labels, metric, v in rows("training"):
         if metric not in tr_attr or not detailed(key):
             continue
-        r = ranks[key].setdefault((labels.get("pid", ""), labels.get("rank", ""), labels.get("job_id", "")), {})
+        r = ranks[key].setdefault((labels.get("pid", ""), labels.get("rank", ""), labels.get("job_id", ""),
+                                   labels.get("uid", "")), {})
         attr, conv = tr_attr[metric]
         r[attr] = _checked(conv(v), notes, f"{key[1]}: pid {labels.get('pid', '?')} {metric}")
     for key, labels, _, v in rows("hint"):
@@ -589,8 +591,8 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
             gpus=tuple(ClusterGpu(gpu=i, uuid=u, **g)
                        for (i, u), g in sorted(gpus[key].items(), key=lambda kv: (_index(kv[0][0]), kv[0][1]))),
             datasets=tuple(ClusterDataset(dataset=p, **d) for p, d in sorted(datasets[key].items())),
-            ranks=tuple(ClusterRank(instance=key[1], pid=p, rank=r, job_id=j, **a)
-                        for (p, r, j), a in sorted(ranks[key].items(), key=lambda kv: (_index(kv[0][1]), kv[0]))),
+            ranks=tuple(ClusterRank(instance=key[1], pid=p, rank=r, job_id=j, uid=u, **a)
+                        for (p, r, j, u), a in sorted(ranks[key].items(), key=lambda kv: (_index(kv[0][1]), kv[0]))),
             hints=tuple(sorted(hints[key], key=lambda h: (h.severity != "critical", h.id))),
             servers=tuple(ClusterServer(server=s, **a) for s, a in sorted(servers[key].items())),
             sources_down=tuple(sorted(down_sources[key])), detailed=detailed(key)))
@@ -609,38 +611,40 @@ _SUMMARY = Unavailable("not read: the job's summary reads its slowest step and i
 
 def _jobs(rows: Callable[[str], Iterable[tuple[Key, dict[str, str], str, str]]], nodes: Iterable[ClusterNode],
           notes: _Notes) -> tuple[ClusterJob, ...]:
-    """Each training job across nodes (one job_id), from Prometheus' counts and its slowest and most waiting rank;
-    the ranks with no job id are one more group, last. The detailed nodes' ranks are listed in it."""
-    counts: dict[str, int] = {}
-    hosts: dict[str, set[Key]] = {}
+    """Each training job across nodes (one uid and job_id: two users' ranks never merge), from Prometheus' counts
+    and its slowest and most waiting rank; the ranks with no job id are one more group, last. The detailed nodes'
+    ranks are listed in it."""
+    counts: dict[tuple[str, str], int] = {}
+    hosts: dict[tuple[str, str], set[Key]] = {}
     for key, labels, _, v in rows("job_ranks"):
         n = _checked(_count(v), notes, f"{key[1]}: ranks of job {labels.get('job_id', '')}")
         if isinstance(n, int):
-            job_id = labels.get("job_id", "")
-            counts[job_id] = counts.get(job_id, 0) + n
-            hosts.setdefault(job_id, set()).add(key)
-    top: dict[str, dict[str, ClusterRank]] = {}
+            job = (labels.get("uid", ""), labels.get("job_id", ""))
+            counts[job] = counts.get(job, 0) + n
+            hosts.setdefault(job, set()).add(key)
+    top: dict[tuple[str, str], dict[str, ClusterRank]] = {}
     for name, attr, conv in (("job_slowest", "step_s", lambda t: _number(t, 0.0)),
                              ("job_waiting", "data_wait_ratio", _ratio)):
         for key, labels, _, v in rows(name):
             value = _checked(conv(v), notes, f"{key[1]}: pid {labels.get('pid', '?')} {attr}")
             if isinstance(value, float):
-                job_id = labels.get("job_id", "")
+                job = (labels.get("uid", ""), labels.get("job_id", ""))
                 rank = ClusterRank(instance=key[1], pid=labels.get("pid", ""), rank=labels.get("rank", ""),
-                                   job_id=job_id, data_wait_ratio=_SUMMARY, step_s=_SUMMARY, steps=_SUMMARY)
-                top.setdefault(job_id, {})[attr] = (replace(rank, step_s=value) if attr == "step_s"
-                                                    else replace(rank, data_wait_ratio=value))
-    by_job: dict[str, list[ClusterRank]] = {}
+                                   job_id=job[1], uid=job[0], data_wait_ratio=_SUMMARY, step_s=_SUMMARY,
+                                   steps=_SUMMARY)
+                top.setdefault(job, {})[attr] = (replace(rank, step_s=value) if attr == "step_s"
+                                                 else replace(rank, data_wait_ratio=value))
+    by_job: dict[tuple[str, str], list[ClusterRank]] = {}
     for n in nodes:
         for r in n.ranks:
-            by_job.setdefault(r.job_id, []).append(r)
+            by_job.setdefault((r.uid, r.job_id), []).append(r)
     out = []
-    for job_id in sorted(counts.keys() | top.keys(), key=lambda j: (j == "", j)):
-        rs = sorted(by_job.get(job_id, ()), key=lambda r: (_index(r.rank), r.instance, r.pid))
-        out.append(ClusterJob(job_id, tuple(rs), slowest=top.get(job_id, {}).get("step_s"),
-                              most_waiting=top.get(job_id, {}).get("data_wait_ratio"),
-                              rank_count=max(counts.get(job_id, 0), len(rs)),
-                              node_count=len(hosts.get(job_id, ()))))
+    for job in sorted(counts.keys() | top.keys(), key=lambda j: (j[1] == "", j[1], j[0])):
+        rs = sorted(by_job.get(job, ()), key=lambda r: (_index(r.rank), r.instance, r.pid))
+        out.append(ClusterJob(job[1], tuple(rs), slowest=top.get(job, {}).get("step_s"),
+                              most_waiting=top.get(job, {}).get("data_wait_ratio"),
+                              rank_count=max(counts.get(job, 0), len(rs)),
+                              node_count=len(hosts.get(job, ())), uid=job[0]))
     return tuple(out)
 
 

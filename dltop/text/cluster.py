@@ -149,7 +149,10 @@ def job_rows(part: ClusterPart) -> list[tuple[str, ...]]:
         who = f"rank {j.slowest.rank or '?'} on {where}" if j.slowest else "n/a"
         if j.slowest and not j.job_id:
             who = f"pid {j.slowest.pid or '?'} on {where}"  # no job: its rank says nothing
-        rows.append((j.job_id or NO_JOB_ID, str(j.rank_count), str(j.node_count), wait, step, who))
+        name = j.job_id or NO_JOB_ID
+        if j.uid and any(o.uid != j.uid and o.job_id == j.job_id for o in part.jobs):
+            name += f" (uid {j.uid})"  # two users' jobs under one job id: never one job, each named
+        rows.append((name, str(j.rank_count), str(j.node_count), wait, step, who))
     return rows
 
 
@@ -288,7 +291,7 @@ def cluster_json(part: ClusterPart) -> dict[str, Any]:
         "prometheus": part.url, "selector": part.selector, "queried_at": part.queried_at,
         "query_s": part.query_s, "queries": part.queries,
         "nodes": [node_json(n) for n in part.nodes],
-        "jobs": [{"job_id": j.job_id, "rank_count": j.rank_count, "node_count": j.node_count,
+        "jobs": [{"job_id": j.job_id, "uid": j.uid, "rank_count": j.rank_count, "node_count": j.node_count,
                   "ranks": [to_dict(r) for r in j.ranks],
                   "slowest": to_dict(j.slowest), "most_waiting": to_dict(j.most_waiting)} for j in part.jobs],
         "notes": list(part.notes),

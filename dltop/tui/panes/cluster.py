@@ -147,7 +147,8 @@ class ClusterPane(Pane):
             for i, label in enumerate(JOB_HEADERS):
                 table.add_column(label, key=str(i))
         rows = job_rows(part)
-        keys = [f"job:{j.job_id}" if j.job_id else "no job id" for j in part.jobs]  # a job may be named anything
+        # a job may be named anything; a job is (uid, job id)
+        keys = [f"job:{j.uid}:{j.job_id}" if j.job_id else f"no job id:{j.uid}" for j in part.jobs]
         if keys != self._jobs_shown:
             table.clear()
             self._jobs_shown = keys
