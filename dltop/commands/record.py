@@ -219,17 +219,20 @@ def run_mark(args: argparse.Namespace) -> int:
         raise DltopError(f"dltop mark: the text is {len(text)} characters; at most {MAX_MARK_CHARS}")
     if not os.path.isdir(directory):
         raise DltopError(f"no recording directory {directory} (start one with: dltop record -o {directory})")
-    store.check_directory(directory)
-    if not store.lock_held(directory):
-        raise DltopError(f"no dltop record is running on {directory}: nothing would read the marker "
-                         f"(start one with: dltop record -o {directory})")
-    now = time.time()
-    line = (json.dumps({"ts": now, "text": text}, ensure_ascii=False) + "\n").encode("utf-8")
-    fd = store.open_private(os.path.join(directory, store.MARKS_NAME), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    dir_fd = store.open_directory(directory, create=False)  # as the recorder checks it, and held
     try:
-        os.write(fd, line)
+        if not store.lock_held(dir_fd):
+            raise DltopError(f"no dltop record is running on {directory}: nothing would read the marker "
+                             f"(start one with: dltop record -o {directory})")
+        now = time.time()
+        line = (json.dumps({"ts": now, "text": text}, ensure_ascii=False) + "\n").encode("utf-8")
+        fd = store.open_private(store.MARKS_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, dir_fd=dir_fd)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        os.close(dir_fd)
     print(f"marked {time.strftime('%H:%M:%S', time.localtime(now))}: {text}")
     return 0
 

@@ -6,6 +6,12 @@ written, or left by a killed recorder) is scanned whole, and so is a closed one 
 whose checksum fails, a frame that does not decompress or is cut short, a sample holding a value dltop does not
 record) is left out and counted in `damage` (each thing once, with the first reason of each kind); everything
 else is read. Nothing in a recording makes the reader raise, except a newer format (refused, with a DltopError).
+
+A recording may come from elsewhere, so every read is bounded before it is made: its files are opened relative to
+the directory named (held open), never through a symlink, and only if they are regular files (a FIFO, a device or
+a socket is refused before it is opened); a segment or an index bigger than dltop writes is refused by its size;
+a frame is decoded only if its header declares a content size within MAX_FRAME_BYTES (and the segment's within
+store.MAX_SEGMENT_BYTES), and its output is capped at that size. What is refused is counted as damage, with why.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ import array
 import base64
 import binascii
 import bisect
+import errno
 import os
 import sys
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +37,14 @@ from dltop.fmt import plural, printable
 from dltop.model import DecodeError, Snapshot
 from dltop.recorder import store
 from dltop.recorder.reuse import PartMemo
-from dltop.recorder.segment import MAX_FRAME_BYTES, Chunk, RecordedEvent, decompress, decompress_frame
+from dltop.recorder.segment import (
+    MAX_FRAME_BYTES,
+    Chunk,
+    RecordedEvent,
+    decompress_frame,
+    decompress_segment,
+    frame_size,
+)
 from dltop.recorder.summary import check_summary
 
 _CACHED_CHUNKS = 4
@@ -37,7 +52,8 @@ _CACHED_CHUNKS = 4
 __all__ = ["Damage", "Piece", "RecordedEvent", "Recording"]
 
 # What the counts are of, in the order a note names them (singular, plural).
-_KINDS = {"line": ("damaged line", "damaged lines"), "sample": ("sample", "samples"),
+_KINDS = {"segment": ("segment file", "segment files"), "line": ("damaged line", "damaged lines"),
+          "sample": ("sample", "samples"),
           "frame": ("frame", "frames"), "event": ("index event", "index events")}
 
 
@@ -144,15 +160,23 @@ class Recording:
         self.path = path
         self.damage = Damage()
         self._cache: OrderedDict[tuple[int, int], Chunk] = OrderedDict()
-        if os.path.isdir(path):
-            files = [os.path.join(path, stem + suffix) for stem, suffix in store.list_segments(path)]
-            if not files:
-                raise DltopError(f"no recording in {path} (no segment files)")
-        elif os.path.isfile(path):
-            files = [path]
-        else:
-            raise DltopError(f"no such recording: {path}")
-        self._segments = [self._load(p) for p in files]
+        # The directory the user named is followed (as `ls` would); the files in it are opened relative to it.
+        directory, files = path, None
+        try:
+            self._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except NotADirectoryError:
+            directory, files = os.path.dirname(path), [os.path.basename(path)]
+            self._dir_fd = self._open_dir(directory, path)
+        except OSError as e:
+            raise DltopError(_no_recording(path, e)) from None
+        weakref.finalize(self, os.close, self._dir_fd)
+        if files is None:
+            files = [stem + suffix for stem, suffix in store.list_segments(self._dir_fd)]
+        if not files:
+            raise DltopError(f"no recording in {path} (no segment files)")
+        self._dir = directory
+        loaded = [self._load(name) for name in files]
+        self._segments = [seg for seg in loaded if seg is not None]
         metas = [s.meta for s in self._segments if s.meta]
         for m in metas:
             if isinstance(m.get("format"), int) and m["format"] > store.FORMAT_VERSION:
@@ -282,8 +306,9 @@ class Recording:
         path = self._segments[si].path
         try:
             chunk = self._segments[si].chunks[ci][1]()
-        except (OSError, zstandard.ZstdError) as e:
-            self.damage.add((path, ci, "frame"), "frame", f"does not decompress: {e}",
+        except (OSError, zstandard.ZstdError, store.Malformed) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            self.damage.add((path, ci, "frame"), "frame", f"does not decompress: {why}",
                             times=self._segments[si].chunks[ci][0])
             self._segments[si].chunks[ci] = ([], lambda: Chunk([]))
             return None
@@ -294,25 +319,34 @@ class Recording:
             self._cache.popitem(last=False)
         return chunk
 
-    def _load(self, path: str) -> _Segment:
-        if path.endswith(store.CLOSED_SUFFIX):
-            index = _read_index(path[: -len(store.CLOSED_SUFFIX)] + store.INDEX_SUFFIX)
-            if isinstance(index, dict):
-                return self._indexed(path, index)
-            if index is not None:
-                self.damage.indexes[path] = index
-            try:
-                with open(path, "rb") as f:
-                    data, damaged = decompress(f.read())
-            except OSError as e:
-                raise DltopError(f"cannot read {printable(path)}: {e.strerror}") from None
-            self.damage.add((path, "scan"), "frame", "does not decompress (read past it)", damaged)
-        else:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                raise DltopError(f"cannot read {printable(path)}: {e.strerror}") from None
+    @staticmethod
+    def _open_dir(directory: str, path: str) -> int:
+        try:
+            return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise DltopError(_no_recording(path, e)) from None
+
+    def _load(self, name: str) -> _Segment | None:
+        """A segment file, its index used where it has a good one; None (counted as damage, with why) when the
+        file is refused: not a regular file, a symlink, or bigger than any segment dltop writes."""
+        path = os.path.join(self._dir, name)
+        try:
+            if name.endswith(store.CLOSED_SUFFIX):
+                index = _read_index(self._dir_fd, name[: -len(store.CLOSED_SUFFIX)] + store.INDEX_SUFFIX)
+                if isinstance(index, dict):
+                    return self._indexed(path, name, index)
+                if index is not None:
+                    self.damage.indexes[path] = index
+                raw = store.read_regular(name, self._dir_fd, store.MAX_SEGMENT_BYTES, "segment")
+                data, damaged, why = decompress_segment(raw)
+                self.damage.add((path, "scan"), "frame", f"does not decompress (read past it): {why}", damaged)
+            else:
+                data = store.read_regular(name, self._dir_fd, store.MAX_SEGMENT_BYTES, "segment")
+        except store.Malformed as e:
+            self.damage.add((path, "file"), "segment", f"{name}: {e}")
+            return None
+        except OSError as e:
+            raise DltopError(f"cannot read {printable(path)}: {e.strerror}") from None
         chunk = Chunk.scan(data)
         for i, why in chunk.damaged:
             self.damage.add((path, 0, "line", i), "line", why)
@@ -320,26 +354,43 @@ class Recording:
         seg.chunks.append(([s[0] for s in chunk.samples], lambda: chunk))
         return seg
 
-    def _indexed(self, path: str, index: dict[str, Any]) -> _Segment:
-        """The segment as its (checked) index describes it."""
+    def _indexed(self, path: str, name: str, index: dict[str, Any]) -> _Segment:
+        """The segment as its (checked) index describes it: each frame's header read before it is listed, and a
+        frame declaring more than dltop writes (alone, or with the frames before it in the segment) left out."""
+        fd, size = store.open_regular(name, self._dir_fd, store.MAX_SEGMENT_BYTES, "segment")
         try:
-            size = os.path.getsize(path)
-        except OSError as e:
-            raise DltopError(f"cannot read {printable(path)}: {e.strerror}") from None
-        meta = index["meta"]
-        seg = _Segment(path, meta)
-        self.damage.add((path, "closed"), "line", "left out when the recorder closed the segment", index["skipped"])
-        seg.events = [RecordedEvent(ts, kind, data) for ts, kind, data in index["events"]]
-        for bi, b in enumerate(index["blocks"]):
-            offset, length = b["offset"], b["size"]
-            if offset + length > size:  # cut short (a truncated copy): this frame and those after it are gone
-                self.damage.add((path, "block", bi), "frame", "cut off (the file is shorter than its index says)",
-                                times=b["times"])
-                continue
-            if "summary" in b:
-                seg.summaries[len(seg.chunks)] = (b["summary"], b.get("summary_crc"))
-            seg.chunks.append((b["times"], _frame_loader(path, offset, length)))
+            meta = index["meta"]
+            seg = _Segment(path, meta)
+            self.damage.add((path, "closed"), "line", "left out when the recorder closed the segment",
+                            index["skipped"])
+            seg.events = [RecordedEvent(ts, kind, data) for ts, kind, data in index["events"]]
+            room = store.MAX_SEGMENT_BYTES
+            for bi, b in enumerate(index["blocks"]):
+                offset, length = b["offset"], b["size"]
+                if offset + length > size:  # cut short (a truncated copy): this frame and those after it are gone
+                    self.damage.add((path, "block", bi), "frame", "cut off (the file is shorter than its index says)",
+                                    times=b["times"])
+                    continue
+                try:
+                    room -= frame_size(os.pread(fd, _HEADER_BYTES, offset), room)
+                except zstandard.ZstdError as e:
+                    self.damage.add((path, bi, "frame"), "frame", f"does not decompress: {e}", times=b["times"])
+                    continue
+                if "summary" in b:
+                    seg.summaries[len(seg.chunks)] = (b["summary"], b.get("summary_crc"))
+                seg.chunks.append((b["times"], _frame_loader(self._dir_fd, name, offset, length)))
+        finally:
+            os.close(fd)
         return seg
+
+
+_HEADER_BYTES = 18  # the longest zstd frame header: what `frame_size` reads
+
+
+def _no_recording(path: str, e: OSError) -> str:
+    if e.errno in (errno.ENOENT, errno.ENOTDIR):
+        return f"no such recording: {path}"
+    return f"cannot read recording {path}: {e.strerror}"
 
 
 def index_times(text: str) -> list[float]:
@@ -358,11 +409,13 @@ def index_times(text: str) -> list[float]:
     return times.tolist()
 
 
-def _frame_loader(path: str, offset: int, length: int) -> Callable[[], Chunk]:
+def _frame_loader(dir_fd: int, name: str, offset: int, length: int) -> Callable[[], Chunk]:
     def load() -> Chunk:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(length)
+        fd, _ = store.open_regular(name, dir_fd, store.MAX_SEGMENT_BYTES, "segment")
+        try:
+            data = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
         return Chunk.scan(decompress_frame(data))
 
     return load
@@ -371,17 +424,19 @@ def _frame_loader(path: str, offset: int, length: int) -> Callable[[], Chunk]:
 MAX_INDEX_BYTES = 64 << 20  # a day's index is ~1 MB (its events): one bigger than this is not read
 
 
-def _read_index(path: str) -> dict[str, Any] | str | None:
+def _read_index(dir_fd: int, name: str) -> dict[str, Any] | str | None:
     """A closed segment's index, checked entry by entry; None when it is missing, or why it is not used when
-    it is damaged (the segment is then scanned whole). What is returned is safe to use as it is: offsets and
-    sizes are ints in order, times are real times, events are [ts, kind, data]; each block has its "times"."""
+    it is damaged or refused (not a regular file, a symlink, bigger than MAX_INDEX_BYTES): the segment is then
+    scanned whole. What is returned is safe to use as it is: offsets and sizes are ints in order, times are real
+    times, events are [ts, kind, data]; each block has its "times"."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_INDEX_BYTES + 1)
+        raw = store.read_regular(name, dir_fd, MAX_INDEX_BYTES, "index")
     except FileNotFoundError:
         return None
     except OSError as e:
         return f"cannot read it: {e.strerror}"
+    except store.Malformed as e:
+        return str(e)
     try:
         index = store.loads(raw)
         _check_index(index)

@@ -15,17 +15,20 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import zstandard
 
+from dltop.fmt import human_bytes
 from dltop.model import SCHEMA_VERSION, DecodeError, Snapshot
 from dltop.recorder import reuse, store
 from dltop.recorder.reuse import PartMemo
 from dltop.recorder.summary import Values, frame_summary
 
 ZSTD_LEVEL = 9
+FRAME_BYTES = 16 << 20  # a frame is cut after this much text even before its samples are all in (8 GPUs: ~45)
 
 
 @dataclass(frozen=True)
@@ -161,25 +164,43 @@ class Chunk:
         return self._parts[i]
 
 
-def compress_segment(directory: str, stem: str, block_samples: int,
+def compress_segment(directory: str | int, stem: str, block_samples: int,
                      values: list[tuple[float, Values]] | None = None) -> None:
-    """Turn `stem.jsonl` into `stem.jsonl.zst` (one frame per `block_samples` samples) and `stem.idx.json`,
-    then remove the .jsonl. Each file is written whole under a temporary name and renamed into place, so a
-    crash leaves either the open segment or the closed one (the reader prefers the closed one). `values`: what
-    the report takes from each sample written (the writer's, `summary.sample_values`): a frame whose every
-    sample has them gets a summary in its index entry."""
-    src = os.path.join(directory, stem + store.OPEN_SUFFIX)
-    with open(src, "rb") as f:
-        data = f.read()
+    """Turn `stem.jsonl` into `stem.jsonl.zst` (one frame per `block_samples` samples, or FRAME_BYTES of text)
+    and `stem.idx.json`, then remove the .jsonl; `directory` is a path or an fd held on it. Each file is written
+    whole under a temporary name and renamed into place, so a crash leaves either the open segment or the closed
+    one (the reader prefers the closed one). `values`: what the report takes from each sample written (the
+    writer's, `summary.sample_values`): a frame whose every sample has them gets a summary in its index entry.
+    Malformed when the open segment is not a regular file or is bigger than a reader reads."""
+    with _held(directory) as dir_fd:
+        _compress(dir_fd, stem, block_samples, values)
+
+
+@contextlib.contextmanager
+def _held(directory: str | int) -> Iterator[int]:
+    if isinstance(directory, int):
+        yield directory
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _compress(dir_fd: int, stem: str, block_samples: int, values: list[tuple[float, Values]] | None) -> None:
+    src = stem + store.OPEN_SUFFIX
+    data = store.read_regular(src, dir_fd, store.MAX_SEGMENT_BYTES, "segment")
     chunk = Chunk.scan(data)
     if chunk.meta is None and not chunk.samples and not chunk.events:
-        os.unlink(src)  # nothing in it worth keeping (a recorder killed before its first line)
+        os.unlink(src, dir_fd=dir_fd)  # nothing in it worth keeping (a recorder killed before its first line)
         return
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, write_content_size=True)
     frames: list[bytes] = []
     blocks: list[dict[str, Any]] = []
     parts: dict[str, bytes] = {}
     current: list[bytes] = []
+    current_bytes = 0
     times: list[float] = []
     all_ts: list[float] = []
     offset = 0
@@ -188,7 +209,7 @@ def compress_segment(directory: str, stem: str, block_samples: int,
         by_ts[ts] = None if ts in by_ts else v  # two samples at one time: which is which is not known
 
     def flush() -> None:
-        nonlocal offset, current, times
+        nonlocal offset, current, current_bytes, times
         if not current:
             return
         frame = cctx.compress(b"\n".join(current) + b"\n")
@@ -206,7 +227,7 @@ def compress_segment(directory: str, stem: str, block_samples: int,
         blocks.append(block)
         all_ts.extend(times)
         offset += len(frame)
-        current, times = [], []
+        current, current_bytes, times = [], 0, []
 
     for line in chunk.lines:  # the lines that passed the scan (a damaged one is b""), without their checksums
         head = store.line_prefix(line)
@@ -215,12 +236,14 @@ def compress_segment(directory: str, stem: str, block_samples: int,
         ts, kind = head
         if not current:
             current = list(parts.values())  # the parts in force, so the frame stands alone
+            current_bytes = sum(len(p) + 1 for p in current)
         current.append(line)
+        current_bytes += len(line) + 1
         if kind == "part":
             parts[store.loads(line)["name"]] = line  # the scan parsed it
         elif kind == "sample":
             times.append(ts)
-            if len(times) >= block_samples:
+            if len(times) >= block_samples or current_bytes >= FRAME_BYTES:
                 flush()
     flush()
     index: dict[str, Any] = {
@@ -230,10 +253,9 @@ def compress_segment(directory: str, stem: str, block_samples: int,
     # Each block carries its own checksum, the rest of the index one: a reader takes a damaged index as absent.
     index["crc"] = store.entry_crc(list(index.values()))
     index["blocks"] = blocks
-    _write_whole(os.path.join(directory, stem + store.CLOSED_SUFFIX), b"".join(frames))
-    _write_whole(os.path.join(directory, stem + store.INDEX_SUFFIX),
-                 json.dumps(index, separators=(",", ":")).encode("utf-8"))
-    os.unlink(src)
+    _write_whole(dir_fd, stem + store.CLOSED_SUFFIX, b"".join(frames))
+    _write_whole(dir_fd, stem + store.INDEX_SUFFIX, json.dumps(index, separators=(",", ":")).encode("utf-8"))
+    os.unlink(src, dir_fd=dir_fd)
 
 
 def index_times_text(times: list[float]) -> str:
@@ -244,9 +266,9 @@ def index_times_text(times: list[float]) -> str:
     return base64.b64encode(arr.tobytes()).decode("ascii")
 
 
-def _write_whole(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    fd = store.open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+def _write_whole(dir_fd: int, name: str, data: bytes) -> None:
+    tmp = name + ".tmp"
+    fd = store.open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, dir_fd=dir_fd)
     try:
         try:
             view = memoryview(data)
@@ -255,55 +277,94 @@ def _write_whole(path: str, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError:
         with contextlib.suppress(OSError):  # a full disk: leave no half-written file behind
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
 
 
-MAX_FRAME_BYTES = 1 << 30  # a frame holds a few hundred samples (~25 MB at most): a bigger one is a bomb
+# Bounds on what one frame makes the reader do, checked from its header before a byte is decoded: the writer cuts a
+# frame at FRAME_BYTES of text (one line past it at most), and compresses at a level whose window is 4 MiB.
+MAX_FRAME_BYTES = 128 << 20
+MAX_WINDOW_BYTES = 16 << 20
 _MAGIC = b"\x28\xb5\x2f\xfd"  # every zstd frame starts so
+_STEP = zstandard.DECOMPRESSION_RECOMMENDED_INPUT_SIZE  # compressed bytes fed to the decoder at a time
 
 
 def decompress(data: bytes) -> tuple[bytes, int]:
     """Every whole frame's content, in order, and how many damaged stretches were left out: after a frame that
-    does not decompress (or is cut short) the next one is found by zstd's magic number, since each frame stands
-    alone."""
+    does not decompress (or is cut short, or is bigger than dltop writes) the next one is found by zstd's magic
+    number, since each frame stands alone. At most store.MAX_SEGMENT_BYTES of content in all."""
+    content, damaged, _ = decompress_segment(data)
+    return content, damaged
+
+
+def decompress_segment(data: bytes, max_bytes: int = store.MAX_SEGMENT_BYTES) -> tuple[bytes, int, str]:
+    """`decompress`, with the first reason a stretch was left out ("" when none was): no frame past `max_bytes`
+    of content in all is decoded (each counted as damaged)."""
     out = bytearray()
     damaged = 0
+    why = ""
     view = memoryview(data)
     pos = 0
     while pos < len(data):
         try:
-            content, used = _one_frame(view[pos:])
-        except zstandard.ZstdError:
+            content, used = decode_frame(view[pos:], max_bytes - len(out))
+        except zstandard.ZstdError as e:
             damaged += 1
+            why = why or str(e)
             pos = data.find(_MAGIC, pos + 1)
             if pos < 0:
                 break
             continue
         out += content
         pos += used
-    return bytes(out), damaged
+    return bytes(out), damaged, why
 
 
-def _one_frame(data: memoryview) -> tuple[bytes, int]:
-    """The first frame's content and its length in bytes; ZstdError when it is damaged, cut, or declares no
-    size or one beyond MAX_FRAME_BYTES (dltop writes the size in every frame)."""
+def frame_size(data: bytes | memoryview, room: int = MAX_FRAME_BYTES) -> int:
+    """The content size a frame's header declares; ZstdError (saying why) when the header is not one, declares no
+    size, or declares more than dltop writes or than `room` allows: read from the header alone, nothing decoded."""
     size = zstandard.frame_content_size(data)
-    if not 0 <= size <= MAX_FRAME_BYTES:
-        raise zstandard.ZstdError(f"frame content size {size}: not one dltop writes")
-    dobj = zstandard.ZstdDecompressor().decompressobj()
-    content = dobj.decompress(data)
+    if size < 0:
+        raise zstandard.ZstdError("declares no content size: not a frame dltop writes")
+    if size > MAX_FRAME_BYTES:
+        raise zstandard.ZstdError(f"declares {human_bytes(size)}: more than a frame dltop writes (at most "
+                                  f"{human_bytes(MAX_FRAME_BYTES)}; not decompressed)")
+    if size > room:
+        raise zstandard.ZstdError(f"declares {human_bytes(size)}: past the {human_bytes(store.MAX_SEGMENT_BYTES)} "
+                                  f"a segment holds at most (not decompressed)")
+    return size
+
+
+def decode_frame(data: bytes | memoryview, room: int = MAX_FRAME_BYTES) -> tuple[bytes, int]:
+    """The first frame's content (its checksum checked) and its length in bytes, decoded a piece at a time with
+    its output capped at the size its header declares (`frame_size`); ZstdError when it is damaged, cut, bigger
+    than it declares, or asks for a window larger than MAX_WINDOW_BYTES."""
+    view = memoryview(data)
+    size = frame_size(view, room)
+    dobj = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).decompressobj()
+    pieces: list[bytes] = []
+    got = pos = 0
+    while not dobj.eof and pos < len(view):
+        piece = dobj.decompress(view[pos:pos + _STEP])
+        pos = min(pos + _STEP, len(view))
+        got += len(piece)
+        if got > size:
+            raise zstandard.ZstdError(f"holds more than the {size} bytes its header declares")
+        pieces.append(piece)
     if not dobj.eof:
         raise zstandard.ZstdError("frame cut short")
-    return content, len(data) - len(dobj.unused_data)
+    if got != size:
+        raise zstandard.ZstdError(f"holds {got} bytes, not the {size} its header declares")
+    return b"".join(pieces), pos - len(dobj.unused_data)
 
 
 def decompress_frame(data: bytes) -> bytes:
-    """One whole frame (its checksum checked); zstandard.ZstdError when it is damaged or not one dltop writes."""
-    size = zstandard.frame_content_size(data)
-    if not 0 <= size <= MAX_FRAME_BYTES:
-        raise zstandard.ZstdError(f"frame content size {size}: not one dltop writes")
-    return zstandard.ZstdDecompressor().decompress(data)  # one call, into a buffer of the size declared
+    """One whole frame (its checksum checked), as `decode_frame`; zstandard.ZstdError when it is damaged, not one
+    dltop writes, or followed by bytes that are not of it."""
+    content, used = decode_frame(data)
+    if used != len(data):
+        raise zstandard.ZstdError(f"{len(data) - used} bytes after the frame")
+    return content

@@ -10,6 +10,8 @@ open segment ends `,"crc":"xxxxxxxx"}`: the crc32 of the line before it (sealed 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -20,6 +22,7 @@ import zlib
 from typing import Any
 
 from dltop.errors import DltopError
+from dltop.fmt import human_bytes
 
 FORMAT_VERSION = 1  # of the recording's layout (lines, segments, index); the Snapshot has its own schema
 KEPT_PARTS = ("cpu", "datasets")  # written as "part" lines when they change, referred to by samples
@@ -38,6 +41,10 @@ MAX_TS = 1e11  # a recorded time past this (the year 5138) or before 1970 is dam
 MAX_NUMBER = 2**64  # no counter or gauge dltop records is larger: a bigger number is damage, not data
 MAX_LINE_BYTES = 64 << 20  # a line longer than this is not parsed (one Snapshot of 8 GPUs is ~100 KiB)
 MAX_DEPTH = 64  # event data and meta nested deeper are damage (dltop writes them ~4 deep)
+# A segment file bigger than this, or a closed one holding more once decompressed, is not read past it: the writer
+# starts a new segment at SEGMENT_BYTES (an hour of 8 GPUs with 20 processes at 1 s is ~1.3 GB), a quarter of it.
+SEGMENT_BYTES = 256 << 20
+MAX_SEGMENT_BYTES = 1 << 30
 # Numbers that cannot be negative: a recorded number under one of these keys, negative, is damage. Named one by
 # one: a unit in the name says nothing of the sign (machine_cached_delta_bytes, a split's inconsistent non_torch_bytes
 # and a derived *_s rate may all be negative, and must read back as recorded).
@@ -188,19 +195,31 @@ def shallow(value: Any, depth: int = MAX_DEPTH) -> bool:
     return True
 
 
-def segment_stem(ts: float, directory: str) -> str:
-    """A new segment's name for a start at `ts` (UTC, to the second; -2, -3... if that name is taken)."""
+def segment_stem(ts: float, directory: str | int) -> str:
+    """A new segment's name for a start at `ts` (UTC, to the second; -2, -3... if that name is taken) in the
+    directory (a path, or an fd held on it)."""
     base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(ts))
     stem, n = base, 1
-    while any(os.path.exists(os.path.join(directory, stem + s)) for s in (OPEN_SUFFIX, CLOSED_SUFFIX)):
+    while any(_exists(stem + s, directory) for s in (OPEN_SUFFIX, CLOSED_SUFFIX)):
         n += 1
         stem = f"{base}-{n}"
     return stem
 
 
-def list_segments(directory: str) -> list[tuple[str, str]]:
-    """(stem, suffix) of every segment file in the directory, oldest first; a stem with both an open and a
-    closed file (a compression cut short) is listed once, closed."""
+def _exists(name: str, directory: str | int) -> bool:
+    try:
+        if isinstance(directory, int):
+            os.stat(name, dir_fd=directory, follow_symlinks=False)
+        else:
+            os.lstat(os.path.join(directory, name))
+    except OSError:
+        return False
+    return True
+
+
+def list_segments(directory: str | int) -> list[tuple[str, str]]:
+    """(stem, suffix) of every segment file in the directory (a path, or an fd held on it), oldest first; a stem
+    with both an open and a closed file (a compression cut short) is listed once, closed."""
     found: dict[str, str] = {}
     try:
         names = os.listdir(directory)
@@ -221,17 +240,80 @@ def _stem_key(stem: str) -> tuple[str, int]:
     return base, int(n or 1)
 
 
-def prepare_directory(path: str) -> str:
-    """Create the recording directory (mode 0700) or check the one there: refused if it is not a directory,
-    not this user's, or writable by group or others (they could replace what a postmortem reads)."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
+_MAX_LINKS = 40  # symlinks followed on the way to a recording directory, as the kernel allows
+
+
+def open_directory(path: str, create: bool = True) -> int:
+    """An fd held on the recording directory (created, mode 0700, when `create`), found one folder at a time from
+    / through fds: refused (DltopError) where a folder on the way belongs to another user (not root) or group or
+    others can write it without the sticky bit, as sshd's StrictModes refuses a home (its owner could swap our
+    directory for a symlink), or where the directory is not this user's private one (`check_directory`). What
+    is written through the fd stays in the folder that was checked, whatever is renamed later."""
     path = os.path.abspath(os.path.expanduser(path))
+    todo = [p for p in reversed(path.split("/")) if p]
+    fd = os.open("/", _DIR_FLAGS)
+    where, links = "/", 0
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.stat(path)
+        while todo:
+            name = todo.pop()
+            if name in (".", ""):
+                continue
+            if name == "..":  # only from a symlink's target (abspath took the others away)
+                fd = _step(fd, os.open("..", _DIR_FLAGS, dir_fd=fd))
+                where = os.path.dirname(where)
+                continue
+            why = unsafe_parent(os.fstat(fd))
+            if why is not None:
+                raise DltopError(f"refusing recording directory {path}: {where} {why} (it could swap the "
+                                 f"directory for a symlink; as sshd's StrictModes)")
+            try:
+                fd = _step(fd, os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd))
+            except FileNotFoundError:
+                if not create:
+                    raise DltopError(f"no recording directory {path}") from None
+                with contextlib.suppress(FileExistsError):  # made beside us since: checked like any other
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                fd = _step(fd, os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd))
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                try:
+                    target = os.readlink(name, dir_fd=fd)
+                except OSError:
+                    raise DltopError(f"recording directory {path}: {os.path.join(where, name)} is not a "
+                                     f"directory") from None
+                links += 1
+                if links > _MAX_LINKS:
+                    raise DltopError(f"recording directory {path}: too many levels of symbolic links") from None
+                if target.startswith("/"):  # followed from /, each folder on its way checked as above
+                    fd = _step(fd, os.open("/", _DIR_FLAGS))
+                    where = "/"
+                todo.extend(p for p in reversed(target.split("/")) if p)
+                continue
+            where = os.path.join(where, name)
+        check_directory(path, os.fstat(fd))
     except OSError as e:
-        raise DltopError(f"cannot create recording directory {path}: {e.strerror}") from None
-    check_directory(path, st)
-    return path
+        os.close(fd)
+        raise DltopError(f"cannot use recording directory {path}: {e.strerror}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _step(old: int, new: int) -> int:
+    os.close(old)
+    return new
+
+
+def unsafe_parent(st: os.stat_result) -> str | None:
+    """Why a folder that holds a recording directory lets someone else replace it (None: it does not)."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"belongs to uid {st.st_uid}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return f"can be written by group or others and has no sticky bit (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 def check_directory(path: str, st: os.stat_result | None = None) -> None:
@@ -250,9 +332,9 @@ def check_directory(path: str, st: os.stat_result | None = None) -> None:
                          f"(mode {stat.S_IMODE(st.st_mode):o}; chmod 700 {path})")
 
 
-def open_private(path: str, flags: int) -> int:
+def open_private(path: str, flags: int, dir_fd: int | None = None) -> int:
     """os.open with mode 0600 (whatever the umask), refusing to follow a symlink planted in the directory."""
-    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
     try:
         os.fchmod(fd, 0o600)
     except OSError:
@@ -261,11 +343,11 @@ def open_private(path: str, flags: int) -> int:
     return fd
 
 
-def take_lock(directory: str) -> int:
+def take_lock(directory: str, dir_fd: int | None = None) -> int:
     """Hold the directory's lock (one writer per directory); DltopError naming the holder when another has it."""
     path = os.path.join(directory, LOCK_NAME)
     try:
-        fd = open_private(path, os.O_RDWR | os.O_CREAT)
+        fd = open_private(LOCK_NAME if dir_fd is not None else path, os.O_RDWR | os.O_CREAT, dir_fd=dir_fd)
     except OSError as e:
         raise DltopError(f"cannot open {path}: {e.strerror}") from None
     try:
@@ -280,12 +362,20 @@ def take_lock(directory: str) -> int:
     return fd
 
 
-def lock_held(directory: str) -> bool:
-    """Whether a recorder holds the directory's lock now."""
+def lock_held(directory: str | int) -> bool:
+    """Whether a recorder holds the directory's lock now (a path, or an fd held on the directory); a lock that
+    is not a regular file (a FIFO, a symlink) is not one."""
     try:
-        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
+        dir_fd = directory if isinstance(directory, int) else os.open(directory, _DIR_FLAGS)
     except OSError:
         return False
+    try:
+        fd, _ = open_regular(LOCK_NAME, dir_fd)
+    except (OSError, Malformed):
+        return False
+    finally:
+        if dir_fd is not directory:
+            os.close(dir_fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
@@ -293,3 +383,53 @@ def lock_held(directory: str) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_NOT_REGULAR = ((stat.S_ISLNK, "a symbolic link: not followed"), (stat.S_ISFIFO, "a FIFO: not a regular file"),
+                (stat.S_ISCHR, "a character device: not a regular file"),
+                (stat.S_ISBLK, "a block device: not a regular file"), (stat.S_ISSOCK, "a socket: not a regular file"),
+                (stat.S_ISDIR, "a directory: not a regular file"))
+
+
+def open_regular(name: str, dir_fd: int | None = None, max_bytes: int | None = None,
+                 what: str = "file") -> tuple[int, int]:
+    """A file of a recording opened to read, and its size: a regular file only, never through a symlink, and no
+    bigger than `max_bytes`. Malformed says why not (a symlink, a FIFO, a device, too big), before the file is
+    opened (a device's open may act, a FIFO's would wait) or a byte read; OSError where it cannot be opened."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    _check_regular(st, max_bytes, what)
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # made a symlink since
+            raise Malformed(_NOT_REGULAR[0][1]) from None
+        raise
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise Malformed("replaced while it was opened")
+        _check_regular(now, max_bytes, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, now.st_size
+
+
+def _check_regular(st: os.stat_result, max_bytes: int | None, what: str) -> None:
+    for test, why in _NOT_REGULAR:
+        if test(st.st_mode):
+            raise Malformed(why)
+    if not stat.S_ISREG(st.st_mode):
+        raise Malformed("not a regular file")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise Malformed(f"{human_bytes(st.st_size)}: larger than any {what} dltop writes (at most "
+                        f"{human_bytes(max_bytes)}; not read)")
+
+
+def read_regular(name: str, dir_fd: int | None = None, max_bytes: int | None = None, what: str = "file") -> bytes:
+    """The whole of a file of a recording, as `open_regular` allows it: never more than `max_bytes`, and never
+    more than its size when it was opened (a file that grows meanwhile is read to that size)."""
+    fd, size = open_regular(name, dir_fd, max_bytes, what)
+    with open(fd, "rb", closefd=True) as f:
+        return f.read(size)

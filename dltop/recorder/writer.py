@@ -4,7 +4,8 @@
 the writer thread appends each line with one `write(2)`, so a killed recorder loses at most the line in flight.
 A failed write (ENOSPC, EIO) is cut back to the last whole line, warned about once, and retried with the next
 sample. Closed segments are compressed to zstd frames with an index; retention and the size cap remove whole
-old segments.
+old segments. Every file is made, read and removed relative to an fd held on the directory (checked from / down,
+`store.open_directory`): a folder renamed or swapped for a symlink later does not move where it writes.
 """
 
 from __future__ import annotations
@@ -47,8 +48,15 @@ class Recorder:
                  segment_s: float = 3600.0, queue_size: int = 600, block_samples: int = BLOCK_SAMPLES,
                  warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time,
                  journals: Sequence[str] | None = None) -> None:
-        self.directory = store.prepare_directory(directory)
-        self._lock_fd = store.take_lock(self.directory)
+        self.directory = os.path.abspath(os.path.expanduser(directory))
+        self._dir_fd = store.open_directory(self.directory)
+        try:
+            self._lock_fd = store.take_lock(self.directory, self._dir_fd)
+        except BaseException:
+            os.close(self._dir_fd)
+            raise
+        self._dir_id = _identity(os.fstat(self._dir_fd))
+        self._moved = False  # warned that the directory's name no longer leads to it
         self.interval_s = interval_s
         self.retain_s = retain_s
         self.max_bytes = max_bytes
@@ -79,8 +87,7 @@ class Recorder:
         self._prev: Snapshot | None = None
         self._history: deque[Snapshot] = deque()
         self._hints: dict[str, Hint] = {}
-        self._marks_path = os.path.join(self.directory, store.MARKS_NAME)
-        self._marks_offset = _size(self._marks_path)  # marks written before this recorder started are old
+        self._marks_offset = _size(self._dir_fd, store.MARKS_NAME)  # marks written before this recorder started are old
         self._marks_rest = b""
         # Actions run anywhere on the machine (a warm from a shell): the journals this user trusts, from now on;
         # this process's own come through action_listener.
@@ -120,6 +127,7 @@ class Recorder:
         self._queue.put(_CLOSE)
         self._thread.join()
         os.close(self._lock_fd)
+        os.close(self._dir_fd)
 
     def __enter__(self) -> Recorder:
         return self
@@ -262,13 +270,15 @@ class Recorder:
         return True
 
     def _open_segment(self, ts: float, snap: Snapshot | None) -> None:
-        self._stem = store.segment_stem(ts, self.directory)
+        self._check_moved()
+        self._stem = store.segment_stem(ts, self._dir_fd)
         self._seg_start = ts
         self._good = 0
         self._refs = {}  # a segment stands alone: its first sample writes every kept part
         self._values = []
         try:
-            self._fd = store.open_private(self._path(store.OPEN_SUFFIX), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            self._fd = store.open_private(self._stem + store.OPEN_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                          dir_fd=self._dir_fd)
         except OSError as e:
             raise DltopError(f"cannot create {self._path(store.OPEN_SUFFIX)}: {e.strerror}") from None
         self._append(store.encode_line(ts, "meta", self._meta_record(ts, snap)))
@@ -290,44 +300,66 @@ class Recorder:
             os.fsync(fd)
         os.close(fd)
         try:
-            compress_segment(self.directory, self._stem, self._block_samples, self._values)
-        except OSError as e:
-            self._note(f"cannot compress {self._stem}{store.OPEN_SUFFIX}: {e.strerror} (kept uncompressed)")
+            compress_segment(self._dir_fd, self._stem, self._block_samples, self._values)
+        except (OSError, store.Malformed) as e:
+            self._note(f"cannot compress {self._stem}{store.OPEN_SUFFIX}: {getattr(e, 'strerror', None) or e} "
+                       f"(kept uncompressed)")
         self._housekeep()
 
     def _too_big(self) -> bool:
-        return self.max_bytes is not None and self._good >= max(1 << 20, self.max_bytes // 8)
+        """Whether the open segment is as big as one may be: an eighth of the size cap, and never more than
+        store.SEGMENT_BYTES (a reader reads a segment of up to four times that, and no bigger)."""
+        limit = store.SEGMENT_BYTES if self.max_bytes is None else max(1 << 20, self.max_bytes // 8)
+        return self._good >= min(limit, store.SEGMENT_BYTES)
+
+    def _check_moved(self) -> None:
+        """Warn once when the directory's name no longer leads to the folder written into (renamed, or swapped
+        for a symlink): the recording goes on in the folder it was checked as, held open."""
+        if self._moved:
+            return
+        try:
+            same = _identity(os.stat(self.directory)) == self._dir_id
+        except OSError:
+            same = False
+        if not same:
+            self._moved = True
+            self._note(f"{self.directory} was moved or replaced while recording; still writing into the folder "
+                       f"it named when the recording started (held open), not into what the name leads to now")
 
     def _housekeep(self, first: bool = False) -> None:
         """Compress segments a killed recorder left open (at start), then apply retention and the size cap."""
         try:
-            segments = store.list_segments(self.directory)
+            segments = store.list_segments(self._dir_fd)
             if first:
                 for stem, suffix in segments:
                     if suffix == store.OPEN_SUFFIX:
-                        compress_segment(self.directory, stem, self._block_samples)
-                    elif os.path.exists(os.path.join(self.directory, stem + store.OPEN_SUFFIX)):
-                        os.unlink(os.path.join(self.directory, stem + store.OPEN_SUFFIX))
-                segments = store.list_segments(self.directory)
+                        try:
+                            compress_segment(self._dir_fd, stem, self._block_samples)
+                        except store.Malformed as e:  # not one this recorder would have left: left as it is
+                            self._note(f"housekeeping: {stem}{store.OPEN_SUFFIX}: {e} (left as it is)")
+                    else:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(stem + store.OPEN_SUFFIX, dir_fd=self._dir_fd)
+                segments = store.list_segments(self._dir_fd)
             self._enforce_limits([s for s, suffix in segments if suffix == store.CLOSED_SUFFIX])
         except (OSError, DltopError) as e:
             self._note(f"housekeeping: {getattr(e, 'strerror', None) or e}")
 
     def _enforce_limits(self, closed: list[str]) -> None:
         now = self._clock()
-        sizes = {stem: sum(_size(os.path.join(self.directory, stem + s)) for s in (store.CLOSED_SUFFIX, store.INDEX_SUFFIX))
+        sizes = {stem: sum(_size(self._dir_fd, stem + s) for s in (store.CLOSED_SUFFIX, store.INDEX_SUFFIX))
                  for stem in closed}
         total = sum(sizes.values()) + self._good
         removed: dict[str, list[tuple[str, float | None, float | None]]] = {}  # why -> (stem, first, last)
         for stem in closed:  # oldest first
-            first, last = _span(self.directory, stem)
+            first, last = _span(self._dir_fd, stem)
             old = self.retain_s is not None and last is not None and last < now - self.retain_s
             big = self.max_bytes is not None and total > self.max_bytes
             if not (old or big):
                 continue
             for s in (store.CLOSED_SUFFIX, store.INDEX_SUFFIX):
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.directory, stem + s))
+                    os.unlink(stem + s, dir_fd=self._dir_fd)
             total -= sizes[stem]
             why = (f"older than --retain {human_duration(self.retain_s or 0)}" if old
                    else f"above --max-size {human_bytes(self.max_bytes or 0)}")
@@ -341,16 +373,18 @@ class Recorder:
 
     def _poll_marks(self) -> None:
         """Turn the lines `dltop mark` appended since the last look into "marker" events."""
-        size = _size(self._marks_path)
+        size = _size(self._dir_fd, store.MARKS_NAME)
         if size < self._marks_offset:  # truncated or replaced: read it from the start
             self._marks_offset, self._marks_rest = 0, b""
         if size == self._marks_offset:
             return
         try:
-            with open(self._marks_path, "rb") as f:
-                f.seek(self._marks_offset)
-                data = f.read(size - self._marks_offset)
-        except OSError:
+            fd, _ = store.open_regular(store.MARKS_NAME, self._dir_fd)
+            try:
+                data = os.pread(fd, min(size - self._marks_offset, 1 << 20), self._marks_offset)
+            finally:
+                os.close(fd)
+        except (OSError, store.Malformed):
             return
         self._marks_offset += len(data)
         *lines, self._marks_rest = (self._marks_rest + data).split(b"\n")
@@ -400,21 +434,22 @@ class Recorder:
         return os.path.join(self.directory, self._stem + suffix)
 
 
-
-
-def _size(path: str) -> int:
+def _size(dir_fd: int, name: str) -> int:
     try:
-        return os.stat(path).st_size
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
     except OSError:
         return 0
 
 
-def _span(directory: str, stem: str) -> tuple[float | None, float | None]:
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _span(dir_fd: int, stem: str) -> tuple[float | None, float | None]:
     """The first and last sample's time in a closed segment's index; None when it has none or cannot be read
     (the segment is then removed only by the size cap)."""
     try:
-        with open(os.path.join(directory, stem + store.INDEX_SUFFIX), "rb") as f:
-            index = store.loads(f.read(64 << 20))
+        index = store.loads(store.read_regular(stem + store.INDEX_SUFFIX, dir_fd, 64 << 20, "index"))
     except (OSError, store.Malformed):
         return None, None
     if not isinstance(index, dict):
