@@ -374,7 +374,7 @@ class Recording:
                 try:
                     room -= frame_size(os.pread(fd, _HEADER_BYTES, offset), room)
                 except zstandard.ZstdError as e:
-                    self.damage.add((path, bi, "frame"), "frame", f"does not decompress: {e}", times=b["times"])
+                    self.damage.add((path, "block", bi), "frame", f"does not decompress: {e}", times=b["times"])
                     continue
                 if "summary" in b:
                     seg.summaries[len(seg.chunks)] = (b["summary"], b.get("summary_crc"))
