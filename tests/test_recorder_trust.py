@@ -22,10 +22,18 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dltop.errors import DltopError
 from dltop.recorder import Recorder, Recording, store
-from dltop.recorder.segment import decode_frame, decompress_segment, frame_size, index_times_text
+from dltop.recorder.segment import (
+    MAX_FRAME_BYTES,
+    decode_frame,
+    decompress_segment,
+    frame_size,
+    index_times_text,
+)
 from tests.conftest import REPO
 from tests.test_recorder_hostile import dltop, one_line, only, real_snapshots, record, record_crashed
 
@@ -47,10 +55,11 @@ def zeros_frame(size: int = GIB) -> bytes:
 
 
 def declaring(frame: bytes, size: int) -> bytes:
-    """`frame` with its header's content size (4 bytes, as zstd wrote it for these) changed to `size`."""
-    head = zstandard.get_frame_parameters(frame)
-    assert head.content_size >= 1 << 16 and zstandard.frame_header_size(frame) == 10
-    return frame[:6] + size.to_bytes(4, "little") + frame[10:]
+    """`frame` with its header's content size (a 4-byte field, as zstd writes it for these sizes) set to `size`."""
+    fhd = frame[4]
+    assert fhd >> 6 == 2 and fhd & 3 == 0  # a 4-byte content size, no dictionary id
+    at = 5 if fhd & 0x20 else 6  # a single-segment frame has no window byte
+    return frame[:at] + size.to_bytes(4, "little") + frame[at + 4:]
 
 
 def with_frames(rec_dir: Path, frames: list[bytes], indexed: bool) -> Path:
@@ -164,6 +173,36 @@ def test_a_segment_holds_at_most_its_bound_once_decompressed() -> None:
     frames = [zeros_frame(MIB)] * 4
     data, damaged, why = decompress_segment(b"".join(frames), max_bytes=2 * MIB + MIB // 2)
     assert data == bytes(2 * MIB) and damaged == 2 and "past the" in why
+
+
+def test_a_closed_segment_s_frames_hold_at_most_its_bound_together(tmp_path: Path) -> None:
+    # Ten frames each declaring 120 MiB (each alone within a frame's bound): their headers, read when the
+    # recording opens, take the segment past 1 GiB at the ninth; those two are refused unread, the rest fail
+    # when decoded (they hold 1 MiB, not what they declare), and the real samples are read.
+    snaps = real_snapshots()
+    forged = declaring(zeros_frame(MIB), 120 * MIB)
+    rec_dir = with_frames(record(tmp_path / "rec", snaps), [forged] * 10, indexed=True)
+    rec = Recording(str(rec_dir))
+    assert rec.damage.counts() == {"frame": 2}
+    assert "past the 1.0 GiB a segment holds at most" in rec.damage.note()
+    assert [s.ts for s in rec.range()] == [s.ts for s in snaps]
+    assert rec.damage.counts() == {"frame": 10}
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.data())
+def test_fuzz_a_frame_decodes_within_what_its_header_declares(data: st.DataObject) -> None:
+    # Bytes of a real frame changed anywhere (the header's size among them): ZstdError or the content it declared
+    frame = zstandard.ZstdCompressor(level=9, write_checksum=True, write_content_size=True).compress(
+        b"".join(b'{"ts":%d,"type":"sample"}\n' % i for i in range(2000)))
+    raw = bytearray(frame)
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        content, used = decode_frame(bytes(raw))
+    except zstandard.ZstdError:
+        return
+    assert len(content) == zstandard.frame_content_size(bytes(raw)) <= MAX_FRAME_BYTES and used <= len(raw)
 
 
 # -- files that are not segments ------------------------------------------------------------------------------
