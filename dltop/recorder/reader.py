@@ -171,7 +171,7 @@ class Recording:
             raise DltopError(_no_recording(path, e)) from None
         weakref.finalize(self, os.close, self._dir_fd)
         if files is None:
-            files = [stem + suffix for stem, suffix in store.list_segments(self._dir_fd)]
+            files = [stem + suffix for stem, suffix in store.list_segments(self._dir_fd, path)]
         if not files:
             raise DltopError(f"no recording in {path} (no segment files)")
         self._dir = directory

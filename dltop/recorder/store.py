@@ -217,14 +217,15 @@ def _exists(name: str, directory: str | int) -> bool:
     return True
 
 
-def list_segments(directory: str | int) -> list[tuple[str, str]]:
-    """(stem, suffix) of every segment file in the directory (a path, or an fd held on it), oldest first; a stem
-    with both an open and a closed file (a compression cut short) is listed once, closed."""
+def list_segments(directory: str | int, name: str | None = None) -> list[tuple[str, str]]:
+    """(stem, suffix) of every segment file in the directory (a path, or an fd held on it and its `name` for a
+    message), oldest first; a stem with both an open and a closed file (a compression cut short) is listed once,
+    closed."""
     found: dict[str, str] = {}
     try:
         names = os.listdir(directory)
     except OSError as e:
-        raise DltopError(f"cannot read recording {directory}: {e.strerror}") from None
+        raise DltopError(f"cannot read recording {name or directory}: {e.strerror}") from None
     for name in names:
         m = _SEGMENT_NAME.match(name)
         if m is None:

@@ -329,7 +329,7 @@ class Recorder:
     def _housekeep(self, first: bool = False) -> None:
         """Compress segments a killed recorder left open (at start), then apply retention and the size cap."""
         try:
-            segments = store.list_segments(self._dir_fd)
+            segments = store.list_segments(self._dir_fd, self.directory)
             if first:
                 for stem, suffix in segments:
                     if suffix == store.OPEN_SUFFIX:
@@ -340,7 +340,7 @@ class Recorder:
                     else:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(stem + store.OPEN_SUFFIX, dir_fd=self._dir_fd)
-                segments = store.list_segments(self._dir_fd)
+                segments = store.list_segments(self._dir_fd, self.directory)
             self._enforce_limits([s for s, suffix in segments if suffix == store.CLOSED_SUFFIX])
         except (OSError, DltopError) as e:
             self._note(f"housekeeping: {getattr(e, 'strerror', None) or e}")
