@@ -95,21 +95,24 @@ def hostile() -> Iterator[str]:
         server.server_close()
 
 
+# Runs argv as its child and says the child's peak RSS from wait4. A child forked from the test's own process
+# would count the pytest worker's memory (ru_maxrss keeps the peak from before its exec): this small launcher is a
+# fresh interpreter, so the process measured starts from its few MiB.
+_LAUNCH = r"""
+import os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(p.pid, 0)
+sys.stdout.write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}")
+"""
+
+
 def _run(argv: list[str], timeout_s: float = 60) -> tuple[int, str, float, int]:
     """(exit status, stderr, wall seconds, peak RSS in bytes) of a child process, its RSS from wait4."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO,
-                            env={**os.environ, "XDG_CONFIG_HOME": "/nonexistent"})
-    timer = threading.Timer(timeout_s, proc.kill)
-    timer.start()
-    try:
-        assert proc.stderr is not None
-        err = proc.stderr.read().decode("utf-8", "replace")
-        _, status, usage = os.wait4(proc.pid, 0)
-    finally:
-        timer.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, err, time.monotonic() - t0, usage.ru_maxrss * 1024
+    out = subprocess.run([sys.executable, "-c", _LAUNCH, *argv], capture_output=True, cwd=REPO, timeout=timeout_s,
+                         env={**os.environ, "XDG_CONFIG_HOME": "/nonexistent"})
+    code, maxrss = out.stdout.decode().split()
+    return int(code), out.stderr.decode("utf-8", "replace"), time.monotonic() - t0, int(maxrss) * 1024
 
 
 def _cluster(url: str) -> tuple[int, str, float, int]:

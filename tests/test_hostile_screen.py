@@ -47,7 +47,8 @@ async def _settle(pilot: Pilot, app: DltopApp) -> None:
 async def test_every_tab_shows_hostile_text_escaped(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DLTOP_FAKE_NVML", str(world.scenario))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(world.runtime))
-    settings = Settings(datasets=(str(world.dataset),), caches=(str(world.cache),), refresh_s=0.5)
+    settings = Settings(datasets=(str(world.dataset),), caches=(str(world.cache),), refresh_s=0.5,
+                        user=os.getuid())  # this test's jobs only: other users' on a shared node are not its
     app = DltopApp(Sampler(build_sources(settings)), settings)
     seen: dict[str, str] = {}
     async with app.run_test(size=(80, 24)) as pilot:

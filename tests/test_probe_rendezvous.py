@@ -271,5 +271,5 @@ def test_a_cut_is_said_on_the_hint_line(procs: list[subprocess.Popen], shm: list
     assert "past 256: not read" in cut.reason
     snap = Snapshot(ts=time.time(), host="t", probes=part)
     hint = probes_left_out([snap])
-    assert hint is not None and hint.id == "probes-left-out" and str(own) in hint.text
+    assert hint is not None and hint.id == "training-probes-left-out" and str(own) in hint.text
     assert probes_left_out([Snapshot(ts=time.time(), host="t", probes=ProbesPart())]) is None

@@ -154,7 +154,7 @@ def probes_left_out(history: Sequence[Snapshot]) -> Hint | None:
     if not cuts:
         return None
     more = f" (+{len(cuts) - 1} more)" if len(cuts) > 1 else ""
-    return Hint(id="probes-left-out", severity="info",
+    return Hint(id="training-probes-left-out", severity="info",
                 text=f"probes left out: {cuts[0].path}: {cuts[0].reason}{more}",
                 fix="the Training tab's notes list each; a user whose folder holds more files than it is read for "
                     "costs only that user (docs/probe.md, How dltop finds probes)",
