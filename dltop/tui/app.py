@@ -264,6 +264,9 @@ class DltopApp(App[None]):
 
     async def on_mount(self) -> None:
         self.runner.subscribe(lambda ev: self.post_message(ActionEventPosted(ev)))
+        # Back from a suspend (Ctrl-Z, fg): the terminal's screen was the shell's, so every cell is drawn again
+        # (Textual redrew only what changed: the tab bar and the panes stayed blank until a tab switch)
+        self.app_resume_signal.subscribe(self, lambda _app: self.screen.refresh(repaint=True, layout=True))
         journal = None
         if isinstance(self.timeline, LiveHistory):
             # Actions run anywhere on the machine (a warm from a shell, another TUI) reach this event list too:
