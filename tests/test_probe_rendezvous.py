@@ -9,6 +9,7 @@ not change what it sees.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from dltop.model.probes import ProbesPart
-from dltop.sources import probes
+from dltop.sources import probes, rendezvous
 from dltop.sources.probes import ProbeReader
 from dltop.tui.panes.training import jobs
 from tests.probe_helpers import REPO
@@ -145,7 +146,28 @@ def test_stuffing_a_shared_probe_dir_hides_no_job(procs: list[subprocess.Popen],
     assert path.startswith(f"{shared}/{VICTIM}."), path
     reader = ProbeReader(env={"DLTOP_PROBE_DIR": str(shared)})
     part = until(reader.read, lambda part: job.pid in pids(part), "the victim's job in the stuffed shared dir")
-    assert not any(f"{ATTACKER}." in d for d in part.dirs)  # the stuffing is not even looked at
+    # the stuffing costs its owner: the slow sweep keeps 16 of the attacker's folders, and says so
+    part = until(reader.read, lambda part: any(i.cut and f"uid {ATTACKER}: 4081 more folders" in i.reason
+                                               for i in part.ignored), "the sweep's note on the stuffing")
+    assert job.pid in pids(part)
+    assert len([d for d in part.dirs if f"/{ATTACKER}." in d]) == rendezvous.SWEEP_PER_USER
+
+
+def test_a_user_that_runs_nothing_here_keeps_the_post_mortem(procs: list[subprocess.Popen],
+                                                             shm: list[Path]) -> None:
+    """Exited jobs are shown as long as their files are there, even once their user runs nothing here: a slow,
+    owner-checked sweep of /dev/shm finds the folder (no name is believed: 50,000 other folders are passed over)."""
+    job, _ = start_job(VICTIM)
+    deadline = time.monotonic() + 20
+    while not Path(f"/dev/shm/dltop-{VICTIM}/{job.pid}.json").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    job.kill()
+    job.wait()
+    assert VICTIM not in _owners()
+    part = until(ProbeReader().read, lambda part: job.pid in {p.pid for p in part.exited}, "the post-mortem")
+    [p] = [p for p in part.exited if p.pid == job.pid]
+    assert p.uid == VICTIM and p.ended  # killed: no exit record, and it says so
 
 
 def test_another_user_cannot_join_a_job(procs: list[subprocess.Popen], shm: list[Path]) -> None:
@@ -273,3 +295,12 @@ def test_a_cut_is_said_on_the_hint_line(procs: list[subprocess.Popen], shm: list
     hint = probes_left_out([snap])
     assert hint is not None and hint.id == "training-probes-left-out" and str(own) in hint.text
     assert probes_left_out([Snapshot(ts=time.time(), host="t", probes=ProbesPart())]) is None
+
+
+def _owners() -> set[int]:
+    out = set()
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                out.add(os.stat(f"/proc/{p}").st_uid)
+    return out

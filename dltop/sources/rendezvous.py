@@ -1,10 +1,11 @@
 """Where the probes on this machine are, in the kernel's word (docs/probe.md, "How dltop finds probes").
 
 A folder's name or a field in a file is a claim; the uid that owns a process, a file or a file descriptor is the
-kernel's answer. So dltop never lists a folder anyone can write (/dev/shm, a shared $DLTOP_PROBE_DIR) to find
-probes: it derives the per-user folders from the users that run processes here (`/proc/PID` is owned by its
-process's uid) and checks each folder's owner, and it finds the probes whose folder was refused (another user made
-`/dev/shm/dltop-UID` first) from the processes themselves: a memfd named `dltop-probe` in `/proc/PID/fd`.
+kernel's answer. So dltop derives the per-user folders from the users that run processes here (`/proc/PID` is owned
+by its process's uid) and checks each folder's owner, and it finds the probes whose folder was refused (another
+user made `/dev/shm/dltop-UID` first) from the processes themselves: a memfd named `dltop-probe` in `/proc/PID/fd`.
+A folder anyone can write (/dev/shm, a shared $DLTOP_PROBE_DIR) is only swept slowly, within a budget, for the
+folders of users that run nothing here any more (their exited jobs), each owner-checked and capped per user.
 Each process's file descriptors (and its owner: a process may change its uid after it starts) are looked at when it
 is first seen, then again after 1, 2, 4, ... up to 64 s (a probe may start after its process), within a time
 budget per reading shared fairly between users.
@@ -15,7 +16,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
+import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dltop.probe.files import MEMFD_LINK, PROBE_DIR_ENV, pid_namespace, probe_dir
@@ -24,7 +28,9 @@ ProbeDir = tuple[str, int] | tuple[str, int, int]  # (directory, its owner's uid
 MAX_FDS = 8192  # descriptors looked at per process: more are its owner's own doing, and said so
 SCAN_BUDGET_S = 0.05  # of a reading's time spent looking at descriptors; the rest waits for the next reading
 RESCAN_MAX_S = 64.0  # a process without a probe is looked at again after 2, 4, ... up to this many seconds
-FOUND_LATE = "a probe started after dltop first looked at its process is found within 64 s"
+SWEEP_BUDGET_S = 0.01  # of a reading's time for the slow look for the folders of users that run nothing here
+SWEEP_EVERY_S = 60.0
+SWEEP_PER_USER = 16  # folders a sweep keeps of one user (a pod's each): more are that user's own doing, and said
 
 
 @dataclass
@@ -35,6 +41,51 @@ class _Process:
     due: float = 0.0  # time.monotonic() of the next look at its descriptors
     wait: float = 1.0
     cut: bool = False  # it holds more than MAX_FDS descriptors: not all were looked at
+
+
+class _Sweep:
+    """A slow walk of a folder anyone can write (/dev/shm, a shared $DLTOP_PROBE_DIR) for the probe folders of users
+    that run nothing here any more (their exited jobs' files, for the post-mortem): SWEEP_BUDGET_S a reading, again
+    every SWEEP_EVERY_S. A folder counts only if the kernel says its owner is the uid its name claims: 50,000
+    folders another user names `dltop-N` cost a few readings' slices, and none is ever read."""
+
+    def __init__(self, base: str, pattern: str) -> None:
+        self.base = base
+        self.pattern = re.compile(pattern)
+        self.entries: Iterator[os.DirEntry[str]] | None = None
+        self.next_at = 0.0
+        self.found: dict[str, ProbeDir] = {}
+        self.cut: dict[int, int] = {}  # uid -> folders of it past SWEEP_PER_USER in the last pass
+        self._counting: dict[int, int] = {}
+
+    def step(self, now: float, until: float) -> None:
+        if self.entries is None:
+            if now < self.next_at:
+                return
+            try:
+                self.entries = os.scandir(self.base)
+            except OSError:
+                self.next_at = now + SWEEP_EVERY_S
+                return
+            self._counting = {}
+        for entry in self.entries:
+            m = self.pattern.fullmatch(entry.name)
+            if m:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                uid = int(m.group(1))
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and entry.path not in self.found:
+                    self._counting[uid] = n = self._counting.get(uid, 0) + 1
+                    ns = m.group(2) if m.lastindex and m.lastindex > 1 else None
+                    if n <= SWEEP_PER_USER:
+                        self.found[entry.path] = (entry.path, uid) if ns is None else (entry.path, uid, int(ns))
+            if time.monotonic() > until:
+                return
+        self.entries = None
+        self.next_at = now + SWEEP_EVERY_S
+        self.cut = {uid: n - SWEEP_PER_USER for uid, n in self._counting.items() if n > SWEEP_PER_USER}
 
 
 class Rendezvous:
@@ -52,6 +103,9 @@ class Rendezvous:
         self.here = pid_namespace(proc)
         self.table: dict[int, _Process] = {}
         self.notes: list[tuple[str, str]] = []  # (where, why) of what a reading left out
+        self.sweeps = [] if self.me != 0 else [
+            _Sweep("/dev/shm", r"dltop-([0-9]{1,10})"),
+            *([_Sweep(self.shared, r"([0-9]{1,10})\.([0-9]{1,20})")] if self.shared else [])]
 
     def _wanted(self, uid: int) -> bool:
         return self.user is None or uid == self.user
@@ -76,6 +130,11 @@ class Rendezvous:
             pidns = pid_namespace(self.proc, pid) if self.shared else None
             self.table[pid] = _Process(uid, pidns, due=now)
         self._scan(now)
+        until = time.monotonic() + SWEEP_BUDGET_S
+        for sweep in self.sweeps:
+            sweep.step(now, until)
+            self.notes += [(sweep.base, f"uid {uid}: {n} more folders past {SWEEP_PER_USER}: not read")
+                           for uid, n in sorted(sweep.cut.items()) if self._wanted(uid)]
 
     def _scan(self, now: float) -> None:
         due: dict[int, list[int]] = {}
@@ -152,4 +211,10 @@ class Rendezvous:
                 if self._wanted(p.uid) and (self.me == 0 or p.uid == self.me) and p.pidns is not None:
                     path = os.path.join(self.shared, f"{p.uid}.{p.pidns}")
                     out[path] = (path, p.uid, p.pidns)
+        for sweep in self.sweeps:
+            for path, d in list(sweep.found.items()):
+                if not os.path.lexists(path):
+                    del sweep.found[path]
+                elif self._wanted(d[1]):
+                    out.setdefault(path, d)
         return [d for d in out.values() if os.path.lexists(d[0])]
