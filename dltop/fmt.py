@@ -373,11 +373,6 @@ def printable_lines(text: str) -> str:
     return _UNSAFE_IN_LINES.sub(_escape, text) if _UNSAFE_IN_LINES.search(text) else text
 
 
-def command_line(argv: list[str] | tuple[str, ...]) -> str:
-    """argv as ps shows it: the arguments joined by spaces, each made printable."""
-    return " ".join(printable(a) for a in argv)
-
-
 # The CLI's writers escape as \uXXXX: valid inside a JSON string (json.loads gives back the very character, an
 # undecodable byte's surrogate too), and as readable as \x1b in text.
 _UNSAFE_OUT = _UNSAFE_IN_LINES  # what printable_lines escapes, written the JSON way

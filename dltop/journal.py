@@ -16,7 +16,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 JOURNAL_NAME = "actions.jsonl"
@@ -245,8 +245,3 @@ def _untrusted(st: os.stat_result, trusted: set[int]) -> str:
     if st.st_mode & 0o022:
         return "others can write it"
     return ""
-
-
-def describe_refusals(refused: Mapping[str, str]) -> str:
-    """One line naming the journals not read and why ("" when none)."""
-    return "; ".join(f"{path}: {why}" for path, why in refused.items())

@@ -657,14 +657,9 @@ def read_or_reason(client: PrometheusClient, selector: str,
         return Unavailable(str(e))
 
 
-def node_key(job: str, instance: str) -> str:
-    """A node as a read_now key (the Cluster tab's Enter asks for its detail with it)."""
-    return f"{job}\n{instance}"
-
-
 def source(settings: Settings) -> Source:
     """The cluster source: every INTERVAL_S (or the refresh, when slower), one refresh of the queries; the node
-    asked for last (read_now with its node_key) is read in detail, at once and at every refresh after."""
+    asked for last is read in detail, at once and at every refresh after."""
     opts = settings.prometheus
     assert opts is not None
     try:

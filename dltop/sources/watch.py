@@ -1172,9 +1172,3 @@ def _run(buf: bytes, pos: int, size: int) -> int:
         else:
             hi = mid
     return lo
-
-
-def watchable(options: engine.WalkOptions) -> bool:
-    """Whether a dataset walked with `options` can be watched (symlinks followed: its folders are not all its own)."""
-    return not options.follow_symlinks
-

@@ -455,21 +455,6 @@ def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]]
             "time": elapsed(p.started_at, now), **dict(zip(SPLIT_FIELDS, split_cells[id(p.split)], strict=True))}
 
 
-def process_rows(gpus: Sequence[GpuDevice], query: ProcessQuery | None = None, now: float = 0.0,
-                 columns: tuple[str, ...] | None = None) -> Rows:
-    """Row key → (process, cells) for the processes `query` selects (select_processes: every GPU and MIG
-    instance, a MIG process once under its instance), in its order; launcher rows of a tree are left out."""
-    selected = select_processes(gpus, query or ProcessQuery())
-    cols = columns or columns_for(selected, 80)
-    split_cells: dict[int, tuple[str, ...]] = {}
-    rows: Rows = {}
-    for r in selected:
-        if r.process is not None:
-            cells_ = row_cells(r, now, split_cells)
-            rows[r.key] = (r.process, tuple(cells_[c] for c in cols))
-    return rows
-
-
 def gpu_of(pids: set[int], rows: Rows) -> list[str]:
     """"GPU0 pid 123" for each GPU process among `pids` (a server's listening pid and its children)."""
     out = []
