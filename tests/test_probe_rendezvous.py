@@ -304,3 +304,20 @@ def _owners() -> set[int]:
             with contextlib.suppress(OSError):  # gone meanwhile
                 out.add(os.stat(f"/proc/{p}").st_uid)
     return out
+
+
+def test_exited_memfd_jobs_are_kept_per_user_within_a_bound(procs: list[subprocess.Popen], shm: list[Path]) -> None:
+    """A user whose folder is refused (here its own symlink) and who runs many short jobs costs only itself: a
+    reader keeps at most MAX_EXITED of its exited memfd jobs, the newest."""
+    subprocess.run([*as_user(ATTACKER), sys.executable, "-c",
+                    f"import os; os.symlink('/dev/shm', '/dev/shm/dltop-{ATTACKER}')"], check=True)
+    jobs_ = [start_job(ATTACKER)[0] for _ in range(probes.MAX_EXITED + 2)]
+    procs += jobs_
+    reader = ProbeReader(user=ATTACKER)
+    until(reader.read, lambda part: {j.pid for j in jobs_} <= pids(part), "every memfd job live")
+    for j in jobs_:
+        j.kill()
+        j.wait()
+    part = until(reader.read, lambda part: not pids(part) & {j.pid for j in jobs_}, "every job gone")
+    assert len(reader.gone) == probes.MAX_EXITED and len(part.exited) == probes.MAX_EXITED
+    assert all("how it ended is not known" in p.ended for p in part.exited)

@@ -850,7 +850,14 @@ class ProbeReader:
                 self.gone[key] = _exited(last)
         self.live = now_live
         old = time.time() - KEEP_EXITED_S
-        self.gone = {k: p for k, p in self.gone.items() if (p.exited_at or 0.0) > old and k not in found}
+        # per user, the MAX_EXITED newest of a day: many short jobs that publish through a memfd cost only their user
+        newest = sorted(self.gone.items(), key=lambda kv: -(kv[1].exited_at or 0.0))
+        per_user: dict[int, int] = {}
+        self.gone = {}
+        for (uid, pid), p in newest:
+            per_user[uid] = per_user.get(uid, 0) + 1
+            if (p.exited_at or 0.0) > old and (uid, pid) not in found and per_user[uid] <= MAX_EXITED:
+                self.gone[(uid, pid)] = p
         processes = [*files, *now_live.values(), *self.gone.values()]
         return assemble(tuple(dirs), processes, ignored, self.proc)
 
