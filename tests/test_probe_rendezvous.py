@@ -147,7 +147,7 @@ def test_stuffing_a_shared_probe_dir_hides_no_job(procs: list[subprocess.Popen],
     reader = ProbeReader(env={"DLTOP_PROBE_DIR": str(shared)})
     part = until(reader.read, lambda part: job.pid in pids(part), "the victim's job in the stuffed shared dir")
     # the stuffing costs its owner: the slow sweep keeps 16 of the attacker's folders, and says so
-    part = until(reader.read, lambda part: any(i.cut and f"uid {ATTACKER}: 4081 more folders" in i.reason
+    part = until(reader.read, lambda part: any(i.cut and f"uid {ATTACKER}: 40" in i.reason and "more folders past 16" in i.reason
                                                for i in part.ignored), "the sweep's note on the stuffing")
     assert job.pid in pids(part)
     assert len([d for d in part.dirs if f"/{ATTACKER}." in d]) == rendezvous.SWEEP_PER_USER
@@ -321,3 +321,109 @@ def test_exited_memfd_jobs_are_kept_per_user_within_a_bound(procs: list[subproce
     part = until(reader.read, lambda part: not pids(part) & {j.pid for j in jobs_}, "every job gone")
     assert len(reader.gone) == probes.MAX_EXITED and len(part.exited) == probes.MAX_EXITED
     assert all("how it ended is not known" in p.ended for p in part.exited)
+
+
+SWAPPER = r"""
+import fcntl, os, sys
+from dltop.probe.files import MEMFD_NAME, SEALS
+fd = os.memfd_create(MEMFD_NAME, os.MFD_ALLOW_SEALING)
+os.write(fd, b"{}")
+fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+ref = os.open(sys.argv[1], os.O_PATH)  # no read permission needed: a root-only file of a folder it can search
+print(fd, flush=True)
+sys.stdin.readline()
+os.dup2(ref, fd)  # the descriptor dltop checked now names the root-only file
+print("swapped", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_descriptor_swapped_after_its_check_is_never_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process swaps the descriptor dltop is about to read for a root-only file (a device would do worse) right
+    after dltop looked at its name: root's reader must not open it (it reads through an O_PATH fd of its own)."""
+    from dltop import kernel
+
+    folder = Path(tempfile.mkdtemp(prefix="dltop-secret-"))
+    try:
+        os.chmod(folder, 0o755)
+        secret = folder / "secret"
+        secret.write_text("root only")
+        os.chmod(secret, 0o600)
+        swapper = subprocess.Popen([*as_user(ATTACKER), sys.executable, "-c", SWAPPER, str(secret)], env=bare_env(),
+                                   cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert swapper.stdin is not None and swapper.stdout is not None
+        fd = int(swapper.stdout.readline())
+        watch = kernel.inotify_init()
+        kernel.inotify_add_watch(watch, str(secret), 0x20)  # IN_OPEN
+        real = os.readlink
+        swapped: list[bool] = []
+
+        def readlink_then_swap(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+            got = real(path, *args, **kwargs)
+            if not swapped:  # the swap lands right after dltop's look at the name
+                swapped.append(True)
+                swapper.stdin.write("go\n")
+                swapper.stdin.flush()
+                assert swapper.stdout.readline().strip() == "swapped"
+            return got
+
+        monkeypatch.setattr(os, "readlink", readlink_then_swap)
+        got = probes._read_memfd("/proc", swapper.pid, fd, {}, {})
+        monkeypatch.undo()
+        assert swapped and isinstance(got, str)  # what it held when checked: a memfd whose "{}" is no probe
+        try:
+            os.read(watch, 4096)
+            opened = True
+        except BlockingIOError:
+            opened = False
+        assert not opened, "root opened the file the process swapped in"
+        os.close(watch)
+        swapper.kill()
+        swapper.wait()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+FORKER = r"""
+import fcntl, os, sys, time
+from dltop.probe.files import MEMFD_NAME, SEALS
+for _ in range(int(sys.argv[1])):
+    if os.fork() == 0:
+        fd = os.memfd_create(MEMFD_NAME, os.MFD_ALLOW_SEALING)
+        os.write(fd, b"{}")
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+        time.sleep(60)
+        os._exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_one_users_many_memfds_are_read_within_a_bound(procs: list[subprocess.Popen],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's thousands of processes that hold a memfd cost only that user: at most MAX_LIVE of them are
+    read a reading, and the rest is said (a reading had no bound on them)."""
+    n = probes.MAX_LIVE + 8
+    forker = subprocess.Popen([*as_user(ATTACKER), sys.executable, "-c", FORKER, str(n)], env=bare_env(), cwd="/",
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    procs.append(forker)
+    try:
+        assert forker.stdout is not None and forker.stdout.readline().strip() == "ready"
+        read: list[int] = []
+        real = probes._read_memfd
+
+        def counting(proc, pid, *args):  # type: ignore[no-untyped-def]
+            read.append(pid)
+            return real(proc, pid, *args)
+
+        monkeypatch.setattr(probes, "_read_memfd", counting)
+        reader = ProbeReader(user=ATTACKER)
+        part = until(reader.read, lambda part: any(i.cut and i.path == f"uid {ATTACKER}" for i in part.ignored),
+                     "the cut of the user's memfds")
+        [cut] = [i for i in part.ignored if i.cut and i.path == f"uid {ATTACKER}"]
+        assert cut.reason.startswith(f"{n - probes.MAX_LIVE} processes with a probe's memfd past {probes.MAX_LIVE}")
+        read.clear()
+        reader.read()
+        assert len(read) == probes.MAX_LIVE
+    finally:
+        os.killpg(forker.pid, 9)

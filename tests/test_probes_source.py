@@ -171,7 +171,7 @@ def test_a_reused_pid(pdir: Path) -> None:
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root (setpriv to run the reader as nobody)")
-def test_another_users_file_is_ignored_unless_root(open_dir: Path) -> None:
+def test_a_file_not_of_the_folders_owner_is_ignored(open_dir: Path) -> None:
     d = open_dir / "dltop"
     d.mkdir(mode=0o700)
     os.chown(d, 65534, 65534)
@@ -181,9 +181,11 @@ def test_another_users_file_is_ignored_unless_root(open_dir: Path) -> None:
             "print(len(part.processes)); print(part.ignored[0].reason)")
     r = subprocess.run([*NOBODY, sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["0", "owned by uid 0, not you (uid 65534)"]
-    # root reads every user's
-    assert [p.pid for p in read_probes([(str(d), 65534)]).processes] == [os.getpid()]
+    assert r.stdout.splitlines() == ["0", "owned by uid 0, not the folder's owner (uid 65534)"]
+    # nor does root: a file in a user's folder is that user's to write (a root-owned one there is a hard link or
+    # a copy, never the user's probe)
+    part = read_probes([(str(d), 65534)])
+    assert part.processes == () and "not the folder's owner" in part.ignored[0].reason
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root (setpriv to run a probe as nobody)")

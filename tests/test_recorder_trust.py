@@ -219,6 +219,11 @@ def _open_segment_is(kind: str, rec_dir: Path, outside: Path) -> str:
     elif kind == "sparse 2 GB file":
         with open(path, "wb") as f:
             f.truncate(2 * 10**9)
+    elif kind == "sparse files under the size cap":
+        # four of them, each just under the 1 GiB a segment may be, with nothing on disk: read, 13 s and 1 GB
+        for n in range(4):
+            with open(rec_dir / f"2099010{n + 1}T000000Z.jsonl", "wb") as f:
+                f.truncate(store.MAX_SEGMENT_BYTES - 1)
     elif kind == "character device":
         if os.geteuid() != 0:
             pytest.skip("making a device node needs root")
@@ -249,6 +254,7 @@ NOT_SEGMENTS = {  # what a reader says
     "symlink to /dev/zero": "a symbolic link: not followed",
     "FIFO": "a FIFO: not a regular file",
     "sparse 2 GB file": "1.9 GiB: larger than any segment dltop writes",
+    "sparse files under the size cap": "on disk: sparse, not a segment dltop writes",
     "character device": "a character device: not a regular file",
     "sealed segment: symlink to one outside": "a symbolic link: not followed",
     "index: symlink to one outside": "damaged index read around",
@@ -275,7 +281,9 @@ def test_a_file_that_is_not_a_segment_is_refused_in_one_line_and_the_rest_is_rea
         if expected is None:
             assert r.err == ""
         else:
-            one_line(r.err, expected, *(["skipped 1 segment file", name] if "damaged index" not in expected else []))
+            skipped = (["skipped 4 segment files"] if kind == "sparse files under the size cap"
+                       else ["skipped 1 segment file", name] if "damaged index" not in expected else [])
+            one_line(r.err, expected, *skipped)
         if cmd[0] == "dump":  # this recording's samples, none from outside it
             assert [json.loads(x)["ts"] for x in r.out.splitlines()] == [s.ts for s in snaps]
 

@@ -45,6 +45,8 @@ MAX_DEPTH = 64  # event data and meta nested deeper are damage (dltop writes the
 # starts a new segment at SEGMENT_BYTES (an hour of 8 GPUs with 20 processes at 1 s is ~1.3 GB), a quarter of it.
 SEGMENT_BYTES = 256 << 20
 MAX_SEGMENT_BYTES = 1 << 30
+SPARSE_MIN_BYTES = 64 << 20  # a file past this size ...
+SPARSE_RATIO = 64  # ... with under 1/64 of it on disk is sparse: holes, which dltop never writes
 # Numbers that cannot be negative: a recorded number under one of these keys, negative, is damage. Named one by
 # one: a unit in the name says nothing of the sign (machine_cached_delta_bytes, a split's inconsistent non_torch_bytes
 # and a derived *_s rate may all be negative, and must read back as recorded).
@@ -426,6 +428,12 @@ def _check_regular(st: os.stat_result, max_bytes: int | None, what: str) -> None
     if max_bytes is not None and st.st_size > max_bytes:
         raise Malformed(f"{human_bytes(st.st_size)}: larger than any {what} dltop writes (at most "
                         f"{human_bytes(max_bytes)}; not read)")
+    on_disk = st.st_blocks * 512
+    if st.st_size > SPARSE_MIN_BYTES and on_disk * SPARSE_RATIO < st.st_size:
+        # dltop never writes holes: a file of 1 GiB with nothing on disk is made to be read for nothing (a
+        # compressing filesystem stores JSON a few times smaller, never this much)
+        raise Malformed(f"{human_bytes(st.st_size)} with {human_bytes(on_disk)} on disk: sparse, not a {what} "
+                        "dltop writes (not read)")
 
 
 def read_regular(name: str, dir_fd: int | None = None, max_bytes: int | None = None, what: str = "file") -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -520,8 +521,8 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return "not a regular file"
-        if me != 0 and st.st_uid != me:
-            return f"owned by uid {st.st_uid}, not you (uid {me})"
+        if st.st_uid != me:  # `me`: the folder's owner, the only one who can have written it (a hard link aside)
+            return f"owned by uid {st.st_uid}, not the folder's owner (uid {me})"
         if st.st_size > MAX_FILE_BYTES:
             return f"{st.st_size} bytes: over the {MAX_FILE_BYTES}-byte limit"
         raw = os.read(fd, MAX_FILE_BYTES + 1)
@@ -648,7 +649,6 @@ def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/",
 def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, ProcessProbe | str] | None,
                ) -> tuple[list[ProcessProbe], list[IgnoredProbe]]:
     seen: dict[ParseKey, ProcessProbe | str] | None = {} if memo is not None else None
-    me = os.getuid()
     proc = os.path.join(root, "proc")
     here = pid_namespace(proc)
     hosts = HostPids(proc)
@@ -676,7 +676,7 @@ def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, Process
                     ignored.append(IgnoredProbe(path, f"{len(names) - i} files not read: the reading's "
                                                       f"{READ_BUDGET_S:g} s ran out", cut=True))
                     break
-                got = _read_file(dir_fd, name, os.path.join(path, name), me, proc, pidns, hosts, memo, seen)
+                got = _read_file(dir_fd, name, os.path.join(path, name), owner, proc, pidns, hosts, memo, seen)
                 if isinstance(got, str):
                     ignored.append(IgnoredProbe(os.path.join(path, name), got))
                 else:
@@ -749,37 +749,52 @@ def _from_kernel(p: ProcessProbe, proc: str) -> ProcessProbe:
     return dataclasses.replace(p, cmd=cmd if cmd is not None else p.cmd, user=user_name(p.uid))
 
 
-def _read_memfd(proc: str, pid: int, fd: int, uid: int, memo: dict[ParseKey, ProcessProbe | str],
-                seen: dict[ParseKey, ProcessProbe | str]) -> ProcessProbe | str | None:
-    """The probe in the memfd process `pid` holds at `fd` (its folder was refused); None when it holds it no
-    more. The datum's owner is the kernel's: the uid of the process and of the memfd, never a field."""
-    path = f"{proc}/{pid}/fd/{fd}"
+def _read_memfd(proc: str, pid: int, fd: int, seen: dict[tuple[int, int, int], ProcessProbe | str],
+                last: dict[tuple[int, int, int], ProcessProbe | str]) -> ProcessProbe | str | None:
+    """The probe in the memfd process `pid` holds at `fd` (its folder was refused); None when it holds it no more.
+    The datum's owner is the kernel's: the uid of the process and of the memfd, never a field. Nothing is opened by
+    the path the process controls: /proc/PID/fd/N is taken with O_PATH (no device opened, no FIFO waited on, even
+    should the process swap the descriptor meanwhile), checked through that fd of dltop's own, and only then read.
+    `last`: the probes read last time by (pid, device, inode): a sealed memfd cannot change, so the same one is not
+    read again."""
     try:
-        if os.readlink(path) != MEMFD_LINK:
-            return None
-        # not O_NOFOLLOW: /proc/PID/fd/N is a link by nature; what it opens is checked below
-        f = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        ref = os.open(f"{proc}/{pid}/fd/{fd}", os.O_PATH | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        st = os.fstat(f)
+        if os.readlink(f"/proc/self/fd/{ref}") != MEMFD_LINK:
+            return None
+        st = os.fstat(ref)
         uid = os.stat(f"{proc}/{pid}").st_uid  # its owner now, in the kernel's word
         if not stat.S_ISREG(st.st_mode):
             return "memfd: not a regular file"
         if st.st_uid != uid:
             return f"memfd owned by uid {st.st_uid}, not its process's (uid {uid})"
-        if fcntl.fcntl(f, fcntl.F_GET_SEALS) & SEALS != SEALS:
-            return "memfd not sealed: it could change while read"
-        if st.st_size > MAX_FILE_BYTES:
-            return f"{st.st_size} bytes: over the {MAX_FILE_BYTES}-byte limit"
-        raw = os.pread(f, MAX_FILE_BYTES + 1, 0)
+        key = (pid, st.st_dev, st.st_ino)
+        if key in last:
+            seen[key] = last[key]
+            return last[key]
+        got = _check_memfd(proc, pid, uid, os.open(f"/proc/self/fd/{ref}", os.O_RDONLY | os.O_CLOEXEC))
     except OSError as e:
         return f"memfd: {e.strerror}"
     finally:
+        os.close(ref)
+    seen[key] = got
+    return got
+
+
+def _check_memfd(proc: str, pid: int, uid: int, f: int) -> ProcessProbe | str:
+    """The probe in the open memfd `f` of process `pid` (closed here), or why it is not believed."""
+    path = f"{proc}/{pid}/fd"
+    try:
+        if fcntl.fcntl(f, fcntl.F_GET_SEALS) & SEALS != SEALS:
+            return "memfd not sealed: it could change while read"
+        if os.fstat(f).st_size > MAX_FILE_BYTES:
+            return f"memfd over the {MAX_FILE_BYTES}-byte limit"
+        raw = os.pread(f, MAX_FILE_BYTES + 1, 0)
+    finally:
         os.close(f)
-    key = (path, uid, raw)
-    parsed = memo.get(key) or _parse_file(raw, path, uid)
-    seen[key] = parsed
+    parsed = _parse_file(raw, path, uid)
     if isinstance(parsed, str):
         return parsed
     ns = pid_namespace(proc, pid)
@@ -789,7 +804,8 @@ def _read_memfd(proc: str, pid: int, fd: int, uid: int, memo: dict[ParseKey, Pro
         return f"malformed: names pid {parsed.pid}, not its process's"
     if proc_start_ticks(pid, proc) != parsed.start_time_ticks:
         return f"malformed: names another start time than process {pid}'s"
-    return dataclasses.replace(parsed, pid=pid, ppid=_ppid(proc, pid), pidns=ns if ns != here else None)
+    return _from_kernel(dataclasses.replace(parsed, pid=pid, ppid=_ppid(proc, pid),
+                                            pidns=ns if ns != here else None), proc)
 
 
 def _ppid(proc: str, pid: int) -> int | None:
@@ -815,6 +831,41 @@ class ProbeReader:
         self.known_dirs: dict[str, ProbeDir] = {}  # folders that held a file: read while they are there
         self.live: dict[tuple[int, int], ProcessProbe] = {}  # (uid, pid) -> the last probe read from a memfd
         self.gone: dict[tuple[int, int], ProcessProbe] = {}
+        self.memfds: dict[tuple[int, int, int], ProcessProbe | str] = {}  # (pid, dev, inode) -> what it held
+
+    def _memfd_probes(self, r: Rendezvous, found: set[tuple[int, int]],
+                      ignored: list[IgnoredProbe]) -> dict[tuple[int, int], ProcessProbe]:
+        """The probes of the processes that hold a memfd: MAX_LIVE a user, round robin over the users within
+        MEMFD_BUDGET_S (one user's thousands of memfd processes hold up no other's); one not reached keeps its last
+        reading, and every cut is said."""
+        by_user: dict[int, list[tuple[int, int]]] = {}
+        for pid, fd, uid in r.memfds():
+            by_user.setdefault(uid, []).append((pid, fd))
+        for uid, held in by_user.items():
+            if len(held) > MAX_LIVE:
+                ignored.append(IgnoredProbe(f"uid {uid}", f"{len(held) - MAX_LIVE} processes with a probe's memfd "
+                                                          f"past {MAX_LIVE}: not read", cut=True))
+        order = [h for group in itertools.zip_longest(*(held[:MAX_LIVE] for held in by_user.values()))
+                 for h in group if h is not None]
+        seen: dict[tuple[int, int, int], ProcessProbe | str] = {}
+        now_live: dict[tuple[int, int], ProcessProbe] = {}
+        deadline = time.monotonic() + MEMFD_BUDGET_S
+        for i, (pid, fd) in enumerate(order):
+            if time.monotonic() > deadline:
+                ignored.append(IgnoredProbe(self.proc, f"{len(order) - i} memfd probes not read again: the "
+                                                       f"reading's {MEMFD_BUDGET_S:g} s ran out", cut=True))
+                now_live.update({k: p for k, p in self.live.items() if k[1] in {q for q, _ in order[i:]}})
+                break
+            got = _read_memfd(self.proc, pid, fd, seen, self.memfds)
+            if got is None:
+                r.forget_memfd(pid)
+            elif isinstance(got, str):
+                ignored.append(IgnoredProbe(f"{self.proc}/{pid}/fd/{fd}", got))
+            elif (got.uid, pid) not in found and r.wanted(got.uid):  # a file of its own says the same
+                r.set_owner(pid, got.uid)
+                now_live[(got.uid, pid)] = got
+        self.memfds = seen
+        return now_live
 
     def read(self) -> ProbesPart:
         r = self.rendezvous
@@ -834,17 +885,7 @@ class ProbeReader:
         ignored += [*(IgnoredProbe(where, why, cut=True) for where, why in r.notes),
                    *(IgnoredProbe(f"{self.proc}/{pid}/fd", f"over {MAX_FDS} descriptors: not all looked at for "
                                                           "a probe's memfd", cut=True) for pid, _ in r.cut())]
-        memos: dict[ParseKey, ProcessProbe | str] = {}
-        now_live: dict[tuple[int, int], ProcessProbe] = {}
-        for pid, fd, uid in r.memfds():
-            got = _read_memfd(self.proc, pid, fd, uid, self.memo, memos)
-            if got is None:
-                r.forget_memfd(pid)
-            elif isinstance(got, str):
-                ignored.append(IgnoredProbe(f"{self.proc}/{pid}/fd/{fd}", got))
-            elif (uid, pid) not in found:  # its file, where it has one, says the same
-                now_live[(uid, pid)] = got
-        self.memo.update(memos)
+        now_live = self._memfd_probes(r, found, ignored)
         for key, last in self.live.items():
             if key not in now_live and key not in found:
                 self.gone[key] = _exited(last)
@@ -863,6 +904,7 @@ class ProbeReader:
 
 
 KEEP_EXITED_S = 86400.0  # as long as the probe leaves an exited process's file
+MEMFD_BUDGET_S = 0.25  # of a reading's time for the memfd probes
 
 
 def source(settings: Settings) -> Source:

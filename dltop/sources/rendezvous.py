@@ -30,6 +30,7 @@ SCAN_BUDGET_S = 0.05  # of a reading's time spent looking at descriptors; the re
 RESCAN_MAX_S = 64.0  # a process without a probe is looked at again after 2, 4, ... up to this many seconds
 SWEEP_BUDGET_S = 0.01  # of a reading's time for the slow look for the folders of users that run nothing here
 SWEEP_EVERY_S = 60.0
+UID = "0|[1-9][0-9]{0,9}"  # a uid as a folder's name: no leading zeros (`dltop-065507` is no second name of 65507)
 SWEEP_PER_USER = 16  # folders a sweep keeps of one user (a pod's each): more are that user's own doing, and said
 
 
@@ -58,6 +59,9 @@ class _Sweep:
         self.cut: dict[int, int] = {}  # uid -> folders of it past SWEEP_PER_USER in the last pass
         self._counting: dict[int, int] = {}
 
+    def _kept(self, uid: int) -> int:
+        return sum(1 for d in self.found.values() if d[1] == uid)
+
     def step(self, now: float, until: float) -> None:
         if self.entries is None:
             if now < self.next_at:
@@ -76,10 +80,10 @@ class _Sweep:
                 except OSError:
                     continue
                 uid = int(m.group(1))
-                if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and entry.path not in self.found:
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
                     self._counting[uid] = n = self._counting.get(uid, 0) + 1
                     ns = m.group(2) if m.lastindex and m.lastindex > 1 else None
-                    if n <= SWEEP_PER_USER:
+                    if n <= SWEEP_PER_USER and self._kept(uid) < SWEEP_PER_USER:
                         self.found[entry.path] = (entry.path, uid) if ns is None else (entry.path, uid, int(ns))
             if time.monotonic() > until:
                 return
@@ -104,11 +108,18 @@ class Rendezvous:
         self.table: dict[int, _Process] = {}
         self.notes: list[tuple[str, str]] = []  # (where, why) of what a reading left out
         self.sweeps = [] if self.me != 0 else [
-            _Sweep("/dev/shm", r"dltop-([0-9]{1,10})"),
-            *([_Sweep(self.shared, r"([0-9]{1,10})\.([0-9]{1,20})")] if self.shared else [])]
+            _Sweep("/dev/shm", rf"dltop-({UID})"),
+            *([_Sweep(self.shared, rf"({UID})\.([1-9][0-9]{{0,19}})")] if self.shared else [])]
 
-    def _wanted(self, uid: int) -> bool:
+    def wanted(self, uid: int) -> bool:
+        """Whether this dltop shows `uid`'s probes (`--user`; a user other than root sees only its own)."""
         return self.user is None or uid == self.user
+
+    def set_owner(self, pid: int, uid: int) -> None:
+        """The kernel's owner of `pid` as a reading just found it (a pid reused by another user's process)."""
+        p = self.table.get(pid)
+        if p is not None:
+            p.uid = uid
 
     def refresh(self, now: float | None = None) -> None:
         """Bring the table up to date: new processes added (their owner from the kernel), gone ones dropped, and
@@ -134,7 +145,7 @@ class Rendezvous:
         for sweep in self.sweeps:
             sweep.step(now, until)
             self.notes += [(sweep.base, f"uid {uid}: {n} more folders past {SWEEP_PER_USER}: not read")
-                           for uid, n in sorted(sweep.cut.items()) if self._wanted(uid)]
+                           for uid, n in sorted(sweep.cut.items()) if self.wanted(uid)]
 
     def _scan(self, now: float) -> None:
         due: dict[int, list[int]] = {}
@@ -161,16 +172,16 @@ class Rendezvous:
     def _memfd_of(self, pid: int) -> tuple[int | None, bool]:
         where = f"{self.proc}/{pid}/fd"
         try:
-            names = os.listdir(where)
+            with os.scandir(where) as entries:
+                for n, entry in enumerate(entries):
+                    if n == MAX_FDS:
+                        return None, True
+                    with contextlib.suppress(OSError, ValueError):
+                        if os.readlink(entry.path) == MEMFD_LINK:
+                            return int(entry.name), False
         except OSError:
-            return None, False
-        for name in names[:MAX_FDS]:
-            try:
-                if os.readlink(f"{where}/{name}") == MEMFD_LINK:
-                    return int(name), False
-            except (OSError, ValueError):
-                continue
-        return None, len(names) > MAX_FDS
+            pass
+        return None, False
 
     def forget_memfd(self, pid: int) -> None:
         """The memfd at the remembered descriptor is gone (the probe stopped): look again at the next reading."""
@@ -179,9 +190,9 @@ class Rendezvous:
             p.memfd, p.due, p.wait = None, 0.0, 1.0
 
     def memfds(self) -> list[tuple[int, int, int]]:
-        """(pid, descriptor, owner uid) of every process here that holds a probe's memfd."""
-        return [(pid, p.memfd, p.uid) for pid, p in sorted(self.table.items())
-                if p.memfd is not None and self._wanted(p.uid)]
+        """(pid, descriptor, owner uid when last looked at) of every process here that holds a probe's memfd: the
+        reader checks the owner again (a pid may be reused) before it keeps or leaves out what it reads."""
+        return [(pid, p.memfd, p.uid) for pid, p in sorted(self.table.items()) if p.memfd is not None]
 
     def cut(self) -> list[tuple[int, int]]:
         """(pid, uid) of the processes with more descriptors than were looked at."""
@@ -195,7 +206,7 @@ class Rendezvous:
         found = {p.uid for p in self.table.values()} | {0} | ({self.user} if self.user is not None else set())
         with contextlib.suppress(OSError):
             found |= {int(n) for n in os.listdir("/run/user") if n.isdigit() and len(n) <= 10}
-        return {u for u in found if self._wanted(u)}
+        return {u for u in found if self.wanted(u)}
 
     def dirs(self) -> list[ProbeDir]:
         """The probe folders to read, each with the uid that must own it: derived from the users here, never
@@ -204,17 +215,17 @@ class Rendezvous:
         for uid in sorted(self.uids()):
             for path in (f"/run/user/{uid}/dltop", f"/dev/shm/dltop-{uid}"):
                 out[path] = (path, uid)
-        if self._wanted(self.me):
+        if self.wanted(self.me):
             out[self.own] = (self.own, self.me)
         if self.shared:
             for p in self.table.values():
-                if self._wanted(p.uid) and (self.me == 0 or p.uid == self.me) and p.pidns is not None:
+                if self.wanted(p.uid) and (self.me == 0 or p.uid == self.me) and p.pidns is not None:
                     path = os.path.join(self.shared, f"{p.uid}.{p.pidns}")
                     out[path] = (path, p.uid, p.pidns)
         for sweep in self.sweeps:
             for path, d in list(sweep.found.items()):
                 if not os.path.lexists(path):
                     del sweep.found[path]
-                elif self._wanted(d[1]):
+                elif self.wanted(d[1]):
                     out.setdefault(path, d)
         return [d for d in out.values() if os.path.lexists(d[0])]
