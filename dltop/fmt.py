@@ -280,7 +280,7 @@ def cells(text: str) -> int:
     return len(text) if text.isascii() else _graphemes(text)[1]
 
 
-_AN_ESCAPE = re.compile(r"\\(?:x[0-9a-f]{2}|u[0-9a-f]{4})")
+_AN_ESCAPE = re.compile(r"\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
 
 
 def _whole_escapes(shown: str, cut: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -345,10 +345,15 @@ def parse_bytes(text: str) -> int:
 # The characters escaped: C0 (line break and tab included), DEL, C1, the bidi controls, the line and paragraph
 # separators, and surrogates (undecodable bytes, and lone ones). One class, searched at C speed: a pane's text
 # (box drawing, sparklines, '·') is rarely ASCII, and a check per character in Python would run on every update.
-_UNSAFE_CLASS = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff"
+# Invisible characters that make one name look like another (a soft hyphen, a zero-width space or non-joiner, a word
+# joiner, a BOM, Hangul fillers, tag characters) are escaped too; the zero-width joiner stays: emoji need it.
+_INVISIBLE = "\u00ad\u115f\u1160\u180e\u200b\u200c\u2060-\u2064\u3164\ufeff\uffa0\U000e0000-\U000e007f"
+_UNSAFE_CLASS = ("\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff"
+                 + _INVISIBLE)
 _UNSAFE = re.compile(f"[{_UNSAFE_CLASS}]")
 _UNSAFE_IN_LINES = re.compile(
-    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]")
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff"
+    + _INVISIBLE + "]")
 
 
 def _escape(m: re.Match[str]) -> str:
@@ -357,7 +362,7 @@ def _escape(m: re.Match[str]) -> str:
         return f"\\x{o - 0xDC00:02x}"
     if o < 0x100:
         return f"\\x{o:02x}"
-    return f"\\u{o:04x}"
+    return f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}"
 
 
 def printable(text: str) -> str:
@@ -379,7 +384,11 @@ _UNSAFE_OUT = _UNSAFE_IN_LINES  # what printable_lines escapes, written the JSON
 
 
 def _json_escape(m: re.Match[str]) -> str:
-    return f"\\u{ord(m.group()):04x}"
+    o = ord(m.group())
+    if o <= 0xFFFF:
+        return f"\\u{o:04x}"
+    o -= 0x10000  # JSON's \\u names 16 bits: a character past them is its surrogate pair
+    return f"\\u{0xD800 + (o >> 10):04x}\\u{0xDC00 + (o & 0x3FF):04x}"
 
 
 class EscapingWriter(io.TextIOBase):

@@ -105,3 +105,21 @@ async def test_the_datasets_breadcrumb_at_80x24_is_one_line_with_every_escape(tm
         crumb_row = next(r for r in rows if "Datasets › " in r)
         assert "shard\\x0anext\\x07bell-cafe\u0301-end" in crumb_row, crumb_row  # one line, every character shown
         assert cells(crumb_row.rstrip()) <= 80
+
+
+def test_invisible_look_alike_characters_are_shown() -> None:
+    """A zero-width space, a BOM, a Hangul filler or a tag character makes `data` and `da\u200bta` look alike: each
+    is shown as its escape (the zero-width joiner of an emoji sequence stays), on screen and in the CLI's JSON."""
+    import io
+    import json
+
+    from dltop.fmt import EscapingWriter, printable, shorten
+
+    for ch, shown in (("\u200b", "\\u200b"), ("\ufeff", "\\ufeff"), ("\u3164", "\\u3164"), ("\u00ad", "\\xad"),
+                      ("\U000e0041", "\\U000e0041")):
+        assert printable(f"da{ch}ta") == f"da{shown}ta"
+        assert shown in shorten(f"da{ch}ta" * 3, 12, keep="start") or len(shorten(f"da{ch}ta" * 3, 12)) <= 12
+        out = io.StringIO()
+        EscapingWriter(out).write(json.dumps({"name": f"da{ch}ta"}, ensure_ascii=False))
+        assert ch not in out.getvalue() and json.loads(out.getvalue())["name"] == f"da{ch}ta"
+    assert printable("👨\u200d👩") == "👨\u200d👩"

@@ -149,8 +149,14 @@ from dltop.fmt import printable, printable_lines  # noqa: E402
 _BIDI_CONTROLS = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029")
 
 
+# invisible look-alike makers: soft hyphen, Hangul fillers, Mongolian vowel separator, zero-width space and
+# non-joiner, word joiner and invisible operators, BOM, tag characters (the zero-width joiner stays: emoji)
+_INVISIBLE = {0xAD, 0x115F, 0x1160, 0x180E, 0x200B, 0x200C, *range(0x2060, 0x2065), 0x3164, 0xFEFF, 0xFFA0,
+              *range(0xE0000, 0xE0080)}
+
+
 def _unsafe(ch: str) -> bool:
-    return unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI_CONTROLS
+    return unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI_CONTROLS or ord(ch) in _INVISIBLE
 
 
 @given(st.text(alphabet=st.characters(codec=None), max_size=80) | st.binary(max_size=40).map(
