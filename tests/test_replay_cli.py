@@ -124,7 +124,8 @@ def test_record_from_the_tui_then_replay_it(tmp_path: Path) -> None:
         screen = _wait_for(sock, f"REPLAY rec {last}")
         assert "␣ Play" in screen
         _tmux(sock, "send-keys", "v")
-        assert "before the epoch" in _wait_for(sock, "Events (")
+        _wait_for(sock, "Events (")
+        _wait_for(sock, "before the epoch")  # its rows may come a frame after its title on a loaded machine
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
 
