@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import json
 import os
-import resource
 import shutil
 import stat
 import subprocess
@@ -95,32 +94,50 @@ class Ran:
     max_rss_bytes: int
 
 
+# The command runs as a child of this small launcher, a fresh interpreter, which sets the address-space limit and
+# reads the child's peak memory from wait4. A child forked from the pytest worker itself (preexec_fn forces a fork)
+# would count the worker's own memory as its peak (ru_maxrss keeps the peak from before its exec).
+LAUNCH = r"""
+import os, resource, subprocess, sys, time
+said, limit, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+def cap():
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+p = subprocess.Popen(sys.argv[4:], preexec_fn=cap, stdin=subprocess.DEVNULL)
+start = time.monotonic()
+while True:
+    pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+    if pid:
+        result = f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}"
+        break
+    if time.monotonic() - start > timeout_s:
+        p.kill()
+        p.wait()
+        result = "timeout"
+        break
+    time.sleep(0.02)
+with open(said, "w") as f:
+    f.write(result)
+"""
+
+
 def run_cli(*args: str, timeout_s: float = 120.0) -> Ran:
     """`python -m dltop ARGS` as a user runs it, under an address-space limit, with its peak memory (its own or
     a worker's, whichever was higher) and its time; killed, and the test failed, past `timeout_s`."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT_BYTES, AS_LIMIT_BYTES))
-
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r") as said:
         start = time.monotonic()
-        p = subprocess.Popen([sys.executable, "-m", "dltop", *args], cwd=REPO, env=env, stdout=out, stderr=err,
-                             stdin=subprocess.DEVNULL, preexec_fn=limit)
-        while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() - start > timeout_s:
-                p.kill()
-                p.wait()
-                pytest.fail(f"dltop {' '.join(args)} still running after {timeout_s:g} s")
-            time.sleep(0.02)
-        p.returncode = os.waitstatus_to_exitcode(status)
+        subprocess.run([sys.executable, "-c", LAUNCH, said.name, str(AS_LIMIT_BYTES), str(timeout_s),
+                        sys.executable, "-m", "dltop", *args], cwd=REPO, env=env, stdout=out, stderr=err,
+                       stdin=subprocess.DEVNULL, check=True)
         seconds = time.monotonic() - start
+        result = said.read()
+        if result == "timeout":
+            pytest.fail(f"dltop {' '.join(args)} still running after {timeout_s:g} s")
+        code, maxrss = result.split()
         out.seek(0)
         err.seek(0)
-        return Ran(p.returncode, out.read().decode(), err.read().decode(), seconds, usage.ru_maxrss * 1024)
+        return Ran(int(code), out.read().decode(), err.read().decode(), seconds, int(maxrss) * 1024)
 
 
 # -- a zstd bomb ----------------------------------------------------------------------------------------------
