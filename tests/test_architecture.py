@@ -37,6 +37,8 @@ ALLOWED: dict[str, set[str]] = {
     "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "kv", "native",
                 "__init__"},
     "sampler": {"model", "sources", "derive"},
+    # Time over the Snapshots (the live history, a recording's feed): UI-free, below the TUI and the commands.
+    "timeline": {"model"},
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources", "journal", "native"},
     # The machine's action journal: the runner appends, recorders tail it.
     "journal": {"journal"},
@@ -45,11 +47,11 @@ ALLOWED: dict[str, set[str]] = {
                  "text", "journal", "native", "__init__"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "recorder",
-            "journal", "__init__"},
+            "journal", "timeline", "__init__"},
     "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
                  "sampler", "actions", "hints", "derive", "fields", "exporter", "tui", "kv", "recorder",
-                 "__init__"},
+                 "timeline", "__init__"},
     "cli": {"commands", "errors", "native", "__init__"},  # native: --version says which loops run in C
     "__main__": {"cli"},
     # The in-process probe runs inside training scripts: nothing of dltop's but itself, and the kernel's ctypes

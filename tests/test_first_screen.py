@@ -21,10 +21,10 @@ from dltop.recorder import Recorder, Recording
 from dltop.recorder.reader import recorded_tab
 from dltop.sampler import ListFeed
 from dltop.sources.datasets import scan_paths
+from dltop.timeline import RecordingFeed
 from dltop.tui.app import DltopApp
 from dltop.tui.panes import pane_classes
 from dltop.tui.screens.help import HelpScreen
-from dltop.tui.timeline import RecordingFeed
 from tests.test_pagecache_util import ddir_fixture  # noqa: F401  (the `ddir` fixture)
 
 HINTS_DIR = Path(__file__).resolve().parent.parent / "dltop" / "hints"

@@ -113,9 +113,9 @@ def test_a_typed_second_names_the_sample_shown_as_that_second() -> None:
 
 
 async def test_b_with_a_clock_time_shows_that_second(tmp_path: Path) -> None:
+    from dltop.timeline import RecordingFeed
     from dltop.tui.app import DltopApp
     from dltop.tui.screens.ask import AskScreen
-    from dltop.tui.timeline import RecordingFeed
 
     base = float(int(time.time()) - 3600)
     snaps = [Snapshot(ts=base + k + 0.4, host="h") for k in range(6)]
@@ -385,8 +385,8 @@ def test_charts_break_at_a_gap() -> None:
 
 
 async def test_the_replay_header_says_when_a_gap_is_crossed(tmp_path: Path) -> None:
+    from dltop.timeline import RecordingFeed
     from dltop.tui.app import DltopApp
-    from dltop.tui.timeline import RecordingFeed
 
     base = float(int(time.time()) - 3600)
     with Recorder(str(tmp_path / "rec"), retain_s=None, max_bytes=None) as rec:

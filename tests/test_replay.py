@@ -20,11 +20,11 @@ from dltop.sampler import ListFeed, Sampler
 from dltop.sources.datasets import scan_paths
 from dltop.sources.registry import build_sources
 from dltop.text.events import describe_event
+from dltop.timeline import RecordingFeed
 from dltop.tui.app import DltopApp
 from dltop.tui.screens.ask import AskScreen
 from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.screens.events import EventsScreen
-from dltop.tui.timeline import RecordingFeed
 from tests.test_pagecache_util import make_file
 
 PAGECACHE_WIDGETS = ("#pc-summary", "#pc-sparks", "#pc-activity", "#pc-cgroup", "#pc-disks", "#pc-notes")

@@ -33,6 +33,7 @@ from dltop.fmt import human_duration, printable, printable_lines
 from dltop.model import CachesPart, Snapshot, Unavailable, to_dict
 from dltop.model.actions import ActionEvent, ActionPlan
 from dltop.model.datasets import DatasetsPart
+from dltop.timeline import LiveEvent, LiveHistory, RecordingFeed, Timeline, index_at
 from dltop.tui.messages import (
     ActionEventPosted,
     ActionRequested,
@@ -55,7 +56,6 @@ from dltop.tui.screens.ask import AskScreen
 from dltop.tui.screens.confirm import ConfirmScreen, plan_dialog
 from dltop.tui.screens.events import EventsScreen
 from dltop.tui.screens.help import HelpScreen
-from dltop.tui.timeline import LiveEvent, LiveHistory, RecordingFeed, Timeline, index_at
 from dltop.tui.view import View
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24

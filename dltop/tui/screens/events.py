@@ -15,8 +15,8 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from dltop.text.events import describe_event
+from dltop.timeline import TimedEvent
 from dltop.tui.panes.base import safe_content
-from dltop.tui.timeline import TimedEvent
 
 KIND_STYLES = {"oom_kill": "bold red", "marker": "bold", "hint": "yellow"}
 
