@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from dltop.probe.files import (
     FORMAT,
+    KEEP_EXITED_S,
     MAX_FILE_BYTES,
     MEMFD_NAME,
     open_private_dir,
@@ -38,7 +39,6 @@ T = TypeVar("T")
 Count = int | Callable[[Any], Any]
 RING = 256  # steps kept for the recent wait fraction and step time (a power of two: an index is n & (RING - 1))
 WINDOW_S = 10.0  # the recent numbers cover the steps that ended this long ago or since (issue 18, item 7)
-KEEP_EXITED_S = 86400.0  # a file of an exited process is removed by the next probe to start after this long
 MAX_ERROR = 200  # characters of an uncaught exception kept for the exit record
 MAX_SHAPES = 64
 MAX_EPOCHS = 16

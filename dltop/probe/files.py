@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 FORMAT = 1  # the version of the file format (docs/probe.md); a reader refuses a larger one
 MAX_FILE_BYTES = 4096
+KEEP_EXITED_S = 86400.0  # an exited process's report is kept this long (the probe's clean-up, dltop's memory)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 

@@ -36,6 +36,7 @@ from dltop.model.probes import (
 from dltop.probe.files import (
     DIR_FLAGS,
     FORMAT,
+    KEEP_EXITED_S,
     MAX_FILE_BYTES,
     MEMFD_LINK,
     SEALS,
@@ -44,6 +45,7 @@ from dltop.probe.files import (
     proc_start_ticks,
 )
 from dltop.sources.base import Source
+from dltop.sources.gpu_procs import parse_cmdline
 from dltop.sources.procio import with_job_reads
 from dltop.sources.rendezvous import MAX_FDS, ProbeDir, Rendezvous
 
@@ -51,6 +53,7 @@ FILE_NAME = re.compile(r"[0-9]{1,10}\.json")
 MAX_ENTRIES = 4096  # names looked at per folder (each folder is one user's own: a cut costs only that user)
 MAX_LIVE = 256  # files of live processes read per folder (a user runs at most so many probed processes)
 READ_BUDGET_S = 0.5  # one reading's time for the files; what is left is said, per folder
+MEMFD_BUDGET_S = 0.25  # one reading's time for the memfd probes
 NOT_WATCHED = "the process watched no model, optimizer or cache (probe.watch_model / watch_optimizer / watch_kv)"
 NO_TRACK = "the process iterates no loader through probe.track()"
 NONFINITE = ("nan", "inf", "-inf")
@@ -739,7 +742,7 @@ def proc_cmdline(proc: str, pid: int) -> str | None:
         return None
     finally:
         os.close(fd)
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "surrogateescape")[:MAX_TEXT] or None
+    return parse_cmdline(raw)[:MAX_TEXT] or None
 
 
 def _from_kernel(p: ProcessProbe, proc: str) -> ProcessProbe:
@@ -804,8 +807,7 @@ def _check_memfd(proc: str, pid: int, uid: int, f: int) -> ProcessProbe | str:
         return f"malformed: names pid {parsed.pid}, not its process's"
     if proc_start_ticks(pid, proc) != parsed.start_time_ticks:
         return f"malformed: names another start time than process {pid}'s"
-    return _from_kernel(dataclasses.replace(parsed, pid=pid, ppid=_ppid(proc, pid),
-                                            pidns=ns if ns != here else None), proc)
+    return dataclasses.replace(parsed, pid=pid, ppid=_ppid(proc, pid), pidns=ns if ns != here else None)
 
 
 def _ppid(proc: str, pid: int) -> int | None:
@@ -854,7 +856,8 @@ class ProbeReader:
             if time.monotonic() > deadline:
                 ignored.append(IgnoredProbe(self.proc, f"{len(order) - i} memfd probes not read again: the "
                                                        f"reading's {MEMFD_BUDGET_S:g} s ran out", cut=True))
-                now_live.update({k: p for k, p in self.live.items() if k[1] in {q for q, _ in order[i:]}})
+                left = {q for q, _ in order[i:]}
+                now_live.update({k: p for k, p in self.live.items() if k[1] in left})
                 break
             got = _read_memfd(self.proc, pid, fd, seen, self.memfds)
             if got is None:
@@ -889,7 +892,6 @@ class ProbeReader:
         for key, last in self.live.items():
             if key not in now_live and key not in found:
                 self.gone[key] = _exited(last)
-        self.live = now_live
         old = time.time() - KEEP_EXITED_S
         # per user, the MAX_EXITED newest of a day: many short jobs that publish through a memfd cost only their user
         newest = sorted(self.gone.items(), key=lambda kv: -(kv[1].exited_at or 0.0))
@@ -899,12 +901,11 @@ class ProbeReader:
             per_user[uid] = per_user.get(uid, 0) + 1
             if (p.exited_at or 0.0) > old and (uid, pid) not in found and per_user[uid] <= MAX_EXITED:
                 self.gone[(uid, pid)] = p
-        processes = [*files, *now_live.values(), *self.gone.values()]
-        return assemble(tuple(dirs), processes, ignored, self.proc)
+        part = assemble(tuple(dirs), [*files, *now_live.values(), *self.gone.values()], ignored, self.proc)
+        # kept as shown (the kernel's command, not the memfd's claim): what an exited job goes on showing
+        self.live = {(p.uid, p.pid): p for p in part.processes if (p.uid, p.pid) in now_live}
+        return part
 
-
-KEEP_EXITED_S = 86400.0  # as long as the probe leaves an exited process's file
-MEMFD_BUDGET_S = 0.25  # of a reading's time for the memfd probes
 
 
 def source(settings: Settings) -> Source:

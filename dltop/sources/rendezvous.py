@@ -104,7 +104,6 @@ class Rendezvous:
         environ = dict(os.environ if env is None else env)
         self.shared = environ.get(PROBE_DIR_ENV) or None
         self.own = probe_dir(self.me, {k: v for k, v in environ.items() if k != PROBE_DIR_ENV})
-        self.here = pid_namespace(proc)
         self.table: dict[int, _Process] = {}
         self.notes: list[tuple[str, str]] = []  # (where, why) of what a reading left out
         self.sweeps = [] if self.me != 0 else [
