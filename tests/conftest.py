@@ -7,7 +7,9 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +211,14 @@ def strict_json(text: str) -> Any:
         jq = subprocess.run(["jq", "-c", "."], input=text, capture_output=True, text=True, check=True)
         assert json.loads(jq.stdout) == data
     return data
+
+
+@pytest.fixture
+def reachable_dir() -> Iterator[Path]:
+    """A folder under /tmp that a second user (setpriv) can pass through and read: pytest's own are root's, 0700."""
+    d = Path(tempfile.mkdtemp(prefix="dltop-test-", dir="/tmp"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,14 +57,9 @@ def listener() -> Iterator[tuple[str, list[str | None]]]:
 
 
 @pytest.fixture
-def shared() -> Iterator[Path]:
+def shared(reachable_dir: Path) -> Path:
     """A folder a second user can reach: /tmp/X (root's, 0755)."""
-    d = Path(tempfile.mkdtemp(prefix="dltop-trust-", dir="/tmp"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    return reachable_dir
 
 
 def _cluster(config: Path, *user: str) -> subprocess.CompletedProcess[str]:

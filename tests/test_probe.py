@@ -10,7 +10,6 @@ import os
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -375,13 +374,9 @@ print("ok")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (setpriv: the probe runs as a user of its own)")
-def test_a_symlinked_or_shared_directory_is_not_published_into() -> None:
+def test_a_symlinked_or_shared_directory_is_not_published_into(reachable_dir: Path) -> None:
     # As a user of its own, so that no root dltop another test runs counts this probe (its memfd is findable)
-    with tempfile.TemporaryDirectory(prefix="dltop-memfd-") as base:
-        _memfd_when_refused(Path(base))
-
-
-def _memfd_when_refused(base: Path) -> None:
+    base = reachable_dir
     run = base / "run"
     elsewhere = base / "elsewhere"
     run.mkdir()

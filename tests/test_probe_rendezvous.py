@@ -338,50 +338,45 @@ sys.stdin.readline()
 """
 
 
-def test_a_descriptor_swapped_after_its_check_is_never_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_descriptor_swapped_after_its_check_is_never_opened(monkeypatch: pytest.MonkeyPatch, reachable_dir: Path,
+                                                              procs: list[subprocess.Popen]) -> None:
     """The process swaps the descriptor dltop is about to read for a root-only file (a device would do worse) right
     after dltop looked at its name: root's reader must not open it (it reads through an O_PATH fd of its own)."""
     from dltop import kernel
 
-    folder = Path(tempfile.mkdtemp(prefix="dltop-secret-"))
+    secret = reachable_dir / "secret"
+    secret.write_text("root only")
+    os.chmod(secret, 0o600)
+    swapper = subprocess.Popen([*as_user(ATTACKER), sys.executable, "-c", SWAPPER, str(secret)], env=bare_env(),
+                               cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    procs.append(swapper)
+    assert swapper.stdin is not None and swapper.stdout is not None
+    fd = int(swapper.stdout.readline())
+    watch = kernel.inotify_init()
+    kernel.inotify_add_watch(watch, str(secret), 0x20)  # IN_OPEN
+    real = os.readlink
+    swapped: list[bool] = []
+
+    def readlink_then_swap(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        got = real(path, *args, **kwargs)
+        if not swapped:  # the swap lands right after dltop's look at the name
+            swapped.append(True)
+            swapper.stdin.write("go\n")
+            swapper.stdin.flush()
+            assert swapper.stdout.readline().strip() == "swapped"
+        return got
+
+    monkeypatch.setattr(os, "readlink", readlink_then_swap)
+    got = probes._read_memfd("/proc", swapper.pid, fd, {}, {})
+    monkeypatch.undo()
+    assert swapped and isinstance(got, str)  # what it held when checked: a memfd whose "{}" is no probe
     try:
-        os.chmod(folder, 0o755)
-        secret = folder / "secret"
-        secret.write_text("root only")
-        os.chmod(secret, 0o600)
-        swapper = subprocess.Popen([*as_user(ATTACKER), sys.executable, "-c", SWAPPER, str(secret)], env=bare_env(),
-                                   cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert swapper.stdin is not None and swapper.stdout is not None
-        fd = int(swapper.stdout.readline())
-        watch = kernel.inotify_init()
-        kernel.inotify_add_watch(watch, str(secret), 0x20)  # IN_OPEN
-        real = os.readlink
-        swapped: list[bool] = []
-
-        def readlink_then_swap(path, *args, **kwargs):  # type: ignore[no-untyped-def]
-            got = real(path, *args, **kwargs)
-            if not swapped:  # the swap lands right after dltop's look at the name
-                swapped.append(True)
-                swapper.stdin.write("go\n")
-                swapper.stdin.flush()
-                assert swapper.stdout.readline().strip() == "swapped"
-            return got
-
-        monkeypatch.setattr(os, "readlink", readlink_then_swap)
-        got = probes._read_memfd("/proc", swapper.pid, fd, {}, {})
-        monkeypatch.undo()
-        assert swapped and isinstance(got, str)  # what it held when checked: a memfd whose "{}" is no probe
-        try:
-            os.read(watch, 4096)
-            opened = True
-        except BlockingIOError:
-            opened = False
-        assert not opened, "root opened the file the process swapped in"
-        os.close(watch)
-        swapper.kill()
-        swapper.wait()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        os.read(watch, 4096)
+        opened = True
+    except BlockingIOError:
+        opened = False
+    os.close(watch)
+    assert not opened, "root opened the file the process swapped in"
 
 
 FORKER = r"""

@@ -43,12 +43,9 @@ def pdir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def open_dir():
+def open_dir(reachable_dir: Path) -> Path:
     """A directory another user can reach (pytest's own are 0700 to root)."""
-    d = Path(tempfile.mkdtemp(prefix="dltop-probe-test-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d)
+    return reachable_dir
 
 
 def _doc(**changes) -> dict:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -322,14 +321,9 @@ def test_a_segment_named_alone_that_is_not_one_is_one_line_and_exit_1(tmp_path: 
 
 
 @pytest.fixture
-def shared_base() -> Iterator[Path]:
+def shared_base(reachable_dir: Path) -> Path:
     """A folder under /tmp that another user can pass through (pytest's own is root's, mode 0700)."""
-    base = Path(tempfile.mkdtemp(prefix="dltop-trust-", dir="/tmp"))
-    base.chmod(0o711)
-    try:
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    return reachable_dir
 
 
 def _as_nobody(*argv: str) -> None:
