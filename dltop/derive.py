@@ -369,32 +369,21 @@ def _pci(address: str | None) -> tuple[int, int, int] | None:
         return None
 
 
-def probe_device(probe: ProcessProbe, dev: _Device) -> tuple[ProbeDevice, str] | str:
-    """The probe's CUDA (or HIP) device that is this GPU, and how it was matched; or why none is."""
-    hip = dev.backend == "amdsmi"
-    # a probe file from before `runtime` was written is CUDA's
-    cuda = [d for d in probe.devices if d.device.startswith("cuda") and (d.runtime == "hip") == hip]
-    if not cuda:
-        where = " (its watched tensors are on the CPU)" if probe.devices else ""
-        if any(d.device.startswith("cuda") for d in probe.devices):
-            other = "ROCm (HIP)" if not hip else "CUDA"
-            return f"the probe in pid {probe.pid} computes with {other}, not on this {'AMD' if hip else 'NVIDIA'} GPU"
-        return (f"the probe in pid {probe.pid} sees no CUDA device{where}: torch.cuda is not initialised in it, "
-                "or it computes with something other than PyTorch")
-    if dev.uuid and not hip:  # HIP's device UUIDs are not amdsmi's: the PCI address joins there
-        for d in cuda:
-            if d.uuid and _norm_uuid(d.uuid) == _norm_uuid(dev.uuid):
-                return d, "uuid"
-    if (bus := _pci(dev.bus_id)) is not None:
-        for d in cuda:
-            if _pci(d.pci_bus_id) == bus:
-                return d, "pci"
-    unnamed = [d for d in cuda if not (d.uuid and not hip) and not (d.pci_bus_id and bus is not None)]
-    if not unnamed:
-        theirs = ", ".join(f"{d.device} {d.uuid or d.pci_bus_id}" for d in cuda)
-        return f"the probe's CUDA devices ({theirs}) are not this GPU ({dev.uuid or 'no UUID from NVML'})"
-    # Fallback, only where the probe gives no UUID: cuda:N through CUDA_VISIBLE_DEVICES to NVML's index (on HIP:
-    # HIP_VISIBLE_DEVICES, else ROCR_VISIBLE_DEVICES, else CUDA_VISIBLE_DEVICES, which HIP honours too).
+def _no_device_reason(probe: ProcessProbe, hip: bool) -> str:
+    """Why a probe has no device of this GPU's runtime."""
+    if any(d.device.startswith("cuda") for d in probe.devices):
+        other = "ROCm (HIP)" if not hip else "CUDA"
+        return f"the probe in pid {probe.pid} computes with {other}, not on this {'AMD' if hip else 'NVIDIA'} GPU"
+    where = " (its watched tensors are on the CPU)" if probe.devices else ""
+    return (f"the probe in pid {probe.pid} sees no CUDA device{where}: torch.cuda is not initialised in it, "
+            "or it computes with something other than PyTorch")
+
+
+def _device_by_env(probe: ProcessProbe, dev: _Device, hip: bool,
+                   unnamed: list[ProbeDevice]) -> tuple[ProbeDevice, str] | str | None:
+    """cuda:N through CUDA_VISIBLE_DEVICES to NVML's index, for a probe that gives no UUID; None: no match.
+
+    On HIP: HIP_VISIBLE_DEVICES, else ROCR_VISIBLE_DEVICES, else CUDA_VISIBLE_DEVICES, which HIP honours too."""
     names = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if hip else (
         "CUDA_VISIBLE_DEVICES",)
     if "allocator_env" in probe.truncated:
@@ -402,25 +391,66 @@ def probe_device(probe: ProcessProbe, dev: _Device) -> tuple[ProbeDevice, str] |
     var = next((n for n in names if n in probe.allocator_env), names[0])
     visible = probe.allocator_env.get(var)
     entries = None if visible is None else [e.strip() for e in visible.split(",")]
+    said = f"{var}={visible}" if visible is not None else f"{var} unset"
     in_order = probe.allocator_env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" or dev.one_model
     for d in unnamed:
-        try:
-            n = int(d.device.split(":")[1])
-        except (IndexError, ValueError):
-            continue
-        entry = str(n) if entries is None else entries[n] if n < len(entries) else None
+        entry = _visible_entry(d.device, entries)
         if entry is None:
             continue
-        said = f"{var}={visible}" if visible is not None else f"{var} unset"
         if entry.lower().startswith(("gpu-", "mig-")):
             if dev.uuid and dev.uuid.lower().startswith(entry.lower()):
                 return d, f"{d.device} is {entry} by {said} (the probe gave no UUID)"
-            continue
-        if entry.isdigit() and dev.index is not None and int(entry) == dev.index:
+        elif entry.isdigit() and dev.index is not None and int(entry) == dev.index:
             if not in_order:
                 return (f"the probe gives no UUID, and {d.device} → GPU {dev.index} by index is a guess: CUDA "
                         "orders mixed GPUs fastest first, NVML by bus (set CUDA_DEVICE_ORDER=PCI_BUS_ID)")
             return d, f"{d.device} is GPU {dev.index} by index, {said} (the probe gave no UUID)"
+    return None
+
+
+def _visible_entry(device: str, entries: list[str] | None) -> str | None:
+    """The *_VISIBLE_DEVICES entry that "cuda:N" is (N itself when the variable is unset); None for none."""
+    try:
+        n = int(device.split(":")[1])
+    except (IndexError, ValueError):
+        return None
+    if entries is None:
+        return str(n)
+    return entries[n] if n < len(entries) else None
+
+
+def _device_by_address(cuda: list[ProbeDevice], dev: _Device, hip: bool) -> tuple[ProbeDevice, str] | None:
+    """The probe device with this GPU's UUID (not on HIP: its UUIDs are not amdsmi's), else its PCI address."""
+    if dev.uuid and not hip:
+        uuid = _norm_uuid(dev.uuid)
+        for d in cuda:
+            if d.uuid and _norm_uuid(d.uuid) == uuid:
+                return d, "uuid"
+    if (bus := _pci(dev.bus_id)) is not None:
+        for d in cuda:
+            if _pci(d.pci_bus_id) == bus:
+                return d, "pci"
+    return None
+
+
+def probe_device(probe: ProcessProbe, dev: _Device) -> tuple[ProbeDevice, str] | str:
+    """The probe's CUDA (or HIP) device that is this GPU, and how it was matched; or why none is."""
+    hip = dev.backend == "amdsmi"
+    # a probe file from before `runtime` was written is CUDA's
+    cuda = [d for d in probe.devices if d.device.startswith("cuda") and (d.runtime == "hip") == hip]
+    if not cuda:
+        return _no_device_reason(probe, hip)
+    named = _device_by_address(cuda, dev, hip)
+    if named is not None:
+        return named
+    bus = _pci(dev.bus_id)
+    unnamed = [d for d in cuda if not (d.uuid and not hip) and not (d.pci_bus_id and bus is not None)]
+    if not unnamed:
+        theirs = ", ".join(f"{d.device} {d.uuid or d.pci_bus_id}" for d in cuda)
+        return f"the probe's CUDA devices ({theirs}) are not this GPU ({dev.uuid or 'no UUID from NVML'})"
+    found = _device_by_env(probe, dev, hip, unnamed)
+    if found is not None:
+        return found
     return f"none of the probe's CUDA devices ({', '.join(d.device for d in cuda)}) is this GPU"
 
 
@@ -453,6 +483,16 @@ def process_split(p: GpuProcess, probe: ProcessProbe | None, dev: _Device, serve
     if isinstance(found, str):
         return unknown(found)
     d, joined_by = found
+    _watched_values(probe, d, server, values, sources, why)
+    _allocator_values(p, d, values, sources, why)
+    return MemorySplit(**values, probe_device=d.device, joined_by=joined_by, sources=sources,  # type: ignore[arg-type]
+                       unavailable=why)
+
+
+def _watched_values(probe: ProcessProbe, d: ProbeDevice, server: tuple[int, str] | str | None,
+                    values: dict[str, int], sources: dict[str, SplitSource], why: dict[str, str]) -> None:
+    """The parts the probe watches (weights, gradients, optimizer, KV; the server's KV pool else), or why not."""
+    kv_server = server if isinstance(server, tuple) else None
     watched = probe.watched
     models = watched.get("models", 0) > 0 if watched else d.weights_bytes > 0  # an older probe does not say
     optimizers = watched.get("optimizers", 0) > 0 if watched else d.optimizer_bytes > 0
@@ -473,6 +513,11 @@ def process_split(p: GpuProcess, probe: ProcessProbe | None, dev: _Device, serve
     else:
         why["kv_cache_bytes"] = server if isinstance(server, str) else NO_KV
     sources.update({k: "probe" for k in values if k not in sources})
+
+
+def _allocator_values(p: GpuProcess, d: ProbeDevice, values: dict[str, int], sources: dict[str, SplitSource],
+                      why: dict[str, str]) -> None:
+    """The allocator's cache, other torch and non-torch bytes from torch's memory stats and NVML, or why not."""
     allocated, reserved = d.memory_stats.get(ALLOCATED), d.memory_stats.get(RESERVED)
     if allocated is None or reserved is None:
         no_stats = f"the probe has no torch.cuda.memory_stats() for {d.device}"
@@ -490,8 +535,6 @@ def process_split(p: GpuProcess, probe: ProcessProbe | None, dev: _Device, serve
         else:
             _remainder(values, sources, why, "non_torch_bytes", p.used_bytes, reserved, "nvml-probe",
                        f"NVML's {p.used_bytes:,} is less than torch reserved {reserved:,}")
-    return MemorySplit(**values, probe_device=d.device, joined_by=joined_by, sources=sources,  # type: ignore[arg-type]
-                       unavailable=why)
 
 
 def _remainder(values: dict[str, int], sources: dict[str, SplitSource], why: dict[str, str], name: str,
