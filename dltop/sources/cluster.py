@@ -258,42 +258,50 @@ class PrometheusClient:
             with self._opener(refresh.watchdog).open(req, timeout=max(0.01, refresh.deadline - time.monotonic())
                                                      ) as resp:
                 raw = read_body(resp, refresh.deadline, MAX_ANSWER_BYTES, refresh.watchdog, refresh.take)
-        except ScrapeError as e:
-            if e.state == "timeout" or refresh.late():
-                raise late from None
-            if e.state == "too_large" and str(e) == "budget":
-                raise ClusterError(f"{where}: answers over {refresh.max_bytes >> 20} MiB in one refresh: refused "
-                                   "(narrow it with --selector)") from None
-            if e.state == "too_large":
-                raise ClusterError(f"{where}: answer over {MAX_ANSWER_BYTES >> 20} MiB: refused (narrow it with "
-                                   "--selector)") from None
-            raise ClusterError(f"{where}: {e}") from None
-        except urllib.error.HTTPError as e:
-            if e.code in (401, 403):
-                raise ClusterError(f"{where}: HTTP {e.code}: not authorized (--prometheus-user and "
-                                   "--prometheus-password-file, or --prometheus-bearer-token-file)") from None
-            try:
-                raw = read_body(e, refresh.deadline, 64 << 10, refresh.watchdog)
-            except Exception:  # noqa: BLE001 - the error's body is only a better message
-                raw = bytearray()
-            raise ClusterError(f"{where}: HTTP {e.code}: {_api_error(raw) or printable(str(e.reason))[:200]}") from None
-        except TimeoutError:
-            raise late from None
-        except urllib.error.URLError as e:
-            reason = e.reason
-            if isinstance(reason, TimeoutError) or refresh.late():
-                raise late from None
-            if isinstance(reason, ssl.SSLError | ssl.CertificateError):
-                raise ClusterError(f"{where}: TLS: {printable(str(reason))[:200]} (--prometheus-ca-file, or "
-                                   "--prometheus-insecure)") from None
-            raise ClusterError(f"{where}: cannot reach it: {printable(str(reason))[:200]}") from None
-        except (OSError, http.client.HTTPException) as e:
-            if refresh.late():  # the watchdog's shutdown, read as a broken answer
-                raise late from None
-            raise ClusterError(f"{where}: {printable(getattr(e, 'strerror', None) or str(e))[:200]}") from None
+        except (ScrapeError, OSError, http.client.HTTPException) as e:
+            raise (late if _timed_out(e, refresh) else _failure(e, refresh, where)) from None
         if refresh.late():
             raise late
         return _vector(raw, where)
+
+
+def _timed_out(e: Exception, refresh: Refresh) -> bool:
+    """The deadline (or the watchdog's shutdown, read as a broken answer) is why a query failed; an HTTP error is an
+    answer, whenever it came."""
+    if isinstance(e, urllib.error.HTTPError):
+        return False
+    if isinstance(e, TimeoutError) or isinstance(e, ScrapeError) and e.state == "timeout":
+        return True
+    if isinstance(e, urllib.error.URLError) and isinstance(e.reason, TimeoutError):
+        return True
+    return refresh.late()
+
+
+def _failure(e: Exception, refresh: Refresh, where: str) -> ClusterError:
+    """The one line that says why a query got no answer (other than the deadline)."""
+    if isinstance(e, ScrapeError):
+        if e.state == "too_large" and str(e) == "budget":
+            return ClusterError(f"{where}: answers over {refresh.max_bytes >> 20} MiB in one refresh: refused "
+                                "(narrow it with --selector)")
+        if e.state == "too_large":
+            return ClusterError(f"{where}: answer over {MAX_ANSWER_BYTES >> 20} MiB: refused (narrow it with "
+                                "--selector)")
+        return ClusterError(f"{where}: {e}")
+    if isinstance(e, urllib.error.HTTPError):
+        if e.code in (401, 403):
+            return ClusterError(f"{where}: HTTP {e.code}: not authorized (--prometheus-user and "
+                                "--prometheus-password-file, or --prometheus-bearer-token-file)")
+        try:
+            raw = read_body(e, refresh.deadline, 64 << 10, refresh.watchdog)
+        except Exception:  # noqa: BLE001 - the error's body is only a better message
+            raw = bytearray()
+        return ClusterError(f"{where}: HTTP {e.code}: {_api_error(raw) or printable(str(e.reason))[:200]}")
+    if isinstance(e, urllib.error.URLError):
+        if isinstance(e.reason, ssl.SSLError | ssl.CertificateError):
+            return ClusterError(f"{where}: TLS: {printable(str(e.reason))[:200]} (--prometheus-ca-file, or "
+                                "--prometheus-insecure)")
+        return ClusterError(f"{where}: cannot reach it: {printable(str(e.reason))[:200]}")
+    return ClusterError(f"{where}: {printable(getattr(e, 'strerror', None) or str(e))[:200]}")
 
 
 def _secret(path: str, what: str) -> str:
@@ -438,167 +446,214 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
     # Nodes asked for by key are matched on their labels too: a node not in this refresh costs nothing.
     detail_sel = "" if wanted is None else detail_matchers(wanted) if wanted else None
     at, t0, asked = now(), time.monotonic(), client.queries
-    # At once, on a few threads: Prometheus answers them in parallel, and a refresh waits for the slowest, not the sum.
-    # One deadline and one byte budget for all of them together (Refresh): the refresh ends by --prometheus-timeout.
+    reading = _Reading(_ask(client, queries(matchers, detail_sel), at), at, wanted)
+    nodes = reading.nodes()
+    return ClusterPart(url=client.opts.url, selector=matchers, queried_at=at, query_s=time.monotonic() - t0,
+                       queries=client.queries - asked, nodes=nodes, jobs=_jobs(reading.rows, nodes, reading.notes),
+                       notes=reading.notes.done())
+
+
+def _ask(client: PrometheusClient, exprs: dict[str, str], at: float) -> dict[str, list[dict[str, Any]]]:
+    """Every query's answer, by name. At once, on a few threads: Prometheus answers them in parallel, and a refresh
+    waits for the slowest, not the sum. One deadline and one byte budget for all of them together (Refresh): the
+    refresh ends by --prometheus-timeout."""
     with Refresh(client.opts.timeout_s) as refresh, ThreadPoolExecutor(max_workers=QUERY_THREADS) as pool:
         token = _REFRESH.set(refresh)  # each query runs in a copy of this context: it reads the refresh there
         try:
             futures = {name: pool.submit(contextvars.copy_context().run, client.query, expr, at)
-                       for name, expr in queries(matchers, detail_sel).items()}
+                       for name, expr in exprs.items()}
         finally:
             _REFRESH.reset(token)
         try:
-            answers = {name: f.result() for name, f in futures.items()}
+            return {name: f.result() for name, f in futures.items()}
         except BaseException:
             for f in futures.values():  # the first failure is the refresh's: the others are not waited for
                 f.cancel()
             refresh.watchdog.fire()
             raise
-    notes = _Notes()
-    up: dict[Key, dict[str, str]] = {}
-    up_value: dict[Key, str] = {}
-    for labels, v in _series(answers["up"], notes, "up"):
-        if labels.get("__name__", "up") != "up":
-            continue
-        key = (labels.get("job", ""), labels["instance"])
-        up[key], up_value[key] = labels, v
-    seen: dict[Key, float] = {}
-    for labels, v in _series(answers["seen"], notes, "dltop_snapshot_timestamp_seconds"):
-        ts = _number(v, 0.0)
-        if not isinstance(ts, Unavailable):
-            seen[(labels.get("job", ""), labels["instance"])] = ts
-    fields: dict[Key, dict[str, Any]] = {k: {} for k in sorted(seen)[:MAX_NODES]}
-    if len(seen) > MAX_NODES:
-        notes.add(f"{len(seen) - MAX_NODES} nodes past {MAX_NODES:,} left out: narrow it with --selector")
-    gpus: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in fields}
-    datasets: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in fields}
-    ranks: dict[Key, dict[tuple[str, str, str, str], dict[str, Any]]] = {k: {} for k in fields}
-    hints: dict[Key, list[ClusterHint]] = {k: [] for k in fields}
-    servers: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in fields}
-    down_sources: dict[Key, list[str]] = {k: [] for k in fields}
 
-    def rows(name: str) -> Iterable[tuple[Key, dict[str, str], str, str]]:
-        for labels, v in _series(answers.get(name, []), notes, name):
+
+def _seconds(text: str) -> float | Unavailable:
+    return _number(text, 0.0)
+
+
+_NODE_ATTR: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "dltop_memory_total_bytes": ("memory_total_bytes", _bytes),
+    "dltop_memory_available_bytes": ("memory_available_bytes", _bytes),
+    "dltop_memory_cached_bytes": ("memory_cached_bytes", _bytes),
+    "dltop_memory_dirty_bytes": ("memory_dirty_bytes", _bytes),
+    "dltop_gpus": ("gpu_count", _count)}
+_SUM_ATTR: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "read": ("gpus_read", _count), "used": ("gpu_memory_used_bytes", _bytes),
+    "total": ("gpu_memory_total_bytes", _bytes), "util": ("gpu_utilization", _ratio)}
+_GPU_ATTR: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "dltop_gpu_memory_total_bytes": ("memory_total_bytes", _bytes),
+    "dltop_gpu_memory_used_bytes": ("memory_used_bytes", _bytes),
+    "dltop_gpu_utilization_ratio": ("utilization", _ratio)}
+_GPU_LABEL = {"dltop_gpu_info": ("name", "name"), "dltop_gpu_down_info": ("down_reason", "reason")}  # attr, label
+_DATASET_ATTR = {"dltop_dataset_size_bytes": "size_bytes", "dltop_dataset_resident_bytes": "resident_bytes"}
+_RANK_ATTR: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "dltop_training_data_wait_ratio": ("data_wait_ratio", _ratio),
+    "dltop_training_step_seconds": ("step_s", _seconds),
+    "dltop_training_steps_total": ("steps", _count)}
+_SERVER_ATTR: dict[str, tuple[str, Callable[[str], Any], str]] = {  # query: attr, conversion, what a note says
+    "kv_usage": ("kv_usage", _ratio, "KV-cache usage"), "kv_bytes": ("kv_capacity_bytes", _bytes, "KV-cache bytes")}
+
+
+class _Reading:
+    """The answers of one refresh, read into each node's numbers, GPUs, datasets, ranks, hints and servers; the
+    series left out are noted in the order the queries are read."""
+
+    def __init__(self, answers: dict[str, list[dict[str, Any]]], at: float, wanted: set[Key] | None) -> None:
+        self.answers, self.at, self.wanted = answers, at, wanted
+        self.notes = _Notes()
+        self.up: dict[Key, dict[str, str]] = {}
+        self.up_value: dict[Key, str] = {}
+        for labels, v in _series(answers["up"], self.notes, "up"):
+            if labels.get("__name__", "up") == "up":
+                key = (labels.get("job", ""), labels["instance"])
+                self.up[key], self.up_value[key] = labels, v
+        seen: dict[Key, float] = {}
+        for labels, v in _series(answers["seen"], self.notes, "dltop_snapshot_timestamp_seconds"):
+            ts = _number(v, 0.0)
+            if not isinstance(ts, Unavailable):
+                seen[(labels.get("job", ""), labels["instance"])] = ts
+        self.fields: dict[Key, dict[str, Any]] = {k: {} for k in sorted(seen)[:MAX_NODES]}
+        if len(seen) > MAX_NODES:
+            self.notes.add(f"{len(seen) - MAX_NODES} nodes past {MAX_NODES:,} left out: narrow it with --selector")
+        self.gpus: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in self.fields}
+        self.datasets: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in self.fields}
+        self.ranks: dict[Key, dict[tuple[str, str, str, str], dict[str, Any]]] = {k: {} for k in self.fields}
+        self.hints: dict[Key, list[ClusterHint]] = {k: [] for k in self.fields}
+        self.servers: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in self.fields}
+        self.down_sources: dict[Key, list[str]] = {k: [] for k in self.fields}
+
+    def rows(self, name: str) -> Iterable[tuple[Key, dict[str, str], str, str]]:
+        """(node, labels, metric name, value text) of each well-formed series of a listed node in an answer."""
+        for labels, v in _series(self.answers.get(name, []), self.notes, name):
             key = (labels.get("job", ""), labels["instance"])
-            if key in fields:
+            if key in self.fields:
                 yield key, labels, labels.get("__name__", ""), v
 
-    def detailed(key: Key) -> bool:
-        return detail_sel is not None and (wanted is None or key in wanted)
+    def detailed(self, key: Key) -> bool:
+        return self.wanted is None or key in self.wanted
 
-    node_attr = {"dltop_memory_total_bytes": "memory_total_bytes", "dltop_memory_available_bytes":
-                 "memory_available_bytes", "dltop_memory_cached_bytes": "memory_cached_bytes",
-                 "dltop_memory_dirty_bytes": "memory_dirty_bytes"}
-    for key, _, metric, v in rows("node"):
-        where = f"{key[1]}: {metric}"
-        if metric in node_attr:
-            fields[key][node_attr[metric]] = _checked(_bytes(v), notes, where)
-        elif metric == "dltop_gpus":
-            fields[key]["gpu_count"] = _checked(_count(v), notes, where)
-        elif metric == "dltop_snapshot_timestamp_seconds":
-            ts = _checked(_number(v, 0.0), notes, where)
-            fields[key]["snapshot_age_s"] = ts if isinstance(ts, Unavailable) else max(0.0, at - ts)
-    for key, labels, _, v in rows("pressure"):
-        kind = labels.get("kind")
-        if kind in ("some", "full"):
-            fields[key][f"pressure_memory_{kind}"] = _checked(_ratio(v), notes, f"{key[1]}: memory PSI {kind}")
-    gpu_attr: dict[str, tuple[str, Callable[[str], Any]]] = {"dltop_gpu_memory_total_bytes": ("memory_total_bytes", _bytes),
-                "dltop_gpu_memory_used_bytes": ("memory_used_bytes", _bytes),
-                "dltop_gpu_utilization_ratio": ("utilization", _ratio)}
-    sums: dict[str, tuple[str, Callable[[str], Any]]] = {
-        "read": ("gpus_read", _count), "used": ("gpu_memory_used_bytes", _bytes),
-        "total": ("gpu_memory_total_bytes", _bytes), "util": ("gpu_utilization", _ratio)}
-    for key, labels, _, v in rows("gpu_sums"):
-        if labels.get("dltop_sum") in sums:
-            attr, conv = sums[labels["dltop_sum"]]
-            fields[key][attr] = _checked(conv(v), notes, f"{key[1]}: GPUs' {labels['dltop_sum']}")
-    for attrs in fields.values():
-        if attrs.get("gpu_count") == 0:
-            attrs.setdefault("gpus_read", 0)  # a CPU-only node: no dltop_gpu_up series to count, and none to read
-    for name in ("gpu_lost", "gpu"):  # the lost GPUs of every node; every GPU of the detailed ones
-        for key, labels, metric, v in rows(name):
-            if name == "gpu" and not detailed(key):
+    def checked(self, conv: Callable[[str], Any], text: str, where: str) -> Any:
+        return _checked(conv(text), self.notes, where)
+
+    def nodes(self) -> tuple[ClusterNode, ...]:
+        """Every answer read, in the queries' order; each listed node."""
+        self._read_node()
+        self._read_gpus()
+        self._read_datasets()
+        self._read_ranks()
+        self._read_flags()
+        return tuple(self._node(key, attrs) for key, attrs in self.fields.items())
+
+    def _read_node(self) -> None:
+        for key, _, metric, v in self.rows("node"):
+            where = f"{key[1]}: {metric}"
+            if metric in _NODE_ATTR:
+                attr, conv = _NODE_ATTR[metric]
+                self.fields[key][attr] = self.checked(conv, v, where)
+            elif metric == "dltop_snapshot_timestamp_seconds":
+                ts = self.checked(_seconds, v, where)
+                self.fields[key]["snapshot_age_s"] = ts if isinstance(ts, Unavailable) else max(0.0, self.at - ts)
+        for key, labels, _, v in self.rows("pressure"):
+            kind = labels.get("kind")
+            if kind in ("some", "full"):
+                self.fields[key][f"pressure_memory_{kind}"] = self.checked(_ratio, v, f"{key[1]}: memory PSI {kind}")
+        for key, labels, _, v in self.rows("gpu_sums"):
+            if labels.get("dltop_sum") in _SUM_ATTR:
+                attr, conv = _SUM_ATTR[labels["dltop_sum"]]
+                self.fields[key][attr] = self.checked(conv, v, f"{key[1]}: GPUs' {labels['dltop_sum']}")
+        for attrs in self.fields.values():
+            if attrs.get("gpu_count") == 0:
+                attrs.setdefault("gpus_read", 0)  # a CPU-only node: no dltop_gpu_up series to count, and none to read
+
+    def _read_gpus(self) -> None:
+        for name in ("gpu_lost", "gpu"):  # the lost GPUs of every node; every GPU of the detailed ones
+            for key, labels, metric, v in self.rows(name):
+                if name == "gpu" and not self.detailed(key):
+                    continue
+                g = self.gpus[key].setdefault((labels.get("gpu", ""), labels.get("uuid", "")), {})
+                if metric == "dltop_gpu_up":
+                    g["up"] = v == "1"
+                elif metric in _GPU_LABEL:
+                    attr, label = _GPU_LABEL[metric]
+                    g[attr] = labels.get(label) or None
+                elif metric in _GPU_ATTR:
+                    attr, conv = _GPU_ATTR[metric]
+                    g[attr] = self.checked(conv, v, f"{key[1]}: GPU {labels.get('gpu', '?')} {metric}")
+        for key, labels, _, v in self.rows("gpu_use"):
+            if not self.detailed(key):
                 continue
-            g = gpus[key].setdefault((labels.get("gpu", ""), labels.get("uuid", "")), {})
-            if metric == "dltop_gpu_up":
-                g["up"] = v == "1"
-            elif metric == "dltop_gpu_info":
-                g["name"] = labels.get("name") or None
-            elif metric == "dltop_gpu_down_info":
-                g["down_reason"] = labels.get("reason") or None
-            elif metric in gpu_attr:
-                attr, conv = gpu_attr[metric]
-                g[attr] = _checked(conv(v), notes, f"{key[1]}: GPU {labels.get('gpu', '?')} {metric}")
-    for key, labels, _, v in rows("gpu_use"):
-        if not detailed(key):
-            continue
-        g = gpus[key].setdefault((labels.get("gpu", ""), labels.get("uuid", "")), {})
-        b = _checked(_bytes(v), notes, f"{key[1]}: GPU {labels.get('gpu', '?')} memory {labels.get('use', '?')}")
-        if isinstance(b, int) and labels.get("use"):
-            g.setdefault("memory_by_use", {})[labels["use"]] = b
-    ds_attr = {"dltop_dataset_size_bytes": "size_bytes", "dltop_dataset_resident_bytes": "resident_bytes"}
-    for key, labels, metric, v in rows("dataset"):
-        if not labels.get("dataset"):
-            continue
-        d = datasets[key].setdefault(labels["dataset"], {})
-        if metric == "dltop_dataset_up":
-            d["up"] = v == "1"
-        elif metric == "dltop_dataset_unavailable_info":
-            d["reason"] = labels.get("reason") or None
-        elif metric in ds_attr:
-            d[ds_attr[metric]] = _checked(_bytes(v), notes, f"{key[1]}: {labels['dataset']}: {metric}")
-    tr_attr: dict[str, tuple[str, Callable[[str], Any]]] = {"dltop_training_data_wait_ratio": ("data_wait_ratio", _ratio),
-               "dltop_training_step_seconds": ("step_s", lambda t: _number(t, 0.0)),
-               "dltop_training_steps_total": ("steps", _count)}
-    for key, labels, metric, v in rows("training"):
-        if metric not in tr_attr or not detailed(key):
-            continue
-        r = ranks[key].setdefault((labels.get("pid", ""), labels.get("rank", ""), labels.get("job_id", ""),
-                                   labels.get("uid", "")), {})
-        attr, conv = tr_attr[metric]
-        r[attr] = _checked(conv(v), notes, f"{key[1]}: pid {labels.get('pid', '?')} {metric}")
-    for key, labels, _, v in rows("hint"):
-        if v == "1" and labels.get("id"):
-            hints[key].append(ClusterHint(labels["id"], labels.get("severity", "")))
-    for key, labels, _, v in rows("kv_usage"):
-        if labels.get("server"):
-            servers[key].setdefault(labels["server"], {})["kv_usage"] = _checked(
-                _ratio(v), notes, f"{key[1]}: {labels['server']}: KV-cache usage")
-    for key, labels, _, v in rows("kv_bytes"):
-        if labels.get("server"):
-            servers[key].setdefault(labels["server"], {})["kv_capacity_bytes"] = _checked(
-                _bytes(v), notes, f"{key[1]}: {labels['server']}: KV-cache bytes")
-    for key, labels, _, _v in rows("source_down"):
-        if labels.get("source"):
-            down_sources[key].append(labels["source"])
+            g = self.gpus[key].setdefault((labels.get("gpu", ""), labels.get("uuid", "")), {})
+            b = self.checked(_bytes, v, f"{key[1]}: GPU {labels.get('gpu', '?')} memory {labels.get('use', '?')}")
+            if isinstance(b, int) and labels.get("use"):
+                g.setdefault("memory_by_use", {})[labels["use"]] = b
 
-    nodes = []
-    for key, attrs in fields.items():
-        target = up.get(key, {})
-        is_up, why = True, None
-        age = attrs.get("snapshot_age_s")
-        if key not in up:
-            is_up, why = False, "no longer a scrape target of Prometheus"
-        elif up_value[key] != "1":
-            is_up, why = False, "the last scrape failed (up is 0)"
-        elif not isinstance(age, float):
-            is_up, why = False, "no fresh sample of its exporter"
-        elif age > STALE_AFTER_S:
-            is_up, why = False, f"its exporter's newest reading is {age:.0f} s old"
-        nodes.append(ClusterNode(
+    def _read_datasets(self) -> None:
+        for key, labels, metric, v in self.rows("dataset"):
+            if not labels.get("dataset"):
+                continue
+            d = self.datasets[key].setdefault(labels["dataset"], {})
+            if metric == "dltop_dataset_up":
+                d["up"] = v == "1"
+            elif metric == "dltop_dataset_unavailable_info":
+                d["reason"] = labels.get("reason") or None
+            elif metric in _DATASET_ATTR:
+                d[_DATASET_ATTR[metric]] = self.checked(_bytes, v, f"{key[1]}: {labels['dataset']}: {metric}")
+
+    def _read_ranks(self) -> None:
+        for key, labels, metric, v in self.rows("training"):
+            if metric not in _RANK_ATTR or not self.detailed(key):
+                continue
+            r = self.ranks[key].setdefault((labels.get("pid", ""), labels.get("rank", ""), labels.get("job_id", ""),
+                                            labels.get("uid", "")), {})
+            attr, conv = _RANK_ATTR[metric]
+            r[attr] = self.checked(conv, v, f"{key[1]}: pid {labels.get('pid', '?')} {metric}")
+
+    def _read_flags(self) -> None:
+        """Hints, servers and the sources that are down."""
+        for key, labels, _, v in self.rows("hint"):
+            if v == "1" and labels.get("id"):
+                self.hints[key].append(ClusterHint(labels["id"], labels.get("severity", "")))
+        for name, (attr, conv, what) in _SERVER_ATTR.items():
+            for key, labels, _, v in self.rows(name):
+                if labels.get("server"):
+                    self.servers[key].setdefault(labels["server"], {})[attr] = self.checked(
+                        conv, v, f"{key[1]}: {labels['server']}: {what}")
+        for key, labels, _, _v in self.rows("source_down"):
+            if labels.get("source"):
+                self.down_sources[key].append(labels["source"])
+
+    def _down_reason(self, key: Key, age: Any) -> str | None:
+        if key not in self.up:
+            return "no longer a scrape target of Prometheus"
+        if self.up_value[key] != "1":
+            return "the last scrape failed (up is 0)"
+        if not isinstance(age, float):
+            return "no fresh sample of its exporter"
+        if age > STALE_AFTER_S:
+            return f"its exporter's newest reading is {age:.0f} s old"
+        return None
+
+    def _node(self, key: Key, attrs: dict[str, Any]) -> ClusterNode:
+        target = self.up.get(key, {})
+        why = self._down_reason(key, attrs.get("snapshot_age_s"))
+        return ClusterNode(
             instance=key[1], job=key[0], node=_first(target, NODE_LABELS), pod=_first(target, POD_LABELS),
-            namespace=_first(target, NAMESPACE_LABELS), up=is_up, down_reason=why, **attrs,
+            namespace=_first(target, NAMESPACE_LABELS), up=why is None, down_reason=why, **attrs,
             gpus=tuple(ClusterGpu(gpu=i, uuid=u, **g)
-                       for (i, u), g in sorted(gpus[key].items(), key=lambda kv: (_index(kv[0][0]), kv[0][1]))),
-            datasets=tuple(ClusterDataset(dataset=p, **d) for p, d in sorted(datasets[key].items())),
+                       for (i, u), g in sorted(self.gpus[key].items(), key=lambda kv: (_index(kv[0][0]), kv[0][1]))),
+            datasets=tuple(ClusterDataset(dataset=p, **d) for p, d in sorted(self.datasets[key].items())),
             ranks=tuple(ClusterRank(instance=key[1], pid=p, rank=r, job_id=j, uid=u, **a)
-                        for (p, r, j, u), a in sorted(ranks[key].items(), key=lambda kv: (_index(kv[0][1]), kv[0]))),
-            hints=tuple(sorted(hints[key], key=lambda h: (h.severity != "critical", h.id))),
-            servers=tuple(ClusterServer(server=s, **a) for s, a in sorted(servers[key].items())),
-            sources_down=tuple(sorted(down_sources[key])), detailed=detailed(key)))
-    return ClusterPart(url=client.opts.url, selector=matchers, queried_at=at, query_s=time.monotonic() - t0,
-                       queries=client.queries - asked, nodes=tuple(nodes), jobs=_jobs(rows, nodes, notes),
-                       notes=notes.done())
+                        for (p, r, j, u), a in sorted(self.ranks[key].items(),
+                                                      key=lambda kv: (_index(kv[0][1]), kv[0]))),
+            hints=tuple(sorted(self.hints[key], key=lambda h: (h.severity != "critical", h.id))),
+            servers=tuple(ClusterServer(server=s, **a) for s, a in sorted(self.servers[key].items())),
+            sources_down=tuple(sorted(self.down_sources[key])), detailed=self.detailed(key))
 
 
 def _index(text: str) -> tuple[int, str]:
@@ -623,7 +678,7 @@ def _jobs(rows: Callable[[str], Iterable[tuple[Key, dict[str, str], str, str]]],
             counts[job] = counts.get(job, 0) + n
             hosts.setdefault(job, set()).add(key)
     top: dict[tuple[str, str], dict[str, ClusterRank]] = {}
-    for name, attr, conv in (("job_slowest", "step_s", lambda t: _number(t, 0.0)),
+    for name, attr, conv in (("job_slowest", "step_s", _seconds),
                              ("job_waiting", "data_wait_ratio", _ratio)):
         for key, labels, _, v in rows(name):
             value = _checked(conv(v), notes, f"{key[1]}: pid {labels.get('pid', '?')} {attr}")
