@@ -39,6 +39,8 @@ ALLOWED: dict[str, set[str]] = {
     "sampler": {"model", "sources", "derive"},
     # Time over the Snapshots (the live history, a recording's feed): UI-free, below the TUI and the commands.
     "timeline": {"model"},
+    # Where the screen is in time (Live | Paused | Replay): a value over the timeline's times.
+    "playhead": {"timeline"},
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources", "journal", "native"},
     # The machine's action journal: the runner appends, recorders tail it.
     "journal": {"journal"},
@@ -47,7 +49,7 @@ ALLOWED: dict[str, set[str]] = {
                  "text", "journal", "native", "__init__"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "recorder",
-            "journal", "timeline", "__init__"},
+            "journal", "timeline", "playhead", "__init__"},
     "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
                  "sampler", "actions", "hints", "derive", "fields", "exporter", "tui", "kv", "recorder",

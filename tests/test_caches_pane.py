@@ -169,7 +169,7 @@ async def test_clear_is_greyed_out_in_read_only_and_in_the_past(ind: Path, tmp_p
         if how == "paused":
             await pilot.press("space")
             await pilot.pause()
-            assert app.in_past
+            assert app.head.past
         pane = app.query_one(CachesPane)
         assert pane.check_action("clear", ()) is None
         assert not [c for c in pane.palette_commands() if "Clear" in c.title]

@@ -128,7 +128,7 @@ async def test_b_with_a_clock_time_shows_that_second(tmp_path: Path) -> None:
         assert isinstance(app.screen, AskScreen)
         await pilot.press(*time.strftime("%H:%M:%S", time.localtime(base + 3)), "enter")
         await pilot.pause()
-        assert app.at == snaps[3].ts
+        assert app.head.at == snaps[3].ts
 
 
 # -- (11) actions from any shell reach every running recorder ------------------------------------------------------

@@ -98,16 +98,16 @@ async def test_step_back_shows_what_live_showed_then(session: list[Snapshot]) ->
         live = _screen(app)
         await pilot.press("T", "T", "T")
         await pilot.pause()
-        assert app.at == session[17].ts
+        assert app.head.at == session[17].ts
         assert _screen(app) == expected != live
         header = _text(app, "#header")
         behind = int(session[20].ts - session[17].ts)
         assert "PAUSED" in header and f"(−{behind}s)" in header
         # t steps forward; reaching the newest sample is live again.
         await pilot.press("t")
-        assert app.at == session[18].ts
+        assert app.head.at == session[18].ts
         await pilot.press("t", "t")
-        assert app.at is None and "PAUSED" not in _text(app, "#header")
+        assert app.head.at is None and "PAUSED" not in _text(app, "#header")
         assert _screen(app) == live
 
 
@@ -118,17 +118,17 @@ async def test_pause_holds_the_view_while_sampling_goes_on(session: list[Snapsho
         await pilot.press(_tab(app, "pagecache"))
         await _until(pilot, lambda: len(app.history) >= 8)
         await pilot.press("space")
-        held_ts = app.at
+        held_ts = app.head.at
         assert held_ts is not None and "PAUSED" in _text(app, "#header")
         held = _screen(app)
         await _until(pilot, lambda: app.history[-1].ts == session[29].ts)  # the feed went on to its end
         await pilot.pause()
-        assert app.at == held_ts and _screen(app) == held
+        assert app.head.at == held_ts and _screen(app) == held
         k = next(i for i, s in enumerate(session) if s.ts == held_ts)
         behind = int(session[29].ts - session[k].ts)
         assert f"(−{behind}s)" in _text(app, "#header")  # how far behind live, live having moved on
         await pilot.press("space")
-        assert app.at is None and _screen(app) == await _live_screen_at(session, 29)
+        assert app.head.at is None and _screen(app) == await _live_screen_at(session, 29)
 
 
 async def test_jump_and_go_to(session: list[Snapshot]) -> None:
@@ -138,19 +138,19 @@ async def test_jump_and_go_to(session: list[Snapshot]) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("J")  # from live: pauses, 10 s back, on the sample on screen then
         want = max(i for i, t in enumerate(ts) if t <= ts[-1] - 10)
-        assert app.at == ts[want]
+        assert app.head.at == ts[want]
         await pilot.press("J", "J", "J", "J", "J")  # past the oldest: stays on it
-        assert app.at == ts[0]
+        assert app.head.at == ts[0]
         await pilot.press("j")
-        assert app.at == ts[max(i for i, t in enumerate(ts) if t <= ts[0] + 10)]
+        assert app.head.at == ts[max(i for i, t in enumerate(ts) if t <= ts[0] + 10)]
         # b: a clock time (the session was recorded in UTC, as the tests run), then "N s ago"
         # A whole second names the sample shown as that second: the first taken within it (else the one before).
         second = int(ts[10] + 0.999)
         await _go_to(pilot, time.strftime("%H:%M:%S", time.gmtime(second)))
         within = [t for t in ts if second <= t < second + 1]
-        assert app.at == (within[0] if within else ts[max(i for i, t in enumerate(ts) if t <= second)])
+        assert app.head.at == (within[0] if within else ts[max(i for i, t in enumerate(ts) if t <= second)])
         await _go_to(pilot, f"{int(now - ts[5])}s ago")
-        assert app.at == ts[max(i for i, t in enumerate(ts) if t <= now - int(now - ts[5]))]
+        assert app.head.at == ts[max(i for i, t in enumerate(ts) if t <= now - int(now - ts[5]))]
         # A time outside the history: the dialog says so and stays.
         await pilot.press("b", *"1h ago", "enter")
         await pilot.pause()
@@ -158,7 +158,7 @@ async def test_jump_and_go_to(session: list[Snapshot]) -> None:
             app.screen.query_one("#ask-error", Static).render())
         await pilot.press("escape")
         await pilot.press("space")
-        assert app.at is None
+        assert app.head.at is None
 
 
 def _record(directory: Path, snaps: list[Snapshot]) -> None:
@@ -252,27 +252,27 @@ async def test_replay_keys(tmp_path: Path, session: list[Snapshot]) -> None:
     app.notify = noting  # type: ignore[method-assign]
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(_tab(app, "pagecache"))
-        assert app.at == ts[0]
+        assert app.head.at == ts[0]
         header = _text(app, "#header")
         assert "REPLAY session" in header and "×1 ⏸" in header and "every" not in header
         await pilot.press("t", "t", "T")
-        assert app.at == ts[1]
+        assert app.head.at == ts[1]
         await pilot.press("greater_than_sign")
-        assert app.speed == 10 and "×10" in _text(app, "#header")
+        assert app.head.speed == 10 and "×10" in _text(app, "#header")
         await pilot.press("greater_than_sign", "greater_than_sign")
-        assert app.speed == 60
+        assert app.head.speed == 60
         await pilot.press("less_than_sign")
-        assert app.speed == 10
+        assert app.head.speed == 10
         await pilot.press("space")
-        assert app.playing and "▶" in _text(app, "#header")
-        await _until(pilot, lambda: not app.playing)  # ×10 through a 40 s recording: to its end
-        assert app.at == ts[-1] and "⏸" in _text(app, "#header")
+        assert app.head.playing and "▶" in _text(app, "#header")
+        await _until(pilot, lambda: not app.head.playing)  # ×10 through a 40 s recording: to its end
+        assert app.head.at == ts[-1] and "⏸" in _text(app, "#header")
         assert "end of the recording" in said
         await pilot.press("plus")  # a recording keeps its cadence: + is not a key here
         assert app.refresh_s == 1.0
         # The replay at a moment shows what live showed then.
         await pilot.press("T", "T", "T")
-        assert app.at == ts[-4]
+        assert app.head.at == ts[-4]
         assert _screen(app) == await _live_screen_at(session, len(session) - 4)
 
 
@@ -297,7 +297,7 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path, p
 
             def show_and_keep() -> None:
                 original()
-                if app._view is not None and app.at is None:
+                if app._view is not None and app.head.at is None:
                     shown[app._view.snapshot.ts] = _screen(app, widgets)
 
             app._show = show_and_keep  # type: ignore[method-assign]
@@ -323,7 +323,7 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path, p
         await pilot.pause()
         for t in keep:
             await _go_to(pilot, repr(t))
-            assert replay.at == t
+            assert replay.head.at == t
             assert _screen(replay, widgets) == shown[t], f"at {t}"
         await pilot.press("v")
         assert isinstance(replay.screen, EventsScreen)
@@ -333,7 +333,7 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path, p
         await pilot.press("enter")
         await pilot.pause()
         assert not isinstance(replay.screen, EventsScreen)
-        assert replay.at == max(t for t in rec.times() if t <= marker.ts)
+        assert replay.head.at == max(t for t in rec.times() if t <= marker.ts)
 
 
 async def test_ages_in_a_replay_are_counted_from_the_moment_on_screen(tmp_path: Path) -> None:
@@ -352,7 +352,7 @@ async def test_ages_in_a_replay_are_counted_from_the_moment_on_screen(tmp_path: 
         table = app.query_one("#ds-table", DataTable)
         for snap, age in zip(snaps, ("<10s", "30s", "1m"), strict=True):
             await _go_to(pilot, repr(snap.ts))
-            assert app.at == snap.ts
+            assert app.head.at == snap.ts
             assert str(table.get_row_at(0)[-1]) == age
 
 
@@ -380,7 +380,7 @@ async def test_go_to_dialog_keeps_a_bad_time_and_says_why(tmp_path: Path, sessio
         app.screen.query_one(Input).value = ""
         await pilot.press(*"end", "enter")
         await pilot.pause()
-        assert not isinstance(app.screen, AskScreen) and app.at == rec.times()[-1]
+        assert not isinstance(app.screen, AskScreen) and app.head.at == rec.times()[-1]
 
 
 @pytest.mark.parametrize("size", [(80, 24)], ids=["80x24"])

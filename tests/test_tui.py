@@ -37,9 +37,9 @@ async def test_keys_pause_refresh_help_quit(session: list[Snapshot]) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         assert "every 1s" in _text(app, "#header")
         await pilot.press("p")
-        assert app.at == session[2].ts and "PAUSED" in _text(app, "#header")
+        assert app.head.at == session[2].ts and "PAUSED" in _text(app, "#header")
         await pilot.press("p")
-        assert app.at is None and "PAUSED" not in _text(app, "#header")
+        assert app.head.at is None and "PAUSED" not in _text(app, "#header")
         await pilot.press("plus")
         assert app.refresh_s == 0.5 and "every 0.5s" in _text(app, "#header")
         await pilot.press("minus", "minus", "minus")

@@ -33,6 +33,7 @@ from dltop.fmt import human_duration, printable, printable_lines
 from dltop.model import CachesPart, Snapshot, Unavailable, to_dict
 from dltop.model.actions import ActionEvent, ActionPlan
 from dltop.model.datasets import DatasetsPart
+from dltop.playhead import Live, Playhead, Replay
 from dltop.timeline import LiveEvent, LiveHistory, RecordingFeed, Timeline, index_at
 from dltop.tui.messages import (
     ActionEventPosted,
@@ -69,7 +70,6 @@ SLOW_HOLD_S = 1.0  # the slow sources start after the first frame, or this long 
 JOURNAL_POLL_S = 2.0  # the machine's action journals are read this often for events of other processes
 TERMINAL_CHECK_S = 1.0  # whether the terminal is still there (a hangup with SIGHUP ignored), this often
 PLAY_TICK_S = 0.25  # a replay that plays moves on this often (at x10 over a 1 s recording: every 2-3 samples)
-SPEEDS = (1, 10, 60)  # replay speeds, as atop and below users know them
 TIME_EXAMPLES = "10m ago, 14:05, 2026-12-01T14:05:00"
 
 
@@ -208,11 +208,9 @@ class DltopApp(App[None]):
         # the app's own history live, the recording in a replay (which is always at a moment).
         self.replay = isinstance(feed, RecordingFeed)
         self.timeline: Timeline = feed.timeline if isinstance(feed, RecordingFeed) else LiveHistory(self.history)
-        self.at: float | None = feed.start_ts if isinstance(feed, RecordingFeed) else None
+        self.head: Playhead = (Replay(feed.start_ts, pos=feed.start_ts) if isinstance(feed, RecordingFeed)
+                               else Live())
         self._past: tuple[float, tuple[Snapshot, ...], tuple[hint_rules.Hint, ...]] | None = None
-        self.playing = False
-        self.speed = SPEEDS[0]
-        self._play_pos = 0.0  # where a playing replay is, between samples
         self.recorder = recorder
         self._view: View | None = None
         self._hint_shown: tuple[object, ...] | None = None  # what the hint line was drawn from
@@ -357,8 +355,7 @@ class DltopApp(App[None]):
         for listen in self._listeners:
             listen(snap)  # the recorder of --record among them: what this screen shows, so a replay shows the same
         self.hints = hint_rules.hints(list(self.history))
-        if self.at is not None and not self.replay and self.at < self.history[0].ts:
-            self.at = self.history[0].ts  # the moment paused on left the history: the oldest one kept
+        self.head = self.head.kept_within(self.history[0].ts)
         if self._tab_pending and self._widgets_up():
             self._choose_tab()
         self._redraw()
@@ -422,19 +419,15 @@ class DltopApp(App[None]):
         """The Snapshots up to the moment on screen (oldest first) and its hints: the latest live; in the past,
         the window that ended at `at` and the hints drawn from it by the same rules, so the numbers are those
         live showed then."""
-        if self.at is None:
+        at = self.head.at
+        if at is None:
             return (tuple(self.history), tuple(self.hints)) if self.history else None
-        if self._past is None or self._past[0] != self.at:
-            window = tuple(self.timeline.upto(self.at, HISTORY_LEN))
+        if self._past is None or self._past[0] != at:
+            window = tuple(self.timeline.upto(at, HISTORY_LEN))
             if not window:
                 return None
-            self._past = (self.at, window, tuple(hint_rules.hints(window)))
+            self._past = (at, window, tuple(hint_rules.hints(window)))
         return self._past[1], self._past[2]
-
-    @property
-    def in_past(self) -> bool:
-        """A past moment is on screen (paused live, or a replay): nothing may change the system from it."""
-        return self.at is not None
 
     def _show(self) -> None:
         """Hand the visible pane a View of the moment on screen and of the actions' state."""
@@ -443,7 +436,7 @@ class DltopApp(App[None]):
             return
         history, hints = frame
         self._view = View(snapshot=history[-1], history=history, hints=hints,
-                          read_only=self.settings.read_only, replay=self.in_past,
+                          read_only=self.settings.read_only, replay=self.head.past,
                           watched=tuple(self.settings.datasets), action=self._action,
                           busy=self.runner.busy is not None, held=self.runner.held())
         active = self._active_pane()
@@ -531,13 +524,14 @@ class DltopApp(App[None]):
         clock = _hms(snap.ts)
         if self.replay:
             assert isinstance(self.feed, RecordingFeed)
-            out = Text.assemble(("REPLAY", "bold magenta"), f" {printable(self.feed.name)} {clock} ×{self.speed} ",
-                                ("▶" if self.playing else "⏸", "bold"))
+            head = cast(Replay, self.head)
+            out = Text.assemble(("REPLAY", "bold magenta"), f" {printable(self.feed.name)} {clock} ×{head.speed} ",
+                                ("▶" if head.playing else "⏸", "bold"))
             gap = self._gap_before(snap.ts)
             if gap:  # the sample before this one is far back: the screen crossed a hole in the recording
                 out.append(f"  after a gap of {human_duration(gap)}", "bold yellow")
             return out
-        if self.at is None:
+        if self.head.at is None:
             return Text(clock)
         behind = self.history[-1].ts - snap.ts if self.history else 0.0
         return Text.assemble(("PAUSED", "bold reverse"), f" {clock} (−{human_duration(behind)})")
@@ -607,7 +601,7 @@ class DltopApp(App[None]):
 
     def _request(self, msg: ActionRequested) -> None:
         msg.stop()
-        if self.settings.read_only or self.in_past:
+        if self.settings.read_only or self.head.past:
             why = "dltop runs --read-only" if self.settings.read_only else self._past_reason()
             self.notify(f"{msg.action}: {why}; nothing may change the system from here", severity="warning")
             return
@@ -649,7 +643,7 @@ class DltopApp(App[None]):
     def on_signal_requested(self, msg: SignalRequested) -> None:
         """A signal the GPU tab's dialog chose: the dialog was the confirmation; the runner checks the start time."""
         msg.stop()
-        if self.settings.read_only or self.in_past:
+        if self.settings.read_only or self.head.past:
             why = "dltop runs --read-only" if self.settings.read_only else self._past_reason()
             self.notify(f"signal: {why}; nothing may change the system from here", severity="warning")
             return
@@ -832,71 +826,52 @@ class DltopApp(App[None]):
         return "paused on a past moment (space goes back to live)"
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        past, replay = self.in_past, self.replay
-        if action == "pause":
-            return (not past) if not replay else self.playing
-        if action == "live":
-            return past and not replay
-        if action == "play":
-            return replay and not self.playing
-        if action in ("step", "jump") and parameters == (1,):
-            return past  # live has nothing newer
-        if action == "go_to" and parameters == (True,):
-            return past  # labelled in the footer only where the past is on screen; go_to(False) works from live
+        allowed = self.head.allows(action, parameters)  # the time keys: one table keyed on the mode
+        if allowed is not None:
+            return allowed
         if action == "events":
-            return replay or bool(self.timeline.events())  # live: once an action was seen
-        if action == "speed":
-            return replay
-        if action in ("faster", "slower"):
-            return not replay  # a recording keeps its cadence
+            return self.replay or bool(self.timeline.events())  # live: once an action was seen
         return True
 
-    def _go(self, ts: float) -> None:
-        """Show the moment `ts` of the timeline (live: reaching the newest sample is live again)."""
-        times = self.timeline.times()
-        if not times:
+    def _move(self, head: Playhead | None, n: int = 0) -> None:
+        """Show the moment `head` is at; None: already at the end that `n` points to (said so)."""
+        if head is None:
+            self._say_end(n)
             return
-        ts = times[index_at(times, ts)]
-        self.at = None if not self.replay and ts >= times[-1] else ts
-        self._play_pos = ts
+        self.head = head
         self._redraw()
-        self._settle()
+        if head.past:
+            self._settle()
         self.refresh_bindings()
+        if isinstance(head, Replay):
+            if head.playing:
+                self._play_timer.resume()
+            else:
+                self._play_timer.pause()
 
     def _settle(self) -> None:
         # A pane's layout follows what it drew last (a rates line more, a note less): live, the next tick draws
         # at the settled layout; a moment moved to has no next tick, so it is drawn again once laid out.
         self.call_after_refresh(self._show)
 
+    def _go(self, ts: float) -> None:
+        """Show the moment `ts` of the timeline (live: reaching the newest sample is live again)."""
+        times = self.timeline.times()
+        if times:
+            self._move(self.head.go(times, ts))
+
     def action_pause(self) -> None:
         """Live: hold the view on the moment shown while sampling goes on. A replay: stop playing."""
-        if self.replay:
-            self.playing = False
-            self._play_timer.pause()
-            self._redraw()
-            self._settle()
-            self.refresh_bindings()
-        elif self.history:
-            self.at = self.history[-1].ts  # the newest sample, held
-            self._redraw()
-            self.refresh_bindings()
+        self._move(self.head.pause(self.timeline.times()))
 
     def action_live(self) -> None:
         """Back to the live view."""
-        self.at = None
-        self._redraw()
-        self.refresh_bindings()
+        self._move(self.head.live())
 
     def action_play(self) -> None:
         """Play the replay from the moment shown, at the speed chosen (from the start again at its end)."""
-        times = self.timeline.times()
-        if self.at is not None and self.at >= times[-1]:
-            self._go(times[0])
-        self.playing = True
-        self._play_pos = self.at if self.at is not None else times[0]
-        self._play_timer.resume()
-        self._redraw()
-        self.refresh_bindings()
+        if isinstance(self.head, Replay):
+            self._move(self.head.play(self.timeline.times()))
 
     def action_toggle_pause(self) -> None:
         """Pause / back to live, or play / pause a replay: what space does now."""
@@ -906,52 +881,31 @@ class DltopApp(App[None]):
                 return
 
     def _play_tick(self) -> None:
-        times = self.timeline.times()
-        self._play_pos += self.speed * PLAY_TICK_S
-        if self._play_pos >= times[-1]:
-            self._play_pos = times[-1]
-            self.playing = False
-            self._play_timer.pause()
+        head = self.head
+        if not isinstance(head, Replay) or not head.playing:
+            return
+        moved = head.tick(self.timeline.times(), PLAY_TICK_S)
+        if not moved.playing:
             self.notify("end of the recording", timeout=2)
-            self.refresh_bindings()
-        shown = times[index_at(times, self._play_pos)]
-        if shown != self.at or not self.playing:
-            self.at = shown
+            self._move(moved)
+        elif moved.at != head.at:
+            self.head = moved
             self._redraw()
-        if not self.playing:
-            self._settle()
+        else:
+            self.head = moved
 
     def action_step(self, n: int) -> None:
         """Next (1) or previous (-1) sample."""
-        times = self.timeline.times()
-        if not times:
-            return
-        i = len(times) - 1 if self.at is None else index_at(times, self.at)
-        j = min(max(i + n, 0), len(times) - 1)
-        if j == i:
-            self._say_end(n)
-            return
-        self._go(times[j])
+        self._move(self.head.step(self.timeline.times(), n), n)
 
     def action_jump(self, n: int) -> None:
         """Forward (1) or back (-1) by the jump duration (--jump), to the sample on screen then; over a gap in
         the recording, at least one sample."""
-        times = self.timeline.times()
-        if not times:
-            return
-        i = len(times) - 1 if self.at is None else index_at(times, self.at)
-        j = index_at(times, times[i] + n * self.settings.jump_s)
-        if n > 0 and j <= i:
-            j = i + 1
-        if n < 0 and j >= i:
-            j = i - 1
-        j = min(max(j, 0), len(times) - 1)
-        if j == i:
-            self._say_end(n)
-            return
-        self._go(times[j])
+        self._move(self.head.jump(self.timeline.times(), n * self.settings.jump_s), n)
 
     def _say_end(self, n: int) -> None:
+        if not self.timeline.times():
+            return
         if n < 0:
             self.notify("the first sample of the recording" if self.replay else "the oldest sample kept", timeout=1.5)
         else:
@@ -998,13 +952,13 @@ class DltopApp(App[None]):
             if ts is not None:
                 self._go(ts)
 
-        self.push_screen(EventsScreen(self.timeline.events(), self.at or 0.0), chosen)
+        self.push_screen(EventsScreen(self.timeline.events(), self.head.at or 0.0), chosen)
 
     def action_speed(self, n: int) -> None:
         """Replay faster (1) or slower (-1): ×1, ×10, ×60."""
-        i = min(max(SPEEDS.index(self.speed) + n, 0), len(SPEEDS) - 1)
-        self.speed = SPEEDS[i]
-        self._redraw()
+        if isinstance(self.head, Replay):
+            self.head = self.head.faster(n)
+            self._redraw()
 
     def action_mark(self) -> None:
         """Write a marker with a text of your own into the recording (--record)."""
