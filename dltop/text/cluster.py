@@ -9,7 +9,7 @@ from typing import Any
 
 from dltop.fmt import human_bytes, human_duration, printable
 from dltop.model.base import Unavailable, to_dict
-from dltop.model.cluster import SAFE_WORD, ClusterDataset, ClusterNode, ClusterPart
+from dltop.model.cluster import SAFE_WORD, ClusterDataset, ClusterGpu, ClusterNode, ClusterPart
 
 COLD_BELOW = 0.99  # a node holding less of a dataset than this is cold for it: a warm there is offered
 SORTS = ("coldest", "name", "down first")  # the Cluster tab's orders, `s` cycles them
@@ -233,6 +233,30 @@ def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]
 
 def node_detail(node: ClusterNode) -> list[str]:
     """A node's numbers, per GPU, per dataset, per rank: what its own exporter serves (Enter on a node)."""
+    names = {g.name for g in node.gpus}
+    shared = names.pop() if len(names) == 1 else None
+    lines = _node_head(node)
+    if shared:
+        lines[-1] += f" ({shared})"  # said once, not on each GPU's line
+    lines.extend(line for g in node.gpus for line in _gpu_lines(g, shared))
+    if node.datasets:
+        lines.append("datasets:")
+    lines.extend(f"  {d.dataset}: down ({d.reason or 'not scanned'})" if d.up is False else
+                 f"  {d.dataset}: {_b(d.resident_bytes)} of {_b(d.size_bytes)} resident ({pct(d.resident_ratio)})"
+                 for d in node.datasets)
+    if node.ranks:
+        lines.append("training processes:")
+    lines.extend(f"  pid {r.pid} rank {r.rank or '?'} job {r.job_id or '?'}: data wait {pct(r.data_wait_ratio)}, "
+                 f"step {seconds(r.step_s)}, {r.steps if isinstance(r.steps, int) else 'n/a'} steps"
+                 for r in node.ranks)
+    lines.extend(f"inference server {s.server}: KV cache {pct(s.kv_usage)} of {_b(s.kv_capacity_bytes)}"
+                 for s in node.servers)
+    lines.extend(f"hint {h.severity}: {h.id}" for h in node.hints)
+    return lines
+
+
+def _node_head(node: ClusterNode) -> list[str]:
+    """A node's state, memory and GPU totals (node_detail's first lines)."""
     lines = [f"{node.name}  ({node.instance}, job {node.job})",
              "up" if node.up else f"DOWN: {node.down_reason}"]
     if isinstance(node.snapshot_age_s, float):
@@ -247,37 +271,19 @@ def node_detail(node: ClusterNode) -> list[str]:
                     f"{pct(node.gpu_utilization)}" if isinstance(node.gpus_read, int) and node.gpus_read else ""))
     if not node.detailed:
         lines.append("  per GPU and per rank: not in this refresh (the tab reads them for the node Enter opens)")
-    names = {g.name for g in node.gpus}
-    shared = names.pop() if len(names) == 1 else None
-    if shared:
-        lines[-1] += f" ({shared})"  # said once, not on each GPU's line
-    for g in node.gpus:
-        state = "up" if g.up is True else f"LOST ({g.down_reason or 'down'})" if g.up is False else "n/a"
-        name = f" {g.name}" if g.name and not shared else ""
-        used, total = g.memory_used_bytes, g.memory_total_bytes
-        mem = used_of(used, total) if isinstance(used, int) and isinstance(total, int) else "n/a"
-        lines.append(f"  GPU {g.gpu}{name} {state}: {mem} used, util {pct(g.utilization)}")
-        if g.memory_by_use:  # the biggest use first
-            lines.append("    " + ", ".join(f"{u} {human_bytes(b)}" for u, b in
-                                            sorted(g.memory_by_use.items(), key=lambda ub: (-ub[1], ub[0]))))
-    if node.datasets:
-        lines.append("datasets:")
-    for d in node.datasets:
-        if d.up is False:
-            lines.append(f"  {d.dataset}: down ({d.reason or 'not scanned'})")
-        else:
-            lines.append(f"  {d.dataset}: {_b(d.resident_bytes)} of {_b(d.size_bytes)} resident "
-                         f"({pct(d.resident_ratio)})")
-    if node.ranks:
-        lines.append("training processes:")
-    for r in node.ranks:
-        lines.append(f"  pid {r.pid} rank {r.rank or '?'} job {r.job_id or '?'}: data wait {pct(r.data_wait_ratio)}, "
-                     f"step {seconds(r.step_s)}, "
-                     f"{r.steps if isinstance(r.steps, int) else 'n/a'} steps")
-    for s in node.servers:
-        lines.append(f"inference server {s.server}: KV cache {pct(s.kv_usage)} of {_b(s.kv_capacity_bytes)}")
-    for h in node.hints:
-        lines.append(f"hint {h.severity}: {h.id}")
+    return lines
+
+
+def _gpu_lines(g: ClusterGpu, shared: str | None) -> list[str]:
+    """One GPU of node_detail: its state and memory, then its memory by use, the biggest use first."""
+    state = "up" if g.up is True else f"LOST ({g.down_reason or 'down'})" if g.up is False else "n/a"
+    name = f" {g.name}" if g.name and not shared else ""
+    used, total = g.memory_used_bytes, g.memory_total_bytes
+    mem = used_of(used, total) if isinstance(used, int) and isinstance(total, int) else "n/a"
+    lines = [f"  GPU {g.gpu}{name} {state}: {mem} used, util {pct(g.utilization)}"]
+    if g.memory_by_use:
+        lines.append("    " + ", ".join(f"{u} {human_bytes(b)}" for u, b in
+                                        sorted(g.memory_by_use.items(), key=lambda ub: (-ub[1], ub[0]))))
     return lines
 
 
