@@ -317,8 +317,12 @@ def _cache_name(level: int, ctype: str) -> str:
 # ------------------------------------------------------------------------------------------------ core kinds
 
 
+_RawKind = tuple[str, str | None, int | None, int | None, list[int], list[str]]  # name, vendor, impl, part, cpus, revs
+_Ids = tuple[int | None, int | None, int | None, int | None]  # MIDR's implementer, part, variant, revision
+
+
 def _core_kinds(tree: _Tree, cpu_dirs: dict[int, Path], cpuinfo: list[CpuinfoEntry]) -> tuple[
-        list[tuple[str, str | None, int | None, int | None, list[int], list[str]]], dict[str, str], str | None]:
+        list[_RawKind], dict[str, str], str | None]:
     """(name, vendor, implementer, part, cpus, revisions) per kind; MIDR per CPU; the arch the data shows."""
     info = {e.cpu: e.fields for e in cpuinfo}
     midrs: dict[str, str] = {}
@@ -327,32 +331,12 @@ def _core_kinds(tree: _Tree, cpu_dirs: dict[int, Path], cpuinfo: list[CpuinfoEnt
     arch: str | None = None
     for cpu in sorted(set(cpu_dirs) | set(info)):
         f = info.get(cpu, {})
-        midr = tree.int_attr(cpu_dirs[cpu] / "regs/identification/midr_el1") if cpu in cpu_dirs else None
-        impl = part = variant = revision = None
-        if midr is not None:
-            m = cpuregs.decode_midr(midr)
-            impl, part, variant, revision = m.implementer, m.part, m.variant, m.revision
-            midrs[str(cpu)] = f"0x{midr:08x}"
-            arch = arch or "aarch64"
-        elif "CPU implementer" in f:
-            impl, variant, part, revision = (_midr_field(tree, cpu, f, k) for k in _MIDR_FIELD_MAX)
-            archv = f.get("CPU architecture", "")
-            arch = arch or ("aarch64" if archv in ("8", "9", "AArch64") else "arm")
-            if impl is not None and part is not None and variant is not None and revision is not None:
-                midrs[str(cpu)] = f"0x{cpuregs.encode_midr(impl, variant, part, revision):08x}"
-        if impl is not None and part is not None:
-            key: tuple[object, ...] = ("arm", impl, part)
-            names[key] = (cpuregs.core_name(impl, part), cpuregs.implementer_name(impl), impl, part)
-            rev = f"r{variant}p{revision}" if variant is not None and revision is not None else None
-        elif "model name" in f or "vendor_id" in f:
-            arch = arch or "x86_64"
-            model = f.get("model name") or f.get("vendor_id") or "unknown"
-            key = ("x86", model)
-            names[key] = (model, f.get("vendor_id"), None, None)
-            rev = f"family {f['cpu family']} model {f['model']} stepping {f['stepping']}" if {
-                "cpu family", "model", "stepping"} <= f.keys() else None
-        else:
+        arm_arch, ids = _arm_ids(tree, cpu, cpu_dirs.get(cpu), f, midrs)
+        kind = _kind_of_cpu(f, ids)
+        arch = arch or arm_arch or ("x86_64" if kind is not None and kind[0][0] == "x86" else None)
+        if kind is None:
             continue
+        key, names[key], rev = kind
         cpus, revs = groups.setdefault(key, ([], []))
         cpus.append(cpu)
         if rev and rev not in revs:
@@ -360,22 +344,64 @@ def _core_kinds(tree: _Tree, cpu_dirs: dict[int, Path], cpuinfo: list[CpuinfoEnt
     # Intel hybrids: the kernel lists P and E cores under two PMU devices; split the x86 kind by them.
     hybrid = {label: tree.attr(f"sys/devices/{dev}/cpus") for dev, label in (("cpu_core", "P-core"),
                                                                            ("cpu_atom", "E-core"))}
-    kinds: list[tuple[str, str | None, int | None, int | None, list[int], list[str]]] = []
+    kinds: list[_RawKind] = []
     for key, (cpus, revs) in groups.items():
         name, vendor, impl, part = names[key]
         if key[0] == "x86" and all(hybrid.values()):
-            for label, text in hybrid.items():
-                try:
-                    listed = set(parse_cpu_list(text or ""))
-                except ValueError as e:
-                    tree.bad(f"sys/devices/cpu_{'core' if label == 'P-core' else 'atom'}/cpus", str(e))
-                    listed = set()
-                sub = [c for c in cpus if c in listed]
-                if sub:
-                    kinds.append((f"{name} {label}", vendor, None, None, sub, revs))
-            continue
-        kinds.append((name, vendor, impl, part, cpus, revs))
+            kinds.extend(_hybrid_kinds(tree, hybrid, name, vendor, cpus, revs))
+        else:
+            kinds.append((name, vendor, impl, part, cpus, revs))
     return kinds, midrs, arch
+
+
+def _arm_ids(tree: _Tree, cpu: int, sys_dir: Path | None, f: dict[str, str],
+             midrs: dict[str, str]) -> tuple[str | None, _Ids]:
+    """The arch an Arm CPU's identity shows, and its MIDR fields: sysfs's midr_el1, else /proc/cpuinfo's lines
+    (None for each where neither says); the MIDR noted in `midrs`."""
+    midr = tree.int_attr(sys_dir / "regs/identification/midr_el1") if sys_dir is not None else None
+    if midr is not None:
+        m = cpuregs.decode_midr(midr)
+        midrs[str(cpu)] = f"0x{midr:08x}"
+        return "aarch64", (m.implementer, m.part, m.variant, m.revision)
+    if "CPU implementer" not in f:
+        return None, (None, None, None, None)
+    impl, variant, part, revision = (_midr_field(tree, cpu, f, k) for k in _MIDR_FIELD_MAX)
+    if impl is not None and part is not None and variant is not None and revision is not None:
+        midrs[str(cpu)] = f"0x{cpuregs.encode_midr(impl, variant, part, revision):08x}"
+    arch = "aarch64" if f.get("CPU architecture", "") in ("8", "9", "AArch64") else "arm"
+    return arch, (impl, part, variant, revision)
+
+
+def _kind_of_cpu(f: dict[str, str], ids: _Ids) -> tuple[
+        tuple[object, ...], tuple[str, str | None, int | None, int | None], str | None] | None:
+    """(kind key, (name, vendor, implementer, part), revision) of one CPU: by MIDR on Arm, by model name on x86;
+    None where nothing names it."""
+    impl, part, variant, revision = ids
+    if impl is not None and part is not None:
+        rev = f"r{variant}p{revision}" if variant is not None and revision is not None else None
+        return ("arm", impl, part), (cpuregs.core_name(impl, part), cpuregs.implementer_name(impl), impl, part), rev
+    if "model name" not in f and "vendor_id" not in f:
+        return None
+    model = f.get("model name") or f.get("vendor_id") or "unknown"
+    rev = f"family {f['cpu family']} model {f['model']} stepping {f['stepping']}" if {
+        "cpu family", "model", "stepping"} <= f.keys() else None
+    return ("x86", model), (model, f.get("vendor_id"), None, None), rev
+
+
+def _hybrid_kinds(tree: _Tree, hybrid: dict[str, str | None], name: str, vendor: str | None, cpus: list[int],
+                  revs: list[str]) -> list[_RawKind]:
+    """An x86 kind split into its P-cores and E-cores by the kernel's cpu_core and cpu_atom PMU devices."""
+    kinds: list[_RawKind] = []
+    for label, text in hybrid.items():
+        try:
+            listed = set(parse_cpu_list(text or ""))
+        except ValueError as e:
+            tree.bad(f"sys/devices/cpu_{'core' if label == 'P-core' else 'atom'}/cpus", str(e))
+            listed = set()
+        sub = [c for c in cpus if c in listed]
+        if sub:
+            kinds.append((f"{name} {label}", vendor, None, None, sub, revs))
+    return kinds
 
 
 def _midr_field(tree: _Tree, cpu: int, fields: dict[str, str], key: str) -> int | None:
@@ -400,55 +426,14 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
     if not cpu_dirs and not cpuinfo:
         return Unavailable(f"no {CPU_DIR}/cpu* and no proc/cpuinfo under {root}")
     flags: list[CpuFlag] = []
-
-    # Which CPUs are online: the `online` list if there is one, else each CPU's own `online`, else all of them.
-    online_list = tree.attr(f"{CPU_DIR}/online")
-    if online_list is not None:
-        try:
-            online = set(parse_cpu_list(online_list))
-        except ValueError as e:
-            flags.append(CpuFlag("bad_online_list", "warning",
-                                 f"{CPU_DIR}/online is unreadable ({e}); each CPU's own online file used"))
-            online_list = None
-    if online_list is None:
-        online = {c for c, rel in cpu_dirs.items() if tree.attr(rel / "online") != "0"}
     all_cpus = sorted(set(cpu_dirs) | {e.cpu for e in cpuinfo})
+    online = _online(tree, cpu_dirs, flags)
     if not cpu_dirs:
         online = set(all_cpus)
 
     # Cache instances, deduplicated over every CPU that reports them.
-    raw: list[_RawCache] = []
-    for cpu, rel in cpu_dirs.items():
-        raw.extend(_read_caches(tree, cpu, rel))
-    caches = _instances(raw, flags)
-
-    # Topology: cores (SMT siblings), clusters, packages — as the files give them, then sanity-checked.
-    threads: dict[int, tuple[int, ...]] = {}
-    clusters: dict[int, tuple[int, ...]] = {}
-    cluster_ids: dict[int, str] = {}
-    packages: dict[int, str] = {}
-    capacity: dict[int, int] = {}
-    max_freq: dict[int, int] = {}
-    for cpu, rel in cpu_dirs.items():
-        t = rel / "topology"
-        threads[cpu] = (tree.cpus_attr(t / "core_cpus_list", t / "core_cpus")
-                        or tree.cpus_attr(t / "thread_siblings_list", t / "thread_siblings") or (cpu,))
-        cl = tree.cpus_attr(t / "cluster_cpus_list", t / "cluster_cpus")
-        if cl:
-            clusters[cpu] = cl
-            cluster_ids[cpu] = tree.attr(t / "cluster_id") or "?"
-        pkg = tree.attr(t / "physical_package_id")
-        if pkg is not None:
-            packages[cpu] = pkg
-        cap = tree.int_attr(rel / "cpu_capacity")
-        if cap is not None:
-            capacity[cpu] = cap
-        freq = tree.int_attr(rel / "cpufreq/cpuinfo_max_freq")
-        if freq is not None:
-            max_freq[cpu] = freq
-    for cpu in all_cpus:
-        threads.setdefault(cpu, (cpu,))
-
+    caches = _instances([r for cpu, rel in cpu_dirs.items() for r in _read_caches(tree, cpu, rel)], flags)
+    topo = _Topology.read(tree, cpu_dirs, all_cpus)
     raw_kinds, midrs, arch = _core_kinds(tree, cpu_dirs, cpuinfo)
     if arch is None and str(root) in ("/", "") and cpu_dirs:
         arch = platform.machine() or None
@@ -457,16 +442,16 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
         CoreKind(
             name=name, vendor=vendor, implementer=impl, part=part,
             revision="/".join(revs) or None, cpus=tuple(cpus),
-            capacity=_uniform(capacity.get(c) for c in cpus),
-            max_freq_khz=_uniform(max_freq.get(c) for c in cpus),
+            capacity=_uniform(topo.capacity.get(c) for c in cpus),
+            max_freq_khz=_uniform(topo.max_freq.get(c) for c in cpus),
             caches=_kind_caches(name, cpus, caches, kind_of, flags),
         )
         for name, vendor, impl, part, cpus, revs in raw_kinds
     )
 
-    tree_nodes = _build_tree(all_cpus, caches, threads, clusters, cluster_ids, packages)
-    arrangement, reason = _classify(core_kinds, caches, threads)
-    _check(caches, sorted(online), threads, flags)
+    tree_nodes = _build_tree(all_cpus, caches, topo.threads, topo.clusters, topo.cluster_ids, topo.packages)
+    arrangement, reason = _classify(core_kinds, caches, topo.threads)
+    _check(caches, sorted(online), flags)
     registers = _registers(root, arch, core_kinds, caches, midrs)
     _check_cpuid(registers, caches, core_kinds, flags)
     if tree.damaged:
@@ -474,7 +459,6 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
         flags.append(CpuFlag("damaged_files", "warning",
                              f"{plural(len(tree.damaged), 'file')} unreadable or malformed, read as unknown: "
                              f"{tree.damaged[0]}{more}"))
-    tpc = _uniform(len(t) for t in {threads[c] for c in all_cpus})
     return CpuPart(
         arch=arch,
         cpus=tuple(all_cpus),
@@ -487,8 +471,55 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
         registers=registers,
         pmus=read_pmus(tree.root),
         flags=tuple(flags),
-        threads_per_core=tpc,
+        threads_per_core=_uniform(len(t) for t in {topo.threads[c] for c in all_cpus}),
     )
+
+
+def _online(tree: _Tree, cpu_dirs: dict[int, Path], flags: list[CpuFlag]) -> set[int]:
+    """Which CPUs are online: the `online` list if there is one, else each CPU's own `online`."""
+    online_list = tree.attr(f"{CPU_DIR}/online")
+    if online_list is not None:
+        try:
+            return set(parse_cpu_list(online_list))
+        except ValueError as e:
+            flags.append(CpuFlag("bad_online_list", "warning",
+                                 f"{CPU_DIR}/online is unreadable ({e}); each CPU's own online file used"))
+    return {c for c, rel in cpu_dirs.items() if tree.attr(rel / "online") != "0"}
+
+
+@dataclass
+class _Topology:
+    """Cores (SMT siblings), clusters, packages, capacity and top frequency per CPU, as the files give them."""
+
+    threads: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    clusters: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    cluster_ids: dict[int, str] = field(default_factory=dict)
+    packages: dict[int, str] = field(default_factory=dict)
+    capacity: dict[int, int] = field(default_factory=dict)
+    max_freq: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, tree: _Tree, cpu_dirs: dict[int, Path], all_cpus: list[int]) -> _Topology:
+        topo = cls()
+        for cpu, rel in cpu_dirs.items():
+            t = rel / "topology"
+            topo.threads[cpu] = (tree.cpus_attr(t / "core_cpus_list", t / "core_cpus")
+                                 or tree.cpus_attr(t / "thread_siblings_list", t / "thread_siblings") or (cpu,))
+            cl = tree.cpus_attr(t / "cluster_cpus_list", t / "cluster_cpus")
+            if cl:
+                topo.clusters[cpu] = cl
+                topo.cluster_ids[cpu] = tree.attr(t / "cluster_id") or "?"
+            _put(topo.packages, cpu, tree.attr(t / "physical_package_id"))
+            _put(topo.capacity, cpu, tree.int_attr(rel / "cpu_capacity"))
+            _put(topo.max_freq, cpu, tree.int_attr(rel / "cpufreq/cpuinfo_max_freq"))
+        for cpu in all_cpus:
+            topo.threads.setdefault(cpu, (cpu,))
+        return topo
+
+
+def _put(d: dict[int, Any], cpu: int, value: object) -> None:
+    if value is not None:
+        d[cpu] = value
 
 
 def _uniform(values: Iterable[int | None]) -> int | None:
@@ -570,12 +601,33 @@ def _kind_caches(name: str, cpus: list[int], caches: tuple[CacheInstance, ...], 
 _RANK = {"package": 0, "cluster": 1, "cache": 2, "core": 3}
 
 
+_Node = tuple[str, str, tuple[int, ...], int | None]  # kind, label, CPUs, index of its cache
+
+
 def _build_tree(cpus: list[int], caches: tuple[CacheInstance, ...], threads: dict[int, tuple[int, ...]],
                 clusters: dict[int, tuple[int, ...]], cluster_ids: dict[int, str],
                 packages: dict[int, str]) -> tuple[TopologyNode, ...]:
     """Nest packages, clusters, caches and cores by CPU-set inclusion (hwloc's rule)."""
-    # A "package" that a cache straddles is a mislabelled cluster (phones number clusters as packages):
-    # real packages are the connected groups of package IDs and cache sharing.
+    nodes = _package_nodes(cpus, caches, threads, clusters, packages)
+    seen_clusters = set()
+    for c, cgroup in clusters.items():
+        if cgroup in seen_clusters or cgroup == threads.get(c):
+            continue
+        seen_clusters.add(cgroup)
+        nodes.append(("cluster", f"Cluster {cluster_ids.get(c, '?')}", cgroup, None))
+    for i, inst in enumerate(caches):
+        size = _short_size(inst.size_bytes)
+        nodes.append(("cache", f"{inst.name} {size}" if size else inst.name, inst.cpus, i))
+    for core in sorted(set(threads[c] for c in cpus)):
+        label = f"Core (CPU {core[0]})" if len(core) == 1 else f"Core (CPUs {format_cpu_list(core)})"
+        nodes.append(("core", label, core, None))
+    return _nest(nodes, caches)
+
+
+def _package_nodes(cpus: list[int], caches: tuple[CacheInstance, ...], threads: dict[int, tuple[int, ...]],
+                   clusters: dict[int, tuple[int, ...]], packages: dict[int, str]) -> list[_Node]:
+    """The packages. A "package" that a cache straddles is a mislabelled cluster (phones number clusters as
+    packages): real packages are the connected groups of package IDs and cache sharing."""
     parent = {c: c for c in cpus}
 
     def find(c: int) -> int:
@@ -592,17 +644,12 @@ def _build_tree(cpus: list[int], caches: tuple[CacheInstance, ...], threads: dic
     by_pkg: dict[str, list[int]] = defaultdict(list)
     for c, p in packages.items():
         by_pkg[p].append(c)
-    for group in by_pkg.values():
+    for group in (*by_pkg.values(), *(inst.cpus for inst in caches), *(threads.get(c, (c,)) for c in cpus)):
         union(group)
-    for inst in caches:
-        union(inst.cpus)
-    for c in cpus:
-        union(threads.get(c, (c,)))
     comps: dict[int, list[int]] = defaultdict(list)
     for c in cpus:
         comps[find(c)].append(c)
-
-    nodes: list[tuple[str, str, tuple[int, ...], int | None]] = []
+    nodes: list[_Node] = []
     for members in comps.values():
         ids = sorted({packages[c] for c in members if c in packages}, key=_id_key)
         label = f"Package {ids[0]}" if len(ids) == 1 else ("Package" if not ids else "Package (IDs " + ", ".join(ids) + ")")
@@ -612,55 +659,44 @@ def _build_tree(cpus: list[int], caches: tuple[CacheInstance, ...], threads: dic
                 pgroup = tuple(sorted(by_pkg[pid]))
                 if not any(pgroup == clusters.get(c) for c in pgroup):
                     nodes.append(("cluster", f"Cluster (package ID {pid})", pgroup, None))
-    seen_clusters = set()
-    for c, cgroup in clusters.items():
-        if cgroup in seen_clusters or cgroup == threads.get(c):
-            continue
-        seen_clusters.add(cgroup)
-        nodes.append(("cluster", f"Cluster {cluster_ids.get(c, '?')}", cgroup, None))
-    for i, inst in enumerate(caches):
-        size = _short_size(inst.size_bytes)
-        nodes.append(("cache", f"{inst.name} {size}" if size else inst.name, inst.cpus, i))
-    for core in sorted(set(threads[c] for c in cpus)):
-        label = f"Core (CPU {core[0]})" if len(core) == 1 else f"Core (CPUs {format_cpu_list(core)})"
-        nodes.append(("core", label, core, None))
+    return nodes
 
-    def sort_key(n: tuple[str, str, tuple[int, ...], int | None]) -> tuple[int, int, int, int]:
+
+def _nest(nodes: list[_Node], caches: tuple[CacheInstance, ...]) -> tuple[TopologyNode, ...]:
+    """The nodes as a tree: each under the smallest node whose CPUs include its own."""
+
+    def sort_key(n: _Node) -> tuple[int, int, int, int]:
         kind, _, cs, idx = n
         level = caches[idx].level if idx is not None else 0
         # Bigger sets first; at equal sets: package, cluster, higher cache levels, core, then L1.
-        if kind == "cache" and level == 1:
-            rank = 4
-        elif kind == "cache":
-            rank = 2
-        else:
-            rank = _RANK[kind]
+        rank = (4 if level == 1 else 2) if kind == "cache" else _RANK[kind]
         return (-len(cs), rank, -level, min(cs) if cs else 0)
 
-    nodes.sort(key=sort_key)
-
-    def _same_level(a: tuple[str, str, tuple[int, ...], int | None],
-                    b: tuple[str, str, tuple[int, ...], int | None]) -> bool:
+    def same_level(a: _Node, b: _Node) -> bool:
         if a[3] is not None and b[3] is not None:
             return caches[a[3]].level == caches[b[3]].level
         return a[0] == b[0] and a[3] is None and b[3] is None
 
+    nodes = sorted(nodes, key=sort_key)
     sets = [set(n[2]) for n in nodes]
     children: dict[int, list[int]] = defaultdict(list)
     roots: list[int] = []
     for i in range(len(nodes)):
         # the parent is the last node before i (smallest so far) whose CPUs include i's
         # (two caches of one level never nest: an L1i beside its L1d)
-        up = next((j for j in range(i - 1, -1, -1) if sets[i] <= sets[j] and not _same_level(nodes[i], nodes[j])),
+        up = next((j for j in range(i - 1, -1, -1) if sets[i] <= sets[j] and not same_level(nodes[i], nodes[j])),
                   None)
         (children[up] if up is not None else roots).append(i)
 
+    def first_cpu(j: int) -> int:
+        return min(nodes[j][2]) if nodes[j][2] else 0
+
     def make(i: int) -> TopologyNode:
         kind, label, cs, idx = nodes[i]
-        kids = sorted(children[i], key=lambda j: (min(nodes[j][2]) if nodes[j][2] else 0, sort_key(nodes[j])))
+        kids = sorted(children[i], key=lambda j: (first_cpu(j), sort_key(nodes[j])))
         return TopologyNode(kind=kind, label=label, cpus=cs, cache=idx, children=tuple(make(j) for j in kids))
 
-    return tuple(make(i) for i in sorted(roots, key=lambda j: min(nodes[j][2]) if nodes[j][2] else 0))
+    return tuple(make(i) for i in sorted(roots, key=first_cpu))
 
 
 def _id_key(s: str) -> tuple[int, str]:
@@ -720,8 +756,7 @@ def _classify(kinds: tuple[CoreKind, ...], caches: tuple[CacheInstance, ...],
 # ---------------------------------------------------------------------------------------------------- checks
 
 
-def _check(caches: tuple[CacheInstance, ...], online: list[int], threads: dict[int, tuple[int, ...]],
-           flags: list[CpuFlag]) -> None:
+def _check(caches: tuple[CacheInstance, ...], online: list[int], flags: list[CpuFlag]) -> None:
     if not caches:
         flags.append(CpuFlag("no_cache_info", "warning",
                              "no cache information at all (no cache/index* directories): firmware described no "
@@ -732,17 +767,22 @@ def _check(caches: tuple[CacheInstance, ...], online: list[int], threads: dict[i
         flags.append(CpuFlag("no_cache_geometry", "warning",
                              f"{', '.join(missing)}: firmware gave levels and sharing only; sizes, ways, sets "
                              "and line sizes are unknown (not zero)"))
-    # size != sets x ways x line, reported once per distinct geometry
-    seen: dict[tuple[object, ...], list[CacheInstance]] = defaultdict(list)
+    _check_geometry(caches, flags)
+    _check_vm_slice(caches, online, flags)
+    _check_listing(caches, online, flags)
+    _check_overlap(caches, flags)
+
+
+def _check_geometry(caches: tuple[CacheInstance, ...], flags: list[CpuFlag]) -> None:
+    """size != sets x ways x line, reported once per distinct geometry."""
+    seen: dict[tuple[str, int, int, int, int], list[CacheInstance]] = defaultdict(list)
     for c in caches:
-        if None in (c.size_bytes, c.sets, c.ways, c.line_bytes):
+        if c.size_bytes is None or c.sets is None or c.ways is None or c.line_bytes is None:
             continue
-        assert c.sets is not None and c.ways is not None and c.line_bytes is not None
         if c.size_bytes != c.sets * c.ways * c.line_bytes * (c.physical_line_partition or 1) and \
                 c.size_bytes != c.sets * c.ways * c.line_bytes:
             seen[(c.name, c.size_bytes, c.sets, c.ways, c.line_bytes)].append(c)
     for (name, size, sets, ways, line), insts in seen.items():
-        assert isinstance(size, int) and isinstance(sets, int) and isinstance(ways, int) and isinstance(line, int)
         product = sets * ways * line
         implied = size // (sets * line) if size % (sets * line) == 0 else None
         hint = f"; size / (sets × line) would mean {plural(implied, 'way')}" if implied else ""
@@ -751,21 +791,28 @@ def _check(caches: tuple[CacheInstance, ...], online: list[int], threads: dict[i
                              f"{name} ({plural(len(insts), 'instance')}): size "
                              f"{_short_size(size)} but {plural(sets, 'set')} × {plural(ways, 'way')} × {line} B = "
                              f"{_short_size(product)}{hint}", cpus))
-    # The last level shared by no more CPUs than the level below: a VM showing only its own vCPUs.
+
+
+def _check_vm_slice(caches: tuple[CacheInstance, ...], online: list[int], flags: list[CpuFlag]) -> None:
+    """The last level shared by no more CPUs than the level below: a VM showing only its own vCPUs."""
     top = max(c.level for c in caches)
-    if top >= 2:
-        llc = [c for c in caches if c.level == top]
-        below = {c.cpus for c in caches if c.level == top - 1}
-        if all(c.cpus in below for c in llc):
-            on = set(online)
-            sample = llc[0]
-            flags.append(CpuFlag("vm_slice", "warning",
-                                 f"L{top} ({_short_size(sample.size_bytes) or 'size unknown'}) lists CPUs "
-                                 f"{format_cpu_list(sample.cpus)}, no more than L{top - 1}: a last-level cache is "
-                                 f"normally shared by a cluster or socket, so this is likely a VM slice listing "
-                                 f"only this guest's vCPUs ({len(on)} online); its per-CPU share is unknown",
-                                 tuple(sorted({x for c in llc for x in c.cpus}))))
-    # A shared cache listing fewer CPUs than are online while some online CPU is in no instance of that level.
+    if top < 2:
+        return
+    llc = [c for c in caches if c.level == top]
+    below = {c.cpus for c in caches if c.level == top - 1}
+    if not all(c.cpus in below for c in llc):
+        return
+    sample = llc[0]
+    flags.append(CpuFlag("vm_slice", "warning",
+                         f"L{top} ({_short_size(sample.size_bytes) or 'size unknown'}) lists CPUs "
+                         f"{format_cpu_list(sample.cpus)}, no more than L{top - 1}: a last-level cache is "
+                         f"normally shared by a cluster or socket, so this is likely a VM slice listing "
+                         f"only this guest's vCPUs ({len(set(online))} online); its per-CPU share is unknown",
+                         tuple(sorted({x for c in llc for x in c.cpus}))))
+
+
+def _check_listing(caches: tuple[CacheInstance, ...], online: list[int], flags: list[CpuFlag]) -> None:
+    """A shared cache listing fewer CPUs than are online while some online CPU is in no instance of that level."""
     for level in sorted({c.level for c in caches}):
         covered = {x for c in caches if c.level == level for x in c.cpus}
         lacking = sorted(set(online) - covered)
@@ -774,7 +821,10 @@ def _check(caches: tuple[CacheInstance, ...], online: list[int], threads: dict[i
                                  f"L{level} instances list CPUs {format_cpu_list(covered)} but CPUs "
                                  f"{format_cpu_list(lacking)} are online too and appear in none",
                                  tuple(lacking)))
-    # Instances of one cache that partly overlap: sharing data contradicts itself.
+
+
+def _check_overlap(caches: tuple[CacheInstance, ...], flags: list[CpuFlag]) -> None:
+    """Instances of one cache that partly overlap: sharing data contradicts itself."""
     by_name: dict[str, list[CacheInstance]] = defaultdict(list)
     for c in caches:
         by_name[c.name].append(c)
@@ -793,21 +843,16 @@ def _check(caches: tuple[CacheInstance, ...], online: list[int], threads: dict[i
 
 def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[CoreKind, ...],
                caches: tuple[CacheInstance, ...], midrs: dict[str, str]) -> Registers:
-    is_arm = arch in ("aarch64", "arm", "arm64")
     live = os.path.realpath(root) == "/"
-    if not is_arm:
+    not_live = Unavailable("read only on the live machine, not from a captured tree")
+    if arch not in ("aarch64", "arm", "arm64"):
         why = f"CTR_EL0, CLIDR_EL1, CCSIDR_EL1 and MIDR_EL1 are Arm registers; this is {arch or 'not Arm'}"
-        cpuid = read_cpuid_caches() if live else Unavailable(
-            "read only on the live machine, not from a captured tree")
-        return Registers(Unavailable(why), Unavailable(why), Unavailable(why), Unavailable(why), cpuid)
+        return Registers(Unavailable(why), Unavailable(why), Unavailable(why), Unavailable(why),
+                         read_cpuid_caches() if live else not_live)
     midr: dict[str, str] | Unavailable = midrs or Unavailable(
         "no cpu*/regs/identification/midr_el1 in sysfs and no CPU implementer, part, variant and revision in "
         "/proc/cpuinfo")
-    ctr: CtrEl0 | Unavailable
-    if not live:
-        ctr = Unavailable("read only on the live machine, not from a captured tree")
-    else:
-        ctr = read_ctr_el0()
+    ctr = read_ctr_el0() if live else not_live
     if not caches:
         why = "no cache information in sysfs to rebuild it from"
         return Registers(ctr, Unavailable(why), Unavailable(why), midr, _NOT_X86)
@@ -815,45 +860,48 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
     ccsidrs: list[CcsidrEl1] = []
     groups = [k.cpus for k in kinds] or [tuple(sorted({x for c in caches for x in c.cpus}))]
     for cpus in groups:
-        first = cpus[0]
-        mine = [c for c in caches if first in c.cpus]
+        mine = [c for c in caches if cpus[0] in c.cpus]
         if not mine:
             continue
-        levels: dict[int, set[str]] = defaultdict(set)
-        for c in mine:
-            levels[c.level].add(c.type)
-        codes = []
-        for lvl in range(1, max(levels) + 1):
-            t = levels.get(lvl, set())
-            codes.append(4 if "Unified" in t else 3 if {"Data", "Instruction"} <= t else 2 if "Data" in t
-                         else 1 if "Instruction" in t else 0)
-        loc = len(codes)
-        # LoUU/LoUIS: the first level where instruction and data meet; every level before it is split.
-        first_unified = next((i + 1 for i, c in enumerate(codes) if c == 4), loc + 1)
-        lou = first_unified - 1
-        value = cpuregs.encode_clidr(tuple(codes[:7]), min(loc, 7), min(lou, 7), min(lou, 7))
-        d = cpuregs.decode_clidr(value)
+        value = _clidr_value(mine)
         same = next((i for i, x in enumerate(clidrs) if x.value == value), None)
         if same is not None:  # one entry per distinct value, for every CPU that has it
             clidrs[same] = replace(clidrs[same], cpus=tuple(sorted(clidrs[same].cpus + tuple(cpus))))
         else:
-                clidrs.append(ClidrEl1(cpus=tuple(cpus), value=value, hex=f"0x{value:x}", ctypes=d.ctypes, loc=d.loc,
+            d = cpuregs.decode_clidr(value)
+            clidrs.append(ClidrEl1(cpus=tuple(cpus), value=value, hex=f"0x{value:x}", ctypes=d.ctypes, loc=d.loc,
                                    louu=d.louu, louis=d.louis,
                                    note="Ctype from sysfs; LoC assumes every listed level is before the point "
                                         "of coherence, LoUU/LoUIS the first unified level"))
-        for c in mine:
-            if c.level > 7:
-                continue
-            ind = 1 if c.type == "Instruction" else 0
-            geo = (c.line_bytes, c.ways, c.sets)
-            v32 = vcc = None
-            if None not in geo:
-                assert c.line_bytes is not None and c.ways is not None and c.sets is not None
-                v32 = cpuregs.encode_ccsidr(c.line_bytes, c.ways, c.sets, ccidx=False)
-                vcc = cpuregs.encode_ccsidr(c.line_bytes, c.ways, c.sets, ccidx=True)
-            ccsidrs.append(CcsidrEl1(cache=c.name, cpus=c.cpus, csselr=((c.level - 1) << 1) | ind,
-                                     value_32bit=v32, value_ccidx=vcc))
+        ccsidrs.extend(_ccsidr(c) for c in mine if c.level <= 7)
     return Registers(ctr, tuple(clidrs), tuple(ccsidrs), midr, _NOT_X86)
+
+
+def _clidr_value(mine: list[CacheInstance]) -> int:
+    """CLIDR_EL1 rebuilt from the caches one CPU sees."""
+    levels: dict[int, set[str]] = defaultdict(set)
+    for c in mine:
+        levels[c.level].add(c.type)
+    codes = []
+    for lvl in range(1, max(levels) + 1):
+        t = levels.get(lvl, set())
+        codes.append(4 if "Unified" in t else 3 if {"Data", "Instruction"} <= t else 2 if "Data" in t
+                     else 1 if "Instruction" in t else 0)
+    loc = len(codes)
+    # LoUU/LoUIS: the first level where instruction and data meet; every level before it is split.
+    first_unified = next((i + 1 for i, c in enumerate(codes) if c == 4), loc + 1)
+    lou = first_unified - 1
+    return cpuregs.encode_clidr(tuple(codes[:7]), min(loc, 7), min(lou, 7), min(lou, 7))
+
+
+def _ccsidr(c: CacheInstance) -> CcsidrEl1:
+    """CCSIDR_EL1 of one cache, in both layouts (without and with FEAT_CCIDX); None where its geometry is unknown."""
+    ind = 1 if c.type == "Instruction" else 0
+    v32 = vcc = None
+    if c.line_bytes is not None and c.ways is not None and c.sets is not None:
+        v32 = cpuregs.encode_ccsidr(c.line_bytes, c.ways, c.sets, ccidx=False)
+        vcc = cpuregs.encode_ccsidr(c.line_bytes, c.ways, c.sets, ccidx=True)
+    return CcsidrEl1(cache=c.name, cpus=c.cpus, csselr=((c.level - 1) << 1) | ind, value_32bit=v32, value_ccidx=vcc)
 
 
 _NOT_X86 = Unavailable("CPUID is an x86 instruction")
