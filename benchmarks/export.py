@@ -37,8 +37,8 @@ from dltop.exporter.collector import SnapshotCollector  # noqa: E402
 from dltop.exporter.server import ExporterServer  # noqa: E402
 from dltop.model import CachesPart, Snapshot  # noqa: E402
 from dltop.model.gpu import SPLIT_FIELDS, MemorySplit  # noqa: E402
+from dltop.residency.scan import scan_paths  # noqa: E402
 from dltop.sources.caches import environment_of, read_caches  # noqa: E402
-from dltop.sources.datasets import scan_paths  # noqa: E402
 from dltop.sources.gpu import FakeBackend, GpuReader  # noqa: E402
 from dltop.sources.memory import read_memory  # noqa: E402
 

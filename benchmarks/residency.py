@@ -129,7 +129,11 @@ def fincore_pages(tree: Path) -> int:
 ENGINE = """
 import sys, time
 from dltop.actions import pagecache
-from dltop.sources.datasets import WalkOptions, scan_paths
+try:
+    from dltop.residency.scan import scan_paths
+    from dltop.residency.walk import WalkOptions
+except ImportError:  # a checkout from before dltop/residency/
+    from dltop.sources.datasets import WalkOptions, scan_paths
 op, tree = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
 if op == "scan":

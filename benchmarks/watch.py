@@ -99,8 +99,9 @@ def vmtouch_unseen(w: object, root: Path) -> int:
 
 
 def accuracy(root: Path, seconds: float, job: subprocess.Popen[bytes]) -> None:
-    from dltop.sources.datasets import SOURCE_MAX_DEPTH, WalkOptions
-    from dltop.sources.watch import DatasetWatch
+    from dltop.residency.walk import WalkOptions
+    from dltop.residency.watch import DatasetWatch
+    from dltop.sources.datasets import SOURCE_MAX_DEPTH
 
     subprocess.run(["vmtouch", "-q", "-e", str(root)], check=True)  # cold: the job's reads bring pages in
     w = DatasetWatch(str(root), WalkOptions(max_depth=SOURCE_MAX_DEPTH), 0.5)
@@ -135,15 +136,11 @@ def accuracy(root: Path, seconds: float, job: subprocess.Popen[bytes]) -> None:
 def in_process(root: Path, seconds: float) -> None:
     """The watch alone, in this process at the source's cadence (every 10 s) while the job reads: its CPU (the
     drain thread's too) per second, and how much of it the reads took; no TUI around it."""
-    from dltop.sources import watch
-    from dltop.sources.datasets import (
-        FILE_SORT_KEYS,
-        SOURCE_MAX_DEPTH,
-        SOURCE_TOP_BUDGET,
-        SOURCE_TOP_FILES,
-        WalkOptions,
-    )
-    from dltop.sources.watch import DatasetWatch
+    from dltop.residency import watch
+    from dltop.residency.rank import FILE_SORT_KEYS
+    from dltop.residency.walk import WalkOptions
+    from dltop.residency.watch import DatasetWatch
+    from dltop.sources.datasets import SOURCE_MAX_DEPTH, SOURCE_TOP_BUDGET, SOURCE_TOP_FILES
 
     options = WalkOptions(max_depth=SOURCE_MAX_DEPTH, top_files=SOURCE_TOP_FILES, top_keys=FILE_SORT_KEYS,
                           top_budget=SOURCE_TOP_BUDGET)

@@ -22,7 +22,7 @@ from dltop import probe
 from dltop.exporter.collector import SnapshotCollector
 from dltop.fields import FIELDS, PREFIX
 from dltop.model import Snapshot, SourceStatus
-from dltop.sources.datasets import scan_paths
+from dltop.residency.scan import scan_paths
 from dltop.sources.gpu import FakeBackend, GpuReader
 from dltop.sources.memory import read_memory
 from dltop.sources.servers import read_server

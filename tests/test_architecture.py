@@ -34,14 +34,17 @@ ALLOWED: dict[str, set[str]] = {
     "exporter": {"exporter", "model", "fields", "hints", "errors", "fmt", "__init__"},
     "hints": {"hints", "model", "fmt"},
     # The probes source shares the file format's constants and directory with the probe (dltop/probe/files.py).
+    # The residency engine (walk, measure, scan, watch, budget): below the Datasets source and the page-cache
+    # actions, which both use it.
+    "residency": {"residency", "model", "fmt", "kernel", "errors", "native"},
     "sources": {"sources", "model", "fmt", "kernel", "errors", "config", "cpuregs", "probe", "kv", "native",
-                "__init__"},
+                "residency", "__init__"},
     "sampler": {"model", "sources", "derive"},
     # Time over the Snapshots (the live history, a recording's feed): UI-free, below the TUI and the commands.
     "timeline": {"model"},
     # Where the screen is in time (Live | Paused | Replay): a value over the timeline's times.
     "playhead": {"timeline"},
-    "actions": {"actions", "model", "fmt", "kernel", "errors", "sources", "journal", "native"},
+    "actions": {"actions", "model", "fmt", "kernel", "errors", "sources", "residency", "journal", "native"},
     # The machine's action journal: the runner appends, recorders tail it.
     "journal": {"journal"},
     # The flight recorder: below the commands and the TUI's starter, never the TUI itself.
@@ -53,7 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
                  "sampler", "actions", "hints", "derive", "fields", "exporter", "tui", "kv", "recorder",
-                 "timeline", "__init__"},
+                 "timeline", "residency", "__init__"},
     "cli": {"commands", "errors", "native", "__init__"},  # native: --version says which loops run in C
     "__main__": {"cli"},
     # The in-process probe runs inside training scripts: nothing of dltop's but itself, and the kernel's ctypes
@@ -74,7 +77,10 @@ RECORDER_IN_TUI = {"dltop/tui/app.py": {"dltop.recorder.times"}}
 # Rules read by a layer the table keeps apart, one module each (docs/trust.md): the caches source refuses to walk,
 # as a cache, a root that a clear refuses (confine.root_refusal: /, a system folder, a home, a prefix), and the
 # exporter's web config opens its files through the one trust check (config.open_trusted: owner and mode).
-RULES_ACROSS = {"dltop/sources/caches.py": {"dltop.actions.confine"}, "dltop/exporter/webconfig.py": {"dltop.config"}}
+# The dataset watch reads DAMON's sysfs files through the one bounded reader and names its thread the same way
+# (sources/procfs.py: stdlib only, imports nothing of dltop's).
+RULES_ACROSS = {"dltop/sources/caches.py": {"dltop.actions.confine"}, "dltop/exporter/webconfig.py": {"dltop.config"},
+                "dltop/residency/watch.py": {"dltop.sources.procfs"}}
 MODULE_NAME = re.compile(r"dltop(\.[a-z_][a-z0-9_]*)+(:[A-Za-z_][A-Za-z0-9_]*)?")
 
 

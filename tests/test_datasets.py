@@ -18,10 +18,12 @@ import pytest
 from dltop import kernel
 from dltop.config import Settings
 from dltop.model import Snapshot
-from dltop.model.base import from_dict, to_dict
+from dltop.model.base import display_path, from_dict, to_dict
 from dltop.model.datasets import NO_PERMISSION, DatasetResidency, DatasetsPart, DatasetUnavailable
-from dltop.sources import datasets as ds
-from dltop.sources.datasets import WalkOptions, scan_paths, scan_residency
+from dltop.residency import walk as walking
+from dltop.residency.scan import scan_paths, scan_residency
+from dltop.residency.walk import WalkOptions, WalkReport
+from dltop.sources.datasets import source as datasets_source
 from tests.test_pagecache_util import (
     PS,
     REPO,
@@ -147,7 +149,7 @@ def test_awkward_entries_are_counted_never_opened(ddir: Path) -> None:
     # Paths with undecodable bytes survive JSON and print escaped.
     part = DatasetsPart(paths=(r,))
     assert from_dict(DatasetsPart, json.loads(json.dumps(to_dict(part)))) == part
-    assert ds.display_path(child.path).endswith("dir-\\xfe")
+    assert display_path(child.path).endswith("dir-\\xfe")
 
     # Following symlinks: the file alias is a hard-link-like duplicate, '.' and the loops are reported.
     f = scan_residency(ddir, WalkOptions(follow_symlinks=True))
@@ -228,7 +230,7 @@ def test_vanished_files_and_folders_are_reported_not_fatal(ddir: Path, monkeypat
     make_file(ddir / "goes.bin", PS)
     (ddir / "gone").mkdir()
     make_file(ddir / "gone" / "z.bin", PS)
-    real = ds._scandir
+    real = walking.list_folder
 
     def listing_then_delete(fd: int):  # the files vanish between readdir and open
         entries = list(real(fd))
@@ -248,7 +250,7 @@ def test_vanished_files_and_folders_are_reported_not_fatal(ddir: Path, monkeypat
 
         return Listing(entries)
 
-    monkeypatch.setattr(ds, "_scandir", listing_then_delete)
+    monkeypatch.setattr(walking, "list_folder", listing_then_delete)
     r = scan_residency(ddir)
     assert r.files == 1 and r.skipped == {"vanished": 2}
     assert sum("vanished" in p for p in r.problems) == 2
@@ -262,7 +264,7 @@ def test_a_listing_that_fails_part_way_is_skipped_and_counted(
     make_file(ddir / "top.bin", PS)
     for name in ("one.bin", "two.bin"):
         make_file(ddir / "sub" / name, 2 * PS)
-    real = ds._scandir
+    real = walking.list_folder
     sub_ino = (ddir / "sub").stat().st_ino
 
     class Failing:  # the real listing, failing with `err` after its first entry
@@ -288,7 +290,7 @@ def test_a_listing_that_fails_part_way_is_skipped_and_counted(
     def listing(fd: int) -> object:
         return Failing(fd) if os.fstat(fd).st_ino == sub_ino else real(fd)
 
-    monkeypatch.setattr(ds, "_scandir", listing)
+    monkeypatch.setattr(walking, "list_folder", listing)
     r = scan_residency(ddir)
     assert r.files == 2 and r.pages == 1 + 2  # top.bin and the one entry listed in sub
     assert sum(r.skipped.values()) == 1 and any(str(ddir / "sub") in p for p in r.problems)
@@ -377,7 +379,7 @@ def test_unprivileged_scan_counts_hidden_pages_as_unknown(ddir: Path) -> None:
     read_file(shared)
     make_file(ddir / "secret-600.bin", 2 * PS, mode=0o600)  # nobody cannot even open it
     (ddir / "closed").mkdir(mode=0o700)
-    code = ("import json, sys\nfrom dltop.sources.datasets import scan_residency\nfrom dltop.model.base import to_dict\n"
+    code = ("import json, sys\nfrom dltop.residency.scan import scan_residency\nfrom dltop.model.base import to_dict\n"
             "print(json.dumps(to_dict(scan_residency(sys.argv[1]))))")
     p = run_as_nobody(code, str(ddir))
     assert p.returncode == 0, p.stderr
@@ -457,7 +459,7 @@ def test_memory_grows_with_folders_not_files(ddir: Path) -> None:
 
 def test_snapshot_round_trip_and_source(ddir: Path) -> None:
     build_tree(ddir)
-    src = ds.source(Settings(datasets=(str(ddir),)))
+    src = datasets_source(Settings(datasets=(str(ddir),)))
     assert src.name == "datasets" and src.interval_s >= 10
     part = src.read()
     assert isinstance(part, DatasetsPart) and part.paths[0].files == 6
@@ -485,7 +487,7 @@ def test_walk_in_inode_order_and_in_shards(ddir: Path) -> None:
     os.link(ddir / "a" / "f01.bin", ddir / "b" / "alias.bin")
 
     def names(**kw: object) -> list[str]:
-        it = ds.walk(str(ddir), WalkOptions(), ds.WalkReport(), ds._Acc(str(ddir)), **kw)  # type: ignore[arg-type]
+        it = walking.walk(str(ddir), WalkOptions(), WalkReport(), walking.FolderTotals(str(ddir)), **kw)  # type: ignore[arg-type]
         return [f"{d.path}/{name}" for d, _fd, name, _follow in it]
 
     plain = names()

@@ -18,9 +18,11 @@ from dltop.config import Settings
 from dltop.fmt import printable
 from dltop.model import Snapshot
 from dltop.model.datasets import DatasetResidency, ResidencyNode
+from dltop.residency.rank import FILE_SORT_KEYS, TopFiles
+from dltop.residency.scan import scan_paths, scan_residency
+from dltop.residency.walk import FolderTotals, WalkOptions
 from dltop.sampler import ListFeed
 from dltop.sources import datasets as ds
-from dltop.sources.datasets import FILE_SORT_KEYS, TopFiles, WalkOptions, scan_paths, scan_residency
 from dltop.text.datasets import listed_files, sort_rank
 from dltop.tui.app import DltopApp
 from dltop.tui.screens.confirm import ConfirmScreen
@@ -241,7 +243,7 @@ def test_top_files_equal_a_brute_force_top_n_in_bounded_memory(folders, n, budge
     lists files lists its true top `n` by each key, those folders have more data than any that lists none,
     the rows fit the budget, and never more than twice the budget is held while the scan runs."""
     test_top_files_equal_a_brute_force_top_n_in_bounded_memory.tried += 1  # type: ignore[attr-defined]
-    accs = [ds._Acc(f"/d{i}") for i in range(len(folders))]
+    accs = [FolderTotals(f"/d{i}") for i in range(len(folders))]
     top = TopFiles(n, tuple(keys), budget)
     flat = []  # (ino, folder, data, dres, dunknown)
     for a, files in enumerate(folders):

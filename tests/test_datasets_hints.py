@@ -11,7 +11,7 @@ from dltop.hints import hints
 from dltop.hints.datasets import cold_dataset, dataset_churn, dataset_larger_than_memory
 from dltop.model import Snapshot
 from dltop.model.datasets import DatasetsPart
-from dltop.sources.datasets import scan_paths
+from dltop.residency.scan import scan_paths
 from dltop.sources.memory import read_memory
 from tests.test_pagecache_util import (
     PS,
@@ -87,7 +87,7 @@ def test_churn_where_damon_pages_out_says_so_and_not_that_the_working_set_is_too
     dataset(ddir, n=4, warm=4)
     first = scan_paths((str(ddir),))
     ds = first.paths[0]
-    # A watched dataset on a machine whose DAMON puts idle pages out: its estimate says why (sources/watch.py).
+    # A watched dataset on a machine whose DAMON puts idle pages out: its estimate says why (dltop/residency/watch.py).
     later = dataclasses.replace(ds, scanned_at=ds.scanned_at + 30, estimated=True, estimate_error_pages=64,
                                 estimate_reason="DAMON pageout on (kdamond 0)",
                                 recently_evicted_pages=ds.recently_evicted_pages + 64)

@@ -18,8 +18,9 @@ from dltop.config import Settings
 from dltop.fmt import human_age
 from dltop.model import Snapshot
 from dltop.model.datasets import DatasetResidency, DatasetsPart, ResidencyNode
+from dltop.residency.scan import scan_paths
+from dltop.residency.walk import WalkOptions
 from dltop.sampler import ListFeed, Sampler
-from dltop.sources.datasets import WalkOptions, scan_paths
 from dltop.sources.registry import build_sources
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.datasets import DatasetPane
@@ -252,7 +253,7 @@ async def test_esc_cancels_a_running_warm(ddir: Path, monkeypatch: pytest.Monkey
     files = [make_file(ddir / f"f{i}.bin", 256 * PS) for i in range(40)]
     monkeypatch.setattr(pc, "WARM_INFLIGHT_BYTES", 256 * PS)
     started = []
-    real = pc._Ticker.add
+    real = pc.Ticker.add
 
     def slow_add(self, n: int, path: str = "", force: bool = False) -> None:
         real(self, n, path, force)
@@ -262,7 +263,7 @@ async def test_esc_cancels_a_running_warm(ddir: Path, monkeypatch: pytest.Monkey
 
         time.sleep(0.1)  # 4 s in all: the cancel lands long before the end, even on a loaded machine
 
-    monkeypatch.setattr(pc._Ticker, "add", slow_add)
+    monkeypatch.setattr(pc.Ticker, "add", slow_add)
     app = DltopApp(ListFeed([snap_of(ddir)]))
     async with app.run_test(size=(100, 30)) as pilot:
         await _open_tab(app, pilot)

@@ -15,8 +15,8 @@ import pytest
 
 from dltop.model.base import from_dict, to_dict
 from dltop.model.datasets import DatasetResidency
-from dltop.sources import watch
-from dltop.sources.watch import DatasetWatch, silent_reclaimer
+from dltop.residency import watch
+from dltop.residency.watch import DatasetWatch, silent_reclaimer
 from dltop.text.datasets import estimate_note
 from tests.test_datasets_watch import OPTIONS, fincore_total, tree
 from tests.test_pagecache_util import (

@@ -23,9 +23,10 @@ from dltop.hints.datasets import cold_dataset, dataset_larger_than_memory
 from dltop.model import Snapshot
 from dltop.model.datasets import total_of
 from dltop.model.memory import safety_margin_bytes
+from dltop.residency import walk as walking
+from dltop.residency.scan import scan_paths, scan_residency
+from dltop.residency.walk import WalkOptions
 from dltop.sampler import ListFeed
-from dltop.sources import datasets as ds_source
-from dltop.sources.datasets import WalkOptions, scan_paths, scan_residency
 from dltop.sources.memory import read_memory
 from dltop.text.datasets import format_residency
 from dltop.tui.app import DltopApp
@@ -240,7 +241,7 @@ def test_sparse_file_by_mincore_counts_the_same(ddir: Path, monkeypatch: pytest.
     sparse = make_sparse(ddir / "sparse.bin")
     read_ranges(sparse, (20 * MIB, MIB), (30 * MIB, MIB))  # the second extent, and a hole
     by_cachestat = scan_residency(ddir)
-    monkeypatch.setattr(ds_source, "_needs_mincore", lambda fd: True)
+    monkeypatch.setattr(walking, "needs_mincore", lambda fd: True)
     by_mincore = scan_residency(ddir)
     assert by_mincore.method == "mincore" and by_cachestat.method == "cachestat"
     fields = ("pages", "resident_pages", "data_pages", "data_resident_pages")

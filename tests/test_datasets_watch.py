@@ -1,4 +1,4 @@
-"""Watching a dataset (sources/watch.py) on real files: what inotify shows is measured again at once, what it
+"""Watching a dataset (dltop/residency/watch.py) on real files: what inotify shows is measured again at once, what it
 cannot show is caught by the rolling pass, and estimates carry their flag and bound; fincore is the judge."""
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import pytest
 from dltop.config import Settings
 from dltop.model.base import from_dict, to_dict
 from dltop.model.datasets import DatasetResidency, DatasetsPart, ResidencyNode
-from dltop.sources import datasets as ds_engine
-from dltop.sources import watch
-from dltop.sources.datasets import WalkOptions, scan_residency, source
-from dltop.sources.watch import DatasetWatch
+from dltop.residency import watch
+from dltop.residency.rank import FILE_SORT_KEYS
+from dltop.residency.scan import scan_residency
+from dltop.residency.walk import WalkOptions
+from dltop.residency.watch import DatasetWatch
+from dltop.sources import datasets as ds_source
+from dltop.sources.datasets import source
 from tests.test_pagecache_util import (
     PS,
     ddir_fixture,  # noqa: F401  (the `ddir` fixture)
@@ -169,8 +172,8 @@ def test_the_source_watches_from_its_first_read_and_json_keeps_the_estimate(ddir
     tree(ddir, folders=2)
     src = source(Settings(datasets=(str(ddir),)))
     scans = []
-    real = ds_engine._scan_one
-    monkeypatch.setattr(ds_engine, "_scan_one", lambda *a, **k: scans.append(a) or real(*a, **k))
+    real = ds_source.scan_one
+    monkeypatch.setattr(ds_source, "scan_one", lambda *a, **k: scans.append(a) or real(*a, **k))
     try:
         first = src.read()
         second = src.read()
@@ -220,7 +223,7 @@ def test_a_watched_datasets_file_rows_follow_what_is_read_created_and_deleted(dd
     """Per-file rows (top_files) of a watched dataset: a file read by another process is measured again and moves
     up (or down) its folder's ranks, a new file enters, a deleted one leaves; always the rows a one-off scan lists,
     with fincore's counts. budget=3: the folders share 3 rows, so the smaller folder lists none."""
-    options = WalkOptions(max_depth=6, top_files=2, top_keys=ds_engine.FILE_SORT_KEYS, top_budget=budget)
+    options = WalkOptions(max_depth=6, top_files=2, top_keys=FILE_SORT_KEYS, top_budget=budget)
     a = [make_file(ddir / "a" / f"f{i}.bin", (i + 1) * PS) for i in range(6)]
     make_file(ddir / "b" / "g.bin", PS)
     w = DatasetWatch(str(ddir), options)

@@ -1,4 +1,4 @@
-"""The watch's event reading (sources/watch.py `_take`): runs of records of one size counted in bulk give the
+"""The watch's event reading (dltop/residency/watch.py `_take`): runs of records of one size counted in bulk give the
 same counts as reading them one by one, and both the same as the rule they keep (a Hypothesis property over
 kernel-shaped buffers); names of every padded length read by another process are measured once, on real files."""
 
@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dltop import kernel, native
-from dltop.sources import datasets as engine
-from dltop.sources import watch
-from dltop.sources.datasets import WalkOptions
-from dltop.sources.watch import DatasetWatch
+from dltop.residency import measure as measuring
+from dltop.residency import watch
+from dltop.residency.walk import WalkOptions
+from dltop.residency.watch import DatasetWatch
 from tests.test_pagecache_util import (
     PS,
     ddir_fixture,  # noqa: F401  (the `ddir` fixture)
@@ -125,10 +125,10 @@ def test_names_of_every_padded_length_are_measured_once(ddir: Path, monkeypatch:
     """Another process reads files whose names pad to 16, 32 and 48 bytes: each is measured at the next read,
     and the watch's own opens of them (keyed by the padded name too) make the read after measure none; by the C
     step (dltop.native._measure) and by its Python twin."""
-    if step == "C" and engine._native_measure() is None:
+    if step == "C" and measuring.native_measure() is None:
         pytest.skip(f"dltop.native._measure: {native.status().get('_measure')}")
     if step == "python":
-        monkeypatch.setattr(engine, "_native_measure", lambda: None)
+        monkeypatch.setattr(measuring, "native_measure", lambda: None)
     names = [n.decode() for n in NAMES[1:7]]
     files = [make_file(ddir / "d" / n, 2 * PS) for n in names]
     monkeypatch.setattr(watch, "MIN_ROLL_FILES", 0)

@@ -1,4 +1,4 @@
-"""The watch's file rows (sources/watch.py `_file_rows`) against the scan's (`TopFiles`) on the same numbers: the
+"""The watch's file rows (dltop/residency/watch.py `_file_rows`) against the scan's (`TopFiles`) on the same numbers: the
 same files, in the same order, ties and the coldest-first key included, and again after files' resident counts
 change one by one (re-ranked in place, the reserve standing in); a Hypothesis property, no files."""
 
@@ -10,9 +10,8 @@ from itertools import accumulate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dltop.sources import datasets as engine
-from dltop.sources import watch
-from dltop.sources.watch import DatasetWatch
+from dltop.residency import rank, walk, watch
+from dltop.residency.watch import DatasetWatch
 
 # Per file: (data pages, resident data pages, unknown: the kernel hides it); few values, so scores tie often.
 FILE = st.tuples(st.integers(0, 6), st.integers(0, 6), st.booleans())
@@ -41,7 +40,7 @@ def folder(path: str, files: list[tuple[int, int, bool]], first_ino: int) -> tup
 
 @settings(max_examples=200, derandomize=True, deadline=None)
 @given(st.lists(st.lists(FILE, max_size=12), min_size=1, max_size=3), st.integers(1, 3),
-       st.sampled_from([("size",), ("resident",), ("pct",), engine.FILE_SORT_KEYS, ("pct", "size")]),
+       st.sampled_from([("size",), ("resident",), ("pct",), rank.FILE_SORT_KEYS, ("pct", "size")]),
        st.integers(1, 40), st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 6)), min_size=5,
                                     max_size=60))
 def test_the_watch_lists_the_files_a_scan_lists(folders: list[list[tuple[int, int, bool]]], n: int,
@@ -58,10 +57,10 @@ def test_the_watch_lists_the_files_a_scan_lists(folders: list[list[tuple[int, in
 
 def scan_rows(w: DatasetWatch, n: int, keys: tuple[str, ...], budget: int) -> tuple[int, dict[str, list[tuple]]]:
     """What TopFiles lists for the numbers the watch holds now."""
-    top = engine.TopFiles(n, keys, budget)
+    top = rank.TopFiles(n, keys, budget)
     accs = {}
     for f in w._order:
-        acc = accs[f] = engine._Acc(f.path)
+        acc = accs[f] = walk.FolderTotals(f.path)
         acc.data = f.tot[2]
         for i in range(len(f.keys)):
             v = f.vals[i * watch._N:(i + 1) * watch._N]
@@ -82,7 +81,7 @@ def check(folders: list[list[tuple[int, int, bool]]], n: int, keys: tuple[str, .
     if len(folders) > 1:
         budget = 10_000  # folders sharing a tight budget: the scan's choice depends on the order it met them in
     w = DatasetWatch.__new__(DatasetWatch)
-    w.options = engine.WalkOptions(top_files=n, top_keys=keys, top_budget=budget)
+    w.options = walk.WalkOptions(top_files=n, top_keys=keys, top_budget=budget)
     w._keys = keys
     w._order = [folder(f"/d{j}", files, 1000 * (j + 1))[0] for j, files in enumerate(folders)]
     assert watch_rows(w) == scan_rows(w, n, keys, budget)

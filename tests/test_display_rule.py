@@ -13,8 +13,9 @@ from textual.widgets import DataTable
 
 from dltop.fmt import cells, printable, shorten, shorten_end, shorten_lines, shorten_middle
 from dltop.model import Snapshot
+from dltop.residency.scan import scan_paths
+from dltop.residency.walk import WalkOptions
 from dltop.sampler import ListFeed
-from dltop.sources.datasets import WalkOptions, scan_paths
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.base import crumb
 

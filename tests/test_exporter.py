@@ -647,7 +647,7 @@ def rich_groups(tmp_path: Path, name: str = "ds") -> list:
     from dltop.exporter.collector import grouped
     from dltop.model import Snapshot
     from dltop.model.gpu import SPLIT_FIELDS, MemorySplit
-    from dltop.sources.datasets import scan_paths
+    from dltop.residency.scan import scan_paths
     from dltop.sources.gpu import FakeBackend, GpuReader
     from dltop.sources.memory import read_memory
 

@@ -25,9 +25,9 @@ from dltop.hints import Hint
 from dltop.model import ProbesPart, ServerStats, Snapshot, Unavailable
 from dltop.model.gpu import SPLIT_FIELDS, MemorySplit
 from dltop.probe.files import open_private_dir, write_atomic
+from dltop.residency.scan import scan_paths
 from dltop.sampler import Sampler
 from dltop.sources.base import Source
-from dltop.sources.datasets import scan_paths
 from dltop.sources.gpu import FakeBackend, GpuReader
 from dltop.sources.memory import read_memory
 from dltop.sources.probes import read_probes

@@ -19,8 +19,8 @@ from dltop.model import Snapshot, Unavailable
 from dltop.model.gpu import GpuDevice
 from dltop.recorder import Recorder, Recording
 from dltop.recorder.reader import recorded_tab
+from dltop.residency.scan import scan_paths
 from dltop.sampler import ListFeed
-from dltop.sources.datasets import scan_paths
 from dltop.timeline import RecordingFeed
 from dltop.tui.app import DltopApp
 from dltop.tui.panes import pane_classes

@@ -11,8 +11,8 @@ from textual.widgets import DataTable, Input
 
 from dltop.config import Settings
 from dltop.model import Snapshot
+from dltop.residency.scan import scan_paths
 from dltop.sampler import ListFeed
-from dltop.sources.datasets import scan_paths
 from dltop.tui.app import DltopApp
 from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.screens.help import HelpScreen

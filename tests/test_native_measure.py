@@ -18,8 +18,11 @@ import pytest
 
 from dltop import kernel, native
 from dltop.model.base import to_dict
-from dltop.sources import datasets as ds
-from dltop.sources.datasets import FILE_SORT_KEYS, WalkOptions, scan_residency
+from dltop.residency import measure as measuring
+from dltop.residency import walk as walking
+from dltop.residency.rank import FILE_SORT_KEYS
+from dltop.residency.scan import WarmNeed, scan_residency
+from dltop.residency.walk import WalkOptions
 from tests.test_pagecache_util import (
     PS,
     ddir_fixture,  # noqa: F401  (the `ddir` fixture)
@@ -39,7 +42,7 @@ needs_c = pytest.mark.skipif(MOD is None, reason=f"dltop.native._measure: {nativ
 pytestmark = needs_c
 
 TOP = WalkOptions(top_files=3, top_keys=FILE_SORT_KEYS, top_budget=64)
-_O_FILE = ds._O_FILE
+_O_FILE = measuring.O_FILE
 
 
 def _drop(path: Path, offset: int = 0, length: int = 0) -> None:
@@ -67,7 +70,7 @@ def both(path: Path | str, options: WalkOptions, monkeypatch: pytest.MonkeyPatch
          **kw: Any) -> tuple[dict[str, Any], dict[str, Any], list[int]]:
     """The scan with the C step, then with its Python twin (back to back: the page cache does not move between
     them), and how many names each C call was given (so a test knows the C step ran)."""
-    real = ds._native_measure()
+    real = measuring.native_measure()
     assert real is not None
     calls: list[int] = []
 
@@ -76,9 +79,9 @@ def both(path: Path | str, options: WalkOptions, monkeypatch: pytest.MonkeyPatch
         return real(dfd, names, flags, nr)
 
     for _ in range(3):  # the kernel may start writing dirty pages back between the two: then both again
-        monkeypatch.setattr(ds, "_native_measure", lambda: counting)
+        monkeypatch.setattr(measuring, "native_measure", lambda: counting)
         c = _comparable(scan_residency(path, options, **kw))
-        monkeypatch.setattr(ds, "_native_measure", lambda: None)
+        monkeypatch.setattr(measuring, "native_measure", lambda: None)
         p = _comparable(scan_residency(path, options, **kw))
         if c == p:
             break
@@ -186,8 +189,8 @@ def test_the_module_reports_plain_files_and_leaves_the_rest_to_python(ddir: Path
 def test_c_and_python_give_the_same_scan_on_a_mixed_tree(ddir: Path, monkeypatch: pytest.MonkeyPatch,
                                                          options: WalkOptions) -> None:
     build_mixed(ddir)
-    c, p, calls = both(ddir, options, monkeypatch, warm_need=ds.WarmNeed())
-    assert calls and max(calls) == ds._BATCH  # the 300-file folder went in more than one call
+    c, p, calls = both(ddir, options, monkeypatch, warm_need=WarmNeed())
+    assert calls and max(calls) == measuring.BATCH  # the 300-file folder went in more than one call
     assert c == p
     assert c["files"] > 300 and c["resident_pages"] > 0
     assert c["skipped"].get("special", 0) >= 2 and c["dirty_pages"] + c["writeback_pages"] >= 0
@@ -196,7 +199,7 @@ def test_c_and_python_give_the_same_scan_on_a_mixed_tree(ddir: Path, monkeypatch
 def test_vanished_files_between_listing_and_the_c_step(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(10):
         read_file(make_file(ddir / f"f{i}.bin", PS))
-    real = ds._scandir
+    real = walking.list_folder
     gone: list[str] = []
 
     def listing_then_delete(fd: int) -> Any:
@@ -215,9 +218,9 @@ def test_vanished_files_between_listing_and_the_c_step(ddir: Path, monkeypatch: 
 
         return Listing(entries)
 
-    monkeypatch.setattr(ds, "_scandir", listing_then_delete)
-    real_measure = ds._native_measure()
-    monkeypatch.setattr(ds, "_native_measure", lambda: real_measure)
+    monkeypatch.setattr(walking, "list_folder", listing_then_delete)
+    real_measure = measuring.native_measure()
+    monkeypatch.setattr(measuring, "native_measure", lambda: real_measure)
     r = scan_residency(ddir)
     assert r.files == 8 and r.skipped == {"vanished": 2} and r.resident_pages == 8
     assert sum("vanished" in p for p in r.problems) == 2
@@ -249,7 +252,7 @@ def test_c_and_python_agree_for_a_user_who_may_not_see_everything(ddir: Path) ->
     for i in range(20):
         read_file(make_file(ddir / "pub" / f"f{i}.bin", PS, mode=0o666))
     code = ("import json, os, sys\nos.environ['DLTOP_NATIVE'] = sys.argv[2]\n"
-            "from dltop import native\nfrom dltop.sources.datasets import scan_residency\n"
+            "from dltop import native\nfrom dltop.residency.scan import scan_residency\n"
             "from dltop.model.base import to_dict\nd = to_dict(scan_residency(sys.argv[1]))\n"
             "d.pop('scanned_at'); d.pop('scan_duration_s')\nprint(json.dumps([native.status(), d]))")
     out = []
@@ -318,8 +321,8 @@ def test_differential_fuzz_c_against_python(ddir: Path, monkeypatch: pytest.Monk
     _random_tree(root, rng)
     opts = WalkOptions(follow_symlinks=rng.random() < 0.3, max_depth=rng.choice([None, 0, 1, 6]),
                        top_files=rng.choice([0, 1, 3, 50]), top_keys=FILE_SORT_KEYS, top_budget=rng.choice([2, 64]))
-    monkeypatch.setattr(ds, "_BATCH", rng.choice([1, 2, 7, 256]))
-    c, p, calls = both(root, opts, monkeypatch, warm_need=ds.WarmNeed())
+    monkeypatch.setattr(measuring, "BATCH", rng.choice([1, 2, 7, 256]))
+    c, p, calls = both(root, opts, monkeypatch, warm_need=WarmNeed())
     assert calls
     assert c == p
 
@@ -327,11 +330,11 @@ def test_differential_fuzz_c_against_python(ddir: Path, monkeypatch: pytest.Monk
 def test_the_watch_gives_the_same_dataset_both_ways(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A watch measuring with the C step and one with the Python step, side by side on the same tree: the same
     dataset at the first read, after a job read and evicted some files (the watch's re-measure), and in full."""
-    from dltop.sources import watch
+    from dltop.residency import watch
 
     build_mixed(ddir)
     os.sync()  # no writeback between the two watches' reads
-    real = ds._native_measure()
+    real = measuring.native_measure()
     calls: list[int] = []
     use = {"c": True}
 
@@ -339,7 +342,7 @@ def test_the_watch_gives_the_same_dataset_both_ways(ddir: Path, monkeypatch: pyt
         calls.append(len(names))
         return real(dfd, names, flags, nr)
 
-    monkeypatch.setattr(ds, "_native_measure", lambda: counting if use["c"] else None)
+    monkeypatch.setattr(measuring, "native_measure", lambda: counting if use["c"] else None)
     monkeypatch.setattr(watch, "MIN_ROLL_FILES", 0)
     monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
     opts = WalkOptions(max_depth=6, top_files=3, top_keys=FILE_SORT_KEYS, top_budget=64)
@@ -374,7 +377,7 @@ def _evict_both(a: Path, b: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict
     what names a tree or a moment, and how many names the C step was given."""
     from dltop.actions import pagecache as pc
 
-    real = ds._native_measure()
+    real = measuring.native_measure()
     calls: list[int] = []
 
     def counting(dfd: int, names: list[Any], *args: int) -> list[Any]:
@@ -387,9 +390,9 @@ def _evict_both(a: Path, b: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict
             d.pop(k, None)
         return d
 
-    monkeypatch.setattr(ds, "_native_measure", lambda: counting)
+    monkeypatch.setattr(measuring, "native_measure", lambda: counting)
     c = summary(pc.evict([str(a)]))
-    monkeypatch.setattr(ds, "_native_measure", lambda: None)
+    monkeypatch.setattr(measuring, "native_measure", lambda: None)
     p = summary(pc.evict([str(b)]))
     monkeypatch.undo()
     return c, p, sum(calls)

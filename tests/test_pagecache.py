@@ -77,7 +77,7 @@ def test_warm_leaves_holes_of_sparse_files_alone(ddir: Path) -> None:
     fd = os.open(f, os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     os.close(fd)
-    extents = pc._data_extents(os.open(f, os.O_RDONLY), f.stat().st_size)
+    extents = pc.data_extents(os.open(f, os.O_RDONLY), f.stat().st_size)
     if extents == [(0, 64 << 20)]:
         pytest.skip("filesystem without SEEK_DATA")
     pc.warm([str(f)])
@@ -247,7 +247,7 @@ def test_evict_drops_everything_including_dirty_pages(ddir: Path) -> None:
 
 def test_evict_walks_the_tree_once_and_counts_what_fincore_counts(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # vmtouch -e walks once; the evict walked three times (a scan to size it, the evict, a rescan): 2.2x its time.
-    from dltop.sources import datasets
+    from dltop.residency import scan
 
     files = tree(ddir, n=30, size=12 * PS)
     sparse = ddir / "sparse.bin"
@@ -258,8 +258,8 @@ def test_evict_walks_the_tree_once_and_counts_what_fincore_counts(ddir: Path, mo
         read_file(f)
     before = sum(fincore_resident_pages(*files, sparse).values())  # the hole read as zeros is resident too
     walks: list[str] = []
-    real_walk = datasets.walk
-    monkeypatch.setattr(datasets, "walk", lambda root, *a, **k: walks.append(root) or real_walk(root, *a, **k))
+    real_walk = scan.walk
+    monkeypatch.setattr(scan, "walk", lambda root, *a, **k: walks.append(root) or real_walk(root, *a, **k))
     seen: list[pc.Progress] = []
     r = pc.evict([str(ddir)], progress=seen.append)
     assert walks == [str(ddir)]
@@ -708,7 +708,7 @@ def _sparse(path: Path, apparent: int, data: int) -> Path:
         fh.flush()
         os.fsync(fh.fileno())
     evict_file(path)
-    if pc._data_extents(os.open(path, os.O_RDONLY), apparent) == [(0, apparent)]:
+    if pc.data_extents(os.open(path, os.O_RDONLY), apparent) == [(0, apparent)]:
         pytest.skip("filesystem without SEEK_DATA")
     return path
 

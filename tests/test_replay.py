@@ -16,8 +16,8 @@ from textual.widgets import DataTable, Footer, Input, OptionList, Static
 from dltop.config import Settings
 from dltop.model import Snapshot
 from dltop.recorder import Recorder, Recording
+from dltop.residency.scan import scan_paths
 from dltop.sampler import ListFeed, Sampler
-from dltop.sources.datasets import scan_paths
 from dltop.sources.registry import build_sources
 from dltop.text.events import describe_event
 from dltop.timeline import RecordingFeed

@@ -80,14 +80,14 @@ def test_one_action_at_a_time_and_a_cancel_stops_it(ddir: Path, monkeypatch: pyt
         evict_file(f)
     monkeypatch.setattr(pc, "WARM_INFLIGHT_BYTES", 256 * PS)
     going = threading.Event()
-    real = pc._Ticker.add
+    real = pc.Ticker.add
 
     def slow_add(self, n: int, path: str = "", force: bool = False) -> None:
         real(self, n, path, force)
         going.set()
         time.sleep(0.02)
 
-    monkeypatch.setattr(pc._Ticker, "add", slow_add)
+    monkeypatch.setattr(pc.Ticker, "add", slow_add)
     runner = ActionRunner()
     events = _record(runner)
     run = runner.start("warm", [str(ddir)])

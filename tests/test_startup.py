@@ -51,7 +51,7 @@ def test_cache_walk_loads_no_residency_engine(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "k.py").write_text("x = 1\n")
     code = ("import sys; from dltop.sources.caches import walk_cache; w = walk_cache(sys.argv[1]); "
-            "print(w.files, sorted(m for m in ('ctypes', 'dltop.kernel', 'dltop.sources.datasets') if m in sys.modules))")
+            "print(w.files, sorted(m for m in ('ctypes', 'dltop.kernel', 'dltop.residency.scan') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60).stdout
     assert out.split(maxsplit=1) == ["1", "[]\n"]

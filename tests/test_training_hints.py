@@ -35,7 +35,7 @@ from dltop.hints.training import (
 from dltop.model import MemoryPart, Snapshot
 from dltop.model import probes as probes_model
 from dltop.model.probes import ProbeEpoch, ProbesPart
-from dltop.sources.datasets import scan_paths
+from dltop.residency.scan import scan_paths
 from dltop.sources.memory import read_memory
 from dltop.sources.probes import parse_probe, read_probes
 from dltop.sources.procio import children, read_io, with_job_reads

@@ -209,7 +209,7 @@ async def test_ctrl_c_quits_like_top(session: list[Snapshot]) -> None:
 
 
 def _dataset_snapshot(tmp_path) -> Snapshot:
-    from dltop.sources.datasets import scan_paths
+    from dltop.residency.scan import scan_paths
 
     (tmp_path / "ds" / "train").mkdir(parents=True)
     (tmp_path / "ds" / "train" / "a.bin").write_bytes(b"x" * 65536)

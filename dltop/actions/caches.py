@@ -25,7 +25,8 @@ from typing import Any
 
 from dltop.actions import confine
 from dltop.actions.confine import Refused
-from dltop.actions.pagecache import Progress, _Ticker
+from dltop.actions.pagecache import Progress
+from dltop.actions.pagecache import Ticker as _Ticker
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes, plural, printable
 from dltop.model.actions import ActionPlan

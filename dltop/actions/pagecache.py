@@ -22,22 +22,18 @@ from typing import TYPE_CHECKING, Any
 from dltop import kernel
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes, plural
-from dltop.model.base import to_dict
+from dltop.model.base import display_path, to_dict
 from dltop.model.datasets import NO_PERMISSION, DatasetResidency, DatasetUnavailable, counted_once
-from dltop.sources.datasets import (
+from dltop.residency.budget import MAX_PROBLEMS, Budget, path_error
+from dltop.residency.measure import data_extents, data_pages
+from dltop.residency.scan import WarmNeed, scan_paths
+from dltop.residency.walk import (
     DEFAULT_WALK,
-    MAX_PROBLEMS,
+    FolderTotals,
     WalkOptions,
     WalkReport,
-    WarmNeed,
-    _Acc,
-    _Budget,
     counted_before,
-    data_extents,
-    data_pages,
-    display_path,
-    path_error,
-    scan_paths,
+    join_path,
     walk,
 )
 
@@ -309,7 +305,7 @@ class ActionResult:
         return d
 
 
-class _Ticker:
+class Ticker:
     """Calls the progress callback at most every PROGRESS_EVERY_S, and once at the end."""
 
     def __init__(self, action: str, total: int | None, fn: ProgressFn | None) -> None:
@@ -360,11 +356,11 @@ def _files(
 ) -> Generator[tuple[str, int, os.stat_result, bool], None, None]:
     """Open each regular file under `paths` once: yields (path, fd, stat, on tmpfs); the caller closes fd."""
     seen: set[tuple[int, int]] = set()
-    budget = _Budget(cancel)
+    budget = Budget(cancel)
     for root in paths:
         root = os.fsdecode(root)
         try:
-            it = walk(root, options, report, _Acc(root), budget)
+            it = walk(root, options, report, FolderTotals(root), budget)
             tmpfs_devs: dict[int, bool] = {}
             for d, dfd, name, follow in it:
                 full = name if dfd is None else (f"{d.path}/{name}" if d.path != "/" else f"/{name}")
@@ -436,7 +432,7 @@ class _Residency:
         return kernel.mincore_resident_pages(fd, st.st_size), 0
 
 
-_data_extents = data_extents
+
 
 
 def _add_measured(r: ActionResult, once: Iterable[DatasetResidency]) -> int:
@@ -517,7 +513,7 @@ def _size_plan(
     same: it weighs the data, resident or not, against the page cache the data can occupy.
     """
     report = WalkReport()
-    budget = _Budget(cancel)
+    budget = Budget(cancel)
     seen: set[tuple[int, int]] = set()
     ps = kernel.PAGE_SIZE
     r = ActionResult(action=action, paths=[os.fsdecode(p) for p in paths], dry_run=True)
@@ -525,7 +521,7 @@ def _size_plan(
     for root in paths:
         root = os.fsdecode(root)
         try:
-            for _d, dfd, name, follow in walk(root, options, report, _Acc(root), budget):
+            for _d, dfd, name, follow in walk(root, options, report, FolderTotals(root), budget):
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
                 except OSError:
@@ -654,7 +650,7 @@ def _run_warm(
     plan_s: float,
     helpers: list[_Helper] | None = None,
 ) -> ActionResult:
-    ticker = _Ticker("warm", r.total_bytes, progress)
+    ticker = Ticker("warm", r.total_bytes, progress)
     sized = r.resident_pages_before is None  # the total came from sizes, resident files included
     t0 = time.monotonic()
     if cancel is not None and cancel.is_set():  # cancelled while measuring: no helper starts on its share
@@ -724,7 +720,7 @@ def _warm_pass(
     paths: list[str],
     options: WalkOptions,
     limit: int | None,
-    ticker: _Ticker,
+    ticker: Ticker,
     cancel: threading.Event | None,
     notes: list[str],
     sized: bool,
@@ -816,13 +812,13 @@ def _warm_pass(
             tally.files += 1
             ticker.files += 1
 
-    walk_budget = _Budget(cancel)
+    walk_budget = Budget(cancel)
     try:
         for root in paths:
             root = os.fsdecode(root)
             try:
                 # Inode order: neighbouring small files are read in disk order and their reads merge.
-                files = walk(root, options, walk_report, _Acc(root), walk_budget, by_inode=True, shard=shard)
+                files = walk(root, options, walk_report, FolderTotals(root), walk_budget, by_inode=True, shard=shard)
                 for d, dfd, name, follow in files:
                     path = name if dfd is None else (f"{d.path}/{name}" if d.path != "/" else f"/{name}")
                     try:
@@ -1124,7 +1120,7 @@ def _helper_main() -> int:
         out.write(f"P {p.done_bytes} {p.files_done} {p.found_bytes}\n".encode())
         out.flush()
 
-    ticker = _Ticker("warm", 0, say)
+    ticker = Ticker("warm", 0, say)
     notes: list[str] = []
     shard = (int(spec["shard"][0]), int(spec["shard"][1]), int(spec["shard"][2]))
     report, tally = _warm_pass(spec["paths"], options, None, ticker, stop, notes, bool(spec["sized"]), shard)
@@ -1138,7 +1134,7 @@ def _helper_main() -> int:
 def _chunks(fd: int, size: int, dense: bool, window: int, budget: int | None, ps: int) -> list[tuple[int, int]]:
     """The WILLNEED calls for one file: readahead-window pieces of its data, holes left out, within `budget`."""
     chunks = []
-    for start, end in [(0, size)] if dense else _data_extents(fd, size):
+    for start, end in [(0, size)] if dense else data_extents(fd, size):
         off = start
         while off < end:
             n = min(window, end - off)
@@ -1155,7 +1151,7 @@ def _chunks(fd: int, size: int, dense: bool, window: int, budget: int | None, ps
 def _finish(
     r: ActionResult,
     report: WalkReport,
-    ticker: _Ticker,
+    ticker: Ticker,
     t0: float,
     unknown: int,
     paths: list[str],
@@ -1218,7 +1214,7 @@ def _measure_after(r: ActionResult, paths: list[str], options: WalkOptions, budg
 
 
 def _is_dense(fd: int, size: int) -> bool:
-    return _data_extents(fd, size) == [(0, size)]
+    return data_extents(fd, size) == [(0, size)]
 
 
 def _read_range(fd: int, off: int, n: int) -> None:
@@ -1260,7 +1256,7 @@ def evict(
     if dry_run:
         return plan("evict", paths, options, cancel)
     t0 = time.monotonic()
-    ticker = _Ticker("evict", None, progress)
+    ticker = Ticker("evict", None, progress)
     ev = _Evictor(ticker, retries)
     part = scan_paths(tuple(paths), options, cancel=cancel, act=ev)
     for missing in part.paths:
@@ -1292,7 +1288,7 @@ def evict(
 class _Evictor:
     """The evict's `FileAct`: each resident file's pages dropped, and what was there before and stayed counted."""
 
-    def __init__(self, ticker: _Ticker, retries: int) -> None:
+    def __init__(self, ticker: Ticker, retries: int) -> None:
         self.ticker, self.retries = ticker, retries
         self.before = 0  # resident pages found, of the files whose residency shows
         self.stayed: list[tuple[str, os.stat_result, int, bool]] = []
@@ -1337,10 +1333,10 @@ class _Evictor:
                 return 0
             left = _evict_fd(fd, st, before, busy, cstat, self.retries)
             if left:
-                self.stayed.append((_join(dir_path, name, dfd), st, left, tmpfs))
+                self.stayed.append((join_path(dir_path, name, dfd), st, left, tmpfs))
             t.add_file((before - left) * ps, dir_path, name, dfd)
             return left
-        path = _join(dir_path, name, dfd)
+        path = join_path(dir_path, name, dfd)
         if before is None:
             # The kernel hides this file's residency: DONTNEED is asked for all of it, the result is unknown.
             # Counted as done (the work was done), never as resident or evicted pages measured.
@@ -1365,10 +1361,6 @@ class _Evictor:
 
 _PS = kernel.PAGE_SIZE
 _fadvise, _DONTNEED = os.posix_fadvise, os.POSIX_FADV_DONTNEED
-
-
-def _join(dir_path: str, name: str, dfd: int | None) -> str:
-    return name if dfd is None else (f"{dir_path}/{name}" if dir_path != "/" else f"/{name}")
 
 
 def _evict_fd(fd: int, st: os.stat_result, before: int, busy: int, cstat: Any, retries: int) -> int:
@@ -1521,7 +1513,7 @@ def lock(
     r.dry_run = False
     plan_s = time.monotonic() - t_plan
     report = WalkReport()
-    ticker = _Ticker("lock", r.total_bytes, progress)
+    ticker = Ticker("lock", r.total_bytes, progress)
     t0 = time.monotonic()
     files = _files(paths, options, report, cancel)
     try:

@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(args: argparse.Namespace, depth: int | None = None) -> Any:
-    from dltop.sources.datasets import WalkOptions
+    from dltop.residency.walk import WalkOptions
 
     files = getattr(args, "files", False)
     return WalkOptions(
@@ -87,7 +87,7 @@ def _check_paths(paths: list[str]) -> None:
     """Each PATH must be there and reachable: the real reason (errno) when it is not."""
     import errno
 
-    from dltop.sources.datasets import path_error
+    from dltop.residency.budget import path_error
 
     for p in paths:
         try:
@@ -106,7 +106,7 @@ def run_residency(args: argparse.Namespace) -> int:
     """Scan and print residency per path, folders down to --depth."""
     from dltop.model.base import to_dict
     from dltop.model.datasets import DatasetUnavailable
-    from dltop.sources.datasets import scan_paths
+    from dltop.residency.scan import scan_paths
 
     _check_paths(args.paths)
     part = scan_paths(tuple(args.paths), _options(args, args.depth))

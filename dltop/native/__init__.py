@@ -16,7 +16,7 @@ from types import ModuleType
 EXPECTED: dict[str, int] = {
     "_walk": 2,
     "_template": 1,  # the recorder's templates: a part's text matched at its numbers (recorder/template.py)
-    "_measure": 1,  # the residency scan's per-file step: open, fstat, cachestat, close (sources/datasets.py)
+    "_measure": 1,  # the residency scan's per-file step: open, fstat, cachestat, close (residency/)
 }
 
 # name -> what its loop does, for `dltop --version`

@@ -35,8 +35,9 @@ from dltop.model.caches import (
     CachesPart,
     LockFile,
 )
+from dltop.residency.budget import MAX_PROBLEMS, path_error
+from dltop.residency.budget import Budget as _Budget
 from dltop.sources import procfs
-from dltop.sources.walkbudget import MAX_PROBLEMS, _Budget, path_error
 
 ENTRIES_KEPT = 100  # biggest entries kept right below a cache (the pane's Enter shows them, then "N more")
 LOCKS_KEPT = 50

@@ -1,5 +1,6 @@
-"""What every walk of the sources shares: its bounds (cancel flag, deadline, CPU share) and the one-line reason
-for a path it could not read. Light on purpose: the cache walk needs these without the residency engine."""
+"""What every walk shares (the residency engine's and the caches source's): its bounds (cancel flag, deadline,
+CPU share) and the one-line reason for a path it could not read. Light on purpose: the cache walk imports it
+without the rest of the engine."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def path_error(error: str, path: str) -> str:
 
 
 @dataclass
-class _Budget:
+class Budget:
     """Cancel flag, deadline and CPU share, checked between folders and every few thousand files."""
 
     cancel: threading.Event | None = None
@@ -31,6 +32,7 @@ class _Budget:
     _wall_mark: float = field(default_factory=time.monotonic)
 
     def stop(self) -> bool:
+        """Whether to stop now (cancelled, or past the deadline); past the CPU share, sleep first."""
         if self.cancel is not None and self.cancel.is_set():
             return True
         if self.deadline is not None and time.monotonic() >= self.deadline:

@@ -28,8 +28,14 @@ from typing import Any
 
 from dltop import kernel
 from dltop.model.datasets import NO_PERMISSION, DatasetResidency, ResidencyNode
-from dltop.sources import datasets as engine
-from dltop.sources import procfs
+from dltop.residency import measure as measuring
+from dltop.residency import walk as walking
+from dltop.residency.budget import MAX_PROBLEMS, Budget
+from dltop.residency.measure import O_FILE, data_page_runs, needs_mincore, resident_in_runs
+from dltop.residency.rank import FILE_SORT_KEYS
+from dltop.residency.scan import NODE_FIELDS
+from dltop.residency.walk import O_DIR, WalkOptions, WalkReport, compile_names, skip_error
+from dltop.sources.procfs import name_this_thread, read_text
 
 # What a folder's watch reports: its files opened and closed (a read or a write), their names coming and going,
 # and the folder itself going away. IN_ACCESS/IN_MODIFY are left out: one per read() or write() call, and an
@@ -97,7 +103,7 @@ _SUM = 11
 def _first_line(path: str) -> str:
     """A small sysfs file's text, stripped; "" where it cannot be read (or is not a regular file: never waits)."""
     try:
-        return procfs.read_text(path, 256).strip()
+        return read_text(path, 256).strip()
     except OSError:
         return ""
 
@@ -187,11 +193,11 @@ class _Folder:
 class DatasetWatch:
     """One dataset root kept up to date by inotify plus a rolling rescan; `read()` gives a DatasetResidency."""
 
-    def __init__(self, root: str, options: engine.WalkOptions, cpu_fraction: float | None = None) -> None:
+    def __init__(self, root: str, options: WalkOptions, cpu_fraction: float | None = None) -> None:
         self.root = root.rstrip("/") if len(root) > 1 else root
         self.options, self.cpu_fraction = options, cpu_fraction
-        self._ignore, self._include = engine._compile(options.ignore), engine._compile(options.include)
-        self._keys = tuple(k for k in options.top_keys if k in engine.FILE_SORT_KEYS)
+        self._ignore, self._include = compile_names(options.ignore), compile_names(options.include)
+        self._keys = tuple(k for k in options.top_keys if k in FILE_SORT_KEYS)
         self._fd = kernel.inotify_init()
         self._lock = threading.Lock()
         self._by_wd: dict[int, _Folder] = {}
@@ -234,7 +240,7 @@ class DatasetWatch:
     # --- events ---------------------------------------------------------------------------------------------
 
     def _drain_loop(self) -> None:
-        procfs.name_this_thread("dltop-watch")
+        name_this_thread("dltop-watch")
         while not self._closed.wait(DRAIN_EVERY_S):
             with self._lock:
                 self._drain()
@@ -381,7 +387,7 @@ class DatasetWatch:
             self._epoch += 1
         self._steal_raw = vm.get("pgsteal_file", 0)
         steal = self._steal = self._steal_raw + self._epoch * _SILENT_EPOCH
-        budget = engine._Budget(None, None, self.cpu_fraction)
+        budget = Budget(None, None, self.cpu_fraction)
         if resync or self._top is None:
             self._rescan_all(budget, steal)
         else:
@@ -417,7 +423,7 @@ class DatasetWatch:
                 and _vmstat().get("pgsteal_file", 0) == self._steal_raw:
             self.seen_silent = "reclaim unseen by pgsteal_file"
 
-    def _rescan_all(self, budget: engine._Budget, steal: int) -> None:
+    def _rescan_all(self, budget: Budget, steal: int) -> None:
         st = os.stat(self.root)
         if not stat.S_ISDIR(st.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, "not a folder", self.root)
@@ -436,7 +442,7 @@ class DatasetWatch:
         self._open.clear()
 
     def _apply(self, dirty: list[tuple[int, bytes]], relist: set[int], changed: set[tuple[int, bytes]],
-               budget: engine._Budget, steal: int) -> int:
+               budget: Budget, steal: int) -> int:
         """Measure again the files opened since the last read and the folders whose listing changed."""
         n = 0
         for wd in relist:
@@ -450,7 +456,7 @@ class DatasetWatch:
             self._next %= max(1, len(self._order))
         redo: set[int] = set()
         dirty.sort()  # by folder: its directory stays cached between its files
-        measure = engine._native_measure()
+        measure = measuring.native_measure()
         pre: dict[tuple[int, bytes], Any] = {}
         done: set[tuple[int, bytes]] = set()  # counted again by the C step's answers already
         batched = -1  # the folder whose files `pre` and `done` hold
@@ -498,7 +504,7 @@ class DatasetWatch:
                 n += len(f.keys)
         return n
 
-    def _roll(self, files: int, budget: engine._Budget, steal: int) -> int:
+    def _roll(self, files: int, budget: Budget, steal: int) -> int:
         """The rolling pass: whole folders in turn until at least `files` files were measured; how many were."""
         order = self._order
         if not order:
@@ -531,7 +537,7 @@ class DatasetWatch:
 
     # --- measuring ------------------------------------------------------------------------------------------
 
-    def _scan_tree(self, f: _Folder, budget: engine._Budget, steal: int, recurse_known: bool,
+    def _scan_tree(self, f: _Folder, budget: Budget, steal: int, recurse_known: bool,
                    first_done: bool = False, before: set[str] | None = None) -> None:
         """Measure folder `f` and the folders below it: all of them (`recurse_known`), else only new ones
         (`first_done`: `f` itself was just measured, `before` its subfolders' names until then)."""
@@ -583,28 +589,28 @@ class DatasetWatch:
             if self._links.get(k) is f:
                 del self._links[k]
         f.links, f.skipped, f.problems, f.used = [], {}, [], set()
-        report = engine.WalkReport()
+        report = WalkReport()
         rows: list[tuple[int, str, tuple[int, ...]]] = []
         subdirs: dict[str, _Folder] = {}
         try:
-            dfd = os.open(f.path, engine._O_DIR | (os.O_NOFOLLOW if f.depth else 0))
+            dfd = os.open(f.path, O_DIR | (os.O_NOFOLLOW if f.depth else 0))
         except OSError as e:
             if f.depth == 0:
                 raise
-            engine._skip_error(report, e, f.path)
+            skip_error(report, e, f.path)
             self._set(f, rows, report, subdirs, steal)
             return
         try:
             try:
-                f.mincore = engine._needs_mincore(dfd)
+                f.mincore = needs_mincore(dfd)
             except OSError:
                 f.mincore = False
             ignore, include = self._ignore, self._include
             # With the C step (dltop.native._measure), a folder's plain files are measured in batches, each before
             # the next entry that is not one (what a report lists stays in the listing's order).
-            batch: list[str] | None = [] if engine._native_measure() is not None else None
+            batch: list[str] | None = [] if measuring.native_measure() is not None else None
             try:
-                with engine._scandir(dfd) as entries:
+                with walking.list_folder(dfd) as entries:
                     for n, entry in enumerate(entries, 1):
                         if n % DRAIN_EVERY_FILES == 0:
                             self._settle()  # our own opens must not overflow the queue
@@ -620,7 +626,7 @@ class DatasetWatch:
                                 self._own_event(f, name)
                                 if batch is not None:
                                     batch.append(name)
-                                    if len(batch) >= engine._BATCH:
+                                    if len(batch) >= measuring.BATCH:
                                         self._measure_batch(f, dfd, batch, report, rows)
                                         batch = []
                                     continue
@@ -650,14 +656,14 @@ class DatasetWatch:
                             if batch:
                                 self._measure_batch(f, dfd, batch, report, rows)
                                 batch = []
-                            engine._skip_error(report, e, f"{f.path}/{name}")
+                            skip_error(report, e, f"{f.path}/{name}")
             except OSError as e:
                 if batch:
                     self._measure_batch(f, dfd, batch, report, rows)
                     batch = []
                 if f.depth == 0:
                     raise
-                engine._skip_error(report, e, f.path)
+                skip_error(report, e, f.path)
             if batch:
                 self._measure_batch(f, dfd, batch, report, rows)
         finally:
@@ -668,7 +674,7 @@ class DatasetWatch:
                 self._forget(old)
         self._set(f, rows, report, subdirs, steal)
 
-    def _set(self, f: _Folder, rows: list[tuple[int, str, tuple[int, ...]]], report: engine.WalkReport,
+    def _set(self, f: _Folder, rows: list[tuple[int, str, tuple[int, ...]]], report: WalkReport,
              subdirs: dict[str, _Folder], steal: int) -> None:
         rows.sort(key=lambda r: r[0])
         vals = array("q")
@@ -695,7 +701,7 @@ class DatasetWatch:
         if dir_fd is None:
             return None
         self._own_event(f, name)
-        report = engine.WalkReport()
+        report = WalkReport()
         vals = self._measure(f, dir_fd, name, report, relink=True)
         return None if report.skipped else vals
 
@@ -713,7 +719,7 @@ class DatasetWatch:
         if dir_fd is None:
             return False
         try:
-            fd = os.open(raw, engine._O_FILE, dir_fd=dir_fd)
+            fd = os.open(raw, O_FILE, dir_fd=dir_fd)
         except OSError:
             return False
         own = self._own  # our open and our close (what _own_event counts, its key at hand)
@@ -733,7 +739,7 @@ class DatasetWatch:
                        changed: set[tuple[int, bytes]], measure: Any,
                        ) -> tuple[dict[tuple[int, bytes], Any], set[tuple[int, bytes]]]:
         """The files of `f` that `_recount` would count again, from `first` on in `dirty` (sorted: a folder's files
-        follow one another), measured by the C step (see dltop/native/_measure.c) in calls of engine._BATCH
+        follow one another), measured by the C step (see dltop/native/_measure.c) in calls of measuring.BATCH
         files, up to the first name `f` does not count (the listing decides from there): those its answer counts
         again are counted here (`_recounted`, in `dirty`'s order) and given in the set; the other answers in the
         dict, for `_apply` to take."""
@@ -762,10 +768,10 @@ class DatasetWatch:
             slots.append(i)
         out: dict[tuple[int, bytes], Any] = {}
         done: set[tuple[int, bytes]] = set()
-        own, step, recounted_as = self._own, engine._BATCH, self._recounted_as
+        own, step, recounted_as = self._own, measuring.BATCH, self._recounted_as
         for j in range(0, len(raws), step):
             for key, i, got in zip(keys[j:j + step], slots[j:j + step],
-                                   measure(dir_fd, raws[j:j + step], engine._O_FILE, kernel.NR_CACHESTAT),
+                                   measure(dir_fd, raws[j:j + step], O_FILE, kernel.NR_CACHESTAT),
                                    strict=True):
                 if got.__class__ is tuple:  # opened: our open and our close
                     own[key] = own.get(key, 0) + 2
@@ -820,19 +826,19 @@ class DatasetWatch:
             os.close(self._dir[1])
             self._dir = None
 
-    def _measure(self, f: _Folder, dfd: int, name: str, report: engine.WalkReport,
+    def _measure(self, f: _Folder, dfd: int, name: str, report: WalkReport,
                  relink: bool = False) -> tuple[int, ...] | None:
         """One file's counts, as `scan_residency` counts them; None when it is not counted (see `report`)."""
         ps = kernel.PAGE_SIZE
         path = f"{f.path}/{name}"
         try:
-            fd = os.open(name, engine._O_FILE, dir_fd=dfd)
+            fd = os.open(name, O_FILE, dir_fd=dfd)
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EPERM):
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 except OSError:
-                    engine._skip_error(report, e, path)
+                    skip_error(report, e, path)
                     return None
                 if self._linked(st, f, report, relink):
                     return None
@@ -840,7 +846,7 @@ class DatasetWatch:
                 report.unknown = True
                 report.skip("unreadable", path, "permission denied (pages unknown)")
                 return (st.st_size, pages, pages, 0, 0, 0, 0, 0, pages, pages, 1, st.st_ino)
-            engine._skip_error(report, e, path)
+            skip_error(report, e, path)
             return None
         pages = data = ino = 0
         try:
@@ -853,7 +859,7 @@ class DatasetWatch:
                 return None
             size = st.st_size
             pages = (size + ps - 1) // ps
-            runs = engine.data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
+            runs = data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
             data = pages if runs is None else sum(last - first for first, last in runs)
             if pages == 0:
                 return (size, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, ino)
@@ -871,7 +877,7 @@ class DatasetWatch:
                     f.used.add("cachestat")
                     res = min(cs.nr_cache, pages)
                     dirty, wb, rev = cs.nr_dirty, cs.nr_writeback, cs.nr_recently_evicted
-                    dres = res if runs is None else engine._resident_in_runs(runs, res, pages, fd)
+                    dres = res if runs is None else resident_in_runs(runs, res, pages, fd)
                     return (size, pages, data, res, dirty, wb, rev, dres, 0, 0, 1, ino)
             if not kernel.residency_visible(st, name, dfd):
                 report.unknown = True
@@ -879,21 +885,21 @@ class DatasetWatch:
             f.used.add("mincore")
             vec = kernel.mincore_vector(fd, size)
             res = min(vec.count(1), pages)
-            dres = res if runs is None else engine._resident_in_runs(runs, res, pages, fd, vec)
+            dres = res if runs is None else resident_in_runs(runs, res, pages, fd, vec)
             return (size, pages, data, res, 0, 0, 0, dres, 0, 0, 1, ino)
         except OSError as e:
             # It vanished or failed after it was counted: its pages are unknown, not absent.
-            engine._skip_error(report, e, path)
+            skip_error(report, e, path)
             return (0, pages, data, 0, 0, 0, 0, 0, pages, data, 1, ino)
         finally:
             os.close(fd)
 
-    def _measure_batch(self, f: _Folder, dfd: int, names: list[str], report: engine.WalkReport,
+    def _measure_batch(self, f: _Folder, dfd: int, names: list[str], report: WalkReport,
                        rows: list[tuple[int, str, tuple[int, ...]]]) -> None:
         """Plain files of `f` measured by the C step in one call, as `_measure` counts them; what it leaves (an
         errno or 0, see dltop/native/_measure.c) `_measure` measures itself."""
-        measure = engine._native_measure()
-        pres = [0] * len(names) if f.mincore or measure is None else measure(dfd, names, engine._O_FILE,
+        measure = measuring.native_measure()
+        pres = [0] * len(names) if f.mincore or measure is None else measure(dfd, names, O_FILE,
                                                                                kernel.NR_CACHESTAT)
         ps = kernel.PAGE_SIZE
         for name, pre in zip(names, pres, strict=True):
@@ -913,11 +919,11 @@ class DatasetWatch:
             if vals is not None:
                 rows.append((hash(name), name, vals))
 
-    def _linked(self, st: os.stat_result, f: _Folder, report: engine.WalkReport, relink: bool) -> bool:
+    def _linked(self, st: os.stat_result, f: _Folder, report: WalkReport, relink: bool) -> bool:
         """A hard link counted under another name: skipped here (`report` says so)."""
         return self._linked_ids(st.st_nlink, st.st_dev, st.st_ino, f, report, relink)
 
-    def _linked_ids(self, nlink: int, dev: int, ino: int, f: _Folder, report: engine.WalkReport,
+    def _linked_ids(self, nlink: int, dev: int, ino: int, f: _Folder, report: WalkReport,
                     relink: bool) -> bool:
         if nlink <= 1:
             return False
@@ -950,7 +956,7 @@ class DatasetWatch:
             for k, v in f.skipped.items():
                 skipped[k] = skipped.get(k, 0) + v
             for p in f.problems:
-                if len(problems) < engine.MAX_PROBLEMS:
+                if len(problems) < MAX_PROBLEMS:
                     problems.append(p)
             used.update(f.used)
             oldest_mark = f.mark if oldest_mark is None else min(oldest_mark, f.mark)
@@ -973,7 +979,7 @@ class DatasetWatch:
         except OSError:
             fs = ""
         return DatasetResidency(
-            **{k: getattr(root, k) for k in engine._NODE_FIELDS},
+            **{k: getattr(root, k) for k in NODE_FIELDS},
             page_size=kernel.PAGE_SIZE,
             scanned_at=time.time(),
             scan_duration_s=took_s,
@@ -994,7 +1000,7 @@ class DatasetWatch:
     # --- the file rows -----------------------------------------------------------------------------------------
 
     def _file_rows(self) -> tuple[int, dict[_Folder, tuple[ResidencyNode, ...]]]:
-        """Each shown folder's file rows as `engine.TopFiles` chooses them in a scan (its top n files by each key,
+        """Each shown folder's file rows as `TopFiles` (rank.py) chooses them in a scan (its top n files by each key,
         the biggest folders first within the dataset's budget, n halved where one folder alone is past it), and
         that n. A folder's choice is kept until one of its files' counts changes, so a read where nothing
         changed costs no sort."""
