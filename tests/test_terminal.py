@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -94,40 +93,12 @@ def _hex(seq: str) -> list[str]:
     return [f"{b:02x}" for b in seq.encode()]
 
 
-# select(2) and pselect6(2) by machine: glibc's select() is pselect6 on x86-64 and the only one on arm64.
-SELECT_SYSCALLS = {"x86_64": ("23", "270"), "aarch64": ("72",)}
-
-
-def _input_thread(pid: int) -> str:
-    """The task of dltop's process that waits in select (Textual's input thread); the others wait on futexes and
-    epoll."""
-    numbers = SELECT_SYSCALLS.get(platform.machine())
-    if numbers is None:
-        pytest.skip(f"select's syscall number on {platform.machine()} is not known here")
-    waiting = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
-                nr = f.read().split()[0]
-        except (OSError, IndexError):
-            continue
-        if nr in numbers:
-            waiting.append(tid)
-    assert len(waiting) == 1, f"expected one task in select, found {waiting}"
-    return waiting[0]
-
-
-def _wakes(pid: int, tid: str) -> int:
-    with open(f"/proc/{pid}/task/{tid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
-
-
-def _start(sock: str, status, env: str = "") -> int:
+def _start(sock: str, status) -> int:
     """dltop in an 80x24 tmux window behind a shell that writes its exit status; its pid once it has drawn.
     Without COLUMNS and LINES: something in the test process (not os.environ) exports 80 and 24, and with them
     set the terminal's size is fixed for Textual (shutil.get_terminal_size reads them first)."""
     _tmux(sock, "new-session", "-d", "-c", str(REPO), "-x", "80", "-y", "24",
-          f"env -u COLUMNS -u LINES sh -c '{env}{sys.executable} -m dltop; echo $? > {status}; sleep 60'")
+          f"env -u COLUMNS -u LINES sh -c '{sys.executable} -m dltop; echo $? > {status}; sleep 60'")
     shell = int(_tmux(sock, "list-panes", "-F", "#{pane_pid}").split()[0])
     deadline = time.monotonic() + 15
     while "Page cache" not in _tmux(sock, "capture-pane", "-p"):
@@ -144,32 +115,10 @@ def _until(sock: str, pred, what: str, within_s: float = 3.0) -> str:
     return screen
 
 
-@pytest.mark.parametrize("driver", ["dltop", "textual"])
-def test_the_input_thread_sleeps_until_there_is_input(driver: str, tmp_path) -> None:
-    # Textual's Linux driver waits for input in select(0.1): ten wake-ups a second with nothing to read. dltop's
-    # (tui/driver.py) waits for input, the escape timeout or exit only. Textual's own driver (TEXTUAL_DRIVER)
-    # is the control: the count below does see its wake-ups.
-    sock = f"dltop-test-{os.getpid()}-wakes-{driver}"
-    env = "TEXTUAL_DRIVER=textual.drivers.linux_driver:LinuxDriver " if driver == "textual" else ""
-    try:
-        pid = _start(sock, tmp_path / "status", env)
-        time.sleep(1.0)  # past the start-up's replies (the terminal answering Textual's queries)
-        tid = _input_thread(pid)
-        before = _wakes(pid, tid)
-        time.sleep(2.0)
-        woke = _wakes(pid, tid) - before
-    finally:
-        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
-    if driver == "dltop":
-        assert woke <= 1, f"the input thread woke {woke} times in 2 s with no input"
-    else:
-        assert woke >= 10, f"Textual's input thread woke only {woke} times in 2 s: is its select(0.1) gone?"
-
-
 @pytest.mark.parametrize("quit_key", ["q", "C-c"])
 def test_esc_keys_mouse_and_resize_reach_dltop_and_it_leaves_at_once(quit_key: str, tmp_path) -> None:
-    # With no poll, a lone Esc must still become the Esc key when the escape delay runs out (nothing more comes
-    # to end the sequence), and q / Ctrl-C must still end the input thread at once.
+    # A lone Esc must become the Esc key when the escape delay runs out (nothing more comes to end the
+    # sequence), and q / Ctrl-C must end the input thread at once.
     sock = f"dltop-test-{os.getpid()}-keys-{quit_key}"
     status = tmp_path / "status"
     try:
@@ -201,16 +150,14 @@ def test_esc_keys_mouse_and_resize_reach_dltop_and_it_leaves_at_once(quit_key: s
     assert status.read_text().strip() == "0" and state == ["0", "0"]
 
 
-@pytest.mark.parametrize("driver", ["dltop", "textual"])
-def test_a_suspended_dltop_comes_back_with_its_keys(driver: str) -> None:
+def test_a_suspended_dltop_comes_back_with_its_keys() -> None:
     # SIGTSTP suspends (Textual closes the driver) and `fg` starts application mode again: the input thread
-    # must come back with a wake pipe of its own, keys and a lone Esc working, and q must still leave.
-    sock = f"dltop-test-{os.getpid()}-suspend-{driver}"
-    env = "TEXTUAL_DRIVER=textual.drivers.linux_driver:LinuxDriver " if driver == "textual" else ""
+    # must come back, keys and a lone Esc working, and q must still leave.
+    sock = f"dltop-test-{os.getpid()}-suspend"
     _tmux(sock, "new-session", "-d", "-c", str(REPO), "-x", "80", "-y", "24",
           "env -u COLUMNS -u LINES PS1='$ ' bash --norc --noprofile -i")
     try:
-        _tmux(sock, "send-keys", "-l", f"{env}{sys.executable} -m dltop")
+        _tmux(sock, "send-keys", "-l", f"{sys.executable} -m dltop")
         _tmux(sock, "send-keys", "Enter")
         _until(sock, lambda s: "Page cache" in s, "no first frame", 15)
         shell = int(_tmux(sock, "list-panes", "-F", "#{pane_pid}").split()[0])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import threading
 import time
 from collections import deque
@@ -16,12 +15,10 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from rich.text import Text
-from textual import constants as textual_constants
 from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.css.query import NoMatches
-from textual.driver import Driver
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
@@ -241,15 +238,6 @@ class DltopApp(App[None]):
                 yield TabPane(f"{i} {pane.TITLE}", id=f"tab-{pane.PANE_ID}")
         yield Static(id="hints")
         yield Footer(compact=True, show_command_palette=False)  # ^p is an ordinary label: all fit 80 columns
-
-    def get_driver_class(self) -> type[Driver]:
-        # On Linux, Textual's driver with an input thread that waits for input instead of waking 10x a second
-        # (tui/driver.py); TEXTUAL_DRIVER, when set, and other platforms as Textual chooses.
-        if textual_constants.DRIVER is None and sys.platform != "win32":
-            from dltop.tui.driver import QuietLinuxDriver
-
-            return QuietLinuxDriver
-        return super().get_driver_class()
 
     def on_load(self) -> None:
         if self._own_signals:
