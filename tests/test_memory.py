@@ -412,18 +412,6 @@ def test_meminfo_roundtrip(values: dict[str, int]) -> None:
     assert parse_meminfo(text) == {k: v * 1024 for k, v in values.items()}
 
 
-@given(st.lists(st.one_of(st.sampled_from(["pgpgin", "pgsteal_kswapd", "oom_kill", "nr_free_pages", "pgpgin "]),
-                          st.text(max_size=12)), max_size=12).map(lambda w: " \t\n".join(w)))
-@example("pgpgin 5\n\tpgpgin\t7\noom_kill ¹\nnr_free_pages 3\n")
-def test_vmstat_for_some_counters_is_the_whole_parse_cut_to_them(text: str) -> None:
-    only = frozenset({"pgpgin", "pgsteal_kswapd", "oom_kill"})
-    bad_all: dict[str, str] = {}
-    bad_some: dict[str, str] = {}
-    whole = parse_vmstat(text, bad_all)
-    assert parse_vmstat(text, bad_some, only) == {k: v for k, v in whole.items() if k in only}
-    assert bad_some == {k: v for k, v in bad_all.items() if k in only}
-
-
 @given(st.text())
 @example("pgpgin ¹\nMemTotal: ² kB\n")  # digits that str.isdigit() accepts and int() refuses
 def test_parsers_never_raise_on_garbage(text: str) -> None:

@@ -48,7 +48,6 @@ VMSTAT_FIELDS = {
     "pgsteal": ("pgsteal_kswapd", "pgsteal_direct", "pgsteal_khugepaged"),
     "oom_kill": ("oom_kill",),
 }
-_VMSTAT_KEYS = frozenset(k for keys in VMSTAT_FIELDS.values() for k in keys)
 
 
 def _path(root: str, *parts: str) -> str:
@@ -96,17 +95,13 @@ def parse_meminfo(text: str, bad: dict[str, str] | None = None) -> dict[str, int
     return out
 
 
-def parse_vmstat(text: str, bad: dict[str, str] | None = None,
-                 only: frozenset[str] | None = None) -> dict[str, int]:
-    """`/proc/vmstat` (and the `key N` cgroup files) as {name: counter}; with `only`, those names alone (the
-    rest of /proc/vmstat's ~190 lines are not parsed). Bad lines are skipped; a `name N` line whose N is not a
-    64-bit count is noted in `bad[name]`."""
+def parse_vmstat(text: str, bad: dict[str, str] | None = None) -> dict[str, int]:
+    """`/proc/vmstat` (and the `key N` cgroup files) as {name: counter}. Bad lines are skipped; a `name N` line
+    whose N is not a 64-bit count is noted in `bad[name]`."""
     out: dict[str, int] = {}
     for line in text.splitlines():
-        if only is not None and (head := line.partition(" ")[0]) not in only and head.isidentifier():
-            continue  # its name is not asked for (most of /proc/vmstat's lines): not split
         fields = line.split()
-        if len(fields) != 2 or (only is not None and fields[0] not in only):
+        if len(fields) != 2:
             continue
         n = procfs.parse_count(fields[1])
         if n is not None:
@@ -239,7 +234,7 @@ def read_vmstat(root: str = "/") -> VmStat | Unavailable:
 
     def read() -> VmStat:
         bad: dict[str, str] = {}
-        raw = parse_vmstat(_read_text(_path(root, "proc/vmstat")), bad, _VMSTAT_KEYS)
+        raw = parse_vmstat(_read_text(_path(root, "proc/vmstat")), bad)
         values: dict[str, int | None] = {}
         missing: dict[str, str] = {}
         for name, keys in VMSTAT_FIELDS.items():
