@@ -263,82 +263,58 @@ def _decode_unavailable(data: Any, where: Where) -> Unavailable:
 
 
 def _dataclass_decoder(tp: type) -> Decoder:
-    # Field decoders are looked up on first use: a type may contain itself (a residency node's children).
     fields = dataclasses.fields(tp)
-    impl: list[Callable[[dict[str, Any], Where], Any]] = []
+    required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    # (name, the JSON types it takes as they are, its decoder), made on first use: a type may contain itself
+    # (a residency node's children)
+    specs: list[tuple[str, frozenset[type], Decoder]] = []
+    build = _builder(tp)
 
     def decode(data: Any, where: Where) -> Any:
         if not isinstance(data, dict):
             raise DecodeError(f"{_path(where)}: expected an object for {tp.__name__}")
-        if not impl:
-            impl.append(_compile_fields(tp, fields))
-        return impl[0](data, where)
+        if not specs:
+            hints = _hints(tp)
+            specs.extend((f.name, _taken_as_is(hints[f.name]), _decoder(hints[f.name])) for f in fields)
+        values: dict[str, Any] = {}
+        for name, as_is, dec in specs:
+            v = data.get(name, _MISSING)
+            if v is not _MISSING:
+                values[name] = v if type(v) in as_is else dec(v, (where, name))
+        if len(values) != len(fields):
+            for name in required:
+                if name not in values:
+                    raise DecodeError(f"{_path(where)}: missing field {name!r}")
+        if len(values) != len(data):  # keys beside the fields: a string's exact bytes (or a newer writer's field)
+            for name, as_is, dec in specs:
+                raw_key = name + RAW_SUFFIX
+                if raw_key in data and name in data:
+                    value = _from_raw(data[name], data[raw_key], f"{_path(where)}.{raw_key}")
+                    values[name] = value if type(value) in as_is else dec(value, (where, name))
+        return build(values)
 
     return decode
 
 
-def _compile_fields(tp: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[[dict[str, Any], Where], Any]:
-    """A function (data, where) -> `tp` with one straight run of statements per field (generated once per type:
-    the loop over the fields' specs it replaces was a third of the time to read a recording back)."""
-    hints = _hints(tp)
-    specs = [(f.name, f.name + RAW_SUFFIX, _taken_as_is(hints[f.name]), _decoder(hints[f.name])) for f in fields]
-
-    def fix_raw(data: dict[str, Any], d: dict[str, Any], where: Where) -> None:
-        # keys beside the fields: a string's exact bytes (or a newer writer's field, ignored)
-        for name, raw_key, as_is, dec in specs:
-            if raw_key in data and name in data:
-                value = _from_raw(data[name], data[raw_key], f"{_path(where)}.{raw_key}")
-                d[name] = value if type(value) in as_is else dec(value, (where, name))
-
-    def missing(where: Where, name: str) -> DecodeError:
-        return DecodeError(f"{_path(where)}: missing field {name!r}")
-
-    env: dict[str, Any] = {"tp": tp, "new": object.__new__, "M": _MISSING, "fix_raw": fix_raw, "missing": missing,
-                           "post_init": getattr(tp, "__post_init__", None)}
-    plain = getattr(tp, "__slots__", None) is None and all(f.init for f in fields)
-    lines = ["def decode(data, where):", "    n = 0", "    d = {}" if not plain else "    obj = new(tp)",
-             *([] if not plain else ["    d = obj.__dict__"])]
-    for k, f in enumerate(fields):
-        env[f"A{k}"], env[f"D{k}"] = specs[k][2], specs[k][3]
-        lines += [f"    v = data.get({f.name!r}, M)", "    if v is M:"]
-        if f.default is not dataclasses.MISSING:
-            env[f"F{k}"] = f.default
-            lines.append(f"        d[{f.name!r}] = F{k}" if plain else "        pass")
-        elif f.default_factory is not dataclasses.MISSING:
-            env[f"F{k}"] = f.default_factory
-            lines.append(f"        d[{f.name!r}] = F{k}()" if plain else "        pass")
-        else:
-            lines.append(f"        raise missing(where, {f.name!r})")
-        lines += ["    else:", "        n += 1",
-                  f"        d[{f.name!r}] = v if type(v) in A{k} else D{k}(v, (where, {f.name!r}))"]
-    lines.append("    if n != len(data):")
-    lines.append("        fix_raw(data, d, where)")
-    if plain:
-        lines += ["    if post_init is not None:", "        post_init(obj)", "    return obj"]
-    else:  # slots or fields outside __init__: the real constructor
-        lines.append("    return tp(**d)")
-    exec("\n".join(lines), env)  # noqa: S102 - code made here from the dataclass's own field names
-    return typing.cast(Callable[[dict[str, Any], Where], Any], env["decode"])
-
-
-def _builder(tp: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[[dict[str, Any]], Any]:
-    """Make a `tp` from its fields' values as `tp(**kwargs)` does, without the frozen __init__'s
-    object.__setattr__ per field: the instance's __dict__ filled at once."""
+def _builder(tp: type) -> Callable[[dict[str, Any]], Any]:
+    """Make a `tp` from its fields' values as `tp(**values)` does, without the frozen __init__'s
+    object.__setattr__ per field (a day of recording is 86,400 Snapshots to read back): the instance's
+    __dict__ filled at once."""
+    fields = dataclasses.fields(tp)
+    if getattr(tp, "__slots__", None) is not None or any(not f.init for f in fields):
+        return lambda values: tp(**values)
     defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
     factories = [(f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING]
     post_init = getattr(tp, "__post_init__", None)
-    if getattr(tp, "__slots__", None) is not None or any(not f.init for f in fields):
-        return lambda kwargs: tp(**kwargs)
-    new = object.__new__
 
-    def build(kwargs: dict[str, Any]) -> Any:
-        obj: Any = new(tp)
+    def build(values: dict[str, Any]) -> Any:
+        obj: Any = object.__new__(tp)
         d = obj.__dict__
         d.update(defaults)
         for name, factory in factories:
-            if name not in kwargs:
+            if name not in values:
                 d[name] = factory()
-        d.update(kwargs)
+        d.update(values)
         if post_init is not None:
             post_init(obj)
         return obj
