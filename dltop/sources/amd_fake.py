@@ -15,7 +15,7 @@ from enum import IntEnum
 from typing import Any
 
 from dltop.sources.amd import STATUS_NAMES
-from dltop.sources.gpu import ScenarioError, read_scenario
+from dltop.sources.scenario import ScenarioError, read_scenario
 
 FAKE_AMD_ENV = "DLTOP_FAKE_AMDSMI"
 CODES = {name: code for code, name in STATUS_NAMES.items()}

@@ -10,7 +10,6 @@ reason where the numbers would be, never a zero.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ from dltop.sources import procfs
 from dltop.sources.amd import AmdReader
 from dltop.sources.base import Source
 from dltop.sources.gpu_procs import NOT_IN_NAMESPACE, HostReader, parse_cmdline  # noqa: F401 (theirs, said here too)
+from dltop.sources.scenario import ScenarioError, read_scenario
 
 FAKE_ENV = "DLTOP_FAKE_NVML"
 ProcessKind = Literal["compute", "graphics"]
@@ -274,21 +274,6 @@ def _instance_id(value: int | None) -> int | None:
 
 
 # -- the fake backend -------------------------------------------------------------------------------------------
-
-
-class ScenarioError(ValueError):
-    """A fake-NVML or fake-amdsmi scenario file that cannot be used."""
-
-
-def read_scenario(path: str) -> Any:
-    """A scenario file's JSON, or ScenarioError naming why not (unreadable, not JSON)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise ScenarioError(f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{path} is not JSON: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -1142,7 +1127,7 @@ def amd_reader(root: str) -> AmdReader:
     def load() -> Any:
         try:
             return amd_fake.fake_amdsmi(amd_fake.load(path))
-        except amd_fake.ScenarioError as e:
+        except ScenarioError as e:
             raise ImportError(f"fake amdsmi ({amd_fake.FAKE_AMD_ENV}): {e}") from None
 
     return amd.AmdReader(host, lambda: amd.import_amdsmi(load))
