@@ -208,9 +208,9 @@ def test_a_reused_pid_is_another_process_its_user_and_command_read_again(tmp_pat
 
 def test_a_process_asleep_gives_the_same_facts_and_its_cpu_percent_counts_from_its_last_full_interval(
         tmp_path: Path) -> None:
-    """A process whose stat text is last tick's, at 0% CPU, is handed last tick's facts (the short way); its next
-    CPU % is still over the interval since the last read at least MIN_INTERVAL_S after the one before, as on
-    the whole way: 50 ticks of CPU over 1 s after a read 0.2 s ago is 50%, not 62.5% nor 25%."""
+    """A process whose stat has not moved, at 0% CPU, has last tick's facts (the same object); its next CPU % is
+    over the interval since the last read at least MIN_INTERVAL_S after the one before: 50 ticks of CPU over
+    1 s after a read 0.2 s ago is 50%, not 62.5% nor 25%."""
     proc = tmp_path / "proc"
     (proc / "7").mkdir(parents=True)
     (proc / "stat").write_text("cpu 0 0 0 0\nbtime 1700000000\n")
@@ -230,13 +230,13 @@ def test_a_process_asleep_gives_the_same_facts_and_its_cpu_percent_counts_from_i
     busy = reader.read(7)
     reader.end_tick()
     assert busy.cpu_percent == 50.0 and busy.ppid == seen[0].ppid and busy.command == "python train.py"
-    # busy, then asleep again: its text the same as last tick's but its last CPU % not 0, so the whole way
+    # busy, then asleep again: its stat text as last tick's, its CPU % back to 0, so new facts
     clock[0] = 14.0
     asleep = reader.read(7)
     reader.end_tick()
     assert asleep.cpu_percent == 0.0 and asleep is not busy
     reader.close()
-    # a real process asleep, on the short way, then killed: its kept fd says ESRCH and the whole way says why
+    # a real process asleep, then killed: its kept fd says ESRCH and the reader says why
     sleep, _ = _start(SLEEP)  # up and asleep: its stat no longer moves (an exec still moving its RSS would)
     live = HostReader(clock=lambda: clock[0])
     try:

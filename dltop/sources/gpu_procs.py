@@ -142,10 +142,6 @@ class HostReader:
         # pid -> its /proc/PID/stat, open: the fd holds the process, not the number (once it is reaped a read
         # fails with ESRCH, so a reused pid is opened again, never read through the old fd)
         self._fds: dict[int, int] = {}
-        # pid -> its stat text, its fields, the facts made of them where they say 0% CPU, and (pid, start time):
-        # last tick's and this tick's
-        self._parsed: dict[int, tuple[bytes, ProcStat, HostFacts | None, tuple[int, int]]] = {}
-        self._parsed_now: dict[int, tuple[bytes, ProcStat, HostFacts | None, tuple[int, int]]] = {}
 
     def close(self) -> None:
         """Close the stat files kept open."""
@@ -153,19 +149,15 @@ class HostReader:
             os.close(fd)
         self._fds.clear()
 
-    def _stat(self, pid: int, path: str, read: bytes | None = None) -> tuple[bytes, int | None]:
+    def _stat(self, pid: int, path: str) -> tuple[bytes, int | None]:
         """The process's stat text, through its fd kept open where there is one (the owner then is not read
-        again: None), else opened and checked (read_stat) and kept open for the next tick. `read`: what a read
-        through the kept fd just gave, not read again (b"": it failed)."""
+        again: None), else opened and checked (read_stat) and kept open for the next tick."""
         fd = self._fds.get(pid)
         if fd is not None:
-            if read is not None:
-                data = read
-            else:
-                try:
-                    data = os.pread(fd, MAX_STAT_BYTES + 1, 0)
-                except OSError:
-                    data = b""  # ESRCH: it exited; a process under that pid now is another one
+            try:
+                data = os.pread(fd, MAX_STAT_BYTES + 1, 0)
+            except OSError:
+                data = b""  # ESRCH: it exited; a process under that pid now is another one
             if data and len(data) <= MAX_STAT_BYTES:
                 return data, None
             del self._fds[pid]
@@ -189,59 +181,25 @@ class HostReader:
     def read(self, pid: int) -> HostFacts:
         """The process's facts this tick; a process that cannot be read has each field None with the reason."""
         facts = self._tick.get(pid)
-        if facts is not None:
-            return facts
-        # The way of most processes on most ticks, in line: its stat read through the fd kept open gives the same
-        # text as last tick, whose facts had a CPU % of 0 (a process asleep, or waiting on its GPU): the same
-        # facts again (no CPU time since: 0% over any interval), only the base of its next CPU % moves on. Half
-        # the Python of the whole way below, for each such process.
-        fd = self._fds.get(pid)
-        parsed = self._parsed.get(pid)
-        raw: bytes | None = None
-        if fd is not None and parsed is not None:
-            try:
-                raw = os.pread(fd, MAX_STAT_BYTES + 1, 0)
-            except OSError:
-                raw = b""  # ESRCH: it exited; the whole way opens what has that pid now
-            same = parsed[2]
-            if same is not None and raw == parsed[0]:
-                key = parsed[3]
-                self._seen.add(key)
-                self._parsed_now[pid] = parsed
-                now = self._clock()
-                if now - self._last[key][1] >= MIN_INTERVAL_S:
-                    self._last[key] = (parsed[1].cpu_ticks, now, 0.0)
-                self._tick[pid] = same
-                return same
-        facts = self._tick[pid] = self._read(pid, raw)
+        if facts is None:
+            facts = self._tick[pid] = self._read(pid)
         return facts
 
-    def _read(self, pid: int, raw: bytes | None = None) -> HostFacts:
-        """The whole way; `raw`: what a read through its kept fd just gave (b"" where that failed)."""
+    def _read(self, pid: int) -> HostFacts:
         path = f"{self._proc}/{pid}/stat"
         # The reasons name no pid and no root: one note holds for every process it is true of.
-        uid: int | None = None
         try:
-            if not raw or len(raw) > MAX_STAT_BYTES:  # none read, or a read that failed or ran long
-                raw, uid = self._stat(pid, path, raw)
+            raw, uid = self._stat(pid, path)
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ESRCH):
                 why = NOT_IN_NAMESPACE.format(pid=pid)
                 return HostFacts(unavailable=tuple((f, why) for f in (*IDENTITY_FIELDS, *HOST_FIELDS)))
             return self._unread(pid, f"cannot read its /proc/PID/stat: {e.strerror or e}")
-        parsed = self._parsed.get(pid)
-        if parsed is not None and parsed[0] == raw:
-            st = parsed[1]  # the same text as last tick (a process asleep): the same fields
-        else:
-            try:
-                st = parse_stat(raw)
-            except Malformed as e:
-                return self._unread(pid, f"its /proc/PID/stat is damaged: {e}")
-        key = (pid, st.start_time_ticks)
-        facts = self._facts_of(pid, key, uid, st)
-        # its facts kept for the way in line only where they say 0% (the same text then means the same facts)
-        self._parsed_now[pid] = (raw, st, facts if facts.cpu_percent == 0.0 else None, key)
-        return facts
+        try:
+            st = parse_stat(raw)
+        except Malformed as e:
+            return self._unread(pid, f"its /proc/PID/stat is damaged: {e}")
+        return self._facts_of(pid, (pid, st.start_time_ticks), uid, st)
 
     def _facts_of(self, pid: int, key: tuple[int, int], uid: int | None, st: ProcStat) -> HostFacts:
         """The facts of a process from its stat fields: CPU % against the last read, the rest as read."""
@@ -336,6 +294,5 @@ class HostReader:
                 del kept[key]
         for pid in [p for p in self._fds if p not in self._tick]:
             os.close(self._fds.pop(pid))
-        self._parsed, self._parsed_now = self._parsed_now, {}
         self._seen.clear()
         self._tick.clear()
