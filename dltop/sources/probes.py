@@ -375,6 +375,9 @@ def _count_map(f: _Fields, key: str) -> dict[str, int]:
     return {str(k): v for k in m if (v := inner.count(str(k), optional=True)) is not None}
 
 
+_TOTALS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "kv_bytes")
+
+
 def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
     """A ProcessProbe from a decoded format-1 file. A field that must be there and is not believable raises
     Malformed naming it; any other field that is not (NaN, negative, absurd, the wrong type) is left out, its
@@ -386,52 +389,15 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
     devices_doc = f.get("devices", dict)
     devices = tuple(d for k, v in sorted(devices_doc.items()) if (d := _device(str(k), v, notes)) is not None)
     unavailable: dict[str, str] = {}
-    totals: dict[str, int | None] = {}
-    dropped = [k for k in notes if k.startswith("devices.")]
-    for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "kv_bytes"):
-        totals[key] = sum(getattr(d, key) for d in devices) if devices and not dropped else None
-        if dropped:
-            unavailable[key] = f"not summed: {notes[dropped[0]]}"
-        elif not devices:
-            unavailable[key] = NOT_WATCHED
+    totals = _totals(devices, notes, unavailable)
     data = f.get("data", dict, optional=True)
-    fd = _Fields(data or {}, "data", notes)
-    fraction = step_time = None
-    rates: dict[str, Any] = {}
-    if data is None:
-        unavailable["data_wait_fraction"] = unavailable["step_time_s"] = NO_TRACK
-    else:
-        recent_steps, wait_s, step_s = fd.count("recent_steps", optional=True), \
-            fd.num("recent_wait_s", optional=True), fd.num("recent_step_s", optional=True)
-        window_s = fd.num("window_s", optional=True)
-        if recent_steps and step_s and wait_s is not None:
-            fraction = min(wait_s / step_s, 1.0)
-            step_time = step_s / recent_steps
-        elif any(k in notes for k in ("data.recent_steps", "data.recent_wait_s", "data.recent_step_s")):
-            unavailable["data_wait_fraction"] = unavailable["step_time_s"] = "the probe's recent steps are not believable"
-        elif fd.count("steps", optional=True) and window_s is not None:
-            unavailable["data_wait_fraction"] = unavailable["step_time_s"] = \
-                f"no step ended in the last {window_s:g} s"
-        else:
-            unavailable["data_wait_fraction"] = unavailable["step_time_s"] = "no step finished yet"
-        idle = unavailable.get("step_time_s", "")
-        for key, missing in (("samples", NO_SAMPLES), ("tokens", NO_TOKENS)):
-            rate, total = _rate(fd, key, fd.count(key, optional=True), recent_steps, step_s if step_time else None,
-                                unavailable, f"{key}_per_s", missing, idle)
-            rates[f"{key}_per_s"], rates[key] = rate, total
+    fd = _Fields(data or {}, "data", notes)  # with no data, each optional field of it is None
+    fraction, step_time, rates = _step_timing(fd, data is not None, unavailable)
     cudnn = _Fields(f.get("cudnn", dict, optional=True) or {}, "cudnn", notes)
-    exit_doc = f.get("exit", dict, optional=True)
-    fe = _Fields(exit_doc or {}, "exit", notes)
-    how = fe.get("how", str, optional=True)
-    if how is not None and how not in EXIT_HOWS:
-        fe._bad("how", f"expected one of {', '.join(EXIT_HOWS)}", optional=True)
-        how = None
-    exit_error = fe.get("error", str, optional=True) if exit_doc is not None else None
-    exit_code = fe.count("exit_code", optional=True, high=255) if exit_doc is not None else None
-    exited_at = fe.time("at", optional=True) if exit_doc is not None else None
+    exits = _exit_fields(f)
     epochs_doc = f.get("epochs", list, optional=True) or []
     truncated = f.get("truncated", list, optional=True) or []
-    probe = ProcessProbe(
+    return ProcessProbe(
         pid=f.count("pid", high=1 << 22) or 0, path=path, uid=uid,
         start_time_ticks=f.count("start_time_ticks") or 0,
         cmd=f.get("cmd", str), published_at=f.time("published_at") or 0.0,
@@ -444,16 +410,16 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         optimizer_bytes=totals["optimizer_bytes"], kv_bytes=totals["kv_bytes"], devices=devices,
         watched=_count_map(f, "watched"),
         data_wait_fraction=fraction, step_time_s=step_time,
-        last_step_s=None if data is None else fd.num("last_step_s", optional=True),
-        last_step_age_s=None if data is None else fd.num("last_step_age_s", optional=True),
-        window_s=None if data is None else fd.num("window_s", optional=True),
-        in_epoch=None if data is None else fd.get("in_epoch", bool, optional=True),
+        last_step_s=fd.num("last_step_s", optional=True),
+        last_step_age_s=fd.num("last_step_age_s", optional=True),
+        window_s=fd.num("window_s", optional=True),
+        in_epoch=fd.get("in_epoch", bool, optional=True),
         optimizer_steps=f.count("optimizer_steps", optional=True),
-        steps=None if data is None else fd.count("steps", optional=True),
-        input_shapes=None if data is None else fd.count("input_shapes", optional=True),
-        loader_workers=None if data is None else fd.count("loader_workers", optional=True, high=1 << 16),
-        pin_memory=None if data is None else fd.get("pin_memory", bool, optional=True),
-        data_dir=None if data is None else fd.get("data_dir", str, optional=True),
+        steps=fd.count("steps", optional=True),
+        input_shapes=fd.count("input_shapes", optional=True),
+        loader_workers=fd.count("loader_workers", optional=True, high=1 << 16),
+        pin_memory=fd.get("pin_memory", bool, optional=True),
+        data_dir=fd.get("data_dir", str, optional=True),
         **rates, **_loss_doc(f, unavailable),
         cudnn_benchmark=cudnn.get("benchmark", bool, optional=True),
         cudnn_deterministic=cudnn.get("deterministic", bool, optional=True),
@@ -463,10 +429,63 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         loaders=_loaders(doc.get("loaders"), notes),
         gpu_util_source=f.get("gpu_util_source", str, optional=True),
         truncated=tuple(str(t)[:80] for t in truncated[:32]), unavailable={**unavailable, **notes},
-        exit_how=how, exit_error=exit_error, exit_code=exit_code, exited_at=exited_at,
-        folder_refused=f.get("folder_refused", str, optional=True),
+        **exits, folder_refused=f.get("folder_refused", str, optional=True),
     )
-    return probe
+
+
+def _totals(devices: tuple[ProbeDevice, ...], notes: dict[str, str],
+            unavailable: dict[str, str]) -> dict[str, int | None]:
+    """The watched bytes summed over the devices; None, and why, where a device was left out or none is watched."""
+    dropped = [k for k in notes if k.startswith("devices.")]
+    why = f"not summed: {notes[dropped[0]]}" if dropped else None if devices else NOT_WATCHED
+    if why is not None:
+        unavailable.update(dict.fromkeys(_TOTALS, why))
+        return dict.fromkeys(_TOTALS)
+    return {key: sum(getattr(d, key) for d in devices) for key in _TOTALS}
+
+
+def _step_timing(fd: _Fields, given: bool, unavailable: dict[str, str]) -> tuple[
+        float | None, float | None, dict[str, Any]]:
+    """The data wait fraction and the step time over the recent steps, and the samples' and tokens' rates and
+    totals; why not in `unavailable`."""
+    if not given:
+        unavailable["data_wait_fraction"] = unavailable["step_time_s"] = NO_TRACK
+        return None, None, {}
+    recent_steps, wait_s, step_s = fd.count("recent_steps", optional=True), \
+        fd.num("recent_wait_s", optional=True), fd.num("recent_step_s", optional=True)
+    window_s = fd.num("window_s", optional=True)
+    fraction = step_time = None
+    if recent_steps and step_s and wait_s is not None:
+        fraction = min(wait_s / step_s, 1.0)
+        step_time = step_s / recent_steps
+    else:
+        unavailable["data_wait_fraction"] = unavailable["step_time_s"] = _no_steps_reason(fd, window_s)
+    idle = unavailable.get("step_time_s", "")
+    rates: dict[str, Any] = {}
+    for key, missing in (("samples", NO_SAMPLES), ("tokens", NO_TOKENS)):
+        rate, total = _rate(fd, key, fd.count(key, optional=True), recent_steps, step_s if step_time else None,
+                            unavailable, f"{key}_per_s", missing, idle)
+        rates[f"{key}_per_s"], rates[key] = rate, total
+    return fraction, step_time, rates
+
+
+def _no_steps_reason(fd: _Fields, window_s: float | None) -> str:
+    if any(k in fd.notes for k in ("data.recent_steps", "data.recent_wait_s", "data.recent_step_s")):
+        return "the probe's recent steps are not believable"
+    if fd.count("steps", optional=True) and window_s is not None:
+        return f"no step ended in the last {window_s:g} s"
+    return "no step finished yet"
+
+
+def _exit_fields(f: _Fields) -> dict[str, Any]:
+    """How the process ended, as its probe wrote it at exit (None for each where it has not)."""
+    fe = _Fields(f.get("exit", dict, optional=True) or {}, "exit", f.notes)
+    how = fe.get("how", str, optional=True)
+    if how is not None and how not in EXIT_HOWS:
+        fe._bad("how", f"expected one of {', '.join(EXIT_HOWS)}", optional=True)
+        how = None
+    return {"exit_how": how, "exit_error": fe.get("error", str, optional=True),
+            "exit_code": fe.count("exit_code", optional=True, high=255), "exited_at": fe.time("at", optional=True)}
 
 
 class HostPids:
