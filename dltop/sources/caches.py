@@ -421,128 +421,159 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
     a per-name path walk in the kernel and a DirEntry per name cost 40% more."""
     t0 = time.monotonic()
     budget = _Budget(cancel, None if deadline_s is None else t0 + deadline_s, cpu_fraction)
-    w = CacheWalk()
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
-        w.size_bytes, w.apparent_bytes = st.st_blocks * 512, st.st_size
-        w.files = int(stat.S_ISREG(st.st_mode))
-        if w.files:
-            w.newest = w.oldest = st.st_mtime
-            w.newest_atime = st.st_atime
-        return w
-    nodes = [_Dir(os.path.basename(path), path, -1, 0, st.st_blocks * 512, st.st_size)]
-    stack = [0]
-    seen: set[tuple[int, int]] = set()
-    lstat, listdir, is_dir, is_reg, is_lnk = os.lstat, _listdir, stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
-    stopped = False
-    listed, next_check = 0, _CHECK_EVERY
-    c_walk = native.load("_walk")  # the C loop (docs/caches.md); None: the Python one below, its twin
-    while stack and not stopped:
-        i = stack.pop()
-        node = nodes[i]
-        d = node.path
+        return _file_walk(st)
+    walker = _Walker(_Dir(os.path.basename(path), path, -1, 0, st.st_blocks * 512, st.st_size), budget, keep_depth)
+    walker.run()
+    return _summed(walker.w, walker.nodes, keep_depth)
+
+
+def _file_walk(st: os.stat_result) -> CacheWalk:
+    """The walk of a cache that is one file, not a folder."""
+    w = CacheWalk(size_bytes=st.st_blocks * 512, apparent_bytes=st.st_size, files=int(stat.S_ISREG(st.st_mode)))
+    if w.files:
+        w.newest = w.oldest = st.st_mtime
+        w.newest_atime = st.st_atime
+    return w
+
+
+class _Walker:
+    """The folders of one walk_cache (nodes[0] the walked one), listed depth first: each by the C loop
+    (dltop.native._walk, docs/caches.md), or by `_scan`, its Python twin, where the C one is not built."""
+
+    def __init__(self, top: _Dir, budget: _Budget, keep_depth: int) -> None:
+        self.w = CacheWalk()
+        self.nodes, self.stack = [top], [0]
+        self.seen: set[tuple[int, int]] = set()  # (dev, ino) of the hard-linked files counted
+        self.budget, self.keep_depth = budget, keep_depth
+        self.listed, self.next_check, self.stopped = 0, _CHECK_EVERY, False
+        self.c_walk = native.load("_walk")
+        self.listdir = _listdir
+
+    def run(self) -> None:
+        while self.stack and not self.stopped:
+            i = self.stack.pop()
+            fd = self._open(i)
+            if fd is None:
+                continue
+            try:
+                self._folder(i, fd)
+            finally:
+                os.close(fd)
+        if self.stopped or self.stack:
+            self.w.complete = False
+
+    def _open(self, i: int) -> int | None:
+        d = self.nodes[i].path
         try:
-            fd = os.open(d, _O_DIR)
+            return os.open(d, _O_DIR)
         except FileNotFoundError:
-            w.note("vanished")
-            continue
+            self.w.note("vanished")
         except OSError as e:
             if i == 0:
                 raise
             # ELOOP: swapped for a symlink since its lstat; never followed
-            w.note("unreadable", d, _why(e.strerror or str(e)))
-            continue
+            self.w.note("unreadable", d, _why(e.strerror or str(e)))
+        return None
+
+    def _folder(self, i: int, fd: int) -> None:
+        node = self.nodes[i]
+        keep, limit = node.depth < self.keep_depth, ENTRIES_KEPT if i == 0 else KEPT_PER_FOLDER
         try:
-            depth = node.depth + 1
-            keep = node.depth < keep_depth
-            limit = ENTRIES_KEPT if i == 0 else KEPT_PER_FOLDER
-            kept = node.kept
-            if c_walk is not None:
-                try:  # a listing made in Python only where a test replaced _listdir
-                    r = c_walk.scan(fd, None if listdir is os.listdir else listdir(fd), seen, keep, limit,
-                                    LOCKS_KEPT - len(w.locks), budget.stop, listed, next_check, _CHECK_EVERY,
-                                    MAX_PROBLEMS - len(w.problems))
-                except OSError as e:
-                    if i == 0:
-                        raise
-                    w.note("unreadable", d, _why(e.strerror or str(e)))
+            listing = self._list(fd, keep, limit)
+        except OSError as e:
+            if i == 0:
+                raise
+            self.w.note("unreadable", node.path, _why(e.strerror or str(e)))
+            return
+        self.w.dirs += 1
+        if isinstance(listing, list):
+            self._scan(i, fd, listing, keep, limit)
+        else:
+            self.listed, self.next_check, self.stopped = _took(self.w, self.nodes, self.stack, i, listing, limit)
+
+    def _list(self, fd: int, keep: bool, limit: int) -> list[str] | tuple[Any, ...]:
+        """The folder's names for `_scan`, or all that the C loop took from it."""
+        if self.c_walk is None:
+            return self.listdir(fd)
+        # a listing made in Python only where a test replaced _listdir
+        return self.c_walk.scan(fd, None if self.listdir is os.listdir else self.listdir(fd), self.seen, keep, limit,
+                                LOCKS_KEPT - len(self.w.locks), self.budget.stop, self.listed, self.next_check,
+                                _CHECK_EVERY, MAX_PROBLEMS - len(self.w.problems))
+
+    def _scan(self, i: int, fd: int, names: list[str], keep: bool, limit: int) -> None:
+        """The C loop's twin: lstat each name of folder nodes[i] by its fd, and add it up."""
+        w, nodes, stack, seen = self.w, self.nodes, self.stack, self.seen
+        lstat, is_dir, is_reg, is_lnk = os.lstat, stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
+        node = nodes[i]
+        d, depth, kept = node.path, node.depth + 1, node.kept
+        node.count = len(names)
+        cut = -1  # blocks at or below this cannot make the kept list (once it is full)
+        blocks = apparent = files = 0
+        newest, oldest, atime = node.newest, node.oldest, node.atime
+        for k in range(0, len(names), _CHECK_EVERY):
+            self.listed += min(_CHECK_EVERY, len(names) - k)
+            if self.listed >= self.next_check:  # the budget looked at every few thousand names, in small folders too
+                self.next_check += _CHECK_EVERY
+                if self.budget.stop():
+                    self.stopped = True
+                    break
+            for name in names[k:k + _CHECK_EVERY]:
+                try:
+                    s = lstat(name, dir_fd=fd)
+                except FileNotFoundError:
+                    w.note("vanished")
                     continue
-                w.dirs += 1
-                listed, next_check, stopped = _took(w, nodes, stack, i, r, limit)
-                continue
-            try:
-                names = listdir(fd)
-            except OSError as e:
-                if i == 0:
-                    raise
-                w.note("unreadable", d, _why(e.strerror or str(e)))
-                continue
-            w.dirs += 1
-            node.count = len(names)
-            cut = -1  # blocks at or below this cannot make the kept list (once it is full)
-            blocks = apparent = files = 0
-            newest, oldest, atime = node.newest, node.oldest, node.atime
-            for k in range(0, len(names), _CHECK_EVERY):
-                listed += min(_CHECK_EVERY, len(names) - k)
-                if listed >= next_check:  # the budget looked at every few thousand names, in small folders too
-                    next_check += _CHECK_EVERY
-                    if budget.stop():
-                        stopped = True
-                        break
-                for name in names[k:k + _CHECK_EVERY]:
-                    try:
-                        s = lstat(name, dir_fd=fd)
-                    except FileNotFoundError:
-                        w.note("vanished")
-                        continue
-                    except OSError as e:
-                        w.note("unreadable", f"{d}/{name}", _why(e.strerror or str(e)))
-                        continue
-                    if not name.isascii() and not _utf8(name):
-                        w.note("non_utf8_name", f"{d}/{name}", "name not UTF-8")
-                    mode = s.st_mode
-                    if is_dir(mode):
-                        node.subdirs.append(len(nodes))
-                        stack.append(len(nodes))
-                        nodes.append(_Dir(name, f"{d}/{name}", i, depth, s.st_blocks * 512, s.st_size))
-                        continue
-                    b, size = s.st_blocks, s.st_size
-                    if s.st_nlink > 1:
-                        key = (s.st_dev, s.st_ino)
-                        if key in seen:
-                            b = size = 0  # a hard link of a file counted already: du counts it once
-                        seen.add(key)
-                    blocks += b
-                    apparent += size
-                    if is_reg(mode):
-                        files += 1
-                        m, a = s.st_mtime, s.st_atime
-                        if m > newest:
-                            newest = m
-                        if m < oldest:
-                            oldest = m
-                        if a > atime:
-                            atime = a
-                        if name[-5:] == ".lock" and len(w.locks) < LOCKS_KEPT:
-                            w.locks.append((f"{d}/{name}", s))
-                    else:
-                        m = a = _NONE
-                        if is_lnk(mode):
-                            w.note("symlink")  # its own blocks counted, its target never
-                    if keep and b > cut:  # a tie with the smallest kept: the first listed stays
-                        kept.append((-b, name, size, m, a))  # sorts biggest first, then by name
-                        if len(kept) >= 2 * limit:
-                            kept.sort()
-                            del kept[limit:]
-                            cut = -kept[-1][0]
-            node.size += blocks * 512
-            node.apparent += apparent
-            node.files += files
-            node.newest, node.oldest, node.atime = newest, oldest, atime
-        finally:
-            os.close(fd)
-    if stopped or stack:
-        w.complete = False
+                except OSError as e:
+                    w.note("unreadable", f"{d}/{name}", _why(e.strerror or str(e)))
+                    continue
+                if not name.isascii() and not _utf8(name):
+                    w.note("non_utf8_name", f"{d}/{name}", "name not UTF-8")
+                mode = s.st_mode
+                if is_dir(mode):
+                    node.subdirs.append(len(nodes))
+                    stack.append(len(nodes))
+                    nodes.append(_Dir(name, f"{d}/{name}", i, depth, s.st_blocks * 512, s.st_size))
+                    continue
+                b, size = s.st_blocks, s.st_size
+                if s.st_nlink > 1:
+                    key = (s.st_dev, s.st_ino)
+                    if key in seen:
+                        b = size = 0  # a hard link of a file counted already: du counts it once
+                    seen.add(key)
+                blocks += b
+                apparent += size
+                if is_reg(mode):
+                    files += 1
+                    m, a = s.st_mtime, s.st_atime
+                    if m > newest:
+                        newest = m
+                    if m < oldest:
+                        oldest = m
+                    if a > atime:
+                        atime = a
+                    if name[-5:] == ".lock" and len(w.locks) < LOCKS_KEPT:
+                        w.locks.append((f"{d}/{name}", s))
+                else:
+                    m = a = _NONE
+                    if is_lnk(mode):
+                        w.note("symlink")  # its own blocks counted, its target never
+                if keep and b > cut:  # a tie with the smallest kept: the first listed stays
+                    kept.append((-b, name, size, m, a))  # sorts biggest first, then by name
+                    if len(kept) >= 2 * limit:
+                        kept.sort()
+                        del kept[limit:]
+                        cut = -kept[-1][0]
+        node.size += blocks * 512
+        node.apparent += apparent
+        node.files += files
+        node.newest, node.oldest, node.atime = newest, oldest, atime
+
+
+def _summed(w: CacheWalk, nodes: list[_Dir], keep_depth: int) -> CacheWalk:
+    """The walk's totals: each folder summed into its parent; the walked folder's entries and the biggest
+    deeper folders' entries kept."""
     for node in reversed(nodes[1:]):  # a folder comes after its parent: children are summed into parents
         up = nodes[node.parent]
         up.size += node.size
@@ -554,8 +585,7 @@ def walk_cache(path: str, *, cancel: threading.Event | None = None, deadline_s: 
     w.size_bytes, w.apparent_bytes, w.files = root.size, root.apparent, root.files
     w.newest, w.oldest, w.newest_atime = _time(root.newest), _time(root.oldest), _time(root.atime)
     w.entries = _children(nodes, root, ENTRIES_KEPT)
-    kept_n = len(w.entries)
-    w.more_entries = max(0, root.count - kept_n)
+    w.more_entries = max(0, root.count - len(w.entries))
     w.more_bytes = root.size - root.own - sum(e.size for e in w.entries)
     w.more_apparent_bytes = root.apparent - root.own_apparent - sum(e.apparent for e in w.entries)
     deeper = sorted((n for n in nodes[1:] if n.depth < keep_depth and n.count), key=lambda n: (-n.size, n.path))
