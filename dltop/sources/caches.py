@@ -227,17 +227,27 @@ def _xdg_cache(e: Environment) -> tuple[str, str]:
 
 def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
     """Every known cache's path in environment `e`, each with the rule that gave it, then the paths in `extra`."""
+    out = [*_torch_caches(e), *_hf_caches(e), *_serving_caches(e)]
+    out.extend(Location(p, "added", _expanduser(p, e), "added by you (caches = [...] or --cache)") for p in extra)
+    # `~` is expanded only where the tool expands it (torch hub, huggingface_hub, datasets, vLLM: below); torch's
+    # TORCHINDUCTOR_CACHE_DIR, Triton's, CUDA's and the others take it literally: a folder named ~ in the cwd.
+    return [dataclasses.replace(loc, path=os.path.normpath(os.path.join(e.cwd, loc.path))) for loc in out]
+
+
+def _first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
+    """(value, name) of the first of `names` set in `env`."""
+    return next(((v, n) for n in names if (v := _get(env, n)) is not None), None)
+
+
+def _torch_caches(e: Environment) -> list[Location]:
+    """TorchInductor (and its headers), Triton, CUDA's JIT, torch extensions, torch hub."""
     env = e.env
     out: list[Location] = []
-
-    def first(*names: str) -> tuple[str, str] | None:
-        return next(((v, n) for n in names if (v := _get(env, n)) is not None), None)
-
     # TorchInductor: cache_dir_utils.cache_dir(): TORCHINDUCTOR_CACHE_DIR, else <gettempdir()>/torchinductor_<user>
     tmp, why = tempdir(e)
     user = re.sub(r'[\\/:*?"<>|]', "_", e.user)
     default_inductor = os.path.join(tmp, f"torchinductor_{user}")
-    if (hit := first("TORCHINDUCTOR_CACHE_DIR")) is not None:
+    if (hit := _first(env, "TORCHINDUCTOR_CACHE_DIR")) is not None:
         out.append(Location("torchinductor", "TorchInductor", hit[0], hit[1]))
         # codecache._HEADER_DIR is default_cache_dir()/precompiled_headers whatever the variable says: the
         # C++ wrapper's precompiled headers stay in the tempdir when the cache is moved.
@@ -249,9 +259,9 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
         out.append(Location("torchinductor", "TorchInductor", default_inductor,
                             f"default: <tempdir>/torchinductor_<user> (tempdir {why}, user {user})"))
     # Triton: TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else ~/.triton/cache
-    if (hit := first("TRITON_CACHE_DIR")) is not None:
+    if (hit := _first(env, "TRITON_CACHE_DIR")) is not None:
         out.append(Location("triton", "Triton", hit[0], hit[1]))
-    elif (hit := first("TRITON_HOME")) is not None:
+    elif (hit := _first(env, "TRITON_HOME")) is not None:
         out.append(Location("triton", "Triton", os.path.join(hit[0], ".triton", "cache"),
                             "TRITON_HOME: $TRITON_HOME/.triton/cache"))
     else:
@@ -259,28 +269,36 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
                             "default: ~/.triton/cache"))
     # CUDA's JIT cache of PTX compiled for this GPU (the driver's, not a library's)
     knobs = {k: env.get(k) or "not set (the driver's default)" for k in ("CUDA_CACHE_MAXSIZE", "CUDA_CACHE_DISABLE")}
-    if (hit := first("CUDA_CACHE_PATH")) is not None:
+    if (hit := _first(env, "CUDA_CACHE_PATH")) is not None:
         out.append(Location("cuda", "CUDA ComputeCache", hit[0], hit[1], knobs))
     else:
         out.append(Location("cuda", "CUDA ComputeCache", os.path.join(e.home, ".nv", "ComputeCache"),
                             "default: ~/.nv/ComputeCache", knobs))
     xdg, xdg_why = _xdg_cache(e)
     # torch.utils.cpp_extension: TORCH_EXTENSIONS_DIR, else user_cache_dir("torch_extensions")/py311_cu121
-    if (hit := first("TORCH_EXTENSIONS_DIR")) is not None:
+    if (hit := _first(env, "TORCH_EXTENSIONS_DIR")) is not None:
         out.append(Location("torch_extensions", "torch extensions", hit[0], hit[1]))
     else:
         out.append(Location("torch_extensions", "torch extensions", os.path.join(xdg, "torch_extensions"),
                             f"default: {xdg_why}/torch_extensions"))
     # torch.hub: $TORCH_HOME/hub, TORCH_HOME defaulting to $XDG_CACHE_HOME/torch (~/.cache/torch)
-    if (hit := first("TORCH_HOME")) is not None:
+    if (hit := _first(env, "TORCH_HOME")) is not None:
         out.append(Location("torch_hub", "torch hub", os.path.join(_expanduser(hit[0], e), "hub"),
                             "TORCH_HOME: $TORCH_HOME/hub"))
     else:
         out.append(Location("torch_hub", "torch hub", os.path.join(_expanduser(xdg, e), "torch", "hub"),
                             f"default: {xdg_why}/torch/hub"))
+    return out
+
+
+def _hf_caches(e: Environment) -> list[Location]:
+    """Hugging Face's hub and datasets."""
+    env = e.env
+    out: list[Location] = []
+    xdg, xdg_why = _xdg_cache(e)
     # huggingface_hub.constants: HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE (legacy), else $HF_HOME/hub, HF_HOME
     # defaulting to $XDG_CACHE_HOME/huggingface; expanduser and expandvars applied.
-    hf_home_hit = first("HF_HOME")
+    hf_home_hit = _first(env, "HF_HOME")
     hf_home = hf_home_hit[0] if hf_home_hit else os.path.join(xdg, "huggingface")
     hf_why = "HF_HOME: $HF_HOME" if hf_home_hit else f"default: {xdg_why}/huggingface"
 
@@ -289,42 +307,46 @@ def resolve(e: Environment, extra: Iterable[str] = ()) -> list[Location]:
 
     # huggingface_hub 2.x: `hf cache rm`, `hf cache prune`; before: `huggingface-cli delete-cache`
     hub_clear = "hf cache rm REPO (hf cache prune drops detached revisions; huggingface-cli delete-cache before hf)"
-    if (hit := first("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")) is not None:
+    if (hit := _first(env, "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")) is not None:
         out.append(Location("hf_hub", "Hugging Face hub", hf(hit[0]), hit[1], clear_command=hub_clear))
     else:
         out.append(Location("hf_hub", "Hugging Face hub", os.path.join(hf(hf_home), "hub"), f"{hf_why}/hub",
                             clear_command=hub_clear))
     # datasets.config: HF_DATASETS_CACHE, else $HF_HOME/datasets
-    if (hit := first("HF_DATASETS_CACHE")) is not None:
+    if (hit := _first(env, "HF_DATASETS_CACHE")) is not None:
         out.append(Location("hf_datasets", "Hugging Face datasets", _expanduser(hit[0], e), hit[1]))
     else:
         out.append(Location("hf_datasets", "Hugging Face datasets", os.path.join(hf(hf_home), "datasets"),
                             f"{hf_why}/datasets"))
+    return out
+
+
+def _serving_caches(e: Environment) -> list[Location]:
+    """vLLM, FlashInfer, DeepGEMM, JAX."""
+    env = e.env
+    out: list[Location] = []
+    xdg, xdg_why = _xdg_cache(e)
     # vllm/envs.py: VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm (torch_compile_cache inside)
-    if (hit := first("VLLM_CACHE_ROOT")) is not None:
+    if (hit := _first(env, "VLLM_CACHE_ROOT")) is not None:
         out.append(Location("vllm", "vLLM", _expanduser(hit[0], e), hit[1]))
     else:
         out.append(Location("vllm", "vLLM", os.path.join(_expanduser(xdg, e), "vllm"), f"default: {xdg_why}/vllm"))
     # flashinfer/jit/env.py: $FLASHINFER_WORKSPACE_BASE (default ~)/.cache/flashinfer
-    if (hit := first("FLASHINFER_WORKSPACE_BASE")) is not None:
+    if (hit := _first(env, "FLASHINFER_WORKSPACE_BASE")) is not None:
         out.append(Location("flashinfer", "FlashInfer", os.path.join(hit[0], ".cache", "flashinfer"),
                             "FLASHINFER_WORKSPACE_BASE: $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer"))
     else:
         out.append(Location("flashinfer", "FlashInfer", os.path.join(e.home, ".cache", "flashinfer"),
                             "default: ~/.cache/flashinfer"))
     # DeepGEMM's JIT: DG_JIT_CACHE_DIR, else ~/.deep_gemm
-    if (hit := first("DG_JIT_CACHE_DIR")) is not None:
+    if (hit := _first(env, "DG_JIT_CACHE_DIR")) is not None:
         out.append(Location("deep_gemm", "DeepGEMM", hit[0], hit[1]))
     else:
         out.append(Location("deep_gemm", "DeepGEMM", os.path.join(e.home, ".deep_gemm"), "default: ~/.deep_gemm"))
     # JAX keeps a persistent compilation cache only when told where (jax_compilation_cache_dir)
-    if (hit := first("JAX_COMPILATION_CACHE_DIR")) is not None:
+    if (hit := _first(env, "JAX_COMPILATION_CACHE_DIR")) is not None:
         out.append(Location("jax", "JAX compilation cache", hit[0], hit[1]))
-    for p in extra:
-        out.append(Location(p, "added", _expanduser(p, e), "added by you (caches = [...] or --cache)"))
-    # `~` is expanded only where the tool expands it (torch hub, huggingface_hub, datasets, vLLM: above); torch's
-    # TORCHINDUCTOR_CACHE_DIR, Triton's, CUDA's and the others take it literally: a folder named ~ in the cwd.
-    return [dataclasses.replace(loc, path=os.path.normpath(os.path.join(e.cwd, loc.path))) for loc in out]
+    return out
 
 
 # -- what is in a cache -------------------------------------------------------------------------------------
@@ -833,15 +855,10 @@ def _entry(cache: str, en: _Entry, hub: Mapping[str, HubRepo], path: str) -> Cac
                       label=repo.repo_id if repo else "")
 
 
-def read_cache(loc: Location, *, mounts: list[Mount], locked: set[tuple[int, int, int]], temp_dirs: Iterable[str],
-               version_key: str = "", cancel: threading.Event | None = None, deadline_s: float | None = None,
-               cpu_fraction: float | None = None) -> CacheInfo:
-    """One cache: its walk's totals and entries, and the facts of where it lives. A cache folder that is a
-    symlink is followed (the tool follows it too) and said in `via_symlink`."""
-    t0 = time.monotonic()
-    base = CacheInfo(name=loc.name, label=loc.label, path=loc.path, source=loc.source, exists=False,
-                     settings=loc.settings, clear_command=loc.clear_command, current_version_key=version_key)
-    where = _existing(loc.path)
+def _place_facts(path: str, mounts: list[Mount], temp_dirs: Iterable[str]) -> dict[str, Any]:
+    """Where a cache lives: its file system (type, mount point, free and total bytes) and the tempdir it is
+    under ("" for none)."""
+    where = _existing(path)
     real = os.path.realpath(where)
     m = mount_of(real, mounts)
     facts: dict[str, Any] = {"fs_type": m.fs_type if m else "", "mount_point": m.point if m else ""}
@@ -856,9 +873,22 @@ def read_cache(loc: Location, *, mounts: list[Mount], locked: set[tuple[int, int
 
         with contextlib.suppress(OSError):
             facts["fs_type"] = kernel.fs_name(kernel.statfs_type(where))
-    full_real = os.path.realpath(loc.path)
+    full_real = os.path.realpath(path)
     facts["under_tempdir"] = next((t for t in temp_dirs if full_real == t or full_real.startswith(t.rstrip("/") + "/")),
                                   "")
+    return facts
+
+
+def read_cache(loc: Location, *, mounts: list[Mount], locked: set[tuple[int, int, int]], temp_dirs: Iterable[str],
+               version_key: str = "", cancel: threading.Event | None = None, deadline_s: float | None = None,
+               cpu_fraction: float | None = None) -> CacheInfo:
+    """One cache: its walk's totals and entries, and the facts of where it lives. A cache folder that is a
+    symlink is followed (the tool follows it too) and said in `via_symlink`."""
+    t0 = time.monotonic()
+    base = CacheInfo(name=loc.name, label=loc.label, path=loc.path, source=loc.source, exists=False,
+                     settings=loc.settings, clear_command=loc.clear_command, current_version_key=version_key)
+    facts = _place_facts(loc.path, mounts, temp_dirs)
+    full_real = os.path.realpath(loc.path)
     walked = loc.path
     try:
         st = os.lstat(loc.path)
@@ -877,36 +907,42 @@ def read_cache(loc: Location, *, mounts: list[Mount], locked: set[tuple[int, int
         why = path_error(e.strerror or str(e), walked)
         return dataclasses.replace(base, exists=True, owner_uid=st.st_uid, **facts, scanned_at=time.time(),
                                    unavailable={"size_bytes": why, "files": why})
+    unavailable = {}
+    if w.newest is None:
+        unavailable["newest_mtime"] = unavailable["oldest_mtime"] = "no files in it"
+    return dataclasses.replace(
+        base, exists=True, size_bytes=w.size_bytes, files=w.files, dirs=w.dirs, newest_mtime=w.newest,
+        oldest_mtime=w.oldest, **_contents(loc, walked, w, locked),
+        apparent_bytes=w.apparent_bytes, newest_atime=w.newest_atime, complete=w.complete, scanned_at=time.time(),
+        scan_duration_s=time.monotonic() - t0, noted=w.noted, problems=tuple(w.problems), owner_uid=st.st_uid,
+        unavailable=unavailable, **facts)
+
+
+def _contents(loc: Location, walked: str, w: CacheWalk, locked: set[tuple[int, int, int]]) -> dict[str, Any]:
+    """A walked cache's biggest entries and folders, version keys and lock files, as CacheInfo's fields; paths
+    under the cache's own name, as the tool names them (`walked` is where a symlinked cache leads)."""
     hub = hub_repos(walked) if loc.name == "hf_hub" else {}
 
-    def shown(p: str) -> str:  # paths under the cache's own name, as the tool names them
+    def shown(p: str) -> str:
         return loc.path + p[len(walked):] if walked != loc.path and p.startswith(walked) else p
 
     def entry(en: _Entry) -> CacheEntry:
         return _entry(loc.name, en, hub, shown(en.path))
 
     top = sorted(w.entries, key=lambda en: (-en.size, en.name))
-    entries = tuple(entry(en) for en in top[:ENTRIES_KEPT])
     left = top[ENTRIES_KEPT:]
     folders = [CacheFolder(shown(p), tuple(entry(en) for en in kids), more, more_b, more_a)
                for p, kids, more, more_b, more_a in w.folders
                if os.path.basename(p) not in hub or os.path.dirname(p) != walked]
     for name, repo in hub.items():  # a repo opens on its revisions, not on blobs/ refs/ snapshots/
         folders.insert(0, CacheFolder(os.path.join(loc.path, name), repo.revisions))
-    keys = tuple(sorted(en.name for en in w.entries if VERSION_KEY.fullmatch(en.name)))
-    locks = tuple(LockFile(shown(p), s.st_mtime, (os.major(s.st_dev), os.minor(s.st_dev), s.st_ino) in locked)
-                  for p, s in w.locks)
-    unavailable = {}
-    if w.newest is None:
-        unavailable["newest_mtime"] = unavailable["oldest_mtime"] = "no files in it"
-    return dataclasses.replace(
-        base, exists=True, size_bytes=w.size_bytes, files=w.files, dirs=w.dirs, newest_mtime=w.newest,
-        oldest_mtime=w.oldest, entries=entries, more_entries=w.more_entries + len(left),
-        more_bytes=w.more_bytes + sum(en.size for en in left),
-        more_apparent_bytes=w.more_apparent_bytes + sum(en.apparent for en in left), folders=tuple(folders),
-        apparent_bytes=w.apparent_bytes, newest_atime=w.newest_atime, complete=w.complete, scanned_at=time.time(),
-        scan_duration_s=time.monotonic() - t0, noted=w.noted, problems=tuple(w.problems), owner_uid=st.st_uid,
-        version_keys=keys, locks=locks, unavailable=unavailable, **facts)
+    return {"entries": tuple(entry(en) for en in top[:ENTRIES_KEPT]), "more_entries": w.more_entries + len(left),
+            "more_bytes": w.more_bytes + sum(en.size for en in left),
+            "more_apparent_bytes": w.more_apparent_bytes + sum(en.apparent for en in left),
+            "folders": tuple(folders),
+            "version_keys": tuple(sorted(en.name for en in w.entries if VERSION_KEY.fullmatch(en.name))),
+            "locks": tuple(LockFile(shown(p), s.st_mtime, (os.major(s.st_dev), os.minor(s.st_dev), s.st_ino) in locked)
+                           for p, s in w.locks)}
 
 
 def refused_cache(loc: Location, rule: str, reason: str, version_key: str = "") -> CacheInfo:
