@@ -90,11 +90,11 @@ def vmtouch_unseen(w: object, root: Path) -> int:
     total = 0
     for d in sorted(root.iterdir()):
         total += vmtouch_resident(d)
-        w._drain_locked()  # type: ignore[attr-defined]
-        f = next((g for g in w._by_wd.values() if g.path == str(d)), None)  # type: ignore[attr-defined]
+        w.events.drain_locked()  # type: ignore[attr-defined]
+        f = next((g for g in w.folders.by_wd.values() if g.path == str(d)), None)  # type: ignore[attr-defined]
         if f is not None:
             for name in os.listdir(d):
-                w._own_event(f, name)  # type: ignore[attr-defined]
+                w.events.own_event(f.wd, name)  # type: ignore[attr-defined]
     return total
 
 

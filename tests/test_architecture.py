@@ -80,7 +80,7 @@ RECORDER_IN_TUI = {"dltop/tui/app.py": {"dltop.recorder.times"}}
 # The dataset watch reads DAMON's sysfs files through the one bounded reader and names its thread the same way
 # (sources/procfs.py: stdlib only, imports nothing of dltop's).
 RULES_ACROSS = {"dltop/sources/caches.py": {"dltop.actions.confine"}, "dltop/exporter/webconfig.py": {"dltop.config"},
-                "dltop/residency/watch.py": {"dltop.sources.procfs"}}
+                "dltop/residency/events.py": {"dltop.sources.procfs"}, "dltop/residency/reclaim.py": {"dltop.sources.procfs"}}
 MODULE_NAME = re.compile(r"dltop(\.[a-z_][a-z0-9_]*)+(:[A-Za-z_][A-Za-z0-9_]*)?")
 
 

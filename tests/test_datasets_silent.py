@@ -15,8 +15,10 @@ import pytest
 
 from dltop.model.base import from_dict, to_dict
 from dltop.model.datasets import DatasetResidency
-from dltop.residency import watch
-from dltop.residency.watch import DatasetWatch, silent_reclaimer
+from dltop.residency import reclaim, watch
+from dltop.residency.folders import VALUES
+from dltop.residency.reclaim import silent_reclaimer
+from dltop.residency.watch import DatasetWatch
 from dltop.text.datasets import estimate_note
 from tests.test_datasets_watch import OPTIONS, fincore_total, tree
 from tests.test_pagecache_util import (
@@ -80,9 +82,9 @@ def test_odd_sysfs_trees_say_nothing_and_raise_nothing(tmp_path: Path) -> None:
 def silent_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """DAMON's pageout configured in a fake sysfs the watch reads (the tests' default turns detection off)."""
     monkeypatch.setenv("DLTOP_SILENT_RECLAIM", "auto")
-    monkeypatch.setattr(watch, "DAMON_ADMIN", str(damon(tmp_path / "sysfs")))
-    monkeypatch.setattr(watch, "DAMON_RECLAIM", str(tmp_path / "none"))
-    monkeypatch.setattr(watch, "SILENT_RECHECK_S", 0.0)
+    monkeypatch.setattr(reclaim, "DAMON_ADMIN", str(damon(tmp_path / "sysfs")))
+    monkeypatch.setattr(reclaim, "DAMON_RECLAIM", str(tmp_path / "none"))
+    monkeypatch.setattr(reclaim, "SILENT_RECHECK_S", 0.0)
     return tmp_path / "sysfs" / "kdamonds"
 
 
@@ -93,7 +95,7 @@ def test_while_damon_pages_out_every_count_not_measured_in_the_read_is_an_estima
     for f in files:
         read_file(f)
     counters = {"pgsteal_file": 1000, "drop_pagecache": 0}
-    monkeypatch.setattr(watch, "_vmstat", lambda: dict(counters))  # pgsteal_file stands still, as under DAMON
+    monkeypatch.setattr(reclaim, "read_vmstat", lambda: dict(counters))  # pgsteal_file stands still, as under DAMON
     monkeypatch.setattr(watch, "MIN_ROLL_FILES", 6)  # a folder of 5 files (and itself) a read
     monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
     w = DatasetWatch(str(ddir), OPTIONS)
@@ -120,10 +122,10 @@ def test_while_damon_pages_out_every_count_not_measured_in_the_read_is_an_estima
 def test_recently_evicted_pages_growing_with_pgsteal_still_are_learnt_and_kept(
         ddir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DLTOP_SILENT_RECLAIM", "auto")
-    monkeypatch.setattr(watch, "DAMON_ADMIN", str(tmp_path / "none"))  # nothing configured that says so
-    monkeypatch.setattr(watch, "DAMON_RECLAIM", str(tmp_path / "none"))
+    monkeypatch.setattr(reclaim, "DAMON_ADMIN", str(tmp_path / "none"))  # nothing configured that says so
+    monkeypatch.setattr(reclaim, "DAMON_RECLAIM", str(tmp_path / "none"))
     counters = {"pgsteal_file": 1000, "drop_pagecache": 0}
-    monkeypatch.setattr(watch, "_vmstat", lambda: dict(counters))
+    monkeypatch.setattr(reclaim, "read_vmstat", lambda: dict(counters))
     monkeypatch.setattr(watch, "MIN_ROLL_FILES", 6)
     monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
     for f in tree(ddir, folders=2):
@@ -131,25 +133,25 @@ def test_recently_evicted_pages_growing_with_pgsteal_still_are_learnt_and_kept(
     w = DatasetWatch(str(ddir), OPTIONS)
     try:
         w.read()
-        f = next(g for g in w._order if g.keys)
-        base = 0 * watch._N
+        f = next(g for g in w.folders.order if g.keys)
+        base = 0 * VALUES
         res, rev = f.vals[base + 3], f.vals[base + 6]
         # The kernel counted this reclaim: a file's evicted pages grow with pgsteal_file, nothing learnt.
         counters["pgsteal_file"] += 3
         w.read()
-        f = next(g for g in w._order if g.keys)
-        w._steal = f.mark + 3
-        w._recounted_as(f, 0, res, 0, 0, rev + 3)
+        f = next(g for g in w.folders.order if g.keys)
+        w.steal = f.mark + 3
+        w.folders.recounted_as(f, 0, res, 0, 0, rev + 3)
         assert w.silent_reason is None
         # pgsteal_file where it was when the folder was measured, but moved by the time of the measure that saw
         # the pages gone: kswapd's reclaim in the read's window, counted just after; nothing learnt.
-        w._steal, w._steal_raw = f.mark, counters["pgsteal_file"]
+        w.steal, w.steal_raw = f.mark, counters["pgsteal_file"]
         counters["pgsteal_file"] += 1
-        w._recounted_as(f, 0, res, 0, 0, rev + 4)
+        w.folders.recounted_as(f, 0, res, 0, 0, rev + 4)
         assert w.silent_reason is None
         counters["pgsteal_file"] -= 1
         # Where it was then and still is: reclaim it did not count.
-        w._recounted_as(f, 0, res, 0, 0, rev + 6)
+        w.folders.recounted_as(f, 0, res, 0, 0, rev + 6)
         assert w.silent_reason == "reclaim unseen by pgsteal_file"
         for _ in range(3):  # from now on each read's carried counts are estimates, with the reason said
             ds, _ = w.read()
@@ -168,9 +170,9 @@ def test_off_in_the_environment_turns_both_off(ddir: Path, silent_on: Path, monk
         for _ in range(3):
             ds, _ = w.read()
             assert not ds.estimated and w.silent_reason is None
-        f = next(g for g in w._order if g.keys)
-        w._steal = f.mark
-        w._recounted_as(f, 0, 0, 0, 0, f.vals[6] + 1)
+        f = next(g for g in w.folders.order if g.keys)
+        w.steal = f.mark
+        w.folders.recounted_as(f, 0, 0, 0, 0, f.vals[6] + 1)
         assert w.silent_reason is None
     finally:
         w.close()

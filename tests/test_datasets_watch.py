@@ -13,7 +13,8 @@ import pytest
 from dltop.config import Settings
 from dltop.model.base import from_dict, to_dict
 from dltop.model.datasets import DatasetResidency, DatasetsPart, ResidencyNode
-from dltop.residency import watch
+from dltop.residency import events, reclaim, watch
+from dltop.residency.folders import FolderTable
 from dltop.residency.rank import FILE_SORT_KEYS
 from dltop.residency.scan import scan_residency
 from dltop.residency.walk import WalkOptions
@@ -114,7 +115,7 @@ def test_reclaim_makes_carried_counts_an_estimate_until_measured_again(ddir: Pat
     for f in files:
         read_file(f)
     counters = {"pgsteal_file": 1000, "drop_pagecache": 0}
-    monkeypatch.setattr(watch, "_vmstat", lambda: dict(counters))
+    monkeypatch.setattr(reclaim, "read_vmstat", lambda: dict(counters))
     monkeypatch.setattr(watch, "MIN_ROLL_FILES", 6)  # a folder of 5 files (and itself) a read
     monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
     ds, _ = watched.read()
@@ -153,13 +154,13 @@ def test_own_measuring_is_not_taken_for_a_job_reading(ddir: Path, watched: Datas
     tree(ddir, folders=3, files=50)
     watched.read()
     measured = []
-    real = DatasetWatch._measure_one
+    real = FolderTable.measure_one
 
     def counting(self: DatasetWatch, f: object, name: str) -> object:
         measured.append(name)
         return real(self, f, name)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(DatasetWatch, "_measure_one", counting)
+    monkeypatch.setattr(FolderTable, "measure_one", counting)
     monkeypatch.setattr(watch, "MIN_ROLL_FILES", 1)
     monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
     for _ in range(3):
@@ -263,7 +264,7 @@ def test_a_queue_overflow_measures_it_all_again(ddir: Path, monkeypatch: pytest.
     """More events than the kernel queues (max_queued_events) between two drains: the events after it are lost,
     so the next read measures the whole dataset again, and a read whose events were dropped is counted."""
     files = tree(ddir, folders=2)
-    monkeypatch.setattr(watch, "DRAIN_EVERY_S", 3600.0)  # no drain but ours
+    monkeypatch.setattr(events, "DRAIN_EVERY_S", 3600.0)  # no drain but ours
     monkeypatch.setattr(watch, "MIN_ROLL_FILES", 1)
     monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
     w = DatasetWatch(str(ddir), OPTIONS)
@@ -295,13 +296,13 @@ def test_the_rolling_pass_keeps_its_share_over_reads_not_a_folder_more_each(ddir
     monkeypatch.setattr(watch, "MIN_ROLL_FILES", 3)  # under one folder's 6
     monkeypatch.setattr(watch, "ROLL_CPU_SHARE", 0.0)
     measured: list[str] = []
-    real = DatasetWatch._scan_folder
+    real = FolderTable.scan_folder
 
     def counting(self: DatasetWatch, f: object, steal: int) -> None:
         real(self, f, steal)  # type: ignore[arg-type]
         measured.extend([f.path] * (len(f.keys) + 1))  # type: ignore[attr-defined]
 
-    monkeypatch.setattr(DatasetWatch, "_scan_folder", counting)
+    monkeypatch.setattr(FolderTable, "scan_folder", counting)
     reads = 14
     for _ in range(reads):
         watched.read()
@@ -314,8 +315,8 @@ def test_our_own_events_are_taken_off_at_once_not_kept_a_key_per_file(ddir: Path
     files kept two keys each until the next read), and a job's read after it is seen at the next."""
     files = tree(ddir, folders=3, files=50)
     first, _ = watched.read()
-    assert (dict(watched._touched), watched._own, first.resident_pages) == ({}, {}, 0)
+    assert (dict(watched.events.touched), watched.events.own, first.resident_pages) == ({}, {}, 0)
     subprocess.run(["cat", str(files[3])], stdout=subprocess.DEVNULL, check=True)
     now, _ = watched.read()
-    assert (dict(watched._touched), watched._own) == ({}, {})
+    assert (dict(watched.events.touched), watched.events.own) == ({}, {})
     assert now.resident_pages == 3

@@ -13,8 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dltop import kernel, native
-from dltop.residency import measure as measuring
+from dltop.residency import events as drain
 from dltop.residency import watch
+from dltop.residency import measure as measuring
+from dltop.residency.events import EventDrain
+from dltop.residency.folders import FolderTable
 from dltop.residency.walk import WalkOptions
 from dltop.residency.watch import DatasetWatch
 from tests.test_pagecache_util import (
@@ -43,7 +46,7 @@ def record(wd: int, name: bytes, mask: int) -> bytes:
         wd, name = -1, b""
     elif mask == kernel.IN_DELETE_SELF:
         name = b""  # the folder itself: no name
-    padded = watch._padded(name) if name else b""
+    padded = drain.padded(name) if name else b""
     return struct.pack("iIII", wd, mask, 0, len(padded)) + padded
 
 
@@ -60,7 +63,7 @@ def model(events: list[tuple[int, bytes, int]]) -> tuple[dict, dict, set, set, b
             continue
         if mask == kernel.IN_DELETE_SELF:
             name = b""
-        key = (wd, watch._padded(name) if name else b"")
+        key = (wd, drain.padded(name) if name else b"")
         if mask in FILE_MASKS or mask == kernel.IN_ATTRIB:
             touched[key] = touched.get(key, 0) + 1
             if mask == kernel.IN_OPEN:
@@ -78,37 +81,36 @@ def model(events: list[tuple[int, bytes, int]]) -> tuple[dict, dict, set, set, b
     return touched, opened, changed, relist, resync
 
 
-def state(w: DatasetWatch) -> tuple[dict, dict, set, set, bool]:
-    return dict(w._touched), dict(w._open), set(w._changed), set(w._relist), w._resync
+def state(w: EventDrain) -> tuple[dict, dict, set, set, bool]:
+    return dict(w.touched), dict(w.open), set(w.changed), set(w.relist), w.resync
 
 
 @pytest.fixture(scope="module")
 def two_watches(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    root = tmp_path_factory.mktemp("events")
-    ws = [DatasetWatch(str(root), WalkOptions()), DatasetWatch(str(root), WalkOptions())]
+    ws = [EventDrain(), EventDrain()]
     for w in ws:
-        w.close()  # no drain thread, no fd: only what the test hands `_take`
+        w.close()  # no drain thread, no fd: only what the test hands `take`
     yield ws
 
 
 @settings(max_examples=300, derandomize=True, deadline=None)
 @given(st.lists(EVENT, max_size=120), st.integers(1, 7))
-def test_bulk_and_one_by_one_count_the_same_as_the_rule(two_watches: list[DatasetWatch],
+def test_bulk_and_one_by_one_count_the_same_as_the_rule(two_watches: list[EventDrain],
                                                         events: list[tuple[int, bytes, int]], cut: int) -> None:
     TRIED.append(1)
     bulk, single = two_watches
     buf = b"".join(record(*e) for e in events)
     ends = sorted({0, len(buf)} | {sum(len(record(*e)) for e in events[:i]) for i in range(0, len(events), cut)})
     for w, bulk_min in ((bulk, 2), (single, 10**9)):
-        w._touched.clear(), w._open.clear(), w._changed.clear(), w._relist.clear()
-        w._resync = False
-        old = watch._BULK_MIN
-        watch._BULK_MIN = bulk_min
+        w.touched.clear(), w.open.clear(), w.changed.clear(), w.relist.clear()
+        w.resync = False
+        old = drain.BULK_MIN
+        drain.BULK_MIN = bulk_min
         try:
             for a, b in zip(ends, ends[1:], strict=False):  # as the kernel hands them: whole records per read
-                w._take(buf[a:b])
+                w.take(buf[a:b])
         finally:
-            watch._BULK_MIN = old
+            drain.BULK_MIN = old
     assert state(bulk) == state(single) == model(events)
 
 
@@ -139,12 +141,12 @@ def test_names_of_every_padded_length_are_measured_once(ddir: Path, monkeypatch:
         assert first.resident_pages == 0
         subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
         counted = []
-        real = DatasetWatch._recounted_as  # what both steps call for a file counted again by cachestat alone
-        monkeypatch.setattr(DatasetWatch, "_recounted_as", lambda self, f, i, *cs: counted.append(f.name(i).encode())
+        real = FolderTable.recounted_as  # what both steps call for a file counted again by cachestat alone
+        monkeypatch.setattr(FolderTable, "recounted_as", lambda self, f, i, *cs: counted.append(f.name(i).encode())
                             or real(self, f, i, *cs))
         by_python: list[bytes] = []
-        py_recount = DatasetWatch._recount
-        monkeypatch.setattr(DatasetWatch, "_recount", lambda self, f, i, raw, key: by_python.append(raw)
+        py_recount = FolderTable.recount
+        monkeypatch.setattr(FolderTable, "recount", lambda self, f, i, raw, key: by_python.append(raw)
                             or py_recount(self, f, i, raw, key))
         now, _ = w.read()
         assert sorted(counted) == sorted(n.encode() for n in names)

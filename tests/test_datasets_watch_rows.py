@@ -10,16 +10,16 @@ from itertools import accumulate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dltop.residency import rank, walk, watch
-from dltop.residency.watch import DatasetWatch
+from dltop.residency import rank, ranker, walk
+from dltop.residency.folders import SUMMED, VALUES, Folder
 
 # Per file: (data pages, resident data pages, unknown: the kernel hides it); few values, so scores tie often.
 FILE = st.tuples(st.integers(0, 6), st.integers(0, 6), st.booleans())
 TRIED = []
 
 
-def folder(path: str, files: list[tuple[int, int, bool]], first_ino: int) -> tuple[watch._Folder, list[tuple]]:
-    f = watch._Folder(path, 1, 1, first_ino, None)
+def folder(path: str, files: list[tuple[int, int, bool]], first_ino: int) -> tuple[Folder, list[tuple]]:
+    f = Folder(path, 1, 1, first_ino, None)
     rows = []
     vals = array("q")
     for k, (data, res, unknown) in enumerate(files):
@@ -34,7 +34,7 @@ def folder(path: str, files: list[tuple[int, int, bool]], first_ino: int) -> tup
     f.keys, f.vals = array("q", (hash(n) for n in names)), vals
     f.names = "\0".join(names) + "\0" if names else ""
     f.offs = array("I", accumulate((len(n) + 1 for n in names), initial=0))
-    f.tot = [sum(vals[j::watch._N]) for j in range(watch._SUM)]
+    f.tot = [sum(vals[j::VALUES]) for j in range(SUMMED)]
     return f, rows
 
 
@@ -48,56 +48,55 @@ def test_the_watch_lists_the_files_a_scan_lists(folders: list[list[tuple[int, in
                                                 changes: list[tuple[int, int, int]]) -> None:
     TRIED.append(1)
     monkey_reserve = 1  # a small reserve: it runs out, and the folder is ranked again
-    old_reserve, watch._RESERVE = watch._RESERVE, monkey_reserve
+    old_reserve, ranker.RESERVE = ranker.RESERVE, monkey_reserve
     try:
         check(folders, n, keys, budget, changes)
     finally:
-        watch._RESERVE = old_reserve
+        ranker.RESERVE = old_reserve
 
 
-def scan_rows(w: DatasetWatch, n: int, keys: tuple[str, ...], budget: int) -> tuple[int, dict[str, list[tuple]]]:
+def scan_rows(order: list[Folder], n: int, keys: tuple[str, ...], budget: int) -> tuple[int, dict[str, list[tuple]]]:
     """What TopFiles lists for the numbers the watch holds now."""
     top = rank.TopFiles(n, keys, budget)
     accs = {}
-    for f in w._order:
+    for f in order:
         acc = accs[f] = walk.FolderTotals(f.path)
         acc.data = f.tot[2]
         for i in range(len(f.keys)):
-            v = f.vals[i * watch._N:(i + 1) * watch._N]
+            v = f.vals[i * VALUES:(i + 1) * VALUES]
             top.offer(acc, f.path, f.name(i), 0, v[11], v[0], v[1], v[2], v[3], v[7], unknown=v[8], dunknown=v[9])
     want = top.rows()
     return top.n, {f.path: [(r.path, r.data_pages, r.data_resident_pages, r.data_unknown_pages)
                             for r in want.get(acc, ())] for f, acc in accs.items()}
 
 
-def watch_rows(w: DatasetWatch) -> tuple[int, dict[str, list[tuple]]]:
-    n, got = w._file_rows()
+def watch_rows(w: ranker.FileRanker, order: list[Folder]) -> tuple[int, dict[str, list[tuple]]]:
+    n, got = w.rows(order)
     return n, {f.path: [(r.path, r.data_pages, r.data_resident_pages, r.data_unknown_pages)
-                        for r in got.get(f, ())] for f in w._order}
+                        for r in got.get(f, ())] for f in order}
 
 
 def check(folders: list[list[tuple[int, int, bool]]], n: int, keys: tuple[str, ...], budget: int,
           changes: list[tuple[int, int, int]]) -> None:
     if len(folders) > 1:
         budget = 10_000  # folders sharing a tight budget: the scan's choice depends on the order it met them in
-    w = DatasetWatch.__new__(DatasetWatch)
-    w.options = walk.WalkOptions(top_files=n, top_keys=keys, top_budget=budget)
-    w._keys = keys
-    w._order = [folder(f"/d{j}", files, 1000 * (j + 1))[0] for j, files in enumerate(folders)]
-    assert watch_rows(w) == scan_rows(w, n, keys, budget)
+    w = ranker.FileRanker(walk.WalkOptions(top_files=n, top_keys=keys, top_budget=budget))
+    w.keys = keys
+    order = [folder(f"/d{j}", files, 1000 * (j + 1))[0] for j, files in enumerate(folders)]
+    assert watch_rows(w, order) == scan_rows(order, n, keys, budget)
     for j, k, res in changes:  # a file read (or evicted) and counted again, as _recount does
-        f = w._order[j % len(w._order)]
+        f = order[j % len(order)]
         if not len(f.keys):
             continue
-        i, b = k % len(f.keys), (k % len(f.keys)) * watch._N
+        i, b = k % len(f.keys), (k % len(f.keys)) * VALUES
         if f.vals[b + 8]:
             continue  # hidden from us: never counted again in place
         new = min(res, f.vals[b + 2])
         f.tot[3] += new - f.vals[b + 3]
         f.tot[7] += new - f.vals[b + 7]
         f.vals[b + 3] = f.vals[b + 7] = new
-        w._rerank(f, i)
-        assert watch_rows(w) == scan_rows(w, n, keys, budget)
+        w.rerank(f, i)
+        assert watch_rows(w, order) == scan_rows(order, n, keys, budget)
 
 
 def test_the_property_ran() -> None:

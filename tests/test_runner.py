@@ -272,7 +272,7 @@ def test_the_datasets_reader_rescans_only_what_it_is_asked_and_carries_over(ddir
     assert second.read().paths[1].scanned_at > stamps[str(two)]  # and the next read is a watch cycle of each
     assert first.close is not None and second.close is not None
     first.close()
-    assert all(not w._closed.is_set() for w in watches.values())  # the old source's close left them running
+    assert all(not w.events.closed.is_set() for w in watches.values())  # the old source's close left them running
     second.close()
 
 
