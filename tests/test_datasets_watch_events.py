@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from dltop import kernel, native
 from dltop.residency import events as drain
-from dltop.residency import watch
 from dltop.residency import measure as measuring
+from dltop.residency import watch
 from dltop.residency.events import EventDrain
 from dltop.residency.folders import FolderTable
 from dltop.residency.walk import WalkOptions
