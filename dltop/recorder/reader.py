@@ -160,6 +160,22 @@ class Recording:
         self.path = path
         self.damage = Damage()
         self._cache: OrderedDict[tuple[int, int], Chunk] = OrderedDict()
+        self._dir, files = self._open_files(path)
+        loaded = [self._load(name) for name in files]
+        self._segments = [seg for seg in loaded if seg is not None]
+        metas = [s.meta for s in self._segments if s.meta]
+        for m in metas:
+            if isinstance(m.get("format"), int) and m["format"] > store.FORMAT_VERSION:
+                raise DltopError(f"{path}: recorded by a newer dltop (format {m['format']}; this one reads "
+                                 f"up to {store.FORMAT_VERSION})")
+        self.meta: dict[str, Any] = metas[0] if metas else {}
+        self._lay_out_samples()
+        if not self._ts and not metas and not any(s.events for s in self._segments):
+            raise DltopError(f"{printable(path)}: not a dltop recording, or nothing readable in it"
+                             f"{f' ({self.damage.note()})' if self.damage.total else ''}")
+
+    def _open_files(self, path: str) -> tuple[str, list[str]]:
+        """The recording's directory (opened: self._dir_fd) and its segment files' names."""
         # The directory the user named is followed (as `ls` would); the files in it are opened relative to it.
         directory, files = path, None
         try:
@@ -174,17 +190,11 @@ class Recording:
             files = [stem + suffix for stem, suffix in store.list_segments(self._dir_fd, path)]
         if not files:
             raise DltopError(f"no recording in {path} (no segment files)")
-        self._dir = directory
-        loaded = [self._load(name) for name in files]
-        self._segments = [seg for seg in loaded if seg is not None]
-        metas = [s.meta for s in self._segments if s.meta]
-        for m in metas:
-            if isinstance(m.get("format"), int) and m["format"] > store.FORMAT_VERSION:
-                raise DltopError(f"{path}: recorded by a newer dltop (format {m['format']}; this one reads "
-                                 f"up to {store.FORMAT_VERSION})")
-        self.meta: dict[str, Any] = metas[0] if metas else {}
-        # Samples in time order: the chunks' times end to end (segments and frames are in time order already);
-        # a sample's place is its chunk (found by bisecting where each chunk starts) and its number in it.
+        return directory, files
+
+    def _lay_out_samples(self) -> None:
+        """Samples in time order: the chunks' times end to end (segments and frames are in time order already);
+        a sample's place is its chunk (found by bisecting where each chunk starts) and its number in it."""
         self._ts: list[float] = []
         self._chunk_start: list[int] = []
         self._chunk_of: list[tuple[int, int]] = []
@@ -199,9 +209,6 @@ class Recording:
             where = sorted((ts, *self._place(j)) for j, ts in enumerate(self._ts))
             self._ts = [w[0] for w in where]
             self._order = [w[1:] for w in where]
-        if not self._ts and not metas and not any(s.events for s in self._segments):
-            raise DltopError(f"{printable(path)}: not a dltop recording, or nothing readable in it"
-                             f"{f' ({self.damage.note()})' if self.damage.total else ''}")
 
     # -- the API ------------------------------------------------------------------------------------------
 
@@ -464,30 +471,41 @@ def _check_index(index: Any) -> None:
     if not isinstance(events, list):
         raise ValueError("events: not a list")
     for n, ev in enumerate(events):
-        if not (isinstance(ev, list) and len(ev) == 3 and store.valid_ts(ev[0]) is not None
-                and isinstance(ev[1], str) and isinstance(ev[2], dict) and store.shallow(ev[2])):
+        if not _is_event(ev):
             raise ValueError(f"event {n}: not [ts, kind, data]")
         ev[0] = float(ev[0])
     index["events"] = events
     end = 0
     for n, b in enumerate(index["blocks"]):
-        if not isinstance(b, dict):
-            raise ValueError(f"block {n}: not an object")
-        offset, size, text = b.get("offset"), b.get("size"), b.get("ts")
-        if "crc" in b and b["crc"] != store.entry_crc([b.get(k) for k in ("offset", "size", "first_ts", "last_ts",
-                                                                              "ts", "samples")]):
-            raise ValueError(f"block {n}: checksum does not match")
-        if type(offset) is not int or type(size) is not int or not isinstance(text, str):
-            raise ValueError(f"block {n}: offset, size or ts of the wrong type")
-        if offset != end or not 0 < size <= MAX_FRAME_BYTES:  # frames are written end to end
-            raise ValueError(f"block {n}: offset {offset} or size {size} is not where the frames lie")
-        end = offset + size
-        times = index_times(text)
-        if any(store.valid_ts(t) is None for t in times):
-            raise ValueError(f"block {n}: a sample time that is not a time")
-        if b.get("samples", len(times)) != len(times):
-            raise ValueError(f"block {n}: {len(times)} sample times for {b.get('samples')!r} samples")
-        b["times"] = times
+        end = _check_block(n, b, end)
+
+
+def _is_event(ev: Any) -> bool:
+    """An event as the recorder writes it: [ts, kind, data]."""
+    return (isinstance(ev, list) and len(ev) == 3 and store.valid_ts(ev[0]) is not None
+            and isinstance(ev[1], str) and isinstance(ev[2], dict) and store.shallow(ev[2]))
+
+
+def _check_block(n: int, b: Any, end: int) -> int:
+    """ValueError naming what is wrong with block `n` of an index, which must start at `end`; else where the
+    block ends, its sample times read into b["times"]."""
+    if not isinstance(b, dict):
+        raise ValueError(f"block {n}: not an object")
+    offset, size, text = b.get("offset"), b.get("size"), b.get("ts")
+    if "crc" in b and b["crc"] != store.entry_crc([b.get(k) for k in ("offset", "size", "first_ts", "last_ts",
+                                                                          "ts", "samples")]):
+        raise ValueError(f"block {n}: checksum does not match")
+    if type(offset) is not int or type(size) is not int or not isinstance(text, str):
+        raise ValueError(f"block {n}: offset, size or ts of the wrong type")
+    if offset != end or not 0 < size <= MAX_FRAME_BYTES:  # frames are written end to end
+        raise ValueError(f"block {n}: offset {offset} or size {size} is not where the frames lie")
+    times = index_times(text)
+    if any(store.valid_ts(t) is None for t in times):
+        raise ValueError(f"block {n}: a sample time that is not a time")
+    if b.get("samples", len(times)) != len(times):
+        raise ValueError(f"block {n}: {len(times)} sample times for {b.get('samples')!r} samples")
+    b["times"] = times
+    return offset + size
 
 
 def recorded_tab(events: list[RecordedEvent], ts: float) -> str | None:
