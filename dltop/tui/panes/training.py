@@ -20,7 +20,7 @@ from textual.widgets import Static
 
 from dltop.fmt import human_bytes, percent_text, plural, printable, shorten_middle
 from dltop.model import Snapshot, Unavailable
-from dltop.model.probes import NOT_GIVEN, ProbeEpoch, ProbesPart, ProcessProbe
+from dltop.model.probes import NOT_GIVEN, ProbeEpoch, ProbeLoader, ProbesPart, ProcessProbe
 from dltop.tui import charts
 from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.view import View
@@ -299,42 +299,10 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
     lead = members[0]  # rank 0 (or the only process) speaks for the job's epochs
     now = time.time() if now is None else now
     lines = [_title(members, width), *status_lines(members, now, width), _facts(lead, width)]
-    step = series(history, key, "step_time_s")
-    wait = series(history, key, "data_wait_fraction")
-    now_step = max((p.step_time_s for p in members if p.step_time_s is not None), default=None)
-    now_wait = max((p.data_wait_fraction for p in members if p.data_wait_fraction is not None), default=None)
-    # a number of the recent window only: a loop that stopped or a process that exited has none now
-    idle = "exited" if all(p.exited for p in members) else "stalled" if any(p.stalled for p in members) else None
     axis = Axis(history)
-    lines.append(_spark_line("Step", idle or ("n/a" if now_step is None else f"{1000 * now_step:.1f} ms"), step,
-                             width, "$accent", axis, _ms))
-    lines.append(_spark_line("Data wait", idle or ("n/a" if now_wait is None else percent_text(100 * now_wait)),
-                             wait, width, "$warning", axis, _percent, top=1.0))
-    given = False
-    for label, name in (("Samples/s", "samples_per_s"), ("Tokens/s", "tokens_per_s")):
-        counted = [p for p in members if getattr(p, name) is not None or getattr(p, name.split("_")[0]) is not None]
-        data = series(history, key, name, combine=sum)
-        if not counted and not data:
-            continue
-        given = True
-        rates = [getattr(p, name) for p in members if getattr(p, name) is not None]
-        lines.append(_spark_line(label, idle or (rate_text(sum(rates)) if rates else "n/a"), data, width,
-                                 "$success", axis, lambda v: f"{rate_text(v)}/s"))
-    if lead.losses_logged or lead.loss is not None or lead.loss_nonfinite:
-        given = True
-        lines.append(_spark_line("Loss", loss_text(lead.loss, lead.loss_nonfinite),
-                                 series(history, key, "loss", combine=_lead), width, "$secondary", axis,
-                                 _loss_scale, value_style="bold $error" if lead.loss_nonfinite else "",
-                                 banded=True))
-    if not given:
-        lines.append(Content.assemble((NO_COUNTS, "dim")).truncate(width, ellipsis=True))
+    lines += _spark_lines(key, members, history, width, axis)
     lines.append(axis.line(width))
-    for loader in lead.loaders:  # timed apart from the main loader: a val loop is not in the numbers above
-        step_now = "n/a" if loader.step_time_s is None else f"{1000 * loader.step_time_s:.1f} ms"
-        wait_now = "" if loader.data_wait_fraction is None else f"  data wait {percent_text(100 * loader.data_wait_fraction)}"
-        lines.append(Content.assemble((f"{printable(loader.name)[:9]:<10}", "bold"), f"{step_now:>9} ",
-                                      (f"a step{wait_now}  ({plural(loader.steps, 'step')} in all, apart from "
-                                       "the epochs)", "dim")).truncate(width, ellipsis=True))
+    lines += (_loader_line(loader, width) for loader in lead.loaders)
     if not lead.epochs:
         lines.append(Content.assemble(("no epoch closed yet (probe.mark_epoch())", "dim")))
     elif with_epochs:
@@ -343,6 +311,52 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
         if len(members) > 1:
             lines.append(Content.assemble((f"epochs (rank {lead.rank}'s)", "dim")))
     return lines
+
+
+def _spark_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int,
+                 axis: Axis) -> list[Content]:
+    """A job's sparklines: step time and data wait, then samples, tokens and loss where the script hands them
+    over (a line saying how, where it hands none)."""
+    now_step = max((p.step_time_s for p in members if p.step_time_s is not None), default=None)
+    now_wait = max((p.data_wait_fraction for p in members if p.data_wait_fraction is not None), default=None)
+    # a number of the recent window only: a loop that stopped or a process that exited has none now
+    idle = "exited" if all(p.exited for p in members) else "stalled" if any(p.stalled for p in members) else None
+    lines = [_spark_line("Step", idle or ("n/a" if now_step is None else f"{1000 * now_step:.1f} ms"),
+                         series(history, key, "step_time_s"), width, "$accent", axis, _ms),
+             _spark_line("Data wait", idle or ("n/a" if now_wait is None else percent_text(100 * now_wait)),
+                         series(history, key, "data_wait_fraction"), width, "$warning", axis, _percent, top=1.0)]
+    counts = _count_lines(key, members, history, width, axis, idle)
+    return lines + (counts or [Content.assemble((NO_COUNTS, "dim")).truncate(width, ellipsis=True)])
+
+
+def _count_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int, axis: Axis,
+                 idle: str | None) -> list[Content]:
+    """Samples and tokens a second, and the loss, each where the script hands it over."""
+    lines = []
+    for label, name in (("Samples/s", "samples_per_s"), ("Tokens/s", "tokens_per_s")):
+        counted = [p for p in members if getattr(p, name) is not None or getattr(p, name.split("_")[0]) is not None]
+        data = series(history, key, name, combine=sum)
+        if not counted and not data:
+            continue
+        rates = [getattr(p, name) for p in members if getattr(p, name) is not None]
+        lines.append(_spark_line(label, idle or (rate_text(sum(rates)) if rates else "n/a"), data, width,
+                                 "$success", axis, lambda v: f"{rate_text(v)}/s"))
+    lead = members[0]
+    if lead.losses_logged or lead.loss is not None or lead.loss_nonfinite:
+        lines.append(_spark_line("Loss", loss_text(lead.loss, lead.loss_nonfinite),
+                                 series(history, key, "loss", combine=_lead), width, "$secondary", axis,
+                                 _loss_scale, value_style="bold $error" if lead.loss_nonfinite else "",
+                                 banded=True))
+    return lines
+
+
+def _loader_line(loader: ProbeLoader, width: int) -> Content:
+    """A loader timed apart from the main one: a val loop is not in the job's sparklines."""
+    step_now = "n/a" if loader.step_time_s is None else f"{1000 * loader.step_time_s:.1f} ms"
+    wait_now = "" if loader.data_wait_fraction is None else f"  data wait {percent_text(100 * loader.data_wait_fraction)}"
+    return Content.assemble((f"{printable(loader.name)[:9]:<10}", "bold"), f"{step_now:>9} ",
+                            (f"a step{wait_now}  ({plural(loader.steps, 'step')} in all, apart from "
+                             "the epochs)", "dim")).truncate(width, ellipsis=True)
 
 
 def epoch_lines(members: list[ProcessProbe], history: Sequence[Snapshot], width: int) -> tuple[Content,
