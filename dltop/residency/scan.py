@@ -31,10 +31,12 @@ from dltop.residency.rank import TopFiles
 from dltop.residency.walk import (
     DEFAULT_WALK,
     FolderTotals,
+    WalkedFolder,
     WalkOptions,
     WalkReport,
     compile_names,
     counted_before,
+    counted_before_ids,
     join_path,
     skip_error,
     walk,
@@ -99,276 +101,302 @@ def scan_residency(
     root = os.fsdecode(path)
     if len(root) > 1:
         root = root.rstrip("/")
-    ps = kernel.PAGE_SIZE
-    shift = ps.bit_length() - 1
-    report = WalkReport()
-    acc = FolderTotals(root)
     budget = Budget(cancel, None if deadline_s is None else t0 + deadline_s, cpu_fraction)
-    seen_inodes: set[tuple[int, int]] = set()
-    any_alias = options.follow_symlinks
-    cstat = kernel.cachestat_caller()
-    cs = cstat.out  # cstat(fd) fills this one struct
-    cs_call, cs_nr, cs_range, cs_out = cstat.raw()  # the same call, without a Python frame per file
-    used: set[str] = set()
-    by_cachestat = False
-    os_open, os_close, os_fstat = os.open, os.close, os.fstat
-    S_ISREG = stat.S_ISREG
-    drops_inline: Any = getattr(act, "drops_inline", None)  # optional, see FileAct
-    report_dropped: Any = getattr(act, "dropped", None)
-    if report_dropped is None:
-        drops_inline = None
-    inline_devs: dict[int, bool] = {}  # device -> the act lets the scan drop clean pages there
-    fadvise, DONTNEED = os.posix_fadvise, os.POSIX_FADV_DONTNEED
-    dropped_files = dropped_pages = 0  # dropped inline, not yet reported to the act
-    last_dir, last_name, last_dfd = root, "", None
-    top = TopFiles(options.top_files, options.top_keys, options.top_budget) if options.top_files > 0 else None
-    # The folder being counted and its running totals, kept in locals and added to its FolderTotals when the walk
-    # moves on: attribute updates per file cost more than the syscalls they count.
-    a: FolderTotals | None = None
-    files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = data_sum = dres_sum = 0
-    # The C step measures a folder's plain files in batches; in an evict it also drops clean pages itself where
-    # the act lets the scan do so (a file it cannot empty so goes to the act, as below). Following symlinks, an
-    # evict's files go one by one: an alias must reach the act once.
-    measure = measuring.native_measure() if act is None or (drops_inline is not None and not any_alias) else None
-    nr_cachestat = kernel.NR_CACHESTAT
-    alone: Any = (None,)
-    for d, dfd, item, follow in walk(root, options, report, acc, budget, seen_dirs=seen_dirs,
-                                     batch=measuring.BATCH if measure is not None else 0):
-        if d.acc is not a:
-            if a is not None:
-                a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum, data_sum, dres_sum)
-            a = d.acc
-            files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = data_sum = dres_sum = 0
-        if item.__class__ is str:
-            names, pres = (item,), alone
-        elif d.mincore or measure is None:
-            names, pres = item, [None] * len(item)
-        elif act is None:  # the C step measured the plain ones; an int (an errno): the Python step measures it
-            names, pres = item, measure(dfd, item, O_FILE, nr_cachestat)
-        else:
-            inline = inline_devs.get(d.dev)
-            if inline is None:  # asked of the folder: its filesystem is its files' (the C step checks the device)
-                try:
-                    inline = inline_devs[d.dev] = bool(drops_inline(dfd, os_fstat(dfd)))  # type: ignore[arg-type]
-                except OSError:
-                    inline = False  # not asked again here: each file's own step asks, as it always did
-            names, pres = item, measure(dfd, item, O_FILE, nr_cachestat, d.dev if inline else -1)
-        for name, pre in zip(names, pres, strict=True):
-            if pre.__class__ is tuple and act is not None:
-                before = pre[8]  # the pages the C step dropped the file's from; -1: it did not drop them
-                if before >= 0:
-                    if pre[4]:  # pages stayed: what went is said, the act flushes and drops again (below)
-                        report_dropped(0, before - pre[4], d.path, name, dfd)
-                        pre = 0
-                    else:
-                        dropped_files += 1
-                        dropped_pages += before
-                        last_dir, last_name, last_dfd = d.path, name, dfd
-                        if dropped_files >= _DROPPED_EVERY:
-                            report_dropped(dropped_files, dropped_pages, last_dir, last_name, last_dfd)
-                            dropped_files = dropped_pages = 0
-                elif pre[4]:
-                    pre = 0  # dirty, a hard link, not to be dropped here: the Python step hands it to the act
-                if pre:
-                    pre = pre[:8]
-            if pre.__class__ is tuple:
+    scan = _TreeScan(root, options, warm_need, act)
+    scan.run(budget, seen_dirs)
+    return scan.result(time.monotonic() - t0)
+
+
+class _TreeScan:
+    """One `scan_residency`: the walk's files measured into their folders' totals, in named steps. `run` is the
+    loop over the C step's answers (dltop/native/_measure.c), kept in one function with its running totals in
+    locals as the C loop keeps them; a file the C step leaves (or every file, without it) goes through
+    `_python_step`, its readable twin."""
+
+    def __init__(self, root: str, options: WalkOptions, warm_need: WarmNeed | None, act: FileAct | None) -> None:
+        self.root, self.options, self.warm_need, self.act = root, options, warm_need, act
+        self.report = WalkReport()
+        self.acc = FolderTotals(root)
+        self.seen_inodes: set[tuple[int, int]] = set()
+        self.any_alias = options.follow_symlinks  # following symlinks, any file can be reached twice
+        self.cstat = kernel.cachestat_caller()
+        self.used: set[str] = set()
+        self.by_cachestat = False
+        self.drops_inline: Any = getattr(act, "drops_inline", None)  # optional, see FileAct
+        self.report_dropped: Any = getattr(act, "dropped", None)
+        if self.report_dropped is None:
+            self.drops_inline = None
+        self.inline_devs: dict[int, bool] = {}  # device -> the act lets the scan drop clean pages there
+        self.dropped_files = self.dropped_pages = 0  # dropped inline, not yet reported to the act
+        self.last: tuple[str, str, int | None] = (root, "", None)  # the last file dropped inline
+        self.top = TopFiles(options.top_files, options.top_keys, options.top_budget) if options.top_files > 0 \
+            else None
+        # The C step measures a folder's plain files in batches; in an evict it also drops clean pages itself where
+        # the act lets the scan do so (a file it cannot empty so goes to the act, as below). Following symlinks, an
+        # evict's files go one by one: an alias must reach the act once.
+        self.measure = measuring.native_measure() \
+            if act is None or (self.drops_inline is not None and not self.any_alias) else None
+
+    def run(self, budget: Budget, seen_dirs: set[tuple[int, int]] | None) -> None:
+        """Walk the tree and count each file into its folder's totals. Mirrors the C step's loop: a folder's totals
+        are kept in locals and added to its FolderTotals when the walk moves on (attribute updates per file cost
+        more than the syscalls they count)."""
+        ps = kernel.PAGE_SIZE
+        shift = ps.bit_length() - 1
+        report, seen_inodes, any_alias, top, warm_need = (self.report, self.seen_inodes, self.any_alias, self.top,
+                                                          self.warm_need)
+        evicting = self.act is not None
+        a: FolderTotals | None = None
+        files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = 0
+        for d, dfd, item, follow in walk(self.root, self.options, report, self.acc, budget, seen_dirs=seen_dirs,
+                                         batch=measuring.BATCH if self.measure is not None else 0):
+            if d.acc is not a:
+                if a is not None:  # data pages and resident data pages: the same as pages for a plain file
+                    a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum, pages_sum, res_sum)
+                a = d.acc
+                files = size_sum = pages_sum = res_sum = dirty_sum = wb_sum = rev_sum = 0
+            names, pres = self._measured(d, dfd, item)
+            for name, pre in zip(names, pres, strict=True):
+                if evicting and pre.__class__ is tuple:
+                    pre = self._dropped_by_c(d, dfd, name, pre)
+                if pre.__class__ is not tuple:
+                    self._python_step(a, d, dfd, name, follow)
+                    continue
                 dev, ino, nlink, size, res, dirty, wb, rev = pre
-                if nlink > 1 or any_alias:
-                    key = (dev, ino)
-                    if key in seen_inodes:
-                        report.skip("hardlink" if nlink > 1 else "duplicate_file")
-                        continue
-                    seen_inodes.add(key)
+                if (nlink > 1 or any_alias) and counted_before_ids(dev, ino, nlink, seen_inodes, report):
+                    continue
                 pages = (size + ps - 1) >> shift
                 files += 1
                 size_sum += size
                 pages_sum += pages
-                data_sum += pages
                 if pages == 0:
                     if top is not None:
                         top.offer(a, d.path, name, dfd, ino, size, 0, 0, 0, 0)
                     continue
-                by_cachestat = True
+                self.by_cachestat = True
                 if res > pages:
                     res = pages
                 res_sum += res
                 dirty_sum += dirty
                 wb_sum += wb
                 rev_sum += rev
-                dres_sum += res
                 if warm_need is not None:
                     warm_need.pages += pages - res
                 if top is not None:
                     top.offer(a, d.path, name, dfd, ino, size, pages, pages, res, res, dirty, wb, rev)
-                continue
+        if a is not None:
+            a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum, pages_sum, res_sum)
+
+    def _measured(self, d: WalkedFolder, dfd: int | None, item: Any) -> tuple[Any, Any]:
+        """The names of one item of the walk, and the C step's answer for each (None: the Python step measures it;
+        an int, an errno: the same)."""
+        if item.__class__ is str:
+            return (item,), (None,)
+        if d.mincore or self.measure is None:
+            return item, [None] * len(item)
+        if self.act is None:
+            return item, self.measure(dfd, item, O_FILE, kernel.NR_CACHESTAT)
+        inline = self.inline_devs.get(d.dev)
+        if inline is None:  # asked of the folder: its filesystem is its files' (the C step checks the device)
             try:
-                fd = os_open(name, O_FILE_FOLLOW if follow else O_FILE, dir_fd=dfd)
-            except OSError as e:
-                if dfd is None:
-                    raise  # the root is this file, and it cannot be read
-                if e.errno in (errno.EACCES, errno.EPERM):
-                    # Cannot open it, but its size is public: its pages are unknown, not absent (and so is where its
-                    # data lies: all its pages count as data).
-                    try:
-                        st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
-                    except OSError:
-                        skip_error(report, e, join_path(d.path, name, dfd))
-                        continue
-                    if (st.st_nlink > 1 or any_alias) and counted_before(st, seen_inodes, report):
-                        continue
-                    pages = (st.st_size + ps - 1) >> shift
-                    files += 1
-                    size_sum += st.st_size
-                    pages_sum += pages
-                    data_sum += pages
-                    a.unknown += pages
-                    a.dunknown += pages
-                    report.unknown = True
-                    report.skip("unreadable", join_path(d.path, name, dfd), "permission denied (pages unknown)")
-                    if top is not None:
-                        top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, pages, 0, 0, unknown=pages,
-                                  dunknown=pages)
-                else:
-                    skip_error(report, e, join_path(d.path, name, dfd))
-                continue
-            pages = data = 0
-            try:
-                st = os_fstat(fd)
-                if not S_ISREG(st.st_mode):  # replaced by something else since it was listed
-                    report.skip("special")
-                    continue
-                if (st.st_nlink > 1 or any_alias) and counted_before(st, seen_inodes, report):
-                    continue
-                size = st.st_size
-                pages = (size + ps - 1) >> shift
-                runs = data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
-                data = pages if runs is None else sum(last - first for first, last in runs)
-                files += 1
-                size_sum += size
-                pages_sum += pages
-                data_sum += data
-                if pages == 0:
-                    if top is not None:
-                        top.offer(a, d.path, name, dfd, st.st_ino, size, 0, 0, 0, 0)
-                    continue
-                if not d.mincore:
-                    try:
-                        if cs_call(cs_nr, fd, cs_range, cs_out, 0):
-                            cstat.fail()
-                    except OSError as e:
-                        if e.errno == errno.EPERM:
-                            if act is not None:
-                                act(fd, st, d.path, name, dfd, None, 0, None)
-                            a.unknown += pages
-                            a.dunknown += data
-                            report.unknown = True
-                            if warm_need is not None:
-                                warm_need.pages += data
-                            if top is not None:
-                                top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, 0, 0, unknown=pages,
-                                          dunknown=data)
-                            continue
-                        if e.errno != errno.ENOSYS:
-                            raise
-                        d.mincore = True
-                    else:
-                        by_cachestat = True
-                        res = cs.nr_cache
-                        if act is not None and res:
-                            busy = cs.nr_dirty + cs.nr_writeback
-                            inline = False
-                            if drops_inline is not None and not busy:
-                                inline = inline_devs.get(st.st_dev)  # type: ignore[assignment]
-                                if inline is None:
-                                    inline = inline_devs[st.st_dev] = bool(drops_inline(fd, st))
-                            if inline:
-                                fadvise(fd, 0, 0, DONTNEED)
-                                if cs_call(cs_nr, fd, cs_range, cs_out, 0):
-                                    cstat.fail()
-                                if cs.nr_cache == 0:
-                                    dropped_files += 1
-                                    dropped_pages += res
-                                    last_dir, last_name, last_dfd = d.path, name, dfd
-                                    if dropped_files >= _DROPPED_EVERY:
-                                        report_dropped(dropped_files, dropped_pages, last_dir, last_name, last_dfd)
-                                        dropped_files = dropped_pages = 0
-                                    inline = True
-                                else:
-                                    inline = False  # pages stayed: the act flushes, drops again and says why
-                            if not inline:
-                                act(fd, st, d.path, name, dfd, res, busy, cstat)
-                            res = cs.nr_cache  # what the act left
-                        if res > pages:
-                            res = pages
-                        dres = res if runs is None else resident_in_runs(runs, res, pages, fd)
-                        res_sum += res
-                        dirty_sum += cs.nr_dirty
-                        wb_sum += cs.nr_writeback
-                        rev_sum += cs.nr_recently_evicted
-                        dres_sum += dres
-                        if warm_need is not None:
-                            warm_need.pages += data - dres
-                        if top is not None:
-                            top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, res, dres, cs.nr_dirty,
-                                      cs.nr_writeback, cs.nr_recently_evicted)
-                        continue
-                if not kernel.residency_visible(st, name, dfd):
-                    if act is not None:
-                        act(fd, st, d.path, name, dfd, None, 0, None)
-                    a.unknown += pages
-                    a.dunknown += data
-                    report.unknown = True
-                    if warm_need is not None:
-                        warm_need.pages += data
-                    if top is not None:
-                        top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, 0, 0, unknown=pages, dunknown=data)
-                    continue
-                used.add("mincore")
-                vec = kernel.mincore_vector(fd, size)
-                if act is not None and 1 in vec:
-                    act(fd, st, d.path, name, dfd, vec.count(1), 0, None)
-                    vec = kernel.mincore_vector(fd, size)
-                res = min(vec.count(1), pages)
-                dres = res if runs is None else resident_in_runs(runs, res, pages, fd, vec)
-                res_sum += res
-                dres_sum += dres
-                if warm_need is not None:
-                    warm_need.pages += data - dres
-                if top is not None:
-                    top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, res, dres)
-            except OSError as e:
-                # The file vanished or failed after it was counted: its pages are unknown, not absent.
-                skip_error(report, e, join_path(d.path, name, dfd))
-                a.unknown += pages
-                a.dunknown += data
-            finally:
-                os_close(fd)
-    if a is not None:
-        a.add(files, size_sum, pages_sum, res_sum, dirty_sum, wb_sum, rev_sum, data_sum, dres_sum)
-    if dropped_files:
-        report_dropped(dropped_files, dropped_pages, last_dir, last_name, last_dfd)
-    if by_cachestat:
-        used.add("cachestat")
-    node = acc.freeze(top.rows() if top is not None else None)
-    try:
-        fs = kernel.fs_name(kernel.statfs_type(root))
-    except OSError:
-        fs = ""
-    return DatasetResidency(
-        **{f: getattr(node, f) for f in NODE_FIELDS},
-        page_size=ps,
-        scanned_at=time.time(),
-        scan_duration_s=time.monotonic() - t0,
-        complete=report.complete,
-        method="mixed" if len(used) > 1 else (used.pop() if used else "cachestat"),
-        fs_type=fs,
-        dirs=report.dirs,
-        skipped=dict(sorted(report.skipped.items())),
-        problems=tuple(report.problems),
-        unknown_reason=NO_PERMISSION if report.unknown else None,
-        files_top=top.n if top is not None else 0,
-        files_sorted_by=top.keys if top is not None else (),
-    )
+                inline = self.inline_devs[d.dev] = bool(self.drops_inline(dfd, os.fstat(dfd)))  # type: ignore[arg-type]
+            except OSError:
+                inline = False  # not asked again here: each file's own step asks, as it always did
+        return item, self.measure(dfd, item, O_FILE, kernel.NR_CACHESTAT, d.dev if inline else -1)
+
+    def _dropped_by_c(self, d: WalkedFolder, dfd: int | None, name: str, pre: tuple[int, ...]) -> Any:
+        """An evict's C answer: what the C step dropped is reported to the act; the counts after, or 0 where the
+        Python step must hand the file to the act (pages stayed, dirty, a hard link)."""
+        before = pre[8]  # the pages the C step dropped the file's from; -1: it did not drop them
+        if before >= 0:
+            if pre[4]:  # pages stayed: what went is said, the act flushes and drops again (the Python step)
+                self.report_dropped(0, before - pre[4], d.path, name, dfd)
+                return 0
+            self._count_dropped(d, dfd, name, before)
+        elif pre[4]:
+            return 0  # dirty, a hard link, not to be dropped here: the Python step hands it to the act
+        return pre[:8]
+
+    def _count_dropped(self, d: WalkedFolder, dfd: int | None, name: str, pages: int) -> None:
+        """A file emptied of its `pages` clean pages here: reported to the act in batches of _DROPPED_EVERY."""
+        self.dropped_files += 1
+        self.dropped_pages += pages
+        self.last = (d.path, name, dfd)
+        if self.dropped_files >= _DROPPED_EVERY:
+            self.report_dropped(self.dropped_files, self.dropped_pages, *self.last)
+            self.dropped_files = self.dropped_pages = 0
+
+    def _python_step(self, a: FolderTotals, d: WalkedFolder, dfd: int | None, name: str, follow: bool) -> None:
+        """One file opened and measured by Python (cachestat, or mincore), as the C step does it."""
+        try:
+            fd = os.open(name, O_FILE_FOLLOW if follow else O_FILE, dir_fd=dfd)
+        except OSError as e:
+            if dfd is None:
+                raise  # the root is this file, and it cannot be read
+            self._unopened(a, d, dfd, name, follow, e)
+            return
+        pages = data = 0
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # replaced by something else since it was listed
+                self.report.skip("special")
+                return
+            if (st.st_nlink > 1 or self.any_alias) and counted_before(st, self.seen_inodes, self.report):
+                return
+            ps = kernel.PAGE_SIZE
+            size = st.st_size
+            pages = (size + ps - 1) // ps
+            runs = data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
+            data = pages if runs is None else sum(last - first for first, last in runs)
+            a.add(1, size, pages, 0, 0, 0, 0, data, 0)
+            if pages == 0:
+                if self.top is not None:
+                    self.top.offer(a, d.path, name, dfd, st.st_ino, size, 0, 0, 0, 0)
+                return
+            if not d.mincore and self._by_cachestat(a, d, dfd, name, fd, st, pages, data, runs):
+                return
+            if not kernel.residency_visible(st, name, dfd):
+                self._hidden(a, d, dfd, name, fd, st, pages, data)
+                return
+            self._by_mincore(a, d, dfd, name, fd, st, pages, data, runs)
+        except OSError as e:
+            # The file vanished or failed after it was counted: its pages are unknown, not absent.
+            skip_error(self.report, e, join_path(d.path, name, dfd))
+            a.unknown += pages
+            a.dunknown += data
+        finally:
+            os.close(fd)
+
+    def _unopened(self, a: FolderTotals, d: WalkedFolder, dfd: int, name: str, follow: bool, e: OSError) -> None:
+        """A file that could not be opened. Where permission is missing its size is public: its pages are unknown,
+        not absent (and so is where its data lies: all its pages count as data)."""
+        report, path = self.report, join_path(d.path, name, dfd)
+        if e.errno not in (errno.EACCES, errno.EPERM):
+            skip_error(report, e, path)
+            return
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
+        except OSError:
+            skip_error(report, e, path)
+            return
+        if (st.st_nlink > 1 or self.any_alias) and counted_before(st, self.seen_inodes, report):
+            return
+        pages = (st.st_size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE
+        a.add(1, st.st_size, pages, 0, 0, 0, 0, pages, 0)
+        a.unknown += pages
+        a.dunknown += pages
+        report.unknown = True
+        report.skip("unreadable", path, "permission denied (pages unknown)")
+        if self.top is not None:
+            self.top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, pages, 0, 0, unknown=pages,
+                           dunknown=pages)
+
+    def _by_cachestat(self, a: FolderTotals, d: WalkedFolder, dfd: int | None, name: str, fd: int,
+                      st: os.stat_result, pages: int, data: int, runs: list[tuple[int, int]] | None) -> bool:
+        """Count an open file by cachestat (an evict's act first, where it has pages); False where cachestat is
+        missing (ENOSYS): the folder goes to mincore."""
+        cstat = self.cstat
+        try:
+            cs = cstat(fd)
+        except OSError as e:
+            if e.errno == errno.EPERM:
+                self._hidden(a, d, dfd, name, fd, st, pages, data)
+                return True
+            if e.errno != errno.ENOSYS:
+                raise
+            d.mincore = True
+            return False
+        self.by_cachestat = True
+        if self.act is not None and cs.nr_cache:
+            self._act_on(d, dfd, name, fd, st, cs)
+        res = min(cs.nr_cache, pages)  # what the act left
+        dres = res if runs is None else resident_in_runs(runs, res, pages, fd)
+        a.add(0, 0, 0, res, cs.nr_dirty, cs.nr_writeback, cs.nr_recently_evicted, 0, dres)
+        if self.warm_need is not None:
+            self.warm_need.pages += data - dres
+        if self.top is not None:
+            self.top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, data, res, dres, cs.nr_dirty,
+                           cs.nr_writeback, cs.nr_recently_evicted)
+        return True
+
+    def _act_on(self, d: WalkedFolder, dfd: int | None, name: str, fd: int, st: os.stat_result, cs: Any) -> None:
+        """An evict's file with resident pages: its clean pages dropped here where the act lets the scan do so,
+        else (dirty pages, or pages that stayed) handed to the act. `cs` then holds the counts after."""
+        res = cs.nr_cache
+        busy = cs.nr_dirty + cs.nr_writeback
+        if self.drops_inline is not None and not busy:
+            inline = self.inline_devs.get(st.st_dev)
+            if inline is None:
+                inline = self.inline_devs[st.st_dev] = bool(self.drops_inline(fd, st))
+            if inline:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                self.cstat(fd)
+                if cs.nr_cache == 0:
+                    self._count_dropped(d, dfd, name, res)
+                    return
+                # pages stayed: the act flushes, drops again and says why
+        assert self.act is not None
+        self.act(fd, st, d.path, name, dfd, res, busy, self.cstat)
+
+    def _hidden(self, a: FolderTotals, d: WalkedFolder, dfd: int | None, name: str, fd: int, st: os.stat_result,
+                pages: int, data: int) -> None:
+        """A file whose residency the kernel hides from this user: its pages unknown (an evict's act asked all the
+        same), all its data for a warm."""
+        if self.act is not None:
+            self.act(fd, st, d.path, name, dfd, None, 0, None)
+        a.unknown += pages
+        a.dunknown += data
+        self.report.unknown = True
+        if self.warm_need is not None:
+            self.warm_need.pages += data
+        if self.top is not None:
+            self.top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, data, 0, 0, unknown=pages,
+                           dunknown=data)
+
+    def _by_mincore(self, a: FolderTotals, d: WalkedFolder, dfd: int | None, name: str, fd: int,
+                    st: os.stat_result, pages: int, data: int, runs: list[tuple[int, int]] | None) -> None:
+        """Count an open file by mincore (overlayfs, no cachestat): an evict's act first, where it has pages."""
+        self.used.add("mincore")
+        size = st.st_size
+        vec = kernel.mincore_vector(fd, size)
+        if self.act is not None and 1 in vec:
+            self.act(fd, st, d.path, name, dfd, vec.count(1), 0, None)
+            vec = kernel.mincore_vector(fd, size)
+        res = min(vec.count(1), pages)
+        dres = res if runs is None else resident_in_runs(runs, res, pages, fd, vec)
+        a.add(0, 0, 0, res, 0, 0, 0, 0, dres)
+        if self.warm_need is not None:
+            self.warm_need.pages += data - dres
+        if self.top is not None:
+            self.top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, res, dres)
+
+    def result(self, took_s: float) -> DatasetResidency:
+        """The dataset's part: the folders' totals frozen, with how they were counted and what was skipped."""
+        if self.dropped_files:
+            self.report_dropped(self.dropped_files, self.dropped_pages, *self.last)
+        used, report, top = self.used, self.report, self.top
+        if self.by_cachestat:
+            used.add("cachestat")
+        node = self.acc.freeze(top.rows() if top is not None else None)
+        try:
+            fs = kernel.fs_name(kernel.statfs_type(self.root))
+        except OSError:
+            fs = ""
+        return DatasetResidency(
+            **{f: getattr(node, f) for f in NODE_FIELDS},
+            page_size=kernel.PAGE_SIZE,
+            scanned_at=time.time(),
+            scan_duration_s=took_s,
+            complete=report.complete,
+            method="mixed" if len(used) > 1 else (used.pop() if used else "cachestat"),
+            fs_type=fs,
+            dirs=report.dirs,
+            skipped=dict(sorted(report.skipped.items())),
+            problems=tuple(report.problems),
+            unknown_reason=NO_PERMISSION if report.unknown else None,
+            files_top=top.n if top is not None else 0,
+            files_sorted_by=top.keys if top is not None else (),
+        )
 
 
 NODE_FIELDS = tuple(ResidencyNode.__dataclass_fields__)

@@ -74,9 +74,14 @@ def counted_before(st: os.stat_result, seen: set[tuple[int, int]], report: WalkR
     """Whether this file was counted already under another name (a hard link, or a symlink followed to it), and
     then skipped in `report`; else it is remembered in `seen`. Callers ask only for files with more than one
     link, and for every file when following symlinks (a symlink can alias a file with one link)."""
-    key = (st.st_dev, st.st_ino)
+    return counted_before_ids(st.st_dev, st.st_ino, st.st_nlink, seen, report)
+
+
+def counted_before_ids(dev: int, ino: int, nlink: int, seen: set[tuple[int, int]], report: WalkReport) -> bool:
+    """`counted_before` from a file's device, inode and links (the C step's answer: no stat_result)."""
+    key = (dev, ino)
     if key in seen:
-        report.skip("hardlink" if st.st_nlink > 1 else "duplicate_file")
+        report.skip("hardlink" if nlink > 1 else "duplicate_file")
         return True
     seen.add(key)
     return False
