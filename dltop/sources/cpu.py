@@ -75,25 +75,28 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
         return ()
     for chunk in text.split(","):
         chunk = chunk.strip()
-        if not chunk:
-            continue
-        rng, _, stride = chunk.partition(":")
-        lo_s, dash, hi_s = rng.partition("-")
-        lo = _cpu_id(lo_s)
-        hi = _cpu_id(hi_s) if dash else lo
-        if hi < lo:
-            raise ValueError(f"bad range {chunk!r}")
-        if hi > MAX_CPU_ID:
-            raise ValueError(f"CPU id {hi} beyond {MAX_CPU_ID} in {chunk!r}")
-        if stride:
-            used_s, _, group_s = stride.partition("/")
-            used, group = _cpu_id(used_s), _cpu_id(group_s)
-            if used < 1 or group < 1 or used > group:
-                raise ValueError(f"bad stride {chunk!r}")
-            out.update(c for c in range(lo, hi + 1) if (c - lo) % group < used)
-        else:
-            out.update(range(lo, hi + 1))
+        if chunk:
+            out.update(_cpu_range(chunk))
     return tuple(sorted(out))
+
+
+def _cpu_range(chunk: str) -> Iterable[int]:
+    """The CPUs of one 'a', 'a-b' or 'a-b:used/group' of a kernel list."""
+    rng, _, stride = chunk.partition(":")
+    lo_s, dash, hi_s = rng.partition("-")
+    lo = _cpu_id(lo_s)
+    hi = _cpu_id(hi_s) if dash else lo
+    if hi < lo:
+        raise ValueError(f"bad range {chunk!r}")
+    if hi > MAX_CPU_ID:
+        raise ValueError(f"CPU id {hi} beyond {MAX_CPU_ID} in {chunk!r}")
+    if not stride:
+        return range(lo, hi + 1)
+    used_s, _, group_s = stride.partition("/")
+    used, group = _cpu_id(used_s), _cpu_id(group_s)
+    if used < 1 or group < 1 or used > group:
+        raise ValueError(f"bad stride {chunk!r}")
+    return [c for c in range(lo, hi + 1) if (c - lo) % group < used]
 
 
 def _cpu_id(text: str) -> int:
@@ -158,16 +161,9 @@ def parse_cpuinfo(text: str, bad: list[str] | None = None) -> list[CpuinfoEntry]
             continue
         key, value = key.strip(), value.strip()
         if key == "processor":
-            try:
-                current = CpuinfoEntry(_cpu_id(value))
-                if current.cpu > MAX_CPU_ID:
-                    raise ValueError(f"{current.cpu} beyond {MAX_CPU_ID}")
-            except ValueError as e:
-                current = None
-                if bad is not None:
-                    bad.append(f"proc/cpuinfo: processor {e}")
-                continue
-            entries.append(current)
+            current = _processor(value, bad)
+            if current is not None:
+                entries.append(current)
         elif current is not None:
             current.fields[key] = value
         else:
@@ -176,6 +172,19 @@ def parse_cpuinfo(text: str, bad: list[str] | None = None) -> list[CpuinfoEntry]
         for k, v in common.items():
             entry.fields.setdefault(k, v)
     return entries
+
+
+def _processor(value: str, bad: list[str] | None) -> CpuinfoEntry | None:
+    """The entry that `processor : N` opens; None (why in `bad`) where N is not a CPU number."""
+    try:
+        cpu = _cpu_id(value)
+        if cpu > MAX_CPU_ID:
+            raise ValueError(f"{cpu} beyond {MAX_CPU_ID}")
+    except ValueError as e:
+        if bad is not None:
+            bad.append(f"proc/cpuinfo: processor {e}")
+        return None
+    return CpuinfoEntry(cpu)
 
 
 def _int_auto(text: str | None) -> int | None:
@@ -437,17 +446,7 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
     raw_kinds, midrs, arch = _core_kinds(tree, cpu_dirs, cpuinfo)
     if arch is None and str(root) in ("/", "") and cpu_dirs:
         arch = platform.machine() or None
-    kind_of = {c: k[0] for k in raw_kinds for c in k[4]}
-    core_kinds = tuple(
-        CoreKind(
-            name=name, vendor=vendor, implementer=impl, part=part,
-            revision="/".join(revs) or None, cpus=tuple(cpus),
-            capacity=_uniform(topo.capacity.get(c) for c in cpus),
-            max_freq_khz=_uniform(topo.max_freq.get(c) for c in cpus),
-            caches=_kind_caches(name, cpus, caches, kind_of, flags),
-        )
-        for name, vendor, impl, part, cpus, revs in raw_kinds
-    )
+    core_kinds = _kinds(raw_kinds, topo, caches, flags)
 
     tree_nodes = _build_tree(all_cpus, caches, topo.threads, topo.clusters, topo.cluster_ids, topo.packages)
     arrangement, reason = _classify(core_kinds, caches, topo.threads)
@@ -455,10 +454,7 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
     registers = _registers(root, arch, core_kinds, caches, midrs)
     _check_cpuid(registers, caches, core_kinds, flags)
     if tree.damaged:
-        more = f" (and {len(tree.damaged) - 1} more)" if len(tree.damaged) > 1 else ""
-        flags.append(CpuFlag("damaged_files", "warning",
-                             f"{plural(len(tree.damaged), 'file')} unreadable or malformed, read as unknown: "
-                             f"{tree.damaged[0]}{more}"))
+        flags.append(_damaged_flag(tree.damaged))
     return CpuPart(
         arch=arch,
         cpus=tuple(all_cpus),
@@ -473,6 +469,27 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
         flags=tuple(flags),
         threads_per_core=_uniform(len(t) for t in {topo.threads[c] for c in all_cpus}),
     )
+
+
+def _kinds(raw_kinds: list[_RawKind], topo: _Topology, caches: tuple[CacheInstance, ...],
+           flags: list[CpuFlag]) -> tuple[CoreKind, ...]:
+    kind_of = {c: k[0] for k in raw_kinds for c in k[4]}
+    return tuple(
+        CoreKind(
+            name=name, vendor=vendor, implementer=impl, part=part,
+            revision="/".join(revs) or None, cpus=tuple(cpus),
+            capacity=_uniform(topo.capacity.get(c) for c in cpus),
+            max_freq_khz=_uniform(topo.max_freq.get(c) for c in cpus),
+            caches=_kind_caches(name, cpus, caches, kind_of, flags),
+        )
+        for name, vendor, impl, part, cpus, revs in raw_kinds
+    )
+
+
+def _damaged_flag(damaged: list[str]) -> CpuFlag:
+    more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+    return CpuFlag("damaged_files", "warning",
+                   f"{plural(len(damaged), 'file')} unreadable or malformed, read as unknown: {damaged[0]}{more}")
 
 
 def _online(tree: _Tree, cpu_dirs: dict[int, Path], flags: list[CpuFlag]) -> set[int]:
@@ -536,64 +553,69 @@ def _instances(raw: list[_RawCache], flags: list[CpuFlag]) -> tuple[CacheInstanc
             continue
         if r.shared is None:
             no_shared.append(r.cpu)
-            key: tuple[object, ...] = (r.level, r.type, "id", r.id) if r.id is not None else (
-                r.level, r.type, "cpu", r.cpu)
-        else:
-            key = (r.level, r.type, "cpus", r.shared)
-        by_key.setdefault(key, []).append(r)
+        by_key.setdefault(_instance_key(r), []).append(r)
     if no_shared:
         flags.append(CpuFlag("no_sharing_info", "warning",
                              f"no shared_cpu_list/map on CPUs {format_cpu_list(no_shared)}: "
                              "caches there are taken as private unless a cache id joins them",
                              tuple(sorted(set(no_shared)))))
-    out = []
-    for key, rs in by_key.items():
-        level, ctype = int(rs[0].level or 0), str(rs[0].type)
-        cpus = rs[0].shared if key[2] == "cpus" else tuple(sorted({r.cpu for r in rs}))
-        first = rs[0]
-        out.append(CacheInstance(
-            name=_cache_name(level, ctype), level=level, type=ctype,
-            size_bytes=first.size, line_bytes=first.line, ways=first.ways, sets=first.sets,
-            cpus=tuple(cpus or ()), id=first.id, physical_line_partition=first.plp,
-            allocation_policy=first.alloc, write_policy=first.write,
-        ))
-        disagree = [f for f in ("size", "line", "ways", "sets") if len({getattr(r, f) for r in rs}) > 1]
-        if disagree:
-            flags.append(CpuFlag("instance_disagrees", "warning",
-                                 f"{out[-1].name} on CPUs {format_cpu_list(out[-1].cpus)}: CPUs sharing it report "
-                                 f"different {', '.join(disagree)}; showing CPU {first.cpu}'s",
-                                 out[-1].cpus))
+    out = [_instance(key, rs, flags) for key, rs in by_key.items()]
     order = {"Data": 0, "Instruction": 1, "Unified": 2}
     out.sort(key=lambda c: (c.level, order.get(c.type, 3), c.cpus))
     return tuple(out)
 
 
+def _instance_key(r: _RawCache) -> tuple[object, ...]:
+    """What makes CPUs' reports one cache: the CPUs sharing it, else its id, else the CPU (private)."""
+    if r.shared is not None:
+        return (r.level, r.type, "cpus", r.shared)
+    return (r.level, r.type, "id", r.id) if r.id is not None else (r.level, r.type, "cpu", r.cpu)
+
+
+def _instance(key: tuple[object, ...], rs: list[_RawCache], flags: list[CpuFlag]) -> CacheInstance:
+    """One cache as the CPUs that list it report it (the first one's geometry; a flag where they differ)."""
+    first = rs[0]
+    level, ctype = int(first.level or 0), str(first.type)
+    cpus = first.shared if key[2] == "cpus" else tuple(sorted({r.cpu for r in rs}))
+    inst = CacheInstance(
+        name=_cache_name(level, ctype), level=level, type=ctype,
+        size_bytes=first.size, line_bytes=first.line, ways=first.ways, sets=first.sets,
+        cpus=tuple(cpus or ()), id=first.id, physical_line_partition=first.plp,
+        allocation_policy=first.alloc, write_policy=first.write,
+    )
+    disagree = [f for f in ("size", "line", "ways", "sets") if len({getattr(r, f) for r in rs}) > 1]
+    if disagree:
+        flags.append(CpuFlag("instance_disagrees", "warning",
+                             f"{inst.name} on CPUs {format_cpu_list(inst.cpus)}: CPUs sharing it report "
+                             f"different {', '.join(disagree)}; showing CPU {first.cpu}'s", inst.cpus))
+    return inst
+
+
 def _kind_caches(name: str, cpus: list[int], caches: tuple[CacheInstance, ...], kind_of: dict[int, str],
                  flags: list[CpuFlag]) -> tuple[KindCache, ...]:
+    """Each cache level a kind's CPUs see: its geometry where all its instances agree, whom it is shared with."""
     mine = set(cpus)
     out = []
     for cname in sorted({c.name for c in caches}, key=lambda n: (int(n[1:].rstrip("di")), n)):
         insts = [c for c in caches if c.name == cname and mine & set(c.cpus)]
-        if not insts:
-            continue
-        geo = {}
-        for f in ("size_bytes", "line_bytes", "ways", "sets"):
-            vals = {getattr(c, f) for c in insts}
-            geo[f] = vals.pop() if len(vals) == 1 else None
-        sizes = {c.size_bytes for c in insts}
-        if len(sizes) > 1:
-            flags.append(CpuFlag("kind_sizes_differ", "info",
-                                 f"{name} CPUs see {cname} of different sizes: "
-                                 + ", ".join("unknown" if s is None else f"{s >> 10} KiB"
-                                             for s in sorted(sizes, key=lambda s: s or 0)),
-                                 tuple(cpus)))
-        others = sorted({kind_of[c] for i in insts for c in i.cpus if c in kind_of and kind_of[c] != name})
-        out.append(KindCache(
-            name=cname, instances=len(insts),
-            cpus_per_instance=_uniform(len(i.cpus) for i in insts),
-            shared_with=tuple(others), **geo,
-        ))
+        if insts:
+            out.append(_kind_cache(name, cname, insts, cpus, kind_of, flags))
     return tuple(out)
+
+
+def _kind_cache(name: str, cname: str, insts: list[CacheInstance], cpus: list[int], kind_of: dict[int, str],
+                flags: list[CpuFlag]) -> KindCache:
+    geo = {f: _uniform(getattr(c, f) for c in insts) for f in ("size_bytes", "line_bytes", "ways", "sets")}
+    sizes = {c.size_bytes for c in insts}
+    if len(sizes) > 1:
+        flags.append(CpuFlag("kind_sizes_differ", "info",
+                             f"{name} CPUs see {cname} of different sizes: "
+                             + ", ".join("unknown" if s is None else f"{s >> 10} KiB"
+                                         for s in sorted(sizes, key=lambda s: s or 0)),
+                             tuple(cpus)))
+    others = sorted({kind_of[c] for i in insts for c in i.cpus if c in kind_of and kind_of[c] != name})
+    return KindCache(name=cname, instances=len(insts), cpus_per_instance=_uniform(len(i.cpus) for i in insts),
+                     shared_with=tuple(others), **geo)
 
 
 # ------------------------------------------------------------------------------------------------------ tree
@@ -628,29 +650,12 @@ def _package_nodes(cpus: list[int], caches: tuple[CacheInstance, ...], threads: 
                    clusters: dict[int, tuple[int, ...]], packages: dict[int, str]) -> list[_Node]:
     """The packages. A "package" that a cache straddles is a mislabelled cluster (phones number clusters as
     packages): real packages are the connected groups of package IDs and cache sharing."""
-    parent = {c: c for c in cpus}
-
-    def find(c: int) -> int:
-        while parent[c] != c:
-            parent[c] = parent[parent[c]]
-            c = parent[c]
-        return c
-
-    def union(group: Iterable[int]) -> None:
-        g = [c for c in group if c in parent]
-        for c in g[1:]:
-            parent[find(c)] = find(g[0])
-
     by_pkg: dict[str, list[int]] = defaultdict(list)
     for c, p in packages.items():
         by_pkg[p].append(c)
-    for group in (*by_pkg.values(), *(inst.cpus for inst in caches), *(threads.get(c, (c,)) for c in cpus)):
-        union(group)
-    comps: dict[int, list[int]] = defaultdict(list)
-    for c in cpus:
-        comps[find(c)].append(c)
     nodes: list[_Node] = []
-    for members in comps.values():
+    for members in _components(cpus, (*by_pkg.values(), *(inst.cpus for inst in caches),
+                                      *(threads.get(c, (c,)) for c in cpus))):
         ids = sorted({packages[c] for c in members if c in packages}, key=_id_key)
         label = f"Package {ids[0]}" if len(ids) == 1 else ("Package" if not ids else "Package (IDs " + ", ".join(ids) + ")")
         nodes.append(("package", label, tuple(sorted(members)), None))
@@ -660,6 +665,26 @@ def _package_nodes(cpus: list[int], caches: tuple[CacheInstance, ...], threads: 
                 if not any(pgroup == clusters.get(c) for c in pgroup):
                     nodes.append(("cluster", f"Cluster (package ID {pid})", pgroup, None))
     return nodes
+
+
+def _components(cpus: list[int], groups: Iterable[Iterable[int]]) -> list[list[int]]:
+    """The CPUs in connected groups (a union-find over `groups`), each in the order of `cpus`."""
+    parent = {c: c for c in cpus}
+
+    def find(c: int) -> int:
+        while parent[c] != c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    for group in groups:
+        g = [c for c in group if c in parent]
+        for c in g[1:]:
+            parent[find(c)] = find(g[0])
+    comps: dict[int, list[int]] = defaultdict(list)
+    for c in cpus:
+        comps[find(c)].append(c)
+    return list(comps.values())
 
 
 def _nest(nodes: list[_Node], caches: tuple[CacheInstance, ...]) -> tuple[TopologyNode, ...]:
@@ -724,33 +749,42 @@ def _classify(kinds: tuple[CoreKind, ...], caches: tuple[CacheInstance, ...],
     """DynamIQ, big.LITTLE, homogeneous or unknown, with the evidence in words."""
     kind_of = {c: k.name for k in kinds for c in k.cpus}
     l2 = [c for c in caches if c.level == 2 and c.type == "Unified"]
-    core_of = {c: threads.get(c, (c,)) for c in kind_of}
-
-    def cores_in(inst: CacheInstance) -> int:
-        return len({core_of.get(c, (c,)) for c in inst.cpus})
-
+    cores = _cores_under(l2, kind_of, threads)
+    private_l2 = bool(l2) and all(n == 1 for n in cores)
     if len(kinds) <= 1:
-        name = kinds[0].name if kinds else "unknown"
-        if not caches:
-            return "homogeneous", f"one core kind ({name}); no cache information"
-        if l2 and all(cores_in(i) == 1 for i in l2):
-            llc = max(caches, key=lambda c: c.level)
-            return "homogeneous", (f"one core kind ({name}); private L2 per core, L{llc.level} shared by "
-                                   f"{plural(len(llc.cpus), 'CPU')}")
-        return "homogeneous", f"one core kind ({name})"
+        return "homogeneous", _one_kind_reason(kinds[0].name if kinds else "unknown", caches, private_l2)
     mixed = [c for c in caches if len({kind_of.get(x) for x in c.cpus} - {None}) > 1]
     if mixed:
-        m = max(mixed, key=lambda c: c.level)
-        l2_note = ("private L2 per core" if l2 and all(cores_in(i) == 1 for i in l2)
-                   else "L2 private or shared by a pair of cores of one kind" if l2 else "no L2 information")
-        return "DynamIQ", (f"{m.name} on CPUs {format_cpu_list(m.cpus)} is shared by "
-                           f"{len({kind_of[x] for x in m.cpus if x in kind_of})} core kinds; {l2_note}")
-    if l2 and all(cores_in(i) > 1 for i in l2):
+        return "DynamIQ", _dynamiq_reason(max(mixed, key=lambda c: c.level), kind_of, bool(l2), private_l2)
+    if l2 and all(n > 1 for n in cores):
         return "big.LITTLE", (f"{len(l2)} clusters, each with its own shared L2; no cache shared across core "
                               "kinds")
     if not caches:
         return "unknown", f"{len(kinds)} core kinds, but no cache information to tell how they share"
     return "unknown", f"{len(kinds)} core kinds; no cache shared across kinds and L2 not shared per cluster"
+
+
+def _cores_under(l2: list[CacheInstance], kind_of: dict[int, str], threads: dict[int, tuple[int, ...]]) -> list[int]:
+    """How many cores (SMT siblings are one) share each L2."""
+    core_of = {c: threads.get(c, (c,)) for c in kind_of}
+    return [len({core_of.get(c, (c,)) for c in inst.cpus}) for inst in l2]
+
+
+def _dynamiq_reason(m: CacheInstance, kind_of: dict[int, str], l2: bool, private_l2: bool) -> str:
+    """Why a cache shared across core kinds (the highest-level one, `m`) means DynamIQ."""
+    l2_note = ("private L2 per core" if private_l2
+               else "L2 private or shared by a pair of cores of one kind" if l2 else "no L2 information")
+    return (f"{m.name} on CPUs {format_cpu_list(m.cpus)} is shared by "
+            f"{len({kind_of[x] for x in m.cpus if x in kind_of})} core kinds; {l2_note}")
+
+
+def _one_kind_reason(name: str, caches: tuple[CacheInstance, ...], private_l2: bool) -> str:
+    if not caches:
+        return f"one core kind ({name}); no cache information"
+    if private_l2:
+        llc = max(caches, key=lambda c: c.level)
+        return f"one core kind ({name}); private L2 per core, L{llc.level} shared by {plural(len(llc.cpus), 'CPU')}"
+    return f"one core kind ({name})"
 
 
 # ---------------------------------------------------------------------------------------------------- checks
@@ -779,8 +813,8 @@ def _check_geometry(caches: tuple[CacheInstance, ...], flags: list[CpuFlag]) -> 
     for c in caches:
         if c.size_bytes is None or c.sets is None or c.ways is None or c.line_bytes is None:
             continue
-        if c.size_bytes != c.sets * c.ways * c.line_bytes * (c.physical_line_partition or 1) and \
-                c.size_bytes != c.sets * c.ways * c.line_bytes:
+        product = c.sets * c.ways * c.line_bytes
+        if c.size_bytes not in (product * (c.physical_line_partition or 1), product):
             seen[(c.name, c.size_bytes, c.sets, c.ways, c.line_bytes)].append(c)
     for (name, size, sets, ways, line), insts in seen.items():
         product = sets * ways * line
@@ -863,18 +897,22 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
         mine = [c for c in caches if cpus[0] in c.cpus]
         if not mine:
             continue
-        value = _clidr_value(mine)
-        same = next((i for i, x in enumerate(clidrs) if x.value == value), None)
-        if same is not None:  # one entry per distinct value, for every CPU that has it
-            clidrs[same] = replace(clidrs[same], cpus=tuple(sorted(clidrs[same].cpus + tuple(cpus))))
-        else:
-            d = cpuregs.decode_clidr(value)
-            clidrs.append(ClidrEl1(cpus=tuple(cpus), value=value, hex=f"0x{value:x}", ctypes=d.ctypes, loc=d.loc,
-                                   louu=d.louu, louis=d.louis,
-                                   note="Ctype from sysfs; LoC assumes every listed level is before the point "
-                                        "of coherence, LoUU/LoUIS the first unified level"))
+        _add_clidr(clidrs, _clidr_value(mine), cpus)
         ccsidrs.extend(_ccsidr(c) for c in mine if c.level <= 7)
     return Registers(ctr, tuple(clidrs), tuple(ccsidrs), midr, _NOT_X86)
+
+
+def _add_clidr(clidrs: list[ClidrEl1], value: int, cpus: tuple[int, ...]) -> None:
+    """One entry per distinct value, for every CPU that has it."""
+    same = next((i for i, x in enumerate(clidrs) if x.value == value), None)
+    if same is not None:
+        clidrs[same] = replace(clidrs[same], cpus=tuple(sorted(clidrs[same].cpus + tuple(cpus))))
+        return
+    d = cpuregs.decode_clidr(value)
+    clidrs.append(ClidrEl1(cpus=tuple(cpus), value=value, hex=f"0x{value:x}", ctypes=d.ctypes, loc=d.loc,
+                           louu=d.louu, louis=d.louis,
+                           note="Ctype from sysfs; LoC assumes every listed level is before the point "
+                                "of coherence, LoUU/LoUIS the first unified level"))
 
 
 def _clidr_value(mine: list[CacheInstance]) -> int:
@@ -927,16 +965,9 @@ def read_cpuid_caches() -> tuple[CpuidCache, ...] | Unavailable:
                 fn(leaf, sub, out)
                 return out[0], out[1], out[2], out[3]
 
-            max_leaf, b, c, d = cpuid(0)
-            vendor = b"".join(x.to_bytes(4, "little") for x in (b, d, c)).decode("ascii", "replace")
-            max_ext = cpuid(0x80000000)[0]
-            topoext = max_ext >= 0x80000001 and bool(cpuid(0x80000001)[2] >> 22 & 1)
-            if vendor in ("AuthenticAMD", "HygonGenuine") and max_ext >= 0x8000001D and topoext:
-                leaf = 0x8000001D
-            elif max_leaf >= 4:
-                leaf = 4
-            else:
-                return Unavailable(f"{vendor} CPU has neither CPUID leaf 4 nor 0x8000001D")
+            leaf = _cache_leaf(cpuid)
+            if isinstance(leaf, str):
+                return Unavailable(f"{leaf} CPU has neither CPUID leaf 4 nor 0x8000001D")
             found = []
             for sub in range(16):
                 f = cpuregs.decode_cpuid_cache(*cpuid(leaf, sub))
@@ -951,6 +982,18 @@ def read_cpuid_caches() -> tuple[CpuidCache, ...] | Unavailable:
     return tuple(found)
 
 
+def _cache_leaf(cpuid: Callable[..., tuple[int, int, int, int]]) -> int | str:
+    """The CPUID leaf that lists this CPU's caches: 0x8000001D on AMD (and Hygon) with TOPOEXT, else 4; the
+    vendor's name where it has neither."""
+    max_leaf, b, c, d = cpuid(0)
+    vendor = b"".join(x.to_bytes(4, "little") for x in (b, d, c)).decode("ascii", "replace")
+    max_ext = cpuid(0x80000000)[0]
+    topoext = max_ext >= 0x80000001 and bool(cpuid(0x80000001)[2] >> 22 & 1)
+    if vendor in ("AuthenticAMD", "HygonGenuine") and max_ext >= 0x8000001D and topoext:
+        return 0x8000001D
+    return 4 if max_leaf >= 4 else vendor
+
+
 def _check_cpuid(regs: Registers, caches: tuple[CacheInstance, ...], kinds: tuple[CoreKind, ...],
                  flags: list[CpuFlag]) -> None:
     """CPUID and sysfs should describe the same caches; the kernel builds sysfs from CPUID on x86."""
@@ -962,13 +1005,18 @@ def _check_cpuid(regs: Registers, caches: tuple[CacheInstance, ...], kinds: tupl
         s = mine.get(q.name)
         if s is None:
             continue
-        diffs = [f"{label} {sv} vs {qv}" for label, sv, qv in (
-            ("size", s.size_bytes, q.size_bytes), ("ways", s.ways, q.ways), ("sets", s.sets, q.sets),
-            ("line", s.line_bytes, q.line_bytes)) if sv is not None and sv != qv]
+        diffs = _differences(s, q)
         if diffs:
             flags.append(CpuFlag("cpuid_disagrees", "warning",
                                  f"{q.name}: sysfs and CPUID leaf {q.leaf} differ ({', '.join(diffs)}): a "
                                  "hypervisor may present different caches than the CPU has", s.cpus))
+
+
+def _differences(s: CacheInstance, q: CpuidCache) -> list[str]:
+    """What sysfs says of a cache (where it says it) that CPUID says otherwise."""
+    return [f"{label} {sv} vs {qv}" for label, sv, qv in (
+        ("size", s.size_bytes, q.size_bytes), ("ways", s.ways, q.ways), ("sets", s.sets, q.sets),
+        ("line", s.line_bytes, q.line_bytes)) if sv is not None and sv != qv]
 
 
 # Instruction words (little-endian A64): `mrs x0, ctr_el0` = 0xd53b0020, `mov x0, xzr` = 0xaa1f03e0,
