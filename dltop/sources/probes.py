@@ -18,7 +18,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dltop.config import Settings
@@ -268,23 +268,28 @@ def _loaders(doc: Any, notes: dict[str, str]) -> tuple[ProbeLoader, ...]:
         if not isinstance(d, dict):
             notes[where] = f"{where} left out: expected an object"
             continue
-        f = _Fields(d, where, {})
         try:
-            steps, recent = f.count("steps"), f.count("recent_steps", optional=True)
-            wait_s, step_s = f.num("recent_wait_s", optional=True), f.num("recent_step_s", optional=True)
-            age = f.num("last_step_age_s", optional=True)
-            if f.notes:
-                raise Malformed(next(iter(f.notes.values())))
-            if wait_s is not None and step_s is not None and wait_s > step_s * 1.01 + 0.01:
-                raise Malformed(f"{where}.recent_wait_s: {wait_s:g} is longer than its steps")
-            timed = bool(recent and step_s and wait_s is not None)
-            out.append(ProbeLoader(name=str(name), steps=steps or 0,
-                                   step_time_s=step_s / recent if timed and step_s and recent else None,
-                                   data_wait_fraction=min(wait_s / step_s, 1.0) if timed and step_s and wait_s is not None
-                                   else None, last_step_age_s=age))
+            out.append(_loader(str(name), d, where))
         except Malformed as e:
             notes[where] = f"{where} left out: {str(e).removeprefix(where + '.')}"
     return tuple(out)
+
+
+def _loader(name: str, d: dict[str, Any], where: str) -> ProbeLoader:
+    """One loader's numbers; Malformed when one of them cannot be believed."""
+    f = _Fields(d, where, {})
+    steps, recent = f.count("steps"), f.count("recent_steps", optional=True)
+    wait_s, step_s = f.num("recent_wait_s", optional=True), f.num("recent_step_s", optional=True)
+    age = f.num("last_step_age_s", optional=True)
+    if f.notes:
+        raise Malformed(next(iter(f.notes.values())))
+    if wait_s is not None and step_s is not None and wait_s > step_s * 1.01 + 0.01:
+        raise Malformed(f"{where}.recent_wait_s: {wait_s:g} is longer than its steps")
+    timed = bool(recent and step_s and wait_s is not None)
+    return ProbeLoader(name=name, steps=steps or 0,
+                       step_time_s=step_s / recent if timed and step_s and recent else None,
+                       data_wait_fraction=min(wait_s / step_s, 1.0) if timed and step_s and wait_s is not None
+                       else None, last_step_age_s=age)
 
 
 def _loss(f: _Fields, key: str) -> float | None:
@@ -533,6 +538,26 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
     is not this dltop's (a pod's), and `hosts` to find them here. `memo`: the parses of the files' bytes last
     read (a file that has not changed, an exited job's or one that publishes less often than every tick, is
     not decoded and checked again), this one's put in `seen`; what is read from /proc is checked every time."""
+    read = _read_raw(dir_fd, name, me)
+    if isinstance(read, str):
+        return read
+    st, raw = read
+    key = (path, st.st_uid, raw)
+    parsed = memo.get(key) if memo is not None else None
+    if parsed is None:
+        parsed = _parse_file(raw, path, st.st_uid)
+    if seen is not None:
+        seen[key] = parsed
+    if isinstance(parsed, str):
+        return parsed
+    if str(parsed.pid) != name.removesuffix(".json"):
+        return f"malformed: names pid {parsed.pid}, not the file's"
+    return _running(parsed, st.st_uid, proc, pidns, hosts)
+
+
+def _read_raw(dir_fd: int, name: str, me: int) -> tuple[os.stat_result, bytes] | str:
+    """A probe file's stat and bytes: a regular file of `me`'s (the folder's owner, the only one who can have
+    written it, a hard link aside), within the size limit, opened without following a link; or why not."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as e:
@@ -543,7 +568,7 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return "not a regular file"
-        if st.st_uid != me:  # `me`: the folder's owner, the only one who can have written it (a hard link aside)
+        if st.st_uid != me:
             return f"owned by uid {st.st_uid}, not the folder's owner (uid {me})"
         if st.st_size > MAX_FILE_BYTES:
             return f"{st.st_size} bytes: over the {MAX_FILE_BYTES}-byte limit"
@@ -554,17 +579,12 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
         os.close(fd)
     if len(raw) > MAX_FILE_BYTES:
         return f"over the {MAX_FILE_BYTES}-byte limit"
-    key = (path, st.st_uid, raw)
-    parsed = memo.get(key) if memo is not None else None
-    if parsed is None:
-        parsed = _parse_file(raw, path, st.st_uid)
-    if seen is not None:
-        seen[key] = parsed
-    if isinstance(parsed, str):
-        return parsed
-    probe = parsed
-    if str(probe.pid) != name.removesuffix(".json"):
-        return f"malformed: names pid {probe.pid}, not the file's"
+    return st, raw
+
+
+def _running(probe: ProcessProbe, uid: int, proc: str, pidns: int | None, hosts: HostPids | None) -> ProcessProbe | str:
+    """The probe of a file owned by `uid` checked against /proc: its process's pids here, exited where the process
+    is gone (or tearing down), refused where another user's process has its pid."""
     if pidns is not None and hosts is not None:
         host = hosts.find(pidns, probe.pid)
         if host is None:  # not running: exited (its pid stays the pod's)
@@ -578,8 +598,8 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
         owner = os.stat(f"{proc}/{probe.pid}").st_uid
     except OSError:
         return _exited(probe)
-    if st.st_uid != 0 and owner != st.st_uid:
-        return f"process {probe.pid} belongs to uid {owner}, not the file's owner (uid {st.st_uid})"
+    if uid != 0 and owner != uid:
+        return f"process {probe.pid} belongs to uid {owner}, not the file's owner (uid {uid})"
     if probe.exit_how is not None:  # its exit record is written: it is tearing down
         return _exited(probe)
     if probe.last_step_age_s is not None:  # as old as it is now, not when it was published
@@ -692,18 +712,8 @@ def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, Process
             if untrusted is not None:
                 ignored.append(IgnoredProbe(path, f"directory {untrusted}: not trusted"))
                 continue
-            names = _candidates(dir_fd, path, owner, proc, pidns, ignored)
-            for i, name in enumerate(names):
-                if time.monotonic() > deadline:
-                    ignored.append(IgnoredProbe(path, f"{len(names) - i} files not read: the reading's "
-                                                      f"{READ_BUDGET_S:g} s ran out", cut=True))
-                    break
-                got = _read_file(dir_fd, name, os.path.join(path, name), owner, proc, pidns, hosts, memo, seen)
-                if isinstance(got, str):
-                    ignored.append(IgnoredProbe(os.path.join(path, name), got))
-                else:
-                    processes.append(dataclasses.replace(got, pidns=rest[0] if pidns is not None else None)
-                                     if pidns is not None else got)
+            for got in _read_dir(dir_fd, path, owner, proc, pidns, hosts, memo, seen, deadline, ignored):
+                processes.append(dataclasses.replace(got, pidns=pidns) if pidns is not None else got)
         except OSError as e:
             ignored.append(IgnoredProbe(path, f"cannot list: {e.strerror}"))
         finally:
@@ -712,6 +722,23 @@ def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, Process
         memo.clear()
         memo.update(seen)
     return processes, ignored
+
+
+def _read_dir(dir_fd: int, path: str, owner: int, proc: str, pidns: int | None, hosts: HostPids,
+              memo: dict[ParseKey, ProcessProbe | str] | None, seen: dict[ParseKey, ProcessProbe | str] | None,
+              deadline: float, ignored: list[IgnoredProbe]) -> Iterator[ProcessProbe]:
+    """The probes of one trusted folder, read until the deadline; each file left out said in `ignored`."""
+    names = _candidates(dir_fd, path, owner, proc, pidns, ignored)
+    for i, name in enumerate(names):
+        if time.monotonic() > deadline:
+            ignored.append(IgnoredProbe(path, f"{len(names) - i} files not read: the reading's "
+                                              f"{READ_BUDGET_S:g} s ran out", cut=True))
+            return
+        got = _read_file(dir_fd, name, os.path.join(path, name), owner, proc, pidns, hosts, memo, seen)
+        if isinstance(got, str):
+            ignored.append(IgnoredProbe(os.path.join(path, name), got))
+        else:
+            yield got
 
 
 def assemble(dirs: tuple[str, ...], processes: list[ProcessProbe], ignored: list[IgnoredProbe],
@@ -889,15 +916,35 @@ class ProbeReader:
         self.memfds = seen
         return now_live
 
-    def read(self) -> ProbesPart:
-        r = self.rendezvous
-        r.refresh()
+    def _dirs(self, r: Rendezvous) -> dict[str, ProbeDir]:
+        """The folders to read: the rendezvous's, and those that held a file while they are there."""
         dirs = {d[0]: d for d in r.dirs()}
         for path, d in list(self.known_dirs.items()):
             if not os.path.lexists(path):
                 del self.known_dirs[path]
             else:
                 dirs.setdefault(path, d)
+        return dirs
+
+    def _keep_gone(self, now_live: dict[tuple[int, int], ProcessProbe], found: set[tuple[int, int]]) -> None:
+        """The memfd probes whose process is gone, kept per user (the MAX_EXITED newest of KEEP_EXITED_S): many
+        short jobs that publish through a memfd cost only their user."""
+        for key, last in self.live.items():
+            if key not in now_live and key not in found:
+                self.gone[key] = _exited(last)
+        old = time.time() - KEEP_EXITED_S
+        newest = sorted(self.gone.items(), key=lambda kv: -(kv[1].exited_at or 0.0))
+        per_user: dict[int, int] = {}
+        self.gone = {}
+        for (uid, pid), p in newest:
+            per_user[uid] = per_user.get(uid, 0) + 1
+            if (p.exited_at or 0.0) > old and (uid, pid) not in found and per_user[uid] <= MAX_EXITED:
+                self.gone[(uid, pid)] = p
+
+    def read(self) -> ProbesPart:
+        r = self.rendezvous
+        r.refresh()
+        dirs = self._dirs(r)
         files, ignored = _read_dirs(list(dirs.values()), self.root, self.memo)
         for p in files:
             where = os.path.dirname(p.path)
@@ -908,18 +955,7 @@ class ProbeReader:
                    *(IgnoredProbe(f"{self.proc}/{pid}/fd", f"over {MAX_FDS} descriptors: not all looked at for "
                                                           "a probe's memfd", cut=True) for pid, _ in r.cut())]
         now_live = self._memfd_probes(r, found, ignored)
-        for key, last in self.live.items():
-            if key not in now_live and key not in found:
-                self.gone[key] = _exited(last)
-        old = time.time() - KEEP_EXITED_S
-        # per user, the MAX_EXITED newest of a day: many short jobs that publish through a memfd cost only their user
-        newest = sorted(self.gone.items(), key=lambda kv: -(kv[1].exited_at or 0.0))
-        per_user: dict[int, int] = {}
-        self.gone = {}
-        for (uid, pid), p in newest:
-            per_user[uid] = per_user.get(uid, 0) + 1
-            if (p.exited_at or 0.0) > old and (uid, pid) not in found and per_user[uid] <= MAX_EXITED:
-                self.gone[(uid, pid)] = p
+        self._keep_gone(now_live, found)
         part = assemble(tuple(dirs), [*files, *now_live.values(), *self.gone.values()], ignored, self.proc)
         # kept as shown (the kernel's command, not the memfd's claim): what an exited job goes on showing
         self.live = {(p.uid, p.pid): p for p in part.processes if (p.uid, p.pid) in now_live}
