@@ -184,40 +184,84 @@ def walk(
     another path (a symlinked alias) a duplicate. Folders reached through a symlink are walked after the real
     tree, so a folder inside it is counted at its real path, not at an alias.
     """
-    if shard is not None:
-        by_inode = True
-        k, n_shards, run_bits = shard
-    ignore = compile_names(options.ignore)
-    include = compile_names(options.include)
     st = os.stat(root)  # a root given as a symlink is followed, as vmtouch and du do
-    if not stat.S_ISDIR(st.st_mode):
-        if stat.S_ISREG(st.st_mode):
-            if shard is not None and (st.st_ino >> run_bits) % n_shards != k:
-                return
-            yield WalkedFolder(os.path.dirname(root) or ".", 0, st.st_dev, root_acc), None, root, True
-        else:
-            report.skip("special", root, "not a regular file or folder")
-        return
-    counted_at = {(st.st_dev, st.st_ino): root}  # folder -> the path it is counted at
-    if seen_dirs is not None:
-        seen_dirs.add((st.st_dev, st.st_ino))
-    root_dev = st.st_dev
-    mincore_devs: dict[int, bool] = {}
-    stack = [WalkedFolder(root, 0, st.st_dev, root_acc, ino=st.st_ino)]
-    linked: deque[tuple[WalkedFolder, str, os.stat_result]] = deque()  # folders reached through a symlink: last
-    max_depth = options.max_depth
-    follow = options.follow_symlinks
+    if stat.S_ISDIR(st.st_mode):
+        yield from _Walk(root, st, options, report, root_acc, budget, by_inode or shard is not None, shard,
+                         seen_dirs, batch).items()
+    elif not stat.S_ISREG(st.st_mode):
+        report.skip("special", root, "not a regular file or folder")
+    elif shard is None or _in_shard(st.st_ino, shard):
+        yield WalkedFolder(os.path.dirname(root) or ".", 0, st.st_dev, root_acc), None, root, True
 
-    def enter(parent: WalkedFolder, path: str, est: os.stat_result) -> WalkedFolder | None:
+
+def _in_shard(ino: int, shard: tuple[int, int, int]) -> bool:
+    k, n_shards, run_bits = shard
+    return (ino >> run_bits) % n_shards == k
+
+
+Item = tuple[WalkedFolder, int | None, Any, bool]  # what `walk` yields
+
+
+class _Walk:
+    """One `walk` of a folder tree, in named steps: the folders in turn (`items`), each one's listing (`_list`),
+    and where each entry that is not a plain file goes (`_resolve`, `_place`)."""
+
+    def __init__(self, root: str, st: os.stat_result, options: WalkOptions, report: WalkReport,
+                 root_acc: FolderTotals, budget: Budget | None, by_inode: bool, shard: tuple[int, int, int] | None,
+                 seen_dirs: set[tuple[int, int]] | None, batch: int) -> None:
+        self.options, self.report, self.budget, self.seen_dirs = options, report, budget, seen_dirs
+        self.by_inode, self.shard = by_inode, shard
+        self.batch = 0 if by_inode else batch
+        self.ignore, self.include = compile_names(options.ignore), compile_names(options.include)
+        self.counted_at = {(st.st_dev, st.st_ino): root}  # folder -> the path it is counted at
+        if seen_dirs is not None:
+            seen_dirs.add((st.st_dev, st.st_ino))
+        self.root_dev = st.st_dev
+        self.mincore_devs: dict[int, bool] = {}
+        self.stack = [WalkedFolder(root, 0, st.st_dev, root_acc, ino=st.st_ino)]
+        self.linked: deque[tuple[WalkedFolder, str, os.stat_result]] = deque()  # reached through a symlink: last
+        self.stopped = False  # the budget ran out part way through a folder
+
+    def items(self) -> Iterator[Item]:
+        """Every folder in turn, the real tree first, then the folders reached through a symlink."""
+        report, budget = self.report, self.budget
+        while self.stack or self.linked:
+            if budget is not None and budget.stop():
+                report.complete = False
+                return
+            if self.stack:
+                d = self.stack.pop()
+            else:
+                entered = self.enter(*self.linked.popleft())
+                if entered is None:
+                    continue
+                d = entered
+            try:
+                dfd = os.open(d.path, O_DIR if (self.options.follow_symlinks or d.depth == 0) else O_DIR | os.O_NOFOLLOW)
+            except OSError as e:
+                if d.depth == 0:
+                    raise  # the root itself cannot be read: that is the caller's error, not a skipped folder
+                skip_error(report, e, d.path)
+                continue
+            try:
+                yield from self._folder(d, dfd)
+            finally:
+                os.close(dfd)
+            if self.stopped:
+                report.complete = False
+                return
+
+    def enter(self, parent: WalkedFolder, path: str, est: os.stat_result) -> WalkedFolder | None:
         """The folder at `path` to walk, or None when it was counted already at another path."""
         key = (est.st_dev, est.st_ino)
-        first = counted_at.setdefault(key, path)
+        first = self.counted_at.setdefault(key, path)
         if first != path:
-            report.skip("duplicate_folder", path, f"duplicate of {display_path(first)}, counted there")
+            self.report.skip("duplicate_folder", path, f"duplicate of {display_path(first)}, counted there")
             return None
-        if seen_dirs is not None:
-            seen_dirs.add(key)
+        if self.seen_dirs is not None:
+            self.seen_dirs.add(key)
         depth = parent.depth + 1
+        max_depth = self.options.max_depth
         if max_depth is None or depth <= max_depth:
             acc = FolderTotals(path)
             parent.acc.children.append(acc)
@@ -225,135 +269,138 @@ def walk(
             acc = parent.acc
         return WalkedFolder(path, depth, est.st_dev, acc, ino=est.st_ino, parent=parent)
 
-    while stack or linked:
-        if budget is not None and budget.stop():
-            report.complete = False
-            return
-        if stack:
-            d = stack.pop()
-        else:
-            entered = enter(*linked.popleft())
-            if entered is None:
-                continue
-            d = entered
+    def _folder(self, d: WalkedFolder, dfd: int) -> Iterator[Item]:
+        """Folder `d` (open as `dfd`): its files, in inode order when asked (`by_inode`, `shard`); its subfolders
+        go on the stack."""
+        if d.dev not in self.mincore_devs:
+            self.mincore_devs[d.dev] = needs_mincore(dfd)
+        d.mincore = self.mincore_devs[d.dev]
+        self.report.dirs += 1
+        subdirs: list[WalkedFolder] = []
+        held: list[tuple[int, str, bool]] | None = [] if self.by_inode else None
         try:
-            dfd = os.open(d.path, O_DIR if (follow or d.depth == 0) else O_DIR | os.O_NOFOLLOW)
+            entries = list_folder(dfd)
         except OSError as e:
             if d.depth == 0:
-                raise  # the root itself cannot be read: that is the caller's error, not a skipped folder
-            skip_error(report, e, d.path)
-            continue
+                raise
+            skip_error(self.report, e, d.path)
+            return
+        with entries:
+            yield from self._list(d, dfd, entries, subdirs, held)
+        if self.stopped:
+            return  # out of budget: what was held is not walked
+        if held:
+            held.sort()
+            shard = self.shard
+            for ino, name, follow_it in held:
+                if shard is None or _in_shard(ino, shard):
+                    yield d, dfd, name, follow_it
+        if self.by_inode:
+            subdirs.sort(key=lambda s: s.ino)
+        self.stack.extend(reversed(subdirs))
+
+    def _list(self, d: WalkedFolder, dfd: int, entries: Iterator[os.DirEntry[str]], subdirs: list[WalkedFolder],
+              held: list[tuple[int, str, bool]] | None) -> Iterator[Item]:
+        """Folder `d`'s listing: plain files yielded (in batches of `batch` names, or held for inode order),
+        everything else resolved and placed. The walk's per-file loop, as dltop/native/_walk.c's listing."""
+        report, ignore, include, budget, batch = self.report, self.ignore, self.include, self.budget, self.batch
+        names: list[str] | None = [] if batch and held is None else None
+        n = 0
         try:
-            if d.dev not in mincore_devs:
-                mincore_devs[d.dev] = needs_mincore(dfd)
-            d.mincore = mincore_devs[d.dev]
-            report.dirs += 1
-            subdirs: list[WalkedFolder] = []
-            held: list[tuple[int, str, bool]] | None = [] if by_inode else None
-            names: list[str] | None = [] if batch and held is None else None
-            try:
-                entries = list_folder(dfd)
-            except OSError as e:
-                if d.depth == 0:
-                    raise
-                skip_error(report, e, d.path)
-                continue
-            with entries:
-                n = 0
+            for entry in entries:
+                name = entry.name
+                if ignore is not None and ignore.match(name):
+                    report.skip("ignored")
+                    continue
                 try:
-                    for entry in entries:
-                        name = entry.name
-                        if ignore is not None and ignore.match(name):
+                    if entry.is_file(follow_symlinks=False):
+                        if include is not None and not include.match(name):
                             report.skip("ignored")
-                            continue
-                        try:
-                            if entry.is_file(follow_symlinks=False):
-                                if include is not None and not include.match(name):
-                                    report.skip("ignored")
-                                elif names is not None:
-                                    names.append(name)
-                                    if len(names) >= batch:
-                                        yield d, dfd, names, False
-                                        names = []
-                                elif held is not None:
-                                    held.append((entry.inode(), name, False))
-                                else:
-                                    yield d, dfd, name, False
-                                n += 1
-                                if n % _CHECK_EVERY_FILES == 0 and budget is not None and budget.stop():
-                                    if names:
-                                        yield d, dfd, names, False
-                                    report.complete = False
-                                    return
-                                continue
-                            if names:  # what was listed before this entry is measured before it
+                        elif names is not None:
+                            names.append(name)
+                            if len(names) >= batch:
                                 yield d, dfd, names, False
                                 names = []
-                            is_link = entry.is_symlink()
-                            if is_link and not follow:
-                                report.skip("symlink")
-                                continue
-                            if is_link:
-                                try:
-                                    est = os.stat(name, dir_fd=dfd)
-                                except OSError as e:
-                                    what = "symlink loop" if e.errno == errno.ELOOP else "broken symlink"
-                                    report.skip(what.replace(" ", "_"), f"{d.path}/{name}", what)
-                                    continue
-                            elif entry.is_dir(follow_symlinks=False):
-                                est = entry.stat(follow_symlinks=False)
-                            else:
-                                report.skip("special")  # FIFO, socket, device: never opened
-                                continue
-                        except OSError as e:
-                            if names:
-                                yield d, dfd, names, False
-                                names = []
-                            skip_error(report, e, f"{d.path}/{name}")
-                            continue
-                        if stat.S_ISDIR(est.st_mode):
-                            path = f"{d.path}/{name}" if d.path != "/" else f"/{name}"
-                            if d.has_ancestor(est.st_dev, est.st_ino):
-                                report.skip("symlink_loop", path, "symlink loop (a folder inside itself)")
-                                continue
-                            if est.st_dev != root_dev and not options.cross_filesystems:
-                                report.skip("other_filesystem")
-                                continue
-                            if is_link:
-                                linked.append((d, path, est))
-                            elif (sub := enter(d, path, est)) is not None:
-                                subdirs.append(sub)
-                        elif stat.S_ISREG(est.st_mode):
-                            if include is not None and not include.match(name):
-                                report.skip("ignored")
-                            elif held is not None:
-                                held.append((est.st_ino, name, True))
-                            else:
-                                yield d, dfd, name, True
+                        elif held is not None:
+                            held.append((entry.inode(), name, False))
                         else:
-                            report.skip("special")
+                            yield d, dfd, name, False
+                        n += 1
+                        if n % _CHECK_EVERY_FILES == 0 and budget is not None and budget.stop():
+                            self.stopped = True
+                            break
+                        continue
+                    if names:  # what was listed before this entry is measured before it
+                        yield d, dfd, names, False
+                        names = []
+                    resolved = self._resolve(d, dfd, entry, name)
                 except OSError as e:
-                    # The listing itself failed part way: /proc/PID/fdinfo refuses even root (EACCES), a
-                    # /proc/PID that ends mid-listing gives ENOENT. What was listed is walked; the folder is
-                    # counted as skipped. Only the root failing is the caller's error.
                     if names:
                         yield d, dfd, names, False
                         names = []
-                    if d.depth == 0:
-                        raise
-                    skip_error(report, e, d.path)
+                    skip_error(report, e, f"{d.path}/{name}")
+                    continue
+                if resolved is not None:
+                    item = self._place(d, dfd, name, *resolved, subdirs, held)
+                    if item is not None:
+                        yield item
+        except OSError as e:
+            # The listing itself failed part way: /proc/PID/fdinfo refuses even root (EACCES), a /proc/PID that
+            # ends mid-listing gives ENOENT. What was listed is walked; the folder is counted as skipped. Only the
+            # root failing is the caller's error.
             if names:
                 yield d, dfd, names, False
-            if held:
-                held.sort()
-                for ino, name, follow_it in held:
-                    if shard is None or (ino >> run_bits) % n_shards == k:
-                        yield d, dfd, name, follow_it
-            if by_inode:
-                subdirs.sort(key=lambda s: s.ino)
-            stack.extend(reversed(subdirs))
-        finally:
-            os.close(dfd)
+                names = []
+            if d.depth == 0:
+                raise
+            skip_error(report, e, d.path)
+        if names:
+            yield d, dfd, names, False
+
+    def _resolve(self, d: WalkedFolder, dfd: int, entry: os.DirEntry[str],
+                 name: str) -> tuple[os.stat_result, bool] | None:
+        """An entry that is not a plain file: its stat (a symlink's target's, when following them) and whether it
+        is a symlink; None where it is skipped (a symlink not followed or broken, a FIFO, socket or device)."""
+        is_link = entry.is_symlink()
+        if is_link and not self.options.follow_symlinks:
+            self.report.skip("symlink")
+            return None
+        if is_link:
+            try:
+                return os.stat(name, dir_fd=dfd), True
+            except OSError as e:
+                what = "symlink loop" if e.errno == errno.ELOOP else "broken symlink"
+                self.report.skip(what.replace(" ", "_"), f"{d.path}/{name}", what)
+                return None
+        if entry.is_dir(follow_symlinks=False):
+            return entry.stat(follow_symlinks=False), False
+        self.report.skip("special")  # FIFO, socket, device: never opened
+        return None
+
+    def _place(self, d: WalkedFolder, dfd: int, name: str, est: os.stat_result, is_link: bool,
+               subdirs: list[WalkedFolder], held: list[tuple[int, str, bool]] | None) -> Item | None:
+        """A resolved entry: a folder to walk (now, or after the real tree when reached through a symlink), or a
+        symlinked file (the item to yield, or held for inode order); else skipped."""
+        report = self.report
+        if stat.S_ISDIR(est.st_mode):
+            path = f"{d.path}/{name}" if d.path != "/" else f"/{name}"
+            if d.has_ancestor(est.st_dev, est.st_ino):
+                report.skip("symlink_loop", path, "symlink loop (a folder inside itself)")
+            elif est.st_dev != self.root_dev and not self.options.cross_filesystems:
+                report.skip("other_filesystem")
+            elif is_link:
+                self.linked.append((d, path, est))
+            elif (sub := self.enter(d, path, est)) is not None:
+                subdirs.append(sub)
+        elif not stat.S_ISREG(est.st_mode):
+            report.skip("special")
+        elif self.include is not None and not self.include.match(name):
+            report.skip("ignored")
+        elif held is not None:
+            held.append((est.st_ino, name, True))
+        else:
+            return d, dfd, name, True
+        return None
 
 
 def skip_error(report: WalkReport, e: OSError, path: str) -> None:
