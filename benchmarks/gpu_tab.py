@@ -8,8 +8,9 @@ same processes' CPU and memory (nvitop and nvtop need a GPU and its driver, whic
 not; htop is not installed on every node, top is). top reads every process on the machine, dltop the 160 on the
 GPUs. Both at a 1 s refresh; CPU time of each from /proc/PID/stat (utime + stime) over the same window.
 
-With --threads, dltop's CPU is also split by thread (its source threads are named as `top -H` shows them:
-dltop-gpus, dltop-memory, ...; the thread that paints the screen is python).
+With --threads, dltop's CPU is also split by thread (named as `top -H` shows them: dltop-fast reads the GPUs,
+memory, CPU and probes each tick, dltop-datasets, dltop-caches, ... the slow sources; the thread that paints the
+screen is python).
 
 usage: python benchmarks/gpu_tab.py [--seconds 60] [--repo CHECKOUT] [--threads]
 Target (issue 23): the GPU tab <= 1.0% of one core.

@@ -8,7 +8,7 @@ import threading
 import time
 
 from dltop.model import MemoryPart, Unavailable
-from dltop.sampler import STAGGER_S, Sampler, _Signal, _wait_any
+from dltop.sampler import SLOT_S, Sampler
 from dltop.sources.base import Source
 from dltop.sources.memory import read_memory
 
@@ -231,33 +231,6 @@ async def test_slow_sources_start_after_the_first_frame_or_the_hold() -> None:
         sampler.close()
 
 
-def test_signal_wait_wakes_on_set_times_out_and_leaves_no_waiter_behind() -> None:
-    """The pollers' wait: set from a callback wakes it at once (True), a timeout returns False, a waiter already set
-    returns at once, and no wait leaves its future on a signal (thousands of ticks would grow the list)."""
-
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        a, b = _Signal(), _Signal()
-        t0 = time.monotonic()
-        assert await _wait_any((a, b), 0.05) is False
-        assert time.monotonic() - t0 >= 0.04
-        loop.call_later(0.01, b.set)
-        t0 = time.monotonic()
-        assert await _wait_any((a, b), 5.0) is True
-        assert time.monotonic() - t0 < 1.0 and b.is_set() and not a.is_set()
-        assert await _wait_any((b,), 5.0) is True  # already set: no wait
-        b.clear()
-        waiter = asyncio.ensure_future(_wait_any((a, b), 5.0))
-        await asyncio.sleep(0.01)
-        waiter.cancel()  # a poller cancelled at shutdown
-        await asyncio.gather(waiter, return_exceptions=True)
-        for _ in range(200):
-            await _wait_any((a, b), 0.0)
-        assert a._waiters == [] and b._waiters == []
-
-    asyncio.run(run())
-
-
 def test_each_source_thread_has_its_name_where_top_shows_threads() -> None:
     """`top -H` and `ps -L` show a thread by the kernel's name (comm), which Python 3.11 does not set: each source's
     thread names itself dltop-<source> (15 bytes at most), read here from /proc/self/task/TID/comm by its own tid."""
@@ -278,10 +251,10 @@ def test_each_source_thread_has_its_name_where_top_shows_threads() -> None:
 
 
 async def test_a_tick_wakes_the_loop_once_and_a_hung_fast_source_costs_only_itself() -> None:
-    """The tick's reads of the fast sources are started together and only the last to finish wakes the event loop
-    (the thread that paints the screen): one call from the source threads a tick, not one a source. A fast source
-    that hangs is left out of the ticks after it (its read is still running), and the others' readings in each
-    Snapshot are still those of its own tick."""
+    """A tick's reads of the fast sources run on one worker and only the end of the batch wakes the event loop (the
+    thread that paints the screen): one call from the worker's thread a tick, not one a source. A fast source that
+    hangs is quarantined and left out of the ticks after it (its read is still running), and the others' readings
+    in each Snapshot are still those of its own tick."""
     release = threading.Event()
     sources = [Source(name, 0.2, lambda: MemoryPart(), follows_refresh=True) for name in ("memory", "cpu", "probes")]
     sources.append(Source("gpus", 0.2, _hanging(release), timeout_s=0.3, follows_refresh=True))
@@ -301,7 +274,7 @@ async def test_a_tick_wakes_the_loop_once_and_a_hung_fast_source_costs_only_itse
     try:
         async for snap in sampler.stream(lambda: 0.2):
             got.append(snap)
-            counting[0] = len(got) >= 4  # from the 4th tick on: the first reads are the pollers' own
+            counting[0] = len(got) >= 4  # from the 4th tick on: past the first reading and the quarantine
             if len(got) == 12:
                 break
     finally:
@@ -319,9 +292,10 @@ async def test_a_tick_wakes_the_loop_once_and_a_hung_fast_source_costs_only_itse
 
 async def test_a_tick_reads_its_fast_sources_one_after_the_other_and_a_hang_holds_the_rest_a_slot_only() -> None:
     """Read at once, the fast sources' threads took the GIL from each other at every system call (each read cost a
-    quarter to a half more CPU): a tick reads them one after the other, each on its own thread, so no two of its
-    reads overlap. A source that hangs in the middle of a run holds the ones after it up by a slot only: on the
-    tick it hangs, and after, the others' readings are still of their own tick."""
+    quarter to a half more CPU): a tick reads them one after the other on one worker, so no two of its reads
+    overlap. A source that hangs in the middle of a run holds the ones after it up by a slot only (it is
+    quarantined, a new worker reads the rest): on the tick it hangs, and after, the others' readings are still of
+    their own tick."""
     spans: list[tuple[str, float, float]] = []
     release = threading.Event()
     gpu_reads = [0]
@@ -331,7 +305,7 @@ async def test_a_tick_reads_its_fast_sources_one_after_the_other_and_a_hang_hold
             t0 = time.monotonic()
             if name == "gpus":
                 gpu_reads[0] += 1
-                if gpu_reads[0] == 4:  # the first is its poller's own, then two ticks: it hangs on the third
+                if gpu_reads[0] == 4:  # the first reading at start, then two ticks: it hangs on the third
                     release.wait(30)
             time.sleep(0.005)  # long enough for two reads started at once to overlap
             spans.append((name, t0, time.monotonic()))
@@ -353,9 +327,9 @@ async def test_a_tick_reads_its_fast_sources_one_after_the_other_and_a_hang_hold
         release.set()
         sampler.close()
     assert gpu_reads[0] == 4, gpu_reads  # hung on its third tick, then left out while its read runs
-    # the ticks' reads (the first reads are the pollers' own, at once): no two overlap, but for the hung one's
+    # the ticks' reads (after the first reading at start): no two overlap, but for the hung one's
     ticked = sorted((s for s in spans if s[1] > first[0] and s[2] - s[1] < 0.1), key=lambda s: s[1])
-    slot = min(STAGGER_S, interval / 2 / 5)  # (a read slower than that, on a loaded machine, has the next beside it)
+    slot = min(SLOT_S, interval / 2 / 5)  # (a read slower than that, on a loaded machine, has the next beside it)
     overlaps = [(a, b) for a, b in zip(ticked, ticked[1:], strict=False) if b[1] < a[2] and a[2] - a[1] < slot]
     assert overlaps == [], overlaps
     assert len([s for s in ticked if s[0] != "gpus"]) >= 3 * 5
@@ -363,3 +337,38 @@ async def test_a_tick_reads_its_fast_sources_one_after_the_other_and_a_hang_hold
         for name in ("memory", "cpu", "probes"):
             read_at = snap.sources[name].last_ok_ts
             assert read_at is not None and snap.ts - interval / 2 <= read_at <= snap.ts, (name, snap.ts - (read_at or 0))
+
+
+async def test_a_quarantined_fast_source_comes_back_to_the_ticks_once_its_read_ends() -> None:
+    """A fast read that overruns its slot keeps its thread to itself (its overrun reported once past its timeout)
+    while the others tick on a new worker; once it ends, the source is read on the ticks again and the thread it
+    kept ends."""
+    release = threading.Event()
+    reads = {"gpus": 0, "memory": 0}
+
+    def reader(name: str):  # type: ignore[no-untyped-def]
+        def read() -> MemoryPart:
+            reads[name] += 1
+            if name == "gpus" and reads[name] == 2:
+                release.wait(30)
+            return MemoryPart()
+        return read
+
+    sampler = Sampler([Source(n, 0.1, reader(n), timeout_s=0.3, follows_refresh=True) for n in ("gpus", "memory")])
+    got = []
+    try:
+        async for snap in sampler.stream(lambda: 0.1):
+            got.append(snap)
+            if len(got) == 8:
+                stuck = reads["gpus"]
+                threads = threading.active_count()
+                release.set()
+            if len(got) == 14:
+                break
+    finally:
+        release.set()
+        sampler.close()
+    assert "slow: no answer" in (got[7].sources["gpus"].error or "")
+    assert reads["memory"] >= 12 and stuck == 2 and reads["gpus"] > stuck
+    assert got[-1].sources["gpus"].error is None
+    assert threading.active_count() <= threads - 1  # the quarantined thread ended with its read
