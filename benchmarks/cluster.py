@@ -99,7 +99,7 @@ async def draw_s(part: object) -> list[float]:
     times = []
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        pane = app._panes[0]
+        pane = app.panes[0]
         for _ in range(5):
             assert pane.view is not None
             t0 = time.perf_counter()

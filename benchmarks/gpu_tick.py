@@ -32,7 +32,7 @@ PAINT_S = 0.05  # time given to Textual to paint after a tick (its screen update
 
 def pane_ticks(scenario: dict[str, Any], ticks: int, moving: bool,
                size: tuple[int, int]) -> tuple[list[float], list[float]]:
-    """CPU seconds of each `DltopApp._apply` with the GPU pane visible, after 600 Snapshots of history, and of
+    """CPU seconds of each `DltopApp.apply` with the GPU pane visible, after 600 Snapshots of history, and of
     each with the painting that follows it."""
     import asyncio
 
@@ -60,7 +60,7 @@ def pane_ticks(scenario: dict[str, Any], ticks: int, moving: bool,
             await pilot.pause()
             for snap in snaps[600:]:
                 c0 = time.thread_time()
-                app._apply(snap)
+                app.apply(snap)
                 cpu.append(time.thread_time() - c0)
                 # Textual paints on its own timer, as between two ticks (not pilot.pause(): it posts a callback to
                 # every widget on the screen, a cost of its own)

@@ -1,4 +1,4 @@
-"""The Page cache tab's cost per tick with a full history: the CPU of `DltopApp._apply` and of Textual's paint after it.
+"""The Page cache tab's cost per tick with a full history: the CPU of `DltopApp.apply` and of Textual's paint after it.
 
 The overhead benchmark measures a minute after the start, when the history holds under 60 of its 600 Snapshots; a
 monitor left open runs with it full, where each tick goes over 600 readings per chart. This plays real Snapshots
@@ -63,7 +63,7 @@ def ticks(snaps: list[Snapshot], history: int) -> tuple[list[float], list[float]
             for snap in snaps[history:]:
                 painted[0] = 0.0
                 c0 = time.thread_time()
-                app._apply(snap)
+                app.apply(snap)
                 applies.append(time.thread_time() - c0)
                 await asyncio.sleep(0.05)  # Textual paints on its own timer, as between two ticks
                 paints.append(painted[0])

@@ -41,6 +41,8 @@ class RecordingLike(Protocol):
     def times(self) -> list[float]: ...
     def range(self, t0: float | None = None, t1: float | None = None) -> Iterator[Snapshot]: ...
     def events(self, t0: float | None = None, t1: float | None = None) -> Sequence[TimedEvent]: ...
+    @property
+    def meta(self) -> Mapping[str, Any]: ...
 
 
 def index_at(times: Sequence[float], ts: float) -> int:
@@ -115,9 +117,25 @@ class RecordedHistory:
         return list(self._kept.values())
 
 
-class RecordingFeed:
-    """A recording as the app's feed: nothing streams in and nothing can be changed; the app moves through
-    `timeline` itself (step, jump, go to, play)."""
+class Feed(Protocol):
+    """Where live Snapshots come from: the Sampler, or a list of them (sampler.ListFeed). A replay has none: it
+    moves through a Recorded's timeline."""
+
+    def start(self, hold_slow_s: float = 0.0) -> None: ...
+    def release_slow(self) -> None: ...
+    def snapshot(self) -> Snapshot: ...
+    def backlog(self) -> list[Snapshot]: ...
+    def set_refresh(self, interval_s: float) -> None: ...
+    def reconfigure(self, settings: Any) -> None: ...
+    def read_now(self, name: str, key: str | None = None) -> None: ...
+    async def wait_first(self, timeout_s: float = 1.0) -> None: ...
+    def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]: ...
+    def close(self) -> None: ...
+
+
+class Recorded:
+    """A recording to replay: its timeline, the name the header calls it by and the moment to open on. Nothing
+    streams in and nothing can be changed; the playhead moves through `timeline` (step, jump, go to, play)."""
 
     def __init__(self, recording: RecordingLike, name: str, start_ts: float | None = None) -> None:
         self.recording = recording  # for times typed relative to it ("14:05": that day of the recording)
@@ -125,40 +143,11 @@ class RecordingFeed:
         times = self.timeline.times()
         if not times:
             raise ValueError("a recording without samples")
-        self.name = name  # what the header calls the recording
+        self.name = name
         self.start_ts = times[0] if start_ts is None else start_ts
 
-    def start(self, hold_slow_s: float = 0.0) -> None:
-        """Nothing to start: the recording is on disk."""
-
-    def release_slow(self) -> None:
-        """Nothing is held."""
-
-    def snapshot(self) -> Snapshot:
-        """The Snapshot on screen at the start time."""
-        return self.timeline.upto(self.start_ts, 1)[-1]
-
-    def backlog(self) -> list[Snapshot]:
-        """The app takes the window from the timeline, not from here."""
-        return []
-
-    def set_refresh(self, interval_s: float) -> None:
-        """Recorded Snapshots keep their cadence."""
-
-    def reconfigure(self, settings: object) -> None:
-        """A recording cannot gain a source."""
-
-    def read_now(self, name: str, key: str | None = None) -> None:
-        """A recording is what it is."""
-
-    async def wait_first(self, timeout_s: float = 1.0) -> None:
-        """The first Snapshot is on disk already."""
-
-    async def stream(self, interval_s: Callable[[], float]) -> AsyncIterator[Snapshot]:
-        """Nothing streams: playing is the app moving through the timeline."""
-        return
-        yield  # an async generator that yields nothing
-
-    def close(self) -> None:
-        """Nothing to release (the recording's files are read, never held)."""
-
+    @property
+    def interval_s(self) -> float:
+        """The recording's sampling interval (1 s where its header does not say a valid one)."""
+        interval = self.recording.meta.get("interval_s")
+        return interval if isinstance(interval, int | float) and interval > 0 else 1.0

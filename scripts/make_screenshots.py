@@ -39,9 +39,9 @@ async def shoot(size: tuple[int, int], seconds: float, datasets: tuple[str, ...]
     async with app.run_test(size=size) as pilot:
         await pilot.pause(seconds)
         small = ("gpu", "pagecache", "training", "caches")
-        panes = app._panes if tabs else [p for p in app._panes if p.PANE_ID in small]
+        panes = app.panes if tabs else [p for p in app.panes if p.PANE_ID in small]
         for pane in panes:
-            await pilot.press(str(app._panes.index(pane) + 1))
+            await pilot.press(str(app.panes.index(pane) + 1))
             await pilot.pause(1.5)
             name = f"{pane.PANE_ID}-{size[0]}x{size[1]}.svg"
             app.save_screenshot(filename=name, path=str(OUT))

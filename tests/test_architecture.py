@@ -44,6 +44,11 @@ ALLOWED: dict[str, set[str]] = {
     "timeline": {"model"},
     # Where the screen is in time (Live | Paused | Replay): a value over the timeline's times.
     "playhead": {"timeline"},
+    # What a pane is handed on each tick (View): below the Session and the TUI.
+    "view": {"model", "hints"},
+    # The TUI's state without widgets (history, hints, the playhead, the action gate, view()): above the layers
+    # it reads and the runner it asks, below the TUI; `recorder` only for a typed time (recorder.times).
+    "session": {"model", "hints", "config", "errors", "timeline", "playhead", "view", "recorder"},
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources", "residency", "journal", "native"},
     # The machine's action journal: the runner appends, recorders tail it.
     "journal": {"journal"},
@@ -52,8 +57,8 @@ ALLOWED: dict[str, set[str]] = {
                  "text", "journal", "native", "__init__"},
     # The app (not its panes) owns the action runner: the one place the TUI's actions run.
     "tui": {"tui", "model", "fmt", "text", "derive", "hints", "config", "errors", "actions", "recorder",
-            "journal", "timeline", "playhead", "__init__"},
-    "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints"},
+            "journal", "timeline", "playhead", "view", "session", "__init__"},
+    "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints", "view"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
                  "sampler", "actions", "hints", "derive", "fields", "exporter", "tui", "kv", "recorder",
                  "timeline", "residency", "__init__"},

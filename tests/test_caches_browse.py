@@ -198,7 +198,7 @@ async def test_the_pane_drills_down_sorts_toggles_apparent_and_goes_back_up(tmp_
     e = env_of(tmp_path / "home", TORCHINDUCTOR_CACHE_DIR=str(cache))
     app = DltopApp(ListFeed([Snapshot(ts=1000.0, host="t", caches=src.read_caches(e))]))
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press(str([p.PANE_ID for p in app._panes].index("caches") + 1))
+        await pilot.press(str([p.PANE_ID for p in app.panes].index("caches") + 1))
         await pilot.pause()
         table = app.query_one("#cc-table", DataTable)
 

@@ -22,7 +22,7 @@ from dltop.sources import caches as src
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.caches import CachesPane
 from dltop.tui.screens.confirm import ConfirmScreen
-from dltop.tui.view import View
+from dltop.view import View
 from tests.test_caches_util import du_bytes, find_files
 from tests.test_pagecache_util import needs_root
 
@@ -55,7 +55,7 @@ def _text(app: App, selector: str) -> str:
 
 
 async def _open_tab(app: DltopApp, pilot) -> None:
-    tab = [p.PANE_ID for p in app._panes].index("caches") + 1
+    tab = [p.PANE_ID for p in app.panes].index("caches") + 1
     await pilot.press(str(tab))
     await pilot.pause()
     assert app.query_one("#cc-table", DataTable).has_focus
@@ -106,9 +106,9 @@ async def test_c_clears_after_a_dialog_stating_the_bytes(ind: Path, tmp_path: Pa
         await pilot.press("y")
         for _ in range(400):
             await pilot.pause(0.02)
-            if app._action is not None and app._action.step == "run" and app._action.phase == "finished":
+            if app.session.action is not None and app.session.action.step == "run" and app.session.action.phase == "finished":
                 break
-        assert app._action.outcome == "ok" and app._action.done_bytes == want
+        assert app.session.action.outcome == "ok" and app.session.action.done_bytes == want
         assert find_files(ind) == 0 and ind.is_dir()
         assert _text(app, "#cc-progress").startswith("cleared ")
 
@@ -138,7 +138,7 @@ async def test_c_on_a_cache_holding_what_its_tool_never_writes_is_refused_naming
         dialog = await _wait_screen(app, pilot, ConfirmScreen)
         assert dialog._title == "Clear: refused" and dialog._yes_label is None
         assert f"{ind} holds 'bin/' which TorchInductor never writes" in dialog._body
-        assert app._action.step == "plan" and "never writes" in app._action.message  # the runner's event says it
+        assert app.session.action.step == "plan" and "never writes" in app.session.action.message  # the runner's event says it
     assert find_files(ind) == files
 
 
@@ -169,7 +169,7 @@ async def test_clear_is_greyed_out_in_read_only_and_in_the_past(ind: Path, tmp_p
         if how == "paused":
             await pilot.press("space")
             await pilot.pause()
-            assert app.head.past
+            assert app.session.head.past
         pane = app.query_one(CachesPane)
         assert pane.check_action("clear", ()) is None
         assert not [c for c in pane.palette_commands() if "Clear" in c.title]
@@ -268,9 +268,9 @@ async def test_the_ui_does_not_wait_for_a_walk_in_progress(ind: Path, tmp_path: 
         async with app.run_test(size=(80, 24)) as pilot:
             await _open_tab(app, pilot)
             assert "waiting for the first reading" in _text(app, "#cc-summary")
-            seen = len(app.history)
+            seen = len(app.session.history)
             await pilot.pause(1.0)
-            assert len(app.history) > seen  # the other sources go on every 0.25 s while the walk waits
+            assert len(app.session.history) > seen  # the other sources go on every 0.25 s while the walk waits
             await pilot.press("1")  # keys work
             await pilot.pause()
             assert app.query_one("#tabs").active == "tab-gpu"
@@ -283,7 +283,7 @@ async def test_the_ui_does_not_wait_for_a_walk_in_progress(ind: Path, tmp_path: 
             assert str(app.query_one("#cc-table", DataTable).get_row_at(0)[1]) == human_bytes(du_bytes(ind))
             # No Snapshot in flight while the app is torn down: one handed over mid-teardown finds no header
             # (the app's feed worker outlives its screen by a moment; seen once at 0.25 s refresh).
-            app.feed.paused = True
+            app.session.feed.paused = True
             await pilot.pause(0.5)
     finally:
         release.set()

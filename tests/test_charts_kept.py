@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from textual.widgets import Static
 
+from dltop import session as session_module
 from dltop.config import Settings
 from dltop.model import MemoryPart, Snapshot
 from dltop.sampler import ListFeed
-from dltop.tui import app as app_module
 from dltop.tui import charts
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.pagecache import SPARK_FIELDS, PageCachePane, readings, refault_rate, series_of
@@ -156,7 +156,7 @@ async def test_the_pane_after_ticks_trims_gaps_and_steps_is_the_pane_drawn_afres
     # A short history (it trims its oldest every tick), ticks with a gap and a reading without meminfo, a step
     # back and forth while paused, a narrower then wider terminal: after each, the charts equal those of a pane
     # whose kept columns are thrown away (drawn from the whole history).
-    monkeypatch.setattr(app_module, "HISTORY_LEN", 12)
+    monkeypatch.setattr(session_module, "HISTORY_LEN", 12)
     snaps = [dataclasses.replace(s, ts=50_000.0 + i) for i, s in enumerate(session)]
     snaps[20] = dataclasses.replace(snaps[20], ts=snaps[19].ts + 0.5)
     for i in range(21, len(snaps)):  # a gap of 30 s after the 21st reading
@@ -171,19 +171,19 @@ async def test_the_pane_after_ticks_trims_gaps_and_steps_is_the_pane_drawn_afres
         async def check(what: str, settle: bool = False) -> None:
             await pilot.pause()
             if settle:  # a resize: the pane drew at its own resize, the sparks' height may have moved after
-                app._show()
+                app.show()
                 await pilot.pause()
             ticked = _sparks(app)
             pane._kept = charts.KeptSeries(len(SPARK_FIELDS) + 1, readings)
-            app._show()
+            app.show()
             await pilot.pause()
             assert _sparks(app) == ticked, what
 
         for snap in snaps[5:28]:
-            app._apply(snap)
+            app.apply(snap)
             await check(f"tick {snap.ts}")
         await pilot.press("space")  # pause: the window stays while the history goes on
-        app._apply(snaps[28])
+        app.apply(snaps[28])
         await check("paused")
         for key in ("T", "T", "t"):
             await pilot.press(key)
@@ -194,9 +194,9 @@ async def test_the_pane_after_ticks_trims_gaps_and_steps_is_the_pane_drawn_afres
         for size in sizes:
             await pilot.resize_terminal(*size)
             await check(f"size {size}", settle=True)
-            app._apply(snaps[29 + sizes.index(size)])
+            app.apply(snaps[29 + sizes.index(size)])
             await check(f"tick at {size}")
         rebuilt = pane._kept.rebuilt
-        app._apply(snaps[32])
+        app.apply(snaps[32])
         await pilot.pause()
         assert pane._kept.rebuilt == rebuilt  # a live tick is not derived afresh

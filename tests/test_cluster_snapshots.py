@@ -84,7 +84,7 @@ SIZES = [(80, 24), (120, 40)]
 def test_cluster_pane(snap_compare, size: tuple[int, int]) -> None:
     async def settle(pilot) -> None:
         await pilot.pause()
-        pilot.app._show()  # as the next tick would: the pane at its settled layout
+        pilot.app.show()  # as the next tick would: the pane at its settled layout
         await pilot.pause()
 
     assert snap_compare(_app(), terminal_size=size, run_before=settle)
@@ -93,7 +93,7 @@ def test_cluster_pane(snap_compare, size: tuple[int, int]) -> None:
 def test_cluster_node_detail(snap_compare) -> None:
     async def open_cold(pilot) -> None:
         await pilot.pause()
-        pilot.app._show()
+        pilot.app.show()
         await pilot.pause()
         await pilot.press("enter")  # the coldest node first: gpu-05, read in detail
 

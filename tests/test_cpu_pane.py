@@ -15,7 +15,7 @@ from dltop.model.cpu import CpuPart
 from dltop.sampler import ListFeed
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.cpu import CpuPane
-from dltop.tui.view import View
+from dltop.view import View
 from tests.test_cpu_dumps import DUMPS, dump_root, parts  # noqa: F401  (session fixtures)
 
 pytestmark = pytest.mark.skipif(not DUMPS.is_dir(), reason=f"fixtures not found at {DUMPS}")
@@ -33,7 +33,7 @@ async def test_cpu_tab_shows_kinds_tree_and_flags(parts) -> None:  # noqa: F811
     feed.paused = True  # the test advances it itself: the stream's own 1 s ticks raced it on a loaded machine
     app = DltopApp(feed)
     async with app.run_test(size=(80, 24)) as pilot:
-        tab = [p.PANE_ID for p in app._panes].index("cpu") + 1
+        tab = [p.PANE_ID for p in app.panes].index("cpu") + 1
         await pilot.press(str(tab))
         await pilot.pause()
         table = app.query_one("#cpu-kinds", DataTable)
@@ -46,11 +46,11 @@ async def test_cpu_tab_shows_kinds_tree_and_flags(parts) -> None:  # noqa: F811
         # the same topology again: rows stay, the cursor stays where the user put it
         await pilot.press("down", "down")
         row_before = table.cursor_row
-        app._apply(feed.advance())
+        app.apply(feed.advance())
         await pilot.pause()
         assert table.cursor_row == row_before and table.row_count == len(part.core_kinds)
         # a failed read says why
-        app._apply(feed.advance())
+        app.apply(feed.advance())
         await pilot.pause()
         assert "permission denied" in _text(app, "#cpu-summary")
         assert not table.display

@@ -188,7 +188,7 @@ async def test_the_pane_lists_files_sorts_them_and_says_how_many_more(ddir: Path
     assert isinstance(root, DatasetResidency)
     app = DltopApp(ListFeed([Snapshot(ts=root.scanned_at, host="t", datasets=part)]))
     async with app.run_test(size=(80, 24)) as pilot:
-        tab = [p.PANE_ID for p in app._panes].index("datasets") + 1
+        tab = [p.PANE_ID for p in app.panes].index("datasets") + 1
         await pilot.press(str(tab), "enter")
         await pilot.pause()
         table = app.query_one("#ds-table", DataTable)

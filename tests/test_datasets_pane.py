@@ -25,7 +25,7 @@ from dltop.sources.registry import build_sources
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.datasets import DatasetPane
 from dltop.tui.screens.confirm import ConfirmScreen
-from dltop.tui.view import View
+from dltop.view import View
 from tests.test_pagecache_util import (
     PS,
     SHADOW_SLACK,
@@ -59,7 +59,7 @@ def _rows(app: App) -> list[str]:
 
 
 async def _open_tab(app: DltopApp, pilot) -> None:
-    tab = [p.PANE_ID for p in app._panes].index("datasets") + 1
+    tab = [p.PANE_ID for p in app.panes].index("datasets") + 1
     await pilot.press(str(tab))
     await pilot.pause()
     # The tab's number key alone hands the keyboard to the table: w/e/l work and show in the footer.
@@ -88,8 +88,8 @@ async def _wait_idle(app: DltopApp, pilot, until=lambda: True) -> None:
     """Until the action and its plan are done and `until()` holds (the rescan after it is in)."""
     for _ in range(600):  # 30 s: a loaded 2-core CI machine scans slowly
         await pilot.pause(0.05)
-        done = app._action is None or app._action.phase == "finished"  # the app has the finish, too
-        if done and app.runner.busy is None and not app._runs and until():
+        done = app.session.action is None or app.session.action.phase == "finished"  # the app has the finish, too
+        if done and app.session.runner.busy is None and not app.session.plans and until():
             return
     raise AssertionError("action did not finish")
 
@@ -160,14 +160,14 @@ async def test_warm_confirms_with_guard_then_warms_and_shows_result(ddir: Path) 
         await pilot.press("down", "l")
         await _wait_confirm(app, pilot)
         await pilot.press("y")
-        await _wait_idle(app, pilot, lambda: bool(app.runner.held()))
+        await _wait_idle(app, pilot, lambda: bool(app.session.runner.held()))
         assert [resident(f) for f in files[-2:]] == [32, 32] and resident(files[0]) == 0
-        assert [k for k in app.runner.held() if k.endswith("/val")]
+        assert [k for k in app.session.runner.held() if k.endswith("/val")]
         assert "🔒" in _cell(app, 1, 0)
         assert "locked" in _text(app, "#ds-progress")
         await pilot.press("l")
         await pilot.pause()
-        assert app.runner.held() == {} and "🔒" not in _cell(app, 1, 0)
+        assert app.session.runner.held() == {} and "🔒" not in _cell(app, 1, 0)
         assert _text(app, "#ds-progress").startswith("unlocked 256 KiB")  # not "locked" any more
 
 
@@ -194,7 +194,7 @@ async def test_names_with_brackets_are_shown_as_they_are_and_crash_nothing(ddir:
         await pilot.pause()
         await pilot.press("x")  # unwatch: the notification names the path
         await pilot.pause()
-        assert any(n.message == f"no longer watching {root}" for n in app._notifications)
+        assert any(s.text == f"no longer watching {root}" for s in app.session.said)
         await pilot.pause()
         assert app.is_running
 
@@ -240,7 +240,7 @@ async def test_lock_dialog_guards_every_byte_it_locks(ddir: Path, monkeypatch: p
         assert not screen.query("#confirm-yes")
         await pilot.press("y")
         await pilot.pause()
-        assert app.runner.busy is None and app.runner.held() == {}
+        assert app.session.runner.busy is None and app.session.runner.held() == {}
         assert isinstance(app.screen, ConfirmScreen)  # y did not lock; the dialog stays until n / Esc
         await pilot.press("escape")
         await pilot.pause()
@@ -314,7 +314,7 @@ async def test_add_a_dataset_from_the_tui(ddir: Path) -> None:
         # The Sampler scans it like any other watched dataset: in the Snapshot, not in the pane's own state.
         await _wait_idle(app, pilot, lambda: len(_rows(app)) == 2 and _cell(app, 1, 1) == "32.0 KiB")
         assert _rows(app) == [str(ddir / "one"), str(ddir / "two")]
-        snap = app.feed.snapshot()
+        snap = app.session.feed.snapshot()
         assert isinstance(snap.datasets, DatasetsPart)
         assert [d.path for d in snap.datasets.paths] == [str(ddir / "one"), str(ddir / "two")]
         await pilot.press("a")
@@ -326,7 +326,7 @@ async def test_add_a_dataset_from_the_tui(ddir: Path) -> None:
         app.query_one("#ds-table", DataTable).move_cursor(row=1)
         await pilot.press("x")
         await _wait_idle(app, pilot, lambda: _rows(app) == [str(ddir / "one")])
-        assert (ddir / "two" / "x.bin").exists() and app.settings.datasets == (str(ddir / "one"),)
+        assert (ddir / "two" / "x.bin").exists() and app.session.settings.datasets == (str(ddir / "one"),)
 
 
 async def test_dataset_deleted_while_watched_is_an_unavailable_row_not_zeros(ddir: Path) -> None:
@@ -348,7 +348,7 @@ async def test_dataset_deleted_while_watched_is_an_unavailable_row_not_zeros(ddi
         await pilot.press("down", "w")  # nothing to warm: says why, opens no dialog
         await pilot.pause(0.2)
         assert not isinstance(app.screen, ConfirmScreen)
-        assert any("unavailable: no such file or directory" in str(n.message) for n in app._notifications)
+        assert any("unavailable: no such file or directory" in s.text for s in app.session.said)
 
 
 async def test_unknown_pages_are_marked_and_explained(ddir: Path) -> None:
@@ -442,7 +442,7 @@ async def test_a_dataset_whose_first_scan_is_not_in_is_counted_and_enter_says_so
         await pilot.press("enter")
         await pilot.pause()
         assert _rows(app) == [str(ddir)]
-        assert [n.message for n in app._notifications] == [
+        assert [s.text for s in app.session.said] == [
             f"{ddir}: its first scan is not in yet; Enter opens it once it is"]
 
 
@@ -463,7 +463,7 @@ async def test_a_folder_deleted_while_drilled_into_does_not_strand_backspace(ddi
         await pilot.press("enter")  # into val/
         await _wait_idle(app, pilot, lambda: "val" in _text(app, "#ds-summary"))
         shutil.rmtree(ddir / "val")
-        app.feed.read_now("datasets")
+        app.session.feed.read_now("datasets")
         await _wait_idle(app, pilot, lambda: _rows(app) == ["train/"])  # standing on the dataset again
         await pilot.press("backspace")  # one Backspace: back to the list, not a no-op on a ghost folder
         await pilot.pause()
@@ -477,18 +477,18 @@ async def test_a_long_path_gives_way_so_every_column_fits_80_columns(ddir: Path)
     async with app.run_test(size=(80, 24)) as pilot:
         await _open_tab(app, pilot)
         await pilot.pause(0.2)
-        app._apply(snap_of(deep, ts=101.0))  # the next tick, with the table laid out
+        app.apply(snap_of(deep, ts=101.0))  # the next tick, with the table laid out
         await pilot.pause()
         table = app.query_one("#ds-table", DataTable)
         label = _cell(app, 0, 0)
         assert "…" in label and label.endswith("imagenet-subset")
         assert table.virtual_size.width <= table.size.width  # Age, the last column, is on screen
         await pilot.resize_terminal(140, 30)
-        app._apply(snap_of(deep, ts=102.0))
+        app.apply(snap_of(deep, ts=102.0))
         await pilot.pause()
         assert _cell(app, 0, 0) == str(deep)  # room for all of it: the whole path
         await pilot.resize_terminal(80, 24)
-        app._apply(snap_of(deep, ts=103.0))
+        app.apply(snap_of(deep, ts=103.0))
         await pilot.pause()
         assert table.virtual_size.width <= table.size.width  # and the column shrinks back
 

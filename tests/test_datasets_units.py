@@ -156,7 +156,7 @@ async def test_a_dataset_not_all_resident_never_shows_100_percent(ddir: Path) ->
     assert rows[str(ddir)]["pct"] == "99.8"
     app = DltopApp(ListFeed([Snapshot(ts=100.0, host="t", datasets=part)]))
     async with app.run_test(size=(120, 30)) as pilot:
-        await pilot.press(str([p.PANE_ID for p in app._panes].index("datasets") + 1))
+        await pilot.press(str([p.PANE_ID for p in app.panes].index("datasets") + 1))
         await pilot.pause()
         grid = app.query_one("#ds-table", DataTable)
         assert [str(c) for c in grid.get_row_at(0)][3] == "99.8%"
@@ -171,7 +171,7 @@ async def test_tui_header_total_is_the_sum_of_its_rows(ddir: Path) -> None:
     part = scan_paths((str(a), str(b)), WalkOptions(max_depth=6))
     app = DltopApp(ListFeed([Snapshot(ts=100.0, host="t", datasets=part)]))
     async with app.run_test(size=(120, 30)) as pilot:
-        tab = [p.PANE_ID for p in app._panes].index("datasets") + 1
+        tab = [p.PANE_ID for p in app.panes].index("datasets") + 1
         await pilot.press(str(tab))
         await pilot.pause()
         grid = app.query_one("#ds-table", DataTable)
@@ -341,7 +341,7 @@ async def test_tui_header_counts_a_nested_dataset_once(ddir: Path) -> None:
     part = scan_paths((str(top), str(top / "val")), WalkOptions(max_depth=6))
     app = DltopApp(ListFeed([Snapshot(ts=100.0, host="t", datasets=part)]))
     async with app.run_test(size=(120, 30)) as pilot:
-        tab = [p.PANE_ID for p in app._panes].index("datasets") + 1
+        tab = [p.PANE_ID for p in app.panes].index("datasets") + 1
         await pilot.press(str(tab))
         await pilot.pause()
         header = str(app.query_one("#ds-summary", Static).render())

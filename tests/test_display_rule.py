@@ -91,7 +91,7 @@ async def test_the_datasets_breadcrumb_at_80x24_is_one_line_with_every_escape(tm
     snap = Snapshot(ts=100.0, host="t", datasets=scan_paths((str(tmp_path),), WalkOptions(max_depth=4)))
     app = DltopApp(ListFeed([snap]))
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press(str([p.PANE_ID for p in app._panes].index("datasets") + 1))
+        await pilot.press(str([p.PANE_ID for p in app.panes].index("datasets") + 1))
         await pilot.pause()
         await pilot.press("enter")  # into the dataset: its folder is a row
         await pilot.pause()

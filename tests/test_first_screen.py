@@ -21,7 +21,7 @@ from dltop.recorder import Recorder, Recording
 from dltop.recorder.reader import recorded_tab
 from dltop.residency.scan import scan_paths
 from dltop.sampler import ListFeed
-from dltop.timeline import RecordingFeed
+from dltop.timeline import Recorded
 from dltop.tui.app import DltopApp
 from dltop.tui.panes import pane_classes
 from dltop.tui.screens.help import HelpScreen
@@ -49,9 +49,9 @@ def test_tab_names_are_the_panes() -> None:
     assert pane_classes(cluster=True)[0].PANE_ID == "cluster"
 
 
-@pytest.mark.parametrize("case", ["no gpu", "no gpu, datasets", "gpus", "--tab"])
+@pytest.mark.parametrize("case", ["no gpu, datasets", "gpus"])
 async def test_it_opens_on_the_tab_that_has_something(tmp_path: Path, case: str) -> None:
-    # A machine without a GPU opened on the empty GPU tab, even as `dltop /data/x`.
+    # The wiring: the Session's choice (tests/test_session.py has each case) is the tab on screen.
     gpus: object = (GpuDevice(index=0, name="NVIDIA L40S"),) if case == "gpus" else ()
     datasets = _dataset(tmp_path) if case == "no gpu, datasets" else None
     settings = Settings(datasets=(str(tmp_path / "ds"),) if datasets else (), tab="cpu" if case == "--tab" else None)
@@ -81,7 +81,7 @@ async def test_the_tab_waits_for_the_gpu_source_but_not_for_a_user_who_picked_on
             assert _active(app) == "pagecache"  # nothing known yet
             if press:
                 await pilot.press(*press)
-            app._apply(feed.advance())  # NVML answers: GPUs are there
+            app.apply(feed.advance())  # NVML answers: GPUs are there
             await pilot.pause()
             assert _active(app) == ("cpu" if press else "gpu")
 
@@ -120,7 +120,7 @@ async def test_a_replay_opens_on_the_tab_the_recording_showed(tmp_path: Path) ->
     start = recording.times()[-1]
     tab = recorded_tab(recording.events(), start)
     assert tab == "training"
-    replay = DltopApp(RecordingFeed(recording, "rec", start), Settings(tab=tab))
+    replay = DltopApp(settings=Settings(tab=tab), recorded=Recorded(recording, "rec", start))
     async with replay.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert _active(replay) == "training"
@@ -139,8 +139,8 @@ GPU_HINT = Hint("gpu-kv-pool-full", "info", "KV cache of m is 99.8% full")
 async def test_the_current_tabs_hint_comes_first_and_a_hint_can_be_snoozed_or_muted() -> None:
     app = DltopApp(ListFeed([_snap()]), Settings(tab="gpu", mute=()))
     async with app.run_test(size=(80, 24)) as pilot:
-        app.hints = [CACHE_HINT, GPU_HINT]  # the cache hint is first by the rules' order
-        app._update_hints()
+        app.session.hints = [CACHE_HINT, GPU_HINT]  # the cache hint is first by the rules' order
+        app.draw()
         await pilot.pause()
         hints = app.query_one("#hints", Static)
         assert "KV cache" in str(hints.render()) and "+1 more" in str(hints.render())
@@ -155,8 +155,8 @@ async def test_the_current_tabs_hint_comes_first_and_a_hint_can_be_snoozed_or_mu
         await pilot.press("s")  # snooze the first: the cache hint
         await pilot.press("down", "m")  # mute the second
         await pilot.pause()
-        assert app.hint_state("cache-on-temporary-storage").startswith("snoozed")
-        assert app.hint_state("gpu-kv-pool-full") == "muted"
+        assert app.session.hint_state("cache-on-temporary-storage").startswith("snoozed")
+        assert app.session.hint_state("gpu-kv-pool-full") == "muted"
         assert "[muted]" in str(options.get_option_at_index(1).prompt)
         await pilot.press("escape")
         await pilot.pause()
@@ -173,8 +173,8 @@ async def test_the_current_tabs_hint_comes_first_and_a_hint_can_be_snoozed_or_mu
 async def test_a_hint_muted_in_the_config_stays_off_the_line_and_is_listed_in_help() -> None:
     app = DltopApp(ListFeed([_snap()]), Settings(tab="caches", mute=("cache-on-temporary-storage",)))
     async with app.run_test(size=(80, 24)) as pilot:
-        app.hints = [CACHE_HINT, GPU_HINT]
-        app._update_hints()
+        app.session.hints = [CACHE_HINT, GPU_HINT]
+        app.draw()
         await pilot.pause()
         assert "KV cache" in str(app.query_one("#hints", Static).render())
         await pilot.press("question_mark")
@@ -207,7 +207,7 @@ async def test_the_footer_says_unlock_on_a_locked_row(ddir: Path) -> None:
         await pilot.press("down", "l")
         await _wait_confirm(app, pilot)
         await pilot.press("y")
-        await _wait_idle(app, pilot, lambda: bool(app.runner.held()))
+        await _wait_idle(app, pilot, lambda: bool(app.session.runner.held()))
         await pilot.pause()
         assert "Unlock" in _footer_labels(app) and "Lock" not in _footer_labels(app)
         await pilot.press("up")  # train: not locked
@@ -215,7 +215,7 @@ async def test_the_footer_says_unlock_on_a_locked_row(ddir: Path) -> None:
         assert "Lock" in _footer_labels(app) and "Unlock" not in _footer_labels(app)
         await pilot.press("down", "l")  # l on the locked row unlocks
         await pilot.pause()
-        assert app.runner.held() == {} and "Lock" in _footer_labels(app)
+        assert app.session.runner.held() == {} and "Lock" in _footer_labels(app)
 
 
 def test_path_completion_completes_as_a_shell_does(tmp_path: Path) -> None:
@@ -255,7 +255,7 @@ async def test_tab_in_the_add_folder_box_completes_and_keeps_the_focus(tmp_path:
         assert box.value == f"{tmp_path}/imagenet/train/" and box.has_focus
         await pilot.press("enter")
         await pilot.pause()
-        assert app.settings.datasets == (f"{tmp_path}/imagenet/train",)
+        assert app.session.settings.datasets == (f"{tmp_path}/imagenet/train",)
 
 
 def test_no_help_text_names_a_module(capsys: pytest.CaptureFixture[str]) -> None:

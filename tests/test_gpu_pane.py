@@ -31,7 +31,7 @@ from dltop.sources.gpu import NO_PROCESS_MEMORY, FakeBackend, GpuReader, PynvmlB
 from dltop.sources.servers import read_server
 from dltop.tui.app import DltopApp
 from dltop.tui.panes.gpu import SPLIT_NEEDS_PROBE, GpuPane
-from dltop.tui.view import View
+from dltop.view import View
 from tests.conftest import DATA, SHARED_FIXTURES
 from tests.probe_helpers import MIB, Workers
 
@@ -204,7 +204,7 @@ async def test_the_cursor_stays_on_its_row_across_ticks(tmp_path: Path) -> None:
             moved = [dataclasses.replace(g, processes=tuple(dataclasses.replace(p, used_bytes=p.used_bytes + i)
                                                             for p in g.processes))
                      for g in snap.gpus if isinstance(g.processes, tuple)]
-            app._apply(dataclasses.replace(snap, gpus=tuple(moved)))
+            app.apply(dataclasses.replace(snap, gpus=tuple(moved)))
             await pilot.pause()
             assert table.cursor_row == 3
             assert table.coordinate_to_cell_key(table.cursor_coordinate).row_key == key
@@ -307,7 +307,7 @@ async def test_fits_without_sideways_scrolling(name: str, size: tuple[int, int])
     app = DltopApp(ListFeed(snaps[:1]))
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
-        app._apply(snaps[1])  # the next tick, with the table laid out
+        app.apply(snaps[1])  # the next tick, with the table laid out
         await pilot.pause()
         _fits(app)
 
@@ -408,7 +408,7 @@ async def test_a_probed_process_s_split_is_drawn_as_its_parts_and_fits(tmp_path:
     app = DltopApp(ListFeed(snaps))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        app._apply(snaps[1])  # the next tick, with the table laid out
+        app.apply(snaps[1])  # the next tick, with the table laid out
         await pilot.pause()
         lines = _text(app, "#gpu-devices").splitlines()
         bar = lines[1].split()[0]
@@ -462,29 +462,29 @@ async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
         box.value = "ftp://127.0.0.1/metrics"
         await pilot.press("enter")
         await pilot.pause()
-        assert app.settings.servers == ()
-        assert [n.message for n in app._notifications][-1] == (
+        assert app.session.settings.servers == ()
+        assert [s.text for s in app.session.said][-1] == (
             "not added: not an http(s) URL: 'ftp://127.0.0.1/metrics' (give host:port or http://host:port/metrics)")
         await pilot.press("a")
         box.value = metrics_url
         await pilot.press("enter")
         await _until(pilot, lambda: _text(app, "#gpu-servers").startswith(f"vllm {metrics_url}"))
-        assert app.settings.servers == (metrics_url,)
+        assert app.session.settings.servers == (metrics_url,)
         assert "of 116,496 tok" in _text(app, "#gpu-servers")  # the payload's pool, read by the Sampler's source
         # the same server twice is refused, not scraped twice
         await pilot.press("a")
         box.value = metrics_url
         await pilot.press("enter")
         await pilot.pause()
-        assert app.settings.servers == (metrics_url,) and "scraped already" in [n.message for n in app._notifications][-1]
+        assert app.session.settings.servers == (metrics_url,) and "scraped already" in [s.text for s in app.session.said][-1]
         # x offers the first server; Enter removes it
         await pilot.press("x")
         assert box.value == metrics_url
         await pilot.press("enter")
         await _until(pilot, lambda: not app.query_one("#gpu-servers-box").display)
-        assert app.settings.servers == () and pane.check_action("remove_server", ()) is False  # none left
+        assert app.session.settings.servers == () and pane.check_action("remove_server", ()) is False  # none left
         assert "GPU: Remove server" not in [c.title for c in pane.palette_commands()]
-    app.feed.close()
+    app.session.feed.close()
 
 
 def test_the_sparkline_columns_follow_the_history_a_snapshot_at_a_time() -> None:

@@ -149,9 +149,9 @@ async def test_k_sends_sigterm_to_a_real_process_and_says_it_exited() -> None:
             await pilot.press("y")  # SIGTERM, the one highlighted first
             for _ in range(100):
                 await pilot.pause(0.05)
-                if any("it exited" in n.message for n in app._notifications):
+                if any("it exited" in s.text for s in app.session.said):
                     break
-            messages = [n.message for n in app._notifications]
+            messages = [s.text for s in app.session.said]
             assert any(m.startswith(f"SIGTERM sent to pid {p.pid} (") and m.endswith("it exited")
                        for m in messages), messages
         assert p.wait(timeout=10) == -15
@@ -171,7 +171,7 @@ async def test_k_is_refused_in_read_only_and_nothing_is_sent() -> None:
             await pilot.press("k")
             await pilot.pause()
             assert not isinstance(app.screen, SignalScreen)
-            assert [n.message for n in app._notifications][-1].startswith("signal: dltop runs --read-only")
+            assert [s.text for s in app.session.said][-1].startswith("signal: dltop runs --read-only")
         time.sleep(0.2)
         assert p.poll() is None
     finally:
@@ -229,7 +229,7 @@ async def test_a_replayed_minute_turns_the_time_cells_of_unchanged_processes() -
         await pilot.pause()
         seen = []
         for i in range(len(snaps)):
-            app._apply(snaps[i])
+            app.apply(snaps[i])
             await pilot.pause()
             seen.append(set(_col(app, "Time")))
         assert seen == [{"<1m"}, {"<1m"}, {"1m"}, {"2m"}]

@@ -40,7 +40,7 @@ def _screen_text(app: DltopApp) -> str:
 
 async def _settle(pilot: Pilot, app: DltopApp) -> None:
     await pilot.pause(0.3)
-    app._show()
+    app.show()
     await pilot.pause(0.2)
 
 
@@ -53,7 +53,7 @@ async def test_every_tab_shows_hostile_text_escaped(world: World, monkeypatch: p
     seen: dict[str, str] = {}
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(4)  # the first scans of the dataset and the cache, the probe's file, NVML
-        for i, pane in enumerate(app._panes):
+        for i, pane in enumerate(app.panes):
             await pilot.press(str(i + 1))
             await _settle(pilot, app)
             if pane.PANE_ID == "datasets":

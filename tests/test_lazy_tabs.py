@@ -35,11 +35,11 @@ def every_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Snapsh
 
 
 def _composed(app: DltopApp) -> set[str]:
-    return {p.PANE_ID for p in app._panes if p.is_mounted and p.children}
+    return {p.PANE_ID for p in app.panes if p.is_mounted and p.children}
 
 
 def _tab(app: DltopApp, pane_id: str) -> int:
-    return [p.PANE_ID for p in app._panes].index(pane_id) + 1
+    return [p.PANE_ID for p in app.panes].index(pane_id) + 1
 
 
 async def _until(pilot, done, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -70,7 +70,7 @@ async def test_the_palette_lists_every_tabs_actions_before_it_was_shown(every_la
     async with app.run_test(size=(80, 24)) as pilot:
         never = {c.title for c in app.get_system_commands(app.screen)}
         assert _composed(app) == {"pagecache"}
-        for pane in app._panes:  # every tab shown once, then back on the Page cache tab
+        for pane in app.panes:  # every tab shown once, then back on the Page cache tab
             await pilot.press(str(_tab(app, pane.PANE_ID)))
         await pilot.press(str(_tab(app, "pagecache")))
         shown = {c.title for c in app.get_system_commands(app.screen)}

@@ -71,7 +71,7 @@ async def test_the_page_cache_pane_after_ticks_is_the_pane_drawn_afresh(session:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         for snap in session[5:20]:
-            app._apply(snap)
+            app.apply(snap)
             await pilot.pause()
         ticked = app.export_screenshot()
         for widget in app.query(Lines):

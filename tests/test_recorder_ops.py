@@ -113,7 +113,7 @@ def test_a_typed_second_names_the_sample_shown_as_that_second() -> None:
 
 
 async def test_b_with_a_clock_time_shows_that_second(tmp_path: Path) -> None:
-    from dltop.timeline import RecordingFeed
+    from dltop.timeline import Recorded
     from dltop.tui.app import DltopApp
     from dltop.tui.screens.ask import AskScreen
 
@@ -122,13 +122,13 @@ async def test_b_with_a_clock_time_shows_that_second(tmp_path: Path) -> None:
     with Recorder(str(tmp_path / "rec"), retain_s=None, max_bytes=None) as rec:
         for s in snaps:
             rec.write(s, wait=True)
-    app = DltopApp(RecordingFeed(Recording(str(tmp_path / "rec")), "rec"))
+    app = DltopApp(recorded=Recorded(Recording(str(tmp_path / "rec")), "rec"))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("b")
         assert isinstance(app.screen, AskScreen)
         await pilot.press(*time.strftime("%H:%M:%S", time.localtime(base + 3)), "enter")
         await pilot.pause()
-        assert app.head.at == snaps[3].ts
+        assert app.session.head.at == snaps[3].ts
 
 
 # -- (11) actions from any shell reach every running recorder ------------------------------------------------------
@@ -156,7 +156,7 @@ async def test_an_action_from_a_shell_reaches_the_live_tuis_event_list(tmp_path:
         await pilot.press("v")
         await pilot.pause()
         assert isinstance(app.screen, EventsScreen)
-        shown = [e for e in app.timeline.events() if e.data.get("target") == str(data)]
+        shown = [e for e in app.session.timeline.events() if e.data.get("target") == str(data)]
         assert [(e.data["action"], e.data["phase"]) for e in shown] == [("evict", "started"), ("evict", "finished")]
         assert all(e.data["pid"] not in (os.getpid(), None) for e in shown)
 
@@ -385,14 +385,14 @@ def test_charts_break_at_a_gap() -> None:
 
 
 async def test_the_replay_header_says_when_a_gap_is_crossed(tmp_path: Path) -> None:
-    from dltop.timeline import RecordingFeed
+    from dltop.timeline import Recorded
     from dltop.tui.app import DltopApp
 
     base = float(int(time.time()) - 3600)
     with Recorder(str(tmp_path / "rec"), retain_s=None, max_bytes=None) as rec:
         for t in (0, 1, 2, 300, 301):
             rec.write(Snapshot(ts=base + t, host="h"), wait=True)
-    app = DltopApp(RecordingFeed(Recording(str(tmp_path / "rec")), "rec"))
+    app = DltopApp(recorded=Recorded(Recording(str(tmp_path / "rec")), "rec"))
     async with app.run_test(size=(100, 24)) as pilot:
         await pilot.press("t", "t")
         assert "gap" not in str(app.query_one("#header").render())

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +19,7 @@ from dltop.residency.scan import scan_paths
 from dltop.sampler import ListFeed, Sampler
 from dltop.sources.registry import build_sources
 from dltop.text.events import describe_event
-from dltop.timeline import RecordingFeed
+from dltop.timeline import Recorded
 from dltop.tui.app import DltopApp
 from dltop.tui.screens.ask import AskScreen
 from dltop.tui.screens.confirm import ConfirmScreen
@@ -33,7 +32,7 @@ SCENARIO = Path(__file__).parent / "data" / "gpu-scenarios" / "two-gpus.json"
 
 
 def _tab(app: DltopApp, pane_id: str) -> str:
-    return str([p.PANE_ID for p in app._panes].index(pane_id) + 1)
+    return str([p.PANE_ID for p in app.panes].index(pane_id) + 1)
 
 
 def _text(app: DltopApp, selector: str) -> str:
@@ -60,7 +59,7 @@ async def _open(pilot, pane: str = "pagecache") -> None:
     """Show a pane's tab at its settled layout (as the next tick would draw it)."""
     await pilot.press(_tab(pilot.app, pane))
     await pilot.pause()
-    pilot.app._show()
+    pilot.app.show()
     await pilot.pause()
 
 
@@ -98,16 +97,16 @@ async def test_step_back_shows_what_live_showed_then(session: list[Snapshot]) ->
         live = _screen(app)
         await pilot.press("T", "T", "T")
         await pilot.pause()
-        assert app.head.at == session[17].ts
+        assert app.session.head.at == session[17].ts
         assert _screen(app) == expected != live
         header = _text(app, "#header")
         behind = int(session[20].ts - session[17].ts)
         assert "PAUSED" in header and f"(−{behind}s)" in header
         # t steps forward; reaching the newest sample is live again.
         await pilot.press("t")
-        assert app.head.at == session[18].ts
+        assert app.session.head.at == session[18].ts
         await pilot.press("t", "t")
-        assert app.head.at is None and "PAUSED" not in _text(app, "#header")
+        assert app.session.head.at is None and "PAUSED" not in _text(app, "#header")
         assert _screen(app) == live
 
 
@@ -116,19 +115,19 @@ async def test_pause_holds_the_view_while_sampling_goes_on(session: list[Snapsho
     app = DltopApp(feed, Settings(refresh_s=0.1))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(_tab(app, "pagecache"))
-        await _until(pilot, lambda: len(app.history) >= 8)
+        await _until(pilot, lambda: len(app.session.history) >= 8)
         await pilot.press("space")
-        held_ts = app.head.at
+        held_ts = app.session.head.at
         assert held_ts is not None and "PAUSED" in _text(app, "#header")
         held = _screen(app)
-        await _until(pilot, lambda: app.history[-1].ts == session[29].ts)  # the feed went on to its end
+        await _until(pilot, lambda: app.session.history[-1].ts == session[29].ts)  # the feed went on to its end
         await pilot.pause()
-        assert app.head.at == held_ts and _screen(app) == held
+        assert app.session.head.at == held_ts and _screen(app) == held
         k = next(i for i, s in enumerate(session) if s.ts == held_ts)
         behind = int(session[29].ts - session[k].ts)
         assert f"(−{behind}s)" in _text(app, "#header")  # how far behind live, live having moved on
         await pilot.press("space")
-        assert app.head.at is None and _screen(app) == await _live_screen_at(session, 29)
+        assert app.session.head.at is None and _screen(app) == await _live_screen_at(session, 29)
 
 
 async def test_jump_and_go_to(session: list[Snapshot]) -> None:
@@ -138,19 +137,19 @@ async def test_jump_and_go_to(session: list[Snapshot]) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("J")  # from live: pauses, 10 s back, on the sample on screen then
         want = max(i for i, t in enumerate(ts) if t <= ts[-1] - 10)
-        assert app.head.at == ts[want]
+        assert app.session.head.at == ts[want]
         await pilot.press("J", "J", "J", "J", "J")  # past the oldest: stays on it
-        assert app.head.at == ts[0]
+        assert app.session.head.at == ts[0]
         await pilot.press("j")
-        assert app.head.at == ts[max(i for i, t in enumerate(ts) if t <= ts[0] + 10)]
+        assert app.session.head.at == ts[max(i for i, t in enumerate(ts) if t <= ts[0] + 10)]
         # b: a clock time (the session was recorded in UTC, as the tests run), then "N s ago"
         # A whole second names the sample shown as that second: the first taken within it (else the one before).
         second = int(ts[10] + 0.999)
         await _go_to(pilot, time.strftime("%H:%M:%S", time.gmtime(second)))
         within = [t for t in ts if second <= t < second + 1]
-        assert app.head.at == (within[0] if within else ts[max(i for i, t in enumerate(ts) if t <= second)])
+        assert app.session.head.at == (within[0] if within else ts[max(i for i, t in enumerate(ts) if t <= second)])
         await _go_to(pilot, f"{int(now - ts[5])}s ago")
-        assert app.head.at == ts[max(i for i, t in enumerate(ts) if t <= now - int(now - ts[5]))]
+        assert app.session.head.at == ts[max(i for i, t in enumerate(ts) if t <= now - int(now - ts[5]))]
         # A time outside the history: the dialog says so and stays.
         await pilot.press("b", *"1h ago", "enter")
         await pilot.pause()
@@ -158,7 +157,7 @@ async def test_jump_and_go_to(session: list[Snapshot]) -> None:
             app.screen.query_one("#ask-error", Static).render())
         await pilot.press("escape")
         await pilot.press("space")
-        assert app.head.at is None
+        assert app.session.head.at is None
 
 
 def _record(directory: Path, snaps: list[Snapshot]) -> None:
@@ -181,18 +180,18 @@ async def test_nothing_acts_from_the_past(tmp_path: Path) -> None:
     _record(tmp_path / "rec", snaps)
     settings = Settings(datasets=(str(tmp_path / "ds"),))
     for replay in (False, True):
-        feed = RecordingFeed(Recording(str(tmp_path / "rec")), "rec") if replay else ListFeed(snaps, start=2)
-        app = DltopApp(feed, settings)
+        recorded = Recorded(Recording(str(tmp_path / "rec")), "rec")
+        app = DltopApp(settings=settings, recorded=recorded) if replay else DltopApp(ListFeed(snaps, start=2), settings)
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.press(_tab(app, "datasets"))
             await pilot.pause()
             if not replay:
                 await pilot.press("T")
-            pane = app._active_pane()
+            pane = app.active_pane()
             assert pane is not None and pane.check_action("warm", ()) is None
             await pilot.press("w")
             await pilot.pause()
-            said = [n.message for n in app._notifications]
+            said = [s.text for s in app.session.said]
             assert any("replay" in m for m in said) and not isinstance(app.screen, ConfirmScreen)
             titles = {c.title for c in app.get_system_commands(app.screen)}
             assert not titles & {"Datasets: Warm", "Datasets: Evict", "Datasets: Lock"}
@@ -209,10 +208,10 @@ async def test_footer_names_what_space_does_and_fits_80_columns(tmp_path: Path) 
     _record(tmp_path / "rec", snaps)
     settings = Settings(datasets=(str(tmp_path / "ds"),))
     for replay in (False, True):
-        feed = RecordingFeed(Recording(str(tmp_path / "rec")), "rec") if replay else ListFeed(snaps, start=2)
-        app = DltopApp(feed, settings)
+        recorded = Recorded(Recording(str(tmp_path / "rec")), "rec")
+        app = DltopApp(settings=settings, recorded=recorded) if replay else DltopApp(ListFeed(snaps, start=2), settings)
         async with app.run_test(size=(80, 24)) as pilot:
-            for tab in range(1, len(app._panes) + 1):
+            for tab in range(1, len(app.panes) + 1):
                 await pilot.press(str(tab))
                 await pilot.pause()
                 modes = [("Play", "Pause")] if replay else [("Pause", "Live")]
@@ -241,38 +240,31 @@ async def test_replay_keys(tmp_path: Path, session: list[Snapshot]) -> None:
     rec = _recording(tmp_path, session)
     ts = rec.times()
     assert ts == [s.ts for s in session]
-    app = DltopApp(RecordingFeed(rec, "session"))
-    said: list[str] = []  # what it notified (a notice shows for 2 s: on a loaded machine gone before it is read)
-    notify = app.notify
-
-    def noting(message: str, **kw: Any) -> None:
-        said.append(message)
-        notify(message, **kw)
-
-    app.notify = noting  # type: ignore[method-assign]
+    app = DltopApp(recorded=Recorded(rec, "session"))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(_tab(app, "pagecache"))
-        assert app.head.at == ts[0]
+        assert app.session.head.at == ts[0]
         header = _text(app, "#header")
         assert "REPLAY session" in header and "×1 ⏸" in header and "every" not in header
         await pilot.press("t", "t", "T")
-        assert app.head.at == ts[1]
+        assert app.session.head.at == ts[1]
         await pilot.press("greater_than_sign")
-        assert app.head.speed == 10 and "×10" in _text(app, "#header")
+        assert app.session.head.speed == 10 and "×10" in _text(app, "#header")
         await pilot.press("greater_than_sign", "greater_than_sign")
-        assert app.head.speed == 60
+        assert app.session.head.speed == 60
         await pilot.press("less_than_sign")
-        assert app.head.speed == 10
+        assert app.session.head.speed == 10
         await pilot.press("space")
-        assert app.head.playing and "▶" in _text(app, "#header")
-        await _until(pilot, lambda: not app.head.playing)  # ×10 through a 40 s recording: to its end
-        assert app.head.at == ts[-1] and "⏸" in _text(app, "#header")
-        assert "end of the recording" in said
+        assert app.session.head.playing and "▶" in _text(app, "#header")
+        await _until(pilot, lambda: not app.session.head.playing)  # ×10 through a 40 s recording: to its end
+        assert app.session.head.at == ts[-1] and "⏸" in _text(app, "#header")
+        # what it said (a notice shows for 2 s: on a loaded machine gone before it is read)
+        assert "end of the recording" in [s.text for s in app.session.said]
         await pilot.press("plus")  # a recording keeps its cadence: + is not a key here
-        assert app.refresh_s == 1.0
+        assert app.session.settings.refresh_s == 1.0
         # The replay at a moment shows what live showed then.
         await pilot.press("T", "T", "T")
-        assert app.head.at == ts[-4]
+        assert app.session.head.at == ts[-4]
         assert _screen(app) == await _live_screen_at(session, len(session) - 4)
 
 
@@ -293,14 +285,14 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path, p
     try:
         async with app.run_test(size=(80, 24)) as pilot:
             await _open(pilot, pane)
-            original = app._show
+            original = app.show
 
             def show_and_keep() -> None:
                 original()
-                if app._view is not None and app.head.at is None:
-                    shown[app._view.snapshot.ts] = _screen(app, widgets)
+                if app.session.history and app.session.head.at is None:
+                    shown[app.session.history[-1].ts] = _screen(app, widgets)
 
-            app._show = show_and_keep  # type: ignore[method-assign]
+            app.show = show_and_keep  # type: ignore[method-assign]
             await _until(pilot, lambda: len(shown) >= 4)
             await pilot.press("m")
             assert isinstance(app.screen, AskScreen)
@@ -317,13 +309,13 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path, p
     assert set(keep) <= set(rec.times())
     marker = next(e for e in rec.events() if e.kind == "marker")
     assert marker.data["text"] == "warm started"
-    replay = DltopApp(RecordingFeed(rec, "rec"))
+    replay = DltopApp(recorded=Recorded(rec, "rec"))
     async with replay.run_test(size=(80, 24)) as pilot:
         await pilot.press(_tab(replay, pane))
         await pilot.pause()
         for t in keep:
             await _go_to(pilot, repr(t))
-            assert replay.head.at == t
+            assert replay.session.head.at == t
             assert _screen(replay, widgets) == shown[t], f"at {t}"
         await pilot.press("v")
         assert isinstance(replay.screen, EventsScreen)
@@ -333,7 +325,7 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path, p
         await pilot.press("enter")
         await pilot.pause()
         assert not isinstance(replay.screen, EventsScreen)
-        assert replay.head.at == max(t for t in rec.times() if t <= marker.ts)
+        assert replay.session.head.at == max(t for t in rec.times() if t <= marker.ts)
 
 
 async def test_ages_in_a_replay_are_counted_from_the_moment_on_screen(tmp_path: Path) -> None:
@@ -345,14 +337,14 @@ async def test_ages_in_a_replay_are_counted_from_the_moment_on_screen(tmp_path: 
     scanned = part.paths[0].scanned_at
     snaps = [Snapshot(ts=scanned + dt, host="test", datasets=part) for dt in (2.0, 30.0, 95.0)]
     _record(tmp_path / "rec", snaps)
-    app = DltopApp(RecordingFeed(Recording(str(tmp_path / "rec")), "rec"))
+    app = DltopApp(recorded=Recorded(Recording(str(tmp_path / "rec")), "rec"))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(_tab(app, "datasets"))
         await pilot.pause()
         table = app.query_one("#ds-table", DataTable)
         for snap, age in zip(snaps, ("<10s", "30s", "1m"), strict=True):
             await _go_to(pilot, repr(snap.ts))
-            assert app.head.at == snap.ts
+            assert app.session.head.at == snap.ts
             assert str(table.get_row_at(0)[-1]) == age
 
 
@@ -362,12 +354,12 @@ async def test_marker_needs_a_recording(session: list[Snapshot]) -> None:
         await pilot.press("m")
         await pilot.pause()
         assert not isinstance(app.screen, AskScreen)
-        assert any("--record" in n.message for n in app._notifications)
+        assert any("--record" in s.text for s in app.session.said)
 
 
 async def test_go_to_dialog_keeps_a_bad_time_and_says_why(tmp_path: Path, session: list[Snapshot]) -> None:
     rec = _recording(tmp_path, session)
-    app = DltopApp(RecordingFeed(rec, "session"))
+    app = DltopApp(recorded=Recorded(rec, "session"))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("b", *"yesterday-ish", "enter")
         await pilot.pause()
@@ -380,7 +372,7 @@ async def test_go_to_dialog_keeps_a_bad_time_and_says_why(tmp_path: Path, sessio
         app.screen.query_one(Input).value = ""
         await pilot.press(*"end", "enter")
         await pilot.pause()
-        assert not isinstance(app.screen, AskScreen) and app.head.at == rec.times()[-1]
+        assert not isinstance(app.screen, AskScreen) and app.session.head.at == rec.times()[-1]
 
 
 @pytest.mark.parametrize("size", [(80, 24)], ids=["80x24"])
@@ -394,10 +386,10 @@ def test_replay_snapshot(snap_compare, tmp_path: Path, size: tuple[int, int], se
         await pilot.pause()
         await pilot.press(*["t"] * 20)
         await pilot.pause()
-        pilot.app._show()
+        pilot.app.show()
         await pilot.pause()
 
-    assert snap_compare(DltopApp(RecordingFeed(rec, "session")), terminal_size=size, run_before=run_before)
+    assert snap_compare(DltopApp(recorded=Recorded(rec, "session")), terminal_size=size, run_before=run_before)
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

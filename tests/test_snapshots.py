@@ -15,7 +15,7 @@ SIZES = [(80, 24), (120, 40)]
 
 
 def _tab(app: DltopApp, pane_id: str) -> str:
-    return str([p.PANE_ID for p in app._panes].index(pane_id) + 1)
+    return str([p.PANE_ID for p in app.panes].index(pane_id) + 1)
 
 
 def _open(pane_id: str, *keys: str):
@@ -24,7 +24,7 @@ def _open(pane_id: str, *keys: str):
     async def run(pilot) -> None:
         await pilot.press(_tab(pilot.app, pane_id))
         await pilot.pause()
-        pilot.app._show()  # as the next tick would: the picture is the pane at its settled layout
+        pilot.app.show()  # as the next tick would: the picture is the pane at its settled layout
         await pilot.pause()
         await pilot.press(*keys)
 

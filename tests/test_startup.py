@@ -239,7 +239,7 @@ async def main():
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         seen["pagecache"] = [m for m in watched if m in sys.modules]
-        for i, pane in enumerate(app._panes, start=1):
+        for i, pane in enumerate(app.panes, start=1):
             if pane.PANE_ID != "pagecache":
                 await pilot.press(str(i))
                 await pilot.pause()

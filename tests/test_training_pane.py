@@ -38,13 +38,13 @@ def _session() -> list[Snapshot]:
 
 
 def _tab(app: DltopApp) -> str:
-    return str([p.PANE_ID for p in app._panes].index("training") + 1)
+    return str([p.PANE_ID for p in app.panes].index("training") + 1)
 
 
 async def _open(pilot) -> None:
     await pilot.press(_tab(pilot.app))
     await pilot.pause()
-    pilot.app._show()
+    pilot.app.show()
     await pilot.pause()
 
 
@@ -229,7 +229,7 @@ async def test_sixteen_epochs_scroll_in_their_own_table(monkeypatch: pytest.Monk
         await pilot.pause()
         assert _epochs_shown(app)[0] == indexes[0]  # the oldest kept, scrolled to with the keys
         assert f"↓{hidden}" in _text(app, "#tr-epochs-head") and "Step" in _text(app, "#tr-body")
-        pilot.app._show()  # a new tick does not pull the view back to the newest
+        pilot.app.show()  # a new tick does not pull the view back to the newest
         await pilot.pause()
         assert _epochs_shown(app)[0] == indexes[0]
         await pilot.press("end")
@@ -269,7 +269,7 @@ async def test_many_notes_fold_to_three_lines_and_n_shows_them_all(tmp_path: Pat
         assert all(f"{pid}.json: malformed: not JSON" in shown for pid in range(1, 8))
         assert box.size.height > 3 and "more" not in shown
         assert "Step" in _text(app, "#tr-body")
-        pane = next(p for p in app._panes if p.PANE_ID == "training")
+        pane = next(p for p in app.panes if p.PANE_ID == "training")
         assert "Training: Notes" in [c.title for c in pane.palette_commands()]
         await pilot.press("n")
         await pilot.pause()
@@ -341,7 +341,7 @@ async def test_stalled_and_exited_jobs_are_marked_and_exited_ones_stay_until_dis
         assert "STALLED  no step for" in body
         assert "EXITED" in body and "exit code 1: OutOfMemoryError: CUDA out of memory" in body
         assert "no exit record: killed (SIGKILL, the OOM killer) or crashed" in body
-        pane = next(p for p in app._panes if p.PANE_ID == "training")
+        pane = next(p for p in app.panes if p.PANE_ID == "training")
         assert [c.title for c in pane.palette_commands()] == ["Training: Dismiss exited"]
         await pilot.press("x")
         await pilot.pause()

@@ -25,7 +25,7 @@ from dltop.tui.screens.help import HelpScreen
 
 def _tab(app: DltopApp, pane_id: str) -> str:
     """The number key of a pane's tab."""
-    return str([p.PANE_ID for p in app._panes].index(pane_id) + 1)
+    return str([p.PANE_ID for p in app.panes].index(pane_id) + 1)
 
 
 def _text(app: DltopApp, selector: str) -> str:
@@ -37,13 +37,13 @@ async def test_keys_pause_refresh_help_quit(session: list[Snapshot]) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         assert "every 1s" in _text(app, "#header")
         await pilot.press("p")
-        assert app.head.at == session[2].ts and "PAUSED" in _text(app, "#header")
+        assert app.session.head.at == session[2].ts and "PAUSED" in _text(app, "#header")
         await pilot.press("p")
-        assert app.head.at is None and "PAUSED" not in _text(app, "#header")
+        assert app.session.head.at is None and "PAUSED" not in _text(app, "#header")
         await pilot.press("plus")
-        assert app.refresh_s == 0.5 and "every 0.5s" in _text(app, "#header")
+        assert app.session.settings.refresh_s == 0.5 and "every 0.5s" in _text(app, "#header")
         await pilot.press("minus", "minus", "minus")
-        assert app.refresh_s == 5.0
+        assert app.session.settings.refresh_s == 5.0
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         labels = [label for _key, label in app.screen._rows]
@@ -158,8 +158,8 @@ async def test_live_ui_stays_responsive_with_a_hung_source() -> None:
             await pilot.press("p")  # the key is handled at once although one source never answers
             assert "PAUSED" in _text(app, "#header")
             assert "cpu" in _text(app, "#header") and "slow" in _text(app, "#header")
-            assert isinstance(app.history[-1].memory, MemoryPart)
-            assert len(app.history) >= 2
+            assert isinstance(app.session.history[-1].memory, MemoryPart)
+            assert len(app.session.history) >= 2
     finally:
         release.set()
 
@@ -170,8 +170,8 @@ async def test_a_tick_that_lands_while_the_screen_is_torn_down_is_dropped(sessio
     app = DltopApp(ListFeed(session[:2], start=1))
     async with app.run_test(size=(80, 24)):
         pass
-    app._apply(replace(session[2], ts=session[2].ts + 1))  # no widgets left: nothing to draw on, no error
-    assert app.history[-1].ts == session[2].ts + 1  # still kept (the recorder listens to _apply)
+    app.apply(replace(session[2], ts=session[2].ts + 1))  # no widgets left: nothing to draw on, no error
+    assert app.session.history[-1].ts == session[2].ts + 1  # still kept (the recorder listens to _apply)
 
 
 async def test_hint_line_shows_the_squeeze(session: list[Snapshot]) -> None:
@@ -265,7 +265,7 @@ async def test_no_pane_key_acts_while_the_panes_are_hidden(tmp_path) -> None:
         await pilot.pause()
         await pilot.press("e", "w", "l")
         await pilot.pause(0.3)
-        assert not isinstance(app.screen, ConfirmScreen) and app.runner.busy is None
+        assert not isinstance(app.screen, ConfirmScreen) and app.session.runner.busy is None
         assert not [c for c in app.get_system_commands(app.screen) if c.title.startswith("Datasets:")]
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
@@ -282,7 +282,7 @@ async def test_read_only_keys_say_why(tmp_path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(_tab(app, "datasets"), "w")
         await pilot.pause()
-        said = [n.message for n in app._notifications]
+        said = [s.text for s in app.session.said]
         assert any("read-only" in m for m in said) and not isinstance(app.screen, ConfirmScreen)
 
 
@@ -291,7 +291,7 @@ async def test_a_tab_key_without_a_tab_says_so(session: list[Snapshot]) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("7")
         await pilot.pause()
-        assert any("no tab 7" in n.message for n in app._notifications)
+        assert any("no tab 7" in s.text for s in app.session.said)
 
 
 async def test_help_fits_80x24_on_every_tab(tmp_path) -> None:
@@ -305,10 +305,10 @@ async def test_help_fits_80x24_on_every_tab(tmp_path) -> None:
     many = [Hint(f"hint-{i}", "warn", f"hint number {i}: " + "something is off here " * (4 + i),
                  fix="do this about it " * 5) for i in range(7)]
     async with app.run_test(size=(80, 24)) as pilot:
-        for tab in [str(i) for i in range(1, len(app._panes) + 1)]:
+        for tab in [str(i) for i in range(1, len(app.panes) + 1)]:
             for hints in ([], many) if tab == "1" else (many,):
-                app.hints = hints
-                app._update_hints()
+                app.session.hints = hints
+                app.draw()
                 await pilot.press(tab, "question_mark")
                 await pilot.pause()
                 assert isinstance(app.screen, HelpScreen)
@@ -340,8 +340,8 @@ async def test_a_long_hint_is_cut_to_two_lines(session: list[Snapshot]) -> None:
 
     app = DltopApp(ListFeed(session[:2], start=1), Settings(tab="pagecache"))
     async with app.run_test(size=(80, 24)) as pilot:
-        app.hints = [Hint("page-cache-x", "warn", "word " * 40, fix="do this " * 20)]
-        app._update_hints()
+        app.session.hints = [Hint("page-cache-x", "warn", "word " * 40, fix="do this " * 20)]
+        app.draw()
         await pilot.pause()
         widget = app.query_one("#hints", Static)
         assert widget.size.height == 2 and "? shows all" in _text(app, "#hints")
@@ -349,8 +349,8 @@ async def test_a_long_hint_is_cut_to_two_lines(session: list[Snapshot]) -> None:
         await pilot.pause()
         assert widget.size.height == 1 and "? shows all" in _text(app, "#hints")
         await pilot.press("2")
-        app.hints = [replace(app.hints[0], text="short", fix="")]
-        app._update_hints()
+        app.session.hints = [replace(app.session.hints[0], text="short", fix="")]
+        app.draw()
         await pilot.pause()
         assert _text(app, "#hints").strip() == "! short"
 
@@ -420,13 +420,13 @@ async def test_another_process_s_action_reaches_the_live_events_and_the_journal_
     before = set(threading.enumerate())
     async with app.run_test(size=(80, 24)) as pilot:
         (tail,) = [t for t in threading.enumerate() if t.name == "dltop-watch" and t not in before]
-        assert not app.timeline.events()
+        assert not app.session.timeline.events()
         journal.append(_journal_line("/data/shards", pid=4242))  # a warm run by `dltop warm` in a shell
         for _ in range(100):
             await pilot.pause(0.05)
-            if app.timeline.events():
+            if app.session.timeline.events():
                 break
-        events = list(app.timeline.events())
+        events = list(app.session.timeline.events())
         assert [(e.data["action"], e.data["target"], e.data["pid"]) for e in events] == [
             ("warm", "/data/shards", 4242)]
         assert events[0].data["uid"] == os.geteuid()

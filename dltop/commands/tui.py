@@ -89,10 +89,10 @@ def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
 
 def run_replay_tui(recording: Recording, name: str, start_ts: float, settings: Settings) -> int:
     """Start the TUI on a recording (`dltop replay`): no Sampler, no sources, nothing that acts."""
-    from dltop.timeline import RecordingFeed
+    from dltop.timeline import Recorded
     from dltop.tui.app import DltopApp
 
-    return _run(DltopApp(RecordingFeed(recording, name, start_ts), settings, own_signals=True))
+    return _run(DltopApp(settings=settings, own_signals=True, recorded=Recorded(recording, name, start_ts)))
 
 
 def _run(app: DltopApp) -> int:

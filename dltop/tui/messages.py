@@ -1,8 +1,9 @@
-"""Messages up: what a pane asks the app for. The app plans, confirms and runs it through the action runner, or
-changes the watched sources; the pane only renders what comes back down in its View."""
+"""Messages up: what a pane asks the app for. The app hands it to the Session, which plans, confirms and runs it
+through the action runner, or changes the watched sources; the pane only renders what comes back in its View."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from textual.message import Message
@@ -10,14 +11,12 @@ from textual.message import Message
 from dltop.model.actions import ActionEvent, SignalTarget
 
 
+@dataclass
 class ActionRequested(Message):
-    """Base of the action requests: `action` on `path`."""
+    """Base of the action requests: `action` on `path` (the app has one handler for them all)."""
 
+    path: str
     action: ClassVar[str] = ""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
 
 
 class WarmRequested(ActionRequested):
@@ -48,67 +47,60 @@ class CancelRequested(Message):
     """Stop the plan or action in flight."""
 
 
-class DatasetAddRequested(Message):
-    """Watch one more dataset folder."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
-
-
-class DatasetRemoveRequested(Message):
-    """Stop watching a dataset folder."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
-
-
-class ActionEventPosted(Message):
-    """An event of the action runner, carried from its worker thread to the app (post_message is thread-safe)."""
-
-    def __init__(self, event: ActionEvent) -> None:
-        super().__init__()
-        self.event = event
-
-
-class Warned(Message):
-    """Something running beside the app (the recorder of --record) has a warning for the user; posted from any
-    thread."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-
-class ServerAddRequested(Message):
-    """Scrape one more inference server (`text` as the user typed it: host:port or a URL)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-
-class ServerRemoveRequested(Message):
-    """Stop scraping an inference server (`text` as the user typed it, or its /metrics URL)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-
-class RescanRequested(Message):
-    """Read a source again now, not at its next turn (`key`: only that part of it, e.g. one cache)."""
-
-    def __init__(self, source: str, key: str | None = None) -> None:
-        super().__init__()
-        self.source, self.key = source, key
-
-
+@dataclass
 class SignalRequested(Message):
     """Send a signal to a GPU process (the signal dialog was its confirmation); the runner checks its start time
     again before it sends."""
 
-    def __init__(self, target: SignalTarget) -> None:
-        super().__init__()
-        self.target = target
+    target: SignalTarget
+
+
+@dataclass
+class DatasetAddRequested(Message):
+    """Watch one more dataset folder."""
+
+    path: str
+
+
+@dataclass
+class DatasetRemoveRequested(Message):
+    """Stop watching a dataset folder."""
+
+    path: str
+
+
+@dataclass
+class ServerAddRequested(Message):
+    """Scrape one more inference server (`text` as the user typed it: host:port or a URL)."""
+
+    text: str
+
+
+@dataclass
+class ServerRemoveRequested(Message):
+    """Stop scraping an inference server (`text` as the user typed it, or its /metrics URL)."""
+
+    text: str
+
+
+@dataclass
+class RescanRequested(Message):
+    """Read a source again now, not at its next turn (`key`: only that part of it, e.g. one cache)."""
+
+    source: str
+    key: str | None = None
+
+
+@dataclass
+class ActionEventPosted(Message):
+    """An event of the action runner, carried from its worker thread to the app (post_message is thread-safe)."""
+
+    event: ActionEvent
+
+
+@dataclass
+class Warned(Message):
+    """Something running beside the app (the recorder of --record) has a warning for the user; posted from any
+    thread."""
+
+    text: str

@@ -6,8 +6,6 @@ from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from rich.cells import cell_len
-from rich.segment import Segment
-from rich.style import Style
 from rich.text import Span, Text
 from textual.app import SystemCommand
 from textual.binding import Binding
@@ -20,7 +18,7 @@ from textual.visual import Visual, VisualType, visualize
 from textual.widgets import DataTable, Label, Static
 
 from dltop.fmt import printable, printable_lines, shorten
-from dltop.tui.view import View
+from dltop.view import View
 
 
 class Pane(Vertical):
@@ -179,48 +177,6 @@ class Lines(Static):
                 strip = Strip.blank(width, self.visual_style.rich_style)
             self._strips[y] = strip
         return strip
-
-
-class HeaderLine(Static):
-    """A one-row Static for text that changes every second (the header's clock): its row is made straight from
-    the Rich Text's segments, cut to the width with an ellipsis, cell for cell what a Static draws of a text that
-    fits. A Static laid the text out each time (a Content, word wrapping, then cut to its row): 2.1-2.2 → 1.9 ms
-    a change of the header with its painting. `show` makes the text safe as set_content does; `render()` gives it
-    back (what tests and a selection read). Selected with the mouse, it draws as a Static."""
-
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self._text = Text()
-        self._shown: object = _key(self._text)
-        self._strip: tuple[int, Style, Strip] | None = None  # drawn at this width in this style (a theme's)
-
-    def show(self, text: Text) -> None:
-        safe = safe_content(text, one_line=True)
-        assert isinstance(safe, Text)
-        key = _key(safe)
-        if key != self._shown:
-            self._shown, self._text, self._strip = key, safe, None
-            self.refresh()
-
-    def render(self) -> Text:
-        return self._text
-
-    def render_line(self, y: int) -> Strip:
-        width = self.content_region.width
-        if self.text_selection is not None or self.BLANK:
-            return super().render_line(y)
-        style = self.visual_style.rich_style
-        if y > 0:
-            return Strip.blank(width, style)
-        if self._strip is None or self._strip[:2] != (width, style):
-            strip = Strip(list(Segment.apply_style(self._text.render(self.app.console), style)))
-            if strip.cell_length > width > 0:  # cut where the row ends, and said to be
-                strip = Strip.join([strip.crop(0, width - 1), Strip([Segment("…", style)])])
-            # each cell carries its offset in the text, as a Static's do (a selection with the mouse reads it), and
-            # the rest of the row is blank in the background's colour, as a Static fills it
-            drawn = strip.apply_offsets(0, 0).crop_extend(0, width, Style(bgcolor=style.bgcolor))
-            self._strip = (width, style, drawn)
-        return self._strip[2]
 
 
 def set_content(widget: Static | Label, content: Text | Content | str) -> None:

@@ -28,7 +28,7 @@ from dltop.model import CachesPart, Snapshot, Unavailable
 from dltop.model.caches import FOLDERS_KEPT, KEEP_DEPTH, CacheFolder, CacheInfo, folder_of
 from dltop.tui.messages import CancelRequested, ClearRequested, RescanRequested
 from dltop.tui.panes.base import Pane, RowTable, crumb, fit_column, plain, set_content, set_row
-from dltop.tui.view import View
+from dltop.view import View
 
 COLUMNS = ("name", "size", "files", "newest", "growth", "warn")
 HEADERS = ("Cache", "Size", "Files", "Newest", "Growth", "!")

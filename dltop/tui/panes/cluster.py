@@ -25,7 +25,7 @@ from dltop.text.cluster import (
 from dltop.tui.messages import RescanRequested
 from dltop.tui.panes.base import Pane, RowTable, set_content, set_row
 from dltop.tui.screens.cluster import ClusterTextScreen
-from dltop.tui.view import View
+from dltop.view import View
 
 
 class NodeTable(RowTable):

@@ -12,7 +12,7 @@ from dltop.fmt import plural
 from dltop.model import CpuPart, Unavailable
 from dltop.model.cpu import format_cpu_list
 from dltop.tui.panes.base import Pane, set_content, set_row
-from dltop.tui.view import View
+from dltop.view import View
 
 
 def summary_text(part: CpuPart) -> Text:

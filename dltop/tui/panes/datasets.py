@@ -31,7 +31,7 @@ from dltop.tui.messages import (
     WarmRequested,
 )
 from dltop.tui.panes.base import Pane, RowTable, crumb, fit_column, plain, set_content, set_row
-from dltop.tui.view import View
+from dltop.view import View
 
 # The key of a folder's "… N more files" row: NUL is in no path, so it is never taken for one.
 MORE_KEY = "\0more:"

@@ -37,7 +37,7 @@ from dltop.text.gpu import elapsed, elapsed_until
 from dltop.tui import charts
 from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested, SignalRequested
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content
-from dltop.tui.view import View
+from dltop.view import View
 
 if TYPE_CHECKING:
     from dltop.tui.screens.gpu_details import GpuDetailsScreen

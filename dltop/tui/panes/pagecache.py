@@ -24,7 +24,7 @@ from dltop.fmt import (
 from dltop.model import DiskStat, MemoryPart, Pressure, Snapshot, Unavailable, VmStat
 from dltop.tui import charts
 from dltop.tui.panes.base import Lines, Pane, set_content
-from dltop.tui.view import View
+from dltop.view import View
 
 # Sparklines of meminfo fields, top to bottom, with the least span of their scale as a share of MemTotal, or
 # None for a scale from 0; refaults/s (derived) comes after them. Available is a level that rarely leaves a

@@ -23,7 +23,7 @@ from dltop.model import Snapshot, Unavailable
 from dltop.model.probes import NOT_GIVEN, ProbeEpoch, ProbeLoader, ProbesPart, ProcessProbe
 from dltop.tui import charts
 from dltop.tui.panes.base import Pane, set_content
-from dltop.tui.view import View
+from dltop.view import View
 
 NO_PROBE = ("No process publishes a probe. Add one to the training script:\n"
             "    from dltop import probe\n"

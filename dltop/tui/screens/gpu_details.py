@@ -16,7 +16,7 @@ from textual.widgets import Static
 from dltop.derive import GpuRates, gpu_rates
 from dltop.fmt import human_bytes, human_rate, printable
 from dltop.model import GpuDevice, Unavailable
-from dltop.tui.view import View
+from dltop.view import View
 
 LABEL_WIDTH = 16
 # The clocks-event reasons that mean the GPU is held back (not idle, not an admin's clock setting), in few words:

@@ -4,13 +4,13 @@ muted here, by id), and where the pane's numbers come from."""
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.events import Resize
 from textual.screen import ModalScreen
@@ -21,9 +21,38 @@ from dltop.fmt import printable
 
 ABOUT = "A value the system cannot give is shown as n/a (or ?) with the reason, never as 0."
 HINT_KEYS = "hints: ↑/↓ choose, s snooze 1 h, m mute, again: undo; config mute = [ID]"
+# One row per key of the app (its pair, its other labels left out), in words where the label is short.
+HELP_SKIPS = {"app.interrupt", "app.slower", "app.live", "app.play", "app.step_back", "app.goto_live",
+              "app.jump_back", "app.speed_down"}
+HELP_TEXT = {
+    "app.faster": "refresh faster / slower",
+    "app.palette": "command palette",
+    "app.pause": "pause / live; play a replay",
+    "app.step": "next / previous sample",
+    "app.jump": "jump {jump} on / back",
+    "app.goto": "go to a time",
+    "app.events": "events (replay; live: actions seen)",
+    "app.speed": "replay ×1/×10/×60",
+    "app.mark": "marker (--record)",
+}
 TEXT_WIDTH = 72  # the dialog's 76 columns less its border and padding
 HINT_LIST_MOST = 6  # hint lines before the list scrolls (one line per hint; the chosen one in full below)
 HINT_TEXT_MOST = 4  # lines of the chosen hint's full text
+
+
+def key_rows(bindings: Iterable[BindingType], key_display: Callable[[Binding], str], jump: str) -> list[tuple[str, str]]:
+    """(key, what it does) for each labelled binding, enabled now or not, once per description."""
+    rows: list[tuple[str, str]] = []
+    seen = set()
+    for binding in bindings:
+        if not isinstance(binding, Binding) or not binding.description:
+            continue
+        if binding.id in HELP_SKIPS or (binding.id or "").startswith("app.tab") or binding.description in seen:
+            continue
+        seen.add(binding.description)
+        description = HELP_TEXT.get(binding.id or "", binding.description).format(jump=jump)
+        rows.append((binding.key_display or key_display(binding), description))
+    return rows
 
 
 def wrapped(text: str, width: int) -> list[str]:

@@ -1,0 +1,460 @@
+"""What the TUI shows and what may be done from it, without a widget: the history and its hints, where the screen
+is in time (a Playhead), the hints muted or snoozed, the tab to open on, the gate every action passes (read-only,
+a past moment, one action at a time), the edits of what is watched, and `view()`, what the panes are handed.
+
+The App composes the widgets, routes the keys to this Session and draws what it says; every message for the user
+goes through `say` (a log tests read, and the App's notifications).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
+
+from dltop import hints as hint_rules
+from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings, server_url
+from dltop.errors import DltopError
+from dltop.model import CachesPart, Snapshot, Unavailable, to_dict
+from dltop.model.actions import ActionEvent, ActionPlan, SignalTarget
+from dltop.model.datasets import DatasetsPart
+from dltop.playhead import Live, Playhead, Replay
+from dltop.timeline import Feed, LiveEvent, LiveHistory, Recorded, Timeline, index_at
+from dltop.view import View
+
+HISTORY_LEN = 600  # ten minutes at the default refresh: what the sparklines show
+REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+SNOOZE_S = 3600.0  # how long `s` in ? keeps a hint off the hint line
+TAB_DECIDED_AFTER_S = 5.0  # the GPU source has answered by then (or failed): the tab to open on is decided
+SAID_KEPT = 100
+
+Severity = Literal["information", "warning", "error"]
+
+
+@dataclass(frozen=True)
+class Said:
+    """One message for the user (the App shows it as a notification)."""
+
+    text: str
+    severity: Severity = "information"
+    timeout: float | None = None
+
+
+class RecordSink(Protocol):
+    """Where `--record DIR` writes (`dltop.recorder.Recorder`): every Snapshot shown, and the user's markers."""
+
+    def write(self, snapshot: Snapshot) -> None: ...
+    def event(self, kind: str, data: dict[str, Any], ts: float | None = None) -> None: ...
+
+
+def next_refresh(current: float, faster: bool) -> float:
+    """The refresh interval one step faster or slower than `current`, within MIN_REFRESH_S..MAX_REFRESH_S."""
+    if faster:
+        smaller = [s for s in REFRESH_STEPS if s < current - 1e-9]
+        return max(smaller[-1] if smaller else current, MIN_REFRESH_S)
+    larger = [s for s in REFRESH_STEPS if s > current + 1e-9]
+    return min(larger[0] if larger else current, MAX_REFRESH_S)
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+class Session:
+    """The state behind the screen. Live, `feed` streams Snapshots (`apply` each); a replay has no feed and moves
+    through `recorded`'s timeline. `runner` is the action runner (dltop.actions.runner.ActionRunner)."""
+
+    def __init__(self, feed: Feed | None, settings: Settings | None = None, *, recorded: Recorded | None = None,
+                 runner: Any = None, clock: Callable[[], float] = time.time, recorder: RecordSink | None = None,
+                 listeners: Sequence[Callable[[Snapshot], None]] = ()) -> None:
+        self.feed = feed
+        self.recorded = recorded
+        self.settings = settings or Settings()
+        self.runner = runner
+        self.recorder = recorder
+        self.clock = clock
+        self.history: deque[Snapshot] = deque(maxlen=HISTORY_LEN)
+        self.hints: list[hint_rules.Hint] = []
+        # A past moment is the Snapshot taken at `head.at` on the timeline: the session's own history live, the
+        # recording in a replay (which is always at a moment).
+        self.timeline: Timeline = recorded.timeline if recorded is not None else LiveHistory(self.history)
+        self.head: Playhead = Live() if recorded is None else Replay(recorded.start_ts, pos=recorded.start_ts)
+        self._past: tuple[float, tuple[Snapshot, ...], tuple[hint_rules.Hint, ...]] | None = None
+        self.muted: set[str] = set(self.settings.mute)  # hint ids kept off the hint line (still listed in ?)
+        self.snoozed: dict[str, float] = {}  # hint id -> until when (clock time) it is kept off the hint line
+        # The tab to open on: --tab / `tab = ...` / the recording's, else the one that has something, decided once
+        # the GPU source has answered unless the user picked a tab first.
+        self.tab_pending = True
+        self._tab_auto: str | None = None
+        self._tab_recorded: str | None = None  # the last tab written into --record's recording
+        self.action: ActionEvent | None = None  # the runner's latest event
+        self.plans: dict[int, Any] = {}  # plans in flight, by run id: their result is confirmed
+        self.said: deque[Said] = deque(maxlen=SAID_KEPT)
+        self.on_say: Callable[[Said], None] | None = None  # the App's notification
+        # Each Snapshot shown is handed on too (`dltop --export`'s collector, `--record`'s recorder).
+        self._listeners = (*listeners, recorder.write) if recorder is not None else tuple(listeners)
+
+    @property
+    def replay(self) -> bool:
+        """A recording is shown (nothing streams, nothing may change the system)."""
+        return self.recorded is not None
+
+    def say(self, text: str, severity: Severity = "information", timeout: float | None = None) -> None:
+        """A message for the user: kept in `said`, and shown by the App."""
+        said = Said(text, severity, timeout)
+        self.said.append(said)
+        if self.on_say is not None:
+            self.on_say(said)
+
+    # -- Snapshots in -------------------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """The first moment: the feed's backlog and its current Snapshot, or the recording's start."""
+        if self.feed is not None:
+            self.history.extend(self.feed.backlog())
+            self.apply(self.feed.snapshot())
+        elif self.recorded is not None:
+            self.apply(self.recorded.timeline.upto(self.recorded.start_ts, 1)[-1])
+
+    def apply(self, snap: Snapshot) -> bool:
+        """A new Snapshot from the feed: into the history, to the listeners, and the hints drawn again. False
+        where it is the one applied last (nothing new to draw)."""
+        if self.history and snap is self.history[-1]:
+            return False
+        self.history.append(snap)
+        for listen in self._listeners:
+            listen(snap)  # the recorder of --record among them: what this screen shows, so a replay shows the same
+        self.hints = hint_rules.hints(list(self.history))
+        self.head = self.head.kept_within(self.history[0].ts)
+        return True
+
+    def frame(self) -> tuple[tuple[Snapshot, ...], tuple[hint_rules.Hint, ...]] | None:
+        """The Snapshots up to the moment on screen (oldest first) and its hints: the latest live; in the past,
+        the window that ended there and the hints drawn from it by the same rules, so the numbers are those live
+        showed then."""
+        at = self.head.at
+        if at is None:
+            return (tuple(self.history), tuple(self.hints)) if self.history else None
+        if self._past is None or self._past[0] != at:
+            window = tuple(self.timeline.upto(at, HISTORY_LEN))
+            if not window:
+                return None
+            self._past = (at, window, tuple(hint_rules.hints(window)))
+        return self._past[1], self._past[2]
+
+    def view(self) -> View | None:
+        """What the panes are handed: the moment on screen and the actions' state."""
+        frame = self.frame()
+        if frame is None:
+            return None
+        history, hints = frame
+        runner = self.runner
+        return View(snapshot=history[-1], history=history, hints=hints, read_only=self.settings.read_only,
+                    replay=self.head.past, watched=tuple(self.settings.datasets), action=self.action,
+                    busy=runner is not None and runner.busy is not None,
+                    held=runner.held() if runner is not None else {})
+
+    # -- time -------------------------------------------------------------------------------------------------
+
+    def times(self) -> Sequence[float]:
+        """The times of the timeline, oldest first."""
+        return self.timeline.times()
+
+    def end_text(self, n: int) -> str:
+        """What to say when a move towards `n` (< 0: back) finds the end of the timeline."""
+        if n < 0:
+            return "the first sample of the recording" if self.replay else "the oldest sample kept"
+        return "the last sample of the recording" if self.replay else "the newest sample"
+
+    def parse_time(self, text: str) -> float:
+        """Epoch seconds of a typed time ("10m ago", "14:05", ISO 8601); DltopError where it is not one."""
+        from dltop.recorder.times import parse_time  # pure (no reader, no writer): the one way times are read
+
+        recording = self.recorded.recording if self.recorded is not None else None
+        return parse_time(text, self.clock(), recording)  # type: ignore[arg-type]
+
+    def time_refusal(self, text: str) -> str | None:
+        """Why the typed time cannot be gone to (not a time, outside the timeline), or None."""
+        times = self.times()
+        try:
+            ts = self.parse_time(text)
+        except DltopError as e:
+            return str(e)
+        if not times[0] <= ts <= times[-1] + max(self.settings.refresh_s, 1.0):
+            return (f"{_hms(ts)} is outside {'the recording' if self.replay else 'the history kept'}: "
+                    f"{_hms(times[0])} to {_hms(times[-1])}")
+        return None
+
+    def go_typed(self, text: str) -> Playhead:
+        """The playhead at the sample a typed time names (checked by time_refusal first)."""
+        from dltop.recorder.times import index_typed
+
+        times = self.times()
+        return self.head.go(times, times[index_typed(times, self.parse_time(text))])
+
+    def gap_before(self, ts: float) -> float:
+        """Seconds without samples before the one at `ts`, where longer than 3 of the recording's intervals."""
+        times = self.times()
+        i = index_at(times, ts)
+        interval = self.recorded.interval_s if self.recorded is not None else 1.0
+        gap = times[i] - times[i - 1] if 0 < i < len(times) else 0.0
+        return gap if gap > 3 * interval else 0.0
+
+    def set_refresh(self, faster: bool) -> None:
+        """Refresh one step more (or less) often; sources rebuilt later follow it too."""
+        value = next_refresh(self.settings.refresh_s, faster)
+        self.settings = replace(self.settings, refresh_s=value)
+        if self.feed is not None:
+            self.feed.set_refresh(value)
+
+    # -- the tab to open on -------------------------------------------------------------------------------------
+
+    def wanted_tab(self, snap: Snapshot) -> tuple[str, bool]:
+        """The tab to open on and whether that is final (not while the GPU source has not answered yet)."""
+        if self.settings.tab:
+            return self.settings.tab, True
+        if self.settings.prometheus is not None:
+            return "cluster", True  # asked for a cluster: its tab first
+        gpus = snap.gpus
+        if isinstance(gpus, tuple) and gpus:
+            return "gpu", True
+        datasets = snap.datasets
+        watched = self.settings.datasets or (isinstance(datasets, DatasetsPart) and datasets.paths)
+        waiting = isinstance(gpus, Unavailable) and gpus.reason == "waiting for the first reading"
+        return ("datasets" if watched else "pagecache"), not waiting or self.replay
+
+    def opening_tab(self, tabs: Sequence[str]) -> str | None:
+        """The tab to switch to now, while the user has not picked one; None to stay. Decided for good once the
+        GPU source has answered (or TAB_DECIDED_AFTER_S later)."""
+        if not self.tab_pending or not self.history:
+            return None
+        tab, decided = self.wanted_tab(self.history[-1])
+        switch = tab if tab != self._tab_auto and tab in tabs else None
+        if switch is not None:
+            self._tab_auto = tab
+        if decided or self.history[-1].ts - self.history[0].ts >= TAB_DECIDED_AFTER_S:
+            self.tab_pending = False
+        return switch
+
+    def tab_shown(self, tab: str) -> None:
+        """`tab` is on screen: a tab the user picked ends the choosing; --record writes it into the recording, so
+        that a replay opens as it was."""
+        if self.tab_pending and self._tab_auto is not None and self._tab_auto != tab:
+            self.tab_pending = False  # the user picked a tab (a click): nothing moves it again
+        if self.recorder is None or self.replay or self.tab_pending:
+            return
+        if self._tab_recorded != tab:
+            self._tab_recorded = tab
+            self.recorder.event("view", {"tab": tab})
+
+    # -- hints --------------------------------------------------------------------------------------------------
+
+    def hint_state(self, hint_id: str) -> str:
+        """'muted', 'snoozed' (until when) or '' for a hint id: what ? says of it."""
+        if hint_id in self.muted:
+            return "muted" + (" (config)" if hint_id in self.settings.mute else "")
+        until = self.snoozed.get(hint_id)
+        if until is not None and until > self.clock():
+            return f"snoozed until {time.strftime('%H:%M', time.localtime(until))}"
+        return ""
+
+    def set_hint_state(self, hint_id: str, state: str) -> None:
+        """Mute, snooze or bring back ('') a hint for this session (? does it)."""
+        self.muted.discard(hint_id)
+        self.snoozed.pop(hint_id, None)
+        if state == "muted":
+            self.muted.add(hint_id)
+        elif state == "snoozed":
+            self.snoozed[hint_id] = self.clock() + SNOOZE_S
+
+    def line_hints(self, tab: str | None) -> list[hint_rules.Hint]:
+        """The hints of the moment on screen the hint line may show, `tab`'s own first (each group most severe
+        first)."""
+        frame = self.frame()
+        kept = [h for h in (frame[1] if frame is not None else ()) if not self.hint_state(h.id)]
+        return sorted(kept, key=lambda h: hint_rules.tab_of(h.id) != tab)  # stable: severity order kept
+
+    def help_hints(self, tab: str | None) -> list[hint_rules.Hint]:
+        """Every hint for ?, in the hint line's order, the muted and snoozed ones after (still listed)."""
+        frame = self.frame()
+        line = self.line_hints(tab)
+        return [*line, *(h for h in (frame[1] if frame is not None else ()) if h not in line)]
+
+    # -- the action gate ----------------------------------------------------------------------------------------
+
+    def refusal(self, action: str) -> str | None:
+        """Why `action` may not change the system from here (read-only, a past moment), or None."""
+        if self.settings.read_only:
+            why = "dltop runs --read-only"
+        elif self.replay:
+            why = "this is a replay"
+        elif self.head.past:
+            why = "paused on a past moment (space goes back to live)"
+        else:
+            return None
+        return f"{action}: {why}; nothing may change the system from here"
+
+    def request(self, action: str, path: str) -> None:
+        """A pane asks for `action` on `path`: through the gate, then planned (its plan comes back as an event and
+        is confirmed); a lock asked for on a locked target unlocks it."""
+        refused = self.refusal(action)
+        if refused is not None:
+            self.say(refused, "warning")
+            return
+        if self.runner.busy is not None:
+            self.say(f"{self.runner.busy.action} {self.runner.busy.target} is still running (Esc cancels)", "warning")
+            return
+        if action == "lock" and path in self.runner.held():
+            self.runner.release(path)
+            return
+        run = self.runner.plan(action, [path], options=self._options(action), others=self._watched_resident())
+        self.plans[run.id] = run
+
+    def start(self, plan: ActionPlan) -> None:
+        """Run a plan the user confirmed."""
+        try:
+            self.runner.start(plan.action, [plan.target], options=self._options(plan.action), fit=plan.can_fit,
+                              others=self._watched_resident())
+        except DltopError as e:  # another action started meanwhile
+            self.say(str(e), "error")
+
+    def send_signal(self, target: SignalTarget) -> None:
+        """A signal the GPU tab's dialog chose (the dialog was the confirmation; the runner checks the start
+        time again before it sends)."""
+        refused = self.refusal("signal")
+        if refused is not None:
+            self.say(refused, "warning")
+            return
+        try:
+            self.runner.start("signal", [f"pid {target.pid}"], options=target)
+        except DltopError as e:  # another action runs
+            self.say(str(e), "error")
+
+    def _options(self, action: str) -> Any:
+        """A clear resolves the known caches as the Caches tab does: in --pid's environment, with --cache's."""
+        return self.settings if action == "clear" else None
+
+    def _watched_resident(self) -> dict[str, int]:
+        """Resident bytes of every watched dataset, from the latest Snapshot: what a warm's guard names as at
+        risk when reading past free memory pushes page cache out (the runner leaves out the warmed one)."""
+        part = self.history[-1].datasets if self.history else None
+        if not isinstance(part, DatasetsPart):
+            return {}
+        return {ds.path: ds.resident_pages * ds.page_size for ds in part.scanned}
+
+    def on_action(self, ev: ActionEvent) -> ActionPlan | None:
+        """An event of the runner: kept for the panes and the live events; a finished run's numbers read again.
+        Returns a plan that is ready to be confirmed."""
+        self.action = ev
+        if ev.phase != "progress" and ev.step != "plan":  # as the recorder logs it: runs and releases
+            self.add_events([LiveEvent(ev.ts, "action", {**to_dict(ev), "pid": os.getpid(), "uid": os.geteuid()})])
+        if ev.phase != "finished":
+            return None
+        plan = None
+        if ev.step == "plan":
+            run = self.plans.pop(ev.run_id, None)
+            result = run.result if run is not None and ev.outcome == "ok" else None
+            # a dataset unwatched while it was measured: nobody is looking at that row any more
+            if isinstance(result, ActionPlan) and (result.action == "clear" or not self.settings.datasets
+                                                   or self._owner(result.target)):
+                plan = result
+        elif ev.step == "run" and ev.action == "signal":
+            self.read_now("gpus")  # the process gone from the table without waiting for the next tick
+            if ev.outcome == "ok":
+                self.say(ev.message, timeout=6)
+        elif ev.step == "run" and ev.action == "clear":
+            self.read_now("caches", self._cache_of(ev.paths[0]) if ev.paths else None)
+        elif ev.step == "run":
+            # The numbers after the action without waiting for the next scan: a rescan of that dataset only.
+            self.read_now("datasets", next(filter(None, map(self._owner, ev.paths)), None))
+        if ev.outcome in ("error", "refused"):
+            self.say(ev.message, "error", timeout=8)
+        elif ev.step == "release":
+            self.say(ev.message)
+        return plan
+
+    def add_events(self, found: Sequence[LiveEvent]) -> bool:
+        """Events seen live (actions here and anywhere on the machine); True where they are the first ones."""
+        if not isinstance(self.timeline, LiveHistory):
+            return False
+        first = not self.timeline.events()
+        for e in found:
+            self.timeline.add_event(e)
+        return first and bool(found)
+
+    def _cache_of(self, path: str) -> str | None:
+        """The name of the cache that `path` is, or is inside, in the latest Snapshot."""
+        part = self.history[-1].caches if self.history else None
+        if not isinstance(part, CachesPart):
+            return None
+        return next((c.name for c in part.caches if _under(path, c.path)), None)
+
+    def _owner(self, path: str) -> str | None:
+        """The watched dataset that `path` is, or is inside."""
+        return next((p for p in self.settings.datasets if _under(path, p)), None)
+
+    # -- what is watched ----------------------------------------------------------------------------------------
+
+    def read_now(self, source: str, key: str | None = None) -> None:
+        """Read a source again now, not at its next turn (a recording has no system to read again)."""
+        if self.feed is not None and not self.replay:
+            self.feed.read_now(source, key)
+
+    def _reconfigure(self, settings: Settings) -> None:
+        self.settings = settings
+        if self.feed is not None:
+            self.feed.reconfigure(settings)
+
+    def add_dataset(self, typed: str) -> None:
+        """Watch one more dataset folder."""
+        path = os.path.abspath(os.path.expanduser(typed))
+        if not os.path.exists(path):
+            self.say(f"no such file or directory: {path}", "error")
+        elif path in self.settings.datasets:
+            self.say(f"{path} is watched already", "warning")
+        else:
+            self._reconfigure(replace(self.settings, datasets=(*self.settings.datasets, path)))
+            self.say(f"watching {path}: scanning…", timeout=3)
+
+    def remove_dataset(self, path: str) -> None:
+        """Stop watching a dataset folder (a lock under it is released: no row would be left to unlock it)."""
+        if path not in self.settings.datasets:
+            return
+        for target in self.runner.held():
+            if self._owner(target) == path:
+                self.runner.release(target)
+        self._reconfigure(replace(self.settings, datasets=tuple(p for p in self.settings.datasets if p != path)))
+        self.say(f"no longer watching {path}", timeout=3)
+
+    def add_server(self, text: str) -> None:
+        """Scrape one more inference server (host:port or a URL, as typed)."""
+        try:
+            url = server_url(text)
+        except ValueError as e:
+            self.say(f"not added: {e} (give host:port or http://host:port/metrics)", "error")
+            return
+        if url in self.settings.servers:
+            self.say(f"{url} is scraped already", "warning")
+            return
+        self._reconfigure(replace(self.settings, servers=(*self.settings.servers, url)))
+        self.say(f"scraping {url}", timeout=3)
+
+    def remove_server(self, text: str) -> None:
+        """Stop scraping an inference server (as typed, or its /metrics URL)."""
+        try:
+            url = server_url(text)
+        except ValueError as e:
+            self.say(f"not removed: {e}", "error")
+            return
+        if url not in self.settings.servers:
+            self.say(f"{url} is not scraped (scraped: {', '.join(self.settings.servers) or 'none'})", "warning")
+            return
+        self._reconfigure(replace(self.settings, servers=tuple(u for u in self.settings.servers if u != url)))
+        self.say(f"no longer scraping {url}", timeout=3)
+
+
+def _hms(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))

@@ -1,0 +1,254 @@
+"""The Session as plain Python (no Textual): the opening tab, the hints and their mute/snooze, the action gate, the
+edits of what is watched, the history and the moment on screen, and the messages it says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dltop.config import Settings
+from dltop.hints import Hint
+from dltop.model import Snapshot, Unavailable
+from dltop.model.actions import ActionEvent, ActionPlan
+from dltop.model.gpu import GpuDevice
+from dltop.playhead import Live, Paused, Replay
+from dltop.sampler import ListFeed
+from dltop.session import SNOOZE_S, Session, next_refresh
+from tests.test_first_screen import _dataset, _snap
+
+CACHE_HINT = Hint("cache-on-temporary-storage", "info", "compile cache under /tmp", fix="set a cache dir")
+GPU_HINT = Hint("gpu-kv-pool-full", "info", "KV cache of m is 99.8% full")
+
+
+@dataclass
+class FakeRunner:
+    """The action runner's face the Session uses: what it was asked, nothing run."""
+
+    busy: Any = None
+    locked: dict[str, int] = field(default_factory=dict)
+    asked: list[tuple[str, str]] = field(default_factory=list)
+
+    def held(self) -> dict[str, int]:
+        return dict(self.locked)
+
+    def release(self, target: str) -> int:
+        self.asked.append(("release", target))
+        return self.locked.pop(target, 0)
+
+    def plan(self, action: str, paths: list[str], **kw: Any) -> Any:
+        self.asked.append(("plan", paths[0]))
+        return type("Run", (), {"id": len(self.asked), "result": None})()
+
+    def start(self, action: str, paths: list[str], **kw: Any) -> None:
+        self.asked.append((action, paths[0]))
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _session(snaps: list[Snapshot] | None = None, settings: Settings | None = None, **kw: Any) -> Session:
+    snaps = snaps or [_snap()]
+    s = Session(ListFeed(snaps, start=len(snaps) - 1), settings or Settings(), runner=kw.pop("runner", FakeRunner()), **kw)
+    s.open()
+    return s
+
+
+@pytest.mark.parametrize("case", ["no gpu", "no gpu, datasets", "gpus", "--tab", "cluster"])
+def test_it_opens_on_the_tab_that_has_something(tmp_path: Path, case: str) -> None:
+    # A machine without a GPU opened on the empty GPU tab, even as `dltop /data/x`.
+    gpus: object = (GpuDevice(index=0, name="NVIDIA L40S"),) if case == "gpus" else ()
+    datasets = _dataset(tmp_path) if case == "no gpu, datasets" else None
+    settings = Settings(datasets=(str(tmp_path / "ds"),) if datasets else (), tab="cpu" if case == "--tab" else None,
+                        prometheus="http://prom:9090" if case == "cluster" else None)
+    session = _session([_snap(gpus=gpus, datasets=datasets)], settings)
+    want = {"no gpu": "pagecache", "no gpu, datasets": "datasets", "gpus": "gpu", "--tab": "cpu",
+            "cluster": "cluster"}[case]
+    assert session.opening_tab(["cluster", "gpu", "pagecache", "datasets", "cpu"]) == want
+    assert not session.tab_pending  # decided
+
+
+def test_the_tab_waits_for_the_gpu_source() -> None:
+    feed = ListFeed([_snap(100.0, gpus=Unavailable("waiting for the first reading")),
+                     _snap(101.0, gpus=(GpuDevice(index=0),))])
+    session = Session(feed)
+    session.open()
+    tabs = ["gpu", "pagecache"]
+    assert session.opening_tab(tabs) == "pagecache" and session.tab_pending  # nothing known yet
+    assert session.opening_tab(tabs) is None  # the same tab: no switch
+    session.apply(feed.advance())  # NVML answers: GPUs are there
+    assert session.opening_tab(tabs) == "gpu" and not session.tab_pending
+    # A user who picked a tab (a click on another one) ends the choosing.
+    session = Session(ListFeed([_snap(100.0, gpus=Unavailable("waiting for the first reading"))]))
+    session.open()
+    assert session.opening_tab(tabs) == "pagecache"
+    session.tab_shown("cpu")
+    assert not session.tab_pending and session.opening_tab(tabs) is None
+
+
+def test_a_snapshot_applied_twice_is_drawn_once_and_a_pause_keeps_within_the_history() -> None:
+    snaps = [_snap(100.0 + i) for i in range(4)]
+    session = _session(snaps[:1])
+    assert not session.apply(snaps[0])  # the same object: nothing new
+    for s in snaps[1:]:
+        assert session.apply(s)
+    session.head = Paused(100.0)
+    session.history = type(session.history)(session.history, maxlen=2)  # a short history: the oldest leave
+    session.apply(_snap(104.0))
+    assert session.head == Paused(103.0)  # the moment paused on left the history: the oldest one kept
+    frame = session.frame()
+    assert frame is not None and frame[0][-1].ts == 103.0
+
+
+def test_view_hands_the_moment_on_screen_and_the_actions_state(tmp_path: Path) -> None:
+    runner = FakeRunner(locked={"/data/a": 4096})
+    snaps = [_snap(100.0 + i) for i in range(3)]
+    session = _session(snaps[:1], Settings(read_only=True, datasets=("/data/a",)), runner=runner)
+    for s in snaps[1:]:
+        session.apply(s)
+    view = session.view()
+    assert view is not None and view.snapshot is snaps[-1] and list(view.history) == snaps
+    assert view.read_only and not view.replay and view.watched == ("/data/a",) and view.held == {"/data/a": 4096}
+    session.head = Live().step(session.times(), -1)
+    view = session.view()
+    assert view is not None and view.snapshot.ts == 101.0 and view.replay and view.previous is not None
+
+
+def test_a_replay_has_no_feed_and_opens_at_its_start() -> None:
+    class Rec:
+        meta = {"interval_s": 2.0}
+
+        def __init__(self, snaps: list[Snapshot]) -> None:
+            self.snaps = snaps
+
+        def times(self) -> list[float]:
+            return [s.ts for s in self.snaps]
+
+        def range(self, t0: float | None = None, t1: float | None = None) -> Any:
+            return iter([s for s in self.snaps if (t0 is None or s.ts >= t0) and (t1 is None or s.ts <= t1)])
+
+        def events(self, t0: float | None = None, t1: float | None = None) -> list[Any]:
+            return []
+
+    from dltop.timeline import Recorded
+
+    snaps = [_snap(100.0), _snap(102.0), _snap(110.0)]
+    session = Session(None, recorded=Recorded(Rec(snaps), "rec", 102.0))
+    session.open()
+    assert session.replay and session.head == Replay(102.0, pos=102.0)
+    assert session.refusal("warm") == "warm: this is a replay; nothing may change the system from here"
+    session.read_now("datasets")  # nothing to read again: no error
+    assert session.gap_before(110.0) == 8.0 and session.gap_before(102.0) == 0.0  # over 3 intervals of 2 s
+    assert session.end_text(1) == "the last sample of the recording"
+
+
+def test_the_gate_says_why_nothing_may_change_the_system() -> None:
+    runner = FakeRunner()
+    session = _session([_snap(100.0), _snap(101.0)], runner=runner)
+    session.request("warm", "/data/a")
+    assert runner.asked == [("plan", "/data/a")] and session.plans  # planned; its plan is confirmed when it comes
+    session.head = Paused(100.0)
+    session.request("evict", "/data/a")
+    session.send_signal(object())  # type: ignore[arg-type]
+    assert [s.text for s in session.said] == [
+        "evict: paused on a past moment (space goes back to live); nothing may change the system from here",
+        "signal: paused on a past moment (space goes back to live); nothing may change the system from here"]
+    assert [s.severity for s in session.said] == ["warning", "warning"]
+    session.head = Live()
+    runner.busy = type("Run", (), {"action": "warm", "target": "/data/b"})()
+    session.request("evict", "/data/a")
+    assert session.said[-1].text == "warm /data/b is still running (Esc cancels)"
+    runner.busy, runner.locked = None, {"/data/a": 10}
+    session.request("lock", "/data/a")  # a lock on a locked target unlocks it
+    assert runner.asked[-1] == ("release", "/data/a")
+    read_only = _session(settings=Settings(read_only=True))
+    assert read_only.refusal("clear") == "clear: dltop runs --read-only; nothing may change the system from here"
+
+
+def test_a_finished_plan_is_confirmed_unless_its_dataset_was_unwatched() -> None:
+    runner = FakeRunner()
+    session = _session(settings=Settings(datasets=("/data/a",)), runner=runner)
+    plan = ActionPlan(action="warm", target="/data/a/x", bytes=10, files=1, allowed=True)
+    for target, want in (("/data/a/x", plan), ("/elsewhere", None)):
+        session.plans[7] = type("Run", (), {"result": plan if target == "/data/a/x" else
+                                            ActionPlan(action="warm", target=target, bytes=1, files=1, allowed=True)})()
+        ev = ActionEvent(run_id=7, step="plan", phase="finished", action="warm", target=target, paths=(target,), ts=1.0,
+                         outcome="ok")
+        assert session.on_action(ev) == want and not session.plans
+    session.start(plan)
+    assert runner.asked[-1] == ("warm", "/data/a/x")
+    failed = ActionEvent(run_id=8, step="run", phase="finished", action="warm", target="/data/a", paths=("/data/a",), ts=2.0,
+                         outcome="error", message="no space")
+    assert session.on_action(failed) is None and session.said[-1].text == "no space"
+    assert session.said[-1].severity == "error" and session.action is failed
+    assert [e.data["action"] for e in session.timeline.events()] == ["warm"]  # a live event, for v
+
+
+def test_hints_muted_snoozed_and_the_tabs_own_first() -> None:
+    clock = Clock()
+    session = _session(settings=Settings(mute=("gpu-kv-pool-full",)), clock=clock)
+    session.hints = [CACHE_HINT, GPU_HINT]
+    assert session.line_hints("gpu") == [CACHE_HINT]  # muted in the config: off the line
+    assert session.hint_state("gpu-kv-pool-full") == "muted (config)"
+    session.set_hint_state("gpu-kv-pool-full", "")
+    assert session.line_hints("gpu") == [GPU_HINT, CACHE_HINT]  # the tab's own first
+    assert session.line_hints("caches") == [CACHE_HINT, GPU_HINT]
+    session.set_hint_state("cache-on-temporary-storage", "snoozed")
+    assert session.hint_state("cache-on-temporary-storage").startswith("snoozed until")
+    assert session.line_hints("caches") == [GPU_HINT]
+    assert session.help_hints("caches") == [GPU_HINT, CACHE_HINT]  # still listed in ?, after
+    clock.now += SNOOZE_S + 1  # the snooze is over
+    assert session.line_hints("caches") == [CACHE_HINT, GPU_HINT]
+    session.set_hint_state("gpu-kv-pool-full", "muted")
+    assert session.hint_state("gpu-kv-pool-full") == "muted (config)" and session.line_hints(None) == [CACHE_HINT]
+
+
+def test_edits_of_what_is_watched(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    session = _session(runner=runner)
+    shown: list[str] = []
+    session.on_say = lambda said: shown.append(said.text)
+    session.add_dataset(str(tmp_path / "nope"))
+    session.add_dataset(str(tmp_path))
+    session.add_dataset(str(tmp_path))
+    assert session.settings.datasets == (str(tmp_path),)
+    runner.locked = {str(tmp_path / "x"): 1, "/other": 2}
+    session.remove_dataset(str(tmp_path))  # a lock under it is released: no row would be left to unlock it
+    assert session.settings.datasets == () and runner.asked == [("release", str(tmp_path / "x"))]
+    session.add_server("localhost:8000")
+    session.add_server("http://localhost:8000/metrics")
+    session.remove_server("localhost:9")
+    session.remove_server("http://[bad")
+    session.remove_server("localhost:8000")
+    assert session.settings.servers == ()
+    assert shown == [s.text for s in session.said] == [
+        f"no such file or directory: {tmp_path / 'nope'}", f"watching {tmp_path}: scanning…",
+        f"{tmp_path} is watched already", f"no longer watching {tmp_path}",
+        "scraping http://localhost:8000/metrics", "http://localhost:8000/metrics is scraped already",
+        "http://localhost:9/metrics is not scraped (scraped: http://localhost:8000/metrics)",
+        shown[7], "no longer scraping http://localhost:8000/metrics"]
+    assert shown[7].startswith("not removed: ")
+
+
+def test_refresh_steps() -> None:
+    assert next_refresh(1.0, faster=True) == 0.5 and next_refresh(0.25, faster=True) == 0.25
+    assert next_refresh(1.0, faster=False) == 2.0 and next_refresh(30.0, faster=False) == 30.0
+    session = _session()
+    session.set_refresh(faster=False)
+    assert session.settings.refresh_s == 2.0
+
+
+def test_typed_times_outside_the_history_are_refused() -> None:
+    session = _session([_snap(1000.0), _snap(1001.0), _snap(1002.0)], clock=Clock(1002.5))
+    assert session.time_refusal("1s ago") is None
+    assert session.go_typed("1s ago") == Paused(1001.0)
+    assert session.go_typed("now") == Live()
+    assert "is outside the history kept" in (session.time_refusal("10") or "")
+    assert "not a time" in (session.time_refusal("yesterday-ish") or "")
