@@ -209,14 +209,7 @@ def read_body(resp: Any, deadline: float, max_bytes: int, watchdog: Watchdog,
                            "complete)")
 
     cap = f"{max_bytes:,}-byte cap"
-    encoding = (resp.headers.get("Content-Encoding") or "identity").strip().lower()
-    if encoding not in ("identity", *GZIP):
-        raise ScrapeError("garbage", f"Content-Encoding {printable(encoding)[:40]}: not read (gzip only)")
-    length = resp.headers.get("Content-Length")
-    if length and length.isdigit() and int(length) > max_bytes:
-        raise ScrapeError("too_large", f"payload of {int(length):,} bytes is over the {cap}: not read (not a "
-                                       "/metrics page, or a label explosion)")
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding in GZIP else None
+    inflate = _inflater(resp.headers, max_bytes, cap)
     body = bytearray()
     sent = 0
     while True:
@@ -238,24 +231,43 @@ def read_body(resp: Any, deadline: float, max_bytes: int, watchdog: Watchdog,
             if take is not None:
                 take(len(chunk))
             body += chunk
-            continue
-        pending = chunk
-        while True:  # inflated a chunk at a time: a gzip bomb never holds more than the cap and one chunk
-            try:
-                data = inflate.decompress(pending, _CHUNK)
-            except zlib.error as e:
-                raise ScrapeError("garbage", f"not gzip as its Content-Encoding says: {e}") from None
-            if len(body) + len(data) > max_bytes:
-                raise ScrapeError("too_large", f"payload over the {cap} once inflated (gzip): read stopped there")
-            if take is not None:
-                take(len(data))
-            body += data
-            pending = inflate.unconsumed_tail
-            if not pending and len(data) < _CHUNK:
-                break
+        else:
+            _inflate(inflate, chunk, body, max_bytes, cap, take)
     if inflate is not None and not inflate.eof:
         raise ScrapeError("garbage", "the gzip stream ended before its end (the answer was cut short)")
     return body
+
+
+def _inflater(headers: Any, max_bytes: int, cap: str) -> Any:
+    """The gzip inflater an answer's headers call for (None: sent as is); ScrapeError for another encoding, or a
+    Content-Length over the cap."""
+    encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
+    if encoding not in ("identity", *GZIP):
+        raise ScrapeError("garbage", f"Content-Encoding {printable(encoding)[:40]}: not read (gzip only)")
+    length = headers.get("Content-Length")
+    if length and length.isdigit() and int(length) > max_bytes:
+        raise ScrapeError("too_large", f"payload of {int(length):,} bytes is over the {cap}: not read (not a "
+                                       "/metrics page, or a label explosion)")
+    return zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding in GZIP else None
+
+
+def _inflate(inflate: Any, chunk: bytes, body: bytearray, max_bytes: int, cap: str,
+             take: Callable[[int], None] | None) -> None:
+    """One chunk inflated onto `body` a piece at a time: a gzip bomb never holds more than the cap and one chunk."""
+    pending = chunk
+    while True:
+        try:
+            data = inflate.decompress(pending, _CHUNK)
+        except zlib.error as e:
+            raise ScrapeError("garbage", f"not gzip as its Content-Encoding says: {e}") from None
+        if len(body) + len(data) > max_bytes:
+            raise ScrapeError("too_large", f"payload over the {cap} once inflated (gzip): read stopped there")
+        if take is not None:
+            take(len(data))
+        body += data
+        pending = inflate.unconsumed_tail
+        if not pending and len(data) < _CHUNK:
+            return
 
 
 def _network_error(reason: object, url: str, timeout_s: float) -> ScrapeError:
@@ -430,25 +442,9 @@ def _vllm(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[str
     for k in keys:
         name, replica = k
         cfg = _config_for(configs, name, replica)
-        capacity: int | Unavailable
-        if cfg is None:
-            capacity = Unavailable("no vllm:cache_config_info in the payload (block_size × num_gpu_blocks)")
-        else:
-            capacity = _capacity(cfg)
-        hit_rate: float | Unavailable
-        prefix_off = cfg is not None and cfg.get("enable_prefix_caching", "").lower() == "false"
-        if k in v0_rate:
-            v = notes.finite("vllm:gpu_prefix_cache_hit_rate", v0_rate[k])
-            v = v if v == -1 else notes.fraction("vllm:gpu_prefix_cache_hit_rate", v)
-            hit_rate = (Unavailable("prefix caching is off (vllm:gpu_prefix_cache_hit_rate is -1)") if v == -1
-                        else Unavailable("vllm:gpu_prefix_cache_hit_rate is not a fraction 0..1") if v is None
-                        else v)
-        elif prefix_off:
-            hit_rate = Unavailable("prefix caching is off (vllm:cache_config_info enable_prefix_caching=False)")
-        elif k in hits and k in queries:
-            hit_rate = Unavailable(V1_RATE)
-        else:
-            hit_rate = Unavailable("no prefix-cache metric in the payload")
+        capacity = Unavailable("no vllm:cache_config_info in the payload (block_size × num_gpu_blocks)") if (
+            cfg is None) else _capacity(cfg)
+        hit_rate = _vllm_hit_rate(notes, v0_rate.get(k), cfg, k in hits and k in queries)
         u = notes.fraction(usage_name or "", usage.get(k))
         swapped_n = notes.count("vllm:num_requests_swapped", swapped.get(k), "")
         models.append(ModelStats(
@@ -469,6 +465,20 @@ def _vllm(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[str
                                           "no vllm:num_preemptions_total"),
         ))
     return models, notes.lines
+
+
+def _vllm_hit_rate(notes: _Notes, v0_rate: float | None, cfg: dict[str, str] | None,
+                   counted: bool) -> float | Unavailable:
+    """V0's prefix-cache hit rate, or why there is none (V1 counts hits and queries: `counted`; derive rates them)."""
+    if v0_rate is not None:
+        v = notes.finite("vllm:gpu_prefix_cache_hit_rate", v0_rate)
+        v = v if v == -1 else notes.fraction("vllm:gpu_prefix_cache_hit_rate", v)
+        if v == -1:
+            return Unavailable("prefix caching is off (vllm:gpu_prefix_cache_hit_rate is -1)")
+        return Unavailable("vllm:gpu_prefix_cache_hit_rate is not a fraction 0..1") if v is None else v
+    if cfg is not None and cfg.get("enable_prefix_caching", "").lower() == "false":
+        return Unavailable("prefix caching is off (vllm:cache_config_info enable_prefix_caching=False)")
+    return Unavailable(V1_RATE) if counted else Unavailable("no prefix-cache metric in the payload")
 
 
 def _config_for(configs: list[_Sample], name: str, replica: str | None) -> dict[str, str] | None:
