@@ -27,7 +27,7 @@ from dltop.fmt import (
     shorten_middle,
 )
 from dltop.model import Snapshot
-from dltop.recorder.reader import RecordedEvent, Recording
+from dltop.recorder.reader import Piece, RecordedEvent, Recording
 from dltop.recorder.summary import CHARTS, STRIDE, better, sample_values
 from dltop.text.events import describe_event
 
@@ -132,18 +132,7 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
     # decodes them all: at most ~STRIDE times the chart's width).
     every = total < _room(width) * STRIDE
     c = _Collected(float(interval) if isinstance(interval, int | float) and 0 < interval <= 3600 else 1.0, every)
-    done = 0
-    for p in pieces:
-        if progress is not None:
-            progress(done, total)
-        if p.summary is not None and fast and not every:
-            c.see_summary(p.times, p.summary)
-        else:
-            for k, s in p.snapshots():
-                c.see(s, k)
-        done += p.hi - p.lo
-    if progress is not None:
-        progress(done, total)
+    _collect(c, pieces, fast and not every, progress)
     if not c.host and c.first_ts is not None and not rec.meta.get("host"):
         c.host = rec.at(c.first_ts).host
     events = [e for e in rec.events(t0, t1) if e.kind != "view"]  # what was on screen is no event of the job
@@ -161,6 +150,24 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
         out += _chart(title, unit, {printable(k): v for k, v in c.charts[title].items()}, width, color,
                       [(a, b) for a, b, _ in gaps])
     return "\n".join(out) + "\n"
+
+
+def _collect(c: _Collected, pieces: list[Piece], summaries: bool, progress: Callable[[int, int], None] | None) -> None:
+    """Every piece's samples seen by `c`: through a frame's summary where it has one and `summaries`, else each
+    Snapshot decoded; `progress(done, total)` told before each piece and at the end."""
+    total = sum(p.hi - p.lo for p in pieces)
+    done = 0
+    for p in pieces:
+        if progress is not None:
+            progress(done, total)
+        if p.summary is not None and summaries:
+            c.see_summary(p.times, p.summary)
+        else:
+            for k, s in p.snapshots():
+                c.see(s, k)
+        done += p.hi - p.lo
+    if progress is not None:
+        progress(done, total)
 
 
 def _room(width: int) -> int:
@@ -196,9 +203,7 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
                  f" every {meta.get('interval_s', '?')} s, {plural(len(events), 'event')}; times are {_zone(c.last_ts)}")
     ooms = [e for e in events if e.kind == "oom_kill"]
     if ooms:
-        kills = sum(int(e.data["kills"]) for e in ooms if isinstance(e.data.get("kills"), int)) or len(ooms)
-        lines.append(f"OOM KILLS: {kills} ({plural(len(ooms), 'event')}, first at {_when(ooms[0].ts, span)}, "
-                     f"last at {_when(ooms[-1].ts, span)})")
+        lines.append(_oom_line(ooms, span))
     for ts in _unclean_ends(rec, events):
         lines.append(f"ended without a stop at {_when(ts, span)}: the recorder was killed or the machine went down")
     if gaps:
@@ -206,11 +211,21 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
         lines.append(f"gaps: {plural(len(gaps), 'gap')}, {human_duration(lost)} without samples (below)")
     gpus = meta.get("gpus")
     if isinstance(gpus, list) and gpus:
-        names = sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)})
-        lines.append(f"GPUs: {len(gpus)} x {', '.join(names)}")
+        lines.append(_gpus_line(gpus))
     if rec.damage.total or rec.damage.indexes:
         lines.append(f"damaged: {rec.damage.note()}")
     return [*lines, ""]
+
+
+def _oom_line(ooms: list[RecordedEvent], span: float) -> str:
+    kills = sum(int(e.data["kills"]) for e in ooms if isinstance(e.data.get("kills"), int)) or len(ooms)
+    return (f"OOM KILLS: {kills} ({plural(len(ooms), 'event')}, first at {_when(ooms[0].ts, span)}, "
+            f"last at {_when(ooms[-1].ts, span)})")
+
+
+def _gpus_line(gpus: list[Any]) -> str:
+    names = sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)})
+    return f"GPUs: {len(gpus)} x {', '.join(names)}"
 
 
 def _peaks(c: _Collected) -> list[str]:
@@ -265,21 +280,20 @@ def _gaps(rec: Recording, c: _Collected, events: list[RecordedEvent]) -> list[tu
     """Each stretch without samples (longer than GAP_INTERVALS intervals), with its cause: samples a failed write
     or a full queue lost (the writer's "gap" events), a damaged frame (its samples, from the index), or the
     recorder not running (a stop, or a start after a run that ended without one)."""
-    out = []
-    for a, b in c.holes:
-        causes = []
-        for e in events:
-            if e.kind == "gap" and isinstance(e.data.get("samples"), int) and a <= e.ts <= b + c.interval_s:
-                causes.append(f"{plural(e.data['samples'], 'sample')} not written ({e.data.get('cause')})")
-        frames = [(t0, t1, n) for t0, t1, n in rec.damage.spans.values() if t0 < b and t1 > a]
-        if frames:
-            causes.append(f"{plural(sum(n for *_, n in frames), 'sample')} in "
-                          f"{plural(len(frames), 'damaged frame')}")
-        inside = {e.kind for e in events if a < e.ts < b}
-        if "start" in inside:
-            causes.append("the recorder was not running" + ("" if "stop" in inside else " (it ended without a stop)"))
-        out.append((a, b, "; ".join(causes) or "no samples (the recorder was stalled or stopped)"))
-    return out
+    return [(a, b, "; ".join(_gap_causes(rec, c, events, a, b)) or "no samples (the recorder was stalled or stopped)")
+            for a, b in c.holes]
+
+
+def _gap_causes(rec: Recording, c: _Collected, events: list[RecordedEvent], a: float, b: float) -> list[str]:
+    causes = [f"{plural(e.data['samples'], 'sample')} not written ({e.data.get('cause')})" for e in events
+              if e.kind == "gap" and isinstance(e.data.get("samples"), int) and a <= e.ts <= b + c.interval_s]
+    frames = [(t0, t1, n) for t0, t1, n in rec.damage.spans.values() if t0 < b and t1 > a]
+    if frames:
+        causes.append(f"{plural(sum(n for *_, n in frames), 'sample')} in {plural(len(frames), 'damaged frame')}")
+    inside = {e.kind for e in events if a < e.ts < b}
+    if "start" in inside:
+        causes.append("the recorder was not running" + ("" if "stop" in inside else " (it ended without a stop)"))
+    return causes
 
 
 def _gap_lines(gaps: list[tuple[float, float, str]], c: _Collected) -> list[str]:
@@ -301,31 +315,48 @@ def _timeline(events: list[RecordedEvent], c: _Collected) -> list[str]:
     hints = [e for e in events if e.kind == "hint"]
     listed = [e for e in events if e.kind != "hint"]
 
-    # The ones a postmortem looks for first (an OOM kill late in a week is kept over the hundredth GPU process
-    # start); a GPU process exiting before one starting; then time order. Shown in time order.
-    def rank(e: RecordedEvent) -> tuple[int, float]:
-        r = RANK.get(e.kind, len(RANK))
-        if e.kind == "gpu_process" and e.data.get("state") != "exited":
-            r += 2
-        return r, e.ts
-
-    shown = sorted(sorted(listed, key=rank)[:MAX_EVENTS], key=lambda e: e.ts)
+    shown = sorted(sorted(listed, key=_event_rank)[:MAX_EVENTS], key=lambda e: e.ts)
     out = ["Events"] + [f"  {_when(e.ts, span)}  {describe_event(e.kind, e.data)}" for e in shown]
     if hints:
         fired = sum(1 for e in hints if e.data.get("state") == "fired")
         out.append(f"  hints: {plural(fired, 'firing')}, {plural(len(hints) - fired, 'clearing')} (under Hints that fired)")
     if len(listed) > len(shown):
-        left: dict[str, int] = {}
-        kept = {id(e) for e in shown}
-        for e in listed:
-            if id(e) not in kept:
-                left[e.kind] = left.get(e.kind, 0) + 1
-        what = ", ".join(f"{n} {k}" for k, n in sorted(left.items(), key=lambda kv: -kv[1]))
-        out.append(f"  ... and {len(listed) - len(shown)} more ({what}; dltop replay's event list has them all)")
+        out.append(_more_events(listed, shown))
     return [*out, ""]
 
 
+def _event_rank(e: RecordedEvent) -> tuple[int, float]:
+    """The ones a postmortem looks for first (an OOM kill late in a week is kept over the hundredth GPU process
+    start); a GPU process exiting before one starting; then time order."""
+    r = RANK.get(e.kind, len(RANK))
+    if e.kind == "gpu_process" and e.data.get("state") != "exited":
+        r += 2
+    return r, e.ts
+
+
+def _more_events(listed: list[RecordedEvent], shown: list[RecordedEvent]) -> str:
+    """The events not shown, counted by kind."""
+    left: dict[str, int] = {}
+    kept = {id(e) for e in shown}
+    for e in listed:
+        if id(e) not in kept:
+            left[e.kind] = left.get(e.kind, 0) + 1
+    what = ", ".join(f"{n} {k}" for k, n in sorted(left.items(), key=lambda kv: -kv[1]))
+    return f"  ... and {len(listed) - len(shown)} more ({what}; dltop replay's event list has them all)"
+
+
 def _hints(events: list[RecordedEvent], end: float | None) -> list[str]:
+    fired = _fired(events)
+    if not fired:
+        return ["Hints that fired: none", ""]
+    out = ["Hints that fired"]
+    for hid, h in fired.items():
+        out += _hint_lines(hid, h, end)
+    return [*out, ""]
+
+
+def _fired(events: list[RecordedEvent]) -> dict[str, dict[str, Any]]:
+    """Each hint that fired: how often, for how long, since when it is on (None: cleared), its first and last."""
     fired: dict[str, dict[str, Any]] = {}
     for e in events:
         if e.kind != "hint" or not isinstance(e.data.get("id"), str):
@@ -338,21 +369,21 @@ def _hints(events: list[RecordedEvent], end: float | None) -> list[str]:
         elif h["since"] is not None:
             h["active_s"] += e.ts - h["since"]
             h["since"] = None
-    if not fired:
-        return ["Hints that fired: none", ""]
-    out = ["Hints that fired"]
-    for hid, h in fired.items():
-        if h["since"] is not None and end is not None:
-            h["active_s"] += max(0.0, end - h["since"])
-        last = h.get("last", h["first"]).data
-        nums = ", ".join(f"{k}={_num(v, k)}" for k, v in (last.get("numbers") or {}).items())
-        out.append(f"  {hid} ({last.get('severity')}): fired {plural(h['times'], 'time')}, active "
-                   f"{human_duration(h['active_s'])}{' (still at the end)' if h['since'] is not None else ''}")
-        if last.get("text"):
-            out.append(f"    {last['text']}")
-        if nums:
-            out.append(f"    {nums}")
-    return [*out, ""]
+    return fired
+
+
+def _hint_lines(hid: str, h: dict[str, Any], end: float | None) -> list[str]:
+    if h["since"] is not None and end is not None:
+        h["active_s"] += max(0.0, end - h["since"])
+    last = h.get("last", h["first"]).data
+    nums = ", ".join(f"{k}={_num(v, k)}" for k, v in (last.get("numbers") or {}).items())
+    out = [f"  {hid} ({last.get('severity')}): fired {plural(h['times'], 'time')}, active "
+           f"{human_duration(h['active_s'])}{' (still at the end)' if h['since'] is not None else ''}"]
+    if last.get("text"):
+        out.append(f"    {last['text']}")
+    if nums:
+        out.append(f"    {nums}")
+    return out
 
 
 def _num(v: Any, key: str = "") -> str:
