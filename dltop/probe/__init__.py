@@ -425,24 +425,8 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
         yield from _other_loader(iterable, wanted)
         return
     d = _state.data
-    d.seen = d.explicit = True
-    workers = getattr(iterable, "num_workers", None)
-    if isinstance(workers, int):
-        d.workers = workers
-        pin = getattr(iterable, "pin_memory", None)
-        d.pin_memory = pin if isinstance(pin, bool) else None
-    where = data_dir or _dataset_root(iterable)
-    if where:
-        d.data_dir = os.path.abspath(where)[:MAX_CMD]
-    if batch_size is None:
-        size = getattr(iterable, "batch_size", None)  # a DataLoader's (None with a batch_sampler)
-        batch_size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
-    how: list[Count | None] = [batch_size, tokens]
-    counting = batch_size is not None or tokens is not None
-    if batch_size is not None and d.samples_total is None:
-        d.samples_total, d.epoch_samples0 = 0, 0
-    if tokens is not None and d.tokens_total is None:
-        d.tokens_total, d.epoch_tokens0 = 0, 0
+    how = _describe_loader(d, iterable, data_dir, batch_size, tokens)
+    counting = how[0] is not None or how[1] is not None
     # Measured before iter(): a DataLoader's workers start reading ahead as soon as it is called.
     data0 = _data_cached(d.data_dir) if not d.epoch_open else None
     it = iter(iterable)
@@ -471,6 +455,29 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
             shape = getattr(item, "shape", None)  # a tensor's torch.Size: hashable as it is
             shapes.add(shape if shape is not None else _shape_of(item))
         yield item
+
+
+def _describe_loader(d: _Data, iterable: Any, data_dir: str | None, batch_size: Count | None,
+                     tokens: Count | None) -> list[Count | None]:
+    """What the main loader says of itself (workers, pinned memory, its folder), and how its items are counted:
+    [samples, tokens] (batch_size defaults to a DataLoader's own), their totals started where they are counted."""
+    d.seen = d.explicit = True
+    workers = getattr(iterable, "num_workers", None)
+    if isinstance(workers, int):
+        d.workers = workers
+        pin = getattr(iterable, "pin_memory", None)
+        d.pin_memory = pin if isinstance(pin, bool) else None
+    where = data_dir or _dataset_root(iterable)
+    if where:
+        d.data_dir = os.path.abspath(where)[:MAX_CMD]
+    if batch_size is None:
+        size = getattr(iterable, "batch_size", None)  # a DataLoader's (None with a batch_sampler)
+        batch_size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    if batch_size is not None and d.samples_total is None:
+        d.samples_total, d.epoch_samples0 = 0, 0
+    if tokens is not None and d.tokens_total is None:
+        d.tokens_total, d.epoch_tokens0 = 0, 0
+    return [batch_size, tokens]
 
 
 def _open_epoch(d: _Data, t0: int, data0: tuple[dict[str, int], str] | str | None = None) -> None:
@@ -670,6 +677,21 @@ def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
     # Summed per (device, kind) with the device object as the key: naming a device costs more than counting a
     # tensor, and a model has hundreds of them (the publisher's whole budget is a millisecond or so).
     sums: dict[tuple[Any, str], int] = {}
+    _model_bytes(sums)
+    _optimizer_bytes(sums, tensor_type)
+    seen: set[int] = set()
+    for obj in _live(_state.kv):
+        for t in _kv_tensors(obj):
+            if id(t) not in seen:
+                seen.add(id(t))
+                key = (t.device, "kv_bytes")
+                sums[key] = sums.get(key, 0) + _nbytes(t)
+    for (device, kind), n in sums.items():
+        _device_entry(devices, device)[kind] += int(n)
+
+
+def _model_bytes(sums: dict[tuple[Any, str], int]) -> None:
+    """The watched models' weights (parameters and buffers) and gradients, into `sums`."""
     counted: set[int] = set()  # a submodule watched beside its parent (zero-code mode's .to hook) counts once
     for model in _live(_state.models):
         for p in model.parameters():
@@ -688,6 +710,10 @@ def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
             counted.add(id(b))
             key = (b.device, "weights_bytes")
             sums[key] = sums.get(key, 0) + b.numel() * b.element_size()
+
+
+def _optimizer_bytes(sums: dict[tuple[Any, str], int], tensor_type: Any) -> None:
+    """The watched optimizers' state tensors, into `sums`."""
     is_tensor = (lambda v: isinstance(v, tensor_type)) if isinstance(tensor_type, type) else _is_tensor
     for opt in _live(_state.optimizers):
         for per_param in list(getattr(opt, "state", {}).values()):
@@ -695,15 +721,6 @@ def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
                 if is_tensor(v):
                     key = (v.device, "optimizer_bytes")
                     sums[key] = sums.get(key, 0) + v.numel() * v.element_size()
-    seen: set[int] = set()
-    for obj in _live(_state.kv):
-        for t in _kv_tensors(obj):
-            if id(t) not in seen:
-                seen.add(id(t))
-                key = (t.device, "kv_bytes")
-                sums[key] = sums.get(key, 0) + _nbytes(t)
-    for (device, kind), n in sums.items():
-        _device_entry(devices, device)[kind] += int(n)
 
 
 def _cuda_stats(torch: Any, devices: dict[str, dict[str, Any]]) -> None:
@@ -918,24 +935,12 @@ def report(fresh: bool = True) -> dict[str, Any]:
     """What the probe would publish now (format 1, docs/probe.md). `fresh=False` (the publisher thread) reuses
     the last tensor count while the duty cycle says so; `tensors_counted_at` says when it was made."""
     torch = _torch()
-    devices: dict[str, dict[str, Any]] = {}
-    cudnn = compile_counters = None
-    if torch is not None:
-        devices = _counted_tensors(torch, fresh)
-        _hold_gradients(devices)
-        _cuda_stats(torch, devices)
-        backend = getattr(getattr(torch, "backends", None), "cudnn", None)
-        if backend is not None and _cudnn_built(backend):  # CPU-only torch: cudnn.benchmark does nothing
-            cudnn = {"benchmark": bool(backend.benchmark), "deterministic": bool(backend.deterministic)}
-        compile_counters = _compile_counters()
+    devices, cudnn, compile_counters = _torch_report(torch, fresh) if torch is not None else ({}, None, None)
     pid = os.getpid()
     if _state.identity is None or _state.identity[0] != pid:  # read once per process (a fork has its own)
         _state.identity = (pid, proc_start_ticks(pid), _cmdline())
     _, start_ticks, cmd = _state.identity
-    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
-    if rank is None:
-        rank, dist_world = _dist_rank()
-        world = dist_world if world is None else world
+    rank, world = _rank_and_world()
     return {
         "format": FORMAT,
         "pid": pid,
@@ -967,6 +972,28 @@ def report(fresh: bool = True) -> dict[str, Any]:
         **({"exit": _state.exit} if _state.exit is not None else {}),
         **({"folder_refused": _state.folder_refused} if _state.folder_refused is not None else {}),
     }
+
+
+def _torch_report(torch: Any, fresh: bool) -> tuple[dict[str, dict[str, Any]], dict[str, bool] | None, Any]:
+    """The devices' tensors and allocator stats, cuDNN's settings (None on a CPU-only torch: they do nothing
+    there) and torch.compile's counters."""
+    devices = _counted_tensors(torch, fresh)
+    _hold_gradients(devices)
+    _cuda_stats(torch, devices)
+    backend = getattr(getattr(torch, "backends", None), "cudnn", None)
+    cudnn = None
+    if backend is not None and _cudnn_built(backend):
+        cudnn = {"benchmark": bool(backend.benchmark), "deterministic": bool(backend.deterministic)}
+    return devices, cudnn, _compile_counters()
+
+
+def _rank_and_world() -> tuple[int | None, int | None]:
+    """RANK and WORLD_SIZE from the environment, else from torch.distributed."""
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if rank is None:
+        rank, dist_world = _dist_rank()
+        world = dist_world if world is None else world
+    return rank, world
 
 
 def encode(doc: dict[str, Any]) -> bytes | None:
