@@ -352,21 +352,21 @@ class Ticker:
 
 
 def _files(
-    paths: list[str], options: WalkOptions, report: WalkReport, cancel: threading.Event | None
-) -> Generator[tuple[str, int, os.stat_result, bool], None, None]:
-    """Open each regular file under `paths` once: yields (path, fd, stat, on tmpfs); the caller closes fd."""
+    paths: list[str], options: WalkOptions, report: WalkReport, cancel: threading.Event | None,
+    walk_report: WalkReport | None = None, shard: tuple[int, int, int] | None = None, by_inode: bool = False,
+) -> Generator[tuple[str, int, os.stat_result], None, None]:
+    """Open each regular file under `paths` once: yields (path, fd, stat); the caller closes fd. What the walk
+    skips goes to `walk_report` (default `report`); `by_inode` and `shard` as for `walk`."""
     seen: set[tuple[int, int]] = set()
     budget = Budget(cancel)
     for root in paths:
         root = os.fsdecode(root)
         try:
-            it = walk(root, options, report, FolderTotals(root), budget)
-            tmpfs_devs: dict[int, bool] = {}
-            for d, dfd, name, follow in it:
-                full = name if dfd is None else (f"{d.path}/{name}" if d.path != "/" else f"/{name}")
-                flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+            for d, dfd, name, follow in walk(root, options, walk_report or report, FolderTotals(root), budget,
+                                             by_inode=by_inode, shard=shard):
+                full = join_path(d.path, name, dfd)
                 try:
-                    fd = os.open(name, flags, dir_fd=dfd)
+                    fd = os.open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
                 except OSError as e:
                     if dfd is None:
                         raise  # the root is this file: an error, not a skipped file
@@ -374,24 +374,21 @@ def _files(
                     continue
                 try:
                     st = os.fstat(fd)
-                    if not stat.S_ISREG(st.st_mode):
-                        report.skip("special")
-                        os.close(fd)
-                        continue
-                    if (st.st_nlink > 1 or options.follow_symlinks) and counted_before(st, seen, report):
-                        os.close(fd)
-                        continue
-                    if st.st_dev not in tmpfs_devs:
-                        magic = kernel.fstatfs_type(fd)
-                        tmpfs_devs[st.st_dev] = magic in (kernel.TMPFS_MAGIC, kernel.RAMFS_MAGIC)
                 except OSError as e:
                     os.close(fd)
                     _skip(report, e, full)
                     continue
+                if not stat.S_ISREG(st.st_mode):
+                    report.skip("special")
+                    os.close(fd)
+                    continue
+                if (st.st_nlink > 1 or options.follow_symlinks) and counted_before(st, seen, report):
+                    os.close(fd)
+                    continue
                 if cancel is not None and cancel.is_set():
                     os.close(fd)
                     return
-                yield full, fd, st, tmpfs_devs[st.st_dev]
+                yield full, fd, st
         except OSError as e:
             raise DltopError(path_error(e.strerror or str(e), root)) from None
 
@@ -736,39 +733,56 @@ def _warm_pass(
     """
     report = WalkReport()
     walk_report = report if shard is None or shard[0] == 0 else WalkReport()
-    res = _Residency()
-    cstat, cached_by_cstat = res.cstat, res.mincore_devs  # dev -> False: cachestat is right there
-    ps = kernel.PAGE_SIZE
-    window_by_dev: dict[int, int] = {}
-    seen: set[tuple[int, int]] = set()
-    # (fd, offset, length, last chunk of its file, its resident pages before): read one byte at the end of each
-    # chunk to wait for the readahead WILLNEED started, so "done" means in memory, not merely requested.
-    pending: deque[tuple[int, int, int, bool, int]] = deque()
-    reading: dict[int, _Reading] = {}
-    max_bytes, max_files = WARM_INFLIGHT_BYTES, WARM_INFLIGHT_FILES
-    inflight = 0
-    budget = limit
-    last_byte = [bytearray(1)]
-    tally = _Tally()
-    os_open, os_fstat, os_close, fadvise, preadv = os.open, os.fstat, os.close, os.posix_fadvise, os.preadv
-    WILLNEED, S_ISREG = os.POSIX_FADV_WILLNEED, stat.S_ISREG
-    stopped = cancel.is_set if cancel is not None else (lambda: False)
+    warming = _Warming(report, ticker, cancel, limit, sized)
+    try:
+        # Inode order: neighbouring small files are read in disk order and their reads merge.
+        for path, fd, st in _files(paths, options, report, cancel, walk_report, shard, by_inode=True):
+            if not warming.start(path, fd, st, notes):
+                break  # cancelled, or the guard's limit reached
+        warming.drain()
+    finally:
+        warming.stop()
+    return report, warming.tally
 
-    def cached(fd: int, st: os.stat_result) -> int | None:
+
+class _Warming:
+    """A warm pass's reads under way: each file's chunks asked for with WILLNEED, then waited for (one byte read at
+    the end of each chunk, so "done" means in memory, not merely requested) once more than WARM_INFLIGHT_BYTES or
+    WARM_INFLIGHT_FILES are in flight."""
+
+    def __init__(self, report: WalkReport, ticker: Ticker, cancel: threading.Event | None, limit: int | None,
+                 sized: bool) -> None:
+        self.report, self.ticker, self.cancel, self.sized = report, ticker, cancel, sized
+        self.budget = limit  # bytes the guard lets the pass ask for still (None: no limit)
+        self.residency = _Residency()
+        self.window_by_dev: dict[int, int] = {}
+        # (fd, offset, length, last chunk of its file, its resident pages before)
+        self.pending: deque[tuple[int, int, int, bool, int]] = deque()
+        self.reading: dict[int, _Reading] = {}
+        self.inflight = 0
+        self.last_byte = [bytearray(1)]
+        self.tally = _Tally()
+
+    def stopped(self) -> bool:
+        """Cancelled."""
+        return self.cancel is not None and self.cancel.is_set()
+
+    def cached(self, fd: int, st: os.stat_result) -> int | None:
         """Resident pages of an open file (None: hidden from us); cachestat inline where it works."""
-        if cached_by_cstat.get(st.st_dev) is False:
+        if self.residency.mincore_devs.get(st.st_dev) is False:  # dev -> False: cachestat is right there
             try:
-                return int(cstat(fd).nr_cache)
+                return int(self.residency.cstat(fd).nr_cache)
             except OSError as e:
                 if e.errno != errno.EPERM:
                     raise
                 return None
-        got = res.pages(fd, st)
+        got = self.residency.pages(fd, st)
         return None if got is None else got[0]
 
-    def cached_range(fd: int, st: os.stat_result, off: int, n: int) -> int:
+    def cached_range(self, fd: int, st: os.stat_result, off: int, n: int) -> int:
         """Resident pages of [off, off+n) of a file whose residency is visible."""
-        if cached_by_cstat.get(st.st_dev) is False:
+        if self.residency.mincore_devs.get(st.st_dev) is False:
+            cstat = self.residency.cstat
             cstat.range.off, cstat.range.len = off, n
             try:
                 return int(cstat(fd).nr_cache)
@@ -776,163 +790,155 @@ def _warm_pass(
                 cstat.range.off = cstat.range.len = 0
         return kernel.mincore_vector(fd, n, off).count(1)
 
-    def count(f: _Reading, pages: int) -> None:
-        if f.have is None:
-            tally.hidden += pages
-        else:
-            tally.brought += min(f.brought, max(0, pages - f.have))
-
-    def finish_one() -> None:
-        nonlocal inflight
-        fd, off, n, last, before = pending.popleft()
-        inflight -= n
-        f = reading[fd]
+    def start(self, path: str, fd: int, st: os.stat_result, notes: list[str]) -> bool:
+        """Begin warming one open file (the pass owns `fd` now); False: the pass stops here."""
+        ps = kernel.PAGE_SIZE
+        pages = (st.st_size + ps - 1) // ps
         try:
-            preadv(fd, last_byte, off + n - 1)
-            if f.have is not None:
-                f.brought += max(0, cached_range(fd, f.st, off, n) - before)
+            have = self.cached(fd, st)
         except OSError as e:
-            _skip(report, e, f.path)
-        ticker.add(((off + n + ps - 1) // ps - off // ps) * ps, f.path)  # whole pages, as the totals count
-        if last:
-            del reading[fd]
-            st = f.st
-            try:
-                pages = (st.st_size + ps - 1) // ps
-                if f.whole and f.have is not None and f.have + f.brought < pages and _is_dense(fd, st.st_size):
-                    # The filesystem ignored WILLNEED (some FUSE and network filesystems): read it instead.
-                    _read_all(fd, st.st_size, cancel)
-                    got = cached(fd, st)
-                    f.brought = max(f.brought, (got or 0) - f.have)
-                count(f, pages)
-            except OSError as e:
-                _skip(report, e, f.path)
-            finally:
-                os_close(fd)
-            tally.files += 1
-            ticker.files += 1
+            os.close(fd)
+            _skip(self.report, e, path)
+            return True
+        if self.stopped():
+            os.close(fd)
+            return False
+        if self.budget is not None and self.budget <= 0:
+            os.close(fd)
+            notes.append("stopped at the memory guard's limit")
+            return False
+        if have is not None:
+            self.tally.before += min(have, pages)
+            if have >= pages:  # already all in memory: nothing to read
+                self._resident_already(path, fd, st)
+                return True
+        chunks, whole = self._chunks(fd, st)
+        f = _Reading(path, st, have, whole)
+        if not chunks:
+            self._count(f, pages)
+            os.close(fd)
+            self._file_done()
+            return True
+        self.reading[fd] = f
+        return self._ask(fd, f, chunks)
 
-    walk_budget = Budget(cancel)
-    try:
-        for root in paths:
-            root = os.fsdecode(root)
+    def _resident_already(self, path: str, fd: int, st: os.stat_result) -> None:
+        if self.sized:  # the progress total counted its data pages: count them done (found, not worked)
             try:
-                # Inode order: neighbouring small files are read in disk order and their reads merge.
-                files = walk(root, options, walk_report, FolderTotals(root), walk_budget, by_inode=True, shard=shard)
-                for d, dfd, name, follow in files:
-                    path = name if dfd is None else (f"{d.path}/{name}" if d.path != "/" else f"/{name}")
-                    try:
-                        fd = os_open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
-                    except OSError as e:
-                        if dfd is None:
-                            raise  # the root is this file: an error, not a skipped file
-                        _skip(report, e, path)
-                        continue
-                    try:
-                        st = os_fstat(fd)
-                        if not S_ISREG(st.st_mode):
-                            report.skip("special")
-                            os_close(fd)
-                            continue
-                        if (st.st_nlink > 1 or options.follow_symlinks) and counted_before(st, seen, report):
-                            os_close(fd)
-                            continue
-                        size = st.st_size
-                        pages = (size + ps - 1) // ps
-                        have = cached(fd, st)
-                    except OSError as e:
-                        os_close(fd)
-                        _skip(report, e, path)
-                        continue
-                    if stopped():
-                        os_close(fd)
-                        break
-                    if budget is not None and budget <= 0:
-                        os_close(fd)
-                        notes.append("stopped at the memory guard's limit")
-                        break
-                    if have is not None:
-                        tally.before += min(have, pages)
-                        if have >= pages:  # already all in memory: nothing to read
-                            if sized:  # the progress total counted its data pages: count them done (found, not worked)
-                                try:
-                                    ticker.add(data_pages(fd, st, ps) * ps, path, found=True)
-                                except OSError as e:
-                                    _skip(report, e, path)
-                            os_close(fd)
-                            tally.files += 1
-                            ticker.files += 1
-                            continue
-                    window = window_by_dev.get(st.st_dev)
-                    if window is None:
-                        window = window_by_dev[st.st_dev] = kernel.readahead_bytes(st.st_dev)
-                    # Only a file with fewer blocks than its size can have holes: skip SEEK_DATA for the others.
-                    dense = st.st_blocks * 512 >= size
-                    whole = True
-                    if dense and size <= window and budget is None:
-                        chunks = [(0, size)]  # the common small file: one WILLNEED, one wait
-                    else:
-                        chunks = _chunks(fd, size, dense, window, budget, ps)
-                        if budget is not None:
-                            asked = sum(n for _off, n in chunks)
-                            whole = budget >= asked and (not chunks or chunks[-1][0] + chunks[-1][1] >= size)
-                            budget -= asked
-                    f = _Reading(path, st, have, whole)
-                    if not chunks:
-                        count(f, pages)
-                        os_close(fd)
-                        tally.files += 1
-                        ticker.files += 1
-                        continue
-                    reading[fd] = f
-                    final = len(chunks) - 1
-                    for i, (off, n) in enumerate(chunks):
-                        # What this range holds already: nothing of a cold file, all of `have` for a one-chunk file.
-                        before = 0 if not have else have if final == 0 and off == 0 else cached_range(fd, st, off, n)
-                        try:
-                            fadvise(fd, off, n, WILLNEED)
-                        except OSError:
-                            _read_range(fd, off, n)
-                        if have is None:
-                            tally.hidden_asked += (off + n + ps - 1) // ps - off // ps
-                        pending.append((fd, off, n, i == final, before))
-                        inflight += n
-                        while inflight > max_bytes or len(pending) > max_files:
-                            finish_one()
-                        if i < final and stopped():
-                            break
-                    else:
-                        f.asked_all = True
-                    if stopped():
-                        break
-                else:
-                    continue
-                break  # cancelled, or the guard's limit reached
+                self.ticker.add(data_pages(fd, st) * kernel.PAGE_SIZE, path, found=True)
             except OSError as e:
-                raise DltopError(path_error(e.strerror or str(e), root)) from None
-        while pending and not stopped():
-            finish_one()
-    finally:
-        # Stopped with reads under way: each chunk not yet confirmed is measured now. The kernel added its pages
-        # to the page cache when WILLNEED was called, so the reads still running change no count, and a file
-        # whose every chunk was asked for is done (its last reads still running).
-        tally.inflight_bytes = inflight
-        for fd, off, n, _last, before in pending:
-            f = reading[fd]
+                _skip(self.report, e, path)
+        os.close(fd)
+        self._file_done()
+
+    def _chunks(self, fd: int, st: os.stat_result) -> tuple[list[tuple[int, int]], bool]:
+        """The file's WILLNEED calls (readahead-window pieces of its data, within the guard's budget), and whether
+        they cover all of it."""
+        size = st.st_size
+        window = self.window_by_dev.get(st.st_dev)
+        if window is None:
+            window = self.window_by_dev[st.st_dev] = kernel.readahead_bytes(st.st_dev)
+        # Only a file with fewer blocks than its size can have holes: skip SEEK_DATA for the others.
+        dense = st.st_blocks * 512 >= size
+        if dense and size <= window and self.budget is None:
+            return [(0, size)], True  # the common small file: one WILLNEED, one wait
+        chunks = _chunks(fd, size, dense, window, self.budget, kernel.PAGE_SIZE)
+        whole = True
+        if self.budget is not None:
+            asked = sum(n for _off, n in chunks)
+            whole = self.budget >= asked and (not chunks or chunks[-1][0] + chunks[-1][1] >= size)
+            self.budget -= asked
+        return chunks, whole
+
+    def _ask(self, fd: int, f: _Reading, chunks: list[tuple[int, int]]) -> bool:
+        """WILLNEED for each chunk, waiting for the oldest while too much is in flight; False: cancelled."""
+        ps, have, final = kernel.PAGE_SIZE, f.have, len(chunks) - 1
+        for i, (off, n) in enumerate(chunks):
+            # What this range holds already: nothing of a cold file, all of `have` for a one-chunk file.
+            before = 0 if not have else have if final == 0 and off == 0 else self.cached_range(fd, f.st, off, n)
+            try:
+                os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                _read_range(fd, off, n)
+            if have is None:
+                self.tally.hidden_asked += (off + n + ps - 1) // ps - off // ps
+            self.pending.append((fd, off, n, i == final, before))
+            self.inflight += n
+            while self.inflight > WARM_INFLIGHT_BYTES or len(self.pending) > WARM_INFLIGHT_FILES:
+                self._finish_one()
+            if i < final and self.stopped():
+                break
+        else:
+            f.asked_all = True
+        return not self.stopped()
+
+    def _count(self, f: _Reading, pages: int) -> None:
+        if f.have is None:
+            self.tally.hidden += pages
+        else:
+            self.tally.brought += min(f.brought, max(0, pages - f.have))
+
+    def _file_done(self) -> None:
+        self.tally.files += 1
+        self.ticker.files += 1
+
+    def _finish_one(self) -> None:
+        """Wait for the oldest chunk in flight and count what it brought in; its file is done with its last."""
+        ps = kernel.PAGE_SIZE
+        fd, off, n, last, before = self.pending.popleft()
+        self.inflight -= n
+        f = self.reading[fd]
+        try:
+            os.preadv(fd, self.last_byte, off + n - 1)
+            if f.have is not None:
+                f.brought += max(0, self.cached_range(fd, f.st, off, n) - before)
+        except OSError as e:
+            _skip(self.report, e, f.path)
+        self.ticker.add(((off + n + ps - 1) // ps - off // ps) * ps, f.path)  # whole pages, as the totals count
+        if last:
+            del self.reading[fd]
+            self._finish_file(fd, f)
+
+    def _finish_file(self, fd: int, f: _Reading) -> None:
+        st = f.st
+        try:
+            pages = (st.st_size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE
+            if f.whole and f.have is not None and f.have + f.brought < pages and _is_dense(fd, st.st_size):
+                # The filesystem ignored WILLNEED (some FUSE and network filesystems): read it instead.
+                _read_all(fd, st.st_size, self.cancel)
+                got = self.cached(fd, st)
+                f.brought = max(f.brought, (got or 0) - f.have)
+            self._count(f, pages)
+        except OSError as e:
+            _skip(self.report, e, f.path)
+        finally:
+            os.close(fd)
+        self._file_done()
+
+    def drain(self) -> None:
+        """Wait for every chunk in flight (until cancelled)."""
+        while self.pending and not self.stopped():
+            self._finish_one()
+
+    def stop(self) -> None:
+        """Stopped with reads under way: each chunk not yet confirmed is measured now. The kernel added its pages
+        to the page cache when WILLNEED was called, so the reads still running change no count, and a file whose
+        every chunk was asked for is done (its last reads still running)."""
+        self.tally.inflight_bytes = self.inflight
+        for fd, off, n, _last, before in self.pending:
+            f = self.reading[fd]
             if f.have is not None:
                 try:
-                    f.brought += max(0, cached_range(fd, f.st, off, n) - before)
+                    f.brought += max(0, self.cached_range(fd, f.st, off, n) - before)
                 except OSError as e:
-                    _skip(report, e, f.path)
-        for fd, f in reading.items():
-            count(f, (f.st.st_size + ps - 1) // ps)
+                    _skip(self.report, e, f.path)
+        for fd, f in self.reading.items():
+            self._count(f, (f.st.st_size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE)
             if f.asked_all:
-                tally.files += 1
-                ticker.files += 1
+                self._file_done()
             os.close(fd)
-        reading.clear()
-        pending.clear()
-    return report, tally
+        self.reading.clear()
+        self.pending.clear()
 
 
 def _cpus() -> int:
@@ -1517,7 +1523,7 @@ def lock(
     t0 = time.monotonic()
     files = _files(paths, options, report, cancel)
     try:
-        for path, fd, st, _tmpfs in files:
+        for path, fd, st in files:
             try:
                 m = kernel.LockedMapping(fd, st.st_size)
             except OSError as e:
