@@ -134,72 +134,18 @@ class DatasetPane(Pane):
         return None, None
 
     def render_view(self, view: View) -> None:
-        from dltop.text.datasets import (
-            SORT_TITLES,
-            datasets_summary,
-            node_summary,
-            row_values,
-            unavailable_row_values,
-        )
-
         now = self.moment(view, self._clock)
-        table = self.query_one("#ds-table", DataTable)
         datasets = self.datasets()
         node, owner = self._current()
-        if self._stack and node is None:
-            self._stack.clear()  # the dataset drilled into is gone (unwatched, deleted)
-        elif node is not None and node.path != self._stack[-1]:
-            # a folder drilled into is gone: stand on the deepest one still there, so Backspace goes up at once
-            self._stack = self._stack[: self._stack.index(node.path) + 1]
-        wanted: dict[str, tuple[str, ...]] = {}
-        held = view.held
+        self._follow_stack(node)
         if node is None:
             self._file_rows = set()
-            for ds in datasets:
-                age = now - ds.scanned_at if ds.scanned_at else None
-                label = ds.path + (" 🔒" if ds.path in held else "")
-                if isinstance(ds, DatasetUnavailable):
-                    # The reason goes to the notes line, where it has room; the row says n/a, never zeros.
-                    wanted[ds.path] = unavailable_row_values(label, age)
-                else:
-                    wanted[ds.path] = row_values(ds, ds.page_size, label, age)
-            pending = self._pending()
-            for path in pending:
-                wanted[path] = (path, "-", "-", "-", "-", "-", "scanning")
-            scanned = [d for d in datasets if isinstance(d, DatasetResidency)]
-            title = Text.assemble(("Datasets", "bold"), f"  {len(datasets) + len(pending)} watched")
-            if len(scanned) < len(datasets):
-                title.append(f", {len(datasets) - len(scanned)} unavailable", "red")
-            if scanned:
-                title.append("  " + datasets_summary(scanned))
-            elif pending:
-                title.append("  first scan running…", "dim")
-            else:
-                title.append("  none yet: press a to add a folder, or start dltop with PATH arguments", "dim")
+            wanted, title = self._top_rows(datasets, now, view.held)
         else:
             assert owner is not None
-            age = now - owner.scanned_at if owner.scanned_at else None
-            wanted.update(self._folder_rows(node, owner, age, held))
-            # The breadcrumb is one line of the summary, the path in it cut to fit by the one rule (fmt.shorten):
-            # a line break or a BEL in a folder's name is shown as its escape, never a second line or nothing.
-            room = self.query_one("#ds-summary", Static).content_region.width - cell_len("Datasets › ")
-            title = Text.assemble(("Datasets", "bold"), " › ", (crumb(node.path, room), "bold"),
-                                  "  " + node_summary(node, owner.page_size))
-            if not node.children and not node.top_files:
-                title.append("  (no folders below: files are counted in this total)", "dim")
-            elif len(wanted) > 1:
-                title.append(f"  · by {SORT_TITLES[self._sort]}, s sorts", "dim")
+            wanted, title = self._drilled_rows(node, owner, now, view.held)
         set_content(self.query_one("#ds-summary", Static), title)
-        # The Path column gives way: long paths shortened in the middle, so every number column stays on an
-        # 80-column screen (a 70-character path pushed Size, Resident and % off it).
-        self._path_width = fit_column(table, wanted, 0, HEADERS, COLUMNS, _shorten_label, self._path_width)
-        for stale in [k for k in table.rows if k.value not in wanted]:
-            table.remove_row(stale)
-        for key, values in wanted.items():
-            set_row(table, key, COLUMNS, values)
-        self._rows = list(wanted)
-        if [r.key.value for r in table.ordered_rows] != self._rows:
-            self._reorder(table, wanted)
+        self._show_rows(wanted)
         only = datasets[0] if len(datasets) == 1 else None
         notes = self._notes(owner or (only if isinstance(only, DatasetResidency) else None), now)
         for ds in datasets:
@@ -212,6 +158,75 @@ class DatasetPane(Pane):
         if shown != self._bindings_shown:
             self._bindings_shown = shown
             self.refresh_bindings()
+
+    def _follow_stack(self, node: ResidencyNode | None) -> None:
+        """The folders drilled into, cut to what is still there."""
+        if self._stack and node is None:
+            self._stack.clear()  # the dataset drilled into is gone (unwatched, deleted)
+        elif node is not None and node.path != self._stack[-1]:
+            # a folder drilled into is gone: stand on the deepest one still there, so Backspace goes up at once
+            self._stack = self._stack[: self._stack.index(node.path) + 1]
+
+    def _top_rows(self, datasets: list[DatasetResidency | DatasetUnavailable], now: float,
+                  held: Any) -> tuple[dict[str, tuple[str, ...]], Text]:
+        """The top level: a row per dataset (one still being scanned for the first time says so), and the title."""
+        from dltop.text.datasets import datasets_summary, row_values, unavailable_row_values
+
+        wanted: dict[str, tuple[str, ...]] = {}
+        for ds in datasets:
+            age = now - ds.scanned_at if ds.scanned_at else None
+            label = ds.path + (" 🔒" if ds.path in held else "")
+            if isinstance(ds, DatasetUnavailable):
+                # The reason goes to the notes line, where it has room; the row says n/a, never zeros.
+                wanted[ds.path] = unavailable_row_values(label, age)
+            else:
+                wanted[ds.path] = row_values(ds, ds.page_size, label, age)
+        pending = self._pending()
+        for path in pending:
+            wanted[path] = (path, "-", "-", "-", "-", "-", "scanning")
+        scanned = [d for d in datasets if isinstance(d, DatasetResidency)]
+        title = Text.assemble(("Datasets", "bold"), f"  {len(datasets) + len(pending)} watched")
+        if len(scanned) < len(datasets):
+            title.append(f", {len(datasets) - len(scanned)} unavailable", "red")
+        if scanned:
+            title.append("  " + datasets_summary(scanned))
+        elif pending:
+            title.append("  first scan running…", "dim")
+        else:
+            title.append("  none yet: press a to add a folder, or start dltop with PATH arguments", "dim")
+        return wanted, title
+
+    def _drilled_rows(self, node: ResidencyNode, owner: DatasetResidency, now: float,
+                      held: Any) -> tuple[dict[str, tuple[str, ...]], Text]:
+        """A folder drilled into: its rows, and the title with the breadcrumb."""
+        from dltop.text.datasets import SORT_TITLES, node_summary
+
+        age = now - owner.scanned_at if owner.scanned_at else None
+        wanted = self._folder_rows(node, owner, age, held)
+        # The breadcrumb is one line of the summary, the path in it cut to fit by the one rule (fmt.shorten):
+        # a line break or a BEL in a folder's name is shown as its escape, never a second line or nothing.
+        room = self.query_one("#ds-summary", Static).content_region.width - cell_len("Datasets › ")
+        title = Text.assemble(("Datasets", "bold"), " › ", (crumb(node.path, room), "bold"),
+                              "  " + node_summary(node, owner.page_size))
+        if not node.children and not node.top_files:
+            title.append("  (no folders below: files are counted in this total)", "dim")
+        elif len(wanted) > 1:
+            title.append(f"  · by {SORT_TITLES[self._sort]}, s sorts", "dim")
+        return wanted, title
+
+    def _show_rows(self, wanted: dict[str, tuple[str, ...]]) -> None:
+        """The table updated in place to `wanted`, in its order."""
+        table = self.query_one("#ds-table", DataTable)
+        # The Path column gives way: long paths shortened in the middle, so every number column stays on an
+        # 80-column screen (a 70-character path pushed Size, Resident and % off it).
+        self._path_width = fit_column(table, wanted, 0, HEADERS, COLUMNS, _shorten_label, self._path_width)
+        for stale in [k for k in table.rows if k.value not in wanted]:
+            table.remove_row(stale)
+        for key, values in wanted.items():
+            set_row(table, key, COLUMNS, values)
+        self._rows = list(wanted)
+        if [r.key.value for r in table.ordered_rows] != self._rows:
+            self._reorder(table, wanted)
 
     def _folder_rows(self, node: ResidencyNode, owner: DatasetResidency, age: float | None,
                      held: Any) -> dict[str, tuple[str, ...]]:
