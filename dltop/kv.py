@@ -207,37 +207,25 @@ def _windows(cfg: dict[str, Any], layers: int, filled: bool = False
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             raise ConfigError(f"layer_types in the config must list one type for each of the {layers} layers")
-        out: list[int | None] = []
-        kinds: list[str] = []
-        for t in types:
-            if t == "full_attention":
-                out.append(None)
-                kinds.append("full")
-            elif t == "sliding_attention":
-                if window is None:
-                    raise ConfigError("layer_types has sliding_attention layers but the config has no sliding_window")
-                out.append(window)
-                kinds.append("sliding")
-            elif t == "chunked_attention":
-                chunk = _int(cfg, "attention_chunk_size")
-                if chunk is None:
-                    raise ConfigError("layer_types has chunked_attention layers but the config has no "
-                                      "attention_chunk_size")
-                out.append(chunk)  # a token sees only its own chunk: the cache keeps at most one chunk
-                kinds.append("chunked")
-            else:
-                raise ConfigError(f"layer type {_shown(t)} is not one this planner can size "
-                                  "(it knows full_attention, sliding_attention and chunked_attention)")
+        typed = [_layer_window(cfg, t, window) for t in types]
+        out, kinds = [w for w, _ in typed], [k for _, k in typed]
         notes = []
         if filled and window is not None and "sliding" not in kinds and "use_sliding_window" in cfg:
             notes.append(f"sliding_window {window} does not apply: use_sliding_window is off")
         return tuple(out), tuple(kinds), notes, []
     if window is None:
         return full, (), [], []
+    return _slide_pattern(cfg, layers, window)
+
+
+def _slide_pattern(cfg: dict[str, Any], layers: int, window: int) -> tuple[
+        tuple[int | None, ...], tuple[str, ...], list[str], list[str]]:
+    """`_windows` for a config with a sliding_window and no layer_types: which layers slide, by its keys or its
+    model type's known pattern (every layer, assumed and said, where neither tells)."""
     model_type = str(cfg.get("model_type", ""))
     if "use_sliding_window" in cfg or model_type.startswith(("qwen2", "qwen3")):
         if not cfg.get("use_sliding_window"):
-            return full, (), [f"sliding_window {window} does not apply: use_sliding_window is off"], []
+            return (None,) * layers, (), [f"sliding_window {window} does not apply: use_sliding_window is off"], []
         first = _int(cfg, "max_window_layers", minimum=0) or 0
         return tuple(window if i >= first else None for i in range(layers)), (), [], []
     pattern = _int(cfg, "sliding_window_pattern")
@@ -252,6 +240,23 @@ def _windows(cfg: dict[str, Any], layers: int, filled: bool = False
                        "knows, and the config has no layer_types or sliding_window_pattern; if some layers attend "
                        "to every token the cache is larger")
     return (window,) * layers, (), [], assumed
+
+
+def _layer_window(cfg: dict[str, Any], t: Any, window: int | None) -> tuple[int | None, str]:
+    """The window and kind of a layer of type `t` (layer_types)."""
+    if t == "full_attention":
+        return None, "full"
+    if t == "sliding_attention":
+        if window is None:
+            raise ConfigError("layer_types has sliding_attention layers but the config has no sliding_window")
+        return window, "sliding"
+    if t == "chunked_attention":
+        chunk = _int(cfg, "attention_chunk_size")
+        if chunk is None:
+            raise ConfigError("layer_types has chunked_attention layers but the config has no attention_chunk_size")
+        return chunk, "chunked"  # a token sees only its own chunk: the cache keeps at most one chunk
+    raise ConfigError(f"layer type {_shown(t)} is not one this planner can size "
+                      "(it knows full_attention, sliding_attention and chunked_attention)")
 
 
 # -- what a config leaves to its model type ---------------------------------------------------------------------
@@ -509,58 +514,8 @@ def parameter_count(cfg: dict[str, Any], defaults: str = "table", resolution: Re
     vocab = _int(cfg, "vocab_size", required="vocab_size")
     heads = _int(cfg, "num_attention_heads", "n_head", required="num_attention_heads")
     assert layers is not None and hidden is not None and vocab is not None and heads is not None
-    # Attention, per layer.
-    if cfg.get("kv_lora_rank") is not None:
-        rank = _int(cfg, "kv_lora_rank") or 0
-        rope = _int(cfg, "qk_rope_head_dim") or 0
-        nope = _int(cfg, "qk_nope_head_dim") or 0
-        v_dim = _int(cfg, "v_head_dim", required="v_head_dim (MLA)") or 0
-        q_rank = _int(cfg, "q_lora_rank")
-        q_out = heads * (nope + rope)
-        q = hidden * q_rank + q_rank + q_rank * q_out if q_rank else hidden * q_out  # + q_a_layernorm
-        attn = q + hidden * (rank + rope) + rank + rank * heads * (nope + v_dim) + heads * v_dim * hidden
-    else:
-        kv_heads = _int(cfg, "num_key_value_heads") or heads
-        head_dim = _int(cfg, "head_dim") or hidden // heads
-        q_out, kv_out = heads * head_dim, kv_heads * head_dim
-        attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
-        if cfg.get("attention_bias"):
-            attn += q_out + 2 * kv_out + hidden
-        elif model_type.startswith("qwen2"):
-            attn += q_out + 2 * kv_out  # Qwen2 has biases on q, k and v (not o), with no key in the config
-        if model_type == "gpt_oss":
-            attn += heads  # one attention sink per head
-    # MLP, per layer kind.
-    experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts")
-    inter = _int(cfg, "intermediate_size")
-    mlp_bias = bool(cfg.get("mlp_bias"))
-    dense = 3 * hidden * inter + (2 * inter + hidden if mlp_bias else 0) if inter else None
-    moe = None
-    if experts:
-        e_inter = _int(cfg, "moe_intermediate_size") or inter
-        if e_inter is None:
-            raise ConfigError("the config has no moe_intermediate_size / intermediate_size")
-        per_expert = 3 * hidden * e_inter
-        router = hidden * experts
-        if model_type == "gpt_oss":
-            per_expert += 2 * e_inter + hidden  # gate_up and down biases
-            router += experts
-        if cfg.get("topk_method") == "noaux_tc":
-            router += experts  # DeepSeek-V3's e_score_correction_bias
-        moe = experts * per_expert + router
-        shared = _int(cfg, "n_shared_experts", minimum=0) or 0
-        moe += shared * 3 * hidden * e_inter
-        s_inter = _int(cfg, "shared_expert_intermediate_size")
-        if s_inter:
-            moe += 3 * hidden * s_inter + hidden  # Qwen-MoE's shared expert and its gate
-    mlp = 0
-    for i in range(layers):
-        if moe is not None and _moe_layer(cfg, i):
-            mlp += moe
-        elif dense is not None:
-            mlp += dense
-        else:
-            raise ConfigError("the config has no intermediate_size for its dense layers")
+    attn = _attention_params(cfg, hidden, heads, model_type)
+    mlp = _mlp_params(cfg, layers, hidden, model_type)
     embed = vocab * hidden
     tied = cfg.get("tie_word_embeddings")
     if tied is None:
@@ -573,6 +528,69 @@ def parameter_count(cfg: dict[str, Any], defaults: str = "table", resolution: Re
         "lm_head": 0 if tied else embed,
     }
     return ParamCount(sum(parts.values()), parts, tuple(notes))
+
+
+def _attention_params(cfg: dict[str, Any], hidden: int, heads: int, model_type: str) -> int:
+    """The attention parameters of one layer: MLA's low-rank projections, else MHA/GQA's (with their biases)."""
+    if cfg.get("kv_lora_rank") is not None:
+        rank = _int(cfg, "kv_lora_rank") or 0
+        rope = _int(cfg, "qk_rope_head_dim") or 0
+        nope = _int(cfg, "qk_nope_head_dim") or 0
+        v_dim = _int(cfg, "v_head_dim", required="v_head_dim (MLA)") or 0
+        q_rank = _int(cfg, "q_lora_rank")
+        q_out = heads * (nope + rope)
+        q = hidden * q_rank + q_rank + q_rank * q_out if q_rank else hidden * q_out  # + q_a_layernorm
+        return q + hidden * (rank + rope) + rank + rank * heads * (nope + v_dim) + heads * v_dim * hidden
+    kv_heads = _int(cfg, "num_key_value_heads") or heads
+    head_dim = _int(cfg, "head_dim") or hidden // heads
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
+    if cfg.get("attention_bias"):
+        attn += q_out + 2 * kv_out + hidden
+    elif model_type.startswith("qwen2"):
+        attn += q_out + 2 * kv_out  # Qwen2 has biases on q, k and v (not o), with no key in the config
+    if model_type == "gpt_oss":
+        attn += heads  # one attention sink per head
+    return attn
+
+
+def _mlp_params(cfg: dict[str, Any], layers: int, hidden: int, model_type: str) -> int:
+    """The MLP parameters of every layer: dense, or MoE on the layers that route."""
+    experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts")
+    inter = _int(cfg, "intermediate_size")
+    mlp_bias = bool(cfg.get("mlp_bias"))
+    dense = 3 * hidden * inter + (2 * inter + hidden if mlp_bias else 0) if inter else None
+    moe = _moe_params(cfg, hidden, experts, inter, model_type) if experts else None
+    mlp = 0
+    for i in range(layers):
+        if moe is not None and _moe_layer(cfg, i):
+            mlp += moe
+        elif dense is not None:
+            mlp += dense
+        else:
+            raise ConfigError("the config has no intermediate_size for its dense layers")
+    return mlp
+
+
+def _moe_params(cfg: dict[str, Any], hidden: int, experts: int, inter: int | None, model_type: str) -> int:
+    """One MoE layer's parameters: the routed experts, the router, the shared experts."""
+    e_inter = _int(cfg, "moe_intermediate_size") or inter
+    if e_inter is None:
+        raise ConfigError("the config has no moe_intermediate_size / intermediate_size")
+    per_expert = 3 * hidden * e_inter
+    router = hidden * experts
+    if model_type == "gpt_oss":
+        per_expert += 2 * e_inter + hidden  # gate_up and down biases
+        router += experts
+    if cfg.get("topk_method") == "noaux_tc":
+        router += experts  # DeepSeek-V3's e_score_correction_bias
+    moe = experts * per_expert + router
+    shared = _int(cfg, "n_shared_experts", minimum=0) or 0
+    moe += shared * 3 * hidden * e_inter
+    s_inter = _int(cfg, "shared_expert_intermediate_size")
+    if s_inter:
+        moe += 3 * hidden * s_inter + hidden  # Qwen-MoE's shared expert and its gate
+    return moe
 
 
 @dataclass(frozen=True)
