@@ -106,6 +106,24 @@ def append(line: bytes, directory: str | None = None) -> None:
 def parse(raw: bytes, owner: int) -> dict[str, Any]:
     """The event data of one journal line, checked field by field, with `pid` and `uid` (the file's owner) of
     who ran it; ValueError with the reason for anything else."""
+    pid, ev = _line(raw)
+    out = _choices(ev)
+    ts = ev.get("ts")
+    if not isinstance(ts, int | float) or isinstance(ts, bool) or not 0 < ts < 1e11:
+        raise ValueError("ts: not a time")
+    out["ts"] = float(ts)
+    out.update(_texts(ev))
+    out.update(_counts(ev))
+    elapsed = ev.get("elapsed_s", 0.0)
+    if type(elapsed) not in (int, float) or not (math.isfinite(elapsed) and 0 <= elapsed < 1e9):
+        raise ValueError("elapsed_s: not a duration")
+    out["elapsed_s"] = float(elapsed)
+    out["pid"], out["uid"] = pid, owner
+    return out
+
+
+def _line(raw: bytes) -> tuple[int, dict[str, Any]]:
+    """The pid and the event of a journal line of this format."""
     if len(raw) > MAX_LINE_BYTES:
         raise ValueError(f"{len(raw)} bytes: longer than a journal line")
     try:
@@ -119,6 +137,11 @@ def parse(raw: bytes, owner: int) -> dict[str, Any]:
         raise ValueError("pid: not a pid")
     if not isinstance(ev, dict):
         raise ValueError("event: not an object")
+    return pid, ev
+
+
+def _choices(ev: dict[str, Any]) -> dict[str, Any]:
+    """The action, step, phase and outcome: each one of its known words."""
     out: dict[str, Any] = {}
     for key, allowed in (("action", ACTIONS), ("step", STEPS), ("phase", PHASES)):
         if ev.get(key) not in allowed:
@@ -127,10 +150,12 @@ def parse(raw: bytes, owner: int) -> dict[str, Any]:
     if ev.get("outcome") is not None and ev["outcome"] not in OUTCOMES:
         raise ValueError("outcome: not one of " + ", ".join(OUTCOMES))
     out["outcome"] = ev.get("outcome")
-    ts = ev.get("ts")
-    if not isinstance(ts, int | float) or isinstance(ts, bool) or not 0 < ts < 1e11:
-        raise ValueError("ts: not a time")
-    out["ts"] = float(ts)
+    return out
+
+
+def _texts(ev: dict[str, Any]) -> dict[str, Any]:
+    """The target, the message and the paths."""
+    out: dict[str, Any] = {}
     for key in ("target", "message"):
         value = ev.get(key, "")
         if not isinstance(value, str) or len(value) > _TEXT_CHARS + 1:
@@ -140,16 +165,16 @@ def parse(raw: bytes, owner: int) -> dict[str, Any]:
     if not isinstance(paths, list) or len(paths) > _MAX_PATHS or not all(isinstance(p, str) for p in paths):
         raise ValueError("paths: not a list of paths")
     out["paths"] = paths
+    return out
+
+
+def _counts(ev: dict[str, Any]) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
     for key in _COUNTS:
         value = ev.get(key)
         if value is not None and (type(value) is not int or not 0 <= value <= 1 << 63):
             raise ValueError(f"{key}: not a count")
         out[key] = value
-    elapsed = ev.get("elapsed_s", 0.0)
-    if type(elapsed) not in (int, float) or not (math.isfinite(elapsed) and 0 <= elapsed < 1e9):
-        raise ValueError("elapsed_s: not a duration")
-    out["elapsed_s"] = float(elapsed)
-    out["pid"], out["uid"] = pid, owner
     return out
 
 
