@@ -139,65 +139,87 @@ class CachesPane(Pane):
         return folder
 
     def render_view(self, view: View) -> None:
-        from dltop.text.caches import cache_row, entry_row  # the tab's own: imported when it is first drawn
-
         now = self.moment(view, self._clock)
         table = self.query_one("#cc-table", DataTable)
         part = view.snapshot.caches
         opened = self._cache(self._open)
         if self._open is not None and opened is None:
             self._open = self._folder = None
-        wanted: dict[str, tuple[str, ...]] = {}
-        keys: tuple[str, ...]
-        headers: tuple[str, ...]
-        size_head = "Apparent" if self._apparent else "Size"
         if opened is None:
             self._columns(table, "caches")
-            growth = self._growth(view)
-            caches = self._caches()
-            # the tools' own order until s is pressed (it reads as the docs' table); then sorted like entries
-            for c in (_sorted(caches, self._sort, self._apparent, ties=False) if self._sorted_by_user else caches):
-                wanted[c.name] = cache_row(c, growth.get(c.name), len(warnings_for(c, view.snapshot.ts)), now,
-                                           apparent=self._apparent)
-            summary = Text.assemble(("Caches", "bold"))
-            if isinstance(part, Unavailable):
-                summary.append(f"  unavailable: {printable(part.reason)}", "red")
-            elif isinstance(part, CachesPart):
-                present = [c for c in caches if c.exists]
-                total = sum((c.apparent_bytes if self._apparent else c.size_bytes) or 0 for c in present)
-                summary.append(f"  {len(present)} of {len(caches)} present, {human_bytes(total)} in all · ")
-                if part.exited:
-                    summary.append(f"{printable(part.exited)}: its last environment", "yellow")
-                else:
-                    summary.append(printable(part.environment))
-            else:
-                summary.append("  measuring…", "dim")
-            keys, headers = COLUMNS, (HEADERS[0], size_head, *HEADERS[2:])
+            wanted, summary = self._cache_rows(view, part, now)
+            keys, headers = COLUMNS, (HEADERS[0], self._size_head(), *HEADERS[2:])
         else:
             self._columns(table, "entries")
-            folder = self._shown_folder(opened)
-            entries = list(folder.entries) if folder is not None else []
-            for e in _sorted(entries, self._sort, self._apparent):
-                wanted[e.path] = entry_row(e, now, apparent=self._apparent)
-            if folder is not None and folder.more:
-                more_bytes = folder.more_apparent_bytes if self._apparent else folder.more_bytes
-                wanted[MORE] = (f"… {folder.more:,} more", human_bytes(more_bytes), "", "", "", "not kept")
-            # The breadcrumb: the cache, then the folder opened in it, cut to the summary's line by the one rule
-            # (fmt.shorten), a line break or a BEL in a name shown as its escape.
-            label = printable(opened.label)
-            summary = Text.assemble(("Caches", "bold"), " › ", (label, "bold"))
-            room = self.query_one("#cc-summary", Static).content_region.width - cell_len(f"Caches › {label}  ")
-            summary.append(f"  {crumb(self._folder or opened.path, room)}")
-            if not entries:
-                summary.append("  (empty)", "dim")
-            summary.append(f"  · by {self._sort}", "dim")
-            keys, headers = ENTRY_COLUMNS, (ENTRY_HEADERS[0], size_head, *ENTRY_HEADERS[2:])
+            wanted, summary = self._entry_rows(opened, now)
+            keys, headers = ENTRY_COLUMNS, (ENTRY_HEADERS[0], self._size_head(), *ENTRY_HEADERS[2:])
         set_content(self.query_one("#cc-summary", Static), summary)
         self._name_width = fit_column(table, wanted, 0, headers, keys, shorten_middle, self._name_width)
         self._relabel(table, keys, headers)
+        self._fill(table, wanted, keys)
+        set_content(self.query_one("#cc-detail", Static), self._detail(opened, now))
+        set_content(self.query_one("#cc-progress", Static), self._progress(view))
+        shown = (view.busy, self._open is not None, self._selected() is not None)
+        if shown != self._bindings_shown:
+            self._bindings_shown = shown
+            self.refresh_bindings()
+
+    def _size_head(self) -> str:
+        return "Apparent" if self._apparent else "Size"
+
+    def _cache_rows(self, view: View, part: Any, now: float) -> tuple[dict[str, tuple[str, ...]], Text]:
+        """A row per cache, and the summary line above them."""
+        from dltop.text.caches import cache_row
+
+        growth = self._growth(view)
+        caches = self._caches()
+        # the tools' own order until s is pressed (it reads as the docs' table); then sorted like entries
+        wanted = {c.name: cache_row(c, growth.get(c.name), len(warnings_for(c, view.snapshot.ts)), now,
+                                    apparent=self._apparent)
+                  for c in (_sorted(caches, self._sort, self._apparent, ties=False) if self._sorted_by_user
+                            else caches)}
+        summary = Text.assemble(("Caches", "bold"))
+        if isinstance(part, Unavailable):
+            summary.append(f"  unavailable: {printable(part.reason)}", "red")
+        elif isinstance(part, CachesPart):
+            present = [c for c in caches if c.exists]
+            total = sum((c.apparent_bytes if self._apparent else c.size_bytes) or 0 for c in present)
+            summary.append(f"  {len(present)} of {len(caches)} present, {human_bytes(total)} in all · ")
+            if part.exited:
+                summary.append(f"{printable(part.exited)}: its last environment", "yellow")
+            else:
+                summary.append(printable(part.environment))
+        else:
+            summary.append("  measuring…", "dim")
+        return wanted, summary
+
+    def _entry_rows(self, opened: CacheInfo, now: float) -> tuple[dict[str, tuple[str, ...]], Text]:
+        """A row per entry of the folder opened in a cache, and the breadcrumb above them."""
+        from dltop.text.caches import entry_row
+
+        folder = self._shown_folder(opened)
+        entries = list(folder.entries) if folder is not None else []
+        wanted = {e.path: entry_row(e, now, apparent=self._apparent)
+                  for e in _sorted(entries, self._sort, self._apparent)}
+        if folder is not None and folder.more:
+            more_bytes = folder.more_apparent_bytes if self._apparent else folder.more_bytes
+            wanted[MORE] = (f"… {folder.more:,} more", human_bytes(more_bytes), "", "", "", "not kept")
+        # The breadcrumb: the cache, then the folder opened in it, cut to the summary's line by the one rule
+        # (fmt.shorten), a line break or a BEL in a name shown as its escape.
+        label = printable(opened.label)
+        summary = Text.assemble(("Caches", "bold"), " › ", (label, "bold"))
+        room = self.query_one("#cc-summary", Static).content_region.width - cell_len(f"Caches › {label}  ")
+        summary.append(f"  {crumb(self._folder or opened.path, room)}")
+        if not entries:
+            summary.append("  (empty)", "dim")
+        summary.append(f"  · by {self._sort}", "dim")
+        return wanted, summary
+
+    def _fill(self, table: DataTable, wanted: dict[str, tuple[str, ...]], keys: tuple[str, ...]) -> None:
+        """The table's rows made `wanted`: updated in place while the folder, order and rows stay; else laid out
+        again in order, the cursor found again by its key."""
         order = (self._open, self._folder, self._sort, self._apparent, tuple(wanted))
         if order != self._order:
-            # Another folder, order or set of rows: laid out again in order, the cursor found again by its key.
             at = self._selected()
             self._order = order
             table.clear()
@@ -209,12 +231,6 @@ class CachesPane(Pane):
             for key, values in wanted.items():
                 set_row(table, key, keys, values)
         self._rows = list(wanted)
-        set_content(self.query_one("#cc-detail", Static), self._detail(opened, now))
-        set_content(self.query_one("#cc-progress", Static), self._progress(view))
-        shown = (view.busy, self._open is not None, self._selected() is not None)
-        if shown != self._bindings_shown:
-            self._bindings_shown = shown
-            self.refresh_bindings()
 
     def _relabel(self, table: DataTable, keys: tuple[str, ...], headers: tuple[str, ...]) -> None:
         """The size column's header says which size it shows (disk usage or apparent)."""
