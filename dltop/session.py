@@ -102,6 +102,12 @@ class Session:
         """A recording is shown (nothing streams, nothing may change the system)."""
         return self.recorded is not None
 
+    @property
+    def idle(self) -> bool:
+        """No action or plan in flight, and the last one's finish is in."""
+        done = self.action is None or self.action.phase == "finished"
+        return done and self.runner.busy is None and not self.plans
+
     def say(self, text: str, severity: Severity = "information", timeout: float | None = None) -> None:
         """A message for the user: kept in `said`, and shown by the App."""
         said = Said(text, severity, timeout)

@@ -25,6 +25,7 @@ from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.view import View
 from tests.test_caches_util import du_bytes, find_files
 from tests.test_pagecache_util import needs_root
+from tests.waiting import screen_of
 
 
 def make_cache(root: Path, sizes: dict[str, int], mtime: float | None = None) -> Path:
@@ -61,14 +62,6 @@ async def _open_tab(app: DltopApp, pilot) -> None:
     assert app.query_one("#cc-table", DataTable).has_focus
 
 
-async def _wait_screen(app: App, pilot, kind: type) -> object:
-    for _ in range(400):
-        await pilot.pause(0.02)
-        if isinstance(app.screen, kind):
-            return app.screen
-    raise AssertionError(f"no {kind.__name__}")
-
-
 @pytest.fixture
 def ind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = make_cache(tmp_path / "ind", {"fxgraph": 256 << 10, "aotautograd": 128 << 10, "ab": 64 << 10})
@@ -101,7 +94,7 @@ async def test_c_clears_after_a_dialog_stating_the_bytes(ind: Path, tmp_path: Pa
         await _open_tab(app, pilot)
         want = du_bytes(ind) - os.lstat(ind).st_blocks * 512
         await pilot.press("c")
-        dialog = await _wait_screen(app, pilot, ConfirmScreen)
+        dialog = await screen_of(pilot, ConfirmScreen)
         assert dialog._title == f"Clear {human_bytes(want)}?" and f"under {ind}" in dialog._body
         await pilot.press("y")
         for _ in range(400):
@@ -119,7 +112,7 @@ async def test_an_entry_is_cleared_from_the_opened_cache(ind: Path, tmp_path: Pa
         await _open_tab(app, pilot)
         await pilot.press("enter", "down")  # aotautograd
         await pilot.press("c")
-        dialog = await _wait_screen(app, pilot, ConfirmScreen)
+        dialog = await screen_of(pilot, ConfirmScreen)
         assert str(ind / "aotautograd") in dialog._body
         await pilot.press("n")  # the safe answer: nothing happens
         await pilot.pause()
@@ -135,7 +128,7 @@ async def test_c_on_a_cache_holding_what_its_tool_never_writes_is_refused_naming
     async with app.run_test(size=(80, 24)) as pilot:
         await _open_tab(app, pilot)
         await pilot.press("c")
-        dialog = await _wait_screen(app, pilot, ConfirmScreen)
+        dialog = await screen_of(pilot, ConfirmScreen)
         assert dialog._title == "Clear: refused" and dialog._yes_label is None
         assert f"{ind} holds 'bin/' which TorchInductor never writes" in dialog._body
         assert app.session.action.step == "plan" and "never writes" in app.session.action.message  # the runner's event says it
@@ -152,7 +145,7 @@ async def test_c_on_an_entry_of_a_cache_that_is_a_home_is_refused(tmp_path: Path
         await _open_tab(app, pilot)
         await pilot.press("enter")  # the entries of the cache that is the home: .pyenv
         await pilot.press("c")
-        dialog = await _wait_screen(app, pilot, ConfirmScreen)
+        dialog = await screen_of(pilot, ConfirmScreen)
         assert dialog._title == "Clear: refused" and dialog._yes_label is None
         assert f"{home / '.pyenv'} is inside {home}, which is refused: {home} is a home folder" in dialog._body
     assert (home / ".pyenv").is_dir() and find_files(home) == 2
@@ -186,7 +179,7 @@ async def test_a_refused_clear_has_no_yes(ind: Path, tmp_path: Path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await _open_tab(app, pilot)
         await pilot.press("c")
-        dialog = await _wait_screen(app, pilot, ConfirmScreen)
+        dialog = await screen_of(pilot, ConfirmScreen)
         assert dialog._title == "Clear: refused" and "owned by nobody" in dialog._body
         assert dialog._yes_label is None
         await pilot.press("y")

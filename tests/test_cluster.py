@@ -32,6 +32,7 @@ from .conftest import DATA, REPO
 from .probe_helpers import probe_env
 from .test_exporter import Exporter, free_port, get, series
 from .test_prometheus import binary
+from .waiting import until
 
 FILES, FILE_BYTES = 4, 1 << 20
 WARM = (0, 2, 4, 1)  # files of each node's dataset read into the page cache (and locked there)
@@ -265,16 +266,10 @@ async def test_the_cluster_tab_at_80x24(fleet: Fleet) -> None:
     settings = Settings(prometheus=PrometheusOptions(fleet.prom, selector='job="nodes"'))
     app = DltopApp(Sampler([source(settings)]), settings)
 
-    async def until(ok: Any, what: str) -> None:
-        deadline = time.monotonic() + 30
-        while not ok():
-            assert time.monotonic() < deadline, what
-            await pilot.pause(0.1)
-
     async with app.run_test(size=(80, 24)) as pilot:
         assert app.query_one("#tabs").active == "tab-cluster"  # first when given
         table = app.query_one("#cluster-nodes", DataTable)
-        await until(lambda: table.row_count == len(WARM), "the nodes")
+        await until(pilot, lambda: table.row_count == len(WARM), "the nodes")
         first = [str(c) for c in table.get_row_at(0)]
         assert first[0] == "node-0" and first[DATASETS_AT] == "0%"  # the coldest first, its dataset cold
         await pilot.pause()
@@ -284,12 +279,12 @@ async def test_the_cluster_tab_at_80x24(fleet: Fleet) -> None:
         jobs = app.query_one("#cluster-jobs", DataTable)
         assert [str(jobs.get_row_at(i)[0]) for i in range(jobs.row_count)] == [JOB, "(no job id)"]
         await pilot.press("enter")
-        await until(lambda: isinstance(app.screen, ClusterTextScreen), "the node's detail")
+        await until(pilot, lambda: isinstance(app.screen, ClusterTextScreen), "the node's detail")
         shown = str(app.screen.query_one("#cluster-dialog-text").render())
         assert "(NVIDIA H100" in shown and "  GPU 0 up: " in shown and "    free " in shown and f"job {JOB}" in shown, shown  # per GPU, per rank
         await pilot.press("escape")
         await pilot.press("w")
-        await until(lambda: isinstance(app.screen, ClusterTextScreen), "the warm commands")
+        await until(pilot, lambda: isinstance(app.screen, ClusterTextScreen), "the warm commands")
         shown = str(app.screen.query_one("#cluster-dialog-text").render())
         assert "srun --nodelist=node-0" in shown and "\x1b" not in shown
         await pilot.press("escape")

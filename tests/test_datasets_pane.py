@@ -36,6 +36,8 @@ from tests.test_pagecache_util import (
     reclaimed_pages,
     resident,
 )
+from tests.waiting import screen_of
+from tests.waiting import until as until_
 
 
 def make_dataset(root: Path) -> list[Path]:
@@ -68,11 +70,7 @@ async def _open_tab(app: DltopApp, pilot) -> None:
 
 async def _wait_confirm(app: App, pilot) -> ConfirmScreen:
     """The warm dialog comes once a fresh measurement (in a worker thread) says how much a warm reads."""
-    for _ in range(200):
-        await pilot.pause(0.02)
-        if isinstance(app.screen, ConfirmScreen):
-            return app.screen
-    raise AssertionError("no confirmation dialog")
+    return await screen_of(pilot, ConfirmScreen)
 
 
 def live(*paths: Path, rescan_s: float | None = None, **kw) -> DltopApp:
@@ -86,12 +84,7 @@ def live(*paths: Path, rescan_s: float | None = None, **kw) -> DltopApp:
 
 async def _wait_idle(app: DltopApp, pilot, until=lambda: True) -> None:
     """Until the action and its plan are done and `until()` holds (the rescan after it is in)."""
-    for _ in range(600):  # 30 s: a loaded 2-core CI machine scans slowly
-        await pilot.pause(0.05)
-        done = app.session.action is None or app.session.action.phase == "finished"  # the app has the finish, too
-        if done and app.session.runner.busy is None and not app.session.plans and until():
-            return
-    raise AssertionError("action did not finish")
+    await until_(pilot, lambda: app.session.idle and until(), "the action's end")
 
 
 def _cell(app: App, row: int, col: int) -> str:

@@ -34,6 +34,7 @@ from dltop.tui.panes.gpu import SPLIT_NEEDS_PROBE, GpuPane
 from dltop.view import View
 from tests.conftest import DATA, SHARED_FIXTURES
 from tests.probe_helpers import MIB, Workers
+from tests.waiting import until
 
 SCENARIOS = DATA / "gpu-scenarios"
 METRICS = SHARED_FIXTURES / "metrics"
@@ -425,14 +426,6 @@ async def test_a_probed_process_s_split_is_drawn_as_its_parts_and_fits(tmp_path:
         _fits(app)
 
 
-async def _until(pilot, check, seconds: float = 20.0) -> None:
-    for _ in range(int(seconds / 0.05)):
-        await pilot.pause(0.05)
-        if check():
-            return
-    raise AssertionError("the condition never held")
-
-
 @needs_metrics
 @pytest.mark.parametrize("gpus", ["two-gpus", "library-not-found"])
 async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
@@ -468,7 +461,7 @@ async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
         await pilot.press("a")
         box.value = metrics_url
         await pilot.press("enter")
-        await _until(pilot, lambda: _text(app, "#gpu-servers").startswith(f"vllm {metrics_url}"))
+        await until(pilot, lambda: _text(app, "#gpu-servers").startswith(f"vllm {metrics_url}"))
         assert app.session.settings.servers == (metrics_url,)
         assert "of 116,496 tok" in _text(app, "#gpu-servers")  # the payload's pool, read by the Sampler's source
         # the same server twice is refused, not scraped twice
@@ -481,7 +474,7 @@ async def test_add_and_remove_a_server_from_the_tui(metrics_url: str, gpus: str,
         await pilot.press("x")
         assert box.value == metrics_url
         await pilot.press("enter")
-        await _until(pilot, lambda: not app.query_one("#gpu-servers-box").display)
+        await until(pilot, lambda: not app.query_one("#gpu-servers-box").display)
         assert app.session.settings.servers == () and pane.check_action("remove_server", ()) is False  # none left
         assert "GPU: Remove server" not in [c.title for c in pane.palette_commands()]
     app.session.feed.close()

@@ -18,6 +18,7 @@ from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.screens.help import HelpScreen
 from tests.test_caches_pane import make_cache, snap_of
 from tests.test_gpu_pane import gpu_snaps, scenario
+from tests.waiting import until
 
 
 @pytest.fixture
@@ -40,14 +41,6 @@ def _composed(app: DltopApp) -> set[str]:
 
 def _tab(app: DltopApp, pane_id: str) -> int:
     return [p.PANE_ID for p in app.panes].index(pane_id) + 1
-
-
-async def _until(pilot, done, what: str) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(200):
-        if done():
-            return
-        await pilot.pause(0.02)
-    raise AssertionError(what)
 
 
 async def test_only_the_tab_on_screen_is_composed_before_the_first_frame(every_layer) -> None:  # type: ignore[no-untyped-def]
@@ -96,11 +89,11 @@ async def test_a_palette_entry_of_a_tab_never_shown_composes_it_and_acts_on_its_
     app = DltopApp(ListFeed([snap]), replace(settings, tab="pagecache"))
     async with app.run_test(size=(80, 24)) as pilot:
         await _run_from_palette(app, pilot, "Datasets: Warm")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "no warm dialog")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "no warm dialog")
         assert "Warm" in str(app.screen._title) and app.query_one("#tabs").active == "tab-datasets"
         await pilot.press("escape")
         await _run_from_palette(app, pilot, "GPU: Add server")
-        await _until(pilot, lambda: app.query("#gpu-server-input.-shown"), "no server box")
+        await until(pilot, lambda: app.query("#gpu-server-input.-shown"), "no server box")
         assert app.query_one("#tabs").active == "tab-gpu" and app.focused is app.query_one("#gpu-server-input", Input)
 
 
@@ -112,7 +105,7 @@ async def test_a_tabs_keys_work_on_its_first_show(every_layer, tab: str, key: st
         assert tab not in _composed(app)
         await pilot.press(str(_tab(app, tab)), key)  # the key right after the tab's: no pause between them
         if key in ("w", "c"):  # a warm, a clear: the plan, then the dialog that asks
-            await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen), f"{key}: no dialog")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), f"{key}: no dialog")
         else:
             box = "#gpu-server-input" if key == "a" else "#gpu-filter"
             assert app.query_one(box, Input).has_class("-shown") and app.focused is app.query_one(box, Input)

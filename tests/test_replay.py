@@ -25,6 +25,7 @@ from dltop.tui.screens.ask import AskScreen
 from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.screens.events import EventsScreen
 from tests.test_pagecache_util import make_file
+from tests.waiting import until
 
 PAGECACHE_WIDGETS = ("#pc-summary", "#pc-sparks", "#pc-activity", "#pc-cgroup", "#pc-disks", "#pc-notes")
 GPU_WIDGETS = ("#gpu-devices", "#gpu-table", "#gpu-servers", "#gpu-notes")
@@ -71,14 +72,6 @@ async def _live_screen_at(session: list[Snapshot], k: int) -> dict[str, str]:
         return _screen(app)
 
 
-async def _until(pilot, cond, tries: int = 200) -> None:
-    for _ in range(tries):
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("timed out")
-
-
 async def _go_to(pilot, text: str) -> None:
     await pilot.press("b")
     assert isinstance(pilot.app.screen, AskScreen)
@@ -115,12 +108,12 @@ async def test_pause_holds_the_view_while_sampling_goes_on(session: list[Snapsho
     app = DltopApp(feed, Settings(refresh_s=0.1))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(_tab(app, "pagecache"))
-        await _until(pilot, lambda: len(app.session.history) >= 8)
+        await until(pilot, lambda: len(app.session.history) >= 8)
         await pilot.press("space")
         held_ts = app.session.head.at
         assert held_ts is not None and "PAUSED" in _text(app, "#header")
         held = _screen(app)
-        await _until(pilot, lambda: app.session.history[-1].ts == session[29].ts)  # the feed went on to its end
+        await until(pilot, lambda: app.session.history[-1].ts == session[29].ts)  # the feed went on to its end
         await pilot.pause()
         assert app.session.head.at == held_ts and _screen(app) == held
         k = next(i for i, s in enumerate(session) if s.ts == held_ts)
@@ -256,7 +249,7 @@ async def test_replay_keys(tmp_path: Path, session: list[Snapshot]) -> None:
         assert app.session.head.speed == 10
         await pilot.press("space")
         assert app.session.head.playing and "▶" in _text(app, "#header")
-        await _until(pilot, lambda: not app.session.head.playing)  # ×10 through a 40 s recording: to its end
+        await until(pilot, lambda: not app.session.head.playing)  # ×10 through a 40 s recording: to its end
         assert app.session.head.at == ts[-1] and "⏸" in _text(app, "#header")
         # what it said (a notice shows for 2 s: on a loaded machine gone before it is read)
         assert "end of the recording" in [s.text for s in app.session.said]
@@ -293,11 +286,11 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path, p
                     shown[app.session.history[-1].ts] = _screen(app, widgets)
 
             app.show = show_and_keep  # type: ignore[method-assign]
-            await _until(pilot, lambda: len(shown) >= 4)
+            await until(pilot, lambda: len(shown) >= 4)
             await pilot.press("m")
             assert isinstance(app.screen, AskScreen)
             await pilot.press(*"warm started", "enter")
-            await _until(pilot, lambda: len(shown) >= 8)
+            await until(pilot, lambda: len(shown) >= 8)
             await pilot.press("q")
     finally:
         sampler.close()
