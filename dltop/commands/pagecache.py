@@ -235,8 +235,41 @@ def _hold(runner: Any, files: int, held: dict[str, int], stop: threading.Event) 
     print("unlocked", file=sys.stderr)
 
 
-def _print_result(args: argparse.Namespace, r: Any) -> None:
+def _done_line(r: Any, resident: str) -> str:
+    """What an action that ran did: bytes, files, time and rate."""
     from dltop.fmt import human_bytes, human_rate, plural
+
+    verb = {"warm": "warmed", "evict": "evicted", "lock": "locked"}[r.action]
+    rate = r.done_bytes / r.elapsed_s if r.elapsed_s > 0 else None
+    left = r.files - r.files_done
+    files = f"{r.files_done} of {plural(r.files, 'file')}" + (
+        f" ({left} not reached)" if left > 0 and r.cancelled else f" ({left} not done)" if left > 0 else "")
+    state = " (cancelled)" if r.cancelled else ""
+    return (f"{verb} {human_bytes(r.done_bytes)} in {files}, {r.elapsed_s:.2f}s, "
+            f"{human_rate(rate, missing='-')}{state}" + (f"; {resident} was resident already" if resident else ""))
+
+
+def _resident_now(r: Any) -> str | None:
+    """What is resident after an action that ran (None where it touched no pages)."""
+    from dltop.fmt import plural
+
+    if r.resident_pages_after is None:
+        return "resident now: unknown (see the note)"
+    if r.unknown_pages:  # never counted resident or not: the note below says why and what to do
+        return (f"resident now: unknown for {plural(r.unknown_pages, 'page')}; "
+                f"{plural(r.resident_pages_after, 'page')} resident among those whose residency the kernel shows")
+    if r.data_pages:  # of the data, as `dltop residency` shows it: holes are never read
+        holes = "; holes of sparse files not counted" if r.data_pages < r.pages else ""
+        return (f"resident now: {r.data_resident_pages_after} of {plural(r.data_pages, 'page')} of data "
+                f"({percent_text(100 * (r.data_resident_pages_after or 0) / r.data_pages, 1)}){holes}")
+    if r.pages:
+        return (f"resident now: {r.resident_pages_after} of {plural(r.pages, 'page')} "
+                f"({percent_text(100 * r.resident_pages_after / r.pages, 1)})")
+    return None
+
+
+def _print_result(args: argparse.Namespace, r: Any) -> None:
+    from dltop.fmt import human_bytes, plural
     from dltop.kernel import PAGE_SIZE as ps
     from dltop.text.datasets import skipped_text
 
@@ -251,26 +284,9 @@ def _print_result(args: argparse.Namespace, r: Any) -> None:
         print(f"{verb} {human_bytes(r.total_bytes)} in {plural(r.files, 'file')}" + (
             f"; {resident} is resident already" if resident else ""))
     else:
-        verb = {"warm": "warmed", "evict": "evicted", "lock": "locked"}[r.action]
-        rate = r.done_bytes / r.elapsed_s if r.elapsed_s > 0 else None
-        left = r.files - r.files_done
-        files = f"{r.files_done} of {plural(r.files, 'file')}" + (
-            f" ({left} not reached)" if left > 0 and r.cancelled else f" ({left} not done)" if left > 0 else "")
-        state = " (cancelled)" if r.cancelled else ""
-        print(f"{verb} {human_bytes(r.done_bytes)} in {files}, {r.elapsed_s:.2f}s, "
-              f"{human_rate(rate, missing='-')}{state}" + (f"; {resident} was resident already" if resident else ""))
-        if r.resident_pages_after is None:
-            print("resident now: unknown (see the note)")
-        elif r.unknown_pages:  # never counted resident or not: the note below says why and what to do
-            print(f"resident now: unknown for {plural(r.unknown_pages, 'page')}; "
-                  f"{plural(r.resident_pages_after, 'page')} resident among those whose residency the kernel shows")
-        elif r.data_pages:  # of the data, as `dltop residency` shows it: holes are never read
-            holes = "; holes of sparse files not counted" if r.data_pages < r.pages else ""
-            print(f"resident now: {r.data_resident_pages_after} of {plural(r.data_pages, 'page')} of data "
-                  f"({percent_text(100 * (r.data_resident_pages_after or 0) / r.data_pages, 1)}){holes}")
-        elif r.pages:
-            print(f"resident now: {r.resident_pages_after} of {plural(r.pages, 'page')} "
-                  f"({percent_text(100 * r.resident_pages_after / r.pages, 1)})")
+        print(_done_line(r, resident))
+        if (now := _resident_now(r)) is not None:
+            print(now)
     if r.guard is not None:
         print(f"memory guard: {r.guard.message}")
     for why, pages in r.stayed.items():
