@@ -185,19 +185,13 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     if isinstance(refresh, bool) or not isinstance(refresh, int | float):
         raise DltopError(f"{where}: refresh must be a number of seconds")
     _check_refresh(refresh, where)  # before float(): 10**400 has no float
-    datasets = data.get("datasets", [])
-    if not isinstance(datasets, list) or not all(isinstance(d, str) for d in datasets):
-        raise DltopError(f"{where}: datasets must be a list of paths")
+    datasets = _str_list(data, "datasets", "paths", where)
     _no_nul(datasets, "datasets", where)
     read_only = data.get("read_only", False)
     if not isinstance(read_only, bool):
         raise DltopError(f"{where}: read_only must be true or false")
-    servers = data.get("servers", [])
-    if not isinstance(servers, list) or not all(isinstance(u, str) for u in servers):
-        raise DltopError(f"{where}: servers must be a list of URLs")
-    caches = data.get("caches", [])
-    if not isinstance(caches, list) or not all(isinstance(c, str) for c in caches):
-        raise DltopError(f"{where}: caches must be a list of paths")
+    servers = _str_list(data, "servers", "URLs", where)
+    caches = _str_list(data, "caches", "paths", where)
     _no_nul(caches, "caches", where)
     jump = data.get("jump", s.jump_s)
     if isinstance(jump, bool) or not isinstance(jump, int | float) or not 0 < jump <= MAX_JUMP_S:
@@ -227,6 +221,14 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         tab=tab,
         mute=tuple(dict.fromkeys(mute)),
     )
+
+
+def _str_list(data: dict[str, Any], key: str, what: str, where: str) -> list[str]:
+    """A setting that is a list of strings (an empty one where it is not set)."""
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise DltopError(f"{where}: {key} must be a list of {what}")
+    return value
 
 
 PROMETHEUS_KEYS: dict[str, type | tuple[type, ...]] = {"url": str, "selector": str, "username": str, "password_file": str, "bearer_token_file": str,
@@ -367,31 +369,22 @@ def _check_refresh(value: float, where: str) -> float:
 def settings_from_args(args: Any) -> Settings:
     """Config file first, then the options given on the command line."""
     s = load_config(getattr(args, "config", None))
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = {f: getattr(args, a) for a, f in (("pid", "pid"), ("user", "user"), ("jump", "jump_s"))
+                               if getattr(args, a, None) is not None}
     if getattr(args, "refresh", None) is not None:
         changes["refresh_s"] = _check_refresh(args.refresh, "--refresh")  # the CLI's parser checked it already
     if getattr(args, "root", None):
         if not os.path.isdir(os.path.join(args.root, "proc")):
             raise DltopError(f"--root {args.root}: no proc/ directory under it")
         changes["root"] = args.root
-    if getattr(args, "pid", None) is not None:
-        changes["pid"] = args.pid
-    if getattr(args, "user", None) is not None:
-        changes["user"] = args.user
     if getattr(args, "paths", None):
-        for p in args.paths:
-            if not os.path.exists(p):
-                raise DltopError(f"no such dataset path: {p}")
-        # Absolute, as the scans name them: the TUI matches rows, x and a by these paths.
-        changes["datasets"] = tuple(os.path.abspath(p) for p in args.paths)
+        changes["datasets"] = _dataset_paths(args.paths)
     if getattr(args, "servers", None):
         changes["servers"] = _server_urls(args.servers, "--server")
     if getattr(args, "caches", None):
         changes["caches"] = _cache_paths(args.caches)
     if getattr(args, "read_only", False):
         changes["read_only"] = True
-    if getattr(args, "jump", None) is not None:
-        changes["jump_s"] = args.jump
     if getattr(args, "prometheus", None) is not None or s.prometheus is not None:
         changes["prometheus"] = prometheus_options(args, s.prometheus)
     if getattr(args, "tab", None):
@@ -401,6 +394,15 @@ def settings_from_args(args: Any) -> Settings:
         raise DltopError("tab cluster: the Cluster tab reads a Prometheus: give --prometheus URL (or prometheus = "
                          "\"URL\" in the config)")
     return out
+
+
+def _dataset_paths(paths: list[str]) -> tuple[str, ...]:
+    """The datasets given on the command line, each there; absolute, as the scans name them (the TUI matches rows,
+    x and a by these paths)."""
+    for p in paths:
+        if not os.path.exists(p):
+            raise DltopError(f"no such dataset path: {p}")
+    return tuple(os.path.abspath(p) for p in paths)
 
 
 def prometheus_options(args: Any, configured: PrometheusOptions | None = None) -> PrometheusOptions | None:
@@ -424,6 +426,13 @@ def prometheus_options(args: Any, configured: PrometheusOptions | None = None) -
             raise DltopError("--prometheus-timeout must be between 0.1 and 300 seconds")
         changes["timeout_s"] = float(timeout)
     opts = replace(opts, **changes)
+    _check_credentials(opts)
+    return opts
+
+
+def _check_credentials(opts: PrometheusOptions) -> None:
+    """One kind of credentials, and its files readable and trusted now (owner and mode too: a file another user
+    can write is refused here, at start)."""
     if opts.password_file and not opts.username:
         raise DltopError("--prometheus-password-file needs --prometheus-user")
     if opts.username and opts.bearer_token_file:
@@ -431,9 +440,8 @@ def prometheus_options(args: Any, configured: PrometheusOptions | None = None) -
     for what, path in (("--prometheus-password-file", opts.password_file),
                        ("--prometheus-bearer-token-file", opts.bearer_token_file),
                        ("--prometheus-ca-file", opts.ca_file)):
-        if path is not None:  # owner and mode too: a file another user can write is refused here, at start
+        if path is not None:
             try:
                 read_trusted(path, what)
             except FileNotFoundError:
                 raise DltopError(f"{what} {path}: cannot be read: no such file") from None
-    return opts

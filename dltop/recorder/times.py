@@ -57,14 +57,9 @@ def parse_time(text: str, now: float, recording: Recording | None = None) -> flo
     s = text.strip()
     low = s.lower()
     ref = now if recording is None or recording.last_ts is None else min(now, recording.last_ts)
-    if recording is not None and low in ("start", "begin", "first") and recording.first_ts is not None:
-        return recording.first_ts
-    if recording is not None and low in ("end", "last") and recording.last_ts is not None:
-        return recording.last_ts
-    if low == "now":
-        return now
-    if low.endswith("ago"):
-        return now - parse_duration(low[:-3])
+    named = _named_time(low, now, recording)
+    if named is not None:
+        return named
     try:
         value = float(s)
     except ValueError:
@@ -75,14 +70,7 @@ def parse_time(text: str, now: float, recording: Recording | None = None) -> flo
         raise DltopError(f"not a time: {text!r}")
     m = _CLOCK.fullmatch(s)
     if m is not None:
-        h, minute, sec = int(m.group(1)), int(m.group(2)), float(m.group(3) or 0)
-        if h > 23 or minute > 59 or sec >= 60:
-            raise DltopError(f"not a time of day: {text!r}")
-        day = dt.datetime.fromtimestamp(ref).astimezone()
-        at = day.replace(hour=h, minute=minute, second=int(sec), microsecond=round((sec % 1) * 1e6))
-        if at.timestamp() > ref:
-            at = (at - dt.timedelta(days=1)).replace(hour=h, minute=minute)  # the last such clock time
-        return at.timestamp()
+        return _clock_time(m, text, ref)
     try:
         when = dt.datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
     except ValueError:
@@ -90,6 +78,31 @@ def parse_time(text: str, now: float, recording: Recording | None = None) -> flo
     if when.tzinfo is None:
         when = when.astimezone()  # a naive time is local, as the clock on the wall
     return when.timestamp()
+
+
+def _named_time(low: str, now: float, recording: Recording | None) -> float | None:
+    """`start`/`end` of a recording, `now`, `10m ago`; None for anything else."""
+    if recording is not None and low in ("start", "begin", "first") and recording.first_ts is not None:
+        return recording.first_ts
+    if recording is not None and low in ("end", "last") and recording.last_ts is not None:
+        return recording.last_ts
+    if low == "now":
+        return now
+    if low.endswith("ago"):
+        return now - parse_duration(low[:-3])
+    return None
+
+
+def _clock_time(m: re.Match[str], text: str, ref: float) -> float:
+    """The last time the clock showed HH:MM[:SS] (local) at or before `ref`."""
+    h, minute, sec = int(m.group(1)), int(m.group(2)), float(m.group(3) or 0)
+    if h > 23 or minute > 59 or sec >= 60:
+        raise DltopError(f"not a time of day: {text!r}")
+    day = dt.datetime.fromtimestamp(ref).astimezone()
+    at = day.replace(hour=h, minute=minute, second=int(sec), microsecond=round((sec % 1) * 1e6))
+    if at.timestamp() > ref:
+        at = (at - dt.timedelta(days=1)).replace(hour=h, minute=minute)  # the last such clock time
+    return at.timestamp()
 
 
 def index_typed(times: Sequence[float], ts: float) -> int:
