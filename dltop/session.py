@@ -359,28 +359,39 @@ class Session:
             self.add_events([LiveEvent(ev.ts, "action", {**to_dict(ev), "pid": os.getpid(), "uid": os.geteuid()})])
         if ev.phase != "finished":
             return None
-        plan = None
-        if ev.step == "plan":
-            run = self.plans.pop(ev.run_id, None)
-            result = run.result if run is not None and ev.outcome == "ok" else None
-            # a dataset unwatched while it was measured: nobody is looking at that row any more
-            if isinstance(result, ActionPlan) and (result.action == "clear" or not self.settings.datasets
-                                                   or self._owner(result.target)):
-                plan = result
-        elif ev.step == "run" and ev.action == "signal":
-            self.read_now("gpus")  # the process gone from the table without waiting for the next tick
-            if ev.outcome == "ok":
-                self.say(ev.message, timeout=6)
-        elif ev.step == "run" and ev.action == "clear":
-            self.read_now("caches", self._cache_of(ev.paths[0]) if ev.paths else None)
-        elif ev.step == "run":
-            # The numbers after the action without waiting for the next scan: a rescan of that dataset only.
-            self.read_now("datasets", next(filter(None, map(self._owner, ev.paths)), None))
+        plan = self._confirmable(ev) if ev.step == "plan" else None
+        if ev.step == "run":
+            self._read_after(ev)
+        self._say_outcome(ev)
+        return plan
+
+    def _say_outcome(self, ev: ActionEvent) -> None:
+        """A failure or refusal, a release and a signal sent are said; a warm, evict or clear shows in its pane."""
         if ev.outcome in ("error", "refused"):
             self.say(ev.message, "error", timeout=8)
         elif ev.step == "release":
             self.say(ev.message)
-        return plan
+        elif ev.step == "run" and ev.action == "signal" and ev.outcome == "ok":
+            self.say(ev.message, timeout=6)
+
+    def _confirmable(self, ev: ActionEvent) -> ActionPlan | None:
+        """The plan a finished plan step measured, unless it failed or its dataset was unwatched meanwhile
+        (nobody is looking at that row any more)."""
+        run = self.plans.pop(ev.run_id, None)
+        plan = run.result if run is not None and ev.outcome == "ok" else None
+        if not isinstance(plan, ActionPlan):
+            return None
+        return plan if plan.action == "clear" or not self.settings.datasets or self._owner(plan.target) else None
+
+    def _read_after(self, ev: ActionEvent) -> None:
+        """A finished run's numbers without waiting for the next tick: the GPU processes after a signal (the
+        process gone from the table), the cache after a clear, that dataset only after a warm, evict or lock."""
+        if ev.action == "signal":
+            self.read_now("gpus")
+        elif ev.action == "clear":
+            self.read_now("caches", self._cache_of(ev.paths[0]) if ev.paths else None)
+        else:
+            self.read_now("datasets", next(filter(None, map(self._owner, ev.paths)), None))
 
     def add_events(self, found: Sequence[LiveEvent]) -> bool:
         """Events seen live (actions here and anywhere on the machine); True where they are the first ones."""

@@ -603,12 +603,13 @@ class DltopApp(App[None]):
                     return
                 if journal is not None and time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + JOURNAL_POLL_S
-                    found = journal.poll()
-                    if found and not self._watch_done.is_set():
-                        loop.call_soon_threadsafe(self._add_live_events,
-                                                  [LiveEvent(d["ts"], "action", d) for d in found])
+                    self._hand_on(loop, [LiveEvent(d["ts"], "action", d) for d in journal.poll()])
             except RuntimeError:  # the loop has closed under it (leaving)
                 return
+
+    def _hand_on(self, loop: asyncio.AbstractEventLoop, found: list[LiveEvent]) -> None:
+        if found and not self._watch_done.is_set():
+            loop.call_soon_threadsafe(self._add_live_events, found)
 
     def _add_live_events(self, found: Sequence[LiveEvent]) -> None:
         """Events for `v` live; the first one puts `v` in the footer."""
