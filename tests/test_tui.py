@@ -412,10 +412,10 @@ async def test_another_process_s_action_reaches_the_live_events_and_the_journal_
     import time
 
     from dltop import journal
-    from dltop.tui import app as app_module
+    from dltop.tui import outside
     from tests.test_recorder_ops import _journal_line
 
-    monkeypatch.setattr(app_module, "JOURNAL_POLL_S", 0.05)
+    monkeypatch.setattr(outside, "JOURNAL_POLL_S", 0.05)
     app = DltopApp(ListFeed(session[:3], start=2))
     before = set(threading.enumerate())
     async with app.run_test(size=(80, 24)) as pilot:
@@ -441,12 +441,11 @@ def test_the_watch_thread_asks_the_ui_loop_to_leave_once_the_terminal_is_gone(se
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # After an SSH drop with SIGHUP ignored and no handler of dltop's in place the tty reads EOF forever: the
     # watch thread sees stdin is no terminal any more at its next check and hands the UI loop _leave(129).
-    from dltop.tui import app as app_module
+    from dltop.tui import outside
 
-    app = DltopApp(ListFeed(session[:3], start=2))
     answers = iter([True, True, True, False])
-    monkeypatch.setattr(app_module, "TERMINAL_CHECK_S", 0.01)
-    monkeypatch.setattr(app_module.os, "isatty", lambda fd: next(answers))
+    monkeypatch.setattr(outside, "TERMINAL_CHECK_S", 0.01)
+    monkeypatch.setattr(outside.os, "isatty", lambda fd: next(answers))
     asked: list[tuple[object, tuple[object, ...]]] = []
 
     class Loop:
@@ -456,6 +455,9 @@ def test_the_watch_thread_asks_the_ui_loop_to_leave_once_the_terminal_is_gone(se
         def call_soon_threadsafe(self, fn: object, *args: object) -> None:
             asked.append((fn, args))
 
-    app._watch_outside(Loop(), True, None)  # type: ignore[arg-type]  # returns once it has asked
-    assert asked == [(app._leave, (129,))]
+    def leave(code: int) -> None:
+        raise AssertionError("called on the watch thread, not handed to the UI loop")
+
+    outside.watch_outside(threading.Event(), Loop(), True, None, leave, print)  # type: ignore[arg-type]  # returns once it has asked
+    assert asked == [(leave, (129,))]
     assert next(answers, "all asked") == "all asked"

@@ -31,6 +31,7 @@ from dltop.session import RecordSink, Said, Session
 from dltop.timeline import Feed, LiveEvent, Recorded
 from dltop.tui import messages as msgs
 from dltop.tui.lines import header_text, hint_text, hms
+from dltop.tui.outside import watch_outside
 from dltop.tui.panes import pane_classes
 from dltop.tui.panes.base import Pane, set_content
 from dltop.tui.screens.ask import AskScreen
@@ -42,8 +43,6 @@ from dltop.view import View
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 LEAVE_WITHIN_S = 3.0  # after a kill or a hangup, at most this long before the process is gone
 SLOW_HOLD_S = 1.0  # the slow sources start after the first frame, or this long after the start at the latest
-JOURNAL_POLL_S = 2.0  # the machine's action journals are read this often for events of other processes
-TERMINAL_CHECK_S = 1.0  # whether the terminal is still there (a hangup with SIGHUP ignored), this often
 PLAY_TICK_S = 0.25  # a replay that plays moves on this often (at x10 over a 1 s recording: every 2-3 samples)
 TIME_EXAMPLES = "10m ago, 14:05, 2026-12-01T14:05:00"
 # The palette's entries for moving in time: (title, help, action, parameters); offered where they can run now.
@@ -157,12 +156,11 @@ class DltopApp(App[None]):
 
             journal = JournalTail(skip_pid=os.getpid())
         # The terminal (unconditionally: a hangup that came before this point, its exit() too early to take, is
-        # caught at the first check) and the journals are watched on one thread for the TUI's life, which wakes
-        # the UI loop only with news.
+        # caught at the first check) and the journals are watched on one thread for the TUI's life (outside.py).
         tty = not self.is_headless
         if tty or journal is not None:
-            threading.Thread(target=self._watch_outside, args=(asyncio.get_running_loop(), tty, journal),
-                             name="dltop-watch", daemon=True).start()
+            args = (self._watch_done, asyncio.get_running_loop(), tty, journal, self._leave, self._add_live_events)
+            threading.Thread(target=watch_outside, args=args, name="dltop-watch", daemon=True).start()
         self._play_timer = self.set_interval(PLAY_TICK_S, self._play_tick, pause=True)
         if feed is not None:
             # The slow sources start once the first frame is drawn (or SLOW_HOLD_S later): a dataset's first
@@ -586,30 +584,6 @@ class DltopApp(App[None]):
         msg.stop()
         self.session.remove_server(msg.text)
         self.show()
-
-    def _watch_outside(self, loop: asyncio.AbstractEventLoop, tty: bool, journal: Any) -> None:
-        """On the watch thread, until the TUI leaves: every TERMINAL_CHECK_S whether the terminal is still there
-        (`tty`), every JOURNAL_POLL_S the journals' new events (`journal`, a JournalTail, or None); each handed to
-        the UI loop only where there is news."""
-        step = TERMINAL_CHECK_S if tty else JOURNAL_POLL_S
-        next_poll = time.monotonic() + JOURNAL_POLL_S
-        while not self._watch_done.wait(step) and not loop.is_closed():  # (an app torn down without unmount)
-            try:
-                if tty and not os.isatty(0):
-                    # After an SSH drop with SIGHUP ignored (nohup, some multiplexers) the tty reads EOF forever
-                    # and Textual's input thread spins on it at 100% CPU next to the training job. A monitor
-                    # with no terminal has nothing to do: leave.
-                    loop.call_soon_threadsafe(self._leave, 129)
-                    return
-                if journal is not None and time.monotonic() >= next_poll:
-                    next_poll = time.monotonic() + JOURNAL_POLL_S
-                    self._hand_on(loop, [LiveEvent(d["ts"], "action", d) for d in journal.poll()])
-            except RuntimeError:  # the loop has closed under it (leaving)
-                return
-
-    def _hand_on(self, loop: asyncio.AbstractEventLoop, found: list[LiveEvent]) -> None:
-        if found and not self._watch_done.is_set():
-            loop.call_soon_threadsafe(self._add_live_events, found)
 
     def _add_live_events(self, found: Sequence[LiveEvent]) -> None:
         """Events for `v` live; the first one puts `v` in the footer."""
