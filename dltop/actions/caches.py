@@ -107,16 +107,7 @@ def check(path: str, options: ClearOptions) -> tuple[src.Location, os.stat_resul
     why = confine.root_refusal(path, home_of=home_of, prefixes=prefixes)
     if why is not None:
         raise Refused(why.rule, why.reason)
-    known = src.resolve(env, options.caches)
-    loc = next((c for c in known if path == c.path or path.startswith(c.path.rstrip("/") + "/")), None)
-    if loc is None:
-        raise Refused("not a cache", f"{display_path(path)} is not a cache dltop knows (known: "
-                      + ", ".join(c.name for c in known) + "; add one with caches = [...] or --cache)")
-    if path != loc.path:
-        why = confine.root_refusal(loc.path, home_of=home_of, prefixes=prefixes)
-        if why is not None:
-            raise Refused(why.rule, f"{display_path(path)} is inside {display_path(loc.path)}, which is refused: "
-                                    f"{why.reason}")
+    loc = _cache_of(path, src.resolve(env, options.caches), home_of, prefixes)
     try:
         st = os.lstat(path)
     except OSError as e:
@@ -125,13 +116,7 @@ def check(path: str, options: ClearOptions) -> tuple[src.Location, os.stat_resul
         raise Refused("symlink", f"{display_path(path)} is a symbolic link (to {display_path(os.readlink(path))}); "
                       "dltop never follows one: give the folder it points to as a cache of its own")
     if path != loc.path:
-        # An entry: no symlink from the cache folder down to it (a lexical path through one leads outside)
-        folder = loc.path
-        for part in ["", *os.path.relpath(os.path.dirname(path), loc.path).split(os.sep)]:
-            folder = os.path.join(folder, part) if part not in ("", ".") else folder
-            if os.path.islink(folder):
-                raise Refused("symlink", f"{display_path(folder)} is a symbolic link on the way to "
-                              f"{display_path(path)}; dltop never follows one")
+        _no_link_above(path, loc.path)
     if st.st_uid != os.geteuid():
         owner = src.passwd_of(st.st_uid)[0]
         raise Refused("owner", f"{display_path(path)} is owned by {owner} (uid {st.st_uid}), not by this user: "
@@ -141,6 +126,30 @@ def check(path: str, options: ClearOptions) -> tuple[src.Location, os.stat_resul
         raise Refused("mount point", f"{display_path(path)} is a mount point; clear what is inside it by entry")
     _check_layout(path, loc)
     return loc, st
+
+
+def _cache_of(path: str, known: list[src.Location], home_of: dict[str, str], prefixes: dict[str, str]) -> src.Location:
+    """The known cache `path` is (or is inside); Refused where it is none, or inside one that is refused."""
+    loc = next((c for c in known if path == c.path or path.startswith(c.path.rstrip("/") + "/")), None)
+    if loc is None:
+        raise Refused("not a cache", f"{display_path(path)} is not a cache dltop knows (known: "
+                      + ", ".join(c.name for c in known) + "; add one with caches = [...] or --cache)")
+    if path != loc.path:
+        why = confine.root_refusal(loc.path, home_of=home_of, prefixes=prefixes)
+        if why is not None:
+            raise Refused(why.rule, f"{display_path(path)} is inside {display_path(loc.path)}, which is refused: "
+                                    f"{why.reason}")
+    return loc
+
+
+def _no_link_above(path: str, cache: str) -> None:
+    """An entry: no symlink from the cache folder down to it (a lexical path through one leads outside)."""
+    folder = cache
+    for part in ["", *os.path.relpath(os.path.dirname(path), cache).split(os.sep)]:
+        folder = os.path.join(folder, part) if part not in ("", ".") else folder
+        if os.path.islink(folder):
+            raise Refused("symlink", f"{display_path(folder)} is a symbolic link on the way to "
+                          f"{display_path(path)}; dltop never follows one")
 
 
 def _check_layout(path: str, loc: src.Location) -> None:

@@ -114,27 +114,45 @@ def root_refusal(path: str, *, home_of: Mapping[str, str], prefixes: Mapping[str
     """The first rule that refuses `path` as a cache root (as written and as resolved), or None."""
     shown = printable(path)
     for p in dict.fromkeys((os.path.normpath(path), os.path.realpath(path))):
-        seen = printable(p) if p != os.path.normpath(path) else shown
-        via = f" ({shown} resolves to it)" if p != os.path.normpath(path) else ""
-        if p in home_of:
-            return Refusal("home", f"{seen} is a home folder (of {printable(home_of[p])}), not a cache{via}")
-        if p in SYSTEM_FOLDERS:
-            return Refusal("system folder", f"{seen} is a system folder, not a cache{via}")
-        tree = next((t for t in SYSTEM_TREES if _under(p, t)), None)
-        if tree is not None and not any(p == w or _under(p, w) for w in WRITABLE_IN_TREES):
-            return Refusal("system folder", f"{seen} is inside {tree}, a system folder{via}")
-        if p in prefixes:
-            return Refusal("python prefix", f"{seen} is a Python prefix ({prefixes[p]}){via}")
-        marker = prefix_marker(p)
-        if marker is not None:
-            return Refusal("python prefix", f"{seen} is a Python prefix ({marker}){via}")
-        home = next((h for h in sorted(home_of) if _under(h, p)), None)
-        if home is not None:
-            return Refusal("ancestor", f"{seen} holds the home folder {printable(home)} (of "
-                                       f"{printable(home_of[home])}){via}")
-        prefix = next((x for x in sorted(prefixes) if _under(x, p)), None)
-        if prefix is not None:
-            return Refusal("ancestor", f"{seen} holds the Python prefix {printable(prefix)} ({prefixes[prefix]}){via}")
+        resolved = p != os.path.normpath(path)
+        seen = printable(p) if resolved else shown
+        via = f" ({shown} resolves to it)" if resolved else ""
+        why = _is_refused(p, seen, via, home_of, prefixes)
+        if why is None:
+            why = _holds_refused(p, seen, via, home_of, prefixes)
+        if why is not None:
+            return why
+    return None
+
+
+def _is_refused(p: str, seen: str, via: str, home_of: Mapping[str, str],
+                prefixes: Mapping[str, str]) -> Refusal | None:
+    """`p` is a home, a system folder (or inside one) or a Python prefix."""
+    if p in home_of:
+        return Refusal("home", f"{seen} is a home folder (of {printable(home_of[p])}), not a cache{via}")
+    if p in SYSTEM_FOLDERS:
+        return Refusal("system folder", f"{seen} is a system folder, not a cache{via}")
+    tree = next((t for t in SYSTEM_TREES if _under(p, t)), None)
+    if tree is not None and not any(p == w or _under(p, w) for w in WRITABLE_IN_TREES):
+        return Refusal("system folder", f"{seen} is inside {tree}, a system folder{via}")
+    if p in prefixes:
+        return Refusal("python prefix", f"{seen} is a Python prefix ({prefixes[p]}){via}")
+    marker = prefix_marker(p)
+    if marker is not None:
+        return Refusal("python prefix", f"{seen} is a Python prefix ({marker}){via}")
+    return None
+
+
+def _holds_refused(p: str, seen: str, via: str, home_of: Mapping[str, str],
+                   prefixes: Mapping[str, str]) -> Refusal | None:
+    """`p` is an ancestor of a home or a Python prefix."""
+    home = next((h for h in sorted(home_of) if _under(h, p)), None)
+    if home is not None:
+        return Refusal("ancestor", f"{seen} holds the home folder {printable(home)} (of "
+                                   f"{printable(home_of[home])}){via}")
+    prefix = next((x for x in sorted(prefixes) if _under(x, p)), None)
+    if prefix is not None:
+        return Refusal("ancestor", f"{seen} holds the Python prefix {printable(prefix)} ({prefixes[prefix]}){via}")
     return None
 
 
