@@ -109,47 +109,37 @@ def _target(name: str, settings: Any, options: Any) -> str:
     return loc.path
 
 
-def _clear(args: argparse.Namespace, settings: Any, name: str) -> int:
-    from dltop.actions.caches import ClearOptions
-    from dltop.actions.runner import SPECS, ActionRunner
+def _print_json(plan: Any) -> None:
+    from dltop.model.base import to_dict
+
+    sys.stdout.write(json.dumps(to_dict(plan)) + "\n")
+
+
+def _confirmed(what: str) -> bool:
+    """The user said yes on the terminal; DltopError where there is no terminal to ask on."""
+    if not sys.stdin.isatty():
+        raise DltopError(f"not clearing {what}: no terminal to ask on; give --yes to clear without asking")
+    return input(f"Clear {what}? [y/N] ").strip().lower() in ("y", "yes")
+
+
+def _print_cleared(args: argparse.Namespace, r: Any) -> None:
+    from dltop.actions.caches import summary
+    from dltop.fmt import printable
+
+    if args.json:
+        sys.stdout.write(json.dumps(r.to_dict()) + "\n")
+        return
+    print(printable(summary(r)))
+    for p in r.problems[:5]:
+        print(f"  {printable(p)}")
+
+
+def _run_clear(runner: Any, path: str, options: Any, progress: bool) -> tuple[Any, list[int]]:
+    """The clear run to its end (a progress bar on stderr with `progress`); its result and the signals that
+    cancelled it."""
     from dltop.commands.pagecache import ProgressBar, cancelled_by_signals, wait_for
-    from dltop.fmt import human_bytes, plural, printable
 
-    options = ClearOptions(settings.caches, settings.pid, settings.root)
-    path = _target(name, settings, options)
-    runner = ActionRunner()
-    planned = runner.plan("clear", [path], options=options, wait=True)
-    if planned.error is not None:
-        raise planned.error
-    plan = planned.result
-    if not plan.allowed:
-        if args.json:
-            from dltop.model.base import to_dict
-
-            sys.stdout.write(json.dumps(to_dict(plan)) + "\n")
-            return 1
-        raise DltopError(plan.guard)
-    what = f"{human_bytes(plan.bytes)} in {plural(plan.files, 'file')} under {printable(path)}"
-    if args.dry_run:
-        if args.json:
-            from dltop.model.base import to_dict
-
-            sys.stdout.write(json.dumps(to_dict(plan)) + "\n")
-        else:
-            print(f"would clear {what}")
-            for n in plan.notes:
-                print(f"note: {printable(n)}")
-        return 0
-    for n in plan.notes:
-        print(f"note: {printable(n)}", file=sys.stderr)
-    if SPECS["clear"].risky and not args.yes:
-        if not sys.stdin.isatty():
-            raise DltopError(f"not clearing {what}: no terminal to ask on; give --yes to clear without asking")
-        answer = input(f"Clear {what}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("not cleared", file=sys.stderr)
-            return 1
-    bar = ProgressBar() if (sys.stderr.isatty() and not args.no_progress) else None
+    bar = ProgressBar() if progress else None
     if bar is not None:
         runner.subscribe(lambda ev: bar(ev) if ev.phase == "progress" else None)
     with cancelled_by_signals(runner) as (signals, _stop):
@@ -162,15 +152,42 @@ def _clear(args: argparse.Namespace, settings: Any, name: str) -> int:
                 raise run.error
         finally:
             runner.close()
-    r = run.result
-    if args.json:
-        sys.stdout.write(json.dumps(r.to_dict()) + "\n")
-    else:
-        from dltop.actions.caches import summary
+    return run.result, signals
 
-        print(printable(summary(r)))
-        for p in r.problems[:5]:
-            print(f"  {printable(p)}")
+
+def _clear(args: argparse.Namespace, settings: Any, name: str) -> int:
+    from dltop.actions.caches import ClearOptions
+    from dltop.actions.runner import SPECS, ActionRunner
+    from dltop.fmt import human_bytes, plural, printable
+
+    options = ClearOptions(settings.caches, settings.pid, settings.root)
+    path = _target(name, settings, options)
+    runner = ActionRunner()
+    planned = runner.plan("clear", [path], options=options, wait=True)
+    if planned.error is not None:
+        raise planned.error
+    plan = planned.result
+    if not plan.allowed:
+        if args.json:
+            _print_json(plan)
+            return 1
+        raise DltopError(plan.guard)
+    what = f"{human_bytes(plan.bytes)} in {plural(plan.files, 'file')} under {printable(path)}"
+    if args.dry_run:
+        if args.json:
+            _print_json(plan)
+        else:
+            print(f"would clear {what}")
+            for n in plan.notes:
+                print(f"note: {printable(n)}")
+        return 0
+    for n in plan.notes:
+        print(f"note: {printable(n)}", file=sys.stderr)
+    if SPECS["clear"].risky and not args.yes and not _confirmed(what):
+        print("not cleared", file=sys.stderr)
+        return 1
+    r, signals = _run_clear(runner, path, options, sys.stderr.isatty() and not args.no_progress)
+    _print_cleared(args, r)
     if signals:
         return 128 + signals[0]
     return 1 if r.left_behind else 0  # a name not removed, or blocks still held: the clear did not finish
