@@ -89,28 +89,31 @@ class Chunk:
             except store.Malformed as e:
                 chunk.damaged.append((i, str(e)))
                 continue
-            why = None
-            if kind == "part":
-                if body.get("name") in store.KEPT_PARTS and "value" in body:
-                    state = {**state, body["name"]: i}
-                else:
-                    why = "a part line without a part dltop keeps"
-            elif kind == "event":
-                if isinstance(body.get("kind"), str) and isinstance(body.get("data"), dict) \
-                        and store.shallow(body["data"]):
-                    chunk.events.append(RecordedEvent(ts, body["kind"], body["data"]))
-                else:
-                    why = "an event without a kind and its data"
-            elif kind == "meta":
-                if not store.shallow(body):
-                    why = f"meta nested deeper than {store.MAX_DEPTH}"
-                elif chunk.meta is None:
-                    chunk.meta = body
+            why = chunk._take(i, ts, kind, body)
+            if kind == "part" and why is None:
+                state = {**state, body["name"]: i}
             if why is not None:
                 chunk.damaged.append((i, why))
                 continue
             chunk.lines[i] = line
         return chunk
+
+    def _take(self, i: int, ts: float, kind: str, body: dict[str, Any]) -> str | None:
+        """Line i's part, event or meta taken in (a part: by `scan`'s state); why it is damage, else None."""
+        if kind == "part":
+            return None if body.get("name") in store.KEPT_PARTS and "value" in body else (
+                "a part line without a part dltop keeps")
+        if kind == "event":
+            if isinstance(body.get("kind"), str) and isinstance(body.get("data"), dict) and store.shallow(body["data"]):
+                self.events.append(RecordedEvent(ts, body["kind"], body["data"]))
+                return None
+            return "an event without a kind and its data"
+        if kind == "meta":
+            if not store.shallow(body):
+                return f"meta nested deeper than {store.MAX_DEPTH}"
+            if self.meta is None:
+                self.meta = body
+        return None
 
     def snapshot(self, k: int, memo: PartMemo | None = None) -> Snapshot:
         """The k-th sample as the full Snapshot that was written; DecodeError (with the reason) if its line is

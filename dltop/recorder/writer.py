@@ -40,6 +40,15 @@ BLOCK_SAMPLES = 256  # samples per zstd frame of a closed segment: a seek decomp
 _CLOSE = object()
 
 
+def _removed_line(why: str, gone: list[tuple[str, float | None, float | None]], sizes: dict[str, int]) -> str:
+    """One line for the segments removed for one reason: which, the samples they held, their bytes."""
+    spans = [(a, b) for _, a, b in gone if a is not None and b is not None]
+    covered = f", {human_duration(sum(b - a for a, b in spans))} of samples" if spans else ""
+    n_bytes = sum(sizes[stem] for stem, _, _ in gone)
+    names = gone[0][0] if len(gone) == 1 else f"{gone[0][0]} to {gone[-1][0]}"
+    return f"removed {plural(len(gone), 'segment')} ({names}{covered}, {human_bytes(n_bytes)}): {why}"
+
+
 class Recorder:
     """Appends Snapshots and events to a recording directory; one per directory (it holds the directory's lock)."""
 
@@ -346,6 +355,7 @@ class Recorder:
             self._note(f"housekeeping: {getattr(e, 'strerror', None) or e}")
 
     def _enforce_limits(self, closed: list[str]) -> None:
+        """Closed segments (oldest first) removed while older than --retain or above --max-size in all."""
         now = self._clock()
         sizes = {stem: sum(_size(self._dir_fd, stem + s) for s in (store.CLOSED_SUFFIX, store.INDEX_SUFFIX))
                  for stem in closed}
@@ -365,11 +375,7 @@ class Recorder:
                    else f"above --max-size {human_bytes(self.max_bytes or 0)}")
             removed.setdefault(why, []).append((stem, first, last))
         for why, gone in removed.items():  # history removed is said, never silent: one line per reason
-            spans = [(a, b) for _, a, b in gone if a is not None and b is not None]
-            covered = f", {human_duration(sum(b - a for a, b in spans))} of samples" if spans else ""
-            n_bytes = sum(sizes[stem] for stem, _, _ in gone)
-            names = gone[0][0] if len(gone) == 1 else f"{gone[0][0]} to {gone[-1][0]}"
-            self._warn(f"removed {plural(len(gone), 'segment')} ({names}{covered}, {human_bytes(n_bytes)}): {why}")
+            self._warn(_removed_line(why, gone, sizes))
 
     def _poll_marks(self) -> None:
         """Turn the lines `dltop mark` appended since the last look into "marker" events."""
