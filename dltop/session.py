@@ -165,6 +165,16 @@ class Session:
 
     # -- time -------------------------------------------------------------------------------------------------
 
+    def allows(self, action: str, parameters: tuple[object, ...] = ()) -> bool:
+        """Whether the app's key `action(parameters)` acts now: the time keys by the playhead's mode; `v` in a
+        replay, and live once an action was seen; every other key always (a pane's keys ask its own gate)."""
+        allowed = self.head.allows(action, parameters)
+        if allowed is not None:
+            return allowed
+        if action == "events":
+            return self.replay or bool(self.timeline.events())
+        return True
+
     def times(self) -> Sequence[float]:
         """The times of the timeline, oldest first."""
         return self.timeline.times()
@@ -208,6 +218,20 @@ class Session:
         interval = self.recorded.interval_s if self.recorded is not None else 1.0
         gap = times[i] - times[i - 1] if 0 < i < len(times) else 0.0
         return gap if gap > 3 * interval else 0.0
+
+    def mark_refusal(self) -> str | None:
+        """Why `m` cannot write a marker here (a replay, nothing recorded), or None."""
+        if self.replay:
+            return "m: this is a replay; a marker goes into a live recording (dltop --record DIR, or dltop mark)"
+        if self.recorder is None:
+            return "m: nothing is being recorded (start dltop with --record DIR)"
+        return None
+
+    def mark(self, text: str, ts: float) -> None:
+        """A marker with the user's `text` at `ts` into --record's recording."""
+        if self.recorder is not None:
+            self.recorder.event("marker", {"text": text, "by": "dltop"}, ts=ts)
+            self.say(f"marker at {_hms(ts)}: {text}", timeout=3)
 
     def set_refresh(self, faster: bool) -> None:
         """Refresh one step more (or less) often; sources rebuilt later follow it too."""

@@ -3,6 +3,7 @@ edits of what is watched, the history and the moment on screen, and the messages
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from dltop.model.gpu import GpuDevice
 from dltop.playhead import Live, Paused, Replay
 from dltop.sampler import ListFeed
 from dltop.session import SNOOZE_S, Session, next_refresh
+from dltop.timeline import LiveEvent
 from tests.test_first_screen import _dataset, _snap
 
 CACHE_HINT = Hint("cache-on-temporary-storage", "info", "compile cache under /tmp", fix="set a cache dir")
@@ -147,6 +149,7 @@ def test_a_replay_has_no_feed_and_opens_at_its_start() -> None:
     session.read_now("datasets")  # nothing to read again: no error
     assert session.gap_before(110.0) == 8.0 and session.gap_before(102.0) == 0.0  # over 3 intervals of 2 s
     assert session.end_text(1) == "the last sample of the recording"
+    assert "this is a replay" in (session.mark_refusal() or "") and session.allows("events")
 
 
 def test_the_gate_says_why_nothing_may_change_the_system() -> None:
@@ -252,3 +255,51 @@ def test_typed_times_outside_the_history_are_refused() -> None:
     assert session.go_typed("now") == Live()
     assert "is outside the history kept" in (session.time_refusal("10") or "")
     assert "not a time" in (session.time_refusal("yesterday-ish") or "")
+
+
+def test_jump_and_typed_times_move_through_the_history(session: list[Snapshot]) -> None:
+    ts = [s.ts for s in session]
+    now = ts[-1] + 5
+    live = Session(ListFeed(session, start=len(session) - 1), Settings(jump_s=10.0), clock=lambda: now)
+    live.open()
+    times, jump = live.times(), live.settings.jump_s
+    head = live.head.jump(times, -jump)  # from live: pauses, 10 s back, on the sample on screen then
+    assert head is not None and head.at == ts[max(i for i, t in enumerate(ts) if t <= ts[-1] - 10)]
+    for _ in range(5):
+        head = head.jump(times, -jump) or head  # past the oldest: stays on it
+    assert head.at == ts[0] and head.jump(times, -jump) is None
+    assert live.end_text(-1) == "the oldest sample kept"
+    head = head.jump(times, jump)
+    assert head is not None and head.at == ts[max(i for i, t in enumerate(ts) if t <= ts[0] + 10)]
+    # A clock time (the session was recorded in UTC, as the tests run), then "N s ago". A whole second names the
+    # sample shown as that second: the first taken within it (else the one before).
+    second = int(ts[10] + 0.999)
+    within = [t for t in ts if second <= t < second + 1]
+    assert live.go_typed(time.strftime("%H:%M:%S", time.gmtime(second))).at == (
+        within[0] if within else ts[max(i for i, t in enumerate(ts) if t <= second)])
+    assert live.go_typed(f"{int(now - ts[5])}s ago").at == ts[max(i for i, t in enumerate(ts) if t <= now - int(now - ts[5]))]
+    assert "outside the history" in (live.time_refusal("1h ago") or "")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any], float | None]] = []
+
+    def write(self, snapshot: Snapshot) -> None:
+        pass
+
+    def event(self, kind: str, data: dict[str, Any], ts: float | None = None) -> None:
+        self.events.append((kind, data, ts))
+
+
+def test_a_marker_needs_a_live_recording_and_v_an_event() -> None:
+    assert "start dltop with --record DIR" in (_session().mark_refusal() or "")
+    recorder = Recorder()
+    session = _session(recorder=recorder)
+    assert session.mark_refusal() is None
+    session.mark("warm started", 5.0)
+    assert recorder.events[-1] == ("marker", {"text": "warm started", "by": "dltop"}, 5.0)
+    assert session.said[-1].text.startswith("marker at ") and session.said[-1].text.endswith(": warm started")
+    assert session.allows("mark") and not session.allows("events")  # live: v once an action was seen
+    assert session.add_events([LiveEvent(1.0, "action", {"action": "warm"})])  # the first: v in the footer
+    assert session.allows("events") and not session.add_events([LiveEvent(2.0, "action", {})])

@@ -356,12 +356,7 @@ class DltopApp(App[None]):
     # --record); in a replay it is the recording, and playing moves through it at the speed chosen.
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        allowed = self.session.head.allows(action, parameters)  # the time keys: one table keyed on the mode
-        if allowed is not None:
-            return allowed
-        if action == "events":
-            return self.session.replay or bool(self.session.timeline.events())  # live: once an action was seen
-        return True
+        return self.session.allows(action, parameters)
 
     def _move(self, head: Playhead | None, n: int = 0) -> None:
         """Show the moment `head` is at; None: already at the end that `n` points to (said so)."""
@@ -446,20 +441,13 @@ class DltopApp(App[None]):
 
     def action_mark(self) -> None:
         """Write a marker with a text of your own into the recording (--record)."""
-        recorder = self.session.recorder
-        if self.session.replay or recorder is None:
-            self.notify("m: this is a replay; a marker goes into a live recording (dltop --record DIR, or dltop mark)"
-                        if self.session.replay else "m: nothing is being recorded (start dltop with --record DIR)",
-                        severity="warning", timeout=4)
+        refused = self.session.mark_refusal()
+        if refused is not None:
+            self.notify(refused, severity="warning", timeout=4)
             return
         now = self.session.clock()
-
-        def answered(text: str | None) -> None:
-            if text is not None:
-                recorder.event("marker", {"text": text, "by": "dltop"}, ts=now)
-                self.notify(f"marker at {hms(now)}: {text}", timeout=3)
-
-        self.push_screen(AskScreen(f"Marker at {hms(now)}", placeholder="what happened"), answered)
+        self.push_screen(AskScreen(f"Marker at {hms(now)}", placeholder="what happened"),
+                         lambda text: None if text is None else self.session.mark(text, now))
 
     def action_faster(self) -> None:
         """Refresh more often (down to 0.25 s)."""
