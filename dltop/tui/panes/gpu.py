@@ -8,11 +8,10 @@ reason in the notes, never as zero.
 
 from __future__ import annotations
 
-import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
@@ -35,6 +34,7 @@ from dltop.model.gpu_query import ProcessQuery, ProcessRow, select_processes
 from dltop.model.servers import ModelStats
 from dltop.text.gpu import elapsed, elapsed_until
 from dltop.tui import charts
+from dltop.tui.memo import Memo
 from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested, SignalRequested
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content
 from dltop.view import View
@@ -315,18 +315,6 @@ def compact_line(g: GpuDevice, width: int, bar: Content | None = None, tail: str
     return bar.append(compact_tail(g) if tail is None else tail).truncate(width, ellipsis=True)
 
 
-_KeptKey = tuple[int, int | None, int | None, "tuple[GpuProcess, ...] | Unavailable", tuple[object, ...]]
-_KeptCompact = tuple[int, int | None, int | None, "tuple[GpuProcess, ...] | Unavailable", tuple[object, ...], Content,
-                     str, Content]
-
-
-def same_objects(a: object, b: object) -> bool:
-    """Two tuples of the very same objects, in the same order (the frozen models a reader gives again where
-    nothing moved): known without comparing a field."""
-    return (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)
-            and all(map(operator.is_, a, b)))
-
-
 def memory_lines(g: GpuDevice, width: int) -> list[Content]:
     """A GPU's memory bar and its legend (in MIG mode: a bar per instance under the parent's)."""
     procs = g.processes if isinstance(g.processes, tuple) else ()
@@ -339,8 +327,14 @@ def memory_lines(g: GpuDevice, width: int) -> list[Content]:
     return [bar, legend(procs, g.memory_used_bytes, width)]
 
 
+def bar_lines(g: GpuDevice, width: int, compact: bool) -> list[Content]:
+    """A GPU's bar in compact mode (one line, the numbers beside it added by compact_line), else its memory lines."""
+    return [compact_bar(g, width)] if compact else memory_lines(g, width)
+
+
 def memory_key(g: GpuDevice, width: int) -> tuple[object, ...]:
-    """What `memory_lines` draws from, as plain values: the lines are drawn again only when this changes."""
+    """What `memory_lines` and `compact_bar` draw from, as plain values: a GPU's bar is drawn again only when this
+    changes (its processes' CPU % moving does not)."""
     splits: dict[int, tuple[int | str | None, ...]] = {}  # id(split) -> its numbers: processes without one share one
 
     def numbers(sp: MemorySplit) -> tuple[int | str | None, ...]:
@@ -551,6 +545,13 @@ def device_notes(gpus: Sequence[GpuDevice]) -> list[str]:
     return [f"GPU{g.index}: {g.memory_pool_note}" for g in gpus if g.memory_pool_note]
 
 
+def _rows_and_notes(gpus: tuple[GpuDevice, ...]) -> tuple[Rows, list[str]]:
+    """Every process row (the notes and the servers' lines need each row's process, not its cells) and the
+    notes on them and on the GPUs."""
+    rows: Rows = {r.key: (r.process, ()) for r in select_processes(gpus) if r.process is not None}
+    return rows, process_notes(rows) + device_notes(gpus)
+
+
 class GpuPane(Pane):
     """Per GPU: memory bar, sparklines; the processes and their split; inference servers' KV pools."""
 
@@ -595,22 +596,17 @@ class GpuPane(Pane):
         super().__init__()
         self._command_width = 0
         self._series = GpuSeries()
-        self._memory_lines: dict[tuple[object, ...], list[Content]] = {}  # memory_key -> its lines, this tick's
-        self._compact_lines: dict[tuple[object, ...], Content] = {}  # the same for compact mode's one line
-        # GPU index -> (width, used, total, processes, bar key, bar, numbers, line): last tick's compact line
-        self._compact_by_gpu: dict[int, _KeptCompact] = {}
-        self._memory_by_gpu: dict[int, _KeptKey] = {}  # the same for the full view's memory lines' key
+        self._bars: dict[int, Memo[list[Content]]] = {}  # GPU index -> its bar (and legend), by memory_key
+        self._rows: Memo[tuple[Rows, list[str]]] = Memo()  # every process row and the notes, by the processes
+        # the table's columns, cells and rows, by the processes, the query and the width; until a Time cell turns
+        self._cells: Memo[tuple[tuple[str, ...], dict[str, tuple[str, ...]], list[ProcessRow]]] = Memo()
+        self._cells_until = 0.0
         self._lines: list[Static] = []  # in #gpu-devices: one per line of the GPUs, or the one saying why none
         self._wanted_lines: list[Content] = []  # what each is to show
-        # (what the rows are made of, the rows, their notes): built again only when the processes change
-        self._rows_for: tuple[object, Rows, list[str]] | None = None
-        # (what the table's rows are made of, from when and until when their cells hold, the rows, their cells)
-        self._table_rows: tuple[object, float, float, list[ProcessRow], dict[str, tuple[str, ...]]] | None = None
         self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
         self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
         self._order: list[str] = []  # the row keys in the table's order
         self._columns: tuple[str, ...] = ()  # the table's columns now
-        self._columns_wanted: tuple[str, ...] = ()  # what columns_for picked for this tick's rows
         self._table_width = 0
         self._adding = True  # what the input box is for: adding a server, or naming one to remove
         self._details: GpuDetailsScreen | None = None  # the details screen while it is open: handed each view
@@ -955,54 +951,43 @@ class GpuPane(Pane):
         height = f"{min(len(gpus), room + 1)}" if self._compact_now else "auto"
         if str(box.styles.height) != height:
             box.styles.height = height
-        if self._compact_now:
-            # a GPU's bar is drawn again only when its memory changed (memory_key): building 8 bars of 20
-            # processes each was a third of a tick; the numbers beside it are a short string
-            # and where its processes are the very objects of last tick (the reader's, where nothing moved) and
-            # its memory numbers the same, its bar is last tick's without building its key; its line too, where
-            # the numbers beside the bar are the same text
-            out: list[Content] = []
-            kept: dict[tuple[object, ...], Content] = {}
-            last: dict[int, _KeptCompact] = self._compact_by_gpu
-            now: dict[int, _KeptCompact] = {}
-            for g in gpus:
-                used, total = g.memory_used_bytes, g.memory_total_bytes
-                tail = "" if used is None and total is None else compact_tail(g)
-                prev = last.get(g.index)
-                if (prev is not None and prev[:3] == (width, used, total) and not g.mig_devices
-                        and same_objects(g.processes, prev[3])):
-                    bar_key, bar = prev[4], prev[5]
-                    line = prev[7] if prev[6] == tail else compact_line(g, width, bar, tail)
-                else:
-                    bar_key = (memory_key(g, width), g.index, used is None and total is None)
-                    bar = self._compact_lines.get(bar_key) or compact_bar(g, width)
-                    line = compact_line(g, width, bar, tail)
-                kept[bar_key] = bar
-                now[g.index] = (width, used, total, g.processes, bar_key, bar, tail, line)
-                out.append(line)
-            self._compact_lines, self._compact_by_gpu = kept, now
-            return out
+        # A GPU's bar is drawn again only when its memory changed: 8 bars of 20 processes each were a third of a
+        # tick, where the numbers beside them move every tick.
+        compact = self._compact_now
+
+        def bar(g: GpuDevice) -> list[Content]:
+            memo = self._bars.setdefault(g.index, Memo())
+            return memo.get((memory_key(g, width), compact), partial(bar_lines, g, width, compact))
+
+        if compact:
+            return [compact_line(g, width, bar(g)[0]) for g in gpus]
         lines: list[Content] = []
-        drawn: dict[tuple[object, ...], list[Content]] = {}
-        last_keys: dict[int, _KeptKey] = self._memory_by_gpu
-        keys_now: dict[int, _KeptKey] = {}
         for g in gpus:
             head = headline(g, width)
             lines += head
             if len(head) > 1:
                 continue  # its calls fail: the reason is its only line
-            was = last_keys.get(g.index)  # as in compact mode: the same processes and numbers, last tick's key
-            if (was is not None and was[:3] == (width, g.memory_used_bytes, g.memory_total_bytes)
-                    and not g.mig_devices and same_objects(g.processes, was[3])):
-                key = was[4]
-            else:
-                key = memory_key(g, width)
-            keys_now[g.index] = (width, g.memory_used_bytes, g.memory_total_bytes, g.processes, key)
-            drawn[key] = self._memory_lines.get(key) or memory_lines(g, width)
-            lines += drawn[key]
+            lines += bar(g)
             lines.append(spark_line(g, self._series, width))
-        self._memory_lines, self._memory_by_gpu = drawn, keys_now
         return lines
+
+    def _table_cells(self, gpus: tuple[GpuDevice, ...], now: float,
+                     ) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], list[ProcessRow]]:
+        """The table's columns and each row's cells (the query's rows, in its order, with how long each process
+        has run as of `now`), and the rows; the cells hold until the first Time cell turns."""
+        table = self.query_one("#gpu-table", DataTable)
+        selected = select_processes(gpus, self.query_state)
+        columns = columns_for(selected, table.size.width or self.size.width)
+        split_cells: dict[int, tuple[str, ...]] = {}
+        wanted: dict[str, tuple[str, ...]] = {}
+        self._cells_until = float("inf")
+        for r in selected:
+            cells_ = row_cells(r, now, split_cells)
+            wanted[r.key] = tuple(cells_[c] for c in columns)
+            if r.process is not None:
+                self._cells_until = min(self._cells_until, elapsed_until(r.process.started_at, now))
+        self._selected = {r.key: r for r in selected}
+        return columns, wanted, selected
 
     def render_view(self, view: View) -> None:
         if self._details is not None:
@@ -1029,37 +1014,17 @@ class GpuPane(Pane):
         else:
             self._show_lines(self._device_lines(gpus, view, width), width, fixed=True)
         table.display = bool(gpus)
-        # Compared by value: NVML's processes are read anew each tick and mostly the same (a tenth of the cost of
-        # building 160 rows and their notes again).
+        # Made again only when the processes change (a tenth of the cost of building 160 rows and their notes),
+        # the table's cells also when the query or the width change, or a Time cell's minute turns.
         made_of = tuple((g.index, g.memory_pool_note, g.processes, tuple((m.mig_index, m.processes)
                                                                          for m in g.mig_devices)) for g in gpus)
-        if self._rows_for is None or self._rows_for[0] != made_of:
-            # the notes and the servers' lines need each row's process, not its cells
-            built: Rows = {r.key: (r.process, ()) for r in select_processes(gpus) if r.process is not None}
-            self._rows_for = (made_of, built, process_notes(built) + device_notes(gpus))
-        _, rows, process_lines = self._rows_for
-        # The table's rows: the query's, in its order (and how long each process has run, as of this moment:
-        # built again when the processes, the query or the width change, or a Time cell's minute turns).
-        table_width = table.size.width or self.size.width
-        asked = (made_of, self.query_state, table_width)
+        rows, process_lines = self._rows.get(made_of, lambda: _rows_and_notes(gpus))
         now = view.snapshot.ts
-        kept = self._table_rows
-        if kept is None or kept[0] != asked or not kept[1] <= now < kept[2]:
-            selected = select_processes(gpus, self.query_state)
-            columns = columns_for(selected, table_width)
-            split_cells: dict[int, tuple[str, ...]] = {}
-            wanted: dict[str, tuple[str, ...]] = {}
-            until = float("inf")
-            for r in selected:
-                cells_ = row_cells(r, now, split_cells)
-                wanted[r.key] = tuple(cells_[c] for c in columns)
-                if r.process is not None:
-                    until = min(until, elapsed_until(r.process.started_at, now))
-            kept = self._table_rows = (asked, now, until, selected, wanted)
-            self._selected = {r.key: r for r in selected}
-            self._columns_wanted = columns
-        _, _, _, selected, wanted = kept
-        self._show_rows(table, dict(wanted), self._columns_wanted)
+        if now >= self._cells_until:
+            self._cells.clear()
+        columns, wanted, selected = self._cells.get((made_of, self.query_state, table.size.width or self.size.width),
+                                                    lambda: self._table_cells(gpus, now))
+        self._show_rows(table, dict(wanted), columns)
         shown = len([r for r in selected if r.process is not None])
         total = len(rows)
         query_line = self.query_state.describe() + (f"  {shown} of {total} processes" if shown != total else "")
