@@ -85,22 +85,27 @@ def parse_selector(text: str) -> list[tuple[str, str, str]]:
         name, op, raw = m.group(1), m.group(2), m.group(3)
         if name == "__name__":
             raise ValueError(f"selector {printable(text)!r}: a metric name matcher would hide dltop's metrics")
-        value, i = [], 0
-        while i < len(raw):
-            if raw[i] == "\\":
-                nxt = raw[i + 1]
-                if nxt not in _ESCAPES:
-                    raise ValueError(f"selector {printable(text)!r}: unknown escape \\{printable(nxt)}")
-                value.append(_ESCAPES[nxt])
-                i += 2
-            else:
-                value.append(raw[i])
-                i += 1
-        out.append((name, op, "".join(value)))
+        out.append((name, op, _unescaped(raw, text)))
         pos = m.end()
         if m.group(4) == "" and pos < len(s):
             raise ValueError(f"selector {printable(text)!r}: a comma between matchers")
     return out
+
+
+def _unescaped(raw: str, text: str) -> str:
+    """A PromQL string's value: its escapes read (ValueError naming an unknown one)."""
+    value, i = [], 0
+    while i < len(raw):
+        if raw[i] == "\\":
+            nxt = raw[i + 1]
+            if nxt not in _ESCAPES:
+                raise ValueError(f"selector {printable(text)!r}: unknown escape \\{printable(nxt)}")
+            value.append(_ESCAPES[nxt])
+            i += 2
+        else:
+            value.append(raw[i])
+            i += 1
+    return "".join(value)
 
 
 def selector_text(matchers: Iterable[tuple[str, str, str]]) -> str:
@@ -288,20 +293,24 @@ def _failure(e: Exception, refresh: Refresh, where: str) -> ClusterError:
                                 "--selector)")
         return ClusterError(f"{where}: {e}")
     if isinstance(e, urllib.error.HTTPError):
-        if e.code in (401, 403):
-            return ClusterError(f"{where}: HTTP {e.code}: not authorized (--prometheus-user and "
-                                "--prometheus-password-file, or --prometheus-bearer-token-file)")
-        try:
-            raw = read_body(e, refresh.deadline, 64 << 10, refresh.watchdog)
-        except Exception:  # noqa: BLE001 - the error's body is only a better message
-            raw = bytearray()
-        return ClusterError(f"{where}: HTTP {e.code}: {_api_error(raw) or printable(str(e.reason))[:200]}")
+        return _http_failure(e, refresh, where)
     if isinstance(e, urllib.error.URLError):
         if isinstance(e.reason, ssl.SSLError | ssl.CertificateError):
             return ClusterError(f"{where}: TLS: {printable(str(e.reason))[:200]} (--prometheus-ca-file, or "
                                 "--prometheus-insecure)")
         return ClusterError(f"{where}: cannot reach it: {printable(str(e.reason))[:200]}")
     return ClusterError(f"{where}: {printable(getattr(e, 'strerror', None) or str(e))[:200]}")
+
+
+def _http_failure(e: urllib.error.HTTPError, refresh: Refresh, where: str) -> ClusterError:
+    if e.code in (401, 403):
+        return ClusterError(f"{where}: HTTP {e.code}: not authorized (--prometheus-user and "
+                            "--prometheus-password-file, or --prometheus-bearer-token-file)")
+    try:
+        raw = read_body(e, refresh.deadline, 64 << 10, refresh.watchdog)
+    except Exception:  # noqa: BLE001 - the error's body is only a better message
+        raw = bytearray()
+    return ClusterError(f"{where}: HTTP {e.code}: {_api_error(raw) or printable(str(e.reason))[:200]}")
 
 
 def _secret(path: str, what: str) -> str:
@@ -370,22 +379,26 @@ class _Notes:
 def _series(result: list[Any], notes: _Notes, what: str) -> Iterable[tuple[dict[str, str], str]]:
     """(labels, value text) of each well-formed series; a malformed one costs only itself."""
     for item in result:
-        if not isinstance(item, dict):
-            notes.add(f"{what}: a series that is not an object")
+        why = _malformed(item)
+        if why is not None:
+            notes.add(f"{what}: {why}")
             continue
-        labels, value = item.get("metric"), item.get("value")
-        if (not isinstance(labels, dict) or not isinstance(value, list) or len(value) != 2
-                or not isinstance(value[1], str)):
-            notes.add(f"{what}: a series without labels and a [time, value] pair")
-            continue
-        if not all(isinstance(k, str) and isinstance(v, str) and len(v) <= MAX_LABEL_CHARS and len(k) <= 256
-                   for k, v in labels.items()):
-            notes.add(f"{what}: a series whose labels are not short strings")
-            continue
-        if "instance" not in labels:
-            notes.add(f"{what}: a series without an instance label")
-            continue
-        yield labels, value[1]
+        yield item["metric"], item["value"][1]
+
+
+def _malformed(item: Any) -> str | None:
+    """What is wrong with one series of an answer, or None."""
+    if not isinstance(item, dict):
+        return "a series that is not an object"
+    labels, value = item.get("metric"), item.get("value")
+    if not isinstance(labels, dict) or not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str):
+        return "a series without labels and a [time, value] pair"
+    if not all(isinstance(k, str) and isinstance(v, str) and len(v) <= MAX_LABEL_CHARS and len(k) <= 256
+               for k, v in labels.items()):
+        return "a series whose labels are not short strings"
+    if "instance" not in labels:
+        return "a series without an instance label"
+    return None
 
 
 def _number(text: str, low: float = 0.0, high: float = math.inf) -> float | Unavailable:
@@ -513,11 +526,7 @@ class _Reading:
             if labels.get("__name__", "up") == "up":
                 key = (labels.get("job", ""), labels["instance"])
                 self.up[key], self.up_value[key] = labels, v
-        seen: dict[Key, float] = {}
-        for labels, v in _series(answers["seen"], self.notes, "dltop_snapshot_timestamp_seconds"):
-            ts = _number(v, 0.0)
-            if not isinstance(ts, Unavailable):
-                seen[(labels.get("job", ""), labels["instance"])] = ts
+        seen = self._seen()
         self.fields: dict[Key, dict[str, Any]] = {k: {} for k in sorted(seen)[:MAX_NODES]}
         if len(seen) > MAX_NODES:
             self.notes.add(f"{len(seen) - MAX_NODES} nodes past {MAX_NODES:,} left out: narrow it with --selector")
@@ -527,6 +536,15 @@ class _Reading:
         self.hints: dict[Key, list[ClusterHint]] = {k: [] for k in self.fields}
         self.servers: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in self.fields}
         self.down_sources: dict[Key, list[str]] = {k: [] for k in self.fields}
+
+    def _seen(self) -> dict[Key, float]:
+        """Each node that served dltop's metrics within LOOKBACK, and when it last did."""
+        seen: dict[Key, float] = {}
+        for labels, v in _series(self.answers["seen"], self.notes, "dltop_snapshot_timestamp_seconds"):
+            ts = _number(v, 0.0)
+            if not isinstance(ts, Unavailable):
+                seen[(labels.get("job", ""), labels["instance"])] = ts
+        return seen
 
     def rows(self, name: str) -> Iterable[tuple[Key, dict[str, str], str, str]]:
         """(node, labels, metric name, value text) of each well-formed series of a listed node in an answer."""
@@ -563,6 +581,9 @@ class _Reading:
             kind = labels.get("kind")
             if kind in ("some", "full"):
                 self.fields[key][f"pressure_memory_{kind}"] = self.checked(_ratio, v, f"{key[1]}: memory PSI {kind}")
+        self._read_gpu_sums()
+
+    def _read_gpu_sums(self) -> None:
         for key, labels, _, v in self.rows("gpu_sums"):
             if labels.get("dltop_sum") in _SUM_ATTR:
                 attr, conv = _SUM_ATTR[labels["dltop_sum"]]
@@ -585,6 +606,9 @@ class _Reading:
                 elif metric in _GPU_ATTR:
                     attr, conv = _GPU_ATTR[metric]
                     g[attr] = self.checked(conv, v, f"{key[1]}: GPU {labels.get('gpu', '?')} {metric}")
+        self._read_gpu_use()
+
+    def _read_gpu_use(self) -> None:
         for key, labels, _, v in self.rows("gpu_use"):
             if not self.detailed(key):
                 continue
