@@ -148,12 +148,16 @@ def server_rates(prev: Snapshot | None, cur: Snapshot) -> list[ServerRates]:
             rate: float | Unavailable = m.prefix_cache_hit_rate
             if m.prefix_cache_hits_total is not None and m.prefix_cache_queries_total is not None:
                 rate = _hit_rate(p, m)
-            preempt = None
-            if (isinstance(p.preemptions_total, int) and isinstance(m.preemptions_total, int)
-                    and m.preemptions_total >= p.preemptions_total):
-                preempt = m.preemptions_total - p.preemptions_total
-            out.append(ServerRates(s.url, m.model_name, m.replica, rate, preempt))
+            out.append(ServerRates(s.url, m.model_name, m.replica, rate, _new_preemptions(p, m)))
     return out
+
+
+def _new_preemptions(p: ModelStats, m: ModelStats) -> int | None:
+    """Preemptions since `p`; None where a reading lacks the counter or it went backwards (a restart)."""
+    if (isinstance(p.preemptions_total, int) and isinstance(m.preemptions_total, int)
+            and m.preemptions_total >= p.preemptions_total):
+        return m.preemptions_total - p.preemptions_total
+    return None
 
 
 def _hit_rate(p: ModelStats, m: ModelStats) -> float | Unavailable:
@@ -271,8 +275,7 @@ def join_splits(gpus: GpuPart | Unavailable | None, probes: ProbesPart | Unavail
     # cuda:N counts within one runtime: CUDA's GPUs are NVML's, HIP's are amdsmi's, each numbered from 0
     runtime_index = {id(g): i for backend in ("nvml", "amdsmi")
                      for i, g in enumerate(x for x in gpus if x.backend == backend)}
-    out = []
-    for g in gpus:
+    def joined(g: GpuDevice) -> GpuDevice:
         if g.mig_devices and isinstance(g.processes, tuple):
             # In MIG mode the parent lists each instance's processes too, without their memory: the split is
             # on the instance's row, which has NVML's figure and the instance's UUID.
@@ -283,8 +286,9 @@ def join_splits(gpus: GpuPart | Unavailable | None, probes: ProbesPart | Unavail
             procs = _join_list(g.processes, dev, by_pid, served, now)
         migs = tuple(replace(m, processes=_join_list(m.processes, _Device(m.uuid, None, gpus, one_model), by_pid,
                                                      served, now)) for m in g.mig_devices)
-        out.append(replace(g, processes=procs, mig_devices=migs))
-    return tuple(out)
+        return replace(g, processes=procs, mig_devices=migs)
+
+    return tuple(joined(g) for g in gpus)
 
 
 @dataclass(frozen=True)
@@ -493,10 +497,9 @@ def _watched_values(probe: ProcessProbe, d: ProbeDevice, server: tuple[int, str]
                     values: dict[str, int], sources: dict[str, SplitSource], why: dict[str, str]) -> None:
     """The parts the probe watches (weights, gradients, optimizer, KV; the server's KV pool else), or why not."""
     kv_server = server if isinstance(server, tuple) else None
-    watched = probe.watched
-    models = watched.get("models", 0) > 0 if watched else d.weights_bytes > 0  # an older probe does not say
-    optimizers = watched.get("optimizers", 0) > 0 if watched else d.optimizer_bytes > 0
-    kv_watched = watched.get("kv", 0) > 0 if watched else d.kv_bytes > 0
+    watched = probe.watched or {  # an older probe does not say what it watches: what it counts, then
+        "models": d.weights_bytes, "optimizers": d.optimizer_bytes, "kv": d.kv_bytes}
+    models, optimizers, kv_watched = (watched.get(k, 0) > 0 for k in ("models", "optimizers", "kv"))
     if models:
         values.update(weights_bytes=d.weights_bytes, gradients_bytes=d.gradients_bytes)
     else:
