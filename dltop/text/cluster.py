@@ -9,7 +9,7 @@ from typing import Any
 
 from dltop.fmt import human_bytes, human_duration, printable
 from dltop.model.base import Unavailable, to_dict
-from dltop.model.cluster import SAFE_WORD, ClusterDataset, ClusterGpu, ClusterNode, ClusterPart
+from dltop.model.cluster import SAFE_WORD, ClusterDataset, ClusterGpu, ClusterJob, ClusterNode, ClusterPart
 
 COLD_BELOW = 0.99  # a node holding less of a dataset than this is cold for it: a warm there is offered
 SORTS = ("coldest", "name", "down first")  # the Cluster tab's orders, `s` cycles them
@@ -145,15 +145,21 @@ def job_rows(part: ClusterPart) -> list[tuple[str, ...]]:
     for j in part.jobs:
         wait = pct(j.most_waiting.data_wait_ratio) if j.most_waiting else "n/a"
         step = seconds(j.slowest.step_s) if j.slowest else "n/a"
-        where = names.get(j.slowest.instance, j.slowest.instance) if j.slowest else ""
-        who = f"rank {j.slowest.rank or '?'} on {where}" if j.slowest else "n/a"
-        if j.slowest and not j.job_id:
-            who = f"pid {j.slowest.pid or '?'} on {where}"  # no job: its rank says nothing
+        who = _slowest_rank(j, names)
         name = j.job_id or NO_JOB_ID
         if j.uid and any(o.uid != j.uid and o.job_id == j.job_id for o in part.jobs):
             name += f" (uid {j.uid})"  # two users' jobs under one job id: never one job, each named
         rows.append((name, str(j.rank_count), str(j.node_count), wait, step, who))
     return rows
+
+
+def _slowest_rank(j: ClusterJob, names: dict[str, str]) -> str:
+    if not j.slowest:
+        return "n/a"
+    where = names.get(j.slowest.instance, j.slowest.instance)
+    if not j.job_id:
+        return f"pid {j.slowest.pid or '?'} on {where}"  # no job: its rank says nothing
+    return f"rank {j.slowest.rank or '?'} on {where}"
 
 
 JOB_HEADERS = ("job", "ranks", "nodes", "max wait", "slowest", "slowest rank")
@@ -186,15 +192,21 @@ def hostlist(hosts: list[str]) -> str:
         groups.setdefault((m.group(1), width), set()).add(int(digits))
     out = []
     for (prefix, width), numbers in sorted(groups.items()):
-        ranges: list[list[int]] = []
-        for n in sorted(numbers):
-            if ranges and n == ranges[-1][1] + 1:
-                ranges[-1][1] = n
-            else:
-                ranges.append([n, n])
+        ranges = _runs(numbers)
         text = ",".join(f"{a:0{width}d}" if a == b else f"{a:0{width}d}-{b:0{width}d}" for a, b in ranges)
         out.append(f"{prefix}{text}" if len(ranges) == 1 and ranges[0][0] == ranges[0][1] else f"{prefix}[{text}]")
     return ",".join(out + plain)
+
+
+def _runs(numbers: set[int]) -> list[list[int]]:
+    """The numbers as [first, last] runs of consecutive ones, ascending."""
+    ranges: list[list[int]] = []
+    for n in sorted(numbers):
+        if ranges and n == ranges[-1][1] + 1:
+            ranges[-1][1] = n
+        else:
+            ranges.append([n, n])
+    return ranges
 
 
 def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]]:
@@ -206,15 +218,7 @@ def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]
         return [], [f"{printable(dataset)}: the path holds control characters: no command offered"]
     cold = [n for n in part.nodes if (d := n.dataset(dataset)) is not None
             and (d.resident_ratio is None or d.resident_ratio < COLD_BELOW)]
-    hosts, pods = [], []
-    for n in cold:
-        host = _host(n)
-        if n.pod and n.namespace and SAFE_WORD.fullmatch(n.pod) and SAFE_WORD.fullmatch(n.namespace):
-            pods.append((n.namespace, n.pod))
-        elif SAFE_WORD.fullmatch(host) and "," not in host:  # a comma would split it in the hostlist
-            hosts.append(host)
-        else:
-            notes.append(f"{printable(n.instance)}: its name is not a plain host name: no command offered")
+    hosts, pods = _warm_targets(cold, notes)
     path = shlex.quote(dataset)
     out = []
     if hosts:
@@ -229,6 +233,20 @@ def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]
     if not cold:
         notes.append(f"{printable(dataset)} is warm on every node that watches it")
     return out, notes
+
+
+def _warm_targets(cold: list[ClusterNode], notes: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The hosts and the (namespace, pod)s of the cold nodes whose names are one safe word each."""
+    hosts, pods = [], []
+    for n in cold:
+        host = _host(n)
+        if n.pod and n.namespace and SAFE_WORD.fullmatch(n.pod) and SAFE_WORD.fullmatch(n.namespace):
+            pods.append((n.namespace, n.pod))
+        elif SAFE_WORD.fullmatch(host) and "," not in host:  # a comma would split it in the hostlist
+            hosts.append(host)
+        else:
+            notes.append(f"{printable(n.instance)}: its name is not a plain host name: no command offered")
+    return hosts, pods
 
 
 def node_detail(node: ClusterNode) -> list[str]:
