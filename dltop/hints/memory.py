@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dltop.fmt import percent_text
 from dltop.hints import Hint, rule
 from dltop.model import MemoryPart, Snapshot, Unavailable
+from dltop.model.memory import Pressure
 
 
 def gib(n: float) -> str:
@@ -31,24 +32,12 @@ def page_cache_squeeze(history: Sequence[Snapshot]) -> Hint | None:
     _, m = mem[-1]
     if m.total_bytes is None or m.available_bytes is None or m.cached_bytes is None:
         return None
-    if m.available_bytes >= SQUEEZE_AVAILABLE_FRACTION * m.total_bytes:
-        return None
-    if m.cached_bytes <= SQUEEZE_CACHED_FRACTION * m.total_bytes:
+    if (m.available_bytes >= SQUEEZE_AVAILABLE_FRACTION * m.total_bytes
+            or m.cached_bytes <= SQUEEZE_CACHED_FRACTION * m.total_bytes):
         return None
     psi = m.pressure_memory
-    if isinstance(psi, Unavailable):
+    if isinstance(psi, Unavailable) or not _pressure_rising(psi, mem):
         return None
-    earlier = [p.pressure_memory for _, p in mem[:-1] if not isinstance(p.pressure_memory, Unavailable)]
-    rising = psi.some_avg10 > psi.some_avg60 or (bool(earlier) and psi.some_avg10 > earlier[0].some_avg10)
-    if psi.some_avg10 <= 0 or not rising:
-        return None
-    why = []
-    if m.shmem_bytes:
-        why.append(f"Shmem {gib(m.shmem_bytes)} (tmpfs, /dev/shm: data-loader workers) cannot be dropped")
-    if m.dirty_bytes:
-        why.append(f"Dirty {gib(m.dirty_bytes)} must be written first")
-    if m.mlocked_bytes:
-        why.append(f"Mlocked {gib(m.mlocked_bytes)} is pinned")
     return Hint(
         id="page-cache-squeeze",
         severity="critical",
@@ -57,10 +46,29 @@ def page_cache_squeeze(history: Sequence[Snapshot]) -> Hint | None:
             f"{gib(m.available_bytes)}, {percent_text(100 * m.available_bytes / m.total_bytes)}, while Cached holds "
             f"{gib(m.cached_bytes)} and memory pressure rises: {psi.some_avg10:.1f}% stalled)"
         ),
-        fix="; ".join(why) or "evict datasets you no longer read (e) or lower the data-loader's prefetch",
+        fix=_squeeze_fix(m),
         numbers={"available_bytes": m.available_bytes, "total_bytes": m.total_bytes,
                  "cached_bytes": m.cached_bytes, "memory_some_avg10_pct": psi.some_avg10},
     )
+
+
+def _squeeze_fix(m: MemoryPart) -> str:
+    """What holds the page cache that reclaim cannot drop; else the way to free it."""
+    why = []
+    if m.shmem_bytes:
+        why.append(f"Shmem {gib(m.shmem_bytes)} (tmpfs, /dev/shm: data-loader workers) cannot be dropped")
+    if m.dirty_bytes:
+        why.append(f"Dirty {gib(m.dirty_bytes)} must be written first")
+    if m.mlocked_bytes:
+        why.append(f"Mlocked {gib(m.mlocked_bytes)} is pinned")
+    return "; ".join(why) or "evict datasets you no longer read (e) or lower the data-loader's prefetch"
+
+
+def _pressure_rising(psi: Pressure, mem: list[tuple[float, MemoryPart]]) -> bool:
+    """Some memory stall now, more than over the last minute or than at the start of the history."""
+    earlier = [p.pressure_memory for _, p in mem[:-1] if not isinstance(p.pressure_memory, Unavailable)]
+    rising = psi.some_avg10 > psi.some_avg60 or (bool(earlier) and psi.some_avg10 > earlier[0].some_avg10)
+    return bool(psi.some_avg10 > 0 and rising)
 
 
 CGROUP_NEAR_LIMIT = 0.90

@@ -196,21 +196,10 @@ def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
     fraction = p.data_wait_fraction or 0.0
     head = f"{_who(p)} waits for data {percent_text(100 * fraction)} of each step"
     numbers: dict[str, float] = {"pid": p.pid, "data_wait_fraction": fraction}
-    reads, filled = _job_reads(history, p), _filled(p)
+    reads = _job_reads(history, p)
     disk = _busiest_disk(history)
-    io_fix = ("more page cache (warm the dataset, free memory) or faster storage; more workers only queue more "
-              "reads on the same storage")
     if isinstance(reads, str):
-        if filled is None:
-            return Hint(id="training-data-wait", severity="info",
-                        text=f"{head}; IO bound or decode bound cannot be told: {reads}",
-                        fix="run dltop as root (or as the job's user) so it can read the job's /proc/PID/io",
-                        numbers=numbers)
-        epoch, filled_bytes = filled
-        return Hint(id="training-io-bound", severity="warn",
-                    text=(f"{head}; epoch {epoch} brought {human_bytes(filled_bytes)} of its data into the page "
-                          f"cache (read from storage): IO bound ({reads})"),
-                    fix=io_fix, numbers={**numbers, "data_cached_delta_bytes": filled_bytes})
+        return _wait_without_io(p, head, reads, numbers)
     storage, total, span_s = reads
     share = storage / max(total, storage) if max(total, storage) > 0 else 0.0
     numbers.update(io_read_bytes=storage, io_rchar_bytes=total, io_window_s=span_s, io_storage_share=share)
@@ -219,7 +208,14 @@ def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
         return Hint(id="training-io-bound", severity="warn",
                     text=(f"{head} while {percent_text(100 * share)} of what it reads comes from storage ({rate}, over "
                           f"{span_s:.0f}s, the process and its workers): IO bound"),
-                    fix=io_fix, numbers=numbers)
+                    fix=IO_FIX, numbers=numbers)
+    return _decode_bound(p, head, numbers, total, span_s, share, disk)
+
+
+def _decode_bound(p: ProcessProbe, head: str, numbers: dict[str, float], total: int, span_s: float, share: float,
+                  disk: tuple[str, float] | None) -> Hint:
+    """The data wait of a job whose reads come from the page cache: its workers decode too slowly (a busy disk
+    is said, but it is not this job's)."""
     workers = p.loader_workers
     more = f"more DataLoader workers than {workers}" if workers is not None else "more DataLoader workers"
     other = ""
@@ -232,6 +228,26 @@ def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
                 text=f"{head} while it {where} (the process and its workers): decode bound{other}",
                 fix=f"{more} (num_workers), or a cheaper decode / augmentation",
                 numbers={**numbers, **({} if workers is None else {"loader_workers": workers})})
+
+
+IO_FIX = ("more page cache (warm the dataset, free memory) or faster storage; more workers only queue more reads "
+          "on the same storage")
+
+
+def _wait_without_io(p: ProcessProbe, head: str, reads: str, numbers: dict[str, float]) -> Hint:
+    """The data wait where the job's reads cannot be read: IO bound where its last epoch filled the page cache,
+    else which it is cannot be told."""
+    filled = _filled(p)
+    if filled is None:
+        return Hint(id="training-data-wait", severity="info",
+                    text=f"{head}; IO bound or decode bound cannot be told: {reads}",
+                    fix="run dltop as root (or as the job's user) so it can read the job's /proc/PID/io",
+                    numbers=numbers)
+    epoch, filled_bytes = filled
+    return Hint(id="training-io-bound", severity="warn",
+                text=(f"{head}; epoch {epoch} brought {human_bytes(filled_bytes)} of its data into the page "
+                      f"cache (read from storage): IO bound ({reads})"),
+                fix=IO_FIX, numbers={**numbers, "data_cached_delta_bytes": filled_bytes})
 
 
 @rule
