@@ -41,6 +41,7 @@ class Said:
     text: str
     severity: Severity = "information"
     timeout: float | None = None
+    title: str = ""
 
 
 class RecordSink(Protocol):
@@ -108,9 +109,10 @@ class Session:
         done = self.action is None or self.action.phase == "finished"
         return done and self.runner.busy is None and not self.plans
 
-    def say(self, text: str, severity: Severity = "information", timeout: float | None = None) -> None:
+    def say(self, text: str, severity: Severity = "information", timeout: float | None = None,
+            title: str = "") -> None:
         """A message for the user: kept in `said`, and shown by the App."""
-        said = Said(text, severity, timeout)
+        said = Said(text, severity, timeout, title)
         self.said.append(said)
         if self.on_say is not None:
             self.on_say(said)

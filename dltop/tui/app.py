@@ -23,7 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from dltop.config import Settings
-from dltop.fmt import human_duration, printable_lines
+from dltop.fmt import human_duration, printable, printable_lines
 from dltop.hints import tab_of
 from dltop.model import Snapshot
 from dltop.playhead import Playhead, Replay
@@ -192,13 +192,14 @@ class DltopApp(App[None]):
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = True) -> None:
         """Every message for the user (the panes' too) goes into the Session's log (`session.said`) and shows."""
-        self.session.say(message, severity, timeout)
+        self.session.say(message, severity, timeout, title)
 
     def _toast(self, said: Said) -> None:
         # Always as plain text: notifications carry paths, URLs, error messages and a marker's words, and Rich
         # markup in them ("/data/a[/b]") would show wrong or raise MarkupError and take the TUI down.
         # And escaped: they carry other users' paths and argv (fmt.printable_lines).
-        super().notify(printable_lines(said.text), severity=said.severity, timeout=said.timeout, markup=False)
+        super().notify(printable_lines(said.text), title=printable(said.title), severity=said.severity,
+                       timeout=said.timeout, markup=False)
 
     def on_unmount(self) -> None:
         self._watch_done.set()
