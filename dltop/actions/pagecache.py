@@ -23,7 +23,13 @@ from dltop import kernel
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes, plural
 from dltop.model.base import display_path, to_dict
-from dltop.model.datasets import NO_PERMISSION, DatasetResidency, DatasetUnavailable, counted_once
+from dltop.model.datasets import (
+    NO_PERMISSION,
+    DatasetResidency,
+    DatasetsPart,
+    DatasetUnavailable,
+    counted_once,
+)
 from dltop.residency.budget import MAX_PROBLEMS, Budget, path_error
 from dltop.residency.measure import data_extents, data_pages
 from dltop.residency.scan import WarmNeed, scan_paths
@@ -218,13 +224,7 @@ def warm_guard(
     if avail is None and cg_room is None:
         return MemoryGuard(need_bytes, None, total, margin, True, need_bytes, "MemAvailable unknown: not checked",
                            resident_bytes=resident_bytes)
-    room, where = (max(0, avail - margin), f"MemAvailable {hb(avail)} less the {hb(margin)} margin") if (
-        avail is not None) else (0, "")
-    if cg_room is not None and (avail is None or cg_room[0] < room):
-        room, where = cg_room[0], (f"what memory cgroup {cg_room[1]} can hold: its limit less its anonymous "
-                                   "memory and a margin")
-        cg_free = max(0, cgroup.max_bytes - cgroup.current_bytes)
-        free = cg_free if free is None else min(free, cg_free)
+    room, where, free = _warm_room(avail, margin, cg_room, cgroup, free)
     ok = res + need_bytes <= room
     fits = min(need_bytes, max(0, room - res))
     what = f"{hb(need_bytes)} to read" + (f" + {hb(res)} resident already" if res else "")
@@ -239,14 +239,38 @@ def warm_guard(
     at_risk: dict[str, int] = {}
     if reclaim:
         at_risk = {p: b for p, b in (others or {}).items() if b > 0}
-        msg += f"; reading it takes {hb(reclaim)} more than is free, which the kernel reclaims from other page cache"
-        if at_risk:
-            listed = sorted(at_risk.items(), key=lambda kv: -kv[1])
-            msg += ", where other watched datasets hold " + ", ".join(
-                f"{display_path(p)} ({hb(b)})" for p, b in listed[:3]) + (
-                f" and {len(listed) - 3} more" if len(listed) > 3 else "")
+        msg += _reclaim_text(reclaim, at_risk)
     return MemoryGuard(need_bytes, avail, total, margin, ok, fits, msg, resident_bytes=resident_bytes,
                        room_bytes=room, reclaim_bytes=reclaim, at_risk=at_risk)
+
+
+def _warm_room(avail: int | None, margin: int, cg_room: tuple[int, str] | None, cgroup: Any,
+               free: int | None) -> tuple[int, str, int | None]:
+    """The page cache a warm's data can occupy, where that limit comes from (in words), and the free memory it
+    reads into: MemAvailable less the margin, or a memory cgroup's room where that is less."""
+    from dltop.fmt import human_bytes as hb
+
+    room, where = (max(0, avail - margin), f"MemAvailable {hb(avail)} less the {hb(margin)} margin") if (
+        avail is not None) else (0, "")
+    if cg_room is not None and (avail is None or cg_room[0] < room):
+        room, where = cg_room[0], (f"what memory cgroup {cg_room[1]} can hold: its limit less its anonymous "
+                                   "memory and a margin")
+        cg_free = max(0, cgroup.max_bytes - cgroup.current_bytes)
+        free = cg_free if free is None else min(free, cg_free)
+    return room, where, free
+
+
+def _reclaim_text(reclaim: int, at_risk: dict[str, int]) -> str:
+    """What reading past free memory costs: the page cache the kernel reclaims, and whose it may be."""
+    from dltop.fmt import human_bytes as hb
+
+    text = f"; reading it takes {hb(reclaim)} more than is free, which the kernel reclaims from other page cache"
+    if at_risk:
+        listed = sorted(at_risk.items(), key=lambda kv: -kv[1])
+        text += ", where other watched datasets hold " + ", ".join(
+            f"{display_path(p)} ({hb(b)})" for p, b in listed[:3]) + (
+            f" and {len(listed) - 3} more" if len(listed) > 3 else "")
+    return text
 
 
 def _own_cgroup() -> Any:
@@ -343,7 +367,7 @@ class Ticker:
         if self.fn is None and not self.helpers:
             return
         if time.monotonic() - self.last >= PROGRESS_EVERY_S:
-            self.add(0, name if dfd is None else (f"{dir_path}/{name}" if dir_path != "/" else f"/{name}"))
+            self.add(0, join_path(dir_path, name, dfd))
 
     def merge(self, h: _Helper) -> None:
         """Take over what a helper has done, and zero its counts so nothing is counted twice."""
@@ -365,32 +389,40 @@ def _files(
             for d, dfd, name, follow in walk(root, options, walk_report or report, FolderTotals(root), budget,
                                              by_inode=by_inode, shard=shard):
                 full = join_path(d.path, name, dfd)
-                try:
-                    fd = os.open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
-                except OSError as e:
-                    if dfd is None:
-                        raise  # the root is this file: an error, not a skipped file
-                    _skip(report, e, full)
-                    continue
-                try:
-                    st = os.fstat(fd)
-                except OSError as e:
-                    os.close(fd)
-                    _skip(report, e, full)
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    report.skip("special")
-                    os.close(fd)
-                    continue
-                if (st.st_nlink > 1 or options.follow_symlinks) and counted_before(st, seen, report):
-                    os.close(fd)
+                opened = _open_file(dfd, name, follow, full, report, seen, options.follow_symlinks)
+                if opened is None:
                     continue
                 if cancel is not None and cancel.is_set():
-                    os.close(fd)
+                    os.close(opened[0])
                     return
-                yield full, fd, st
+                yield full, *opened
         except OSError as e:
             raise DltopError(path_error(e.strerror or str(e), root)) from None
+
+
+def _open_file(dfd: int | None, name: str, follow: bool, path: str, report: WalkReport, seen: set[tuple[int, int]],
+               any_alias: bool) -> tuple[int, os.stat_result] | None:
+    """A walked file opened, with its stat; None (and `report` says why) where it is not a regular file counted
+    for the first time, or cannot be opened. Raises OSError for a root that is a file and cannot be opened."""
+    try:
+        fd = os.open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
+    except OSError as e:
+        if dfd is None:
+            raise  # the root is this file: an error, not a skipped file
+        _skip(report, e, path)
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        _skip(report, e, path)
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        report.skip("special")
+    elif not ((st.st_nlink > 1 or any_alias) and counted_before(st, seen, report)):
+        return fd, st
+    os.close(fd)
+    return None
 
 
 def _skip(report: WalkReport, e: OSError, path: str) -> None:
@@ -463,9 +495,7 @@ def plan(
     """
     need = WarmNeed()
     part = scan_paths(tuple(paths), options, cancel=cancel, warm_need=need if action == "warm" else None)
-    for missing in part.paths:
-        if isinstance(missing, DatasetUnavailable):
-            raise DltopError(missing.unavailable)
+    _require_scanned(part)
     ps = part.page_size
     r = ActionResult(action=action, paths=[os.fsdecode(p) for p in paths], dry_run=True)
     before = r.resident_pages_before = _add_measured(r, counted_once(part.scanned))
@@ -663,26 +693,38 @@ def _run_warm(
             paths, options, limit, ticker, cancel, r.notes, sized, (0, shards, helpers[0].shard[2]) if helpers else None
         )
         for h in helpers:
-            got = h.wait(cancel)  # after a cancel: what it measured before it stopped
-            if got is None and not (cancel is not None and cancel.is_set()):
-                r.notes.append(f"helper process failed ({h.error or 'no result'}): its share was warmed in this one")
-                rep, t = _warm_pass(paths, options, None, ticker, cancel, r.notes, sized, h.shard)
-            elif got is None:
-                r.notes.append(f"a helper process stopped before it reported ({h.error or 'no result'}): what it "
-                               "brought in is missing from done_bytes (resident_pages_after counts it)")
-                continue
-            else:
-                rep, t = got
-                ticker.merge(h)
-            tally.add(t)
-            for k, v in rep.skipped.items():
-                report.skipped[k] = report.skipped.get(k, 0) + v
-            report.problems.extend(p for p in rep.problems if len(report.problems) < MAX_PROBLEMS)
+            _take_helper(h, report, tally, paths, options, ticker, cancel, r.notes, sized)
     finally:
         ticker.helpers = []
         for h in helpers:
             h.stop()
     r.cancelled = cancel is not None and cancel.is_set()
+    _tally_into(r, tally, sized)
+    return _finish(r, report, ticker, t0, tally.hidden, paths, options, plan_s)
+
+
+def _take_helper(h: _Helper, report: WalkReport, tally: _Tally, paths: list[str], options: WalkOptions,
+                 ticker: Ticker, cancel: threading.Event | None, notes: list[str], sized: bool) -> None:
+    """What helper `h` warmed, added to this pass's `report` and `tally`; its share warmed here if it failed."""
+    got = h.wait(cancel)  # after a cancel: what it measured before it stopped
+    if got is None and not (cancel is not None and cancel.is_set()):
+        notes.append(f"helper process failed ({h.error or 'no result'}): its share was warmed in this one")
+        rep, t = _warm_pass(paths, options, None, ticker, cancel, notes, sized, h.shard)
+    elif got is None:
+        notes.append(f"a helper process stopped before it reported ({h.error or 'no result'}): what it "
+                     "brought in is missing from done_bytes (resident_pages_after counts it)")
+        return
+    else:
+        rep, t = got
+        ticker.merge(h)
+    tally.add(t)
+    for k, v in rep.skipped.items():
+        report.skipped[k] = report.skipped.get(k, 0) + v
+    report.problems.extend(p for p in rep.problems if len(report.problems) < MAX_PROBLEMS)
+
+
+def _tally_into(r: ActionResult, tally: _Tally, sized: bool) -> None:
+    """A warm's result from what its passes measured."""
     ps = kernel.PAGE_SIZE
     r.done_bytes = (tally.brought + tally.hidden_asked) * ps
     r.files_done = tally.files
@@ -693,13 +735,10 @@ def _run_warm(
     elif sized:
         r.notes.append("total_bytes counts all the data of the files not reached: their residency was not measured")
     if r.inflight_bytes:
-        from dltop.fmt import human_bytes
-
         r.notes.append(
             f"{human_bytes(r.inflight_bytes)} was still being read from disk when the warm stopped: the kernel "
             "put those pages in the page cache when asked, so they are counted resident and the count will not grow"
         )
-    return _finish(r, report, ticker, t0, tally.hidden, paths, options, plan_s)
 
 
 class _Reading:
@@ -1174,8 +1213,7 @@ def _finish(
         if p not in r.problems:
             r.problems.append(p)
     _measure_after(r, paths, options, _rescan_budget_s(plan_s, r.cancelled))
-    if r.unknown_pages and NO_PERMISSION not in r.notes:
-        r.notes.append(NO_PERMISSION)
+    _note_hidden(r)
     return r
 
 
@@ -1200,7 +1238,7 @@ def _measure_after(r: ActionResult, paths: list[str], options: WalkOptions, budg
     once = counted_once(part.scanned)  # a dataset inside another one given is counted there
     files = sum(ds.files for ds in once)
     resident = sum(ds.resident_pages for ds in once)
-    if len(part.scanned) < len(part.paths) or not all(ds.complete for ds in part.scanned):
+    if not _whole(part):
         r.resident_pages_after = None
         why = next((ds.unavailable for ds in part.paths if isinstance(ds, DatasetUnavailable)), None)
         r.notes.append(
@@ -1211,12 +1249,34 @@ def _measure_after(r: ActionResult, paths: list[str], options: WalkOptions, budg
             )
         )
         return
-    r.resident_pages_after = resident
+    _resident_after(r, once)
     r.unknown_pages = sum(ds.unknown_pages for ds in once)
     r.pages = sum(ds.pages for ds in once)
+    r.files = files
+
+
+def _resident_after(r: ActionResult, once: list[DatasetResidency]) -> None:
+    """What is resident now, of all pages and of the data, from datasets measured after the action."""
+    r.resident_pages_after = sum(ds.resident_pages for ds in once)
     r.data_pages = sum(ds.known_data_pages for ds in once)
     r.data_resident_pages_after = sum(ds.data_resident_pages for ds in once)
-    r.files = files
+
+
+def _require_scanned(part: DatasetsPart) -> None:
+    """Refuse (DltopError) when a dataset could not be scanned at all."""
+    for missing in part.paths:
+        if isinstance(missing, DatasetUnavailable):
+            raise DltopError(missing.unavailable)
+
+
+def _whole(part: DatasetsPart) -> bool:
+    """Every dataset scanned to the end."""
+    return len(part.scanned) == len(part.paths) and all(ds.complete for ds in part.scanned)
+
+
+def _note_hidden(r: ActionResult) -> None:
+    if r.unknown_pages and NO_PERMISSION not in r.notes:
+        r.notes.append(NO_PERMISSION)
 
 
 def _is_dense(fd: int, size: int) -> bool:
@@ -1265,9 +1325,7 @@ def evict(
     ticker = Ticker("evict", None, progress)
     ev = _Evictor(ticker, retries)
     part = scan_paths(tuple(paths), options, cancel=cancel, act=ev)
-    for missing in part.paths:
-        if isinstance(missing, DatasetUnavailable):
-            raise DltopError(missing.unavailable)
+    _require_scanned(part)
     ps = part.page_size
     r = ActionResult(action="evict", paths=[os.fsdecode(p) for p in paths])
     once = counted_once(part.scanned)  # a dataset inside another one given is counted there
@@ -1279,15 +1337,12 @@ def evict(
     r.elapsed_s = time.monotonic() - t0
     r.done_bytes, r.files_done = ticker.done, r.files
     _explain_stayed(r, ev.stayed, ps)
-    if r.cancelled or len(part.scanned) < len(part.paths) or not all(ds.complete for ds in part.scanned):
+    if r.cancelled or not _whole(part):
         # What the walk did not reach was neither measured nor evicted: count it all again.
         _measure_after(r, paths, options, _rescan_budget_s(r.elapsed_s, r.cancelled))
     else:  # every file measured after its own eviction: what a rescan (and fincore) counts now
-        r.resident_pages_after = sum(ds.resident_pages for ds in once)
-        r.data_pages = sum(ds.known_data_pages for ds in once)
-        r.data_resident_pages_after = sum(ds.data_resident_pages for ds in once)
-    if r.unknown_pages and NO_PERMISSION not in r.notes:
-        r.notes.append(NO_PERMISSION)
+        _resident_after(r, once)
+    _note_hidden(r)
     return r
 
 
@@ -1300,15 +1355,16 @@ class _Evictor:
         self.stayed: list[tuple[str, os.stat_result, int, bool]] = []
         self._tmpfs_devs: dict[int, bool] = {}
         self._blind: set[tuple[int, int]] = set()  # hidden files asked already (a dataset inside another one)
-        self._cstat: Any = None  # the scan's cachestat caller, and its raw call (see kernel's `raw`)
-        self._raw: Any = None
 
-    def drops_inline(self, fd: int, st: os.stat_result) -> bool:
-        """The scan may drop clean pages itself on this file's filesystem: not on tmpfs, where they are the file."""
+    def _on_tmpfs(self, fd: int, st: os.stat_result) -> bool:
         tmpfs = self._tmpfs_devs.get(st.st_dev)
         if tmpfs is None:
             tmpfs = self._tmpfs_devs[st.st_dev] = kernel.fstatfs_type(fd) in (kernel.TMPFS_MAGIC, kernel.RAMFS_MAGIC)
-        return not tmpfs
+        return tmpfs
+
+    def drops_inline(self, fd: int, st: os.stat_result) -> bool:
+        """The scan may drop clean pages itself on this file's filesystem: not on tmpfs, where they are the file."""
+        return not self._on_tmpfs(fd, st)
 
     def dropped(self, files: int, pages: int, dir_path: str, name: str, dfd: int | None) -> None:
         """`files` files the scan emptied of their `pages` clean pages (the last one named)."""
@@ -1318,55 +1374,34 @@ class _Evictor:
 
     def __call__(self, fd: int, st: os.stat_result, dir_path: str, name: str, dfd: int | None, before: int | None,
                  busy: int, cstat: Any) -> int | None:
-        tmpfs = self._tmpfs_devs.get(st.st_dev)
-        if tmpfs is None:
-            tmpfs = self._tmpfs_devs[st.st_dev] = kernel.fstatfs_type(fd) in (kernel.TMPFS_MAGIC, kernel.RAMFS_MAGIC)
-        t = self.ticker
-        ps = _PS
-        if before is not None and not tmpfs and not busy and cstat is not None:
-            # The common case first and inline (a call per file is a tenth of the evict's CPU): clean pages,
-            # dropped and counted again with the same cachestat, called without its Python frame.
-            self.before += before
-            t.files += 1
-            _fadvise(fd, 0, 0, _DONTNEED)
-            if cstat is not self._cstat:
-                self._cstat, self._raw = cstat, cstat.raw()
-            call, nr, rng, out = self._raw
-            if call(nr, fd, rng, out, 0):
-                cstat.fail()
-            if cstat.out.nr_cache == 0:
-                t.add_file(before * ps, dir_path, name, dfd)
-                return 0
-            left = _evict_fd(fd, st, before, busy, cstat, self.retries)
-            if left:
-                self.stayed.append((join_path(dir_path, name, dfd), st, left, tmpfs))
-            t.add_file((before - left) * ps, dir_path, name, dfd)
-            return left
-        path = join_path(dir_path, name, dfd)
+        """Evict one open file the scan could not empty itself (dirty pages, tmpfs, pages that stayed, or hidden)."""
+        tmpfs = self._on_tmpfs(fd, st)
         if before is None:
-            # The kernel hides this file's residency: DONTNEED is asked for all of it, the result is unknown.
-            # Counted as done (the work was done), never as resident or evicted pages measured.
-            key = (st.st_dev, st.st_ino)
-            if key in self._blind:
-                return None
-            self._blind.add(key)
-            t.files += 1
-            if not tmpfs:
-                _fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            t.add(0 if tmpfs else (st.st_size + ps - 1) // ps * ps, path)
+            self._evict_hidden(fd, st, tmpfs, join_path(dir_path, name, dfd))
             return None
         self.before += before
-        t.files += 1
+        self.ticker.files += 1
         left = before if tmpfs else _evict_fd(fd, st, before, busy, cstat, self.retries)
         if left:
-            self.stayed.append((path, st, left, tmpfs))
-        t.add((before - left) * ps, path)
+            self.stayed.append((join_path(dir_path, name, dfd), st, left, tmpfs))
+        self.ticker.add_file((before - left) * _PS, dir_path, name, dfd)
         return left
+
+    def _evict_hidden(self, fd: int, st: os.stat_result, tmpfs: bool, path: str) -> None:
+        """The kernel hides this file's residency: DONTNEED is asked for all of it, the result is unknown. Counted
+        as done (the work was done), never as resident or evicted pages measured."""
+        key = (st.st_dev, st.st_ino)
+        if key in self._blind:
+            return
+        self._blind.add(key)
+        self.ticker.files += 1
+        if not tmpfs:
+            _fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        self.ticker.add(0 if tmpfs else (st.st_size + _PS - 1) // _PS * _PS, path)
 
 
 _PS = kernel.PAGE_SIZE
-_fadvise, _DONTNEED = os.posix_fadvise, os.POSIX_FADV_DONTNEED
 
 
 def _evict_fd(fd: int, st: os.stat_result, before: int, busy: int, cstat: Any, retries: int) -> int:

@@ -38,15 +38,19 @@ class Budget:
         if self.deadline is not None and time.monotonic() >= self.deadline:
             return True
         if self.cpu_fraction is not None and 0 < self.cpu_fraction < 1:
-            used = time.thread_time() - self._cpu_mark
-            if used >= 0.05:
-                wall = time.monotonic() - self._wall_mark
-                pause = used / self.cpu_fraction - wall
-                if pause > 0:
-                    if self.cancel is not None:
-                        self.cancel.wait(pause)
-                    else:
-                        time.sleep(pause)
-                self._cpu_mark = time.thread_time()
-                self._wall_mark = time.monotonic()
+            self._pace(self.cpu_fraction)
         return False
+
+    def _pace(self, fraction: float) -> None:
+        """Past 50 ms of CPU since the last pause, sleep so that CPU over wall time stays at `fraction`."""
+        used = time.thread_time() - self._cpu_mark
+        if used < 0.05:
+            return
+        pause = used / fraction - (time.monotonic() - self._wall_mark)
+        if pause > 0:
+            if self.cancel is not None:
+                self.cancel.wait(pause)
+            else:
+                time.sleep(pause)
+        self._cpu_mark = time.thread_time()
+        self._wall_mark = time.monotonic()

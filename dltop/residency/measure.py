@@ -86,3 +86,8 @@ def resident_in_runs(runs: list[tuple[int, int]], resident: int, pages: int, fd:
         return sum(vec.count(1, first, last) for first, last in runs)
     ps = kernel.PAGE_SIZE
     return sum(kernel.cachestat(fd, first * ps, (last - first) * ps).cache for first, last in runs)
+
+
+def method_name(used: set[str]) -> str:
+    """How a dataset was counted, from the ways its files were: "cachestat", "mincore", or "mixed"."""
+    return "mixed" if len(used) > 1 else next(iter(used), "cachestat")

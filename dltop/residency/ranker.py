@@ -47,40 +47,50 @@ class FileRanker:
         the biggest folders first within the dataset's budget, n halved where one folder alone is past it), and
         that n. A folder's choice is kept until one of its files' counts changes, so a read where nothing
         changed costs no sort."""
-        n, keys, max_depth = self.options.top_files, self.keys, self.options.max_depth
-        if n <= 0 or not keys:
+        n = self.options.top_files
+        if n <= 0 or not self.keys:
             return 0, {}
-        owners: dict[Folder, list[Folder]] = {}  # a shown folder, and the folders deeper than max_depth in it
+        owners = self._owners(folders)
+        budget = max(0, self.options.top_budget)
+        order = sorted(owners, key=lambda o: (sum(g.tot[2] for g in owners[o]), o.path), reverse=True)
+        while n > 0:
+            out, fits = self._within(order, owners, n, budget)
+            if fits or out:
+                return n, out
+            n //= 2  # the biggest folder alone is past the budget
+        return 0, {}
+
+    def _owners(self, folders: list[Folder]) -> dict[Folder, list[Folder]]:
+        """Each shown folder, with itself and the folders deeper than max_depth in it."""
+        max_depth = self.options.max_depth
+        owners: dict[Folder, list[Folder]] = {}
         for f in folders:
             o = f
             while max_depth is not None and o.depth > max_depth and o.parent is not None:
                 o = o.parent
             owners.setdefault(o, []).append(f)
-        budget = max(0, self.options.top_budget)
-        order = sorted(owners, key=lambda o: (sum(g.tot[2] for g in owners[o]), o.path), reverse=True)
-        while n > 0:
-            out: dict[Folder, tuple[ResidencyNode, ...]] = {}
-            held = 0
-            for o in order:
-                group = owners[o]
-                if len(group) == 1:
-                    lists, listed = self._folder_top(o, n)
-                else:
-                    lists = [heapq.nlargest(n, (e for g in group for e in self._folder_top(g, n)[0][k]),
-                                            key=lambda e: (e[0], e[1])) for k in range(len(keys))]
-                    listed = _union(lists)
-                count = sum(len(x) for x in lists)
-                if held + count > budget:
-                    break  # this folder and every smaller one list none
-                held += count
-                if listed:
-                    out[o] = listed
+        return owners
+
+    def _within(self, order: list[Folder], owners: dict[Folder, list[Folder]], n: int,
+                budget: int) -> tuple[dict[Folder, tuple[ResidencyNode, ...]], bool]:
+        """The top `n` rows of the biggest folders first, while they fit in `budget` rows; and whether all did."""
+        out: dict[Folder, tuple[ResidencyNode, ...]] = {}
+        held = 0
+        for o in order:
+            group = owners[o]
+            if len(group) == 1:
+                lists, listed = self._folder_top(o, n)
             else:
-                return n, out
-            if out:
-                return n, out
-            n //= 2  # the biggest folder alone is past the budget
-        return 0, {}
+                lists = [heapq.nlargest(n, (e for g in group for e in self._folder_top(g, n)[0][k]),
+                                        key=lambda e: (e[0], e[1])) for k in range(len(self.keys))]
+                listed = _union(lists)
+            count = sum(len(x) for x in lists)
+            if held + count > budget:
+                return out, False  # this folder and every smaller one list none
+            held += count
+            if listed:
+                out[o] = listed
+        return out, True
 
     def _folder_top(self, f: Folder, n: int) -> tuple[list[list[_Ranked]], tuple[ResidencyNode, ...]]:
         """Folder `f`'s top `n` files by each key (score, tie, row), and their rows in order; kept in `f.top`."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import re
 import stat
 import time
 from dataclasses import dataclass
@@ -388,7 +389,7 @@ class _TreeScan:
             scanned_at=time.time(),
             scan_duration_s=took_s,
             complete=report.complete,
-            method="mixed" if len(used) > 1 else (used.pop() if used else "cachestat"),
+            method=measuring.method_name(used),
             fs_type=fs,
             dirs=report.dirs,
             skipped=dict(sorted(report.skipped.items())),
@@ -474,37 +475,48 @@ def _overlaps(
     did not enter (another filesystem, an ignored name, a symlink not followed) is not taken as inside. When
     two reach each other (the same tree, or symlinks followed both ways), the one given first counts them.
     """
-    keys: list[tuple[int, int] | None] = []
-    parents: list[tuple[int, int] | None] = []  # a file root: the folder it is listed in, if a walk may count it
     ignore, include = compile_names(options.ignore), compile_names(options.include)
-    for p, ds in zip(paths, scanned, strict=True):
-        key = parent = None
-        if isinstance(ds, DatasetResidency):
-            try:
-                st = os.stat(p)
-                key = (st.st_dev, st.st_ino)
-                if not stat.S_ISDIR(st.st_mode):
-                    real = os.path.realpath(p)
-                    name = os.path.basename(real)
-                    if not (ignore is not None and ignore.match(name)) and (include is None or include.match(name)):
-                        pst = os.stat(os.path.dirname(real))
-                        parent = (pst.st_dev, pst.st_ino)
-            except OSError:
-                pass
-        keys.append(key)
-        parents.append(parent)
+    ids = [_identity(p, ds, ignore, include) for p, ds in zip(paths, scanned, strict=True)]
+    keys = [key for key, _parent in ids]
     found: dict[int, tuple[int, bool]] = {}
-    for j, key in enumerate(keys):
-        if key is None:
-            continue
-        for i, other in enumerate(keys):
-            if i == j or other is None:
-                continue
-            same = other == key
-            if not (same or key in reached[i] or (parents[j] is not None and parents[j] in reached[i])):
-                continue
-            if i > j and (same or other in reached[j]):
-                continue  # they reach each other: the first given counts
-            found[j] = (i, same)
-            break
+    for j, (key, parent) in enumerate(ids):
+        if key is not None and (holder := _holder(j, key, parent, keys, reached)) is not None:
+            found[j] = holder
     return found
+
+
+def _holder(j: int, key: tuple[int, int], parent: tuple[int, int] | None, keys: list[tuple[int, int] | None],
+            reached: list[set[tuple[int, int]]]) -> tuple[int, bool] | None:
+    """The first dataset whose walk reached dataset j (`key`, or its folder `parent` for a file root), and whether
+    it is j given again; None: no other one counts it."""
+    for i, other in enumerate(keys):
+        if i == j or other is None:
+            continue
+        same = other == key
+        if not (same or key in reached[i] or (parent is not None and parent in reached[i])):
+            continue
+        if i > j and (same or other in reached[j]):
+            continue  # they reach each other: the first given counts
+        return i, same
+    return None
+
+
+def _identity(p: str, ds: DatasetUnavailable | DatasetResidency, ignore: re.Pattern[str] | None,
+              include: re.Pattern[str] | None) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """A scanned dataset's (device, inode), and for a file root the folder it is listed in if a walk may count it
+    (its name not ignored); (None, None) where it was not scanned or is gone."""
+    if not isinstance(ds, DatasetResidency):
+        return None, None
+    key = parent = None
+    try:
+        st = os.stat(p)
+        key = (st.st_dev, st.st_ino)
+        if not stat.S_ISDIR(st.st_mode):
+            real = os.path.realpath(p)
+            name = os.path.basename(real)
+            if not (ignore is not None and ignore.match(name)) and (include is None or include.match(name)):
+                pst = os.stat(os.path.dirname(real))
+                parent = (pst.st_dev, pst.st_ino)
+    except OSError:
+        pass
+    return key, parent

@@ -115,22 +115,15 @@ class FolderTotals:
     def freeze(self, files: dict[FolderTotals, tuple[ResidencyNode, ...]] | None = None) -> ResidencyNode:
         """This folder as a node: its totals plus its subfolders', its file rows taken from `files`."""
         kids = tuple(c.freeze(files) for c in self.children)
-        return ResidencyNode(
-            path=self.path,
-            files=self.files + sum(k.files for k in kids),
-            size_bytes=self.size + sum(k.size_bytes for k in kids),
-            pages=self.pages + sum(k.pages for k in kids),
-            resident_pages=self.res + sum(k.resident_pages for k in kids),
-            dirty_pages=self.dirty + sum(k.dirty_pages for k in kids),
-            unknown_pages=self.unknown + sum(k.unknown_pages for k in kids),
-            writeback_pages=self.wb + sum(k.writeback_pages for k in kids),
-            recently_evicted_pages=self.rev + sum(k.recently_evicted_pages for k in kids),
-            data_pages=self.data + sum(k.data_pages for k in kids),
-            data_resident_pages=self.dres + sum(k.data_resident_pages for k in kids),
-            data_unknown_pages=self.dunknown + sum(k.data_unknown_pages for k in kids),
-            children=tuple(sorted(kids, key=lambda k: k.path)),
-            top_files=files.get(self, ()) if files else (),
-        )
+        totals = {"files": self.files, "size_bytes": self.size, "pages": self.pages, "resident_pages": self.res,
+                  "dirty_pages": self.dirty, "unknown_pages": self.unknown, "writeback_pages": self.wb,
+                  "recently_evicted_pages": self.rev, "data_pages": self.data, "data_resident_pages": self.dres,
+                  "data_unknown_pages": self.dunknown}
+        for k in kids:
+            for name in totals:
+                totals[name] += getattr(k, name)
+        return ResidencyNode(path=self.path, **totals, children=tuple(sorted(kids, key=lambda k: k.path)),
+                             top_files=files.get(self, ()) if files else ())
 
 
 @dataclass
@@ -192,6 +185,13 @@ def walk(
         report.skip("special", root, "not a regular file or folder")
     elif shard is None or _in_shard(st.st_ino, shard):
         yield WalkedFolder(os.path.dirname(root) or ".", 0, st.st_dev, root_acc), None, root, True
+
+
+def _flush(d: WalkedFolder, dfd: int, names: list[str] | None) -> Iterator[Item]:
+    """The batch of names listed so far, as one item (a copy: the list goes on), if there is one."""
+    if names:
+        yield d, dfd, names[:], False
+        names.clear()
 
 
 def _in_shard(ino: int, shard: tuple[int, int, int]) -> bool:
@@ -302,8 +302,8 @@ class _Walk:
     def _list(self, d: WalkedFolder, dfd: int, entries: Iterator[os.DirEntry[str]], subdirs: list[WalkedFolder],
               held: list[tuple[int, str, bool]] | None) -> Iterator[Item]:
         """Folder `d`'s listing: plain files yielded (in batches of `batch` names, or held for inode order),
-        everything else resolved and placed. The walk's per-file loop, as dltop/native/_walk.c's listing."""
-        report, ignore, include, budget, batch = self.report, self.ignore, self.include, self.budget, self.batch
+        everything else resolved and placed, each after the names listed ahead of it. The walk's per-entry loop."""
+        report, ignore, budget, batch = self.report, self.ignore, self.budget, self.batch
         names: list[str] | None = [] if batch and held is None else None
         n = 0
         try:
@@ -314,48 +314,46 @@ class _Walk:
                     continue
                 try:
                     if entry.is_file(follow_symlinks=False):
-                        if include is not None and not include.match(name):
-                            report.skip("ignored")
-                        elif names is not None:
-                            names.append(name)
-                            if len(names) >= batch:
-                                yield d, dfd, names, False
-                                names = []
-                        elif held is not None:
-                            held.append((entry.inode(), name, False))
-                        else:
+                        if self._plain_file(entry, name, names, held):
                             yield d, dfd, name, False
+                        elif names is not None and len(names) >= batch:
+                            yield from _flush(d, dfd, names)
                         n += 1
                         if n % _CHECK_EVERY_FILES == 0 and budget is not None and budget.stop():
                             self.stopped = True
                             break
                         continue
-                    if names:  # what was listed before this entry is measured before it
-                        yield d, dfd, names, False
-                        names = []
+                    yield from _flush(d, dfd, names)  # what was listed before this entry is measured before it
                     resolved = self._resolve(d, dfd, entry, name)
                 except OSError as e:
-                    if names:
-                        yield d, dfd, names, False
-                        names = []
+                    yield from _flush(d, dfd, names)
                     skip_error(report, e, f"{d.path}/{name}")
                     continue
-                if resolved is not None:
-                    item = self._place(d, dfd, name, *resolved, subdirs, held)
-                    if item is not None:
-                        yield item
+                if resolved is not None and (item := self._place(d, dfd, name, *resolved, subdirs, held)):
+                    yield item
         except OSError as e:
             # The listing itself failed part way: /proc/PID/fdinfo refuses even root (EACCES), a /proc/PID that
             # ends mid-listing gives ENOENT. What was listed is walked; the folder is counted as skipped. Only the
             # root failing is the caller's error.
-            if names:
-                yield d, dfd, names, False
-                names = []
+            yield from _flush(d, dfd, names)
             if d.depth == 0:
                 raise
             skip_error(report, e, d.path)
-        if names:
-            yield d, dfd, names, False
+        yield from _flush(d, dfd, names)
+
+    def _plain_file(self, entry: os.DirEntry[str], name: str, names: list[str] | None,
+                    held: list[tuple[int, str, bool]] | None) -> bool:
+        """A plain file listed: skipped (not included), added to the batch or held for inode order; True where it
+        goes out alone now."""
+        if self.include is not None and not self.include.match(name):
+            self.report.skip("ignored")
+        elif names is not None:
+            names.append(name)
+        elif held is not None:
+            held.append((entry.inode(), name, False))
+        else:
+            return True
+        return False
 
     def _resolve(self, d: WalkedFolder, dfd: int, entry: os.DirEntry[str],
                  name: str) -> tuple[os.stat_result, bool] | None:

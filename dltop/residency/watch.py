@@ -302,7 +302,7 @@ class DatasetWatch:
             scanned_at=time.time(),
             scan_duration_s=took_s,
             complete=True,
-            method="mixed" if len(method) > 1 else (method.pop() if method else "cachestat"),
+            method=measuring.method_name(method),
             fs_type=fs,
             dirs=len(self.folders.order),
             skipped=dict(sorted(skipped.items())),
