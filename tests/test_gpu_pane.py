@@ -691,11 +691,14 @@ async def test_eight_gpus_at_80x24_draw_no_scroll_bar_and_say_what_is_out_of_vie
 
 @pytest.mark.parametrize("compact", [True, False])
 async def test_a_gpu_s_lines_are_what_its_numbers_draw_whatever_was_kept_from_the_tick_before(compact: bool) -> None:
-    """The pane keeps last tick's bar (and compact line) of a GPU whose processes are the very same objects: a
-    tick that moves memory from one process to another (the GPU's total the same), one that gives a process a
+    """The pane keeps last tick's bar of a GPU whose memory did not move (its Memo, by memory_key): a tick that
+    moves memory from one process to another (the GPU's total the same), one that gives a process a
     probe's split, one that moves only the numbers beside the bar, and one where nothing moved: each time the
     lines shown are the ones drawn from scratch from that tick's numbers."""
-    from dltop.tui.panes.gpu import compact_line, memory_lines
+    from dltop.tui.panes.gpu import DeviceLines, compact_line, memory_lines
+
+    def lines_of(pane: GpuPane) -> list[Content]:
+        return pane.query_one("#gpu-devices", DeviceLines).wanted
 
     first = gpu_snaps(scenario("8gpu-20proc"), 1)[0]
     app = PaneApp([dataclasses.replace(first, ts=first.ts + i) for i in range(3)])
@@ -712,13 +715,13 @@ async def test_a_gpu_s_lines_are_what_its_numbers_draw_whatever_was_kept_from_th
             assert isinstance(snap.gpus, tuple)
             if compact:
                 fresh = [compact_line(g, width) for g in snap.gpus]
-                wrong = [(i, str(a), a.spans) for i, (a, b) in enumerate(zip(pane._wanted_lines, fresh, strict=True))
+                wrong = [(i, str(a), a.spans) for i, (a, b) in enumerate(zip(lines_of(pane), fresh, strict=True))
                          if a != b]
                 assert wrong == []
             else:  # the full view: headline, memory bar and legend, sparklines per GPU
-                shown = [pane._wanted_lines[4 * i + 1: 4 * i + 3] for i in range(len(snap.gpus))]
+                shown = [lines_of(pane)[4 * i + 1: 4 * i + 3] for i in range(len(snap.gpus))]
                 assert shown == [memory_lines(g, width) for g in snap.gpus]
-            return list(pane._wanted_lines)
+            return list(lines_of(pane))
 
         def on_gpu0(snap: Snapshot, **changes: Any) -> Snapshot:
             assert isinstance(snap.gpus, tuple)

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -552,6 +552,168 @@ def _rows_and_notes(gpus: tuple[GpuDevice, ...]) -> tuple[Rows, list[str]]:
     return rows, process_notes(rows) + device_notes(gpus)
 
 
+class ProcessTable(RowTable):
+    """The GPU processes, updated by a keyed diff so the cursor stays on its process."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
+        self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
+        self._order: list[str] = []  # the row keys in the table's order
+        self._columns: tuple[str, ...] = ()  # the table's columns now
+        self._width = 0
+        self._command_width = 0
+
+    def show_rows(self, wanted: dict[str, tuple[str, ...]], columns: tuple[str, ...]) -> None:
+        """Remove rows gone, add new ones, and update only the cells whose text changed. Where the order changed
+        (a sort, a filter, a tree, or a process that moved up its sort), the rows are laid out again in the new
+        order and the cursor is found again by key: DataTable.sort keeps the cursor's index, not its row."""
+        order = list(wanted)
+        if (wanted == self._wanted and order == self._order and columns == self._columns
+                and self.size.width == self._width):
+            return  # the same cells at the same width: nothing to fit, nothing to touch
+        if columns != self._columns:
+            self.clear(columns=True)
+            for key in columns:
+                self.add_column(HEADERS[key], key=key)
+            self._columns, self._command_width = columns, 0
+            self._shown.clear()
+        self._wanted, self._width = dict(wanted), self.size.width
+        # The Command column gives way so every number column stays on screen at 80 columns.
+        headers = tuple(HEADERS[c] for c in columns)
+        self._command_width = fit_column(self, wanted, columns.index("command"), headers, columns,
+                                         shorten_end, self._command_width)
+        if not self.rows:
+            self._shown.clear()  # fit_column rebuilt the columns, or the table is new
+        kept = [k for k in self._order if k in wanted and k in self._shown]
+        if kept + [k for k in order if k not in self._shown] != order:
+            self._lay_out(wanted)
+            return
+        for stale in [k for k in self._shown if k not in wanted]:
+            self.remove_row(stale)
+            del self._shown[stale]
+        self._order = order
+        self._update_cells(wanted, columns)
+
+    def _lay_out(self, wanted: dict[str, tuple[str, ...]]) -> None:
+        """Every row again, in the new order; the cursor on the row it was on."""
+        at = self.cursor_key()
+        self.clear()
+        self._shown.clear()
+        for key, values in wanted.items():
+            self.add_row(*map(_cell, values), key=key)
+            self._shown[key] = values
+        self._order = list(wanted)
+        if at in wanted:
+            self.move_cursor(row=self._order.index(at), animate=False)
+
+    def _update_cells(self, wanted: dict[str, tuple[str, ...]], columns: tuple[str, ...]) -> None:
+        """New rows added, changed cells updated. A column sized for "10%" must grow when "100%" arrives, not cut
+        it; but asking the table to fit a cell narrower than its column re-measures the whole column, for every
+        such cell (160 rows made one tick take seconds): only a wider cell asks, and a column whose cells got
+        narrower is measured once at the end."""
+        narrower: set[int] = set()
+        for key, values in wanted.items():
+            shown = self._shown.get(key)
+            if shown is None:
+                self.add_row(*map(_cell, values), key=key)
+            elif shown != values:
+                for i, (col, old, new) in enumerate(zip(columns, shown, values, strict=True)):
+                    if old == new:
+                        continue
+                    width = self.columns[ColumnKey(col)].content_width
+                    self.update_cell(key, col, _cell(new), update_width=cell_len(new) > width)
+                    if cell_len(new) < width:
+                        narrower.add(i)
+            self._shown[key] = values
+        for i in narrower:
+            key, values = max(wanted.items(), key=lambda kv: cell_len(kv[1][i]))
+            self.update_cell(key, columns[i], _cell(values[i]), update_width=True)  # one measure of the column
+
+    def cursor_key(self) -> str | None:
+        """The key of the row under the cursor."""
+        if not self.row_count:
+            return None
+        try:
+            return self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0)).row_key.value
+        except Exception:  # a cursor past the rows
+            return None
+
+
+class DeviceLines(VerticalScroll):
+    """The GPUs' lines, a Static each. Textual draws a widget again only where it changed and is on screen: one
+    Static for the lines of 8 GPUs had all 32 drawn again on every tick (most of the pane's cost), where at 80x24
+    three GPUs are on screen and, of each, the headline and the sparklines move, not the bar. No scroll bar: its
+    partial cells are the charts' block characters and read as stray pieces of a chart beside the legend at
+    80x24; the tag under it (#gpu-devices-tag) says what is out of view."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._lines: list[Static] = []  # one per line of the GPUs, or the one saying why none
+        self.wanted: list[Content] = []  # what each is to show
+        self._painted_as: object = None  # the width, mode and pane height the lines were last drawn at
+
+    def on_mount(self) -> None:
+        # scrolled: the lines that came into view are handed to their Statics
+        self.watch(self, "scroll_y", lambda: self.paint(), init=False)
+        self.watch(self, "has_focus", lambda: self.paint(), init=False)
+
+    def show(self, lines: list[Content], width: int, fixed: bool, painted_as: object, settled: bool = False) -> None:
+        """Show `lines`. `fixed`: each line's Static gets a height of its own, so its update skips the layout pass
+        (set_content). `painted_as`: what, when it changes (a width, a mode, the pane's height), moves what is on
+        screen, so every line gets its new text. `settled`: the box is as tall as its lines (compact), so what is
+        out of view changes only where they moved."""
+        moved = len(self._lines) != len(lines)
+        while len(self._lines) > len(lines):
+            self._lines.pop().remove()
+        if len(self._lines) < len(lines):
+            new = [Static() for _ in range(len(lines) - len(self._lines))]
+            self.mount_all(new)
+            self._lines += new
+        for widget, line in zip(self._lines, lines, strict=True):
+            now = widget.styles.height
+            if fixed:
+                height = max(1, -(-line.cell_length // width))  # wrapped, never cut: a lost GPU's reason
+                if now is None or not now.is_cells or now.value != height:
+                    widget.styles.height = height
+                    moved = True
+            elif now is not None and now.is_cells:
+                widget.styles.height = "auto"
+        moved = moved or painted_as != self._painted_as
+        self._painted_as = painted_as
+        self.wanted = lines
+        # which are on screen is not known until Textual lays them out; the tag of what is out of view is said
+        # again where the lines or the box may have moved
+        self.paint(everywhere=moved, tag=moved or not fixed or not settled)
+
+    def paint(self, everywhere: bool = False, tag: bool = True) -> None:
+        """Hand the lines on screen to their Statics; one scrolled out of view gets its line when it scrolls back
+        in (an update of a widget off screen makes Textual rebuild its map of every widget on the screen, 1.6 ms
+        a tick, and posts its messages for nothing)."""
+        view = self.scrollable_content_region.height
+        top = 0
+        for widget, line in zip(self._lines, self.wanted, strict=True):
+            height = widget.styles.height.value if widget.styles.height and widget.styles.height.is_cells else 0
+            if everywhere or not view or not height or (top < self.scroll_y + view and top + height > self.scroll_y):
+                set_content(widget, line)
+            top += int(height)
+        if tag:
+            self.call_after_refresh(self._tag)  # the lines' heights are laid out by then
+
+    def _tag(self) -> None:
+        """Say how many lines of the GPUs are above and below the view (where the scroll bar would have)."""
+        if self.parent is None:
+            return
+        above = round(self.scroll_y)
+        below = max(0, self.virtual_size.height - above - self.size.height) if self.size.height else 0
+        tag = self.parent.query_one("#gpu-devices-tag", Static)
+        if above or below:
+            where = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
+            keys = "↑/↓ scroll them" if self.has_focus else "Tab to them to scroll, or the mouse wheel"
+            set_content(tag, Content.assemble(f"{where} lines of GPUs out of view: {keys}"))
+        tag.display = bool(above or below)
+
+
 class GpuPane(Pane):
     """Per GPU: memory bar, sparklines; the processes and their split; inference servers' KV pools."""
 
@@ -594,47 +756,30 @@ class GpuPane(Pane):
 
     def __init__(self) -> None:
         super().__init__()
-        self._command_width = 0
         self._series = GpuSeries()
         self._bars: dict[int, Memo[list[Content]]] = {}  # GPU index -> its bar (and legend), by memory_key
         self._rows: Memo[tuple[Rows, list[str]]] = Memo()  # every process row and the notes, by the processes
         # the table's columns, cells and rows, by the processes, the query and the width; until a Time cell turns
         self._cells: Memo[tuple[tuple[str, ...], dict[str, tuple[str, ...]], list[ProcessRow]]] = Memo()
         self._cells_until = 0.0
-        self._lines: list[Static] = []  # in #gpu-devices: one per line of the GPUs, or the one saying why none
-        self._wanted_lines: list[Content] = []  # what each is to show
-        self._shown: dict[str, tuple[str, ...]] = {}  # row key -> the cells the table shows
-        self._wanted: dict[str, tuple[str, ...]] = {}  # the last cells asked for, before fitting
-        self._order: list[str] = []  # the row keys in the table's order
-        self._columns: tuple[str, ...] = ()  # the table's columns now
-        self._table_width = 0
         self._adding = True  # what the input box is for: adding a server, or naming one to remove
         self._details: GpuDetailsScreen | None = None  # the details screen while it is open: handed each view
         self.query_state = ProcessQuery()  # the filter, sort and tree the user asked for
         self.compact: bool | None = None  # None: compact where the full view does not fit; else as `c` set it
         self._compact_now = False
-        # the width, mode and pane height the device lines were last drawn at (a taller pane: more of them in view)
-        self._painted_as: tuple[int, bool, int] = (0, False, 0)
         self._selected: dict[str, ProcessRow] = {}  # row key -> its row, as the table shows them
 
     def compose(self) -> ComposeResult:
-        # A Static per line in it (_show_lines). No scroll bar: its partial cells are the charts' block characters
-        # and read as stray pieces of a chart beside the legend at 80x24; a line under it says what is out of view.
-        yield VerticalScroll(id="gpu-devices")
+        yield DeviceLines(id="gpu-devices")
         yield Static(id="gpu-devices-tag")
         yield Static(id="gpu-query")
-        yield RowTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
+        yield ProcessTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
         yield Input(id="gpu-filter", placeholder="filter: pid, user, command or GPU (Esc clears, Enter keeps)")
         with VerticalScroll(id="gpu-servers-box"):
             yield Static(id="gpu-servers")
         yield Input(id="gpu-server-input")
         with VerticalScroll(id="gpu-notes-box"):
             yield Static(id="gpu-notes")
-
-    def on_mount(self) -> None:
-        # scrolled: the lines that came into view are handed to their Statics
-        self.watch(self.query_one("#gpu-devices"), "scroll_y", lambda: self._paint_lines(), init=False)
-        self.watch(self.query_one("#gpu-devices"), "has_focus", lambda: self._paint_lines(), init=False)
 
     def focus_default(self) -> None:
         table = self.query_one("#gpu-table", DataTable)
@@ -719,7 +864,7 @@ class GpuPane(Pane):
 
     def selected_row(self) -> ProcessRow | None:
         """The row under the table's cursor."""
-        return self._selected.get(self._cursor_key(self.query_one("#gpu-table", DataTable)) or "")
+        return self._selected.get(self.query_one("#gpu-table", ProcessTable).cursor_key() or "")
 
     def on_key(self, event: events.Key) -> None:
         view = self.view
@@ -810,134 +955,6 @@ class GpuPane(Pane):
         if text:
             self.post_message(ServerAddRequested(text) if self._adding else ServerRemoveRequested(text))
 
-    def _show_rows(self, table: DataTable, wanted: dict[str, tuple[str, ...]], columns: tuple[str, ...]) -> None:
-        """The keyed diff: remove rows gone, add new ones, and update only the cells whose text changed (the
-        cursor stays on its process). Where the order changed (a sort, a filter, a tree, or a process that
-        moved up its sort), the rows are laid out again in the new order and the cursor is found again by key:
-        DataTable.sort keeps the cursor's index, not its row."""
-        order = list(wanted)
-        if (wanted == self._wanted and order == self._order and columns == self._columns
-                and table.size.width == self._table_width):
-            return  # the same cells at the same width: nothing to fit, nothing to touch
-        if columns != self._columns:
-            table.clear(columns=True)
-            for key in columns:
-                table.add_column(HEADERS[key], key=key)
-            self._columns, self._command_width = columns, 0
-            self._shown.clear()
-        self._wanted, self._table_width = dict(wanted), table.size.width
-        # The Command column gives way so every number column stays on screen at 80 columns.
-        headers = tuple(HEADERS[c] for c in columns)
-        self._command_width = fit_column(table, wanted, columns.index("command"), headers, columns,
-                                         shorten_end, self._command_width)
-        if not table.rows:
-            self._shown.clear()  # fit_column rebuilt the columns, or the table is new
-        kept = [k for k in self._order if k in wanted and k in self._shown]
-        if kept + [k for k in order if k not in self._shown] != order:
-            at = self._cursor_key(table)
-            table.clear()
-            self._shown.clear()
-            for key in order:
-                table.add_row(*map(_cell, wanted[key]), key=key)
-                self._shown[key] = wanted[key]
-            self._order = order
-            if at in wanted:
-                table.move_cursor(row=order.index(at), animate=False)
-            return
-        for stale in [k for k in self._shown if k not in wanted]:
-            table.remove_row(stale)
-            del self._shown[stale]
-        self._order = order
-        narrower: set[int] = set()  # columns where a cell got narrower than the column
-        for key, values in wanted.items():
-            shown = self._shown.get(key)
-            if shown == values:
-                continue
-            if shown is None:
-                table.add_row(*map(_cell, values), key=key)
-            else:
-                for i, (col, old, new) in enumerate(zip(columns, shown, values, strict=True)):
-                    if old != new:
-                        # A column sized for "10%" must grow when "100%" arrives, not cut it; but asking the table
-                        # to fit a cell narrower than its column re-measures the whole column, for every such cell
-                        # (160 rows made one tick take seconds): only a wider cell asks, and a column whose cells
-                        # got narrower is measured once below.
-                        width = table.columns[ColumnKey(col)].content_width
-                        table.update_cell(key, col, _cell(new), update_width=cell_len(new) > width)
-                        if cell_len(new) < width:
-                            narrower.add(i)
-            self._shown[key] = values
-        for i in narrower:
-            key, values = max(wanted.items(), key=lambda kv: cell_len(kv[1][i]))
-            table.update_cell(key, columns[i], _cell(values[i]), update_width=True)  # one measure of the column
-
-    @staticmethod
-    def _cursor_key(table: DataTable) -> str | None:
-        if not table.row_count:
-            return None
-        try:
-            return table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
-        except Exception:  # a cursor past the rows
-            return None
-
-    def _show_lines(self, lines: list[Content], width: int, fixed: bool) -> None:
-        """A Static per line in #gpu-devices. Textual draws a widget again only where it changed and is on screen:
-        one Static for the lines of 8 GPUs had all 32 drawn again on every tick (most of the pane's cost), where
-        at 80x24 three GPUs are on screen and, of each, the headline and the sparklines move, not the bar.
-        `fixed`: each line's Static gets a height of its own, so its update skips the layout pass (set_content)."""
-        box = self.query_one("#gpu-devices", VerticalScroll)
-        fewer = len(self._lines) > len(lines)
-        while len(self._lines) > len(lines):
-            self._lines.pop().remove()
-        moved = fewer or len(self._lines) < len(lines)
-        if moved:
-            new = [Static() for _ in range(len(lines) - len(self._lines))]
-            box.mount_all(new)
-            self._lines += new
-        for widget, line in zip(self._lines, lines, strict=True):
-            now = widget.styles.height
-            if fixed:
-                height = max(1, -(-line.cell_length // width))  # wrapped, never cut: a lost GPU's reason
-                if now is None or not now.is_cells or now.value != height:
-                    widget.styles.height = height
-                    moved = True
-            elif now is not None and now.is_cells:
-                widget.styles.height = "auto"
-        # a new width or mode (compact, full) moves what is on screen: every line gets its new text
-        moved = moved or (width, self._compact_now, self.size.height) != self._painted_as
-        self._painted_as = (width, self._compact_now, self.size.height)
-        self._wanted_lines = lines
-        # which are on screen is not known until Textual lays them out; the tag of what is out of view is said
-        # again where the lines or the box may have moved: not for compact lines that did not (the box is as tall
-        # as they are, up to a share of the pane's height, itself in _painted_as)
-        self._paint_lines(everywhere=moved, tag=moved or not fixed or not self._compact_now)
-
-    def _paint_lines(self, everywhere: bool = False, tag: bool = True) -> None:
-        """Hand the lines on screen to their Statics; one scrolled out of view gets its line when it scrolls back
-        in (an update of a widget off screen makes Textual rebuild its map of every widget on the screen, 1.6 ms
-        a tick, and posts its messages for nothing)."""
-        box = self.query_one("#gpu-devices", VerticalScroll)
-        view = box.scrollable_content_region.height
-        top = 0
-        for widget, line in zip(self._lines, self._wanted_lines, strict=True):
-            height = widget.styles.height.value if widget.styles.height and widget.styles.height.is_cells else 0
-            if everywhere or not view or not height or (top < box.scroll_y + view and top + height > box.scroll_y):
-                set_content(widget, line)
-            top += int(height)
-        if tag:
-            self.call_after_refresh(self._tag_devices, box)  # the lines' heights are laid out by then
-
-    def _tag_devices(self, box: VerticalScroll) -> None:
-        """Say how many lines of the GPUs are above and below the view (where the scroll bar would have)."""
-        above = round(box.scroll_y)
-        below = max(0, box.virtual_size.height - above - box.size.height) if box.size.height else 0
-        tag = self.query_one("#gpu-devices-tag", Static)
-        if above or below:
-            where = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
-            keys = "↑/↓ scroll them" if box.has_focus else "Tab to them to scroll, or the mouse wheel"
-            set_content(tag, Content.assemble(f"{where} lines of GPUs out of view: {keys}"))
-        tag.display = bool(above or below)
-
     def _device_lines(self, gpus: tuple[GpuDevice, ...], view: View, width: int) -> list[Content]:
         """The full view (headline, bar, legend, sparklines per GPU), or one line per GPU where that does not
         fit in the room the devices box has (half the pane) or `c` asked for it."""
@@ -946,7 +963,7 @@ class GpuPane(Pane):
                    2 + (1 + len(g.mig_devices) if g.mig_devices else 2) for g in gpus)
         room = max(3, self.size.height // 2 - 1)
         self._compact_now = self.compact if self.compact is not None else full > room
-        box = self.query_one("#gpu-devices", VerticalScroll)
+        box = self.query_one("#gpu-devices", DeviceLines)
         # compact: exactly its lines tall (an auto height kept a row for a scrollbar it never shows)
         height = f"{min(len(gpus), room + 1)}" if self._compact_now else "auto"
         if str(box.styles.height) != height:
@@ -975,7 +992,7 @@ class GpuPane(Pane):
                      ) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], list[ProcessRow]]:
         """The table's columns and each row's cells (the query's rows, in its order, with how long each process
         has run as of `now`), and the rows; the cells hold until the first Time cell turns."""
-        table = self.query_one("#gpu-table", DataTable)
+        table = self.query_one("#gpu-table", ProcessTable)
         selected = select_processes(gpus, self.query_state)
         columns = columns_for(selected, table.size.width or self.size.width)
         split_cells: dict[int, tuple[str, ...]] = {}
@@ -993,55 +1010,63 @@ class GpuPane(Pane):
         if self._details is not None:
             self._details.show(view)  # the open details follow the numbers
         part = view.snapshot.gpus
-        table = self.query_one("#gpu-table", DataTable)
         gpus: tuple[GpuDevice, ...] = part if isinstance(part, tuple) else ()
         # the width inside the box's scrollbar gutter: a line's Static just mounted has no size until the layout
-        width = max(20, self.query_one("#gpu-devices").scrollable_content_region.width or self.size.width - 4)
-        box = self.query_one("#gpu-devices", VerticalScroll)
-        if not gpus and str(box.styles.height) != "auto":
-            box.styles.height = "auto"  # was compact: one line says why there are none
-        if part is None:
-            self._show_lines([Content.assemble(("GPUs: not sampled", "dim"))], width, fixed=False)
-        elif isinstance(part, Unavailable):
-            # No GPU here (a state: "0", and why, not in a warning's colour), or NVML cannot be used: one line
-            # saying so (wrapped where it is long), where the GPUs would be.
-            line = (Content.assemble(("GPUs: 0", "bold"), (f" — {part.reason}", "dim")) if part.absent
-                    else Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning")))
-            self._show_lines([line], width, fixed=False)
-        elif not part:
-            self._show_lines([Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))], width,
-                             fixed=False)
-        else:
-            self._show_lines(self._device_lines(gpus, view, width), width, fixed=True)
+        box = self.query_one("#gpu-devices", DeviceLines)
+        width = max(20, box.scrollable_content_region.width or self.size.width - 4)
+        self._show_devices(box, part, view, width)
+        table = self.query_one("#gpu-table", ProcessTable)
         table.display = bool(gpus)
         # Made again only when the processes change (a tenth of the cost of building 160 rows and their notes),
         # the table's cells also when the query or the width change, or a Time cell's minute turns.
         made_of = tuple((g.index, g.memory_pool_note, g.processes, tuple((m.mig_index, m.processes)
                                                                          for m in g.mig_devices)) for g in gpus)
-        rows, process_lines = self._rows.get(made_of, lambda: _rows_and_notes(gpus))
+        rows, notes = self._rows.get(made_of, lambda: _rows_and_notes(gpus))
         now = view.snapshot.ts
         if now >= self._cells_until:
             self._cells.clear()
         columns, wanted, selected = self._cells.get((made_of, self.query_state, table.size.width or self.size.width),
                                                     lambda: self._table_cells(gpus, now))
-        self._show_rows(table, dict(wanted), columns)
-        shown = len([r for r in selected if r.process is not None])
-        total = len(rows)
+        table.show_rows(dict(wanted), columns)
+        self._show_query(bool(gpus), len([r for r in selected if r.process is not None]), len(rows))
+        self._show_servers_and_notes(view, rows, list(notes), width)
+
+    def _show_devices(self, box: DeviceLines, part: tuple[GpuDevice, ...] | Unavailable | None, view: View,
+                      width: int) -> None:
+        """The GPUs' lines, or the one line saying why there are none."""
+        if isinstance(part, tuple) and part:
+            lines = self._device_lines(part, view, width)
+            box.show(lines, width, fixed=True, painted_as=(width, self._compact_now, self.size.height),
+                     settled=self._compact_now)
+            return
+        if str(box.styles.height) != "auto":
+            box.styles.height = "auto"  # was compact: one line says why there are none
+        if part is None:
+            line = Content.assemble(("GPUs: not sampled", "dim"))
+        elif isinstance(part, Unavailable):
+            # No GPU here (a state: "0", and why, not in a warning's colour), or NVML cannot be used: one line
+            # saying so (wrapped where it is long), where the GPUs would be.
+            line = (Content.assemble(("GPUs: 0", "bold"), (f" — {part.reason}", "dim")) if part.absent
+                    else Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning")))
+        else:
+            line = Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))
+        box.show([line], width, fixed=False, painted_as=(width, self._compact_now, self.size.height))
+
+    def _show_query(self, any_gpu: bool, shown: int, total: int) -> None:
+        """The filter, sort and tree asked for, and how many processes they leave, where that says anything."""
         query_line = self.query_state.describe() + (f"  {shown} of {total} processes" if shown != total else "")
         query_widget = self.query_one("#gpu-query", Static)
         set_content(query_widget, Content(printable(query_line)))
-        query_widget.display = bool(gpus) and (self.query_state != ProcessQuery() or shown != total)
-        notes = list(process_lines)
-        servers = self.query_one("#gpu-servers", Static)
-        if isinstance(view.snapshot.servers, tuple) and view.snapshot.servers:
-            lines, more = server_lines(view.snapshot.servers, rows, server_rates(view.previous, view.snapshot),
-                                       width)
-            set_content(servers, Content("\n").join(lines))
+        query_widget.display = any_gpu and (self.query_state != ProcessQuery() or shown != total)
+
+    def _show_servers_and_notes(self, view: View, rows: Rows, notes: list[str], width: int) -> None:
+        """The inference servers' KV pools, and the notes (on the processes, the GPUs and the servers)."""
+        servers = view.snapshot.servers if isinstance(view.snapshot.servers, tuple) else ()
+        lines: list[Content] = []
+        if servers:
+            lines, more = server_lines(servers, rows, server_rates(view.previous, view.snapshot), width)
             notes += more
-        else:
-            set_content(servers, Content())
-        self.query_one("#gpu-servers-box").display = bool(isinstance(view.snapshot.servers, tuple)
-                                                          and view.snapshot.servers)
-        notes_widget = self.query_one("#gpu-notes", Static)
-        set_content(notes_widget, Content("; ".join(notes)))
+        set_content(self.query_one("#gpu-servers", Static), Content("\n").join(lines))
+        self.query_one("#gpu-servers-box").display = bool(servers)
+        set_content(self.query_one("#gpu-notes", Static), Content("; ".join(notes)))
         self.query_one("#gpu-notes-box").display = bool(notes)
