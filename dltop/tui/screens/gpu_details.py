@@ -43,61 +43,90 @@ def _rate(v: float | Unavailable) -> str | None:
     return None if isinstance(v, Unavailable) else human_rate(v)
 
 
-def detail_rows(g: GpuDevice, rates: GpuRates | None) -> list[tuple[str, str, bool]]:
+Row = tuple[str, str, bool]  # (label, text, known)
+
+
+def _row(g: GpuDevice, label: str, name: str, text: str | None) -> Row:
+    """A detail's row: its text, or `name`'s reason where the text is None."""
+    return (label, *_value(g, name, text))
+
+
+def _num(g: GpuDevice, name: str, unit: str, scale: float = 1.0) -> str | None:
+    v = getattr(g, name)
+    return None if v is None else f"{v * scale:.0f}{unit}"
+
+
+def _either(g: GpuDevice, first: str, second: str, text: str) -> str | None:
+    """`text` with two numbers in it, where at least one is known; None where neither is."""
+    return None if getattr(g, first) is None and getattr(g, second) is None else text
+
+
+def detail_rows(g: GpuDevice, rates: GpuRates | None) -> list[Row]:
     """(label, text, known) for each detail of a GPU, in nvidia-smi -q's order."""
-    rows: list[tuple[str, str, bool]] = []
+    return [*_identity_rows(g), *_sensor_rows(g), *_clock_rows(g), _traffic_row(g, rates, "PCIe", "pcie"),
+            _traffic_row(g, rates, "NVLink", "nvlink"), *_ecc_rows(g)]
 
-    def add(label: str, name: str, text: str | None) -> None:
-        rows.append((label, *_value(g, name, text)))
 
-    def num(name: str, unit: str, scale: float = 1.0, fmt: str = "{:.0f}") -> str | None:
-        v = getattr(g, name)
-        return None if v is None else fmt.format(v * scale) + unit
+def _identity_rows(g: GpuDevice) -> list[Row]:
+    library = "NVML" if g.backend == "nvml" else "amdsmi (ROCm)"
+    return [_row(g, "Identity", "uuid", " ".join(printable(x) for x in (g.uuid, g.bus_id) if x) or None),
+            ("Library", f"{library}, driver {printable(g.driver_version or '?')}", True)]
 
-    add("Identity", "uuid", " ".join(printable(x) for x in (g.uuid, g.bus_id) if x) or None)
-    rows.append(("Library", f"{'NVML' if g.backend == 'nvml' else 'amdsmi (ROCm)'}, driver "
-                 f"{printable(g.driver_version or '?')}", True))
-    temp = num("temperature_c", "°C")
-    add("Temperature", "temperature_c",
-        None if temp is None else temp + (f" ({g.temperature_sensor})" if g.temperature_sensor not in (None, "gpu")
-                                         else ""))
-    draw, limit = num("power_mw", " W", 0.001), num("power_limit_mw", " W", 0.001)
-    add("Power", "power_mw", None if draw is None else draw + (f" of {limit}" if limit else " (no limit read)"))
-    add("Fan", "fan_speed_percent", num("fan_speed_percent", "%"))
-    sm, mem = num("clock_sm_mhz", " MHz"), num("clock_mem_mhz", " MHz")
-    add("Clocks", "clock_sm_mhz", None if sm is None else f"SM {sm}, memory {mem or 'n/a'}")
-    add("P-state", "pstate", None if g.pstate is None else f"P{g.pstate}")
+
+def _sensor_rows(g: GpuDevice) -> list[Row]:
+    temp = _num(g, "temperature_c", "°C")
+    if temp is not None and g.temperature_sensor not in (None, "gpu"):
+        temp += f" ({g.temperature_sensor})"
+    draw, limit = _num(g, "power_mw", " W", 0.001), _num(g, "power_limit_mw", " W", 0.001)
+    power = None if draw is None else draw + (f" of {limit}" if limit else " (no limit read)")
+    return [_row(g, "Temperature", "temperature_c", temp), _row(g, "Power", "power_mw", power),
+            _row(g, "Fan", "fan_speed_percent", _num(g, "fan_speed_percent", "%"))]
+
+
+def _clock_rows(g: GpuDevice) -> list[Row]:
+    na = "n/a"
+    sm, mem = _num(g, "clock_sm_mhz", " MHz"), _num(g, "clock_mem_mhz", " MHz")
+    util, util_mem = _num(g, "utilization_gpu_percent", "%"), _num(g, "utilization_memory_percent", "%")
+    enc, dec = _num(g, "encoder_util_percent", "%"), _num(g, "decoder_util_percent", "%")
     reasons = g.throttle_reasons
-    add("Throttle", "throttle_reasons", None if reasons is None else ", ".join(reasons) or "none")
-    util = num("utilization_gpu_percent", "%")
-    add("Utilization", "utilization_gpu_percent",
-        None if util is None else f"GPU {util}, memory {num('utilization_memory_percent', '%') or 'n/a'}")
-    enc, dec = num("encoder_util_percent", "%"), num("decoder_util_percent", "%")
-    add("Encoder/dec.", "encoder_util_percent", None if enc is None and dec is None else
-        f"encoder {enc or 'n/a'}, decoder {dec or 'n/a'}")
-    for label, prefix in (("PCIe", "pcie"), ("NVLink", "nvlink")):
-        tx = rx = None
-        if rates is not None:
-            tx, rx = _rate(getattr(rates, f"{prefix}_tx_bytes_per_s")), _rate(getattr(rates, f"{prefix}_rx_bytes_per_s"))
-        total_tx, total_rx = getattr(g, f"{prefix}_tx_bytes_total"), getattr(g, f"{prefix}_rx_bytes_total")
-        if tx is not None or rx is not None:
-            add(label, f"{prefix}_tx_bytes_total", f"rx {rx or 'n/a'}  tx {tx or 'n/a'}")
-        elif total_tx is not None:
-            rows.append((label, f"rx {human_bytes(total_rx)}  tx {human_bytes(total_tx)} in all (a rate needs "
-                         "two readings)", True))
-        else:
-            add(label, f"{prefix}_tx_bytes_total" if prefix == "nvlink" or g.pcie_source != "throughput"
-                else f"{prefix}_tx_bytes_per_s", None)
+    return [_row(g, "Clocks", "clock_sm_mhz", None if sm is None else f"SM {sm}, memory {mem or na}"),
+            _row(g, "P-state", "pstate", None if g.pstate is None else f"P{g.pstate}"),
+            _row(g, "Throttle", "throttle_reasons", None if reasons is None else ", ".join(reasons) or "none"),
+            _row(g, "Utilization", "utilization_gpu_percent",
+                 None if util is None else f"GPU {util}, memory {util_mem or na}"),
+            _row(g, "Encoder/dec.", "encoder_util_percent",
+                 _either(g, "encoder_util_percent", "decoder_util_percent",
+                         f"encoder {enc or na}, decoder {dec or na}"))]
+
+
+def _traffic_row(g: GpuDevice, rates: GpuRates | None, label: str, prefix: str) -> Row:
+    """PCIe or NVLink: the rates over the last interval, else the byte counters so far, else why neither."""
+    tx = rx = None
+    if rates is not None:
+        tx, rx = _rate(getattr(rates, f"{prefix}_tx_bytes_per_s")), _rate(getattr(rates, f"{prefix}_rx_bytes_per_s"))
+    total_tx, total_rx = getattr(g, f"{prefix}_tx_bytes_total"), getattr(g, f"{prefix}_rx_bytes_total")
+    if tx is not None or rx is not None:
+        return _row(g, label, f"{prefix}_tx_bytes_total", f"rx {rx or 'n/a'}  tx {tx or 'n/a'}")
+    if total_tx is not None:
+        return (label, f"rx {human_bytes(total_rx)}  tx {human_bytes(total_tx)} in all (a rate needs two readings)",
+                True)
+    reason = (f"{prefix}_tx_bytes_total" if prefix == "nvlink" or g.pcie_source != "throughput"
+              else f"{prefix}_tx_bytes_per_s")
+    return _row(g, label, reason, None)
+
+
+def _ecc_rows(g: GpuDevice) -> list[Row]:
+    rows = []
     for kind in ("corrected", "uncorrected"):
         vol, agg = getattr(g, f"ecc_{kind}_volatile"), getattr(g, f"ecc_{kind}_aggregate")
-        text = None if vol is None and agg is None else (
-            f"{'n/a' if vol is None else vol} since the driver loaded, {'n/a' if agg is None else agg} in all")
-        add(f"ECC {kind}", f"ecc_{kind}_aggregate" if agg is None else f"ecc_{kind}_volatile", text)
+        text = _either(g, f"ecc_{kind}_volatile", f"ecc_{kind}_aggregate",
+                       f"{'n/a' if vol is None else vol} since the driver loaded, {'n/a' if agg is None else agg} in all")
+        rows.append(_row(g, f"ECC {kind}", f"ecc_{kind}_aggregate" if agg is None else f"ecc_{kind}_volatile", text))
     retired = None
     if g.retired_pages_sbe is not None or g.retired_pages_dbe is not None:
         retired = (f"{g.retired_pages_sbe or 0} single-bit, {g.retired_pages_dbe or 0} double-bit"
                    + ("; one waits for a reboot" if g.retired_pages_pending else ""))
-    add("Retired pages", "retired_pages_dbe", retired)
+    rows.append(_row(g, "Retired pages", "retired_pages_dbe", retired))
     return rows
 
 
