@@ -244,16 +244,8 @@ def _by_name(part: CachesPart) -> dict[str, CacheInfo]:
     return names
 
 
-@rule
-def cache_growing(history: Sequence[Snapshot]) -> Hint | None:
-    """A cache that grows fast over the window: at that rate it fills its filesystem."""
-    oldest, latest = _first(history), _latest(history)
-    if oldest is None or latest is None:
-        return None
-    (t0, first), (t1, last) = oldest, latest
-    dt = t1 - t0
-    if dt <= 0:
-        return None
+def _fastest_growth(first: CachesPart, last: CachesPart, dt: float) -> tuple[float, CacheInfo, int] | None:
+    """(bytes an hour, cache, bytes grown) of the cache growing fastest against its filesystem's free space."""
     worst: tuple[float, CacheInfo, int] | None = None
     by_name = _by_name(first)
     for c in last.caches:
@@ -266,6 +258,20 @@ def cache_growing(history: Sequence[Snapshot]) -> Hint | None:
         per_hour = grew / dt * 3600
         if per_hour >= GROWTH_MIN_FRACTION * c.fs_free_bytes and (worst is None or per_hour > worst[0]):
             worst = (per_hour, c, grew)
+    return worst
+
+
+@rule
+def cache_growing(history: Sequence[Snapshot]) -> Hint | None:
+    """A cache that grows fast over the window: at that rate it fills its filesystem."""
+    oldest, latest = _first(history), _latest(history)
+    if oldest is None or latest is None:
+        return None
+    (t0, first), (t1, last) = oldest, latest
+    dt = t1 - t0
+    if dt <= 0:
+        return None
+    worst = _fastest_growth(first, last, dt)
     if worst is None:
         return None
     per_hour, c, grew = worst

@@ -34,13 +34,9 @@ def _usable(ds: DatasetResidency) -> bool:
 
 def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
     """A dataset mostly not in the page cache that would fit: the first epoch reads it from disk."""
-    coldest = None
-    for ds in part.scanned:
-        frac = ds.resident_fraction
-        if not _usable(ds) or frac is None or frac >= COLD_FRACTION:
-            continue
-        if coldest is None or frac < (coldest.resident_fraction or 0):
-            coldest = ds
+    cold = [ds for ds in part.scanned
+            if _usable(ds) and ds.resident_fraction is not None and ds.resident_fraction < COLD_FRACTION]
+    coldest = min(cold, key=lambda ds: ds.resident_fraction or 0, default=None)
     if coldest is None:
         return None
     ps = coldest.page_size
