@@ -123,19 +123,7 @@ def _basic(authorization: str | None) -> tuple[str | None, bytes | None]:
 
 def load_web_config(path: str) -> WebConfig:
     """Read and check a web config file; every problem is a DltopError naming the file and the key."""
-    try:
-        import yaml
-    except ImportError:
-        raise DltopError(f"--web-config {path}: reading it needs PyYAML (pip install 'dltop[export]')") from None
-    try:  # owner and mode as ssh checks its own: a file another user can change is refused (docs/trust.md)
-        text = read_trusted(path, "--web-config", MAX_WEB_CONFIG_BYTES).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DltopError(f"--web-config {path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise DltopError(f"--web-config {path}: not YAML: {str(e).splitlines()[0]}") from None
-    data = {} if data is None else data
+    data = _read_yaml(path)
     if not isinstance(data, dict):
         raise DltopError(f"--web-config {path}: expected a mapping at the top")
     unknown = sorted(set(data) - {"tls_server_config", "basic_auth_users"})
@@ -152,26 +140,48 @@ def load_web_config(path: str) -> WebConfig:
     if not isinstance(users, dict):
         raise DltopError(f"--web-config {path}: basic_auth_users: expected a mapping of user: bcrypt hash")
     if users:
-        try:
-            import bcrypt
-        except ImportError:
-            raise DltopError(f"--web-config {path}: basic_auth_users needs bcrypt (pip install 'dltop[export]')"
-                             ) from None
-        costs = []
-        for user, hashed in users.items():
-            raw = str(hashed).encode()
-            cost = bcrypt_cost(raw)
-            try:
-                if cost is None:
-                    raise ValueError(raw)
-                bcrypt.checkpw(b"", raw)
-            except ValueError:
-                raise DltopError(f"--web-config {path}: basic_auth_users: {user!r}: not a bcrypt hash") from None
-            cfg.users[str(user)] = raw
-            costs.append(cost)
-        # The highest cost: a name that does not exist never answers faster than one that does.
-        cfg.dummy_hash = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt(rounds=max(costs)))
+        _add_users(cfg, users)
     return cfg
+
+
+def _read_yaml(path: str) -> Any:
+    """The web config's YAML (an empty file is an empty mapping)."""
+    try:
+        import yaml
+    except ImportError:
+        raise DltopError(f"--web-config {path}: reading it needs PyYAML (pip install 'dltop[export]')") from None
+    try:  # owner and mode as ssh checks its own: a file another user can change is refused (docs/trust.md)
+        text = read_trusted(path, "--web-config", MAX_WEB_CONFIG_BYTES).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DltopError(f"--web-config {path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise DltopError(f"--web-config {path}: not YAML: {str(e).splitlines()[0]}") from None
+    return {} if data is None else data
+
+
+def _add_users(cfg: WebConfig, users: dict[Any, Any]) -> None:
+    """basic_auth_users: each a bcrypt hash, checked; a dummy hash of the highest cost for names not there (a
+    name that does not exist never answers faster than one that does)."""
+    try:
+        import bcrypt
+    except ImportError:
+        raise DltopError(f"--web-config {cfg.path}: basic_auth_users needs bcrypt (pip install 'dltop[export]')"
+                         ) from None
+    costs = []
+    for user, hashed in users.items():
+        raw = str(hashed).encode()
+        cost = bcrypt_cost(raw)
+        try:
+            if cost is None:
+                raise ValueError(raw)
+            bcrypt.checkpw(b"", raw)
+        except ValueError:
+            raise DltopError(f"--web-config {cfg.path}: basic_auth_users: {user!r}: not a bcrypt hash") from None
+        cfg.users[str(user)] = raw
+        costs.append(cost)
+    cfg.dummy_hash = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt(rounds=max(costs)))
 
 
 def _tls(path: str, tls: Any, base: Path) -> ssl.SSLContext:
@@ -189,11 +199,7 @@ def _tls(path: str, tls: Any, base: Path) -> ssl.SSLContext:
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2  # exporter-toolkit's default
-    for key, attr in (("min_version", "minimum_version"), ("max_version", "maximum_version")):
-        if key in tls:
-            if tls[key] not in TLS_VERSIONS:
-                raise DltopError(f"{where}: {key}: {tls[key]!r} is not one of {', '.join(TLS_VERSIONS)}")
-            setattr(ctx, attr, TLS_VERSIONS[tls[key]])
+    _set_versions(ctx, tls, where)
     try:
         # Each file opened once, trusted as ssh trusts its own, and loaded from that very open file.
         with _trusted(rel("cert_file"), f"{where}: cert_file") as cert, \
@@ -214,6 +220,14 @@ def _tls(path: str, tls: Any, base: Path) -> ssl.SSLContext:
     elif auth != "NoClientCert":
         raise DltopError(f"{where}: client_auth_type {auth} needs client_ca_file")
     return ctx
+
+
+def _set_versions(ctx: ssl.SSLContext, tls: dict[str, Any], where: str) -> None:
+    for key, attr in (("min_version", "minimum_version"), ("max_version", "maximum_version")):
+        if key in tls:
+            if tls[key] not in TLS_VERSIONS:
+                raise DltopError(f"{where}: {key}: {tls[key]!r} is not one of {', '.join(TLS_VERSIONS)}")
+            setattr(ctx, attr, TLS_VERSIONS[tls[key]])
 
 
 @contextlib.contextmanager
