@@ -429,13 +429,7 @@ def shape_from_config(cfg: dict[str, Any], kv_dtype: str = "auto", name: str = "
         notes.append("a float32 model: vLLM's --dtype auto serves it in float16, half this cache")
     windows, kinds, window_notes, assumed = _windows(cfg, layers, "layer_types" in res.filled)
     notes += window_notes
-    mtp = _int(cfg, "num_nextn_predict_layers", minimum=0)
-    if mtp:
-        notes.append(f"the {mtp} multi-token-prediction layer(s) are not counted (they cache only when used "
-                     "for speculative decoding)")
-    if dtype in ("int4",):
-        notes.append("int4: 4 bits per element; the scales and zero points an int4 cache keeps beside it are "
-                     "not counted")
+    notes += _uncounted(cfg, dtype)
     rank = cfg.get("kv_lora_rank")
     if rank is not None:
         rank = _int(cfg, "kv_lora_rank")
@@ -449,16 +443,35 @@ def shape_from_config(cfg: dict[str, Any], kv_dtype: str = "auto", name: str = "
     if heads is None:
         raise ConfigError("the config has no num_attention_heads (needed for the KV heads and head_dim)")
     kv_heads = _int(cfg, "num_key_value_heads") or heads
-    head_dim = _int(cfg, "head_dim")
-    if head_dim is None:
-        hidden = _int(cfg, "hidden_size", "n_embd", required="head_dim nor hidden_size")
-        assert hidden is not None
-        if hidden % heads:
-            raise ConfigError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}: "
-                              "the config needs an explicit head_dim")
-        head_dim = hidden // heads
+    head_dim = _head_dim(cfg, heads)
     shape = _gqa(name, layers, heads, kv_heads, head_dim, dtype, source, windows, notes)
     return dataclasses.replace(shape, kinds=kinds, defaults=res, assumptions=tuple(assumed))
+
+
+def _uncounted(cfg: dict[str, Any], dtype: str) -> list[str]:
+    """What the KV shape leaves out: multi-token-prediction layers, an int4 cache's scales."""
+    notes = []
+    mtp = _int(cfg, "num_nextn_predict_layers", minimum=0)
+    if mtp:
+        notes.append(f"the {mtp} multi-token-prediction layer(s) are not counted (they cache only when used "
+                     "for speculative decoding)")
+    if dtype in ("int4",):
+        notes.append("int4: 4 bits per element; the scales and zero points an int4 cache keeps beside it are "
+                     "not counted")
+    return notes
+
+
+def _head_dim(cfg: dict[str, Any], heads: int) -> int:
+    """head_dim, else hidden_size over the heads."""
+    head_dim = _int(cfg, "head_dim")
+    if head_dim is not None:
+        return head_dim
+    hidden = _int(cfg, "hidden_size", "n_embd", required="head_dim nor hidden_size")
+    assert hidden is not None
+    if hidden % heads:
+        raise ConfigError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}: "
+                          "the config needs an explicit head_dim")
+    return hidden // heads
 
 
 def _element_bytes(dtype: str) -> float:

@@ -191,10 +191,7 @@ def _device(name: str, d: Any, notes: dict[str, str]) -> ProbeDevice | None:
         return None
     f = _Fields(d, where, {})
     try:
-        stats = d.get("memory_stats") or {}
-        if not isinstance(stats, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                  and 0 <= v <= MAX_COUNT for v in stats.values()):
-            raise Malformed(f"{where}.memory_stats: expected counts from 0 to {MAX_COUNT}")
+        stats = _memory_stats(d.get("memory_stats") or {}, where)
         sizes = {key: f.count(key, optional=True, high=MAX_BYTES) for key in
                  ("weights_bytes", "gradients_bytes", "optimizer_bytes", "kv_bytes")}
         pci = f.get("pci_bus_id", str, optional=True)
@@ -213,6 +210,14 @@ def _device(name: str, d: Any, notes: dict[str, str]) -> ProbeDevice | None:
     except Malformed as e:
         notes[where] = f"{where} left out: {str(e).removeprefix(where + '.')}"
         return None
+
+
+def _memory_stats(stats: Any, where: str) -> dict[Any, int]:
+    """A device's torch.cuda.memory_stats(): counts, else Malformed."""
+    if not isinstance(stats, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT
+                                              for v in stats.values()):
+        raise Malformed(f"{where}.memory_stats: expected counts from 0 to {MAX_COUNT}")
+    return stats
 
 
 def _epoch(i: int, e: Any, notes: dict[str, str]) -> ProbeEpoch | None:
