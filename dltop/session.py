@@ -22,12 +22,11 @@ from dltop.model import CachesPart, Snapshot, Unavailable, to_dict
 from dltop.model.actions import ActionEvent, ActionPlan, SignalTarget
 from dltop.model.datasets import DatasetsPart
 from dltop.playhead import Live, Playhead, Replay
-from dltop.timeline import Feed, LiveEvent, LiveHistory, Recorded, Timeline, index_at
+from dltop.timeline import Feed, LiveEvent, LiveHistory, Recorded, Timeline
 from dltop.view import View
 
 HISTORY_LEN = 600  # ten minutes at the default refresh: what the sparklines show
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-SNOOZE_S = 3600.0  # how long `s` in ? keeps a hint off the hint line
 TAB_DECIDED_AFTER_S = 5.0  # the GPU source has answered by then (or failed): the tab to open on is decided
 SAID_KEPT = 100
 
@@ -60,6 +59,22 @@ def next_refresh(current: float, faster: bool) -> float:
     return min(larger[0] if larger else current, MAX_REFRESH_S)
 
 
+def wanted_tab(settings: Settings, snap: Snapshot, replay: bool = False) -> tuple[str, bool]:
+    """The tab to open on and whether that is final (not while the GPU source has not answered yet): --tab, else
+    the one that has something (GPU where GPUs are, else Datasets when datasets are watched, else Page cache)."""
+    if settings.tab:
+        return settings.tab, True
+    if settings.prometheus is not None:
+        return "cluster", True  # asked for a cluster: its tab first
+    gpus = snap.gpus
+    if isinstance(gpus, tuple) and gpus:
+        return "gpu", True
+    datasets = snap.datasets
+    watched = settings.datasets or (isinstance(datasets, DatasetsPart) and datasets.paths)
+    waiting = isinstance(gpus, Unavailable) and gpus.reason == "waiting for the first reading"
+    return ("datasets" if watched else "pagecache"), not waiting or replay
+
+
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -84,8 +99,7 @@ class Session:
         self.timeline: Timeline = recorded.timeline if recorded is not None else LiveHistory(self.history)
         self.head: Playhead = Live() if recorded is None else Replay(recorded.start_ts, pos=recorded.start_ts)
         self._past: tuple[float, tuple[Snapshot, ...], tuple[hint_rules.Hint, ...]] | None = None
-        self.muted: set[str] = set(self.settings.mute)  # hint ids kept off the hint line (still listed in ?)
-        self.snoozed: dict[str, float] = {}  # hint id -> until when (clock time) it is kept off the hint line
+        self.quieted = hint_rules.Quieted(self.settings.mute, clock)  # hints muted or snoozed (still listed in ?)
         # The tab to open on: --tab / `tab = ...` / the recording's, else the one that has something, decided once
         # the GPU source has answered unless the user picked a tab first.
         self.tab_pending = True
@@ -213,14 +227,6 @@ class Session:
         times = self.times()
         return self.head.go(times, times[index_typed(times, self.parse_time(text))])
 
-    def gap_before(self, ts: float) -> float:
-        """Seconds without samples before the one at `ts`, where longer than 3 of the recording's intervals."""
-        times = self.times()
-        i = index_at(times, ts)
-        interval = self.recorded.interval_s if self.recorded is not None else 1.0
-        gap = times[i] - times[i - 1] if 0 < i < len(times) else 0.0
-        return gap if gap > 3 * interval else 0.0
-
     def mark_refusal(self) -> str | None:
         """Why `m` cannot write a marker here (a replay, nothing recorded), or None."""
         if self.replay:
@@ -244,26 +250,12 @@ class Session:
 
     # -- the tab to open on -------------------------------------------------------------------------------------
 
-    def wanted_tab(self, snap: Snapshot) -> tuple[str, bool]:
-        """The tab to open on and whether that is final (not while the GPU source has not answered yet)."""
-        if self.settings.tab:
-            return self.settings.tab, True
-        if self.settings.prometheus is not None:
-            return "cluster", True  # asked for a cluster: its tab first
-        gpus = snap.gpus
-        if isinstance(gpus, tuple) and gpus:
-            return "gpu", True
-        datasets = snap.datasets
-        watched = self.settings.datasets or (isinstance(datasets, DatasetsPart) and datasets.paths)
-        waiting = isinstance(gpus, Unavailable) and gpus.reason == "waiting for the first reading"
-        return ("datasets" if watched else "pagecache"), not waiting or self.replay
-
     def opening_tab(self, tabs: Sequence[str]) -> str | None:
         """The tab to switch to now, while the user has not picked one; None to stay. Decided for good once the
         GPU source has answered (or TAB_DECIDED_AFTER_S later)."""
         if not self.tab_pending or not self.history:
             return None
-        tab, decided = self.wanted_tab(self.history[-1])
+        tab, decided = wanted_tab(self.settings, self.history[-1], self.replay)
         switch = tab if tab != self._tab_auto and tab in tabs else None
         if switch is not None:
             self._tab_auto = tab
@@ -284,29 +276,11 @@ class Session:
 
     # -- hints --------------------------------------------------------------------------------------------------
 
-    def hint_state(self, hint_id: str) -> str:
-        """'muted', 'snoozed' (until when) or '' for a hint id: what ? says of it."""
-        if hint_id in self.muted:
-            return "muted" + (" (config)" if hint_id in self.settings.mute else "")
-        until = self.snoozed.get(hint_id)
-        if until is not None and until > self.clock():
-            return f"snoozed until {time.strftime('%H:%M', time.localtime(until))}"
-        return ""
-
-    def set_hint_state(self, hint_id: str, state: str) -> None:
-        """Mute, snooze or bring back ('') a hint for this session (? does it)."""
-        self.muted.discard(hint_id)
-        self.snoozed.pop(hint_id, None)
-        if state == "muted":
-            self.muted.add(hint_id)
-        elif state == "snoozed":
-            self.snoozed[hint_id] = self.clock() + SNOOZE_S
-
     def line_hints(self, tab: str | None) -> list[hint_rules.Hint]:
         """The hints of the moment on screen the hint line may show, `tab`'s own first (each group most severe
         first)."""
         frame = self.frame()
-        kept = [h for h in (frame[1] if frame is not None else ()) if not self.hint_state(h.id)]
+        kept = [h for h in (frame[1] if frame is not None else ()) if not self.quieted.state(h.id)]
         return sorted(kept, key=lambda h: hint_rules.tab_of(h.id) != tab)  # stable: severity order kept
 
     def help_hints(self, tab: str | None) -> list[hint_rules.Hint]:

@@ -151,3 +151,10 @@ class Recorded:
         """The recording's sampling interval (1 s where its header does not say a valid one)."""
         interval = self.recording.meta.get("interval_s")
         return interval if isinstance(interval, int | float) and interval > 0 else 1.0
+
+    def gap_before(self, ts: float) -> float:
+        """Seconds without samples before the one at `ts`, where longer than 3 of the recording's intervals."""
+        times = self.timeline.times()
+        i = index_at(times, ts)
+        gap = times[i] - times[i - 1] if 0 < i < len(times) else 0.0
+        return gap if gap > 3 * self.interval_s else 0.0

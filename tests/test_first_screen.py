@@ -155,8 +155,8 @@ async def test_the_current_tabs_hint_comes_first_and_a_hint_can_be_snoozed_or_mu
         await pilot.press("s")  # snooze the first: the cache hint
         await pilot.press("down", "m")  # mute the second
         await pilot.pause()
-        assert app.session.hint_state("cache-on-temporary-storage").startswith("snoozed")
-        assert app.session.hint_state("gpu-kv-pool-full") == "muted"
+        assert app.session.quieted.state("cache-on-temporary-storage").startswith("snoozed")
+        assert app.session.quieted.state("gpu-kv-pool-full") == "muted"
         assert "[muted]" in str(options.get_option_at_index(1).prompt)
         await pilot.press("escape")
         await pilot.pause()

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from dltop.config import Settings
-from dltop.hints import Hint
+from dltop.hints import SNOOZE_S, Hint
 from dltop.model import Snapshot, Unavailable
 from dltop.model.actions import ActionEvent, ActionPlan
 from dltop.model.gpu import GpuDevice
 from dltop.playhead import Live, Paused, Replay
 from dltop.sampler import ListFeed
-from dltop.session import SNOOZE_S, Session, next_refresh
+from dltop.session import Session, next_refresh
 from dltop.timeline import LiveEvent
 from tests.test_first_screen import _dataset, _snap
 
@@ -147,7 +147,7 @@ def test_a_replay_has_no_feed_and_opens_at_its_start() -> None:
     assert session.replay and session.head == Replay(102.0, pos=102.0)
     assert session.refusal("warm") == "warm: this is a replay; nothing may change the system from here"
     session.read_now("datasets")  # nothing to read again: no error
-    assert session.gap_before(110.0) == 8.0 and session.gap_before(102.0) == 0.0  # over 3 intervals of 2 s
+    assert session.recorded.gap_before(110.0) == 8.0 and session.recorded.gap_before(102.0) == 0.0  # over 3 intervals of 2 s
     assert session.end_text(1) == "the last sample of the recording"
     assert "this is a replay" in (session.mark_refusal() or "") and session.allows("events")
 
@@ -199,18 +199,18 @@ def test_hints_muted_snoozed_and_the_tabs_own_first() -> None:
     session = _session(settings=Settings(mute=("gpu-kv-pool-full",)), clock=clock)
     session.hints = [CACHE_HINT, GPU_HINT]
     assert session.line_hints("gpu") == [CACHE_HINT]  # muted in the config: off the line
-    assert session.hint_state("gpu-kv-pool-full") == "muted (config)"
-    session.set_hint_state("gpu-kv-pool-full", "")
+    assert session.quieted.state("gpu-kv-pool-full") == "muted (config)"
+    session.quieted.set("gpu-kv-pool-full", "")
     assert session.line_hints("gpu") == [GPU_HINT, CACHE_HINT]  # the tab's own first
     assert session.line_hints("caches") == [CACHE_HINT, GPU_HINT]
-    session.set_hint_state("cache-on-temporary-storage", "snoozed")
-    assert session.hint_state("cache-on-temporary-storage").startswith("snoozed until")
+    session.quieted.set("cache-on-temporary-storage", "snoozed")
+    assert session.quieted.state("cache-on-temporary-storage").startswith("snoozed until")
     assert session.line_hints("caches") == [GPU_HINT]
     assert session.help_hints("caches") == [GPU_HINT, CACHE_HINT]  # still listed in ?, after
     clock.now += SNOOZE_S + 1  # the snooze is over
     assert session.line_hints("caches") == [CACHE_HINT, GPU_HINT]
-    session.set_hint_state("gpu-kv-pool-full", "muted")
-    assert session.hint_state("gpu-kv-pool-full") == "muted (config)" and session.line_hints(None) == [CACHE_HINT]
+    session.quieted.set("gpu-kv-pool-full", "muted")
+    assert session.quieted.state("gpu-kv-pool-full") == "muted (config)" and session.line_hints(None) == [CACHE_HINT]
 
 
 def test_edits_of_what_is_watched(tmp_path: Path) -> None:

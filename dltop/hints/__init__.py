@@ -7,7 +7,8 @@ so live, replay and the recorder's report draw the same hints from the same Snap
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,6 +20,7 @@ SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
 # How far back a rule sees, in seconds of Snapshot time (not a count: the refresh may be 0.25 s or 30 s): the
 # one window live and replay share.
 WINDOW_S = 60.0
+SNOOZE_S = 3600.0  # how long `s` in ? keeps a hint off the hint line
 
 
 @dataclass(frozen=True)
@@ -102,3 +104,32 @@ def hints(history: Sequence[Snapshot]) -> list[Hint]:
     out = [h for r in all_rules() if (h := r(recent)) is not None]
     return sorted(out, key=lambda h: SEVERITY_ORDER[h.severity])
 
+
+
+class Quieted:
+    """The hints kept off the hint line for a TUI session (still listed in ?): muted, by the config or in ?, or
+    snoozed until a time of `clock`."""
+
+    def __init__(self, config_mute: Iterable[str] = (), clock: Callable[[], float] = time.time) -> None:
+        self.config_mute = frozenset(config_mute)
+        self.muted: set[str] = set(self.config_mute)
+        self.snoozed: dict[str, float] = {}  # hint id -> until when it is kept off the hint line
+        self.clock = clock
+
+    def state(self, hint_id: str) -> str:
+        """'muted', 'snoozed' (until when) or '' for a hint id: what ? says of it."""
+        if hint_id in self.muted:
+            return "muted" + (" (config)" if hint_id in self.config_mute else "")
+        until = self.snoozed.get(hint_id)
+        if until is not None and until > self.clock():
+            return f"snoozed until {time.strftime('%H:%M', time.localtime(until))}"
+        return ""
+
+    def set(self, hint_id: str, state: str) -> None:
+        """Mute, snooze or bring back ('') a hint."""
+        self.muted.discard(hint_id)
+        self.snoozed.pop(hint_id, None)
+        if state == "muted":
+            self.muted.add(hint_id)
+        elif state == "snoozed":
+            self.snoozed[hint_id] = self.clock() + SNOOZE_S

@@ -468,12 +468,12 @@ class DltopApp(App[None]):
         rows.append((f"1-{len(self.panes)}", "switch tab"))
         hints = [(h.id, h.text + (f" — {h.fix}" if h.fix else ""))
                  for h in self.session.help_hints(pane.PANE_ID if pane is not None else None)]
-        self.push_screen(HelpScreen(rows, pane.HELP if pane is not None else "", hints, self.session.hint_state,
+        self.push_screen(HelpScreen(rows, pane.HELP if pane is not None else "", hints, self.session.quieted.state,
                                     self.set_hint_state))
 
     def set_hint_state(self, hint_id: str, state: str) -> None:
         """Mute, snooze or bring back ('') a hint for this session (? does it); the hint line follows at once."""
-        self.session.set_hint_state(hint_id, state)
+        self.session.quieted.set(hint_id, state)
         if self._widgets_up():
             self._update_hints()
 

@@ -52,7 +52,7 @@ def _when(session: Session, snap: Snapshot) -> Text:
     if isinstance(head, Replay) and session.recorded is not None:
         out = Text.assemble(("REPLAY", "bold magenta"), f" {printable(session.recorded.name)} {clock} ×{head.speed} ",
                             ("▶" if head.playing else "⏸", "bold"))
-        gap = session.gap_before(snap.ts)
+        gap = session.recorded.gap_before(snap.ts)
         if gap:  # the sample before this one is far back: the screen crossed a hole in the recording
             out.append(f"  after a gap of {human_duration(gap)}", "bold yellow")
         return out
