@@ -35,8 +35,14 @@ def watch_outside(done: threading.Event, loop: asyncio.AbstractEventLoop, tty: b
                 return
             if journal is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + JOURNAL_POLL_S
-                found = [LiveEvent(d["ts"], "action", d) for d in journal.poll()]
-                if found and not done.is_set():
-                    loop.call_soon_threadsafe(seen, found)
+                _hand_on(journal, done, loop, seen)
         except RuntimeError:  # the loop has closed under it (leaving)
             return
+
+
+def _hand_on(journal: Any, done: threading.Event, loop: asyncio.AbstractEventLoop,
+             seen: Callable[[list[LiveEvent]], None]) -> None:
+    """The journals' new events, handed to `seen` on the UI loop where there are some."""
+    found = [LiveEvent(d["ts"], "action", d) for d in journal.poll()]
+    if found and not done.is_set():
+        loop.call_soon_threadsafe(seen, found)
