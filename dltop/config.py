@@ -249,17 +249,7 @@ def _prometheus_table(value: object, where: str) -> PrometheusOptions | None:
     if not isinstance(value, dict):
         raise DltopError(f"{where}: prometheus must be the URL of a Prometheus server, or a [prometheus] table")
     for key in value:
-        if key in _SECRET_KEYS:
-            raise DltopError(f"{where}: [prometheus] {key}: no secrets in the config file: put it in a file only "
-                             f"you can read and give {_SECRET_KEYS[key]} = \"PATH\"")
-        if key not in PROMETHEUS_KEYS:
-            raise DltopError(f"{where}: [prometheus]: unknown setting {key!r} (known: "
-                             f"{', '.join(sorted(PROMETHEUS_KEYS))})")
-        kind = PROMETHEUS_KEYS[key]
-        if isinstance(value[key], bool) and kind is not bool or not isinstance(value[key], kind):
-            raise DltopError(f"{where}: [prometheus] {key} must be "
-                             + ("true or false" if kind is bool else "a number of seconds" if key == "timeout"
-                                else "a string"))
+        _check_prometheus_key(key, value[key], where)
     if "url" not in value:
         raise DltopError(f"{where}: [prometheus] needs url = \"http://HOST:9090\"")
     _no_nul([v for v in value.values() if isinstance(v, str)], "[prometheus]", where)
@@ -278,6 +268,21 @@ def _prometheus_table(value: object, where: str) -> PrometheusOptions | None:
                              bearer_token_file=path("bearer_token_file"), ca_file=path("ca_file"),
                              insecure_skip_verify=value.get("insecure_skip_verify", False),
                              timeout_s=float(timeout))
+
+
+def _check_prometheus_key(key: str, v: object, where: str) -> None:
+    """A [prometheus] setting: a known one (never a secret written inline), of its type."""
+    if key in _SECRET_KEYS:
+        raise DltopError(f"{where}: [prometheus] {key}: no secrets in the config file: put it in a file only "
+                         f"you can read and give {_SECRET_KEYS[key]} = \"PATH\"")
+    if key not in PROMETHEUS_KEYS:
+        raise DltopError(f"{where}: [prometheus]: unknown setting {key!r} (known: "
+                         f"{', '.join(sorted(PROMETHEUS_KEYS))})")
+    kind = PROMETHEUS_KEYS[key]
+    if isinstance(v, bool) and kind is not bool or not isinstance(v, kind):
+        raise DltopError(f"{where}: [prometheus] {key} must be "
+                         + ("true or false" if kind is bool else "a number of seconds" if key == "timeout"
+                            else "a string"))
 
 
 def tab_name(value: object, where: str) -> str:

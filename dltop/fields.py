@@ -459,21 +459,27 @@ def _memory(m: MemoryPart) -> Iterator[Sample]:
             if (v := _num(getattr(m.vmstat, attr), scale)) is not None:
                 yield f, {}, v
     for resource, p in (("memory", m.pressure_memory), ("io", m.pressure_io)):
-        if not isinstance(p, Pressure):
-            continue
-        yield PRESSURE_TOTAL, {"resource": resource, "kind": "some"}, p.some_total_us / 1e6
-        yield PRESSURE_AVG10, {"resource": resource, "kind": "some"}, p.some_avg10 / 100
-        if p.full_total_us is not None:
-            yield PRESSURE_TOTAL, {"resource": resource, "kind": "full"}, p.full_total_us / 1e6
-        if p.full_avg10 is not None:
-            yield PRESSURE_AVG10, {"resource": resource, "kind": "full"}, p.full_avg10 / 100
+        if isinstance(p, Pressure):
+            yield from _pressure(resource, p)
     if isinstance(m.cgroup, CgroupMemory):
-        cg = m.cgroup
-        labels = {"cgroup": display_path(cg.limit_path or cg.path)}
-        for f, attr in _CGROUP:
-            v = math.inf if attr == "max_bytes" and cg.no_limit else _num(getattr(cg, attr))
-            if v is not None:
-                yield f, labels, v
+        yield from _cgroup(m.cgroup)
+
+
+def _cgroup(cg: CgroupMemory) -> Iterator[Sample]:
+    labels = {"cgroup": display_path(cg.limit_path or cg.path)}
+    for f, attr in _CGROUP:
+        v = math.inf if attr == "max_bytes" and cg.no_limit else _num(getattr(cg, attr))
+        if v is not None:
+            yield f, labels, v
+
+
+def _pressure(resource: str, p: Pressure) -> Iterator[Sample]:
+    yield PRESSURE_TOTAL, {"resource": resource, "kind": "some"}, p.some_total_us / 1e6
+    yield PRESSURE_AVG10, {"resource": resource, "kind": "some"}, p.some_avg10 / 100
+    if p.full_total_us is not None:
+        yield PRESSURE_TOTAL, {"resource": resource, "kind": "full"}, p.full_total_us / 1e6
+    if p.full_avg10 is not None:
+        yield PRESSURE_AVG10, {"resource": resource, "kind": "full"}, p.full_avg10 / 100
 
 
 def _datasets(part: DatasetsPart) -> Iterator[Sample]:
