@@ -62,6 +62,20 @@ class _Sweep:
     def _kept(self, uid: int) -> int:
         return sum(1 for d in self.found.values() if d[1] == uid)
 
+    def _take(self, entry: os.DirEntry[str], m: re.Match[str]) -> None:
+        """A folder named for a uid, kept where that uid owns it (up to SWEEP_PER_USER of each user's)."""
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return
+        uid = int(m.group(1))
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            return
+        self._counting[uid] = n = self._counting.get(uid, 0) + 1
+        ns = m.group(2) if m.lastindex and m.lastindex > 1 else None
+        if n <= SWEEP_PER_USER and self._kept(uid) < SWEEP_PER_USER:
+            self.found[entry.path] = (entry.path, uid) if ns is None else (entry.path, uid, int(ns))
+
     def step(self, now: float, until: float) -> None:
         if self.entries is None:
             if now < self.next_at:
@@ -75,16 +89,7 @@ class _Sweep:
         for entry in self.entries:
             m = self.pattern.fullmatch(entry.name)
             if m:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                uid = int(m.group(1))
-                if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
-                    self._counting[uid] = n = self._counting.get(uid, 0) + 1
-                    ns = m.group(2) if m.lastindex and m.lastindex > 1 else None
-                    if n <= SWEEP_PER_USER and self._kept(uid) < SWEEP_PER_USER:
-                        self.found[entry.path] = (entry.path, uid) if ns is None else (entry.path, uid, int(ns))
+                self._take(entry, m)
             if time.monotonic() > until:
                 return
         self.entries = None
@@ -207,6 +212,15 @@ class Rendezvous:
             found |= {int(n) for n in os.listdir("/run/user") if n.isdigit() and len(n) <= 10}
         return {u for u in found if self.wanted(u)}
 
+    def _pod_dirs(self, shared: str) -> dict[str, ProbeDir]:
+        """The shared folder's per-(uid, PID namespace) folders of the processes in pods."""
+        out: dict[str, ProbeDir] = {}
+        for p in self.table.values():
+            if self.wanted(p.uid) and (self.me == 0 or p.uid == self.me) and p.pidns is not None:
+                path = os.path.join(shared, f"{p.uid}.{p.pidns}")
+                out[path] = (path, p.uid, p.pidns)
+        return out
+
     def dirs(self) -> list[ProbeDir]:
         """The probe folders to read, each with the uid that must own it: derived from the users here, never
         from a listing of a folder anyone can write."""
@@ -217,10 +231,7 @@ class Rendezvous:
         if self.wanted(self.me):
             out[self.own] = (self.own, self.me)
         if self.shared:
-            for p in self.table.values():
-                if self.wanted(p.uid) and (self.me == 0 or p.uid == self.me) and p.pidns is not None:
-                    path = os.path.join(self.shared, f"{p.uid}.{p.pidns}")
-                    out[path] = (path, p.uid, p.pidns)
+            out.update(self._pod_dirs(self.shared))
         for sweep in self.sweeps:
             for path, d in list(sweep.found.items()):
                 if not os.path.lexists(path):
