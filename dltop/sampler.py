@@ -82,6 +82,10 @@ class _Worker:
         """Let the thread end once the work queued before this call is done (a source's close runs last)."""
         self._jobs.put(None)
 
+    def join(self, timeout_s: float | None = None) -> None:
+        """Wait for the thread to end (after shutdown)."""
+        self._thread.join(timeout_s)
+
     def _run(self) -> None:
         procfs.name_this_thread(self._thread.name)
         while (job := self._jobs.get()) is not None:
