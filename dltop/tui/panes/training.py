@@ -215,16 +215,7 @@ def _facts(p: ProcessProbe, width: int) -> Content:
             f"workers {p.loader_workers if p.loader_workers is not None else '?'}",
             f"pin {onoff(p.pin_memory)}", f"shapes {p.input_shapes if p.input_shapes is not None else '?'}",
             f"cudnn.benchmark {onoff(p.cudnn_benchmark)}"]
-    if p.optimizer_steps is not None:
-        bits.append(f"optimizer steps {p.optimizer_steps}")
-    if "recompiles" in p.compile:
-        bits.append(f"recompiles {p.compile['recompiles']}")
-    if p.compile.get("eager_fallbacks"):  # frames dynamo stopped compiling at its recompile limit
-        bits.append(f"eager fallbacks {p.compile['eager_fallbacks']}")
-    retries = sum(d.memory_stats.get("num_alloc_retries", 0) for d in p.devices)
-    ooms = sum(d.memory_stats.get("num_ooms", 0) for d in p.devices)
-    if any("num_ooms" in d.memory_stats for d in p.devices):
-        bits.append(f"retries {retries} OOMs {ooms}")
+    bits += _counts_told(p)
     if p.data_dir:
         bits.append(f"data {shorten_middle(printable(p.data_dir), width - 5)}")
     lines, line = [], ""
@@ -236,6 +227,23 @@ def _facts(p: ProcessProbe, width: int) -> Content:
             line = f"{line}  {b}" if line else b
     lines.append(line)
     return Content("\n".join(ln[:width] for ln in lines[:3]))
+
+
+def _counts_told(p: ProcessProbe) -> list[str]:
+    """The counts a process's probe gives where it gives them: optimizer steps, recompiles, eager fallbacks
+    (frames dynamo stopped compiling at its recompile limit), allocator retries and OOMs."""
+    bits = []
+    if p.optimizer_steps is not None:
+        bits.append(f"optimizer steps {p.optimizer_steps}")
+    if "recompiles" in p.compile:
+        bits.append(f"recompiles {p.compile['recompiles']}")
+    if p.compile.get("eager_fallbacks"):
+        bits.append(f"eager fallbacks {p.compile['eager_fallbacks']}")
+    if any("num_ooms" in d.memory_stats for d in p.devices):
+        retries = sum(d.memory_stats.get("num_alloc_retries", 0) for d in p.devices)
+        ooms = sum(d.memory_stats.get("num_ooms", 0) for d in p.devices)
+        bits.append(f"retries {retries} OOMs {ooms}")
+    return bits
 
 
 def _ms(v: float) -> str:
@@ -558,16 +566,7 @@ class TrainingPane(Pane):
         elif part is None or not (part.processes or self._exited()):
             set_content(body, Content(NO_PROBE))
         else:
-            lines: list[Content] = []
-            grouped = jobs([*part.processes, *self._exited()])
-            now = self.moment(view, time.time)
-            if len(grouped) == 1 and next(iter(grouped.values()))[0].epochs:
-                one_job = next(iter(grouped.items()))
-            for key, members in grouped.items():
-                if lines:
-                    lines.append(Content(""))
-                lines.extend(job_lines(key, members, view.history, width, now, with_epochs=one_job is None))
-            set_content(body, Content("\n").join(lines))
+            one_job = self._render_jobs(body, part, view, width)
         if self.has_class("-one-job") != (one_job is not None):
             self.set_class(one_job is not None, "-one-job")
             self.refresh_bindings()
@@ -579,6 +578,22 @@ class TrainingPane(Pane):
             self._notes_open = False
             self.query_one("#tr-notes-box").set_class(False, "-open")
         self._render_notes()
+
+    def _render_jobs(self, body: Static, part: ProbesPart, view: View, width: int) -> tuple[
+            str, list[ProcessProbe]] | None:
+        """Every job's lines; the one job (with epochs) whose epoch table scrolls on its own, if there is one."""
+        lines: list[Content] = []
+        grouped = jobs([*part.processes, *self._exited()])
+        now = self.moment(view, time.time)
+        one_job = None
+        if len(grouped) == 1 and next(iter(grouped.values()))[0].epochs:
+            one_job = next(iter(grouped.items()))
+        for key, members in grouped.items():
+            if lines:
+                lines.append(Content(""))
+            lines.extend(job_lines(key, members, view.history, width, now, with_epochs=one_job is None))
+        set_content(body, Content("\n").join(lines))
+        return one_job
 
     def _render_epochs(self, key: str, members: list[ProcessProbe], history: Sequence[Snapshot],
                        width: int) -> None:
