@@ -18,7 +18,7 @@ from dltop.commands.common import non_negative_int
 from dltop.errors import DltopError, UsageError
 from dltop.fmt import parse_bytes, printable
 from dltop.model import Unavailable
-from dltop.model.gpu import GpuDevice, MigDevice
+from dltop.model.gpu import GpuDevice, GpuPart, MigDevice
 
 _SHAPE_FLAGS = ("layers", "heads", "kv_heads", "head_dim", "dtype")
 
@@ -157,20 +157,9 @@ def _gpu_memory(index: int | None) -> tuple[int, str] | str:
     finally:
         reader.close()
     visible = _visible_mig()
-    if index is None:
-        if isinstance(part, Unavailable):
-            return f"no --gpu-mem given, and no GPU to read it from: {part.reason}"
-        named = [g for g in part if visible and _mig_named(g, visible)]
-        if len(part) != 1 and not named:
-            return f"no --gpu-mem given, and NVML sees {len(part)} GPUs: pick one with --gpu N"
-        g = named[0] if named else part[0]
-    elif isinstance(part, Unavailable):
-        raise DltopError(f"kv: --gpu {index}: NVML cannot be used: {part.reason}; pass --gpu-mem SIZE instead")
-    elif index >= len(part):
-        raise UsageError(f"kv: --gpu {index}: NVML sees {len(part)} GPU{'s' if len(part) != 1 else ''} "
-                         f"(0 to {len(part) - 1})")
-    else:
-        g = part[index]
+    g = _the_gpu(part, index, visible)
+    if isinstance(g, str):
+        return g
     label = f"GPU {g.index} ({printable(g.name or 'name unknown')}, {printable(g.uuid or 'UUID unknown')})"
 
     def refuse(why: str) -> str:
@@ -185,6 +174,24 @@ def _gpu_memory(index: int | None) -> tuple[int, str] | str:
     if g.memory_pool == "system":
         return g.memory_total_bytes, f"{label}: system memory total ({g.memory_pool_note})"
     return g.memory_total_bytes, f"{label}: NVML's memory total"
+
+
+def _the_gpu(part: GpuPart | Unavailable, index: int | None, visible: str) -> GpuDevice | str:
+    """GPU `index` of NVML's; with no index, the one GPU it sees (or the MIG instance CUDA_VISIBLE_DEVICES
+    names), else why there is none to take."""
+    if index is None:
+        if isinstance(part, Unavailable):
+            return f"no --gpu-mem given, and no GPU to read it from: {part.reason}"
+        named = [g for g in part if visible and _mig_named(g, visible)]
+        if len(part) != 1 and not named:
+            return f"no --gpu-mem given, and NVML sees {len(part)} GPUs: pick one with --gpu N"
+        return named[0] if named else part[0]
+    if isinstance(part, Unavailable):
+        raise DltopError(f"kv: --gpu {index}: NVML cannot be used: {part.reason}; pass --gpu-mem SIZE instead")
+    if index >= len(part):
+        raise UsageError(f"kv: --gpu {index}: NVML sees {len(part)} GPU{'s' if len(part) != 1 else ''} "
+                         f"(0 to {len(part) - 1})")
+    return part[index]
 
 
 def _visible_mig() -> str:
