@@ -178,7 +178,7 @@ def _stat_line(pid: int, start: int, utime: int = 7) -> bytes:
 
 def test_a_reused_pid_is_another_process_its_user_and_command_read_again(tmp_path: Path) -> None:
     """The command is kept per (pid, start time): a new process under the pid (a new start time in its stat)
-    is read again, not shown with the old one's command; one whose stat has not moved is the same object."""
+    is read again, not shown with the old one's command; one whose stat has not moved has the same facts."""
     proc = tmp_path / "proc"
     (proc / "7").mkdir(parents=True)
     (proc / "stat").write_text("cpu 0 0 0 0\nbtime 1700000000\n")
@@ -194,7 +194,7 @@ def test_a_reused_pid_is_another_process_its_user_and_command_read_again(tmp_pat
         again = reader.read(7)
         reader.end_tick()
     clock[0] += 1.0
-    assert reader.read(7) is again and again.cpu_percent == 0.0
+    assert reader.read(7) == again and again.cpu_percent == 0.0
     reader.end_tick()
     # the pid reused (written in place, as the kernel's file is read again through the same fd)
     (proc / "7" / "stat").write_bytes(_stat_line(7, 900))
@@ -208,7 +208,7 @@ def test_a_reused_pid_is_another_process_its_user_and_command_read_again(tmp_pat
 
 def test_a_process_asleep_gives_the_same_facts_and_its_cpu_percent_counts_from_its_last_full_interval(
         tmp_path: Path) -> None:
-    """A process whose stat has not moved, at 0% CPU, has last tick's facts (the same object); its next CPU % is
+    """A process whose stat has not moved, at 0% CPU, has last tick's facts again; its next CPU % is
     over the interval since the last read at least MIN_INTERVAL_S after the one before: 50 ticks of CPU over
     1 s after a read 0.2 s ago is 50%, not 62.5% nor 25%."""
     proc = tmp_path / "proc"
@@ -224,7 +224,7 @@ def test_a_process_asleep_gives_the_same_facts_and_its_cpu_percent_counts_from_i
         seen.append(reader.read(7))
         reader.end_tick()
     assert seen[0].cpu_percent is None and [f.cpu_percent for f in seen[1:]] == [0.0, 0.0, 0.0]
-    assert seen[3] is seen[2] is seen[1]  # the same object: nothing moved
+    assert seen[3] == seen[2] == seen[1]  # nothing moved
     (proc / "7" / "stat").write_bytes(_stat_line(7, 500, utime=150))  # half a second of CPU (100 ticks a second)
     clock[0] = 13.0
     busy = reader.read(7)
@@ -234,7 +234,7 @@ def test_a_process_asleep_gives_the_same_facts_and_its_cpu_percent_counts_from_i
     clock[0] = 14.0
     asleep = reader.read(7)
     reader.end_tick()
-    assert asleep.cpu_percent == 0.0 and asleep is not busy
+    assert asleep.cpu_percent == 0.0 and asleep != busy
     reader.close()
     # a real process asleep, then killed: its kept fd says ESRCH and the reader says why
     sleep, _ = _start(SLEEP)  # up and asleep: its stat no longer moves (an exec still moving its RSS would)
@@ -245,7 +245,7 @@ def test_a_process_asleep_gives_the_same_facts_and_its_cpu_percent_counts_from_i
             clock[0] += 1.0
             facts.append(live.read(sleep.pid))
             live.end_tick()
-        assert facts[3] is facts[2] and facts[2].cpu_percent == 0.0 and facts[2].ppid == os.getpid()
+        assert facts[3] == facts[2] and facts[2].cpu_percent == 0.0 and facts[2].ppid == os.getpid()
         sleep.kill()
         sleep.wait()
         clock[0] += 1.0
@@ -281,7 +281,7 @@ def test_the_stat_files_kept_open_are_closed_when_their_processes_go(tmp_path: P
             p.wait()
 
 
-def test_a_process_that_did_not_move_is_last_tick_s_model_and_one_that_moved_is_new() -> None:
+def test_a_process_that_did_not_move_reads_as_last_tick_s_and_one_that_moved_is_new() -> None:
     sleep, _ = _start(SLEEP)
     try:
         s = _on_gpu([sleep.pid, 4_000_000])  # and one not in this /proc
@@ -298,13 +298,13 @@ def test_a_process_that_did_not_move_is_last_tick_s_model_and_one_that_moved_is_
         for _ in range(3):
             clock[0] += 1.0
             ticks.append(reader.read()[0].processes)  # type: ignore[index]
-        assert ticks[2][0] is ticks[1][0] and ticks[2][1] is ticks[1][1]  # asleep: CPU % 0.0 twice
-        assert ticks[1][0] is not ticks[0][0]  # its first CPU % came
+        assert ticks[2][0] == ticks[1][0] and ticks[2][1] == ticks[1][1]  # asleep: CPU % 0.0 twice
+        assert ticks[1][0] != ticks[0][0]  # its first CPU % came
         s["gpus"][0]["compute_processes"][0]["used_bytes"] += 1 << 20
         clock[0] += 1.0
         moved = reader.read()[0].processes  # type: ignore[index]
-        assert moved[0] is not ticks[2][0] and moved[0].used_bytes == ticks[2][0].used_bytes + (1 << 20)
-        assert moved[1] is ticks[2][1]
+        assert moved[0] != ticks[2][0] and moved[0].used_bytes == ticks[2][0].used_bytes + (1 << 20)
+        assert moved[1] == ticks[2][1]
         assert moved[0] == dataclasses.replace(ticks[2][0], used_bytes=moved[0].used_bytes)
     finally:
         sleep.kill()

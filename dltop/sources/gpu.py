@@ -720,9 +720,6 @@ class GpuReader:
         # (GPU index, field) -> (when read, its value, why not): the slow-changing numbers (`slow` in _device)
         self._slow: dict[tuple[int, str], tuple[float, Any, str | None]] = {}
         self._host = HostReader(self._proc, clock)  # each process's /proc: user, command, parent, RSS, CPU %
-        # (GPU or MIG instance, pid) -> (what its model was made of, the model): last tick's, and this tick's
-        self._kept: dict[tuple[str, int], tuple[tuple[object, ...], GpuProcess]] = {}
-        self._kept_now: dict[tuple[str, int], tuple[tuple[object, ...], GpuProcess]] = {}
 
     def close(self) -> None:
         """End the NVML session."""
@@ -769,10 +766,8 @@ class GpuReader:
         if count != self._count:  # NVML's count is its init's; should it change, no index is the board it was
             self._fixed.clear()
             self._count = count
-        self._kept_now = {}
         gpus = tuple(self._device(b, i, driver) for i in range(count))
         self._host.end_tick()
-        self._kept = self._kept_now  # the processes read this tick (the others exited, or their GPU was lost)
         return gpus
 
     def _device(self, b: NvmlBackend, index: int, driver: str | None) -> GpuDevice:
@@ -1016,6 +1011,14 @@ class GpuReader:
             return procs
 
     def _processes(self, b: NvmlBackend, h: Any, key: str) -> tuple[GpuProcess, ...] | Unavailable:
+        found = self._process_lists(b, h)
+        if isinstance(found, Unavailable):
+            return found
+        util, util_why = self._utilization(b, h, key)
+        return tuple(self._process(pid, p, kind, util.get(pid), util_why) for pid, (p, kind) in sorted(found.items()))
+
+    def _process_lists(self, b: NvmlBackend, h: Any) -> dict[int, tuple[ProcessInfo, str]] | Unavailable:
+        """pid -> (NVML's info, its kind: compute, graphics or both) of the processes on a GPU."""
         nv = self._nv
         found: dict[int, tuple[ProcessInfo, str]] = {}
         for kind in ("compute", "graphics"):
@@ -1028,10 +1031,13 @@ class GpuReader:
                     continue  # compute-only GPUs have no graphics list
                 return Unavailable(f"processes: {explain(e, nv)}")
             for p in procs:
-                if p.pid in found:
-                    found[p.pid] = (found[p.pid][0], "compute+graphics")
-                else:
-                    found[p.pid] = (p, kind)
+                found[p.pid] = (found[p.pid][0], "compute+graphics") if p.pid in found else (p, kind)
+        return found
+
+    def _utilization(self, b: NvmlBackend, h: Any, key: str) -> tuple[dict[int, ProcessSample], str | None]:
+        """Each process's newest SM and memory sample since the last read, and why there are none where NVML
+        says why."""
+        nv = self._nv
         util: dict[int, ProcessSample] = {}
         util_why = None
         try:
@@ -1045,36 +1051,26 @@ class GpuReader:
                         if e.value == nv.NVML_ERROR_NOT_FOUND else explain(e, nv))
         if util:
             self._util_seen_us[key] = max(s.timestamp_us for s in util.values())
-        out = []
-        for pid, (p, kind) in sorted(found.items()):
-            sample = util.get(pid)
-            host = self._host.read(pid)  # once a tick: a process under a GPU and a MIG instance of it
-            # What the process's model is made of: where it is all as last tick's, last tick's model is given
-            # again (building 160 frozen models a tick was a fifth of the read; the pane then compares by identity)
-            made_of = (kind, p.used_bytes, p.gpu_instance_id, p.compute_instance_id, host,
-                       None if sample is None else (sample.sm_percent, sample.mem_percent), util_why)
-            kept = self._kept.get((key, pid))
-            if kept is not None and kept[0] == made_of:
-                self._kept_now[(key, pid)] = kept
-                out.append(kept[1])
-                continue
-            missing: dict[str, str] = {}
-            if p.used_bytes is None:
-                missing["used_bytes"] = NO_PROCESS_MEMORY
-            if sample is None:
-                missing["gpu_util_percent"] = missing["mem_util_percent"] = (
-                    util_why or "no utilization sample for this process since the last read")
-            missing.update(host.unavailable)
-            out.append(GpuProcess(pid=pid, kind=kind, used_bytes=p.used_bytes, user=host.user,  # type: ignore[arg-type]
-                                  command=host.command,
-                                  gpu_util_percent=None if sample is None else sample.sm_percent,
-                                  mem_util_percent=None if sample is None else sample.mem_percent,
-                                  gpu_instance_id=p.gpu_instance_id, compute_instance_id=p.compute_instance_id,
-                                  start_time_ticks=host.start_time_ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
-                                  cpu_percent=host.cpu_percent, started_at=host.started_at, split=UNPROBED,
-                                  unavailable=missing))
-            self._kept_now[(key, pid)] = (made_of, out[-1])
-        return tuple(out)
+        return util, util_why
+
+    def _process(self, pid: int, p: ProcessInfo, kind: str, sample: ProcessSample | None,
+                 util_why: str | None) -> GpuProcess:
+        host = self._host.read(pid)  # once a tick: a process under a GPU and a MIG instance of it
+        missing: dict[str, str] = {}
+        if p.used_bytes is None:
+            missing["used_bytes"] = NO_PROCESS_MEMORY
+        if sample is None:
+            missing["gpu_util_percent"] = missing["mem_util_percent"] = (
+                util_why or "no utilization sample for this process since the last read")
+        missing.update(host.unavailable)
+        return GpuProcess(pid=pid, kind=kind, used_bytes=p.used_bytes, user=host.user,  # type: ignore[arg-type]
+                          command=host.command,
+                          gpu_util_percent=None if sample is None else sample.sm_percent,
+                          mem_util_percent=None if sample is None else sample.mem_percent,
+                          gpu_instance_id=p.gpu_instance_id, compute_instance_id=p.compute_instance_id,
+                          start_time_ticks=host.start_time_ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
+                          cpu_percent=host.cpu_percent, started_at=host.started_at, split=UNPROBED,
+                          unavailable=missing)
 
 
 def make_backend() -> NvmlBackend:

@@ -135,8 +135,6 @@ class HostReader:
         self._last: dict[tuple[int, int], tuple[int, float, float | None]] = {}
         self._names: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}  # user, command, why
         self._users: dict[int, str] = {}
-        # last tick's facts and the numbers they hold, given again where nothing moved
-        self._facts: dict[tuple[int, int], tuple[tuple[object, ...], HostFacts]] = {}
         self._tick: dict[int, HostFacts] = {}  # pid -> this tick's (a process on two GPUs is read once)
         self._seen: set[tuple[int, int]] = set()
         # pid -> its /proc/PID/stat, open: the fd holds the process, not the number (once it is reaped a read
@@ -241,16 +239,8 @@ class HostReader:
         if rss is not None and rss > procfs.MAX_COUNT:
             rss = None
             missing.append(("host_rss_bytes", "stat's rss is beyond any machine's memory: a damaged file"))
-        values = (st.ppid, rss, cpu, started, tuple(missing))
-        # The same object as last tick's where nothing moved: the models built from it then compare equal by
-        # identity (the GPU pane compares 160 processes a tick to know whether to build its rows again).
-        kept = self._facts.get(key)
-        if kept is not None and kept[0] == values:
-            return kept[1]
-        facts = HostFacts(ppid=st.ppid, host_rss_bytes=rss, cpu_percent=cpu, started_at=started,
-                          start_time_ticks=st.start_time_ticks, user=user, command=command, unavailable=values[4])
-        self._facts[key] = (values, facts)
-        return facts
+        return HostFacts(ppid=st.ppid, host_rss_bytes=rss, cpu_percent=cpu, started_at=started,
+                         start_time_ticks=st.start_time_ticks, user=user, command=command, unavailable=tuple(missing))
 
     def _user(self, uid: int) -> str:
         user = self._users.get(uid)
@@ -289,7 +279,7 @@ class HostReader:
 
     def end_tick(self) -> None:
         """Forget the processes not read since the last call (they exited, or their pid was reused)."""
-        for kept in (self._last, self._names, self._facts):
+        for kept in (self._last, self._names):
             for key in [k for k in kept if k not in self._seen]:
                 del kept[key]
         for pid in [p for p in self._fds if p not in self._tick]:
