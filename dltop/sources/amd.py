@@ -267,50 +267,62 @@ class AmdReader:
         missing["temperature_c"] = missing["temperature_sensor"] = "; ".join(tried)
 
     def _processes(self, h: Any, key: str) -> tuple[GpuProcess, ...] | Unavailable:
-        smi = self._smi
         try:
-            listed = list(smi.amdsmi_get_gpu_process_list(h))
+            listed = list(self._smi.amdsmi_get_gpu_process_list(h))
         except Exception as e:
             return Unavailable(f"processes: {explain(e)}")
         now = self._clock()
         out: dict[int, GpuProcess] = {}
         for entry in listed:
-            info = entry
-            if not isinstance(entry, dict):  # before ROCm 6.1 the list holds handles, each asked for its info
-                try:
-                    info = smi.amdsmi_get_gpu_process_info(h, entry)
-                except Exception:
-                    continue  # the process exited between the two calls
-            if not isinstance(info, dict) or (pid := _number(info.get("pid"))) is None or pid in out:
-                continue
-            usage = info.get("memory_usage")
-            vram = _number(usage.get("vram_mem")) if isinstance(usage, dict) else None
-            missing: dict[str, str] = {"mem_util_percent": NO_MEM_UTIL}
-            if vram is None:
-                missing["used_bytes"] = "amdsmi gives no VRAM figure for this process"
-            engine = info.get("engine_usage")
-            gfx_ns = _number(engine.get("gfx")) if isinstance(engine, dict) else None
-            util = None
-            before = self._engine.get((key, pid))
-            if gfx_ns is not None:
-                self._engine[(key, pid)] = (now, gfx_ns)
-                if before is not None and now > before[0] and gfx_ns >= before[1]:
-                    util = min(100, round((gfx_ns - before[1]) / ((now - before[0]) * 1e9) * 100))
-            if util is None:
-                missing["gpu_util_percent"] = FIRST_UTIL if gfx_ns is not None else "amdsmi gives no engine time"
-            host = self._host.read(pid)  # the same /proc facts as an NVML process's, read once a tick
-            missing.update(host.unavailable)
-            command = host.command
-            if command is None and isinstance(info.get("name"), str) and info["name"] not in ("", "N/A"):
-                command = f"[{info['name']}]"  # amdsmi's process name, where /proc does not show the process
-                missing.pop("command", None)
-            out[pid] = GpuProcess(pid=pid, used_bytes=vram, user=host.user, command=command, gpu_util_percent=util,
-                                  start_time_ticks=host.start_time_ticks, ppid=host.ppid,
-                                  host_rss_bytes=host.host_rss_bytes, cpu_percent=host.cpu_percent,
-                                  started_at=host.started_at, split=UNPROBED, unavailable=missing)
+            info = self._process_info(h, entry)
+            if info is not None and (pid := _number(info.get("pid"))) is not None and pid not in out:
+                out[pid] = self._process(info, pid, key, now)
         for stale in [k for k in self._engine if k[0] == key and k[1] not in out]:
             del self._engine[stale]
         return tuple(out[pid] for pid in sorted(out))
+
+    def _process_info(self, h: Any, entry: Any) -> dict[str, Any] | None:
+        """A process list entry's info: the entry itself since ROCm 6.1, before it a handle to ask about (None
+        where the process exited between the two calls)."""
+        info = entry
+        if not isinstance(entry, dict):
+            try:
+                info = self._smi.amdsmi_get_gpu_process_info(h, entry)
+            except Exception:
+                return None
+        return info if isinstance(info, dict) else None
+
+    def _gfx_util(self, info: dict[str, Any], pid: int, key: str, now: float) -> tuple[int | None, str | None]:
+        """The process's share of the graphics engine since its last read (its engine time's rate), or why none."""
+        engine = info.get("engine_usage")
+        gfx_ns = _number(engine.get("gfx")) if isinstance(engine, dict) else None
+        if gfx_ns is None:
+            return None, "amdsmi gives no engine time"
+        before = self._engine.get((key, pid))
+        self._engine[(key, pid)] = (now, gfx_ns)
+        if before is not None and now > before[0] and gfx_ns >= before[1]:
+            return min(100, round((gfx_ns - before[1]) / ((now - before[0]) * 1e9) * 100)), None
+        return None, FIRST_UTIL
+
+    def _process(self, info: dict[str, Any], pid: int, key: str, now: float) -> GpuProcess:
+        usage = info.get("memory_usage")
+        vram = _number(usage.get("vram_mem")) if isinstance(usage, dict) else None
+        missing: dict[str, str] = {"mem_util_percent": NO_MEM_UTIL}
+        if vram is None:
+            missing["used_bytes"] = "amdsmi gives no VRAM figure for this process"
+        util, no_util = self._gfx_util(info, pid, key, now)
+        if no_util is not None:
+            missing["gpu_util_percent"] = no_util
+        host = self._host.read(pid)  # the same /proc facts as an NVML process's, read once a tick
+        missing.update(host.unavailable)
+        command = host.command
+        if command is None and isinstance(info.get("name"), str) and info["name"] not in ("", "N/A"):
+            command = f"[{info['name']}]"  # amdsmi's process name, where /proc does not show the process
+            missing.pop("command", None)
+        return GpuProcess(pid=pid, used_bytes=vram, user=host.user, command=command, gpu_util_percent=util,
+                          start_time_ticks=host.start_time_ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
+                          cpu_percent=host.cpu_percent, started_at=host.started_at, split=UNPROBED,
+                          unavailable=missing)
 
 
 def _percent(value: Any) -> int | None:
