@@ -179,37 +179,43 @@ class CpuPart:
 
     def notes(self) -> tuple[str, ...]:
         """What the hierarchy means for deep-learning work on this machine (dataloaders, CPU ops, pinning)."""
-        out: list[str] = []
-        lines = {c.line_bytes for c in self.caches if c.line_bytes}
-        if self.registers.ctr_el0 and not isinstance(self.registers.ctr_el0, Unavailable):
-            cwg = self.registers.ctr_el0.cwg_bytes
-            if cwg:
-                lines.add(cwg)
-        if lines:
-            pad = max(lines)
-            extra = f" (lines differ by level: {', '.join(str(n) for n in sorted(lines))} B)" if len(lines) > 1 else ""
-            out.append(f"False sharing: pad per-thread counters and queues to {pad} B{extra}.")
-        for kind in self.core_kinds:
-            l2 = next((c for c in kind.caches if c.name == "L2"), None)
-            if l2 is None or l2.size_bytes is None:
-                continue
-            tpc = self.threads_per_core or 1
-            cores = max(1, (l2.cpus_per_instance or tpc) // tpc)
-            per_core = l2.size_bytes // cores
-            shared = f" ({cores} cores share one {_kib(l2.size_bytes)} L2)" if cores > 1 else ""
-            smt = f", split between its {tpc} SMT threads" if tpc > 1 else ""
-            out.append(f"{kind.name}: L2 {_kib(per_core)} per core{shared}{smt}: size CPU-side tiles "
-                       f"(tokenizer tables, augmentation buffers) to fit in it.")
-        llc = max((c.level for c in self.caches), default=None)
-        if llc is not None and llc >= 2:
-            groups = {c.cpus for c in self.caches if c.level == llc}
-            if len(groups) > 1:
-                out.append(f"{len(groups)} separate L{llc} caches: pin each dataloader worker group inside one "
-                           f"(taskset/numactl) so their working sets do not cross.")
+        out = [self._false_sharing_note(), *(self._l2_note(kind) for kind in self.core_kinds),
+               self._llc_note()]
         if len(self.core_kinds) > 1:
             out.append("Mixed core kinds: pin latency-critical threads to the biggest cores; per-kind sizes above "
                        "differ, so one 'L2 size' for the chip is wrong.")
-        return tuple(out)
+        return tuple(n for n in out if n)
+
+    def _false_sharing_note(self) -> str | None:
+        lines = {c.line_bytes for c in self.caches if c.line_bytes}
+        ctr = self.registers.ctr_el0
+        if ctr and not isinstance(ctr, Unavailable) and ctr.cwg_bytes:
+            lines.add(ctr.cwg_bytes)
+        if not lines:
+            return None
+        extra = f" (lines differ by level: {', '.join(str(n) for n in sorted(lines))} B)" if len(lines) > 1 else ""
+        return f"False sharing: pad per-thread counters and queues to {max(lines)} B{extra}."
+
+    def _l2_note(self, kind: CoreKind) -> str | None:
+        l2 = next((c for c in kind.caches if c.name == "L2"), None)
+        if l2 is None or l2.size_bytes is None:
+            return None
+        tpc = self.threads_per_core or 1
+        cores = max(1, (l2.cpus_per_instance or tpc) // tpc)
+        shared = f" ({cores} cores share one {_kib(l2.size_bytes)} L2)" if cores > 1 else ""
+        smt = f", split between its {tpc} SMT threads" if tpc > 1 else ""
+        return (f"{kind.name}: L2 {_kib(l2.size_bytes // cores)} per core{shared}{smt}: size CPU-side tiles "
+                f"(tokenizer tables, augmentation buffers) to fit in it.")
+
+    def _llc_note(self) -> str | None:
+        llc = max((c.level for c in self.caches), default=None)
+        if llc is None or llc < 2:
+            return None
+        groups = {c.cpus for c in self.caches if c.level == llc}
+        if len(groups) < 2:
+            return None
+        return (f"{len(groups)} separate L{llc} caches: pin each dataloader worker group inside one "
+                f"(taskset/numactl) so their working sets do not cross.")
 
 
 def _kib(n: int) -> str:
