@@ -19,7 +19,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -175,30 +175,17 @@ def open_by(target: str, root: str = "/") -> dict[int, tuple[str, int]]:
     prefix = target.rstrip("/") + "/"
     proc = os.path.join(root, "proc")
     out: dict[int, tuple[str, int]] = {}
-    me = os.getpid()
-    for name in os.listdir(proc):
-        if not name.isdigit() or int(name) == me:
-            continue
+    for name in _other_pids(proc):
         base = os.path.join(proc, name)
         found: set[str] = set()
-        places = [os.path.join(base, "cwd")]
-        with contextlib.suppress(OSError):
-            places += [os.path.join(base, "fd", fd) for fd in os.listdir(os.path.join(base, "fd"))]
-        for p in places:
+        for p in [os.path.join(base, "cwd"), *_fd_paths(base)]:
             try:
                 link = os.readlink(p)
             except OSError:
                 continue
             if link == target or link.startswith(prefix):
                 found.add(link)
-        try:
-            with open(os.path.join(base, "maps"), errors="surrogateescape") as f:
-                for line in f:
-                    where = line.rstrip("\n").split(None, 5)
-                    if len(where) == 6 and where[5].startswith(prefix):
-                        found.add(where[5])
-        except OSError:
-            pass
+        found.update(where[5] for where in _maps(base) if len(where) == 6 and where[5].startswith(prefix))
         if found:
             try:
                 with open(os.path.join(base, "comm")) as f:
@@ -214,19 +201,13 @@ def open_inodes(dev: int, root: str = "/") -> set[tuple[int, int]]:
     blocks stay allocated after its last name is removed, until the process lets go."""
     proc = os.path.join(root, "proc")
     out: set[tuple[int, int]] = set()
-    me = os.getpid()
     try:
-        pids = [n for n in os.listdir(proc) if n.isdigit() and int(n) != me]
+        pids = _other_pids(proc)
     except OSError:
         return out
     for name in pids:
-        fd_dir = os.path.join(proc, name, "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            fds = []
-        for fd in fds:
-            p = os.path.join(fd_dir, fd)
+        base = os.path.join(proc, name)
+        for p in _fd_paths(base):
             try:
                 if not os.readlink(p).startswith("/"):
                     continue  # a pipe, socket or anon inode: no file of a cache
@@ -235,19 +216,39 @@ def open_inodes(dev: int, root: str = "/") -> set[tuple[int, int]]:
                 continue
             if st.st_dev == dev:
                 out.add((st.st_dev, st.st_ino))
-        try:
-            with open(os.path.join(proc, name, "maps"), errors="surrogateescape") as f:
-                for line in f:
-                    parts = line.split(None, 5)
-                    if len(parts) < 5 or parts[4] == "0":
-                        continue
-                    major, _, minor = parts[3].partition(":")
-                    with contextlib.suppress(ValueError):
-                        if os.makedev(int(major, 16), int(minor, 16)) == dev:
-                            out.add((dev, int(parts[4])))
-        except OSError:
-            pass
+        for parts in _maps(base):
+            if len(parts) < 5 or parts[4] == "0":
+                continue
+            major, _, minor = parts[3].partition(":")
+            with contextlib.suppress(ValueError):
+                if os.makedev(int(major, 16), int(minor, 16)) == dev:
+                    out.add((dev, int(parts[4])))
     return out
+
+
+def _other_pids(proc: str) -> list[str]:
+    """The pids in `proc` but this process's."""
+    me = os.getpid()
+    return [n for n in os.listdir(proc) if n.isdigit() and int(n) != me]
+
+
+def _fd_paths(base: str) -> list[str]:
+    """A process's /proc/PID/fd/N links (none where they cannot be listed)."""
+    try:
+        return [os.path.join(base, "fd", fd) for fd in os.listdir(os.path.join(base, "fd"))]
+    except OSError:
+        return []
+
+
+def _maps(base: str) -> Iterator[list[str]]:
+    """The fields of each line of a process's /proc/PID/maps (address, perms, offset, dev, inode, path), as far
+    as it can be read."""
+    try:
+        with open(os.path.join(base, "maps"), errors="surrogateescape") as f:
+            for line in f:
+                yield line.rstrip("\n").split(None, 5)
+    except OSError:
+        return
 
 
 @dataclass
@@ -346,16 +347,18 @@ def hub_deletions(loc: src.Location, revision: str, options: ClearOptions) -> tu
     return paths, int(strategy.expected_freed_size), bool(strategy.repos)
 
 
+def _refused_plan(path: str, e: DltopError) -> ActionPlan:
+    """The plan of a clear refused by a rule (Refused), or by an error."""
+    return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e),
+                      refused_by=e.rule if isinstance(e, Refused) else "error")
+
+
 def _plan_hub(path: str, loc: src.Location, repo: str, revision: str, options: ClearOptions,
               st: os.stat_result, cancel: threading.Event | None) -> ActionPlan:
     try:
         paths, expected, whole = hub_deletions(loc, revision, options)
-    except Refused as e:
-        return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e),
-                          refused_by=e.rule)
     except DltopError as e:
-        return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e),
-                          refused_by="error")
+        return _refused_plan(path, e)
     held = open_inodes(st.st_dev, options.root)
     freed = files = 0
     for p in paths:
@@ -376,12 +379,8 @@ def plan(path: str, options: ClearOptions, cancel: threading.Event | None = None
     (and the rule), the warnings."""
     try:
         loc, st = check(path, options)
-    except Refused as e:
-        return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e),
-                          refused_by=e.rule)
     except DltopError as e:
-        return ActionPlan(action="clear", target=path, bytes=0, files=0, allowed=False, guard=str(e),
-                          refused_by="error")
+        return _refused_plan(path, e)
     path = os.path.normpath(path)
     if (rev := hub_revision(path, loc)) is not None:
         return _plan_hub(path, loc, rev[0], rev[1], options, st, cancel)

@@ -968,10 +968,7 @@ def read_caches(e: Environment, extra: Iterable[str] = (), root: str = "/", *, n
                 last: Mapping[str, CacheInfo] | None = None, cancel: threading.Event | None = None,
                 deadline_s: float | None = None, cpu_fraction: float | None = None) -> CachesPart:
     """Every cache resolved in `e`, walked (with `names`, only those; the others keep their `last` reading)."""
-    try:
-        mounts = parse_mountinfo(procfs.read_text(os.path.join(root, "proc", "self", "mountinfo"), encoding="utf-8"))
-    except OSError:
-        mounts = []
+    mounts = _mounts(root)
     locked = read_proc_locks(root)
     temps = _temp_dirs(e)
     added = set(extra)
@@ -997,6 +994,13 @@ def read_caches(e: Environment, extra: Iterable[str] = (), root: str = "/", *, n
             info = prev
         out.append(info)
     return CachesPart(caches=tuple(out), environment=e.label, pid=e.pid)
+
+
+def _mounts(root: str) -> list[Mount]:
+    try:
+        return parse_mountinfo(procfs.read_text(os.path.join(root, "proc", "self", "mountinfo"), encoding="utf-8"))
+    except OSError:
+        return []
 
 
 # -- the Source ---------------------------------------------------------------------------------------------
