@@ -155,7 +155,6 @@ def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup:
     """The guard's verdict on locking `need_bytes`: it must leave MemAvailable above the margin and, inside a memory
     cgroup with a limit (a container, a Slurm job), fit under that limit beside the job's own memory. `cgroup`
     "auto" reads this process's cgroup when `meminfo` is read live too; None skips it; tests pass a CgroupMemory."""
-    from dltop.fmt import human_bytes
     from dltop.model.memory import cgroup_room_bytes, safety_margin_bytes
 
     live = meminfo is None
@@ -172,27 +171,35 @@ def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup:
     if room is not None:
         fits = min(fits, room[0])
     ok = need_bytes <= fits
+    msg = _lock_verdict(need_bytes, avail, room, margin, fits, ok, by_cgroup)
+    return MemoryGuard(need_bytes, avail, total, margin, ok, fits, msg)
+
+
+def _lock_verdict(need_bytes: int, avail: int | None, room: tuple[int, str] | None, margin: int, fits: int,
+                  ok: bool, by_cgroup: bool) -> str:
+    """The lock guard's verdict in words, with the numbers it rests on."""
+    from dltop.fmt import human_bytes
+
     if ok:
         msg = f"ok: {human_bytes(need_bytes)} fits"
         if avail is not None:
             msg += f", {human_bytes(avail - need_bytes)} stays available"
         if room is not None:
             msg += f", inside cgroup {room[1]}'s limit"
-    elif by_cgroup:
+        return msg
+    if by_cgroup:
         assert room is not None
-        msg = (
+        return (
             f"refused: {human_bytes(need_bytes)} is more than the {human_bytes(room[0])} the memory cgroup "
             f"{room[1]} can hold beside its own memory (memory.max less anon and a margin); "
             f"{human_bytes(fits)} fits"
         )
-    else:
-        assert avail is not None
-        msg = (
-            f"refused: {human_bytes(need_bytes)} would leave {human_bytes(max(0, avail - need_bytes))} of "
-            f"{human_bytes(avail)} available, under the {human_bytes(margin)} margin; "
-            f"{human_bytes(fits)} fits"
-        )
-    return MemoryGuard(need_bytes, avail, total, margin, ok, fits, msg)
+    assert avail is not None
+    return (
+        f"refused: {human_bytes(need_bytes)} would leave {human_bytes(max(0, avail - need_bytes))} of "
+        f"{human_bytes(avail)} available, under the {human_bytes(margin)} margin; "
+        f"{human_bytes(fits)} fits"
+    )
 
 
 def warm_guard(
@@ -559,14 +566,7 @@ def _size_plan(
                 pages = (st.st_size + ps - 1) // ps
                 r.pages += pages
                 if st.st_blocks * 512 < st.st_size:  # holes, maybe: count only the pages a warm reads
-                    try:
-                        fd = os.open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
-                    except OSError:
-                        continue  # cannot be read, so it will not be warmed
-                    try:
-                        pages = data_pages(fd, st, ps)
-                    finally:
-                        os.close(fd)
+                    pages = _sparse_data_pages(dfd, name, follow, st)
                 data += pages
                 if r.files == PARALLEL_MIN_FILES:
                     helpers.extend(_spawn_helpers())
@@ -578,6 +578,18 @@ def _size_plan(
     if not report.complete:
         r.notes.append(f"cancelled while measuring: the totals cover the {r.files} files measured")
     return r
+
+
+def _sparse_data_pages(dfd: int | None, name: str, follow: bool, st: os.stat_result) -> int:
+    """The pages of data of a file that may have holes: what a warm reads of it (0: it cannot be read)."""
+    try:
+        fd = os.open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
+    except OSError:
+        return 0  # cannot be read, so it will not be warmed
+    try:
+        return data_pages(fd, st)
+    finally:
+        os.close(fd)
 
 
 def warm(
@@ -1478,17 +1490,7 @@ def _mappers(keys: set[tuple[int, int]], proc: str = "/proc") -> dict[tuple[int,
         return out
     for pid in pids:
         try:
-            with open(f"{proc}/{pid}/smaps", encoding="utf-8", errors="replace") as f:
-                current: tuple[int, int] | None = None
-                found: dict[tuple[int, int], bool] = {}
-                for line in f:
-                    first = line.split(None, 6)
-                    if len(first) >= 5 and "-" in first[0] and ":" in first[3]:
-                        current = want.get((first[3], first[4]))
-                        if current is not None:
-                            found.setdefault(current, False)
-                    elif current is not None and line.startswith("Locked:") and int(line.split()[1]) > 0:
-                        found[current] = True
+            found = _mapped_by(f"{proc}/{pid}", want)
             if found:
                 with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
                     comm = f.read().strip()
@@ -1499,6 +1501,22 @@ def _mappers(keys: set[tuple[int, int]], proc: str = "/proc") -> dict[tuple[int,
     return out
 
 
+def _mapped_by(pid_dir: str, want: dict[tuple[str, str], tuple[int, int]]) -> dict[tuple[int, int], bool]:
+    """Of the files in `want` (by smaps' device and inode), those one process maps, and whether it locked them."""
+    found: dict[tuple[int, int], bool] = {}
+    with open(f"{pid_dir}/smaps", encoding="utf-8", errors="replace") as f:
+        current: tuple[int, int] | None = None
+        for line in f:
+            first = line.split(None, 6)
+            if len(first) >= 5 and "-" in first[0] and ":" in first[3]:
+                current = want.get((first[3], first[4]))
+                if current is not None:
+                    found.setdefault(current, False)
+            elif current is not None and line.startswith("Locked:") and int(line.split()[1]) > 0:
+                found[current] = True
+    return found
+
+
 class LockSet:
     """Files mapped and mlocked; their pages stay in memory until `release()`."""
 
@@ -1506,6 +1524,14 @@ class LockSet:
         self.mappings: list[kernel.LockedMapping] = []
         self.paths: list[str] = []
         self.bytes = 0
+        self.last_bytes = 0  # of the file added last
+
+    def add(self, path: str, m: kernel.LockedMapping, size: int) -> None:
+        """Hold one more file locked (`size` bytes: whole pages counted)."""
+        self.mappings.append(m)
+        self.paths.append(path)
+        self.last_bytes = (size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE * kernel.PAGE_SIZE
+        self.bytes += self.last_bytes
 
     def release(self) -> None:
         """Unlock everything; safe to call twice."""
@@ -1513,6 +1539,16 @@ class LockSet:
             m.release()
         self.mappings.clear()
         self.bytes = 0
+
+
+def _mlock_failed(path: str, e: OSError, locked_bytes: int) -> str:
+    """Why mlock refused a file, with the limit that refused it and what was locked before."""
+    from dltop.fmt import human_bytes
+
+    soft, _ = kernel.memlock_limit_bytes()
+    return (f"mlock failed on {display_path(path)} ({e.strerror}): RLIMIT_MEMLOCK is "
+            f"{'unlimited' if soft is None else human_bytes(soft)} and {human_bytes(locked_bytes)} "
+            "was locked before it (raise `ulimit -l` or run as root)")
 
 
 def memlock_error(need_bytes: int) -> str | None:
@@ -1560,28 +1596,17 @@ def lock(
     try:
         for path, fd, st in files:
             try:
-                m = kernel.LockedMapping(fd, st.st_size)
+                locks.add(path, kernel.LockedMapping(fd, st.st_size), st.st_size)
             except OSError as e:
                 if e.errno in (errno.ENOMEM, errno.EAGAIN, errno.EPERM):
                     locks.release()
-                    soft, _ = kernel.memlock_limit_bytes()
-                    from dltop.fmt import human_bytes
-
-                    raise DltopError(
-                        f"mlock failed on {display_path(path)} ({e.strerror}): RLIMIT_MEMLOCK is "
-                        f"{'unlimited' if soft is None else human_bytes(soft)} and {human_bytes(locks.bytes)} "
-                        "was locked before it (raise `ulimit -l` or run as root)"
-                    ) from None
+                    raise DltopError(_mlock_failed(path, e, locks.bytes)) from None
                 _skip(report, e, path)
                 continue
             finally:
                 os.close(fd)  # the mapping keeps the file
-            locks.mappings.append(m)
-            locks.paths.append(path)
-            pages = (st.st_size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE
-            locks.bytes += pages * kernel.PAGE_SIZE
             ticker.files += 1
-            ticker.add(pages * kernel.PAGE_SIZE, path)
+            ticker.add(locks.last_bytes, path)
             if cancel is not None and cancel.is_set():
                 break
     except BaseException:

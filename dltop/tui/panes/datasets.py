@@ -170,7 +170,7 @@ class DatasetPane(Pane):
     def _top_rows(self, datasets: list[DatasetResidency | DatasetUnavailable], now: float,
                   held: Any) -> tuple[dict[str, tuple[str, ...]], Text]:
         """The top level: a row per dataset (one still being scanned for the first time says so), and the title."""
-        from dltop.text.datasets import datasets_summary, row_values, unavailable_row_values
+        from dltop.text.datasets import row_values, unavailable_row_values
 
         wanted: dict[str, tuple[str, ...]] = {}
         for ds in datasets:
@@ -184,17 +184,7 @@ class DatasetPane(Pane):
         pending = self._pending()
         for path in pending:
             wanted[path] = (path, "-", "-", "-", "-", "-", "scanning")
-        scanned = [d for d in datasets if isinstance(d, DatasetResidency)]
-        title = Text.assemble(("Datasets", "bold"), f"  {len(datasets) + len(pending)} watched")
-        if len(scanned) < len(datasets):
-            title.append(f", {len(datasets) - len(scanned)} unavailable", "red")
-        if scanned:
-            title.append("  " + datasets_summary(scanned))
-        elif pending:
-            title.append("  first scan running…", "dim")
-        else:
-            title.append("  none yet: press a to add a folder, or start dltop with PATH arguments", "dim")
-        return wanted, title
+        return wanted, _top_title(datasets, pending)
 
     def _drilled_rows(self, node: ResidencyNode, owner: DatasetResidency, now: float,
                       held: Any) -> tuple[dict[str, tuple[str, ...]], Text]:
@@ -479,3 +469,20 @@ class DatasetPane(Pane):
         path = self._selected()
         if path is not None:
             self.post_message(DatasetRemoveRequested(path))
+
+
+def _top_title(datasets: list[DatasetResidency | DatasetUnavailable], pending: list[str]) -> Text:
+    """The top level's summary line: how many are watched, unavailable, and their totals (or why there are none)."""
+    from dltop.text.datasets import datasets_summary
+
+    scanned = [d for d in datasets if isinstance(d, DatasetResidency)]
+    title = Text.assemble(("Datasets", "bold"), f"  {len(datasets) + len(pending)} watched")
+    if len(scanned) < len(datasets):
+        title.append(f", {len(datasets) - len(scanned)} unavailable", "red")
+    if scanned:
+        title.append("  " + datasets_summary(scanned))
+    elif pending:
+        title.append("  first scan running…", "dim")
+    else:
+        title.append("  none yet: press a to add a folder, or start dltop with PATH arguments", "dim")
+    return title
