@@ -151,6 +151,11 @@ def _within_other(processes: Sequence[GpuProcess]) -> str:
     return f" ({' '.join(bits)})" if bits else ""
 
 
+def _pids(pids: Sequence[int]) -> str:
+    """"pid 7" or "pids 7, 9"."""
+    return f"{'pid' if len(pids) == 1 else 'pids'} {', '.join(map(str, pids))}"
+
+
 def legend(processes: Sequence[GpuProcess], used: int | None, width: int) -> Content:
     """What each segment of the bar is, cut to `width` (one Content built at once: this runs per GPU per tick)."""
     groups: list[list[str | tuple[str, str]]] = []
@@ -165,20 +170,24 @@ def legend(processes: Sequence[GpuProcess], used: int | None, width: int) -> Con
         if p.used_bytes > sum(v for v, _, _ in parts):  # a part of its figure the split does not cover
             groups.append([("█", PROCESS_STYLES[i % len(PROCESS_STYLES)]), f" {p.pid} {human_bytes(p.used_bytes)}"])
     if drawn:
-        key: list[str | tuple[str, str]] = []
-        for _, ch, style in SPLIT_SEGMENTS:
-            if ch in drawn:
-                label = SEGMENT_LABELS[ch] + (_within_other(processes) if ch == "o" else "")
-                key += [" " if key else "", (ch, style), f" {label}"]
-        groups.append(key)
+        groups.append(_split_key(processes, drawn))
     if used is not None and used > listed:
         groups.append([("▓", "$text-muted"), f" {human_bytes(used - listed)} not attributed to a process"])
     over = [p.pid for p in processes if p.split.inconsistent]
     if over:  # the bar scaled their parts into NVML's figure: said first, it is what the bar leaves out
-        groups.insert(0, [("! ", "$error"), f"{'pid' if len(over) == 1 else 'pids'} {', '.join(map(str, over))}: "
-                          "parts exceed NVML's used, drawn scaled (see notes)"])
+        groups.insert(0, [("! ", "$error"), f"{_pids(over)}: parts exceed NVML's used, drawn scaled (see notes)"])
     pieces = [x for i, group in enumerate(groups) for x in (["  "] if i else []) + group] or [("no processes", "dim")]
     return Content.assemble(" " * LABEL_WIDTH, *pieces).truncate(width, ellipsis=True)
+
+
+def _split_key(processes: Sequence[GpuProcess], drawn: set[str]) -> list[str | tuple[str, str]]:
+    """The legend of the split's segments the bar draws."""
+    key: list[str | tuple[str, str]] = []
+    for _, ch, style in SPLIT_SEGMENTS:
+        if ch in drawn:
+            label = SEGMENT_LABELS[ch] + (_within_other(processes) if ch == "o" else "")
+            key += [" " if key else "", (ch, style), f" {label}"]
+    return key
 
 
 class GpuSeries:
@@ -510,34 +519,24 @@ def server_lines(servers: Sequence[ServerStats], rows: Rows, rates: Sequence[Ser
 def process_notes(rows: Rows) -> list[str]:
     """Why cells read '?', each reason once with the pids it holds for: the processes without a probe first (one
     line, the whole split), then how a probe was joined where it was not by UUID, then every other reason."""
-    unprobed: list[int] = []
-    probed = False
+    unprobed = [p.pid for p, _ in rows.values() if NO_PROBE in p.split.unavailable.values()]
+    probed = any(p.split.probe_device is not None for p, _ in rows.values())
     pids: dict[str, list[int]] = {}
-    said: dict[int, tuple[bool, list[str]]] = {}  # id(split) -> (no probe, its reasons): most splits are shared
     for p, _ in rows.values():
         split = p.split
-        if id(split) not in said:
-            said[id(split)] = (NO_PROBE in split.unavailable.values(),
-                               [*([printable(split.inconsistent)] if split.inconsistent else []),
-                                *(v for k, v in split.unavailable.items() if k in SPLIT_FIELDS and v != NO_PROBE)])
-        no_probe, split_reasons = said[id(split)]
-        if no_probe:
-            unprobed.append(p.pid)
-        probed = probed or split.probe_device is not None
         if split.joined_by not in (None, "uuid", "pci"):
             pids.setdefault(f"probe joined by {split.joined_by}", []).append(p.pid)
+        split_reasons = [*([printable(split.inconsistent)] if split.inconsistent else []),
+                         *(v for k, v in split.unavailable.items() if k in SPLIT_FIELDS and v != NO_PROBE)]
         mine = f"pid {p.pid} "
         for why in dict.fromkeys([*p.unavailable.values(), *split_reasons]):
             pids.setdefault(why.replace(mine, "the pid ") if mine in why else why, []).append(p.pid)
     notes = []
     if unprobed and (probed or len(unprobed) < len(rows)):
-        notes.append(f"no probe in {'pid' if len(unprobed) == 1 else 'pids'} {', '.join(map(str, unprobed))}: "
-                     "add `import dltop.probe` for the split")
+        notes.append(f"no probe in {_pids(unprobed)}: add `import dltop.probe` for the split")
     elif unprobed:
         notes.append(SPLIT_NEEDS_PROBE)
-    for why, held in pids.items():
-        notes.append(f"{why} ({'pid' if len(held) == 1 else 'pids'} {', '.join(map(str, held))})")
-    return notes
+    return notes + [f"{why} ({_pids(held)})" for why, held in pids.items()]
 
 
 def device_notes(gpus: Sequence[GpuDevice]) -> list[str]:
