@@ -61,15 +61,7 @@ def encode(event: Any, pid: int | None = None) -> bytes | None:
     data = dict(event)
     if data.get("step") not in STEPS or data.get("phase") not in PHASES:
         return None
-    data.pop("rate_bytes_per_s", None)
-    data.pop("eta_s", None)
-    for key in ("target", "message"):
-        if isinstance(data.get(key), str) and len(data[key]) > _TEXT_CHARS:
-            data[key] = data[key][:_TEXT_CHARS] + "…"
-    if isinstance(data.get("paths"), list | tuple) and len(data["paths"]) > _MAX_PATHS:
-        data["paths"] = list(data["paths"][:_MAX_PATHS])
-    for key in [k for k in data if k.endswith("_b64")]:  # undecodable bytes: kept only while the line fits
-        del data[key]
+    _trim(data)
     line = {"v": FORMAT, "ts": data.get("ts"), "pid": os.getpid() if pid is None else pid, "event": data}
     raw = (json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n").encode(
         "utf-8", "surrogateescape")
@@ -77,6 +69,20 @@ def encode(event: Any, pid: int | None = None) -> bytes | None:
         data["paths"] = data["paths"][: len(data["paths"]) // 2]
         raw = (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8", "surrogateescape")
     return raw if len(raw) <= MAX_LINE_BYTES else None
+
+
+def _trim(data: dict[str, Any]) -> None:
+    """An event's data cut to what a journal line keeps: no rate or ETA, texts and paths bounded, no undecodable
+    bytes (`*_b64`)."""
+    data.pop("rate_bytes_per_s", None)
+    data.pop("eta_s", None)
+    for key in ("target", "message"):
+        if isinstance(data.get(key), str) and len(data[key]) > _TEXT_CHARS:
+            data[key] = data[key][:_TEXT_CHARS] + "…"
+    if isinstance(data.get("paths"), list | tuple) and len(data["paths"]) > _MAX_PATHS:
+        data["paths"] = list(data["paths"][:_MAX_PATHS])
+    for key in [k for k in data if k.endswith("_b64")]:
+        del data[key]
 
 
 def append(line: bytes, directory: str | None = None) -> None:

@@ -1006,32 +1006,36 @@ def encode(doc: dict[str, Any]) -> bytes | None:
         data = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
         if len(data) <= MAX_FILE_BYTES:
             return data
-        if len(doc["epochs"]) > 1:
-            doc["epochs"] = doc["epochs"][1:]
-            if "epochs" not in dropped:
-                dropped.append("epochs")
-        elif doc.get("loaders"):
-            doc["loaders"] = {}
-            dropped.append("loaders")
-        elif doc.get("allocator_env"):
-            doc["allocator_env"] = {}
-            dropped.append("allocator_env")
-        elif len(doc["cmd"]) > 64:
-            doc["cmd"] = doc["cmd"][:64]
-            dropped.append("cmd")
-        elif doc.get("compile"):
-            doc["compile"] = None
-            dropped.append("compile")
-        elif with_stats := [n for n, d in doc["devices"].items() if "memory_stats" in d]:
-            # A process on many GPUs (DataParallel): the allocator numbers of the devices listed last go first.
-            last = with_stats[-1]
-            doc["devices"] = {**doc["devices"], last: {k: v for k, v in doc["devices"][last].items()
-                                                       if k != "memory_stats"}}
-            if "memory_stats" not in dropped:
-                dropped.append("memory_stats")
-        else:
+        shed = _shed(doc)
+        if shed is None:
             return None
+        if shed not in dropped:
+            dropped.append(shed)
         doc["truncated"] = dropped
+
+
+def _shed(doc: dict[str, Any]) -> str | None:
+    """Drop the next thing `encode` gives up (in its order) and name it; None when nothing is left to drop."""
+    if len(doc["epochs"]) > 1:
+        doc["epochs"] = doc["epochs"][1:]
+        return "epochs"
+    for key in ("loaders", "allocator_env"):
+        if doc.get(key):
+            doc[key] = {}
+            return key
+    if len(doc["cmd"]) > 64:
+        doc["cmd"] = doc["cmd"][:64]
+        return "cmd"
+    if doc.get("compile"):
+        doc["compile"] = None
+        return "compile"
+    with_stats = [n for n, d in doc["devices"].items() if "memory_stats" in d]
+    if not with_stats:
+        return None
+    # A process on many GPUs (DataParallel): the allocator numbers of the devices listed last go first.
+    last = with_stats[-1]
+    doc["devices"] = {**doc["devices"], last: {k: v for k, v in doc["devices"][last].items() if k != "memory_stats"}}
+    return "memory_stats"
 
 
 def publish(fresh: bool = True) -> str | None:
