@@ -736,15 +736,19 @@ def _cuda_stats(torch: Any, devices: dict[str, dict[str, Any]]) -> None:
         stats = cuda.memory_stats(index)
         entry = _device_entry(devices, name)
         entry["memory_stats"] = {k: stats[k] for k in MEMORY_STATS if k in stats}
-        # cuda:N counts within CUDA_VISIBLE_DEVICES: the UUID is what joins it to NVML's device
-        props = cuda.get_device_properties(index)
-        uuid = getattr(props, "uuid", None)
-        if uuid is not None:
-            entry["uuid"] = str(uuid)
-        pci = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
-        if all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 16 for n in pci):
-            entry["pci_bus_id"] = f"{pci[0]:04x}:{pci[1]:02x}:{pci[2]:02x}.0"  # sysfs's form, as torch writes it
+        _name_device(entry, cuda.get_device_properties(index))
         entry["runtime"] = runtime
+
+
+def _name_device(entry: dict[str, Any], props: Any) -> None:
+    """A device's UUID and PCI address, where torch gives them: cuda:N counts within CUDA_VISIBLE_DEVICES, so
+    these are what join it to NVML's device."""
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        entry["uuid"] = str(uuid)
+    pci = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
+    if all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 16 for n in pci):
+        entry["pci_bus_id"] = f"{pci[0]:04x}:{pci[1]:02x}:{pci[2]:02x}.0"  # sysfs's form, as torch writes it
 
 
 def _recompiles() -> int:
@@ -861,11 +865,6 @@ def _data_report(d: _Data | None = None) -> dict[str, Any] | None:
     # stopped has none in it, so its old numbers do not stay on screen as if they were current.
     since = now - max(int(WINDOW_S * 1e9), 2 * (last or 0))
     recent = [i for i in itertools.takewhile(lambda i: ends[i] >= since, order) if steps[i]]
-    counts: dict[str, int] = {}
-    if d.samples_total is not None:
-        counts["samples"], counts["recent_samples"] = d.samples_total, sum(d.samples[i] for i in recent)
-    if d.tokens_total is not None:
-        counts["tokens"], counts["recent_tokens"] = d.tokens_total, sum(d.tokens[i] for i in recent)
     return {
         "steps": n,
         "recent_steps": len(recent),
@@ -879,8 +878,18 @@ def _data_report(d: _Data | None = None) -> dict[str, Any] | None:
         "loader_workers": d.workers,
         "pin_memory": d.pin_memory,
         "data_dir": d.data_dir,
-        **counts,
+        **_recent_counts(d, recent),
     }
+
+
+def _recent_counts(d: _Data, recent: list[int]) -> dict[str, int]:
+    """The samples and tokens counted, in all and over the recent steps, where the loop counts them."""
+    counts: dict[str, int] = {}
+    if d.samples_total is not None:
+        counts["samples"], counts["recent_samples"] = d.samples_total, sum(d.samples[i] for i in recent)
+    if d.tokens_total is not None:
+        counts["tokens"], counts["recent_tokens"] = d.tokens_total, sum(d.tokens[i] for i in recent)
+    return counts
 
 
 def _loaders_report() -> dict[str, dict[str, Any]]:
