@@ -823,41 +823,9 @@ class GpuReader:
             uuid = fixed("uuid", b.uuid, h)
             fixed("bus_id", b.bus_id, h)
             self._memory(b, h, ask, values, missing)
-            util = ask("utilization_gpu_percent", b.utilization, h)
-            if util is None:
-                missing["utilization_memory_percent"] = missing["utilization_gpu_percent"]
-            else:
-                values["utilization_gpu_percent"], values["utilization_memory_percent"] = util
-            if ask("temperature_c", b.temperature_c, h) is not None:
-                values["temperature_sensor"] = "gpu"
-            else:
-                missing["temperature_sensor"] = missing["temperature_c"]
-            ask("power_mw", b.power_mw, h)
-            slow("power_limit_mw", b.power_limit_mw, h)
-            ask("fan_speed_percent", b.fan_percent, h)
-            if (pstate := ask("pstate", b.performance_state, h)) is not None and not 0 <= pstate <= 15:
-                del values["pstate"]
-                missing["pstate"] = f"NVML gives no P-state (NVML_PSTATE_UNKNOWN, {pstate})"
-            if (mask := ask("clocks_event_reasons", b.clocks_event_reasons, h)) is not None:
-                values["throttle_reasons"] = throttle_names(mask)
-            else:
-                missing["throttle_reasons"] = missing["clocks_event_reasons"]
-            ask("clock_sm_mhz", b.clock_mhz, h, "sm")
-            ask("clock_mem_mhz", b.clock_mhz, h, "mem")
-            ask("encoder_util_percent", b.codec_utilization, h, "encoder")
-            ask("decoder_util_percent", b.codec_utilization, h, "decoder")
+            self._sensors(b, h, ask, slow, values, missing)
             self._pcie(b, h, index, ask, values, missing)
-            if (kib := ask("nvlink_tx_bytes_total", b.nvlink_kib, h)) is not None:
-                values["nvlink_tx_bytes_total"], values["nvlink_rx_bytes_total"] = kib[0] * 1024, kib[1] * 1024
-            else:
-                missing["nvlink_rx_bytes_total"] = missing["nvlink_tx_bytes_total"]
-            ask("ecc_corrected_volatile", b.ecc_corrected, h, "volatile")
-            ask("ecc_uncorrected_volatile", b.ecc_uncorrected, h, "volatile")
-            slow("ecc_corrected_aggregate", b.ecc_corrected, h, "aggregate")
-            slow("ecc_uncorrected_aggregate", b.ecc_uncorrected, h, "aggregate")
-            slow("retired_pages_sbe", b.retired_pages, h, "sbe")
-            slow("retired_pages_dbe", b.retired_pages, h, "dbe")
-            slow("retired_pages_pending", b.retired_pages_pending, h)
+            self._links_and_errors(b, h, ask, slow, values, missing)
             if ask("mig_mode", b.mig_mode, h):
                 migs = self._mig_devices(b, h)
             processes = self._processes(b, h, uuid or f"gpu{index}")
@@ -875,6 +843,50 @@ class GpuReader:
             self._identities[index] = {f: values[f] for f in ("name", "uuid", "bus_id") if f in values}
         return GpuDevice(index=index, driver_version=driver, mig_devices=migs, processes=processes,
                          unavailable=missing, down=down, **values)
+
+    @staticmethod
+    def _sensors(b: NvmlBackend, h: Any, ask: Callable[..., Any], slow: Callable[..., Any],
+                 values: dict[str, Any], missing: dict[str, str]) -> None:
+        """Utilization, temperature, power, fan, P-state, throttle reasons, clocks, encoder and decoder."""
+        util = ask("utilization_gpu_percent", b.utilization, h)
+        if util is None:
+            missing["utilization_memory_percent"] = missing["utilization_gpu_percent"]
+        else:
+            values["utilization_gpu_percent"], values["utilization_memory_percent"] = util
+        if ask("temperature_c", b.temperature_c, h) is not None:
+            values["temperature_sensor"] = "gpu"
+        else:
+            missing["temperature_sensor"] = missing["temperature_c"]
+        ask("power_mw", b.power_mw, h)
+        slow("power_limit_mw", b.power_limit_mw, h)
+        ask("fan_speed_percent", b.fan_percent, h)
+        if (pstate := ask("pstate", b.performance_state, h)) is not None and not 0 <= pstate <= 15:
+            del values["pstate"]
+            missing["pstate"] = f"NVML gives no P-state (NVML_PSTATE_UNKNOWN, {pstate})"
+        if (mask := ask("clocks_event_reasons", b.clocks_event_reasons, h)) is not None:
+            values["throttle_reasons"] = throttle_names(mask)
+        else:
+            missing["throttle_reasons"] = missing["clocks_event_reasons"]
+        ask("clock_sm_mhz", b.clock_mhz, h, "sm")
+        ask("clock_mem_mhz", b.clock_mhz, h, "mem")
+        ask("encoder_util_percent", b.codec_utilization, h, "encoder")
+        ask("decoder_util_percent", b.codec_utilization, h, "decoder")
+
+    @staticmethod
+    def _links_and_errors(b: NvmlBackend, h: Any, ask: Callable[..., Any], slow: Callable[..., Any],
+                          values: dict[str, Any], missing: dict[str, str]) -> None:
+        """NVLink's byte counters, ECC error counts and retired pages (the aggregate ones read once a minute)."""
+        if (kib := ask("nvlink_tx_bytes_total", b.nvlink_kib, h)) is not None:
+            values["nvlink_tx_bytes_total"], values["nvlink_rx_bytes_total"] = kib[0] * 1024, kib[1] * 1024
+        else:
+            missing["nvlink_rx_bytes_total"] = missing["nvlink_tx_bytes_total"]
+        ask("ecc_corrected_volatile", b.ecc_corrected, h, "volatile")
+        ask("ecc_uncorrected_volatile", b.ecc_uncorrected, h, "volatile")
+        slow("ecc_corrected_aggregate", b.ecc_corrected, h, "aggregate")
+        slow("ecc_uncorrected_aggregate", b.ecc_uncorrected, h, "aggregate")
+        slow("retired_pages_sbe", b.retired_pages, h, "sbe")
+        slow("retired_pages_dbe", b.retired_pages, h, "dbe")
+        slow("retired_pages_pending", b.retired_pages_pending, h)
 
     def _memory(self, b: NvmlBackend, h: Any, ask: Callable[..., Any], values: dict[str, Any],
                 missing: dict[str, str]) -> None:
