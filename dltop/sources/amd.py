@@ -184,21 +184,7 @@ class AmdReader:
         bdf = ask("bus_id", smi.amdsmi_get_gpu_device_bdf, h)
         put("bus_id", None if bdf is None else str(bdf), "no PCI address")
 
-        vram = ask("memory_total_bytes", smi.amdsmi_get_gpu_vram_usage, h)
-        total = used = None
-        if isinstance(vram, dict):
-            total, used = _number(vram.get("vram_total")), _number(vram.get("vram_used"))
-        why = missing.get("memory_total_bytes", "amdsmi_get_gpu_vram_usage gave no number")
-        if total and used is not None and used <= total:  # amdsmi counts MB
-            values.update(memory_pool="framebuffer", memory_total_bytes=total * MIB, memory_used_bytes=used * MIB,
-                          memory_free_bytes=(total - used) * MIB)
-            missing.pop("memory_total_bytes", None)
-            missing["memory_reserved_bytes"] = NO_RESERVED
-        else:
-            if total and used is not None:
-                why = f"amdsmi says {used} MB used of {total} MB"
-            missing.update(dict.fromkeys(("memory_pool", "memory_total_bytes", "memory_used_bytes",
-                                          "memory_free_bytes", "memory_reserved_bytes"), why))
+        self._vram(ask("memory_total_bytes", smi.amdsmi_get_gpu_vram_usage, h), values, missing)
 
         activity = ask("utilization_gpu_percent", smi.amdsmi_get_gpu_activity, h)
         why = missing.get("utilization_gpu_percent", "amdsmi gives N/A")
@@ -208,13 +194,8 @@ class AmdReader:
 
         self._temperature(h, values, missing)
         power = ask("power_mw", smi.amdsmi_get_power_info, h)
-        why = missing.get("power_mw", "amdsmi gives N/A for the socket power")
-        info = power if isinstance(power, dict) else {}
-        # socket_power: 7.x (MI300 and later); current_socket_power: 6.x; average_socket_power: older boards
-        watts = next((w for k in ("socket_power", "current_socket_power", "average_socket_power")
-                      if (w := _number(info.get(k))) is not None), None)
-        put("power_mw", None if watts is None else watts * 1000, why)
-        limit = _number(info.get("power_limit")) if power is not None else None
+        put("power_mw", _socket_mw(power), missing.get("power_mw", "amdsmi gives N/A for the socket power"))
+        limit = _number(power.get("power_limit")) if isinstance(power, dict) else None
 
         def power_limit() -> int | None:
             if limit is None:
@@ -265,6 +246,24 @@ class AmdReader:
             values.update(temperature_c=c, temperature_sensor=word)
             return
         missing["temperature_c"] = missing["temperature_sensor"] = "; ".join(tried)
+
+    @staticmethod
+    def _vram(vram: Any, values: dict[str, Any], missing: dict[str, str]) -> None:
+        """The memory numbers from amdsmi's VRAM usage (in MB), or why each is missing."""
+        total = used = None
+        if isinstance(vram, dict):
+            total, used = _number(vram.get("vram_total")), _number(vram.get("vram_used"))
+        why = missing.get("memory_total_bytes", "amdsmi_get_gpu_vram_usage gave no number")
+        if total and used is not None and used <= total:
+            values.update(memory_pool="framebuffer", memory_total_bytes=total * MIB, memory_used_bytes=used * MIB,
+                          memory_free_bytes=(total - used) * MIB)
+            missing.pop("memory_total_bytes", None)
+            missing["memory_reserved_bytes"] = NO_RESERVED
+            return
+        if total and used is not None:
+            why = f"amdsmi says {used} MB used of {total} MB"
+        missing.update(dict.fromkeys(("memory_pool", "memory_total_bytes", "memory_used_bytes",
+                                      "memory_free_bytes", "memory_reserved_bytes"), why))
 
     def _processes(self, h: Any, key: str) -> tuple[GpuProcess, ...] | Unavailable:
         try:
@@ -323,6 +322,15 @@ class AmdReader:
                           start_time_ticks=host.start_time_ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
                           cpu_percent=host.cpu_percent, started_at=host.started_at, split=UNPROBED,
                           unavailable=missing)
+
+
+def _socket_mw(power: Any) -> int | None:
+    """The socket power in mW from amdsmi's power info: socket_power (7.x, MI300 and later),
+    current_socket_power (6.x), average_socket_power (older boards)."""
+    info = power if isinstance(power, dict) else {}
+    watts = next((w for k in ("socket_power", "current_socket_power", "average_socket_power")
+                  if (w := _number(info.get(k))) is not None), None)
+    return None if watts is None else watts * 1000
 
 
 def _percent(value: Any) -> int | None:
