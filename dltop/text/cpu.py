@@ -11,7 +11,16 @@ from collections.abc import Sequence
 
 from dltop.fmt import plural
 from dltop.model.base import Unavailable
-from dltop.model.cpu import CacheInstance, CoreKind, CpuPart, TopologyNode, format_cpu_list
+from dltop.model.cpu import (
+    CacheInstance,
+    CcsidrEl1,
+    CoreKind,
+    CpuPart,
+    CtrEl0,
+    KindCache,
+    TopologyNode,
+    format_cpu_list,
+)
 
 
 def size_text(n: int | None) -> str:
@@ -33,21 +42,20 @@ def kind_table(part: CpuPart) -> tuple[list[str], list[list[str]]]:
     for k in part.core_kinds:
         row = [k.name, k.revision or "?", format_cpu_list(k.cpus), "" if k.capacity is None else str(k.capacity)]
         by = {c.name: c for c in k.caches}
-        for n in names:
-            c = by.get(n)
-            if c is None:
-                row.append("-")
-                continue
-            cell = size_text(c.size_bytes)
-            if c.cpus_per_instance and c.cpus_per_instance > 1 and c.cpus_per_instance != k_threads(part):
-                cell += f" /{c.cpus_per_instance}"
-            elif c.cpus_per_instance is None:
-                cell += " /mixed"
-            if c.shared_with:
-                cell += "+"
-            row.append(cell)
+        row += [_kind_cell(by[n], part) if n in by else "-" for n in names]
         rows.append(row)
     return header, rows
+
+
+def _kind_cell(c: KindCache, part: CpuPart) -> str:
+    """A kind's cache: its size, /N where N CPUs share each instance (/mixed where they differ), + where other
+    kinds share it."""
+    cell = size_text(c.size_bytes)
+    if c.cpus_per_instance and c.cpus_per_instance > 1 and c.cpus_per_instance != k_threads(part):
+        cell += f" /{c.cpus_per_instance}"
+    elif c.cpus_per_instance is None:
+        cell += " /mixed"
+    return cell + "+" if c.shared_with else cell
 
 
 def k_threads(part: CpuPart) -> int:
@@ -129,14 +137,7 @@ def register_lines(part: CpuPart) -> list[str]:
     """CTR_EL0 as read, CLIDR_EL1/CCSIDR_EL1 as rebuilt, one line each."""
     r = part.registers
     out = []
-    if isinstance(r.ctr_el0, Unavailable):
-        out.append(f"CTR_EL0     {r.ctr_el0}")
-    else:
-        c = r.ctr_el0
-        emu = {True: "looks kernel-emulated", False: "read directly", None: "emulation unknown"}[c.looks_emulated]
-        out.append(f"CTR_EL0     {c.hex}  IminLine {c.iminline_bytes} B  DminLine {c.dminline_bytes} B  "
-                   f"L1Ip {c.l1ip}  ERG {c.erg_bytes or '-'}  CWG {c.cwg_bytes or '-'}  IDC {int(c.idc)}  "
-                   f"DIC {int(c.dic)}  ({emu})")
+    out.append(_ctr_line(r.ctr_el0))
     if isinstance(r.clidr_el1, Unavailable):
         out.append(f"CLIDR_EL1   {r.clidr_el1}")
     else:
@@ -148,15 +149,7 @@ def register_lines(part: CpuPart) -> list[str]:
     if isinstance(r.ccsidr_el1, Unavailable):
         out.append(f"CCSIDR_EL1  {r.ccsidr_el1}")
     else:
-        seen = set()
-        for cc in r.ccsidr_el1:
-            key = (cc.cache, cc.value_32bit, cc.value_ccidx)
-            if key in seen:
-                continue
-            seen.add(key)
-            v32 = "?" if cc.value_32bit is None else f"0x{cc.value_32bit:08x}"
-            vcc = "?" if cc.value_ccidx is None else f"0x{cc.value_ccidx:016x}"
-            out.append(f"CCSIDR_EL1  {cc.cache:<4} CSSELR {cc.csselr}  32-bit {v32}  CCIDX {vcc}")
+        out += _ccsidr_lines(r.ccsidr_el1)
     if isinstance(r.cpuid_caches, Unavailable):
         if part.arch not in ("aarch64", "arm"):
             out.append(f"CPUID       {r.cpuid_caches}")
@@ -165,6 +158,29 @@ def register_lines(part: CpuPart) -> list[str]:
             out.append(f"CPUID {q.leaf}  {q.name:<4} {size_text(q.size_bytes)}  {plural(q.ways, 'way')}  "
                        f"{plural(q.sets, 'set')}  line {q.line_bytes}  shared by up to "
                        f"{plural(q.threads_sharing, 'thread')}")
+    return out
+
+
+def _ctr_line(c: CtrEl0 | Unavailable) -> str:
+    if isinstance(c, Unavailable):
+        return f"CTR_EL0     {c}"
+    emu = {True: "looks kernel-emulated", False: "read directly", None: "emulation unknown"}[c.looks_emulated]
+    return (f"CTR_EL0     {c.hex}  IminLine {c.iminline_bytes} B  DminLine {c.dminline_bytes} B  "
+            f"L1Ip {c.l1ip}  ERG {c.erg_bytes or '-'}  CWG {c.cwg_bytes or '-'}  IDC {int(c.idc)}  "
+            f"DIC {int(c.dic)}  ({emu})")
+
+
+def _ccsidr_lines(regs: tuple[CcsidrEl1, ...]) -> list[str]:
+    """One line per distinct CCSIDR_EL1 value of a cache."""
+    out, seen = [], set()
+    for cc in regs:
+        key = (cc.cache, cc.value_32bit, cc.value_ccidx)
+        if key in seen:
+            continue
+        seen.add(key)
+        v32 = "?" if cc.value_32bit is None else f"0x{cc.value_32bit:08x}"
+        vcc = "?" if cc.value_ccidx is None else f"0x{cc.value_ccidx:016x}"
+        out.append(f"CCSIDR_EL1  {cc.cache:<4} CSSELR {cc.csselr}  32-bit {v32}  CCIDX {vcc}")
     return out
 
 
