@@ -457,94 +457,14 @@ class FakeBackend:
 
 def _check_scenario(s: Any, nv: Any) -> dict[str, Any]:
     """Refuse a scenario whose shape the fake cannot play, naming the first problem."""
-
-    def err_name(v: Any, where: str) -> None:
-        if isinstance(v, str) and v.startswith("NVML_ERROR_") and not isinstance(getattr(nv, v, None), int):
-            raise ScenarioError(f"{where}: {v} is not an NVML error code")
-
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
-
-    def walk(v: Any, where: str) -> None:
-        err_name(v, where)
-        if isinstance(v, dict):
-            for k, x in v.items():
-                walk(x, f"{where}.{k}")
-        elif isinstance(v, list):
-            for i, x in enumerate(v):
-                walk(x, f"{where}[{i}]")
-
-    def numbers(v: Any, keys: tuple[str, ...], where: str, optional: tuple[str, ...] = ()) -> None:
-        if isinstance(v, str) and v.startswith("NVML_ERROR_"):
-            return
-        if not isinstance(v, dict):
-            raise ScenarioError(f"{where}: expected an object or an NVML_ERROR_* name")
-        for k in keys + optional:
-            if k in v and not is_int(v[k]) and not (isinstance(v[k], str) and v[k].startswith("NVML_ERROR_")):
-                raise ScenarioError(f"{where}.{k}: expected a non-negative integer")
-        for k in keys:
-            if k not in v:
-                raise ScenarioError(f"{where}: missing {k!r}")
-
-    def processes(v: Any, where: str) -> None:
-        if isinstance(v, str) and v.startswith("NVML_ERROR_"):
-            return
-        if not isinstance(v, list):
-            raise ScenarioError(f"{where}: expected a list")
-        for i, p in enumerate(v):
-            if not isinstance(p, dict) or not is_int(p.get("pid")):
-                raise ScenarioError(f"{where}[{i}]: expected an object with an integer pid")
-            for k in ("used_bytes", "gpu_instance_id", "compute_instance_id"):
-                if p.get(k) is not None and not is_int(p[k]):
-                    raise ScenarioError(f"{where}[{i}].{k}: expected a non-negative integer or null")
-
-    def device(g: Any, where: str) -> None:
-        if not isinstance(g, dict):
-            raise ScenarioError(f"{where}: expected an object")
-        for k in ("name", "uuid", "bus_id"):
-            if k in g and not isinstance(g[k], str):
-                raise ScenarioError(f"{where}.{k}: expected a string")
-        for k in ("temperature_c", "power_mw", "power_limit_mw", "mig_max_devices", "fan_speed_percent", "pstate",
-                  "clocks_event_reasons", "encoder_util_percent", "decoder_util_percent"):
-            if k in g and not is_int(g[k]) and not (isinstance(g[k], str) and g[k].startswith("NVML_ERROR_")):
-                raise ScenarioError(f"{where}.{k}: expected a non-negative integer")
-        if "memory" in g:
-            numbers(g["memory"], ("total", "used", "free", "reserved"), f"{where}.memory")
-        shapes = {"utilization": ("gpu", "memory"), "clocks_mhz": ("sm", "mem"), "pcie_kb_per_s": ("tx", "rx"),
-                  "pcie_bytes": ("tx", "rx"),
-                  "ecc_uncorrected": ("volatile", "aggregate"), "retired_pages": ("sbe", "dbe"),
-                  "ecc_corrected": ("volatile", "aggregate"), "nvlink_kib": ("tx", "rx"),
-                  "instance_ids": ("gpu", "compute")}
-        for k, keys in shapes.items():
-            if k in g:
-                numbers(g[k], keys, f"{where}.{k}")
-        for k in ("compute_processes", "graphics_processes"):
-            if k in g:
-                processes(g[k], f"{where}.{k}")
-        if "process_utilization" in g:
-            pu = g["process_utilization"]
-            if not isinstance(pu, list):
-                if not (isinstance(pu, str) and pu.startswith("NVML_ERROR_")):
-                    raise ScenarioError(f"{where}.process_utilization: expected a list")
-            else:
-                for i, x in enumerate(pu):
-                    numbers(x, ("pid", "timestamp_us", "sm", "mem"), f"{where}.process_utilization[{i}]",
-                            optional=("period_us",))
-        if "mig_devices" in g:
-            if not isinstance(g["mig_devices"], list):
-                raise ScenarioError(f"{where}.mig_devices: expected a list")
-            for i, m in enumerate(g["mig_devices"]):
-                if m is not None:
-                    device(m, f"{where}.mig_devices[{i}]")
-
     if not isinstance(s, dict):
         raise ScenarioError("expected a JSON object")
-    walk(s, "scenario")
+    _check_error_names(s, "scenario", nv)
     gpus = s.get("gpus", [])
     if not isinstance(gpus, list):
         raise ScenarioError("gpus: expected a list")
     for i, g in enumerate(gpus):
-        device(g, f"gpus[{i}]")
+        _check_device(g, f"gpus[{i}]")
     mf = s.get("missing_functions", [])
     if not isinstance(mf, list) or not all(isinstance(x, str) for x in mf):
         raise ScenarioError("missing_functions: expected a list of NVML function names")
@@ -552,6 +472,93 @@ def _check_scenario(s: Any, nv: Any) -> dict[str, Any]:
         if k in s and not isinstance(s[k], str):
             raise ScenarioError(f"{k}: expected a string")
     return s
+
+
+def _is_error(v: Any) -> bool:
+    """An NVML_ERROR_* name: what a call answers instead of its value."""
+    return isinstance(v, str) and v.startswith("NVML_ERROR_")
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
+
+
+def _check_error_names(v: Any, where: str, nv: Any) -> None:
+    """Every NVML_ERROR_* name anywhere in the scenario is one pynvml has."""
+    if _is_error(v) and not isinstance(getattr(nv, v, None), int):
+        raise ScenarioError(f"{where}: {v} is not an NVML error code")
+    if isinstance(v, dict):
+        for k, x in v.items():
+            _check_error_names(x, f"{where}.{k}", nv)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _check_error_names(x, f"{where}[{i}]", nv)
+
+
+def _check_numbers(v: Any, keys: tuple[str, ...], where: str, optional: tuple[str, ...] = ()) -> None:
+    """An object of counts (`keys` required), or an error name."""
+    if _is_error(v):
+        return
+    if not isinstance(v, dict):
+        raise ScenarioError(f"{where}: expected an object or an NVML_ERROR_* name")
+    for k in keys + optional:
+        if k in v and not _is_count(v[k]) and not _is_error(v[k]):
+            raise ScenarioError(f"{where}.{k}: expected a non-negative integer")
+    for k in keys:
+        if k not in v:
+            raise ScenarioError(f"{where}: missing {k!r}")
+
+
+def _check_processes(v: Any, where: str) -> None:
+    if _is_error(v):
+        return
+    if not isinstance(v, list):
+        raise ScenarioError(f"{where}: expected a list")
+    for i, p in enumerate(v):
+        if not isinstance(p, dict) or not _is_count(p.get("pid")):
+            raise ScenarioError(f"{where}[{i}]: expected an object with an integer pid")
+        for k in ("used_bytes", "gpu_instance_id", "compute_instance_id"):
+            if p.get(k) is not None and not _is_count(p[k]):
+                raise ScenarioError(f"{where}[{i}].{k}: expected a non-negative integer or null")
+
+
+_DEVICE_COUNTS = ("temperature_c", "power_mw", "power_limit_mw", "mig_max_devices", "fan_speed_percent", "pstate",
+                  "clocks_event_reasons", "encoder_util_percent", "decoder_util_percent")
+_DEVICE_SHAPES = {"memory": ("total", "used", "free", "reserved"), "utilization": ("gpu", "memory"),
+                  "clocks_mhz": ("sm", "mem"), "pcie_kb_per_s": ("tx", "rx"), "pcie_bytes": ("tx", "rx"),
+                  "ecc_uncorrected": ("volatile", "aggregate"), "retired_pages": ("sbe", "dbe"),
+                  "ecc_corrected": ("volatile", "aggregate"), "nvlink_kib": ("tx", "rx"),
+                  "instance_ids": ("gpu", "compute")}
+
+
+def _check_device(g: Any, where: str) -> None:
+    """A GPU (or a MIG instance) of the scenario."""
+    if not isinstance(g, dict):
+        raise ScenarioError(f"{where}: expected an object")
+    for k in ("name", "uuid", "bus_id"):
+        if k in g and not isinstance(g[k], str):
+            raise ScenarioError(f"{where}.{k}: expected a string")
+    for k in _DEVICE_COUNTS:
+        if k in g and not _is_count(g[k]) and not _is_error(g[k]):
+            raise ScenarioError(f"{where}.{k}: expected a non-negative integer")
+    for k, keys in _DEVICE_SHAPES.items():
+        if k in g:
+            _check_numbers(g[k], keys, f"{where}.{k}")
+    for k in ("compute_processes", "graphics_processes"):
+        if k in g:
+            _check_processes(g[k], f"{where}.{k}")
+    pu = g.get("process_utilization", [])
+    if not isinstance(pu, list) and not _is_error(pu):
+        raise ScenarioError(f"{where}.process_utilization: expected a list")
+    for i, x in enumerate(pu if isinstance(pu, list) else ()):
+        _check_numbers(x, ("pid", "timestamp_us", "sm", "mem"), f"{where}.process_utilization[{i}]",
+                       optional=("period_us",))
+    migs = g.get("mig_devices", [])
+    if not isinstance(migs, list):
+        raise ScenarioError(f"{where}.mig_devices: expected a list")
+    for i, m in enumerate(migs):
+        if m is not None:
+            _check_device(m, f"{where}.mig_devices[{i}]")
 
 
 # -- reading ----------------------------------------------------------------------------------------------------
