@@ -20,6 +20,16 @@ def _size_key(acc: FolderTotals) -> tuple[int, str]:
 FILE_SORT_KEYS = ("size", "resident", "pct")
 
 
+def file_score(key: str, data: int, dres: int, dunknown: int) -> Any:
+    """A file's score by sort `key`, higher shown first: its data, its resident data, or, coldest first, the lowest
+    resident share of what can be seen, then the most data (a file with nothing to see last)."""
+    if key == "size":
+        return data
+    if key == "resident":
+        return dres
+    return (-dres / (data - dunknown) if data > dunknown else -2.0, data)
+
+
 class TopFiles:
     """Each folder's top `n` files by each sort key, as the scan offers them one by one: a heap per folder and
     key, so a folder of a million files keeps a few entries, never a million. The dataset's whole `budget`
@@ -49,14 +59,7 @@ class TopFiles:
         entry = None
         tie = -ino
         for key, heap in zip(self.keys, heaps, strict=True):
-            score: Any
-            if key == "size":
-                score = data
-            elif key == "resident":
-                score = dres
-            else:
-                known = data - dunknown
-                score = (-dres / known if known > 0 else -2.0, data)
+            score = file_score(key, data, dres, dunknown)
             full = len(heap) >= n
             if full:
                 low = heap[0]

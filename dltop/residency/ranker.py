@@ -10,7 +10,7 @@ from operator import neg
 
 from dltop.model.datasets import ResidencyNode
 from dltop.residency.folders import VALUES, Folder
-from dltop.residency.rank import FILE_SORT_KEYS
+from dltop.residency.rank import FILE_SORT_KEYS, file_score
 from dltop.residency.walk import WalkOptions
 
 _Ranked = tuple[object, int, ResidencyNode]  # a file row with its score and tie in one key's order
@@ -112,18 +112,6 @@ class FileRanker:
             t.ranked, t.listed = ranked, _union(ranked)
         return t.ranked, t.listed
 
-    def _scores(self, data: int, dres: int, dunknown: int) -> list[object]:
-        """One file's score in each key's order (the tie, the lower inode first, comes apart)."""
-        out: list[object] = []
-        for key in self.keys:
-            if key == "size":
-                out.append(data)
-            elif key == "resident":
-                out.append(dres)
-            else:  # coldest first: the lowest resident share, then the most data; nothing to see last
-                out.append((-dres / (data - dunknown) if data > dunknown else -2.0, data))
-        return out
-
     def _rank(self, f: Folder, n: int) -> RankedRows:
         """Rank all of folder `f`'s files by each key: the best n + RESERVE of each."""
         m, vals = len(f.keys), f.vals
@@ -133,12 +121,12 @@ class FileRanker:
         cands, floors = [], []
         for key in self.keys:
             scores: object
-            if key == "size":
+            if key == "size":  # the column itself: no call per file
                 scores = data
             elif key == "resident":
                 scores = dres
             else:
-                scores = [(-r / (d - u) if d > u else -2.0, d) for d, r, u in zip(data, dres, dunknown, strict=True)]
+                scores = [file_score(key, d, r, u) for d, r, u in zip(data, dres, dunknown, strict=True)]
             best = heapq.nlargest(keep + 1, zip(scores, ties, range(m), strict=True))  # type: ignore[call-overload]
             floors.append(best.pop()[:2] if len(best) > keep else None)
             best.reverse()
@@ -156,7 +144,7 @@ class FileRanker:
         tie = -vals[b + 11]
         keep = t.n + RESERVE
         touched = False
-        for k, score in enumerate(self._scores(vals[b + 2], vals[b + 7], vals[b + 9])):
+        for k, score in enumerate(file_score(key, vals[b + 2], vals[b + 7], vals[b + 9]) for key in self.keys):
             cand, entries = t.cands[k], t.entries[k]
             new = (score, tie, i)
             old = entries.pop(i, None)
