@@ -456,10 +456,7 @@ def _check_index(index: Any) -> None:
     """ValueError naming the first entry of the index that is not what the recorder writes."""
     if not isinstance(index, dict) or not isinstance(index.get("blocks"), list):
         raise ValueError("not an index")
-    if "crc" in index:  # a dltop that checksums its index entries (one before it wrote none)
-        top = [index.get(k) for k in ("format", "meta", "samples", "skipped", "first_ts", "last_ts", "events")]
-        if index["crc"] != store.entry_crc(top):
-            raise ValueError("checksum does not match")
+    _check_crc(index)
     if index.get("meta") is not None and not (isinstance(index["meta"], dict) and store.shallow(index["meta"])):
         raise ValueError("meta: not an object")
     index.setdefault("meta", None)
@@ -467,17 +464,29 @@ def _check_index(index: Any) -> None:
     if type(skipped) is not int or not 0 <= skipped <= 1 << 32:
         raise ValueError("skipped: not a count")
     index["skipped"] = skipped
-    events = index.get("events") or []
+    index["events"] = _checked_events(index.get("events") or [])
+    end = 0
+    for n, b in enumerate(index["blocks"]):
+        end = _check_block(n, b, end)
+
+
+def _check_crc(index: dict[str, Any]) -> None:
+    """The index's own checksum, where it has one (a dltop before it wrote none)."""
+    if "crc" in index:
+        top = [index.get(k) for k in ("format", "meta", "samples", "skipped", "first_ts", "last_ts", "events")]
+        if index["crc"] != store.entry_crc(top):
+            raise ValueError("checksum does not match")
+
+
+def _checked_events(events: Any) -> list[Any]:
+    """The index's events, each [ts, kind, data] with its time a float."""
     if not isinstance(events, list):
         raise ValueError("events: not a list")
     for n, ev in enumerate(events):
         if not _is_event(ev):
             raise ValueError(f"event {n}: not [ts, kind, data]")
         ev[0] = float(ev[0])
-    index["events"] = events
-    end = 0
-    for n, b in enumerate(index["blocks"]):
-        end = _check_block(n, b, end)
+    return events
 
 
 def _is_event(ev: Any) -> bool:
