@@ -74,15 +74,20 @@ def format_caches(part: CachesPart, warnings: Mapping[str, Sequence[str]], now: 
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip())
     for c, row in zip(part.caches, rows, strict=True):
         lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-        lines.append(f"    {display_path(c.path)}  ({c.source})")
-        if c.via_symlink:
-            lines.append(f"    a symlink to {display_path(c.via_symlink)}: followed")
-        for k, v in c.settings.items():
-            lines.append(f"    {k}={v}")
-        if c.exists and c.size_bytes is None:
-            lines.append(f"    unavailable: {c.unavailable.get('size_bytes', '')}")
-        for w in warnings.get(c.name, ()):
-            lines.append(f"    ! {w}")
-        if c.clear_command:
-            lines.append(f"    its own clear command: {c.clear_command}")
+        lines += _cache_facts(c, warnings.get(c.name, ()))
     return "\n".join(lines) + "\n"
+
+
+def _cache_facts(c: CacheInfo, warnings: Sequence[str]) -> list[str]:
+    """The lines under a cache's row: its path and the rule that placed it, the link followed, its settings,
+    why its size is unknown, its warnings, its tool's own clear command."""
+    lines = [f"    {display_path(c.path)}  ({c.source})"]
+    if c.via_symlink:
+        lines.append(f"    a symlink to {display_path(c.via_symlink)}: followed")
+    lines += (f"    {k}={v}" for k, v in c.settings.items())
+    if c.exists and c.size_bytes is None:
+        lines.append(f"    unavailable: {c.unavailable.get('size_bytes', '')}")
+    lines += (f"    ! {w}" for w in warnings)
+    if c.clear_command:
+        lines.append(f"    its own clear command: {c.clear_command}")
+    return lines
