@@ -193,19 +193,7 @@ def format_residency(part: DatasetsPart, files_key: str | None = None, files_n: 
             notes.append(f"unavailable: {ds.unavailable}")
             continue
         add(ds, 0, display_path(ds.path))
-        extra = []
-        if ds.skipped:
-            extra.append("skipped " + skipped_text(ds.skipped))
-        extra.append(f"{ds.method}, {ds.fs_type or '?'}, scanned in {ds.scan_duration_s:.2f}s")
-        if not ds.complete:
-            extra.append("incomplete scan")
-        notes.append(f"{display_path(ds.path)}: " + "; ".join(extra))
-        holes = holes_note(ds, ps)
-        if holes:
-            notes.append(f"  {holes}")
-        notes.extend(f"  {p}" for p in ds.problems[:5])
-        if ds.unknown_reason:
-            notes.append(f"  unknown: {ds.unknown_reason}")
+        notes += _scan_notes(ds, ps)
     if len(part.scanned) > 1:
         add(total_of(part.scanned), 0, "total")
     notes.extend(overlap_notes(list(part.scanned)))
@@ -213,6 +201,25 @@ def format_residency(part: DatasetsPart, files_key: str | None = None, files_n: 
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r[:6], widths, strict=True)) + "  " + r[6] for r in rows]
     return "\n".join(lines + notes) + "\n"
+
+
+def _scan_notes(ds: DatasetResidency, ps: int) -> list[str]:
+    """How a dataset was scanned (what was skipped, the method, the file system, how long, whether whole), its
+    holes, problems and why some of it is unknown."""
+    extra = []
+    if ds.skipped:
+        extra.append("skipped " + skipped_text(ds.skipped))
+    extra.append(f"{ds.method}, {ds.fs_type or '?'}, scanned in {ds.scan_duration_s:.2f}s")
+    if not ds.complete:
+        extra.append("incomplete scan")
+    notes = [f"{display_path(ds.path)}: " + "; ".join(extra)]
+    holes = holes_note(ds, ps)
+    if holes:
+        notes.append(f"  {holes}")
+    notes.extend(f"  {p}" for p in ds.problems[:5])
+    if ds.unknown_reason:
+        notes.append(f"  unknown: {ds.unknown_reason}")
+    return notes
 
 
 def progress_line(p: Any, width: int = 20, marks: str = "█░", pct_digits: int = 0) -> str:
