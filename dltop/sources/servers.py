@@ -310,21 +310,27 @@ def parse_samples(text: str) -> tuple[dict[str, list[_Sample]], list[str]]:
     try:  # the whole page at once (the common case, and the fast one), else line by line
         out = _parse("\n".join(line for _, line in kept))
     except Exception:  # noqa: BLE001 - the parser raises ValueError, and others (IndexError, TypeError)
-        out = {}
-        for number, line in kept:
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue  # HELP and TYPE name families; the samples' own names are what is read
-            try:
-                for name, rows in _parse(line).items():
-                    out.setdefault(name, []).extend(rows)
-            except Exception as e:  # noqa: BLE001
-                rejected.append((number, f"line {number}: {type(e).__name__}: {printable(str(e))[:80]} "
-                                         f"({printable(line[:60])})"))
+        out = _parse_lines(kept, rejected)
     reasons = [why for _, why in sorted(rejected)]
     if reasons and not out:
         first = next((line for _, line in kept if line.strip()), "")[:60]
         raise ScrapeError("garbage", f"not Prometheus text ({reasons[0]}; first line {printable(first)})")
     return out, reasons
+
+
+def _parse_lines(kept: list[tuple[int, str]], rejected: list[tuple[int, str]]) -> dict[str, list[_Sample]]:
+    """The samples of a page the parser refuses whole, line by line: a line refused costs only itself."""
+    out: dict[str, list[_Sample]] = {}
+    for number, line in kept:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue  # HELP and TYPE name families; the samples' own names are what is read
+        try:
+            for name, rows in _parse(line).items():
+                out.setdefault(name, []).extend(rows)
+        except Exception as e:  # noqa: BLE001
+            rejected.append((number, f"line {number}: {type(e).__name__}: {printable(str(e))[:80]} "
+                                     f"({printable(line[:60])})"))
+    return out
 
 
 def _parse(text: str) -> dict[str, list[_Sample]]:
