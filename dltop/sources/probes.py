@@ -18,7 +18,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from dltop.config import Settings
@@ -871,6 +871,19 @@ def _ppid(proc: str, pid: int) -> int | None:
         return None
 
 
+def _round_robin(memfds: Iterable[tuple[int, int, int]], ignored: list[IgnoredProbe]) -> list[tuple[int, int]]:
+    """(pid, fd) of the memfds to read, one user's after another's in turn, MAX_LIVE a user (the rest said)."""
+    by_user: dict[int, list[tuple[int, int]]] = {}
+    for pid, fd, uid in memfds:
+        by_user.setdefault(uid, []).append((pid, fd))
+    for uid, held in by_user.items():
+        if len(held) > MAX_LIVE:
+            ignored.append(IgnoredProbe(f"uid {uid}", f"{len(held) - MAX_LIVE} processes with a probe's memfd "
+                                                      f"past {MAX_LIVE}: not read", cut=True))
+    return [h for group in itertools.zip_longest(*(held[:MAX_LIVE] for held in by_user.values()))
+            for h in group if h is not None]
+
+
 class ProbeReader:
     """The probes source's state between readings: where the probes are (`Rendezvous`), the parses of unchanged
     files, the folders that held files, and the probes found through a memfd, kept once their process is gone
@@ -891,15 +904,7 @@ class ProbeReader:
         """The probes of the processes that hold a memfd: MAX_LIVE a user, round robin over the users within
         MEMFD_BUDGET_S (one user's thousands of memfd processes hold up no other's); one not reached keeps its last
         reading, and every cut is said."""
-        by_user: dict[int, list[tuple[int, int]]] = {}
-        for pid, fd, uid in r.memfds():
-            by_user.setdefault(uid, []).append((pid, fd))
-        for uid, held in by_user.items():
-            if len(held) > MAX_LIVE:
-                ignored.append(IgnoredProbe(f"uid {uid}", f"{len(held) - MAX_LIVE} processes with a probe's memfd "
-                                                          f"past {MAX_LIVE}: not read", cut=True))
-        order = [h for group in itertools.zip_longest(*(held[:MAX_LIVE] for held in by_user.values()))
-                 for h in group if h is not None]
+        order = _round_robin(r.memfds(), ignored)
         seen: dict[tuple[int, int, int], ProcessProbe | str] = {}
         now_live: dict[tuple[int, int], ProcessProbe] = {}
         deadline = time.monotonic() + MEMFD_BUDGET_S
