@@ -344,20 +344,22 @@ def _server_kv(gpus: GpuPart, servers: tuple[ServerStats, ...] | Unavailable | N
               if isinstance(procs, tuple) for p in procs]
     out: dict[int, tuple[int, str] | str] = {}
     for s in servers:
-        if s.state != "ok" or not isinstance(s.pid, int):
-            continue
-        pids = {s.pid, *s.child_pids}
-        held = [pid for pid in places if pid in pids]
-        for pid in held:
-            pool = s.kv_capacity_bytes
-            if isinstance(pool, Unavailable):
-                out[pid] = f"{s.url}: {pool.reason}"
-            elif len(held) > 1:
-                out[pid] = (f"the KV pool of {s.url} spans {len(held)} GPU processes (tensor parallel): "
-                            "each one's share is not known")
-            else:
-                out[pid] = (pool, s.url)
+        if s.state == "ok" and isinstance(s.pid, int):
+            pids = {s.pid, *s.child_pids}
+            held = [pid for pid in places if pid in pids]
+            out.update(dict.fromkeys(held, _pool_share(s, len(held))))
     return out
+
+
+def _pool_share(s: ServerStats, processes: int) -> tuple[int, str] | str:
+    """A server's KV pool as one GPU process's of the `processes` it runs on, or why it is not known."""
+    pool = s.kv_capacity_bytes
+    if isinstance(pool, Unavailable):
+        return f"{s.url}: {pool.reason}"
+    if processes > 1:
+        return (f"the KV pool of {s.url} spans {processes} GPU processes (tensor parallel): "
+                "each one's share is not known")
+    return pool, s.url
 
 
 def _norm_uuid(uuid: str) -> str:
@@ -383,6 +385,12 @@ def _no_device_reason(probe: ProcessProbe, hip: bool) -> str:
             "or it computes with something other than PyTorch")
 
 
+def _unnamed(cuda: list[ProbeDevice], dev: _Device, hip: bool) -> list[ProbeDevice]:
+    """The probe's devices that neither a UUID (not on HIP) nor a PCI address (where this GPU has one) names."""
+    bus = _pci(dev.bus_id)
+    return [d for d in cuda if not (d.uuid and not hip) and not (d.pci_bus_id and bus is not None)]
+
+
 def _device_by_env(probe: ProcessProbe, dev: _Device, hip: bool,
                    unnamed: list[ProbeDevice]) -> tuple[ProbeDevice, str] | str | None:
     """cuda:N through CUDA_VISIBLE_DEVICES to NVML's index, for a probe that gives no UUID; None: no match.
@@ -399,17 +407,24 @@ def _device_by_env(probe: ProcessProbe, dev: _Device, hip: bool,
     in_order = probe.allocator_env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" or dev.one_model
     for d in unnamed:
         entry = _visible_entry(d.device, entries)
-        if entry is None:
-            continue
-        if entry.lower().startswith(("gpu-", "mig-")):
-            if dev.uuid and dev.uuid.lower().startswith(entry.lower()):
-                return d, f"{d.device} is {entry} by {said} (the probe gave no UUID)"
-        elif entry.isdigit() and dev.index is not None and int(entry) == dev.index:
-            if not in_order:
-                return (f"the probe gives no UUID, and {d.device} → GPU {dev.index} by index is a guess: CUDA "
-                        "orders mixed GPUs fastest first, NVML by bus (set CUDA_DEVICE_ORDER=PCI_BUS_ID)")
-            return d, f"{d.device} is GPU {dev.index} by index, {said} (the probe gave no UUID)"
+        found = None if entry is None else _entry_is(d, entry, dev, said, in_order)
+        if found is not None:
+            return found
     return None
+
+
+def _entry_is(d: ProbeDevice, entry: str, dev: _Device, said: str, in_order: bool) -> tuple[ProbeDevice, str] | str | None:
+    """Whether the *_VISIBLE_DEVICES entry of probe device `d` (a UUID's prefix, or an index) is this GPU."""
+    if entry.lower().startswith(("gpu-", "mig-")):
+        if dev.uuid and dev.uuid.lower().startswith(entry.lower()):
+            return d, f"{d.device} is {entry} by {said} (the probe gave no UUID)"
+        return None
+    if not (entry.isdigit() and dev.index is not None and int(entry) == dev.index):
+        return None
+    if not in_order:
+        return (f"the probe gives no UUID, and {d.device} → GPU {dev.index} by index is a guess: CUDA "
+                "orders mixed GPUs fastest first, NVML by bus (set CUDA_DEVICE_ORDER=PCI_BUS_ID)")
+    return d, f"{d.device} is GPU {dev.index} by index, {said} (the probe gave no UUID)"
 
 
 def _visible_entry(device: str, entries: list[str] | None) -> str | None:
@@ -447,8 +462,7 @@ def probe_device(probe: ProcessProbe, dev: _Device) -> tuple[ProbeDevice, str] |
     named = _device_by_address(cuda, dev, hip)
     if named is not None:
         return named
-    bus = _pci(dev.bus_id)
-    unnamed = [d for d in cuda if not (d.uuid and not hip) and not (d.pci_bus_id and bus is not None)]
+    unnamed = _unnamed(cuda, dev, hip)
     if not unnamed:
         theirs = ", ".join(f"{d.device} {d.uuid or d.pci_bus_id}" for d in cuda)
         return f"the probe's CUDA devices ({theirs}) are not this GPU ({dev.uuid or 'no UUID from NVML'})"
