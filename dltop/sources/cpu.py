@@ -890,16 +890,23 @@ def _registers(root: str | os.PathLike[str], arch: str | None, kinds: tuple[Core
     if not caches:
         why = "no cache information in sysfs to rebuild it from"
         return Registers(ctr, Unavailable(why), Unavailable(why), midr, _NOT_X86)
+    clidrs, ccsidrs = _rebuilt(kinds, caches)
+    return Registers(ctr, clidrs, ccsidrs, midr, _NOT_X86)
+
+
+def _rebuilt(kinds: tuple[CoreKind, ...], caches: tuple[CacheInstance, ...]) -> tuple[
+        tuple[ClidrEl1, ...], tuple[CcsidrEl1, ...]]:
+    """CLIDR_EL1 and CCSIDR_EL1 rebuilt from sysfs for the first CPU of each core kind (of all CPUs, where no kind
+    is known)."""
     clidrs: list[ClidrEl1] = []
     ccsidrs: list[CcsidrEl1] = []
     groups = [k.cpus for k in kinds] or [tuple(sorted({x for c in caches for x in c.cpus}))]
     for cpus in groups:
         mine = [c for c in caches if cpus[0] in c.cpus]
-        if not mine:
-            continue
-        _add_clidr(clidrs, _clidr_value(mine), cpus)
-        ccsidrs.extend(_ccsidr(c) for c in mine if c.level <= 7)
-    return Registers(ctr, tuple(clidrs), tuple(ccsidrs), midr, _NOT_X86)
+        if mine:
+            _add_clidr(clidrs, _clidr_value(mine), cpus)
+            ccsidrs.extend(_ccsidr(c) for c in mine if c.level <= 7)
+    return tuple(clidrs), tuple(ccsidrs)
 
 
 def _add_clidr(clidrs: list[ClidrEl1], value: int, cpus: tuple[int, ...]) -> None:
