@@ -530,11 +530,7 @@ class TrainingPane(Pane):
         """A scrolling part moved or changed size: say what is out of its view (the epoch table in its header,
         the jobs on a line under them)."""
         if isinstance(scroll, EpochScroll):
-            if scroll.scroll_y < scroll.max_scroll_y and scroll.has_focus:
-                self._follow = False  # the user scrolled back: stay there
-            elif scroll.scroll_y >= scroll.max_scroll_y:
-                self._follow = True
-            self._epoch_header(scroll)
+            self._epochs_scrolled(scroll)
             return
         if scroll.id != "tr-scroll":
             return  # the notes say themselves what is folded
@@ -545,6 +541,14 @@ class TrainingPane(Pane):
             keys = "" if scroll.has_focus else ", Tab to scroll"
             set_content(tag, Content.assemble((f"{where} lines out of view{keys}", "dim")))
         tag.display = bool(above or below)
+
+    def _epochs_scrolled(self, scroll: EpochScroll) -> None:
+        """The epoch table follows its newest row until the user scrolls back (then it stays there)."""
+        if scroll.scroll_y < scroll.max_scroll_y and scroll.has_focus:
+            self._follow = False
+        elif scroll.scroll_y >= scroll.max_scroll_y:
+            self._follow = True
+        self._epoch_header(scroll)
 
     def _epoch_header(self, scroll: EpochScroll) -> None:
         above, below = scroll.out_of_view()
