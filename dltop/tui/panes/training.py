@@ -340,15 +340,8 @@ def _spark_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapsh
 def _count_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int, axis: Axis,
                  idle: str | None) -> list[Content]:
     """Samples and tokens a second, and the loss, each where the script hands it over."""
-    lines = []
-    for label, name in (("Samples/s", "samples_per_s"), ("Tokens/s", "tokens_per_s")):
-        counted = [p for p in members if getattr(p, name) is not None or getattr(p, name.split("_")[0]) is not None]
-        data = series(history, key, name, combine=sum)
-        if not counted and not data:
-            continue
-        rates = [getattr(p, name) for p in members if getattr(p, name) is not None]
-        lines.append(_spark_line(label, idle or (rate_text(sum(rates)) if rates else "n/a"), data, width,
-                                 "$success", axis, lambda v: f"{rate_text(v)}/s"))
+    lines = [line for label, name in (("Samples/s", "samples_per_s"), ("Tokens/s", "tokens_per_s"))
+             if (line := _rate_line(label, name, key, members, history, width, axis, idle)) is not None]
     lead = members[0]
     if lead.losses_logged or lead.loss is not None or lead.loss_nonfinite:
         lines.append(_spark_line("Loss", loss_text(lead.loss, lead.loss_nonfinite),
@@ -356,6 +349,18 @@ def _count_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapsh
                                  _loss_scale, value_style="bold $error" if lead.loss_nonfinite else "",
                                  banded=True))
     return lines
+
+
+def _rate_line(label: str, name: str, key: str, members: list[ProcessProbe], history: Sequence[Snapshot],
+               width: int, axis: Axis, idle: str | None) -> Content | None:
+    """Samples or tokens a second (`name`) summed over the job's processes; None where the script counts none."""
+    counted = [p for p in members if getattr(p, name) is not None or getattr(p, name.split("_")[0]) is not None]
+    data = series(history, key, name, combine=sum)
+    if not counted and not data:
+        return None
+    rates = [getattr(p, name) for p in members if getattr(p, name) is not None]
+    return _spark_line(label, idle or (rate_text(sum(rates)) if rates else "n/a"), data, width, "$success", axis,
+                       lambda v: f"{rate_text(v)}/s")
 
 
 def _loader_line(loader: ProbeLoader, width: int) -> Content:
