@@ -487,12 +487,8 @@ def server_lines(servers: Sequence[ServerStats], rows: Rows, rates: Sequence[Ser
     notes: list[str] = []
     by_model = {(r.url, r.model_name, r.replica): r for r in rates}
     for s in servers:
-        engine = s.engine if isinstance(s.engine, str) else "server"
-        head = Content.assemble((f"{printable(engine)} ", "bold"), printable(s.url))
-        if isinstance(s.pid, int):
-            joined = gpu_of({s.pid, *s.child_pids}, rows)
-            head = head.append(f"  pid {s.pid}" + (f" → {', '.join(joined)}" if joined else " (no GPU process)"))
-        else:
+        head = _server_head(s, rows)
+        if not isinstance(s.pid, int):
             notes.append(f"{printable(s.url)} pid: {printable(s.pid.reason)}")
         if s.state != "ok":
             lines.append(head.truncate(width, ellipsis=True))
@@ -502,18 +498,30 @@ def server_lines(servers: Sequence[ServerStats], rows: Rows, rates: Sequence[Ser
             head = head.append(Content.assemble((f"  {printable(s.source_error)}", "$warning")))
         lines.append(head.truncate(width, ellipsis=True))
         for m in s.models:  # each model apart: one line each, the name only where there are several
+            rate = by_model.get((s.url, m.model_name, m.replica))
             name = printable(m.model_name + (f" [{m.replica}]" if m.replica else "")) + "  " if len(s.models) > 1 else ""
             pool = s.kv_capacity_bytes if isinstance(s.kv_capacity_bytes, int) and len(s.models) == 1 else None
-            lines.append(Content(f"  {name}" + _model_line(m, by_model.get((s.url, m.model_name, m.replica)), pool))
-                         .truncate(width, ellipsis=True))
-        for m in s.models:
-            rate = by_model.get((s.url, m.model_name, m.replica))
-            hit = rate.prefix_cache_hit_rate if rate is not None else m.prefix_cache_hit_rate
-            for what, v in (("KV", m.kv_usage), ("hit rate", hit)):
-                if isinstance(v, Unavailable):
-                    notes.append(printable(f"{m.model_name} {what}: {v.reason}"))
+            lines.append(Content(f"  {name}" + _model_line(m, rate, pool)).truncate(width, ellipsis=True))
+        notes += [note for m in s.models for note in _model_notes(m, by_model.get((s.url, m.model_name, m.replica)))]
         notes.extend(map(printable, s.notes))
     return lines, notes
+
+
+def _server_head(s: ServerStats, rows: Rows) -> Content:
+    """The server's engine, URL, and its pid with the GPUs its processes are on."""
+    engine = s.engine if isinstance(s.engine, str) else "server"
+    head = Content.assemble((f"{printable(engine)} ", "bold"), printable(s.url))
+    if not isinstance(s.pid, int):
+        return head
+    joined = gpu_of({s.pid, *s.child_pids}, rows)
+    return head.append(f"  pid {s.pid}" + (f" → {', '.join(joined)}" if joined else " (no GPU process)"))
+
+
+def _model_notes(m: ModelStats, rate: ServerRates | None) -> list[str]:
+    """Why a model's KV usage or hit rate reads '?'."""
+    hit = rate.prefix_cache_hit_rate if rate is not None else m.prefix_cache_hit_rate
+    return [printable(f"{m.model_name} {what}: {v.reason}") for what, v in (("KV", m.kv_usage), ("hit rate", hit))
+            if isinstance(v, Unavailable)]
 
 
 def process_notes(rows: Rows) -> list[str]:
