@@ -135,19 +135,7 @@ def select_processes(gpus: Sequence[GpuDevice] | GpuDevice | Unavailable | None,
 def _tree(items: list[tuple[str, int, GpuProcess]]) -> list[ProcessRow]:
     """Groups in the order of their first (best-sorted) member; members in sort order under their head."""
     on_gpu = {p.pid for _, _, p in items}
-    by_parent: dict[int, list[tuple[str, int, GpuProcess]]] = {}
-    for it in items:
-        ppid = it[2].ppid
-        # pid 1 (init, or a container's first process) adopts orphans and starts services: not a launcher
-        if ppid is not None and ppid > 1 and ppid != it[2].pid:
-            by_parent.setdefault(ppid, []).append(it)
-    # A group is headed by a GPU process (its children nest under its row) or by a launcher that holds no GPU
-    # memory itself (a torchrun agent, an mp.spawn parent) with two or more ranks.
-    under: dict[int, int] = {}  # pid -> the head it is shown under
-    for ppid, kids in by_parent.items():
-        if ppid in on_gpu or len(kids) >= 2:
-            for _, _, p in kids:
-                under.setdefault(p.pid, ppid)
+    by_parent, under = _groups(items, on_gpu)
     rows: list[ProcessRow] = []
     done: set[int] = set()  # heads drawn
     for place, _, p in items:
@@ -165,6 +153,25 @@ def _tree(items: list[tuple[str, int, GpuProcess]]) -> list[ProcessRow]:
             done.add(p.pid)
             rows += _members([k for k in by_parent[p.pid] if under.get(k[2].pid) == p.pid])
     return rows
+
+
+def _groups(items: list[tuple[str, int, GpuProcess]], on_gpu: set[int],
+            ) -> tuple[dict[int, list[tuple[str, int, GpuProcess]]], dict[int, int]]:
+    """The processes by parent, and the head each is shown under. A group is headed by a GPU process (its children
+    nest under its row) or by a launcher that holds no GPU memory itself (a torchrun agent, an mp.spawn parent)
+    with two or more ranks."""
+    by_parent: dict[int, list[tuple[str, int, GpuProcess]]] = {}
+    for it in items:
+        ppid = it[2].ppid
+        # pid 1 (init, or a container's first process) adopts orphans and starts services: not a launcher
+        if ppid is not None and ppid > 1 and ppid != it[2].pid:
+            by_parent.setdefault(ppid, []).append(it)
+    under: dict[int, int] = {}  # pid -> the head it is shown under
+    for ppid, kids in by_parent.items():
+        if ppid in on_gpu or len(kids) >= 2:
+            for _, _, p in kids:
+                under.setdefault(p.pid, ppid)
+    return by_parent, under
 
 
 def _members(kids: list[tuple[str, int, GpuProcess]]) -> list[ProcessRow]:
