@@ -176,13 +176,7 @@ class AmdReader:
             elif kept[1] is not None:
                 values[fieldname] = kept[1]
 
-        asic = ask("name", smi.amdsmi_get_gpu_asic_info, h)
-        put("name", None if not isinstance(asic, dict) or asic.get("market_name") in (None, "N/A")
-            else str(asic["market_name"]), "amdsmi gives no market name")
-        uuid = ask("uuid", smi.amdsmi_get_gpu_device_uuid, h)
-        put("uuid", None if uuid is None else str(uuid), "no UUID")
-        bdf = ask("bus_id", smi.amdsmi_get_gpu_device_bdf, h)
-        put("bus_id", None if bdf is None else str(bdf), "no PCI address")
+        self._identity(h, ask, put)
 
         self._vram(ask("memory_total_bytes", smi.amdsmi_get_gpu_vram_usage, h), values, missing)
 
@@ -246,6 +240,17 @@ class AmdReader:
             values.update(temperature_c=c, temperature_sensor=word)
             return
         missing["temperature_c"] = missing["temperature_sensor"] = "; ".join(tried)
+
+    def _identity(self, h: Any, ask: Callable[..., Any], put: Callable[[str, Any, str], None]) -> None:
+        """The board's name, UUID and PCI address."""
+        smi = self._smi
+        asic = ask("name", smi.amdsmi_get_gpu_asic_info, h)
+        put("name", None if not isinstance(asic, dict) or asic.get("market_name") in (None, "N/A")
+            else str(asic["market_name"]), "amdsmi gives no market name")
+        uuid = ask("uuid", smi.amdsmi_get_gpu_device_uuid, h)
+        put("uuid", None if uuid is None else str(uuid), "no UUID")
+        bdf = ask("bus_id", smi.amdsmi_get_gpu_device_bdf, h)
+        put("bus_id", None if bdf is None else str(bdf), "no PCI address")
 
     @staticmethod
     def _vram(vram: Any, values: dict[str, Any], missing: dict[str, str]) -> None:
