@@ -9,7 +9,15 @@ from typing import Any
 
 from dltop.fmt import human_bytes, human_duration, printable
 from dltop.model.base import Unavailable, to_dict
-from dltop.model.cluster import SAFE_WORD, ClusterDataset, ClusterGpu, ClusterJob, ClusterNode, ClusterPart
+from dltop.model.cluster import (
+    SAFE_WORD,
+    ClusterDataset,
+    ClusterGpu,
+    ClusterJob,
+    ClusterNode,
+    ClusterPart,
+    ClusterRank,
+)
 
 COLD_BELOW = 0.99  # a node holding less of a dataset than this is cold for it: a warm there is offered
 SORTS = ("coldest", "name", "down first")  # the Cluster tab's orders, `s` cycles them
@@ -259,18 +267,25 @@ def node_detail(node: ClusterNode) -> list[str]:
     lines.extend(line for g in node.gpus for line in _gpu_lines(g, shared))
     if node.datasets:
         lines.append("datasets:")
-    lines.extend(f"  {d.dataset}: down ({d.reason or 'not scanned'})" if d.up is False else
-                 f"  {d.dataset}: {_b(d.resident_bytes)} of {_b(d.size_bytes)} resident ({pct(d.resident_ratio)})"
-                 for d in node.datasets)
+    lines.extend(map(_dataset_line, node.datasets))
     if node.ranks:
         lines.append("training processes:")
-    lines.extend(f"  pid {r.pid} rank {r.rank or '?'} job {r.job_id or '?'}: data wait {pct(r.data_wait_ratio)}, "
-                 f"step {seconds(r.step_s)}, {r.steps if isinstance(r.steps, int) else 'n/a'} steps"
-                 for r in node.ranks)
+    lines.extend(map(_rank_line, node.ranks))
     lines.extend(f"inference server {s.server}: KV cache {pct(s.kv_usage)} of {_b(s.kv_capacity_bytes)}"
                  for s in node.servers)
     lines.extend(f"hint {h.severity}: {h.id}" for h in node.hints)
     return lines
+
+
+def _dataset_line(d: ClusterDataset) -> str:
+    if d.up is False:
+        return f"  {d.dataset}: down ({d.reason or 'not scanned'})"
+    return f"  {d.dataset}: {_b(d.resident_bytes)} of {_b(d.size_bytes)} resident ({pct(d.resident_ratio)})"
+
+
+def _rank_line(r: ClusterRank) -> str:
+    return (f"  pid {r.pid} rank {r.rank or '?'} job {r.job_id or '?'}: data wait {pct(r.data_wait_ratio)}, "
+            f"step {seconds(r.step_s)}, {r.steps if isinstance(r.steps, int) else 'n/a'} steps")
 
 
 def _node_head(node: ClusterNode) -> list[str]:
