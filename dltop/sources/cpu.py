@@ -753,15 +753,21 @@ def _classify(kinds: tuple[CoreKind, ...], caches: tuple[CacheInstance, ...],
     private_l2 = bool(l2) and all(n == 1 for n in cores)
     if len(kinds) <= 1:
         return "homogeneous", _one_kind_reason(kinds[0].name if kinds else "unknown", caches, private_l2)
-    mixed = [c for c in caches if len({kind_of.get(x) for x in c.cpus} - {None}) > 1]
-    if mixed:
-        return "DynamIQ", _dynamiq_reason(max(mixed, key=lambda c: c.level), kind_of, bool(l2), private_l2)
+    mixed = _shared_across_kinds(caches, kind_of)
+    if mixed is not None:
+        return "DynamIQ", _dynamiq_reason(mixed, kind_of, bool(l2), private_l2)
     if l2 and all(n > 1 for n in cores):
         return "big.LITTLE", (f"{len(l2)} clusters, each with its own shared L2; no cache shared across core "
                               "kinds")
     if not caches:
         return "unknown", f"{len(kinds)} core kinds, but no cache information to tell how they share"
     return "unknown", f"{len(kinds)} core kinds; no cache shared across kinds and L2 not shared per cluster"
+
+
+def _shared_across_kinds(caches: tuple[CacheInstance, ...], kind_of: dict[int, str]) -> CacheInstance | None:
+    """The highest-level cache that CPUs of more than one core kind share, if one is."""
+    mixed = [c for c in caches if len({kind_of.get(x) for x in c.cpus} - {None}) > 1]
+    return max(mixed, key=lambda c: c.level) if mixed else None
 
 
 def _cores_under(l2: list[CacheInstance], kind_of: dict[int, str], threads: dict[int, tuple[int, ...]]) -> list[int]:
