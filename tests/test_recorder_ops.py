@@ -146,11 +146,11 @@ async def test_an_action_from_a_shell_reaches_the_live_tuis_event_list(tmp_path:
     session = load_session()
     app = DltopApp(ListFeed(session, start=len(session) - 1))
     async with app.run_test(size=(80, 24)) as pilot:
-        assert not app.check_action("events", ())  # nothing seen yet: no `v` in the footer
+        assert not app.main.check_action("events", ())  # nothing seen yet: no `v` in the footer
         evict = dltop("evict", "--no-progress", str(data))
         assert evict.returncode == 0, evict.stderr
         deadline = time.monotonic() + 20
-        while not app.check_action("events", ()):
+        while not app.main.check_action("events", ()):
             assert time.monotonic() < deadline, "the evict never reached the TUI"
             await pilot.pause(0.2)
         await pilot.press("v")

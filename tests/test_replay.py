@@ -269,14 +269,14 @@ async def test_recorded_live_and_replayed_screens_are_the_same(tmp_path: Path, p
     try:
         async with app.run_test(size=(80, 24)) as pilot:
             await _open(pilot, pane)
-            original = app.show
+            original = app.main.show
 
             def show_and_keep() -> None:
                 original()
                 if app.session.history and app.session.head.at is None:
                     shown[app.session.history[-1].ts] = _screen(app, widgets)
 
-            app.show = show_and_keep  # type: ignore[method-assign]
+            app.main.show = show_and_keep  # type: ignore[method-assign]
             await until(pilot, lambda: len(shown) >= 4)
             await pilot.press("m")
             assert isinstance(app.screen, AskScreen)

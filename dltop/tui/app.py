@@ -1,6 +1,6 @@
-"""The dltop app: a header, one tab per cache layer, the hint line and the footer. A shell over the Session
-(dltop/session.py): it composes the widgets, routes the keys and the panes' requests to the Session, and draws
-what the Session's `view()` says."""
+"""The dltop app: a shell over the Session (dltop/session.py) and the main screen (tui/screens/main.py). It holds
+the Session, starts the feed and hands its Snapshots to the Session, routes the panes' requests and the action
+runner's events to it, and watches what is outside the TUI; the main screen composes, takes the keys and draws."""
 
 from __future__ import annotations
 
@@ -9,53 +9,30 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from functools import partial
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from textual import events, on, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
-from textual.widgets import Footer, Static, TabbedContent, TabPane
+from textual.widgets import TabbedContent
 
 from dltop.config import Settings
-from dltop.fmt import human_duration, printable, printable_lines
-from dltop.hints import tab_of
+from dltop.fmt import printable, printable_lines
 from dltop.model import Snapshot
-from dltop.playhead import Playhead, Replay
 from dltop.session import RecordSink, Said, Session
 from dltop.timeline import Feed, LiveEvent, Recorded
 from dltop.tui import messages as msgs
-from dltop.tui.lines import header_text, hint_text, hms
 from dltop.tui.outside import watch_outside
-from dltop.tui.panes import pane_classes
-from dltop.tui.panes.base import Pane, set_content
-from dltop.tui.screens.ask import AskScreen
+from dltop.tui.panes.base import Pane
 from dltop.tui.screens.confirm import ConfirmScreen, plan_dialog
-from dltop.tui.screens.events import EventsScreen
-from dltop.tui.screens.help import HelpScreen, key_rows
-from dltop.view import View
+from dltop.tui.screens.main import MainScreen
 
-MIN_WIDTH, MIN_HEIGHT = 80, 24
 LEAVE_WITHIN_S = 3.0  # after a kill or a hangup, at most this long before the process is gone
 SLOW_HOLD_S = 1.0  # the slow sources start after the first frame, or this long after the start at the latest
-PLAY_TICK_S = 0.25  # a replay that plays moves on this often (at x10 over a 1 s recording: every 2-3 samples)
-TIME_EXAMPLES = "10m ago, 14:05, 2026-12-01T14:05:00"
-# The palette's entries for moving in time: (title, help, action, parameters); offered where they can run now.
-TIME_COMMANDS = (
-    ("Next sample", "Step to the next sample (t)", "step", (1,)),
-    ("Previous sample", "Step to the previous sample (T)", "step", (-1,)),
-    ("Jump forward", "{jump} later (j)", "jump", (1,)),
-    ("Jump back", "{jump} earlier (J)", "jump", (-1,)),
-    ("Go to a time", "10m ago, 14:05 or ISO 8601 (b)", "go_to", (False,)),
-    ("Events", "OOM kills, markers, actions, GPU processes, hints (v)", "events", ()),
-    ("Replay faster", "×1, ×10, ×60 (>)", "speed", (1,)),
-    ("Replay slower", "×60, ×10, ×1 (<)", "speed", (-1,)),
-)
 
 
 class DltopApp(App[None]):
@@ -64,34 +41,11 @@ class DltopApp(App[None]):
     CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "dltop"
     ENABLE_COMMAND_PALETTE = True
+    # The keys that act from every screen; the others are the main screen's (MainScreen.BINDINGS).
     BINDINGS = [
-        Binding("q", "quit", "Quit", id="app.quit"),
         # top and htop quit on Ctrl-C too; Textual's default only explains how to quit.
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="app.interrupt"),
-        Binding("question_mark", "help", "Help", id="app.help"),
-        # Space (and p) pauses the view, goes back to live, or plays a replay: one of the three is enabled at a
-        # time (dltop/playhead.py's KEYS), so the footer names what the key does now.
-        Binding("space,p", "pause", "Pause", key_display="␣", id="app.pause"),
-        Binding("space,p", "live", "Live", key_display="␣", id="app.live"),
-        Binding("space,p", "play", "Play", key_display="␣", id="app.play"),
-        # Moving in time. The forward keys show in the footer only when there is a past on screen (live has
-        # nothing newer); T, J and b work from live too (they pause). b is bound twice for that: labelled when
-        # the past is on screen, unlabelled from live, so the live footer of the busiest tab still fits 80 columns.
-        Binding("t", "step(1)", "Step", key_display="t/T", id="app.step"),
-        Binding("T", "step(-1)", "Step back", show=False, id="app.step_back"),
-        Binding("b", "go_to(True)", "Go to", id="app.goto"),
-        Binding("b", "go_to(False)", "Go to", show=False, id="app.goto_live"),
-        Binding("v", "events", "Events", id="app.events"),
-        Binding("j", "jump(1)", "Jump", key_display="j/J", show=False, id="app.jump"),
-        Binding("J", "jump(-1)", "Jump back", show=False, id="app.jump_back"),
-        Binding("greater_than_sign", "speed(1)", "Speed", key_display="</>", show=False, id="app.speed"),
-        Binding("less_than_sign", "speed(-1)", "Slower replay", show=False, id="app.speed_down"),
-        Binding("m", "mark", "Mark", show=False, id="app.mark"),
-        # One footer label for both refresh keys, so every key of the busiest tab fits 80 columns.
-        Binding("plus,equals_sign", "faster", "Refresh", key_display="+/-", id="app.faster"),
-        Binding("minus", "slower", "Slower", show=False, id="app.slower"),
         Binding("ctrl+p", "command_palette", "Menu", key_display="^p", id="app.palette"),
-        *[Binding(str(i), f"show_tab({i})", f"Tab {i}", show=False, id=f"app.tab{i}") for i in range(1, 10)],
     ]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
@@ -110,28 +64,31 @@ class DltopApp(App[None]):
                                listeners=listeners)
         self.session.on_say = self._toast
         self._watch_done = threading.Event()  # set when the TUI leaves: the watch thread ends
-        self._view: View | None = None
-        self.panes: list[Pane] = [cls() for cls in pane_classes(cluster=self.session.settings.prometheus is not None)]
-        self._mounting: dict[str, Any] = {}  # PANE_ID -> its mount under way or done (_compose_pane)
-        # PANE_ID -> a palette entry's action, run once its tab's activation (and the focus it gives) is done
-        self._after_activated: dict[str, Callable[[], object]] = {}
+        self.main = MainScreen(self.session)
+
+    def get_default_screen(self) -> Screen[Any]:
+        return self.main
+
+    @property
+    def panes(self) -> list[Pane]:
+        """The panes, one per tab, in the tabs' order."""
+        return self.main.panes
 
     def pane(self, pane_id: str) -> Pane:
         """The pane of the tab `pane_id` ("gpu", "datasets", ...)."""
-        return next(p for p in self.panes if pane_id == p.PANE_ID)
+        return self.main.pane(pane_id)
 
-    # -- layout ---------------------------------------------------------------------------------------------
+    def active_pane(self) -> Pane | None:
+        """The pane of the tab on screen."""
+        return self.main.active_pane()
 
-    def compose(self) -> ComposeResult:
-        yield Static(id="header")
-        yield Static(id="too-small")
-        # The tabs' panes are not composed here: only the one on screen is, before the first frame (on_mount), and
-        # each other one when first shown (_compose_pane). Six panes' widgets cost ~0.2 s before the first frame.
-        with TabbedContent(id="tabs"):
-            for i, pane in enumerate(self.panes, start=1):
-                yield TabPane(f"{i} {pane.TITLE}", id=f"tab-{pane.PANE_ID}")
-        yield Static(id="hints")
-        yield Footer(compact=True, show_command_palette=False)  # ^p is an ordinary label: all fit 80 columns
+    def draw(self) -> None:
+        """Header, hint line and visible pane for the moment on screen."""
+        self.main.draw()
+
+    def show(self) -> None:
+        """The visible pane drawn again for the moment on screen (the main screen's show)."""
+        self.main.show()
 
     def on_load(self) -> None:
         if self._own_signals:
@@ -161,20 +118,13 @@ class DltopApp(App[None]):
         if tty or journal is not None:
             args = (self._watch_done, asyncio.get_running_loop(), tty, journal, self._leave, self._add_live_events)
             threading.Thread(target=watch_outside, args=args, name="dltop-watch", daemon=True).start()
-        self._play_timer = self.set_interval(PLAY_TICK_S, self._play_tick, pause=True)
         if feed is not None:
             # The slow sources start once the first frame is drawn (or SLOW_HOLD_S later): a dataset's first
             # scan on its thread took half the GIL from it, and the screen came up 0.2-0.4 s later.
             feed.start(hold_slow_s=SLOW_HOLD_S)
             self.call_after_refresh(feed.release_slow)
             await feed.wait_first(timeout_s=0.3)
-        self.session.open()
-        self._choose_tab()
-        self.draw()
-        pane = self.active_pane()
-        if pane is not None:
-            await self._compose_pane(pane)
-        self._check_size()
+        await self.main.open()
         if feed is not None:
             self._consume(feed)
 
@@ -186,8 +136,8 @@ class DltopApp(App[None]):
     def apply(self, snap: Snapshot) -> None:
         """A Snapshot from the feed: into the Session, then drawn."""
         if self.session.apply(snap):
-            self._choose_tab()
-            self.draw()
+            self.main.choose_tab()
+            self.main.draw()
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = True) -> None:
@@ -216,304 +166,16 @@ class DltopApp(App[None]):
         watchdog.start()
 
     def on_resize(self, event: events.Resize) -> None:
-        if self._widgets_up():
-            self._check_size(event.size.width, event.size.height)
-            self._update_hints()  # re-cut to the new width
-
-    def _check_size(self, w: int | None = None, h: int | None = None) -> None:
-        if w is None or h is None:
-            w, h = self.size
-        small = w < MIN_WIDTH or h < MIN_HEIGHT
-        msg = self.query_one("#too-small", Static)
-        msg.update(f"Terminal too small: {w}×{h}. dltop needs at least {MIN_WIDTH}×{MIN_HEIGHT}; resize to continue.")
-        msg.display = small
-        tabs = self.query_one("#tabs", TabbedContent)
-        if small == tabs.disabled:
-            return
-        tabs.display = not small
-        # A pane nobody can see takes no keys (its warm or evict would act on a row nobody sees): disabled
-        # widgets hold no focus and their bindings do not fire.
-        tabs.disabled = small
-        pane = self.active_pane()
-        if not small and pane is not None and pane.is_mounted:
-            pane.focus_default()
-
-    # -- drawing --------------------------------------------------------------------------------------------
-
-    def _choose_tab(self) -> None:
-        """Open on the tab asked for, else on the one that has something (while the user has not picked one)."""
-        if not self.session.tab_pending or not self._widgets_up():
-            return
-        tab = self.session.opening_tab([p.PANE_ID for p in self.panes])
-        if tab is not None:
-            self._activate(self.pane(tab))
-        pane = self.active_pane()
-        if not self.session.tab_pending and pane is not None:
-            self.session.tab_shown(pane.PANE_ID)
-
-    def draw(self) -> None:
-        """Header, hint line and visible pane for the moment on screen."""
-        frame = self.session.frame()
-        if frame is None or not self._widgets_up():
-            return
-        set_content(self.query_one("#header", Static), header_text(self.session, frame[0][-1]))
-        self._update_hints()
-        self.show()
-
-    def _widgets_up(self) -> bool:
-        """The screen's widgets are there: not yet, or no longer once Textual tears the screen down on exit
-        while a tick from the feed is still on its way (it would find no #header)."""
-        try:
-            self.query_one("#header")
-        except NoMatches:
-            return False
-        return True
-
-    def show(self) -> None:
-        """Hand the visible pane the Session's view of the moment on screen (the hidden ones keep it, not drawn,
-        so their keys and palette entries see the truth)."""
-        view = self.session.view()
-        if view is None or not self._widgets_up():
-            return
-        self._view = view
-        active = self.active_pane()
-        for pane in self.panes:
-            if pane is active and pane.is_mounted:
-                pane.show(view)
-            else:
-                pane.view = view
-
-    def _update_hints(self) -> None:
-        widget = self.query_one("#hints", Static)
-        pane = self.active_pane()
-        tab = pane.PANE_ID if pane is not None else None
-        hints = self.session.line_hints(tab)
-        widget.display = bool(hints)
-        if hints:
-            own = tab is not None and tab_of(hints[0].id) == tab
-            set_content(widget, hint_text(hints, own, max(20, self.size.width - 2), self.console))
-
-    # -- tabs -----------------------------------------------------------------------------------------------
-
-    def active_pane(self) -> Pane | None:
-        active = self.query_one("#tabs", TabbedContent).active
-        return next((p for p in self.panes if active == f"tab-{p.PANE_ID}"), None)
+        if self.main.widgets_up():
+            self.main.check_size(event.size.width, event.size.height)
+            self.main.update_hints()  # re-cut to the new width
 
     async def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        # Hidden panes are not updated on ticks: bring the one that just became visible up to date now (a pane
-        # shown for the first time is composed first).
-        pane = self.active_pane()
-        if pane is None:
-            return
-        if not pane.is_mounted:
-            # The hidden tab's focused widget would hand the focus to a sibling while this one is composed,
-            # and its tab would take the screen back (TabbedContent follows the focus).
-            event.tabbed_content.screen.set_focus(None)
-            await self._compose_pane(pane)
-        elif self._view is not None:
-            pane.show(self._view)
-        if pane is self.active_pane():
-            pane.focus_default()
-        self.session.tab_shown(pane.PANE_ID)
-        if self._widgets_up():
-            self._update_hints()  # this tab's own hints first
-        act = self._after_activated.pop(pane.PANE_ID, None)
-        if act is not None:  # after the tab's own focus, so what the action focuses keeps it
-            self.call_after_refresh(act)
+        await self.main.tab_activated(event)
 
-    def _activate(self, pane: Pane) -> None:
-        """Show `pane`'s tab. The focus leaves the tab hidden first: a focused widget that is hidden hands the
-        focus to a sibling (Textual blurs it on Hide), and TabbedContent, which follows the focus, would show
-        that tab again; the tab shown takes the focus when activated (on_tabbed_content_tab_activated)."""
-        tabs = self.query_one("#tabs", TabbedContent)
-        focused = tabs.screen.focused  # the main screen's, also while a dialog is open over it
-        if focused is not None and pane not in focused.ancestors:
-            tabs.screen.set_focus(None)
-        tabs.active = f"tab-{pane.PANE_ID}"
-
-    async def _compose_pane(self, pane: Pane) -> None:
-        """Mount `pane` into its tab, once, and draw the moment on screen in it. What asks a pane that was never
-        shown works without its widgets: its palette entries and help come from its declared bindings, its
-        check_action from its view (Pane.box_shown); a key, a click or a palette entry shows it first."""
-        if not pane.is_mounted:
-            mounting = self._mounting.get(pane.PANE_ID)
-            if mounting is None:
-                tab = self.query_one(f"#tab-{pane.PANE_ID}", TabPane)
-                mounting = self._mounting[pane.PANE_ID] = tab.mount(pane)
-            await mounting
-        if self._view is not None and self._widgets_up():
-            pane.show(self._view)
-
-    async def action_show_tab(self, n: int) -> None:
-        """Switch to tab n (1-based); composed first if it never was, so its keys work as soon as it shows."""
-        if 1 <= n <= len(self.panes):
-            self.session.tab_pending = False  # the user's choice: the tab that has something no longer moves it
-            await self._compose_pane(self.panes[n - 1])  # shown drawn, and able to take the focus
-            self._activate(self.panes[n - 1])
-        else:
-            self.notify(f"no tab {n}: there are {len(self.panes)} tabs (1-{len(self.panes)})", timeout=2)
-
-    # -- moving in time: live, the past is the session's own history (sampling goes on meanwhile, and so does
-    # --record); in a replay it is the recording, and playing moves through it at the speed chosen.
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return self.session.allows(action, parameters)
-
-    def _move(self, head: Playhead | None, n: int = 0) -> None:
-        """Show the moment `head` is at; None: already at the end that `n` points to (said so)."""
-        if head is None:
-            if self.session.times():
-                self.notify(self.session.end_text(n), timeout=1.5)
-            return
-        self.session.head = head
-        self.draw()
-        if head.past:
-            # A pane's layout follows what it drew last (a rates line more, a note less): live, the next tick
-            # draws at the settled layout; a moment moved to has no next tick, so it is drawn again once laid out.
-            self.call_after_refresh(self.show)
-        self.refresh_bindings()
-        if isinstance(head, Replay):
-            (self._play_timer.resume if head.playing else self._play_timer.pause)()
-
-    def _go(self, ts: float) -> None:
-        if self.session.times():
-            self._move(self.session.head.go(self.session.times(), ts))
-
-    def action_pause(self) -> None:
-        """Live: hold the view on the moment shown while sampling goes on. A replay: stop playing."""
-        self._move(self.session.head.pause(self.session.times()))
-
-    def action_live(self) -> None:
-        """Back to the live view."""
-        self._move(self.session.head.live())
-
-    def action_play(self) -> None:
-        """Play the replay from the moment shown, at the speed chosen (from the start again at its end)."""
-        if isinstance(self.session.head, Replay):
-            self._move(self.session.head.play(self.session.times()))
-
-    def action_toggle_pause(self) -> None:
-        """Pause / back to live, or play / pause a replay: what space does now."""
-        action = next(a for a in ("pause", "live", "play") if self.check_action(a, ()))
-        getattr(self, f"action_{action}")()
-
-    def _play_tick(self) -> None:
-        head = self.session.head
-        if isinstance(head, Replay) and head.playing:
-            moved = head.tick(self.session.times(), PLAY_TICK_S)
-            if not moved.playing:
-                self.notify("end of the recording", timeout=2)
-                self._move(moved)
-                return
-            self.session.head = moved
-            if moved.at != head.at:
-                self.draw()
-
-    def action_step(self, n: int) -> None:
-        """Next (1) or previous (-1) sample."""
-        self._move(self.session.head.step(self.session.times(), n), n)
-
-    def action_jump(self, n: int) -> None:
-        """Forward (1) or back (-1) by the jump duration (--jump), to the sample on screen then; over a gap in
-        the recording, at least one sample."""
-        self._move(self.session.head.jump(self.session.times(), n * self.session.settings.jump_s), n)
-
-    def action_speed(self, n: int) -> None:
-        """Replay faster (1) or slower (-1): ×1, ×10, ×60."""
-        if isinstance(self.session.head, Replay):
-            self.session.head = self.session.head.faster(n)
-            self.draw()
-
-    def action_go_to(self, _labelled: bool = True) -> None:
-        """Ask for a time ("10m ago", "14:05", ISO 8601) and show the sample on screen then."""
-        times = self.session.times()
-        if times:
-            self.push_screen(AskScreen(f"Go to ({hms(times[0])} to {hms(times[-1])})", placeholder=TIME_EXAMPLES,
-                                       check=self.session.time_refusal),
-                             lambda text: None if text is None else self._move(self.session.go_typed(text)))
-
-    def action_events(self) -> None:
-        """The recording's events; Enter shows the moment of one."""
-        if not self.session.timeline.events():
-            self.notify("no events in this recording" if self.session.replay else "no action seen yet", timeout=2)
-            return
-        self.push_screen(EventsScreen(self.session.timeline.events(), self.session.head.at or 0.0),
-                         lambda ts: None if ts is None else self._go(ts))
-
-    def action_mark(self) -> None:
-        """Write a marker with a text of your own into the recording (--record)."""
-        refused = self.session.mark_refusal()
-        if refused is not None:
-            self.notify(refused, severity="warning", timeout=4)
-            return
-        now = self.session.clock()
-        self.push_screen(AskScreen(f"Marker at {hms(now)}", placeholder="what happened"),
-                         lambda text: None if text is None else self.session.mark(text, now))
-
-    def action_faster(self) -> None:
-        """Refresh more often (down to 0.25 s)."""
-        self.session.set_refresh(faster=True)
-        self.draw()
-
-    def action_slower(self) -> None:
-        """Refresh less often (up to 30 s)."""
-        self.session.set_refresh(faster=False)
-        self.draw()
-
-    def action_help(self) -> None:
-        """Show every key of the app and of the visible pane, enabled now or not, and the current hints."""
-        pane = self.active_pane()
-        jump = human_duration(self.session.settings.jump_s)
-        rows = key_rows([*(pane.BINDINGS if pane is not None else []), *self.BINDINGS], self.get_key_display, jump)
-        rows.append((f"1-{len(self.panes)}", "switch tab"))
-        hints = [(h.id, h.text + (f" — {h.fix}" if h.fix else ""))
-                 for h in self.session.help_hints(pane.PANE_ID if pane is not None else None)]
-        self.push_screen(HelpScreen(rows, pane.HELP if pane is not None else "", hints, self.session.quieted.state,
-                                    self.set_hint_state))
-
-    def set_hint_state(self, hint_id: str, state: str) -> None:
-        """Mute, snooze or bring back ('') a hint for this session (? does it); the hint line follows at once."""
-        self.session.quieted.set(hint_id, state)
-        if self._widgets_up():
-            self._update_hints()
-
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("Pause / resume", "Hold the view, back to live; play or pause a replay (space)",
-                            self.action_toggle_pause)
-        jump = human_duration(self.session.settings.jump_s)
-        for title, help_text, action, params in TIME_COMMANDS:
-            if self.check_action(action, params):
-                yield SystemCommand(title, help_text.format(jump=jump),
-                                    lambda a=action, p=params: getattr(self, f"action_{a}")(*p))
-        if self.session.recorder is not None:
-            yield SystemCommand("Add a marker", "A note of yours in the recording (m)", self.action_mark)
-        if not self.session.replay:
-            yield SystemCommand("Refresh faster", "Sample more often (+)", self.action_faster)
-            yield SystemCommand("Refresh slower", "Sample less often (-)", self.action_slower)
-        yield SystemCommand("Help", "Every key and the current hints (?)", self.action_help)
-        for i, pane in enumerate(self.panes, start=1):
-            yield SystemCommand(f"Show {pane.TITLE}", f"Switch to tab {i}", partial(self.action_show_tab, i))
-        if self.query_one("#tabs", TabbedContent).disabled:
-            return  # too small: the panes are hidden, and so are their actions
-        for i, pane in enumerate(self.panes, start=1):
-            # A pane's actions work on its selection: the command shows that pane first, then acts.
-            for cmd in pane.palette_commands():
-                yield SystemCommand(cmd.title, cmd.help, self._on_tab(i, cmd.callback))
-
-    def _on_tab(self, n: int, action: Callable[[], object]) -> Callable[[], Awaitable[None]]:
-        async def run() -> None:
-            pane = self.panes[n - 1]
-            switching = self.active_pane() is not pane
-            if switching:  # the action waits for the tab's activation, which focuses the tab's own widget
-                self._after_activated[pane.PANE_ID] = action
-            await self.action_show_tab(n)  # composed first where it was never shown
-            if self._view is not None:
-                pane.show(self._view)  # its rows (the selection acted on) are there before it acts
-            if not switching:
-                self.call_after_refresh(action)
-
-        return run
+        yield from self.main.system_commands()
 
     # -- what panes ask for: actions through the Session's gate and the runner, sources that change ----------
 
@@ -537,7 +199,7 @@ class DltopApp(App[None]):
             title, body, yes = plan_dialog(plan, spec_of(plan.action).verb)
             self.push_screen(ConfirmScreen(title, body, yes_label=yes),
                              lambda ok: self.session.start(plan) if ok else None)
-        self.show()
+        self.main.show()
 
     def warn(self, text: str) -> None:
         """Show a warning from any thread (the recorder's: the disk is full, samples dropped)."""
@@ -557,22 +219,22 @@ class DltopApp(App[None]):
     def on_dataset_add_requested(self, msg: msgs.DatasetAddRequested) -> None:
         msg.stop()
         self.session.add_dataset(msg.path)
-        self.show()
+        self.main.show()
 
     def on_dataset_remove_requested(self, msg: msgs.DatasetRemoveRequested) -> None:
         msg.stop()
         self.session.remove_dataset(msg.path)
-        self.show()
+        self.main.show()
 
     def on_server_add_requested(self, msg: msgs.ServerAddRequested) -> None:
         msg.stop()
         self.session.add_server(msg.text)
-        self.show()
+        self.main.show()
 
     def on_server_remove_requested(self, msg: msgs.ServerRemoveRequested) -> None:
         msg.stop()
         self.session.remove_server(msg.text)
-        self.show()
+        self.main.show()
 
     def _add_live_events(self, found: Sequence[LiveEvent]) -> None:
         """Events for `v` live; the first one puts `v` in the footer."""
