@@ -372,3 +372,33 @@ async def test_a_quarantined_fast_source_comes_back_to_the_ticks_once_its_read_e
     assert reads["memory"] >= 12 and stuck == 2 and reads["gpus"] > stuck
     assert got[-1].sources["gpus"].error is None
     assert threading.active_count() <= threads - 1  # the quarantined thread ended with its read
+
+
+async def test_a_read_asked_of_a_fast_source_is_published_at_once() -> None:
+    """read_now on a source that follows the refresh (the GPUs after a signal) reads it outside the ticks and hands
+    out the Snapshot with its reading as soon as it is in, not at the next tick 30 s on."""
+    reads = [0]
+
+    def read() -> MemoryPart:
+        reads[0] += 1
+        return MemoryPart()
+
+    sampler = Sampler([Source("gpus", 30.0, read, follows_refresh=True)])
+    got = []
+
+    async def consume() -> None:
+        async for snap in sampler.stream(lambda: 30.0):
+            got.append(snap)
+            return
+
+    task = asyncio.ensure_future(consume())
+    try:
+        await sampler.wait_first(timeout_s=5.0)
+        assert reads[0] == 1 and got == []  # the first reading, then the ticks wait 30 s
+        sampler.read_now("gpus")
+        await asyncio.wait_for(task, 10)
+    finally:
+        task.cancel()
+        sampler.close()
+    assert reads[0] == 2 and len(got) == 1
+    assert got[0].sources["gpus"].last_ok_ts is not None
