@@ -125,16 +125,7 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
     """The whole postmortem as text. `fast`: frames wholly in the range are read through their summaries in
     the index (where they have one) rather than decoded: the same report. `progress(done, total)`: samples."""
     width = max(60, width or _terminal_width())
-    interval = rec.meta.get("interval_s")
-    pieces = list(rec.pieces(t0, t1))
-    total = sum(p.hi - p.lo for p in pieces)
-    # A range with fewer samples than the charts have room for at every STRIDE-th charts every sample (and
-    # decodes them all: at most ~STRIDE times the chart's width).
-    every = total < _room(width) * STRIDE
-    c = _Collected(float(interval) if isinstance(interval, int | float) and 0 < interval <= 3600 else 1.0, every)
-    _collect(c, pieces, fast and not every, progress)
-    if not c.host and c.first_ts is not None and not rec.meta.get("host"):
-        c.host = rec.at(c.first_ts).host
+    c = _collected(rec, t0, t1, width, fast, progress)
     events = [e for e in rec.events(t0, t1) if e.kind != "view"]  # what was on screen is no event of the job
     out: list[str] = []
     gaps = _gaps(rec, c, rec.events())
@@ -150,6 +141,20 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
         out += _chart(title, unit, {printable(k): v for k, v in c.charts[title].items()}, width, color,
                       [(a, b) for a, b, _ in gaps])
     return "\n".join(out) + "\n"
+
+
+def _collected(rec: Recording, t0: float | None, t1: float | None, width: int, fast: bool,
+               progress: Callable[[int, int], None] | None) -> _Collected:
+    """What the report takes from the samples in the range. A range with fewer samples than the charts have room
+    for at every STRIDE-th charts every sample (and decodes them all: at most ~STRIDE times the chart's width)."""
+    interval = rec.meta.get("interval_s")
+    pieces = list(rec.pieces(t0, t1))
+    every = sum(p.hi - p.lo for p in pieces) < _room(width) * STRIDE
+    c = _Collected(float(interval) if isinstance(interval, int | float) and 0 < interval <= 3600 else 1.0, every)
+    _collect(c, pieces, fast and not every, progress)
+    if not c.host and c.first_ts is not None and not rec.meta.get("host"):
+        c.host = rec.at(c.first_ts).host
+    return c
 
 
 def _collect(c: _Collected, pieces: list[Piece], summaries: bool, progress: Callable[[int, int], None] | None) -> None:
