@@ -200,11 +200,7 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     tab = data.get("tab")
     if tab is not None:
         tab = tab_name(tab, where)
-    mute = data.get("mute", [])
-    if (not isinstance(mute, list) or len(mute) > MAX_MUTED
-            or not all(isinstance(m, str) and HINT_ID.fullmatch(m) for m in mute)):
-        raise DltopError(f"{where}: mute must be a list of at most {MAX_MUTED} hint ids (as ? lists them: "
-                         "letters, digits and '-')")
+    mute = _mute_list(data, where)
     unknown = sorted(set(data) - KNOWN_KEYS)
     if unknown:
         # A typo ("readonly = true") must not quietly leave actions enabled.
@@ -221,6 +217,15 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
         tab=tab,
         mute=tuple(dict.fromkeys(mute)),
     )
+
+
+def _mute_list(data: dict[str, Any], where: str) -> list[str]:
+    mute = data.get("mute", [])
+    if (not isinstance(mute, list) or len(mute) > MAX_MUTED
+            or not all(isinstance(m, str) and HINT_ID.fullmatch(m) for m in mute)):
+        raise DltopError(f"{where}: mute must be a list of at most {MAX_MUTED} hint ids (as ? lists them: "
+                         "letters, digits and '-')")
+    return mute
 
 
 def _str_list(data: dict[str, Any], key: str, what: str, where: str) -> list[str]:
