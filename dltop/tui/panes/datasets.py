@@ -147,12 +147,12 @@ class DatasetPane(Pane):
         set_content(self.query_one("#ds-summary", Static), title)
         self._show_rows(wanted)
         only = datasets[0] if len(datasets) == 1 else None
-        notes = self._notes(owner or (only if isinstance(only, DatasetResidency) else None), now)
+        notes = _notes(owner or (only if isinstance(only, DatasetResidency) else None), now)
         for ds in datasets:
             if isinstance(ds, DatasetUnavailable):
                 notes.append(f"\nunavailable: {printable(ds.unavailable)}", "red")
         set_content(self.query_one("#ds-notes", Static), notes)
-        set_content(self.query_one("#ds-progress", Static), self._progress(view.action))
+        set_content(self.query_one("#ds-progress", Static), _progress(view.action))
         # The footer's keys follow the runner and where the user is: refresh them when either changes.
         shown = (view.busy, bool(self._stack), self._selected() in view.watched, self._selected() in view.held)
         if shown != self._bindings_shown:
@@ -261,42 +261,6 @@ class DatasetPane(Pane):
         self._sort = keys[(keys.index(self._sort) + 1) % len(keys)]
         self._rerender()
         self.notify(f"rows sorted by {SORT_TITLES[self._sort]}", timeout=2)
-
-    def _progress(self, ev: ActionEvent | None) -> Text:
-        """The line under the table: the action in flight, or how the last one ended."""
-        from dltop.text.datasets import progress_line
-
-        if ev is None:
-            return Text()
-        if ev.phase == "progress":
-            return Text(progress_line(ev) + " · Esc cancels")
-        if ev.phase == "started":
-            doing = "measuring…" if ev.step == "plan" else "starting…"
-            return Text(f"{ev.action} {printable(ev.target)}: {doing} (Esc cancels)")
-        if ev.outcome in ("error", "refused"):
-            return Text(printable_lines(ev.message), "red")
-        if ev.step == "plan":
-            return Text(f"{ev.action} {printable(ev.target)}: cancelled" if ev.outcome == "cancelled" else "")
-        return Text(printable_lines(ev.message), "bold")
-
-    def _notes(self, ds: DatasetResidency | None, now: float) -> Text:
-        from dltop.text.datasets import estimate_note, skipped_text
-
-        t = Text()
-        if ds is None:
-            return t
-        if ds.data_unknown_pages:
-            t.append(f"? {human_bytes(ds.data_unknown_pages * ds.page_size)} unknown: {printable(ds.unknown_reason or '')}\n", "yellow")
-        if (est := estimate_note(ds, ds.page_size, now)) is not None:
-            t.append(est + "\n", "yellow")
-        bits = [f"{ds.method} on {ds.fs_type or '?'}", f"scanned in {ds.scan_duration_s:.2f}s"]
-        if not ds.complete:
-            why = ds.problems[0] if ds.problems else "cut short by its time budget or a cancel"
-            bits.append(f"scan incomplete: {printable(why)}")
-        if ds.skipped:
-            bits.append("skipped " + skipped_text(ds.skipped))
-        t.append(" · ".join(bits))
-        return t
 
     def _selected(self) -> str | None:
         if not self._rows:  # never drawn (a pane not shown yet has no table)
@@ -486,3 +450,42 @@ def _top_title(datasets: list[DatasetResidency | DatasetUnavailable], pending: l
     else:
         title.append("  none yet: press a to add a folder, or start dltop with PATH arguments", "dim")
     return title
+
+
+def _progress(ev: ActionEvent | None) -> Text:
+    """The line under the table: the action in flight, or how the last one ended."""
+    from dltop.text.datasets import progress_line
+
+    if ev is None:
+        return Text()
+    if ev.phase == "progress":
+        return Text(progress_line(ev) + " · Esc cancels")
+    if ev.phase == "started":
+        doing = "measuring…" if ev.step == "plan" else "starting…"
+        return Text(f"{ev.action} {printable(ev.target)}: {doing} (Esc cancels)")
+    if ev.outcome in ("error", "refused"):
+        return Text(printable_lines(ev.message), "red")
+    if ev.step == "plan":
+        return Text(f"{ev.action} {printable(ev.target)}: cancelled" if ev.outcome == "cancelled" else "")
+    return Text(printable_lines(ev.message), "bold")
+
+
+def _notes(ds: DatasetResidency | None, now: float) -> Text:
+    """The lines under the table about one dataset: unknown pages, an estimate, how it was counted and skipped."""
+    from dltop.text.datasets import estimate_note, skipped_text
+
+    t = Text()
+    if ds is None:
+        return t
+    if ds.data_unknown_pages:
+        t.append(f"? {human_bytes(ds.data_unknown_pages * ds.page_size)} unknown: {printable(ds.unknown_reason or '')}\n", "yellow")
+    if (est := estimate_note(ds, ds.page_size, now)) is not None:
+        t.append(est + "\n", "yellow")
+    bits = [f"{ds.method} on {ds.fs_type or '?'}", f"scanned in {ds.scan_duration_s:.2f}s"]
+    if not ds.complete:
+        why = ds.problems[0] if ds.problems else "cut short by its time budget or a cancel"
+        bits.append(f"scan incomplete: {printable(why)}")
+    if ds.skipped:
+        bits.append("skipped " + skipped_text(ds.skipped))
+    t.append(" · ".join(bits))
+    return t
