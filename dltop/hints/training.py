@@ -97,15 +97,9 @@ def _busiest_disk(history: Sequence[Snapshot]) -> tuple[str, float] | None:
     assert isinstance(first.memory.disks, tuple) and isinstance(last.memory.disks, tuple)
     before = {d.name: d for d in first.memory.disks}
     dt_ms = (last.ts - first.ts) * 1000
-    best: tuple[str, float] | None = None
-    for d in last.memory.disks:
-        p = before.get(d.name)
-        if p is None or d.io_time_ms < p.io_time_ms:
-            continue
-        util = min(100.0, 100 * (d.io_time_ms - p.io_time_ms) / dt_ms)
-        if best is None or util > best[1]:
-            best = (d.name, util)
-    return best
+    utils = [(d.name, min(100.0, 100 * (d.io_time_ms - p.io_time_ms) / dt_ms)) for d in last.memory.disks
+             if (p := before.get(d.name)) is not None and d.io_time_ms >= p.io_time_ms]
+    return max(utils, key=lambda nu: nu[1], default=None)
 
 
 def _job_reads(history: Sequence[Snapshot], p: ProcessProbe) -> tuple[int, int, float] | str:
