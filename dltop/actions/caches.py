@@ -489,16 +489,7 @@ class _Clearer:
         try:
             fd = os.open(name, _O_DIR, dir_fd=dfd)
         except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                # Replaced by a symlink or a file since it was listed: remove that name, never follow it.
-                try:
-                    now = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                except FileNotFoundError:
-                    return
-                self.unlink(dfd, name, path, now)
-                return
-            if e.errno != errno.ENOENT:
-                self.leave("unreadable", path, src.path_error(e.strerror or str(e), path))
+            self._not_opened(dfd, name, path, e)
             return
         try:
             if not os.path.samestat(st, os.fstat(fd)):
@@ -512,6 +503,18 @@ class _Clearer:
             os.close(fd)
         if not self.stopped():
             self.remove(os.rmdir, dfd, name, path, st)
+
+    def _not_opened(self, dfd: int, name: str, path: str, e: OSError) -> None:
+        """A folder that would not open: replaced by a symlink or a file since it was listed (that name removed,
+        never followed), gone (nothing to do), or unreadable (left, and said)."""
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            try:
+                now = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            self.unlink(dfd, name, path, now)
+        elif e.errno != errno.ENOENT:
+            self.leave("unreadable", path, src.path_error(e.strerror or str(e), path))
 
     def unlink(self, dfd: int, name: str, path: str, st: os.stat_result) -> None:
         if st.st_nlink > 1:
