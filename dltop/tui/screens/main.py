@@ -182,8 +182,6 @@ class MainScreen(Screen[None]):
 
     def update_hints(self) -> None:
         """The hint line for the tab on screen, cut to the width."""
-        if not self.widgets_up():
-            return
         widget = self.query_one("#hints", Static)
         pane = self.active_pane()
         tab = pane.PANE_ID if pane is not None else None
@@ -217,7 +215,8 @@ class MainScreen(Screen[None]):
         if pane is self.active_pane():
             pane.focus_default()
         self.session.tab_shown(pane.PANE_ID)
-        self.update_hints()  # this tab's own hints first
+        if self.widgets_up():
+            self.update_hints()  # this tab's own hints first
         act = self._after_activated.pop(pane.PANE_ID, None)
         if act is not None:  # after the tab's own focus, so what the action focuses keeps it
             self.call_after_refresh(act)
@@ -376,7 +375,8 @@ class MainScreen(Screen[None]):
     def set_hint_state(self, hint_id: str, state: str) -> None:
         """Mute, snooze or bring back ('') a hint for this session (? does it); the hint line follows at once."""
         self.session.quieted.set(hint_id, state)
-        self.update_hints()
+        if self.widgets_up():
+            self.update_hints()
 
     # -- the palette's entries (the app's get_system_commands hands them on) --------------------------------
 
