@@ -289,25 +289,27 @@ def _text(shape: kv.KvShape, d: dict[str, Any], pool: kv.Pool | str) -> str:
     if isinstance(pool, str):
         lines.append(f"KV pool      unavailable: {printable(pool)}")
     else:
-        p = d["pool"]
-        bound = " (upper bound)" if p["upper_bound"] else ""
-        lines += [
-            f"GPU memory   {_b(p['gpu_mem_bytes'])}: {p['gpu_mem_source']}",
-            f"budget       {_b(p['budget_bytes'])} = {p['gpu_mem_bytes']:,} B × gpu_memory_utilization "
-            f"{p['gpu_memory_utilization']}",
-            f"overhead     {p['overhead_bytes']:,} B: {p['overhead_source']}",
-        ]
-        if p["pool_bytes"] < 0:
-            lines.append(f"KV pool      none: weights and overhead exceed the budget by {-p['pool_bytes']:,} B")
-        else:
-            lines.append(f"KV pool      {_b(p['pool_bytes'])} = budget − weights − overhead{bound}")
-        lines += [
-            f"holds        {p['pool_tokens']:,} tokens, if every layer keeps every token{bound}",
-            f"fits         {p['max_sequences']:,} sequences of {d['seq']:,} tokens at once{bound}",
-        ]
+        lines += _pool_lines(d["pool"], d["seq"])
     notes = [*d["notes"], *([] if "unavailable" in w else w["notes"])]
     lines += [f"note         {printable(n)}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _pool_lines(p: dict[str, Any], seq: int) -> list[str]:
+    """How the KV pool is worked out from the GPU's memory, and what it holds."""
+    bound = " (upper bound)" if p["upper_bound"] else ""
+    lines = [
+        f"GPU memory   {_b(p['gpu_mem_bytes'])}: {p['gpu_mem_source']}",
+        f"budget       {_b(p['budget_bytes'])} = {p['gpu_mem_bytes']:,} B × gpu_memory_utilization "
+        f"{p['gpu_memory_utilization']}",
+        f"overhead     {p['overhead_bytes']:,} B: {p['overhead_source']}",
+    ]
+    if p["pool_bytes"] < 0:
+        lines.append(f"KV pool      none: weights and overhead exceed the budget by {-p['pool_bytes']:,} B")
+    else:
+        lines.append(f"KV pool      {_b(p['pool_bytes'])} = budget − weights − overhead{bound}")
+    return [*lines, f"holds        {p['pool_tokens']:,} tokens, if every layer keeps every token{bound}",
+            f"fits         {p['max_sequences']:,} sequences of {seq:,} tokens at once{bound}"]
 
 
 def _filled(filled: dict[str, Any]) -> str:
