@@ -208,6 +208,19 @@ async def test_ctrl_c_quits_like_top(session: list[Snapshot]) -> None:
     assert app.return_code == 0 and not app.is_running
 
 
+async def test_ctrl_c_quits_from_a_dialog_too(session: list[Snapshot]) -> None:
+    # The main screen's keys stop at a dialog; Ctrl-C is the app's own (priority) key and does not.
+    app = DltopApp(ListFeed(session[:2], start=1))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("q")  # the dialog's own q closes it: the app's q never reaches past a dialog
+        assert not isinstance(app.screen, HelpScreen) and app.is_running
+        await pilot.press("question_mark")
+        await pilot.press("ctrl+c")
+    assert app.return_code == 0 and not app.is_running
+
+
 def _dataset_snapshot(tmp_path) -> Snapshot:
     from dltop.residency.scan import scan_paths
 
