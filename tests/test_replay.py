@@ -171,7 +171,7 @@ async def test_nothing_acts_from_the_past(tmp_path: Path) -> None:
             await pilot.pause()
             if not replay:
                 await pilot.press("T")
-            pane = app.active_pane()
+            pane = app.main.active_pane()
             assert pane is not None and pane.check_action("warm", ()) is None
             await pilot.press("w")
             await pilot.pause()

@@ -69,18 +69,11 @@ class DltopApp(App[None]):
     def get_default_screen(self) -> Screen[Any]:
         return self.main
 
+    # The main screen's seams the tests and benchmarks use: the panes, a draw, a show.
     @property
     def panes(self) -> list[Pane]:
         """The panes, one per tab, in the tabs' order."""
         return self.main.panes
-
-    def pane(self, pane_id: str) -> Pane:
-        """The pane of the tab `pane_id` ("gpu", "datasets", ...)."""
-        return self.main.pane(pane_id)
-
-    def active_pane(self) -> Pane | None:
-        """The pane of the tab on screen."""
-        return self.main.active_pane()
 
     def draw(self) -> None:
         """Header, hint line and visible pane for the moment on screen."""
