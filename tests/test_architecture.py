@@ -218,13 +218,6 @@ PRIVATE_ACROSS: dict[str, set[str]] = {
                                 "dltop.recorder.store._unsigned"},
     "dltop/sources/caches.py": {"dltop.sources.memory._unescape_mount"},
 }
-# Circles still to break, each in the work that owns it (issue 33's item 5: none left).
-KNOWN_CIRCLES = [
-    {"dltop.hints", "dltop.hints.caches", "dltop.hints.datasets", "dltop.hints.gpu", "dltop.hints.memory",
-     "dltop.hints.training"},
-]
-
-
 def _module_name(path: Path, pkg: Path) -> str:
     parts = list(path.relative_to(pkg.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -339,7 +332,7 @@ def _circles(pkg: Path) -> list[set[str]]:
 
 
 def test_no_import_circles() -> None:
-    assert [sorted(c) for c in _circles(PKG) if c not in KNOWN_CIRCLES] == []
+    assert [sorted(c) for c in _circles(PKG)] == []
 
 
 def test_the_private_and_circle_checks_catch_what_they_should(tmp_path: Path) -> None:

@@ -1,47 +1,28 @@
 """Hints: the lessons of each cache layer as pure functions of recent Snapshots.
 
 One module per layer (`memory`, `datasets`, `gpu`, `training`, `caches`), each rule registered with
-`@rule`. A rule imports the model and its own constants, never sources or actions (a test checks the imports),
-so live, replay and the recorder's report draw the same hints from the same Snapshots.
+`@rule` of dltop/hints/base.py (never of this package: no circle). A rule imports the model and its own constants,
+never sources or actions (a test checks the imports), so live, replay and the recorder's report draw the same hints from the same Snapshots.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dltop.hints.base import SEVERITY_ORDER, Hint, Rule, Severity, registered, rule
 
 if TYPE_CHECKING:
     from dltop.model import Snapshot
 
-Severity = Literal["info", "warn", "critical"]
-SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
+__all__ = ["SEVERITY_ORDER", "WINDOW_S", "Hint", "Quieted", "Rule", "Severity", "all_rules", "hints", "rule",
+           "tab_of", "window"]
+
 # How far back a rule sees, in seconds of Snapshot time (not a count: the refresh may be 0.25 s or 30 s): the
 # one window live and replay share.
 WINDOW_S = 60.0
 SNOOZE_S = 3600.0  # how long `s` in ? keeps a hint off the hint line
-
-
-@dataclass(frozen=True)
-class Hint:
-    """Advice drawn from recent Snapshots: what is happening, what to do, and the numbers that fired it."""
-
-    id: str
-    severity: Severity
-    text: str
-    fix: str = ""
-    numbers: Mapping[str, float] = field(default_factory=dict)  # for the recorder, the report, the exporter
-
-
-Rule = Callable[[Sequence["Snapshot"]], "Hint | None"]
-_RULES: list[Rule] = []  # `RULES`: every layer's rules, their modules imported on first use
-
-
-def rule(fn: Rule) -> Rule:
-    """Register a hint rule: a pure function of the recent Snapshots (oldest first) returning a Hint or None."""
-    _RULES.append(fn)
-    return fn
 
 
 def all_rules() -> list[Rule]:
@@ -49,10 +30,10 @@ def all_rules() -> list[Rule]:
     is: `dltop caches` needs the caches rules alone, and the others import every layer's model."""
     from dltop.hints import caches, datasets, gpu, memory, training  # noqa: F401
 
-    if _ordered != _RULES:  # in the layers' order, whichever module a caller imported first
-        _ordered[:] = sorted(_RULES, key=_layer_index)
-        _RULES[:] = _ordered
-    return _RULES
+    if _ordered != registered:  # in the layers' order, whichever module a caller imported first
+        _ordered[:] = sorted(registered, key=_layer_index)
+        registered[:] = _ordered
+    return registered
 
 
 _LAYERS = ("caches", "datasets", "gpu", "memory", "training")

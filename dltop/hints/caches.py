@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from dltop.fmt import human_bytes, human_duration, plural
-from dltop.hints import Hint, rule
+from dltop.hints.base import Hint, rule
 from dltop.model.caches import CacheInfo, CachesPart
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dltop.fmt import human_bytes, percent_text
-from dltop.hints import Hint, rule
+from dltop.hints.base import Hint, rule
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency, DatasetsPart
 from dltop.model.memory import page_cache_room_bytes

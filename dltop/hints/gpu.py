@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from dltop.fmt import percent_text
-from dltop.hints import Hint, rule
+from dltop.hints.base import Hint, rule
 from dltop.hints.memory import gib
 from dltop.model import ServerStats, Snapshot
 from dltop.model.gpu import GpuProcess

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dltop.fmt import percent_text
-from dltop.hints import Hint, rule
+from dltop.hints.base import Hint, rule
 from dltop.model import MemoryPart, Snapshot, Unavailable
 from dltop.model.memory import Pressure
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from dltop.fmt import human_bytes, percent_text
-from dltop.hints import Hint, Severity, rule
+from dltop.hints.base import Hint, Severity, rule
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetsPart
 from dltop.model.probes import ProbesPart, ProcessProbe
