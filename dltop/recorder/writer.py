@@ -493,15 +493,18 @@ def oom_events(prev: Snapshot, cur: Snapshot) -> list[tuple[str, dict[str, Any]]
     if not (isinstance(prev.memory, MemoryPart) and isinstance(cur.memory, MemoryPart)):
         return out
     pv, cv = prev.memory.vmstat, cur.memory.vmstat
-    if isinstance(pv, VmStat) and isinstance(cv, VmStat) and pv.oom_kill is not None and cv.oom_kill is not None \
-            and cv.oom_kill > pv.oom_kill:
-        out.append(("oom_kill", {"source": "vmstat", "kills": cv.oom_kill - pv.oom_kill, "total": cv.oom_kill}))
+    if isinstance(pv, VmStat) and isinstance(cv, VmStat) and (n := _rise(pv.oom_kill, cv.oom_kill)):
+        out.append(("oom_kill", {"source": "vmstat", "kills": n, "total": cv.oom_kill}))
     pc, cc = prev.memory.cgroup, cur.memory.cgroup
     if isinstance(pc, CgroupMemory) and isinstance(cc, CgroupMemory) and pc.path == cc.path \
-            and pc.oom_kill is not None and cc.oom_kill is not None and cc.oom_kill > pc.oom_kill:
-        out.append(("oom_kill", {"source": "cgroup", "cgroup": cc.path, "kills": cc.oom_kill - pc.oom_kill,
-                                 "total": cc.oom_kill}))
+            and (n := _rise(pc.oom_kill, cc.oom_kill)):
+        out.append(("oom_kill", {"source": "cgroup", "cgroup": cc.path, "kills": n, "total": cc.oom_kill}))
     return out
+
+
+def _rise(before: int | None, after: int | None) -> int:
+    """How much a counter went up between two readings (0 where either lacks it, or it did not)."""
+    return after - before if before is not None and after is not None and after > before else 0
 
 
 def _processes(snap: Snapshot) -> dict[tuple[int, int | None, int], Any] | None:
