@@ -92,7 +92,7 @@ def real_scrapes(tmp_path: Path, maybe_metrics_server: str | None,  # noqa: F811
         pytest.skip("this kernel has no PSI (/proc/pressure): the pressure series cannot be scraped")
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "shard").write_bytes(os.urandom(1 << 16))
-    monkeypatch.setattr(probe, "_state", probe._State())
+    monkeypatch.setattr(probe, "state", probe._State())
     servers = () if maybe_metrics_server is None else tuple(
         read_server(f"{maybe_metrics_server}/{f.name}", 5.0) for f in sorted(METRICS.glob("*.prom")))
     ok = SourceStatus("gpus", 1.0, last_ok_ts=time.time())

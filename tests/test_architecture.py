@@ -205,19 +205,7 @@ def test_the_checker_catches_what_it_should(tmp_path: Path) -> None:
 
 # --- no module takes another module's private names; no import circles --------------------------------------------
 
-# Private names a module still takes from another one, each to go in the work that owns its module: the probe's
-# framework callbacks share the probe's state (dltop/probe/__init__.py), the template reuse reads the store's
-# decoders, the caches source parses mount names as the memory source does.
-PRIVATE_ACROSS: dict[str, set[str]] = {
-    "dltop/probe/hf.py": {"dltop.probe._watch_once", "dltop.probe._arrived", "dltop.probe._main_data",
-                          "dltop.probe._counted"},
-    "dltop/probe/hooks.py": {"dltop.probe._state", "dltop.probe._in_dataloader_worker", "dltop.probe._arrived"},
-    "dltop/probe/lightning.py": {"dltop.probe._watch_once", "dltop.probe._arrived", "dltop.probe._loader_data",
-                                 "dltop.probe._how_many", "dltop.probe._main_data", "dltop.probe._warn_once"},
-    "dltop/recorder/reuse.py": {"dltop.recorder.store._DECODER", "dltop.recorder.store._SIGNED_DECODER",
-                                "dltop.recorder.store._unsigned"},
-    "dltop/sources/caches.py": {"dltop.sources.memory._unescape_mount"},
-}
+
 def _module_name(path: Path, pkg: Path) -> str:
     parts = list(path.relative_to(pkg.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -290,8 +278,7 @@ def _private_uses(path: Path, pkg: Path) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(PKG).as_posix())
 def test_no_module_takes_another_modules_private_names(path: Path) -> None:
     rel = path.relative_to(PKG.parent).as_posix()
-    allowed = PRIVATE_ACROSS.get(rel, set())
-    assert [f"{rel}:{line} uses {name}" for line, name in _private_uses(path, PKG) if name not in allowed] == []
+    assert [f"{rel}:{line} uses {name}" for line, name in _private_uses(path, PKG)] == []
 
 
 def _circles(pkg: Path) -> list[set[str]]:

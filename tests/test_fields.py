@@ -411,7 +411,7 @@ def test_probe_numbers_are_the_probe_files(tmp_path: Path) -> None:
 
 def test_a_watched_model_gives_its_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(probe, "_state", probe._State())
+    monkeypatch.setattr(probe, "state", probe._State())
     model = torch.nn.Linear(64, 32)
     probe.watch_model(model)
     got = by_name(Snapshot(ts=1.0, host="h", probes=probes_part(tmp_path, probe.report())))
@@ -437,7 +437,7 @@ def test_every_field_comes_out_of_some_real_snapshot(tmp_path: Path, proc_root: 
     write_cgroup_tree(proc_root, "0::/job\n", "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", files)
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "f").write_bytes(b"x" * 5000)
-    monkeypatch.setattr(probe, "_state", probe._State())
+    monkeypatch.setattr(probe, "state", probe._State())
     kv = __import__("torch").zeros(16)
     probe.watch_kv(kv)
     # Without the server payloads of ../shared/fixtures (a bare clone) the server fields are left out of the check.

@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 def fresh_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Each test gets the probe's state new and its own probe directory."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.setattr(probe, "_state", probe._State())
+    monkeypatch.setattr(probe, "state", probe._State())
     yield
     probe.stop()
 
@@ -360,15 +360,15 @@ folder = Path(sys.argv[1])
 # The folder is refused: the report goes into a sealed memfd the process holds, which dltop finds from the
 # process (/proc/PID/fd), and nothing is written through the symlink.
 path = probe.start()
-assert path == f"/proc/{os.getpid()}/fd/{probe._state.memfd}" and os.readlink(path) == MEMFD_LINK, path
-assert fcntl.fcntl(probe._state.memfd, fcntl.F_GET_SEALS) & SEALS == SEALS  # no one can change it
+assert path == f"/proc/{os.getpid()}/fd/{probe.state.memfd}" and os.readlink(path) == MEMFD_LINK, path
+assert fcntl.fcntl(probe.state.memfd, fcntl.F_GET_SEALS) & SEALS == SEALS  # no one can change it
 doc = json.loads(Path(path).read_bytes())
 assert doc["pid"] == os.getpid() and str(folder) in doc["folder_refused"], doc
-fd = probe._state.memfd
+fd = probe.state.memfd
 probe.publish()
-assert probe._state.memfd == fd and os.readlink(path) == MEMFD_LINK  # replaced in place (dup2)
+assert probe.state.memfd == fd and os.readlink(path) == MEMFD_LINK  # replaced in place (dup2)
 probe.stop()
-assert probe._state.memfd is None and not os.path.exists(path)
+assert probe.state.memfd is None and not os.path.exists(path)
 print("ok")
 """
 
@@ -427,7 +427,7 @@ probe.start(interval_s=0.05)
 pid = os.fork()
 if pid == 0:
     time.sleep(0.5)
-    os._exit(0 if probe._state.thread is None else 3)
+    os._exit(0 if probe.state.thread is None else 3)
 _, status = os.waitpid(pid, 0)
 print(pid, os.waitstatus_to_exitcode(status), sorted(os.listdir(os.environ["XDG_RUNTIME_DIR"] + "/dltop")))
 """

@@ -20,7 +20,7 @@ def fresh_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """A probe of its own, publishing into the test's directory; stopped after the test."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     monkeypatch.delenv("DLTOP_PROBE_DIR", raising=False)
-    monkeypatch.setattr(probe, "_state", probe._State())
+    monkeypatch.setattr(probe, "state", probe._State())
     yield probe
     probe.stop()
 

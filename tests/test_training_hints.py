@@ -47,7 +47,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 @pytest.fixture(autouse=True)
 def fresh_probe(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(probe, "_state", probe._State())
+    monkeypatch.setattr(probe, "state", probe._State())
 
 
 def probes_now() -> ProbesPart:
@@ -93,7 +93,7 @@ def test_no_warming_hint_when_the_epochs_match_or_the_time_went_elsewhere() -> N
     run_epoch(5, 0.01)
     run_epoch(5, 0.01)
     assert page_cache_warming([snap(1.0)]) is None
-    probe._state = probe._State()
+    probe.state = probe._State()
     run_epoch(5, 0.002, work_s=0.05)  # epoch 0 slow in the step itself (compile, autotune): not the data
     run_epoch(5, 0.002)
     assert page_cache_warming([snap(1.0)]) is None
@@ -304,7 +304,7 @@ def test_cudnn_benchmark_with_changing_shapes(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     assert cudnn_benchmark_shapes([snap(1.0)]) is None
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    probe._state = probe._State()
+    probe.state = probe._State()
     for _ in probe.track(torch.zeros(4, 4) for _i in range(20)):
         pass
     assert cudnn_benchmark_shapes([snap(1.0)]) is None  # one shape: autotuned once

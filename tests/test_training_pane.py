@@ -208,7 +208,7 @@ async def test_sixteen_epochs_scroll_in_their_own_table(monkeypatch: pytest.Monk
     import dltop.probe as probe
     from dltop.sources.probes import parse_probe
 
-    monkeypatch.setattr(probe, "_state", probe._State())
+    monkeypatch.setattr(probe, "state", probe._State())
     for _ in range(probe.MAX_EPOCHS + 3):  # more than the probe keeps
         for _ in probe.track([torch.zeros(2)] * 3):
             pass

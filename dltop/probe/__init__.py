@@ -133,12 +133,15 @@ class _State:
         self.epoch_losses = 0
 
 
-_state = _State()
+# The probe's state and the calls below without a leading underscore (arrived, main_data, loader_data,
+# watch_once, counted, how_many, warn_once, in_dataloader_worker) are what its own hooks and framework callbacks
+# (dltop.probe.hooks, .hf, .lightning) share with track(): not the scripts' API, which is __all__ (docs/probe.md).
+state = _State()
 
 
-def _warn_once(key: str, text: str) -> None:
-    if key not in _state.warned:
-        _state.warned.add(key)
+def warn_once(key: str, text: str) -> None:
+    if key not in state.warned:
+        state.warned.add(key)
         sys.stderr.write(f"dltop.probe: {text}\n")
 
 
@@ -146,7 +149,7 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
-def _in_dataloader_worker() -> bool:
+def in_dataloader_worker() -> bool:
     data = sys.modules.get("torch.utils.data")
     get = getattr(data, "get_worker_info", None)
     try:
@@ -166,20 +169,20 @@ def _ref(obj: Any) -> list[weakref.ref[Any]]:
 
 def watch_model(model: Any) -> None:
     """Count the model's parameters and buffers as weights and their gradients apart, per device."""
-    _state.tensors = None  # counted afresh at the next publication
-    _state.models.extend(_ref(model))
+    state.tensors = None  # counted afresh at the next publication
+    state.models.extend(_ref(model))
 
 
 def watch_optimizer(optimizer: Any) -> None:
     """Count the optimizer's state tensors (Adam's exp_avg, exp_avg_sq, ...) as optimizer state, per device."""
-    _state.tensors = None  # counted afresh at the next publication
-    _state.optimizers.extend(_ref(optimizer))
+    state.tensors = None  # counted afresh at the next publication
+    state.optimizers.extend(_ref(optimizer))
 
 
 def watch_kv(obj: Any) -> None:
     """Count a KV cache: a Hugging Face cache object (transformers 4.5x or 5.x), a tensor or a list of tensors."""
-    _state.tensors = None  # counted afresh at the next publication
-    _state.kv.extend(_ref(obj))
+    state.tensors = None  # counted afresh at the next publication
+    state.kv.extend(_ref(obj))
 
 
 def _shape_of(item: Any) -> Any:
@@ -340,13 +343,13 @@ def _dataset_root(iterable: Any) -> str | None:
 def _other_loader(iterable: Iterable[T], name: str) -> Iterator[T]:
     """Time a loader that is not the main one (a val loop) apart, under its name: its steps and waits only (no
     epochs: mark_epoch closes the main loader's); each pass starts without a step before its first item."""
-    d = _state.loaders.get(name)
+    d = state.loaders.get(name)
     if d is None:
-        if len(_state.loaders) >= MAX_LOADERS:
-            _warn_once("loaders", f"over {MAX_LOADERS} loaders beside the main one: {name!r} is not timed")
+        if len(state.loaders) >= MAX_LOADERS:
+            warn_once("loaders", f"over {MAX_LOADERS} loaders beside the main one: {name!r} is not timed")
             yield from iterable
             return
-        d = _state.loaders[name] = _Data()
+        d = state.loaders[name] = _Data()
     d.seen = d.explicit = True
     d.last_t = 0
     clock, mask = time.perf_counter_ns, RING - 1
@@ -366,7 +369,7 @@ def _other_loader(iterable: Iterable[T], name: str) -> Iterator[T]:
         yield item
 
 
-def _how_many(how: Count, item: Any) -> int:
+def how_many(how: Count, item: Any) -> int:
     """The samples or tokens in `item`: `how` itself, or what it returns for the item (an int, or anything int()
     takes: a tensor's count waits for its device)."""
     k = how(item) if callable(how) else how
@@ -378,7 +381,7 @@ def _how_many(how: Count, item: Any) -> int:
     return k
 
 
-def _counted(d: _Data, i: int, samples: int | None, tokens: int | None) -> None:
+def counted(d: _Data, i: int, samples: int | None, tokens: int | None) -> None:
     """Store an item's samples and tokens (None: not counted) in ring slot `i` and add them to the totals."""
     if samples is not None:
         d.samples[i] = samples
@@ -398,15 +401,15 @@ def _count(d: _Data, i: int, item: Any, how: list[Count | None]) -> bool:
         if h is None:
             continue
         try:
-            got[k] = _how_many(h, item)
+            got[k] = how_many(h, item)
         except Exception as e:  # the user's function: it must never take the loop down
-            _warn_once(f"count-{kind}", f"counting {kind} failed ({type(e).__name__}: {e}): not counted")
+            warn_once(f"count-{kind}", f"counting {kind} failed ({type(e).__name__}: {e}): not counted")
             how[k] = None
             if k == 0:
                 d.samples_total = None
             else:
                 d.tokens_total = None
-    _counted(d, i, got[0], got[1])
+    counted(d, i, got[0], got[1])
     return how[0] is not None or how[1] is not None
 
 
@@ -419,12 +422,12 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
     `batch_size` and `tokens`: the samples and tokens in each item, a number or a function of the item
     (default batch_size: the DataLoader's `batch_size`), for samples/s and tokens/s (the main loader's)."""
     wanted = (MAIN_LOADER if name is None else str(name))[:MAX_LOADER_NAME]
-    if _state.main_loader is None:
-        _state.main_loader = wanted
-    if wanted != _state.main_loader:
+    if state.main_loader is None:
+        state.main_loader = wanted
+    if wanted != state.main_loader:
         yield from _other_loader(iterable, wanted)
         return
-    d = _state.data
+    d = state.data
     how = _describe_loader(d, iterable, data_dir, batch_size, tokens)
     counting = how[0] is not None or how[1] is not None
     # Measured before iter(): a DataLoader's workers start reading ahead as soon as it is called.
@@ -490,7 +493,7 @@ def _open_epoch(d: _Data, t0: int, data0: tuple[dict[str, int], str] | str | Non
     d.last_t = 0
 
 
-def _arrived(d: _Data, t0: int, t1: int, item: Any, samples: int | None = None, tokens: int | None = None) -> None:
+def arrived(d: _Data, t0: int, t1: int, item: Any, samples: int | None = None, tokens: int | None = None) -> None:
     """One item that took t0..t1 (perf_counter_ns) to arrive, as track() counts it, with its samples and tokens
     where known: zero-code mode's DataLoader hook (dltop.probe.hooks) and the frameworks' callbacks call this."""
     if not d.epoch_open:
@@ -499,55 +502,55 @@ def _arrived(d: _Data, t0: int, t1: int, item: Any, samples: int | None = None, 
     d.waits[i] = wait = t1 - t0
     d.steps_ns[i] = t1 - last if last else 0
     d.ends_ns[i] = t1
-    _counted(d, i, samples, tokens)
+    counted(d, i, samples, tokens)
     d.last_t, d.n, d.wait_total = t1, n + 1, d.wait_total + wait
     if item is not None and len(d.shapes) < MAX_SHAPES:
         shape = getattr(item, "shape", None)
         d.shapes.add(shape if shape is not None else _shape_of(item))
 
 
-def _main_data() -> _Data:
+def main_data() -> _Data:
     """The main loader's data, for a framework's callback that times the loop itself (dltop.probe.lightning,
     dltop.probe.hf): zero-code mode's DataLoader hook stands aside, as it does for track()."""
-    if _state.main_loader is None:
-        _state.main_loader = MAIN_LOADER
-    d = _state.data
+    if state.main_loader is None:
+        state.main_loader = MAIN_LOADER
+    d = state.data
     d.seen = d.explicit = True
     return d
 
 
-def _loader_data(name: str) -> _Data | None:
+def loader_data(name: str) -> _Data | None:
     """A loader timed apart from the main one, by name, for a framework's callback (None past MAX_LOADERS)."""
-    d = _state.loaders.get(name)
+    d = state.loaders.get(name)
     if d is None:
-        if len(_state.loaders) >= MAX_LOADERS:
+        if len(state.loaders) >= MAX_LOADERS:
             return None
-        d = _state.loaders[name] = _Data()
+        d = state.loaders[name] = _Data()
         d.epoch_open = True  # its items never open an epoch: the epochs are the main loader's
     d.seen = d.explicit = True
     return d
 
 
-def _watch_once(model: Any, optimizers: Iterable[Any]) -> None:
+def watch_once(model: Any, optimizers: Iterable[Any]) -> None:
     """Watch the model and the optimizers not yet watched (a callback sees them at more than one hook)."""
-    if model is not None and not any(m is model for m in _live(_state.models)):
+    if model is not None and not any(m is model for m in _live(state.models)):
         watch_model(model)
     for opt in optimizers:
-        if not any(o is opt for o in _live(_state.optimizers)):
+        if not any(o is opt for o in _live(state.optimizers)):
             watch_optimizer(opt)
 
 
 def mark_epoch() -> dict[str, Any] | None:
     """Close the open epoch (opened by the first item track() yields after the last mark_epoch) and return its
     record; None when no epoch was open."""
-    d = _state.data
+    d = state.data
     if not d.epoch_open:
         return None
     t = time.perf_counter_ns()
     cached = _meminfo_cached_bytes()
     data_delta, data_source = _data_delta(d.epoch_data0, _data_cached(d.data_dir))
     epoch = {
-        "index": len(_state.epochs) and _state.epochs[-1]["index"] + 1,
+        "index": len(state.epochs) and state.epochs[-1]["index"] + 1,
         "started_at": round(d.epoch_wall0, 3),
         "ended_at": round(time.time(), 3),
         "duration_s": round((t - d.epoch_t0) / 1e9, 6),
@@ -561,8 +564,8 @@ def mark_epoch() -> dict[str, Any] | None:
         **_epoch_counts(d),
     }
     d.epoch_open = False
-    with _state.lock:
-        _state.epochs = [*_state.epochs, epoch][-MAX_EPOCHS:]
+    with state.lock:
+        state.epochs = [*state.epochs, epoch][-MAX_EPOCHS:]
     return epoch
 
 
@@ -587,7 +590,7 @@ def _epoch_counts(d: _Data) -> dict[str, Any]:
         out["samples"] = d.samples_total - d.epoch_samples0
     if d.tokens_total is not None:
         out["tokens"] = d.tokens_total - d.epoch_tokens0
-    s = _state
+    s = state
     if s.epoch_losses:
         mean, nonfinite = _number(s.epoch_loss_sum)
         if mean is not None:
@@ -607,9 +610,9 @@ def log(loss: Any = None) -> None:
     if hasattr(loss, "detach"):
         loss = loss.detach()
     elif isinstance(loss, bool) or not isinstance(loss, int | float):
-        _warn_once("log", f"log(loss=) takes a number or a tensor, not a {type(loss).__name__}: not logged")
+        warn_once("log", f"log(loss=) takes a number or a tensor, not a {type(loss).__name__}: not logged")
         return
-    s = _state
+    s = state
     try:  # a sum on the loss's device: the mean is read once an epoch
         s.epoch_loss_sum = loss if s.epoch_loss_sum is None else s.epoch_loss_sum + loss
         s.epoch_losses += 1
@@ -620,7 +623,7 @@ def log(loss: Any = None) -> None:
 
 def _loss_report() -> dict[str, Any] | None:
     """The last loss logged (its value, or why it has none), how many were, and its age."""
-    s = _state
+    s = state
     if not s.losses:
         return None
     value, nonfinite = _number(s.loss)
@@ -680,7 +683,7 @@ def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
     _model_bytes(sums)
     _optimizer_bytes(sums, tensor_type)
     seen: set[int] = set()
-    for obj in _live(_state.kv):
+    for obj in _live(state.kv):
         for t in _kv_tensors(obj):
             if id(t) not in seen:
                 seen.add(id(t))
@@ -693,7 +696,7 @@ def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
 def _model_bytes(sums: dict[tuple[Any, str], int]) -> None:
     """The watched models' weights (parameters and buffers) and gradients, into `sums`."""
     counted: set[int] = set()  # a submodule watched beside its parent (zero-code mode's .to hook) counts once
-    for model in _live(_state.models):
+    for model in _live(state.models):
         for p in model.parameters():
             if id(p) in counted:
                 continue
@@ -715,7 +718,7 @@ def _model_bytes(sums: dict[tuple[Any, str], int]) -> None:
 def _optimizer_bytes(sums: dict[tuple[Any, str], int], tensor_type: Any) -> None:
     """The watched optimizers' state tensors, into `sums`."""
     is_tensor = (lambda v: isinstance(v, tensor_type)) if isinstance(tensor_type, type) else _is_tensor
-    for opt in _live(_state.optimizers):
+    for opt in _live(state.optimizers):
         for per_param in list(getattr(opt, "state", {}).values()):
             for v in list(per_param.values()) if isinstance(per_param, dict) else ():
                 if is_tensor(v):
@@ -853,7 +856,7 @@ def _cmdline() -> str:
 
 
 def _data_report(d: _Data | None = None) -> dict[str, Any] | None:
-    d = _state.data if d is None else d
+    d = state.data if d is None else d
     if not d.seen:
         return None
     now, n, mask = time.perf_counter_ns(), d.n, RING - 1
@@ -896,7 +899,7 @@ def _loaders_report() -> dict[str, dict[str, Any]]:
     """The loaders timed apart from the main one, by name: their recent numbers as `data` has them."""
     keys = ("steps", "recent_steps", "recent_wait_s", "recent_step_s", "last_step_age_s")
     out = {}
-    for name, d in list(_state.loaders.items()):
+    for name, d in list(state.loaders.items()):
         got = _data_report(d)
         if got is not None:
             out[name] = {k: got[k] for k in keys}
@@ -906,13 +909,13 @@ def _loaders_report() -> dict[str, dict[str, Any]]:
 def _counted_tensors(torch: Any, fresh: bool) -> dict[str, dict[str, Any]]:
     """Bytes per device of the watched tensors: counted now when `fresh`, else the last count while it is recent
     enough for the duty cycle (a copy: CUDA numbers are added to it)."""
-    if fresh or _state.tensors is None or time.monotonic() >= _state.tensors_due:
+    if fresh or state.tensors is None or time.monotonic() >= state.tensors_due:
         t0 = time.thread_time()
         devices: dict[str, dict[str, Any]] = {}
         _tensor_bytes(devices, getattr(torch, "Tensor", None))
-        _state.tensors, _state.tensors_at = devices, round(time.time(), 3)
-        _state.tensors_due = time.monotonic() + (time.thread_time() - t0) / TENSOR_DUTY
-    return {name: dict(entry) for name, entry in _state.tensors.items()}
+        state.tensors, state.tensors_at = devices, round(time.time(), 3)
+        state.tensors_due = time.monotonic() + (time.thread_time() - t0) / TENSOR_DUTY
+    return {name: dict(entry) for name, entry in state.tensors.items()}
 
 
 def _cudnn_built(backend: Any) -> bool:
@@ -931,10 +934,10 @@ def _hold_gradients(devices: dict[str, dict[str, Any]]) -> None:
     """Report each device's gradients as the most counted while the loop steps (gradients freed by
     zero_grad(set_to_none=True) and allocated again by backward are the step's, whenever the count falls); the
     count as it is once the loop stops or its epoch closes."""
-    if not _loop_is_stepping(_state.data):
-        _state.grads_held = {}
+    if not _loop_is_stepping(state.data):
+        state.grads_held = {}
         return
-    held = _state.grads_held
+    held = state.grads_held
     for name, entry in devices.items():
         held[name] = max(held.get(name, 0), entry.get("gradients_bytes", 0))
         entry["gradients_bytes"] = held[name]
@@ -946,9 +949,9 @@ def report(fresh: bool = True) -> dict[str, Any]:
     torch = _torch()
     devices, cudnn, compile_counters = _torch_report(torch, fresh) if torch is not None else ({}, None, None)
     pid = os.getpid()
-    if _state.identity is None or _state.identity[0] != pid:  # read once per process (a fork has its own)
-        _state.identity = (pid, proc_start_ticks(pid), _cmdline())
-    _, start_ticks, cmd = _state.identity
+    if state.identity is None or state.identity[0] != pid:  # read once per process (a fork has its own)
+        state.identity = (pid, proc_start_ticks(pid), _cmdline())
+    _, start_ticks, cmd = state.identity
     rank, world = _rank_and_world()
     return {
         "format": FORMAT,
@@ -957,7 +960,7 @@ def report(fresh: bool = True) -> dict[str, Any]:
         "uid": os.getuid(),
         "cmd": cmd,
         "published_at": round(time.time(), 3),
-        "started_at": _state.started_at,
+        "started_at": state.started_at,
         "rank": rank,
         "local_rank": _env_int("LOCAL_RANK"),
         "world_size": world,
@@ -965,21 +968,21 @@ def report(fresh: bool = True) -> dict[str, Any]:
         "job_id": _job_id(),
         "torch": getattr(torch, "__version__", None) and str(torch.__version__),
         "devices": devices,
-        "tensors_counted_at": _state.tensors_at if torch is not None and _state.tensors is not None else None,
+        "tensors_counted_at": state.tensors_at if torch is not None and state.tensors is not None else None,
         # how many watched objects are alive: a 0 in `devices` is a count only where something was watched
-        "watched": {"models": len(_live(_state.models)), "optimizers": len(_live(_state.optimizers)),
-                    "kv": len(_live(_state.kv))},
+        "watched": {"models": len(_live(state.models)), "optimizers": len(_live(state.optimizers)),
+                    "kv": len(_live(state.kv))},
         "allocator_env": {k: os.environ[k] for k in ALLOC_ENV if k in os.environ},
         "cudnn": cudnn,
         "compile": compile_counters,
         "data": _data_report(),
         **({"loss": loss} if (loss := _loss_report()) is not None else {}),
-        **({"loaders": _loaders_report()} if _state.loaders else {}),
-        "epochs": list(_state.epochs),
-        **({"optimizer_steps": _state.optimizer_steps} if _state.optimizer_steps is not None else {}),
+        **({"loaders": _loaders_report()} if state.loaders else {}),
+        "epochs": list(state.epochs),
+        **({"optimizer_steps": state.optimizer_steps} if state.optimizer_steps is not None else {}),
         "gpu_util_source": GPU_UTIL_SOURCE,
-        **({"exit": _state.exit} if _state.exit is not None else {}),
-        **({"folder_refused": _state.folder_refused} if _state.folder_refused is not None else {}),
+        **({"exit": state.exit} if state.exit is not None else {}),
+        **({"folder_refused": state.folder_refused} if state.folder_refused is not None else {}),
     }
 
 
@@ -1053,32 +1056,32 @@ def publish(fresh: bool = True) -> str | None:
     instead, which dltop finds from the process (`/proc/PID/fd/N`, the path returned). `fresh`: count the
     watched tensors now (the publisher thread passes False: see report)."""
     path = probe_dir()
-    if _state.dir_fd is None and _state.folder_refused is None:
+    if state.dir_fd is None and state.folder_refused is None:
         try:
-            _state.dir_fd = open_private_dir(path)
+            state.dir_fd = open_private_dir(path)
         except OSError as e:
-            _state.folder_refused = f"{path}: {e.strerror or e}"[:MAX_CMD]
-            _warn_once("folder", f"cannot publish in {_state.folder_refused}; publishing to dltop through a "
+            state.folder_refused = f"{path}: {e.strerror or e}"[:MAX_CMD]
+            warn_once("folder", f"cannot publish in {state.folder_refused}; publishing to dltop through a "
                                  f"memfd ({MEMFD_NAME}) instead")
     try:
         data = encode(report(fresh))
         if data is None:
-            _warn_once("size", f"the report does not fit in {MAX_FILE_BYTES} bytes: not published")
+            warn_once("size", f"the report does not fit in {MAX_FILE_BYTES} bytes: not published")
             return None
-        if _state.dir_fd is not None:
-            write_atomic(_state.dir_fd, f"{os.getpid()}.json", data)
+        if state.dir_fd is not None:
+            write_atomic(state.dir_fd, f"{os.getpid()}.json", data)
             return os.path.join(path, f"{os.getpid()}.json")
-        _state.memfd = publish_memfd(_state.memfd, data)
+        state.memfd = publish_memfd(state.memfd, data)
     except (OSError, ValueError) as e:
-        _warn_once("write", f"cannot publish in {path}: {e}")
+        warn_once("write", f"cannot publish in {path}: {e}")
         return None
-    return f"/proc/{os.getpid()}/fd/{_state.memfd}"
+    return f"/proc/{os.getpid()}/fd/{state.memfd}"
 
 
 def _remove_stale() -> None:
     """Remove files of processes that exited over KEEP_EXITED_S ago from our own directory. A newer one stays: it
     is the post-mortem dltop shows of a job that finished or was killed (docs/probe.md)."""
-    fd = _state.dir_fd
+    fd = state.dir_fd
     if fd is None:
         return
     old = time.time() - KEEP_EXITED_S
@@ -1093,14 +1096,14 @@ def _remove_stale() -> None:
 def _hook_exceptions() -> None:
     """Wrap sys.excepthook (once) to keep the exception that ends the process for the exit record: a job that
     dies of torch.OutOfMemoryError says so after it is gone."""
-    if _state.hooked:
+    if state.hooked:
         return
-    _state.hooked = True
+    state.hooked = True
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         with contextlib.suppress(Exception):
-            _state.error = f"{kind.__name__}: {value}"[:MAX_ERROR]
+            state.error = f"{kind.__name__}: {value}"[:MAX_ERROR]
         previous(kind, value, tb)
 
     sys.excepthook = hook
@@ -1109,72 +1112,72 @@ def _hook_exceptions() -> None:
 def _at_exit() -> None:
     """At interpreter exit: a process that was publishing writes its last report with an exit record (how it
     ended) and leaves the file for dltop to show; one that was not has nothing to leave."""
-    with _state.lock:
-        thread, _state.thread = _state.thread, None
-        _state.stop.set()
+    with state.lock:
+        thread, state.thread = state.thread, None
+        state.stop.set()
     if thread is None:
         _remove_own_file()
         return
     thread.join(timeout=5)
-    error = _state.error
-    _state.exit = {"how": "exception" if error else "exit", "error": error, "exit_code": 1 if error else None,
+    error = state.error
+    state.exit = {"how": "exception" if error else "exit", "error": error, "exit_code": 1 if error else None,
                    "at": round(time.time(), 3)}
     with contextlib.suppress(Exception):
-        if _in_dataloader_worker() or publish(fresh=True) is None:
+        if in_dataloader_worker() or publish(fresh=True) is None:
             _remove_own_file()
 
 
 def _run(stop: threading.Event, interval_s: float) -> None:
     while not stop.is_set():
-        if _in_dataloader_worker():  # started before torch was imported (DLTOP_PROBE=1 in a spawned worker)
+        if in_dataloader_worker():  # started before torch was imported (DLTOP_PROBE=1 in a spawned worker)
             _remove_own_file()
             return
         try:
             publish(fresh=False)
         except Exception as e:  # the probe must never take the training job down
-            _warn_once("report", f"report failed: {type(e).__name__}: {e}")
+            warn_once("report", f"report failed: {type(e).__name__}: {e}")
         stop.wait(interval_s)
 
 
 def start(interval_s: float = 1.0) -> str | None:
     """Publish about every `interval_s` from a daemon thread (idempotent; nothing in a DataLoader worker).
     Returns the file's path, or None when nothing is published."""
-    if _in_dataloader_worker():
+    if in_dataloader_worker():
         return None
-    with _state.lock:
-        if _state.thread is not None and _state.thread.is_alive():
-            if _state.memfd is not None:
-                return f"/proc/{os.getpid()}/fd/{_state.memfd}"
+    with state.lock:
+        if state.thread is not None and state.thread.is_alive():
+            if state.memfd is not None:
+                return f"/proc/{os.getpid()}/fd/{state.memfd}"
             return os.path.join(probe_dir(), f"{os.getpid()}.json")
-        _state.interval_s = interval_s
-        _state.started_at = round(time.time(), 3)
+        state.interval_s = interval_s
+        state.started_at = round(time.time(), 3)
         path = publish()
         if path is None:
             return None
         _remove_stale()
         _hook_exceptions()
-        _state.stop = threading.Event()
-        _state.thread = threading.Thread(target=_run, args=(_state.stop, interval_s), name="dltop-probe",
+        state.stop = threading.Event()
+        state.thread = threading.Thread(target=_run, args=(state.stop, interval_s), name="dltop-probe",
                                          daemon=True)
-        _state.thread.start()
+        state.thread.start()
         return path
 
 
 def _remove_own_file() -> None:
-    if _state.memfd is not None:
+    if state.memfd is not None:
         with contextlib.suppress(OSError):
-            os.close(_state.memfd)
-        _state.memfd = None
-    if _state.dir_fd is not None:
+            os.close(state.memfd)
+        state.memfd = None
+    if state.dir_fd is not None:
         with contextlib.suppress(OSError):
-            os.unlink(f"{os.getpid()}.json", dir_fd=_state.dir_fd)
+            os.unlink(f"{os.getpid()}.json", dir_fd=state.dir_fd)
 
 
 def stop() -> None:
     """Stop publishing and remove this process's file."""
-    with _state.lock:
-        thread, _state.thread = _state.thread, None
-        _state.stop.set()
+    with state.lock:
+        thread, state.thread = state.thread, None
+        state.stop.set()
     if thread is not None and thread is not threading.current_thread():
         thread.join(timeout=5)
     _remove_own_file()
@@ -1183,23 +1186,23 @@ def stop() -> None:
 def _after_fork_in_child() -> None:
     # The child has the parent's memory but not its thread: it starts fresh, and publishes only if it calls
     # start() itself. Its data and epochs are its own from here.
-    _state.lock = threading.Lock()
-    _state.thread = None
-    if _state.memfd is not None:  # the parent's report: a child that publishes makes its own
+    state.lock = threading.Lock()
+    state.thread = None
+    if state.memfd is not None:  # the parent's report: a child that publishes makes its own
         with contextlib.suppress(OSError):
-            os.close(_state.memfd)
-        _state.memfd = None
-    _state.stop = threading.Event()
-    _state.data = _Data()
-    _state.main_loader = None
-    _state.loaders = {}
-    _state.epochs = []
-    _state.started_at = None
-    _state.tensors = None
-    _state.exit = _state.error = None
-    _state.optimizer_steps = None
-    _state.grads_held = {}
-    _state.loss, _state.losses, _state.epoch_loss_sum, _state.epoch_losses = None, 0, None, 0
+            os.close(state.memfd)
+        state.memfd = None
+    state.stop = threading.Event()
+    state.data = _Data()
+    state.main_loader = None
+    state.loaders = {}
+    state.epochs = []
+    state.started_at = None
+    state.tensors = None
+    state.exit = state.error = None
+    state.optimizer_steps = None
+    state.grads_held = {}
+    state.loss, state.losses, state.epoch_loss_sum, state.epoch_losses = None, 0, None, 0
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -36,34 +36,34 @@ class DltopTrainerCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         probe.start(interval_s=self.interval_s)
         optimizer = kwargs.get("optimizer")
-        probe._watch_once(kwargs.get("model"), [optimizer] if optimizer is not None else [])
+        probe.watch_once(kwargs.get("model"), [optimizer] if optimizer is not None else [])
         self._tokens_seen = getattr(state, "num_input_tokens_seen", None)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._end_ns = time.perf_counter_ns()
-        probe._main_data().last_t = 0
+        probe.main_data().last_t = 0
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.perf_counter_ns()
         accumulated = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
         per_device = getattr(args, "per_device_train_batch_size", None)
         samples = per_device * accumulated if isinstance(per_device, int) and per_device > 0 else None
-        probe._arrived(probe._main_data(), self._end_ns or now, now, None, samples, None)
+        probe.arrived(probe.main_data(), self._end_ns or now, now, None, samples, None)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         seen = getattr(state, "num_input_tokens_seen", None)
         counting = getattr(args, "include_num_input_tokens_seen", "no") not in ("no", False, None)
         if counting and isinstance(seen, int) and self._tokens_seen is not None and seen >= self._tokens_seen:
             world = max(1, int(getattr(args, "world_size", 1) or 1))
-            d = probe._main_data()
-            probe._counted(d, (d.n - 1) & (probe.RING - 1), None, (seen - self._tokens_seen) // world)
+            d = probe.main_data()
+            probe.counted(d, (d.n - 1) & (probe.RING - 1), None, (seen - self._tokens_seen) // world)
         self._tokens_seen = seen if isinstance(seen, int) else None
         self._end_ns = time.perf_counter_ns()
 
     def _own_work_done(self) -> None:
         # logging, evaluation and checkpoints run between two steps: neither a data wait nor the next step's
         self._end_ns = time.perf_counter_ns()
-        probe._main_data().last_t = 0
+        probe.main_data().last_t = 0
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:

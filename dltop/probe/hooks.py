@@ -24,7 +24,7 @@ _timed: list[weakref.ref[Any]] = []  # the dataset whose loader is timed (the fi
 
 def _begin() -> None:
     """Publish from now on (start() is idempotent and refuses in a DataLoader worker)."""
-    if probe._state.thread is None and not probe._in_dataloader_worker():
+    if probe.state.thread is None and not probe.in_dataloader_worker():
         probe.start()
 
 
@@ -43,7 +43,7 @@ def _is_timed(it: Any) -> bool:
             _timed.append(weakref.ref(dataset))
         except TypeError:
             return False
-        d = probe._state.data
+        d = probe.state.data
         d.seen = True
         workers = getattr(it, "_num_workers", None)
         d.workers = workers if isinstance(workers, int) else None
@@ -63,7 +63,7 @@ def _patch_dataloader() -> None:
 
     @functools.wraps(next_item)
     def __next__(self: Any) -> Any:
-        d = probe._state.data
+        d = probe.state.data
         if d.explicit:  # the script times its loop with probe.track()
             return next_item(self)
         t0 = clock()
@@ -76,7 +76,7 @@ def _patch_dataloader() -> None:
                     probe.mark_epoch()
                 d.last_t = 0
                 _begin()
-            probe._arrived(d, t0, t1, item)
+            probe.arrived(d, t0, t1, item)
         return item
 
     base.__next__ = __next__
@@ -110,13 +110,13 @@ def _patch_compile(torch: Any) -> None:
 
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     _watch(optimizer, "optimizer")
-    probe._state.optimizer_steps = (probe._state.optimizer_steps or 0) + 1
+    probe.state.optimizer_steps = (probe.state.optimizer_steps or 0) + 1
     _begin()
 
 
 def _close_pass() -> None:
     """At exit, the pass over the data that is open is the last epoch (the script never says where one ends)."""
-    d = probe._state.data
+    d = probe.state.data
     if not d.explicit and d.epoch_open and d.n > d.epoch_n0:
         probe.mark_epoch()
 

@@ -58,28 +58,28 @@ class DltopCallback(Callback):
         if how is None:
             return default
         try:
-            return probe._how_many(how, batch)
+            return probe.how_many(how, batch)
         except Exception as e:  # the user's function: it must never take the run down
-            probe._warn_once(f"lightning-count-{id(how)}", f"DltopCallback: counting failed ({e}): not counted")
+            probe.warn_once(f"lightning-count-{id(how)}", f"DltopCallback: counting failed ({e}): not counted")
             return None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         probe.start(interval_s=self.interval_s)
-        probe._watch_once(pl_module, getattr(trainer, "optimizers", None) or [])
+        probe.watch_once(pl_module, getattr(trainer, "optimizers", None) or [])
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # the optimizers exist from here (configure_optimizers ran during setup)
-        probe._watch_once(pl_module, getattr(trainer, "optimizers", None) or [])
+        probe.watch_once(pl_module, getattr(trainer, "optimizers", None) or [])
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._end_ns = time.perf_counter_ns()  # the first batch's wait starts with the epoch
-        probe._main_data().last_t = 0
+        probe.main_data().last_t = 0
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         now = time.perf_counter_ns()
         samples = self._count(self.batch_size, batch, None if self.batch_size is not None else _batch_samples(batch))
         tokens = self._count(self.tokens, batch, None)
-        probe._arrived(probe._main_data(), self._end_ns or now, now, batch, samples, tokens)
+        probe.arrived(probe.main_data(), self._end_ns or now, now, batch, samples, tokens)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = _step_loss(outputs)
@@ -92,16 +92,16 @@ class DltopCallback(Callback):
 
     def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._val_end_ns = time.perf_counter_ns()
-        d = probe._loader_data("val")
+        d = probe.loader_data("val")
         if d is not None:
             d.last_t = 0
 
     def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
                                   dataloader_idx: int = 0) -> None:
-        d = probe._loader_data("val")
+        d = probe.loader_data("val")
         if d is not None:
             now = time.perf_counter_ns()
-            probe._arrived(d, self._val_end_ns or now, now, None)
+            probe.arrived(d, self._val_end_ns or now, now, None)
 
     def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
@@ -110,7 +110,7 @@ class DltopCallback(Callback):
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         # a validation inside the training epoch is neither the next batch's data wait nor part of its step
         self._end_ns = time.perf_counter_ns()
-        probe._main_data().last_t = 0
+        probe.main_data().last_t = 0
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         probe.mark_epoch()  # max_steps ends a run inside an epoch: close it (None when none is open)

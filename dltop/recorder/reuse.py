@@ -29,8 +29,8 @@ _SPACE = " \t\n\r"
 _DIGITS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
 _RUN = b"0" * 20
 _RUN_AT = re.compile(r"[0-9]{20}")
-_SCAN_PLAIN: Callable[[str, int], tuple[Any, int]] = store._DECODER.scan_once  # type: ignore[attr-defined]
-_SCAN_CHECKED: Callable[[str, int], tuple[Any, int]] = store._SIGNED_DECODER.scan_once  # type: ignore[attr-defined]
+_SCAN_PLAIN: Callable[[str, int], tuple[Any, int]] = store.DECODER.scan_once  # type: ignore[attr-defined]
+_SCAN_CHECKED: Callable[[str, int], tuple[Any, int]] = store.SIGNED_DECODER.scan_once  # type: ignore[attr-defined]
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 _FIELDS = frozenset(Snapshot.__dataclass_fields__)
 _SCALARS = ("ts", "host", "uptime_s", "schema")
@@ -82,7 +82,7 @@ class PartMemo:
             pos = _expect(text, pos, ",")
         if pos + 1 != len(text):
             raise GiveUp
-        store._unsigned(body)
+        store.check_unsigned(body)
         return body, fields
 
     def _snap(self, text: str, pos: int, risky: _Risky) -> tuple[dict[str, Any], dict[str, Any], int]:
@@ -122,7 +122,7 @@ class PartMemo:
             if text.startswith("}", pos):
                 break
             pos = _expect(text, pos, ",")
-        store._unsigned(snap)
+        store.check_unsigned(snap)
         fields = {}
         for key in snap:
             if key in _SCALARS:

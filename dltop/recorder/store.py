@@ -132,7 +132,8 @@ def _int(text: str) -> int:
     return value
 
 
-def _unsigned(obj: dict[str, Any]) -> dict[str, Any]:
+def check_unsigned(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` itself, or Malformed where a field that counts up from 0 holds a negative number."""
     for key, value in obj.items():
         if key in _UNSIGNED and (_negative(value) or (type(value) is list and any(map(_negative, value)))):
             raise Malformed(f"{key}: negative")
@@ -143,10 +144,11 @@ def _negative(value: Any) -> bool:
     return type(value) in (int, float) and value < 0
 
 
-_DECODER = json.JSONDecoder(parse_float=_float, parse_constant=_constant)
+# The decoders of a frame's JSON (the dump's template reuse, dltop/recorder/reuse.py, scans with them too)
+DECODER = json.JSONDecoder(parse_float=_float, parse_constant=_constant)
 _INT_DECODER = json.JSONDecoder(parse_float=_float, parse_int=_int, parse_constant=_constant)
-_SIGNED_DECODER = json.JSONDecoder(parse_float=_float, parse_int=_int, parse_constant=_constant,
-                                   object_hook=_unsigned)
+SIGNED_DECODER = json.JSONDecoder(parse_float=_float, parse_int=_int, parse_constant=_constant,
+                                  object_hook=check_unsigned)
 # Text mapped so that one pass finds what needs the slower checks: a digit becomes "0", a character a value
 # follows (: , [) "a", a minus "b". A run of 20 "0" may be an int beyond 2**64 (18446744073709551616 has 20
 # digits), an "ab" a negative number.
@@ -168,7 +170,7 @@ def loads(data: bytes | str) -> Any:
     # Long ints and negative numbers are rare (none in a real recording): only text that may hold one pays for
     # checking each int, or each object (the checks cost 20% and 50% more than the parse).
     shapes = raw.translate(_SHAPES)
-    decoder = _SIGNED_DECODER if b"ab" in shapes else _INT_DECODER if _LONG_RUN in shapes else _DECODER
+    decoder = SIGNED_DECODER if b"ab" in shapes else _INT_DECODER if _LONG_RUN in shapes else DECODER
     try:
         return decoder.decode(text)
     except json.JSONDecodeError as e:

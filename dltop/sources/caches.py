@@ -710,7 +710,7 @@ class Mount:
 
 def parse_mountinfo(text: str) -> list[Mount]:
     """Every mount of /proc/self/mountinfo (mount point unescaped), in the kernel's order."""
-    from dltop.sources.memory import _unescape_mount
+    from dltop.sources.memory import unescape_mount
 
     out = []
     for line in text.splitlines():
@@ -721,7 +721,7 @@ def parse_mountinfo(text: str) -> list[Mount]:
             continue
         if len(f) < sep + 3 or len(f) < 5:
             continue
-        out.append(Mount(_unescape_mount(f[4]), f[sep + 1], _unescape_mount(f[sep + 2])))
+        out.append(Mount(unescape_mount(f[4]), f[sep + 1], unescape_mount(f[sep + 2])))
     return out
 
 

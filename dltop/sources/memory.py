@@ -197,7 +197,8 @@ def parse_proc_cgroup(text: str) -> tuple[int, str] | None:
     return (2, v2) if v2 is not None else None
 
 
-def _unescape_mount(field: str) -> str:
+def unescape_mount(field: str) -> str:
+    """A mountinfo field as the path it names (the caches source reads the mounts too)."""
     # mountinfo writes space, tab, newline and backslash as octal escapes (\040 ...)
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
@@ -216,7 +217,7 @@ def parse_cgroup_mounts(text: str, version: int) -> list[tuple[str, str]]:
             continue
         fstype, opts = f[sep + 1], f[sep + 3].split(",")
         if (version == 2 and fstype == "cgroup2") or (version == 1 and fstype == "cgroup" and "memory" in opts):
-            out.append((_unescape_mount(f[3]), _unescape_mount(f[4])))
+            out.append((unescape_mount(f[3]), unescape_mount(f[4])))
     return out
 
 
