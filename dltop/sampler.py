@@ -26,9 +26,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dltop import procfs
 from dltop.derive import join_splits
 from dltop.model import Snapshot, SourceStatus, Unavailable
-from dltop.sources import procfs
 from dltop.sources.base import Source
 
 FAST_WAIT_S = 1.0  # how long a tick waits at most for its fast reads (and at most half the interval)

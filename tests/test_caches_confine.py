@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dltop import cache_roots
 from dltop.actions import caches as clear_mod
 from dltop.actions import confine
 from dltop.actions.caches import ClearOptions
@@ -133,7 +134,7 @@ def test_root_rules(tmp_path: Path) -> None:
     prefixes = {str(tmp_path / "opt" / "venv"): "sys.prefix"}
 
     def rule(p: str | Path) -> str | None:
-        why = confine.root_refusal(str(p), home_of=home_of, prefixes=prefixes)
+        why = cache_roots.root_refusal(str(p), home_of=home_of, prefixes=prefixes)
         return None if why is None else why.rule
 
     assert rule("/usr") == rule("/var") == rule("/opt") == rule("/srv") == rule("/boot") == "system folder"
@@ -142,12 +143,12 @@ def test_root_rules(tmp_path: Path) -> None:
     assert rule(tmp_path / "opt" / "venv") == "python prefix"
     assert rule("/tmp/torchinductor_alice") is None and rule(tmp_path / "a" / "alice" / ".cache" / "x") is None
     os.symlink("/usr", tmp_path / "link")  # a path that resolves to a system folder
-    why = confine.root_refusal(str(tmp_path / "link"), home_of=home_of, prefixes=prefixes)
+    why = cache_roots.root_refusal(str(tmp_path / "link"), home_of=home_of, prefixes=prefixes)
     assert why is not None and why.reason == f"/usr is a system folder, not a cache ({tmp_path / 'link'} resolves to it)"
     (tmp_path / "conda" / "conda-meta").mkdir(parents=True)
     (tmp_path / "sys" / "lib" / "python3.12" / "site-packages").mkdir(parents=True)
-    assert confine.prefix_marker(str(tmp_path / "conda")) == "conda-meta"
-    assert confine.prefix_marker(str(tmp_path / "sys")) == "lib/python3.12/site-packages"
+    assert cache_roots.prefix_marker(str(tmp_path / "conda")) == "conda-meta"
+    assert cache_roots.prefix_marker(str(tmp_path / "sys")) == "lib/python3.12/site-packages"
 
 
 LAYOUTS = {  # name: (what its tool writes, one thing it never writes)

@@ -1,4 +1,4 @@
-"""Config and secret files are trusted as ssh and sudo trust theirs (dltop.config.open_trusted, docs/trust.md):
+"""Config and secret files are trusted as ssh and sudo trust theirs (dltop.trusted.open_trusted, docs/trust.md):
 owned by the user dltop runs as or root, writable by no one else, a regular file and no symlink, in folders that
 pass the same rule. Root's `dltop cluster` with another user's config that names /etc/shadow as password_file
 sends nothing to that user's listener; the good cases still work, as root and as a second user (setpriv)."""
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dltop.config import open_trusted
 from dltop.errors import DltopError
 from dltop.exporter.webconfig import load_web_config
+from dltop.trusted import open_trusted
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534

@@ -544,7 +544,7 @@ _COUNT_TEXT = st.one_of(st.integers(0, 2**64 + 5).map(str), st.sampled_from(["¹
 def test_diskstats_rows_and_reasons_are_those_of_a_field_by_field_check(rows: list[list[str]]) -> None:
     # The eleven counts of a line are checked at once; what is kept and what is said of a bad line are those of
     # checking them one at a time: a count is ASCII digits of at most 20 that fit 64 bits.
-    from dltop.sources.procfs import parse_count
+    from dltop.procfs import parse_count
 
     lines = [" ".join(f for f in r if f.split() == [f] == f.splitlines()) for r in rows]  # one field each
     got, bad = parse_diskstats("\n".join(lines))

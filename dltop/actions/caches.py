@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dltop import cache_roots
 from dltop.actions import confine
 from dltop.actions.confine import Refused
 from dltop.actions.pagecache import Progress
@@ -102,9 +103,9 @@ def check(path: str, options: ClearOptions) -> tuple[src.Location, os.stat_resul
         env = options.environment()
     except OSError as e:
         raise DltopError(src.environment_error(e)) from None
-    home_of = confine.homes([env.home])
-    prefixes = confine.known_prefixes(env.env)
-    why = confine.root_refusal(path, home_of=home_of, prefixes=prefixes)
+    home_of = cache_roots.homes([env.home])
+    prefixes = cache_roots.known_prefixes(env.env)
+    why = cache_roots.root_refusal(path, home_of=home_of, prefixes=prefixes)
     if why is not None:
         raise Refused(why.rule, why.reason)
     loc = _cache_of(path, src.resolve(env, options.caches), home_of, prefixes)
@@ -135,7 +136,7 @@ def _cache_of(path: str, known: list[src.Location], home_of: dict[str, str], pre
         raise Refused("not a cache", f"{display_path(path)} is not a cache dltop knows (known: "
                       + ", ".join(c.name for c in known) + "; add one with caches = [...] or --cache)")
     if path != loc.path:
-        why = confine.root_refusal(loc.path, home_of=home_of, prefixes=prefixes)
+        why = cache_roots.root_refusal(loc.path, home_of=home_of, prefixes=prefixes)
         if why is not None:
             raise Refused(why.rule, f"{display_path(path)} is inside {display_path(loc.path)}, which is refused: "
                                     f"{why.reason}")

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from dltop.errors import DltopError
 from dltop.fmt import printable, shorten_end
 from dltop.model.actions import SIGNALS, SignalTarget
+from dltop.procfs import read_bytes
 from dltop.sources.gpu_procs import Malformed, parse_stat
-from dltop.sources.procfs import read_bytes
 
 WAIT_S = 1.0  # how long the outcome waits for the process to exit (a SIGTERM'd trainer may take longer: said)
 

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dltop import __version__
+from dltop import __version__, procfs
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes, human_duration, plural
 from dltop.hints import WINDOW_S, Hint, hints
@@ -34,7 +34,6 @@ from dltop.model.memory import CgroupMemory, VmStat
 from dltop.recorder import store
 from dltop.recorder.segment import compress_segment
 from dltop.recorder.summary import Values, sample_values
-from dltop.sources import procfs
 
 BLOCK_SAMPLES = 256  # samples per zstd frame of a closed segment: a seek decompresses one frame
 _CLOSE = object()

@@ -16,7 +16,7 @@ from itertools import compress
 from operator import gt
 
 from dltop import kernel
-from dltop.sources.procfs import name_this_thread
+from dltop.procfs import name_this_thread
 
 # What a folder's watch reports: its files opened and closed (a read or a write), their names coming and going,
 # and the folder itself going away. IN_ACCESS/IN_MODIFY are left out: one per read() or write() call, and an

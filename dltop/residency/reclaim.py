@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from dltop.sources.procfs import read_text
+from dltop.procfs import read_text
 
 # Reclaim that /proc/vmstat's pgsteal_file does not count: DAMON's `pageout` action (a kdamond's scheme set up
 # through sysfs, or the DAMON_RECLAIM module) puts pages out through reclaim_pages(), which moves no pgsteal

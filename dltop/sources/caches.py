@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dltop import native
-from dltop.actions.confine import homes, known_prefixes, root_refusal
+from dltop import native, procfs
+from dltop.cache_roots import homes, known_prefixes, root_refusal
 from dltop.model.base import Unavailable, display_path
 from dltop.model.caches import (
     FOLDERS_KEPT,
@@ -37,7 +37,6 @@ from dltop.model.caches import (
 )
 from dltop.residency.budget import MAX_PROBLEMS, path_error
 from dltop.residency.budget import Budget as _Budget
-from dltop.sources import procfs
 
 ENTRIES_KEPT = 100  # biggest entries kept right below a cache (the pane's Enter shows them, then "N more")
 LOCKS_KEPT = 50

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dltop.config import PrometheusOptions, Settings, read_trusted
+from dltop.config import PrometheusOptions, Settings
 from dltop.errors import DltopError
 from dltop.fmt import printable
 from dltop.model.base import Unavailable
@@ -43,6 +43,7 @@ from dltop.model.cluster import (
 )
 from dltop.sources.base import Source
 from dltop.sources.servers import ScrapeError, Watchdog, read_body, watched_handlers
+from dltop.trusted import read_trusted
 
 MAX_ANSWER_BYTES = 32 << 20  # per answer, as sent and once inflated: 256 nodes x 8 GPUs answer a few MiB
 MAX_REFRESH_BYTES = 64 << 20  # every answer of one refresh together (up to 4 are read at once): what it may hold
@@ -314,7 +315,7 @@ def _http_failure(e: urllib.error.HTTPError, refresh: Refresh, where: str) -> Cl
 
 
 def _secret(path: str, what: str) -> str:
-    """A password or token file, trusted as ssh trusts its files (dltop.config.open_trusted): another user's, or
+    """A password or token file, trusted as ssh trusts its files (dltop.trusted.open_trusted): another user's, or
     one another user can write, is refused before anything is sent."""
     try:
         return read_trusted(path, what).decode("utf-8").strip()

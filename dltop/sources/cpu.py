@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dltop import cpuregs
+from dltop import cpuregs, procfs
 from dltop.config import Settings
 from dltop.fmt import plural
 from dltop.model.base import Unavailable
@@ -36,7 +36,6 @@ from dltop.model.cpu import (
     TopologyNode,
     format_cpu_list,
 )
-from dltop.sources import procfs
 from dltop.sources.base import Source
 
 CPU_DIR = "sys/devices/system/cpu"

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from functools import cache, partial
 from typing import Any, Literal, Protocol
 
+from dltop import procfs
 from dltop.config import Settings
 from dltop.model.base import Unavailable
 from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
-from dltop.sources import procfs
 from dltop.sources.amd import AmdReader
 from dltop.sources.base import Source
 from dltop.sources.gpu_procs import NOT_IN_NAMESPACE, HostReader, parse_cmdline  # noqa: F401 (theirs, said here too)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dltop.sources import procfs
+from dltop import procfs
 
 MAX_STAT_BYTES = 4096  # /proc/PID/stat is one line of 52 numbers and a 16-byte comm: under 1 KiB
 FIRST_READ = "CPU % needs two reads of the process: known from the next tick"

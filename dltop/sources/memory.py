@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
 
+from dltop import procfs
 from dltop.config import Settings
 from dltop.kernel import process_exists
 from dltop.model.base import Unavailable
 from dltop.model.memory import CgroupMemory, DiskStat, MemoryPart, Pressure, VmStat
-from dltop.sources import procfs
 from dltop.sources.base import Source
 
 T = TypeVar("T")

@@ -1,4 +1,5 @@
-"""One file of a /proc or /sys tree, read the way a captured tree from elsewhere needs (not a source itself).
+"""One file of a /proc or /sys tree, read the way a captured tree from elsewhere needs: below the sources, the
+actions and the residency engine, which all read such files (stdlib only, nothing of dltop's).
 
 Opened non-blocking and checked to be a regular file (a FIFO would block the open, /dev/zero never ends), read
 up to a bound; what is wrong raises OSError with `filename` and a `strerror` that says it in words.
