@@ -23,6 +23,7 @@ from dltop.tui.app import DltopApp
 from dltop.tui.panes.caches import CachesPane
 from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.view import View
+from tests.dialogs import confirm_shown
 from tests.test_caches_util import du_bytes, find_files
 from tests.test_pagecache_util import needs_root
 from tests.waiting import screen_of
@@ -95,7 +96,8 @@ async def test_c_clears_after_a_dialog_stating_the_bytes(ind: Path, tmp_path: Pa
         want = du_bytes(ind) - os.lstat(ind).st_blocks * 512
         await pilot.press("c")
         dialog = await screen_of(pilot, ConfirmScreen)
-        assert dialog._title == f"Clear {human_bytes(want)}?" and f"under {ind}" in dialog._body
+        title, body, _yes = confirm_shown(dialog)
+        assert title == f"Clear {human_bytes(want)}?" and f"under {ind}" in body
         await pilot.press("y")
         for _ in range(400):
             await pilot.pause(0.02)
@@ -113,7 +115,7 @@ async def test_an_entry_is_cleared_from_the_opened_cache(ind: Path, tmp_path: Pa
         await pilot.press("enter", "down")  # aotautograd
         await pilot.press("c")
         dialog = await screen_of(pilot, ConfirmScreen)
-        assert str(ind / "aotautograd") in dialog._body
+        assert str(ind / "aotautograd") in confirm_shown(dialog)[1]
         await pilot.press("n")  # the safe answer: nothing happens
         await pilot.pause()
         assert (ind / "aotautograd").is_dir()
@@ -129,8 +131,9 @@ async def test_c_on_a_cache_holding_what_its_tool_never_writes_is_refused_naming
         await _open_tab(app, pilot)
         await pilot.press("c")
         dialog = await screen_of(pilot, ConfirmScreen)
-        assert dialog._title == "Clear: refused" and dialog._yes_label is None
-        assert f"{ind} holds 'bin/' which TorchInductor never writes" in dialog._body
+        title, body, yes = confirm_shown(dialog)
+        assert title == "Clear: refused" and not yes
+        assert f"{ind} holds 'bin/' which TorchInductor never writes" in body
         assert app.session.action.step == "plan" and "never writes" in app.session.action.message  # the runner's event says it
     assert find_files(ind) == files
 
@@ -146,8 +149,9 @@ async def test_c_on_an_entry_of_a_cache_that_is_a_home_is_refused(tmp_path: Path
         await pilot.press("enter")  # the entries of the cache that is the home: .pyenv
         await pilot.press("c")
         dialog = await screen_of(pilot, ConfirmScreen)
-        assert dialog._title == "Clear: refused" and dialog._yes_label is None
-        assert f"{home / '.pyenv'} is inside {home}, which is refused: {home} is a home folder" in dialog._body
+        title, body, yes = confirm_shown(dialog)
+        assert title == "Clear: refused" and not yes
+        assert f"{home / '.pyenv'} is inside {home}, which is refused: {home} is a home folder" in body
     assert (home / ".pyenv").is_dir() and find_files(home) == 2
 
 
@@ -180,8 +184,9 @@ async def test_a_refused_clear_has_no_yes(ind: Path, tmp_path: Path) -> None:
         await _open_tab(app, pilot)
         await pilot.press("c")
         dialog = await screen_of(pilot, ConfirmScreen)
-        assert dialog._title == "Clear: refused" and "owned by nobody" in dialog._body
-        assert dialog._yes_label is None
+        title, body, yes = confirm_shown(dialog)
+        assert title == "Clear: refused" and "owned by nobody" in body
+        assert not yes
         await pilot.press("y")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmScreen) and find_files(ind) == files  # y does nothing

@@ -16,6 +16,7 @@ from dltop.sampler import ListFeed
 from dltop.tui.app import DltopApp
 from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.screens.help import HelpScreen
+from tests.dialogs import confirm_shown, help_rows
 from tests.test_caches_pane import make_cache, snap_of
 from tests.test_gpu_pane import gpu_snaps, scenario
 from tests.waiting import until
@@ -90,7 +91,7 @@ async def test_a_palette_entry_of_a_tab_never_shown_composes_it_and_acts_on_its_
     async with app.run_test(size=(80, 24)) as pilot:
         await _run_from_palette(app, pilot, "Datasets: Warm")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "no warm dialog")
-        assert "Warm" in str(app.screen._title) and app.query_one("#tabs").active == "tab-datasets"
+        assert "Warm" in confirm_shown(app.screen)[0] and app.query_one("#tabs").active == "tab-datasets"
         await pilot.press("escape")
         await _run_from_palette(app, pilot, "GPU: Add server")
         await until(pilot, lambda: app.query("#gpu-server-input.-shown"), "no server box")
@@ -117,7 +118,7 @@ async def test_help_on_a_tab_first_shown_lists_its_keys(every_layer) -> None:  #
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(str(_tab(app, "caches")), "question_mark")
         assert isinstance(app.screen, HelpScreen)
-        assert {"Open", "Back", "Clear", "Sort", "Scan"} <= {label for _key, label in app.screen._rows}
+        assert {"Open", "Back", "Clear", "Sort", "Scan"} <= {label for _key, label in help_rows(app.screen)}
 
 
 async def test_a_tab_first_shown_by_a_key_or_a_click_stays_and_takes_the_focus(every_layer) -> None:  # type: ignore[no-untyped-def]

@@ -21,6 +21,7 @@ from dltop.tui.app import DltopApp
 from dltop.tui.panes.pagecache import SPARK_LABEL_WIDTH, SPARK_SCALE_WIDTH, cgroup_text
 from dltop.tui.screens.confirm import ConfirmScreen
 from dltop.tui.screens.help import HelpScreen
+from tests.dialogs import confirm_shown, help_rows
 
 
 def _tab(app: DltopApp, pane_id: str) -> str:
@@ -46,7 +47,7 @@ async def test_keys_pause_refresh_help_quit(session: list[Snapshot]) -> None:
         assert app.session.settings.refresh_s == 5.0
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        labels = [label for _key, label in app.screen._rows]
+        labels = [label for _key, label in help_rows(app.screen)]
         assert {"Quit", "pause / live; play a replay", "refresh faster / slower", "switch tab"} <= set(labels)
         assert len(labels) == len(set(labels))  # + and = are one entry
         await pilot.press("escape")
@@ -245,7 +246,7 @@ async def test_help_lists_the_panes_keys_even_when_not_in_the_footer(tmp_path) -
     app = DltopApp(ListFeed([_dataset_snapshot(tmp_path)]))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(_tab(app, "datasets"), "question_mark")
-        labels = [label for _key, label in app.screen._rows]
+        labels = [label for _key, label in help_rows(app.screen)]
         assert {"Open", "Back", "Warm", "Evict", "Quit"} <= set(labels)
 
 
@@ -266,7 +267,7 @@ async def test_palette_offers_dataset_actions_from_any_tab(tmp_path) -> None:
             if isinstance(app.screen, ConfirmScreen):
                 break
             await pilot.pause(0.05)
-        assert isinstance(app.screen, ConfirmScreen) and "Warm" in str(app.screen._title)
+        assert isinstance(app.screen, ConfirmScreen) and "Warm" in confirm_shown(app.screen)[0]
         assert app.query_one("#tabs").active == "tab-datasets"
 
 
@@ -325,7 +326,7 @@ async def test_help_fits_80x24_on_every_tab(tmp_path) -> None:
                 await pilot.press(tab, "question_mark")
                 await pilot.pause()
                 assert isinstance(app.screen, HelpScreen)
-                rows = dict(app.screen._rows)
+                rows = dict(help_rows(app.screen))
                 assert "+" not in rows.get("+/-", "+")  # keys by their names, not "plus,equals_sign"
                 dialog = app.screen.query_one("#help-dialog")
                 assert dialog.outer_size.height <= 24
