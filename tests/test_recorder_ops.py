@@ -112,25 +112,6 @@ def test_a_typed_second_names_the_sample_shown_as_that_second() -> None:
     assert index_typed(times, base) == 0  # before the first: the first
 
 
-async def test_b_with_a_clock_time_shows_that_second(tmp_path: Path) -> None:
-    from dltop.timeline import Recorded
-    from dltop.tui.app import DltopApp
-    from dltop.tui.screens.ask import AskScreen
-
-    base = float(int(time.time()) - 3600)
-    snaps = [Snapshot(ts=base + k + 0.4, host="h") for k in range(6)]
-    with Recorder(str(tmp_path / "rec"), retain_s=None, max_bytes=None) as rec:
-        for s in snaps:
-            rec.write(s, wait=True)
-    app = DltopApp(recorded=Recorded(Recording(str(tmp_path / "rec")), "rec"))
-    async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("b")
-        assert isinstance(app.screen, AskScreen)
-        await pilot.press(*time.strftime("%H:%M:%S", time.localtime(base + 3)), "enter")
-        await pilot.pause()
-        assert app.session.head.at == snaps[3].ts
-
-
 # -- (11) actions from any shell reach every running recorder ------------------------------------------------------
 
 async def test_an_action_from_a_shell_reaches_the_live_tuis_event_list(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from dltop.model.gpu import GpuDevice
 from dltop.playhead import Live, Paused, Replay
 from dltop.sampler import ListFeed
 from dltop.session import Session, next_refresh
-from dltop.timeline import LiveEvent
+from dltop.timeline import LiveEvent, Recorded
 from tests.test_first_screen import _dataset, _snap
 
 CACHE_HINT = Hint("cache-on-temporary-storage", "info", "compile cache under /tmp", fix="set a cache dir")
@@ -138,8 +138,6 @@ def test_a_replay_has_no_feed_and_opens_at_its_start() -> None:
 
         def events(self, t0: float | None = None, t1: float | None = None) -> list[Any]:
             return []
-
-    from dltop.timeline import Recorded
 
     snaps = [_snap(100.0), _snap(102.0), _snap(110.0)]
     session = Session(None, recorded=Recorded(Rec(snaps), "rec", 102.0))
@@ -303,3 +301,58 @@ def test_a_marker_needs_a_live_recording_and_v_an_event() -> None:
     assert session.allows("mark") and not session.allows("events")  # live: v once an action was seen
     assert session.add_events([LiveEvent(1.0, "action", {"action": "warm"})])  # the first: v in the footer
     assert session.allows("events") and not session.add_events([LiveEvent(2.0, "action", {})])
+
+
+def test_a_replay_of_a_real_recording_steps_changes_speed_and_plays_to_its_end(tmp_path: Path,
+                                                                              session: list[Snapshot]) -> None:
+    # What the replay keys do to time (tests/test_replay.py presses them once each: the wiring), on `session`
+    # recorded for real and read back.
+    from tests.test_replay import _recording
+
+    rec = _recording(tmp_path, session)
+    ts = rec.times()
+    assert ts == [s.ts for s in session]
+    replay = Session(None, recorded=Recorded(rec, "session"))
+    replay.open()
+    times = replay.times()
+    assert replay.head.at == ts[0] and replay.head.mode == "replay"
+    head = replay.head.step(times, 1).step(times, 1).step(times, -1)  # t t T
+    assert head.at == ts[1]
+    head = head.faster(1)  # >
+    assert head.speed == 10
+    head = head.faster(1).faster(1)
+    assert head.speed == 60
+    head = head.faster(-1)  # <
+    assert head.speed == 10
+    replay.head = head = head.play(times)  # space
+    assert head.playing and replay.allows("pause") and not replay.allows("play")
+    shown = set()
+    while head.playing:  # the screen's play timer: a tick every 0.25 s, x10 through a 40 s recording
+        head = head.tick(times, 0.25)
+        shown.add(head.at)
+        assert head.playing is (head.at != ts[-1])  # playing stops on the last sample, not later
+    assert head.at == ts[-1] and len(shown) > 2  # through the samples to its end, and stops there
+    replay.head = head
+    assert replay.allows("play") and replay.end_text(1) == "the last sample of the recording"
+    assert not replay.allows("faster") and not replay.allows("slower")  # + and -: a recording keeps its cadence
+    assert replay.settings.refresh_s == 1.0
+    replay.head = head.step(times, -3)  # T T T
+    view = replay.view()
+    assert replay.head.at == ts[-4] and view is not None and view.snapshot.ts == ts[-4] and view.replay
+
+
+def test_a_typed_clock_time_in_a_replay_shows_that_second(tmp_path: Path) -> None:
+    # b in a replay (tests/test_replay.py types into the dialog: the wiring): samples fall between whole
+    # seconds, and "…:03" shows the sample of …:03.4.
+    from dltop.recorder import Recorder, Recording
+
+    base = float(int(time.time()) - 3600)
+    snaps = [Snapshot(ts=base + k + 0.4, host="h") for k in range(6)]
+    with Recorder(str(tmp_path / "rec"), retain_s=None, max_bytes=None) as rec:
+        for s in snaps:
+            rec.write(s, wait=True)
+    replay = Session(None, recorded=Recorded(Recording(str(tmp_path / "rec")), "rec"))
+    replay.open()
+    typed = time.strftime("%H:%M:%S", time.localtime(base + 3))
+    assert replay.time_refusal(typed) is None
+    assert replay.go_typed(typed).at == snaps[3].ts
