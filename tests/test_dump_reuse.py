@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from dltop import fields
 from dltop.model import Snapshot, Unavailable
-from dltop.recorder import Recorder, Recording, dump, store  # dump: the module
+from dltop.recorder import Recorder, Recording, dump, store, template  # dump: the module
 from dltop.recorder.reuse import PartMemo
 from dltop.recorder.segment import Chunk, decompress
 from tests.test_recorder import sampled
@@ -50,8 +50,8 @@ def reference_csv(path: str) -> tuple[str, str]:
             c = columns.setdefault((f.name, tuple(labels.items())), len(names))
             if c == len(names):
                 names.append(dump.series_name(f.name, labels))
-            cells[c] = dump._number(value)
-        rows.append([dump._number(snap.ts), cells])
+            cells[c] = template.number(value)
+        rows.append([template.number(snap.ts), cells])
         prev = snap
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerow(["ts", *names])
