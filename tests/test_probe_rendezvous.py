@@ -382,13 +382,19 @@ def test_a_descriptor_swapped_after_its_check_is_never_opened(monkeypatch: pytes
 FORKER = r"""
 import fcntl, os, sys, time
 from dltop.probe.files import MEMFD_NAME, SEALS
-for _ in range(int(sys.argv[1])):
+n = int(sys.argv[1])
+done_r, done_w = os.pipe()  # each child says when its memfd is there: "ready" means all of them hold one
+for _ in range(n):
     if os.fork() == 0:
         fd = os.memfd_create(MEMFD_NAME, os.MFD_ALLOW_SEALING)
         os.write(fd, b"{}")
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+        os.write(done_w, b"x")
         time.sleep(60)
         os._exit(0)
+got = 0
+while got < n:
+    got += len(os.read(done_r, n - got))
 print("ready", flush=True)
 time.sleep(60)
 """
