@@ -310,6 +310,14 @@ def fs_name(magic: int) -> str:
     return FS_NAMES.get(magic, f"0x{magic:x}")
 
 
+def fs_name_at(path: str | bytes) -> str:
+    """The name of the filesystem holding `path`, or "" where statfs fails."""
+    try:
+        return fs_name(statfs_type(path))
+    except OSError:
+        return ""
+
+
 def memlock_limit_bytes() -> tuple[int | None, int | None]:
     """RLIMIT_MEMLOCK (soft, hard) in bytes; None means unlimited."""
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)

@@ -379,10 +379,7 @@ class _TreeScan:
         if self.by_cachestat:
             used.add("cachestat")
         node = self.acc.freeze(top.rows() if top is not None else None)
-        try:
-            fs = kernel.fs_name(kernel.statfs_type(self.root))
-        except OSError:
-            fs = ""
+        fs = kernel.fs_name_at(self.root)
         return DatasetResidency(
             **{f: getattr(node, f) for f in NODE_FIELDS},
             page_size=kernel.PAGE_SIZE,

@@ -292,10 +292,7 @@ class DatasetWatch:
         error = min(error_sum, max(0, steal - (oldest_mark or 0)), tot[3])
         root = _node(top.path, tot, kids, rows.get(top, ()))
         method = used - {"unknown"}
-        try:
-            fs = kernel.fs_name(kernel.statfs_type(top.path))
-        except OSError:
-            fs = ""
+        fs = kernel.fs_name_at(top.path)
         return DatasetResidency(
             **{k: getattr(root, k) for k in NODE_FIELDS},
             page_size=kernel.PAGE_SIZE,
