@@ -175,7 +175,7 @@ class Session:
         history, hints = frame
         runner = self.runner
         return View(snapshot=history[-1], history=history, hints=hints, read_only=self.settings.read_only,
-                    replay=self.head.past, watched=tuple(self.settings.datasets), action=self.action,
+                    replay=self.head.past, frozen=self.frozen(), watched=tuple(self.settings.datasets), action=self.action,
                     busy=runner is not None and runner.busy is not None,
                     held=runner.held() if runner is not None else {})
 
@@ -291,17 +291,20 @@ class Session:
 
     # -- the action gate ----------------------------------------------------------------------------------------
 
-    def refusal(self, action: str) -> str | None:
-        """Why `action` may not change the system from here (read-only, a past moment), or None."""
+    def frozen(self) -> str | None:
+        """Why nothing may change the system from here (read-only, a replay, paused on a past moment), or None."""
         if self.settings.read_only:
-            why = "dltop runs --read-only"
-        elif self.replay:
-            why = "this is a replay"
-        elif self.head.past:
-            why = "paused on a past moment (space goes back to live)"
-        else:
-            return None
-        return f"{action}: {why}; nothing may change the system from here"
+            return "dltop runs --read-only"
+        if self.replay:
+            return "this is a replay"
+        if self.head.past:
+            return "paused on a past moment (space goes back to live)"
+        return None
+
+    def refusal(self, action: str) -> str | None:
+        """Why `action` may not change the system from here, or None."""
+        why = self.frozen()
+        return None if why is None else f"{action}: {why}; nothing may change the system from here"
 
     def request(self, action: str, path: str) -> None:
         """A pane asks for `action` on `path`: through the gate, then planned (its plan comes back as an event and

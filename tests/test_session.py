@@ -162,7 +162,10 @@ def test_the_gate_says_why_nothing_may_change_the_system() -> None:
         "evict: paused on a past moment (space goes back to live); nothing may change the system from here",
         "signal: paused on a past moment (space goes back to live); nothing may change the system from here"]
     assert [s.severity for s in session.said] == ["warning", "warning"]
+    view = session.view()  # the panes' greyed keys say the same reason, not "this is a replay" (paused live data)
+    assert view is not None and view.frozen == "paused on a past moment (space goes back to live)"
     session.head = Live()
+    assert (view := session.view()) is not None and view.frozen is None
     runner.busy = type("Run", (), {"action": "warm", "target": "/data/b"})()
     session.request("evict", "/data/a")
     assert session.said[-1].text == "warm /data/b is still running (Esc cancels)"

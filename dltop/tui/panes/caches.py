@@ -406,10 +406,9 @@ class CachesPane(Pane):
 
     def on_key(self, event: events.Key) -> None:
         view = self.view
-        if event.key == "c" and view is not None and (view.read_only or view.replay):
+        if event.key == "c" and view is not None and view.frozen:
             event.stop()
-            why = "dltop runs --read-only" if view.read_only else "this is a replay"
-            self.notify(f"c: {why}; nothing here may change the system", severity="warning", timeout=3)
+            self.notify(f"c: {view.frozen}; nothing here may change the system", severity="warning", timeout=3)
 
     def action_cancel(self) -> None:
         """Stop the clear in flight (it reports what it removed)."""

@@ -395,10 +395,9 @@ class DatasetPane(Pane):
     def on_key(self, event: events.Key) -> None:
         # w / e / l are greyed out in --read-only and in a replay; pressing one says why instead of nothing.
         view = self.view
-        if event.key in ("w", "e", "l") and view is not None and (view.read_only or view.replay):
+        if event.key in ("w", "e", "l") and view is not None and view.frozen:
             event.stop()
-            why = "dltop runs --read-only" if view.read_only else "this is a replay"
-            self.notify(f"{event.key}: {why}; nothing here may change the system", severity="warning", timeout=3)
+            self.notify(f"{event.key}: {view.frozen}; nothing here may change the system", severity="warning", timeout=3)
 
     def action_cancel(self) -> None:
         """Stop the running action (or close the add box)."""

@@ -875,10 +875,9 @@ class GpuPane(Pane):
 
     def on_key(self, event: events.Key) -> None:
         view = self.view
-        if event.key == "k" and view is not None and (view.read_only or view.replay):
+        if event.key == "k" and view is not None and view.frozen:
             event.stop()
-            why = "dltop runs --read-only" if view.read_only else "this is a replay"
-            self.app.notify(f"signal: {why}; nothing may change the system from here", severity="warning")
+            self.app.notify(f"signal: {view.frozen}; nothing may change the system from here", severity="warning")
 
     def action_signal(self) -> None:
         """Send the selected process a signal: a dialog offers SIGTERM (first), SIGKILL and SIGINT."""
