@@ -170,6 +170,30 @@ async def test_the_current_tabs_hint_comes_first_and_a_hint_can_be_snoozed_or_mu
         assert hints.display and "compile cache" in str(hints.render())
 
 
+async def test_help_at_80x24_scrolls_to_every_word() -> None:
+    # `?` at 80x24 cut its text (a hint's full text to 4 lines, the sources' line to 3) and could not scroll.
+    long = [Hint(f"hint-{i}", "warn", f"hint {i}: " + "a long explanation of what is wrong " * 6, fix="do this")
+            for i in range(9)]
+    app = DltopApp(ListFeed([_snap()]), Settings(tab="datasets", mute=()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.session.hints = long
+        app.draw()
+        await pilot.pause()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        dialog = app.screen.query_one("#help-dialog")
+        text = str(app.screen.query_one("#help-hint-text", Static).render())
+        assert "…" not in text and text.count("a long explanation") == 6  # the chosen hint whole
+        assert dialog.max_scroll_y > 0 and dialog.scroll_y == 0  # taller than the screen: it scrolls
+        await pilot.press("end")
+        await pilot.wait_for_scheduled_animations()
+        assert dialog.scroll_y == dialog.max_scroll_y
+        about = app.screen.query_one("#help-about", Static)
+        assert about.region.bottom <= app.screen.size.height and "never as 0" in str(about.render())
+        await pilot.press("down", "down")  # the arrows still choose a hint
+        assert app.screen.query_one("#help-hints", OptionList).highlighted == 2
+
+
 async def test_a_hint_muted_in_the_config_stays_off_the_line_and_is_listed_in_help() -> None:
     app = DltopApp(ListFeed([_snap()]), Settings(tab="caches", mute=("cache-on-temporary-storage",)))
     async with app.run_test(size=(80, 24)) as pilot:

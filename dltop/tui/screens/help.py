@@ -3,16 +3,13 @@ muted here, by id), and where the pane's numbers come from."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterable, Sequence
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
-from textual.events import Resize
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
@@ -37,7 +34,6 @@ HELP_TEXT = {
 }
 TEXT_WIDTH = 72  # the dialog's 76 columns less its border and padding
 HINT_LIST_MOST = 6  # hint lines before the list scrolls (one line per hint; the chosen one in full below)
-HINT_TEXT_MOST = 4  # lines of the chosen hint's full text
 
 
 def key_rows(bindings: Iterable[BindingType], key_display: Callable[[Binding], str], jump: str) -> list[tuple[str, str]]:
@@ -55,56 +51,18 @@ def key_rows(bindings: Iterable[BindingType], key_display: Callable[[Binding], s
     return rows
 
 
-def wrapped(text: str, width: int) -> list[str]:
-    """`text` as the dialog wraps it, one string per line."""
-    console = Console(width=width, no_color=True, legacy_windows=False)
-    return [line.plain for line in Text(text).wrap(console, width)] or [""]
-
-
-def rendered_lines(table: Table, width: int) -> int:
-    """How many lines `table` takes `width` columns wide (a long description wraps within its column)."""
-    console = Console(width=width, no_color=True, legacy_windows=False, file=io.StringIO())
-    return len(console.render_lines(table, console.options.update_width(width), pad=False))
-
-
-def cut_lines(lines: list[str], most: int) -> str:
-    """At most `most` of `lines`, the last one ending in … where some are left out."""
-    if len(lines) <= most:
-        return "\n".join(lines)
-    kept = lines[:most]
-    kept[-1] = kept[-1][:TEXT_WIDTH - 1].rstrip() + "…"
-    return "\n".join(kept)
-
-
-def fit(rows: int, keys: int, hints: int, hint_text: int, about: int) -> tuple[int, int, int]:
-    """Lines for the hint list, the chosen hint's text and the about line in `rows` (the dialog's inside), with
-    `keys` lines of keys above them: each as tall as it needs up to its cap, and where that is too much, given
-    up a line at a time in steps (the list to 3, the text to 2, the about to 3; then to 2, 1 and 1)."""
-    shown = min(hints, HINT_LIST_MOST)
-    text = min(hint_text, HINT_TEXT_MOST) if hints else 0
-    fixed = 1 + keys + (len(wrapped(HINT_KEYS, TEXT_WIDTH)) if hints else 0)  # the title, the keys, the hints' keys
-    for list_least, text_least, about_least in ((3, 2, 3), (2, 1, 1)):
-        for least, which in ((list_least, 0), (text_least, 1), (about_least, 2)):
-            while fixed + shown + text + about > rows:
-                now = (shown, text, about)[which]
-                if now <= least:
-                    break
-                if which == 0:
-                    shown -= 1
-                elif which == 1:
-                    text -= 1
-                else:
-                    about -= 1
-    return shown, text, about
-
-
 class HelpScreen(ModalScreen[None]):
-    """Lists key bindings and hints; any of Esc, q or ? closes it; s and m snooze and mute the hint chosen."""
+    """Lists key bindings and hints, whole: the dialog scrolls (PgUp/PgDn, Home/End, the mouse) where the screen is
+    short; any of Esc, q or ? closes it; s and m snooze and mute the hint chosen."""
 
     BINDINGS = [
         Binding("escape,q,question_mark", "close", "Close", id="help.close"),
         Binding("s", "hint('snoozed')", "Snooze hint", id="help.snooze"),
         Binding("m", "hint('muted')", "Mute hint", id="help.mute"),
+        Binding("pageup", "scroll('page_up')", "Page up", show=False, priority=True),
+        Binding("pagedown", "scroll('page_down')", "Page down", show=False, priority=True),
+        Binding("home", "scroll('scroll_home')", "Top", show=False, priority=True),
+        Binding("end", "scroll('scroll_end')", "Bottom", show=False, priority=True),
     ]
 
     def __init__(self, bindings: list[tuple[str, str]], about: str = "",
@@ -117,13 +75,11 @@ class HelpScreen(ModalScreen[None]):
         self._hints = list(hints)  # (id, text): every hint now, muted and snoozed ones too
         self._state = hint_state
         self._set_state = set_hint_state
-        self._text_lines = HINT_TEXT_MOST
-        self._about_lines = len(wrapped(self._about, TEXT_WIDTH))
 
     def compose(self) -> ComposeResult:
         table = self._table()
-        with Vertical(id="help-dialog"):
-            yield Static(Text("dltop — keys", style="bold"))
+        with VerticalScroll(id="help-dialog"):
+            yield Static(Text.assemble(("dltop — keys", "bold"), ("   PgUp/PgDn scroll, Esc closes", "dim")))
             yield Static(table, id="help-keys")
             if self._hints:
                 yield Static(Text(HINT_KEYS, style="dim"), id="help-hint-keys")
@@ -157,24 +113,17 @@ class HelpScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         if self._hints:
-            self.query_one("#help-hints", OptionList).focus()
-        self._fit()
+            hints = self.query_one("#help-hints", OptionList)
+            hints.styles.height = min(len(self._hints), HINT_LIST_MOST)
+            hints.focus()
+            self._show_hint(0)
+        else:
+            self.query_one("#help-dialog", VerticalScroll).focus()  # the arrows scroll it
+        self.query_one("#help-about", Static).update(Text(self._about, style="dim"))
 
-    def on_resize(self, event: Resize) -> None:
-        self._fit()
-
-    def _fit(self) -> None:
-        """Share the screen's rows between the hint list, the chosen hint's text and the about line."""
-        keys = rendered_lines(self._table(), TEXT_WIDTH)
-        rows = max(1, self.size.height - 2)  # the dialog's border
-        i = self._chosen()
-        text_lines = len(wrapped(self._hint_text(i), TEXT_WIDTH)) if self._hints else 0
-        shown, self._text_lines, about = fit(rows, keys, len(self._hints), text_lines, self._about_lines)
-        if self._hints:
-            self.query_one("#help-hints", OptionList).styles.height = shown
-            self._show_hint(i)
-        self.query_one("#help-about", Static).update(
-            Text(cut_lines(wrapped(self._about, TEXT_WIDTH), about), style="dim"))
+    def action_scroll(self, how: str) -> None:
+        """Scroll the dialog (the hint list keeps the arrows)."""
+        getattr(self.query_one("#help-dialog", VerticalScroll), f"action_{how}")()
 
     def _chosen(self) -> int:
         if not self._hints:
@@ -188,8 +137,7 @@ class HelpScreen(ModalScreen[None]):
         return f"{'[' + state + '] ' if state else ''}{printable(hint_id)}: {printable(text)}"
 
     def _show_hint(self, i: int) -> None:
-        lines = wrapped(self._hint_text(i), TEXT_WIDTH)
-        self.query_one("#help-hint-text", Static).update(Text(cut_lines(lines, self._text_lines)))
+        self.query_one("#help-hint-text", Static).update(Text(self._hint_text(i)))
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         self._show_hint(event.option_index)
