@@ -18,7 +18,8 @@ from dltop.text.cpu import decode_text, render_text
 
 # For users: what it shows (the module docstring above names modules, which --help must not).
 DESCRIPTION = ("The CPU cache hierarchy, per core kind, with registers decoded and problems flagged: every cache, "
-               "which CPUs share it, its size, line and ways, as the CPU caches tab of the TUI shows them.")
+               "which CPUs share it, its size, ways, sets and line size. The TUI's CPU caches tab shows the same "
+               "tree, core kinds and flags; the ways, sets and line of each cache are in this command's table.")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
