@@ -27,6 +27,7 @@ need_tools() {
 # make_venv [EXTRAS]: $VENV with dltop installed (editable) and the extras, e.g. `make_venv test`.
 make_venv() {
   if [ ! -x "$VENV/bin/pip" ]; then
+    echo "creating $VENV" >&2
     # Without python3-venv, Debian's venv stops before pip ("ensurepip is not available") and leaves a
     # venv without pip behind: install the package and make it again over the broken one.
     if ! "$PY" -m venv --clear "$VENV" >/dev/null 2>&1; then
@@ -34,5 +35,6 @@ make_venv() {
       "$PY" -m venv --clear "$VENV"
     fi
   fi
+  echo "pip install -e $REPO${1:+[$1]} (the packages in pyproject.toml)" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$REPO${1:+[$1]}"
 }

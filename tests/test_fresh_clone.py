@@ -94,3 +94,4 @@ def test_quick_start_installs_and_runs_dltop_on_the_system_python(tmp_path: Path
     version = re.search(r'__version__ = "(.*)"', (REPO / "dltop" / "__init__.py").read_text())
     assert version and version.group(1) in r.stdout
     assert (tmp_path / "venv" / "bin" / "dltop").exists()
+    assert "first run: installing" in r.stderr  # not ~20 s of a silent terminal
