@@ -1,10 +1,10 @@
 """Make screenshots/ from a real run: the live app (real Sampler, this machine's kernel) in a headless terminal,
-while a background writer makes the page cache move and examples/train_tiny.py trains with the probe (the
-Training tab). Each tab at 120x40, the GPU, page-cache and training panes at 80x24; then the Cluster tab from
+kept open for minutes (the README's picture is of a session, not of its first seconds) while a background
+writer makes the page cache move in rounds and examples/train_tiny.py trains with the probe (the Training tab). Each tab at 120x40, the GPU, page-cache and training panes at 80x24; then the Cluster tab from
 scripts/cluster_screenshot.py (a real Prometheus and four `dltop export` nodes).
 Without a GPU, the GPU tab plays an NVML scenario file through dltop's fake backend (--gpu-scenario).
 
-usage: python scripts/make_screenshots.py [--seconds 12]
+usage: python scripts/make_screenshots.py [--seconds 240]
 SVG files, as Textual draws them (a browser shows them; converters such as rsvg-convert collapse the spaces).
 """
 
@@ -49,9 +49,16 @@ async def shoot(size: tuple[int, int], seconds: float, datasets: tuple[str, ...]
     return saved
 
 
+def io_rounds(directory: Path, stop: threading.Event, rest_s: float = 25.0) -> None:
+    """make_io again and again, with a rest between rounds: the charts show minutes of a page cache at work."""
+    while not stop.is_set():
+        make_io(directory, stop)
+        stop.wait(rest_s)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=12.0, help="how long to let history build up first")
+    ap.add_argument("--seconds", type=float, default=240.0, help="how long to let history build up first")
     ap.add_argument("--gpu-scenario", default=str(REPO / "tests/data/gpu-scenarios/two-gpus.json"),
                     help="on a machine without GPUs, play this NVML scenario (DLTOP_FAKE_NVML) for the GPU tab; "
                          "'' for this machine's own NVML")
@@ -67,10 +74,10 @@ def main() -> int:
             (data / "train" / f"shard-{i}.bin").write_bytes(bytes(8 << 20))
         (data / "val" / "shard-0.bin").write_bytes(bytes(4 << 20))
         stop = threading.Event()
-        writer = threading.Thread(target=make_io, args=(Path(tmp), stop), daemon=True)
+        writer = threading.Thread(target=io_rounds, args=(Path(tmp), stop), daemon=True)
         writer.start()
         os.environ["XDG_RUNTIME_DIR"] = tmp  # the training run's probe, and only it, for the Training tab
-        train = subprocess.Popen([sys.executable, str(REPO / "examples/train_tiny.py"), "--epochs", "400",
+        train = subprocess.Popen([sys.executable, str(REPO / "examples/train_tiny.py"), "--epochs", "1000",
                                   "--files", "128", "--size-kib", "256", "--decode-ms", "3",
                                   "--data-dir", str(Path(tmp) / "train-tiny"), "--linger", "120"],
                                  stdout=subprocess.DEVNULL)
