@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from textual.widgets import Static
 
 from dltop.config import Settings
-from dltop.fmt import human_bytes
+from dltop.fmt import human_bytes, human_range
 from dltop.model import MemoryPart, Snapshot
 from dltop.sampler import ListFeed
 from dltop.tui import charts
@@ -74,6 +74,50 @@ async def test_a_writeback_blip_says_its_scale() -> None:
     assert all(len(ln) <= 80 for ln in lines)
 
 
+GIB = 1 << 30
+
+
+async def test_a_dip_in_available_stays_in_the_chart_and_its_range() -> None:
+    # MemAvailable fell from 22.3 to 17.2 GiB for 6 s (the recorded readings otherwise): a 13 s column that kept
+    # its largest reading showed none of it, and the range stayed 22.1-22.3 GiB. Each column keeps its lowest now.
+    n, dip = 600, range(300, 306)
+    avail = [int(17.2 * GIB) if i in dip else int(22.3 * GIB) + (i % 5) * MIB for i in range(n)]
+    cached = [int(10 * GIB) if i in dip else int(12 * GIB) for i in range(n)]
+    lines, width = await _pagecache_lines(_memory_history(n, available_bytes=avail, total_bytes=[int(23.5 * GIB)] * n,
+                                                          cached_bytes=cached))
+    line = _line(lines, "Available")
+    bars = line[SPARK_LABEL_WIDTH:SPARK_LABEL_WIDTH + width]
+    assert line[SPARK_LABEL_WIDTH + width:].strip() == "17.2–22.3 GiB" == human_range(min(avail), max(avail))
+    low = [i for i, ch in enumerate(bars) if ch == "▁"]  # the dip's column(s), at the bottom of the range
+    assert low and len(low) <= 2 and set(bars) - {"▁"} == {"█"}, bars
+    per = 600 / width
+    dip_col = math.floor((10_000 + dip[0]) / per) - (math.floor((10_000 + n - 1) / per) - width + 1)
+    assert low[0] == dip_col
+    cached_line = _line(lines, "Cached")
+    assert cached_line[SPARK_LABEL_WIDTH + width:].strip() == f"max {human_bytes(12 * GIB)}"
+    assert cached_line[SPARK_LABEL_WIDTH + dip_col] != "█"  # a drop of the cache shows too
+
+
+async def test_the_range_covers_the_value_printed_beside_it() -> None:
+    # The value beside a chart is the newest reading; a column keeps one reading of those it covers, so the
+    # newest may be none of the columns' (Available 17.4 GiB beside 17.9-22.1 GiB). The range now holds it.
+    n = 600
+    avail = [int(20 * GIB)] * (n - 2) + [int(22 * GIB)] * 2  # a jump within the last column: its lowest is 20
+    dirty = [5 * MIB] * (n - 1) + [1 * MIB]
+    lines, width = await _pagecache_lines(_memory_history(n, available_bytes=avail, total_bytes=[int(23.5 * GIB)] * n,
+                                                          dirty_bytes=dirty))
+    line = _line(lines, "Available")
+    assert line[10:SPARK_LABEL_WIDTH].strip() == "22.0 GiB"
+    assert line[SPARK_LABEL_WIDTH + width:].strip() == "20.0–22.0 GiB"
+    assert set(line[SPARK_LABEL_WIDTH:SPARK_LABEL_WIDTH + width]) == {"▁"}  # no column's reading is 22 GiB
+    dirty_line = _line(lines, "Dirty")
+    assert dirty_line[10:SPARK_LABEL_WIDTH].strip() == "1.0 MiB"
+    assert dirty_line[SPARK_LABEL_WIDTH + width:].strip() == "max 5.0 MiB"  # a burst is kept; 1 MiB is inside
+    for lo, hi, now in ((2.0, 3.0, 3.5), (2.0, 3.0, 1.0)):  # and a loss outside the band it moved in
+        bottom, top = charts.scale_of([lo, hi], None, now=now)
+        assert bottom <= now <= top
+
+
 async def test_the_loss_is_scaled_from_its_lowest_value() -> None:
     # From 0, a loss between 2.30 and 2.40 drew a flat row of full bars; now its range is the scale.
     from tests.test_training_pane import _open, _shown
@@ -128,19 +172,20 @@ TRIED: list[int] = []
 
 @settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.floats(0, 500), st.floats(-1e3, 1e3) | st.just(math.nan)), max_size=40),
-       st.floats(0, 600), st.integers(1, 50), st.sampled_from([30.0, 60.0, 120.0]), st.floats(0.1, 20))
+       st.floats(0, 600), st.integers(1, 50), st.sampled_from([30.0, 60.0, 120.0]), st.floats(0.1, 20),
+       st.sampled_from(["max", "min"]))
 def _columns_match_a_full_scan(points: list[tuple[float, float]], end: float, width: int, span: float,
-                               cadence: float) -> None:
+                               cadence: float, keep: charts.Keep) -> None:
     TRIED.append(1)
     points = sorted(points)
-    cols = charts.time_columns(points, end, width, span, cadence)
+    cols = charts.time_columns(points, end, width, span, cadence, keep)
     assert len(cols) == width
     per = span / width
     first = math.floor(end / per) - width + 1
     for i, v in enumerate(cols):
         inside = [0.0 if math.isnan(y) else y for t, y in points if math.floor(t / per) == first + i]
         if inside:
-            assert v == max(inside)  # no spike lost
+            assert v == (min(inside) if keep == "min" else max(inside))  # no dip, no spike lost
         elif v is not None:  # a held level: the column before it, between readings close enough
             assert i > 0 and cols[i - 1] == v
     for height in (1, 3):

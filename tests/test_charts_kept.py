@@ -19,7 +19,14 @@ from dltop.model import MemoryPart, Snapshot
 from dltop.sampler import ListFeed
 from dltop.tui import charts
 from dltop.tui.app import DltopApp
-from dltop.tui.panes.pagecache import SPARK_FIELDS, PageCachePane, readings, refault_rate, series_of
+from dltop.tui.panes.pagecache import (
+    SPARK_FIELDS,
+    SPARK_KEEP,
+    PageCachePane,
+    readings,
+    refault_rate,
+    series_of,
+)
 
 
 @dataclasses.dataclass(eq=False)  # compared by identity, as the history's Snapshots are
@@ -54,6 +61,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("span"), st.sampled_from([30.0, 60.0, 120.0])),
 ), min_size=1, max_size=60)
 TRIED: list[int] = []
+KEEP: tuple[charts.Keep, charts.Keep] = ("min", "max")
 
 
 @settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -67,7 +75,7 @@ def _kept_equals_a_full_computation(raw: list[tuple[float, float | None, int]], 
         ts += step
         counter += inc
         universe.append(Item(ts, value, counter))
-    kept: charts.KeptSeries[Item] = charts.KeptSeries(2, _of)
+    kept: charts.KeptSeries[Item] = charts.KeptSeries(2, _of, KEEP)  # a level's dips, a rate's bursts
     history: deque[Item] = deque(universe[:5], maxlen=keep)
     end, span, cadence = 5, 60.0, 1.0
     for op, arg in ops:
@@ -102,7 +110,7 @@ def _kept_equals_a_full_computation(raw: list[tuple[float, float | None, int]], 
         full = _full(window)
         for chart in (0, 1):
             assert kept.points(chart) == full[chart], (op, chart)
-            want = charts.time_columns(full[chart], window[-1].ts, width, span, cadence)
+            want = charts.time_columns(full[chart], window[-1].ts, width, span, cadence, KEEP[chart])
             got = kept.columns(chart, window[-1].ts, width, span, cadence)
             assert got == want, (op, chart, width, span)
 
@@ -139,7 +147,7 @@ def test_a_tick_derives_only_what_came() -> None:
 
 def test_the_pane_readings_are_the_series_of_the_history(session: list[Snapshot]) -> None:
     # `readings`, one Snapshot at a time, gives each chart what the whole-history functions give.
-    kept: charts.KeptSeries[Snapshot] = charts.KeptSeries(len(SPARK_FIELDS) + 1, readings)
+    kept: charts.KeptSeries[Snapshot] = charts.KeptSeries(len(SPARK_FIELDS) + 1, readings, SPARK_KEEP)
     kept.update(session)
     for i, data in enumerate(series_of(session, [f[0] for f in SPARK_FIELDS])):
         assert kept.points(i) == data
@@ -174,7 +182,7 @@ async def test_the_pane_after_ticks_trims_gaps_and_steps_is_the_pane_drawn_afres
                 app.show()
                 await pilot.pause()
             ticked = _sparks(app)
-            pane._kept = charts.KeptSeries(len(SPARK_FIELDS) + 1, readings)
+            pane._kept = charts.KeptSeries(len(SPARK_FIELDS) + 1, readings, SPARK_KEEP)
             app.show()
             await pilot.pause()
             assert _sparks(app) == ticked, what

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Iterable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from dltop.fmt import SPARK_CHARS
 
@@ -17,6 +17,9 @@ HOLD_CADENCES = 2.5  # a level is held across empty columns between readings clo
 
 Point = tuple[float, float]  # (timestamp, value)
 Columns = list[float | None]  # a chart's columns, oldest first; None: no reading in that column
+# What a column keeps of its readings: its largest (a spike of Dirty, Writeback, a rate is never lost) or, for a
+# level whose drop is the news (MemAvailable, Cached), its smallest (a 6 s dip stays in a 13 s column).
+Keep = Literal["max", "min"]
 T = TypeVar("T")
 
 
@@ -58,13 +61,13 @@ def column_of(ts: float, per_s: float) -> int:
     return math.floor(ts / per_s)
 
 
-def add_to(buckets: dict[int, float], ts: float, v: float, per_s: float) -> None:
-    """Put a reading in its column: a column keeps its largest reading (no spike is lost); a value that is not
-    finite is drawn as 0."""
+def add_to(buckets: dict[int, float], ts: float, v: float, per_s: float, keep: Keep = "max") -> None:
+    """Put a reading in its column: a column keeps its largest reading (no spike is lost), or its smallest with
+    `keep="min"` (no dip is lost); a value that is not finite is drawn as 0."""
     v = v if math.isfinite(v) else 0.0
     c = column_of(ts, per_s)
     now = buckets.get(c)
-    if now is None or v > now:
+    if now is None or (v < now if keep == "min" else v > now):
         buckets[c] = v
 
 
@@ -86,35 +89,38 @@ def bucket_columns(buckets: dict[int, float], end_ts: float, width: int, span: f
     return cols
 
 
-def time_columns(points: Sequence[Point], end_ts: float, width: int, span: float, cadence: float) -> Columns:
+def time_columns(points: Sequence[Point], end_ts: float, width: int, span: float, cadence: float,
+                 keep: Keep = "max") -> Columns:
     """`points` (timestamp, value), oldest first, as `width` columns of span/width seconds each, the last one
-    holding `end_ts` (`bucket_columns`)."""
+    holding `end_ts` (`bucket_columns`); each column keeps its largest reading, or its smallest (`keep`)."""
     if width <= 0:
         return []
     per = span / width
     start = end_ts - span - per
     buckets: dict[int, float] = {}
     get, floor, finite = buckets.get, math.floor, math.isfinite
+    low = keep == "min"
     for ts, v in points:  # add_to, inlined: 600 readings a chart, five charts a tick
         if ts >= start:
             if not finite(v):
                 v = 0.0
             c = floor(ts / per)  # column_of
             now = get(c)
-            if now is None or v > now:
+            if now is None or (v < now if low else v > now):
                 buckets[c] = v
     return bucket_columns(buckets, end_ts, width, span, cadence)
 
 
 class KeptColumns:
     """`time_columns` kept between ticks: each clock-aligned column's readings, in the order they came, and its
-    largest. A tick adds the newest reading and drops the ones that left the history, where `time_columns`
-    buckets every reading again (600 a chart once the history is full). The columns are those of
+    largest (or smallest, `keep="min"`). A tick adds the newest reading and drops the ones that left the history,
+    where `time_columns` buckets every reading again (600 a chart once the history is full). The columns are those of
     `time_columns` exactly: a column that a full scan would leave out of the chart (older than the span) is
     kept here but never read; a reading that leaves takes its column's largest with it, which the rest of the
     column's readings then give again."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: Keep = "max") -> None:
+        self.keep = keep
         self.per: float | None = None  # seconds a column: the chart's span / width; None: not built
         self._values: dict[int, list[float]] = {}
         self._top: dict[int, float] = {}
@@ -129,6 +135,7 @@ class KeptColumns:
         if self.per is None:
             return
         per, values, top, floor, finite = self.per, self._values, self._top, math.floor, math.isfinite
+        low = self.keep == "min"
         for ts, v in points:
             if not finite(v):
                 v = 0.0
@@ -139,7 +146,7 @@ class KeptColumns:
                 top[c] = v
             else:
                 kept.append(v)
-                if v > top[c]:  # the first of equal values stays, as in time_columns
+                if v < top[c] if low else v > top[c]:  # the first of equal values stays, as in time_columns
                     top[c] = v
 
     def drop(self, points: Iterable[Point]) -> None:
@@ -159,7 +166,7 @@ class KeptColumns:
             if not kept:
                 del values[c], top[c]
             elif v == top[c]:
-                top[c] = max(kept)  # the first of the largest left, as a full scan finds it
+                top[c] = min(kept) if self.keep == "min" else max(kept)  # as a full scan finds it
 
     def columns(self, end_ts: float, width: int, span: float, cadence: float) -> Columns:
         """What `time_columns` gives for the readings in, columns span/width seconds wide (built by then)."""
@@ -172,13 +179,14 @@ class KeptSeries(Generic[T]):
     first). `update` works out what left the history's front and what came at its end (a live tick, a step or
     a play in a replay, a frame drawn again), by identity, and derives and buckets only those; anything else
     (a jump, a step back, another recording) is derived afresh. Columns of another width or span are
-    bucketed again from the readings kept."""
+    bucketed again from the readings kept. `keep`: what each chart's columns keep ("max" for all by default)."""
 
-    def __init__(self, charts: int, of: Callable[[T | None, T], Sequence[Point | None]]) -> None:
+    def __init__(self, charts: int, of: Callable[[T | None, T], Sequence[Point | None]],
+                 keep: Sequence[Keep] = ()) -> None:
         self._of = of
         self._items: list[T] = []
         self._points: list[list[Point | None]] = [[] for _ in range(charts)]  # one per item, per chart
-        self._columns = [KeptColumns() for _ in range(charts)]
+        self._columns = [KeptColumns(keep[i] if i < len(keep) else "max") for i in range(charts)]
         self.rebuilt = 0  # how many updates derived everything again (tests and benchmarks read it)
 
     def update(self, items: Sequence[T]) -> None:
@@ -248,7 +256,7 @@ class KeptSeries(Generic[T]):
         return [p for p in self._points[chart] if p is not None]
 
     def columns(self, chart: int, end_ts: float, width: int, span: float, cadence: float) -> Columns:
-        """`time_columns(self.points(chart), end_ts, width, span, cadence)`, from the columns kept."""
+        """`time_columns(self.points(chart), end_ts, width, span, cadence, keep)`, from the columns kept."""
         if width <= 0:
             return []
         cols = self._columns[chart]
@@ -284,11 +292,16 @@ def draw(cols: Columns, height: int, top: float, bottom: float = 0.0) -> list[st
     return rows
 
 
-def scale_of(cols: Columns, min_span: float | None = 0.0, top: float | None = None) -> tuple[float, float]:
+def scale_of(cols: Columns, min_span: float | None = 0.0, top: float | None = None,
+             now: float | None = None) -> tuple[float, float]:
     """A chart's (bottom, top): from 0 to the largest value shown (or `top`); `min_span` None: from the lowest
     value shown to the highest (a loss that moves in a band); a number > 0: the band shown but at least that
-    tall, hanging down from the highest and never below 0 (MemAvailable near MemTotal)."""
+    tall, hanging down from the highest and never below 0 (MemAvailable near MemTotal). `now`, the value printed
+    beside the chart, is always inside the range (a column keeps one reading of several: the latest may be
+    another)."""
     values = shown(cols)
+    if now is not None and math.isfinite(now) and values:
+        values.append(now)
     high = max(values, default=0.0) if top is None else top
     if min_span is None:
         return min(values, default=0.0), high

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -27,23 +27,38 @@ from dltop.tui.panes.base import Lines, Pane, set_content
 from dltop.view import View
 
 # Sparklines of meminfo fields, top to bottom, with the least span of their scale as a share of MemTotal, or
-# None for a scale from 0; refaults/s (derived) comes after them. Available is a level that rarely leaves a
-# narrow band near the top (23.0-23.2 GiB of 23.5): from 0 it is a solid bar, so it is scaled to the band
-# shown, at least 1% of MemTotal tall so that noise of a few MiB does not look like a cliff. The others are
-# amounts whose zero means something (nothing dirty) and are scaled from 0.
-SPARK_FIELDS = (
-    ("available_bytes", "Available", 0.01),
-    ("cached_bytes", "Cached", None),
-    ("dirty_bytes", "Dirty", None),
-    ("writeback_bytes", "Writeback", None),
+# None for a scale from 0, and what a column keeps of the readings it covers; refaults/s (derived) comes after
+# them. Available is a level that rarely leaves a narrow band near the top (23.0-23.2 GiB of 23.5): from 0 it is
+# a solid bar, so it is scaled to the band shown, at least 1% of MemTotal tall so that noise of a few MiB does
+# not look like a cliff. The others are amounts whose zero means something (nothing dirty) and are scaled from 0.
+# Available and Cached keep each column's lowest reading (a 6 s dip of 5 GiB is the news: a column of 13 s that
+# kept its largest showed none of it); Dirty, Writeback and refaults their highest (a burst).
+SPARK_FIELDS: tuple[tuple[str, str, float | None, charts.Keep], ...] = (
+    ("available_bytes", "Available", 0.01, "min"),
+    ("cached_bytes", "Cached", None, "min"),
+    ("dirty_bytes", "Dirty", None, "max"),
+    ("writeback_bytes", "Writeback", None, "max"),
 )
+SPARK_KEEP: tuple[charts.Keep, ...] = (*(f[3] for f in SPARK_FIELDS), "max")  # the refaults' chart last
 
 SPARK_LABEL_WIDTH = 20  # "Writeback" padded to 10, the value right-aligned in 9, a space
 SPARK_SCALE_WIDTH = 14  # " 22.9–23.2 GiB", " max 45.0 MiB": right of the bars, each chart's scale
 
-# label, current value, the readings: (timestamp, value) or a chart of a KeptSeries, style, least span of the
-# scale in bytes (None: from 0), how the scale's numbers are written
-Chart = tuple[str, str, list[charts.Point] | int, str, float | None, Callable[[float], str]]
+
+
+class Chart(NamedTuple):
+    """One chart of the block: its label and current value (as printed, and as a number the scale covers), its
+    readings ((timestamp, value) or a chart of a KeptSeries), style, the least span of its scale in bytes (None:
+    from 0), how the scale's numbers are written, and what a column keeps (for readings given as a list)."""
+
+    label: str
+    value: str
+    points: list[charts.Point] | int
+    style: str
+    min_span: float | None
+    fmt: Callable[[float], str]
+    now: float | None = None
+    keep: charts.Keep = "max"
 
 
 def _bytes(v: float) -> str:
@@ -216,22 +231,23 @@ def sparkline_block(chart_list: list[Chart], width: int, height: int, end_ts: fl
     """Label, current value and a chart `width` wide per chart, each as tall as the space allows (with a blank
     line between charts once there is room): a big terminal gets finer charts, 80x24 one line each. Every
     column covers span_s / width seconds (the time axis under the charts says the span and a column's
-    seconds); each chart's scale is on its right: its max, or its range where it does not start at 0. A chart's
-    readings are a list, or the number of its chart in `kept` (its columns kept between ticks)."""
+    seconds); each chart's scale is on its right: its max, or its range where it does not start at 0, always
+    covering the value printed beside it. A chart's readings are a list, or the number of its chart in `kept`
+    (its columns kept between ticks)."""
     n = len(chart_list)
     height = max(n, height - 1)  # the axis' line
     gap = 1 if height >= 2 * n - 1 else 0
     rows_each = max(1, (height - gap * (n - 1)) // n)
     lines: list[Content] = []
-    for i, (label, value, points, style, min_span, fmt) in enumerate(chart_list):
+    for i, (label, value, points, style, min_span, fmt, now, keep) in enumerate(chart_list):
         if i and gap:
             lines.append(Content(""))
         if isinstance(points, int):
             assert kept is not None
             cols = kept.columns(points, end_ts, width, span_s, cadence_s)
         else:
-            cols = charts.time_columns(points, end_ts, width, span_s, cadence_s)
-        bottom, top = charts.scale_of(cols, 0.0 if min_span is None else min_span)
+            cols = charts.time_columns(points, end_ts, width, span_s, cadence_s, keep)
+        bottom, top = charts.scale_of(cols, 0.0 if min_span is None else min_span, now=now)
         bars = charts.draw(cols, rows_each, top, bottom)
         scale = scale_labels(bottom, top, len(bars), fmt) if charts.shown(cols) else [""] * len(bars)
         for r, bar in enumerate(bars):
@@ -303,7 +319,7 @@ class PageCachePane(Pane):
         super().__init__()
         # The charts' readings and columns, kept between ticks: a tick derives and buckets only the newest
         # Snapshot (and drops the one that left), not the 600 of a full history.
-        self._kept: charts.KeptSeries[Snapshot] = charts.KeptSeries(len(SPARK_FIELDS) + 1, readings)
+        self._kept: charts.KeptSeries[Snapshot] = charts.KeptSeries(len(SPARK_FIELDS) + 1, readings, SPARK_KEEP)
 
     def compose(self) -> ComposeResult:
         # Lines: a tick repaints only the lines whose text changed (a sparkline whose value moved, not the axis
@@ -333,12 +349,14 @@ class PageCachePane(Pane):
         kept = self._kept
         kept.update(history)
         chart_list: list[Chart] = []
-        for i, (name, label, span_share) in enumerate(SPARK_FIELDS):
+        for i, (name, label, span_share, _keep) in enumerate(SPARK_FIELDS):
             min_span = None if span_share is None else span_share * (
                 m.total_bytes or max((v for _, v in kept.points(i)), default=0.0))
-            chart_list.append((label, human_bytes(getattr(m, name)), i, "$accent", min_span, _bytes))
+            v = getattr(m, name)
+            chart_list.append(Chart(label, human_bytes(v), i, "$accent", min_span, _bytes, v))
         rate = vm.refaults_per_s if vm is not None else None
-        chart_list.append(("Refaults", human_count_rate(rate) + "/s", len(SPARK_FIELDS), "$warning", None, _per_s))
+        chart_list.append(Chart("Refaults", human_count_rate(rate) + "/s", len(SPARK_FIELDS), "$warning", None,
+                                _per_s, rate))
         times = [s.ts for s in history[-(charts.CADENCE_INTERVALS + 1):]]  # all that the cadence reads
         set_content(sparks, sparkline_block(chart_list, max(1, width - SPARK_SCALE_WIDTH), sparks.size.height,
                                             view.snapshot.ts, charts.span_s(times), charts.cadence_s(times),

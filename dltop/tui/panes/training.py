@@ -281,13 +281,13 @@ def _bars_width(width: int) -> int:
 
 def _spark_line(label: str, value: str, data: list[charts.Point], width: int, style: str, axis: Axis,
                 scale: Callable[[float], str], top: float | None = None, value_style: str = "",
-                banded: bool = False) -> Content:
+                banded: bool = False, now: float | None = None) -> Content:
     """A labelled chart row with its scale on the right (its max, or its range where it does not start at 0:
-    `banded`, a loss that moves in a band, is scaled from its lowest value shown), exactly `width` wide (a row
-    one cell wider wraps into a stray fragment)."""
+    `banded`, a loss that moves in a band, is scaled from its lowest value shown, and `now`, the value printed,
+    inside it), exactly `width` wide (a row one cell wider wraps into a stray fragment)."""
     bars_width = _bars_width(width)
     cols = charts.time_columns(data, axis.end_ts, bars_width, axis.span_s, axis.cadence_s)
-    bottom, high = charts.scale_of(cols, None if banded else 0.0, top)
+    bottom, high = charts.scale_of(cols, None if banded else 0.0, top, now=now)
     bar = charts.draw(cols, 1, high, bottom)[0] if charts.shown(cols) else " " * bars_width
     if not charts.shown(cols):
         said = ""  # nothing drawn: no scale to read
@@ -330,7 +330,8 @@ def _spark_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapsh
     # a number of the recent window only: a loop that stopped or a process that exited has none now
     idle = "exited" if all(p.exited for p in members) else "stalled" if any(p.stalled for p in members) else None
     lines = [_spark_line("Step", idle or ("n/a" if now_step is None else f"{1000 * now_step:.1f} ms"),
-                         series(history, key, "step_time_s"), width, "$accent", axis, _ms),
+                         series(history, key, "step_time_s"), width, "$accent", axis, _ms,
+                         now=None if idle else now_step),
              _spark_line("Data wait", idle or ("n/a" if now_wait is None else percent_text(100 * now_wait)),
                          series(history, key, "data_wait_fraction"), width, "$warning", axis, _percent, top=1.0)]
     counts = _count_lines(key, members, history, width, axis, idle)
@@ -347,7 +348,7 @@ def _count_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapsh
         lines.append(_spark_line("Loss", loss_text(lead.loss, lead.loss_nonfinite),
                                  series(history, key, "loss", combine=_lead), width, "$secondary", axis,
                                  _loss_scale, value_style="bold $error" if lead.loss_nonfinite else "",
-                                 banded=True))
+                                 banded=True, now=None if lead.loss_nonfinite else lead.loss))
     return lines
 
 
