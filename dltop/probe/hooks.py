@@ -9,6 +9,7 @@ that imports torch and never trains (torchrun's agent, a DataLoader worker) publ
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib
 import time
@@ -20,6 +21,8 @@ from dltop import probe
 _installed = False
 _watched: weakref.WeakSet[Any] = weakref.WeakSet()  # modules and optimizers handed to the probe
 _timed: list[weakref.ref[Any]] = []  # the dataset whose loader is timed (the first one iterated)
+_sampler: list[weakref.ref[Any]] = []  # its sampler: where the script calls set_epoch on it, those are the epochs
+_told: weakref.WeakSet[Any] = weakref.WeakSet()  # samplers the script called set_epoch on
 
 
 def _begin() -> None:
@@ -52,7 +55,41 @@ def _is_timed(it: Any) -> bool:
         root = getattr(dataset, "root", None)
         if isinstance(root, str):
             d.data_dir = root[:probe.MAX_CMD]
+        index = getattr(it, "_index_sampler", None)  # the batch sampler (holding the sampler) or the sampler
+        with contextlib.suppress(TypeError):
+            _sampler.append(weakref.ref(getattr(index, "sampler", index)))
     return _timed[0]() is dataset
+
+
+def _told_epochs() -> bool:
+    """The script tells the timed loader's sampler its epochs (`sampler.set_epoch`): they are the epochs, not
+    the passes over the data (a loop of a fixed number of steps an epoch over a loader that goes on)."""
+    return bool(_sampler) and _sampler[0]() in _told
+
+
+def _new_pass(it: Any) -> bool:
+    """The item just yielded is the first of a pass over the sampler: a new iterator, or the same one reset
+    (persistent_workers=True keeps its iterator and resets it for each pass)."""
+    n = getattr(it, "_num_yielded", None)
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n == 1
+    if getattr(it, "_dltop_seen", False) is False:  # a torch without the count: each iterator is a pass
+        it._dltop_seen = True
+        return True
+    return False
+
+
+def _close_epoch() -> None:
+    d = probe.state.data
+    if d.epoch_open and d.n > d.epoch_n0:
+        probe.mark_epoch()
+
+
+def _pass_done(it: Any) -> None:
+    """The timed loader's iterator ran out: its pass over the sampler is done, and so is the epoch (unless the
+    script tells the sampler its epochs)."""
+    if _timed and _timed[0]() is getattr(it, "_dataset", None) and not _told_epochs():
+        _close_epoch()
 
 
 def _patch_dataloader() -> None:
@@ -67,19 +104,39 @@ def _patch_dataloader() -> None:
         if d.explicit:  # the script times its loop with probe.track()
             return next_item(self)
         t0 = clock()
-        item = next_item(self)
+        try:
+            item = next_item(self)
+        except StopIteration:
+            _pass_done(self)
+            raise
         t1 = clock()
         if _is_timed(self):
-            if getattr(self, "_dltop_seen", False) is False:  # a new pass over the data: a new epoch
-                self._dltop_seen = True
-                if d.epoch_open and d.n > d.epoch_n0:
-                    probe.mark_epoch()
+            if _new_pass(self):  # a new pass over the data: a new epoch, unless set_epoch says where they are
+                if not _told_epochs():
+                    _close_epoch()
                 d.last_t = 0
                 _begin()
             probe.arrived(d, t0, t1, item)
         return item
 
     base.__next__ = __next__
+
+
+def _patch_set_epoch() -> None:
+    """`DistributedSampler.set_epoch` (and its subclasses'): the script says an epoch begins. Called on the timed
+    loader's sampler, it closes the epoch open."""
+    cls = importlib.import_module("torch.utils.data.distributed").DistributedSampler
+    set_epoch = cls.set_epoch
+
+    @functools.wraps(set_epoch)
+    def hooked(self: Any, epoch: int) -> None:
+        set_epoch(self, epoch)
+        with contextlib.suppress(TypeError):
+            _told.add(self)
+        if not probe.state.data.explicit and _sampler and _sampler[0]() is self:
+            _close_epoch()
+
+    cls.set_epoch = hooked
 
 
 def _patch_module_to(nn: Any) -> None:
@@ -129,6 +186,7 @@ def install(torch: Any) -> None:
     _installed = True
     atexit.register(_close_pass)  # runs before the probe's own exit record (atexit is last in, first out)
     _patch_dataloader()
+    _patch_set_epoch()
     _patch_module_to(torch.nn)
     _patch_compile(torch)
     importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook(_after_step)
