@@ -80,7 +80,7 @@ def test_the_tree_puts_ranks_under_their_launcher_and_text_from_outside_is_escap
     assert {r["pid"] for r in rows[at + 1:at + 3]} == {pids["rank0"], pids["rank1"]}
     assert all(r["depth"] == 1 for r in rows[at + 1:at + 3])
     text = _dltop(path, "--tree")
-    assert "[launcher of 2]" in text and "└ " in text and "├ " in text
+    assert "[2 ranks] " in text and "└ " in text and "├ " in text
     assert "\x1b" not in text and "\\x1b[2J" in text  # the escape shown, never sent to the terminal
     other = next(r for r in rows if r["pid"] == pids["other"])["process"]
     assert other["command"].endswith("\x1b[2J")  # JSON stays exact

@@ -600,7 +600,7 @@ async def test_a_command_line_that_looks_like_markup_is_shown_as_it_is() -> None
     snap = gpu_snaps(scenario("two-gpus"), 1)[0]
     g0 = _first_gpu(snap)
     assert isinstance(snap.gpus, tuple) and isinstance(g0.processes, tuple)
-    odd = "python [red]x[/red] [/y]"
+    odd = "serve [red]x[/red] [/y]"  # not an interpreter: its arguments are shown as they are
     procs = (dataclasses.replace(g0.processes[0], command=odd), *g0.processes[1:])
     app = DltopApp(ListFeed([dataclasses.replace(snap, gpus=(dataclasses.replace(g0, processes=procs),
                                                              *snap.gpus[1:]))]))

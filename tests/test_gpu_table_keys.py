@@ -100,7 +100,7 @@ async def test_tree_groups_ranks_under_their_launcher() -> None:
         await pilot.pause()
         rows = _rows(app)
         at = next(i for i, r in enumerate(rows) if r[1] == "777")
-        assert rows[at][3].startswith("[launcher of 2")
+        assert rows[at][3].startswith("[2 ranks] ")
         assert {rows[at + 1][1], rows[at + 2][1]} == {"20000", "20020"}
         assert rows[at + 1][3].startswith("├ ") and rows[at + 2][3].startswith("└ ")
         assert len(rows) == 161  # every process once, and the launcher

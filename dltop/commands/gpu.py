@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         from dltop.model.gpu_query import select_processes
 
         rows = [{"key": r.key, "place": r.place, "pid": r.pid, "depth": r.depth, "children": r.children,
+                 **({"user": r.user, "command": r.command} if r.process is None else {}),
                  "process": None if r.process is None else to_dict(r.process)} for r in select_processes(part, query)]
         out: dict[str, object] = {"query": to_dict(query), "rows": rows}
         if args.recording is not None:

@@ -77,6 +77,10 @@ class GpuProcess:
     host_rss_bytes: int | None = None
     cpu_percent: float | None = None
     started_at: float | None = None
+    # The parent's user and command line (/proc/PPID, read once per process and parent): the tree's launcher row
+    # (a torchrun agent holds no GPU memory, so NVML does not list it). None for pid 1 or where not readable.
+    parent_user: str | None = None
+    parent_command: str | None = None
     gpu_instance_id: int | None = None  # MIG: the GPU and compute instance the process runs in
     compute_instance_id: int | None = None
     # /proc/PID/stat's starttime (clock ticks since boot): a probe file joins this process only if it names the

@@ -59,7 +59,9 @@ class ProcessRow:
     depth: int = 0  # 0: at the top; 1: under its launcher or its parent GPU process
     last: bool = False  # the last row under its launcher (drawn └ rather than ├)
     pid: int = 0  # the process's pid, or the launcher's
-    children: int = 0  # a launcher's ranks on the GPUs
+    children: int = 0  # a launcher's ranks on the GPUs: its children that hold GPU memory (a rank on two GPUs once)
+    user: str | None = None  # a launcher's user and command, as its ranks' /proc read them (None: not known)
+    command: str | None = None
 
 
 def _places(g: GpuDevice) -> list[tuple[str, int, tuple[GpuProcess, ...]]]:
@@ -145,7 +147,9 @@ def _tree(items: list[tuple[str, int, GpuProcess]]) -> list[ProcessRow]:
                 continue  # drawn under its head
             done.add(head)
             kids = by_parent[head]
-            rows.append(ProcessRow(f"launcher:{head}", "", None, pid=head, children=len(kids)))
+            first = kids[0][2]
+            rows.append(ProcessRow(f"launcher:{head}", "", None, pid=head, children=len({k[2].pid for k in kids}),
+                                   user=first.parent_user, command=first.parent_command))
             rows += _members(kids)
             continue
         rows.append(ProcessRow(row_key(place, p), place, p, pid=p.pid))
@@ -168,7 +172,7 @@ def _groups(items: list[tuple[str, int, GpuProcess]], on_gpu: set[int],
             by_parent.setdefault(ppid, []).append(it)
     under: dict[int, int] = {}  # pid -> the head it is shown under
     for ppid, kids in by_parent.items():
-        if ppid in on_gpu or len(kids) >= 2:
+        if ppid in on_gpu or len({k[2].pid for k in kids}) >= 2:  # two ranks, not one rank on two GPUs
             for _, _, p in kids:
                 under.setdefault(p.pid, ppid)
     return by_parent, under

@@ -325,7 +325,8 @@ class AmdReader:
             missing.pop("command", None)
         return GpuProcess(pid=pid, used_bytes=vram, user=host.user, command=command, gpu_util_percent=util,
                           start_time_ticks=host.start_time_ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
-                          cpu_percent=host.cpu_percent, started_at=host.started_at, split=UNPROBED,
+                          cpu_percent=host.cpu_percent, started_at=host.started_at, parent_user=host.parent_user,
+                          parent_command=host.parent_command, split=UNPROBED,
                           unavailable=missing)
 
 

@@ -1088,7 +1088,8 @@ class GpuReader:
                           mem_util_percent=None if sample is None else sample.mem_percent,
                           gpu_instance_id=p.gpu_instance_id, compute_instance_id=p.compute_instance_id,
                           start_time_ticks=host.start_time_ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
-                          cpu_percent=host.cpu_percent, started_at=host.started_at, split=UNPROBED,
+                          cpu_percent=host.cpu_percent, started_at=host.started_at, parent_user=host.parent_user,
+                          parent_command=host.parent_command, split=UNPROBED,
                           unavailable=missing)
 
 

@@ -112,6 +112,8 @@ class HostFacts:
     start_time_ticks: int | None = None
     user: str | None = None
     command: str | None = None
+    parent_user: str | None = None  # the parent's (a torchrun agent's), for the tree's launcher row
+    parent_command: str | None = None
     unavailable: tuple[tuple[str, str], ...] = ()
 
 
@@ -135,6 +137,9 @@ class HostReader:
         self._last: dict[tuple[int, int], tuple[int, float, float | None]] = {}
         self._names: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}  # user, command, why
         self._users: dict[int, str] = {}
+        # (pid, start) -> (its ppid, the parent's user, command): a parent keeps its pid while its child lives
+        # (an orphan is adopted: another ppid, read again)
+        self._parents: dict[tuple[int, int], tuple[int, str | None, str | None]] = {}
         self._tick: dict[int, HostFacts] = {}  # pid -> this tick's (a process on two GPUs is read once)
         self._seen: set[tuple[int, int]] = set()
         # pid -> its /proc/PID/stat, open: the fd holds the process, not the number (once it is reaped a read
@@ -239,8 +244,24 @@ class HostReader:
         if rss is not None and rss > procfs.MAX_COUNT:
             rss = None
             missing.append(("host_rss_bytes", "stat's rss is beyond any machine's memory: a damaged file"))
+        parent = self._parents.get(key)
+        if parent is None or parent[0] != st.ppid:
+            parent = self._parents[key] = (st.ppid, *self._parent(st.ppid))
         return HostFacts(ppid=st.ppid, host_rss_bytes=rss, cpu_percent=cpu, started_at=started,
-                         start_time_ticks=st.start_time_ticks, user=user, command=command, unavailable=tuple(missing))
+                         start_time_ticks=st.start_time_ticks, user=user, command=command, parent_user=parent[1],
+                         parent_command=parent[2], unavailable=tuple(missing))
+
+    def _parent(self, ppid: int) -> tuple[str | None, str | None]:
+        """The parent's user and command (the tree's launcher row), None where it cannot be read; none for pid 1
+        and the kernel's 0 (no launcher: init adopts orphans)."""
+        if ppid <= 1:
+            return None, None
+        try:
+            uid = os.stat(f"{self._proc}/{ppid}").st_uid
+        except OSError:
+            return None, None
+        user, command, _ = self._identity(ppid, uid)
+        return user, command
 
     def _user(self, uid: int) -> str:
         user = self._users.get(uid)
@@ -279,7 +300,7 @@ class HostReader:
 
     def end_tick(self) -> None:
         """Forget the processes not read since the last call (they exited, or their pid was reused)."""
-        for kept in (self._last, self._names):
+        for kept in (self._last, self._names, self._parents):
             for key in [k for k in kept if k not in self._seen]:
                 del kept[key]
         for pid in [p for p in self._fds if p not in self._tick]:

@@ -3,12 +3,41 @@ prints them; the Time cell's text is the GPU pane's too, so it lives below both.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from dltop.fmt import human_bytes, printable
 from dltop.model.base import Unavailable
 from dltop.model.gpu import GpuDevice
 from dltop.model.gpu_query import ProcessQuery, ProcessRow, select_processes
+
+# An interpreter whose path says nothing: the script after it names the process ("python3.11", "pypy3").
+_INTERPRETER = re.compile(r"(python|pypy|python\d+(\.\d+)*|pypy\d+(\.\d+)*)[a-z]?(\.exe)?")
+# Python options that take the next word as their value (python -W ignore -X dev train.py)
+_PY_VALUE_OPTIONS = ("-W", "-X", "-Q")
+
+
+def short_command(command: str) -> str:
+    """What identifies a process when the room is short: the program's name without its folder, and for an
+    interpreter the script (its name) or `-m module`, then the arguments as they are (`/usr/bin/python3
+    /home/a/train.py --lr 3e-4` -> `python3 train.py --lr 3e-4`). A command line is one string here (the
+    arguments joined by spaces, as ps shows them), so it is split on spaces; the whole one is shown elsewhere."""
+    words = command.split(" ")
+    if not words or not words[0] or command.startswith("["):
+        return command  # "[comm]": a zombie or a kernel thread, as ps shows it
+    program = words[0].rsplit("/", 1)[-1] or words[0]
+    rest = words[1:]
+    if _INTERPRETER.fullmatch(program):
+        i = 0
+        while i < len(rest) and rest[i].startswith("-") and rest[i] not in ("-m", "-c", "-"):
+            i += 2 if rest[i] in _PY_VALUE_OPTIONS else 1  # -u, -O, -B, -W ignore: how it runs, not what
+        if i < len(rest) and not rest[i].startswith("-"):
+            script = rest[i].rsplit("/", 1)[-1] or rest[i]
+            # a launcher run by the interpreter (torchrun, deepspeed, accelerate) is named by itself
+            return " ".join([script, *rest[i + 1:]] if "." not in script else [program, script, *rest[i + 1:]])
+        return " ".join([program, *rest[i:]])
+    return " ".join([program, *rest])
+
 
 HEADER = ("GPU", "PID", "USER", "USED", "SM%", "CPU%", "RSS", "TIME", "COMMAND")
 
@@ -39,8 +68,9 @@ def elapsed_until(started_at: float | None, now: float) -> float:
 
 def _row(r: ProcessRow, now: float) -> tuple[str, ...]:
     p = r.process
-    if p is None:  # a launcher the ranks under it share: only its pid is known (from their ppid)
-        return ("", str(r.pid), "", "", "", "", "", "", f"[launcher of {r.children}]")
+    if p is None:  # a launcher the ranks under it share (from their ppid), with its user and command
+        return ("", str(r.pid), printable(r.user or "?"), "", "", "", "", "",
+                f"[{r.children} ranks] {printable(r.command or '?')}")
     branch = ("└ " if r.last else "├ ") if r.depth else ""
     return (r.place, str(p.pid), printable(p.user or "?"), human_bytes(p.used_bytes, missing="?"),
             "?" if p.gpu_util_percent is None else f"{p.gpu_util_percent:.0f}",

@@ -26,13 +26,13 @@ from textual.widgets import DataTable, Input, Static
 from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import ServerRates, server_rates
-from dltop.fmt import human_bytes, percent_text, printable, shorten_end
+from dltop.fmt import human_bytes, percent_text, printable, shorten_end, shorten_lines
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
 from dltop.model.actions import SignalTarget
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
 from dltop.model.gpu_query import ProcessQuery, ProcessRow, select_processes
 from dltop.model.servers import ModelStats
-from dltop.text.gpu import elapsed, elapsed_until
+from dltop.text.gpu import elapsed, elapsed_until, short_command
 from dltop.tui import charts
 from dltop.tui.memo import Memo
 from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested, SignalRequested
@@ -62,6 +62,7 @@ SPLIT_SEGMENTS = (("weights_bytes", "W", "$primary"), ("kv_cache_bytes", "K", "$
 SEGMENT_LABELS = {"W": "weights", "K": "KV", "c": "cached", "o": "other", "n": "non-torch"}
 # Processes without a split: one segment each, told apart by colour and their legend.
 PROCESS_STYLES = ("$primary", "$accent", "$secondary", "$success", "$warning")
+COMMAND_STEP = 8  # cells the Command column scrolls per ← or →
 LABEL_WIDTH = 6  # the indent of a GPU's bar under its headline
 MIG_LABEL_WIDTH = 11  # "  3g.20gb ", "  1g.10gb+me"
 
@@ -442,17 +443,32 @@ def columns_for(rows: Sequence[ProcessRow], width: int) -> tuple[str, ...]:
     return tuple(k for k, _ in (*BASE_COLUMNS, *(HOST_COLUMNS if host else ()), *(SPLIT_COLUMNS if split else ())))
 
 
-def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]]) -> dict[str, str]:
-    """Every column's text for one row (the table shows those `columns_for` picks)."""
+def command_cell(command: str | None, offset: int) -> str:
+    """A Command cell: what identifies the process (`short_command`: the script and its arguments, not the
+    interpreter's path) where the table is not scrolled sideways, else the whole command line (escaped) from
+    `offset` cells on, as nvitop scrolls it."""
+    if command is None:
+        return "?"
+    if offset <= 0:
+        return _printable(short_command(command))
+    return _printable(command)[offset:] or " "
+
+
+def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]],
+              offset: int = 0) -> dict[str, str]:
+    """Every column's text for one row (the table shows those `columns_for` picks); `offset`: how far the
+    Command column is scrolled sideways."""
     p = r.process
-    if p is None:  # a launcher the ranks under it share: only its pid is known (from their ppid)
-        return {"gpu": "", "pid": str(r.pid), "user": "", "command": f"[launcher of {r.children}]",
+    if p is None:  # a launcher the ranks under it share (from their ppid), with its user and command
+        command = command_cell(r.command, offset)
+        return {"gpu": "", "pid": str(r.pid), "user": _printable(r.user or "?"),
+                "command": (f"[{r.children} ranks] " if offset <= 0 else "") + command,
                 **dict.fromkeys(("used", "sm", "cpu", "rss", "time", *SPLIT_FIELDS), "")}
     if id(p.split) not in split_cells:
         split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
     branch = ("└ " if r.last else "├ ") if r.depth else ""
     return {"gpu": r.place, "pid": str(p.pid), "user": _printable(p.user or "?"),
-            "command": branch + _printable(p.command or "?"),
+            "command": branch + command_cell(p.command, offset),
             "used": _used_cell(p.used_bytes) + ("!" if p.split.inconsistent else ""),
             "sm": _pct(p.gpu_util_percent), "cpu": _cpu_cell(p.cpu_percent), "rss": _rss_cell(p.host_rss_bytes),
             "time": elapsed(p.started_at, now), **dict(zip(SPLIT_FIELDS, split_cells[id(p.split)], strict=True))}
@@ -560,7 +576,19 @@ def _rows_and_notes(gpus: tuple[GpuDevice, ...]) -> tuple[Rows, list[str]]:
 
 
 class ProcessTable(RowTable):
-    """The GPU processes, updated by a keyed diff so the cursor stays on its process."""
+    """The GPU processes, updated by a keyed diff so the cursor stays on its process. ← → scroll the Command
+    column sideways (the pane's `scroll_command`), as nvitop does: every number column stays in place."""
+
+    def action_cursor_left(self) -> None:
+        self._scroll_command(-1)
+
+    def action_cursor_right(self) -> None:
+        self._scroll_command(1)
+
+    def _scroll_command(self, step: int) -> None:
+        pane = next((a for a in self.ancestors if isinstance(a, GpuPane)), None)
+        if pane is not None:
+            pane.scroll_command(step)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -739,6 +767,7 @@ class GpuPane(Pane):
     #gpu-notes-box { height: auto; max-height: 20%; }
     #gpu-notes { height: auto; color: $text-muted; }
     #gpu-table { height: 1fr; min-height: 3; }
+    #gpu-command { height: auto; max-height: 2; color: $text-muted; padding: 0 1; }
     #gpu-filter { height: 1; border: none; padding: 0 1; }
     #gpu-server-input, #gpu-filter { display: none; }
     #gpu-server-input.-shown, #gpu-filter.-shown { display: block; }
@@ -775,12 +804,14 @@ class GpuPane(Pane):
         self.compact: bool | None = None  # None: compact where the full view does not fit; else as `c` set it
         self._compact_now = False
         self._selected: dict[str, ProcessRow] = {}  # row key -> its row, as the table shows them
+        self.command_offset = 0  # how far the Command column is scrolled sideways (← →), in cells
 
     def compose(self) -> ComposeResult:
         yield DeviceLines(id="gpu-devices")
         yield Static(id="gpu-devices-tag")
         yield Static(id="gpu-query")
         yield ProcessTable(id="gpu-table", cursor_type="row", zebra_stripes=False)
+        yield Static(id="gpu-command")
         yield Input(id="gpu-filter", placeholder="filter: pid, user, command or GPU (Esc clears, Enter keeps)")
         with VerticalScroll(id="gpu-servers-box"):
             yield Static(id="gpu-servers")
@@ -868,6 +899,32 @@ class GpuPane(Pane):
         self.compact = not self._compact_now
         if self.view is not None:
             self.render_view(self.view)
+
+    def scroll_command(self, step: int) -> None:
+        """Scroll the Command column sideways (← →): the whole command lines, `COMMAND_STEP` cells a press; back
+        at the start, what identifies each process again."""
+        longest = max((len(_printable(r.command if r.process is None else r.process.command or ""))
+                       for r in self._selected.values()), default=0)
+        offset = max(0, min(self.command_offset + step * COMMAND_STEP, longest - COMMAND_STEP))
+        if offset != self.command_offset:
+            self.command_offset = offset
+            if self.view is not None:
+                self.render_view(self.view)
+
+    @on(DataTable.RowHighlighted, "#gpu-table")
+    def _show_selected(self) -> None:
+        """The selected process's whole command line under the table (two lines at most, escaped)."""
+        line = self.query_one("#gpu-command", Static)
+        row = self.selected_row() if self.query_one("#gpu-table", ProcessTable).display else None
+        if row is None:
+            line.display = False
+            return
+        command = row.process.command if row.process is not None else row.command
+        user = row.process.user if row.process is not None else row.user
+        width = max(20, (self.query_one("#gpu-table").size.width or self.size.width) - 2)
+        text = f"{row.pid} {user or '?'}: {command or '?'}"
+        set_content(line, Content("\n".join(shorten_lines(text, width, 2))))
+        line.display = True
 
     def selected_row(self) -> ProcessRow | None:
         """The row under the table's cursor."""
@@ -1005,7 +1062,7 @@ class GpuPane(Pane):
         wanted: dict[str, tuple[str, ...]] = {}
         self._cells_until = float("inf")
         for r in selected:
-            cells_ = row_cells(r, now, split_cells)
+            cells_ = row_cells(r, now, split_cells, self.command_offset)
             wanted[r.key] = tuple(cells_[c] for c in columns)
             if r.process is not None:
                 self._cells_until = min(self._cells_until, elapsed_until(r.process.started_at, now))
@@ -1031,9 +1088,10 @@ class GpuPane(Pane):
         now = view.snapshot.ts
         if now >= self._cells_until:
             self._cells.clear()
-        columns, wanted, selected = self._cells.get((made_of, self.query_state, table.size.width or self.size.width),
-                                                    lambda: self._table_cells(gpus, now))
+        columns, wanted, selected = self._cells.get((made_of, self.query_state, table.size.width or self.size.width,
+                                                     self.command_offset), lambda: self._table_cells(gpus, now))
         table.show_rows(dict(wanted), columns)
+        self._show_selected()
         self._show_query(bool(gpus), len([r for r in selected if r.process is not None]), len(rows))
         self._show_servers_and_notes(view, rows, list(notes), width)
 
@@ -1061,9 +1119,12 @@ class GpuPane(Pane):
     def _show_query(self, any_gpu: bool, shown: int, total: int) -> None:
         """The filter, sort and tree asked for, and how many processes they leave, where that says anything."""
         query_line = self.query_state.describe() + (f"  {shown} of {total} processes" if shown != total else "")
+        if self.command_offset:
+            query_line += f"  commands whole, from cell {self.command_offset + 1} (← →)"
         query_widget = self.query_one("#gpu-query", Static)
         set_content(query_widget, Content(printable(query_line)))
-        query_widget.display = any_gpu and (self.query_state != ProcessQuery() or shown != total)
+        query_widget.display = any_gpu and (self.query_state != ProcessQuery() or shown != total
+                                            or bool(self.command_offset))
 
     def _show_servers_and_notes(self, view: View, rows: Rows, notes: list[str], width: int) -> None:
         """The inference servers' KV pools, and the notes (on the processes, the GPUs and the servers)."""
