@@ -330,15 +330,16 @@ class Session:
         except DltopError as e:  # another action started meanwhile
             self.say(str(e), "error")
 
-    def send_signal(self, target: SignalTarget) -> None:
-        """A signal the GPU tab's dialog chose (the dialog was the confirmation; the runner checks the start
-        time again before it sends)."""
+    def send_signal(self, target: SignalTarget | tuple[SignalTarget, ...]) -> None:
+        """A signal the GPU tab's dialog chose, for one process or a tagged set (the dialog was the confirmation;
+        the runner checks each start time again before it sends)."""
         refused = self.refusal("signal")
         if refused is not None:
             self.say(refused, "warning")
             return
         try:
-            self.runner.start("signal", [f"pid {target.pid}"], options=target)
+            targets = target if isinstance(target, tuple) else (target,)
+            self.runner.start("signal", [f"pid {t.pid}" for t in targets], options=target)
         except DltopError as e:  # another action runs
             self.say(str(e), "error")
 

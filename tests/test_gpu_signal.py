@@ -130,3 +130,31 @@ def test_another_user_s_process_is_refused_unless_root() -> None:
     finally:
         theirs.kill()
         theirs.wait()
+
+
+def test_a_tagged_set_is_each_checked_sent_together_and_a_reused_pid_spared() -> None:
+    """Three tagged processes, one of whose pid is another process now (its start time moved): the two are sent
+    SIGTERM and exit, the third is spared and named; the outcome says each."""
+    a, b, c = _sleep(), _sleep(), _sleep()
+    try:
+        reused = SignalTarget(c.pid, _target(c).start_time_ticks + 1, "SIGTERM")
+        runner = ActionRunner(journal=False)
+        events: list[ActionEvent] = []
+        runner.subscribe(events.append)
+        runner.start("signal", [f"pid {x.pid}" for x in (a, b, c)], options=(_target(a), _target(b), reused),
+                     wait=True)
+        done = next(e for e in events if e.phase == "finished")
+        assert done.outcome == "ok", done.message
+        assert done.message.startswith(f"SIGTERM sent to 2 processes (pids {a.pid}, {b.pid}): 2 exited; spared: "
+                                       f"pid {c.pid} is another process now"), done.message
+        assert a.wait(timeout=10) == -15 and b.wait(timeout=10) == -15
+        assert c.poll() is None  # spared
+        # none that may be sent: refused, with each reason
+        runner.start("signal", [f"pid {c.pid}"], options=(reused, SignalTarget(c.pid, 0, "SIGKILL")), wait=True)
+        done = [e for e in events if e.phase == "finished"][-1]
+        assert done.outcome == "refused" and done.message.count("is another process now") == 2, done.message
+        assert c.poll() is None
+    finally:
+        for p in (a, b, c):
+            p.kill()
+            p.wait()

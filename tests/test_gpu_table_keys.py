@@ -233,3 +233,43 @@ async def test_a_replayed_minute_turns_the_time_cells_of_unchanged_processes() -
             await pilot.pause()
             seen.append(set(_col(app, "Time")))
         assert seen == [{"<1m"}, {"<1m"}, {"1m"}, {"2m"}]
+
+
+async def test_s_tags_processes_and_k_signals_the_tagged_set_after_one_dialog() -> None:
+    a, b = _sleeper(), _sleeper()
+    try:
+        s = scenario("h100-2proc")
+        for proc, pid in zip(s["gpus"][0]["compute_processes"], (a.pid, b.pid), strict=True):
+            proc["pid"] = pid
+        s["gpus"][0].pop("process_utilization", None)
+        app = DltopApp(ListFeed(gpu_snaps(s, 2), start=1))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            await _select(app, pilot, a.pid)
+            await pilot.press("s")
+            await _select(app, pilot, b.pid)
+            await pilot.press("s")
+            await pilot.pause()
+            assert sorted(r[1] for r in _rows(app)) == sorted([f"*{a.pid}", f"*{b.pid}"])
+            assert "2 tagged" in _text(app, "#gpu-query")
+            await pilot.press("k")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, SignalScreen)
+            listed = str(screen.query_one("ListedProcesses").render())
+            assert len(listed.splitlines()) == 2 and f"{a.pid} " in listed and f"{b.pid} " in listed
+            assert "-c import time" in listed
+            await pilot.press("y")
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if any("2 exited" in m.text for m in app.session.said):
+                    break
+            messages = [m.text for m in app.session.said]
+            assert any(m.startswith("SIGTERM sent to 2 processes") and m.endswith("2 exited") for m in messages), \
+                messages
+            assert not app.query_one(GpuPane).tagged  # the tags are spent
+        assert a.wait(timeout=10) == -15 and b.wait(timeout=10) == -15
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()

@@ -345,11 +345,13 @@ def _run_signal(runner: ActionRunner, run: Run, options: Any, flags: Flags, prog
     from dltop.actions import signal
     from dltop.model.actions import SignalTarget
 
-    if not isinstance(options, SignalTarget):
-        raise DltopError("signal: no process named (a SignalTarget: pid, start time, signal)")
     if flags.dry_run:
         raise DltopError("signal: there is no dry run of a signal")
-    return signal.send(options)
+    if isinstance(options, SignalTarget):
+        return signal.send(options)
+    if isinstance(options, tuple) and options and all(isinstance(t, SignalTarget) for t in options):
+        return signal.send_all(options)  # a tagged set: each checked and sent to, one wait for all
+    raise DltopError("signal: no process named (a SignalTarget: pid, start time, signal)")
 
 
 def _summary_signal(r: Any) -> str:

@@ -3,7 +3,9 @@
 The process is held by a pidfd (pidfd_open) before its start time is checked against the row's, and the signal
 goes through that pidfd (pidfd_send_signal), so a pid reused between the check and the send cannot be hit. Only
 SIGTERM, SIGKILL and SIGINT; another user's process only as root (the kernel says so too: EPERM). The outcome is
-said: whether the process exited within a short wait, or still runs.
+said: whether the process exited within a short wait, or still runs. A tagged set (`send_all`) is each process
+checked and sent to in turn, the same way, then one wait for all; a process refused (reused pid, exited, another
+user's) is spared and named, the others are sent to.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import select
 import signal as signals
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dltop.errors import DltopError
@@ -39,7 +42,9 @@ class SignalResult:
     total_bytes: int = 0
     files_done: int = 0
     command: str = ""
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the processes of a set spared, and why
+    sent: list[int] = field(default_factory=list)  # the pids sent to (a set; one pid: [pid])
+    exited_pids: list[int] = field(default_factory=list)
 
 
 def _owner(pid: int, proc: str) -> int:
@@ -65,16 +70,15 @@ def _exited(fd: int, wait_s: float) -> bool:
     return bool(poller.poll(int(wait_s * 1000)))
 
 
-def send(target: SignalTarget, proc: str = "/proc", wait_s: float = WAIT_S) -> SignalResult:
-    """Send `target.signal` to the process `target` names, if it is still that process and this user may; raises
-    DltopError saying why not."""
+def _hold_and_send(target: SignalTarget, proc: str) -> int:
+    """Hold the process by a pidfd, check it is still the row's (start time) and this user's to signal, send
+    `target.signal` through the pidfd; the pidfd, open (to wait on), or DltopError saying why nothing was sent."""
     if target.signal not in SIGNALS:
         raise DltopError(f"{printable(target.signal)}: only {', '.join(SIGNALS)} are sent from dltop")
     pid = target.pid
     uid = os.geteuid()
     if uid != 0 and _owner(pid, proc) != uid:
         raise DltopError(f"pid {pid} is another user's process: only root may signal it (dltop runs as uid {uid})")
-    t0 = time.monotonic()
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -97,15 +101,72 @@ def send(target: SignalTarget, proc: str = "/proc", wait_s: float = WAIT_S) -> S
             if e.errno == errno.ESRCH:
                 raise DltopError(f"pid {pid} has exited: nothing sent") from None
             raise
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def send(target: SignalTarget, proc: str = "/proc", wait_s: float = WAIT_S) -> SignalResult:
+    """Send `target.signal` to the process `target` names, if it is still that process and this user may; raises
+    DltopError saying why not."""
+    t0 = time.monotonic()
+    fd = _hold_and_send(target, proc)
+    try:
         exited = _exited(fd, wait_s)
     finally:
         os.close(fd)
-    return SignalResult(action="signal", paths=[f"pid {pid}"], signal=target.signal, pid=pid, exited=exited,
-                        elapsed_s=time.monotonic() - t0, command=target.command)
+    return SignalResult(action="signal", paths=[f"pid {target.pid}"], signal=target.signal, pid=target.pid,
+                        exited=exited, elapsed_s=time.monotonic() - t0, command=target.command, sent=[target.pid],
+                        exited_pids=[target.pid] if exited else [])
+
+
+def send_all(targets: Sequence[SignalTarget], proc: str = "/proc", wait_s: float = WAIT_S) -> SignalResult:
+    """Send each target its signal as `send` does (each process checked by its own pidfd and start time), then
+    wait once, up to `wait_s`, for them to exit. A process refused is spared and named in `problems`; raises
+    DltopError only where none was sent."""
+    if len(targets) == 1:
+        return send(targets[0], proc, wait_s)
+    t0 = time.monotonic()
+    held: dict[int, int] = {}  # fd -> pid
+    problems: list[str] = []
+    try:
+        for t in targets:
+            try:
+                held[_hold_and_send(t, proc)] = t.pid
+            except DltopError as e:
+                problems.append(str(e))
+        if not held:
+            raise DltopError("; ".join(problems) or "no process to signal")
+        exited: set[int] = set()
+        poller = select.poll()
+        for fd in held:
+            poller.register(fd, select.POLLIN)
+        while len(exited) < len(held) and (left := wait_s - (time.monotonic() - t0)) > 0:
+            for fd, _ in poller.poll(int(left * 1000) + 1):
+                exited.add(fd)
+                poller.unregister(fd)
+    finally:
+        for fd in held:
+            os.close(fd)
+    sent = list(held.values())
+    gone = [held[fd] for fd in held if fd in exited]
+    return SignalResult(action="signal", paths=[f"pid {t.pid}" for t in targets], signal=targets[0].signal,
+                        pid=sent[0], exited=len(gone) == len(sent), elapsed_s=time.monotonic() - t0,
+                        command="", problems=problems, sent=sent, exited_pids=gone)
 
 
 def summary(r: SignalResult) -> str:
-    """'SIGTERM sent to pid 4242 (python train.py): it exited' / '...: still running after 1.0 s'."""
+    """'SIGTERM sent to pid 4242 (python train.py): it exited' / '...: still running after 1.0 s'; for a set,
+    'SIGTERM sent to 3 processes (pids 1, 2, 3): 2 exited, pid 3 still running after 1.0 s; spared: ...'."""
+    if len(r.sent) > 1 or r.problems:
+        running = [p for p in r.sent if p not in r.exited_pids]
+        text = (f"{r.signal} sent to {len(r.sent)} process{'es' if len(r.sent) > 1 else ''} "
+                f"(pid{'s' if len(r.sent) > 1 else ''} {', '.join(map(str, r.sent))}): {len(r.exited_pids)} exited")
+        if running:
+            text += f", pid{'s' if len(running) > 1 else ''} {', '.join(map(str, running))} still running after " \
+                    f"{r.elapsed_s:.1f} s"
+        return text + (f"; spared: {'; '.join(r.problems)}" if r.problems else "")
     what = f" ({shorten_end(r.command, 60)})" if r.command else ""
     outcome = "it exited" if r.exited else f"still running after {r.elapsed_s:.1f} s"
     return f"{r.signal} sent to pid {r.pid}{what}: {outcome}"

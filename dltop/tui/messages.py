@@ -50,9 +50,9 @@ class CancelRequested(Message):
 @dataclass
 class SignalRequested(Message):
     """Send a signal to a GPU process (the signal dialog was its confirmation); the runner checks its start time
-    again before it sends."""
+    again before it sends. A tuple: the tagged processes, each checked and sent to in turn."""
 
-    target: SignalTarget
+    target: SignalTarget | tuple[SignalTarget, ...]
 
 
 @dataclass

@@ -443,6 +443,11 @@ def columns_for(rows: Sequence[ProcessRow], width: int) -> tuple[str, ...]:
     return tuple(k for k, _ in (*BASE_COLUMNS, *(HOST_COLUMNS if host else ()), *(SPLIT_COLUMNS if split else ())))
 
 
+def tag_key(p: GpuProcess) -> tuple[int, int | None]:
+    """A tagged process: its pid and start time (a process on two GPUs is one; a reused pid another)."""
+    return (p.pid, p.start_time_ticks)
+
+
 def command_cell(command: str | None, offset: int) -> str:
     """A Command cell: what identifies the process (`short_command`: the script and its arguments, not the
     interpreter's path) where the table is not scrolled sideways, else the whole command line (escaped) from
@@ -455,9 +460,9 @@ def command_cell(command: str | None, offset: int) -> str:
 
 
 def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]],
-              offset: int = 0) -> dict[str, str]:
+              offset: int = 0, tagged: bool = False) -> dict[str, str]:
     """Every column's text for one row (the table shows those `columns_for` picks); `offset`: how far the
-    Command column is scrolled sideways."""
+    Command column is scrolled sideways; `tagged`: the process is tagged (`*` before its pid)."""
     p = r.process
     if p is None:  # a launcher the ranks under it share (from their ppid), with its user and command
         command = command_cell(r.command, offset)
@@ -467,7 +472,7 @@ def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]]
     if id(p.split) not in split_cells:
         split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
     branch = ("└ " if r.last else "├ ") if r.depth else ""
-    return {"gpu": r.place, "pid": str(p.pid), "user": _printable(p.user or "?"),
+    return {"gpu": r.place, "pid": f"*{p.pid}" if tagged else str(p.pid), "user": _printable(p.user or "?"),
             "command": branch + command_cell(p.command, offset),
             "used": _used_cell(p.used_bytes) + ("!" if p.split.inconsistent else ""),
             "sm": _pct(p.gpu_util_percent), "cpu": _cpu_cell(p.cpu_percent), "rss": _rss_cell(p.host_rss_bytes),
@@ -778,6 +783,8 @@ class GpuPane(Pane):
         Binding("O", "reverse", "Reverse sort", show=False, id="gpu.reverse"),
         Binding("g", "tree", "Tree", show=False, id="gpu.tree"),
         Binding("k", "signal", "Signal", id="gpu.signal"),
+        Binding("s", "tag", "Tag", id="gpu.tag"),
+        Binding("S", "untag_all", "Untag all", show=False, id="gpu.untag_all"),
         # Out of the footer (help and palette have them): at 80 columns it holds the process table's keys.
         Binding("c", "compact", "Compact", show=False, id="gpu.compact"),
         Binding("a", "add_server", "Add server", show=False, id="gpu.add_server"),
@@ -805,6 +812,7 @@ class GpuPane(Pane):
         self._compact_now = False
         self._selected: dict[str, ProcessRow] = {}  # row key -> its row, as the table shows them
         self.command_offset = 0  # how far the Command column is scrolled sideways (← →), in cells
+        self.tagged: dict[tuple[int, int | None], GpuProcess] = {}  # (pid, start time) -> the process tagged (s)
 
     def compose(self) -> ComposeResult:
         yield DeviceLines(id="gpu-devices")
@@ -844,6 +852,10 @@ class GpuPane(Pane):
         if action == "signal":
             # greyed out where nothing may change the system; pressing k there says why (on_key)
             return not replay and not (self.view is not None and self.view.read_only) and bool(self._selected)
+        if action == "untag_all":
+            return bool(self.tagged)
+        if action == "tag":
+            return bool(self._selected)
         if action in ("filter", "sort", "reverse", "tree"):
             return bool(self._selected) or bool(self.query_state.filter) or action == "filter"
         return True
@@ -936,8 +948,39 @@ class GpuPane(Pane):
             event.stop()
             self.app.notify(f"signal: {view.frozen}; nothing may change the system from here", severity="warning")
 
+    def action_tag(self) -> None:
+        """Tag the selected process, or untag it, and go to the next row: `k` signals the tagged ones together."""
+        row = self.selected_row()
+        if row is None:
+            return
+        if row.process is None:
+            self.app.notify(f"pid {row.pid} is the launcher of the ranks under it, not a GPU process: tag its ranks",
+                            severity="warning")
+            return
+        key = tag_key(row.process)
+        if key in self.tagged:
+            del self.tagged[key]
+        else:
+            self.tagged[key] = row.process
+        self._retag()
+        self.query_one("#gpu-table", ProcessTable).action_cursor_down()
+
+    def action_untag_all(self) -> None:
+        """Untag every process."""
+        self.tagged.clear()
+        self._retag()
+
+    def _retag(self) -> None:
+        if self.view is not None:
+            self.render_view(self.view)
+        self.refresh_bindings()
+
     def action_signal(self) -> None:
-        """Send the selected process a signal: a dialog offers SIGTERM (first), SIGKILL and SIGINT."""
+        """Send the selected process, or the tagged ones, a signal: a dialog offers SIGTERM (first), SIGKILL and
+        SIGINT."""
+        if self.tagged:
+            self._signal_tagged()
+            return
         row = self.selected_row()
         if row is None:
             return
@@ -959,6 +1002,31 @@ class GpuPane(Pane):
         from dltop.tui.screens.signal import SignalScreen
 
         self.app.push_screen(SignalScreen(p.pid, p.user or "?", p.command or "?", started_at=p.started_at), chosen)
+
+    def _signal_tagged(self) -> None:
+        """One dialog listing each tagged process; each is checked again by the runner before its send."""
+        procs = list(self.tagged.values())
+        unknown = [p.pid for p in procs if p.start_time_ticks is None]
+        if unknown:
+            self.app.notify(f"{_pids(unknown)} not in dltop's /proc: their start time cannot be checked, so no "
+                            "signal is sent (untag them with s)", severity="warning")
+            return
+        targets = tuple(SignalTarget(pid=p.pid, start_time_ticks=p.start_time_ticks or 0, command=p.command or "")
+                        for p in procs)
+
+        def chosen(sig: str | None) -> None:
+            if sig is not None:
+                self.post_message(SignalRequested(tuple(replace(t, signal=sig) for t in targets)))
+                self.tagged.clear()
+                self._retag()
+
+        from dltop.tui.screens.signal import SignalScreen
+
+        first = procs[0]
+        self.app.push_screen(SignalScreen(first.pid, first.user or "?", first.command or "?",
+                                          started_at=first.started_at,
+                                          processes=[(p.pid, p.user or "?", p.started_at, p.command or "?")
+                                                     for p in procs]), chosen)
 
     def _ask(self, adding: bool, value: str, placeholder: str) -> None:
         box = self.query_one("#gpu-server-input", Input)
@@ -1062,11 +1130,15 @@ class GpuPane(Pane):
         wanted: dict[str, tuple[str, ...]] = {}
         self._cells_until = float("inf")
         for r in selected:
-            cells_ = row_cells(r, now, split_cells, self.command_offset)
+            cells_ = row_cells(r, now, split_cells, self.command_offset,
+                               r.process is not None and tag_key(r.process) in self.tagged)
             wanted[r.key] = tuple(cells_[c] for c in columns)
             if r.process is not None:
                 self._cells_until = min(self._cells_until, elapsed_until(r.process.started_at, now))
         self._selected = {r.key: r for r in selected}
+        present = {tag_key(r.process) for r in selected if r.process is not None}
+        for gone in [k for k in self.tagged if k not in present]:
+            del self.tagged[gone]  # exited (or filtered out): never signalled unseen
         return columns, wanted, selected
 
     def render_view(self, view: View) -> None:
@@ -1089,7 +1161,8 @@ class GpuPane(Pane):
         if now >= self._cells_until:
             self._cells.clear()
         columns, wanted, selected = self._cells.get((made_of, self.query_state, table.size.width or self.size.width,
-                                                     self.command_offset), lambda: self._table_cells(gpus, now))
+                                                     self.command_offset, frozenset(self.tagged)),
+                                                    lambda: self._table_cells(gpus, now))
         table.show_rows(dict(wanted), columns)
         self._show_selected()
         self._show_query(bool(gpus), len([r for r in selected if r.process is not None]), len(rows))
@@ -1121,10 +1194,12 @@ class GpuPane(Pane):
         query_line = self.query_state.describe() + (f"  {shown} of {total} processes" if shown != total else "")
         if self.command_offset:
             query_line += f"  commands whole, from cell {self.command_offset + 1} (← →)"
+        if self.tagged:
+            query_line += f"  {len(self.tagged)} tagged: k signals them, S untags"
         query_widget = self.query_one("#gpu-query", Static)
         set_content(query_widget, Content(printable(query_line)))
         query_widget.display = any_gpu and (self.query_state != ProcessQuery() or shown != total
-                                            or bool(self.command_offset))
+                                            or bool(self.command_offset) or bool(self.tagged))
 
     def _show_servers_and_notes(self, view: View, rows: Rows, notes: list[str], width: int) -> None:
         """The inference servers' KV pools, and the notes (on the processes, the GPUs and the servers)."""

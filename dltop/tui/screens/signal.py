@@ -1,4 +1,8 @@
-"""The signal dialog of the GPU tab: which signal to send to the selected process; `y` sends, Esc cancels.
+"""The signal dialog of the GPU tab: which signal to send to the selected process, or to the tagged ones; `y`
+sends, Esc cancels.
+
+A tagged set is listed one process a line (pid, user, start time, command cut to the line), in a box that
+scrolls, under the question; each is checked again before the send as one process is (a reused pid is spared).
 
 What is asked comes first and always shows: the question (pid and user), when the process started, and its command
 line cut to two lines. The whole command line is below the choices, in a box of its own that scrolls: a 100 kB argv
@@ -8,6 +12,7 @@ fills that box, never the screen, so it cannot push the question or the choices 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -16,8 +21,9 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 
-from dltop.fmt import human_duration, printable, shorten_lines
+from dltop.fmt import human_duration, printable, shorten_end, shorten_lines
 from dltop.model.actions import SIGNALS
+from dltop.text.gpu import short_command
 from dltop.tui.panes.base import plain
 
 MEANINGS = {"SIGTERM": "ask it to stop (it may clean up first)", "SIGKILL": "stop it at once (nothing saved)",
@@ -49,6 +55,29 @@ class CommandHead(Static):
         return Text("\n".join(rows), no_wrap=True, overflow="crop", end="")
 
 
+Listed = tuple[int, str, float | None, str]  # a tagged process as the dialog lists it: pid, user, started, command
+
+
+def listed_line(pid: int, user: str, started_at: float | None, command: str, width: int) -> str:
+    """One tagged process in one line of `width` cells: pid, user, start time, command (escaped, cut with '…')."""
+    when = time.strftime("%m-%d %H:%M", time.localtime(started_at)) if started_at is not None else "start ?"
+    head = f"{pid:>7} {printable(user)[:12]:<8} {when} "
+    return head + shorten_end(short_command(command), max(8, width - len(head)))
+
+
+class ListedProcesses(Static):
+    """The tagged processes, a line each, cut to this widget's width (drawn at the width it has)."""
+
+    def __init__(self, processes: Sequence[Listed], *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.processes = processes
+
+    def render(self) -> Text:
+        width = self.content_region.width or 66
+        return Text("\n".join(listed_line(*p, width) for p in self.processes), no_wrap=True, overflow="crop",
+                    end="")
+
+
 class SignalScreen(ModalScreen[str | None]):
     """Dismisses with the signal chosen (SIGTERM highlighted first) on `y`, or None on Esc or `n`."""
 
@@ -63,6 +92,8 @@ class SignalScreen(ModalScreen[str | None]):
     #signal-help { margin-top: 1; }
     #signal-whole { height: auto; max-height: 6; margin-top: 1; border-top: solid $foreground-muted; }
     #signal-whole:focus { border-top: solid $accent; }
+    #signal-list { height: auto; max-height: 8; margin-bottom: 1; }
+    #signal-list:focus { background: $boost; }
     """
     BINDINGS = [
         Binding("y", "send", "Send", id="signal.send"),
@@ -70,8 +101,10 @@ class SignalScreen(ModalScreen[str | None]):
     ]
 
     def __init__(self, pid: int, who: str, command: str, note: str = "", started_at: float | None = None,
-                 now: float | None = None) -> None:
+                 now: float | None = None, processes: Sequence[Listed] = ()) -> None:
+        """One process (pid, who, command, started_at), or with `processes` (two or more) the tagged set."""
         super().__init__()
+        self._processes = tuple(processes)
         self._pid = pid
         self._who = who
         self._command = command
@@ -79,6 +112,9 @@ class SignalScreen(ModalScreen[str | None]):
         self._started = started_text(started_at, time.time() if now is None else now)
 
     def compose(self) -> ComposeResult:
+        if len(self._processes) > 1:
+            yield from self._compose_set()
+            return
         with Vertical(id="signal-dialog", classes="dialog"):
             yield Static(Text(f"Signal pid {self._pid} ({printable(self._who)})?"), id="signal-title")
             yield Static(Text(self._started), id="signal-started")
@@ -91,14 +127,28 @@ class SignalScreen(ModalScreen[str | None]):
                 whole.display = False
                 yield Static(Text(printable(self._command)), id="signal-whole-text")
 
+    def _compose_set(self) -> ComposeResult:
+        n = len(self._processes)
+        users = sorted({printable(p[1]) for p in self._processes})
+        with Vertical(id="signal-dialog", classes="dialog"):
+            yield Static(Text(f"Signal the {n} tagged processes ({', '.join(users)})?"), id="signal-title")
+            with VerticalScroll(id="signal-list"):
+                yield ListedProcesses(self._processes)
+            yield OptionList(*(f"{name:<8} {MEANINGS[name]}" for name in SIGNALS), id="signal-choice")
+            yield Static(plain((self._note + "\n" if self._note else "") + "each is checked again before the send "
+                               "(a pid reused since is spared); y sends the highlighted signal to all, Esc cancels; "
+                               "Tab, then ↑ ↓ scroll the list"), id="signal-help")
+
     def on_mount(self) -> None:
         choice = self.query_one(OptionList)
         choice.highlighted = 0
         choice.focus()
-        self.call_after_refresh(self._show_whole)
+        if len(self._processes) <= 1:
+            self.call_after_refresh(self._show_whole)
 
     def on_resize(self) -> None:
-        self.call_after_refresh(self._show_whole)
+        if len(self._processes) <= 1:
+            self.call_after_refresh(self._show_whole)
 
     def _show_whole(self) -> None:
         """The box with the whole command line shows where the two lines above had to cut it."""
