@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from dltop.config import PrometheusOptions, Settings
 from dltop.fmt import printable
 from dltop.model import Unavailable
 from dltop.sources.cluster import PrometheusClient, read_cluster
-from dltop.text.cluster import DATASETS_AT, warm_commands
+from dltop.text.cluster import DATASETS_AT, node_row, warm_commands
 from tests.conftest import locked_dataset
 
 from .conftest import DATA, REPO
@@ -36,6 +37,9 @@ from .waiting import until
 
 FILES, FILE_BYTES = 4, 1 << 20
 WARM = (0, 2, 4, 1)  # files of each node's dataset read into the page cache (and locked there)
+# Node 2 also watches many small files, two in five resident: their pages hold more page cache than their
+# apparent size, so page bytes over apparent size says 100% where the share is 42% (what vmtouch says).
+SMALL_FILES = 2500
 JOB = "cluster-test-job"
 # A rank of the job: steps of argv[1] seconds, its loader quick; it publishes every 0.2 s.
 RANK = r"""
@@ -79,6 +83,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             ds = tmp / f"node{i}" / ("data" if i != 3 else "da\x1b[2Jta")
             locks += locked_dataset(ds, FILES, FILE_BYTES, warm)
             datasets.append(ds)
+            more = []
+            if i == 2:
+                small = tmp / "node2" / "small"
+                locks += small_files(small, SMALL_FILES)
+                more = [str(small)]
             runtime = tmp / f"run{i}"
             runtime.mkdir(mode=0o700)
             if i in (0, 1, 2):  # a rank of one job on each of two nodes (rank 1 steps three times slower), and
@@ -90,7 +99,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             env = {"XDG_RUNTIME_DIR": str(runtime)}
             if i == 0:
                 env["DLTOP_FAKE_NVML"] = str(DATA / "gpu-scenarios" / "h100-2proc.json")
-            pending.append((str(ds), env))
+            pending.append(([str(ds), *more], env))
             names.append(f"node-{i}")
         for r in ranks:
             assert r.stdout is not None and r.stdout.readline().strip() == "ready"
@@ -98,9 +107,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         # slowest one's, not the sum.
         with ThreadPoolExecutor(len(pending)) as pool:
             # --user: this test's ranks (root's) only: other users' jobs on a shared node are not counted
-            starting = [pool.submit(Exporter, "--dataset", ds_text, "--interval", "0.5", "--user", str(os.getuid()),
-                                    env=env)
-                        for ds_text, env in pending]
+            starting = [pool.submit(Exporter, *(a for p in paths for a in ("--dataset", p)), "--interval", "0.5",
+                                    "--user", str(os.getuid()), env=env)
+                        for paths, env in pending]
             for fut in starting:
                 with contextlib.suppress(Exception):
                     exporters.append(fut.result())
@@ -124,7 +133,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             assert proc.poll() is None, (tmp / "prometheus.log").read_text()[-3000:]
             try:
                 ready = (len(f.raw('up{job="nodes"} == 1')) == len(WARM)
-                         and len(f.raw('dltop_dataset_resident_bytes{job="nodes"}')) == len(WARM)
+                         and len(f.raw('dltop_dataset_resident_ratio{job="nodes"}')) == len(WARM) + 1
                          and len(f.raw(f'dltop_training_steps_total{{job="nodes",job_id="{JOB}"}}')) == 2
                          and len(f.raw('dltop_training_steps_total{job="nodes",job_id=""}')) == 1)
             except (OSError, AssertionError, KeyError):
@@ -151,6 +160,34 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             lock.release()
 
 
+def small_files(path: Path, count: int) -> list[Any]:
+    """`count` files of 1 byte to 2.5 KB (every 50th 10 KB: three pages), made cold, then two in five read and
+    locked in the page cache (the caller keeps the locks): 42% of the pages, 126% of the apparent size."""
+    from dltop.kernel import LockedMapping
+
+    path.mkdir(parents=True)
+    sizes = [10_000 if i % 50 == 49 else 1 + (i * 7919) % 2500 for i in range(count)]
+    for i, size in enumerate(sizes):
+        (path / f"f{i:05d}").write_bytes(os.urandom(size))
+    os.sync()
+    locks = []
+    for i, size in enumerate(sizes):
+        fd = os.open(path / f"f{i:05d}", os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if i % 5 >= 3:
+            locks.append(LockedMapping(fd, size))
+        os.close(fd)
+    return locks
+
+
+def _vmtouch(path: Path) -> tuple[int, int]:
+    """vmtouch's (resident pages, pages) of a folder."""
+    r = subprocess.run([binary("vmtouch", "vmtouch"), str(path)], capture_output=True, text=True, check=True)
+    m = re.search(r"Resident Pages: (\d+)/(\d+)", r.stdout)
+    assert m, r.stdout
+    return int(m.group(1)), int(m.group(2))
+
+
 def _fincore(path: Path) -> int:
     files = sorted(str(p) for p in path.iterdir())
     r = subprocess.run([binary("fincore", "util-linux"), "--bytes", "--noheadings", "--raw", "--output", "RES",
@@ -167,7 +204,7 @@ def test_the_view_is_fincore_and_each_exporters_metrics(fleet: Fleet) -> None:
     for i, (name, ds, exporter) in enumerate(zip(fleet.names, fleet.datasets, fleet.exporters, strict=True)):
         node = by_name[name]
         assert node.up and node.instance == f"127.0.0.1:{exporter.port}", node
-        [d] = node.datasets
+        d = node.datasets[0]
         assert d.dataset == printable(str(ds))  # a label from outside is exported escaped (node 3's ESC as \x1b)
         assert d.resident_bytes == _fincore(ds) == WARM[i] * FILE_BYTES  # what the test warmed, as fincore sees it
         assert d.size_bytes == FILES * FILE_BYTES
@@ -293,6 +330,23 @@ async def test_the_cluster_tab_at_80x24(fleet: Fleet) -> None:
         assert [str(table.get_row_at(i)[0]) for i in range(table.row_count)] == fleet.names
 
 
+def test_many_small_files_show_the_share_vmtouch_counts(fleet: Fleet) -> None:
+    # Node 2's small files: their share is pages over pages (vmtouch's), never page bytes over apparent size
+    small = fleet.datasets[2].parent / "small"
+    part = read_cluster(fleet.client(), 'job="nodes"')
+    node = next(n for n in part.nodes if n.name == "node-2")
+    d = node.dataset(printable(str(small)))
+    assert d is not None and isinstance(d.size_bytes, int) and isinstance(d.resident_bytes, int)
+    resident, pages = _vmtouch(small)
+    assert 0.3 < resident / pages < 0.5 and d.share == pytest.approx(resident / pages, abs=1e-9)
+    assert d.resident_bytes == resident * os.sysconf("SC_PAGE_SIZE")  # the page cache it holds
+    assert d.resident_bytes > d.size_bytes  # the unit error's ground: min(1, bytes / size) said 100%
+    datasets = part.datasets
+    assert node_row(node, datasets)[DATASETS_AT + datasets.index(d.dataset)] == f"{100 * resident / pages:.0f}%"
+    cmds, notes = warm_commands(part, d.dataset)
+    assert cmds[0].startswith("srun --nodelist=node-2 ") and notes == []  # cold: a warm is offered
+
+
 def test_a_node_that_stops_is_down_by_its_second_missed_scrape(fleet: Fleet) -> None:
     # Runs last: node-3's exporter stops. The view is read as of the second scrape after the stop (Prometheus'
     # own timestamps): no wall-clock assertion.
@@ -313,3 +367,4 @@ def test_a_node_that_stops_is_down_by_its_second_missed_scrape(fleet: Fleet) -> 
     assert not node.up and node.down_reason and "scrape failed" in node.down_reason
     assert isinstance(node.memory_total_bytes, Unavailable)  # no sample: unknown, never 0
     assert sum(n.up for n in part.nodes) == len(WARM) - 1
+

@@ -50,9 +50,10 @@ def _node(n: int) -> ClusterNode:
         gpu_memory_used_bytes=sum(g.memory_used_bytes for g in gpus),  # type: ignore[misc]
         gpu_memory_total_bytes=640 * GIB, gpu_utilization=0.9,
         gpus=gpus if detailed else tuple(g for g in gpus if g.up is False),
-        datasets=tuple(ClusterDataset(dataset=p, up=True, size_bytes=size,
-                                      resident_bytes=size * (5 if (n, p) == (5, DATASETS[1][0]) else 100 - n) // 100)
-                       for p, size in DATASETS),
+        datasets=tuple(ClusterDataset(dataset=p, up=True, size_bytes=size, resident_bytes=size * share // 100,
+                                      resident_ratio=share / 100)
+                       for p, size in DATASETS
+                       for share in [5 if (n, p) == (5, DATASETS[1][0]) else 100 - n]),
         ranks=ranks,
         hints=(ClusterHint("memory-cache-squeezed", "warn"),) if n % 3 == 0 else (),
         servers=(ClusterServer("http://127.0.0.1:8000/metrics", kv_usage=0.83, kv_capacity_bytes=40 * GIB),)

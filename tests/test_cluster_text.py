@@ -10,7 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dltop.model.cluster import ClusterDataset, ClusterNode, ClusterPart
-from dltop.text.cluster import SSH_LINES_UP_TO, hostlist, warm_commands
+from dltop.text.cluster import (
+    DATASETS_AT,
+    SSH_LINES_UP_TO,
+    UNJUDGED_DOWN,
+    hostlist,
+    judge,
+    node_detail,
+    node_row,
+    residency_cell,
+    warm_commands,
+)
 
 
 def expand(expr: str) -> list[str]:
@@ -52,10 +62,11 @@ def test_hostlist_fuzz_count() -> None:
     assert FUZZ["tried"] >= 200
 
 
-def _part(names: list[str], cold: set[str]) -> ClusterPart:
-    nodes = tuple(ClusterNode(instance=f"{n}:19400", job="dltop", node=n, up=True,
-                              datasets=(ClusterDataset("/data/my set", up=True, size_bytes=100,
-                                                       resident_bytes=10 if n in cold else 100),))
+def _part(names: list[str], cold: set[str], down: frozenset[str] = frozenset()) -> ClusterPart:
+    nodes = tuple(ClusterNode(instance=f"{n}:19400", job="dltop", node=n, up=n not in down,
+                              datasets=() if n in down else
+                              (ClusterDataset("/data/my set", up=True, size_bytes=100, resident_bytes=4096,
+                                              resident_ratio=0.1 if n in cold else 1.0),))
                   for n in names)
     return ClusterPart(url="http://p", selector="", queried_at=0.0, query_s=0.0, queries=14, nodes=nodes)
 
@@ -78,3 +89,36 @@ def test_a_host_with_a_comma_gets_no_command() -> None:
     cmds, notes = warm_commands(_part(["a,b", "c"], {"a,b", "c"}), "/data/my set")
     assert cmds[0].startswith("srun --nodelist=c ") and "a,b" not in " ".join(cmds)
     assert any("a,b" in n and "no command" in n for n in notes)
+
+
+def test_the_share_is_the_exporters_ratio_never_page_bytes_over_apparent_size() -> None:
+    # 1,000 small files, 394 of their pages resident: 1.6 MB of page cache against 0.5 MB of apparent size. The
+    # share is the exporter's page-based ratio, never min(1, resident bytes / size) (which said 100%).
+    d = ClusterDataset("/data/small", up=True, size_bytes=500_000, resident_bytes=394 * 4096, resident_ratio=0.394)
+    node = ClusterNode(instance="n:1", job="dltop", node="n", up=True, datasets=(d,))
+    part = ClusterPart(url="http://p", selector="", queried_at=0.0, query_s=0.0, queries=15, nodes=(node,))
+    assert d.share == 0.394 and residency_cell(d) == "39%"
+    assert "39% of 488 KiB resident (1.5 MiB of page cache)" in "\n".join(node_detail(node))
+    cmds, notes = warm_commands(part, "/data/small")
+    assert cmds[0].startswith("srun --nodelist=n ") and notes == []
+    # no ratio served: unknown (not judged), except an empty dataset, which has nothing to read
+    assert ClusterDataset("/d", up=True, size_bytes=10, resident_bytes=4096).share is None
+    assert ClusterDataset("/d", up=True, size_bytes=0, resident_bytes=0).share == 1.0
+
+
+def test_a_down_node_is_never_judged_warm() -> None:
+    # 256 nodes, the only cold one down: its numbers are gone, so "warm on every node" is not said, and it is named
+    names = [f"gpu-{i:04d}" for i in range(256)]
+    part = _part(names, cold={"gpu-0031"}, down=frozenset({"gpu-0031"}))
+    cmds, notes = warm_commands(part, "/data/my set")
+    assert cmds == []
+    assert notes == ["/data/my set is warm on every node that could be judged", "not judged: 1 node down: gpu-0031"]
+    assert node_row(part.nodes[31], part.datasets)[DATASETS_AT] == "n/a"  # never "-" (not watched) nor a share
+    cold, unjudged = judge(part, "/data/my set")
+    assert cold == [] and [n.name for n in unjudged[UNJUDGED_DOWN]] == ["gpu-0031"]
+    # one more cold node that is up: its command, and the down one still named
+    part = _part(names, cold={"gpu-0031", "gpu-0200"}, down=frozenset({"gpu-0031", "gpu-0032"}))
+    cmds, notes = warm_commands(part, "/data/my set")
+    assert cmds == ["srun --nodelist=gpu-0200 --ntasks-per-node=1 dltop warm '/data/my set'",
+                    "ssh gpu-0200 dltop warm '/data/my set'"]
+    assert notes == ["not judged: 2 nodes down: gpu-[0031-0032]"]

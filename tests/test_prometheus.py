@@ -215,7 +215,7 @@ def test_alert_rules_check_and_evaluate(stack: Stack) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     status, _, body = get(f"{stack.prom}/api/v1/rules")
     rules = [rule for g in json.loads(body)["data"]["groups"] for rule in g["rules"]]
-    names = re.findall(r"- alert: (\w+)", ALERTS.read_text())
+    names = re.findall(r"- (?:alert|record): ([\w:]+)", ALERTS.read_text())
     assert sorted(r["name"] for r in rules) == sorted(names)
     assert all(r["health"] == "ok" and r["lastEvaluation"] > "2000" for r in rules), rules
 

@@ -35,20 +35,24 @@ class ClusterGpu:
 
 @dataclass(frozen=True)
 class ClusterDataset:
-    """One watched dataset's residency on one node."""
+    """One watched dataset's residency on one node. Its share is the exporter's own `dltop_dataset_resident_ratio`:
+    resident pages over the pages of its data, as vmtouch and fincore count them (whole pages, holes left out).
+    `resident_bytes` is page cache (whole pages) and `size_bytes` apparent size: the two are never divided."""
 
     dataset: str
     up: bool | Unavailable = NO_SAMPLE
-    size_bytes: int | Unavailable = NO_SAMPLE
-    resident_bytes: int | Unavailable = NO_SAMPLE
+    size_bytes: int | Unavailable = NO_SAMPLE  # apparent size (du --apparent-size)
+    resident_bytes: int | Unavailable = NO_SAMPLE  # the page cache its data holds: resident pages x page size
+    resident_ratio: float | Unavailable = NO_SAMPLE  # resident pages / data pages (0..1), the exporter's
     reason: str | None = None  # dltop_dataset_unavailable_info's reason while up is 0
 
     @property
-    def resident_ratio(self) -> float | None:
-        """Resident share of the dataset's bytes; None where unknown (an empty dataset counts as all resident)."""
-        if not isinstance(self.size_bytes, int) or not isinstance(self.resident_bytes, int):
-            return None
-        return 1.0 if self.size_bytes == 0 else min(1.0, self.resident_bytes / self.size_bytes)
+    def share(self) -> float | None:
+        """The resident share of its data; None where unknown. An empty dataset (size 0, no pages, so no ratio
+        served) counts as all resident: there is nothing to read."""
+        if isinstance(self.resident_ratio, float):
+            return self.resident_ratio
+        return 1.0 if self.size_bytes == 0 and self.up is True else None
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ def queries(selector: str, detail: str | None = None) -> dict[str, str]:
         "gpu_sums": " or ".join(tagged(w, f"{op} by (job, instance) ({sel(gpu_metric[w])})")
                                 for w, op in GPU_SUMS.items()),
         "gpu_lost": f"({sel('dltop_gpu_up')} == 0) or {sel('dltop_gpu_down_info')}",
-        "dataset": names("dltop_dataset_(up|size_bytes|resident_bytes|unavailable_info)"),
+        "dataset": names("dltop_dataset_(up|size_bytes|resident_bytes|resident_ratio|unavailable_info)"),
         # The jobs table: each job's ranks per node, and its slowest and most waiting rank, by Prometheus.
         # a job is (uid, job_id): another user's ranks that claim the job id are a job of their own
         "job_ranks": f"count by (uid, job_id, job, instance) ({sel('dltop_training_steps_total')})",
@@ -505,7 +505,9 @@ _GPU_ATTR: dict[str, tuple[str, Callable[[str], Any]]] = {
     "dltop_gpu_memory_used_bytes": ("memory_used_bytes", _bytes),
     "dltop_gpu_utilization_ratio": ("utilization", _ratio)}
 _GPU_LABEL = {"dltop_gpu_info": ("name", "name"), "dltop_gpu_down_info": ("down_reason", "reason")}  # attr, label
-_DATASET_ATTR = {"dltop_dataset_size_bytes": "size_bytes", "dltop_dataset_resident_bytes": "resident_bytes"}
+_DATASET_ATTR: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "dltop_dataset_size_bytes": ("size_bytes", _bytes), "dltop_dataset_resident_bytes": ("resident_bytes", _bytes),
+    "dltop_dataset_resident_ratio": ("resident_ratio", _ratio)}
 _RANK_ATTR: dict[str, tuple[str, Callable[[str], Any]]] = {
     "dltop_training_data_wait_ratio": ("data_wait_ratio", _ratio),
     "dltop_training_step_seconds": ("step_s", _seconds),
@@ -628,7 +630,8 @@ class _Reading:
             elif metric == "dltop_dataset_unavailable_info":
                 d["reason"] = labels.get("reason") or None
             elif metric in _DATASET_ATTR:
-                d[_DATASET_ATTR[metric]] = self.checked(_bytes, v, f"{key[1]}: {labels['dataset']}: {metric}")
+                attr, conv = _DATASET_ATTR[metric]
+                d[attr] = self.checked(conv, v, f"{key[1]}: {labels['dataset']}: {metric}")
 
     def _read_ranks(self) -> None:
         for key, labels, metric, v in self.rows("training"):

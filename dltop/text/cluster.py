@@ -51,12 +51,12 @@ def residency_cell(d: ClusterDataset | None) -> str:
         return "-"
     if d.up is False:
         return "down"
-    return pct(d.resident_ratio)
+    return pct(d.share)
 
 
 def coldest_ratio(node: ClusterNode) -> float:
     """The node's lowest resident share over its datasets (2.0 where it has none known: sorted last)."""
-    known = [r for d in node.datasets if (r := d.resident_ratio) is not None]
+    known = [r for d in node.datasets if (r := d.share) is not None]
     return min(known) if known else 2.0
 
 
@@ -72,7 +72,7 @@ def sort_nodes(part: ClusterPart, order: str = "coldest", dataset: str | None = 
         if dataset is None:
             return coldest_ratio(n)
         d = n.dataset(dataset)
-        r = d.resident_ratio if d is not None else None
+        r = d.share if d is not None else None
         return 2.0 if r is None else r
 
     return sorted(nodes, key=lambda n: (cold(n), n.name, n.instance, n.job))
@@ -117,7 +117,8 @@ def node_headers(datasets: tuple[str, ...]) -> tuple[str, ...]:
 def node_row(node: ClusterNode, datasets: tuple[str, ...]) -> tuple[str, ...]:
     """A node's cells under node_headers(datasets)."""
     cells = node_cells(node)
-    return (*cells[:DATASETS_AT], *(residency_cell(node.dataset(p)) for p in datasets), *cells[DATASETS_AT:])
+    shares = (residency_cell(node.dataset(p)) if node.up else "n/a" for p in datasets)  # down: gone or stale
+    return (*cells[:DATASETS_AT], *shares, *cells[DATASETS_AT:])
 
 
 def node_cells(node: ClusterNode) -> tuple[str, ...]:
@@ -220,12 +221,13 @@ def _runs(numbers: set[int]) -> list[list[int]]:
 def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]]:
     """(commands, notes): the lines that warm `dataset` on each node where it is cold (srun for the hosts at once,
     kubectl exec per pod, ssh per host, or one pdsh line past SSH_LINES_UP_TO hosts), each word shell-quoted; a
-    node or path whose name is not one safe word on a command line is left out with a note, never pasted in."""
+    node or path whose name is not one safe word on a command line is left out with a note, never pasted in. The
+    nodes that could not be judged (down, the dataset not scanned there, its share unknown) are named in a note:
+    warm "on every node" is said only when every node was judged."""
     notes: list[str] = []
     if any(not ch.isprintable() for ch in dataset):
         return [], [f"{printable(dataset)}: the path holds control characters: no command offered"]
-    cold = [n for n in part.nodes if (d := n.dataset(dataset)) is not None
-            and (d.resident_ratio is None or d.resident_ratio < COLD_BELOW)]
+    cold, unjudged = judge(part, dataset)
     hosts, pods = _warm_targets(cold, notes)
     path = shlex.quote(dataset)
     out = []
@@ -239,8 +241,40 @@ def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]
             out.append(f"pdsh -w {listed} dltop warm {path}")
     out.extend(f"kubectl exec -n {ns} {pod} -- dltop warm {path}" for ns, pod in pods)
     if not cold:
-        notes.append(f"{printable(dataset)} is warm on every node that watches it")
+        notes.append(f"{printable(dataset)} is warm on every node that watches it" if not unjudged else
+                     f"{printable(dataset)} is warm on every node that could be judged")
+    for why, nodes in unjudged.items():
+        count = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+        notes.append(f"not judged: {count} {why}: {printable(hostlist([_host(n) for n in nodes]))}")
     return out, notes
+
+
+UNJUDGED_DOWN = "down"
+UNJUDGED_NOT_SCANNED = "could not scan it"
+UNJUDGED_UNKNOWN = "serve no resident share for it"
+
+
+def judge(part: ClusterPart, dataset: str) -> tuple[list[ClusterNode], dict[str, list[ClusterNode]]]:
+    """(the nodes where `dataset` is cold, the nodes that could not be judged by why): a down node's numbers are
+    gone or stale, so it is never judged warm; a node that does not watch the dataset is neither."""
+    cold: list[ClusterNode] = []
+    unjudged: dict[str, list[ClusterNode]] = {}
+    for n in part.nodes:
+        d = n.dataset(dataset)
+        if not n.up:
+            why = UNJUDGED_DOWN
+        elif d is None:
+            continue
+        elif d.up is False:
+            why = UNJUDGED_NOT_SCANNED
+        elif d.share is None:
+            why = UNJUDGED_UNKNOWN
+        else:
+            if d.share < COLD_BELOW:
+                cold.append(n)
+            continue
+        unjudged.setdefault(why, []).append(n)
+    return cold, unjudged
 
 
 def _warm_targets(cold: list[ClusterNode], notes: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -280,7 +314,9 @@ def node_detail(node: ClusterNode) -> list[str]:
 def _dataset_line(d: ClusterDataset) -> str:
     if d.up is False:
         return f"  {d.dataset}: down ({d.reason or 'not scanned'})"
-    return f"  {d.dataset}: {_b(d.resident_bytes)} of {_b(d.size_bytes)} resident ({pct(d.resident_ratio)})"
+    # The share is pages over pages; the page cache its data holds is whole pages: never divided by the apparent size
+    return (f"  {d.dataset}: {pct(d.share)} of {_b(d.size_bytes)} resident "
+            f"({_b(d.resident_bytes)} of page cache)")
 
 
 def _rank_line(r: ClusterRank) -> str:
@@ -352,7 +388,8 @@ def node_json(n: ClusterNode) -> dict[str, Any]:
                        "utilization": to_dict(n.gpu_utilization)},
         "gpus": [to_dict(g) for g in n.gpus],
         "datasets": [{"dataset": d.dataset, "up": to_dict(d.up), "size_bytes": to_dict(d.size_bytes),
-                      "resident_bytes": to_dict(d.resident_bytes), "reason": d.reason} for d in n.datasets],
+                      "resident_bytes": to_dict(d.resident_bytes), "resident_ratio": to_dict(d.resident_ratio),
+                      "reason": d.reason} for d in n.datasets],
         "jobs": [to_dict(r) for r in n.ranks],
         "hints": [to_dict(h) for h in n.hints],
         "servers": [to_dict(s) for s in n.servers],
