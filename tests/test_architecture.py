@@ -84,7 +84,10 @@ ONLY_IN = {"textual": {"tui"}, "rich": {"tui"}}
 # Only the command that starts the TUI may import it.
 TUI_IMPORTERS = {"dltop/commands/tui.py"}
 # Within tui/, only the app may import actions, and only the runner.
-ACTIONS_IN_TUI = {"dltop/tui/app.py": {"dltop.actions.runner"}}
+# The GPU tab's environment view reads one process's /proc/PID/environ when `e` is pressed: a look that changes
+# nothing (no runner, no journal), checked by the process's start time as a signal is.
+ACTIONS_IN_TUI = {"dltop/tui/app.py": {"dltop.actions.runner"},
+                  "dltop/tui/screens/environ.py": {"dltop.actions.environ"}}
 # Within tui/, only the app reads a typed time ("10m ago", "14:05"), and nothing else of the recorder: a replay's
 # recording is handed in by commands/replay.py.
 RECORDER_IN_TUI = {"dltop/tui/app.py": {"dltop.recorder.times"}}

@@ -784,6 +784,7 @@ class GpuPane(Pane):
         Binding("g", "tree", "Tree", show=False, id="gpu.tree"),
         Binding("k", "signal", "Signal", id="gpu.signal"),
         Binding("s", "tag", "Tag", id="gpu.tag"),
+        Binding("e", "environ", "Environment", show=False, id="gpu.environ"),
         Binding("S", "untag_all", "Untag all", show=False, id="gpu.untag_all"),
         # Out of the footer (help and palette have them): at 80 columns it holds the process table's keys.
         Binding("c", "compact", "Compact", show=False, id="gpu.compact"),
@@ -852,6 +853,8 @@ class GpuPane(Pane):
         if action == "signal":
             # greyed out where nothing may change the system; pressing k there says why (on_key)
             return not replay and not (self.view is not None and self.view.read_only) and bool(self._selected)
+        if action == "environ":
+            return not replay and bool(self._selected)
         if action == "untag_all":
             return bool(self.tagged)
         if action == "tag":
@@ -947,6 +950,9 @@ class GpuPane(Pane):
         if event.key == "k" and view is not None and view.frozen:
             event.stop()
             self.app.notify(f"signal: {view.frozen}; nothing may change the system from here", severity="warning")
+        if event.key == "e" and view is not None and view.replay:
+            event.stop()
+            self.app.notify("environment: this is a replay; it is read from a running process", severity="warning")
 
     def action_tag(self) -> None:
         """Tag the selected process, or untag it, and go to the next row: `k` signals the tagged ones together."""
@@ -964,6 +970,21 @@ class GpuPane(Pane):
             self.tagged[key] = row.process
         self._retag()
         self.query_one("#gpu-table", ProcessTable).action_cursor_down()
+
+    def action_environ(self) -> None:
+        """Show the selected process's environment (its owner's or root's to read; secrets masked)."""
+        row = self.selected_row()
+        if row is None:
+            return
+        p = row.process
+        if p is None or p.start_time_ticks is None:
+            why = ("is the launcher of the ranks under it: select a rank" if p is None else
+                   "is not in dltop's /proc: its start time cannot be checked")
+            self.app.notify(f"pid {row.pid} {why}; no environment read", severity="warning")
+            return
+        from dltop.tui.screens.environ import show_environ
+
+        show_environ(self.app, p.pid, p.start_time_ticks, p.user or "?", p.command or "?")
 
     def action_untag_all(self) -> None:
         """Untag every process."""
