@@ -302,6 +302,60 @@ def test_scrapes_never_read_a_source(tmp_path: Path) -> None:
         sampler.close()
 
 
+def test_the_listen_backlog_is_the_kernels_somaxconn_as_node_exporters(tmp_path: Path) -> None:
+    from dltop.exporter.server import SOMAXCONN, listen_backlog
+
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) not installed: it reads a listening socket's backlog back from the kernel")
+    somaxconn = int(Path(SOMAXCONN).read_text())
+    server = ExporterServer("127.0.0.1:0", SnapshotCollector())
+    try:
+        out = subprocess.run(["ss", "-Hltn", f"sport = :{server.port}"], capture_output=True, text=True).stdout
+        [line] = out.splitlines()
+        assert int(line.split()[2]) == min(somaxconn, 65535)  # a listening socket's Send-Q is its backlog
+    finally:
+        server.close()
+    (tmp_path / "somaxconn").write_text("garbage\n")
+    assert listen_backlog(str(tmp_path / "somaxconn")) == 4096  # Go's fallback
+    assert listen_backlog(str(tmp_path / "missing")) == 4096
+
+
+def test_every_scrape_of_a_snapshot_is_served_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+
+    import dltop.exporter.server as server_mod
+    from dltop.model import Snapshot
+    from dltop.sources.memory import read_memory
+
+    packed: list[int] = []
+    real = gzip.compress
+
+    def compress(data: bytes, **kw: object) -> bytes:
+        packed.append(len(data))
+        return real(data, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server_mod.gzip, "compress", compress)
+    collector = SnapshotCollector()
+    snap = Snapshot(ts=time.time(), host="t", memory=read_memory())
+    collector.update(snap)
+    server = ExporterServer("127.0.0.1:0", collector)
+    server.start()
+    try:
+        def scrape() -> bytes:
+            req = urllib.request.Request(server.url, headers={"Accept-Encoding": "gzip"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.read()  # type: ignore[no-any-return]
+
+        bodies = {scrape() for _ in range(20)}
+        assert len(bodies) == 1 and len(packed) == 1 and collector.builds == 1
+        collector.update(dataclasses.replace(snap, ts=snap.ts + 1))
+        scrape()  # a new Snapshot: rendered and packed again, once
+        assert len(packed) == 2 and collector.builds == 2
+        assert b"dltop_build_info" in gzip.decompress(scrape())
+    finally:
+        server.close()
+
+
 def test_before_the_first_snapshot_a_scrape_is_empty_not_an_error() -> None:
     collector = SnapshotCollector()
     server = ExporterServer("127.0.0.1:0", collector)

@@ -32,6 +32,20 @@ PLAIN_HTTP_ON_TLS = b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP reques
 LOOKS_LIKE_HTTP = {b"GET /", b"HEAD ", b"POST ", b"PUT /", b"OPTIO"}  # Go's looksLikeHTTP, the same five bytes
 TLS_HANDSHAKE = 0x16  # the first byte of a TLS record that opens a handshake
 PROBE_PATHS = ("/-/healthy", "/-/ready")  # answered without basic auth: they tell nothing but up or not
+SOMAXCONN = "/proc/sys/net/core/somaxconn"
+
+
+def listen_backlog(path: str = SOMAXCONN) -> int:
+    """The listen backlog node_exporter gets: Go's net.Listen asks for the kernel's net.core.somaxconn (read
+    from /proc; 4096 since Linux 5.4, Go's fallback when it cannot be read), capped at 65535 as Go caps it.
+    socketserver's default of 5 overflowed under 50 concurrent scrapers (issue 35): the kernel dropped SYNs
+    and each dropped client waited a 1 s retransmit."""
+    try:
+        with open(path) as f:
+            n = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 4096
+    return max(1, min(n, 65535))
 
 
 def build_info_lines(openmetrics: bool) -> bytes:
@@ -115,11 +129,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                        {"WWW-Authenticate": 'Basic realm="dltop"'})
             return
         if path == "/metrics":
-            data, ctype = self.server.collector.render(self.headers.get("Accept", ""))
-            data = _BUILD_INFO[ctype.startswith("application/openmetrics-text")] + data
+            gz = accepts_gzip(self.headers.get("Accept-Encoding"))
+            data, ctype = self.server.exposition(self.headers.get("Accept", ""), gz)
             headers = {"Vary": "Accept-Encoding"}
-            if accepts_gzip(self.headers.get("Accept-Encoding")):
-                data = self.server.gzipped(data)
+            if gz:
                 headers["Content-Encoding"] = "gzip"
             self._send(200, data, ctype, body, headers)
         elif path == "/":
@@ -140,6 +153,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = listen_backlog()
 
     def __init__(self, addr: tuple[str, int], collector: SnapshotCollector, web: WebConfigWatcher | None,
                  stale_after_s: float) -> None:
@@ -147,8 +161,10 @@ class _Server(http.server.ThreadingHTTPServer):
         self.web = web
         self.stale_after_s = stale_after_s
         self.started = time.monotonic()
-        self._gz_lock = threading.Lock()
-        self._gz: tuple[bytes, bytes] = (b"", gzip.compress(b"", mtime=0))  # (body, its gzip): the last one
+        self._served_lock = threading.Lock()
+        # (content type, gzipped) -> (the collector's rendering, the bytes served for it): the answer to every
+        # scrape of one Snapshot, put together once
+        self._served: dict[tuple[str, bool], tuple[bytes, bytes]] = {}
         try:
             self.address_family = socket.AF_INET6 if ipaddress.ip_address(addr[0]).version == 6 else socket.AF_INET
         except ValueError:  # a host name: IPv4, as Prometheus' own listeners resolve one
@@ -165,16 +181,22 @@ class _Server(http.server.ThreadingHTTPServer):
             return 503, f"unhealthy: no Snapshot for {age_s:.0f} s (more than {self.stale_after_s:g} s)"
         return 200, "healthy"
 
-    def gzipped(self, data: bytes) -> bytes:
-        """`data` gzipped, compressed once per rendering however many scrapes ask (bodies are equal while the
-        Snapshot is the same)."""
-        with self._gz_lock:
-            if self._gz[0] == data:
-                return self._gz[1]
-        packed = gzip.compress(data, compresslevel=6, mtime=0)
-        with self._gz_lock:
-            self._gz = (data, packed)
-        return packed
+    def exposition(self, accept: str, gz: bool) -> tuple[bytes, str]:
+        """(body, content type) of /metrics: the collector's rendering of the newest Snapshot (encoded once per
+        Snapshot) behind the build info, gzipped when asked; made once per rendering and format, and every
+        other scrape of that Snapshot is served these same bytes."""
+        data, ctype = self.collector.render(accept)
+        key = (ctype, gz)
+        with self._served_lock:
+            got = self._served.get(key)
+            if got is not None and got[0] is data:
+                return got[1], ctype
+        body = _BUILD_INFO[ctype.startswith("application/openmetrics-text")] + data
+        if gz:
+            body = gzip.compress(body, compresslevel=6, mtime=0)
+        with self._served_lock:
+            self._served[key] = (data, body)
+        return body, ctype
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """On the request's own thread: TLS when the web config in force asks for it (looked up per connection,
