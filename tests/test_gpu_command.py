@@ -120,3 +120,31 @@ async def test_the_command_column_the_selected_line_and_sideways_scroll(torchrun
         await pilot.press("left", "left")
         await pilot.pause()
         assert _rows(app) == rows
+
+
+def test_a_process_s_history_is_its_own_readings_over_the_kept_history(torchrun_like) -> None:
+    """The details opened from a rank's row: its GPU memory, SM %, CPU % and RSS over the Snapshots kept, each
+    with the value now and its range; a reused pid (another start time) is another process, with no history."""
+    import dataclasses
+
+    from dltop.model.gpu_query import process_history
+    from dltop.tui.screens.gpu_details import process_lines
+
+    _, ranks = torchrun_like
+    snaps = gpu_snaps(_scenario_with(ranks), 4)
+    # the rank's memory grows by 1 GiB a tick in the history (as a job's does)
+    grown = []
+    for i, snap in enumerate(snaps):
+        g0 = snap.gpus[0]  # type: ignore[index]
+        procs = tuple(dataclasses.replace(p, used_bytes=(i + 1) << 30) if p.pid == ranks[0] else p
+                      for p in g0.processes)  # type: ignore[union-attr]
+        grown.append(dataclasses.replace(snap, gpus=(dataclasses.replace(g0, processes=procs),
+                                                     *snap.gpus[1:])))  # type: ignore[index]
+    start = next(p for p in grown[-1].gpus[0].processes if p.pid == ranks[0]).start_time_ticks  # type: ignore
+    points = process_history(grown, 0, ranks[0], start)
+    assert [p.used_bytes for _, p in points] == [1 << 30, 2 << 30, 3 << 30, 4 << 30]
+    assert process_history(grown, 0, ranks[0], (start or 0) + 1) == []  # a reused pid: another process
+    text = "\n".join(line.plain for line in process_lines(grown, 0, ranks[0], start, 74))
+    assert f"pid {ranks[0]} " in text
+    assert "4.0 GiB  (1.0 GiB–4.0 GiB)" in text
+    assert "host RSS" in text and "CPU %" in text and "4 readings" in text

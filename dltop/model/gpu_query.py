@@ -181,3 +181,29 @@ def _groups(items: list[tuple[str, int, GpuProcess]], on_gpu: set[int],
 def _members(kids: list[tuple[str, int, GpuProcess]]) -> list[ProcessRow]:
     return [ProcessRow(row_key(place, p), place, p, depth=1, last=i == len(kids) - 1, pid=p.pid)
             for i, (place, _, p) in enumerate(kids)]
+
+
+def find_process(gpus: Sequence[GpuDevice] | Unavailable | None, gpu_index: int, pid: int,
+                 start_time_ticks: int | None) -> GpuProcess | None:
+    """The process (pid and start time: a reused pid is another) on GPU `gpu_index` or one of its MIG instances."""
+    if gpus is None or isinstance(gpus, Unavailable):
+        return None
+    for g in gpus:
+        if g.index != gpu_index:
+            continue
+        for _, _, procs in _places(g):
+            for p in procs:
+                if p.pid == pid and p.start_time_ticks == start_time_ticks:
+                    return p
+    return None
+
+
+def process_history(history: Sequence[Any], gpu_index: int, pid: int,
+                    start_time_ticks: int | None) -> list[tuple[float, GpuProcess]]:
+    """(time, the process) in each Snapshot of `history` (oldest first) that lists it on that GPU."""
+    out = []
+    for snap in history:
+        p = find_process(snap.gpus, gpu_index, pid, start_time_ticks)
+        if p is not None:
+            out.append((snap.ts, p))
+    return out

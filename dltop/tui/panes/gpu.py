@@ -1068,27 +1068,28 @@ class GpuPane(Pane):
                   f"server to stop scraping, one of: {', '.join(servers)} (Enter removes, Esc cancels)")
 
     def action_gpu_details(self, index: int | None = None) -> None:
-        """Open a GPU's details: the selected process's GPU, else the first."""
+        """Open a GPU's details: the selected process's GPU, with that process's history first; else the first."""
         if self.view is None:
             return
         gpus = self.view.snapshot.gpus
+        process: tuple[int, int | None] | None = None
         if index is None:
-            table = self.query_one("#gpu-table", DataTable)
-            if table.display and table.row_count:
-                key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or ""
-                index = int(key.split(":")[0].split("/")[0]) if key[:1].isdigit() else None
+            table = self.query_one("#gpu-table", ProcessTable)
+            row = self.selected_row() if table.display else None
+            if row is not None and row.process is not None:
+                index = int(row.place.split("/")[0])
+                process = (row.process.pid, row.process.start_time_ticks)
         if index is None:
             index = gpus[0].index if isinstance(gpus, tuple) and gpus else 0
         from dltop.tui.screens.gpu_details import GpuDetailsScreen
 
-        self._details = GpuDetailsScreen(self.view, index)
+        self._details = GpuDetailsScreen(self.view, index, process)
         self.app.push_screen(self._details, lambda _: setattr(self, "_details", None))
 
     @on(DataTable.RowSelected, "#gpu-table")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
-        key = event.row_key.value or ""
-        if key[:1].isdigit():
-            self.action_gpu_details(int(key.split(":")[0].split("/")[0]))
+        if (event.row_key.value or "")[:1].isdigit():
+            self.action_gpu_details()
 
     def action_cancel_input(self) -> None:
         """Close the server box without doing anything, or clear and close the filter."""

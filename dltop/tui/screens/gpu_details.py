@@ -1,10 +1,11 @@
 """One GPU's details (Enter on the GPU tab): temperature, power, fan, clocks, P-state, throttle reasons, PCIe and
-NVLink traffic, ECC errors, encoder / decoder; each unknown one with the library's reason. Live: the pane hands
-each new view on; ←/→ step through the GPUs."""
+NVLink traffic, ECC errors, encoder / decoder; each unknown one with the library's reason. Opened from a process's
+row, the process's history over the kept history comes first: its GPU memory, SM %, CPU % and host RSS, a chart
+each with the value now and the range. Live: the pane hands each new view on; ←/→ step through the GPUs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -16,6 +17,10 @@ from textual.widgets import Static
 from dltop.derive import GpuRates, gpu_rates
 from dltop.fmt import human_bytes, human_rate, printable
 from dltop.model import GpuDevice, Unavailable
+from dltop.model.gpu import GpuProcess
+from dltop.model.gpu_query import process_history
+from dltop.text.gpu import short_command
+from dltop.tui import charts
 from dltop.view import View
 
 LABEL_WIDTH = 16
@@ -139,6 +144,53 @@ def detail_lines(g: GpuDevice, rates: GpuRates | None, width: int) -> list[Conte
     return out
 
 
+# A process's series: (label, field, the value's text, the chart's top: None is the largest value shown)
+PROCESS_SERIES: tuple[tuple[str, str, Callable[[float], str], float | None], ...] = (
+    ("GPU memory", "used_bytes", lambda v: human_bytes(int(v)), None),
+    ("SM %", "gpu_util_percent", lambda v: f"{v:.0f}%", 100.0),
+    ("CPU %", "cpu_percent", lambda v: f"{v:.0f}%", None),
+    ("host RSS", "host_rss_bytes", lambda v: human_bytes(int(v)), None),
+)
+HISTORY_LABEL = 12
+HISTORY_TAIL = 30  # " 3.5 GiB  (3.1 GiB–3.5 GiB)"
+
+
+def process_lines(history: Sequence[object], gpu_index: int, pid: int, start: int | None,
+                  width: int) -> list[Content]:
+    """The process's history on this GPU: a headline (pid, user, command), then per series a chart over the span
+    every chart of dltop spans, the value now and the lowest and highest kept; 'not known' with the reason where
+    no reading has it."""
+    points = process_history(history, gpu_index, pid, start)
+    if not points:
+        return [Content.assemble((f"pid {pid}", "bold"), " is not on this GPU in the history kept")]
+    p: GpuProcess = points[-1][1]
+    times = [ts for ts, _ in points]
+    head = Content.assemble((f"pid {pid} {printable(p.user or '?')}  ", "bold"),
+                            printable(short_command(p.command or "?"))).truncate(width, ellipsis=True)
+    end = times[-1]
+    all_times = [getattr(s, "ts", end) for s in history]
+    span, cadence = charts.span_s(all_times), charts.cadence_s(all_times)
+    chart_width = max(8, width - HISTORY_LABEL - HISTORY_TAIL)
+    lines = [head]
+    for label, name, text, top in PROCESS_SERIES:
+        values = [(ts, float(v)) for ts, q in points if (v := getattr(q, name)) is not None]
+        if not values:
+            why = p.unavailable.get(name, "no reading of it in the history kept")
+            lines.append(Content.assemble((f"{label:<{HISTORY_LABEL}}", "bold"), (f"? {printable(why)}", "$text-muted"))
+                         .truncate(width, ellipsis=True))
+            continue
+        cols = charts.time_columns(values, end, chart_width, span, cadence)
+        shown = [v for _, v in values]
+        chart = charts.draw(cols, 1, top if top is not None else max(shown) or 1.0)[0]
+        now = getattr(p, name)
+        tail = f" {text(now) if now is not None else '?'}  ({text(min(shown))}–{text(max(shown))})"
+        lines.append(Content.assemble((f"{label:<{HISTORY_LABEL}}", "bold"), (chart, "$accent"), tail)
+                     .truncate(width, ellipsis=True))
+    lines.append(Content.assemble((f"{' ' * HISTORY_LABEL}the last {charts.span_text(span)}, {len(points)} readings;"
+                                   " the range is of those kept", "dim")).truncate(width, ellipsis=True))
+    return lines
+
+
 class GpuDetailsScreen(ModalScreen[None]):
     """One GPU's details, kept up to date by the pane (`show`); ←/→ step through the GPUs, Esc or Enter closes."""
 
@@ -154,10 +206,12 @@ class GpuDetailsScreen(ModalScreen[None]):
         Binding("right", "step(1)", "Next GPU", id="gpu_details.next"),
     ]
 
-    def __init__(self, view: View, index: int) -> None:
+    def __init__(self, view: View, index: int, process: tuple[int, int | None] | None = None) -> None:
+        """`process`: the (pid, start time) of the row it was opened from: its history comes first."""
         super().__init__()
         self._view = view
         self._index = index  # GpuDevice.index of the GPU shown
+        self._process = process
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="gpu-details-dialog"):
@@ -205,4 +259,8 @@ class GpuDetailsScreen(ModalScreen[None]):
         if g.down:
             body.update(Content.assemble((f"{g.down}: {printable(_why(g, 'memory_total_bytes'))}", "$error")))
             return
-        body.update(Content("\n").join(detail_lines(g, rates, width)))
+        lines = detail_lines(g, rates, width)
+        if self._process is not None:
+            pid, start = self._process
+            lines = [*process_lines(self._view.history, g.index, pid, start, width), Content(""), *lines]
+        body.update(Content("\n").join(lines))
