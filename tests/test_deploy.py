@@ -156,17 +156,48 @@ def test_the_export_unit_listens_on_loopback_and_keeps_tmp_visible() -> None:
     assert "MemoryDenyWriteExecute" not in d  # the CPU source executes a page it wrote
 
 
-def test_systemd_analyze_rates_the_export_unit_exposure_at_most_5(tmp_path: Path) -> None:
+RECORD_UNIT = DEPLOY / "systemd" / "dltop-record.service"
+
+
+@pytest.mark.parametrize("unit_path", [EXPORT_UNIT, RECORD_UNIT], ids=["export", "record"])
+def test_systemd_analyze_rates_each_system_unit_exposure_at_most_3(tmp_path: Path, unit_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        pytest.skip("systemd-analyze not installed (the static test above checks the directives)")
+        pytest.skip("systemd-analyze not installed (the static tests check the directives)")
     probe = subprocess.run([analyze, "security", "--help"], capture_output=True, text=True)
     if "--offline" not in probe.stdout:
         pytest.skip("this systemd-analyze has no --offline (systemd < 250): it can only rate loaded units")
-    unit = tmp_path / EXPORT_UNIT.name  # a path of its own: --offline reads the file given, no unit search
-    shutil.copy(EXPORT_UNIT, unit)
+    unit = tmp_path / unit_path.name  # a path of its own: --offline reads the file given, no unit search
+    shutil.copy(unit_path, unit)
     r = subprocess.run([analyze, "security", "--offline=yes", "--no-pager", str(unit)],
                        capture_output=True, text=True, timeout=60)
-    m = re.search(r"Overall exposure level for dltop-export\.service: ([0-9.]+)", r.stdout + r.stderr)
+    m = re.search(rf"Overall exposure level for {re.escape(unit.name)}: ([0-9.]+)", r.stdout + r.stderr)
     assert m, r.stdout + r.stderr
-    assert float(m.group(1)) <= 5.0, r.stdout
+    assert float(m.group(1)) <= 3.0, r.stdout
+
+
+def test_the_record_unit_writes_one_folder_and_keeps_the_kernel_log() -> None:
+    from dltop.cli import build_parser
+
+    d = unit_directives(RECORD_UNIT)
+    [start] = d["ExecStart"]
+    argv = shlex.split(start)
+    assert argv[0].endswith("/dltop")
+    _, cmd, _ = build_parser("record")
+    args, extra = cmd.parse_known_args(argv[1:])
+    assert not extra and args.command == "record"
+    # the one folder it writes is its StateDirectory, under a read-only system
+    assert d["StateDirectory"] == ["dltop"] and args.directory.startswith("/var/lib/dltop/")
+    assert d["ProtectSystem"] == ["strict"] and d["ProtectHome"] == ["read-only"]
+    assert "ReadWritePaths" not in d and "PrivateTmp" not in d
+    caps = set(" ".join(d["CapabilityBoundingSet"]).split())
+    assert caps == {"CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_SYS_PTRACE", "CAP_SYSLOG"}
+    # the OOM killer's victim: /dev/kmsg readable, the kernel log not taken away
+    assert "/dev/kmsg r" in d["DeviceAllow"] and "ProtectKernelLogs" not in d
+    assert d["NoNewPrivileges"] == ["yes"] and "MemoryDenyWriteExecute" not in d
+
+
+def test_the_user_record_unit_bounds_no_capabilities() -> None:
+    d = unit_directives(DEPLOY / "systemd" / "user" / "dltop-record.service")
+    assert "CapabilityBoundingSet" not in d and "AmbientCapabilities" not in d  # a user unit fails with them (218)
+    assert d["ExecStart"][0].split()[-9:][:3] == ["record", "-o", "%S/dltop/recordings"]
