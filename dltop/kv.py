@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,45 +49,70 @@ class ConfigError(DltopError):
 
 
 @dataclass(frozen=True)
+class LayerKv:
+    """What one layer keeps for each token of a sequence: its KV heads, the length of its K and V vectors, and how
+    many tokens it keeps at most."""
+
+    kind: str  # "full", "sliding", "chunked", or "shared": it reuses an earlier layer's cache and keeps none
+    window: int | None  # the tokens it keeps at most (window or chunk), None for all
+    kv_heads: int  # 1 under MLA (one latent per token, shared by all heads); 0 for a shared layer
+    k_dim: int  # MLA: kv_lora_rank + qk_rope_head_dim (the latent and the RoPE key)
+    v_dim: int  # 0 under MLA (the latent is both) and for a shared layer
+    heads: int | None = None  # query heads; None under MLA and for a shared layer
+
+    @property
+    def attention(self) -> str:
+        if self.kind == "shared":
+            return "shared"
+        if self.heads is None:
+            return "MLA"
+        return "MHA" if self.kv_heads == self.heads else "MQA" if self.kv_heads == 1 else "GQA"
+
+    def bytes_per_token(self, dtype: str) -> int:
+        v = _vector_bytes(self.v_dim, dtype) if self.v_dim else 0
+        return self.kv_heads * (_vector_bytes(self.k_dim, dtype) + v) if self.kv_heads else 0
+
+
+@dataclass(frozen=True)
 class KvShape:
     """What one token costs in each layer's KV cache, and how many tokens each layer keeps."""
 
     name: str
-    attention: str  # "MHA", "GQA", "MQA" or "MLA"
+    attention: str  # "MHA", "GQA", "MQA" or "MLA"; "GQA+MQA" (say) where the layers differ
     layers: int
     heads: int | None
-    kv_heads: int | None  # None under MLA: one latent per token, not per head
-    head_dim: int | None
+    kv_heads: int | None  # where every layer has the same (None under MLA, or where they differ: see per_layer)
+    head_dim: int | None  # likewise
     kv_lora_rank: int | None
     qk_rope_head_dim: int | None
-    elements_per_token_layer: int  # K and V together (GQA), or the latent plus the RoPE key (MLA)
     dtype: str
     dtype_bytes: float  # per element: 0.5 for int4, 0.5625 for nvfp4 (its block scales included)
     dtype_source: str
-    windows: tuple[int | None, ...]  # per layer: the tokens it keeps at most (window or chunk), None for all
+    per_layer: tuple[LayerKv, ...]
     notes: tuple[str, ...] = ()
-    vector_dim: int = 0  # the length of one cached vector (head_dim; the latent plus RoPE key under MLA)
-    kinds: tuple[str, ...] = ()  # per layer: "full", "sliding" or "chunked"; () when derived from windows
     defaults: Resolution | None = None
     assumptions: tuple[str, ...] = ()
+    max_positions: int | None = None  # the longest sequence the config says the model takes
+    max_positions_source: str = ""  # the key it came from, or why there is none
 
     @property
-    def bytes_per_token_layer(self) -> int:
-        dim = self.vector_dim or self.elements_per_token_layer
-        return self.elements_per_token_layer // dim * _vector_bytes(dim, self.dtype)
+    def windows(self) -> tuple[int | None, ...]:
+        """Per layer: the tokens it keeps at most, None for all (and for a shared layer, which keeps none)."""
+        return tuple(layer.window for layer in self.per_layer)
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
-        return self.kinds or tuple("full" if w is None else "sliding" for w in self.windows)
+        return tuple(layer.kind for layer in self.per_layer)
 
     @property
     def bytes_per_token(self) -> int:
         """One token in every layer, as if every layer kept every token (no window)."""
-        return self.layers * self.bytes_per_token_layer
+        return sum(layer.bytes_per_token(self.dtype) for layer in self.per_layer)
 
     def sequence_bytes(self, tokens: int) -> int:
         """The cache of one sequence of `tokens`: a sliding layer keeps at most its window."""
-        return sum(self.bytes_per_token_layer * (tokens if w is None else min(tokens, w)) for w in self.windows)
+        return sum(layer.bytes_per_token(self.dtype) * (tokens if layer.window is None else min(tokens, layer.window))
+                   for layer in self.per_layer)
 
     @property
     def sliding_layers(self) -> int:
@@ -96,6 +122,13 @@ class KvShape:
     @property
     def chunked_layers(self) -> int:
         return self.layer_kinds.count("chunked")
+
+    def groups(self) -> list[tuple[LayerKv, list[int]]]:
+        """Each distinct layer shape (with its window) and the layers that have it, in the order of first layers."""
+        found: dict[LayerKv, list[int]] = {}
+        for i, layer in enumerate(self.per_layer):
+            found.setdefault(layer, []).append(i)
+        return list(found.items())
 
 
 def _vector_bytes(dim: int, dtype: str) -> int:
@@ -201,9 +234,9 @@ def _windows(cfg: dict[str, Any], layers: int, filled: bool = False
              ) -> tuple[tuple[int | None, ...], tuple[str, ...], list[str], list[str]]:
     """Each layer's window (None = full attention) and kind, by the rules of docs/kv.md, with notes on the choice
     and the assumptions made. `filled`: layer_types came from the model type's defaults, not the config."""
-    window = _int(cfg, "sliding_window")
+    window = _int(cfg, *_WINDOW_KEYS)
     full: tuple[int | None, ...] = (None,) * layers
-    types = cfg.get("layer_types")
+    types = _layer_types(cfg, layers)
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             raise ConfigError(f"layer_types in the config must list one type for each of the {layers} layers")
@@ -216,6 +249,22 @@ def _windows(cfg: dict[str, Any], layers: int, filled: bool = False
     if window is None:
         return full, (), [], []
     return _slide_pattern(cfg, layers, window)
+
+
+_WINDOW_KEYS = ("sliding_window", "sliding_window_size")  # MiMo-V2 and Inkling say sliding_window_size
+
+
+def _layer_types(cfg: dict[str, Any], layers: int) -> Any:
+    """The config's layer_types, or MiMo-V2's hybrid_layer_pattern as layer_types (1 for a sliding-window layer, 0
+    for full attention); None where it has neither."""
+    pattern = cfg.get("hybrid_layer_pattern")
+    if cfg.get("layer_types") is not None or pattern is None:
+        return cfg.get("layer_types")
+    if not isinstance(pattern, list) or len(pattern) != layers or any(
+            isinstance(p, bool) or p not in (0, 1) for p in pattern):
+        raise ConfigError(f"hybrid_layer_pattern in the config must list 0 (full) or 1 (sliding) for each of the "
+                          f"{layers} layers")
+    return ["sliding_attention" if p else "full_attention" for p in pattern]
 
 
 def _slide_pattern(cfg: dict[str, Any], layers: int, window: int) -> tuple[
@@ -264,7 +313,7 @@ def _layer_window(cfg: dict[str, Any], t: Any, window: int | None) -> tuple[int 
 # The keys a model type's defaults may fill (only where the config lacks the key: an explicit null stays null).
 FILL_KEYS = ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "sliding_window",
              "layer_types", "attention_chunk_size", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
-             "v_head_dim", "q_lora_rank", "vocab_size", "intermediate_size", "tie_word_embeddings")
+             "v_head_dim", "q_lora_rank", "vocab_size", "intermediate_size", "tie_word_embeddings", "per_layer_config")
 _MLA_UNUSED = ("num_key_value_heads", "head_dim")  # transformers fills them for DeepSeek; MLA caches neither
 # Model types whose every layer slides when sliding_window is set (their modelling code has no layer pattern).
 _WINDOW_EVERYWHERE = ("mistral", "mixtral")
@@ -340,6 +389,9 @@ class Resolution:
     filled: dict[str, Any]  # key: the default put in its place
     source: str  # "transformers 5.2.0 (Gemma3TextConfig)", "dltop's table (gemma3_text)" or "" (none applied)
     notes: tuple[str, ...] = ()
+    # transformers' config object of this config, for the cross-check; and which class it is, or why there is none.
+    library: Any = field(default=None, compare=False, repr=False)
+    library_source: str = "not asked (--defaults table)"
 
 
 def resolve_config(cfg: dict[str, Any], defaults: str = "table") -> Resolution:
@@ -349,41 +401,49 @@ def resolve_config(cfg: dict[str, Any], defaults: str = "table") -> Resolution:
     text = text_config(cfg)
     model_type = text.get("model_type")
     if not isinstance(model_type, str) or not model_type:
-        return Resolution(text, {}, "")
+        return Resolution(text, {}, "", (), None, "the config has no model_type")
     # transformers builds a list per layer: a layer count past any model's is refused before it sees one.
     layers = _int(text, "num_hidden_layers", maximum=MAX_LAYERS)
     notes: list[str] = []
     family = FAMILIES.get(_TEXT_TYPES.get(model_type, model_type))
+    why = "not asked (--defaults table)"
     if defaults != "table":
         got = _transformers_defaults(text, model_type)
         if isinstance(got, tuple):
-            return _filled(text, got[0], got[1], notes)
+            return _filled(text, got[0], got[1], notes, got[2])
+        why = got
         if defaults == "transformers":
             raise ConfigError(f"--defaults transformers: {got}")
         if not got.startswith("not importable"):
             notes.append(f"transformers could not fill the defaults ({got}): "
                          + ("dltop's table did" if family else "nor does dltop's table know this model type"))
     if family is None:
-        return Resolution(text, {}, "", tuple(notes))
+        return Resolution(text, {}, "", tuple(notes), None, why)
     table, rule = family
     values = dict(table)
     if rule is not None and layers is not None:
         values["layer_types"] = rule(text, layers)
     if rule is _qwen_types and not text.get("use_sliding_window"):
         del values["sliding_window"]  # Qwen2/3Config drop their window when use_sliding_window is off
-    return _filled(text, values, f"dltop's table ({printable(_TEXT_TYPES.get(model_type, model_type))})", notes)
+    res = _filled(text, values, f"dltop's table ({printable(_TEXT_TYPES.get(model_type, model_type))})", notes)
+    return dataclasses.replace(res, library_source=why)
 
 
-def _filled(text: dict[str, Any], values: dict[str, Any], source: str, notes: list[str]) -> Resolution:
-    filled = {k: values[k] for k in FILL_KEYS if k not in text and values.get(k) is not None}
+def _filled(text: dict[str, Any], values: dict[str, Any], source: str, notes: list[str],
+            library: Any = None) -> Resolution:
+    filled = {k: values[k] for k in FILL_KEYS if k not in text and values.get(k) not in (None, {})}
     if "kv_lora_rank" in text or "kv_lora_rank" in filled:
         for k in _MLA_UNUSED:
             filled.pop(k, None)
-    return Resolution({**text, **filled}, filled, source if filled else "", tuple(notes))
+    if "hybrid_layer_pattern" in text:
+        filled.pop("layer_types", None)  # the config's own pattern, not its model type's default
+    return Resolution({**text, **filled}, filled, source if filled else "", tuple(notes), library,
+                      source if library is not None else "")
 
 
-def _transformers_defaults(text: dict[str, Any], model_type: str) -> tuple[dict[str, Any], str] | str:
-    """The defaults transformers' config class for `model_type` gives this config, and which class; or why not."""
+def _transformers_defaults(text: dict[str, Any], model_type: str) -> tuple[dict[str, Any], str, Any] | str:
+    """The defaults transformers' config class for `model_type` gives this config, which class, and the config
+    object it made; or why not."""
     try:
         import transformers
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING, AutoConfig
@@ -403,7 +463,8 @@ def _transformers_defaults(text: dict[str, Any], model_type: str) -> tuple[dict[
         log.setLevel(logging.ERROR)  # its warnings about the config are not dltop's output
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            values = cls(**kwargs).to_dict()
+            obj = cls(**kwargs)
+            values = obj.to_dict()
     except Exception as e:  # noqa: BLE001 - a config someone else wrote: transformers refusing it is a reason
         first = printable(str(e)).strip().splitlines()
         return f"{type(e).__name__}: {first[0][:120] if first else 'no message'}"
@@ -411,41 +472,310 @@ def _transformers_defaults(text: dict[str, Any], model_type: str) -> tuple[dict[
         log.setLevel(level)
     if not isinstance(values, dict):
         return f"{cls.__name__}.to_dict() gave no mapping"
-    return values, f"transformers {version} ({cls.__name__})"
+    return values, f"transformers {version} ({cls.__name__})", obj
 
 
 def shape_from_config(cfg: dict[str, Any], kv_dtype: str = "auto", name: str = "", defaults: str = "table",
                       resolution: Resolution | None = None) -> KvShape:
-    """The KV shape of a Hugging Face config.json (its text model); `kv_dtype` 'auto' is the model's dtype. What the
-    config leaves to its model type is filled first (`defaults`, see resolve_config; or a `resolution` made)."""
+    """The KV shape of a Hugging Face config.json (its text model), layer by layer; `kv_dtype` 'auto' is the model's
+    dtype. What the config leaves to its model type is filled first (`defaults`, see resolve_config; or a
+    `resolution` made)."""
     res = resolution or resolve_config(cfg, defaults)
     cfg = res.config
-    notes: list[str] = list(res.notes)
     layers = _layers(cfg)
     name = name or str(cfg.get("_name_or_path") or cfg.get("model_type") or "model")
-    heads = _int(cfg, "num_attention_heads", "n_head")
     dtype, source = _kv_dtype(cfg, kv_dtype)
-    if dtype in ("float32", "float") and kv_dtype == "auto":
-        notes.append("a float32 model: vLLM's --dtype auto serves it in float16, half this cache")
     windows, kinds, window_notes, assumed = _windows(cfg, layers, "layer_types" in res.filled)
-    notes += window_notes
-    notes += _uncounted(cfg, dtype)
-    rank = cfg.get("kv_lora_rank")
-    if rank is not None:
-        rank = _int(cfg, "kv_lora_rank")
-        rope = _int(cfg, "qk_rope_head_dim") or 0
+    kinds = kinds or tuple("full" if w is None else "sliding" for w in windows)
+    per_layer, layer_notes = _per_layer(cfg, kinds)
+    notes = [*res.notes, *_dtype_notes(dtype, kv_dtype), *window_notes, *layer_notes, *_uncounted(cfg, dtype),
+             *_not_understood(cfg, kinds)]
+    attention, kv_heads, head_dim, rank, rope = _summary(cfg, per_layer)
+    positions, positions_source = _max_positions(cfg)
+    return KvShape(name, attention, layers, _int(cfg, "num_attention_heads", "n_head"), kv_heads, head_dim, rank,
+                   rope, dtype, _element_bytes(dtype), source, per_layer, tuple(notes), res, tuple(assumed),
+                   positions, positions_source)
+
+
+def _dtype_notes(dtype: str, kv_dtype: str) -> list[str]:
+    if dtype in ("float32", "float") and kv_dtype == "auto":
+        return ["a float32 model: vLLM's --dtype auto serves it in float16, half this cache"]
+    return []
+
+
+def _summary(cfg: dict[str, Any], per_layer: tuple[LayerKv, ...]) -> tuple[
+        str, int | None, int | None, int | None, int | None]:
+    """The model's attention kind ("GQA+MQA" where its layers differ), and its KV heads and head dim where every
+    layer that keeps a cache has the same (None under MLA), or its MLA ranks."""
+    kept = [layer for layer in per_layer if layer.kind != "shared"]
+    attention = "+".join(dict.fromkeys(layer.attention for layer in kept))
+    if cfg.get("kv_lora_rank") is not None:
+        return attention, None, None, _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim") or 0
+    one = len({(layer.kv_heads, layer.k_dim, layer.v_dim) for layer in kept}) == 1
+    return attention, kept[0].kv_heads if one else None, kept[0].k_dim if one else None, None, None
+
+
+# The keys of a config a layer may have its own value of: on sliding layers the swa_ keys (MiMo-V2, Inkling), on
+# full layers Gemma 4's global ones; per_layer_config (transformers 5) gives any layer any of them.
+_SWA_KEYS = {"swa_num_attention_heads": "num_attention_heads", "swa_num_key_value_heads": "num_key_value_heads",
+             "swa_head_dim": "head_dim", "swa_v_head_dim": "v_head_dim"}
+_LAYER_KEYS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "v_head_dim", "sliding_window",
+                         "attention_chunk_size", "kv_lora_rank", "qk_rope_head_dim", "hidden_size"})
+
+
+def _per_layer(cfg: dict[str, Any], kinds: tuple[str, ...]) -> tuple[tuple[LayerKv, ...], list[str]]:
+    """Each layer's KV shape: the model's config with what differs on that layer (see _layer_overrides); layers from
+    the first that reuses an earlier layer's cache (num_kv_shared_layers) keep none of their own."""
+    overrides, notes = _layer_overrides(cfg, kinds)
+    first_shared = _first_shared(cfg, len(kinds))
+    out = []
+    for i, kind in enumerate(kinds):
+        if i >= first_shared:
+            out.append(LayerKv("shared", None, 0, 0, 0))
+        else:
+            out.append(_layer_kv({**cfg, **overrides[i]}, kind, i))
+    return tuple(out), notes
+
+
+def _layer_overrides(cfg: dict[str, Any], kinds: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[str]]:
+    """What each layer has of its own: the swa_ keys on sliding layers, Gemma 4's global_head_dim (and, with
+    attention_k_eq_v, num_global_key_value_heads) on full layers, then per_layer_config's entry for it."""
+    swa = {own: cfg[key] for key, own in _SWA_KEYS.items() if cfg.get(key) is not None}
+    full: dict[str, Any] = {}
+    notes = []
+    if cfg.get("global_head_dim") is not None:
+        full["head_dim"] = cfg["global_head_dim"]
+    if cfg.get("num_global_key_value_heads") is not None:
+        if cfg.get("attention_k_eq_v"):
+            full["num_key_value_heads"] = cfg["num_global_key_value_heads"]
+        else:
+            notes.append(f"num_global_key_value_heads {_shown(cfg['num_global_key_value_heads'])} does not apply: "
+                         "attention_k_eq_v is off (transformers' Gemma4TextConfig rule)")
+    given, unread = _per_layer_config(cfg, len(kinds))
+    by_kind = {"sliding": swa, "full": full}
+    return [{**by_kind.get(kind, {}), **given.get(i, {})} for i, kind in enumerate(kinds)], notes + unread
+
+
+def _per_layer_config(cfg: dict[str, Any], layers: int) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """transformers' per_layer_config: layer number (as text, maybe zero-padded) to the keys that layer overrides,
+    and a note naming the overrides dltop does not read that may shape attention (a `skip` among them). A key that
+    is not a layer number, or a layer past the last, is a ConfigError."""
+    given = cfg.get("per_layer_config")
+    if given is None:
+        return {}, []
+    if not isinstance(given, dict):
+        raise ConfigError(f"per_layer_config in the config must map layer numbers to overrides, not {_shown(given)}")
+    out: dict[int, dict[str, Any]] = {}
+    unread: dict[str, list[int]] = {}
+    for key, over in given.items():
+        i = _layer_number(key, over, layers)
+        for k in over:
+            if k not in _LAYER_KEYS and (k == "skip" or _shapes_attention(k, over[k])):
+                unread.setdefault(printable(k), []).append(i)
+        out[i] = {k: over[k] for k in _LAYER_KEYS.intersection(over)}
+    return out, [f"not understood: per_layer_config gives {k} to layer(s) {layer_ranges(v)}, which dltop does not "
+                 "read; if it changes what those layers cache, this size is wrong" for k, v in unread.items()]
+
+
+def _layer_number(key: str, over: Any, layers: int) -> int:
+    """The layer a per_layer_config entry is for; a ConfigError unless the key is a layer number and the value a
+    mapping."""
+    if not (key.isascii() and key.isdigit() and int(key) < layers) or not isinstance(over, dict):
+        raise ConfigError(f"per_layer_config in the config must map layer numbers (0 to {layers - 1}) to "
+                          f"overrides, not {_shown(key)}: {_shown(over)}")
+    return int(key)
+
+
+def layer_ranges(layers: list[int]) -> str:
+    """Layer numbers as ranges: [0, 1, 2, 5] is "0-2, 5"."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _first_shared(cfg: dict[str, Any], layers: int) -> int:
+    """The first layer that reuses an earlier layer's KV cache (Gemma 3n and 4's num_kv_shared_layers: the last
+    layers), or `layers` where none does."""
+    shared = _int(cfg, "num_kv_shared_layers", minimum=0, maximum=MAX_LAYERS) or 0
+    if shared >= layers:
+        raise ConfigError(f"num_kv_shared_layers {shared} leaves none of the {layers} layers to keep a cache")
+    return layers - shared
+
+
+def _layer_kv(lc: dict[str, Any], kind: str, i: int) -> LayerKv:
+    """Layer i's shape from its own config `lc`: its window, then the MLA latent, or its KV heads and the K and V
+    head dims (v_head_dim where V differs from K)."""
+    window = _kept(lc, kind, i)
+    if lc.get("kv_lora_rank") is not None:
+        rank = _int(lc, "kv_lora_rank")
         assert rank is not None
-        if cfg.get("num_key_value_heads") is not None:
-            notes.append(f"num_key_value_heads {_shown(cfg['num_key_value_heads'])} does not apply under MLA: one latent "
-                         "per token per layer, shared by all heads")
-        return KvShape(name, "MLA", layers, heads, None, None, rank, rope, rank + rope, dtype, _element_bytes(dtype),
-                       source, windows, tuple(notes), rank + rope, kinds, res, tuple(assumed))
+        return LayerKv(kind, window, 1, rank + (_int(lc, "qk_rope_head_dim") or 0), 0)
+    heads = _int(lc, "num_attention_heads", "n_head")
     if heads is None:
         raise ConfigError("the config has no num_attention_heads (needed for the KV heads and head_dim)")
-    kv_heads = _int(cfg, "num_key_value_heads") or heads
-    head_dim = _head_dim(cfg, heads)
-    shape = _gqa(name, layers, heads, kv_heads, head_dim, dtype, source, windows, notes)
-    return dataclasses.replace(shape, kinds=kinds, defaults=res, assumptions=tuple(assumed))
+    kv_heads = _int(lc, "num_key_value_heads") or heads
+    if kv_heads > heads or heads % kv_heads:
+        raise ConfigError(f"{kv_heads} KV heads do not divide {heads} attention heads")
+    head_dim = _head_dim(lc, heads)
+    return LayerKv(kind, window, kv_heads, head_dim, _int(lc, "v_head_dim") or head_dim, heads)
+
+
+def _kept(lc: dict[str, Any], kind: str, i: int) -> int | None:
+    """The tokens layer i of this kind keeps at most: its sliding window or attention chunk; None for all."""
+    if kind not in ("sliding", "chunked"):
+        return None
+    keys = _WINDOW_KEYS if kind == "sliding" else ("attention_chunk_size",)
+    window = _int(lc, *keys)
+    if window is None:
+        raise ConfigError(f"layer {i} is a {kind}_attention layer but has no {keys[0]}")
+    return window
+
+
+# What a key of a config must look like to shape attention (and so, maybe, the KV cache).
+_SHAPING = re.compile(r"kv|key_value|head_dim|window|layer_types|_pattern|chunk|lora_rank|shared_layers|global_|swa_|"
+                      r"attn_layer|attention_layer|attention_type|linear_attn|full_attention|local_layer|block_type|"
+                      r"mamba|ssm|state_size|nope|interval|compress|index_")
+# Keys of that look that dltop reads, or that do not change what the cache holds (rotary, scales, biases, sinks,
+# query-only sizes, norms).
+_KNOWN = frozenset({
+    *FILL_KEYS, *_SWA_KEYS, *_WINDOW_KEYS, "num_global_key_value_heads", "global_head_dim", "attention_k_eq_v",
+    "per_layer_config", "hybrid_layer_pattern", "num_kv_shared_layers", "use_sliding_window", "max_window_layers",
+    "sliding_window_pattern", "no_rope_layers", "no_rope_layer_interval", "qk_nope_head_dim",
+    "swa_rope_theta", "add_swa_attention_sink_bias", "add_full_attention_sink_bias", "swa_attention_sink_bias",
+    "global_rope_theta", "rope_local_base_freq", "use_bidirectional_attention", "query_pre_attn_scalar",
+    "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", "first_k_dense_replace",
+    "qk_layernorm", "use_qk_norm", "kv_lora_rank", "num_nextn_predict_layers", "mlp_layer_types",
+})
+
+
+def _shapes_attention(key: str, value: Any) -> bool:
+    """Whether a config key looks like it shapes attention and dltop does not read it. An unset one (null, false,
+    0, empty) shapes nothing."""
+    return key not in _KNOWN and value not in (None, False, 0, "", [], {}) and bool(_SHAPING.search(key))
+
+
+def _not_understood(cfg: dict[str, Any], kinds: tuple[str, ...]) -> list[str]:
+    """Notes on keys of the config that do not apply (MLA's KV heads, a chunk size with no chunked layer), and one
+    naming the keys that look like they shape attention and that dltop does not read."""
+    notes = []
+    if cfg.get("kv_lora_rank") is not None and cfg.get("num_key_value_heads") is not None:
+        notes.append(f"num_key_value_heads {_shown(cfg['num_key_value_heads'])} does not apply under MLA: one "
+                     "latent per token per layer, shared by all heads")
+    chunk = cfg.get("attention_chunk_size")
+    if chunk and "chunked" not in kinds:
+        notes.append(f"attention_chunk_size {_shown(chunk)} does not apply: no layer is a chunked_attention layer")
+    keys = [k for k, v in cfg.items() if _shapes_attention(k, v)]
+    if keys:
+        shown = ", ".join(printable(k)[:60] for k in keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+        notes.append(f"not understood: {shown}: these keys look like they shape attention, and dltop does not read "
+                     "them; if they change what a layer caches, this size is wrong")
+    return notes
+
+
+# Where a config says the longest sequence its model takes, in the order looked at.
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def _max_positions(cfg: dict[str, Any]) -> tuple[int | None, str]:
+    """The longest sequence the config gives its model, and the key it came from; None and why where it has none
+    (a value that is not a whole number is not one)."""
+    for key in _POSITION_KEYS:
+        v = cfg.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_SIZE:
+            return v, f"config {key}"
+        if v is not None:
+            return None, f"config {key} is {_shown(v)}, not a whole number of tokens"
+    return None, f"the config has no {' / '.join(_POSITION_KEYS)}"
+
+
+# -- transformers' own reading, beside dltop's -------------------------------------------------------------------
+
+# transformers' cache layer types (cache_utils.get_layer_types_and_kwargs) as dltop's kinds; "dummy" is its layer
+# that keeps nothing (a layer that reuses another's cache).
+_LIBRARY_KINDS = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
+                  "dummy": "shared"}
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """Where transformers' config class reads a config's layers otherwise than dltop: one line per set of layers."""
+
+    source: str  # "transformers 5.25.0 (Gemma4TextConfig)"
+    differences: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+def cross_check(shape: KvShape) -> CrossCheck | str:
+    """transformers' reading of the config this shape came from, layer by layer, beside dltop's: the layer types and
+    windows its cache is built with (cache_utils.get_layer_types_and_kwargs), the KV heads and head dims of
+    configuration_utils.get_head_shapes, each layer config's v_head_dim. Why there is none, where there is none (no
+    config object: transformers not importable or not asked; transformers failing to read its own object)."""
+    res = shape.defaults
+    if res is None:
+        return "no config (the model's numbers were given)"
+    if res.library is None:
+        return res.library_source or "transformers did not read this config"
+    return _compare(shape, res)
+
+
+def _compare(shape: KvShape, res: Resolution) -> CrossCheck | str:
+    try:
+        theirs = _library_layers(res.library)
+    except Exception as e:  # noqa: BLE001 - transformers' code on a config someone else wrote
+        first = printable(str(e)).strip().splitlines()
+        return f"{res.library_source} could not give its layers: {type(e).__name__}: {first[0][:120] if first else ''}"
+    if len(theirs) != len(shape.per_layer):
+        return f"{res.library_source} has {len(theirs)} layers, dltop {len(shape.per_layer)}"
+    found: dict[str, list[int]] = {}
+    for i, (ours, t) in enumerate(zip(shape.per_layer, theirs, strict=True)):
+        found.setdefault(_layer_diff(ours, t), []).append(i)
+    found.pop("", None)
+    mla = any(layer.attention == "MLA" for layer in shape.per_layer)
+    return CrossCheck(res.library_source, tuple(f"layer(s) {layer_ranges(v)}: {k}" for k, v in found.items()),
+                      _MLA_NOT_COMPARED if mla else ())
+
+
+_MLA_NOT_COMPARED = ("MLA layers: their KV heads and head dims are not compared (transformers' cache keeps each "
+                     "head's K and V; vLLM and SGLang keep the latent, which is what dltop sizes)",)
+
+
+def _library_layers(obj: Any) -> list[tuple[str, int | None, int, int, int]]:
+    """(kind, window, KV heads, K head dim, V head dim) of each layer of a transformers config object, as
+    transformers' own functions give them."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+    from transformers.configuration_utils import get_head_shapes
+
+    types, kwargs = get_layer_types_and_kwargs(obj)
+    heads, dims = get_head_shapes(obj)
+    n = len(types)
+    heads = heads if isinstance(heads, list) else [heads] * n
+    dims = dims if isinstance(dims, list) else [dims] * n
+    layer_configs = obj.per_layer_config
+    out = []
+    for i, t in enumerate(types):
+        v = getattr(layer_configs[i], "v_head_dim", None) or dims[i]
+        out.append((_LIBRARY_KINDS.get(t, printable(str(t))), kwargs[i].get("sliding_window"), heads[i], dims[i], v))
+    return out
+
+
+def _layer_diff(ours: LayerKv, theirs: tuple[str, int | None, int, int, int]) -> str:
+    """How transformers' reading of a layer differs from dltop's, in words ("" where it does not)."""
+    kind, window, kv_heads, k_dim, v_dim = theirs
+    if kind != ours.kind:
+        return f"its config object reads a {kind} layer (dltop: {ours.kind})"
+    pairs = [("window", window, ours.window)]
+    if ours.kind != "shared" and ours.attention != "MLA":
+        pairs += [("KV heads", kv_heads, ours.kv_heads), ("K head dim", k_dim, ours.k_dim),
+                  ("V head dim", v_dim, ours.v_dim)]
+    differ = [(what, t, o) for what, t, o in pairs if t != o]
+    if not differ:
+        return ""
+    return (f"its config object reads {', '.join(f'{what} {t}' for what, t, _ in differ)} "
+            f"(dltop: {', '.join(f'{what} {o}' for what, _, o in differ)})")
 
 
 def _uncounted(cfg: dict[str, Any], dtype: str) -> list[str]:
@@ -487,19 +817,12 @@ def _kv_dtype(cfg: dict[str, Any], kv_dtype: str) -> tuple[str, str]:
     return dtype, f"auto: {source}"
 
 
-def _gqa(name: str, layers: int, heads: int, kv_heads: int, head_dim: int, dtype: str, source: str,
-         windows: tuple[int | None, ...], notes: list[str]) -> KvShape:
-    if kv_heads > heads or heads % kv_heads:
-        raise ConfigError(f"{kv_heads} KV heads do not divide {heads} attention heads")
-    kind = "MHA" if kv_heads == heads else "MQA" if kv_heads == 1 else "GQA"
-    return KvShape(name, kind, layers, heads, kv_heads, head_dim, None, None, 2 * kv_heads * head_dim, dtype,
-                   _element_bytes(dtype), source, windows, tuple(notes), head_dim)
-
-
 def shape_from_flags(layers: int, heads: int, kv_heads: int | None, head_dim: int, dtype: str,
                      source: str) -> KvShape:
     """The KV shape of a model given by its numbers (`dltop kv --layers ... --dtype ...`)."""
-    return _gqa("flags", layers, heads, kv_heads or heads, head_dim, dtype, source, (None,) * layers, [])
+    layer = _layer_kv({"num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim}, "full", 0)
+    return KvShape("flags", layer.attention, layers, heads, layer.kv_heads, head_dim, None, None, dtype,
+                   _element_bytes(dtype), source, (layer,) * layers, max_positions_source="not given (flags)")
 
 
 def _moe_layer(cfg: dict[str, Any], i: int) -> bool:
@@ -683,23 +1006,46 @@ def plan(shape: KvShape, seq: int, gpu_mem_bytes: int, utilization: float, weigh
                 shape.bytes_per_token, gpu_mem_source)
 
 
-def shape_dict(shape: KvShape) -> dict[str, Any]:
-    """The shape as JSON data."""
+def shape_dict(shape: KvShape, seq: int | None = None) -> dict[str, Any]:
+    """The shape as JSON data; with `seq`, each layer group's bytes of a sequence of that many tokens."""
     kinds = shape.layer_kinds
     window = next((w for w, k in zip(shape.windows, kinds, strict=True) if k == "sliding"), None)
     chunk = next((w for w, k in zip(shape.windows, kinds, strict=True) if k == "chunked"), None)
+    groups = shape.groups()
     return {
         "name": shape.name, "attention": shape.attention, "layers": shape.layers, "heads": shape.heads,
         "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "kv_lora_rank": shape.kv_lora_rank,
-        "qk_rope_head_dim": shape.qk_rope_head_dim, "elements_per_token_layer": shape.elements_per_token_layer,
+        "qk_rope_head_dim": shape.qk_rope_head_dim,
+        "elements_per_token_layer": _elements(groups),
         "kv_dtype": shape.dtype, "kv_dtype_bytes": shape.dtype_bytes, "kv_dtype_source": shape.dtype_source,
         "sliding_layers": shape.sliding_layers, "sliding_window": window,
         "chunked_layers": shape.chunked_layers, "attention_chunk_size": chunk,
+        "shared_layers": kinds.count("shared"),
         "kv_dtype_bits": KV_DTYPE_BITS[shape.dtype],
         "defaults": None if shape.defaults is None or not shape.defaults.source else {
             "source": shape.defaults.source, "filled": shape.defaults.filled},
         "assumptions": list(shape.assumptions),
+        "layer_groups": [_group_dict(shape, g, layers, seq) for g, layers in groups],
     }
+
+
+def _elements(groups: list[tuple[LayerKv, list[int]]]) -> int | None:
+    """Elements one token takes in a layer, where every layer that keeps a cache takes the same (else None)."""
+    sizes = {g.kv_heads * (g.k_dim + g.v_dim) for g, _ in groups if g.kind != "shared"}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _group_dict(shape: KvShape, g: LayerKv, layers: list[int], seq: int | None) -> dict[str, Any]:
+    """One group of layers with the same shape and window, as JSON data (bytes for all of its layers)."""
+    per_layer = g.bytes_per_token(shape.dtype)
+    d: dict[str, Any] = {
+        "layers": layers, "count": len(layers), "kind": g.kind, "window": g.window, "attention": g.attention,
+        "heads": g.heads, "kv_heads": g.kv_heads, "k_head_dim": g.k_dim, "v_head_dim": g.v_dim,
+        "bytes_per_token_per_layer": per_layer, "bytes_per_token": len(layers) * per_layer,
+    }
+    if seq is not None:
+        d["bytes_per_sequence"] = len(layers) * per_layer * (seq if g.window is None else min(seq, g.window))
+    return d
 
 
 def pool_dict(pool: Pool) -> dict[str, Any]:

@@ -222,11 +222,13 @@ KEYS = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head
         "torch_dtype", "n_routed_experts", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
         "mlp_only_layers", "decoder_sparse_step", "n_shared_experts", "model_type", "text_config",
         "tie_word_embeddings", "attention_bias", "quantization_config", "attention_chunk_size", "no_rope_layers",
-        "no_rope_layer_interval"]
+        "no_rope_layer_interval", "per_layer_config", "hybrid_layer_pattern", "swa_num_key_value_heads",
+        "swa_head_dim", "swa_v_head_dim", "swa_num_attention_heads", "global_head_dim", "num_global_key_value_heads",
+        "attention_k_eq_v", "num_kv_shared_layers", "sliding_window_size", "max_position_embeddings", "0", "1"]
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.integers() | st.floats() | st.text(max_size=8)
                     | st.sampled_from(["float16", "bfloat16", "sliding_attention", "full_attention", "chunked_attention",
                                      "gemma2", "gemma3_text", "gemma3", "mistral", "qwen2", "qwen3", "llama4_text",
-                                     "llama4", "gpt_oss", "deepseek_v3"]),
+                                     "llama4", "gpt_oss", "deepseek_v3", "gemma4_text", "mimo_v2_flash"]),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(KEYS), inner),
                     max_leaves=12)
 
@@ -244,6 +246,9 @@ def test_any_config_gives_a_size_or_a_config_error() -> None:
                 shape = kv.shape_from_config(cfg, defaults=defaults)
                 assert shape.bytes_per_token > 0 and shape.sequence_bytes(100) <= 100 * shape.bytes_per_token
                 assert all(_one_line(n) for n in (*shape.notes, *shape.assumptions))
+                check = kv.cross_check(shape)  # transformers' reading of what someone else wrote, beside dltop's
+                lines = [check] if isinstance(check, str) else [check.source, *check.differences, *check.notes]
+                assert all(_one_line(n) for n in lines), lines
             except kv.ConfigError as e:
                 assert _one_line(str(e)) and len(str(e)) < 400, str(e)
             with contextlib.suppress(kv.ConfigError):

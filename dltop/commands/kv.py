@@ -234,55 +234,87 @@ def _mig_memory(g: GpuDevice, label: str, visible: str, refuse: Callable[[str], 
 def _result(shape: kv.KvShape, args: argparse.Namespace, weights: kv.Weights | str,
             pool: kv.Pool | str) -> dict[str, Any]:
     seq_bytes = shape.sequence_bytes(args.seq)
+    check = kv.cross_check(shape)
     return {
-        "model": kv.shape_dict(shape),
+        "model": kv.shape_dict(shape, args.seq),
         "batch": args.batch,
         "seq": args.seq,
         "tokens": args.batch * args.seq,
         "bytes_per_token": shape.bytes_per_token,
         "bytes_per_sequence": seq_bytes,
         "total_bytes": args.batch * seq_bytes,
+        "max_positions": shape.max_positions,
+        "max_positions_source": shape.max_positions_source,
         "weights": {"unavailable": weights} if isinstance(weights, str) else {
             "bytes": weights.bytes, "source": weights.source, "parameters": weights.parameters,
             "dtype": weights.dtype, "notes": list(weights.notes)},
         "pool": {"unavailable": pool} if isinstance(pool, str) else kv.pool_dict(pool),
+        "cross_check": {"unavailable": check} if isinstance(check, str) else {
+            "source": check.source, "agrees": not check.differences, "differences": list(check.differences),
+            "notes": list(check.notes)},
+        "warnings": _warnings(shape, args.seq),
         "notes": list(shape.notes),
     }
+
+
+def _warnings(shape: kv.KvShape, seq: int) -> list[str]:
+    """What makes the size a size of something the model was not made for: a sequence past its positions."""
+    if shape.max_positions is None or seq <= shape.max_positions:
+        return []
+    return [f"--seq {seq:,} is past the model's {shape.max_positions:,} positions ({shape.max_positions_source}): "
+            "it was not made for sequences this long; the size is what such a cache would take"]
 
 
 def _b(n: int) -> str:
     return f"{n:,} B ({n / (1 << 30):.2f} GiB)"
 
 
+def _formula(shape: kv.KvShape, g: kv.LayerKv) -> str:
+    """One token in one layer of shape `g`, as a product of its sizes."""
+    b = shape.dtype_bytes
+    if g.kind == "shared":
+        return "none of its own (reuses an earlier layer's cache)"
+    if g.attention == "MLA":
+        return f"(kv_lora_rank {shape.kv_lora_rank} + qk_rope_head_dim {shape.qk_rope_head_dim}) × {b} B"
+    if g.k_dim == g.v_dim:
+        return f"2 (K, V) × {g.kv_heads} KV heads × {g.k_dim} × {b} B"
+    return f"{g.kv_heads} KV heads × (K {g.k_dim} + V {g.v_dim}) × {b} B"
+
+
+def _shape_lines(shape: kv.KvShape, d: dict[str, Any]) -> list[str]:
+    """The per-token cost: one formula where every layer has the same shape, else one line per layer group."""
+    groups = d["model"]["layer_groups"]
+    shapes = {(g.kv_heads, g.k_dim, g.v_dim) for g, _ in shape.groups()}
+    if len(shapes) == 1:
+        first = shape.per_layer[0]
+        return [f"per token    {d['bytes_per_token']:,} B = {shape.layers} layers × {_formula(shape, first)}"]
+    lines = [f"per token    {d['bytes_per_token']:,} B = the sum over {len(groups)} layer groups (without windows):"]
+    for (g, _), gd in zip(shape.groups(), groups, strict=True):
+        keeps = "all tokens" if g.window is None else f"≤ {g.window:,} tokens"
+        lines.append(f"  {gd['count']:>3} {g.kind:<7} {keeps:<16} {_formula(shape, g)} = "
+                     f"{gd['bytes_per_token_per_layer']:,} B; {gd['bytes_per_sequence']:,} B of the sequence "
+                     f"(layers {kv.layer_ranges(gd['layers'])})")
+    return lines
+
+
 def _text(shape: kv.KvShape, d: dict[str, Any], pool: kv.Pool | str) -> str:
     m = d["model"]
-    if shape.attention == "MLA":
-        what = (f"{shape.layers} layers × (kv_lora_rank {shape.kv_lora_rank} + qk_rope_head_dim "
-                f"{shape.qk_rope_head_dim}) × {shape.dtype_bytes} B")
-    else:
-        what = f"2 (K, V) × {shape.layers} layers × {shape.kv_heads} KV heads × {shape.head_dim} × {shape.dtype_bytes} B"
+    lines = [f"model        {printable(m['name'])}: {shape.attention}, KV cache in {shape.dtype} ({shape.dtype_source})",
+             *_shape_lines(shape, d)]
     if shape.dtype in kv.BLOCK_SCALED:
         block, scale = kv.BLOCK_SCALED[shape.dtype]
-        what += f" (4-bit values and a {scale}-byte fp8 scale per {block}: {kv.KV_DTYPE_BITS[shape.dtype]} bits each)"
-    lines = [
-        f"model        {printable(m['name'])}: {shape.attention}, KV cache in {shape.dtype} ({shape.dtype_source})",
-        f"per token    {d['bytes_per_token']:,} B = {what}",
-    ]
+        lines.append(f"{shape.dtype:<12} 4-bit values and a {scale}-byte fp8 scale per {block}: "
+                     f"{kv.KV_DTYPE_BITS[shape.dtype]} bits each")
     res = shape.defaults
     if res is not None and res.source:
         lines.append(f"defaults     {printable(res.source)} filled {_filled(res.filled)}")
     lines += [f"assumed      {printable(a)}" for a in m["assumptions"]]
-    sliding = shape.sliding_layers - shape.chunked_layers
-    if sliding:
-        lines.append(f"window       {sliding} of {shape.layers} layers slide: each keeps at most "
-                     f"{m['sliding_window']:,} tokens of a sequence")
-    if shape.chunked_layers:
-        lines.append(f"chunks       {shape.chunked_layers} of {shape.layers} layers attend within chunks: each keeps "
-                     f"at most {m['attention_chunk_size']:,} tokens of a sequence")
+    lines += _window_lines(shape, m)
     lines += [
         f"sequence     {d['bytes_per_sequence']:,} B for {d['seq']:,} tokens",
         f"KV cache     {_b(d['total_bytes'])} for {d['batch']:,} × {d['seq']:,} = {d['tokens']:,} tokens",
     ]
+    lines += [f"warning      {printable(w)}" for w in d["warnings"]]
     w = d["weights"]
     if "unavailable" not in w:
         lines.append(f"weights      {_b(w['bytes'])}: {w['source']}")
@@ -290,9 +322,38 @@ def _text(shape: kv.KvShape, d: dict[str, Any], pool: kv.Pool | str) -> str:
         lines.append(f"KV pool      unavailable: {printable(pool)}")
     else:
         lines += _pool_lines(d["pool"], d["seq"])
+    lines += _check_lines(d["cross_check"])
     notes = [*d["notes"], *([] if "unavailable" in w else w["notes"])]
     lines += [f"note         {printable(n)}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _window_lines(shape: kv.KvShape, m: dict[str, Any]) -> list[str]:
+    sliding = shape.sliding_layers - shape.chunked_layers
+    windows = sorted({w for w, k in zip(shape.windows, shape.layer_kinds, strict=True) if k == "sliding" and w})
+    lines = []
+    if sliding:
+        keeps = " or ".join(f"{w:,}" for w in windows)
+        lines.append(f"window       {sliding} of {shape.layers} layers slide: each keeps at most {keeps} tokens of a "
+                     "sequence")
+    if shape.chunked_layers:
+        lines.append(f"chunks       {shape.chunked_layers} of {shape.layers} layers attend within chunks: each keeps "
+                     f"at most {m['attention_chunk_size']:,} tokens of a sequence")
+    if m["shared_layers"]:
+        lines.append(f"shared       {m['shared_layers']} of {shape.layers} layers reuse an earlier layer's cache "
+                     "(num_kv_shared_layers): they keep none of their own")
+    return lines
+
+
+def _check_lines(c: dict[str, Any]) -> list[str]:
+    """transformers' reading of the config beside dltop's."""
+    if "unavailable" in c:
+        return [f"check        not cross-checked with transformers: {printable(c['unavailable'])}"]
+    if c["agrees"]:
+        lines = [f"check        {printable(c['source'])} gives every layer the same KV heads, head dims and window"]
+    else:
+        lines = [f"check        {printable(c['source'])} differs on {printable(d)}" for d in c["differences"]]
+    return lines + [f"check        {printable(n)}" for n in c["notes"]]
 
 
 def _pool_lines(p: dict[str, Any], seq: int) -> list[str]:
@@ -316,7 +377,9 @@ def _filled(filled: dict[str, Any]) -> str:
     """The keys a model type's defaults filled, one list: layer_types as counts of each type."""
     parts = []
     for k, v in filled.items():
-        if k == "layer_types" and isinstance(v, list):
+        if k == "per_layer_config" and isinstance(v, dict):
+            v = f"({len(v)} layers)"
+        elif k == "layer_types" and isinstance(v, list):
             counts = {t: v.count(t) for t in dict.fromkeys(v)}
             v = "(" + ", ".join(f"{n} {printable(str(t)).removesuffix('_attention')}" for t, n in counts.items()) + ")"
         parts.append(f"{k} {printable(str(v))}")
