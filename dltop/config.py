@@ -58,6 +58,7 @@ class Settings:
     tab: str | None = None  # the tab to open on (TAB_NAMES); None: the one that has something
     mute: tuple[str, ...] = ()  # hint ids never shown on the hint line (still listed in ?)
     user: int | None = None  # --user: the probes (jobs) of this uid only; None: all dltop may read (root: everyone's)
+    discover: bool = True  # find the datasets training jobs read (--no-discover: off; docs/datasets.md)
 
 
 def default_config_path() -> Path:
@@ -312,6 +313,8 @@ def settings_from_args(args: Any) -> Settings:
         changes["caches"] = _cache_paths(args.caches)
     if getattr(args, "read_only", False):
         changes["read_only"] = True
+    if getattr(args, "no_discover", False):
+        changes["discover"] = False
     if getattr(args, "prometheus", None) is not None or s.prometheus is not None:
         changes["prometheus"] = prometheus_options(args, s.prometheus)
     if getattr(args, "tab", None):

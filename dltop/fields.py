@@ -174,6 +174,9 @@ DATASET_SCAN_S = _field("datasets", "dataset_scan_duration_seconds", "gauge", "s
                         "How long the dataset's last scan took", DATASET)
 DATASET_COMPLETE = _field("datasets", "dataset_scan_complete", "gauge", "",
                           "1 when the last scan reached every file, 0 when a time budget cut it short", DATASET)
+DATASET_FOUND = _field("datasets", "dataset_found_info", "info", "",
+                       "A dataset found read by training jobs rather than watched (dltop export --export-found), and "
+                       "the users whose jobs read it", ("dataset", "users"))
 
 # -- GPUs: NVML, with the split from the probe or an inference server ---------------------------------------------
 GPU = ("gpu", "uuid")
@@ -483,6 +486,11 @@ def _pressure(resource: str, p: Pressure) -> Iterator[Sample]:
 
 
 def _datasets(part: DatasetsPart) -> Iterator[Sample]:
+    listed = {ds.path for ds in part.paths}
+    for f in part.found:  # only where listed: `DatasetsPart.with_found_listed`, which --export-found asks for
+        if f.path in listed:
+            users = sorted({r.user or f"uid {r.uid}" for r in f.readers})
+            yield DATASET_FOUND, {"dataset": display_path(f.path), "users": display_path(",".join(users))}, 1.0
     for ds in part.paths:
         labels = {"dataset": display_path(ds.path)}  # valid UTF-8, as a label value must be; JSON does the same
         if isinstance(ds, DatasetUnavailable):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -364,7 +364,7 @@ class Session:
         if ev.phase != "finished":
             return None
         plan = self._confirmable(ev) if ev.step == "plan" else None
-        if ev.step == "run":
+        if ev.step in ("run", "release"):
             self._read_after(ev)
         self._say_outcome(ev)
         return plan
@@ -389,13 +389,25 @@ class Session:
 
     def _read_after(self, ev: ActionEvent) -> None:
         """A finished run's numbers without waiting for the next tick: the GPU processes after a signal (the
-        process gone from the table), the cache after a clear, that dataset only after a warm, evict or lock."""
+        process gone from the table), the cache after a clear, that dataset only after a warm, evict, lock or
+        unlock (watched or found)."""
         if ev.action == "signal":
             self.read_now("gpus")
         elif ev.action == "clear":
             self.read_now("caches", self._cache_of(ev.paths[0]) if ev.paths else None)
         else:
             self.read_now("datasets", next(filter(None, map(self._owner, ev.paths)), None))
+
+    def _read_after_outside(self, data: Mapping[str, Any]) -> None:
+        """An action another process ran (a `dltop evict` from a shell) on a dataset shown here: measured again now,
+        as after one run here, so its low (or high) is not missed until the next scan."""
+        if data.get("pid") == os.getpid() or data.get("phase") != "finished" or data.get("action") not in (
+                "warm", "evict", "lock") or data.get("step") not in ("run", "release"):
+            return
+        paths = [p for p in data.get("paths") or () if isinstance(p, str)]
+        owner = next(filter(None, map(self._owner, paths)), None)
+        if owner is not None:
+            self.read_now("datasets", owner)
 
     def add_events(self, found: Sequence[LiveEvent]) -> bool:
         """Events seen live (actions here and anywhere on the machine); True where they are the first ones."""
@@ -404,6 +416,8 @@ class Session:
         first = not self.timeline.events()
         for e in found:
             self.timeline.add_event(e)
+            if e.kind == "action":
+                self._read_after_outside(e.data)
         return first and bool(found)
 
     def _cache_of(self, path: str) -> str | None:
@@ -414,8 +428,11 @@ class Session:
         return next((c.name for c in part.caches if _under(path, c.path)), None)
 
     def _owner(self, path: str) -> str | None:
-        """The watched dataset that `path` is, or is inside."""
-        return next((p for p in self.settings.datasets if _under(path, p)), None)
+        """The watched dataset that `path` is, or is inside; else the found one (a folder a training job reads)."""
+        got = next((p for p in self.settings.datasets if _under(path, p)), None)
+        if got is None and self.history and isinstance(part := self.history[-1].datasets, DatasetsPart):
+            got = next((f.path for f in part.found if _under(path, f.path)), None)
+        return got
 
     # -- what is watched ----------------------------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ ALLOWED: dict[str, set[str]] = {
     "tui/panes": {"tui", "model", "fmt", "text", "derive", "hints", "view"},
     "commands": {"commands", "model", "fmt", "text", "errors", "config", "cpuregs", "kernel", "sources",
                  "sampler", "actions", "hints", "derive", "fields", "exporter", "tui", "kv", "recorder",
-                 "timeline", "residency", "__init__"},
+                 "timeline", "residency", "journal", "__init__"},
     "cli": {"commands", "errors", "native", "__init__"},  # native: --version says which loops run in C
     "__main__": {"cli"},
     # The in-process probe runs inside training scripts: nothing of dltop's but itself, and the kernel's ctypes

@@ -472,7 +472,9 @@ def test_snapshot_round_trip_and_source(ddir: Path) -> None:
     from dltop.sources.registry import build_sources
 
     assert "datasets" in [s.name for s in build_sources(Settings(datasets=(str(ddir),)))]
-    assert "datasets" not in [s.name for s in build_sources(Settings())]
+    # with no dataset given, the source runs to find the datasets training jobs read, unless --no-discover
+    assert "datasets" in [s.name for s in build_sources(Settings())]
+    assert "datasets" not in [s.name for s in build_sources(Settings(discover=False))]
 
 
 def test_residency_visible_owner_and_writer(ddir: Path) -> None:

@@ -76,7 +76,8 @@ async def _wait_confirm(app: App, pilot) -> ConfirmScreen:
 def live(*paths: Path, rescan_s: float | None = None, **kw) -> DltopApp:
     """The app on the real Sampler watching `paths`, as `dltop PATH...` starts it; `rescan_s` stretches the
     background rescan (so a fresh number can only come from the rescan asked for after an action)."""
-    settings = Settings(datasets=tuple(map(str, paths)), **kw)
+    # Discovery off unless asked: other users' training jobs on a shared node would add found rows.
+    settings = Settings(datasets=tuple(map(str, paths)), **{"discover": False, **kw})
     sources = [dataclasses.replace(s, interval_s=rescan_s) if rescan_s and s.name == "datasets" else s
                for s in build_sources(settings)]
     return DltopApp(Sampler(sources, builder=build_sources), settings)

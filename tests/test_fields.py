@@ -23,6 +23,7 @@ from dltop import probe
 from dltop.fields import FIELDS, HINT_ACTIVE, Field, hint_samples, samples
 from dltop.hints import Hint
 from dltop.model import ProbesPart, ServerStats, Snapshot, Unavailable
+from dltop.model.datasets import DatasetsPart, FoundDataset, FoundReader
 from dltop.model.gpu import SPLIT_FIELDS, MemorySplit
 from dltop.probe.files import open_private_dir, write_atomic
 from dltop.residency.scan import scan_paths
@@ -482,6 +483,9 @@ def test_every_field_comes_out_of_some_real_snapshot(tmp_path: Path, proc_root: 
                          if isinstance(g.processes, tuple) else g for g in part)
         seen |= {f.name for f, _, _ in samples(Snapshot(ts=1.0, host="h", gpus=part))}
     seen |= {f.name for f, _, _ in hint_samples([Hint("dataset-cold", "info", "t")])}
+    scanned = parts["datasets"].paths[0]  # a dataset found read by a job, listed as --export-found lists it
+    found = DatasetsPart(found=(FoundDataset(scanned.path, (FoundReader(1, 0, "root"),), 1.0, scanned),))
+    seen |= {f.name for f, _, _ in samples(Snapshot(ts=1.0, host="h", datasets=found.with_found_listed()))}
     seen |= {f.name for f, _, _ in samples(Snapshot(ts=1.0, host="h", caches=caches_part(tmp_path / "c")[0]))}
     expected = [f for f in FIELDS if servers or f.part != "servers"]
     assert sorted(f.name for f in expected if f.name not in seen) == []

@@ -101,6 +101,8 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user", type=user_id, metavar="USER",
                    help="show the training jobs (probes) of this user only, a name or a uid (default: every user's "
                         "as root, else your own)")
+    p.add_argument("--no-discover", action="store_true",
+                   help="do not look for the datasets training jobs read (their open files, the probe's data_dir)")
 
 
 def user_id(text: str) -> int:

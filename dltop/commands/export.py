@@ -34,13 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="TLS and basic auth, in the web config format of Prometheus' exporter-toolkit")
     p.add_argument("--dataset", dest="paths", action="append", metavar="PATH",
                    help="export the residency of this dataset directory (repeatable)")
+    p.add_argument("--export-found", action="store_true",
+                   help="also export the datasets training jobs are found reading (their paths, other users' too "
+                        "as root; off by default: series that come and go with the jobs)")
     add_server_option(p)
     add_common_options(p)
     p.set_defaults(func=run)
 
 
 def start_exporter(listen: str, web_config: str | None = None, interval_s: float = DEFAULT_INTERVAL_S,
-                   ) -> tuple[SnapshotCollector, ExporterServer]:
+                   export_found: bool = False) -> tuple[SnapshotCollector, ExporterServer]:
     """(collector, started server) for `listen`: bad options and a port in use fail here, before any sampling.
     /-/healthy turns 503 when no Snapshot came for three intervals and 10 s."""
     from dltop.exporter.collector import SnapshotCollector
@@ -48,7 +51,7 @@ def start_exporter(listen: str, web_config: str | None = None, interval_s: float
     from dltop.exporter.webconfig import load_web_config
 
     web = load_web_config(web_config) if web_config else None
-    collector = SnapshotCollector()
+    collector = SnapshotCollector(export_found=export_found)
     server = ExporterServer(listen, collector, web, stale_after_s=3 * interval_s + 10)
     server.start()
     return collector, server
@@ -69,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     # The config's Prometheus is the Cluster tab's: an exporter reading the cluster back would serve nothing of it.
     settings = replace(settings, refresh_s=args.interval or DEFAULT_INTERVAL_S, prometheus=None)
+    # Found datasets are looked for only when they are served (--export-found): nothing else reads them here.
+    settings = replace(settings, discover=settings.discover and args.export_found)
     if paths:
         settings = replace(settings, datasets=tuple(dict.fromkeys(os.path.abspath(p) for p in paths)))
         for p in settings.datasets:
@@ -76,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"dltop export: {printable(p)}: no such path (yet): served as dltop_dataset_up 0 until it "
                       "appears", file=sys.stderr, flush=True)
     check_pid(settings.pid, settings.root)
-    collector, server = start_exporter(args.listen, args.web_config, settings.refresh_s)
+    collector, server = start_exporter(args.listen, args.web_config, settings.refresh_s, args.export_found)
     print(f"dltop export: serving {server.url}", file=sys.stderr, flush=True)
     sampler = Sampler(build_sources(settings), root=settings.root, builder=build_sources)
     try:

@@ -193,10 +193,15 @@ async def _record(sampler: Any, listeners: list[Any], interval_s: float) -> None
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup ignores it: leave it ignored
         signal.signal(signal.SIGHUP, on_signal)
 
+    from dltop.journal import JournalTail
+
+    actions = JournalTail()  # the recorder's own tail writes them down; this one measures what they acted on
+
     async def consume() -> None:
         async for snap in sampler.stream(lambda: interval_s):
             for listener in listeners:
                 listener(snap)
+            _measure_after_actions(sampler, snap, actions)
 
     task = asyncio.create_task(consume())
     stopped = asyncio.create_task(stop.wait())
@@ -205,6 +210,20 @@ async def _record(sampler: Any, listeners: list[Any], interval_s: float) -> None
     stopped.cancel()
     if task.done() and not task.cancelled() and task.exception() is not None:
         raise task.exception()  # type: ignore[misc]
+
+
+def _measure_after_actions(sampler: Any, snap: Any, actions: Any) -> None:
+    """A dataset a warm, evict or lock (from any shell or TUI) just finished on is measured again at once, not at
+    its next scan: an evict that left it at 0% for a few seconds is in the recording's lowest residency."""
+    from dltop.model.datasets import DatasetsPart
+
+    part = snap.datasets
+    for data in actions.poll():
+        if (data.get("phase") == "finished" and data.get("action") in ("warm", "evict", "lock")
+                and isinstance(part, DatasetsPart)):
+            for path in data.get("paths") or ():
+                if isinstance(path, str) and (holder := part.holder(path)) is not None:
+                    sampler.read_now("datasets", holder)
 
 
 def run_mark(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ FIELDS; a test holds the two encodings to the same parsed families, and promtool
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -23,6 +24,7 @@ from dltop import hints as hint_rules
 from dltop.fields import FIELDS, PREFIX, Field, hint_samples, samples
 from dltop.fmt import printable
 from dltop.model import Snapshot
+from dltop.model.datasets import DatasetsPart
 
 OPENMETRICS = "application/openmetrics-text"
 Grouped = list[tuple[Field, list[tuple[dict[str, str], float]]]]
@@ -109,7 +111,10 @@ class SnapshotCollector(Collector):
     """Holds the Snapshots of the last hints.WINDOW_S seconds; `collect()` gives the newest one's metrics (and
     the hints drawn from the window), worked out once per Snapshot however many scrapes ask."""
 
-    def __init__(self) -> None:
+    def __init__(self, export_found: bool = False) -> None:
+        # --export-found: the datasets training jobs read are served as watched ones are (off by default: other
+        # users' paths, and series that come and go with the jobs)
+        self.export_found = export_found
         self._lock = threading.Lock()
         self._history: deque[Snapshot] = deque()
         self._groups: Grouped | None = None
@@ -125,6 +130,9 @@ class SnapshotCollector(Collector):
             self.updated_at = time.monotonic()
             if self._history and snapshot is self._history[-1]:
                 return
+            part = snapshot.datasets
+            if self.export_found and isinstance(part, DatasetsPart) and part.found:
+                snapshot = dataclasses.replace(snapshot, datasets=part.with_found_listed())
             self._history.append(snapshot)
             while self._history[0].ts < snapshot.ts - hint_rules.WINDOW_S:
                 self._history.popleft()

@@ -115,18 +115,64 @@ class DatasetUnavailable:
 
 
 @dataclass(frozen=True)
+class FoundReader:
+    """A process found reading a dataset (docs/datasets.md, "Datasets found without a flag"): who runs it in the
+    kernel's word (the uid of /proc/PID), the job it belongs to, and how the folder was found."""
+
+    pid: int
+    uid: int
+    user: str | None = None  # the uid's name (None: no passwd entry)
+    job: str = ""  # the job as the Training tab names it: its id, else its command
+    cmd: str = ""  # the process's command line, as the process wrote it (escaped where shown)
+    files_open: int = 0  # regular files it (and its DataLoader workers) had open for reading below the folder
+    named: bool = False  # the job names this folder: its probe's data_dir, a DataLoader dataset's root
+
+
+@dataclass(frozen=True)
+class FoundDataset:
+    """A folder that training jobs read, found without being given: its readers and its scan (a time-budgeted one:
+    `complete` False where the budget cut it short). `scan` None: not scanned yet."""
+
+    path: str
+    readers: tuple[FoundReader, ...] = ()
+    found_at: float = 0.0  # wall-clock time a job was first seen reading it
+    # DatasetUnavailable first, as in DatasetsPart.paths
+    scan: DatasetUnavailable | DatasetResidency | None = None
+
+
+@dataclass(frozen=True)
 class DatasetsPart:
-    """Every watched dataset, in the order given; JSON `{"paths": [...], ...}` as `dltop residency --json` prints it."""
+    """Every watched dataset, in the order given; JSON `{"paths": [...], ...}` as `dltop residency --json` prints it.
+    `found`: the folders training jobs read that are not watched (discovery; empty with --no-discover)."""
 
     # DatasetUnavailable first: the decoder tries the union in order, and DatasetResidency (all fields but the
     # path have defaults) would take an unavailable one's JSON as an empty dataset.
     paths: tuple[DatasetUnavailable | DatasetResidency, ...] = ()
     page_size: int = 4096
+    found: tuple[FoundDataset, ...] = ()
+    discovery: str | None = None  # why discovery found nothing it could (off, not root: own jobs only); None: on
 
     @property
     def scanned(self) -> tuple[DatasetResidency, ...]:
         """The datasets that could be scanned: the ones with numbers."""
         return tuple(d for d in self.paths if isinstance(d, DatasetResidency))
+
+    @property
+    def found_scans(self) -> tuple[DatasetUnavailable | DatasetResidency, ...]:
+        """The found datasets' scans (those scanned at least once), in the order found."""
+        return tuple(f.scan for f in self.found if f.scan is not None)
+
+    def holder(self, path: str) -> str | None:
+        """The watched or found dataset that `path` is, or lies in: the one to measure again after an action on it."""
+        for p in (*(d.path for d in self.paths), *(f.path for f in self.found)):
+            if path == p or path.startswith(p.rstrip("/") + "/"):
+                return p
+        return None
+
+    def with_found_listed(self) -> DatasetsPart:
+        """This part with the found datasets' scans listed beside the watched ones (`dltop export --export-found`)."""
+        return DatasetsPart(paths=(*self.paths, *self.found_scans), page_size=self.page_size, found=self.found,
+                            discovery=self.discovery)
 
 
 def counted_once(datasets: Iterable[DatasetResidency]) -> list[DatasetResidency]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import time
@@ -34,12 +35,13 @@ class DatasetsReader:
     cost stops growing with the dataset; `read_some` measures all of each dataset asked for again."""
 
     def __init__(self, paths: tuple[str, ...], options: WalkOptions, cpu_fraction: float | None,
-                 watch: bool = False) -> None:
+                 watch: bool = False, discovery: Any = None) -> None:
         self.paths, self.options, self.cpu_fraction = paths, options, cpu_fraction
         self.watch = watch and not options.follow_symlinks  # a followed symlink's folder is not this tree's own
         self._last: dict[str, Scan] = {}  # each dataset's last scan
         self._watches: dict[str, Any] = {}  # path -> DatasetWatch
         self._first = True
+        self.discovery = discovery  # sources.found.Discovery: the datasets training jobs read; None: off
 
     def carry_from(self, old: Any) -> None:
         """Take over the scans of the reader behind `old` (the Source this one's replaces)."""
@@ -48,6 +50,8 @@ class DatasetsReader:
             self._last = {p: s for p, s in prev._last.items() if p in self.paths}
             # The watches move over (the old source's close then drops only those of datasets no longer watched).
             self._watches = {p: prev._watches.pop(p) for p in list(prev._watches) if p in self.paths}
+            if self.discovery is not None and prev.discovery is not None:
+                self.discovery = prev.discovery  # what the jobs were seen reading, and the found datasets' scans
 
     def read(self) -> DatasetsPart:
         """Every dataset scanned now (the first read after a takeover: only those not scanned before)."""
@@ -57,14 +61,19 @@ class DatasetsReader:
         return self.read_some(frozenset() if first else frozenset(self.paths))
 
     def read_some(self, paths: frozenset[str]) -> DatasetsPart:
-        """Rescan `paths` (and any dataset never scanned), keep the others' last scans, compose the part."""
+        """Rescan `paths` (and any dataset never scanned), keep the others' last scans, compose the part; a found
+        dataset among `paths` is scanned again at once too (after an action on it)."""
         return self._read(paths, cycle=False)
 
     def _read(self, paths: frozenset[str], cycle: bool) -> DatasetsPart:
         for p in self.paths:
             if p in paths or p not in self._last or cycle:
                 self._last[p] = self._read_one(p, full=p in paths)
-        return compose(self.paths, [self._last[p] for p in self.paths], self.options)
+        part = compose(self.paths, [self._last[p] for p in self.paths], self.options)
+        if self.discovery is None:
+            return part
+        found = self.discovery.read(self.paths, rescan=paths)
+        return dataclasses.replace(part, found=found, discovery=self.discovery.note())
 
     def _read_one(self, p: str, full: bool) -> Scan:
         if not self.watch or not os.path.isdir(p):
@@ -93,15 +102,28 @@ class DatasetsReader:
         self._watches = {}
 
 
+def discovers(settings: Any) -> bool:
+    """Whether the datasets training jobs read are found (not with --no-discover, nor on a captured --root tree:
+    its processes are not this machine's)."""
+    return bool(getattr(settings, "discover", True)) and os.path.realpath(getattr(settings, "root", "/")) == "/"
+
+
 def source(settings: Any) -> Any:
     """The datasets Source: a background rescan of every configured dataset, at most half a CPU while it runs
-    and 10% of the wall time in all; the app asks for one dataset's rescan after acting on it."""
+    and 10% of the wall time in all; the app asks for one dataset's rescan after acting on it. With discovery on,
+    each read also looks for the datasets training jobs read (dltop/sources/found.py)."""
     from dltop.sources.base import Source
 
     paths = tuple(os.path.abspath(p) for p in settings.datasets)
     options = WalkOptions(max_depth=SOURCE_MAX_DEPTH, top_files=SOURCE_TOP_FILES, top_keys=FILE_SORT_KEYS,
                           top_budget=SOURCE_TOP_BUDGET)
-    reader = DatasetsReader(paths, options, SOURCE_CPU_FRACTION, watch=True)
+    discovery = None
+    if discovers(settings):
+        from dltop.sources.found import Discovery
+
+        discovery = Discovery(options, SOURCE_CPU_FRACTION, user=getattr(settings, "user", None),
+                              pid=getattr(settings, "pid", None))
+    reader = DatasetsReader(paths, options, SOURCE_CPU_FRACTION, watch=True, discovery=discovery)
     interval = max(10.0, float(getattr(settings, "refresh_s", 1.0)) * 10)
     # Scans run at half a CPU at most, and full scans keep the wall time spent scanning under 10%. Once a
     # dataset is watched, a read measures only what was opened since the last one, plus a rolling slice at

@@ -12,8 +12,8 @@ def build_sources(settings: Settings) -> list[Source]:
 
     sources = [memory.source(settings), cpu.source(settings), gpu.source(settings), probes.source(settings),
                caches.source(settings)]
-    if settings.datasets:
-        from dltop.sources import datasets
+    if settings.datasets or (settings.discover and settings.root == "/"):
+        from dltop.sources import datasets  # with discovery, the datasets training jobs read are found too
 
         sources.append(datasets.source(settings))
     if settings.servers:

@@ -4,6 +4,7 @@ progress line. Shown by the CLI and the TUI alike, so it lives below both."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,8 @@ from dltop.model.datasets import (
     DatasetResidency,
     DatasetsPart,
     DatasetUnavailable,
+    FoundDataset,
+    FoundReader,
     ResidencyNode,
     counted_elsewhere,
     total_of,
@@ -22,12 +25,13 @@ from dltop.model.datasets import (
 # of sparse files left out. Every column then adds up over the rows below it and compares with the others.
 
 
-def pct_text(node: ResidencyNode) -> str:
-    """Resident share of the visible data ('-' when there is none; '?' marks hidden pages, '~' an estimate)."""
+def pct_text(node: ResidencyNode, estimated: bool = False) -> str:
+    """Resident share of the visible data ('-' when there is none; '?' marks hidden pages, '~' an estimate: the
+    node's own, or its dataset's where `estimated` says so, a folder of a watched dataset whose counts are)."""
     frac = node.resident_fraction
     if frac is None:
         return "?" if node.data_unknown_pages else "-"
-    est = "~" if getattr(node, "estimated", False) else ""
+    est = "~" if estimated or getattr(node, "estimated", False) else ""
     return est + percent_text(100 * frac) + ("?" if node.data_unknown_pages else "")
 
 
@@ -86,17 +90,50 @@ def estimate_note(ds: DatasetResidency, page_size: int, now: float) -> str | Non
             f"last measured (oldest count {human_age(max(0.0, now - ds.full_scan_at))} old{why})")
 
 
-def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | None) -> tuple[str, ...]:
-    """The table cells of one dataset or folder: label, data, resident, %, dirty, files, age."""
+def row_values(node: ResidencyNode, page_size: int, label: str, age_s: float | None,
+               estimated: bool = False, partial: bool = False) -> tuple[str, ...]:
+    """The table cells of one dataset or folder: label, data, resident, %, dirty, files, age. `estimated`: the
+    counts are its dataset's estimate (`~` on the %); `partial`: a scan cut short by its budget counted them, so
+    data and files are at least what is shown (`≥`). A dataset row says both of itself."""
+    partial = partial or not getattr(node, "complete", True)
+    at_least = "≥" if partial else ""
     return (
         label,
-        human_bytes(node.data_pages * page_size),
+        at_least + human_bytes(node.data_pages * page_size),
         human_bytes(node.data_resident_pages * page_size),
-        pct_text(node),
+        pct_text(node, estimated),
         human_bytes(node.dirty_pages * page_size) if node.dirty_pages else "-",
-        str(node.files),
+        at_least + str(node.files),
         human_age(age_s) if age_s is not None else "",
     )
+
+
+def _script(cmd: str) -> str:
+    """What names a process in a line: its script (`train.py`), else its program's name."""
+    words = cmd.split()
+    script = next((w for w in words[1:4] if w.endswith(".py")), None)
+    return printable(os.path.basename(script or (words[0] if words else "?")))
+
+
+def reader_text(r: FoundReader) -> str:
+    """`train.py (pid 4242) of alice`, `job 1f2e (pid 4242) of uid 1001`."""
+    who = printable(r.user) if r.user else f"uid {r.uid}"
+    name = f"job {printable(r.job)}" if r.job else _script(r.cmd)
+    return f"{name} (pid {r.pid}) of {who}"
+
+
+def found_line(found: FoundDataset) -> str:
+    """`found: read by train.py (pid 4242) of alice, 6 files open · a watches it`: who reads a found dataset."""
+    rs = found.readers
+    who = ", ".join(reader_text(r) for r in rs[:2]) + (f" and {len(rs) - 2} more" if len(rs) > 2 else "")
+    files = sum(r.files_open for r in rs)
+    how = [plural(files, "file") + " open"] if files else []
+    if any(r.named for r in rs):
+        how.append("named by its probe")
+    scan = found.scan
+    if isinstance(scan, DatasetResidency) and not scan.complete:
+        how.append("scan cut at its budget: ≥ the counts shown")
+    return f"found: read by {who or 'a job that has ended'}" + "".join(f", {h}" for h in how) + " · a watches it"
 
 
 def unavailable_row_values(label: str, age_s: float | None) -> tuple[str, ...]:

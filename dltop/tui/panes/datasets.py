@@ -21,7 +21,13 @@ from textual.widgets import DataTable, Input, Static
 
 from dltop.fmt import human_bytes, printable, printable_lines, shorten_middle
 from dltop.model.actions import ActionEvent
-from dltop.model.datasets import DatasetResidency, DatasetsPart, DatasetUnavailable, ResidencyNode
+from dltop.model.datasets import (
+    DatasetResidency,
+    DatasetsPart,
+    DatasetUnavailable,
+    FoundDataset,
+    ResidencyNode,
+)
 from dltop.tui.messages import (
     CancelRequested,
     DatasetAddRequested,
@@ -35,10 +41,16 @@ from dltop.view import View
 
 # The key of a folder's "… N more files" row: NUL is in no path, so it is never taken for one.
 MORE_KEY = "\0more:"
+# The key of the row that heads the datasets found without a flag (read by training jobs, not watched).
+FOUND_KEY = "\0found"
 _NOT_LISTED = ("files not listed here (the top few by each sort are): `dltop residency --files --top N FOLDER` "
                "lists more; w / e / l act on the folder")
 COLUMNS = ("path", "size", "resident", "pct", "dirty", "files", "age")
 HEADERS = ("Path", "Data", "Resident", "%", "Dirty", "Files", "Age")
+
+
+_FOUND_HELP = ("found: folders that training jobs read (their open files, the probe's data_dir), not watched; "
+               "w / e / l act on one as on a watched one, a watches it, dltop --no-discover hides them")
 
 
 def _shorten_label(label: str, width: int) -> str:
@@ -81,7 +93,7 @@ class DatasetPane(Pane):
         self._clock = clock
         self._stack: list[str] = []  # paths of the nodes drilled into; [] is the list of datasets
         self._rows: list[str] = []
-        self._bindings_shown: tuple[bool, ...] = ()
+        self._bindings_shown: tuple[object, ...] = ()
         self._path_width = 0  # the widest path label shown, for shrinking the column when it narrows
         self._sort = "size"  # the order of a folder's rows: a key of SORT_TITLES
         self._file_rows: set[str] = set()  # the rows shown that are files
@@ -111,6 +123,24 @@ class DatasetPane(Pane):
         watched = self.view.watched if self.view is not None else ()
         return [ds for ds in part.paths if not watched or ds.path in watched]
 
+    def found(self) -> list[FoundDataset]:
+        """The datasets training jobs read that are not watched (found without a flag), watched ones left out."""
+        part = self.view.snapshot.datasets if self.view is not None else None
+        if not isinstance(part, DatasetsPart):
+            return []
+        watched = set(self.view.watched) if self.view is not None else set()
+        return [f for f in part.found if f.path not in watched]
+
+    def _all(self) -> list[DatasetResidency | DatasetUnavailable]:
+        """The watched datasets and the found ones that were scanned: what a row can open or act on."""
+        return [*self.datasets(), *(f.scan for f in self.found() if f.scan is not None)]
+
+    def _found_of(self, path: str | None) -> FoundDataset | None:
+        """The found dataset `path` is (or lies in)."""
+        if path is None:
+            return None
+        return next((f for f in self.found() if path == f.path or path.startswith(f.path.rstrip("/") + "/")), None)
+
     def _pending(self) -> list[str]:
         """Watched datasets whose first scan is not in yet."""
         if self.view is None:
@@ -122,7 +152,7 @@ class DatasetPane(Pane):
         """The node drilled into (None at the top) and the dataset it belongs to."""
         if not self._stack:
             return None, None
-        for ds in self.datasets():
+        for ds in self._all():
             if self._stack[0] == ds.path and isinstance(ds, DatasetResidency):
                 node: ResidencyNode = ds
                 for path in self._stack[1:]:
@@ -146,18 +176,33 @@ class DatasetPane(Pane):
             wanted, title = self._drilled_rows(node, owner, now, view.held)
         set_content(self.query_one("#ds-summary", Static), title)
         self._show_rows(wanted)
-        only = datasets[0] if len(datasets) == 1 else None
-        notes = _notes(owner or (only if isinstance(only, DatasetResidency) else None), now)
-        for ds in datasets:
-            if isinstance(ds, DatasetUnavailable):
-                notes.append(f"\nunavailable: {printable(ds.unavailable)}", "red")
-        set_content(self.query_one("#ds-notes", Static), notes)
+        set_content(self.query_one("#ds-notes", Static), self._notes(datasets, owner, now))
         set_content(self.query_one("#ds-progress", Static), _progress(view.action))
         # The footer's keys follow the runner and where the user is: refresh them when either changes.
-        shown = (view.busy, bool(self._stack), self._selected() in view.watched, self._selected() in view.held)
+        shown = (view.busy, bool(self._stack), self._selected() in view.watched, self._selected() in view.held,
+                 self._selected())
         if shown != self._bindings_shown:
             self._bindings_shown = shown
             self.refresh_bindings()
+
+    def _notes(self, datasets: list[DatasetResidency | DatasetUnavailable], owner: DatasetResidency | None,
+               now: float) -> Text:
+        """The lines under the table: about the dataset drilled into (or the only one, or the found one under the
+        cursor, with who reads it), then every dataset that could not be scanned."""
+        found = self._found_of(self._stack[0] if self._stack else self._selected())
+        if owner is None and found is not None:
+            owner = found.scan if isinstance(found.scan, DatasetResidency) else None
+        elif owner is None and len(datasets) == 1 and not self.found():
+            owner = datasets[0] if isinstance(datasets[0], DatasetResidency) else None
+        notes = _notes(owner, now)
+        if found is not None:
+            from dltop.text.datasets import found_line
+
+            notes.append(("\n" if notes else "") + found_line(found), "cyan")
+        for ds in [*datasets, *(f.scan for f in self.found())]:
+            if isinstance(ds, DatasetUnavailable):
+                notes.append(f"\nunavailable: {printable(ds.unavailable)}", "red")
+        return notes
 
     def _follow_stack(self, node: ResidencyNode | None) -> None:
         """The folders drilled into, cut to what is still there."""
@@ -184,7 +229,9 @@ class DatasetPane(Pane):
         pending = self._pending()
         for path in pending:
             wanted[path] = (path, "-", "-", "-", "-", "-", "scanning")
-        return wanted, _top_title(datasets, pending)
+        found = self.found()
+        wanted.update(_found_rows(found, now, held))
+        return wanted, _top_title(datasets, pending, len(found))
 
     def _drilled_rows(self, node: ResidencyNode, owner: DatasetResidency, now: float,
                       held: Any) -> tuple[dict[str, tuple[str, ...]], Text]:
@@ -224,7 +271,7 @@ class DatasetPane(Pane):
         the scan kept: the top `files_top` by each key), then one row for the files not listed."""
         from dltop.text.datasets import file_label, listed_files, more_label, row_values, sort_rank
 
-        ps = owner.page_size
+        ps, est, part = owner.page_size, owner.estimated, not owner.complete
         files, rest = listed_files(node, self._sort, owner.files_top)
         rows: dict[str, tuple[str, ...]] = {}
         file_ids = {id(f) for f in files}
@@ -232,13 +279,15 @@ class DatasetPane(Pane):
         for entry in sorted((*node.children, *files), key=sort_rank(self._sort)):
             lock = " 🔒" if entry.path in held else ""
             if id(entry) in file_ids:
-                values = row_values(entry, ps, file_label(node.path, entry.path) + lock, age)
+                values = row_values(entry, ps, file_label(node.path, entry.path) + lock, age, est)
                 rows[entry.path] = (*values[:5], "", values[6])  # a file: no count of files
             else:
-                rows[entry.path] = row_values(entry, ps, os.path.basename(entry.path) + "/" + lock, age)
+                # A folder's counts are its dataset's: an estimate (~) where the dataset's are, partial (≥) where
+                # its scan was cut short.
+                rows[entry.path] = row_values(entry, ps, os.path.basename(entry.path) + "/" + lock, age, est, part)
         if rest is not None and (owner.files_top > 0 or node.children):
             # A leaf folder of a scan that kept no files keeps its "counted in this total" instead.
-            rows[MORE_KEY + node.path] = row_values(rest, ps, more_label(rest), None)
+            rows[MORE_KEY + node.path] = row_values(rest, ps, more_label(rest), None, est, part)
         return rows
 
     def _reorder(self, table: DataTable, wanted: dict[str, tuple[str, ...]]) -> None:
@@ -272,7 +321,7 @@ class DatasetPane(Pane):
         return str(table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value)
 
     def _node(self, path: str) -> tuple[ResidencyNode | None, DatasetResidency | None]:
-        for ds in self.datasets():
+        for ds in self._all():
             if not isinstance(ds, DatasetResidency):
                 continue
             if path == ds.path:
@@ -308,7 +357,9 @@ class DatasetPane(Pane):
         if node is None or owner is None:
             if path.startswith(MORE_KEY):
                 self.notify(_NOT_LISTED, timeout=5)
-            elif path in self._pending():
+            elif path == FOUND_KEY:
+                self.notify(_FOUND_HELP, timeout=6)
+            elif path in self._pending() or self._found_of(path) is not None:
                 self.notify(f"{printable(path)}: its first scan is not in yet; Enter opens it once it is", timeout=4)
             return
         if not self._stack:
@@ -334,7 +385,8 @@ class DatasetPane(Pane):
 
     @on(DataTable.RowHighlighted, "#ds-table")
     def _row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
-        if self.view is not None and self._bindings_shown[3:] != (self._selected() in self.view.held,):
+        if self.view is not None and self._bindings_shown[3:] != (self._selected() in self.view.held,
+                                                                   self._selected()):
             self._bindings_shown = ()
             self._rerender()  # the footer's l says Lock or Unlock for the row now under the cursor
 
@@ -386,8 +438,11 @@ class DatasetPane(Pane):
         if path is not None and path.startswith(MORE_KEY):
             self.notify(_NOT_LISTED, severity="warning", timeout=5)
             return None
+        if path == FOUND_KEY:
+            self.notify(_FOUND_HELP, severity="warning", timeout=6)
+            return None
         if path is None or self._node(path)[0] is None:
-            gone = next((d for d in self.datasets() if d.path == path and isinstance(d, DatasetUnavailable)), None)
+            gone = next((d for d in self._all() if d.path == path and isinstance(d, DatasetUnavailable)), None)
             self.notify(f"unavailable: {printable(gone.unavailable)}" if gone else "no dataset selected", severity="warning")
             return None
         return path
@@ -414,10 +469,12 @@ class DatasetPane(Pane):
     # -- adding a dataset -------------------------------------------------------------------------------------
 
     def action_add(self) -> None:
-        """Ask for a folder to watch."""
+        """Ask for a folder to watch (on a found dataset's row, its folder is typed in already)."""
         box = self.query_one("#ds-add", Input)
         box.add_class("-shown")
-        box.value = ""
+        found = None if self._stack else self._found_of(self._selected())
+        box.value = found.path if found is not None else ""
+        box.cursor_position = len(box.value)
         box.focus()
 
     @on(Input.Submitted, "#ds-add")
@@ -434,18 +491,43 @@ class DatasetPane(Pane):
             self.post_message(DatasetRemoveRequested(path))
 
 
-def _top_title(datasets: list[DatasetResidency | DatasetUnavailable], pending: list[str]) -> Text:
-    """The top level's summary line: how many are watched, unavailable, and their totals (or why there are none)."""
+def _found_rows(found: list[FoundDataset], now: float, held: Any) -> dict[str, tuple[str, ...]]:
+    """The rows of the datasets found read by training jobs, under one row that heads them (a found dataset is
+    another user's claim until the user watches it with a)."""
+    from dltop.text.datasets import row_values, unavailable_row_values
+
+    rows: dict[str, tuple[str, ...]] = {}
+    if found:
+        rows[FOUND_KEY] = ("found: read by training jobs", "", "", "", "", "", "")
+    for f in found:
+        label = f.path + (" 🔒" if f.path in held else "")
+        age = now - f.scan.scanned_at if f.scan is not None and f.scan.scanned_at else None
+        if f.scan is None:
+            rows[f.path] = (label, "-", "-", "-", "-", "-", "scanning")
+        elif isinstance(f.scan, DatasetUnavailable):
+            rows[f.path] = unavailable_row_values(label, age)
+        else:
+            rows[f.path] = row_values(f.scan, f.scan.page_size, label, age)
+    return rows
+
+
+def _top_title(datasets: list[DatasetResidency | DatasetUnavailable], pending: list[str], found: int = 0) -> Text:
+    """The top level's summary line: how many are watched, unavailable and found, the watched ones' totals (or why
+    there are none)."""
     from dltop.text.datasets import datasets_summary
 
     scanned = [d for d in datasets if isinstance(d, DatasetResidency)]
     title = Text.assemble(("Datasets", "bold"), f"  {len(datasets) + len(pending)} watched")
     if len(scanned) < len(datasets):
         title.append(f", {len(datasets) - len(scanned)} unavailable", "red")
+    if found:
+        title.append(f", {found} found", "cyan")
     if scanned:
         title.append("  " + datasets_summary(scanned))
     elif pending:
         title.append("  first scan running…", "dim")
+    elif found:
+        title.append("  a on a found row watches it", "dim")
     else:
         title.append("  none yet: press a to add a folder, or start dltop with PATH arguments", "dim")
     return title

@@ -1,0 +1,392 @@
+"""Datasets found without a flag: the folders that training jobs read (docs/datasets.md, "Datasets found without
+a flag").
+
+The jobs are the live processes with a probe (docs/probe.md: `probe.track`, zero-code `DLTOP_PROBE=1`) and --pid's
+process, each with its children (DataLoader workers) a few levels down. A job is looked at when first seen and
+again every REVISIT_S (workers open their shards after start), within LOOK_BUDGET_S a read: the regular files its
+processes hold open for reading (/proc/PID/fd: readlink, then stat through the fd, never an open of the file), and
+the folder its probe names (`data_dir`, a DataLoader dataset's `root`). Their folders are grouped to a dataset's
+root (`group_folders`), each root scanned within SCAN_BUDGET_S, never walked whole.
+
+What another user's process holds open is that user's claim: the process's owner is the kernel's (the uid of
+/proc/PID/status), a path is taken only where it names, from here, the very file the fd holds (same device and
+inode), and `/`, system folders, homes, Python prefixes and what holds them are never a dataset
+(`cache_roots.root_refusal`, with the trees in NEVER_BELOW). A non-root dltop looks at its own user's jobs only.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from dltop.cache_roots import homes, known_prefixes, root_refusal
+from dltop.model.datasets import DatasetResidency, DatasetUnavailable, FoundDataset, FoundReader
+from dltop.probe.files import proc_start_ticks
+from dltop.residency.scan import scan_one
+from dltop.residency.walk import WalkOptions
+from dltop.sources.procio import children
+
+REVISIT_S = 30.0  # a job's open files are looked at again this often
+LOOK_BUDGET_S = 0.25  # /proc time a read spends on the jobs' descriptors; the jobs not reached wait for the next
+SCAN_BUDGET_S = 2.0  # one found dataset's scan: what it did not reach is said (complete False)
+READ_SCANS_S = 4.0  # scans a read starts, at most (the rest are scanned at the next read)
+RESCAN_S = 30.0  # a found dataset is measured again this often (at once after an action on it)
+MAX_FDS = 4096  # descriptors looked at per process
+MAX_PROCESSES = 64  # processes per job: the process, its DataLoader workers and theirs
+MAX_DEPTH = 3
+MAX_FOLDERS = 256  # folders remembered per job
+MAX_FOUND = 32  # found datasets kept, the most read first
+MAX_PATH = 4096
+CLIMB = 2  # a root lies at most this many levels above the folder of a file it groups
+# Trees no dataset is taken from (beside cache_roots' system folders, homes and prefixes): the kernel's, the
+# system's run-time state and logs. /dev/shm's own folders are allowed (a dataset copied to shared memory).
+NEVER_BELOW = ("/proc", "/sys", "/dev", "/run", "/var/run", "/var/log", "/var/cache", "/var/lib", "/var/spool",
+               "/boot", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/snap")
+ALLOWED_BELOW = ("/dev/shm",)
+
+
+def _under(path: str, folder: str) -> bool:
+    return folder == "/" or path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+@dataclass
+class Job:
+    """One probed process (with its workers) as discovery knows it between reads."""
+
+    pid: int
+    start_ticks: int
+    uid: int
+    user: str | None
+    job: str
+    cmd: str
+    named: str | None = None  # the folder the job names (its probe's data_dir), when it passes the rules
+    folders: dict[str, int] = field(default_factory=dict)  # folder of a file read -> its device
+    open_now: dict[str, int] = field(default_factory=dict)  # folder -> files open in it at the last look
+    next_look: float = 0.0
+
+
+class Rules:
+    """Which folders may be a dataset's root: never `/`, a system folder (or below NEVER_BELOW), a home, a Python
+    prefix, or what holds one; each answer kept (a folder is asked about once)."""
+
+    def __init__(self, extra_homes: Iterable[str] = ()) -> None:
+        self.home_of = homes(extra_homes)
+        self.prefixes = known_prefixes(os.environ)
+        self._memo: dict[str, bool] = {}
+
+    def allowed(self, path: str) -> bool:
+        got = self._memo.get(path)
+        if got is None:
+            got = self._memo[path] = self._allowed(path)
+            if len(self._memo) > 4096:
+                self._memo.clear()
+        return got
+
+    def _allowed(self, path: str) -> bool:
+        if not path.startswith("/") or len(path) > MAX_PATH or "\0" in path:
+            return False
+        if any(_under(path, t) for t in NEVER_BELOW) and not any(_under(path, a) and path != a
+                                                                   for a in ALLOWED_BELOW):
+            return False
+        if any(_under(path, p) for p in self.prefixes):
+            return False
+        return root_refusal(path, home_of=self.home_of, prefixes=self.prefixes) is None
+
+
+def group_folders(folders: Mapping[str, int], named: str | None, allowed: Callable[[str], bool],
+                  device_of: Callable[[str], int | None]) -> dict[str, set[str]]:
+    """{root: the folders it groups} of one job. A folder below the one the job names has that root; the others
+    are merged, in path order, into their deepest common folder where it lies at most CLIMB levels above each of
+    them, on their filesystem (never above its top) and passes `allowed`; a folder that is not allowed itself (a
+    file directly in /tmp or in a home) is no dataset."""
+    out: dict[str, set[str]] = {}
+    if named is not None:
+        out[named] = {f for f in folders if _under(f, named)} or {named}
+    rest = sorted(f for f in folders if (named is None or not _under(f, named)) and allowed(f))
+    groups: list[tuple[str, int, set[str]]] = []  # (root, device, folders)
+    for f in rest:
+        dev = folders[f]
+        if groups:
+            root, gdev, members = groups[-1]
+            common = os.path.commonpath([root, f])
+            depth = common.count("/") if common != "/" else 0
+            if (gdev == dev and all(m.count("/") - depth <= CLIMB for m in (*members, f)) and allowed(common)
+                    and device_of(common) == dev):
+                groups[-1] = (common, dev, members | {f})
+                continue
+        groups.append((f, dev, {f}))
+    for root, _dev, members in groups:
+        out.setdefault(root, set()).update(members)
+    return out
+
+
+def merge_roots(roots: Iterable[str]) -> dict[str, str]:
+    """{root: the outermost root it lies in (itself where none)}: a root found inside another is shown in it."""
+    ordered = sorted(set(roots))
+    out: dict[str, str] = {}
+    outer: list[str] = []
+    for r in ordered:
+        holder = next((o for o in outer if _under(r, o)), None)
+        if holder is None:
+            outer.append(r)
+            holder = r
+        out[r] = holder
+    return out
+
+
+def _read_small(path: str, limit: int = 4096) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def process_uid(proc: str, pid: int) -> int | None:
+    """The real uid of the process (the first number of /proc/PID/status's Uid line), or None."""
+    try:
+        raw = _read_small(f"{proc}/{pid}/status", 1 << 14)
+    except OSError:
+        return None
+    for line in raw.split(b"\n"):
+        if line.startswith(b"Uid:"):
+            first = line[4:].split()[:1]
+            if first and first[0].isdigit() and len(first[0]) <= 10:
+                return int(first[0])
+    return None
+
+
+def _read_only(proc: str, pid: int, fd: str) -> bool:
+    """Whether the descriptor was opened for reading only (fdinfo's flags: O_WRONLY and O_RDWR are outputs)."""
+    try:
+        raw = _read_small(f"{proc}/{pid}/fdinfo/{fd}", 4096)
+    except OSError:
+        return False
+    for line in raw.split(b"\n"):
+        if line.startswith(b"flags:"):
+            value = line[6:].strip()
+            return value.isdigit() and len(value) <= 12 and int(value, 8) & 3 == os.O_RDONLY
+    return False
+
+
+def open_files(proc: str, pid: int, deadline: float) -> dict[str, tuple[int, int]] | None:
+    """{path: (device, inode)} of the regular files `pid` holds open for reading, each checked: a path from
+    readlink is kept only where it names, from here, the file the fd holds (not deleted, not another mount
+    namespace's path, not renamed since). At most MAX_FDS descriptors; None where the folder cannot be listed."""
+    out: dict[str, tuple[int, int]] = {}
+    base = f"{proc}/{pid}/fd"
+    try:
+        it = os.scandir(base)
+    except OSError:
+        return None
+    with it:
+        for n, entry in enumerate(it):
+            if n >= MAX_FDS or time.monotonic() > deadline:
+                break
+            if entry.name.isdigit() and (got := _open_file(proc, pid, entry.name)) is not None:
+                out[got[0]] = got[1]
+    return out
+
+
+def _open_file(proc: str, pid: int, fd: str) -> tuple[str, tuple[int, int]] | None:
+    """(path, (device, inode)) of descriptor `fd` where it is a regular file open for reading only that its path
+    names from here; None for anything else (a pipe, a socket, a FIFO, a device, a deleted file, one gone)."""
+    link = f"{proc}/{pid}/fd/{fd}"
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None  # closed meanwhile, or a path too long to name
+    if not target.startswith("/") or target.endswith(" (deleted)") or len(target) > MAX_PATH:
+        return None  # pipe:[...], socket:[...], anon_inode:..., a deleted file
+    if target.startswith(("/proc/", "/sys/", "/dev/")) and not target.startswith("/dev/shm/"):
+        return None
+    try:
+        st = os.stat(link)  # the fd's own file, without opening it (a FIFO does not block)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink == 0 or not _read_only(proc, pid, fd):
+            return None
+        here = os.lstat(target)
+    except (OSError, ValueError):
+        return None
+    if (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(here.st_mode):
+        return None  # another mount namespace's path, or renamed since
+    return target, (st.st_dev, st.st_ino)
+
+
+def process_tree(proc: str, pid: int, uid: int) -> list[int]:
+    """`pid` and its children (DataLoader workers) to MAX_DEPTH, MAX_PROCESSES at most, those of the same uid."""
+    seen, level = [pid], [pid]
+    for _ in range(MAX_DEPTH - 1):
+        below: list[int] = []
+        for parent in level:
+            for child in children(parent, proc) or []:
+                if child in seen or len(seen) >= MAX_PROCESSES or process_uid(proc, child) != uid:
+                    continue
+                seen.append(child)
+                below.append(child)
+        level = below
+    return seen
+
+
+def _device(path: str) -> int | None:
+    try:
+        return os.stat(path).st_dev
+    except (OSError, ValueError):
+        return None
+
+
+def _named_folder(data_dir: str | None, rules: Rules) -> str | None:
+    """The folder a probe names, resolved, when it is one and passes the rules."""
+    if not data_dir or not data_dir.startswith("/") or len(data_dir) > MAX_PATH or "\0" in data_dir:
+        return None
+    try:
+        real = os.path.realpath(data_dir)
+        if not stat.S_ISDIR(os.stat(real).st_mode):
+            return None
+    except (OSError, ValueError):
+        return None
+    return real if rules.allowed(real) else None
+
+
+@dataclass
+class _Found:
+    path: str
+    found_at: float
+    scan: DatasetUnavailable | DatasetResidency | None = None
+    scanned_mono: float = 0.0
+
+
+class Discovery:
+    """The state of discovery between reads: the jobs and what they were seen reading, the found datasets' scans."""
+
+    def __init__(self, options: WalkOptions, cpu_fraction: float | None, root: str = "/", user: int | None = None,
+                 pid: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        from dltop.sources.probes import ProbeReader
+
+        self.options, self.cpu_fraction, self.clock = options, cpu_fraction, clock
+        self.proc = os.path.join(root, "proc")
+        self.me = os.geteuid()
+        # Root sees every user's jobs (or --user's); anyone else its own only.
+        self.user = user if self.me == 0 else self.me
+        self.pid = pid
+        self.probes = ProbeReader(root, self.user)
+        self.rules = Rules()
+        self.jobs: dict[tuple[int, int], Job] = {}
+        self.found: dict[str, _Found] = {}
+        self.looks = 0  # processes looked at (for the benchmarks)
+
+    def note(self) -> str | None:
+        """What discovery covers, where it is not every user's jobs."""
+        if self.me != 0:
+            return "your own jobs only (not root)"
+        if self.user is not None:
+            return f"the jobs of uid {self.user} only (--user)"
+        return None
+
+    # -- the jobs ---------------------------------------------------------------------------------------------
+
+    def _live(self) -> dict[tuple[int, int], tuple[int, str, str, str | None]]:
+        """{(pid, start ticks): (uid, job id, command, data_dir)} of the live probed processes (and --pid's)."""
+        from dltop.sources.probes import proc_cmdline
+
+        live: dict[tuple[int, int], tuple[int, str, str, str | None]] = {}
+        try:
+            part = self.probes.read()
+        except Exception:  # noqa: BLE001 — the probes source says what is wrong with them; discovery goes on
+            part = None
+        for p in part.processes if part is not None else ():
+            if not p.exited and (self.user is None or p.uid == self.user):
+                live[(p.pid, p.start_time_ticks)] = (p.uid, p.job_id or "", p.cmd, p.data_dir)
+        if self.pid is not None and (ticks := proc_start_ticks(self.pid, self.proc)) is not None:
+            uid = process_uid(self.proc, self.pid)
+            if uid is not None and (self.user is None or uid == self.user):
+                live.setdefault((self.pid, ticks), (uid, "", proc_cmdline(self.proc, self.pid) or "", None))
+        return live
+
+    def _refresh_jobs(self) -> None:
+        from dltop.sources.probes import user_name
+
+        live = self._live()
+        for key in [k for k in self.jobs if k not in live]:
+            del self.jobs[key]
+        for key, (uid, job_id, cmd, data_dir) in live.items():
+            j = self.jobs.get(key)
+            if j is None:
+                j = self.jobs[key] = Job(key[0], key[1], uid, user_name(uid), job_id, cmd)
+            j.named = _named_folder(data_dir, self.rules)
+
+    def _look(self, j: Job, deadline: float) -> None:
+        """The files the job's processes hold open for reading now, into its folders."""
+        if proc_start_ticks(j.pid, self.proc) != j.start_ticks or process_uid(self.proc, j.pid) != j.uid:
+            return  # gone, or its pid reused: dropped at the next read
+        open_now: dict[str, int] = {}
+        for pid in process_tree(self.proc, j.pid, j.uid):
+            self.looks += 1
+            files = open_files(self.proc, pid, deadline)
+            for path, (dev, _ino) in (files or {}).items():
+                folder = os.path.dirname(path)
+                open_now[folder] = open_now.get(folder, 0) + 1
+                if folder in j.folders or len(j.folders) < MAX_FOLDERS:
+                    j.folders[folder] = dev
+            if time.monotonic() > deadline:
+                break
+        j.open_now = open_now
+
+    def look(self) -> None:
+        """The jobs listed again, those due looked at within LOOK_BUDGET_S (the rest at the next read)."""
+        self._refresh_jobs()
+        now = self.clock()
+        deadline = time.monotonic() + LOOK_BUDGET_S
+        for j in sorted(self.jobs.values(), key=lambda j: j.next_look):
+            if j.next_look > now:
+                continue
+            if time.monotonic() > deadline:
+                break
+            self._look(j, deadline)
+            j.next_look = now + REVISIT_S
+
+    # -- the roots --------------------------------------------------------------------------------------------
+
+    def roots(self, watched: Iterable[str] = ()) -> dict[str, list[FoundReader]]:
+        """{root: its readers}: each job's folders grouped, roots inside others merged, those watched left out."""
+        per_job: list[tuple[Job, dict[str, set[str]]]] = []
+        for j in self.jobs.values():
+            per_job.append((j, group_folders(j.folders, j.named, self.rules.allowed, _device)))
+        outer = merge_roots(r for _, g in per_job for r in g)
+        watched = [os.path.realpath(w) for w in watched] + list(watched)
+        readers: dict[str, dict[int, FoundReader]] = {}
+        for j, groups in per_job:
+            for root, members in groups.items():
+                top = outer[root]
+                if any(_under(top, w) for w in watched):
+                    continue
+                n = sum(c for f, c in j.open_now.items() if f in members or _under(f, top))
+                got = readers.setdefault(top, {})
+                old = got.get(j.pid)
+                named = root == j.named
+                if old is not None:
+                    n, named = max(n, old.files_open), named or old.named
+                got[j.pid] = FoundReader(j.pid, j.uid, j.user, j.job, j.cmd, n, named)
+        ranked = sorted(readers.items(), key=lambda kv: (-sum(r.files_open for r in kv[1].values()), kv[0]))
+        return {root: sorted(rs.values(), key=lambda r: r.pid) for root, rs in ranked[:MAX_FOUND]}
+
+    def read(self, watched: Iterable[str] = (), rescan: Iterable[str] = ()) -> tuple[FoundDataset, ...]:
+        """Look at the jobs due, group what they read, scan the found datasets due (those in `rescan` at once)."""
+        self.look()
+        roots = self.roots(watched)
+        wall = time.time()
+        self.found = {r: self.found.get(r) or _Found(r, wall) for r in roots}
+        asked = set(rescan)
+        now = self.clock()
+        spent = 0.0
+        due = sorted(self.found.values(), key=lambda f: (f.path not in asked, f.scanned_mono))
+        for f in due:
+            if f.path not in asked and (spent > READ_SCANS_S or now - f.scanned_mono < RESCAN_S and f.scan):
+                continue
+            t0 = time.monotonic()
+            f.scan = scan_one(f.path, self.options, deadline_s=SCAN_BUDGET_S, cpu_fraction=self.cpu_fraction).result
+            f.scanned_mono = self.clock()
+            spent += time.monotonic() - t0
+        return tuple(FoundDataset(f.path, tuple(roots[f.path]), f.found_at, f.scan) for f in self.found.values())

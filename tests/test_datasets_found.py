@@ -1,0 +1,310 @@
+"""Datasets found without a flag (dltop/sources/found.py): real processes holding real files open, read through
+the real /proc; hostile ones (many descriptors, FIFOs, devices, deleted files, non-UTF-8 and deep names, claims
+of system folders) run as a second user with setpriv."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dltop.exporter.collector import SnapshotCollector
+from dltop.model import ProbesPart, Snapshot
+from dltop.model.datasets import DatasetResidency, DatasetsPart, FoundDataset, FoundReader
+from dltop.model.probes import ProcessProbe
+from dltop.probe.files import proc_start_ticks
+from dltop.residency.walk import WalkOptions
+from dltop.sources import found as found_mod
+from dltop.sources.found import Discovery, Rules, group_folders, merge_roots
+
+REPO = Path(__file__).resolve().parents[1]
+IS_ROOT = os.geteuid() == 0
+OTHER = (65530, 65530)
+CAN_SETPRIV = IS_ROOT and shutil.which("setpriv") is not None
+OPTIONS = WalkOptions(max_depth=6, top_files=5)
+
+HOLD = textwrap.dedent("""
+    import os, sys, time
+    spec = sys.argv[1]
+    kept = []
+    for kind, path in (line.split(" ", 1) for line in open(spec).read().splitlines() if line):
+        if kind == "r":
+            kept.append(os.open(path, os.O_RDONLY))
+        elif kind == "w":
+            kept.append(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+        elif kind == "rb":
+            kept.append(os.open(bytes.fromhex(path), os.O_RDONLY))
+        elif kind == "fifo":
+            kept.append(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        elif kind == "deleted":
+            kept.append(os.open(path, os.O_RDONLY)); os.unlink(path)
+        elif kind == "many":
+            n, target = path.split(" ", 1)
+            first = os.open(target, os.O_RDONLY)
+            kept += [first] + [os.dup(first) for _ in range(int(n))]
+        elif kind == "deep":
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            for i in range(300):
+                name = "d" * 200
+                os.mkdir(name, dir_fd=fd)
+                nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+            f = os.open("deep.bin", os.O_RDWR | os.O_CREAT, 0o644, dir_fd=fd)
+            os.write(f, b"x" * 8192); os.close(f)
+            kept.append(os.open("deep.bin", os.O_RDONLY, dir_fd=fd))
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def hold(spec: list[tuple[str, str]], where: Path, as_other: bool = False) -> subprocess.Popen[str]:
+    """A process holding the files of `spec` open, as this user or as a second one."""
+    (where / "spec.txt").write_text("".join(f"{k} {p}\n" for k, p in spec))
+    (where / "spec.txt").chmod(0o644)
+    pre = ["setpriv", f"--reuid={OTHER[0]}", f"--regid={OTHER[1]}", "--clear-groups"] if as_other else []
+    p = subprocess.Popen([*pre, sys.executable, "-c", HOLD, str(where / "spec.txt")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd="/")
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.stderr and p.stderr.read()
+    return p
+
+
+@pytest.fixture
+def held() -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def shards(root: Path, *names: str, size: int = 64 << 10) -> list[Path]:
+    out = []
+    for n in names:
+        f = root / n
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"\1" * size)
+        out.append(f)
+    for d in [root, *root.rglob("*")]:
+        d.chmod(0o755 if d.is_dir() else 0o644)
+    return out
+
+
+class Probes:
+    """Stands in for the probe files: what the probes source would list (pid, uid, start time, data_dir)."""
+
+    def __init__(self, *procs: tuple[int, int, str | None]) -> None:
+        self.procs = procs
+
+    def read(self) -> ProbesPart:
+        return ProbesPart(processes=tuple(
+            ProcessProbe(pid=pid, path=f"/x/{pid}.json", uid=uid, start_time_ticks=proc_start_ticks(pid) or 0,
+                         cmd="python train.py", published_at=time.time(), data_dir=data_dir, job_id="j1")
+            for pid, uid, data_dir in self.procs))
+
+
+def discovery(*procs: tuple[int, int, str | None], pid: int | None = None) -> Discovery:
+    d = Discovery(OPTIONS, None, pid=pid)
+    d.probes = Probes(*procs)  # type: ignore[assignment]
+    return d
+
+
+# -- choosing a root -------------------------------------------------------------------------------------------
+
+
+def test_system_folders_homes_and_prefixes_are_never_a_dataset(tmp_path: Path) -> None:
+    rules = Rules(extra_homes=[str(tmp_path / "home" / "alice")])
+    never = ["/", "/usr", "/usr/share/x", "/etc", "/etc/ssl", "/proc/1", "/sys/kernel", "/dev", "/dev/shm", "/run",
+             "/run/user/1000/dltop", "/var/log/x", "/tmp", "/opt", "/boot/grub", "/home", str(tmp_path / "home"),
+             str(tmp_path / "home" / "alice"), sys.prefix, os.path.join(sys.prefix, "lib"), "relative/path",
+             "/data/\0x"]
+    assert [p for p in never if rules.allowed(p)] == []
+    assert [p for p in ("/tmp/ds", "/dev/shm/ds", "/data/imagenet", str(tmp_path / "home" / "alice" / "data"))
+            if not rules.allowed(p)] == []
+
+
+def test_folders_group_to_their_dataset_root() -> None:
+    def dev(_p: str) -> int:
+        return 1
+
+    allowed = Rules().allowed
+    # ImageFolder: class folders under train/ and val/ group to the dataset's root, two levels up at most
+    folders = {"/data/imagenet/train/n01": 1, "/data/imagenet/train/n02": 1, "/data/imagenet/val/n03": 1}
+    assert group_folders(folders, None, allowed, dev) == {"/data/imagenet": set(folders)}
+    # a folder further away than CLIMB levels is its own root
+    got = group_folders({"/data/a/b/c/d": 1, "/data/a/x": 1}, None, allowed, dev)
+    assert sorted(got) == ["/data/a", "/data/a/b/c/d"] or sorted(got) == ["/data/a/b/c/d", "/data/a/x"]
+    # never above a filesystem's top, never to a refused folder (/data/a and /tmp/b share only /)
+    assert sorted(group_folders({"/data/a": 1, "/tmp/b": 1}, None, allowed, dev)) == ["/data/a", "/tmp/b"]
+    assert sorted(group_folders({"/data/a": 1, "/data/b": 2}, None, allowed, dev)) == ["/data/a", "/data/b"]
+    # a file directly in /tmp or in a system folder is no dataset
+    assert group_folders({"/tmp": 1, "/usr/lib": 1, "/etc": 1}, None, allowed, dev) == {}
+    # the folder the job names wins for what is below it
+    got = group_folders({"/data/c4/en/part1": 1, "/scratch/x": 1}, "/data/c4", allowed, dev)
+    assert got == {"/data/c4": {"/data/c4/en/part1"}, "/scratch/x": {"/scratch/x"}}
+    assert merge_roots(["/data/c4", "/data/c4/en", "/data/c5"]) == {
+        "/data/c4": "/data/c4", "/data/c4/en": "/data/c4", "/data/c5": "/data/c5"}
+
+
+# -- real processes --------------------------------------------------------------------------------------------
+
+
+def test_a_jobs_open_shards_are_found_grouped_and_scanned(reachable_dir: Path, held: list) -> None:
+    files = shards(reachable_dir / "ds", "train/a/s0.bin", "train/a/s1.bin", "train/b/s2.bin", "val/s3.bin")
+    log = reachable_dir / "out" / "train.log"
+    log.parent.mkdir()
+    held.append(p := hold([("r", str(files[0])), ("r", str(files[3])), ("w", str(log))], reachable_dir))
+    d = discovery((p.pid, os.geteuid(), None))
+    found = d.read()
+    assert [f.path for f in found] == [str(reachable_dir / "ds")]  # the log written is no dataset
+    f = found[0]
+    assert [(r.pid, r.uid, r.files_open, r.named) for r in f.readers] == [(p.pid, os.geteuid(), 2, False)]
+    assert isinstance(f.scan, DatasetResidency) and f.scan.files == 4 and f.scan.complete
+    # a watched dataset is not found again
+    assert d.read(watched=[str(reachable_dir / "ds")]) == ()
+
+
+def test_the_folder_a_probe_names_is_found_before_any_file_is_open(reachable_dir: Path, held: list) -> None:
+    shards(reachable_dir / "c4" / "en", "p0.bin", "p1.bin")
+    held.append(p := hold([], reachable_dir))
+    # a claim of a system folder, a home or /tmp itself is not taken
+    for claim in ("/", "/etc", "/tmp", os.path.expanduser("~"), "/proc/self", str(reachable_dir / "missing")):
+        assert discovery((p.pid, os.geteuid(), claim)).read() == ()
+    found = discovery((p.pid, os.geteuid(), str(reachable_dir / "c4"))).read()
+    assert [(f.path, f.readers[0].named) for f in found] == [(str(reachable_dir / "c4"), True)]
+
+
+@pytest.mark.skipif(not CAN_SETPRIV, reason="needs root and setpriv (a second user's process)")
+def test_a_hostile_process_never_crashes_or_blinds_discovery(reachable_dir: Path, held: list) -> None:
+    ds = reachable_dir / "ds"
+    files = shards(ds, "a.bin", "b.bin", "gone.bin")
+    os.mkfifo(reachable_dir / "fifo")
+    (reachable_dir / "fifo").chmod(0o666)
+    odd = ds / "sub"
+    odd.mkdir()
+    (odd / os.fsdecode(b"\xff\x1b[31mred\xe2\x80\xae.bin")).write_bytes(b"x" * 100)
+    os.chmod(odd, 0o755)
+    deep = reachable_dir / "deep"
+    deep.mkdir()
+    os.chown(deep, *OTHER)
+    spec = [("many", f"5000 {files[0]}"), ("fifo", str(reachable_dir / "fifo")), ("r", "/dev/null"),
+            ("r", "/etc/hostname" if os.path.exists("/etc/hostname") else "/etc/passwd"),
+            ("deleted", str(files[2])), ("rb", (os.fsencode(odd) + b"/\xff\x1b[31mred\xe2\x80\xae.bin").hex()),
+            ("deep", str(deep)), ("r", str(files[1]))]
+    files[2].chmod(0o666)
+    ds.chmod(0o777)
+    held.append(p := hold(spec, reachable_dir, as_other=True))
+    d = discovery((p.pid, OTHER[0], "/etc"))
+    t0 = time.monotonic()
+    found = d.read()
+    assert time.monotonic() - t0 < 30
+    paths = {f.path for f in found}
+    # the FIFO, /dev/null, /etc, the deleted file and the claimed /etc are no dataset; ds is found through the
+    # descriptors the budget reached, its odd name kept exact; the deep folder is a dataset of its own
+    assert str(ds) in paths
+    assert not any(p_.startswith(("/etc", "/dev", "/proc")) or p_ == str(reachable_dir) for p_ in paths)
+    f = next(f for f in found if f.path == str(ds))
+    assert f.readers[0].uid == OTHER[0]
+    # scanned whole: a.bin, b.bin and the odd name (the deleted file is gone), the odd name's bytes exact
+    assert isinstance(f.scan, DatasetResidency) and f.scan.files == 3
+    sub = next(c for c in f.scan.children if c.path == str(odd))
+    assert [os.fsencode(t.path) for t in sub.top_files] == [os.fsencode(odd) + b"/\xff\x1b[31mred\xe2\x80\xae.bin"]
+    # the descriptors looked at per process are bounded (5,000 dups of one file count once per look)
+    assert d.looks >= 1
+    snap = Snapshot(ts=1.0, host="h", datasets=DatasetsPart(found=found))
+    assert Snapshot.from_json(snap.to_json()) == snap  # the odd name survives the JSON, exactly
+    # the process goes away: its datasets go too, and a vanished pid crashes nothing
+    p.kill()
+    p.wait()
+    assert d.read() == ()
+
+
+@pytest.mark.skipif(not CAN_SETPRIV, reason="needs root and setpriv (a second user's process and dltop)")
+def test_a_non_root_dltop_finds_its_own_users_jobs_only(reachable_dir: Path, held: list) -> None:
+    files = shards(reachable_dir / "ds", "a.bin")
+    held.append(mine := hold([("r", str(files[0]))], reachable_dir, as_other=True))
+    held.append(root_job := hold([("r", str(files[0]))], reachable_dir))
+
+    def snapshot_as_other(pid: int) -> dict:
+        r = subprocess.run(["setpriv", f"--reuid={OTHER[0]}", f"--regid={OTHER[1]}", "--clear-groups",
+                            sys.executable, "-m", "dltop", "snapshot", "--json", "--pid", str(pid)],
+                           capture_output=True, text=True, cwd="/", timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(REPO), "HOME": "/"})
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["datasets"]
+
+    own = snapshot_as_other(mine.pid)
+    assert [(f["path"], f["readers"][0]["uid"]) for f in own["found"]] == [(str(reachable_dir / "ds"), OTHER[0])]
+    assert "own jobs only" in own["discovery"]
+    assert snapshot_as_other(root_job.pid)["found"] == []  # root's job: not this user's to see
+
+
+def test_no_discover_turns_it_off(reachable_dir: Path, held: list) -> None:
+    files = shards(reachable_dir / "ds", "a.bin")
+    held.append(p := hold([("r", str(files[0]))], reachable_dir))
+    base = [sys.executable, "-m", "dltop", "snapshot", "--json", "--pid", str(p.pid)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    on = json.loads(subprocess.run(base, capture_output=True, text=True, env=env, check=True).stdout)
+    assert [f["path"] for f in on["datasets"]["found"]] == [str(reachable_dir / "ds")]
+    off = json.loads(subprocess.run([*base, "--no-discover"], capture_output=True, text=True, env=env,
+                                    check=True).stdout)
+    assert off["datasets"] is None
+
+
+def test_a_job_is_looked_at_again_on_its_cadence_not_every_read(reachable_dir: Path, held: list,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    files = shards(reachable_dir / "ds", "a/s0.bin", "b/s1.bin")
+    held.append(p := hold([("r", str(files[0]))], reachable_dir))
+    now = [1000.0]
+    d = discovery((p.pid, os.geteuid(), None))
+    d.clock = lambda: now[0]
+    d.read()
+    looks = d.looks
+    d.read()
+    assert d.looks == looks  # not due: nothing looked at
+    now[0] += found_mod.REVISIT_S
+    d.read()
+    assert d.looks > looks
+
+
+# -- where found datasets go -----------------------------------------------------------------------------------
+
+
+def _found_part(tmp_path: Path) -> DatasetsPart:
+    from dltop.residency.scan import scan_one
+
+    shards(tmp_path / "ds", "a.bin")
+    scan = scan_one(str(tmp_path / "ds"), OPTIONS).result
+    reader = FoundReader(42, 1001, "alice", "", "python train.py --lr 1", 3, False)
+    return DatasetsPart(found=(FoundDataset(str(tmp_path / "ds"), (reader,), 1.0, scan),))
+
+
+def test_the_exporter_serves_found_datasets_only_when_asked(tmp_path: Path) -> None:
+    snap = Snapshot(ts=time.time(), host="h", datasets=_found_part(tmp_path))
+    for asked in (False, True):
+        c = SnapshotCollector(export_found=asked)
+        c.update(snap)
+        body = c.render("text/plain")[0].decode()
+        assert (str(tmp_path / "ds") in body) is asked
+        assert ('dltop_dataset_found_info{dataset="' in body) is asked
+        if asked:
+            assert 'users="alice"' in body
+
+
+def test_the_text_says_who_reads_a_found_dataset(tmp_path: Path) -> None:
+    from dltop.text.datasets import found_line
+
+    f = _found_part(tmp_path).found[0]
+    assert found_line(f) == "found: read by train.py (pid 42) of alice, 3 files open · a watches it"
+    odd = dataclasses.replace(f, readers=(dataclasses.replace(f.readers[0], user=None, job="\x1b]52;x\x07"),))
+    assert "\x1b" not in found_line(odd) and "uid 1001" in found_line(odd)
+    assert _found_part(tmp_path).holder(str(tmp_path / "ds" / "a.bin")) == str(tmp_path / "ds")
