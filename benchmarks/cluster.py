@@ -1,5 +1,6 @@
 """What a Cluster refresh costs on a big fleet: 256 nodes x 8 GPUs (every node with 2 datasets, 8 ranks of one
-job, hints and its memory), generated as OpenMetrics, backfilled into a real Prometheus with `promtool tsdb
+job, hints and its memory; three nodes whose last scrape failed, and one, gpu-0031, down since before any
+lookback: its dltop series end 2 hours ago, and it must still be listed), generated as OpenMetrics, backfilled into a real Prometheus with `promtool tsdb
 create-blocks-from openmetrics`, then read by dltop's cluster reader: the refresh's wall time, its query count,
 and the Cluster pane's draw of the result in a headless app at 80x24; then a refresh with one node's detail
 (Enter) and with every node's (`dltop cluster --json`); --per-query times each query alone.
@@ -32,17 +33,23 @@ GIB = 1 << 30
 STEP_S, SAMPLES = 15, 8  # samples every 15 s over the last two minutes
 
 
+GONE = 31  # this node's exporter has been down since before any lookback: its dltop series end 2 hours ago
+
+
 def openmetrics(nodes: int, gpus: int, end: int) -> str:
-    """The fleet's series, each with SAMPLES samples ending at `end` (unix seconds)."""
+    """The fleet's series, each with SAMPLES samples ending at `end` (unix seconds); node GONE's `up` is 0 and its
+    dltop series end two hours before."""
     fams: dict[str, list[tuple[str, float]]] = {}
+    old: dict[str, list[tuple[str, float]]] = {}  # node GONE's dltop series, from when it last served
 
     def add(name: str, labels: dict[str, str], value: float) -> None:
         text = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        fams.setdefault(name, []).append((text, value))
+        into = old if labels.get("node") == f"gpu-{GONE:04d}" and name != "up" else fams
+        into.setdefault(name, []).append((text, value))
 
     for n in range(nodes):
         node = {"job": "dltop", "instance": f"gpu-{n:04d}:19400", "node": f"gpu-{n:04d}"}
-        add("up", node, 0.0 if n % 97 == 5 else 1.0)
+        add("up", node, 0.0 if n % 97 == 5 or n == GONE else 1.0)
         add("dltop_snapshot_timestamp_seconds", node, float(end))
         add("dltop_memory_total_bytes", node, 2048.0 * GIB)
         add("dltop_memory_available_bytes", node, (600 + n % 400) * GIB)
@@ -74,11 +81,12 @@ def openmetrics(nodes: int, gpus: int, end: int) -> str:
             add("dltop_training_step_seconds", rank, 1.2 + (0.4 if n == 77 else 0))
             add("dltop_training_steps_total", rank, 5000.0)
     out = []
-    for name, series in fams.items():
+    for name in fams.keys() | old.keys():
         out.append(f"# TYPE {name} gauge\n")
-        for i in range(SAMPLES):
-            ts = end - (SAMPLES - 1 - i) * STEP_S
-            out.extend(f"{name}{{{labels}}} {value} {ts}\n" for labels, value in series)
+        for series, last in ((old.get(name, []), end - 7200), (fams.get(name, []), end)):
+            for i in range(SAMPLES):
+                ts = last - (SAMPLES - 1 - i) * STEP_S
+                out.extend(f"{name}{{{labels}}} {value} {ts}\n" for labels, value in series)
     out.append("# EOF\n")
     return "".join(out)
 
@@ -203,6 +211,9 @@ def main() -> int:
             draws = asyncio.run(draw_s(part))
             print(f"Cluster pane draw: median {1000 * statistics.median(draws):.0f} ms, max "
                   f"{1000 * max(draws):.0f} ms")
+            gone = [n for n in part.nodes if n.name == f"gpu-{GONE:04d}"]
+            if args.nodes > GONE:
+                print(f"gpu-{GONE:04d}: " + (f"listed, {gone[0].down_reason}" if gone else "NOT LISTED"))
             ok = statistics.median(walls) <= 1.0 and count <= 20 and len(part.nodes) == args.nodes
             return 0 if ok else 1
         finally:

@@ -25,12 +25,13 @@ REPO = Path(__file__).resolve().parents[1]
 BIG_BYTES = 100 << 20  # 100 MB, sent in 1 MiB chunks (no Content-Length: the cap must stop the read itself)
 MAX_RSS_BYTES = 300 << 20
 EMPTY = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+EMPTY_LIST = b'{"status":"success","data":[]}'  # no label values
 _ZEROS = gzip.compress(bytes(BIG_BYTES), compresslevel=9)  # ~100 KB that inflate to 100 MB
 
 
 class _Hostile(http.server.BaseHTTPRequestHandler):
     """Answers by the first path component: /trickle (a byte a second), /big (100 MB), /bomb (gzip of 100 MB of
-    zeros, ~100 KB sent), /ok (an empty vector). Each write ends when the client goes or at 60 s."""
+    zeros, ~100 KB sent), /ok (an empty vector, or no label values). Each write ends when the client goes or at 60 s."""
 
     protocol_version = "HTTP/1.0"
     hits: list[str] = []  # noqa: RUF012 - the class is the server's record
@@ -74,10 +75,11 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
                 self.end_headers()
                 self.wfile.write(_ZEROS)
             else:
+                body = EMPTY_LIST if "/api/v1/label/" in self.path else EMPTY
                 self.send_response(200)
-                self.send_header("Content-Length", str(len(EMPTY)))
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(EMPTY)
+                self.wfile.write(body)
         except OSError:
             pass  # the client hung up: what a bounded reader does
 

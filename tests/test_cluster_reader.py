@@ -22,6 +22,7 @@ from dltop.model.base import Unavailable
 from dltop.sources.cluster import (
     ClusterError,
     PrometheusClient,
+    _strings,
     _vector,
     detail_matchers,
     parse_selector,
@@ -74,6 +75,12 @@ class FakeClient(PrometheusClient):
         self.queries += 1
         return _vector(self.answer, "fake")
 
+    def label_values(self, label: str, match: str, start: float, end: float) -> list[str]:
+        """The label's values on the answer's series (its jobs: every node in it is a dltop job's)."""
+        self.queries += 1
+        return sorted({s["metric"][label] for s in _vector(self.answer, "fake") if isinstance(s, dict)
+                       and isinstance(s.get("metric"), dict) and isinstance(s["metric"].get(label), str)})
+
 
 def _answer(result: list[Any]) -> bytes:
     return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
@@ -109,6 +116,15 @@ def test_answers_that_are_not_vectors(raw: bytes, why: str) -> None:
     with pytest.raises(ClusterError, match=why) as e:
         read_cluster(FakeClient(raw))
     assert "\x1b" not in str(e.value)
+
+
+def test_label_values_answers() -> None:
+    ok = b'{"status": "success", "data": ["dltop", 5, null, "x\\u001b", "' + b"j" * 5000 + b'"]}'
+    assert _strings(ok, "p") == ["dltop", "x\x1b"]  # non-strings and over-long values left out (shown escaped later)
+    for raw, why in ((b'{"status": "success", "data": {"resultType": "vector", "result": []}}', "no list"),
+                     (b"<html>", "not JSON"), (b'{"status": "error", "error": "bad"}', "bad")):
+        with pytest.raises(ClusterError, match=why):
+            _strings(raw, "p")
 
 
 def test_an_unreachable_prometheus_is_one_line() -> None:
@@ -197,9 +213,14 @@ def test_the_config_files_credentials_reach_prometheus(tmp_path: Any) -> None:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            got.append(self.headers.get("Authorization"))
             self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            body = _answer([])
+            self._send(_answer([]))
+
+        def do_GET(self) -> None:  # noqa: N802 - the label values API
+            self._send(json.dumps({"status": "success", "data": []}).encode())
+
+        def _send(self, body: bytes) -> None:
+            got.append(self.headers.get("Authorization"))
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

@@ -29,7 +29,7 @@ from typing import Any
 
 from dltop.config import PrometheusOptions, Settings
 from dltop.errors import DltopError
-from dltop.fmt import printable
+from dltop.fmt import human_duration, printable
 from dltop.model.base import Unavailable
 from dltop.model.cluster import (
     ClusterDataset,
@@ -54,7 +54,9 @@ MAX_NODES = 10_000
 MAX_NOTES = 10
 MAX_BYTES = 2**63  # a byte count past this is no node's
 STALE_AFTER_S = 120.0  # an exporter whose newest reading is older than this is down, whatever `up` says
-LOOKBACK = "1h"  # a node that served dltop's metrics within this is listed, up or down
+LOOKBACK = "1h"  # a node's newest reading is looked for this far back (when it went down)
+JOBS_LOOKBACK_S = 7 * 86400  # a scrape job that served dltop's metrics within this is dltop's: its every target is
+# a node, listed up or down (as the DltopExporterDown alert knows the jobs, over the same week)
 QUERY_THREADS = 4
 INTERVAL_S = 5.0  # the Cluster tab's refresh: Prometheus scrapes every 15 s by default
 NODE_LABELS = ("node", "nodename", "hostname", "kubernetes_node", "host")  # the first present names the node
@@ -114,6 +116,12 @@ def selector_text(matchers: Iterable[tuple[str, str, str]]) -> str:
     return ",".join(f"{n}{op}{json.dumps(v, ensure_ascii=False)}" for n, op, v in matchers)
 
 
+def dltop_series(selector: str) -> str:
+    """The series every dltop exporter serves once per node: which scrape jobs are dltop's, and when a node last
+    served."""
+    return f"dltop_snapshot_timestamp_seconds{{{selector}}}" if selector else "dltop_snapshot_timestamp_seconds"
+
+
 GPU_SUMS = {"read": "count", "used": "sum", "total": "sum", "util": "avg"}  # the table's per-node GPU numbers
 
 
@@ -136,8 +144,8 @@ def queries(selector: str, detail: str | None = None) -> dict[str, str]:
                   "total": "dltop_gpu_memory_total_bytes", "util": "dltop_gpu_utilization_ratio"}
     out = {
         "up": sel("up"),
-        "seen": f"last_over_time({sel('dltop_snapshot_timestamp_seconds')}[{LOOKBACK}])",
-        "node": names("dltop_(memory_(total|available|cached|dirty)_bytes|gpus|snapshot_timestamp_seconds)"),
+        "seen": f"last_over_time({dltop_series(selector)}[{LOOKBACK}])",
+        "node": names("dltop_(memory_(total|available|cached|dirty)_bytes|gpus)"),
         "pressure": sel("dltop_pressure_stalled_avg10_ratio", 'resource="memory"'),
         # Summed by Prometheus: one series a node and number, not one a GPU (2,048 GPUs answer 1,024 series).
         "gpu_sums": " or ".join(tagged(w, f"{op} by (job, instance) ({sel(gpu_metric[w])})")
@@ -243,10 +251,23 @@ class PrometheusClient:
     def query(self, expr: str, at: float, refresh: Refresh | None = None) -> list[dict[str, Any]]:
         """The result of an instant query at `at`: a list of {"metric": {...}, "value": [ts, "text"]}. Within
         `refresh`'s deadline and byte budget (read_cluster's, else a query on its own gets a refresh of its own)."""
+        raw = self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, refresh)
+        return _vector(raw, printable(self.opts.url))
+
+    def label_values(self, label: str, match: str, start: float, end: float,
+                     refresh: Refresh | None = None) -> list[str]:
+        """The values of `label` on the series `match` selects between `start` and `end` (/api/v1/label/NAME/values:
+        the index only, no sample is read, however long the span), within the refresh's bounds as `query`."""
+        raw = self._call(f"/api/v1/label/{label}/values",
+                        {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"}, refresh, post=False)
+        return _strings(raw, printable(self.opts.url))
+
+    def _call(self, path: str, params: dict[str, str], refresh: Refresh | None, post: bool = True) -> bytearray:
+        """The raw answer of one API call (counted in `queries`)."""
         refresh = refresh or _REFRESH.get()
         if refresh is None:
             with Refresh(self.opts.timeout_s) as own:
-                return self.query(expr, at, own)
+                return self._call(path, params, own, post)
         with self._lock:
             self.queries += 1
         where = printable(self.opts.url)
@@ -254,11 +275,13 @@ class PrometheusClient:
                             "answered in that time (--prometheus-timeout)")
         if refresh.late():
             raise late
-        body = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"}).encode()
-        req = urllib.request.Request(self.opts.url + "/api/v1/query", data=body, method="POST",
-                                     headers={**self._headers(), "Accept": "application/json",
-                                              "Accept-Encoding": "gzip",
-                                              "Content-Type": "application/x-www-form-urlencoded"})
+        form = urllib.parse.urlencode(params)
+        headers = {**self._headers(), "Accept": "application/json", "Accept-Encoding": "gzip"}
+        if post:
+            req = urllib.request.Request(self.opts.url + path, data=form.encode(), method="POST",
+                                         headers={**headers, "Content-Type": "application/x-www-form-urlencoded"})
+        else:  # the label values API is GET only
+            req = urllib.request.Request(f"{self.opts.url}{path}?{form}", method="GET", headers=headers)
         try:
             # The socket's timeout only bounds each read; the watchdog and read_body bound the whole refresh.
             with self._opener(refresh.watchdog).open(req, timeout=max(0.01, refresh.deadline - time.monotonic())
@@ -268,7 +291,7 @@ class PrometheusClient:
             raise (late if _timed_out(e, refresh) else _failure(e, refresh, where)) from None
         if refresh.late():
             raise late
-        return _vector(raw, where)
+        return raw
 
 
 def _timed_out(e: Exception, refresh: Refresh) -> bool:
@@ -335,8 +358,8 @@ def _api_error(raw: bytes | bytearray) -> str | None:
     return None
 
 
-def _vector(raw: bytes | bytearray, where: str) -> list[dict[str, Any]]:
-    """The result list of an instant vector answer; raises ClusterError for anything else."""
+def _data(raw: bytes | bytearray, where: str) -> Any:
+    """The data of an answer of Prometheus' HTTP API; raises ClusterError for anything else."""
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
@@ -345,7 +368,12 @@ def _vector(raw: bytes | bytearray, where: str) -> list[dict[str, Any]]:
         raise ClusterError(f"{where}: the answer is not Prometheus' HTTP API (no status)")
     if doc["status"] == "error":
         raise ClusterError(f"{where}: {_api_error(raw) or 'query failed'}")
-    data = doc.get("data")
+    return doc.get("data")
+
+
+def _vector(raw: bytes | bytearray, where: str) -> list[dict[str, Any]]:
+    """The result list of an instant vector answer; raises ClusterError for anything else."""
+    data = _data(raw, where)
     if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
         raise ClusterError(f"{where}: the answer holds no instant vector")
     result: list[Any] = data["result"]
@@ -353,6 +381,17 @@ def _vector(raw: bytes | bytearray, where: str) -> list[dict[str, Any]]:
         raise ClusterError(f"{where}: {len(result):,} series in one answer (over {MAX_SERIES:,}): narrow it with "
                            "--selector")
     return result
+
+
+def _strings(raw: bytes | bytearray, where: str) -> list[str]:
+    """The list of a label values answer: its strings of bounded length (anything else in it left out)."""
+    data = _data(raw, where)
+    if not isinstance(data, list):
+        raise ClusterError(f"{where}: the answer holds no list of label values")
+    if len(data) > MAX_SERIES:
+        raise ClusterError(f"{where}: {len(data):,} label values in one answer (over {MAX_SERIES:,}): narrow it "
+                           "with --selector")
+    return [v for v in data if isinstance(v, str) and len(v) <= MAX_LABEL_CHARS]
 
 
 # -- reading the answers -----------------------------------------------------------------------------------------
@@ -460,27 +499,33 @@ def read_cluster(client: PrometheusClient, selector: str = "", now: Callable[[],
     # Nodes asked for by key are matched on their labels too: a node not in this refresh costs nothing.
     detail_sel = "" if wanted is None else detail_matchers(wanted) if wanted else None
     at, t0, asked = now(), time.monotonic(), client.queries
-    reading = _Reading(_ask(client, queries(matchers, detail_sel), at), at, wanted)
+    answers, jobs = _ask(client, queries(matchers, detail_sel), at, dltop_series(matchers))
+    reading = _Reading(answers, jobs, at, wanted)
     nodes = reading.nodes()
     return ClusterPart(url=client.opts.url, selector=matchers, queried_at=at, query_s=time.monotonic() - t0,
                        queries=client.queries - asked, nodes=nodes, jobs=_jobs(reading.rows, nodes, reading.notes),
                        notes=reading.notes.done())
 
 
-def _ask(client: PrometheusClient, exprs: dict[str, str], at: float) -> dict[str, list[dict[str, Any]]]:
-    """Every query's answer, by name. At once, on a few threads: Prometheus answers them in parallel, and a refresh
-    waits for the slowest, not the sum. One deadline and one byte budget for all of them together (Refresh): the
-    refresh ends by --prometheus-timeout."""
+def _ask(client: PrometheusClient, exprs: dict[str, str], at: float,
+         jobs_of: str) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """Every query's answer, by name, and the scrape jobs whose series `jobs_of` selects over the last
+    JOBS_LOOKBACK_S. At once, on a few threads: Prometheus answers them in parallel, and a refresh waits for the
+    slowest, not the sum. One deadline and one byte budget for all of them together (Refresh): the refresh ends by
+    --prometheus-timeout."""
     with Refresh(client.opts.timeout_s) as refresh, ThreadPoolExecutor(max_workers=QUERY_THREADS) as pool:
         token = _REFRESH.set(refresh)  # each query runs in a copy of this context: it reads the refresh there
         try:
+            jobs = pool.submit(contextvars.copy_context().run, client.label_values, "job", jobs_of,
+                               at - JOBS_LOOKBACK_S, at)
             futures = {name: pool.submit(contextvars.copy_context().run, client.query, expr, at)
                        for name, expr in exprs.items()}
         finally:
             _REFRESH.reset(token)
         try:
-            return {name: f.result() for name, f in futures.items()}
+            return {name: f.result() for name, f in futures.items()}, jobs.result()
         except BaseException:
+            jobs.cancel()
             for f in futures.values():  # the first failure is the refresh's: the others are not waited for
                 f.cancel()
             refresh.watchdog.fire()
@@ -520,19 +565,23 @@ class _Reading:
     """The answers of one refresh, read into each node's numbers, GPUs, datasets, ranks, hints and servers; the
     series left out are noted in the order the queries are read."""
 
-    def __init__(self, answers: dict[str, list[dict[str, Any]]], at: float, wanted: set[Key] | None) -> None:
+    def __init__(self, answers: dict[str, list[dict[str, Any]]], jobs: list[str], at: float,
+                 wanted: set[Key] | None) -> None:
         self.answers, self.at, self.wanted = answers, at, wanted
         self.notes = _Notes()
         self.up: dict[Key, dict[str, str]] = {}
         self.up_value: dict[Key, str] = {}
+        dltop_jobs = set(jobs)
         for labels, v in _series(answers["up"], self.notes, "up"):
-            if labels.get("__name__", "up") == "up":
+            # the targets of the jobs that serve dltop's metrics: a node down since before any lookback is one
+            if labels.get("__name__", "up") == "up" and labels.get("job", "") in dltop_jobs:
                 key = (labels.get("job", ""), labels["instance"])
                 self.up[key], self.up_value[key] = labels, v
-        seen = self._seen()
-        self.fields: dict[Key, dict[str, Any]] = {k: {} for k in sorted(seen)[:MAX_NODES]}
-        if len(seen) > MAX_NODES:
-            self.notes.add(f"{len(seen) - MAX_NODES} nodes past {MAX_NODES:,} left out: narrow it with --selector")
+        self.seen = self._seen()
+        listed = sorted(self.up.keys() | self.seen.keys())  # and the nodes no longer scraped that served lately
+        self.fields: dict[Key, dict[str, Any]] = {k: {} for k in listed[:MAX_NODES]}
+        if len(listed) > MAX_NODES:
+            self.notes.add(f"{len(listed) - MAX_NODES} nodes past {MAX_NODES:,} left out: narrow it with --selector")
         self.gpus: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in self.fields}
         self.datasets: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in self.fields}
         self.ranks: dict[Key, dict[tuple[str, str, str, str], dict[str, Any]]] = {k: {} for k in self.fields}
@@ -573,13 +622,9 @@ class _Reading:
 
     def _read_node(self) -> None:
         for key, _, metric, v in self.rows("node"):
-            where = f"{key[1]}: {metric}"
             if metric in _NODE_ATTR:
                 attr, conv = _NODE_ATTR[metric]
-                self.fields[key][attr] = self.checked(conv, v, where)
-            elif metric == "dltop_snapshot_timestamp_seconds":
-                ts = self.checked(_seconds, v, where)
-                self.fields[key]["snapshot_age_s"] = ts if isinstance(ts, Unavailable) else max(0.0, self.at - ts)
+                self.fields[key][attr] = self.checked(conv, v, f"{key[1]}: {metric}")
         for key, labels, _, v in self.rows("pressure"):
             kind = labels.get("kind")
             if kind in ("some", "full"):
@@ -656,23 +701,33 @@ class _Reading:
             if labels.get("source"):
                 self.down_sources[key].append(labels["source"])
 
-    def _down_reason(self, key: Key, age: Any) -> str | None:
+    def _age(self, key: Key) -> float | Unavailable:
+        """How old the node's newest reading is, within LOOKBACK."""
+        if key not in self.seen:
+            return Unavailable(f"no reading in the last {LOOKBACK}")
+        return max(0.0, self.at - self.seen[key])
+
+    def _down_reason(self, key: Key, age: float | Unavailable) -> str | None:
+        """Why the node is down (and since when, where its newest reading says), or None while it is up."""
+        since = (f"no reading in the last {LOOKBACK}" if isinstance(age, Unavailable)
+                 else f"its newest reading is {human_duration(age)} old")
         if key not in self.up:
-            return "no longer a scrape target of Prometheus"
+            return f"no longer a scrape target of Prometheus; {since}"
         if self.up_value[key] != "1":
-            return "the last scrape failed (up is 0)"
-        if not isinstance(age, float):
-            return "no fresh sample of its exporter"
+            return f"the last scrape failed (up is 0); {since}"
+        if isinstance(age, Unavailable):
+            return f"scraped, but serves no dltop reading ({since})"
         if age > STALE_AFTER_S:
             return f"its exporter's newest reading is {age:.0f} s old"
         return None
 
     def _node(self, key: Key, attrs: dict[str, Any]) -> ClusterNode:
         target = self.up.get(key, {})
-        why = self._down_reason(key, attrs.get("snapshot_age_s"))
+        age = self._age(key)
+        why = self._down_reason(key, age)
         return ClusterNode(
             instance=key[1], job=key[0], node=_first(target, NODE_LABELS), pod=_first(target, POD_LABELS),
-            namespace=_first(target, NAMESPACE_LABELS), up=why is None, down_reason=why, **attrs,
+            namespace=_first(target, NAMESPACE_LABELS), up=why is None, down_reason=why, snapshot_age_s=age, **attrs,
             gpus=tuple(ClusterGpu(gpu=i, uuid=u, **g)
                        for (i, u), g in sorted(self.gpus[key].items(), key=lambda kv: (_index(kv[0][0]), kv[0][1]))),
             datasets=tuple(ClusterDataset(dataset=p, **d) for p, d in sorted(self.datasets[key].items())),

@@ -45,8 +45,10 @@ class ClusterPane(Pane):
     PANE_ID = "cluster"
     TITLE = "Cluster"
     HELP = ("Every node's dltop export, read back from Prometheus (--prometheus): instant queries of /api/v1/query, "
-            "the same fourteen however many nodes, three more for the node Enter opens. [N] columns: the resident share of dataset N on the node; down: "
-            "the last scrape failed or its readings are stale.")
+            "the same fourteen however many nodes (and one lookup of the jobs that serve dltop's metrics: every "
+            "target of theirs is a node), three more for the node Enter opens. [N] columns: the resident share of "
+            "dataset N on the node (pages over pages, as vmtouch counts); down: the last scrape failed or its "
+            "readings are stale.")
     BINDINGS = [
         Binding("enter", "detail", "Node", id="cluster.detail"),
         Binding("s", "sort", "Sort", id="cluster.sort"),
