@@ -4,13 +4,13 @@ recompiling or falling back to eager at its recompile limit, the CUDA allocator 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from dltop.fmt import human_bytes, percent_text
 from dltop.hints.base import Hint, Severity, rule
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetsPart
-from dltop.model.probes import ProbesPart, ProcessProbe
+from dltop.model.probes import ProbesPart, ProcessProbe, exit_text, jobs_first, waited_for
 
 WARMING_RATIO = 1.5  # epoch 0 this many times longer than epoch 1 ...
 WARMING_WAIT_SHARE = 0.5  # ... with at least this share of the difference in the data wait
@@ -24,6 +24,27 @@ RECOMPILES_RISING = 3  # new recompiles within the window
 
 def _probes(snap: Snapshot) -> tuple[ProcessProbe, ...]:
     return snap.probes.processes if isinstance(snap.probes, ProbesPart) else ()
+
+
+def _jobs(snap: Snapshot) -> list[list[ProcessProbe]]:
+    """The jobs of the Snapshot (live and exited ranks), the viewer's first (`jobs_first`): a hint about the
+    user's own job is never hidden behind another user's."""
+    part = snap.probes
+    return [members for _, members in jobs_first(part, gpus=snap.gpus)] if isinstance(part, ProbesPart) else []
+
+
+def _ordered(snap: Snapshot) -> list[ProcessProbe]:
+    """The live processes, the viewer's jobs first."""
+    return [p for members in _jobs(snap) for p in members if not p.exited]
+
+
+def _first(candidates: Sequence[ProcessProbe], snap: Snapshot, value: Callable[[ProcessProbe], float]
+           ) -> ProcessProbe:
+    """Of `candidates`, one of the first job in the viewer's order, the largest `value` of it."""
+    order = {id(p): i for i, members in enumerate(_jobs(snap)) for p in members}
+    by_job = [order.get(id(p), len(order)) for p in candidates]
+    job = min(by_job)
+    return max((p for p, j in zip(candidates, by_job, strict=True) if j == job), key=value)
 
 
 def _who(p: ProcessProbe) -> str:
@@ -56,7 +77,7 @@ def _watched_dataset(history: Sequence[Snapshot], data_dir: str) -> str | None:
 def page_cache_warming(history: Sequence[Snapshot]) -> Hint | None:
     """Epoch 1 much faster than epoch 0, the difference mostly data wait: the first epoch read the dataset from
     disk into the page cache."""
-    for p in _probes(history[-1]):
+    for p in _ordered(history[-1]):
         by_index = {e.index: e for e in p.epochs}
         e0, e1 = by_index.get(0), by_index.get(1)
         if e0 is None or e1 is None or e1.duration_s <= 0 or e0.duration_s < WARMING_RATIO * e1.duration_s:
@@ -155,26 +176,66 @@ def probes_left_out(history: Sequence[Snapshot]) -> Hint | None:
                 numbers={"cuts": len(cuts)})
 
 
+HALTED_FIX = {
+    "T": "kill -CONT {pid} resumes it (Ctrl-Z, SIGSTOP or kill -STOP stopped it); the ranks that wait for it go on "
+         "with it",
+    "t": "a debugger holds it stopped (state t): detach or continue it",
+    "D": "its IO does not return (a hung NFS mount or disk): cat /proc/{pid}/stack (as root) shows where it waits",
+}
+EXITED_FIX = ("the ranks left wait in a collective until it times out: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and a "
+              "timeout in init_process_group end them, and torchrun restarts or ends the job")
+
+
+def _owner(p: ProcessProbe, snap: Snapshot) -> str:
+    """'' for the viewer's own process, else whose it is ("alice's ")."""
+    part = snap.probes
+    if isinstance(part, ProbesPart) and part.viewer_uid == p.uid:
+        return ""
+    return f"{p.user or f'uid {p.uid}'}'s "
+
+
 @rule
 def stalled(history: Sequence[Snapshot]) -> Hint | None:
     """A live process whose loop made no step for a long while (ProcessProbe.stalled): a rank that hangs in a
-    collective, a loader that deadlocked, a step stuck in I/O. Its ranks wait with it."""
-    hung = [p for p in _probes(history[-1]) if p.stalled and p.last_step_age_s is not None]
-    if not hung:
+    collective, a loader that deadlocked, a step stuck in I/O. Where a rank of its job cannot step (stopped,
+    in uninterruptible IO, exited: the kernel's word), that rank is named and the others wait for it. The
+    viewer's jobs first (`jobs_first`)."""
+    snap = history[-1]
+    jobs = [(members, hung) for members in _jobs(snap)
+            if (hung := [p for p in members if p.stalled and p.last_step_age_s is not None])]
+    if not jobs:
         return None
+    members, hung = jobs[0]
+    elsewhere = sum(len(h) for _, h in jobs[1:])
+    more = f" (+{elsewhere} stalled in other jobs)" if elsewhere else ""
+    cause = waited_for(members)
+    if cause:
+        return _waiting_for(snap, cause[0], [p for p in hung if p is not cause[0]], more)
     p = max(hung, key=lambda q: q.last_step_age_s or 0.0)
     age = p.last_step_age_s or 0.0
     step = f" (its steps took {p.last_step_s:.2f}s)" if p.last_step_s else ""
     between = " since its last epoch closed" if p.in_epoch is False else ""
     others = len(hung) - 1
     return Hint(id="training-stalled", severity="warn",
-                text=(f"{_who(p)}: no step for {age:.0f}s{step}{between}: stalled"
-                      + (f"; {others} more process{'es' if others > 1 else ''} stalled" if others else "")),
+                text=(f"{_owner(p, snap)}{_who(p)}: no step for {age:.0f}s{step}{between}: stalled"
+                      + (f"; {others} more of its ranks stalled" if others else "") + more),
                 fix=f"py-spy dump --pid {p.pid} shows where it waits; a rank stuck in a collective waits for a "
                     "peer that died or took another path (TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and a timeout in "
                     "init_process_group end it)",
                 numbers={"pid": p.pid, "last_step_age_s": age,
                          **({} if p.last_step_s is None else {"last_step_s": p.last_step_s})})
+
+
+def _waiting_for(snap: Snapshot, q: ProcessProbe, waiting: list[ProcessProbe], more: str) -> Hint:
+    """The rank `q` cannot step (the kernel says why) and the ranks `waiting` wait for it."""
+    state = q.kernel_state if not q.exited else f"exited: {exit_text(q)}"
+    them = ", ".join(_who(p) for p in waiting)
+    waits = f"; {them} wait{'s' if len(waiting) == 1 else ''} for it" if waiting else ""
+    age = max([p.last_step_age_s or 0.0 for p in waiting] or [q.last_step_age_s or 0.0])
+    fix = EXITED_FIX if q.exited else HALTED_FIX.get(q.proc_state or "", EXITED_FIX).format(pid=q.pid)
+    return Hint(id="training-stalled", severity="warn",
+                text=f"{_owner(q, snap)}{_who(q)} {state}: no step for {age:.0f}s{waits}{more}",
+                fix=fix, numbers={"pid": q.pid, "last_step_age_s": age, "waiting": len(waiting)})
 
 
 @rule
@@ -186,7 +247,7 @@ def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
                and p.data_wait_fraction >= DATA_WAIT_HIGH]
     if not waiting:
         return None
-    p = max(waiting, key=lambda q: q.data_wait_fraction or 0.0)
+    p = _first(waiting, history[-1], lambda q: q.data_wait_fraction or 0.0)
     fraction = p.data_wait_fraction or 0.0
     head = f"{_who(p)} waits for data {percent_text(100 * fraction)} of each step"
     numbers: dict[str, float] = {"pid": p.pid, "data_wait_fraction": fraction}
@@ -247,7 +308,7 @@ def _wait_without_io(p: ProcessProbe, head: str, reads: str, numbers: dict[str, 
 @rule
 def cudnn_benchmark_shapes(history: Sequence[Snapshot]) -> Hint | None:
     """cudnn.benchmark on while the input shapes keep changing: cuDNN autotunes again for every new shape."""
-    for p in _probes(history[-1]):
+    for p in _ordered(history[-1]):
         if p.cudnn_benchmark and p.input_shapes is not None and p.input_shapes >= SHAPES_MANY:
             return Hint(id="training-cudnn-benchmark-shapes", severity="warn",
                         text=(f"{_who(p)}: torch.backends.cudnn.benchmark is on and the loop has seen "
@@ -260,7 +321,7 @@ def cudnn_benchmark_shapes(history: Sequence[Snapshot]) -> Hint | None:
 def _rising(history: Sequence[Snapshot], counter: str) -> Iterator[tuple[ProcessProbe, int, int]]:
     """(probe, new, total) for each process whose `counter` rose within the window."""
     first = _first_seen(history)
-    for p in _probes(history[-1]):
+    for p in _ordered(history[-1]):
         old = first.get((p.pid, p.start_time_ticks))
         now, then = _counter(p, counter), _counter(old, counter) if old is not None else None
         if now is not None and then is not None and now > then:
@@ -291,7 +352,7 @@ def recompiling(history: Sequence[Snapshot]) -> Hint | None:
 def compile_fell_back_to_eager(history: Sequence[Snapshot]) -> Hint | None:
     """torch.compile hit its recompile limit: dynamo stopped compiling those frames and runs them eager from then
     on (it logs a warning once), so the job lost what compiling them bought."""
-    for p in _probes(history[-1]):
+    for p in _ordered(history[-1]):
         fallbacks = p.compile.get("eager_fallbacks")
         if not fallbacks:
             continue

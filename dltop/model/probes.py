@@ -7,14 +7,20 @@ A number the process did not publish is None with its reason in `unavailable`, n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 # A job is stalled when its last step is older than this, and than STALL_STEPS of its last step's time: a hung
 # rank (a collective waiting on a dead peer, a stuck loader) is what users most need to see (issue 18, item 7).
 STALL_MIN_S = 30.0
 STALL_STEPS = 20
-NO_EXIT_RECORD = "no exit record: killed (SIGKILL, the OOM killer) or crashed"
+NO_EXIT_RECORD = "exited, cause unknown (no exit record: SIGKILL, the OOM killer or a crash leave none)"
+# The kernel's state of a live process (/proc/PID/stat) where it says why the loop makes no step
+STATES = {"T": "stopped (state T: SIGSTOP or SIGTSTP; kill -CONT resumes it)",
+          "t": "stopped by a debugger (state t)",
+          "D": "in uninterruptible IO (state D)",
+          "Z": "a zombie (state Z: it exited and its parent has not reaped it)"}
 # Why a job has no throughput or loss: the script did not hand them over (the Training tab says so on the line)
 NO_SAMPLES = "no batch size given: track(loader, batch_size=N), or a framework's callback (docs/probe.md)"
 NO_TOKENS = "no tokens per batch given: track(loader, tokens=N or a function of the batch)"
@@ -163,6 +169,25 @@ class ProcessProbe:
     exit_error: str | None = None
     exit_code: int | None = None
     exited_at: float | None = None
+    # The kernel's state of the live process when dltop read it (/proc/PID/stat: R, S, D, T, t, Z, ...)
+    proc_state: str | None = None
+    # A process SIGTERM ended (its probe's handler wrote the stack it hit: no exit record then): the signal and
+    # where the main thread was ("train.py:42 in step"); who sent it is not known
+    exit_signal: str | None = None
+    exit_where: str | None = None
+
+    @property
+    def kernel_state(self) -> str | None:
+        """Why, in the kernel's word, a live process makes no step: stopped, in uninterruptible IO, a zombie;
+        None where its state says nothing of the kind (running, sleeping: a rank waiting in a collective
+        sleeps)."""
+        return None if self.exited or self.proc_state is None else STATES.get(self.proc_state)
+
+    @property
+    def halted(self) -> bool:
+        """It cannot step: exited, a zombie, stopped, or stalled in uninterruptible IO (D alone is a disk
+        read: only a stalled process in D is held by it). The rank the others of its job wait for."""
+        return self.exited or self.proc_state in ("T", "t", "Z") or (self.proc_state == "D" and self.stalled)
 
     @property
     def stalled(self) -> bool:
@@ -181,8 +206,13 @@ class ProcessProbe:
             return f"exit code 1: {self.exit_error}" if self.exit_error else "an uncaught exception"
         if self.exit_how == "exit":
             return "exited (a normal exit or sys.exit)" if self.exit_code is None else f"exit code {self.exit_code}"
+        if self.exit_signal:
+            where = f" in {self.exit_where}" if self.exit_where else ""
+            return f"killed by {self.exit_signal}{where} (who sent it is not known)"
         if self.folder_refused:
             return f"how it ended is not known: its probe kept no file ({self.folder_refused})"
+        if self.proc_state == "Z":
+            return "exited, cause unknown: a zombie (its parent has not reaped it; no exit record)"
         return NO_EXIT_RECORD
 
     @property
@@ -216,3 +246,114 @@ class ProbesPart:
     ignored: tuple[IgnoredProbe, ...] = ()
     # processes that exited and left their file (newest first, at most MAX_EXITED): kept for the post-mortem
     exited: tuple[ProcessProbe, ...] = ()
+    # Whose jobs come first (jobs_first): the user dltop runs for (its uid; under sudo, SUDO_UID's; --user's),
+    # and the process named by --pid. None: not known (a recording by an older dltop).
+    viewer_uid: int | None = None
+    focus_pid: int | None = None
+
+
+def group_jobs(probes: Sequence[ProcessProbe]) -> dict[str, list[ProcessProbe]]:
+    """The probes grouped by job (`ProcessProbe.job_key`), each job's ranks in rank order (live and exited
+    processes alike: one rank that died beside ranks that wait for it is one job)."""
+    out: dict[str, list[ProcessProbe]] = {}
+    for p in probes:
+        out.setdefault(p.job_key, []).append(p)
+    for members in out.values():
+        members.sort(key=lambda p: (p.rank if p.rank is not None else -1, p.pid))
+    return out
+
+
+def _gpu_busy(gpus: object) -> dict[int, float]:
+    """pid -> its share of a GPU's SM time (NVML's per-process smUtil), summed over the GPUs it is on."""
+    busy: dict[int, float] = {}
+    for g in gpus if isinstance(gpus, tuple) else ():
+        procs = getattr(g, "processes", ())
+        for q in procs if isinstance(procs, tuple) else ():
+            busy[q.pid] = busy.get(q.pid, 0.0) + float(q.gpu_util_percent or 0)
+    return busy
+
+
+def jobs_first(part: ProbesPart, probes: Sequence[ProcessProbe] | None = None,
+               gpus: object = None) -> list[tuple[str, list[ProcessProbe]]]:
+    """The jobs of `probes` (default: the part's live and exited processes), the ones the user most wants
+    first: the viewer's own (a root dltop's viewer is root, or the user who ran sudo), then the job of the
+    process named by --pid, then jobs still running before ended ones, the busiest on the GPUs (NVML's SM time of
+    their processes), then the most steps a second."""
+    grouped = group_jobs([*part.processes, *part.exited] if probes is None else probes)
+    busy = _gpu_busy(gpus)
+    viewer, focus = part.viewer_uid, part.focus_pid
+
+    def rank(item: tuple[str, list[ProcessProbe]]) -> tuple[bool, bool, bool, float, float, str]:
+        key, members = item
+        mine = viewer is not None and viewer != 0 and any(p.uid == viewer for p in members)
+        named = focus is not None and any(focus in (p.pid, p.ppid) for p in members)
+        steps = max((1 / p.step_time_s for p in members if p.step_time_s), default=0.0)
+        return (not mine, not named, all(p.exited for p in members),
+                -sum(busy.get(p.pid, 0.0) for p in members), -steps, key)
+
+    return sorted(grouped.items(), key=rank)
+
+
+def waited_for(members: Sequence[ProcessProbe]) -> list[ProcessProbe]:
+    """The ranks of a job of several that cannot step (`ProcessProbe.halted`: exited, stopped, a zombie, stalled
+    in uninterruptible IO): the ones its other ranks wait for."""
+    return [p for p in members if p.halted] if len(members) > 1 else []
+
+
+def who(p: ProcessProbe) -> str:
+    """A rank by its rank, else by its pid."""
+    return f"rank {p.rank}" if p.rank is not None else f"pid {p.pid}"
+
+
+OOM_WITHIN_S = 5.0  # after a process's last publication: the probe publishes every second, dltop reads as often
+
+
+def oom_kills_at_exit(p: ProcessProbe, history: Sequence[Any]) -> int | None:
+    """How many processes the kernel's OOM killer killed (/proc/vmstat oom_kill, in dltop's history of Snapshots)
+    between the last Snapshot before an exited process's last publication and OOM_WITHIN_S after it, where it
+    left no exit record; None where it did, or the counter was not read around then."""
+    if not p.exited or p.exit_how is not None or p.exit_signal:
+        return None
+    before = after = None
+    for snap in history:
+        kills = getattr(getattr(getattr(snap, "memory", None), "vmstat", None), "oom_kill", None)
+        if not isinstance(kills, int):
+            continue
+        if snap.ts <= p.published_at:
+            before = kills
+        elif snap.ts <= p.published_at + OOM_WITHIN_S:
+            after = kills
+    return after - before if before is not None and after is not None and after > before else None
+
+
+def exit_text(p: ProcessProbe, history: Sequence[Any] = ()) -> str:
+    """How an exited process ended (`ProcessProbe.ended`), with the kernel's OOM kills as it ended where it
+    left no record of its own."""
+    kills = oom_kills_at_exit(p, history)
+    if kills is None:
+        return p.ended
+    return (f"no exit record, and the kernel's OOM killer killed {kills} process{'es' if kills > 1 else ''} as it "
+            "ended (/proc/vmstat oom_kill)")
+
+
+def rank_status(p: ProcessProbe, members: Sequence[ProcessProbe]) -> tuple[str, str] | None:
+    """What a rank does if it is not training, as (word, why): EXITED (how it ended), STOPPED (the kernel's
+    state T: now, not after a stall), STALLED (in uninterruptible IO, or no step for a long while), WAITING (for
+    the rank of its job that cannot step); None while it trains."""
+    age = f"no step for {p.last_step_age_s:.0f}s" if p.last_step_age_s is not None else "no step yet"
+    if p.exited:
+        return "EXITED", p.ended
+    if p.proc_state in ("T", "t"):
+        return "STOPPED", f"{p.kernel_state}, {age}"
+    if p.proc_state == "D" and p.stalled:
+        return "STALLED", f"{p.kernel_state}, {age}"
+    cause = [q for q in waited_for(members) if q is not p]
+    if cause and (p.stalled or p.step_time_s is None):
+        q = cause[0]
+        why = "exited" if q.exited else "stopped" if q.proc_state in ("T", "t") else \
+            "in uninterruptible IO" if q.proc_state == "D" else "a zombie"
+        return "WAITING", f"for {who(q)} ({why}), {age}"
+    if p.stalled:
+        step = f" (its steps took {p.last_step_s:.2f}s)" if p.last_step_s else ""
+        return "STALLED", f"{age}{step}"
+    return None

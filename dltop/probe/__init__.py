@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import itertools
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -28,6 +30,7 @@ from dltop.probe.files import (
     probe_dir,
     proc_start_ticks,
     publish_memfd,
+    signal_file,
     write_atomic,
 )
 
@@ -128,6 +131,9 @@ class _State:
         # thread, so the loop never waits for the GPU), how many, when; and the open epoch's sum for its mean.
         self.loss: Any = None
         self.losses = 0
+        # The file faulthandler writes the main thread's stack into when SIGTERM ends the process (atexit does not
+        # run then, so no exit record): dltop reads it as "killed by SIGTERM in train.py:42" (docs/probe.md)
+        self.sigterm_fd: int | None = None
         self.loss_t = 0  # perf_counter_ns of the last
         self.epoch_loss_sum: Any = None
         self.epoch_losses = 0
@@ -1086,8 +1092,8 @@ def _remove_stale() -> None:
         return
     old = time.time() - KEEP_EXITED_S
     for name in os.listdir(fd):
-        pid = name.removesuffix(".json")
-        if pid.isdigit() and name.endswith(".json") and proc_start_ticks(pid) is None:
+        pid = name.removesuffix(".json").removesuffix(".signal")
+        if pid.isdigit() and name.endswith((".json", ".signal")) and proc_start_ticks(pid) is None:
             with contextlib.suppress(OSError):
                 if os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime < old:
                     os.unlink(name, dir_fd=fd)
@@ -1119,6 +1125,7 @@ def _at_exit() -> None:
         _remove_own_file()
         return
     thread.join(timeout=5)
+    _unwatch_sigterm(remove=True)  # ending by itself: the exit record says how
     error = state.error
     state.exit = {"how": "exception" if error else "exit", "error": error, "exit_code": 1 if error else None,
                    "at": round(time.time(), 3)}
@@ -1156,6 +1163,7 @@ def start(interval_s: float = 1.0) -> str | None:
             return None
         _remove_stale()
         _hook_exceptions()
+        _watch_sigterm()
         state.stop = threading.Event()
         state.thread = threading.Thread(target=_run, args=(state.stop, interval_s), name="dltop-probe",
                                          daemon=True)
@@ -1163,7 +1171,51 @@ def start(interval_s: float = 1.0) -> str | None:
         return path
 
 
+def _watch_sigterm() -> None:
+    """Have SIGTERM, where it would end the process (its disposition is still the default), leave a trace: the
+    stack of the thread it hit, written by faulthandler into `<pid>.signal` from the signal handler itself (C
+    code: it works while the main thread is stuck in a collective), which then calls the default action: the
+    process dies of SIGTERM as it would have. A program that handles SIGTERM itself, or ignores it, is left
+    alone. Who sent the signal is not known: a handler told the sender would need the signal blocked in every
+    thread (sigwaitinfo), which would change the program."""
+    if state.dir_fd is None or state.sigterm_fd is not None:
+        return
+    name = signal_file(os.getpid())
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=state.dir_fd)  # a dead process's of the same pid
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=state.dir_fd)
+    except OSError:
+        return
+    try:
+        faulthandler.register(signal.SIGTERM, file=fd, all_threads=False, chain=True)
+    except (OSError, RuntimeError, ValueError):
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=state.dir_fd)
+        return
+    state.sigterm_fd = fd
+
+
+def _unwatch_sigterm(remove: bool) -> None:
+    """Give SIGTERM back its disposition (the default); `remove`: and the empty trace file."""
+    fd, state.sigterm_fd = state.sigterm_fd, None
+    if fd is None:
+        return
+    with contextlib.suppress(Exception):
+        faulthandler.unregister(signal.SIGTERM)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    if remove and state.dir_fd is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(signal_file(os.getpid()), dir_fd=state.dir_fd)
+
+
 def _remove_own_file() -> None:
+    _unwatch_sigterm(remove=True)
     if state.memfd is not None:
         with contextlib.suppress(OSError):
             os.close(state.memfd)
@@ -1188,6 +1240,12 @@ def _after_fork_in_child() -> None:
     # start() itself. Its data and epochs are its own from here.
     state.lock = threading.Lock()
     state.thread = None
+    if state.sigterm_fd is not None:  # the parent's trace file: a worker SIGTERM ends is not the parent's end
+        with contextlib.suppress(Exception):
+            faulthandler.unregister(signal.SIGTERM)
+        with contextlib.suppress(OSError):
+            os.close(state.sigterm_fd)
+        state.sigterm_fd = None
     if state.memfd is not None:  # the parent's report: a child that publishes makes its own
         with contextlib.suppress(OSError):
             os.close(state.memfd)

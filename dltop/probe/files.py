@@ -25,6 +25,12 @@ MEMFD_LINK = f"/memfd:{MEMFD_NAME} (deleted)"  # what readlink(/proc/PID/fd/N) s
 SEALS = 0x1 | 0x2 | 0x4 | 0x8  # F_SEAL_SEAL | SHRINK | GROW | WRITE: once written, no one can change it
 
 
+def signal_file(pid: int | str) -> str:
+    """The name of the file beside `<pid>.json` into which the probe's SIGTERM handler writes the stack it hit
+    (faulthandler's format): empty while the process lives; dltop reads it once the process is gone."""
+    return f"{pid}.signal"
+
+
 def pid_namespace(proc: str = "/proc", pid: int | str = "self") -> int | None:
     """The inode of the process's PID namespace (`readlink /proc/PID/ns/pid` says `pid:[INODE]`), or None."""
     try:
@@ -119,6 +125,14 @@ def publish_memfd(held: int | None, data: bytes) -> int:
 
 def proc_start_ticks(pid: int | str, proc: str = "/proc") -> int | None:
     """Field 22 of /proc/PID/stat (starttime, in clock ticks since boot); None when the process is gone."""
+    got = proc_stat(pid, proc)
+    return None if got is None else got[0]
+
+
+def proc_stat(pid: int | str, proc: str = "/proc") -> tuple[int, str] | None:
+    """Fields 22 and 3 of /proc/PID/stat: the start time (clock ticks since boot) and the state as the kernel
+    says it (R running, S sleeping, D in uninterruptible IO, T stopped, t stopped by a debugger, Z zombie, ...);
+    None when the process is gone."""
     try:
         # Non-blocking and bounded: under a captured tree (--root) a FIFO or /dev/zero may stand in its place.
         fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
@@ -133,5 +147,6 @@ def proc_start_ticks(pid: int | str, proc: str = "/proc") -> int | None:
     # The command (field 2) is in parentheses and may hold spaces and ')': split after the last ')'.
     fields = text[text.rfind(b")") + 2:].split()
     ticks = fields[19] if len(fields) > 19 else b""
+    state = fields[0].decode("ascii", "replace")[:1] if fields and fields[0].isalpha() else "?"
     # ASCII digits of a 64-bit count: int() takes b'-5' and raises past 4300 digits.
-    return int(ticks) if ticks.isdigit() and len(ticks) <= 20 and int(ticks) < 1 << 64 else None
+    return (int(ticks), state) if ticks.isdigit() and len(ticks) <= 20 and int(ticks) < 1 << 64 else None

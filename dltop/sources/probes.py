@@ -43,6 +43,8 @@ from dltop.probe.files import (
     check_dir,
     pid_namespace,
     proc_start_ticks,
+    proc_stat,
+    signal_file,
 )
 from dltop.sources.base import Source
 from dltop.sources.gpu_procs import parse_cmdline
@@ -557,7 +559,39 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
         return parsed
     if str(parsed.pid) != name.removesuffix(".json"):
         return f"malformed: names pid {parsed.pid}, not the file's"
-    return _running(parsed, st.st_uid, proc, pidns, hosts)
+    got = _running(parsed, st.st_uid, proc, pidns, hosts)
+    if isinstance(got, ProcessProbe) and got.exited and got.exit_how is None:
+        return _signalled(dir_fd, name.removesuffix(".json"), me, got)
+    return got
+
+
+MAX_SIGNAL_BYTES = 8192  # of the stack the probe's SIGTERM handler wrote: its first frame is what is shown
+_FRAME = re.compile(r'\s*File "([^"\n]{1,4096})", line (\d{1,9}) in ([^\n]{1,256})')
+
+
+def _signalled(dir_fd: int, pid: str, me: int, probe: ProcessProbe) -> ProcessProbe:
+    """An exited process with no exit record whose probe's SIGTERM handler wrote the stack it hit into
+    `<pid>.signal` (docs/probe.md): killed by SIGTERM, where its main thread was. The file is checked as a probe
+    file is (a regular file of the folder's owner, not a link, bounded) and must be this process's (written after
+    it started publishing); its text is the user's, shown printable and cut."""
+    try:
+        fd = os.open(signal_file(pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return probe
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_size == 0:
+            return probe
+        if probe.started_at is not None and st.st_mtime < probe.started_at - 1:
+            return probe  # an older process's of the same pid
+        raw = os.read(fd, MAX_SIGNAL_BYTES)
+    except OSError:
+        return probe
+    finally:
+        os.close(fd)
+    frame = _FRAME.search(raw.decode("utf-8", "replace"))
+    where = f"{os.path.basename(frame[1])}:{frame[2]} in {frame[3].strip()}"[:200] if frame else None
+    return dataclasses.replace(probe, exit_signal="SIGTERM", exit_where=where)
 
 
 def _read_raw(dir_fd: int, name: str, me: int) -> tuple[os.stat_result, bytes] | str:
@@ -596,8 +630,8 @@ def _running(probe: ProcessProbe, uid: int, proc: str, pidns: int | None, hosts:
             return _exited(probe)
         parent = hosts.find(pidns, probe.ppid) if probe.ppid else None
         probe = dataclasses.replace(probe, pid=host, ppid=parent)  # the pids NVML and /proc here give
-    ticks = proc_start_ticks(probe.pid, proc)
-    if ticks is None or ticks != probe.start_time_ticks:  # gone, or its pid reused by another process
+    got = proc_stat(probe.pid, proc)
+    if got is None or got[0] != probe.start_time_ticks:  # gone, or its pid reused by another process
         return _exited(probe)
     try:
         owner = os.stat(f"{proc}/{probe.pid}").st_uid
@@ -605,12 +639,37 @@ def _running(probe: ProcessProbe, uid: int, proc: str, pidns: int | None, hosts:
         return _exited(probe)
     if uid != 0 and owner != uid:
         return f"process {probe.pid} belongs to uid {owner}, not the file's owner (uid {uid})"
-    if probe.exit_how is not None:  # its exit record is written: it is tearing down
+    probe = dataclasses.replace(probe, proc_state=got[1])
+    if probe.exit_how is not None or got[1] == "Z":  # its exit record is written, or it is gone but not reaped
         return _exited(probe)
-    if probe.last_step_age_s is not None:  # as old as it is now, not when it was published
-        age = probe.last_step_age_s + max(0.0, time.time() - probe.published_at)
-        probe = dataclasses.replace(probe, last_step_age_s=round(min(age, MAX_SECONDS), 3))
-    return probe
+    return _aged(probe, max(0.0, time.time() - probe.published_at))
+
+
+def _aged(probe: ProcessProbe, since_s: float) -> ProcessProbe:
+    """The probe as it is `since_s` after its publication: the last step that much older, and its numbers over
+    the recent window (step time, data wait, samples and tokens a second) gone once that step has left the window
+    (a stopped process publishes no more: its last numbers would stay on screen as if they were current)."""
+    if probe.last_step_age_s is None:
+        return probe
+    age = round(min(probe.last_step_age_s + since_s, MAX_SECONDS), 3)
+    window = probe.window_s if probe.window_s is not None else 10.0
+    probe = dataclasses.replace(probe, last_step_age_s=age, loaders=tuple(_aged_loader(q, since_s, window)
+                                                                          for q in probe.loaders))
+    if age <= window or since_s <= 0:
+        return probe
+    why = f"no step ended in the last {window:g} s (its probe last published {since_s:.0f} s ago)"
+    gone = ("step_time_s", "data_wait_fraction", "samples_per_s", "tokens_per_s")
+    return dataclasses.replace(probe, step_time_s=None, data_wait_fraction=None, samples_per_s=None,
+                               tokens_per_s=None, unavailable={**probe.unavailable, **dict.fromkeys(gone, why)})
+
+
+def _aged_loader(q: ProbeLoader, since_s: float, window: float) -> ProbeLoader:
+    if q.last_step_age_s is None:
+        return q
+    age = round(min(q.last_step_age_s + since_s, MAX_SECONDS), 3)
+    if age <= window or since_s <= 0:
+        return dataclasses.replace(q, last_step_age_s=age)
+    return dataclasses.replace(q, last_step_age_s=age, step_time_s=None, data_wait_fraction=None)
 
 
 def _parse_file(raw: bytes, path: str, uid: int) -> ProcessProbe | str:
@@ -861,6 +920,14 @@ def _check_memfd(proc: str, pid: int, uid: int, f: int) -> ProcessProbe | str:
     return dataclasses.replace(parsed, pid=pid, ppid=_ppid(proc, pid), pidns=ns if ns != here else None)
 
 
+def _memfd_now(proc: str, probe: ProcessProbe) -> ProcessProbe:
+    """A memfd probe (read once while its memfd is the same) as its process is now: its state, and its numbers
+    aged since it published (a stopped process publishes no new memfd)."""
+    got = proc_stat(probe.pid, proc)
+    state = got[1] if got is not None and got[0] == probe.start_time_ticks else None
+    return _aged(dataclasses.replace(probe, proc_state=state), max(0.0, time.time() - probe.published_at))
+
+
 def _ppid(proc: str, pid: int) -> int | None:
     """Field 4 of /proc/PID/stat: the parent's pid as this dltop sees it."""
     try:
@@ -922,7 +989,7 @@ class ProbeReader:
                 ignored.append(IgnoredProbe(f"{self.proc}/{pid}/fd/{fd}", got))
             elif (got.uid, pid) not in found and r.wanted(got.uid):  # a file of its own says the same
                 r.set_owner(pid, got.uid)
-                now_live[(got.uid, pid)] = got
+                now_live[(got.uid, pid)] = _memfd_now(self.proc, got)
         self.memfds = seen
         return now_live
 
@@ -973,10 +1040,22 @@ class ProbeReader:
 
 
 
+def viewer_uid(user: int | None = None, env: dict[str, str] | None = None) -> int:
+    """The user whose jobs come first: --user's; else this dltop's uid, or under sudo the uid that ran it
+    (SUDO_UID: root's own environment, set by sudo)."""
+    if user is not None:
+        return user
+    me = os.getuid()
+    sudo = (os.environ if env is None else env).get("SUDO_UID", "")
+    return int(sudo) if me == 0 and sudo.isdigit() and len(sudo) <= 10 else me
+
+
 def source(settings: Settings) -> Source:
     """The probes source at the refresh interval (a listing of one or two small directories)."""
     # with each job's own reads (/proc/PID/io of it and its workers) beside what it publishes
     reader = ProbeReader(settings.root, settings.user)
+    viewer = viewer_uid(settings.user)
     return Source(name="probes", interval_s=settings.refresh_s,
-                  read=lambda: with_job_reads(reader.read(), settings.root),
+                  read=lambda: dataclasses.replace(with_job_reads(reader.read(), settings.root), viewer_uid=viewer,
+                                                   focus_pid=settings.pid),
                   timeout_s=max(2.0, settings.refresh_s * 2), follows_refresh=True)

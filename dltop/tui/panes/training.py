@@ -20,7 +20,18 @@ from textual.widgets import Static
 
 from dltop.fmt import human_bytes, percent_text, plural, printable, shorten_middle
 from dltop.model import Snapshot, Unavailable
-from dltop.model.probes import NOT_GIVEN, ProbeEpoch, ProbeLoader, ProbesPart, ProcessProbe
+from dltop.model.probes import (
+    NOT_GIVEN,
+    ProbeEpoch,
+    ProbeLoader,
+    ProbesPart,
+    ProcessProbe,
+    exit_text,
+    group_jobs,
+    jobs_first,
+    rank_status,
+    who,
+)
 from dltop.tui import charts
 from dltop.tui.panes.base import Pane, set_content
 from dltop.view import View
@@ -43,14 +54,8 @@ NOTES_FOLDED = 3  # lines of notes shown until n shows all of them
 
 
 def jobs(probes: Sequence[ProcessProbe]) -> dict[str, list[ProcessProbe]]:
-    """The probes grouped by job (`ProcessProbe.job_key`), each job's ranks in rank order (live and exited
-    processes alike: one rank that died beside ranks that wait for it is one job)."""
-    out: dict[str, list[ProcessProbe]] = {}
-    for p in probes:
-        out.setdefault(p.job_key, []).append(p)
-    for members in out.values():
-        members.sort(key=lambda p: (p.rank if p.rank is not None else -1, p.pid))
-    return out
+    """The probes grouped by job, each job's ranks in rank order (`dltop.model.probes.group_jobs`)."""
+    return group_jobs(probes)
 
 
 def _lead(values: list[float]) -> float:
@@ -128,14 +133,31 @@ def epoch_headers(p: ProcessProbe) -> tuple[str, ...]:
     return (*EPOCH_HEADERS[:-1], *extra, EPOCH_HEADERS[-1])
 
 
-def epoch_rows(p: ProcessProbe, history: Sequence[Snapshot], pids: set[int]) -> list[tuple[str, ...]]:
-    """One row per epoch the probe kept, oldest first, in the columns of `epoch_headers(p)`."""
+def job_rate(members: Sequence[ProcessProbe], index: int, name: str) -> float | None:
+    """The job's samples or tokens a second (`name`: "samples_per_s", "tokens_per_s") over its epoch `index`: the
+    sum over its ranks (each has its own batches); None until every rank has closed that epoch with a count."""
+    rates = []
+    for m in members:
+        e = next((e for e in m.epochs if e.index == index), None)
+        rate = getattr(e, name) if e is not None else None
+        if rate is None:
+            return None
+        rates.append(rate)
+    return sum(rates)
+
+
+def epoch_rows(p: ProcessProbe, history: Sequence[Snapshot], pids: set[int],
+               members: Sequence[ProcessProbe] = ()) -> list[tuple[str, ...]]:
+    """One row per epoch the probe kept, oldest first, in the columns of `epoch_headers(p)`; samples and
+    tokens a second are the sum over `members` (the job's ranks; default: `p` alone)."""
     headers = epoch_headers(p)
+    ranks = list(members) or [p]
     rows: list[tuple[str, ...]] = []
     for e in p.epochs:
         util, source = epoch_gpu_util(history, pids, e)
         delta = e.data_cached_delta_bytes  # the job's own data, never the machine's Cached (notes say why n/a)
-        extra = {"Samp/s": rate_text(e.samples_per_s), "Tok/s": rate_text(e.tokens_per_s),
+        extra = {"Samp/s": rate_text(job_rate(ranks, e.index, "samples_per_s")),
+                 "Tok/s": rate_text(job_rate(ranks, e.index, "tokens_per_s")),
                  "Loss": loss_text(e.loss, e.loss_nonfinite)}
         rows.append((
             str(e.index), _seconds(e.duration_s), _seconds(e.data_wait_s),
@@ -175,20 +197,24 @@ def _ago(s: float) -> str:
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h"
 
 
-def status_lines(members: list[ProcessProbe], now: float, width: int) -> list[Content]:
-    """What a job's ranks are doing if not training: stalled (no step for a while: a hung rank) or exited (how it
-    ended, when the probe could say)."""
+def status_lines(members: list[ProcessProbe], now: float, width: int,
+                 history: Sequence[Snapshot] = ()) -> list[Content]:
+    """What a job's ranks are doing if not training (`rank_status`): exited (how it ended, when the probe or the
+    kernel could say), stopped or in uninterruptible IO (the kernel's state), waiting for the rank that cannot
+    step, or stalled (no step for a while)."""
     several = len(members) > 1
     lines = []
     for p in members:
-        who = (f"rank {p.rank} " if p.rank is not None else f"pid {p.pid} ") if several else ""
+        got = rank_status(p, members)
+        if got is None:
+            continue
+        word, why = got
+        label = f"{who(p)} {word}" if several else word
         if p.exited:
-            ago = f" {_ago(max(0.0, now - p.exited_at))} ago" if p.exited_at is not None else ""
-            lines.append(Content.assemble((f"{who}EXITED{ago}", "bold $error"), f"  {printable(p.ended)}"))
-        elif p.stalled and p.last_step_age_s is not None:
-            step = f" (its steps took {_seconds(p.last_step_s)})" if p.last_step_s else ""
-            lines.append(Content.assemble((f"{who}STALLED", "bold $error"),
-                                          f"  no step for {_ago(p.last_step_age_s)}{step}"))
+            label += f" {_ago(max(0.0, now - p.exited_at))} ago" if p.exited_at is not None else ""
+            why = exit_text(p, history)
+        style = "bold $warning" if word == "WAITING" else "bold $error"
+        lines.append(Content.assemble((label, style), f"  {printable(why)}"))
     return [c.truncate(width, ellipsis=True) for c in lines]
 
 
@@ -306,7 +332,7 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
     jobs scroll together; one job's table scrolls on its own: `epoch_lines`)."""
     lead = members[0]  # rank 0 (or the only process) speaks for the job's epochs
     now = time.time() if now is None else now
-    lines = [_title(members, width), *status_lines(members, now, width), _facts(lead, width)]
+    lines = [_title(members, width), *status_lines(members, now, width, history), _facts(lead, width)]
     axis = Axis(history)
     lines += _spark_lines(key, members, history, width, axis)
     lines.append(axis.line(width))
@@ -317,8 +343,16 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
         head, rows = epoch_lines(members, history, width)
         lines += [head, *rows]
         if len(members) > 1:
-            lines.append(Content.assemble((f"epochs (rank {lead.rank}'s)", "dim")))
+            lines.append(epochs_whose(members, width))
     return lines
+
+
+def epochs_whose(members: list[ProcessProbe], width: int) -> Content:
+    """The line under a job of several ranks' epoch table: whose epochs they are, and that its throughput is
+    the ranks' sum."""
+    sums = " (Samp/s, Tok/s: the ranks' sum, n/a until each closed the epoch)" \
+        if any(h in epoch_headers(members[0]) for h in ("Samp/s", "Tok/s")) else ""
+    return Content.assemble((f"epochs (rank {members[0].rank}'s){sums}", "dim")).truncate(width, ellipsis=True)
 
 
 def _spark_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int,
@@ -343,6 +377,8 @@ def _count_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapsh
     """Samples and tokens a second, and the loss, each where the script hands it over."""
     lines = [line for label, name in (("Samples/s", "samples_per_s"), ("Tokens/s", "tokens_per_s"))
              if (line := _rate_line(label, name, key, members, history, width, axis, idle)) is not None]
+    if lines and (each := per_rank_line(members, width)) is not None:
+        lines.append(each)
     lead = members[0]
     if lead.losses_logged or lead.loss is not None or lead.loss_nonfinite:
         lines.append(_spark_line("Loss", loss_text(lead.loss, lead.loss_nonfinite),
@@ -364,6 +400,16 @@ def _rate_line(label: str, name: str, key: str, members: list[ProcessProbe], his
                        lambda v: f"{rate_text(v)}/s")
 
 
+def per_rank_line(members: list[ProcessProbe], width: int) -> Content | None:
+    """Each rank's samples (else tokens) a second now, for a job of several (its line above is their sum)."""
+    name = "samples_per_s" if any(p.samples is not None for p in members) else "tokens_per_s"
+    if len(members) < 2 or all(getattr(p, name.split("_")[0]) is None for p in members):
+        return None
+    each = "  ".join(f"{p.rank if p.rank is not None else p.pid}: {rate_text(getattr(p, name))}" for p in members)
+    return Content.assemble((f"{'per rank':<10}", "bold"), (f"{name.split('_')[0]}/s  {each}", "dim")
+                            ).truncate(width, ellipsis=True)
+
+
 def _loader_line(loader: ProbeLoader, width: int) -> Content:
     """A loader timed apart from the main one: a val loop is not in the job's sparklines."""
     step_now = "n/a" if loader.step_time_s is None else f"{1000 * loader.step_time_s:.1f} ms"
@@ -378,7 +424,7 @@ def epoch_lines(members: list[ProcessProbe], history: Sequence[Snapshot], width:
     """The job's epoch table: its header line and a line per epoch, oldest first (rank 0's, or the only
     process's)."""
     lead = members[0]
-    rows = epoch_rows(lead, history, {p.pid for p in members})
+    rows = epoch_rows(lead, history, {p.pid for p in members}, members)
     head, *body = epoch_table(rows, width, epoch_headers(lead))
     return head, body
 
@@ -593,12 +639,13 @@ class TrainingPane(Pane):
             str, list[ProcessProbe]] | None:
         """Every job's lines; the one job (with epochs) whose epoch table scrolls on its own, if there is one."""
         lines: list[Content] = []
-        grouped = jobs([*part.processes, *self._exited()])
+        # the viewer's jobs first (then --pid's, the busiest): the one the user watches is not below others'
+        grouped = jobs_first(part, [*part.processes, *self._exited()], view.snapshot.gpus)
         now = self.moment(view, time.time)
         one_job = None
-        if len(grouped) == 1 and next(iter(grouped.values()))[0].epochs:
-            one_job = next(iter(grouped.items()))
-        for key, members in grouped.items():
+        if len(grouped) == 1 and grouped[0][1][0].epochs:
+            one_job = grouped[0]
+        for key, members in grouped:
             if lines:
                 lines.append(Content(""))
             lines.extend(job_lines(key, members, view.history, width, now, with_epochs=one_job is None))
@@ -611,7 +658,7 @@ class TrainingPane(Pane):
         follow = self._follow or scroll.scroll_y >= scroll.max_scroll_y
         head, rows = epoch_lines(members, history, width)
         if len(members) > 1:
-            rows.append(Content.assemble((f"epochs (rank {members[0].rank}'s)", "dim")))
+            rows.append(epochs_whose(members, width))
         self._epoch_head = head
         set_content(self.query_one("#tr-epochs-body", Static), Content("\n").join(rows))
         self._epoch_header(scroll)
