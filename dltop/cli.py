@@ -31,6 +31,7 @@ COMMANDS = {
     "warm": "dltop.commands.pagecache",
     "evict": "dltop.commands.pagecache",
     "lock": "dltop.commands.pagecache",
+    "unlock": "dltop.commands.pagecache",
     "kv": "dltop.commands.kv",
     "snapshot": "dltop.commands.snapshot",
     "replay": "dltop.commands.replay",

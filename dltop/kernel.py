@@ -257,22 +257,30 @@ def residency_visible(st: os.stat_result, name: str | bytes, dir_fd: int | None 
 
 
 class LockedMapping:
-    """A file mapped and mlock(2)ed; its pages stay in memory until `release()`."""
+    """`size` bytes of a file from `offset` (a multiple of the page size) mapped and mlock(2)ed; its pages stay in
+    memory until `release()`. `lock=False` only maps it: `lock_range` then locks it a part at a time."""
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, offset: int = 0, lock: bool = True) -> None:
         self.size = size
         self._addr: int | None = None
         if size <= 0:
             return
         libc = _libc()
-        addr = libc.mmap(None, size, PROT_READ, MAP_SHARED, fd, 0)
+        addr = libc.mmap(None, size, PROT_READ, MAP_SHARED, fd, offset)
         if addr is None or addr == MAP_FAILED:
             _raise_errno("mmap")
-        if libc.mlock(ctypes.c_void_p(addr), size) != 0:
-            e = ctypes.get_errno()
-            libc.munmap(ctypes.c_void_p(addr), size)
-            raise OSError(e, f"mlock: {os.strerror(e)}")
         self._addr = addr
+        if lock:
+            self.lock_range(0, size)
+
+    def lock_range(self, start: int, n: int) -> None:
+        """mlock `n` bytes from `start` (relative to the mapping); on failure the whole mapping is released."""
+        if self._addr is None or n <= 0:
+            return
+        if _libc().mlock(ctypes.c_void_p(self._addr + start), n) != 0:
+            e = ctypes.get_errno()
+            self.release()
+            raise OSError(e, f"mlock: {os.strerror(e)}")
 
     def release(self) -> None:
         """munlock and unmap; safe to call twice."""

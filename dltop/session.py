@@ -108,6 +108,7 @@ class Session:
         self.action: ActionEvent | None = None  # the runner's latest event
         self.plans: dict[int, Any] = {}  # plans in flight, by run id: their result is confirmed
         self.said: deque[Said] = deque(maxlen=SAID_KEPT)
+        self.farewell: list[str] = []  # said on the terminal once the TUI has left it (a lock kept by a holder)
         self.on_say: Callable[[Said], None] | None = None  # the App's notification
         # Each Snapshot shown is handed on too (`dltop --export`'s collector, `--record`'s recorder).
         self._listeners = (*listeners, recorder.write) if recorder is not None else tuple(listeners)
@@ -329,6 +330,37 @@ class Session:
                               others=self._watched_resident())
         except DltopError as e:  # another action started meanwhile
             self.say(str(e), "error")
+
+    # -- quitting with a lock held: the lock dialog promised "until you press l again" -------------------------
+
+    def held_locks(self) -> dict[str, int]:
+        """The locks this session holds (target: bytes): q asks what becomes of them before it quits."""
+        return self.runner.held() if self.runner is not None else {}
+
+    def keep_locks(self, why: str = "") -> bool:
+        """Hand every lock held to a detached holder that keeps it after dltop (the user said keep, or nobody is
+        left to ask: `why` "on hangup"). Each handover is said and journalled; where no holder takes a lock, the
+        reason is said: asked (no `why`), the lock stays held here and False says not to quit; on a hangup, it
+        is released, with the reason journalled (never silently)."""
+        if self.runner is None:
+            return True
+        if why:
+            for line in self.runner.keep_all(why):
+                self.say(line)
+                self.farewell.append(line)
+            return True
+        for target in self.held_locks():
+            try:
+                self.farewell.append(self.runner.keep(target))
+            except DltopError as e:
+                self.say(f"{e}; it stays locked here (q again: release it)", "error", timeout=10)
+                return False
+        return True
+
+    def release_locks(self) -> None:
+        """Unlock every lock held (the user said release)."""
+        if self.runner is not None:
+            self.runner.release_all()
 
     def send_signal(self, target: SignalTarget | tuple[SignalTarget, ...]) -> None:
         """A signal the GPU tab's dialog chose, for one process or a tagged set (the dialog was the confirmation;

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dltop import kernel
+from dltop.actions.holder import LockSet
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes, plural
 from dltop.model.base import display_path, to_dict
@@ -303,8 +304,10 @@ class ActionResult:
     files: int = 0  # regular files in the dataset (from the rescan after the action, when it completed)
     files_done: int = 0  # files the action finished: files - files_done were not reached (cancelled) or failed
     # bytes the action set out to move: warm, the pages of data (holes are never read) not resident when it began;
-    # evict, the resident pages; lock, every page
+    # evict, the resident pages (zero pages of holes included, as fincore counts them); lock, the pages of data
     total_bytes: int = 0
+    size_bytes: int = 0  # the files' apparent size (du --apparent-size), as measured before the action
+    data_resident_pages_before: int | None = None  # of resident_pages_before, those of data (holes left out)
     # bytes acted on, measured: warm, pages brought into the page cache (what was resident already is not counted);
     # evict, pages dropped; lock, pages locked. Files whose residency is hidden count the pages asked for (warm:
     # their data, evict: all their pages): the work done, whose result cannot be seen
@@ -475,9 +478,12 @@ def _add_measured(r: ActionResult, once: Iterable[DatasetResidency]) -> int:
     """Adds the datasets' files, pages, skips, problems and notes to `r` (`once`: counted_once's list, a dataset
     inside another one given counted there); returns their resident pages."""
     resident = 0
+    r.data_resident_pages_before = r.data_resident_pages_before or 0
     for ds in once:
         r.files += ds.files
         r.pages += ds.pages
+        r.size_bytes += ds.size_bytes
+        r.data_resident_pages_before += ds.data_resident_pages
         resident += ds.resident_pages
         r.unknown_pages += ds.unknown_pages
         for k, v in ds.skipped.items():
@@ -513,8 +519,8 @@ def plan(
         r.guard = warm_guard(r.total_bytes, before * ps, others=_other_datasets(paths, others))
     elif action == "lock":
         # Locked pages leave MemAvailable even when they were resident already: page cache counts as available
-        # (the kernel can drop it), locked pages do not.
-        r.total_bytes = r.pages * ps
+        # (the kernel can drop it), locked pages do not. A lock locks the data: holes are never touched.
+        r.total_bytes = sum(ds.data_pages for ds in counted_once(part.scanned)) * ps
         r.guard = memory_guard(r.total_bytes)
     else:
         r.total_bytes = (before + r.unknown_pages) * ps  # hidden pages may be resident too
@@ -1517,30 +1523,6 @@ def _mapped_by(pid_dir: str, want: dict[tuple[str, str], tuple[int, int]]) -> di
     return found
 
 
-class LockSet:
-    """Files mapped and mlocked; their pages stay in memory until `release()`."""
-
-    def __init__(self) -> None:
-        self.mappings: list[kernel.LockedMapping] = []
-        self.paths: list[str] = []
-        self.bytes = 0
-        self.last_bytes = 0  # of the file added last
-
-    def add(self, path: str, m: kernel.LockedMapping, size: int) -> None:
-        """Hold one more file locked (`size` bytes: whole pages counted)."""
-        self.mappings.append(m)
-        self.paths.append(path)
-        self.last_bytes = (size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE * kernel.PAGE_SIZE
-        self.bytes += self.last_bytes
-
-    def release(self) -> None:
-        """Unlock everything; safe to call twice."""
-        for m in self.mappings:
-            m.release()
-        self.mappings.clear()
-        self.bytes = 0
-
-
 def _mlock_failed(path: str, e: OSError, locked_bytes: int) -> str:
     """Why mlock refused a file, with the limit that refused it and what was locked before."""
     from dltop.fmt import human_bytes
@@ -1595,18 +1577,23 @@ def lock(
     files = _files(paths, options, report, cancel)
     try:
         for path, fd, st in files:
+
+            def step(n: int, path: str = path) -> bool:
+                ticker.add(n, path)
+                return cancel is None or not cancel.is_set()
+
             try:
-                locks.add(path, kernel.LockedMapping(fd, st.st_size), st.st_size)
+                locks.lock_file(path, fd, st, step)
             except OSError as e:
                 if e.errno in (errno.ENOMEM, errno.EAGAIN, errno.EPERM):
+                    before = locks.bytes
                     locks.release()
-                    raise DltopError(_mlock_failed(path, e, locks.bytes)) from None
+                    raise DltopError(_mlock_failed(path, e, before)) from None
                 _skip(report, e, path)
                 continue
             finally:
                 os.close(fd)  # the mapping keeps the file
             ticker.files += 1
-            ticker.add(locks.last_bytes, path)
             if cancel is not None and cancel.is_set():
                 break
     except BaseException:

@@ -9,6 +9,7 @@ start and finish to the machine's action journal, which every running recorder t
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,7 @@ class Run:
 class _Held:
     bytes: int
     release: Callable[[], None]
+    keep: Callable[[], Any] | None = None  # hands the lock to a detached holder (actions/holder.py): its Kept
 
 
 class ActionRunner:
@@ -190,9 +192,10 @@ class ActionRunner:
 
     # -- what is held --------------------------------------------------------------------------------------
 
-    def _hold(self, target: str, n_bytes: int, release: Callable[[], None]) -> None:
+    def _hold(self, target: str, n_bytes: int, release: Callable[[], None],
+              keep: Callable[[], Any] | None = None) -> None:
         with self._lock:
-            self._held[target] = _Held(n_bytes, release)
+            self._held[target] = _Held(n_bytes, release, keep)
 
     def held(self) -> dict[str, int]:
         """Targets whose pages are locked now, with the bytes locked."""
@@ -217,6 +220,44 @@ class ActionRunner:
         """Unlock everything held (on exit)."""
         for target in self.held():
             self.release(target)
+
+    def keep(self, target: str, why: str = "") -> str:
+        """Hand what a lock of `target` holds to a detached holder process (dltop/actions/holder.py), which keeps
+        it locked after this process ends; this process lets its own go once the holder holds it. Returns the
+        line that says so (also announced and journalled); raises DltopError when no holder took it (then it is
+        still held here). `why`: the reason it was kept ("on hangup"), for the journal."""
+        with self._lock:
+            h = self._held.get(target)
+        if h is None:
+            raise DltopError(f"{target} is not locked")
+        if h.keep is None:
+            raise DltopError(f"{target}: this lock cannot be handed over")
+        try:
+            kept = h.keep()
+        except OSError as e:
+            raise DltopError(f"could not keep the lock of {target}: {e.strerror or e}") from None
+        with self._lock:
+            self._held.pop(target, None)
+        h.release()  # the holder holds every page now: nothing is let go
+        run = Run(id=next(self._ids), step="release", action="lock", paths=(target,))
+        self._announce(run, "started")
+        missed = f"; {kept.missed} files were replaced or gone and are not held" if kept.missed else ""
+        message = (f"kept {human_bytes(kept.bytes)} of {target} locked{' ' + why if why else ''} in lock holder "
+                   f"pid {kept.pid} (dltop lock --list; dltop unlock {kept.pid} releases it){missed}")
+        self._announce(run, "finished", outcome="ok", done_bytes=0, message=message)
+        run.done.set()
+        return message
+
+    def keep_all(self, why: str = "") -> list[str]:
+        """`keep` every lock held; a lock no holder took is released with the reason said (never silently)."""
+        lines = []
+        for target in self.held():
+            try:
+                lines.append(self.keep(target, why))
+            except DltopError as e:
+                self.release(target)
+                lines.append(f"{e}: released")
+        return lines
 
     def close(self) -> None:
         """Stop what runs and let go of what is held."""
@@ -265,8 +306,27 @@ def _plan(run: Run, options: Any, others: Mapping[str, int] | None = None) -> Ac
         limit = pc.memlock_error(r.total_bytes)
         if limit:
             allowed, guard = False, limit
+    notes += _holes_notes(run.action, r)
     return ActionPlan(action=run.action, target=run.target, bytes=r.total_bytes, files=r.files, allowed=allowed,
-                      guard=guard, fits_bytes=fits, notes=tuple(notes))
+                      guard=guard, fits_bytes=fits, notes=tuple(notes), apparent_bytes=r.size_bytes)
+
+
+def _holes_notes(action: str, r: Any) -> list[str]:
+    """What holes of sparse files change in a plan's numbers: a lock leaves them out; an evict also drops the
+    zero pages a read of a hole put in the page cache (fincore counts them; they are not data)."""
+    from dltop.actions.pagecache import kernel
+
+    ps = kernel.PAGE_SIZE
+    if action == "lock" and r.total_bytes < r.pages * ps:
+        return [f"Only the data is locked: the holes of sparse files ({human_bytes(r.pages * ps - r.total_bytes)}) "
+                "are never touched."]
+    if action == "evict" and r.data_resident_pages_before is not None:
+        zero = (r.resident_pages_before or 0) - r.data_resident_pages_before
+        if zero > 0:
+            return [f"Of it, {human_bytes(zero * ps)} is zero pages of holes of sparse files (a read of a hole "
+                    f"caches them; fincore counts them) and {human_bytes(r.data_resident_pages_before * ps)} "
+                    "is data."]
+    return []
 
 
 def summary(r: Any) -> str:
@@ -301,7 +361,10 @@ def _run_pagecache(runner: ActionRunner, run: Run, options: Any, flags: Flags, p
     if r.cancelled or flags.dry_run:
         locks.release()  # a cancelled lock keeps nothing half-locked
     else:
-        runner._hold(run.target, locks.bytes, locks.release)
+        from dltop.actions import holder
+
+        label = ", ".join(os.path.abspath(p) for p in run.paths)  # a holder runs from "/"
+        runner._hold(run.target, locks.bytes, locks.release, lambda: holder.keep(locks, label))
     return r
 
 

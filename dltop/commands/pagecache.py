@@ -22,7 +22,7 @@ FILES_BUDGET = 100_000  # file rows in all per PATH: past it, fewer per folder (
 
 
 def _walk_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="+", metavar="PATH", help="dataset files or folders")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="dataset files or folders")
     p.add_argument("-L", "--follow-symlinks", action="store_true", help="follow symbolic links (loops are detected)")
     p.add_argument("--cross-filesystems", action="store_true", help="descend into other mounted filesystems")
     p.add_argument("--ignore", action="append", default=[], metavar="GLOB",
@@ -50,11 +50,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     helps = {
         "warm": "read a dataset into the page cache (chunked WILLNEED, holes left alone)",
         "evict": "drop a dataset from the page cache (dirty pages flushed first)",
-        "lock": "mlock a dataset into memory until Ctrl-C",
+        "lock": "mlock a dataset's data into memory until Ctrl-C (or --detach: until `dltop unlock`)",
     }
     for name, text in helps.items():
         p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         _walk_options(p)
+        if name == "lock":
+            p.set_defaults(lock_paths=True)
+            p.add_argument("--detach", action="store_true",
+                           help="once locked, hand the lock to a small holder process and return (as vmtouch -dl); "
+                                "a hangup (a dropped SSH session) hands it over too")
+            p.add_argument("--list", action="store_true",
+                           help="list the locks held by holder processes (yours; root: everyone's) and exit")
         p.add_argument("--dry-run", action="store_true", help="say what would happen, change nothing")
         if name in ("warm", "lock"):
             # --force (all of it) and --fit (the part that fits) answer the guard's "no" in opposite ways.
@@ -65,6 +72,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    help="when the whole dataset does not fit, warm the part that fits")
         p.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
         p.set_defaults(func=run_action, action=name)
+    p = sub.add_parser("unlock", help="release locks kept by holder processes (dltop lock --detach, q in the TUI)",
+                       description="Release locks kept by holder processes: yours, or anyone's as root.")
+    p.add_argument("which", nargs="*", metavar="PID|PATH", help="a holder's pid or the path it locks")
+    p.add_argument("--all", action="store_true", help="every lock you hold (root: every lock)")
+    p.set_defaults(func=run_unlock)
 
 
 def _options(args: argparse.Namespace, depth: int | None = None) -> Any:
@@ -164,6 +176,10 @@ def run_action(args: argparse.Namespace) -> int:
     lock's hold; a second one of either ends the process at once."""
     from dltop.actions.runner import ActionRunner
 
+    if getattr(args, "list", False):
+        return run_lock_list(args)
+    if not args.paths:
+        raise DltopError(f"{args.action}: give at least one PATH")
     _check_paths(args.paths)
     runner = ActionRunner()
     bar = ProgressBar() if (sys.stderr.isatty() and not args.no_progress and not args.dry_run) else None
@@ -180,8 +196,11 @@ def run_action(args: argparse.Namespace) -> int:
                 raise run.error
             _print_result(args, run.result)
             held = runner.held()
-            if held and not signals:
-                _hold(runner, run.result.files, held, stop)
+            if held and not signals and getattr(args, "detach", False):
+                for line in runner.keep_all():
+                    print(line, file=sys.stderr)
+            elif held and not signals:
+                _hold(runner, run.result.files, held, stop, signals)
             return 128 + signals[0] if signals else 0
         finally:
             runner.close()
@@ -207,7 +226,7 @@ def cancelled_by_signals(runner: Any) -> Iterator[tuple[list[int], threading.Eve
         runner.cancel()
         stop.set()
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield signals, stop
     finally:
@@ -221,18 +240,30 @@ def wait_for(run: Any) -> None:
         pass
 
 
-def _hold(runner: Any, files: int, held: dict[str, int], stop: threading.Event) -> None:
-    """Keep the pages locked until Ctrl-C or SIGTERM (the handler sets `stop`); then unlock."""
+SIGHUP = 1
+
+
+def _hold(runner: Any, files: int, held: dict[str, int], stop: threading.Event, signals: list[int]) -> None:
+    """Keep the pages locked until Ctrl-C or SIGTERM (the handler sets `stop`); then unlock. A hangup (the terminal
+    or the SSH session gone) hands the lock to a holder process instead: nobody is left to ask. Either way it is
+    announced and journalled, and said here while the terminal is still there."""
+    import contextlib
+
     from dltop.fmt import human_bytes, plural
 
+    lines = ["unlocked"]
     try:
         print(f"locked {human_bytes(sum(held.values()))} in {plural(files, 'file')}; Ctrl-C to unlock", file=sys.stderr,
               flush=True)
         while not stop.wait(0.5):
             pass
+        if signals and signals[0] == SIGHUP:
+            lines = runner.keep_all("on hangup")
     finally:
         runner.release_all()
-    print("unlocked", file=sys.stderr)
+    with contextlib.suppress(OSError):
+        for line in lines:
+            print(line, file=sys.stderr)
 
 
 def _done_line(r: Any, resident: str) -> str:
@@ -301,3 +332,62 @@ def _print_result(args: argparse.Namespace, r: Any) -> None:
         print(f"  {p}")
     for n in r.notes:
         print(f"note: {n}")
+
+
+def run_lock_list(args: argparse.Namespace) -> int:
+    """`dltop lock --list`: the locks held by holder processes this user may see (root: everyone's)."""
+    from dltop.actions import holder
+    from dltop.fmt import human_bytes, printable
+
+    mine, others = holder.holders()
+    if args.json:
+        rows = [{"pid": h.pid, "uid": h.uid, "user": h.user, "target": h.target, "locked_bytes": h.locked_bytes}
+                for h in mine]
+        sys.stdout.write(json.dumps({"holders": rows, "other_users_holders": others}) + "\n")
+        return 0
+    if not mine:
+        print("no lock is held by a holder process" + ("" if others else "."))
+    else:
+        print(f"{'PID':>7}  {'USER':<10} {'LOCKED':>10}  TARGET")
+        for h in mine:
+            locked = human_bytes(h.locked_bytes) if h.locked_bytes is not None else "unknown"
+            print(f"{h.pid:>7}  {printable(h.user)[:10]:<10} {locked:>10}  {printable(h.target)}")
+    if others:
+        print(f"{others} more held by other users' holders (only their owner or root sees and unlocks them)")
+    return 0
+
+
+def run_unlock(args: argparse.Namespace) -> int:
+    """`dltop unlock PID|PATH ... | --all`: SIGTERM to the holders named, each checked (owner, start time)."""
+    from dltop.actions import holder
+    from dltop.fmt import printable
+
+    if not args.which and not args.all:
+        raise DltopError("unlock: name a holder's PID or the PATH it locks, or --all (dltop lock --list shows them)")
+    mine, others = holder.holders()
+    chosen = mine if args.all else []
+    for w in args.which:
+        found = [h for h in mine if (w.isdigit() and h.pid == int(w)) or h.target == w
+                 or h.target == os.path.abspath(w)]
+        if not found:
+            theirs = " (another user's holder: only its owner or root may unlock it)" if w.isdigit() and _is_holder(
+                int(w)) else ""
+            raise DltopError(f"unlock: no lock of yours held as {printable(w)}{theirs}; dltop lock --list shows them")
+        chosen += [h for h in found if h not in chosen]
+    if not chosen:
+        print("no lock is held by a holder process")
+        return 0
+    failed = 0
+    for h in chosen:
+        try:
+            print(printable(holder.unlock(h)))
+        except DltopError as e:
+            print(f"dltop: {e}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+def _is_holder(pid: int) -> bool:
+    from dltop.actions import holder
+
+    return holder.holder_at(pid) is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 from dltop.commands.common import check_pid, export_args
 from dltop.config import Settings, settings_from_args
 from dltop.errors import DltopError, UsageError
+from dltop.fmt import printable
 from dltop.sampler import Sampler
 from dltop.sources.registry import build_sources
 
@@ -99,4 +101,7 @@ def _run(app: DltopApp) -> int:
     # A TUI without its terminal is useless: let a hangup end it even when the shell ignored SIGHUP (nohup).
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     app.run()
+    for line in app.session.farewell:  # a lock kept by a holder: where it is and how to release it
+        with contextlib.suppress(OSError):  # the terminal may be gone (a hangup)
+            print(f"dltop: {printable(line)}", file=sys.stderr, flush=True)
     return app.return_code or 0

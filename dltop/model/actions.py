@@ -19,13 +19,14 @@ class ActionPlan:
 
     action: str  # "warm", "evict", "lock"
     target: str
-    bytes: int  # warm: data not resident yet; evict: resident (and hidden) pages; lock: every page
+    bytes: int  # warm: data not resident yet; evict: resident (and hidden) pages; lock: the pages of data
     files: int
     allowed: bool  # the guard's verdict; False: the action is refused as planned
     guard: str = ""  # the guard's verdict in words ("" for an action without a guard)
     fits_bytes: int | None = None  # a refused warm can still bring in this much (the part that fits)
     notes: tuple[str, ...] = ()  # what the user should know before saying yes
     refused_by: str = ""  # a refused clear: the rule that refused it ("system folder", "home", ...)
+    apparent_bytes: int | None = None  # warm, evict, lock: the files' apparent size (holes of sparse files in it)
 
     @property
     def can_fit(self) -> bool:

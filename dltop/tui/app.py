@@ -28,7 +28,7 @@ from dltop.timeline import Feed, LiveEvent, Recorded
 from dltop.tui import messages as msgs
 from dltop.tui.outside import watch_outside
 from dltop.tui.panes.base import Pane
-from dltop.tui.screens.confirm import ConfirmScreen, plan_dialog
+from dltop.tui.screens.confirm import ConfirmScreen, KeepLocksScreen, plan_dialog
 from dltop.tui.screens.main import MainScreen
 
 LEAVE_WITHIN_S = 3.0  # after a kill or a hangup, at most this long before the process is gone
@@ -150,10 +150,28 @@ class DltopApp(App[None]):
         if self.session.feed is not None:
             self.session.feed.close()
 
+    async def action_quit(self) -> None:
+        """q and Ctrl-C: with a lock held, ask first whether a holder keeps it or it is released."""
+        held = self.session.held_locks()
+        if not held:
+            self.exit()
+            return
+
+        def answer(choice: str | None) -> None:
+            if choice == "release":
+                self.session.release_locks()
+            if choice == "release" or (choice == "keep" and self.session.keep_locks()):
+                self.exit()
+
+        if not isinstance(self.screen, KeepLocksScreen):
+            self.push_screen(KeepLocksScreen(held), answer)
+
     def _leave(self, code: int) -> None:
-        """Exit as q does; if restoring a terminal that hung up wedges the shutdown, end the process anyway."""
+        """Exit as q does, a held lock kept by a holder (nobody is left to ask); if restoring a terminal that hung
+        up wedges the shutdown, end the process anyway."""
         self.exit(return_code=code)
-        self.session.runner.close()  # unlock now: the watchdog's os._exit would skip on_unmount
+        self.session.keep_locks("on hangup" if code == 129 else "on SIGTERM")
+        self.session.runner.close()  # what no holder took is released: the watchdog's os._exit skips on_unmount
         watchdog = threading.Timer(LEAVE_WITHIN_S, os._exit, (code,))
         watchdog.daemon = True
         watchdog.start()

@@ -78,9 +78,48 @@ def plan_dialog(plan: ActionPlan, verb: str | None = None) -> tuple[str, str, st
         body = (f"Drop {size} of {plan.target} from the page cache (dirty pages are written first).\n"
                 f"The next read of these files comes from disk.{notes}")
         return f"Evict {size}?", body, verb
-    body = f"mlock {size} of {plan.target} until you press l again.{guard}{notes}"
+    apparent = f" (apparent size {human_bytes(plan.apparent_bytes)})" if plan.apparent_bytes is not None else ""
+    body = (f"mlock {size} of data of {plan.target}{apparent} until you press l again; "
+            f"q asks whether to keep it held after dltop.{guard}{notes}")
     if plan.allowed:
         return f"Lock {size}?", body, verb
     # Locked pages really leave memory: a refusal here is final in the TUI (`dltop lock --force` exists for
     # whoever must), never one key away.
     return f"Lock {size}: refused", body, None
+
+
+class KeepLocksScreen(ModalScreen[str | None]):
+    """q with a lock held: keep it in a detached holder ("keep"), release it ("release"), or stay (None)."""
+
+    BINDINGS = [
+        Binding("k", "answer('keep')", "Keep", id="keeplocks.keep"),
+        Binding("r", "answer('release')", "Release", id="keeplocks.release"),
+        Binding("n,escape", "answer(None)", "Stay", id="keeplocks.stay"),
+    ]
+
+    def __init__(self, held: dict[str, int]) -> None:
+        super().__init__()
+        self._held = held
+
+    def compose(self) -> ComposeResult:
+        total = human_bytes(sum(self._held.values()))
+        what = "\n".join(f"  {human_bytes(n)}  {t}" for t, n in self._held.items())
+        body = (f"Locked in memory now:\n{what}\n"
+                "Keep: a small holder process keeps it locked after dltop quits (dltop lock --list shows it, "
+                "dltop unlock releases it). Release: unlock it now. Esc: stay in dltop.")
+        with Vertical(id="confirm-dialog"):
+            yield Static(plain(f"Quit with {total} locked?"), id="confirm-title")
+            yield Static(plain(body), id="confirm-body")
+            with Horizontal(id="confirm-buttons"):
+                yield Button("Keep locked (k)", variant="primary", id="keeplocks-keep")
+                yield Button("Release (r)", variant="error", id="keeplocks-release")
+                yield Button("Stay (Esc)", id="keeplocks-stay")
+
+    def on_mount(self) -> None:
+        self.query_one("#keeplocks-stay", Button).focus()  # Enter by accident neither quits nor unlocks
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss({"keeplocks-keep": "keep", "keeplocks-release": "release"}.get(event.button.id or ""))
+
+    def action_answer(self, choice: str | None) -> None:
+        self.dismiss(choice)
