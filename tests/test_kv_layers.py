@@ -166,10 +166,11 @@ def test_dltop_kv_shows_each_layer_group(tmp_path: Path) -> None:
     r = dltop(*args)
     assert r.returncode == 0, r.stderr
     assert f"\nper token    {MIMO_PER_TOKEN:,} B = the sum over 2 layer groups (without windows):\n" \
-           "    9 full    all tokens       4 KV heads × (K 192 + V 128) × 2 B = 2,560 B; 754,974,720 B of the " \
-           "sequence (layers 0, 5, 11, 17, 23, 29, 35, 41, 47)\n" \
-           "   39 sliding ≤ 128 tokens     8 KV heads × (K 192 + V 128) × 2 B = 5,120 B; 25,559,040 B of the " \
-           "sequence (layers 1-4, 6-10, " in r.stdout, r.stdout
+           "    9 full, all tokens: 4 KV heads × (K 192 + V 128) × 2 B = 2,560 B\n" \
+           "      754,974,720 B of the sequence; layers 0, 5, 11, 17, 23, 29, 35, 41, 47\n" \
+           "   39 sliding, each ≤ 128 tokens: 8 KV heads × (K 192 + V 128) × 2 B = 5,120 B\n" \
+           "      25,559,040 B of the sequence; layers 1-4, 6-10, 12-16, 18-22, 24-28,\n" \
+           "      30-34, 36-40, 42-46\n" in r.stdout, r.stdout
     assert "\nnote         attention_chunk_size 128 does not apply: no layer is a chunked_attention layer" in r.stdout
     assert "\ncheck        not cross-checked with transformers: not asked (--defaults table)" in r.stdout
     d = json.loads(dltop(*args, "--json").stdout)

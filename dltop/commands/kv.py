@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -290,10 +291,11 @@ def _shape_lines(shape: kv.KvShape, d: dict[str, Any]) -> list[str]:
         return [f"per token    {d['bytes_per_token']:,} B = {shape.layers} layers × {_formula(shape, first)}"]
     lines = [f"per token    {d['bytes_per_token']:,} B = the sum over {len(groups)} layer groups (without windows):"]
     for (g, _), gd in zip(shape.groups(), groups, strict=True):
-        keeps = "all tokens" if g.window is None else f"≤ {g.window:,} tokens"
-        lines.append(f"  {gd['count']:>3} {g.kind:<7} {keeps:<16} {_formula(shape, g)} = "
-                     f"{gd['bytes_per_token_per_layer']:,} B; {gd['bytes_per_sequence']:,} B of the sequence "
-                     f"(layers {kv.layer_ranges(gd['layers'])})")
+        keeps = "" if g.kind == "shared" else ", all tokens" if g.window is None else f", each ≤ {g.window:,} tokens"
+        lines.append(f"  {gd['count']:>3} {g.kind}{keeps}: {_formula(shape, g)} = {gd['bytes_per_token_per_layer']:,} B")
+        lines += textwrap.wrap(f"{gd['bytes_per_sequence']:,} B of the sequence; layers "
+                               f"{kv.layer_ranges(gd['layers'])}", 80, initial_indent=" " * 6,
+                               subsequent_indent=" " * 6)
     return lines
 
 
@@ -350,7 +352,7 @@ def _check_lines(c: dict[str, Any]) -> list[str]:
     if "unavailable" in c:
         return [f"check        not cross-checked with transformers: {printable(c['unavailable'])}"]
     if c["agrees"]:
-        lines = [f"check        {printable(c['source'])} gives every layer the same KV heads, head dims and window"]
+        lines = [f"check        {printable(c['source'])} agrees on every layer"]
     else:
         lines = [f"check        {printable(c['source'])} differs on {printable(d)}" for d in c["differences"]]
     return lines + [f"check        {printable(n)}" for n in c["notes"]]
