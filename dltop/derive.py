@@ -195,10 +195,21 @@ def gpu_rates(prev: Snapshot | None, cur: Snapshot) -> list[GpuRates]:
     if prev is not None and isinstance(prev.gpus, tuple):
         before = {(g.index, g.uuid): g for g in prev.gpus}
         dt = cur.ts - prev.ts
-    return [GpuRates(g.index, g.uuid, _pcie_rate(before.get((g.index, g.uuid)), g, "tx", dt),
-                     _pcie_rate(before.get((g.index, g.uuid)), g, "rx", dt),
-                     _counter_rate(before.get((g.index, g.uuid)), g, "nvlink_tx_bytes_total", dt),
-                     _counter_rate(before.get((g.index, g.uuid)), g, "nvlink_rx_bytes_total", dt)) for g in cur.gpus]
+    out = []
+    for g in cur.gpus:
+        p = before.get((g.index, g.uuid))
+        pcie_dt, link_dt = _span(p, g, "pcie_counters_at", dt), _span(p, g, "nvlink_counters_at", dt)
+        out.append(GpuRates(g.index, g.uuid, _pcie_rate(p, g, "tx", pcie_dt), _pcie_rate(p, g, "rx", pcie_dt),
+                            _counter_rate(p, g, "nvlink_tx_bytes_total", link_dt),
+                            _counter_rate(p, g, "nvlink_rx_bytes_total", link_dt)))
+    return out
+
+
+def _span(p: GpuDevice | None, g: GpuDevice, at: str, dt: float) -> float:
+    """The interval two counter readings really span: between the times NVML stamped them where both have one,
+    else between the two Snapshots."""
+    then, now = (None if p is None else getattr(p, at)), getattr(g, at)
+    return now - then if then is not None and now is not None else dt
 
 
 def _counter_rate(p: GpuDevice | None, g: GpuDevice, total: str, dt: float) -> float | Unavailable:

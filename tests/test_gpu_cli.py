@@ -140,3 +140,28 @@ def test_a_recording_lists_the_processes_of_the_moment_asked(
     assert "Traceback" not in before.stderr and len(before.stderr.strip().splitlines()) == 1
     alone = _dltop_rc("-t", "10m ago")
     assert alone.returncode != 0 and "needs --recording" in alone.stderr and "Traceback" not in alone.stderr
+
+
+def test_cpu_percent_is_over_a_second_as_top_s(machine: tuple[str, dict[str, Any], dict[str, int]],
+                                               monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+                                               ) -> None:
+    """The two reads are a second apart (CPU time counts in 10 ms ticks: 1% steps, not 2% over half a second),
+    and the CPU % of each real process is known."""
+    import time as real_time
+
+    from dltop.cli import main
+
+    path, _, _ = machine
+    slept: list[float] = []
+    wait = real_time.sleep  # the time module's own: the patch below replaces it everywhere
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        wait(s)
+
+    monkeypatch.setenv("DLTOP_FAKE_NVML", path)
+    monkeypatch.setattr("dltop.commands.gpu.time.sleep", sleep)
+    assert main(["gpu", "--json"]) in (0, None)
+    assert slept == [1.0]
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows and all(r["process"]["cpu_percent"] is not None for r in rows)

@@ -24,7 +24,7 @@ class Counting(FakeBackend):
         self.counter_calls = 0
         self.throughput_calls = 0
 
-    def pcie_bytes(self, h: Any) -> tuple[int, int]:
+    def pcie_bytes(self, h: Any) -> tuple[int, int, float | None]:
         self.counter_calls += 1
         return super().pcie_bytes(h)
 
@@ -135,7 +135,7 @@ def test_pynvml_backend_reads_the_field_values(specs: Any, want: Any) -> None:
     backend = PynvmlBackend()
     backend.nv = types.SimpleNamespace(**{**vars(pynvml), "nvmlDeviceGetFieldValues": get_field_values})
     if isinstance(want, tuple):
-        assert backend.pcie_bytes(None) == want
+        assert backend.pcie_bytes(None) == (*want, None)
     else:
         with pytest.raises(pynvml.NVMLError) as e:
             backend.pcie_bytes(None)
@@ -148,3 +148,42 @@ def test_scenario_counters_must_be_numbers() -> None:
     s["gpus"][0]["pcie_bytes"] = {"tx": "lots", "rx": 1}
     with pytest.raises(ValueError, match=r"gpus\[0\]\.pcie_bytes\.tx"):
         FakeBackend(s)
+
+
+def test_a_rate_is_over_the_interval_the_counters_span_not_the_ticks() -> None:
+    """The double's counters grow at a known rate by its clock; the GPUs are read 1.013 s apart while the
+    Snapshots say 1.0 s (the tick's start; reading the GPUs' other fields first moves the counters' read): the
+    rate is the counters' own, not 1.3% above it."""
+    s = scenario("8gpu-20proc")
+    for g in s["gpus"]:
+        g["pcie_bytes"].update(tx_per_s=3_000_000_000, rx_per_s=25_000_000_000)
+        g["nvlink_kib"] = {"tx": 1, "rx": 2, "tx_per_s": 100_000_000, "rx_per_s": 200_000_000}
+    clock = [1_714_000_000.0]
+    backend = FakeBackend(s)
+    backend.clock = lambda: clock[0]
+    reader = GpuReader(lambda: backend)
+    first = Snapshot(ts=100.0, host="h", gpus=reader.read())  # type: ignore[arg-type]
+    clock[0] += 1.013
+    second = Snapshot(ts=101.0, host="h", gpus=reader.read())  # type: ignore[arg-type]
+    for r in gpu_rates(first, second):
+        assert r.pcie_tx_bytes_per_s == pytest.approx(3e9, rel=1e-6)
+        assert r.pcie_rx_bytes_per_s == pytest.approx(25e9, rel=1e-6)
+        assert r.nvlink_tx_bytes_per_s == pytest.approx(100e6 * 1024, rel=1e-6)
+        assert r.nvlink_rx_bytes_per_s == pytest.approx(200e6 * 1024, rel=1e-6)
+    # without the stamps (a recording made before them), the Snapshots' interval, as before
+    def bare(snap: Snapshot) -> Snapshot:
+        return Snapshot(ts=snap.ts, host="h", gpus=tuple(
+            GpuDevice(**{**vars(g), "pcie_counters_at": None, "nvlink_counters_at": None})
+            for g in snap.gpus))  # type: ignore[union-attr]
+
+    r = gpu_rates(bare(first), bare(second))[0]
+    assert r.pcie_tx_bytes_per_s == pytest.approx(3e9 * 1.013, rel=1e-6)
+
+
+def test_field_time_is_nvml_s_stamp_in_seconds() -> None:
+    from dltop.sources.gpu import field_time
+
+    arr = _fields((0, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 1), (0, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 2))
+    assert field_time(arr) is None  # no stamp given
+    arr[0].timestamp, arr[1].timestamp = 1_714_000_000_250_000, 1_714_000_000_250_100
+    assert field_time(arr) == pytest.approx(1_714_000_000.2501)

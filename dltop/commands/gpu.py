@@ -11,9 +11,11 @@ from typing import Any
 
 from dltop.model.gpu_query import SORTS, ProcessQuery
 
+CPU_INTERVAL_S = 1.0  # between the two reads: a CPU % over a second, as top shows it
+
 DESCRIPTION = ("The processes on the GPUs with their user, command, GPU memory, SM %, CPU %, host RSS and running "
                "time, as the GPU tab lists them: filtered by text, sorted by a column, grouped under their "
-               "launcher. Read twice, half a second apart, so CPU % is known; or, with --recording, as they were "
+               "launcher. Read twice, a second apart, so CPU % is known (over a second, as top does); or, with --recording, as they were "
                "at a moment of a recording (the last sample unless -t says when).")
 
 
@@ -44,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
     from dltop.config import settings_from_args
     from dltop.model.base import Unavailable, to_dict
     from dltop.sources.gpu import source
-    from dltop.sources.gpu_procs import MIN_INTERVAL_S
     from dltop.text.gpu import process_table
 
     query = ProcessQuery(filter=args.filter, sort=args.sort, reverse=args.reverse, tree=args.tree)
@@ -56,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
         src = source(settings_from_args(args))
         try:
             src.read()
-            time.sleep(MIN_INTERVAL_S)  # a CPU % is the CPU time between two reads over the time between them
+            # a CPU % is the CPU time between two reads over the time between them: over a second, as top's, in 1%
+            # steps (CPU time counts in 10 ms ticks: over half a second a step was 2%)
+            time.sleep(CPU_INTERVAL_S)
             part = src.read()
         finally:
             if src.close is not None:

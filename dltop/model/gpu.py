@@ -153,6 +153,9 @@ class GpuDevice:
     pcie_rx_bytes_total: int | None = None
     pcie_tx_bytes_per_s: int | None = None
     pcie_rx_bytes_per_s: int | None = None
+    # When NVML read the byte counters (their field values' timestamp, epoch seconds): a rate is over the interval
+    # between two of these, the one the counters really span (None: not given; the Snapshots' times are used)
+    pcie_counters_at: float | None = None
     # ECC error counts: volatile since the driver loaded, aggregate over the GPU's life (read once a minute)
     ecc_corrected_volatile: int | None = None
     ecc_corrected_aggregate: int | None = None
@@ -162,6 +165,7 @@ class GpuDevice:
     # needs two Snapshots (`dltop.derive.gpu_rates`). Not Supported on a GPU without NVLink.
     nvlink_tx_bytes_total: int | None = None
     nvlink_rx_bytes_total: int | None = None
+    nvlink_counters_at: float | None = None  # as pcie_counters_at, for the NVLink counters
     retired_pages_sbe: int | None = None  # pages retired for repeated single-bit errors
     retired_pages_dbe: int | None = None  # pages retired for a double-bit error
     retired_pages_pending: bool | None = None  # a retirement waits for the next reboot

@@ -49,7 +49,7 @@ FIRST_UTIL = "a process's GPU activity needs two readings of amdsmi's engine tim
 NOT_ON_AMD = ("mig_mode", "pcie_source", "pcie_tx_bytes_total", "pcie_rx_bytes_total", "pcie_tx_bytes_per_s",
               "pcie_rx_bytes_per_s", "fan_speed_percent", "pstate", "clocks_event_reasons", "throttle_reasons",
               "encoder_util_percent", "decoder_util_percent", "nvlink_tx_bytes_total", "nvlink_rx_bytes_total",
-              "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending")
+              "pcie_counters_at", "nvlink_counters_at", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending")
 SLOW_READ_S = 60.0  # the power limit and ECC counts: once a minute, as for NVML
 MIB = 1 << 20
 UNPROBED = unprobed_split()  # one shared (frozen) value, as the NVML reader's

@@ -80,7 +80,7 @@ class NvmlBackend(Protocol):
     def power_mw(self, h: Any) -> int: ...
     def power_limit_mw(self, h: Any) -> int: ...
     def clock_mhz(self, h: Any, clock: Literal["sm", "mem"]) -> int: ...
-    def pcie_bytes(self, h: Any) -> tuple[int, int]: ...
+    def pcie_bytes(self, h: Any) -> tuple[int, int, float | None]: ...
     def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int: ...
     def ecc_uncorrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int: ...
     def ecc_corrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int: ...
@@ -88,7 +88,7 @@ class NvmlBackend(Protocol):
     def performance_state(self, h: Any) -> int: ...
     def clocks_event_reasons(self, h: Any) -> int: ...
     def codec_utilization(self, h: Any, unit: Literal["encoder", "decoder"]) -> int: ...
-    def nvlink_kib(self, h: Any) -> tuple[int, int]: ...
+    def nvlink_kib(self, h: Any) -> tuple[int, int, float | None]: ...
     def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int: ...
     def retired_pages_pending(self, h: Any) -> bool: ...
     def mig_mode(self, h: Any) -> bool: ...
@@ -100,6 +100,15 @@ class NvmlBackend(Protocol):
 
 
 # -- the real backend -------------------------------------------------------------------------------------------
+
+
+def field_time(fields: Any) -> float | None:
+    """When NVML read a set of field values (nvmlFieldValue_t.timestamp: the CPU time in microseconds since the
+    epoch), in epoch seconds: a rate's interval is between these, not between two ticks (the Snapshot's time is
+    the tick's start, and reading 8 GPUs' other fields first moves the counters' read by a varying few ms). None
+    where NVML gave none."""
+    stamps = [int(getattr(f, "timestamp", 0) or 0) for f in fields]
+    return max(stamps) / 1e6 if stamps and min(stamps) > 0 else None
 
 
 class PynvmlBackend:
@@ -159,10 +168,11 @@ class PynvmlBackend:
         kind = self.nv.NVML_CLOCK_SM if clock == "sm" else self.nv.NVML_CLOCK_MEM
         return int(self.nv.nvmlDeviceGetClockInfo(h, kind))
 
-    def pcie_bytes(self, h: Any) -> tuple[int, int]:
-        """(tx, rx): the cumulative PCIe byte counters, one nvmlDeviceGetFieldValues call for both. Each field
-        has its own return code; a counter narrower than 64 bits is refused as Not Supported (at PCIe speeds a
-        32-bit byte counter wraps several times a second, so no rate from it would be true)."""
+    def pcie_bytes(self, h: Any) -> tuple[int, int, float | None]:
+        """(tx, rx, when): the cumulative PCIe byte counters, one nvmlDeviceGetFieldValues call for both, and the
+        time NVML stamped them (`field_time`). Each field has its own return code; a counter narrower than 64 bits
+        is refused as Not Supported (at PCIe speeds a 32-bit byte counter wraps several times a second, so no rate
+        from it would be true)."""
         nv = self.nv
         fields = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES])
         out = []
@@ -172,7 +182,7 @@ class PynvmlBackend:
             if f.valueType != nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
                 raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
             out.append(int(f.value.ullVal))
-        return out[0], out[1]
+        return out[0], out[1], field_time(fields)
 
     def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int:
         counter = self.nv.NVML_PCIE_UTIL_TX_BYTES if direction == "tx" else self.nv.NVML_PCIE_UTIL_RX_BYTES
@@ -203,8 +213,9 @@ class PynvmlBackend:
         call = self.nv.nvmlDeviceGetEncoderUtilization if unit == "encoder" else self.nv.nvmlDeviceGetDecoderUtilization
         return int(call(h)[0])  # [percent, sampling period in us]
 
-    def nvlink_kib(self, h: Any) -> tuple[int, int]:
-        """(tx, rx) NVLink data KiB summed over all links (scope UINT_MAX), one field call for both."""
+    def nvlink_kib(self, h: Any) -> tuple[int, int, float | None]:
+        """(tx, rx, when) NVLink data KiB summed over all links (scope UINT_MAX), one field call for both, and the
+        time NVML stamped them."""
         nv = self.nv
         fields = nv.nvmlDeviceGetFieldValues(h, [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, UINT_NOT_AVAILABLE),
                                                  (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, UINT_NOT_AVAILABLE)])
@@ -213,7 +224,7 @@ class PynvmlBackend:
             if f.nvmlReturn != nv.NVML_SUCCESS:
                 raise nv.NVMLError(f.nvmlReturn)
             out.append(int(f.value.ullVal))
-        return out[0], out[1]
+        return out[0], out[1], field_time(fields)
 
     def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int:
         c = (self.nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS if cause == "sbe"
@@ -295,6 +306,7 @@ class FakeBackend:
         self.missing = set(self.s.get("missing_functions", ()))
         self.initialized = False
         self.clock: Callable[[], float] = time.time  # the driver's clock, for samples taken every period
+        self.t0: float | None = None  # the driver's clock at the first counter read (counters grow from there)
 
     @classmethod
     def from_file(cls, path: str) -> FakeBackend:
@@ -377,9 +389,21 @@ class FakeBackend:
     def clock_mhz(self, h: Any, clock: Literal["sm", "mem"]) -> int:
         return int(self._value(self._get(h, "clocks_mhz", "nvmlDeviceGetClockInfo")[clock]))
 
-    def pcie_bytes(self, h: Any) -> tuple[int, int]:
-        c = self._get(h, "pcie_bytes", "nvmlDeviceGetFieldValues")
-        return int(self._value(c["tx"])), int(self._value(c["rx"]))
+    def _counters(self, c: dict[str, Any]) -> tuple[int, int, float | None]:
+        """A pair of cumulative counters as read now. Where the scenario gives them a rate (`tx_per_s`,
+        `rx_per_s`), each grows at it from the fake's first read on, by the driver's clock, which stamps the
+        reading as NVML does; counters without a rate are as written (a test moves them) and carry no stamp."""
+        tx, rx = int(self._value(c["tx"])), int(self._value(c["rx"]))
+        if "tx_per_s" not in c and "rx_per_s" not in c:
+            return tx, rx, None
+        now = self.clock()
+        if self.t0 is None:
+            self.t0 = now
+        return (tx + round(c.get("tx_per_s", 0) * (now - self.t0)), rx + round(c.get("rx_per_s", 0) * (now - self.t0)),
+                now)
+
+    def pcie_bytes(self, h: Any) -> tuple[int, int, float | None]:
+        return self._counters(self._get(h, "pcie_bytes", "nvmlDeviceGetFieldValues"))
 
     def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int:
         return int(self._value(self._get(h, "pcie_kb_per_s", "nvmlDeviceGetPcieThroughput")[direction]))
@@ -406,9 +430,8 @@ class FakeBackend:
         name = "Encoder" if unit == "encoder" else "Decoder"
         return int(self._get(h, f"{unit}_util_percent", f"nvmlDeviceGet{name}Utilization"))
 
-    def nvlink_kib(self, h: Any) -> tuple[int, int]:
-        c = self._get(h, "nvlink_kib", "nvmlDeviceGetFieldValues")
-        return int(self._value(c["tx"])), int(self._value(c["rx"]))
+    def nvlink_kib(self, h: Any) -> tuple[int, int, float | None]:
+        return self._counters(self._get(h, "nvlink_kib", "nvmlDeviceGetFieldValues"))
 
     def retired_pages_pending(self, h: Any) -> bool:
         return bool(self._value(self._get(h, "retired_pages", "nvmlDeviceGetRetiredPagesPendingStatus")["pending"]))
@@ -543,7 +566,8 @@ def _check_device(g: Any, where: str) -> None:
             raise ScenarioError(f"{where}.{k}: expected a non-negative integer")
     for k, keys in _DEVICE_SHAPES.items():
         if k in g:
-            _check_numbers(g[k], keys, f"{where}.{k}")
+            _check_numbers(g[k], keys, f"{where}.{k}",
+                           optional=("tx_per_s", "rx_per_s") if k in ("pcie_bytes", "nvlink_kib") else ())
     for k in ("compute_processes", "graphics_processes"):
         if k in g:
             _check_processes(g[k], f"{where}.{k}")
@@ -636,7 +660,9 @@ def _error_texts(nv: Any) -> tuple[dict[int, str], dict[int, str]]:
 
 NO_PROCESS_MEMORY = ("NVML gives no per-process memory here (NVML_VALUE_NOT_AVAILABLE): MIG without admin rights, "
                      "WSL, or a container")
-PCIE_FIELDS = ("pcie_tx_bytes_total", "pcie_rx_bytes_total", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
+PCIE_FIELDS = ("pcie_tx_bytes_total", "pcie_rx_bytes_total", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
+               "pcie_counters_at")
+NO_FIELD_TIME = "NVML gave no timestamp with the counters: a rate is over the Snapshots' interval"
 PCIE_RATE_FROM_COUNTERS = ("from the PCIe byte counters (pcie_*_bytes_total): a rate needs two readings "
                            "(dltop.derive.gpu_rates)")
 SLOW_READ_S = 60.0  # the power limit, aggregate ECC counts and retired pages: read once a minute, not each tick
@@ -885,8 +911,12 @@ class GpuReader:
         """NVLink's byte counters, ECC error counts and retired pages (the aggregate ones read once a minute)."""
         if (kib := ask("nvlink_tx_bytes_total", b.nvlink_kib, h)) is not None:
             values["nvlink_tx_bytes_total"], values["nvlink_rx_bytes_total"] = kib[0] * 1024, kib[1] * 1024
+            if kib[2] is not None:
+                values["nvlink_counters_at"] = kib[2]
+            else:
+                missing["nvlink_counters_at"] = NO_FIELD_TIME
         else:
-            missing["nvlink_rx_bytes_total"] = missing["nvlink_tx_bytes_total"]
+            missing["nvlink_rx_bytes_total"] = missing["nvlink_counters_at"] = missing["nvlink_tx_bytes_total"]
         ask("ecc_corrected_volatile", b.ecc_corrected, h, "volatile")
         ask("ecc_uncorrected_volatile", b.ecc_uncorrected, h, "volatile")
         slow("ecc_corrected_aggregate", b.ecc_corrected, h, "aggregate")
@@ -945,7 +975,7 @@ class GpuReader:
         no_counters = self._pcie_no_counters.get(index)
         if no_counters is None:
             try:
-                tx, rx = b.pcie_bytes(h)
+                tx, rx, at = b.pcie_bytes(h)
             except nv.NVMLError as e:
                 if e.value == nv.NVML_ERROR_GPU_IS_LOST:
                     raise _Lost(explain(e, nv)) from None
@@ -958,10 +988,14 @@ class GpuReader:
                     f"{explain(e, nv)}; the rate is nvmlDeviceGetPcieThroughput's")
             else:
                 values.update(pcie_source="byte_counters", pcie_tx_bytes_total=tx, pcie_rx_bytes_total=rx)
+                if at is not None:
+                    values["pcie_counters_at"] = at
+                else:
+                    missing["pcie_counters_at"] = NO_FIELD_TIME
                 missing.update(pcie_tx_bytes_per_s=PCIE_RATE_FROM_COUNTERS, pcie_rx_bytes_per_s=PCIE_RATE_FROM_COUNTERS)
                 return
         values["pcie_source"] = "throughput"
-        missing.update(pcie_tx_bytes_total=no_counters, pcie_rx_bytes_total=no_counters)
+        missing.update(pcie_tx_bytes_total=no_counters, pcie_rx_bytes_total=no_counters, pcie_counters_at=no_counters)
         for direction in ("tx", "rx"):
             kb = ask(f"pcie_{direction}_bytes_per_s", b.pcie_kb_per_s, h, direction)
             if kb is not None:
