@@ -474,3 +474,20 @@ time.sleep(60)
             assert rate_text(e.samples_per_s) in row and f"{e.loss:.4g}" in row
         assert "throughput, loss: not given" not in "\n".join(lines)
         _fits(app)
+
+
+async def test_a_job_that_appears_after_the_tab_opened_gets_the_keys() -> None:
+    """The tab opened before any probe published (its body takes the keys, with nothing to scroll); when the job
+    appears, its epoch table scrolls on its own and takes them: arrows work without Tab pressed two or three
+    times first (issue 36, item 4)."""
+    snaps = _session()
+    empty = dataclasses.replace(snaps[-2], probes=dataclasses.replace(snaps[-1].probes, processes=()))
+    app = DltopApp(ListFeed([empty]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _open(pilot)
+        assert app.focused is not None and app.focused.id == "tr-scroll"
+        app.session.apply(snaps[-1])
+        app.show()
+        await pilot.pause()
+        assert app.query_one("#pane-training").has_class("-one-job")
+        assert app.focused is not None and app.focused.id == "tr-epochs"

@@ -562,6 +562,15 @@ class TrainingPane(Pane):
             self.focus_default()
         self.refresh_bindings()
 
+    def _keys_follow(self) -> None:
+        """The tab changed between one job (its epoch table scrolls) and several (the whole tab scrolls): the keys
+        go to the part that scrolls now, where they were on the other (a job that appeared after the tab opened
+        left them on a part that no longer scrolls: arrows did nothing until Tab was pressed two or three
+        times). The notes, opened with n, keep them."""
+        focused = self.screen.focused if self.is_attached else None
+        if focused is not None and focused.id in ("tr-scroll", "tr-epochs") and self in focused.ancestors:
+            self.focus_default()
+
     def focus_default(self) -> None:
         if self.has_class("-one-job"):
             self.query_one("#tr-epochs", EpochScroll).focus()
@@ -625,6 +634,7 @@ class TrainingPane(Pane):
             one_job = self._render_jobs(body, part, view, width)
         if self.has_class("-one-job") != (one_job is not None):
             self.set_class(one_job is not None, "-one-job")
+            self._keys_follow()
             self.refresh_bindings()
         if one_job is not None:
             self._render_epochs(*one_job, view.history, width)
