@@ -63,7 +63,9 @@ def openmetrics(nodes: int, gpus: int, end: int) -> str:
             ds = {**node, "dataset": d}
             add("dltop_dataset_up", ds, 1.0)
             add("dltop_dataset_size_bytes", ds, float(size))
-            add("dltop_dataset_resident_bytes", ds, float(size * ((n * 37) % 101) // 100 // 4096 * 4096))
+            resident = size * ((n * 37) % 101) // 100 // 4096 * 4096  # whole pages of a dataset of big files
+            add("dltop_dataset_resident_bytes", ds, float(resident))
+            add("dltop_dataset_resident_ratio", ds, resident / size)
         for g in range(gpus):
             gl = {**node, "gpu": str(g), "uuid": f"GPU-{n:04d}-{g}"}
             add("dltop_gpu_up", gl, 0.0 if (n, g) == (3, 5) else 1.0)
