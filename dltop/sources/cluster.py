@@ -571,12 +571,7 @@ class _Reading:
         self.notes = _Notes()
         self.up: dict[Key, dict[str, str]] = {}
         self.up_value: dict[Key, str] = {}
-        dltop_jobs = set(jobs)
-        for labels, v in _series(answers["up"], self.notes, "up"):
-            # the targets of the jobs that serve dltop's metrics: a node down since before any lookback is one
-            if labels.get("__name__", "up") == "up" and labels.get("job", "") in dltop_jobs:
-                key = (labels.get("job", ""), labels["instance"])
-                self.up[key], self.up_value[key] = labels, v
+        self._targets(set(jobs))
         self.seen = self._seen()
         listed = sorted(self.up.keys() | self.seen.keys())  # and the nodes no longer scraped that served lately
         self.fields: dict[Key, dict[str, Any]] = {k: {} for k in listed[:MAX_NODES]}
@@ -588,6 +583,14 @@ class _Reading:
         self.hints: dict[Key, list[ClusterHint]] = {k: [] for k in self.fields}
         self.servers: dict[Key, dict[str, dict[str, Any]]] = {k: {} for k in self.fields}
         self.down_sources: dict[Key, list[str]] = {k: [] for k in self.fields}
+
+    def _targets(self, jobs: set[str]) -> None:
+        """The targets in `up` of the jobs that serve dltop's metrics, each with its labels and up value: a node down
+        since before any lookback is one of them."""
+        for labels, v in _series(self.answers["up"], self.notes, "up"):
+            if labels.get("__name__", "up") == "up" and labels.get("job", "") in jobs:
+                key = (labels.get("job", ""), labels["instance"])
+                self.up[key], self.up_value[key] = labels, v
 
     def _seen(self) -> dict[Key, float]:
         """Each node that served dltop's metrics within LOOKBACK, and when it last did."""
