@@ -161,6 +161,9 @@ DATASET_RESIDENT = _field("datasets", "dataset_resident_bytes", "gauge", "bytes"
                           DATASET)
 DATASET_RATIO = _field("datasets", "dataset_resident_ratio", "gauge", "ratio",
                        "Resident share of the dataset's data whose residency the kernel shows", DATASET)
+DATASET_CACHED = _field("datasets", "dataset_cached_bytes", "gauge", "bytes",
+                        "Page cache the dataset's files hold, zero pages of sparse files' holes included (fincore's RES); "
+                        "above resident_bytes only where a read of a hole cached them", DATASET)
 DATASET_DIRTY = _field("datasets", "dataset_dirty_bytes", "gauge", "bytes",
                        "Dirty page cache of the dataset's files", DATASET)
 DATASET_UNKNOWN = _field("datasets", "dataset_unknown_bytes", "gauge", "bytes",
@@ -504,6 +507,7 @@ def _datasets(part: DatasetsPart) -> Iterator[Sample]:
         yield DATASET_RESIDENT, labels, float(ds.data_resident_pages * ps)
         if (frac := ds.resident_fraction) is not None:
             yield DATASET_RATIO, labels, frac
+        yield DATASET_CACHED, labels, float(ds.resident_pages * ps)
         yield DATASET_DIRTY, labels, float(ds.dirty_pages * ps)
         yield DATASET_UNKNOWN, labels, float(ds.data_unknown_pages * ps)
         if ds.method == "cachestat":  # mincore cannot see evicted pages: no number rather than a false 0

@@ -262,3 +262,19 @@ async def test_q_with_a_lock_held_asks_to_keep_it_or_release_it(tmp_path: Path, 
     assert [h.locked_bytes for h in ours] == [MIB]
     assert app.session.farewell and f"lock holder pid {ours[0].pid}" in app.session.farewell[0]
     holder.unlock(ours[0])
+
+
+def test_the_exporter_says_the_data_and_the_page_cache_apart(tmp_path: Path) -> None:
+    # One meaning of residency: resident_bytes and resident_ratio are the data's (holes left out); the page cache
+    # the files hold, zero pages of holes a read cached included, is cached_bytes and equals fincore.
+    from dltop import fields
+    from dltop.model import Snapshot
+    from dltop.residency.scan import scan_paths
+
+    f = _sparse(tmp_path / "sparse.bin", size=8 * MIB, data_at=0, data=MIB)
+    f.read_bytes()
+    snap = Snapshot(ts=1.0, host="t", datasets=scan_paths((str(tmp_path),)))
+    got = {"dltop_" + s[0].name: s[2] for s in fields.samples(snap) if s[0].name.startswith("dataset_")}
+    assert got["dltop_dataset_cached_bytes"] == _fincore(f) == 8 * MIB
+    assert got["dltop_dataset_resident_bytes"] == MIB and got["dltop_dataset_resident_ratio"] == 1.0
+    assert got["dltop_dataset_size_bytes"] == 8 * MIB

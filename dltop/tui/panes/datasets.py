@@ -553,11 +553,13 @@ def _progress(ev: ActionEvent | None) -> Text:
 
 def _notes(ds: DatasetResidency | None, now: float) -> Text:
     """The lines under the table about one dataset: unknown pages, an estimate, how it was counted and skipped."""
-    from dltop.text.datasets import estimate_note, skipped_text
+    from dltop.text.datasets import estimate_note, holes_note, skipped_text
 
     t = Text()
     if ds is None:
         return t
+    if ds.resident_pages > ds.data_resident_pages:  # the page cache it holds is not its data's: say both
+        t.append(f"{holes_note(ds, ds.page_size)}\n", "dim")
     if ds.data_unknown_pages:
         t.append(f"? {human_bytes(ds.data_unknown_pages * ds.page_size)} unknown: {printable(ds.unknown_reason or '')}\n", "yellow")
     if (est := estimate_note(ds, ds.page_size, now)) is not None:
