@@ -528,12 +528,14 @@ def _per_layer(cfg: dict[str, Any], kinds: tuple[str, ...]) -> tuple[tuple[Layer
     the first that reuses an earlier layer's cache (num_kv_shared_layers) keep none of their own."""
     overrides, notes = _layer_overrides(cfg, kinds)
     first_shared = _first_shared(cfg, len(kinds))
+    made: dict[tuple[str, str], LayerKv] = {}  # layers of one kind with the same overrides have the same shape
     out = []
     for i, kind in enumerate(kinds):
-        if i >= first_shared:
-            out.append(LayerKv("shared", None, 0, 0, 0))
-        else:
-            out.append(_layer_kv({**cfg, **overrides[i]}, kind, i))
+        key = ("shared", "") if i >= first_shared else (kind, repr(sorted(overrides[i].items())))
+        if key not in made:
+            made[key] = LayerKv("shared", None, 0, 0, 0) if i >= first_shared else \
+                _layer_kv({**cfg, **overrides[i]}, kind, i)
+        out.append(made[key])
     return tuple(out), notes
 
 

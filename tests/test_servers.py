@@ -738,6 +738,13 @@ def test_the_kv_pool_in_bytes_comes_from_the_model_s_config_in_the_hub_cache(ser
     Handler.bodies["/fp8"] = Handler.bodies["/llama"].replace(b'cache_dtype="auto"', b'cache_dtype="fp8"')
     fp8 = read_server(f"{server}/fp8", 2.0, cache=str(cache))
     assert fp8.kv_capacity_bytes == s.kv_capacity_tokens * per_token // 2
+    # a config key that looks like it shapes attention and that dltop does not read is named beside the pool
+    (tmp_path / "odd.json").write_text(json.dumps({**json.loads(LLAMA2.read_text()), "index_head_dim": 128}))
+    odd = read_server(f"{server}/llama", 2.0, cache=str(_hub(tmp_path / "odd", "meta-llama/Llama-2-7b-hf",
+                                                              tmp_path / "odd.json")))
+    assert odd.kv_capacity_bytes == s.kv_capacity_bytes
+    assert any(n.startswith("meta-llama/Llama-2-7b-hf: not understood: index_head_dim: ") for n in odd.notes)
+    assert not any("not understood" in n for n in s.notes)
     # a model whose config is not here: unavailable, naming where dltop looked
     nowhere = read_server(f"{server}/{V0}", 2.0, cache=str(cache))
     assert isinstance(nowhere.kv_capacity_bytes, Unavailable)

@@ -629,6 +629,7 @@ def pool_bytes(models: Sequence[ModelStats], engine: str, cache: str) -> tuple[i
             return Unavailable(f"{m.model_name} has {shape.sliding_layers} sliding-window layers: how the engine "
                                "pages them into its pool is not published"), []
         total += m.kv_capacity_tokens * shape.bytes_per_token
+        notes += [f"{m.model_name}: {n}" for n in shape.notes if n.startswith("not understood")]
         assumed = "" if m.kv_cache_dtype else f" ({engine} publishes no KV dtype: the model's assumed)"
         notes.append(f"{m.model_name} KV pool: {m.kv_capacity_tokens:,} tokens × {shape.bytes_per_token:,} bytes "
                      f"per token ({shape.dtype}{assumed}) from {path}")
