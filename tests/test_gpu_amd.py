@@ -261,3 +261,38 @@ def test_amd_processes_carry_the_same_proc_columns_as_nvml_s(monkeypatch: pytest
     finally:
         sleep.kill()
         sleep.wait()
+
+
+def test_a_gpu_amdsmi_no_longer_finds_is_lost_in_nvidia_s_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPU 1 of two read once, then gone (every call AMDSMI_STATUS_NOT_FOUND): it keeps its place and its name,
+    is down "lost" with the same plain words as NVIDIA's lost GPU, claims no driver version, and every None
+    says why; the pane's headline says it, never a bare `?` and a status name."""
+    from dltop.tui.panes.gpu import headline
+    from tests.test_gpu import devices as nv_devices
+    from tests.test_gpu import scenario as nv_scenario
+
+    s = scenario("mi300x")
+    s["gpus"] = s["gpus"][:2]
+    r = reader(s, monkeypatch)
+    before = gpus_of(r.read())
+    s["gpus"][1]["error"] = "AMDSMI_STATUS_NOT_FOUND"
+    g0, g1 = gpus_of(r.read())
+    assert g0.down is None and g0.driver_version == s["driver_version"]
+    assert g1.down == "lost" and g1.driver_version is None
+    assert (g1.name, g1.uuid, g1.bus_id) == (before[1].name, before[1].uuid, before[1].bus_id)
+    why = g1.why("memory_total_bytes") or ""
+    assert why.startswith("GPU is lost: it has fallen off the bus or was removed (look for amdgpu errors in dmesg)")
+    assert why.endswith("(AMDSMI_STATUS_NOT_FOUND)")
+    assert isinstance(g1.processes, Unavailable) and g1.processes.reason == why
+    for f in GpuDevice.__dataclass_fields__:
+        if getattr(g1, f) is None and f not in ("memory_pool_note", "down"):
+            assert g1.why(f), f
+    assert "the GPU cannot be read" in (g1.why("driver_version") or "")
+    nv = next(g for g in nv_devices(nv_scenario("gpu-lost")) if g.down == "lost")
+    nv_why = nv.why("memory_total_bytes") or ""
+    assert nv_why.startswith("GPU is lost: it has fallen off the bus or was removed (look for Xid 79 in dmesg)")
+    assert nv.driver_version is None and "the GPU cannot be read" in (nv.why("driver_version") or "")
+    lines = [c.plain for c in headline(g1, 80)]
+    assert lines[0].startswith("GPU1 ") and "GPU is lost" in lines[1]
+    again = Snapshot.from_json(Snapshot(ts=1.0, host="h", gpus=(g0, g1)).to_json())
+    assert again.gpus[1].down == "lost" and again.gpus[1].driver_version is None  # type: ignore[index]

@@ -183,3 +183,8 @@ class GpuDevice:
 
 
 GpuPart = tuple[GpuDevice, ...]
+
+# A GPU gone from under its library, in the same words for NVIDIA and AMD; {where}: where its errors are logged.
+LOST_TEXT = "GPU is lost: it has fallen off the bus or was removed ({where}); it needs a reset or a reboot"
+# A GPU that cannot be read has no driver version of its own to claim: null, with this reason before its own.
+DOWN_DRIVER = "the GPU cannot be read"

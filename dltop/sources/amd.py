@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dltop.model.base import Unavailable
-from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, unprobed_split
+from dltop.model.gpu import DOWN_DRIVER, LOST_TEXT, GpuDevice, GpuPart, GpuProcess, unprobed_split
 from dltop.sources.gpu_procs import HostReader
 
 # AMDSMI_STATUS_* (amdsmi.h's amdsmi_status_t); the bindings' own constants live in a module whose name and
@@ -30,14 +30,20 @@ STATUS_NAMES = {1: "AMDSMI_STATUS_INVAL", 2: "AMDSMI_STATUS_NOT_SUPPORTED", 3: "
                 16: "AMDSMI_STATUS_INTERNAL_EXCEPTION", 17: "AMDSMI_STATUS_INPUT_OUT_OF_BOUNDS",
                 18: "AMDSMI_STATUS_INIT_ERROR", 30: "AMDSMI_STATUS_BUSY", 31: "AMDSMI_STATUS_NOT_FOUND",
                 32: "AMDSMI_STATUS_NOT_INIT", 34: "AMDSMI_STATUS_DRIVER_NOT_LOADED", 40: "AMDSMI_STATUS_NO_DATA"}
-NOT_SUPPORTED, NO_PERM, DRIVER_NOT_LOADED = 2, 10, 34
+NOT_SUPPORTED, NO_PERM, DRIVER_NOT_LOADED, NOT_FOUND = 2, 10, 34, 31
 STATUS_TEXTS = {
     NOT_SUPPORTED: "not supported by this GPU or driver",
     NO_PERM: "permission denied: this user may not query the GPU (/dev/kfd, /dev/dri/renderD* permissions: the "
              "video and render groups)",
     DRIVER_NOT_LOADED: "amdgpu driver not loaded: the ROCm library is here but the kernel module is not",
     8: "amdsmi timed out", 30: "the GPU is busy", 32: "amdsmi is not initialized",
+    # a handle amdsmi no longer finds: the GPU went away under it (as NVML's GPU_IS_LOST, in the same words)
+    NOT_FOUND: LOST_TEXT.format(where="look for amdgpu errors in dmesg"),
 }
+# What is read of a GPU (all but its place, its lists and the notes): a GPU that cannot be read has each missing
+DEVICE_FIELDS = tuple(f for f in GpuDevice.__dataclass_fields__
+                      if f not in ("index", "mig_devices", "processes", "unavailable", "down", "backend",
+                                   "memory_pool_note"))
 NO_ROCM = ("no ROCm library: amdsmi is installed but libamd_smi.so is not (install ROCm or amd-smi-lib, or set "
            "ROCM_PATH)")
 NO_BINDINGS = "amdsmi is not installed (ROCm's /opt/rocm/share/amd_smi, or pip install amdsmi)"
@@ -103,6 +109,7 @@ class AmdReader:
         self._session = False
         self._engine: dict[tuple[str, int], tuple[float, int]] = {}  # (GPU, pid) -> (when, gfx engine ns)
         self._slow: dict[tuple[int, str], tuple[float, Any, str | None]] = {}
+        self._known: dict[int, dict[str, str]] = {}  # index -> its name, UUID and address, for when it is lost
 
     def close(self) -> None:
         """End the amdsmi session."""
@@ -149,6 +156,13 @@ class AmdReader:
         smi = self._smi
         values: dict[str, Any] = {}
         missing: dict[str, str] = dict.fromkeys(NOT_ON_AMD, NOT_READ)
+        try:
+            bdf = str(smi.amdsmi_get_gpu_device_bdf(h))  # its PCI address: a GPU gone fails here first
+        except Exception as e:
+            if getattr(e, "err_code", None) == NOT_FOUND:
+                return self._lost(index, explain(e))
+            bdf = None
+            missing["bus_id"] = explain(e)
 
         def ask(fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
             try:
@@ -177,6 +191,8 @@ class AmdReader:
                 values[fieldname] = kept[1]
 
         self._identity(h, ask, put)
+        put("bus_id", bdf, missing.get("bus_id", "no PCI address"))
+        self._known[index] = {f: values[f] for f in ("name", "uuid", "bus_id") if f in values}
 
         self._vram(ask("memory_total_bytes", smi.amdsmi_get_gpu_vram_usage, h), values, missing)
 
@@ -221,6 +237,17 @@ class AmdReader:
         return GpuDevice(index=index, driver_version=driver, backend="amdsmi", processes=processes,
                          unavailable=missing, **values)
 
+    def _lost(self, index: int, reason: str) -> GpuDevice:
+        """A GPU amdsmi no longer finds: down, each field missing with the reason, no driver version claimed; its
+        name, UUID and address as read before this session lost it."""
+        missing = dict.fromkeys(DEVICE_FIELDS, reason)
+        missing["driver_version"] = f"{DOWN_DRIVER}: {reason}"
+        known = self._known.get(index, {})
+        for f in known:
+            del missing[f]
+        return GpuDevice(index=index, backend="amdsmi", processes=Unavailable(reason), unavailable=missing,
+                         down="lost", name=known.get("name"), uuid=known.get("uuid"), bus_id=known.get("bus_id"))
+
     def _temperature(self, h: Any, values: dict[str, Any], missing: dict[str, str]) -> None:
         """The edge sensor, or the hotspot (junction) where the board has none (MI300-class: edge is Not
         Supported there)."""
@@ -249,8 +276,6 @@ class AmdReader:
             else str(asic["market_name"]), "amdsmi gives no market name")
         uuid = ask("uuid", smi.amdsmi_get_gpu_device_uuid, h)
         put("uuid", None if uuid is None else str(uuid), "no UUID")
-        bdf = ask("bus_id", smi.amdsmi_get_gpu_device_bdf, h)
-        put("bus_id", None if bdf is None else str(bdf), "no PCI address")
 
     @staticmethod
     def _vram(vram: Any, values: dict[str, Any], missing: dict[str, str]) -> None:

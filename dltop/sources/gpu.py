@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 from dltop import procfs
 from dltop.config import Settings
 from dltop.model.base import Unavailable
-from dltop.model.gpu import GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
+from dltop.model.gpu import DOWN_DRIVER, LOST_TEXT, GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
 from dltop.sources.amd import AmdReader
 from dltop.sources.base import Source
 from dltop.sources.gpu_procs import NOT_IN_NAMESPACE, HostReader, parse_cmdline  # noqa: F401 (theirs, said here too)
@@ -648,8 +648,7 @@ def _error_texts(nv: Any) -> tuple[dict[int, str], dict[int, str]]:
                                                "or reload the nvidia module",
         nv.NVML_ERROR_NO_PERMISSION: "permission denied: this user may not query the GPU (/dev/nvidia* "
                                      "permissions, or a call that needs root)",
-        nv.NVML_ERROR_GPU_IS_LOST: "GPU is lost: it has fallen off the bus (look for Xid 79 in dmesg); it needs a "
-                                   "reset or a reboot",
+        nv.NVML_ERROR_GPU_IS_LOST: LOST_TEXT.format(where="look for Xid 79 in dmesg"),
         nv.NVML_ERROR_NOT_SUPPORTED: "not supported by this GPU or driver",
         nv.NVML_ERROR_FUNCTION_NOT_FOUND: "the driver is too old for this call",
         nv.NVML_ERROR_UNINITIALIZED: "NVML is not initialized",
@@ -874,8 +873,10 @@ class GpuReader:
                     values[f] = known
         else:
             self._identities[index] = {f: values[f] for f in ("name", "uuid", "bus_id") if f in values}
-        return GpuDevice(index=index, driver_version=driver, mig_devices=migs, processes=processes,
-                         unavailable=missing, down=down, **values)
+        if down is not None:  # its driver version is not its to claim: the GPU gives nothing
+            missing["driver_version"] = f"{DOWN_DRIVER}: {missing.get('memory_total_bytes', down)}"
+        return GpuDevice(index=index, driver_version=driver if down is None else None, mig_devices=migs,
+                         processes=processes, unavailable=missing, down=down, **values)
 
     @staticmethod
     def _sensors(b: NvmlBackend, h: Any, ask: Callable[..., Any], slow: Callable[..., Any],
