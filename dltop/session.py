@@ -359,8 +359,9 @@ class Session:
 
     def release_locks(self) -> None:
         """Unlock every lock held (the user said release)."""
-        if self.runner is not None:
-            self.runner.release_all()
+        for target in self.held_locks():
+            self.runner.release(target)  # announced and journalled
+            self.farewell.append(f"unlocked {target}")
 
     def send_signal(self, target: SignalTarget | tuple[SignalTarget, ...]) -> None:
         """A signal the GPU tab's dialog chose, for one process or a tagged set (the dialog was the confirmation;

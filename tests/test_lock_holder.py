@@ -118,6 +118,7 @@ def test_a_long_lock_says_its_progress_step_by_step(tmp_path: Path, monkeypatch:
 def test_a_kept_lock_lives_in_a_holder_until_unlocked(tmp_path: Path, kept: list[int]) -> None:
     f = _sparse(tmp_path / "sparse.bin")
     runner = ActionRunner()
+    before = _vmlck()
     run = runner.start("lock", [str(f)], wait=True)
     assert run.error is None and runner.held() == {str(f): MIB}
     line = runner.keep(str(f))
@@ -126,7 +127,7 @@ def test_a_kept_lock_lives_in_a_holder_until_unlocked(tmp_path: Path, kept: list
     kept.append(h.pid)
     assert f"lock holder pid {h.pid}" in line and f"dltop unlock {h.pid}" in line
     assert h.uid == os.geteuid() and h.locked_bytes == _vmlck(h.pid) == MIB  # the kernel's count, not a file's
-    assert _vmlck() == 0  # this process let go once the holder held every page
+    assert _vmlck() == before  # this process let go once the holder held every page
     assert _fincore(f) == MIB
     assert "unlocked" in holder.unlock(h)
     assert _wait_gone(h.pid)
@@ -278,3 +279,19 @@ def test_the_exporter_says_the_data_and_the_page_cache_apart(tmp_path: Path) -> 
     assert got["dltop_dataset_cached_bytes"] == _fincore(f) == 8 * MIB
     assert got["dltop_dataset_resident_bytes"] == MIB and got["dltop_dataset_resident_ratio"] == 1.0
     assert got["dltop_dataset_size_bytes"] == 8 * MIB
+
+
+def test_release_on_quit_unlocks_and_says_so(tmp_path: Path) -> None:
+    # q, then Release: the Session unlocks (announced, journalled) and says it on the terminal after the TUI.
+    from dltop.session import Session
+
+    f = _sparse(tmp_path / "sparse.bin")
+    runner = ActionRunner()
+    session = Session(None, runner=runner)
+    before = _vmlck()
+    assert runner.start("lock", [str(f)], wait=True).error is None
+    assert session.held_locks() == {str(f): MIB} and _vmlck() - before == MIB
+    session.release_locks()
+    assert session.held_locks() == {} and _vmlck() == before
+    assert session.farewell == [f"unlocked {f}"]
+    assert not [h for h in holder.holders()[0] if h.target == str(f)]  # nothing kept behind the user's back

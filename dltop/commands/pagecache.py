@@ -349,7 +349,7 @@ def run_lock_list(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps({"holders": rows, "other_users_holders": others}) + "\n")
         return 0
     if not mine:
-        print("no lock is held by a holder process" + ("" if others else "."))
+        print("no lock is held by a holder process")
     else:
         print(f"{'PID':>7}  {'USER':<10} {'LOCKED':>10}  TARGET")
         for h in mine:
