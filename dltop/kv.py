@@ -234,7 +234,7 @@ def _windows(cfg: dict[str, Any], layers: int, filled: bool = False
              ) -> tuple[tuple[int | None, ...], tuple[str, ...], list[str], list[str]]:
     """Each layer's window (None = full attention) and kind, by the rules of docs/kv.md, with notes on the choice
     and the assumptions made. `filled`: layer_types came from the model type's defaults, not the config."""
-    window = _int(cfg, *_WINDOW_KEYS)
+    window = _int(cfg, *_WINDOW_KEYS, minimum=0) or None  # transformers writes 0 for none (Qwen2-MoE)
     full: tuple[int | None, ...] = (None,) * layers
     types = _layer_types(cfg, layers)
     if types is not None:
@@ -631,7 +631,7 @@ def _kept(lc: dict[str, Any], kind: str, i: int) -> int | None:
     if kind not in ("sliding", "chunked"):
         return None
     keys = _WINDOW_KEYS if kind == "sliding" else ("attention_chunk_size",)
-    window = _int(lc, *keys)
+    window = _int(lc, *keys, minimum=0) or None
     if window is None:
         raise ConfigError(f"layer {i} is a {kind}_attention layer but has no {keys[0]}")
     return window
@@ -639,7 +639,7 @@ def _kept(lc: dict[str, Any], kind: str, i: int) -> int | None:
 
 # What a key of a config must look like to shape attention (and so, maybe, the KV cache).
 _SHAPING = re.compile(r"kv|key_value|head_dim|window|layer_types|_pattern|chunk|lora_rank|shared_layers|global_|swa_|"
-                      r"attn_layer|attention_layer|attention_type|linear_attn|full_attention|local_layer|block_type|"
+                      r"attn_layer|attention_layer|attention_type|attn_type|linear_attn|full_attention|local_layer|block_type|"
                       r"mamba|ssm|state_size|nope|interval|compress|index_")
 # Keys of that look that dltop reads, or that do not change what the cache holds (rotary, scales, biases, sinks,
 # query-only sizes, norms).
@@ -651,13 +651,15 @@ _KNOWN = frozenset({
     "global_rope_theta", "rope_local_base_freq", "use_bidirectional_attention", "query_pre_attn_scalar",
     "interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", "first_k_dense_replace",
     "qk_layernorm", "use_qk_norm", "kv_lora_rank", "num_nextn_predict_layers", "mlp_layer_types",
+    "_sliding_window_pattern", "qk_head_dim", "activation_sparsity_pattern",
 })
 
 
 def _shapes_attention(key: str, value: Any) -> bool:
     """Whether a config key looks like it shapes attention and dltop does not read it. An unset one (null, false,
     0, empty) shapes nothing."""
-    return key not in _KNOWN and value not in (None, False, 0, "", [], {}) and bool(_SHAPING.search(key))
+    return (key not in _KNOWN and not key.endswith("bias") and value not in (None, False, 0, "", [], {})
+            and bool(_SHAPING.search(key)))
 
 
 def _not_understood(cfg: dict[str, Any], kinds: tuple[str, ...]) -> list[str]:

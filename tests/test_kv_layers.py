@@ -242,3 +242,28 @@ def test_per_layer_shapes_are_the_ones_transformers_caches() -> None:
             # window it widens by one first, so it keeps sliding_window_size, as dltop counts.
             assert tuple(keys.shape) == (1, ours.kv_heads, kept, ours.k_dim), i
             assert tuple(values.shape) == (1, ours.kv_heads, kept, ours.v_dim), i
+
+
+# transformers' own defaults of model types dltop sizes (none of their keys is left unread), and of hybrid ones whose
+# Mamba or linear-attention layers keep no per-token KV (never sized silently: a note names the keys, or the layer
+# types are refused).
+SIZED = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3",
+         "deepseek_v3", "gpt_oss", "llama4_text", "hunyuan_v1_moe", "olmo2", "cohere2", "mimo_v2_flash",
+         "gemma4_text", "gemma3n_text"]
+HYBRID = ["falcon_h1", "jamba", "nemotron_h", "bamba", "qwen3_next", "minimax"]
+
+
+def test_library_defaults_leave_no_key_unread_and_hybrids_are_never_silent() -> None:
+    pytest.importorskip("transformers")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    for model_type in SIZED + HYBRID:
+        if model_type not in CONFIG_MAPPING:
+            continue
+        cfg = CONFIG_MAPPING[model_type]().to_dict()
+        try:
+            notes = [n for n in kv.shape_from_config(cfg, defaults="table").notes if n.startswith("not understood")]
+        except kv.ConfigError as e:
+            assert model_type in HYBRID, (model_type, str(e))
+            continue
+        assert bool(notes) == (model_type in HYBRID), (model_type, notes)
