@@ -573,7 +573,7 @@ def _per_layer_config(cfg: dict[str, Any], layers: int) -> tuple[dict[int, dict[
         i = _layer_number(key, over, layers)
         for k in over:
             if k not in _LAYER_KEYS and (k == "skip" or _shapes_attention(k, over[k])):
-                unread.setdefault(printable(k), []).append(i)
+                unread.setdefault(printable(k)[:60], []).append(i)
         out[i] = {k: over[k] for k in _LAYER_KEYS.intersection(over)}
     return out, [f"not understood: per_layer_config gives {k} to layer(s) {layer_ranges(v)}, which dltop does not "
                  "read; if it changes what those layers cache, this size is wrong" for k, v in unread.items()]
