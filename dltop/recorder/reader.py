@@ -31,10 +31,11 @@ from typing import Any
 
 import zstandard
 
+from dltop import __version__
 from dltop.config import TAB_NAMES
 from dltop.errors import DltopError
 from dltop.fmt import plural, printable
-from dltop.model import DecodeError, Snapshot
+from dltop.model import SCHEMA_VERSION, DecodeError, Snapshot
 from dltop.recorder import store
 from dltop.recorder.reuse import PartMemo
 from dltop.recorder.segment import (
@@ -165,9 +166,11 @@ class Recording:
         self._segments = [seg for seg in loaded if seg is not None]
         metas = [s.meta for s in self._segments if s.meta]
         for m in metas:
-            if isinstance(m.get("format"), int) and m["format"] > store.FORMAT_VERSION:
-                raise DltopError(f"{path}: recorded by a newer dltop (format {m['format']}; this one reads "
-                                 f"up to {store.FORMAT_VERSION})")
+            for key, mine in (("format", store.FORMAT_VERSION), ("schema", SCHEMA_VERSION)):
+                if isinstance(m.get(key), int) and m[key] > mine:
+                    by = printable(str(m.get("dltop"))[:20])
+                    raise DltopError(f"{printable(path)}: made by a newer dltop ({by}: {key} {m[key]}; this one, "
+                                     f"{__version__}, reads up to {mine}); read it with that dltop or a newer one")
         self.meta: dict[str, Any] = metas[0] if metas else {}
         self._lay_out_samples()
         if not self._ts and not metas and not any(s.events for s in self._segments):

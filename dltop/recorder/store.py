@@ -24,7 +24,8 @@ from typing import Any
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes
 
-FORMAT_VERSION = 1  # of the recording's layout (lines, segments, index); the Snapshot has its own schema
+FORMAT_VERSION = 2  # of the recording's layout (lines, segments, index; 2: sealed frames in columns, columns.py);
+# the Snapshot has its own schema. A reader reads every version up to its own.
 KEPT_PARTS = ("cpu", "datasets")  # written as "part" lines when they change, referred to by samples
 LOCK_NAME = "lock"
 MARKS_NAME = "marks"  # `dltop mark` appends a line here; the running recorder turns it into a "marker" event

@@ -35,7 +35,7 @@ from dltop.recorder import store
 from dltop.recorder.segment import compress_segment
 from dltop.recorder.summary import Values, sample_values
 
-BLOCK_SAMPLES = 256  # samples per zstd frame of a closed segment: a seek decompresses one frame
+BLOCK_SAMPLES = 384  # samples per zstd frame of a closed segment: a seek decompresses one frame
 _CLOSE = object()
 
 
