@@ -161,3 +161,44 @@ def test_pieces_that_saw_different_series_line_up_under_one_header(recorded: tup
     kept = g.processes[1]
     col = header.index(f'gpu_process_memory_bytes{{gpu="0",uuid="{g.uuid}",pid="{kept.pid}"}}')
     assert [int(r[col]) for r in body] == [s.gpus[0].processes[1].used_bytes for s in snaps]  # type: ignore[index]
+
+
+def test_openmetrics_writes_no_limit_as_plus_inf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A memory cgroup without a limit is `+Inf` in the OpenMetrics dump (it was left out), as the exporter serves
+    it: read back by prometheus_client's OpenMetrics parser and, where it is installed, by promtool."""
+    import dataclasses
+
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    from dltop.model.memory import CgroupMemory
+
+    snaps = sampled(tmp_path, monkeypatch, n=3)
+    cg = CgroupMemory("/job", current_bytes=1 << 30, no_limit=True, file_bytes=1 << 20, file_dirty_bytes=0,
+                      oom_kill=0)
+    snaps = [dataclasses.replace(s, memory=dataclasses.replace(s.memory, cgroup=cg)) for s in snaps]  # type: ignore[type-var]
+    rec_dir = tmp_path / "rec"
+    with Recorder(str(rec_dir), block_samples=2) as rec:
+        for s in snaps:
+            rec.write(s, wait=True)
+    r = dump(str(rec_dir), "--format", "openmetrics", "--fields", "cgroup_memory_*")
+    assert r.returncode == 0, r.stderr
+    families = {f.name: f for f in text_string_to_metric_families(r.stdout)}
+    limit = [(s.value, s.timestamp) for s in families["dltop_cgroup_memory_max_bytes"].samples]
+    assert [v for v, _ in limit] == [float("inf")] * 3
+    assert [float(ts) for _, ts in limit] == [s.ts for s in snaps]
+    assert [s.value for s in families["dltop_cgroup_memory_current_bytes"].samples] == [float(1 << 30)] * 3
+    csv_out = dump(str(rec_dir), "--format", "csv", "--fields", "cgroup_memory_max_bytes")
+    assert [row[1] for row in csv.reader(io.StringIO(csv_out.stdout))][1:] == ["inf"] * 3  # pandas reads inf
+    if shutil.which("promtool") is None:
+        return
+    om = tmp_path / "dump.om"
+    om.write_text(r.stdout)
+    blocks = tmp_path / "tsdb"
+    made = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(blocks)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr + made.stdout
+    (blocks / "wal").mkdir()
+    out = subprocess.run(["promtool", "tsdb", "dump", "--min-time=0", str(blocks)], capture_output=True, text=True,
+                         timeout=120)
+    got = [line.rsplit(" ", 2)[1] for line in out.stdout.splitlines() if "dltop_cgroup_memory_max_bytes" in line]
+    assert got == ["+Inf"] * 3, out.stdout[:2000]

@@ -14,7 +14,6 @@ import csv
 import fnmatch
 import io
 import json
-import math
 import multiprocessing
 import os
 import tempfile
@@ -63,19 +62,6 @@ def _wanted(names: list[str] | None, csv: bool) -> set[str]:
             raise DltopError(f"--fields: no field matches {pattern!r} (the names are in docs/recorder.md)")
         out |= hit
     return out
-
-
-def samples(rec: Recording, t0: float | None, t1: float | None, wanted: set[str],
-            prev: Snapshot | None = None) -> Iterator[tuple[Snapshot, list[fd.Sample]]]:
-    """Each Snapshot of the range with its samples (fields.samples, with `prev` the Snapshot before the range,
-    and hint_active from the hint events); a part whose text repeats the sample before's is read once
-    (reuse.PartMemo)."""
-    hints = _HintTimeline(rec)
-    for snap in rec.range(t0, t1, PartMemo()):
-        active = hints.at(snap.ts)
-        got = [s for s in (*fd.samples(snap, prev), *fd.hint_samples(active)) if s[0].name in wanted]
-        yield snap, got
-        prev = snap
 
 
 class _HintTimeline:
@@ -211,164 +197,188 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
     times = rec.times()
     i = bisect.bisect_left(times, first)
     prev = rec.at(times[i - 1]) if i > 0 else None
-    names: list[str] = []
-
-    def read(n: int) -> None:
-        if n % _READ_EVERY == 0:
-            _READ[slot] = n
-            if progress is not None:
-                progress(n, total)
+    names: list[str] = []  # the series (csv: `name{labels}`; openmetrics: "field\tdltop_name{labels}")
+    field_of: list[str] = []  # each series' field
+    read = 0
     if kind == "csv":
-        # Rows as CSV text already (numbers need no quoting), in this piece's column order: the formatting is
-        # done here, in parallel, and the parent only copies (or reorders) them.
-        # Most values repeat (sizes, totals, 1 for info): each formatted once. Ints apart from floats: 2**53 and
-        # 2.0**53 are one key of a dict but two cells ("9007199254740992" and "9007199254740992.0").
-        float_text: dict[float, str] = {}
-        int_text: dict[float, str] = {}
-        by_labels: dict[tuple[tuple[str, str], ...], dict[str, int]] = {}  # label set -> field name -> column
-
-        def cells_of(group: Iterable[fd.Sample]) -> tuple[list[int], list[str]]:
-            """The column and the cell of each wanted sample; a new series gets the next column."""
-            cols: list[int] = []
-            vals: list[str] = []
-            # Samples share their labels dict (a GPU's): each looked up once. It is kept here with its columns,
-            # so that its id is not a later sample's (a generator's labels may be freed as it goes on).
-            seen: dict[int, tuple[dict[str, str], dict[str, int]]] = {}
-            for f, labels, value in group:
-                if f.name not in wanted:
-                    continue
-                hit = seen.get(id(labels))
-                if hit is None:
-                    hit = seen[id(labels)] = (labels, by_labels.setdefault(tuple(labels.items()), {}))
-                mine = hit[1]
-                c = mine.get(f.name)
-                if c is None:
-                    c = mine[f.name] = len(names)
-                    names.append(series_name(f.name, labels))
-                text = float_text if type(value) is float else int_text
-                cell = text.get(value)
-                if cell is None:
-                    if len(text) > 100_000:
-                        text.clear()
-                    cell = text[value] = _number(value)
-                cols.append(c)
-                vals.append(cell)
-            return cols, vals
-
-        def columns_of(tm: template.Template) -> _Plan:
-            """How a template's numbers become this piece's cells: the columns of its wanted samples given as
-            cells_of gives them (in the order it would meet them), split into constant cells, cells that are a
-            number's own text (an int's; an int's float's where it has at most 15 digits), and the rest
-            (computed, each text once)."""
-            consts: tuple[list[int], list[str]] = ([], [])
-            own: list[tuple[int, int]] = []
-            short: list[tuple[int, int, Any]] = []
-            computed: list[tuple[int, Any, dict[str, str]]] = []
-            for f, labels, spec in tm.samples:
-                if f.name not in wanted:
-                    continue
-                mine = by_labels.setdefault(tuple(labels.items()), {})
-                c = mine.get(f.name)
-                if c is None:
-                    c = mine[f.name] = len(names)
-                    names.append(series_name(f.name, labels))
-                if spec[0] == "=":
-                    consts[0].append(c)
-                    consts[1].append(template.cell(spec, ()))
-                elif template.own_text(spec):
-                    own.append((c, spec[0]))
-                elif template.own_text_if_short(spec):
-                    short.append((c, spec[0], spec))
-                else:
-                    computed.append((c, spec, {}))
-            return _Plan(tm, consts[0], consts[1], [c for c, _ in own], template.getter([n for _, n in own]),
-                         [c for c, _, _ in short], template.getter([n for _, n, _ in short]),
-                         [spec for _, _, spec in short], computed)
-
-        hints = _HintTimeline(rec)
-        # A part object met again (its text repeated the sample before's: reuse.PartMemo) keeps its cells.
-        kept: dict[type, tuple[object, list[int], list[str]] | None] = {}
-        memo = PartMemo(templates=True)
-        # Columns of each template's samples: made when the template is first used, in the order cells_of
-        # would have met them.
-        placed_by: dict[int, _Plan] = {}
-        cell_of = template.cell
         with open(out, "w", encoding="utf-8") as rows:
-            for n, snap in enumerate(rec.range(first, last, memo)):
-                read(n)
-                cols: list[int] = []
-                vals: list[str] = []
-                matched = memo.matched
-                for part, group in fd.sample_groups(snap, prev):
-                    if part is None:
-                        more = cells_of(group)
-                        cols += more[0]
-                        vals += more[1]
-                        continue
-                    if matched:
-                        match = next((m for m in matched.values() if m[0].part is part), None)
-                        if match is not None:  # a stand-in: the cells come from this line's numbers
-                            tm, nums = match
-                            plan = placed_by.get(id(tm))
-                            if plan is None or plan.tm is not tm:
-                                plan = placed_by[id(tm)] = columns_of(tm)
-                            cols += plan.const_columns
-                            vals += plan.consts
-                            cols += plan.own_columns
-                            vals += plan.own(nums)
-                            if plan.short_columns:
-                                cols += plan.short_columns
-                                short_texts = plan.short(nums)
-                                if max(map(len, short_texts)) <= 15:
-                                    vals += short_texts
-                                else:
-                                    vals += [cell_of(spec, nums) for spec in plan.short_specs]
-                            for c, spec, texts in plan.computed:
-                                t = nums[spec[0]]
-                                done = texts.get(t)
-                                if done is None:
-                                    if len(texts) > 4096:
-                                        texts.clear()
-                                    done = texts[t] = cell_of(spec, nums)
-                                cols.append(c)
-                                vals.append(done)
-                            kept[type(part)] = None
-                            continue
-                    hit = kept.get(type(part))
-                    if hit is None or hit[0] is not part:
-                        hit = kept[type(part)] = (part, *cells_of(group))
-                    cols += hit[1]
-                    vals += hit[2]
-                more = cells_of(fd.hint_samples(hints.at(snap.ts)))
-                cols += more[0]
-                vals += more[1]
+            for ts, cols, vals in _rows(rec, first, last, wanted, prev, names, field_of):
                 cells: list[str] = [""] * len(names)  # a series absent at this moment is an empty cell, never a 0
                 deque(map(cells.__setitem__, cols, vals), 0)
-                rows.write(f"{_number(snap.ts)},{','.join(cells)}\n")
-                prev = snap
+                rows.write(f"{ts},{','.join(cells)}\n")
+                read = _count(read, slot, progress, total)
         return names, rec.damage
+    # OpenMetrics wants each label set's points together, in time order, within its family: one file per series,
+    # its lines kept in memory and appended a block at a time.
     os.mkdir(out)
-    # One file per series (a field and its labels): OpenMetrics wants each label set's points together, in
-    # time order, within its family.
-    files: dict[tuple[str, str], IO[str]] = {}
-    try:
-        for n, (snap, got) in enumerate(samples(rec, first, last, wanted, prev)):
-            read(n)
-            ts = _number(snap.ts)
-            for f, labels, value in got:
-                if not math.isfinite(value):
+    pending: list[list[str]] = []  # per series, its lines not yet in its file
+    held = 0
+    for ts, cols, vals in _rows(rec, first, last, wanted, prev, names, field_of):
+        while len(pending) < len(names):
+            pending.append([])
+        for c, v in zip(cols, vals, strict=True):
+            pending[c].append(f"{_OM_NUMBER.get(v, v)} {ts}\n")
+        held += len(cols)
+        if held > _HELD_LINES:
+            _flush(out, names, pending)
+            held = 0
+        read = _count(read, slot, progress, total)
+    _flush(out, names, pending)
+    return [f"{f}\t{fd.PREFIX}{series}" for f, series in zip(field_of, names, strict=True)], rec.damage
+
+
+_HELD_LINES = 1 << 18  # OpenMetrics lines a piece holds before appending them to their series' files
+_OM_NUMBER = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}  # OpenMetrics' spelling of what repr() writes
+
+
+def _flush(out: str, names: list[str], pending: list[list[str]]) -> None:
+    """Append each series' held lines to its file (`out`/<column>), each line `dltop_name{labels} value ts`."""
+    for c, lines in enumerate(pending):
+        if lines:
+            prefix = f"{fd.PREFIX}{names[c]} "
+            with open(os.path.join(out, str(c)), "a", encoding="utf-8") as fh:
+                fh.write(prefix + prefix.join(lines))
+            lines.clear()
+
+
+def _count(n: int, slot: int, progress: Progress | None, total: int) -> int:
+    """One more row read: every _READ_EVERY rows, said to the parent (_READ) and to `progress`."""
+    if n % _READ_EVERY == 0:
+        _READ[slot] = n
+        if progress is not None:
+            progress(n, total)
+    return n + 1
+
+
+def _rows(rec: Recording, first: float, last: float, wanted: set[str], prev: Snapshot | None, names: list[str],
+          field_of: list[str]) -> Iterator[tuple[str, list[int], list[str]]]:
+    """Each sample's time (as its cell) and its wanted samples as (columns, cells); a series met first is added
+    to `names` (`name{labels}`) and its field to `field_of`, taking the next column."""
+    # Rows as CSV text already (numbers need no quoting), in this piece's column order: the formatting is
+    # done here, in parallel, and the parent only copies (or reorders) them.
+    # Most values repeat (sizes, totals, 1 for info): each formatted once. Ints apart from floats: 2**53 and
+    # 2.0**53 are one key of a dict but two cells ("9007199254740992" and "9007199254740992.0").
+    float_text: dict[float, str] = {}
+    int_text: dict[float, str] = {}
+    by_labels: dict[tuple[tuple[str, str], ...], dict[str, int]] = {}  # label set -> field name -> column
+
+    def cells_of(group: Iterable[fd.Sample]) -> tuple[list[int], list[str]]:
+        """The column and the cell of each wanted sample; a new series gets the next column."""
+        cols: list[int] = []
+        vals: list[str] = []
+        # Samples share their labels dict (a GPU's): each looked up once. It is kept here with its columns,
+        # so that its id is not a later sample's (a generator's labels may be freed as it goes on).
+        seen: dict[int, tuple[dict[str, str], dict[str, int]]] = {}
+        for f, labels, value in group:
+            if f.name not in wanted:
+                continue
+            hit = seen.get(id(labels))
+            if hit is None:
+                hit = seen[id(labels)] = (labels, by_labels.setdefault(tuple(labels.items()), {}))
+            mine = hit[1]
+            c = mine.get(f.name)
+            if c is None:
+                c = mine[f.name] = len(names)
+                names.append(series_name(f.name, labels))
+                field_of.append(f.name)
+            text = float_text if type(value) is float else int_text
+            cell = text.get(value)
+            if cell is None:
+                if len(text) > 100_000:
+                    text.clear()
+                cell = text[value] = _number(value)
+            cols.append(c)
+            vals.append(cell)
+        return cols, vals
+
+    def columns_of(tm: template.Template) -> _Plan:
+        """How a template's numbers become this piece's cells: the columns of its wanted samples given as
+        cells_of gives them (in the order it would meet them), split into constant cells, cells that are a
+        number's own text (an int's; an int's float's where it has at most 15 digits), and the rest
+        (computed, each text once)."""
+        consts: tuple[list[int], list[str]] = ([], [])
+        own: list[tuple[int, int]] = []
+        short: list[tuple[int, int, Any]] = []
+        computed: list[tuple[int, Any, dict[str, str]]] = []
+        for f, labels, spec in tm.samples:
+            if f.name not in wanted:
+                continue
+            mine = by_labels.setdefault(tuple(labels.items()), {})
+            c = mine.get(f.name)
+            if c is None:
+                c = mine[f.name] = len(names)
+                names.append(series_name(f.name, labels))
+                field_of.append(f.name)
+            if spec[0] == "=":
+                consts[0].append(c)
+                consts[1].append(template.cell(spec, ()))
+            elif template.own_text(spec):
+                own.append((c, spec[0]))
+            elif template.own_text_if_short(spec):
+                short.append((c, spec[0], spec))
+            else:
+                computed.append((c, spec, {}))
+        return _Plan(tm, consts[0], consts[1], [c for c, _ in own], template.getter([n for _, n in own]),
+                     [c for c, _, _ in short], template.getter([n for _, n, _ in short]),
+                     [spec for _, _, spec in short], computed)
+
+    hints = _HintTimeline(rec)
+    # A part object met again (its text repeated the sample before's: reuse.PartMemo) keeps its cells.
+    kept: dict[type, tuple[object, list[int], list[str]] | None] = {}
+    memo = PartMemo(templates=True)
+    # Columns of each template's samples: made when the template is first used, in the order cells_of
+    # would have met them.
+    placed_by: dict[int, _Plan] = {}
+    cell_of = template.cell
+    for snap in rec.range(first, last, memo):
+        cols: list[int] = []
+        vals: list[str] = []
+        matched = memo.matched
+        for part, group in fd.sample_groups(snap, prev):
+            if part is None:
+                more = cells_of(group)
+                cols += more[0]
+                vals += more[1]
+                continue
+            if matched:
+                match = next((m for m in matched.values() if m[0].part is part), None)
+                if match is not None:  # a stand-in: the cells come from this line's numbers
+                    tm, nums = match
+                    plan = placed_by.get(id(tm))
+                    if plan is None or plan.tm is not tm:
+                        plan = placed_by[id(tm)] = columns_of(tm)
+                    cols += plan.const_columns
+                    vals += plan.consts
+                    cols += plan.own_columns
+                    vals += plan.own(nums)
+                    if plan.short_columns:
+                        cols += plan.short_columns
+                        short_texts = plan.short(nums)
+                        if max(map(len, short_texts)) <= 15:
+                            vals += short_texts
+                        else:
+                            vals += [cell_of(spec, nums) for spec in plan.short_specs]
+                    for c, spec, texts in plan.computed:
+                        t = nums[spec[0]]
+                        done = texts.get(t)
+                        if done is None:
+                            if len(texts) > 4096:
+                                texts.clear()
+                            done = texts[t] = cell_of(spec, nums)
+                        cols.append(c)
+                        vals.append(done)
+                    kept[type(part)] = None
                     continue
-                series = series_name(fd.PREFIX + f.name, labels)
-                fh = files.get((f.name, series))
-                if fh is None:
-                    path = os.path.join(out, str(len(names)))
-                    fh = files[(f.name, series)] = open(path, "w", encoding="utf-8")  # noqa: SIM115
-                    names.append(f"{f.name}\t{series}")
-                fh.write(f"{series} {_number(value)} {ts}\n")
-    finally:
-        for fh in files.values():
-            fh.close()
-    return names, rec.damage
+            hit = kept.get(type(part))
+            if hit is None or hit[0] is not part:
+                hit = kept[type(part)] = (part, *cells_of(group))
+            cols += hit[1]
+            vals += hit[2]
+        more = cells_of(fd.hint_samples(hints.at(snap.ts)))
+        cols += more[0]
+        vals += more[1]
+        yield _number(snap.ts), cols, vals
+        prev = snap
 
 
 class _Plan(NamedTuple):
