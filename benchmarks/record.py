@@ -6,6 +6,7 @@
   python benchmarks/record.py --keep DIR       # keep the recording made, in DIR
   python benchmarks/record.py --recording DIR  # only seek and dump, on a recording kept before
   python benchmarks/record.py --recording DIR --code /work/main --code .   # the dump by two checkouts, side by side
+  python benchmarks/record.py --recording DIR --format csv --format openmetrics --fields 'memory_*'
 
 The machine: 4 GPUs with 5 processes each (20), 5 datasets rescanned every minute, this machine's memory and
 CPU parts. It starts from a real Snapshot (the real Sampler: /proc, sysfs, the fake NVML of the 8-GPU
@@ -130,6 +131,9 @@ def main() -> int:
                     help="dump with this checkout's dltop (default: this one); given more than once, each in turn, "
                          "the same recording, in the same minutes (before and after), each with the load beside it")
     ap.add_argument("--repeat", type=int, default=1, help="dump this many times with each checkout (default 1)")
+    ap.add_argument("--format", action="append", choices=("csv", "openmetrics"),
+                    help="the dump's format (default csv); given more than once, each in turn")
+    ap.add_argument("--fields", help="the dump's --fields (default: every gauge and counter)")
     args = ap.parse_args()
     codes = [Path(c).resolve() for c in args.code] if args.code else [REPO]
     if args.recording:
@@ -137,7 +141,7 @@ def main() -> int:
         print(f"recording {args.recording}: {len(r)} samples, {dir_bytes(Path(args.recording)) / 1e6:.1f} MB")
         if not args.code:
             read_back(Path(args.recording), r.first_ts or 0.0, (r.last_ts or 0.0) - (r.first_ts or 0.0))
-        dumps(Path(args.recording), codes, args.repeat)
+        dumps(Path(args.recording), codes, args.repeat, args.format or ["csv"], args.fields)
         return 0
     seconds = int(args.hours * 3600)
     with tempfile.TemporaryDirectory(prefix="dltop-bench-") as tmp:
@@ -176,7 +180,7 @@ def main() -> int:
               f"{per_sample_ms / 10:.3f}% of one core at 1 s  [target <= 0.5%]")
 
         read_back(rec_dir, t0, seconds)
-        dumps(rec_dir, codes, args.repeat)
+        dumps(rec_dir, codes, args.repeat, args.format or ["csv"], args.fields)
         if args.live:
             live(work, args.live)
     return 0
@@ -208,32 +212,40 @@ def read_back(rec_dir: Path, t0: float, seconds: float) -> None:
 
 
 
-def dumps(rec_dir: Path, codes: list[Path], repeat: int) -> None:
-    """`dltop dump --format csv` of the whole recording, as a user would, by each checkout in turn: wall time, CPU
+def dumps(rec_dir: Path, codes: list[Path], repeat: int, formats: list[str], fields: str | None = None) -> None:
+    """`dltop dump --format FMT` of the whole recording, as a user would, by each checkout in turn: wall time, CPU
     time (the dump's processes, its pieces' included) and the load average beside each; the outputs compared."""
-    digests = {}
-    for _ in range(repeat):
-        for code in codes:
-            load = os.getloadavg()[0]
-            cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            a = time.perf_counter()
-            out = subprocess.run([sys.executable, "-m", "dltop", "dump", str(rec_dir), "--format", "csv"],
-                                 capture_output=True, text=True, cwd=code, env={**os.environ, "PYTHONPATH": str(code)})
-            took = time.perf_counter() - a
-            cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
-            label = f" ({code})" if len(codes) > 1 or code != REPO else ""
-            if out.returncode == 0:
-                rows = out.stdout.count("\n") - 1
-                cols = len(next(csv.reader([out.stdout.split("\n", 1)[0]])))  # names may hold commas, quoted
+    for fmt in formats:
+        digests: dict[int, list[str]] = {}
+        for _ in range(repeat):
+            for code in codes:
+                cmd = [sys.executable, "-m", "dltop", "dump", str(rec_dir), "--format", fmt]
+                cmd += ["--fields", fields] if fields else []
+                load = os.getloadavg()[0]
+                cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                a = time.perf_counter()
+                out = subprocess.run(cmd, capture_output=True, text=True, cwd=code,
+                                     env={**os.environ, "PYTHONPATH": str(code)})
+                took = time.perf_counter() - a
+                cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+                label = f" ({code})" if len(codes) > 1 or code != REPO else ""
+                what = f"dltop dump --format {fmt}{f' --fields {fields}' if fields else ''}{label}"
+                if out.returncode != 0:
+                    print(f"{what} failed: {out.stderr.strip()}")
+                    continue
+                lines = out.stdout.count("\n")
+                if fmt == "csv":
+                    cols = len(next(csv.reader([out.stdout.split("\n", 1)[0]])))  # names may hold commas, quoted
+                    size = f"{lines - 1} rows x {cols} columns"
+                else:
+                    size = f"{lines} lines"
                 digests.setdefault(hash(out.stdout), []).append(str(code))
-                print(f"dltop dump --format csv{label}: {took:.1f} s for {rows} rows x {cols} columns "
-                      f"({len(out.stdout) / 1e6:.0f} MB; {cpu:.1f} CPU-seconds over {os.cpu_count()} CPUs; load "
-                      f"{load:.2f} before, {os.getloadavg()[0]:.2f} after)", flush=True)
-            else:
-                print(f"dltop dump --format csv{label} failed: {out.stderr.strip()}")
-    if len(codes) > 1:
-        print("the outputs: " + ("the same, byte for byte" if len(digests) == 1 else f"DIFFER ({len(digests)} kinds)"))
+                print(f"{what}: {took:.1f} s for {size} ({len(out.stdout) / 1e6:.0f} MB; {cpu:.1f} CPU-seconds over "
+                      f"{os.cpu_count()} CPUs; load {load:.2f} before, {os.getloadavg()[0]:.2f} after)", flush=True)
+        if len(codes) > 1:
+            print(f"the {fmt} outputs: " + ("the same, byte for byte" if len(digests) == 1
+                                            else f"DIFFER ({len(digests)} kinds)"))
 
 
 def live(work: Path, seconds: float) -> None:
