@@ -311,7 +311,9 @@ def test_published_file_is_private_atomic_and_within_the_limit(tmp_path: Path) -
     assert stat.S_IMODE(os.stat(tmp_path / "dltop").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     time.sleep(0.3)
-    assert os.listdir(tmp_path / "dltop") == [f"{os.getpid()}.json"]  # no temp file left behind
+    # no temp file left behind; beside the file, the (empty) one SIGTERM would write its stack into
+    assert sorted(os.listdir(tmp_path / "dltop")) == [f"{os.getpid()}.json", f"{os.getpid()}.signal"]
+    assert os.path.getsize(tmp_path / "dltop" / f"{os.getpid()}.signal") == 0
     doc = json.loads(Path(path).read_text())
     assert doc["format"] == 1 and doc["pid"] == os.getpid()
     assert doc["start_time_ticks"] == proc_start_ticks(os.getpid())
@@ -692,7 +694,7 @@ def test_dltop_probe_1_under_torchrun_publishes_only_the_rank(tmp_path: Path) ->
         # the first file is written at start(), before the loop: the loader shows up at the next publish (1 s)
         _until(lambda: (_published(path).get("data") or {}).get("loader_workers") == 1, "the rank's loader")
         time.sleep(0.5)  # a junk publisher would have written by now: start() publishes at once
-        assert os.listdir(tmp_path / "dltop") == [f"{rank}.json"]
+        assert sorted(os.listdir(tmp_path / "dltop")) == [f"{rank}.json", f"{rank}.signal"]  # the rank's alone
         doc = _published(path)
         assert doc["ppid"] == agent.pid and doc["rank"] == 0 and doc["data"]["loader_workers"] == 1
     finally:
