@@ -191,6 +191,21 @@ def watch_kv(obj: Any) -> None:
     state.kv.extend(_ref(obj))
 
 
+def input_shape(item: Any) -> Any:
+    """What an item's shape is counted as (distinct input shapes: cuDNN autotunes each): the shape of the item, or
+    of its first element (`x` of `[x, y]`), or of its first value (`input_ids` of a dict batch); a few attribute
+    reads a step. Other items (nested, no tensor first) are described whole, which costs more."""
+    shape = getattr(item, "shape", None)
+    if shape is not None:
+        return shape
+    kind = type(item)
+    if (kind is list or kind is tuple) and item:
+        shape = getattr(item[0], "shape", None)
+    elif kind is dict and item:
+        shape = getattr(next(iter(item.values())), "shape", None)
+    return shape if shape is not None else _shape_of(item)
+
+
 def _shape_of(item: Any) -> Any:
     shape = getattr(item, "shape", None)
     if shape is not None:
@@ -435,35 +450,40 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
         return
     d = state.data
     how = _describe_loader(d, iterable, data_dir, batch_size, tokens)
-    counting = how[0] is not None or how[1] is not None
+    # A batch size that is one number and no tokens (a DataLoader's own): counted inline, no call a step
+    fixed = how[0] if type(how[0]) is int and how[0] >= 0 and how[1] is None else None
+    counting = fixed is None and (how[0] is not None or how[1] is not None)
     # Measured before iter(): a DataLoader's workers start reading ahead as soon as it is called.
     data0 = _data_cached(d.data_dir) if not d.epoch_open else None
     it = iter(iterable)
     clock = time.perf_counter_ns
-    waits, steps_ns, ends_ns, shapes, mask = d.waits, d.steps_ns, d.ends_ns, d.shapes, RING - 1
-    # Per item: two clock reads and a few stores. The publisher thread reads the ring and the totals as they are.
-    while True:
-        t0 = clock()
-        if not d.epoch_open:
-            _open_epoch(d, t0, data0)
-            data0 = None
-            t0 = clock()  # the measurement is not the data wait
-        try:
-            item = next(it)
-        except StopIteration:
-            return
+    waits, steps_ns, ends_ns, samples, shapes, mask = d.waits, d.steps_ns, d.ends_ns, d.samples, d.shapes, RING - 1
+    # Per item: two clock reads and a few stores (benchmarks/probe.py). The publisher thread reads the ring and
+    # the totals as they are.
+    t0 = clock()
+    if not d.epoch_open:
+        _open_epoch(d, t0, data0)
+        t0 = clock()  # the measurement is not the data wait
+    for item in it:
         t1 = clock()
         n, last = d.n, d.last_t
-        waits[n & mask] = wait = t1 - t0
-        steps_ns[n & mask] = t1 - last if last else 0  # the first item of an epoch has no step before it
-        ends_ns[n & mask] = t1
-        if counting:
-            counting = _count(d, n & mask, item, how)
+        i = n & mask
+        waits[i] = wait = t1 - t0
+        steps_ns[i] = t1 - last if last else 0  # the first item of an epoch has no step before it
+        ends_ns[i] = t1
+        if fixed is not None:
+            samples[i] = fixed
+            d.samples_total = (d.samples_total or 0) + fixed
+        elif counting:
+            counting = _count(d, i, item, how)
         d.last_t, d.n, d.wait_total = t1, n + 1, d.wait_total + wait
         if len(shapes) < MAX_SHAPES:
-            shape = getattr(item, "shape", None)  # a tensor's torch.Size: hashable as it is
-            shapes.add(shape if shape is not None else _shape_of(item))
+            shapes.add(input_shape(item))
         yield item
+        t0 = clock()
+        if not d.epoch_open:  # mark_epoch() in the loop: the next item opens the next epoch
+            _open_epoch(d, t0)
+            t0 = clock()
 
 
 def _describe_loader(d: _Data, iterable: Any, data_dir: str | None, batch_size: Count | None,
@@ -511,8 +531,7 @@ def arrived(d: _Data, t0: int, t1: int, item: Any, samples: int | None = None, t
     counted(d, i, samples, tokens)
     d.last_t, d.n, d.wait_total = t1, n + 1, d.wait_total + wait
     if item is not None and len(d.shapes) < MAX_SHAPES:
-        shape = getattr(item, "shape", None)
-        d.shapes.add(shape if shape is not None else _shape_of(item))
+        d.shapes.add(input_shape(item))
 
 
 def main_data() -> _Data:
