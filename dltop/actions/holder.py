@@ -72,6 +72,11 @@ class LockSet:
             self.mappings.append(m)
             for start in range(0, length, LOCK_STEP_BYTES):
                 n = min(LOCK_STEP_BYTES, length - start)
+                # Read this step's data ahead, exactly: mlock then finds every page cached and does no fault
+                # read-around, which would cache the zero pages of the holes beside the data (+14 MiB around
+                # 10 MiB of data, cold, on ext4).
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(fd, off + start, n, os.POSIX_FADV_WILLNEED)
                 m.lock_range(start, n)
                 done = n if start + n < length else pages * ps - start  # whole pages
                 self.bytes += done

@@ -314,13 +314,13 @@ def _print_result(args: argparse.Namespace, r: Any) -> None:
         verb = {"warm": "would warm", "evict": "would evict", "lock": "would lock"}[r.action]
         print(f"{verb} {human_bytes(r.total_bytes)} in {plural(r.files, 'file')}" + (
             f"; {resident} is resident already" if resident else ""))
-    if r.action == "lock" and r.total_bytes < r.pages * ps:  # the holes of sparse files are never locked
-        print(f"data only: {human_bytes(r.total_bytes)} of {human_bytes(r.size_bytes)} apparent size; the holes of "
-              "sparse files are never locked")
     else:
         print(_done_line(r, resident))
         if (now := _resident_now(r)) is not None:
             print(now)
+    if r.action == "lock" and r.total_bytes < r.pages * ps:  # the holes of sparse files are never locked
+        print(f"data only: {human_bytes(r.total_bytes)} of {human_bytes(r.size_bytes)} apparent size; the holes of "
+              "sparse files are never locked")
     if r.guard is not None:
         print(f"memory guard: {r.guard.message}")
     for why, pages in r.stayed.items():
