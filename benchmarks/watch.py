@@ -10,6 +10,12 @@ tmux pane and a job that reads --rate random files a second (open, read, close, 
 over --seconds. htop is not the baseline here: it watches no dataset. Targets (issue 22): <= 1.5% of a core
 for 100,000 files, <= 2% for 1,000,000 (0-byte files on tmpfs do: --dir /dev/shm/x --bytes 0).
 
+--discovery measures finding the datasets jobs read (dltop/sources/found.py), in this process, side by side with
+discovery off: the datasets source (watching the tree) read at its 10 s cadence over --seconds, once with
+--no-discover and once with a DataLoader-like job reading a second tree (--files / 10 files: 4 workers holding 16
+shards open each, one swapped every 0.2 s) named by --pid, and a hostile process holding 16,000 descriptors; the
+CPU of each, and the look at a job's descriptors alone.
+
 --accuracy instead evicts the tree, runs the watch in this process at the source's 10 s cadence while the job
 reads it back in, and compares each read with vmtouch (folder by folder, its opens not taken for the job's; the
 job stopped while both count):
@@ -180,6 +186,76 @@ def in_process(root: Path, seconds: float) -> None:
         print("disturbed: drop_caches on the machine during the window")
 
 
+LOADER = """
+import os, random, sys, time
+root, n, hostile = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def name(i):
+    return f"{root}/d{i // 1000:04}/f{i % 1000:03}.bin"
+if hostile:  # one process holding thousands of descriptors of one file
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    first = os.open(name(0), os.O_RDONLY)
+    kept = [os.dup(first) for _ in range(hostile)]
+    print("ready", flush=True)
+    time.sleep(100000)
+for w in range(4):  # DataLoader workers: each holds 16 shards open and swaps one every 0.2 s
+    if os.fork() == 0:
+        fds = [os.open(name(random.randrange(n)), os.O_RDONLY) for _ in range(16)]
+        while True:
+            time.sleep(0.2)
+            os.close(fds.pop(0))
+            fds.append(os.open(name(random.randrange(n)), os.O_RDONLY))
+print("ready", flush=True)
+time.sleep(100000)
+"""
+
+
+def discovery_cost(root: Path, files: int, nbytes: int, seconds: float) -> None:
+    """The datasets source watching `root` at its 10 s cadence, with discovery off and on (a job reading another
+    tree, a process holding 16,000 descriptors): CPU a second of each."""
+    from dltop.config import Settings
+    from dltop.sources import datasets, found
+
+    other = root.parent / (root.name + "-found")
+    make_tree(other, max(1000, files // 10), nbytes)
+    jobs = [subprocess.Popen([sys.executable, "-c", LOADER, str(other), str(max(1000, files // 10)), str(h)],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True) for h in (0, 16_000)]
+    try:
+        for j in jobs:
+            assert j.stdout is not None and j.stdout.readline().strip() == "ready"
+        d = found.Discovery(datasets.WalkOptions(max_depth=6), None, pid=jobs[1].pid)
+        c0 = time.thread_time()
+        d._refresh_jobs()
+        for j in d.jobs.values():
+            d._look(j, time.monotonic() + 10)
+        print(f"a look at a process holding 16,000 descriptors: {1000 * (time.thread_time() - c0):.0f} ms CPU "
+              f"(at most {found.MAX_FDS} of them, within {found.LOOK_BUDGET_S:g} s; once every {found.REVISIT_S:g} s)")
+        for on in (False, True):
+            src = datasets.source(Settings(datasets=(str(root),), discover=on, pid=jobs[0].pid))
+            c0 = time.thread_time()
+            part = src.read()
+            first = time.thread_time() - c0
+            cpu, n, t0 = 0.0, 0, time.monotonic()
+            while time.monotonic() - t0 < seconds:
+                time.sleep(10)
+                c = time.thread_time()
+                part = src.read()
+                cpu += time.thread_time() - c
+                n += 1
+            wall = time.monotonic() - t0
+            if src.close is not None:
+                src.close()
+            what = ", ".join(f"{f.path} ({f.scan.files if f.scan else '?'} files, "
+                             f"{sum(r.files_open for r in f.readers)} open)" for f in part.found) or "-"
+            print(f"discovery {'on ' if on else 'off'}: first read {first:.2f} s CPU; then {100 * cpu / wall:.3f}% "
+                  f"of a core over {n} reads at the 10 s cadence; found: {what}")
+    finally:
+        for j in jobs:
+            os.killpg(j.pid, signal.SIGKILL)  # the workers too
+            j.wait()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=100_000)
@@ -190,6 +266,7 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=40.0, help="seconds before measuring (the first scans)")
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--in-process", action="store_true", help="the watch alone in this process, no TUI")
+    ap.add_argument("--discovery", action="store_true", help="the datasets source with discovery off and on")
     ap.add_argument("--profile", metavar="FILE", help="also sample dltop with py-spy over the window (raw stacks)")
     ap.add_argument("--py-spy", default="py-spy", help="the py-spy to run (--profile)")
     ap.add_argument("--clean", action="store_true", help="remove the tree at the end")
@@ -204,6 +281,9 @@ def main() -> int:
             return 0
         if args.in_process:
             in_process(root, args.seconds)
+            return 0
+        if args.discovery:
+            discovery_cost(root, args.files, args.bytes, args.seconds)
             return 0
         subprocess.run(["tmux", "-L", TMUX_SOCKET, "kill-server"], capture_output=True)
         tmux("new-session", "-d", "-s", "bench", "-x", "80", "-y", "24", "sleep 100000")

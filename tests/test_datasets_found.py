@@ -276,6 +276,28 @@ def test_a_job_is_looked_at_again_on_its_cadence_not_every_read(reachable_dir: P
     assert d.looks > looks
 
 
+def test_a_found_dataset_is_scanned_on_its_cadence_and_at_once_after_an_action(reachable_dir: Path,
+                                                                               held: list) -> None:
+    files = shards(reachable_dir / "ds", "a.bin")
+    held.append(p := hold([("r", str(files[0]))], reachable_dir))
+    now = [1000.0]
+    d = discovery((p.pid, os.geteuid(), None))
+    d.clock = lambda: now[0]
+    first = d.read()[0].scan
+    assert d.scans == 1 and isinstance(first, DatasetResidency)
+    fd = os.open(files[0], os.O_RDONLY)  # an evict from elsewhere
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    assert d.read()[0].scan == first and d.scans == 1  # not due
+    again = d.read(rescan=[str(reachable_dir / "ds")])[0].scan  # asked for: measured now
+    assert d.scans == 2 and isinstance(again, DatasetResidency) and again.data_resident_pages == 0
+    now[0] += found_mod.RESCAN_S + 1
+    d.scans_free_at = 0.0
+    d.read()
+    assert d.scans == 3
+
+
 # -- where found datasets go -----------------------------------------------------------------------------------
 
 
@@ -308,3 +330,60 @@ def test_the_text_says_who_reads_a_found_dataset(tmp_path: Path) -> None:
     odd = dataclasses.replace(f, readers=(dataclasses.replace(f.readers[0], user=None, job="\x1b]52;x\x07"),))
     assert "\x1b" not in found_line(odd) and "uid 1001" in found_line(odd)
     assert _found_part(tmp_path).holder(str(tmp_path / "ds" / "a.bin")) == str(tmp_path / "ds")
+
+
+def test_an_action_on_a_found_dataset_measures_it_again_at_once(tmp_path: Path) -> None:
+    from dltop.config import Settings
+    from dltop.model.actions import ActionEvent
+    from dltop.sampler import ListFeed
+    from dltop.session import Session
+    from dltop.timeline import LiveEvent
+    from tests.test_session import FakeRunner
+
+    class Feed(ListFeed):
+        asked: list[tuple[str, str | None]] = []
+
+        def read_now(self, name: str, key: str | None = None) -> None:
+            self.asked.append((name, key))
+
+    part = _found_part(tmp_path)
+    feed = Feed([Snapshot(ts=time.time(), host="h", datasets=part)])
+    session = Session(feed, Settings(), runner=FakeRunner())
+    session.open()
+    root = str(tmp_path / "ds")
+    # one run here, on a file of it: that dataset only, at once (an unlock too)
+    for step in ("run", "release"):
+        session.on_action(ActionEvent(action="evict", target=f"{root}/a.bin", phase="finished", step=step,
+                                      run_id=1, paths=(f"{root}/a.bin",), outcome="ok", ts=time.time()))
+        assert feed.asked.pop() == ("datasets", root)
+    # one another process ran (a `dltop evict` from a shell, read from the journal): the same
+    session.add_events([LiveEvent(time.time(), "action", {"action": "evict", "phase": "finished", "step": "run",
+                                                          "paths": [root], "pid": os.getpid() + 1})])
+    assert feed.asked == [("datasets", root)]
+
+
+def test_the_recorder_measures_a_dataset_again_after_an_action_on_it(tmp_path: Path) -> None:
+    from dltop.commands.record import _measure_after_actions
+
+    class Sampler:
+        asked: list[tuple[str, str | None]] = []
+
+        def read_now(self, name: str, key: str | None = None) -> None:
+            self.asked.append((name, key))
+
+    class Tail:
+        def __init__(self, lines: list[dict]) -> None:
+            self.lines = lines
+
+        def poll(self) -> list[dict]:
+            out, self.lines = self.lines, []
+            return out
+
+    root = str(tmp_path / "ds")
+    snap = Snapshot(ts=1.0, host="h", datasets=_found_part(tmp_path))
+    s = Sampler()
+    _measure_after_actions(s, snap, Tail([
+        {"action": "evict", "phase": "started", "step": "run", "paths": [root]},
+        {"action": "evict", "phase": "finished", "step": "run", "paths": [f"{root}/a.bin"]},
+        {"action": "warm", "phase": "finished", "step": "run", "paths": ["/elsewhere"]}]))
+    assert s.asked == [("datasets", root)]

@@ -30,10 +30,11 @@ from dltop.residency.walk import WalkOptions
 from dltop.sources.procio import children
 
 REVISIT_S = 30.0  # a job's open files are looked at again this often
-LOOK_BUDGET_S = 0.25  # /proc time a read spends on the jobs' descriptors; the jobs not reached wait for the next
+LOOK_BUDGET_S = 0.1  # /proc time a read spends on the jobs' descriptors; the jobs not reached wait for the next
 SCAN_BUDGET_S = 2.0  # one found dataset's scan: what it did not reach is said (complete False)
 READ_SCANS_S = 4.0  # scans a read starts, at most (the rest are scanned at the next read)
-RESCAN_S = 30.0  # a found dataset is measured again this often (at once after an action on it)
+RESCAN_S = 60.0  # a found dataset is measured again this often at most (at once after an action on it)
+SCAN_SHARE = 0.005  # the found datasets' scans together: at most this share of a core (after d s of CPU, d / 0.5%)
 MAX_FDS = 4096  # descriptors looked at per process
 MAX_PROCESSES = 64  # processes per job: the process, its DataLoader workers and theirs
 MAX_DEPTH = 3
@@ -177,6 +178,7 @@ def open_files(proc: str, pid: int, deadline: float) -> dict[str, tuple[int, int
     readlink is kept only where it names, from here, the file the fd holds (not deleted, not another mount
     namespace's path, not renamed since). At most MAX_FDS descriptors; None where the folder cannot be listed."""
     out: dict[str, tuple[int, int]] = {}
+    done: set[str] = set()  # paths checked already: a descriptor of one of them costs one readlink
     base = f"{proc}/{pid}/fd"
     try:
         it = os.scandir(base)
@@ -186,12 +188,12 @@ def open_files(proc: str, pid: int, deadline: float) -> dict[str, tuple[int, int
         for n, entry in enumerate(it):
             if n >= MAX_FDS or time.monotonic() > deadline:
                 break
-            if entry.name.isdigit() and (got := _open_file(proc, pid, entry.name)) is not None:
+            if entry.name.isdigit() and (got := _open_file(proc, pid, entry.name, done)) is not None:
                 out[got[0]] = got[1]
     return out
 
 
-def _open_file(proc: str, pid: int, fd: str) -> tuple[str, tuple[int, int]] | None:
+def _open_file(proc: str, pid: int, fd: str, done: set[str]) -> tuple[str, tuple[int, int]] | None:
     """(path, (device, inode)) of descriptor `fd` where it is a regular file open for reading only that its path
     names from here; None for anything else (a pipe, a socket, a FIFO, a device, a deleted file, one gone)."""
     link = f"{proc}/{pid}/fd/{fd}"
@@ -199,8 +201,9 @@ def _open_file(proc: str, pid: int, fd: str) -> tuple[str, tuple[int, int]] | No
         target = os.readlink(link)
     except OSError:
         return None  # closed meanwhile, or a path too long to name
-    if not target.startswith("/") or target.endswith(" (deleted)") or len(target) > MAX_PATH:
-        return None  # pipe:[...], socket:[...], anon_inode:..., a deleted file
+    if target in done or not target.startswith("/") or target.endswith(" (deleted)") or len(target) > MAX_PATH:
+        return None  # seen in this look already; pipe:[...], socket:[...], anon_inode:..., a deleted file
+    done.add(target)
     if target.startswith(("/proc/", "/sys/", "/dev/")) and not target.startswith("/dev/shm/"):
         return None
     try:
@@ -255,7 +258,7 @@ class _Found:
     path: str
     found_at: float
     scan: DatasetUnavailable | DatasetResidency | None = None
-    scanned_mono: float = 0.0
+    next_scan: float = 0.0  # clock() time its next scan is due
 
 
 class Discovery:
@@ -276,6 +279,8 @@ class Discovery:
         self.jobs: dict[tuple[int, int], Job] = {}
         self.found: dict[str, _Found] = {}
         self.looks = 0  # processes looked at (for the benchmarks)
+        self.scans = 0  # found datasets scanned
+        self.scans_free_at = 0.0  # clock() time the next scan not asked for may start (SCAN_SHARE)
 
     def note(self) -> str | None:
         """What discovery covers, where it is not every user's jobs."""
@@ -379,14 +384,18 @@ class Discovery:
         wall = time.time()
         self.found = {r: self.found.get(r) or _Found(r, wall) for r in roots}
         asked = set(rescan)
-        now = self.clock()
         spent = 0.0
-        due = sorted(self.found.values(), key=lambda f: (f.path not in asked, f.scanned_mono))
-        for f in due:
-            if f.path not in asked and (spent > READ_SCANS_S or now - f.scanned_mono < RESCAN_S and f.scan):
+        for f in sorted(self.found.values(), key=lambda f: (f.path not in asked, f.next_scan)):
+            now = self.clock()
+            # a new one is scanned at once; the others in turn, when due and within SCAN_SHARE of a core
+            if f.path not in asked and f.scan is not None and (f.next_scan > now or self.scans_free_at > now
+                                                               or spent > READ_SCANS_S):
                 continue
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.thread_time()
             f.scan = scan_one(f.path, self.options, deadline_s=SCAN_BUDGET_S, cpu_fraction=self.cpu_fraction).result
-            f.scanned_mono = self.clock()
+            self.scans += 1
+            now = self.clock()
+            f.next_scan = now + RESCAN_S
+            self.scans_free_at = max(self.scans_free_at, now) + (time.thread_time() - c0) / SCAN_SHARE
             spent += time.monotonic() - t0
         return tuple(FoundDataset(f.path, tuple(roots[f.path]), f.found_at, f.scan) for f in self.found.values())

@@ -65,7 +65,8 @@ class DatasetPane(Pane):
     TITLE = "Datasets"
     HELP = ("Residency is counted as fincore counts it: whole pages, from one cachestat() per file (mincore on "
             "overlayfs and older kernels). Pages the kernel hides from this user are unknown (?), not resident. "
-            "w / e / l measure first, then ask; Esc cancels.")
+            "w / e / l measure first, then ask; Esc cancels. Found: folders training jobs read (their open "
+            "files, the probe's data_dir), not watched; a on one watches it, --no-discover hides them.")
     can_focus = False
     DEFAULT_CSS = """
     #ds-summary { height: auto; max-height: 2; }
