@@ -105,6 +105,8 @@ def _libc() -> ctypes.CDLL:
     libc.mlock.restype = ctypes.c_int
     libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.munlock.restype = ctypes.c_int
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.madvise.restype = ctypes.c_int
     libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
     libc.fstatfs.restype = ctypes.c_int
     libc.statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
@@ -256,11 +258,14 @@ def residency_visible(st: os.stat_result, name: str | bytes, dir_fd: int | None 
     return os.access(name, os.W_OK, dir_fd=dir_fd, effective_ids=True)
 
 
+MADV_RANDOM = 1
+
+
 class LockedMapping:
     """`size` bytes of a file from `offset` (a multiple of the page size) mapped and mlock(2)ed; its pages stay in
     memory until `release()`. `lock=False` only maps it: `lock_range` then locks it a part at a time."""
 
-    def __init__(self, fd: int, size: int, offset: int = 0, lock: bool = True) -> None:
+    def __init__(self, fd: int, size: int, offset: int = 0, lock: bool = True, random: bool = False) -> None:
         self.size = size
         self._addr: int | None = None
         if size <= 0:
@@ -270,6 +275,8 @@ class LockedMapping:
         if addr is None or addr == MAP_FAILED:
             _raise_errno("mmap")
         self._addr = addr
+        if random:  # MADV_RANDOM: its faults read no page around (or ahead of) the one they miss
+            libc.madvise(ctypes.c_void_p(addr), size, MADV_RANDOM)
         if lock:
             self.lock_range(0, size)
 

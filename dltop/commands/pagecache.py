@@ -194,12 +194,13 @@ def run_action(args: argparse.Namespace) -> int:
                 bar.close()
             if run.error is not None:
                 raise run.error
-            _print_result(args, run.result)
             held = runner.held()
-            if held and not signals and getattr(args, "detach", False):
-                for line in runner.keep_all():
-                    print(line, file=sys.stderr)
-            elif held and not signals:
+            # --detach hands over before anything is printed: a closed stdout (`| head -1`) cannot undo it
+            kept = runner.keep_all() if held and not signals and getattr(args, "detach", False) else []
+            _print_result(args, run.result)
+            for line in kept:
+                print(line, file=sys.stderr)
+            if held and not signals and not kept:
                 _hold(runner, run.result.files, held, stop, signals)
             return 128 + signals[0] if signals else 0
         finally:
