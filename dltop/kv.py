@@ -313,12 +313,13 @@ def _layer_window(cfg: dict[str, Any], t: Any, window: int | None) -> tuple[int 
 # The keys a model type's defaults may fill (only where the config lacks the key: an explicit null stays null).
 FILL_KEYS = ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "sliding_window",
              "layer_types", "attention_chunk_size", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
-             "v_head_dim", "q_lora_rank", "vocab_size", "intermediate_size", "tie_word_embeddings", "per_layer_config")
+             "v_head_dim", "q_lora_rank", "vocab_size", "intermediate_size", "tie_word_embeddings", "per_layer_config",
+             "num_kv_shared_layers", "global_head_dim")
 _MLA_UNUSED = ("num_key_value_heads", "head_dim")  # transformers fills them for DeepSeek; MLA caches neither
 # Model types whose every layer slides when sliding_window is set (their modelling code has no layer pattern).
 _WINDOW_EVERYWHERE = ("mistral", "mixtral")
 # A multimodal wrapper's type, and its text model's.
-_TEXT_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+_TEXT_TYPES = {"gemma3": "gemma3_text", "gemma3n": "gemma3n_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 
 
 def _alternate(cfg: dict[str, Any], layers: int) -> list[str]:
@@ -328,6 +329,15 @@ def _alternate(cfg: dict[str, Any], layers: int) -> list[str]:
 def _gemma3_types(cfg: dict[str, Any], layers: int) -> list[str]:
     pattern = _int(cfg, "sliding_window_pattern") or 6  # transformers' Gemma3TextConfig: a global layer every 6th
     return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+
+
+def _gemma3n_types(cfg: dict[str, Any], layers: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(layers)]  # Gemma3nTextConfig
+
+
+def _gemma4_types(cfg: dict[str, Any], layers: int) -> list[str]:
+    # Gemma4TextConfig: a full layer every 6th, and the last layer full.
+    return ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention" for i in range(layers)]
 
 
 def _qwen_types(cfg: dict[str, Any], layers: int) -> list[str]:
@@ -361,6 +371,11 @@ _MLA = {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_r
 FAMILIES: dict[str, tuple[dict[str, Any], _Rule | None]] = {
     "gemma2": ({**_GEMMA, "vocab_size": 256000}, _alternate),
     "gemma3_text": ({**_GEMMA, "vocab_size": 262208}, _gemma3_types),
+    "gemma3n_text": ({"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "hidden_size": 2048,
+                      "sliding_window": 512, "vocab_size": 262400, "intermediate_size": 16384,
+                      "tie_word_embeddings": True, "num_kv_shared_layers": 15}, _gemma3n_types),
+    "gemma4_text": ({**_GEMMA, "sliding_window": 512, "vocab_size": 262144, "num_kv_shared_layers": 0,
+                     "global_head_dim": 512}, _gemma4_types),
     "mistral": ({"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "sliding_window": 4096,
                  "vocab_size": 32000, "intermediate_size": 14336}, None),
     "mixtral": ({"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "vocab_size": 32000,
@@ -540,22 +555,29 @@ def _per_layer(cfg: dict[str, Any], kinds: tuple[str, ...]) -> tuple[tuple[Layer
 
 
 def _layer_overrides(cfg: dict[str, Any], kinds: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[str]]:
-    """What each layer has of its own: the swa_ keys on sliding layers, Gemma 4's global_head_dim (and, with
-    attention_k_eq_v, num_global_key_value_heads) on full layers, then per_layer_config's entry for it."""
+    """What each layer has of its own: the swa_ keys on sliding layers; then per_layer_config's entry for it, or
+    where there is no per_layer_config Gemma 4's global keys on full layers (see _global_overrides)."""
     swa = {own: cfg[key] for key, own in _SWA_KEYS.items() if cfg.get(key) is not None}
-    full: dict[str, Any] = {}
-    notes = []
-    if cfg.get("global_head_dim") is not None:
-        full["head_dim"] = cfg["global_head_dim"]
-    if cfg.get("num_global_key_value_heads") is not None:
-        if cfg.get("attention_k_eq_v"):
-            full["num_key_value_heads"] = cfg["num_global_key_value_heads"]
-        else:
-            notes.append(f"num_global_key_value_heads {_shown(cfg['num_global_key_value_heads'])} does not apply: "
-                         "attention_k_eq_v is off (transformers' Gemma4TextConfig rule)")
+    full, notes = _global_overrides(cfg)
+    if "per_layer_config" in cfg:
+        full = {}
     given, unread = _per_layer_config(cfg, len(kinds))
     by_kind = {"sliding": swa, "full": full}
     return [{**by_kind.get(kind, {}), **given.get(i, {})} for i, kind in enumerate(kinds)], notes + unread
+
+
+def _global_overrides(cfg: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Gemma 4's full layers as published: global_head_dim, and num_global_key_value_heads with attention_k_eq_v
+    (transformers' Gemma4TextConfig turns them into per_layer_config, and reads them only where it has none)."""
+    full: dict[str, Any] = {}
+    if cfg.get("global_head_dim") is not None:
+        full["head_dim"] = cfg["global_head_dim"]
+    if cfg.get("num_global_key_value_heads") is None:
+        return full, []
+    if not cfg.get("attention_k_eq_v"):
+        return full, [f"num_global_key_value_heads {_shown(cfg['num_global_key_value_heads'])} does not apply: "
+                      "attention_k_eq_v is off (transformers' Gemma4TextConfig rule)"]
+    return {**full, "num_key_value_heads": cfg["num_global_key_value_heads"]}, []
 
 
 def _per_layer_config(cfg: dict[str, Any], layers: int) -> tuple[dict[int, dict[str, Any]], list[str]]:

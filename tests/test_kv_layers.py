@@ -267,3 +267,36 @@ def test_library_defaults_leave_no_key_unread_and_hybrids_are_never_silent() -> 
             assert model_type in HYBRID, (model_type, str(e))
             continue
         assert bool(notes) == (model_type in HYBRID), (model_type, notes)
+
+
+# Gemma 3n and Gemma 4 as configs that leave (nearly) everything to their model type: dltop's table gives what
+# transformers' config classes give, layer by layer (google/gemma-3n-E4B is Gemma3nTextConfig's own checkpoint).
+GEMMA_DEFAULTS = [
+    {"model_type": "gemma3n_text", "num_hidden_layers": 35},
+    {"model_type": "gemma3n", "text_config": {"model_type": "gemma3n_text", "num_hidden_layers": 30,
+                                              "num_kv_shared_layers": 10}},
+    {"model_type": "gemma4_text", "num_hidden_layers": 30},
+    {"model_type": "gemma4", "text_config": {"model_type": "gemma4_text", "num_hidden_layers": 12,
+                                             "attention_k_eq_v": True, "num_global_key_value_heads": 1}},
+    {"model_type": "gemma4_text", "num_hidden_layers": 35, "num_key_value_heads": 1, "num_kv_shared_layers": 20},
+    # a saved config whose full layers have the sliding layers' head dim: an empty per_layer_config, no 512
+    {"model_type": "gemma4_text", "num_hidden_layers": 12, "per_layer_config": {}},
+]
+
+
+@pytest.mark.parametrize("cfg", GEMMA_DEFAULTS)
+def test_gemma_defaults_from_the_table_are_transformers(cfg: dict[str, Any]) -> None:
+    pytest.importorskip("transformers")
+    table, lib = kv.shape_from_config(cfg, defaults="table"), kv.shape_from_config(cfg, defaults="transformers")
+    assert table.defaults is not None and table.defaults.source.startswith("dltop's table (gemma")
+    assert kv.shape_dict(table, SEQ) | {"defaults": None} == kv.shape_dict(lib, SEQ) | {"defaults": None}
+    check = kv.cross_check(lib)
+    assert isinstance(check, kv.CrossCheck) and check.differences == ()
+
+
+def test_gemma3n_e4b_by_hand() -> None:
+    # Gemma3nTextConfig's defaults (google/gemma-3n-E4B): 35 layers, a full one every 5th, 2 KV heads x 256, window
+    # 512, and the last 15 layers reuse earlier caches: layers 0-19 keep one, 4 of them full (4, 9, 14, 19).
+    shape = kv.shape_from_config({"model_type": "gemma3n_text", "num_hidden_layers": 35, "torch_dtype": "bfloat16"})
+    assert shape.bytes_per_token == 16 * 2 * 2 * 256 * 2 + 4 * 2 * 2 * 256 * 2
+    assert shape.sequence_bytes(SEQ) == 16 * 2 * 2 * 256 * 2 * 512 + 4 * 2 * 2 * 256 * 2 * SEQ
