@@ -261,7 +261,7 @@ def _layer_types(cfg: dict[str, Any], layers: int) -> Any:
     if cfg.get("layer_types") is not None or pattern is None:
         return cfg.get("layer_types")
     if not isinstance(pattern, list) or len(pattern) != layers or any(
-            isinstance(p, bool) or p not in (0, 1) for p in pattern):
+            type(p) is not int or p not in (0, 1) for p in pattern):
         raise ConfigError(f"hybrid_layer_pattern in the config must list 0 (full) or 1 (sliding) for each of the "
                           f"{layers} layers")
     return ["sliding_attention" if p else "full_attention" for p in pattern]

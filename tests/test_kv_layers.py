@@ -122,6 +122,7 @@ def test_per_layer_config_as_transformers_writes_it() -> None:
     ({"per_layer_config": {"3": {"head_dim": -1}}}, "head_dim in the config must be a whole number"),
     ({"hybrid_layer_pattern": [0, 1]}, "hybrid_layer_pattern in the config must list 0 (full) or 1 (sliding)"),
     ({"hybrid_layer_pattern": [True] * 30}, "hybrid_layer_pattern in the config must list"),
+    ({"hybrid_layer_pattern": [1.0] * 30}, "hybrid_layer_pattern in the config must list"),
     ({"num_kv_shared_layers": 30}, "num_kv_shared_layers 30 leaves none of the 30 layers to keep a cache"),
     ({"swa_num_key_value_heads": 3}, "3 KV heads do not divide 16 attention heads"),
 ])
