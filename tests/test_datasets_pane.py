@@ -527,3 +527,41 @@ async def test_a_tick_that_changes_no_text_touches_no_row_and_the_ages_stay_true
             await pilot.pause()
             shown = {str(table.get_row_at(i)[0]): str(table.get_row_at(i)[6]) for i in range(table.row_count)}
             assert shown == {p: human_age(now - at) for p, at in ages.items()}
+
+
+async def test_found_datasets_and_estimates_are_shown_as_such() -> None:
+    from dltop.model.datasets import FoundDataset, FoundReader
+
+    base = fixed_part()
+    imagenet = dataclasses.replace(base.paths[0], estimated=True, estimate_error_pages=16, full_scan_at=50.0)
+    c4 = dataclasses.replace(base.paths[0], path="/scratch/c4", children=(), top_files=(), complete=False)
+    reader = FoundReader(4242, 1001, "alice", "", "/usr/bin/python3 train.py --lr 1e-3", 64, True)
+    part = DatasetsPart(paths=(imagenet,), found=(FoundDataset("/scratch/c4", (reader,), 90.0, c4),))
+
+    class Found(App[None]):
+        CSS_PATH = DltopApp.CSS_PATH
+
+        def compose(self) -> ComposeResult:
+            yield DatasetPane(clock=lambda: 100.0)
+
+        def on_mount(self) -> None:
+            snap = Snapshot(ts=100.0, host="fixture", datasets=part)
+            self.query_one(DatasetPane).show(View(snapshot=snap, history=(snap,), watched=("/data/imagenet",)))
+
+    app = Found()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert _rows(app) == ["/data/imagenet", "found: read by training jobs", "/scratch/c4"]
+        assert "1 watched, 1 found" in _text(app, "#ds-summary")
+        assert _cell(app, 2, 1).startswith("≥") and _cell(app, 2, 5) == "≥9"  # a scan cut at its budget
+        app.query_one("#ds-table", DataTable).move_cursor(row=2)
+        await pilot.pause()
+        assert "found: read by train.py (pid 4242) of alice, 64 files open, named by its probe" in _text(
+            app, "#ds-notes")
+        await pilot.press("a")  # watch it: its folder typed in already
+        assert app.query_one("#ds-add", Input).value == "/scratch/c4"
+        await pilot.press("escape")
+        app.query_one("#ds-table", DataTable).move_cursor(row=0)
+        await pilot.press("enter")  # a watched dataset whose counts are an estimate: its folders' too
+        await pilot.pause()
+        assert [_cell(app, i, 3)[:1] for i in range(2)] == ["~", "~"]

@@ -258,11 +258,17 @@ class DatasetPane(Pane):
         # The Path column gives way: long paths shortened in the middle, so every number column stays on an
         # 80-column screen (a 70-character path pushed Size, Resident and % off it).
         self._path_width = fit_column(table, wanted, 0, HEADERS, COLUMNS, _shorten_label, self._path_width)
+        other_rows = set(wanted) != set(self._rows)
         for stale in [k for k in table.rows if k.value not in wanted]:
             table.remove_row(stale)
         for key, values in wanted.items():
             set_row(table, key, COLUMNS, values)
         self._rows = list(wanted)
+        if other_rows:
+            # New rows are drawn at the columns' old widths before DataTable measures them (on idle), and the lines
+            # it drew stay cached: a file name opened into was cut without its "…" and the header stood apart from
+            # its column until a new scan redrew the rows. Drop them once the widths are in.
+            table.call_after_refresh(table.notify_style_update)
         if [r.key.value for r in table.ordered_rows] != self._rows:
             self._reorder(table, wanted)
 
