@@ -64,6 +64,7 @@ def test_persistent_workers_give_one_epoch_a_pass(tmp_path: Path) -> None:
     the val loader, also persistent and not timed) is in no epoch."""
     epochs = _epochs(PERSISTENT, tmp_path)
     assert [e["steps"] for e in epochs] == [6, 6, 6]
+    assert [e["samples"] for e in epochs] == [24, 24, 24]  # the loader's batch size: samples/s unasked
     for before, after in zip(epochs, epochs[1:], strict=False):
         assert after["started_at"] - before["ended_at"] >= 0.35  # the 0.4 s sleep is between, not inside
 

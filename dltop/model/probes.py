@@ -17,10 +17,13 @@ STALL_MIN_S = 30.0
 STALL_STEPS = 20
 NO_EXIT_RECORD = "exited, cause unknown (no exit record: SIGKILL, the OOM killer or a crash leave none)"
 # The kernel's state of a live process (/proc/PID/stat) where it says why the loop makes no step
-STATES = {"T": "stopped (state T: SIGSTOP or SIGTSTP; kill -CONT resumes it)",
+STATES = {"T": "stopped (state T: SIGSTOP or Ctrl-Z)",
           "t": "stopped by a debugger (state t)",
           "D": "in uninterruptible IO (state D)",
           "Z": "a zombie (state Z: it exited and its parent has not reaped it)"}
+# The same on a rank's line of the Training tab, after how long it made no step (80 columns)
+STATE_LINES = {"T": "state T (SIGSTOP or Ctrl-Z): kill -CONT {pid}", "t": "state t (a debugger holds it)",
+               "D": "state D (uninterruptible IO)"}
 # Why a job has no throughput or loss: the script did not hand them over (the Training tab says so on the line)
 NO_SAMPLES = "no batch size given: track(loader, batch_size=N), or a framework's callback (docs/probe.md)"
 NO_TOKENS = "no tokens per batch given: track(loader, tokens=N or a function of the batch)"
@@ -343,10 +346,9 @@ def rank_status(p: ProcessProbe, members: Sequence[ProcessProbe]) -> tuple[str, 
     age = f"no step for {p.last_step_age_s:.0f}s" if p.last_step_age_s is not None else "no step yet"
     if p.exited:
         return "EXITED", p.ended
-    if p.proc_state in ("T", "t"):
-        return "STOPPED", f"{p.kernel_state}, {age}"
-    if p.proc_state == "D" and p.stalled:
-        return "STALLED", f"{p.kernel_state}, {age}"
+    if p.proc_state in ("T", "t") or (p.proc_state == "D" and p.stalled):
+        return "STOPPED" if p.proc_state != "D" else "STALLED", \
+            f"{age}, {STATE_LINES[p.proc_state].format(pid=p.pid)}"
     cause = [q for q in waited_for(members) if q is not p]
     if cause and (p.stalled or p.step_time_s is None):
         q = cause[0]

@@ -23,6 +23,7 @@ _watched: weakref.WeakSet[Any] = weakref.WeakSet()  # modules and optimizers han
 _timed: list[weakref.ref[Any]] = []  # the dataset whose loader is timed (the first one iterated)
 _sampler: list[weakref.ref[Any]] = []  # its sampler: where the script calls set_epoch on it, those are the epochs
 _told: weakref.WeakSet[Any] = weakref.WeakSet()  # samplers the script called set_epoch on
+_batch: list[int] = []  # the timed loader's batch size, where it has one
 
 
 def _begin() -> None:
@@ -58,6 +59,10 @@ def _is_timed(it: Any) -> bool:
         index = getattr(it, "_index_sampler", None)  # the batch sampler (holding the sampler) or the sampler
         with contextlib.suppress(TypeError):
             _sampler.append(weakref.ref(getattr(index, "sampler", index)))
+        size = getattr(index, "batch_size", None) if getattr(it, "_auto_collation", False) else None
+        if type(size) is int and size > 0:  # samples/s as track() counts a DataLoader's (a short last batch full)
+            _batch.append(size)
+            d.samples_total = d.samples_total or 0
     return _timed[0]() is dataset
 
 
@@ -116,7 +121,7 @@ def _patch_dataloader() -> None:
                     _close_epoch()
                 d.last_t = 0
                 _begin()
-            probe.arrived(d, t0, t1, item)
+            probe.arrived(d, t0, t1, item, _batch[0] if _batch else None)
         return item
 
     base.__next__ = __next__

@@ -655,7 +655,8 @@ def _aged(probe: ProcessProbe, since_s: float) -> ProcessProbe:
     window = probe.window_s if probe.window_s is not None else 10.0
     probe = dataclasses.replace(probe, last_step_age_s=age, loaders=tuple(_aged_loader(q, since_s, window)
                                                                           for q in probe.loaders))
-    if age <= window or since_s <= 0:
+    current = (probe.step_time_s, probe.data_wait_fraction, probe.samples_per_s, probe.tokens_per_s)
+    if age <= window or since_s <= 0 or all(v is None for v in current):  # none left, the probe's reason kept
         return probe
     why = f"no step ended in the last {window:g} s (its probe last published {since_s:.0f} s ago)"
     gone = ("step_time_s", "data_wait_fraction", "samples_per_s", "tokens_per_s")

@@ -350,8 +350,8 @@ def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot]
 def epochs_whose(members: list[ProcessProbe], width: int) -> Content:
     """The line under a job of several ranks' epoch table: whose epochs they are, and that its throughput is
     the ranks' sum."""
-    sums = " (Samp/s, Tok/s: the ranks' sum, n/a until each closed the epoch)" \
-        if any(h in epoch_headers(members[0]) for h in ("Samp/s", "Tok/s")) else ""
+    cols = [h for h in ("Samp/s", "Tok/s") if h in epoch_headers(members[0])]
+    sums = f"; {', '.join(cols)}: the {len(members)} ranks' sum" if cols else ""
     return Content.assemble((f"epochs (rank {members[0].rank}'s){sums}", "dim")).truncate(width, ellipsis=True)
 
 
