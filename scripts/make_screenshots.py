@@ -4,7 +4,10 @@ writer makes the page cache move in rounds and examples/train_tiny.py trains wit
 scripts/cluster_screenshot.py (a real Prometheus and four `dltop export` nodes).
 Without a GPU, the GPU tab plays an NVML scenario file through dltop's fake backend (--gpu-scenario).
 
-usage: python scripts/make_screenshots.py [--seconds 240]
+usage: python scripts/make_screenshots.py [--seconds 240] [--out DIR]
+The Datasets tab is shot once more at 80x24 with the cursor on the dataset found read by the training run
+(datasets-found-80x24.svg: no flag names it; the probe's data_dir and its workers' open files do).
+--out DIR writes there instead of screenshots/ (and leaves out the Cluster tab's, which its own script writes).
 SVG files, as Textual draws them (a browser shows them; converters such as rsvg-convert collapse the spaces).
 """
 
@@ -32,21 +35,42 @@ from scripts.capture_session import make_io  # noqa: E402
 OUT = REPO / "screenshots"
 
 
-async def shoot(size: tuple[int, int], seconds: float, datasets: tuple[str, ...], tabs: bool) -> list[Path]:
+async def shoot(size: tuple[int, int], seconds: float, datasets: tuple[str, ...], tabs: bool, found: str = "",
+                out: Path = OUT) -> list[Path]:
     settings = Settings(datasets=datasets)
     app = DltopApp(Sampler(build_sources(settings)), settings)
     saved = []
     async with app.run_test(size=size) as pilot:
         await pilot.pause(seconds)
         small = ("gpu", "pagecache", "training", "caches")
-        panes = app.panes if tabs else [p for p in app.panes if p.PANE_ID in small]
+        panes = app.panes if tabs else [p for p in app.panes
+                                        if p.PANE_ID in small or (found and p.PANE_ID == "datasets")]
         for pane in panes:
             await pilot.press(str(app.panes.index(pane) + 1))
             await pilot.pause(1.5)
             name = f"{pane.PANE_ID}-{size[0]}x{size[1]}.svg"
-            app.save_screenshot(filename=name, path=str(OUT))
-            saved.append(OUT / name)
+            if pane.PANE_ID == "datasets" and found:
+                name = await _on_found_row(app, pilot, found, size)
+            app.save_screenshot(filename=name, path=str(out))
+            saved.append(out / name)
     return saved
+
+
+async def _on_found_row(app: DltopApp, pilot: object, found: str, size: tuple[int, int]) -> str:
+    """The cursor on the row of the dataset found read by the training run (waiting for its first scan)."""
+    from textual.widgets import DataTable
+
+    table = app.query_one("#ds-table", DataTable)
+    for _ in range(60):
+        keys = [r.key.value for r in table.ordered_rows]
+        if found in keys:
+            table.move_cursor(row=keys.index(found))
+            break
+        await pilot.pause(0.5)  # type: ignore[attr-defined]
+    else:
+        raise SystemExit(f"the training run's dataset {found} was not found within 30 s")
+    await pilot.pause(1.0)  # type: ignore[attr-defined]
+    return f"datasets-found-{size[0]}x{size[1]}.svg"
 
 
 def io_rounds(directory: Path, stop: threading.Event, rest_s: float = 25.0) -> None:
@@ -62,10 +86,12 @@ def main() -> int:
     ap.add_argument("--gpu-scenario", default=str(REPO / "tests/data/gpu-scenarios/two-gpus.json"),
                     help="on a machine without GPUs, play this NVML scenario (DLTOP_FAKE_NVML) for the GPU tab; "
                          "'' for this machine's own NVML")
+    ap.add_argument("--out", type=Path, default=OUT, help="write the screenshots here (default: screenshots/)")
     args = ap.parse_args()
     if args.gpu_scenario and "DLTOP_FAKE_NVML" not in os.environ:
         os.environ["DLTOP_FAKE_NVML"] = args.gpu_scenario  # the rest of the run is this machine, for real
-    OUT.mkdir(exist_ok=True)
+    out: Path = args.out.resolve()
+    out.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=REPO) as tmp:
         data = Path(tmp) / "dataset"
         (data / "train").mkdir(parents=True)
@@ -82,15 +108,18 @@ def main() -> int:
                                   "--data-dir", str(Path(tmp) / "train-tiny"), "--linger", "120"],
                                  stdout=subprocess.DEVNULL)
         try:
-            saved = asyncio.run(shoot((120, 40), args.seconds, (str(data),), tabs=True))
-            saved += asyncio.run(shoot((80, 24), 3.0, (str(data),), tabs=False))
+            saved = asyncio.run(shoot((120, 40), args.seconds, (str(data),), tabs=True, out=out))
+            saved += asyncio.run(shoot((80, 24), 3.0, (str(data),), tabs=False,
+                                       found=str((Path(tmp) / "train-tiny").resolve()), out=out))
         finally:
             train.kill()
             train.wait()
             stop.set()
             writer.join()
     for p in saved:
-        print(p.relative_to(REPO))
+        print(p.relative_to(REPO) if p.is_relative_to(REPO) else p)
+    if out != OUT.resolve():
+        return 0  # the Cluster tab's script writes into screenshots/ only
     # The Cluster tab: a real Prometheus scraping a few `dltop export` nodes (its own script: it starts them)
     if shutil.which("prometheus"):
         subprocess.run([sys.executable, str(REPO / "scripts/cluster_screenshot.py")], check=True)
