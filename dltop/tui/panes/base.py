@@ -263,17 +263,19 @@ def set_row(table: DataTable, key: str, columns: tuple[str, ...], values: tuple[
 
 
 def fit_column(table: DataTable, wanted: dict[str, tuple[str, ...]], at: int, headers: tuple[str, ...],
-               keys: tuple[str, ...], shorten: Callable[[str, int], str], shown: int) -> int:
+               keys: tuple[str, ...], shorten: Callable[[str, int], str], shown: int, width: int = 0) -> int:
     """Column `at` gives way so every other column stays on screen: its cells in `wanted` longer than the room left
     are shortened with `shorten(text, width)`. DataTable columns only grow, so when the widest cell is narrower
-    than `shown` (what the last call returned) the columns are rebuilt. Returns the widest cell now."""
-    if not table.size.width or not wanted:
+    than `shown` (what the last call returned) the columns are rebuilt. Returns the widest cell now. `width`: the
+    table's width where it is known before the layout (its first draw), else the table's own."""
+    width = table.size.width or width
+    if not width or not wanted:
         return shown  # not laid out yet: the next tick fits it
     for key, values in wanted.items():  # measured as shown: escaped (a cell is one line of text from outside)
         wanted[key] = tuple(map(printable, values))
     others = sum(2 + max(cell_len(h), *(cell_len(v[i]) for v in wanted.values()))
                  for i, h in enumerate(headers) if i != at)
-    room = max(8, table.size.width - others - 4)  # the cell's own padding and a scrollbar
+    room = max(8, width - others - 4)  # the cell's own padding and a scrollbar
     for key, values in wanted.items():
         if cell_len(values[at]) > room:
             wanted[key] = (*values[:at], shorten(values[at], room), *values[at + 1:])

@@ -621,8 +621,9 @@ class ProcessTable(RowTable):
         self._wanted, self._width = dict(wanted), self.size.width
         # The Command column gives way so every number column stays on screen at 80 columns.
         headers = tuple(HEADERS[c] for c in columns)
+        # before the first layout the table is as wide as the terminal less the tab's padding
         self._command_width = fit_column(self, wanted, columns.index("command"), headers, columns,
-                                         shorten_end, self._command_width)
+                                         shorten_end, self._command_width, width=self.app.size.width - 2)
         if not self.rows:
             self._shown.clear()  # fit_column rebuilt the columns, or the table is new
         kept = [k for k in self._order if k in wanted and k in self._shown]
@@ -707,7 +708,11 @@ class DeviceLines(VerticalScroll):
         while len(self._lines) > len(lines):
             self._lines.pop().remove()
         if len(self._lines) < len(lines):
+            # each made with its line: one set after the mount is drawn a frame later (the first frame of the
+            # tab came without the GPUs' lines)
             new = [Static() for _ in range(len(lines) - len(self._lines))]
+            for widget, line in zip(new, lines[len(self._lines):], strict=True):
+                set_content(widget, line)
             self.mount_all(new)
             self._lines += new
         for widget, line in zip(self._lines, lines, strict=True):
@@ -936,7 +941,7 @@ class GpuPane(Pane):
             return
         command = row.process.command if row.process is not None else row.command
         user = row.process.user if row.process is not None else row.user
-        width = max(20, (self.query_one("#gpu-table").size.width or self.size.width) - 2)
+        width = max(20, (self.query_one("#gpu-table").size.width or self.size.width or self.app.size.width - 2) - 2)
         text = f"{row.pid} {user or '?'}: {command or '?'}"
         set_content(line, Content("\n".join(shorten_lines(text, width, 2))))
         line.display = True
@@ -1168,9 +1173,11 @@ class GpuPane(Pane):
             self._details.show(view)  # the open details follow the numbers
         part = view.snapshot.gpus
         gpus: tuple[GpuDevice, ...] = part if isinstance(part, tuple) else ()
-        # the width inside the box's scrollbar gutter: a line's Static just mounted has no size until the layout
+        # the width inside the box's scrollbar gutter: a line's Static just mounted has no size until the layout,
+        # nor the pane at its first draw: then the terminal's less the tab's padding, what the layout will give
+        # (the first frame was drawn 20 cells wide, then again a frame later at the right width)
         box = self.query_one("#gpu-devices", DeviceLines)
-        width = max(20, box.scrollable_content_region.width or self.size.width - 4)
+        width = max(20, box.scrollable_content_region.width or self.size.width or self.app.size.width - 2)
         self._show_devices(box, part, view, width)
         table = self.query_one("#gpu-table", ProcessTable)
         table.display = bool(gpus)
