@@ -208,7 +208,7 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
                  f" every {meta.get('interval_s', '?')} s, {plural(len(events), 'event')}; times are {_zone(c.last_ts)}")
     ooms = [e for e in events if e.kind == "oom_kill"]
     if ooms:
-        lines.append(_oom_line(ooms, span))
+        lines += _oom_lines(ooms, span)
     for ts in _unclean_ends(rec, events):
         lines.append(f"ended without a stop at {_when(ts, span)}: the recorder was killed or the machine went down")
     if gaps:
@@ -222,10 +222,26 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
     return [*lines, ""]
 
 
-def _oom_line(ooms: list[RecordedEvent], span: float) -> str:
-    kills = sum(int(e.data["kills"]) for e in ooms if isinstance(e.data.get("kills"), int)) or len(ooms)
-    return (f"OOM KILLS: {kills} ({plural(len(ooms), 'event')}, first at {_when(ooms[0].ts, span)}, "
-            f"last at {_when(ooms[-1].ts, span)})")
+def _oom_lines(ooms: list[RecordedEvent], span: float) -> list[str]:
+    """The kills (the kernel's count, vmstat, where it was read, else the memory cgroup's: one kill raises both)
+    and who was killed, each victim once, with where the name came from."""
+    machine = [e for e in ooms if e.data.get("source") != "cgroup"] or ooms
+    kills = sum(int(e.data["kills"]) for e in machine if isinstance(e.data.get("kills"), int)) or len(machine)
+    out = [f"OOM KILLS: {kills} ({plural(len(ooms), 'event')}, first at {_when(ooms[0].ts, span)}, "
+           f"last at {_when(ooms[-1].ts, span)})"]
+    seen: set[Any] = set()
+    for e in ooms:
+        victims = e.data.get("victims")
+        for v in victims if isinstance(victims, list) else []:
+            if not isinstance(v, dict) or (v.get("pid"), e.data.get("victims_from")) in seen:
+                continue
+            seen.add((v.get("pid"), e.data.get("victims_from")))
+            where = "the kernel log" if e.data.get("victims_from") == "kmsg" else "gone since the last sample"
+            cgroup = f", cgroup {v['cgroup']}" if v.get("cgroup") else ""
+            at = v["ts"] if isinstance(v.get("ts"), float) else e.ts  # the kernel's time of the kill, or the sample's
+            out.append(f"  killed at {_when(at, span)}: pid {v.get('pid')} {v.get('command') or '?'}{cgroup} "
+                       f"({where})")
+    return out
 
 
 def _gpus_line(gpus: list[Any]) -> str:

@@ -32,6 +32,7 @@ from dltop.model import SCHEMA_VERSION, CpuPart, GpuDevice, MemoryPart, Snapshot
 from dltop.model.actions import ActionEvent
 from dltop.model.memory import CgroupMemory, VmStat
 from dltop.recorder import store
+from dltop.recorder.oom import KMSG, KmsgReader, name_victims
 from dltop.recorder.segment import compress_segment
 from dltop.recorder.summary import Values, sample_values
 
@@ -55,7 +56,7 @@ class Recorder:
                  max_bytes: int | None = 2 << 30, meta: dict[str, Any] | None = None, *,
                  segment_s: float = 3600.0, queue_size: int = 600, block_samples: int = BLOCK_SAMPLES,
                  warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time,
-                 journals: Sequence[str] | None = None) -> None:
+                 journals: Sequence[str] | None = None, kmsg: str | None = KMSG) -> None:
         self.directory = os.path.abspath(os.path.expanduser(directory))
         self._dir_fd = store.open_directory(self.directory)
         try:
@@ -101,9 +102,14 @@ class Recorder:
         # this process's own come through action_listener.
         self._journal = JournalTail(journals, skip_pid=os.getpid())
         self._journal_bad = 0
+        # The OOM killer's victims from the kernel log (recorder/oom.py), where this process may read it.
+        self._kmsg = KmsgReader(kmsg) if kmsg else None
         self._thread = threading.Thread(target=self._run, name="dltop-recorder", daemon=True)
         self._thread.start()
-        self.event("start", {"pid": os.getpid(), "dltop": __version__, "interval_s": interval_s})
+        oom_from = "kmsg" if self._kmsg is not None and self._kmsg.status is None else \
+            f"last sample ({self._kmsg.status if self._kmsg is not None else 'kernel log not read'})"
+        self.event("start", {"pid": os.getpid(), "dltop": __version__, "interval_s": interval_s,
+                             "oom_victims_from": oom_from})
 
     # -- the API (any thread) -----------------------------------------------------------------------------
 
@@ -134,6 +140,8 @@ class Recorder:
                                            "lost": self.lost}, self._clock()))
         self._queue.put(_CLOSE)
         self._thread.join()
+        if self._kmsg is not None:
+            self._kmsg.close()
         os.close(self._lock_fd)
         os.close(self._dir_fd)
 
@@ -420,6 +428,7 @@ class Recorder:
         out: list[tuple[str, dict[str, Any]]] = []
         if prev is not None:
             out += oom_events(prev, snap) + gpu_process_events(prev, snap)
+        name_victims(out, self._kmsg, prev, snap)  # after the sample: the kernel logs a kill as it counts it
         now = {h.id: h for h in hints(list(self._history))}
         for hid, h in now.items():
             if hid not in self._hints:

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dltop.fmt import human_bytes
+from dltop.fmt import human_bytes, printable
 
 
 def describe_event(kind: str, data: Mapping[str, Any]) -> str:
-    """What happened, in one line, starting with what kind of event it is."""
-    return " ".join(_describe(kind, data if isinstance(data, Mapping) else {}).splitlines())
+    """What happened, in one line, starting with what kind of event it is; what came from outside (a command the
+    process chose, a cgroup's name) with its control characters escaped, as `fmt.printable` shows them."""
+    return printable(" ".join(_describe(kind, data if isinstance(data, Mapping) else {}).splitlines()))
 
 
 def _bytes(value: Any) -> str:
@@ -26,7 +27,31 @@ def _describe(kind: str, d: Mapping[str, Any]) -> str:
 
 def _oom_kill(_: str, d: Mapping[str, Any]) -> str:
     where = f"cgroup {d.get('cgroup')}" if d.get("source") == "cgroup" else "the kernel (vmstat)"
-    return f"OOM kill: {d.get('kills')} in {where}"
+    return f"OOM kill: {d.get('kills')} in {where}{_victims(d)}"
+
+
+def _victims(d: Mapping[str, Any]) -> str:
+    """Who was killed: the kernel log's victims (pid, command, cgroup), or the processes gone since the last
+    sample where the log could not be read, said as such; nothing for a recording from before victims."""
+    victims, source = d.get("victims"), d.get("victims_from")
+    if not isinstance(victims, list):
+        return ""
+    named = [_victim(v) for v in victims if isinstance(v, Mapping)]
+    if source == "kmsg":
+        return f": killed {'; '.join(named)} (kernel log)" if named else ": the victim not in the kernel log"
+    why = f"; kernel log: {d['kmsg_status']}" if d.get("kmsg_status") else ""
+    if not named:
+        return f": victim unknown (no process of the last sample gone{why})"
+    return f": victim unknown, gone since the last sample: {'; '.join(named)} (from the last sample{why})"
+
+
+def _victim(v: Mapping[str, Any]) -> str:
+    extra = [f"cgroup {v['cgroup']}" if v.get("cgroup") else "", f"uid {v['uid']}" if v.get("uid") is not None
+             else "", f"{_bytes(v['rss_bytes'])} resident" if isinstance(v.get("rss_bytes"), int) else "",
+             f"{_bytes(v['gpu_bytes'])} on a GPU" if isinstance(v.get("gpu_bytes"), int) else "",
+             f"user {v['user']}" if v.get("user") else ""]
+    more = ", ".join(x for x in extra if x)
+    return f"pid {v.get('pid')} {v.get('command') or '?'}" + (f" ({more})" if more else "")
 
 
 def _gpu_process(_: str, d: Mapping[str, Any]) -> str:
