@@ -387,3 +387,19 @@ def test_the_recorder_measures_a_dataset_again_after_an_action_on_it(tmp_path: P
         {"action": "evict", "phase": "finished", "step": "run", "paths": [f"{root}/a.bin"]},
         {"action": "warm", "phase": "finished", "step": "run", "paths": ["/elsewhere"]}]))
     assert s.asked == [("datasets", root)]
+
+
+def test_one_users_many_jobs_do_not_hold_up_anothers(monkeypatch: pytest.MonkeyPatch) -> None:
+    d = Discovery(OPTIONS, None)
+    d.jobs = {(pid, 1): found_mod.Job(pid, 1, 1001, "mallory", "", "x") for pid in range(100, 300)}
+    d.jobs[(5, 1)] = found_mod.Job(5, 1, 1002, "alice", "", "train.py", next_look=0.5)  # due last of all
+    looked: list[int] = []
+
+    def slow_look(j: found_mod.Job, deadline: float) -> None:
+        looked.append(j.uid)
+        time.sleep(found_mod.LOOK_BUDGET_S / 4)  # each look takes a quarter of the read's budget
+
+    monkeypatch.setattr(d, "_refresh_jobs", lambda: None)
+    monkeypatch.setattr(d, "_look", slow_look)
+    d.look()
+    assert 1002 in looked and len(looked) <= 5  # alice's job in the first turn, within the budget

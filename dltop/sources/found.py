@@ -16,6 +16,7 @@ inode), and `/`, system folders, homes, Python prefixes and what holds them are 
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import time
@@ -340,17 +341,23 @@ class Discovery:
         j.open_now = open_now
 
     def look(self) -> None:
-        """The jobs listed again, those due looked at within LOOK_BUDGET_S (the rest at the next read)."""
+        """The jobs listed again, those due looked at within LOOK_BUDGET_S (the rest at the next read), the users
+        in turn: one user's hundreds of jobs delay another's by one job each, not by all of theirs."""
         self._refresh_jobs()
         now = self.clock()
         deadline = time.monotonic() + LOOK_BUDGET_S
+        by_user: dict[int, list[Job]] = {}
         for j in sorted(self.jobs.values(), key=lambda j: j.next_look):
-            if j.next_look > now:
-                continue
-            if time.monotonic() > deadline:
-                break
-            self._look(j, deadline)
-            j.next_look = now + REVISIT_S
+            if j.next_look <= now:
+                by_user.setdefault(j.uid, []).append(j)
+        for turn in itertools.zip_longest(*by_user.values()):
+            for j in turn:
+                if j is None:
+                    continue
+                if time.monotonic() > deadline:
+                    return
+                self._look(j, deadline)
+                j.next_look = now + REVISIT_S
 
     # -- the roots --------------------------------------------------------------------------------------------
 

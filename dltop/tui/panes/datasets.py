@@ -480,7 +480,8 @@ class DatasetPane(Pane):
         box = self.query_one("#ds-add", Input)
         box.add_class("-shown")
         found = None if self._stack else self._found_of(self._selected())
-        box.value = found.path if found is not None else ""
+        # typed in only where it shows as it is (a name with a control character is typed by the user, escaped)
+        box.value = found.path if found is not None and printable(found.path) == found.path else ""
         box.cursor_position = len(box.value)
         box.focus()
 
