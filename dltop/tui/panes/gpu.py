@@ -593,7 +593,7 @@ class ProcessTable(RowTable):
     def _scroll_command(self, step: int) -> None:
         pane = next((a for a in self.ancestors if isinstance(a, GpuPane)), None)
         if pane is not None:
-            pane.scroll_command(step)
+            pane.action_scroll_command(step)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -791,6 +791,10 @@ class GpuPane(Pane):
         Binding("s", "tag", "Tag", id="gpu.tag"),
         Binding("e", "environ", "Environment", show=False, id="gpu.environ"),
         Binding("S", "untag_all", "Untag all", show=False, id="gpu.untag_all"),
+        # the focused table's ← → (ProcessTable) do it; these name them in ? and the palette
+        Binding("right", "scroll_command(1)", "Scroll commands", key_display="←/→", show=False,
+                id="gpu.command_right"),
+        Binding("left", "scroll_command(-1)", "", show=False, id="gpu.command_left"),
         # Out of the footer (help and palette have them): at 80 columns it holds the process table's keys.
         Binding("c", "compact", "Compact", show=False, id="gpu.compact"),
         Binding("a", "add_server", "Add server", show=False, id="gpu.add_server"),
@@ -920,7 +924,7 @@ class GpuPane(Pane):
         if self.view is not None:
             self.render_view(self.view)
 
-    def scroll_command(self, step: int) -> None:
+    def action_scroll_command(self, step: int) -> None:
         """Scroll the Command column sideways (← →): the whole command lines, `COMMAND_STEP` cells a press; back
         at the start, what identifies each process again."""
         longest = max((len(_printable(r.command if r.process is None else r.process.command or ""))
