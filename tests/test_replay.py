@@ -176,7 +176,8 @@ async def test_nothing_acts_from_the_past(tmp_path: Path) -> None:
             await pilot.press("w")
             await pilot.pause()
             said = [s.text for s in app.session.said]
-            assert any("replay" in m for m in said) and not isinstance(app.screen, ConfirmScreen)
+            why = "this is a replay" if replay else "paused on a past moment"  # the real reason (View.frozen)
+            assert any(m.startswith(f"w: {why}") for m in said) and not isinstance(app.screen, ConfirmScreen), said
             titles = {c.title for c in app.get_system_commands(app.screen)}
             assert not titles & {"Datasets: Warm", "Datasets: Evict", "Datasets: Lock"}
             assert ("Events" in titles) == replay and "Previous sample" in titles

@@ -87,7 +87,10 @@ class Pane(Vertical):
 
 class RowTable(DataTable):
     """A DataTable of rows where Home and End move the cursor to the first and last row, as in top and htop
-    (DataTable's own Home / End only scroll sideways when the cursor is a row)."""
+    (DataTable's own Home / End only scroll sideways when the cursor is a row). Its Enter opens the row (the
+    pane's RowSelected does): labelled so, as the focused table's Enter hides the pane's own label for it."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "Open", key_display="⏎")]
 
     def action_scroll_home(self) -> None:
         if self.cursor_type == "row":

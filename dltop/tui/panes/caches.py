@@ -82,7 +82,7 @@ class CachesPane(Pane):
         Binding("backspace", "back", "Back", id="caches.back"),
         Binding("c", "clear", "Clear", id="caches.clear"),
         Binding("s", "sort", "Sort", id="caches.sort"),
-        Binding("a", "apparent", "Apparent", id="caches.apparent", show=False),  # ? and the palette: 80 columns
+        Binding("a", "apparent", "Apparent", id="caches.apparent"),
         Binding("r", "rescan", "Scan", id="caches.rescan"),  # walk again now
         Binding("escape", "cancel", "Cancel", id="caches.cancel"),
     ]

@@ -79,7 +79,7 @@ class DatasetPane(Pane):
     BINDINGS = [
         Binding("enter", "drill", "Open", id="datasets.open"),
         Binding("backspace", "back", "Back", id="datasets.back"),
-        Binding("s", "sort", "Sort", id="datasets.sort", show=False),  # the header says "s sorts": 80 columns
+        Binding("s", "sort", "Sort", id="datasets.sort"),
         Binding("w", "warm", "Warm", id="datasets.warm"),
         Binding("e", "evict", "Evict", id="datasets.evict"),
         Binding("l", "lock", "Lock", id="datasets.lock"),

@@ -584,6 +584,8 @@ class ProcessTable(RowTable):
     """The GPU processes, updated by a keyed diff so the cursor stays on its process. ← → scroll the Command
     column sideways (the pane's `scroll_command`), as nvitop does: every number column stays in place."""
 
+    BINDINGS = [Binding("enter", "select_cursor", "", show=False)]  # the pane's d/⏎ Details labels it
+
     def action_cursor_left(self) -> None:
         self._scroll_command(-1)
 
@@ -797,7 +799,7 @@ class GpuPane(Pane):
         Binding("left", "scroll_command(-1)", "", show=False, id="gpu.command_left"),
         # Out of the footer (help and palette have them): at 80 columns it holds the process table's keys.
         Binding("c", "compact", "Compact", show=False, id="gpu.compact"),
-        Binding("a", "add_server", "Add server", show=False, id="gpu.add_server"),
+        Binding("a", "add_server", "Add server", id="gpu.add_server"),
         Binding("x", "remove_server", "Remove server", show=False, id="gpu.remove_server"),
         Binding("escape", "cancel_input", "Cancel", id="gpu.cancel"),  # a box, or the filter
         # Enter on a process row opens its GPU's details too (the table's own Enter, RowSelected below: the

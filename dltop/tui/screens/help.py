@@ -17,7 +17,7 @@ from textual.widgets.option_list import Option
 from dltop.fmt import printable
 
 ABOUT = "A value the system cannot give is shown as n/a (or ?) with the reason, never as 0."
-HINT_KEYS = "hints: ↑/↓ choose, s snooze 1 h, m mute, again: undo; config mute = [ID]"
+HINT_KEYS = "hints ↑/↓: s snooze 1 h, m mute; again undoes; config: mute = [ID]"  # one line at 80x24
 # One row per key of the app (its pair, its other labels left out), in words where the label is short.
 HELP_SKIPS = {"app.interrupt", "app.slower", "app.live", "app.play", "app.step_back", "app.goto_live",
               "app.jump_back", "app.speed_down"}
@@ -107,7 +107,7 @@ class HelpScreen(ModalScreen[None]):
                 t.append(f"[{state}] ", "bold")
             t.append(printable(hint_id), "bold dim" if state else "bold")
             t.append(": " + printable(text), "dim" if state else "")
-            t.truncate(TEXT_WIDTH - 2, overflow="ellipsis")  # the list's scroll bar, where it has one
+            t.truncate(TEXT_WIDTH - 4, overflow="ellipsis")  # the list's padding and scroll bar
             out.append(Option(t, id=hint_id))
         return out
 

@@ -9,11 +9,15 @@ from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any
 
+from rich.cells import cell_len
+from textual import events
 from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, Static, TabbedContent, TabPane
+from textual.widgets._footer import FooterKey
 
 from dltop.fmt import human_duration
 from dltop.hints import tab_of
@@ -28,6 +32,8 @@ from dltop.tui.screens.help import HelpScreen, key_rows
 from dltop.view import View
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
+# The footer's order of the app's keys after the tab's own (1: always there), the others after, greyed keys last
+APP_RANKS = {"help": 1, "pause": 2, "live": 2, "play": 2, "app.quit": 3}
 PLAY_TICK_S = 0.25  # a replay that plays moves on this often (at x10 over a 1 s recording: every 2-3 samples)
 TIME_EXAMPLES = "10m ago, 14:05, 2026-12-01T14:05:00"
 # The palette's entries for moving in time: (title, help, action, parameters); offered where they can run now.
@@ -41,6 +47,51 @@ TIME_COMMANDS = (
     ("Replay faster", "×1, ×10, ×60 (>)", "speed", (1,)),
     ("Replay slower", "×60, ×10, ×1 (<)", "speed", (-1,)),
 )
+
+
+class KeyFooter(Footer):
+    """Textual's Footer, cut to what fits the width: `? Help` (every key) and `^p Menu` (every action) always,
+    then the tab's own keys that act now, what space does now, `q Quit`, the app's other keys, and keys greyed
+    out now where room is left (APP_RANKS). Shown in the bindings' order, ^p on the right."""
+
+    def compose(self) -> ComposeResult:
+        if not self._bindings_ready:
+            return
+        palette = self.app.COMMAND_PALETTE_BINDING
+        keys: list[tuple[int, Binding, bool, str]] = []  # (rank, binding, enabled, tooltip): the lower, the sooner
+        actions = set()
+        pal: tuple[Binding, bool, str] | None = None
+        for node, binding, enabled, tooltip in self.screen.active_bindings.values():
+            if binding.key == palette:
+                pal = (binding, enabled, tooltip)
+            if not binding.show or binding.action in actions or binding.key == palette:
+                continue
+            actions.add(binding.action)  # one key per action (space and p pause), as Textual's Footer does
+            own = isinstance(node, Widget) and any(isinstance(n, Pane) for n in (node, *node.ancestors))
+            rank = 5 if not enabled else 0 if own else APP_RANKS.get(binding.action, 4)
+            keys.append((rank, binding, enabled, tooltip))
+        room = (self.size.width or self.app.size.width) - (self._width(pal[0]) + 1 if pal is not None else 0)
+        shown = {b.action for rank, b, _e, _t in keys if rank == 1}  # ? Help, whatever else fits
+        room -= sum(self._width(b) for rank, b, _e, _t in keys if rank == 1)
+        for rank, binding, _enabled, _tip in sorted(keys, key=lambda k: k[0]):
+            if rank != 1 and self._width(binding) <= room:
+                shown.add(binding.action)
+                room -= self._width(binding)
+        for _rank, binding, enabled, tooltip in keys:
+            if binding.action in shown:
+                yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description,
+                                binding.action, disabled=not enabled, tooltip=tooltip).data_bind(compact=Footer.compact)
+        if pal is not None:
+            binding, enabled, tooltip = pal
+            yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description, binding.action,
+                            classes="-command-palette", disabled=not enabled, tooltip=tooltip or binding.description)
+
+    def _width(self, binding: Binding) -> int:
+        """Columns a key takes in the compact footer: the key, a space, its label and the margin after."""
+        return cell_len(self.app.get_key_display(binding)) + 1 + cell_len(binding.description) + 1
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.call_after_refresh(self.recompose)
 
 
 class MainScreen(Screen[None]):
@@ -95,7 +146,7 @@ class MainScreen(Screen[None]):
             for i, pane in enumerate(self.panes, start=1):
                 yield TabPane(f"{i} {pane.TITLE}", id=f"tab-{pane.PANE_ID}")
         yield Static(id="hints")
-        yield Footer(compact=True, show_command_palette=False)  # ^p is an ordinary label: all fit 80 columns
+        yield KeyFooter(compact=True)
 
     def on_mount(self) -> None:
         self._composed.set()
