@@ -243,9 +243,11 @@ def test_a_non_root_dltop_finds_its_own_users_jobs_only(reachable_dir: Path, hel
         return json.loads(r.stdout)["datasets"]
 
     own = snapshot_as_other(mine.pid)
-    assert [(f["path"], f["readers"][0]["uid"]) for f in own["found"]] == [(str(reachable_dir / "ds"), OTHER[0])]
+    assert {r["uid"] for f in own["found"] for r in f["readers"]} == {OTHER[0]}  # this user's jobs alone
+    assert [f["path"] for f in own["found"] if f["readers"][0]["pid"] == mine.pid] == [str(reachable_dir / "ds")]
     assert "own jobs only" in own["discovery"]
-    assert snapshot_as_other(root_job.pid)["found"] == []  # root's job: not this user's to see
+    theirs = snapshot_as_other(root_job.pid)["found"]  # root's job: not this user's to see
+    assert not any(r["pid"] == root_job.pid for f in theirs for r in f["readers"])
 
 
 def test_no_discover_turns_it_off(reachable_dir: Path, held: list) -> None:
@@ -254,7 +256,8 @@ def test_no_discover_turns_it_off(reachable_dir: Path, held: list) -> None:
     base = [sys.executable, "-m", "dltop", "snapshot", "--json", "--pid", str(p.pid)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     on = json.loads(subprocess.run(base, capture_output=True, text=True, env=env, check=True).stdout)
-    assert [f["path"] for f in on["datasets"]["found"]] == [str(reachable_dir / "ds")]
+    assert [f["path"] for f in on["datasets"]["found"] if f["readers"][0]["pid"] == p.pid] == [
+        str(reachable_dir / "ds")]
     off = json.loads(subprocess.run([*base, "--no-discover"], capture_output=True, text=True, env=env,
                                     check=True).stdout)
     assert off["datasets"] is None
@@ -403,3 +406,35 @@ def test_one_users_many_jobs_do_not_hold_up_anothers(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(d, "_look", slow_look)
     d.look()
     assert 1002 in looked and len(looked) <= 5  # alice's job in the first turn, within the budget
+
+
+def test_a_probed_jobs_data_dir_is_found_through_its_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           held: list) -> None:
+    # the real path: the job publishes with dltop.probe (track(loader, data_dir=...)), discovery reads its file
+    data = tmp_path / "data" / "shards"
+    shards(data, "s0.bin", "s1.bin")
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
+    job = textwrap.dedent(f"""
+        import time
+        from dltop import probe
+        probe.start(interval_s=0.2)
+        for i, _ in enumerate(probe.track(range(10**9), data_dir={str(data)!r})):
+            if i == 0:
+                print("ready", flush=True)
+            time.sleep(0.05)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", job], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    held.append(p)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    d = Discovery(OPTIONS, None)
+    for _ in range(50):  # the probe publishes its file within a second or so
+        found = d.read()
+        if found:
+            break
+        time.sleep(0.2)
+    # (other users' probed jobs on a shared node may be found too: only this one's are looked at)
+    found = tuple(f for f in found if any(r.pid == p.pid for r in f.readers))
+    assert [(f.path, [(r.pid, r.named) for r in f.readers]) for f in found] == [(str(data), [(p.pid, True)])]
