@@ -8,18 +8,24 @@ after torch's import, and publishes only once it trains (docs/probe.md, "Without
 
 import sys
 
+# The modules whose import puts the hooks in: torch's, and the frameworks' Trainers (their own epochs, their
+# validation apart: dltop.probe.hooks.framework gives each Trainer the probe's callback)
+HOOKED = {"torch", "lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer", "transformers.trainer"}
+
 
 class TorchFinder:
-    """A meta-path finder that finds nothing itself: on the import of `torch` it asks the finders after it, and
-    has the spec's loader install the hooks once torch's module has run."""
+    """A meta-path finder that finds nothing itself: on the import of `torch` (or of a framework's Trainer) it
+    asks the finders after it, and has the spec's loader install the hooks once the module has run."""
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):  # type: ignore[no-untyped-def]
-        """torch's spec from the other finders, its loader made to call the hooks after it; None for the rest."""
-        if name != "torch":
+        """The module's spec from the other finders, its loader made to call the hooks after it; None for the
+        modules not hooked."""
+        if name not in HOOKED:
             return None
-        if cls in sys.meta_path:
-            sys.meta_path.remove(cls)  # once: the hooks go in with the first import of torch
+        HOOKED.discard(name)  # once each
+        if not HOOKED and cls in sys.meta_path:
+            sys.meta_path.remove(cls)
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
@@ -36,7 +42,10 @@ class TorchFinder:
             exec_module(module)
             try:
                 from dltop.probe import hooks
-                hooks.install(module)
+                if name == "torch":
+                    hooks.install(module)
+                else:
+                    hooks.framework(name, module)
             except Exception as e:  # the probe must never take the job down
                 sys.stderr.write(f"dltop.probe: DLTOP_PROBE is set but its hooks did not go in: {e!r}\n")
 

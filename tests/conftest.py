@@ -64,6 +64,7 @@ SLOW_FILES = frozenset({
     "test_cpu_dumps", "test_cpu_cli",  # every captured machine of ../shared/fixtures, lscpu beside each
     "test_gpu_cli",  # dltop gpu as a process, each twice
     "test_dump_template",  # a busy machine's recording made, and differential fuzzes of the dump's templates
+    "test_probe_epochs", "test_training_ranks",  # real DataLoaders with workers; ranks stopped, killed, signalled
 })
 # and these tests of files that are otherwise quick: fuzzers of thousands of inputs, a walk of /proc
 SLOW_TESTS = frozenset({

@@ -122,3 +122,69 @@ def test_lightning_callback(fresh_probe, tmp_path: Path) -> None:
     assert p.weights_bytes == 9 * 4  # watched from on_fit_start, once
     assert p.optimizer_bytes == sum(v.numel() * v.element_size() for v in state) >= 2 * 9 * 4  # Adam's state
     assert [(v.name, v.steps) for v in p.loaders] == [("val", 4)]  # 2 batches after each epoch, apart
+
+
+ZERO_CODE_LIGHTNING = """
+import os, torch, lightning.pytorch as pl
+from torch.utils.data import DataLoader, TensorDataset
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+    def training_step(self, batch, i):
+        return self.layer(batch[0]).pow(2).mean()
+    def validation_step(self, batch, i):
+        return None
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+train = DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=4, num_workers=1, persistent_workers=True)
+val = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+trainer = pl.Trainer(max_epochs=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Tiny(), train, val)  # its sanity check iterates the val loader first
+print(os.getpid(), flush=True)
+"""
+
+ZERO_CODE_HF = """
+import os, torch, transformers
+config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=8)
+model = transformers.GPT2LMHeadModel(config)
+ids = torch.randint(0, 64, (8, 8))
+data = [{"input_ids": ids[i], "labels": ids[i]} for i in range(8)]
+args = transformers.TrainingArguments(output_dir=os.environ["OUT"], num_train_epochs=2, per_device_train_batch_size=4,
+    logging_steps=1, report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True)
+transformers.Trainer(model=model, args=args, train_dataset=data).train()
+print(os.getpid(), flush=True)
+"""
+
+
+def test_zero_code_mode_takes_the_frameworks_own_epochs(tmp_path: Path) -> None:
+    """DLTOP_PROBE=1 and a script that knows nothing of dltop: a Lightning fit (its sanity check iterates the
+    val loader first, which zero-code mode's DataLoader hook took as the loader to time: four 'epochs' of 2 val
+    steps) and a Hugging Face Trainer each get the probe's callback, so the epochs and samples are the
+    framework's own and Lightning's validation is timed apart (issue 34, item 3)."""
+    pytest.importorskip("torch", reason="torch is not installed (the test extra)")
+    pytest.importorskip("lightning.pytorch", reason="lightning is not installed (pip install -e '.[test]')")
+    pytest.importorskip("transformers", reason="transformers is not installed (the test extra)")
+    import json
+    import subprocess
+    import sys
+
+    from tests.probe_helpers import REPO, probe_env
+
+    runs = {}
+    for name, code in (("lightning", ZERO_CODE_LIGHTNING), ("hf", ZERO_CODE_HF)):
+        (tmp_path / name).mkdir()
+        env = probe_env(tmp_path / name, DLTOP_PROBE="1", PYTHONPATH=str(REPO), OUT=str(tmp_path / "out"))
+        runs[name] = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # side by side
+    docs = {}
+    for name, p in runs.items():
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        docs[name] = json.loads((tmp_path / name / "dltop" / f"{int(out.split()[-1])}.json").read_text())
+    pl, hf = docs["lightning"], docs["hf"]
+    assert [(e["steps"], e["samples"]) for e in pl["epochs"]] == [(6, 24)] * 3
+    assert pl["loaders"]["val"]["steps"] == 2 + 3 * 2  # the sanity check's and each epoch's, apart
+    assert [(e["steps"], e["samples"]) for e in hf["epochs"]] == [(2, 8)] * 2
+    assert pl["exit"]["how"] == hf["exit"]["how"] == "exit"

@@ -176,6 +176,48 @@ def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     _begin()
 
 
+def framework(name: str, module: Any) -> None:
+    """A framework's Trainer module (Lightning's, the Hugging Face Trainer's) has just run: each Trainer made
+    from now on gets the probe's callback (dltop.probe.lightning, .hf), so the epochs are the framework's own and
+    its validation is timed apart (Lightning's sanity check would otherwise be the first loader iterated, and so
+    the one timed). A Trainer given the callback already keeps its own; the DataLoader hook stands aside once a
+    callback times the loop."""
+    trainer = getattr(module, "Trainer", None)
+    if isinstance(trainer, type) and not getattr(trainer, "_dltop_hooked", False):
+        _hook_init(trainer, name)
+
+
+def _hook_init(cls: Any, name: str) -> None:
+    init = cls.__init__
+    hf = name.startswith("transformers")
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        try:
+            _give_callback(self, hf)
+        except Exception as e:  # the probe must never take the job down
+            probe.warn_once("framework", f"the {name} Trainer did not take the probe's callback: {e!r}")
+
+    cls.__init__ = __init__
+    cls._dltop_hooked = True
+
+
+def _give_callback(trainer: Any, hf: bool) -> None:
+    """Add the probe's callback to `trainer` (made once its framework is fully imported), unless it has one."""
+    probe.main_data()  # the callback times the loop from here: the DataLoader hook stands aside (a sanity check)
+    if hf:
+        from dltop.probe.hf import DltopTrainerCallback
+
+        if not any(isinstance(c, DltopTrainerCallback) for c in trainer.callback_handler.callbacks):
+            trainer.add_callback(DltopTrainerCallback())
+        return
+    from dltop.probe.lightning import DltopCallback
+
+    if not any(isinstance(c, DltopCallback) for c in trainer.callbacks):
+        trainer.callbacks.append(DltopCallback())
+
+
 def _close_pass() -> None:
     """At exit, the pass over the data that is open is the last epoch (the script never says where one ends)."""
     d = probe.state.data
