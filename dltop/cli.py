@@ -42,6 +42,7 @@ COMMANDS = {
     "dump": "dltop.commands.record",
     "caches": "dltop.commands.caches",
     "cluster": "dltop.commands.cluster",
+    "doctor": "dltop.commands.doctor",
 }
 
 
