@@ -219,3 +219,21 @@ def test_an_exit_without_a_record_as_the_oom_killer_killed_says_so() -> None:
         "the kernel's OOM killer killed 1 process as it ended (/proc/vmstat oom_kill)")
     assert exit_text(gone, [at(99.5, 3), at(101.0, 3)]).startswith("exited, cause unknown")
     assert exit_text(gone, [at(99.5, 3), at(120.0, 4)]).startswith("exited, cause unknown")  # long after
+
+
+def test_a_rank_in_uninterruptible_io_or_exited_is_the_one_the_others_wait_for() -> None:
+    """State D alone is a disk read: only a stalled rank in D is held by it. An exited rank beside a stalled one:
+    the hint names it, how it ended, and that the others hang until a collective times out."""
+    reading = _probe(1, rank=1, job_id="j", proc_state="D", last_step_age_s=5.0, step_time_s=0.1)
+    assert rank_status(reading, [reading]) is None  # reading now, not stalled: training
+    held = dataclasses.replace(reading, last_step_age_s=95.0, step_time_s=None)
+    waiting = _probe(2, rank=0, job_id="j", proc_state="S", last_step_age_s=94.0)
+    assert rank_status(held, [waiting, held]) == ("STALLED", "no step for 95s, state D (uninterruptible IO)")
+    assert rank_status(waiting, [waiting, held]) == ("WAITING", "for rank 1 (in uninterruptible IO), no step for 94s")
+    h = stalled([Snapshot(ts=1.0, host="t", probes=ProbesPart(processes=(waiting, held), viewer_uid=1000))])
+    assert h is not None and "cat /proc/1/stack" in h.fix
+    gone = _probe(3, rank=1, job_id="j", exited=True, exit_how="exception", exit_error="RuntimeError: boom")
+    part = ProbesPart(processes=(waiting,), exited=(gone,), viewer_uid=1000)
+    h = stalled([Snapshot(ts=1.0, host="t", probes=part)])
+    assert h is not None and h.text.startswith("pid 3 (rank 1) exited: exit code 1: RuntimeError: boom")
+    assert "pid 2 (rank 0) waits for it" in h.text and "times out" in h.fix

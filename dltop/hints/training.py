@@ -211,14 +211,18 @@ def stalled(history: Sequence[Snapshot]) -> Hint | None:
     cause = waited_for(members)
     if cause:
         return _waiting_for(snap, cause[0], [p for p in hung if p is not cause[0]], more)
+    return _stalled_alone(snap, hung, more)
+
+
+def _stalled_alone(snap: Snapshot, hung: list[ProcessProbe], more: str) -> Hint:
+    """The ranks of a job that stalled with none of them to blame: the one without a step the longest."""
     p = max(hung, key=lambda q: q.last_step_age_s or 0.0)
     age = p.last_step_age_s or 0.0
     step = f" (its steps took {p.last_step_s:.2f}s)" if p.last_step_s else ""
     between = " since its last epoch closed" if p.in_epoch is False else ""
-    others = len(hung) - 1
+    others = f"; {len(hung) - 1} more of its ranks stalled" if len(hung) > 1 else ""
     return Hint(id="training-stalled", severity="warn",
-                text=(f"{_owner(p, snap)}{_who(p)}: no step for {age:.0f}s{step}{between}: stalled"
-                      + (f"; {others} more of its ranks stalled" if others else "") + more),
+                text=f"{_owner(p, snap)}{_who(p)}: no step for {age:.0f}s{step}{between}: stalled{others}{more}",
                 fix=f"py-spy dump --pid {p.pid} shows where it waits; a rank stuck in a collective waits for a "
                     "peer that died or took another path (TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and a timeout in "
                     "init_process_group end it)",

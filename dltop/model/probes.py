@@ -339,6 +339,9 @@ def exit_text(p: ProcessProbe, history: Sequence[Any] = ()) -> str:
             "ended (/proc/vmstat oom_kill)")
 
 
+HALTED_WORDS = {"T": "stopped", "t": "stopped", "D": "in uninterruptible IO", "Z": "a zombie"}
+
+
 def rank_status(p: ProcessProbe, members: Sequence[ProcessProbe]) -> tuple[str, str] | None:
     """What a rank does if it is not training, as (word, why): EXITED (how it ended), STOPPED (the kernel's
     state T: now, not after a stall), STALLED (in uninterruptible IO, or no step for a long while), WAITING (for
@@ -347,15 +350,12 @@ def rank_status(p: ProcessProbe, members: Sequence[ProcessProbe]) -> tuple[str, 
     if p.exited:
         return "EXITED", p.ended
     if p.proc_state in ("T", "t") or (p.proc_state == "D" and p.stalled):
-        return "STOPPED" if p.proc_state != "D" else "STALLED", \
-            f"{age}, {STATE_LINES[p.proc_state].format(pid=p.pid)}"
+        word = "STALLED" if p.proc_state == "D" else "STOPPED"
+        return word, f"{age}, {STATE_LINES[p.proc_state].format(pid=p.pid)}"
     cause = [q for q in waited_for(members) if q is not p]
     if cause and (p.stalled or p.step_time_s is None):
         q = cause[0]
-        why = "exited" if q.exited else "stopped" if q.proc_state in ("T", "t") else \
-            "in uninterruptible IO" if q.proc_state == "D" else "a zombie"
-        return "WAITING", f"for {who(q)} ({why}), {age}"
+        return "WAITING", f"for {who(q)} ({'exited' if q.exited else HALTED_WORDS.get(q.proc_state or '')}), {age}"
     if p.stalled:
-        step = f" (its steps took {p.last_step_s:.2f}s)" if p.last_step_s else ""
-        return "STALLED", f"{age}{step}"
+        return "STALLED", age + (f" (its steps took {p.last_step_s:.2f}s)" if p.last_step_s else "")
     return None
