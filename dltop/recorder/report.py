@@ -202,8 +202,12 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
     if c.first_ts is None or c.last_ts is None:
         return [*lines, "no samples in this range", ""]
     span = c.last_ts - c.first_ts
+    # The end with its date whenever it falls on another day than the start (a day's span ends the next day).
+    end_date = time.strftime("%Y-%m-%d ", time.localtime(c.last_ts))
+    if end_date == time.strftime("%Y-%m-%d ", time.localtime(c.first_ts)):
+        end_date = ""
     lines.append(f"{meta.get('host') or c.host}: {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(c.first_ts))}"
-                 f" to {_when(c.last_ts, span)} {time.strftime('%Z', time.localtime(c.last_ts))} "
+                 f" to {end_date}{time.strftime('%H:%M:%S %Z', time.localtime(c.last_ts))} "
                  f"({human_duration(span)}), {plural(c.samples, 'sample')}"
                  f" every {meta.get('interval_s', '?')} s, {plural(len(events), 'event')}; times are {_zone(c.last_ts)}")
     ooms = [e for e in events if e.kind == "oom_kill"]

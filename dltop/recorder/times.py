@@ -99,7 +99,10 @@ def _clock_time(m: re.Match[str], text: str, ref: float) -> float:
     if h > 23 or minute > 59 or sec >= 60:
         raise DltopError(f"not a time of day: {text!r}")
     day = dt.datetime.fromtimestamp(ref).astimezone()
-    at = day.replace(hour=h, minute=minute, second=int(sec), microsecond=round((sec % 1) * 1e6))
+    # The fraction's digits truncated to microseconds, as a clock shows them (rounded, 14:05:59.9999999 was a
+    # microsecond of 1,000,000 and an exception; 59.4999999 became 59.5).
+    micro = int(((m.group(3) or "").partition(".")[2] + "000000")[:6])
+    at = day.replace(hour=h, minute=minute, second=int(sec), microsecond=micro)
     if at.timestamp() > ref:
         at = (at - dt.timedelta(days=1)).replace(hour=h, minute=minute)  # the last such clock time
     return at.timestamp()

@@ -90,6 +90,7 @@ class Recorder:
         self._pending: list[bytes] = []  # event lines before the first segment opens
         self._failing = False
         self._last_error = ""
+        self._lost_before = 0  # self.lost when the current failure began
         self._gap_samples = 0  # samples a failed write lost since the last one written, and when
         self._gap_from = self._gap_to = self._last_written = 0.0
         self._dropped_seen = 0
@@ -276,12 +277,13 @@ class Recorder:
                 os.ftruncate(self._fd, self._good)
             if not self._failing:
                 self._failing = True
+                self._lost_before = self.lost - 1  # this failure's count starts here: the note says its own
                 self._note(f"cannot write {self._path(store.OPEN_SUFFIX)}: {e.strerror}; still sampling, "
                            f"writing again when it can")
             return False
         if self._failing:
             self._failing = False
-            self._warn(f"writing again ({self.lost} lines lost while it could not)")
+            self._warn(f"writing again ({self.lost - self._lost_before} lines lost while it could not)")
         self._good += len(data)
         return True
 
