@@ -140,18 +140,18 @@ async def test_sources_added_removed_and_reconfigured_while_running(ddir: Path) 
     one, two = ddir / "one", ddir / "two"
     make_file(one / "a.bin", 8 * PS)
     make_file(two / "b.bin", 16 * PS)
-    settings = Settings(datasets=(str(one),))
+    settings = Settings(datasets=(str(one),), discover=False)  # without discovery: no dataset, no source
     sampler = Sampler(build_sources(settings), builder=build_sources)
     sampler.start()
     try:
         await _until(lambda: _paths(sampler) == [str(one)])
         memory_before = sampler.snapshot().sources["memory"]
-        sampler.reconfigure(Settings(datasets=(str(one), str(two))))
+        sampler.reconfigure(Settings(datasets=(str(one), str(two)), discover=False))
         # The old value stays until the new scan is in: the part never blanks.
         assert _paths(sampler) == [str(one)]
         await _until(lambda: _paths(sampler) == [str(one), str(two)])
         assert sampler.snapshot().sources["memory"].interval_s == memory_before.interval_s
-        sampler.reconfigure(Settings())
+        sampler.reconfigure(Settings(discover=False))
         await _until(lambda: sampler.snapshot().datasets is None)
         assert "datasets" not in sampler.names() and "memory" in sampler.names()
         sampler.add(Source("extra", 60.0, lambda: None))
