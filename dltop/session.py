@@ -281,7 +281,7 @@ class Session:
         """The hints of the moment on screen the hint line may show, `tab`'s own first (each group most severe
         first)."""
         frame = self.frame()
-        kept = [h for h in (frame[1] if frame is not None else ()) if not self.quieted.state(h.id)]
+        kept = [h for h in (frame[1] if frame is not None else ()) if not self.quieted.state(h.id, h.subject)]
         return sorted(kept, key=lambda h: hint_rules.tab_of(h.id) != tab)  # stable: severity order kept
 
     def help_hints(self, tab: str | None) -> list[hint_rules.Hint]:

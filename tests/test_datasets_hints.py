@@ -36,7 +36,7 @@ def test_cold_dataset_says_how_resident_and_press_w(ddir: Path, monkeypatch) -> 
     # ...but the same shape at scale is the case the hint is for.
     monkeypatch.setattr(hints_datasets, "COLD_MIN_BYTES", 0)
     h = cold_dataset(part, read_memory())
-    assert h is not None and h.id == "dataset-cold"
+    assert h is not None and h.id == "dataset-cold" and h.subject == f"dataset {ddir}"  # m in ? mutes it alone
     assert f"dataset {ddir} is 12% resident (256 KiB of 2.0 MiB)" in h.text and "w on the Datasets tab" in h.fix
     snap = Snapshot(ts=1.0, host="h", memory=read_memory(), datasets=part)
     assert "dataset-cold" in [x.id for x in hints([snap])]

@@ -170,6 +170,33 @@ async def test_the_current_tabs_hint_comes_first_and_a_hint_can_be_snoozed_or_mu
         assert hints.display and "compile cache" in str(hints.render())
 
 
+async def test_m_in_help_mutes_the_hint_for_its_job_and_M_for_every_job() -> None:
+    mine = Hint("training-stalled", "warn", "pid 1234: no step for 90s: stalled", subject="job pid 1234")
+    theirs = Hint("training-stalled", "warn", "pid 99: no step for 80s: stalled", subject="job pid 99")
+    app = DltopApp(ListFeed([_snap()]), Settings(tab="training", mute=()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.session.hints = [mine, theirs]
+        app.draw()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        options = app.screen.query_one("#help-hints", OptionList)
+        await pilot.press("m")  # the first: this job
+        await pilot.pause()
+        assert app.session.line_hints("training") == [theirs]
+        assert str(options.get_option_at_index(0).prompt).startswith("[muted for this job] training-stalled")
+        assert not str(options.get_option_at_index(1).prompt).startswith("[")
+        assert app.session.said[-1].text == "training-stalled (job pid 1234): muted for this job"
+        await pilot.press("down", "M")  # the kind: every job
+        await pilot.pause()
+        assert app.session.line_hints("training") == []
+        assert str(options.get_option_at_index(1).prompt).startswith("[muted for every job]")
+        assert app.session.said[-1].text == "training-stalled (job pid 99): muted for every job"
+        await pilot.press("M", "escape")  # back for every job but the one muted alone
+        await pilot.pause()
+        assert app.session.line_hints("training") == [theirs]
+        assert "pid 99" in str(app.query_one("#hints", Static).render())
+
+
 async def test_help_at_80x24_scrolls_to_every_word() -> None:
     # `?` at 80x24 cut its text (a hint's full text to 4 lines, the sources' line to 3) and could not scroll.
     long = [Hint(f"hint-{i}", "warn", f"hint {i}: " + "a long explanation of what is wrong " * 6, fix="do this")

@@ -214,6 +214,35 @@ def test_hints_muted_snoozed_and_the_tabs_own_first() -> None:
     assert session.quieted.state("gpu-kv-pool-full") == "muted (config)" and session.line_hints(None) == [CACHE_HINT]
 
 
+def test_m_mutes_a_hint_for_its_subject_and_M_for_every_subject() -> None:
+    # `m` on "training-stalled: pid 1234 ..." mutes the hint for that job; another job's stall stays on the line.
+    clock = Clock()
+    session = _session(settings=Settings(mute=("cache-growing",)), clock=clock)
+    mine = Hint("training-stalled", "warn", "pid 1234: no step for 90s: stalled", subject="job uid 1000 job a")
+    theirs = Hint("training-stalled", "warn", "bob's pid 99: no step for 80s: stalled", subject="job uid 1001 job b")
+    grows = Hint("cache-growing", "warn", "Triton grew 2 GiB", subject="cache /home/u/.triton")
+    session.hints = [mine, theirs, grows]
+    q = session.quieted
+    assert session.line_hints(None) == [mine, theirs]  # the config's mute = [ID]: every cache
+    assert q.state(grows.id, grows.subject) == "muted (config) for every cache"
+    q.set(mine.id, "muted", mine.subject)
+    assert session.line_hints(None) == [theirs] and q.state(theirs.id, theirs.subject) == ""
+    assert q.state(mine.id, mine.subject) == "muted for this job"
+    q.set_kind(mine.id, True)  # M: every job
+    assert session.line_hints(None) == [] and q.state(theirs.id, theirs.subject) == "muted for every job"
+    q.set_kind(mine.id, False)  # M again: back, but for the job muted on its own
+    assert session.line_hints(None) == [theirs]
+    q.set(mine.id, "", mine.subject)  # m again: back
+    assert session.line_hints(None) == [mine, theirs]
+    q.set(theirs.id, "snoozed", theirs.subject)
+    assert session.line_hints(None) == [mine] and q.state(theirs.id, theirs.subject).endswith("for this job")
+    clock.now += SNOOZE_S + 1
+    assert session.line_hints(None) == [mine, theirs]
+    assert session.help_hints(None) == [mine, theirs, grows]  # ? lists them all, the quieted after
+    q.set(grows.id, "", grows.subject)  # the config's mute, lifted for this session
+    assert session.line_hints(None) == [mine, theirs, grows]
+
+
 def test_edits_of_what_is_watched(tmp_path: Path) -> None:
     runner = FakeRunner()
     session = _session(runner=runner)

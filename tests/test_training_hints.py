@@ -402,6 +402,7 @@ def test_a_loop_that_stopped_stepping_is_stalled(monkeypatch: pytest.MonkeyPatch
     time.sleep(0.6)  # at least the stall time without a step (each took far less: 20 of them are not longer)
     h = stalled([snap(2.0)])
     assert h is not None and h.id == "training-stalled" and h.numbers["pid"] == os.getpid()
+    assert h.subject == f"job pid {os.getpid()}"  # what m in ? mutes it for: this job
     assert h.numbers["last_step_age_s"] >= 0.6 and "stalled" in h.text and "py-spy dump" in h.fix
 
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from dltop.model import Snapshot
 
 __all__ = ["SEVERITY_ORDER", "WINDOW_S", "Hint", "Quieted", "Rule", "Severity", "all_rules", "hints", "rule",
-           "tab_of", "window"]
+           "subject_noun", "tab_of", "window"]
 
 # How far back a rule sees, in seconds of Snapshot time (not a count: the refresh may be 0.25 s or 30 s): the
 # one window live and replay share.
@@ -87,30 +87,60 @@ def hints(history: Sequence[Snapshot]) -> list[Hint]:
 
 
 
+def subject_noun(subject: str) -> str:
+    """What a hint's subject is ("job", "dataset", ...): its first word."""
+    return subject.partition(" ")[0]
+
+
 class Quieted:
-    """The hints kept off the hint line for a TUI session (still listed in ?): muted, by the config or in ?, or
-    snoozed until a time of `clock`."""
+    """The hints kept off the hint line for a TUI session (still listed in ?): muted for one subject (a job, a
+    dataset, ...: `m` in ?) or for every subject (their kind: `M` in ?, or the config's mute = [ID]), or snoozed
+    for one subject until a time of `clock`."""
 
     def __init__(self, config_mute: Iterable[str] = (), clock: Callable[[], float] = time.time) -> None:
         self.config_mute = frozenset(config_mute)
-        self.muted: set[str] = set(self.config_mute)
-        self.snoozed: dict[str, float] = {}  # hint id -> until when it is kept off the hint line
+        self.muted: set[str] = set(self.config_mute)  # hint ids muted for every subject
+        self.muted_subjects: set[tuple[str, str]] = set()  # (hint id, subject) muted
+        self.snoozed: dict[tuple[str, str], float] = {}  # (hint id, subject) -> until when it is off the line
         self.clock = clock
 
-    def state(self, hint_id: str) -> str:
-        """'muted', 'snoozed' (until when) or '' for a hint id: what ? says of it."""
+    def state(self, hint_id: str, subject: str = "") -> str:
+        """'muted ...', 'snoozed until ...' or '' for the hint `hint_id` about `subject`: what ? says of it, with
+        which of its subjects it is for ("for this job", "for every job")."""
+        noun = subject_noun(subject)
         if hint_id in self.muted:
-            return "muted" + (" (config)" if hint_id in self.config_mute else "")
-        until = self.snoozed.get(hint_id)
+            return ("muted" + (" (config)" if hint_id in self.config_mute else "")
+                    + (f" for every {noun}" if noun else ""))
+        if (hint_id, subject) in self.muted_subjects:
+            return f"muted for this {noun}" if noun else "muted"
+        until = self.snoozed.get((hint_id, subject))
         if until is not None and until > self.clock():
-            return f"snoozed until {time.strftime('%H:%M', time.localtime(until))}"
+            return f"snoozed until {time.strftime('%H:%M', time.localtime(until))}" + (
+                f" for this {noun}" if noun else "")
         return ""
 
-    def set(self, hint_id: str, state: str) -> None:
-        """Mute, snooze or bring back ('') a hint."""
-        self.muted.discard(hint_id)
-        self.snoozed.pop(hint_id, None)
-        if state == "muted":
+    def kind_muted(self, hint_id: str) -> bool:
+        """The hint `hint_id` is muted for every subject."""
+        return hint_id in self.muted
+
+    def set(self, hint_id: str, state: str, subject: str = "") -> None:
+        """Mute ('muted') or snooze ('snoozed') the hint `hint_id` for `subject` (a hint with none: its kind),
+        or bring it back ('': for every subject too)."""
+        self.muted_subjects.discard((hint_id, subject))
+        self.snoozed.pop((hint_id, subject), None)
+        if state == "" or not subject:
+            self.muted.discard(hint_id)
+        if state == "muted" and subject:
+            self.muted_subjects.add((hint_id, subject))
+        elif state == "muted":
             self.muted.add(hint_id)
         elif state == "snoozed":
-            self.snoozed[hint_id] = self.clock() + SNOOZE_S
+            self.snoozed[(hint_id, subject)] = self.clock() + SNOOZE_S
+
+    def set_kind(self, hint_id: str, muted: bool) -> None:
+        """Mute the hint `hint_id` for every subject, or bring it back for every subject but those muted one by
+        one."""
+        if muted:
+            self.muted.add(hint_id)
+        else:
+            self.muted.discard(hint_id)

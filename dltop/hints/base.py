@@ -23,6 +23,10 @@ class Hint:
     text: str
     fix: str = ""
     numbers: Mapping[str, float] = field(default_factory=dict)  # for the recorder, the report, the exporter
+    # What it is about, where it is about one thing: "<noun> <which>" ("job uid 1000 job 7f3a", "dataset /data/x",
+    # "cache /path", "server URL", "process 1234", "cgroup /path"); '' for the machine, or several named at once.
+    # `m` in ? mutes a hint for its subject; `M` and the config's mute = [ID], for every subject.
+    subject: str = ""
 
 
 Rule = Callable[[Sequence["Snapshot"]], "Hint | None"]

@@ -191,7 +191,7 @@ def cache_for_other_versions(part: CachesPart) -> Hint | None:
         return None
     c, others = hit[0]
     wasted = sum(e.size_bytes for e in c.entries if e.name in others)
-    return Hint(id="cache-for-other-versions", severity="info",
+    return Hint(id="cache-for-other-versions", severity="info", subject=f"cache {c.path}",
                 text=f"{c.label} holds {human_bytes(wasted)} built for other versions ({', '.join(others)}; this "
                      f"is {c.current_version_key})",
                 fix="clear those entries (Caches tab, Enter, c)", numbers={"bytes": wasted})
@@ -276,7 +276,7 @@ def cache_growing(history: Sequence[Snapshot]) -> Hint | None:
         return None
     per_hour, c, grew = worst
     hours_left = (c.fs_free_bytes or 0) / per_hour
-    return Hint(id="cache-growing", severity="warn",
+    return Hint(id="cache-growing", severity="warn", subject=f"cache {c.path}",
                 text=f"{c.label} grew {human_bytes(grew)} in {human_duration(dt)} ({human_bytes(per_hour)}/h): "
                      f"at that rate its filesystem is full in {human_duration(hours_left * 3600)}",
                 fix="a cache that never hits grows without bound: check that shapes or code do not change "

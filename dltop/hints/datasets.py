@@ -49,6 +49,7 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
     pct = 100 * (coldest.resident_fraction or 0)
     return Hint(
         id="dataset-cold",
+        subject=f"dataset {coldest.path}",
         severity="warn",
         text=(
             f"dataset {coldest.path} is {percent_text(pct)} resident ({human_bytes(coldest.data_resident_pages * ps)} of "
@@ -72,6 +73,7 @@ def dataset_larger_than_memory(part: DatasetsPart, mem: MemoryPart | None) -> Hi
         if size > cacheable:
             return Hint(
                 id="dataset-larger-than-memory",
+                subject=f"dataset {ds.path}",
                 severity="warn",
                 text=(
                     f"dataset {ds.path} ({human_bytes(size)}) is larger than the memory the page cache can give it "
@@ -105,6 +107,7 @@ def dataset_churn(history: Sequence[Snapshot]) -> Hint | None:
                 # while, with memory to spare): not a working set too big, and a warm will not last.
                 return Hint(
                     id="dataset-proactive-reclaim",
+                    subject=f"dataset {path}",
                     severity="warn",
                     text=(
                         f"{human_bytes(grew * ds.page_size)} of {path} was evicted within "
@@ -117,6 +120,7 @@ def dataset_churn(history: Sequence[Snapshot]) -> Hint | None:
                 )
             return Hint(
                 id="dataset-churn",
+                subject=f"dataset {path}",
                 severity="warn",
                 text=(
                     f"the page cache churns on {path}: {human_bytes(grew * ds.page_size)} of it was evicted and read "

@@ -55,6 +55,7 @@ def kv_pool_full(history: Sequence[Snapshot]) -> Hint | None:
         knob = ("--mem-fraction-static" if s.engine == "sglang" else "gpu_memory_utilization")
         return Hint(
             id="gpu-kv-pool-full",
+            subject=f"server {s.url}",
             severity="warn",
             text=(f"KV cache of {_name(s, m)} is {percent_text(100 * m.kv_usage)} full with {m.waiting_requests} "
                   f"request(s) waiting: they wait for cache blocks"),
@@ -87,6 +88,7 @@ def preemptions_rising(history: Sequence[Snapshot]) -> Hint | None:
         span = last.ts - first_ts[key]
         return Hint(
             id="gpu-kv-preemptions",
+            subject=f"server {s.url}",
             severity="warn",
             text=f"{_name(s, m)} preempted {new} request(s) in the last {span:.0f} s: the KV pool is too small "
                  "for the load, and preempted requests are recomputed",
@@ -114,6 +116,7 @@ def allocator_fragmented(history: Sequence[Snapshot]) -> Hint | None:
             continue
         return Hint(
             id="gpu-allocator-fragmented",
+            subject=f"process {p.pid}",
             severity="warn",
             text=(f"pid {p.pid}: PyTorch reserves {gib(reserved)} but tensors use {gib(allocated)}: "
                   f"{gib(cached)} is cached but free (fragmentation)"),
@@ -140,6 +143,7 @@ def smi_far_above_kv_pool(history: Sequence[Snapshot]) -> Hint | None:
             continue
         return Hint(
             id="gpu-smi-not-kv",
+            subject=f"server {s.url}",
             severity="info",
             text=(f"nvidia-smi shows {gib(used)} for {s.url} but its KV pool is {gib(pool)}: the rest is weights, "
                   "activations and the CUDA context"),

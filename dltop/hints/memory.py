@@ -89,6 +89,7 @@ def cgroup_near_limit(history: Sequence[Snapshot]) -> Hint | None:
     file_part = f", of which page cache {gib(cg.file_bytes)}" if cg.file_bytes else ""
     return Hint(
         id="cgroup-near-limit",
+        subject=f"cgroup {cg.limit_path or cg.path}",
         severity="critical" if share >= 0.97 else "warn",
         text=(
             f"memory cgroup {cg.limit_path or cg.path} at {percent_text(100 * share)} of its limit "

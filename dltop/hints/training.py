@@ -52,6 +52,11 @@ def _who(p: ProcessProbe) -> str:
     return f"pid {p.pid}{rank}"
 
 
+def _job(p: ProcessProbe) -> str:
+    """The subject of a hint about `p`: its job (`m` in ? mutes the hint for this job, whichever rank it names)."""
+    return f"job {p.job_key}"
+
+
 def _first_seen(history: Sequence[Snapshot]) -> dict[tuple[int, int], ProcessProbe]:
     """Each process's probe as the oldest Snapshot of the window has it (the same pid and start time)."""
     first: dict[tuple[int, int], ProcessProbe] = {}
@@ -94,7 +99,7 @@ def page_cache_warming(history: Sequence[Snapshot]) -> Hint | None:
         else:
             fix = f"warm {p.data_dir} before training: dltop warm {p.data_dir} (or a on the Datasets tab, then w)"
         return Hint(
-            id="training-page-cache-warming",
+            id="training-page-cache-warming", subject=_job(p),
             severity="info",
             text=(f"{_who(p)}: epoch 0 took {e0.duration_s:.1f}s, epoch 1 {e1.duration_s:.1f}s; epoch 0 waited "
                   f"{e0.data_wait_s:.1f}s for data, epoch 1 {e1.data_wait_s:.1f}s{grew}: the first epoch was "
@@ -221,7 +226,7 @@ def _stalled_alone(snap: Snapshot, hung: list[ProcessProbe], more: str) -> Hint:
     step = f" (its steps took {p.last_step_s:.2f}s)" if p.last_step_s else ""
     between = " since its last epoch closed" if p.in_epoch is False else ""
     others = f"; {len(hung) - 1} more of its ranks stalled" if len(hung) > 1 else ""
-    return Hint(id="training-stalled", severity="warn",
+    return Hint(id="training-stalled", severity="warn", subject=_job(p),
                 text=f"{_owner(p, snap)}{_who(p)}: no step for {age:.0f}s{step}{between}: stalled{others}{more}",
                 fix=f"py-spy dump --pid {p.pid} shows where it waits; a rank stuck in a collective waits for a "
                     "peer that died or took another path (TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and a timeout in "
@@ -237,7 +242,7 @@ def _waiting_for(snap: Snapshot, q: ProcessProbe, waiting: list[ProcessProbe], m
     waits = f"; {them} wait{'s' if len(waiting) == 1 else ''} for it" if waiting else ""
     age = max([p.last_step_age_s or 0.0 for p in waiting] or [q.last_step_age_s or 0.0])
     fix = EXITED_FIX if q.exited else HALTED_FIX.get(q.proc_state or "", EXITED_FIX).format(pid=q.pid)
-    return Hint(id="training-stalled", severity="warn",
+    return Hint(id="training-stalled", severity="warn", subject=_job(q),
                 text=f"{_owner(q, snap)}{_who(q)} {state}: no step for {age:.0f}s{waits}{more}",
                 fix=fix, numbers={"pid": q.pid, "last_step_age_s": age, "waiting": len(waiting)})
 
@@ -264,7 +269,7 @@ def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
     numbers.update(io_read_bytes=storage, io_rchar_bytes=total, io_window_s=span_s, io_storage_share=share)
     rate = f"{human_bytes(round(storage / span_s))}/s" if span_s > 0 else human_bytes(storage)
     if storage >= IO_MIN_BYTES and share >= IO_SHARE:
-        return Hint(id="training-io-bound", severity="warn",
+        return Hint(id="training-io-bound", severity="warn", subject=_job(p),
                     text=(f"{head} while {percent_text(100 * share)} of what it reads comes from storage ({rate}, over "
                           f"{span_s:.0f}s, the process and its workers): IO bound"),
                     fix=IO_FIX, numbers=numbers)
@@ -283,7 +288,7 @@ def _decode_bound(p: ProcessProbe, head: str, numbers: dict[str, float], total: 
         numbers["disk_util_pct"] = disk[1]
     where = ("reads nothing from files" if total == 0 else
              f"reads {human_bytes(total)} in {span_s:.0f}s, {percent_text(100 * share)} of it from storage")
-    return Hint(id="training-decode-bound", severity="warn",
+    return Hint(id="training-decode-bound", severity="warn", subject=_job(p),
                 text=f"{head} while it {where} (the process and its workers): decode bound{other}",
                 fix=f"{more} (num_workers), or a cheaper decode / augmentation",
                 numbers={**numbers, **({} if workers is None else {"loader_workers": workers})})
@@ -298,12 +303,12 @@ def _wait_without_io(p: ProcessProbe, head: str, reads: str, numbers: dict[str, 
     else which it is cannot be told."""
     filled = _filled(p)
     if filled is None:
-        return Hint(id="training-data-wait", severity="info",
+        return Hint(id="training-data-wait", severity="info", subject=_job(p),
                     text=f"{head}; IO bound or decode bound cannot be told: {reads}",
                     fix="run dltop as root (or as the job's user) so it can read the job's /proc/PID/io",
                     numbers=numbers)
     epoch, filled_bytes = filled
-    return Hint(id="training-io-bound", severity="warn",
+    return Hint(id="training-io-bound", severity="warn", subject=_job(p),
                 text=(f"{head}; epoch {epoch} brought {human_bytes(filled_bytes)} of its data into the page "
                       f"cache (read from storage): IO bound ({reads})"),
                 fix=IO_FIX, numbers={**numbers, "data_cached_delta_bytes": filled_bytes})
@@ -314,7 +319,7 @@ def cudnn_benchmark_shapes(history: Sequence[Snapshot]) -> Hint | None:
     """cudnn.benchmark on while the input shapes keep changing: cuDNN autotunes again for every new shape."""
     for p in _ordered(history[-1]):
         if p.cudnn_benchmark and p.input_shapes is not None and p.input_shapes >= SHAPES_MANY:
-            return Hint(id="training-cudnn-benchmark-shapes", severity="warn",
+            return Hint(id="training-cudnn-benchmark-shapes", severity="warn", subject=_job(p),
                         text=(f"{_who(p)}: torch.backends.cudnn.benchmark is on and the loop has seen "
                               f"{p.input_shapes} input shapes: cuDNN autotunes again for every new one"),
                         fix="pad or bucket the inputs to a few fixed shapes, or turn cudnn.benchmark off",
@@ -344,7 +349,7 @@ def recompiling(history: Sequence[Snapshot]) -> Hint | None:
     """torch.compile recompiling again and again: a guard keeps failing (shapes, dtypes, Python values)."""
     for p, new, total in _rising(history, "recompiles"):
         if new >= RECOMPILES_RISING:
-            return Hint(id="training-recompiling", severity="warn",
+            return Hint(id="training-recompiling", severity="warn", subject=_job(p),
                         text=f"{_who(p)}: torch.compile recompiled {new} times in the last minute ({total} in all)",
                         fix='TORCH_LOGS="recompiles" says which guard fails; mark changing sizes dynamic '
                             "(torch._dynamo.mark_dynamic) or keep Python values that change out of the graph",
@@ -366,7 +371,7 @@ def compile_fell_back_to_eager(history: Sequence[Snapshot]) -> Hint | None:
         which = f"torch._dynamo.config.{name}" + (f" ({limit})" if name == "recompile_limit" and limit is not None
                                                   else "")
         frames = "a frame" if fallbacks == 1 else f"{fallbacks} frames"
-        return Hint(id="training-compile-eager-fallback", severity="warn",
+        return Hint(id="training-compile-eager-fallback", severity="warn", subject=_job(p),
                     text=f"{_who(p)}: torch.compile hit {which}: {frames} run eager (uncompiled) from now on",
                     fix='TORCH_LOGS="recompiles" says which guard keeps failing; mark changing sizes dynamic '
                         f"(torch._dynamo.mark_dynamic, or dynamic=True), or raise torch._dynamo.config.{name}",
@@ -382,7 +387,7 @@ def oom_retries_rising(history: Sequence[Snapshot]) -> Hint | None:
                                                     ("num_alloc_retries", "had to free its cache and retry", "warn"))
     for counter, what, severity in cases:
         for p, new, total in _rising(history, counter):
-            return Hint(id=f"training-{counter.replace('_', '-')}", severity=severity,
+            return Hint(id=f"training-{counter.replace('_', '-')}", severity=severity, subject=_job(p),
                         text=f"{_who(p)}: the CUDA allocator {what} {new} times in the last minute ({total} in all)",
                         fix="a smaller batch or sequence, activation checkpointing, or "
                             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation",

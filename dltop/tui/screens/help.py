@@ -1,5 +1,6 @@
 """The help screen (`?`): every key of the app and of the current pane, the current hints (each can be snoozed or
-muted here, by id), and where the pane's numbers come from."""
+muted here: for what it is about, a job or a dataset, or for every one of its kind), and where the pane's numbers
+come from."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from dltop.fmt import printable
+from dltop.hints import Hint, Quieted, subject_noun
 
 ABOUT = "A value the system cannot give is shown as n/a (or ?) with the reason, never as 0."
-HINT_KEYS = "hints ↑/↓: s snooze 1 h, m mute; again undoes; config: mute = [ID]"  # one line at 80x24
+HINT_KEYS = "hints ↑/↓: s snooze 1 h, m mute this one, M all its kind; again undoes"  # one line at 80x24
 # One row per key of the app (its pair, its other labels left out), in words where the label is short.
 HELP_SKIPS = {"app.interrupt", "app.slower", "app.live", "app.play", "app.step_back", "app.goto_live",
               "app.jump_back", "app.speed_down"}
@@ -53,28 +55,28 @@ def key_rows(bindings: Iterable[BindingType], key_display: Callable[[Binding], s
 
 class HelpScreen(ModalScreen[None]):
     """Lists key bindings and hints, whole: the dialog scrolls (PgUp/PgDn, Home/End, the mouse) where the screen is
-    short; any of Esc, q or ? closes it; s and m snooze and mute the hint chosen."""
+    short; any of Esc, q or ? closes it; s and m snooze and mute the hint chosen for what it is about (this job),
+    M mutes its kind (every job)."""
 
     BINDINGS = [
         Binding("escape,q,question_mark", "close", "Close", id="help.close"),
         Binding("s", "hint('snoozed')", "Snooze hint", id="help.snooze"),
         Binding("m", "hint('muted')", "Mute hint", id="help.mute"),
+        Binding("M", "mute_kind", "Mute its kind", id="help.mute_kind"),
         Binding("pageup", "scroll('page_up')", "Page up", show=False, priority=True),
         Binding("pagedown", "scroll('page_down')", "Page down", show=False, priority=True),
         Binding("home", "scroll('scroll_home')", "Top", show=False, priority=True),
         Binding("end", "scroll('scroll_end')", "Bottom", show=False, priority=True),
     ]
 
-    def __init__(self, bindings: list[tuple[str, str]], about: str = "",
-                 hints: Sequence[tuple[str, str]] = (),
-                 hint_state: Callable[[str], str] = lambda _id: "",
-                 set_hint_state: Callable[[str, str], None] | None = None) -> None:
+    def __init__(self, bindings: list[tuple[str, str]], about: str = "", hints: Sequence[Hint] = (),
+                 quieted: Quieted | None = None, changed: Callable[[], None] = lambda: None) -> None:
         super().__init__()
         self._rows = bindings
         self._about = f"{about} {ABOUT}".strip()  # where the visible pane's numbers come from
-        self._hints = list(hints)  # (id, text): every hint now, muted and snoozed ones too
-        self._state = hint_state
-        self._set_state = set_hint_state
+        self._hints = list(hints)  # every hint now, muted and snoozed ones too
+        self._quieted = quieted  # what s, m and M change (None: nothing to change)
+        self._changed = changed  # called after each change (the hint line follows)
 
     def compose(self) -> ComposeResult:
         table = self._table()
@@ -98,17 +100,24 @@ class HelpScreen(ModalScreen[None]):
             table.add_row(left[0], left[1] + "   ", right[0], right[1])
         return table
 
+    def _state(self, hint: Hint) -> str:
+        return self._quieted.state(hint.id, hint.subject) if self._quieted is not None else ""
+
+    @staticmethod
+    def _text(hint: Hint) -> str:
+        return hint.text + (f" — {hint.fix}" if hint.fix else "")
+
     def _options(self) -> list[Option]:
         out = []
-        for hint_id, text in self._hints:
-            state = self._state(hint_id)
+        for hint in self._hints:
+            state = self._state(hint)
             t = Text(no_wrap=True, overflow="ellipsis")
             if state:
                 t.append(f"[{state}] ", "bold")
-            t.append(printable(hint_id), "bold dim" if state else "bold")
-            t.append(": " + printable(text), "dim" if state else "")
+            t.append(printable(hint.id), "bold dim" if state else "bold")
+            t.append(": " + printable(self._text(hint)), "dim" if state else "")
             t.truncate(TEXT_WIDTH - 4, overflow="ellipsis")  # the list's padding and scroll bar
-            out.append(Option(t, id=hint_id))
+            out.append(Option(t))
         return out
 
     def on_mount(self) -> None:
@@ -132,9 +141,10 @@ class HelpScreen(ModalScreen[None]):
         return options.highlighted if options.highlighted is not None else 0
 
     def _hint_text(self, i: int) -> str:
-        hint_id, text = self._hints[i]
-        state = self._state(hint_id)
-        return f"{'[' + state + '] ' if state else ''}{printable(hint_id)}: {printable(text)}"
+        hint = self._hints[i]
+        state = self._state(hint)
+        about = f" ({printable(hint.subject)})" if hint.subject else ""
+        return f"{'[' + state + '] ' if state else ''}{printable(hint.id)}{about}: {printable(self._text(hint))}"
 
     def _show_hint(self, i: int) -> None:
         self.query_one("#help-hint-text", Static).update(Text(self._hint_text(i)))
@@ -146,14 +156,27 @@ class HelpScreen(ModalScreen[None]):
         self.dismiss(None)
 
     def action_hint(self, state: str) -> None:
-        """Snooze or mute the hint chosen; pressed again, bring it back."""
-        if not self._hints or self._set_state is None:
-            return
+        """Snooze or mute the hint chosen for what it is about (a hint muted or snoozed: bring it back)."""
+        if self._hints and self._quieted is not None:
+            hint = self._hints[self._chosen()]
+            now = self._state(hint)
+            self._quieted.set(hint.id, "" if now.startswith(state) else state, hint.subject)
+            self._after_change(hint)
+
+    def action_mute_kind(self) -> None:
+        """Mute the hint chosen for every subject (every job, every dataset); pressed again, bring it back."""
+        if self._hints and self._quieted is not None:
+            hint = self._hints[self._chosen()]
+            self._quieted.set_kind(hint.id, not self._quieted.kind_muted(hint.id))
+            self._after_change(hint)
+
+    def _after_change(self, hint: Hint) -> None:
+        self._changed()
         options = self.query_one("#help-hints", OptionList)
-        i = self._chosen()
-        hint_id = self._hints[i][0]
-        now = self._state(hint_id)
-        self._set_state(hint_id, "" if now.startswith(state) else state)
-        options.replace_option_prompt_at_index(i, self._options()[i].prompt)
-        self._show_hint(i)
-        self.notify(f"{hint_id}: {self._state(hint_id) or 'shown again'}", timeout=3)
+        for i, prompt in enumerate(o.prompt for o in self._options()):  # a kind's mute marks each of its hints
+            options.replace_option_prompt_at_index(i, prompt)
+        self._show_hint(self._chosen())
+        state = self._state(hint) or (f"shown again for this {subject_noun(hint.subject)}" if hint.subject
+                                      else "shown again")
+        about = f" ({printable(hint.subject)})" if hint.subject else ""
+        self.notify(f"{printable(hint.id)}{about}: {state}", timeout=3)

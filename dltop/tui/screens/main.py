@@ -418,14 +418,12 @@ class MainScreen(Screen[None]):
         bindings = [*(pane.BINDINGS if pane is not None else []), *self.BINDINGS, *self.app.BINDINGS]
         rows = key_rows(bindings, self.app.get_key_display, jump)
         rows.append((f"1-{len(self.panes)}", "switch tab"))
-        hints = [(h.id, h.text + (f" — {h.fix}" if h.fix else ""))
-                 for h in self.session.help_hints(pane.PANE_ID if pane is not None else None)]
-        self.app.push_screen(HelpScreen(rows, pane.HELP if pane is not None else "", hints,
-                                        self.session.quieted.state, self.set_hint_state))
+        hints = self.session.help_hints(pane.PANE_ID if pane is not None else None)
+        self.app.push_screen(HelpScreen(rows, pane.HELP if pane is not None else "", hints, self.session.quieted,
+                                        self.hints_quieted))
 
-    def set_hint_state(self, hint_id: str, state: str) -> None:
-        """Mute, snooze or bring back ('') a hint for this session (? does it); the hint line follows at once."""
-        self.session.quieted.set(hint_id, state)
+    def hints_quieted(self) -> None:
+        """A hint was muted, snoozed or brought back in ?: the hint line follows at once."""
         if self.widgets_up():
             self.update_hints()
 
