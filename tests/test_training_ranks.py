@@ -237,3 +237,27 @@ def test_a_rank_in_uninterruptible_io_or_exited_is_the_one_the_others_wait_for()
     h = stalled([Snapshot(ts=1.0, host="t", probes=part)])
     assert h is not None and h.text.startswith("pid 3 (rank 1) exited: exit code 1: RuntimeError: boom")
     assert "pid 2 (rank 0) waits for it" in h.text and "times out" in h.fix
+
+
+def test_a_hostile_signal_file_is_read_bounded_and_shown_printable(tmp_path: Path) -> None:
+    """The `.signal` file is its user's: a symlink in its place is not followed, escape sequences in a 'file
+    name' are not passed on, and a process killed by SIGKILL (nothing written) is 'cause unknown'."""
+    code = "import os, time, dltop.probe as probe\nprobe.start(interval_s=0.1)\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n"
+    env = probe_env(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    for p in procs:
+        p.stdout.readline()  # type: ignore[union-attr]
+        p.kill()
+        p.wait()
+    folder = tmp_path / "dltop"
+    hostile, linked, killed = (p.pid for p in procs)
+    (folder / f"{hostile}.signal").write_text('Stack:\n  File "/x/\x1b[2J\x1b]0;pwned\x07.py", line 7 in f\x1b[31m\n')
+    (folder / f"{linked}.signal").unlink()
+    (folder / f"{linked}.signal").symlink_to("/etc/passwd")
+    part = read_probes([(str(folder), os.getuid())])
+    by_pid = {q.pid: q for q in part.exited}
+    assert by_pid[hostile].exit_signal == "SIGTERM" and "\x1b" not in (by_pid[hostile].exit_where or "")
+    assert by_pid[hostile].exit_where == "?[2J?]0;pwned?.py:7 in f?[31m"
+    assert by_pid[linked].exit_signal is None and by_pid[killed].exit_signal is None
+    assert by_pid[killed].ended.startswith("exited, cause unknown")

@@ -591,6 +591,8 @@ def _signalled(dir_fd: int, pid: str, me: int, probe: ProcessProbe) -> ProcessPr
         os.close(fd)
     frame = _FRAME.search(raw.decode("utf-8", "replace"))
     where = f"{os.path.basename(frame[1])}:{frame[2]} in {frame[3].strip()}"[:200] if frame else None
+    if where is not None:  # the user's text (a file name may hold anything): nothing the terminal would act on
+        where = "".join(c if c.isprintable() else "?" for c in where)
     return dataclasses.replace(probe, exit_signal="SIGTERM", exit_where=where)
 
 
