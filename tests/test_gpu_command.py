@@ -120,6 +120,18 @@ async def test_the_command_column_the_selected_line_and_sideways_scroll(torchrun
         await pilot.press("left", "left")
         await pilot.pause()
         assert _rows(app) == rows
+        # s on the launcher's row tags its four ranks (rank 0's two rows both marked); again untags them
+        from dltop.tui.panes.gpu import GpuPane
+
+        table.move_cursor(row=rows.index(launcher))
+        await pilot.press("s")
+        await pilot.pause()
+        assert sorted(pid for pid, _ in app.query_one(GpuPane).tagged) == sorted(ranks)
+        assert sum(r[1].startswith("*") for r in _rows(app)) == 5
+        table.move_cursor(row=rows.index(launcher))
+        await pilot.press("s")
+        await pilot.pause()
+        assert not app.query_one(GpuPane).tagged
 
 
 def test_a_process_s_history_is_its_own_readings_over_the_kept_history(torchrun_like) -> None:

@@ -966,19 +966,25 @@ class GpuPane(Pane):
             self.app.notify("environment: this is a replay; it is read from a running process", severity="warning")
 
     def action_tag(self) -> None:
-        """Tag the selected process, or untag it, and go to the next row: `k` signals the tagged ones together."""
+        """Tag the selected process, or untag it (on a launcher's row: its ranks), and go to the next row: `k`
+        signals the tagged ones together."""
         row = self.selected_row()
         if row is None:
             return
-        if row.process is None:
-            self.app.notify(f"pid {row.pid} is the launcher of the ranks under it, not a GPU process: tag its ranks",
-                            severity="warning")
-            return
-        key = tag_key(row.process)
-        if key in self.tagged:
-            del self.tagged[key]
+        if row.process is None:  # a launcher: its ranks, all tagged (or all untagged where they all were)
+            ranks = {tag_key(r.process): r.process for r in self._selected.values()
+                     if r.process is not None and r.depth and r.process.ppid == row.pid}
+            if ranks.keys() <= self.tagged.keys():
+                for key in ranks:
+                    del self.tagged[key]
+            else:
+                self.tagged.update(ranks)
         else:
-            self.tagged[key] = row.process
+            key = tag_key(row.process)
+            if key in self.tagged:
+                del self.tagged[key]
+            else:
+                self.tagged[key] = row.process
         self._retag()
         self.query_one("#gpu-table", ProcessTable).action_cursor_down()
 
