@@ -93,7 +93,7 @@ class Rules:
         if any(_under(path, t) for t in NEVER_BELOW) and not any(_under(path, a) and path != a
                                                                    for a in ALLOWED_BELOW):
             return False
-        if any(_under(path, p) for p in self.prefixes):
+        if any(p != "/" and _under(path, p) for p in self.prefixes):
             return False
         return root_refusal(path, home_of=self.home_of, prefixes=self.prefixes) is None
 
