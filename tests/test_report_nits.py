@@ -83,3 +83,19 @@ def test_each_write_failure_says_its_own_lost_lines(tmp_path: Path, monkeypatch:
     again = [s for s in said if s.startswith("writing again")]
     assert len(again) == 2, said
     assert again[0].startswith("writing again (3 lines lost") and again[1].startswith("writing again (2 lines lost")
+
+
+def test_an_event_inside_a_gap_is_said_to_be_in_one(tmp_path: Path) -> None:
+    mem = read_memory()
+    t0 = time.mktime((2026, 12, 1, 3, 0, 0, 0, 0, -1))
+    snaps = [Snapshot(ts=t0 + i, host="h", memory=mem) for i in (*range(10), *range(300, 310))]
+    with Recorder(str(tmp_path / "rec"), kmsg=None) as rec:
+        for s in snaps:
+            rec.write(s, wait=True)
+        rec.event("marker", {"text": "in the hole"}, ts=t0 + 100)
+        rec.event("marker", {"text": "before it"}, ts=t0 + 5)
+    text = report(Recording(str(tmp_path / "rec")), width=80)
+    [inside] = [ln for ln in text.splitlines() if "in the hole" in ln]
+    assert inside.endswith("(in a gap: no samples 03:00:09 to 03:05:00)"), inside
+    [before] = [ln for ln in text.splitlines() if "before it" in ln]
+    assert "gap" not in before

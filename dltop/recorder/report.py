@@ -132,7 +132,7 @@ def report(rec: Recording, t0: float | None = None, t1: float | None = None, wid
     out += _header(rec, c, events, gaps)
     out += _peaks(c)
     out += _gap_lines(gaps, c)
-    out += _timeline(events, c)
+    out += _timeline(events, c, gaps)
     out += _hints(events, t1 if t1 is not None else c.last_ts)
     # The recording came from elsewhere: its names and texts are escaped here (in colour the report is written
     # past the CLI's escaping writer, its own colours intact).
@@ -202,12 +202,7 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
     if c.first_ts is None or c.last_ts is None:
         return [*lines, "no samples in this range", ""]
     span = c.last_ts - c.first_ts
-    # The end with its date whenever it falls on another day than the start (a day's span ends the next day).
-    end_date = time.strftime("%Y-%m-%d ", time.localtime(c.last_ts))
-    if end_date == time.strftime("%Y-%m-%d ", time.localtime(c.first_ts)):
-        end_date = ""
-    lines.append(f"{meta.get('host') or c.host}: {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(c.first_ts))}"
-                 f" to {end_date}{time.strftime('%H:%M:%S %Z', time.localtime(c.last_ts))} "
+    lines.append(f"{meta.get('host') or c.host}: {_span_text(c.first_ts, c.last_ts)} "
                  f"({human_duration(span)}), {plural(c.samples, 'sample')}"
                  f" every {meta.get('interval_s', '?')} s, {plural(len(events), 'event')}; times are {_zone(c.last_ts)}")
     ooms = [e for e in events if e.kind == "oom_kill"]
@@ -226,6 +221,16 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
     return [*lines, ""]
 
 
+def _span_text(first: float, last: float) -> str:
+    """'2026-12-01 14:00:00 CET to 15:00:00 CET'; the end with its date whenever it falls on another day than the
+    start (a day's span ends the next day)."""
+    end_date = time.strftime("%Y-%m-%d ", time.localtime(last))
+    if end_date == time.strftime("%Y-%m-%d ", time.localtime(first)):
+        end_date = ""
+    return (f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(first))} to {end_date}"
+            f"{time.strftime('%H:%M:%S %Z', time.localtime(last))}")
+
+
 def _oom_lines(ooms: list[RecordedEvent], span: float) -> list[str]:
     """The kills (the kernel's count, vmstat, where it was read, else the memory cgroup's: one kill raises both)
     and who was killed, each victim once, with where the name came from."""
@@ -237,15 +242,18 @@ def _oom_lines(ooms: list[RecordedEvent], span: float) -> list[str]:
     for e in ooms:
         victims = e.data.get("victims")
         for v in victims if isinstance(victims, list) else []:
-            if not isinstance(v, dict) or (v.get("pid"), e.data.get("victims_from")) in seen:
-                continue
-            seen.add((v.get("pid"), e.data.get("victims_from")))
-            where = "the kernel log" if e.data.get("victims_from") == "kmsg" else "gone since the last sample"
-            cgroup = f", cgroup {v['cgroup']}" if v.get("cgroup") else ""
-            at = v["ts"] if isinstance(v.get("ts"), float) else e.ts  # the kernel's time of the kill, or the sample's
-            out.append(f"  killed at {_when(at, span)}: pid {v.get('pid')} {v.get('command') or '?'}{cgroup} "
-                       f"({where})")
+            key = (v.get("pid"), e.data.get("victims_from")) if isinstance(v, dict) else None
+            if key is not None and key not in seen:
+                seen.add(key)
+                out.append(_victim_line(e, v, span))
     return out
+
+
+def _victim_line(e: RecordedEvent, v: dict[str, Any], span: float) -> str:
+    where = "the kernel log" if e.data.get("victims_from") == "kmsg" else "gone since the last sample"
+    cgroup = f", cgroup {v['cgroup']}" if v.get("cgroup") else ""
+    at = v["ts"] if isinstance(v.get("ts"), float) else e.ts  # the kernel's time of the kill, or the sample's
+    return f"  killed at {_when(at, span)}: pid {v.get('pid')} {v.get('command') or '?'}{cgroup} ({where})"
 
 
 def _gpus_line(gpus: list[Any]) -> str:
@@ -333,7 +341,7 @@ def _gap_lines(gaps: list[tuple[float, float, str]], c: _Collected) -> list[str]
     return [*out, ""]
 
 
-def _timeline(events: list[RecordedEvent], c: _Collected) -> list[str]:
+def _timeline(events: list[RecordedEvent], c: _Collected, gaps: list[tuple[float, float, str]]) -> list[str]:
     if not events:
         return ["Events: none", ""]
     span = (c.last_ts - c.first_ts) if c.first_ts is not None and c.last_ts is not None else 0.0
@@ -341,13 +349,25 @@ def _timeline(events: list[RecordedEvent], c: _Collected) -> list[str]:
     listed = [e for e in events if e.kind != "hint"]
 
     shown = sorted(sorted(listed, key=_event_rank)[:MAX_EVENTS], key=lambda e: e.ts)
-    out = ["Events"] + [f"  {_when(e.ts, span)}  {describe_event(e.kind, e.data)}" for e in shown]
+    out = ["Events"] + [f"  {_when(e.ts, span)}  {describe_event(e.kind, e.data)}{_in_gap(e, gaps, span)}"
+                        for e in shown]
     if hints:
         fired = sum(1 for e in hints if e.data.get("state") == "fired")
         out.append(f"  hints: {plural(fired, 'firing')}, {plural(len(hints) - fired, 'clearing')} (under Hints that fired)")
     if len(listed) > len(shown):
         out.append(_more_events(listed, shown))
     return [*out, ""]
+
+
+def _in_gap(e: RecordedEvent, gaps: list[tuple[float, float, str]], span: float) -> str:
+    """' (in a gap: no samples 03:10:04 to 03:14:58)' for an event inside a stretch without samples (a marker or
+    an action while the recorder could not write): the panes of that moment show the sample before it."""
+    if e.kind in ("gap", "start", "stop"):
+        return ""
+    for a, b, _ in gaps:
+        if a < e.ts < b:
+            return f" (in a gap: no samples {_when(a, span)} to {_when(b, span)})"
+    return ""
 
 
 def _event_rank(e: RecordedEvent) -> tuple[int, float]:
