@@ -21,6 +21,7 @@ from dltop.errors import DltopError
 from dltop.model import CachesPart, Snapshot, Unavailable, to_dict
 from dltop.model.actions import ActionEvent, ActionPlan, SignalTarget
 from dltop.model.datasets import DatasetsPart
+from dltop.model.probes import ProbesPart, job_rank_by_pid
 from dltop.playhead import Live, Playhead, Replay
 from dltop.timeline import Feed, LiveEvent, LiveHistory, Recorded, Timeline
 from dltop.view import View
@@ -282,7 +283,16 @@ class Session:
         first)."""
         frame = self.frame()
         kept = [h for h in (frame[1] if frame is not None else ()) if not self.quieted.state(h.id, h.subject)]
-        return sorted(kept, key=lambda h: hint_rules.tab_of(h.id) != tab)  # stable: severity order kept
+        # then a hint about the viewer's job before one about another user's (the Training tab's order)
+        snap = frame[0][-1] if frame is not None else None
+        job = job_rank_by_pid(snap.probes, snap.gpus) if snap is not None and isinstance(snap.probes, ProbesPart) \
+            else {}
+
+        def place(h: hint_rules.Hint) -> tuple[bool, int]:
+            pid = h.numbers.get("pid")
+            return hint_rules.tab_of(h.id) != tab, job.get(int(pid), 0) if isinstance(pid, int | float) else 0
+
+        return sorted(kept, key=place)  # stable: severity order kept within each
 
     def help_hints(self, tab: str | None) -> list[hint_rules.Hint]:
         """Every hint for ?, in the hint line's order, the muted and snoozed ones after (still listed)."""

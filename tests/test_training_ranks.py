@@ -261,3 +261,19 @@ def test_a_hostile_signal_file_is_read_bounded_and_shown_printable(tmp_path: Pat
     assert by_pid[hostile].exit_where == "?[2J?]0;pwned?.py:7 in f?[31m"
     assert by_pid[linked].exit_signal is None and by_pid[killed].exit_signal is None
     assert by_pid[killed].ended.startswith("exited, cause unknown")
+
+
+def test_the_hint_line_puts_a_hint_about_my_job_before_one_about_anothers() -> None:
+    """Another user's stalled job (a warning) and my job waiting for data (a note): on the hint line mine comes
+    first, though it is the milder (it was hidden behind the other's)."""
+    from dltop.sampler import ListFeed
+    from dltop.session import Session
+
+    theirs = _probe(10, uid=2000, last_step_age_s=90.0, user="bob")
+    mine = _probe(20, uid=1000, step_time_s=0.1, data_wait_fraction=0.6, io_unavailable="not known here")
+    part = ProbesPart(processes=(theirs, mine), viewer_uid=1000)
+    session = Session(ListFeed([Snapshot(ts=1.0, host="t", probes=part)]))
+    session.open()
+    ids = [(h.id, h.numbers.get("pid")) for h in session.line_hints("training")]
+    assert ids == [("training-data-wait", 20), ("training-stalled", 10)]
+    assert [h.id for h in session.hints] == ["training-stalled", "training-data-wait"]  # severity first

@@ -297,6 +297,12 @@ def jobs_first(part: ProbesPart, probes: Sequence[ProcessProbe] | None = None,
     return sorted(grouped.items(), key=rank)
 
 
+def job_rank_by_pid(part: ProbesPart, gpus: object = None) -> dict[int, int]:
+    """Each probed process's job's place in `jobs_first` (0: the job the user most wants), by pid: the hint line
+    puts a hint about another user's job after those about the viewer's."""
+    return {p.pid: i for i, (_, members) in enumerate(jobs_first(part, gpus=gpus)) for p in members}
+
+
 def waited_for(members: Sequence[ProcessProbe]) -> list[ProcessProbe]:
     """The ranks of a job of several that cannot step (`ProcessProbe.halted`: exited, stopped, a zombie, stalled
     in uninterruptible IO): the ones its other ranks wait for."""
