@@ -177,7 +177,8 @@ class Session:
         history, hints = frame
         runner = self.runner
         return View(snapshot=history[-1], history=history, hints=hints, read_only=self.settings.read_only,
-                    replay=self.head.past, frozen=self.frozen(), watched=tuple(self.settings.datasets), action=self.action,
+                    replay=self.head.past, frozen=self.frozen(), past=self.past(),
+                    watched=tuple(self.settings.datasets), action=self.action,
                     busy=runner is not None and runner.busy is not None,
                     held=runner.held() if runner is not None else {})
 
@@ -306,6 +307,11 @@ class Session:
         """Why nothing may change the system from here (read-only, a replay, paused on a past moment), or None."""
         if self.settings.read_only:
             return "dltop runs --read-only"
+        return self.past()
+
+    def past(self) -> str | None:
+        """Why the moment on screen is not now (a replay, paused on a past moment), or None: what a key that
+        reads or edits the system now (a process's environment, the datasets watched) says there."""
         if self.replay:
             return "this is a replay"
         if self.head.past:

@@ -21,6 +21,7 @@ class View:
     read_only: bool = False
     replay: bool = False  # a past moment is shown (a recording, or paused live): actions that change the system are off
     frozen: str | None = None  # why nothing may change the system from here (read-only, a replay, paused), or None
+    past: str | None = None  # why the moment shown is not now (a replay, paused), or None
     watched: tuple[str, ...] = ()  # the dataset folders being watched now (added and removed at run time)
     action: ActionEvent | None = None  # the latest event of the action in flight, or of the last one
     busy: bool = False  # an action (or its plan) is in flight

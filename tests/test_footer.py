@@ -13,6 +13,7 @@ from textual.widgets import Footer
 
 from dltop.config import Settings
 from dltop.model import Snapshot
+from dltop.model.actions import ActionEvent
 from dltop.sampler import ListFeed
 from dltop.tui.app import DltopApp
 from dltop.tui.screens.help import key_rows
@@ -64,3 +65,34 @@ async def test_every_key_that_acts_is_in_the_footer_or_under_help_within_80_colu
                 if b.description and pane.check_action(b.action, ()):
                     display = app.get_key_display(b)
                     assert display in shown or display in listed, (pane.PANE_ID, display, list(shown))
+
+
+async def test_keys_that_cannot_act_now_say_the_real_reason(tmp_path: Path) -> None:
+    # Paused on live data, a key that reads or edits the system now says so, not "this is a replay" or nothing;
+    # while an action runs, w says which one runs, not nothing.
+    app = DltopApp(ListFeed(_snapshots(tmp_path), start=1), Settings(datasets=(str(tmp_path / "ds"),)))
+    paused = "paused on a past moment (space goes back to live)"
+    async with app.run_test(size=(80, 24)) as pilot:
+        for tab, key, said in (("gpu", "e", f"environment: {paused}"), ("gpu", "a", f"a: {paused}"),
+                               ("datasets", "a", f"a: {paused}"), ("datasets", "w", f"w: {paused}"),
+                               ("caches", "r", f"r: {paused}"), ("caches", "c", f"c: {paused}")):
+            pane = app.main.pane(tab)
+            await pilot.press(str(app.panes.index(pane) + 1))
+            await pilot.pause()
+            if not app.session.head.past:
+                await pilot.press("space")
+                await pilot.pause()
+            await pilot.press(key)
+            await pilot.pause()
+            assert app.session.said[-1].text.startswith(said), (tab, key, app.session.said[-1].text)
+            assert app.screen is app.main  # no box, no dialog
+        await pilot.press("space")  # live again
+        pane = app.main.pane("datasets")
+        await pilot.press(str(app.panes.index(pane) + 1))
+        await pilot.pause()
+        assert pane.view is not None and not pane.view.past
+        running = ActionEvent(run_id=1, step="run", phase="progress", action="warm", target="/data/x", ts=1.0)
+        pane.view = dataclasses.replace(pane.view, busy=True, action=running)
+        assert pane.check_action("warm", ()) is None  # greyed, not gone
+        await pilot.press("w")
+        assert app.session.said[-1].text == "w: busy: warm /data/x is running (Esc on its tab cancels it)"

@@ -85,6 +85,13 @@ class Pane(Vertical):
                 yield SystemCommand(f"{self.TITLE}: {binding.description}", f"the {key} key", method)
 
 
+def busy_text(view: View) -> str:
+    """What a key that acts says while an action runs (one runs at a time)."""
+    a = view.action
+    what = f"{a.action} {printable(a.target)}" if a is not None else "an action"
+    return f"busy: {what} is running (Esc on its tab cancels it)"
+
+
 class RowTable(DataTable):
     """A DataTable of rows where Home and End move the cursor to the first and last row, as in top and htop
     (DataTable's own Home / End only scroll sideways when the cursor is a row). Its Enter opens the row (the

@@ -27,7 +27,7 @@ from dltop.hints.caches import warnings_for
 from dltop.model import CachesPart, Snapshot, Unavailable
 from dltop.model.caches import FOLDERS_KEPT, KEEP_DEPTH, CacheFolder, CacheInfo, folder_of
 from dltop.tui.messages import CancelRequested, ClearRequested, RescanRequested
-from dltop.tui.panes.base import Pane, RowTable, crumb, fit_column, plain, set_content, set_row
+from dltop.tui.panes.base import Pane, RowTable, busy_text, crumb, fit_column, plain, set_content, set_row
 from dltop.view import View
 
 COLUMNS = ("name", "size", "files", "newest", "growth", "warn")
@@ -376,9 +376,8 @@ class CachesPane(Pane):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         view = self.view
         if action == "clear":
-            if view is None or view.read_only or view.replay:
-                return None  # greyed out: nothing here may change the system
-            return not view.busy
+            # greyed out where nothing here may change the system, or while an action runs: c says why
+            return None if view is None or view.read_only or view.replay or view.busy else True
         if action == "cancel":
             return view is not None and view.busy
         if action == "back":
@@ -406,9 +405,16 @@ class CachesPane(Pane):
 
     def on_key(self, event: events.Key) -> None:
         view = self.view
-        if event.key == "c" and view is not None and view.frozen:
+        if view is None:
+            return
+        why = None
+        if event.key == "c" and (view.frozen or view.busy):
+            why = f"{view.frozen}; nothing here may change the system" if view.frozen else busy_text(view)
+        elif event.key == "r" and view.past:
+            why = f"{view.past}; a scan walks the caches as they are now"
+        if why is not None:
             event.stop()
-            self.notify(f"c: {view.frozen}; nothing here may change the system", severity="warning", timeout=3)
+            self.notify(f"{event.key}: {why}", severity="warning", timeout=3)
 
     def action_cancel(self) -> None:
         """Stop the clear in flight (it reports what it removed)."""

@@ -36,7 +36,7 @@ from dltop.tui.messages import (
     LockRequested,
     WarmRequested,
 )
-from dltop.tui.panes.base import Pane, RowTable, crumb, fit_column, plain, set_content, set_row
+from dltop.tui.panes.base import Pane, RowTable, busy_text, crumb, fit_column, plain, set_content, set_row
 from dltop.view import View
 
 # The key of a folder's "… N more files" row: NUL is in no path, so it is never taken for one.
@@ -405,9 +405,8 @@ class DatasetPane(Pane):
             if locked != (action == "unlock"):
                 return False
         if action in ("warm", "evict", "lock", "unlock"):
-            if view is None or view.read_only or view.replay:
-                return None  # shown greyed out: nothing here may change the system
-            return not view.busy
+            # greyed out where nothing here may change the system, or while an action runs: the key says why
+            return None if view is None or view.read_only or view.replay or view.busy else True
         if action == "cancel":
             return (view is not None and view.busy) or self.box_shown("#ds-add")
         if action == "back":
@@ -455,11 +454,19 @@ class DatasetPane(Pane):
         return path
 
     def on_key(self, event: events.Key) -> None:
-        # w / e / l are greyed out in --read-only and in a replay; pressing one says why instead of nothing.
+        # w / e / l are greyed out in --read-only, in the past and while an action runs; a / x act live only:
+        # pressing one says why instead of nothing.
         view = self.view
-        if event.key in ("w", "e", "l") and view is not None and view.frozen:
+        if view is None:
+            return
+        why = None
+        if event.key in ("w", "e", "l") and (view.frozen or view.busy):
+            why = f"{view.frozen}; nothing here may change the system" if view.frozen else busy_text(view)
+        elif event.key in ("a", "x") and view.past and not self.box_shown("#ds-add"):
+            why = f"{view.past}; the datasets watched change live only"
+        if why is not None:
             event.stop()
-            self.notify(f"{event.key}: {view.frozen}; nothing here may change the system", severity="warning", timeout=3)
+            self.notify(f"{event.key}: {why}", severity="warning", timeout=3)
 
     def action_cancel(self) -> None:
         """Stop the running action (or close the add box)."""

@@ -961,9 +961,13 @@ class GpuPane(Pane):
         if event.key == "k" and view is not None and view.frozen:
             event.stop()
             self.app.notify(f"signal: {view.frozen}; nothing may change the system from here", severity="warning")
-        if event.key == "e" and view is not None and view.replay:
+        if event.key == "e" and view is not None and view.past:
             event.stop()
-            self.app.notify("environment: this is a replay; it is read from a running process", severity="warning")
+            self.app.notify(f"environment: {view.past}; it is read from the running process", severity="warning")
+        if (event.key in ("a", "x") and view is not None and view.past and not self.box_shown("#gpu-server-input")
+                and not self.box_shown("#gpu-filter")):
+            event.stop()
+            self.app.notify(f"{event.key}: {view.past}; the servers asked change live only", severity="warning")
 
     def action_tag(self) -> None:
         """Tag the selected process, or untag it (on a launcher's row: its ranks), and go to the next row: `k`
