@@ -425,3 +425,22 @@ def test_a_gpu_s_name_uuid_and_pci_address_are_asked_until_answered_then_kept_fo
     reader.close()
     fresh = reader.read()  # a new session asks again
     assert isinstance(fresh, tuple) and fresh[0].name == "renamed behind NVML's back"
+
+
+def test_the_same_reasons_are_one_dict_across_ticks_and_processes() -> None:
+    """The history keeps every Snapshot: a GPU's or a process's reasons, the same tick after tick, are the dict
+    read before (equal, and one object), not a new dict and new strings each tick."""
+    from dltop.sources.gpu import FakeBackend as Fake
+
+    s = scenario("8gpu-20proc")
+    reader = GpuReader(lambda: Fake(s))
+    first, second = reader.read(), reader.read()
+    assert isinstance(first, tuple) and isinstance(second, tuple)
+    for a, b in zip(first, second, strict=True):
+        assert a.unavailable == b.unavailable and a.unavailable is b.unavailable
+        pa, pb = a.processes, b.processes
+        assert isinstance(pa, tuple) and isinstance(pb, tuple)
+        for x, y in zip(pa, pb, strict=True):
+            if x.unavailable == y.unavailable:
+                assert x.unavailable is y.unavailable
+    assert any(x.unavailable for g in second for x in g.processes)  # type: ignore[union-attr]

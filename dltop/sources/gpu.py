@@ -661,6 +661,7 @@ NO_PROCESS_MEMORY = ("NVML gives no per-process memory here (NVML_VALUE_NOT_AVAI
                      "WSL, or a container")
 PCIE_FIELDS = ("pcie_tx_bytes_total", "pcie_rx_bytes_total", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
                "pcie_counters_at")
+MAX_KEPT_REASONS = 4096  # sets of reasons shared between Snapshots (GpuReader._shared)
 NO_FIELD_TIME = "NVML gave no timestamp with the counters: a rate is over the Snapshots' interval"
 PCIE_RATE_FROM_COUNTERS = ("from the PCIe byte counters (pcie_*_bytes_total): a rate needs two readings "
                            "(dltop.derive.gpu_rates)")
@@ -745,6 +746,8 @@ class GpuReader:
         self._process_version: dict[ProcessKind, int] = {}
         self._pcie_no_counters: dict[int, str] = {}  # GPU index -> why its driver has no PCIe byte counters
         self._identities: dict[int, dict[str, str]] = {}  # GPU index -> name, uuid, bus_id as last read
+        # the reasons of a tick's GPUs and processes, one dict for each set (see _shared)
+        self._reasons: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         self._fixed: dict[tuple[int, str], Any] = {}  # (GPU index, field) -> its answer this session (`fixed`)
         self._count = 0  # the device count they were read under
         self._util_seen_us: dict[str, int] = {}
@@ -876,7 +879,7 @@ class GpuReader:
         if down is not None:  # its driver version is not its to claim: the GPU gives nothing
             missing["driver_version"] = f"{DOWN_DRIVER}: {missing.get('memory_total_bytes', down)}"
         return GpuDevice(index=index, driver_version=driver if down is None else None, mig_devices=migs,
-                         processes=processes, unavailable=missing, down=down, **values)
+                         processes=processes, unavailable=self._shared(missing), down=down, **values)
 
     @staticmethod
     def _sensors(b: NvmlBackend, h: Any, ask: Callable[..., Any], slow: Callable[..., Any],
@@ -1107,6 +1110,19 @@ class GpuReader:
             self._util_seen_us[key] = max(s.timestamp_us for s in util.values())
         return util, util_why
 
+    def _shared(self, reasons: dict[str, str]) -> dict[str, str]:
+        """The dict of these reasons read before, where there is one: the history keeps every Snapshot (600),
+        and the same reasons, tick after tick and process after process, were a dict and strings of their own
+        each time (a fifth of what a tick of 8 GPUs x 20 processes added to memory). Nothing changes a Snapshot's
+        `unavailable` once made."""
+        key = tuple(reasons.items())
+        kept = self._reasons.get(key)
+        if kept is None:
+            if len(self._reasons) >= MAX_KEPT_REASONS:
+                self._reasons.clear()
+            kept = self._reasons[key] = reasons
+        return kept
+
     def _process(self, pid: int, p: ProcessInfo, kind: str, sample: ProcessSample | None,
                  util_why: str | None) -> GpuProcess:
         host = self._host.read(pid)  # once a tick: a process under a GPU and a MIG instance of it
@@ -1125,7 +1141,7 @@ class GpuReader:
                           start_time_ticks=host.start_time_ticks, ppid=host.ppid, host_rss_bytes=host.host_rss_bytes,
                           cpu_percent=host.cpu_percent, started_at=host.started_at, parent_user=host.parent_user,
                           parent_command=host.parent_command, split=UNPROBED,
-                          unavailable=missing)
+                          unavailable=self._shared(missing))
 
 
 def make_backend() -> NvmlBackend:
