@@ -175,7 +175,7 @@ def main() -> int:
         per_sample_ms = cpu / seconds * 1000
         print(f"on disk: {size / 1e6:.1f} MB for {args.hours:g} h = {per_day / 1e6:.1f} MB per day "
               f"({size / seconds:.0f} B per sample; plain JSON Lines would be ~{jsonl_bytes * 86400 / seconds / 1e9:.1f} "
-              f"GB per day, {jsonl_bytes / size:.0f}x more)  [target <= 50 MB per day]")
+              f"GB per day, {jsonl_bytes / size:.0f}x more)  [target <= 25 MB per day]")
         print(f"writer CPU: {per_sample_ms:.2f} ms per sample (compression included) = "
               f"{per_sample_ms / 10:.3f}% of one core at 1 s  [target <= 0.5%]")
 

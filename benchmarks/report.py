@@ -108,7 +108,7 @@ def main() -> int:
         span_days = (last - first) / 86400
         size = dir_bytes(rec_dir)
         print(f"recording: {len(r)} samples over {span_days:.2f} days, {size / 1e6:.0f} MB = "
-              f"{size / max(span_days, 1e-9) / 1e6:.1f} MB per day  [target <= 50 MB per day]")
+              f"{size / max(span_days, 1e-9) / 1e6:.1f} MB per day  [target <= 25 MB per day]")
         del r
         report = [sys.executable, "-m", "dltop", "report", str(rec_dir), "--width", str(args.width)]
         mid = first + (last - first) / 2

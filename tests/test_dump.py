@@ -202,3 +202,26 @@ def test_openmetrics_writes_no_limit_as_plus_inf(tmp_path: Path, monkeypatch: py
                          timeout=120)
     got = [line.rsplit(" ", 2)[1] for line in out.stdout.splitlines() if "dltop_cgroup_memory_max_bytes" in line]
     assert got == ["+Inf"] * 3, out.stdout[:2000]
+
+
+def test_a_dump_decodes_only_the_parts_its_fields_come_from(recorded: tuple[Path, list[Snapshot]]) -> None:
+    from dltop.recorder import Recording
+    from dltop.recorder import dump as dumping
+    from dltop.recorder.reuse import PartMemo
+
+    rec_dir, snaps = recorded
+    assert dumping.parts_of({"memory_cached_bytes", "gpu_temperature_celsius", "hint_active"}) == {"memory", "gpus"}
+    assert dumping.parts_of({"memory_cached_bytes", "source_up"}) is None  # a source's state needs every part
+    memo = PartMemo(parts=frozenset({"memory"}))
+    got = list(Recording(str(rec_dir)).range(memo=memo))
+    assert [s.memory for s in got] == [s.memory for s in snaps]
+    assert all(s.gpus is None and s.cpu is None and s.datasets is None and not s.sources for s in got)
+    assert memo.gave_up == 0 and memo.parsed + memo.reused == 5 * len(snaps)  # ts, host, uptime, schema, memory
+    # The narrow dump's columns are the whole dump's, cell for cell.
+    whole, narrow = io.StringIO(), io.StringIO()
+    dumping.dump(Recording(str(rec_dir)), "csv", whole)
+    dumping.dump(Recording(str(rec_dir)), "csv", narrow, names=["memory_*", "gpu_temperature_celsius"])
+    full = list(csv.DictReader(io.StringIO(whole.getvalue())))
+    part = list(csv.DictReader(io.StringIO(narrow.getvalue())))
+    assert len(part) == len(snaps) and set(part[0]) < set(full[0]) and len(part[0]) > 10
+    assert all(row == {k: f[k] for k in row} for row, f in zip(part, full, strict=True))

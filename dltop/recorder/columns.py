@@ -76,35 +76,38 @@ def unpack(content: bytes, limit: int) -> bytes:
     n, k = int(head[0]), int(head[1])
     if len(rows) < k + 3:
         raise ValueError("columns: cut short")
-    shapes = rows[1:k + 1]
     order = rows[k + 1].split(b" ") if n else []
     if len(order) != n or not all(o.isdigit() and int(o) < k for o in order):
         raise ValueError("columns: the lines' shapes are not listed")
     sids = list(map(int, order))
     counts = Counter(sids)
     at = k + 2
-    out_lines: list[list[bytes]] = []
     size = 0
-    for sid, shape in enumerate(shapes):
+    by_shape = []  # each shape's lines, last first
+    for sid, shape in enumerate(rows[1:k + 1]):
         pieces = shape.split(_HOLE)
-        m = counts[sid]
         if at + len(pieces) - 1 >= len(rows):
             raise ValueError("columns: cut short")
-        cols = [_column(rows[i], m) for i in range(at, at + len(pieces) - 1)]
+        cols = [_column(rows[i], counts[sid]) for i in range(at, at + len(pieces) - 1)]
         at += len(pieces) - 1
-        size += m * (len(shape) - len(pieces) + 2) + sum(len(t) for col in cols for t in col)
+        size += counts[sid] * (len(shape) - len(pieces) + 2) + sum(len(t) for col in cols for t in col)
         if size > limit:
             raise ValueError(f"columns: more than the {limit} bytes a frame holds")
-        template: list[bytes] = [b""] * (2 * len(pieces) - 1)
-        template[0::2] = pieces
-        lines = []
-        for numbers in zip(*cols, strict=True) if cols else [()] * m:
-            template[1::2] = numbers
-            lines.append(b"".join(template))
-        out_lines.append(lines[::-1])
+        by_shape.append(_lines(pieces, cols, counts[sid]))
     if at != len(rows) - 1:
         raise ValueError("columns: more columns than its shapes hold")
-    return b"".join(out_lines[sid].pop() + b"\n" for sid in sids)
+    return b"".join(by_shape[sid].pop() + b"\n" for sid in sids)
+
+
+def _lines(pieces: list[bytes], cols: list[list[bytes]], m: int) -> list[bytes]:
+    """The `m` lines of one shape (its pieces with each line's runs between them), last first."""
+    template: list[bytes] = [b""] * (2 * len(pieces) - 1)
+    template[0::2] = pieces
+    lines = []
+    for numbers in zip(*cols, strict=True) if cols else [()] * m:
+        template[1::2] = numbers
+        lines.append(b"".join(template))
+    return lines[::-1]
 
 
 def _column(row: bytes, m: int) -> list[bytes]:

@@ -64,6 +64,13 @@ def _wanted(names: list[str] | None, csv: bool) -> set[str]:
     return out
 
 
+def parts_of(wanted: set[str]) -> frozenset[str] | None:
+    """The Snapshot parts the fields `wanted` are read from (None: all of them). A source's state depends on its
+    part being there (`dltop_source_up`), so a sources field needs every part; a hint's comes from the events."""
+    parts = {fd.BY_NAME[name].part for name in wanted} - {"hints"}
+    return None if "sources" in parts else frozenset(parts)
+
+
 class _HintTimeline:
     """The hints firing at each moment, from the recording's hint events."""
 
@@ -100,7 +107,7 @@ def _jsonl(rec: Recording, out: IO[str], t0: float | None, t1: float | None, par
                              f"({', '.join(sorted(known))})")
         keep = {"ts", "host", "schema", *parts}
     total = _in_range(rec, t0, t1)
-    for n, snap in enumerate(rec.range(t0, t1, PartMemo())):
+    for n, snap in enumerate(rec.range(t0, t1, PartMemo(parts=None if keep is None else frozenset(keep)))):
         if keep is None:
             out.write(snap.to_json() + "\n")
         else:
@@ -208,37 +215,37 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
                 rows.write(f"{ts},{','.join(cells)}\n")
                 read = _count(read, slot, progress, total)
         return names, rec.damage
-    # OpenMetrics wants each label set's points together, in time order, within its family: one file per series,
-    # its lines kept in memory and appended a block at a time.
+    # OpenMetrics wants each label set's points together, in time order, within its family: one file per series.
+    # Rows with the same columns (a machine whose series stay) are held as a run and written column by column.
     os.mkdir(out)
-    pending: list[list[str]] = []  # per series, its lines not yet in its file
-    held = 0
+    run: list[tuple[str, list[str]]] = []  # (ts, cells) of consecutive rows with the columns run_cols
+    run_cols: list[int] = []
     for ts, cols, vals in _rows(rec, first, last, wanted, prev, names, field_of):
-        while len(pending) < len(names):
-            pending.append([])
-        for c, v in zip(cols, vals, strict=True):
-            pending[c].append(f"{_OM_NUMBER.get(v, v)} {ts}\n")
-        held += len(cols)
-        if held > _HELD_LINES:
-            _flush(out, names, pending)
-            held = 0
+        if cols != run_cols or len(run) >= _RUN_ROWS:
+            _write_run(out, names, run_cols, run)
+            run, run_cols = [], cols
+        run.append((ts, vals))
         read = _count(read, slot, progress, total)
-    _flush(out, names, pending)
+    _write_run(out, names, run_cols, run)
     return [f"{f}\t{fd.PREFIX}{series}" for f, series in zip(field_of, names, strict=True)], rec.damage
 
 
-_HELD_LINES = 1 << 18  # OpenMetrics lines a piece holds before appending them to their series' files
+_RUN_ROWS = 4096  # OpenMetrics rows a piece holds before appending them to their series' files
 _OM_NUMBER = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}  # OpenMetrics' spelling of what repr() writes
 
 
-def _flush(out: str, names: list[str], pending: list[list[str]]) -> None:
-    """Append each series' held lines to its file (`out`/<column>), each line `dltop_name{labels} value ts`."""
-    for c, lines in enumerate(pending):
-        if lines:
-            prefix = f"{fd.PREFIX}{names[c]} "
-            with open(os.path.join(out, str(c)), "a", encoding="utf-8") as fh:
-                fh.write(prefix + prefix.join(lines))
-            lines.clear()
+def _write_run(out: str, names: list[str], cols: list[int], run: list[tuple[str, list[str]]]) -> None:
+    """Append rows that have the same columns to each column's file (`out`/<column>), as OpenMetrics lines
+    `dltop_name{labels} value ts`."""
+    if not run:
+        return
+    times = [ts for ts, _ in run]
+    for c, values in zip(cols, zip(*(vals for _, vals in run), strict=True), strict=True):
+        if not _OM_NUMBER.keys().isdisjoint(values):
+            values = tuple(_OM_NUMBER.get(v, v) for v in values)
+        prefix = f"{fd.PREFIX}{names[c]} "
+        with open(os.path.join(out, str(c)), "a", encoding="utf-8") as fh:
+            fh.write(prefix + ("\n" + prefix).join(map(" ".join, zip(values, times, strict=True))) + "\n")
 
 
 def _count(n: int, slot: int, progress: Progress | None, total: int) -> int:
@@ -325,7 +332,7 @@ def _rows(rec: Recording, first: float, last: float, wanted: set[str], prev: Sna
     hints = _HintTimeline(rec)
     # A part object met again (its text repeated the sample before's: reuse.PartMemo) keeps its cells.
     kept: dict[type, tuple[object, list[int], list[str]] | None] = {}
-    memo = PartMemo(templates=True)
+    memo = PartMemo(templates=True, parts=parts_of(wanted))
     # Columns of each template's samples: made when the template is first used, in the order cells_of
     # would have met them.
     placed_by: dict[int, _Plan] = {}

@@ -42,10 +42,13 @@ class GiveUp(Exception):
 
 class PartMemo:
     """The previous sample line's parts: each top-level key of its Snapshot with its text, value and decoded
-    part. One per reader of consecutive lines (a dump's piece)."""
+    part. One per reader of consecutive lines (a dump's piece). `parts`: the Snapshot parts a reader asks for
+    (None: all); the others are stepped over, never decoded, and left out of the Snapshots it makes."""
 
-    def __init__(self, templates: bool = False) -> None:
+    def __init__(self, templates: bool = False, parts: frozenset[str] | None = None) -> None:
+        self.parts = parts
         self._parts: dict[str, tuple[str, Any, Any]] = {}  # key -> (JSON text, parsed value, decoded part)
+        self._passed: dict[str, str] = {}  # key -> the text of a part not asked for, as the line before had it
         self.reused = 0  # parts taken from the line before (for the tests and the docs)
         self.parsed = 0  # parts parsed and decoded
         self.gave_up = 0  # lines read the ordinary way
@@ -91,15 +94,18 @@ class PartMemo:
         reused: dict[str, Any] = {}
         matched: dict[str, tuple[template.Template, tuple[str, ...]]] = {}
         templates = self._templates
+        passed: set[str] = set()
         pos += 1
         if text.startswith("}", pos):
             raise GiveUp
         while True:
             key, pos = _key(text, pos)
-            if key not in _FIELDS or key in snap:  # a `_b64` sibling, a newer writer's field, a repeated key
+            if key not in _FIELDS or key in snap or key in passed:  # a `_b64` sibling, a newer field, a key twice
                 raise GiveUp
-            old = self._parts.get(key)
-            if old is not None and text.startswith(old[0], pos):
+            if self.parts is not None and key not in self.parts and key not in _SCALARS:
+                pos = self._pass(key, text, pos, risky)
+                passed.add(key)
+            elif (old := self._parts.get(key)) is not None and text.startswith(old[0], pos):
                 # The same text after the same ':' parses to the same value (an object's, a list's or a literal's
                 # text ends itself, and the loop checks that a comma or the brace follows): it was parsed,
                 # checked and decoded before.
@@ -139,6 +145,16 @@ class PartMemo:
         self.matched = matched
         return snap, fields, pos + 1
 
+    def _pass(self, key: str, text: str, pos: int, risky: _Risky) -> int:
+        """Where a part not asked for ends: its text as the line before had it, else parsed (checked, so that
+        the line is refused where reading it whole would refuse it) but not decoded."""
+        old = self._passed.get(key)
+        if old is not None and text.startswith(old, pos):
+            return pos + len(old)
+        _, end = _value(text, pos, risky)
+        self._passed[key] = text[pos:end]
+        return end
+
     def _template(self, key: str, text: str, parsed: Any, part: Any) -> None:
         """Make a template of a part read the ordinary way, within a budget: a part whose numbers' places keep
         changing (its texts never match) costs a few makings, then one per 16 matches."""
@@ -165,6 +181,8 @@ def snapshot(memo: PartMemo, raw: bytes, ts: float, kept_parts: Callable[[Any], 
     if base.ts != ts:
         raise GiveUp
     kept = kept_parts(ref)
+    if memo.parts is not None:
+        kept = {k: v for k, v in kept.items() if k in memo.parts}
     return dataclasses.replace(base, **{**fields, **kept}) if fields or kept else base
 
 
