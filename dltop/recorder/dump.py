@@ -241,7 +241,7 @@ def _write_run(out: str, names: list[str], cols: list[int], run: list[tuple[str,
         return
     times = [ts for ts, _ in run]
     for c, values in zip(cols, zip(*(vals for _, vals in run), strict=True), strict=True):
-        if not _OM_NUMBER.keys().isdisjoint(values):
+        if "n" in "".join(values):  # inf, nan: no number dump writes holds an n
             values = tuple(_OM_NUMBER.get(v, v) for v in values)
         prefix = f"{fd.PREFIX}{names[c]} "
         with open(os.path.join(out, str(c)), "a", encoding="utf-8") as fh:
@@ -467,24 +467,35 @@ def _openmetrics(rec: Recording, out: IO[str], t0: float | None, t1: float | Non
             for entry in entries:
                 for k, index in enumerate(where):
                     if entry in index:
-                        with open(os.path.join(scratch, str(k), str(index[entry])), encoding="utf-8") as fh:
-                            _copy_lines(fh, out, written)
+                        _copy_lines(os.path.join(scratch, str(k), str(index[entry])), out, written)
     out.write("# EOF\n")
     written[0] += 1
 
 
-def _copy_lines(src: IO[str], out: IO[str], written: list[int]) -> None:
-    """Copy whole lines in large writes, each ending at a line's end (an interrupted copy stops between two)."""
-    rest = ""
+def _copy_lines(path: str, out: IO[str], written: list[int]) -> None:
+    """Copy a file of lines in large writes, each ending at a line's end (an interrupted copy stops between two):
+    as bytes where `out` has a binary buffer (stdout: a day is gigabytes of OpenMetrics), else as text."""
+    binary = getattr(out, "buffer", None)
+    if binary is None:
+        with open(path, encoding="utf-8") as text:
+            _copy_blocks(text, out, "\n", written)
+        return
+    out.flush()
+    with open(path, "rb") as raw:
+        _copy_blocks(raw, binary, b"\n", written)
+
+
+def _copy_blocks(src: Any, dst: Any, nl: Any, written: list[int]) -> None:
+    rest = nl[:0]
     while block := src.read(1 << 20):
         block = rest + block
-        end = block.rfind("\n") + 1
+        end = block.rfind(nl) + 1
         rest = block[end:]
         if end:
-            out.write(block[:end])
-            written[0] += block.count("\n", 0, end)
+            dst.write(block[:end])
+            written[0] += block.count(nl, 0, end)
     if rest:
-        out.write(rest)
+        dst.write(rest)
 
 
 def _family(f: fd.Field) -> str:

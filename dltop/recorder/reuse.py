@@ -34,6 +34,7 @@ _SCAN_CHECKED: Callable[[str, int], tuple[Any, int]] = store.SIGNED_DECODER.scan
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 _FIELDS = frozenset(Snapshot.__dataclass_fields__)
 _SCALARS = ("ts", "host", "uptime_s", "schema")
+_KEEP = frozenset(_SCALARS)
 
 
 class GiveUp(Exception):
@@ -95,6 +96,9 @@ class PartMemo:
         matched: dict[str, tuple[template.Template, tuple[str, ...]]] = {}
         templates = self._templates
         passed: set[str] = set()
+        # Parts not asked for are left out; one a template may read (the GPUs) is still read through it (a C
+        # match, cheaper than stepping over its text), the others stepped over.
+        unasked = _FIELDS - _KEEP - self.parts if self.parts is not None else frozenset()
         pos += 1
         if text.startswith("}", pos):
             raise GiveUp
@@ -102,7 +106,7 @@ class PartMemo:
             key, pos = _key(text, pos)
             if key not in _FIELDS or key in snap or key in passed:  # a `_b64` sibling, a newer field, a key twice
                 raise GiveUp
-            if self.parts is not None and key not in self.parts and key not in _SCALARS:
+            if key in unasked and (templates is None or key not in template.KEYS):
                 pos = self._pass(key, text, pos, risky)
                 passed.add(key)
             elif (old := self._parts.get(key)) is not None and text.startswith(old[0], pos):
@@ -142,12 +146,12 @@ class PartMemo:
             self._parts[key] = (texts[key], snap[key], fields[key])
             if templates is not None and key in template.KEYS:
                 self._template(key, texts[key], snap[key], fields[key])
-        self.matched = matched
-        return snap, fields, pos + 1
+        self.matched = {k: m for k, m in matched.items() if k not in unasked}
+        return snap, {k: v for k, v in fields.items() if k not in unasked}, pos + 1
 
     def _pass(self, key: str, text: str, pos: int, risky: _Risky) -> int:
         """Where a part not asked for ends: its text as the line before had it, else parsed (checked, so that
-        the line is refused where reading it whole would refuse it) but not decoded."""
+        a line that is not JSON is refused as reading it whole would) but not decoded."""
         old = self._passed.get(key)
         if old is not None and text.startswith(old, pos):
             return pos + len(old)
