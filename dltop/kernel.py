@@ -166,8 +166,13 @@ def cachestat(fd: int, offset: int = 0, length: int = 0) -> CacheStat:
 
 @cache
 def have_cachestat() -> bool:
-    """Whether this kernel has cachestat(2) (Linux >= 6.5, and not blocked by seccomp)."""
-    fd = os.open("/proc/self/exe", os.O_RDONLY | os.O_CLOEXEC)
+    """Whether this kernel has cachestat(2) (Linux >= 6.5, and not blocked by seccomp). Asked of a memfd this
+    process makes: its own file, so EPERM means a filter refused the call, never that the file is another user's
+    (asked of /proc/self/exe, root's interpreter, every other user got EPERM and measured by mincore)."""
+    try:
+        fd = os.memfd_create("dltop-cachestat", os.MFD_CLOEXEC)
+    except OSError:  # memfd refused (a seccomp filter): the interpreter's binary, as before
+        fd = os.open("/proc/self/exe", os.O_RDONLY | os.O_CLOEXEC)
     try:
         cachestat(fd)
     except OSError as e:

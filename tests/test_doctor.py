@@ -59,13 +59,13 @@ def test_a_second_user_is_told_what_it_misses_and_the_fix() -> None:
     assert "sudo" in layers["privileges"]["fix"]
     if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1":
         assert layers["recorder"]["state"] == DEGRADED and "CAP_SYSLOG" in layers["recorder"]["why"]
-    assert layers["cachestat"]["state"] == layers_as_root_cachestat()  # its own memfd: not another's EPERM
+    assert layers["cachestat"]["state"] == layers_as_root_cachestat()  # kernel.have_cachestat asks its own memfd: not another's EPERM
 
 
 def layers_as_root_cachestat() -> str:
-    from dltop.commands.doctor import cachestat_missing
+    from dltop.kernel import have_cachestat
 
-    return FULL if cachestat_missing() is None else DEGRADED
+    return FULL if have_cachestat() else DEGRADED
 
 
 @needs_setpriv

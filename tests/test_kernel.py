@@ -183,3 +183,18 @@ def test_have_cachestat_and_errno_of_bad_fd() -> None:
     with pytest.raises(OSError) as e:
         kernel.cachestat(987654)
     assert e.value.errno == errno.EBADF
+
+
+def test_a_second_user_has_cachestat_where_root_has_it() -> None:
+    import shutil
+    import sys
+
+    from .conftest import REPO
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run as a second user")
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                        "from dltop import kernel; print(kernel.have_cachestat())"], capture_output=True, text=True,
+                       timeout=60, cwd="/", env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True"  # the interpreter is root's: asked of it, cachestat said EPERM

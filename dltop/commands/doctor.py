@@ -134,30 +134,15 @@ def memory_layer(snap: Any) -> Layer:
 
 
 def cachestat_layer(snap: Any) -> Layer:
-    why = cachestat_missing()
-    if why is None:
+    from dltop.kernel import have_cachestat
+
+    if have_cachestat():
         return Layer("cachestat", FULL, "cachestat(2): residency with dirty, writeback and recently evicted pages")
     return Layer("cachestat", DEGRADED, "residency by mincore(2): no dirty, writeback or recently evicted counts",
-                 f"cachestat(2) {why}: Linux {platform.release()} (it came in 6.5), or a seccomp filter refuses it",
+                 f"cachestat(2) not answered: Linux {platform.release()} (it came in 6.5), or a seccomp filter "
+                 "refuses it",
                  "a kernel 6.5 or newer; under systemd, a SystemCallFilter deny list (deploy/systemd does), not "
                  "@system-service on systemd < 255")
-
-
-def cachestat_missing() -> str | None:
-    """None when this kernel answers cachestat(2), else its error. Asked of a memfd this process made (its own,
-    so a refusal is not the EPERM of another's file)."""
-    import errno
-
-    from dltop.kernel import cachestat
-
-    fd = os.memfd_create("dltop-doctor", os.MFD_CLOEXEC)
-    try:
-        cachestat(fd)
-    except OSError as e:
-        return None if e.errno not in (errno.ENOSYS, errno.EPERM) else (e.strerror or str(e))
-    finally:
-        os.close(fd)
-    return None
 
 
 def dataset_layers(snap: Any) -> list[Layer]:
