@@ -101,6 +101,7 @@ class Session:
         self.head: Playhead = Live() if recorded is None else Replay(recorded.start_ts, pos=recorded.start_ts)
         self._past: tuple[float, tuple[Snapshot, ...], tuple[hint_rules.Hint, ...]] | None = None
         self.quieted = hint_rules.Quieted(self.settings.mute, clock)  # hints muted or snoozed (still listed in ?)
+        self._passed: frozenset[tuple[str, str]] = frozenset()  # the subjects the hints were drawn passing over
         # The tab to open on: --tab / `tab = ...` / the recording's, else the one that has something, decided once
         # the GPU source has answered unless the user picked a tab first.
         self.tab_pending = True
@@ -151,7 +152,7 @@ class Session:
         self.history.append(snap)
         for listen in self._listeners:
             listen(snap)  # the recorder of --record among them: what this screen shows, so a replay shows the same
-        self.hints = hint_rules.hints(list(self.history))
+        self.hints = self._hints(list(self.history))
         self.head = self.head.kept_within(self.history[0].ts)
         return True
 
@@ -166,7 +167,7 @@ class Session:
             window = tuple(self.timeline.upto(at, HISTORY_LEN))
             if not window:
                 return None
-            self._past = (at, window, tuple(hint_rules.hints(window)))
+            self._past = (at, window, tuple(self._hints(window)))
         return self._past[1], self._past[2]
 
     def view(self) -> View | None:
@@ -296,10 +297,29 @@ class Session:
         return sorted(kept, key=place)  # stable: severity order kept within each
 
     def help_hints(self, tab: str | None) -> list[hint_rules.Hint]:
-        """Every hint for ?, in the hint line's order, the muted and snoozed ones after (still listed)."""
+        """Every hint for ?, in the hint line's order, the muted and snoozed ones after (still listed, also those
+        about a subject the rules passed over to name the next)."""
         frame = self.frame()
+        if frame is None:
+            return []
         line = self.line_hints(tab)
-        return [*line, *(h for h in (frame[1] if frame is not None else ()) if h not in line)]
+        drawn = {(h.id, h.subject) for h in frame[1]}
+        passed = [h for h in hint_rules.hints(frame[0]) if (h.id, h.subject) not in drawn
+                  and self.quieted.state(h.id, h.subject)] if self.quieted.passed() else []
+        return [*line, *(h for h in frame[1] if h not in line), *passed]
+
+    def hints_quieted(self) -> None:
+        """A hint was muted, snoozed or brought back: where that changed the subjects passed over, the hints are
+        drawn again (a rule names its next subject)."""
+        if self.quieted.passed() == self._passed:
+            return
+        if self.history:
+            self.hints = self._hints(list(self.history))
+        self._past = None
+
+    def _hints(self, history: Sequence[Snapshot]) -> list[hint_rules.Hint]:
+        self._passed = self.quieted.passed()
+        return hint_rules.hints(history, self._passed)
 
     # -- the action gate ----------------------------------------------------------------------------------------
 

@@ -42,6 +42,19 @@ def test_cold_dataset_says_how_resident_and_press_w(ddir: Path, monkeypatch) -> 
     assert "dataset-cold" in [x.id for x in hints([snap])]
 
 
+def test_a_cold_dataset_muted_alone_gives_way_to_the_next_coldest(ddir: Path, monkeypatch) -> None:
+    # `m` in ? on the coldest dataset's hint: the rule names the next one (the TUI passes the muted one over).
+    dataset(ddir / "a", n=8, warm=1)
+    dataset(ddir / "b", n=8, warm=2)
+    monkeypatch.setattr(hints_datasets, "COLD_MIN_BYTES", 0)
+    snap = Snapshot(ts=1.0, host="h", memory=read_memory(), datasets=scan_paths((str(ddir / "a"), str(ddir / "b"))))
+    coldest = next(h for h in hints([snap]) if h.id == "dataset-cold")
+    assert coldest.subject == f"dataset {ddir / 'a'}" and "12% resident" in coldest.text
+    then = next(h for h in hints([snap], {("dataset-cold", coldest.subject)}) if h.id == "dataset-cold")
+    assert then.subject == f"dataset {ddir / 'b'}" and "25% resident" in then.text
+    assert next(h for h in hints([snap]) if h.id == "dataset-cold") == coldest  # the recorder's: every subject
+
+
 def test_warm_dataset_gives_no_cold_hint(ddir: Path) -> None:
     dataset(ddir, n=4, warm=4)
     assert cold_dataset(scan_paths((str(ddir),)), read_memory()) is None

@@ -15,6 +15,7 @@ from dltop import hints as hint_rules
 from dltop.config import TAB_NAMES, Settings, load_config, settings_from_args
 from dltop.errors import DltopError
 from dltop.hints import Hint
+from dltop.hints.base import wanted
 from dltop.model import Snapshot, Unavailable
 from dltop.model.gpu import GpuDevice
 from dltop.recorder import Recorder, Recording
@@ -170,31 +171,46 @@ async def test_the_current_tabs_hint_comes_first_and_a_hint_can_be_snoozed_or_mu
         assert hints.display and "compile cache" in str(hints.render())
 
 
-async def test_m_in_help_mutes_the_hint_for_its_job_and_M_for_every_job() -> None:
-    mine = Hint("training-stalled", "warn", "pid 1234: no step for 90s: stalled", subject="job pid 1234")
-    theirs = Hint("training-stalled", "warn", "pid 99: no step for 80s: stalled", subject="job pid 99")
+def stalled_jobs(history: object) -> Hint | None:
+    """A rule as the real ones pick: the first of two stalled jobs the TUI does not pass over, the others counted."""
+    jobs = [s for s in ("job pid 1234", "job pid 99") if wanted("training-stalled", s)]
+    if not jobs:
+        return None
+    more = f" (+{len(jobs) - 1} stalled in other jobs)" if len(jobs) > 1 else ""
+    return Hint("training-stalled", "warn", f"{jobs[0].removeprefix('job ')}: no step for 90s: stalled{more}",
+                subject=jobs[0])
+
+
+async def test_m_in_help_mutes_the_hint_for_its_job_and_M_for_every_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hint_rules, "all_rules", lambda: [stalled_jobs])
     app = DltopApp(ListFeed([_snap()]), Settings(tab="training", mute=()))
     async with app.run_test(size=(80, 24)) as pilot:
-        app.session.hints = [mine, theirs]
-        app.draw()
+        await pilot.pause()
+        line = app.query_one("#hints", Static)
+        assert "pid 1234: no step for 90s: stalled (+1 stalled in other jobs)" in str(line.render())
         await pilot.press("question_mark")
         await pilot.pause()
         options = app.screen.query_one("#help-hints", OptionList)
-        await pilot.press("m")  # the first: this job
+        await pilot.press("m")  # this job: the rule names the next one
         await pilot.pause()
-        assert app.session.line_hints("training") == [theirs]
+        assert [h.subject for h in app.session.line_hints("training")] == ["job pid 99"]
         assert str(options.get_option_at_index(0).prompt).startswith("[muted for this job] training-stalled")
-        assert not str(options.get_option_at_index(1).prompt).startswith("[")
         assert app.session.said[-1].text == "training-stalled (job pid 1234): muted for this job"
-        await pilot.press("down", "M")  # the kind: every job
+        await pilot.press("M")  # the kind: every job
         await pilot.pause()
         assert app.session.line_hints("training") == []
-        assert str(options.get_option_at_index(1).prompt).startswith("[muted for every job]")
-        assert app.session.said[-1].text == "training-stalled (job pid 99): muted for every job"
+        assert str(options.get_option_at_index(0).prompt).startswith("[muted for every job]")
+        assert app.session.said[-1].text == "training-stalled (job pid 1234): muted for every job"
         await pilot.press("M", "escape")  # back for every job but the one muted alone
         await pilot.pause()
-        assert app.session.line_hints("training") == [theirs]
-        assert "pid 99" in str(app.query_one("#hints", Static).render())
+        assert "pid 99: no step for 90s: stalled" in str(line.render())
+        await pilot.press("question_mark")  # both listed: the one on the line, the muted one marked
+        await pilot.pause()
+        prompts = [str(o.prompt) for o in app.screen.query_one("#help-hints", OptionList).options]
+        assert prompts[0].startswith("training-stalled: pid 99") and prompts[1].startswith("[muted for this job]")
+        await pilot.press("down", "m")  # again: back
+        await pilot.pause()
+        assert app.session.line_hints("training")[0].subject == "job pid 1234"
 
 
 async def test_help_at_80x24_scrolls_to_every_word() -> None:

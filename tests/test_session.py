@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from dltop import hints as hint_rules
 from dltop.config import Settings
 from dltop.hints import SNOOZE_S, Hint
+from dltop.hints.base import wanted
 from dltop.model import Snapshot, Unavailable
 from dltop.model.actions import ActionEvent, ActionPlan
 from dltop.model.gpu import GpuDevice
@@ -241,6 +243,28 @@ def test_m_mutes_a_hint_for_its_subject_and_M_for_every_subject() -> None:
     assert session.help_hints(None) == [mine, theirs, grows]  # ? lists them all, the quieted after
     q.set(grows.id, "", grows.subject)  # the config's mute, lifted for this session
     assert session.line_hints(None) == [mine, theirs, grows]
+
+
+def test_a_subject_muted_alone_is_passed_over_and_the_rule_names_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    def stalled_jobs(history: object) -> Hint | None:  # as the real rules pick: the first job not passed over
+        job = next((j for j in ("job a", "job b") if wanted("training-stalled", j)), None)
+        return None if job is None else Hint("training-stalled", "warn", f"{job} stalled", subject=job)
+
+    monkeypatch.setattr(hint_rules, "all_rules", lambda: [stalled_jobs])
+    clock = Clock()
+    session = _session(snaps=[_snap(100.0), _snap(101.0)], clock=clock)
+    assert [h.subject for h in session.line_hints(None)] == ["job a"]
+    session.quieted.set("training-stalled", "muted", "job a")
+    session.hints_quieted()
+    assert [h.subject for h in session.line_hints(None)] == ["job b"]  # the next job's stall shows
+    assert [h.subject for h in session.help_hints(None)] == ["job b", "job a"]  # the muted one still in ?
+    session.quieted.set("training-stalled", "snoozed", "job b")
+    session.hints_quieted()
+    # ? lists what the rules name without passing over (job a), not each subject behind it
+    assert session.line_hints(None) == [] and [h.subject for h in session.help_hints(None)] == ["job a"]
+    clock.now += SNOOZE_S + 1  # the snooze is over: the next tick draws job b again
+    assert session.apply(_snap(102.0))
+    assert [h.subject for h in session.line_hints(None)] == ["job b"]
 
 
 def test_edits_of_what_is_watched(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dltop.hints.base import SEVERITY_ORDER, Hint, Rule, Severity, registered, rule
+from dltop.hints.base import SEVERITY_ORDER, Hint, Rule, Severity, passing_over, registered, rule
 
 if TYPE_CHECKING:
     from dltop.model import Snapshot
@@ -77,12 +77,17 @@ def window(history: Sequence[Snapshot]) -> Sequence[Snapshot]:
     return history[first:]
 
 
-def hints(history: Sequence[Snapshot]) -> list[Hint]:
-    """Every hint the registered rules draw from the last WINDOW_S seconds of `history`, most severe first."""
+def hints(history: Sequence[Snapshot], passed: Iterable[tuple[str, str]] = ()) -> list[Hint]:
+    """Every hint the registered rules draw from the last WINDOW_S seconds of `history`, most severe first; a rule
+    that picks one of several subjects passes over the (hint id, subject) pairs `passed` (`Quieted.passed`)."""
     if not history:
         return []
     recent = window(history)
-    out = [h for r in all_rules() if (h := r(recent)) is not None]
+    token = passing_over.set(frozenset(passed))
+    try:
+        out = [h for r in all_rules() if (h := r(recent)) is not None]
+    finally:
+        passing_over.reset(token)
     return sorted(out, key=lambda h: SEVERITY_ORDER[h.severity])
 
 
@@ -118,6 +123,12 @@ class Quieted:
             return f"snoozed until {time.strftime('%H:%M', time.localtime(until))}" + (
                 f" for this {noun}" if noun else "")
         return ""
+
+    def passed(self) -> frozenset[tuple[str, str]]:
+        """The (hint id, subject) pairs muted or snoozed one by one now: the rules name their next subject (a
+        hint with no subject names no other)."""
+        now = self.clock()
+        return frozenset(self.muted_subjects | {k for k, until in self.snoozed.items() if until > now and k[1]})
 
     def kind_muted(self, hint_id: str) -> bool:
         """The hint `hint_id` is muted for every subject."""

@@ -4,6 +4,7 @@ registered rules; the rule modules import this, never the package, so no import 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -27,6 +28,17 @@ class Hint:
     # "cache /path", "server URL", "process 1234", "cgroup /path"); '' for the machine, or several named at once.
     # `m` in ? mutes a hint for its subject; `M` and the config's mute = [ID], for every subject.
     subject: str = ""
+
+
+# The (hint id, subject) pairs muted or snoozed one by one in the TUI (`m` in ?): a rule that picks one of several
+# subjects (your jobs first) passes over these and names the next one. Set by dltop.hints.hints; empty elsewhere
+# (the recorder, the report, the exporter draw every hint).
+passing_over: ContextVar[frozenset[tuple[str, str]]] = ContextVar("passing_over", default=frozenset())
+
+
+def wanted(hint_id: str, subject: str) -> bool:
+    """The hint `hint_id` about `subject` may be drawn: not passed over (see `passing_over`)."""
+    return (hint_id, subject) not in passing_over.get()
 
 
 Rule = Callable[[Sequence["Snapshot"]], "Hint | None"]

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from dltop.fmt import human_bytes, human_duration, plural
-from dltop.hints.base import Hint, rule
+from dltop.hints.base import Hint, passing_over, rule, wanted
 from dltop.model.caches import CacheInfo, CachesPart
 
 if TYPE_CHECKING:
@@ -50,19 +50,20 @@ _Judge = Callable[[CachesPart], "Hint | None"]
 def _of_latest(judge: _Judge) -> Callable[[Sequence[Snapshot]], Hint | None]:
     """A rule that judges the latest caches reading alone, judged once per reading: the Sampler hands every
     Snapshot between two reads the same part (the pure function of it, not judged again on every tick)."""
-    memo: list[tuple[CachesPart, Hint | None]] = []  # the last part judged and its hint (one tuple: threads)
+    # the last part judged, the subjects passed over then, and its hint (one tuple: threads)
+    memo: list[tuple[CachesPart, frozenset[tuple[str, str]], Hint | None]] = []
 
     @functools.wraps(judge)  # its name, module (the rule's layer) and docstring
     def judged(history: Sequence[Snapshot]) -> Hint | None:
         latest = _latest(history)
         if latest is None:
             return None
-        part = latest[1]
+        part, over = latest[1], passing_over.get()
         kept = memo[0] if memo else None
-        if kept is not None and kept[0] is part:
-            return kept[1]
+        if kept is not None and kept[0] is part and kept[1] == over:
+            return kept[2]
         hint = judge(part)
-        memo[:] = [(part, hint)]
+        memo[:] = [(part, over, hint)]
         return hint
 
     return judged
@@ -186,7 +187,8 @@ def cache_filesystem_full(part: CachesPart) -> Hint | None:
 @_of_latest
 def cache_for_other_versions(part: CachesPart) -> Hint | None:
     """Entries built for another Python / torch / CUDA (torch_extensions' pyXY_cuZZZ folders)."""
-    hit = [(c, others) for c in part.caches if (others := other_version_keys(c))]
+    hit = [(c, others) for c in part.caches
+           if (others := other_version_keys(c)) and wanted("cache-for-other-versions", f"cache {c.path}")]
     if not hit:
         return None
     c, others = hit[0]
@@ -256,6 +258,8 @@ def _fastest_growth(first: CachesPart, last: CachesPart, dt: float) -> tuple[flo
         if grew < GROWTH_MIN_BYTES or not c.fs_free_bytes:
             continue
         per_hour = grew / dt * 3600
+        if not wanted("cache-growing", f"cache {c.path}"):
+            continue
         if per_hour >= GROWTH_MIN_FRACTION * c.fs_free_bytes and (worst is None or per_hour > worst[0]):
             worst = (per_hour, c, grew)
     return worst

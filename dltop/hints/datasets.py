@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dltop.fmt import human_bytes, percent_text
-from dltop.hints.base import Hint, rule
+from dltop.hints.base import Hint, rule, wanted
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetResidency, DatasetsPart
 from dltop.model.memory import page_cache_room_bytes
@@ -35,7 +35,8 @@ def _usable(ds: DatasetResidency) -> bool:
 def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
     """A dataset mostly not in the page cache that would fit: the first epoch reads it from disk."""
     cold = [ds for ds in part.scanned
-            if _usable(ds) and ds.resident_fraction is not None and ds.resident_fraction < COLD_FRACTION]
+            if _usable(ds) and ds.resident_fraction is not None and ds.resident_fraction < COLD_FRACTION
+            and wanted("dataset-cold", f"dataset {ds.path}")]
     coldest = min(cold, key=lambda ds: ds.resident_fraction or 0, default=None)
     if coldest is None:
         return None
@@ -66,7 +67,7 @@ def dataset_larger_than_memory(part: DatasetsPart, mem: MemoryPart | None) -> Hi
     if cacheable is None:
         return None
     for ds in part.scanned:
-        if not _usable(ds):
+        if not _usable(ds) or not wanted("dataset-larger-than-memory", f"dataset {ds.path}"):
             continue
         ps = ds.page_size
         size = ds.known_data_pages * ps  # its resident part is in MemAvailable already: not added again
@@ -98,6 +99,9 @@ def dataset_churn(history: Sequence[Snapshot]) -> Hint | None:
     for path, ds in last.items():
         old = first[path]
         if ds.scanned_at <= old.scanned_at:
+            continue
+        if not wanted("dataset-proactive-reclaim" if ds.estimate_reason is not None else "dataset-churn",
+                      f"dataset {path}"):
             continue
         grew = ds.recently_evicted_pages - old.recently_evicted_pages
         if grew > 0 and grew >= CHURN_FRACTION * ds.data_pages:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from dltop.fmt import percent_text
-from dltop.hints.base import Hint, rule
+from dltop.hints.base import Hint, rule, wanted
 from dltop.hints.memory import gib
 from dltop.model import ServerStats, Snapshot
 from dltop.model.gpu import GpuProcess
@@ -50,6 +50,8 @@ def kv_pool_full(history: Sequence[Snapshot]) -> Hint | None:
     for s, m in _models(history[-1]):
         if not isinstance(m.kv_usage, float) or not isinstance(m.waiting_requests, int):
             continue
+        if not wanted("gpu-kv-pool-full", f"server {s.url}"):
+            continue
         if m.kv_usage < KV_FULL or m.waiting_requests <= 0:
             continue
         knob = ("--mem-fraction-static" if s.engine == "sglang" else "gpu_memory_utilization")
@@ -82,6 +84,8 @@ def preemptions_rising(history: Sequence[Snapshot]) -> Hint | None:
         key = (s.url, m.model_name, m.replica)
         if not isinstance(m.preemptions_total, int) or key not in first:
             continue
+        if not wanted("gpu-kv-preemptions", f"server {s.url}"):
+            continue
         new = m.preemptions_total - first[key]
         if new <= 0:  # none, or a restart
             continue
@@ -105,7 +109,7 @@ def allocator_fragmented(history: Sequence[Snapshot]) -> Hint | None:
     passed = None
     for p in _processes(history[-1]):
         sp = p.split
-        if sp is passed:
+        if sp is passed or not wanted("gpu-allocator-fragmented", f"process {p.pid}"):
             continue
         allocated, reserved = sp.torch_allocated_bytes, sp.torch_reserved_bytes
         if allocated is None or reserved is None:
@@ -134,6 +138,8 @@ def smi_far_above_kv_pool(history: Sequence[Snapshot]) -> Hint | None:
     for s in _servers(last):
         pool = s.kv_capacity_bytes
         if not isinstance(pool, int) or pool <= 0 or not isinstance(s.pid, int):
+            continue
+        if not wanted("gpu-smi-not-kv", f"server {s.url}"):
             continue
         if procs is None:
             procs = list(_processes(last))

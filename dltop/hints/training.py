@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 from dltop.fmt import human_bytes, percent_text
-from dltop.hints.base import Hint, Severity, rule
+from dltop.hints.base import Hint, Severity, rule, wanted
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetsPart
 from dltop.model.probes import ProbesPart, ProcessProbe, exit_text, jobs_first, waited_for
@@ -20,6 +20,7 @@ IO_SHARE = 0.5  # of the job's reads (rchar) fetched from storage (read_bytes): 
 IO_MIN_BYTES = 1 << 20  # from storage over the window (or into the cache by an epoch) before it can be IO bound
 SHAPES_MANY = 8  # distinct input shapes with cudnn.benchmark on: one autotune each
 RECOMPILES_RISING = 3  # new recompiles within the window
+DATA_WAIT_IDS = ("training-io-bound", "training-decode-bound", "training-data-wait")  # data_wait_high's verdicts
 
 
 def _probes(snap: Snapshot) -> tuple[ProcessProbe, ...]:
@@ -33,9 +34,10 @@ def _jobs(snap: Snapshot) -> list[list[ProcessProbe]]:
     return [members for _, members in jobs_first(part, gpus=snap.gpus)] if isinstance(part, ProbesPart) else []
 
 
-def _ordered(snap: Snapshot) -> list[ProcessProbe]:
-    """The live processes, the viewer's jobs first."""
-    return [p for members in _jobs(snap) for p in members if not p.exited]
+def _ordered(snap: Snapshot, hint_id: str) -> list[ProcessProbe]:
+    """The live processes, the viewer's jobs first, but those of jobs whose hint `hint_id` is passed over (`m` in
+    ? muted it for that job: the rule names the next one)."""
+    return [p for members in _jobs(snap) for p in members if not p.exited and wanted(hint_id, _job(p))]
 
 
 def _first(candidates: Sequence[ProcessProbe], snap: Snapshot, value: Callable[[ProcessProbe], float]
@@ -82,7 +84,7 @@ def _watched_dataset(history: Sequence[Snapshot], data_dir: str) -> str | None:
 def page_cache_warming(history: Sequence[Snapshot]) -> Hint | None:
     """Epoch 1 much faster than epoch 0, the difference mostly data wait: the first epoch read the dataset from
     disk into the page cache."""
-    for p in _ordered(history[-1]):
+    for p in _ordered(history[-1], "training-page-cache-warming"):
         by_index = {e.index: e for e in p.epochs}
         e0, e1 = by_index.get(0), by_index.get(1)
         if e0 is None or e1 is None or e1.duration_s <= 0 or e0.duration_s < WARMING_RATIO * e1.duration_s:
@@ -207,7 +209,8 @@ def stalled(history: Sequence[Snapshot]) -> Hint | None:
     viewer's jobs first (`jobs_first`)."""
     snap = history[-1]
     jobs = [(members, hung) for members in _jobs(snap)
-            if (hung := [p for p in members if p.stalled and p.last_step_age_s is not None])]
+            if (hung := [p for p in members if p.stalled and p.last_step_age_s is not None])
+            and wanted("training-stalled", _job(members[0]))]
     if not jobs:
         return None
     members, hung = jobs[0]
@@ -253,7 +256,7 @@ def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
     and its workers), decode bound (more workers) when they come from the page cache. Another job loading the
     disk does not make this one IO bound."""
     waiting = [p for p in _probes(history[-1]) if p.data_wait_fraction is not None
-               and p.data_wait_fraction >= DATA_WAIT_HIGH]
+               and p.data_wait_fraction >= DATA_WAIT_HIGH and any(wanted(i, _job(p)) for i in DATA_WAIT_IDS)]
     if not waiting:
         return None
     p = _first(waiting, history[-1], lambda q: q.data_wait_fraction or 0.0)
@@ -317,7 +320,7 @@ def _wait_without_io(p: ProcessProbe, head: str, reads: str, numbers: dict[str, 
 @rule
 def cudnn_benchmark_shapes(history: Sequence[Snapshot]) -> Hint | None:
     """cudnn.benchmark on while the input shapes keep changing: cuDNN autotunes again for every new shape."""
-    for p in _ordered(history[-1]):
+    for p in _ordered(history[-1], "training-cudnn-benchmark-shapes"):
         if p.cudnn_benchmark and p.input_shapes is not None and p.input_shapes >= SHAPES_MANY:
             return Hint(id="training-cudnn-benchmark-shapes", severity="warn", subject=_job(p),
                         text=(f"{_who(p)}: torch.backends.cudnn.benchmark is on and the loop has seen "
@@ -327,10 +330,11 @@ def cudnn_benchmark_shapes(history: Sequence[Snapshot]) -> Hint | None:
     return None
 
 
-def _rising(history: Sequence[Snapshot], counter: str) -> Iterator[tuple[ProcessProbe, int, int]]:
-    """(probe, new, total) for each process whose `counter` rose within the window."""
+def _rising(history: Sequence[Snapshot], counter: str, hint_id: str) -> Iterator[tuple[ProcessProbe, int, int]]:
+    """(probe, new, total) for each process whose `counter` rose within the window (but those `hint_id` passes
+    over)."""
     first = _first_seen(history)
-    for p in _ordered(history[-1]):
+    for p in _ordered(history[-1], hint_id):
         old = first.get((p.pid, p.start_time_ticks))
         now, then = _counter(p, counter), _counter(old, counter) if old is not None else None
         if now is not None and then is not None and now > then:
@@ -347,7 +351,7 @@ def _counter(p: ProcessProbe, counter: str) -> int | None:
 @rule
 def recompiling(history: Sequence[Snapshot]) -> Hint | None:
     """torch.compile recompiling again and again: a guard keeps failing (shapes, dtypes, Python values)."""
-    for p, new, total in _rising(history, "recompiles"):
+    for p, new, total in _rising(history, "recompiles", "training-recompiling"):
         if new >= RECOMPILES_RISING:
             return Hint(id="training-recompiling", severity="warn", subject=_job(p),
                         text=f"{_who(p)}: torch.compile recompiled {new} times in the last minute ({total} in all)",
@@ -361,7 +365,7 @@ def recompiling(history: Sequence[Snapshot]) -> Hint | None:
 def compile_fell_back_to_eager(history: Sequence[Snapshot]) -> Hint | None:
     """torch.compile hit its recompile limit: dynamo stopped compiling those frames and runs them eager from then
     on (it logs a warning once), so the job lost what compiling them bought."""
-    for p in _ordered(history[-1]):
+    for p in _ordered(history[-1], "training-compile-eager-fallback"):
         fallbacks = p.compile.get("eager_fallbacks")
         if not fallbacks:
             continue
@@ -386,7 +390,7 @@ def oom_retries_rising(history: Sequence[Snapshot]) -> Hint | None:
     cases: tuple[tuple[str, str, Severity], ...] = (("num_ooms", "ran out of memory", "critical"),
                                                     ("num_alloc_retries", "had to free its cache and retry", "warn"))
     for counter, what, severity in cases:
-        for p, new, total in _rising(history, counter):
+        for p, new, total in _rising(history, counter, f"training-{counter.replace('_', '-')}"):
             return Hint(id=f"training-{counter.replace('_', '-')}", severity=severity, subject=_job(p),
                         text=f"{_who(p)}: the CUDA allocator {what} {new} times in the last minute ({total} in all)",
                         fix="a smaller batch or sequence, activation checkpointing, or "

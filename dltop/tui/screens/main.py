@@ -424,6 +424,7 @@ class MainScreen(Screen[None]):
 
     def hints_quieted(self) -> None:
         """A hint was muted, snoozed or brought back in ?: the hint line follows at once."""
+        self.session.hints_quieted()
         if self.widgets_up():
             self.update_hints()
 
