@@ -57,34 +57,34 @@ class KeyFooter(Footer):
     def compose(self) -> ComposeResult:
         if not self._bindings_ready:
             return
-        palette = self.app.COMMAND_PALETTE_BINDING
-        keys: list[tuple[int, Binding, bool, str]] = []  # (rank, binding, enabled, tooltip): the lower, the sooner
-        actions = set()
-        pal: tuple[Binding, bool, str] | None = None
-        for node, binding, enabled, tooltip in self.screen.active_bindings.values():
-            if binding.key == palette:
-                pal = (binding, enabled, tooltip)
-            if not binding.show or binding.action in actions or binding.key == palette:
-                continue
-            actions.add(binding.action)  # one key per action (space and p pause), as Textual's Footer does
-            own = isinstance(node, Widget) and any(isinstance(n, Pane) for n in (node, *node.ancestors))
-            rank = 5 if not enabled else 0 if own else APP_RANKS.get(binding.action, 4)
-            keys.append((rank, binding, enabled, tooltip))
-        room = (self.size.width or self.app.size.width) - (self._width(pal[0]) + 1 if pal is not None else 0)
-        shown = {b.action for rank, b, _e, _t in keys if rank == 1}  # ? Help, whatever else fits
+        keys, palette = self._keys()
+        room = (self.size.width or self.app.size.width) - (self._width(palette[0][1]) + 1 if palette else 0)
+        shown = {b.action for rank, b, _e, _t in keys if rank == 1}  # ? Help; then the others, rank by rank
         room -= sum(self._width(b) for rank, b, _e, _t in keys if rank == 1)
         for rank, binding, _enabled, _tip in sorted(keys, key=lambda k: k[0]):
             if rank != 1 and self._width(binding) <= room:
                 shown.add(binding.action)
                 room -= self._width(binding)
-        for _rank, binding, enabled, tooltip in keys:
-            if binding.action in shown:
-                yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description,
-                                binding.action, disabled=not enabled, tooltip=tooltip).data_bind(compact=Footer.compact)
-        if pal is not None:
-            binding, enabled, tooltip = pal
+        for _rank, binding, enabled, tooltip in [*(k for k in keys if k[1].action in shown), *palette]:
             yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description, binding.action,
-                            classes="-command-palette", disabled=not enabled, tooltip=tooltip or binding.description)
+                            classes="-command-palette" if binding.key == self.app.COMMAND_PALETTE_BINDING else "",
+                            disabled=not enabled, tooltip=tooltip).data_bind(compact=Footer.compact)
+
+    def _keys(self) -> tuple[list[tuple[int, Binding, bool, str]], list[tuple[int, Binding, bool, str]]]:
+        """The keys to show, (rank, binding, enabled, tooltip) in the bindings' order (the lower the rank, the
+        sooner it is given room), one per action as Textual's Footer does (space and p pause); and ^p's."""
+        keys: list[tuple[int, Binding, bool, str]] = []
+        palette: list[tuple[int, Binding, bool, str]] = []
+        actions = set()
+        for node, binding, enabled, tooltip in self.screen.active_bindings.values():
+            if binding.key == self.app.COMMAND_PALETTE_BINDING:
+                palette = [(0, binding, enabled, tooltip or binding.description)]
+            elif binding.show and binding.action not in actions:
+                actions.add(binding.action)
+                own = isinstance(node, Widget) and any(isinstance(n, Pane) for n in (node, *node.ancestors))
+                keys.append((5 if not enabled else 0 if own else APP_RANKS.get(binding.action, 4), binding, enabled,
+                             tooltip))
+        return keys, palette
 
     def _width(self, binding: Binding) -> int:
         """Columns a key takes in the compact footer: the key, a space, its label and the margin after."""
