@@ -17,7 +17,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Static, TabbedContent, TabPane
-from textual.widgets._footer import FooterKey
+from textual.widgets._footer import FooterKey  # not exported by textual.widgets (textual pinned to 8.2.x)
 
 from dltop.fmt import human_duration
 from dltop.hints import tab_of
