@@ -137,7 +137,7 @@ def test_a_command_dltop_does_not_take_is_found(line: str, why: str) -> None:
 
 KEY_NAMES = {"enter": "Enter", "backspace": "Backspace", "escape": "Esc", "home": "Home", "end": "End",
              "question_mark": "?", "slash": "/", "greater_than_sign": ">", "less_than_sign": "<", "plus": "+",
-             "minus": "-", "ctrl+c": "Ctrl-C"}
+             "minus": "-", "ctrl+c": "Ctrl-C", "left": "←", "right": "→"}
 
 
 def readme_key_tables(text: str) -> dict[str, set[str]]:
