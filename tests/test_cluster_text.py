@@ -9,7 +9,7 @@ import shlex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dltop.model.cluster import ClusterDataset, ClusterNode, ClusterPart
+from dltop.model.cluster import ClusterDataset, ClusterJob, ClusterNode, ClusterPart
 from dltop.text.cluster import (
     DATASETS_AT,
     SSH_LINES_UP_TO,
@@ -19,6 +19,7 @@ from dltop.text.cluster import (
     node_detail,
     node_row,
     residency_cell,
+    summary_line,
     warm_commands,
 )
 
@@ -122,3 +123,16 @@ def test_a_down_node_is_never_judged_warm() -> None:
     assert cmds == ["srun --nodelist=gpu-0200 --ntasks-per-node=1 dltop warm '/data/my set'",
                     "ssh gpu-0200 dltop warm '/data/my set'"]
     assert notes == ["not judged: 2 nodes down: gpu-[0031-0032]"]
+
+
+def test_the_summary_counts_the_ranks_without_a_job_id_the_jobs_table_lists() -> None:
+    # "0 jobs" stood beside a jobs table with a "(no job id)" row of three ranks.
+    nodes = _part(["a", "b"], cold=set()).nodes
+    loose = ClusterJob(job_id="", rank_count=3, node_count=2)
+    part = ClusterPart(url="http://p", selector="", queried_at=0.0, query_s=0.0, queries=14, nodes=nodes, jobs=(loose,))
+    assert summary_line(part).startswith("2 nodes, 0 GPUs, 0 jobs + 3 ranks without a job id ·")
+    part = ClusterPart(url="http://p", selector="", queried_at=0.0, query_s=0.0, queries=14, nodes=nodes,
+                       jobs=(ClusterJob(job_id="run-1", rank_count=2), loose))
+    assert ", 1 job + 3 ranks without a job id ·" in summary_line(part)
+    part = ClusterPart(url="http://p", selector="", queried_at=0.0, query_s=0.0, queries=14, nodes=nodes)
+    assert ", 0 jobs ·" in summary_line(part)

@@ -140,6 +140,9 @@ def summary_line(part: ClusterPart) -> str:
     out += f", {gpus} GPUs" + (f" ({lost} lost)" if lost else "")
     jobs = sum(1 for j in part.jobs if j.job_id)  # the ranks without a job id are no job
     out += f", {jobs} job{'s' if jobs != 1 else ''}"  # the datasets: their legend is below the table
+    loose = sum(j.rank_count or len(j.ranks) for j in part.jobs if not j.job_id)
+    if loose:  # the jobs table lists them as one "(no job id)" row: "0 jobs" alone beside it read as nothing
+        out += f" + {loose} rank{'s' if loose != 1 else ''} without a job id"
     return out + f" · {part.queries} queries, {part.query_s:.2f} s"
 
 
