@@ -36,7 +36,7 @@ from dltop.recorder.oom import KMSG, KmsgReader, name_victims
 from dltop.recorder.segment import compress_segment
 from dltop.recorder.summary import Values, sample_values
 
-BLOCK_SAMPLES = 384  # samples per zstd frame of a closed segment: a seek decompresses one frame
+BLOCK_SAMPLES = 256  # samples per zstd frame of a closed segment: a seek decompresses one frame
 _CLOSE = object()
 
 
