@@ -225,3 +225,29 @@ def test_a_dump_decodes_only_the_parts_its_fields_come_from(recorded: tuple[Path
     part = list(csv.DictReader(io.StringIO(narrow.getvalue())))
     assert len(part) == len(snaps) and set(part[0]) < set(full[0]) and len(part[0]) > 10
     assert all(row == {k: f[k] for k in row} for row, f in zip(part, full, strict=True))
+
+
+def test_openmetrics_on_stdout_is_escaped_as_every_cli_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI copies a day's OpenMetrics to stdout as bytes where the escaping writer would change nothing: a
+    process's command with an escape sequence and text that is not ASCII comes out as the writer escapes it."""
+    import dataclasses
+
+    from dltop.fmt import EscapingWriter
+    from dltop.recorder import Recording
+    from dltop.recorder import dump as dumping
+
+    snaps = sampled(tmp_path, monkeypatch, n=3)
+    g = snaps[0].gpus[0]  # type: ignore[index]
+    proc = dataclasses.replace(g.processes[0], command="evil \x1b[31mred\x1b[0m café")
+    bad = dataclasses.replace(g, processes=(proc, *g.processes[1:]))
+    snaps = [dataclasses.replace(s, gpus=(bad, *s.gpus[1:])) for s in snaps]  # type: ignore[misc]
+    rec_dir = tmp_path / "rec"
+    with Recorder(str(rec_dir), block_samples=2) as rec:
+        for s in snaps:
+            rec.write(s, wait=True)
+    r = dump(str(rec_dir), "--format", "openmetrics")
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\\u001b[31mred" in r.stdout and "café" in r.stdout
+    expected = io.StringIO()
+    dumping.dump(Recording(str(rec_dir)), "openmetrics", EscapingWriter(expected))
+    assert r.stdout == expected.getvalue()

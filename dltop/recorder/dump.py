@@ -24,6 +24,7 @@ from typing import IO, Any, NamedTuple
 
 from dltop import fields as fd
 from dltop.errors import DltopError
+from dltop.fmt import EscapingWriter
 from dltop.model import Snapshot
 from dltop.recorder import template
 from dltop.recorder.reader import Damage, Recording
@@ -222,11 +223,11 @@ def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], ou
     run_cols: list[int] = []
     for ts, cols, vals in _rows(rec, first, last, wanted, prev, names, field_of):
         if cols != run_cols or len(run) >= _RUN_ROWS:
-            _write_run(out, names, run_cols, run)
+            _write_run(out, run_cols, run)
             run, run_cols = [], cols
         run.append((ts, vals))
         read = _count(read, slot, progress, total)
-    _write_run(out, names, run_cols, run)
+    _write_run(out, run_cols, run)
     return [f"{f}\t{fd.PREFIX}{series}" for f, series in zip(field_of, names, strict=True)], rec.damage
 
 
@@ -234,18 +235,17 @@ _RUN_ROWS = 4096  # OpenMetrics rows a piece holds before appending them to thei
 _OM_NUMBER = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}  # OpenMetrics' spelling of what repr() writes
 
 
-def _write_run(out: str, names: list[str], cols: list[int], run: list[tuple[str, list[str]]]) -> None:
-    """Append rows that have the same columns to each column's file (`out`/<column>), as OpenMetrics lines
-    `dltop_name{labels} value ts`."""
+def _write_run(out: str, cols: list[int], run: list[tuple[str, list[str]]]) -> None:
+    """Append rows that have the same columns to each column's file (`out`/<column>), as lines `value ts` (the
+    series' name goes before each when the parent copies them out: a day is gigabytes of it)."""
     if not run:
         return
     times = [ts for ts, _ in run]
     for c, values in zip(cols, zip(*(vals for _, vals in run), strict=True), strict=True):
         if "n" in "".join(values):  # inf, nan: no number dump writes holds an n
             values = tuple(_OM_NUMBER.get(v, v) for v in values)
-        prefix = f"{fd.PREFIX}{names[c]} "
-        with open(os.path.join(out, str(c)), "a", encoding="utf-8") as fh:
-            fh.write(prefix + ("\n" + prefix).join(map(" ".join, zip(values, times, strict=True))) + "\n")
+        with open(os.path.join(out, str(c)), "a", encoding="ascii") as fh:
+            fh.write("\n".join(map(" ".join, zip(values, times, strict=True))) + "\n")
 
 
 def _count(n: int, slot: int, progress: Progress | None, total: int) -> int:
@@ -467,35 +467,46 @@ def _openmetrics(rec: Recording, out: IO[str], t0: float | None, t1: float | Non
             for entry in entries:
                 for k, index in enumerate(where):
                     if entry in index:
-                        _copy_lines(os.path.join(scratch, str(k), str(index[entry])), out, written)
+                        _copy_lines(os.path.join(scratch, str(k), str(index[entry])), entry.partition("\t")[2],
+                                    out, written)
     out.write("# EOF\n")
     written[0] += 1
 
 
-def _copy_lines(path: str, out: IO[str], written: list[int]) -> None:
-    """Copy a file of lines in large writes, each ending at a line's end (an interrupted copy stops between two):
-    as bytes where `out` has a binary buffer (stdout: a day is gigabytes of OpenMetrics), else as text."""
-    binary = getattr(out, "buffer", None)
-    if binary is None:
-        with open(path, encoding="utf-8") as text:
-            _copy_blocks(text, out, "\n", written)
+_PLAIN = bytes(range(0x20, 0x7F)) + b"\n"  # text the CLI's EscapingWriter passes as it is
+
+
+def _copy_lines(path: str, series: str, out: IO[str], written: list[int]) -> None:
+    """Copy a piece's file of `value ts` lines as `series value ts` lines, in large writes that each end at a
+    line's end (an interrupted copy stops between two). Where `out` is (or escapes into) a stream with a binary
+    buffer (stdout), and the series' name is plain printable ASCII (so the escaping would pass it unchanged), as
+    bytes; else as text through `out`."""
+    raw = out.raw if isinstance(out, EscapingWriter) else out
+    binary = getattr(raw, "buffer", None)
+    head = f"{series} "
+    if binary is None or head.encode("utf-8").translate(None, _PLAIN):
+        with open(path, encoding="ascii") as text:
+            _copy_blocks(text, head, out.write, written)
         return
     out.flush()
-    with open(path, "rb") as raw:
-        _copy_blocks(raw, binary, b"\n", written)
+    with open(path, "rb") as src:
+        _copy_blocks(src, head.encode("ascii"), binary.write, written)
+    binary.flush()
 
 
-def _copy_blocks(src: Any, dst: Any, nl: Any, written: list[int]) -> None:
+def _copy_blocks(src: Any, head: Any, write: Callable[[Any], Any], written: list[int]) -> None:
+    nl = head[:0] + ("\n" if isinstance(head, str) else b"\n")
     rest = nl[:0]
     while block := src.read(1 << 20):
         block = rest + block
         end = block.rfind(nl) + 1
         rest = block[end:]
         if end:
-            dst.write(block[:end])
+            write(head + block[:end - 1].replace(nl, nl + head) + nl)
             written[0] += block.count(nl, 0, end)
-    if rest:
-        dst.write(rest)
+    if rest:  # not written by a piece (each line ends in one): kept as it is
+        write(head + rest + nl)
+        written[0] += 1
 
 
 def _family(f: fd.Field) -> str:
