@@ -35,12 +35,18 @@ class _Listener(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        self.got.append(self.headers.get("Authorization"))
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send(EMPTY)
+
+    def do_GET(self) -> None:  # noqa: N802 - the label values API (the jobs that serve dltop's metrics)
+        self._send(b'{"status":"success","data":[]}')
+
+    def _send(self, body: bytes) -> None:
+        self.got.append(self.headers.get("Authorization"))
         self.send_response(200)
-        self.send_header("Content-Length", str(len(EMPTY)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(EMPTY)
+        self.wfile.write(body)
 
 
 @pytest.fixture
