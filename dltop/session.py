@@ -143,6 +143,8 @@ class Session:
             self.apply(self.feed.snapshot())
         elif self.recorded is not None:
             self.apply(self.recorded.timeline.upto(self.recorded.start_ts, 1)[-1])
+            if self.recorded.start_note:  # `replay -t` named a time inside a gap
+                self.say(self.recorded.start_note, "warning", timeout=10)
 
     def apply(self, snap: Snapshot) -> bool:
         """A new Snapshot from the feed: into the history, to the listeners, and the hints drawn again. False
@@ -225,11 +227,16 @@ class Session:
         return None
 
     def go_typed(self, text: str) -> Playhead:
-        """The playhead at the sample a typed time names (checked by time_refusal first)."""
-        from dltop.recorder.times import index_typed
+        """The playhead at the sample a typed time names (checked by time_refusal first); a time inside a gap is
+        said to be (the sample shown is the last before it)."""
+        from dltop.recorder.times import gap_note, index_typed
 
-        times = self.times()
-        return self.head.go(times, times[index_typed(times, self.parse_time(text))])
+        times, ts = self.times(), self.parse_time(text)
+        interval = self.recorded.interval_s if self.recorded is not None else self.settings.refresh_s
+        note = gap_note(times, ts, interval)
+        if note is not None:
+            self.say(note, "warning", timeout=10)
+        return self.head.go(times, times[index_typed(times, ts)])
 
     def mark_refusal(self) -> str | None:
         """Why `m` cannot write a marker here (a replay, nothing recorded), or None."""

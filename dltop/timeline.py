@@ -137,7 +137,8 @@ class Recorded:
     """A recording to replay: its timeline, the name the header calls it by and the moment to open on. Nothing
     streams in and nothing can be changed; the playhead moves through `timeline` (step, jump, go to, play)."""
 
-    def __init__(self, recording: RecordingLike, name: str, start_ts: float | None = None) -> None:
+    def __init__(self, recording: RecordingLike, name: str, start_ts: float | None = None,
+                 start_note: str | None = None) -> None:
         self.recording = recording  # for times typed relative to it ("14:05": that day of the recording)
         self.timeline = RecordedHistory(recording)
         times = self.timeline.times()
@@ -145,6 +146,7 @@ class Recorded:
             raise ValueError("a recording without samples")
         self.name = name
         self.start_ts = times[0] if start_ts is None else start_ts
+        self.start_note = start_note  # said once the replay is on screen (the typed time fell inside a gap)
 
     @property
     def interval_s(self) -> float:
@@ -157,4 +159,11 @@ class Recorded:
         times = self.timeline.times()
         i = index_at(times, ts)
         gap = times[i] - times[i - 1] if 0 < i < len(times) else 0.0
+        return gap if gap > 3 * self.interval_s else 0.0
+
+    def gap_after(self, ts: float) -> float:
+        """Seconds without samples after the one at `ts`, where longer than 3 of the recording's intervals."""
+        times = self.timeline.times()
+        i = index_at(times, ts)
+        gap = times[i + 1] - times[i] if i + 1 < len(times) and times[i] <= ts else 0.0
         return gap if gap > 3 * self.interval_s else 0.0

@@ -142,6 +142,32 @@ def test_a_recording_lists_the_processes_of_the_moment_asked(
     assert alone.returncode != 0 and "needs --recording" in alone.stderr and "Traceback" not in alone.stderr
 
 
+def test_a_time_inside_a_gap_of_the_recording_is_said_to_be(
+        machine: tuple[str, dict[str, Any], dict[str, int]], tmp_path: Path) -> None:
+    """-t inside a stretch without samples lists the sample before it, and says so (text and JSON)."""
+    import time
+
+    from dltop.model.snapshot import Snapshot
+    from dltop.recorder import Recorder
+
+    _, s, _ = machine
+    part = GpuReader(lambda: FakeBackend(s)).read()
+    t0 = 1_790_000_000.0
+    with Recorder(str(tmp_path / "rec"), retain_s=None, max_bytes=None) as recorder:
+        for t in (0.0, 1.0, 193.0):  # at 1 s, then nothing for 3m12s
+            recorder.write(Snapshot(ts=t0 + t, host="n1", gpus=part), wait=True)
+    rec = str(tmp_path / "rec")
+    clock = lambda t: time.strftime("%H:%M:%S", time.localtime(t))  # noqa: E731
+    said = (f"{clock(t0 + 100)} is inside a gap of 3m12s ({clock(t0 + 1)}–{clock(t0 + 193)}, nothing recorded): "
+            f"showing {clock(t0 + 1)}, the last sample before it")
+    text = _dltop_rc("--recording", rec, "-t", str(t0 + 100))
+    assert text.returncode == 0 and text.stdout.splitlines()[1] == said, text.stdout + text.stderr
+    js = json.loads(_dltop_rc("--recording", rec, "-t", str(t0 + 100), "--json").stdout)
+    assert js["ts"] == t0 + 1 and js["gap"] == said and js["rows"]
+    near = json.loads(_dltop_rc("--recording", rec, "-t", str(t0 + 1.5), "--json").stdout)
+    assert near["ts"] == t0 + 1 and "gap" not in near  # the next sample was not yet due
+
+
 def test_cpu_percent_is_over_a_second_as_top_s(machine: tuple[str, dict[str, Any], dict[str, int]],
                                                monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
                                                ) -> None:

@@ -112,6 +112,27 @@ def test_a_typed_second_names_the_sample_shown_as_that_second() -> None:
     assert index_typed(times, base) == 0  # before the first: the first
 
 
+def test_a_typed_time_inside_a_gap_is_said_to_be() -> None:
+    from dltop.recorder.times import gap_at, gap_note
+
+    base = 1_790_000_000.0  # samples every second, then nothing for 3m12s
+    times = [base + 0.4, base + 1.4, base + 2.4, base + 194.4, base + 195.4]
+    clock = lambda t: time.strftime("%H:%M:%S", time.localtime(t))  # noqa: E731
+    assert gap_note(times, base + 100, 1.0) == (
+        f"{clock(base + 100)} is inside a gap of 3m12s ({clock(base + 2.4)}–{clock(base + 194.4)}, nothing "
+        f"recorded): showing {clock(base + 2.4)}, the last sample before it")
+    assert gap_at(times, base + 3, 1.0) is None  # …:03 is the second …:02.4 is shown in: the next was not due
+    assert gap_at(times, base + 3.4, 1.0) == (base + 2.4, base + 194.4)  # due and missing
+    assert gap_at(times, base + 193, 1.0) == (base + 2.4, base + 194.4)  # a whole second without a sample
+    assert gap_at(times, base + 194, 1.0) is None  # …:194 names the sample taken within it (index_typed)
+    assert gap_at(times, base + 100, 100.0) is None  # at 100 s a sample, 192 s is no gap (not over 3 intervals)
+    assert gap_at(times, base + 1.5, 1.0) is None and gap_at(times, base + 300, 1.0) is None  # a sample; past the end
+    assert "the nearest sample that could be read" in (gap_note(times, base + 100, 1.0, base + 1.4) or "")
+    day = 86400.0  # a gap over midnight names the days
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(base + day))
+    assert f"–{stamp}, nothing recorded" in (gap_note([base, base + day], base + 10, 1.0) or "")
+
+
 # -- (11) actions from any shell reach every running recorder ------------------------------------------------------
 
 async def test_an_action_from_a_shell_reaches_the_live_tuis_event_list(tmp_path: Path) -> None:
@@ -375,8 +396,11 @@ async def test_the_replay_header_says_when_a_gap_is_crossed(tmp_path: Path) -> N
             rec.write(Snapshot(ts=base + t, host="h"), wait=True)
     app = DltopApp(recorded=Recorded(Recording(str(tmp_path / "rec")), "rec"))
     async with app.run_test(size=(100, 24)) as pilot:
-        await pilot.press("t", "t")
+        await pilot.press("t")
         assert "gap" not in str(app.query_one("#header").render())
+        await pilot.press("t")  # the last sample before the gap
+        await pilot.pause()
+        assert "before a gap of 4m58s" in str(app.query_one("#header").render())
         await pilot.press("t")
         await pilot.pause()
         assert "after a gap of 4m58s" in str(app.query_one("#header").render())

@@ -135,6 +135,14 @@ def test_a_replay_has_no_feed_and_opens_at_its_start() -> None:
         def times(self) -> list[float]:
             return [s.ts for s in self.snaps]
 
+        @property
+        def first_ts(self) -> float:
+            return self.snaps[0].ts
+
+        @property
+        def last_ts(self) -> float:
+            return self.snaps[-1].ts
+
         def range(self, t0: float | None = None, t1: float | None = None) -> Any:
             return iter([s for s in self.snaps if (t0 is None or s.ts >= t0) and (t1 is None or s.ts <= t1)])
 
@@ -148,6 +156,15 @@ def test_a_replay_has_no_feed_and_opens_at_its_start() -> None:
     assert session.refusal("warm") == "warm: this is a replay; nothing may change the system from here"
     session.read_now("datasets")  # nothing to read again: no error
     assert session.recorded.gap_before(110.0) == 8.0 and session.recorded.gap_before(102.0) == 0.0  # over 3 intervals of 2 s
+    assert session.recorded.gap_after(102.0) == 8.0 and session.recorded.gap_after(100.0) == 0.0
+    said = len(session.said)
+    assert session.go_typed("103.5") == Replay(102.0, pos=102.0) and len(session.said) == said  # the next not yet due
+    assert session.go_typed("105") == Replay(102.0, pos=102.0)  # b 105: inside the gap, and said so
+    assert session.said[-1].text.startswith(f"{time.strftime('%H:%M:%S', time.localtime(105))} is inside a gap of 8s")
+    assert session.said[-1].severity == "warning"
+    noted = Session(None, recorded=Recorded(Rec(snaps), "rec", 102.0, "104 is inside a gap"))
+    noted.open()  # replay -t 104: what the command found is said once on screen
+    assert [s.text for s in noted.said] == ["104 is inside a gap"]
     assert session.end_text(1) == "the last sample of the recording"
     assert "this is a replay" in (session.mark_refusal() or "") and session.allows("events")
 

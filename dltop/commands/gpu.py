@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recording", metavar="PATH",
                    help="read a recording (a directory or one segment file) instead of the live GPUs")
     p.add_argument("-t", "--time", metavar="TIME",
-                   help="with --recording: the sample at or before TIME ('10m ago', 14:05, ISO 8601, epoch, start, "
+                   help="with --recording: the sample on screen at TIME ('10m ago', 14:05, ISO 8601, epoch, start, "
                         "end; default end)")
     add_common_options(p)
     p.set_defaults(func=run)
@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from dltop.text.gpu import process_table
 
     query = ProcessQuery(filter=args.filter, sort=args.sort, reverse=args.reverse, tree=args.tree)
+    gap: str | None = None  # a typed time inside a gap of the recording, said so
     if args.recording is None:
         if args.time is not None:
             from dltop.errors import DltopError
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                 src.close()
         now = time.time()
     else:
-        part, now = _recorded(args.recording, args.time)
+        part, now, gap = _recorded(args.recording, args.time)
     if args.json:
         from dltop.model.gpu_query import select_processes
 
@@ -76,28 +77,34 @@ def run(args: argparse.Namespace) -> int:
         out: dict[str, object] = {"query": to_dict(query), "rows": rows}
         if args.recording is not None:
             out["ts"] = now
+        if gap is not None:
+            out["gap"] = gap
         if isinstance(part, Unavailable):
             out["unavailable"] = part.reason
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return 0
+    if args.recording is not None:
+        sys.stdout.write(f"at {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(now))} (recorded)\n")
+    if gap is not None:
+        sys.stdout.write(gap + "\n")
     if isinstance(part, Unavailable):
         from dltop.fmt import printable
 
         sys.stdout.write(f"no GPUs: {printable(part.reason)}\n" if part.absent else f"GPUs: {printable(part.reason)}\n")
         return 0 if part.absent else 1
-    if args.recording is not None:
-        sys.stdout.write(f"at {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(now))} (recorded)\n")
     sys.stdout.write(process_table(part, query, now) + "\n")
     return 0
 
 
-def _recorded(path: str, when: str | None) -> tuple[Any, float]:
-    """The GPU part of the recording's sample at or before `when` (the last one by default), and its time;
-    what of the recording was damaged is said on stderr, as replay and dump do."""
+def _recorded(path: str, when: str | None) -> tuple[Any, float, str | None]:
+    """The GPU part of the recording's sample `when` names (as replay's -t: the one shown then, the first taken
+    within a whole second typed; the last one by default), its time, and where `when` falls inside a gap of the
+    recording the words that say so; what of the recording was damaged is said on stderr, as replay and dump do."""
     from dltop.commands.record import damage_note
     from dltop.errors import DltopError
     from dltop.model.base import Unavailable
     from dltop.recorder import Recording, parse_time
+    from dltop.recorder.times import gap_note, index_typed, meta_interval
 
     rec = Recording(path)
     try:
@@ -108,10 +115,11 @@ def _recorded(path: str, when: str | None) -> tuple[Any, float]:
         if ts < times[0]:
             raise DltopError(f"-t {when}: before the recording starts "
                              f"({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(times[0]))})")
-        snap = rec.at(ts)
+        snap = rec.at(times[index_typed(times, ts)])
+        gap = gap_note(times, ts, meta_interval(rec.meta), snap.ts)
     finally:
         damage_note("gpu", rec)
     part = snap.gpus
     if part is None:
         part = Unavailable("the recording holds no GPU part at that moment (recorded without the GPU source)")
-    return part, snap.ts
+    return part, snap.ts, gap

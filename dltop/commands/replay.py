@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from dltop.config import settings_from_args
     from dltop.recorder import Recording, default_directory, parse_time
     from dltop.recorder.reader import recorded_tab
-    from dltop.recorder.times import index_typed
+    from dltop.recorder.times import gap_note, index_typed, meta_interval
 
     settings = settings_from_args(args)
     path = args.path or default_directory()
@@ -43,20 +43,21 @@ def run(args: argparse.Namespace) -> int:
     times = recording.times()
     if not times:
         raise DltopError(f"{path}: the recording holds no samples")
-    start = times[0]
+    start, note = times[0], None
     if args.time:
         start = parse_time(args.time, time.time(), recording)
-        slack = float(recording.meta.get("interval_s") or 1.0)
+        slack = meta_interval(recording.meta)
         if not times[0] <= start <= times[-1] + slack:
             raise DltopError(f"-t {args.time}: {_when(start)} is outside the recording ({_when(times[0])} to "
                              f"{_when(times[-1])})")
+        note = gap_note(times, start, meta_interval(recording.meta))  # said once the replay is on screen
         start = times[index_typed(times, start)]
     if not args.tab:  # the tab the recording had on screen then, else the config's, else the one with something
         settings = replace(settings, tab=recorded_tab(recording.events(), start) or settings.tab)
     need_terminal(f"for the recording as text use `dltop report {path}` or `dltop dump {path}`")
     name = os.path.basename(os.path.normpath(recording.path))
     try:
-        return run_replay_tui(recording, name, start, settings)
+        return run_replay_tui(recording, name, start, settings, note)
     finally:  # once the screen is the shell's again: what the replay met that was damaged
         damage_note("replay", recording)
 

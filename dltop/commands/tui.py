@@ -89,12 +89,14 @@ def run_tui(args: argparse.Namespace, commands: list[str] | None = None) -> int:
             server.close()
 
 
-def run_replay_tui(recording: Recording, name: str, start_ts: float, settings: Settings) -> int:
-    """Start the TUI on a recording (`dltop replay`): no Sampler, no sources, nothing that acts."""
+def run_replay_tui(recording: Recording, name: str, start_ts: float, settings: Settings,
+                   start_note: str | None = None) -> int:
+    """Start the TUI on a recording (`dltop replay`): no Sampler, no sources, nothing that acts. `start_note` is
+    said once it is on screen (the typed time fell inside a gap)."""
     from dltop.timeline import Recorded
     from dltop.tui.app import DltopApp
 
-    return _run(DltopApp(settings=settings, own_signals=True, recorded=Recorded(recording, name, start_ts)))
+    return _run(DltopApp(settings=settings, own_signals=True, recorded=Recorded(recording, name, start_ts, start_note)))
 
 
 def _run(app: DltopApp) -> int:

@@ -29,10 +29,10 @@ from dltop.fmt import (
 from dltop.model import Snapshot
 from dltop.recorder.reader import Piece, RecordedEvent, Recording
 from dltop.recorder.summary import CHARTS, STRIDE, better, sample_values
+from dltop.recorder.times import GAP_INTERVALS
 from dltop.text.events import describe_event
 
 MAX_EVENTS = 60
-GAP_INTERVALS = 3  # no sample for longer than this many intervals is a gap in the recording
 # What a postmortem looks for first: a long recording's timeline keeps these before the rest (hint firings are
 # summarised under "Hints that fired", not listed one by one).
 RANK = {"oom_kill": 0, "marker": 1, "action": 2, "gap": 3, "gpu_process": 4, "start": 5, "stop": 5}

@@ -6,15 +6,16 @@ import bisect
 import datetime as dt
 import math
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dltop.errors import DltopError
-from dltop.fmt import parse_bytes
+from dltop.fmt import human_duration, parse_bytes
 
 if TYPE_CHECKING:
     from dltop.recorder.reader import Recording
 
+GAP_INTERVALS = 3  # no sample for longer than this many intervals is a gap in the recording
 _UNIT_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)", re.IGNORECASE)
 _CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}(?:\.\d+)?))?")
@@ -118,3 +119,45 @@ def index_typed(times: Sequence[float], ts: float) -> int:
         if j < len(times) and times[j] < ts + 1.0:
             return j
     return max(0, bisect.bisect_right(times, ts) - 1)
+
+
+def meta_interval(meta: Mapping[str, Any]) -> float:
+    """A recording's sampling interval from its header (1 s where it does not say a valid one)."""
+    interval = meta.get("interval_s")
+    return float(interval) if isinstance(interval, int | float) and interval > 0 else 1.0
+
+
+def gap_at(times: Sequence[float], ts: float, interval_s: float) -> tuple[float, float] | None:
+    """The gap of `times` (ascending) that a typed time falls inside, as (the last sample before it, the first
+    after it); None where the time names a sample (index_typed), or the stretch after that sample is no gap (no
+    longer than GAP_INTERVALS intervals) or the next sample was not yet due at `ts`."""
+    j = index_typed(times, ts)
+    if j + 1 >= len(times):
+        return None
+    a, b = times[j], times[j + 1]
+    if b - a <= GAP_INTERVALS * interval_s or not a + interval_s <= ts < b:
+        return None
+    return a, b
+
+
+def gap_note(times: Sequence[float], ts: float, interval_s: float, shown: float | None = None) -> str | None:
+    """Where a typed time falls inside a gap: "14:05:30 is inside a gap of 3m12s (14:04:10–14:07:22, nothing
+    recorded): showing 14:04:10, the last sample before it"; None elsewhere. `shown`: the sample shown, where it
+    is not the one before the gap (a damaged sample's nearest good one)."""
+    gap = gap_at(times, ts, interval_s)
+    if gap is None:
+        return None
+    a, b = gap
+    fmt = "%H:%M:%S" if _clock(a, "%F") == _clock(b, "%F") == _clock(ts, "%F") else "%Y-%m-%d %H:%M:%S"
+
+    def clock(t: float) -> str:
+        return _clock(t, fmt)
+
+    at = a if shown is None else shown
+    which = "the last sample before it" if at == a else "the nearest sample that could be read"
+    return (f"{clock(ts)} is inside a gap of {human_duration(b - a)} ({clock(a)}–{clock(b)}, nothing "
+            f"recorded): showing {clock(at)}, {which}")
+
+
+def _clock(ts: float, fmt: str) -> str:
+    return dt.datetime.fromtimestamp(ts).astimezone().strftime(fmt)

@@ -53,8 +53,11 @@ def _when(session: Session, snap: Snapshot) -> Text:
         out = Text.assemble(("REPLAY", "bold magenta"), f" {printable(session.recorded.name)} {clock} ×{head.speed} ",
                             ("▶" if head.playing else "⏸", "bold"))
         gap = session.recorded.gap_before(snap.ts)
+        after = session.recorded.gap_after(snap.ts)
         if gap:  # the sample before this one is far back: the screen crossed a hole in the recording
             out.append(f"  after a gap of {human_duration(gap)}", "bold yellow")
+        elif after:  # the last sample before a hole: what is shown stays on screen through it
+            out.append(f"  before a gap of {human_duration(after)}", "bold yellow")
         return out
     if head.at is None:
         return Text(clock)
