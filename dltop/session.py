@@ -183,7 +183,7 @@ class Session:
                     replay=self.head.past, frozen=self.frozen(), past=self.past(),
                     watched=tuple(self.settings.datasets), action=self.action,
                     busy=runner is not None and runner.busy is not None,
-                    held=runner.held() if runner is not None else {})
+                    held=runner.locked() if runner is not None and not self.replay else {})
 
     # -- time -------------------------------------------------------------------------------------------------
 
@@ -360,7 +360,7 @@ class Session:
         if self.runner.busy is not None:
             self.say(f"{self.runner.busy.action} {self.runner.busy.target} is still running (Esc cancels)", "warning")
             return
-        if action == "lock" and path in self.runner.held():
+        if action == "lock" and path in self.runner.locked():  # here, or kept by this user's holder process
             self.runner.release(path)
             return
         run = self.runner.plan(action, [path], options=self._options(action), others=self._watched_resident())

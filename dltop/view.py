@@ -25,7 +25,8 @@ class View:
     watched: tuple[str, ...] = ()  # the dataset folders being watched now (added and removed at run time)
     action: ActionEvent | None = None  # the latest event of the action in flight, or of the last one
     busy: bool = False  # an action (or its plan) is in flight
-    held: Mapping[str, int] = field(default_factory=dict)  # locked targets and their bytes
+    held: Mapping[str, int | None] = field(default_factory=dict)  # locked targets (here, or by this user's lock
+    # holder processes) and their bytes (None: not known)
 
     @property
     def previous(self) -> Snapshot | None:

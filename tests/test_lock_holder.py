@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -270,6 +271,65 @@ async def test_q_with_a_lock_held_asks_to_keep_it_or_release_it(tmp_path: Path, 
     assert [h.locked_bytes for h in ours] == [MIB]
     assert app.session.farewell and f"lock holder pid {ours[0].pid}" in app.session.farewell[0]
     holder.unlock(ours[0])
+
+
+def _fake_holder_as_other(target: str) -> int:
+    """A holder process of the second user naming `target` (it holds nothing): its pid, once it is ready."""
+    fake = subprocess.Popen(["setpriv", f"--reuid={OTHER[0]}", f"--regid={OTHER[1]}", "--clear-groups",
+                             "/usr/bin/python3", "-m", holder.MODULE, "--target", target],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={"PYTHONPATH": str(REPO)}, cwd="/")
+    assert fake.stdin is not None and fake.stdout is not None
+    fake.stdin.close()
+    ready = fake.stdout.readline().split()
+    fake.wait()
+    assert ready[0] == b"ready"
+    return int(ready[1])
+
+
+def test_a_tui_started_after_a_detached_lock_shows_it_locked_and_l_releases_it(tmp_path: Path,
+                                                                              kept: list[int]) -> None:
+    # `dltop lock --detach`, then a TUI: its row is locked (🔒, the Unlock label: the pane reads View.held) and
+    # `l` (Session.request on a locked target) releases it through the holder, as `dltop unlock` does.
+    from dltop.config import Settings
+    from dltop.sampler import ListFeed
+    from dltop.session import Session
+    from tests.test_datasets_pane import snap_of
+
+    d = tmp_path / "ds"
+    d.mkdir()
+    _sparse(d / "sparse.bin")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "dltop", "lock", "--detach", str(d)], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    [h] = [h for h in holder.holders()[0] if h.target == str(d)]
+    kept.append(h.pid)
+    other = tmp_path / "theirs"
+    if CAN_DEMOTE:  # a second user's holder naming a folder: never shown as this user's, root's included
+        kept.append(_fake_holder_as_other(str(other)))
+    runner = ActionRunner()
+    events: list[Any] = []
+    session = Session(ListFeed([snap_of(d)]), Settings(datasets=(str(d),)), runner=runner)
+    runner.subscribe(events.append)
+    runner.subscribe(session.on_action)  # as the App routes them
+    session.open()
+    view = session.view()
+    assert view is not None and view.held == {str(d): MIB} and runner.held() == {}  # the holder's, not this one's
+    assert str(other) not in view.held
+    session.request("lock", str(d))  # l on the locked row
+    assert _wait_gone(h.pid) and not _mine([h.pid])
+    assert [(e.step, e.phase, e.outcome) for e in events] == [("release", "started", None),
+                                                              ("release", "finished", "ok")]
+    assert events[-1].message == f"unlocked {d} (the lock holder, pid {h.pid})" and events[-1].done_bytes == MIB
+    assert session.said[-1].text == events[-1].message
+    view = session.view()
+    assert view is not None and str(d) not in view.held
+    session.request("lock", str(d))  # not locked now: l plans a lock again
+    assert session.plans
+    journal = Path(os.environ["DLTOP_ROOT_JOURNAL_DIR"], "actions.jsonl").read_text().splitlines()
+    released = [json.loads(x)["event"] for x in journal]
+    unlocked = [e["message"] for e in released if e["step"] == "release" and "unlocked" in e["message"]]
+    assert unlocked == [f"the lock holder (pid {h.pid}) unlocked 1.0 MiB of {d}"]  # the holder's own line, once
 
 
 def test_the_exporter_says_the_data_and_the_page_cache_apart(tmp_path: Path) -> None:

@@ -32,15 +32,18 @@ class FakeRunner:
     """The action runner's face the Session uses: what it was asked, nothing run."""
 
     busy: Any = None
-    locked: dict[str, int] = field(default_factory=dict)
+    locks: dict[str, int] = field(default_factory=dict)
     asked: list[tuple[str, str]] = field(default_factory=list)
 
     def held(self) -> dict[str, int]:
-        return dict(self.locked)
+        return dict(self.locks)
+
+    def locked(self) -> dict[str, int | None]:
+        return dict(self.locks)
 
     def release(self, target: str) -> int:
         self.asked.append(("release", target))
-        return self.locked.pop(target, 0)
+        return self.locks.pop(target, 0)
 
     def plan(self, action: str, paths: list[str], **kw: Any) -> Any:
         self.asked.append(("plan", paths[0]))
@@ -112,7 +115,7 @@ def test_a_snapshot_applied_twice_is_drawn_once_and_a_pause_keeps_within_the_his
 
 
 def test_view_hands_the_moment_on_screen_and_the_actions_state(tmp_path: Path) -> None:
-    runner = FakeRunner(locked={"/data/a": 4096})
+    runner = FakeRunner(locks={"/data/a": 4096})
     snaps = [_snap(100.0 + i) for i in range(3)]
     session = _session(snaps[:1], Settings(read_only=True, datasets=("/data/a",)), runner=runner)
     for s in snaps[1:]:
@@ -188,7 +191,7 @@ def test_the_gate_says_why_nothing_may_change_the_system() -> None:
     runner.busy = type("Run", (), {"action": "warm", "target": "/data/b"})()
     session.request("evict", "/data/a")
     assert session.said[-1].text == "warm /data/b is still running (Esc cancels)"
-    runner.busy, runner.locked = None, {"/data/a": 10}
+    runner.busy, runner.locks = None, {"/data/a": 10}
     session.request("lock", "/data/a")  # a lock on a locked target unlocks it
     assert runner.asked[-1] == ("release", "/data/a")
     read_only = _session(settings=Settings(read_only=True))
@@ -293,7 +296,7 @@ def test_edits_of_what_is_watched(tmp_path: Path) -> None:
     session.add_dataset(str(tmp_path))
     session.add_dataset(str(tmp_path))
     assert session.settings.datasets == (str(tmp_path),)
-    runner.locked = {str(tmp_path / "x"): 1, "/other": 2}
+    runner.locks = {str(tmp_path / "x"): 1, "/other": 2}
     session.remove_dataset(str(tmp_path))  # a lock under it is released: no row would be left to unlock it
     assert session.settings.datasets == () and runner.asked == [("release", str(tmp_path / "x"))]
     session.add_server("localhost:8000")

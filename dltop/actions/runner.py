@@ -23,6 +23,7 @@ from dltop.model import to_dict
 from dltop.model.actions import ActionEvent, ActionPlan, Outcome, Step
 
 Listener = Callable[[ActionEvent], None]
+HOLDERS_EVERY_S = 5.0  # how often locked() looks in /proc for this user's holder processes (~12 us a process)
 VERBS = {"warm": "warmed", "evict": "evicted", "lock": "locked"}
 
 
@@ -69,6 +70,7 @@ class ActionRunner:
         self._lock = threading.Lock()
         self._busy: Run | None = None
         self._held: dict[str, _Held] = {}
+        self._holders: tuple[float, list[Any]] | None = None  # (when read, this user's holders): locked()'s
         self.listener_errors: list[str] = []  # what listeners raised; they run on the worker thread
 
     # -- who listens ---------------------------------------------------------------------------------------
@@ -78,7 +80,7 @@ class ActionRunner:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
-    def _announce(self, run: Run, phase: str, **kw: Any) -> None:
+    def _announce(self, run: Run, phase: str, *, journalled: bool = True, **kw: Any) -> None:
         event = ActionEvent(run_id=run.id, step=run.step, phase=phase, action=run.action,  # type: ignore[arg-type]
                             target=run.target, paths=run.paths, ts=self._clock(), **kw)
         for listener in list(self._listeners):
@@ -86,7 +88,7 @@ class ActionRunner:
                 listener(event)
             except Exception as e:  # a listener's trouble (a full disk under the recorder) never wedges an action
                 self.listener_errors.append(f"{type(e).__name__}: {e}")
-        if self._journal and phase != "progress" and run.step != "plan":
+        if self._journal and journalled and phase != "progress" and run.step != "plan":
             self._journal_line(event)
 
     def _journal_line(self, event: ActionEvent) -> None:
@@ -202,12 +204,36 @@ class ActionRunner:
         with self._lock:
             return {k: h.bytes for k, h in self._held.items()}
 
+    def locked(self) -> dict[str, int | None]:
+        """What is locked that this user may unlock: held() and the targets this user's holder processes keep
+        (`dltop lock --detach`, q → Keep in the TUI; owner = the uid of /proc/PID, so another user's holder is
+        never counted as this user's, root's included), with the bytes they hold (None: /proc does not say).
+        The holders are looked for at most every HOLDERS_EVERY_S; a release or a handover here looks again."""
+        out: dict[str, int | None] = {h.target: h.locked_bytes for h in self._own_holders()}
+        out.update(self.held())
+        return out
+
+    def _own_holders(self) -> list[Any]:
+        from dltop.actions import holder
+
+        now = time.monotonic()
+        with self._lock:
+            cached = self._holders
+        if cached is not None and now - cached[0] < HOLDERS_EVERY_S:
+            return cached[1]
+        uid = os.geteuid()
+        mine = [h for h in holder.holders(uid=uid)[0] if h.uid == uid]
+        with self._lock:
+            self._holders = (now, mine)
+        return mine
+
     def release(self, target: str) -> int:
-        """Unlock what a lock of `target` holds; returns the bytes let go (0 when nothing was held)."""
+        """Unlock what a lock of `target` holds, here or in this user's holder process (as `dltop unlock` does);
+        returns the bytes let go (0 when nothing was held, or a holder's bytes were not known)."""
         with self._lock:
             h = self._held.pop(target, None)
         if h is None:
-            return 0
+            return self._release_holder(target)
         run = Run(id=next(self._ids), step="release", action="lock", paths=(target,))
         self._announce(run, "started")
         h.release()
@@ -215,6 +241,35 @@ class ActionRunner:
                        message=f"unlocked {human_bytes(h.bytes)} of {target}")
         run.done.set()
         return h.bytes
+
+    def _release_holder(self, target: str) -> int:
+        """SIGTERM to this user's holder of `target` (checked again: owner, start time), announced; the holder
+        journals its own release, so this announcement is not journalled again."""
+        from dltop.actions import holder
+
+        with self._lock:
+            self._holders = None
+        held = [h for h in self._own_holders() if h.target == target]
+        if not held:
+            return 0
+        run = Run(id=next(self._ids), step="release", action="lock", paths=(target,))
+        self._announce(run, "started", journalled=False)
+        done, lines, failed = 0, [], []
+        for h in held:
+            try:
+                lines.append(holder.unlock(h))
+                done += h.locked_bytes or 0
+            except DltopError as e:
+                failed.append(str(e))
+        with self._lock:
+            self._holders = None
+        if failed:
+            self._announce(run, "finished", journalled=False, outcome="error", message="; ".join(lines + failed))
+        else:
+            self._announce(run, "finished", journalled=False, outcome="ok", done_bytes=done,
+                           message="; ".join(lines))
+        run.done.set()
+        return done
 
     def release_all(self) -> None:
         """Unlock everything held (on exit)."""
@@ -238,6 +293,7 @@ class ActionRunner:
             raise DltopError(f"could not keep the lock of {target}: {e.strerror or e}") from None
         with self._lock:
             self._held.pop(target, None)
+            self._holders = None  # locked(): the holder that holds it now
         h.release()  # the holder holds every page now: nothing is let go
         run = Run(id=next(self._ids), step="release", action="lock", paths=(target,))
         self._announce(run, "started")
