@@ -159,6 +159,10 @@ DATASET_SIZE = _field("datasets", "dataset_size_bytes", "gauge", "bytes",
 DATASET_RESIDENT = _field("datasets", "dataset_resident_bytes", "gauge", "bytes",
                           "Data of the dataset in the page cache (fincore's RES, holes of sparse files left out)",
                           DATASET)
+DATASET_DATA = _field("datasets", "dataset_data_bytes", "gauge", "bytes",
+                      "Data of the dataset whose residency the kernel shows, in whole pages (holes of sparse files "
+                      "left out; unknown_bytes apart): what resident_ratio divides by, so data_bytes * "
+                      "(1 - resident_ratio) is what a reader still fetches from disk", DATASET)
 DATASET_RATIO = _field("datasets", "dataset_resident_ratio", "gauge", "ratio",
                        "Resident share of the dataset's data whose residency the kernel shows", DATASET)
 DATASET_CACHED = _field("datasets", "dataset_cached_bytes", "gauge", "bytes",
@@ -505,6 +509,7 @@ def _datasets(part: DatasetsPart) -> Iterator[Sample]:
         yield DATASET_UP, labels, 1.0
         yield DATASET_SIZE, labels, float(ds.size_bytes)
         yield DATASET_RESIDENT, labels, float(ds.data_resident_pages * ps)
+        yield DATASET_DATA, labels, float(ds.known_data_pages * ps)
         if (frac := ds.resident_fraction) is not None:
             yield DATASET_RATIO, labels, frac
         yield DATASET_CACHED, labels, float(ds.resident_pages * ps)

@@ -348,6 +348,36 @@ def test_the_exporter_says_the_data_and_the_page_cache_apart(tmp_path: Path) -> 
     assert got["dltop_dataset_size_bytes"] == 8 * MIB
 
 
+def test_data_bytes_is_what_resident_ratio_divides_by_as_vmtouch_counts(tmp_path: Path) -> None:
+    # 1,000 files of 500 bytes and one of 3 pages and a byte (each a whole page or four to the kernel), about two
+    # in five read: data_bytes is vmtouch's pages in bytes, so data_bytes * (1 - resident_ratio) is exactly the
+    # pages a reader still fetches (size_bytes times it, apparent bytes, said 8 times too little).
+    from dltop import fields
+    from dltop.model import Snapshot
+    from dltop.residency.scan import scan_paths
+    from tests.test_cluster import _vmtouch
+
+    ps = os.sysconf("SC_PAGE_SIZE")
+    for i in range(1000):
+        (tmp_path / f"{i:04d}.bin").write_bytes(os.urandom(500))
+    (tmp_path / "big.bin").write_bytes(os.urandom(3 * ps + 1))
+    for p in tmp_path.iterdir():
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if p.name < "0394" or p.name == "big.bin":
+            os.read(fd, 1 << 20)
+        os.close(fd)
+    resident, pages = _vmtouch(tmp_path)
+    snap = Snapshot(ts=1.0, host="t", datasets=scan_paths((str(tmp_path),)))
+    got = {"dltop_" + s[0].name: s[2] for s in fields.samples(snap) if s[0].name.startswith("dataset_")}
+    assert resident == 394 + 4 and pages == 1004
+    assert got["dltop_dataset_data_bytes"] == pages * ps
+    assert got["dltop_dataset_data_bytes"] * (1 - got["dltop_dataset_resident_ratio"]) == pytest.approx(
+        (pages - resident) * ps, rel=1e-12)
+    assert got["dltop_dataset_size_bytes"] == 1000 * 500 + 3 * ps + 1
+
+
 def test_release_on_quit_unlocks_and_says_so(tmp_path: Path) -> None:
     # q, then Release: the Session unlocks (announced, journalled) and says it on the terminal after the TUI.
     from dltop.session import Session
