@@ -3,6 +3,7 @@ it does not, and the rate derived from two Snapshots."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 from typing import Any
@@ -173,7 +174,7 @@ def test_a_rate_is_over_the_interval_the_counters_span_not_the_ticks() -> None:
     # without the stamps (a recording made before them), the Snapshots' interval, as before
     def bare(snap: Snapshot) -> Snapshot:
         return Snapshot(ts=snap.ts, host="h", gpus=tuple(
-            GpuDevice(**{**vars(g), "pcie_counters_at": None, "nvlink_counters_at": None})
+            dataclasses.replace(g, pcie_counters_at=None, nvlink_counters_at=None)
             for g in snap.gpus))  # type: ignore[union-attr]
 
     r = gpu_rates(bare(first), bare(second))[0]

@@ -18,6 +18,7 @@ the trace does not explain, a failed check) leaves the part without a template: 
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import re
 from collections.abc import Callable, Iterator
@@ -323,11 +324,11 @@ def _tag(js: Any, obj: Any, c: _Counter) -> Any:
         return obj
     if t is dict:
         names = getattr(type(obj), "__dataclass_fields__", None)
-        if names is not None and getattr(type(obj), "__slots__", None) is None and hasattr(obj, "__dict__"):
+        if names is not None:
             post_init = getattr(type(obj), "__post_init__", None)
             first = c.n
             copy = object.__new__(type(obj))
-            d = dict(obj.__dict__)
+            d = _values(obj)
             for k, v in js.items():
                 if k in names and k + "_b64" not in js:
                     if post_init is not None and type(v) is int and type(d[k]) is int and d[k] != v:
@@ -335,7 +336,8 @@ def _tag(js: Any, obj: Any, c: _Counter) -> Any:
                     d[k] = _tag(v, d[k], c)
                 else:
                     _skip(v, c)
-            copy.__dict__.update(d)
+            for k, v in d.items():
+                object.__setattr__(copy, k, v)  # frozen, maybe slotted
             if post_init is not None and not _post_init(copy, obj, post_init):
                 c.tagged.difference_update(range(first, c.n))  # `obj` as it is: its numbers must stay
                 return obj
@@ -348,6 +350,11 @@ def _tag(js: Any, obj: Any, c: _Counter) -> Any:
     return obj
 
 
+def _values(obj: Any) -> dict[str, Any]:
+    """A dataclass's field values by name, slotted or not."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
 def _post_init(copy: Any, obj: Any, post_init: Callable[[Any], None]) -> bool:
     """Run its type's __post_init__ on the traced copy, as the decoder ran it on `obj` (it may compare a number,
     or set a field from another: DatasetResidency's data_* counts of -1): whether that gave `obj`'s numbers."""
@@ -355,8 +362,9 @@ def _post_init(copy: Any, obj: Any, post_init: Callable[[Any], None]) -> bool:
         post_init(copy)
     except Exception:  # noqa: BLE001 - a check that refuses a traced number: keep the text's numbers
         return False
-    for k, v in obj.__dict__.items():
-        got = copy.__dict__.get(k)
+    got_values = _values(copy)
+    for k, v in _values(obj).items():
+        got = got_values[k]  # the same type: the same fields
         if (type(v) in (int, float) or type(got) in (_TInt, _TFloat)) and (
                 type(got) not in (int, float, _TInt, _TFloat) or type(got.real) is not type(v) or got.real != v):
             return False
