@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -171,6 +172,47 @@ def test_a_jobs_open_shards_are_found_grouped_and_scanned(reachable_dir: Path, h
     assert isinstance(f.scan, DatasetResidency) and f.scan.files == 4 and f.scan.complete
     # a watched dataset is not found again
     assert d.read(watched=[str(reachable_dir / "ds")]) == ()
+
+
+def test_a_found_dataset_mostly_cold_while_its_job_reads_it_names_the_job(reachable_dir: Path, held: list,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # A job reads shards nobody watches, one in eight in the page cache: the cold-dataset hint
+    # speaks of it, with the job as its subject (m in ? mutes it for that job alone) and in its text.
+    from dltop.hints import datasets as hints_datasets
+    from dltop.hints.base import passing_over
+
+    files = shards(reachable_dir / "ds", *(f"train/s{i}.bin" for i in range(8)), size=256 << 10)
+    for i, f in enumerate(files):
+        fd = os.open(f, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if i == 0:
+            os.read(fd, 256 << 10)
+        os.close(fd)
+    held.append(p := hold([("r", str(files[0])), ("r", str(files[1]))], reachable_dir))
+    found = discovery((p.pid, os.geteuid(), None)).read()
+    part = DatasetsPart(found=found)
+    assert hints_datasets.cold_dataset(part, None) is None  # 1.75 MiB to read: under the threshold
+    monkeypatch.setattr(hints_datasets, "COLD_MIN_BYTES", 0)
+    h = hints_datasets.cold_dataset(part, None)
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    assert h is not None and h.subject == f"job uid {os.geteuid()} job j1" and h.numbers["pid"] == p.pid
+    assert [f.path for f in found] == [str(reachable_dir / "ds" / "train")]
+    assert h.text == (f"dataset {found[0].path}, read by job j1 (pid {p.pid}) of {user}, is 12% resident "
+                      "(256 KiB of 2.0 MiB): it reads the rest from disk and runs slow")
+    assert h.numbers["to_read_bytes"] == 7 * (256 << 10)
+    from dltop.hints import hints
+
+    assert [x.subject for x in hints([Snapshot(ts=1.0, host="h", datasets=part)]) if x.id == "dataset-cold"] == [h.subject]
+    token = passing_over.set(frozenset({("dataset-cold", h.subject)}))  # muted for this job: nothing else is cold
+    try:
+        assert hints_datasets.cold_dataset(part, None) is None
+    finally:
+        passing_over.reset(token)
+    # warm: no hint
+    for f in files:
+        f.read_bytes()
+    assert hints_datasets.cold_dataset(DatasetsPart(found=discovery((p.pid, os.geteuid(), None)).read()), None) is None
 
 
 def test_the_folder_a_probe_names_is_found_before_any_file_is_open(reachable_dir: Path, held: list) -> None:

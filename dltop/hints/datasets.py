@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dltop.fmt import human_bytes, percent_text
 from dltop.hints.base import Hint, rule, wanted
 from dltop.model import MemoryPart, Snapshot
-from dltop.model.datasets import DatasetResidency, DatasetsPart
+from dltop.model.datasets import DatasetResidency, DatasetsPart, FoundReader
 from dltop.model.memory import page_cache_room_bytes
 
 COLD_FRACTION = 0.5  # a dataset under this share resident is read mostly from disk
@@ -32,14 +32,38 @@ def _usable(ds: DatasetResidency) -> bool:
     return ds.known_data_pages > 0
 
 
+def _reader_subject(r: FoundReader) -> str:
+    """The subject of a hint about a found dataset: the job that reads it, as the Training tab's hints name a job
+    (its user and job id), else its process."""
+    return f"job uid {r.uid} job {r.job}" if r.job else f"job pid {r.pid}"
+
+
+def _reader_text(r: FoundReader) -> str:
+    who = r.user or f"uid {r.uid}"
+    return (f"job {r.job} (pid {r.pid}) of {who}" if r.job else f"pid {r.pid} of {who}")
+
+
+def _cold_candidates(part: DatasetsPart) -> list[tuple[DatasetResidency, str, FoundReader | None]]:
+    """The datasets a cold hint may name, each with its subject: the watched ones ("dataset PATH"), and the found
+    ones that a job reads now, named by the job that holds most of its files open ("job ...")."""
+    out: list[tuple[DatasetResidency, str, FoundReader | None]] = [(ds, f"dataset {ds.path}", None)
+                                                                  for ds in part.scanned]
+    for f in part.found:
+        if isinstance(f.scan, DatasetResidency) and f.readers:
+            r = max(f.readers, key=lambda r: (r.files_open, -r.pid))
+            out.append((f.scan, _reader_subject(r), r))
+    return out
+
+
 def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
-    """A dataset mostly not in the page cache that would fit: the first epoch reads it from disk."""
-    cold = [ds for ds in part.scanned
+    """A dataset mostly not in the page cache that would fit: the first epoch reads it from disk. A found dataset
+    (one a job reads, not watched) names that job as its subject and in its text."""
+    cold = [(ds, subject, r) for ds, subject, r in _cold_candidates(part)
             if _usable(ds) and ds.resident_fraction is not None and ds.resident_fraction < COLD_FRACTION
-            and wanted("dataset-cold", f"dataset {ds.path}")]
-    coldest = min(cold, key=lambda ds: ds.resident_fraction or 0, default=None)
-    if coldest is None:
+            and wanted("dataset-cold", subject)]
+    if not cold:
         return None
+    coldest, subject, reader = min(cold, key=lambda c: c[0].resident_fraction or 0)
     ps = coldest.page_size
     need = (coldest.known_data_pages - coldest.data_resident_pages) * ps
     if need < COLD_MIN_BYTES:
@@ -48,16 +72,23 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
     if room is not None and coldest.known_data_pages * ps > room:
         return None  # dataset_larger_than_memory speaks instead
     pct = 100 * (coldest.resident_fraction or 0)
+    numbers = {"resident_fraction": coldest.resident_fraction or 0.0, "to_read_bytes": need}
+    read_by = ""
+    if reader is not None:
+        read_by = f", read by {_reader_text(reader)},"
+        numbers["pid"] = reader.pid  # the hint line puts the viewer's job first
     return Hint(
         id="dataset-cold",
-        subject=f"dataset {coldest.path}",
+        subject=subject,
         severity="warn",
         text=(
-            f"dataset {coldest.path} is {percent_text(pct)} resident ({human_bytes(coldest.data_resident_pages * ps)} of "
-            f"{human_bytes(coldest.known_data_pages * ps)}): the first epoch reads the rest from disk and runs slow"
+            f"dataset {coldest.path}{read_by} is {percent_text(pct)} resident "
+            f"({human_bytes(coldest.data_resident_pages * ps)} of {human_bytes(coldest.known_data_pages * ps)}): "
+            f"{'it reads the rest from disk' if reader is not None else 'the first epoch reads the rest from disk'} "
+            "and runs slow"
         ),
         fix=f"warm it: w on the Datasets tab, or dltop warm PATH ({human_bytes(need)} to read; it fits)",
-        numbers={"resident_fraction": coldest.resident_fraction or 0.0, "to_read_bytes": need},
+        numbers=numbers,
     )
 
 
