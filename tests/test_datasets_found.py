@@ -480,3 +480,17 @@ def test_a_probed_jobs_data_dir_is_found_through_its_probe(tmp_path: Path, monke
     # (other users' probed jobs on a shared node may be found too: only this one's are looked at)
     found = tuple(f for f in found if any(r.pid == p.pid for r in f.readers))
     assert [(f.path, [(r.pid, r.named) for r in f.readers]) for f in found] == [(str(data), [(p.pid, True)])]
+    # As the TUI wires it, discovery takes the probed jobs from the probes source's latest reading (one pass over
+    # /proc, not a second one of its own): nothing before that source has read, the job's folder after.
+    from dltop.config import Settings
+    from dltop.sources.registry import build_sources
+
+    by_name = {s.name: s for s in build_sources(Settings())}
+
+    def found_now() -> list[str]:
+        part = by_name["datasets"].read()
+        return [f.path for f in part.found if any(r.pid == p.pid for r in f.readers)]
+
+    assert found_now() == []
+    by_name["probes"].read()
+    assert found_now() == [str(data)]

@@ -108,10 +108,11 @@ def discovers(settings: Any) -> bool:
     return bool(getattr(settings, "discover", True)) and os.path.realpath(getattr(settings, "root", "/")) == "/"
 
 
-def source(settings: Any) -> Any:
+def source(settings: Any, probes: Any = None) -> Any:
     """The datasets Source: a background rescan of every configured dataset, at most half a CPU while it runs
     and 10% of the wall time in all; the app asks for one dataset's rescan after acting on it. With discovery on,
-    each read also looks for the datasets training jobs read (dltop/sources/found.py)."""
+    each read also looks for the datasets training jobs read (dltop/sources/found.py), among the probed jobs of
+    `probes` (the probes source's latest reading, `probes.LastRead`; None: discovery reads the probes itself)."""
     from dltop.sources.base import Source
 
     paths = tuple(os.path.abspath(p) for p in settings.datasets)
@@ -122,7 +123,7 @@ def source(settings: Any) -> Any:
         from dltop.sources.found import Discovery
 
         discovery = Discovery(options, SOURCE_CPU_FRACTION, user=getattr(settings, "user", None),
-                              pid=getattr(settings, "pid", None))
+                              pid=getattr(settings, "pid", None), probes=probes)
     reader = DatasetsReader(paths, options, SOURCE_CPU_FRACTION, watch=True, discovery=discovery)
     interval = max(10.0, float(getattr(settings, "refresh_s", 1.0)) * 10)
     # Scans run at half a CPU at most, and full scans keep the wall time spent scanning under 10%. Once a

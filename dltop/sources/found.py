@@ -22,6 +22,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from dltop.cache_roots import homes, known_prefixes, root_refusal
 from dltop.model.datasets import DatasetResidency, DatasetUnavailable, FoundDataset, FoundReader
@@ -266,7 +267,7 @@ class Discovery:
     """The state of discovery between reads: the jobs and what they were seen reading, the found datasets' scans."""
 
     def __init__(self, options: WalkOptions, cpu_fraction: float | None, root: str = "/", user: int | None = None,
-                 pid: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 pid: int | None = None, clock: Callable[[], float] = time.monotonic, probes: Any = None) -> None:
         from dltop.sources.probes import ProbeReader
 
         self.options, self.cpu_fraction, self.clock = options, cpu_fraction, clock
@@ -275,7 +276,8 @@ class Discovery:
         # Root sees every user's jobs (or --user's); anyone else its own only.
         self.user = user if self.me == 0 else self.me
         self.pid = pid
-        self.probes = ProbeReader(root, self.user)
+        # the probed jobs: the probes source's latest reading (`probes.LastRead`), or a reader of its own
+        self.probes = probes if probes is not None else ProbeReader(root, self.user)
         self.rules = Rules()
         self.jobs: dict[tuple[int, int], Job] = {}
         self.found: dict[str, _Found] = {}

@@ -968,6 +968,7 @@ class ProbeReader:
         self.live: dict[tuple[int, int], ProcessProbe] = {}  # (uid, pid) -> the last probe read from a memfd
         self.gone: dict[tuple[int, int], ProcessProbe] = {}
         self.memfds: dict[tuple[int, int, int], ProcessProbe | str] = {}  # (pid, dev, inode) -> what it held
+        self.last: ProbesPart | None = None  # the latest reading (LastRead hands it to discovery)
 
     def _memfd_probes(self, r: Rendezvous, found: set[tuple[int, int]],
                       ignored: list[IgnoredProbe]) -> dict[tuple[int, int], ProcessProbe]:
@@ -1039,7 +1040,20 @@ class ProbeReader:
         part = assemble(tuple(dirs), [*files, *now_live.values(), *self.gone.values()], ignored, self.proc)
         # kept as shown (the kernel's command, not the memfd's claim): what an exited job goes on showing
         self.live = {(p.uid, p.pid): p for p in part.processes if (p.uid, p.pid) in now_live}
+        self.last = part
         return part
+
+
+class LastRead:
+    """The probes source's latest reading, for discovery on the datasets thread: the same list of probed jobs
+    without a second pass over /proc (a second Rendezvous looked at every process's descriptors again)."""
+
+    def __init__(self, reader: ProbeReader) -> None:
+        self.reader = reader
+
+    def read(self) -> ProbesPart | None:
+        """The latest reading; None before the first."""
+        return self.reader.last
 
 
 
@@ -1053,10 +1067,11 @@ def viewer_uid(user: int | None = None, env: dict[str, str] | None = None) -> in
     return int(sudo) if me == 0 and sudo.isdigit() and len(sudo) <= 10 else me
 
 
-def source(settings: Settings) -> Source:
-    """The probes source at the refresh interval (a listing of one or two small directories)."""
+def source(settings: Settings, reader: ProbeReader | None = None) -> Source:
+    """The probes source at the refresh interval (a listing of one or two small directories); `reader`: one whose
+    readings another source also takes (`LastRead`)."""
     # with each job's own reads (/proc/PID/io of it and its workers) beside what it publishes
-    reader = ProbeReader(settings.root, settings.user)
+    reader = reader or ProbeReader(settings.root, settings.user)
     viewer = viewer_uid(settings.user)
     return Source(name="probes", interval_s=settings.refresh_s,
                   read=lambda: dataclasses.replace(with_job_reads(reader.read(), settings.root), viewer_uid=viewer,

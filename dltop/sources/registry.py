@@ -10,12 +10,14 @@ def build_sources(settings: Settings) -> list[Source]:
     """Every source the settings ask for, each with its own cadence."""
     from dltop.sources import caches, cpu, gpu, memory, probes
 
-    sources = [memory.source(settings), cpu.source(settings), gpu.source(settings), probes.source(settings),
-               caches.source(settings)]
+    probe_reader = probes.ProbeReader(settings.root, settings.user)
+    sources = [memory.source(settings), cpu.source(settings), gpu.source(settings),
+               probes.source(settings, probe_reader), caches.source(settings)]
     if settings.datasets or (settings.discover and settings.root == "/"):
         from dltop.sources import datasets  # with discovery, the datasets training jobs read are found too
 
-        sources.append(datasets.source(settings))
+        # discovery takes the probed jobs from the probes source's readings: one pass over /proc, not two
+        sources.append(datasets.source(settings, probes.LastRead(probe_reader)))
     if settings.servers:
         from dltop.sources import servers
 
