@@ -19,6 +19,7 @@ import pytest
 from dltop.hints.training import data_wait_high, stalled
 from dltop.model import MemoryPart, Snapshot, VmStat
 from dltop.model import probes as probes_model
+from dltop.model.gpu import GpuDevice, GpuProcess
 from dltop.model.probes import (
     ProbeEpoch,
     ProbesPart,
@@ -199,6 +200,12 @@ def test_the_viewers_job_comes_first_in_the_tab_and_the_hint() -> None:
     as_root = ProbesPart(processes=(fast, slow), viewer_uid=0)
     assert [m[0].pid for _, m in jobs_first(as_root)] == [30, 40]  # the most steps a second
     assert [m[0].pid for _, m in jobs_first(dataclasses.replace(as_root, focus_pid=40))] == [40, 30]
+    # the busiest on the GPUs before the most steps a second (NVML's smUtil, summed over the GPUs); one job alone
+    # needs no GPU's processes summed
+    on_gpu = (GpuProcess(40, gpu_util_percent=30), GpuProcess(30, gpu_util_percent=20), GpuProcess(99, gpu_util_percent=90))
+    gpus = tuple(GpuDevice(index=i, processes=on_gpu) for i in range(2))
+    assert [m[0].pid for _, m in jobs_first(as_root, gpus=gpus)] == [40, 30]
+    assert [m[0].pid for _, m in jobs_first(as_root, probes=[fast], gpus=gpus)] == [30]
     waiting = dataclasses.replace(fast, data_wait_fraction=0.5)
     both = ProbesPart(processes=(waiting, slow), viewer_uid=0)
     h = data_wait_high([Snapshot(ts=1.0, host="t", probes=both)])

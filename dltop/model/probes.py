@@ -284,7 +284,8 @@ def jobs_first(part: ProbesPart, probes: Sequence[ProcessProbe] | None = None,
     process named by --pid, then jobs still running before ended ones, the busiest on the GPUs (NVML's SM time of
     their processes), then the most steps a second."""
     grouped = group_jobs([*part.processes, *part.exited] if probes is None else probes)
-    busy = _gpu_busy(gpus)
+    # the GPUs' processes are summed only where there are jobs to order (each hint rule asks, every frame)
+    busy = _gpu_busy(gpus) if len(grouped) > 1 else {}
     viewer, focus = part.viewer_uid, part.focus_pid
 
     def rank(item: tuple[str, list[ProcessProbe]]) -> tuple[bool, bool, bool, float, float, str]:
