@@ -96,3 +96,19 @@ def test_the_text_escapes_what_came_from_outside_and_fits_80_columns() -> None:
     assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
     assert all(len(ln) <= 80 for ln in lines), lines
     assert "1 degraded" in text and "fix: fix" in text
+
+
+def test_datasets_found_without_a_flag_are_a_layer_of_their_own() -> None:
+    # `dltop doctor` said "datasets: none watched" beside datasets the Datasets tab found training jobs reading.
+    from types import SimpleNamespace
+
+    from dltop.commands.doctor import dataset_layers
+    from dltop.model.datasets import DatasetsPart, FoundDataset, FoundReader
+
+    reader = FoundReader(pid=4242, uid=1000, user="alice", job="run-7", files_open=3)
+    part = DatasetsPart(found=(FoundDataset("/data/a", readers=(reader,)),), discovery="your own jobs only (not root)")
+    (layer,) = dataset_layers(SimpleNamespace(datasets=part))
+    assert (layer.layer, layer.state) == ("found datasets", FULL)
+    assert layer.summary == "1 folder read by training jobs, found without a flag; your own jobs only (not root)"
+    (layer,) = dataset_layers(SimpleNamespace(datasets=DatasetsPart()))
+    assert layer.layer == "datasets" and layer.summary == "none watched, none found read by a training job"

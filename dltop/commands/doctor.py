@@ -169,7 +169,11 @@ def dataset_layers(snap: Any) -> list[Layer]:
                              "run as root (or a unit with CAP_DAC_READ_SEARCH and CAP_FOWNER) to read every file"))
         else:
             out.append(Layer(name, FULL, f"every page read, by {d.method or '?'}"))
-    return out or [Layer("datasets", NONE, "none watched")]
+    if part.found:  # the folders training jobs read, found without a flag
+        n = len(part.found)
+        out.append(Layer("found datasets", FULL, f"{n} folder{'s' if n != 1 else ''} read by training jobs, found "
+                         "without a flag" + (f"; {part.discovery}" if part.discovery else "")))
+    return out or [Layer("datasets", NONE, "none watched, none found read by a training job")]
 
 
 def _dataset_problem(d: Any) -> str:
