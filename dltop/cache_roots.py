@@ -116,8 +116,8 @@ def _is_refused(p: str, seen: str, via: str, home_of: Mapping[str, str],
         return Refusal("home", f"{seen} is a home folder (of {printable(home_of[p])}), not a cache{via}")
     if p in SYSTEM_FOLDERS:
         return Refusal("system folder", f"{seen} is a system folder, not a cache{via}")
-    tree = next((t for t in SYSTEM_TREES if _under(p, t)), None)
-    if tree is not None and not any(p == w or _under(p, w) for w in WRITABLE_IN_TREES):
+    tree = _system_tree(p)
+    if tree is not None:
         return Refusal("system folder", f"{seen} is inside {tree}, a system folder{via}")
     if p in prefixes:
         return Refusal("python prefix", f"{seen} is a Python prefix ({prefixes[p]}){via}")
@@ -125,6 +125,13 @@ def _is_refused(p: str, seen: str, via: str, home_of: Mapping[str, str],
     if marker is not None:
         return Refusal("python prefix", f"{seen} is a Python prefix ({marker}){via}")
     return None
+
+
+def _system_tree(p: str) -> str | None:
+    """The system tree `p` lies in, None where it lies in none or in a place of one that users write to."""
+    if any(p == w or _under(p, w) for w in WRITABLE_IN_TREES):
+        return None
+    return next((t for t in SYSTEM_TREES if _under(p, t)), None)
 
 
 def _holds_refused(p: str, seen: str, via: str, home_of: Mapping[str, str],

@@ -55,15 +55,21 @@ def _cold_candidates(part: DatasetsPart) -> list[tuple[DatasetResidency, str, Fo
     return out
 
 
-def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
-    """A dataset mostly not in the page cache that would fit: the first epoch reads it from disk. A found dataset
-    (one a job reads, not watched) names that job as its subject and in its text."""
+def _coldest(part: DatasetsPart) -> tuple[DatasetResidency, str, FoundReader | None] | None:
+    """The coldest of the candidates under COLD_FRACTION whose hint is wanted; None where none is."""
     cold = [(ds, subject, r) for ds, subject, r in _cold_candidates(part)
             if _usable(ds) and ds.resident_fraction is not None and ds.resident_fraction < COLD_FRACTION
             and wanted("dataset-cold", subject)]
-    if not cold:
+    return min(cold, key=lambda c: c[0].resident_fraction or 0, default=None)
+
+
+def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
+    """A dataset mostly not in the page cache that would fit: the first epoch reads it from disk. A found dataset
+    (one a job reads, not watched) names that job as its subject and in its text."""
+    found = _coldest(part)
+    if found is None:
         return None
-    coldest, subject, reader = min(cold, key=lambda c: c[0].resident_fraction or 0)
+    coldest, subject, reader = found
     ps = coldest.page_size
     need = (coldest.known_data_pages - coldest.data_resident_pages) * ps
     if need < COLD_MIN_BYTES:
@@ -71,21 +77,19 @@ def cold_dataset(part: DatasetsPart, mem: MemoryPart | None) -> Hint | None:
     room = page_cache_room_bytes(mem) if mem is not None else None
     if room is not None and coldest.known_data_pages * ps > room:
         return None  # dataset_larger_than_memory speaks instead
-    pct = 100 * (coldest.resident_fraction or 0)
-    numbers = {"resident_fraction": coldest.resident_fraction or 0.0, "to_read_bytes": need}
-    read_by = ""
+    fraction = coldest.resident_fraction or 0.0
+    numbers = {"resident_fraction": fraction, "to_read_bytes": need}
     if reader is not None:
-        read_by = f", read by {_reader_text(reader)},"
         numbers["pid"] = reader.pid  # the hint line puts the viewer's job first
+    read_by = f", read by {_reader_text(reader)}," if reader is not None else ""
     return Hint(
         id="dataset-cold",
         subject=subject,
         severity="warn",
         text=(
-            f"dataset {coldest.path}{read_by} is {percent_text(pct)} resident "
+            f"dataset {coldest.path}{read_by} is {percent_text(100 * fraction)} resident "
             f"({human_bytes(coldest.data_resident_pages * ps)} of {human_bytes(coldest.known_data_pages * ps)}): "
-            f"{'it reads the rest from disk' if reader is not None else 'the first epoch reads the rest from disk'} "
-            "and runs slow"
+            f"{'it reads' if reader is not None else 'the first epoch reads'} the rest from disk and runs slow"
         ),
         fix=f"warm it: w on the Datasets tab, or dltop warm PATH ({human_bytes(need)} to read; it fits)",
         numbers=numbers,
@@ -128,44 +132,50 @@ def dataset_churn(history: Sequence[Snapshot]) -> Hint | None:
                     first.setdefault(ds.path, ds)
                     last[ds.path] = ds
     for path, ds in last.items():
-        old = first[path]
-        if ds.scanned_at <= old.scanned_at:
-            continue
-        if not wanted("dataset-proactive-reclaim" if ds.estimate_reason is not None else "dataset-churn",
-                      f"dataset {path}"):
-            continue
-        grew = ds.recently_evicted_pages - old.recently_evicted_pages
-        if grew > 0 and grew >= CHURN_FRACTION * ds.data_pages:
-            rate = grew * ds.page_size / (ds.scanned_at - old.scanned_at)
-            if ds.estimate_reason is not None:
-                # Evicted by reclaim that pgsteal_file does not count (DAMON's pageout puts out what was idle a
-                # while, with memory to spare): not a working set too big, and a warm will not last.
-                return Hint(
-                    id="dataset-proactive-reclaim",
-                    subject=f"dataset {path}",
-                    severity="warn",
-                    text=(
-                        f"{human_bytes(grew * ds.page_size)} of {path} was evicted within "
-                        f"{ds.scanned_at - old.scanned_at:.0f}s by reclaim that does not wait for memory to run out "
-                        f"({ds.estimate_reason}): what sits idle leaves the page cache, and a warm does not last"
-                    ),
-                    fix="lock what must stay (l on the Datasets tab, or dltop lock PATH: locked pages are not put "
-                        "out), or warm it just before the job reads it",
-                    numbers={"evicted_bytes": grew * ds.page_size, "rate_bytes_per_s": rate},
-                )
-            return Hint(
-                id="dataset-churn",
-                subject=f"dataset {path}",
-                severity="warn",
-                text=(
-                    f"the page cache churns on {path}: {human_bytes(grew * ds.page_size)} of it was evicted and read "
-                    f"again within {ds.scanned_at - old.scanned_at:.0f}s ({human_bytes(rate)}/s): the working set does "
-                    "not fit"
-                ),
-                fix="shrink what each epoch reads (a subset, smaller shards), free memory, or lock the hot part (l)",
-                numbers={"evicted_again_bytes": grew * ds.page_size, "rate_bytes_per_s": rate},
-            )
+        hint = _churn(path, first[path], ds)
+        if hint is not None:
+            return hint
     return None
+
+
+def _churn(path: str, old: DatasetResidency, ds: DatasetResidency) -> Hint | None:
+    """The churn hint of one dataset between its first and last scan in the history, if it churned."""
+    proactive = ds.estimate_reason is not None
+    if ds.scanned_at <= old.scanned_at or not wanted(
+            "dataset-proactive-reclaim" if proactive else "dataset-churn", f"dataset {path}"):
+        return None
+    grew = ds.recently_evicted_pages - old.recently_evicted_pages
+    if grew <= 0 or grew < CHURN_FRACTION * ds.data_pages:
+        return None
+    rate = grew * ds.page_size / (ds.scanned_at - old.scanned_at)
+    if proactive:
+        # Evicted by reclaim that pgsteal_file does not count (DAMON's pageout puts out what was idle a
+        # while, with memory to spare): not a working set too big, and a warm will not last.
+        return Hint(
+            id="dataset-proactive-reclaim",
+            subject=f"dataset {path}",
+            severity="warn",
+            text=(
+                f"{human_bytes(grew * ds.page_size)} of {path} was evicted within "
+                f"{ds.scanned_at - old.scanned_at:.0f}s by reclaim that does not wait for memory to run out "
+                f"({ds.estimate_reason}): what sits idle leaves the page cache, and a warm does not last"
+            ),
+            fix="lock what must stay (l on the Datasets tab, or dltop lock PATH: locked pages are not put "
+                "out), or warm it just before the job reads it",
+            numbers={"evicted_bytes": grew * ds.page_size, "rate_bytes_per_s": rate},
+        )
+    return Hint(
+        id="dataset-churn",
+        subject=f"dataset {path}",
+        severity="warn",
+        text=(
+            f"the page cache churns on {path}: {human_bytes(grew * ds.page_size)} of it was evicted and read "
+            f"again within {ds.scanned_at - old.scanned_at:.0f}s ({human_bytes(rate)}/s): the working set does "
+            "not fit"
+        ),
+        fix="shrink what each epoch reads (a subset, smaller shards), free memory, or lock the hot part (l)",
+        numbers={"evicted_again_bytes": grew * ds.page_size, "rate_bytes_per_s": rate},
+    )
 
 
 @rule

@@ -433,12 +433,15 @@ def _malformed(item: Any) -> str | None:
     labels, value = item.get("metric"), item.get("value")
     if not isinstance(labels, dict) or not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str):
         return "a series without labels and a [time, value] pair"
-    if not all(isinstance(k, str) and isinstance(v, str) and len(v) <= MAX_LABEL_CHARS and len(k) <= 256
-               for k, v in labels.items()):
+    if not all(_short_label(k, v) for k, v in labels.items()):
         return "a series whose labels are not short strings"
     if "instance" not in labels:
         return "a series without an instance label"
     return None
+
+
+def _short_label(name: Any, value: Any) -> bool:
+    return isinstance(name, str) and isinstance(value, str) and len(value) <= MAX_LABEL_CHARS and len(name) <= 256
 
 
 def _number(text: str, low: float = 0.0, high: float = math.inf) -> float | Unavailable:

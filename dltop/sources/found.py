@@ -91,12 +91,18 @@ class Rules:
     def _allowed(self, path: str) -> bool:
         if not path.startswith("/") or len(path) > MAX_PATH or "\0" in path:
             return False
-        if any(_under(path, t) for t in NEVER_BELOW) and not any(_under(path, a) and path != a
-                                                                   for a in ALLOWED_BELOW):
+        if _never_below(path):
             return False
         if any(p != "/" and _under(path, p) for p in self.prefixes):
             return False
         return root_refusal(path, home_of=self.home_of, prefixes=self.prefixes) is None
+
+
+def _never_below(path: str) -> bool:
+    """`path` lies in one of NEVER_BELOW, and not inside one of ALLOWED_BELOW."""
+    if any(_under(path, a) and path != a for a in ALLOWED_BELOW):
+        return False
+    return any(_under(path, t) for t in NEVER_BELOW)
 
 
 def group_folders(folders: Mapping[str, int], named: str | None, allowed: Callable[[str], bool],
@@ -109,21 +115,38 @@ def group_folders(folders: Mapping[str, int], named: str | None, allowed: Callab
     if named is not None:
         out[named] = {f for f in folders if _under(f, named)} or {named}
     rest = sorted(f for f in folders if (named is None or not _under(f, named)) and allowed(f))
-    groups: list[tuple[str, int, set[str]]] = []  # (root, device, folders)
-    for f in rest:
-        dev = folders[f]
-        if groups:
-            root, gdev, members = groups[-1]
-            common = os.path.commonpath([root, f])
-            depth = common.count("/") if common != "/" else 0
-            if (gdev == dev and all(m.count("/") - depth <= CLIMB for m in (*members, f)) and allowed(common)
-                    and device_of(common) == dev):
-                groups[-1] = (common, dev, members | {f})
-                continue
-        groups.append((f, dev, {f}))
-    for root, _dev, members in groups:
+    for root, _dev, members in _merged(rest, folders, allowed, device_of):
         out.setdefault(root, set()).update(members)
     return out
+
+
+def _merged(rest: list[str], folders: Mapping[str, int], allowed: Callable[[str], bool],
+            device_of: Callable[[str], int | None]) -> list[tuple[str, int, set[str]]]:
+    """(root, device, folders) of the folders `rest`, in path order, each merged into the group before it where
+    they have a common root."""
+    groups: list[tuple[str, int, set[str]]] = []
+    for f in rest:
+        dev = folders[f]
+        common = _common_root(groups[-1], f, dev, allowed, device_of) if groups else None
+        if common is None:
+            groups.append((f, dev, {f}))
+        else:
+            groups[-1] = (common, dev, groups[-1][2] | {f})
+    return groups
+
+
+def _common_root(group: tuple[str, int, set[str]], f: str, dev: int, allowed: Callable[[str], bool],
+                 device_of: Callable[[str], int | None]) -> str | None:
+    """The root the group and folder `f` on device `dev` merge into, None where they do not: their deepest common
+    folder, at most CLIMB levels above each, on their filesystem, and allowed."""
+    root, gdev, members = group
+    if gdev != dev:
+        return None
+    common = os.path.commonpath([root, f])
+    depth = common.count("/") if common != "/" else 0
+    if any(m.count("/") - depth > CLIMB for m in (*members, f)):
+        return None
+    return common if allowed(common) and device_of(common) == dev else None
 
 
 def merge_roots(roots: Iterable[str]) -> dict[str, str]:
@@ -203,21 +226,33 @@ def _open_file(proc: str, pid: int, fd: str, done: set[str]) -> tuple[str, tuple
         target = os.readlink(link)
     except OSError:
         return None  # closed meanwhile, or a path too long to name
-    if target in done or not target.startswith("/") or target.endswith(" (deleted)") or len(target) > MAX_PATH:
+    if target in done or not _file_path(target):
         return None  # seen in this look already; pipe:[...], socket:[...], anon_inode:..., a deleted file
     done.add(target)
-    if target.startswith(("/proc/", "/sys/", "/dev/")) and not target.startswith("/dev/shm/"):
-        return None
     try:
         st = os.stat(link)  # the fd's own file, without opening it (a FIFO does not block)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink == 0 or not _read_only(proc, pid, fd):
-            return None
-        here = os.lstat(target)
     except (OSError, ValueError):
         return None
-    if (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(here.st_mode):
-        return None  # another mount namespace's path, or renamed since
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink == 0 or not _read_only(proc, pid, fd) or not _names(target, st):
+        return None
     return target, (st.st_dev, st.st_ino)
+
+
+def _file_path(target: str) -> bool:
+    """A descriptor's link names a file: absolute, not deleted, not too long, not in /proc, /sys or /dev (but
+    /dev/shm)."""
+    if not target.startswith("/") or target.endswith(" (deleted)") or len(target) > MAX_PATH:
+        return False
+    return not target.startswith(("/proc/", "/sys/", "/dev/")) or target.startswith("/dev/shm/")
+
+
+def _names(path: str, st: os.stat_result) -> bool:
+    """`path` names, from here, the regular file `st` is of (not another mount namespace's path, not renamed)."""
+    try:
+        here = os.lstat(path)
+    except (OSError, ValueError):
+        return False
+    return (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino) and stat.S_ISREG(here.st_mode)
 
 
 def process_tree(proc: str, pid: int, uid: int) -> list[int]:
@@ -253,6 +288,22 @@ def _named_folder(data_dir: str | None, rules: Rules) -> str | None:
     except (OSError, ValueError):
         return None
     return real if rules.allowed(real) else None
+
+
+def _as_reader(j: Job, root: str, members: set[str], top: str, old: FoundReader | None) -> FoundReader:
+    """The job as a reader of `top` through its group `root` of `members`, merged with `old`, its reader through
+    another group in the same `top`."""
+    n = sum(c for f, c in j.open_now.items() if f in members or _under(f, top))
+    named = root == j.named
+    if old is not None:
+        n, named = max(n, old.files_open), named or old.named
+    return FoundReader(j.pid, j.uid, j.user, j.job, j.cmd, n, named)
+
+
+def _most_read(readers: dict[str, dict[int, FoundReader]]) -> dict[str, list[FoundReader]]:
+    """The MAX_FOUND roots with the most files open, each with its readers in pid order."""
+    ranked = sorted(readers.items(), key=lambda kv: (-sum(r.files_open for r in kv[1].values()), kv[0]))
+    return {root: sorted(rs.values(), key=lambda r: r.pid) for root, rs in ranked[:MAX_FOUND]}
 
 
 @dataclass
@@ -299,19 +350,24 @@ class Discovery:
         """{(pid, start ticks): (uid, job id, command, data_dir)} of the live probed processes (and --pid's)."""
         from dltop.sources.probes import proc_cmdline
 
-        live: dict[tuple[int, int], tuple[int, str, str, str | None]] = {}
+        live = {(p.pid, p.start_time_ticks): (p.uid, p.job_id or "", p.cmd, p.data_dir) for p in self._probed()}
+        if self.pid is None or (ticks := proc_start_ticks(self.pid, self.proc)) is None:
+            return live
+        uid = process_uid(self.proc, self.pid)
+        if uid is not None and self._looked_at(uid):
+            live.setdefault((self.pid, ticks), (uid, "", proc_cmdline(self.proc, self.pid) or "", None))
+        return live
+
+    def _probed(self) -> list[Any]:
+        """The probes source's live processes of the users looked at."""
         try:
             part = self.probes.read()
         except Exception:  # noqa: BLE001 — the probes source says what is wrong with them; discovery goes on
-            part = None
-        for p in part.processes if part is not None else ():
-            if not p.exited and (self.user is None or p.uid == self.user):
-                live[(p.pid, p.start_time_ticks)] = (p.uid, p.job_id or "", p.cmd, p.data_dir)
-        if self.pid is not None and (ticks := proc_start_ticks(self.pid, self.proc)) is not None:
-            uid = process_uid(self.proc, self.pid)
-            if uid is not None and (self.user is None or uid == self.user):
-                live.setdefault((self.pid, ticks), (uid, "", proc_cmdline(self.proc, self.pid) or "", None))
-        return live
+            return []
+        return [] if part is None else [p for p in part.processes if not p.exited and self._looked_at(p.uid)]
+
+    def _looked_at(self, uid: int) -> bool:
+        return self.user is None or uid == self.user
 
     def _refresh_jobs(self) -> None:
         from dltop.sources.probes import user_name
@@ -365,26 +421,17 @@ class Discovery:
 
     def roots(self, watched: Iterable[str] = ()) -> dict[str, list[FoundReader]]:
         """{root: its readers}: each job's folders grouped, roots inside others merged, those watched left out."""
-        per_job: list[tuple[Job, dict[str, set[str]]]] = []
-        for j in self.jobs.values():
-            per_job.append((j, group_folders(j.folders, j.named, self.rules.allowed, _device)))
+        per_job = [(j, group_folders(j.folders, j.named, self.rules.allowed, _device)) for j in self.jobs.values()]
         outer = merge_roots(r for _, g in per_job for r in g)
         watched = [os.path.realpath(w) for w in watched] + list(watched)
         readers: dict[str, dict[int, FoundReader]] = {}
         for j, groups in per_job:
             for root, members in groups.items():
                 top = outer[root]
-                if any(_under(top, w) for w in watched):
-                    continue
-                n = sum(c for f, c in j.open_now.items() if f in members or _under(f, top))
-                got = readers.setdefault(top, {})
-                old = got.get(j.pid)
-                named = root == j.named
-                if old is not None:
-                    n, named = max(n, old.files_open), named or old.named
-                got[j.pid] = FoundReader(j.pid, j.uid, j.user, j.job, j.cmd, n, named)
-        ranked = sorted(readers.items(), key=lambda kv: (-sum(r.files_open for r in kv[1].values()), kv[0]))
-        return {root: sorted(rs.values(), key=lambda r: r.pid) for root, rs in ranked[:MAX_FOUND]}
+                if not any(_under(top, w) for w in watched):
+                    got = readers.setdefault(top, {})
+                    got[j.pid] = _as_reader(j, root, members, top, got.get(j.pid))
+        return _most_read(readers)
 
     def read(self, watched: Iterable[str] = (), rescan: Iterable[str] = ()) -> tuple[FoundDataset, ...]:
         """Look at the jobs due, group what they read, scan the found datasets due (those in `rescan` at once)."""

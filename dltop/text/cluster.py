@@ -7,7 +7,7 @@ import re
 import shlex
 from typing import Any
 
-from dltop.fmt import human_bytes, human_duration, printable
+from dltop.fmt import human_bytes, human_duration, plural, printable
 from dltop.model.base import Unavailable, to_dict
 from dltop.model.cluster import (
     SAFE_WORD,
@@ -133,17 +133,25 @@ def node_cells(node: ClusterNode) -> tuple[str, ...]:
 
 def summary_line(part: ClusterPart) -> str:
     """'12 nodes (1 down), 96 GPUs (2 lost), 1 job · 14 queries, 0.04 s' (the width of 80 columns)."""
-    down = sum(1 for n in part.nodes if not n.up)
-    gpus = sum(n.gpus_read for n in part.nodes if isinstance(n.gpus_read, int))
-    lost = sum(n.gpus_lost for n in part.nodes)
-    out = f"{len(part.nodes)} nodes" + (f" ({down} down)" if down else "")
-    out += f", {gpus} GPUs" + (f" ({lost} lost)" if lost else "")
     jobs = sum(1 for j in part.jobs if j.job_id)  # the ranks without a job id are no job
-    out += f", {jobs} job{'s' if jobs != 1 else ''}"  # the datasets: their legend is below the table
+    out = f"{_nodes_said(part.nodes)}, {plural(jobs, 'job')}"  # the datasets: their legend is below the table
     loose = sum(j.rank_count or len(j.ranks) for j in part.jobs if not j.job_id)
     if loose:  # the jobs table lists them as one "(no job id)" row: "0 jobs" alone beside it read as nothing
-        out += f" + {loose} rank{'s' if loose != 1 else ''} without a job id"
+        out += f" + {plural(loose, 'rank')} without a job id"
     return out + f" · {part.queries} queries, {part.query_s:.2f} s"
+
+
+def _nodes_said(nodes: tuple[ClusterNode, ...]) -> str:
+    """'12 nodes (1 down), 96 GPUs (2 lost)'."""
+    down = sum(1 for n in nodes if not n.up)
+    gpus = sum(n.gpus_read for n in nodes if isinstance(n.gpus_read, int))
+    lost = sum(n.gpus_lost for n in nodes)
+    return f"{len(nodes)} nodes{_aside(down, 'down')}, {gpus} GPUs{_aside(lost, 'lost')}"
+
+
+def _aside(n: int, what: str) -> str:
+    """' (2 down)', or '' where there are none."""
+    return f" ({n} {what})" if n else ""
 
 
 NO_JOB_ID = "(no job id)"  # the jobs table's group of the ranks whose probe gave no job id
@@ -202,12 +210,15 @@ def hostlist(hosts: list[str]) -> str:
         digits = m.group(2)
         width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0  # 0: not zero-padded
         groups.setdefault((m.group(1), width), set()).add(int(digits))
-    out = []
-    for (prefix, width), numbers in sorted(groups.items()):
-        ranges = _runs(numbers)
-        text = ",".join(f"{a:0{width}d}" if a == b else f"{a:0{width}d}-{b:0{width}d}" for a, b in ranges)
-        out.append(f"{prefix}{text}" if len(ranges) == 1 and ranges[0][0] == ranges[0][1] else f"{prefix}[{text}]")
-    return ",".join(out + plain)
+    return ",".join([_ranged(prefix, width, numbers) for (prefix, width), numbers in sorted(groups.items())] + plain)
+
+
+def _ranged(prefix: str, width: int, numbers: set[int]) -> str:
+    """('gpu-', 4, {1, 2, 4}) -> 'gpu-[0001-0002,0004]'; ('gpu-', 0, {7}) -> 'gpu-7'."""
+    ranges = _runs(numbers)
+    if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
+        return f"{prefix}{ranges[0][0]:0{width}d}"
+    return prefix + "[" + ",".join(f"{a:0{width}d}" if a == b else f"{a:0{width}d}-{b:0{width}d}" for a, b in ranges) + "]"
 
 
 def _runs(numbers: set[int]) -> list[list[int]]:
@@ -233,23 +244,24 @@ def warm_commands(part: ClusterPart, dataset: str) -> tuple[list[str], list[str]
     cold, unjudged = judge(part, dataset)
     hosts, pods = _warm_targets(cold, notes)
     path = shlex.quote(dataset)
-    out = []
-    if hosts:
-        # A hostlist ('gpu-[0000-0029,0031-0255]') as Slurm and pdsh read it, quoted: [ ] are globs to a shell.
-        listed = shlex.quote(hostlist(hosts))
-        out.append(f"srun --nodelist={listed} --ntasks-per-node=1 dltop warm {path}")
-        if len(hosts) <= SSH_LINES_UP_TO:
-            out.extend(f"ssh {h} dltop warm {path}" for h in hosts)
-        else:
-            out.append(f"pdsh -w {listed} dltop warm {path}")
+    out = _host_commands(hosts, path) if hosts else []
     out.extend(f"kubectl exec -n {ns} {pod} -- dltop warm {path}" for ns, pod in pods)
     if not cold:
         notes.append(f"{printable(dataset)} is warm on every node that watches it" if not unjudged else
                      f"{printable(dataset)} is warm on every node that could be judged")
     for why, nodes in unjudged.items():
-        count = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
-        notes.append(f"not judged: {count} {why}: {printable(hostlist([_host(n) for n in nodes]))}")
+        notes.append(f"not judged: {plural(len(nodes), 'node')} {why}: {printable(hostlist([_host(n) for n in nodes]))}")
     return out, notes
+
+
+def _host_commands(hosts: list[str], path: str) -> list[str]:
+    """One srun line for the hosts at once, then an ssh line per host, or one pdsh line past SSH_LINES_UP_TO."""
+    # A hostlist ('gpu-[0000-0029,0031-0255]') as Slurm and pdsh read it, quoted: [ ] are globs to a shell.
+    listed = shlex.quote(hostlist(hosts))
+    out = [f"srun --nodelist={listed} --ntasks-per-node=1 dltop warm {path}"]
+    if len(hosts) > SSH_LINES_UP_TO:
+        return [*out, f"pdsh -w {listed} dltop warm {path}"]
+    return out + [f"ssh {h} dltop warm {path}" for h in hosts]
 
 
 UNJUDGED_DOWN = "down"

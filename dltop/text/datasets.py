@@ -125,7 +125,6 @@ def reader_text(r: FoundReader) -> str:
 def found_line(found: FoundDataset) -> str:
     """`found: read by train.py (pid 4242) of alice, 6 files open · a watches it`: who reads a found dataset."""
     rs = found.readers
-    who = ", ".join(reader_text(r) for r in rs[:2]) + (f" and {len(rs) - 2} more" if len(rs) > 2 else "")
     files = sum(r.files_open for r in rs)
     how = [plural(files, "file") + " open"] if files else []
     if any(r.named for r in rs):
@@ -133,7 +132,14 @@ def found_line(found: FoundDataset) -> str:
     scan = found.scan
     if isinstance(scan, DatasetResidency) and not scan.complete:
         how.append("scan cut at its budget: ≥ the counts shown")
-    return f"found: read by {who or 'a job that has ended'}" + "".join(f", {h}" for h in how) + " · a watches it"
+    return f"found: read by {_readers_text(rs)}" + "".join(f", {h}" for h in how) + " · a watches it"
+
+
+def _readers_text(rs: tuple[FoundReader, ...]) -> str:
+    """The first two readers, and how many more; 'a job that has ended' where none reads it now."""
+    if not rs:
+        return "a job that has ended"
+    return ", ".join(reader_text(r) for r in rs[:2]) + (f" and {len(rs) - 2} more" if len(rs) > 2 else "")
 
 
 def unavailable_row_values(label: str, age_s: float | None) -> tuple[str, ...]:
