@@ -96,7 +96,8 @@ def vmtouch_unseen(w: object, root: Path) -> int:
     total = 0
     for d in sorted(root.iterdir()):
         total += vmtouch_resident(d)
-        w.events.drain_locked()  # type: ignore[attr-defined]
+        with w.events.lock:  # type: ignore[attr-defined]
+            w.events.drain()  # type: ignore[attr-defined]
         f = next((g for g in w.folders.by_wd.values() if g.path == str(d)), None)  # type: ignore[attr-defined]
         if f is not None:
             for name in os.listdir(d):

@@ -25,7 +25,6 @@ WATCH_MASK = (kernel.IN_OPEN | kernel.IN_CLOSE_WRITE | kernel.IN_CLOSE_NOWRITE |
               | kernel.IN_CREATE | kernel.IN_DELETE | kernel.IN_MOVED_FROM | kernel.IN_MOVED_TO
               | kernel.IN_DELETE_SELF | kernel.IN_MOVE_SELF | kernel.IN_ONLYDIR | kernel.IN_DONT_FOLLOW
               | kernel.IN_EXCL_UNLINK)
-_OPEN_CLOSE = kernel.IN_OPEN | kernel.IN_CLOSE_WRITE | kernel.IN_CLOSE_NOWRITE
 _LISTING = kernel.IN_CREATE | kernel.IN_DELETE | kernel.IN_MOVED_FROM | kernel.IN_MOVED_TO
 _GONE = kernel.IN_DELETE_SELF | kernel.IN_MOVE_SELF | kernel.IN_IGNORED | kernel.IN_UNMOUNT
 _SLOW = kernel.IN_Q_OVERFLOW | _GONE | kernel.IN_ISDIR | _LISTING | kernel.IN_ATTRIB  # all but a file's open/close
@@ -81,9 +80,7 @@ class EventDrain:
         while True:
             try:
                 buf = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                return
-            except OSError:
+            except OSError:  # BlockingIOError: the queue is empty
                 return
             self.take(buf)
 
@@ -132,7 +129,9 @@ class EventDrain:
             wd, mask, _cookie, n = unpack(buf, pos)
             name = buf[pos + 16:pos + 16 + n]
             pos += 16 + n
-            if not mask & _SLOW:  # a file opened or closed: nearly every event
+            if mask & _SLOW:
+                self._other_event(wd, mask, name)
+            else:  # a file opened or closed: nearly every event
                 key = (wd, name)
                 touched[key] += 1
                 if mask & kernel.IN_OPEN:
@@ -143,28 +142,26 @@ class EventDrain:
                     opened.pop(key, None)
                 if mask & _CHANGED:
                     self.changed.add(key)
-            elif mask & kernel.IN_Q_OVERFLOW:
-                self.resync = True
-                opened.clear()
-            elif mask & _GONE and not n:
-                self.relist.add(wd)
-            elif mask & kernel.IN_ISDIR:
-                if mask & (_LISTING | kernel.IN_ATTRIB):
-                    self.relist.add(wd)
-            elif mask & _LISTING:
-                self.relist.add(wd)
-            else:  # IN_ATTRIB
-                key = (wd, name)
-                touched[key] += 1
-                self.changed.add(key)
             if pos >= stop:
                 return pos
 
-
-    def drain_locked(self) -> None:
-        """`drain`, taking the lock."""
-        with self.lock:
-            self.drain()
+    def _other_event(self, wd: int, mask: int, name: bytes) -> None:
+        """An event other than a file's open or close: an overflow, a folder gone or its listing changed, a file's
+        attributes changed."""
+        if mask & kernel.IN_Q_OVERFLOW:
+            self.resync = True
+            self.open.clear()
+        elif mask & _GONE and not name:
+            self.relist.add(wd)
+        elif mask & kernel.IN_ISDIR:
+            if mask & (_LISTING | kernel.IN_ATTRIB):
+                self.relist.add(wd)
+        elif mask & _LISTING:
+            self.relist.add(wd)
+        else:  # IN_ATTRIB
+            key = (wd, name)
+            self.touched[key] += 1
+            self.changed.add(key)
 
     def settle(self) -> None:
         """Drain, then take our own events off the counts at once: every event our opens and closes caused has been

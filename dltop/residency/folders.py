@@ -79,6 +79,20 @@ class Folder:
             stack.extend(f.subdirs.values())
         return out
 
+    def plain(self, i: int) -> bool:
+        """File `i` was all data, known and not empty: cachestat alone can count it again."""
+        base, vals = i * VALUES, self.vals
+        pages = vals[base + 1]
+        return pages != 0 and vals[base + 2] == pages and not vals[base + 8]
+
+    def set_files(self, rows: list[Row], vals: array[int], names: str) -> None:
+        """Its files' counts from `rows` (sorted by name hash), their VALUES in `vals` and NUL-ended `names`."""
+        self.top = None  # its file rows are chosen again at the next freeze
+        self.keys = array("q", (r[0] for r in rows))
+        self.offs = array("I", accumulate((len(r[1]) + 1 for r in rows), initial=0))
+        self.vals, self.names = vals, names
+
+
 class FolderTable:
     """The watched tree's folders by watch, its hard links by owner, and the measuring of its files. `rerank` is
     told of a file whose counts changed, `saw_silent` of a folder that found pages put out unseen."""
@@ -254,10 +268,7 @@ class FolderTable:
         if names == f.names and tot[6] > f.tot[6]:
             self.saw_silent(f)  # the same files, more of their pages recently evicted: reclaim put them out
         if vals != f.vals or names != f.names:
-            f.top = None  # its file rows are chosen again at the next freeze
-            f.keys = array("q", (r[0] for r in rows))
-            f.offs = array("I", accumulate((len(r[1]) + 1 for r in rows), initial=0))
-            f.vals, f.names = vals, names
+            f.set_files(rows, vals, names)
         f.tot, f.subdirs = tot, subdirs
         f.skipped, f.problems = report.skipped, report.problems
         if report.unknown:
@@ -278,11 +289,7 @@ class FolderTable:
         """File `i` of `f` counted again in place by cachestat alone, its size and data pages kept: nothing wrote
         to it or changed its links since it was measured (else IN_CLOSE_WRITE or IN_ATTRIB). False: measure it
         whole (a sparse file, mincore, an unreadable file, or anything unexpected). `key`: its events' key."""
-        if f.mincore:
-            return False
-        base, vals = i * VALUES, f.vals
-        pages, data, unknown = vals[base + 1], vals[base + 2], vals[base + 8]
-        if data != pages or unknown or pages == 0:
+        if f.mincore or not f.plain(i):
             return False
         dir_fd = self._folder_fd(f)
         if dir_fd is None:
@@ -293,7 +300,7 @@ class FolderTable:
             return False
         self.events.count_own(key)
         try:
-            if os.fstat(fd).st_ino != vals[base + 11]:
+            if os.fstat(fd).st_ino != f.vals[i * VALUES + 11]:
                 return False  # replaced under the same name
             cs = self.cstat(fd)
         except OSError:
@@ -316,24 +323,8 @@ class FolderTable:
         dir_fd = self._folder_fd(f)
         if dir_fd is None:
             return {}, set()
-        wd, vals = first[0], f.vals
-        keys: list[tuple[int, bytes]] = []
-        raws: list[bytes] = []
-        slots: list[int] = []
-        for j in range(bisect_left(dirty, first), len(dirty)):
-            key = dirty[j]
-            if key[0] != wd:
-                break
-            raw = key[1].rstrip(b"\0")
-            i = f.slot(raw.decode("utf-8", "surrogateescape"))
-            if i < 0:
-                break
-            base = i * VALUES
-            if key in changed or vals[base + 2] != vals[base + 1] or vals[base + 8] or vals[base + 1] == 0:
-                continue  # `measure_one` measures it whole (as `recount` would refuse it)
-            keys.append(key)
-            raws.append(raw)
-            slots.append(i)
+        vals = f.vals
+        keys, raws, slots = _recountable(f, dirty, first, changed)
         out: dict[tuple[int, bytes], Any] = {}
         done: set[tuple[int, bytes]] = set()
         count_own, step, recounted_as = self.events.count_own, measuring.BATCH, self.recounted_as
@@ -442,6 +433,30 @@ class FolderTable:
             return False
         report.skip("hardlink")
         return True
+
+
+def _recountable(f: Folder, dirty: list[tuple[int, bytes]], first: tuple[int, bytes],
+                 changed: set[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes]], list[bytes], list[int]]:
+    """(keys, raw names, slots) of the files of `f` that `recount` would count again, from `first` on in `dirty`
+    up to the first name `f` does not count."""
+    wd = first[0]
+    keys: list[tuple[int, bytes]] = []
+    raws: list[bytes] = []
+    slots: list[int] = []
+    for j in range(bisect_left(dirty, first), len(dirty)):
+        key = dirty[j]
+        if key[0] != wd:
+            break
+        raw = key[1].rstrip(b"\0")
+        i = f.slot(raw.decode("utf-8", "surrogateescape"))
+        if i < 0:
+            break
+        if key in changed or not f.plain(i):
+            continue  # `measure_one` measures it whole (as `recount` would refuse it)
+        keys.append(key)
+        raws.append(raw)
+        slots.append(i)
+    return keys, raws, slots
 
 
 def measure_file(f: Folder, dfd: int, name: str, report: WalkReport, cstat: Any,

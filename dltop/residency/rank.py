@@ -113,18 +113,19 @@ class TopFiles:
                 self._drop_smallest(self.budget)
             else:
                 self._shrink(self.n // 2)
-        lo = self.n
-        out: dict[FolderTotals, tuple[ResidencyNode, ...]] = {}
-        for acc, heaps in self._heaps.items():
-            seen: dict[int, ResidencyNode] = {}
-            for heap in heaps:
-                for item in heapq.nlargest(lo, heap):
-                    e = item[3]
-                    if id(e) not in seen:
-                        seen[id(e)] = ResidencyNode(
-                            path=e[0], files=1, size_bytes=e[1], pages=e[2], resident_pages=e[3], dirty_pages=e[4],
-                            unknown_pages=e[5], writeback_pages=e[6], recently_evicted_pages=e[7], data_pages=e[8],
-                            data_resident_pages=e[9], data_unknown_pages=e[10])
-            if seen:
-                out[acc] = tuple(seen.values())
-        return out
+        rows = {acc: _file_rows(heaps, self.n) for acc, heaps in self._heaps.items()}
+        return {acc: files for acc, files in rows.items() if files}
+
+
+def _file_rows(heaps: tuple[list[Any], ...], n: int) -> tuple[ResidencyNode, ...]:
+    """A folder's top `n` files by each key, each file once: the first key's order, then the others' additions."""
+    seen: dict[int, ResidencyNode] = {}
+    for heap in heaps:
+        for item in heapq.nlargest(n, heap):
+            e = item[3]
+            if id(e) not in seen:
+                seen[id(e)] = ResidencyNode(
+                    path=e[0], files=1, size_bytes=e[1], pages=e[2], resident_pages=e[3], dirty_pages=e[4],
+                    unknown_pages=e[5], writeback_pages=e[6], recently_evicted_pages=e[7], data_pages=e[8],
+                    data_resident_pages=e[9], data_unknown_pages=e[10])
+    return tuple(seen.values())

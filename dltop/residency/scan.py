@@ -490,7 +490,7 @@ def _holder(j: int, key: tuple[int, int], parent: tuple[int, int] | None, keys: 
         if i == j or other is None:
             continue
         same = other == key
-        if not (same or key in reached[i] or (parent is not None and parent in reached[i])):
+        if not (same or key in reached[i] or parent in reached[i]):
             continue
         if i > j and (same or other in reached[j]):
             continue  # they reach each other: the first given counts

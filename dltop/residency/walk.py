@@ -229,19 +229,11 @@ class _Walk:
             if budget is not None and budget.stop():
                 report.complete = False
                 return
-            if self.stack:
-                d = self.stack.pop()
-            else:
-                entered = self.enter(*self.linked.popleft())
-                if entered is None:
-                    continue
-                d = entered
-            try:
-                dfd = os.open(d.path, O_DIR if (self.options.follow_symlinks or d.depth == 0) else O_DIR | os.O_NOFOLLOW)
-            except OSError as e:
-                if d.depth == 0:
-                    raise  # the root itself cannot be read: that is the caller's error, not a skipped folder
-                skip_error(report, e, d.path)
+            d = self.stack.pop() if self.stack else self.enter(*self.linked.popleft())
+            if d is None:
+                continue  # reached through a symlink, counted already at another path
+            dfd = self._open(d)
+            if dfd is None:
                 continue
             try:
                 yield from self._folder(d, dfd)
@@ -250,6 +242,16 @@ class _Walk:
             if self.stopped:
                 report.complete = False
                 return
+
+    def _open(self, d: WalkedFolder) -> int | None:
+        """Folder `d` opened (not through a symlink, unless following them); None where it cannot be (skipped)."""
+        try:
+            return os.open(d.path, O_DIR if (self.options.follow_symlinks or d.depth == 0) else O_DIR | os.O_NOFOLLOW)
+        except OSError as e:
+            if d.depth == 0:
+                raise  # the root itself cannot be read: that is the caller's error, not a skipped folder
+            skip_error(self.report, e, d.path)
+            return None
 
     def enter(self, parent: WalkedFolder, path: str, est: os.stat_result) -> WalkedFolder | None:
         """The folder at `path` to walk, or None when it was counted already at another path."""
@@ -290,14 +292,18 @@ class _Walk:
         if self.stopped:
             return  # out of budget: what was held is not walked
         if held:
-            held.sort()
-            shard = self.shard
-            for ino, name, follow_it in held:
-                if shard is None or _in_shard(ino, shard):
-                    yield d, dfd, name, follow_it
+            yield from self._in_inode_order(d, dfd, held)
         if self.by_inode:
             subdirs.sort(key=lambda s: s.ino)
         self.stack.extend(reversed(subdirs))
+
+    def _in_inode_order(self, d: WalkedFolder, dfd: int, held: list[tuple[int, str, bool]]) -> Iterator[Item]:
+        """The files held for inode order (those of this walk's shard), in that order."""
+        held.sort()
+        shard = self.shard
+        for ino, name, follow_it in held:
+            if shard is None or _in_shard(ino, shard):
+                yield d, dfd, name, follow_it
 
     def _list(self, d: WalkedFolder, dfd: int, entries: Iterator[os.DirEntry[str]], subdirs: list[WalkedFolder],
               held: list[tuple[int, str, bool]] | None) -> Iterator[Item]:
@@ -381,15 +387,7 @@ class _Walk:
         symlinked file (the item to yield, or held for inode order); else skipped."""
         report = self.report
         if stat.S_ISDIR(est.st_mode):
-            path = f"{d.path}/{name}" if d.path != "/" else f"/{name}"
-            if d.has_ancestor(est.st_dev, est.st_ino):
-                report.skip("symlink_loop", path, "symlink loop (a folder inside itself)")
-            elif est.st_dev != self.root_dev and not self.options.cross_filesystems:
-                report.skip("other_filesystem")
-            elif is_link:
-                self.linked.append((d, path, est))
-            elif (sub := self.enter(d, path, est)) is not None:
-                subdirs.append(sub)
+            self._place_folder(d, f"{d.path}/{name}" if d.path != "/" else f"/{name}", est, is_link, subdirs)
         elif not stat.S_ISREG(est.st_mode):
             report.skip("special")
         elif self.include is not None and not self.include.match(name):
@@ -399,6 +397,18 @@ class _Walk:
         else:
             return d, dfd, name, True
         return None
+
+    def _place_folder(self, d: WalkedFolder, path: str, est: os.stat_result, is_link: bool,
+                      subdirs: list[WalkedFolder]) -> None:
+        """A folder of `d`: walked next, or after the real tree when reached through a symlink; else skipped."""
+        if d.has_ancestor(est.st_dev, est.st_ino):
+            self.report.skip("symlink_loop", path, "symlink loop (a folder inside itself)")
+        elif est.st_dev != self.root_dev and not self.options.cross_filesystems:
+            self.report.skip("other_filesystem")
+        elif is_link:
+            self.linked.append((d, path, est))
+        elif (sub := self.enter(d, path, est)) is not None:
+            subdirs.append(sub)
 
 
 def skip_error(report: WalkReport, e: OSError, path: str) -> None:
