@@ -16,19 +16,20 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from dltop import hints as hint_rules
-from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings, server_url
+from dltop import watchlist
+from dltop.config import MAX_REFRESH_S, MIN_REFRESH_S, Settings
 from dltop.errors import DltopError
-from dltop.model import CachesPart, Snapshot, Unavailable, to_dict
+from dltop.model import CachesPart, Snapshot, to_dict
 from dltop.model.actions import ActionEvent, ActionPlan, SignalTarget
 from dltop.model.datasets import DatasetsPart
 from dltop.model.probes import ProbesPart, job_rank_by_pid
 from dltop.playhead import Live, Playhead, Replay
+from dltop.tabs import OpeningTab
 from dltop.timeline import Feed, LiveEvent, LiveHistory, Recorded, Timeline
 from dltop.view import View
 
 HISTORY_LEN = 600  # ten minutes at the default refresh: what the sparklines show
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-TAB_DECIDED_AFTER_S = 5.0  # the GPU source has answered by then (or failed): the tab to open on is decided
 SAID_KEPT = 100
 
 Severity = Literal["information", "warning", "error"]
@@ -60,22 +61,6 @@ def next_refresh(current: float, faster: bool) -> float:
     return min(larger[0] if larger else current, MAX_REFRESH_S)
 
 
-def wanted_tab(settings: Settings, snap: Snapshot, replay: bool = False) -> tuple[str, bool]:
-    """The tab to open on and whether that is final (not while the GPU source has not answered yet): --tab, else
-    the one that has something (GPU where GPUs are, else Datasets when datasets are watched, else Page cache)."""
-    if settings.tab:
-        return settings.tab, True
-    if settings.prometheus is not None:
-        return "cluster", True  # asked for a cluster: its tab first
-    gpus = snap.gpus
-    if isinstance(gpus, tuple) and gpus:
-        return "gpu", True
-    datasets = snap.datasets
-    watched = settings.datasets or (isinstance(datasets, DatasetsPart) and datasets.paths)
-    waiting = isinstance(gpus, Unavailable) and gpus.reason == "waiting for the first reading"
-    return ("datasets" if watched else "pagecache"), not waiting or replay
-
-
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -102,11 +87,7 @@ class Session:
         self._past: tuple[float, tuple[Snapshot, ...], tuple[hint_rules.Hint, ...]] | None = None
         self.quieted = hint_rules.Quieted(self.settings.mute, clock)  # hints muted or snoozed (still listed in ?)
         self._passed: frozenset[tuple[str, str]] = frozenset()  # the subjects the hints were drawn passing over
-        # The tab to open on: --tab / `tab = ...` / the recording's, else the one that has something, decided once
-        # the GPU source has answered unless the user picked a tab first.
-        self.tab_pending = True
-        self._tab_auto: str | None = None
-        self._tab_recorded: str | None = None  # the last tab written into --record's recording
+        self.tabs = OpeningTab(recorder, replay=recorded is not None)  # the tab to open on
         self.action: ActionEvent | None = None  # the runner's latest event
         self.plans: dict[int, Any] = {}  # plans in flight, by run id: their result is confirmed
         self.said: deque[Said] = deque(maxlen=SAID_KEPT)
@@ -259,49 +240,15 @@ class Session:
         if self.feed is not None:
             self.feed.set_refresh(value)
 
-    # -- the tab to open on -------------------------------------------------------------------------------------
-
-    def opening_tab(self, tabs: Sequence[str]) -> str | None:
-        """The tab to switch to now, while the user has not picked one; None to stay. Decided for good once the
-        GPU source has answered (or TAB_DECIDED_AFTER_S later)."""
-        if not self.tab_pending or not self.history:
-            return None
-        tab, decided = wanted_tab(self.settings, self.history[-1], self.replay)
-        switch = tab if tab != self._tab_auto and tab in tabs else None
-        if switch is not None:
-            self._tab_auto = tab
-        if decided or self.history[-1].ts - self.history[0].ts >= TAB_DECIDED_AFTER_S:
-            self.tab_pending = False
-        return switch
-
-    def tab_shown(self, tab: str) -> None:
-        """`tab` is on screen: a tab the user picked ends the choosing; --record writes it into the recording, so
-        that a replay opens as it was."""
-        if self.tab_pending and self._tab_auto is not None and self._tab_auto != tab:
-            self.tab_pending = False  # the user picked a tab (a click): nothing moves it again
-        if self.recorder is None or self.replay or self.tab_pending:
-            return
-        if self._tab_recorded != tab:
-            self._tab_recorded = tab
-            self.recorder.event("view", {"tab": tab})
-
     # -- hints --------------------------------------------------------------------------------------------------
 
     def line_hints(self, tab: str | None) -> list[hint_rules.Hint]:
         """The hints of the moment on screen the hint line may show, `tab`'s own first (each group most severe
         first)."""
         frame = self.frame()
-        kept = [h for h in (frame[1] if frame is not None else ()) if not self.quieted.state(h.id, h.subject)]
-        # then a hint about the viewer's job before one about another user's (the Training tab's order)
-        snap = frame[0][-1] if frame is not None else None
-        job = job_rank_by_pid(snap.probes, snap.gpus) if snap is not None and isinstance(snap.probes, ProbesPart) \
-            else {}
-
-        def place(h: hint_rules.Hint) -> tuple[bool, int]:
-            pid = h.numbers.get("pid")
-            return hint_rules.tab_of(h.id) != tab, job.get(int(pid), 0) if isinstance(pid, int | float) else 0
-
-        return sorted(kept, key=place)  # stable: severity order kept within each
+        if frame is None:
+            return []
+        return line_order([h for h in frame[1] if not self.quieted.state(h.id, h.subject)], tab, frame[0][-1])
 
     def help_hints(self, tab: str | None) -> list[hint_rules.Hint]:
         """Every hint for ?, in the hint line's order, the muted and snoozed ones after (still listed, also those
@@ -424,12 +371,10 @@ class Session:
         return self.settings if action == "clear" else None
 
     def _watched_resident(self) -> dict[str, int]:
-        """Resident bytes of every watched dataset, from the latest Snapshot: what a warm's guard names as at
-        risk when reading past free memory pushes page cache out (the runner leaves out the warmed one)."""
-        part = self.history[-1].datasets if self.history else None
-        if not isinstance(part, DatasetsPart):
-            return {}
-        return {ds.path: ds.resident_pages * ds.page_size for ds in part.scanned}
+        return watched_resident(self.history[-1] if self.history else None)
+
+    def _owner(self, path: str) -> str | None:
+        return owner_of(path, self.settings.datasets, self.history[-1] if self.history else None)
 
     def on_action(self, ev: ActionEvent) -> ActionPlan | None:
         """An event of the runner: kept for the panes and the live events; a finished run's numbers read again.
@@ -449,10 +394,8 @@ class Session:
         """A failure or refusal, a release and a signal sent are said; a warm, evict or clear shows in its pane."""
         if ev.outcome in ("error", "refused"):
             self.say(ev.message, "error", timeout=8)
-        elif ev.step == "release":
-            self.say(ev.message)
-        elif ev.step == "run" and ev.action == "signal" and ev.outcome == "ok":
-            self.say(ev.message, timeout=6)
+        elif ev.step == "release" or (ev.step == "run" and ev.action == "signal" and ev.outcome == "ok"):
+            self.say(ev.message, timeout=6 if ev.action == "signal" else None)
 
     def _confirmable(self, ev: ActionEvent) -> ActionPlan | None:
         """The plan a finished plan step measured, unless it failed or its dataset was unwatched meanwhile
@@ -470,20 +413,9 @@ class Session:
         if ev.action == "signal":
             self.read_now("gpus")
         elif ev.action == "clear":
-            self.read_now("caches", self._cache_of(ev.paths[0]) if ev.paths else None)
+            self.read_now("caches", cache_of(ev.paths[0], self.history[-1]) if ev.paths and self.history else None)
         else:
             self.read_now("datasets", next(filter(None, map(self._owner, ev.paths)), None))
-
-    def _read_after_outside(self, data: Mapping[str, Any]) -> None:
-        """An action another process ran (a `dltop evict` from a shell) on a dataset shown here: measured again now,
-        as after one run here, so its low (or high) is not missed until the next scan."""
-        if data.get("pid") == os.getpid() or data.get("phase") != "finished" or data.get("action") not in (
-                "warm", "evict", "lock") or data.get("step") not in ("run", "release"):
-            return
-        paths = [p for p in data.get("paths") or () if isinstance(p, str)]
-        owner = next(filter(None, map(self._owner, paths)), None)
-        if owner is not None:
-            self.read_now("datasets", owner)
 
     def add_events(self, found: Sequence[LiveEvent]) -> bool:
         """Events seen live (actions here and anywhere on the machine); True where they are the first ones."""
@@ -492,23 +424,10 @@ class Session:
         first = not self.timeline.events()
         for e in found:
             self.timeline.add_event(e)
-            if e.kind == "action":
-                self._read_after_outside(e.data)
+            paths = outside_action_paths(e.data) if e.kind == "action" else []
+            if (owner := next(filter(None, map(self._owner, paths)), None)) is not None:  # measured again now, as after an action run here: its low is not missed
+                self.read_now("datasets", owner)
         return first and bool(found)
-
-    def _cache_of(self, path: str) -> str | None:
-        """The name of the cache that `path` is, or is inside, in the latest Snapshot."""
-        part = self.history[-1].caches if self.history else None
-        if not isinstance(part, CachesPart):
-            return None
-        return next((c.name for c in part.caches if _under(path, c.path)), None)
-
-    def _owner(self, path: str) -> str | None:
-        """The watched dataset that `path` is, or is inside; else the found one (a folder a training job reads)."""
-        got = next((p for p in self.settings.datasets if _under(path, p)), None)
-        if got is None and self.history and isinstance(part := self.history[-1].datasets, DatasetsPart):
-            got = next((f.path for f in part.found if _under(path, f.path)), None)
-        return got
 
     # -- what is watched ----------------------------------------------------------------------------------------
 
@@ -517,57 +436,80 @@ class Session:
         if self.feed is not None and not self.replay:
             self.feed.read_now(source, key)
 
-    def _reconfigure(self, settings: Settings) -> None:
-        self.settings = settings
-        if self.feed is not None:
-            self.feed.reconfigure(settings)
+    def _edit(self, edit: watchlist.Edit) -> None:
+        settings, text, severity = edit
+        if settings is not None:
+            self.settings = settings
+            if self.feed is not None:
+                self.feed.reconfigure(settings)
+        if text:
+            self.say(text, severity, timeout=3 if settings is not None else None)
 
     def add_dataset(self, typed: str) -> None:
         """Watch one more dataset folder."""
-        path = os.path.abspath(os.path.expanduser(typed))
-        if not os.path.exists(path):
-            self.say(f"no such file or directory: {path}", "error")
-        elif path in self.settings.datasets:
-            self.say(f"{path} is watched already", "warning")
-        else:
-            self._reconfigure(replace(self.settings, datasets=(*self.settings.datasets, path)))
-            self.say(f"watching {path}: scanning…", timeout=3)
+        self._edit(watchlist.add_dataset(self.settings, typed))
 
     def remove_dataset(self, path: str) -> None:
         """Stop watching a dataset folder (a lock under it is released: no row would be left to unlock it)."""
-        if path not in self.settings.datasets:
-            return
-        for target in self.runner.held():
-            if self._owner(target) == path:
-                self.runner.release(target)
-        self._reconfigure(replace(self.settings, datasets=tuple(p for p in self.settings.datasets if p != path)))
-        self.say(f"no longer watching {path}", timeout=3)
+        if path in self.settings.datasets:
+            for target in self.runner.held():
+                if self._owner(target) == path:
+                    self.runner.release(target)
+        self._edit(watchlist.remove_dataset(self.settings, path))
 
     def add_server(self, text: str) -> None:
         """Scrape one more inference server (host:port or a URL, as typed)."""
-        try:
-            url = server_url(text)
-        except ValueError as e:
-            self.say(f"not added: {e} (give host:port or http://host:port/metrics)", "error")
-            return
-        if url in self.settings.servers:
-            self.say(f"{url} is scraped already", "warning")
-            return
-        self._reconfigure(replace(self.settings, servers=(*self.settings.servers, url)))
-        self.say(f"scraping {url}", timeout=3)
+        self._edit(watchlist.add_server(self.settings, text))
 
     def remove_server(self, text: str) -> None:
         """Stop scraping an inference server (as typed, or its /metrics URL)."""
-        try:
-            url = server_url(text)
-        except ValueError as e:
-            self.say(f"not removed: {e}", "error")
-            return
-        if url not in self.settings.servers:
-            self.say(f"{url} is not scraped (scraped: {', '.join(self.settings.servers) or 'none'})", "warning")
-            return
-        self._reconfigure(replace(self.settings, servers=tuple(u for u in self.settings.servers if u != url)))
-        self.say(f"no longer scraping {url}", timeout=3)
+        self._edit(watchlist.remove_server(self.settings, text))
+
+
+def line_order(hints: list[hint_rules.Hint], tab: str | None, snap: Snapshot) -> list[hint_rules.Hint]:
+    """`hints` with `tab`'s own first, then those about the viewer's job before another user's (the Training
+    tab's order); stable, so each group stays most severe first."""
+    job = job_rank_by_pid(snap.probes, snap.gpus) if isinstance(snap.probes, ProbesPart) else {}
+
+    def place(h: hint_rules.Hint) -> tuple[bool, int]:
+        pid = h.numbers.get("pid")
+        return hint_rules.tab_of(h.id) != tab, job.get(int(pid), 0) if isinstance(pid, int | float) else 0
+
+    return sorted(hints, key=place)
+
+
+def watched_resident(snap: Snapshot | None) -> dict[str, int]:
+    """Resident bytes of every watched dataset: what a warm's guard names as at risk when reading past free memory
+    pushes page cache out (the runner leaves out the warmed one)."""
+    part = snap.datasets if snap is not None else None
+    if not isinstance(part, DatasetsPart):
+        return {}
+    return {ds.path: ds.resident_pages * ds.page_size for ds in part.scanned}
+
+
+def cache_of(path: str, snap: Snapshot) -> str | None:
+    """The name of the cache that `path` is, or is inside."""
+    part = snap.caches
+    if not isinstance(part, CachesPart):
+        return None
+    return next((c.name for c in part.caches if _under(path, c.path)), None)
+
+
+def owner_of(path: str, watched: Sequence[str], snap: Snapshot | None) -> str | None:
+    """The watched dataset that `path` is, or is inside; else the found one (a folder a training job reads)."""
+    got = next((p for p in watched if _under(path, p)), None)
+    if got is None and snap is not None and isinstance(part := snap.datasets, DatasetsPart):
+        got = next((f.path for f in part.found if _under(path, f.path)), None)
+    return got
+
+
+def outside_action_paths(data: Mapping[str, Any]) -> list[str]:
+    """The paths of a warm, evict or lock another process ran and finished (a `dltop evict` from a shell), which
+    the Session measures again; [] for anything else (this process's own actions are read after they run)."""
+    if data.get("pid") == os.getpid() or data.get("phase") != "finished" or data.get("action") not in (
+            "warm", "evict", "lock") or data.get("step") not in ("run", "release"):
+        return []
+    return [p for p in data.get("paths") or () if isinstance(p, str)]
 
 
 def _hms(ts: float) -> str:

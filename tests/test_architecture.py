@@ -56,7 +56,11 @@ ALLOWED: dict[str, set[str]] = {
     "view": {"model", "hints"},
     # The TUI's state without widgets (history, hints, the playhead, the action gate, view()): above the layers
     # it reads and the runner it asks, below the TUI; `recorder` only for a typed time (recorder.times).
-    "session": {"model", "hints", "config", "errors", "timeline", "playhead", "view", "recorder"},
+    "session": {"model", "hints", "config", "errors", "timeline", "playhead", "view", "recorder", "tabs",
+                "watchlist"},
+    # The Session's parts that need no Session: the tab to open on, and the edits of what is watched.
+    "tabs": {"model", "config"},
+    "watchlist": {"config"},
     "actions": {"actions", "model", "fmt", "kernel", "errors", "sources", "residency", "journal", "native",
                 "procfs", "cache_roots"},
     # The machine's action journal: the runner appends, recorders tail it.

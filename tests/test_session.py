@@ -78,8 +78,12 @@ def test_it_opens_on_the_tab_that_has_something(tmp_path: Path, case: str) -> No
     session = _session([_snap(gpus=gpus, datasets=datasets)], settings)
     want = {"no gpu": "pagecache", "no gpu, datasets": "datasets", "gpus": "gpu", "--tab": "cpu",
             "cluster": "cluster"}[case]
-    assert session.opening_tab(["cluster", "gpu", "pagecache", "datasets", "cpu"]) == want
-    assert not session.tab_pending  # decided
+    assert _opening(session, ["cluster", "gpu", "pagecache", "datasets", "cpu"]) == want
+    assert not session.tabs.pending  # decided
+
+
+def _opening(session: Session, tabs: list[str]) -> str | None:
+    return session.tabs.switch(tabs, session.settings, session.history)
 
 
 def test_the_tab_waits_for_the_gpu_source() -> None:
@@ -88,16 +92,16 @@ def test_the_tab_waits_for_the_gpu_source() -> None:
     session = Session(feed)
     session.open()
     tabs = ["gpu", "pagecache"]
-    assert session.opening_tab(tabs) == "pagecache" and session.tab_pending  # nothing known yet
-    assert session.opening_tab(tabs) is None  # the same tab: no switch
+    assert _opening(session, tabs) == "pagecache" and session.tabs.pending  # nothing known yet
+    assert _opening(session, tabs) is None  # the same tab: no switch
     session.apply(feed.advance())  # NVML answers: GPUs are there
-    assert session.opening_tab(tabs) == "gpu" and not session.tab_pending
+    assert _opening(session, tabs) == "gpu" and not session.tabs.pending
     # A user who picked a tab (a click on another one) ends the choosing.
     session = Session(ListFeed([_snap(100.0, gpus=Unavailable("waiting for the first reading"))]))
     session.open()
-    assert session.opening_tab(tabs) == "pagecache"
-    session.tab_shown("cpu")
-    assert not session.tab_pending and session.opening_tab(tabs) is None
+    assert _opening(session, tabs) == "pagecache"
+    session.tabs.shown("cpu")
+    assert not session.tabs.pending and _opening(session, tabs) is None
 
 
 def test_a_snapshot_applied_twice_is_drawn_once_and_a_pause_keeps_within_the_history() -> None:

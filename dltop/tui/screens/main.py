@@ -190,14 +190,14 @@ class MainScreen(Screen[None]):
 
     def choose_tab(self) -> None:
         """Open on the tab asked for, else on the one that has something (while the user has not picked one)."""
-        if not self.session.tab_pending or not self.widgets_up():
+        if not self.session.tabs.pending or not self.widgets_up():
             return
-        tab = self.session.opening_tab([p.PANE_ID for p in self.panes])
+        tab = self.session.tabs.switch([p.PANE_ID for p in self.panes], self.session.settings, self.session.history)
         if tab is not None:
             self._activate(self.pane(tab))
         pane = self.active_pane()
-        if not self.session.tab_pending and pane is not None:
-            self.session.tab_shown(pane.PANE_ID)
+        if not self.session.tabs.pending and pane is not None:
+            self.session.tabs.shown(pane.PANE_ID)
 
     def draw(self) -> None:
         """Header, hint line and visible pane for the moment on screen."""
@@ -265,7 +265,7 @@ class MainScreen(Screen[None]):
             pane.show(self._view)
         if pane is self.active_pane():
             pane.focus_default()
-        self.session.tab_shown(pane.PANE_ID)
+        self.session.tabs.shown(pane.PANE_ID)
         if self.widgets_up():
             self.update_hints()  # this tab's own hints first
         act = self._after_activated.pop(pane.PANE_ID, None)
@@ -298,7 +298,7 @@ class MainScreen(Screen[None]):
     async def action_show_tab(self, n: int) -> None:
         """Switch to tab n (1-based); composed first if it never was, so its keys work as soon as it shows."""
         if 1 <= n <= len(self.panes):
-            self.session.tab_pending = False  # the user's choice: the tab that has something no longer moves it
+            self.session.tabs.pending = False  # the user's choice: the tab that has something no longer moves it
             await self._compose_pane(self.panes[n - 1])  # shown drawn, and able to take the focus
             self._activate(self.panes[n - 1])
         else:
