@@ -107,6 +107,23 @@ def read_uptime(root: str = "/") -> float | None:
     return up if 0.0 <= up < 1e12 else None  # float() takes 'nan', 'inf' and '-5'; no machine is up 30,000 years
 
 
+
+def _status_at(st: _State, now: float) -> SourceStatus:
+    """The source's status, a read running past its timeout said as slow."""
+    if not st.reading():
+        return st.status
+    waited = time.monotonic() - st.started
+    if waited <= st.source.timeout_s:
+        return st.status
+    return replace(st.status, running_since_ts=now - waited, error=f"slow: no answer for {waited:.0f} s")
+
+
+def _latest(name: str, st: _State, status: SourceStatus) -> Any:
+    """The source's latest value, or why there is none yet."""
+    if st.ran_once:
+        return st.value
+    return Unavailable(f"{name} source: {status.error}" if status.error else "waiting for the first reading")
+
 class Sampler:
     """Polls sources concurrently and composes Snapshots from their latest values."""
 
@@ -248,30 +265,18 @@ class Sampler:
         now = self._clock()
         parts: dict[str, Any] = {}
         shared: dict[str, list[tuple[Source, Any, SourceStatus]]] = {}  # part -> what its sources hold
-        merges: dict[str, Callable[[Sequence[tuple[Source, Any, Any]]], Any]] = {}
         statuses = {}
         for name, st in self._states.items():
-            status = st.status
-            if st.reading():
-                waited = time.monotonic() - st.started
-                if waited > st.source.timeout_s:
-                    status = replace(status, running_since_ts=now - waited,
-                                     error=f"slow: no answer for {waited:.0f} s")
-            statuses[name] = status
-            if st.ran_once:
-                value = st.value
-            elif status.error:
-                value = Unavailable(f"{name} source: {status.error}")
-            else:
-                value = Unavailable("waiting for the first reading")
+            status = statuses[name] = _status_at(st, now)
+            part = st.source.part or name
             if st.source.merge is None:
-                parts[st.source.part or name] = value
+                parts[part] = _latest(name, st, status)
             else:
-                part = st.source.part or name
-                shared.setdefault(part, []).append((st.source, value, status))
-                merges[part] = st.source.merge
+                shared.setdefault(part, []).append((st.source, _latest(name, st, status), status))
         for part, held in shared.items():
-            parts[part] = merges[part](held)
+            merge = held[-1][0].merge  # the sources of a part share one
+            assert merge is not None
+            parts[part] = merge(held)
         known = {k: v for k, v in parts.items() if k in Snapshot.__dataclass_fields__}
         if "gpus" in known:  # each GPU process's split: its probe file and its server joined to NVML's figure
             known["gpus"] = join_splits(known["gpus"], known.get("probes"), known.get("servers"), now)
@@ -323,11 +328,11 @@ class Sampler:
     async def _tick(self) -> None:
         """The fast sources: read every interval, then a Snapshot is due; a read asked for (read_now, a source
         added) at once, its Snapshot due as soon as it is in. The first reading is made at once."""
-        await self._read_fast([st for st in self._states.values() if st.fast], FAST_WAIT_S)
+        await self._read_fast(self._fast_idle(), FAST_WAIT_S)
         last = time.monotonic()
         while True:
             self._wake.clear()
-            asked = [st for st in self._states.values() if st.fast and st.asked and not st.reading()]
+            asked = self._fast_idle(asked=True)
             if asked:
                 await self._read_fast(asked, FAST_WAIT_S)
                 self._due.set()
@@ -339,9 +344,12 @@ class Sampler:
             last = time.monotonic()
             if self.paused:
                 continue
-            await self._read_fast([st for st in self._states.values() if st.fast and not st.reading()],
-                                  min(self._interval() / 2, FAST_WAIT_S))
+            await self._read_fast(self._fast_idle(), min(self._interval() / 2, FAST_WAIT_S))
             self._due.set()
+
+    def _fast_idle(self, asked: bool = False) -> list[_State]:
+        """The fast sources no read is running for (with `asked`, only those a read was asked for)."""
+        return [st for st in self._states.values() if st.fast and not st.reading() and (st.asked or not asked)]
 
     async def _read_fast(self, batch: list[_State], wait_s: float) -> None:
         """Read `batch` one after the other on the fast worker's thread, and wait until they are in or `wait_s`
@@ -433,14 +441,15 @@ class Sampler:
                 st.inflight = st.executor.submit(self._timed_read, st, self._take_keys(st))
                 st.inflight.add_done_callback(functools.partial(self._done, loop, st, urgent))
                 busy = True
-            if busy and (st.source.max_duty or st.asked):
-                # The next start depends on how long this read takes (or a read is owed): look again soon.
-                wait = min(st.source.interval_s, 0.25)
-            elif busy or self.paused:
-                wait = st.source.interval_s
-            else:
-                wait = max(0.01, st.next_start - time.monotonic())
-            await _wait(st.wake, wait)
+            await _wait(st.wake, self._poll_wait(st, busy))
+
+    def _poll_wait(self, st: _State, busy: bool) -> float:
+        """How long a slow source's poller sleeps before it looks again."""
+        if busy and (st.source.max_duty or st.asked):
+            return min(st.source.interval_s, 0.25)  # the next start depends on how long this read takes, or a read is owed
+        if busy or self.paused:
+            return st.source.interval_s
+        return max(0.01, st.next_start - time.monotonic())
 
     def _done(self, loop: asyncio.AbstractEventLoop, st: _State, urgent: bool, _fut: Future[Any]) -> None:
         # A hung read may finish after its loop has closed (the app quit): nobody is left to tell.

@@ -43,57 +43,66 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the GPU processes the options select."""
-    from dltop.config import settings_from_args
-    from dltop.model.base import Unavailable, to_dict
-    from dltop.sources.gpu import source
+    from dltop.fmt import printable
+    from dltop.model.base import Unavailable
     from dltop.text.gpu import process_table
 
     query = ProcessQuery(filter=args.filter, sort=args.sort, reverse=args.reverse, tree=args.tree)
     gap: str | None = None  # a typed time inside a gap of the recording, said so
     if args.recording is None:
-        if args.time is not None:
-            from dltop.errors import DltopError
-
-            raise DltopError("-t/--time needs --recording (the live GPUs are read now)")
-        src = source(settings_from_args(args))
-        try:
-            src.read()
-            # a CPU % is the CPU time between two reads over the time between them: over a second, as top's, in 1%
-            # steps (CPU time counts in 10 ms ticks: over half a second a step was 2%)
-            time.sleep(CPU_INTERVAL_S)
-            part = src.read()
-        finally:
-            if src.close is not None:
-                src.close()
-        now = time.time()
+        part, now = _live(args)
     else:
         part, now, gap = _recorded(args.recording, args.time)
     if args.json:
-        from dltop.model.gpu_query import select_processes
-
-        rows = [{"key": r.key, "place": r.place, "pid": r.pid, "depth": r.depth, "children": r.children,
-                 **({"user": r.user, "command": r.command} if r.process is None else {}),
-                 "process": None if r.process is None else to_dict(r.process)} for r in select_processes(part, query)]
-        out: dict[str, object] = {"query": to_dict(query), "rows": rows}
-        if args.recording is not None:
-            out["ts"] = now
-        if gap is not None:
-            out["gap"] = gap
-        if isinstance(part, Unavailable):
-            out["unavailable"] = part.reason
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        _print_json(part, query, now if args.recording is not None else None, gap)
         return 0
     if args.recording is not None:
         sys.stdout.write(f"at {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(now))} (recorded)\n")
     if gap is not None:
         sys.stdout.write(gap + "\n")
     if isinstance(part, Unavailable):
-        from dltop.fmt import printable
-
         sys.stdout.write(f"no GPUs: {printable(part.reason)}\n" if part.absent else f"GPUs: {printable(part.reason)}\n")
         return 0 if part.absent else 1
     sys.stdout.write(process_table(part, query, now) + "\n")
     return 0
+
+
+def _live(args: argparse.Namespace) -> tuple[Any, float]:
+    """The live GPU part, read twice: a CPU % is the CPU time between two reads over the time between them (over
+    a second, as top's, in 1% steps: CPU time counts in 10 ms ticks), and the time of the second read."""
+    from dltop.config import settings_from_args
+    from dltop.errors import DltopError
+    from dltop.sources.gpu import source
+
+    if args.time is not None:
+        raise DltopError("-t/--time needs --recording (the live GPUs are read now)")
+    src = source(settings_from_args(args))
+    try:
+        src.read()
+        time.sleep(CPU_INTERVAL_S)
+        part = src.read()
+    finally:
+        if src.close is not None:
+            src.close()
+    return part, time.time()
+
+
+def _print_json(part: Any, query: ProcessQuery, ts: float | None, gap: str | None) -> None:
+    """The selected rows as JSON, each process's every field; `ts` the recorded sample's time (None live)."""
+    from dltop.model.base import Unavailable, to_dict
+    from dltop.model.gpu_query import select_processes
+
+    rows = [{"key": r.key, "place": r.place, "pid": r.pid, "depth": r.depth, "children": r.children,
+             **({"user": r.user, "command": r.command} if r.process is None else {}),
+             "process": None if r.process is None else to_dict(r.process)} for r in select_processes(part, query)]
+    out: dict[str, object] = {"query": to_dict(query), "rows": rows}
+    if ts is not None:
+        out["ts"] = ts
+    if gap is not None:
+        out["gap"] = gap
+    if isinstance(part, Unavailable):
+        out["unavailable"] = part.reason
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
 
 
 def _recorded(path: str, when: str | None) -> tuple[Any, float, str | None]:
