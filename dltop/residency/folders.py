@@ -15,6 +15,7 @@ from itertools import accumulate
 from typing import Any
 
 from dltop import kernel
+from dltop.model.datasets import ResidencyNode
 from dltop.residency import measure as measuring
 from dltop.residency import walk as walking
 from dltop.residency.budget import Budget
@@ -33,6 +34,15 @@ DRAIN_EVERY_FILES = 2048  # while measuring, the events are read after this many
 VALUES = 12
 SUMMED = 11
 Row = tuple[int, str, tuple[int, ...]]  # a file measured: (its name's hash, its name, its VALUES)
+
+
+def values_node(path: str, v: Any, b: int = 0, children: tuple[ResidencyNode, ...] = (),
+                top_files: tuple[ResidencyNode, ...] = ()) -> ResidencyNode:
+    """The node of the VALUES at `b` in `v`: a file's (its row), or a folder's totals."""
+    return ResidencyNode(path=path, files=v[b + 10], size_bytes=v[b], pages=v[b + 1], data_pages=v[b + 2],
+                         resident_pages=v[b + 3], dirty_pages=v[b + 4], writeback_pages=v[b + 5],
+                         recently_evicted_pages=v[b + 6], data_resident_pages=v[b + 7], unknown_pages=v[b + 8],
+                         data_unknown_pages=v[b + 9], children=children, top_files=top_files)
 
 
 class Folder:

@@ -9,7 +9,7 @@ from bisect import bisect_left, insort
 from operator import neg
 
 from dltop.model.datasets import ResidencyNode
-from dltop.residency.folders import VALUES, Folder
+from dltop.residency.folders import VALUES, Folder, values_node
 from dltop.residency.rank import FILE_SORT_KEYS, file_score
 from dltop.residency.walk import WalkOptions
 
@@ -106,7 +106,7 @@ class FileRanker:
                 for score, tie, i in reversed(cand[-n:]):
                     node = nodes.get(i)
                     if node is None:
-                        node = nodes[i] = self._file_node(f, i)
+                        node = nodes[i] = values_node(_file_path(f, i), f.vals, i * VALUES)
                     row.append((score, tie, node))
                 ranked.append(row)
             t.ranked, t.listed = ranked, _union(ranked)
@@ -168,13 +168,10 @@ class FileRanker:
             t.nodes.pop(i, None)
             t.listed = None
 
-    @staticmethod
-    def _file_node(f: Folder, i: int) -> ResidencyNode:
-        v, b, name = f.vals, i * VALUES, f.name(i)
-        return ResidencyNode(path=f"{f.path}/{name}" if f.path != "/" else f"/{name}", files=1, size_bytes=v[b],
-                             pages=v[b + 1], resident_pages=v[b + 3], dirty_pages=v[b + 4], unknown_pages=v[b + 8],
-                             writeback_pages=v[b + 5], recently_evicted_pages=v[b + 6], data_pages=v[b + 2],
-                             data_resident_pages=v[b + 7], data_unknown_pages=v[b + 9])
+
+def _file_path(f: Folder, i: int) -> str:
+    name = f.name(i)
+    return f"{f.path}/{name}" if f.path != "/" else f"/{name}"
 
 
 def _union(lists: list[list[_Ranked]]) -> tuple[ResidencyNode, ...]:

@@ -46,7 +46,7 @@ def silent_reclaimer(admin: str | None = None, reclaim: str | None = None) -> st
     return None
 
 
-def read_vmstat(keys: tuple[str, ...] = ("pgsteal_file", "drop_pagecache")) -> dict[str, int]:
+def read_vmstat() -> dict[str, int]:
     """Counters of /proc/vmstat that say whether page cache was reclaimed or dropped (missing ones: absent)."""
     out: dict[str, int] = {}
     try:
@@ -54,7 +54,7 @@ def read_vmstat(keys: tuple[str, ...] = ("pgsteal_file", "drop_pagecache")) -> d
             for line in f:
                 name, _, value = line.partition(b" ")
                 k = name.decode()
-                if k in keys:
+                if k in ("pgsteal_file", "drop_pagecache"):
                     out[k] = int(value)
     except (OSError, ValueError):
         pass

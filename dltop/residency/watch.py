@@ -24,7 +24,7 @@ from dltop.residency import measure as measuring
 from dltop.residency import reclaim
 from dltop.residency.budget import MAX_PROBLEMS, Budget
 from dltop.residency.events import EventDrain, Key
-from dltop.residency.folders import DRAIN_EVERY_FILES, SUMMED, VALUES, Folder, FolderTable
+from dltop.residency.folders import DRAIN_EVERY_FILES, SUMMED, VALUES, Folder, FolderTable, values_node
 from dltop.residency.ranker import FileRanker
 from dltop.residency.scan import NODE_FIELDS
 from dltop.residency.walk import WalkOptions
@@ -285,12 +285,12 @@ class DatasetWatch:
                 st, sk = node(s)
                 tot = [a + b for a, b in zip(tot, st, strict=True)]
                 if max_depth is None or s.depth <= max_depth:  # deeper folders add to their ancestor
-                    kids.append(_node(s.path, st, sk, rows.get(s, ())))
+                    kids.append(values_node(s.path, st, 0, sk, rows.get(s, ())))
             return tot, tuple(sorted(kids, key=lambda k: k.path))
 
         tot, kids = node(top)
         error = min(error_sum, max(0, steal - (oldest_mark or 0)), tot[3])
-        root = _node(top.path, tot, kids, rows.get(top, ()))
+        root = values_node(top.path, tot, 0, kids, rows.get(top, ()))
         method = used - {"unknown"}
         fs = kernel.fs_name_at(top.path)
         return DatasetResidency(
@@ -311,12 +311,3 @@ class DatasetWatch:
             files_top=files_top,
             files_sorted_by=self.ranker.keys if self.options.top_files > 0 else (),
         )
-
-
-def _node(path: str, t: list[int], kids: tuple[ResidencyNode, ...],
-          files: tuple[ResidencyNode, ...] = ()) -> ResidencyNode:
-    return ResidencyNode(path=path, files=t[10], size_bytes=t[0], pages=t[1],
-                         resident_pages=t[3], dirty_pages=t[4], unknown_pages=t[8], writeback_pages=t[5],
-                         recently_evicted_pages=t[6], data_pages=t[2], data_resident_pages=t[7],
-                         data_unknown_pages=t[9], children=kids, top_files=files)
-

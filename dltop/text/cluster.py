@@ -82,17 +82,18 @@ def gpu_cells(node: ClusterNode) -> tuple[str, str, str]:
     """(used/total GPU memory, lost GPUs, mean utilisation) of a node's GPUs, as Prometheus summed them."""
     if not isinstance(node.gpus_read, int) or node.gpus_read == 0:
         return ("0 GPUs" if node.gpu_count == 0 else "n/a"), "", ""
-    used, total = node.gpu_memory_used_bytes, node.gpu_memory_total_bytes
-    mem = used_of(used, total) if isinstance(used, int) and isinstance(total, int) else "n/a"
     lost = node.gpus_lost
-    return mem, (str(lost) if lost else ""), pct(node.gpu_utilization)
+    return used_of(node.gpu_memory_used_bytes, node.gpu_memory_total_bytes), (str(lost) if lost else ""), \
+        pct(node.gpu_utilization)
 
 
 _SCALE = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
 
 
-def used_of(used: int, total: int) -> str:
-    """'540/640 GiB': both in the unit of the total (a narrow column at 80x24)."""
+def used_of(used: int | Unavailable, total: int | Unavailable) -> str:
+    """'540/640 GiB': both in the unit of the total (a narrow column at 80x24); n/a where either is unknown."""
+    if not isinstance(used, int) or not isinstance(total, int):
+        return "n/a"
     unit = human_bytes(total).rsplit(" ", 1)[-1]
     scale = _SCALE.get(unit, 1)
     fmt = ".0f" if unit == "B" or total / scale >= 100 else ".1f"
@@ -362,8 +363,7 @@ def _gpu_lines(g: ClusterGpu, shared: str | None) -> list[str]:
     """One GPU of node_detail: its state and memory, then its memory by use, the biggest use first."""
     state = "up" if g.up is True else f"LOST ({g.down_reason or 'down'})" if g.up is False else "n/a"
     name = f" {g.name}" if g.name and not shared else ""
-    used, total = g.memory_used_bytes, g.memory_total_bytes
-    mem = used_of(used, total) if isinstance(used, int) and isinstance(total, int) else "n/a"
+    mem = used_of(g.memory_used_bytes, g.memory_total_bytes)
     lines = [f"  GPU {g.gpu}{name} {state}: {mem} used, util {pct(g.utilization)}"]
     if g.memory_by_use:
         lines.append("    " + ", ".join(f"{u} {human_bytes(b)}" for u, b in
