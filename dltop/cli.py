@@ -135,18 +135,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args_list, first)
 
 
-def _run(args_list: list[str], first: str | None) -> int:
-    try:
-        if first in COMMANDS:
-            cmd, sub = build_command_parser(first)
-            args, extra = cmd.parse_known_args(args_list)
-            if extra:
-                sub.choices[args_list[0]].error(f"unrecognized arguments: {' '.join(extra)}")
-            return int(args.func(args) or 0)
-        args = build_tui_parser().parse_args(args_list)
-        from dltop.commands.tui import run_tui
+def _dispatch(args_list: list[str], first: str | None) -> int:
+    """Run the command named first, else the TUI."""
+    if first in COMMANDS:
+        cmd, sub = build_command_parser(first)
+        args, extra = cmd.parse_known_args(args_list)
+        if extra:
+            sub.choices[args_list[0]].error(f"unrecognized arguments: {' '.join(extra)}")
+        return int(args.func(args) or 0)
+    args = build_tui_parser().parse_args(args_list)
+    from dltop.commands.tui import run_tui
 
-        return run_tui(args, list(COMMANDS))
+    return run_tui(args, list(COMMANDS))
+
+
+def _run(args_list: list[str], first: str | None) -> int:
+    """_dispatch, every error a one-line message and an exit status."""
+    try:
+        return _dispatch(args_list, first)
     except DltopError as e:
         print(f"dltop: {e}", file=sys.stderr)
         return e.exit_code

@@ -3,6 +3,7 @@ folder), and the rest of the one match is suggested as you type; focus stays in 
 
 from __future__ import annotations
 
+import itertools
 import os
 
 from textual import work
@@ -20,22 +21,22 @@ def complete_path(text: str) -> tuple[str, list[str]]:
     """`text` completed as far as the entries of its folder agree (a folder gets its '/'), and the names that
     still match; a folder that cannot be read completes nothing."""
     head, tail = os.path.split(text)
-    folder = os.path.expanduser(head) if head else "."
-    names: list[str] = []
     try:
-        with os.scandir(folder) as it:
-            for i, entry in enumerate(it):
-                if i >= MAX_ENTRIES:
-                    break
-                if entry.name.startswith(tail) and (tail.startswith(".") or not entry.name.startswith(".")):
-                    names.append(entry.name + ("/" if _is_dir(entry) else ""))
+        names = sorted(_matching(os.path.expanduser(head) if head else ".", tail))
     except (OSError, ValueError):  # unreadable, gone, or a NUL typed in
         return text, []
-    names.sort()
     if not names:
         return text, []
     common = os.path.commonprefix(names)
     return os.path.join(head, common) if head else common, names
+
+
+def _matching(folder: str, tail: str) -> list[str]:
+    """The names in `folder` (its first MAX_ENTRIES) that start with `tail`, a folder's with '/'; hidden ones only
+    when `tail` starts with '.'."""
+    with os.scandir(folder) as it:
+        return [entry.name + ("/" if _is_dir(entry) else "") for entry in itertools.islice(it, MAX_ENTRIES)
+                if entry.name.startswith(tail) and (tail.startswith(".") or not entry.name.startswith("."))]
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:

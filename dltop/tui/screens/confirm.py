@@ -61,13 +61,7 @@ def plan_dialog(plan: ActionPlan, verb: str | None = None) -> tuple[str, str, st
     guard = f"\nMemory guard: {plan.guard}" if plan.guard else ""
     notes = "".join(f"\n{n}" for n in plan.notes)
     if plan.action == "warm":
-        body = f"Read {size} of {plan.target} into the page cache.{guard}{notes}"
-        if plan.allowed:
-            return f"Warm {size}?", body, verb
-        if plan.can_fit:
-            body += f"\nYes warms only the part that fits ({human_bytes(plan.fits_bytes)})."
-            return f"Warm {human_bytes(plan.fits_bytes)} of {size}?", body, verb
-        return f"Warm {size}: refused", body, None
+        return _warm_dialog(plan, f"Read {size} of {plan.target} into the page cache.{guard}{notes}", verb)
     if plan.action == "clear":
         if not plan.allowed:
             return "Clear: refused", plan.guard, None
@@ -86,6 +80,17 @@ def plan_dialog(plan: ActionPlan, verb: str | None = None) -> tuple[str, str, st
     # Locked pages really leave memory: a refusal here is final in the TUI (`dltop lock --force` exists for
     # whoever must), never one key away.
     return f"Lock {size}: refused", body, None
+
+
+def _warm_dialog(plan: ActionPlan, body: str, verb: str) -> tuple[str, str, str | None]:
+    """A warm's dialog: all of it, the part that fits in memory, or refused."""
+    size = human_bytes(plan.bytes)
+    if plan.allowed:
+        return f"Warm {size}?", body, verb
+    if plan.can_fit:
+        body += f"\nYes warms only the part that fits ({human_bytes(plan.fits_bytes)})."
+        return f"Warm {human_bytes(plan.fits_bytes)} of {size}?", body, verb
+    return f"Warm {size}: refused", body, None
 
 
 class KeepLocksScreen(ModalScreen[str | None]):

@@ -59,16 +59,21 @@ class KeyFooter(Footer):
             return
         keys, palette = self._keys()
         room = (self.size.width or self.app.size.width) - (self._width(palette[0][1]) + 1 if palette else 0)
-        shown = {b.action for rank, b, _e, _t in keys if rank == 1}  # ? Help; then the others, rank by rank
+        shown = self._fitting(keys, room)
+        for _rank, binding, enabled, tooltip in [*(k for k in keys if k[1].action in shown), *palette]:
+            yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description, binding.action,
+                            classes="-command-palette" if binding.key == self.app.COMMAND_PALETTE_BINDING else "",
+                            disabled=not enabled, tooltip=tooltip).data_bind(compact=Footer.compact)
+
+    def _fitting(self, keys: list[tuple[int, Binding, bool, str]], room: int) -> set[str]:
+        """The actions whose keys fit in `room` columns: ? Help (rank 1) always, then the others rank by rank."""
+        shown = {b.action for rank, b, _e, _t in keys if rank == 1}
         room -= sum(self._width(b) for rank, b, _e, _t in keys if rank == 1)
         for rank, binding, _enabled, _tip in sorted(keys, key=lambda k: k[0]):
             if rank != 1 and self._width(binding) <= room:
                 shown.add(binding.action)
                 room -= self._width(binding)
-        for _rank, binding, enabled, tooltip in [*(k for k in keys if k[1].action in shown), *palette]:
-            yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description, binding.action,
-                            classes="-command-palette" if binding.key == self.app.COMMAND_PALETTE_BINDING else "",
-                            disabled=not enabled, tooltip=tooltip).data_bind(compact=Footer.compact)
+        return shown
 
     def _keys(self) -> tuple[list[tuple[int, Binding, bool, str]], list[tuple[int, Binding, bool, str]]]:
         """The keys to show, (rank, binding, enabled, tooltip) in the bindings' order (the lower the rank, the
