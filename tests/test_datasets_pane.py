@@ -217,11 +217,12 @@ async def test_warm_dialog_states_the_data_of_a_sparse_file_not_its_size(ddir: P
 
 async def test_lock_dialog_guards_every_byte_it_locks(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dltop.actions import pagecache as pc
+    from dltop.model.memory import safety_margin_bytes
 
     files = [make_file(ddir / f"l{i}.bin", 64 * PS) for i in range(2)]
     for f in files:
         read_file(f)  # all resident: locking still takes 512 KiB out of MemAvailable
-    margin = pc.safety_margin_bytes(64 << 30)
+    margin = safety_margin_bytes(64 << 30)
     monkeypatch.setattr(pc, "read_meminfo", lambda *a: {"MemTotal": 64 << 30, "MemAvailable": margin + 256 * 1024})
     app = DltopApp(ListFeed([snap_of(ddir)]))
     async with app.run_test(size=(100, 30)) as pilot:

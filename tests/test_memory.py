@@ -305,7 +305,7 @@ def test_cgroup_v2_limit_set_on_the_job_binds_its_step(tmp_path: Path) -> None:
     assert (cg.path, cg.limit_path) == ("/system.slice/slurmstepd.scope/job_42/step_0",
                                         "/system.slice/slurmstepd.scope/job_42")
     assert (cg.max_bytes, cg.current_bytes, cg.file_bytes) == (4 * GIB, 3 * GIB, 2 * GIB)
-    from dltop.actions.pagecache import cgroup_room_bytes
+    from dltop.model.memory import cgroup_room_bytes
 
     room = cgroup_room_bytes(cg)  # the guard counts the job's anon memory, not the step's
     assert room is not None and room[0] == 4 * GIB - GIB - min(max(4 * GIB // 10, 64 << 20), 1 << 30)

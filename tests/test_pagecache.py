@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from dltop.actions import pagecache as pc
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes
+from dltop.model.memory import cgroup_room_bytes, safety_margin_bytes
 from tests.test_pagecache_util import (
     NOBODY,
     PS,
@@ -91,7 +92,7 @@ def test_memory_guard_verdicts() -> None:
     g = pc.memory_guard(3 * GIB, info)
     assert not g.ok and "refused" in g.message and "fits" in g.message
     assert pc.memory_guard(GIB, {}).ok  # no meminfo: not checked, says so
-    assert pc.safety_margin_bytes(512 * GIB) == 4 * GIB and pc.safety_margin_bytes(1 * GIB) == 256 << 20
+    assert safety_margin_bytes(512 * GIB) == 4 * GIB and safety_margin_bytes(1 * GIB) == 256 << 20
 
 
 def test_memory_guard_honours_the_cgroup_limit(tmp_path: Path) -> None:
@@ -123,7 +124,7 @@ def test_memory_guard_honours_the_cgroup_limit(tmp_path: Path) -> None:
     # Without a limit ("max") the machine's MemAvailable decides alone.
     (base / "memory.max").write_text("max\n")
     g = pc.warm_guard(4 * GIB, 0, info, read_cgroup_memory(str(tmp_path)))
-    assert g.ok and g.room_bytes == 200 * GIB - pc.safety_margin_bytes(256 * GIB)
+    assert g.ok and g.room_bytes == 200 * GIB - safety_margin_bytes(256 * GIB)
 
 
 def test_memory_guard_honours_a_cgroup_v1_limit_as_v2s(tmp_path: Path) -> None:
@@ -134,7 +135,7 @@ def test_memory_guard_honours_a_cgroup_v1_limit_as_v2s(tmp_path: Path) -> None:
     cg = read_cgroup_memory(str(v1_tree(tmp_path, f"{8 * GIB}\n", v1_stat(GIB, 0, 8 * GIB))))
     info = {"MemTotal": 256 * GIB, "MemAvailable": 200 * GIB}
     room = 8 * GIB - 2 * GIB - (8 * GIB // 10)
-    assert pc.cgroup_room_bytes(cg) == (room, V1_TASK)
+    assert cgroup_room_bytes(cg) == (room, V1_TASK)
     g = pc.memory_guard(room + GIB, info, cg)
     assert not g.ok and g.fits_bytes == room and f"memory cgroup {V1_TASK}" in g.message
     assert pc.memory_guard(room, info, cg).ok
@@ -212,7 +213,7 @@ def test_warm_refused_by_the_guard_unless_forced_and_fit_warms_what_fits(
 ) -> None:
     files = [make_file(ddir / f"f{i}.bin", 1 << 20) for i in range(8)]
     total = sum(f.stat().st_size for f in files)
-    margin = pc.safety_margin_bytes(64 * GIB)
+    margin = safety_margin_bytes(64 * GIB)
     fake = {"MemTotal": 64 * GIB, "MemAvailable": margin + 3 * (1 << 20)}  # room for 3 of 8 MiB
     monkeypatch.setattr(pc, "read_meminfo", lambda *a: fake)
     with pytest.raises(DltopError, match="refused.*--fit.*--force"):
@@ -715,7 +716,7 @@ def _sparse(path: Path, apparent: int, data: int) -> Path:
 
 def test_guard_counts_the_data_of_sparse_files_not_their_holes(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = _sparse(ddir / "huge", 100 * GIB, 4 << 20)
-    margin = pc.safety_margin_bytes(64 * GIB)
+    margin = safety_margin_bytes(64 * GIB)
     monkeypatch.setattr(pc, "read_meminfo", lambda *a: {"MemTotal": 64 * GIB, "MemAvailable": margin + (64 << 20)})
     d = pc.warm([str(ddir)], dry_run=True)  # the exact plan (a residency scan)
     assert d.total_bytes == 4 << 20 and d.guard is not None and d.guard.ok and d.guard.need_bytes == 4 << 20
@@ -1006,7 +1007,7 @@ def test_warm_guard_weighs_the_data_against_the_page_cache_it_can_have(
     files = [make_file(ddir / f"f{i}.bin", 1 << 20) for i in range(8)]
     for f in files[:4]:
         read_file(f)
-    margin = pc.safety_margin_bytes(1 * GIB)  # 256 MiB
+    margin = safety_margin_bytes(1 * GIB)  # 256 MiB
     fake = _meminfo(margin + (6 << 20), free=1 * GIB)
     monkeypatch.setattr(pc, "read_meminfo", lambda *a: fake)
     d = pc.plan("warm", [str(ddir)])  # what --dry-run shows
@@ -1028,7 +1029,7 @@ def test_warm_guard_weighs_the_data_against_the_page_cache_it_can_have(
 
 
 def test_warm_guard_names_the_watched_datasets_it_may_push_out(ddir: Path) -> None:
-    margin = pc.safety_margin_bytes(1 * GIB)
+    margin = safety_margin_bytes(1 * GIB)
     others = {"/data/val": 300 << 20, "/data/test": 0}
     g = pc.warm_guard(200 << 20, 0, _meminfo(margin + GIB, free=50 << 20), None, others)
     assert g.ok and g.reclaim_bytes == 150 << 20 and g.at_risk == {"/data/val": 300 << 20}

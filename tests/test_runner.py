@@ -16,6 +16,7 @@ from dltop.config import Settings
 from dltop.errors import DltopError
 from dltop.model.actions import ActionEvent, ActionPlan
 from dltop.model.datasets import DatasetsPart
+from dltop.model.memory import safety_margin_bytes
 from dltop.sampler import Sampler
 from dltop.sources.base import Source
 from dltop.sources.registry import build_sources
@@ -122,7 +123,7 @@ def test_lock_is_held_until_released_and_released_on_close(ddir: Path) -> None:
 def test_a_refused_action_finishes_as_refused(ddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = make_file(ddir / "big.bin", 64 * PS)
     evict_file(f)
-    margin = pc.safety_margin_bytes(64 << 30)
+    margin = safety_margin_bytes(64 << 30)
     monkeypatch.setattr(pc, "read_meminfo", lambda *a: {"MemTotal": 64 << 30, "MemAvailable": margin + PS})
     runner = ActionRunner()
     events = _record(runner)

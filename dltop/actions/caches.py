@@ -26,7 +26,7 @@ from typing import Any
 from dltop import cache_roots
 from dltop.actions import confine
 from dltop.actions.confine import Refused
-from dltop.actions.pagecache import Progress
+from dltop.actions.pagecache import Progress, is_cancelled
 from dltop.actions.pagecache import Ticker as _Ticker
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes, plural, printable
@@ -282,7 +282,7 @@ def tally(path: str, keep_top: bool, held: set[tuple[int, int]], cancel: threadi
         links[(top.st_dev, top.st_ino)] = [top.st_blocks * 512, top.st_nlink, 1]
         t.files += stat.S_ISREG(top.st_mode)
     while todo:
-        if cancel is not None and cancel.is_set():
+        if is_cancelled(cancel):
             break
         d = todo.pop()
         try:
@@ -553,7 +553,7 @@ def clear(path: str, options: ClearOptions, *, dry_run: bool = False,
     t = tally(path, _keeps_folder(path, loc, st), held, cancel)
     r = ClearResult(action="clear", paths=[path], cache=loc.name, dry_run=dry_run, total_bytes=t.freed_bytes,
                     files=t.files)
-    if dry_run or (cancel is not None and cancel.is_set()):
+    if dry_run or is_cancelled(cancel):
         r.cancelled = not dry_run
         return r
     t0 = time.monotonic()
@@ -597,7 +597,7 @@ def _clear_hub(path: str, loc: src.Location, revision: str, options: ClearOption
         t = tally(p, False, held, cancel)
         total, files = total + t.freed_bytes, files + t.files
     r = ClearResult(action="clear", paths=[path], cache=loc.name, dry_run=dry_run, total_bytes=total, files=files)
-    if dry_run or (cancel is not None and cancel.is_set()):
+    if dry_run or is_cancelled(cancel):
         r.cancelled = not dry_run
         return r
     t0 = time.monotonic()

@@ -41,6 +41,7 @@ from dltop.residency.walk import (
     WalkReport,
     counted_before,
     join_path,
+    skip_error,
     walk,
 )
 
@@ -71,16 +72,6 @@ HELPER_STOP_S = 5.0  # how long a cancelled warm waits for a helper process to r
 SHARD_RUN_BITS = 6
 _O_NOFOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
 _O_FOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def __getattr__(name: str) -> Any:
-    """`cgroup_room_bytes` and `safety_margin_bytes` are this module's API too, loaded when first asked for: the
-    memory model is ~4 ms of an evict's start-up, which never needs it."""
-    if name in ("cgroup_room_bytes", "safety_margin_bytes"):
-        from dltop.model import memory
-
-        return getattr(memory, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -115,6 +106,11 @@ class Progress:
 
 
 ProgressFn = Callable[[Progress], None]
+
+
+def is_cancelled(cancel: threading.Event | None) -> bool:
+    """`cancel` is given and set: the action stops where it is."""
+    return cancel is not None and cancel.is_set()
 
 
 @dataclass(frozen=True)
@@ -158,10 +154,7 @@ def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup:
     "auto" reads this process's cgroup when `meminfo` is read live too; None skips it; tests pass a CgroupMemory."""
     from dltop.model.memory import cgroup_room_bytes, safety_margin_bytes
 
-    live = meminfo is None
-    info = read_meminfo() if meminfo is None else meminfo
-    if isinstance(cgroup, str):
-        cgroup = _own_cgroup() if live else None
+    info, cgroup = _memory_read(meminfo, cgroup)
     avail, total = info.get("MemAvailable"), info.get("MemTotal")
     margin = safety_margin_bytes(total)
     room = cgroup_room_bytes(cgroup)
@@ -176,11 +169,17 @@ def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup:
     return MemoryGuard(need_bytes, avail, total, margin, ok, fits, msg)
 
 
+def _memory_read(meminfo: dict[str, int] | None, cgroup: Any) -> tuple[dict[str, int], Any]:
+    """The meminfo and the memory cgroup a guard weighs: `meminfo` None reads it live, and `cgroup` "auto" is
+    this process's cgroup when meminfo is live (None otherwise)."""
+    if isinstance(cgroup, str):
+        cgroup = _own_cgroup() if meminfo is None else None
+    return (read_meminfo() if meminfo is None else meminfo), cgroup
+
+
 def _lock_verdict(need_bytes: int, avail: int | None, room: tuple[int, str] | None, margin: int, fits: int,
                   ok: bool, by_cgroup: bool) -> str:
     """The lock guard's verdict in words, with the numbers it rests on."""
-    from dltop.fmt import human_bytes
-
     if ok:
         msg = f"ok: {human_bytes(need_bytes)} fits"
         if avail is not None:
@@ -218,48 +217,49 @@ def warm_guard(
     the page cache the cgroup can hold. What is read beyond free memory the kernel reclaims from other page
     cache: `others` (the resident bytes of other watched datasets, by path) says whose pages are at risk.
     """
-    from dltop.fmt import human_bytes as hb
     from dltop.model.memory import cgroup_room_bytes, safety_margin_bytes
 
-    live = meminfo is None
-    info = read_meminfo() if meminfo is None else meminfo
-    if isinstance(cgroup, str):
-        cgroup = _own_cgroup() if live else None
+    info, cgroup = _memory_read(meminfo, cgroup)
     avail, total, free = info.get("MemAvailable"), info.get("MemTotal"), info.get("MemFree")
     margin = safety_margin_bytes(total)
-    res = resident_bytes or 0
     cg_room = cgroup_room_bytes(cgroup)
     if avail is None and cg_room is None:
         return MemoryGuard(need_bytes, None, total, margin, True, need_bytes, "MemAvailable unknown: not checked",
                            resident_bytes=resident_bytes)
     room, where, free = _warm_room(avail, margin, cg_room, cgroup, free)
+    res = resident_bytes or 0
     ok = res + need_bytes <= room
     fits = min(need_bytes, max(0, room - res))
-    what = f"{hb(need_bytes)} to read" + (f" + {hb(res)} resident already" if res else "")
-    if resident_bytes is None:
-        what = f"its {hb(need_bytes)} of data"
-    room_text = f"the {hb(room)} of page cache it can have ({where})"
-    if ok:
-        msg = f"ok: {what} fits in {room_text}"
-    else:
-        msg = f"refused: {what} is more than {room_text}: the warm would evict what it just read; {hb(fits)} fits"
+    msg = _warm_verdict(need_bytes, resident_bytes, f"the {human_bytes(room)} of page cache it can have ({where})",
+                        ok, fits)
     reclaim = None if free is None else max(0, need_bytes - free)
-    at_risk: dict[str, int] = {}
+    at_risk = {p: b for p, b in (others or {}).items() if b > 0} if reclaim else {}
     if reclaim:
-        at_risk = {p: b for p, b in (others or {}).items() if b > 0}
         msg += _reclaim_text(reclaim, at_risk)
     return MemoryGuard(need_bytes, avail, total, margin, ok, fits, msg, resident_bytes=resident_bytes,
                        room_bytes=room, reclaim_bytes=reclaim, at_risk=at_risk)
+
+
+def _warm_verdict(need_bytes: int, resident_bytes: int | None, room_text: str, ok: bool, fits: int) -> str:
+    """The warm guard's verdict in words: the data weighed against the page cache it can have."""
+    if resident_bytes is None:
+        what = f"its {human_bytes(need_bytes)} of data"
+    else:
+        what = f"{human_bytes(need_bytes)} to read" + (
+            f" + {human_bytes(resident_bytes)} resident already" if resident_bytes else "")
+    if ok:
+        return f"ok: {what} fits in {room_text}"
+    return (f"refused: {what} is more than {room_text}: the warm would evict what it just read; "
+            f"{human_bytes(fits)} fits")
 
 
 def _warm_room(avail: int | None, margin: int, cg_room: tuple[int, str] | None, cgroup: Any,
                free: int | None) -> tuple[int, str, int | None]:
     """The page cache a warm's data can occupy, where that limit comes from (in words), and the free memory it
     reads into: MemAvailable less the margin, or a memory cgroup's room where that is less."""
-    from dltop.fmt import human_bytes as hb
-
-    room, where = (max(0, avail - margin), f"MemAvailable {hb(avail)} less the {hb(margin)} margin") if (
-        avail is not None) else (0, "")
+    room, where = 0, ""
+    if avail is not None:
+        room, where = max(0, avail - margin), f"MemAvailable {human_bytes(avail)} less the {human_bytes(margin)} margin"
     if cg_room is not None and (avail is None or cg_room[0] < room):
         room, where = cg_room[0], (f"what memory cgroup {cg_room[1]} can hold: its limit less its anonymous "
                                    "memory and a margin")
@@ -270,13 +270,12 @@ def _warm_room(avail: int | None, margin: int, cg_room: tuple[int, str] | None, 
 
 def _reclaim_text(reclaim: int, at_risk: dict[str, int]) -> str:
     """What reading past free memory costs: the page cache the kernel reclaims, and whose it may be."""
-    from dltop.fmt import human_bytes as hb
-
-    text = f"; reading it takes {hb(reclaim)} more than is free, which the kernel reclaims from other page cache"
+    text = (f"; reading it takes {human_bytes(reclaim)} more than is free, which the kernel reclaims from other "
+            "page cache")
     if at_risk:
         listed = sorted(at_risk.items(), key=lambda kv: -kv[1])
         text += ", where other watched datasets hold " + ", ".join(
-            f"{display_path(p)} ({hb(b)})" for p, b in listed[:3]) + (
+            f"{display_path(p)} ({human_bytes(b)})" for p, b in listed[:3]) + (
             f" and {len(listed) - 3} more" if len(listed) > 3 else "")
     return text
 
@@ -419,13 +418,13 @@ def _open_file(dfd: int | None, name: str, follow: bool, path: str, report: Walk
     except OSError as e:
         if dfd is None:
             raise  # the root is this file: an error, not a skipped file
-        _skip(report, e, path)
+        skip_error(report, e, path)
         return None
     try:
         st = os.fstat(fd)
     except OSError as e:
         os.close(fd)
-        _skip(report, e, path)
+        skip_error(report, e, path)
         return None
     if not stat.S_ISREG(st.st_mode):
         report.skip("special")
@@ -433,15 +432,6 @@ def _open_file(dfd: int | None, name: str, follow: bool, path: str, report: Walk
         return fd, st
     os.close(fd)
     return None
-
-
-def _skip(report: WalkReport, e: OSError, path: str) -> None:
-    if e.errno == errno.ENOENT:
-        report.skip("vanished", path, "vanished")
-    elif e.errno in (errno.EACCES, errno.EPERM):
-        report.skip("unreadable", path, "permission denied")
-    else:
-        report.skip("error", path, e.strerror or str(e))
 
 
 class _Residency:
@@ -555,30 +545,21 @@ def _size_plan(
     report = WalkReport()
     budget = Budget(cancel)
     seen: set[tuple[int, int]] = set()
-    ps = kernel.PAGE_SIZE
     r = ActionResult(action=action, paths=[os.fsdecode(p) for p in paths], dry_run=True)
     data = 0
     for root in paths:
         root = os.fsdecode(root)
         try:
             for _d, dfd, name, follow in walk(root, options, report, FolderTotals(root), budget):
-                try:
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
-                except OSError:
-                    continue  # the warm pass counts and reports it
-                if (st.st_nlink > 1 or options.follow_symlinks) and counted_before(st, seen, report):
+                pages = _sized_file(r, dfd, name, follow, options.follow_symlinks, seen, report)
+                if pages is None:
                     continue
-                r.files += 1
-                pages = (st.st_size + ps - 1) // ps
-                r.pages += pages
-                if st.st_blocks * 512 < st.st_size:  # holes, maybe: count only the pages a warm reads
-                    pages = _sparse_data_pages(dfd, name, follow, st)
                 data += pages
                 if r.files == PARALLEL_MIN_FILES:
                     helpers.extend(_spawn_helpers())
         except OSError as e:
             raise DltopError(path_error(e.strerror or str(e), root)) from None
-    r.total_bytes = data * ps
+    r.total_bytes = data * kernel.PAGE_SIZE
     r.guard = warm_guard(r.total_bytes, None, others=_other_datasets(paths, others))
     r.resident_pages_before = None  # not measured yet: the warm pass measures it
     if not report.complete:
@@ -586,12 +567,25 @@ def _size_plan(
     return r
 
 
-def _sparse_data_pages(dfd: int | None, name: str, follow: bool, st: os.stat_result) -> int:
-    """The pages of data of a file that may have holes: what a warm reads of it (0: it cannot be read)."""
+def _sized_file(r: ActionResult, dfd: int | None, name: str, follow: bool, any_alias: bool,
+                seen: set[tuple[int, int]], report: WalkReport) -> int | None:
+    """One walked file counted into `r` (files, pages) by its stat: the pages of data a warm reads of it; None
+    where it is not counted (a hard link met before, or gone: the warm pass counts and reports it)."""
     try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=follow)
+    except OSError:
+        return None
+    if (st.st_nlink > 1 or any_alias) and counted_before(st, seen, report):
+        return None
+    pages = (st.st_size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE
+    r.files += 1
+    r.pages += pages
+    if st.st_blocks * 512 >= st.st_size:
+        return pages
+    try:  # holes, maybe: count only the pages of data (0: it cannot be read, so it will not be warmed)
         fd = os.open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
     except OSError:
-        return 0  # cannot be read, so it will not be warmed
+        return 0
     try:
         return data_pages(fd, st)
     finally:
@@ -651,8 +645,6 @@ def _guarded_warm(
     helpers: list[_Helper],
     plan_s: float,
 ) -> ActionResult:
-    from dltop.fmt import human_bytes
-
     assert r.guard is not None
     limit: int | None = None
     if not r.guard.ok and not force:
@@ -698,11 +690,7 @@ def _run_warm(
     ticker = Ticker("warm", r.total_bytes, progress)
     sized = r.resident_pages_before is None  # the total came from sizes, resident files included
     t0 = time.monotonic()
-    if cancel is not None and cancel.is_set():  # cancelled while measuring: no helper starts on its share
-        _stop_all(helpers or [])
-        helpers = []
-    elif helpers is None:
-        helpers = _spawn_helpers() if limit is None and r.files >= PARALLEL_MIN_FILES else []
+    helpers = _helpers_for(r, limit, cancel, helpers)
     _go(helpers, paths, options, sized)
     ticker.helpers = list(helpers)
     shards = len(helpers) + 1
@@ -716,16 +704,29 @@ def _run_warm(
         ticker.helpers = []
         for h in helpers:
             h.stop()
-    r.cancelled = cancel is not None and cancel.is_set()
+    r.cancelled = is_cancelled(cancel)
     _tally_into(r, tally, sized)
     return _finish(r, report, ticker, t0, tally.hidden, paths, options, plan_s)
+
+
+def _helpers_for(r: ActionResult, limit: int | None, cancel: threading.Event | None,
+                 helpers: list[_Helper] | None) -> list[_Helper]:
+    """The helper processes that share a warm pass's files: those started while measuring (None: none were, so
+    a large tree starts them now, unless the warm is cut at the guard's limit); none after a cancel while
+    measuring (those started are stopped)."""
+    if is_cancelled(cancel):
+        _stop_all(helpers or [])
+        return []
+    if helpers is None:
+        return _spawn_helpers() if limit is None and r.files >= PARALLEL_MIN_FILES else []
+    return helpers
 
 
 def _take_helper(h: _Helper, report: WalkReport, tally: _Tally, paths: list[str], options: WalkOptions,
                  ticker: Ticker, cancel: threading.Event | None, notes: list[str], sized: bool) -> None:
     """What helper `h` warmed, added to this pass's `report` and `tally`; its share warmed here if it failed."""
     got = h.wait(cancel)  # after a cancel: what it measured before it stopped
-    if got is None and not (cancel is not None and cancel.is_set()):
+    if got is None and not is_cancelled(cancel):
         notes.append(f"helper process failed ({h.error or 'no result'}): its share was warmed in this one")
         rep, t = _warm_pass(paths, options, None, ticker, cancel, notes, sized, h.shard)
     elif got is None:
@@ -855,7 +856,7 @@ class _Warming:
             have = self.cached(fd, st)
         except OSError as e:
             os.close(fd)
-            _skip(self.report, e, path)
+            skip_error(self.report, e, path)
             return True
         if self.stopped():
             os.close(fd)
@@ -884,7 +885,7 @@ class _Warming:
             try:
                 self.ticker.add(data_pages(fd, st) * kernel.PAGE_SIZE, path, found=True)
             except OSError as e:
-                _skip(self.report, e, path)
+                skip_error(self.report, e, path)
         os.close(fd)
         self._file_done()
 
@@ -921,13 +922,17 @@ class _Warming:
                 self.tally.hidden_asked += (off + n + ps - 1) // ps - off // ps
             self.pending.append((fd, off, n, i == final, before))
             self.inflight += n
-            while self.inflight > WARM_INFLIGHT_BYTES or len(self.pending) > WARM_INFLIGHT_FILES:
-                self._finish_one()
+            self._throttle()
             if i < final and self.stopped():
                 break
         else:
             f.asked_all = True
         return not self.stopped()
+
+    def _throttle(self) -> None:
+        """Wait for the oldest chunks while more than WARM_INFLIGHT_BYTES or WARM_INFLIGHT_FILES are in flight."""
+        while self.inflight > WARM_INFLIGHT_BYTES or len(self.pending) > WARM_INFLIGHT_FILES:
+            self._finish_one()
 
     def _count(self, f: _Reading, pages: int) -> None:
         if f.have is None:
@@ -950,7 +955,7 @@ class _Warming:
             if f.have is not None:
                 f.brought += max(0, self.cached_range(fd, f.st, off, n) - before)
         except OSError as e:
-            _skip(self.report, e, f.path)
+            skip_error(self.report, e, f.path)
         self.ticker.add(((off + n + ps - 1) // ps - off // ps) * ps, f.path)  # whole pages, as the totals count
         if last:
             del self.reading[fd]
@@ -967,7 +972,7 @@ class _Warming:
                 f.brought = max(f.brought, (got or 0) - f.have)
             self._count(f, pages)
         except OSError as e:
-            _skip(self.report, e, f.path)
+            skip_error(self.report, e, f.path)
         finally:
             os.close(fd)
         self._file_done()
@@ -988,7 +993,7 @@ class _Warming:
                 try:
                     f.brought += max(0, self.cached_range(fd, f.st, off, n) - before)
                 except OSError as e:
-                    _skip(self.report, e, f.path)
+                    skip_error(self.report, e, f.path)
         for fd, f in self.reading.items():
             self._count(f, (f.st.st_size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE)
             if f.asked_all:
@@ -1098,22 +1103,10 @@ class _Helper:
 
     def wait(self, cancel: threading.Event | None) -> tuple[WalkReport, _Tally] | None:
         """What it skipped and measured, once done; None if it failed. Once `cancel` is set, it is asked to stop
-        (SIGTERM) and still reports what it measured, within HELPER_STOP_S."""
+        (its stdin closed) and still reports what it measured, within HELPER_STOP_S."""
         proc = self.proc
-        if proc is None or proc.stdout is None:
+        if proc is None or not self._exited(proc, cancel):
             return None
-        deadline = None
-        while proc.poll() is None:
-            if deadline is None and cancel is not None and cancel.is_set():
-                self._close_stdin()  # it stops at once and reports what it measured
-                deadline = time.monotonic() + HELPER_STOP_S
-            if deadline is not None and time.monotonic() >= deadline:
-                self.error = "did not stop in time"
-                return None
-            import select
-
-            select.select([proc.stdout], [], [], 0.1)
-            self.poll()
         self.poll()
         res = self._result
         if proc.returncode != 0 or res is None:
@@ -1126,6 +1119,22 @@ class _Helper:
         report.problems = [str(p) for p in res["problems"]]
         self.done, self.files, self.found = int(res["done"]), int(res["files"]), int(res["found"])
         return report, _Tally(**{k: int(v) for k, v in res["tally"].items()})
+
+    def _exited(self, proc: subprocess.Popen[bytes], cancel: threading.Event | None) -> bool:
+        """Read what it says until it exits; False where it has not stopped HELPER_STOP_S after `cancel`."""
+        import select
+
+        deadline = None
+        while proc.poll() is None:
+            if deadline is None and is_cancelled(cancel):
+                self._close_stdin()  # it stops at once and reports what it measured
+                deadline = time.monotonic() + HELPER_STOP_S
+            if deadline is not None and time.monotonic() >= deadline:
+                self.error = "did not stop in time"
+                return False
+            select.select([proc.stdout], [], [], 0.1)
+            self.poll()
+        return True
 
     def _close_stdin(self) -> None:
         if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
@@ -1250,8 +1259,6 @@ def _measure_after(r: ActionResult, paths: list[str], options: WalkOptions, budg
     limit, memory pressure), and a cancelled action never reaches some files. A rescan that runs out of its
     budget leaves the count unknown, with the part it reached in a note.
     """
-    from dltop.fmt import human_bytes
-
     part = scan_paths(tuple(paths), options, deadline_s=budget_s)
     once = counted_once(part.scanned)  # a dataset inside another one given is counted there
     files = sum(ds.files for ds in once)
@@ -1314,7 +1321,7 @@ def _read_range(fd: int, off: int, n: int) -> None:
 
 def _read_all(fd: int, size: int, cancel: threading.Event | None) -> None:
     off = 0
-    while off < size and not (cancel is not None and cancel.is_set()):
+    while off < size and not is_cancelled(cancel):
         n = min(64 << 20, size - off)
         _read_range(fd, off, n)
         off += n
@@ -1350,7 +1357,7 @@ def evict(
     _add_measured(r, once)
     r.resident_pages_before = ev.before
     r.total_bytes = (ev.before + r.unknown_pages) * ps  # hidden pages may be resident too
-    r.cancelled = cancel is not None and cancel.is_set()
+    r.cancelled = is_cancelled(cancel)
     ticker.add(0, force=True)
     r.elapsed_s = time.monotonic() - t0
     r.done_bytes, r.files_done = ticker.done, r.files
@@ -1465,23 +1472,24 @@ def _explain_stayed(r: ActionResult, stayed: list[tuple[str, os.stat_result, int
     stayed = sorted(stayed, key=lambda s: (-s[2], s[0]))
     mappers = _mappers({(s.st_dev, s.st_ino) for _p, s, _n, tmpfs in stayed if not tmpfs})
     for path, st, pages, tmpfs in stayed:
-        who = mappers.get((st.st_dev, st.st_ino), [])
-        if tmpfs:
-            why, detail = "tmpfs", "on tmpfs: its pages are memory, not cache (delete the file to free them)"
-        elif any(locked for _pid, _comm, locked in who):
-            why = "locked"
-            detail = "locked by " + ", ".join(_locker(p, c) for p, c, locked in who if locked)
-        elif who:
-            why = "mapped"
-            detail = "mapped by " + ", ".join(f"{c} (pid {p})" for p, c, _l in who)
-        else:
-            why, detail = "busy", "still in use (under writeback or being read)"
+        why, detail = _why_stayed(tmpfs, mappers.get((st.st_dev, st.st_ino), []))
         r.stayed[why] = r.stayed.get(why, 0) + pages
         if len(r.stayed_detail) < STAYED_DETAIL:
             r.stayed_detail.append(f"{display_path(path)}: {plural(pages, 'page')} "
                                    f"({human_bytes(pages * ps)}) {detail}")
         else:
             r.stayed_more += 1
+
+
+def _why_stayed(tmpfs: bool, who: list[tuple[int, str, bool]]) -> tuple[str, str]:
+    """Why a file's pages stayed resident after an evict (a `stayed` key), and in words: `who` maps it."""
+    if tmpfs:
+        return "tmpfs", "on tmpfs: its pages are memory, not cache (delete the file to free them)"
+    if any(locked for _pid, _comm, locked in who):
+        return "locked", "locked by " + ", ".join(_locker(p, c) for p, c, locked in who if locked)
+    if who:
+        return "mapped", "mapped by " + ", ".join(f"{c} (pid {p})" for p, c, _l in who)
+    return "busy", "still in use (under writeback or being read)"
 
 
 def _mappers(keys: set[tuple[int, int]], proc: str = "/proc") -> dict[tuple[int, int], list[tuple[int, str, bool]]]:
@@ -1525,18 +1533,38 @@ def _mapped_by(pid_dir: str, want: dict[tuple[str, str], tuple[int, int]]) -> di
 
 def _mlock_failed(path: str, e: OSError, locked_bytes: int) -> str:
     """Why mlock refused a file, with the limit that refused it and what was locked before."""
-    from dltop.fmt import human_bytes
-
     soft, _ = kernel.memlock_limit_bytes()
     return (f"mlock failed on {display_path(path)} ({e.strerror}): RLIMIT_MEMLOCK is "
             f"{'unlimited' if soft is None else human_bytes(soft)} and {human_bytes(locked_bytes)} "
             "was locked before it (raise `ulimit -l` or run as root)")
 
 
+def _lock_file(locks: LockSet, path: str, fd: int, st: os.stat_result, ticker: Ticker,
+               cancel: threading.Event | None, report: WalkReport) -> bool:
+    """Lock one open file into `locks` and close its fd (the mapping keeps the file); False where it was skipped.
+    Raises DltopError, every lock released, where the kernel's limit on locked memory refused it."""
+
+    def step(n: int) -> bool:
+        ticker.add(n, path)
+        return not is_cancelled(cancel)
+
+    try:
+        locks.lock_file(path, fd, st, step)
+    except OSError as e:
+        if e.errno in (errno.ENOMEM, errno.EAGAIN, errno.EPERM):
+            before = locks.bytes
+            locks.release()
+            raise DltopError(_mlock_failed(path, e, before)) from None
+        skip_error(report, e, path)
+        return False
+    finally:
+        os.close(fd)
+    ticker.files += 1
+    return True
+
+
 def memlock_error(need_bytes: int) -> str | None:
     """Why locking `need_bytes` will fail because of RLIMIT_MEMLOCK, or None when it will not."""
-    from dltop.fmt import human_bytes
-
     if kernel.can_lock_unlimited():
         return None
     soft, _hard = kernel.memlock_limit_bytes()
@@ -1577,30 +1605,13 @@ def lock(
     files = _files(paths, options, report, cancel)
     try:
         for path, fd, st in files:
-
-            def step(n: int, path: str = path) -> bool:
-                ticker.add(n, path)
-                return cancel is None or not cancel.is_set()
-
-            try:
-                locks.lock_file(path, fd, st, step)
-            except OSError as e:
-                if e.errno in (errno.ENOMEM, errno.EAGAIN, errno.EPERM):
-                    before = locks.bytes
-                    locks.release()
-                    raise DltopError(_mlock_failed(path, e, before)) from None
-                _skip(report, e, path)
-                continue
-            finally:
-                os.close(fd)  # the mapping keeps the file
-            ticker.files += 1
-            if cancel is not None and cancel.is_set():
+            if _lock_file(locks, path, fd, st, ticker, cancel, report) and is_cancelled(cancel):
                 break
     except BaseException:
         locks.release()
         raise
     finally:
         files.close()
-    r.cancelled = cancel is not None and cancel.is_set()
+    r.cancelled = is_cancelled(cancel)
     r.done_bytes, r.files_done = locks.bytes, len(locks.paths)
     return _finish(r, report, ticker, t0, 0, paths, options, plan_s), locks
