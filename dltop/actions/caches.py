@@ -99,16 +99,7 @@ def check(path: str, options: ClearOptions) -> tuple[src.Location, os.stat_resul
     if not os.path.isabs(path):
         raise Refused("not absolute", f"{display_path(path)} is not an absolute path")
     path = os.path.normpath(path)
-    try:
-        env = options.environment()
-    except OSError as e:
-        raise DltopError(src.environment_error(e)) from None
-    home_of = cache_roots.homes([env.home])
-    prefixes = cache_roots.known_prefixes(env.env)
-    why = cache_roots.root_refusal(path, home_of=home_of, prefixes=prefixes)
-    if why is not None:
-        raise Refused(why.rule, why.reason)
-    loc = _cache_of(path, src.resolve(env, options.caches), home_of, prefixes)
+    loc = _cache_of(path, options)
     try:
         st = os.lstat(path)
     except OSError as e:
@@ -118,19 +109,35 @@ def check(path: str, options: ClearOptions) -> tuple[src.Location, os.stat_resul
                       "dltop never follows one: give the folder it points to as a cache of its own")
     if path != loc.path:
         _no_link_above(path, loc.path)
-    if st.st_uid != os.geteuid():
-        owner = src.passwd_of(st.st_uid)[0]
-        raise Refused("owner", f"{display_path(path)} is owned by {owner} (uid {st.st_uid}), not by this user: "
-                      "clear it as its owner")
-    mounts = _mount_points(options.root)
-    if stat.S_ISDIR(st.st_mode) and (os.path.ismount(path) or path in mounts or os.path.realpath(path) in mounts):
-        raise Refused("mount point", f"{display_path(path)} is a mount point; clear what is inside it by entry")
+    _check_owner_and_mount(path, st, options.root)
     _check_layout(path, loc)
     return loc, st
 
 
-def _cache_of(path: str, known: list[src.Location], home_of: dict[str, str], prefixes: dict[str, str]) -> src.Location:
-    """The known cache `path` is (or is inside); Refused where it is none, or inside one that is refused."""
+def _check_owner_and_mount(path: str, st: os.stat_result, root: str) -> None:
+    """Refused where `path` is another user's, or a mount point."""
+    if st.st_uid != os.geteuid():
+        owner = src.passwd_of(st.st_uid)[0]
+        raise Refused("owner", f"{display_path(path)} is owned by {owner} (uid {st.st_uid}), not by this user: "
+                      "clear it as its owner")
+    mounts = _mount_points(root)
+    if stat.S_ISDIR(st.st_mode) and (os.path.ismount(path) or path in mounts or os.path.realpath(path) in mounts):
+        raise Refused("mount point", f"{display_path(path)} is a mount point; clear what is inside it by entry")
+
+
+def _cache_of(path: str, options: ClearOptions) -> src.Location:
+    """The known cache `path` is (or is inside), in the environment `options` names; Refused where `path` is a
+    refused root, none, or inside one that is refused."""
+    try:
+        env = options.environment()
+    except OSError as e:
+        raise DltopError(src.environment_error(e)) from None
+    home_of = cache_roots.homes([env.home])
+    prefixes = cache_roots.known_prefixes(env.env)
+    why = cache_roots.root_refusal(path, home_of=home_of, prefixes=prefixes)
+    if why is not None:
+        raise Refused(why.rule, why.reason)
+    known = src.resolve(env, options.caches)
     loc = next((c for c in known if path == c.path or path.startswith(c.path.rstrip("/") + "/")), None)
     if loc is None:
         raise Refused("not a cache", f"{display_path(path)} is not a cache dltop knows (known: "
@@ -178,15 +185,7 @@ def open_by(target: str, root: str = "/") -> dict[int, tuple[str, int]]:
     out: dict[int, tuple[str, int]] = {}
     for name in _other_pids(proc):
         base = os.path.join(proc, name)
-        found: set[str] = set()
-        for p in [os.path.join(base, "cwd"), *_fd_paths(base)]:
-            try:
-                link = os.readlink(p)
-            except OSError:
-                continue
-            if link == target or link.startswith(prefix):
-                found.add(link)
-        found.update(where[5] for where in _maps(base) if len(where) == 6 and where[5].startswith(prefix))
+        found = _open_under(base, target, prefix)
         if found:
             try:
                 with open(os.path.join(base, "comm")) as f:
@@ -195,6 +194,20 @@ def open_by(target: str, root: str = "/") -> dict[int, tuple[str, int]]:
                 comm = "?"
             out[int(name)] = (comm, len(found))
     return out
+
+
+def _open_under(base: str, target: str, prefix: str) -> set[str]:
+    """The paths under `target` one process (/proc/PID at `base`) holds: its working folder, fds and mappings."""
+    found: set[str] = set()
+    for p in [os.path.join(base, "cwd"), *_fd_paths(base)]:
+        try:
+            link = os.readlink(p)
+        except OSError:
+            continue
+        if link == target or link.startswith(prefix):
+            found.add(link)
+    found.update(where[5] for where in _maps(base) if len(where) == 6 and where[5].startswith(prefix))
+    return found
 
 
 def open_inodes(dev: int, root: str = "/") -> set[tuple[int, int]]:
@@ -217,14 +230,19 @@ def open_inodes(dev: int, root: str = "/") -> set[tuple[int, int]]:
                 continue
             if st.st_dev == dev:
                 out.add((st.st_dev, st.st_ino))
-        for parts in _maps(base):
-            if len(parts) < 5 or parts[4] == "0":
-                continue
-            major, _, minor = parts[3].partition(":")
-            with contextlib.suppress(ValueError):
-                if os.makedev(int(major, 16), int(minor, 16)) == dev:
-                    out.add((dev, int(parts[4])))
+        out.update(_mapped_on(base, dev))
     return out
+
+
+def _mapped_on(base: str, dev: int) -> Iterator[tuple[int, int]]:
+    """(dev, inode) of each file on filesystem `dev` one process (/proc/PID at `base`) maps."""
+    for parts in _maps(base):
+        if len(parts) < 5 or parts[4] == "0":
+            continue
+        major, _, minor = parts[3].partition(":")
+        with contextlib.suppress(ValueError):
+            if os.makedev(int(major, 16), int(minor, 16)) == dev:
+                yield dev, int(parts[4])
 
 
 def _other_pids(proc: str) -> list[str]:
@@ -302,6 +320,13 @@ def tally(path: str, keep_top: bool, held: set[tuple[int, int]], cancel: threadi
                     seen[2] += 1
         except OSError:
             t.unreadable += 1
+    _count_inodes(t, links, held)
+    return t
+
+
+def _count_inodes(t: Tally, links: dict[tuple[int, int], list[int]], held: set[tuple[int, int]]) -> None:
+    """Each non-folder's blocks counted once, by inode ([blocks, st_nlink, links met]): freed where every link
+    was met and no process holds it open, else linked outside or held open."""
     outside, open_ = [0, 0], [0, 0]
     for key, (blocks, nlink, met) in links.items():
         if met < nlink:
@@ -311,7 +336,15 @@ def tally(path: str, keep_top: bool, held: set[tuple[int, int]], cancel: threadi
         else:
             t.freed_bytes += blocks
     t.linked_outside, t.held_open = (outside[0], outside[1]), (open_[0], open_[1])
-    return t
+
+
+def _tally_all(paths: list[str], held: set[tuple[int, int]], cancel: threading.Event | None) -> tuple[int, int]:
+    """The bytes freed and the files removed by clearing each of `paths` (a hub revision's deletions)."""
+    freed = files = 0
+    for p in paths:
+        t = tally(p, False, held, cancel)
+        freed, files = freed + t.freed_bytes, files + t.files
+    return freed, files
 
 
 _HUB_REVISION = re.compile(r"((?:models|datasets|spaces)--[^/]+)/snapshots/([^/]+)")
@@ -360,11 +393,7 @@ def _plan_hub(path: str, loc: src.Location, repo: str, revision: str, options: C
         paths, expected, whole = hub_deletions(loc, revision, options)
     except DltopError as e:
         return _refused_plan(path, e)
-    held = open_inodes(st.st_dev, options.root)
-    freed = files = 0
-    for p in paths:
-        t = tally(p, False, held, cancel)
-        freed, files = freed + t.freed_bytes, files + t.files
+    freed, files = _tally_all(paths, open_inodes(st.st_dev, options.root), cancel)
     repo_id = src.hub_repo_id(os.path.basename(repo))
     notes = [f"huggingface_hub's delete_revisions plans this (as hf cache rm does): it expects to free "
              f"{human_bytes(expected)} (file sizes; dltop counts blocks), blobs linked by another revision stay."]
@@ -386,9 +415,17 @@ def plan(path: str, options: ClearOptions, cancel: threading.Event | None = None
     if (rev := hub_revision(path, loc)) is not None:
         return _plan_hub(path, loc, rev[0], rev[1], options, st, cancel)
     t = tally(path, _keeps_folder(path, loc, st), open_inodes(st.st_dev, options.root), cancel)
+    layout = confine.layout_of(loc.name, loc.path)
+    kind = f"added cache, laid out as {layout}'s" if layout else f"{loc.label} cache"
+    return ActionPlan(action="clear", target=path, bytes=t.freed_bytes, files=t.files, allowed=True,
+                      guard=f"ok: {kind} ({loc.source})", notes=_plan_notes(path, loc, st, t, options.root))
+
+
+def _plan_notes(path: str, loc: src.Location, st: os.stat_result, t: Tally, root: str) -> tuple[str, ...]:
+    """The warnings and notes a clear's confirmation states: processes using the cache, what is not freed, what
+    stays, the tool's own clear command, what could not be read."""
     notes = []
-    real = os.path.realpath(path)
-    users = open_by(real, options.root)
+    users = open_by(os.path.realpath(path), root)
     if users:
         who = ", ".join(f"PID {pid} ({printable(comm)}, {plural(n, 'file')})"
                         for pid, (comm, n) in list(users.items())[:OPEN_SHOWN])
@@ -407,10 +444,7 @@ def plan(path: str, options: ClearOptions, cancel: threading.Event | None = None
         notes.append(f"{loc.label} has its own clear command: {loc.clear_command}.")
     if t.unreadable:
         notes.append(f"{plural(t.unreadable, 'entry', 'entries')} could not be read: not counted.")
-    layout = confine.layout_of(loc.name, loc.path)
-    kind = f"added cache, laid out as {layout}'s" if layout else f"{loc.label} cache"
-    return ActionPlan(action="clear", target=path, bytes=t.freed_bytes, files=t.files, allowed=True,
-                      guard=f"ok: {kind} ({loc.source})", notes=tuple(notes))
+    return tuple(notes)
 
 
 def _keeps_folder(path: str, loc: src.Location, st: os.stat_result) -> bool:
@@ -487,6 +521,11 @@ class _Clearer:
         if st.st_dev != self.dev:
             self.leave("other filesystem", path, "a filesystem mounted inside the cache: left alone")
             return
+        self._folder(dfd, name, path, st)
+
+    def _folder(self, dfd: int, name: str, path: str, st: os.stat_result) -> None:
+        """Remove folder `name` (listed with `st`): opened without following a symlink, checked to be the folder
+        listed, emptied, then removed."""
         try:
             fd = os.open(name, _O_DIR, dir_fd=dfd)
         except OSError as e:
@@ -579,11 +618,7 @@ def clear(path: str, options: ClearOptions, *, dry_run: bool = False,
             r.fs_free_delta_bytes = after - free_before
     finally:
         os.close(pfd)
-    ticker.add(0, path, force=True)
-    r.done_bytes, r.files_done = ticker.done, ticker.files
-    r.elapsed_s = time.monotonic() - t0
-    r.cancelled = clearer.stopped()
-    return r
+    return _cleared(r, clearer, path, t0)
 
 
 def _clear_hub(path: str, loc: src.Location, revision: str, options: ClearOptions, st: os.stat_result,
@@ -592,10 +627,7 @@ def _clear_hub(path: str, loc: src.Location, revision: str, options: ClearOption
     """One hub revision: what huggingface_hub's delete_revisions plans, removed in its order by dltop's own
     confined deletion (folder fds, no symlink followed, counted per inode)."""
     paths, _expected, _whole = hub_deletions(loc, revision, options)
-    total = files = 0
-    for p in paths:
-        t = tally(p, False, held, cancel)
-        total, files = total + t.freed_bytes, files + t.files
+    total, files = _tally_all(paths, held, cancel)
     r = ClearResult(action="clear", paths=[path], cache=loc.name, dry_run=dry_run, total_bytes=total, files=files)
     if dry_run or is_cancelled(cancel):
         r.cancelled = not dry_run
@@ -618,8 +650,13 @@ def _clear_hub(path: str, loc: src.Location, revision: str, options: ClearOption
     clearer.finish()
     if free_before is not None and after is not None:
         r.fs_free_delta_bytes = after - free_before
-    ticker.add(0, path, force=True)
-    r.done_bytes, r.files_done = ticker.done, ticker.files
+    return _cleared(r, clearer, path, t0)
+
+
+def _cleared(r: ClearResult, clearer: _Clearer, path: str, t0: float) -> ClearResult:
+    """`r` with what the clear measured as it deleted: bytes freed, files removed, time, whether cancelled."""
+    clearer.ticker.add(0, path, force=True)
+    r.done_bytes, r.files_done = clearer.ticker.done, clearer.ticker.files
     r.elapsed_s = time.monotonic() - t0
     r.cancelled = clearer.stopped()
     return r

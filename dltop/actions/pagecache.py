@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from dltop import kernel
 from dltop.actions.holder import LockSet
@@ -48,9 +48,8 @@ from dltop.residency.walk import (
 if TYPE_CHECKING:
     import subprocess
 
-# How far WILLNEED submissions may run ahead of completed reads: enough to keep the device queue full (warming
-# 1 GiB of big files on the benchmark VM: 256 MiB 0.61 s, 512 MiB 0.53 s, 1 GiB 0.48 s), small enough that what
-# a cancel leaves reading in the background stays small (a cancel stops submitting at once).
+# How far WILLNEED submissions may run ahead of completed reads: enough to keep the device queue full, small
+# enough that what a cancel leaves reading in the background stays small (a cancel stops submitting at once).
 WARM_INFLIGHT_BYTES = 512 << 20
 WARM_INFLIGHT_FILES = 512
 PROGRESS_EVERY_S = 0.1
@@ -1105,14 +1104,12 @@ class _Helper:
         """What it skipped and measured, once done; None if it failed. Once `cancel` is set, it is asked to stop
         (its stdin closed) and still reports what it measured, within HELPER_STOP_S."""
         proc = self.proc
-        if proc is None or not self._exited(proc, cancel):
+        if proc is None or proc.stdout is None or not self._exited(proc, proc.stdout, cancel):
             return None
         self.poll()
         res = self._result
         if proc.returncode != 0 or res is None:
-            err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr is not None else ""
-            self.error = (err.splitlines() or [f"exit status {proc.returncode}"])[-1][:200]
-            self.done = self.files = self.found = 0
+            self._failed(proc)
             return None
         report = WalkReport()
         report.skipped = {str(k): int(v) for k, v in res["skipped"].items()}
@@ -1120,7 +1117,13 @@ class _Helper:
         self.done, self.files, self.found = int(res["done"]), int(res["files"]), int(res["found"])
         return report, _Tally(**{k: int(v) for k, v in res["tally"].items()})
 
-    def _exited(self, proc: subprocess.Popen[bytes], cancel: threading.Event | None) -> bool:
+    def _failed(self, proc: subprocess.Popen[bytes]) -> None:
+        """It ended without its report: `error` says why (its last line on stderr), and it counts nothing."""
+        err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr is not None else ""
+        self.error = (err.splitlines() or [f"exit status {proc.returncode}"])[-1][:200]
+        self.done = self.files = self.found = 0
+
+    def _exited(self, proc: subprocess.Popen[bytes], out: IO[bytes], cancel: threading.Event | None) -> bool:
         """Read what it says until it exits; False where it has not stopped HELPER_STOP_S after `cancel`."""
         import select
 
@@ -1132,7 +1135,7 @@ class _Helper:
             if deadline is not None and time.monotonic() >= deadline:
                 self.error = "did not stop in time"
                 return False
-            select.select([proc.stdout], [], [], 0.1)
+            select.select([out], [], [], 0.1)
             self.poll()
         return True
 

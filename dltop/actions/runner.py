@@ -164,17 +164,7 @@ class ActionRunner:
         except BaseException as e:  # a bug must reach the caller, not vanish with the thread
             run.error, outcome, message = e, "error", f"{run.action} failed: {type(e).__name__}: {e}"
         else:
-            r = run.result
-            if run.step == "run":
-                outcome = "cancelled" if r.cancelled else "ok"
-                message = spec_of(run.action).summary(r)
-                extra = {"done_bytes": r.done_bytes, "total_bytes": r.total_bytes, "elapsed_s": r.elapsed_s,
-                         "files_done": r.files_done}
-            else:
-                outcome = "cancelled" if run.cancelled else "ok"
-                message = r.guard if isinstance(r, ActionPlan) else ""
-                if isinstance(r, ActionPlan):
-                    extra = {"total_bytes": r.bytes}
+            outcome, message, extra = _finished(run)
         with self._lock:
             self._busy = None  # before the finish is announced: a listener may start the next action at once
         self._announce(run, "finished", outcome=outcome, message=message, **extra)
@@ -319,6 +309,20 @@ class ActionRunner:
         """Stop what runs and let go of what is held."""
         self.cancel()
         self.release_all()
+
+
+def _finished(run: Run) -> tuple[Outcome, str, dict[str, Any]]:
+    """The outcome, message and numbers a step that returned announces: a run's summary (measured, cancelled or
+    not) and its counts, a plan's guard and bytes."""
+    r = run.result
+    if run.step == "run":
+        return ("cancelled" if r.cancelled else "ok", spec_of(run.action).summary(r),
+                {"done_bytes": r.done_bytes, "total_bytes": r.total_bytes, "elapsed_s": r.elapsed_s,
+                 "files_done": r.files_done})
+    outcome: Outcome = "cancelled" if run.cancelled else "ok"
+    if isinstance(r, ActionPlan):
+        return outcome, r.guard, {"total_bytes": r.bytes}
+    return outcome, "", {}
 
 
 @dataclass(frozen=True)

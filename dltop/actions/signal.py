@@ -91,20 +91,25 @@ def _hold_and_send(target: SignalTarget, proc: str) -> int:
         if now != target.start_time_ticks:
             raise DltopError(f"pid {pid} is another process now (started at tick {now}, the row's at tick "
                              f"{target.start_time_ticks}): the one shown has exited; nothing sent")
-        try:
-            signals.pidfd_send_signal(fd, getattr(signals, target.signal))
-        except ProcessLookupError:
-            raise DltopError(f"pid {pid} has exited: nothing sent") from None
-        except PermissionError:
-            raise DltopError(f"pid {pid}: permission denied by the kernel (EPERM): nothing sent") from None
-        except OSError as e:
-            if e.errno == errno.ESRCH:
-                raise DltopError(f"pid {pid} has exited: nothing sent") from None
-            raise
+        _send(fd, target)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _send(fd: int, target: SignalTarget) -> None:
+    """`target.signal` sent through the pidfd that holds its process; DltopError saying why the kernel refused."""
+    try:
+        signals.pidfd_send_signal(fd, getattr(signals, target.signal))
+    except ProcessLookupError:
+        raise DltopError(f"pid {target.pid} has exited: nothing sent") from None
+    except PermissionError:
+        raise DltopError(f"pid {target.pid}: permission denied by the kernel (EPERM): nothing sent") from None
+    except OSError as e:
+        if e.errno == errno.ESRCH:
+            raise DltopError(f"pid {target.pid} has exited: nothing sent") from None
+        raise
 
 
 def send(target: SignalTarget, proc: str = "/proc", wait_s: float = WAIT_S) -> SignalResult:
@@ -138,14 +143,7 @@ def send_all(targets: Sequence[SignalTarget], proc: str = "/proc", wait_s: float
                 problems.append(str(e))
         if not held:
             raise DltopError("; ".join(problems) or "no process to signal")
-        exited: set[int] = set()
-        poller = select.poll()
-        for fd in held:
-            poller.register(fd, select.POLLIN)
-        while len(exited) < len(held) and (left := wait_s - (time.monotonic() - t0)) > 0:
-            for fd, _ in poller.poll(int(left * 1000) + 1):
-                exited.add(fd)
-                poller.unregister(fd)
+        exited = _exited_all(list(held), t0 + wait_s)
     finally:
         for fd in held:
             os.close(fd)
@@ -156,17 +154,35 @@ def send_all(targets: Sequence[SignalTarget], proc: str = "/proc", wait_s: float
                         command="", problems=problems, sent=sent, exited_pids=gone)
 
 
+def _exited_all(fds: list[int], deadline: float) -> set[int]:
+    """The pidfds among `fds` whose process exited before `deadline` (time.monotonic)."""
+    exited: set[int] = set()
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    while len(exited) < len(fds) and (left := deadline - time.monotonic()) > 0:
+        for fd, _ in poller.poll(int(left * 1000) + 1):
+            exited.add(fd)
+            poller.unregister(fd)
+    return exited
+
+
 def summary(r: SignalResult) -> str:
     """'SIGTERM sent to pid 4242 (python train.py): it exited' / '...: still running after 1.0 s'; for a set,
     'SIGTERM sent to 3 processes (pids 1, 2, 3): 2 exited, pid 3 still running after 1.0 s; spared: ...'."""
     if len(r.sent) > 1 or r.problems:
-        running = [p for p in r.sent if p not in r.exited_pids]
-        text = (f"{r.signal} sent to {len(r.sent)} process{'es' if len(r.sent) > 1 else ''} "
-                f"(pid{'s' if len(r.sent) > 1 else ''} {', '.join(map(str, r.sent))}): {len(r.exited_pids)} exited")
-        if running:
-            text += f", pid{'s' if len(running) > 1 else ''} {', '.join(map(str, running))} still running after " \
-                    f"{r.elapsed_s:.1f} s"
-        return text + (f"; spared: {'; '.join(r.problems)}" if r.problems else "")
+        return _set_summary(r)
     what = f" ({shorten_end(r.command, 60)})" if r.command else ""
     outcome = "it exited" if r.exited else f"still running after {r.elapsed_s:.1f} s"
     return f"{r.signal} sent to pid {r.pid}{what}: {outcome}"
+
+
+def _set_summary(r: SignalResult) -> str:
+    """`summary` of a tagged set, or of one process with others spared."""
+    running = [p for p in r.sent if p not in r.exited_pids]
+    text = (f"{r.signal} sent to {len(r.sent)} process{'es' if len(r.sent) > 1 else ''} "
+            f"(pid{'s' if len(r.sent) > 1 else ''} {', '.join(map(str, r.sent))}): {len(r.exited_pids)} exited")
+    if running:
+        text += f", pid{'s' if len(running) > 1 else ''} {', '.join(map(str, running))} still running after " \
+                f"{r.elapsed_s:.1f} s"
+    return text + (f"; spared: {'; '.join(r.problems)}" if r.problems else "")

@@ -96,6 +96,11 @@ def _reason(part: Any) -> str | None:
     return part.reason if isinstance(part, Unavailable) else None
 
 
+def _unread(layer: str, summary: str, part: Any, fix: str = "see why") -> Layer:
+    """A layer whose part of the Snapshot is not there: degraded, with the part's own reason."""
+    return Layer(layer, DEGRADED, summary, _reason(part) or "no reading", fix)
+
+
 def gpu_layer(snap: Any, root: bool) -> Layer:
     from dltop.model import Unavailable
 
@@ -119,8 +124,8 @@ def memory_layer(snap: Any) -> Layer:
 
     mem = snap.memory
     if not isinstance(mem, MemoryPart):
-        return Layer("page cache", DEGRADED, "memory not read", _reason(mem) or "no reading",
-                     "check /proc/meminfo is readable (a container with /proc masked?)")
+        return _unread("page cache", "memory not read", mem,
+                       "check /proc/meminfo is readable (a container with /proc masked?)")
     missing = [f"{k}: {v}" for k, v in (mem.unavailable or {}).items()]
     psi = _reason(mem.pressure_memory)
     if psi:
@@ -154,26 +159,27 @@ def dataset_layers(snap: Any) -> list[Layer]:
                       "the config")]
     if not isinstance(part, DatasetsPart):
         return [Layer("datasets", DEGRADED, "not read", _reason(part) or "", "see why")]
-    from dltop.model.datasets import DatasetUnavailable
-
-    out = []
-    for d in part.paths:
-        name = f"dataset {d.path}"
-        if isinstance(d, DatasetUnavailable):
-            out.append(Layer(name, DEGRADED, "not scanned", d.unavailable,
-                             "mount it, or give a path that is there (dltop export serves it as down until it is)"))
-            continue
-        why = _dataset_problem(d)
-        if why:
-            out.append(Layer(name, DEGRADED, f"by {d.method or '?'}: some pages unknown", why,
-                             "run as root (or a unit with CAP_DAC_READ_SEARCH and CAP_FOWNER) to read every file"))
-        else:
-            out.append(Layer(name, FULL, f"every page read, by {d.method or '?'}"))
+    out = [_dataset_layer(d) for d in part.paths]
     if part.found:  # the folders training jobs read, found without a flag
         n = len(part.found)
         out.append(Layer("found datasets", FULL, f"{n} folder{'s' if n != 1 else ''} read by training jobs, found "
                          "without a flag" + (f"; {part.discovery}" if part.discovery else "")))
     return out or [Layer("datasets", NONE, "none watched, none found read by a training job")]
+
+
+def _dataset_layer(d: Any) -> Layer:
+    """One watched dataset's verdict: scanned with every page read, some pages unknown, or not scanned."""
+    from dltop.model.datasets import DatasetUnavailable
+
+    name = f"dataset {d.path}"
+    if isinstance(d, DatasetUnavailable):
+        return Layer(name, DEGRADED, "not scanned", d.unavailable,
+                     "mount it, or give a path that is there (dltop export serves it as down until it is)")
+    why = _dataset_problem(d)
+    if why:
+        return Layer(name, DEGRADED, f"by {d.method or '?'}: some pages unknown", why,
+                     "run as root (or a unit with CAP_DAC_READ_SEARCH and CAP_FOWNER) to read every file")
+    return Layer(name, FULL, f"every page read, by {d.method or '?'}")
 
 
 def _dataset_problem(d: Any) -> str:
@@ -188,7 +194,7 @@ def caches_layer(snap: Any) -> Layer:
 
     part = snap.caches
     if not isinstance(part, CachesPart):
-        return Layer("caches", DEGRADED, "not read", _reason(part) or "no reading", "see why")
+        return _unread("caches", "not read", part)
     return Layer("caches", FULL, f"{len(part.caches)} compile and model caches of {part.environment}")
 
 
@@ -197,8 +203,7 @@ def cpu_layer(snap: Any) -> Layer:
 
     cpu = snap.cpu
     if not isinstance(cpu, CpuPart):
-        return Layer("CPU topology", DEGRADED, "not read", _reason(cpu) or "no reading",
-                     "check /sys/devices/system/cpu is there (a container may hide it)")
+        return _unread("CPU topology", "not read", cpu, "check /sys/devices/system/cpu is there (a container may hide it)")
     if not cpu.caches:
         return Layer("CPU topology", DEGRADED, f"{len(cpu.cpus)} CPUs, no cache sizes",
                      "/sys/devices/system/cpu/cpu*/cache holds nothing here", "a VM may hide its caches: nothing to do")
@@ -210,7 +215,7 @@ def probe_layer(snap: Any, root: bool) -> Layer:
 
     part = snap.probes
     if not isinstance(part, ProbesPart):
-        return Layer("probe", DEGRADED, "probes not read", _reason(part) or "no reading", "see why")
+        return _unread("probe", "probes not read", part)
     found = f"{len(part.processes)} training processes with dltop.probe"
     if not root:
         return Layer("probe", DEGRADED, f"{found}, this user's only",

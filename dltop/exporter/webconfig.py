@@ -207,6 +207,12 @@ def _tls(path: str, tls: Any, base: Path) -> ssl.SSLContext:
             ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as e:
         raise DltopError(f"{where}: cannot load cert_file/key_file: {getattr(e, 'strerror', None) or e}") from None
+    _set_client_auth(ctx, tls, where, rel)
+    return ctx
+
+
+def _set_client_auth(ctx: ssl.SSLContext, tls: dict[str, Any], where: str, rel: Callable[[str], str]) -> None:
+    """Whether clients must show a certificate, and the CA file that signs theirs."""
     auth = tls.get("client_auth_type", "NoClientCert")
     if auth not in CLIENT_AUTH:
         raise DltopError(f"{where}: client_auth_type: {auth!r} is not one of {', '.join(CLIENT_AUTH)}")
@@ -219,7 +225,6 @@ def _tls(path: str, tls: Any, base: Path) -> ssl.SSLContext:
             raise DltopError(f"{where}: cannot load client_ca_file: {getattr(e, 'strerror', None) or e}") from None
     elif auth != "NoClientCert":
         raise DltopError(f"{where}: client_auth_type {auth} needs client_ca_file")
-    return ctx
 
 
 def _set_versions(ctx: ssl.SSLContext, tls: dict[str, Any], where: str) -> None:

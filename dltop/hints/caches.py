@@ -246,16 +246,20 @@ def _by_name(part: CachesPart) -> dict[str, CacheInfo]:
     return names
 
 
+def _grown(before: CacheInfo | None, c: CacheInfo) -> int | None:
+    """Bytes cache `c` grew since `before`, its earlier walk; None where the two cannot be compared."""
+    if before is None or before.path != c.path or before.size_bytes is None or c.size_bytes is None:
+        return None
+    return c.size_bytes - before.size_bytes
+
+
 def _fastest_growth(first: CachesPart, last: CachesPart, dt: float) -> tuple[float, CacheInfo, int] | None:
     """(bytes an hour, cache, bytes grown) of the cache growing fastest against its filesystem's free space."""
     worst: tuple[float, CacheInfo, int] | None = None
     by_name = _by_name(first)
     for c in last.caches:
-        before = by_name.get(c.name)
-        if before is None or before.path != c.path or before.size_bytes is None or c.size_bytes is None:
-            continue
-        grew = c.size_bytes - before.size_bytes
-        if grew < GROWTH_MIN_BYTES or not c.fs_free_bytes:
+        grew = _grown(by_name.get(c.name), c)
+        if grew is None or grew < GROWTH_MIN_BYTES or not c.fs_free_bytes:
             continue
         per_hour = grew / dt * 3600
         if not wanted("cache-growing", f"cache {c.path}"):
