@@ -168,33 +168,38 @@ class PynvmlBackend:
         kind = self.nv.NVML_CLOCK_SM if clock == "sm" else self.nv.NVML_CLOCK_MEM
         return int(self.nv.nvmlDeviceGetClockInfo(h, kind))
 
-    def pcie_bytes(self, h: Any) -> tuple[int, int, float | None]:
-        """(tx, rx, when): the cumulative PCIe byte counters, one nvmlDeviceGetFieldValues call for both, and the
-        time NVML stamped them (`field_time`). Each field has its own return code; a counter narrower than 64 bits
-        is refused as Not Supported (at PCIe speeds a 32-bit byte counter wraps several times a second, so no rate
-        from it would be true)."""
+    def _counters(self, h: Any, ids: list[Any], wide_only: bool) -> tuple[int, int, float | None]:
+        """(tx, rx, when): a pair of cumulative counters from one nvmlDeviceGetFieldValues call, and the time NVML
+        stamped them (`field_time`). Each field has its own return code; with `wide_only` a counter narrower than
+        64 bits is refused as Not Supported."""
         nv = self.nv
-        fields = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES])
-        out = []
+        fields = nv.nvmlDeviceGetFieldValues(h, ids)
         for f in fields:
             if f.nvmlReturn != nv.NVML_SUCCESS:
                 raise nv.NVMLError(f.nvmlReturn)
-            if f.valueType != nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+            if wide_only and f.valueType != nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
                 raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
-            out.append(int(f.value.ullVal))
-        return out[0], out[1], field_time(fields)
+        return int(fields[0].value.ullVal), int(fields[1].value.ullVal), field_time(fields)
+
+    def pcie_bytes(self, h: Any) -> tuple[int, int, float | None]:
+        """The PCIe byte counters: 64-bit only (at PCIe speeds a 32-bit byte counter wraps several times a second,
+        so no rate from it would be true)."""
+        nv = self.nv
+        return self._counters(h, [nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES], True)
 
     def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int:
         counter = self.nv.NVML_PCIE_UTIL_TX_BYTES if direction == "tx" else self.nv.NVML_PCIE_UTIL_RX_BYTES
         return int(self.nv.nvmlDeviceGetPcieThroughput(h, counter))
 
-    def ecc_uncorrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
+    def _ecc(self, h: Any, error_type: int, counter: Literal["volatile", "aggregate"]) -> int:
         kind = self.nv.NVML_VOLATILE_ECC if counter == "volatile" else self.nv.NVML_AGGREGATE_ECC
-        return int(self.nv.nvmlDeviceGetTotalEccErrors(h, self.nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, kind))
+        return int(self.nv.nvmlDeviceGetTotalEccErrors(h, error_type, kind))
+
+    def ecc_uncorrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
+        return self._ecc(h, self.nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter)
 
     def ecc_corrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
-        kind = self.nv.NVML_VOLATILE_ECC if counter == "volatile" else self.nv.NVML_AGGREGATE_ECC
-        return int(self.nv.nvmlDeviceGetTotalEccErrors(h, self.nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, kind))
+        return self._ecc(h, self.nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, counter)
 
     def fan_percent(self, h: Any) -> int:
         return int(self.nv.nvmlDeviceGetFanSpeed(h))
@@ -214,17 +219,10 @@ class PynvmlBackend:
         return int(call(h)[0])  # [percent, sampling period in us]
 
     def nvlink_kib(self, h: Any) -> tuple[int, int, float | None]:
-        """(tx, rx, when) NVLink data KiB summed over all links (scope UINT_MAX), one field call for both, and the
-        time NVML stamped them."""
+        """NVLink data KiB summed over all links (scope UINT_MAX)."""
         nv = self.nv
-        fields = nv.nvmlDeviceGetFieldValues(h, [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, UINT_NOT_AVAILABLE),
-                                                 (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, UINT_NOT_AVAILABLE)])
-        out = []
-        for f in fields:
-            if f.nvmlReturn != nv.NVML_SUCCESS:
-                raise nv.NVMLError(f.nvmlReturn)
-            out.append(int(f.value.ullVal))
-        return out[0], out[1], field_time(fields)
+        return self._counters(h, [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, UINT_NOT_AVAILABLE),
+                                  (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, UINT_NOT_AVAILABLE)], False)
 
     def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int:
         c = (self.nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS if cause == "sbe"
@@ -290,7 +288,22 @@ def _instance_id(value: int | None) -> int | None:
 @dataclass(frozen=True)
 class _FakeHandle:
     gpu: dict[str, Any]
-    mig: bool = False
+
+
+def _count(key: str, function: str) -> Callable[[FakeBackend, Any], int]:
+    """A fake's call that answers the GPU's number `key` of the scenario (or its error), as `function` would."""
+    def call(self: FakeBackend, h: Any) -> int:
+        return int(self._get(h, key, function))
+
+    return call
+
+
+def _pick(key: str, function: str) -> Callable[[FakeBackend, Any, str], int]:
+    """A fake's call that answers one number of the GPU's object `key` (`which`: "sm", "tx", "volatile", ...)."""
+    def call(self: FakeBackend, h: Any, which: str) -> int:
+        return int(self._value(self._get(h, key, function)[which]))
+
+    return call
 
 
 class FakeBackend:
@@ -377,17 +390,19 @@ class FakeBackend:
         u = self._get(h, "utilization", "nvmlDeviceGetUtilizationRates")
         return self._value(u["gpu"]), self._value(u["memory"])
 
-    def temperature_c(self, h: Any) -> int:
-        return int(self._get(h, "temperature_c", "nvmlDeviceGetTemperature"))
-
-    def power_mw(self, h: Any) -> int:
-        return int(self._get(h, "power_mw", "nvmlDeviceGetPowerUsage"))
-
-    def power_limit_mw(self, h: Any) -> int:
-        return int(self._get(h, "power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit"))
-
-    def clock_mhz(self, h: Any, clock: Literal["sm", "mem"]) -> int:
-        return int(self._value(self._get(h, "clocks_mhz", "nvmlDeviceGetClockInfo")[clock]))
+    # A number of the scenario's GPU (`_count`), or one of an object's (`_pick`): (its key, NVML's call)
+    temperature_c = _count("temperature_c", "nvmlDeviceGetTemperature")
+    power_mw = _count("power_mw", "nvmlDeviceGetPowerUsage")
+    power_limit_mw = _count("power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit")
+    fan_percent = _count("fan_speed_percent", "nvmlDeviceGetFanSpeed")
+    performance_state = _count("pstate", "nvmlDeviceGetPerformanceState")
+    clocks_event_reasons = _count("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons")
+    mig_device_count = _count("mig_max_devices", "nvmlDeviceGetMaxMigDeviceCount")
+    clock_mhz = _pick("clocks_mhz", "nvmlDeviceGetClockInfo")
+    pcie_kb_per_s = _pick("pcie_kb_per_s", "nvmlDeviceGetPcieThroughput")
+    ecc_uncorrected = _pick("ecc_uncorrected", "nvmlDeviceGetTotalEccErrors")
+    ecc_corrected = _pick("ecc_corrected", "nvmlDeviceGetTotalEccErrors")
+    retired_pages = _pick("retired_pages", "nvmlDeviceGetRetiredPages")
 
     def _counters(self, c: dict[str, Any]) -> tuple[int, int, float | None]:
         """A pair of cumulative counters as read now. Where the scenario gives them a rate (`tx_per_s`,
@@ -405,27 +420,6 @@ class FakeBackend:
     def pcie_bytes(self, h: Any) -> tuple[int, int, float | None]:
         return self._counters(self._get(h, "pcie_bytes", "nvmlDeviceGetFieldValues"))
 
-    def pcie_kb_per_s(self, h: Any, direction: Literal["tx", "rx"]) -> int:
-        return int(self._value(self._get(h, "pcie_kb_per_s", "nvmlDeviceGetPcieThroughput")[direction]))
-
-    def ecc_uncorrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
-        return int(self._value(self._get(h, "ecc_uncorrected", "nvmlDeviceGetTotalEccErrors")[counter]))
-
-    def retired_pages(self, h: Any, cause: Literal["sbe", "dbe"]) -> int:
-        return int(self._value(self._get(h, "retired_pages", "nvmlDeviceGetRetiredPages")[cause]))
-
-    def ecc_corrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
-        return int(self._value(self._get(h, "ecc_corrected", "nvmlDeviceGetTotalEccErrors")[counter]))
-
-    def fan_percent(self, h: Any) -> int:
-        return int(self._get(h, "fan_speed_percent", "nvmlDeviceGetFanSpeed"))
-
-    def performance_state(self, h: Any) -> int:
-        return int(self._get(h, "pstate", "nvmlDeviceGetPerformanceState"))
-
-    def clocks_event_reasons(self, h: Any) -> int:
-        return int(self._get(h, "clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons"))
-
     def codec_utilization(self, h: Any, unit: Literal["encoder", "decoder"]) -> int:
         name = "Encoder" if unit == "encoder" else "Decoder"
         return int(self._get(h, f"{unit}_util_percent", f"nvmlDeviceGet{name}Utilization"))
@@ -439,16 +433,13 @@ class FakeBackend:
     def mig_mode(self, h: Any) -> bool:
         return bool(self._get(h, "mig_mode", "nvmlDeviceGetMigMode"))
 
-    def mig_device_count(self, h: Any) -> int:
-        return int(self._get(h, "mig_max_devices", "nvmlDeviceGetMaxMigDeviceCount"))
-
     def mig_handle(self, h: Any, index: int) -> Any:
         self._need("nvmlDeviceGetMigDeviceHandleByIndex")
         migs = h.gpu.get("mig_devices", [])
         if index >= len(migs) or migs[index] is None:
             raise self.nv.NVMLError(self.nv.NVML_ERROR_NOT_FOUND)  # an empty slot
         self._value(migs[index].get("error"))
-        return _FakeHandle(migs[index], mig=True)
+        return _FakeHandle(migs[index])
 
     def mig_ids(self, h: Any) -> tuple[int, int]:
         ids = self._get(h, "instance_ids", "nvmlDeviceGetGpuInstanceId")
@@ -518,7 +509,7 @@ def _check_error_names(v: Any, where: str, nv: Any) -> None:
             _check_error_names(x, f"{where}[{i}]", nv)
 
 
-def _check_numbers(v: Any, keys: tuple[str, ...], where: str, optional: tuple[str, ...] = ()) -> None:
+def _check_numbers(v: Any, where: str, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
     """An object of counts (`keys` required), or an error name."""
     if _is_error(v):
         return
@@ -545,44 +536,61 @@ def _check_processes(v: Any, where: str) -> None:
                 raise ScenarioError(f"{where}[{i}].{k}: expected a non-negative integer or null")
 
 
-_DEVICE_COUNTS = ("temperature_c", "power_mw", "power_limit_mw", "mig_max_devices", "fan_speed_percent", "pstate",
-                  "clocks_event_reasons", "encoder_util_percent", "decoder_util_percent")
-_DEVICE_SHAPES = {"memory": ("total", "used", "free", "reserved"), "utilization": ("gpu", "memory"),
-                  "clocks_mhz": ("sm", "mem"), "pcie_kb_per_s": ("tx", "rx"), "pcie_bytes": ("tx", "rx"),
-                  "ecc_uncorrected": ("volatile", "aggregate"), "retired_pages": ("sbe", "dbe"),
-                  "ecc_corrected": ("volatile", "aggregate"), "nvlink_kib": ("tx", "rx"),
-                  "instance_ids": ("gpu", "compute")}
+def _check_samples(v: Any, where: str) -> None:
+    """process_utilization: a list of samples, or an error name."""
+    if _is_error(v):
+        return
+    if not isinstance(v, list):
+        raise ScenarioError(f"{where}: expected a list")
+    for i, x in enumerate(v):
+        _check_numbers(x, f"{where}[{i}]", ("pid", "timestamp_us", "sm", "mem"), optional=("period_us",))
+
+
+def _check_migs(v: Any, where: str) -> None:
+    if not isinstance(v, list):
+        raise ScenarioError(f"{where}: expected a list")
+    for i, m in enumerate(v):
+        if m is not None:  # an empty slot
+            _check_device(m, f"{where}[{i}]")
+
+
+def _check_string(v: Any, where: str) -> None:
+    if not isinstance(v, str):
+        raise ScenarioError(f"{where}: expected a string")
+
+
+def _check_count(v: Any, where: str) -> None:
+    if not _is_count(v) and not _is_error(v):
+        raise ScenarioError(f"{where}: expected a non-negative integer")
+
+
+def _counters_shape(v: Any, where: str) -> None:
+    _check_numbers(v, where, ("tx", "rx"), optional=("tx_per_s", "rx_per_s"))
+
+
+# A GPU's (or MIG instance's) keys and how each is checked; another key is not the fake's and is let be.
+_DEVICE_CHECKS: dict[str, Callable[[Any, str], None]] = {
+    **dict.fromkeys(("name", "uuid", "bus_id"), _check_string),
+    **dict.fromkeys(("temperature_c", "power_mw", "power_limit_mw", "mig_max_devices", "fan_speed_percent", "pstate",
+                     "clocks_event_reasons", "encoder_util_percent", "decoder_util_percent"), _check_count),
+    **{k: partial(_check_numbers, keys=keys) for k, keys in (
+        ("memory", ("total", "used", "free", "reserved")), ("utilization", ("gpu", "memory")),
+        ("clocks_mhz", ("sm", "mem")), ("pcie_kb_per_s", ("tx", "rx")), ("ecc_uncorrected", ("volatile", "aggregate")),
+        ("ecc_corrected", ("volatile", "aggregate")), ("retired_pages", ("sbe", "dbe")),
+        ("instance_ids", ("gpu", "compute")))},
+    "pcie_bytes": _counters_shape, "nvlink_kib": _counters_shape,
+    "compute_processes": _check_processes, "graphics_processes": _check_processes,
+    "process_utilization": _check_samples, "mig_devices": _check_migs,
+}
 
 
 def _check_device(g: Any, where: str) -> None:
     """A GPU (or a MIG instance) of the scenario."""
     if not isinstance(g, dict):
         raise ScenarioError(f"{where}: expected an object")
-    for k in ("name", "uuid", "bus_id"):
-        if k in g and not isinstance(g[k], str):
-            raise ScenarioError(f"{where}.{k}: expected a string")
-    for k in _DEVICE_COUNTS:
-        if k in g and not _is_count(g[k]) and not _is_error(g[k]):
-            raise ScenarioError(f"{where}.{k}: expected a non-negative integer")
-    for k, keys in _DEVICE_SHAPES.items():
-        if k in g:
-            _check_numbers(g[k], keys, f"{where}.{k}",
-                           optional=("tx_per_s", "rx_per_s") if k in ("pcie_bytes", "nvlink_kib") else ())
-    for k in ("compute_processes", "graphics_processes"):
-        if k in g:
-            _check_processes(g[k], f"{where}.{k}")
-    pu = g.get("process_utilization", [])
-    if not isinstance(pu, list) and not _is_error(pu):
-        raise ScenarioError(f"{where}.process_utilization: expected a list")
-    for i, x in enumerate(pu if isinstance(pu, list) else ()):
-        _check_numbers(x, ("pid", "timestamp_us", "sm", "mem"), f"{where}.process_utilization[{i}]",
-                       optional=("period_us",))
-    migs = g.get("mig_devices", [])
-    if not isinstance(migs, list):
-        raise ScenarioError(f"{where}.mig_devices: expected a list")
-    for i, m in enumerate(migs):
-        if m is not None:
-            _check_device(m, f"{where}.mig_devices[{i}]")
+    for k, v in g.items():
+        if (check := _DEVICE_CHECKS.get(k)) is not None:
+            check(v, f"{where}.{k}")
 
 
 # -- reading ----------------------------------------------------------------------------------------------------
@@ -659,6 +667,7 @@ def _error_texts(nv: Any) -> tuple[dict[int, str], dict[int, str]]:
 
 NO_PROCESS_MEMORY = ("NVML gives no per-process memory here (NVML_VALUE_NOT_AVAILABLE): MIG without admin rights, "
                      "WSL, or a container")
+MEMORY_FIELDS = ("memory_pool", "memory_total_bytes", "memory_used_bytes", "memory_free_bytes", "memory_reserved_bytes")
 PCIE_FIELDS = ("pcie_tx_bytes_total", "pcie_rx_bytes_total", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
                "pcie_counters_at")
 MAX_KEPT_REASONS = 4096  # sets of reasons shared between Snapshots (GpuReader._shared)
@@ -682,6 +691,13 @@ class _Lost(Exception):
     def __init__(self, reason: str, word: str = "lost") -> None:
         self.reason = reason
         self.word = word  # GpuDevice.down
+
+
+def _why(e: Any, nv: Any) -> str:
+    """What a failed call means (`explain`); a lost GPU raises _Lost instead, ending this GPU's tick."""
+    if e.value == nv.NVML_ERROR_GPU_IS_LOST:
+        raise _Lost(explain(e, nv)) from None
+    return explain(e, nv)
 
 
 def _absent_word(e: Any, nv: Any) -> str | None:
@@ -731,6 +747,117 @@ def _system_memory(path: str) -> tuple[int, int] | str:
     return total, available
 
 
+class _Fields:
+    """One GPU's numbers as a tick reads them: each field's value, or why it has none. `slow` and `fixed` keep an
+    answer in the reader's tables, keyed by the GPU's index."""
+
+    def __init__(self, reader: GpuReader, index: int) -> None:
+        self.reader = reader
+        self.nv = reader._nv
+        self.index = index
+        self.values: dict[str, Any] = {}
+        self.missing: dict[str, str] = {}
+
+    def ask(self, fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
+        """The call's answer, kept as the field's value; None with the reason where it fails."""
+        try:
+            value = call(*args)
+        except self.nv.NVMLError as e:
+            self.missing[fieldname] = _why(e, self.nv)
+            return None
+        self.values[fieldname] = value
+        return value
+
+    def slow(self, fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
+        """`ask` at most once a SLOW_READ_S for a number that changes only by an admin or over months."""
+        kept_by = self.reader._slow
+        key, now = (self.index, fieldname), self.reader._clock()
+        kept = kept_by.get(key)
+        if kept is None or now - kept[0] >= SLOW_READ_S:
+            value = self.ask(fieldname, call, *args)  # a lost GPU raises here: nothing kept
+            kept = kept_by[key] = (now, value, self.missing.get(fieldname))
+        elif kept[2] is not None:
+            self.missing[fieldname] = kept[2]
+        else:
+            self.values[fieldname] = kept[1]
+        return kept[1]
+
+    def fixed(self, fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
+        """`ask` until it answers, then that answer for the session: a handle's name, UUID and PCI address are the
+        board's (nvitop keeps them too); an index that is lost and found again is a new session."""
+        kept_by, key = self.reader._fixed, (self.index, fieldname)
+        if key in kept_by:
+            self.values[fieldname] = value = kept_by[key]
+            return value
+        value = self.ask(fieldname, call, *args)
+        if value is not None:
+            kept_by[key] = value
+        return value
+
+    def pair(self, names: tuple[str, str], call: Callable[..., Any], *args: Any, scale: int = 1) -> Any:
+        """Two fields from one call that answers both (its answer's first two items), or each missing with why."""
+        got = self.ask(names[0], call, *args)
+        if got is None:
+            self.missing[names[1]] = self.missing[names[0]]
+        else:
+            self.values[names[0]], self.values[names[1]] = got[0] * scale, got[1] * scale
+        return got
+
+
+def _sensors(b: NvmlBackend, h: Any, f: _Fields) -> None:
+    """Utilization, temperature, power, fan, P-state, throttle reasons, clocks, encoder and decoder."""
+    f.pair(("utilization_gpu_percent", "utilization_memory_percent"), b.utilization, h)
+    if f.ask("temperature_c", b.temperature_c, h) is not None:
+        f.values["temperature_sensor"] = "gpu"
+    else:
+        f.missing["temperature_sensor"] = f.missing["temperature_c"]
+    f.ask("power_mw", b.power_mw, h)
+    f.slow("power_limit_mw", b.power_limit_mw, h)
+    f.ask("fan_speed_percent", b.fan_percent, h)
+    if (pstate := f.ask("pstate", b.performance_state, h)) is not None and not 0 <= pstate <= 15:
+        del f.values["pstate"]
+        f.missing["pstate"] = f"NVML gives no P-state (NVML_PSTATE_UNKNOWN, {pstate})"
+    if (mask := f.ask("clocks_event_reasons", b.clocks_event_reasons, h)) is not None:
+        f.values["throttle_reasons"] = throttle_names(mask)
+    else:
+        f.missing["throttle_reasons"] = f.missing["clocks_event_reasons"]
+    f.ask("clock_sm_mhz", b.clock_mhz, h, "sm")
+    f.ask("clock_mem_mhz", b.clock_mhz, h, "mem")
+    f.ask("encoder_util_percent", b.codec_utilization, h, "encoder")
+    f.ask("decoder_util_percent", b.codec_utilization, h, "decoder")
+
+
+def _links_and_errors(b: NvmlBackend, h: Any, f: _Fields) -> None:
+    """NVLink's byte counters, ECC error counts and retired pages (the aggregate ones read once a minute)."""
+    if (kib := f.pair(("nvlink_tx_bytes_total", "nvlink_rx_bytes_total"), b.nvlink_kib, h, scale=1024)) is None:
+        f.missing["nvlink_counters_at"] = f.missing["nvlink_tx_bytes_total"]
+    elif kib[2] is not None:
+        f.values["nvlink_counters_at"] = kib[2]
+    else:
+        f.missing["nvlink_counters_at"] = NO_FIELD_TIME
+    f.ask("ecc_corrected_volatile", b.ecc_corrected, h, "volatile")
+    f.ask("ecc_uncorrected_volatile", b.ecc_uncorrected, h, "volatile")
+    f.slow("ecc_corrected_aggregate", b.ecc_corrected, h, "aggregate")
+    f.slow("ecc_uncorrected_aggregate", b.ecc_uncorrected, h, "aggregate")
+    f.slow("retired_pages_sbe", b.retired_pages, h, "sbe")
+    f.slow("retired_pages_dbe", b.retired_pages, h, "dbe")
+    f.slow("retired_pages_pending", b.retired_pages_pending, h)
+
+
+def _system_pool(f: _Fields, said: str, root: str) -> None:
+    """A unified-memory machine (GB10, Grace): the GPU allocates from system memory, so that is the pool."""
+    note = f"unified memory: NVML reports {said}; the pool is system memory, from /proc/meminfo"
+    f.values.update(memory_pool="system", memory_pool_note=note)
+    f.missing["memory_reserved_bytes"] = note
+    got = _system_memory(os.path.join(root, "proc/meminfo"))
+    if isinstance(got, str):
+        why = f"{note}, which could not be read ({got})"
+        f.missing.update(memory_total_bytes=why, memory_used_bytes=why, memory_free_bytes=why)
+        return
+    total, available = got
+    f.values.update(memory_total_bytes=total, memory_used_bytes=total - available, memory_free_bytes=available)
+
+
 class GpuReader:
     """Holds one NVML session and what is worth keeping between ticks: which call versions the driver has, the
     last utilization sample seen per GPU, and each process's command line."""
@@ -752,7 +879,7 @@ class GpuReader:
         self._count = 0  # the device count they were read under
         self._util_seen_us: dict[str, int] = {}
         self._clock = clock
-        # (GPU index, field) -> (when read, its value, why not): the slow-changing numbers (`slow` in _device)
+        # (GPU index, field) -> (when read, its value, why not): the slow-changing numbers (`_Fields.slow`)
         self._slow: dict[tuple[int, str], tuple[float, Any, str | None]] = {}
         self._host = HostReader(self._proc, clock)  # each process's /proc: user, command, parent, RSS, CPU %
 
@@ -767,26 +894,32 @@ class GpuReader:
         self._slow.clear()
         self._host.close()
 
-    def read(self) -> GpuPart | Unavailable:
-        """Every GPU NVML sees, or why none can be read."""
-        if self._backend is None and (absent := _no_nvml(self._make_backend)) is not None:
+    def _start(self) -> Unavailable | None:
+        """Begin the NVML session, or say why it cannot begin."""
+        if (absent := _no_nvml(self._make_backend)) is not None:
             return absent
         try:
             import pynvml
         except ImportError:
             return Unavailable(NOT_INSTALLED)
         self._nv = nv = pynvml
-        if self._backend is None:
-            try:
-                backend = self._make_backend()
-            except ScenarioError as e:
-                return Unavailable(f"fake NVML ({FAKE_ENV}): {e}")
-            try:
-                backend.init()
-            except nv.NVMLError as e:
-                return Unavailable(explain(e, nv), _absent_word(e, nv))
-            self._backend = backend
-        b = self._backend
+        try:
+            backend = self._make_backend()
+        except ScenarioError as e:
+            return Unavailable(f"fake NVML ({FAKE_ENV}): {e}")
+        try:
+            backend.init()
+        except nv.NVMLError as e:
+            return Unavailable(explain(e, nv), _absent_word(e, nv))
+        self._backend = backend
+        return None
+
+    def read(self) -> GpuPart | Unavailable:
+        """Every GPU NVML sees, or why none can be read."""
+        if self._backend is None and (why := self._start()) is not None:
+            return why
+        nv, b = self._nv, self._backend
+        assert b is not None
         try:
             count = b.device_count()
         except nv.NVMLError as e:
@@ -807,250 +940,140 @@ class GpuReader:
 
     def _device(self, b: NvmlBackend, index: int, driver: str | None) -> GpuDevice:
         nv = self._nv
-        values: dict[str, Any] = {}
-        missing: dict[str, str] = {}
-        processes: tuple[GpuProcess, ...] | Unavailable = ()
+        f = _Fields(self, index)
         migs: tuple[MigDevice, ...] = ()
-
-        def ask(fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
-            try:
-                value = call(*args)
-            except nv.NVMLError as e:
-                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
-                    raise _Lost(explain(e, nv)) from None
-                missing[fieldname] = explain(e, nv)
-                return None
-            values[fieldname] = value
-            return value
-
-        def slow(fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
-            """`ask` at most once a SLOW_READ_S for a number that changes only by an admin or over months."""
-            key, now = (index, fieldname), self._clock()
-            kept = self._slow.get(key)
-            if kept is None or now - kept[0] >= SLOW_READ_S:
-                value = ask(fieldname, call, *args)  # a lost GPU raises here: nothing kept
-                kept = self._slow[key] = (now, value, missing.get(fieldname))
-            elif kept[2] is not None:
-                missing[fieldname] = kept[2]
-            else:
-                values[fieldname] = kept[1]
-            return kept[1]
-
-        def fixed(fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
-            """`ask` until it answers, then that answer for the session: a handle's name, UUID and PCI address
-            are the board's (nvitop keeps them too); an index that is lost and found again is a new session."""
-            key = (index, fieldname)
-            if key in self._fixed:
-                values[fieldname] = value = self._fixed[key]
-                return value
-            value = ask(fieldname, call, *args)
-            if value is not None:
-                self._fixed[key] = value
-            return value
-
-        down: str | None = None
         try:
             try:
                 h = b.handle(index)
             except nv.NVMLError as e:
                 raise _Lost(explain(e, nv), _down_word(e, nv)) from None
-            fixed("name", b.name, h)
-            uuid = fixed("uuid", b.uuid, h)
-            fixed("bus_id", b.bus_id, h)
-            self._memory(b, h, ask, values, missing)
-            self._sensors(b, h, ask, slow, values, missing)
-            self._pcie(b, h, index, ask, values, missing)
-            self._links_and_errors(b, h, ask, slow, values, missing)
-            if ask("mig_mode", b.mig_mode, h):
+            f.fixed("name", b.name, h)
+            uuid = f.fixed("uuid", b.uuid, h)
+            f.fixed("bus_id", b.bus_id, h)
+            self._memory(b, h, f)
+            _sensors(b, h, f)
+            self._pcie(b, h, f)
+            _links_and_errors(b, h, f)
+            if f.ask("mig_mode", b.mig_mode, h):
                 migs = self._mig_devices(b, h)
             processes = self._processes(b, h, uuid or f"gpu{index}")
         except _Lost as lost:
-            down = lost.word
-            for f in DEVICE_FIELDS:
-                if f not in values:
-                    missing.setdefault(f, lost.reason)
-            processes = Unavailable(lost.reason)
-            # Its name in this NVML session's earlier reads, so the series that goes to 0 is the one it had
-            for f in ("name", "uuid", "bus_id"):
-                if f not in values and (known := self._identities.get(index, {}).get(f)) is not None:
-                    values[f] = known
-        else:
-            self._identities[index] = {f: values[f] for f in ("name", "uuid", "bus_id") if f in values}
-        if down is not None:  # its driver version is not its to claim: the GPU gives nothing
-            missing["driver_version"] = f"{DOWN_DRIVER}: {missing.get('memory_total_bytes', down)}"
-        return GpuDevice(index=index, driver_version=driver if down is None else None, mig_devices=migs,
-                         processes=processes, unavailable=self._shared(missing), down=down, **values)
+            return self._down(f, lost, migs)
+        self._identities[index] = {k: f.values[k] for k in ("name", "uuid", "bus_id") if k in f.values}
+        return GpuDevice(index=index, driver_version=driver, mig_devices=migs, processes=processes,
+                         unavailable=self._shared(f.missing), **f.values)
 
-    @staticmethod
-    def _sensors(b: NvmlBackend, h: Any, ask: Callable[..., Any], slow: Callable[..., Any],
-                 values: dict[str, Any], missing: dict[str, str]) -> None:
-        """Utilization, temperature, power, fan, P-state, throttle reasons, clocks, encoder and decoder."""
-        util = ask("utilization_gpu_percent", b.utilization, h)
-        if util is None:
-            missing["utilization_memory_percent"] = missing["utilization_gpu_percent"]
-        else:
-            values["utilization_gpu_percent"], values["utilization_memory_percent"] = util
-        if ask("temperature_c", b.temperature_c, h) is not None:
-            values["temperature_sensor"] = "gpu"
-        else:
-            missing["temperature_sensor"] = missing["temperature_c"]
-        ask("power_mw", b.power_mw, h)
-        slow("power_limit_mw", b.power_limit_mw, h)
-        ask("fan_speed_percent", b.fan_percent, h)
-        if (pstate := ask("pstate", b.performance_state, h)) is not None and not 0 <= pstate <= 15:
-            del values["pstate"]
-            missing["pstate"] = f"NVML gives no P-state (NVML_PSTATE_UNKNOWN, {pstate})"
-        if (mask := ask("clocks_event_reasons", b.clocks_event_reasons, h)) is not None:
-            values["throttle_reasons"] = throttle_names(mask)
-        else:
-            missing["throttle_reasons"] = missing["clocks_event_reasons"]
-        ask("clock_sm_mhz", b.clock_mhz, h, "sm")
-        ask("clock_mem_mhz", b.clock_mhz, h, "mem")
-        ask("encoder_util_percent", b.codec_utilization, h, "encoder")
-        ask("decoder_util_percent", b.codec_utilization, h, "decoder")
+    def _down(self, f: _Fields, lost: _Lost, migs: tuple[MigDevice, ...]) -> GpuDevice:
+        """A GPU that stopped answering this tick: what it gave before it stopped, each other field missing with
+        the reason, and its name as this NVML session read it before, so the series that goes to 0 is the one it
+        had. Its driver version is not its to claim: the GPU gives nothing."""
+        for name in DEVICE_FIELDS:
+            if name not in f.values:
+                f.missing.setdefault(name, lost.reason)
+        for name, known in self._identities.get(f.index, {}).items():
+            f.values.setdefault(name, known)
+        f.missing["driver_version"] = f"{DOWN_DRIVER}: {f.missing.get('memory_total_bytes', lost.word)}"
+        return GpuDevice(index=f.index, mig_devices=migs, processes=Unavailable(lost.reason),
+                         unavailable=self._shared(f.missing), down=lost.word, **f.values)
 
-    @staticmethod
-    def _links_and_errors(b: NvmlBackend, h: Any, ask: Callable[..., Any], slow: Callable[..., Any],
-                          values: dict[str, Any], missing: dict[str, str]) -> None:
-        """NVLink's byte counters, ECC error counts and retired pages (the aggregate ones read once a minute)."""
-        if (kib := ask("nvlink_tx_bytes_total", b.nvlink_kib, h)) is not None:
-            values["nvlink_tx_bytes_total"], values["nvlink_rx_bytes_total"] = kib[0] * 1024, kib[1] * 1024
-            if kib[2] is not None:
-                values["nvlink_counters_at"] = kib[2]
-            else:
-                missing["nvlink_counters_at"] = NO_FIELD_TIME
-        else:
-            missing["nvlink_rx_bytes_total"] = missing["nvlink_counters_at"] = missing["nvlink_tx_bytes_total"]
-        ask("ecc_corrected_volatile", b.ecc_corrected, h, "volatile")
-        ask("ecc_uncorrected_volatile", b.ecc_uncorrected, h, "volatile")
-        slow("ecc_corrected_aggregate", b.ecc_corrected, h, "aggregate")
-        slow("ecc_uncorrected_aggregate", b.ecc_uncorrected, h, "aggregate")
-        slow("retired_pages_sbe", b.retired_pages, h, "sbe")
-        slow("retired_pages_dbe", b.retired_pages, h, "dbe")
-        slow("retired_pages_pending", b.retired_pages_pending, h)
+    def _memory_info(self, b: NvmlBackend, h: Any) -> MemoryInfo:
+        """The v2 memory call, or v1 where the driver has no v2 (remembered for the session)."""
+        try:
+            return b.memory(h, self._memory_version)
+        except self._nv.NVMLError as e:
+            if self._memory_version == 1 or e.value not in _older_call_codes(self._nv):
+                raise
+        self._memory_version = 1
+        return b.memory(h, 1)
 
-    def _memory(self, b: NvmlBackend, h: Any, ask: Callable[..., Any], values: dict[str, Any],
-                missing: dict[str, str]) -> None:
+    def _memory(self, b: NvmlBackend, h: Any, f: _Fields) -> None:
+        """The framebuffer's numbers, or system memory's on a unified-memory machine."""
         nv = self._nv
-        mem, error = None, None
-        while mem is None:
-            try:
-                mem = b.memory(h, self._memory_version)
-            except nv.NVMLError as e:
-                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
-                    raise _Lost(explain(e, nv)) from None
-                if e.value in _older_call_codes(nv) and self._memory_version == 2:
-                    self._memory_version = 1
-                    continue
-                error = e
-                break
-        if mem is not None and mem.total > 0:
-            values.update(memory_pool="framebuffer", memory_total_bytes=mem.total, memory_used_bytes=mem.used,
-                          memory_free_bytes=mem.free)
-            if mem.reserved is not None:
-                values["memory_reserved_bytes"] = mem.reserved
+        try:
+            mem = self._memory_info(b, h)
+        except nv.NVMLError as e:
+            why = _why(e, nv)
+            if e.value == nv.NVML_ERROR_NOT_SUPPORTED:
+                _system_pool(f, "no framebuffer total (Not Supported)", self._root)
             else:
-                missing["memory_reserved_bytes"] = ("the driver has no v2 memory call (nvmlDeviceGetMemoryInfo_v2, "
-                                                    "drivers before R510): used includes the driver's reserve")
+                f.missing.update(dict.fromkeys(MEMORY_FIELDS, why))
             return
-        if error is not None and error.value != nv.NVML_ERROR_NOT_SUPPORTED:
-            for name in ("memory_pool", "memory_total_bytes", "memory_used_bytes", "memory_free_bytes",
-                         "memory_reserved_bytes"):
-                missing[name] = explain(error, nv)
+        if mem.total <= 0:
+            _system_pool(f, "a framebuffer total of 0", self._root)
             return
-        # A unified-memory machine (GB10, Grace): the GPU allocates from system memory, so that is the pool.
-        said = "no framebuffer total (Not Supported)" if error is not None else "a framebuffer total of 0"
-        note = f"unified memory: NVML reports {said}; the pool is system memory, from /proc/meminfo"
-        values.update(memory_pool="system", memory_pool_note=note)
-        missing["memory_reserved_bytes"] = note
-        got = _system_memory(os.path.join(self._root, "proc/meminfo"))
-        if isinstance(got, str):
-            why = f"{note}, which could not be read ({got})"
-            missing.update(memory_total_bytes=why, memory_used_bytes=why, memory_free_bytes=why)
-            return
-        total, available = got
-        values.update(memory_total_bytes=total, memory_used_bytes=total - available, memory_free_bytes=available)
+        f.values.update(memory_pool="framebuffer", memory_total_bytes=mem.total, memory_used_bytes=mem.used,
+                        memory_free_bytes=mem.free)
+        if mem.reserved is not None:
+            f.values["memory_reserved_bytes"] = mem.reserved
+        else:
+            f.missing["memory_reserved_bytes"] = ("the driver has no v2 memory call (nvmlDeviceGetMemoryInfo_v2, "
+                                                  "drivers before R510): used includes the driver's reserve")
 
-    def _pcie(self, b: NvmlBackend, h: Any, index: int, ask: Callable[..., Any], values: dict[str, Any],
-              missing: dict[str, str]) -> None:
+    def _pcie(self, b: NvmlBackend, h: Any, f: _Fields) -> None:
         """PCIe traffic from the byte counters, or from the throughput call on a GPU whose driver has none (found
         out once per GPU for the session)."""
         nv = self._nv
-        no_counters = self._pcie_no_counters.get(index)
+        no_counters = self._pcie_no_counters.get(f.index)
         if no_counters is None:
             try:
                 tx, rx, at = b.pcie_bytes(h)
             except nv.NVMLError as e:
-                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
-                    raise _Lost(explain(e, nv)) from None
+                why = _why(e, nv)
                 if e.value not in _no_counter_codes(nv):  # the counters exist but failed this time
-                    values["pcie_source"] = "byte_counters"
-                    missing.update(dict.fromkeys(PCIE_FIELDS, explain(e, nv)))
+                    f.values["pcie_source"] = "byte_counters"
+                    f.missing.update(dict.fromkeys(PCIE_FIELDS, why))
                     return
-                no_counters = self._pcie_no_counters[index] = (
+                no_counters = self._pcie_no_counters[f.index] = (
                     "no PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES, drivers 555+): "
-                    f"{explain(e, nv)}; the rate is nvmlDeviceGetPcieThroughput's")
+                    f"{why}; the rate is nvmlDeviceGetPcieThroughput's")
             else:
-                values.update(pcie_source="byte_counters", pcie_tx_bytes_total=tx, pcie_rx_bytes_total=rx)
+                f.values.update(pcie_source="byte_counters", pcie_tx_bytes_total=tx, pcie_rx_bytes_total=rx)
                 if at is not None:
-                    values["pcie_counters_at"] = at
+                    f.values["pcie_counters_at"] = at
                 else:
-                    missing["pcie_counters_at"] = NO_FIELD_TIME
-                missing.update(pcie_tx_bytes_per_s=PCIE_RATE_FROM_COUNTERS, pcie_rx_bytes_per_s=PCIE_RATE_FROM_COUNTERS)
+                    f.missing["pcie_counters_at"] = NO_FIELD_TIME
+                f.missing.update(pcie_tx_bytes_per_s=PCIE_RATE_FROM_COUNTERS,
+                                 pcie_rx_bytes_per_s=PCIE_RATE_FROM_COUNTERS)
                 return
-        values["pcie_source"] = "throughput"
-        missing.update(pcie_tx_bytes_total=no_counters, pcie_rx_bytes_total=no_counters, pcie_counters_at=no_counters)
+        f.values["pcie_source"] = "throughput"
+        f.missing.update(pcie_tx_bytes_total=no_counters, pcie_rx_bytes_total=no_counters,
+                         pcie_counters_at=no_counters)
         for direction in ("tx", "rx"):
-            kb = ask(f"pcie_{direction}_bytes_per_s", b.pcie_kb_per_s, h, direction)
+            kb = f.ask(f"pcie_{direction}_bytes_per_s", b.pcie_kb_per_s, h, direction)
             if kb is not None:
-                values[f"pcie_{direction}_bytes_per_s"] = kb * 1024  # NVML counts KB/s
+                f.values[f"pcie_{direction}_bytes_per_s"] = kb * 1024  # NVML counts KB/s
 
     def _mig_devices(self, b: NvmlBackend, h: Any) -> tuple[MigDevice, ...]:
+        """The GPU's MIG instances, slot by slot (an empty slot answers NVML_ERROR_NOT_FOUND)."""
         nv = self._nv
         try:
             slots = b.mig_device_count(h)
         except nv.NVMLError as e:
-            if e.value == nv.NVML_ERROR_GPU_IS_LOST:
-                raise _Lost(explain(e, nv)) from None
+            _why(e, nv)  # a lost GPU raises here
             return ()
         out = []
         for j in range(slots):
             try:
                 mh = b.mig_handle(h, j)
             except nv.NVMLError as e:
-                if e.value == nv.NVML_ERROR_NOT_FOUND:
-                    continue  # no instance in this slot
-                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
-                    raise _Lost(explain(e, nv)) from None
-                out.append(MigDevice(mig_index=j, processes=Unavailable(explain(e, nv)),
-                                     unavailable={"mig_device": explain(e, nv)}))
+                if e.value != nv.NVML_ERROR_NOT_FOUND:
+                    why = _why(e, nv)
+                    out.append(MigDevice(mig_index=j, processes=Unavailable(why), unavailable={"mig_device": why}))
                 continue
-            values: dict[str, Any] = {}
-            missing: dict[str, str] = {}
-            calls: tuple[tuple[str, Callable[[], Any]], ...] = (
-                ("name", partial(b.name, mh)), ("uuid", partial(b.uuid, mh)), ("ids", partial(b.mig_ids, mh)),
-                ("memory", partial(b.memory, mh, self._memory_version)))
-            for name, call in calls:
-                try:
-                    values[name] = call()
-                except nv.NVMLError as e:
-                    if e.value == nv.NVML_ERROR_GPU_IS_LOST:
-                        raise _Lost(explain(e, nv)) from None
-                    missing[name] = explain(e, nv)
-            fields: dict[str, Any] = {"name": values.get("name"), "uuid": values.get("uuid")}
-            if "ids" in values:
-                fields["gpu_instance_id"], fields["compute_instance_id"] = values["ids"]
-            else:
-                missing["gpu_instance_id"] = missing["compute_instance_id"] = missing.pop("ids")
-            if "memory" in values:
-                m = values["memory"]
-                fields.update(memory_total_bytes=m.total, memory_used_bytes=m.used, memory_free_bytes=m.free)
-            else:
-                why = missing.pop("memory")
-                missing.update(memory_total_bytes=why, memory_used_bytes=why, memory_free_bytes=why)
-            out.append(MigDevice(mig_index=j, processes=self._processes(b, mh, values.get("uuid") or f"mig{j}"),
-                                 unavailable=missing, **fields))
+            out.append(self._mig_device(b, mh, j))
         return tuple(out)
+
+    def _mig_device(self, b: NvmlBackend, mh: Any, j: int) -> MigDevice:
+        f = _Fields(self, j)
+        f.ask("name", b.name, mh)
+        uuid = f.ask("uuid", b.uuid, mh)
+        f.pair(("gpu_instance_id", "compute_instance_id"), b.mig_ids, mh)
+        if (m := f.ask("memory_total_bytes", b.memory, mh, self._memory_version)) is None:
+            f.missing["memory_used_bytes"] = f.missing["memory_free_bytes"] = f.missing["memory_total_bytes"]
+        else:
+            f.values.update(memory_total_bytes=m.total, memory_used_bytes=m.used, memory_free_bytes=m.free)
+        return MigDevice(mig_index=j, processes=self._processes(b, mh, uuid or f"mig{j}"), unavailable=f.missing,
+                         **f.values)
 
     def _process_list(self, b: NvmlBackend, h: Any, kind: ProcessKind) -> list[ProcessInfo]:
         """v3, then v2, then v1 of the process call, remembering the first the driver has."""
@@ -1082,11 +1105,10 @@ class GpuReader:
             try:
                 procs = self._process_list(b, h, kind)  # type: ignore[arg-type]
             except nv.NVMLError as e:
-                if e.value == nv.NVML_ERROR_GPU_IS_LOST:
-                    raise _Lost(explain(e, nv)) from None
+                why = _why(e, nv)
                 if kind == "graphics" and e.value == nv.NVML_ERROR_NOT_SUPPORTED:
                     continue  # compute-only GPUs have no graphics list
-                return Unavailable(f"processes: {explain(e, nv)}")
+                return Unavailable(f"processes: {why}")
             for p in procs:
                 found[p.pid] = (found[p.pid][0], "compute+graphics") if p.pid in found else (p, kind)
         return found
@@ -1102,10 +1124,9 @@ class GpuReader:
                 if s.pid not in util or s.timestamp_us > util[s.pid].timestamp_us:
                     util[s.pid] = s
         except nv.NVMLError as e:
-            if e.value == nv.NVML_ERROR_GPU_IS_LOST:
-                raise _Lost(explain(e, nv)) from None
-            util_why = ("no utilization sample since the last read (NVML_ERROR_NOT_FOUND)"
-                        if e.value == nv.NVML_ERROR_NOT_FOUND else explain(e, nv))
+            util_why = _why(e, nv)
+            if e.value == nv.NVML_ERROR_NOT_FOUND:
+                util_why = "no utilization sample since the last read (NVML_ERROR_NOT_FOUND)"
         if util:
             self._util_seen_us[key] = max(s.timestamp_us for s in util.values())
         return util, util_why
@@ -1169,16 +1190,25 @@ class GpusReader:
         """Every GPU either library sees, or why none can be read."""
         nv = self.nvml.read() if self.nvml is not None else None
         amd = self.amd.read(len(nv) if isinstance(nv, tuple) else 0) if self.amd is not None else None
-        parts = [p for p in (nv, amd) if p is not None]
-        gpus = tuple(g for p in parts if isinstance(p, tuple) for g in p)
-        if gpus or any(isinstance(p, tuple) for p in parts):
-            return gpus
-        down = [p for p in parts if isinstance(p, Unavailable) and not p.absent]
-        if down or len(parts) == 1:
-            return (down or parts)[0]  # type: ignore[return-value]  # a library that fails is the news
-        first = parts[0]
-        assert isinstance(first, Unavailable) and isinstance(amd, Unavailable)
-        return Unavailable(f"{first.reason}; AMD: {amd.reason}", first.absent)
+        return _combined([p for p in (nv, amd) if p is not None])
+
+
+def _combined(parts: list[GpuPart | Unavailable]) -> GpuPart | Unavailable:
+    """The GPUs of every library that read some; where none did, the one that fails (that is the news), else why
+    each has none."""
+    gpus: list[GpuDevice] = []
+    why: list[Unavailable] = []
+    for part in parts:
+        if isinstance(part, Unavailable):
+            why.append(part)
+        else:
+            gpus += part
+    if len(why) < len(parts):
+        return tuple(gpus)
+    down = [p for p in why if not p.absent]
+    if down or len(why) == 1:
+        return (down or why)[0]
+    return Unavailable(f"{why[0].reason}; AMD: {why[1].reason}", why[0].absent)
 
 
 def amd_reader(root: str) -> AmdReader:
