@@ -72,24 +72,24 @@ def _places(g: GpuDevice) -> list[tuple[str, int, tuple[GpuProcess, ...]]]:
     for m in g.mig_devices:
         if isinstance(m.processes, Unavailable):
             continue
-        gi = m.gpu_instance_id
-        ci = m.compute_instance_id
+        gi, ci = m.gpu_instance_id, m.compute_instance_id
         label = f"{g.index}/{gi}.{ci}" if gi is not None and ci is not None else f"{g.index}/m{m.mig_index}"
         out.append((label, g.index * 1000 + 1 + m.mig_index, m.processes))
         under_mig.update(p.pid for p in m.processes)
-    if isinstance(g.processes, tuple):
-        own = []
-        for p in g.processes:
-            if p.pid in under_mig:
-                continue  # the instance's row says it, with the instance's own memory figure
-            own.append(p)
-        out.insert(0, (str(g.index), g.index * 1000, tuple(own)))
+    if isinstance(g.processes, tuple):  # a process under an instance: its row says it, with the instance's figure
+        out.insert(0, (str(g.index), g.index * 1000, tuple(p for p in g.processes if p.pid not in under_mig)))
     return out
 
 
-def _matches(text: str, place: str, p: GpuProcess) -> bool:
+def _matching(devices: Sequence[GpuDevice], text: str) -> list[tuple[str, int, GpuProcess]]:
+    """(place, device order, process) of every process whose pid, user, command or place holds `text`."""
     needle = text.casefold()
-    return any(needle in hay.casefold() for hay in (str(p.pid), p.user or "", p.command or "", place))
+    out = []
+    for g in devices:
+        for place, order, procs in _places(g):
+            out += [(place, order, p) for p in procs if not needle
+                    or any(needle in hay.casefold() for hay in (str(p.pid), p.user or "", p.command or "", place))]
+    return out
 
 
 def _value(sort: str) -> Callable[[tuple[str, int, GpuProcess]], Any]:
@@ -125,10 +125,7 @@ def select_processes(gpus: Sequence[GpuDevice] | GpuDevice | Unavailable | None,
     GPU process started by another GPU process under that one."""
     if gpus is None or isinstance(gpus, Unavailable):
         return []
-    devices = (gpus,) if isinstance(gpus, GpuDevice) else tuple(gpus)
-    items = [(place, order, p) for g in devices for place, order, procs in _places(g) for p in procs
-             if not query.filter or _matches(query.filter, place, p)]
-    items = _ordered(items, query)
+    items = _ordered(_matching((gpus,) if isinstance(gpus, GpuDevice) else gpus, query.filter), query)
     if not query.tree:
         return [ProcessRow(row_key(place, p), place, p, pid=p.pid) for place, _, p in items]
     return _tree(items)
@@ -146,17 +143,20 @@ def _tree(items: list[tuple[str, int, GpuProcess]]) -> list[ProcessRow]:
             if head in on_gpu or head in done:
                 continue  # drawn under its head
             done.add(head)
-            kids = by_parent[head]
-            first = kids[0][2]
-            rows.append(ProcessRow(f"launcher:{head}", "", None, pid=head, children=len({k[2].pid for k in kids}),
-                                   user=first.parent_user, command=first.parent_command))
-            rows += _members(kids)
+            rows += _launched(head, by_parent[head])
             continue
         rows.append(ProcessRow(row_key(place, p), place, p, pid=p.pid))
         if p.pid in by_parent and p.pid not in done:
             done.add(p.pid)
             rows += _members([k for k in by_parent[p.pid] if under.get(k[2].pid) == p.pid])
     return rows
+
+
+def _launched(head: int, kids: list[tuple[str, int, GpuProcess]]) -> list[ProcessRow]:
+    """A launcher's row (its user and command as its ranks' /proc read them), then its ranks under it."""
+    first = kids[0][2]
+    return [ProcessRow(f"launcher:{head}", "", None, pid=head, children=len({k[2].pid for k in kids}),
+                       user=first.parent_user, command=first.parent_command), *_members(kids)]
 
 
 def _groups(items: list[tuple[str, int, GpuProcess]], on_gpu: set[int],

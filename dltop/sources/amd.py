@@ -14,6 +14,7 @@ import importlib
 import io
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from dltop.model.base import Unavailable
@@ -94,6 +95,47 @@ def _number(value: Any) -> int | None:
     return int(value)
 
 
+class _Fields:
+    """One AMD GPU's numbers as a tick reads them: each field's value, or why it has none (at first, every field
+    amdsmi does not give)."""
+
+    def __init__(self, reader: AmdReader, index: int) -> None:
+        self.reader = reader
+        self.index = index
+        self.values: dict[str, Any] = {}
+        self.missing: dict[str, str] = dict.fromkeys(NOT_ON_AMD, NOT_READ)
+
+    def ask(self, fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
+        """The call's answer, or None with the reason kept for `fieldname`."""
+        try:
+            return call(*args)
+        except Exception as e:
+            self.missing[fieldname] = explain(e)
+            return None
+
+    def put(self, fieldname: str, value: Any, why: str) -> None:
+        """The field's value; None: missing, for the reason already kept or else `why`."""
+        if value is None:
+            self.missing.setdefault(fieldname, why)
+        else:
+            self.values[fieldname] = value
+            self.missing.pop(fieldname, None)
+
+    def slow(self, fieldname: str, read: Callable[[], Any]) -> None:
+        """`read()` at most once a SLOW_READ_S, its answer (or why none) kept between."""
+        kept_by = self.reader._slow
+        key, now = (self.index, fieldname), self.reader._clock()
+        kept = kept_by.get(key)
+        if kept is None or now - kept[0] >= SLOW_READ_S:
+            self.missing.pop(fieldname, None)
+            value = read()
+            kept = kept_by[key] = (now, value, self.missing.get(fieldname))
+        if kept[2] is not None:
+            self.missing[fieldname] = kept[2]
+        elif kept[1] is not None:
+            self.values[fieldname] = kept[1]
+
+
 class AmdReader:
     """Holds one amdsmi session and, per process, the last engine-time reading (a process's activity is the
     difference of two). `host` reads each process's /proc facts (user, command, parent, host RSS, CPU %, start
@@ -154,88 +196,59 @@ class AmdReader:
 
     def _device(self, h: Any, index: int, driver: str | None) -> GpuDevice:
         smi = self._smi
-        values: dict[str, Any] = {}
-        missing: dict[str, str] = dict.fromkeys(NOT_ON_AMD, NOT_READ)
+        f = _Fields(self, index)
         try:
             bdf = str(smi.amdsmi_get_gpu_device_bdf(h))  # its PCI address: a GPU gone fails here first
         except Exception as e:
             if getattr(e, "err_code", None) == NOT_FOUND:
                 return self._lost(index, explain(e))
             bdf = None
-            missing["bus_id"] = explain(e)
-
-        def ask(fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
-            try:
-                return call(*args)
-            except Exception as e:
-                missing[fieldname] = explain(e)
-                return None
-
-        def put(fieldname: str, value: Any, why: str) -> None:
-            if value is None:
-                missing.setdefault(fieldname, why)
-            else:
-                values[fieldname] = value
-                missing.pop(fieldname, None)
-
-        def slow(fieldname: str, read: Callable[[], Any]) -> None:
-            key, now = (index, fieldname), self._clock()
-            kept = self._slow.get(key)
-            if kept is None or now - kept[0] >= SLOW_READ_S:
-                missing.pop(fieldname, None)
-                value = read()
-                kept = self._slow[key] = (now, value, missing.get(fieldname))
-            if kept[2] is not None:
-                missing[fieldname] = kept[2]
-            elif kept[1] is not None:
-                values[fieldname] = kept[1]
-
-        self._identity(h, ask, put)
-        put("bus_id", bdf, missing.get("bus_id", "no PCI address"))
-        self._known[index] = {f: values[f] for f in ("name", "uuid", "bus_id") if f in values}
-
-        self._vram(ask("memory_total_bytes", smi.amdsmi_get_gpu_vram_usage, h), values, missing)
-
-        activity = ask("utilization_gpu_percent", smi.amdsmi_get_gpu_activity, h)
-        why = missing.get("utilization_gpu_percent", "amdsmi gives N/A")
+            f.missing["bus_id"] = explain(e)
+        self._identity(h, f)
+        f.put("bus_id", bdf, f.missing.get("bus_id", "no PCI address"))
+        self._known[index] = {k: f.values[k] for k in ("name", "uuid", "bus_id") if k in f.values}
+        self._vram(f.ask("memory_total_bytes", smi.amdsmi_get_gpu_vram_usage, h), f.values, f.missing)
+        activity = f.ask("utilization_gpu_percent", smi.amdsmi_get_gpu_activity, h)
+        why = f.missing.get("utilization_gpu_percent", "amdsmi gives N/A")
         act = activity if isinstance(activity, dict) else {}
-        put("utilization_gpu_percent", _percent(act.get("gfx_activity")), why)
-        put("utilization_memory_percent", _percent(act.get("umc_activity")), why)
+        f.put("utilization_gpu_percent", _percent(act.get("gfx_activity")), why)
+        f.put("utilization_memory_percent", _percent(act.get("umc_activity")), why)
+        self._temperature(h, f.values, f.missing)
+        self._power(h, f)
+        for fieldname, clock in (("clock_sm_mhz", "GFX"), ("clock_mem_mhz", "MEM")):
+            got = f.ask(fieldname, smi.amdsmi_get_clock_info, h, getattr(smi.AmdSmiClkType, clock))
+            f.put(fieldname, _number(got.get("clk")) if isinstance(got, dict) else None, "amdsmi gives N/A")
+        f.missing.update(ecc_corrected_volatile=NO_VOLATILE_ECC, ecc_uncorrected_volatile=NO_VOLATILE_ECC)
+        f.slow("ecc_corrected_aggregate", partial(self._ecc, h, f, "ecc_corrected_aggregate", "correctable_count"))
+        f.slow("ecc_uncorrected_aggregate",
+               partial(self._ecc, h, f, "ecc_uncorrected_aggregate", "uncorrectable_count"))
+        processes = self._processes(h, str(f.values.get("uuid") or index))
+        return GpuDevice(index=index, driver_version=driver, backend="amdsmi", processes=processes,
+                         unavailable=f.missing, **f.values)
 
-        self._temperature(h, values, missing)
-        power = ask("power_mw", smi.amdsmi_get_power_info, h)
-        put("power_mw", _socket_mw(power), missing.get("power_mw", "amdsmi gives N/A for the socket power"))
+    def _power(self, h: Any, f: _Fields) -> None:
+        """The socket power each tick, and its limit once a minute (from the same call's answer)."""
+        power = f.ask("power_mw", self._smi.amdsmi_get_power_info, h)
+        f.put("power_mw", _socket_mw(power), f.missing.get("power_mw", "amdsmi gives N/A for the socket power"))
         limit = _number(power.get("power_limit")) if isinstance(power, dict) else None
 
         def power_limit() -> int | None:
             if limit is None:
-                missing["power_limit_mw"] = missing.get("power_mw", "") if power is None else "amdsmi gives N/A"
+                f.missing["power_limit_mw"] = f.missing.get("power_mw", "") if power is None else "amdsmi gives N/A"
                 return None
             return limit * 1000
 
-        slow("power_limit_mw", power_limit)
-        for fieldname, clock in (("clock_sm_mhz", "GFX"), ("clock_mem_mhz", "MEM")):
-            got = ask(fieldname, smi.amdsmi_get_clock_info, h, getattr(smi.AmdSmiClkType, clock))
-            put(fieldname, _number(got.get("clk")) if isinstance(got, dict) else None, "amdsmi gives N/A")
-        missing.update(ecc_corrected_volatile=NO_VOLATILE_ECC, ecc_uncorrected_volatile=NO_VOLATILE_ECC)
+        f.slow("power_limit_mw", power_limit)
 
-        def ecc(kind: str, fieldname: str) -> Callable[[], int | None]:
-            def read() -> int | None:
-                got = ask(fieldname, smi.amdsmi_get_gpu_total_ecc_count, h)
-                if got is None:
-                    return None
-                n = _number(got.get(kind)) if isinstance(got, dict) else None
-                if n is None:
-                    missing[fieldname] = "amdsmi gives N/A"
-                return n
-
-            return read
-
-        slow("ecc_corrected_aggregate", ecc("correctable_count", "ecc_corrected_aggregate"))
-        slow("ecc_uncorrected_aggregate", ecc("uncorrectable_count", "ecc_uncorrected_aggregate"))
-        processes = self._processes(h, str(values.get("uuid") or index))
-        return GpuDevice(index=index, driver_version=driver, backend="amdsmi", processes=processes,
-                         unavailable=missing, **values)
+    def _ecc(self, h: Any, f: _Fields, fieldname: str, kind: str) -> int | None:
+        """One of amdsmi's total ECC counts ("correctable_count", "uncorrectable_count")."""
+        got = f.ask(fieldname, self._smi.amdsmi_get_gpu_total_ecc_count, h)
+        if got is None:
+            return None
+        n = _number(got.get(kind)) if isinstance(got, dict) else None
+        if n is None:
+            f.missing[fieldname] = "amdsmi gives N/A"
+        return n
 
     def _lost(self, index: int, reason: str) -> GpuDevice:
         """A GPU amdsmi no longer finds: down, each field missing with the reason, no driver version claimed; its
@@ -268,14 +281,14 @@ class AmdReader:
             return
         missing["temperature_c"] = missing["temperature_sensor"] = "; ".join(tried)
 
-    def _identity(self, h: Any, ask: Callable[..., Any], put: Callable[[str, Any, str], None]) -> None:
-        """The board's name, UUID and PCI address."""
+    def _identity(self, h: Any, f: _Fields) -> None:
+        """The board's name and UUID."""
         smi = self._smi
-        asic = ask("name", smi.amdsmi_get_gpu_asic_info, h)
-        put("name", None if not isinstance(asic, dict) or asic.get("market_name") in (None, "N/A")
-            else str(asic["market_name"]), "amdsmi gives no market name")
-        uuid = ask("uuid", smi.amdsmi_get_gpu_device_uuid, h)
-        put("uuid", None if uuid is None else str(uuid), "no UUID")
+        asic = f.ask("name", smi.amdsmi_get_gpu_asic_info, h)
+        f.put("name", None if not isinstance(asic, dict) or asic.get("market_name") in (None, "N/A")
+              else str(asic["market_name"]), "amdsmi gives no market name")
+        uuid = f.ask("uuid", smi.amdsmi_get_gpu_device_uuid, h)
+        f.put("uuid", None if uuid is None else str(uuid), "no UUID")
 
     @staticmethod
     def _vram(vram: Any, values: dict[str, Any], missing: dict[str, str]) -> None:
@@ -304,22 +317,23 @@ class AmdReader:
         out: dict[int, GpuProcess] = {}
         for entry in listed:
             info = self._process_info(h, entry)
-            if info is not None and (pid := _number(info.get("pid"))) is not None and pid not in out:
+            pid = _number(info.get("pid"))
+            if pid is not None and pid not in out:
                 out[pid] = self._process(info, pid, key, now)
         for stale in [k for k in self._engine if k[0] == key and k[1] not in out]:
             del self._engine[stale]
         return tuple(out[pid] for pid in sorted(out))
 
-    def _process_info(self, h: Any, entry: Any) -> dict[str, Any] | None:
-        """A process list entry's info: the entry itself since ROCm 6.1, before it a handle to ask about (None
+    def _process_info(self, h: Any, entry: Any) -> dict[str, Any]:
+        """A process list entry's info: the entry itself since ROCm 6.1, before it a handle to ask about (empty
         where the process exited between the two calls)."""
         info = entry
         if not isinstance(entry, dict):
             try:
                 info = self._smi.amdsmi_get_gpu_process_info(h, entry)
             except Exception:
-                return None
-        return info if isinstance(info, dict) else None
+                return {}
+        return info if isinstance(info, dict) else {}
 
     def _gfx_util(self, info: dict[str, Any], pid: int, key: str, now: float) -> tuple[int | None, str | None]:
         """The process's share of the graphics engine since its last read (its engine time's rate), or why none."""

@@ -217,23 +217,9 @@ class HostReader:
         user, command, no_command = names
         if no_command is not None:
             missing.append(("command", no_command))
-        cpu: float | None = None
-        last = self._last.get(key)
-        if last is None:
-            self._last[key] = (st.cpu_ticks, now, None)
-            missing.append(("cpu_percent", FIRST_READ))
-        elif st.cpu_ticks < last[0]:
-            self._last[key] = (st.cpu_ticks, now, None)
-            missing.append(("cpu_percent", "its CPU time went back between two reads: a damaged /proc"))
-        elif now - last[1] < MIN_INTERVAL_S:
-            # CPU time counts in ticks (10 ms): over a few ms one tick reads as 1000%. The last figure stands
-            # until the interval is long enough to be true.
-            cpu = last[2]
-            if cpu is None:
-                missing.append(("cpu_percent", f"less than {MIN_INTERVAL_S:g} s since its first read"))
-        else:
-            cpu = round(100 * (st.cpu_ticks - last[0]) / self._tick_hz / (now - last[1]), 1)
-            self._last[key] = (st.cpu_ticks, now, cpu)
+        cpu, no_cpu = self._cpu_percent(key, st.cpu_ticks, now)
+        if no_cpu is not None:
+            missing.append(("cpu_percent", no_cpu))
         boot = self._boot_time()
         started: float | None = None
         if isinstance(boot, str):
@@ -250,6 +236,23 @@ class HostReader:
         return HostFacts(ppid=st.ppid, host_rss_bytes=rss, cpu_percent=cpu, started_at=started,
                          start_time_ticks=st.start_time_ticks, user=user, command=command, parent_user=parent[1],
                          parent_command=parent[2], unavailable=tuple(missing))
+
+    def _cpu_percent(self, key: tuple[int, int], cpu_ticks: int, now: float) -> tuple[float | None, str | None]:
+        """The process's CPU % since its last read, or why there is none yet."""
+        last = self._last.get(key)
+        if last is None:
+            self._last[key] = (cpu_ticks, now, None)
+            return None, FIRST_READ
+        if cpu_ticks < last[0]:
+            self._last[key] = (cpu_ticks, now, None)
+            return None, "its CPU time went back between two reads: a damaged /proc"
+        if now - last[1] < MIN_INTERVAL_S:
+            # CPU time counts in ticks (10 ms): over a few ms one tick reads as 1000%. The last figure stands
+            # until the interval is long enough to be true.
+            return last[2], None if last[2] is not None else f"less than {MIN_INTERVAL_S:g} s since its first read"
+        cpu = round(100 * (cpu_ticks - last[0]) / self._tick_hz / (now - last[1]), 1)
+        self._last[key] = (cpu_ticks, now, cpu)
+        return cpu, None
 
     def _parent(self, ppid: int) -> tuple[str | None, str | None]:
         """The parent's user and command (the tree's launcher row), None where it cannot be read; none for pid 1
