@@ -20,7 +20,7 @@ from dltop.residency import measure as measuring
 from dltop.residency import walk as walking
 from dltop.residency.budget import Budget
 from dltop.residency.events import EventDrain
-from dltop.residency.measure import O_FILE, data_page_runs, resident_in_runs
+from dltop.residency.measure import O_FILE, page_counts, resident_counts
 from dltop.residency.walk import O_DIR, WalkOptions, WalkReport, compile_names, skip_error
 
 # The folder a file is measured again in, opened as a path only: a real open of it is an event of its own (an
@@ -502,36 +502,12 @@ def measure_file(f: Folder, dfd: int, name: str, report: WalkReport, cstat: Any,
             return None
         if linked(st):
             return None
-        size = st.st_size
-        pages = (size + ps - 1) // ps
-        runs = data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
-        data = pages if runs is None else sum(last - first for first, last in runs)
-        if pages == 0:
-            return (size, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, ino)
-        if not f.mincore:
-            try:
-                cs = cstat(fd)
-            except OSError as e:
-                if e.errno == errno.EPERM:
-                    report.unknown = True
-                    return (size, pages, data, 0, 0, 0, 0, 0, pages, data, 1, ino)
-                if e.errno != errno.ENOSYS:
-                    raise
-                f.mincore = True
-            else:
-                f.used.add("cachestat")
-                res = min(cs.nr_cache, pages)
-                dirty, wb, rev = cs.nr_dirty, cs.nr_writeback, cs.nr_recently_evicted
-                dres = res if runs is None else resident_in_runs(runs, res, pages, fd)
-                return (size, pages, data, res, dirty, wb, rev, dres, 0, 0, 1, ino)
-        if not kernel.residency_visible(st, name, dfd):
+        pages, data, runs = page_counts(fd, st)
+        res, dirty, wb, rev, dres, unknown, dunknown = resident_counts(fd, st, f, name, dfd, pages, data, runs, f.used,
+                                                                       cstat)
+        if unknown:
             report.unknown = True
-            return (size, pages, data, 0, 0, 0, 0, 0, pages, data, 1, ino)
-        f.used.add("mincore")
-        vec = kernel.mincore_vector(fd, size)
-        res = min(vec.count(1), pages)
-        dres = res if runs is None else resident_in_runs(runs, res, pages, fd, vec)
-        return (size, pages, data, res, 0, 0, 0, dres, 0, 0, 1, ino)
+        return (st.st_size, pages, data, res, dirty, wb, rev, dres, unknown, dunknown, 1, ino)
     except OSError as e:
         # It vanished or failed after it was counted: its pages are unknown, not absent.
         skip_error(report, e, path)

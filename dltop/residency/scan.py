@@ -27,7 +27,7 @@ from dltop.model.datasets import (
 )
 from dltop.residency import measure as measuring
 from dltop.residency.budget import Budget, path_error
-from dltop.residency.measure import O_FILE, O_FILE_FOLLOW, data_page_runs, resident_in_runs
+from dltop.residency.measure import O_FILE, O_FILE_FOLLOW, page_counts, resident_counts
 from dltop.residency.rank import TopFiles
 from dltop.residency.walk import (
     DEFAULT_WALK,
@@ -135,6 +135,7 @@ class _TreeScan:
         # The C step measures a folder's plain files in batches; in an evict it also drops clean pages itself where
         # the act lets the scan do so (a file it cannot empty so goes to the act, as below). Following symlinks, an
         # evict's files go one by one: an alias must reach the act once.
+        self.hand_over = self._hand_over if act is not None else None  # bound once: resident_counts' `act`
         self.measure = measuring.native_measure() \
             if act is None or (self.drops_inline is not None and not self.any_alias) else None
 
@@ -244,22 +245,20 @@ class _TreeScan:
                 return
             if (st.st_nlink > 1 or self.any_alias) and counted_before(st, self.seen_inodes, self.report):
                 return
-            ps = kernel.PAGE_SIZE
-            size = st.st_size
-            pages = (size + ps - 1) // ps
-            runs = data_page_runs(fd, size, ps) if st.st_blocks << 9 < size else None
-            data = pages if runs is None else sum(last - first for first, last in runs)
-            a.add(1, size, pages, 0, 0, 0, 0, data, 0)
-            if pages == 0:
-                if self.top is not None:
-                    self.top.offer(a, d.path, name, dfd, st.st_ino, size, 0, 0, 0, 0)
-                return
-            if not d.mincore and self._by_cachestat(a, d, dfd, name, fd, st, pages, data, runs):
-                return
-            if not kernel.residency_visible(st, name, dfd):
-                self._hidden(a, d, dfd, name, fd, st, pages, data)
-                return
-            self._by_mincore(a, d, dfd, name, fd, st, pages, data, runs)
+            pages, data, runs = page_counts(fd, st)
+            a.add(1, st.st_size, pages, 0, 0, 0, 0, data, 0)
+            res, dirty, wb, rev, dres, unknown, dunknown = resident_counts(
+                fd, st, d, name, dfd, pages, data, runs, self.used, self.cstat, self.hand_over)
+            a.add(0, 0, 0, res, dirty, wb, rev, 0, dres)
+            a.unknown += unknown
+            a.dunknown += dunknown
+            if unknown:
+                self.report.unknown = True
+            if self.warm_need is not None:
+                self.warm_need.pages += data - dres
+            if self.top is not None:
+                self.top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, data, res, dres, dirty, wb, rev,
+                               unknown, dunknown)
         except OSError as e:
             # The file vanished or failed after it was counted: its pages are unknown, not absent.
             skip_error(self.report, e, join_path(d.path, name, dfd))
@@ -292,37 +291,15 @@ class _TreeScan:
             self.top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, pages, 0, 0, unknown=pages,
                            dunknown=pages)
 
-    def _by_cachestat(self, a: FolderTotals, d: WalkedFolder, dfd: int | None, name: str, fd: int,
-                      st: os.stat_result, pages: int, data: int, runs: list[tuple[int, int]] | None) -> bool:
-        """Count an open file by cachestat (an evict's act first, where it has pages); False where cachestat is
-        missing (ENOSYS): the folder goes to mincore."""
-        cstat = self.cstat
-        try:
-            cs = cstat(fd)
-        except OSError as e:
-            if e.errno == errno.EPERM:
-                self._hidden(a, d, dfd, name, fd, st, pages, data)
-                return True
-            if e.errno != errno.ENOSYS:
-                raise
-            d.mincore = True
-            return False
-        self.by_cachestat = True
-        if self.act is not None and cs.nr_cache:
-            self._act_on(d, dfd, name, fd, st, cs)
-        res = min(cs.nr_cache, pages)  # what the act left
-        dres = res if runs is None else resident_in_runs(runs, res, pages, fd)
-        a.add(0, 0, 0, res, cs.nr_dirty, cs.nr_writeback, cs.nr_recently_evicted, 0, dres)
-        if self.warm_need is not None:
-            self.warm_need.pages += data - dres
-        if self.top is not None:
-            self.top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, data, res, dres, cs.nr_dirty,
-                           cs.nr_writeback, cs.nr_recently_evicted)
-        return True
-
-    def _act_on(self, d: WalkedFolder, dfd: int | None, name: str, fd: int, st: os.stat_result, cs: Any) -> None:
-        """An evict's file with resident pages: its clean pages dropped here where the act lets the scan do so,
-        else (dirty pages, or pages that stayed) handed to the act. `cs` then holds the counts after."""
+    def _hand_over(self, d: WalkedFolder, name: str, dfd: int | None, fd: int, st: os.stat_result,
+                   resident: int | None, cs: Any) -> None:
+        """An evict's file with pages (or hidden ones: `resident` None), handed to the act. Counted by cachestat
+        (`cs`), its clean pages are dropped here instead where the act lets the scan do so, and handed over only
+        where dirty pages, or pages that stayed, are left; `cs` then holds the counts after."""
+        assert self.act is not None
+        if cs is None:
+            self.act(fd, st, d.path, name, dfd, resident, 0, None)
+            return
         res = cs.nr_cache
         busy = cs.nr_dirty + cs.nr_writeback
         if self.drops_inline is not None and not busy:
@@ -336,40 +313,7 @@ class _TreeScan:
                     self._count_dropped(d, dfd, name, res)
                     return
                 # pages stayed: the act flushes, drops again and says why
-        assert self.act is not None
         self.act(fd, st, d.path, name, dfd, res, busy, self.cstat)
-
-    def _hidden(self, a: FolderTotals, d: WalkedFolder, dfd: int | None, name: str, fd: int, st: os.stat_result,
-                pages: int, data: int) -> None:
-        """A file whose residency the kernel hides from this user: its pages unknown (an evict's act asked all the
-        same), all its data for a warm."""
-        if self.act is not None:
-            self.act(fd, st, d.path, name, dfd, None, 0, None)
-        a.unknown += pages
-        a.dunknown += data
-        self.report.unknown = True
-        if self.warm_need is not None:
-            self.warm_need.pages += data
-        if self.top is not None:
-            self.top.offer(a, d.path, name, dfd, st.st_ino, st.st_size, pages, data, 0, 0, unknown=pages,
-                           dunknown=data)
-
-    def _by_mincore(self, a: FolderTotals, d: WalkedFolder, dfd: int | None, name: str, fd: int,
-                    st: os.stat_result, pages: int, data: int, runs: list[tuple[int, int]] | None) -> None:
-        """Count an open file by mincore (overlayfs, no cachestat): an evict's act first, where it has pages."""
-        self.used.add("mincore")
-        size = st.st_size
-        vec = kernel.mincore_vector(fd, size)
-        if self.act is not None and 1 in vec:
-            self.act(fd, st, d.path, name, dfd, vec.count(1), 0, None)
-            vec = kernel.mincore_vector(fd, size)
-        res = min(vec.count(1), pages)
-        dres = res if runs is None else resident_in_runs(runs, res, pages, fd, vec)
-        a.add(0, 0, 0, res, 0, 0, 0, 0, dres)
-        if self.warm_need is not None:
-            self.warm_need.pages += data - dres
-        if self.top is not None:
-            self.top.offer(a, d.path, name, dfd, st.st_ino, size, pages, data, res, dres)
 
     def result(self, took_s: float) -> DatasetResidency:
         """The dataset's part: the folders' totals frozen, with how they were counted and what was skipped."""
