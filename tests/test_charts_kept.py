@@ -25,7 +25,6 @@ from dltop.tui.panes.pagecache import (
     PageCachePane,
     readings,
     refault_rate,
-    series_of,
 )
 
 
@@ -143,6 +142,12 @@ def test_a_tick_derives_only_what_came() -> None:
     assert kept.rebuilt == 1
     assert kept.columns(1, universe[-1].ts, 45, 600.0, 1.0) == charts.time_columns(
         _full(list(history))[1], universe[-1].ts, 45, 600.0, 1.0)
+
+
+def series_of(history: list[Snapshot], names: list[str]) -> list[list[charts.Point]]:
+    """Each meminfo field of `names` over the whole history, with each reading's time (missing readings left out)."""
+    return [[(s.ts, float(v)) for s in history if isinstance(s.memory, MemoryPart)
+             and (v := getattr(s.memory, name)) is not None] for name in names]
 
 
 def test_the_pane_readings_are_the_series_of_the_history(session: list[Snapshot]) -> None:

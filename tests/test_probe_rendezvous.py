@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from dltop.model.probes import ProbesPart
+from dltop.model.probes import ProbesPart, group_jobs
 from dltop.sources import probes, rendezvous
 from dltop.sources.probes import ProbeReader
-from dltop.tui.panes.training import jobs
 from tests.probe_helpers import REPO
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
@@ -180,7 +179,7 @@ def test_another_user_cannot_join_a_job(procs: list[subprocess.Popen], shm: list
     reader = ProbeReader()
     part = until(reader.read, lambda part: {victim.pid, attacker.pid} <= pids(part), "both jobs")
     mine = [p for p in part.processes if p.pid in (victim.pid, attacker.pid)]
-    grouped = jobs(mine)
+    grouped = group_jobs(mine)
     assert len(grouped) == 2, grouped.keys()  # two users: two jobs, whatever job id they claim
     [v] = [p for p in mine if p.pid == victim.pid]
     [a] = [p for p in mine if p.pid == attacker.pid]

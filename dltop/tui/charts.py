@@ -198,19 +198,7 @@ class KeptSeries(Generic[T]):
             return
         new = items[len(old) - start:]
         if start:
-            for points, cols in zip(self._points, self._columns, strict=True):
-                gone = [p for p in points[:start] if p is not None]
-                del points[:start]
-                cols.drop(gone)
-            del old[:start]
-            if old:  # the new first item has no item before it now
-                for points, cols, p in zip(self._points, self._columns, self._of(None, old[0]), strict=True):
-                    if points[0] != p:
-                        if p is None and points[0] is not None:
-                            cols.drop([points[0]])
-                        else:
-                            cols.per = None  # a reading at the front: build again
-                        points[0] = p
+            self._drop_front(start)
         prev = old[-1] if old else None
         for item in new:
             for points, cols, p in zip(self._points, self._columns, self._of(prev, item), strict=True):
@@ -220,20 +208,32 @@ class KeptSeries(Generic[T]):
             old.append(item)
             prev = item
 
+    def _drop_front(self, start: int) -> None:
+        """The first `start` items left: their readings leave the columns; the new first has no item before it now."""
+        for points, cols in zip(self._points, self._columns, strict=True):
+            gone = [p for p in points[:start] if p is not None]
+            del points[:start]
+            cols.drop(gone)
+        del self._items[:start]
+        if not self._items:
+            return
+        for points, cols, p in zip(self._points, self._columns, self._of(None, self._items[0]), strict=True):
+            if points[0] != p:
+                if p is None and points[0] is not None:
+                    cols.drop([points[0]])
+                else:
+                    cols.per = None  # a reading at the front: build again
+                points[0] = p
+
     def _kept_from(self, items: Sequence[T]) -> int | None:
         """How many of the kept items left the front, where `items` is the rest of them and then new ones."""
         old = self._items
         if not old or not items:
             return None
         first = items[0]
-        if old[0] is first:
-            start = 0
-        elif len(old) > 1 and old[1] is first:
-            start = 1
-        else:
-            start = next((i for i, x in enumerate(old) if x is first), -1)
-            if start < 0:
-                return None
+        start = next((i for i, x in enumerate(old) if x is first), None)
+        if start is None:
+            return None
         rest = len(old) - start
         if len(items) < rest or not all(map(operator.is_, old[start:], items[:rest])):
             return None

@@ -7,17 +7,20 @@ from typing import ClassVar
 
 from rich.cells import cell_len
 from rich.text import Span, Text
+from textual import events
 from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
 from textual.content import Span as ContentSpan
+from textual.coordinate import Coordinate
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.visual import Visual, VisualType, visualize
 from textual.widgets import DataTable, Label, Static
 
 from dltop.fmt import printable, printable_lines, shorten
+from dltop.model.actions import ActionEvent
 from dltop.view import View
 
 
@@ -45,8 +48,7 @@ class Pane(Vertical):
     def on_resize(self) -> None:
         # What a pane draws fits its size (sparklines, fitted columns): a pane shown for the first time, or a
         # terminal resized, is drawn again at its new size rather than at the old one until the next tick.
-        if self.view is not None:
-            self.render_view(self.view)
+        self._rerender()
 
     @staticmethod
     def moment(view: View, clock: Callable[[], float]) -> float:
@@ -57,6 +59,11 @@ class Pane(Vertical):
     def render_view(self, view: View) -> None:  # pragma: no cover - every pane overrides it
         """Update the widgets from `view`."""
         raise NotImplementedError
+
+    def _rerender(self) -> None:
+        """Draw the view on screen again (after a key changed what the pane shows of it)."""
+        if self.view is not None:
+            self.render_view(self.view)
 
     def box_shown(self, selector: str) -> bool:
         """Whether the input box `selector` is open. A pane is composed when first shown (the app's
@@ -90,6 +97,78 @@ def busy_text(view: View) -> str:
     a = view.action
     what = f"{a.action} {printable(a.target)}" if a is not None else "an action"
     return f"busy: {what} is running (Esc on its tab cancels it)"
+
+
+def may_change(view: View | None) -> bool | None:
+    """A key that changes the system is greyed out (None; pressing it says `why_frozen`) in --read-only, the past or busy."""
+    return None if view is None or view.read_only or view.replay or view.busy else True
+
+
+def why_frozen(view: View) -> str | None:
+    """Why a key that changes the system does nothing now (None: it acts)."""
+    if view.frozen:
+        return f"{view.frozen}; nothing here may change the system"
+    return busy_text(view) if view.busy else None
+
+
+def progress_text(ev: ActionEvent | None) -> Text:
+    """The line under a pane's table: the action in flight, or how the last one ended."""
+    from dltop.text.datasets import progress_line
+
+    if ev is None:
+        return Text()
+    if ev.phase == "progress":
+        return Text(progress_line(ev) + " · Esc cancels")
+    if ev.phase == "started":
+        return Text(f"{ev.action} {printable(ev.target)}: {'measuring…' if ev.step == 'plan' else 'starting…'} (Esc cancels)")
+    if ev.outcome in ("error", "refused"):
+        return Text(printable_lines(ev.message), "red")
+    if ev.step == "plan":
+        return Text(f"{ev.action} {printable(ev.target)}: cancelled" if ev.outcome == "cancelled" else "")
+    return Text(printable_lines(ev.message), "bold")
+
+
+class TablePane(Pane):
+    """A pane over one DataTable of keyed rows, opened and gone back up in as a tree: the row under the cursor,
+    a redraw on demand, the footer refreshed when what it offers changes, and keys that say why they do nothing."""
+
+    TABLE: ClassVar[str] = ""  # the table's selector
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rows: list[str] = []  # the keys of the rows shown, in order
+        self._bindings_shown: tuple[object, ...] = ()
+
+    def _selected(self) -> str | None:
+        """The key of the row under the cursor."""
+        if not self._rows:  # never drawn (a pane not shown yet has no table)
+            return None
+        table = self.query_one(self.TABLE, DataTable)
+        if table.row_count == 0:
+            return None
+        row = min(max(table.cursor_row, 0), table.row_count - 1)
+        return str(table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value)
+
+    def _offer(self, shown: tuple[object, ...]) -> None:
+        """Refresh the footer's keys when what decides them (`shown`) changed."""
+        if shown != self._bindings_shown:
+            self._bindings_shown = shown
+            self.refresh_bindings()
+
+    def _refuse(self, event: events.Key, why: str | None) -> None:
+        """The key pressed does nothing now (`why` is not None): say why instead of nothing."""
+        if why is not None:
+            event.stop()
+            self.notify(f"{event.key}: {why}", severity="warning", timeout=3)
+
+
+def lay_out(table: DataTable, wanted: dict[str, tuple[str, ...]], at: str | None) -> None:
+    """The table's rows laid out again as `wanted`, in its order, the cursor on the row keyed `at` if it is there."""
+    table.clear()
+    for key, values in wanted.items():
+        table.add_row(*map(plain, values), key=key)
+    if at in wanted:
+        table.move_cursor(row=list(wanted).index(at))
 
 
 class RowTable(DataTable):
@@ -138,18 +217,26 @@ class Lines(Static):
 
     def update(self, content: VisualType = "", *, layout: bool = True) -> None:
         visual = visualize(self, content, markup=False)
-        lines = visual.split("\n", allow_blank=True) if isinstance(visual, Content) else None
-        keys: list[object] = [(line.plain, tuple(line.spans)) for line in lines] if lines is not None else []
-        width = self.content_region.width
-        fits = lines is not None and bool(width) and all(line.cell_length <= width for line in lines)
-        if fits and not layout and len(keys) == len(self._line_keys) and self._strips_width == width:
-            self._only = [y for y, (a, b) in enumerate(zip(keys, self._line_keys, strict=True)) if a != b]
-        self._line_keys = keys if fits else []
-        self._line_visuals = lines if fits and lines is not None else []
+        lines = self._fitting_lines(visual)
+        if lines is None:
+            self._line_keys, self._line_visuals = [], []
+        else:
+            keys: list[object] = [(line.plain, tuple(line.spans)) for line in lines]
+            if not layout and len(keys) == len(self._line_keys) and self._strips_width == self.content_region.width:
+                self._only = [y for y, (a, b) in enumerate(zip(keys, self._line_keys, strict=True)) if a != b]
+            self._line_keys, self._line_visuals = keys, lines
         try:
             super().update(visual, layout=layout)  # made once: Static's visualize hands a Content back as it is
         finally:
             self._only = None
+
+    def _fitting_lines(self, visual: Visual) -> list[Content] | None:
+        """The lines of `visual`, where each fits the widget's width (None: it is drawn as a Static draws it)."""
+        width = self.content_region.width
+        if not isinstance(visual, Content) or not width:
+            return None
+        lines = visual.split("\n", allow_blank=True)
+        return lines if all(line.cell_length <= width for line in lines) else None
 
     def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
                 recompose: bool = False) -> Lines:
@@ -272,6 +359,14 @@ def set_row(table: DataTable, key: str, columns: tuple[str, ...], values: tuple[
             table.update_cell(key, col, plain(value), update_width=True)
 
 
+def set_rows(table: DataTable, wanted: dict[str, tuple[str, ...]], columns: tuple[str, ...]) -> None:
+    """The table's rows made `wanted`: the others removed, the rest updated in place (`set_row`) or added last."""
+    for stale in [k for k in table.rows if k.value not in wanted]:
+        table.remove_row(stale)
+    for key, values in wanted.items():
+        set_row(table, key, columns, values)
+
+
 def fit_column(table: DataTable, wanted: dict[str, tuple[str, ...]], at: int, headers: tuple[str, ...],
                keys: tuple[str, ...], shorten: Callable[[str, int], str], shown: int, width: int = 0) -> int:
     """Column `at` gives way so every other column stays on screen: its cells in `wanted` longer than the room left
@@ -283,21 +378,31 @@ def fit_column(table: DataTable, wanted: dict[str, tuple[str, ...]], at: int, he
         return shown  # not laid out yet: the next tick fits it
     for key, values in wanted.items():  # measured as shown: escaped (a cell is one line of text from outside)
         wanted[key] = tuple(map(printable, values))
-    others = sum(2 + max(cell_len(h), *(cell_len(v[i]) for v in wanted.values()))
-                 for i, h in enumerate(headers) if i != at)
-    room = max(8, width - others - 4)  # the cell's own padding and a scrollbar
+    room = _room(wanted, at, headers, width)
     for key, values in wanted.items():
         if cell_len(values[at]) > room:
             wanted[key] = (*values[:at], shorten(values[at], room), *values[at + 1:])
     widest = max(cell_len(v[at]) for v in wanted.values())
     if widest < shown and table.columns:
         row = table.cursor_row
-        table.clear(columns=True)
-        for key, label in zip(keys, headers, strict=True):
-            table.add_column(label, key=key)
+        set_columns(table, keys, headers)
         table.call_after_refresh(table.move_cursor, row=row)
         # The rows come back in the same tick, drawn at the bare headers' widths before DataTable measures them
         # (on idle), and that measuring does not drop the lines it cached: "child/" showed as "chil", "0%" as
         # "0". Drop them once the widths are in.
         table.call_after_refresh(table.notify_style_update)
     return widest
+
+
+def _room(wanted: dict[str, tuple[str, ...]], at: int, headers: tuple[str, ...], width: int) -> int:
+    """The cells column `at` may take in a table `width` wide: what the others' widest cells leave, less padding."""
+    others = sum(2 + max(cell_len(h), *(cell_len(v[i]) for v in wanted.values()))
+                 for i, h in enumerate(headers) if i != at)
+    return max(8, width - others - 4)
+
+
+def set_columns(table: DataTable, keys: tuple[str, ...], headers: tuple[str, ...]) -> None:
+    """The table's columns made `headers` (keyed `keys`), its rows dropped."""
+    table.clear(columns=True)
+    for key, label in zip(keys, headers, strict=True):
+        table.add_column(label, key=key)

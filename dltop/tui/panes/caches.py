@@ -17,17 +17,28 @@ from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Static
 from textual.widgets.data_table import ColumnKey
 
 from dltop.derive import cache_growth
-from dltop.fmt import human_bytes, printable, printable_lines, shorten_middle
+from dltop.fmt import human_bytes, printable, shorten_middle
 from dltop.hints.caches import warnings_for
 from dltop.model import CachesPart, Snapshot, Unavailable
 from dltop.model.caches import FOLDERS_KEPT, KEEP_DEPTH, CacheFolder, CacheInfo, folder_of
 from dltop.tui.messages import CancelRequested, ClearRequested, RescanRequested
-from dltop.tui.panes.base import Pane, RowTable, busy_text, crumb, fit_column, plain, set_content, set_row
+from dltop.tui.panes.base import (
+    RowTable,
+    TablePane,
+    crumb,
+    fit_column,
+    lay_out,
+    may_change,
+    progress_text,
+    set_columns,
+    set_content,
+    set_row,
+    why_frozen,
+)
 from dltop.view import View
 
 COLUMNS = ("name", "size", "files", "newest", "growth", "warn")
@@ -61,11 +72,12 @@ def _sorted(items: list[Any], sort: str, apparent: bool, ties: bool = True) -> l
     return sorted(items, key=lambda x: (-size(x), name(x).lower(), x.path))
 
 
-class CachesPane(Pane):
+class CachesPane(TablePane):
     """Every cache: size, files, newest file, growth since dltop started, warnings; Enter opens, c clears."""
 
     PANE_ID = "caches"
     TITLE = "Caches"
+    TABLE = "#cc-table"
     HELP = ("Caches are placed as their tools place them (variable, then default; --pid: that process's). Sizes "
             "are du -B1's, a the apparent size; ≥ marks a walk cut short. ⏎ opens (the 50 biggest folders four deep "
             "are kept), a hub repo on its revisions; c clears after a dialog with the bytes (a revision as "
@@ -96,10 +108,8 @@ class CachesPane(Pane):
         self._sorted_by_user = False  # the list of caches keeps the tools' order until s is pressed
         self._apparent = False
         self._order: tuple[object, ...] = ()  # what the rows were laid out for: a change rebuilds them in order
-        self._rows: list[str] = []
         self._mode: str | None = None  # the headers shown: "caches" or "entries"
         self._name_width = 0
-        self._bindings_shown: tuple[bool, ...] = ()
 
     def compose(self) -> ComposeResult:
         yield Static(id="cc-summary")
@@ -125,10 +135,7 @@ class CachesPane(Pane):
             return
         self._mode = mode
         self._name_width = 0
-        table.clear(columns=True)
-        keys, headers = (COLUMNS, HEADERS) if mode == "caches" else (ENTRY_COLUMNS, ENTRY_HEADERS)
-        for key, label in zip(keys, headers, strict=True):
-            table.add_column(label, key=key)
+        set_columns(table, *((COLUMNS, HEADERS) if mode == "caches" else (ENTRY_COLUMNS, ENTRY_HEADERS)))
 
     def _shown_folder(self, opened: CacheInfo) -> CacheFolder | None:
         """The folder of `opened` on screen: the one opened, or the cache's own when that one was not kept."""
@@ -158,11 +165,9 @@ class CachesPane(Pane):
         self._relabel(table, keys, headers)
         self._fill(table, wanted, keys)
         set_content(self.query_one("#cc-detail", Static), self._detail(opened, now))
-        set_content(self.query_one("#cc-progress", Static), self._progress(view))
-        shown = (view.busy, self._open is not None, self._selected() is not None)
-        if shown != self._bindings_shown:
-            self._bindings_shown = shown
-            self.refresh_bindings()
+        ev = view.action
+        set_content(self.query_one("#cc-progress", Static), progress_text(ev if ev and ev.action == "clear" else None))
+        self._offer((view.busy, self._open is not None, self._selected() is not None))
 
     def _size_head(self) -> str:
         return "Apparent" if self._apparent else "Size"
@@ -178,20 +183,7 @@ class CachesPane(Pane):
                                     apparent=self._apparent)
                   for c in (_sorted(caches, self._sort, self._apparent, ties=False) if self._sorted_by_user
                             else caches)}
-        summary = Text.assemble(("Caches", "bold"))
-        if isinstance(part, Unavailable):
-            summary.append(f"  unavailable: {printable(part.reason)}", "red")
-        elif isinstance(part, CachesPart):
-            present = [c for c in caches if c.exists]
-            total = sum((c.apparent_bytes if self._apparent else c.size_bytes) or 0 for c in present)
-            summary.append(f"  {len(present)} of {len(caches)} present, {human_bytes(total)} in all · ")
-            if part.exited:
-                summary.append(f"{printable(part.exited)}: its last environment", "yellow")
-            else:
-                summary.append(printable(part.environment))
-        else:
-            summary.append("  measuring…", "dim")
-        return wanted, summary
+        return wanted, _summary(part, caches, self._apparent)
 
     def _entry_rows(self, opened: CacheInfo, now: float) -> tuple[dict[str, tuple[str, ...]], Text]:
         """A row per entry of the folder opened in a cache, and the breadcrumb above them."""
@@ -220,13 +212,8 @@ class CachesPane(Pane):
         again in order, the cursor found again by its key."""
         order = (self._open, self._folder, self._sort, self._apparent, tuple(wanted))
         if order != self._order:
-            at = self._selected()
             self._order = order
-            table.clear()
-            for key, values in wanted.items():
-                table.add_row(*map(plain, values), key=key)
-            if at in wanted:
-                table.move_cursor(row=list(wanted).index(at))
+            lay_out(table, wanted, self._selected())
         else:
             for key, values in wanted.items():
                 set_row(table, key, keys, values)
@@ -256,43 +243,8 @@ class CachesPane(Pane):
         snap_ts = self.view.snapshot.ts if self.view is not None else now
         for w in warnings_for(c, snap_ts):
             t.append(f"\n! {printable(w)}", "yellow")
-        t.append(f"\n({printable(c.source)})")
-        for k, v in c.settings.items():
-            t.append(f"\n{printable(k)}={printable(v)}")
-        if c.clear_command:
-            t.append(f"\nits own clear command: {printable(c.clear_command)}")
-        if c.noted:
-            t.append("\nnoted: " + ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in c.noted.items()))
+        t.append("\n" + _origin(c))
         return t
-
-    def _progress(self, view: View) -> Text:
-        from dltop.text.datasets import progress_line
-
-        ev = view.action
-        if ev is None or ev.action != "clear":
-            return Text()
-        if ev.phase == "progress":
-            return Text(progress_line(ev) + " · Esc cancels")
-        if ev.phase == "started":
-            return Text(f"clear {printable(ev.target)}: {'measuring…' if ev.step == 'plan' else 'starting…'} (Esc cancels)")
-        if ev.outcome in ("error", "refused"):
-            return Text(printable_lines(ev.message), "red")
-        if ev.step == "plan":
-            return Text(f"clear {printable(ev.target)}: cancelled" if ev.outcome == "cancelled" else "")
-        return Text(printable_lines(ev.message), "bold")
-
-    def _selected(self) -> str | None:
-        if not self._rows:  # never drawn (a pane not shown yet has no table)
-            return None
-        table = self.query_one("#cc-table", DataTable)
-        if table.row_count == 0:
-            return None
-        row = min(max(table.cursor_row, 0), table.row_count - 1)
-        return str(table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value)
-
-    def _rerender(self) -> None:
-        if self.view is not None:
-            self.render_view(self.view)
 
     # -- navigation -------------------------------------------------------------------------------------------
 
@@ -316,19 +268,23 @@ class CachesPane(Pane):
             self._open, self._folder = c.name, c.path
         else:
             opened = self._cache(self._open)
-            if opened is None or key is None or key == MORE:
-                return
-            entry = next((e for e in folder_of(opened, self._folder or opened.path).entries  # type: ignore[union-attr]
-                          if e.path == key), None)
-            if entry is None or not entry.is_dir:
-                return
-            if folder_of(opened, key) is None:
-                self.notify(f"{printable(key)}: its entries were not kept (the {FOLDERS_KEPT} biggest folders "
-                            f"{KEEP_DEPTH} deep are)", timeout=3)
+            if opened is None or key is None or not self._opens(opened, key):
                 return
             self._folder = key
         self._rerender()
         self.query_one("#cc-table", DataTable).move_cursor(row=0)
+
+    def _opens(self, opened: CacheInfo, key: str) -> bool:
+        """Whether the entry `key` of the folder shown is a folder that opens (one whose entries were not kept says so)."""
+        folder = folder_of(opened, self._folder or opened.path)
+        entry = next((e for e in folder.entries if e.path == key), None) if folder is not None else None
+        if entry is None or not entry.is_dir:
+            return False  # a file, or the "N more" row
+        if folder_of(opened, key) is None:
+            self.notify(f"{printable(key)}: its entries were not kept (the {FOLDERS_KEPT} biggest folders "
+                        f"{KEEP_DEPTH} deep are)", timeout=3)
+            return False
+        return True
 
     def action_back(self) -> None:
         """Up one folder; from a cache's own folder, back to the list of caches."""
@@ -376,15 +332,11 @@ class CachesPane(Pane):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         view = self.view
         if action == "clear":
-            # greyed out where nothing here may change the system, or while an action runs: c says why
-            return None if view is None or view.read_only or view.replay or view.busy else True
-        if action == "cancel":
-            return view is not None and view.busy
-        if action == "back":
-            return self._open is not None
-        if action == "rescan":
-            return None if view is None or view.replay else True  # a recording has no system to walk
-        return True
+            return may_change(view)  # c says why it is greyed out
+        return {"cancel": view is not None and view.busy,
+                "back": self._open is not None,
+                "rescan": None if view is None or view.replay else True,  # a recording has no system to walk
+                }.get(action, True)
 
     def _target(self) -> str | None:
         key = self._selected()
@@ -407,15 +359,39 @@ class CachesPane(Pane):
         view = self.view
         if view is None:
             return
-        why = None
-        if event.key == "c" and (view.frozen or view.busy):
-            why = f"{view.frozen}; nothing here may change the system" if view.frozen else busy_text(view)
+        if event.key == "c":
+            self._refuse(event, why_frozen(view))
         elif event.key == "r" and view.past:
-            why = f"{view.past}; a scan walks the caches as they are now"
-        if why is not None:
-            event.stop()
-            self.notify(f"{event.key}: {why}", severity="warning", timeout=3)
+            self._refuse(event, f"{view.past}; a scan walks the caches as they are now")
 
     def action_cancel(self) -> None:
         """Stop the clear in flight (it reports what it removed)."""
         self.post_message(CancelRequested())
+
+
+def _summary(part: Any, caches: list[CacheInfo], apparent: bool) -> Text:
+    """The line above the list of caches: how many are there and their bytes, and whose environment placed them."""
+    summary = Text.assemble(("Caches", "bold"))
+    if isinstance(part, Unavailable):
+        summary.append(f"  unavailable: {printable(part.reason)}", "red")
+    elif not isinstance(part, CachesPart):
+        summary.append("  measuring…", "dim")
+    else:
+        present = [c for c in caches if c.exists]
+        total = sum((c.apparent_bytes if apparent else c.size_bytes) or 0 for c in present)
+        summary.append(f"  {len(present)} of {len(caches)} present, {human_bytes(total)} in all · ")
+        if part.exited:
+            summary.append(f"{printable(part.exited)}: its last environment", "yellow")
+        else:
+            summary.append(printable(part.environment))
+    return summary
+
+
+def _origin(c: CacheInfo) -> str:
+    """The rule that placed a cache, its settings, its tool's own clear command and what its walk noted."""
+    lines = [f"({printable(c.source)})", *(f"{printable(k)}={printable(v)}" for k, v in c.settings.items())]
+    if c.clear_command:
+        lines.append(f"its own clear command: {printable(c.clear_command)}")
+    if c.noted:
+        lines.append("noted: " + ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in c.noted.items()))
+    return "\n".join(lines)

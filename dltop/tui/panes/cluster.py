@@ -23,7 +23,7 @@ from dltop.text.cluster import (
     warm_commands,
 )
 from dltop.tui.messages import RescanRequested
-from dltop.tui.panes.base import Pane, RowTable, set_content, set_row
+from dltop.tui.panes.base import RowTable, TablePane, set_content, set_row
 from dltop.tui.screens.cluster import ClusterTextScreen
 from dltop.view import View
 
@@ -39,11 +39,12 @@ def _key(n: ClusterNode) -> str:
     return f"{n.job}\n{n.instance}"
 
 
-class ClusterPane(Pane):
+class ClusterPane(TablePane):
     """Every node Prometheus has, read through one bounded set of queries per refresh."""
 
     PANE_ID = "cluster"
     TITLE = "Cluster"
+    TABLE = "#cluster-nodes"
     HELP = ("Every node's dltop export, read back from Prometheus (--prometheus): instant queries of /api/v1/query, "
             "the same fourteen however many nodes (and one lookup of the jobs that serve dltop's metrics: every "
             "target of theirs is a node), three more for the node Enter opens. [N] columns: the resident share of "
@@ -66,11 +67,9 @@ class ClusterPane(Pane):
         super().__init__()
         self.order = SORTS[0]
         self._columns: tuple[str, ...] = ()
-        self._keys: list[str] = []
         self._by_key: dict[str, ClusterNode] = {}
         self._jobs_shown: list[str] = []
         self._pending: tuple[str, float] | None = None  # the node whose detail was asked for, and when
-        self._can: tuple[bool, bool] = (False, False)  # (w, Enter) possible at the last draw
 
     def compose(self) -> ComposeResult:
         yield Static(id="cluster-summary")
@@ -95,24 +94,26 @@ class ClusterPane(Pane):
         text = Text(summary_line(part))
         text.append(f" · {self.order}", "dim")
         self._fill_nodes(part)
-        if self._pending is not None:
-            key, asked_at = self._pending
-            node = self._by_key.get(key)
-            if node is None:
-                self._pending = None
-            elif node.detailed or part.queried_at > asked_at:  # in, or a refresh came without it: show what is
-                self._open_detail(node)
-            else:
-                text = Text(f"reading {printable(node.name)}'s GPUs and ranks…", style="bold")
-        set_content(summary, text)
+        set_content(summary, self._follow_pending(part) or text)
         self._fill_jobs(part)
-        can = (bool(part.datasets), bool(part.nodes))
-        if can != self._can:  # w and Enter come and go with the datasets and nodes: the footer says so
-            self._can = can
-            self.refresh_bindings()
+        self._offer((bool(part.datasets), bool(part.nodes)))  # w and Enter come and go with datasets and nodes
         datasets = "  ".join(f"[{i + 1}] {p}" for i, p in enumerate(part.datasets))
         notes = "; ".join(part.notes)
         set_content(self.query_one("#cluster-notes", Static), "\n".join(x for x in (datasets, notes) if x))
+
+    def _follow_pending(self, part: ClusterPart) -> Text | None:
+        """The node asked for opened once its numbers are in (or a refresh came without them); meanwhile, a summary."""
+        if self._pending is None:
+            return None
+        key, asked_at = self._pending
+        node = self._by_key.get(key)
+        if node is None:
+            self._pending = None
+        elif node.detailed or part.queried_at > asked_at:
+            self._open_detail(node)
+        else:
+            return Text(f"reading {printable(node.name)}'s GPUs and ranks…", style="bold")
+        return None
 
     def _fill_nodes(self, part: ClusterPart | None) -> None:
         table = self.query_one("#cluster-nodes", RowTable)
@@ -120,27 +121,28 @@ class ClusterPane(Pane):
         columns = node_headers(datasets)
         nodes = sort_nodes(part, self.order) if part is not None else []
         keys = [_key(n) for n in nodes]
-        if columns != self._columns or keys != self._keys:
-            # A new order or a new set of nodes or datasets: rebuilt, the cursor kept on its node.
-            selected = self._selected_key()
-            table.clear(columns=columns != self._columns)
-            if columns != self._columns:
-                for i, label in enumerate(columns):
-                    table.add_column(label, key=str(i))
-            self._columns, self._keys = columns, keys
-            for n in nodes:
-                table.add_row(*map(_cell, self._cells(n, datasets)), key=_key(n))
-            if selected in keys:
-                table.move_cursor(row=keys.index(selected))
+        if columns != self._columns or keys != self._rows:
+            self._lay_out_nodes(table, columns, nodes, keys, datasets)
         else:
             cols = tuple(str(i) for i in range(len(columns)))
             for n in nodes:
-                set_row(table, _key(n), cols, self._cells(n, datasets))
+                set_row(table, _key(n), cols, node_row(n, datasets))
+        self._rows = keys
         self._by_key = {_key(n): n for n in nodes}
 
-    @staticmethod
-    def _cells(n: ClusterNode, datasets: tuple[str, ...]) -> tuple[str, ...]:
-        return node_row(n, datasets)
+    def _lay_out_nodes(self, table: RowTable, columns: tuple[str, ...], nodes: list[ClusterNode], keys: list[str],
+                       datasets: tuple[str, ...]) -> None:
+        """A new order or a new set of nodes or datasets: the rows laid out again, the cursor kept on its node."""
+        selected = self._selected()
+        table.clear(columns=columns != self._columns)
+        if columns != self._columns:
+            for i, label in enumerate(columns):
+                table.add_column(label, key=str(i))
+        self._columns = columns
+        for n, key in zip(nodes, keys, strict=True):
+            table.add_row(*map(_cell, node_row(n, datasets)), key=key)
+        if selected in keys:
+            table.move_cursor(row=keys.index(selected))
 
     def _fill_jobs(self, part: ClusterPart) -> None:
         table = self.query_one("#cluster-jobs", DataTable)
@@ -158,20 +160,9 @@ class ClusterPane(Pane):
         for key, r in zip(keys, rows, strict=True):
             set_row(table, key, cols, r)
 
-    def _selected_key(self) -> str | None:
-        if not self.is_mounted:
-            return None  # not shown yet: no table, no cursor
-        table = self.query_one("#cluster-nodes", RowTable)
-        if not table.row_count:
-            return None
-        try:
-            return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
-        except Exception:  # noqa: BLE001 - a cursor past the rows: nothing selected
-            return None
-
     def selected(self) -> ClusterNode | None:
         """The node under the cursor."""
-        key = self._selected_key()
+        key = self._selected()
         return self._by_key.get(key) if key is not None else None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -197,8 +188,7 @@ class ClusterPane(Pane):
         # A refresh reads every GPU and rank of one node only, the one opened: asked for now, shown when in.
         self._pending = (_key(node), part.queried_at)
         self.post_message(RescanRequested("cluster", _key(node)))
-        if self.view is not None:
-            self.render_view(self.view)
+        self._rerender()
 
     def _open_detail(self, node: ClusterNode) -> None:
         self._pending = None
@@ -207,8 +197,7 @@ class ClusterPane(Pane):
     def action_sort(self) -> None:
         """Coldest node first, by name, or the down ones first."""
         self.order = SORTS[(SORTS.index(self.order) + 1) % len(SORTS)]
-        if self.view is not None:
-            self.render_view(self.view)
+        self._rerender()
 
     def action_warm(self) -> None:
         """The commands that warm each dataset on the nodes where it is cold (shown and copyable, never run)."""

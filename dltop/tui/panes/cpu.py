@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Static
 from dltop.fmt import plural
 from dltop.model import CpuPart, Unavailable
 from dltop.model.cpu import format_cpu_list
-from dltop.tui.panes.base import Pane, set_content, set_row
+from dltop.tui.panes.base import Pane, set_columns, set_content, set_rows
 from dltop.view import View
 
 
@@ -116,11 +116,7 @@ class CpuPane(Pane):
         header, rows = kind_table(part)
         columns = tuple(h.lower() for h in header)
         if tuple(str(c.key.value) for c in table.columns.values()) != columns:
-            table.clear(columns=True)
-            for key, label in zip(columns, header, strict=True):
-                table.add_column(label if label.startswith("L") else label.capitalize(), key=key)
-        wanted = {format_cpu_list(k.cpus): row for k, row in zip(part.core_kinds, rows, strict=True)}
-        for stale in [k for k in table.rows if k.value not in wanted]:
-            table.remove_row(stale)
-        for key, row in wanted.items():
-            set_row(table, key, columns, tuple(row))
+            set_columns(table, columns, tuple(h if h.startswith("L") else h.capitalize() for h in header))
+        set_rows(table, {format_cpu_list(k.cpus): tuple(row) for k, row in zip(part.core_kinds, rows, strict=True)},
+                 columns)
+

@@ -16,11 +16,9 @@ from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Input, Static
 
-from dltop.fmt import human_bytes, printable, printable_lines, shorten_middle
-from dltop.model.actions import ActionEvent
+from dltop.fmt import human_bytes, printable, shorten_middle
 from dltop.model.datasets import (
     DatasetResidency,
     DatasetsPart,
@@ -36,7 +34,19 @@ from dltop.tui.messages import (
     LockRequested,
     WarmRequested,
 )
-from dltop.tui.panes.base import Pane, RowTable, busy_text, crumb, fit_column, plain, set_content, set_row
+from dltop.tui.panes.base import (
+    RowTable,
+    TablePane,
+    crumb,
+    fit_column,
+    lay_out,
+    may_change,
+    progress_text,
+    set_columns,
+    set_content,
+    set_rows,
+    why_frozen,
+)
 from dltop.view import View
 
 # The key of a folder's "… N more files" row: NUL is in no path, so it is never taken for one.
@@ -58,11 +68,12 @@ def _shorten_label(label: str, width: int) -> str:
     return shorten_middle(label.removesuffix(lock), width - cell_len(lock)) + lock
 
 
-class DatasetPane(Pane):
+class DatasetPane(TablePane):
     """Datasets and their folders: size, resident bytes and %, dirty, files, scan age; w / e / l act on the row."""
 
     PANE_ID = "datasets"
     TITLE = "Datasets"
+    TABLE = "#ds-table"
     HELP = ("Residency is counted as fincore counts it: whole pages, from one cachestat() per file (mincore on "
             "overlayfs and older kernels). Pages the kernel hides from this user are unknown (?), not resident. "
             "w / e / l measure first, then ask; Esc cancels. Found: folders training jobs read (their open "
@@ -93,8 +104,6 @@ class DatasetPane(Pane):
         super().__init__()
         self._clock = clock
         self._stack: list[str] = []  # paths of the nodes drilled into; [] is the list of datasets
-        self._rows: list[str] = []
-        self._bindings_shown: tuple[object, ...] = ()
         self._path_width = 0  # the widest path label shown, for shrinking the column when it narrows
         self._sort = "size"  # the order of a folder's rows: a key of SORT_TITLES
         self._file_rows: set[str] = set()  # the rows shown that are files
@@ -110,97 +119,68 @@ class DatasetPane(Pane):
         yield PathInput(placeholder="dataset folder to watch (Tab completes, Enter adds, Esc cancels)", id="ds-add")
 
     def on_mount(self) -> None:
-        table = self.query_one("#ds-table", DataTable)
-        for key, label in zip(COLUMNS, HEADERS, strict=True):
-            table.add_column(label, key=key)
+        set_columns(self.query_one("#ds-table", DataTable), COLUMNS, HEADERS)
 
     # -- data -------------------------------------------------------------------------------------------------
 
-    def datasets(self) -> list[DatasetResidency | DatasetUnavailable]:
-        """The datasets to show: the Snapshot's, less any no longer watched (its rescan may not be in yet)."""
+    def _lists(self) -> tuple[list[DatasetResidency | DatasetUnavailable], list[FoundDataset]]:
+        """The datasets to show (the Snapshot's, less any no longer watched: its rescan may not be in yet), and the
+        ones training jobs read that are not watched (found without a flag)."""
         part = self.view.snapshot.datasets if self.view is not None else None
-        if not isinstance(part, DatasetsPart):
-            return []
-        watched = self.view.watched if self.view is not None else ()
-        return [ds for ds in part.paths if not watched or ds.path in watched]
-
-    def found(self) -> list[FoundDataset]:
-        """The datasets training jobs read that are not watched (found without a flag), watched ones left out."""
-        part = self.view.snapshot.datasets if self.view is not None else None
-        if not isinstance(part, DatasetsPart):
-            return []
-        watched = set(self.view.watched) if self.view is not None else set()
-        return [f for f in part.found if f.path not in watched]
+        if self.view is None or not isinstance(part, DatasetsPart):
+            return [], []
+        watched = self.view.watched
+        return [ds for ds in part.paths if not watched or ds.path in watched], [
+            f for f in part.found if f.path not in watched]
 
     def _all(self) -> list[DatasetResidency | DatasetUnavailable]:
         """The watched datasets and the found ones that were scanned: what a row can open or act on."""
-        return [*self.datasets(), *(f.scan for f in self.found() if f.scan is not None)]
+        datasets, found = self._lists()
+        return [*datasets, *(f.scan for f in found if f.scan is not None)]
 
     def _found_of(self, path: str | None) -> FoundDataset | None:
         """The found dataset `path` is (or lies in)."""
         if path is None:
             return None
-        return next((f for f in self.found() if path == f.path or path.startswith(f.path.rstrip("/") + "/")), None)
+        return next((f for f in self._lists()[1] if path == f.path or path.startswith(f.path.rstrip("/") + "/")), None)
 
     def _pending(self) -> list[str]:
         """Watched datasets whose first scan is not in yet."""
         if self.view is None:
             return []
-        shown = {ds.path for ds in self.datasets()}
+        shown = {ds.path for ds in self._lists()[0]}
         return [p for p in self.view.watched if p not in shown]
-
-    def _current(self) -> tuple[ResidencyNode | None, DatasetResidency | None]:
-        """The node drilled into (None at the top) and the dataset it belongs to."""
-        if not self._stack:
-            return None, None
-        for ds in self._all():
-            if self._stack[0] == ds.path and isinstance(ds, DatasetResidency):
-                node: ResidencyNode = ds
-                for path in self._stack[1:]:
-                    nxt = next((c for c in node.children if c.path == path), None)
-                    if nxt is None:
-                        return node, ds
-                    node = nxt
-                return node, ds
-        return None, None
 
     def render_view(self, view: View) -> None:
         now = self.moment(view, self._clock)
-        datasets = self.datasets()
-        node, owner = self._current()
+        datasets, found = self._lists()
+        node, owner = _drilled(self._all(), self._stack)
         self._follow_stack(node)
         if node is None:
             self._file_rows = set()
-            wanted, title = self._top_rows(datasets, now, view.held)
+            wanted, title = self._top_rows(datasets, found, now, view.held)
         else:
             assert owner is not None
             wanted, title = self._drilled_rows(node, owner, now, view.held)
         set_content(self.query_one("#ds-summary", Static), title)
         self._show_rows(wanted)
-        set_content(self.query_one("#ds-notes", Static), self._notes(datasets, owner, now))
-        set_content(self.query_one("#ds-progress", Static), _progress(view.action))
+        set_content(self.query_one("#ds-notes", Static), self._notes(datasets, found, owner, now))
+        set_content(self.query_one("#ds-progress", Static), progress_text(view.action))
         # The footer's keys follow the runner and where the user is: refresh them when either changes.
-        shown = (view.busy, bool(self._stack), self._selected() in view.watched, self._selected() in view.held,
-                 self._selected())
-        if shown != self._bindings_shown:
-            self._bindings_shown = shown
-            self.refresh_bindings()
+        selected = self._selected()
+        self._offer((view.busy, bool(self._stack), selected in view.watched, selected in view.held, selected))
 
-    def _notes(self, datasets: list[DatasetResidency | DatasetUnavailable], owner: DatasetResidency | None,
-               now: float) -> Text:
-        """The lines under the table: about the dataset drilled into (or the only one, or the found one under the
-        cursor, with who reads it), then every dataset that could not be scanned."""
+    def _notes(self, datasets: list[DatasetResidency | DatasetUnavailable], all_found: list[FoundDataset],
+               owner: DatasetResidency | None, now: float) -> Text:
+        """The lines under the table: about the dataset drilled into (or the found one under the cursor, with who
+        reads it, or the only one), then every dataset that could not be scanned."""
         found = self._found_of(self._stack[0] if self._stack else self._selected())
-        if owner is None and found is not None:
-            owner = found.scan if isinstance(found.scan, DatasetResidency) else None
-        elif owner is None and len(datasets) == 1 and not self.found():
-            owner = datasets[0] if isinstance(datasets[0], DatasetResidency) else None
-        notes = _notes(owner, now)
+        notes = _notes(owner if owner is not None else _top_owner(datasets, found, bool(all_found)), now)
         if found is not None:
             from dltop.text.datasets import found_line
 
             notes.append(("\n" if notes else "") + found_line(found), "cyan")
-        for ds in [*datasets, *(f.scan for f in self.found())]:
+        for ds in [*datasets, *(f.scan for f in all_found)]:
             if isinstance(ds, DatasetUnavailable):
                 notes.append(f"\nunavailable: {printable(ds.unavailable)}", "red")
         return notes
@@ -213,25 +193,16 @@ class DatasetPane(Pane):
             # a folder drilled into is gone: stand on the deepest one still there, so Backspace goes up at once
             self._stack = self._stack[: self._stack.index(node.path) + 1]
 
-    def _top_rows(self, datasets: list[DatasetResidency | DatasetUnavailable], now: float,
+    def _top_rows(self, datasets: list[DatasetResidency | DatasetUnavailable], found: list[FoundDataset], now: float,
                   held: Any) -> tuple[dict[str, tuple[str, ...]], Text]:
-        """The top level: a row per dataset (one still being scanned for the first time says so), and the title."""
-        from dltop.text.datasets import row_values, unavailable_row_values
-
-        wanted: dict[str, tuple[str, ...]] = {}
-        for ds in datasets:
-            age = now - ds.scanned_at if ds.scanned_at else None
-            label = ds.path + (" 🔒" if ds.path in held else "")
-            if isinstance(ds, DatasetUnavailable):
-                # The reason goes to the notes line, where it has room; the row says n/a, never zeros.
-                wanted[ds.path] = unavailable_row_values(label, age)
-            else:
-                wanted[ds.path] = row_values(ds, ds.page_size, label, age)
+        """The top level: a row per dataset watched (scanning until its first scan is in), then the found ones under a
+        row that heads them (another user's claim until the user watches one with a), and the title."""
+        wanted = {ds.path: _top_row(ds, ds.path + (" 🔒" if ds.path in held else ""), now) for ds in datasets}
         pending = self._pending()
-        for path in pending:
-            wanted[path] = (path, "-", "-", "-", "-", "-", "scanning")
-        found = self.found()
-        wanted.update(_found_rows(found, now, held))
+        wanted.update((path, _top_row(None, path, now)) for path in pending)
+        if found:
+            wanted[FOUND_KEY] = ("found: read by training jobs", "", "", "", "", "", "")
+        wanted.update((f.path, _top_row(f.scan, f.path + (" 🔒" if f.path in held else ""), now)) for f in found)
         return wanted, _top_title(datasets, pending, len(found))
 
     def _drilled_rows(self, node: ResidencyNode, owner: DatasetResidency, now: float,
@@ -240,7 +211,7 @@ class DatasetPane(Pane):
         from dltop.text.datasets import SORT_TITLES, node_summary
 
         age = now - owner.scanned_at if owner.scanned_at else None
-        wanted = self._folder_rows(node, owner, age, held)
+        wanted, self._file_rows = _folder_rows(node, owner, age, held, self._sort)
         # The breadcrumb is one line of the summary, the path in it cut to fit by the one rule (fmt.shorten):
         # a line break or a BEL in a folder's name is shown as its escape, never a second line or nothing.
         room = self.query_one("#ds-summary", Static).content_region.width - cell_len("Datasets › ")
@@ -259,55 +230,19 @@ class DatasetPane(Pane):
         # 80-column screen (a 70-character path pushed Size, Resident and % off it).
         self._path_width = fit_column(table, wanted, 0, HEADERS, COLUMNS, _shorten_label, self._path_width)
         other_rows = set(wanted) != set(self._rows)
-        for stale in [k for k in table.rows if k.value not in wanted]:
-            table.remove_row(stale)
-        for key, values in wanted.items():
-            set_row(table, key, COLUMNS, values)
+        set_rows(table, wanted, COLUMNS)
         self._rows = list(wanted)
         if other_rows:
             # New rows are drawn at the columns' old widths before DataTable measures them (on idle), and the lines
             # it drew stay cached: a file name opened into was cut without its "…" and the header stood apart from
             # its column until a new scan redrew the rows. Drop them once the widths are in.
             table.call_after_refresh(table.notify_style_update)
-        if [r.key.value for r in table.ordered_rows] != self._rows:
-            self._reorder(table, wanted)
-
-    def _folder_rows(self, node: ResidencyNode, owner: DatasetResidency, age: float | None,
-                     held: Any) -> dict[str, tuple[str, ...]]:
-        """The rows of a folder drilled into: its folders and its files together in the sort's order (the files
-        the scan kept: the top `files_top` by each key), then one row for the files not listed."""
-        from dltop.text.datasets import file_label, listed_files, more_label, row_values, sort_rank
-
-        ps, est, part = owner.page_size, owner.estimated, not owner.complete
-        files, rest = listed_files(node, self._sort, owner.files_top)
-        rows: dict[str, tuple[str, ...]] = {}
-        file_ids = {id(f) for f in files}
-        self._file_rows = {f.path for f in files}
-        for entry in sorted((*node.children, *files), key=sort_rank(self._sort)):
-            lock = " 🔒" if entry.path in held else ""
-            if id(entry) in file_ids:
-                values = row_values(entry, ps, file_label(node.path, entry.path) + lock, age, est)
-                rows[entry.path] = (*values[:5], "", values[6])  # a file: no count of files
-            else:
-                # A folder's counts are its dataset's: an estimate (~) where the dataset's are, partial (≥) where
-                # its scan was cut short.
-                rows[entry.path] = row_values(entry, ps, os.path.basename(entry.path) + "/" + lock, age, est, part)
-        if rest is not None and (owner.files_top > 0 or node.children):
-            # A leaf folder of a scan that kept no files keeps its "counted in this total" instead.
-            rows[MORE_KEY + node.path] = row_values(rest, ps, more_label(rest), None, est, part)
-        return rows
-
-    def _reorder(self, table: DataTable, wanted: dict[str, tuple[str, ...]]) -> None:
-        """Rows in the order of `wanted` (a new sort, or sizes that changed places), the cursor on the row it was
-        on: set_row updates rows in place, and a row added goes last."""
-        row = table.cursor_row
         keys = [r.key.value for r in table.ordered_rows]
-        on = keys[row] if 0 <= row < len(keys) else None
-        table.clear()
-        for key, values in wanted.items():
-            table.add_row(*map(plain, values), key=key)
-        if on in wanted:
-            table.move_cursor(row=self._rows.index(on))
+        if keys != self._rows:
+            # A new sort, or sizes that changed places (set_row updates rows in place, and a row added goes last):
+            # laid out again, the cursor on the row it was on.
+            row = table.cursor_row
+            lay_out(table, wanted, keys[row] if 0 <= row < len(keys) else None)
 
     def action_sort(self) -> None:
         """Sort a folder's rows by data, by resident, or by % (coldest first)."""
@@ -317,33 +252,6 @@ class DatasetPane(Pane):
         self._sort = keys[(keys.index(self._sort) + 1) % len(keys)]
         self._rerender()
         self.notify(f"rows sorted by {SORT_TITLES[self._sort]}", timeout=2)
-
-    def _selected(self) -> str | None:
-        if not self._rows:  # never drawn (a pane not shown yet has no table)
-            return None
-        table = self.query_one("#ds-table", DataTable)
-        if table.row_count == 0:
-            return None
-        row = min(max(table.cursor_row, 0), table.row_count - 1)
-        return str(table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value)
-
-    def _node(self, path: str) -> tuple[ResidencyNode | None, DatasetResidency | None]:
-        for ds in self._all():
-            if not isinstance(ds, DatasetResidency):
-                continue
-            if path == ds.path:
-                return ds, ds
-            if path.startswith(ds.path.rstrip("/") + "/"):
-                stack: list[ResidencyNode] = [ds]
-                while stack:
-                    n = stack.pop()
-                    if n.path == path:
-                        return n, ds
-                    for f in n.top_files:  # a file row: w / e / l act on the file
-                        if f.path == path:
-                            return f, ds
-                    stack.extend(c for c in n.children if path == c.path or path.startswith(c.path + "/"))
-        return None, None
 
     # -- navigation -------------------------------------------------------------------------------------------
 
@@ -357,24 +265,24 @@ class DatasetPane(Pane):
         path = self._selected()
         if path is None:
             return
-        node, owner = self._node(path)
         if path in self._file_rows and self._stack:
             self.notify("a file: w / e / l act on it; Backspace goes up", timeout=3)
             return
+        node, owner = _find(self._all(), path)
         if node is None or owner is None:
-            if path.startswith(MORE_KEY):
-                self.notify(_NOT_LISTED, timeout=5)
-            elif path == FOUND_KEY:
-                self.notify(_FOUND_HELP, timeout=6)
-            elif path in self._pending() or self._found_of(path) is not None:
-                self.notify(f"{printable(path)}: its first scan is not in yet; Enter opens it once it is", timeout=4)
+            self._say_what_row(path)
             return
-        if not self._stack:
-            self._stack = [owner.path]
-        else:
-            self._stack.append(path)
+        self._stack = [*self._stack, path] if self._stack else [owner.path]
         self.query_one("#ds-table", DataTable).move_cursor(row=0)
         self._rerender()
+
+    def _say_what_row(self, path: str) -> None:
+        """Enter on a row that opens nothing: what the row is."""
+        about = _about_row(path)
+        if about is None and (path in self._pending() or self._found_of(path) is not None):
+            about = f"{printable(path)}: its first scan is not in yet; Enter opens it once it is", 4
+        if about is not None:
+            self.notify(about[0], timeout=about[1])
 
     def action_back(self) -> None:
         """Back to the folder above (or the list of datasets)."""
@@ -383,10 +291,6 @@ class DatasetPane(Pane):
             self._rerender()
             if left in self._rows:
                 self.query_one("#ds-table", DataTable).move_cursor(row=self._rows.index(left))
-
-    def _rerender(self) -> None:
-        if self.view is not None:
-            self.render_view(self.view)
 
     # -- actions ----------------------------------------------------------------------------------------------
 
@@ -399,23 +303,21 @@ class DatasetPane(Pane):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         view = self.view
+        if action in ("warm", "evict", "lock", "unlock"):
+            return self._may_act(action)
+        if action == "remove":  # what is watched changes live only, from the list of datasets
+            return view is not None and not view.replay and not self._stack and self._selected() in view.watched
+        return {"cancel": (view is not None and view.busy) or self.box_shown("#ds-add"),
+                "back": bool(self._stack),
+                "add": view is None or not view.replay}.get(action, True)
+
+    def _may_act(self, action: str) -> bool | None:
+        """w / e / l, greyed out where nothing may change the system; l reads Unlock on a locked row, Lock elsewhere."""
         if action in ("lock", "unlock"):
-            # One key, two labels: the footer says Unlock on a locked row, Lock elsewhere.
-            locked = view is not None and self._selected() in view.held
+            locked = self.view is not None and self._selected() in self.view.held
             if locked != (action == "unlock"):
                 return False
-        if action in ("warm", "evict", "lock", "unlock"):
-            # greyed out where nothing here may change the system, or while an action runs: the key says why
-            return None if view is None or view.read_only or view.replay or view.busy else True
-        if action == "cancel":
-            return (view is not None and view.busy) or self.box_shown("#ds-add")
-        if action == "back":
-            return bool(self._stack)
-        if action == "add":
-            return view is None or not view.replay
-        if action == "remove":
-            return view is not None and not view.replay and not self._stack and self._selected() in view.watched
-        return True
+        return may_change(self.view)
 
     def action_warm(self) -> None:
         """Warm the selected dataset or folder, after a confirmation stating the bytes it reads and the memory guard.
@@ -441,13 +343,10 @@ class DatasetPane(Pane):
 
     def _target(self) -> str | None:
         path = self._selected()
-        if path is not None and path.startswith(MORE_KEY):
-            self.notify(_NOT_LISTED, severity="warning", timeout=5)
+        if path is not None and (about := _about_row(path)) is not None:
+            self.notify(about[0], severity="warning", timeout=about[1])
             return None
-        if path == FOUND_KEY:
-            self.notify(_FOUND_HELP, severity="warning", timeout=6)
-            return None
-        if path is None or self._node(path)[0] is None:
+        if path is None or _find(self._all(), path)[0] is None:
             gone = next((d for d in self._all() if d.path == path and isinstance(d, DatasetUnavailable)), None)
             self.notify(f"unavailable: {printable(gone.unavailable)}" if gone else "no dataset selected", severity="warning")
             return None
@@ -459,14 +358,10 @@ class DatasetPane(Pane):
         view = self.view
         if view is None:
             return
-        why = None
-        if event.key in ("w", "e", "l") and (view.frozen or view.busy):
-            why = f"{view.frozen}; nothing here may change the system" if view.frozen else busy_text(view)
+        if event.key in ("w", "e", "l"):
+            self._refuse(event, why_frozen(view))
         elif event.key in ("a", "x") and view.past and not self.box_shown("#ds-add"):
-            why = f"{view.past}; the datasets watched change live only"
-        if why is not None:
-            event.stop()
-            self.notify(f"{event.key}: {why}", severity="warning", timeout=3)
+            self._refuse(event, f"{view.past}; the datasets watched change live only")
 
     def action_cancel(self) -> None:
         """Stop the running action (or close the add box)."""
@@ -506,24 +401,105 @@ class DatasetPane(Pane):
             self.post_message(DatasetRemoveRequested(path))
 
 
-def _found_rows(found: list[FoundDataset], now: float, held: Any) -> dict[str, tuple[str, ...]]:
-    """The rows of the datasets found read by training jobs, under one row that heads them (a found dataset is
-    another user's claim until the user watches it with a)."""
+def _about_row(path: str) -> tuple[str, int] | None:
+    """What a row that is no dataset (files not listed, the found ones' head) says of itself, for how many seconds."""
+    if path.startswith(MORE_KEY):
+        return _NOT_LISTED, 5
+    if path == FOUND_KEY:
+        return _FOUND_HELP, 6
+    return None
+
+
+def _drilled(scanned: list[DatasetResidency | DatasetUnavailable],
+             stack: list[str]) -> tuple[ResidencyNode | None, DatasetResidency | None]:
+    """The node `stack` leads to (the deepest one still there; None at the top) and the dataset it belongs to."""
+    ds = next((d for d in scanned if stack and d.path == stack[0] and isinstance(d, DatasetResidency)), None)
+    if ds is None:
+        return None, None
+    node: ResidencyNode = ds
+    for path in stack[1:]:
+        nxt = next((c for c in node.children if c.path == path), None)
+        if nxt is None:
+            break
+        node = nxt
+    return node, ds
+
+
+def _find(scanned: list[DatasetResidency | DatasetUnavailable],
+          path: str) -> tuple[ResidencyNode | None, DatasetResidency | None]:
+    """The dataset, folder or listed file at `path` (a file row: w / e / l act on the file), and its dataset."""
+    for ds in scanned:
+        if isinstance(ds, DatasetResidency) and (path == ds.path or path.startswith(ds.path.rstrip("/") + "/")):
+            node = _below(ds, path)
+            if node is not None:
+                return node, ds
+    return None, None
+
+
+def _below(ds: DatasetResidency, path: str) -> ResidencyNode | None:
+    """The folder or listed file at `path` in the tree of `ds`."""
+    stack: list[ResidencyNode] = [ds]
+    while stack:
+        n = stack.pop()
+        if n.path == path:
+            return n
+        for f in n.top_files:
+            if f.path == path:
+                return f
+        stack.extend(c for c in n.children if path == c.path or path.startswith(c.path + "/"))
+    return None
+
+
+def _top_owner(datasets: list[DatasetResidency | DatasetUnavailable], found: FoundDataset | None,
+               any_found: bool) -> DatasetResidency | None:
+    """At the top level, the dataset the notes are about: the found one under the cursor, else the only one
+    watched (when none is found)."""
+    if found is not None:
+        ds = found.scan
+    elif len(datasets) == 1 and not any_found:
+        ds = datasets[0]
+    else:
+        return None
+    return ds if isinstance(ds, DatasetResidency) else None
+
+
+def _folder_rows(node: ResidencyNode, owner: DatasetResidency, age: float | None, held: Any,
+                 sort: str) -> tuple[dict[str, tuple[str, ...]], set[str]]:
+    """The rows of a folder drilled into, and which of them are files: its folders and its files together in the
+    `sort`'s order (the files the scan kept: the top `files_top` by each key), then one row for the files not
+    listed."""
+    from dltop.text.datasets import file_label, listed_files, more_label, row_values, sort_rank
+
+    ps, est, part = owner.page_size, owner.estimated, not owner.complete
+    files, rest = listed_files(node, sort, owner.files_top)
+    rows: dict[str, tuple[str, ...]] = {}
+    file_ids = {id(f) for f in files}
+    for entry in sorted((*node.children, *files), key=sort_rank(sort)):
+        lock = " 🔒" if entry.path in held else ""
+        if id(entry) in file_ids:
+            values = row_values(entry, ps, file_label(node.path, entry.path) + lock, age, est)
+            rows[entry.path] = (*values[:5], "", values[6])  # a file: no count of files
+        else:
+            # A folder's counts are its dataset's: an estimate (~) where the dataset's are, partial (≥) where
+            # its scan was cut short.
+            rows[entry.path] = row_values(entry, ps, os.path.basename(entry.path) + "/" + lock, age, est, part)
+    if rest is not None and (owner.files_top > 0 or node.children):
+        # A leaf folder of a scan that kept no files keeps its "counted in this total" instead.
+        rows[MORE_KEY + node.path] = row_values(rest, ps, more_label(rest), None, est, part)
+    return rows, {f.path for f in files}
+
+
+def _top_row(ds: DatasetResidency | DatasetUnavailable | None, label: str, now: float) -> tuple[str, ...]:
+    """A dataset's row at the top level, `label` its first cell: its numbers, n/a where it could not be scanned (the
+    reason goes to the notes line, where it has room; never zeros), or "scanning" until its first scan is in."""
     from dltop.text.datasets import row_values, unavailable_row_values
 
-    rows: dict[str, tuple[str, ...]] = {}
-    if found:
-        rows[FOUND_KEY] = ("found: read by training jobs", "", "", "", "", "", "")
-    for f in found:
-        label = f.path + (" 🔒" if f.path in held else "")
-        age = now - f.scan.scanned_at if f.scan is not None and f.scan.scanned_at else None
-        if f.scan is None:
-            rows[f.path] = (label, "-", "-", "-", "-", "-", "scanning")
-        elif isinstance(f.scan, DatasetUnavailable):
-            rows[f.path] = unavailable_row_values(label, age)
-        else:
-            rows[f.path] = row_values(f.scan, f.scan.page_size, label, age)
-    return rows
+    if ds is None:
+        return (label, "-", "-", "-", "-", "-", "scanning")
+    age = now - ds.scanned_at if ds.scanned_at else None
+    if isinstance(ds, DatasetUnavailable):
+        return unavailable_row_values(label, age)
+    return row_values(ds, ds.page_size, label, age)
 
 
 def _top_title(datasets: list[DatasetResidency | DatasetUnavailable], pending: list[str], found: int = 0) -> Text:
@@ -546,24 +522,6 @@ def _top_title(datasets: list[DatasetResidency | DatasetUnavailable], pending: l
     else:
         title.append("  none yet: press a to add a folder, or start dltop with PATH arguments", "dim")
     return title
-
-
-def _progress(ev: ActionEvent | None) -> Text:
-    """The line under the table: the action in flight, or how the last one ended."""
-    from dltop.text.datasets import progress_line
-
-    if ev is None:
-        return Text()
-    if ev.phase == "progress":
-        return Text(progress_line(ev) + " · Esc cancels")
-    if ev.phase == "started":
-        doing = "measuring…" if ev.step == "plan" else "starting…"
-        return Text(f"{ev.action} {printable(ev.target)}: {doing} (Esc cancels)")
-    if ev.outcome in ("error", "refused"):
-        return Text(printable_lines(ev.message), "red")
-    if ev.step == "plan":
-        return Text(f"{ev.action} {printable(ev.target)}: cancelled" if ev.outcome == "cancelled" else "")
-    return Text(printable_lines(ev.message), "bold")
 
 
 def _notes(ds: DatasetResidency | None, now: float) -> Text:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from rich.text import Text
@@ -21,7 +21,7 @@ from dltop.fmt import (
     percent,
     percent_text,
 )
-from dltop.model import DiskStat, MemoryPart, Pressure, Snapshot, Unavailable, VmStat
+from dltop.model import CgroupMemory, DiskStat, MemoryPart, Pressure, Snapshot, Unavailable, VmStat
 from dltop.tui import charts
 from dltop.tui.panes.base import Lines, Pane, set_content
 from dltop.view import View
@@ -43,22 +43,21 @@ SPARK_KEEP: tuple[charts.Keep, ...] = (*(f[3] for f in SPARK_FIELDS), "max")  # 
 
 SPARK_LABEL_WIDTH = 20  # "Writeback" padded to 10, the value right-aligned in 9, a space
 SPARK_SCALE_WIDTH = 14  # " 22.9–23.2 GiB", " max 45.0 MiB": right of the bars, each chart's scale
-
+DISK_HEADERS = ("Device", "r/s", "w/s", "rMB/s", "wMB/s", "await", "%util")  # as iostat -x names them
 
 
 class Chart(NamedTuple):
     """One chart of the block: its label and current value (as printed, and as a number the scale covers), its
-    readings ((timestamp, value) or a chart of a KeptSeries), style, the least span of its scale in bytes (None:
-    from 0), how the scale's numbers are written, and what a column keeps (for readings given as a list)."""
+    number in the pane's KeptSeries, style, the least span of its scale in bytes (None: from 0), and how the
+    scale's numbers are written."""
 
     label: str
     value: str
-    points: list[charts.Point] | int
+    number: int
     style: str
     min_span: float | None
     fmt: Callable[[float], str]
-    now: float | None = None
-    keep: charts.Keep = "max"
+    now: float | None
 
 
 def _bytes(v: float) -> str:
@@ -67,16 +66,6 @@ def _bytes(v: float) -> str:
 
 def _per_s(v: float) -> str:
     return f"{human_count_rate(v)}/s"
-
-DISK_COLUMNS = (
-    ("device", "Device"),
-    ("r_s", "r/s"),
-    ("w_s", "w/s"),
-    ("rmb_s", "rMB/s"),
-    ("wmb_s", "wMB/s"),
-    ("await", "await"),
-    ("util", "%util"),
-)
 
 
 def _mb(n: float) -> str:
@@ -164,24 +153,29 @@ def cgroup_text(m: MemoryPart, width: int = 200) -> Text:
     pairs = [_pair(f"cgroup v{cg.version}", cg.path)]
     if cg.limit_path is not None:  # the numbers below are the limiting ancestor's
         pairs.append(_pair("limited at", cg.limit_path))
-    used = human_bytes(cg.current_bytes)
-    if cg.current_bytes is None:
-        used += f" ({cg.unavailable.get('current_bytes', 'not read')})"
-    if cg.max_bytes is not None and cg.current_bytes is not None:
-        share = cg.current_bytes / cg.max_bytes if cg.max_bytes else 0
-        pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)} ({percent_text(100 * share)})",
-                           "bold red" if share >= 0.9 else ""))
-    elif cg.max_bytes is not None:
-        pairs.append(_pair("used", f"{used} of {human_bytes(cg.max_bytes)}"))
-    elif cg.no_limit:
-        pairs.append(_pair("used", f"{used}, no limit"))
-    else:  # never "no limit" for a limit that could not be read
-        pairs.append(_pair("used", f"{used}, {cg.unavailable.get('max_bytes', 'limit not read')}", "yellow"))
+    pairs.append(_cgroup_used(cg))
     pairs.append(_pair("file", human_bytes(cg.file_bytes)))
     pairs.append(_pair("dirty", human_bytes(cg.file_dirty_bytes)))
     if cg.oom_kill is not None:
         pairs.append(_pair("oom_kill", str(cg.oom_kill), "bold red" if cg.oom_kill else ""))
     return pack(pairs, width)
+
+
+def _cgroup_used(cg: CgroupMemory) -> Text:
+    """A cgroup's usage against its limit."""
+    used = human_bytes(cg.current_bytes)
+    if cg.current_bytes is None:
+        used += f" ({cg.unavailable.get('current_bytes', 'not read')})"
+    if cg.max_bytes is not None and cg.current_bytes is not None:
+        share = cg.current_bytes / cg.max_bytes if cg.max_bytes else 0
+        return _pair("used", f"{used} of {human_bytes(cg.max_bytes)} ({percent_text(100 * share)})",
+                     "bold red" if share >= 0.9 else "")
+    if cg.max_bytes is not None:
+        return _pair("used", f"{used} of {human_bytes(cg.max_bytes)}")
+    if cg.no_limit:
+        return _pair("used", f"{used}, no limit")
+    # never "no limit" for a limit that could not be read
+    return _pair("used", f"{used}, {cg.unavailable.get('max_bytes', 'limit not read')}", "yellow")
 
 
 def unavailable_notes(m: MemoryPart) -> list[str]:
@@ -196,15 +190,8 @@ def unavailable_notes(m: MemoryPart) -> list[str]:
 
 
 def _disk_row(d: DiskRates) -> tuple[str, ...]:
-    return (
-        d.name,
-        f"{d.reads_per_s:.1f}",
-        f"{d.writes_per_s:.1f}",
-        _mb(d.read_bytes_per_s),
-        _mb(d.write_bytes_per_s),
-        f"{d.await_ms:.2f}" if d.await_ms is not None else "0.00",
-        f"{d.util_pct:.1f}",
-    )
+    return (d.name, f"{d.reads_per_s:.1f}", f"{d.writes_per_s:.1f}", _mb(d.read_bytes_per_s), _mb(d.write_bytes_per_s),
+            f"{d.await_ms:.2f}" if d.await_ms is not None else "0.00", f"{d.util_pct:.1f}")
 
 
 def refault_rate(prev: Snapshot, cur: Snapshot) -> float | None:
@@ -227,32 +214,27 @@ def scale_labels(bottom: float, top: float, rows: int, fmt: Callable[[float], st
 
 
 def sparkline_block(chart_list: list[Chart], width: int, height: int, end_ts: float, span_s: float,
-                    cadence_s: float, kept: charts.KeptSeries[Any] | None = None) -> Content:
+                    cadence_s: float, kept: charts.KeptSeries[Any]) -> Content:
     """Label, current value and a chart `width` wide per chart, each as tall as the space allows (with a blank
     line between charts once there is room): a big terminal gets finer charts, 80x24 one line each. Every
     column covers span_s / width seconds (the time axis under the charts says the span and a column's
     seconds); each chart's scale is on its right: its max, or its range where it does not start at 0, always
-    covering the value printed beside it. A chart's readings are a list, or the number of its chart in `kept`
-    (its columns kept between ticks)."""
+    covering the value printed beside it. The charts' columns are kept between ticks in `kept`."""
     n = len(chart_list)
     height = max(n, height - 1)  # the axis' line
     gap = 1 if height >= 2 * n - 1 else 0
     rows_each = max(1, (height - gap * (n - 1)) // n)
     lines: list[Content] = []
-    for i, (label, value, points, style, min_span, fmt, now, keep) in enumerate(chart_list):
+    for i, chart in enumerate(chart_list):
         if i and gap:
             lines.append(Content(""))
-        if isinstance(points, int):
-            assert kept is not None
-            cols = kept.columns(points, end_ts, width, span_s, cadence_s)
-        else:
-            cols = charts.time_columns(points, end_ts, width, span_s, cadence_s, keep)
-        bottom, top = charts.scale_of(cols, 0.0 if min_span is None else min_span, now=now)
+        cols = kept.columns(chart.number, end_ts, width, span_s, cadence_s)
+        bottom, top = charts.scale_of(cols, 0.0 if chart.min_span is None else chart.min_span, now=chart.now)
         bars = charts.draw(cols, rows_each, top, bottom)
-        scale = scale_labels(bottom, top, len(bars), fmt) if charts.shown(cols) else [""] * len(bars)
+        scale = scale_labels(bottom, top, len(bars), chart.fmt) if charts.shown(cols) else [""] * len(bars)
         for r, bar in enumerate(bars):
-            head = f"{label:<10}{value:>9} " if r == len(bars) - 1 else " " * SPARK_LABEL_WIDTH
-            lines.append(Content.assemble((head[:10], "bold"), head[10:], (bar, style),
+            head = f"{chart.label:<10}{chart.value:>9} " if r == len(bars) - 1 else " " * SPARK_LABEL_WIDTH
+            lines.append(Content.assemble((head[:10], "bold"), head[10:], (bar, chart.style),
                                           (scale[r][:SPARK_SCALE_WIDTH], "dim")))
     per = f" {charts.column_text(span_s / max(1, width))}/col"
     lines.append(Content.assemble(" " * SPARK_LABEL_WIDTH, (charts.axis(width, span_s), "dim"),
@@ -263,8 +245,8 @@ def sparkline_block(chart_list: list[Chart], width: int, height: int, end_ts: fl
 def disk_table(disks: list[DiskRates], read: tuple[DiskStat, ...] | Unavailable) -> Content:
     """iostat -x style: a bold header line, then one line per device, columns right-aligned but the name. `read`
     is this reading's disks: "no disk I/O yet" only when they were read fine and none has had any."""
-    rows = [tuple(label for _, label in DISK_COLUMNS)] + [_disk_row(d) for d in disks]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(DISK_COLUMNS))]
+    rows = [DISK_HEADERS, *(_disk_row(d) for d in disks)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(DISK_HEADERS))]
 
     def line(r: tuple[str, ...]) -> str:
         return "  ".join(r[0].ljust(widths[0]) if i == 0 else r[i].rjust(widths[i]) for i in range(len(r)))
@@ -276,20 +258,6 @@ def disk_table(disks: list[DiskRates], read: tuple[DiskStat, ...] | Unavailable)
         why = "rates need two readings" if read else "no device has had any since boot"
         return Content("\n").join([header, Content.assemble((f"(no disk I/O yet: {why})", "dim"))])
     return Content("\n").join([header, *(Content(line(r)) for r in rows[1:])])
-
-
-def series(history: Sequence[Snapshot], name: str) -> list[charts.Point]:
-    """One meminfo field over the history, with each reading's time (missing readings left out)."""
-    return series_of(history, (name,))[0]
-
-
-def series_of(history: Sequence[Snapshot], names: Sequence[str]) -> list[list[charts.Point]]:
-    """`series` of each of `names`, in one pass over the history (600 Snapshots once it is full)."""
-    get = operator.attrgetter(*names)
-    rows: list[tuple[float, Any]] = [(s.ts, get(m)) for s in history if isinstance(m := s.memory, MemoryPart)]
-    if len(names) == 1:
-        return [[(ts, float(v)) for ts, v in rows if v is not None]]
-    return [[(ts, float(vs[i])) for ts, vs in rows if vs[i] is not None] for i in range(len(names))]
 
 
 _SPARK_GET = operator.attrgetter(*(f[0] for f in SPARK_FIELDS))
@@ -346,21 +314,11 @@ class PageCachePane(Pane):
         vm, disks = memory_rates(view.previous, view.snapshot)
         sparks = self.query_one("#pc-sparks", Static)
         width = max(1, sparks.size.width - SPARK_LABEL_WIDTH)
-        kept = self._kept
-        kept.update(history)
-        chart_list: list[Chart] = []
-        for i, (name, label, span_share, _keep) in enumerate(SPARK_FIELDS):
-            min_span = None if span_share is None else span_share * (
-                m.total_bytes or max((v for _, v in kept.points(i)), default=0.0))
-            v = getattr(m, name)
-            chart_list.append(Chart(label, human_bytes(v), i, "$accent", min_span, _bytes, v))
-        rate = vm.refaults_per_s if vm is not None else None
-        chart_list.append(Chart("Refaults", human_count_rate(rate) + "/s", len(SPARK_FIELDS), "$warning", None,
-                                _per_s, rate))
+        self._kept.update(history)
         times = [s.ts for s in history[-(charts.CADENCE_INTERVALS + 1):]]  # all that the cadence reads
-        set_content(sparks, sparkline_block(chart_list, max(1, width - SPARK_SCALE_WIDTH), sparks.size.height,
-                                            view.snapshot.ts, charts.span_s(times), charts.cadence_s(times),
-                                            kept))
+        set_content(sparks, sparkline_block(self._charts(m, vm), max(1, width - SPARK_SCALE_WIDTH),
+                                            sparks.size.height, view.snapshot.ts, charts.span_s(times),
+                                            charts.cadence_s(times), self._kept))
         activity = self.query_one("#pc-activity", Static)
         text = activity_text(m, vm, width)
         lines = text.plain.count("\n") + 1
@@ -373,3 +331,16 @@ class PageCachePane(Pane):
         set_content(notes_widget, Text("; ".join(notes), "dim"))
         notes_widget.display = bool(notes)
         set_content(self.query_one("#pc-disks", Static), disk_table(disks, m.disks))
+
+    def _charts(self, m: MemoryPart, vm: VmRates | None) -> list[Chart]:
+        """The meminfo fields' charts and the refaults', their readings kept between ticks."""
+        chart_list: list[Chart] = []
+        for i, (name, label, span_share, _keep) in enumerate(SPARK_FIELDS):
+            min_span = None if span_share is None else span_share * (
+                m.total_bytes or max((v for _, v in self._kept.points(i)), default=0.0))
+            v = getattr(m, name)
+            chart_list.append(Chart(label, human_bytes(v), i, "$accent", min_span, _bytes, v))
+        rate = vm.refaults_per_s if vm is not None else None
+        chart_list.append(Chart("Refaults", human_count_rate(rate) + "/s", len(SPARK_FIELDS), "$warning", None,
+                                _per_s, rate))
+        return chart_list

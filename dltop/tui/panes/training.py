@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -27,7 +28,6 @@ from dltop.model.probes import (
     ProbesPart,
     ProcessProbe,
     exit_text,
-    group_jobs,
     jobs_first,
     rank_status,
     who,
@@ -53,20 +53,11 @@ NO_COUNTS = ("throughput, loss: not given: track(loader, batch_size=N, tokens=..
 NOTES_FOLDED = 3  # lines of notes shown until n shows all of them
 
 
-def jobs(probes: Sequence[ProcessProbe]) -> dict[str, list[ProcessProbe]]:
-    """The probes grouped by job, each job's ranks in rank order (`dltop.model.probes.group_jobs`)."""
-    return group_jobs(probes)
-
-
-def _lead(values: list[float]) -> float:
-    return values[0]
-
-
 def series(history: Sequence[Snapshot], key: str, name: str,
            combine: Callable[[list[float]], float] = max) -> list[charts.Point]:
     """A job's `step_time_s` or `data_wait_fraction` over the history, with each Snapshot's time: the slowest
     rank's at each Snapshot (the slowest sets the pace of a synchronous job); `combine=sum` for throughput (each
-    rank has its own batches), `combine=_lead` for the lowest rank's (its loss)."""
+    rank has its own batches), `combine=itemgetter(0)` for the lowest rank's (its loss)."""
     out = []
     for s in history:
         if not isinstance(s.probes, ProbesPart):
@@ -276,10 +267,6 @@ def _ms(v: float) -> str:
     return f"{1000 * v:.3g} ms" if v < 1 else f"{v:.3g} s"
 
 
-def _loss_scale(v: float) -> str:
-    return f"{v:.3g}"
-
-
 def _percent(v: float) -> str:
     return percent_text(100 * v)
 
@@ -326,12 +313,11 @@ def _spark_line(label: str, value: str, data: list[charts.Point], width: int, st
 
 
 def job_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int,
-              now: float | None = None, with_epochs: bool = True) -> list[Content]:
+              now: float, with_epochs: bool = True) -> list[Content]:
     """A job: its title, whether it stalled or exited, its facts, its sparklines (step time, data wait, and
     throughput and loss where the script hands them over) and, `with_epochs`, its whole epoch table (several
     jobs scroll together; one job's table scrolls on its own: `epoch_lines`)."""
     lead = members[0]  # rank 0 (or the only process) speaks for the job's epochs
-    now = time.time() if now is None else now
     lines = [_title(members, width), *status_lines(members, now, width, history), _facts(lead, width)]
     axis = Axis(history)
     lines += _spark_lines(key, members, history, width, axis)
@@ -359,17 +345,28 @@ def _spark_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapsh
                  axis: Axis) -> list[Content]:
     """A job's sparklines: step time and data wait, then samples, tokens and loss where the script hands them
     over (a line saying how, where it hands none)."""
-    now_step = max((p.step_time_s for p in members if p.step_time_s is not None), default=None)
-    now_wait = max((p.data_wait_fraction for p in members if p.data_wait_fraction is not None), default=None)
-    # a number of the recent window only: a loop that stopped or a process that exited has none now
-    idle = "exited" if all(p.exited for p in members) else "stalled" if any(p.stalled for p in members) else None
-    lines = [_spark_line("Step", idle or ("n/a" if now_step is None else f"{1000 * now_step:.1f} ms"),
-                         series(history, key, "step_time_s"), width, "$accent", axis, _ms,
+    now_step, now_wait = _slowest(members, "step_time_s"), _slowest(members, "data_wait_fraction")
+    idle = _idle(members)
+    step = idle or ("n/a" if now_step is None else f"{1000 * now_step:.1f} ms")
+    wait = idle or ("n/a" if now_wait is None else percent_text(100 * now_wait))
+    lines = [_spark_line("Step", step, series(history, key, "step_time_s"), width, "$accent", axis, _ms,
                          now=None if idle else now_step),
-             _spark_line("Data wait", idle or ("n/a" if now_wait is None else percent_text(100 * now_wait)),
-                         series(history, key, "data_wait_fraction"), width, "$warning", axis, _percent, top=1.0)]
+             _spark_line("Data wait", wait, series(history, key, "data_wait_fraction"), width, "$warning", axis,
+                         _percent, top=1.0)]
     counts = _count_lines(key, members, history, width, axis, idle)
     return lines + (counts or [Content.assemble((NO_COUNTS, "dim")).truncate(width, ellipsis=True)])
+
+
+def _slowest(members: list[ProcessProbe], name: str) -> float | None:
+    """The slowest rank's `name` now (the slowest sets the pace of a synchronous job)."""
+    return max((v for p in members if (v := getattr(p, name)) is not None), default=None)
+
+
+def _idle(members: list[ProcessProbe]) -> str | None:
+    """Why a job has no number of the recent window now: its processes exited, or its loop stopped."""
+    if all(p.exited for p in members):
+        return "exited"
+    return "stalled" if any(p.stalled for p in members) else None
 
 
 def _count_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapshot], width: int, axis: Axis,
@@ -382,8 +379,8 @@ def _count_lines(key: str, members: list[ProcessProbe], history: Sequence[Snapsh
     lead = members[0]
     if lead.losses_logged or lead.loss is not None or lead.loss_nonfinite:
         lines.append(_spark_line("Loss", loss_text(lead.loss, lead.loss_nonfinite),
-                                 series(history, key, "loss", combine=_lead), width, "$secondary", axis,
-                                 _loss_scale, value_style="bold $error" if lead.loss_nonfinite else "",
+                                 series(history, key, "loss", combine=itemgetter(0)), width, "$secondary", axis,
+                                 "{:.3g}".format, value_style="bold $error" if lead.loss_nonfinite else "",
                                  banded=True, now=None if lead.loss_nonfinite else lead.loss))
     return lines
 
@@ -437,14 +434,17 @@ def probe_notes(part: ProbesPart, path_width: int | None = None) -> list[str]:
 
     notes = [f"ignored {where(i.path)}: {printable(i.reason)}" for i in part.ignored]
     for p in part.processes:  # (an exited process's ending is on its job's lines)
-        if p.truncated:
-            notes.append(f"pid {p.pid} dropped {', '.join(p.truncated)} to fit 4 KiB")
-        # (what the script did not hand over is said once, on the job's lines)
-        for why in dict.fromkeys(v for v in p.unavailable.values() if v not in NOT_GIVEN):
-            notes.append(f"pid {p.pid}: {printable(why)}")
-        unknown = [e for e in p.epochs if e.data_cached_delta_bytes is None]
-        if unknown:  # the last one's reason: the Cache Δ column reads n/a
-            notes.append(f"pid {p.pid}: Cache Δ n/a: {printable(unknown[-1].data_cached_source or 'the probe gives no figure for its data (an older probe)')}")
+        notes += _process_notes(p)
+    return notes
+
+
+def _process_notes(p: ProcessProbe) -> list[str]:
+    """What a process's probe could not say (what the script did not hand over is said once, on the job's lines)."""
+    notes = [f"pid {p.pid} dropped {', '.join(p.truncated)} to fit 4 KiB"] if p.truncated else []
+    notes += (f"pid {p.pid}: {printable(why)}" for why in dict.fromkeys(p.unavailable.values()) if why not in NOT_GIVEN)
+    unknown = [e for e in p.epochs if e.data_cached_delta_bytes is None]
+    if unknown:  # the last one's reason: the Cache Δ column reads n/a
+        notes.append(f"pid {p.pid}: Cache Δ n/a: {printable(unknown[-1].data_cached_source or 'the probe gives no figure for its data (an older probe)')}")
     return notes
 
 
@@ -477,10 +477,11 @@ class TaggedScroll(VerticalScroll):
     def on_resize(self) -> None:
         self._tell()
 
-    def out_of_view(self) -> tuple[int, int]:
-        """Lines above and below the view."""
+    def out_of_view_text(self) -> str:
+        """The lines above and below the view ('↑3 ↓5', '↓5'), or '' where all are in it."""
         above = round(self.scroll_y)
-        return above, max(0, self.virtual_size.height - above - self.size.height) if self.size.height else 0
+        below = max(0, self.virtual_size.height - above - self.size.height) if self.size.height else 0
+        return " ".join(([f"↑{above}"] if above else []) + ([f"↓{below}"] if below else []))
 
 
 class EpochScroll(TaggedScroll):
@@ -542,9 +543,7 @@ class TrainingPane(Pane):
     def action_dismiss(self) -> None:
         """Take the exited jobs off the tab (their files stay; a later exit shows again)."""
         self._dismissed |= {(p.pid, p.start_time_ticks) for p in self._exited()}
-        if self.view is not None:
-            self.render_view(self.view)
-        self.refresh_bindings()
+        self._rerender()  # its notes refresh the footer's keys
 
     def action_epochs(self) -> None:
         """Give the keys to the epoch table, to scroll back to older epochs."""
@@ -560,7 +559,6 @@ class TrainingPane(Pane):
             box.focus()
         elif box.has_focus:
             self.focus_default()
-        self.refresh_bindings()
 
     def _keys_follow(self) -> None:
         """The tab changed between one job (its epoch table scrolls) and several (the whole tab scrolls): the keys
@@ -595,13 +593,12 @@ class TrainingPane(Pane):
             return
         if scroll.id != "tr-scroll":
             return  # the notes say themselves what is folded
-        above, below = scroll.out_of_view()
+        where = scroll.out_of_view_text()
         tag = self.query_one("#tr-scroll-tag", Static)
-        if above or below:
-            where = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
+        if where:
             keys = "" if scroll.has_focus else ", Tab to scroll"
             set_content(tag, Content.assemble((f"{where} lines out of view{keys}", "dim")))
-        tag.display = bool(above or below)
+        tag.display = bool(where)
 
     def _epochs_scrolled(self, scroll: EpochScroll) -> None:
         """The epoch table follows its newest row until the user scrolls back (then it stays there)."""
@@ -612,8 +609,7 @@ class TrainingPane(Pane):
         self._epoch_header(scroll)
 
     def _epoch_header(self, scroll: EpochScroll) -> None:
-        above, below = scroll.out_of_view()
-        tag = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
+        tag = scroll.out_of_view_text()
         head = self._epoch_head
         width = len(head.plain)
         if tag and width > len(tag) + 6:
@@ -635,11 +631,14 @@ class TrainingPane(Pane):
         if self.has_class("-one-job") != (one_job is not None):
             self.set_class(one_job is not None, "-one-job")
             self._keys_follow()
-            self.refresh_bindings()
         if one_job is not None:
             self._render_epochs(*one_job, view.history, width)
-        self._notes = probe_notes(part) if isinstance(part, ProbesPart) else []
-        self._folded = probe_notes(part, max(16, width // 4)) if isinstance(part, ProbesPart) else []
+        self._take_notes(part if isinstance(part, ProbesPart) else None, width)
+
+    def _take_notes(self, part: ProbesPart | None, width: int) -> None:
+        """The notes of `part`, folded back where they fit folded."""
+        self._notes = probe_notes(part) if part is not None else []
+        self._folded = probe_notes(part, max(16, width // 4)) if part is not None else []
         if self._notes_open and len(self._notes) <= NOTES_FOLDED:
             self._notes_open = False
             self.query_one("#tr-notes-box").set_class(False, "-open")
