@@ -82,7 +82,6 @@ class CachesPane(TablePane):
             "are du -B1's, a the apparent size; ≥ marks a walk cut short. ⏎ opens (the 50 biggest folders four deep "
             "are kept), a hub repo on its revisions; c clears after a dialog with the bytes (a revision as "
             "hf cache rm does: shared blobs stay).")
-    can_focus = False
     DEFAULT_CSS = """
     #cc-summary { height: auto; max-height: 2; }
     #cc-table { height: 1fr; min-height: 4; }

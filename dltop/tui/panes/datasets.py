@@ -78,7 +78,6 @@ class DatasetPane(TablePane):
             "overlayfs and older kernels). Pages the kernel hides from this user are unknown (?), not resident. "
             "w / e / l measure first, then ask; Esc cancels. Found: folders training jobs read (their open "
             "files, the probe's data_dir), not watched; a on one watches it, --no-discover hides them.")
-    can_focus = False
     DEFAULT_CSS = """
     #ds-summary { height: auto; max-height: 2; }
     #ds-table { height: 1fr; min-height: 4; }
@@ -413,7 +412,9 @@ def _about_row(path: str) -> tuple[str, int] | None:
 def _drilled(scanned: list[DatasetResidency | DatasetUnavailable],
              stack: list[str]) -> tuple[ResidencyNode | None, DatasetResidency | None]:
     """The node `stack` leads to (the deepest one still there; None at the top) and the dataset it belongs to."""
-    ds = next((d for d in scanned if stack and d.path == stack[0] and isinstance(d, DatasetResidency)), None)
+    if not stack:
+        return None, None
+    ds = next((d for d in scanned if d.path == stack[0] and isinstance(d, DatasetResidency)), None)
     if ds is None:
         return None, None
     node: ResidencyNode = ds
