@@ -333,24 +333,20 @@ class FolderTable:
         dir_fd = self._folder_fd(f)
         if dir_fd is None:
             return {}, set()
-        vals = f.vals
         keys, raws, slots = _recountable(f, dirty, first, changed)
         out: dict[tuple[int, bytes], Any] = {}
         done: set[tuple[int, bytes]] = set()
-        count_own, step, recounted_as = self.events.count_own, measuring.BATCH, self.recounted_as
+        count_own, step, recounted = self.events.count_own, measuring.BATCH, self.recounted
         for j in range(0, len(raws), step):
             for key, i, got in zip(keys[j:j + step], slots[j:j + step],
                                    measure(dir_fd, raws[j:j + step], O_FILE, kernel.NR_CACHESTAT),
                                    strict=True):
-                if got.__class__ is tuple:  # opened: our open and our close
+                if got.__class__ is tuple or got == 0:  # opened: our open and our close
                     count_own(key)
-                    if got[1] == vals[i * VALUES + 11]:  # the same inode: `recounted`
-                        recounted_as(f, i, got[4], got[5], got[6], got[7])
-                        done.add(key)
-                        continue
-                elif got == 0:
-                    count_own(key)
-                out[key] = got
+                if recounted(f, i, got):
+                    done.add(key)
+                else:
+                    out[key] = got
             if j + step < len(raws):
                 self.events.settle()  # our own opens must not overflow the queue
         return out, done
@@ -395,10 +391,50 @@ class FolderTable:
             os.close(self._dir[1])
             self._dir = None
 
-    def measure(self, f: Folder, dfd: int, name: str, report: WalkReport,
-                relink: bool = False) -> tuple[int, ...] | None:
-        """One file's counts (`measure_file`); None when it is not counted (see `report`)."""
-        return measure_file(f, dfd, name, report, self.cstat, lambda st: self._linked(st, f, report, relink))
+    def measure(self, f: Folder, dfd: int, name: str, report: WalkReport, relink: bool = False) -> tuple[int, ...] | None:
+        """File `name` of folder `f` (open as `dfd`) measured, as `scan_residency` counts a file: its VALUES, or None
+        when it is not counted (`report` says why: a hard link counted under another name, unless `relink` and it is
+        counted here). `f.mincore` and `f.used` say how it was counted."""
+        ps = kernel.PAGE_SIZE
+        path = f"{f.path}/{name}"
+        try:
+            fd = os.open(name, O_FILE, dir_fd=dfd)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    skip_error(report, e, path)
+                    return None
+                if self._linked(st.st_nlink, st.st_dev, st.st_ino, f, report, relink):
+                    return None
+                pages = (st.st_size + ps - 1) // ps
+                report.unknown = True
+                report.skip("unreadable", path, "permission denied (pages unknown)")
+                return (st.st_size, pages, pages, 0, 0, 0, 0, 0, pages, pages, 1, st.st_ino)
+            skip_error(report, e, path)
+            return None
+        pages = data = ino = 0
+        try:
+            st = os.fstat(fd)
+            ino = st.st_ino
+            if not stat.S_ISREG(st.st_mode):
+                report.skip("special")
+                return None
+            if self._linked(st.st_nlink, st.st_dev, st.st_ino, f, report, relink):
+                return None
+            pages, data, runs = page_counts(fd, st)
+            res, dirty, wb, rev, dres, unknown, dunknown = resident_counts(fd, st, f, name, dfd, pages, data, runs, f.used,
+                                                                           self.cstat)
+            if unknown:
+                report.unknown = True
+            return (st.st_size, pages, data, res, dirty, wb, rev, dres, unknown, dunknown, 1, ino)
+        except OSError as e:
+            # It vanished or failed after it was counted: its pages are unknown, not absent.
+            skip_error(report, e, path)
+            return (0, pages, data, 0, 0, 0, 0, 0, pages, data, 1, ino)
+        finally:
+            os.close(fd)
 
     def measure_batch(self, f: Folder, dfd: int, names: list[str], report: WalkReport,
                        rows: list[Row]) -> None:
@@ -413,7 +449,7 @@ class FolderTable:
                 vals = self.measure(f, dfd, name, report)
             else:
                 _dev, ino, nlink, size, cache, dirty, wb, rev = pre
-                if nlink > 1 and self._linked_ids(nlink, _dev, ino, f, report, False):
+                if nlink > 1 and self._linked(nlink, _dev, ino, f, report, False):
                     continue
                 pages = (size + ps - 1) // ps
                 if pages == 0:
@@ -425,12 +461,8 @@ class FolderTable:
             if vals is not None:
                 rows.append((hash(name), name, vals))
 
-    def _linked(self, st: os.stat_result, f: Folder, report: WalkReport, relink: bool) -> bool:
+    def _linked(self, nlink: int, dev: int, ino: int, f: Folder, report: WalkReport, relink: bool) -> bool:
         """A hard link counted under another name: skipped here (`report` says so)."""
-        return self._linked_ids(st.st_nlink, st.st_dev, st.st_ino, f, report, relink)
-
-    def _linked_ids(self, nlink: int, dev: int, ino: int, f: Folder, report: WalkReport,
-                    relink: bool) -> bool:
         if nlink <= 1:
             return False
         key = (dev, ino)
@@ -467,50 +499,3 @@ def _recountable(f: Folder, dirty: list[tuple[int, bytes]], first: tuple[int, by
         raws.append(raw)
         slots.append(i)
     return keys, raws, slots
-
-
-def measure_file(f: Folder, dfd: int, name: str, report: WalkReport, cstat: Any,
-                 linked: Callable[[os.stat_result], bool]) -> tuple[int, ...] | None:
-    """File `name` of folder `f` (open as `dfd`) measured, as `scan_residency` counts a file (the Python twin of
-    the C step, dltop/native/_measure.c): its VALUES, or None when it is not counted (`report` says why; `linked`:
-    a hard link counted under another name). `f.mincore` and `f.used` say how it was counted."""
-    ps = kernel.PAGE_SIZE
-    path = f"{f.path}/{name}"
-    try:
-        fd = os.open(name, O_FILE, dir_fd=dfd)
-    except OSError as e:
-        if e.errno in (errno.EACCES, errno.EPERM):
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            except OSError:
-                skip_error(report, e, path)
-                return None
-            if linked(st):
-                return None
-            pages = (st.st_size + ps - 1) // ps
-            report.unknown = True
-            report.skip("unreadable", path, "permission denied (pages unknown)")
-            return (st.st_size, pages, pages, 0, 0, 0, 0, 0, pages, pages, 1, st.st_ino)
-        skip_error(report, e, path)
-        return None
-    pages = data = ino = 0
-    try:
-        st = os.fstat(fd)
-        ino = st.st_ino
-        if not stat.S_ISREG(st.st_mode):
-            report.skip("special")
-            return None
-        if linked(st):
-            return None
-        pages, data, runs = page_counts(fd, st)
-        res, dirty, wb, rev, dres, unknown, dunknown = resident_counts(fd, st, f, name, dfd, pages, data, runs, f.used,
-                                                                       cstat)
-        if unknown:
-            report.unknown = True
-        return (st.st_size, pages, data, res, dirty, wb, rev, dres, unknown, dunknown, 1, ino)
-    except OSError as e:
-        # It vanished or failed after it was counted: its pages are unknown, not absent.
-        skip_error(report, e, path)
-        return (0, pages, data, 0, 0, 0, 0, 0, pages, data, 1, ino)
-    finally:
-        os.close(fd)
