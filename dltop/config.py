@@ -69,32 +69,41 @@ def default_config_path() -> Path:
 
 def load_config(path: str | os.PathLike[str] | None) -> Settings:
     """Read the config file; a missing default file is fine, a missing named file or bad TOML is an error."""
-    explicit = path is not None
     p = Path(path) if path is not None else default_config_path()
+    try:
+        text = _config_text(p)
+    except FileNotFoundError:
+        if path is not None:
+            raise DltopError(f"config file not found: {p}") from None
+        return Settings()
+    return _settings_from_toml(_parse_toml(text, p), str(p))
+
+
+def _config_text(p: Path) -> str:
+    """The text of a config file that is there; DltopError says why it cannot be read."""
     try:
         with open_trusted(p, "config file") as f:  # owner and mode as ssh checks its own (docs/trust.md)
             raw = f.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
             raise DltopError(f"config file {p} is over {MAX_CONFIG_BYTES:,} bytes: not a config file")
-        text = raw.decode("utf-8")
-    except FileNotFoundError:
-        if explicit:
-            raise DltopError(f"config file not found: {p}") from None
-        return Settings()
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DltopError(f"cannot read config file {p}: not UTF-8 (byte {e.start:,})") from None
+    except FileNotFoundError:
+        raise
     except OSError as e:
         raise DltopError(f"cannot read config file {p}: {e.strerror or e}") from None
+
+
+def _parse_toml(text: str, p: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise DltopError(f"config file {p} is not valid TOML: {e}") from None
     except RecursionError:
         raise DltopError(f"config file {p} is not valid TOML: nested too deeply") from None
     except ValueError as e:  # tomllib's int() of an integer over Python's 4,300-digit limit
-        raise DltopError(f"config file {p} is not valid TOML: {str(e).split(';')[0]}"
-                         ) from None
-    return _settings_from_toml(data, str(p))
+        raise DltopError(f"config file {p} is not valid TOML: {str(e).split(';')[0]}") from None
 
 
 def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
@@ -276,7 +285,7 @@ def _prometheus_url(text: str, where: str) -> str:
         raise DltopError(f"{where}: {e}") from None
 
 
-def _server_urls(urls: list[str], where: str) -> tuple[str, ...]:
+def _server_urls(urls: list[str], where: str = "--server") -> tuple[str, ...]:
     out: list[str] = []
     for text in urls:
         try:
@@ -297,24 +306,7 @@ def _check_refresh(value: float, where: str) -> float:
 def settings_from_args(args: Any) -> Settings:
     """Config file first, then the options given on the command line."""
     s = load_config(getattr(args, "config", None))
-    changes: dict[str, Any] = {f: getattr(args, a) for a, f in (("pid", "pid"), ("user", "user"), ("jump", "jump_s"))
-                               if getattr(args, a, None) is not None}
-    if getattr(args, "refresh", None) is not None:
-        changes["refresh_s"] = _check_refresh(args.refresh, "--refresh")  # the CLI's parser checked it already
-    if getattr(args, "root", None):
-        if not os.path.isdir(os.path.join(args.root, "proc")):
-            raise DltopError(f"--root {args.root}: no proc/ directory under it")
-        changes["root"] = args.root
-    if getattr(args, "paths", None):
-        changes["datasets"] = _dataset_paths(args.paths)
-    if getattr(args, "servers", None):
-        changes["servers"] = _server_urls(args.servers, "--server")
-    if getattr(args, "caches", None):
-        changes["caches"] = _cache_paths(args.caches)
-    if getattr(args, "read_only", False):
-        changes["read_only"] = True
-    if getattr(args, "no_discover", False):
-        changes["discover"] = False
+    changes = _options_given(args)
     if getattr(args, "prometheus", None) is not None or s.prometheus is not None:
         changes["prometheus"] = prometheus_options(args, s.prometheus)
     if getattr(args, "tab", None):
@@ -326,6 +318,28 @@ def settings_from_args(args: Any) -> Settings:
     return out
 
 
+def _options_given(args: Any) -> dict[str, Any]:
+    """The settings the command line's options give (but the Prometheus ones and --tab), checked."""
+    changes: dict[str, Any] = {f: getattr(args, a) for a, f in (("pid", "pid"), ("user", "user"), ("jump", "jump_s"))
+                               if getattr(args, a, None) is not None}
+    if getattr(args, "refresh", None) is not None:
+        changes["refresh_s"] = _check_refresh(args.refresh, "--refresh")  # the CLI's parser checked it already
+    for option, setting, checked in _CHECKED_OPTIONS:
+        if getattr(args, option, None):
+            changes[setting] = checked(getattr(args, option))
+    if getattr(args, "read_only", False):
+        changes["read_only"] = True
+    if getattr(args, "no_discover", False):
+        changes["discover"] = False
+    return changes
+
+
+def _proc_root(root: str) -> str:
+    if not os.path.isdir(os.path.join(root, "proc")):
+        raise DltopError(f"--root {root}: no proc/ directory under it")
+    return root
+
+
 def _dataset_paths(paths: list[str]) -> tuple[str, ...]:
     """The datasets given on the command line, each there; absolute, as the scans name them (the TUI matches rows,
     x and a by these paths)."""
@@ -333,6 +347,11 @@ def _dataset_paths(paths: list[str]) -> tuple[str, ...]:
         if not os.path.exists(p):
             raise DltopError(f"no such dataset path: {p}")
     return tuple(os.path.abspath(p) for p in paths)
+
+
+# Options whose value is checked and made a setting: (option, setting, check), in the order they are checked.
+_CHECKED_OPTIONS = (("root", "root", _proc_root), ("paths", "datasets", _dataset_paths),
+                    ("servers", "servers", _server_urls), ("caches", "caches", _cache_paths))
 
 
 def prometheus_options(args: Any, configured: PrometheusOptions | None = None) -> PrometheusOptions | None:

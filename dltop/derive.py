@@ -28,7 +28,6 @@ from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, SplitSource, unprobed_split
 from dltop.model.memory import DiskStat, VmStat
 
 SECTOR_BYTES = 512
-PAGE_BYTES = 4096  # /proc/vmstat pgpgin/pgpgout count KiB; workingset_* count pages of the base page size
 
 
 @dataclass(frozen=True)
@@ -143,12 +142,8 @@ def server_rates(prev: Snapshot | None, cur: Snapshot) -> list[ServerRates]:
     for s in cur.servers:
         for m in s.models:
             p = before.get((s.url, m.model_name, m.replica))
-            if p is None:
-                continue
-            rate: float | Unavailable = m.prefix_cache_hit_rate
-            if m.prefix_cache_hits_total is not None and m.prefix_cache_queries_total is not None:
-                rate = _hit_rate(p, m)
-            out.append(ServerRates(s.url, m.model_name, m.replica, rate, _new_preemptions(p, m)))
+            if p is not None:
+                out.append(ServerRates(s.url, m.model_name, m.replica, _hit_rate(p, m), _new_preemptions(p, m)))
     return out
 
 
@@ -161,9 +156,11 @@ def _new_preemptions(p: ModelStats, m: ModelStats) -> int | None:
 
 
 def _hit_rate(p: ModelStats, m: ModelStats) -> float | Unavailable:
+    """vLLM V1's counters' new hits over new queries; the engine's own gauge where it has no counters."""
+    if m.prefix_cache_hits_total is None or m.prefix_cache_queries_total is None:
+        return m.prefix_cache_hit_rate
     if p.prefix_cache_hits_total is None or p.prefix_cache_queries_total is None:
         return Unavailable("no prefix-cache counters in the previous reading")
-    assert m.prefix_cache_hits_total is not None and m.prefix_cache_queries_total is not None
     hits = m.prefix_cache_hits_total - p.prefix_cache_hits_total
     queries = m.prefix_cache_queries_total - p.prefix_cache_queries_total
     if hits < 0 or queries < 0:
@@ -200,8 +197,8 @@ def gpu_rates(prev: Snapshot | None, cur: Snapshot) -> list[GpuRates]:
         p = before.get((g.index, g.uuid))
         pcie_dt, link_dt = _span(p, g, "pcie_counters_at", dt), _span(p, g, "nvlink_counters_at", dt)
         out.append(GpuRates(g.index, g.uuid, _pcie_rate(p, g, "tx", pcie_dt), _pcie_rate(p, g, "rx", pcie_dt),
-                            _counter_rate(p, g, "nvlink_tx_bytes_total", link_dt),
-                            _counter_rate(p, g, "nvlink_rx_bytes_total", link_dt)))
+                            _counter_rate(p, g, "nvlink_tx_bytes_total", link_dt, "NVLink byte counter"),
+                            _counter_rate(p, g, "nvlink_rx_bytes_total", link_dt, "NVLink byte counter")))
     return out
 
 
@@ -212,37 +209,30 @@ def _span(p: GpuDevice | None, g: GpuDevice, at: str, dt: float) -> float:
     return now - then if then is not None and now is not None else dt
 
 
-def _counter_rate(p: GpuDevice | None, g: GpuDevice, total: str, dt: float) -> float | Unavailable:
-    """Bytes per second of one of a GPU's cumulative byte counters over the interval, or why there is none."""
+def _counter_rate(p: GpuDevice | None, g: GpuDevice, total: str, dt: float, what: str) -> float | Unavailable:
+    """Bytes per second of one of a GPU's cumulative byte counters (`what`, in the reasons) over the interval, or
+    why there is none."""
     now = getattr(g, total)
     if now is None:
-        return Unavailable(g.why(total) or "no reading")
+        return Unavailable(g.why(total) or f"no {what} reading")
     before = None if p is None else getattr(p, total)
     if before is None:
-        return Unavailable("a rate needs two readings of the counter")
+        return Unavailable(f"a rate needs two readings of the {what}")
     if dt <= 0:
         return Unavailable("no time between the two readings")
     if now < before:
-        return Unavailable("the counter went backwards (driver reloaded or GPU reset)")
+        return Unavailable(f"the {what} went backwards (driver reloaded or GPU reset)")
     return (now - before) / dt
 
 
 def _pcie_rate(p: GpuDevice | None, g: GpuDevice, direction: str, dt: float) -> float | Unavailable:
-    total, per_s = f"pcie_{direction}_bytes_total", f"pcie_{direction}_bytes_per_s"
-    if g.pcie_source != "byte_counters":
-        rate = getattr(g, per_s)
-        return float(rate) if rate is not None else Unavailable(g.why(per_s) or "no PCIe reading")
-    now = getattr(g, total)
-    if now is None:
-        return Unavailable(g.why(total) or "no PCIe byte counter reading")
-    before = None if p is None or p.pcie_source != "byte_counters" else getattr(p, total)
-    if before is None:
-        return Unavailable("a rate needs two readings of the PCIe byte counters")
-    if dt <= 0:
-        return Unavailable("no time between the two readings")
-    if now < before:
-        return Unavailable("the PCIe byte counter went backwards (driver reloaded or GPU reset)")
-    return (now - before) / dt
+    """The PCIe byte counters' rate where the GPU has them (and had them before), else NVML's own rate."""
+    if g.pcie_source == "byte_counters":
+        before = p if p is not None and p.pcie_source == "byte_counters" else None
+        return _counter_rate(before, g, f"pcie_{direction}_bytes_total", dt, "PCIe byte counter")
+    per_s = f"pcie_{direction}_bytes_per_s"
+    rate = getattr(g, per_s)
+    return float(rate) if rate is not None else Unavailable(g.why(per_s) or "no PCIe reading")
 
 
 def cache_growth(first: Snapshot, cur: Snapshot) -> dict[str, int]:
@@ -283,9 +273,7 @@ def join_splits(gpus: GpuPart | Unavailable | None, probes: ProbesPart | Unavail
     if not by_pid and not served:
         return gpus
     one_model = len({g.name for g in gpus}) == 1
-    # cuda:N counts within one runtime: CUDA's GPUs are NVML's, HIP's are amdsmi's, each numbered from 0
-    runtime_index = {id(g): i for backend in ("nvml", "amdsmi")
-                     for i, g in enumerate(x for x in gpus if x.backend == backend)}
+
     def joined(g: GpuDevice) -> GpuDevice:
         if g.mig_devices and isinstance(g.processes, tuple):
             # In MIG mode the parent lists each instance's processes too, without their memory: the split is
@@ -293,13 +281,18 @@ def join_splits(gpus: GpuPart | Unavailable | None, probes: ProbesPart | Unavail
             procs: tuple[GpuProcess, ...] | Unavailable = tuple(
                 replace(p, split=ON_MIG_ROW) if p.pid in by_pid or p.pid in served else p for p in g.processes)
         else:
-            dev = _Device(g.uuid, runtime_index[id(g)], gpus, one_model, g.bus_id, g.backend)
+            dev = _Device(g.uuid, _runtime_index(gpus, g), gpus, one_model, g.bus_id, g.backend)
             procs = _join_list(g.processes, dev, by_pid, served, now)
         migs = tuple(replace(m, processes=_join_list(m.processes, _Device(m.uuid, None, gpus, one_model), by_pid,
                                                      served, now)) for m in g.mig_devices)
         return replace(g, processes=procs, mig_devices=migs)
 
     return tuple(joined(g) for g in gpus)
+
+
+def _runtime_index(gpus: GpuPart, g: GpuDevice) -> int:
+    """cuda:N counts within one runtime: CUDA's GPUs are NVML's, HIP's are amdsmi's, each numbered from 0."""
+    return next(i for i, x in enumerate(x for x in gpus if x.backend == g.backend) if x is g)
 
 
 @dataclass(frozen=True)
@@ -351,14 +344,23 @@ def _server_kv(gpus: GpuPart, servers: tuple[ServerStats, ...] | Unavailable | N
     """pid -> (KV pool bytes, server URL) for the one GPU process a server is joined to, or why not."""
     if not isinstance(servers, tuple):
         return {}
-    places = [p.pid for g in gpus for procs in (g.processes, *(m.processes for m in g.mig_devices))
-              if isinstance(procs, tuple) for p in procs]
+    places = _gpu_pids(gpus)
     out: dict[int, tuple[int, str] | str] = {}
     for s in servers:
         if s.state == "ok" and isinstance(s.pid, int):
             pids = {s.pid, *s.child_pids}
             held = [pid for pid in places if pid in pids]
             out.update(dict.fromkeys(held, _pool_share(s, len(held))))
+    return out
+
+
+def _gpu_pids(gpus: GpuPart) -> list[int]:
+    """The pid of every process on a GPU or a MIG instance, once per place it holds."""
+    out = []
+    for g in gpus:
+        for procs in (g.processes, *(m.processes for m in g.mig_devices)):
+            if isinstance(procs, tuple):
+                out += [p.pid for p in procs]
     return out
 
 
@@ -411,10 +413,7 @@ def _device_by_env(probe: ProcessProbe, dev: _Device, hip: bool,
         "CUDA_VISIBLE_DEVICES",)
     if "allocator_env" in probe.truncated:
         return f"the probe gives no UUID, and dropped its environment ({names[0]}) to fit 4 KiB"
-    var = next((n for n in names if n in probe.allocator_env), names[0])
-    visible = probe.allocator_env.get(var)
-    entries = None if visible is None else [e.strip() for e in visible.split(",")]
-    said = f"{var}={visible}" if visible is not None else f"{var} unset"
+    entries, said = _visible_devices(probe, names)
     in_order = probe.allocator_env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" or dev.one_model
     for d in unnamed:
         entry = _visible_entry(d.device, entries)
@@ -422,6 +421,15 @@ def _device_by_env(probe: ProcessProbe, dev: _Device, hip: bool,
         if found is not None:
             return found
     return None
+
+
+def _visible_devices(probe: ProcessProbe, names: tuple[str, ...]) -> tuple[list[str] | None, str]:
+    """The entries of the first of `names` the probe's environment sets (None: unset), and that setting in words."""
+    var = next((n for n in names if n in probe.allocator_env), names[0])
+    visible = probe.allocator_env.get(var)
+    if visible is None:
+        return None, f"{var} unset"
+    return [e.strip() for e in visible.split(",")], f"{var}={visible}"
 
 
 def _entry_is(d: ProbeDevice, entry: str, dev: _Device, said: str, in_order: bool) -> tuple[ProbeDevice, str] | str | None:
@@ -463,11 +471,16 @@ def _device_by_address(cuda: list[ProbeDevice], dev: _Device, hip: bool) -> tupl
     return None
 
 
+def _runtime_devices(probe: ProcessProbe, hip: bool) -> list[ProbeDevice]:
+    """The probe's devices of this GPU's runtime, CUDA or HIP (a probe file from before `runtime` was written is
+    CUDA's)."""
+    return [d for d in probe.devices if d.device.startswith("cuda") and (d.runtime == "hip") == hip]
+
+
 def probe_device(probe: ProcessProbe, dev: _Device) -> tuple[ProbeDevice, str] | str:
     """The probe's CUDA (or HIP) device that is this GPU, and how it was matched; or why none is."""
     hip = dev.backend == "amdsmi"
-    # a probe file from before `runtime` was written is CUDA's
-    cuda = [d for d in probe.devices if d.device.startswith("cuda") and (d.runtime == "hip") == hip]
+    cuda = _runtime_devices(probe, hip)
     if not cuda:
         return _no_device_reason(probe, hip)
     named = _device_by_address(cuda, dev, hip)
@@ -521,7 +534,6 @@ def process_split(p: GpuProcess, probe: ProcessProbe | None, dev: _Device, serve
 def _watched_values(probe: ProcessProbe, d: ProbeDevice, server: tuple[int, str] | str | None,
                     values: dict[str, int], sources: dict[str, SplitSource], why: dict[str, str]) -> None:
     """The parts the probe watches (weights, gradients, optimizer, KV; the server's KV pool else), or why not."""
-    kv_server = server if isinstance(server, tuple) else None
     watched = probe.watched or {  # an older probe does not say what it watches: what it counts, then
         "models": d.weights_bytes, "optimizers": d.optimizer_bytes, "kv": d.kv_bytes}
     models, optimizers, kv_watched = (watched.get(k, 0) > 0 for k in ("models", "optimizers", "kv"))
@@ -535,11 +547,11 @@ def _watched_values(probe: ProcessProbe, d: ProbeDevice, server: tuple[int, str]
         why["optimizer_bytes"] = NO_OPTIMIZER
     if kv_watched:
         values["kv_cache_bytes"] = d.kv_bytes
-    elif kv_server is not None:
-        values["kv_cache_bytes"] = kv_server[0]
+    elif isinstance(server, tuple):
+        values["kv_cache_bytes"] = server[0]
         sources["kv_cache_bytes"] = "server"
     else:
-        why["kv_cache_bytes"] = server if isinstance(server, str) else NO_KV
+        why["kv_cache_bytes"] = server or NO_KV
     sources.update({k: "probe" for k in values if k not in sources})
 
 

@@ -62,6 +62,19 @@ def _field(part: str, name: str, kind: Kind, unit: str, help: str, labels: tuple
     return f
 
 
+_Row = tuple[str, Kind, str, str, str] | tuple[str, Kind, str, str, str, float]
+_Table = tuple[tuple[Field, str, float], ...]
+
+
+def _table(part: str, labels: tuple[str, ...], rows: tuple[_Row, ...]) -> _Table:
+    """Fields each read from one attribute of an object: rows of (name, kind, unit, help, attribute) and, where
+    the attribute is not in base units, the scale that makes it so. Gives (field, attribute, scale)."""
+    out = []
+    for name, kind, unit, help, attr, *scale in rows:
+        out.append((_field(part, name, kind, unit, help, labels), attr, scale[0] if scale else 1))
+    return tuple(out)
+
+
 # -- sources: which parts came in -----------------------------------------------------------------------------
 SOURCE = ("source",)
 SOURCE_UP = _field("sources", "source_up", "gauge", "",
@@ -80,50 +93,39 @@ SNAPSHOT_TS = _field("sources", "snapshot_timestamp_seconds", "gauge", "seconds"
                      "Unix time of the Snapshot these numbers come from")
 
 # -- memory: /proc/meminfo, /proc/vmstat, PSI, the memory cgroup -----------------------------------------------
-_MEMINFO = (  # (field, MemoryPart attribute)
-    (_field("memory", "memory_total_bytes", "gauge", "bytes", "MemTotal: usable RAM (/proc/meminfo)"),
-     "total_bytes"),
-    (_field("memory", "memory_available_bytes", "gauge", "bytes",
-            "MemAvailable: memory that can be had without swapping, clean page cache included (/proc/meminfo)"),
-     "available_bytes"),
-    (_field("memory", "memory_cached_bytes", "gauge", "bytes",
-            "Cached: the page cache, shmem and tmpfs included (/proc/meminfo)"), "cached_bytes"),
-    (_field("memory", "memory_buffers_bytes", "gauge", "bytes", "Buffers: block-device cache (/proc/meminfo)"),
-     "buffers_bytes"),
-    (_field("memory", "memory_dirty_bytes", "gauge", "bytes",
-            "Dirty: page cache waiting to be written back (/proc/meminfo)"), "dirty_bytes"),
-    (_field("memory", "memory_writeback_bytes", "gauge", "bytes",
-            "Writeback: page cache being written back now (/proc/meminfo)"), "writeback_bytes"),
-    (_field("memory", "memory_shmem_bytes", "gauge", "bytes",
-            "Shmem: shared memory and tmpfs, in Cached but not reclaimable as page cache (/proc/meminfo)"),
-     "shmem_bytes"),
-    (_field("memory", "memory_active_file_bytes", "gauge", "bytes", "Active(file) page cache (/proc/meminfo)"),
-     "active_file_bytes"),
-    (_field("memory", "memory_inactive_file_bytes", "gauge", "bytes",
-            "Inactive(file) page cache: reclaimed first (/proc/meminfo)"), "inactive_file_bytes"),
-    (_field("memory", "memory_mlocked_bytes", "gauge", "bytes", "Mlocked: pages locked in memory (/proc/meminfo)"),
-     "mlocked_bytes"),
-)
-_VMSTAT = (  # (field, VmStat attribute, multiplier)
-    (_field("memory", "memory_paged_in_bytes_total", "counter", "bytes", "pgpgin: bytes read from disk (/proc/vmstat)"),
-     "pgpgin", 1024),
-    (_field("memory", "memory_paged_out_bytes_total", "counter", "bytes",
-            "pgpgout: bytes written to disk (/proc/vmstat)"), "pgpgout", 1024),
-    (_field("memory", "memory_major_faults_total", "counter", "", "pgmajfault: page faults that read from disk "
-            "(/proc/vmstat)"), "pgmajfault", 1),
-    (_field("memory", "memory_file_refaults_total", "counter", "pages",
-            "workingset_refault_file: evicted file pages read back soon after; a rising rate means the page cache "
-            "is thrashing (/proc/vmstat)"), "workingset_refault_file", 1),
-    (_field("memory", "memory_file_activations_total", "counter", "pages",
-            "workingset_activate_file: refaulted file pages put straight back on the active list (/proc/vmstat)"),
-     "workingset_activate_file", 1),
-    (_field("memory", "memory_pages_scanned_total", "counter", "pages",
-            "pgscan: pages scanned by reclaim (/proc/vmstat)"), "pgscan", 1),
-    (_field("memory", "memory_pages_reclaimed_total", "counter", "pages",
-            "pgsteal: pages reclaimed (/proc/vmstat)"), "pgsteal", 1),
-    (_field("memory", "memory_oom_kills_total", "counter", "", "oom_kill: processes killed by the OOM killer "
-            "(/proc/vmstat)"), "oom_kill", 1),
-)
+_MEMINFO = _table("memory", (), (  # MemoryPart attributes
+    ("memory_total_bytes", "gauge", "bytes", "MemTotal: usable RAM (/proc/meminfo)", "total_bytes"),
+    ("memory_available_bytes", "gauge", "bytes", "MemAvailable: memory that can be had without swapping, clean page "
+     "cache included (/proc/meminfo)", "available_bytes"),
+    ("memory_cached_bytes", "gauge", "bytes", "Cached: the page cache, shmem and tmpfs included (/proc/meminfo)",
+     "cached_bytes"),
+    ("memory_buffers_bytes", "gauge", "bytes", "Buffers: block-device cache (/proc/meminfo)", "buffers_bytes"),
+    ("memory_dirty_bytes", "gauge", "bytes", "Dirty: page cache waiting to be written back (/proc/meminfo)",
+     "dirty_bytes"),
+    ("memory_writeback_bytes", "gauge", "bytes", "Writeback: page cache being written back now (/proc/meminfo)",
+     "writeback_bytes"),
+    ("memory_shmem_bytes", "gauge", "bytes", "Shmem: shared memory and tmpfs, in Cached but not reclaimable as page "
+     "cache (/proc/meminfo)", "shmem_bytes"),
+    ("memory_active_file_bytes", "gauge", "bytes", "Active(file) page cache (/proc/meminfo)", "active_file_bytes"),
+    ("memory_inactive_file_bytes", "gauge", "bytes", "Inactive(file) page cache: reclaimed first (/proc/meminfo)",
+     "inactive_file_bytes"),
+    ("memory_mlocked_bytes", "gauge", "bytes", "Mlocked: pages locked in memory (/proc/meminfo)", "mlocked_bytes"),
+))
+_VMSTAT = _table("memory", (), (  # VmStat attributes (and a scale to base units)
+    ("memory_paged_in_bytes_total", "counter", "bytes", "pgpgin: bytes read from disk (/proc/vmstat)", "pgpgin", 1024),
+    ("memory_paged_out_bytes_total", "counter", "bytes", "pgpgout: bytes written to disk (/proc/vmstat)", "pgpgout",
+     1024),
+    ("memory_major_faults_total", "counter", "", "pgmajfault: page faults that read from disk (/proc/vmstat)",
+     "pgmajfault"),
+    ("memory_file_refaults_total", "counter", "pages", "workingset_refault_file: evicted file pages read back soon "
+     "after; a rising rate means the page cache is thrashing (/proc/vmstat)", "workingset_refault_file"),
+    ("memory_file_activations_total", "counter", "pages", "workingset_activate_file: refaulted file pages put "
+     "straight back on the active list (/proc/vmstat)", "workingset_activate_file"),
+    ("memory_pages_scanned_total", "counter", "pages", "pgscan: pages scanned by reclaim (/proc/vmstat)", "pgscan"),
+    ("memory_pages_reclaimed_total", "counter", "pages", "pgsteal: pages reclaimed (/proc/vmstat)", "pgsteal"),
+    ("memory_oom_kills_total", "counter", "", "oom_kill: processes killed by the OOM killer (/proc/vmstat)",
+     "oom_kill"),
+))
 PRESSURE = ("resource", "kind")
 PRESSURE_TOTAL = _field("memory", "pressure_stalled_seconds_total", "counter", "seconds",
                         "PSI: time tasks were stalled on memory or I/O (/proc/pressure/*; kind some or full)",
@@ -132,19 +134,16 @@ PRESSURE_AVG10 = _field("memory", "pressure_stalled_avg10_ratio", "gauge", "rati
                         "PSI: share of the last 10 s tasks were stalled (/proc/pressure/*; kind some or full)",
                         PRESSURE)
 CGROUP = ("cgroup",)
-_CGROUP = (  # (field, CgroupMemory attribute)
-    (_field("memory", "cgroup_memory_current_bytes", "gauge", "bytes",
-            "Memory charged to the watched process's memory cgroup (the one whose limit binds)", CGROUP),
-     "current_bytes"),
-    (_field("memory", "cgroup_memory_max_bytes", "gauge", "bytes",
-            "The memory cgroup's limit (+Inf: the kernel says no limit)", CGROUP), "max_bytes"),
-    (_field("memory", "cgroup_memory_file_bytes", "gauge", "bytes",
-            "Page cache charged to the memory cgroup", CGROUP), "file_bytes"),
-    (_field("memory", "cgroup_memory_file_dirty_bytes", "gauge", "bytes",
-            "Dirty page cache charged to the memory cgroup", CGROUP), "file_dirty_bytes"),
-    (_field("memory", "cgroup_memory_oom_kills_total", "counter", "",
-            "OOM kills in the memory cgroup", CGROUP), "oom_kill"),
-)
+_CGROUP = _table("memory", CGROUP, (  # CgroupMemory attributes
+    ("cgroup_memory_current_bytes", "gauge", "bytes", "Memory charged to the watched process's memory cgroup (the "
+     "one whose limit binds)", "current_bytes"),
+    ("cgroup_memory_max_bytes", "gauge", "bytes", "The memory cgroup's limit (+Inf: the kernel says no limit)",
+     "max_bytes"),
+    ("cgroup_memory_file_bytes", "gauge", "bytes", "Page cache charged to the memory cgroup", "file_bytes"),
+    ("cgroup_memory_file_dirty_bytes", "gauge", "bytes", "Dirty page cache charged to the memory cgroup",
+     "file_dirty_bytes"),
+    ("cgroup_memory_oom_kills_total", "counter", "", "OOM kills in the memory cgroup", "oom_kill"),
+))
 
 # -- datasets: page-cache residency per watched dataset ----------------------------------------------------------
 DATASET = ("dataset",)
@@ -208,55 +207,48 @@ GPU_PROCESS_MEMORY = _field("gpus", "gpu_process_memory_bytes", "gauge", "bytes"
                             "GPU memory NVML charges to a process (nvidia-smi's GPU Memory Usage)", (*GPU, "pid"))
 GPU_PROCESS_INFO = _field("gpus", "gpu_process_info", "info", "", "A process with a context on a GPU",
                           (*GPU, "pid", "user", "command"))
-_GPU = (  # (field, GpuDevice attribute, multiplier)
-    (_field("gpus", "gpu_memory_total_bytes", "gauge", "bytes", "GPU memory in all (NVML)", GPU),
-     "memory_total_bytes", 1),
-    (_field("gpus", "gpu_memory_used_bytes", "gauge", "bytes", "GPU memory in use (NVML; nvidia-smi's Used)", GPU),
-     "memory_used_bytes", 1),
-    (_field("gpus", "gpu_memory_reserved_bytes", "gauge", "bytes",
-            "GPU memory the driver reserves (NVML v2; nvidia-smi's Reserved)", GPU), "memory_reserved_bytes", 1),
-    (_field("gpus", "gpu_utilization_ratio", "gauge", "ratio",
-            "Share of the last sample period a kernel ran on the GPU (NVML)", GPU), "utilization_gpu_percent", 0.01),
-    (_field("gpus", "gpu_memory_utilization_ratio", "gauge", "ratio",
-            "Share of the last sample period device memory was read or written (NVML)", GPU),
-     "utilization_memory_percent", 0.01),
-    (_field("gpus", "gpu_temperature_celsius", "gauge", "celsius", "GPU temperature (NVML)", GPU), "temperature_c", 1),
-    (_field("gpus", "gpu_power_watts", "gauge", "watts", "GPU power draw (NVML)", GPU), "power_mw", 0.001),
-    (_field("gpus", "gpu_power_limit_watts", "gauge", "watts", "GPU power limit (NVML)", GPU), "power_limit_mw",
-     0.001),
-    (_field("gpus", "gpu_sm_clock_hertz", "gauge", "hertz", "SM clock (NVML)", GPU), "clock_sm_mhz", 1e6),
-    (_field("gpus", "gpu_memory_clock_hertz", "gauge", "hertz", "Memory clock (NVML)", GPU), "clock_mem_mhz", 1e6),
-    (_field("gpus", "gpu_pcie_transmitted_bytes_total", "counter", "bytes",
-            "PCIe bytes sent by the GPU (NVML byte counters, drivers 555+)", GPU), "pcie_tx_bytes_total", 1),
-    (_field("gpus", "gpu_pcie_received_bytes_total", "counter", "bytes",
-            "PCIe bytes received by the GPU (NVML byte counters, drivers 555+)", GPU), "pcie_rx_bytes_total", 1),
-    (_field("gpus", "gpu_ecc_uncorrected_errors_total", "counter", "",
-            "Uncorrected ECC errors over the GPU's life (NVML aggregate)", GPU), "ecc_uncorrected_aggregate", 1),
-    (_field("gpus", "gpu_ecc_corrected_errors_total", "counter", "",
-            "Corrected ECC errors over the GPU's life (NVML aggregate, read once a minute)", GPU),
-     "ecc_corrected_aggregate", 1),
-    (_field("gpus", "gpu_fan_speed_ratio", "gauge", "ratio",
-            "Fan speed as a share of its maximum (absent on passively cooled boards)", GPU), "fan_speed_percent", 0.01),
-    (_field("gpus", "gpu_performance_state", "gauge", "",
-            "Performance state: 0 (P0, the fastest) to 15", GPU), "pstate", 1),
-    (_field("gpus", "gpu_clocks_event_reasons", "gauge", "",
-            "Why the clocks are held down, NVML's nvmlClocksEventReason* bit mask (DCGM_FI_DEV_CLOCKS_EVENT_REASONS; "
-            "0 none)", GPU), "clocks_event_reasons", 1),
-    (_field("gpus", "gpu_encoder_utilization_ratio", "gauge", "ratio",
-            "Share of the last sample period the video encoder was busy (NVML)", GPU), "encoder_util_percent", 0.01),
-    (_field("gpus", "gpu_decoder_utilization_ratio", "gauge", "ratio",
-            "Share of the last sample period the video decoder was busy (NVML)", GPU), "decoder_util_percent", 0.01),
-    (_field("gpus", "gpu_nvlink_transmitted_bytes_total", "counter", "bytes",
-            "NVLink data bytes sent over all links (NVML)", GPU), "nvlink_tx_bytes_total", 1),
-    (_field("gpus", "gpu_nvlink_received_bytes_total", "counter", "bytes",
-            "NVLink data bytes received over all links (NVML)", GPU), "nvlink_rx_bytes_total", 1),
-    (_field("gpus", "gpu_retired_pages_sbe", "gauge", "pages",
-            "Memory pages retired for repeated single-bit errors (NVML)", GPU), "retired_pages_sbe", 1),
-    (_field("gpus", "gpu_retired_pages_dbe", "gauge", "pages",
-            "Memory pages retired for a double-bit error (NVML)", GPU), "retired_pages_dbe", 1),
-    (_field("gpus", "gpu_retired_pages_pending", "gauge", "",
-            "1 when a page retirement waits for the next reboot (NVML)", GPU), "retired_pages_pending", 1),
-)
+_GPU = _table("gpus", GPU, (  # GpuDevice attributes (and a scale to base units)
+    ("gpu_memory_total_bytes", "gauge", "bytes", "GPU memory in all (NVML)", "memory_total_bytes"),
+    ("gpu_memory_used_bytes", "gauge", "bytes", "GPU memory in use (NVML; nvidia-smi's Used)", "memory_used_bytes"),
+    ("gpu_memory_reserved_bytes", "gauge", "bytes", "GPU memory the driver reserves (NVML v2; nvidia-smi's "
+     "Reserved)", "memory_reserved_bytes"),
+    ("gpu_utilization_ratio", "gauge", "ratio", "Share of the last sample period a kernel ran on the GPU (NVML)",
+     "utilization_gpu_percent", 0.01),
+    ("gpu_memory_utilization_ratio", "gauge", "ratio", "Share of the last sample period device memory was read or "
+     "written (NVML)", "utilization_memory_percent", 0.01),
+    ("gpu_temperature_celsius", "gauge", "celsius", "GPU temperature (NVML)", "temperature_c"),
+    ("gpu_power_watts", "gauge", "watts", "GPU power draw (NVML)", "power_mw", 0.001),
+    ("gpu_power_limit_watts", "gauge", "watts", "GPU power limit (NVML)", "power_limit_mw", 0.001),
+    ("gpu_sm_clock_hertz", "gauge", "hertz", "SM clock (NVML)", "clock_sm_mhz", 1e6),
+    ("gpu_memory_clock_hertz", "gauge", "hertz", "Memory clock (NVML)", "clock_mem_mhz", 1e6),
+    ("gpu_pcie_transmitted_bytes_total", "counter", "bytes", "PCIe bytes sent by the GPU (NVML byte counters, "
+     "drivers 555+)", "pcie_tx_bytes_total"),
+    ("gpu_pcie_received_bytes_total", "counter", "bytes", "PCIe bytes received by the GPU (NVML byte counters, "
+     "drivers 555+)", "pcie_rx_bytes_total"),
+    ("gpu_ecc_uncorrected_errors_total", "counter", "", "Uncorrected ECC errors over the GPU's life (NVML "
+     "aggregate)", "ecc_uncorrected_aggregate"),
+    ("gpu_ecc_corrected_errors_total", "counter", "", "Corrected ECC errors over the GPU's life (NVML aggregate, "
+     "read once a minute)", "ecc_corrected_aggregate"),
+    ("gpu_fan_speed_ratio", "gauge", "ratio", "Fan speed as a share of its maximum (absent on passively cooled "
+     "boards)", "fan_speed_percent", 0.01),
+    ("gpu_performance_state", "gauge", "", "Performance state: 0 (P0, the fastest) to 15", "pstate"),
+    ("gpu_clocks_event_reasons", "gauge", "", "Why the clocks are held down, NVML's nvmlClocksEventReason* bit mask "
+     "(DCGM_FI_DEV_CLOCKS_EVENT_REASONS; 0 none)", "clocks_event_reasons"),
+    ("gpu_encoder_utilization_ratio", "gauge", "ratio", "Share of the last sample period the video encoder was busy "
+     "(NVML)", "encoder_util_percent", 0.01),
+    ("gpu_decoder_utilization_ratio", "gauge", "ratio", "Share of the last sample period the video decoder was busy "
+     "(NVML)", "decoder_util_percent", 0.01),
+    ("gpu_nvlink_transmitted_bytes_total", "counter", "bytes", "NVLink data bytes sent over all links (NVML)",
+     "nvlink_tx_bytes_total"),
+    ("gpu_nvlink_received_bytes_total", "counter", "bytes", "NVLink data bytes received over all links (NVML)",
+     "nvlink_rx_bytes_total"),
+    ("gpu_retired_pages_sbe", "gauge", "pages", "Memory pages retired for repeated single-bit errors (NVML)",
+     "retired_pages_sbe"),
+    ("gpu_retired_pages_dbe", "gauge", "pages", "Memory pages retired for a double-bit error (NVML)",
+     "retired_pages_dbe"),
+    ("gpu_retired_pages_pending", "gauge", "", "1 when a page retirement waits for the next reboot (NVML)",
+     "retired_pages_pending"),
+))
 
 # -- inference servers: vLLM and SGLang /metrics ------------------------------------------------------------------
 MODEL = ("server", "engine", "model", "replica")
@@ -264,25 +256,22 @@ SERVER = ("server", "engine")
 KV_CAPACITY_BYTES = _field("servers", "inference_kv_cache_capacity_bytes", "gauge", "bytes",
                            "Bytes the server's KV-cache pool takes: its tokens times the bytes per token of the "
                            "model's config.json in the cache dtype (absent where the config was not found)", SERVER)
-_MODEL = (  # (field, ModelStats attribute)
-    (_field("servers", "inference_kv_cache_usage_ratio", "gauge", "ratio",
-            "Share of the KV-cache pool in use (the engine's own gauge)", MODEL), "kv_usage"),
-    (_field("servers", "inference_kv_cache_capacity_tokens", "gauge", "tokens",
-            "Tokens the KV-cache pool holds", MODEL), "kv_capacity_tokens"),
-    (_field("servers", "inference_kv_cache_used_tokens", "gauge", "tokens",
-            "Tokens in the KV-cache pool (SGLang; vLLM gives none)", MODEL), "kv_used_tokens"),
-    (_field("servers", "inference_requests_running", "gauge", "", "Requests running", MODEL), "running_requests"),
-    (_field("servers", "inference_requests_waiting", "gauge", "", "Requests waiting for room in the KV-cache pool",
-            MODEL), "waiting_requests"),
-    (_field("servers", "inference_requests_swapped", "gauge", "", "Requests swapped to CPU (vLLM V0)", MODEL),
-     "swapped_requests"),
-    (_field("servers", "inference_prefix_cache_hits_tokens_total", "counter", "tokens",
-            "Prompt tokens found in the prefix cache (vLLM V1)", MODEL), "prefix_cache_hits_total"),
-    (_field("servers", "inference_prefix_cache_queries_tokens_total", "counter", "tokens",
-            "Prompt tokens looked up in the prefix cache (vLLM V1)", MODEL), "prefix_cache_queries_total"),
-    (_field("servers", "inference_preemptions_total", "counter", "",
-            "Requests preempted for lack of KV-cache room (vLLM)", MODEL), "preemptions_total"),
-)
+_MODEL = _table("servers", MODEL, (  # ModelStats attributes
+    ("inference_kv_cache_usage_ratio", "gauge", "ratio", "Share of the KV-cache pool in use (the engine's own "
+     "gauge)", "kv_usage"),
+    ("inference_kv_cache_capacity_tokens", "gauge", "tokens", "Tokens the KV-cache pool holds", "kv_capacity_tokens"),
+    ("inference_kv_cache_used_tokens", "gauge", "tokens", "Tokens in the KV-cache pool (SGLang; vLLM gives none)",
+     "kv_used_tokens"),
+    ("inference_requests_running", "gauge", "", "Requests running", "running_requests"),
+    ("inference_requests_waiting", "gauge", "", "Requests waiting for room in the KV-cache pool", "waiting_requests"),
+    ("inference_requests_swapped", "gauge", "", "Requests swapped to CPU (vLLM V0)", "swapped_requests"),
+    ("inference_prefix_cache_hits_tokens_total", "counter", "tokens", "Prompt tokens found in the prefix cache (vLLM "
+     "V1)", "prefix_cache_hits_total"),
+    ("inference_prefix_cache_queries_tokens_total", "counter", "tokens", "Prompt tokens looked up in the prefix "
+     "cache (vLLM V1)", "prefix_cache_queries_total"),
+    ("inference_preemptions_total", "counter", "", "Requests preempted for lack of KV-cache room (vLLM)",
+     "preemptions_total"),
+))
 PREFIX_HIT = _field("servers", "inference_prefix_cache_hit_ratio", "gauge", "ratio",
                     "Prefix-cache hit rate: the engine's own gauge (vLLM V0, SGLang), or for vLLM V1 hits over "
                     "queries between the last two readings", MODEL)
@@ -296,45 +285,36 @@ _JOB_ID_CHARS = 64
 TRAINING_MEMORY = _field("probes", "training_memory_bytes", "gauge", "bytes",
                          "Bytes the process's probe counts, by use: weights, gradients, optimizer, kv_cache",
                          (*PROCESS, "use"))
-_PROBE = (  # (field, ProcessProbe attribute)
-    (_field("probes", "training_data_wait_ratio", "gauge", "ratio",
-            "Share of recent step time spent waiting for the data loader (the probe)", PROCESS), "data_wait_fraction"),
-    (_field("probes", "training_step_seconds", "gauge", "seconds", "Mean time of the recent steps (the probe)",
-            PROCESS), "step_time_s"),
-    (_field("probes", "training_steps_total", "counter", "", "Steps the process has run (the probe)", PROCESS),
-     "steps"),
-    (_field("probes", "training_start_timestamp_seconds", "gauge", "seconds",
-            "Unix time the process started its probe (about when training began)", PROCESS), "started_at"),
-    (_field("probes", "training_samples_per_second", "gauge", "",
-            "Samples a second over the recent steps, where the script gives the batch size (the probe)", PROCESS),
-     "samples_per_s"),
-    (_field("probes", "training_tokens_per_second", "gauge", "",
-            "Tokens a second over the recent steps, where the script gives the tokens per batch (the probe)",
-            PROCESS), "tokens_per_s"),
-    (_field("probes", "training_samples_total", "counter", "", "Samples the process has trained on (the probe)",
-            PROCESS), "samples"),
-    (_field("probes", "training_tokens_total", "counter", "", "Tokens the process has trained on (the probe)",
-            PROCESS), "tokens"),
-    (_field("probes", "training_loss", "gauge", "",
-            "The last loss the script logged with probe.log (absent where it is not a finite number)", PROCESS),
-     "loss"),
-)
+_PROBE = _table("probes", PROCESS, (  # ProcessProbe attributes
+    ("training_data_wait_ratio", "gauge", "ratio", "Share of recent step time spent waiting for the data loader (the "
+     "probe)", "data_wait_fraction"),
+    ("training_step_seconds", "gauge", "seconds", "Mean time of the recent steps (the probe)", "step_time_s"),
+    ("training_steps_total", "counter", "", "Steps the process has run (the probe)", "steps"),
+    ("training_start_timestamp_seconds", "gauge", "seconds", "Unix time the process started its probe (about when "
+     "training began)", "started_at"),
+    ("training_samples_per_second", "gauge", "", "Samples a second over the recent steps, where the script gives the "
+     "batch size (the probe)", "samples_per_s"),
+    ("training_tokens_per_second", "gauge", "", "Tokens a second over the recent steps, where the script gives the "
+     "tokens per batch (the probe)", "tokens_per_s"),
+    ("training_samples_total", "counter", "", "Samples the process has trained on (the probe)", "samples"),
+    ("training_tokens_total", "counter", "", "Tokens the process has trained on (the probe)", "tokens"),
+    ("training_loss", "gauge", "", "The last loss the script logged with probe.log (absent where it is not a finite "
+     "number)", "loss"),
+))
 
 # -- compile and model caches (docs/caches.md) ----------------------------------------------------------------------
 CACHE = ("cache",)
-_CACHE = (  # (field, CacheInfo attribute)
-    (_field("caches", "compile_cache_size_bytes", "gauge", "bytes",
-            "Bytes of a compile or model cache, as du -B1 counts them (TorchInductor, Triton, CUDA, Hugging Face, ...)",
-            CACHE), "size_bytes"),
-    (_field("caches", "compile_cache_files", "gauge", "", "Regular files in the cache", CACHE), "files"),
-    (_field("caches", "compile_cache_newest_timestamp_seconds", "gauge", "seconds",
-            "Unix time of the newest file in the cache (when something last compiled into it)", CACHE),
-     "newest_mtime"),
-    (_field("caches", "compile_cache_scan_timestamp_seconds", "gauge", "seconds",
-            "Unix time the cache's last walk finished", CACHE), "scanned_at"),
-    (_field("caches", "compile_cache_filesystem_free_bytes", "gauge", "bytes",
-            "Free bytes of the filesystem holding the cache", CACHE), "fs_free_bytes"),
-)
+_CACHE = _table("caches", CACHE, (  # CacheInfo attributes
+    ("compile_cache_size_bytes", "gauge", "bytes", "Bytes of a compile or model cache, as du -B1 counts them "
+     "(TorchInductor, Triton, CUDA, Hugging Face, ...)", "size_bytes"),
+    ("compile_cache_files", "gauge", "", "Regular files in the cache", "files"),
+    ("compile_cache_newest_timestamp_seconds", "gauge", "seconds", "Unix time of the newest file in the cache (when "
+     "something last compiled into it)", "newest_mtime"),
+    ("compile_cache_scan_timestamp_seconds", "gauge", "seconds", "Unix time the cache's last walk finished",
+     "scanned_at"),
+    ("compile_cache_filesystem_free_bytes", "gauge", "bytes", "Free bytes of the filesystem holding the cache",
+     "fs_free_bytes"),
+))
 CACHE_COMPLETE = _field("caches", "compile_cache_scan_complete", "gauge", "",
                         "1 when the cache's last walk reached every entry, 0 when its time budget cut it short", CACHE)
 CACHE_INFO = _field("caches", "compile_cache_info", "info", "", "Where a cache is and which rule put it there",
@@ -460,14 +440,17 @@ def _num(value: object, scale: float = 1) -> float | None:
     return None
 
 
+def _values(table: _Table, obj: object, labels: dict[str, str]) -> Iterator[Sample]:
+    """The samples of a `_table` read from `obj`: a value that is unknown gives none."""
+    for f, attr, scale in table:
+        if (v := _num(getattr(obj, attr), scale)) is not None:
+            yield f, labels, v
+
+
 def _memory(m: MemoryPart) -> Iterator[Sample]:
-    for f, attr in _MEMINFO:
-        if (v := _num(getattr(m, attr))) is not None:
-            yield f, {}, v
+    yield from _values(_MEMINFO, m, {})
     if isinstance(m.vmstat, VmStat):
-        for f, attr, scale in _VMSTAT:
-            if (v := _num(getattr(m.vmstat, attr), scale)) is not None:
-                yield f, {}, v
+        yield from _values(_VMSTAT, m.vmstat, {})
     for resource, p in (("memory", m.pressure_memory), ("io", m.pressure_io)):
         if isinstance(p, Pressure):
             yield from _pressure(resource, p)
@@ -477,7 +460,7 @@ def _memory(m: MemoryPart) -> Iterator[Sample]:
 
 def _cgroup(cg: CgroupMemory) -> Iterator[Sample]:
     labels = {"cgroup": display_path(cg.limit_path or cg.path)}
-    for f, attr in _CGROUP:
+    for f, attr, _ in _CGROUP:
         v = math.inf if attr == "max_bytes" and cg.no_limit else _num(getattr(cg, attr))
         if v is not None:
             yield f, labels, v
@@ -492,12 +475,16 @@ def _pressure(resource: str, p: Pressure) -> Iterator[Sample]:
         yield PRESSURE_AVG10, {"resource": resource, "kind": "full"}, p.full_avg10 / 100
 
 
-def _datasets(part: DatasetsPart) -> Iterator[Sample]:
+def _found(part: DatasetsPart) -> Iterator[Sample]:
     listed = {ds.path for ds in part.paths}
     for f in part.found:  # only where listed: `DatasetsPart.with_found_listed`, which --export-found asks for
         if f.path in listed:
             users = sorted({r.user or f"uid {r.uid}" for r in f.readers})
             yield DATASET_FOUND, {"dataset": display_path(f.path), "users": display_path(",".join(users))}, 1.0
+
+
+def _datasets(part: DatasetsPart) -> Iterator[Sample]:
+    yield from _found(part)
     for ds in part.paths:
         labels = {"dataset": display_path(ds.path)}  # valid UTF-8, as a label value must be; JSON does the same
         if isinstance(ds, DatasetUnavailable):
@@ -530,11 +517,13 @@ def _gpu(g: GpuDevice) -> Iterator[Sample]:
         yield GPU_DOWN, {**labels, "reason": g.down}, 1.0
     yield GPU_INFO, {**labels, "name": g.name or "", "bus_id": g.bus_id or "",
                      "driver_version": g.driver_version or ""}, 1.0
-    for f, attr, scale in _GPU:
-        if (v := _num(getattr(g, attr), scale)) is not None:
-            yield f, labels, v
-    # A GPU in MIG mode: each instance's processes and free memory under the instance's UUID (the parent's free
-    # would count the instances' twice).
+    yield from _values(_GPU, g, labels)
+    yield from _gpu_memory(g, labels)
+
+
+def _gpu_memory(g: GpuDevice, labels: dict[str, str]) -> Iterator[Sample]:
+    """The memory of the GPU's processes, and its free memory. A GPU in MIG mode: each instance's processes and
+    free memory under the instance's UUID (the parent's free would count the instances' twice)."""
     for mig in g.mig_devices:
         mig_labels = {"gpu": str(g.index), "uuid": mig.uuid or ""}
         yield from _gpu_processes(mig_labels, mig.processes)
@@ -575,9 +564,7 @@ def _server(srv: ServerStats, rates: dict[tuple[str, str, str | None], float | U
         yield KV_CAPACITY_BYTES, {"server": srv.url, "engine": engine}, float(srv.kv_capacity_bytes)
     for m in srv.models:
         labels = {"server": srv.url, "engine": engine, "model": m.model_name, "replica": m.replica or ""}
-        for f, attr in _MODEL:
-            if (v := _num(getattr(m, attr))) is not None:
-                yield f, labels, v
+        yield from _values(_MODEL, m, labels)
         hit = m.prefix_cache_hit_rate
         if m.prefix_cache_hits_total is not None:  # vLLM V1: a rate needs the reading before
             hit = rates.get((srv.url, m.model_name, m.replica), Unavailable("one reading"))
@@ -589,9 +576,7 @@ def _probes(part: ProbesPart) -> Iterator[Sample]:
     for p in part.processes:
         labels = {"pid": str(p.pid), "rank": "" if p.rank is None else str(p.rank),
                   "job_id": display_path(p.job_id or "")[:_JOB_ID_CHARS], "uid": str(p.uid)}
-        for f, attr in _PROBE:
-            if (v := _num(getattr(p, attr))) is not None:
-                yield f, labels, v
+        yield from _values(_PROBE, p, labels)
         for use, attr in _PROBE_USES:
             if (v := _num(getattr(p, attr))) is not None:
                 yield TRAINING_MEMORY, {**labels, "use": use}, v
@@ -603,7 +588,5 @@ def _caches(part: CachesPart) -> Iterator[Sample]:
             continue
         labels = {"cache": c.name if c.name != "user" else display_path(c.path)}
         yield CACHE_INFO, {**labels, "path": display_path(c.path), "source": c.source}, 1.0
-        for f, attr in _CACHE:
-            if (v := _num(getattr(c, attr))) is not None:
-                yield f, labels, v
+        yield from _values(_CACHE, c, labels)
         yield CACHE_COMPLETE, labels, float(c.complete)

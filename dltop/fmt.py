@@ -55,18 +55,19 @@ def human_count_rate(n: float | None, missing: str = "n/a") -> str:
     return f"{n:.0f}" if n >= 10 or n == 0 else f"{n:.1f}"
 
 
+# (seconds in the unit, its name, seconds in the next smaller unit, its name), largest first
+_TIME_UNITS = ((86400, "d", 3600, "h"), (3600, "h", 60, "m"), (60, "m", 1, "s"))
+
+
 def human_duration(seconds: float | None, missing: str = "n/a") -> str:
-    """Seconds as '45s', '12m', '3h05m', '4d02h'."""
+    """Seconds as '45s', '12m05s', '3h05m', '4d02h'."""
     if seconds is None:
         return missing
     s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    for size, name, sub, sub_name in _TIME_UNITS:
+        if s >= size:
+            return f"{s // size}{name}{s % size // sub:02d}{sub_name}"
+    return f"{s}s"
 
 
 def human_age(seconds: float | None, missing: str = "n/a") -> str:
@@ -75,15 +76,10 @@ def human_age(seconds: float | None, missing: str = "n/a") -> str:
     if seconds is None:
         return missing
     s = int(seconds)
-    if s < 10:
-        return "<10s"
-    if s < 60:
-        return f"{s // 10 * 10}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h"
-    return f"{s // 86400}d"
+    for size, name, _, _ in _TIME_UNITS:
+        if s >= size:
+            return f"{s // size}{name}"
+    return "<10s" if s < 10 else f"{s // 10 * 10}s"
 
 
 def percent_text(p: float, decimals: int = 0) -> str:
@@ -123,21 +119,6 @@ def _columns(values: list[float], width: int) -> list[float]:
     return [max(values[int(i * step): max(int((i + 1) * step), int(i * step) + 1)]) for i in range(width)]
 
 
-def spark_range(values: list[float], width: int, min_span: float) -> tuple[float, float]:
-    """A scale for a level that moves in a narrow band (MemAvailable near MemTotal): from the lowest to the
-    highest value shown in `width` columns, but at least `min_span` tall, hanging down from the highest (never
-    below 0), so the band fills the chart while a change smaller than `min_span` stays small."""
-    shown = _columns(values, width) if width > 0 else []
-    if not shown:
-        return 0.0, 0.0
-    high = max(shown)
-    return max(0.0, min(min(shown), high - min_span)), high
-
-
-def _level(v: float, bottom: float, span: float, levels: int) -> int:
-    return round((v - bottom) / span * levels) if span > 0 else 0
-
-
 def sparkline(values: list[float], width: int, top: float | None = None, bottom: float = 0.0) -> str:
     """The last values as a one-line bar chart `width` columns wide, right-aligned, scaled from `bottom` to
     `top` (default: 0 to the largest value shown); older values are merged into columns by their maximum."""
@@ -146,41 +127,21 @@ def sparkline(values: list[float], width: int, top: float | None = None, bottom:
     values = _columns(values, width)
     span = (top if top is not None else max(values, default=0.0)) - bottom
     last = len(SPARK_CHARS) - 1
-    if span > 0:  # _level inlined: this runs for every chart on every tick
+    if span > 0:
         bars = "".join(SPARK_CHARS[min(last, max(0, round((v - bottom) / span * last)))] for v in values)
     else:
         bars = SPARK_CHARS[0] * len(values)
     return " " * (width - len(bars)) + bars
 
 
-def sparkline_rows(
-    values: list[float], width: int, height: int, top: float | None = None, bottom: float = 0.0
-) -> list[str]:
-    """Like `sparkline`, but `height` rows tall (top row first), for 8 × height levels instead of 8."""
-    if height <= 1:
-        return [sparkline(values, width, top, bottom)]
-    if width <= 0:
-        return [""] * height
-    values = _columns(values, width)
-    span = (top if top is not None else max(values, default=0.0)) - bottom
-    levels = 8 * height
-    # Every column shows at least the lowest bar, as the one-row sparkline does, so the bottom is visible.
-    filled = [max(1, _level(v, bottom, span, levels)) for v in values]
-    pad = " " * (width - len(values))
-    rows = []
-    for r in range(height):
-        base = (height - 1 - r) * 8  # eighths below this row
-        chars = []
-        for f in filled:
-            part = f - base
-            chars.append(" " if part <= 0 else "█" if part >= 8 else SPARK_CHARS[part - 1])
-        rows.append(pad + "".join(chars))
-    return rows
-
-
 def plural(n: int, word: str, many: str | None = None) -> str:
     """(1, 'file') -> '1 file', (2, 'file') -> '2 files'; `many` for a plural that is not word + 's'."""
     return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def first_and_more(items: list[str]) -> str:
+    """The first of some problems, and how many more: 'line 3: ... (and 2 more)'."""
+    return items[0] + (f" (and {len(items) - 1} more)" if len(items) > 1 else "")
 
 
 def shorten(text: str, width: int, keep: str = "middle") -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dltop.model.base import Unavailable, from_dict, to_dict
-from dltop.model.cpu import CpuPart, TopologyNode
+from dltop.model.cpu import CacheInstance, CpuPart, TopologyNode
 from dltop.sources.cpu import parse_cpuinfo, read_cpu
 
 DUMPS = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "cpu-dumps"
@@ -38,6 +38,11 @@ pytestmark = pytest.mark.skipif(not DUMPS.is_dir(), reason=f"fixtures not found 
 # Module-level so the test modules that import these fixtures share one extraction per session.
 _ROOTS: dict[str, Path] = {}
 _PARTS: dict[str, CpuPart] = {}
+
+
+def _named(part: CpuPart, name: str) -> tuple[CacheInstance, ...]:
+    """Every cache instance called `name` ("L2")."""
+    return tuple(c for c in part.caches if c.name == name)
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +174,7 @@ def test_sizes_agree_with_lscpu_C(parts, name: str) -> None:
     rows = parse_columns(oracle(name, ".lscpu-C-all.txt").read_text())
     assert {r["NAME"] for r in rows} == {c.name for c in part.caches}
     for r in rows:
-        insts = part.caches_named(r["NAME"])
+        insts = _named(part, r["NAME"])
         assert {c.level for c in insts} == {int(r["LEVEL"])}
         assert {c.type for c in insts} == {r["TYPE"]}
         # lscpu -C prints one instance's numbers: every instance here has the same, so each must match.
@@ -198,7 +203,7 @@ def test_sharing_agrees_with_lscpu_e(parts, name: str) -> None:
     names = col.split(":")
     for i, cname in enumerate(names):
         ids = {int(r["CPU"]): r[col].split(":")[i] for r in rows}
-        assert partition(ids) == {frozenset(c.cpus) for c in part.caches_named(cname)}, cname
+        assert partition(ids) == {frozenset(c.cpus) for c in _named(part, cname)}, cname
     assert {int(r["CPU"]) for r in rows if r["ONLINE"] == "yes"} == set(part.online)
 
 
@@ -207,12 +212,12 @@ def test_parse_sections_and_instance_counts_agree_with_util_linux_expected(parts
     part = parts(name)
     text = (TARBALLS[name].parent / f"lscpu-{name}.expected").read_text()
     for m in re.finditer(r"^(L\d[di]?) cache:\s+\S+ \S+ \((\d+) instances\)", text, re.M):
-        assert len(part.caches_named(m.group(1))) == int(m.group(2))
+        assert len(_named(part, m.group(1))) == int(m.group(2))
     logical = parse_lscpu_parse_sections(text)[0]
     for cname in ("L1d", "L1i", "L2", "L3"):
-        if cname in logical[0] and part.caches_named(cname):
+        if cname in logical[0] and _named(part, cname):
             ids = {int(r["CPU"]): r[cname] for r in logical}
-            assert partition(ids) == {frozenset(c.cpus) for c in part.caches_named(cname)}
+            assert partition(ids) == {frozenset(c.cpus) for c in _named(part, cname)}
 
 
 # ----------------------------------------------------------------------------------------------- hwloc
@@ -256,7 +261,7 @@ def test_kunpeng_l3_ways_lscpu_and_hwloc_disagree_and_dltop_flags_it(parts) -> N
                  if o["type"] == "L3Cache")
     hw_ways = int(hw_l3["attrs"]["ways"])  # type: ignore[index]
     assert hw_ways != int(lscpu_l3["WAYS"])
-    (l3,) = {c.ways for c in part.caches_named("L3")}
+    (l3,) = {c.ways for c in _named(part, "L3")}
     assert l3 == int(lscpu_l3["WAYS"])
     (flag,) = [f for f in part.flags if f.code == "geometry_mismatch"]
     assert "L3" in flag.message and f"{hw_ways} ways" in flag.message
@@ -294,10 +299,10 @@ def test_core_kinds_agree_with_lscpu_model_names(parts) -> None:
 def test_heterogeneous_phone_is_dynamiq_with_per_kind_rows(parts) -> None:
     part = parts("arm-A510-A710-A715-X3")
     assert part.arrangement == "DynamIQ"
-    (l3,) = part.caches_named("L3")
+    (l3,) = _named(part, "L3")
     assert {k.name for k in part.core_kinds if set(k.cpus) <= set(l3.cpus)} == {k.name for k in part.core_kinds}
     # The A510 pair sharing one L2 (a merged-core complex) is kept as shared, the big cores' L2 private.
-    l2_groups = {c.cpus for c in part.caches_named("L2")}
+    l2_groups = {c.cpus for c in _named(part, "L2")}
     a510 = next(k for k in part.core_kinds if k.name == "Cortex-A510")
     assert any(len(g) == 2 and set(g) <= set(a510.cpus) for g in l2_groups)
     assert a510.capacity is not None and a510.capacity < max(k.capacity or 0 for k in part.core_kinds)
@@ -382,7 +387,7 @@ def test_vm_without_possible_or_online_is_read_and_flagged(dump_root, parts) -> 
     assert part.online == part.cpus == (0,)
     assert [c.name for c in part.caches] == ["L1d", "L1i", "L2", "L3"]
     assert all(c.cpus == (0,) for c in part.caches)
-    (l3,) = part.caches_named("L3")
+    (l3,) = _named(part, "L3")
     (flag,) = [f for f in part.flags if f.code == "vm_slice"]
     assert "L3" in flag.message
     # MIDR 0x413fd0c1 from the dump's cpuinfo (README: Graviton2): Neoverse-N1 r3p1

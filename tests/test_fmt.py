@@ -14,9 +14,7 @@ from dltop.fmt import (
     percent,
     percent_text,
     plural,
-    spark_range,
     sparkline,
-    sparkline_rows,
 )
 
 GIB = 2**30
@@ -85,23 +83,6 @@ def test_sparkline_always_fills_its_width(values: list[float], width: int) -> No
         assert "█" in line
 
 
-def test_tall_sparkline_has_finer_levels() -> None:
-    assert sparkline_rows([0, 4, 8], 3, 1) == [sparkline([0, 4, 8], 3)]
-    # 2 rows = 16 levels: 8 of 16 fills the bottom row exactly, 16 fills both, 0 shows the lowest bar.
-    assert sparkline_rows([0, 8, 16], 4, 2) == ["   █", " ▁██"]
-
-
-@given(st.lists(st.floats(0, 1e15), min_size=1, max_size=300), st.integers(1, 120), st.integers(1, 6))
-def test_tall_sparkline_columns_are_monotone(values: list[float], width: int, height: int) -> None:
-    rows = sparkline_rows(values, width, height)
-    assert len(rows) == height and all(len(r) == width for r in rows)
-    for col in range(width):
-        column = [r[col] for r in rows]
-        # Bars grow from the bottom up: no drawn cell sits above a blank one.
-        filled = [c != " " for c in column]
-        assert filled == sorted(filled)
-
-
 @given(st.text(alphabet=st.characters(blacklist_characters="…"), max_size=200), st.integers(min_value=0, max_value=120))
 def test_shorten_middle_fits_and_keeps_both_ends(text: str, width: int) -> None:
     from dltop.fmt import cells, printable, shorten_middle
@@ -118,26 +99,12 @@ def test_a_band_is_scaled_to_what_is_shown_with_a_least_span() -> None:
     band = [23.0 * GIB, 23.1 * GIB, 23.2 * GIB]
     assert sparkline(band, 3) == "███"  # from 0, MemAvailable's 200 MiB of movement is a solid bar
     span = 0.01 * 23.5 * GIB  # 1% of MemTotal: wider than the band, so the band hangs down from its top
-    low, high = spark_range(band, 3, span)
-    assert (low, high) == (23.2 * GIB - span, 23.2 * GIB)
+    low, high = 23.2 * GIB - span, 23.2 * GIB
     assert sparkline(band, 3, high, low) == "▂▅█" and human_range(low, high) == "23.0–23.2 GiB"
     noise = [23.1 * GIB + k * 4096 for k in (0, 3, 1, 2)]  # a few KiB up and down: no cliff
-    assert sparkline(noise, 4, *reversed(spark_range(noise, 4, span))) == "████"
-    assert spark_range([10, 20, 30], 3, 5) == (10, 30) and sparkline([10, 20, 30], 3, 30, 10) == "▁▅█"
-    assert spark_range([10, 20, 30, 40], 2, 5) == (20, 40)  # what the columns show: 10 and 20 merge by max
-    assert spark_range([1, 2], 2, 100) == (0, 2) and spark_range([], 5, 1) == (0, 0)
+    assert sparkline(noise, 4, max(noise), max(noise) - span) == "████"
+    assert sparkline([10, 20, 30], 3, 30, 10) == "▁▅█"
     assert human_range(900 * 2**20, 1.5 * GIB) == "0.9–1.5 GiB" and human_range(0, 512) == "0–512 B"
-
-
-@given(st.lists(st.floats(0, 1e15), min_size=1, max_size=300), st.integers(1, 120), st.integers(1, 6),
-       st.floats(0, 1e13))
-def test_banded_sparkline_fills_its_width_and_keeps_its_shape(values: list[float], width: int, height: int,
-                                                              min_span: float) -> None:
-    low, high = spark_range(values, width, min_span)
-    assert 0 <= low <= high and high - low >= min(min_span, high) - 1e-3 * high
-    rows = sparkline_rows(values, width, height, high, low)
-    assert len(rows) == height and all(len(r) == width for r in rows)
-    assert all(r[c] == " " or rows[i + 1][c] != " " for i, r in enumerate(rows[:-1]) for c in range(width))
 
 
 # -- text from outside ---------------------------------------------------------------------------------------------

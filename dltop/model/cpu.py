@@ -173,10 +173,6 @@ class CpuPart:
     flags: tuple[CpuFlag, ...] = ()
     threads_per_core: int | None = None
 
-    def caches_named(self, name: str) -> tuple[CacheInstance, ...]:
-        """Every instance called `name` ("L2")."""
-        return tuple(c for c in self.caches if c.name == name)
-
     def notes(self) -> tuple[str, ...]:
         """What the hierarchy means for deep-learning work on this machine (dataloaders, CPU ops, pinning)."""
         out = [self._false_sharing_note(), *(self._l2_note(kind) for kind in self.core_kinds),

@@ -19,7 +19,7 @@ from typing import Any
 
 from dltop import cpuregs, procfs
 from dltop.config import Settings
-from dltop.fmt import plural
+from dltop.fmt import first_and_more, plural
 from dltop.model.base import Unavailable
 from dltop.model.cpu import (
     CacheInstance,
@@ -222,6 +222,11 @@ class _Tree:
         text = clean(text)
         return text or None
 
+    def cpuinfo(self) -> list[CpuinfoEntry]:
+        """The entries of proc/cpuinfo (none where it is missing or empty)."""
+        text = self.attr("proc/cpuinfo", MAX_CPUINFO_BYTES)
+        return parse_cpuinfo(text, self.damaged) if text else []
+
     def int_attr(self, rel: str | Path) -> int | None:
         v = self.attr(rel)
         if v is None:
@@ -279,7 +284,15 @@ def _cpu_dirs(tree: _Tree) -> dict[int, Path]:
     return dict(sorted(out.items()))
 
 
-def _read_caches(tree: _Tree, cpu: int, rel: Path) -> list[_RawCache]:
+def _read_caches(tree: _Tree, cpu_dirs: dict[int, Path]) -> list[_RawCache]:
+    """Every cache each CPU reports (CPUs that share a cache report it each)."""
+    out = []
+    for cpu, rel in cpu_dirs.items():
+        out += _cpu_caches(tree, cpu, rel)
+    return out
+
+
+def _cpu_caches(tree: _Tree, cpu: int, rel: Path) -> list[_RawCache]:
     cache_dir = tree.root / rel / "cache"
     try:
         names = sorted(os.listdir(cache_dir), key=lambda n: (len(n), n))
@@ -349,7 +362,13 @@ def _core_kinds(tree: _Tree, cpu_dirs: dict[int, Path], cpuinfo: list[CpuinfoEnt
         cpus.append(cpu)
         if rev and rev not in revs:
             revs.append(rev)
-    # Intel hybrids: the kernel lists P and E cores under two PMU devices; split the x86 kind by them.
+    return _split_hybrids(tree, groups, names), midrs, arch
+
+
+def _split_hybrids(tree: _Tree, groups: dict[tuple[object, ...], tuple[list[int], list[str]]],
+                   names: dict[tuple[object, ...], tuple[str, str | None, int | None, int | None]]) -> list[_RawKind]:
+    """The kinds, an x86 one split into P-cores and E-cores on Intel hybrids (the kernel lists them under two PMU
+    devices)."""
     hybrid = {label: tree.attr(f"sys/devices/{dev}/cpus") for dev, label in (("cpu_core", "P-core"),
                                                                            ("cpu_atom", "E-core"))}
     kinds: list[_RawKind] = []
@@ -359,7 +378,7 @@ def _core_kinds(tree: _Tree, cpu_dirs: dict[int, Path], cpuinfo: list[CpuinfoEnt
             kinds.extend(_hybrid_kinds(tree, hybrid, name, vendor, cpus, revs))
         else:
             kinds.append((name, vendor, impl, part, cpus, revs))
-    return kinds, midrs, arch
+    return kinds
 
 
 def _arm_ids(tree: _Tree, cpu: int, sys_dir: Path | None, f: dict[str, str],
@@ -429,18 +448,13 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
     """Read the CPU cache topology under `root` (a directory holding sys/ and proc/)."""
     tree = _Tree(Path(root))
     cpu_dirs = _cpu_dirs(tree)
-    cpuinfo_text = tree.attr("proc/cpuinfo", MAX_CPUINFO_BYTES)
-    cpuinfo = parse_cpuinfo(cpuinfo_text, tree.damaged) if cpuinfo_text else []
+    cpuinfo = tree.cpuinfo()
     if not cpu_dirs and not cpuinfo:
         return Unavailable(f"no {CPU_DIR}/cpu* and no proc/cpuinfo under {root}")
     flags: list[CpuFlag] = []
     all_cpus = sorted(set(cpu_dirs) | {e.cpu for e in cpuinfo})
-    online = _online(tree, cpu_dirs, flags)
-    if not cpu_dirs:
-        online = set(all_cpus)
-
-    # Cache instances, deduplicated over every CPU that reports them.
-    caches = _instances([r for cpu, rel in cpu_dirs.items() for r in _read_caches(tree, cpu, rel)], flags)
+    online = _online(tree, cpu_dirs, flags) if cpu_dirs else set(all_cpus)
+    caches = _instances(_read_caches(tree, cpu_dirs), flags)
     topo = _Topology.read(tree, cpu_dirs, all_cpus)
     raw_kinds, midrs, arch = _core_kinds(tree, cpu_dirs, cpuinfo)
     if arch is None and str(root) in ("/", "") and cpu_dirs:
@@ -466,7 +480,7 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
         registers=registers,
         pmus=read_pmus(tree.root),
         flags=tuple(flags),
-        threads_per_core=_uniform(len(t) for t in {topo.threads[c] for c in all_cpus}),
+        threads_per_core=topo.threads_per_core(all_cpus),
     )
 
 
@@ -486,9 +500,8 @@ def _kinds(raw_kinds: list[_RawKind], topo: _Topology, caches: tuple[CacheInstan
 
 
 def _damaged_flag(damaged: list[str]) -> CpuFlag:
-    more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
     return CpuFlag("damaged_files", "warning",
-                   f"{plural(len(damaged), 'file')} unreadable or malformed, read as unknown: {damaged[0]}{more}")
+                   f"{plural(len(damaged), 'file')} unreadable or malformed, read as unknown: {first_and_more(damaged)}")
 
 
 def _online(tree: _Tree, cpu_dirs: dict[int, Path], flags: list[CpuFlag]) -> set[int]:
@@ -532,6 +545,10 @@ class _Topology:
             topo.threads.setdefault(cpu, (cpu,))
         return topo
 
+    def threads_per_core(self, cpus: list[int]) -> int | None:
+        """The SMT threads of every core, where all cores have as many."""
+        return _uniform(len(t) for t in {self.threads[c] for c in cpus})
+
 
 def _put(d: dict[int, Any], cpu: int, value: object) -> None:
     if value is not None:
@@ -541,6 +558,11 @@ def _put(d: dict[int, Any], cpu: int, value: object) -> None:
 def _uniform(values: Iterable[int | None]) -> int | None:
     vals = set(values)
     return vals.pop() if len(vals) == 1 else None
+
+
+def _cpus_of(caches: Iterable[CacheInstance]) -> tuple[int, ...]:
+    """Every CPU that shares one of `caches`, sorted."""
+    return tuple(sorted({x for c in caches for x in c.cpus}))
 
 
 def _instances(raw: list[_RawCache], flags: list[CpuFlag]) -> tuple[CacheInstance, ...]:
@@ -607,14 +629,16 @@ def _kind_cache(name: str, cname: str, insts: list[CacheInstance], cpus: list[in
     geo = {f: _uniform(getattr(c, f) for c in insts) for f in ("size_bytes", "line_bytes", "ways", "sets")}
     sizes = {c.size_bytes for c in insts}
     if len(sizes) > 1:
-        flags.append(CpuFlag("kind_sizes_differ", "info",
-                             f"{name} CPUs see {cname} of different sizes: "
-                             + ", ".join("unknown" if s is None else f"{s >> 10} KiB"
-                                         for s in sorted(sizes, key=lambda s: s or 0)),
+        shown = ", ".join("unknown" if s is None else f"{s >> 10} KiB" for s in sorted(sizes, key=lambda s: s or 0))
+        flags.append(CpuFlag("kind_sizes_differ", "info", f"{name} CPUs see {cname} of different sizes: {shown}",
                              tuple(cpus)))
-    others = sorted({kind_of[c] for i in insts for c in i.cpus if c in kind_of and kind_of[c] != name})
     return KindCache(name=cname, instances=len(insts), cpus_per_instance=_uniform(len(i.cpus) for i in insts),
-                     shared_with=tuple(others), **geo)
+                     shared_with=_other_kinds(insts, kind_of, name), **geo)
+
+
+def _other_kinds(insts: list[CacheInstance], kind_of: dict[int, str], name: str) -> tuple[str, ...]:
+    """The core kinds other than `name` whose CPUs share these cache instances (a DynamIQ L3)."""
+    return tuple(sorted({kind_of[c] for i in insts for c in i.cpus if kind_of.get(c, name) != name}))
 
 
 # ------------------------------------------------------------------------------------------------------ tree
@@ -656,13 +680,22 @@ def _package_nodes(cpus: list[int], caches: tuple[CacheInstance, ...], threads: 
     for members in _components(cpus, (*by_pkg.values(), *(inst.cpus for inst in caches),
                                       *(threads.get(c, (c,)) for c in cpus))):
         ids = sorted({packages[c] for c in members if c in packages}, key=_id_key)
-        label = f"Package {ids[0]}" if len(ids) == 1 else ("Package" if not ids else "Package (IDs " + ", ".join(ids) + ")")
-        nodes.append(("package", label, tuple(sorted(members)), None))
-        if len(ids) > 1:  # the mislabelled "packages" are shown as the clusters they are
-            for pid in ids:
-                pgroup = tuple(sorted(by_pkg[pid]))
-                if not any(pgroup == clusters.get(c) for c in pgroup):
-                    nodes.append(("cluster", f"Cluster (package ID {pid})", pgroup, None))
+        if len(ids) > 1:
+            nodes.append(("package", "Package (IDs " + ", ".join(ids) + ")", tuple(sorted(members)), None))
+            nodes += _packages_as_clusters(ids, by_pkg, clusters)
+        else:
+            nodes.append(("package", f"Package {ids[0]}" if ids else "Package", tuple(sorted(members)), None))
+    return nodes
+
+
+def _packages_as_clusters(ids: list[str], by_pkg: dict[str, list[int]],
+                          clusters: dict[int, tuple[int, ...]]) -> list[_Node]:
+    """The mislabelled "packages" of one real package, shown as the clusters they are (where no cluster is)."""
+    nodes: list[_Node] = []
+    for pid in ids:
+        pgroup = tuple(sorted(by_pkg[pid]))
+        if not any(pgroup == clusters.get(c) for c in pgroup):
+            nodes.append(("cluster", f"Cluster (package ID {pid})", pgroup, None))
     return nodes
 
 
@@ -747,20 +780,26 @@ def _classify(kinds: tuple[CoreKind, ...], caches: tuple[CacheInstance, ...],
               threads: dict[int, tuple[int, ...]]) -> tuple[str, str]:
     """DynamIQ, big.LITTLE, homogeneous or unknown, with the evidence in words."""
     kind_of = {c: k.name for k in kinds for c in k.cpus}
-    l2 = [c for c in caches if c.level == 2 and c.type == "Unified"]
-    cores = _cores_under(l2, kind_of, threads)
-    private_l2 = bool(l2) and all(n == 1 for n in cores)
+    cores = _cores_under_l2(caches, kind_of, threads)
+    private_l2 = bool(cores) and all(n == 1 for n in cores)
     if len(kinds) <= 1:
         return "homogeneous", _one_kind_reason(kinds[0].name if kinds else "unknown", caches, private_l2)
+    return _kinds_arrangement(len(kinds), caches, kind_of, cores, private_l2)
+
+
+def _kinds_arrangement(kinds: int, caches: tuple[CacheInstance, ...], kind_of: dict[int, str], cores: list[int],
+                       private_l2: bool) -> tuple[str, str]:
+    """How several core kinds are arranged: DynamIQ where a cache is shared across kinds, big.LITTLE where each
+    cluster has its own shared L2."""
     mixed = _shared_across_kinds(caches, kind_of)
     if mixed is not None:
-        return "DynamIQ", _dynamiq_reason(mixed, kind_of, bool(l2), private_l2)
-    if l2 and all(n > 1 for n in cores):
-        return "big.LITTLE", (f"{len(l2)} clusters, each with its own shared L2; no cache shared across core "
+        return "DynamIQ", _dynamiq_reason(mixed, kind_of, bool(cores), private_l2)
+    if cores and all(n > 1 for n in cores):
+        return "big.LITTLE", (f"{len(cores)} clusters, each with its own shared L2; no cache shared across core "
                               "kinds")
     if not caches:
-        return "unknown", f"{len(kinds)} core kinds, but no cache information to tell how they share"
-    return "unknown", f"{len(kinds)} core kinds; no cache shared across kinds and L2 not shared per cluster"
+        return "unknown", f"{kinds} core kinds, but no cache information to tell how they share"
+    return "unknown", f"{kinds} core kinds; no cache shared across kinds and L2 not shared per cluster"
 
 
 def _shared_across_kinds(caches: tuple[CacheInstance, ...], kind_of: dict[int, str]) -> CacheInstance | None:
@@ -769,9 +808,11 @@ def _shared_across_kinds(caches: tuple[CacheInstance, ...], kind_of: dict[int, s
     return max(mixed, key=lambda c: c.level) if mixed else None
 
 
-def _cores_under(l2: list[CacheInstance], kind_of: dict[int, str], threads: dict[int, tuple[int, ...]]) -> list[int]:
-    """How many cores (SMT siblings are one) share each L2."""
+def _cores_under_l2(caches: tuple[CacheInstance, ...], kind_of: dict[int, str],
+                    threads: dict[int, tuple[int, ...]]) -> list[int]:
+    """How many cores (SMT siblings are one) share each unified L2 (none: no L2 is known)."""
     core_of = {c: threads.get(c, (c,)) for c in kind_of}
+    l2 = [c for c in caches if c.level == 2 and c.type == "Unified"]
     return [len({core_of.get(c, (c,)) for c in inst.cpus}) for inst in l2]
 
 
@@ -822,14 +863,16 @@ def _check_geometry(caches: tuple[CacheInstance, ...], flags: list[CpuFlag]) -> 
         if c.size_bytes not in (product * (c.physical_line_partition or 1), product):
             seen[(c.name, c.size_bytes, c.sets, c.ways, c.line_bytes)].append(c)
     for (name, size, sets, ways, line), insts in seen.items():
-        product = sets * ways * line
-        implied = size // (sets * line) if size % (sets * line) == 0 else None
-        hint = f"; size / (sets × line) would mean {plural(implied, 'way')}" if implied else ""
-        cpus = tuple(sorted({x for i in insts for x in i.cpus}))
         flags.append(CpuFlag("geometry_mismatch", "warning",
                              f"{name} ({plural(len(insts), 'instance')}): size "
                              f"{_short_size(size)} but {plural(sets, 'set')} × {plural(ways, 'way')} × {line} B = "
-                             f"{_short_size(product)}{hint}", cpus))
+                             f"{_short_size(sets * ways * line)}{_implied_ways(size, sets, line)}", _cpus_of(insts)))
+
+
+def _implied_ways(size: int, sets: int, line: int) -> str:
+    """What the size would mean for the ways, where it divides evenly ("" where it does not)."""
+    implied = size // (sets * line) if size % (sets * line) == 0 else 0
+    return f"; size / (sets × line) would mean {plural(implied, 'way')}" if implied else ""
 
 
 def _check_vm_slice(caches: tuple[CacheInstance, ...], online: list[int], flags: list[CpuFlag]) -> None:
@@ -847,7 +890,7 @@ def _check_vm_slice(caches: tuple[CacheInstance, ...], online: list[int], flags:
                          f"{format_cpu_list(sample.cpus)}, no more than L{top - 1}: a last-level cache is "
                          f"normally shared by a cluster or socket, so this is likely a VM slice listing "
                          f"only this guest's vCPUs ({len(set(online))} online); its per-CPU share is unknown",
-                         tuple(sorted({x for c in llc for x in c.cpus}))))
+                         _cpus_of(llc)))
 
 
 def _check_listing(caches: tuple[CacheInstance, ...], online: list[int], flags: list[CpuFlag]) -> None:
@@ -905,7 +948,7 @@ def _rebuilt(kinds: tuple[CoreKind, ...], caches: tuple[CacheInstance, ...]) -> 
     is known)."""
     clidrs: list[ClidrEl1] = []
     ccsidrs: list[CcsidrEl1] = []
-    groups = [k.cpus for k in kinds] or [tuple(sorted({x for c in caches for x in c.cpus}))]
+    groups = [k.cpus for k in kinds] or [_cpus_of(caches)]
     for cpus in groups:
         mine = [c for c in caches if cpus[0] in c.cpus]
         if mine:
@@ -1011,7 +1054,7 @@ def _check_cpuid(regs: Registers, caches: tuple[CacheInstance, ...], kinds: tupl
     """CPUID and sysfs should describe the same caches; the kernel builds sysfs from CPUID on x86."""
     if isinstance(regs.cpuid_caches, Unavailable) or len(kinds) > 1 or not caches:
         return
-    first = min(x for c in caches for x in c.cpus)
+    first = _cpus_of(caches)[0]
     mine = {c.name: c for c in caches if first in c.cpus}
     for q in regs.cpuid_caches:
         s = mine.get(q.name)

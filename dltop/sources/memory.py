@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from dltop import procfs
 from dltop.config import Settings
+from dltop.fmt import first_and_more
 from dltop.kernel import process_exists
 from dltop.model.base import Unavailable
 from dltop.model.memory import CgroupMemory, DiskStat, MemoryPart, Pressure, VmStat
@@ -36,6 +37,7 @@ MEMINFO_FIELDS = {
     "inactive_file_bytes": "Inactive(file)",
     "mlocked_bytes": "Mlocked",
 }
+_MEMINFO_KEYS: dict[str, tuple[str, ...]] = {name: (key,) for name, key in MEMINFO_FIELDS.items()}
 
 # VmStat field -> /proc/vmstat keys summed (pgscan/pgsteal are split by reclaimer since Linux 4.x)
 VMSTAT_FIELDS = {
@@ -50,13 +52,9 @@ VMSTAT_FIELDS = {
 }
 
 
-def _path(root: str, *parts: str) -> str:
-    return os.path.join(root, *parts)
-
-
-def _read_text(path: str) -> str:
-    # A captured tree may hold a FIFO, a link to /dev/zero or a huge file where the kernel's file goes.
-    return procfs.read_text(path)
+_path = os.path.join
+# procfs's reader: a captured tree may hold a FIFO, a link to /dev/zero or a huge file where the kernel's file goes.
+_read_text = procfs.read_text
 
 
 def _why(e: OSError, path: str) -> str:
@@ -65,12 +63,6 @@ def _why(e: OSError, path: str) -> str:
     if isinstance(e, PermissionError):
         return f"permission denied reading {path}"
     return f"cannot read {path}: {e.strerror or e}"
-
-
-def _is_count(field: str) -> bool:
-    """ASCII digits of a 64-bit count only: str.isdigit() also takes '¹', which int() refuses, and int() takes
-    400 digits (no kernel counter has them) and raises past 4300."""
-    return procfs.parse_count(field) is not None
 
 
 def _shown(text: str) -> str:
@@ -161,8 +153,7 @@ def parse_diskstats(text: str) -> tuple[list[DiskStat], list[str]]:
         # the memory read); where not, the first that is not one says why
         n = list(map(int, counts)) if joined.isascii() and joined.isdigit() and max(map(len, counts)) <= 20 else []
         if not n or max(n) > procfs.MAX_COUNT:
-            wrong = next(j for j in range(3, 14) if not _is_count(f[j]))
-            bad.append(f"line {i}: field {wrong + 1} is {f[wrong][:20]!r}, not a count")
+            bad.append(_not_counts(i, f))
             continue
         out.append(
             DiskStat(
@@ -178,6 +169,12 @@ def parse_diskstats(text: str) -> tuple[list[DiskStat], list[str]]:
             )
         )
     return out, bad
+
+
+def _not_counts(i: int, f: list[str]) -> str:
+    """What is wrong with line `i` of /proc/diskstats, whose fields `f` are not all counts: the first that is not."""
+    wrong = next(j for j in range(3, 14) if procfs.parse_count(f[j]) is None)
+    return f"line {i}: field {wrong + 1} is {f[wrong][:20]!r}, not a count"
 
 
 def parse_proc_cgroup(text: str) -> tuple[int, str] | None:
@@ -272,11 +269,6 @@ def read_pressure(root: str, resource: str) -> Pressure | Unavailable:
         return Unavailable(f"malformed {path}: {e}")
 
 
-def _is_whole_disk(root: str, name: str) -> bool:
-    # Partitions have a `partition` file in their sysfs directory; whole disks are listed in /sys/block.
-    return os.path.isdir(_path(root, "sys/block", name.replace("/", "!")))
-
-
 def read_disks(root: str = "/", problems: list[str] | None = None) -> tuple[DiskStat, ...] | Unavailable:
     """Whole block devices with any I/O since boot, like `iostat -x` (partitions and unused loop/ram left out).
 
@@ -288,15 +280,20 @@ def read_disks(root: str = "/", problems: list[str] | None = None) -> tuple[Disk
     except OSError as e:
         return Unavailable(_why(e, path))
     if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        why = f"malformed /proc/diskstats: {bad[0]}{more}"
+        why = f"malformed /proc/diskstats: {first_and_more(bad)}"
         if not rows:
             return Unavailable(why)
         if problems is not None:
             problems.append(why)
-    have_sys = os.path.isdir(_path(root, "sys/block"))
-    return tuple(d for d in rows
-                 if (d.reads or d.writes) and (not have_sys or _is_whole_disk(root, d.name)))
+    return _used_whole_disks(root, rows)
+
+
+def _used_whole_disks(root: str, rows: list[DiskStat]) -> tuple[DiskStat, ...]:
+    """The devices with any I/O since boot that are whole disks: those /sys/block lists (partitions are not)."""
+    used = [d for d in rows if d.reads or d.writes]
+    if not os.path.isdir(_path(root, "sys/block")):
+        return tuple(used)
+    return tuple(d for d in used if os.path.isdir(_path(root, "sys/block", d.name.replace("/", "!"))))
 
 
 # v1 writes "no limit" as the page counter's maximum (LONG_MAX rounded down to a page: 9223372036854771712 with
@@ -321,13 +318,23 @@ def _cgroup_dir(root: str, version: int, rel: str) -> tuple[str, str]:
         what = "cgroup2" if version == 2 else "cgroup v1 with the memory controller"
         raise ValueError(f"no {what} mounted (none in /proc/self/mountinfo)")
     for mount_root, point in mounts:
-        # A container sees its own part of the tree: the mount's root is a prefix of the path it is in.
-        if mount_root == "/" or rel == mount_root or rel.startswith(mount_root + "/"):
-            below = rel[len(mount_root):] if mount_root != "/" else rel
-            base = _path(root, point.lstrip("/"), below.lstrip("/"))
-            if os.path.isdir(base):
-                return base, _path(root, point.lstrip("/"))
+        below = _below_mount(rel, mount_root)
+        if below is None:
+            continue
+        base = _path(root, point.lstrip("/"), below.lstrip("/"))
+        if os.path.isdir(base):
+            return base, _path(root, point.lstrip("/"))
     raise ValueError(f"cgroup {rel} not visible under {mounts[0][1]} (another cgroup namespace?)")
+
+
+def _below_mount(rel: str, mount_root: str) -> str | None:
+    """Cgroup `rel` as a path under a mount of its hierarchy whose root is `mount_root`; None when it is not under
+    it. A container sees its own part of the tree: the mount's root is a prefix of the path it is in."""
+    if mount_root == "/":
+        return rel
+    if rel == mount_root or rel.startswith(mount_root + "/"):
+        return rel[len(mount_root):]
+    return None
 
 
 def _read_count(base: str, name: str, field: str, values: dict[str, int | None], missing: dict[str, str]) -> None:
@@ -358,19 +365,27 @@ def _read_keys(base: str, name: str, fields: dict[str, tuple[str, ...]], values:
     try:
         stat = parse_vmstat(_read_text(os.path.join(base, name)), bad)
     except OSError as e:
-        stat = {}
-        why = _why(e, name)
+        stat, why = {}, _why(e, name)
     else:
         why = ""
-    for field, keys in fields.items():
-        key = next((k for k in keys if k in stat or k in bad), None)
-        if key is not None and key in stat:
-            values[field] = stat[key]
-        elif key is not None:
-            missing[field] = f"malformed {name}: {bad[key]}"
-        else:
-            missing[field] = why or f"no {keys[0]} in {name}"
+    _fill(fields, stat, bad, why, name, values, missing)
     return stat
+
+
+def _fill(fields: dict[str, tuple[str, ...]], read: dict[str, int], bad: dict[str, str], why: str, where: str,
+          values: dict[str, int | None], missing: dict[str, str]) -> None:
+    """Per field, the first of its keys the file `where` has: its count into `values`, or why it is damaged into
+    `missing`; where it has none of them, `why` (the file could not be read) or that it has none."""
+    for field, keys in fields.items():
+        for key in keys:
+            if key in read:
+                values[field] = read[key]
+                break
+            if key in bad:
+                missing[field] = f"malformed {where}: {bad[key]}"
+                break
+        else:
+            missing[field] = why or f"no {keys[0]} in {where}"
 
 
 def _read_limit(base: str, name: str, values: dict[str, int | None], missing: dict[str, str]) -> None:
@@ -412,13 +427,19 @@ def _binding_v2(base: str, top: str, rel: str) -> CgroupMemory:
         if not os.path.exists(os.path.join(d, "memory.max")):
             continue  # the real root cgroup: nothing limits it
         up = _read_v2(d, r)
-        if up.max_bytes is not None and (best.max_bytes is None or up.max_bytes < best.max_bytes):
+        if _binds_before(up, best):
             best = up
-        elif up.max_bytes is None and not up.no_limit and best.no_limit:
-            best = up  # a limit higher up that cannot be read: not "no limit" either
     if best is own:
         return own
     return replace(best, path=rel, limit_path=best.path)
+
+
+def _binds_before(up: CgroupMemory, best: CgroupMemory) -> bool:
+    """Whether an ancestor's limit binds before the lowest found so far: it is lower, or it could not be read
+    where the other is no limit (a limit that cannot be read is not "no limit" either)."""
+    if up.max_bytes is not None:
+        return best.max_bytes is None or up.max_bytes < best.max_bytes
+    return not up.no_limit and best.no_limit
 
 
 def _read_v1(base: str, rel: str) -> CgroupMemory:
@@ -484,6 +505,24 @@ def read_cgroup_memory(root: str = "/", pid: int | str = "self",
     """The memory controller of `pid`'s cgroup, v2 or v1 (whichever hierarchy holds it): usage, the limit, file
     pages and OOM kills. What cannot be read says so, naming the version; a limit not read is never "no limit".
     `dirs`: where the cgroup's folder was found before (a source reading every tick), else mountinfo is read."""
+    found = _memory_cgroup_of(root, pid)
+    if isinstance(found, Unavailable):
+        return found
+    version, rel = found
+    try:
+        base, top = dirs.find(root, version, rel) if dirs is not None else _cgroup_dir(root, version, rel)
+    except ValueError as e:
+        return Unavailable(f"cgroup v{version}: limit not read ({e})")
+    cg = _read_v1(base, rel) if version == 1 else _binding_v2(base, top, rel)
+    if rel == "/" and cg.no_limit:
+        who = "dltop runs" if pid == "self" else f"process {pid} runs"
+        return Unavailable(f"cgroup v{version}: {who} in the root cgroup: no cgroup memory limit applies "
+                           "(--pid PID watches a job)")
+    return cg
+
+
+def _memory_cgroup_of(root: str, pid: int | str) -> tuple[int, str] | Unavailable:
+    """(version, path) of the cgroup holding `pid`'s memory controller, from /proc/PID/cgroup, or why none is."""
     proc = _path(root, "proc", str(pid), "cgroup")
     try:
         found = parse_proc_cgroup(_read_text(proc))
@@ -497,16 +536,7 @@ def read_cgroup_memory(root: str = "/", pid: int | str = "self",
     if ".." in rel.split("/") or "\0" in rel:
         # The kernel writes /../ for a cgroup above this cgroup namespace's root: not under any mount here.
         return Unavailable(f"cgroup v{version}: {rel[:80]!r} is outside this cgroup namespace: limit not read")
-    try:
-        base, top = dirs.find(root, version, rel) if dirs is not None else _cgroup_dir(root, version, rel)
-    except ValueError as e:
-        return Unavailable(f"cgroup v{version}: limit not read ({e})")
-    cg = _read_v1(base, rel) if version == 1 else _binding_v2(base, top, rel)
-    if rel == "/" and cg.no_limit:
-        who = "dltop runs" if pid == "self" else f"process {pid} runs"
-        return Unavailable(f"cgroup v{version}: {who} in the root cgroup: no cgroup memory limit applies "
-                           "(--pid PID watches a job)")
-    return cg
+    return found
 
 
 def read_memory(root: str = "/", pid: int | None = None, dirs: CgroupDirs | None = None) -> MemoryPart:
@@ -518,17 +548,10 @@ def read_memory(root: str = "/", pid: int | None = None, dirs: CgroupDirs | None
     try:
         raw = parse_meminfo(_read_text(path), bad)
     except OSError as e:
-        raw = {}
-        reason = _why(e, path)
+        raw, reason = {}, _why(e, path)
     else:
         reason = ""
-    for name, key in MEMINFO_FIELDS.items():
-        if key in raw:
-            values[name] = raw[key]
-        elif key in bad:
-            missing[name] = f"malformed {path}: {bad[key]}"
-        else:
-            missing[name] = reason or f"no {key} in {path}"
+    _fill(_MEMINFO_KEYS, raw, bad, reason, path, values, missing)
     disk_problems: list[str] = []
     disks = read_disks(root, disk_problems)
     if disk_problems:
