@@ -77,10 +77,9 @@ def _table(part: str, labels: tuple[str, ...], rows: tuple[_Row, ...]) -> _Table
 
 # -- sources: which parts came in -----------------------------------------------------------------------------
 SOURCE = ("source",)
-SOURCE_UP = _field("sources", "source_up", "gauge", "",
-                   "1 when the source's last read succeeded and its part is available; 0 when it failed, is "
-                   "overdue, or the system cannot provide the part (the reason is in dltop_source_unavailable_info)",
-                   SOURCE)
+SOURCE_UP = _field("sources", "source_up", "gauge", "", "1 when the source's last read succeeded and its part is "
+                   "available; 0 when it failed, is overdue, or the system cannot provide the part (the reason is in "
+                   "dltop_source_unavailable_info)", SOURCE)
 SOURCE_UNAVAILABLE = _field("sources", "source_unavailable_info", "info", "",
                             "Why a source is down (present only while dltop_source_up is 0): reason slow (a read "
                             "overdue), error (the read failed) or unavailable (the system cannot provide the part); "
@@ -127,12 +126,10 @@ _VMSTAT = _table("memory", (), (  # VmStat attributes (and a scale to base units
      "oom_kill"),
 ))
 PRESSURE = ("resource", "kind")
-PRESSURE_TOTAL = _field("memory", "pressure_stalled_seconds_total", "counter", "seconds",
-                        "PSI: time tasks were stalled on memory or I/O (/proc/pressure/*; kind some or full)",
-                        PRESSURE)
-PRESSURE_AVG10 = _field("memory", "pressure_stalled_avg10_ratio", "gauge", "ratio",
-                        "PSI: share of the last 10 s tasks were stalled (/proc/pressure/*; kind some or full)",
-                        PRESSURE)
+PRESSURE_TOTAL = _field("memory", "pressure_stalled_seconds_total", "counter", "seconds", "PSI: time tasks were "
+                        "stalled on memory or I/O (/proc/pressure/*; kind some or full)", PRESSURE)
+PRESSURE_AVG10 = _field("memory", "pressure_stalled_avg10_ratio", "gauge", "ratio", "PSI: share of the last 10 s "
+                        "tasks were stalled (/proc/pressure/*; kind some or full)", PRESSURE)
 CGROUP = ("cgroup",)
 _CGROUP = _table("memory", CGROUP, (  # CgroupMemory attributes
     ("cgroup_memory_current_bytes", "gauge", "bytes", "Memory charged to the watched process's memory cgroup (the "
@@ -147,17 +144,14 @@ _CGROUP = _table("memory", CGROUP, (  # CgroupMemory attributes
 
 # -- datasets: page-cache residency per watched dataset ----------------------------------------------------------
 DATASET = ("dataset",)
-DATASET_UP = _field("datasets", "dataset_up", "gauge", "",
-                    "1 when the dataset was scanned, 0 when it could not be (reason in dltop_dataset_unavailable_info)",
-                    DATASET)
+DATASET_UP = _field("datasets", "dataset_up", "gauge", "", "1 when the dataset was scanned, 0 when it could not be "
+                    "(reason in dltop_dataset_unavailable_info)", DATASET)
 DATASET_UNAVAILABLE = _field("datasets", "dataset_unavailable_info", "info", "",
                              "Why a watched dataset could not be scanned (missing, unreadable)", ("dataset", "reason"))
-DATASET_SIZE = _field("datasets", "dataset_size_bytes", "gauge", "bytes",
-                      "Apparent size of the dataset's regular files, each hard link once (du --apparent-size -b)",
-                      DATASET)
-DATASET_RESIDENT = _field("datasets", "dataset_resident_bytes", "gauge", "bytes",
-                          "Data of the dataset in the page cache (fincore's RES, holes of sparse files left out)",
-                          DATASET)
+DATASET_SIZE = _field("datasets", "dataset_size_bytes", "gauge", "bytes", "Apparent size of the dataset's regular "
+                      "files, each hard link once (du --apparent-size -b)", DATASET)
+DATASET_RESIDENT = _field("datasets", "dataset_resident_bytes", "gauge", "bytes", "Data of the dataset in the page "
+                          "cache (fincore's RES, holes of sparse files left out)", DATASET)
 DATASET_DATA = _field("datasets", "dataset_data_bytes", "gauge", "bytes",
                       "Data of the dataset whose residency the kernel shows, in whole pages (holes of sparse files "
                       "left out; unknown_bytes apart): what resident_ratio divides by, so data_bytes * "
@@ -189,20 +183,17 @@ GPU = ("gpu", "uuid")
 GPUS = _field("gpus", "gpus", "gauge", "",
               "GPUs NVML lists on the node: 0 where there is no NVIDIA library, driver or device, a state with the "
               "source up (why in dltop_gpus_absent_info); absent while the gpus source is down")
-GPUS_ABSENT = _field("gpus", "gpus_absent_info", "info", "",
-                     "Why the node has no GPU to read: reason no_library, no_driver or no_devices (present only "
-                     "while dltop_gpus is 0 for it)", ("reason",))
-GPU_UP = _field("gpus", "gpu_up", "gauge", "",
-                "1 while the GPU answers NVML, 0 when it cannot be read at all (fallen off the bus, ...: the reason "
-                "in dltop_gpu_down_info)", GPU)
+GPUS_ABSENT = _field("gpus", "gpus_absent_info", "info", "", "Why the node has no GPU to read: reason no_library, "
+                     "no_driver or no_devices (present only while dltop_gpus is 0 for it)", ("reason",))
+GPU_UP = _field("gpus", "gpu_up", "gauge", "", "1 while the GPU answers NVML, 0 when it cannot be read at all "
+                "(fallen off the bus, ...: the reason in dltop_gpu_down_info)", GPU)
 GPU_DOWN = _field("gpus", "gpu_down_info", "info", "",
                   "Why a GPU cannot be read: reason lost (off the bus, Xid 79), no_permission, timeout, "
                   "reset_required or error (present only while dltop_gpu_up is 0)", (*GPU, "reason"))
 GPU_INFO = _field("gpus", "gpu_info", "info", "", "A GPU NVML sees", (*GPU, "name", "bus_id", "driver_version"))
-GPU_MEMORY = _field("gpus", "gpu_memory_bytes", "gauge", "bytes",
-                    "GPU memory by what holds it: per process use weights, kv_cache, allocator_cache, other_torch, "
-                    "non_torch (where the probe or a server says; absent where unknown), per device use free",
-                    (*GPU, "pid", "use"))
+GPU_MEMORY = _field("gpus", "gpu_memory_bytes", "gauge", "bytes", "GPU memory by what holds it: per process use "
+                    "weights, kv_cache, allocator_cache, other_torch, non_torch (where the probe or a server says; "
+                    "absent where unknown), per device use free", (*GPU, "pid", "use"))
 GPU_PROCESS_MEMORY = _field("gpus", "gpu_process_memory_bytes", "gauge", "bytes",
                             "GPU memory NVML charges to a process (nvidia-smi's GPU Memory Usage)", (*GPU, "pid"))
 GPU_PROCESS_INFO = _field("gpus", "gpu_process_info", "info", "", "A process with a context on a GPU",
@@ -282,9 +273,8 @@ PREFIX_HIT = _field("servers", "inference_prefix_cache_hit_ratio", "gauge", "rat
 # owner of the process, so a job is (uid, job_id): another user's process that claims the job id is not its rank.
 PROCESS = ("pid", "rank", "job_id", "uid")
 _JOB_ID_CHARS = 64
-TRAINING_MEMORY = _field("probes", "training_memory_bytes", "gauge", "bytes",
-                         "Bytes the process's probe counts, by use: weights, gradients, optimizer, kv_cache",
-                         (*PROCESS, "use"))
+TRAINING_MEMORY = _field("probes", "training_memory_bytes", "gauge", "bytes", "Bytes the process's probe counts, by "
+                         "use: weights, gradients, optimizer, kv_cache", (*PROCESS, "use"))
 _PROBE = _table("probes", PROCESS, (  # ProcessProbe attributes
     ("training_data_wait_ratio", "gauge", "ratio", "Share of recent step time spent waiting for the data loader (the "
      "probe)", "data_wait_fraction"),

@@ -91,27 +91,24 @@ class CacheStat:
     recently_evicted: int
 
 
+_PTR, _SIZE, _INT = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+_SIGNATURES = {  # name: (return type, argument types)
+    "mmap": (_PTR, [_PTR, _SIZE, _INT, _INT, _INT, ctypes.c_long]), "munmap": (_INT, [_PTR, _SIZE]),
+    "mprotect": (_INT, [_PTR, _SIZE, _INT]), "mincore": (_INT, [_PTR, _SIZE, ctypes.c_char_p]),
+    "mlock": (_INT, [_PTR, _SIZE]), "munlock": (_INT, [_PTR, _SIZE]), "madvise": (_INT, [_PTR, _SIZE, _INT]),
+    "fstatfs": (_INT, [_INT, _PTR]), "statfs": (_INT, [ctypes.c_char_p, _PTR]),
+}
+
+
 @cache
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.munmap.restype = ctypes.c_int
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    libc.mincore.restype = ctypes.c_int
-    libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mlock.restype = ctypes.c_int
-    libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.munlock.restype = ctypes.c_int
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.madvise.restype = ctypes.c_int
-    libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
-    libc.fstatfs.restype = ctypes.c_int
-    libc.statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
-    libc.statfs.restype = ctypes.c_int
-    return libc
+def libc() -> ctypes.CDLL:
+    """The C library, errno kept, with the signatures of the calls made through it."""
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.syscall.restype = ctypes.c_long
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
 
 
 def _raise_errno(what: str, filename: str | None = None) -> None:
@@ -127,7 +124,7 @@ class _CachestatCaller:
         self.out = _Cachestat()
         self._range_ref = ctypes.byref(self.range)
         self._out_ref = ctypes.byref(self.out)
-        self._syscall = _libc().syscall
+        self._syscall = libc().syscall
         self._nr = ctypes.c_long(NR_CACHESTAT)
 
     def __call__(self, fd: int) -> _Cachestat:
@@ -159,7 +156,7 @@ def cachestat(fd: int, offset: int = 0, length: int = 0) -> CacheStat:
     """
     rng = _CachestatRange(offset, length)
     out = _Cachestat()
-    if _libc().syscall(ctypes.c_long(NR_CACHESTAT), fd, ctypes.byref(rng), ctypes.byref(out), 0) != 0:
+    if libc().syscall(ctypes.c_long(NR_CACHESTAT), fd, ctypes.byref(rng), ctypes.byref(out), 0) != 0:
         _raise_errno("cachestat")
     return CacheStat(out.nr_cache, out.nr_dirty, out.nr_writeback, out.nr_evicted, out.nr_recently_evicted)
 
@@ -192,7 +189,7 @@ IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 
 def inotify_init() -> int:
     """A non-blocking, close-on-exec inotify fd; OSError (EMFILE: the per-user instance limit) on failure."""
-    fd = _libc().inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+    fd = libc().inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
     if fd < 0:
         _raise_errno("inotify_init1")
     return int(fd)
@@ -200,7 +197,7 @@ def inotify_init() -> int:
 
 def inotify_add_watch(fd: int, path: str, mask: int) -> int:
     """Watch a folder: its watch descriptor; OSError (ENOSPC: max_user_watches reached, EACCES) on failure."""
-    wd = _libc().inotify_add_watch(fd, os.fsencode(path), ctypes.c_uint32(mask))
+    wd = libc().inotify_add_watch(fd, os.fsencode(path), ctypes.c_uint32(mask))
     if wd < 0:
         _raise_errno("inotify_add_watch", path)
     return int(wd)
@@ -208,7 +205,7 @@ def inotify_add_watch(fd: int, path: str, mask: int) -> int:
 
 def inotify_rm_watch(fd: int, wd: int) -> None:
     """Stop watching; a watch the kernel dropped already (its folder deleted) is no error."""
-    _libc().inotify_rm_watch(fd, wd)
+    libc().inotify_rm_watch(fd, wd)
 
 
 # Windows of at most this many bytes are mapped at once, so a 1 TiB file needs 1 MiB of vector, not 256 MiB.
@@ -224,23 +221,23 @@ def mincore_vector(fd: int, size: int, offset: int = 0) -> bytes:
     """
     if size <= 0:
         return b""
-    libc = _libc()
+    lib = libc()
     parts = []
     end = offset + size
     pos = offset - offset % PAGE_SIZE
     while pos < end:
         length = min(_MINCORE_WINDOW_BYTES, end - pos)
-        addr = libc.mmap(None, length, PROT_READ, MAP_SHARED, fd, pos)
+        addr = lib.mmap(None, length, PROT_READ, MAP_SHARED, fd, pos)
         if addr is None or addr == MAP_FAILED:
             _raise_errno("mmap")
         try:
             n = (length + PAGE_SIZE - 1) // PAGE_SIZE
             vec = ctypes.create_string_buffer(n)
-            if libc.mincore(ctypes.c_void_p(addr), length, vec) != 0:
+            if lib.mincore(ctypes.c_void_p(addr), length, vec) != 0:
                 _raise_errno("mincore")
             parts.append(vec.raw[:n].translate(_LOW_BIT))
         finally:
-            libc.munmap(ctypes.c_void_p(addr), length)
+            lib.munmap(ctypes.c_void_p(addr), length)
         pos += length
     return b"".join(parts)
 
@@ -275,13 +272,13 @@ class LockedMapping:
         self._addr: int | None = None
         if size <= 0:
             return
-        libc = _libc()
-        addr = libc.mmap(None, size, PROT_READ, MAP_SHARED, fd, offset)
+        lib = libc()
+        addr = lib.mmap(None, size, PROT_READ, MAP_SHARED, fd, offset)
         if addr is None or addr == MAP_FAILED:
             _raise_errno("mmap")
         self._addr = addr
         if random:  # MADV_RANDOM: its faults read no page around (or ahead of) the one they miss
-            libc.madvise(ctypes.c_void_p(addr), size, MADV_RANDOM)
+            lib.madvise(ctypes.c_void_p(addr), size, MADV_RANDOM)
         if lock:
             self.lock_range(0, size)
 
@@ -289,7 +286,7 @@ class LockedMapping:
         """mlock `n` bytes from `start` (relative to the mapping); on failure the whole mapping is released."""
         if self._addr is None or n <= 0:
             return
-        if _libc().mlock(ctypes.c_void_p(self._addr + start), n) != 0:
+        if libc().mlock(ctypes.c_void_p(self._addr + start), n) != 0:
             e = ctypes.get_errno()
             self.release()
             raise OSError(e, f"mlock: {os.strerror(e)}")
@@ -297,9 +294,9 @@ class LockedMapping:
     def release(self) -> None:
         """munlock and unmap; safe to call twice."""
         if self._addr is not None:
-            libc = _libc()
-            libc.munlock(ctypes.c_void_p(self._addr), self.size)
-            libc.munmap(ctypes.c_void_p(self._addr), self.size)
+            lib = libc()
+            lib.munlock(ctypes.c_void_p(self._addr), self.size)
+            lib.munmap(ctypes.c_void_p(self._addr), self.size)
             self._addr = None
 
     def __enter__(self) -> LockedMapping:
@@ -312,7 +309,7 @@ class LockedMapping:
 def fstatfs_type(fd: int) -> int:
     """The f_type magic of the filesystem holding an open file (see linux/magic.h)."""
     buf = ctypes.create_string_buffer(256)  # larger than struct statfs on every architecture
-    if _libc().fstatfs(fd, buf) != 0:
+    if libc().fstatfs(fd, buf) != 0:
         _raise_errno("fstatfs")
     return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF
 
@@ -320,7 +317,7 @@ def fstatfs_type(fd: int) -> int:
 def statfs_type(path: str | bytes) -> int:
     """The f_type magic of the filesystem holding `path`."""
     buf = ctypes.create_string_buffer(256)
-    if _libc().statfs(os.fsencode(path), buf) != 0:
+    if libc().statfs(os.fsencode(path), buf) != 0:
         _raise_errno("statfs", os.fsdecode(path))
     return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF
 

@@ -58,19 +58,7 @@ def open_trusted(path: str | os.PathLike[str], what: str) -> BinaryIO:
     try:
         st = os.fstat(fd)
         why = None if stat.S_ISREG(st.st_mode) else "is not a regular file"
-        why = why or _untrusted(st, False)
-        where = folder
-        while why is None:
-            try:
-                why = _untrusted(os.lstat(where), True)
-            except OSError as e:
-                why = f"cannot be checked: {e.strerror or e}"
-            if why is not None:
-                why = f"is in {where}, which {why}"
-            parent = os.path.dirname(where)
-            if parent == where:
-                break
-            where = parent
+        why = why or _untrusted(st, False) or _untrusted_folders(folder)
         if why is not None:
             raise DltopError(f"{what} {shown}: {why}: refused (a file another user can change is not read; "
                              "see docs/trust.md)")
@@ -79,6 +67,21 @@ def open_trusted(path: str | os.PathLike[str], what: str) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def _untrusted_folders(folder: str) -> str | None:
+    """Why `folder` or one above it, up to /, is not trusted (the first found from the file up), or None."""
+    where = folder
+    while True:
+        try:
+            why = _untrusted(os.lstat(where), True)
+        except OSError as e:
+            why = f"cannot be checked: {e.strerror or e}"
+        if why is not None:
+            return f"is in {where}, which {why}"
+        if os.path.dirname(where) == where:
+            return None
+        where = os.path.dirname(where)
 
 
 def read_trusted(path: str | os.PathLike[str], what: str, max_bytes: int = MAX_SECRET_BYTES) -> bytes:

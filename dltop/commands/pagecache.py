@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dltop.commands.common import non_negative_int
 from dltop.errors import DltopError
-from dltop.fmt import percent_text
+from dltop.fmt import human_bytes, human_rate, percent_text, plural, printable
 
 if TYPE_CHECKING:  # imported where an action needs it: `residency` never does
     import threading
@@ -182,9 +182,7 @@ def run_action(args: argparse.Namespace) -> int:
         raise DltopError(f"{args.action}: give at least one PATH")
     _check_paths(args.paths)
     runner = ActionRunner()
-    bar = ProgressBar() if (sys.stderr.isatty() and not args.no_progress and not args.dry_run) else None
-    if bar is not None:
-        runner.subscribe(lambda ev: bar(ev) if ev.phase == "progress" else None)
+    bar = _progress_bar(args, runner)
     with cancelled_by_signals(runner) as (signals, stop):
         try:
             run = runner.start(args.action, args.paths, options=_options(args), force=getattr(args, "force", False),
@@ -194,17 +192,32 @@ def run_action(args: argparse.Namespace) -> int:
                 bar.close()
             if run.error is not None:
                 raise run.error
-            held = runner.held()
-            # --detach hands over before anything is printed: a closed stdout (`| head -1`) cannot undo it
-            kept = runner.keep_all() if held and not signals and getattr(args, "detach", False) else []
-            _print_result(args, run.result)
-            for line in kept:
-                print(line, file=sys.stderr)
-            if held and not signals and not kept:
-                _hold(runner, run.result.files, held, stop, signals)
+            _report_and_hold(args, runner, run.result, signals, stop)
             return 128 + signals[0] if signals else 0
         finally:
             runner.close()
+
+
+def _progress_bar(args: argparse.Namespace, runner: Any) -> ProgressBar | None:
+    """A progress bar on stderr that the runner's progress events draw, where stderr is a terminal."""
+    if not sys.stderr.isatty() or args.no_progress or args.dry_run:
+        return None
+    bar = ProgressBar()
+    runner.subscribe(lambda ev: bar(ev) if ev.phase == "progress" else None)
+    return bar
+
+
+def _report_and_hold(args: argparse.Namespace, runner: Any, result: Any, signals: list[int],
+                     stop: threading.Event) -> None:
+    """Print what the action did; a lock not cancelled is then held here, or handed over first (--detach)."""
+    held = runner.held()
+    # --detach hands over before anything is printed: a closed stdout (`| head -1`) cannot undo it
+    kept = runner.keep_all() if held and not signals and getattr(args, "detach", False) else []
+    _print_result(args, result)
+    for line in kept:
+        print(line, file=sys.stderr)
+    if held and not signals and not kept:
+        _hold(runner, result.files, held, stop, signals)
 
 
 @contextlib.contextmanager
@@ -248,10 +261,6 @@ def _hold(runner: Any, files: int, held: dict[str, int], stop: threading.Event, 
     """Keep the pages locked until Ctrl-C or SIGTERM (the handler sets `stop`); then unlock. A hangup (the terminal
     or the SSH session gone) hands the lock to a holder process instead: nobody is left to ask. Either way it is
     announced and journalled, and said here while the terminal is still there."""
-    import contextlib
-
-    from dltop.fmt import human_bytes, plural
-
     lines = ["unlocked"]
     try:
         print(f"locked {human_bytes(sum(held.values()))} in {plural(files, 'file')}; Ctrl-C to unlock", file=sys.stderr,
@@ -269,8 +278,6 @@ def _hold(runner: Any, files: int, held: dict[str, int], stop: threading.Event, 
 
 def _done_line(r: Any, resident: str) -> str:
     """What an action that ran did: bytes, files, time and rate."""
-    from dltop.fmt import human_bytes, human_rate, plural
-
     verb = {"warm": "warmed", "evict": "evicted", "lock": "locked"}[r.action]
     rate = r.done_bytes / r.elapsed_s if r.elapsed_s > 0 else None
     left = r.files - r.files_done
@@ -283,8 +290,6 @@ def _done_line(r: Any, resident: str) -> str:
 
 def _resident_now(r: Any) -> str | None:
     """What is resident after an action that ran (None where it touched no pages)."""
-    from dltop.fmt import plural
-
     if r.resident_pages_after is None:
         return "resident now: unknown (see the note)"
     if r.unknown_pages:  # never counted resident or not: the note below says why and what to do
@@ -301,9 +306,7 @@ def _resident_now(r: Any) -> str | None:
 
 
 def _print_result(args: argparse.Namespace, r: Any) -> None:
-    from dltop.fmt import human_bytes, plural
     from dltop.kernel import PAGE_SIZE as ps
-    from dltop.text.datasets import skipped_text
 
     if args.json:
         sys.stdout.write(json.dumps(r.to_dict()) + "\n")
@@ -322,6 +325,13 @@ def _print_result(args: argparse.Namespace, r: Any) -> None:
     if r.action == "lock" and r.total_bytes < r.pages * ps:  # the holes of sparse files are never locked
         print(f"data only: {human_bytes(r.total_bytes)} of {human_bytes(r.size_bytes)} apparent size; the holes of "
               "sparse files are never locked")
+    _print_notes(r)
+
+
+def _print_notes(r: Any) -> None:
+    """What the guard said, what stayed resident or was skipped, and why."""
+    from dltop.text.datasets import skipped_text
+
     if r.guard is not None:
         print(f"memory guard: {r.guard.message}")
     for why, pages in r.stayed.items():
@@ -341,7 +351,6 @@ def _print_result(args: argparse.Namespace, r: Any) -> None:
 def run_lock_list(args: argparse.Namespace) -> int:
     """`dltop lock --list`: the locks held by holder processes this user may see (root: everyone's)."""
     from dltop.actions import holder
-    from dltop.fmt import human_bytes, printable
 
     mine, others = holder.holders()
     if args.json:
@@ -364,20 +373,12 @@ def run_lock_list(args: argparse.Namespace) -> int:
 def run_unlock(args: argparse.Namespace) -> int:
     """`dltop unlock PID|PATH ... | --all`: SIGTERM to the holders named, each checked (owner, start time)."""
     from dltop.actions import holder
-    from dltop.fmt import printable
 
     if not args.which and not args.all:
         raise DltopError("unlock: name a holder's PID or the PATH it locks, or --all (dltop lock --list shows them)")
-    mine, others = holder.holders()
-    chosen = mine if args.all else []
-    for w in args.which:
-        found = [h for h in mine if (w.isdigit() and h.pid == int(w)) or h.target == w
-                 or h.target == os.path.abspath(w)]
-        if not found:
-            theirs = " (another user's holder: only its owner or root may unlock it)" if w.isdigit() and _is_holder(
-                int(w)) else ""
-            raise DltopError(f"unlock: no lock of yours held as {printable(w)}{theirs}; dltop lock --list shows them")
-        chosen += [h for h in found if h not in chosen]
+    mine, _ = holder.holders()
+    named = _holders_named(args.which, mine)
+    chosen = mine if args.all else named
     if not chosen:
         print("no lock is held by a holder process")
         return 0
@@ -391,7 +392,21 @@ def run_unlock(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _is_holder(pid: int) -> bool:
+def _holders_named(which: list[str], mine: list[Any]) -> list[Any]:
+    """Your holders that each PID or PATH names, in order; DltopError for one that names none of them."""
+    chosen: list[Any] = []
+    for w in which:
+        found = [h for h in mine if (w.isdigit() and h.pid == int(w)) or h.target in (w, os.path.abspath(w))]
+        if not found:
+            raise DltopError(_not_yours(w))
+        chosen += [h for h in found if h not in chosen]
+    return chosen
+
+
+def _not_yours(w: str) -> str:
+    """Why PID or PATH `w` names no holder of yours."""
     from dltop.actions import holder
 
-    return holder.holder_at(pid) is not None
+    theirs = " (another user's holder: only its owner or root may unlock it)" if w.isdigit() and (
+        holder.holder_at(int(w)) is not None) else ""
+    return f"unlock: no lock of yours held as {printable(w)}{theirs}; dltop lock --list shows them"

@@ -1141,12 +1141,9 @@ class _Stub:
         import ctypes
         import mmap
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        from dltop.kernel import libc as c_library
+
+        libc = c_library()
         self.libc, self.size = libc, mmap.PAGESIZE
         addr = libc.mmap(None, self.size, mmap.PROT_READ | mmap.PROT_WRITE,
                          mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)

@@ -51,16 +51,12 @@ def _kind_cell(c: KindCache, part: CpuPart) -> str:
     """A kind's cache: its size, /N where N CPUs share each instance (/mixed where they differ), + where other
     kinds share it."""
     cell = size_text(c.size_bytes)
-    if c.cpus_per_instance and c.cpus_per_instance > 1 and c.cpus_per_instance != k_threads(part):
+    # a private cache of a 2-thread core is not shown as shared
+    if c.cpus_per_instance and c.cpus_per_instance > 1 and c.cpus_per_instance != (part.threads_per_core or 1):
         cell += f" /{c.cpus_per_instance}"
     elif c.cpus_per_instance is None:
         cell += " /mixed"
     return cell + "+" if c.shared_with else cell
-
-
-def k_threads(part: CpuPart) -> int:
-    """CPUs per core (SMT), so a private cache of a 2-thread core is not shown as shared."""
-    return part.threads_per_core or 1
 
 
 def cache_groups(part: CpuPart) -> list[tuple[str, CacheInstance, int, str]]:
@@ -136,8 +132,7 @@ def _fold_label(node: TopologyNode) -> str:
 def register_lines(part: CpuPart) -> list[str]:
     """CTR_EL0 as read, CLIDR_EL1/CCSIDR_EL1 as rebuilt, one line each."""
     r = part.registers
-    out = []
-    out.append(_ctr_line(r.ctr_el0))
+    out = [_ctr_line(r.ctr_el0)]
     if isinstance(r.clidr_el1, Unavailable):
         out.append(f"CLIDR_EL1   {r.clidr_el1}")
     else:
@@ -197,41 +192,33 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_text(part: CpuPart, root: str = "/", fold: bool = True) -> str:
     """The human report `dltop cpu` prints."""
-    lines = []
     where = "" if os.path.realpath(root) == "/" else f"sysroot {root}; "
-    lines.append(f"CPU cache topology ({where}{part.arch or 'arch unknown'}; {plural(len(part.cpus), 'CPU')}, "
-                 f"{len(part.online)} online)")
-    lines.append(f"Arrangement: {part.arrangement}: {part.arrangement_reason}")
-    lines.append("")
+    lines = [f"CPU cache topology ({where}{part.arch or 'arch unknown'}; {plural(len(part.cpus), 'CPU')}, "
+             f"{len(part.online)} online)", f"Arrangement: {part.arrangement}: {part.arrangement_reason}", ""]
     if part.core_kinds:
-        lines.append("Per core kind (/N: one instance shared by N CPUs; +: shared with other kinds; ?: not given)")
-        lines.extend(_table(*kind_table(part)))
-        lines.append("")
+        lines += ["Per core kind (/N: one instance shared by N CPUs; +: shared with other kinds; ?: not given)",
+                  *_table(*kind_table(part)), ""]
     if part.caches:
-        lines.append(f"Caches ({plural(len(part.caches), 'instance')})")
-        rows = [[name, c.type, size_text(c.size_bytes), _num(c.ways), _num(c.sets), _num(c.line_bytes),
-                 str(n), str(len(c.cpus)), cpus] for name, c, n, cpus in cache_groups(part)]
-        lines.extend(_table(["name", "type", "size", "ways", "sets", "line", "count", "cpus/inst", "cpus"], rows))
-        lines.append("")
-    lines.append("Tree")
-    lines.extend(tree_lines(part.tree, fold=fold))
-    lines.append("")
-    lines.append("Registers")
-    lines.extend("  " + x for x in register_lines(part))
-    if part.pmus:
-        lines.append("")
-        lines.append("Interconnect / uncore PMUs")
-        lines.extend(f"  {p.name}: {p.kind}" for p in part.pmus)
-    if part.flags:
-        lines.append("")
-        lines.append("Flags")
-        lines.extend(f"  ! {f.code}: {f.message}" for f in part.flags)
-    notes = part.notes()
-    if notes:
-        lines.append("")
-        lines.append("For DL work")
-        lines.extend(f"  - {n}" for n in notes)
-    return "\n".join(lines)
+        lines += [f"Caches ({plural(len(part.caches), 'instance')})", *_caches_table(part), ""]
+    lines += ["Tree", *tree_lines(part.tree, fold=fold), "", "Registers", *("  " + x for x in register_lines(part))]
+    return "\n".join(lines + _notes_sections(part))
+
+
+def _caches_table(part: CpuPart) -> list[str]:
+    rows = [[name, c.type, size_text(c.size_bytes), _num(c.ways), _num(c.sets), _num(c.line_bytes),
+             str(n), str(len(c.cpus)), cpus] for name, c, n, cpus in cache_groups(part)]
+    return _table(["name", "type", "size", "ways", "sets", "line", "count", "cpus/inst", "cpus"], rows)
+
+
+def _notes_sections(part: CpuPart) -> list[str]:
+    """The PMUs, the flags and the notes for DL work, each a section where there is any."""
+    lines: list[str] = []
+    for title, body in (("Interconnect / uncore PMUs", [f"  {p.name}: {p.kind}" for p in part.pmus]),
+                        ("Flags", [f"  ! {f.code}: {f.message}" for f in part.flags]),
+                        ("For DL work", [f"  - {n}" for n in part.notes()])):
+        if body:
+            lines += ["", title, *body]
+    return lines
 
 
 def _num(n: int | None) -> str:
