@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dltop.fmt import percent_text
 from dltop.hints.base import Hint, rule
 from dltop.model import MemoryPart, Snapshot, Unavailable
-from dltop.model.memory import Pressure
+from dltop.model.memory import CgroupMemory, Pressure
 
 
 def gib(n: float) -> str:
@@ -78,21 +78,20 @@ CGROUP_NEAR_LIMIT = 0.90
 def cgroup_near_limit(history: Sequence[Snapshot]) -> Hint | None:
     """The job's memory cgroup is close to memory.max: the container or Slurm job will be OOM-killed first."""
     mem = _memory_history(history)
-    if not mem:
-        return None
-    cg = mem[-1][1].cgroup
-    if cg is None or isinstance(cg, Unavailable) or not cg.max_bytes or cg.current_bytes is None:
+    cg = mem[-1][1].cgroup if mem else None
+    if not isinstance(cg, CgroupMemory) or not cg.max_bytes or cg.current_bytes is None:
         return None
     share = cg.current_bytes / cg.max_bytes
     if share < CGROUP_NEAR_LIMIT:
         return None
     file_part = f", of which page cache {gib(cg.file_bytes)}" if cg.file_bytes else ""
+    where = cg.limit_path or cg.path
     return Hint(
         id="cgroup-near-limit",
-        subject=f"cgroup {cg.limit_path or cg.path}",
+        subject=f"cgroup {where}",
         severity="critical" if share >= 0.97 else "warn",
         text=(
-            f"memory cgroup {cg.limit_path or cg.path} at {percent_text(100 * share)} of its limit "
+            f"memory cgroup {where} at {percent_text(100 * share)} of its limit "
             f"({gib(cg.current_bytes)} of {gib(cg.max_bytes)}{file_part}): this limit, not the machine's, "
             f"is what OOM-kills the job"
         ),

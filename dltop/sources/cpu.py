@@ -213,11 +213,8 @@ class _Tree:
             text = procfs.read_text(self.root / rel, max_bytes, encoding="utf-8")
         except FileNotFoundError:
             return None  # an attribute this kernel or firmware does not have
-        except OSError as e:
-            self.bad(rel, e.strerror or str(e))
-            return None
-        except ValueError as e:  # a NUL in a path built from a directory name
-            self.bad(rel, str(e))
+        except (OSError, ValueError) as e:  # ValueError: a NUL in a path built from a directory name
+            self.bad(rel, getattr(e, "strerror", None) or str(e))
             return None
         text = clean(text)
         return text or None

@@ -285,15 +285,9 @@ def read_disks(root: str = "/", problems: list[str] | None = None) -> tuple[Disk
             return Unavailable(why)
         if problems is not None:
             problems.append(why)
-    return _used_whole_disks(root, rows)
-
-
-def _used_whole_disks(root: str, rows: list[DiskStat]) -> tuple[DiskStat, ...]:
-    """The devices with any I/O since boot that are whole disks: those /sys/block lists (partitions are not)."""
-    used = [d for d in rows if d.reads or d.writes]
-    if not os.path.isdir(_path(root, "sys/block")):
-        return tuple(used)
-    return tuple(d for d in used if os.path.isdir(_path(root, "sys/block", d.name.replace("/", "!"))))
+    have_sys = os.path.isdir(_path(root, "sys/block"))  # whole disks are listed there, partitions are not
+    return tuple(d for d in rows if (d.reads or d.writes)
+                 and (not have_sys or os.path.isdir(_path(root, "sys/block", d.name.replace("/", "!")))))
 
 
 # v1 writes "no limit" as the page counter's maximum (LONG_MAX rounded down to a page: 9223372036854771712 with

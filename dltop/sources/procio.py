@@ -14,12 +14,12 @@ import os
 
 from dltop.model.probes import ProbesPart, ProcessProbe
 from dltop.probe.files import proc_start_ticks
+from dltop.procfs import MAX_COUNT, parse_count
 
 MAX_IO_FILE_BYTES = 4096  # /proc/PID/io is seven short lines
 MAX_CHILDREN_FILE_BYTES = 1 << 16
 MAX_TREE = 256  # processes summed per job: the process, its workers and theirs
 MAX_DEPTH = 3  # the process, its workers, what a worker starts
-MAX_COUNTER = (1 << 64) - 1  # the kernel's u64
 NEED = (b"rchar", b"read_bytes")
 
 
@@ -37,9 +37,10 @@ def parse_io(raw: bytes) -> tuple[int, int]:
             continue
         if key in found:
             raise Unreadable(f"{key.decode()} given twice")
-        if not value.isdigit() or not value.isascii() or len(value) > 20 or int(value) > MAX_COUNTER:
+        n = parse_count(value.decode("latin-1"))  # a byte past ASCII stays one: never a digit
+        if n is None:
             raise Unreadable(f"{key.decode()}: not a counter")
-        found[key] = int(value)
+        found[key] = n
     missing = [k.decode() for k in NEED if k not in found]
     if missing:
         raise Unreadable(f"no {' or '.join(missing)}")
@@ -134,7 +135,7 @@ def job_reads(pid: int, start_time_ticks: int, proc: str = "/proc") -> JobReads:
                 read_bytes, rchar, counted = read_bytes + r, rchar + c, counted + 1
                 below.append(child)
         level = below
-    return JobReads(min(read_bytes, MAX_COUNTER), min(rchar, MAX_COUNTER), counted)
+    return JobReads(min(read_bytes, MAX_COUNT), min(rchar, MAX_COUNT), counted)
 
 
 def with_job_reads(part: ProbesPart, root: str = "/") -> ProbesPart:
