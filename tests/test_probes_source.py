@@ -28,6 +28,7 @@ from dltop.probe.files import open_private_dir, proc_start_ticks, write_atomic
 from dltop.sources.probes import parse_probe, read_probes
 from dltop.sources.probes import source as probes_source
 from dltop.sources.procio import Unreadable, children, job_reads, parse_io, read_io
+from dltop.sources.rendezvous import ProbeDir, Rendezvous
 from tests.probe_helpers import REPO, probe_env
 
 ME = os.getuid()
@@ -66,6 +67,13 @@ def _write(pdir: Path, doc, name: str | None = None) -> Path:
 
 def _read(pdir: Path) -> ProbesPart:
     return read_probes([(str(pdir), ME)])
+
+
+def _probe_dirs(env: dict[str, str]) -> list[ProbeDir]:
+    """The probe folders this user may read, as ProbeReader finds them."""
+    r = Rendezvous("/proc", env=env)
+    r.refresh()
+    return r.dirs()
 
 
 def _only_ignored(part: ProbesPart) -> str:
@@ -483,8 +491,7 @@ def test_a_probe_in_another_pid_namespace_is_read_from_the_shared_dir(shared_dir
         from dltop.probe.files import pid_namespace
         host = next(int(p) for p in os.listdir("/proc") if p.isdigit() and pid_namespace("/proc", p) == int(pidns)
                     and f"NSpid:\t{p}\t1\n" in Path(f"/proc/{p}/status").read_text())
-        from dltop.sources.probes import default_dirs
-        dirs = default_dirs(env={"DLTOP_PROBE_DIR": str(shared_dir)})
+        dirs = _probe_dirs(env={"DLTOP_PROBE_DIR": str(shared_dir)})
         assert (str(sub), 65534, int(pidns)) in dirs
         part = read_probes(dirs)
         [found] = [p for p in part.processes if p.path == str(sub / "1.json")]
@@ -494,10 +501,11 @@ def test_a_probe_in_another_pid_namespace_is_read_from_the_shared_dir(shared_dir
         # at: the folders read come from the processes (the kernel's uid and namespace), not from names.
         fake = shared_dir / f"65534.{int(pidns) + 1}"
         fake.mkdir(mode=0o700)  # made by root here, standing in for any other uid
-        assert str(fake) not in [d[0] for d in default_dirs(env={"DLTOP_PROBE_DIR": str(shared_dir)})]
+        assert str(fake) not in [d[0] for d in _probe_dirs(env={"DLTOP_PROBE_DIR": str(shared_dir)})]
         # dltop as nobody sees only nobody's directories under the shared one
         r = subprocess.run([*NOBODY, sys.executable, "-c",
-                            "from dltop.sources.probes import default_dirs; print(default_dirs())"],
+                            "from dltop.sources.rendezvous import Rendezvous; r = Rendezvous(); r.refresh(); "
+                            "print(r.dirs())"],
                            env={**env, "DLTOP_PROBE_DIR": str(shared_dir)}, cwd=REPO, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert str(sub) in r.stdout

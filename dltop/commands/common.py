@@ -10,10 +10,12 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from dltop.errors import DltopError
 from dltop.fmt import EscapingWriter
+
+Number = TypeVar("Number", int, float)
 
 
 def _columns() -> int:
@@ -53,12 +55,28 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def non_negative_int(text: str) -> int:
     """An argparse type: a whole number, 0 or more."""
+    return _whole_number(text, 0)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number, 1 or more."""
+    return _whole_number(text, 1)
+
+
+def _whole_number(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be {low} or more: {text!r}")
+    return value
+
+
+def above_zero(value: Number, text: str, unit: str) -> Number:
+    """`value`, parsed from `text`, where it is more than 0; an argparse error naming `unit` otherwise."""
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 {unit}: {text!r}")
     return value
 
 
@@ -170,21 +188,15 @@ def add_tab_option(p: argparse.ArgumentParser, default: str) -> None:
                    help=f"open on this tab: {', '.join(TAB_NAMES)} {default}")
 
 
-def duration_seconds(text: str) -> float:
-    """An argparse type: a duration as the recorder reads one (90s, 10m, 1h, 7d)."""
+def _jump_seconds(text: str) -> float:
+    """An argparse type: a duration as the recorder reads one (90s, 10m, 1h, 7d), more than 0."""
     from dltop.recorder.times import parse_duration
 
     try:
-        return parse_duration(text)
+        value = parse_duration(text)
     except DltopError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _jump_seconds(text: str) -> float:
-    value = duration_seconds(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
-    return value
+    return above_zero(value, text, "seconds")
 
 
 @contextlib.contextmanager

@@ -15,23 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from dltop import kv
-from dltop.commands.common import non_negative_int
+from dltop.commands.common import above_zero, non_negative_int, positive_int
 from dltop.errors import DltopError, UsageError
 from dltop.fmt import parse_bytes, printable
 from dltop.model import Unavailable
 from dltop.model.gpu import GpuDevice, GpuPart, MigDevice
 
 _SHAPE_FLAGS = ("layers", "heads", "kv_heads", "head_dim", "dtype")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be 1 or more: {text!r}")
-    return value
 
 
 def _size(text: str) -> int:
@@ -42,10 +32,7 @@ def _size(text: str) -> int:
 
 
 def _positive_size(text: str) -> int:
-    n = _size(text)
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 bytes: {text!r}")
-    return n
+    return above_zero(_size(text), text, "bytes")
 
 
 def _fraction(text: str) -> float:
@@ -63,10 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("kv", help="KV-cache size of a model, and how many sequences fit on a GPU",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", help="a Hugging Face config.json (text_config is read too)")
-    p.add_argument("--layers", type=_positive_int, metavar="N", help="layers (without --config)")
-    p.add_argument("--heads", type=_positive_int, metavar="N", help="attention heads (without --config)")
-    p.add_argument("--kv-heads", type=_positive_int, metavar="N", help="KV heads (default: --heads)")
-    p.add_argument("--head-dim", type=_positive_int, metavar="N", help="head dimension (without --config)")
+    p.add_argument("--layers", type=positive_int, metavar="N", help="layers (without --config)")
+    p.add_argument("--heads", type=positive_int, metavar="N", help="attention heads (without --config)")
+    p.add_argument("--kv-heads", type=positive_int, metavar="N", help="KV heads (default: --heads)")
+    p.add_argument("--head-dim", type=positive_int, metavar="N", help="head dimension (without --config)")
     p.add_argument("--dtype", choices=[d for d in kv.KV_DTYPES if d != "auto"],
                    help="the model's dtype (without --config)")
     p.add_argument("--kv-dtype", choices=kv.KV_DTYPES, default="auto",
@@ -74,8 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--defaults", choices=kv.DEFAULTS, default="auto",
                    help="who fills what the config leaves to its model type: transformers' config class, dltop's "
                         "table, or auto (transformers where importable, else the table; the default)")
-    p.add_argument("--batch", type=_positive_int, default=1, metavar="N", help="sequences (default 1)")
-    p.add_argument("--seq", type=_positive_int, required=True, metavar="TOKENS", help="tokens per sequence")
+    p.add_argument("--batch", type=positive_int, default=1, metavar="N", help="sequences (default 1)")
+    p.add_argument("--seq", type=positive_int, required=True, metavar="TOKENS", help="tokens per sequence")
     p.add_argument("--gpu-mem", type=_positive_size, metavar="SIZE",
                    help="GPU memory, e.g. 80GiB or 85899345920: plan the KV pool (default: the memory total of "
                         "the one GPU NVML sees)")
@@ -106,30 +93,23 @@ def _shape_and_config(args: argparse.Namespace) -> tuple[kv.KvShape, dict[str, A
     missing = [f"--{f.replace('_', '-')}" for f in ("layers", "heads", "head_dim") if getattr(args, f) is None]
     if missing:
         raise UsageError(f"kv: give --config FILE, or the model's numbers (missing {', '.join(missing)})")
-    if args.kv_dtype != "auto":
-        dtype, source = args.kv_dtype, "--kv-dtype"
-    elif args.dtype:
-        dtype, source = args.dtype, "auto: --dtype"
-    else:
-        raise UsageError("kv: give --dtype (or --kv-dtype) with the model's numbers")
+    dtype, source = _flags_dtype(args)
     return kv.shape_from_flags(args.layers, args.heads, args.kv_heads, args.head_dim, dtype, source), None
+
+
+def _flags_dtype(args: argparse.Namespace) -> tuple[str, str]:
+    """The KV cache's dtype with the model's numbers given as flags, and which flag gave it."""
+    if args.kv_dtype != "auto":
+        return args.kv_dtype, "--kv-dtype"
+    if args.dtype:
+        return args.dtype, "auto: --dtype"
+    raise UsageError("kv: give --dtype (or --kv-dtype) with the model's numbers")
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the KV cache size (and the pool plan with --gpu-mem) as text or JSON."""
     shape, cfg = _shape_and_config(args)
-    if args.weights_dtype and args.weights_bytes is not None:
-        raise UsageError("kv: give --weights-bytes or --weights-dtype, not both")
-    weights: kv.Weights | str
-    if args.weights_bytes is not None:
-        weights = kv.Weights(args.weights_bytes, "--weights-bytes")
-    elif cfg is None:
-        weights = "no config to count parameters from: give --weights-bytes"
-    else:
-        try:
-            weights = kv.estimate_weights(cfg, args.weights_dtype, resolution=shape.defaults)
-        except kv.ConfigError as e:
-            weights = f"cannot count the parameters: {e}; give --weights-bytes"
+    weights = _weights(args, shape, cfg)
     if args.gpu is not None and args.gpu_mem is not None:
         raise UsageError("kv: give --gpu N or --gpu-mem SIZE, not both")
     gpu: tuple[int, str] | str = (args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else _gpu_memory(args.gpu)
@@ -144,6 +124,20 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else _text(shape, data, pool))
     sys.stdout.flush()
     return 0
+
+
+def _weights(args: argparse.Namespace, shape: kv.KvShape, cfg: dict[str, Any] | None) -> kv.Weights | str:
+    """The weights' bytes: --weights-bytes, else estimated from the config; or why not."""
+    if args.weights_dtype and args.weights_bytes is not None:
+        raise UsageError("kv: give --weights-bytes or --weights-dtype, not both")
+    if args.weights_bytes is not None:
+        return kv.Weights(args.weights_bytes, "--weights-bytes")
+    if cfg is None:
+        return "no config to count parameters from: give --weights-bytes"
+    try:
+        return kv.estimate_weights(cfg, args.weights_dtype, resolution=shape.defaults)
+    except kv.ConfigError as e:
+        return f"cannot count the parameters: {e}; give --weights-bytes"
 
 
 def _gpu_memory(index: int | None) -> tuple[int, str] | str:
@@ -181,18 +175,23 @@ def _the_gpu(part: GpuPart | Unavailable, index: int | None, visible: str) -> Gp
     """GPU `index` of NVML's; with no index, the one GPU it sees (or the MIG instance CUDA_VISIBLE_DEVICES
     names), else why there is none to take."""
     if index is None:
-        if isinstance(part, Unavailable):
-            return f"no --gpu-mem given, and no GPU to read it from: {part.reason}"
-        named = [g for g in part if visible and _mig_named(g, visible)]
-        if len(part) != 1 and not named:
-            return f"no --gpu-mem given, and NVML sees {len(part)} GPUs: pick one with --gpu N"
-        return named[0] if named else part[0]
+        return _only_gpu(part, visible)
     if isinstance(part, Unavailable):
         raise DltopError(f"kv: --gpu {index}: NVML cannot be used: {part.reason}; pass --gpu-mem SIZE instead")
     if index >= len(part):
         raise UsageError(f"kv: --gpu {index}: NVML sees {len(part)} GPU{'s' if len(part) != 1 else ''} "
                          f"(0 to {len(part) - 1})")
     return part[index]
+
+
+def _only_gpu(part: GpuPart | Unavailable, visible: str) -> GpuDevice | str:
+    """The one GPU NVML sees (or the one with the MIG instance CUDA_VISIBLE_DEVICES names), else why none."""
+    if isinstance(part, Unavailable):
+        return f"no --gpu-mem given, and no GPU to read it from: {part.reason}"
+    named = [g for g in part if visible and _mig_named(g, visible)]
+    if len(part) != 1 and not named:
+        return f"no --gpu-mem given, and NVML sees {len(part)} GPUs: pick one with --gpu N"
+    return named[0] if named else part[0]
 
 
 def _visible_mig() -> str:
@@ -214,22 +213,29 @@ def _mig_named(g: GpuDevice, visible: str) -> MigDevice | None:
 def _mig_memory(g: GpuDevice, label: str, visible: str, refuse: Callable[[str], str]) -> tuple[int, str] | str:
     """The memory of the MIG instance of `g` this process sees: the one CUDA_VISIBLE_DEVICES names, or the only
     one; otherwise a refusal (the whole GPU's total is more than any process on it can have)."""
-    chosen = _mig_named(g, visible) if visible else None
-    how = "the instance CUDA_VISIBLE_DEVICES names"
-    if chosen is None and visible:
-        return refuse(f"CUDA_VISIBLE_DEVICES names {printable(visible)}, which is not a MIG instance of {label}")
-    if chosen is None:
-        if len(g.mig_devices) != 1:
-            names = ", ".join(printable(m.name or m.uuid or f"instance {m.mig_index}") for m in g.mig_devices)
-            return refuse(f"{label} is in MIG mode with {len(g.mig_devices)} instances ({names or 'none'}): a "
-                          "process gets one instance's memory, not the GPU's; set CUDA_VISIBLE_DEVICES=MIG-<uuid> "
-                          "to plan against one")
-        chosen, how = g.mig_devices[0], "its only instance"
+    got = _mig_instance(g, label, visible)
+    if isinstance(got, str):
+        return refuse(got)
+    chosen, how = got
     what = f"MIG {printable(chosen.name or 'instance')} ({printable(chosen.uuid or 'UUID unknown')}) of {label}, {how}"
     if chosen.memory_total_bytes is None:
         why = chosen.unavailable.get("memory_total_bytes") or next(iter(chosen.unavailable.values()), "not read")
         return refuse(f"{what} has no memory total: {why}")
     return chosen.memory_total_bytes, f"{what}: NVML's memory total"
+
+
+def _mig_instance(g: GpuDevice, label: str, visible: str) -> tuple[MigDevice, str] | str:
+    """(the MIG instance of `g` this process sees, how it was chosen), or why there is no one instance."""
+    if visible:
+        chosen = _mig_named(g, visible)
+        if chosen is None:
+            return f"CUDA_VISIBLE_DEVICES names {printable(visible)}, which is not a MIG instance of {label}"
+        return chosen, "the instance CUDA_VISIBLE_DEVICES names"
+    if len(g.mig_devices) != 1:
+        names = ", ".join(printable(m.name or m.uuid or f"instance {m.mig_index}") for m in g.mig_devices)
+        return (f"{label} is in MIG mode with {len(g.mig_devices)} instances ({names or 'none'}): a process gets "
+                "one instance's memory, not the GPU's; set CUDA_VISIBLE_DEVICES=MIG-<uuid> to plan against one")
+    return g.mig_devices[0], "its only instance"
 
 
 def _result(shape: kv.KvShape, args: argparse.Namespace, weights: kv.Weights | str,

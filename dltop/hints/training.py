@@ -10,7 +10,7 @@ from dltop.fmt import human_bytes, percent_text
 from dltop.hints.base import Hint, Severity, rule, wanted
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetsPart
-from dltop.model.probes import ProbesPart, ProcessProbe, exit_text, jobs_first, waited_for
+from dltop.model.probes import ProbeEpoch, ProbesPart, ProcessProbe, exit_text, jobs_first, waited_for
 
 WARMING_RATIO = 1.5  # epoch 0 this many times longer than epoch 1 ...
 WARMING_WAIT_SHARE = 0.5  # ... with at least this share of the difference in the data wait
@@ -85,28 +85,19 @@ def page_cache_warming(history: Sequence[Snapshot]) -> Hint | None:
     """Epoch 1 much faster than epoch 0, the difference mostly data wait: the first epoch read the dataset from
     disk into the page cache."""
     for p in _ordered(history[-1], "training-page-cache-warming"):
-        by_index = {e.index: e for e in p.epochs}
-        e0, e1 = by_index.get(0), by_index.get(1)
-        if e0 is None or e1 is None or e1.duration_s <= 0 or e0.duration_s < WARMING_RATIO * e1.duration_s:
+        epochs = _warming_epochs(p)
+        if epochs is None:
             continue
-        gained, waited_less = e0.duration_s - e1.duration_s, e0.data_wait_s - e1.data_wait_s
-        if waited_less < WARMING_WAIT_SHARE * gained:
-            continue  # not the data: compile, autotune, a warm-up schedule
+        e0, e1 = epochs
         cached = e0.data_cached_delta_bytes  # the job's own data in the page cache, not the machine's Cached
         grew = f", its data in the page cache grew {human_bytes(cached)}" if cached is not None and cached > 0 else ""
-        if p.data_dir is None:
-            fix = "warm the dataset before training (dltop warm DIR, or w on the Datasets tab)"
-        elif (watched := _watched_dataset(history, p.data_dir)) is not None:
-            fix = f"warm {watched} before training: w on its row in the Datasets tab, or dltop warm {watched}"
-        else:
-            fix = f"warm {p.data_dir} before training: dltop warm {p.data_dir} (or a on the Datasets tab, then w)"
         return Hint(
             id="training-page-cache-warming", subject=_job(p),
             severity="info",
             text=(f"{_who(p)}: epoch 0 took {e0.duration_s:.1f}s, epoch 1 {e1.duration_s:.1f}s; epoch 0 waited "
                   f"{e0.data_wait_s:.1f}s for data, epoch 1 {e1.data_wait_s:.1f}s{grew}: the first epoch was "
                   "warming the page cache"),
-            fix=fix,
+            fix=_warm_fix(history, p.data_dir),
             numbers={"pid": p.pid, "epoch0_s": e0.duration_s, "epoch1_s": e1.duration_s,
                      "epoch0_wait_s": e0.data_wait_s, "epoch1_wait_s": e1.data_wait_s,
                      **({} if cached is None else {"data_cached_delta_bytes": cached})},
@@ -114,18 +105,38 @@ def page_cache_warming(history: Sequence[Snapshot]) -> Hint | None:
     return None
 
 
+def _warming_epochs(p: ProcessProbe) -> tuple[ProbeEpoch, ProbeEpoch] | None:
+    """Epochs 0 and 1 where epoch 1 was much faster, the difference mostly data wait; else None."""
+    by_index = {e.index: e for e in p.epochs}
+    e0, e1 = by_index.get(0), by_index.get(1)
+    if e0 is None or e1 is None or e1.duration_s <= 0 or e0.duration_s < WARMING_RATIO * e1.duration_s:
+        return None
+    gained, waited_less = e0.duration_s - e1.duration_s, e0.data_wait_s - e1.data_wait_s
+    if waited_less < WARMING_WAIT_SHARE * gained:
+        return None  # not the data: compile, autotune, a warm-up schedule
+    return e0, e1
+
+
+def _warm_fix(history: Sequence[Snapshot], data_dir: str | None) -> str:
+    if data_dir is None:
+        return "warm the dataset before training (dltop warm DIR, or w on the Datasets tab)"
+    watched = _watched_dataset(history, data_dir)
+    if watched is not None:
+        return f"warm {watched} before training: w on its row in the Datasets tab, or dltop warm {watched}"
+    return f"warm {data_dir} before training: dltop warm {data_dir} (or a on the Datasets tab, then w)"
+
+
 def _busiest_disk(history: Sequence[Snapshot]) -> tuple[str, float] | None:
     """The disk busiest over the window and its %util (iostat -x's: the share of the time it had I/O in flight):
     named beside a decode-bound verdict, since another job may load it."""
-    mems = [s for s in history if isinstance(s.memory, MemoryPart) and isinstance(s.memory.disks, tuple)]
-    if len(mems) < 2 or mems[-1].ts <= mems[0].ts:
+    disks = [(s.ts, s.memory.disks) for s in history
+             if isinstance(s.memory, MemoryPart) and isinstance(s.memory.disks, tuple)]
+    if len(disks) < 2 or disks[-1][0] <= disks[0][0]:
         return None
-    first, last = mems[0], mems[-1]
-    assert isinstance(first.memory, MemoryPart) and isinstance(last.memory, MemoryPart)
-    assert isinstance(first.memory.disks, tuple) and isinstance(last.memory.disks, tuple)
-    before = {d.name: d for d in first.memory.disks}
-    dt_ms = (last.ts - first.ts) * 1000
-    utils = [(d.name, min(100.0, 100 * (d.io_time_ms - p.io_time_ms) / dt_ms)) for d in last.memory.disks
+    (t0, first), (t1, last) = disks[0], disks[-1]
+    before = {d.name: d for d in first}
+    dt_ms = (t1 - t0) * 1000
+    utils = [(d.name, min(100.0, 100 * (d.io_time_ms - p.io_time_ms) / dt_ms)) for d in last
              if (p := before.get(d.name)) is not None and d.io_time_ms >= p.io_time_ms]
     return max(utils, key=lambda nu: nu[1], default=None)
 
@@ -140,17 +151,28 @@ def _job_reads(history: Sequence[Snapshot], p: ProcessProbe) -> tuple[int, int, 
     pairs = 0
     prev: tuple[int, int, float] | None = None
     for s in history:
-        q = next((x for x in _probes(s) if (x.pid, x.start_time_ticks) == key), None)
-        if q is None or q.io_read_bytes is None or q.io_rchar_bytes is None:
+        io = _io_counters(s, key)
+        if io is None:
             continue
-        if prev is not None and q.io_read_bytes >= prev[0] and q.io_rchar_bytes >= prev[1] and s.ts > prev[2]:
-            storage += q.io_read_bytes - prev[0]
-            total += q.io_rchar_bytes - prev[1]
+        if prev is not None and io[0] >= prev[0] and io[1] >= prev[1] and s.ts > prev[2]:
+            storage += io[0] - prev[0]
+            total += io[1] - prev[1]
             span_s += s.ts - prev[2]
             pairs += 1
-        prev = (q.io_read_bytes, q.io_rchar_bytes, s.ts)
-    if pairs:
-        return storage, total, span_s
+        prev = (*io, s.ts)
+    return (storage, total, span_s) if pairs else _no_reads(p)
+
+
+def _io_counters(s: Snapshot, key: tuple[int, int]) -> tuple[int, int] | None:
+    """(read_bytes, rchar) of the process `key` (pid, start time) in `s`, where it has them."""
+    q = next((x for x in _probes(s) if (x.pid, x.start_time_ticks) == key), None)
+    if q is None or q.io_read_bytes is None or q.io_rchar_bytes is None:
+        return None
+    return q.io_read_bytes, q.io_rchar_bytes
+
+
+def _no_reads(p: ProcessProbe) -> str:
+    """Why the job's reads over the window are not known."""
     if p.io_unavailable:
         return p.io_unavailable
     if p.io_read_bytes is None:
@@ -208,9 +230,7 @@ def stalled(history: Sequence[Snapshot]) -> Hint | None:
     in uninterruptible IO, exited: the kernel's word), that rank is named and the others wait for it. The
     viewer's jobs first (`jobs_first`)."""
     snap = history[-1]
-    jobs = [(members, hung) for members in _jobs(snap)
-            if (hung := [p for p in members if p.stalled and p.last_step_age_s is not None])
-            and wanted("training-stalled", _job(members[0]))]
+    jobs = _stalled_jobs(snap)
     if not jobs:
         return None
     members, hung = jobs[0]
@@ -220,6 +240,16 @@ def stalled(history: Sequence[Snapshot]) -> Hint | None:
     if cause:
         return _waiting_for(snap, cause[0], [p for p in hung if p is not cause[0]], more)
     return _stalled_alone(snap, hung, more)
+
+
+def _stalled_jobs(snap: Snapshot) -> list[tuple[list[ProcessProbe], list[ProcessProbe]]]:
+    """(its ranks, those of them stalled) of each job with a stalled rank, the viewer's first."""
+    jobs = []
+    for members in _jobs(snap):
+        hung = [p for p in members if p.stalled and p.last_step_age_s is not None]
+        if hung and wanted("training-stalled", _job(members[0])):
+            jobs.append((members, hung))
+    return jobs
 
 
 def _stalled_alone(snap: Snapshot, hung: list[ProcessProbe], more: str) -> Hint:
@@ -240,11 +270,13 @@ def _stalled_alone(snap: Snapshot, hung: list[ProcessProbe], more: str) -> Hint:
 
 def _waiting_for(snap: Snapshot, q: ProcessProbe, waiting: list[ProcessProbe], more: str) -> Hint:
     """The rank `q` cannot step (the kernel says why) and the ranks `waiting` wait for it."""
-    state = q.kernel_state if not q.exited else f"exited: {exit_text(q)}"
+    if not q.exited:
+        state, fix = q.kernel_state, HALTED_FIX.get(q.proc_state or "", EXITED_FIX).format(pid=q.pid)
+    else:
+        state, fix = f"exited: {exit_text(q)}", EXITED_FIX
     them = ", ".join(_who(p) for p in waiting)
     waits = f"; {them} wait{'s' if len(waiting) == 1 else ''} for it" if waiting else ""
     age = max([p.last_step_age_s or 0.0 for p in waiting] or [q.last_step_age_s or 0.0])
-    fix = EXITED_FIX if q.exited else HALTED_FIX.get(q.proc_state or "", EXITED_FIX).format(pid=q.pid)
     return Hint(id="training-stalled", severity="warn", subject=_job(q),
                 text=f"{_owner(q, snap)}{_who(q)} {state}: no step for {age:.0f}s{waits}{more}",
                 fix=fix, numbers={"pid": q.pid, "last_step_age_s": age, "waiting": len(waiting)})
@@ -264,9 +296,14 @@ def data_wait_high(history: Sequence[Snapshot]) -> Hint | None:
     head = f"{_who(p)} waits for data {percent_text(100 * fraction)} of each step"
     numbers: dict[str, float] = {"pid": p.pid, "data_wait_fraction": fraction}
     reads = _job_reads(history, p)
-    disk = _busiest_disk(history)
     if isinstance(reads, str):
         return _wait_without_io(p, head, reads, numbers)
+    return _wait_with_io(p, head, numbers, reads, _busiest_disk(history))
+
+
+def _wait_with_io(p: ProcessProbe, head: str, numbers: dict[str, float], reads: tuple[int, int, float],
+                  disk: tuple[str, float] | None) -> Hint:
+    """The data wait of a job whose reads are known: IO bound where most come from storage, else decode bound."""
     storage, total, span_s = reads
     share = storage / max(total, storage) if max(total, storage) > 0 else 0.0
     numbers.update(io_read_bytes=storage, io_rchar_bytes=total, io_window_s=span_s, io_storage_share=share)

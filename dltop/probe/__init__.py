@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from dltop.probe.files import (
@@ -442,17 +442,14 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
     "train", the first name given), e.g. `track(val_loader, name="val")`: its steps are not the epochs'.
     `batch_size` and `tokens`: the samples and tokens in each item, a number or a function of the item
     (default batch_size: the DataLoader's `batch_size`), for samples/s and tokens/s (the main loader's)."""
-    wanted = (MAIN_LOADER if name is None else str(name))[:MAX_LOADER_NAME]
-    if state.main_loader is None:
-        state.main_loader = wanted
+    wanted = _loader_name(name)
     if wanted != state.main_loader:
         yield from _other_loader(iterable, wanted)
         return
     d = state.data
-    how = _describe_loader(d, iterable, data_dir, batch_size, tokens)
-    # A batch size that is one number and no tokens (a DataLoader's own): counted inline, no call a step
-    fixed = how[0] if type(how[0]) is int and how[0] >= 0 and how[1] is None else None
-    counting = fixed is None and (how[0] is not None or how[1] is not None)
+    _describe_loader(d, iterable, data_dir)
+    how = _counts_of(d, iterable, batch_size, tokens)
+    fixed, counting = _counting(how)
     # Measured before iter(): a DataLoader's workers start reading ahead as soon as it is called.
     data0 = _data_cached(d.data_dir) if not d.epoch_open else None
     it = iter(iterable)
@@ -486,10 +483,23 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
             t0 = clock()
 
 
-def _describe_loader(d: _Data, iterable: Any, data_dir: str | None, batch_size: Count | None,
-                     tokens: Count | None) -> list[Count | None]:
-    """What the main loader says of itself (workers, pinned memory, its folder), and how its items are counted:
-    [samples, tokens] (batch_size defaults to a DataLoader's own), their totals started where they are counted."""
+def _loader_name(name: str | None) -> str:
+    """The loader's name as published; the first one named (default "train") is the main loader."""
+    wanted = (MAIN_LOADER if name is None else str(name))[:MAX_LOADER_NAME]
+    if state.main_loader is None:
+        state.main_loader = wanted
+    return wanted
+
+
+def _counting(how: list[Count | None]) -> tuple[int | None, bool]:
+    """How track() counts each item: (a batch size that is one number and no tokens, a DataLoader's own: counted
+    inline, no call a step; else None), and whether _count() is called for it."""
+    fixed = how[0] if type(how[0]) is int and how[0] >= 0 and how[1] is None else None
+    return fixed, fixed is None and (how[0] is not None or how[1] is not None)
+
+
+def _describe_loader(d: _Data, iterable: Any, data_dir: str | None) -> None:
+    """What the main loader says of itself: its workers, pinned memory and folder."""
     d.seen = d.explicit = True
     workers = getattr(iterable, "num_workers", None)
     if isinstance(workers, int):
@@ -499,6 +509,11 @@ def _describe_loader(d: _Data, iterable: Any, data_dir: str | None, batch_size: 
     where = data_dir or _dataset_root(iterable)
     if where:
         d.data_dir = os.path.abspath(where)[:MAX_CMD]
+
+
+def _counts_of(d: _Data, iterable: Any, batch_size: Count | None, tokens: Count | None) -> list[Count | None]:
+    """How the main loader's items are counted: [samples, tokens] (batch_size defaults to a DataLoader's own),
+    their totals started where they are counted."""
     if batch_size is None:
         size = getattr(iterable, "batch_size", None)  # a DataLoader's (None with a batch_sampler)
         batch_size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
@@ -682,19 +697,19 @@ def _kv_tensors(obj: Any, depth: int = 0) -> Iterator[Any]:
     if _is_tensor(obj):
         yield obj
         return
+    for child in _kv_children(obj):
+        yield from _kv_tensors(child, depth + 1)
+
+
+def _kv_children(obj: Any) -> Sequence[Any]:
+    """What a KV cache object holds: its layers' keys and values (5.x), its key_cache and value_cache (4.5x), or
+    the items of a list or tuple."""
     layers = getattr(obj, "layers", None)
     if isinstance(layers, list | tuple):
-        for layer in layers:
-            for attr in ("keys", "values"):
-                yield from _kv_tensors(getattr(layer, attr, None), depth + 1)
-        return
+        return [getattr(layer, attr, None) for layer in layers for attr in ("keys", "values")]
     if hasattr(obj, "key_cache") or hasattr(obj, "value_cache"):
-        for attr in ("key_cache", "value_cache"):
-            yield from _kv_tensors(getattr(obj, attr, None), depth + 1)
-        return
-    if isinstance(obj, list | tuple):
-        for x in obj:
-            yield from _kv_tensors(x, depth + 1)
+        return [getattr(obj, "key_cache", None), getattr(obj, "value_cache", None)]
+    return obj if isinstance(obj, list | tuple) else ()
 
 
 def _live(refs: list[weakref.ref[Any]]) -> list[Any]:
@@ -722,22 +737,17 @@ def _model_bytes(sums: dict[tuple[Any, str], int]) -> None:
     """The watched models' weights (parameters and buffers) and gradients, into `sums`."""
     counted: set[int] = set()  # a submodule watched beside its parent (zero-code mode's .to hook) counts once
     for model in _live(state.models):
-        for p in model.parameters():
-            if id(p) in counted:
-                continue
-            counted.add(id(p))
-            key = (p.device, "weights_bytes")
-            sums[key] = sums.get(key, 0) + p.numel() * p.element_size()
-            g = p.grad
-            if g is not None:
-                key = (g.device, "gradients_bytes")
-                sums[key] = sums.get(key, 0) + g.numel() * g.element_size()
-        for b in model.buffers():
-            if id(b) in counted:
-                continue
-            counted.add(id(b))
-            key = (b.device, "weights_bytes")
-            sums[key] = sums.get(key, 0) + b.numel() * b.element_size()
+        for tensors, with_grad in ((model.parameters(), True), (model.buffers(), False)):
+            for t in tensors:
+                if id(t) in counted:
+                    continue
+                counted.add(id(t))
+                key = (t.device, "weights_bytes")
+                sums[key] = sums.get(key, 0) + t.numel() * t.element_size()
+                g = t.grad if with_grad else None
+                if g is not None:
+                    key = (g.device, "gradients_bytes")
+                    sums[key] = sums.get(key, 0) + g.numel() * g.element_size()
 
 
 def _optimizer_bytes(sums: dict[tuple[Any, str], int], tensor_type: Any) -> None:
@@ -880,19 +890,15 @@ def _cmdline() -> str:
         return " ".join(sys.argv)[:MAX_CMD]
 
 
-def _data_report(d: _Data | None = None) -> dict[str, Any] | None:
-    d = state.data if d is None else d
+def _data_report(d: _Data) -> dict[str, Any] | None:
     if not d.seen:
         return None
-    now, n, mask = time.perf_counter_ns(), d.n, RING - 1
+    now, n = time.perf_counter_ns(), d.n
     # As they are now (the loop goes on writing the ring), newest first.
     waits, steps, ends = list(d.waits), list(d.steps_ns), list(d.ends_ns)
-    order = [(n - 1 - k) & mask for k in range(min(n, RING))]
+    order = [(n - 1 - k) & (RING - 1) for k in range(min(n, RING))]
     last = next((steps[i] for i in order if steps[i]), None)
-    # The window: the steps that ended within WINDOW_S (or two of the newest step's time, if longer); a loop that
-    # stopped has none in it, so its old numbers do not stay on screen as if they were current.
-    since = now - max(int(WINDOW_S * 1e9), 2 * (last or 0))
-    recent = [i for i in itertools.takewhile(lambda i: ends[i] >= since, order) if steps[i]]
+    recent = _recent(order, steps, ends, now - max(int(WINDOW_S * 1e9), 2 * (last or 0)))
     return {
         "steps": n,
         "recent_steps": len(recent),
@@ -908,6 +914,12 @@ def _data_report(d: _Data | None = None) -> dict[str, Any] | None:
         "data_dir": d.data_dir,
         **_recent_counts(d, recent),
     }
+
+
+def _recent(order: list[int], steps: list[int], ends: list[int], since: int) -> list[int]:
+    """The steps that ended since `since` (the window: WINDOW_S, or two of the newest step's time if longer), of
+    the ring's `order`; a loop that stopped has none, so its old numbers do not stay on screen as if current."""
+    return [i for i in itertools.takewhile(lambda i: ends[i] >= since, order) if steps[i]]
 
 
 def _recent_counts(d: _Data, recent: list[int]) -> dict[str, int]:
@@ -973,12 +985,9 @@ def report(fresh: bool = True) -> dict[str, Any]:
     the last tensor count while the duty cycle says so; `tensors_counted_at` says when it was made."""
     torch = _torch()
     devices, cudnn, compile_counters = _torch_report(torch, fresh) if torch is not None else ({}, None, None)
-    pid = os.getpid()
-    if state.identity is None or state.identity[0] != pid:  # read once per process (a fork has its own)
-        state.identity = (pid, proc_start_ticks(pid), _cmdline())
-    _, start_ticks, cmd = state.identity
+    pid, start_ticks, cmd = _identity()
     rank, world = _rank_and_world()
-    return {
+    doc = {
         "format": FORMAT,
         "pid": pid,
         "start_time_ticks": start_ticks,
@@ -1000,15 +1009,22 @@ def report(fresh: bool = True) -> dict[str, Any]:
         "allocator_env": {k: os.environ[k] for k in ALLOC_ENV if k in os.environ},
         "cudnn": cudnn,
         "compile": compile_counters,
-        "data": _data_report(),
-        **({"loss": loss} if (loss := _loss_report()) is not None else {}),
-        **({"loaders": _loaders_report()} if state.loaders else {}),
+        "data": _data_report(state.data),
         "epochs": list(state.epochs),
-        **({"optimizer_steps": state.optimizer_steps} if state.optimizer_steps is not None else {}),
         "gpu_util_source": GPU_UTIL_SOURCE,
-        **({"exit": state.exit} if state.exit is not None else {}),
-        **({"folder_refused": state.folder_refused} if state.folder_refused is not None else {}),
     }
+    optional = {"loss": _loss_report(), "loaders": _loaders_report() if state.loaders else None,
+                "optimizer_steps": state.optimizer_steps, "exit": state.exit, "folder_refused": state.folder_refused}
+    doc.update((key, value) for key, value in optional.items() if value is not None)
+    return doc
+
+
+def _identity() -> tuple[int, int | None, str]:
+    """(pid, start time in ticks, command line), read once per process (a fork has its own)."""
+    pid = os.getpid()
+    if state.identity is None or state.identity[0] != pid:
+        state.identity = (pid, proc_start_ticks(pid), _cmdline())
+    return state.identity
 
 
 def _torch_report(torch: Any, fresh: bool) -> tuple[dict[str, dict[str, Any]], dict[str, bool] | None, Any]:

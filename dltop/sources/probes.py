@@ -18,8 +18,8 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from dltop.config import Settings
 from dltop.model.probes import (
@@ -65,17 +65,11 @@ MAX_EXITED = 8  # exited processes kept per user (the newest): older ones are li
 EXIT_HOWS = ("exit", "exception")
 
 
+T = TypeVar("T")
+
+
 class Malformed(ValueError):
     """A probe file that is JSON but not of format 1's shape."""
-
-
-def default_dirs(uid: int | None = None, env: dict[str, str] | None = None, root: str = "/") -> list[ProbeDir]:
-    """(directory, the uid that must own it[, the PID namespace of its pids]) for every probe folder this user
-    may read, derived from the users that run processes here (rendezvous.py), never from a listing of a folder
-    anyone can write."""
-    r = Rendezvous(os.path.join(root, "proc"), me=uid, env=env)
-    r.refresh()
-    return r.dirs()
 
 
 # Bounds on what a probe may claim: anything outside is another user's typo or attack, not a measurement.
@@ -96,7 +90,7 @@ _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 def nesting_depth(raw: bytes, limit: int) -> int:
     """How deep `raw` (JSON) nests arrays and objects, counting up to `limit` + 1: checked before parsing, so a
     file of 4,000 '[' costs a scan, never a RecursionError in the parser. Strings are cut out and the rest
-    reduced to its brackets in C first: 30 us for a 1.4 KiB probe file, where a byte-by-byte loop took 90 us."""
+    reduced to its brackets in C first (a byte-by-byte loop took three times as long)."""
     depth = deepest = 0
     for b in _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET):
         if b in (0x5B, 0x7B):
@@ -139,6 +133,19 @@ class _Fields:
         if not optional:
             raise Malformed(f"{self._path(key)}: {why}")
         self.notes[self._path(key)] = f"{self._path(key)}: {why}"
+
+    def check(self) -> None:
+        """Raise Malformed with the first field that failed."""
+        if self.notes:
+            raise Malformed(next(iter(self.notes.values())))
+
+    def sub(self, key: str) -> _Fields:
+        """The fields of the object at `key` (none when it is absent or not an object), noted where these are."""
+        return _Fields(self.get(key, dict, optional=True) or {}, self._path(key), self.notes)
+
+    def array(self, key: str) -> list[Any]:
+        """The array at `key`: empty where it is absent or no array (noted)."""
+        return self.get(key, list, optional=True) or []
 
     def get(self, key: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
         value = self.doc.get(key)
@@ -185,33 +192,35 @@ class _Fields:
         return value  # type: ignore[no-any-return]
 
 
-def _device(name: str, d: Any, notes: dict[str, str]) -> ProbeDevice | None:
-    """One device's numbers, or None (with a note) when one of them cannot be believed."""
-    where = f"devices.{name}"
-    if not isinstance(d, dict):
-        notes[where] = f"{where} ignored: expected an object"
-        return None
-    f = _Fields(d, where, {})
-    try:
-        stats = _memory_stats(d.get("memory_stats") or {}, where)
-        sizes = {key: f.count(key, optional=True, high=MAX_BYTES) for key in
-                 ("weights_bytes", "gradients_bytes", "optimizer_bytes", "kv_bytes")}
-        pci = f.get("pci_bus_id", str, optional=True)
-        if pci is not None and not PCI_ADDRESS.fullmatch(pci):
-            raise Malformed(f"{where}.pci_bus_id: not a PCI address (domain:bus:device.function in hex)")
-        runtime = f.get("runtime", str, optional=True)
-        if runtime not in (None, "cuda", "hip"):
-            raise Malformed(f"{where}.runtime: expected cuda or hip")
-        if f.notes:
-            raise Malformed(next(iter(f.notes.values())))
-        return ProbeDevice(device=name, weights_bytes=sizes["weights_bytes"] or 0,
-                           gradients_bytes=sizes["gradients_bytes"] or 0,
-                           optimizer_bytes=sizes["optimizer_bytes"] or 0, kv_bytes=sizes["kv_bytes"] or 0,
-                           memory_stats={str(k): v for k, v in stats.items()},
-                           uuid=f.get("uuid", str, optional=True), pci_bus_id=pci, runtime=runtime)
-    except Malformed as e:
-        notes[where] = f"{where} left out: {str(e).removeprefix(where + '.')}"
-        return None
+def _believed(items: Iterable[tuple[str, Any]], notes: dict[str, str], build: Callable[[_Fields], T]) -> tuple[T, ...]:
+    """What `build` makes of each (path, object); one that is no object, or has a number that cannot be believed,
+    is left out with a note."""
+    out = []
+    for where, d in items:
+        if not isinstance(d, dict):
+            notes[where] = f"{where} ignored: expected an object"
+            continue
+        try:
+            out.append(build(_Fields(d, where, {})))
+        except Malformed as e:
+            notes[where] = f"{where} left out: {str(e).removeprefix(where + '.')}"
+    return tuple(out)
+
+
+def _device(f: _Fields) -> ProbeDevice:
+    """One device's numbers; Malformed when one of them cannot be believed."""
+    stats = _memory_stats(f.doc.get("memory_stats") or {}, f.where)
+    sizes = {key: f.count(key, optional=True, high=MAX_BYTES) or 0 for key in _TOTALS}
+    pci = f.get("pci_bus_id", str, optional=True)
+    if pci is not None and not PCI_ADDRESS.fullmatch(pci):
+        raise Malformed(f"{f.where}.pci_bus_id: not a PCI address (domain:bus:device.function in hex)")
+    runtime = f.get("runtime", str, optional=True)
+    if runtime not in (None, "cuda", "hip"):
+        raise Malformed(f"{f.where}.runtime: expected cuda or hip")
+    f.check()
+    return ProbeDevice(device=f.where.removeprefix("devices."), **sizes,
+                       memory_stats={str(k): v for k, v in stats.items()},
+                       uuid=f.get("uuid", str, optional=True), pci_bus_id=pci, runtime=runtime)
 
 
 def _memory_stats(stats: Any, where: str) -> dict[Any, int]:
@@ -222,34 +231,24 @@ def _memory_stats(stats: Any, where: str) -> dict[Any, int]:
     return stats
 
 
-def _epoch(i: int, e: Any, notes: dict[str, str]) -> ProbeEpoch | None:
-    """One closed epoch, or None (with a note) when one of its numbers cannot be believed."""
-    where = f"epochs[{i}]"
-    if not isinstance(e, dict):
-        notes[where] = f"{where} ignored: expected an object"
-        return None
-    f = _Fields(e, where, {})
-    try:
-        epoch = ProbeEpoch(index=f.count("index") or 0, started_at=f.time("started_at") or 0.0,
-                           ended_at=f.time("ended_at") or 0.0, duration_s=f.num("duration_s") or 0.0,
-                           data_wait_s=f.num("data_wait_s") or 0.0, steps=f.count("steps") or 0,
-                           data_cached_delta_bytes=_delta(f, "data_cached_delta_bytes"),
-                           data_cached_source=_source(f),
-                           # a probe before 0.x named the machine's figure page_cache_delta_bytes
-                           machine_cached_delta_bytes=_delta(f, "machine_cached_delta_bytes"
-                                                             if "machine_cached_delta_bytes" in e
-                                                             else "page_cache_delta_bytes"),
-                           gpu_util=f.num("gpu_util", optional=True, high=100.0),
-                           samples=f.count("samples", optional=True), tokens=f.count("tokens", optional=True),
-                           loss=_loss(f, "loss"), loss_nonfinite=_nonfinite(f, "loss_nonfinite"))
-        if f.notes:
-            raise Malformed(next(iter(f.notes.values())))
-        if epoch.data_wait_s > epoch.duration_s * 1.01 + 0.01:
-            raise Malformed(f"{where}.data_wait_s: {epoch.data_wait_s:g} is longer than the epoch")
-        return epoch
-    except Malformed as e:
-        notes[where] = f"{where} left out: {str(e).removeprefix(where + '.')}"
-        return None
+def _epoch(f: _Fields) -> ProbeEpoch:
+    """One closed epoch; Malformed when one of its numbers cannot be believed."""
+    epoch = ProbeEpoch(index=f.count("index") or 0, started_at=f.time("started_at") or 0.0,
+                       ended_at=f.time("ended_at") or 0.0, duration_s=f.num("duration_s") or 0.0,
+                       data_wait_s=f.num("data_wait_s") or 0.0, steps=f.count("steps") or 0,
+                       data_cached_delta_bytes=_delta(f, "data_cached_delta_bytes"),
+                       data_cached_source=_source(f),
+                       # a probe before 0.x named the machine's figure page_cache_delta_bytes
+                       machine_cached_delta_bytes=_delta(f, "machine_cached_delta_bytes"
+                                                         if "machine_cached_delta_bytes" in f.doc
+                                                         else "page_cache_delta_bytes"),
+                       gpu_util=f.num("gpu_util", optional=True, high=100.0),
+                       samples=f.count("samples", optional=True), tokens=f.count("tokens", optional=True),
+                       loss=_loss(f, "loss"), loss_nonfinite=_nonfinite(f, "loss_nonfinite"))
+    f.check()
+    if epoch.data_wait_s > epoch.duration_s * 1.01 + 0.01:
+        raise Malformed(f"{f.where}.data_wait_s: {epoch.data_wait_s:g} is longer than the epoch")
+    return epoch
 
 
 MAX_LOADERS = 4  # the probe's own bound: more in a file are left out with a note
@@ -288,15 +287,20 @@ def _loader(name: str, d: dict[str, Any], where: str) -> ProbeLoader:
     steps, recent = f.count("steps"), f.count("recent_steps", optional=True)
     wait_s, step_s = f.num("recent_wait_s", optional=True), f.num("recent_step_s", optional=True)
     age = f.num("last_step_age_s", optional=True)
-    if f.notes:
-        raise Malformed(next(iter(f.notes.values())))
+    f.check()
     if wait_s is not None and step_s is not None and wait_s > step_s * 1.01 + 0.01:
         raise Malformed(f"{where}.recent_wait_s: {wait_s:g} is longer than its steps")
-    timed = bool(recent and step_s and wait_s is not None)
-    return ProbeLoader(name=name, steps=steps or 0,
-                       step_time_s=step_s / recent if timed and step_s and recent else None,
-                       data_wait_fraction=min(wait_s / step_s, 1.0) if timed and step_s and wait_s is not None
-                       else None, last_step_age_s=age)
+    fraction, step_time = _timing(recent, wait_s, step_s)
+    return ProbeLoader(name=name, steps=steps or 0, step_time_s=step_time, data_wait_fraction=fraction,
+                       last_step_age_s=age)
+
+
+def _timing(recent: int | None, wait_s: float | None, step_s: float | None) -> tuple[float | None, float | None]:
+    """The data wait fraction and the step time over `recent` steps that took `step_s`, `wait_s` of it waiting;
+    (None, None) where these do not give them."""
+    if recent and step_s and wait_s is not None:
+        return min(wait_s / step_s, 1.0), step_s / recent
+    return None, None
 
 
 def _loss(f: _Fields, key: str) -> float | None:
@@ -382,9 +386,8 @@ def _str_map(f: _Fields, key: str) -> dict[str, str]:
 
 
 def _count_map(f: _Fields, key: str) -> dict[str, int]:
-    m = f.get(key, dict, optional=True) or {}
-    inner = _Fields(m, f._path(key), f.notes)
-    return {str(k): v for k in m if (v := inner.count(str(k), optional=True)) is not None}
+    inner = f.sub(key)
+    return {str(k): v for k in inner.doc if (v := inner.count(str(k), optional=True)) is not None}
 
 
 _TOTALS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "kv_bytes")
@@ -399,16 +402,14 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
     notes: dict[str, str] = {}
     f = _Fields(doc, "", notes)
     devices_doc = f.get("devices", dict)
-    devices = tuple(d for k, v in sorted(devices_doc.items()) if (d := _device(str(k), v, notes)) is not None)
+    devices = _believed(((f"devices.{k}", v) for k, v in sorted(devices_doc.items())), notes, _device)
     unavailable: dict[str, str] = {}
     totals = _totals(devices, notes, unavailable)
     data = f.get("data", dict, optional=True)
     fd = _Fields(data or {}, "data", notes)  # with no data, each optional field of it is None
     fraction, step_time, rates = _step_timing(fd, data is not None, unavailable)
-    cudnn = _Fields(f.get("cudnn", dict, optional=True) or {}, "cudnn", notes)
+    cudnn = f.sub("cudnn")
     exits = _exit_fields(f)
-    epochs_doc = f.get("epochs", list, optional=True) or []
-    truncated = f.get("truncated", list, optional=True) or []
     return ProcessProbe(
         pid=f.count("pid", high=1 << 22) or 0, path=path, uid=uid,
         start_time_ticks=f.count("start_time_ticks") or 0,
@@ -437,10 +438,10 @@ def parse_probe(doc: Any, path: str, uid: int) -> ProcessProbe:
         cudnn_deterministic=cudnn.get("deterministic", bool, optional=True),
         compile=_count_map(f, "compile"),
         allocator_env=_str_map(f, "allocator_env"),
-        epochs=tuple(ep for i, e in enumerate(epochs_doc) if (ep := _epoch(i, e, notes)) is not None),
+        epochs=_believed(((f"epochs[{i}]", e) for i, e in enumerate(f.array("epochs"))), notes, _epoch),
         loaders=_loaders(doc.get("loaders"), notes),
         gpu_util_source=f.get("gpu_util_source", str, optional=True),
-        truncated=tuple(str(t)[:80] for t in truncated[:32]), unavailable={**unavailable, **notes},
+        truncated=tuple(str(t)[:80] for t in f.array("truncated")[:32]), unavailable={**unavailable, **notes},
         **exits, folder_refused=f.get("folder_refused", str, optional=True),
     )
 
@@ -466,11 +467,8 @@ def _step_timing(fd: _Fields, given: bool, unavailable: dict[str, str]) -> tuple
     recent_steps, wait_s, step_s = fd.count("recent_steps", optional=True), \
         fd.num("recent_wait_s", optional=True), fd.num("recent_step_s", optional=True)
     window_s = fd.num("window_s", optional=True)
-    fraction = step_time = None
-    if recent_steps and step_s and wait_s is not None:
-        fraction = min(wait_s / step_s, 1.0)
-        step_time = step_s / recent_steps
-    else:
+    fraction, step_time = _timing(recent_steps, wait_s, step_s)
+    if step_time is None:
         unavailable["data_wait_fraction"] = unavailable["step_time_s"] = _no_steps_reason(fd, window_s)
     idle = unavailable.get("step_time_s", "")
     rates: dict[str, Any] = {}
@@ -491,7 +489,7 @@ def _no_steps_reason(fd: _Fields, window_s: float | None) -> str:
 
 def _exit_fields(f: _Fields) -> dict[str, Any]:
     """How the process ended, as its probe wrote it at exit (None for each where it has not)."""
-    fe = _Fields(f.get("exit", dict, optional=True) or {}, "exit", f.notes)
+    fe = f.sub("exit")
     how = fe.get("how", str, optional=True)
     if how is not None and how not in EXIT_HOWS:
         fe._bad("how", f"expected one of {', '.join(EXIT_HOWS)}", optional=True)
@@ -525,6 +523,13 @@ class HostPids:
                     self._map[(ns, inner)] = int(p)
         return self._map.get((pidns, pid))
 
+    def translate(self, probe: ProcessProbe, pidns: int) -> ProcessProbe | None:
+        """The probe of a process in `pidns` with the pids NVML and /proc here give; None where it runs no more."""
+        host = self.find(pidns, probe.pid)
+        if host is None:
+            return None
+        return dataclasses.replace(probe, pid=host, ppid=self.find(pidns, probe.ppid) if probe.ppid else None)
+
 
 def _innermost_pid(proc: str, pid: str) -> int | None:
     """The last pid of `NSpid:` in /proc/PID/status: the process's pid in its own namespace."""
@@ -538,9 +543,9 @@ def _innermost_pid(proc: str, pid: str) -> int | None:
     return None
 
 
-def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int | None = None,
-               hosts: HostPids | None = None, memo: dict[ParseKey, ProcessProbe | str] | None = None,
-               seen: dict[ParseKey, ProcessProbe | str] | None = None) -> ProcessProbe | str:
+def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int | None, hosts: HostPids,
+               memo: dict[ParseKey, ProcessProbe | str] | None,
+               seen: dict[ParseKey, ProcessProbe | str]) -> ProcessProbe | str:
     """The probe in `name`, or why it was ignored. `pidns`: the PID namespace the file's pids are in, when it
     is not this dltop's (a pod's), and `hosts` to find them here. `memo`: the parses of the files' bytes last
     read (a file that has not changed, an exited job's or one that publishes less often than every tick, is
@@ -553,8 +558,7 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
     parsed = memo.get(key) if memo is not None else None
     if parsed is None:
         parsed = _parse_file(raw, path, st.st_uid)
-    if seen is not None:
-        seen[key] = parsed
+    seen[key] = parsed
     if isinstance(parsed, str):
         return parsed
     if str(parsed.pid) != name.removesuffix(".json"):
@@ -574,26 +578,33 @@ def _signalled(dir_fd: int, pid: str, me: int, probe: ProcessProbe) -> ProcessPr
     `<pid>.signal` (docs/probe.md): killed by SIGTERM, where its main thread was. The file is checked as a probe
     file is (a regular file of the folder's owner, not a link, bounded) and must be this process's (written after
     it started publishing); its text is the user's, shown printable and cut."""
-    try:
-        fd = os.open(signal_file(pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
+    raw = _read_signal_file(dir_fd, pid, me, probe.started_at)
+    if raw is None:
         return probe
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_size == 0:
-            return probe
-        if probe.started_at is not None and st.st_mtime < probe.started_at - 1:
-            return probe  # an older process's of the same pid
-        raw = os.read(fd, MAX_SIGNAL_BYTES)
-    except OSError:
-        return probe
-    finally:
-        os.close(fd)
     frame = _FRAME.search(raw.decode("utf-8", "replace"))
     where = f"{os.path.basename(frame[1])}:{frame[2]} in {frame[3].strip()}"[:200] if frame else None
     if where is not None:  # the user's text (a file name may hold anything): nothing the terminal would act on
         where = "".join(c if c.isprintable() else "?" for c in where)
     return dataclasses.replace(probe, exit_signal="SIGTERM", exit_where=where)
+
+
+def _read_signal_file(dir_fd: int, pid: str, me: int, started_at: float | None) -> bytes | None:
+    """The bytes of `<pid>.signal`: a regular file of `me`'s, not empty, not a link, written after `started_at`."""
+    try:
+        fd = os.open(signal_file(pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_size == 0:
+            return None
+        if started_at is not None and st.st_mtime < started_at - 1:
+            return None  # an older process's of the same pid
+        return os.read(fd, MAX_SIGNAL_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _read_raw(dir_fd: int, name: str, me: int) -> tuple[os.stat_result, bytes] | str:
@@ -623,15 +634,14 @@ def _read_raw(dir_fd: int, name: str, me: int) -> tuple[os.stat_result, bytes] |
     return st, raw
 
 
-def _running(probe: ProcessProbe, uid: int, proc: str, pidns: int | None, hosts: HostPids | None) -> ProcessProbe | str:
+def _running(probe: ProcessProbe, uid: int, proc: str, pidns: int | None, hosts: HostPids) -> ProcessProbe | str:
     """The probe of a file owned by `uid` checked against /proc: its process's pids here, exited where the process
     is gone (or tearing down), refused where another user's process has its pid."""
-    if pidns is not None and hosts is not None:
-        host = hosts.find(pidns, probe.pid)
-        if host is None:  # not running: exited (its pid stays the pod's)
+    if pidns is not None:
+        here = hosts.translate(probe, pidns)
+        if here is None:  # not running: exited (its pid stays the pod's)
             return _exited(probe)
-        parent = hosts.find(pidns, probe.ppid) if probe.ppid else None
-        probe = dataclasses.replace(probe, pid=host, ppid=parent)  # the pids NVML and /proc here give
+        probe = here
     got = proc_stat(probe.pid, proc)
     if got is None or got[0] != probe.start_time_ticks:  # gone, or its pid reused by another process
         return _exited(probe)
@@ -713,51 +723,54 @@ def _candidates(dir_fd: int, path: str, owner: int, proc: str, pidns: int | None
         ignored.append(IgnoredProbe(path, f"{len(names) - MAX_ENTRIES} probe files past the first {MAX_ENTRIES}: "
                                           "not looked at", cut=True))
         names = names[:MAX_ENTRIES]
-    live, gone = [], []
+    live: list[str] = []
+    gone: list[str] = []
     for name in names:
-        pid = name.removesuffix(".json")
-        if pidns is not None:  # a pod's pids: HostPids finds them
+        if pidns is not None or _runs_for(proc, name.removesuffix(".json"), owner):  # a pod's: HostPids finds it
             live.append(name)
-            continue
-        try:
-            uid = os.stat(f"{proc}/{pid}").st_uid
-        except OSError:
-            gone.append(name)
-            continue
-        if owner == 0 or uid == owner:
-            live.append(name)
-        else:  # a live pid of another user: this file cannot be that process's; as if it had exited
+        else:
             gone.append(name)
     if len(live) > MAX_LIVE:
         ignored.append(IgnoredProbe(path, f"{len(live) - MAX_LIVE} files of live processes past {MAX_LIVE}: "
                                           "not read", cut=True))
         live = live[:MAX_LIVE]
     if len(gone) > MAX_EXITED:
-        def mtime(name: str) -> float:
-            try:
-                return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
-            except OSError:
-                return 0.0
-        gone.sort(key=mtime, reverse=True)
+        gone.sort(key=lambda name: _mtime(dir_fd, name), reverse=True)
         ignored += [IgnoredProbe(os.path.join(path, n), f"an exited process's, older than its user's "
                                                         f"{MAX_EXITED} newest") for n in gone[MAX_EXITED:]]
         gone = gone[:MAX_EXITED]
     return live + gone
 
 
-def read_probes(dirs: Sequence[ProbeDir] | None = None, root: str = "/",
+def _runs_for(proc: str, pid: str, owner: int) -> bool:
+    """Whether `pid` runs as `owner` (any user's, for root's folder): a live pid of another user's cannot be the
+    file's process, which is taken as exited."""
+    try:
+        uid = os.stat(f"{proc}/{pid}").st_uid
+    except OSError:
+        return False
+    return owner == 0 or uid == owner
+
+
+def _mtime(dir_fd: int, name: str) -> float:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
+    except OSError:
+        return 0.0
+
+
+def read_probes(dirs: Sequence[ProbeDir], root: str = "/",
                 memo: dict[ParseKey, ProcessProbe | str] | None = None) -> ProbesPart:
-    """Every probe in `dirs` ((directory, its owner's uid[, the PID namespace of its pids]); default:
-    `default_dirs()`), each checked, within READ_BUDGET_S. `memo` (kept by the caller between reads) holds the
-    parses of the files seen by the last read, and only those."""
-    dirs = default_dirs(root=root) if dirs is None else dirs
+    """Every probe in `dirs` ((directory, its owner's uid[, the PID namespace of its pids])), each checked, within
+    READ_BUDGET_S: the folders alone, with no memfd (ProbeReader reads both). `memo` (kept by the caller between
+    reads) holds the parses of the files seen by the last read, and only those."""
     processes, ignored = _read_dirs(dirs, root, memo)
     return assemble(tuple(d[0] for d in dirs), processes, ignored, os.path.join(root, "proc"))
 
 
 def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, ProcessProbe | str] | None,
                ) -> tuple[list[ProcessProbe], list[IgnoredProbe]]:
-    seen: dict[ParseKey, ProcessProbe | str] | None = {} if memo is not None else None
+    seen: dict[ParseKey, ProcessProbe | str] = {}
     proc = os.path.join(root, "proc")
     here = pid_namespace(proc)
     hosts = HostPids(proc)
@@ -766,35 +779,43 @@ def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, Process
     deadline = time.monotonic() + READ_BUDGET_S
     for path, owner, *rest in dirs:
         pidns = rest[0] if rest and rest[0] != here else None
-        try:
-            dir_fd = os.open(path, DIR_FLAGS)
-        except OSError as e:
-            if e.errno == errno.ENOENT:
-                continue
-            ignored.append(IgnoredProbe(path, "a symlink in place of the directory: not followed"
-                                        if e.errno in (errno.ELOOP, errno.ENOTDIR) else f"cannot open: {e.strerror}"))
+        dir_fd = _open_dir(path, ignored)
+        if dir_fd is None:
             continue
         try:
-            untrusted = check_dir(dir_fd, owner)
-            if untrusted is not None:
-                ignored.append(IgnoredProbe(path, f"directory {untrusted}: not trusted"))
-                continue
             for got in _read_dir(dir_fd, path, owner, proc, pidns, hosts, memo, seen, deadline, ignored):
                 processes.append(dataclasses.replace(got, pidns=pidns) if pidns is not None else got)
         except OSError as e:
             ignored.append(IgnoredProbe(path, f"cannot list: {e.strerror}"))
         finally:
             os.close(dir_fd)
-    if memo is not None and seen is not None:
+    if memo is not None:
         memo.clear()
         memo.update(seen)
     return processes, ignored
 
 
+def _open_dir(path: str, ignored: list[IgnoredProbe]) -> int | None:
+    """A descriptor of the folder `path`, never through a link; None where it is not there, or cannot be opened
+    (said in `ignored`)."""
+    try:
+        return os.open(path, DIR_FLAGS)
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            ignored.append(IgnoredProbe(path, "a symlink in place of the directory: not followed"
+                                        if e.errno in (errno.ELOOP, errno.ENOTDIR) else f"cannot open: {e.strerror}"))
+        return None
+
+
 def _read_dir(dir_fd: int, path: str, owner: int, proc: str, pidns: int | None, hosts: HostPids,
-              memo: dict[ParseKey, ProcessProbe | str] | None, seen: dict[ParseKey, ProcessProbe | str] | None,
+              memo: dict[ParseKey, ProcessProbe | str] | None, seen: dict[ParseKey, ProcessProbe | str],
               deadline: float, ignored: list[IgnoredProbe]) -> Iterator[ProcessProbe]:
-    """The probes of one trusted folder, read until the deadline; each file left out said in `ignored`."""
+    """The probes of one folder, once it is trusted (a private one of `owner`'s), read until the deadline; the
+    folder or each file left out said in `ignored`."""
+    untrusted = check_dir(dir_fd, owner)
+    if untrusted is not None:
+        ignored.append(IgnoredProbe(path, f"directory {untrusted}: not trusted"))
+        return
     names = _candidates(dir_fd, path, owner, proc, pidns, ignored)
     for i, name in enumerate(names):
         if time.monotonic() > deadline:

@@ -76,6 +76,12 @@ class _Sweep:
         if n <= SWEEP_PER_USER and self._kept(uid) < SWEEP_PER_USER:
             self.found[entry.path] = (entry.path, uid) if ns is None else (entry.path, uid, int(ns))
 
+    def kept(self) -> list[ProbeDir]:
+        """The folders found that are still there."""
+        for path in [path for path in self.found if not os.path.lexists(path)]:
+            del self.found[path]
+        return list(self.found.values())
+
     def step(self, now: float, until: float) -> None:
         if self.entries is None:
             if now < self.next_at:
@@ -101,10 +107,9 @@ class Rendezvous:
     """The processes here (pid -> owner, PID namespace, probe memfd), kept between readings: one listing of
     /proc and a stat of each new pid per reading, the descriptors of the processes that are due."""
 
-    def __init__(self, proc: str = "/proc", me: int | None = None, user: int | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, proc: str = "/proc", user: int | None = None, env: dict[str, str] | None = None) -> None:
         self.proc = proc
-        self.me = os.getuid() if me is None else me
+        self.me = os.getuid()
         self.user = user if user is not None else (None if self.me == 0 else self.me)
         environ = dict(os.environ if env is None else env)
         self.shared = environ.get(PROBE_DIR_ENV) or None
@@ -130,11 +135,23 @@ class Rendezvous:
         the descriptors of those that are due looked at, within SCAN_BUDGET_S."""
         now = time.monotonic() if now is None else now
         self.notes = []
+        if not self._list(now):
+            return
+        self._scan(now)
+        until = time.monotonic() + SWEEP_BUDGET_S
+        for sweep in self.sweeps:
+            sweep.step(now, until)
+            self.notes += [(sweep.base, f"uid {uid}: {n} more folders past {SWEEP_PER_USER}: not read")
+                           for uid, n in sorted(sweep.cut.items()) if self.wanted(uid)]
+
+    def _list(self, now: float) -> bool:
+        """The table made the processes /proc lists (each new one's owner from the kernel); False where it cannot
+        be listed."""
         try:
             pids = {int(n) for n in os.listdir(self.proc) if n.isdigit()}
         except OSError as e:
             self.notes.append((self.proc, f"cannot list: {e.strerror}"))
-            return
+            return False
         for gone in self.table.keys() - pids:
             del self.table[gone]
         for pid in pids - self.table.keys():
@@ -144,20 +161,19 @@ class Rendezvous:
                 continue
             pidns = pid_namespace(self.proc, pid) if self.shared else None
             self.table[pid] = _Process(uid, pidns, due=now)
-        self._scan(now)
-        until = time.monotonic() + SWEEP_BUDGET_S
-        for sweep in self.sweeps:
-            sweep.step(now, until)
-            self.notes += [(sweep.base, f"uid {uid}: {n} more folders past {SWEEP_PER_USER}: not read")
-                           for uid, n in sorted(sweep.cut.items()) if self.wanted(uid)]
+        return True
 
-    def _scan(self, now: float) -> None:
+    def _due(self, now: float) -> list[int]:
+        """The pids whose descriptors are due a look, round robin over the users: one user's thousand processes do
+        not hold up another's."""
         due: dict[int, list[int]] = {}
         for pid, p in self.table.items():
             if p.memfd is None and p.due <= now and (self.me == 0 or p.uid == self.me):
                 due.setdefault(p.uid, []).append(pid)
-        # round robin over the users: one user's thousand processes do not hold up another's
-        order = [pid for group in itertools.zip_longest(*due.values()) for pid in group if pid is not None]
+        return [pid for group in itertools.zip_longest(*due.values()) for pid in group if pid is not None]
+
+    def _scan(self, now: float) -> None:
+        order = self._due(now)
         deadline = time.monotonic() + SCAN_BUDGET_S
         for i, pid in enumerate(order):
             if time.monotonic() > deadline:
@@ -212,12 +228,14 @@ class Rendezvous:
             found |= {int(n) for n in os.listdir("/run/user") if n.isdigit() and len(n) <= 10}
         return {u for u in found if self.wanted(u)}
 
-    def _pod_dirs(self, shared: str) -> dict[str, ProbeDir]:
+    def _pod_dirs(self) -> dict[str, ProbeDir]:
         """The shared folder's per-(uid, PID namespace) folders of the processes in pods."""
         out: dict[str, ProbeDir] = {}
+        if not self.shared:
+            return out
         for p in self.table.values():
             if self.wanted(p.uid) and (self.me == 0 or p.uid == self.me) and p.pidns is not None:
-                path = os.path.join(shared, f"{p.uid}.{p.pidns}")
+                path = os.path.join(self.shared, f"{p.uid}.{p.pidns}")
                 out[path] = (path, p.uid, p.pidns)
         return out
 
@@ -230,12 +248,9 @@ class Rendezvous:
                 out[path] = (path, uid)
         if self.wanted(self.me):
             out[self.own] = (self.own, self.me)
-        if self.shared:
-            out.update(self._pod_dirs(self.shared))
+        out.update(self._pod_dirs())
         for sweep in self.sweeps:
-            for path, d in list(sweep.found.items()):
-                if not os.path.lexists(path):
-                    del sweep.found[path]
-                elif self.wanted(d[1]):
-                    out.setdefault(path, d)
+            for d in sweep.kept():
+                if self.wanted(d[1]):
+                    out.setdefault(d[0], d)
         return [d for d in out.values() if os.path.lexists(d[0])]
