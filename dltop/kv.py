@@ -236,23 +236,17 @@ def _windows(cfg: dict[str, Any], layers: int, filled: bool = False
     full: tuple[int | None, ...] = (None,) * layers
     types = _layer_types(cfg, layers)
     if types is not None:
-        return _typed_windows(cfg, types, layers, window, filled)
+        if not isinstance(types, list) or len(types) != layers:
+            raise ConfigError(f"layer_types in the config must list one type for each of the {layers} layers")
+        typed = [_layer_window(cfg, t, window) for t in types]
+        out, kinds = [w for w, _ in typed], [k for _, k in typed]
+        notes = []
+        if filled and window is not None and "sliding" not in kinds and "use_sliding_window" in cfg:
+            notes.append(f"sliding_window {window} does not apply: use_sliding_window is off")
+        return tuple(out), tuple(kinds), notes, []
     if window is None:
         return full, (), [], []
     return _slide_pattern(cfg, layers, window)
-
-
-def _typed_windows(cfg: dict[str, Any], types: Any, layers: int, window: int | None, filled: bool
-                   ) -> tuple[tuple[int | None, ...], tuple[str, ...], list[str], list[str]]:
-    """`_windows` for a config with layer_types (`types`)."""
-    if not isinstance(types, list) or len(types) != layers:
-        raise ConfigError(f"layer_types in the config must list one type for each of the {layers} layers")
-    typed = [_layer_window(cfg, t, window) for t in types]
-    kinds = tuple(k for _, k in typed)
-    notes = []
-    if filled and window is not None and "sliding" not in kinds and "use_sliding_window" in cfg:
-        notes.append(f"sliding_window {window} does not apply: use_sliding_window is off")
-    return tuple(w for w, _ in typed), kinds, notes, []
 
 
 _WINDOW_KEYS = ("sliding_window", "sliding_window_size")  # MiMo-V2 and Inkling say sliding_window_size
@@ -277,7 +271,10 @@ def _slide_pattern(cfg: dict[str, Any], layers: int, window: int) -> tuple[
     model type's known pattern (every layer, assumed and said, where neither tells)."""
     model_type = str(cfg.get("model_type", ""))
     if "use_sliding_window" in cfg or model_type.startswith(("qwen2", "qwen3")):
-        return _qwen_windows(cfg, layers, window)
+        if not cfg.get("use_sliding_window"):
+            return (None,) * layers, (), [f"sliding_window {window} does not apply: use_sliding_window is off"], []
+        first = _int(cfg, "max_window_layers", minimum=0) or 0
+        return tuple(window if i >= first else None for i in range(layers)), (), [], []
     pattern = _int(cfg, "sliding_window_pattern")
     if pattern is None and model_type == "gemma2":
         pattern = 2  # Gemma 2 alternates in its modelling code, with no key in the config
@@ -290,15 +287,6 @@ def _slide_pattern(cfg: dict[str, Any], layers: int, window: int) -> tuple[
                        "knows, and the config has no layer_types or sliding_window_pattern; if some layers attend "
                        "to every token the cache is larger")
     return (window,) * layers, (), [], assumed
-
-
-def _qwen_windows(cfg: dict[str, Any], layers: int, window: int) -> tuple[
-        tuple[int | None, ...], tuple[str, ...], list[str], list[str]]:
-    """`_slide_pattern` by use_sliding_window and max_window_layers (Qwen2/3's keys)."""
-    if not cfg.get("use_sliding_window"):
-        return (None,) * layers, (), [f"sliding_window {window} does not apply: use_sliding_window is off"], []
-    first = _int(cfg, "max_window_layers", minimum=0) or 0
-    return tuple(window if i >= first else None for i in range(layers)), (), [], []
 
 
 def _layer_window(cfg: dict[str, Any], t: Any, window: int | None) -> tuple[int | None, str]:
@@ -433,10 +421,15 @@ def resolve_config(cfg: dict[str, Any], defaults: str = "table") -> Resolution:
     family = FAMILIES.get(_TEXT_TYPES.get(model_type, model_type))
     why = "not asked (--defaults table)"
     if defaults != "table":
-        got = _library_resolution(text, model_type, defaults, family is not None, notes)
-        if isinstance(got, Resolution):
-            return got
+        got = _transformers_defaults(text, model_type)
+        if isinstance(got, tuple):
+            return _filled(text, got[0], got[1], notes, got[2])
         why = got
+        if defaults == "transformers":
+            raise ConfigError(f"--defaults transformers: {got}")
+        if not got.startswith("not importable"):
+            notes.append(f"transformers could not fill the defaults ({got}): "
+                         + ("dltop's table did" if family else "nor does dltop's table know this model type"))
     if family is None:
         return Resolution(text, {}, "", tuple(notes), None, why)
     table, rule = family
@@ -447,21 +440,6 @@ def resolve_config(cfg: dict[str, Any], defaults: str = "table") -> Resolution:
         del values["sliding_window"]  # Qwen2/3Config drop their window when use_sliding_window is off
     res = _filled(text, values, f"dltop's table ({printable(_TEXT_TYPES.get(model_type, model_type))})", notes)
     return dataclasses.replace(res, library_source=why)
-
-
-def _library_resolution(text: dict[str, Any], model_type: str, defaults: str, in_table: bool,
-                        notes: list[str]) -> Resolution | str:
-    """The config with transformers' defaults filled in; or why not (a ConfigError where only transformers was
-    asked for), noted where dltop's table stands in."""
-    got = _transformers_defaults(text, model_type)
-    if isinstance(got, tuple):
-        return _filled(text, got[0], got[1], notes, got[2])
-    if defaults == "transformers":
-        raise ConfigError(f"--defaults transformers: {got}")
-    if not got.startswith("not importable"):
-        notes.append(f"transformers could not fill the defaults ({got}): "
-                     + ("dltop's table did" if in_table else "nor does dltop's table know this model type"))
-    return got
 
 
 def _filled(text: dict[str, Any], values: dict[str, Any], source: str, notes: list[str],
@@ -915,7 +893,14 @@ def parameter_count(cfg: dict[str, Any], defaults: str = "table", resolution: Re
 def _attention_params(cfg: dict[str, Any], hidden: int, heads: int, model_type: str) -> int:
     """The attention parameters of one layer: MLA's low-rank projections, else MHA/GQA's (with their biases)."""
     if cfg.get("kv_lora_rank") is not None:
-        return _mla_params(cfg, hidden, heads)
+        rank = _int(cfg, "kv_lora_rank") or 0
+        rope = _int(cfg, "qk_rope_head_dim") or 0
+        nope = _int(cfg, "qk_nope_head_dim") or 0
+        v_dim = _int(cfg, "v_head_dim", required="v_head_dim (MLA)") or 0
+        q_rank = _int(cfg, "q_lora_rank")
+        q_out = heads * (nope + rope)
+        q = hidden * q_rank + q_rank + q_rank * q_out if q_rank else hidden * q_out  # + q_a_layernorm
+        return q + hidden * (rank + rope) + rank + rank * heads * (nope + v_dim) + heads * v_dim * hidden
     kv_heads = _int(cfg, "num_key_value_heads") or heads
     head_dim = _int(cfg, "head_dim") or hidden // heads
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
@@ -927,18 +912,6 @@ def _attention_params(cfg: dict[str, Any], hidden: int, heads: int, model_type: 
     if model_type == "gpt_oss":
         attn += heads  # one attention sink per head
     return attn
-
-
-def _mla_params(cfg: dict[str, Any], hidden: int, heads: int) -> int:
-    """One MLA layer's low-rank projections."""
-    rank = _int(cfg, "kv_lora_rank") or 0
-    rope = _int(cfg, "qk_rope_head_dim") or 0
-    nope = _int(cfg, "qk_nope_head_dim") or 0
-    v_dim = _int(cfg, "v_head_dim", required="v_head_dim (MLA)") or 0
-    q_rank = _int(cfg, "q_lora_rank")
-    q_out = heads * (nope + rope)
-    q = hidden * q_rank + q_rank + q_rank * q_out if q_rank else hidden * q_out  # + q_a_layernorm
-    return q + hidden * (rank + rope) + rank + rank * heads * (nope + v_dim) + heads * v_dim * hidden
 
 
 def _mlp_params(cfg: dict[str, Any], layers: int, hidden: int, model_type: str) -> int:

@@ -93,17 +93,13 @@ def _shape_and_config(args: argparse.Namespace) -> tuple[kv.KvShape, dict[str, A
     missing = [f"--{f.replace('_', '-')}" for f in ("layers", "heads", "head_dim") if getattr(args, f) is None]
     if missing:
         raise UsageError(f"kv: give --config FILE, or the model's numbers (missing {', '.join(missing)})")
-    dtype, source = _flags_dtype(args)
-    return kv.shape_from_flags(args.layers, args.heads, args.kv_heads, args.head_dim, dtype, source), None
-
-
-def _flags_dtype(args: argparse.Namespace) -> tuple[str, str]:
-    """The KV cache's dtype with the model's numbers given as flags, and which flag gave it."""
     if args.kv_dtype != "auto":
-        return args.kv_dtype, "--kv-dtype"
-    if args.dtype:
-        return args.dtype, "auto: --dtype"
-    raise UsageError("kv: give --dtype (or --kv-dtype) with the model's numbers")
+        dtype, source = args.kv_dtype, "--kv-dtype"
+    elif args.dtype:
+        dtype, source = args.dtype, "auto: --dtype"
+    else:
+        raise UsageError("kv: give --dtype (or --kv-dtype) with the model's numbers")
+    return kv.shape_from_flags(args.layers, args.heads, args.kv_heads, args.head_dim, dtype, source), None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from dltop.fmt import human_bytes, percent_text
 from dltop.hints.base import Hint, Severity, rule, wanted
 from dltop.model import MemoryPart, Snapshot
 from dltop.model.datasets import DatasetsPart
-from dltop.model.probes import ProbeEpoch, ProbesPart, ProcessProbe, exit_text, jobs_first, waited_for
+from dltop.model.probes import ProbesPart, ProcessProbe, exit_text, jobs_first, waited_for
 
 WARMING_RATIO = 1.5  # epoch 0 this many times longer than epoch 1 ...
 WARMING_WAIT_SHARE = 0.5  # ... with at least this share of the difference in the data wait
@@ -85,45 +85,33 @@ def page_cache_warming(history: Sequence[Snapshot]) -> Hint | None:
     """Epoch 1 much faster than epoch 0, the difference mostly data wait: the first epoch read the dataset from
     disk into the page cache."""
     for p in _ordered(history[-1], "training-page-cache-warming"):
-        epochs = _warming_epochs(p)
-        if epochs is None:
+        by_index = {e.index: e for e in p.epochs}
+        e0, e1 = by_index.get(0), by_index.get(1)
+        if e0 is None or e1 is None or e1.duration_s <= 0 or e0.duration_s < WARMING_RATIO * e1.duration_s:
             continue
-        e0, e1 = epochs
+        gained, waited_less = e0.duration_s - e1.duration_s, e0.data_wait_s - e1.data_wait_s
+        if waited_less < WARMING_WAIT_SHARE * gained:
+            continue  # not the data: compile, autotune, a warm-up schedule
         cached = e0.data_cached_delta_bytes  # the job's own data in the page cache, not the machine's Cached
         grew = f", its data in the page cache grew {human_bytes(cached)}" if cached is not None and cached > 0 else ""
+        if p.data_dir is None:
+            fix = "warm the dataset before training (dltop warm DIR, or w on the Datasets tab)"
+        elif (watched := _watched_dataset(history, p.data_dir)) is not None:
+            fix = f"warm {watched} before training: w on its row in the Datasets tab, or dltop warm {watched}"
+        else:
+            fix = f"warm {p.data_dir} before training: dltop warm {p.data_dir} (or a on the Datasets tab, then w)"
         return Hint(
             id="training-page-cache-warming", subject=_job(p),
             severity="info",
             text=(f"{_who(p)}: epoch 0 took {e0.duration_s:.1f}s, epoch 1 {e1.duration_s:.1f}s; epoch 0 waited "
                   f"{e0.data_wait_s:.1f}s for data, epoch 1 {e1.data_wait_s:.1f}s{grew}: the first epoch was "
                   "warming the page cache"),
-            fix=_warm_fix(history, p.data_dir),
+            fix=fix,
             numbers={"pid": p.pid, "epoch0_s": e0.duration_s, "epoch1_s": e1.duration_s,
                      "epoch0_wait_s": e0.data_wait_s, "epoch1_wait_s": e1.data_wait_s,
                      **({} if cached is None else {"data_cached_delta_bytes": cached})},
         )
     return None
-
-
-def _warming_epochs(p: ProcessProbe) -> tuple[ProbeEpoch, ProbeEpoch] | None:
-    """Epochs 0 and 1 where epoch 1 was much faster, the difference mostly data wait; else None."""
-    by_index = {e.index: e for e in p.epochs}
-    e0, e1 = by_index.get(0), by_index.get(1)
-    if e0 is None or e1 is None or e1.duration_s <= 0 or e0.duration_s < WARMING_RATIO * e1.duration_s:
-        return None
-    gained, waited_less = e0.duration_s - e1.duration_s, e0.data_wait_s - e1.data_wait_s
-    if waited_less < WARMING_WAIT_SHARE * gained:
-        return None  # not the data: compile, autotune, a warm-up schedule
-    return e0, e1
-
-
-def _warm_fix(history: Sequence[Snapshot], data_dir: str | None) -> str:
-    if data_dir is None:
-        return "warm the dataset before training (dltop warm DIR, or w on the Datasets tab)"
-    watched = _watched_dataset(history, data_dir)
-    if watched is not None:
-        return f"warm {watched} before training: w on its row in the Datasets tab, or dltop warm {watched}"
-    return f"warm {data_dir} before training: dltop warm {data_dir} (or a on the Datasets tab, then w)"
 
 
 def _busiest_disk(history: Sequence[Snapshot]) -> tuple[str, float] | None:
@@ -151,28 +139,17 @@ def _job_reads(history: Sequence[Snapshot], p: ProcessProbe) -> tuple[int, int, 
     pairs = 0
     prev: tuple[int, int, float] | None = None
     for s in history:
-        io = _io_counters(s, key)
-        if io is None:
+        q = next((x for x in _probes(s) if (x.pid, x.start_time_ticks) == key), None)
+        if q is None or q.io_read_bytes is None or q.io_rchar_bytes is None:
             continue
-        if prev is not None and io[0] >= prev[0] and io[1] >= prev[1] and s.ts > prev[2]:
-            storage += io[0] - prev[0]
-            total += io[1] - prev[1]
+        if prev is not None and q.io_read_bytes >= prev[0] and q.io_rchar_bytes >= prev[1] and s.ts > prev[2]:
+            storage += q.io_read_bytes - prev[0]
+            total += q.io_rchar_bytes - prev[1]
             span_s += s.ts - prev[2]
             pairs += 1
-        prev = (*io, s.ts)
-    return (storage, total, span_s) if pairs else _no_reads(p)
-
-
-def _io_counters(s: Snapshot, key: tuple[int, int]) -> tuple[int, int] | None:
-    """(read_bytes, rchar) of the process `key` (pid, start time) in `s`, where it has them."""
-    q = next((x for x in _probes(s) if (x.pid, x.start_time_ticks) == key), None)
-    if q is None or q.io_read_bytes is None or q.io_rchar_bytes is None:
-        return None
-    return q.io_read_bytes, q.io_rchar_bytes
-
-
-def _no_reads(p: ProcessProbe) -> str:
-    """Why the job's reads over the window are not known."""
+        prev = (q.io_read_bytes, q.io_rchar_bytes, s.ts)
+    if pairs:
+        return storage, total, span_s
     if p.io_unavailable:
         return p.io_unavailable
     if p.io_read_bytes is None:
@@ -230,7 +207,9 @@ def stalled(history: Sequence[Snapshot]) -> Hint | None:
     in uninterruptible IO, exited: the kernel's word), that rank is named and the others wait for it. The
     viewer's jobs first (`jobs_first`)."""
     snap = history[-1]
-    jobs = _stalled_jobs(snap)
+    jobs = [(members, hung) for members in _jobs(snap)
+            if (hung := [p for p in members if p.stalled and p.last_step_age_s is not None])
+            and wanted("training-stalled", _job(members[0]))]
     if not jobs:
         return None
     members, hung = jobs[0]
@@ -240,16 +219,6 @@ def stalled(history: Sequence[Snapshot]) -> Hint | None:
     if cause:
         return _waiting_for(snap, cause[0], [p for p in hung if p is not cause[0]], more)
     return _stalled_alone(snap, hung, more)
-
-
-def _stalled_jobs(snap: Snapshot) -> list[tuple[list[ProcessProbe], list[ProcessProbe]]]:
-    """(its ranks, those of them stalled) of each job with a stalled rank, the viewer's first."""
-    jobs = []
-    for members in _jobs(snap):
-        hung = [p for p in members if p.stalled and p.last_step_age_s is not None]
-        if hung and wanted("training-stalled", _job(members[0])):
-            jobs.append((members, hung))
-    return jobs
 
 
 def _stalled_alone(snap: Snapshot, hung: list[ProcessProbe], more: str) -> Hint:

@@ -123,8 +123,8 @@ class ProcessProbe:
     last_step_s: float | None = None  # the newest step's time
     last_step_age_s: float | None = None  # seconds since the newest step ended, when dltop read the file
     window_s: float | None = None  # what "recent" covers (the probe's WINDOW_S)
-    in_epoch: bool | None = None
-    optimizer_steps: int | None = None  # counted in zero-code mode (DLTOP_PROBE=1), by torch's optimizer hook  # an epoch is open (False: between mark_epoch and the next item)
+    in_epoch: bool | None = None  # an epoch is open (False: between mark_epoch and the next item)
+    optimizer_steps: int | None = None  # counted in zero-code mode (DLTOP_PROBE=1), by torch's optimizer hook
     steps: int | None = None
     input_shapes: int | None = None
     loader_workers: int | None = None

@@ -364,14 +364,11 @@ def _dataset_root(iterable: Any) -> str | None:
 def _other_loader(iterable: Iterable[T], name: str) -> Iterator[T]:
     """Time a loader that is not the main one (a val loop) apart, under its name: its steps and waits only (no
     epochs: mark_epoch closes the main loader's); each pass starts without a step before its first item."""
-    d = state.loaders.get(name)
+    d = loader_data(name)
     if d is None:
-        if len(state.loaders) >= MAX_LOADERS:
-            warn_once("loaders", f"over {MAX_LOADERS} loaders beside the main one: {name!r} is not timed")
-            yield from iterable
-            return
-        d = state.loaders[name] = _Data()
-    d.seen = d.explicit = True
+        warn_once("loaders", f"over {MAX_LOADERS} loaders beside the main one: {name!r} is not timed")
+        yield from iterable
+        return
     d.last_t = 0
     clock, mask = time.perf_counter_ns, RING - 1
     it = iter(iterable)
@@ -442,14 +439,18 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
     "train", the first name given), e.g. `track(val_loader, name="val")`: its steps are not the epochs'.
     `batch_size` and `tokens`: the samples and tokens in each item, a number or a function of the item
     (default batch_size: the DataLoader's `batch_size`), for samples/s and tokens/s (the main loader's)."""
-    wanted = _loader_name(name)
+    wanted = (MAIN_LOADER if name is None else str(name))[:MAX_LOADER_NAME]
+    if state.main_loader is None:
+        state.main_loader = wanted
     if wanted != state.main_loader:
         yield from _other_loader(iterable, wanted)
         return
     d = state.data
     _describe_loader(d, iterable, data_dir)
     how = _counts_of(d, iterable, batch_size, tokens)
-    fixed, counting = _counting(how)
+    # A batch size that is one number and no tokens (a DataLoader's own): counted inline, no call a step
+    fixed = how[0] if type(how[0]) is int and how[0] >= 0 and how[1] is None else None
+    counting = fixed is None and (how[0] is not None or how[1] is not None)
     # Measured before iter(): a DataLoader's workers start reading ahead as soon as it is called.
     data0 = _data_cached(d.data_dir) if not d.epoch_open else None
     it = iter(iterable)
@@ -483,21 +484,6 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
             t0 = clock()
 
 
-def _loader_name(name: str | None) -> str:
-    """The loader's name as published; the first one named (default "train") is the main loader."""
-    wanted = (MAIN_LOADER if name is None else str(name))[:MAX_LOADER_NAME]
-    if state.main_loader is None:
-        state.main_loader = wanted
-    return wanted
-
-
-def _counting(how: list[Count | None]) -> tuple[int | None, bool]:
-    """How track() counts each item: (a batch size that is one number and no tokens, a DataLoader's own: counted
-    inline, no call a step; else None), and whether _count() is called for it."""
-    fixed = how[0] if type(how[0]) is int and how[0] >= 0 and how[1] is None else None
-    return fixed, fixed is None and (how[0] is not None or how[1] is not None)
-
-
 def _describe_loader(d: _Data, iterable: Any, data_dir: str | None) -> None:
     """What the main loader says of itself: its workers, pinned memory and folder."""
     d.seen = d.explicit = True
@@ -512,8 +498,7 @@ def _describe_loader(d: _Data, iterable: Any, data_dir: str | None) -> None:
 
 
 def _counts_of(d: _Data, iterable: Any, batch_size: Count | None, tokens: Count | None) -> list[Count | None]:
-    """How the main loader's items are counted: [samples, tokens] (batch_size defaults to a DataLoader's own),
-    their totals started where they are counted."""
+    """How the main loader's items are counted, [samples, tokens] (batch_size: a DataLoader's own), totals started."""
     if batch_size is None:
         size = getattr(iterable, "batch_size", None)  # a DataLoader's (None with a batch_sampler)
         batch_size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
@@ -702,8 +687,7 @@ def _kv_tensors(obj: Any, depth: int = 0) -> Iterator[Any]:
 
 
 def _kv_children(obj: Any) -> Sequence[Any]:
-    """What a KV cache object holds: its layers' keys and values (5.x), its key_cache and value_cache (4.5x), or
-    the items of a list or tuple."""
+    """What a KV cache holds: its layers' keys and values (5.x), key_cache and value_cache (4.5x), or its items."""
     layers = getattr(obj, "layers", None)
     if isinstance(layers, list | tuple):
         return [getattr(layer, attr, None) for layer in layers for attr in ("keys", "values")]
@@ -898,6 +882,7 @@ def _data_report(d: _Data) -> dict[str, Any] | None:
     waits, steps, ends = list(d.waits), list(d.steps_ns), list(d.ends_ns)
     order = [(n - 1 - k) & (RING - 1) for k in range(min(n, RING))]
     last = next((steps[i] for i in order if steps[i]), None)
+    # The window: WINDOW_S, or two of the newest step's time if longer.
     recent = _recent(order, steps, ends, now - max(int(WINDOW_S * 1e9), 2 * (last or 0)))
     return {
         "steps": n,
@@ -917,8 +902,7 @@ def _data_report(d: _Data) -> dict[str, Any] | None:
 
 
 def _recent(order: list[int], steps: list[int], ends: list[int], since: int) -> list[int]:
-    """The steps that ended since `since` (the window: WINDOW_S, or two of the newest step's time if longer), of
-    the ring's `order`; a loop that stopped has none, so its old numbers do not stay on screen as if current."""
+    """The steps of `order` that ended since `since`: a loop that stopped has none, its old numbers not shown."""
     return [i for i in itertools.takewhile(lambda i: ends[i] >= since, order) if steps[i]]
 
 
@@ -985,9 +969,12 @@ def report(fresh: bool = True) -> dict[str, Any]:
     the last tensor count while the duty cycle says so; `tensors_counted_at` says when it was made."""
     torch = _torch()
     devices, cudnn, compile_counters = _torch_report(torch, fresh) if torch is not None else ({}, None, None)
-    pid, start_ticks, cmd = _identity()
+    pid = os.getpid()
+    if state.identity is None or state.identity[0] != pid:  # read once per process (a fork has its own)
+        state.identity = (pid, proc_start_ticks(pid), _cmdline())
+    _, start_ticks, cmd = state.identity
     rank, world = _rank_and_world()
-    doc = {
+    return {
         "format": FORMAT,
         "pid": pid,
         "start_time_ticks": start_ticks,
@@ -1010,21 +997,14 @@ def report(fresh: bool = True) -> dict[str, Any]:
         "cudnn": cudnn,
         "compile": compile_counters,
         "data": _data_report(state.data),
+        **({"loss": loss} if (loss := _loss_report()) is not None else {}),
+        **({"loaders": _loaders_report()} if state.loaders else {}),
         "epochs": list(state.epochs),
+        **({"optimizer_steps": state.optimizer_steps} if state.optimizer_steps is not None else {}),
         "gpu_util_source": GPU_UTIL_SOURCE,
+        **({"exit": state.exit} if state.exit is not None else {}),
+        **({"folder_refused": state.folder_refused} if state.folder_refused is not None else {}),
     }
-    optional = {"loss": _loss_report(), "loaders": _loaders_report() if state.loaders else None,
-                "optimizer_steps": state.optimizer_steps, "exit": state.exit, "folder_refused": state.folder_refused}
-    doc.update((key, value) for key, value in optional.items() if value is not None)
-    return doc
-
-
-def _identity() -> tuple[int, int | None, str]:
-    """(pid, start time in ticks, command line), read once per process (a fork has its own)."""
-    pid = os.getpid()
-    if state.identity is None or state.identity[0] != pid:
-        state.identity = (pid, proc_start_ticks(pid), _cmdline())
-    return state.identity
 
 
 def _torch_report(torch: Any, fresh: bool) -> tuple[dict[str, dict[str, Any]], dict[str, bool] | None, Any]:
@@ -1249,12 +1229,16 @@ def _unwatch_sigterm(remove: bool) -> None:
             os.unlink(signal_file(os.getpid()), dir_fd=state.dir_fd)
 
 
-def _remove_own_file() -> None:
-    _unwatch_sigterm(remove=True)
+def _close_memfd() -> None:
     if state.memfd is not None:
         with contextlib.suppress(OSError):
             os.close(state.memfd)
         state.memfd = None
+
+
+def _remove_own_file() -> None:
+    _unwatch_sigterm(remove=True)
+    _close_memfd()
     if state.dir_fd is not None:
         with contextlib.suppress(OSError):
             os.unlink(f"{os.getpid()}.json", dir_fd=state.dir_fd)
@@ -1275,16 +1259,8 @@ def _after_fork_in_child() -> None:
     # start() itself. Its data and epochs are its own from here.
     state.lock = threading.Lock()
     state.thread = None
-    if state.sigterm_fd is not None:  # the parent's trace file: a worker SIGTERM ends is not the parent's end
-        with contextlib.suppress(Exception):
-            faulthandler.unregister(signal.SIGTERM)
-        with contextlib.suppress(OSError):
-            os.close(state.sigterm_fd)
-        state.sigterm_fd = None
-    if state.memfd is not None:  # the parent's report: a child that publishes makes its own
-        with contextlib.suppress(OSError):
-            os.close(state.memfd)
-        state.memfd = None
+    _unwatch_sigterm(remove=False)  # the parent's trace file: a worker SIGTERM ends is not the parent's end
+    _close_memfd()  # the parent's report: a child that publishes makes its own
     state.stop = threading.Event()
     state.data = _Data()
     state.main_loader = None

@@ -129,10 +129,10 @@ def proc_start_ticks(pid: int | str, proc: str = "/proc") -> int | None:
     return None if got is None else got[0]
 
 
-def proc_stat(pid: int | str, proc: str = "/proc") -> tuple[int, str] | None:
-    """Fields 22 and 3 of /proc/PID/stat: the start time (clock ticks since boot) and the state as the kernel
-    says it (R running, S sleeping, D in uninterruptible IO, T stopped, t stopped by a debugger, Z zombie, ...);
-    None when the process is gone."""
+def proc_stat(pid: int | str, proc: str = "/proc") -> tuple[int, str, int | None] | None:
+    """Fields 22, 3 and 4 of /proc/PID/stat: the start time (clock ticks since boot), the state as the kernel
+    says it (R running, S sleeping, D in uninterruptible IO, T stopped, t stopped by a debugger, Z zombie, ...)
+    and the parent's pid as this /proc has it; None when the process is gone."""
     try:
         # Non-blocking and bounded: under a captured tree (--root) a FIFO or /dev/zero may stand in its place.
         fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
@@ -147,6 +147,8 @@ def proc_stat(pid: int | str, proc: str = "/proc") -> tuple[int, str] | None:
     # The command (field 2) is in parentheses and may hold spaces and ')': split after the last ')'.
     fields = text[text.rfind(b")") + 2:].split()
     ticks = fields[19] if len(fields) > 19 else b""
-    state = fields[0].decode("ascii", "replace")[:1] if fields and fields[0].isalpha() else "?"
-    # ASCII digits of a 64-bit count: int() takes b'-5' and raises past 4300 digits.
-    return (int(ticks), state) if ticks.isdigit() and len(ticks) <= 20 and int(ticks) < 1 << 64 else None
+    # ASCII digits of a 64-bit count: int() takes b'-5' and raises past 4300 digits (4096 bytes hold fewer).
+    if not (ticks.isdigit() and len(ticks) <= 20 and int(ticks) < 1 << 64):
+        return None
+    state = fields[0].decode("ascii", "replace")[:1] if fields[0].isalpha() else "?"
+    return int(ticks), state, int(fields[1]) if fields[1].isdigit() else None

@@ -42,7 +42,6 @@ from dltop.probe.files import (
     SEALS,
     check_dir,
     pid_namespace,
-    proc_start_ticks,
     proc_stat,
     signal_file,
 )
@@ -193,8 +192,7 @@ class _Fields:
 
 
 def _believed(items: Iterable[tuple[str, Any]], notes: dict[str, str], build: Callable[[_Fields], T]) -> tuple[T, ...]:
-    """What `build` makes of each (path, object); one that is no object, or has a number that cannot be believed,
-    is left out with a note."""
+    """What `build` makes of each (path, object); one that is no object or cannot be believed is left out, noted."""
     out = []
     for where, d in items:
         if not isinstance(d, dict):
@@ -296,8 +294,7 @@ def _loader(name: str, d: dict[str, Any], where: str) -> ProbeLoader:
 
 
 def _timing(recent: int | None, wait_s: float | None, step_s: float | None) -> tuple[float | None, float | None]:
-    """The data wait fraction and the step time over `recent` steps that took `step_s`, `wait_s` of it waiting;
-    (None, None) where these do not give them."""
+    """(data wait fraction, step time) of `recent` steps that took `step_s`, `wait_s` of it waiting; or Nones."""
     if recent and step_s and wait_s is not None:
         return min(wait_s / step_s, 1.0), step_s / recent
     return None, None
@@ -326,26 +323,24 @@ def _nonfinite(f: _Fields, key: str) -> str | None:
 
 
 def _rate(f: _Fields, key: str, total: int | None, recent: float | None, step_s: float | None,
-          unavailable: dict[str, str], name: str, missing: str, idle: str) -> tuple[float | None, int | None]:
+          unavailable: dict[str, str], missing: str, idle: str) -> tuple[float | None, int | None]:
     """Samples or tokens a second over the recent steps (`key`: "samples" or "tokens" in `data`), and the total;
-    the reason in `unavailable[name]` where there is no rate."""
-    got = f.count(f"recent_{key}", optional=True)
+    the reason in `unavailable[key + "_per_s"]` where there is no rate."""
+    name, recent_key = f"{key}_per_s", f"recent_{key}"
+    got = f.count(recent_key, optional=True)
     if total is None:
         unavailable[name] = missing
         return None, None
     if got is None or not recent or not step_s:
         unavailable[name] = idle
         return None, total
-    if got > total:
-        f._bad(f"recent_{key}", f"{got} is more than the {total} in all", optional=True)
-        unavailable[name] = f"{f._path('recent_' + key)}: not believable"
+    why = (f"{got} is more than the {total} in all" if got > total else
+           f"an absurd rate (over {MAX_RATE:g} a second)" if got / step_s > MAX_RATE else None)
+    if why is not None:
+        f._bad(recent_key, why, optional=True)
+        unavailable[name] = f"{f._path(recent_key)}: not believable"
         return None, total
-    rate = got / step_s
-    if rate > MAX_RATE:
-        f._bad(f"recent_{key}", f"an absurd rate (over {MAX_RATE:g} a second)", optional=True)
-        unavailable[name] = f"{f._path('recent_' + key)}: not believable"
-        return None, total
-    return rate, total
+    return got / step_s, total
 
 
 def _loss_doc(f: _Fields, unavailable: dict[str, str]) -> dict[str, Any]:
@@ -474,7 +469,7 @@ def _step_timing(fd: _Fields, given: bool, unavailable: dict[str, str]) -> tuple
     rates: dict[str, Any] = {}
     for key, missing in (("samples", NO_SAMPLES), ("tokens", NO_TOKENS)):
         rate, total = _rate(fd, key, fd.count(key, optional=True), recent_steps, step_s if step_time else None,
-                            unavailable, f"{key}_per_s", missing, idle)
+                            unavailable, missing, idle)
         rates[f"{key}_per_s"], rates[key] = rate, total
     return fraction, step_time, rates
 
@@ -544,8 +539,7 @@ def _innermost_pid(proc: str, pid: str) -> int | None:
 
 
 def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int | None, hosts: HostPids,
-               memo: dict[ParseKey, ProcessProbe | str] | None,
-               seen: dict[ParseKey, ProcessProbe | str]) -> ProcessProbe | str:
+               memo: dict[ParseKey, ProcessProbe | str], seen: dict[ParseKey, ProcessProbe | str]) -> ProcessProbe | str:
     """The probe in `name`, or why it was ignored. `pidns`: the PID namespace the file's pids are in, when it
     is not this dltop's (a pod's), and `hosts` to find them here. `memo`: the parses of the files' bytes last
     read (a file that has not changed, an exited job's or one that publishes less often than every tick, is
@@ -555,7 +549,7 @@ def _read_file(dir_fd: int, name: str, path: str, me: int, proc: str, pidns: int
         return read
     st, raw = read
     key = (path, st.st_uid, raw)
-    parsed = memo.get(key) if memo is not None else None
+    parsed = memo.get(key)
     if parsed is None:
         parsed = _parse_file(raw, path, st.st_uid)
     seen[key] = parsed
@@ -578,33 +572,26 @@ def _signalled(dir_fd: int, pid: str, me: int, probe: ProcessProbe) -> ProcessPr
     `<pid>.signal` (docs/probe.md): killed by SIGTERM, where its main thread was. The file is checked as a probe
     file is (a regular file of the folder's owner, not a link, bounded) and must be this process's (written after
     it started publishing); its text is the user's, shown printable and cut."""
-    raw = _read_signal_file(dir_fd, pid, me, probe.started_at)
-    if raw is None:
+    try:
+        fd = os.open(signal_file(pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
         return probe
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_size == 0:
+            return probe
+        if probe.started_at is not None and st.st_mtime < probe.started_at - 1:
+            return probe  # an older process's of the same pid
+        raw = os.read(fd, MAX_SIGNAL_BYTES)
+    except OSError:
+        return probe
+    finally:
+        os.close(fd)
     frame = _FRAME.search(raw.decode("utf-8", "replace"))
     where = f"{os.path.basename(frame[1])}:{frame[2]} in {frame[3].strip()}"[:200] if frame else None
     if where is not None:  # the user's text (a file name may hold anything): nothing the terminal would act on
         where = "".join(c if c.isprintable() else "?" for c in where)
     return dataclasses.replace(probe, exit_signal="SIGTERM", exit_where=where)
-
-
-def _read_signal_file(dir_fd: int, pid: str, me: int, started_at: float | None) -> bytes | None:
-    """The bytes of `<pid>.signal`: a regular file of `me`'s, not empty, not a link, written after `started_at`."""
-    try:
-        fd = os.open(signal_file(pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_size == 0:
-            return None
-        if started_at is not None and st.st_mtime < started_at - 1:
-            return None  # an older process's of the same pid
-        return os.read(fd, MAX_SIGNAL_BYTES)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _read_raw(dir_fd: int, name: str, me: int) -> tuple[os.stat_result, bytes] | str:
@@ -723,40 +710,36 @@ def _candidates(dir_fd: int, path: str, owner: int, proc: str, pidns: int | None
         ignored.append(IgnoredProbe(path, f"{len(names) - MAX_ENTRIES} probe files past the first {MAX_ENTRIES}: "
                                           "not looked at", cut=True))
         names = names[:MAX_ENTRIES]
-    live: list[str] = []
-    gone: list[str] = []
+    live, gone = [], []
     for name in names:
-        if pidns is not None or _runs_for(proc, name.removesuffix(".json"), owner):  # a pod's: HostPids finds it
+        pid = name.removesuffix(".json")
+        if pidns is not None:  # a pod's pids: HostPids finds them
             live.append(name)
-        else:
+            continue
+        try:
+            uid = os.stat(f"{proc}/{pid}").st_uid
+        except OSError:
+            gone.append(name)
+            continue
+        if owner == 0 or uid == owner:
+            live.append(name)
+        else:  # a live pid of another user: this file cannot be that process's; as if it had exited
             gone.append(name)
     if len(live) > MAX_LIVE:
         ignored.append(IgnoredProbe(path, f"{len(live) - MAX_LIVE} files of live processes past {MAX_LIVE}: "
                                           "not read", cut=True))
         live = live[:MAX_LIVE]
     if len(gone) > MAX_EXITED:
-        gone.sort(key=lambda name: _mtime(dir_fd, name), reverse=True)
+        def mtime(name: str) -> float:
+            try:
+                return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
+            except OSError:
+                return 0.0
+        gone.sort(key=mtime, reverse=True)
         ignored += [IgnoredProbe(os.path.join(path, n), f"an exited process's, older than its user's "
                                                         f"{MAX_EXITED} newest") for n in gone[MAX_EXITED:]]
         gone = gone[:MAX_EXITED]
     return live + gone
-
-
-def _runs_for(proc: str, pid: str, owner: int) -> bool:
-    """Whether `pid` runs as `owner` (any user's, for root's folder): a live pid of another user's cannot be the
-    file's process, which is taken as exited."""
-    try:
-        uid = os.stat(f"{proc}/{pid}").st_uid
-    except OSError:
-        return False
-    return owner == 0 or uid == owner
-
-
-def _mtime(dir_fd: int, name: str) -> float:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
-    except OSError:
-        return 0.0
 
 
 def read_probes(dirs: Sequence[ProbeDir], root: str = "/",
@@ -764,11 +747,11 @@ def read_probes(dirs: Sequence[ProbeDir], root: str = "/",
     """Every probe in `dirs` ((directory, its owner's uid[, the PID namespace of its pids])), each checked, within
     READ_BUDGET_S: the folders alone, with no memfd (ProbeReader reads both). `memo` (kept by the caller between
     reads) holds the parses of the files seen by the last read, and only those."""
-    processes, ignored = _read_dirs(dirs, root, memo)
+    processes, ignored = _read_dirs(dirs, root, {} if memo is None else memo)
     return assemble(tuple(d[0] for d in dirs), processes, ignored, os.path.join(root, "proc"))
 
 
-def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, ProcessProbe | str] | None,
+def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, ProcessProbe | str],
                ) -> tuple[list[ProcessProbe], list[IgnoredProbe]]:
     seen: dict[ParseKey, ProcessProbe | str] = {}
     proc = os.path.join(root, "proc")
@@ -779,8 +762,12 @@ def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, Process
     deadline = time.monotonic() + READ_BUDGET_S
     for path, owner, *rest in dirs:
         pidns = rest[0] if rest and rest[0] != here else None
-        dir_fd = _open_dir(path, ignored)
-        if dir_fd is None:
+        try:
+            dir_fd = os.open(path, DIR_FLAGS)
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                ignored.append(IgnoredProbe(path, "a symlink in place of the directory: not followed"
+                                            if e.errno in (errno.ELOOP, errno.ENOTDIR) else f"cannot open: {e.strerror}"))
             continue
         try:
             for got in _read_dir(dir_fd, path, owner, proc, pidns, hosts, memo, seen, deadline, ignored):
@@ -789,26 +776,13 @@ def _read_dirs(dirs: Sequence[ProbeDir], root: str, memo: dict[ParseKey, Process
             ignored.append(IgnoredProbe(path, f"cannot list: {e.strerror}"))
         finally:
             os.close(dir_fd)
-    if memo is not None:
-        memo.clear()
-        memo.update(seen)
+    memo.clear()
+    memo.update(seen)
     return processes, ignored
 
 
-def _open_dir(path: str, ignored: list[IgnoredProbe]) -> int | None:
-    """A descriptor of the folder `path`, never through a link; None where it is not there, or cannot be opened
-    (said in `ignored`)."""
-    try:
-        return os.open(path, DIR_FLAGS)
-    except OSError as e:
-        if e.errno != errno.ENOENT:
-            ignored.append(IgnoredProbe(path, "a symlink in place of the directory: not followed"
-                                        if e.errno in (errno.ELOOP, errno.ENOTDIR) else f"cannot open: {e.strerror}"))
-        return None
-
-
 def _read_dir(dir_fd: int, path: str, owner: int, proc: str, pidns: int | None, hosts: HostPids,
-              memo: dict[ParseKey, ProcessProbe | str] | None, seen: dict[ParseKey, ProcessProbe | str],
+              memo: dict[ParseKey, ProcessProbe | str], seen: dict[ParseKey, ProcessProbe | str],
               deadline: float, ignored: list[IgnoredProbe]) -> Iterator[ProcessProbe]:
     """The probes of one folder, once it is trusted (a private one of `owner`'s), read until the deadline; the
     folder or each file left out said in `ignored`."""
@@ -939,9 +913,10 @@ def _check_memfd(proc: str, pid: int, uid: int, f: int) -> ProcessProbe | str:
     inner = _innermost_pid(proc, str(pid)) if ns != here else pid
     if parsed.pid != inner:  # a child that inherited its parent's memfd, or a false pid
         return f"malformed: names pid {parsed.pid}, not its process's"
-    if proc_start_ticks(pid, proc) != parsed.start_time_ticks:
+    got = proc_stat(pid, proc)
+    if got is None or got[0] != parsed.start_time_ticks:
         return f"malformed: names another start time than process {pid}'s"
-    return dataclasses.replace(parsed, pid=pid, ppid=_ppid(proc, pid), pidns=ns if ns != here else None)
+    return dataclasses.replace(parsed, pid=pid, ppid=got[2], pidns=ns if ns != here else None)
 
 
 def _memfd_now(proc: str, probe: ProcessProbe) -> ProcessProbe:
@@ -950,16 +925,6 @@ def _memfd_now(proc: str, probe: ProcessProbe) -> ProcessProbe:
     got = proc_stat(probe.pid, proc)
     state = got[1] if got is not None and got[0] == probe.start_time_ticks else None
     return _aged(dataclasses.replace(probe, proc_state=state), max(0.0, time.time() - probe.published_at))
-
-
-def _ppid(proc: str, pid: int) -> int | None:
-    """Field 4 of /proc/PID/stat: the parent's pid as this dltop sees it."""
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            text = f.read(4096)
-        return int(text[text.rfind(b")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _round_robin(memfds: Iterable[tuple[int, int, int]], ignored: list[IgnoredProbe]) -> list[tuple[int, int]]:

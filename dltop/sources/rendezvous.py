@@ -76,12 +76,6 @@ class _Sweep:
         if n <= SWEEP_PER_USER and self._kept(uid) < SWEEP_PER_USER:
             self.found[entry.path] = (entry.path, uid) if ns is None else (entry.path, uid, int(ns))
 
-    def kept(self) -> list[ProbeDir]:
-        """The folders found that are still there."""
-        for path in [path for path in self.found if not os.path.lexists(path)]:
-            del self.found[path]
-        return list(self.found.values())
-
     def step(self, now: float, until: float) -> None:
         if self.entries is None:
             if now < self.next_at:
@@ -135,23 +129,11 @@ class Rendezvous:
         the descriptors of those that are due looked at, within SCAN_BUDGET_S."""
         now = time.monotonic() if now is None else now
         self.notes = []
-        if not self._list(now):
-            return
-        self._scan(now)
-        until = time.monotonic() + SWEEP_BUDGET_S
-        for sweep in self.sweeps:
-            sweep.step(now, until)
-            self.notes += [(sweep.base, f"uid {uid}: {n} more folders past {SWEEP_PER_USER}: not read")
-                           for uid, n in sorted(sweep.cut.items()) if self.wanted(uid)]
-
-    def _list(self, now: float) -> bool:
-        """The table made the processes /proc lists (each new one's owner from the kernel); False where it cannot
-        be listed."""
         try:
             pids = {int(n) for n in os.listdir(self.proc) if n.isdigit()}
         except OSError as e:
             self.notes.append((self.proc, f"cannot list: {e.strerror}"))
-            return False
+            return
         for gone in self.table.keys() - pids:
             del self.table[gone]
         for pid in pids - self.table.keys():
@@ -161,19 +143,20 @@ class Rendezvous:
                 continue
             pidns = pid_namespace(self.proc, pid) if self.shared else None
             self.table[pid] = _Process(uid, pidns, due=now)
-        return True
+        self._scan(now)
+        until = time.monotonic() + SWEEP_BUDGET_S
+        for sweep in self.sweeps:
+            sweep.step(now, until)
+            self.notes += [(sweep.base, f"uid {uid}: {n} more folders past {SWEEP_PER_USER}: not read")
+                           for uid, n in sorted(sweep.cut.items()) if self.wanted(uid)]
 
-    def _due(self, now: float) -> list[int]:
-        """The pids whose descriptors are due a look, round robin over the users: one user's thousand processes do
-        not hold up another's."""
+    def _scan(self, now: float) -> None:
         due: dict[int, list[int]] = {}
         for pid, p in self.table.items():
             if p.memfd is None and p.due <= now and (self.me == 0 or p.uid == self.me):
                 due.setdefault(p.uid, []).append(pid)
-        return [pid for group in itertools.zip_longest(*due.values()) for pid in group if pid is not None]
-
-    def _scan(self, now: float) -> None:
-        order = self._due(now)
+        # round robin over the users: one user's thousand processes do not hold up another's
+        order = [pid for group in itertools.zip_longest(*due.values()) for pid in group if pid is not None]
         deadline = time.monotonic() + SCAN_BUDGET_S
         for i, pid in enumerate(order):
             if time.monotonic() > deadline:
@@ -250,7 +233,9 @@ class Rendezvous:
             out[self.own] = (self.own, self.me)
         out.update(self._pod_dirs())
         for sweep in self.sweeps:
-            for d in sweep.kept():
-                if self.wanted(d[1]):
-                    out.setdefault(d[0], d)
+            for path, d in list(sweep.found.items()):
+                if not os.path.lexists(path):
+                    del sweep.found[path]
+                elif self.wanted(d[1]):
+                    out.setdefault(path, d)
         return [d for d in out.values() if os.path.lexists(d[0])]
