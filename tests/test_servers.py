@@ -754,3 +754,26 @@ def test_the_kv_pool_in_bytes_comes_from_the_model_s_config_in_the_hub_cache(ser
 
     got = [(lbl, v) for f, lbl, v in samples(Snapshot(ts=1.0, host="h", servers=(s, nowhere))) if f is KV_CAPACITY_BYTES]
     assert got == [({"server": s.url, "engine": "vllm"}, float(s.kv_capacity_bytes))]
+
+
+def test_a_tls_connection_is_made_with_the_handlers_own_context() -> None:
+    """The Prometheus client's CA file and insecure_skip_verify live in the TLS handler's context: the connection
+    the handler opens is given that context, not http.client's default one."""
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context()
+    _, _, tls = servers.watched_handlers()
+    handler = tls(servers.Watchdog(5.0), ctx)
+    given: dict[str, object] = {}
+
+    def connect(host: str, **kwargs: object) -> object:
+        given.update(kwargs)
+        raise ConnectionRefusedError  # no network: what reached the connection is all this test needs
+
+    handler.connect = connect
+    req = urllib.request.Request("https://127.0.0.1:9/metrics")
+    req.timeout = 5.0  # type: ignore[attr-defined]  # what the opener sets before a handler opens
+    with pytest.raises(ConnectionRefusedError):
+        handler.https_open(req)
+    assert given.get("context") is ctx

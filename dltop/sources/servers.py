@@ -20,7 +20,7 @@ import urllib.parse
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 from dltop.fmt import printable
@@ -29,6 +29,8 @@ from dltop.model.servers import ModelStats, ServerStats
 
 if TYPE_CHECKING:
     import urllib.request
+
+    from dltop.kv import KvShape
 
 MAX_PAYLOAD_BYTES = 2 << 20  # a real vLLM scrape is tens to a few hundred KiB; more is not a /metrics page
 MAX_LINE_CHARS = 64 << 10  # vLLM's longest line (cache_config_info's labels) is under 1 KiB
@@ -60,7 +62,7 @@ class Watchdog:
         self.answered = False  # the answer's head (status line and headers) came in
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
-        self._timer = threading.Timer(timeout_s, self._fire)
+        self._timer = threading.Timer(timeout_s, self.fire)
         self._timer.daemon = True
 
     def __enter__(self) -> Watchdog:
@@ -78,11 +80,16 @@ class Watchdog:
                 _shut(sock)
         return sock
 
-    def fire(self) -> None:
-        """Shut every socket now (a sibling query failed: the rest of the refresh is not waited for)."""
-        self._fire()
+    def late(self, size: int | None = None) -> ScrapeError:
+        """The error of a scrape the deadline cut off: before the answer's head was in, or after `size` bytes."""
+        if not self.answered:
+            return ScrapeError("timeout", f"no answer within {self.timeout_s:g} s (its head not complete)")
+        return ScrapeError("timeout", f"answer not complete within {self.timeout_s:g} s"
+                                      + ("" if size is None else f" (read {size:,} bytes)"))
 
-    def _fire(self) -> None:
+    def fire(self) -> None:
+        """Shut every socket now: at the deadline, or when a sibling query failed (the rest of a refresh is not
+        waited for)."""
         with self._lock:
             self.fired = True
             for sock in self._socks:
@@ -115,30 +122,27 @@ def watched_handlers() -> tuple[type[Any], type[Any], type[Any]]:
     class _Http(urllib.request.HTTPHandler):
         def __init__(self, watchdog: Watchdog) -> None:
             super().__init__()
-            self.watchdog = watchdog
+            self.connect = partial(_watched_connection, watchdog, http.client.HTTPConnection)
 
         def http_open(self, req: Any) -> Any:
-            return self.do_open(self._connection, req)
-
-        def _connection(self, host: str, **kwargs: Any) -> http.client.HTTPConnection:
-            conn = http.client.HTTPConnection(host, **kwargs)
-            conn._create_connection = self.watchdog.create_connection  # type: ignore[attr-defined]
-            return conn
+            return self.do_open(self.connect, req)
 
     class _Https(urllib.request.HTTPSHandler):
         def __init__(self, watchdog: Watchdog, context: Any = None) -> None:
             super().__init__(context=context)
-            self.watchdog = watchdog
+            self.connect = partial(_watched_connection, watchdog, http.client.HTTPSConnection)
 
         def https_open(self, req: Any) -> Any:
-            return self.do_open(self._connection, req)
-
-        def _connection(self, host: str, **kwargs: Any) -> http.client.HTTPSConnection:
-            conn = http.client.HTTPSConnection(host, **kwargs)
-            conn._create_connection = self.watchdog.create_connection  # type: ignore[attr-defined]
-            return conn
+            return self.do_open(self.connect, req, context=self._context)  # type: ignore[attr-defined]
 
     return _SameHostRedirects, _Http, _Https
+
+
+def _watched_connection(watchdog: Watchdog, cls: type[Any], host: str, **kwargs: Any) -> Any:
+    """An http.client connection whose socket the watchdog makes, so it can shut it at the deadline."""
+    conn = cls(host, **kwargs)
+    conn._create_connection = watchdog.create_connection
+    return conn
 
 
 def _opener(watchdog: Watchdog) -> urllib.request.OpenerDirector:
@@ -157,12 +161,10 @@ def fetch_metrics(url: str, timeout_s: float, max_bytes: int = MAX_PAYLOAD_BYTES
             body = _fetch(url, timeout_s, max_bytes, watchdog)
         except ScrapeError as e:
             if watchdog.fired and e.state not in ("too_large", "timeout"):
-                raise ScrapeError("timeout", f"answer not complete within {timeout_s:g} s" if watchdog.answered
-                                  else f"no answer within {timeout_s:g} s (its head not complete)") from None
+                raise watchdog.late() from None
             raise
         if watchdog.fired:  # the deadline's shutdown reads as the end of the answer
-            raise ScrapeError("timeout", f"answer not complete within {timeout_s:g} s (read {len(body):,} bytes)"
-                              if watchdog.answered else f"no answer within {timeout_s:g} s (its head not complete)")
+            raise watchdog.late(len(body))
         return body
 
 
@@ -196,46 +198,48 @@ def _fetch(url: str, timeout_s: float, max_bytes: int, watchdog: Watchdog) -> by
 GZIP = ("gzip", "x-gzip")
 
 
+def _no_budget(n: int) -> None:
+    """`take` where no budget counts the bytes."""
+
+
 def read_body(resp: Any, deadline: float, max_bytes: int, watchdog: Watchdog,
-              take: Callable[[int], None] | None = None) -> bytearray:
+              take: Callable[[int], None] = _no_budget) -> bytearray:
     """The body of an HTTP answer, bounded as a whole: read in chunks until `deadline` (time.monotonic()), at most
     `max_bytes` as sent and at most `max_bytes` once inflated (a gzip Content-Encoding is inflated as it comes, a
     chunk at a time, never past the cap), each cap checked as the body grows. `take(n)` is told of every n bytes
     kept (a refresh's budget over its answers; it raises to stop). Raises ScrapeError: "timeout", "too_large",
     "garbage" (a body cut short, or an encoding that is not gzip)."""
-    def late(size: int) -> ScrapeError:
-        return ScrapeError("timeout", f"answer not complete within {watchdog.timeout_s:g} s (read {size:,} bytes)"
-                           if watchdog.answered else f"no answer within {watchdog.timeout_s:g} s (its head not "
-                           "complete)")
-
     cap = f"{max_bytes:,}-byte cap"
     inflate = _inflater(resp.headers, max_bytes, cap)
     body = bytearray()
     sent = 0
     while True:
         if time.monotonic() > deadline or watchdog.fired:
-            raise late(sent)
+            raise watchdog.late(sent)
         chunk = resp.read1(_CHUNK)
         if not chunk:
-            if watchdog.fired:  # the deadline's shutdown reads as the end of the answer
-                raise late(sent)
-            if getattr(resp, "length", None):  # bytes announced, never sent
-                raise ScrapeError("garbage", f"the answer ended after {sent:,} of the {sent + resp.length:,} "
-                                             "bytes it announced (the last numbers could be cut short)")
-            break
+            _check_complete(resp, sent, watchdog, inflate)
+            return body
         sent += len(chunk)
         if sent > max_bytes:
             raise ScrapeError("too_large", f"payload over the {cap}: read stopped there (not a /metrics page, "
                                            "or a label explosion)")
         if inflate is None:
-            if take is not None:
-                take(len(chunk))
+            take(len(chunk))
             body += chunk
         else:
             _inflate(inflate, chunk, body, max_bytes, cap, take)
+
+
+def _check_complete(resp: Any, sent: int, watchdog: Watchdog, inflate: Any) -> None:
+    """At the end of an answer's bytes, ScrapeError where they are not the whole answer."""
+    if watchdog.fired:  # the deadline's shutdown reads as the end of the answer
+        raise watchdog.late(sent)
+    if getattr(resp, "length", None):  # bytes announced, never sent
+        raise ScrapeError("garbage", f"the answer ended after {sent:,} of the {sent + resp.length:,} "
+                                     "bytes it announced (the last numbers could be cut short)")
     if inflate is not None and not inflate.eof:
         raise ScrapeError("garbage", "the gzip stream ended before its end (the answer was cut short)")
-    return body
 
 
 def _inflater(headers: Any, max_bytes: int, cap: str) -> Any:
@@ -252,7 +256,7 @@ def _inflater(headers: Any, max_bytes: int, cap: str) -> Any:
 
 
 def _inflate(inflate: Any, chunk: bytes, body: bytearray, max_bytes: int, cap: str,
-             take: Callable[[int], None] | None) -> None:
+             take: Callable[[int], None]) -> None:
     """One chunk inflated onto `body` a piece at a time: a gzip bomb never holds more than the cap and one chunk."""
     pending = chunk
     while True:
@@ -262,8 +266,7 @@ def _inflate(inflate: Any, chunk: bytes, body: bytearray, max_bytes: int, cap: s
             raise ScrapeError("garbage", f"not gzip as its Content-Encoding says: {e}") from None
         if len(body) + len(data) > max_bytes:
             raise ScrapeError("too_large", f"payload over the {cap} once inflated (gzip): read stopped there")
-        if take is not None:
-            take(len(data))
+        take(len(data))
         body += data
         pending = inflate.unconsumed_tail
         if not pending and len(data) < _CHUNK:
@@ -448,18 +451,16 @@ def _vllm(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[str
     for k in keys:
         name, replica = k
         cfg = _config_for(configs, name, replica)
-        capacity = Unavailable("no vllm:cache_config_info in the payload (block_size × num_gpu_blocks)") if (
-            cfg is None) else _capacity(cfg)
         hit_rate = _vllm_hit_rate(notes, v0_rate.get(k), cfg, k in hits and k in queries)
         u = notes.fraction(usage_name or "", usage.get(k))
         swapped_n = notes.count("vllm:num_requests_swapped", swapped.get(k), "")
         models.append(ModelStats(
             model_name=name or "(unnamed)",
             replica=replica,
-            kv_usage=Unavailable(f"{usage_name} is not a fraction 0..1" if k in usage else
-                                 "no vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc") if u is None else u,
-            kv_capacity_tokens=capacity,
-            kv_cache_dtype=None if cfg is None else cfg.get("cache_dtype"),
+            kv_usage=_fraction_or(u, k in usage, usage_name or "",
+                                  "no vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc"),
+            kv_capacity_tokens=_capacity(cfg),
+            kv_cache_dtype=(cfg or {}).get("cache_dtype"),
             kv_used_tokens=Unavailable("vLLM gives the fraction in use, not tokens"),
             prefix_cache_hit_rate=hit_rate,
             prefix_cache_hits_total=notes.total("prefix cache hits", hits.get(k)),
@@ -481,7 +482,7 @@ def _vllm_hit_rate(notes: _Notes, v0_rate: float | None, cfg: dict[str, str] | N
         v = v if v == -1 else notes.fraction("vllm:gpu_prefix_cache_hit_rate", v)
         if v == -1:
             return Unavailable("prefix caching is off (vllm:gpu_prefix_cache_hit_rate is -1)")
-        return Unavailable("vllm:gpu_prefix_cache_hit_rate is not a fraction 0..1") if v is None else v
+        return _fraction_or(v, True, "vllm:gpu_prefix_cache_hit_rate", "")
     if cfg is not None and cfg.get("enable_prefix_caching", "").lower() == "false":
         return Unavailable("prefix caching is off (vllm:cache_config_info enable_prefix_caching=False)")
     return Unavailable(V1_RATE) if counted else Unavailable("no prefix-cache metric in the payload")
@@ -496,7 +497,17 @@ def _config_for(configs: list[_Sample], name: str, replica: str | None) -> dict[
     return None
 
 
-def _capacity(cfg: dict[str, str]) -> int | Unavailable:
+def _fraction_or(value: float | None, present: bool, name: str, missing: str) -> float | Unavailable:
+    """A share as read; else why not: the payload's `name` is not a fraction 0..1, or (`missing`) it has none."""
+    if value is not None:
+        return value
+    return Unavailable(f"{name} is not a fraction 0..1" if present else missing)
+
+
+def _capacity(cfg: dict[str, str] | None) -> int | Unavailable:
+    """The pool in tokens: block_size × num_gpu_blocks of vllm:cache_config_info."""
+    if cfg is None:
+        return Unavailable("no vllm:cache_config_info in the payload (block_size × num_gpu_blocks)")
     blocks, size = cfg.get("num_gpu_blocks", ""), cfg.get("block_size", "")
     # ASCII digits only, and not too many of them: int() would take "+7", "7_000", Arabic digits, or 5,000 nines
     if not all(re.fullmatch(r"[0-9]{1,12}", v) and int(v) > 0 for v in (blocks, size)):
@@ -527,12 +538,10 @@ def _sglang(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[s
         models.append(ModelStats(
             model_name=k[0] or "(unnamed)",
             replica=k[1],
-            kv_usage=Unavailable("sglang:token_usage is not a fraction 0..1" if k in usage else
-                                 "no sglang:token_usage") if u is None else u,
+            kv_usage=_fraction_or(u, k in usage, "sglang:token_usage", "no sglang:token_usage"),
             kv_capacity_tokens=c,
             kv_used_tokens=n,
-            prefix_cache_hit_rate=Unavailable("sglang:cache_hit_rate is not a fraction 0..1" if k in hit else
-                                              "no sglang:cache_hit_rate") if h is None else h,
+            prefix_cache_hit_rate=_fraction_or(h, k in hit, "sglang:cache_hit_rate", "no sglang:cache_hit_rate"),
             running_requests=notes.count("sglang:num_running_reqs", running.get(k), "no sglang:num_running_reqs"),
             waiting_requests=notes.count("sglang:num_queue_reqs", waiting.get(k), "no sglang:num_queue_reqs"),
             preemptions_total=Unavailable("SGLang exports no preemption counter"),
@@ -546,16 +555,15 @@ def _server_totals(models: Sequence[ModelStats]) -> dict[str, Any]:
         m = models[0]
         return {"kv_usage": m.kv_usage, "kv_capacity_tokens": m.kv_capacity_tokens,
                 "prefix_cache_hit_rate": m.prefix_cache_hit_rate}
-    caps = [m.kv_capacity_tokens for m in models]
-    uses = [m.kv_usage for m in models]
-    several = f"{len(models)} models behind this server: see each model"
-    if all(isinstance(c, int) for c in caps) and all(isinstance(u, float) for u in uses):
-        total = sum(c for c in caps if isinstance(c, int))
-        used = sum(c * u for c, u in zip(caps, uses, strict=True) if isinstance(c, int) and isinstance(u, float))
-        return {"kv_usage": used / total if total else Unavailable("pools of 0 tokens"), "kv_capacity_tokens": total,
-                "prefix_cache_hit_rate": Unavailable(several)}
-    return {"kv_usage": Unavailable(several), "kv_capacity_tokens": Unavailable(several),
-            "prefix_cache_hit_rate": Unavailable(several)}
+    several = Unavailable(f"{len(models)} models behind this server: see each model")
+    caps = [m.kv_capacity_tokens for m in models if isinstance(m.kv_capacity_tokens, int)]
+    uses = [m.kv_usage for m in models if isinstance(m.kv_usage, float)]
+    if len(caps) < len(models) or len(uses) < len(models):
+        return {"kv_usage": several, "kv_capacity_tokens": several, "prefix_cache_hit_rate": several}
+    total = sum(caps)
+    used = sum(c * u for c, u in zip(caps, uses, strict=True))
+    return {"kv_usage": used / total if total else Unavailable("pools of 0 tokens"), "kv_capacity_tokens": total,
+            "prefix_cache_hit_rate": several}
 
 
 # -- the pool in bytes: tokens × bytes per token of the model's config.json --------------------------------------
@@ -605,8 +613,6 @@ def model_config_path(model_name: str, cache: str) -> str | Unavailable:
 def pool_bytes(models: Sequence[ModelStats], engine: str, cache: str) -> tuple[int | Unavailable, list[str]]:
     """The KV pool in bytes over the server's models (tokens × bytes per token of each model's config.json), and
     how it was found; Unavailable with the reason where a model's pool or config is not known."""
-    from dltop import kv
-
     total, notes = 0, []
     for m in models:
         if not isinstance(m.kv_capacity_tokens, int):
@@ -614,26 +620,37 @@ def pool_bytes(models: Sequence[ModelStats], engine: str, cache: str) -> tuple[i
         path = model_config_path(m.model_name, cache)
         if isinstance(path, Unavailable):
             return path, []
-        given = m.kv_cache_dtype or "auto"
-        dtype = _KV_DTYPES.get(given)
-        if dtype is None:
-            return Unavailable(f"{m.model_name}: KV cache dtype {given!r} is not one dltop sizes"), []
-        try:
-            cfg = kv.load_config(path)
-            if dtype == "auto" and kv.model_dtype(kv.text_config(cfg))[0] in ("float32", "float"):
-                dtype = "fp16"  # vLLM's --dtype auto serves a float32 model in float16
-            shape = kv.shape_from_config(cfg, dtype, m.model_name)
-        except kv.ConfigError as e:
-            return Unavailable(f"{m.model_name}: {e}"), []
-        if shape.sliding_layers:
-            return Unavailable(f"{m.model_name} has {shape.sliding_layers} sliding-window layers: how the engine "
-                               "pages them into its pool is not published"), []
+        shape = _kv_shape(m, path)
+        if isinstance(shape, Unavailable):
+            return shape, []
         total += m.kv_capacity_tokens * shape.bytes_per_token
         notes += [f"{m.model_name}: {n}" for n in shape.notes if n.startswith("not understood")]
         assumed = "" if m.kv_cache_dtype else f" ({engine} publishes no KV dtype: the model's assumed)"
         notes.append(f"{m.model_name} KV pool: {m.kv_capacity_tokens:,} tokens × {shape.bytes_per_token:,} bytes "
                      f"per token ({shape.dtype}{assumed}) from {path}")
     return total, notes
+
+
+def _kv_shape(m: ModelStats, path: str) -> KvShape | Unavailable:
+    """The KV cache's shape of a model served with the dtype it names, from its config.json at
+    `path`; Unavailable where dltop cannot size its pool."""
+    from dltop import kv
+
+    given = m.kv_cache_dtype or "auto"
+    dtype = _KV_DTYPES.get(given)
+    if dtype is None:
+        return Unavailable(f"{m.model_name}: KV cache dtype {given!r} is not one dltop sizes")
+    try:
+        cfg = kv.load_config(path)
+        if dtype == "auto" and kv.model_dtype(kv.text_config(cfg))[0] in ("float32", "float"):
+            dtype = "fp16"  # vLLM's --dtype auto serves a float32 model in float16
+        shape = kv.shape_from_config(cfg, dtype, m.model_name)
+    except kv.ConfigError as e:
+        return Unavailable(f"{m.model_name}: {e}")
+    if shape.sliding_layers:
+        return Unavailable(f"{m.model_name} has {shape.sliding_layers} sliding-window layers: how the engine "
+                           "pages them into its pool is not published")
+    return shape
 
 
 # -- port -> process --------------------------------------------------------------------------------------------
@@ -673,24 +690,35 @@ def _read_dump(s: socket.socket, seq: int, port: int, inodes: list[int]) -> bool
     """Read one sock_diag dump's replies into `inodes`; False on an error reply or one that does not end."""
     for _ in range(_MAX_REPLIES):
         data = s.recv(65536)
-        off = 0
-        while off + _NL_HEADER.size <= len(data):
-            length, kind, _flags, got_seq, _pid = _NL_HEADER.unpack_from(data, off)
-            if length < _NL_HEADER.size:
-                return False
-            if got_seq == seq:
-                if kind == _NLMSG_DONE:
-                    return True
-                if kind == _NLMSG_ERROR:
-                    return False
-                if kind == _SOCK_DIAG_BY_FAMILY and length >= _NL_HEADER.size + _DIAG_MSG.size:
-                    msg = _DIAG_MSG.unpack_from(data, off + _NL_HEADER.size)
-                    if msg[1] == _TCP_LISTEN and int.from_bytes(msg[4], "big") == port and msg[-1]:
-                        inodes.append(msg[-1])
-            off += (length + 3) & ~3
         if not data:
             return False
+        if (ended := _read_reply(data, seq, port, inodes)) is not None:
+            return ended
     return False
+
+
+def _read_reply(data: bytes, seq: int, port: int, inodes: list[int]) -> bool | None:
+    """One reply's netlink messages into `inodes`: True at the dump's end, False at an error (or a length that
+    cannot be), None where more replies follow."""
+    off = 0
+    while off + _NL_HEADER.size <= len(data):
+        length, kind, _flags, got_seq, _pid = _NL_HEADER.unpack_from(data, off)
+        if length < _NL_HEADER.size:
+            return False
+        if got_seq == seq:
+            if kind in (_NLMSG_DONE, _NLMSG_ERROR):
+                return kind == _NLMSG_DONE
+            if kind == _SOCK_DIAG_BY_FAMILY and length >= _NL_HEADER.size + _DIAG_MSG.size and (
+                    inode := _listener(data, off + _NL_HEADER.size, port)):
+                inodes.append(inode)
+        off += (length + 3) & ~3
+    return None
+
+
+def _listener(data: bytes, off: int, port: int) -> int:
+    """The inode of the inet_diag_msg at `off` where it is a socket listening on `port`, else 0."""
+    msg = _DIAG_MSG.unpack_from(data, off)
+    return int(msg[-1]) if msg[1] == _TCP_LISTEN and int.from_bytes(msg[4], "big") == port else 0
 
 
 def listening_inodes(root: str, port: int) -> tuple[list[int], str | None]:
@@ -703,19 +731,24 @@ def listening_inodes(root: str, port: int) -> tuple[list[int], str | None]:
     for name in ("tcp", "tcp6"):
         try:
             with open(os.path.join(root, "proc/net", name), encoding="ascii", errors="replace") as f:
-                lines = f.read().splitlines()[1:]
+                inodes += _proc_net_listening(f.read(), port)
         except OSError as e:
             problems.append(f"cannot read /proc/net/{name}: {e.strerror}")
-            continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) < 10 or cols[3] != _LISTEN:
-                continue
-            _, _, hexport = cols[1].rpartition(":")
-            with contextlib.suppress(ValueError):
-                if int(hexport, 16) == port and cols[9].isdigit() and cols[9] != "0":
-                    inodes.append(int(cols[9]))
     return inodes, "; ".join(problems) if len(problems) == 2 else None  # one of the two is enough to say
+
+
+def _proc_net_listening(text: str, port: int) -> list[int]:
+    """Inodes of the sockets listening on `port` in a /proc/net/tcp (or tcp6) text."""
+    inodes = []
+    for line in text.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) < 10 or cols[3] != _LISTEN:
+            continue
+        _, _, hexport = cols[1].rpartition(":")
+        with contextlib.suppress(ValueError):
+            if int(hexport, 16) == port and cols[9].isdigit() and cols[9] != "0":
+                inodes.append(int(cols[9]))
+    return inodes
 
 
 def pid_of_inodes(root: str, inodes: Sequence[int]) -> tuple[int | None, int]:
