@@ -147,12 +147,8 @@ def _nodes_said(nodes: tuple[ClusterNode, ...]) -> str:
     down = sum(1 for n in nodes if not n.up)
     gpus = sum(n.gpus_read for n in nodes if isinstance(n.gpus_read, int))
     lost = sum(n.gpus_lost for n in nodes)
-    return f"{len(nodes)} nodes{_aside(down, 'down')}, {gpus} GPUs{_aside(lost, 'lost')}"
-
-
-def _aside(n: int, what: str) -> str:
-    """' (2 down)', or '' where there are none."""
-    return f" ({n} {what})" if n else ""
+    return (f"{len(nodes)} nodes" + (f" ({down} down)" if down else "") + f", {gpus} GPUs"
+            + (f" ({lost} lost)" if lost else ""))
 
 
 NO_JOB_ID = "(no job id)"  # the jobs table's group of the ranks whose probe gave no job id
