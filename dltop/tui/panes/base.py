@@ -38,6 +38,7 @@ class Pane(Vertical):
     def __init__(self) -> None:
         super().__init__(id=f"pane-{self.PANE_ID}", classes="pane")
         self.view: View | None = None
+        self._bindings_shown: tuple[object, ...] = ()
 
     def show(self, view: View) -> None:
         """Remember the view and render it; the app calls this on every tick for the visible pane, and once
@@ -64,6 +65,12 @@ class Pane(Vertical):
         """Draw the view on screen again (after a key changed what the pane shows of it)."""
         if self.view is not None:
             self.render_view(self.view)
+
+    def _offer(self, shown: tuple[object, ...]) -> None:
+        """Refresh the footer's keys when what decides them (`shown`) changed."""
+        if shown != self._bindings_shown:
+            self._bindings_shown = shown
+            self.refresh_bindings()
 
     def box_shown(self, selector: str) -> bool:
         """Whether the input box `selector` is open. A pane is composed when first shown (the app's
@@ -129,15 +136,14 @@ def progress_text(ev: ActionEvent | None) -> Text:
 
 
 class TablePane(Pane):
-    """A pane over one DataTable of keyed rows, opened and gone back up in as a tree: the row under the cursor,
-    a redraw on demand, the footer refreshed when what it offers changes, and keys that say why they do nothing."""
+    """A pane over one DataTable of keyed rows, opened and gone back up in as a tree: the row under the cursor, and
+    keys that say why they do nothing."""
 
     TABLE: ClassVar[str] = ""  # the table's selector
 
     def __init__(self) -> None:
         super().__init__()
         self._rows: list[str] = []  # the keys of the rows shown, in order
-        self._bindings_shown: tuple[object, ...] = ()
 
     def _selected(self) -> str | None:
         """The key of the row under the cursor."""
@@ -148,12 +154,6 @@ class TablePane(Pane):
             return None
         row = min(max(table.cursor_row, 0), table.row_count - 1)
         return str(table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value)
-
-    def _offer(self, shown: tuple[object, ...]) -> None:
-        """Refresh the footer's keys when what decides them (`shown`) changed."""
-        if shown != self._bindings_shown:
-            self._bindings_shown = shown
-            self.refresh_bindings()
 
     def _refuse(self, event: events.Key, why: str | None) -> None:
         """The key pressed does nothing now (`why` is not None): say why instead of nothing."""

@@ -685,4 +685,5 @@ class TrainingPane(Pane):
         set_content(notes_widget, Content("\n").join(lines))
         notes_widget.display = bool(self._notes)
         self.query_one("#tr-notes-box").display = bool(self._notes)
-        self.refresh_bindings()
+        # what check_action reads: the footer's keys change with it
+        self._offer((bool(self._exited()), self.has_class("-one-job"), len(self._notes) > NOTES_FOLDED or self._notes_open))
