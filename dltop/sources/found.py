@@ -16,6 +16,7 @@ inode), and `/`, system folders, homes, Python prefixes and what holds them are 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import stat
@@ -78,15 +79,7 @@ class Rules:
     def __init__(self, extra_homes: Iterable[str] = ()) -> None:
         self.home_of = homes(extra_homes)
         self.prefixes = known_prefixes(os.environ)
-        self._memo: dict[str, bool] = {}
-
-    def allowed(self, path: str) -> bool:
-        got = self._memo.get(path)
-        if got is None:
-            got = self._memo[path] = self._allowed(path)
-            if len(self._memo) > 4096:
-                self._memo.clear()
-        return got
+        self.allowed = functools.lru_cache(maxsize=4096)(self._allowed)
 
     def _allowed(self, path: str) -> bool:
         if not path.startswith("/") or len(path) > MAX_PATH or "\0" in path:
