@@ -109,12 +109,6 @@ def _target(name: str, settings: Any, options: Any) -> str:
     return loc.path
 
 
-def _print_json(plan: Any) -> None:
-    from dltop.model.base import to_dict
-
-    sys.stdout.write(json.dumps(to_dict(plan)) + "\n")
-
-
 def _confirmed(what: str) -> bool:
     """The user said yes on the terminal; DltopError where there is no terminal to ask on."""
     if not sys.stdin.isatty():
@@ -122,16 +116,38 @@ def _confirmed(what: str) -> bool:
     return input(f"Clear {what}? [y/N] ").strip().lower() in ("y", "yes")
 
 
-def _print_cleared(args: argparse.Namespace, r: Any) -> None:
+def _print_plan(args: argparse.Namespace, plan: Any, what: str) -> int:
+    """A refused clear (1; DltopError where the output is not JSON) or a dry run (0), as planned."""
+    from dltop.fmt import printable
+
+    if args.json:
+        from dltop.model.base import to_dict
+
+        sys.stdout.write(json.dumps(to_dict(plan)) + "\n")
+    elif not plan.allowed:
+        raise DltopError(plan.guard)
+    else:
+        print(f"would clear {what}")
+        for n in plan.notes:
+            print(f"note: {printable(n)}")
+    return 0 if plan.allowed else 1
+
+
+def _print_cleared(args: argparse.Namespace, r: Any, signals: list[int]) -> int:
+    """What the clear did, measured; the exit status: 128 + the signal that cancelled it, 1 where a name was not
+    removed or blocks are still held (the clear did not finish), else 0."""
     from dltop.actions.caches import summary
     from dltop.fmt import printable
 
     if args.json:
         sys.stdout.write(json.dumps(r.to_dict()) + "\n")
-        return
-    print(printable(summary(r)))
-    for p in r.problems[:5]:
-        print(f"  {printable(p)}")
+    else:
+        print(printable(summary(r)))
+        for p in r.problems[:5]:
+            print(f"  {printable(p)}")
+    if signals:
+        return 128 + signals[0]
+    return 1 if r.left_behind else 0
 
 
 def _run_clear(runner: Any, path: str, options: Any, progress: bool) -> tuple[Any, list[int]]:
@@ -167,27 +183,13 @@ def _clear(args: argparse.Namespace, settings: Any, name: str) -> int:
     if planned.error is not None:
         raise planned.error
     plan = planned.result
-    if not plan.allowed:
-        if args.json:
-            _print_json(plan)
-            return 1
-        raise DltopError(plan.guard)
     what = f"{human_bytes(plan.bytes)} in {plural(plan.files, 'file')} under {printable(path)}"
-    if args.dry_run:
-        if args.json:
-            _print_json(plan)
-        else:
-            print(f"would clear {what}")
-            for n in plan.notes:
-                print(f"note: {printable(n)}")
-        return 0
+    if not plan.allowed or args.dry_run:
+        return _print_plan(args, plan, what)
     for n in plan.notes:
         print(f"note: {printable(n)}", file=sys.stderr)
     if SPECS["clear"].risky and not args.yes and not _confirmed(what):
         print("not cleared", file=sys.stderr)
         return 1
     r, signals = _run_clear(runner, path, options, sys.stderr.isatty() and not args.no_progress)
-    _print_cleared(args, r)
-    if signals:
-        return 128 + signals[0]
-    return 1 if r.left_behind else 0  # a name not removed, or blocks still held: the clear did not finish
+    return _print_cleared(args, r, signals)

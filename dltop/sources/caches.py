@@ -123,16 +123,24 @@ def may_hold_distribution(name: str, path: Iterable[str]) -> bool:
         root = entry or "."
         if root.lower().endswith(".egg"):
             return True  # its EGG-INFO names no distribution in a folder name
-        try:
-            children = os.listdir(root)
-        except NotADirectoryError:
-            return True  # a zip on the path
-        except OSError:
-            continue  # missing or unreadable: importlib.metadata finds nothing there either
-        for child in children:
-            low = child.lower()
-            if low.endswith((".dist-info", ".egg-info")) and _dist_key(low.rpartition(".")[0].partition("-")[0]) == want:
-                return True
+        if _may_hold_in(root, want):
+            return True
+    return False
+
+
+def _may_hold_in(root: str, want: str) -> bool:
+    """Whether the path entry `root` may hold distribution `want` (normalized): a zip may, a folder does where a
+    `.dist-info` or `.egg-info` in it has that name."""
+    try:
+        children = os.listdir(root)
+    except NotADirectoryError:
+        return True  # a zip on the path
+    except OSError:
+        return False  # missing or unreadable: importlib.metadata finds nothing there either
+    for child in children:
+        low = child.lower()
+        if low.endswith((".dist-info", ".egg-info")) and _dist_key(low.rpartition(".")[0].partition("-")[0]) == want:
+            return True
     return False
 
 
@@ -268,18 +276,12 @@ def _torch_caches(e: Environment) -> list[Location]:
                             "default: ~/.triton/cache"))
     # CUDA's JIT cache of PTX compiled for this GPU (the driver's, not a library's)
     knobs = {k: env.get(k) or "not set (the driver's default)" for k in ("CUDA_CACHE_MAXSIZE", "CUDA_CACHE_DISABLE")}
-    if (hit := _first(env, "CUDA_CACHE_PATH")) is not None:
-        out.append(Location("cuda", "CUDA ComputeCache", hit[0], hit[1], knobs))
-    else:
-        out.append(Location("cuda", "CUDA ComputeCache", os.path.join(e.home, ".nv", "ComputeCache"),
-                            "default: ~/.nv/ComputeCache", knobs))
+    out.append(Location("cuda", "CUDA ComputeCache", *_first(env, "CUDA_CACHE_PATH") or (
+        os.path.join(e.home, ".nv", "ComputeCache"), "default: ~/.nv/ComputeCache"), knobs))
     xdg, xdg_why = _xdg_cache(e)
     # torch.utils.cpp_extension: TORCH_EXTENSIONS_DIR, else user_cache_dir("torch_extensions")/py311_cu121
-    if (hit := _first(env, "TORCH_EXTENSIONS_DIR")) is not None:
-        out.append(Location("torch_extensions", "torch extensions", hit[0], hit[1]))
-    else:
-        out.append(Location("torch_extensions", "torch extensions", os.path.join(xdg, "torch_extensions"),
-                            f"default: {xdg_why}/torch_extensions"))
+    out.append(Location("torch_extensions", "torch extensions", *_first(env, "TORCH_EXTENSIONS_DIR") or (
+        os.path.join(xdg, "torch_extensions"), f"default: {xdg_why}/torch_extensions")))
     # torch.hub: $TORCH_HOME/hub, TORCH_HOME defaulting to $XDG_CACHE_HOME/torch (~/.cache/torch)
     if (hit := _first(env, "TORCH_HOME")) is not None:
         out.append(Location("torch_hub", "torch hub", os.path.join(_expanduser(hit[0], e), "hub"),
@@ -338,10 +340,8 @@ def _serving_caches(e: Environment) -> list[Location]:
         out.append(Location("flashinfer", "FlashInfer", os.path.join(e.home, ".cache", "flashinfer"),
                             "default: ~/.cache/flashinfer"))
     # DeepGEMM's JIT: DG_JIT_CACHE_DIR, else ~/.deep_gemm
-    if (hit := _first(env, "DG_JIT_CACHE_DIR")) is not None:
-        out.append(Location("deep_gemm", "DeepGEMM", hit[0], hit[1]))
-    else:
-        out.append(Location("deep_gemm", "DeepGEMM", os.path.join(e.home, ".deep_gemm"), "default: ~/.deep_gemm"))
+    out.append(Location("deep_gemm", "DeepGEMM", *_first(env, "DG_JIT_CACHE_DIR") or (
+        os.path.join(e.home, ".deep_gemm"), "default: ~/.deep_gemm")))
     # JAX keeps a persistent compilation cache only when told where (jax_compilation_cache_dir)
     if (hit := _first(env, "JAX_COMPILATION_CACHE_DIR")) is not None:
         out.append(Location("jax", "JAX compilation cache", hit[0], hit[1]))
@@ -378,6 +378,13 @@ class _Dir:
         # the biggest non-folders: -blocks, name, st_size, mtime and atime (_NONE: not a regular file)
         self.kept: list[tuple[int, str, int, float, float]] = []
         self.subdirs: list[int] = []
+
+    def add(self, size: int, apparent: int, files: int, newest: float, oldest: float, atime: float) -> None:
+        """Totals of what is in the folder (bytes of blocks, st_size, regular files, file times) added to its own."""
+        self.size += size
+        self.apparent += apparent
+        self.files += files
+        self.newest, self.oldest, self.atime = max(self.newest, newest), min(self.oldest, oldest), max(self.atime, atime)
 
 
 _NONE, _NEVER = float("-inf"), float("inf")  # no file seen yet (newest, oldest)
@@ -532,7 +539,7 @@ class _Walker:
         node.count = len(names)
         cut = -1  # blocks at or below this cannot make the kept list (once it is full)
         blocks = apparent = files = 0
-        newest, oldest, atime = node.newest, node.oldest, node.atime
+        newest, oldest, atime = _NONE, _NEVER, _NONE
         for k in range(0, len(names), _CHECK_EVERY):
             self.listed += min(_CHECK_EVERY, len(names) - k)
             if self.listed >= self.next_check:  # the budget looked at every few thousand names, in small folders too
@@ -586,22 +593,14 @@ class _Walker:
                         kept.sort()
                         del kept[limit:]
                         cut = -kept[-1][0]
-        node.size += blocks * 512
-        node.apparent += apparent
-        node.files += files
-        node.newest, node.oldest, node.atime = newest, oldest, atime
+        node.add(blocks * 512, apparent, files, newest, oldest, atime)
 
 
 def _summed(w: CacheWalk, nodes: list[_Dir], keep_depth: int) -> CacheWalk:
     """The walk's totals: each folder summed into its parent; the walked folder's entries and the biggest
     deeper folders' entries kept."""
     for node in reversed(nodes[1:]):  # a folder comes after its parent: children are summed into parents
-        up = nodes[node.parent]
-        up.size += node.size
-        up.apparent += node.apparent
-        up.files += node.files
-        up.newest, up.oldest, up.atime = (max(up.newest, node.newest), min(up.oldest, node.oldest),
-                                          max(up.atime, node.atime))
+        nodes[node.parent].add(node.size, node.apparent, node.files, node.newest, node.oldest, node.atime)
     root = nodes[0]
     w.size_bytes, w.apparent_bytes, w.files = root.size, root.apparent, root.files
     w.newest, w.oldest, w.newest_atime = _time(root.newest), _time(root.oldest), _time(root.atime)
@@ -650,10 +649,7 @@ def _took(w: CacheWalk, nodes: list[_Dir], stack: list[int], i: int, r: tuple[An
         if len(node.kept) >= 2 * limit:
             node.kept.sort()
             del node.kept[limit:]
-    node.size += blocks * 512
-    node.apparent += apparent
-    node.files += files
-    node.newest, node.oldest, node.atime = max(node.newest, newest), min(node.oldest, oldest), max(node.atime, atime)
+    node.add(blocks * 512, apparent, files, newest, oldest, atime)
     return listed, next_check, stopped
 
 
@@ -921,27 +917,32 @@ def _contents(loc: Location, walked: str, w: CacheWalk, locked: set[tuple[int, i
     """A walked cache's biggest entries and folders, version keys and lock files, as CacheInfo's fields; paths
     under the cache's own name, as the tool names them (`walked` is where a symlinked cache leads)."""
     hub = hub_repos(walked) if loc.name == "hf_hub" else {}
-
-    def shown(p: str) -> str:
-        return loc.path + p[len(walked):] if walked != loc.path and p.startswith(walked) else p
-
-    def entry(en: _Entry) -> CacheEntry:
-        return _entry(loc.name, en, hub, shown(en.path))
-
     top = sorted(w.entries, key=lambda en: (-en.size, en.name))
     left = top[ENTRIES_KEPT:]
-    folders = [CacheFolder(shown(p), tuple(entry(en) for en in kids), more, more_b, more_a)
-               for p, kids, more, more_b, more_a in w.folders
-               if os.path.basename(p) not in hub or os.path.dirname(p) != walked]
-    for name, repo in hub.items():  # a repo opens on its revisions, not on blobs/ refs/ snapshots/
-        folders.insert(0, CacheFolder(os.path.join(loc.path, name), repo.revisions))
-    return {"entries": tuple(entry(en) for en in top[:ENTRIES_KEPT]), "more_entries": w.more_entries + len(left),
-            "more_bytes": w.more_bytes + sum(en.size for en in left),
+    return {"entries": tuple(_entry(loc.name, en, hub, _shown(en.path, walked, loc.path)) for en in top[:ENTRIES_KEPT]),
+            "more_entries": w.more_entries + len(left), "more_bytes": w.more_bytes + sum(en.size for en in left),
             "more_apparent_bytes": w.more_apparent_bytes + sum(en.apparent for en in left),
-            "folders": tuple(folders),
+            "folders": _folders(loc, walked, w, hub),
             "version_keys": tuple(sorted(en.name for en in w.entries if VERSION_KEY.fullmatch(en.name))),
-            "locks": tuple(LockFile(shown(p), s.st_mtime, (os.major(s.st_dev), os.minor(s.st_dev), s.st_ino) in locked)
-                           for p, s in w.locks)}
+            "locks": tuple(LockFile(_shown(p, walked, loc.path), s.st_mtime,
+                                    (os.major(s.st_dev), os.minor(s.st_dev), s.st_ino) in locked) for p, s in w.locks)}
+
+
+def _shown(p: str, walked: str, path: str) -> str:
+    """Path `p` of a walk of `walked` under the cache's own `path` (they differ where the cache is a symlink)."""
+    return path + p[len(walked):] if walked != path and p.startswith(walked) else p
+
+
+def _folders(loc: Location, walked: str, w: CacheWalk, hub: dict[str, HubRepo]) -> tuple[CacheFolder, ...]:
+    """The folders whose biggest entries the walk kept; a hub repo opens on its revisions first, not on blobs/
+    refs/ snapshots/."""
+    folders = [CacheFolder(os.path.join(loc.path, name), repo.revisions) for name, repo in reversed(hub.items())]
+    for p, kids, more, more_b, more_a in w.folders:
+        if os.path.basename(p) in hub and os.path.dirname(p) == walked:
+            continue  # a repo's own folder: it is above, by its revisions
+        entries = tuple(_entry(loc.name, en, hub, _shown(en.path, walked, loc.path)) for en in kids)
+        folders.append(CacheFolder(_shown(p, walked, loc.path), entries, more, more_b, more_a))
+    return tuple(folders)
 
 
 def refused_cache(loc: Location, rule: str, reason: str, version_key: str = "") -> CacheInfo:
@@ -964,35 +965,42 @@ def _temp_dirs(e: Environment) -> list[str]:
 
 
 def read_caches(e: Environment, extra: Iterable[str] = (), root: str = "/", *, names: frozenset[str] | None = None,
-                last: Mapping[str, CacheInfo] | None = None, cancel: threading.Event | None = None,
+                last: Mapping[str, CacheInfo] = {}, cancel: threading.Event | None = None,  # noqa: B006 (read only)
                 deadline_s: float | None = None, cpu_fraction: float | None = None) -> CachesPart:
     """Every cache resolved in `e`, walked (with `names`, only those; the others keep their `last` reading)."""
     mounts = _mounts(root)
     locked = read_proc_locks(root)
     temps = _temp_dirs(e)
-    added = set(extra)
-    home_of, prefixes = (homes([e.home]), known_prefixes(e.env)) if e.pid is not None else ({}, {})
+    locs = resolve(e, extra)
+    kept = {(c.name, c.path): c for c in last.values()}  # a reading of the folder resolved now
     out = []
-    for loc in resolve(e, extra):
-        prev = (last or {}).get(loc.name)
-        if names is not None and loc.name not in names and prev is not None and prev.path == loc.path:
+    for loc, refused in zip(locs, _refusals(e, locs, set(extra)), strict=True):
+        prev = kept.get((loc.name, loc.path))
+        if prev is not None and names is not None and loc.name not in names:
             out.append(prev)
-            continue
-        # A path another process's environment gave (--pid: whoever runs it sets it) is walked only where a clear
-        # could go: `TORCHINDUCTOR_CACHE_DIR=/` is listed as refused, by the clear's own rule, not walked whole.
-        # dltop's own environment and the folders you added are yours: walked as given.
-        why = None if e.pid is None or loc.name in added else root_refusal(loc.path, home_of=home_of,
-                                                                            prefixes=prefixes)
-        if why is not None:
-            out.append(refused_cache(loc, why.rule, why.reason, e.current_version_key))
-            continue
-        info = read_cache(loc, mounts=mounts, locked=locked, temp_dirs=temps, version_key=e.current_version_key,
-                          cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction)
-        if not info.complete and prev is not None and prev.complete and prev.path == info.path:
+        elif refused is not None:
+            out.append(refused)
+        else:
+            info = read_cache(loc, mounts=mounts, locked=locked, temp_dirs=temps, version_key=e.current_version_key,
+                              cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction)
             # A walk cut short by its budget says less than the last whole one: keep that, marked by its age.
-            info = prev
-        out.append(info)
+            out.append(prev if prev is not None and prev.complete and not info.complete else info)
     return CachesPart(caches=tuple(out), environment=e.label, pid=e.pid)
+
+
+def _refusals(e: Environment, locs: list[Location], added: set[str]) -> list[CacheInfo | None]:
+    """For each of `locs`, the cache refused (not walked), or None. A path another process's environment gave
+    (--pid: whoever runs it sets it) is walked only where a clear could go: `TORCHINDUCTOR_CACHE_DIR=/` is listed
+    as refused, by the clear's own rule, not walked whole. dltop's own environment and the folders you added are
+    yours: walked as given."""
+    if e.pid is None:
+        return [None] * len(locs)
+    home_of, prefixes = homes([e.home]), known_prefixes(e.env)
+    out: list[CacheInfo | None] = []
+    for loc in locs:
+        why = None if loc.name in added else root_refusal(loc.path, home_of=home_of, prefixes=prefixes)
+        out.append(None if why is None else refused_cache(loc, why.rule, why.reason, e.current_version_key))
+    return out
 
 
 def _mounts(root: str) -> list[Mount]:
