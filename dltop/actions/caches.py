@@ -338,11 +338,12 @@ def _count_inodes(t: Tally, links: dict[tuple[int, int], list[int]], held: set[t
     t.linked_outside, t.held_open = (outside[0], outside[1]), (open_[0], open_[1])
 
 
-def _tally_all(paths: list[str], held: set[tuple[int, int]], cancel: threading.Event | None) -> tuple[int, int]:
-    """The bytes freed and the files removed by clearing each of `paths` (a hub revision's deletions)."""
+def _tally_all(paths: list[str], keep_top: bool, held: set[tuple[int, int]],
+               cancel: threading.Event | None) -> tuple[int, int]:
+    """The bytes freed and the files removed by clearing each of `paths` (`keep_top` as for `tally`)."""
     freed = files = 0
     for p in paths:
-        t = tally(p, False, held, cancel)
+        t = tally(p, keep_top, held, cancel)
         freed, files = freed + t.freed_bytes, files + t.files
     return freed, files
 
@@ -393,7 +394,7 @@ def _plan_hub(path: str, loc: src.Location, repo: str, revision: str, options: C
         paths, expected, whole = hub_deletions(loc, revision, options)
     except DltopError as e:
         return _refused_plan(path, e)
-    freed, files = _tally_all(paths, open_inodes(st.st_dev, options.root), cancel)
+    freed, files = _tally_all(paths, False, open_inodes(st.st_dev, options.root), cancel)
     repo_id = src.hub_repo_id(os.path.basename(repo))
     notes = [f"huggingface_hub's delete_revisions plans this (as hf cache rm does): it expects to free "
              f"{human_bytes(expected)} (file sizes; dltop counts blocks), blobs linked by another revision stay."]
@@ -583,74 +584,58 @@ class _Clearer:
 
 def clear(path: str, options: ClearOptions, *, dry_run: bool = False,
           progress: Callable[[Progress], None] | None = None, cancel: threading.Event | None = None) -> ClearResult:
-    """Clear a cache (what is in its folder) or one entry of it (the entry itself), after the checks of `check`."""
+    """Clear a cache (what is in its folder) or one entry of it (the entry itself), after the checks of `check`.
+    A hub revision is what huggingface_hub's delete_revisions plans, removed in its order by the same deletion."""
     loc, st = check(path, options)
     path = os.path.normpath(path)
     held = open_inodes(st.st_dev, options.root)
-    if (rev := hub_revision(path, loc)) is not None:
-        return _clear_hub(path, loc, rev[1], options, st, held, dry_run, progress, cancel)
-    t = tally(path, _keeps_folder(path, loc, st), held, cancel)
-    r = ClearResult(action="clear", paths=[path], cache=loc.name, dry_run=dry_run, total_bytes=t.freed_bytes,
-                    files=t.files)
-    if dry_run or is_cancelled(cancel):
-        r.cancelled = not dry_run
-        return r
-    t0 = time.monotonic()
-    ticker = _Ticker("clear", r.total_bytes, progress)
-    clearer = _Clearer(st.st_dev, ticker, cancel, r, held)
-    name = os.path.basename(path)
-    pfd = open_parent(path, loc.path)
-    free_before = _free_bytes(pfd)
-    try:
-        if _keeps_folder(path, loc, st):
-            fd = os.open(name, _O_DIR, dir_fd=pfd)
-            try:
-                if not os.path.samestat(st, os.fstat(fd)):
-                    raise DltopError(f"refused: {display_path(path)} changed while being checked")
-                clearer.contents(fd, path)
-            finally:
-                os.close(fd)
-        else:
-            clearer.entry(pfd, name, path)
-        clearer.finish()
-        after = _free_bytes(pfd)
-        if free_before is not None and after is not None:
-            r.fs_free_delta_bytes = after - free_before
-    finally:
-        os.close(pfd)
-    return _cleared(r, clearer, path, t0)
-
-
-def _clear_hub(path: str, loc: src.Location, revision: str, options: ClearOptions, st: os.stat_result,
-               held: set[tuple[int, int]], dry_run: bool, progress: Callable[[Progress], None] | None,
-               cancel: threading.Event | None) -> ClearResult:
-    """One hub revision: what huggingface_hub's delete_revisions plans, removed in its order by dltop's own
-    confined deletion (folder fds, no symlink followed, counted per inode)."""
-    paths, _expected, _whole = hub_deletions(loc, revision, options)
-    total, files = _tally_all(paths, held, cancel)
+    rev = hub_revision(path, loc)
+    paths = [path] if rev is None else hub_deletions(loc, rev[1], options)[0]
+    keep = _keeps_folder(path, loc, st)
+    total, files = _tally_all(paths, keep, held, cancel)
     r = ClearResult(action="clear", paths=[path], cache=loc.name, dry_run=dry_run, total_bytes=total, files=files)
     if dry_run or is_cancelled(cancel):
         r.cancelled = not dry_run
         return r
     t0 = time.monotonic()
-    ticker = _Ticker("clear", total, progress)
-    clearer = _Clearer(st.st_dev, ticker, cancel, r, held)
+    clearer = _Clearer(st.st_dev, _Ticker("clear", total, progress), cancel, r, held)
+    r.fs_free_delta_bytes = _delete(paths, loc.path, st if keep else None, clearer)
+    return _cleared(r, clearer, path, t0)
+
+
+def _delete(paths: list[str], cache: str, kept: os.stat_result | None, clearer: _Clearer) -> int | None:
+    """Remove each of `paths` in turn (a hub revision's: snapshot entries and refs before blobs, so an interrupted
+    delete leaves no link to a lost blob), or empty the one cache folder `kept` is the lstat of; the bytes its
+    filesystem gained meanwhile (None: statvfs could not say)."""
     free_before = after = None
-    for p in paths:  # snapshot entries and refs before blobs: an interrupted delete leaves no link to a lost blob
+    for p in paths:
         if clearer.stopped():
             break
-        pfd = open_parent(p, loc.path)
+        pfd = open_parent(p, cache)
         try:
             if free_before is None:
                 free_before = _free_bytes(pfd)
-            clearer.entry(pfd, os.path.basename(p), p)
+            if kept is not None:
+                _empty(pfd, p, kept, clearer)
+            else:
+                clearer.entry(pfd, os.path.basename(p), p)
             after = _free_bytes(pfd)
         finally:
             os.close(pfd)
     clearer.finish()
-    if free_before is not None and after is not None:
-        r.fs_free_delta_bytes = after - free_before
-    return _cleared(r, clearer, path, t0)
+    return after - free_before if free_before is not None and after is not None else None
+
+
+def _empty(pfd: int, path: str, st: os.stat_result, clearer: _Clearer) -> None:
+    """Remove what is in the cache folder `path` (in the folder open at `pfd`), once it is checked to be the
+    folder `st` describes."""
+    fd = os.open(os.path.basename(path), _O_DIR, dir_fd=pfd)
+    try:
+        if not os.path.samestat(st, os.fstat(fd)):
+            raise DltopError(f"refused: {display_path(path)} changed while being checked")
+        clearer.contents(fd, path)
+    finally:
+        os.close(fd)
 
 
 def _cleared(r: ClearResult, clearer: _Clearer, path: str, t0: float) -> ClearResult:

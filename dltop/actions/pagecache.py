@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from dltop import kernel
@@ -32,7 +32,7 @@ from dltop.model.datasets import (
     counted_once,
 )
 from dltop.residency.budget import MAX_PROBLEMS, Budget, path_error
-from dltop.residency.measure import data_extents, data_pages
+from dltop.residency.measure import O_FILE, O_FILE_FOLLOW, data_extents, data_pages, needs_mincore
 from dltop.residency.scan import WarmNeed, scan_paths
 from dltop.residency.walk import (
     DEFAULT_WALK,
@@ -69,8 +69,6 @@ HELPER_STOP_S = 5.0  # how long a cancelled warm waits for a helper process to r
 # Files are shared out in runs of 2**SHARD_RUN_BITS consecutive inodes: files next to each other on disk go to
 # the same process, so the block layer still merges their reads (alternate files: 3x the requests, 25% slower).
 SHARD_RUN_BITS = 6
-_O_NOFOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
-_O_FOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -413,7 +411,7 @@ def _open_file(dfd: int | None, name: str, follow: bool, path: str, report: Walk
     """A walked file opened, with its stat; None (and `report` says why) where it is not a regular file counted
     for the first time, or cannot be opened. Raises OSError for a root that is a file and cannot be opened."""
     try:
-        fd = os.open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
+        fd = os.open(name, O_FILE_FOLLOW if follow else O_FILE, dir_fd=dfd)
     except OSError as e:
         if dfd is None:
             raise  # the root is this file: an error, not a skipped file
@@ -431,33 +429,6 @@ def _open_file(dfd: int | None, name: str, follow: bool, path: str, report: Walk
         return fd, st
     os.close(fd)
     return None
-
-
-class _Residency:
-    """Resident pages of an open file, by cachestat or (overlayfs, no permission, old kernel) mincore."""
-
-    def __init__(self) -> None:
-        self.cstat = kernel.cachestat_caller()
-        self.mincore_devs: dict[int, bool] = {}
-
-    def pages(self, fd: int, st: os.stat_result) -> tuple[int, int] | None:
-        """(resident, dirty+writeback) pages, or None when the kernel hides them from us."""
-        use_mincore = self.mincore_devs.get(st.st_dev)
-        if use_mincore is None:
-            use_mincore = not kernel.have_cachestat() or kernel.fstatfs_type(fd) == kernel.OVERLAYFS_SUPER_MAGIC
-            self.mincore_devs[st.st_dev] = use_mincore
-        if not use_mincore:
-            try:
-                cs = self.cstat(fd)
-                return cs.nr_cache, cs.nr_dirty + cs.nr_writeback
-            except OSError as e:
-                if e.errno == errno.EPERM:
-                    return None
-                raise
-        euid = os.geteuid()
-        if euid != 0 and st.st_uid != euid and not os.access(f"/proc/self/fd/{fd}", os.W_OK, effective_ids=True):
-            return None
-        return kernel.mincore_resident_pages(fd, st.st_size), 0
 
 
 
@@ -582,7 +553,7 @@ def _sized_file(r: ActionResult, dfd: int | None, name: str, follow: bool, any_a
     if st.st_blocks * 512 >= st.st_size:
         return pages
     try:  # holes, maybe: count only the pages of data (0: it cannot be read, so it will not be warmed)
-        fd = os.open(name, _O_FOLLOW if follow else _O_NOFOLLOW, dir_fd=dfd)
+        fd = os.open(name, O_FILE_FOLLOW if follow else O_FILE, dir_fd=dfd)
     except OSError:
         return 0
     try:
@@ -811,7 +782,8 @@ class _Warming:
                  sized: bool) -> None:
         self.report, self.ticker, self.cancel, self.sized = report, ticker, cancel, sized
         self.budget = limit  # bytes the guard lets the pass ask for still (None: no limit)
-        self.residency = _Residency()
+        self.cstat = kernel.cachestat_caller()
+        self.mincore_devs: dict[int, bool] = {}  # dev -> cachestat cannot be trusted there (overlayfs, old kernel)
         self.window_by_dev: dict[int, int] = {}
         # (fd, offset, length, last chunk of its file, its resident pages before)
         self.pending: deque[tuple[int, int, int, bool, int]] = deque()
@@ -825,21 +797,26 @@ class _Warming:
         return self.cancel is not None and self.cancel.is_set()
 
     def cached(self, fd: int, st: os.stat_result) -> int | None:
-        """Resident pages of an open file (None: hidden from us); cachestat inline where it works."""
-        if self.residency.mincore_devs.get(st.st_dev) is False:  # dev -> False: cachestat is right there
+        """Resident pages of an open file, by cachestat or mincore; None where the kernel hides them from us."""
+        use_mincore = self.mincore_devs.get(st.st_dev)
+        if use_mincore is None:
+            use_mincore = self.mincore_devs[st.st_dev] = needs_mincore(fd)
+        if not use_mincore:
             try:
-                return int(self.residency.cstat(fd).nr_cache)
+                return int(self.cstat(fd).nr_cache)
             except OSError as e:
                 if e.errno != errno.EPERM:
                     raise
                 return None
-        got = self.residency.pages(fd, st)
-        return None if got is None else got[0]
+        euid = os.geteuid()
+        if euid != 0 and st.st_uid != euid and not os.access(f"/proc/self/fd/{fd}", os.W_OK, effective_ids=True):
+            return None
+        return kernel.mincore_resident_pages(fd, st.st_size)
 
     def cached_range(self, fd: int, st: os.stat_result, off: int, n: int) -> int:
         """Resident pages of [off, off+n) of a file whose residency is visible."""
-        if self.residency.mincore_devs.get(st.st_dev) is False:
-            cstat = self.residency.cstat
+        if self.mincore_devs.get(st.st_dev) is False:
+            cstat = self.cstat
             cstat.range.off, cstat.range.len = off, n
             try:
                 return int(cstat(fd).nr_cache)
@@ -1019,13 +996,7 @@ def _go(helpers: list[_Helper], paths: list[str], options: WalkOptions, sized: b
     """Tell each helper what to warm: the same tree and options, its own shard."""
     spec = {
         "paths": [os.fsdecode(p) for p in paths],
-        "options": {
-            "follow_symlinks": options.follow_symlinks,
-            "cross_filesystems": options.cross_filesystems,
-            "ignore": list(options.ignore),
-            "include": list(options.include),
-            "max_depth": options.max_depth,
-        },
+        "options": asdict(options),
         "sized": sized,
         "inflight_bytes": WARM_INFLIGHT_BYTES,
         "inflight_files": WARM_INFLIGHT_FILES,
@@ -1184,11 +1155,8 @@ def _helper_main() -> int:
 
     threading.Thread(target=watch, daemon=True).start()
     WARM_INFLIGHT_BYTES, WARM_INFLIGHT_FILES = int(spec["inflight_bytes"]), int(spec["inflight_files"])
-    o = spec["options"]
-    options = WalkOptions(
-        follow_symlinks=bool(o["follow_symlinks"]), cross_filesystems=bool(o["cross_filesystems"]),
-        ignore=tuple(o["ignore"]), include=tuple(o["include"]), max_depth=o["max_depth"],
-    )
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
+    options = WalkOptions(**fields)  # JSON gave back the options' tuples as lists
     out = sys.stdout.buffer
 
     def say(p: Progress) -> None:
