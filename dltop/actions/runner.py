@@ -437,20 +437,22 @@ def _clear_options(options: Any) -> Any:
     return caches.ClearOptions(tuple(options.caches), options.pid, options.root)
 
 
+def _clear_path(run: Run) -> str:
+    if len(run.paths) != 1:
+        raise DltopError("clear takes one cache or entry at a time")
+    return run.paths[0]
+
+
 def _plan_clear(run: Run, options: Any, others: Mapping[str, int] | None = None) -> ActionPlan:
     from dltop.actions import caches
 
-    if len(run.paths) != 1:
-        raise DltopError("clear takes one cache or entry at a time")
-    return caches.plan(run.paths[0], _clear_options(options), cancel=run.cancel)
+    return caches.plan(_clear_path(run), _clear_options(options), cancel=run.cancel)
 
 
 def _run_clear(runner: ActionRunner, run: Run, options: Any, flags: Flags, progress: Progress) -> Any:
     from dltop.actions import caches
 
-    if len(run.paths) != 1:
-        raise DltopError("clear takes one cache or entry at a time")
-    return caches.clear(run.paths[0], _clear_options(options), dry_run=flags.dry_run, progress=progress,
+    return caches.clear(_clear_path(run), _clear_options(options), dry_run=flags.dry_run, progress=progress,
                         cancel=run.cancel)
 
 

@@ -63,13 +63,6 @@ def _start_ticks(pid: int, proc: str) -> int:
         raise DltopError(f"pid {pid}: {proc}/{pid}/stat cannot be read ({e}): nothing sent") from None
 
 
-def _exited(fd: int, wait_s: float) -> bool:
-    """The pidfd turns readable when its process exits (a zombie too: it no longer runs)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(int(wait_s * 1000)))
-
-
 def _hold_and_send(target: SignalTarget, proc: str) -> int:
     """Hold the process by a pidfd, check it is still the row's (start time) and this user's to signal, send
     `target.signal` through the pidfd; the pidfd, open (to wait on), or DltopError saying why nothing was sent."""
@@ -115,23 +108,13 @@ def _send(fd: int, target: SignalTarget) -> None:
 def send(target: SignalTarget, proc: str = "/proc", wait_s: float = WAIT_S) -> SignalResult:
     """Send `target.signal` to the process `target` names, if it is still that process and this user may; raises
     DltopError saying why not."""
-    t0 = time.monotonic()
-    fd = _hold_and_send(target, proc)
-    try:
-        exited = _exited(fd, wait_s)
-    finally:
-        os.close(fd)
-    return SignalResult(action="signal", paths=[f"pid {target.pid}"], signal=target.signal, pid=target.pid,
-                        exited=exited, elapsed_s=time.monotonic() - t0, command=target.command, sent=[target.pid],
-                        exited_pids=[target.pid] if exited else [])
+    return send_all([target], proc, wait_s)
 
 
 def send_all(targets: Sequence[SignalTarget], proc: str = "/proc", wait_s: float = WAIT_S) -> SignalResult:
-    """Send each target its signal as `send` does (each process checked by its own pidfd and start time), then
-    wait once, up to `wait_s`, for them to exit. A process refused is spared and named in `problems`; raises
+    """Send each target its signal (each process held by its own pidfd and checked by its start time), then wait
+    once, up to `wait_s`, for them to exit. A process refused is spared and named in `problems`; raises
     DltopError only where none was sent."""
-    if len(targets) == 1:
-        return send(targets[0], proc, wait_s)
     t0 = time.monotonic()
     held: dict[int, int] = {}  # fd -> pid
     problems: list[str] = []
@@ -151,11 +134,13 @@ def send_all(targets: Sequence[SignalTarget], proc: str = "/proc", wait_s: float
     gone = [held[fd] for fd in held if fd in exited]
     return SignalResult(action="signal", paths=[f"pid {t.pid}" for t in targets], signal=targets[0].signal,
                         pid=sent[0], exited=len(gone) == len(sent), elapsed_s=time.monotonic() - t0,
-                        command="", problems=problems, sent=sent, exited_pids=gone)
+                        command=targets[0].command if len(targets) == 1 else "", problems=problems, sent=sent,
+                        exited_pids=gone)
 
 
 def _exited_all(fds: list[int], deadline: float) -> set[int]:
-    """The pidfds among `fds` whose process exited before `deadline` (time.monotonic)."""
+    """The pidfds among `fds` whose process exited before `deadline` (time.monotonic): a pidfd turns readable
+    when its process exits (a zombie too: it no longer runs)."""
     exited: set[int] = set()
     poller = select.poll()
     for fd in fds:
