@@ -34,17 +34,12 @@ class AmdSmiLibraryException(AmdSmiException):
         self.err_code = err_code
         self.err_info = f"{STATUS_NAMES.get(err_code, 'AMDSMI_STATUS_UNKNOWN_ERROR')} - fake"
 
-    def get_error_code(self) -> int:
-        return self.err_code
-
 
 class AmdSmiParameterException(AmdSmiException):
     """amdsmi_exception.AmdSmiParameterException: an argument of the wrong type (an int for an enum)."""
 
 
 class AmdSmiInitFlags(IntEnum):
-    INIT_ALL_PROCESSORS = 0xFFFFFFFF
-    INIT_AMD_CPUS = 1
     INIT_AMD_GPUS = 2
 
 
@@ -60,10 +55,7 @@ class AmdSmiTemperatureMetric(IntEnum):
 
 
 class AmdSmiClkType(IntEnum):
-    SYS = 0
     GFX = 0
-    DF = 1
-    SOC = 3
     MEM = 4
 
 

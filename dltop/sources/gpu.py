@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, partial
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from dltop import procfs
 from dltop.config import Settings
@@ -27,6 +27,7 @@ from dltop.sources.base import Source
 from dltop.sources.gpu_procs import NOT_IN_NAMESPACE, HostReader, parse_cmdline  # noqa: F401 (theirs, said here too)
 from dltop.sources.scenario import ScenarioError, read_scenario
 
+T = TypeVar("T")
 FAKE_ENV = "DLTOP_FAKE_NVML"
 ProcessKind = Literal["compute", "graphics"]
 NOT_INSTALLED = "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
@@ -111,6 +112,14 @@ def field_time(fields: Any) -> float | None:
     return max(stamps) / 1e6 if stamps and min(stamps) > 0 else None
 
 
+def _nvml(function: str, kind: Callable[[Any], T]) -> Callable[[PynvmlBackend, Any], T]:
+    """A backend call that answers pynvml's `function` of a handle as `kind`."""
+    def call(self: PynvmlBackend, h: Any) -> T:
+        return kind(getattr(self.nv, function)(h))
+
+    return call
+
+
 class PynvmlBackend:
     """NVML through nvidia-ml-py. pynvml has no binding for the v1 process call, so that one goes through ctypes."""
 
@@ -134,11 +143,14 @@ class PynvmlBackend:
     def handle(self, index: int) -> Any:
         return self.nv.nvmlDeviceGetHandleByIndex(index)
 
-    def name(self, h: Any) -> str:
-        return str(self.nv.nvmlDeviceGetName(h))
-
-    def uuid(self, h: Any) -> str:
-        return str(self.nv.nvmlDeviceGetUUID(h))
+    # A call that answers one value of a handle: (pynvml's function, the value's type)
+    name = _nvml("nvmlDeviceGetName", str)
+    uuid = _nvml("nvmlDeviceGetUUID", str)
+    power_mw = _nvml("nvmlDeviceGetPowerUsage", int)
+    power_limit_mw = _nvml("nvmlDeviceGetEnforcedPowerLimit", int)
+    fan_percent = _nvml("nvmlDeviceGetFanSpeed", int)
+    performance_state = _nvml("nvmlDeviceGetPerformanceState", int)
+    mig_device_count = _nvml("nvmlDeviceGetMaxMigDeviceCount", int)
 
     def bus_id(self, h: Any) -> str:
         bus = self.nv.nvmlDeviceGetPciInfo(h).busId
@@ -157,12 +169,6 @@ class PynvmlBackend:
 
     def temperature_c(self, h: Any) -> int:
         return int(self.nv.nvmlDeviceGetTemperature(h, self.nv.NVML_TEMPERATURE_GPU))
-
-    def power_mw(self, h: Any) -> int:
-        return int(self.nv.nvmlDeviceGetPowerUsage(h))
-
-    def power_limit_mw(self, h: Any) -> int:
-        return int(self.nv.nvmlDeviceGetEnforcedPowerLimit(h))
 
     def clock_mhz(self, h: Any, clock: Literal["sm", "mem"]) -> int:
         kind = self.nv.NVML_CLOCK_SM if clock == "sm" else self.nv.NVML_CLOCK_MEM
@@ -201,12 +207,6 @@ class PynvmlBackend:
     def ecc_corrected(self, h: Any, counter: Literal["volatile", "aggregate"]) -> int:
         return self._ecc(h, self.nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, counter)
 
-    def fan_percent(self, h: Any) -> int:
-        return int(self.nv.nvmlDeviceGetFanSpeed(h))
-
-    def performance_state(self, h: Any) -> int:
-        return int(self.nv.nvmlDeviceGetPerformanceState(h))
-
     def clocks_event_reasons(self, h: Any) -> int:
         """The R535 call, or its older name (the same mask) on a driver that lacks it."""
         try:
@@ -234,9 +234,6 @@ class PynvmlBackend:
 
     def mig_mode(self, h: Any) -> bool:
         return bool(self.nv.nvmlDeviceGetMigMode(h)[0] == self.nv.NVML_DEVICE_MIG_ENABLE)
-
-    def mig_device_count(self, h: Any) -> int:
-        return int(self.nv.nvmlDeviceGetMaxMigDeviceCount(h))
 
     def mig_handle(self, h: Any, index: int) -> Any:
         return self.nv.nvmlDeviceGetMigDeviceHandleByIndex(h, index)
@@ -290,10 +287,10 @@ class _FakeHandle:
     gpu: dict[str, Any]
 
 
-def _count(key: str, function: str) -> Callable[[FakeBackend, Any], int]:
-    """A fake's call that answers the GPU's number `key` of the scenario (or its error), as `function` would."""
-    def call(self: FakeBackend, h: Any) -> int:
-        return int(self._get(h, key, function))
+def _answer(key: str, function: str, kind: Callable[[Any], T]) -> Callable[[FakeBackend, Any], T]:
+    """A fake's call that answers the GPU's `key` of the scenario (or its error) as `kind`, as `function` would."""
+    def call(self: FakeBackend, h: Any) -> T:
+        return kind(self._get(h, key, function))
 
     return call
 
@@ -369,15 +366,6 @@ class FakeBackend:
         self._value(gpu.get("error"))
         return _FakeHandle(gpu)
 
-    def name(self, h: Any) -> str:
-        return str(self._get(h, "name", "nvmlDeviceGetName"))
-
-    def uuid(self, h: Any) -> str:
-        return str(self._get(h, "uuid", "nvmlDeviceGetUUID"))
-
-    def bus_id(self, h: Any) -> str:
-        return str(self._get(h, "bus_id", "nvmlDeviceGetPciInfo_v3"))
-
     def memory(self, h: Any, version: int) -> MemoryInfo:
         m = self._get(h, "memory", "nvmlDeviceGetMemoryInfo_v2" if version == 2 else "nvmlDeviceGetMemoryInfo")
         m = {k: self._value(v) for k, v in m.items()}
@@ -390,14 +378,18 @@ class FakeBackend:
         u = self._get(h, "utilization", "nvmlDeviceGetUtilizationRates")
         return self._value(u["gpu"]), self._value(u["memory"])
 
-    # A number of the scenario's GPU (`_count`), or one of an object's (`_pick`): (its key, NVML's call)
-    temperature_c = _count("temperature_c", "nvmlDeviceGetTemperature")
-    power_mw = _count("power_mw", "nvmlDeviceGetPowerUsage")
-    power_limit_mw = _count("power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit")
-    fan_percent = _count("fan_speed_percent", "nvmlDeviceGetFanSpeed")
-    performance_state = _count("pstate", "nvmlDeviceGetPerformanceState")
-    clocks_event_reasons = _count("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons")
-    mig_device_count = _count("mig_max_devices", "nvmlDeviceGetMaxMigDeviceCount")
+    # A value of the scenario's GPU (`_answer`), or a number of one of its objects (`_pick`): its key, NVML's call
+    name = _answer("name", "nvmlDeviceGetName", str)
+    uuid = _answer("uuid", "nvmlDeviceGetUUID", str)
+    bus_id = _answer("bus_id", "nvmlDeviceGetPciInfo_v3", str)
+    mig_mode = _answer("mig_mode", "nvmlDeviceGetMigMode", bool)
+    temperature_c = _answer("temperature_c", "nvmlDeviceGetTemperature", int)
+    power_mw = _answer("power_mw", "nvmlDeviceGetPowerUsage", int)
+    power_limit_mw = _answer("power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit", int)
+    fan_percent = _answer("fan_speed_percent", "nvmlDeviceGetFanSpeed", int)
+    performance_state = _answer("pstate", "nvmlDeviceGetPerformanceState", int)
+    clocks_event_reasons = _answer("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", int)
+    mig_device_count = _answer("mig_max_devices", "nvmlDeviceGetMaxMigDeviceCount", int)
     clock_mhz = _pick("clocks_mhz", "nvmlDeviceGetClockInfo")
     pcie_kb_per_s = _pick("pcie_kb_per_s", "nvmlDeviceGetPcieThroughput")
     ecc_uncorrected = _pick("ecc_uncorrected", "nvmlDeviceGetTotalEccErrors")
@@ -429,9 +421,6 @@ class FakeBackend:
 
     def retired_pages_pending(self, h: Any) -> bool:
         return bool(self._value(self._get(h, "retired_pages", "nvmlDeviceGetRetiredPagesPendingStatus")["pending"]))
-
-    def mig_mode(self, h: Any) -> bool:
-        return bool(self._get(h, "mig_mode", "nvmlDeviceGetMigMode"))
 
     def mig_handle(self, h: Any, index: int) -> Any:
         self._need("nvmlDeviceGetMigDeviceHandleByIndex")
@@ -523,27 +512,22 @@ def _check_numbers(v: Any, where: str, keys: tuple[str, ...], optional: tuple[st
             raise ScenarioError(f"{where}: missing {k!r}")
 
 
-def _check_processes(v: Any, where: str) -> None:
-    if _is_error(v):
-        return
-    if not isinstance(v, list):
-        raise ScenarioError(f"{where}: expected a list")
-    for i, p in enumerate(v):
-        if not isinstance(p, dict) or not _is_count(p.get("pid")):
-            raise ScenarioError(f"{where}[{i}]: expected an object with an integer pid")
-        for k in ("used_bytes", "gpu_instance_id", "compute_instance_id"):
-            if p.get(k) is not None and not _is_count(p[k]):
-                raise ScenarioError(f"{where}[{i}].{k}: expected a non-negative integer or null")
-
-
-def _check_samples(v: Any, where: str) -> None:
-    """process_utilization: a list of samples, or an error name."""
+def _check_list(v: Any, where: str, item: Callable[[Any, str], None]) -> None:
+    """A list whose every item passes `item`, or an error name."""
     if _is_error(v):
         return
     if not isinstance(v, list):
         raise ScenarioError(f"{where}: expected a list")
     for i, x in enumerate(v):
-        _check_numbers(x, f"{where}[{i}]", ("pid", "timestamp_us", "sm", "mem"), optional=("period_us",))
+        item(x, f"{where}[{i}]")
+
+
+def _check_process(p: Any, where: str) -> None:
+    if not isinstance(p, dict) or not _is_count(p.get("pid")):
+        raise ScenarioError(f"{where}: expected an object with an integer pid")
+    for k in ("used_bytes", "gpu_instance_id", "compute_instance_id"):
+        if p.get(k) is not None and not _is_count(p[k]):
+            raise ScenarioError(f"{where}.{k}: expected a non-negative integer or null")
 
 
 def _check_migs(v: Any, where: str) -> None:
@@ -564,10 +548,6 @@ def _check_count(v: Any, where: str) -> None:
         raise ScenarioError(f"{where}: expected a non-negative integer")
 
 
-def _counters_shape(v: Any, where: str) -> None:
-    _check_numbers(v, where, ("tx", "rx"), optional=("tx_per_s", "rx_per_s"))
-
-
 # A GPU's (or MIG instance's) keys and how each is checked; another key is not the fake's and is let be.
 _DEVICE_CHECKS: dict[str, Callable[[Any, str], None]] = {
     **dict.fromkeys(("name", "uuid", "bus_id"), _check_string),
@@ -578,9 +558,12 @@ _DEVICE_CHECKS: dict[str, Callable[[Any, str], None]] = {
         ("clocks_mhz", ("sm", "mem")), ("pcie_kb_per_s", ("tx", "rx")), ("ecc_uncorrected", ("volatile", "aggregate")),
         ("ecc_corrected", ("volatile", "aggregate")), ("retired_pages", ("sbe", "dbe")),
         ("instance_ids", ("gpu", "compute")))},
-    "pcie_bytes": _counters_shape, "nvlink_kib": _counters_shape,
-    "compute_processes": _check_processes, "graphics_processes": _check_processes,
-    "process_utilization": _check_samples, "mig_devices": _check_migs,
+    **dict.fromkeys(("pcie_bytes", "nvlink_kib"),
+                    partial(_check_numbers, keys=("tx", "rx"), optional=("tx_per_s", "rx_per_s"))),
+    **dict.fromkeys(("compute_processes", "graphics_processes"), partial(_check_list, item=_check_process)),
+    "process_utilization": partial(_check_list, item=partial(_check_numbers, keys=("pid", "timestamp_us", "sm", "mem"),
+                                                             optional=("period_us",))),
+    "mig_devices": _check_migs,
 }
 
 
