@@ -132,18 +132,10 @@ def _settings_from_toml(data: dict[str, Any], where: str) -> Settings:
     if unknown:
         # A typo ("readonly = true") must not quietly leave actions enabled.
         raise DltopError(f"{where}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})")
-    return replace(
-        s,
-        refresh_s=_check_refresh(float(refresh), where),
-        datasets=tuple(os.path.abspath(os.path.expanduser(d)) for d in datasets),
-        read_only=read_only,
-        servers=_server_urls(servers, where),
-        caches=_cache_paths(caches),
-        jump_s=float(jump),
-        prometheus=prometheus,
-        tab=tab,
-        mute=tuple(dict.fromkeys(mute)),
-    )
+    return replace(s, refresh_s=_check_refresh(float(refresh), where),
+                   datasets=tuple(os.path.abspath(os.path.expanduser(d)) for d in datasets), read_only=read_only,
+                   servers=_server_urls(servers, where), caches=_cache_paths(caches), jump_s=float(jump),
+                   prometheus=prometheus, tab=tab, mute=tuple(dict.fromkeys(mute)))
 
 
 def _mute_list(data: dict[str, Any], where: str) -> list[str]:
@@ -163,9 +155,9 @@ def _str_list(data: dict[str, Any], key: str, what: str, where: str) -> list[str
     return value
 
 
-PROMETHEUS_KEYS: dict[str, type | tuple[type, ...]] = {"url": str, "selector": str, "username": str, "password_file": str, "bearer_token_file": str,
-                                                       "ca_file": str, "insecure_skip_verify": bool,
-                                                       "timeout": (int, float)}
+PROMETHEUS_KEYS: dict[str, type | tuple[type, ...]] = {
+    "url": str, "selector": str, "username": str, "password_file": str, "bearer_token_file": str, "ca_file": str,
+    "insecure_skip_verify": bool, "timeout": (int, float)}
 _SECRET_KEYS = {"password": "password_file", "bearer_token": "bearer_token_file", "token": "bearer_token_file",
                 "credentials": "bearer_token_file"}
 

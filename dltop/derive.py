@@ -74,17 +74,12 @@ def disk_rates(prev: Sequence[DiskStat], cur: Sequence[DiskStat], dt: float) -> 
             continue
         ios = (d.reads - p.reads) + (d.writes - p.writes)
         ticks = (d.read_time_ms - p.read_time_ms) + (d.write_time_ms - p.write_time_ms)
-        out.append(
-            DiskRates(
-                name=d.name,
-                reads_per_s=(d.reads - p.reads) / dt,
-                writes_per_s=(d.writes - p.writes) / dt,
-                read_bytes_per_s=(d.sectors_read - p.sectors_read) * SECTOR_BYTES / dt,
-                write_bytes_per_s=(d.sectors_written - p.sectors_written) * SECTOR_BYTES / dt,
-                await_ms=ticks / ios if ios > 0 else None,
-                util_pct=min(100.0, max(0.0, (d.io_time_ms - p.io_time_ms) / (dt * 1000) * 100)),
-            )
-        )
+        out.append(DiskRates(
+            name=d.name, reads_per_s=(d.reads - p.reads) / dt, writes_per_s=(d.writes - p.writes) / dt,
+            read_bytes_per_s=(d.sectors_read - p.sectors_read) * SECTOR_BYTES / dt,
+            write_bytes_per_s=(d.sectors_written - p.sectors_written) * SECTOR_BYTES / dt,
+            await_ms=ticks / ios if ios > 0 else None,
+            util_pct=min(100.0, max(0.0, (d.io_time_ms - p.io_time_ms) / (dt * 1000) * 100))))
     return out
 
 

@@ -162,20 +162,27 @@ def _cut(shown: str, width: int, keep: str) -> str:
     if cells <= width:
         return shown
     room = width - 1  # the '…' takes one cell
-    tail = 0 if keep == "end" else room if keep == "start" else room * 3 // 5
-    ends, used = len(cut), 0
-    while ends > 0 and used + cut[ends - 1][2] <= tail:  # from the end, whole graphemes that fit
-        ends -= 1
-        used += cut[ends][2]
+    ends, used = _from_end(cut, len(cut), 0, 0, room * _END_FIFTHS.get(keep, 3) // 5)
     starts = 0
     while keep != "start" and starts < ends and used + cut[starts][2] <= room:  # then from the start, in the rest
         used += cut[starts][2]
         starts += 1
-    while keep == "middle" and ends > starts and used + cut[ends - 1][2] <= room:  # a wide one left a gap
-        ends -= 1
-        used += cut[ends][2]
+    if keep == "middle":  # a wide one left a gap
+        ends, used = _from_end(cut, ends, starts, used, room)
     head = shown[:cut[starts - 1][1]] if starts else ""
     return head + "…" + (shown[cut[ends][0]:] if ends < len(cut) else "")
+
+
+_END_FIFTHS = {"end": 0, "middle": 3, "start": 5}  # fifths of the room `shorten` gives the text's end
+
+
+def _from_end(cut: list[tuple[int, int, int]], ends: int, stop: int, used: int, limit: int) -> tuple[int, int]:
+    """Whole graphemes taken from before `ends` (down to `stop`) while `used` cells stay within `limit`:
+    (where the kept end now starts, cells used)."""
+    while ends > stop and used + cut[ends - 1][2] <= limit:
+        ends -= 1
+        used += cut[ends][2]
+    return ends, used
 
 
 def shorten_lines(text: str, width: int, lines: int) -> list[str]:

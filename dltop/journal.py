@@ -219,6 +219,29 @@ class JournalTail:
             out += self._read(path)
         return out
 
+    def _read_from(self, path: str, offset: int) -> tuple[int, bytes] | None:
+        """(owner, the bytes from `offset` on) of a trusted journal; None where it is not trusted or not read."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            self.refused[path] = f"cannot open it: {e.strerror}"
+            return None
+        try:
+            fst = os.fstat(fd)
+            why = _untrusted(fst, self.trusted)
+            if why:
+                self.refused[path] = why
+                self._at[path] = (fst.st_ino, fst.st_size)
+                return None
+            self.refused.pop(path, None)
+            data = os.pread(fd, min(MAX_READ_BYTES, fst.st_size - offset), offset)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        self._at[path] = (fst.st_ino, offset + len(data))
+        return fst.st_uid, data
+
     def _read(self, path: str) -> list[dict[str, Any]]:
         st = self._stat(path)
         if st is None:
@@ -229,36 +252,25 @@ class JournalTail:
         if st.st_size == offset:
             self._at[path] = (st.st_ino, offset)
             return []
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as e:
-            self.refused[path] = f"cannot open it: {e.strerror}"
+        got = self._read_from(path, offset)
+        if got is None:
             return []
-        try:
-            fst = os.fstat(fd)
-            why = _untrusted(fst, self.trusted)
-            if why:
-                self.refused[path] = why
-                self._at[path] = (fst.st_ino, fst.st_size)
-                return []
-            self.refused.pop(path, None)
-            data = os.pread(fd, min(MAX_READ_BYTES, fst.st_size - offset), offset)
-        except OSError:
-            return []
-        finally:
-            os.close(fd)
-        self._at[path] = (fst.st_ino, offset + len(data))
+        owner, data = got
         *lines, rest = (self._rest.get(path, b"") + data).split(b"\n")
         if len(rest) > MAX_LINE_BYTES:  # no newline in sight: not a line of ours
             self.bad += 1
             rest = b""
         self._rest[path] = rest
+        return self._events(lines, owner)
+
+    def _events(self, lines: list[bytes], owner: int) -> list[dict[str, Any]]:
+        """The events of whole lines but this process's own; a line that does not check is counted, left out."""
         out = []
         for raw in lines:
             if not raw:
                 continue
             try:
-                event = parse(raw, fst.st_uid)
+                event = parse(raw, owner)
             except ValueError:
                 self.bad += 1
                 continue

@@ -311,19 +311,11 @@ def _cpu_caches(tree: _Tree, cpu: int, rel: Path) -> list[_RawCache]:
             tree.bad(d / "type", f"holds {ctype[:20]!r}, not one of {', '.join(CACHE_TYPES)}")
             ctype = None
         out.append(_RawCache(
-            cpu=cpu,
-            level=tree.int_attr(d / "level"),
-            type=ctype,
-            size=size,
-            line=tree.int_attr(d / "coherency_line_size"),
-            ways=tree.int_attr(d / "ways_of_associativity"),
-            sets=tree.int_attr(d / "number_of_sets"),
-            shared=tree.cpus_attr(d / "shared_cpu_list", d / "shared_cpu_map"),
-            id=tree.attr(d / "id"),
-            plp=tree.int_attr(d / "physical_line_partition"),
-            alloc=tree.attr(d / "allocation_policy"),
-            write=tree.attr(d / "write_policy"),
-        ))
+            cpu=cpu, level=tree.int_attr(d / "level"), type=ctype, size=size,
+            line=tree.int_attr(d / "coherency_line_size"), ways=tree.int_attr(d / "ways_of_associativity"),
+            sets=tree.int_attr(d / "number_of_sets"), shared=tree.cpus_attr(d / "shared_cpu_list", d / "shared_cpu_map"),
+            id=tree.attr(d / "id"), plp=tree.int_attr(d / "physical_line_partition"),
+            alloc=tree.attr(d / "allocation_policy"), write=tree.attr(d / "write_policy")))
     return out
 
 
@@ -465,20 +457,10 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
     _check_cpuid(registers, caches, core_kinds, flags)
     if tree.damaged:
         flags.append(_damaged_flag(tree.damaged))
-    return CpuPart(
-        arch=arch,
-        cpus=tuple(all_cpus),
-        online=tuple(sorted(online)),
-        caches=caches,
-        core_kinds=core_kinds,
-        arrangement=arrangement,
-        arrangement_reason=reason,
-        tree=tree_nodes,
-        registers=registers,
-        pmus=read_pmus(tree.root),
-        flags=tuple(flags),
-        threads_per_core=topo.threads_per_core(all_cpus),
-    )
+    return CpuPart(arch=arch, cpus=tuple(all_cpus), online=tuple(sorted(online)), caches=caches,
+                   core_kinds=core_kinds, arrangement=arrangement, arrangement_reason=reason, tree=tree_nodes,
+                   registers=registers, pmus=read_pmus(tree.root), flags=tuple(flags),
+                   threads_per_core=topo.threads_per_core(all_cpus))
 
 
 def _kinds(raw_kinds: list[_RawKind], topo: _Topology, caches: tuple[CacheInstance, ...],

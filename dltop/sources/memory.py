@@ -149,25 +149,14 @@ def parse_diskstats(text: str) -> tuple[list[DiskStat], list[str]]:
             continue
         counts = f[3:14]
         joined = "".join(counts)
-        # all eleven ASCII digits of 64-bit counts, checked in three calls (one field at a time was a quarter of
-        # the memory read); where not, the first that is not one says why
+        # all eleven ASCII digits of 64-bit counts, checked on the joined text; where not, the first that is not
+        # one says why
         n = list(map(int, counts)) if joined.isascii() and joined.isdigit() and max(map(len, counts)) <= 20 else []
         if not n or max(n) > procfs.MAX_COUNT:
             bad.append(_not_counts(i, f))
             continue
-        out.append(
-            DiskStat(
-                name=f[2],
-                reads=n[0],
-                sectors_read=n[2],
-                read_time_ms=n[3],
-                writes=n[4],
-                sectors_written=n[6],
-                write_time_ms=n[7],
-                in_flight=n[8],
-                io_time_ms=n[9],
-            )
-        )
+        out.append(DiskStat(name=f[2], reads=n[0], sectors_read=n[2], read_time_ms=n[3], writes=n[4],
+                            sectors_written=n[6], write_time_ms=n[7], in_flight=n[8], io_time_ms=n[9]))
     return out, bad
 
 
@@ -551,14 +540,9 @@ def read_memory(root: str = "/", pid: int | None = None, dirs: CgroupDirs | None
     if disk_problems:
         missing["disks"] = disk_problems[0]
     part = MemoryPart(unavailable=missing, **values)  # type: ignore[arg-type]
-    return replace(
-        part,
-        vmstat=read_vmstat(root),
-        pressure_memory=read_pressure(root, "memory"),
-        pressure_io=read_pressure(root, "io"),
-        disks=disks,
-        cgroup=read_cgroup_memory(root, pid if pid is not None else "self", dirs),
-    )
+    return replace(part, vmstat=read_vmstat(root), pressure_memory=read_pressure(root, "memory"),
+                   pressure_io=read_pressure(root, "io"), disks=disks,
+                   cgroup=read_cgroup_memory(root, pid if pid is not None else "self", dirs))
 
 
 def source(settings: Settings) -> Source:

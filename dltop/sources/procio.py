@@ -122,20 +122,33 @@ def job_reads(pid: int, start_time_ticks: int, proc: str = "/proc") -> JobReads:
             if kids is None and parent == pid:
                 return JobReads(None, None, 0, f"/proc/{pid}/task/*/children not listed (a kernel without "
                                 "CONFIG_PROC_CHILDREN): its DataLoader workers' reads are unknown")
-            for child in kids or []:
-                if child in seen or len(seen) >= MAX_TREE:
-                    continue
-                seen.add(child)
-                try:
-                    r, c = read_io(child, proc)
-                except Unreadable as e:
-                    if str(e).endswith("has exited"):
-                        continue
-                    return JobReads(None, None, 0, f"a child of the process: {e}")
-                read_bytes, rchar, counted = read_bytes + r, rchar + c, counted + 1
-                below.append(child)
+            got = _children_reads(kids or [], seen, proc)
+            if isinstance(got, str):
+                return JobReads(None, None, 0, got)
+            read_bytes, rchar, counted = read_bytes + got[0], rchar + got[1], counted + len(got[2])
+            below += got[2]
         level = below
     return JobReads(min(read_bytes, MAX_COUNT), min(rchar, MAX_COUNT), counted)
+
+
+def _children_reads(kids: list[int], seen: set[int], proc: str) -> tuple[int, int, list[int]] | str:
+    """(read_bytes, rchar) of the children not `seen` yet (MAX_TREE processes tried in all), summed, and those
+    read (one that exits meanwhile is skipped); why not, where one cannot be read."""
+    read_bytes = rchar = 0
+    read: list[int] = []
+    for child in kids:
+        if child in seen or len(seen) >= MAX_TREE:
+            continue
+        seen.add(child)
+        try:
+            r, c = read_io(child, proc)
+        except Unreadable as e:
+            if str(e).endswith("has exited"):
+                continue
+            return f"a child of the process: {e}"
+        read_bytes, rchar = read_bytes + r, rchar + c
+        read.append(child)
+    return read_bytes, rchar, read
 
 
 def with_job_reads(part: ProbesPart, root: str = "/") -> ProbesPart:
