@@ -151,7 +151,7 @@ def _from_raw(display: Any, raw: Any, where: str) -> Any:
     if isinstance(raw, dict):
         if not isinstance(display, dict) or not set(raw) <= set(display):
             raise DecodeError(f"{where}: expected keys of the field")
-        return {k: unb64(raw[k]) if k in raw else v for k, v in display.items()}
+        return {**display, **{k: unb64(v) for k, v in raw.items()}}
     return unb64(raw)
 
 

@@ -1066,8 +1066,9 @@ def _shed(doc: dict[str, Any]) -> str | None:
     if not with_stats:
         return None
     # A process on many GPUs (DataParallel): the allocator numbers of the devices listed last go first.
-    last = with_stats[-1]
-    doc["devices"] = {**doc["devices"], last: {k: v for k, v in doc["devices"][last].items() if k != "memory_stats"}}
+    last = dict(doc["devices"][with_stats[-1]])
+    del last["memory_stats"]
+    doc["devices"] = {**doc["devices"], with_stats[-1]: last}
     return "memory_stats"
 
 

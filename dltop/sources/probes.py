@@ -712,18 +712,9 @@ def _candidates(dir_fd: int, path: str, owner: int, proc: str, pidns: int | None
         names = names[:MAX_ENTRIES]
     live, gone = [], []
     for name in names:
-        pid = name.removesuffix(".json")
-        if pidns is not None:  # a pod's pids: HostPids finds them
+        if pidns is not None or _runs_for(proc, name.removesuffix(".json"), owner):  # a pod's: HostPids finds it
             live.append(name)
-            continue
-        try:
-            uid = os.stat(f"{proc}/{pid}").st_uid
-        except OSError:
-            gone.append(name)
-            continue
-        if owner == 0 or uid == owner:
-            live.append(name)
-        else:  # a live pid of another user: this file cannot be that process's; as if it had exited
+        else:
             gone.append(name)
     if len(live) > MAX_LIVE:
         ignored.append(IgnoredProbe(path, f"{len(live) - MAX_LIVE} files of live processes past {MAX_LIVE}: "
@@ -740,6 +731,15 @@ def _candidates(dir_fd: int, path: str, owner: int, proc: str, pidns: int | None
                                                         f"{MAX_EXITED} newest") for n in gone[MAX_EXITED:]]
         gone = gone[:MAX_EXITED]
     return live + gone
+
+
+def _runs_for(proc: str, pid: str, owner: int) -> bool:
+    """Whether `pid` runs as `owner` (as anyone, for root): another user's live pid is not the file's process."""
+    try:
+        uid = os.stat(f"{proc}/{pid}").st_uid
+    except OSError:
+        return False
+    return owner == 0 or uid == owner
 
 
 def read_probes(dirs: Sequence[ProbeDir], root: str = "/",
