@@ -721,10 +721,9 @@ def _system_memory(path: str) -> tuple[int, int] | str:
     except OSError as e:
         return f"cannot read {path}: {e.strerror or e}"
     total, available = meminfo.get("MemTotal"), meminfo.get("MemAvailable")
-    for key, value in (("MemTotal", total), ("MemAvailable", available)):
-        if value is None:
-            return bad.get(key, f"no {key} in {path}")
-    assert total is not None and available is not None
+    if total is None or available is None:
+        key = "MemTotal" if total is None else "MemAvailable"
+        return bad.get(key, f"no {key} in {path}")
     if available > total:  # used = total - available would come out negative
         return f"MemAvailable {available >> 10} kB is more than MemTotal {total >> 10} kB in {path}"
     return total, available
@@ -855,7 +854,6 @@ class GpuReader:
         self._memory_version = 2
         self._process_version: dict[ProcessKind, int] = {}
         self._pcie_no_counters: dict[int, str] = {}  # GPU index -> why its driver has no PCIe byte counters
-        self._identities: dict[int, dict[str, str]] = {}  # GPU index -> name, uuid, bus_id as last read
         # the reasons of a tick's GPUs and processes, one dict for each set (see _shared)
         self._reasons: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         self._fixed: dict[tuple[int, str], Any] = {}  # (GPU index, field) -> its answer this session (`fixed`)
@@ -872,8 +870,7 @@ class GpuReader:
             with contextlib.suppress(self._nv.NVMLError):
                 self._backend.shutdown()
             self._backend = None
-        self._identities.clear()  # indices are only stable within one session
-        self._fixed.clear()
+        self._fixed.clear()  # indices are only stable within one session
         self._slow.clear()
         self._host.close()
 
@@ -942,7 +939,6 @@ class GpuReader:
             processes = self._processes(b, h, uuid or f"gpu{index}")
         except _Lost as lost:
             return self._down(f, lost, migs)
-        self._identities[index] = {k: f.values[k] for k in ("name", "uuid", "bus_id") if k in f.values}
         return GpuDevice(index=index, driver_version=driver, mig_devices=migs, processes=processes,
                          unavailable=self._shared(f.missing), **f.values)
 
@@ -953,8 +949,9 @@ class GpuReader:
         for name in DEVICE_FIELDS:
             if name not in f.values:
                 f.missing.setdefault(name, lost.reason)
-        for name, known in self._identities.get(f.index, {}).items():
-            f.values.setdefault(name, known)
+        for name in ("name", "uuid", "bus_id"):
+            if (known := self._fixed.get((f.index, name))) is not None:
+                f.values.setdefault(name, known)
         f.missing["driver_version"] = f"{DOWN_DRIVER}: {f.missing.get('memory_total_bytes', lost.word)}"
         return GpuDevice(index=f.index, mig_devices=migs, processes=Unavailable(lost.reason),
                          unavailable=self._shared(f.missing), down=lost.word, **f.values)

@@ -198,12 +198,8 @@ def _fetch(url: str, timeout_s: float, max_bytes: int, watchdog: Watchdog) -> by
 GZIP = ("gzip", "x-gzip")
 
 
-def _no_budget(n: int) -> None:
-    """`take` where no budget counts the bytes."""
-
-
 def read_body(resp: Any, deadline: float, max_bytes: int, watchdog: Watchdog,
-              take: Callable[[int], None] = _no_budget) -> bytearray:
+              take: Callable[[int], None] = lambda n: None) -> bytearray:
     """The body of an HTTP answer, bounded as a whole: read in chunks until `deadline` (time.monotonic()), at most
     `max_bytes` as sent and at most `max_bytes` once inflated (a gzip Content-Encoding is inflated as it comes, a
     chunk at a time, never past the cap), each cap checked as the body grows. `take(n)` is told of every n bytes
