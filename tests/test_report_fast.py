@@ -257,7 +257,7 @@ def test_a_summary_changed_under_a_valid_checksum_is_refused_or_read(recording: 
         c.see_summary(times, got)
         lines = _peaks(c)
         for title in c.charts:
-            lines += _chart(title, "GiB", c.charts[title], WIDTH, False)
+            lines += _chart(title, "GiB", c.charts[title], WIDTH, False, [])
         assert all(isinstance(line, str) for line in lines)
 
 

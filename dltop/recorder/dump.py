@@ -20,7 +20,7 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, wait
-from typing import IO, Any, NamedTuple
+from typing import IO, Any
 
 from dltop import fields as fd
 from dltop.errors import DltopError
@@ -99,14 +99,7 @@ class _Hint:
 
 def _jsonl(rec: Recording, out: IO[str], t0: float | None, t1: float | None, parts: list[str] | None,
            progress: Progress | None, written: list[int]) -> None:
-    keep = None
-    if parts:
-        known = set(Snapshot.__dataclass_fields__)
-        bad = [p for p in parts if p not in known]
-        if bad:
-            raise DltopError(f"--fields with jsonl names Snapshot parts: {bad[0]!r} is not one "
-                             f"({', '.join(sorted(known))})")
-        keep = {"ts", "host", "schema", *parts}
+    keep = _jsonl_keys(parts)
     total = _in_range(rec, t0, t1)
     for n, snap in enumerate(rec.range(t0, t1, PartMemo(parts=None if keep is None else frozenset(keep)))):
         if keep is None:
@@ -116,6 +109,17 @@ def _jsonl(rec: Recording, out: IO[str], t0: float | None, t1: float | None, par
         written[0] += 1
         if progress is not None and n % 64 == 0:
             progress(n, total)
+
+
+def _jsonl_keys(parts: list[str] | None) -> set[str] | None:
+    """The keys a jsonl dump keeps of each Snapshot: --fields names its parts (None: all of them)."""
+    if not parts:
+        return None
+    known = set(Snapshot.__dataclass_fields__)
+    bad = [p for p in parts if p not in known]
+    if bad:
+        raise DltopError(f"--fields with jsonl names Snapshot parts: {bad[0]!r} is not one ({', '.join(sorted(known))})")
+    return {"ts", "host", "schema", *parts}
 
 
 def series_name(name: str, labels: dict[str, str]) -> str:
@@ -164,6 +168,7 @@ def _in_range(rec: Recording, t0: float | None, t1: float | None) -> int:
 _READ: Any = None
 _READ_EVERY = 64  # a piece adds its rows to _READ this often
 _OPENED: Recording | None = None  # the recording being dumped, opened by the parent before its pieces fork
+_Job = tuple[str, str, float, float, set[str], str, int]  # _piece's arguments
 
 
 def _run_pieces(rec: Recording, kind: str, t0: float | None, t1: float | None, wanted: set[str], scratch: str,
@@ -178,20 +183,25 @@ def _run_pieces(rec: Recording, kind: str, t0: float | None, t1: float | None, w
     total = _in_range(rec, t0, t1)
     _OPENED = rec
     try:
-        if len(jobs) <= 1:
-            results = [_piece(*job, progress=progress, total=total) for job in jobs]
-        else:
-            with ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
-                futures = [pool.submit(_piece, *job) for job in jobs]
-                while not wait(futures, timeout=0.2).done.issuperset(futures):
-                    if progress is not None:
-                        progress(sum(_READ), total)
-                results = [f.result() for f in futures]
+        results = _run_jobs(jobs, context, progress, total)
     finally:
         _OPENED = None
     for _, damage in results:  # the same damage seen by two pieces (a frame at a cut) is counted once
         rec.damage.merge(damage)
     return [names for names, _ in results]
+
+
+def _run_jobs(jobs: list[_Job], context: Any, progress: Progress | None,
+              total: int) -> list[tuple[list[str], Damage]]:
+    """Each piece's result: read here where there is one, else each in a process of its own."""
+    if len(jobs) <= 1:
+        return [_piece(*job, progress=progress, total=total) for job in jobs]
+    with ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
+        futures = [pool.submit(_piece, *job) for job in jobs]
+        while not wait(futures, timeout=0.2).done.issuperset(futures):
+            if progress is not None:
+                progress(sum(_READ), total)
+        return [f.result() for f in futures]
 
 
 def _piece(path: str, kind: str, first: float, last: float, wanted: set[str], out: str, slot: int,
@@ -261,18 +271,75 @@ def _rows(rec: Recording, first: float, last: float, wanted: set[str], prev: Sna
           field_of: list[str]) -> Iterator[tuple[str, list[int], list[str]]]:
     """Each sample's time (as its cell) and its wanted samples as (columns, cells); a series met first is added
     to `names` (`name{labels}`) and its field to `field_of`, taking the next column."""
-    # Rows as CSV text already (numbers need no quoting), in this piece's column order: the formatting is
-    # done here, in parallel, and the parent only copies (or reorders) them.
-    # Most values repeat (sizes, totals, 1 for info): each formatted once. Ints apart from floats: 2**53 and
-    # 2.0**53 are one key of a dict but two cells ("9007199254740992" and "9007199254740992.0").
-    float_text: dict[float, str] = {}
-    int_text: dict[float, str] = {}
-    by_labels: dict[tuple[tuple[str, str], ...], dict[str, int]] = {}  # label set -> field name -> column
-
-    def cells_of(group: Iterable[fd.Sample]) -> tuple[list[int], list[str]]:
-        """The column and the cell of each wanted sample; a new series gets the next column."""
+    cells = _Cells(wanted, names, field_of)
+    hints = _HintTimeline(rec)
+    # A part object met again (its text repeated the sample before's: reuse.PartMemo) keeps its cells.
+    kept: dict[type, tuple[object, list[int], list[str]] | None] = {}
+    memo = PartMemo(templates=True, parts=parts_of(wanted))
+    for snap in rec.range(first, last, memo):
         cols: list[int] = []
         vals: list[str] = []
+        for part, group in fd.sample_groups(snap, prev):
+            match = _matched(memo.matched, part)
+            if match is not None:  # a stand-in: the cells come from this line's numbers
+                cells.plan(match[0]).extend(match[1], cols, vals)
+                kept[type(part)] = None
+                continue
+            if part is None:
+                more = cells.of(group)
+            else:
+                hit = kept.get(type(part))
+                if hit is None or hit[0] is not part:
+                    hit = kept[type(part)] = (part, *cells.of(group))
+                more = hit[1], hit[2]
+            cols += more[0]
+            vals += more[1]
+        more = cells.of(fd.hint_samples(hints.at(snap.ts)))
+        cols += more[0]
+        vals += more[1]
+        yield _number(snap.ts), cols, vals
+        prev = snap
+
+
+def _matched(matched: dict[str, tuple[template.Template, tuple[str, ...]]],
+             part: object) -> tuple[template.Template, tuple[str, ...]] | None:
+    """The template and numbers of a part that is a template's stand-in (PartMemo.matched), else None."""
+    if not matched or part is None:
+        return None
+    return next((m for m in matched.values() if m[0].part is part), None)
+
+
+class _Cells:
+    """A piece's series and their cells: each wanted sample's column (a series met first takes the next) and its
+    number as CSV text."""
+
+    def __init__(self, wanted: set[str], names: list[str], field_of: list[str]) -> None:
+        self.wanted = wanted
+        self.names = names
+        self.field_of = field_of
+        self.by_labels: dict[tuple[tuple[str, str], ...], dict[str, int]] = {}  # label set -> field name -> column
+        # Rows as CSV text already (numbers need no quoting), in this piece's column order: the formatting is
+        # done here, in parallel, and the parent only copies (or reorders) them.
+        # Most values repeat (sizes, totals, 1 for info): each formatted once. Ints apart from floats: 2**53 and
+        # 2.0**53 are one key of a dict but two cells ("9007199254740992" and "9007199254740992.0").
+        self.float_text: dict[float, str] = {}
+        self.int_text: dict[float, str] = {}
+        self.plans: dict[int, _Plan] = {}  # id(template) -> its plan, made when the template is first used
+
+    def column(self, mine: dict[str, int], name: str, labels: dict[str, str]) -> int:
+        """The column of field `name` among a label set's (`mine`), a new one where the series is new."""
+        c = mine.get(name)
+        if c is None:
+            c = mine[name] = len(self.names)
+            self.names.append(series_name(name, labels))
+            self.field_of.append(name)
+        return c
+
+    def of(self, group: Iterable[fd.Sample]) -> tuple[list[int], list[str]]:
+        """The column and the cell of each wanted sample."""
+        cols: list[int] = []
+        vals: list[str] = []
+        wanted, by_labels = self.wanted, self.by_labels
         # Samples share their labels dict (a GPU's): each looked up once. It is kept here with its columns,
         # so that its id is not a later sample's (a generator's labels may be freed as it goes on).
         seen: dict[int, tuple[dict[str, str], dict[str, int]]] = {}
@@ -282,13 +349,10 @@ def _rows(rec: Recording, first: float, last: float, wanted: set[str], prev: Sna
             hit = seen.get(id(labels))
             if hit is None:
                 hit = seen[id(labels)] = (labels, by_labels.setdefault(tuple(labels.items()), {}))
-            mine = hit[1]
-            c = mine.get(f.name)
+            c = hit[1].get(f.name)
             if c is None:
-                c = mine[f.name] = len(names)
-                names.append(series_name(f.name, labels))
-                field_of.append(f.name)
-            text = float_text if type(value) is float else int_text
+                c = self.column(hit[1], f.name, labels)
+            text = self.float_text if type(value) is float else self.int_text
             cell = text.get(value)
             if cell is None:
                 if len(text) > 100_000:
@@ -298,108 +362,66 @@ def _rows(rec: Recording, first: float, last: float, wanted: set[str], prev: Sna
             vals.append(cell)
         return cols, vals
 
-    def columns_of(tm: template.Template) -> _Plan:
-        """How a template's numbers become this piece's cells: the columns of its wanted samples given as
-        cells_of gives them (in the order it would meet them), split into constant cells, cells that are a
-        number's own text (an int's; an int's float's where it has at most 15 digits), and the rest
-        (computed, each text once)."""
-        consts: tuple[list[int], list[str]] = ([], [])
-        own: list[tuple[int, int]] = []
-        short: list[tuple[int, int, Any]] = []
-        computed: list[tuple[int, Any, dict[str, str]]] = []
+    def plan(self, tm: template.Template) -> _Plan:
+        plan = self.plans.get(id(tm))
+        if plan is None or plan.tm is not tm:
+            plan = self.plans[id(tm)] = _Plan(tm, self)
+        return plan
+
+
+class _Plan:
+    """How a template's numbers become a piece's cells: the columns of its wanted samples given as _Cells.of
+    gives them (in the order it would meet them), split into constant cells, cells that are a number's own text
+    (an int's; an int's float's where it has at most 15 digits), and the rest (computed, each text once)."""
+
+    def __init__(self, tm: template.Template, cells: _Cells) -> None:
+        self.tm = tm
+        self.const_columns: list[int] = []
+        self.consts: list[str] = []
+        self.own_columns: list[int] = []
+        own: list[int] = []  # their numbers
+        self.short_columns: list[int] = []
+        short: list[int] = []
+        self.short_specs: list[Any] = []
+        self.computed: list[tuple[int, Any, dict[str, str]]] = []
         for f, labels, spec in tm.samples:
-            if f.name not in wanted:
+            if f.name not in cells.wanted:
                 continue
-            mine = by_labels.setdefault(tuple(labels.items()), {})
-            c = mine.get(f.name)
-            if c is None:
-                c = mine[f.name] = len(names)
-                names.append(series_name(f.name, labels))
-                field_of.append(f.name)
+            c = cells.column(cells.by_labels.setdefault(tuple(labels.items()), {}), f.name, labels)
             if spec[0] == "=":
-                consts[0].append(c)
-                consts[1].append(template.cell(spec, ()))
+                self.const_columns.append(c)
+                self.consts.append(template.cell(spec, ()))
             elif template.own_text(spec):
-                own.append((c, spec[0]))
+                self.own_columns.append(c)
+                own.append(spec[0])
             elif template.own_text_if_short(spec):
-                short.append((c, spec[0], spec))
+                self.short_columns.append(c)
+                short.append(spec[0])
+                self.short_specs.append(spec)
             else:
-                computed.append((c, spec, {}))
-        return _Plan(tm, consts[0], consts[1], [c for c, _ in own], template.getter([n for _, n in own]),
-                     [c for c, _, _ in short], template.getter([n for _, n, _ in short]),
-                     [spec for _, _, spec in short], computed)
+                self.computed.append((c, spec, {}))
+        self.own = template.getter(own)
+        self.short = template.getter(short)
 
-    hints = _HintTimeline(rec)
-    # A part object met again (its text repeated the sample before's: reuse.PartMemo) keeps its cells.
-    kept: dict[type, tuple[object, list[int], list[str]] | None] = {}
-    memo = PartMemo(templates=True, parts=parts_of(wanted))
-    # Columns of each template's samples: made when the template is first used, in the order cells_of
-    # would have met them.
-    placed_by: dict[int, _Plan] = {}
-    cell_of = template.cell
-    for snap in rec.range(first, last, memo):
-        cols: list[int] = []
-        vals: list[str] = []
-        matched = memo.matched
-        for part, group in fd.sample_groups(snap, prev):
-            if part is None:
-                more = cells_of(group)
-                cols += more[0]
-                vals += more[1]
-                continue
-            if matched:
-                match = next((m for m in matched.values() if m[0].part is part), None)
-                if match is not None:  # a stand-in: the cells come from this line's numbers
-                    tm, nums = match
-                    plan = placed_by.get(id(tm))
-                    if plan is None or plan.tm is not tm:
-                        plan = placed_by[id(tm)] = columns_of(tm)
-                    cols += plan.const_columns
-                    vals += plan.consts
-                    cols += plan.own_columns
-                    vals += plan.own(nums)
-                    if plan.short_columns:
-                        cols += plan.short_columns
-                        short_texts = plan.short(nums)
-                        if max(map(len, short_texts)) <= 15:
-                            vals += short_texts
-                        else:
-                            vals += [cell_of(spec, nums) for spec in plan.short_specs]
-                    for c, spec, texts in plan.computed:
-                        t = nums[spec[0]]
-                        done = texts.get(t)
-                        if done is None:
-                            if len(texts) > 4096:
-                                texts.clear()
-                            done = texts[t] = cell_of(spec, nums)
-                        cols.append(c)
-                        vals.append(done)
-                    kept[type(part)] = None
-                    continue
-            hit = kept.get(type(part))
-            if hit is None or hit[0] is not part:
-                hit = kept[type(part)] = (part, *cells_of(group))
-            cols += hit[1]
-            vals += hit[2]
-        more = cells_of(fd.hint_samples(hints.at(snap.ts)))
-        cols += more[0]
-        vals += more[1]
-        yield _number(snap.ts), cols, vals
-        prev = snap
-
-
-class _Plan(NamedTuple):
-    """How one template's numbers become a piece's cells (see _piece's columns_of)."""
-
-    tm: template.Template
-    const_columns: list[int]
-    consts: list[str]
-    own_columns: list[int]
-    own: Callable[[tuple[str, ...]], tuple[str, ...]]
-    short_columns: list[int]
-    short: Callable[[tuple[str, ...]], tuple[str, ...]]
-    short_specs: list[Any]
-    computed: list[tuple[int, Any, dict[str, str]]]
+    def extend(self, nums: tuple[str, ...], cols: list[int], vals: list[str]) -> None:
+        """Add the cells of a line whose numbers are `nums` to `cols` and `vals`."""
+        cols += self.const_columns
+        vals += self.consts
+        cols += self.own_columns
+        vals += self.own(nums)
+        if self.short_columns:
+            cols += self.short_columns
+            texts = self.short(nums)
+            vals += texts if max(map(len, texts)) <= 15 else [template.cell(s, nums) for s in self.short_specs]
+        for c, spec, done in self.computed:
+            t = nums[spec[0]]
+            cell = done.get(t)
+            if cell is None:
+                if len(done) > 4096:
+                    done.clear()
+                cell = done[t] = template.cell(spec, nums)
+            cols.append(c)
+            vals.append(cell)
 
 
 def _csv(rec: Recording, out: IO[str], t0: float | None, t1: float | None, wanted: set[str],

@@ -8,6 +8,7 @@ numbers, without decoding its Snapshots; the range's edges and frames without a 
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import time
@@ -81,6 +82,10 @@ class _Collected:
         self.peaks: dict[str, _Peak] = {}
         self.totals: dict[str, float] = {}  # what a peak is out of (RAM, a GPU's memory, a cgroup's limit)
         self.charts: dict[str, dict[str, _Series]] = {name: {} for name in CHARTS}
+
+    @property
+    def span_s(self) -> float:
+        return self.last_ts - self.first_ts if self.first_ts is not None and self.last_ts is not None else 0.0
 
     def _times(self, first: float, last: float, n: int) -> None:
         if self.last_ts is not None and first - self.last_ts > GAP_INTERVALS * self.interval_s:
@@ -205,20 +210,26 @@ def _header(rec: Recording, c: _Collected, events: list[RecordedEvent],
     lines.append(f"{meta.get('host') or c.host}: {_span_text(c.first_ts, c.last_ts)} "
                  f"({human_duration(span)}), {plural(c.samples, 'sample')}"
                  f" every {meta.get('interval_s', '?')} s, {plural(len(events), 'event')}; times are {_zone(c.last_ts)}")
-    ooms = [e for e in events if e.kind == "oom_kill"]
-    if ooms:
-        lines += _oom_lines(ooms, span)
-    for ts in _unclean_ends(rec, events):
-        lines.append(f"ended without a stop at {_when(ts, span)}: the recorder was killed or the machine went down")
-    if gaps:
-        lost = sum(b - a for a, b, _ in gaps)
-        lines.append(f"gaps: {plural(len(gaps), 'gap')}, {human_duration(lost)} without samples (below)")
+    lines += _losses(rec, events, gaps, span)
     gpus = meta.get("gpus")
     if isinstance(gpus, list) and gpus:
         lines.append(_gpus_line(gpus))
     if rec.damage.total or rec.damage.indexes:
         lines.append(f"damaged: {rec.damage.note()}")
     return [*lines, ""]
+
+
+def _losses(rec: Recording, events: list[RecordedEvent], gaps: list[tuple[float, float, str]],
+            span: float) -> list[str]:
+    """The header's lines on what was lost: processes the OOM killer took, runs that ended without a stop, gaps."""
+    ooms = [e for e in events if e.kind == "oom_kill"]
+    lines = _oom_lines(ooms, span) if ooms else []
+    lines += [f"ended without a stop at {_when(ts, span)}: the recorder was killed or the machine went down"
+              for ts in _unclean_ends(rec, events)]
+    if gaps:
+        lost = sum(b - a for a, b, _ in gaps)
+        lines.append(f"gaps: {plural(len(gaps), 'gap')}, {human_duration(lost)} without samples (below)")
+    return lines
 
 
 def _span_text(first: float, last: float) -> str:
@@ -236,8 +247,13 @@ def _oom_lines(ooms: list[RecordedEvent], span: float) -> list[str]:
     and who was killed, each victim once, with where the name came from."""
     machine = [e for e in ooms if e.data.get("source") != "cgroup"] or ooms
     kills = sum(int(e.data["kills"]) for e in machine if isinstance(e.data.get("kills"), int)) or len(machine)
-    out = [f"OOM KILLS: {kills} ({plural(len(ooms), 'event')}, first at {_when(ooms[0].ts, span)}, "
-           f"last at {_when(ooms[-1].ts, span)})"]
+    return [f"OOM KILLS: {kills} ({plural(len(ooms), 'event')}, first at {_when(ooms[0].ts, span)}, "
+            f"last at {_when(ooms[-1].ts, span)})", *_victim_lines(ooms, span)]
+
+
+def _victim_lines(ooms: list[RecordedEvent], span: float) -> list[str]:
+    """Who was killed, each victim once (by pid and where the name came from)."""
+    out = []
     seen: set[Any] = set()
     for e in ooms:
         victims = e.data.get("victims")
@@ -264,7 +280,7 @@ def _gpus_line(gpus: list[Any]) -> str:
 def _peaks(c: _Collected) -> list[str]:
     if not c.peaks:
         return []
-    span = (c.last_ts - c.first_ts) if c.first_ts is not None and c.last_ts is not None else 0.0
+    span = c.span_s
     out = ["Peaks"]
     # Over a day the times carry their date (6 more columns): the names give them up, so a line fits 80 columns.
     room = 34 if span > 86400 else 40
@@ -289,14 +305,19 @@ def _unclean_ends(rec: Recording, events: list[RecordedEvent]) -> list[float]:
     for e in events:
         if e.kind == "start":
             if open_since is not None:
-                before = [t for t in times if open_since <= t < e.ts]
-                out.append(before[-1] if before else open_since)
+                out.append(_last_sample(times, open_since, e.ts))
             open_since = e.ts
         elif e.kind == "stop":
             open_since = None
     if open_since is not None and not _still_recording(rec):
-        out.append(max([open_since, *(t for t in times[-1:] if t >= open_since)]))
+        out.append(_last_sample(times, open_since, math.inf))
     return out
+
+
+def _last_sample(times: list[float], since: float, until: float) -> float:
+    """The time of the last sample in [since, until) (`times` ascending), else `since`."""
+    i = bisect.bisect_left(times, until)
+    return times[i - 1] if i and times[i - 1] >= since else since
 
 
 def _still_recording(rec: Recording) -> bool:
@@ -320,19 +341,22 @@ def _gaps(rec: Recording, c: _Collected, events: list[RecordedEvent]) -> list[tu
 def _gap_causes(rec: Recording, c: _Collected, events: list[RecordedEvent], a: float, b: float) -> list[str]:
     causes = [f"{plural(e.data['samples'], 'sample')} not written ({e.data.get('cause')})" for e in events
               if e.kind == "gap" and isinstance(e.data.get("samples"), int) and a <= e.ts <= b + c.interval_s]
-    frames = [(t0, t1, n) for t0, t1, n in rec.damage.spans.values() if t0 < b and t1 > a]
-    if frames:
-        causes.append(f"{plural(sum(n for *_, n in frames), 'sample')} in {plural(len(frames), 'damaged frame')}")
+    causes += _damaged_frames(rec, a, b)
     inside = {e.kind for e in events if a < e.ts < b}
     if "start" in inside:
         causes.append("the recorder was not running" + ("" if "stop" in inside else " (it ended without a stop)"))
     return causes
 
 
+def _damaged_frames(rec: Recording, a: float, b: float) -> list[str]:
+    frames = [n for t0, t1, n in rec.damage.spans.values() if t0 < b and t1 > a]
+    return [f"{plural(sum(frames), 'sample')} in {plural(len(frames), 'damaged frame')}"] if frames else []
+
+
 def _gap_lines(gaps: list[tuple[float, float, str]], c: _Collected) -> list[str]:
     if not gaps:
         return []
-    span = (c.last_ts - c.first_ts) if c.first_ts is not None and c.last_ts is not None else 0.0
+    span = c.span_s
     out = ["Gaps"]
     for a, b, why in gaps:
         missing = max(0, round((b - a) / c.interval_s) - 1)
@@ -344,19 +368,24 @@ def _gap_lines(gaps: list[tuple[float, float, str]], c: _Collected) -> list[str]
 def _timeline(events: list[RecordedEvent], c: _Collected, gaps: list[tuple[float, float, str]]) -> list[str]:
     if not events:
         return ["Events: none", ""]
-    span = (c.last_ts - c.first_ts) if c.first_ts is not None and c.last_ts is not None else 0.0
+    span = c.span_s
     hints = [e for e in events if e.kind == "hint"]
     listed = [e for e in events if e.kind != "hint"]
 
     shown = sorted(sorted(listed, key=_event_rank)[:MAX_EVENTS], key=lambda e: e.ts)
     out = ["Events"] + [f"  {_when(e.ts, span)}  {describe_event(e.kind, e.data)}{_in_gap(e, gaps, span)}"
                         for e in shown]
-    if hints:
-        fired = sum(1 for e in hints if e.data.get("state") == "fired")
-        out.append(f"  hints: {plural(fired, 'firing')}, {plural(len(hints) - fired, 'clearing')} (under Hints that fired)")
+    out += _hint_tally(hints)
     if len(listed) > len(shown):
         out.append(_more_events(listed, shown))
     return [*out, ""]
+
+
+def _hint_tally(hints: list[RecordedEvent]) -> list[str]:
+    if not hints:
+        return []
+    fired = sum(1 for e in hints if e.data.get("state") == "fired")
+    return [f"  hints: {plural(fired, 'firing')}, {plural(len(hints) - fired, 'clearing')} (under Hints that fired)"]
 
 
 def _in_gap(e: RecordedEvent, gaps: list[tuple[float, float, str]], span: float) -> str:
@@ -453,7 +482,7 @@ def _runs(s: _Series, gaps: list[tuple[float, float]]) -> list[tuple[list[float]
 
 
 def _chart(title: str, unit: str, lines: dict[str, _Series], width: int, color: bool,
-           gaps: list[tuple[float, float]] | None = None) -> list[str]:
+           gaps: list[tuple[float, float]]) -> list[str]:
     lines = {k: v for k, v in lines.items() if v.ts}
     if not lines:
         return [f"{title}: nothing recorded", ""]
@@ -465,17 +494,22 @@ def _chart(title: str, unit: str, lines: dict[str, _Series], width: int, color: 
     fig.clear()
     fig.plot_size(width, CHART_HEIGHT)
     fig.theme("simple" if color else "colorless")
-    room = _room(width)
-    for name, s in lines.items():
-        step = max(1, math.ceil(len(s.ts) / room))
-        for k, (ts, values) in enumerate(_runs(s, gaps or [])):
-            sig = fig.signal([(t - t0) / scale for t in ts[::step]], values[::step])
-            if k == 0:
-                sig.label(name)
-            sig.lines()
-            fig.draw(sig)
+    _draw(fig, lines, t0, scale, _room(width), gaps)
     fig.title(f"{title} ({unit})")
     fig.label(f"{'minutes' if minutes else 'seconds'} since {time.strftime('%H:%M:%S', time.localtime(t0))}", "x")
     text = str(fig.build())
     fig.clear()
     return [text if color else plotext.uncolorize(text), ""]
+
+
+def _draw(fig: Any, lines: dict[str, _Series], t0: float, scale: float, room: int,
+          gaps: list[tuple[float, float]]) -> None:
+    """Each line on the chart, thinned to `room` points, cut at each gap."""
+    for name, s in lines.items():
+        step = max(1, math.ceil(len(s.ts) / room))
+        for k, (ts, values) in enumerate(_runs(s, gaps)):
+            sig = fig.signal([(t - t0) / scale for t in ts[::step]], values[::step])
+            if k == 0:
+                sig.label(name)
+            sig.lines()
+            fig.draw(sig)

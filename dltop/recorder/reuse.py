@@ -41,6 +41,18 @@ class GiveUp(Exception):
     """The line is not in the shape this path reads: read it the ordinary way."""
 
 
+@dataclasses.dataclass
+class _SnapParts:
+    """What one line's `snap` object gave, key by key."""
+
+    snap: dict[str, Any] = dataclasses.field(default_factory=dict)  # key -> its parsed value
+    texts: dict[str, str] = dataclasses.field(default_factory=dict)  # key -> its text, where parsed here
+    reused: dict[str, Any] = dataclasses.field(default_factory=dict)  # key -> its part, from the line before or a
+    # template (a stand-in, whose numbers are in `matched`)
+    matched: dict[str, tuple[template.Template, tuple[str, ...]]] = dataclasses.field(default_factory=dict)
+    passed: set[str] = dataclasses.field(default_factory=set)  # keys not asked for, stepped over
+
+
 class PartMemo:
     """The previous sample line's parts: each top-level key of its Snapshot with its text, value and decoded
     part. One per reader of consecutive lines (a dump's piece). `parts`: the Snapshot parts a reader asks for
@@ -48,6 +60,7 @@ class PartMemo:
 
     def __init__(self, templates: bool = False, parts: frozenset[str] | None = None) -> None:
         self.parts = parts
+        self._unasked = _FIELDS - _KEEP - parts if parts is not None else frozenset()
         self._parts: dict[str, tuple[str, Any, Any]] = {}  # key -> (JSON text, parsed value, decoded part)
         self._passed: dict[str, str] = {}  # key -> the text of a part not asked for, as the line before had it
         self.reused = 0  # parts taken from the line before (for the tests and the docs)
@@ -90,64 +103,67 @@ class PartMemo:
         return body, fields
 
     def _snap(self, text: str, pos: int, risky: _Risky) -> tuple[dict[str, Any], dict[str, Any], int]:
-        snap: dict[str, Any] = {}
-        texts: dict[str, str] = {}
-        reused: dict[str, Any] = {}
-        matched: dict[str, tuple[template.Template, tuple[str, ...]]] = {}
-        templates = self._templates
-        passed: set[str] = set()
-        # Parts not asked for are left out; one a template may read (the GPUs) is still read through it (a C
-        # match, cheaper than stepping over its text), the others stepped over.
-        unasked = _FIELDS - _KEEP - self.parts if self.parts is not None else frozenset()
+        got = _SnapParts()
         pos += 1
         if text.startswith("}", pos):
             raise GiveUp
         while True:
             key, pos = _key(text, pos)
-            if key not in _FIELDS or key in snap or key in passed:  # a `_b64` sibling, a newer field, a key twice
+            if key not in _FIELDS or key in got.snap or key in got.passed:  # a `_b64` sibling, a newer field, twice
                 raise GiveUp
-            if key in unasked and (templates is None or key not in template.KEYS):
-                pos = self._pass(key, text, pos, risky)
-                passed.add(key)
-            elif (old := self._parts.get(key)) is not None and text.startswith(old[0], pos):
-                # The same text after the same ':' parses to the same value (an object's, a list's or a literal's
-                # text ends itself, and the loop checks that a comma or the brace follows): it was parsed,
-                # checked and decoded before.
-                snap[key] = old[1]
-                reused[key] = old[2]
-                pos += len(old[0])
-                self.reused += 1
-            elif templates is not None and key in templates and (got := templates[key].match(text, pos)):
-                tm = templates[key]
-                snap[key] = tm.parsed
-                reused[key] = tm.part
-                matched[key] = (tm, got[0])
-                pos = got[1]
-                self.templated += 1
-            else:
-                start = pos
-                snap[key], pos = _value(text, pos, risky)
-                texts[key] = text[start:pos]
-                self.parsed += 1
+            pos = self._part(key, text, pos, risky, got)
             if text.startswith("}", pos):
                 break
             pos = _expect(text, pos, ",")
-        store.check_unsigned(snap)
+        store.check_unsigned(got.snap)
+        fields = self._decode(got)
+        self.matched = {k: m for k, m in got.matched.items() if k not in self._unasked}
+        return got.snap, fields, pos + 1
+
+    def _part(self, key: str, text: str, pos: int, risky: _Risky, got: _SnapParts) -> int:
+        """Read the part at `pos` into `got`, the cheapest way its text allows; where it ends."""
+        templates = self._templates
+        # Parts not asked for are left out; one a template may read (the GPUs) is still read through it (a C
+        # match, cheaper than stepping over its text), the others stepped over.
+        if key in self._unasked and (templates is None or key not in template.KEYS):
+            got.passed.add(key)
+            return self._pass(key, text, pos, risky)
+        old = self._parts.get(key)
+        if old is not None and text.startswith(old[0], pos):
+            # The same text after the same ':' parses to the same value (an object's, a list's or a literal's
+            # text ends itself, and the loop checks that a comma or the brace follows): it was parsed, checked
+            # and decoded before.
+            got.snap[key], got.reused[key] = old[1], old[2]
+            self.reused += 1
+            return pos + len(old[0])
+        tm = templates.get(key) if templates is not None else None
+        found = tm.match(text, pos) if tm is not None else None
+        if tm is not None and found is not None:
+            got.snap[key], got.reused[key], got.matched[key] = tm.parsed, tm.part, (tm, found[0])
+            self.templated += 1
+            return found[1]
+        got.snap[key], end = _value(text, pos, risky)
+        got.texts[key] = text[pos:end]
+        self.parsed += 1
+        return end
+
+    def _decode(self, got: _SnapParts) -> dict[str, Any]:
+        """The Snapshot fields of the parts asked for: those parsed here decoded (and kept for the lines after, with
+        the parts not asked for that a template may read)."""
         fields = {}
-        for key in snap:
+        for key in got.snap:
             if key in _SCALARS:
                 continue
-            if key in reused:
-                fields[key] = reused[key]
+            if key in got.reused:
+                fields[key] = got.reused[key]
                 continue
             # Decoded as the Snapshot's own field, so the part gets exactly the field's type and checks.
-            holder = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": SCHEMA_VERSION, key: snap[key]})
+            holder = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": SCHEMA_VERSION, key: got.snap[key]})
             fields[key] = getattr(holder, key)
-            self._parts[key] = (texts[key], snap[key], fields[key])
-            if templates is not None and key in template.KEYS:
-                self._template(key, texts[key], snap[key], fields[key])
-        self.matched = {k: m for k, m in matched.items() if k not in unasked}
-        return snap, {k: v for k, v in fields.items() if k not in unasked}, pos + 1
+            self._parts[key] = (got.texts[key], got.snap[key], fields[key])
+            if self._templates is not None and key in template.KEYS:
+                self._template(key, got.texts[key], got.snap[key], fields[key])
+        return {k: v for k, v in fields.items() if k not in self._unasked}
 
     def _pass(self, key: str, text: str, pos: int, risky: _Risky) -> int:
         """Where a part not asked for ends: its text as the line before had it, else parsed (checked, so that
@@ -187,7 +203,7 @@ def snapshot(memo: PartMemo, raw: bytes, ts: float, kept_parts: Callable[[Any], 
     kept = kept_parts(ref)
     if memo.parts is not None:
         kept = {k: v for k, v in kept.items() if k in memo.parts}
-    return dataclasses.replace(base, **{**fields, **kept}) if fields or kept else base
+    return dataclasses.replace(base, **{**fields, **kept})
 
 
 def _risky(text: str, raw: bytes) -> list[int]:
@@ -196,18 +212,23 @@ def _risky(text: str, raw: bytes) -> list[int]:
     at = []
     for m in _NEGATIVE.finditer(text):  # a search for '-' then a look behind it: 20 us a line, a regex 240
         i = m.start()
-        if text[i - 1] in _SPACE and text[i - 2] in _SPACE:  # more spacing: what comes before it decides
-            j = i - 2
-            while j > 0 and text[j - 1] in _SPACE:
-                j -= 1
-            if j == 0 or text[j - 1] not in ":,[":
-                continue
+        if text[i - 1] in _SPACE and text[i - 2] in _SPACE and not _after_spacing(text, i):
+            continue
         at.append(i)
     if _RUN in raw.translate(_DIGITS):  # rare: a C search first, then where
         at = sorted(at + [m.start() for m in _RUN_AT.finditer(text)])
     if len(at) > 1000:  # not what dltop writes (a line has a few): the ordinary way
         raise GiveUp
     return at
+
+
+def _after_spacing(text: str, i: int) -> bool:
+    """Whether a '-' after more spacing than _NEGATIVE looks behind follows ':', ',' or '[' (what comes before
+    the spacing decides)."""
+    j = i - 2
+    while j > 0 and text[j - 1] in _SPACE:
+        j -= 1
+    return j > 0 and text[j - 1] in ":,["
 
 
 def _expect(text: str, pos: int, char: str) -> int:

@@ -62,22 +62,14 @@ class Chunk:
         rest is read. Lines without a checksum (an older dltop's, a sealed frame's) are read as they are, unless
         others in the chunk have one: then one without is damage (its checksum was cut or changed)."""
         raw = data.split(b"\n")
-        if raw and raw[-1] == b"":
+        if raw[-1] == b"":
             raw.pop()
-        checked = [store.check_line(line) for line in raw]
-        checksummed = any(ok for _, ok in checked)
         chunk = cls([b""] * len(raw))
         state: dict[str, int] = {}
-        for i, (line, ok) in enumerate(checked):
+        for i, (line, why) in enumerate(_checked(raw)):
             head = store.line_prefix(line)
-            if ok is False:
-                chunk.damaged.append((i, "checksum does not match"))
-                continue
-            if ok is None and checksummed:
-                chunk.damaged.append((i, "torn or cut (no checksum where the other lines have one)"))
-                continue
-            if head is None:
-                chunk.damaged.append((i, "torn or not a recorded line"))
+            if why is not None or head is None:
+                chunk.damaged.append((i, why or "torn or not a recorded line"))
                 continue
             ts, kind = head
             if kind == "sample":
@@ -89,31 +81,33 @@ class Chunk:
             except store.Malformed as e:
                 chunk.damaged.append((i, str(e)))
                 continue
-            why = chunk._take(i, ts, kind, body)
-            if kind == "part" and why is None:
-                state = {**state, body["name"]: i}
+            why = chunk._take(ts, kind, body)
             if why is not None:
                 chunk.damaged.append((i, why))
                 continue
+            if kind == "part":
+                state = {**state, body["name"]: i}
             chunk.lines[i] = line
         return chunk
 
-    def _take(self, i: int, ts: float, kind: str, body: dict[str, Any]) -> str | None:
-        """Line i's part, event or meta taken in (a part: by `scan`'s state); why it is damage, else None."""
+    def _take(self, ts: float, kind: str, body: dict[str, Any]) -> str | None:
+        """A part, event or meta line taken in (a part: by `scan`'s state); why it is damage, else None."""
         if kind == "part":
             return None if body.get("name") in store.KEPT_PARTS and "value" in body else (
                 "a part line without a part dltop keeps")
         if kind == "event":
-            if isinstance(body.get("kind"), str) and isinstance(body.get("data"), dict) and store.shallow(body["data"]):
-                self.events.append(RecordedEvent(ts, body["kind"], body["data"]))
-                return None
-            return "an event without a kind and its data"
-        if kind == "meta":
-            if not store.shallow(body):
-                return f"meta nested deeper than {store.MAX_DEPTH}"
-            if self.meta is None:
-                self.meta = body
+            return self._take_event(ts, body)
+        if kind == "meta" and not store.shallow(body):
+            return f"meta nested deeper than {store.MAX_DEPTH}"
+        if kind == "meta" and self.meta is None:
+            self.meta = body
         return None
+
+    def _take_event(self, ts: float, body: dict[str, Any]) -> str | None:
+        if isinstance(body.get("kind"), str) and isinstance(body.get("data"), dict) and store.shallow(body["data"]):
+            self.events.append(RecordedEvent(ts, body["kind"], body["data"]))
+            return None
+        return "an event without a kind and its data"
 
     def snapshot(self, k: int, memo: PartMemo | None = None) -> Snapshot:
         """The k-th sample as the full Snapshot that was written; DecodeError (with the reason) if its line is
@@ -122,7 +116,7 @@ class Chunk:
         ts, i, state = self.samples[k]
         if memo is not None:
             try:
-                return reuse.snapshot(memo, self.lines[i], ts, lambda ref: self._kept(ref, state))
+                return reuse.snapshot(memo, self.lines[i], ts, lambda ref: self._kept(ref, state, i))
             except Exception:  # noqa: BLE001 - anything unexpected: the ordinary way below decides
                 memo.gave_up += 1
                 memo.matched = {}
@@ -136,22 +130,18 @@ class Chunk:
         snap = Snapshot.from_dict(snap_dict)
         if snap.ts != ts:
             raise DecodeError(f"sample at line {i + 1}: its time differs from its line's")
+        kept = self._kept(ref, state, i)
+        return dataclasses.replace(snap, **kept) if kept else snap
+
+    def _kept(self, ref: Any, state: dict[str, int], i: int) -> dict[str, Any]:
+        """The parts sample line i refers to, decoded (DecodeError where it names one the chunk lacks)."""
+        if not isinstance(ref, list):
+            raise DecodeError(f"sample at line {i + 1}: not a sample")
         kept = {}
         for name in ref:
             if not isinstance(name, str) or name not in state or name not in store.KEPT_PARTS:
                 raise DecodeError(f"sample at line {i + 1}: refers to a part {str(name)[:40]!r} this recording "
                                   f"lacks")
-            kept[name] = self._part(state[name])
-        return dataclasses.replace(snap, **kept) if kept else snap
-
-    def _kept(self, ref: Any, state: dict[str, int]) -> dict[str, Any]:
-        """The parts a sample refers to, decoded (ValueError where it names one the chunk lacks)."""
-        if not isinstance(ref, list):
-            raise ValueError("not a sample")
-        kept = {}
-        for name in ref:
-            if not isinstance(name, str) or name not in state or name not in store.KEPT_PARTS:
-                raise ValueError("refers to a part this recording lacks")
             kept[name] = self._part(state[name])
         return kept
 
@@ -165,6 +155,22 @@ class Chunk:
             holder = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": SCHEMA_VERSION, body["name"]: body["value"]})
             self._parts[i] = getattr(holder, body["name"])
         return self._parts[i]
+
+
+def _checked(raw: list[bytes]) -> list[tuple[bytes, str | None]]:
+    """Each line without its checksum, and why its checksum makes it damage (None: it does not). A line without
+    one is read as it is, unless others have one: then its checksum was cut or changed."""
+    checked = [store.check_line(line) for line in raw]
+    checksummed = any(ok for _, ok in checked)
+    out: list[tuple[bytes, str | None]] = []
+    for line, ok in checked:
+        why = None
+        if ok is False:
+            why = "checksum does not match"
+        elif ok is None and checksummed:
+            why = "torn or cut (no checksum where the other lines have one)"
+        out.append((line, why))
+    return out
 
 
 def compress_segment(directory: str | int, stem: str, block_samples: int,
@@ -198,67 +204,78 @@ def _compress(dir_fd: int, stem: str, block_samples: int, values: list[tuple[flo
     if chunk.meta is None and not chunk.samples and not chunk.events:
         os.unlink(src, dir_fd=dir_fd)  # nothing in it worth keeping (a recorder killed before its first line)
         return
-    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, write_content_size=True)
-    frames: list[bytes] = []
-    blocks: list[dict[str, Any]] = []
-    parts: dict[str, bytes] = {}
-    current: list[bytes] = []
-    current_bytes = 0
-    times: list[float] = []
-    all_ts: list[float] = []
-    offset = 0
-    by_ts: dict[float, Values | None] = {}
-    for ts, v in values or ():
-        by_ts[ts] = None if ts in by_ts else v  # two samples at one time: which is which is not known
+    frames = _Frames(block_samples, values)
+    for line in chunk.lines:  # the lines that passed the scan (a damaged one is b""), without their checksums
+        head = store.line_prefix(line)
+        if head is not None:
+            frames.add(line, *head)
+    frames.flush()
+    index: dict[str, Any] = {
+        "format": store.FORMAT_VERSION, "meta": chunk.meta, "samples": len(frames.all_ts),
+        "skipped": chunk.skipped, "first_ts": min(frames.all_ts, default=None),
+        "last_ts": max(frames.all_ts, default=None), "events": [[e.ts, e.kind, e.data] for e in chunk.events]}
+    # Each block carries its own checksum, the rest of the index one: a reader takes a damaged index as absent.
+    index["crc"] = store.entry_crc(list(index.values()))
+    index["blocks"] = frames.blocks
+    _write_whole(dir_fd, stem + store.CLOSED_SUFFIX, b"".join(frames.frames))
+    _write_whole(dir_fd, stem + store.INDEX_SUFFIX, json.dumps(index, separators=(",", ":")).encode("utf-8"))
+    os.unlink(src, dir_fd=dir_fd)
 
-    def flush() -> None:
-        nonlocal offset, current, current_bytes, times
-        if not current:
+
+class _Frames:
+    """A closed segment's frames, cut as its lines come, and their index entries."""
+
+    def __init__(self, block_samples: int, values: list[tuple[float, Values]] | None) -> None:
+        self.block_samples = block_samples
+        self.cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, write_content_size=True)
+        self.frames: list[bytes] = []
+        self.blocks: list[dict[str, Any]] = []
+        self.all_ts: list[float] = []
+        self.offset = 0
+        self.parts: dict[str, bytes] = {}  # the part lines in force
+        self.current: list[bytes] = []  # the frame's lines so far
+        self.current_bytes = 0
+        self.times: list[float] = []  # the frame's samples' times
+        self.by_ts: dict[float, Values | None] = {}
+        for ts, v in values or ():
+            self.by_ts[ts] = None if ts in self.by_ts else v  # two samples at one time: which is which is not known
+
+    def add(self, line: bytes, ts: float, kind: str) -> None:
+        """One more line; the frame is cut after `block_samples` samples or FRAME_BYTES of text."""
+        if not self.current:
+            self.current = list(self.parts.values())  # the parts in force, so the frame stands alone
+            self.current_bytes = sum(len(p) + 1 for p in self.current)
+        self.current.append(line)
+        self.current_bytes += len(line) + 1
+        if kind == "part":
+            self.parts[store.loads(line)["name"]] = line  # the scan parsed it
+        elif kind == "sample":
+            self.times.append(ts)
+            if len(self.times) >= self.block_samples or self.current_bytes >= FRAME_BYTES:
+                self.flush()
+
+    def flush(self) -> None:
+        """The lines so far made a frame, with its index entry."""
+        if not self.current:
             return
-        frame = cctx.compress(columns.pack(current))
-        frames.append(frame)
-        block: dict[str, Any] = {"offset": offset, "size": len(frame), "first_ts": times[0] if times else None,
-                 "last_ts": times[-1] if times else None, "ts": index_times_text(times), "samples": len(times)}
+        frame = self.cctx.compress(columns.pack(self.current))
+        times = self.times
+        block: dict[str, Any] = {"offset": self.offset, "size": len(frame), "first_ts": times[0] if times else None,
+                                 "last_ts": times[-1] if times else None, "ts": index_times_text(times),
+                                 "samples": len(times)}
         block["crc"] = store.entry_crc(list(block.values()))
         # The summary has its own checksum (a dltop before summaries checks the block's entries, not it); a
         # frame with a sample the writer holds no values for (a segment a killed recorder left) has none.
-        frame_values = [by_ts.get(t) for t in times]
+        frame_values = [self.by_ts.get(t) for t in times]
         if times and all(v is not None for v in frame_values):
             summary = frame_summary(list(zip(times, frame_values, strict=True)))  # type: ignore[arg-type]
             block["summary"] = summary
             block["summary_crc"] = store.entry_crc([summary])
-        blocks.append(block)
-        all_ts.extend(times)
-        offset += len(frame)
-        current, current_bytes, times = [], 0, []
-
-    for line in chunk.lines:  # the lines that passed the scan (a damaged one is b""), without their checksums
-        head = store.line_prefix(line)
-        if head is None:
-            continue
-        ts, kind = head
-        if not current:
-            current = list(parts.values())  # the parts in force, so the frame stands alone
-            current_bytes = sum(len(p) + 1 for p in current)
-        current.append(line)
-        current_bytes += len(line) + 1
-        if kind == "part":
-            parts[store.loads(line)["name"]] = line  # the scan parsed it
-        elif kind == "sample":
-            times.append(ts)
-            if len(times) >= block_samples or current_bytes >= FRAME_BYTES:
-                flush()
-    flush()
-    index: dict[str, Any] = {
-        "format": store.FORMAT_VERSION, "meta": chunk.meta, "samples": len(all_ts), "skipped": chunk.skipped,
-        "first_ts": min(all_ts, default=None), "last_ts": max(all_ts, default=None),
-        "events": [[e.ts, e.kind, e.data] for e in chunk.events]}
-    # Each block carries its own checksum, the rest of the index one: a reader takes a damaged index as absent.
-    index["crc"] = store.entry_crc(list(index.values()))
-    index["blocks"] = blocks
-    _write_whole(dir_fd, stem + store.CLOSED_SUFFIX, b"".join(frames))
-    _write_whole(dir_fd, stem + store.INDEX_SUFFIX, json.dumps(index, separators=(",", ":")).encode("utf-8"))
-    os.unlink(src, dir_fd=dir_fd)
+        self.frames.append(frame)
+        self.blocks.append(block)
+        self.all_ts.extend(times)
+        self.offset += len(frame)
+        self.current, self.current_bytes, self.times = [], 0, []
 
 
 def index_times_text(times: list[float]) -> str:

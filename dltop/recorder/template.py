@@ -76,9 +76,9 @@ def _fixing(name: str, base: type) -> Callable[..., Any]:
     def method(self: Any, *args: Any) -> Any:
         _fix(self)
         for a in args:  # the other number of `a - b` (or `b < a`) is used too
-            if isinstance(a, _TInt | _TFloat):
+            if isinstance(a, _Traced):
                 _fix(a)
-        return impl(self.real, *(a.real if isinstance(a, _TInt | _TFloat) else a for a in args))
+        return impl(self.real, *(a.real if isinstance(a, _Traced) else a for a in args))
 
     method.__name__ = name
     return method
@@ -90,76 +90,58 @@ _FIXING = ("__str__", "__repr__", "__format__", "__hash__", "__eq__", "__ne__", 
            "__trunc__", "__floor__", "__ceil__", "__divmod__", "__rdivmod__", "__rtruediv__")
 
 
-class _TInt(int):
-    """An int of the part's text (number `_n`) after `_ops`."""
+class _Traced:
+    """A number of the part's text (number `_n`) after `_ops`: _TInt and _TFloat, the int's and the float's."""
 
     _n: int
     _ops: tuple[Op, ...]
+    _base: type
+    _float_op: tuple[Op, ...]  # what float() of it adds to its operations
+    real: Any
 
     @classmethod
-    def make(cls, value: int, n: int, ops: tuple[Op, ...]) -> _TInt:
-        x = cls(value)
+    def make(cls, value: Any, n: int, ops: tuple[Op, ...]) -> Any:
+        x: Any = cls(value)  # type: ignore[call-arg]  # int's or float's: the class's base
         x._n, x._ops = n, ops
         return x
 
     def __mul__(self, other: Any) -> Any:
         if type(other) not in (int, float):
-            return _fixing("__mul__", int)(self, other)
+            return _fixing("__mul__", self._base)(self, other)
         return _wrap(self.real * other, self._n, (*self._ops, ("mul", other)))
 
     __rmul__ = __mul__
 
     def __truediv__(self, other: Any) -> Any:
         if type(other) not in (int, float):
-            return _fixing("__truediv__", int)(self, other)
+            return _fixing("__truediv__", self._base)(self, other)
         return _wrap(self.real / other, self._n, (*self._ops, ("div", other)))
 
     def __float__(self) -> float:
         value = float(self.real)
         if _TRACE is not None:
-            _TRACE.floated[id(value)] = (value, self._n, (*self._ops, ("float", None)))
+            _TRACE.floated[id(value)] = (value, self._n, (*self._ops, *self._float_op))
         return value
+
+
+class _TInt(_Traced, int):
+    _base = int
+    _float_op = _FLOAT
 
     def __index__(self) -> int:
         _fix(self)
-        return self.real
+        return self.real  # type: ignore[no-any-return]
 
 
-class _TFloat(float):
-    """A float of the part's text (number `_n`) after `_ops`."""
-
-    _n: int
-    _ops: tuple[Op, ...]
-
-    @classmethod
-    def make(cls, value: float, n: int, ops: tuple[Op, ...]) -> _TFloat:
-        x = cls(value)
-        x._n, x._ops = n, ops
-        return x
-
-    def __mul__(self, other: Any) -> Any:
-        if type(other) not in (int, float):
-            return _fixing("__mul__", float)(self, other)
-        return _wrap(self.real * other, self._n, (*self._ops, ("mul", other)))
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, other: Any) -> Any:
-        if type(other) not in (int, float):
-            return _fixing("__truediv__", float)(self, other)
-        return _wrap(self.real / other, self._n, (*self._ops, ("div", other)))
-
-    def __float__(self) -> float:
-        value = float(self.real)
-        if _TRACE is not None:
-            _TRACE.floated[id(value)] = (value, self._n, self._ops)
-        return value
+class _TFloat(_Traced, float):
+    _base = float
+    _float_op = ()
 
 
 for _name in _FIXING:
-    for _cls, _base in ((_TInt, int), (_TFloat, float)):
-        if hasattr(_base, _name):
-            setattr(_cls, _name, _fixing(_name, _base))
+    for _cls in (_TInt, _TFloat):
+        if hasattr(_cls._base, _name):
+            setattr(_cls, _name, _fixing(_name, _cls._base))
 
 
 def _apply(value: int | float, ops: tuple[Op, ...]) -> int | float:
@@ -210,22 +192,21 @@ class Template:
         """The numbers' texts and the end, where the text at `pos` is this template's text with numbers that the
         ordinary reading would accept and decode the same way (None: read it the ordinary way)."""
         found = _scan(self, text, pos)
-        if found is None:
+        if found is None or self._fixed(found[0]) != self._own_fixed:
             return None
-        nums, end = found
-        if self._fixed(nums) != self._own_fixed:
-            return None
-        joined = "".join(nums)
-        if ("-" in joined or max(map(len, nums), default=0) > _MAX_INT_DIGITS) \
+        nums = found[0]
+        if ("-" in "".join(nums) or max(map(len, nums), default=0) > _MAX_INT_DIGITS) \
                 and not _acceptable(nums, self._own, self.kinds):
             return None
+        return found if self._kinds_kept(nums) else None
+
+    def _kinds_kept(self, nums: tuple[str, ...]) -> bool:
+        """Whether each number is of its kind in the template's text: an int not a float, a float one in range."""
         ints = "".join(self._ints(nums))
-        if "." in ints or "e" in ints or "E" in ints:  # a float where the text had an int
-            return None
+        if "." in ints or "e" in ints or "E" in ints:
+            return False
         floats = self._floats(nums)
-        if floats and not (all(map(_FRACTION, floats)) and max(map(abs, map(float, floats))) <= store.MAX_NUMBER):
-            return None
-        return nums, end
+        return not floats or (all(map(_FRACTION, floats)) and max(map(abs, map(float, floats))) <= store.MAX_NUMBER)
 
 
 def _scan_c(tm: Template, text: str, pos: int) -> tuple[tuple[str, ...], int] | None:
@@ -305,49 +286,61 @@ class _Counter:
 def _tag(js: Any, obj: Any, c: _Counter) -> Any:
     """`obj` (decoded from the JSON value `js`) with each number of `js` that it holds as it is replaced by a
     traced one; numbers it holds otherwise are left as they are (they must stay equal)."""
-    t = type(js)
-    if t is int or t is float:
-        n = c.n
-        c.n += 1
-        if type(obj) is int and t is int and obj == js:
-            c.tagged.add(n)
-            return _TInt.make(obj, n, ())
-        if type(obj) is float and float(js) == obj:
-            c.tagged.add(n)
-            return _TFloat.make(obj, n, (("float", None),) if t is int else ())
-        return obj
-    if t is list:
-        if type(obj) is tuple and len(obj) == len(js):
-            return tuple(_tag(a, b, c) for a, b in zip(js, obj, strict=True))
-        for v in js:
-            _skip(v, c)
-        return obj
-    if t is dict:
-        names = getattr(type(obj), "__dataclass_fields__", None)
-        if names is not None:
-            post_init = getattr(type(obj), "__post_init__", None)
-            first = c.n
-            copy = object.__new__(type(obj))
-            d = _values(obj)
-            for k, v in js.items():
-                if k in names and k + "_b64" not in js:
-                    if post_init is not None and type(v) is int and type(d[k]) is int and d[k] != v:
-                        d[k] = v  # changed by __post_init__: traced from the text's own number, run again below
-                    d[k] = _tag(v, d[k], c)
-                else:
-                    _skip(v, c)
-            for k, v in d.items():
-                object.__setattr__(copy, k, v)  # frozen, maybe slotted
-            if post_init is not None and not _post_init(copy, obj, post_init):
-                c.tagged.difference_update(range(first, c.n))  # `obj` as it is: its numbers must stay
-                return obj
-            return copy
-        if type(obj) is dict and list(obj) == list(js):
-            return {k: _tag(v, obj[k], c) for k, v in js.items()}
-        for v in js.values():
-            _skip(v, c)
-        return obj
+    tagger = _TAGGERS.get(type(js))
+    return obj if tagger is None else tagger(js, obj, c)
+
+
+def _tag_list(js: list[Any], obj: Any, c: _Counter) -> Any:
+    if type(obj) is tuple and len(obj) == len(js):
+        return tuple(_tag(a, b, c) for a, b in zip(js, obj, strict=True))
+    _skip(js, c)
     return obj
+
+
+def _tag_dict(js: dict[str, Any], obj: Any, c: _Counter) -> Any:
+    if hasattr(type(obj), "__dataclass_fields__"):
+        return _tag_dataclass(js, obj, c)
+    if type(obj) is dict and list(obj) == list(js):
+        return {k: _tag(v, obj[k], c) for k, v in js.items()}
+    _skip(js, c)
+    return obj
+
+
+def _tag_number(js: int | float, obj: Any, c: _Counter) -> Any:
+    n = c.n
+    c.n += 1
+    if type(obj) is int and type(js) is int and obj == js:
+        c.tagged.add(n)
+        return _TInt.make(obj, n, ())
+    if type(obj) is float and float(js) == obj:
+        c.tagged.add(n)
+        return _TFloat.make(obj, n, _FLOAT if type(js) is int else ())
+    return obj
+
+
+def _tag_dataclass(js: dict[str, Any], obj: Any, c: _Counter) -> Any:
+    names = type(obj).__dataclass_fields__
+    post_init = getattr(type(obj), "__post_init__", None)
+    first = c.n
+    copy = object.__new__(type(obj))
+    d = _values(obj)
+    for k, v in js.items():
+        if k not in names or k + "_b64" in js:
+            _skip(v, c)
+            continue
+        if post_init is not None and type(v) is type(d[k]) is int and d[k] != v:
+            d[k] = v  # changed by __post_init__: traced from the text's own number, run again below
+        d[k] = _tag(v, d[k], c)
+    for k, v in d.items():
+        object.__setattr__(copy, k, v)  # frozen, maybe slotted
+    if post_init is not None and not _post_init(copy, obj, post_init):
+        c.tagged.difference_update(range(first, c.n))  # `obj` as it is: its numbers must stay
+        return obj
+    return copy
+
+
+_TAGGERS: dict[type, Callable[[Any, Any, _Counter], Any]] = {
+    int: _tag_number, float: _tag_number, list: _tag_list, dict: _tag_dict}
 
 
 def _values(obj: Any) -> dict[str, Any]:
@@ -365,7 +358,7 @@ def _post_init(copy: Any, obj: Any, post_init: Callable[[Any], None]) -> bool:
     got_values = _values(copy)
     for k, v in _values(obj).items():
         got = got_values[k]  # the same type: the same fields
-        if (type(v) in (int, float) or type(got) in (_TInt, _TFloat)) and (
+        if (type(v) in (int, float) or isinstance(got, _Traced)) and (
                 type(got) not in (int, float, _TInt, _TFloat) or type(got.real) is not type(v) or got.real != v):
             return False
     return True
@@ -398,13 +391,9 @@ def make(key: str, text: str, parsed: Any, part: Any) -> Template | None:
     if got is None:
         return None
     pieces, nums = got
-    leaves = list(_leaves(parsed))
-    if len(leaves) != len(nums) or "-0" in nums:
+    kinds = _kinds(parsed, nums)
+    if kinds is None:
         return None
-    kinds = ["." in t or "e" in t or "E" in t for t in nums]
-    for leaf, t, is_float in zip(leaves, nums, kinds, strict=True):
-        if type(leaf) is not (float if is_float else int) or leaf != (float(t) if is_float else int(t)):
-            return None
     counter = _Counter()
     trace = _TRACE = _Trace()
     try:
@@ -415,25 +404,39 @@ def make(key: str, text: str, parsed: Any, part: Any) -> Template | None:
     if raw is None or counter.n != len(nums):
         return None
     free = [i in counter.tagged and i not in trace.fixed for i in range(len(nums))]
-    samples: list[tuple[fd.Field, dict[str, str], Any]] = []
-    for f, labels, value in raw:
-        if isinstance(value, _TInt | _TFloat):
-            spec: Any = (value._n, _plainer(value._ops), kinds[value._n])
-            value = value.real
-        elif type(value) is float and id(value) in trace.floated and trace.floated[id(value)][0] is value:
-            _, n, ops = trace.floated[id(value)]
-            spec = (n, _plainer(ops), kinds[n])
-        else:
-            spec = ("=", value)
-        if spec[0] != "=" and not free[spec[0]]:
-            spec = ("=", value)
-        samples.append((f, {str(k): str(v) for k, v in labels.items()}, spec))
+    samples = [(f, {str(k): str(v) for k, v in labels.items()}, _spec(value, kinds, free, trace))
+               for f, labels, value in raw]
     tm = Template(key, pieces, kinds, free, parsed, part, samples)
     tm._own = tuple(nums)
     tm._own_fixed = tm._fixed(tm._own)
     if not _check(tm, key, pieces, nums):
         return None
     return tm
+
+
+def _kinds(parsed: Any, nums: list[str]) -> list[bool] | None:
+    """Whether each number of the text is a float (None: the parsed value's numbers are not the text's)."""
+    leaves = list(_leaves(parsed))
+    if len(leaves) != len(nums) or "-0" in nums:
+        return None
+    kinds = [_FRACTION(t) is not None for t in nums]
+    for leaf, t, is_float in zip(leaves, nums, kinds, strict=True):
+        if type(leaf) is not (float if is_float else int) or leaf != (float(t) if is_float else int(t)):
+            return None
+    return kinds
+
+
+def _spec(value: Any, kinds: list[bool], free: list[bool], trace: _Trace) -> Any:
+    """A sample's spec: ("=", value) for a constant, else (number, ops, is_float) of the free number it is."""
+    if isinstance(value, _Traced):
+        spec: Any = (value._n, _plainer(value._ops), kinds[value._n])
+        value = value.real
+    elif type(value) is float and id(value) in trace.floated and trace.floated[id(value)][0] is value:
+        _, n, ops = trace.floated[id(value)]
+        spec = (n, _plainer(ops), kinds[n])
+    else:
+        return ("=", value)
+    return spec if free[spec[0]] else ("=", value)
 
 
 def _changed(t: str, is_float: bool) -> str:
