@@ -279,21 +279,22 @@ def _rows(rec: Recording, first: float, last: float, wanted: set[str], prev: Sna
     for snap in rec.range(first, last, memo):
         cols: list[int] = []
         vals: list[str] = []
+        matched = memo.matched
         for part, group in fd.sample_groups(snap, prev):
-            match = _matched(memo.matched, part)
+            match = _matched(matched, part) if matched else None
             if match is not None:  # a stand-in: the cells come from this line's numbers
                 cells.plan(match[0]).extend(match[1], cols, vals)
                 kept[type(part)] = None
-                continue
-            if part is None:
+            elif part is None:
                 more = cells.of(group)
+                cols += more[0]
+                vals += more[1]
             else:
                 hit = kept.get(type(part))
                 if hit is None or hit[0] is not part:
                     hit = kept[type(part)] = (part, *cells.of(group))
-                more = hit[1], hit[2]
-            cols += more[0]
-            vals += more[1]
+                cols += hit[1]
+                vals += hit[2]
         more = cells.of(fd.hint_samples(hints.at(snap.ts)))
         cols += more[0]
         vals += more[1]
@@ -304,7 +305,7 @@ def _rows(rec: Recording, first: float, last: float, wanted: set[str], prev: Sna
 def _matched(matched: dict[str, tuple[template.Template, tuple[str, ...]]],
              part: object) -> tuple[template.Template, tuple[str, ...]] | None:
     """The template and numbers of a part that is a template's stand-in (PartMemo.matched), else None."""
-    if not matched or part is None:
+    if part is None:
         return None
     return next((m for m in matched.values() if m[0].part is part), None)
 
@@ -339,7 +340,7 @@ class _Cells:
         """The column and the cell of each wanted sample."""
         cols: list[int] = []
         vals: list[str] = []
-        wanted, by_labels = self.wanted, self.by_labels
+        wanted, by_labels, float_text, int_text = self.wanted, self.by_labels, self.float_text, self.int_text
         # Samples share their labels dict (a GPU's): each looked up once. It is kept here with its columns,
         # so that its id is not a later sample's (a generator's labels may be freed as it goes on).
         seen: dict[int, tuple[dict[str, str], dict[str, int]]] = {}
@@ -352,7 +353,7 @@ class _Cells:
             c = hit[1].get(f.name)
             if c is None:
                 c = self.column(hit[1], f.name, labels)
-            text = self.float_text if type(value) is float else self.int_text
+            text = float_text if type(value) is float else int_text
             cell = text.get(value)
             if cell is None:
                 if len(text) > 100_000:

@@ -199,16 +199,23 @@ class KmsgReader:
                 break
             if not raw:
                 break
-            for line in raw.split(b"\n"):  # one record a read from /dev/kmsg; many from a plain file (tests)
-                got = parse_record(line) if line and not line.startswith(b" ") else None
-                if got is not None:
-                    records.append((boot + got[1], got[2]))
+            records += _records(raw, boot)
         return victims_of(records, self._pending)
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _records(raw: bytes, boot: float) -> list[tuple[float, str]]:
+    """(time, text) of each kernel log record one read gave: one from /dev/kmsg, many from a plain file (tests)."""
+    out = []
+    for line in raw.split(b"\n"):
+        got = parse_record(line) if line and not line.startswith(b" ") else None
+        if got is not None:
+            out.append((boot + got[1], got[2]))
+    return out
 
 
 def last_seen(prev: Any, cur: Any) -> list[dict[str, Any]]:
@@ -259,17 +266,21 @@ def name_victims(events: Sequence[tuple[str, dict[str, Any]]], kmsg: KmsgReader 
     victims = kmsg.poll() if kmsg is not None else []
     if not ooms:
         return
-    readable = kmsg is not None and kmsg.status is None
-    gone = [] if readable else last_seen(prev, cur)
+    status = "not read" if kmsg is None else kmsg.status  # None: the kernel log is read
+    gone = [] if status is None else last_seen(prev, cur)
     for d in ooms:
-        if readable:
-            mine = victims if d.get("source") != "cgroup" else [v for v in victims if _counted_by(v, str(d.get("cgroup")))]
-            d["victims"] = [v.to_dict() for v in mine]
+        if status is None:
+            d["victims"] = [v.to_dict() for v in _counted(victims, d)]
             d["victims_from"] = "kmsg"
         else:
-            d["victims"] = gone
-            d["victims_from"] = "last sample"
-            d["kmsg_status"] = kmsg.status if kmsg is not None else "not read"
+            d.update(victims=gone, victims_from="last sample", kmsg_status=status)
+
+
+def _counted(victims: list[Victim], d: dict[str, Any]) -> list[Victim]:
+    """The victims an oom_kill event counts: all for the machine's counter, those of its cgroup for a cgroup's."""
+    if d.get("source") != "cgroup":
+        return victims
+    return [v for v in victims if _counted_by(v, str(d.get("cgroup")))]
 
 
 def _counted_by(v: Victim, cgroup: str) -> bool:

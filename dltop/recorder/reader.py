@@ -165,17 +165,17 @@ class Recording:
         loaded = [self._load(name) for name in files]
         self._segments = [seg for seg in loaded if seg is not None]
         metas = [s.meta for s in self._segments if s.meta]
-        for m in metas:
-            for key, mine in (("format", store.FORMAT_VERSION), ("schema", SCHEMA_VERSION)):
-                if isinstance(m.get(key), int) and m[key] > mine:
-                    by = printable(str(m.get("dltop"))[:20])
-                    raise DltopError(f"{printable(path)}: made by a newer dltop ({by}: {key} {m[key]}; this one, "
-                                     f"{__version__}, reads up to {mine}); read it with that dltop or a newer one")
+        _refuse_newer(path, metas)
         self.meta: dict[str, Any] = metas[0] if metas else {}
         self._lay_out_samples()
-        if not self._ts and not metas and not any(s.events for s in self._segments):
-            raise DltopError(f"{printable(path)}: not a dltop recording, or nothing readable in it"
-                             f"{f' ({self.damage.note()})' if self.damage.total else ''}")
+        if not self._ts and not metas:
+            self._refuse_if_no_events()
+
+    def _refuse_if_no_events(self) -> None:
+        """DltopError for files without samples or meta where they hold no event either: not a recording."""
+        if not any(s.events for s in self._segments):
+            damage = f" ({self.damage.note()})" if self.damage.total else ""
+            raise DltopError(f"{printable(self.path)}: not a dltop recording, or nothing readable in it{damage}")
 
     def _open_files(self, path: str) -> tuple[str, list[str]]:
         """The recording's directory (opened: self._dir_fd) and its segment files' names."""
@@ -455,6 +455,16 @@ def _read_index(dir_fd: int, name: str) -> dict[str, Any] | str | None:
     return index  # type: ignore[no-any-return]
 
 
+def _refuse_newer(path: str, metas: list[dict[str, Any]]) -> None:
+    """DltopError where a segment's meta says a newer dltop made it (a format or schema this one does not read)."""
+    for m in metas:
+        for key, mine in (("format", store.FORMAT_VERSION), ("schema", SCHEMA_VERSION)):
+            if isinstance(m.get(key), int) and m[key] > mine:
+                by = printable(str(m.get("dltop"))[:20])
+                raise DltopError(f"{printable(path)}: made by a newer dltop ({by}: {key} {m[key]}; this one, "
+                                 f"{__version__}, reads up to {mine}); read it with that dltop or a newer one")
+
+
 def _check_index(index: Any) -> None:
     """ValueError naming the first entry of the index that is not what the recorder writes."""
     if not isinstance(index, dict) or not isinstance(index.get("blocks"), list):
@@ -463,14 +473,17 @@ def _check_index(index: Any) -> None:
     if index.get("meta") is not None and not (isinstance(index["meta"], dict) and store.shallow(index["meta"])):
         raise ValueError("meta: not an object")
     index.setdefault("meta", None)
-    skipped = index.get("skipped") or 0
-    if type(skipped) is not int or not 0 <= skipped <= 1 << 32:
-        raise ValueError("skipped: not a count")
-    index["skipped"] = skipped
+    index["skipped"] = _checked_count(index.get("skipped") or 0, "skipped")
     index["events"] = _checked_events(index.get("events") or [])
     end = 0
     for n, b in enumerate(index["blocks"]):
         end = _check_block(n, b, end)
+
+
+def _checked_count(value: Any, what: str) -> int:
+    if type(value) is not int or not 0 <= value <= 1 << 32:
+        raise ValueError(f"{what}: not a count")
+    return value
 
 
 def _check_crc(index: dict[str, Any]) -> None:
@@ -498,26 +511,33 @@ def _is_event(ev: Any) -> bool:
             and isinstance(ev[1], str) and isinstance(ev[2], dict) and store.shallow(ev[2]))
 
 
+_BLOCK_CRC_KEYS = ("offset", "size", "first_ts", "last_ts", "ts", "samples")  # what a block's checksum covers
+
+
 def _check_block(n: int, b: Any, end: int) -> int:
     """ValueError naming what is wrong with block `n` of an index, which must start at `end`; else where the
     block ends, its sample times read into b["times"]."""
     if not isinstance(b, dict):
         raise ValueError(f"block {n}: not an object")
     offset, size, text = b.get("offset"), b.get("size"), b.get("ts")
-    if "crc" in b and b["crc"] != store.entry_crc([b.get(k) for k in ("offset", "size", "first_ts", "last_ts",
-                                                                          "ts", "samples")]):
+    if "crc" in b and b["crc"] != store.entry_crc([b.get(k) for k in _BLOCK_CRC_KEYS]):
         raise ValueError(f"block {n}: checksum does not match")
     if type(offset) is not int or type(size) is not int or not isinstance(text, str):
         raise ValueError(f"block {n}: offset, size or ts of the wrong type")
     if offset != end or not 0 < size <= MAX_FRAME_BYTES:  # frames are written end to end
         raise ValueError(f"block {n}: offset {offset} or size {size} is not where the frames lie")
+    b["times"] = _block_times(n, b, text)
+    return offset + size
+
+
+def _block_times(n: int, b: dict[str, Any], text: str) -> list[float]:
+    """Block n's sample times (ValueError where one is not a time, or their count is not its samples')."""
     times = index_times(text)
     if any(store.valid_ts(t) is None for t in times):
         raise ValueError(f"block {n}: a sample time that is not a time")
     if b.get("samples", len(times)) != len(times):
         raise ValueError(f"block {n}: {len(times)} sample times for {b.get('samples')!r} samples")
-    b["times"] = times
-    return offset + size
+    return times
 
 
 def recorded_tab(events: list[RecordedEvent], ts: float) -> str | None:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from dltop.model import SCHEMA_VERSION, Snapshot
+from dltop.model import Snapshot
 from dltop.recorder import store, template
 
 # What store.loads checks, here part by part: the line picks its decoder by what its text may hold (a negative
@@ -157,9 +157,7 @@ class PartMemo:
             if key in got.reused:
                 fields[key] = got.reused[key]
                 continue
-            # Decoded as the Snapshot's own field, so the part gets exactly the field's type and checks.
-            holder = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": SCHEMA_VERSION, key: got.snap[key]})
-            fields[key] = getattr(holder, key)
+            fields[key] = store.decode_part(key, got.snap[key])
             self._parts[key] = (got.texts[key], got.snap[key], fields[key])
             if self._templates is not None and key in template.KEYS:
                 self._template(key, got.texts[key], got.snap[key], fields[key])

@@ -22,7 +22,7 @@ from typing import Any
 import zstandard
 
 from dltop.fmt import human_bytes
-from dltop.model import SCHEMA_VERSION, DecodeError, Snapshot
+from dltop.model import DecodeError, Snapshot
 from dltop.recorder import columns, reuse, store
 from dltop.recorder.reuse import PartMemo
 from dltop.recorder.summary import Values, frame_summary
@@ -151,9 +151,7 @@ class Chunk:
                 body = store.loads(self.lines[i])
             except store.Malformed as e:
                 raise DecodeError(f"part at line {i + 1}: {e}") from None
-            # Decoded as the Snapshot's own field, so the part gets exactly the field's type
-            holder = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": SCHEMA_VERSION, body["name"]: body["value"]})
-            self._parts[i] = getattr(holder, body["name"])
+            self._parts[i] = store.decode_part(body["name"], body["value"])
         return self._parts[i]
 
 

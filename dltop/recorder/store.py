@@ -23,6 +23,7 @@ from typing import Any
 
 from dltop.errors import DltopError
 from dltop.fmt import human_bytes
+from dltop.model import SCHEMA_VERSION, Snapshot
 
 FORMAT_VERSION = 2  # of the recording's layout (lines, segments, index; 2: sealed frames in columns, columns.py);
 # the Snapshot has its own schema. A reader reads every version up to its own.
@@ -34,7 +35,6 @@ CLOSED_SUFFIX = ".jsonl.zst"
 INDEX_SUFFIX = ".idx.json"
 _SEGMENT_NAME = re.compile(r"^(\d{8}T\d{6}Z(?:-\d+)?)(\.jsonl|\.jsonl\.zst)$")
 _PREFIX = re.compile(rb'^\{"ts":(-?[0-9][0-9.eE+-]*),"type":"([a-z_]+)"')
-EVENT_KINDS = ("action", "hint", "gpu_process", "oom_kill", "marker", "start", "stop", "gap", "view")
 _CRC_HEAD = b',"crc":"'
 _CRC_LEN = len(_CRC_HEAD) + 8 + 2  # the key, 8 hex digits, '"}'
 _HEX = frozenset(b"0123456789abcdef")
@@ -445,3 +445,8 @@ def read_regular(name: str, dir_fd: int | None = None, max_bytes: int | None = N
     fd, size = open_regular(name, dir_fd, max_bytes, what)
     with open(fd, "rb", closefd=True) as f:
         return f.read(size)
+
+
+def decode_part(key: str, value: Any) -> Any:
+    """A Snapshot part from its parsed JSON, decoded as the Snapshot's own field (its exact type and checks)."""
+    return getattr(Snapshot.from_dict({"ts": 0.0, "host": "", "schema": SCHEMA_VERSION, key: value}), key)

@@ -26,7 +26,7 @@ from typing import Any
 
 from dltop import fields as fd
 from dltop import native
-from dltop.model import SCHEMA_VERSION, Snapshot
+from dltop.model import Snapshot
 from dltop.recorder import store
 
 # A JSON number in a value's place (after ':', ',' or '['; before ',', ']' or '}'), or a whole string (so that no
@@ -378,11 +378,6 @@ def _group(key: str, part: Any) -> list[fd.Sample] | None:
     return None
 
 
-def _decode(key: str, parsed: Any) -> Any:
-    holder = Snapshot.from_dict({"ts": 0.0, "host": "", "schema": SCHEMA_VERSION, key: parsed})
-    return getattr(holder, key)
-
-
 def make(key: str, text: str, parsed: Any, part: Any) -> Template | None:
     """A template of a part read the ordinary way: its text, the value parsed from it and the part decoded from
     that (None where none can be made or its check fails)."""
@@ -463,7 +458,7 @@ def _check_one(tm: Template, key: str, text: str) -> bool:
         return False
     try:
         parsed = store.loads(text)
-        part = _decode(key, parsed)
+        part = store.decode_part(key, parsed)
         actual = _group(key, part)
     except (ValueError, TypeError, KeyError, RecursionError, ArithmeticError):
         return False
