@@ -25,7 +25,7 @@ from dltop import fields
 from dltop.model import Snapshot, Unavailable
 from dltop.recorder import Recorder, Recording, dump, store, template  # dump: the module
 from dltop.recorder.reuse import PartMemo
-from dltop.recorder.segment import Chunk, decompress
+from dltop.recorder.segment import Chunk, decompress_segment
 from tests.test_recorder import sampled
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def hostile(rec_dir: Path, out_dir: Path) -> None:
     raw = b""
     for stem, suffix in store.list_segments(str(rec_dir)):
         data = (rec_dir / (stem + suffix)).read_bytes()
-        raw += decompress(data)[0] if suffix == store.CLOSED_SUFFIX else data
+        raw += decompress_segment(data)[0] if suffix == store.CLOSED_SUFFIX else data
     lines = [store.check_line(line)[0] for line in raw.splitlines()]
     sample = json.loads(next(line for line in reversed(lines) if b'"type":"sample"' in line))
     ts = sample["ts"]
@@ -199,7 +199,7 @@ def lines_of(path: str) -> list[bytes]:
     raw = b""
     for stem, suffix in store.list_segments(path):
         data = (Path(path) / (stem + suffix)).read_bytes()
-        raw += decompress(data)[0] if suffix == store.CLOSED_SUFFIX else data
+        raw += decompress_segment(data)[0] if suffix == store.CLOSED_SUFFIX else data
     return [store.check_line(line)[0] for line in raw.splitlines()]
 
 

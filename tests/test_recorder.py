@@ -19,7 +19,7 @@ from dltop.config import Settings
 from dltop.errors import DltopError
 from dltop.model import Snapshot
 from dltop.recorder import Recorder, Recording, parse_duration, parse_size, parse_time, store
-from dltop.recorder.segment import decompress
+from dltop.recorder.segment import decompress_segment
 from dltop.sampler import Sampler
 from dltop.sources.registry import build_sources
 
@@ -51,7 +51,7 @@ def lines_of(directory: Path) -> list[dict]:
     for stem, suffix in store.list_segments(str(directory)):
         raw = (directory / (stem + suffix)).read_bytes()
         if suffix == store.CLOSED_SUFFIX:
-            raw, damaged = decompress(raw)
+            raw, damaged, _ = decompress_segment(raw)
             assert not damaged
         out += [json.loads(line) for line in raw.splitlines()]
     return out
@@ -233,7 +233,7 @@ def test_an_older_schema_recording_still_reads(tmp_path: Path, monkeypatch: pyte
         for s in snaps:
             rec.write(s)
     (stem, _), = store.list_segments(str(rec_dir))
-    raw, _ = decompress((rec_dir / (stem + store.CLOSED_SUFFIX)).read_bytes())
+    raw, *_ = decompress_segment((rec_dir / (stem + store.CLOSED_SUFFIX)).read_bytes())
     old = []
     for line in raw.splitlines():
         d = json.loads(line)

@@ -27,6 +27,8 @@ def _range_options(p: argparse.ArgumentParser) -> None:
                    help="a recording directory or one segment file (default: the directory `record` uses)")
     p.add_argument("--from", dest="t0", metavar="TIME", help="start at TIME ('10m ago', 14:05, ISO 8601, epoch)")
     p.add_argument("--to", dest="t1", metavar="TIME", help="end at TIME")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress line on stderr (there is none when stderr is not a terminal)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,8 +70,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "residency over time, and the hints that fired.")
     _range_options(p)
     p.add_argument("--width", type=int, default=None, metavar="COLUMNS", help="chart width (default: the terminal's)")
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress line on stderr (there is none when stderr is not a terminal)")
     p.set_defaults(func=run_report)
 
     p = sub.add_parser("dump", help="a recording as CSV, JSON Lines or OpenMetrics",
@@ -80,8 +80,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("csv", "jsonl", "openmetrics"), default="jsonl")
     p.add_argument("--fields", metavar="NAME,...", default=None,
                    help="only these fields (csv and openmetrics; names as in docs/recorder.md)")
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress line on stderr (there is none when stderr is not a terminal)")
     p.set_defaults(func=run_dump)
 
 
@@ -291,9 +289,8 @@ def run_report(args: argparse.Namespace) -> int:
 class _Progress:
     """One line on a terminal's stderr that updates in place (at most five times a second): done of total."""
 
-    def __init__(self, what: str, every_s: float = 0.2) -> None:
+    def __init__(self, what: str) -> None:
         self.what = what
-        self.every_s = every_s
         self.shown = False
         self._next = 0.0
 
@@ -301,7 +298,7 @@ class _Progress:
         now = time.monotonic()
         if now < self._next and done < total:
             return
-        self._next = now + self.every_s
+        self._next = now + 0.2
         pct = 100 * done // total if total else 100
         # Past the escaping writer: the line is numbers of our own, and its \r and erase must reach the terminal.
         err = getattr(sys.stderr, "raw", sys.stderr)

@@ -20,7 +20,7 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, wait
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from dltop import fields as fd
 from dltop.errors import DltopError
@@ -91,10 +91,9 @@ class _HintTimeline:
         return list(self._active.values())
 
 
-class _Hint:
-    def __init__(self, id: str, severity: str) -> None:
-        self.id = id
-        self.severity = severity
+class _Hint(NamedTuple):
+    id: str
+    severity: str
 
 
 def _jsonl(rec: Recording, out: IO[str], t0: float | None, t1: float | None, parts: list[str] | None,

@@ -310,17 +310,11 @@ _MAGIC = b"\x28\xb5\x2f\xfd"  # every zstd frame starts so
 _STEP = zstandard.DECOMPRESSION_RECOMMENDED_INPUT_SIZE  # compressed bytes fed to the decoder at a time
 
 
-def decompress(data: bytes) -> tuple[bytes, int]:
-    """Every whole frame's content, in order, and how many damaged stretches were left out: after a frame that
-    does not decompress (or is cut short, or is bigger than dltop writes) the next one is found by zstd's magic
-    number, since each frame stands alone. At most store.MAX_SEGMENT_BYTES of content in all."""
-    content, damaged, _ = decompress_segment(data)
-    return content, damaged
-
-
 def decompress_segment(data: bytes, max_bytes: int = store.MAX_SEGMENT_BYTES) -> tuple[bytes, int, str]:
-    """`decompress`, with the first reason a stretch was left out ("" when none was): no frame past `max_bytes`
-    of content in all is decoded (each counted as damaged)."""
+    """Every whole frame's content, in order, how many damaged stretches were left out, and the first reason
+    one was ("" when none was): after a frame that does not decompress (or is cut short, or is bigger than dltop
+    writes) the next one is found by zstd's magic number, since each frame stands alone. No frame past
+    `max_bytes` of content in all is decoded (each counted as damaged)."""
     out = bytearray()
     damaged = 0
     why = ""
