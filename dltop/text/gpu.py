@@ -22,21 +22,28 @@ def short_command(command: str) -> str:
     interpreter the script (its name) or `-m module`, then the arguments as they are (`/usr/bin/python3
     /home/a/train.py --lr 3e-4` -> `python3 train.py --lr 3e-4`). A command line is one string here (the
     arguments joined by spaces, as ps shows them), so it is split on spaces; the whole one is shown elsewhere."""
-    words = command.split(" ")
-    if not words or not words[0] or command.startswith("["):
+    program, *rest = command.split(" ")
+    if not program or command.startswith("["):
         return command  # "[comm]": a zombie or a kernel thread, as ps shows it
-    program = words[0].rsplit("/", 1)[-1] or words[0]
-    rest = words[1:]
-    if _INTERPRETER.fullmatch(program):
-        i = 0
-        while i < len(rest) and rest[i].startswith("-") and rest[i] not in ("-m", "-c", "-"):
-            i += 2 if rest[i] in _PY_VALUE_OPTIONS else 1  # -u, -O, -B, -W ignore: how it runs, not what
-        if i < len(rest) and not rest[i].startswith("-"):
-            script = rest[i].rsplit("/", 1)[-1] or rest[i]
-            # a launcher run by the interpreter (torchrun, deepspeed, accelerate) is named by itself
-            return " ".join([script, *rest[i + 1:]] if "." not in script else [program, script, *rest[i + 1:]])
-        return " ".join([program, *rest[i:]])
-    return " ".join([program, *rest])
+    program = program.rsplit("/", 1)[-1] or program
+    return " ".join(_interpreted(program, rest) if _INTERPRETER.fullmatch(program) else [program, *rest])
+
+
+def _interpreted(program: str, rest: list[str]) -> list[str]:
+    """An interpreter's words: its script's name (or `-m module`) first; a launcher it runs (torchrun, deepspeed,
+    accelerate: no '.' in the name) is named by itself."""
+    i = 0
+    while i < len(rest) and rest[i].startswith("-") and rest[i] not in ("-m", "-c", "-"):
+        i += 2 if rest[i] in _PY_VALUE_OPTIONS else 1  # -u, -O, -B, -W ignore: how it runs, not what
+    if i >= len(rest) or rest[i].startswith("-"):
+        return [program, *rest[i:]]
+    script = rest[i].rsplit("/", 1)[-1] or rest[i]
+    return [script, *rest[i + 1:]] if "." not in script else [program, script, *rest[i + 1:]]
+
+
+def pids_text(pids: Sequence[int]) -> str:
+    """"pid 7" or "pids 7, 9"."""
+    return f"{'pid' if len(pids) == 1 else 'pids'} {', '.join(map(str, pids))}"
 
 
 HEADER = ("GPU", "PID", "USER", "USED", "SM%", "CPU%", "RSS", "TIME", "COMMAND")

@@ -9,10 +9,10 @@ reason in the notes, never as zero.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -28,15 +28,15 @@ from textual.widgets.data_table import ColumnKey
 from dltop.derive import ServerRates, server_rates
 from dltop.fmt import human_bytes, percent_text, printable, shorten_end, shorten_lines
 from dltop.model import GpuDevice, ServerStats, Snapshot, Unavailable
-from dltop.model.actions import SignalTarget
 from dltop.model.gpu import NO_PROBE, SPLIT_FIELDS, GpuProcess, MemorySplit, MigDevice
 from dltop.model.gpu_query import ProcessQuery, ProcessRow, select_processes
 from dltop.model.servers import ModelStats
-from dltop.text.gpu import elapsed, elapsed_until, short_command
+from dltop.text.gpu import elapsed, elapsed_until, pids_text, short_command
 from dltop.tui import charts
 from dltop.tui.memo import Memo
-from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested, SignalRequested
+from dltop.tui.messages import ServerAddRequested, ServerRemoveRequested
 from dltop.tui.panes.base import Pane, RowTable, fit_column, set_content
+from dltop.tui.panes.gpu_procs import TagKey, ask_signal, show_environment, tag_key, toggle_tags, untag_gone
 from dltop.view import View
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ SPLIT_COLUMNS = tuple(zip(SPLIT_FIELDS, ("Wts", "KV", "Cache", "Other", "NonT"),
 SPLIT_AND_HOST_WIDTH = 110
 COLUMNS = tuple(k for k, _ in (*BASE_COLUMNS, *HOST_COLUMNS, *SPLIT_COLUMNS))  # every column, in table order
 HEADERS = dict((*BASE_COLUMNS, *HOST_COLUMNS, *SPLIT_COLUMNS))
-COMPACT_LINES_PER_GPU = 4  # a full GPU: headline, bar, legend, sparklines
 # Segments of a process's split in the bar, in the order of the issue: weights | KV | cached | other | non-torch.
 SPLIT_SEGMENTS = (("weights_bytes", "W", "$primary"), ("kv_cache_bytes", "K", "$accent"),
                   ("allocator_cache_bytes", "c", "$warning"), ("other_torch_bytes", "o", "$secondary"),
@@ -152,38 +151,47 @@ def _within_other(processes: Sequence[GpuProcess]) -> str:
     return f" ({' '.join(bits)})" if bits else ""
 
 
-def _pids(pids: Sequence[int]) -> str:
-    """"pid 7" or "pids 7, 9"."""
-    return f"{'pid' if len(pids) == 1 else 'pids'} {', '.join(map(str, pids))}"
+Pieces = list[str | tuple[str, str]]  # what Content.assemble joins
 
 
 def legend(processes: Sequence[GpuProcess], used: int | None, width: int) -> Content:
     """What each segment of the bar is, cut to `width` (one Content built at once: this runs per GPU per tick)."""
-    groups: list[list[str | tuple[str, str]]] = []
-    drawn: set[str] = set()
-    listed = 0
-    for i, p in enumerate(processes):
-        if p.used_bytes is None:
-            continue
-        listed += p.used_bytes
-        parts = _split_parts(p)
-        drawn.update(ch for _, ch, _ in parts)
-        if p.used_bytes > sum(v for v, _, _ in parts):  # a part of its figure the split does not cover
-            groups.append([("█", PROCESS_STYLES[i % len(PROCESS_STYLES)]), f" {p.pid} {human_bytes(p.used_bytes)}"])
-    if drawn:
-        groups.append(_split_key(processes, drawn))
+    groups = _process_groups(processes)
+    listed = sum(p.used_bytes for p in processes if p.used_bytes is not None)
     if used is not None and used > listed:
         groups.append([("▓", "$text-muted"), f" {human_bytes(used - listed)} not attributed to a process"])
     over = [p.pid for p in processes if p.split.inconsistent]
     if over:  # the bar scaled their parts into NVML's figure: said first, it is what the bar leaves out
-        groups.insert(0, [("! ", "$error"), f"{_pids(over)}: parts exceed NVML's used, drawn scaled (see notes)"])
-    pieces = [x for i, group in enumerate(groups) for x in (["  "] if i else []) + group] or [("no processes", "dim")]
+        groups.insert(0, [("! ", "$error"), f"{pids_text(over)}: parts exceed NVML's used, drawn scaled (see notes)"])
+    pieces = _joined(groups) or [("no processes", "dim")]
     return Content.assemble(" " * LABEL_WIDTH, *pieces).truncate(width, ellipsis=True)
 
 
-def _split_key(processes: Sequence[GpuProcess], drawn: set[str]) -> list[str | tuple[str, str]]:
+def _joined(groups: list[Pieces]) -> Pieces:
+    """The legend's groups in one line, two cells apart."""
+    return [x for i, group in enumerate(groups) for x in (["  "] if i else []) + group]
+
+
+def _process_groups(processes: Sequence[GpuProcess]) -> list[Pieces]:
+    """The legend of each process whose figure its split does not cover (all of it, without a split), then of the
+    split's segments the bar draws."""
+    groups: list[Pieces] = []
+    drawn: set[str] = set()
+    for i, p in enumerate(processes):
+        if p.used_bytes is None:
+            continue
+        parts = _split_parts(p)
+        drawn.update(ch for _, ch, _ in parts)
+        if p.used_bytes > sum(v for v, _, _ in parts):
+            groups.append([("█", PROCESS_STYLES[i % len(PROCESS_STYLES)]), f" {p.pid} {human_bytes(p.used_bytes)}"])
+    if drawn:
+        groups.append(_split_key(processes, drawn))
+    return groups
+
+
+def _split_key(processes: Sequence[GpuProcess], drawn: set[str]) -> Pieces:
     """The legend of the split's segments the bar draws."""
-    key: list[str | tuple[str, str]] = []
+    key: Pieces = []
     for _, ch, style in SPLIT_SEGMENTS:
         if ch in drawn:
             label = SEGMENT_LABELS[ch] + (_within_other(processes) if ch == "o" else "")
@@ -193,10 +201,9 @@ def _split_key(processes: Sequence[GpuProcess], drawn: set[str]) -> list[str | t
 
 class GpuSeries:
     """Each GPU's utilization and memory used over the history, for its charts, kept up to date one Snapshot at a
-    time (a scan of the whole history per GPU and field on every tick was the pane's largest cost). A chart's
-    columns are clock-aligned spans of a fixed number of seconds (`dltop.tui.charts`), each the largest reading
-    in it, so no spike is lost, a chart does not shimmer as the window slides, and each tick only updates its
-    newest column. A GPU is found by its UUID (its index where NVML gave none)."""
+    time. A chart's columns are clock-aligned spans of a fixed number of seconds (`dltop.tui.charts`), each the
+    largest reading in it, so no spike is lost, a chart does not shimmer as the window slides, and each tick only
+    updates its newest column. A GPU is found by its UUID (its index where NVML gave none)."""
 
     FIELDS = ("utilization_gpu_percent", "memory_used_bytes")
 
@@ -221,24 +228,32 @@ class GpuSeries:
             known.clear()  # another history (a replay jumped): read it all again
             self._values.clear()
             self._buckets.clear()
-        first = self._seq - len(known)
+        self._forget_before(self._seq - len(known))
+        for snap in history[len(known):]:
+            known.append(snap)
+            self._read(snap)
+            self._seq += 1
+
+    def _forget_before(self, first: int) -> None:
+        """Drop the values of the Snapshots numbered before `first` (fallen off the history)."""
         for seqs, times, values in self._values.values():
             while seqs and seqs[0] < first:
                 seqs.popleft()
                 times.popleft()
                 values.popleft()
-        for snap in history[len(known):]:
-            known.append(snap)
-            if isinstance(snap.gpus, tuple):
-                for g in snap.gpus:
-                    for name in self.FIELDS:
-                        v = getattr(g, name)
-                        if v is not None:
-                            got = self._values.setdefault((g.uuid or g.index, name), (deque(), deque(), deque()))
-                            got[0].append(self._seq)
-                            got[1].append(snap.ts)
-                            got[2].append(float(v))
-            self._seq += 1
+
+    def _read(self, snap: Snapshot) -> None:
+        """Add each GPU's values in `snap`, as Snapshot number self._seq."""
+        if not isinstance(snap.gpus, tuple):
+            return
+        for g in snap.gpus:
+            for name in self.FIELDS:
+                v = getattr(g, name)
+                if v is not None:
+                    got = self._values.setdefault((g.uuid or g.index, name), (deque(), deque(), deque()))
+                    got[0].append(self._seq)
+                    got[1].append(snap.ts)
+                    got[2].append(float(v))
 
     def columns(self, g: GpuDevice, name: str, width: int, span_s: float, end_ts: float,
                 cadence_s: float) -> charts.Columns:
@@ -257,14 +272,18 @@ class GpuSeries:
             if seq < upto:
                 break
             charts.add_to(buckets, ts, v, per)
-        first = charts.column_of(times[0], per)
-        for b in [b for b in buckets if b < first]:
-            del buckets[b]
-        # the oldest column lost its oldest readings with the history: its maximum from what is left
-        head = [v for ts, v in zip(times, values, strict=True) if charts.column_of(ts, per) == first]
-        buckets[first] = max(head)
+        _trim(buckets, times, values, per)
         self._buckets[key] = (per, self._seq, buckets)
         return charts.bucket_columns(buckets, end_ts, width, span_s, cadence_s)
+
+
+def _trim(buckets: dict[int, float], times: deque[float], values: deque[float], per: float) -> None:
+    """Drop the columns before the oldest reading kept; the oldest column lost its oldest readings with the
+    history: its maximum from what is left."""
+    first = charts.column_of(times[0], per)
+    for b in [b for b in buckets if b < first]:
+        del buckets[b]
+    buckets[first] = max(v for ts, v in zip(times, values, strict=True) if charts.column_of(ts, per) == first)
 
 
 def headline(g: GpuDevice, width: int) -> list[Content]:
@@ -276,6 +295,15 @@ def headline(g: GpuDevice, width: int) -> list[Content]:
     if lost is not None and g.memory_used_bytes is None:
         # A GPU whose calls fail keeps its place: the reason where its numbers would be.
         return [head, Content.assemble(("      " + lost, "$error"))]  # wrapped, never cut: it is the news
+    if bits := _head_bits(g):
+        head = head.append("  " + "  ".join(bits))
+    if held := throttling(g):  # the clocks held down (power cap, thermal): what a slow step may come from
+        head = head.append(Content.assemble(("  throttled: " + "+".join(held), "$warning")))
+    return [head.truncate(width, ellipsis=True)]
+
+
+def _head_bits(g: GpuDevice) -> list[str]:
+    """The headline's numbers: utilization, temperature, power, and a memory pool that is the system's."""
     bits = []
     if g.utilization_gpu_percent is not None:
         bits.append(f"util {g.utilization_gpu_percent}%")
@@ -286,11 +314,7 @@ def headline(g: GpuDevice, width: int) -> list[Content]:
         bits.append(f"{g.power_mw / 1000:.0f}{limit} W")
     if g.memory_pool == "system":
         bits.append("pool: system memory")
-    if bits:
-        head = head.append("  " + "  ".join(bits))
-    if held := throttling(g):  # the clocks held down (power cap, thermal): what a slow step may come from
-        head = head.append(Content.assemble(("  throttled: " + "+".join(held), "$warning")))
-    return [head.truncate(width, ellipsis=True)]
+    return bits
 
 
 COMPACT_TAIL = 19  # " 100% 61°C 605/700W": utilization, temperature and power in a fixed width
@@ -316,13 +340,13 @@ def compact_bar(g: GpuDevice, width: int) -> Content:
                       label_width=len(label) + 1)
 
 
-def compact_line(g: GpuDevice, width: int, bar: Content | None = None, tail: str | None = None) -> Content:
+def compact_line(g: GpuDevice, width: int, bar: Content | None = None) -> Content:
     """A GPU in one line: its bar, used / total, utilization, temperature, power; a GPU whose calls fail: its
-    reason, cut to the line. `bar` and `tail`: compact_bar's and compact_tail's, where they are known."""
+    reason, cut to the line. `bar`: compact_bar's, where it is known."""
     bar = bar if bar is not None else compact_bar(g, width)
     if g.memory_used_bytes is None and g.memory_total_bytes is None:
         return bar
-    return bar.append(compact_tail(g) if tail is None else tail).truncate(width, ellipsis=True)
+    return bar.append(compact_tail(g)).truncate(width, ellipsis=True)
 
 
 def memory_lines(g: GpuDevice, width: int) -> list[Content]:
@@ -370,12 +394,12 @@ def _spark(columns: tuple[float | None, ...], top: float | None) -> str:
     return charts.draw(cols, 1, max(charts.shown(cols), default=0.0) if top is None else top)[0]
 
 
-def spark_line(g: GpuDevice, series: GpuSeries, width: int, end_ts: float | None = None) -> Content:
+def spark_line(g: GpuDevice, series: GpuSeries, width: int) -> Content:
     """Utilization and memory used over the last minutes, side by side, each from 0 to 100% (of the GPU's
     memory), and the span they cover ('10 min') at the end."""
     times = series.times()
     span, cadence = charts.span_s(times), charts.cadence_s(times)
-    end = end_ts if end_ts is not None else (times[-1] if times else 0.0)
+    end = times[-1] if times else 0.0
     tail = f" {charts.span_text(span)}"
     half = max(1, (width - 21 - len(tail)) // 2)  # "util  97% " and "  mem  65% " around two charts
     util = _spark(tuple(series.columns(g, "utilization_gpu_percent", half, span, end, cadence)), 100.0)
@@ -409,8 +433,7 @@ def split_cell(p: GpuProcess, name: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _used_cell(value: int | None) -> str:
-    # NVML's per-process figures repeat from tick to tick: formatting 160 of them was a visible part of a tick
+def _used_cell(value: int | None) -> str:  # NVML's per-process figures repeat from tick to tick
     return human_bytes(value, missing="?")
 
 
@@ -443,11 +466,6 @@ def columns_for(rows: Sequence[ProcessRow], width: int) -> tuple[str, ...]:
     return tuple(k for k, _ in (*BASE_COLUMNS, *(HOST_COLUMNS if host else ()), *(SPLIT_COLUMNS if split else ())))
 
 
-def tag_key(p: GpuProcess) -> tuple[int, int | None]:
-    """A tagged process: its pid and start time (a process on two GPUs is one; a reused pid another)."""
-    return (p.pid, p.start_time_ticks)
-
-
 def command_cell(command: str | None, offset: int) -> str:
     """A Command cell: what identifies the process (`short_command`: the script and its arguments, not the
     interpreter's path) where the table is not scrolled sideways, else the whole command line (escaped) from
@@ -459,16 +477,13 @@ def command_cell(command: str | None, offset: int) -> str:
     return _printable(command)[offset:] or " "
 
 
-def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]],
-              offset: int = 0, tagged: bool = False) -> dict[str, str]:
+def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]], offset: int,
+              tagged: bool) -> dict[str, str]:
     """Every column's text for one row (the table shows those `columns_for` picks); `offset`: how far the
     Command column is scrolled sideways; `tagged`: the process is tagged (`*` before its pid)."""
     p = r.process
-    if p is None:  # a launcher the ranks under it share (from their ppid), with its user and command
-        command = command_cell(r.command, offset)
-        return {"gpu": "", "pid": str(r.pid), "user": _printable(r.user or "?"),
-                "command": (f"[{r.children} ranks] " if offset <= 0 else "") + command,
-                **dict.fromkeys(("used", "sm", "cpu", "rss", "time", *SPLIT_FIELDS), "")}
+    if p is None:
+        return _launcher_cells(r, offset)
     if id(p.split) not in split_cells:
         split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
     branch = ("└ " if r.last else "├ ") if r.depth else ""
@@ -477,6 +492,13 @@ def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]]
             "used": _used_cell(p.used_bytes) + ("!" if p.split.inconsistent else ""),
             "sm": _pct(p.gpu_util_percent), "cpu": _cpu_cell(p.cpu_percent), "rss": _rss_cell(p.host_rss_bytes),
             "time": elapsed(p.started_at, now), **dict(zip(SPLIT_FIELDS, split_cells[id(p.split)], strict=True))}
+
+
+def _launcher_cells(r: ProcessRow, offset: int) -> dict[str, str]:
+    """A launcher's row: the ranks under it share it (from their ppid), with its user and command."""
+    return {"gpu": "", "pid": str(r.pid), "user": _printable(r.user or "?"),
+            "command": (f"[{r.children} ranks] " if offset <= 0 else "") + command_cell(r.command, offset),
+            **dict.fromkeys(("used", "sm", "cpu", "rss", "time", *SPLIT_FIELDS), "")}
 
 
 def gpu_of(pids: set[int], rows: Rows) -> list[str]:
@@ -518,14 +540,23 @@ def server_lines(servers: Sequence[ServerStats], rows: Rows, rates: Sequence[Ser
         if s.source_error:
             head = head.append(Content.assemble((f"  {printable(s.source_error)}", "$warning")))
         lines.append(head.truncate(width, ellipsis=True))
-        for m in s.models:  # each model apart: one line each, the name only where there are several
-            rate = by_model.get((s.url, m.model_name, m.replica))
-            name = printable(m.model_name + (f" [{m.replica}]" if m.replica else "")) + "  " if len(s.models) > 1 else ""
-            pool = s.kv_capacity_bytes if isinstance(s.kv_capacity_bytes, int) and len(s.models) == 1 else None
-            lines.append(Content(f"  {name}" + _model_line(m, rate, pool)).truncate(width, ellipsis=True))
+        lines += _model_lines(s, by_model, width)
         notes += [note for m in s.models for note in _model_notes(m, by_model.get((s.url, m.model_name, m.replica)))]
         notes.extend(map(printable, s.notes))
     return lines, notes
+
+
+def _model_lines(s: ServerStats, by_model: dict[tuple[str, str, str | None], ServerRates],
+                 width: int) -> list[Content]:
+    """Each model behind a server apart: one line each, the name only where there are several."""
+    several = len(s.models) > 1
+    pool = s.kv_capacity_bytes if isinstance(s.kv_capacity_bytes, int) and not several else None
+    lines = []
+    for m in s.models:
+        rate = by_model.get((s.url, m.model_name, m.replica))
+        name = printable(m.model_name + (f" [{m.replica}]" if m.replica else "")) + "  " if several else ""
+        lines.append(Content(f"  {name}" + _model_line(m, rate, pool)).truncate(width, ellipsis=True))
+    return lines
 
 
 def _server_head(s: ServerStats, rows: Rows) -> Content:
@@ -548,24 +579,32 @@ def _model_notes(m: ModelStats, rate: ServerRates | None) -> list[str]:
 def process_notes(rows: Rows) -> list[str]:
     """Why cells read '?', each reason once with the pids it holds for: the processes without a probe first (one
     line, the whole split), then how a probe was joined where it was not by UUID, then every other reason."""
-    unprobed = [p.pid for p, _ in rows.values() if NO_PROBE in p.split.unavailable.values()]
-    probed = any(p.split.probe_device is not None for p, _ in rows.values())
     pids: dict[str, list[int]] = {}
     for p, _ in rows.values():
-        split = p.split
-        if split.joined_by not in (None, "uuid", "pci"):
-            pids.setdefault(f"probe joined by {split.joined_by}", []).append(p.pid)
-        split_reasons = [*([printable(split.inconsistent)] if split.inconsistent else []),
-                         *(v for k, v in split.unavailable.items() if k in SPLIT_FIELDS and v != NO_PROBE)]
-        mine = f"pid {p.pid} "
-        for why in dict.fromkeys([*p.unavailable.values(), *split_reasons]):
-            pids.setdefault(why.replace(mine, "the pid ") if mine in why else why, []).append(p.pid)
-    notes = []
-    if unprobed and (probed or len(unprobed) < len(rows)):
-        notes.append(f"no probe in {_pids(unprobed)}: add `import dltop.probe` for the split")
-    elif unprobed:
-        notes.append(SPLIT_NEEDS_PROBE)
-    return notes + [f"{why} ({_pids(held)})" for why, held in pids.items()]
+        for why in _reasons(p):
+            pids.setdefault(why, []).append(p.pid)
+    return _probe_notes(rows) + [f"{why} ({pids_text(held)})" for why, held in pids.items()]
+
+
+def _probe_notes(rows: Rows) -> list[str]:
+    """The processes without a probe, in one line (the whole split is unknown for them)."""
+    unprobed = [p.pid for p, _ in rows.values() if NO_PROBE in p.split.unavailable.values()]
+    if not unprobed:
+        return []
+    if len(unprobed) < len(rows) or any(p.split.probe_device is not None for p, _ in rows.values()):
+        return [f"no probe in {pids_text(unprobed)}: add `import dltop.probe` for the split"]
+    return [SPLIT_NEEDS_PROBE]
+
+
+def _reasons(p: GpuProcess) -> list[str]:
+    """Why a process's cells read '?', each once, "the pid" for its own (one note holds for several); first how a
+    probe was joined where it was not by UUID."""
+    split = p.split
+    joined = [f"probe joined by {split.joined_by}"] if split.joined_by not in (None, "uuid", "pci") else []
+    reasons = [*p.unavailable.values(), *([printable(split.inconsistent)] if split.inconsistent else []),
+               *(v for k, v in split.unavailable.items() if k in SPLIT_FIELDS and v != NO_PROBE)]
+    mine = f"pid {p.pid} "
+    return joined + [why.replace(mine, "the pid ") for why in dict.fromkeys(reasons)]
 
 
 def device_notes(gpus: Sequence[GpuDevice]) -> list[str]:
@@ -611,15 +650,10 @@ class ProcessTable(RowTable):
         (a sort, a filter, a tree, or a process that moved up its sort), the rows are laid out again in the new
         order and the cursor is found again by key: DataTable.sort keeps the cursor's index, not its row."""
         order = list(wanted)
-        if (wanted == self._wanted and order == self._order and columns == self._columns
-                and self.size.width == self._width):
+        if (wanted, order, columns, self.size.width) == (self._wanted, self._order, self._columns, self._width):
             return  # the same cells at the same width: nothing to fit, nothing to touch
         if columns != self._columns:
-            self.clear(columns=True)
-            for key in columns:
-                self.add_column(HEADERS[key], key=key)
-            self._columns, self._command_width = columns, 0
-            self._shown.clear()
+            self._set_columns(columns)
         self._wanted, self._width = dict(wanted), self.size.width
         # The Command column gives way so every number column stays on screen at 80 columns.
         headers = tuple(HEADERS[c] for c in columns)
@@ -628,8 +662,7 @@ class ProcessTable(RowTable):
                                          shorten_end, self._command_width, width=self.app.size.width - 2)
         if not self.rows:
             self._shown.clear()  # fit_column rebuilt the columns, or the table is new
-        kept = [k for k in self._order if k in wanted and k in self._shown]
-        if kept + [k for k in order if k not in self._shown] != order:
+        if not self._in_order(order):
             self._lay_out(wanted)
             return
         for stale in [k for k in self._shown if k not in wanted]:
@@ -637,6 +670,18 @@ class ProcessTable(RowTable):
             del self._shown[stale]
         self._order = order
         self._update_cells(wanted, columns)
+
+    def _set_columns(self, columns: tuple[str, ...]) -> None:
+        self.clear(columns=True)
+        for key in columns:
+            self.add_column(HEADERS[key], key=key)
+        self._columns, self._command_width = columns, 0
+        self._shown.clear()
+
+    def _in_order(self, order: list[str]) -> bool:
+        """Whether the rows shown and kept, then the new ones, are `order`: no row moved."""
+        kept = [k for k in self._order if k in self._wanted and k in self._shown]
+        return kept + [k for k in order if k not in self._shown] == order
 
     def _lay_out(self, wanted: dict[str, tuple[str, ...]]) -> None:
         """Every row again, in the new order; the cursor on the row it was on."""
@@ -653,8 +698,7 @@ class ProcessTable(RowTable):
     def _update_cells(self, wanted: dict[str, tuple[str, ...]], columns: tuple[str, ...]) -> None:
         """New rows added, changed cells updated. A column sized for "10%" must grow when "100%" arrives, not cut
         it; but asking the table to fit a cell narrower than its column re-measures the whole column, for every
-        such cell (160 rows made one tick take seconds): only a wider cell asks, and a column whose cells got
-        narrower is measured once at the end."""
+        such cell: only a wider cell asks, and a column whose cells got narrower is measured once at the end."""
         narrower: set[int] = set()
         for key, values in wanted.items():
             shown = self._shown.get(key)
@@ -684,28 +728,78 @@ class ProcessTable(RowTable):
 
 
 class DeviceLines(VerticalScroll):
-    """The GPUs' lines, a Static each. Textual draws a widget again only where it changed and is on screen: one
-    Static for the lines of 8 GPUs had all 32 drawn again on every tick (most of the pane's cost), where at 80x24
-    three GPUs are on screen and, of each, the headline and the sparklines move, not the bar. No scroll bar: its
-    partial cells are the charts' block characters and read as stray pieces of a chart beside the legend at
-    80x24; the tag under it (#gpu-devices-tag) says what is out of view."""
+    """The GPUs' lines, a Static each: Textual draws a widget again only where it changed and is on screen (of a
+    GPU, the headline and the sparklines move, not the bar). No scroll bar: its partial cells are the charts'
+    block characters and read as stray pieces of a chart beside the legend at 80x24; the tag under it
+    (#gpu-devices-tag) says what is out of view."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._lines: list[Static] = []  # one per line of the GPUs, or the one saying why none
         self.wanted: list[Content] = []  # what each is to show
         self._painted_as: object = None  # the width, mode and pane height the lines were last drawn at
+        self.series = GpuSeries()
+        self._bars: dict[int, Memo[list[Content]]] = {}  # GPU index -> its bar (and legend), by memory_key
+        self.compact = False  # one line per GPU, as drawn last
 
     def on_mount(self) -> None:
         # scrolled: the lines that came into view are handed to their Statics
         self.watch(self, "scroll_y", lambda: self.paint(), init=False)
         self.watch(self, "has_focus", lambda: self.paint(), init=False)
 
+    def show_gpus(self, part: tuple[GpuDevice, ...] | Unavailable | None, view: View, width: int,
+                  compact: bool | None, pane_height: int) -> None:
+        """The GPUs' lines, or the one line saying why there are none. `compact`: one line per GPU, the full view,
+        or (None) one line per GPU where the full view does not fit in the room the box has (half the pane)."""
+        if isinstance(part, tuple) and part:
+            lines = self._gpu_lines(part, view, width, compact, pane_height)
+            self.show(lines, width, fixed=True, painted_as=(width, self.compact, pane_height), settled=self.compact)
+            return
+        if str(self.styles.height) != "auto":
+            self.styles.height = "auto"  # was compact: one line says why there are none
+        self.show([no_gpus_line(part)], width, fixed=False, painted_as=(width, self.compact, pane_height))
+
+    def _gpu_lines(self, gpus: tuple[GpuDevice, ...], view: View, width: int, compact: bool | None,
+                   pane_height: int) -> list[Content]:
+        """Headline, bar, legend and sparklines per GPU; or, compact, one line per GPU."""
+        self.series.update(view.history)
+        room = max(3, pane_height // 2 - 1)
+        self.compact = compact if compact is not None else full_height(gpus) > room
+        # compact: exactly its lines tall (an auto height kept a row for a scrollbar it never shows)
+        height = f"{min(len(gpus), room + 1)}" if self.compact else "auto"
+        if str(self.styles.height) != height:
+            self.styles.height = height
+        if self.compact:
+            return [compact_line(g, width, self._bar(g, width)[0]) for g in gpus]
+        lines: list[Content] = []
+        for g in gpus:
+            head = headline(g, width)
+            lines += head
+            if len(head) == 1:  # else its calls fail: the reason is its only line
+                lines += self._bar(g, width)
+                lines.append(spark_line(g, self.series, width))
+        return lines
+
+    def _bar(self, g: GpuDevice, width: int) -> list[Content]:
+        """A GPU's bar lines, drawn again only when its memory changed (the numbers beside them move every tick)."""
+        memo = self._bars.setdefault(g.index, Memo())
+        return memo.get((memory_key(g, width), self.compact), partial(bar_lines, g, width, self.compact))
+
     def show(self, lines: list[Content], width: int, fixed: bool, painted_as: object, settled: bool = False) -> None:
         """Show `lines`. `fixed`: each line's Static gets a height of its own, so its update skips the layout pass
         (set_content). `painted_as`: what, when it changes (a width, a mode, the pane's height), moves what is on
         screen, so every line gets its new text. `settled`: the box is as tall as its lines (compact), so what is
         out of view changes only where they moved."""
+        moved = self._count(lines)
+        moved = self._heights(lines, width, fixed) or moved or painted_as != self._painted_as
+        self._painted_as = painted_as
+        self.wanted = lines
+        # which are on screen is not known until Textual lays them out; the tag of what is out of view is said
+        # again where the lines or the box may have moved
+        self.paint(everywhere=moved, tag=moved or not fixed or not settled)
+
+    def _count(self, lines: list[Content]) -> bool:
+        """A Static per line: those beyond `lines` removed, new ones made; True where their number changed."""
         moved = len(self._lines) != len(lines)
         while len(self._lines) > len(lines):
             self._lines.pop().remove()
@@ -717,6 +811,11 @@ class DeviceLines(VerticalScroll):
                 set_content(widget, line)
             self.mount_all(new)
             self._lines += new
+        return moved
+
+    def _heights(self, lines: list[Content], width: int, fixed: bool) -> bool:
+        """Each line's Static as tall as its line wraps to (`fixed`), else auto; True where one changed."""
+        moved = False
         for widget, line in zip(self._lines, lines, strict=True):
             now = widget.styles.height
             if fixed:
@@ -726,17 +825,11 @@ class DeviceLines(VerticalScroll):
                     moved = True
             elif now is not None and now.is_cells:
                 widget.styles.height = "auto"
-        moved = moved or painted_as != self._painted_as
-        self._painted_as = painted_as
-        self.wanted = lines
-        # which are on screen is not known until Textual lays them out; the tag of what is out of view is said
-        # again where the lines or the box may have moved
-        self.paint(everywhere=moved, tag=moved or not fixed or not settled)
+        return moved
 
     def paint(self, everywhere: bool = False, tag: bool = True) -> None:
         """Hand the lines on screen to their Statics; one scrolled out of view gets its line when it scrolls back
-        in (an update of a widget off screen makes Textual rebuild its map of every widget on the screen, 1.6 ms
-        a tick, and posts its messages for nothing)."""
+        in (an update of a widget off screen makes Textual rebuild its map of every widget on the screen)."""
         view = self.scrollable_content_region.height
         top = 0
         for widget, line in zip(self._lines, self.wanted, strict=True):
@@ -755,10 +848,49 @@ class DeviceLines(VerticalScroll):
         below = max(0, self.virtual_size.height - above - self.size.height) if self.size.height else 0
         tag = self.parent.query_one("#gpu-devices-tag", Static)
         if above or below:
-            where = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
-            keys = "↑/↓ scroll them" if self.has_focus else "Tab to them to scroll, or the mouse wheel"
-            set_content(tag, Content.assemble(f"{where} lines of GPUs out of view: {keys}"))
+            set_content(tag, Content.assemble(out_of_view(above, below, self.has_focus)))
         tag.display = bool(above or below)
+
+
+def out_of_view(above: int, below: int, focused: bool) -> str:
+    """How many lines of the GPUs are above and below the view, and how to scroll them."""
+    where = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
+    keys = "↑/↓ scroll them" if focused else "Tab to them to scroll, or the mouse wheel"
+    return f"{where} lines of GPUs out of view: {keys}"
+
+
+def full_height(gpus: Sequence[GpuDevice]) -> int:
+    """The lines of the full view: per GPU its headline, its bar (and one per MIG instance) and legend, its
+    sparklines; a GPU whose calls fail, its headline and the reason."""
+    return sum(2 if g.memory_used_bytes is None and g.memory_total_bytes is None else
+               2 + (1 + len(g.mig_devices) if g.mig_devices else 2) for g in gpus)
+
+
+def no_gpus_line(part: tuple[GpuDevice, ...] | Unavailable | None) -> Content:
+    """The one line where the GPUs would be, saying why there are none."""
+    if part is None:
+        return Content.assemble(("GPUs: not sampled", "dim"))
+    if isinstance(part, Unavailable):
+        # No GPU here (a state: "0", and why, not in a warning's colour), or NVML cannot be used: one line
+        # saying so (wrapped where it is long), where the GPUs would be.
+        return (Content.assemble(("GPUs: 0", "bold"), (f" — {part.reason}", "dim")) if part.absent
+                else Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning")))
+    return Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))
+
+
+def processes_key(gpus: tuple[GpuDevice, ...]) -> tuple[object, ...]:
+    """What the process rows and their notes are made of: each GPU's processes and its MIG instances', its
+    memory pool's note."""
+    return tuple((g.index, g.memory_pool_note, g.processes, tuple((m.mig_index, m.processes) for m in g.mig_devices))
+                 for g in gpus)
+
+
+# Keys that read or change the system now, where the moment shown is not now (check_action greys them out): the
+# View's reason that holds them back (`frozen` or `past`), and what they say then.
+REFUSED = {"k": ("frozen", "signal: {}; nothing may change the system from here"),
+           "e": ("past", "environment: {}; it is read from the running process"),
+           "a": ("past", "a: {}; the servers asked change live only"),
+           "x": ("past", "x: {}; the servers asked change live only")}
 
 
 class GpuPane(Pane):
@@ -811,8 +943,6 @@ class GpuPane(Pane):
 
     def __init__(self) -> None:
         super().__init__()
-        self._series = GpuSeries()
-        self._bars: dict[int, Memo[list[Content]]] = {}  # GPU index -> its bar (and legend), by memory_key
         self._rows: Memo[tuple[Rows, list[str]]] = Memo()  # every process row and the notes, by the processes
         # the table's columns, cells and rows, by the processes, the query and the width; until a Time cell turns
         self._cells: Memo[tuple[tuple[str, ...], dict[str, tuple[str, ...]], list[ProcessRow]]] = Memo()
@@ -821,10 +951,9 @@ class GpuPane(Pane):
         self._details: GpuDetailsScreen | None = None  # the details screen while it is open: handed each view
         self.query_state = ProcessQuery()  # the filter, sort and tree the user asked for
         self.compact: bool | None = None  # None: compact where the full view does not fit; else as `c` set it
-        self._compact_now = False
         self._selected: dict[str, ProcessRow] = {}  # row key -> its row, as the table shows them
         self.command_offset = 0  # how far the Command column is scrolled sideways (← →), in cells
-        self.tagged: dict[tuple[int, int | None], GpuProcess] = {}  # (pid, start time) -> the process tagged (s)
+        self.tagged: dict[TagKey, GpuProcess] = {}  # the processes tagged (s)
 
     def compose(self) -> ComposeResult:
         yield DeviceLines(id="gpu-devices")
@@ -843,44 +972,66 @@ class GpuPane(Pane):
         table = self.query_one("#gpu-table", DataTable)
         (table if table.display else self).focus()
 
-    # -- watching servers: the app changes the settings; the pane only asks ------------------------------------
+    # -- which keys act now: a key acts where each condition NEEDS names for it holds ---------------------------
 
-    def _servers(self) -> list[str]:
-        servers = self.view.snapshot.servers if self.view is not None else None
-        return [s.url for s in servers] if isinstance(servers, tuple) else []
+    def _live(self) -> bool:
+        return self.view is None or not self.view.replay
+
+    def _writable(self) -> bool:  # greyed out where nothing may change the system; k there says why (on_key)
+        return self._live() and not (self.view is not None and self.view.read_only)
+
+    def _has_rows(self) -> bool:
+        return bool(self._selected)
+
+    def _has_rows_or_filter(self) -> bool:
+        return bool(self._selected or self.query_state.filter)
+
+    def _has_servers(self) -> bool:
+        return bool(self._servers())
+
+    def _has_tags(self) -> bool:
+        return bool(self.tagged)
+
+    def _has_gpus(self) -> bool:
+        gpus = self.view.snapshot.gpus if self.view is not None else None
+        return isinstance(gpus, tuple) and bool(gpus)
+
+    def _typing(self) -> bool:
+        return self.box_shown("#gpu-server-input") or self.box_shown("#gpu-filter")
+
+    def _has_input(self) -> bool:
+        return self._typing() or bool(self.query_state.filter)
+
+    NEEDS: ClassVar[dict[str, tuple[Callable[[GpuPane], bool], ...]]] = {
+        "add_server": (_live,), "remove_server": (_live, _has_servers), "cancel_input": (_has_input,),
+        "gpu_details": (_has_gpus,), "signal": (_writable, _has_rows), "environ": (_live, _has_rows),
+        "untag_all": (_has_tags,), "tag": (_has_rows,), "sort": (_has_rows_or_filter,),
+        "reverse": (_has_rows_or_filter,), "tree": (_has_rows_or_filter,)}
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        replay = self.view is not None and self.view.replay
-        if action == "add_server":
-            return not replay
-        if action == "remove_server":
-            return not replay and bool(self._servers())
-        if action == "cancel_input":
-            return (self.box_shown("#gpu-server-input") or self.box_shown("#gpu-filter")
-                    or bool(self.query_state.filter))
-        if action == "gpu_details":
-            gpus = self.view.snapshot.gpus if self.view is not None else None
-            return isinstance(gpus, tuple) and bool(gpus)
-        if action == "signal":
-            # greyed out where nothing may change the system; pressing k there says why (on_key)
-            return not replay and not (self.view is not None and self.view.read_only) and bool(self._selected)
-        if action == "environ":
-            return not replay and bool(self._selected)
-        if action == "untag_all":
-            return bool(self.tagged)
-        if action == "tag":
-            return bool(self._selected)
-        if action in ("filter", "sort", "reverse", "tree"):
-            return bool(self._selected) or bool(self.query_state.filter) or action == "filter"
-        return True
+        return all(need(self) for need in self.NEEDS.get(action, ()))
+
+    def on_key(self, event: events.Key) -> None:
+        """A key held back by the moment shown (REFUSED) says why."""
+        reason, said = REFUSED.get(event.key, ("", ""))
+        why = getattr(self.view, reason, None) if reason else None
+        if not why or (event.key in ("a", "x") and self._typing()):
+            return
+        event.stop()
+        self.app.notify(said.format(why), severity="warning")
 
     # -- the process table: filter, sort, tree; the pane keeps the query, select_processes does the work --------
 
     def _requery(self, query: ProcessQuery) -> None:
         self.query_state = query
+        self._redraw(keys=True)
+
+    def _redraw(self, keys: bool = False) -> None:
+        """Draw the view again at once (a key changed what it shows); `keys`: and which keys act."""
         if self.view is not None:
             self.render_view(self.view)
-        self.refresh_bindings()
+        if keys:
+            self.refresh_bindings()
 
     def action_filter(self) -> None:
         """Filter the process rows by text (pid, user, command, GPU) as it is typed."""
@@ -922,9 +1073,8 @@ class GpuPane(Pane):
     def action_compact(self) -> None:
         """One line per GPU, or the full view (bar, legend, sparklines) again; by default compact where the
         full view does not fit."""
-        self.compact = not self._compact_now
-        if self.view is not None:
-            self.render_view(self.view)
+        self.compact = not self.query_one("#gpu-devices", DeviceLines).compact
+        self._redraw()
 
     def action_scroll_command(self, step: int) -> None:
         """Scroll the Command column sideways (← →): the whole command lines, `COMMAND_STEP` cells a press; back
@@ -934,8 +1084,7 @@ class GpuPane(Pane):
         offset = max(0, min(self.command_offset + step * COMMAND_STEP, longest - COMMAND_STEP))
         if offset != self.command_offset:
             self.command_offset = offset
-            if self.view is not None:
-                self.render_view(self.view)
+            self._redraw()
 
     @on(DataTable.RowHighlighted, "#gpu-table")
     def _show_selected(self) -> None:
@@ -956,119 +1105,36 @@ class GpuPane(Pane):
         """The row under the table's cursor."""
         return self._selected.get(self.query_one("#gpu-table", ProcessTable).cursor_key() or "")
 
-    def on_key(self, event: events.Key) -> None:
-        view = self.view
-        if event.key == "k" and view is not None and view.frozen:
-            event.stop()
-            self.app.notify(f"signal: {view.frozen}; nothing may change the system from here", severity="warning")
-        if event.key == "e" and view is not None and view.past:
-            event.stop()
-            self.app.notify(f"environment: {view.past}; it is read from the running process", severity="warning")
-        if (event.key in ("a", "x") and view is not None and view.past and not self.box_shown("#gpu-server-input")
-                and not self.box_shown("#gpu-filter")):
-            event.stop()
-            self.app.notify(f"{event.key}: {view.past}; the servers asked change live only", severity="warning")
-
     def action_tag(self) -> None:
         """Tag the selected process, or untag it (on a launcher's row: its ranks), and go to the next row: `k`
         signals the tagged ones together."""
         row = self.selected_row()
-        if row is None:
-            return
-        if row.process is None:  # a launcher: its ranks, all tagged (or all untagged where they all were)
-            ranks = {tag_key(r.process): r.process for r in self._selected.values()
-                     if r.process is not None and r.depth and r.process.ppid == row.pid}
-            if ranks.keys() <= self.tagged.keys():
-                for key in ranks:
-                    del self.tagged[key]
-            else:
-                self.tagged.update(ranks)
-        else:
-            key = tag_key(row.process)
-            if key in self.tagged:
-                del self.tagged[key]
-            else:
-                self.tagged[key] = row.process
-        self._retag()
-        self.query_one("#gpu-table", ProcessTable).action_cursor_down()
-
-    def action_environ(self) -> None:
-        """Show the selected process's environment (its owner's or root's to read; secrets masked)."""
-        row = self.selected_row()
-        if row is None:
-            return
-        p = row.process
-        if p is None or p.start_time_ticks is None:
-            why = ("is the launcher of the ranks under it: select a rank" if p is None else
-                   "is not in dltop's /proc: its start time cannot be checked")
-            self.app.notify(f"pid {row.pid} {why}; no environment read", severity="warning")
-            return
-        from dltop.tui.screens.environ import show_environ
-
-        show_environ(self.app, p.pid, p.start_time_ticks, p.user or "?", p.command or "?")
+        if row is not None:
+            toggle_tags(self.tagged, row, self._selected.values())
+            self._redraw(keys=True)
+            self.query_one("#gpu-table", ProcessTable).action_cursor_down()
 
     def action_untag_all(self) -> None:
         """Untag every process."""
         self.tagged.clear()
-        self._retag()
-
-    def _retag(self) -> None:
-        if self.view is not None:
-            self.render_view(self.view)
-        self.refresh_bindings()
+        self._redraw(keys=True)
 
     def action_signal(self) -> None:
         """Send the selected process, or the tagged ones, a signal: a dialog offers SIGTERM (first), SIGKILL and
         SIGINT."""
-        if self.tagged:
-            self._signal_tagged()
-            return
+        ask_signal(self, self.selected_row(), list(self.tagged.values()), self.action_untag_all)
+
+    def action_environ(self) -> None:
+        """Show the selected process's environment (its owner's or root's to read; secrets masked)."""
         row = self.selected_row()
-        if row is None:
-            return
-        p = row.process
-        if p is None:
-            self.app.notify(f"pid {row.pid} is the launcher of the ranks under it, not a GPU process: select a "
-                            "rank", severity="warning")
-            return
-        if p.start_time_ticks is None:
-            self.app.notify(f"pid {p.pid} is not in dltop's /proc: its start time cannot be checked, so no "
-                            "signal is sent", severity="warning")
-            return
-        target = SignalTarget(pid=p.pid, start_time_ticks=p.start_time_ticks, command=p.command or "")
+        if row is not None:
+            show_environment(self.app, row)
 
-        def chosen(sig: str | None) -> None:
-            if sig is not None:
-                self.post_message(SignalRequested(replace(target, signal=sig)))
+    # -- watching servers: the app changes the settings; the pane only asks ------------------------------------
 
-        from dltop.tui.screens.signal import SignalScreen
-
-        self.app.push_screen(SignalScreen(p.pid, p.user or "?", p.command or "?", started_at=p.started_at), chosen)
-
-    def _signal_tagged(self) -> None:
-        """One dialog listing each tagged process; each is checked again by the runner before its send."""
-        procs = list(self.tagged.values())
-        unknown = [p.pid for p in procs if p.start_time_ticks is None]
-        if unknown:
-            self.app.notify(f"{_pids(unknown)} not in dltop's /proc: their start time cannot be checked, so no "
-                            "signal is sent (untag them with s)", severity="warning")
-            return
-        targets = tuple(SignalTarget(pid=p.pid, start_time_ticks=p.start_time_ticks or 0, command=p.command or "")
-                        for p in procs)
-
-        def chosen(sig: str | None) -> None:
-            if sig is not None:
-                self.post_message(SignalRequested(tuple(replace(t, signal=sig) for t in targets)))
-                self.tagged.clear()
-                self._retag()
-
-        from dltop.tui.screens.signal import SignalScreen
-
-        first = procs[0]
-        self.app.push_screen(SignalScreen(first.pid, first.user or "?", first.command or "?",
-                                          started_at=first.started_at,
-                                          processes=[(p.pid, p.user or "?", p.started_at, p.command or "?")
-                                                     for p in procs]), chosen)
+    def _servers(self) -> list[str]:
+        servers = self.view.snapshot.servers if self.view is not None else None
+        return [s.url for s in servers] if isinstance(servers, tuple) else []
 
     def _ask(self, adding: bool, value: str, placeholder: str) -> None:
         box = self.query_one("#gpu-server-input", Input)
@@ -1094,12 +1160,9 @@ class GpuPane(Pane):
             return
         gpus = self.view.snapshot.gpus
         process: tuple[int, int | None] | None = None
-        if index is None:
-            table = self.query_one("#gpu-table", ProcessTable)
-            row = self.selected_row() if table.display else None
-            if row is not None and row.process is not None:
-                index = int(row.place.split("/")[0])
-                process = (row.process.pid, row.process.start_time_ticks)
+        row = self.selected_row() if index is None and self.query_one("#gpu-table", ProcessTable).display else None
+        if row is not None and row.process is not None:
+            index, process = int(row.place.split("/")[0]), (row.process.pid, row.process.start_time_ticks)
         if index is None:
             index = gpus[0].index if isinstance(gpus, tuple) and gpus else 0
         from dltop.tui.screens.gpu_details import GpuDetailsScreen
@@ -1129,39 +1192,6 @@ class GpuPane(Pane):
         if text:
             self.post_message(ServerAddRequested(text) if self._adding else ServerRemoveRequested(text))
 
-    def _device_lines(self, gpus: tuple[GpuDevice, ...], view: View, width: int) -> list[Content]:
-        """The full view (headline, bar, legend, sparklines per GPU), or one line per GPU where that does not
-        fit in the room the devices box has (half the pane) or `c` asked for it."""
-        self._series.update(view.history)
-        full = sum(2 if g.memory_used_bytes is None and g.memory_total_bytes is None else
-                   2 + (1 + len(g.mig_devices) if g.mig_devices else 2) for g in gpus)
-        room = max(3, self.size.height // 2 - 1)
-        self._compact_now = self.compact if self.compact is not None else full > room
-        box = self.query_one("#gpu-devices", DeviceLines)
-        # compact: exactly its lines tall (an auto height kept a row for a scrollbar it never shows)
-        height = f"{min(len(gpus), room + 1)}" if self._compact_now else "auto"
-        if str(box.styles.height) != height:
-            box.styles.height = height
-        # A GPU's bar is drawn again only when its memory changed: 8 bars of 20 processes each were a third of a
-        # tick, where the numbers beside them move every tick.
-        compact = self._compact_now
-
-        def bar(g: GpuDevice) -> list[Content]:
-            memo = self._bars.setdefault(g.index, Memo())
-            return memo.get((memory_key(g, width), compact), partial(bar_lines, g, width, compact))
-
-        if compact:
-            return [compact_line(g, width, bar(g)[0]) for g in gpus]
-        lines: list[Content] = []
-        for g in gpus:
-            head = headline(g, width)
-            lines += head
-            if len(head) > 1:
-                continue  # its calls fail: the reason is its only line
-            lines += bar(g)
-            lines.append(spark_line(g, self._series, width))
-        return lines
-
     def _table_cells(self, gpus: tuple[GpuDevice, ...], now: float,
                      ) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], list[ProcessRow]]:
         """The table's columns and each row's cells (the query's rows, in its order, with how long each process
@@ -1179,9 +1209,7 @@ class GpuPane(Pane):
             if r.process is not None:
                 self._cells_until = min(self._cells_until, elapsed_until(r.process.started_at, now))
         self._selected = {r.key: r for r in selected}
-        present = {tag_key(r.process) for r in selected if r.process is not None}
-        for gone in [k for k in self.tagged if k not in present]:
-            del self.tagged[gone]  # exited (or filtered out): never signalled unseen
+        untag_gone(self.tagged, selected)
         return columns, wanted, selected
 
     def render_view(self, view: View) -> None:
@@ -1194,13 +1222,12 @@ class GpuPane(Pane):
         # (the first frame was drawn 20 cells wide, then again a frame later at the right width)
         box = self.query_one("#gpu-devices", DeviceLines)
         width = max(20, box.scrollable_content_region.width or self.size.width or self.app.size.width - 2)
-        self._show_devices(box, part, view, width)
+        box.show_gpus(part, view, width, self.compact, self.size.height)
         table = self.query_one("#gpu-table", ProcessTable)
         table.display = bool(gpus)
-        # Made again only when the processes change (a tenth of the cost of building 160 rows and their notes),
-        # the table's cells also when the query or the width change, or a Time cell's minute turns.
-        made_of = tuple((g.index, g.memory_pool_note, g.processes, tuple((m.mig_index, m.processes)
-                                                                         for m in g.mig_devices)) for g in gpus)
+        # Made again only when the processes change; the table's cells also when the query or the width change,
+        # or a Time cell's minute turns.
+        made_of = processes_key(gpus)
         rows, notes = self._rows.get(made_of, lambda: _rows_and_notes(gpus))
         now = view.snapshot.ts
         if now >= self._cells_until:
@@ -1212,27 +1239,6 @@ class GpuPane(Pane):
         self._show_selected()
         self._show_query(bool(gpus), len([r for r in selected if r.process is not None]), len(rows))
         self._show_servers_and_notes(view, rows, list(notes), width)
-
-    def _show_devices(self, box: DeviceLines, part: tuple[GpuDevice, ...] | Unavailable | None, view: View,
-                      width: int) -> None:
-        """The GPUs' lines, or the one line saying why there are none."""
-        if isinstance(part, tuple) and part:
-            lines = self._device_lines(part, view, width)
-            box.show(lines, width, fixed=True, painted_as=(width, self._compact_now, self.size.height),
-                     settled=self._compact_now)
-            return
-        if str(box.styles.height) != "auto":
-            box.styles.height = "auto"  # was compact: one line says why there are none
-        if part is None:
-            line = Content.assemble(("GPUs: not sampled", "dim"))
-        elif isinstance(part, Unavailable):
-            # No GPU here (a state: "0", and why, not in a warning's colour), or NVML cannot be used: one line
-            # saying so (wrapped where it is long), where the GPUs would be.
-            line = (Content.assemble(("GPUs: 0", "bold"), (f" — {part.reason}", "dim")) if part.absent
-                    else Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning")))
-        else:
-            line = Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))
-        box.show([line], width, fixed=False, painted_as=(width, self._compact_now, self.size.height))
 
     def _show_query(self, any_gpu: bool, shown: int, total: int) -> None:
         """The filter, sort and tree asked for, and how many processes they leave, where that says anything."""
