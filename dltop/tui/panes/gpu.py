@@ -9,10 +9,10 @@ reason in the notes, never as zero.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -52,7 +52,6 @@ BASE_COLUMNS = (("gpu", "GPU"), ("pid", "PID"), ("user", "User"), ("command", "C
 HOST_COLUMNS = (("cpu", "CPU%"), ("rss", "RSS"), ("time", "Time"))
 SPLIT_COLUMNS = tuple(zip(SPLIT_FIELDS, ("Wts", "KV", "Cache", "Other", "NonT"), strict=True))
 SPLIT_AND_HOST_WIDTH = 110
-COLUMNS = tuple(k for k, _ in (*BASE_COLUMNS, *HOST_COLUMNS, *SPLIT_COLUMNS))  # every column, in table order
 HEADERS = dict((*BASE_COLUMNS, *HOST_COLUMNS, *SPLIT_COLUMNS))
 # Segments of a process's split in the bar, in the order of the issue: weights | KV | cached | other | non-torch.
 SPLIT_SEGMENTS = (("weights_bytes", "W", "$primary"), ("kv_cache_bytes", "K", "$accent"),
@@ -100,13 +99,6 @@ def _split_parts(p: GpuProcess) -> list[tuple[int, str, str]]:
     return [(n, ch, style) for n, (_, ch, style) in zip(scaled, parts, strict=True)]
 
 
-def _unsplit(p: GpuProcess) -> int:
-    """What of NVML's figure for a process its known split parts do not cover."""
-    if p.used_bytes is None:
-        return 0
-    return max(0, p.used_bytes - sum(v for v, _, _ in _split_parts(p)))
-
-
 def bar_segments(processes: Sequence[GpuProcess], used: int, total: int) -> list[tuple[int, str, str]]:
     """(bytes, fill character, style) from left to right: each process's split parts where the probe or a server
     gives them, then the rest of its NVML figure as one segment; then memory used by no listed process; then free."""
@@ -116,8 +108,9 @@ def bar_segments(processes: Sequence[GpuProcess], used: int, total: int) -> list
         if p.used_bytes is None:
             continue
         listed += p.used_bytes
-        segs += _split_parts(p)
-        if rest := _unsplit(p):
+        parts = _split_parts(p)
+        segs += parts
+        if rest := p.used_bytes - sum(v for v, _, _ in parts):  # what its split parts do not cover
             segs.append((rest, "█", PROCESS_STYLES[i % len(PROCESS_STYLES)]))
     if used > listed:
         segs.append((used - listed, "▓", "$text-muted"))
@@ -426,9 +419,8 @@ def _short(value: int) -> str:
     return f"{value / 2**30:.1f}G" if value >= 2**30 else f"{value / 2**20:.0f}M"
 
 
-def split_cell(p: GpuProcess, name: str) -> str:
-    """A split number in five cells ("14.0G", " 512M"), so five of them fit 80 columns beside the rest."""
-    value = getattr(p.split, name)
+def _short_cell(value: int | None) -> str:
+    """A number of bytes in five cells ("14.0G", " 512M"), so the five of a split fit 80 columns beside the rest."""
     return "?" if value is None else _short(value)
 
 
@@ -437,7 +429,7 @@ def _used_cell(value: int | None) -> str:  # NVML's per-process figures repeat f
     return human_bytes(value, missing="?")
 
 
-Rows = dict[str, tuple[GpuProcess, tuple[str, ...]]]  # row key -> (process, its cells)
+Rows = dict[str, GpuProcess]  # row key -> its process
 
 
 def _cell(text: str) -> Text:
@@ -451,10 +443,6 @@ _printable = lru_cache(maxsize=4096)(printable)  # the same users and command li
 
 def _cpu_cell(v: float | None) -> str:
     return "?" if v is None else f"{v:.0f}"
-
-
-def _rss_cell(v: int | None) -> str:
-    return "?" if v is None else _short(v)
 
 
 def columns_for(rows: Sequence[ProcessRow], width: int) -> tuple[str, ...]:
@@ -485,12 +473,12 @@ def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]]
     if p is None:
         return _launcher_cells(r, offset)
     if id(p.split) not in split_cells:
-        split_cells[id(p.split)] = tuple(split_cell(p, f) for f in SPLIT_FIELDS)
+        split_cells[id(p.split)] = tuple(_short_cell(getattr(p.split, f)) for f in SPLIT_FIELDS)
     branch = ("└ " if r.last else "├ ") if r.depth else ""
     return {"gpu": r.place, "pid": f"*{p.pid}" if tagged else str(p.pid), "user": _printable(p.user or "?"),
             "command": branch + command_cell(p.command, offset),
             "used": _used_cell(p.used_bytes) + ("!" if p.split.inconsistent else ""),
-            "sm": _pct(p.gpu_util_percent), "cpu": _cpu_cell(p.cpu_percent), "rss": _rss_cell(p.host_rss_bytes),
+            "sm": _pct(p.gpu_util_percent), "cpu": _cpu_cell(p.cpu_percent), "rss": _short_cell(p.host_rss_bytes),
             "time": elapsed(p.started_at, now), **dict(zip(SPLIT_FIELDS, split_cells[id(p.split)], strict=True))}
 
 
@@ -499,15 +487,6 @@ def _launcher_cells(r: ProcessRow, offset: int) -> dict[str, str]:
     return {"gpu": "", "pid": str(r.pid), "user": _printable(r.user or "?"),
             "command": (f"[{r.children} ranks] " if offset <= 0 else "") + command_cell(r.command, offset),
             **dict.fromkeys(("used", "sm", "cpu", "rss", "time", *SPLIT_FIELDS), "")}
-
-
-def gpu_of(pids: set[int], rows: Rows) -> list[str]:
-    """"GPU0 pid 123" for each GPU process among `pids` (a server's listening pid and its children)."""
-    out = []
-    for key, (p, _) in rows.items():
-        if p.pid in pids:
-            out.append(f"GPU{key.split(':')[0]} pid {p.pid}")
-    return out
 
 
 def _model_line(m: ModelStats, rate: ServerRates | None, pool_bytes: int | None) -> str:
@@ -565,7 +544,8 @@ def _server_head(s: ServerStats, rows: Rows) -> Content:
     head = Content.assemble((f"{printable(engine)} ", "bold"), printable(s.url))
     if not isinstance(s.pid, int):
         return head
-    joined = gpu_of({s.pid, *s.child_pids}, rows)
+    pids = {s.pid, *s.child_pids}  # the server's listening pid and its children: "GPU0 pid 123" for each on a GPU
+    joined = [f"GPU{key.split(':')[0]} pid {p.pid}" for key, p in rows.items() if p.pid in pids]
     return head.append(f"  pid {s.pid}" + (f" → {', '.join(joined)}" if joined else " (no GPU process)"))
 
 
@@ -580,7 +560,7 @@ def process_notes(rows: Rows) -> list[str]:
     """Why cells read '?', each reason once with the pids it holds for: the processes without a probe first (one
     line, the whole split), then how a probe was joined where it was not by UUID, then every other reason."""
     pids: dict[str, list[int]] = {}
-    for p, _ in rows.values():
+    for p in rows.values():
         for why in _reasons(p):
             pids.setdefault(why, []).append(p.pid)
     return _probe_notes(rows) + [f"{why} ({pids_text(held)})" for why, held in pids.items()]
@@ -588,10 +568,10 @@ def process_notes(rows: Rows) -> list[str]:
 
 def _probe_notes(rows: Rows) -> list[str]:
     """The processes without a probe, in one line (the whole split is unknown for them)."""
-    unprobed = [p.pid for p, _ in rows.values() if NO_PROBE in p.split.unavailable.values()]
+    unprobed = [p.pid for p in rows.values() if NO_PROBE in p.split.unavailable.values()]
     if not unprobed:
         return []
-    if len(unprobed) < len(rows) or any(p.split.probe_device is not None for p, _ in rows.values()):
+    if len(unprobed) < len(rows) or any(p.split.probe_device is not None for p in rows.values()):
         return [f"no probe in {pids_text(unprobed)}: add `import dltop.probe` for the split"]
     return [SPLIT_NEEDS_PROBE]
 
@@ -607,16 +587,11 @@ def _reasons(p: GpuProcess) -> list[str]:
     return joined + [why.replace(mine, "the pid ") for why in dict.fromkeys(reasons)]
 
 
-def device_notes(gpus: Sequence[GpuDevice]) -> list[str]:
-    """What a GPU headline leaves out: the unified-memory note, a lost GPU's reason is on its own line."""
-    return [f"GPU{g.index}: {g.memory_pool_note}" for g in gpus if g.memory_pool_note]
-
-
 def _rows_and_notes(gpus: tuple[GpuDevice, ...]) -> tuple[Rows, list[str]]:
-    """Every process row (the notes and the servers' lines need each row's process, not its cells) and the
-    notes on them and on the GPUs."""
-    rows: Rows = {r.key: (r.process, ()) for r in select_processes(gpus) if r.process is not None}
-    return rows, process_notes(rows) + device_notes(gpus)
+    """Every process row's process (for the notes and the servers' lines), and the notes on them and on the GPUs
+    (a headline leaves out the unified-memory note)."""
+    rows = {r.key: r.process for r in select_processes(gpus) if r.process is not None}
+    return rows, process_notes(rows) + [f"GPU{g.index}: {g.memory_pool_note}" for g in gpus if g.memory_pool_note]
 
 
 class ProcessTable(RowTable):
@@ -626,15 +601,10 @@ class ProcessTable(RowTable):
     BINDINGS = [Binding("enter", "select_cursor", "", show=False)]  # the pane's d/⏎ Details labels it
 
     def action_cursor_left(self) -> None:
-        self._scroll_command(-1)
+        self.query_ancestor(GpuPane).action_scroll_command(-1)
 
     def action_cursor_right(self) -> None:
-        self._scroll_command(1)
-
-    def _scroll_command(self, step: int) -> None:
-        pane = next((a for a in self.ancestors if isinstance(a, GpuPane)), None)
-        if pane is not None:
-            pane.action_scroll_command(step)
+        self.query_ancestor(GpuPane).action_scroll_command(1)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -653,7 +623,11 @@ class ProcessTable(RowTable):
         if (wanted, order, columns, self.size.width) == (self._wanted, self._order, self._columns, self._width):
             return  # the same cells at the same width: nothing to fit, nothing to touch
         if columns != self._columns:
-            self._set_columns(columns)
+            self.clear(columns=True)
+            for key in columns:
+                self.add_column(HEADERS[key], key=key)
+            self._columns, self._command_width = columns, 0
+            self._shown.clear()
         self._wanted, self._width = dict(wanted), self.size.width
         # The Command column gives way so every number column stays on screen at 80 columns.
         headers = tuple(HEADERS[c] for c in columns)
@@ -670,13 +644,6 @@ class ProcessTable(RowTable):
             del self._shown[stale]
         self._order = order
         self._update_cells(wanted, columns)
-
-    def _set_columns(self, columns: tuple[str, ...]) -> None:
-        self.clear(columns=True)
-        for key in columns:
-            self.add_column(HEADERS[key], key=key)
-        self._columns, self._command_width = columns, 0
-        self._shown.clear()
 
     def _in_order(self, order: list[str]) -> bool:
         """Whether the rows shown and kept, then the new ones, are `order`: no row moved."""
@@ -790,16 +757,6 @@ class DeviceLines(VerticalScroll):
         (set_content). `painted_as`: what, when it changes (a width, a mode, the pane's height), moves what is on
         screen, so every line gets its new text. `settled`: the box is as tall as its lines (compact), so what is
         out of view changes only where they moved."""
-        moved = self._count(lines)
-        moved = self._heights(lines, width, fixed) or moved or painted_as != self._painted_as
-        self._painted_as = painted_as
-        self.wanted = lines
-        # which are on screen is not known until Textual lays them out; the tag of what is out of view is said
-        # again where the lines or the box may have moved
-        self.paint(everywhere=moved, tag=moved or not fixed or not settled)
-
-    def _count(self, lines: list[Content]) -> bool:
-        """A Static per line: those beyond `lines` removed, new ones made; True where their number changed."""
         moved = len(self._lines) != len(lines)
         while len(self._lines) > len(lines):
             self._lines.pop().remove()
@@ -811,7 +768,12 @@ class DeviceLines(VerticalScroll):
                 set_content(widget, line)
             self.mount_all(new)
             self._lines += new
-        return moved
+        moved = self._heights(lines, width, fixed) or moved or painted_as != self._painted_as
+        self._painted_as = painted_as
+        self.wanted = lines
+        # which are on screen is not known until Textual lays them out; the tag of what is out of view is said
+        # again where the lines or the box may have moved
+        self.paint(everywhere=moved, tag=moved or not fixed or not settled)
 
     def _heights(self, lines: list[Content], width: int, fixed: bool) -> bool:
         """Each line's Static as tall as its line wraps to (`fixed`), else auto; True where one changed."""
@@ -885,6 +847,10 @@ def processes_key(gpus: tuple[GpuDevice, ...]) -> tuple[object, ...]:
                  for g in gpus)
 
 
+# What each key needs to act (GpuPane._conditions); a key not named always acts.
+NEEDS = {"add_server": ("live",), "remove_server": ("live", "servers"), "cancel_input": ("input",),
+         "gpu_details": ("gpus",), "signal": ("writable", "rows"), "environ": ("live", "rows"), "untag_all": ("tags",),
+         "tag": ("rows",), "sort": ("rows or filter",), "reverse": ("rows or filter",), "tree": ("rows or filter",)}
 # Keys that read or change the system now, where the moment shown is not now (check_action greys them out): the
 # View's reason that holds them back (`frozen` or `past`), and what they say then.
 REFUSED = {"k": ("frozen", "signal: {}; nothing may change the system from here"),
@@ -972,44 +938,24 @@ class GpuPane(Pane):
         table = self.query_one("#gpu-table", DataTable)
         (table if table.display else self).focus()
 
-    # -- which keys act now: a key acts where each condition NEEDS names for it holds ---------------------------
-
-    def _live(self) -> bool:
-        return self.view is None or not self.view.replay
-
-    def _writable(self) -> bool:  # greyed out where nothing may change the system; k there says why (on_key)
-        return self._live() and not (self.view is not None and self.view.read_only)
-
-    def _has_rows(self) -> bool:
-        return bool(self._selected)
-
-    def _has_rows_or_filter(self) -> bool:
-        return bool(self._selected or self.query_state.filter)
-
-    def _has_servers(self) -> bool:
-        return bool(self._servers())
-
-    def _has_tags(self) -> bool:
-        return bool(self.tagged)
-
-    def _has_gpus(self) -> bool:
-        gpus = self.view.snapshot.gpus if self.view is not None else None
-        return isinstance(gpus, tuple) and bool(gpus)
-
     def _typing(self) -> bool:
         return self.box_shown("#gpu-server-input") or self.box_shown("#gpu-filter")
 
-    def _has_input(self) -> bool:
-        return self._typing() or bool(self.query_state.filter)
-
-    NEEDS: ClassVar[dict[str, tuple[Callable[[GpuPane], bool], ...]]] = {
-        "add_server": (_live,), "remove_server": (_live, _has_servers), "cancel_input": (_has_input,),
-        "gpu_details": (_has_gpus,), "signal": (_writable, _has_rows), "environ": (_live, _has_rows),
-        "untag_all": (_has_tags,), "tag": (_has_rows,), "sort": (_has_rows_or_filter,),
-        "reverse": (_has_rows_or_filter,), "tree": (_has_rows_or_filter,)}
+    def _conditions(self) -> dict[str, bool]:
+        """Whether each condition the keys need (NEEDS) holds now."""
+        view = self.view
+        live = view is None or not view.replay
+        gpus = view.snapshot.gpus if view is not None else None
+        # signal: greyed out where nothing may change the system; k there says why (on_key)
+        return {"live": live, "writable": live and not (view is not None and view.read_only),
+                "rows": bool(self._selected), "rows or filter": bool(self._selected or self.query_state.filter),
+                "servers": bool(self._servers()), "tags": bool(self.tagged), "gpus": isinstance(gpus, tuple) and bool(gpus),
+                "input": self._typing() or bool(self.query_state.filter)}
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return all(need(self) for need in self.NEEDS.get(action, ()))
+        needs = NEEDS.get(action, ())
+        conditions = self._conditions() if needs else {}
+        return all(conditions[need] for need in needs)
 
     def on_key(self, event: events.Key) -> None:
         """A key held back by the moment shown (REFUSED) says why."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from textual.app import App
 from textual.widget import Widget
@@ -14,6 +15,9 @@ from dltop.model.gpu import GpuProcess
 from dltop.model.gpu_query import ProcessRow
 from dltop.text.gpu import pids_text
 from dltop.tui.messages import SignalRequested
+
+if TYPE_CHECKING:
+    from dltop.tui.screens.signal import SignalScreen
 
 TagKey = tuple[int, int | None]
 
@@ -84,12 +88,16 @@ def ask_signal(pane: Widget, row: ProcessRow | None, tagged: Sequence[GpuProcess
         if tagged:
             untag()
 
+    pane.app.push_screen(_dialog(procs), chosen)
+
+
+def _dialog(procs: Sequence[GpuProcess]) -> SignalScreen:
+    """The dialog for one process, or (two or more) for the tagged set."""
     from dltop.tui.screens.signal import SignalScreen
 
     first = procs[0]
-    pane.app.push_screen(SignalScreen(first.pid, first.user or "?", first.command or "?", started_at=first.started_at,
-                                      processes=[(p.pid, p.user or "?", p.started_at, p.command or "?")
-                                                 for p in procs]), chosen)
+    return SignalScreen(first.pid, first.user or "?", first.command or "?", started_at=first.started_at,
+                        processes=[(p.pid, p.user or "?", p.started_at, p.command or "?") for p in procs])
 
 
 def show_environment(app: App[object], row: ProcessRow) -> None:

@@ -17,7 +17,6 @@ from textual.widgets import Static
 from dltop.derive import GpuRates, gpu_rates
 from dltop.fmt import human_bytes, human_rate, printable
 from dltop.model import GpuDevice, Unavailable
-from dltop.model.gpu import GpuProcess
 from dltop.model.gpu_query import process_history
 from dltop.text.gpu import short_command
 from dltop.tui import charts
@@ -39,11 +38,6 @@ def _why(g: GpuDevice, *names: str) -> str:
     return next((w for n in names if (w := g.why(n))), "not given")
 
 
-def _value(g: GpuDevice, name: str, text: str | None) -> tuple[str, bool]:
-    """The text of a known value, or 'n/a: why' (and False)."""
-    return (text, True) if text is not None else (f"n/a: {printable(_why(g, name))}", False)
-
-
 def _rate(v: float | Unavailable) -> str | None:
     return None if isinstance(v, Unavailable) else human_rate(v)
 
@@ -52,8 +46,8 @@ Row = tuple[str, str, bool]  # (label, text, known)
 
 
 def _row(g: GpuDevice, label: str, name: str, text: str | None) -> Row:
-    """A detail's row: its text, or `name`'s reason where the text is None."""
-    return (label, *_value(g, name, text))
+    """A detail's row: its text, or 'n/a: ' and `name`'s reason (not known) where the text is None."""
+    return (label, text, True) if text is not None else (label, f"n/a: {printable(_why(g, name))}", False)
 
 
 def _num(g: GpuDevice, name: str, unit: str, scale: float = 1.0) -> str | None:
@@ -163,32 +157,32 @@ def process_lines(history: Sequence[object], gpu_index: int, pid: int, start: in
     points = process_history(history, gpu_index, pid, start)
     if not points:
         return [Content.assemble((f"pid {pid}", "bold"), " is not on this GPU in the history kept")]
-    p: GpuProcess = points[-1][1]
-    times = [ts for ts, _ in points]
+    end, p = points[-1]
     head = Content.assemble((f"pid {pid} {printable(p.user or '?')}  ", "bold"),
                             printable(short_command(p.command or "?"))).truncate(width, ellipsis=True)
-    end = times[-1]
     all_times = [getattr(s, "ts", end) for s in history]
     span, cadence = charts.span_s(all_times), charts.cadence_s(all_times)
     chart_width = max(8, width - HISTORY_LABEL - HISTORY_TAIL)
     lines = [head]
     for label, name, text, top in PROCESS_SERIES:
         values = [(ts, float(v)) for ts, q in points if (v := getattr(q, name)) is not None]
-        if not values:
-            why = p.unavailable.get(name, "no reading of it in the history kept")
-            lines.append(Content.assemble((f"{label:<{HISTORY_LABEL}}", "bold"), (f"? {printable(why)}", "$text-muted"))
-                         .truncate(width, ellipsis=True))
-            continue
-        cols = charts.time_columns(values, end, chart_width, span, cadence)
-        shown = [v for _, v in values]
-        chart = charts.draw(cols, 1, top if top is not None else max(shown) or 1.0)[0]
-        now = getattr(p, name)
-        tail = f" {text(now) if now is not None else '?'}  ({text(min(shown))}–{text(max(shown))})"
-        lines.append(Content.assemble((f"{label:<{HISTORY_LABEL}}", "bold"), (chart, "$accent"), tail)
-                     .truncate(width, ellipsis=True))
+        if values:
+            cols = charts.time_columns(values, end, chart_width, span, cadence)
+            shown = _chart(cols, values, getattr(p, name), text, top)
+        else:
+            shown = [(f"? {printable(p.unavailable.get(name, 'no reading of it in the history kept'))}", "$text-muted")]
+        lines.append(Content.assemble((f"{label:<{HISTORY_LABEL}}", "bold"), *shown).truncate(width, ellipsis=True))
     lines.append(Content.assemble((f"{' ' * HISTORY_LABEL}the last {charts.span_text(span)}, {len(points)} readings;"
                                    " the range is of those kept", "dim")).truncate(width, ellipsis=True))
     return lines
+
+
+def _chart(cols: charts.Columns, values: list[tuple[float, float]], now: float | None, text: Callable[[float], str],
+           top: float | None) -> list[str | tuple[str, str]]:
+    """A series' chart (from 0 to `top`, or to its largest value), its value now, and the range of those kept."""
+    kept = [v for _, v in values]
+    chart = charts.draw(cols, 1, top if top is not None else max(kept) or 1.0)[0]
+    return [(chart, "$accent"), f" {text(now) if now is not None else '?'}  ({text(min(kept))}–{text(max(kept))})"]
 
 
 class GpuDetailsScreen(ModalScreen[None]):
@@ -252,15 +246,19 @@ class GpuDetailsScreen(ModalScreen[None]):
             title.update(Content.assemble((f"GPU{self._index}", "bold"), " is not in this Snapshot"))
             body.update(Content("Esc closes"))
             return
-        rates = next((r for r in gpu_rates(self._view.previous, self._view.snapshot) if r.index == g.index), None)
-        where = f"  ({gpus.index(g) + 1} of {len(gpus)}: ←/→ for the others, Esc closes)" if len(gpus) > 1 else ""
-        title.update(Content.assemble((f"GPU{g.index} {printable(g.name or '?')}", "bold"), (where, "dim"))
-                     .truncate(width, ellipsis=True))
+        title.update(_title(g, gpus).truncate(width, ellipsis=True))
         if g.down:
             body.update(Content.assemble((f"{g.down}: {printable(_why(g, 'memory_total_bytes'))}", "$error")))
             return
+        rates = next((r for r in gpu_rates(self._view.previous, self._view.snapshot) if r.index == g.index), None)
         lines = detail_lines(g, rates, width)
         if self._process is not None:
             pid, start = self._process
             lines = [*process_lines(self._view.history, g.index, pid, start, width), Content(""), *lines]
         body.update(Content("\n").join(lines))
+
+
+def _title(g: GpuDevice, gpus: Sequence[GpuDevice]) -> Content:
+    """The GPU's name, and where there are several, which one of them it is and how to step to the others."""
+    where = f"  ({gpus.index(g) + 1} of {len(gpus)}: ←/→ for the others, Esc closes)" if len(gpus) > 1 else ""
+    return Content.assemble((f"GPU{g.index} {printable(g.name or '?')}", "bold"), (where, "dim"))

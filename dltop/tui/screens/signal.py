@@ -29,6 +29,8 @@ from dltop.tui.panes.base import plain
 MEANINGS = {"SIGTERM": "ask it to stop (it may clean up first)", "SIGKILL": "stop it at once (nothing saved)",
             "SIGINT": "as Ctrl-C in its terminal (torchrun passes it to the ranks)"}
 COMMAND_LINES = 2  # of the command line under the question
+SET_HELP = ("each is checked again before the send (a pid reused since is spared); y sends the highlighted signal to "
+            "all, Esc cancels; Tab, then ↑ ↓ scroll the list")
 
 
 def started_text(started_at: float | None, now: float) -> str:
@@ -100,44 +102,39 @@ class SignalScreen(ModalScreen[str | None]):
         Binding("n,escape", "cancel", "Cancel", id="signal.cancel"),
     ]
 
-    def __init__(self, pid: int, who: str, command: str, note: str = "", started_at: float | None = None,
-                 now: float | None = None, processes: Sequence[Listed] = ()) -> None:
+    def __init__(self, pid: int, who: str, command: str, started_at: float | None = None, now: float | None = None,
+                 processes: Sequence[Listed] = ()) -> None:
         """One process (pid, who, command, started_at), or with `processes` (two or more) the tagged set."""
         super().__init__()
         self._processes = tuple(processes)
         self._pid = pid
         self._who = who
         self._command = command
-        self._note = note
         self._started = started_text(started_at, time.time() if now is None else now)
 
     def compose(self) -> ComposeResult:
-        if len(self._processes) > 1:
-            yield from self._compose_set()
-            return
+        several = len(self._processes) > 1
         with Vertical(id="signal-dialog", classes="dialog"):
-            yield Static(Text(f"Signal pid {self._pid} ({printable(self._who)})?"), id="signal-title")
-            yield Static(Text(self._started), id="signal-started")
-            yield CommandHead(self._command, id="signal-command")
+            yield from self._compose_set() if several else self._compose_one()
             yield OptionList(*(f"{name:<8} {MEANINGS[name]}" for name in SIGNALS), id="signal-choice")
-            yield Static(plain((self._note + "\n" if self._note else "") + "y sends the highlighted signal, "
-                               "Esc cancels"), id="signal-help")
-            with VerticalScroll(id="signal-whole") as whole:
-                whole.border_title = "the whole command line: Tab, then ↑ ↓ scroll it"
-                whole.display = False
-                yield Static(Text(printable(self._command)), id="signal-whole-text")
+            yield Static(plain(SET_HELP if several else "y sends the highlighted signal, Esc cancels"), id="signal-help")
+            if not several:
+                with VerticalScroll(id="signal-whole") as whole:
+                    whole.border_title = "the whole command line: Tab, then ↑ ↓ scroll it"
+                    whole.display = False
+                    yield Static(Text(printable(self._command)), id="signal-whole-text")
+
+    def _compose_one(self) -> ComposeResult:
+        yield Static(Text(f"Signal pid {self._pid} ({printable(self._who)})?"), id="signal-title")
+        yield Static(Text(self._started), id="signal-started")
+        yield CommandHead(self._command, id="signal-command")
 
     def _compose_set(self) -> ComposeResult:
-        n = len(self._processes)
         users = sorted({printable(p[1]) for p in self._processes})
-        with Vertical(id="signal-dialog", classes="dialog"):
-            yield Static(Text(f"Signal the {n} tagged processes ({', '.join(users)})?"), id="signal-title")
-            with VerticalScroll(id="signal-list"):
-                yield ListedProcesses(self._processes)
-            yield OptionList(*(f"{name:<8} {MEANINGS[name]}" for name in SIGNALS), id="signal-choice")
-            yield Static(plain((self._note + "\n" if self._note else "") + "each is checked again before the send "
-                               "(a pid reused since is spared); y sends the highlighted signal to all, Esc cancels; "
-                               "Tab, then ↑ ↓ scroll the list"), id="signal-help")
+        yield Static(Text(f"Signal the {len(self._processes)} tagged processes ({', '.join(users)})?"),
+                     id="signal-title")
+        with VerticalScroll(id="signal-list"):
+            yield ListedProcesses(self._processes)
 
     def on_mount(self) -> None:
         choice = self.query_one(OptionList)
