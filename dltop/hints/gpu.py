@@ -44,11 +44,6 @@ def _processes(snap: Snapshot) -> Iterator[GpuProcess]:
                 yield from procs
 
 
-def _nvml_used(snap: Snapshot, pids: set[int]) -> int:
-    """NVML's figures for the processes `pids`, summed."""
-    return sum(p.used_bytes for p in _processes(snap) if p.pid in pids and p.used_bytes is not None)
-
-
 @rule
 def kv_pool_full(history: Sequence[Snapshot]) -> Hint | None:
     """A server's KV pool nearly full while requests wait: they queue for cache blocks, not for compute."""
@@ -125,7 +120,8 @@ def smi_far_above_kv_pool(history: Sequence[Snapshot]) -> Hint | None:
         pool = s.kv_capacity_bytes
         if not isinstance(pool, int) or pool <= 0 or not isinstance(s.pid, int):
             continue
-        used = _nvml_used(last, {s.pid, *s.child_pids})
+        pids = {s.pid, *s.child_pids}
+        used = sum(p.used_bytes for p in _processes(last) if p.pid in pids and p.used_bytes is not None)
         if used < SMI_OVER_POOL * pool or not wanted("gpu-smi-not-kv", f"server {s.url}"):
             continue
         return Hint(id="gpu-smi-not-kv", subject=f"server {s.url}", severity="info",

@@ -1,17 +1,14 @@
 """The GPU pane: per GPU a memory bar and utilization / memory sparklines, the processes holding GPU memory (and
-what for, where the probe or a server says), and the KV pool and prefix cache of each inference server.
-
-Numbers come from the Snapshot's `gpus` part (NVML) and `servers` part (vLLM / SGLang /metrics); the hit rate of
-vLLM V1 is a rate over the interval (`derive.server_rates`). What is not known is drawn as unknown, with the
-reason in the notes, never as zero.
-"""
+what for, where the probe or a server says), and the KV pool and prefix cache of each inference server (the hit
+rate of vLLM V1 over the interval: `derive.server_rates`). What is not known is drawn as unknown, with the reason
+in the notes, never as zero."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
@@ -354,11 +351,6 @@ def memory_lines(g: GpuDevice, width: int) -> list[Content]:
     return [bar, legend(procs, g.memory_used_bytes, width)]
 
 
-def bar_lines(g: GpuDevice, width: int, compact: bool) -> list[Content]:
-    """A GPU's bar in compact mode (one line, the numbers beside it added by compact_line), else its memory lines."""
-    return [compact_bar(g, width)] if compact else memory_lines(g, width)
-
-
 def memory_key(g: GpuDevice, width: int) -> tuple[object, ...]:
     """What `memory_lines` and `compact_bar` draw from, as plain values: a GPU's bar is drawn again only when this
     changes (its processes' CPU % moving does not)."""
@@ -441,10 +433,6 @@ def _cell(text: str) -> Text:
 _printable = lru_cache(maxsize=4096)(printable)  # the same users and command lines, tick after tick
 
 
-def _cpu_cell(v: float | None) -> str:
-    return "?" if v is None else f"{v:.0f}"
-
-
 def columns_for(rows: Sequence[ProcessRow], width: int) -> tuple[str, ...]:
     """The column keys to show: the split's only where some process has a split number, /proc's where there
     is no split or room for both."""
@@ -478,7 +466,7 @@ def row_cells(r: ProcessRow, now: float, split_cells: dict[int, tuple[str, ...]]
     return {"gpu": r.place, "pid": f"*{p.pid}" if tagged else str(p.pid), "user": _printable(p.user or "?"),
             "command": branch + command_cell(p.command, offset),
             "used": _used_cell(p.used_bytes) + ("!" if p.split.inconsistent else ""),
-            "sm": _pct(p.gpu_util_percent), "cpu": _cpu_cell(p.cpu_percent), "rss": _short_cell(p.host_rss_bytes),
+            "sm": _pct(p.gpu_util_percent), "cpu": "?" if p.cpu_percent is None else f"{p.cpu_percent:.0f}", "rss": _short_cell(p.host_rss_bytes),
             "time": elapsed(p.started_at, now), **dict(zip(SPLIT_FIELDS, split_cells[id(p.split)], strict=True))}
 
 
@@ -724,7 +712,16 @@ class DeviceLines(VerticalScroll):
             return
         if str(self.styles.height) != "auto":
             self.styles.height = "auto"  # was compact: one line says why there are none
-        self.show([no_gpus_line(part)], width, fixed=False, painted_as=(width, self.compact, pane_height))
+        if part is None:
+            line = Content.assemble(("GPUs: not sampled", "dim"))
+        elif isinstance(part, Unavailable):
+            # No GPU here (a state: "0", and why, not in a warning's colour), or NVML cannot be used: one line
+            # saying so (wrapped where it is long), where the GPUs would be.
+            line = (Content.assemble(("GPUs: 0", "bold"), (f" — {part.reason}", "dim")) if part.absent
+                    else Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning")))
+        else:
+            line = Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))
+        self.show([line], width, fixed=False, painted_as=(width, self.compact, pane_height))
 
     def _gpu_lines(self, gpus: tuple[GpuDevice, ...], view: View, width: int, compact: bool | None,
                    pane_height: int) -> list[Content]:
@@ -748,15 +745,16 @@ class DeviceLines(VerticalScroll):
         return lines
 
     def _bar(self, g: GpuDevice, width: int) -> list[Content]:
-        """A GPU's bar lines, drawn again only when its memory changed (the numbers beside them move every tick)."""
+        """A GPU's bar lines (compact: one line, the numbers beside it added by compact_line), drawn again only when
+        its memory changed (the numbers beside them move every tick)."""
         memo = self._bars.setdefault(g.index, Memo())
-        return memo.get((memory_key(g, width), self.compact), partial(bar_lines, g, width, self.compact))
+        return memo.get((memory_key(g, width), self.compact),
+                        lambda: [compact_bar(g, width)] if self.compact else memory_lines(g, width))
 
     def show(self, lines: list[Content], width: int, fixed: bool, painted_as: object, settled: bool = False) -> None:
-        """Show `lines`. `fixed`: each line's Static gets a height of its own, so its update skips the layout pass
-        (set_content). `painted_as`: what, when it changes (a width, a mode, the pane's height), moves what is on
-        screen, so every line gets its new text. `settled`: the box is as tall as its lines (compact), so what is
-        out of view changes only where they moved."""
+        """Show `lines`. `fixed`: each line's Static gets a height of its own, so its update skips the layout pass.
+        `painted_as`: what, when it changes (a width, a mode, the pane's height), moves what is on screen. `settled`:
+        the box is as tall as its lines (compact), so what is out of view changes only where they moved."""
         moved = len(self._lines) != len(lines)
         while len(self._lines) > len(lines):
             self._lines.pop().remove()
@@ -810,15 +808,10 @@ class DeviceLines(VerticalScroll):
         below = max(0, self.virtual_size.height - above - self.size.height) if self.size.height else 0
         tag = self.parent.query_one("#gpu-devices-tag", Static)
         if above or below:
-            set_content(tag, Content.assemble(out_of_view(above, below, self.has_focus)))
+            where = f"↑{above} ↓{below}" if above and below else f"↑{above}" if above else f"↓{below}"
+            keys = "↑/↓ scroll them" if self.has_focus else "Tab to them to scroll, or the mouse wheel"
+            set_content(tag, Content.assemble(f"{where} lines of GPUs out of view: {keys}"))
         tag.display = bool(above or below)
-
-
-def out_of_view(above: int, below: int, focused: bool) -> str:
-    """How many lines of the GPUs are above and below the view, and how to scroll them."""
-    where = " ".join(t for t in (f"↑{above}" if above else "", f"↓{below}" if below else "") if t)
-    keys = "↑/↓ scroll them" if focused else "Tab to them to scroll, or the mouse wheel"
-    return f"{where} lines of GPUs out of view: {keys}"
 
 
 def full_height(gpus: Sequence[GpuDevice]) -> int:
@@ -826,18 +819,6 @@ def full_height(gpus: Sequence[GpuDevice]) -> int:
     sparklines; a GPU whose calls fail, its headline and the reason."""
     return sum(2 if g.memory_used_bytes is None and g.memory_total_bytes is None else
                2 + (1 + len(g.mig_devices) if g.mig_devices else 2) for g in gpus)
-
-
-def no_gpus_line(part: tuple[GpuDevice, ...] | Unavailable | None) -> Content:
-    """The one line where the GPUs would be, saying why there are none."""
-    if part is None:
-        return Content.assemble(("GPUs: not sampled", "dim"))
-    if isinstance(part, Unavailable):
-        # No GPU here (a state: "0", and why, not in a warning's colour), or NVML cannot be used: one line
-        # saying so (wrapped where it is long), where the GPUs would be.
-        return (Content.assemble(("GPUs: 0", "bold"), (f" — {part.reason}", "dim")) if part.absent
-                else Content.assemble(("GPUs: ", "bold"), (part.reason, "$warning")))
-    return Content.assemble(("GPUs: ", "bold"), ("NVML lists none", "$warning"))
 
 
 def processes_key(gpus: tuple[GpuDevice, ...]) -> tuple[object, ...]:
@@ -997,8 +978,7 @@ class GpuPane(Pane):
     @on(Input.Submitted, "#gpu-filter")
     def _filter_kept(self, event: Input.Submitted) -> None:
         event.stop()
-        # the filter stays (the line above the table says it; Esc clears it, / edits it); its box gives the
-        # table its row back
+        # the filter stays (the line above the table says it; Esc clears it, / edits it), its box goes
         self.query_one("#gpu-filter", Input).remove_class("-shown")
         self.focus_default()
         self.refresh_bindings()
@@ -1163,9 +1143,8 @@ class GpuPane(Pane):
             self._details.show(view)  # the open details follow the numbers
         part = view.snapshot.gpus
         gpus: tuple[GpuDevice, ...] = part if isinstance(part, tuple) else ()
-        # the width inside the box's scrollbar gutter: a line's Static just mounted has no size until the layout,
-        # nor the pane at its first draw: then the terminal's less the tab's padding, what the layout will give
-        # (the first frame was drawn 20 cells wide, then again a frame later at the right width)
+        # the width inside the box's scrollbar gutter; before the first layout (no size yet), the terminal's less
+        # the tab's padding, what the layout will give
         box = self.query_one("#gpu-devices", DeviceLines)
         width = max(20, box.scrollable_content_region.width or self.size.width or self.app.size.width - 2)
         box.show_gpus(part, view, width, self.compact, self.size.height)

@@ -28,8 +28,7 @@ def tag_key(p: GpuProcess) -> TagKey:
 
 
 def toggle_tags(tagged: dict[TagKey, GpuProcess], row: ProcessRow, rows: Iterable[ProcessRow]) -> None:
-    """Tag the row's process, or untag it; on a launcher's row its ranks among `rows`, all tagged (or all untagged
-    where they all were)."""
+    """Tag the row's process, or untag it; on a launcher's row its ranks, all tagged (all untagged where all were)."""
     if row.process is not None:
         chosen = {tag_key(row.process): row.process}
     else:
@@ -50,8 +49,7 @@ def untag_gone(tagged: dict[TagKey, GpuProcess], rows: Iterable[ProcessRow]) -> 
 
 
 def _refusal(row: ProcessRow | None, tagged: Sequence[GpuProcess]) -> str | None:
-    """Why `k` sends nothing: a process whose start time is not known (its pid may be reused since), or a
-    launcher's row selected."""
+    """Why `k` sends nothing: a start time not known (the pid may be reused since), or a launcher's row."""
     if tagged:
         unknown = [p.pid for p in tagged if p.start_time_ticks is None]
         return (f"{pids_text(unknown)} not in dltop's /proc: their start time cannot be checked, so no signal is "

@@ -60,12 +60,6 @@ def _either(g: GpuDevice, first: str, second: str, text: str) -> str | None:
     return None if getattr(g, first) is None and getattr(g, second) is None else text
 
 
-def detail_rows(g: GpuDevice, rates: GpuRates | None) -> list[Row]:
-    """(label, text, known) for each detail of a GPU, in nvidia-smi -q's order."""
-    return [*_identity_rows(g), *_sensor_rows(g), *_clock_rows(g), _traffic_row(g, rates, "PCIe", "pcie"),
-            _traffic_row(g, rates, "NVLink", "nvlink"), *_ecc_rows(g)]
-
-
 def _identity_rows(g: GpuDevice) -> list[Row]:
     library = "NVML" if g.backend == "nvml" else "amdsmi (ROCm)"
     return [_row(g, "Identity", "uuid", " ".join(printable(x) for x in (g.uuid, g.bus_id) if x) or None),
@@ -130,9 +124,12 @@ def _ecc_rows(g: GpuDevice) -> list[Row]:
 
 
 def detail_lines(g: GpuDevice, rates: GpuRates | None, width: int) -> list[Content]:
-    """The details as lines of `width` cells: the label, then the value (a reason in the muted colour)."""
+    """The details, in nvidia-smi -q's order, as lines of `width` cells: the label, then the value (a reason in the
+    muted colour)."""
     out = []
-    for label, text, known in detail_rows(g, rates):
+    for label, text, known in [*_identity_rows(g), *_sensor_rows(g), *_clock_rows(g),
+                               _traffic_row(g, rates, "PCIe", "pcie"), _traffic_row(g, rates, "NVLink", "nvlink"),
+                               *_ecc_rows(g)]:
         line = Content.assemble((f"{label:<{LABEL_WIDTH}}", "bold"), (text, "" if known else "$text-muted"))
         out.append(line.truncate(width, ellipsis=True))
     return out

@@ -1,13 +1,7 @@
-"""The signal dialog of the GPU tab: which signal to send to the selected process, or to the tagged ones; `y`
-sends, Esc cancels.
-
-A tagged set is listed one process a line (pid, user, start time, command cut to the line), in a box that
-scrolls, under the question; each is checked again before the send as one process is (a reused pid is spared).
-
-What is asked comes first and always shows: the question (pid and user), when the process started, and its command
-line cut to two lines. The whole command line is below the choices, in a box of its own that scrolls: a 100 kB argv
-fills that box, never the screen, so it cannot push the question or the choices out of sight.
-"""
+"""The signal dialog of the GPU tab: which signal to send to the selected process, or to the tagged ones (listed a
+line each, in a box that scrolls); `y` sends, Esc cancels. What is asked always shows: the question, when the process
+started, its command line cut to two lines; the whole one is below the choices, in a box of its own that scrolls (a
+100 kB argv fills that box, never the screen)."""
 
 from __future__ import annotations
 
@@ -140,15 +134,15 @@ class SignalScreen(ModalScreen[str | None]):
         choice = self.query_one(OptionList)
         choice.highlighted = 0
         choice.focus()
-        if len(self._processes) <= 1:
-            self.call_after_refresh(self._show_whole)
+        self.call_after_refresh(self._show_whole)
 
     def on_resize(self) -> None:
-        if len(self._processes) <= 1:
-            self.call_after_refresh(self._show_whole)
+        self.call_after_refresh(self._show_whole)
 
     def _show_whole(self) -> None:
-        """The box with the whole command line shows where the two lines above had to cut it."""
+        """The box with the whole command line shows where the two lines above had to cut it (one process)."""
+        if len(self._processes) > 1:
+            return
         head = self.query_one(CommandHead)
         whole = self.query_one("#signal-whole", VerticalScroll)
         if whole.display != head.cut:
