@@ -84,9 +84,8 @@ def cells(parts: Sequence[int], width: int) -> list[int]:
 
 
 def _split_parts(p: GpuProcess) -> list[tuple[int, str, str]]:
-    """The known parts of a process's split as bar segments (bytes, fill, style), in the bar's order. Parts that
-    add up to more than NVML's figure for the process (an inconsistent split) are scaled into that figure, so
-    the process never takes more of the bar than NVML gives it, nor the bar more than the device."""
+    """The known parts of a process's split as bar segments (bytes, fill, style), in the bar's order; parts that
+    add up to more than NVML's figure for the process (an inconsistent split) scaled into that figure."""
     parts = [(v, ch, style) for name, ch, style in SPLIT_SEGMENTS if (v := getattr(p.split, name)) is not None]
     whole = sum(v for v, _, _ in parts)
     if p.used_bytes is None or whole <= p.used_bytes:
@@ -190,10 +189,9 @@ def _split_key(processes: Sequence[GpuProcess], drawn: set[str]) -> Pieces:
 
 
 class GpuSeries:
-    """Each GPU's utilization and memory used over the history, for its charts, kept up to date one Snapshot at a
-    time. A chart's columns are clock-aligned spans of a fixed number of seconds (`dltop.tui.charts`), each the
-    largest reading in it, so no spike is lost, a chart does not shimmer as the window slides, and each tick only
-    updates its newest column. A GPU is found by its UUID (its index where NVML gave none)."""
+    """Each GPU's utilization and memory used over the history, kept up one Snapshot at a time, as chart columns:
+    clock-aligned spans of a fixed number of seconds (`dltop.tui.charts`), each the largest reading in it (no spike
+    is lost, no shimmer as the window slides). A GPU is found by its UUID (its index where NVML gave none)."""
 
     FIELDS = ("utilization_gpu_percent", "memory_used_bytes")
 
@@ -388,16 +386,11 @@ def spark_line(g: GpuDevice, series: GpuSeries, width: int) -> Content:
     tail = f" {charts.span_text(span)}"
     half = max(1, (width - 21 - len(tail)) // 2)  # "util  97% " and "  mem  65% " around two charts
     util = _spark(tuple(series.columns(g, "utilization_gpu_percent", half, span, end, cadence)), 100.0)
-    mem = _spark(tuple(series.columns(g, "memory_used_bytes", half, span, end, cadence)),
-                 float(g.memory_total_bytes) if g.memory_total_bytes else None)
+    used, total = g.memory_used_bytes, g.memory_total_bytes
+    mem = _spark(tuple(series.columns(g, "memory_used_bytes", half, span, end, cadence)), float(total) if total else None)
+    share = 100 * used / total if used is not None and total else None
     return Content.assemble(("util ", "bold"), f"{_pct(g.utilization_gpu_percent):>4} ", (util, "$accent"),
-                            ("  mem ", "bold"), f"{_pct(_share(g)):>4} ", (mem, "$primary"), (tail, "dim"))
-
-
-def _share(g: GpuDevice) -> float | None:
-    if g.memory_used_bytes is None or not g.memory_total_bytes:
-        return None
-    return 100 * g.memory_used_bytes / g.memory_total_bytes
+                            ("  mem ", "bold"), f"{_pct(share):>4} ", (mem, "$primary"), (tail, "dim"))
 
 
 def mig_line(mig: MigDevice, width: int) -> Content:
@@ -443,9 +436,8 @@ def columns_for(rows: Sequence[ProcessRow], width: int) -> tuple[str, ...]:
 
 
 def command_cell(command: str | None, offset: int) -> str:
-    """A Command cell: what identifies the process (`short_command`: the script and its arguments, not the
-    interpreter's path) where the table is not scrolled sideways, else the whole command line (escaped) from
-    `offset` cells on, as nvitop scrolls it."""
+    """A Command cell: what identifies the process (`short_command`) where the table is not scrolled sideways,
+    else the whole command line (escaped) from `offset` cells on, as nvitop scrolls it."""
     if command is None:
         return "?"
     if offset <= 0:
@@ -481,10 +473,9 @@ def _model_line(m: ModelStats, rate: ServerRates | None, pool_bytes: int | None)
     hit: float | Unavailable = rate.prefix_cache_hit_rate if rate is not None else m.prefix_cache_hit_rate
     cap = m.kv_capacity_tokens
     bits = [f"KV {_frac(m.kv_usage)}" + (f" of {cap:,} tok" if isinstance(cap, int) else "")
-            + (f" = {human_bytes(pool_bytes)}" if pool_bytes is not None else "")]
-    bits.append(f"hit {_frac(hit)}")
-    for label, v in (("run", m.running_requests), ("wait", m.waiting_requests)):
-        bits.append(f"{label} {v if isinstance(v, int) else '?'}")
+            + (f" = {human_bytes(pool_bytes)}" if pool_bytes is not None else ""), f"hit {_frac(hit)}",
+            *(f"{label} {v if isinstance(v, int) else '?'}" for label, v in (("run", m.running_requests),
+                                                                           ("wait", m.waiting_requests)))]
     if rate is not None and rate.preemptions:
         bits.append(f"preempted {rate.preemptions}")
     return "  ".join(bits)
@@ -683,10 +674,9 @@ class ProcessTable(RowTable):
 
 
 class DeviceLines(VerticalScroll):
-    """The GPUs' lines, a Static each: Textual draws a widget again only where it changed and is on screen (of a
-    GPU, the headline and the sparklines move, not the bar). No scroll bar: its partial cells are the charts'
-    block characters and read as stray pieces of a chart beside the legend at 80x24; the tag under it
-    (#gpu-devices-tag) says what is out of view."""
+    """The GPUs' lines, a Static each: Textual draws a widget again only where it changed and is on screen. No
+    scroll bar (its partial cells read as stray pieces of a chart at 80x24): a tag under it says what is out of
+    view."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -997,8 +987,7 @@ class GpuPane(Pane):
         self._requery(replace(self.query_state, tree=not self.query_state.tree))
 
     def action_compact(self) -> None:
-        """One line per GPU, or the full view (bar, legend, sparklines) again; by default compact where the
-        full view does not fit."""
+        """One line per GPU, or the full view again (by default compact where the full view does not fit)."""
         self.compact = not self.query_one("#gpu-devices", DeviceLines).compact
         self._redraw()
 

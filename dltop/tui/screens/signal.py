@@ -109,7 +109,12 @@ class SignalScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         several = len(self._processes) > 1
         with Vertical(id="signal-dialog", classes="dialog"):
-            yield from self._compose_set() if several else self._compose_one()
+            if several:
+                yield from self._compose_set()
+            else:
+                yield Static(Text(f"Signal pid {self._pid} ({printable(self._who)})?"), id="signal-title")
+                yield Static(Text(self._started), id="signal-started")
+                yield CommandHead(self._command, id="signal-command")
             yield OptionList(*(f"{name:<8} {MEANINGS[name]}" for name in SIGNALS), id="signal-choice")
             yield Static(plain(SET_HELP if several else "y sends the highlighted signal, Esc cancels"), id="signal-help")
             if not several:
@@ -117,11 +122,6 @@ class SignalScreen(ModalScreen[str | None]):
                     whole.border_title = "the whole command line: Tab, then ↑ ↓ scroll it"
                     whole.display = False
                     yield Static(Text(printable(self._command)), id="signal-whole-text")
-
-    def _compose_one(self) -> ComposeResult:
-        yield Static(Text(f"Signal pid {self._pid} ({printable(self._who)})?"), id="signal-title")
-        yield Static(Text(self._started), id="signal-started")
-        yield CommandHead(self._command, id="signal-command")
 
     def _compose_set(self) -> ComposeResult:
         users = sorted({printable(p[1]) for p in self._processes})
