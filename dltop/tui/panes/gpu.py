@@ -941,14 +941,8 @@ class GpuPane(Pane):
 
     def _requery(self, query: ProcessQuery) -> None:
         self.query_state = query
-        self._redraw(keys=True)
-
-    def _redraw(self, keys: bool = False) -> None:
-        """Draw the view again at once (a key changed what it shows); `keys`: and which keys act."""
-        if self.view is not None:
-            self.render_view(self.view)
-        if keys:
-            self.refresh_bindings()
+        self._rerender()
+        self.refresh_bindings()
 
     def action_filter(self) -> None:
         """Filter the process rows by text (pid, user, command, GPU) as it is typed."""
@@ -989,7 +983,7 @@ class GpuPane(Pane):
     def action_compact(self) -> None:
         """One line per GPU, or the full view again (by default compact where the full view does not fit)."""
         self.compact = not self.query_one("#gpu-devices", DeviceLines).compact
-        self._redraw()
+        self._rerender()
 
     def action_scroll_command(self, step: int) -> None:
         """Scroll the Command column sideways (← →): the whole command lines, `COMMAND_STEP` cells a press; back
@@ -999,7 +993,7 @@ class GpuPane(Pane):
         offset = max(0, min(self.command_offset + step * COMMAND_STEP, longest - COMMAND_STEP))
         if offset != self.command_offset:
             self.command_offset = offset
-            self._redraw()
+            self._rerender()
 
     @on(DataTable.RowHighlighted, "#gpu-table")
     def _show_selected(self) -> None:
@@ -1026,13 +1020,15 @@ class GpuPane(Pane):
         row = self.selected_row()
         if row is not None:
             toggle_tags(self.tagged, row, self._selected.values())
-            self._redraw(keys=True)
+            self._rerender()
+            self.refresh_bindings()
             self.query_one("#gpu-table", ProcessTable).action_cursor_down()
 
     def action_untag_all(self) -> None:
         """Untag every process."""
         self.tagged.clear()
-        self._redraw(keys=True)
+        self._rerender()
+        self.refresh_bindings()
 
     def action_signal(self) -> None:
         """Send the selected process, or the tagged ones, a signal: a dialog offers SIGTERM (first), SIGKILL and
