@@ -243,7 +243,7 @@ class _TreeScan:
             if not stat.S_ISREG(st.st_mode):  # replaced by something else since it was listed
                 self.report.skip("special")
                 return
-            if (st.st_nlink > 1 or self.any_alias) and counted_before(st, self.seen_inodes, self.report):
+            if self._seen_before(st):
                 return
             pages, data, runs = page_counts(fd, st)
             a.add(1, st.st_size, pages, 0, 0, 0, 0, data, 0)
@@ -267,6 +267,10 @@ class _TreeScan:
         finally:
             os.close(fd)
 
+    def _seen_before(self, st: os.stat_result) -> bool:
+        """A file counted already under another name (a hard link; any file, following symlinks): skipped."""
+        return (st.st_nlink > 1 or self.any_alias) and counted_before(st, self.seen_inodes, self.report)
+
     def _unopened(self, a: FolderTotals, d: WalkedFolder, dfd: int, name: str, follow: bool, e: OSError) -> None:
         """A file that could not be opened. Where permission is missing its size is public: its pages are unknown,
         not absent (and so is where its data lies: all its pages count as data)."""
@@ -279,7 +283,7 @@ class _TreeScan:
         except OSError:
             skip_error(report, e, path)
             return
-        if (st.st_nlink > 1 or self.any_alias) and counted_before(st, self.seen_inodes, report):
+        if self._seen_before(st):
             return
         pages = (st.st_size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE
         a.add(1, st.st_size, pages, 0, 0, 0, 0, pages, 0)
