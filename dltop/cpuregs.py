@@ -11,13 +11,7 @@ from dataclasses import dataclass
 from dltop.errors import DltopError
 
 # CLIDR_EL1.Ctype<n> values.
-CTYPE_NAMES = {
-    0: "none",
-    1: "Instruction",
-    2: "Data",
-    3: "Data+Instruction",  # separate instruction and data caches
-    4: "Unified",
-}
+CTYPE_NAMES = {0: "none", 1: "Instruction", 2: "Data", 3: "Data+Instruction", 4: "Unified"}  # 3: separate I and D
 
 # CTR_EL0.L1Ip: the L1 instruction-cache indexing policy.
 L1IP_NAMES = {0: "VPIPT", 1: "AIVIVT", 2: "VIPT", 3: "PIPT"}

@@ -63,12 +63,16 @@ def encode(event: Any, pid: int | None = None) -> bytes | None:
         return None
     _trim(data)
     line = {"v": FORMAT, "ts": data.get("ts"), "pid": os.getpid() if pid is None else pid, "event": data}
-    raw = (json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n").encode(
-        "utf-8", "surrogateescape")
+    raw = _dumped(line)
     while len(raw) > MAX_LINE_BYTES and data.get("paths"):
         data["paths"] = data["paths"][: len(data["paths"]) // 2]
-        raw = (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8", "surrogateescape")
+        raw = _dumped(line)
     return raw if len(raw) <= MAX_LINE_BYTES else None
+
+
+def _dumped(line: dict[str, Any]) -> bytes:
+    return (json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n").encode(
+        "utf-8", "surrogateescape")
 
 
 def _trim(data: dict[str, Any]) -> None:

@@ -36,24 +36,10 @@ OVERLAYFS_SUPER_MAGIC = 0x794C7630  # cachestat through an overlayfs file sees t
 TMPFS_MAGIC = 0x01021994  # pages live in memory (shmem): they cannot be evicted, only swapped
 RAMFS_MAGIC = 0x858458F6
 FS_NAMES = {
-    0xEF53: "ext4",
-    0x58465342: "xfs",
-    0x9123683E: "btrfs",
-    OVERLAYFS_SUPER_MAGIC: "overlayfs",
-    TMPFS_MAGIC: "tmpfs",
-    RAMFS_MAGIC: "ramfs",
-    0x6969: "nfs",
-    0xFF534D42: "cifs",
-    0x65735546: "fuse",
-    0x2FC12FC1: "zfs",
-    0x73717368: "squashfs",
-    0x9660: "iso9660",
-    0xE0F5E1E2: "erofs",
-    0x01021997: "9p",
-    0x6E667364: "nfsd",
-    0x47504653: "gpfs",
-    0x0BD00BD0: "lustre",
-    0x00C36400: "ceph",
+    0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", OVERLAYFS_SUPER_MAGIC: "overlayfs", TMPFS_MAGIC: "tmpfs",
+    RAMFS_MAGIC: "ramfs", 0x6969: "nfs", 0xFF534D42: "cifs", 0x65735546: "fuse", 0x2FC12FC1: "zfs",
+    0x73717368: "squashfs", 0x9660: "iso9660", 0xE0F5E1E2: "erofs", 0x01021997: "9p", 0x6E667364: "nfsd",
+    0x47504653: "gpfs", 0x0BD00BD0: "lustre", 0x00C36400: "ceph",
 }
 
 # cachestat(2) is 451 on every architecture that uses the unified syscall table (x86_64, aarch64, arm,
@@ -71,13 +57,8 @@ class _CachestatRange(ctypes.Structure):
 
 
 class _Cachestat(ctypes.Structure):
-    _fields_ = [
-        ("nr_cache", ctypes.c_uint64),
-        ("nr_dirty", ctypes.c_uint64),
-        ("nr_writeback", ctypes.c_uint64),
-        ("nr_evicted", ctypes.c_uint64),
-        ("nr_recently_evicted", ctypes.c_uint64),
-    ]
+    _fields_ = [(name, ctypes.c_uint64) for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted",
+                                                      "nr_recently_evicted")]
 
 
 @dataclass(frozen=True, slots=True)

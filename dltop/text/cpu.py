@@ -121,12 +121,11 @@ def tree_lines(nodes: Sequence[TopologyNode], fold: bool = True, max_depth: int 
     return out
 
 
+_FOLDED_LABELS = {"core": "Core", "cluster": "Cluster"}
+
+
 def _fold_label(node: TopologyNode) -> str:
-    if node.kind == "core":
-        return "Core"
-    if node.kind == "cluster":
-        return "Cluster"
-    return node.label
+    return _FOLDED_LABELS.get(node.kind, node.label)
 
 
 def register_lines(part: CpuPart) -> list[str]:
