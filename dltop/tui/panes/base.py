@@ -99,23 +99,19 @@ class Pane(Vertical):
                 yield SystemCommand(f"{self.TITLE}: {binding.description}", f"the {key} key", method)
 
 
-def busy_text(view: View) -> str:
-    """What a key that acts says while an action runs (one runs at a time)."""
-    a = view.action
-    what = f"{a.action} {printable(a.target)}" if a is not None else "an action"
-    return f"busy: {what} is running (Esc on its tab cancels it)"
-
-
 def may_change(view: View | None) -> bool | None:
     """A key that changes the system is greyed out (None; pressing it says `why_frozen`) in --read-only, the past or busy."""
     return None if view is None or view.read_only or view.replay or view.busy else True
 
 
 def why_frozen(view: View) -> str | None:
-    """Why a key that changes the system does nothing now (None: it acts)."""
+    """Why a key that changes the system does nothing now (None: it acts); one action runs at a time."""
     if view.frozen:
         return f"{view.frozen}; nothing here may change the system"
-    return busy_text(view) if view.busy else None
+    if not view.busy:
+        return None
+    what = f"{view.action.action} {printable(view.action.target)}" if view.action is not None else "an action"
+    return f"busy: {what} is running (Esc on its tab cancels it)"
 
 
 def progress_text(ev: ActionEvent | None) -> Text:
