@@ -126,8 +126,7 @@ def _check_owner_and_mount(path: str, st: os.stat_result, root: str) -> None:
 
 
 def _cache_of(path: str, options: ClearOptions) -> src.Location:
-    """The known cache `path` is (or is inside), in the environment `options` names; Refused where `path` is a
-    refused root, none, or inside one that is refused."""
+    """The known cache `path` is (or is inside); Refused where it is a refused root, none, or inside one refused."""
     try:
         env = options.environment()
     except OSError as e:
@@ -325,8 +324,7 @@ def tally(path: str, keep_top: bool, held: set[tuple[int, int]], cancel: threadi
 
 
 def _count_inodes(t: Tally, links: dict[tuple[int, int], list[int]], held: set[tuple[int, int]]) -> None:
-    """Each non-folder's blocks counted once, by inode ([blocks, st_nlink, links met]): freed where every link
-    was met and no process holds it open, else linked outside or held open."""
+    """Each inode's blocks ([blocks, st_nlink, links met]) freed, linked outside, or held open by a process."""
     outside, open_ = [0, 0], [0, 0]
     for key, (blocks, nlink, met) in links.items():
         if met < nlink:
@@ -423,8 +421,7 @@ def plan(path: str, options: ClearOptions, cancel: threading.Event | None = None
 
 
 def _plan_notes(path: str, loc: src.Location, st: os.stat_result, t: Tally, root: str) -> tuple[str, ...]:
-    """The warnings and notes a clear's confirmation states: processes using the cache, what is not freed, what
-    stays, the tool's own clear command, what could not be read."""
+    """The warnings and notes a clear's confirmation states."""
     notes = []
     users = open_by(os.path.realpath(path), root)
     if users:
@@ -525,8 +522,7 @@ class _Clearer:
         self._folder(dfd, name, path, st)
 
     def _folder(self, dfd: int, name: str, path: str, st: os.stat_result) -> None:
-        """Remove folder `name` (listed with `st`): opened without following a symlink, checked to be the folder
-        listed, emptied, then removed."""
+        """Remove folder `name`, opened without following a symlink and checked to be the one listed (`st`)."""
         try:
             fd = os.open(name, _O_DIR, dir_fd=dfd)
         except OSError as e:
@@ -627,8 +623,7 @@ def _delete(paths: list[str], cache: str, kept: os.stat_result | None, clearer: 
 
 
 def _empty(pfd: int, path: str, st: os.stat_result, clearer: _Clearer) -> None:
-    """Remove what is in the cache folder `path` (in the folder open at `pfd`), once it is checked to be the
-    folder `st` describes."""
+    """Remove what is in the cache folder `path` (in `pfd`), once it is checked to be the folder `st` describes."""
     fd = os.open(os.path.basename(path), _O_DIR, dir_fd=pfd)
     try:
         if not os.path.samestat(st, os.fstat(fd)):

@@ -167,8 +167,7 @@ def memory_guard(need_bytes: int, meminfo: dict[str, int] | None = None, cgroup:
 
 
 def _memory_read(meminfo: dict[str, int] | None, cgroup: Any) -> tuple[dict[str, int], Any]:
-    """The meminfo and the memory cgroup a guard weighs: `meminfo` None reads it live, and `cgroup` "auto" is
-    this process's cgroup when meminfo is live (None otherwise)."""
+    """The meminfo (None: read live) and the memory cgroup ("auto": this process's, when meminfo is live)."""
     if isinstance(cgroup, str):
         cgroup = _own_cgroup() if meminfo is None else None
     return (read_meminfo() if meminfo is None else meminfo), cgroup
@@ -186,17 +185,11 @@ def _lock_verdict(need_bytes: int, avail: int | None, room: tuple[int, str] | No
         return msg
     if by_cgroup:
         assert room is not None
-        return (
-            f"refused: {human_bytes(need_bytes)} is more than the {human_bytes(room[0])} the memory cgroup "
-            f"{room[1]} can hold beside its own memory (memory.max less anon and a margin); "
-            f"{human_bytes(fits)} fits"
-        )
+        return (f"refused: {human_bytes(need_bytes)} is more than the {human_bytes(room[0])} the memory cgroup "
+                f"{room[1]} can hold beside its own memory (memory.max less anon and a margin); {human_bytes(fits)} fits")
     assert avail is not None
-    return (
-        f"refused: {human_bytes(need_bytes)} would leave {human_bytes(max(0, avail - need_bytes))} of "
-        f"{human_bytes(avail)} available, under the {human_bytes(margin)} margin; "
-        f"{human_bytes(fits)} fits"
-    )
+    return (f"refused: {human_bytes(need_bytes)} would leave {human_bytes(max(0, avail - need_bytes))} of "
+            f"{human_bytes(avail)} available, under the {human_bytes(margin)} margin; {human_bytes(fits)} fits")
 
 
 def warm_guard(
@@ -367,8 +360,7 @@ class Ticker:
                                  sized=self.total is not None))
 
     def add_file(self, n: int, dir_path: str, name: str, dfd: int | None) -> None:
-        """`add` for a file named relative to its folder: its path is put together only when progress is said
-        (an evict of small files adds one per file, and the string cost more than the rest of the step)."""
+        """`add` for a file named relative to its folder: its path is put together only when progress is said."""
         self.done += n
         if self.fn is None and not self.helpers:
             return
@@ -681,9 +673,8 @@ def _run_warm(
 
 def _helpers_for(r: ActionResult, limit: int | None, cancel: threading.Event | None,
                  helpers: list[_Helper] | None) -> list[_Helper]:
-    """The helper processes that share a warm pass's files: those started while measuring (None: none were, so
-    a large tree starts them now, unless the warm is cut at the guard's limit); none after a cancel while
-    measuring (those started are stopped)."""
+    """The helper processes of a warm pass: those started while measuring (None: new ones for a large tree not
+    cut at the guard's limit); none after a cancel (those started are stopped)."""
     if is_cancelled(cancel):
         _stop_all(helpers or [])
         return []
@@ -941,7 +932,8 @@ class _Warming:
         st = f.st
         try:
             pages = (st.st_size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE
-            if f.whole and f.have is not None and f.have + f.brought < pages and _is_dense(fd, st.st_size):
+            if (f.whole and f.have is not None and f.have + f.brought < pages
+                    and data_extents(fd, st.st_size) == [(0, st.st_size)]):  # dense: no hole to leave alone
                 # The filesystem ignored WILLNEED (some FUSE and network filesystems): read it instead.
                 _read_all(fd, st.st_size, self.cancel)
                 got = self.cached(fd, st)
@@ -1205,8 +1197,7 @@ def _finish(
     r.elapsed_s = time.monotonic() - t0
     r.unknown_pages = unknown
     for k, v in report.skipped.items():
-        if k not in r.skipped:
-            r.skipped[k] = v
+        r.skipped.setdefault(k, v)
     for p in report.problems:
         if p not in r.problems:
             r.problems.append(p)
@@ -1275,10 +1266,6 @@ def _note_hidden(r: ActionResult) -> None:
         r.notes.append(NO_PERMISSION)
 
 
-def _is_dense(fd: int, size: int) -> bool:
-    return data_extents(fd, size) == [(0, size)]
-
-
 def _read_range(fd: int, off: int, n: int) -> None:
     buf = bytearray(min(n, 1 << 20))
     view = memoryview(buf)
@@ -1310,8 +1297,7 @@ def evict(
     """Drop files from the page cache: fdatasync dirty pages, POSIX_FADV_DONTNEED, re-measure, retry.
 
     Pages that stay are reported with the reason: on tmpfs, locked or mapped by a process (named), or busy.
-    One walk measures, evicts and re-measures each file while it is open, as `vmtouch -e` walks once: the
-    residency scan before and the rescan after were two more walks of the tree (2.2x vmtouch's time). Its
+    One walk measures, evicts and re-measures each file while it is open, as `vmtouch -e` walks once. Its
     total is not known before the walk ends, so progress has none. A cancelled evict is rescanned after, as
     the files it did not reach were not measured.
     """
@@ -1512,8 +1498,8 @@ def _mlock_failed(path: str, e: OSError, locked_bytes: int) -> str:
 
 def _lock_file(locks: LockSet, path: str, fd: int, st: os.stat_result, ticker: Ticker,
                cancel: threading.Event | None, report: WalkReport) -> bool:
-    """Lock one open file into `locks` and close its fd (the mapping keeps the file); False where it was skipped.
-    Raises DltopError, every lock released, where the kernel's limit on locked memory refused it."""
+    """Lock one open file and close its fd (the mapping keeps it); False where it was skipped. Raises
+    DltopError, every lock released, where the limit on locked memory refused it."""
 
     def step(n: int) -> bool:
         ticker.add(n, path)

@@ -312,8 +312,7 @@ class ActionRunner:
 
 
 def _finished(run: Run) -> tuple[Outcome, str, dict[str, Any]]:
-    """The outcome, message and numbers a step that returned announces: a run's summary (measured, cancelled or
-    not) and its counts, a plan's guard and bytes."""
+    """The outcome, message and numbers a step that returned announces (a run's summary, a plan's guard)."""
     r = run.result
     if run.step == "run":
         return ("cancelled" if r.cancelled else "ok", spec_of(run.action).summary(r),

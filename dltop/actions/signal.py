@@ -139,8 +139,7 @@ def send_all(targets: Sequence[SignalTarget], proc: str = "/proc", wait_s: float
 
 
 def _exited_all(fds: list[int], deadline: float) -> set[int]:
-    """The pidfds among `fds` whose process exited before `deadline` (time.monotonic): a pidfd turns readable
-    when its process exits (a zombie too: it no longer runs)."""
+    """The pidfds among `fds` readable before `deadline`: their process exited (a zombie too: it no longer runs)."""
     exited: set[int] = set()
     poller = select.poll()
     for fd in fds:

@@ -66,16 +66,11 @@ def cache_json(c: Any, now: float) -> dict[str, Any]:
             "more_entries": c.more_entries, "more_bytes": c.more_bytes, "folders": [to_dict(f) for f in c.folders]}
 
 
-def _read(settings: Any) -> Any:
-    from dltop.sources.caches import CachesReader, settings_environment
-
-    return CachesReader(settings_environment(settings), settings.caches, settings.root).read()
-
-
 def _list(args: argparse.Namespace, settings: Any) -> int:
     from dltop.model.base import Unavailable
+    from dltop.sources.caches import CachesReader, settings_environment
 
-    part = _read(settings)
+    part = CachesReader(settings_environment(settings), settings.caches, settings.root).read()
     if isinstance(part, Unavailable):
         if args.json:
             sys.stdout.write(json.dumps({"unavailable": part.reason}) + "\n")

@@ -65,10 +65,9 @@ def run(args: argparse.Namespace) -> int:
 
 def check(args: argparse.Namespace) -> list[Layer]:
     """The verdict of every layer, in the order an operator reads them."""
+    from dltop.commands.snapshot import read_snapshot
     from dltop.config import Settings, settings_from_args
     from dltop.errors import DltopError
-    from dltop.sampler import Sampler
-    from dltop.sources.registry import build_sources
 
     out: list[Layer] = []
     try:
@@ -78,11 +77,7 @@ def check(args: argparse.Namespace) -> list[Layer]:
         settings = Settings(datasets=tuple(os.path.abspath(p) for p in args.paths or ()))
         out.append(Layer("config", DEGRADED, "refused: the checks below ran with the defaults", str(e),
                          "fix the file it names, or move it away (dltop runs with the defaults)"))
-    sampler = Sampler(build_sources(settings), root=settings.root)
-    try:
-        snap = sampler.read_once(args.timeout)
-    finally:
-        sampler.close()
+    snap = read_snapshot(settings, args.timeout)
     root = os.geteuid() == 0
     out += [gpu_layer(snap, root), memory_layer(snap), cachestat_layer(snap), *dataset_layers(snap),
             caches_layer(snap), cpu_layer(snap), probe_layer(snap, root), exporter_layer(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def _positive_seconds(text: str) -> float:
@@ -42,16 +43,21 @@ def run(args: argparse.Namespace) -> int:
     """Print one Snapshot as JSON."""
     from dltop.commands.common import check_pid
     from dltop.config import settings_from_args
-    from dltop.sampler import Sampler
-    from dltop.sources.registry import build_sources
 
     settings = settings_from_args(args)
     check_pid(settings.pid, settings.root)
-    sampler = Sampler(build_sources(settings), root=settings.root)
-    try:
-        snap = sampler.read_once(args.timeout)
-    finally:
-        sampler.close()
-    sys.stdout.write(snap.to_json(indent=args.indent) + "\n")
+    sys.stdout.write(read_snapshot(settings, args.timeout).to_json(indent=args.indent) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def read_snapshot(settings: Any, timeout_s: float | None) -> Any:
+    """One Snapshot: every source the settings name, read once (each given up on after `timeout_s`)."""
+    from dltop.sampler import Sampler
+    from dltop.sources.registry import build_sources
+
+    sampler = Sampler(build_sources(settings), root=settings.root)
+    try:
+        return sampler.read_once(timeout_s)
+    finally:
+        sampler.close()

@@ -41,11 +41,8 @@ def grouped(snapshot: Snapshot, prev: Snapshot | None = None, active: Sequence[h
 
 def _printable_labels(labels: dict[str, str]) -> dict[str, str]:
     """Label values from outside (a server's model name, a job id, a path) as `fmt.printable` shows them: a control
-    character, DEL, a C1 control, a bidi override or isolate, a line or paragraph separator or a byte that was not
-    UTF-8 becomes the visible escape '\\x1b', '\\u202e', '\\xff' (the characters of it, a backslash first, which the
-    exposition writes as '\\\\'). Any UTF-8 is a valid label value, so the raw ESC ] 52 of a model name was valid
-    exposition, and `curl` of /metrics in a terminal ran it; now a scrape holds no control byte but the line breaks
-    that end its lines, and a parser gives back the escaped text."""
+    character, a bidi override or a byte that was not UTF-8 becomes its visible escape ('\\x1b', '\\u202e'). Any
+    UTF-8 is a valid label value, so without it `curl` of /metrics in a terminal would run a model name's controls."""
     if all(printable(x) is x for x in labels.values()):  # the common case: nothing to escape, the same dict
         return labels
     return {k: printable(x) for k, x in labels.items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from dltop.fmt import human_bytes, human_duration, plural
@@ -31,17 +31,11 @@ GROWTH_MIN_FRACTION = 0.05  # ... and by at least this share of the filesystem's
 
 
 def _latest(history: Sequence[Snapshot]) -> tuple[float, CachesPart] | None:
-    for s in reversed(history):  # from the newest: the caches are read every few minutes, so it is mostly the first
-        if isinstance(s.caches, CachesPart):
-            return s.ts, s.caches
-    return None
+    return _first(reversed(history))  # from the newest: the caches are read every few minutes, mostly the first
 
 
-def _first(history: Sequence[Snapshot]) -> tuple[float, CachesPart] | None:
-    for s in history:
-        if isinstance(s.caches, CachesPart):
-            return s.ts, s.caches
-    return None
+def _first(history: Iterable[Snapshot]) -> tuple[float, CachesPart] | None:
+    return next(((s.ts, s.caches) for s in history if isinstance(s.caches, CachesPart)), None)
 
 
 _Judge = Callable[[CachesPart], "Hint | None"]

@@ -129,8 +129,7 @@ def may_hold_distribution(name: str, path: Iterable[str]) -> bool:
 
 
 def _may_hold_in(root: str, want: str) -> bool:
-    """Whether the path entry `root` may hold distribution `want` (normalized): a zip may, a folder does where a
-    `.dist-info` or `.egg-info` in it has that name."""
+    """Whether path entry `root` may hold distribution `want`: a zip may, a folder where a .dist-info names it."""
     try:
         children = os.listdir(root)
     except NotADirectoryError:
@@ -890,12 +889,10 @@ def read_cache(loc: Location, *, mounts: list[Mount], locked: set[tuple[int, int
         if stat.S_ISLNK(st.st_mode):
             facts["via_symlink"] = walked = full_real
             st = os.lstat(full_real)  # a dangling link: no such folder, below
-    except FileNotFoundError:
-        return dataclasses.replace(base, **facts, scanned_at=time.time(),
-                                   unavailable={"size_bytes": f"no such folder: {display_path(walked)}"})
     except OSError as e:
-        return dataclasses.replace(base, **facts, scanned_at=time.time(),
-                                   unavailable={"size_bytes": path_error(e.strerror or str(e), walked)})
+        why = (f"no such folder: {display_path(walked)}" if isinstance(e, FileNotFoundError) else
+               path_error(e.strerror or str(e), walked))
+        return dataclasses.replace(base, **facts, scanned_at=time.time(), unavailable={"size_bytes": why})
     try:
         w = walk_cache(walked, cancel=cancel, deadline_s=deadline_s, cpu_fraction=cpu_fraction)
     except OSError as e:
@@ -934,8 +931,7 @@ def _shown(p: str, walked: str, path: str) -> str:
 
 
 def _folders(loc: Location, walked: str, w: CacheWalk, hub: dict[str, HubRepo]) -> tuple[CacheFolder, ...]:
-    """The folders whose biggest entries the walk kept; a hub repo opens on its revisions first, not on blobs/
-    refs/ snapshots/."""
+    """The folders whose biggest entries the walk kept; a hub repo opens on its revisions, not on blobs/ refs/."""
     folders = [CacheFolder(os.path.join(loc.path, name), repo.revisions) for name, repo in reversed(hub.items())]
     for p, kids, more, more_b, more_a in w.folders:
         if os.path.basename(p) in hub and os.path.dirname(p) == walked:
@@ -990,9 +986,8 @@ def read_caches(e: Environment, extra: Iterable[str] = (), root: str = "/", *, n
 
 def _refusals(e: Environment, locs: list[Location], added: set[str]) -> list[CacheInfo | None]:
     """For each of `locs`, the cache refused (not walked), or None. A path another process's environment gave
-    (--pid: whoever runs it sets it) is walked only where a clear could go: `TORCHINDUCTOR_CACHE_DIR=/` is listed
-    as refused, by the clear's own rule, not walked whole. dltop's own environment and the folders you added are
-    yours: walked as given."""
+    (--pid) is walked only where a clear could go (`TORCHINDUCTOR_CACHE_DIR=/` is refused by the clear's rule,
+    not walked whole); dltop's own environment and the folders you added are yours: walked as given."""
     if e.pid is None:
         return [None] * len(locs)
     home_of, prefixes = homes([e.home]), known_prefixes(e.env)
