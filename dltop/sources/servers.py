@@ -396,10 +396,10 @@ class _Notes:
             return None
         return value
 
-    def count(self, name: str, value: float | None, missing: str) -> int | Unavailable:
+    def count(self, name: str, value: float | None) -> int | Unavailable:
         """A whole number of things (requests, tokens), or Unavailable with why not."""
         if value is None:
-            return Unavailable(missing)
+            return Unavailable(f"no {name}")
         if not (math.isfinite(value) and 0 <= value <= MAX_COUNT and value == int(value)):
             self.lines.append(f"{name} is {value:g}: not a count, not shown")
             return Unavailable(f"{name} is {value:g}: not a count")
@@ -449,7 +449,7 @@ def _vllm(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[str
         cfg = _config_for(configs, name, replica)
         hit_rate = _vllm_hit_rate(notes, v0_rate.get(k), cfg, k in hits and k in queries)
         u = notes.fraction(usage_name or "", usage.get(k))
-        swapped_n = notes.count("vllm:num_requests_swapped", swapped.get(k), "")
+        swapped_n = notes.count("vllm:num_requests_swapped", swapped.get(k))
         models.append(ModelStats(
             model_name=name or "(unnamed)",
             replica=replica,
@@ -461,11 +461,10 @@ def _vllm(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[str
             prefix_cache_hit_rate=hit_rate,
             prefix_cache_hits_total=notes.total("prefix cache hits", hits.get(k)),
             prefix_cache_queries_total=notes.total("prefix cache queries", queries.get(k)),
-            running_requests=notes.count("vllm:num_requests_running", running.get(k), "no vllm:num_requests_running"),
-            waiting_requests=notes.count("vllm:num_requests_waiting", waiting.get(k), "no vllm:num_requests_waiting"),
+            running_requests=notes.count("vllm:num_requests_running", running.get(k)),
+            waiting_requests=notes.count("vllm:num_requests_waiting", waiting.get(k)),
             swapped_requests=swapped_n if isinstance(swapped_n, int) else None,
-            preemptions_total=notes.count("vllm:num_preemptions_total", preempt.get(k),
-                                          "no vllm:num_preemptions_total"),
+            preemptions_total=notes.count("vllm:num_preemptions_total", preempt.get(k)),
         ))
     return models, notes.lines
 
@@ -524,8 +523,8 @@ def _sglang(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[s
     models = []
     for k in keys:
         u = notes.fraction("sglang:token_usage", usage.get(k))
-        c = notes.count("sglang:max_total_num_tokens", cap.get(k), "no sglang:max_total_num_tokens")
-        n = notes.count("sglang:num_used_tokens", used.get(k), "no sglang:num_used_tokens")
+        c = notes.count("sglang:max_total_num_tokens", cap.get(k))
+        n = notes.count("sglang:num_used_tokens", used.get(k))
         h = notes.fraction("sglang:cache_hit_rate", hit.get(k))
         if u is not None and isinstance(c, int) and c and isinstance(n, int) and abs(n / c - u) > 0.01:
             # token_usage is the engine's own fraction (it weighs hybrid/SWA pools); show both when they differ.
@@ -538,8 +537,8 @@ def _sglang(samples: dict[str, list[_Sample]]) -> tuple[list[ModelStats], list[s
             kv_capacity_tokens=c,
             kv_used_tokens=n,
             prefix_cache_hit_rate=_fraction_or(h, k in hit, "sglang:cache_hit_rate", "no sglang:cache_hit_rate"),
-            running_requests=notes.count("sglang:num_running_reqs", running.get(k), "no sglang:num_running_reqs"),
-            waiting_requests=notes.count("sglang:num_queue_reqs", waiting.get(k), "no sglang:num_queue_reqs"),
+            running_requests=notes.count("sglang:num_running_reqs", running.get(k)),
+            waiting_requests=notes.count("sglang:num_queue_reqs", waiting.get(k)),
             preemptions_total=Unavailable("SGLang exports no preemption counter"),
         ))
     return models, notes.lines
