@@ -739,13 +739,11 @@ def _existing(path: str) -> str:
 
 def _entry_kind(cache: str, name: str) -> str:
     if cache == "torchinductor":
-        if name in INDUCTOR_KINDS:
-            return INDUCTOR_KINDS[name]
-        return "generated code" if len(name) == 2 else ""
-    if cache == "torch_extensions" and VERSION_KEY.fullmatch(name):
-        return "built for " + name
-    if cache == "vllm" and name == "torch_compile_cache":
-        return "torch.compile artifacts"
+        return INDUCTOR_KINDS.get(name, "generated code" if len(name) == 2 else "")
+    if cache == "torch_extensions":
+        return "built for " + name if VERSION_KEY.fullmatch(name) else ""
+    if cache == "vllm":
+        return "torch.compile artifacts" if name == "torch_compile_cache" else ""
     if cache == "hf_hub":
         return next((kind for prefix, kind in HUB_PREFIXES.items() if name.startswith(prefix)), "")
     return ""
