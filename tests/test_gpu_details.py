@@ -9,7 +9,8 @@ from typing import Any
 from dltop.derive import gpu_rates
 from dltop.fields import samples
 from dltop.model import GpuDevice, Snapshot, Unavailable
-from dltop.sources.gpu import SLOW_READ_S, FakeBackend, GpuReader, throttle_names
+from dltop.sources.gpu import FakeBackend, GpuReader, throttle_names
+from dltop.sources.gpu_fields import SLOW_READ_S
 from tests.conftest import DATA
 
 SCENARIOS = DATA / "gpu-scenarios"

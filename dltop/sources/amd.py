@@ -14,11 +14,11 @@ import importlib
 import io
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from dltop.model.base import Unavailable
 from dltop.model.gpu import DOWN_DRIVER, LOST_TEXT, GpuDevice, GpuPart, GpuProcess, unprobed_split
+from dltop.sources.gpu_fields import Fields
 from dltop.sources.gpu_procs import HostReader
 
 # AMDSMI_STATUS_* (amdsmi.h's amdsmi_status_t); the bindings' own constants live in a module whose name and
@@ -57,7 +57,6 @@ NOT_ON_AMD = ("mig_mode", "pcie_source", "pcie_tx_bytes_total", "pcie_rx_bytes_t
               "pcie_rx_bytes_per_s", "fan_speed_percent", "pstate", "clocks_event_reasons", "throttle_reasons",
               "encoder_util_percent", "decoder_util_percent", "nvlink_tx_bytes_total", "nvlink_rx_bytes_total",
               "pcie_counters_at", "nvlink_counters_at", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending")
-SLOW_READ_S = 60.0  # the power limit and ECC counts: once a minute, as for NVML
 MIB = 1 << 20
 UNPROBED = unprobed_split()  # one shared (frozen) value, as the NVML reader's
 
@@ -95,15 +94,12 @@ def _number(value: Any) -> int | None:
     return int(value)
 
 
-class _Fields:
-    """One AMD GPU's numbers as a tick reads them: each field's value, or why it has none (at first, every field
-    amdsmi does not give)."""
+class _Fields(Fields):
+    """One AMD GPU's fields, at first each one amdsmi does not give missing."""
 
     def __init__(self, reader: AmdReader, index: int) -> None:
-        self.reader = reader
-        self.index = index
-        self.values: dict[str, Any] = {}
-        self.missing: dict[str, str] = dict.fromkeys(NOT_ON_AMD, NOT_READ)
+        super().__init__(index, reader._slow, reader._clock)
+        self.missing.update(dict.fromkeys(NOT_ON_AMD, NOT_READ))
 
     def ask(self, fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
         """The call's answer, or None with the reason kept for `fieldname`."""
@@ -120,20 +116,6 @@ class _Fields:
         else:
             self.values[fieldname] = value
             self.missing.pop(fieldname, None)
-
-    def slow(self, fieldname: str, read: Callable[[], Any]) -> None:
-        """`read()` at most once a SLOW_READ_S, its answer (or why none) kept between."""
-        kept_by = self.reader._slow
-        key, now = (self.index, fieldname), self.reader._clock()
-        kept = kept_by.get(key)
-        if kept is None or now - kept[0] >= SLOW_READ_S:
-            self.missing.pop(fieldname, None)
-            value = read()
-            kept = kept_by[key] = (now, value, self.missing.get(fieldname))
-        if kept[2] is not None:
-            self.missing[fieldname] = kept[2]
-        elif kept[1] is not None:
-            self.values[fieldname] = kept[1]
 
 
 class AmdReader:
@@ -219,9 +201,8 @@ class AmdReader:
             got = f.ask(fieldname, smi.amdsmi_get_clock_info, h, getattr(smi.AmdSmiClkType, clock))
             f.put(fieldname, _number(got.get("clk")) if isinstance(got, dict) else None, "amdsmi gives N/A")
         f.missing.update(ecc_corrected_volatile=NO_VOLATILE_ECC, ecc_uncorrected_volatile=NO_VOLATILE_ECC)
-        f.slow("ecc_corrected_aggregate", partial(self._ecc, h, f, "ecc_corrected_aggregate", "correctable_count"))
-        f.slow("ecc_uncorrected_aggregate",
-               partial(self._ecc, h, f, "ecc_uncorrected_aggregate", "uncorrectable_count"))
+        f.slow("ecc_corrected_aggregate", self._ecc, h, f, "ecc_corrected_aggregate", "correctable_count")
+        f.slow("ecc_uncorrected_aggregate", self._ecc, h, f, "ecc_uncorrected_aggregate", "uncorrectable_count")
         processes = self._processes(h, str(f.values.get("uuid") or index))
         return GpuDevice(index=index, driver_version=driver, backend="amdsmi", processes=processes,
                          unavailable=f.missing, **f.values)

@@ -24,6 +24,7 @@ from dltop.model.base import Unavailable
 from dltop.model.gpu import DOWN_DRIVER, LOST_TEXT, GpuDevice, GpuPart, GpuProcess, MigDevice, unprobed_split
 from dltop.sources.amd import AmdReader
 from dltop.sources.base import Source
+from dltop.sources.gpu_fields import Fields
 from dltop.sources.gpu_procs import NOT_IN_NAMESPACE, HostReader, parse_cmdline  # noqa: F401 (theirs, said here too)
 from dltop.sources.scenario import ScenarioError, read_scenario
 
@@ -657,7 +658,6 @@ MAX_KEPT_REASONS = 4096  # sets of reasons shared between Snapshots (GpuReader._
 NO_FIELD_TIME = "NVML gave no timestamp with the counters: a rate is over the Snapshots' interval"
 PCIE_RATE_FROM_COUNTERS = ("from the PCIe byte counters (pcie_*_bytes_total): a rate needs two readings "
                            "(dltop.derive.gpu_rates)")
-SLOW_READ_S = 60.0  # the power limit, aggregate ECC counts and retired pages: read once a minute, not each tick
 # nvmlClocksEventReason* bits in nvidia-smi -q's words ("Clocks Event Reasons"), in its order
 THROTTLE_REASONS = ((0x1, "Idle"), (0x2, "Applications Clocks Setting"), (0x4, "SW Power Cap"),
                     (0x8, "HW Slowdown"), (0x40, "HW Thermal Slowdown"), (0x80, "HW Power Brake Slowdown"),
@@ -729,16 +729,13 @@ def _system_memory(path: str) -> tuple[int, int] | str:
     return total, available
 
 
-class _Fields:
-    """One GPU's numbers as a tick reads them: each field's value, or why it has none. `slow` and `fixed` keep an
-    answer in the reader's tables, keyed by the GPU's index."""
+class _Fields(Fields):
+    """One NVIDIA GPU's fields: `ask` NVML, and `fixed` keeps a board's identity for the session."""
 
     def __init__(self, reader: GpuReader, index: int) -> None:
-        self.reader = reader
+        super().__init__(index, reader._slow, reader._clock)
         self.nv = reader._nv
-        self.index = index
-        self.values: dict[str, Any] = {}
-        self.missing: dict[str, str] = {}
+        self._fixed = reader._fixed
 
     def ask(self, fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
         """The call's answer, kept as the field's value; None with the reason where it fails."""
@@ -750,24 +747,14 @@ class _Fields:
         self.values[fieldname] = value
         return value
 
-    def slow(self, fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
-        """`ask` at most once a SLOW_READ_S for a number that changes only by an admin or over months."""
-        kept_by = self.reader._slow
-        key, now = (self.index, fieldname), self.reader._clock()
-        kept = kept_by.get(key)
-        if kept is None or now - kept[0] >= SLOW_READ_S:
-            value = self.ask(fieldname, call, *args)  # a lost GPU raises here: nothing kept
-            kept = kept_by[key] = (now, value, self.missing.get(fieldname))
-        elif kept[2] is not None:
-            self.missing[fieldname] = kept[2]
-        else:
-            self.values[fieldname] = kept[1]
-        return kept[1]
+    def slow_ask(self, fieldname: str, call: Callable[..., Any], *args: Any) -> None:
+        """`ask` at most once a SLOW_READ_S."""
+        self.slow(fieldname, self.ask, fieldname, call, *args)
 
     def fixed(self, fieldname: str, call: Callable[..., Any], *args: Any) -> Any:
         """`ask` until it answers, then that answer for the session: a handle's name, UUID and PCI address are the
         board's (nvitop keeps them too); an index that is lost and found again is a new session."""
-        kept_by, key = self.reader._fixed, (self.index, fieldname)
+        kept_by, key = self._fixed, (self.index, fieldname)
         if key in kept_by:
             self.values[fieldname] = value = kept_by[key]
             return value
@@ -794,7 +781,7 @@ def _sensors(b: NvmlBackend, h: Any, f: _Fields) -> None:
     else:
         f.missing["temperature_sensor"] = f.missing["temperature_c"]
     f.ask("power_mw", b.power_mw, h)
-    f.slow("power_limit_mw", b.power_limit_mw, h)
+    f.slow_ask("power_limit_mw", b.power_limit_mw, h)
     f.ask("fan_speed_percent", b.fan_percent, h)
     if (pstate := f.ask("pstate", b.performance_state, h)) is not None and not 0 <= pstate <= 15:
         del f.values["pstate"]
@@ -819,11 +806,11 @@ def _links_and_errors(b: NvmlBackend, h: Any, f: _Fields) -> None:
         f.missing["nvlink_counters_at"] = NO_FIELD_TIME
     f.ask("ecc_corrected_volatile", b.ecc_corrected, h, "volatile")
     f.ask("ecc_uncorrected_volatile", b.ecc_uncorrected, h, "volatile")
-    f.slow("ecc_corrected_aggregate", b.ecc_corrected, h, "aggregate")
-    f.slow("ecc_uncorrected_aggregate", b.ecc_uncorrected, h, "aggregate")
-    f.slow("retired_pages_sbe", b.retired_pages, h, "sbe")
-    f.slow("retired_pages_dbe", b.retired_pages, h, "dbe")
-    f.slow("retired_pages_pending", b.retired_pages_pending, h)
+    f.slow_ask("ecc_corrected_aggregate", b.ecc_corrected, h, "aggregate")
+    f.slow_ask("ecc_uncorrected_aggregate", b.ecc_uncorrected, h, "aggregate")
+    f.slow_ask("retired_pages_sbe", b.retired_pages, h, "sbe")
+    f.slow_ask("retired_pages_dbe", b.retired_pages, h, "dbe")
+    f.slow_ask("retired_pages_pending", b.retired_pages_pending, h)
 
 
 def _system_pool(f: _Fields, said: str, root: str) -> None:
@@ -860,7 +847,7 @@ class GpuReader:
         self._count = 0  # the device count they were read under
         self._util_seen_us: dict[str, int] = {}
         self._clock = clock
-        # (GPU index, field) -> (when read, its value, why not): the slow-changing numbers (`_Fields.slow`)
+        # (GPU index, field) -> (when read, its value, why not): the slow-changing numbers (`Fields.slow`)
         self._slow: dict[tuple[int, str], tuple[float, Any, str | None]] = {}
         self._host = HostReader(self._proc, clock)  # each process's /proc: user, command, parent, RSS, CPU %
 
