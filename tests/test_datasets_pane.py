@@ -210,8 +210,10 @@ async def test_warm_dialog_states_the_data_of_a_sparse_file_not_its_size(ddir: P
         screen = await _wait_confirm(app, pilot)
         assert str(screen.query_one("#confirm-title", Static).render()) == "Warm 26.0 MiB?"
         assert "Read 26.0 MiB" in str(screen.query_one("#confirm-body", Static).render())
-        await pilot.press("n")
+        assert screen.focused is screen.query_one("#confirm-no")  # the safe answer: Enter by accident says no
+        await pilot.press("enter")
         await pilot.pause()
+        assert app.screen is not screen
     assert resident(f) == 0
 
 

@@ -22,6 +22,7 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("y", "answer(True)", "Yes", id="confirm.yes"),
         Binding("n,escape", "answer(False)", "No", id="confirm.no"),
     ]
+    AUTO_FOCUS = "#confirm-no"  # the safe answer, so Enter does not confirm by accident (also when a key came first)
 
     def __init__(self, title: str, body: str, yes_label: str | None = "Yes") -> None:
         super().__init__()
@@ -41,10 +42,6 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not (action == "answer" and parameters == (True,) and self._yes_label is None)  # a refusal has no yes
-
-    def on_mount(self) -> None:
-        # The safe answer has the focus, so Enter does not confirm by accident.
-        self.query_one("#confirm-no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "confirm-yes")
@@ -101,6 +98,7 @@ class KeepLocksScreen(ModalScreen[str | None]):
         Binding("r", "answer('release')", "Release", id="keeplocks.release"),
         Binding("n,escape", "answer(None)", "Stay", id="keeplocks.stay"),
     ]
+    AUTO_FOCUS = "#keeplocks-stay"  # Enter by accident neither quits nor unlocks
 
     def __init__(self, held: dict[str, int]) -> None:
         super().__init__()
@@ -119,9 +117,6 @@ class KeepLocksScreen(ModalScreen[str | None]):
                 yield Button("Keep locked (k)", variant="primary", id="keeplocks-keep")
                 yield Button("Release (r)", variant="error", id="keeplocks-release")
                 yield Button("Stay (Esc)", id="keeplocks-stay")
-
-    def on_mount(self) -> None:
-        self.query_one("#keeplocks-stay", Button).focus()  # Enter by accident neither quits nor unlocks
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss({"keeplocks-keep": "keep", "keeplocks-release": "release"}.get(event.button.id or ""))
