@@ -442,7 +442,9 @@ def read_cpu(root: str | os.PathLike[str] = "/") -> CpuPart | Unavailable:
         return Unavailable(f"no {CPU_DIR}/cpu* and no proc/cpuinfo under {root}")
     flags: list[CpuFlag] = []
     all_cpus = sorted(set(cpu_dirs) | {e.cpu for e in cpuinfo})
-    online = _online(tree, cpu_dirs, flags) if cpu_dirs else set(all_cpus)
+    online = _online(tree, cpu_dirs, flags)  # read, and flagged where damaged, even without CPU folders
+    if not cpu_dirs:
+        online = set(all_cpus)
     caches = _instances(_read_caches(tree, cpu_dirs), flags)
     topo = _Topology.read(tree, cpu_dirs, all_cpus)
     raw_kinds, midrs, arch = _core_kinds(tree, cpu_dirs, cpuinfo)
