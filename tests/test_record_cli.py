@@ -75,7 +75,7 @@ def test_record_mark_and_a_clean_stop_on_sigterm(tmp_path: Path) -> None:
     assert err.splitlines()[-1].startswith("dltop record: stopped; ")
     assert [suffix for _, suffix in store.list_segments(str(rec_dir))] == [store.CLOSED_SUFFIX]
     r2 = Recording(str(rec_dir))
-    assert len(r2.times()) >= seen and r2.skipped == 0
+    assert len(r2.times()) >= seen and r2.damage.total == 0
     kinds = [e.kind for e in r2.events()]
     assert kinds[0] == "start" and kinds[-1] == "stop" and "marker" in kinds
     marker = next(e for e in r2.events() if e.kind == "marker")
@@ -94,7 +94,7 @@ def test_sigkill_loses_at_most_the_sample_in_flight(tmp_path: Path) -> None:
         proc.wait(30)
     r = Recording(str(rec_dir))
     assert len(r.times()) >= before
-    assert r.skipped <= 1  # a torn last line, at most
+    assert r.damage.total <= 1  # a torn last line, at most
     assert [s.ts for s in r.range()] == r.times()  # every sample listed is whole
     # The next recorder closes (compresses) what the killed one left open; nothing is lost doing so.
     kept = r.times()
@@ -188,7 +188,7 @@ def test_a_full_filesystem_warns_keeps_going_and_resumes(small_fs: Path, tmp_pat
     assert sum("No space left on device" in w for w in warnings) == 1  # warned once, not once per sample
     assert any(w.startswith("writing again") for w in warnings)
     r = Recording(str(small_fs / "rec"))
-    assert r.skipped == 0  # the failed writes left no torn line behind
+    assert r.damage.total == 0  # the failed writes left no torn line behind
     assert list(r.range()) == snaps[:2] + snaps[4:]
     # The hole says what it was: how many samples, lost to what, from when to when (the report lists it).
     gaps = [e.data for e in r.events() if e.kind == "gap"]

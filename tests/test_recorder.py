@@ -64,7 +64,7 @@ def test_real_snapshots_read_back_equal(tmp_path: Path, monkeypatch: pytest.Monk
         for s in snaps:
             rec.write(s)
     r = Recording(str(rec_dir))
-    assert r.skipped == 0
+    assert r.damage.total == 0
     assert r.times() == [s.ts for s in snaps]
     assert list(r.range()) == snaps
     for s in snaps:
@@ -197,7 +197,7 @@ def test_torn_and_corrupt_lines_are_skipped_and_counted(tmp_path: Path, monkeypa
     r = Recording(str(rec_dir))
     got = list(r.range())
     assert got == [snaps[0], snaps[2]]
-    assert r.skipped == 2  # the torn line when scanned, the corrupt one when decoded
+    assert r.damage.total == 2  # the torn line when scanned, the corrupt one when decoded
     assert r.at(snaps[1].ts) == snaps[0]  # a damaged sample: the one before it
     rec._fd = None  # the segment was rewritten under it; let it go without touching the file
     rec.close()
@@ -217,11 +217,11 @@ def test_a_truncated_compressed_segment_reads_up_to_the_damage(tmp_path: Path,
     zst.write_bytes(zst.read_bytes()[:cut])
     r = Recording(str(rec_dir))
     assert list(r.range()) == snaps[:4]
-    assert r.skipped == len(index["blocks"]) - 2  # each frame lost is counted (the last holds the stop event)
+    assert r.damage.total == len(index["blocks"]) - 2  # each frame lost is counted (the last holds the stop event)
     # Without its index, the segment is read across frames up to the damage.
     (rec_dir / (stem + store.INDEX_SUFFIX)).unlink()
     r = Recording(str(rec_dir))
-    assert list(r.range()) == snaps[:4] and r.skipped >= 1
+    assert list(r.range()) == snaps[:4] and r.damage.total >= 1
 
 
 def test_an_older_schema_recording_still_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,7 +250,7 @@ def test_an_older_schema_recording_still_reads(tmp_path: Path, monkeypatch: pyte
     (old_dir / (stem + store.OPEN_SUFFIX)).write_bytes(b"".join(old))
     r = Recording(str(old_dir))
     back = list(r.range())
-    assert r.skipped == 0 and len(back) == 2
+    assert r.damage.total == 0 and len(back) == 2
     assert back[0].probes is None and back[0].memory == snaps[0].memory
     ds = back[0].datasets.paths[0]  # type: ignore[union-attr]
     assert ds.data_pages == ds.pages  # the default of a recording made before holes were counted
@@ -402,7 +402,7 @@ def test_any_bytes_in_a_segment_are_read_or_skipped(data: bytes) -> None:
         p = Path(d) / "20260101T000000Z.jsonl"
         p.write_bytes(store.encode_line(1.0, "meta", {"format": 1}) + data)
         r = Recording(str(p))
-        assert len(list(r.range())) + r.skipped <= data.count(b"\n") + 1
+        assert len(list(r.range())) + r.damage.total <= data.count(b"\n") + 1
         r.events()
 
 

@@ -49,7 +49,7 @@ def test_real_lines_come_back_byte_for_byte(tmp_path: Path, monkeypatch: pytest.
         assert all(json.loads(line)["ts"] for line in lines.splitlines())
         assert len(f) < len(lines) / 3  # a number that stays, and every shape after the first, costs nothing
     r = Recording(str(rec_dir))
-    assert r.skipped == 0 and r.meta["format"] == store.FORMAT_VERSION == 2
+    assert r.damage.total == 0 and r.meta["format"] == store.FORMAT_VERSION == 2
     assert list(r.range()) == snaps
 
 
@@ -126,7 +126,7 @@ def test_a_recording_of_format_1_still_reads(tmp_path: Path, monkeypatch: pytest
     plain = zstandard.ZstdDecompressor().decompressobj().decompress((rec_dir / (stem + suffix)).read_bytes())
     assert plain.startswith(b'{"ts":') and b'"format":1,' in plain
     r = Recording(str(rec_dir))
-    assert r.meta["format"] == 1 and r.skipped == 0
+    assert r.meta["format"] == 1 and r.damage.total == 0
     assert list(r.range()) == snaps
 
 

@@ -252,7 +252,7 @@ def test_crash_recovery_does_not_seal_a_line_whose_checksum_fails(tmp_path: Path
     assert index["skipped"] == 1 and index["samples"] == len(snaps) - 1
     r = Recording(str(rec_dir))
     assert list(r.range()) == [s for i, s in enumerate(snaps) if i != peak]
-    assert r.skipped == 1 and "when the recorder closed" in r.damage.note()
+    assert r.damage.total == 1 and "when the recorder closed" in r.damage.note()
 
 
 def test_lines_without_a_checksum_from_an_older_dltop_read_as_before(tmp_path: Path) -> None:
@@ -269,13 +269,13 @@ def test_lines_without_a_checksum_from_an_older_dltop_read_as_before(tmp_path: P
         assert old[-1] == without_checksum(line)
     seg.write_bytes(b"".join(old))
     r = Recording(str(rec_dir))
-    assert list(r.range()) == list(snaps) and r.skipped == 0
+    assert list(r.range()) == list(snaps) and r.damage.total == 0
     # In a segment whose lines have checksums, a line without one had it cut or changed: it is damage.
     cut = new_lines[:]
     cut[3] = store.check_line(cut[3])[0]
     seg.write_bytes(b"\n".join(cut) + b"\n")
     r = Recording(str(rec_dir))
-    assert r.skipped == 1 and "no checksum" in r.damage.note()
+    assert r.damage.total == 1 and "no checksum" in r.damage.note()
 
 
 # -- values a recording must not hand a pane ---------------------------------------------------------------------

@@ -393,5 +393,5 @@ def test_the_folder_swapped_for_a_symlink_mid_recording_does_not_move_the_writes
     assert sorted(os.listdir(target)) == []  # nothing made or written through the symlink
     moved = Recording(str(parent / "old"))  # all of it in the folder that was checked
     assert moved.times() == [s.ts for s in snaps[:3] + tuple(later)]
-    assert moved.skipped == 0
+    assert moved.damage.total == 0
     assert any("was moved or replaced while recording" in w for w in warnings), warnings

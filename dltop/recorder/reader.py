@@ -281,12 +281,6 @@ class Recording:
     def __len__(self) -> int:
         return len(self._ts)
 
-    @property
-    def skipped(self) -> int:
-        """How many damaged lines, samples and frames were left out so far (samples are decoded as they are
-        read: a range read counts what it met)."""
-        return self.damage.total
-
     # -- the reading ----------------------------------------------------------------------------------------
 
     def _place(self, j: int) -> tuple[int, int, int]:

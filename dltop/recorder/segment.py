@@ -159,16 +159,15 @@ def _checked(raw: list[bytes]) -> list[tuple[bytes, str | None]]:
     """Each line without its checksum, and why its checksum makes it damage (None: it does not). A line without
     one is read as it is, unless others have one: then its checksum was cut or changed."""
     checked = [store.check_line(line) for line in raw]
-    checksummed = any(ok for _, ok in checked)
-    out: list[tuple[bytes, str | None]] = []
-    for line, ok in checked:
-        why = None
-        if ok is False:
-            why = "checksum does not match"
-        elif ok is None and checksummed:
-            why = "torn or cut (no checksum where the other lines have one)"
-        out.append((line, why))
-    return out
+    why = _CHECKSUM_DAMAGE if any(ok for _, ok in checked) else _CHECKSUM_DAMAGE_ALONE
+    return [(line, why.get(ok)) for line, ok in checked]
+
+
+# Why a line is damage by its checksum (store.check_line: True, False, or None where it has none), in a chunk with
+# checksummed lines and in one without.
+_CHECKSUM_DAMAGE: dict[bool | None, str] = {
+    False: "checksum does not match", None: "torn or cut (no checksum where the other lines have one)"}
+_CHECKSUM_DAMAGE_ALONE: dict[bool | None, str] = {False: "checksum does not match"}
 
 
 def compress_segment(directory: str | int, stem: str, block_samples: int,
