@@ -505,16 +505,14 @@ def _is_event(ev: Any) -> bool:
             and isinstance(ev[1], str) and isinstance(ev[2], dict) and store.shallow(ev[2]))
 
 
-_BLOCK_CRC_KEYS = ("offset", "size", "first_ts", "last_ts", "ts", "samples")  # what a block's checksum covers
-
-
 def _check_block(n: int, b: Any, end: int) -> int:
     """ValueError naming what is wrong with block `n` of an index, which must start at `end`; else where the
     block ends, its sample times read into b["times"]."""
     if not isinstance(b, dict):
         raise ValueError(f"block {n}: not an object")
     offset, size, text = b.get("offset"), b.get("size"), b.get("ts")
-    if "crc" in b and b["crc"] != store.entry_crc([b.get(k) for k in _BLOCK_CRC_KEYS]):
+    if "crc" in b and b["crc"] != store.entry_crc([b.get(k) for k in ("offset", "size", "first_ts", "last_ts",
+                                                                          "ts", "samples")]):
         raise ValueError(f"block {n}: checksum does not match")
     if type(offset) is not int or type(size) is not int or not isinstance(text, str):
         raise ValueError(f"block {n}: offset, size or ts of the wrong type")

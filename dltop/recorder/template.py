@@ -45,9 +45,11 @@ _FLOAT: tuple[Op, ...] = (("float", None),)
 
 
 class _Trace:
-    """What the traced numbers of one template's run saw."""
+    """What the traced numbers of one template's run saw, and the numbers of its text met so far."""
 
     def __init__(self) -> None:
+        self.n = 0  # numbers of the text met
+        self.tagged: set[int] = set()  # those replaced by a traced number
         self.fixed: set[int] = set()  # numbers used in a way the trace does not follow: they must stay equal
         self.floated: dict[int, tuple[float, int, tuple[Op, ...]]] = {}  # id(float(x)) -> (it, number, ops)
 
@@ -277,27 +279,21 @@ def _leaves(value: Any) -> Iterator[Any]:
             yield from _leaves(v)
 
 
-class _Counter:
-    def __init__(self) -> None:
-        self.n = 0
-        self.tagged: set[int] = set()
-
-
-def _tag(js: Any, obj: Any, c: _Counter) -> Any:
+def _tag(js: Any, obj: Any, c: _Trace) -> Any:
     """`obj` (decoded from the JSON value `js`) with each number of `js` that it holds as it is replaced by a
     traced one; numbers it holds otherwise are left as they are (they must stay equal)."""
     tagger = _TAGGERS.get(type(js))
     return obj if tagger is None else tagger(js, obj, c)
 
 
-def _tag_list(js: list[Any], obj: Any, c: _Counter) -> Any:
+def _tag_list(js: list[Any], obj: Any, c: _Trace) -> Any:
     if type(obj) is tuple and len(obj) == len(js):
         return tuple(_tag(a, b, c) for a, b in zip(js, obj, strict=True))
     _skip(js, c)
     return obj
 
 
-def _tag_dict(js: dict[str, Any], obj: Any, c: _Counter) -> Any:
+def _tag_dict(js: dict[str, Any], obj: Any, c: _Trace) -> Any:
     if hasattr(type(obj), "__dataclass_fields__"):
         return _tag_dataclass(js, obj, c)
     if type(obj) is dict and list(obj) == list(js):
@@ -306,7 +302,7 @@ def _tag_dict(js: dict[str, Any], obj: Any, c: _Counter) -> Any:
     return obj
 
 
-def _tag_number(js: int | float, obj: Any, c: _Counter) -> Any:
+def _tag_number(js: int | float, obj: Any, c: _Trace) -> Any:
     n = c.n
     c.n += 1
     if type(obj) is int and type(js) is int and obj == js:
@@ -318,7 +314,7 @@ def _tag_number(js: int | float, obj: Any, c: _Counter) -> Any:
     return obj
 
 
-def _tag_dataclass(js: dict[str, Any], obj: Any, c: _Counter) -> Any:
+def _tag_dataclass(js: dict[str, Any], obj: Any, c: _Trace) -> Any:
     names = type(obj).__dataclass_fields__
     post_init = getattr(type(obj), "__post_init__", None)
     first = c.n
@@ -339,7 +335,7 @@ def _tag_dataclass(js: dict[str, Any], obj: Any, c: _Counter) -> Any:
     return copy
 
 
-_TAGGERS: dict[type, Callable[[Any, Any, _Counter], Any]] = {
+_TAGGERS: dict[type, Callable[[Any, Any, _Trace], Any]] = {
     int: _tag_number, float: _tag_number, list: _tag_list, dict: _tag_dict}
 
 
@@ -364,7 +360,7 @@ def _post_init(copy: Any, obj: Any, post_init: Callable[[Any], None]) -> bool:
     return True
 
 
-def _skip(js: Any, c: _Counter) -> None:
+def _skip(js: Any, c: _Trace) -> None:
     c.n += sum(1 for _ in _leaves(js))
 
 
@@ -389,16 +385,15 @@ def make(key: str, text: str, parsed: Any, part: Any) -> Template | None:
     kinds = _kinds(parsed, nums)
     if kinds is None:
         return None
-    counter = _Counter()
     trace = _TRACE = _Trace()
     try:
-        tagged = _tag(parsed, part, counter)
+        tagged = _tag(parsed, part, trace)
         raw = _group(key, tagged)
     finally:
         _TRACE = None
-    if raw is None or counter.n != len(nums):
+    if raw is None or trace.n != len(nums):
         return None
-    free = [i in counter.tagged and i not in trace.fixed for i in range(len(nums))]
+    free = [i in trace.tagged and i not in trace.fixed for i in range(len(nums))]
     samples = [(f, {str(k): str(v) for k, v in labels.items()}, _spec(value, kinds, free, trace))
                for f, labels, value in raw]
     tm = Template(key, pieces, kinds, free, parsed, part, samples)
