@@ -8,6 +8,7 @@ a value it would not accept) makes it give up, and the caller reads the line the
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import re
@@ -23,9 +24,11 @@ from dltop.recorder import store, template
 # every check store.loads has, and any other part with its plainest decoder (floats range-checked, NaN and
 # infinities refused): never less strict than the line's choice, and each check returns what the plain parser
 # would, or raises.
+_NEGATIVE = re.compile(r"-(?:(?<=[:,\[]-)|(?<=[:,\[][ \t\n\r]-)|(?<=[ \t\n\r][ \t\n\r]-))")
 _SPACE = " \t\n\r"
+_DIGITS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
+_RUN = b"0" * 20
 _RUN_AT = re.compile(r"[0-9]{20}")
-_MAX_DASHES = 1000  # in one value's text (a GPU part has ~200): more are taken as a negative number, not looked at
 _SCAN_PLAIN: Callable[[str, int], tuple[Any, int]] = store.DECODER.scan_once  # type: ignore[attr-defined]
 _SCAN_CHECKED: Callable[[str, int], tuple[Any, int]] = store.SIGNED_DECODER.scan_once  # type: ignore[attr-defined]
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
@@ -81,15 +84,16 @@ class PartMemo:
         except UnicodeDecodeError:
             raise GiveUp from None
         self.matched = {}
+        risky = _Risky(text, raw)
         body: dict[str, Any] = {}
         fields: dict[str, Any] = {}
         pos = _expect(text, 0, "{")
         while True:
             key, pos = _key(text, pos)
             if key == "snap" and text.startswith("{", pos):
-                body[key], fields, pos = self._snap(text, pos)
+                body[key], fields, pos = self._snap(text, pos, risky)
             else:
-                body[key], pos = _value(text, pos)
+                body[key], pos = _value(text, pos, risky)
             if text.startswith("}", pos):
                 break
             pos = _expect(text, pos, ",")
@@ -98,7 +102,7 @@ class PartMemo:
         store.check_unsigned(body)
         return body, fields
 
-    def _snap(self, text: str, pos: int) -> tuple[dict[str, Any], dict[str, Any], int]:
+    def _snap(self, text: str, pos: int, risky: _Risky) -> tuple[dict[str, Any], dict[str, Any], int]:
         got = _SnapParts()
         pos += 1
         if text.startswith("}", pos):
@@ -107,7 +111,7 @@ class PartMemo:
             key, pos = _key(text, pos)
             if key not in _FIELDS or key in got.snap or key in got.passed:  # a `_b64` sibling, a newer field, twice
                 raise GiveUp
-            pos = self._part(key, text, pos, got)
+            pos = self._part(key, text, pos, risky, got)
             if text.startswith("}", pos):
                 break
             pos = _expect(text, pos, ",")
@@ -116,14 +120,14 @@ class PartMemo:
         self.matched = {k: m for k, m in got.matched.items() if k not in self._unasked}
         return got.snap, fields, pos + 1
 
-    def _part(self, key: str, text: str, pos: int, got: _SnapParts) -> int:
+    def _part(self, key: str, text: str, pos: int, risky: _Risky, got: _SnapParts) -> int:
         """Read the part at `pos` into `got`, the cheapest way its text allows; where it ends."""
         templates = self._templates
         # Parts not asked for are left out; one a template may read (the GPUs) is still read through it (a C
         # match, cheaper than stepping over its text), the others stepped over.
         if key in self._unasked and (templates is None or key not in template.KEYS):
             got.passed.add(key)
-            return self._pass(key, text, pos)
+            return self._pass(key, text, pos, risky)
         old = self._parts.get(key)
         if old is not None and text.startswith(old[0], pos):
             # The same text after the same ':' parses to the same value (an object's, a list's or a literal's
@@ -138,7 +142,7 @@ class PartMemo:
             got.snap[key], got.reused[key], got.matched[key] = tm.parsed, tm.part, (tm, found[0])
             self.templated += 1
             return found[1]
-        got.snap[key], end = _value(text, pos)
+        got.snap[key], end = _value(text, pos, risky)
         got.texts[key] = text[pos:end]
         self.parsed += 1
         return end
@@ -159,13 +163,13 @@ class PartMemo:
                 self._template(key, got.texts[key], got.snap[key], fields[key])
         return {k: v for k, v in fields.items() if k not in self._unasked}
 
-    def _pass(self, key: str, text: str, pos: int) -> int:
+    def _pass(self, key: str, text: str, pos: int, risky: _Risky) -> int:
         """Where a part not asked for ends: its text as the line before had it, else parsed (checked, so that
         a line that is not JSON is refused as reading it whole would) but not decoded."""
         old = self._passed.get(key)
         if old is not None and text.startswith(old, pos):
             return pos + len(old)
-        _, end = _value(text, pos)
+        _, end = _value(text, pos, risky)
         self._passed[key] = text[pos:end]
         return end
 
@@ -200,20 +204,29 @@ def snapshot(memo: PartMemo, raw: bytes, ts: float, kept_parts: Callable[[Any], 
     return dataclasses.replace(base, **{**fields, **kept})
 
 
-def _risky(text: str, lo: int, hi: int) -> bool:
-    """Whether the text of one value, [lo, hi), may hold a negative number (a '-' after ':', ',' or '[', spacing
-    allowed) or a run of 20 digits (no run of digits crosses a value's ends)."""
-    i = text.find("-", lo, hi)
-    for _ in range(_MAX_DASHES):
-        if i < 0:
-            return hi - lo >= 20 and _RUN_AT.search(text, lo, hi) is not None
-        j = i
-        while j > 0 and text[j - 1] in _SPACE:
-            j -= 1
-        if j > 0 and text[j - 1] in ":,[":
-            return True
-        i = text.find("-", i + 1, hi)
-    return True
+def _risky(text: str, raw: bytes) -> list[int]:
+    """Where in the line's text a negative number (a '-' after ':', ',' or '[', spacing allowed) or a run of
+    20 digits may be, ascending."""
+    at = []
+    for m in _NEGATIVE.finditer(text):  # a search for '-' then a look behind it: 20 us a line, a regex 240
+        i = m.start()
+        if text[i - 1] in _SPACE and text[i - 2] in _SPACE and not _after_spacing(text, i):
+            continue
+        at.append(i)
+    if _RUN in raw.translate(_DIGITS):  # rare: a C search first, then where
+        at = sorted(at + [m.start() for m in _RUN_AT.finditer(text)])
+    if len(at) > 1000:  # not what dltop writes (a line has a few): the ordinary way
+        raise GiveUp
+    return at
+
+
+def _after_spacing(text: str, i: int) -> bool:
+    """Whether a '-' after more spacing than _NEGATIVE looks behind follows ':', ',' or '[' (what comes before
+    the spacing decides)."""
+    j = i - 2
+    while j > 0 and text[j - 1] in _SPACE:
+        j -= 1
+    return j > 0 and text[j - 1] in ":,["
 
 
 def _expect(text: str, pos: int, char: str) -> int:
@@ -229,11 +242,35 @@ def _key(text: str, pos: int) -> tuple[str, int]:
     return key, _expect(text, pos, ":")
 
 
-def _value(text: str, pos: int) -> tuple[Any, int]:
+class _Risky:
+    """_risky's places, found when a value's text holds a '-' or 20 digits in a row (most parsed values are small
+    and hold neither: the 38 kB line is not searched for the GPU part a template reads)."""
+
+    def __init__(self, text: str, raw: bytes) -> None:
+        self._text, self._raw = text, raw
+        self._at: list[int] | None = None
+
+    def within(self, lo: int, hi: int) -> bool:
+        """Whether a risky place is in [lo, hi): the text of one value (no run of digits crosses its ends)."""
+        text = self._text
+        if text.find("-", lo, hi) < 0 and (hi - lo < 20 or _RUN_AT.search(text, lo, hi) is None):
+            return False
+        if self._at is None:
+            self._at = _risky(text, self._raw)
+        return _any_between(self._at, lo, hi)
+
+
+def _value(text: str, pos: int, risky: _Risky) -> tuple[Any, int]:
     try:
         value, end = _SCAN_PLAIN(text, pos)
-        if _risky(text, pos, end):
+        if risky.within(pos, end):
             value, end = _SCAN_CHECKED(text, pos)
     except (StopIteration, ValueError, RecursionError):
         raise GiveUp from None
     return value, end
+
+
+def _any_between(positions: list[int], lo: int, hi: int) -> bool:
+    """Whether a sorted list holds a position in [lo, hi)."""
+    i = bisect.bisect_left(positions, lo)
+    return i < len(positions) and positions[i] < hi

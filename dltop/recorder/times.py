@@ -56,19 +56,21 @@ def parse_time(text: str, now: float, recording: Recording | None = None) -> flo
     """Epoch seconds for `10m ago`, `14:05` (the last such clock time, local, at or before the recording's end
     or now), ISO 8601 (local unless it names a zone), `start`/`end` of a recording, or epoch seconds."""
     s = text.strip()
-    low = s.lower()
-    ref = now if recording is None or recording.last_ts is None else min(now, recording.last_ts)
-    named = _named_time(low, now, recording)
+    named = _named_time(s.lower(), now, recording)
     if named is not None:
         return named
     try:
         value = float(s)
     except ValueError:
-        pass
-    else:
-        if math.isfinite(value) and value >= 0:
-            return value
-        raise DltopError(f"not a time: {text!r}")
+        return _clock_or_iso_time(s, text, now if recording is None or recording.last_ts is None
+                                  else min(now, recording.last_ts))
+    if math.isfinite(value) and value >= 0:
+        return value
+    raise DltopError(f"not a time: {text!r}")
+
+
+def _clock_or_iso_time(s: str, text: str, ref: float) -> float:
+    """`14:05` (the last such clock time at or before `ref`) or ISO 8601 (local unless it names a zone)."""
     m = _CLOCK.fullmatch(s)
     if m is not None:
         return _clock_time(m, text, ref)

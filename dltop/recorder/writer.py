@@ -372,19 +372,24 @@ class Recorder:
         removed: dict[str, list[tuple[str, float | None, float | None]]] = {}  # why -> (stem, first, last)
         for stem in closed:  # oldest first
             first, last = _span(self._dir_fd, stem)
-            old = self.retain_s is not None and last is not None and last < now - self.retain_s
-            big = self.max_bytes is not None and total > self.max_bytes
-            if not (old or big):
+            why = self._why_removed(last, now, total)
+            if why is None:
                 continue
             for s in (store.CLOSED_SUFFIX, store.INDEX_SUFFIX):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(stem + s, dir_fd=self._dir_fd)
             total -= sizes[stem]
-            why = (f"older than --retain {human_duration(self.retain_s or 0)}" if old
-                   else f"above --max-size {human_bytes(self.max_bytes or 0)}")
             removed.setdefault(why, []).append((stem, first, last))
         for why, gone in removed.items():  # history removed is said, never silent: one line per reason
             self._warn(_removed_line(why, gone, sizes))
+
+    def _why_removed(self, last: float | None, now: float, total: int) -> str | None:
+        """Why a closed segment whose last sample is at `last` goes (None: it stays), `total` bytes recorded."""
+        if self.retain_s is not None and last is not None and last < now - self.retain_s:
+            return f"older than --retain {human_duration(self.retain_s)}"
+        if self.max_bytes is not None and total > self.max_bytes:
+            return f"above --max-size {human_bytes(self.max_bytes)}"
+        return None
 
     def _poll_marks(self) -> None:
         """Turn the lines `dltop mark` appended since the last look into "marker" events."""
