@@ -107,7 +107,6 @@ def read_uptime(root: str = "/") -> float | None:
     return up if 0.0 <= up < 1e12 else None  # float() takes 'nan', 'inf' and '-5'; no machine is up 30,000 years
 
 
-
 def _status_at(st: _State, now: float) -> SourceStatus:
     """The source's status, a read running past its timeout said as slow."""
     if not st.reading():
@@ -123,6 +122,7 @@ def _latest(name: str, st: _State, status: SourceStatus) -> Any:
     if st.ran_once:
         return st.value
     return Unavailable(f"{name} source: {status.error}" if status.error else "waiting for the first reading")
+
 
 class Sampler:
     """Polls sources concurrently and composes Snapshots from their latest values."""

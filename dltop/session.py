@@ -387,15 +387,10 @@ class Session:
         plan = self._confirmable(ev) if ev.step == "plan" else None
         if ev.step in ("run", "release"):
             self._read_after(ev)
-        self._say_outcome(ev)
+        said = outcome_said(ev)
+        if said is not None:
+            self.say(said.text, said.severity, said.timeout)
         return plan
-
-    def _say_outcome(self, ev: ActionEvent) -> None:
-        """A failure or refusal, a release and a signal sent are said; a warm, evict or clear shows in its pane."""
-        if ev.outcome in ("error", "refused"):
-            self.say(ev.message, "error", timeout=8)
-        elif ev.step == "release" or (ev.step == "run" and ev.action == "signal" and ev.outcome == "ok"):
-            self.say(ev.message, timeout=6 if ev.action == "signal" else None)
 
     def _confirmable(self, ev: ActionEvent) -> ActionPlan | None:
         """The plan a finished plan step measured, unless it failed or its dataset was unwatched meanwhile
@@ -424,10 +419,16 @@ class Session:
         first = not self.timeline.events()
         for e in found:
             self.timeline.add_event(e)
-            paths = outside_action_paths(e.data) if e.kind == "action" else []
-            if (owner := next(filter(None, map(self._owner, paths)), None)) is not None:  # measured again now, as after an action run here: its low is not missed
-                self.read_now("datasets", owner)
+            if e.kind == "action":
+                self._read_after_outside(e.data)
         return first and bool(found)
+
+    def _read_after_outside(self, data: Mapping[str, Any]) -> None:
+        """Another process's action on a dataset shown here, measured again now as after one run here (its low is
+        not missed until the next scan)."""
+        owner = next(filter(None, map(self._owner, outside_action_paths(data))), None)
+        if owner is not None:
+            self.read_now("datasets", owner)
 
     # -- what is watched ----------------------------------------------------------------------------------------
 
@@ -464,6 +465,18 @@ class Session:
     def remove_server(self, text: str) -> None:
         """Stop scraping an inference server (as typed, or its /metrics URL)."""
         self._edit(watchlist.remove_server(self.settings, text))
+
+
+def outcome_said(ev: ActionEvent) -> Said | None:
+    """What a finished step says: a failure or refusal, a release, a signal sent (a warm, evict or clear shows in
+    its pane)."""
+    if ev.outcome in ("error", "refused"):
+        return Said(ev.message, "error", timeout=8)
+    if ev.step == "release":
+        return Said(ev.message)
+    if ev.step == "run" and ev.action == "signal" and ev.outcome == "ok":
+        return Said(ev.message, timeout=6)
+    return None
 
 
 def line_order(hints: list[hint_rules.Hint], tab: str | None, snap: Snapshot) -> list[hint_rules.Hint]:

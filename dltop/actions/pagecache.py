@@ -407,13 +407,13 @@ def _open_file(dfd: int | None, name: str, follow: bool, path: str, report: Walk
     except OSError as e:
         if dfd is None:
             raise  # the root is this file: an error, not a skipped file
-        skip_error(report, e, path)
+        skip_error(report, e, path, gone="vanished")
         return None
     try:
         st = os.fstat(fd)
     except OSError as e:
         os.close(fd)
-        skip_error(report, e, path)
+        skip_error(report, e, path, gone="vanished")
         return None
     if not stat.S_ISREG(st.st_mode):
         report.skip("special")
@@ -823,7 +823,7 @@ class _Warming:
             have = self.cached(fd, st)
         except OSError as e:
             os.close(fd)
-            skip_error(self.report, e, path)
+            skip_error(self.report, e, path, gone="vanished")
             return True
         if self.stopped():
             os.close(fd)
@@ -852,7 +852,7 @@ class _Warming:
             try:
                 self.ticker.add(data_pages(fd, st) * kernel.PAGE_SIZE, path, found=True)
             except OSError as e:
-                skip_error(self.report, e, path)
+                skip_error(self.report, e, path, gone="vanished")
         os.close(fd)
         self._file_done()
 
@@ -922,7 +922,7 @@ class _Warming:
             if f.have is not None:
                 f.brought += max(0, self.cached_range(fd, f.st, off, n) - before)
         except OSError as e:
-            skip_error(self.report, e, f.path)
+            skip_error(self.report, e, f.path, gone="vanished")
         self.ticker.add(((off + n + ps - 1) // ps - off // ps) * ps, f.path)  # whole pages, as the totals count
         if last:
             del self.reading[fd]
@@ -940,7 +940,7 @@ class _Warming:
                 f.brought = max(f.brought, (got or 0) - f.have)
             self._count(f, pages)
         except OSError as e:
-            skip_error(self.report, e, f.path)
+            skip_error(self.report, e, f.path, gone="vanished")
         finally:
             os.close(fd)
         self._file_done()
@@ -961,7 +961,7 @@ class _Warming:
                 try:
                     f.brought += max(0, self.cached_range(fd, f.st, off, n) - before)
                 except OSError as e:
-                    skip_error(self.report, e, f.path)
+                    skip_error(self.report, e, f.path, gone="vanished")
         for fd, f in self.reading.items():
             self._count(f, (f.st.st_size + kernel.PAGE_SIZE - 1) // kernel.PAGE_SIZE)
             if f.asked_all:
@@ -1512,7 +1512,7 @@ def _lock_file(locks: LockSet, path: str, fd: int, st: os.stat_result, ticker: T
             before = locks.bytes
             locks.release()
             raise DltopError(_mlock_failed(path, e, before)) from None
-        skip_error(report, e, path)
+        skip_error(report, e, path, gone="vanished")
         return False
     finally:
         os.close(fd)

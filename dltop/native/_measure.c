@@ -1,6 +1,6 @@
 /* dltop.native._measure: the residency scan's per-file step (open, fstat, cachestat, close) for a batch of
  * names in one folder, without a Python call per syscall. Its Python twin is the loop in
- * dltop/residency/scan.py (scan_residency) and dltop/residency/folders.py (measure_file, FolderTable.recount).
+ * dltop/residency/measure.py (resident_counts), which the scan and the watch's folder table both call.
  *
  * measure(dir_fd, names, flags, nr_cachestat) -> list, one item per name:
  *   (dev, ino, nlink, size, cache, dirty, writeback, recently_evicted) for a plain case: a regular file that

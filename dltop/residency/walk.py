@@ -411,10 +411,10 @@ class _Walk:
             subdirs.append(sub)
 
 
-def skip_error(report: WalkReport, e: OSError, path: str) -> None:
-    """Count a path the walk could not read, with the reason in words."""
+def skip_error(report: WalkReport, e: OSError, path: str, gone: str = "vanished during the scan") -> None:
+    """Count a path the walk could not read, with the reason in words (`gone`: a path that no longer exists)."""
     if e.errno == errno.ENOENT:
-        report.skip("vanished", path, "vanished during the scan")
+        report.skip("vanished", path, gone)
     elif e.errno in (errno.EACCES, errno.EPERM):
         report.skip("unreadable", path, "permission denied")
     elif e.errno == errno.ELOOP:

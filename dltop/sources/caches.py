@@ -959,14 +959,14 @@ def _temp_dirs(e: Environment) -> list[str]:
 
 
 def read_caches(e: Environment, extra: Iterable[str] = (), root: str = "/", *, names: frozenset[str] | None = None,
-                last: Mapping[str, CacheInfo] = {}, cancel: threading.Event | None = None,  # noqa: B006 (read only)
+                last: Mapping[str, CacheInfo] | None = None, cancel: threading.Event | None = None,
                 deadline_s: float | None = None, cpu_fraction: float | None = None) -> CachesPart:
     """Every cache resolved in `e`, walked (with `names`, only those; the others keep their `last` reading)."""
     mounts = _mounts(root)
     locked = read_proc_locks(root)
     temps = _temp_dirs(e)
     locs = resolve(e, extra)
-    kept = {(c.name, c.path): c for c in last.values()}  # a reading of the folder resolved now
+    kept = {(c.name, c.path): c for c in (last or {}).values()}  # a reading of the folder resolved now
     out = []
     for loc, refused in zip(locs, _refusals(e, locs, set(extra)), strict=True):
         prev = kept.get((loc.name, loc.path))

@@ -1031,7 +1031,7 @@ class GpuReader:
         return tuple(out)
 
     def _mig_device(self, b: NvmlBackend, mh: Any, j: int) -> MigDevice:
-        f = _Fields(self, j)
+        f = _Fields(self, j)  # ask and pair only: fixed and slow_ask key on the index, which GPU j has too
         f.ask("name", b.name, mh)
         uuid = f.ask("uuid", b.uuid, mh)
         f.pair(("gpu_instance_id", "compute_instance_id"), b.mig_ids, mh)

@@ -141,13 +141,15 @@ class DatasetPane(TablePane):
         """The found dataset `path` is (or lies in)."""
         if path is None:
             return None
-        return next((f for f in self._lists()[1] if path == f.path or path.startswith(f.path.rstrip("/") + "/")), None)
+        _datasets, found = self._lists()
+        return next((f for f in found if path == f.path or path.startswith(f.path.rstrip("/") + "/")), None)
 
     def _pending(self) -> list[str]:
         """Watched datasets whose first scan is not in yet."""
         if self.view is None:
             return []
-        shown = {ds.path for ds in self._lists()[0]}
+        datasets, _found = self._lists()
+        shown = {ds.path for ds in datasets}
         return [p for p in self.view.watched if p not in shown]
 
     def render_view(self, view: View) -> None:

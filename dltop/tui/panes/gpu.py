@@ -106,7 +106,7 @@ def bar_segments(processes: Sequence[GpuProcess], used: int, total: int) -> list
         listed += p.used_bytes
         parts = _split_parts(p)
         segs += parts
-        if rest := p.used_bytes - sum(v for v, _, _ in parts):  # what its split parts do not cover
+        if rest := max(0, p.used_bytes - sum(v for v, _, _ in parts)):  # what its split parts do not cover
             segs.append((rest, "█", PROCESS_STYLES[i % len(PROCESS_STYLES)]))
     if used > listed:
         segs.append((used - listed, "▓", "$text-muted"))
