@@ -405,6 +405,7 @@ class _Plan:
 
     def extend(self, nums: tuple[str, ...], cols: list[int], vals: list[str]) -> None:
         """Add the cells of a line whose numbers are `nums` to `cols` and `vals`."""
+        cell_of = template.cell
         cols += self.const_columns
         vals += self.consts
         cols += self.own_columns
@@ -412,14 +413,14 @@ class _Plan:
         if self.short_columns:
             cols += self.short_columns
             texts = self.short(nums)
-            vals += texts if max(map(len, texts)) <= 15 else [template.cell(s, nums) for s in self.short_specs]
+            vals += texts if max(map(len, texts)) <= 15 else [cell_of(s, nums) for s in self.short_specs]
         for c, spec, done in self.computed:
             t = nums[spec[0]]
             cell = done.get(t)
             if cell is None:
                 if len(done) > 4096:
                     done.clear()
-                cell = done[t] = template.cell(spec, nums)
+                cell = done[t] = cell_of(spec, nums)
             cols.append(c)
             vals.append(cell)
 
