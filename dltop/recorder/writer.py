@@ -437,13 +437,7 @@ class Recorder:
             out += oom_events(prev, snap) + gpu_process_events(prev, snap)
         name_victims(out, self._kmsg, prev, snap)  # after the sample: the kernel logs a kill as it counts it
         now = {h.id: h for h in hints(list(self._history))}
-        for hid, h in now.items():
-            if hid not in self._hints:
-                out.append(("hint", {"id": hid, "state": "fired", "severity": h.severity, "text": h.text,
-                                     "numbers": dict(h.numbers)}))
-        for hid, h in self._hints.items():
-            if hid not in now:
-                out.append(("hint", {"id": hid, "state": "cleared", "severity": h.severity, "text": h.text}))
+        out += hint_events(self._hints, now)
         self._hints = now
         return out
 
@@ -453,6 +447,15 @@ class Recorder:
 
     def _path(self, suffix: str) -> str:
         return os.path.join(self.directory, self._stem + suffix)
+
+
+def hint_events(before: dict[str, Hint], now: dict[str, Hint]) -> list[tuple[str, dict[str, Any]]]:
+    """The hints fired and cleared between two drawings (by id)."""
+    fired = [("hint", {"id": hid, "state": "fired", "severity": h.severity, "text": h.text,
+                       "numbers": dict(h.numbers)}) for hid, h in now.items() if hid not in before]
+    cleared = [("hint", {"id": hid, "state": "cleared", "severity": h.severity, "text": h.text})
+               for hid, h in before.items() if hid not in now]
+    return fired + cleared
 
 
 def _size(dir_fd: int, name: str) -> int:
