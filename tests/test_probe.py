@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -700,6 +701,42 @@ def test_dltop_probe_1_under_torchrun_publishes_only_the_rank(tmp_path: Path) ->
     finally:
         release.touch()
         agent.wait(timeout=60)
+
+
+class _SpiedParameter(torch.nn.Parameter):
+    """A parameter that notes which thread reads its `.grad` (the C++ autograd engine writes it without the GIL)."""
+
+    readers: set[str] = set()
+
+    @property  # type: ignore[override]
+    def grad(self) -> torch.Tensor | None:
+        _SpiedParameter.readers.add(threading.current_thread().name)
+        return torch.Tensor.grad.__get__(self, torch.Tensor)  # type: ignore[attr-defined]
+
+    @grad.setter
+    def grad(self, value: torch.Tensor | None) -> None:  # zero_grad(set_to_none=True)
+        torch.Tensor.grad.__set__(self, value)  # type: ignore[attr-defined]
+
+
+def test_the_publisher_thread_never_reads_a_gradient_and_still_counts_them() -> None:
+    # Reading .grad from the publisher thread while backward wrote it crashed training runs ("free(): corrupted
+    # unsorted chunks", a segfault in libtorch_python): the training thread counts them between steps.
+    model = torch.nn.Linear(32, 32)
+    model.weight = _SpiedParameter(model.weight.detach().clone())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe.watch_model(model)
+    probe.watch_optimizer(opt)
+    _SpiedParameter.readers.clear()
+    path = probe.start(interval_s=0.01)
+    assert path is not None
+    for x in probe.track([torch.randn(4, 32) for _ in range(40)]):
+        opt.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        opt.step()
+        time.sleep(0.01)
+    want = _storage_bytes(p.grad for p in model.parameters())
+    _until(lambda: _published(path)["devices"]["cpu"]["gradients_bytes"] == want, "gradients never published")
+    assert _SpiedParameter.readers and "dltop-probe" not in _SpiedParameter.readers, _SpiedParameter.readers
 
 
 def test_gradients_freed_by_zero_grad_do_not_read_0_while_the_loop_trains() -> None:

@@ -56,6 +56,7 @@ MEMORY_STATS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "ac
                 "inactive_split_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.peak",
                 "num_alloc_retries", "num_ooms")
 TENSOR_DUTY = 0.0005  # the publisher's tensor counts take at most this share of one core
+GRADS_EVERY_NS = 1_000_000_000  # the training thread counts the gradients at most this often
 GPU_UTIL_SOURCE = ("not measured by the probe (it reads no NVML and never initialises CUDA): dltop joins NVML's "
                    "utilisation over started_at..ended_at")
 
@@ -127,6 +128,10 @@ class _State:
         # The most gradient bytes per device counted while the loop steps: zero_grad(set_to_none=True) frees the
         # gradients every step, so a count between zero_grad and backward read 0 (issue 18, item 11).
         self.grads_held: dict[str, int] = {}
+        # Gradient bytes per device as the training thread last counted them (count_gradients), and when it may
+        # count again: backward writes `.grad` without the GIL, so the publisher thread never reads it.
+        self.grads: dict[Any, int] = {}
+        self.grads_due = 0
         # The loss the script hands over (probe.log): the last one as given (a tensor is read by the publisher
         # thread, so the loop never waits for the GPU), how many, when; and the open epoch's sum for its mean.
         self.loss: Any = None
@@ -180,9 +185,36 @@ def watch_model(model: Any) -> None:
 
 
 def watch_optimizer(optimizer: Any) -> None:
-    """Count the optimizer's state tensors (Adam's exp_avg, exp_avg_sq, ...) as optimizer state, per device."""
+    """Count the optimizer's state tensors (Adam's exp_avg, exp_avg_sq, ...) as optimizer state, per device; the
+    watched models' gradients are counted after its steps (when they are there, and nothing writes them)."""
     state.tensors = None  # counted afresh at the next publication
     state.optimizers.extend(_ref(optimizer))
+    with contextlib.suppress(Exception):  # a wrapper (accelerate's) that never ran Optimizer.__init__ has no hooks
+        optimizer.register_step_post_hook(_after_optimizer_step)
+
+
+def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    count_gradients()
+
+
+def count_gradients(force: bool = False) -> None:
+    """Count the watched models' gradients per device, at most once a GRADS_EVERY_NS (`force`: now). Called from
+    the training thread between steps (after an optimizer step, between a tracked loader's items): backward
+    writes `.grad` from C++ without the GIL, and reading it from another thread meanwhile corrupted the heap."""
+    if not force:
+        now = time.perf_counter_ns()
+        if now < state.grads_due:
+            return
+        state.grads_due = now + GRADS_EVERY_NS
+    sums: dict[Any, int] = {}
+    counted: set[int] = set()  # a submodule watched beside its parent counts once
+    for model in _live(state.models):
+        for p in model.parameters():
+            if id(p) not in counted:
+                counted.add(id(p))
+                if (g := p.grad) is not None:
+                    sums[g.device] = sums.get(g.device, 0) + g.numel() * g.element_size()
+    state.grads = sums
 
 
 def watch_kv(obj: Any) -> None:
@@ -462,6 +494,7 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
     if not d.epoch_open:
         _open_epoch(d, t0, data0)
         t0 = clock()  # the measurement is not the data wait
+    grads_due = t0  # the gradients counted between steps, here in the training thread, about once a second
     for item in it:
         t1 = clock()
         n, last = d.n, d.last_t
@@ -479,6 +512,9 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
             shapes.add(input_shape(item))
         yield item
         t0 = clock()
+        if t0 >= grads_due:
+            grads_due = t0 + GRADS_EVERY_NS
+            count_gradients()
         if not d.epoch_open:  # mark_epoch() in the loop: the next item opens the next epoch
             _open_epoch(d, t0)
             t0 = clock()
@@ -718,20 +754,18 @@ def _tensor_bytes(devices: dict[str, dict[str, Any]], tensor_type: Any) -> None:
 
 
 def _model_bytes(sums: dict[tuple[Any, str], int]) -> None:
-    """The watched models' weights (parameters and buffers) and gradients, into `sums`."""
+    """The watched models' weights (parameters and buffers), and their gradients as the training thread last
+    counted them (count_gradients), into `sums`."""
     counted: set[int] = set()  # a submodule watched beside its parent (zero-code mode's .to hook) counts once
     for model in _live(state.models):
-        for tensors, with_grad in ((model.parameters(), True), (model.buffers(), False)):
+        for tensors in (model.parameters(), model.buffers()):
             for t in tensors:
-                if id(t) in counted:
-                    continue
-                counted.add(id(t))
-                key = (t.device, "weights_bytes")
-                sums[key] = sums.get(key, 0) + t.numel() * t.element_size()
-                g = t.grad if with_grad else None
-                if g is not None:
-                    key = (g.device, "gradients_bytes")
-                    sums[key] = sums.get(key, 0) + g.numel() * g.element_size()
+                if id(t) not in counted:
+                    counted.add(id(t))
+                    key = (t.device, "weights_bytes")
+                    sums[key] = sums.get(key, 0) + t.numel() * t.element_size()
+    for device, n in state.grads.items():
+        sums[(device, "gradients_bytes")] = sums.get((device, "gradients_bytes"), 0) + n
 
 
 def _optimizer_bytes(sums: dict[tuple[Any, str], int], tensor_type: Any) -> None:
@@ -931,6 +965,8 @@ def _counted_tensors(torch: Any, fresh: bool) -> dict[str, dict[str, Any]]:
     """Bytes per device of the watched tensors: counted now when `fresh`, else the last count while it is recent
     enough for the duty cycle (a copy: CUDA numbers are added to it)."""
     if fresh or state.tensors is None or time.monotonic() >= state.tensors_due:
+        if fresh:  # the script's own thread (publish, report): the gradients as they are now
+            count_gradients(force=True)
         t0 = time.thread_time()
         devices: dict[str, dict[str, Any]] = {}
         _tensor_bytes(devices, getattr(torch, "Tensor", None))
@@ -1271,7 +1307,7 @@ def _after_fork_in_child() -> None:
     state.tensors = None
     state.exit = state.error = None
     state.optimizer_steps = None
-    state.grads_held = {}
+    state.grads_held, state.grads, state.grads_due = {}, {}, 0
     state.loss, state.losses, state.epoch_loss_sum, state.epoch_losses = None, 0, None, 0
 
 

@@ -50,6 +50,9 @@ class DltopTrainerCallback(TrainerCallback):
         samples = per_device * accumulated if isinstance(per_device, int) and per_device > 0 else None
         probe.arrived(probe.main_data(), self._end_ns or now, now, None, samples, None)
 
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        probe.count_gradients()  # after the step, before zero_grad: the gradients are there, nothing writes them
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         seen = getattr(state, "num_input_tokens_seen", None)
         counting = getattr(args, "include_num_input_tokens_seen", "no") not in ("no", False, None)

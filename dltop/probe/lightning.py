@@ -81,6 +81,9 @@ class DltopCallback(Callback):
         tokens = self._count(self.tokens, batch, None)
         probe.arrived(probe.main_data(), self._end_ns or now, now, batch, samples, tokens)
 
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        probe.count_gradients()  # after backward: the gradients are there, nothing writes them
+
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = _step_loss(outputs)
         if loss is not None:
