@@ -34,8 +34,8 @@ from dltop.probe.files import (
     write_atomic,
 )
 
-__all__ = ["log", "mark_epoch", "publish", "report", "start", "stop", "track", "watch_kv", "watch_model",
-           "watch_optimizer"]
+__all__ = ["count_gradients", "log", "mark_epoch", "publish", "report", "start", "stop", "track", "watch_kv",
+           "watch_model", "watch_optimizer"]
 
 T = TypeVar("T")
 # How many samples or tokens an item holds: a number for every item, or a function of the item
