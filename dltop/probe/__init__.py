@@ -515,6 +515,7 @@ def track(iterable: Iterable[T], data_dir: str | None = None, name: str | None =
         if t0 >= grads_due:
             grads_due = t0 + GRADS_EVERY_NS
             count_gradients()
+            t0 = clock()  # the count is not the next item's data wait
         if not d.epoch_open:  # mark_epoch() in the loop: the next item opens the next epoch
             _open_epoch(d, t0)
             t0 = clock()
