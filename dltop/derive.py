@@ -546,7 +546,7 @@ def _watched_values(probe: ProcessProbe, d: ProbeDevice, server: tuple[int, str]
         values["kv_cache_bytes"] = server[0]
         sources["kv_cache_bytes"] = "server"
     else:
-        why["kv_cache_bytes"] = server or NO_KV
+        why["kv_cache_bytes"] = server if isinstance(server, str) else NO_KV
     sources.update({k: "probe" for k in values if k not in sources})
 
 

@@ -201,7 +201,7 @@ def snapshot(memo: PartMemo, raw: bytes, ts: float, kept_parts: Callable[[Any], 
     kept = kept_parts(ref)
     if memo.parts is not None:
         kept = {k: v for k, v in kept.items() if k in memo.parts}
-    return dataclasses.replace(base, **{**fields, **kept})
+    return dataclasses.replace(base, **{**fields, **kept}) if fields or kept else base
 
 
 def _risky(text: str, raw: bytes) -> list[int]:

@@ -1035,8 +1035,10 @@ def _check_cpuid(regs: Registers, caches: tuple[CacheInstance, ...], kinds: tupl
     """CPUID and sysfs should describe the same caches; the kernel builds sysfs from CPUID on x86."""
     if isinstance(regs.cpuid_caches, Unavailable) or len(kinds) > 1 or not caches:
         return
-    first = _cpus_of(caches)[0]
-    mine = {c.name: c for c in caches if first in c.cpus}
+    cpus = _cpus_of(caches)
+    if not cpus:  # no cache names a CPU (a damaged shared_cpu_map): nothing to compare
+        return
+    mine = {c.name: c for c in caches if cpus[0] in c.cpus}
     for q in regs.cpuid_caches:
         s = mine.get(q.name)
         if s is None:
